@@ -1,0 +1,53 @@
+"""The `planner` command line: a thin typer shell over library calls.
+
+Each command lives in `planner/commands/<name>.py`; this module joins them and turns every
+`PlannerError` into one line on stderr with its exit code (2 bad input, 3 nothing fits).
+"""
+from __future__ import annotations
+
+import sys
+
+import typer
+from typer.core import TyperGroup
+
+from planner.errors import PlannerError
+
+
+class _PlannerGroup(TyperGroup):
+    """Root group: user errors become one line and an exit code, never a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except PlannerError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(err.exit_code) from None
+
+
+app = typer.Typer(cls=_PlannerGroup, no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False,
+                  help="Plan, score, run and explain parallel training of large PyTorch models.")
+
+
+def _register() -> None:
+    from planner.commands import (estimate, explain, export, hardware, profile, recommend, report, run)
+
+    app.command("profile")(profile.profile)
+    app.add_typer(hardware.app, name="hardware")
+    app.command("estimate")(estimate.estimate)
+    app.command("recommend")(recommend.recommend)
+    app.command("explain")(explain.explain)
+    app.command("export")(export.export)
+    app.command("run")(run.run)
+    app.command("report")(report.report)
+
+
+_register()
+
+
+def main() -> None:
+    app(prog_name="planner")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""One object owns the parallel degrees and their knobs, validated once (torchtitan's ParallelDims).
+
+Every later step (cost, search, plan file, executor) takes a `ParallelConfig`.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import Enum
+
+from planner.errors import ConfigError
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+RECOMPUTE = ("none", "selective", "full")
+OFFLOAD = ("none", "optimizer", "activations")
+PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "bf16")
+OPTIMIZERS = ("adamw", "sgd")
+
+
+class MeshAxis(str, Enum):
+    """Mesh axis names, the vocabulary of placement strings and DeviceMesh dims."""
+
+    DP = "dp"
+    PP = "pp"
+    TP = "tp"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelConfig:
+    """How one training step is split over `world_size` devices."""
+
+    dp: int = 1
+    """Data-parallel degree (replicas, or ZeRO shards)."""
+    tp: int = 1
+    """Tensor-parallel degree (Megatron column/row split inside each block)."""
+    pp: int = 1
+    """Pipeline-parallel degree (stages)."""
+    micro_batch: int = 1
+    """Sequences per micro-batch per data-parallel rank."""
+    global_batch: int = 1
+    """Sequences per optimizer step over all replicas."""
+    schedule: str = "1f1b"
+    """Pipeline schedule: gpipe, 1f1b, interleaved-1f1b, zero-bubble."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (interleaved-1f1b); 1 means not interleaved."""
+    zero: int = 0
+    """ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters sharded over dp."""
+    recompute: str = "none"
+    """Activation recomputation: none, selective (attention core), full (whole block)."""
+    offload: str = "none"
+    """What lives in host memory: none, optimizer (states + step on CPU), activations."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism of norms/dropout over the tp group (needs tp > 1 to matter)."""
+    placement: str = "DPT"
+    """Order of D, P, T from outermost to innermost; the right-most letter gets adjacent ranks."""
+    precision: str = "amp-bf16"
+    """fp32, amp-bf16 (fp32 master + bf16 autocast), amp-fp16, bf16 (pure bf16)."""
+    optimizer: str = "adamw"
+    """adamw or sgd (momentum)."""
+    seq: int = 2048
+    """Sequence length in tokens."""
+    stages: tuple[int, ...] = ()
+    """Blocks per pipeline stage (pp * virtual_stages entries); empty means as even as possible."""
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "micro_batch", "global_batch", "virtual_stages", "seq"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(name, value, "a positive integer")
+        _choice("schedule", self.schedule, SCHEDULES)
+        _choice("recompute", self.recompute, RECOMPUTE)
+        _choice("offload", self.offload, OFFLOAD)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        if self.zero not in (0, 1, 2, 3):
+            raise ConfigError("zero", self.zero, "one of 0, 1, 2, 3")
+        if sorted(self.placement) != ["D", "P", "T"]:
+            raise ConfigError("placement", self.placement, "a permutation of the letters D, P, T (e.g. DPT)")
+        if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
+            raise ConfigError("virtual_stages", self.virtual_stages,
+                              f"1 with schedule {self.schedule!r}; virtual stages need interleaved-1f1b")
+        per_step = self.dp * self.micro_batch
+        if self.global_batch % per_step:
+            raise ConfigError("global_batch", self.global_batch,
+                              f"a multiple of dp({self.dp})*micro_batch({self.micro_batch})={per_step}")
+        if self.stages and len(self.stages) != self.pp * self.virtual_stages:
+            raise ConfigError("stages", list(self.stages),
+                              f"{self.pp * self.virtual_stages} entries (pp*virtual_stages), one per stage")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per step per pipeline (gradient accumulation steps)."""
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq
+
+    def check_world_size(self, world_size: int) -> None:
+        if self.world_size != world_size:
+            fix = ""
+            if world_size % (self.tp * self.pp) == 0:
+                fix = f"; set dp={world_size // (self.tp * self.pp)}"
+            raise ConfigError("dp*tp*pp", self.world_size, f"world_size({world_size})", message=(
+                f"tp({self.tp})*pp({self.pp})*dp({self.dp})={self.world_size} != world_size({world_size}){fix}"))
+
+    def check_model(self, *, heads: int, kv_heads: int, blocks: int) -> None:
+        """Degrees the model shape allows: tp divides the heads, pp*v stages no more than blocks."""
+        if heads % self.tp or kv_heads % self.tp and self.tp % kv_heads:
+            divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+            raise ConfigError("tp", self.tp, f"a divisor of heads({heads}): {', '.join(map(str, divisors))}")
+        chunks = self.pp * self.virtual_stages
+        if chunks > blocks:
+            raise ConfigError("pp", self.pp, f"pp*virtual_stages <= layers({blocks}); got {self.pp}*{self.virtual_stages}={chunks}")
+        if self.stages and sum(self.stages) != blocks:
+            raise ConfigError("stages", list(self.stages), f"blocks per stage summing to layers({blocks})")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["stages"] = list(self.stages)
+        d["num_microbatches"] = self.num_microbatches
+        return d
+
+
+def _choice(field: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(field, value, "one of " + ", ".join(allowed))
