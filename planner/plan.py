@@ -1,0 +1,223 @@
+"""The plan document: a versioned JSON file (planner/schemas/plan.schema.json) and its typed reader.
+
+`load_plan(path) -> Plan` validates the file against the published schema, rejects any
+`schema_version` other than the one this build writes, and builds the `ParallelConfig` inside
+(which validates the degrees once more, by field). `Plan.device_mesh()` turns the plan into a torch
+`DeviceMesh` for a training script launched with torchrun.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from planner.errors import ConfigError
+from planner.parallel import MeshAxis, ParallelConfig
+
+SCHEMA_VERSION = "1"
+"""The plan-document version this build writes and reads."""
+
+_AXIS_BY_LETTER = {"D": MeshAxis.DP, "P": MeshAxis.PP, "T": MeshAxis.TP}
+_CONFIG_FIELDS = frozenset(f.name for f in fields(ParallelConfig))
+_DERIVED_PLAN_KEYS = frozenset({"num_microbatches", "world_size"})
+
+
+@cache
+def plan_schema() -> dict:
+    """The published JSON Schema of a plan document (planner/schemas/plan.schema.json)."""
+    text = resources.files("planner").joinpath("schemas/plan.schema.json").read_text()
+    return json.loads(text)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryPrediction:
+    """Predicted per-GPU memory at the allocator's peak (torch.cuda.max_memory_allocated semantics)."""
+
+    peak_bytes_per_gpu: int
+    """Largest peak over all ranks, bytes."""
+    capacity_bytes: int
+    """Usable device memory of the profile, bytes."""
+    fits: bool
+    """peak_bytes_per_gpu <= capacity_bytes."""
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    other_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prediction:
+    """What the cost model predicts for one step of the plan."""
+
+    step_time_s: float
+    """Seconds per optimizer step."""
+    samples_per_s: float
+    """Sequences per second over the whole job."""
+    tokens_per_s: float
+    """Tokens per second over the whole job."""
+    tflops_per_gpu: float
+    """Model TFLOP/s per GPU (recompute not counted)."""
+    mfu: float
+    """tflops_per_gpu / dense peak of the precision used."""
+    memory: MemoryPrediction
+    time_breakdown_s: Mapping[str, float]
+    """Seconds per step by term: compute, tp_comm, dp_comm, pp_p2p, bubble, ..."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    """A validated plan document. `document` keeps the file's full content (extra keys included)."""
+
+    schema_version: str
+    model_name: str
+    """Catalog name, config path or factory the plan was made for."""
+    hardware_name: str
+    """Hardware profile name (or path)."""
+    gpus: int
+    """World size."""
+    nodes: int
+    config: ParallelConfig
+    """The parallel configuration; its degrees multiply to `gpus`."""
+    prediction: Prediction
+    alternatives: tuple[Mapping[str, Any], ...] = ()
+    """Key numbers of the search's runners-up (recommend), best first; empty for `estimate`."""
+    document: Mapping[str, Any] = field(default_factory=dict)
+    """The whole document as read."""
+
+    @property
+    def world_size(self) -> int:
+        return self.config.world_size
+
+    def mesh_shape(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """(mesh_dim_names, mesh_shape) ordered by the placement string, outermost first."""
+        return mesh_dims(self.config)
+
+    def rank_layout(self) -> np.ndarray:
+        """Global ranks arranged as the device mesh (see `rank_layout`)."""
+        return rank_layout(self.config)
+
+    def device_mesh(self, device_type: str | None = None):
+        """Build the torch DeviceMesh of this plan; call it under torchrun (or after init_process_group).
+
+        The mesh dimensions follow the placement string from outermost to innermost, named by
+        `planner.parallel.MeshAxis` ("dp", "pp", "tp"); the right-most letter of the placement gets
+        adjacent ranks, so with the usual "DPT" a tensor-parallel group sits inside one node.
+
+        Worked example (dp=2, pp=2, tp=2, 8 ranks, as Megatron's `initialize_model_parallel`
+        docstring lays out its groups):
+
+        placement "DPT" -> mesh_dim_names ("dp", "pp", "tp"), mesh_shape (2, 2, 2)::
+
+            ranks = [[[0, 1], [2, 3]],      # dp index 0: pp stage 0 -> tp ranks 0,1; stage 1 -> 2,3
+                     [[4, 5], [6, 7]]]      # dp index 1: pp stage 0 -> tp ranks 4,5; stage 1 -> 6,7
+            tp groups: [0,1] [2,3] [4,5] [6,7]       (innermost: adjacent ranks, NVLink)
+            pp groups: [0,2] [1,3] [4,6] [5,7]       (stage 0 -> stage 1 peers)
+            dp groups: [0,4] [1,5] [2,6] [3,7]       (gradient all-reduce / ZeRO shards)
+
+        placement "TDP" -> mesh_dim_names ("tp", "dp", "pp"): pp groups [0,1] [2,3] ..., tp groups
+        [0,4] [1,5] ... (tensor parallelism across the outer, slower links).
+
+        In a script: ``mesh = planner.load_plan("plan.json").device_mesh()`` then
+        ``mesh["tp"]`` for `parallelize_module`, ``mesh["dp"]`` for `fully_shard`, ``mesh["pp"]``
+        for `PipelineStage(group=mesh["pp"].get_group())`; a dimension of size 1 is still present.
+        """
+        import torch
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if device_type is None:
+            device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        names, shape = self.mesh_shape()
+        return init_device_mesh(device_type, shape, mesh_dim_names=names)
+
+    def to_document(self) -> dict:
+        """The document as a plain dict (what `load_plan` read, or an equivalent one)."""
+        return json.loads(json.dumps(self.document))
+
+
+def mesh_dims(config: ParallelConfig) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(names, sizes) of the mesh dimensions ordered by `config.placement`, outermost first."""
+    degree = {MeshAxis.DP: config.dp, MeshAxis.PP: config.pp, MeshAxis.TP: config.tp}
+    axes = [_AXIS_BY_LETTER[letter] for letter in config.placement]
+    return tuple(a.value for a in axes), tuple(degree[a] for a in axes)
+
+
+def rank_layout(config: ParallelConfig) -> np.ndarray:
+    """Global ranks in row-major order over the placement-ordered mesh (what init_device_mesh does).
+
+    >>> from planner.parallel import ParallelConfig
+    >>> rank_layout(ParallelConfig(dp=2, pp=2, tp=2, global_batch=2, placement="DPT")).tolist()
+    [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    """
+    _, shape = mesh_dims(config)
+    return np.arange(config.world_size).reshape(shape)
+
+
+def rank_coordinates(config: ParallelConfig, rank: int) -> dict[str, int]:
+    """The (dp, pp, tp) indices of a global rank under the plan's placement."""
+    names, shape = mesh_dims(config)
+    return dict(zip(names, (int(i) for i in np.unravel_index(rank, shape))))
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and validate a plan document; any problem is a ConfigError naming the field (exit 2)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError("plan", str(path), f"a readable plan JSON file ({err.strerror})") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError("plan", str(path), f"a JSON document (line {err.lineno}: {err.msg})") from None
+    return plan_from_document(document, source=str(path))
+
+
+def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
+    """Validate an in-memory plan document (schema, version, degrees) and type it."""
+    import jsonschema
+
+    if not isinstance(document, dict):
+        raise ConfigError("plan", source, "a JSON object with schema_version, model, hardware, plan, prediction")
+    version = document.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ConfigError("schema_version", version,
+                          f"{SCHEMA_VERSION!r} (this build reads plan documents of schema version {SCHEMA_VERSION})")
+    validator = jsonschema.Draft202012Validator(plan_schema())
+    error = jsonschema.exceptions.best_match(validator.iter_errors(document))
+    if error is not None:
+        where = ".".join(str(p) for p in error.absolute_path) or "document"
+        value = error.instance if not isinstance(error.instance, (dict, list)) else type(error.instance).__name__
+        raise ConfigError(where, value, f"{error.message} (schema planner/schemas/plan.schema.json)")
+
+    plan_part = document["plan"]
+    config = ParallelConfig(**{k: (tuple(v) if k == "stages" else v)
+                               for k, v in plan_part.items() if k in _CONFIG_FIELDS})
+    if plan_part["num_microbatches"] != config.num_microbatches:
+        raise ConfigError("plan.num_microbatches", plan_part["num_microbatches"],
+                          f"global_batch/(dp*micro_batch) = {config.num_microbatches}")
+    hardware = document["hardware"]
+    config.check_world_size(hardware["gpus"])
+    model = document["model"]
+    if "layers" in model and config.stages:
+        blocks = model["layers"] + model.get("encoder_layers", 0)
+        if sum(config.stages) != blocks:
+            raise ConfigError("plan.stages", list(config.stages), f"blocks per stage summing to layers({blocks})")
+
+    pred = document["prediction"]
+    mem = pred["memory"]
+    prediction = Prediction(
+        step_time_s=float(pred["step_time_s"]), samples_per_s=float(pred["samples_per_s"]),
+        tokens_per_s=float(pred["tokens_per_s"]), tflops_per_gpu=float(pred["tflops_per_gpu"]),
+        mfu=float(pred["mfu"]),
+        memory=MemoryPrediction(**{f.name: mem[f.name] for f in fields(MemoryPrediction)}),
+        time_breakdown_s={k: float(v) for k, v in pred["time_breakdown_s"].items()},
+    )
+    return Plan(schema_version=version, model_name=model["name"], hardware_name=hardware["name"],
+                gpus=hardware["gpus"], nodes=hardware["nodes"], config=config, prediction=prediction,
+                alternatives=tuple(document.get("alternatives", ())), document=document)
