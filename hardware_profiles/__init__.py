@@ -1,7 +1,12 @@
 """Hardware profiles: one JSON file per machine type beside this module, units in every key.
 
 `load_profile(name_or_path) -> HardwareProfile` validates on load and raises ConfigError naming
-the bad key. The record below is the contract the cost models read; the loader fills it.
+the bad key and the file. The record below is the contract the cost models read; the loader
+(`hardware_profiles/loader.py`) fills it.
+
+>>> p = load_profile("p4d.24xlarge")
+>>> p.devices_per_node, p.peak_tflops["bf16"], p.inter_node_Gbps_per_node
+(8, 312.0, 400.0)
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ class HardwareProfile:
     memory_bytes: int
     """Device memory the framework can allocate (usable capacity, not the marketing number)."""
     memory_bandwidth_GBps: float
-    """Device memory (HBM) bandwidth achievable by a large copy, GB/s."""
+    """Device memory (HBM) bandwidth achievable by a large copy, GB/s (read + write bytes / s)."""
     peak_tflops: dict[str, float]
     """Dense peak TFLOP/s by math dtype: keys among fp32, tf32, fp16, bf16, fp8."""
     intra_node_GBps_per_device: float
@@ -42,7 +47,44 @@ class HardwareProfile:
     """Calibrated physical efficiency parameters (GEMM curve, collective bus efficiency, ...)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Where each number comes from, by key."""
+    # --- added fields (all optional in the record so that code building profiles by hand keeps working)
+    description: str = ""
+    """One line saying what the machine is."""
+    memory_bandwidth_peak_GBps: float | None = None
+    """Datasheet device-memory bandwidth, GB/s (memory_bandwidth_GBps is what a copy achieves)."""
+    intra_node_interconnect: str = ""
+    """Name of the intra-node fabric, e.g. 'NVLink 3 via NVSwitch'."""
+    inter_node_interconnect: str = ""
+    """Name of the network, e.g. 'EFA' or 'InfiniBand HDR'."""
+    nics_per_node: int = 1
+    """Network interfaces used for training traffic per node."""
+    Gbps_per_nic: float | None = None
+    """Line rate of one NIC, Gbit/s (inter_node_Gbps_per_node = nics_per_node x Gbps_per_nic)."""
+    calibration: dict = field(default_factory=dict)
+    """Raw measurements and fitted models written by `planner hardware calibrate` (empty otherwise)."""
 
     @property
     def inter_node_GBps_per_node(self) -> float:
         return self.inter_node_Gbps_per_node / 8.0
+
+    @property
+    def inter_node_GBps_per_device(self) -> float:
+        """Network bandwidth share of one device when all devices of the node talk at once, GB/s."""
+        return self.inter_node_GBps_per_node / self.devices_per_node
+
+
+def load_profile(name_or_path: str) -> HardwareProfile:
+    """A validated profile by name (a file in hardware_profiles/) or by path to a JSON file."""
+    from hardware_profiles.loader import load_profile as _load
+
+    return _load(name_or_path)
+
+
+def available_profiles() -> list[str]:
+    """Names of the profiles shipped in hardware_profiles/, sorted."""
+    from hardware_profiles.loader import available_profiles as _available
+
+    return _available()
+
+
+__all__ = ["HardwareProfile", "load_profile", "available_profiles"]
