@@ -1,11 +1,28 @@
-"""`planner export` (being built; see the open issue)."""
+"""`planner export PLAN.json --format torchtitan|megatron|deepspeed|sagemaker [--out FILE]`."""
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 
-from planner.errors import ConfigError
+from planner.commands.common import PlanArg
+
+FormatOpt = Annotated[str, typer.Option("--format", help="torchtitan (TOML), megatron (arguments), "
+                                        "deepspeed (JSON config) or sagemaker (distribution JSON).")]
+OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Write the configuration here instead of stdout.")]
 
 
-def export(args: list[str] = typer.Argument(None)) -> None:
-    """Not available yet in this build."""
-    raise ConfigError("command", "export", "a command of this build; 'export' is not built yet")
+def export(plan: PlanArg, format: FormatOpt, out: OutOpt = None) -> None:
+    """Translate a plan into a torchtitan, Megatron-LM, DeepSpeed or SageMaker configuration."""
+    from planner.exports import export_plan
+    from planner.plan import load_plan
+
+    result = export_plan(load_plan(plan), format)
+    if out is None:
+        typer.echo(result.text, nl=False)
+    else:
+        out.write_text(result.text)
+        typer.echo(f"wrote {result.format} configuration to {out}", err=True)
+    for note in result.notes:
+        typer.echo(f"note: {note}", err=True)
