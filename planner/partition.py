@@ -1,5 +1,36 @@
-"""Pipeline stage partitioning (filled in below)."""
+"""Uneven pipeline stages: split the blocks contiguously over pp x v stages.
+
+The embedding always sits on the first stage and the final norm, LM head and loss on the last, so a
+model with a heavy vocabulary gets fewer blocks on its end stages. Two exact solvers:
+
+- `split_dp`: dynamic programming over contiguous splits, O(L^2 P) (the bottleneck-partition
+  recurrence of Bokhari 1988 / PipeDream's planner, Narayanan et al. 2019 Sec. 3.1):
+
+      f[k][j] = min_{i<j} max(f[k-1][i], c(k, i, j))   subject to mem(k, i, j) <= capacity,
+
+  where c is the stage's work (objective "speed") or its memory (objective "memory", with every
+  stage's work bounded). Exact for one stage per rank (v = 1).
+- `split_cpsat`: OR-Tools CP-SAT over the cut positions, for the cases where constraints couple the
+  stages: with interleaving (v > 1) a rank runs stages r, r+pp, ..., so its work and its memory are
+  sums over non-adjacent stages and no left-to-right recurrence is exact.
+
+The objectives follow SageMaker model parallelism's `optimize` parameter: "speed" balances the
+work per rank (least maximum), then the memory among the fastest splits; "memory" balances the
+memory per rank among splits within `slack` of the fastest.
+
+Tied embeddings (input embedding = output head) cannot be co-located by a contiguous split when
+pp > 1; their gradient is summed once per step between the first and last stage (Megatron's
+embedding group), a per-step constant that `estimate()` costs and that does not move the optimum.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.errors import ConfigError
+
+OBJECTIVES = ("speed", "memory")
 
 
 def even_split(blocks: int, stages: int) -> tuple[int, ...]:
@@ -10,3 +41,241 @@ def even_split(blocks: int, stages: int) -> tuple[int, ...]:
     """
     base, extra = divmod(blocks, stages)
     return tuple(base + (i < extra) for i in range(stages))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PartitionProblem:
+    """Per-block costs of one micro-batch on one pipeline rank (already divided by tp)."""
+
+    block_work: tuple[float, ...]
+    """Forward+backward work per block (FLOPs or seconds; only ratios matter), L entries."""
+    block_static_bytes: tuple[float, ...]
+    """Bytes per block held for the whole step: weights, gradients, optimizer states."""
+    block_activation_bytes: tuple[float, ...]
+    """Bytes per block kept per in-flight micro-batch."""
+    pp: int
+    """Pipeline ranks."""
+    virtual_stages: int = 1
+    """Stages per rank (interleaving); stage c runs on rank c % pp."""
+    first_work: float = 0.0
+    """Work of the embedding (on stage 0)."""
+    first_static_bytes: float = 0.0
+    first_activation_bytes: float = 0.0
+    last_work: float = 0.0
+    """Work of the final norm, LM head and loss (on the last stage)."""
+    last_static_bytes: float = 0.0
+    last_activation_bytes: float = 0.0
+    inflight: tuple[int, ...] = ()
+    """Micro-batches whose activations stage c holds at its peak (1F1B: pp - rank); empty = all 1."""
+    capacity_bytes: float | None = None
+    """Memory a rank may hold; None means unconstrained."""
+
+    def __post_init__(self) -> None:
+        blocks, chunks = len(self.block_work), self.pp * self.virtual_stages
+        if chunks > blocks:
+            raise ConfigError("pp", self.pp, f"pp*virtual_stages <= layers({blocks}); got {chunks}")
+        if not (len(self.block_static_bytes) == len(self.block_activation_bytes) == blocks):
+            raise ConfigError("block costs", len(self.block_static_bytes), f"{blocks} entries per list")
+        if self.inflight and len(self.inflight) != chunks:
+            raise ConfigError("inflight", len(self.inflight), f"{chunks} entries (pp*virtual_stages)")
+
+    @property
+    def blocks(self) -> int:
+        return len(self.block_work)
+
+    @property
+    def chunks(self) -> int:
+        return self.pp * self.virtual_stages
+
+    @property
+    def inflight_per_chunk(self) -> np.ndarray:
+        return np.asarray(self.inflight or (1,) * self.chunks, dtype=float)
+
+    def stage_costs(self, stages: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """(work, bytes) per rank for a split of blocks into pp*v stages."""
+        work = np.asarray(self.block_work, float)
+        static = np.asarray(self.block_static_bytes, float)
+        act = np.asarray(self.block_activation_bytes, float)
+        edges = np.concatenate([[0], np.cumsum(stages)])
+        inflight = self.inflight_per_chunk
+        rank_work, rank_bytes = np.zeros(self.pp), np.zeros(self.pp)
+        for c in range(self.chunks):
+            a, b, r = edges[c], edges[c + 1], c % self.pp
+            w, s, x = work[a:b].sum(), static[a:b].sum(), act[a:b].sum()
+            if c == 0:
+                w, s, x = w + self.first_work, s + self.first_static_bytes, x + self.first_activation_bytes
+            if c == self.chunks - 1:
+                w, s, x = w + self.last_work, s + self.last_static_bytes, x + self.last_activation_bytes
+            rank_work[r] += w
+            rank_bytes[r] += s + inflight[c] * x
+        return rank_work, rank_bytes
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Partition:
+    """A split of the blocks into stages and what it costs."""
+
+    stages: tuple[int, ...]
+    """Blocks per stage, pp*v entries in stage order."""
+    max_work: float
+    """Largest work of a rank per micro-batch (the pipeline's beat)."""
+    max_bytes: float
+    """Largest memory of a rank."""
+    rank_work: tuple[float, ...] = field(default=())
+    rank_bytes: tuple[float, ...] = field(default=())
+    method: str = "dp"
+    """dp or cp-sat."""
+    objective: str = "speed"
+
+
+def _result(problem: PartitionProblem, stages, method: str, objective: str) -> Partition:
+    work, mem = problem.stage_costs(tuple(int(s) for s in stages))
+    return Partition(stages=tuple(int(s) for s in stages), max_work=float(work.max()), max_bytes=float(mem.max()),
+                     rank_work=tuple(work.tolist()), rank_bytes=tuple(mem.tolist()), method=method,
+                     objective=objective)
+
+
+def _no_split(problem: PartitionProblem) -> ConfigError:
+    return ConfigError("capacity_bytes", problem.capacity_bytes,
+                       f"room for a contiguous split of {problem.blocks} blocks over {problem.chunks} stages")
+
+
+def split_dp(problem: PartitionProblem, *, objective: str = "speed", slack: float = 0.05) -> Partition:
+    """Exact contiguous split for v = 1 by the bottleneck DP (module docstring); O(L^2 P)."""
+    if objective not in OBJECTIVES:
+        raise ConfigError("objective", objective, "speed or memory")
+    if problem.virtual_stages != 1:
+        raise ConfigError("virtual_stages", problem.virtual_stages, "1 for the DP; use split_cpsat")
+    best_work = _bottleneck_dp(problem, value="work", work_bound=None)
+    if best_work is None:
+        raise _no_split(problem)
+    bound = best_work[0] * (1 + (slack if objective == "memory" else 1e-12))
+    stages = _bottleneck_dp(problem, value="bytes", work_bound=bound)[1]
+    return _result(problem, stages, "dp", objective)
+
+
+def _bottleneck_dp(problem: PartitionProblem, *, value: str, work_bound: float | None):
+    """min over splits of max over stages of `value` (work or bytes); returns (optimum, stages) or None."""
+    L, P = problem.blocks, problem.pp
+    cw = np.concatenate([[0.0], np.cumsum(problem.block_work)])
+    cs = np.concatenate([[0.0], np.cumsum(problem.block_static_bytes)])
+    ca = np.concatenate([[0.0], np.cumsum(problem.block_activation_bytes)])
+    inflight = problem.inflight_per_chunk
+    cap = np.inf if problem.capacity_bytes is None else problem.capacity_bytes
+    f = np.full((P + 1, L + 1), np.inf)
+    arg = np.zeros((P + 1, L + 1), dtype=int)
+    f[0, 0] = -np.inf
+    for k in range(1, P + 1):
+        first, last = k == 1, k == P
+        for j in range(k, L - (P - k) + 1):       # stage k-1 ends at block j; later stages need >=1 block each
+            i = np.arange(k - 1, j)                  # stage k-1 starts at block i (>=1 block per earlier stage)
+            work = cw[j] - cw[i] + first * problem.first_work + last * problem.last_work
+            act = ca[j] - ca[i] + first * problem.first_activation_bytes + last * problem.last_activation_bytes
+            mem = cs[j] - cs[i] + first * problem.first_static_bytes + last * problem.last_static_bytes \
+                + inflight[k - 1] * act
+            cost = work if value == "work" else mem
+            ok = mem <= cap
+            if work_bound is not None:
+                ok &= work <= work_bound
+            total = np.where(ok, np.maximum(f[k - 1, i], cost), np.inf)
+            best = int(np.argmin(total))
+            f[k, j], arg[k, j] = total[best], i[best]
+    if not np.isfinite(f[P, L]):
+        return None
+    stages, j = [], L
+    for k in range(P, 0, -1):
+        i = arg[k, j]
+        stages.append(j - i)
+        j = i
+    return float(f[P, L]), tuple(reversed(stages))
+
+
+def split_cpsat(problem: PartitionProblem, *, objective: str = "speed", slack: float = 0.05,
+                time_limit_s: float = 10.0) -> Partition:
+    """Exact split with CP-SAT over the cut positions; handles v > 1 (a rank's stages coupled)."""
+    if objective not in OBJECTIVES:
+        raise ConfigError("objective", objective, "speed or memory")
+    work_scale, byte_scale = _scales(problem)
+    status, stages, best = _cpsat_solve(problem, minimize="work", work_bound=None, work_scale=work_scale,
+                                        byte_scale=byte_scale, time_limit_s=time_limit_s)
+    if stages is None:
+        raise _no_split(problem)
+    bound = best * (1 + slack) if objective == "memory" else best
+    bound += 2 * problem.chunks             # prefix sums rounded to integer units: keep exact ties
+    _, stages2, _ = _cpsat_solve(problem, minimize="bytes", work_bound=int(np.floor(bound)), work_scale=work_scale,
+                                 byte_scale=byte_scale, time_limit_s=time_limit_s)
+    return _result(problem, stages2 or stages, "cp-sat", objective)
+
+
+def _scales(problem: PartitionProblem) -> tuple[float, float]:
+    """Integer units for CP-SAT: the totals map to about 1e9, fine enough that rounding cannot reorder
+    candidates whose costs differ by more than one part in 1e8."""
+    total_work = sum(problem.block_work) + problem.first_work + problem.last_work
+    inflight = max(problem.inflight_per_chunk)
+    total_bytes = sum(problem.block_static_bytes) + problem.first_static_bytes + problem.last_static_bytes \
+        + inflight * (sum(problem.block_activation_bytes) + problem.first_activation_bytes
+                      + problem.last_activation_bytes)
+    return 1e9 / max(total_work, 1e-30), 1e9 / max(total_bytes, 1e-30)
+
+
+def _cpsat_solve(problem: PartitionProblem, *, minimize: str, work_bound: int | None, work_scale: float,
+                 byte_scale: float, time_limit_s: float):
+    from ortools.sat.python import cp_model
+
+    L, C, P = problem.blocks, problem.chunks, problem.pp
+    cw = [int(round(v)) for v in np.concatenate([[0.0], np.cumsum(problem.block_work)]) * work_scale]
+    cs = [int(round(v)) for v in np.concatenate([[0.0], np.cumsum(problem.block_static_bytes)]) * byte_scale]
+    ca = [int(round(v)) for v in np.concatenate([[0.0], np.cumsum(problem.block_activation_bytes)]) * byte_scale]
+    inflight = [int(v) for v in problem.inflight_per_chunk]
+    big_w, big_b = cw[-1] + 1, (cs[-1] + max(inflight) * ca[-1]) + 1
+    m = cp_model.CpModel()
+    cut = [m.NewConstant(0)] + [m.NewIntVar(c, L - (C - c), f"cut{c}") for c in range(1, C)] \
+        + [m.NewConstant(L)]
+    for c in range(C):
+        m.Add(cut[c + 1] >= cut[c] + 1)
+    at_w = [m.NewIntVar(0, big_w, f"w{c}") for c in range(C + 1)]
+    at_s = [m.NewIntVar(0, big_b, f"s{c}") for c in range(C + 1)]
+    at_a = [m.NewIntVar(0, big_b, f"a{c}") for c in range(C + 1)]
+    for c in range(C + 1):
+        m.AddElement(cut[c], cw, at_w[c])
+        m.AddElement(cut[c], cs, at_s[c])
+        m.AddElement(cut[c], ca, at_a[c])
+    fw, lw = int(round(problem.first_work * work_scale)), int(round(problem.last_work * work_scale))
+    fs = int(round((problem.first_static_bytes) * byte_scale))
+    ls = int(round((problem.last_static_bytes) * byte_scale))
+    fa = int(round(problem.first_activation_bytes * byte_scale))
+    la = int(round(problem.last_activation_bytes * byte_scale))
+    rank_work = [0] * P
+    rank_bytes = [0] * P
+    for c in range(C):
+        r = c % P
+        w = at_w[c + 1] - at_w[c] + (fw if c == 0 else 0) + (lw if c == C - 1 else 0)
+        b = at_s[c + 1] - at_s[c] + (fs if c == 0 else 0) + (ls if c == C - 1 else 0) \
+            + inflight[c] * (at_a[c + 1] - at_a[c] + (fa if c == 0 else 0) + (la if c == C - 1 else 0))
+        rank_work[r] = rank_work[r] + w
+        rank_bytes[r] = rank_bytes[r] + b
+    max_w = m.NewIntVar(0, big_w + fw + lw, "max_work")
+    max_b = m.NewIntVar(0, big_b * (1 + C) + fs + ls + max(inflight) * (fa + la), "max_bytes")
+    m.AddMaxEquality(max_w, rank_work)
+    m.AddMaxEquality(max_b, rank_bytes)
+    if problem.capacity_bytes is not None:
+        rounding = 2 * C * (1 + max(inflight))       # prefix sums rounded to integer units
+        m.Add(max_b <= int(np.floor(problem.capacity_bytes * byte_scale)) + rounding)
+    if work_bound is not None:
+        m.Add(max_w <= work_bound)
+    m.Minimize(max_w if minimize == "work" else max_b)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = 1
+    status = solver.Solve(m)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return status, None, None
+    cuts = [solver.Value(c) for c in cut]
+    return status, tuple(b - a for a, b in zip(cuts, cuts[1:])), solver.Value(max_w)
+
+
+def split(problem: PartitionProblem, *, objective: str = "speed", slack: float = 0.05) -> Partition:
+    """The exact solver for the problem: the DP for v = 1, CP-SAT when a rank holds several stages."""
+    if problem.virtual_stages == 1:
+        return split_dp(problem, objective=objective, slack=slack)
+    return split_cpsat(problem, objective=objective, slack=slack)
