@@ -1,0 +1,111 @@
+"""Checklist rules on hand-made plan documents: each verdict flips where the advice says it should."""
+import copy
+
+import pytest
+
+from hardware_profiles import HardwareProfile
+from planner.report import checklist
+from planner.report.checklist import RuleContext
+
+HW = HardwareProfile(name="test-node", device="TestGPU", devices_per_node=8, memory_bytes=40 * 10**9,
+                     memory_bandwidth_GBps=1500.0, peak_tflops={"fp32": 19.5, "tf32": 156.0, "bf16": 312.0},
+                     intra_node_GBps_per_device=300.0, intra_node_latency_us=5.0, inter_node_Gbps_per_node=400.0,
+                     inter_node_latency_us=10.0, host_device_GBps=25.0, price_usd_per_hour=32.0,
+                     spot_price_usd_per_hour=None)
+
+
+def _doc(*, dp=4, tp=2, pp=2, m=8, zero=0, precision="amp-bf16", peak=30e9, nodes=2, bubble=0.5,
+         tp_comm=0.3, dp_comm=0.2, p2p=0.1, placement="DPT"):
+    step = 10.0
+    return {"model": {"name": "fake", "params": 10**9}, "hardware": {"name": "test-node", "gpus": dp * tp * pp, "nodes": nodes},
+            "plan": {"dp": dp, "tp": tp, "pp": pp, "micro_batch": 1, "global_batch": dp * m, "num_microbatches": m,
+                     "schedule": "1f1b", "virtual_stages": 1, "zero": zero, "recompute": "none", "offload": "none",
+                     "sequence_parallel": False, "placement": placement, "precision": precision, "seq": 2048, "stages": []},
+            "prediction": {"step_time_s": step, "samples_per_s": 1.0, "tokens_per_s": 1e5, "tflops_per_gpu": 100.0,
+                           "mfu": 0.3, "memory": {"peak_bytes_per_gpu": int(peak), "capacity_bytes": 40 * 10**9,
+                                                  "fits": peak <= 40e9, "params_bytes": 1, "grads_bytes": 1,
+                                                  "optimizer_bytes": int(8e9), "activations_bytes": 1, "other_bytes": 1},
+                           "time_breakdown_s": {"compute": step - bubble - tp_comm - dp_comm - p2p, "tp_comm": tp_comm,
+                                                "dp_comm": dp_comm, "pp_p2p": p2p, "bubble": bubble}}}
+
+
+def _ctx(doc, *, bn=0, what_if=None, hw=HW):
+    return RuleContext(document=doc, hardware=hw, batchnorm_modules=bn, what_if=what_if or (lambda **_: None),
+                       train_tokens=300e9, tp_group_nodes=checklist.tp_group_nodes(doc["plan"], hw.devices_per_node))
+
+
+def _by_rule(results):
+    return {r.rule: r for r in results}
+
+
+def test_every_rule_is_evaluated_once_with_a_number():
+    results = checklist.evaluate(_ctx(_doc()))
+    assert len(results) == len(checklist.RULES) == 10
+    assert len({r.rule for r in results}) == len(results)
+    assert all(r.status in ("pass", "warn") and r.number for r in results)
+
+
+def test_batchnorm_warns_only_when_present():
+    assert _by_rule(checklist.evaluate(_ctx(_doc(), bn=3)))["batchnorm"].status == "warn"
+    assert "3 BatchNorm" in _by_rule(checklist.evaluate(_ctx(_doc(), bn=3)))["batchnorm"].number
+    assert _by_rule(checklist.evaluate(_ctx(_doc(), bn=0)))["batchnorm"].status == "pass"
+
+
+def test_fewer_microbatches_than_stages_warns_with_the_bubble_share():
+    r = checklist.microbatches_vs_stages(_ctx(_doc(pp=4, m=2, bubble=3.0)))
+    assert r.status == "warn" and "30.0%" in r.number
+    assert checklist.microbatches_vs_stages(_ctx(_doc(pp=4, m=8))).status == "pass"
+
+
+@pytest.mark.parametrize("tp,placement,nodes_spanned", [(8, "DPT", 1), (16, "DPT", 2), (2, "TPD", 2), (2, "DTP", 1)])
+def test_tp_group_node_span_follows_the_placement(tp, placement, nodes_spanned):
+    doc = _doc(dp=4, tp=tp, pp=2, placement=placement)
+    assert checklist.tp_group_nodes(doc["plan"], 8) == nodes_spanned
+    r = checklist.tp_inside_node(_ctx(doc))
+    assert r.status == ("pass" if nodes_spanned == 1 else "warn")
+    if nodes_spanned > 1:
+        assert "6.2 GB/s/device" in r.number  # 400 Gbit/s / 8 bits / 8 devices
+
+
+def test_memory_bound_plan_without_zero_warns_and_shows_the_what_if():
+    doc = _doc(zero=0, peak=39e9)
+    z1 = copy.deepcopy(doc)
+    z1["prediction"]["memory"]["peak_bytes_per_gpu"] = int(33e9)
+    r = checklist.shard_optimizer(_ctx(doc, what_if=lambda **ch: z1 if ch == {"zero": 1} else None))
+    assert r.status == "warn" and "ZeRO-1 peak 33.0 GB" in r.number
+    assert checklist.shard_optimizer(_ctx(_doc(zero=1, peak=39e9))).status == "pass"
+    assert checklist.shard_optimizer(_ctx(_doc(zero=0, peak=10e9))).status == "pass"
+
+
+def test_fp32_warns_with_the_amp_speedup():
+    doc = _doc(precision="fp32")
+    amp = copy.deepcopy(doc)
+    amp["prediction"]["step_time_s"] = 4.0
+    r = checklist.mixed_precision(_ctx(doc, what_if=lambda **ch: amp))
+    assert r.status == "warn" and "2.50x faster" in r.number
+    assert checklist.mixed_precision(_ctx(_doc())).status == "pass"
+
+
+def test_pure_dp_that_fits_and_is_as_fast_warns():
+    doc = _doc()
+    dp = copy.deepcopy(doc)
+    dp["plan"].update(dp=16, tp=1, pp=1)
+    r = checklist.data_parallel_first(_ctx(doc, what_if=lambda **ch: dp))
+    assert r.status == "warn"
+    dp["prediction"]["memory"]["fits"] = False
+    assert checklist.data_parallel_first(_ctx(doc, what_if=lambda **ch: dp)).status == "pass"
+
+
+def test_nodes_close_uses_the_bandwidth_sensitivity():
+    doc = _doc(nodes=4, dp_comm=0.1, p2p=0.05)
+    slow = copy.deepcopy(doc)
+    slow["prediction"]["step_time_s"] = 12.0
+    r = checklist.nodes_close_together(_ctx(doc, what_if=lambda **ch: slow if "hardware_changes" in ch else None))
+    assert r.status == "warn" and "+20.0%" in r.number
+    assert checklist.nodes_close_together(_ctx(_doc(nodes=1))).status == "pass"
+
+
+def test_spot_rule_quotes_the_run_cost():
+    r = checklist.spot_capacity(_ctx(_doc(nodes=2)))
+    # 300e9 tokens / 1e5 tok/s = 833.3 h; x 2 nodes x $32 = $53,333
+    assert r.status == "warn" and "$53,333 on-demand" in r.number and "90.0%" in r.number
