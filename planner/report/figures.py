@@ -1,0 +1,160 @@
+"""The report's figures, drawn with matplotlib (Agg backend, no display) from plain data.
+
+Each function takes numbers already computed by estimate/recommend and returns PNG bytes; none
+computes a cost.
+"""
+from __future__ import annotations
+
+import io
+from typing import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+import numpy as np  # noqa: E402
+
+from planner.report.timeline import Timeline  # noqa: E402
+
+GB = 1e9
+_TERM_COLORS = {"compute": "#4c72b0", "tp_comm": "#dd8452", "dp_comm": "#c44e52", "pp_p2p": "#8172b3",
+                "bubble": "#bbbbbb", "optimizer": "#55a868", "offload": "#937860", "recompute": "#da8bc3"}
+_MEM_COLORS = {"params_bytes": "#4c72b0", "grads_bytes": "#dd8452", "optimizer_bytes": "#55a868",
+               "activations_bytes": "#c44e52", "other_bytes": "#8c8c8c"}
+_OP_COLORS = {"F": "#4c72b0", "B": "#dd8452", "W": "#55a868"}
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def time_breakdown(breakdown_s: Mapping[str, float], step_time_s: float, title: str) -> bytes:
+    """One horizontal stacked bar: seconds per step by term, with each term's share."""
+    fig, ax = plt.subplots(figsize=(9, 2.4))
+    left = 0.0
+    for term, seconds in breakdown_s.items():
+        if seconds <= 0:
+            continue
+        ax.barh([0], [seconds], left=left, color=_TERM_COLORS.get(term, None), edgecolor="white",
+                label=f"{term} {seconds:.3g} s ({seconds / step_time_s:.0%})")
+        left += seconds
+    ax.axvline(step_time_s, color="black", linestyle="--", linewidth=1, label=f"step time {step_time_s:.3g} s")
+    ax.set_yticks([])
+    ax.set_xlabel("seconds per optimizer step")
+    ax.set_title(title)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3, fontsize=8, frameon=False)
+    return _png(fig)
+
+
+def stage_memory(stages: Sequence[Mapping[str, int]], capacity_bytes: int, title: str) -> bytes:
+    """Stacked bars of memory terms per pipeline stage against the device capacity."""
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    x = np.arange(len(stages))
+    bottom = np.zeros(len(stages))
+    for key, color in _MEM_COLORS.items():
+        values = np.array([s.get(key, 0) for s in stages], dtype=float) / GB
+        ax.bar(x, values, bottom=bottom, color=color, label=key.removesuffix("_bytes"), width=0.7)
+        bottom += values
+    ax.axhline(capacity_bytes / GB, color="black", linestyle="--", linewidth=1,
+               label=f"capacity {capacity_bytes / GB:.1f} GB")
+    ax.set_xticks(x, [f"stage {s.get('stage', i)}" for i, s in enumerate(stages)],
+                  rotation=45 if len(stages) > 8 else 0, fontsize=8)
+    ax.set_ylabel("GB per GPU")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _png(fig)
+
+
+def pipeline_gantt(timeline: Timeline, title: str) -> bytes:
+    """A Gantt chart: one row per pipeline rank, one box per op, micro-batch number inside."""
+    fig, ax = plt.subplots(figsize=(11, 0.45 * timeline.ranks + 1.6))
+    span = timeline.makespan_s or 1.0
+    label_ops = len(timeline.ops) <= 400
+    for op in timeline.ops:
+        width = op.end_s - op.start_s
+        shade = 1.0 - 0.35 * (op.chunk / max(timeline.chunks - 1, 1)) if timeline.chunks > 1 else 1.0
+        ax.barh(op.rank, width, left=op.start_s, height=0.8, color=_OP_COLORS[op.kind],
+                alpha=shade, edgecolor="white", linewidth=0.4)
+        if label_ops and width / span > 0.012:
+            ax.text(op.start_s + width / 2, op.rank, str(op.microbatch), ha="center", va="center",
+                    fontsize=6, color="white")
+    ax.set_yticks(range(timeline.ranks), [f"stage {r}" for r in range(timeline.ranks)], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds into the step (compute only; gaps are the bubble)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for k, c in _OP_COLORS.items()
+               if any(op.kind == k for op in timeline.ops)]
+    names = {"F": "forward", "B": "backward" if timeline.schedule != "zero-bubble" else "backward (input grad)",
+             "W": "weight grad"}
+    ax.legend(handles, [names[k] for k in _OP_COLORS if any(op.kind == k for op in timeline.ops)],
+              fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(title)
+    return _png(fig)
+
+
+def pareto_front(tokens_per_s: np.ndarray, peak_bytes: np.ndarray, fits: np.ndarray, front: np.ndarray,
+                 chosen: tuple[float, float], capacity_bytes: int, title: str) -> bytes:
+    """Throughput against peak memory of every searched candidate, the Pareto front joined."""
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    mem_gb = peak_bytes / GB
+    ax.scatter(mem_gb[~fits], tokens_per_s[~fits], s=6, color="#cccccc", label="does not fit")
+    ax.scatter(mem_gb[fits], tokens_per_s[fits], s=8, color="#8da0cb", label="fits")
+    order = np.argsort(mem_gb[front])
+    ax.plot(mem_gb[front][order], tokens_per_s[front][order], "-o", color="#e41a1c", markersize=4,
+            label="Pareto front (max throughput, min memory)")
+    ax.scatter([chosen[1] / GB], [chosen[0]], marker="*", s=220, color="gold", edgecolor="black",
+               zorder=5, label="recommended")
+    ax.axvline(capacity_bytes / GB, color="black", linestyle="--", linewidth=1, label="capacity")
+    ax.set_xlabel("peak memory per GPU (GB)")
+    ax.set_ylabel("tokens / s")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def scaling(rows: Sequence[Mapping[str, float]], title: str) -> bytes:
+    """Throughput, cost of the run and days to train against the node count (three panels)."""
+    nodes = [r["nodes"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    panels = [("tokens_per_s", "tokens / s"), ("cost_usd", "cost of the run (USD, on-demand)"),
+              ("days_to_train", "days to train")]
+    for ax, (key, label) in zip(axes, panels):
+        pts = [(n, r[key]) for n, r in zip(nodes, rows) if r.get(key) is not None]
+        if pts:
+            ax.plot(*zip(*pts), "-o", color="#4c72b0")
+        if key == "cost_usd":
+            spot = [(n, r["cost_spot_usd"]) for n, r in zip(nodes, rows) if r.get("cost_spot_usd") is not None]
+            if spot:
+                ax.plot(*zip(*spot), "-s", color="#55a868", label="spot")
+                ax.legend(fontsize=8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("nodes")
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def seed_argument(rows: Sequence[Mapping[str, float]], title: str) -> bytes:
+    """Relative cost of pipelining vs pure data parallel: the seed's log-n model beside calibrated ones."""
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    nodes = [r["nodes"] for r in rows]
+    series = [("seed_relative", "seed log2(n) all-reduce model", "#e41a1c", "o")]
+    series += [(k, k.removeprefix("calibrated_").replace("_", " ") + " (calibrated)", c, "s")
+               for k, c in (("calibrated_ring", "#4c72b0"), ("calibrated_tree", "#55a868"),
+                            ("calibrated_hierarchical", "#8172b3"), ("calibrated_step", "#000000"))]
+    for key, label, color, marker in series:
+        pts = [(n, r[key]) for n, r in zip(nodes, rows) if r.get(key) is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker=marker, color=color, label=label)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("nodes")
+    ax.set_ylabel("cost relative to pure data parallel")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _png(fig)

@@ -1,0 +1,161 @@
+"""Write a report as DIR/report.html (self-contained: figures embedded as base64 PNG) and
+DIR/report.md (figures referenced relatively from DIR/figures/)."""
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from planner.report.checklist import RuleResult
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Figure:
+    name: str
+    """File stem under figures/, e.g. 'time_breakdown'."""
+    title: str
+    caption: str
+    png: bytes
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Table:
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Section:
+    """A heading with paragraphs, tables and figures, in that order."""
+
+    title: str
+    paragraphs: tuple[str, ...] = ()
+    tables: tuple[Table, ...] = ()
+    figures: tuple[Figure, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReportContent:
+    title: str
+    sections: tuple[Section, ...]
+    checklist: tuple[RuleResult, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def figures(self) -> list[Figure]:
+        return [f for s in self.sections for f in s.figures]
+
+
+def write_report(content: ReportContent, out_dir: Path) -> tuple[Path, Path]:
+    """Write report.html, report.md and figures/*.png under out_dir; return the two report paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig_dir = out_dir / "figures"
+    fig_dir.mkdir(exist_ok=True)
+    for fig in content.figures:
+        (fig_dir / f"{fig.name}.png").write_bytes(fig.png)
+    html_path, md_path = out_dir / "report.html", out_dir / "report.md"
+    html_path.write_text(to_html(content))
+    md_path.write_text(to_markdown(content))
+    return html_path, md_path
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) >= 1e4 else str(value)
+    return "" if value is None else str(value)
+
+
+# --- Markdown ------------------------------------------------------------------------------------
+
+def _md_table(table: Table) -> str:
+    esc = lambda s: _cell(s).replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(esc(v) for v in row) + " |" for row in table.rows]
+    return "\n".join(lines)
+
+
+def to_markdown(content: ReportContent) -> str:
+    out = [f"# {content.title}", ""]
+    for note in content.notes:
+        out += [f"> {note}", ""]
+    for section in content.sections:
+        out += [f"## {section.title}", ""]
+        for p in section.paragraphs:
+            out += [p, ""]
+        for t in section.tables:
+            out += [_md_table(t), ""]
+        for f in section.figures:
+            out += [f"![{f.title}](figures/{f.name}.png)", "", f"*{f.caption}*", ""]
+    out += ["## Best-practice checklist", "",
+            "| status | rule | number | what to do |", "|---|---|---|---|"]
+    for r in content.checklist:
+        out.append(f"| {'PASS' if r.status == 'pass' else 'WARN'} | {r.title} | "
+                   f"{r.number.replace('|', '/')} | {r.detail.replace('|', '/')} |")
+    out.append("")
+    return "\n".join(out)
+
+
+# --- HTML ----------------------------------------------------------------------------------------
+
+_CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1150px;margin:24px auto;
+padding:0 16px;color:#222;line-height:1.45}
+h1{font-size:1.7em;border-bottom:2px solid #4c72b0;padding-bottom:6px}
+h2{font-size:1.25em;margin-top:2em;color:#2c4a7c}
+table{border-collapse:collapse;margin:10px 0;font-size:0.86em}
+th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}
+th{background:#eef2f8}
+td:first-child,th:first-child{text-align:left}
+figure{margin:14px 0}
+figure img{max-width:100%}
+figcaption{font-size:0.85em;color:#555}
+.note{background:#fff6d6;border-left:4px solid #e0b000;padding:6px 10px}
+tr.rule td{text-align:left}
+.pass{color:#1a7f37;font-weight:bold}
+.warn{color:#b35900;font-weight:bold}
+"""
+
+
+def _html_table(table: Table) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
+                   for row in table.rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _html_figure(fig: Figure) -> str:
+    data = base64.b64encode(fig.png).decode("ascii")
+    return (f'<figure class="report-figure" id="fig-{fig.name}"><img alt="{html.escape(fig.title)}" '
+            f'src="data:image/png;base64,{data}"><figcaption><b>{html.escape(fig.title)}.</b> '
+            f"{html.escape(fig.caption)}</figcaption></figure>")
+
+
+def to_html(content: ReportContent) -> str:
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>{html.escape(content.title)}</title><style>{_CSS}</style></head><body>",
+             f"<h1>{html.escape(content.title)}</h1>"]
+    parts += [f'<p class="note">{html.escape(n)}</p>' for n in content.notes]
+    for section in content.sections:
+        parts.append(f"<h2>{html.escape(section.title)}</h2>")
+        parts += [f"<p>{html.escape(p)}</p>" for p in section.paragraphs]
+        parts += [_html_table(t) for t in section.tables]
+        parts += [_html_figure(f) for f in section.figures]
+    parts.append("<h2>Best-practice checklist</h2>")
+    parts.append('<table class="checklist"><thead><tr><th>status</th><th>rule</th><th>number</th>'
+                 "<th>what to do</th></tr></thead><tbody>")
+    for r in content.checklist:
+        parts.append(f'<tr class="rule" data-rule="{html.escape(r.rule)}" data-status="{r.status}">'
+                     f'<td class="{r.status}">{r.status.upper()}</td><td>{html.escape(r.title)}</td>'
+                     f"<td>{html.escape(r.number)}</td><td>{html.escape(r.detail)}</td></tr>")
+    parts.append("</tbody></table></body></html>")
+    return "\n".join(parts)
+
+
+def table_from_records(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> Table:
+    return Table(columns=tuple(columns), rows=tuple(tuple(r.get(c) for c in columns) for r in records))
