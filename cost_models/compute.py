@@ -1,0 +1,111 @@
+"""Time of the work one device does: GEMMs, attention, memory-bound kernels, the optimizer step.
+
+Every function takes numbers or numpy arrays (broadcasting) and the physical parameters of a
+`HardwareProfile` (`efficiency` block, documented in docs/cost-model.md):
+
+- GEMM (roofline with a per-kernel fixed cost; Williams, Waterman & Patterson 2009, "Roofline"):
+
+      t = max( F / (P * e_max) + t0 ,  bytes / BW )          F = 2 m n k (x batch)
+
+  i.e. an efficiency e(F) = e_max / (1 + t0 P e_max / F) that saturates in the GEMM size. e_max
+  (large-GEMM efficiency) and t0 (fill/drain + wave-quantization cost of one kernel) are fitted to
+  measured GEMMs (H100: shared/validation/h100_train_steps.jsonl, 7 shapes).
+- Flash attention (Dao 2023, FlashAttention-2): causal kernels skip the upper triangle, so the
+  forward does 2 b s^2 a d / tp FLOPs at `flash_attention_efficiency` of peak; backward 2.5x.
+- Memory-bound kernels (norms, activations, dropout, residual adds, casts, softmax/loss):
+  t = bytes / BW with BW the measured device-to-device copy bandwidth.
+- Optimizer step (AdamW reads/writes ~16-28 bytes per parameter): memory bound, same formula.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hardware_profiles import HardwareProfile
+
+DTYPE_OF_PRECISION = {"fp32": "fp32", "amp-bf16": "bf16", "amp-fp16": "fp16", "bf16": "bf16"}
+"""Math dtype of the GEMMs under each training precision (fp32 means TF32 off, as PyTorch's default
+for matmul)."""
+
+DEFAULTS = {
+    "gemm_efficiency_max": 0.72,
+    "gemm_fixed_us": 12.0,
+    "flash_attention_efficiency": 0.35,
+    "elementwise_bandwidth_fraction": 1.0,
+    "dispatch_us_per_op": 0.0,
+}
+"""Fallbacks when a profile's `efficiency` block lacks a key (H100 values, see the profile)."""
+
+
+def eff(hw: HardwareProfile, key: str) -> float:
+    """A physical efficiency parameter of the profile, or its documented default."""
+    return float(hw.efficiency.get(key, DEFAULTS[key]))
+
+
+def peak_flops(hw: HardwareProfile, precision: str) -> float:
+    """Dense peak FLOP/s of the math dtype `precision` trains in."""
+    dtype = DTYPE_OF_PRECISION[precision]
+    table = hw.peak_tflops
+    value = table.get(dtype) or table.get("fp16") or table.get("bf16") or table.get("fp32")
+    return float(value) * 1e12
+
+
+def memory_Bps(hw: HardwareProfile) -> float:
+    """Achieved bandwidth of streaming (memory-bound) kernels, bytes/s."""
+    return hw.memory_bandwidth_GBps * 1e9 * eff(hw, "elementwise_bandwidth_fraction")
+
+
+def gemm_seconds(m, n, k, batch=1, *, hw: HardwareProfile, precision: str, elem_bytes: float = 2.0):
+    """One (batched) GEMM kernel: max(F / (P e_max) + t0, (m k + k n + m n) batch bytes / BW)."""
+    flops = 2.0 * m * n * k * batch
+    compute = flops / (peak_flops(hw, precision) * eff(hw, "gemm_efficiency_max")) + eff(hw, "gemm_fixed_us") * 1e-6
+    traffic = (m * k + k * n + m * n) * batch * elem_bytes / memory_Bps(hw)
+    return np.maximum(compute, traffic)
+
+
+def gemm_fwd_bwd_seconds(m, n, k, batch=1, **kw):
+    """(forward, backward) of one GEMM: backward = data gradient (m x n) @ (n x k) plus weight
+    gradient (k x m) @ (m x n), each with the same FLOPs as the forward (Narayanan et al. 2021,
+    Sec. 5.1: backward = 2x forward)."""
+    fwd = gemm_seconds(m, n, k, batch, **kw)
+    bwd = gemm_seconds(m, k, n, batch, **kw) + gemm_seconds(k, n, m, batch, **kw)
+    return fwd, bwd
+
+
+def flash_attention_seconds(b, s, heads, d_head, *, causal: bool, hw: HardwareProfile, precision: str):
+    """(forward, backward) of a fused attention kernel on `heads` heads of this rank:
+    F_fwd = 4 b s^2 a d (x 1/2 causal: the kernel skips masked tiles), F_bwd = 2.5 F_fwd
+    (QK^T recomputed in the backward kernel; Dao 2023, Sec. 3.1)."""
+    flops_fwd = 4.0 * b * s * s * heads * d_head * (0.5 if causal else 1.0)
+    rate = peak_flops(hw, precision) * eff(hw, "flash_attention_efficiency")
+    fixed = eff(hw, "gemm_fixed_us") * 1e-6
+    return flops_fwd / rate + fixed, 2.5 * flops_fwd / rate + fixed
+
+
+def memory_bound_seconds(bytes_moved, hw: HardwareProfile):
+    """Streaming kernels: bytes read + written / achieved memory bandwidth."""
+    return np.asarray(bytes_moved, dtype=float) / memory_Bps(hw)
+
+
+def optimizer_bytes_per_param(precision: str, optimizer: str, impl: str = "megatron") -> float:
+    """Bytes the optimizer step moves per parameter it updates (read + write), memory bound.
+
+    AdamW with fp32 state (amp, fp32): read p, g, m, v (16) + write p, m, v (12) = 28; Megatron's
+    fp16/bf16 mixed precision also writes the 2-byte model copy: 30. Pure bf16 (states in bf16):
+    read 8 + write 6 = 14. SGD with momentum: read p, g, m + write p, m (5 tensors).
+    """
+    if optimizer == "sgd":
+        return 10.0 if precision == "bf16" else 20.0 + (2.0 if impl == "megatron" and precision.startswith("amp") else 0.0)
+    if precision == "bf16":
+        return 14.0
+    return 28.0 + (2.0 if impl == "megatron" and precision.startswith("amp") else 0.0)
+
+
+def optimizer_seconds(params_updated, *, precision: str, optimizer: str, hw: HardwareProfile, impl: str = "megatron"):
+    """Optimizer step time of the `params_updated` parameters this rank owns."""
+    return memory_bound_seconds(params_updated * optimizer_bytes_per_param(precision, optimizer, impl), hw)
+
+
+def dispatch_seconds(ops, hw: HardwareProfile):
+    """Host time to launch `ops` kernels (eager PyTorch dispatch + launch); the device cannot run
+    faster than the host issues work (step time >= this)."""
+    return np.asarray(ops, dtype=float) * eff(hw, "dispatch_us_per_op") * 1e-6

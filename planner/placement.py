@@ -1,0 +1,70 @@
+"""Where each parallel group's ranks sit, and hence which links its collectives use.
+
+A placement string orders the axes D (data), P (pipeline), T (tensor) from outermost to innermost,
+SageMaker model parallelism's convention: the right-most letter gets adjacent ranks. "DPT"
+("cluster") keeps tensor-parallel groups inside a node; "TPD" ("spread") puts data-parallel
+replicas on adjacent devices.
+
+Rank layout: with sizes n_X and coordinates c_X, rank = sum_X c_X * stride_X, where the right-most
+axis has stride 1 and each axis to its left has the product of the sizes to its right (row-major,
+what `init_device_mesh` builds from the placement-ordered shape).
+
+Worked example: dp=2, pp=2, tp=4 on nodes of 8 devices.
+  "DPT": strides T=1, P=4, D=8. A tp group {0,1,2,3} (stride 1, size 4) fits in a node -> NVLink.
+         A pp group {0,4} (stride 4, 4*2 = 8 <= 8) stays in node 0 -> NVLink. A dp group {0,8}
+         (stride 8) has one rank per node -> 2 nodes, 1 rank per node: network only.
+  "TPD": strides D=1, P=2, T=4. A tp group {0,4,8,12} (stride 4, span 16 > 8): 2 ranks per node on
+         2 nodes -> hierarchical (NVLink inside, network across).
+
+A group of size n and stride g occupies ranks r0, r0+g, ..., r0+(n-1)g. It stays in one node when
+g*n <= devices_per_node (and the layout is aligned, which row-major strides with power-of-two or
+node-dividing sizes are). Otherwise the ranks per node are devices_per_node // g when g divides
+the node (a run of consecutive members), 1 when g >= devices_per_node.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+PLACEMENTS = tuple("".join(p) for p in itertools.permutations("DPT"))
+"""The six placement strings; index i is what `CandidateArrays.placement` holds."""
+AXES = ("D", "P", "T")
+
+
+def placement_index(placement: str) -> int:
+    return PLACEMENTS.index(placement)
+
+
+def strides(placement_idx, dp, pp, tp) -> dict[str, np.ndarray]:
+    """Stride of each axis for placement indices (arrays), right-most axis stride 1."""
+    placement_idx = np.asarray(placement_idx)
+    size = {"D": np.asarray(dp), "P": np.asarray(pp), "T": np.asarray(tp)}
+    out = {a: np.zeros(np.broadcast(placement_idx, size["D"], size["P"], size["T"]).shape, dtype=np.int64)
+           for a in AXES}
+    for i, text in enumerate(PLACEMENTS):
+        mask = placement_idx == i
+        stride = np.ones_like(out["D"])
+        for letter in reversed(text):
+            out[letter] = np.where(mask, stride, out[letter])
+            stride = stride * size[letter]
+    return out
+
+
+def ranks_per_node(n, stride, devices_per_node: int):
+    """How many members of a group (size n, rank stride `stride`) share one node.
+
+    stride * n <= devices_per_node: all n (the group stays in one node). stride >= devices_per_node:
+    1 (every member on its own node). In between: devices_per_node // stride consecutive members.
+    """
+    n = np.asarray(n)
+    stride = np.asarray(stride)
+    within = np.maximum(devices_per_node // np.maximum(stride, 1), 1)
+    return np.where(stride * n <= devices_per_node, n, np.minimum(within, n))
+
+
+def group_locality(placement_idx, dp, pp, tp, devices_per_node: int) -> dict[str, np.ndarray]:
+    """Ranks per node of the dp, pp and tp groups ('D', 'P', 'T' keys) for each candidate."""
+    st = strides(placement_idx, dp, pp, tp)
+    size = {"D": dp, "P": pp, "T": tp}
+    return {a: ranks_per_node(size[a], st[a], devices_per_node) for a in AXES}
