@@ -137,21 +137,124 @@ def distinct_placements(dp: int, tp: int, pp: int, allowed: tuple[str, ...] = PL
     return keep
 
 
+SKELETON_FIELDS = ("dp", "tp", "pp", "schedule", "virtual_stages", "zero", "offload")
+"""Knobs that set the static memory (weights, gradients, optimizer states) and the pipeline's in-flight
+count; the others (micro-batch, recompute, sequence parallelism, placement) only add activations or
+time, which is what makes a skeleton's leanest candidate a memory lower bound for all of its expansions."""
+
+
 def generate(world_size: int, global_batch: int, *, heads: int, kv_heads: int | None = None, blocks: int,
              space: SearchSpace = SearchSpace()) -> Candidates:
     """All valid candidates for a world size and global batch, as arrays (module docstring)."""
-    kv_heads = kv_heads or heads
     rejected: Counter = Counter()
-    parts: list[np.ndarray] = []
+    rows = skeleton_rows(world_size, global_batch, heads=heads, kv_heads=kv_heads, blocks=blocks, space=space,
+                         rejected=rejected)
+    rows = with_micro_batches(rows, global_batch, space=space, rejected=rejected)
+    return Candidates(arrays=with_free_knobs(rows, space=space), global_batch=global_batch, rejected=dict(rejected))
+
+
+def skeleton_rows(world_size: int, global_batch: int, *, heads: int, kv_heads: int | None, blocks: int,
+                  space: SearchSpace, rejected: Counter) -> dict[str, np.ndarray]:
+    """One row per (dp, tp, pp, schedule, virtual stages, zero, offload) the rules allow."""
+    kv_heads = kv_heads or heads
+    parts = []
+    offload = [OFFLOAD.index(o) for o in space.offload]
     for dp, tp, pp in degree_triples(world_size, global_batch, heads=heads, kv_heads=kv_heads, blocks=blocks,
                                      max_tp=space.max_tp, rejected=rejected):
-        block = _triple_grid(dp, tp, pp, global_batch, blocks, space, rejected)
-        if block is not None:
-            parts.append(block)
-    columns = np.concatenate(parts, axis=1) if parts else np.zeros((len(FIELDS), 0), dtype=np.int64)
-    arrays = {name: columns[i] for i, name in enumerate(FIELDS)}
-    arrays["sequence_parallel"] = arrays["sequence_parallel"].astype(bool)
-    return Candidates(arrays=arrays, global_batch=global_batch, rejected=dict(rejected))
+        zero = [z for z in space.zero if dp > 1 or z == 0] or [0]
+        for (schedule, virtual), z, off in itertools.product(_schedule_options(pp, blocks, space), zero, offload):
+            parts.append((dp, tp, pp, schedule, virtual, z, off))
+    table = np.array(parts, dtype=np.int64).reshape(-1, len(SKELETON_FIELDS))
+    return {name: table[:, i] for i, name in enumerate(SKELETON_FIELDS)}
+
+
+def _size(rows: Mapping[str, np.ndarray]) -> int:
+    return int(next(iter(rows.values())).shape[0])
+
+
+def _product(rows: Mapping[str, np.ndarray], name: str, values: np.ndarray) -> dict[str, np.ndarray]:
+    """Every row combined with every value of a new knob (rows outer, values inner)."""
+    n, k = _size(rows), len(values)
+    out = {key: np.repeat(col, k) for key, col in rows.items()}
+    out[name] = np.tile(np.asarray(values, dtype=np.int64), n)
+    return out
+
+
+def _concat(parts: list[dict[str, np.ndarray]], names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    if not parts:
+        return {name: np.zeros(0, dtype=np.int64) for name in names}
+    return {name: np.concatenate([p[name] for p in parts]) for name in names}
+
+
+def with_micro_batches(rows: Mapping[str, np.ndarray], global_batch: int, *, space: SearchSpace,
+                       rejected: Counter | None = None) -> dict[str, np.ndarray]:
+    """Each row combined with every micro-batch that divides its replica's share of the global batch;
+    looped schedules keep only micro-batch counts torch's interleaving accepts."""
+    rejected = rejected if rejected is not None else Counter()
+    parts = []
+    for dp in np.unique(rows["dp"]):
+        mine = {k: v[rows["dp"] == dp] for k, v in rows.items()}
+        micro = np.array([b for b in divisors(global_batch // int(dp)) if b <= space.max_micro_batch], dtype=np.int64)
+        if micro.size == 0:
+            continue
+        grid = _product(mine, "micro_batch", micro)
+        m = global_batch // (grid["dp"] * grid["micro_batch"])
+        looped = np.isin(grid["schedule"], [SCHEDULES.index(n) for n in LOOPED_SCHEDULES])
+        ok = ~looped | (m % np.maximum(1, m // grid["pp"]) == 0)
+        if (~ok).any():
+            rejected["num_microbatches not a multiple of the schedule's rounds (micro-batch choices)"] += int((~ok).sum())
+        parts.append({k: v[ok] for k, v in grid.items()})
+    return _concat(parts, tuple(rows) + ("micro_batch",))
+
+
+def _pattern_groups(rows: Mapping[str, np.ndarray]):
+    """Rows grouped by which degrees exceed 1 (what placements and sequence parallelism depend on)."""
+    key = (rows["dp"] > 1) * 4 + (rows["tp"] > 1) * 2 + (rows["pp"] > 1)
+    for pattern in np.unique(key):
+        yield bool(pattern & 4), bool(pattern & 2), bool(pattern & 1), key == pattern
+
+
+def with_free_knobs(rows: Mapping[str, np.ndarray], *, space: SearchSpace) -> dict[str, np.ndarray]:
+    """Complete candidates: each row combined with every recompute, sequence-parallel and placement choice."""
+    recompute = np.array([RECOMPUTE.index(r) for r in space.recompute], dtype=np.int64)
+    parts = []
+    for has_dp, has_tp, has_pp, mask in _pattern_groups(rows):
+        mine = {k: v[mask] for k, v in rows.items()}
+        sp = np.array([s for s in space.sequence_parallel if has_tp or not s] or [False], dtype=np.int64)
+        place = np.array(distinct_placements(1 + has_dp, 1 + has_tp, 1 + has_pp, space.placements) or [0])
+        parts.append(_product(_product(_product(mine, "recompute", recompute), "sequence_parallel", sp),
+                              "placement", place))
+    out = _concat(parts, tuple(rows) + ("recompute", "sequence_parallel", "placement"))
+    out["sequence_parallel"] = out["sequence_parallel"].astype(bool)
+    return {name: out[name] for name in FIELDS}
+
+
+def leanest(rows: Mapping[str, np.ndarray], *, space: SearchSpace) -> dict[str, np.ndarray]:
+    """Complete each row with the values that hold the least memory: micro-batch 1 (when absent), the
+    strongest recompute allowed, sequence parallelism where tp > 1, any placement. Its peak memory bounds
+    from below the peak of every candidate that shares the row (the scorer's memory grows with the
+    micro-batch and falls with recompute and sequence parallelism; tests/test_search.py checks it)."""
+    n = _size(rows)
+    out = {k: np.asarray(v) for k, v in rows.items()}
+    if "micro_batch" not in out:
+        out["micro_batch"] = np.ones(n, dtype=np.int64)
+    out["recompute"] = np.full(n, max(RECOMPUTE.index(r) for r in space.recompute), dtype=np.int64)
+    out["sequence_parallel"] = (out["tp"] > 1) & (True in space.sequence_parallel)
+    first = np.zeros(n, dtype=np.int64)
+    for has_dp, has_tp, has_pp, mask in _pattern_groups(out):
+        first[mask] = (distinct_placements(1 + has_dp, 1 + has_tp, 1 + has_pp, space.placements) or [0])[0]
+    out["placement"] = first
+    return {name: out[name] for name in FIELDS}
+
+
+def free_knob_count(rows: Mapping[str, np.ndarray], *, space: SearchSpace) -> np.ndarray:
+    """Per row (with micro_batch), how many complete candidates `with_free_knobs` makes of it."""
+    count = np.zeros(_size(rows), dtype=np.int64)
+    for has_dp, has_tp, has_pp, mask in _pattern_groups(rows):
+        sp = len([s for s in space.sequence_parallel if has_tp or not s] or [False])
+        place = len(distinct_placements(1 + has_dp, 1 + has_tp, 1 + has_pp, space.placements) or [0])
+        count[mask] = len(space.recompute) * sp * place
+    return count
 
 
 def _schedule_options(pp: int, blocks: int, space: SearchSpace) -> list[tuple[int, int]]:
@@ -166,32 +269,3 @@ def _schedule_options(pp: int, blocks: int, space: SearchSpace) -> list[tuple[in
         else:
             options.append((SCHEDULES.index(name), 1))
     return options
-
-
-def _triple_grid(dp: int, tp: int, pp: int, global_batch: int, blocks: int, space: SearchSpace,
-                 rejected: Counter) -> np.ndarray | None:
-    """Meshgrid of every knob for one degree triple, invalid combinations masked out; shape (FIELDS, n)."""
-    micro = np.array([b for b in divisors(global_batch // dp) if b <= space.max_micro_batch])
-    sched = np.array(_schedule_options(pp, blocks, space))
-    zero = np.array([z for z in space.zero if dp > 1 or z == 0] or [0])
-    sp = np.array([s for s in space.sequence_parallel if tp > 1 or not s] or [False], dtype=np.int64)
-    place = np.array(distinct_placements(dp, tp, pp, space.placements) or [0])
-    recompute = np.array([RECOMPUTE.index(r) for r in space.recompute])
-    offload = np.array([OFFLOAD.index(o) for o in space.offload])
-    if micro.size == 0 or sched.size == 0:
-        return None
-    grid = np.meshgrid(micro, np.arange(len(sched)), zero, recompute, offload, sp, place, indexing="ij")
-    mb, si, z, rc, off, s, pl = (g.ravel() for g in grid)
-    schedule, virtual = sched[si, 0], sched[si, 1]
-    m = global_batch // (dp * mb)
-    looped = np.isin(schedule, [SCHEDULES.index(n) for n in LOOPED_SCHEDULES])
-    rounds = np.maximum(1, m // pp)
-    ok = ~looped | (m % rounds == 0)
-    if (~ok).any():
-        rejected["num_microbatches not a multiple of the schedule's rounds (candidates)"] += int((~ok).sum())
-    n = int(ok.sum())
-    if n == 0:
-        return None
-    full = lambda value: np.full(n, value, dtype=np.int64)  # noqa: E731
-    return np.stack([full(dp), full(tp), full(pp), mb[ok], virtual[ok], z[ok], rc[ok], off[ok], s[ok],
-                     schedule[ok], pl[ok]]).astype(np.int64)
