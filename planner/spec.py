@@ -69,6 +69,20 @@ class TransformerSpec:
     """Encoder blocks of an encoder-decoder model (T5); 0 for decoder-only / encoder-only."""
     causal: bool = True
     """Causal (decoder) attention; False for BERT-style encoders."""
+    final_norm: bool = True
+    """A normalization after the last block (False for post-LN BERT)."""
+    pooler: bool = False
+    """BERT pooler: a dense h x h layer (with bias) on the first token."""
+    mlm_head: bool = False
+    """BERT masked-LM head: dense h x h + norm before the (tied) decoder, plus a vocabulary bias."""
+    relative_buckets: int = 32
+    """Buckets of T5's relative position bias (one table of buckets x heads per stack); used only
+    when position='relative'."""
+    rope_theta: float = 10000.0
+    """Rotary base (Llama 3: 500000); used only when position='rope'."""
+    sliding_window: int = 0
+    """Mistral-style attention window in tokens; 0 means full (causal) attention. Informative only:
+    the FLOP model counts the full square, as SDPA kernels and FlopCounterMode do."""
     extras: tuple[tuple[str, object], ...] = field(default=())
     """Source-specific facts kept for reports (e.g. ('source', 'Brown et al. 2020, Table 2.1'))."""
 
@@ -102,6 +116,16 @@ class TransformerSpec:
     def total_blocks(self) -> int:
         """Blocks in the pipeline-splittable stack (encoder + decoder)."""
         return self.layers + self.encoder_layers
+
+    @property
+    def attn_width(self) -> int:
+        """Width of the query/output projection, heads x d_head (differs from hidden for GPT-3 13B)."""
+        return self.heads * self.d_head
+
+    @property
+    def kv_width(self) -> int:
+        """Width of each key/value projection, kv_heads x d_head."""
+        return self.n_kv_heads * self.d_head
 
     def with_(self, **changes) -> "TransformerSpec":
         return replace(self, **changes)

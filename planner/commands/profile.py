@@ -1,11 +1,80 @@
-"""`planner profile` (being built; see the open issue)."""
+"""`planner profile MODEL [--seq S] [--micro-batch B] [--precision P] [--json]`.
+
+Parameters, forward/backward FLOPs and activation bytes (recompute none/selective/full) of one
+micro-batch, in total and per layer. A thin shell over `planner.profiler.profile_model`: the
+table (stderr with --json suppressed) and the JSON document are printed from the same ModelProfile.
+"""
 from __future__ import annotations
+
+from typing import Annotated
 
 import typer
 
-from planner.errors import ConfigError
+from planner.commands.common import JsonOpt, MicroBatchOpt, ModelArg, PrecisionOpt, SeqOpt, emit_json
+
+FlashOpt = Annotated[bool, typer.Option("--flash/--no-flash",
+                                        help="Assume a flash/SDPA attention kernel (no s x s probabilities saved).")]
 
 
-def profile(args: list[str] = typer.Argument(None)) -> None:
-    """Not available yet in this build."""
-    raise ConfigError("command", "profile", "a command of this build; 'profile' is not built yet")
+def profile(model: ModelArg, seq: SeqOpt = None, micro_batch: MicroBatchOpt = 1, precision: PrecisionOpt = "amp-bf16",
+            flash: FlashOpt = True, json: JsonOpt = False) -> None:
+    """Parameters, FLOPs and activation bytes per layer for one micro-batch."""
+    from planner.profiler import profile_model
+
+    result = profile_model(model, seq=seq, micro_batch=micro_batch or 1, precision=precision, flash=flash)
+    if json:
+        emit_json(result.to_dict())
+        return
+    render(result)
+
+
+def _si(value: float, unit: str = "") -> str:
+    for factor, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}".rstrip()
+
+
+def _bytes(value: float) -> str:
+    for factor, prefix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}"
+    return f"{int(value)} B"
+
+
+def _collapse(layers):
+    """Runs of identical blocks shown as one row 'layers.0-95 (x96)'."""
+    rows, i = [], 0
+    while i < len(layers):
+        j = i
+        key = lambda u: (u.kind, u.params, u.flops_fwd, u.flops_bwd, tuple(u.activation_bytes.items()))  # noqa: E731
+        while j + 1 < len(layers) and layers[j + 1].kind in ("block", "encoder_block") and key(layers[j + 1]) == key(layers[i]):
+            j += 1
+        name = layers[i].name if j == i else f"{layers[i].name}..{layers[j].name.rsplit('.', 1)[-1]}"
+        rows.append((name, j - i + 1, layers[i]))
+        i = j + 1
+    return rows
+
+
+def render(result) -> None:
+    """The human table (rich) on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    model = result.model
+    title = (f"{model['name']}: {_si(result.params)} params, micro-batch {result.micro_batch} x seq {result.seq}, "
+             f"{result.precision}, {'flash' if result.flash else 'math'} attention ({result.method})")
+    table = Table(title=title, show_lines=False)
+    for column in ("layer", "kind", "count", "params", "fwd FLOPs", "bwd FLOPs", "act none", "act selective", "act full"):
+        table.add_column(column, justify="left" if column in ("layer", "kind") else "right")
+    for name, count, unit in _collapse(result.layers):
+        a = unit.activation_bytes
+        table.add_row(name, unit.kind, str(count), _si(unit.params), _si(unit.flops_fwd), _si(unit.flops_bwd),
+                      _bytes(a.get("none", 0)), _bytes(a.get("selective", 0)), _bytes(a.get("full", 0)))
+    table.add_row("total", "", str(len(result.layers)), _si(result.params), _si(result.flops_fwd), _si(result.flops_bwd),
+                  _bytes(result.activation_bytes("none")), _bytes(result.activation_bytes("selective")),
+                  _bytes(result.activation_bytes("full")), style="bold")
+    console = Console(width=160)
+    console.print(table)
+    if "model_flops" in result.extra:
+        console.print(f"model FLOPs per micro-batch (6 N tokens + attention, for MFU): {_si(result.extra['model_flops'])}")

@@ -7,7 +7,18 @@ Module names (stable; the executor's TP plan and the profiler refer to them):
   tok_embeddings, pos_embeddings (learned positions only), layers.<i>.attention_norm,
   layers.<i>.attention.{wq,wk,wv,wo}, layers.<i>.ffn_norm, layers.<i>.feed_forward.{w1,w2,w3},
   norm, output.
-Attention reshapes with -1 heads so that a column-sharded wq/wk/wv works unchanged.
+Attention reshapes with -1 heads so that a column-sharded wq/wk/wv works unchanged; grouped-query
+attention passes K/V with their own (fewer) heads to SDPA (`enable_gqa`), so no repeated copy of
+K/V is made or saved.
+
+Activation recomputation (what the executor and the profiler tests use): `model.set_recompute(mode)`
+or `apply_recompute(model, mode)` with mode
+  - "none": nothing recomputed;
+  - "selective": only the attention core (the SDPA call) is checkpointed, as in Korthikanti et al.
+    2022 Sec. 5 (with a flash kernel this frees only its logsumexp: Q, K, V and the output are kept);
+  - "full": every block is checkpointed (its input is kept, the rest recomputed in backward).
+Checkpointing is torch.utils.checkpoint non-reentrant, so it composes with FSDP2, TP and pipelining
+(executor-notes.md); it is active only while autograd records (grad enabled).
 """
 from __future__ import annotations
 
@@ -16,6 +27,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from planner.spec import TransformerSpec
 
@@ -49,6 +61,8 @@ class Attention(nn.Module):
         self.head_dim = spec.d_head
         self.rep = spec.heads // spec.n_kv_heads
         self.causal = spec.causal
+        self.recompute_core = False
+        """Checkpoint the SDPA call (selective recomputation); set by Transformer.set_recompute."""
         self.wq = nn.Linear(spec.hidden, spec.heads * self.head_dim, bias=spec.qkv_bias)
         self.wk = nn.Linear(spec.hidden, spec.n_kv_heads * self.head_dim, bias=spec.qkv_bias)
         self.wv = nn.Linear(spec.hidden, spec.n_kv_heads * self.head_dim, bias=spec.qkv_bias)
@@ -62,11 +76,15 @@ class Attention(nn.Module):
         if rope is not None:
             cos, sin = rope[0][:s], rope[1][:s]
             q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
-        if self.rep > 1:
-            k = k.repeat_interleave(self.rep, dim=1)
-            v = v.repeat_interleave(self.rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        if self.recompute_core and torch.is_grad_enabled():
+            out = checkpoint(self._core, q, k, v, use_reentrant=False)
+        else:
+            out = self._core(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # Look SDPA up at call time so a profiler can route it to another kernel.
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=self.rep > 1)
 
 
 class FeedForward(nn.Module):
@@ -92,8 +110,15 @@ class Block(nn.Module):
         self.attention = Attention(spec)
         self.ffn_norm = _norm(spec)
         self.feed_forward = FeedForward(spec)
+        self.recompute_block = False
+        """Checkpoint the whole block (full recomputation); set by Transformer.set_recompute."""
 
     def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
+        if self.recompute_block and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, rope, use_reentrant=False)
+        return self._forward(x, rope)
+
+    def _forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), rope)
         return x + self.feed_forward(self.ffn_norm(x))
 
@@ -116,6 +141,17 @@ class Transformer(nn.Module):
             self.output.weight = self.tok_embeddings.weight
         self._rope_len = spec.seq if spec.position == "rope" else 0
 
+    def set_recompute(self, mode: str) -> "Transformer":
+        """Activation recomputation for every block: "none", "selective" (attention core) or "full"."""
+        if mode not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute mode must be one of {RECOMPUTE_MODES}, not {mode!r}")
+        for block in self.layers.values():
+            if block is None:
+                continue
+            block.recompute_block = mode == "full"
+            block.attention.recompute_core = mode == "selective"
+        return self
+
     def init_weights(self, seed: int = 0) -> None:
         """Deterministic GPT-2 style init (N(0, 0.02), residual projections scaled by 1/sqrt(2L))."""
         gen = torch.Generator().manual_seed(seed)
@@ -132,7 +168,7 @@ class Transformer(nn.Module):
         s = h.shape[1]
         if self.pos_embeddings is not None:
             h = h + self.pos_embeddings(torch.arange(s, device=h.device))
-        rope = rope_cos_sin(s, self.spec.d_head, device=h.device) if self.spec.position == "rope" else None
+        rope = rope_cos_sin(s, self.spec.d_head, self.spec.rope_theta, device=h.device) if self.spec.position == "rope" else None
         if rope is not None:
             rope = (rope[0].to(h.dtype), rope[1].to(h.dtype))
         for layer in self.layers.values():
@@ -140,6 +176,14 @@ class Transformer(nn.Module):
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h
+
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+def apply_recompute(model: Transformer, mode: str) -> Transformer:
+    """torchtitan-style `apply_ac`: set the recomputation mode of every block (see module docstring)."""
+    return model.set_recompute(mode)
 
 
 def build_model(spec: TransformerSpec, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,

@@ -1,0 +1,193 @@
+"""Analytic per-layer profile of a model: parameters, FLOPs and activation bytes per micro-batch.
+
+`profile_model(source, seq=..., micro_batch=..., precision=...)` takes a catalog name, a config
+path, a `package.module:factory` string, a TransformerSpec or a ModuleSpec and returns a
+`ModelProfile`: one `LayerProfile` per pipeline-splittable unit (embedding, each block, head,
+loss) with
+
+- params: exact counts (cost_models.params; Narayanan et al. 2021 Sec. 5.1 for GPT);
+- flops_fwd / flops_bwd: FlopCounterMode's convention (cost_models.flops; Narayanan et al. 2021);
+  backward = 2x forward for GEMMs, 2.5x for a flash attention core;
+- recompute_flops[mode]: forward FLOPs re-run in backward by recomputation;
+- activation_bytes[mode]: bytes saved for backward, recompute none / selective / full
+  (cost_models.activations; Korthikanti et al. 2022, Table 2, adapted to SDPA/GQA/SwiGLU/RMSNorm).
+
+`ModelProfile.to_dict()` is the `planner profile --json` document of cli-contract.md.
+For a ModuleSpec the per-layer numbers are those measured on the meta device
+(planner.module_profiler), re-measured at the requested micro-batch and sequence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cost_models import activations as A
+from cost_models import flops as F
+from cost_models import params as P
+from planner.errors import ConfigError
+from planner.spec import TransformerSpec
+
+RECOMPUTE_MODES = A.RECOMPUTE_MODES
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerProfile:
+    """One unit of the model (embedding, block, head, loss, or a module of an nn.Module tree)."""
+
+    name: str
+    """Module path (e.g. 'layers.3') or a role name ('embedding', 'head', 'loss')."""
+    kind: str
+    """embedding, block, encoder_block, head, loss (analytic) or the module's class name (measured)."""
+    params: int
+    """Parameters owned by this unit (a shared tensor is counted in the first unit that owns it)."""
+    flops_fwd: float
+    """Forward FLOPs per micro-batch."""
+    flops_bwd: float
+    """Backward FLOPs per micro-batch, recomputation not included."""
+    activation_bytes: dict[str, int] = field(default_factory=dict)
+    """Bytes saved for backward per micro-batch, by recompute mode (none, selective, full)."""
+    recompute_flops: dict[str, float] = field(default_factory=dict)
+    """Extra forward FLOPs run during backward, by recompute mode."""
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "params": int(self.params),
+                "flops": {"forward": float(self.flops_fwd), "backward": float(self.flops_bwd),
+                          "recompute": {k: float(v) for k, v in self.recompute_flops.items()}},
+                "activations_bytes": {k: int(v) for k, v in self.activation_bytes.items()}}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelProfile:
+    """Per-layer profile of one micro-batch of `micro_batch` sequences of `seq` tokens."""
+
+    model: dict
+    """Description of the model (name, source, shape) as it appears in the JSON."""
+    seq: int
+    """Sequence length in tokens."""
+    micro_batch: int
+    """Sequences per micro-batch."""
+    precision: str
+    """fp32, amp-bf16, amp-fp16 or bf16."""
+    flash: bool
+    """Activations assume a flash/SDPA attention kernel (no s x s probabilities saved)."""
+    params: int
+    """Total parameters, shared tensors counted once."""
+    layers: tuple[LayerProfile, ...]
+    """Units in execution order."""
+    method: str
+    """'analytic' (TransformerSpec) or 'meta-device measurement' (nn.Module factory)."""
+    extra: dict = field(default_factory=dict)
+    """Source-specific extras (logits transient bytes, shared-parameter groups, ...)."""
+
+    @property
+    def flops_fwd(self) -> float:
+        return float(sum(layer.flops_fwd for layer in self.layers))
+
+    @property
+    def flops_bwd(self) -> float:
+        return float(sum(layer.flops_bwd for layer in self.layers))
+
+    def activation_bytes(self, recompute: str = "none") -> int:
+        return int(sum(layer.activation_bytes.get(recompute, 0) for layer in self.layers))
+
+    def recompute_flops(self, recompute: str) -> float:
+        return float(sum(layer.recompute_flops.get(recompute, 0) for layer in self.layers))
+
+    def to_dict(self) -> dict:
+        """The contract's `planner profile --json` document."""
+        return {
+            "model": self.model,
+            "params": int(self.params),
+            "seq": self.seq,
+            "micro_batch": self.micro_batch,
+            "precision": self.precision,
+            "flash_attention": self.flash,
+            "method": self.method,
+            "flops": {"forward": self.flops_fwd, "backward": self.flops_bwd,
+                      "recompute": {m: self.recompute_flops(m) for m in RECOMPUTE_MODES}},
+            "activations_bytes": {m: self.activation_bytes(m) for m in RECOMPUTE_MODES} | self.extra.get("activations", {}),
+            "layers": [layer.to_dict() for layer in self.layers],
+            **{k: v for k, v in self.extra.items() if k != "activations"},
+        }
+
+
+def describe_spec(spec: TransformerSpec) -> dict:
+    """The `model` object of the JSON documents for a TransformerSpec."""
+    return {"name": spec.name, "model_type": spec.model_type, "params": P.total_params(spec), "layers": spec.layers,
+            "encoder_layers": spec.encoder_layers, "hidden": spec.hidden, "heads": spec.heads,
+            "kv_heads": spec.n_kv_heads, "head_dim": spec.d_head, "ffn": spec.d_ffn, "vocab": spec.vocab,
+            "seq": spec.seq, "position": spec.position, "gated_mlp": spec.gated_mlp, "norm": spec.norm,
+            "tied_embeddings": spec.tied_embeddings, "source": dict(spec.extras).get("source", spec.name)}
+
+
+def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: int = 1,
+                 precision: str = "amp-bf16", flash: bool = True, tp: int = 1, sp: bool = False) -> ModelProfile:
+    """Analytic profile of a TransformerSpec (all formulas in cost_models)."""
+    s = spec.seq if seq is None else seq
+    b = micro_batch
+    if not isinstance(b, int) or b < 1:
+        raise ConfigError("micro_batch", b, "a positive integer")
+    if not isinstance(s, int) or s < 1:
+        raise ConfigError("seq", s, "a positive integer")
+    c, r = A.precision_bytes(precision)
+    act = dict(tp=tp, sp=sp, flash=flash, bytes_per_elem=c, residual_bytes_per_elem=r)
+    layers: list[LayerProfile] = []
+    emb_act = A.embedding_activation_bytes(spec, b, s)
+    layers.append(LayerProfile(name="embedding", kind="embedding", params=P.embedding_params(spec), flops_fwd=0.0,
+                               flops_bwd=0.0, activation_bytes={m: int(emb_act) for m in RECOMPUTE_MODES},
+                               recompute_flops={m: 0.0 for m in RECOMPUTE_MODES}))
+    for i in range(spec.encoder_layers):
+        fwd = F.encoder_block_flops_fwd(spec, b, s)
+        core = 4 * b * s * s * spec.attn_width
+        enc = spec.with_(encoder_layers=0)
+        layers.append(LayerProfile(
+            name=f"encoder.layers.{i}", kind="encoder_block", params=P.encoder_block_params(spec), flops_fwd=float(fwd),
+            flops_bwd=float(2 * F.encoder_block_matmul_flops_fwd(spec, b, s) + core * (2.5 if flash else 2.0)),
+            activation_bytes={m: int(A.block_activation_bytes(enc, b, s, recompute=m, **act)) for m in RECOMPUTE_MODES},
+            recompute_flops={m: float(F.block_recompute_flops(enc, b, s, m, flash=flash)) for m in RECOMPUTE_MODES}))
+    block = LayerProfile(
+        name="", kind="block", params=P.block_params(spec), flops_fwd=float(F.block_flops_fwd(spec, b, s)),
+        flops_bwd=float(F.block_flops_bwd(spec, b, s, flash=flash)),
+        activation_bytes={m: int(A.block_activation_bytes(spec, b, s, recompute=m, **act)) for m in RECOMPUTE_MODES},
+        recompute_flops={m: float(F.block_recompute_flops(spec, b, s, m, flash=flash)) for m in RECOMPUTE_MODES})
+    for i in range(spec.layers):
+        layers.append(LayerProfile(name=f"layers.{i}", kind="block", params=block.params, flops_fwd=block.flops_fwd,
+                                   flops_bwd=block.flops_bwd, activation_bytes=block.activation_bytes,
+                                   recompute_flops=block.recompute_flops))
+    head_fwd = F.head_flops_fwd(spec, b, s)
+    head_act = A.head_activation_bytes(spec, b, s, tp=tp, sp=sp, bytes_per_elem=c, residual_bytes_per_elem=r)
+    layers.append(LayerProfile(name="head", kind="head", params=P.final_norm_params(spec) + P.head_params(spec),
+                               flops_fwd=float(head_fwd), flops_bwd=float(2 * head_fwd),
+                               activation_bytes={m: int(head_act) for m in RECOMPUTE_MODES},
+                               recompute_flops={m: 0.0 for m in RECOMPUTE_MODES}))
+    loss_act = A.loss_activation_bytes(spec, b, s, tp=tp)
+    layers.append(LayerProfile(name="loss", kind="loss", params=0, flops_fwd=0.0, flops_bwd=0.0,
+                               activation_bytes={m: int(loss_act) for m in RECOMPUTE_MODES},
+                               recompute_flops={m: 0.0 for m in RECOMPUTE_MODES}))
+    tokens = b * s
+    extra = {
+        "activations": {"logits_transient": int(A.logits_transient_bytes(spec, b, s, tp=tp, bytes_per_elem=c))},
+        "model_flops": float(F.model_flops_per_step(spec, tokens, seq=s)),
+        "matmul_params": P.matmul_params(spec),
+    }
+    return ModelProfile(model=describe_spec(spec), seq=s, micro_batch=b, precision=precision, flash=flash,
+                        params=P.total_params(spec), layers=tuple(layers), method="analytic", extra=extra)
+
+
+def profile_model(source, *, seq: int | None = None, micro_batch: int = 1, precision: str = "amp-bf16",
+                  flash: bool = True) -> ModelProfile:
+    """Profile a model given as a name/path/factory string, a TransformerSpec or a ModuleSpec."""
+    from planner.sources import resolve_model
+
+    A.precision_bytes(precision)  # validates the name
+    if isinstance(source, str):
+        source = resolve_model(source, seq=seq)
+    if isinstance(source, TransformerSpec):  # analytic: no torch import
+        return profile_spec(source, seq=seq, micro_batch=micro_batch, precision=precision, flash=flash)
+    from planner.module_profiler import ModuleSpec, profile_module
+    if isinstance(source, ModuleSpec):
+        if (source.micro_batch, source.seq, source.precision) == (micro_batch, seq or source.seq, precision) \
+                and source.profile is not None and source.profile.flash == flash:
+            return source.profile
+        return profile_module(source.factory, seq=seq or source.seq, micro_batch=micro_batch, precision=precision,
+                              flash=flash).profile
+    raise TypeError(f"cannot profile a {type(source).__name__}")

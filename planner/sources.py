@@ -1,0 +1,53 @@
+"""Turn the MODEL argument of every command into a model description.
+
+`resolve_model(arg, seq=None)` accepts, in this order:
+  1. a catalog name (planner.catalog) -> TransformerSpec;
+  2. a path to a Hugging Face config.json (an existing file, or any argument ending in .json)
+     -> TransformerSpec (planner.hf_config);
+  3. 'package.module:factory', a callable returning an nn.Module -> ModuleSpec measured on the
+     meta device at micro-batch 1 (planner.module_profiler).
+Anything else is a ConfigError naming MODEL and the three accepted forms (exit 2).
+`seq` overrides the model's default sequence length (checked against a learned position table).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from planner import catalog
+from planner.errors import ConfigError
+from planner.spec import TransformerSpec
+
+_ALLOWED = "a catalog name (list: " + ", ".join(catalog.names()) + "), a config.json path or package.module:factory"
+
+
+def with_seq(spec: TransformerSpec, seq: int | None) -> TransformerSpec:
+    """`spec` at sequence length `seq` (None keeps it); learned positions bound it."""
+    if seq is None or seq == spec.seq:
+        return spec
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        raise ConfigError("seq", seq, "a positive integer")
+    if spec.position == "learned" and spec.max_positions and seq > spec.max_positions:
+        raise ConfigError("seq", seq, f"at most {spec.max_positions} (rows of {spec.name}'s learned position table)")
+    if spec.position == "learned" and not spec.max_positions:
+        spec = spec.with_(max_positions=spec.seq)
+        if seq > spec.max_positions:
+            raise ConfigError("seq", seq, f"at most {spec.max_positions} (rows of {spec.name}'s learned position table)")
+    return spec.with_(seq=seq)
+
+
+def resolve_model(arg: str, *, seq: int | None = None):
+    """Catalog name, config.json path or package.module:factory -> TransformerSpec | ModuleSpec."""
+    if not isinstance(arg, str) or not arg:
+        raise ConfigError("MODEL", arg, _ALLOWED)
+    if arg in catalog.CATALOG:
+        return with_seq(catalog.get(arg), seq)
+    path = Path(arg)
+    if arg.endswith(".json") or path.is_file():
+        from planner.hf_config import read_hf_config
+        if not path.is_file():
+            raise ConfigError("MODEL", arg, "an existing config.json file", message=f"MODEL={arg!r}: no such file")
+        return read_hf_config(path, seq=seq)
+    if ":" in arg and not path.exists():
+        from planner.module_profiler import profile_module
+        return profile_module(arg, seq=seq, micro_batch=1)
+    raise ConfigError("MODEL", arg, _ALLOWED)
