@@ -1,0 +1,482 @@
+"""Strategy search: every valid candidate scored at once by the vectorized cost model, then ranked.
+
+Pipeline (style.md's one-way flow): candidates (planner.candidates) -> memory lower bounds ->
+vectorized scores (planner.score.score, numpy over arrays) -> ranking by the objective -> uneven
+stages for the leaders (planner.partition) re-scored with the scalar `estimate()` -> plan documents.
+
+Pruning by memory lower bounds, in two levels. A "skeleton" (dp, tp, pp, schedule, v, ZeRO, offload)
+fixes the static memory; its leanest completion (micro-batch 1, strongest recompute, sequence
+parallelism, any placement) holds the least memory of all its expansions, so a skeleton whose leanest
+candidate does not fit is dropped without expanding it. The survivors get their micro-batches and the
+same bound is taken per (skeleton, micro-batch); only then are recompute, sequence parallelism and
+placement expanded and every complete candidate scored. Bound rows are scored by the same `score()`.
+
+Objectives:
+- throughput: least step time among the candidates that fit (default);
+- cost: least dollars per 1B tokens at the profile's on-demand (or `spot`) node price; with the world
+  size fixed this orders candidates as throughput does, and the plan carries the dollar figures;
+- memory: least peak memory per GPU among candidates within 5 % of the best step time.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from planner.candidates import (FIELDS, SearchSpace, free_knob_count, leanest, skeleton_rows, with_free_knobs,
+                                with_micro_batches)
+from planner.errors import ConfigError, NoFitError
+from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig
+from planner.placement import PLACEMENTS
+
+OBJECTIVES = ("throughput", "cost", "memory")
+MEMORY_OBJECTIVE_SLACK = 0.05
+"""The memory objective accepts candidates up to 5 % slower than the fastest."""
+DEFAULT_BATCH_TOKENS = 2 ** 21
+"""Default global batch, in tokens: about 2M, inside GPT-3's 0.5M-3.2M range (Brown et al. 2020,
+Table 2.1) and Llama 2's 4M (Touvron et al. 2023); rounded up to a multiple of the world size."""
+SCORE_CHUNK = 262_144
+"""Candidates scored per call (bounds the scorer's temporary arrays; one progress tick each)."""
+REFINE_TOP = 8
+"""Leading candidates whose pipeline stages are re-split unevenly and re-scored with estimate()."""
+
+
+def default_global_batch(world_size: int, seq: int) -> int:
+    """About DEFAULT_BATCH_TOKENS tokens, as a multiple of the world size (so every dp divides it).
+
+    >>> default_global_batch(960, 2048)
+    1920
+    >>> default_global_batch(8, 4096)
+    512
+    """
+    sequences = max(1, DEFAULT_BATCH_TOKENS // seq)
+    return world_size * math.ceil(sequences / world_size)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchStats:
+    """What the search did."""
+
+    candidates_evaluated: int
+    """Complete candidates scored by the vectorized cost model."""
+    feasible: int
+    """Of those, candidates that fit in memory."""
+    seconds: float
+    """Wall time of the whole search (generation, bounds, scoring, partitioning, documents)."""
+    space: int = 0
+    """Valid candidates in the space: scored plus pruned by a memory bound."""
+    pruned_by_memory_bound: int = 0
+    """Candidates never expanded because their skeleton's leanest completion does not fit."""
+    bound_evaluations: int = 0
+    """Leanest completions scored for the bounds."""
+    refined: int = 0
+    """Leading candidates re-split into uneven stages and re-scored with estimate()."""
+    rejected: Mapping[str, int] = field(default_factory=dict)
+    """Combinations outside the rules, by reason."""
+
+    def to_dict(self) -> dict:
+        return {"candidates_evaluated": self.candidates_evaluated, "feasible": self.feasible,
+                "seconds": round(self.seconds, 4), "space": self.space,
+                "pruned_by_memory_bound": self.pruned_by_memory_bound,
+                "bound_evaluations": self.bound_evaluations, "refined": self.refined,
+                "rejected": dict(self.rejected)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Recommendation:
+    """The ranked result of a search: the best plan document and the runners-up."""
+
+    objective: str
+    best: Mapping[str, Any]
+    """Plan document of the winner (estimate().to_document() plus cost, alternatives and search)."""
+    alternatives: tuple[Mapping[str, Any], ...]
+    """Plan documents of the next candidates, best first."""
+    stats: SearchStats
+
+    def to_document(self) -> dict:
+        """The `recommend --json` document (docs/cli-contract.md)."""
+        return {"schema_version": self.best["schema_version"], "model": self.best["model"],
+                "hardware": self.best["hardware"], "objective": self.objective,
+                "search": self.stats.to_dict(), "best": dict(self.best),
+                "alternatives": [dict(a) for a in self.alternatives]}
+
+    def plan_document(self) -> dict:
+        """The winner as a plan file (`recommend --out`): loadable by planner.load_plan."""
+        return dict(self.best)
+
+
+# --------------------------------------------------------------------------------------------- inputs
+
+def _resolve(model, hardware, gpus, nodes, seq):
+    if isinstance(model, str):
+        from planner.sources import resolve_model
+        model = resolve_model(model, seq=seq)
+    elif seq is not None and getattr(model, "seq", seq) != seq:
+        from planner.sources import with_seq
+        model = with_seq(model, seq)
+    if isinstance(hardware, str):
+        from hardware_profiles import load_profile
+        hardware = load_profile(hardware)
+    per_node = hardware.devices_per_node
+    if gpus is None and nodes is None:
+        raise ConfigError("gpus", None, "--gpus N or --nodes K")
+    if gpus is not None and nodes is not None and gpus != nodes * per_node:
+        raise ConfigError("gpus", gpus, f"nodes({nodes})*devices_per_node({per_node})={nodes * per_node}, or give one of them")
+    world = gpus if gpus is not None else nodes * per_node
+    return model, hardware, world, math.ceil(world / per_node)
+
+
+def _model_shape(model) -> tuple[int, int, int]:
+    """(heads, kv_heads, blocks) the degree rules read; models without heads allow tp = 1 only."""
+    heads = getattr(model, "heads", None)
+    blocks = getattr(model, "total_blocks", None) or getattr(model, "layers", None)
+    if isinstance(blocks, (list, tuple)):
+        blocks = len(blocks)
+    if not heads:
+        return 1, 1, int(blocks or 1)
+    return int(heads), int(getattr(model, "n_kv_heads", heads)), int(blocks)
+
+
+def _price_per_hour(hardware, nodes: int, spot: bool) -> float | None:
+    price = hardware.spot_price_usd_per_hour if spot else hardware.price_usd_per_hour
+    if spot and price is None:
+        raise ConfigError("spot", True, f"a profile with spot_price_usd_per_hour ({hardware.name} has none; "
+                                        "give a profile file with the spot price)")
+    return None if price is None else price * nodes
+
+
+# -------------------------------------------------------------------------------------------- scoring
+
+class _Scorer:
+    """Calls planner.score.score on dicts of candidate arrays, in chunks, counting what it scored."""
+
+    def __init__(self, model, hardware, *, global_batch, seq, precision, optimizer, score_fn=None):
+        if score_fn is None:
+            from planner.score import score as score_fn
+        self.score_fn = score_fn
+        self.kw = dict(global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer)
+        self.model, self.hardware = model, hardware
+
+    def __call__(self, arrays: Mapping[str, np.ndarray], progress: Callable[[int], None] | None = None):
+        n = len(arrays["dp"])
+        step = np.empty(n)
+        peak = np.empty(n)
+        for start in range(0, n, SCORE_CHUNK):
+            chunk = {k: v[start:start + SCORE_CHUNK] for k, v in arrays.items()}
+            scores = self.score_fn(self.model, self.hardware, _candidate_arrays(chunk), **self.kw)
+            step[start:start + SCORE_CHUNK] = np.asarray(scores.step_time_s, dtype=float)
+            peak[start:start + SCORE_CHUNK] = np.asarray(scores.peak_bytes_per_gpu, dtype=float)
+            if progress is not None:
+                progress(len(chunk["dp"]))
+        return step, peak
+
+
+def _candidate_arrays(arrays: Mapping[str, np.ndarray]):
+    try:
+        from planner.score import CandidateArrays
+    except ImportError:  # a scorer handed in by a test takes the dict
+        return dict(arrays)
+    return CandidateArrays(**{k: np.asarray(arrays[k]) for k in FIELDS})
+
+
+def _take(rows: Mapping[str, np.ndarray], mask) -> dict[str, np.ndarray]:
+    return {k: v[mask] for k, v in rows.items()}
+
+
+def config_of(arrays: Mapping[str, np.ndarray], i: int, *, global_batch: int, seq: int, precision: str,
+              optimizer: str, stages: tuple[int, ...] = ()) -> ParallelConfig:
+    """Row i of candidate arrays as a ParallelConfig."""
+    a = {k: np.asarray(arrays[k])[i].item() for k in FIELDS}
+    return ParallelConfig(dp=a["dp"], tp=a["tp"], pp=a["pp"], micro_batch=a["micro_batch"],
+                          global_batch=global_batch, schedule=SCHEDULES[a["schedule"]],
+                          virtual_stages=a["virtual_stages"], zero=a["zero"], recompute=RECOMPUTE[a["recompute"]],
+                          offload=OFFLOAD[a["offload"]], sequence_parallel=bool(a["sequence_parallel"]),
+                          placement=PLACEMENTS[a["placement"]], precision=precision, optimizer=optimizer,
+                          seq=seq, stages=stages)
+
+
+# ---------------------------------------------------------------------------------------------- search
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScoredSpace:
+    """Every complete candidate that survived the bounds, with its scores."""
+
+    arrays: Mapping[str, np.ndarray]
+    step_time_s: np.ndarray
+    peak_bytes_per_gpu: np.ndarray
+    capacity_bytes: float
+    leanest_arrays: Mapping[str, np.ndarray]
+    """The level-1 bound rows (one per skeleton) and their peaks: what the NoFit message reads."""
+    leanest_peak_bytes: np.ndarray
+    stats: SearchStats
+
+    @property
+    def fits(self) -> np.ndarray:
+        return self.peak_bytes_per_gpu <= self.capacity_bytes
+
+
+def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int, precision: str,
+                optimizer: str, space: SearchSpace = SearchSpace(), score_fn=None, prune: bool = True,
+                progress: Callable[[int, int], None] | None = None) -> ScoredSpace:
+    """Generate, bound and score the whole space (module docstring); no ranking yet."""
+    t0 = time.perf_counter()
+    heads, kv_heads, blocks = _model_shape(model)
+    rejected: Counter = Counter()
+    scorer = _Scorer(model, hardware, global_batch=global_batch, seq=seq, precision=precision,
+                     optimizer=optimizer, score_fn=score_fn)
+    capacity = float(hardware.memory_bytes)
+    skeletons = skeleton_rows(world_size, global_batch, heads=heads, kv_heads=kv_heads, blocks=blocks, space=space,
+                              rejected=rejected)
+    if len(skeletons["dp"]) == 0:
+        raise ConfigError("gpus", world_size, _no_space_reason(world_size, global_batch, heads, blocks, rejected))
+    lean1 = leanest(skeletons, space=space)
+    _, peak1 = scorer(lean1)
+    bound_evals, pruned = len(peak1), 0
+    keep1 = peak1 <= capacity if prune else np.ones(len(peak1), bool)
+    rows = with_micro_batches(_take(skeletons, keep1), global_batch, space=space, rejected=rejected)
+    if prune and (~keep1).any():
+        dropped = with_micro_batches(_take(skeletons, ~keep1), global_batch, space=space)
+        pruned += int(free_knob_count(dropped, space=space).sum())
+    if prune and len(rows["dp"]):
+        _, peak2 = scorer(leanest(rows, space=space))
+        bound_evals += len(peak2)
+        keep2 = peak2 <= capacity
+        pruned += int(free_knob_count(_take(rows, ~keep2), space=space).sum())
+        rows = _take(rows, keep2)
+    full = with_free_knobs(rows, space=space)
+    total = len(full["dp"])
+    done = [0]
+
+    def tick(n: int) -> None:
+        done[0] += n
+        if progress is not None:
+            progress(done[0], total)
+
+    step, peak = scorer(full, tick) if total else (np.zeros(0), np.zeros(0))
+    stats = SearchStats(candidates_evaluated=total, feasible=int((peak <= capacity).sum()),
+                        seconds=time.perf_counter() - t0, space=total + pruned, pruned_by_memory_bound=pruned,
+                        bound_evaluations=bound_evals, rejected=dict(rejected))
+    return ScoredSpace(arrays=full, step_time_s=step, peak_bytes_per_gpu=peak, capacity_bytes=capacity,
+                       leanest_arrays=lean1, leanest_peak_bytes=peak1, stats=stats)
+
+
+def _no_space_reason(world, global_batch, heads, blocks, rejected) -> str:
+    reasons = "; ".join(f"{k}: {v}" for k, v in sorted(rejected.items()))
+    return (f"a world size with at least one valid (dp, tp, pp): tp | heads({heads}), pp <= blocks({blocks}), "
+            f"dp | global_batch({global_batch}); all degree triples of {world} were rejected ({reasons})")
+
+
+def rank(scored: ScoredSpace, objective: str) -> np.ndarray:
+    """Indices of the feasible candidates, best first, for the objective (ties: less memory first)."""
+    if objective not in OBJECTIVES:
+        raise ConfigError("objective", objective, "one of " + ", ".join(OBJECTIVES))
+    idx = np.flatnonzero(scored.fits)
+    step, peak = scored.step_time_s[idx], scored.peak_bytes_per_gpu[idx]
+    if objective == "memory" and len(idx):
+        near = step <= step.min() * (1 + MEMORY_OBJECTIVE_SLACK)
+        idx, step, peak = idx[near], step[near], peak[near]
+        return idx[np.lexsort((step, peak))]
+    return idx[np.lexsort((peak, step))]
+
+
+# ----------------------------------------------------------------------------------------- no fit
+
+def no_fit_error(scored: ScoredSpace, *, model, hardware, world_size: int, global_batch: int, seq: int,
+                 precision: str, optimizer: str, space: SearchSpace) -> NoFitError:
+    """How far the leanest candidate misses and what would make one fit (exit 3)."""
+    i = int(np.argmin(scored.leanest_peak_bytes))
+    need = float(scored.leanest_peak_bytes[i])
+    cap = scored.capacity_bytes
+    cfg = config_of(scored.leanest_arrays, i, global_batch=global_batch, seq=seq, precision=precision,
+                    optimizer=optimizer)
+    per_node = hardware.devices_per_node
+    more = math.ceil(world_size * need / cap / per_node) * per_node
+    fixes = [f"more GPUs (about {more}, {more // per_node} nodes: static memory shrinks roughly as 1/GPUs)"]
+    untried = []
+    if 3 not in space.zero:
+        untried.append("ZeRO-3")
+    if "full" not in space.recompute:
+        untried.append("full recompute")
+    if "optimizer" not in space.offload:
+        untried.append("optimizer offload")
+    if untried:
+        fixes.append("allow " + ", ".join(untried))
+    bigger = _larger_devices(hardware, need)
+    if bigger:
+        fixes.append("a larger device (" + ", ".join(bigger) + ")")
+    fixes.append("a shorter --seq")
+    tried = (f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} micro_batch=1 zero={cfg.zero} recompute={cfg.recompute} "
+             f"offload={cfg.offload}")
+    return NoFitError(
+        f"no plan fits in {cap / 2**30:.1f} GiB per GPU on {world_size} x {hardware.name}: the leanest candidate "
+        f"({tried}) needs {need / 2**30:.1f} GiB, {(need - cap) / 2**30:.1f} GiB ({need / cap - 1:.0%}) too much; "
+        f"it would fit with " + "; or ".join(fixes))
+
+
+def _larger_devices(hardware, need_bytes: float) -> list[str]:
+    try:
+        from hardware_profiles import available_profiles, load_profile
+        names = available_profiles()
+    except Exception:  # noqa: BLE001 - suggestions only; the error itself must still be raised
+        return []
+    out = []
+    for name in names:
+        try:
+            profile = load_profile(name)
+        except Exception:  # noqa: BLE001
+            continue
+        if profile.memory_bytes >= need_bytes and profile.name != hardware.name:
+            out.append(f"{profile.name} {profile.memory_bytes / 2**30:.0f} GiB")
+    return out
+
+
+# ------------------------------------------------------------------------------------- refinement
+
+def stage_problem(model, cfg: ParallelConfig):
+    """Per-block work and memory weights of one micro-batch on one tensor-parallel rank, for
+    planner.partition: block FLOPs (forward + backward + recompute) from cost_models.flops, weights
+    from cost_models.params, activations from cost_models.activations. The embedding is on stage 0;
+    final norm, LM head and loss on the last stage. Static bytes weigh parameters at 16 bytes
+    (fp32 master + Adam moments + low-precision copy and gradient, Rajbhandari et al. 2020 Sec. 3.1)
+    divided by what ZeRO shards; they only break ties between equally fast splits; whether a split
+    fits is decided by estimate() afterwards."""
+    from cost_models import activations as A
+    from cost_models import flops as F
+    from cost_models import params as P
+    from planner.partition import PartitionProblem
+
+    b, s, tp = cfg.micro_batch, cfg.seq, cfg.tp
+    blocks = model.total_blocks
+    block_work = (F.block_flops_fwd(model, b, s) + F.block_flops_bwd(model, b, s)
+                  + F.block_recompute_flops(model, b, s, cfg.recompute)) / tp
+    head_work = 3 * F.head_flops_fwd(model, b, s) / tp
+    shard = {0: 16, 1: 4 + 12 / cfg.dp, 2: 2 + 14 / cfg.dp, 3: 16 / cfg.dp}[cfg.zero]
+    block_static = P.block_params(model) / tp * shard
+    block_act = A.block_activation_bytes(model, b, s, tp=tp, sp=cfg.sequence_parallel, recompute=cfg.recompute)
+    # with pp > 1 a tied output head is a second copy on the last stage, summed with the embedding's
+    # gradient once per step (Megatron's embedding group; Shoeybi et al. 2019)
+    tied_copy = model.vocab * model.hidden if model.tied_embeddings else 0
+    chunks = cfg.pp * cfg.virtual_stages
+    inflight = tuple(max(1, cfg.pp - (c % cfg.pp)) if cfg.schedule != "gpipe" else cfg.num_microbatches
+                     for c in range(chunks))
+    return PartitionProblem(
+        block_work=(float(block_work),) * blocks, block_static_bytes=(float(block_static),) * blocks,
+        block_activation_bytes=(float(block_act),) * blocks, pp=cfg.pp, virtual_stages=cfg.virtual_stages,
+        first_work=0.0, first_static_bytes=P.embedding_params(model) / tp * shard,
+        first_activation_bytes=float(A.embedding_activation_bytes(model, b, s)),
+        last_work=float(head_work),
+        last_static_bytes=(P.head_params(model) + P.final_norm_params(model) + tied_copy) / tp * shard,
+        last_activation_bytes=float(A.head_activation_bytes(model, b, s, tp=tp, sp=cfg.sequence_parallel)),
+        inflight=inflight)
+
+
+def uneven_stages(model, cfg: ParallelConfig) -> tuple[int, ...]:
+    """The fastest contiguous split of the blocks for cfg (empty when pp = 1 or the model has no blocks)."""
+    from planner.partition import even_split, split
+
+    if cfg.pp == 1 or not hasattr(model, "total_blocks"):
+        return ()
+    part = split(stage_problem(model, cfg))
+    return () if part.stages == even_split(model.total_blocks, cfg.pp * cfg.virtual_stages) else part.stages
+
+
+# -------------------------------------------------------------------------------------- documents
+
+def _with_cost(document: dict, price_per_hour: float | None, spot: bool, tokens: float | None) -> dict:
+    pred = document["prediction"]
+    step = pred["step_time_s"]
+    tokens_per_step = document["plan"]["global_batch"] * document["plan"]["seq"]
+    if price_per_hour is not None:
+        usd_step = price_per_hour * step / 3600.0
+        pred["cost"] = {"usd_per_hour": price_per_hour, "usd_per_step": usd_step,
+                        "usd_per_1b_tokens": usd_step / tokens_per_step * 1e9, "spot": spot}
+    if tokens:
+        train = {"tokens": tokens, "steps": math.ceil(tokens / tokens_per_step)}
+        train["seconds"] = train["steps"] * step
+        train["days"] = train["seconds"] / 86400.0
+        if price_per_hour is not None:
+            train["usd"] = price_per_hour * train["seconds"] / 3600.0
+        pred["to_train"] = train
+    return document
+
+
+def key_numbers(document: Mapping[str, Any]) -> dict:
+    """What `explain` needs of a runner-up: its plan and the deciding numbers."""
+    pred = document["prediction"]
+    return {"plan": dict(document["plan"]), "step_time_s": pred["step_time_s"],
+            "peak_bytes_per_gpu": int(pred["memory"]["peak_bytes_per_gpu"]), "fits": bool(pred["memory"]["fits"]),
+            "mfu": pred.get("mfu"), "time_breakdown_s": dict(pred["time_breakdown_s"]),
+            "memory": dict(pred["memory"])}
+
+
+def _objective_value(document: Mapping[str, Any], objective: str) -> tuple:
+    pred = document["prediction"]
+    peak = pred["memory"]["peak_bytes_per_gpu"]
+    if objective == "memory":
+        return (peak, pred["step_time_s"])
+    return (pred["step_time_s"], peak)
+
+
+# ----------------------------------------------------------------------------------------- recommend
+
+def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = None,
+              global_batch: int | None = None, seq: int | None = None, precision: str = "amp-bf16",
+              optimizer: str = "adamw", objective: str = "throughput", top: int = 5, spot: bool = False,
+              tokens: float | None = None, space: SearchSpace = SearchSpace(), refine: int = REFINE_TOP,
+              progress: Callable[[int, int], None] | None = None, score_fn=None, estimate_fn=None
+              ) -> Recommendation:
+    """Search the parallel strategies of `model` on `gpus` devices of `hardware` and rank them.
+
+    `model` is a MODEL argument (catalog name, config.json, factory) or a resolved spec; `hardware`
+    a profile name, path or HardwareProfile. Raises ConfigError for bad input, NoFitError when no
+    candidate fits in memory.
+    """
+    t0 = time.perf_counter()
+    if objective not in OBJECTIVES:
+        raise ConfigError("objective", objective, "one of " + ", ".join(OBJECTIVES))
+    if top < 1:
+        raise ConfigError("top", top, "a positive integer")
+    model, hardware, world, n_nodes = _resolve(model, hardware, gpus, nodes, seq)
+    ParallelConfig(precision=precision, optimizer=optimizer)          # validates both names
+    seq = seq or model.seq
+    global_batch = global_batch or default_global_batch(world, seq)
+    price = _price_per_hour(hardware, n_nodes, spot)
+    if estimate_fn is None:
+        from planner.estimate import estimate as estimate_fn
+
+    scored = score_space(model, hardware, world_size=world, global_batch=global_batch, seq=seq,
+                         precision=precision, optimizer=optimizer, space=space, score_fn=score_fn,
+                         progress=progress)
+    order = rank(scored, objective)
+    if len(order) == 0:
+        raise no_fit_error(scored, model=model, hardware=hardware, world_size=world, global_batch=global_batch,
+                           seq=seq, precision=precision, optimizer=optimizer, space=space)
+
+    kw = dict(global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer)
+    leaders = [config_of(scored.arrays, int(i), **kw) for i in order[:max(top, refine) + 1]]
+    documents, refined = [], 0
+    for position, cfg in enumerate(leaders):
+        doc = estimate_fn(model, hardware, cfg, gpus=world).to_document()
+        if position < refine and cfg.pp > 1:
+            stages = uneven_stages(model, cfg)
+            if stages:
+                refined += 1
+                uneven = estimate_fn(model, hardware, replace(cfg, stages=stages), gpus=world).to_document()
+                if uneven["prediction"]["memory"]["fits"] and \
+                        _objective_value(uneven, objective) < _objective_value(doc, objective):
+                    doc = uneven
+        documents.append(doc)
+    documents = [d for d in documents if d["prediction"]["memory"]["fits"]] or documents
+    documents.sort(key=lambda d: _objective_value(d, objective))
+    documents = [_with_cost(d, price, spot, tokens) for d in documents[:top]]
+
+    stats = replace(scored.stats, seconds=time.perf_counter() - t0, refined=refined)
+    best = dict(documents[0])
+    best["alternatives"] = [key_numbers(d) for d in documents[1:]]
+    best["search"] = {"objective": objective, "candidates_evaluated": stats.candidates_evaluated,
+                      "feasible": stats.feasible, "seconds": round(stats.seconds, 4)}
+    return Recommendation(objective=objective, best=best, alternatives=tuple(documents[1:]), stats=stats)
