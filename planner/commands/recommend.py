@@ -1,11 +1,124 @@
-"""`planner recommend` (being built; see the open issue)."""
+"""`planner recommend MODEL --hardware HW --gpus N|--nodes K ...`: search, rank and write the best plan."""
 from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 
+from planner.commands.common import (GlobalBatchOpt, GpusOpt, HardwareOpt, JsonOpt, ModelArg, NodesOpt,
+                                     OptimizerOpt, PrecisionOpt, SeqOpt, emit_json)
 from planner.errors import ConfigError
 
+ObjectiveOpt = Annotated[str, typer.Option("--objective", help="throughput (least step time), cost (least $ per "
+                                           "1B tokens) or memory (least memory within 5% of the best time).")]
+TopOpt = Annotated[int, typer.Option("--top", min=1, max=100, help="How many plans to list.")]
+OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Write the best plan document here (plan.json).")]
+SpotOpt = Annotated[bool, typer.Option("--spot", help="Price with the profile's spot price.")]
+TokensOpt = Annotated[Optional[str], typer.Option("--tokens", help="Training tokens (e.g. 300e9 or 300B): "
+                                                  "adds time and cost to train.")]
 
-def recommend(args: list[str] = typer.Argument(None)) -> None:
-    """Not available yet in this build."""
-    raise ConfigError("command", "recommend", "a command of this build; 'recommend' is not built yet")
+_SUFFIX = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+
+
+def parse_tokens(text: str | None) -> float | None:
+    """'300B', '3e11', '1.5T' -> tokens."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMBGT]?)\s*", text.upper())
+    if not match or float(match.group(1)) <= 0:
+        raise ConfigError("tokens", text, "a positive number of tokens, e.g. 300e9 or 300B")
+    return float(match.group(1)) * _SUFFIX[match.group(2)]
+
+
+def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes: NodesOpt = None,
+              global_batch: GlobalBatchOpt = None, seq: SeqOpt = None, precision: PrecisionOpt = "amp-bf16",
+              optimizer: OptimizerOpt = "adamw", objective: ObjectiveOpt = "throughput", top: TopOpt = 5,
+              out: OutOpt = None, json_out: JsonOpt = False, spot: SpotOpt = False, tokens: TokensOpt = None) -> None:
+    """Search every parallel strategy, rank by the objective and print the top plans."""
+    from planner.search import recommend as search
+
+    with _LazyProgress() as progress:
+        rec = search(model, hardware, gpus=gpus, nodes=nodes, global_batch=global_batch, seq=seq,
+                     precision=precision, optimizer=optimizer, objective=objective, top=top, spot=spot,
+                     tokens=parse_tokens(tokens), progress=progress.update)
+    if out is not None:
+        out.write_text(json.dumps(rec.plan_document(), indent=2) + "\n")
+    if json_out:
+        emit_json(rec.to_document())
+        if out is not None:
+            typer.echo(f"wrote {out}", err=True)
+        return
+    _print_table(rec, out)
+
+
+class _LazyProgress:
+    """A rich progress bar on stderr that appears only once the search has run for a second."""
+
+    def __init__(self, delay_s: float = 1.0):
+        self.delay_s, self.t0, self.bar, self.task = delay_s, time.perf_counter(), None, None
+
+    def __enter__(self):
+        return self
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar is None:
+            if time.perf_counter() - self.t0 < self.delay_s:
+                return
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            self.bar = Progress(TextColumn("scoring candidates"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("score", total=total)
+        self.bar.update(self.task, completed=done, total=total)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False
+
+
+def _print_table(rec, out: Path | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from planner.explain import describe_config
+
+    best = rec.best
+    console = Console()
+    hw, model = best["hardware"], best["model"]
+    table = Table(title=f"{model['name']} on {hw['gpus']} x {hw['name']} ({hw['nodes']} nodes), "
+                        f"global batch {best['plan']['global_batch']} x {best['plan']['seq']} tokens, "
+                        f"objective {rec.objective}")
+    for name in ("#", "dp", "tp", "pp", "mb", "m", "schedule", "zero", "recomp", "offload", "sp", "place",
+                 "stages", "step s", "tokens/s", "MFU", "GiB/GPU"):
+        table.add_column(name, justify="right" if name not in ("schedule", "recomp", "offload", "place") else "left")
+    has_cost = "cost" in best["prediction"]
+    if has_cost:
+        table.add_column("$/1B tok", justify="right")
+    for i, doc in enumerate([best, *rec.alternatives], start=1):
+        p, pred = doc["plan"], doc["prediction"]
+        sched = p["schedule"] + (f" v{p['virtual_stages']}" if p["virtual_stages"] > 1 else "")
+        row = [str(i), str(p["dp"]), str(p["tp"]), str(p["pp"]), str(p["micro_batch"]), str(p["num_microbatches"]),
+               sched, str(p["zero"]), p["recompute"], p["offload"], "y" if p["sequence_parallel"] else "-",
+               p["placement"], "uneven" if p.get("stages") else "even", f"{pred['step_time_s']:.3f}",
+               f"{pred['tokens_per_s']:,.0f}", f"{pred['mfu']:.1%}",
+               f"{pred['memory']['peak_bytes_per_gpu'] / 2**30:.1f}"]
+        if has_cost:
+            row.append(f"{pred['cost']['usd_per_1b_tokens']:,.0f}")
+        table.add_row(*row)
+    console.print(table)
+    s = rec.stats
+    console.print(f"searched {s.candidates_evaluated:,} candidates ({s.feasible:,} fit; "
+                  f"{s.pruned_by_memory_bound:,} more pruned by memory bounds) in {s.seconds:.2f} s; "
+                  f"best: {describe_config(best['plan'])}")
+    train = best["prediction"].get("to_train")
+    if train:
+        cost = f", ${train['usd']:,.0f}" if "usd" in train else ""
+        console.print(f"to train {train['tokens']:.3g} tokens: {train['steps']:,} steps, {train['days']:.1f} days{cost}")
+    if out is not None:
+        console.print(f"wrote {out}")

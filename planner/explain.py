@@ -1,0 +1,165 @@
+"""Explain a plan: where the step time and the memory go, and why the runners-up lost.
+
+Works on plan documents (and on the key numbers `recommend` stores under "alternatives"), so it
+explains a plan file without re-running the search, and compares any two predictions (what
+benchmarks/published_search.py prints when a published configuration loses).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+GiB = 2 ** 30
+MEMORY_TERMS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
+CONFIG_KEYS = ("dp", "tp", "pp", "micro_batch", "num_microbatches", "schedule", "virtual_stages", "zero",
+               "recompute", "offload", "sequence_parallel", "placement", "stages")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Explanation:
+    """The three parts of `planner explain`, as lines of text and as data."""
+
+    headline: str
+    time_lines: tuple[str, ...]
+    memory_lines: tuple[str, ...]
+    versus_lines: tuple[str, ...]
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def text(self) -> str:
+        parts = [self.headline, "", "Where the step time goes:", *self.time_lines, "",
+                 "Where the memory goes (per GPU, at the peak rank):", *self.memory_lines, "",
+                 "Why this plan won:", *self.versus_lines]
+        return "\n".join(parts)
+
+
+def describe_config(plan: Mapping[str, Any]) -> str:
+    """One-line summary of a plan's parallel configuration."""
+    sched = plan["schedule"] + (f"(v={plan['virtual_stages']})" if plan.get("virtual_stages", 1) > 1 else "")
+    text = (f"dp={plan['dp']} tp={plan['tp']} pp={plan['pp']} mb={plan['micro_batch']} "
+            f"x{plan.get('num_microbatches', '?')} {sched} zero={plan['zero']} recompute={plan['recompute']}")
+    if plan.get("offload", "none") != "none":
+        text += f" offload={plan['offload']}"
+    if plan.get("sequence_parallel"):
+        text += " sp"
+    text += f" {plan['placement']}"
+    if plan.get("stages"):
+        text += f" stages={list(plan['stages'])}"
+    return text
+
+
+def _numbers(doc: Mapping[str, Any]) -> dict:
+    """Normalize a plan document or an alternatives entry to plan/step/memory/breakdown."""
+    if "prediction" in doc:
+        pred = doc["prediction"]
+        return {"plan": doc["plan"], "step_time_s": pred["step_time_s"], "memory": pred["memory"],
+                "time_breakdown_s": pred["time_breakdown_s"], "mfu": pred.get("mfu")}
+    return {"plan": doc["plan"], "step_time_s": doc["step_time_s"],
+            "memory": doc.get("memory", {"peak_bytes_per_gpu": doc["peak_bytes_per_gpu"], "fits": doc["fits"]}),
+            "time_breakdown_s": doc.get("time_breakdown_s", {}), "mfu": doc.get("mfu")}
+
+
+def time_lines(doc: Mapping[str, Any]) -> list[str]:
+    """Each time term with its share of the step, largest first."""
+    n = _numbers(doc)
+    step = n["step_time_s"]
+    terms = sorted(n["time_breakdown_s"].items(), key=lambda kv: -abs(kv[1]))
+    lines = [f"  {name:<16} {seconds:10.3f} s  {seconds / step:6.1%}" for name, seconds in terms]
+    total = sum(n["time_breakdown_s"].values())
+    if abs(total - step) > 1e-6 * max(step, 1e-12):
+        lines.append(f"  (terms sum to {total:.3f} s; the step is {step:.3f} s because communication overlaps "
+                     "computation where the schedule allows)")
+    return lines
+
+
+def memory_lines(doc: Mapping[str, Any]) -> list[str]:
+    """Each memory term with its share of the peak, and the headroom to the capacity."""
+    mem = _numbers(doc)["memory"]
+    peak, cap = mem["peak_bytes_per_gpu"], mem.get("capacity_bytes")
+    lines = [f"  {name.removesuffix('_bytes'):<16} {mem[name] / GiB:10.2f} GiB  {mem[name] / max(peak, 1):6.1%}"
+             for name in MEMORY_TERMS if name in mem]
+    if cap:
+        lines.append(f"  peak {peak / GiB:.2f} GiB of {cap / GiB:.2f} GiB "
+                     f"({'fits' if peak <= cap else 'does NOT fit'}, headroom {(cap - peak) / GiB:+.2f} GiB)")
+    return lines
+
+
+def config_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """Knobs whose values differ between two plans, as 'key a->b'."""
+    return [f"{k} {a.get(k)}->{b.get(k)}" for k in CONFIG_KEYS if a.get(k) != b.get(k)]
+
+
+def compare(winner: Mapping[str, Any], other: Mapping[str, Any], *, label: str = "runner-up") -> list[str]:
+    """Why `other` loses to `winner`: its step-time gap split by term, and its memory."""
+    w, o = _numbers(winner), _numbers(other)
+    gap = o["step_time_s"] - w["step_time_s"]
+    lines = [f"  {label}: {describe_config(o['plan'])}"]
+    diffs = config_differences(w["plan"], o["plan"])
+    if diffs:
+        lines.append("    differs in " + ", ".join(diffs))
+    rel = gap / w["step_time_s"] if w["step_time_s"] else 0.0
+    lines.append(f"    step {o['step_time_s']:.3f} s vs {w['step_time_s']:.3f} s "
+                 f"({'slower' if gap > 0 else 'faster' if gap < 0 else 'equal'} by {abs(rel):.1%})")
+    terms = set(w["time_breakdown_s"]) | set(o["time_breakdown_s"])
+    deltas = sorted(((t, o["time_breakdown_s"].get(t, 0.0) - w["time_breakdown_s"].get(t, 0.0)) for t in terms),
+                    key=lambda kv: -abs(kv[1]))
+    moved = [f"{t} {d:+.3f} s" for t, d in deltas[:4] if abs(d) > 1e-9]
+    if moved:
+        lines.append("    time terms: " + ", ".join(moved))
+    wm, om = w["memory"], o["memory"]
+    mem_line = (f"    peak memory {om['peak_bytes_per_gpu'] / GiB:.2f} GiB vs {wm['peak_bytes_per_gpu'] / GiB:.2f} GiB")
+    if not om.get("fits", True):
+        mem_line += " (does not fit)"
+    lines.append(mem_line)
+    return lines
+
+
+def explain_document(doc: Mapping[str, Any]) -> Explanation:
+    """Explain a plan document (its stored alternatives, if any, are the runners-up)."""
+    n = _numbers(doc)
+    model, hw = doc.get("model", {}), doc.get("hardware", {})
+    pred = doc["prediction"]
+    headline = (f"{model.get('name', '?')} on {hw.get('gpus', '?')} x {hw.get('name', '?')}: "
+                f"{describe_config(n['plan'])}\n"
+                f"predicted {n['step_time_s']:.3f} s/step, {pred.get('tokens_per_s', 0):,.0f} tokens/s, "
+                f"{pred.get('tflops_per_gpu', 0):.1f} TFLOP/s per GPU (MFU {pred.get('mfu', 0):.1%})")
+    if "cost" in pred:
+        headline += (f"\ncost ${pred['cost']['usd_per_hour']:,.2f}/h, ${pred['cost']['usd_per_step']:.4f}/step, "
+                     f"${pred['cost']['usd_per_1b_tokens']:,.2f} per 1B tokens")
+    alternatives = doc.get("alternatives", [])
+    if alternatives:
+        versus = []
+        for i, alt in enumerate(alternatives[:3]):
+            versus += compare(doc, alt, label=f"#{i + 2}")
+        search = doc.get("search")
+        if search:
+            versus.append(f"  (searched {search.get('candidates_evaluated', '?'):,} candidates, "
+                          f"{search.get('feasible', '?'):,} fit, in {search.get('seconds', 0):.2f} s, "
+                          f"objective {search.get('objective', 'throughput')})")
+    else:
+        versus = ["  no runners-up stored in this plan (written by `estimate`); `planner explain --search` "
+                  "re-runs the search and compares"]
+    data = {"step_time_s": n["step_time_s"], "time_breakdown_s": dict(n["time_breakdown_s"]),
+            "memory": dict(n["memory"]),
+            "alternatives": [{"plan": _numbers(a)["plan"], "step_time_s": _numbers(a)["step_time_s"],
+                              "slower_by": _numbers(a)["step_time_s"] / n["step_time_s"] - 1}
+                             for a in alternatives]}
+    return Explanation(headline=headline, time_lines=tuple(time_lines(doc)), memory_lines=tuple(memory_lines(doc)),
+                       versus_lines=tuple(versus), data=data)
+
+
+def research(doc: Mapping[str, Any], *, top: int = 4) -> dict:
+    """The plan document with `alternatives` replaced by a fresh search on the same model, hardware,
+    world size, batch, sequence and precision. If the search finds a faster plan than the document's,
+    it is listed first (with a negative gap), which is how `explain` says what beats a given plan."""
+    from planner.search import key_numbers, recommend
+
+    plan = doc["plan"]
+    rec = recommend(doc["model"]["name"], doc["hardware"]["name"], gpus=doc["hardware"]["gpus"],
+                    global_batch=plan["global_batch"], seq=plan["seq"], precision=plan["precision"],
+                    optimizer=plan.get("optimizer", "adamw"), top=top)
+    found = [rec.best] + list(rec.alternatives)
+    same = lambda a: all(a["plan"].get(k) == plan.get(k) for k in CONFIG_KEYS)  # noqa: E731
+    out = dict(doc)
+    out["alternatives"] = [key_numbers(d) for d in found if not same(d)][:top]
+    out["search"] = dict(rec.best["search"])
+    return out
