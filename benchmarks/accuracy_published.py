@@ -1,0 +1,99 @@
+"""Predicted vs measured iteration time of published Megatron-LM runs (shared/validation/published_runs.json).
+
+Every row is a GPT run on NVIDIA Selene (DGX A100 80GB, profile `dgx-a100-80g`) with the exact
+configuration of its paper; the planner predicts it with `estimate(impl='megatron')`. These runs
+predate flash attention in Megatron (fused scale-mask-softmax, dropout 0.1 on attention and
+residuals), so `flash=False, dropout=True`: a property of the software the rows ran, the same for
+every row. Prints a table and the summary errors; `--loo` also prints the leave-one-out check of the
+fitted parameters (benchmarks/calibrate.py); writes benchmarks/results/accuracy_published.json.
+
+Run: .venv/bin/python benchmarks/accuracy_published.py [--loo]
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from hardware_profiles import load_profile
+from planner.estimate import estimate
+from planner.parallel import ParallelConfig
+from planner.spec import TransformerSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+VALIDATION = ROOT.parent / "shared" / "validation"
+if not VALIDATION.is_dir():
+    VALIDATION = Path("/work/shared/validation")
+RESULTS = ROOT / "benchmarks" / "results" / "accuracy_published.json"
+
+
+def load_rows(path: Path = VALIDATION / "published_runs.json") -> list[dict]:
+    data = json.loads(path.read_text())
+    return data.get("runs") or data.get("rows")
+
+
+def spec_of(row: dict) -> TransformerSpec:
+    a = row["arch"]
+    return TransformerSpec(name=row["id"], model_type=a.get("model_type", "gpt2"), layers=a["layers"],
+                           hidden=a["hidden"], heads=a["heads"], ffn=a.get("ffn", 0), vocab=a["vocab"], seq=a["seq"],
+                           position="learned", tied_embeddings=True)
+
+
+def config_of(row: dict) -> ParallelConfig:
+    v = row.get("virtual_stages", 1)
+    return ParallelConfig(dp=row["dp"], tp=row["tp"], pp=row["pp"], micro_batch=row["micro_batch"],
+                          global_batch=row["global_batch"], virtual_stages=v,
+                          schedule="interleaved-1f1b" if v > 1 else "1f1b", zero=row.get("zero", 0),
+                          recompute=row["recompute"], sequence_parallel=row["sequence_parallel"],
+                          precision=row["precision"], seq=row["arch"]["seq"])
+
+
+def predict(row: dict, hw):
+    return estimate(spec_of(row), hw, config_of(row), gpus=row["gpus"], impl="megatron", flash=False, dropout=True)
+
+
+def evaluate(rows: list[dict], hw) -> dict:
+    out = []
+    for r in rows:
+        est = predict(r, hw)
+        out.append({"id": r["id"], "gpus": r["gpus"], "tp": r["tp"], "pp": r["pp"], "dp": r["dp"],
+                    "virtual_stages": r.get("virtual_stages", 1), "recompute": r["recompute"],
+                    "sequence_parallel": r["sequence_parallel"], "measured_s": r["iteration_time_s"],
+                    "predicted_s": est.step_time_s, "error": est.step_time_s / r["iteration_time_s"] - 1,
+                    "predicted_tflops_per_gpu": est.tflops_per_gpu, "measured_tflops_per_gpu": r.get("tflops_per_gpu"),
+                    "predicted_peak_bytes_per_gpu": est.peak_bytes_per_gpu, "fits": est.fits,
+                    "breakdown_s": est.time_breakdown_s()})
+    errs = [abs(x["error"]) for x in out]
+    return {"rows": out, "summary": {"rows": len(out), "mape": statistics.fmean(errs), "max_abs_error": max(errs)}}
+
+
+def print_table(result: dict) -> None:
+    print(f"{'run':36} {'GPUs':>5} {'measured s':>10} {'predicted':>10} {'error':>7}  {'TFLOP/s':>7} {'fits':>5}")
+    for x in result["rows"]:
+        print(f"{x['id']:36} {x['gpus']:5} {x['measured_s']:10.2f} {x['predicted_s']:10.2f} {x['error']*100:+6.1f}%"
+              f"  {x['predicted_tflops_per_gpu']:7.1f} {str(x['fits']):>5}")
+    s = result["summary"]
+    print(f"\nMAPE {s['mape']*100:.1f}% over {s['rows']} runs; max |error| {s['max_abs_error']*100:.1f}%")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    hw = load_profile("dgx-a100-80g")
+    rows = load_rows()
+    result = evaluate(rows, hw)
+    print_table(result)
+    if "--loo" in argv:
+        sys.path.insert(0, str(ROOT))
+        from benchmarks.calibrate import leave_one_out_published
+        result["leave_one_out"] = leave_one_out_published(rows, hw)
+        loo = result["leave_one_out"]
+        print(f"leave-one-out (refit without each row, predict it): MAPE {loo['mape']*100:.1f}%, "
+              f"max |error| {loo['max_abs_error']*100:.1f}%")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""What one transformer block saves for backward and moves through memory, per token, by implementation.
+
+One table per implementation gives, per token of a micro-batch and per block, the bytes saved for
+backward (activation memory) and the bytes streamed by memory-bound kernels in the forward pass
+(their time); both come from the same list of operations, so memory and time cannot disagree.
+Every quantity splits into three parts (class `Terms`):
+
+    rep   bytes on every tensor-parallel rank (norms, residual, dropout masks): divided by tp only
+          with sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2);
+    shard bytes split over the tp ranks (projections, attention, MLP inner width);
+    seq   bytes per token per token of sequence length, split over tp (materialized attention scores).
+
+Implementations:
+
+- "megatron": Megatron-LM / Transformer Engine kernels (fused bias-GeLU, bias-dropout-add,
+  fused softmax), 2-byte activations under mixed precision. Saved bytes follow Korthikanti et al.
+  2022, Sec. 4.1 (eq. 1: s b h (34 + 5 a s / h) per layer; with TP eq. 2, with SP eq. 4),
+  generalized to GQA, gated MLPs and any ffn width; with flash attention the 5 a s / h scores
+  term is replaced by the kernel's output and log-sum-exp.
+- "eager": PyTorch eager modules as Hugging Face transformers writes them (and this project's
+  executor): under autocast the residual stream and norms stay fp32, every projection casts its
+  input to bf16 (a saved copy per call), HF's python `gelu_new` saves four fp32/bf16 tensors, HF's
+  RMSNorm saves an fp32 copy of its input, rotary embeddings are applied in the residual dtype,
+  SDPA (flash / memory-efficient) saves q, k, v, out and the log-sum-exp. Each count is the
+  tensor autograd keeps (torch's derivatives.yaml) for the op sequence of the HF module.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.spec import TransformerSpec
+
+IMPLEMENTATIONS = ("megatron", "eager")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Terms:
+    """Bytes per token split by how tensor/sequence parallelism divides them."""
+
+    rep: float = 0.0
+    """Bytes replicated on every tp rank (divided by tp only under sequence parallelism)."""
+    shard: float = 0.0
+    """Bytes divided by tp."""
+    seq: float = 0.0
+    """Bytes per token of sequence length, divided by tp (attention score matrices)."""
+
+    def at(self, tp, sp, s):
+        """Bytes per token on one rank for tp degree(s), SP flag(s) and sequence length(s)."""
+        tp = np.asarray(tp, dtype=float)
+        return self.rep * np.where(sp, 1.0 / tp, 1.0) + self.shard / tp + self.seq * np.asarray(s, dtype=float) / tp
+
+    def __add__(self, other: "Terms") -> "Terms":
+        return Terms(rep=self.rep + other.rep, shard=self.shard + other.shard, seq=self.seq + other.seq)
+
+    def scaled(self, k: float) -> "Terms":
+        return Terms(rep=self.rep * k, shard=self.shard * k, seq=self.seq * k)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockTable:
+    """Per-token, per-block quantities of one implementation at one precision."""
+
+    saved: Terms
+    """Saved for backward without recomputation."""
+    saved_full_recompute: Terms
+    """Saved with full (per-block) recomputation: the block input (Korthikanti Sec. 5, 2 s b h)."""
+    scores_saved: Terms = field(default_factory=Terms)
+    """Part of `saved` that selective recomputation drops (the attention core's s x s tensors)."""
+    traffic_fwd: Terms
+    """Bytes read + written by memory-bound kernels in the forward (GEMMs and attention excluded)."""
+    scores_traffic_fwd: Terms = field(default_factory=Terms)
+    """Part of `traffic_fwd` on the s x s scores (softmax, dropout): re-run by selective recompute."""
+    kernels_fwd: float
+    """Operator launches of one block forward (host dispatch floor)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HeadTable:
+    """Per-token quantities of the output side (final norm, LM head, loss) on the last stage."""
+
+    saved: Terms
+    logits_peak: Terms
+    """Largest transient of the logits and loss (forward end or backward start)."""
+    logits_fwd_end: Terms
+    """Logits bytes alive at the end of the forward (before backward starts)."""
+    traffic_fwd: Terms
+    traffic_bwd: Terms
+    kernels: float
+
+
+BWD_TRAFFIC_FACTOR = 2.0
+"""Backward of a memory-bound op streams about twice its forward bytes (reads the output grad and
+the saved inputs, writes the input grad; e.g. y = f(x): fwd r x + w y, bwd r dy + r x + w dx)."""
+
+
+def compute_bytes(precision: str) -> int:
+    """Bytes of an activation element in the math dtype."""
+    return 4 if precision == "fp32" else 2
+
+
+def _fused_qkv(spec: TransformerSpec) -> bool:
+    return spec.model_type in ("gpt2", "gpt_neox", "bloom", "falcon")
+
+
+def _python_gelu(spec: TransformerSpec) -> bool:
+    return spec.activation == "gelu_new"
+
+
+def block_table(spec: TransformerSpec, precision: str, impl: str, *, flash: bool = True,
+                dropout: bool = False) -> BlockTable:
+    """The per-token table of one block for `impl` ('megatron' or 'eager')."""
+    if impl == "megatron":
+        return _megatron_block(spec, precision, flash=flash, dropout=dropout)
+    if impl == "eager":
+        return _eager_block(spec, precision, dropout=dropout)
+    raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, not {impl!r}")
+
+
+def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout: bool) -> BlockTable:
+    """Korthikanti et al. 2022, Sec. 4.1, term by term (c = 2 under mixed precision):
+    attention: LN-out c h + Q,K c (q + kv) + V c kv + softmax c a s + mask a s + dropout-out c a s
+    + proj-in c q + mask h; MLP: fc1-in c h + act-in c f + fc2-in c f (+ c f gated) + mask h;
+    norms: 2 x c h.  For GPT (q = kv = h, f = 4h, c = 2): 34 h + 5 a s."""
+    c = compute_bytes(precision)
+    h, q, kv, f, a = spec.hidden, spec.attn_width, spec.kv_width, spec.d_ffn, spec.heads
+    mask = 1.0 if dropout else 0.0
+    mlp_inner = (3 if spec.gated_mlp else 2) * c * f
+    rep = c * h + c * h + mask * h + c * h + c * h + mask * h           # LN1 in, QKV in, mask, LN2 in, fc1 in, mask
+    shard = c * (q + kv) + c * kv + c * q + mlp_inner                   # Q, K, V, proj in, MLP inner
+    if flash:
+        shard += 4.0 * a                                                  # log-sum-exp, fp32 per head
+        scores = Terms()
+        scores_traffic = Terms()
+    else:
+        scores = Terms(seq=(2 * c + mask) * a if dropout else c * a)   # softmax out (+ mask + dropout out)
+        # scale-mask-softmax reads + writes c per score; dropout reads c, writes c + 1 byte mask.
+        scores_traffic = Terms(seq=(2 * c + (2 * c + 1) * (1 if dropout else 0)) * a)
+    saved = Terms(rep=rep, shard=shard) + scores
+    act = 3 * c * f if spec.gated_mlp else 2 * c * f                   # bias-GeLU r/w, or SwiGLU r 2f w f
+    bda = 3 * c + (1 if dropout else 0)                                 # bias-dropout-add: r x, r res, w y (+ mask)
+    traffic = Terms(rep=2 * c * h + bda * h + 2 * c * h + bda * h, shard=act) + scores_traffic
+    return BlockTable(saved=saved, saved_full_recompute=Terms(rep=c * h), scores_saved=scores,
+                      traffic_fwd=traffic, scores_traffic_fwd=scores_traffic, kernels_fwd=14.0)
+
+
+def _eager_block(spec: TransformerSpec, precision: str, *, dropout: bool) -> BlockTable:
+    """HF-style eager block (see module docstring); c = math dtype bytes, r = residual dtype bytes
+    (fp32 under autocast, as the embedding output is fp32), o = dtype of ops autocast runs in fp32."""
+    amp = precision.startswith("amp")
+    c = compute_bytes(precision)
+    r = 4 if (amp or precision == "fp32") else 2
+    h, q, kv, f, a = spec.hidden, spec.attn_width, spec.kv_width, spec.d_ffn, spec.heads
+    calls_attn = 1 if _fused_qkv(spec) else 3
+    calls_mlp = 2 if spec.gated_mlp else 1
+
+    # Norms (each of the two): saved and streamed bytes per hidden element.
+    if spec.norm == "rmsnorm":   # HF LlamaRMSNorm: x.to(fp32); pow(2).mean; x * rsqrt; weight * x.to(dtype)
+        norm_saved = 4 + r                                   # fp32 x (the residual when r == 4) + normalized x
+        norm_traffic = 8 + 4 + 8 + 2 * r + (0 if r == 4 else 2 * (r + 4))
+        norm_out = r
+        norm_kernels = 6 + (0 if r == 4 else 2)
+    else:                        # fused native_layer_norm (fp32 under autocast): saves its input
+        norm_out = 4 if amp else c
+        norm_saved = r
+        norm_traffic = r + norm_out
+        norm_kernels = 1
+
+    def proj_inputs(calls: int) -> tuple[float, float]:
+        """Saved and streamed bytes per hidden element for the projections reading a norm output."""
+        if amp:   # autocast casts the activation per call (only weights are cached)
+            return 2.0 * calls, (norm_out + 2.0) * calls
+        return float(norm_out), 0.0
+
+    pin_attn_saved, pin_attn_traffic = proj_inputs(calls_attn)
+    pin_mlp_saved, pin_mlp_traffic = proj_inputs(calls_mlp)
+
+    rep_saved = 2 * norm_saved + pin_attn_saved + pin_mlp_saved + (2.0 if dropout else 0.0)   # per h; 2 masks
+    shard_saved = c * (q + 2 * kv) + c * q + 4.0 * a          # SDPA saves q, k, v, out, logsumexp
+    o = 4 if amp else c                                        # dtype of autocast-fp32 ops' outputs
+    if spec.gated_mlp:           # gate (silu in), silu out, up (mul ins), product (down in)
+        shard_saved += 4 * c * f
+        mlp_traffic = 2 * c * f + 3 * c * f
+        mlp_kernels = 2
+    elif _python_gelu(spec):     # 0.5 x (1 + tanh(k (x + 0.044715 x^3))) op by op; pow autocasts to fp32
+        shard_saved += (o + o + c + o + 2) * f if amp else 5 * c * f
+        mlp_traffic = 76 * f if amp else 18 * c * f
+        mlp_kernels = 10 if amp else 8
+    else:                        # fused F.gelu / silu / relu: saves its input; fc2 saves the output
+        shard_saved += 2 * c * f
+        mlp_traffic = 2 * c * f
+        mlp_kernels = 1
+
+    rope_traffic = 0.0
+    rope_kernels = 0
+    if spec.position == "rope":  # q*cos + rotate_half(q)*sin in the residual dtype, then SDPA's cast
+        rope_traffic = (5 * c + 5 * o + (o + 2 if amp else 0)) * (q + kv)
+        rope_kernels = 14
+    drop_traffic = (2 * c + 1) * 2 if dropout else 0.0
+    residual_traffic = 2 * (r + c + r)
+    traffic = Terms(rep=(2 * norm_traffic + pin_attn_traffic + pin_mlp_traffic + drop_traffic + residual_traffic) * h,
+                    shard=mlp_traffic + rope_traffic)
+    kernels = (2 * norm_kernels + (calls_attn + calls_mlp if amp else 0) + calls_attn + 1 + 1
+               + (3 if spec.gated_mlp else 2) + mlp_kernels + rope_kernels + 2 + (2 if dropout else 0)) * 2.0
+    return BlockTable(saved=Terms(rep=rep_saved * h, shard=shard_saved), saved_full_recompute=Terms(rep=r * h),
+                      traffic_fwd=traffic, kernels_fwd=kernels)
+
+
+def head_table(spec: TransformerSpec, precision: str, impl: str) -> HeadTable:
+    """Final norm, LM head and cross-entropy on the last stage, per token (V split over tp:
+    Megatron's vocab-parallel head and loss).
+
+    eager (HF ForCausalLMLoss): logits in the math dtype, `.float()` upcast, log_softmax saves its
+    fp32 output; at the start of backward the saved output, the loss grad and the log_softmax input
+    grad coexist: 12 V bytes per token (4 V each). megatron: fp16 logits (c V) are upcast to fp32
+    and the vocab-parallel cross-entropy keeps exp(logits) in place: (c + 4) V.
+    """
+    c = compute_bytes(precision)
+    h, V = spec.hidden, spec.vocab
+    amp = precision.startswith("amp")
+    if impl == "megatron":
+        saved = Terms(rep=2 * c * h)
+        peak = Terms(shard=(c + 4.0) * V)
+        fwd_end = peak
+        traffic_fwd = Terms(rep=2 * c * h, shard=(c + 4 + 16) * V)
+        traffic_bwd = Terms(rep=4 * c * h, shard=(8 + 4 + c) * V)
+        kernels = 12.0
+    else:
+        r = 4 if (amp or precision == "fp32") else 2
+        norm_saved = (4 + r) if spec.norm == "rmsnorm" else r
+        norm_out = r if spec.norm == "rmsnorm" else (4 if amp else c)
+        saved = Terms(rep=norm_saved * h + (2 if amp else norm_out) * h)
+        peak = Terms(shard=12.0 * V)
+        fwd_end = Terms(shard=(8.0 + (c if c != 4 else 0)) * V)
+        upcast = (c + 4) if c != 4 else 0
+        traffic_fwd = Terms(rep=(r + norm_out + (norm_out + 2 if amp else 0)) * h, shard=(upcast + 12.0) * V)
+        traffic_bwd = Terms(rep=2 * (r + norm_out) * h, shard=(4.0 + 12.0 + upcast) * V)
+        kernels = 16.0
+    return HeadTable(saved=saved, logits_peak=peak, logits_fwd_end=fwd_end, traffic_fwd=traffic_fwd,
+                     traffic_bwd=traffic_bwd, kernels=kernels)
+
+
+def embedding_saved(spec: TransformerSpec, precision: str, *, dropout: bool) -> Terms:
+    """First stage: the embedding dropout mask (1 byte per element) when dropout is on."""
+    return Terms(rep=float(spec.hidden) if dropout else 0.0)

@@ -1,0 +1,36 @@
+"""Offload to host memory over PCIe (ZeRO-Offload, Ren et al. 2021, "ZeRO-Offload: Democratizing
+Billion-Scale Model Training", Sec. 4): numbers or numpy arrays.
+
+- optimizer offload: fp32 master weights and Adam states live on the host; each step sends the
+  gradients down (grad bytes per parameter) and the updated parameters up (2 bytes), and the CPU
+  runs Adam. Its time is exposed (after the backward) except what overlaps with the last backward:
+  t = Psi (g + 2) / B_pcie + Psi / R_cpu_adam.
+- activation offload: saved activations go down during the forward and come back during the
+  backward: 2 A / B_pcie, overlapped with compute; only the excess over the compute is exposed.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hardware_profiles import HardwareProfile
+
+CPU_ADAM_PARAMS_PER_S_PER_NODE = 2.0e9
+"""CPU-Adam throughput of one node (ZeRO-Offload paper, Sec. 5.1: ~1B parameters per 0.5 s on a
+many-core host); overridable by the profile's efficiency key `cpu_adam_params_per_s_per_node`."""
+
+
+def pcie_Bps(hw: HardwareProfile) -> float:
+    return hw.host_device_GBps * 1e9
+
+
+def optimizer_offload_seconds(params_on_rank, grad_bytes_per_param, hw: HardwareProfile):
+    """Grads down + parameters up over PCIe, plus this rank's share of the host's Adam."""
+    rate = float(hw.efficiency.get("cpu_adam_params_per_s_per_node", CPU_ADAM_PARAMS_PER_S_PER_NODE))
+    transfer = params_on_rank * (grad_bytes_per_param + 2.0) / pcie_Bps(hw)
+    cpu = params_on_rank / (rate / hw.devices_per_node)
+    return transfer + cpu
+
+
+def activation_offload_seconds(activation_bytes, overlap_compute_s, hw: HardwareProfile):
+    """Exposed time of sending activations to the host and back: max(0, 2 A / B - compute)."""
+    return np.maximum(0.0, 2.0 * np.asarray(activation_bytes, dtype=float) / pcie_Bps(hw) - overlap_compute_s)

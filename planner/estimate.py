@@ -1,0 +1,155 @@
+"""Evaluate one given configuration: validate it, score it with the vectorized model (arrays of
+length one, so the scalar and the search can never disagree) and build the plan document
+(cli-contract.md, "JSON documents").
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models import params as P
+from cost_models.compute import peak_flops
+from hardware_profiles import HardwareProfile, load_profile
+from planner.errors import ConfigError
+from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig
+from planner.placement import PLACEMENTS
+from planner.score import CandidateArrays, Scores, score
+from planner.spec import TransformerSpec
+
+IMPLS = ("megatron", "eager")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Estimate:
+    """The prediction for one configuration (all numbers per optimizer step / per GPU)."""
+
+    model: TransformerSpec
+    hardware: HardwareProfile
+    config: ParallelConfig
+    gpus: int
+    impl: str
+    scores: Scores
+    """The length-1 arrays score() returned."""
+
+    def _x(self, name: str) -> float:
+        return float(np.asarray(getattr(self.scores, name)).reshape(-1)[0])
+
+    @property
+    def step_time_s(self) -> float:
+        return self._x("step_time_s")
+
+    @property
+    def peak_bytes_per_gpu(self) -> int:
+        return int(round(self._x("peak_bytes_per_gpu")))
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.peak_bytes_per_gpu <= self.hardware.memory_bytes)
+
+    @property
+    def params(self) -> int:
+        return int(P.total_params(self.model))
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.gpus / self.hardware.devices_per_node)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.config.tokens_per_step / self.step_time_s
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        """Model FLOPs (6 N tokens + attention; recomputation not counted) per GPU per second / 1e12."""
+        return self.scores.model_flops_per_step / self.step_time_s / self.gpus / 1e12
+
+    @property
+    def mfu(self) -> float:
+        return self.tflops_per_gpu * 1e12 / peak_flops(self.hardware, self.config.precision)
+
+    def time_breakdown_s(self) -> dict[str, float]:
+        return {k: self._x(k) for k in Scores.BREAKDOWN} | {"recompute_part_of_compute": self._x("recompute")}
+
+    def memory(self) -> dict:
+        return {"peak_bytes_per_gpu": self.peak_bytes_per_gpu, "capacity_bytes": int(self.hardware.memory_bytes),
+                "fits": self.fits,
+                **{k: int(round(self._x(k))) for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
+                                                       "activations_bytes", "other_bytes")}}
+
+    def to_document(self) -> dict:
+        """The plan document of the contract (schema_version "1")."""
+        cfg, spec = self.config, self.model
+        plan = cfg.to_dict()
+        plan["stages"] = list(cfg.stages) or even_stages(spec.total_blocks, cfg.pp * cfg.virtual_stages)
+        plan["implementation"] = self.impl
+        return {
+            "schema_version": "1",
+            "model": {"name": spec.name, "params": self.params, "layers": spec.layers, "hidden": spec.hidden,
+                      "heads": spec.heads, "kv_heads": spec.n_kv_heads, "ffn": spec.d_ffn, "vocab": spec.vocab,
+                      "seq": cfg.seq},
+            "hardware": {"name": self.hardware.name, "gpus": self.gpus, "nodes": self.nodes,
+                         "device": self.hardware.device, "devices_per_node": self.hardware.devices_per_node,
+                         "memory_bytes": int(self.hardware.memory_bytes)},
+            "plan": plan,
+            "prediction": {
+                "step_time_s": self.step_time_s,
+                "samples_per_s": cfg.global_batch / self.step_time_s,
+                "tokens_per_s": self.tokens_per_s,
+                "tflops_per_gpu": self.tflops_per_gpu,
+                "mfu": self.mfu,
+                "memory": self.memory(),
+                "time_breakdown_s": self.time_breakdown_s(),
+            },
+        }
+
+
+def even_stages(blocks: int, chunks: int) -> list[int]:
+    """Blocks per chunk as even as possible (the first chunks take the remainder)."""
+    q, r = divmod(blocks, chunks)
+    return [q + (1 if i < r else 0) for i in range(chunks)]
+
+
+def rank_blocks(stages: list[int], pp: int) -> list[int]:
+    """Blocks per pipeline rank: chunk c runs on rank c % pp (looped interleaving)."""
+    out = [0] * pp
+    for c, n in enumerate(stages):
+        out[c % pp] += n
+    return out
+
+
+def candidate_of(cfg: ParallelConfig, blocks: int) -> CandidateArrays:
+    """The configuration as length-1 candidate arrays (with its per-rank block counts)."""
+    per_rank = rank_blocks(list(cfg.stages) or even_stages(blocks, cfg.pp * cfg.virtual_stages), cfg.pp)
+    one = lambda x: np.asarray([x])
+    return CandidateArrays(
+        dp=one(cfg.dp), tp=one(cfg.tp), pp=one(cfg.pp), micro_batch=one(cfg.micro_batch),
+        virtual_stages=one(cfg.virtual_stages), zero=one(cfg.zero), recompute=one(RECOMPUTE.index(cfg.recompute)),
+        offload=one(OFFLOAD.index(cfg.offload)), sequence_parallel=one(cfg.sequence_parallel),
+        schedule=one(SCHEDULES.index(cfg.schedule)), placement=one(PLACEMENTS.index(cfg.placement)),
+        blocks_first=one(per_rank[0]), blocks_last=one(per_rank[-1]), blocks_max=one(max(per_rank)))
+
+
+def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int, impl: str = "megatron",
+             flash: bool = True, dropout: bool = False) -> Estimate:
+    """Validate `cfg` for `model` on `gpus` devices of `hw` and predict its step time and memory.
+
+    A configuration that does not fit in memory is still evaluated (`fits` False). Raises
+    ConfigError for degrees that do not multiply to `gpus`, tp not dividing the heads, more
+    pipeline chunks than blocks, stages not summing to the blocks, or an unknown implementation.
+    """
+    if isinstance(hw, str):
+        hw = load_profile(hw)
+    if not isinstance(model, TransformerSpec):
+        raise ConfigError("MODEL", getattr(model, "name", str(model)),
+                          "a transformer (catalog name or config.json); module factories can be profiled, not estimated")
+    if impl not in IMPLS:
+        raise ConfigError("impl", impl, "one of " + ", ".join(IMPLS))
+    cfg.check_world_size(gpus)
+    cfg.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
+    if cfg.stages and min(cfg.stages) < 1:
+        raise ConfigError("stages", list(cfg.stages), "at least one block per stage")
+    scores = score(model, hw, candidate_of(cfg, model.total_blocks), global_batch=cfg.global_batch, seq=cfg.seq,
+                   precision=cfg.precision, optimizer=cfg.optimizer, impl=impl, flash=flash, dropout=dropout)
+    return Estimate(model=model, hardware=hw, config=cfg, gpus=gpus, impl=impl, scores=scores)

@@ -1,0 +1,286 @@
+"""The one cost model: step time and peak memory of many candidate configurations at once (numpy).
+
+`score(model, hw, cands, ...)` evaluates arrays of candidates in one pass; `planner.estimate`
+calls it with arrays of length 1, so the scalar and the vectorized answers are the same code.
+Every term is a pure function from cost_models (formulas and sources in their docstrings):
+
+  per block and micro-batch   GEMMs (compute.gemm_*), attention (flash or unfused), memory-bound
+                              kernels (blocks.block_table traffic / bandwidth), tensor-parallel
+                              all-reduces (2 forward + 2 backward, Megatron; RS + AG with SP, same
+                              volume), recomputation (selective: attention core; full: the forward)
+  per stage                   blocks x per-block + embedding (first) + head and loss (last)
+  per step                    m x slowest stage + bubble (pipeline.bubble_slots) + pipeline p2p
+                              + exposed data-parallel reduction (overlapped with the last backward)
+                              + optimizer step + offload; never faster than the host can dispatch
+  memory                      memory.peak_bytes over the first and the last pipeline stage
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Mapping
+
+import numpy as np
+
+from cost_models import blocks as B
+from cost_models import comm as C
+from cost_models import compute as K
+from cost_models import memory as M
+from cost_models import offload as O
+from cost_models import params as P
+from cost_models import pipeline as PL
+from cost_models.flops import block_gemm_shapes, model_flops_per_step
+from hardware_profiles import HardwareProfile
+from planner.errors import ConfigError
+from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES
+from planner.placement import group_locality
+from planner.spec import TransformerSpec
+
+DDP_BUCKET_BYTES = 25 * 2**20
+"""Gradient bucket of PyTorch DDP (bucket_cap_mb=25): the last bucket's reduction cannot overlap."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CandidateArrays:
+    """Candidates as parallel arrays (one entry per candidate); indices refer to the tuples in
+    planner.parallel (RECOMPUTE, OFFLOAD, SCHEDULES) and planner.placement.PLACEMENTS."""
+
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    micro_batch: np.ndarray
+    virtual_stages: np.ndarray
+    zero: np.ndarray
+    recompute: np.ndarray
+    offload: np.ndarray
+    sequence_parallel: np.ndarray
+    schedule: np.ndarray
+    placement: np.ndarray
+    blocks_first: np.ndarray | None = None
+    """Blocks held by the first pipeline rank (all its chunks); None means an even split."""
+    blocks_last: np.ndarray | None = None
+    """Blocks held by the last pipeline rank; None means an even split."""
+    blocks_max: np.ndarray | None = None
+    """Blocks of the busiest pipeline rank; None means an even split."""
+
+    @classmethod
+    def from_mapping(cls, arrays: Mapping[str, np.ndarray]) -> "CandidateArrays":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: np.asarray(v) for k, v in arrays.items() if k in names})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Scores:
+    """Per-candidate results (arrays). Times in seconds per optimizer step, bytes per GPU."""
+
+    step_time_s: np.ndarray
+    peak_bytes_per_gpu: np.ndarray
+    capacity_bytes: float
+    fits: np.ndarray
+    params_bytes: np.ndarray
+    grads_bytes: np.ndarray
+    optimizer_bytes: np.ndarray
+    activations_bytes: np.ndarray
+    other_bytes: np.ndarray
+    compute: np.ndarray
+    """Forward + backward (+ recompute) of the slowest stage over all micro-batches, without TP comm."""
+    recompute: np.ndarray
+    """Part of `compute` spent re-running forwards."""
+    tp_comm: np.ndarray
+    dp_comm: np.ndarray
+    """Exposed (non-overlapped) data-parallel / ZeRO communication."""
+    pp_p2p: np.ndarray
+    bubble: np.ndarray
+    optimizer: np.ndarray
+    offload: np.ndarray
+    num_microbatches: np.ndarray
+    model_flops_per_step: float
+    """6 N tokens + attention, recomputation not counted (the MFU numerator)."""
+
+    BREAKDOWN = ("compute", "tp_comm", "dp_comm", "pp_p2p", "bubble", "optimizer", "offload")
+
+
+def _layers(cands: CandidateArrays, blocks: int):
+    """(first, last, max) blocks per pipeline rank; even split puts ceil(L / p) on the busiest."""
+    pp = cands.pp.astype(float)
+    even_max = np.ceil(blocks / pp)
+    even_last = blocks - (pp - 1) * np.floor(blocks / pp)
+    first = even_max if cands.blocks_first is None else cands.blocks_first.astype(float)
+    last = np.where(pp > 1, np.maximum(even_last, 1), blocks) if cands.blocks_last is None else cands.blocks_last.astype(float)
+    most = even_max if cands.blocks_max is None else cands.blocks_max.astype(float)
+    return first, last, np.maximum(most, np.maximum(first, last))
+
+
+def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, global_batch: int, seq: int,
+          precision: str = "amp-bf16", optimizer: str = "adamw", impl: str = "megatron", flash: bool = True,
+          dropout: bool = False) -> Scores:
+    """Step time and peak memory of every candidate (see the module docstring).
+
+    impl: 'megatron' (fused kernels, Korthikanti's activation counts, 18-byte mixed-precision
+    states) or 'eager' (PyTorch eager / Hugging Face modules under autocast). flash: fused
+    attention (False: Megatron 2022's materialized softmax). dropout: dropout layers active.
+    """
+    if not isinstance(model, TransformerSpec):
+        raise ConfigError("model", getattr(model, "name", type(model).__name__),
+                          "a transformer (catalog name or HF config); nn.Module factories are profiled, not scored")
+    if not isinstance(cands, CandidateArrays):
+        cands = CandidateArrays.from_mapping(cands)
+    spec = model
+    s = float(seq)
+    f64 = lambda a: np.asarray(a, dtype=float)
+    dp, tp, pp = f64(cands.dp), f64(cands.tp), f64(cands.pp)
+    b, v, zero = f64(cands.micro_batch), f64(cands.virtual_stages), np.asarray(cands.zero)
+    sp = np.asarray(cands.sequence_parallel, dtype=bool) & (tp > 1)
+    rc, off, sched = np.asarray(cands.recompute), np.asarray(cands.offload), np.asarray(cands.schedule)
+    m = global_batch / (dp * b)
+    tokens = b * s                                   # per micro-batch per replica
+    c = B.compute_bytes(precision)
+    blocks = spec.total_blocks
+    local = group_locality(cands.placement, cands.dp, cands.pp, cands.tp, hw.devices_per_node)
+    mem_bw = K.memory_Bps(hw)
+
+    # ---- one block, one micro-batch (seconds) -------------------------------------------------
+    table = B.block_table(spec, precision, impl, flash=flash, dropout=dropout)
+    gemm_f = gemm_b = attn_f = attn_b = 0.0
+    kw = dict(hw=hw, precision=precision, elem_bytes=float(c))
+    for g in block_gemm_shapes(spec, b, s, tp=tp):
+        if g.name in ("qk", "av"):
+            if flash:
+                continue
+            f_, b_ = K.gemm_fwd_bwd_seconds(g.m, g.n, g.k, g.batch, **kw)
+            attn_f, attn_b = attn_f + f_, attn_b + b_
+        else:
+            f_, b_ = K.gemm_fwd_bwd_seconds(g.m, g.n, g.k, g.batch, **kw)
+            gemm_f, gemm_b = gemm_f + f_, gemm_b + b_
+    if flash:
+        attn_f, attn_b = K.flash_attention_seconds(b, s, spec.heads / tp, spec.d_head, causal=spec.causal,
+                                                   hw=hw, precision=precision)
+    elem_f = table.traffic_fwd.at(tp, sp, s) * tokens / mem_bw
+    elem_b = B.BWD_TRAFFIC_FACTOR * elem_f
+    scores_f = table.scores_traffic_fwd.at(tp, sp, s) * tokens / mem_bw
+    act_msg = tokens * spec.hidden * c
+    ar = C.group_collective_seconds("allreduce", act_msg, tp, local["T"], hw)
+    tp_f = tp_b = 2.0 * ar                           # Megatron: f/g operators, 2 per block each way
+    layer_f = gemm_f + attn_f + elem_f
+    layer_b = gemm_b + attn_b + elem_b
+    rec = np.select([rc == RECOMPUTE.index("full"), rc == RECOMPUTE.index("selective")],
+                    [layer_f, attn_f + scores_f], 0.0)
+    tp_rec = np.where(rc == RECOMPUTE.index("full"), tp_f, 0.0)
+
+    # ---- output side (last stage) and input side (first stage) --------------------------------
+    head = B.head_table(spec, precision, impl)
+    hf_, hb_ = K.gemm_fwd_bwd_seconds(tokens, spec.vocab / tp, spec.hidden, **kw)
+    head_s = hf_ + hb_ + (head.traffic_fwd.at(tp, sp, s) + head.traffic_bwd.at(tp, sp, s)) * tokens / mem_bw
+    emb_s = np.where(tp > 1, 2.0 * ar, 0.0) + 3.0 * tokens * spec.hidden * c / mem_bw   # vocab-parallel lookup
+
+    first, last, most = _layers(cands, blocks)
+    per_block = layer_f + layer_b + rec
+    per_block_tp = tp_f + tp_b + tp_rec
+    only_stage = pp == 1
+    t_first = first * (per_block + per_block_tp) + emb_s + np.where(only_stage, head_s, 0.0)
+    t_last = last * (per_block + per_block_tp) + head_s + np.where(only_stage, emb_s, 0.0)
+    t_most = most * (per_block + per_block_tp)
+    t_stage = np.maximum(np.maximum(t_first, t_last), t_most)
+    t_mean = (blocks * (per_block + per_block_tp) + emb_s + head_s) / pp
+    share_tp = most * per_block_tp / np.maximum(t_most, 1e-30)
+
+    ideal = m * t_stage
+    bubble = PL.bubble_slots(sched, pp, v, SCHEDULES) * t_mean
+    compute = ideal * (1.0 - share_tp)
+    tp_comm = ideal * share_tp
+    recompute_s = m * most * rec
+
+    # ---- pipeline point-to-point ----------------------------------------------------------------
+    p2p_bytes = act_msg / np.where(sp | (impl == "megatron"), tp, 1.0)
+    in_node = local["P"] >= pp
+    bw = np.where(in_node, C.intra_bus_Bps(hw), C.inter_bus_Bps_per_node(hw) / hw.devices_per_node)
+    lat = np.where(in_node, hw.intra_node_latency_us, hw.inter_node_latency_us) * 1e-6
+    hop = C.p2p_seconds(p2p_bytes, bw, lat)
+    hop = hop + np.where(sp | (impl != "megatron"), 0.0,
+                         C.group_collective_seconds("allgather", act_msg, tp, local["T"], hw))
+    pp_p2p = PL.p2p_transfers_on_critical_path(pp, m, v) * hop
+
+    # ---- parameters per rank ----------------------------------------------------------------------
+    block_p = P.block_params(spec)
+    emb_p = P.embedding_params(spec)
+    head_p = P.head_params(spec) + P.final_norm_params(spec)
+    tied_copy = spec.vocab * spec.hidden if spec.tied_embeddings else 0
+    params_first = (first * block_p + emb_p + np.where(only_stage, head_p, 0.0)) / tp
+    params_last = (last * block_p + head_p + np.where(only_stage, emb_p, tied_copy)) / tp
+    params_rank = np.maximum(params_first, params_last)
+
+    # ---- data parallel / ZeRO ------------------------------------------------------------------------
+    pb, gb, ob = M.state_bytes_per_param(precision, optimizer, impl)
+    grad_comm = params_rank * gb
+    t_dp = C.group_collective_seconds("allreduce", grad_comm, dp, local["D"], hw)
+    tail = np.minimum(1.0, DDP_BUCKET_BYTES / np.maximum(grad_comm, 1.0))
+    last_bwd = most * (layer_b + rec + tp_b + tp_rec)
+    exposed = np.maximum(t_dp - (1 - tail) * last_bwd, tail * t_dp)
+    gather = C.group_collective_seconds("allgather", params_rank * c, dp, local["D"], hw)
+    z3_extra = np.maximum(0.0, m * 2.0 * gather - m * most * per_block)
+    dp_comm = np.where(dp > 1, exposed + np.where(zero >= 3, z3_extra, 0.0), 0.0)
+
+    # ---- optimizer and offload ----------------------------------------------------------------------
+    updated = np.where(zero >= 1, params_rank / dp, params_rank)
+    opt_s = K.optimizer_seconds(updated, precision=precision, optimizer=optimizer, hw=hw, impl=impl)
+    off_opt = off == OFFLOAD.index("optimizer")
+    off_act = off == OFFLOAD.index("activations")
+    opt_s = np.where(off_opt, O.optimizer_offload_seconds(updated, gb, hw), opt_s)
+
+    # ---- memory ---------------------------------------------------------------------------------------
+    saved_full = table.saved.at(tp, sp, s)
+    saved = np.select([rc == RECOMPUTE.index("full"), rc == RECOMPUTE.index("selective")],
+                      [table.saved_full_recompute.at(tp, sp, s),
+                       saved_full - table.scores_saved.at(tp, sp, s)], saved_full) * tokens
+    one_block = saved_full * tokens
+    inflight_first = PL.inflight_microbatches_first_stage(sched, pp, m, v, SCHEDULES)
+    inflight_last = np.where(only_stage, 1.0, PL.inflight_microbatches_last_stage(sched, m, SCHEDULES))
+    emb_saved = B.embedding_saved(spec, precision, dropout=dropout).at(tp, sp, s) * tokens
+    head_saved = head.saved.at(tp, sp, s) * tokens
+    acts_first = inflight_first * (first * saved + emb_saved) + np.where(only_stage, head_saved, 0.0)
+    acts_last = inflight_last * (last * saved + head_saved)
+    acts_first = np.where(off_act, np.minimum(acts_first, 2 * one_block), acts_first)
+    acts_last = np.where(off_act, np.minimum(acts_last, 2 * one_block + head_saved), acts_last)
+    act_offload_s = np.where(off_act, O.activation_offload_seconds(m * np.maximum(acts_first, acts_last),
+                                                                  ideal, hw), 0.0)
+
+    workspace = float(hw.efficiency.get("framework_workspace_bytes", M.DEFAULT_WORKSPACE_BYTES))
+    grads_present = M.grads_persist(impl, m)
+    amp_cache = impl == "eager" and precision.startswith("amp")
+    gemm_w_block = P.block_matmul_weights(spec) / tp
+    head_w = spec.vocab * spec.hidden / tp
+    full = rc == RECOMPUTE.index("full")
+    zero3_live = np.where(zero >= 3, 2.0 * block_p / tp * pb, 0.0)    # gathered block in use + prefetched
+
+    def rank_peak(n_params, n_blocks, acts, is_last, is_first):
+        params_b = M.zero_sharded(n_params * pb, dp, zero, 3) + zero3_live
+        grads_b = M.zero_sharded(n_params * gb, dp, zero, 2)
+        opt_b = np.where(off_opt, 0.0, M.zero_sharded(n_params * ob, dp, zero, 1))
+        cache_all = (n_blocks * gemm_w_block + np.where(is_last, head_w, 0.0)) * 2.0 if amp_cache else 0.0 * tp
+        cache_head = np.where(is_last, head_w, 0.0) * 2.0 if amp_cache else 0.0 * tp
+        logits_fwd = np.where(is_last, head.logits_fwd_end.at(tp, sp, s) * tokens, 0.0)
+        logits_peak = np.where(is_last, head.logits_peak.at(tp, sp, s) * tokens, 0.0)
+        last_grad = np.where(is_first & spec.tied_embeddings, head_w * 4.0 if c == 2 and precision != "bf16" else head_w * gb * 2.0, 0.0)
+        peak, acts_b, other = M.peak_bytes(
+            params=params_b, grads=grads_b, optimizer=opt_b, grads_present=grads_present,
+            cache_fwd=cache_all, cache_bwd=np.where(full, cache_head, cache_all), activations=acts,
+            logits_fwd_end=logits_fwd, logits_peak=logits_peak, last_grad_transient=last_grad,
+            recompute_transient=np.where(full, one_block, 0.0), workspace=workspace)
+        return peak, params_b, grads_b, opt_b, acts_b, other
+
+    first_r = rank_peak(params_first, first, acts_first, only_stage, np.ones_like(pp, dtype=bool))
+    last_r = rank_peak(params_last, last, acts_last, np.ones_like(pp, dtype=bool), only_stage)
+    pick_last = last_r[0] > first_r[0]
+    peak, params_b, grads_b, opt_b, acts_b, other_b = (np.where(pick_last, l_, f_) for f_, l_ in zip(first_r, last_r))
+
+    # ---- step -------------------------------------------------------------------------------------------
+    step = ideal + bubble + pp_p2p + dp_comm + opt_s + act_offload_s
+    kernels = m * (blocks / pp) * table.kernels_fwd * 3.0 + head.kernels
+    step = np.maximum(step, K.dispatch_seconds(kernels, hw))
+    capacity = float(hw.memory_bytes)
+    mflops = float(model_flops_per_step(spec, global_batch * seq, seq=seq))
+    return Scores(step_time_s=step, peak_bytes_per_gpu=peak, capacity_bytes=capacity, fits=peak <= capacity,
+                  params_bytes=params_b, grads_bytes=grads_b, optimizer_bytes=opt_b, activations_bytes=acts_b,
+                  other_bytes=other_b, compute=compute, recompute=recompute_s, tp_comm=tp_comm, dp_comm=dp_comm,
+                  pp_p2p=pp_p2p, bubble=bubble, optimizer=opt_s, offload=act_offload_s, num_microbatches=m,
+                  model_flops_per_step=mflops)
