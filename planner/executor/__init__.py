@@ -1,0 +1,21 @@
+"""The embedded executor: run a plan for real on torch.distributed and check it against one process.
+
+One module per step (style.md):
+  runspec.py      plan document -> `RunSpec` (model shape, parallel config, proxy shrink, notes)
+  parallelize.py  small `apply_*` functions on a plain `Transformer` (TP, AC, DDP/FSDP2, pipeline)
+  worker.py       one rank: mesh, model, parallelism, training steps, timings, results
+  launch.py       spawn world-size local processes and watch them (faults.py: heartbeats, kill)
+  checkpoint.py   torch.distributed.checkpoint save/resume
+  reference.py    the single-process reference run (same seed, data, optimizer)
+  verify.py       compare a parallel run with the reference (loss and every parameter)
+Nothing in the model knows it runs in parallel (torchtitan's split of model and parallelize).
+"""
+from __future__ import annotations
+
+from planner.errors import PlannerError
+
+
+class ExecutorError(PlannerError):
+    """A run that started but failed (a rank died, hung, or verification failed): exit 1."""
+
+    exit_code = 1

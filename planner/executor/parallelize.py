@@ -1,0 +1,203 @@
+"""Small `apply_*` functions that parallelize a plain `Transformer` by module name (torchtitan's
+`parallelize.py`): the worker composes them in order pipeline split -> TP -> AC -> DP.
+
+Every function uses PyTorch's own API: `torch.distributed.tensor.parallel` (Megatron's column/row
+split, Shoeybi et al. 2019, and sequence parallelism, Korthikanti et al. 2022), `torch.utils.checkpoint`,
+DDP / FSDP2 `fully_shard` (ZeRO, Rajbhandari et al. 2020), `torch.distributed.pipelining`.
+"""
+from __future__ import annotations
+
+import copy
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from planner.parallel import ParallelConfig
+
+LOOPED_SCHEDULES = ("interleaved-1f1b", "zero-bubble")
+
+
+def build_device_mesh(config: ParallelConfig, device_type: str):
+    """The plan's DeviceMesh, dims ordered by the placement string (planner.plan.mesh_dims).
+
+    Worked example, dp=2 pp=2 tp=2, placement "DPT": mesh (dp, pp, tp) = (2, 2, 2), rank =
+    4*dp_index + 2*pp_index + tp_index, so tp groups are adjacent ranks [0,1] [2,3] ..., pp groups
+    [0,2] [1,3] [4,6] [5,7] and dp groups [0,4] [1,5] [2,6] [3,7]. Size-1 dims are kept.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from planner.plan import mesh_dims
+
+    names, shape = mesh_dims(config)
+    return init_device_mesh(device_type, shape, mesh_dim_names=names)
+
+
+def stage_block_counts(config: ParallelConfig, blocks: int) -> list[int]:
+    """Blocks per pipeline stage (pp * virtual_stages of them): the plan's split, or as even as
+    possible with the extra blocks on the leading stages."""
+    if config.stages:
+        return list(config.stages)
+    chunks = config.pp * config.virtual_stages
+    base, extra = divmod(blocks, chunks)
+    return [base + (1 if i < extra else 0) for i in range(chunks)]
+
+
+def stage_ids(config: ParallelConfig, pp_rank: int) -> list[int]:
+    """Stages held by pipeline rank r: [r] for single-stage schedules, [r, r+pp, ...] for looped ones
+    (interleaved 1F1B, Narayanan et al. 2021 sec. 2.2; interleaved zero bubble, Qi et al. 2024)."""
+    if config.schedule in LOOPED_SCHEDULES:
+        return [pp_rank + k * config.pp for k in range(config.virtual_stages)]
+    return [pp_rank]
+
+
+def build_stage_module(model: nn.Module, counts: list[int], stage: int) -> nn.Module:
+    """A copy of `model` keeping only stage `stage`'s blocks (names unchanged, others None-d out:
+    the embeddings on the first stage, final norm and output head on the last)."""
+    part = copy.deepcopy(model)
+    start = sum(counts[:stage])
+    keep = {str(i) for i in range(start, start + counts[stage])}
+    for key in list(part.layers.keys()):
+        if key not in keep:
+            del part.layers[key]
+    if stage > 0:
+        part.tok_embeddings = None
+        part.pos_embeddings = None
+    if stage < len(counts) - 1:
+        part.norm = None
+        part.output = None
+    return part
+
+
+def apply_tp(module: nn.Module, tp_mesh, *, sequence_parallel: bool) -> None:
+    """Megatron tensor parallelism on one (stage) module, by module name.
+
+    wq/wk/wv and w1/w3 column-parallel, wo and w2 row-parallel; embedding row-parallel (vocab
+    split), output head column-parallel with replicated logits. With sequence parallelism the norms
+    run on sequence shards (Shard(1)) between blocks; each stage takes and hands on the full
+    sequence (the first block scatters it, a non-final stage's last block gathers it), so rotary
+    tables and learned positions always see the whole sequence.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                                   RowwiseParallel, SequenceParallel, parallelize_module)
+
+    sp = sequence_parallel
+    top: dict = {}
+    if module.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if module.norm is not None and sp:
+        top["norm"] = SequenceParallel()
+    if module.output is not None:
+        top["output"] = ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(),
+                                        output_layouts=Replicate(), use_local_output=True)
+    if top:
+        parallelize_module(module, tp_mesh, top)
+    keys = list(module.layers.keys())
+    between = Shard(1) if sp else Replicate()
+    for i, key in enumerate(keys):
+        block = module.layers[key]
+        plan = {
+            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=between),
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(output_layouts=between),
+        }
+        if block.feed_forward.w3 is not None:
+            plan["feed_forward.w3"] = ColwiseParallel()
+        if sp:
+            plan["attention_norm"] = SequenceParallel()
+            plan["attention"] = PrepareModuleInput(input_layouts=(Shard(1), None),
+                                                   desired_input_layouts=(Replicate(), None), use_local_output=True)
+            plan["ffn_norm"] = SequenceParallel()
+            plan["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)
+        parallelize_module(block, tp_mesh, plan)
+        if sp and i == 0:
+            parallelize_module(block, tp_mesh, PrepareModuleInput(input_layouts=(Replicate(), None),
+                                                                  desired_input_layouts=(Shard(1), None), use_local_output=True))
+        if sp and i == len(keys) - 1 and module.norm is None:
+            parallelize_module(block, tp_mesh, PrepareModuleOutput(output_layouts=Shard(1),
+                                                                   desired_output_layouts=Replicate()))
+
+
+def _attention_core_policy(ctx, func, *args, **kwargs):
+    """Selective recomputation (Korthikanti et al. 2022, sec. 4.2): recompute the attention core
+    (QK^T, softmax, attention-weighted values), keep every other activation."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    name = str(func)
+    if "scaled_dot_product" in name or "softmax" in name:
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE
+
+
+def apply_ac(module: nn.Module, recompute: str) -> None:
+    """Activation checkpointing per block (non-reentrant): 'full' recomputes the whole block in
+    backward, 'selective' only the attention core (selective checkpoint contexts)."""
+    if recompute == "none":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    kwargs = {"preserve_rng_state": False}
+    if recompute == "selective":
+        kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _attention_core_policy)
+    for key in list(module.layers.keys()):
+        module.layers[key] = checkpoint_wrapper(module.layers[key], **kwargs)
+
+
+def apply_fsdp(module: nn.Module, dp_mesh, *, zero: int, offload_optimizer: bool = False) -> nn.Module:
+    """FSDP2 `fully_shard` per block and on the root: ZeRO-3 reshards parameters after forward,
+    ZeRO-1/2 keep them gathered until backward (reshard_after_forward=False)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    policy = CPUOffloadPolicy() if offload_optimizer else OffloadPolicy()
+    reshard = zero == 3
+    for block in module.layers.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, offload_policy=policy)
+    fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, offload_policy=policy)
+    return module
+
+
+def apply_ddp(module: nn.Module, dp_mesh, *, device: torch.device) -> nn.Module:
+    """DistributedDataParallel over the dp group (ZeRO 0, no tensor parallelism)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(module, process_group=dp_mesh.get_group(), device_ids=ids)
+
+
+class GradAllReduce:
+    """ZeRO-0 data parallelism over tensor-parallel (DTensor) parameters, which DDP does not take:
+    after backward, average every gradient's local shard over the dp group (what DDP's reducer does,
+    without bucketing/overlap)."""
+
+    def __init__(self, modules: list[nn.Module], dp_mesh):
+        self.params = [p for m in modules for p in m.parameters() if p.requires_grad]
+        self.group = dp_mesh.get_group()
+        self.size = dp_mesh.size()
+
+    def __call__(self) -> None:
+        from torch.distributed.tensor import DTensor
+
+        for p in self.params:
+            if p.grad is None:
+                continue
+            local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            dist.all_reduce(local, group=self.group)
+            local.div_(self.size)
+
+
+def build_schedule(config: ParallelConfig, stages: list, loss_fn):
+    """The plan's schedule from torch.distributed.pipelining: gpipe -> ScheduleGPipe (Huang et al.
+    2019), 1f1b -> Schedule1F1B (Narayanan et al. 2021), interleaved-1f1b -> ScheduleInterleaved1F1B,
+    zero-bubble -> ScheduleInterleavedZeroBubble (Qi et al. 2024)."""
+    from torch.distributed.pipelining import schedules
+
+    classes = {"gpipe": schedules.ScheduleGPipe, "1f1b": schedules.Schedule1F1B,
+               "interleaved-1f1b": schedules.ScheduleInterleaved1F1B,
+               "zero-bubble": schedules.ScheduleInterleavedZeroBubble}
+    cls = classes[config.schedule]
+    if config.schedule in LOOPED_SCHEDULES:
+        return cls(stages, n_microbatches=config.num_microbatches, loss_fn=loss_fn)
+    return cls(stages[0], n_microbatches=config.num_microbatches, loss_fn=loss_fn)

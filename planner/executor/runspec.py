@@ -1,0 +1,231 @@
+"""Plan document -> `RunSpec`: everything one rank needs to run the plan, decided once in the parent.
+
+The parent (or every torchrun rank, deterministically) reads the plan, resolves the model, applies
+the backend's limits (precision, offload, tied embeddings, the --proxy shrink) and records each
+change as a note the output repeats. Workers receive the RunSpec as JSON.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from planner.errors import ConfigError
+from planner.parallel import ParallelConfig
+from planner.spec import TransformerSpec
+
+BACKENDS = ("gloo", "nccl")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunSpec:
+    """One executor run: the plan's parallel config on a concrete (possibly proxy) model."""
+
+    config: ParallelConfig
+    """The plan's parallel configuration (degrees, schedule, ZeRO, recompute, ...)."""
+    model: TransformerSpec
+    """The model actually built (the plan's, or its --proxy shrink)."""
+    model_name: str
+    """MODEL as written in the plan."""
+    steps: int = 3
+    """Optimizer steps to run (in total, counting steps restored from a checkpoint)."""
+    seed: int = 0
+    """Seed of the weight init (Transformer.init_weights) and of the synthetic token stream."""
+    backend: str = "gloo"
+    """torch.distributed backend: gloo (CPU processes) or nccl (one GPU per rank)."""
+    dtype: str = "fp32"
+    """Precision actually used: fp32, amp-bf16, amp-fp16 or bf16 (the plan's, or fp32 on CPU)."""
+    lr: float = 1e-3
+    """Learning rate of AdamW (SGD uses 10x, momentum 0.9)."""
+    timeout_s: float = 60.0
+    """Process-group timeout: a collective waiting longer than this fails on every live rank."""
+    checkpoint_dir: str | None = None
+    """torch.distributed.checkpoint directory; a run resumes from its latest complete step."""
+    offload: str = "none"
+    """Offload actually applied (none on CPU, where everything already lives in host memory)."""
+    fault: str | None = None
+    """Fault injection for tests: 'kill:RANK:STEP' or 'hang:RANK:STEP'."""
+    notes: tuple[str, ...] = field(default=())
+    """What differs from the plan as written (downgraded precision, proxy shrink, ...), for the output."""
+
+    @property
+    def device_type(self) -> str:
+        return "cuda" if self.backend == "nccl" else "cpu"
+
+    def to_json(self) -> str:
+        d = dataclasses.asdict(self)
+        d["config"] = {k: v for k, v in self.config.to_dict().items() if k != "num_microbatches"}
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunSpec":
+        d = json.loads(text)
+        cfg = dict(d.pop("config"))
+        cfg["stages"] = tuple(cfg["stages"])
+        model = dict(d.pop("model"))
+        model["extras"] = tuple(tuple(x) for x in model.get("extras", ()))
+        return cls(config=ParallelConfig(**cfg), model=TransformerSpec(**model),
+                   notes=tuple(d.pop("notes")), **d)
+
+
+def max_local_ranks(backend: str) -> int:
+    """Processes one machine hosts: GPUs for nccl; for gloo max(8, 2 x cores) (PLANNER_MAX_LOCAL_RANKS overrides)."""
+    if backend == "nccl":
+        import torch
+        return torch.cuda.device_count()
+    env = os.environ.get("PLANNER_MAX_LOCAL_RANKS")
+    return int(env) if env else max(8, 2 * (os.cpu_count() or 1))
+
+
+def resolve_transformer(name: str, seq: int | None) -> TransformerSpec:
+    """The executor runs the planner's own Transformer: catalog / HF config via planner.sources,
+    or a `package.module:factory` that returns a `planner.models.transformer.Transformer`."""
+    from planner.models.transformer import Transformer
+
+    if ":" in name and not Path(name).exists():
+        module_name, _, attr = name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as err:
+            raise ConfigError("model", name, f"an importable package.module:factory ({err})") from None
+        built = factory()
+        if not isinstance(built, Transformer):
+            raise ConfigError("model", name, "a factory returning planner.models.transformer.Transformer "
+                              "(the executor parallelizes that model by module name; other nn.Modules "
+                              "can be profiled and estimated, not run)")
+        spec = built.spec
+    else:
+        try:
+            from planner.sources import resolve_model
+        except ImportError:
+            raise ConfigError("model", name, "package.module:factory in this build (catalog and config "
+                              "sources are not installed)") from None
+        spec = resolve_model(name, seq=seq)
+        if not isinstance(spec, TransformerSpec):
+            raise ConfigError("model", name, "a transformer (catalog name or HF config) or a factory "
+                              "returning planner.models.transformer.Transformer")
+    if spec.encoder_layers:
+        raise ConfigError("model", name, "a decoder-only or encoder-only transformer (the executor has no "
+                          "encoder-decoder reference model)")
+    return spec
+
+
+def parameter_count(spec: TransformerSpec) -> int:
+    from planner.models.transformer import build_model
+
+    return sum(p.numel() for p in build_model(spec, device="meta", seed=None).parameters())
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def training_bytes_on_host(spec: TransformerSpec, config: ParallelConfig) -> int:
+    """Host memory the CPU run needs, roughly: every rank builds the full fp32 model once (4 B/param)
+    before pruning to its shard, plus weights, gradients and two AdamW moments (16 B/param, ZeRO's
+    accounting, Rajbhandari et al. 2020, sec. 3) and one micro-batch of logits per rank."""
+    params = parameter_count(spec)
+    logits = config.micro_batch * config.seq * spec.vocab * 4 * 3
+    return config.world_size * (4 * params + logits) + 16 * params
+
+
+def proxy_spec(spec: TransformerSpec, config: ParallelConfig) -> tuple[TransformerSpec, ParallelConfig, str]:
+    """Shrink width and depth, keeping every parallel degree, the schedule and the stage-split shape.
+
+    Depth: the split keeps its shape: explicit stages are scaled to about one block per stage of the
+    smallest (each at least 1); an even split of L blocks over S = pp*v stages becomes S + (L mod S)
+    blocks, so the same leading stages carry the extra block. Width: 16-wide heads, as many query
+    heads as needed for tp (and the grouped-query ratio where the plan has one), FFN ratio kept,
+    a 512-token vocabulary and sequences of at most 64 tokens.
+    """
+    chunks = config.pp * config.virtual_stages
+    if config.stages:
+        smallest = min(s for s in config.stages if s > 0) if any(config.stages) else 1
+        stages = tuple(max(1, round(s / smallest)) for s in config.stages)
+        layers = sum(stages)
+    else:
+        stages = ()
+        layers = chunks + spec.total_blocks % chunks
+    tp = config.tp
+    grouped = spec.n_kv_heads < spec.heads
+    kv_heads = tp if grouped else 0
+    heads = 2 * tp if grouped else tp * math.ceil(4 / tp)
+    head_dim = 16
+    hidden = heads * head_dim
+    ffn_ratio = spec.d_ffn / spec.hidden
+    ffn = max(tp, int(round(ffn_ratio * hidden / tp)) * tp)
+    seq = min(config.seq, 64)
+    vocab = 512 if 512 % tp == 0 else tp * math.ceil(512 / tp)
+    small = spec.with_(name=f"{spec.name} (proxy)", layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                       head_dim=0, ffn=ffn, vocab=vocab, seq=seq, max_positions=0)
+    new_config = dataclasses.replace(config, seq=seq, stages=stages)
+    note = (f"--proxy: {spec.name} is too large for this machine; ran a proxy with {layers} blocks, "
+            f"hidden {hidden}, {heads} heads, ffn {ffn}, vocab {vocab}, seq {seq} "
+            f"(stages {list(stages) or 'even'}), keeping dp={config.dp} tp={config.tp} pp={config.pp} "
+            f"v={config.virtual_stages}, schedule {config.schedule}, micro-batch {config.micro_batch}, "
+            f"global batch {config.global_batch}")
+    return small, new_config, note
+
+
+def build_run_spec(plan_path: str | Path, *, steps: int = 3, backend: str = "gloo", proxy: bool = False,
+                   seed: int = 0, timeout_s: float = 60.0, checkpoint_dir: str | None = None,
+                   fault: str | None = None, world_size_available: int | None = None) -> RunSpec:
+    """Read the plan, resolve the model and settle every backend-dependent choice (with notes)."""
+    from planner.plan import load_plan
+
+    if backend not in BACKENDS:
+        raise ConfigError("backend", backend, "one of " + ", ".join(BACKENDS))
+    plan = load_plan(plan_path)
+    config = plan.config
+    cap = world_size_available if world_size_available is not None else max_local_ranks(backend)
+    if config.world_size > cap:
+        where = "GPUs on this machine" if backend == "nccl" else "local gloo processes on this machine"
+        raise ConfigError("world_size", config.world_size,
+                          f"at most {cap} {where}; launch `planner run` under torchrun on a cluster "
+                          f"(docs/executor.md)")
+    spec = resolve_transformer(plan.model_name, config.seq)
+    notes: list[str] = []
+    if spec.position == "learned" and spec.max_positions and config.seq > spec.max_positions:
+        raise ConfigError("plan.seq", config.seq, f"at most the model's {spec.max_positions} learned positions")
+    spec = spec.with_(seq=config.seq)
+    if spec.parallel_block or spec.embed_norm or spec.type_vocab or spec.norms_per_block != 2:
+        notes.append(f"{spec.name} runs as the reference sequential pre-norm block (its parallel-residual / "
+                     f"extra-norm details are not modelled by planner.models.transformer)")
+    config.check_model(heads=spec.heads, kv_heads=spec.n_kv_heads, blocks=spec.total_blocks)
+
+    if backend == "gloo":
+        needed, have = training_bytes_on_host(spec, config), host_memory_bytes()
+        if needed > have // 2:
+            if not proxy:
+                raise ConfigError("model", plan.model_name,
+                                  f"a model whose CPU run fits this machine (needs about {needed / 2**30:.1f} GiB "
+                                  f"of {have / 2**30:.1f} GiB); pass --proxy to run a shrunk model with the "
+                                  f"same parallel layout")
+            spec, config, note = proxy_spec(spec, config)
+            notes.append(note)
+        elif proxy:
+            notes.append("--proxy: not needed, the plan's model fits this machine; ran it at full size")
+    if spec.tied_embeddings and (config.tp > 1 or config.pp > 1):
+        spec = spec.with_(tied_embeddings=False)
+        notes.append("embeddings untied (tok_embeddings and output are separate weights in the run and "
+                      "in the reference) because tp>1 or pp>1 splits them across ranks")
+
+    dtype = config.precision
+    if backend == "gloo" and dtype != "fp32":
+        notes.append(f"precision {dtype} downgraded to fp32 (CPU/gloo executor)")
+        dtype = "fp32"
+    offload = config.offload
+    if backend == "gloo" and offload != "none":
+        notes.append(f"offload {offload} not applied: on CPU everything already lives in host memory")
+        offload = "none"
+    if config.zero == 1 and config.dp > 1:
+        notes.append("ZeRO-1 runs as FSDP2 without resharding after forward (gradients are sharded too: ZeRO-2)")
+    if config.zero and config.dp == 1:
+        notes.append(f"ZeRO-{config.zero} has no effect with dp=1")
+    return RunSpec(config=config, model=spec, model_name=plan.model_name, steps=steps, seed=seed,
+                   backend=backend, dtype=dtype, timeout_s=timeout_s, checkpoint_dir=checkpoint_dir,
+                   offload=offload, fault=fault, notes=tuple(notes))

@@ -1,0 +1,219 @@
+"""One rank of a run: process group, mesh, model, the plan's parallelism, training steps, results.
+
+Entry points: `train(spec, rank=..., world_size=..., local_rank=...)` (used under torchrun by
+`planner run` itself) and `python -m planner.executor.worker RUNSPEC.json WORKDIR` (the local
+launcher; rank and world size from the environment). Rank 0 gathers every rank's timings and the
+full parameters; the launcher reads them from WORKDIR/result.pt, written before teardown.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from planner.executor import checkpoint
+from planner.executor.faults import Heartbeat, inject_fault
+from planner.executor.parallelize import (GradAllReduce, apply_ac, apply_ddp, apply_fsdp, apply_tp,
+                                          build_device_mesh, build_schedule, build_stage_module,
+                                          stage_block_counts, stage_ids)
+from planner.executor.reference import dp_shard, make_optimizer, synthetic_tokens
+from planner.executor.runspec import RunSpec
+from planner.models.transformer import build_model, lm_loss
+
+_WRAPPER_PARTS = ("_checkpoint_wrapped_module", "_orig_mod")
+
+
+def clean_name(name: str) -> str:
+    """Parameter FQN without DDP / checkpoint-wrapper / compile prefixes (the reference model's name)."""
+    parts = name.split(".")
+    if parts[0] == "module":
+        parts = parts[1:]
+    return ".".join(p for p in parts if p not in _WRAPPER_PARTS)
+
+
+def _autocast(spec: RunSpec):
+    if spec.dtype in ("amp-bf16", "amp-fp16") and spec.device_type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16 if spec.dtype == "amp-bf16" else torch.float16)
+    return contextlib.nullcontext()
+
+
+class _Run:
+    """State of one rank's training run."""
+
+    def __init__(self, spec: RunSpec, rank: int, local_rank: int, workdir: str | None):
+        self.spec, self.rank, self.cfg = spec, rank, spec.config
+        self.heartbeat = Heartbeat(workdir, rank)
+        if spec.device_type == "cuda":
+            torch.cuda.set_device(local_rank)
+            self.device = torch.device("cuda", local_rank)
+        else:
+            self.device = torch.device("cpu")
+        self.mesh = build_device_mesh(self.cfg, spec.device_type)
+        self.coords = {name: self.mesh.get_local_rank(name) for name in self.mesh.mesh_dim_names}
+        self.heartbeat.beat("build")
+        self._build()
+
+    def _build(self) -> None:
+        spec, cfg = self.spec, self.cfg
+        full = build_model(spec.model, device="cpu", seed=spec.seed)
+        counts = stage_block_counts(cfg, spec.model.total_blocks)
+        self.stage_ids = stage_ids(cfg, self.coords["pp"]) if cfg.pp > 1 else [0]
+        num_stages = len(counts) if cfg.pp > 1 else 1
+        self.parts: list[tuple[int, torch.nn.Module]] = []
+        self.grad_sync = None
+        dp_mesh, tp_mesh = self.mesh["dp"], self.mesh["tp"]
+        for sid in self.stage_ids:
+            module = build_stage_module(full, counts, sid) if cfg.pp > 1 else full
+            if spec.dtype == "bf16":
+                module = module.to(torch.bfloat16)
+            module = module.to(self.device)
+            if cfg.tp > 1:
+                apply_tp(module, tp_mesh, sequence_parallel=cfg.sequence_parallel)
+            apply_ac(module, cfg.recompute)
+            if cfg.dp > 1 and cfg.zero > 0:
+                module = apply_fsdp(module, dp_mesh, zero=cfg.zero, offload_optimizer=spec.offload == "optimizer")
+            elif cfg.dp > 1 and cfg.tp == 1:
+                module = apply_ddp(module, dp_mesh, device=self.device)
+            self.parts.append((sid, module))
+        if cfg.dp > 1 and cfg.zero == 0 and cfg.tp > 1:
+            self.grad_sync = GradAllReduce([m for _, m in self.parts], dp_mesh)
+        del full
+        self.optimizers = [make_optimizer(m.parameters(), spec) for _, m in self.parts]
+        self.has_first = 0 in self.stage_ids
+        self.has_last = (num_stages - 1) in self.stage_ids
+        self.schedule = None
+        if cfg.pp > 1:
+            from torch.distributed.pipelining import PipelineStage
+
+            group = self.mesh["pp"].get_group()
+            stages = [PipelineStage(m, sid, num_stages, self.device, group=group) for sid, m in self.parts]
+            self.schedule = build_schedule(cfg, stages, lm_loss)
+
+    def _step_pipeline(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        losses: list[torch.Tensor] = []
+        args = (x,) if self.has_first else ()
+        kwargs = {"target": y, "losses": losses} if self.has_last else {}
+        with _autocast(self.spec):
+            self.schedule.step(*args, return_outputs=False, **kwargs)
+        return torch.stack([l.detach().float() for l in losses]).mean() if self.has_last else None
+
+    def _step_accumulate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        (_, module), = self.parts
+        n = self.cfg.num_microbatches
+        total = torch.zeros((), device=self.device)
+        for i, (xm, ym) in enumerate(zip(x.chunk(n), y.chunk(n))):
+            last = i == n - 1
+            sync = contextlib.nullcontext()
+            if hasattr(module, "no_sync") and not last:
+                sync = module.no_sync()
+            if hasattr(module, "set_requires_gradient_sync"):
+                module.set_requires_gradient_sync(last)
+            offload = (torch.autograd.graph.save_on_cpu(pin_memory=True)
+                       if self.spec.offload == "activations" else contextlib.nullcontext())
+            with sync, offload:
+                with _autocast(self.spec):
+                    loss = lm_loss(module(xm), ym)
+                (loss / n).backward()
+            total += loss.detach().float()
+        return total / n
+
+    def global_loss(self, local: torch.Tensor | None) -> float:
+        """Mean over the ranks holding the last stage (tp peers hold the same value, dp replicas
+        equal shares of the global batch)."""
+        buf = torch.zeros(2, device=self.device, dtype=torch.float64)
+        if local is not None:
+            buf[0], buf[1] = local.double(), 1.0
+        dist.all_reduce(buf)
+        return (buf[0] / buf[1]).item()
+
+    def train(self) -> dict:
+        spec, cfg = self.spec, self.cfg
+        start, losses = 0, []
+        if spec.checkpoint_dir:
+            start, losses = checkpoint.load(spec.checkpoint_dir, self.parts, self.optimizers)
+        times: list[float] = []
+        for step in range(start, spec.steps):
+            self.heartbeat.beat("step", step)
+            inject_fault(spec.fault, self.rank, step)
+            tokens = dp_shard(synthetic_tokens(spec, step), cfg.dp, self.coords["dp"]).to(self.device)
+            x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+            dist.barrier()
+            t0 = time.perf_counter()
+            local = self._step_pipeline(x, y) if self.schedule is not None else self._step_accumulate(x, y)
+            if self.grad_sync is not None:
+                self.grad_sync()
+            for opt in self.optimizers:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            if spec.device_type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            losses.append(self.global_loss(local))
+            if spec.checkpoint_dir:
+                self.heartbeat.beat("checkpoint", step)
+                checkpoint.save(spec.checkpoint_dir, step, self.parts, self.optimizers, losses)
+        self.heartbeat.beat("gather", spec.steps)
+        return {"rank": self.rank, "coords": self.coords, "stages": self.stage_ids, "start_step": start,
+                "step_times_s": times, "losses": losses, "params": self.full_params()}
+
+    def full_params(self) -> dict | None:
+        """Full fp32 parameters of this rank's stages (collective over each DTensor's mesh); kept
+        only by the dp-0/tp-0 rank of each stage."""
+        from torch.distributed.tensor import DTensor
+
+        out = {}
+        for _, module in self.parts:
+            for name, p in module.named_parameters():
+                t = p.full_tensor() if isinstance(p, DTensor) else p
+                out[clean_name(name)] = t.detach().float().cpu().clone()
+        keep = self.coords["dp"] == 0 and self.coords["tp"] == 0
+        return out if keep else None
+
+
+def train(spec: RunSpec, *, rank: int, world_size: int, local_rank: int, workdir: str | None = None) -> list | None:
+    """Run one rank; returns every rank's results on rank 0 (None elsewhere). Collective."""
+    Heartbeat(workdir, rank).beat("init")
+    if not dist.is_initialized():
+        dist.init_process_group(spec.backend, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=spec.timeout_s))
+    run = _Run(spec, rank, local_rank, workdir)
+    result = run.train()
+    gathered = [None] * world_size if rank == 0 else None
+    dist.gather_object(result, gathered, dst=0)
+    return gathered
+
+
+def main(argv: list[str]) -> int:
+    spec_path, workdir = argv
+    rank = int(os.environ["RANK"])
+    try:
+        spec = RunSpec.from_json(Path(spec_path).read_text())
+        results = train(spec, rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
+                        local_rank=int(os.environ.get("LOCAL_RANK", rank)), workdir=workdir)
+        if rank == 0:
+            tmp = Path(workdir) / "result.pt.tmp"
+            torch.save(results, tmp)
+            os.replace(tmp, Path(workdir) / "result.pt")
+        Heartbeat(workdir, rank).beat("done", spec.steps)
+        dist.barrier()
+        dist.destroy_process_group()
+        return 0
+    except BaseException as err:  # noqa: BLE001 - any failure of a rank becomes its one-line report
+        line = (str(err).strip().splitlines() or [type(err).__name__])[0][:400]
+        (Path(workdir) / f"error-{rank}.json").write_text(json.dumps(
+            {"message": f"{type(err).__name__}: {line}", "traceback": traceback.format_exc()}))
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
