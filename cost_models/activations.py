@@ -14,8 +14,10 @@ Models", Sec. 4.1 and Table 2. For one GPT layer in fp16 with dropout, no parall
 Adapted here to what planner/models/transformer.py (and Hugging Face's SDPA models) really save,
 term by term (measured with torch.autograd.graph.saved_tensors_hooks, tests/test_profiler_torch.py):
 
-    norm_inputs      n_norm * t h * r      each norm saves its input (the residual stream, dtype r)
-    norm_normalized  n_norm * t h * r      RMSNorm (composite in torch) also saves x * rstd for the weight grad
+    norm_inputs      n_norm * t h * r      each norm saves its input (the residual stream, dtype r);
+                                           RMSNorm computes in fp32 (torch's rms_norm and HF's LlamaRMSNorm
+                                           upcast 16-bit inputs), so it saves an fp32 copy: t h * 4
+    norm_normalized  n_norm * t h * 4      RMSNorm also saves the fp32 x * rstd for the weight grad
     norm_stats       n_norm * t * 4 * (2 LayerNorm: mean, rstd | 1 RMSNorm: rstd)   fp32
     norm_outputs     n_norm * t h * c      the norm output = input of the next GEMM, in compute dtype c
     dropout_masks    2 t h * 1             residual dropouts (only if dropout)
@@ -70,9 +72,10 @@ def block_activation_terms(spec: TransformerSpec, b, s, *, flash: bool = True, d
     h = spec.hidden
     n_norm = spec.norms_per_block + (1 if spec.encoder_layers else 0)
     rms = spec.norm == "rmsnorm"
+    norm_in = 4 if rms else r  # RMSNorm upcasts to fp32 and saves the upcast copy
     replicated = {
-        "norm_inputs": n_norm * t * h * r,
-        "norm_normalized": n_norm * t * h * r * rms,
+        "norm_inputs": n_norm * t * h * norm_in,
+        "norm_normalized": n_norm * t * h * 4 * rms,
         "norm_stats": n_norm * t * 4 * (1 if rms else 2),
         "norm_outputs": n_norm * t * h * c,
         "dropout_masks": 2 * t * h * dropout,
@@ -120,11 +123,13 @@ def encoder_block_activation_bytes(spec: TransformerSpec, b, s, **kwargs):
     return block_activation_bytes(spec.with_(encoder_layers=0), b, s, **kwargs)
 
 
-def embedding_activation_bytes(spec: TransformerSpec, b, s):
-    """Input side: the token ids (int64, 8 t bytes) kept by the embedding's backward, plus the
-    position ids (8 s) for learned positions. The embedding output itself is saved by the first
-    block's norm and counted there."""
-    return 8 * b * s + 8 * s * (spec.position == "learned")
+def embedding_activation_bytes(spec: TransformerSpec, b, s, *, residual_bytes_per_elem=4):
+    """Input side: the token ids (int64, 8 t bytes) kept by the embedding's backward, the position
+    ids (8 s) for learned positions, and the rotary cos/sin tables (2 s d, in the residual dtype)
+    that every block's RoPE multiplication keeps (one storage shared by all blocks). The embedding
+    output itself is saved by the first block's norm and counted there."""
+    rope = 2 * s * spec.d_head * residual_bytes_per_elem * (spec.position == "rope")
+    return 8 * b * s + 8 * s * (spec.position == "learned") + rope
 
 
 def head_activation_bytes(spec: TransformerSpec, b, s, *, tp=1, sp=False, bytes_per_elem=2,
@@ -136,7 +141,8 @@ def head_activation_bytes(spec: TransformerSpec, b, s, *, tp=1, sp=False, bytes_
     t = b * s
     h = spec.hidden
     rms = spec.norm == "rmsnorm"
-    norm = (t * h * r * (1 + rms) + t * 4 * (1 if rms else 2)) * spec.final_norm
+    norm_in = 4 if rms else r
+    norm = (t * h * norm_in + t * h * 4 * rms + t * 4 * (1 if rms else 2)) * spec.final_norm
     return (norm + t * h * c) / _sp_divisor(tp, sp)
 
 
@@ -162,7 +168,8 @@ def model_activation_bytes(spec: TransformerSpec, b, s, *, tp=1, sp=False, recom
     """Whole model on one device (no pipeline): embedding + all blocks + head + loss."""
     kw = dict(tp=tp, sp=sp, recompute=recompute, flash=flash, dropout=dropout, bytes_per_elem=bytes_per_elem,
               residual_bytes_per_elem=residual_bytes_per_elem)
-    return (embedding_activation_bytes(spec, b, s) + spec.layers * block_activation_bytes(spec, b, s, **kw)
+    r = bytes_per_elem if residual_bytes_per_elem is None else residual_bytes_per_elem
+    return (embedding_activation_bytes(spec, b, s, residual_bytes_per_elem=r) + spec.layers * block_activation_bytes(spec, b, s, **kw)
             + spec.encoder_layers * encoder_block_activation_bytes(spec, b, s, **kw)
             + head_activation_bytes(spec, b, s, tp=tp, sp=sp, bytes_per_elem=bytes_per_elem,
                                     residual_bytes_per_elem=residual_bytes_per_elem)

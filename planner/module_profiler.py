@@ -49,7 +49,7 @@ import torch.nn.functional as TF
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
-from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count, shape_wrapper
 
 from planner.errors import ConfigError
 from planner.profiler import RECOMPUTE_MODES, LayerProfile, ModelProfile
@@ -100,19 +100,19 @@ class ModuleSpec:
 
 # --- flash attention on meta -------------------------------------------------------------------
 
-def _flash_fwd_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
-    return sdpa_flop_count(query.shape, key.shape, value.shape)
+def _flash_fwd_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-def _flash_bwd_flops(grad_out, query, key, value, *args, out_val=None, **kwargs) -> int:
-    return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+def _flash_bwd_flops(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 
 CPU_FLASH_FLOPS = {
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _flash_fwd_flops,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _flash_bwd_flops,
 }
-"""FLOP formulas for the CPU flash ops (FlopCounterMode(custom_mapping=CPU_FLASH_FLOPS) counts them)."""
+"""FLOP formulas (on shapes) for the CPU flash ops: FlopCounterMode(custom_mapping=CPU_FLASH_FLOPS)."""
 
 
 class _FlashAttention(torch.autograd.Function):
@@ -209,7 +209,7 @@ class _UnitFlops(TorchDispatchMode):
         self.tracker = tracker
         self.forward: dict[str, float] = defaultdict(float)
         self.backward: dict[str, float] = defaultdict(float)
-        self.registry = dict(flop_registry) | CPU_FLASH_FLOPS
+        self.registry = dict(flop_registry) | {op: shape_wrapper(f) for op, f in CPU_FLASH_FLOPS.items()}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -342,34 +342,41 @@ def _checkpointed_blocks(units: list[tuple[str, nn.Module, str]]):
             del module.forward
 
 
+def measure_step(model: nn.Module, inputs: tuple, loss_fn, units: list[tuple[str, nn.Module, str]] | None = None) -> dict:
+    """One forward+backward of `model` as it is: per-unit saved bytes and forward/backward FLOPs.
+    Returns {"saved": {unit: bytes}, "flops_fwd": {unit: flops}, "flops_bwd": {unit: flops}}."""
+    units = find_units(model) if units is None else units
+    tracker = _UnitTracker({name: module for name, module, _ in units})
+    saved = SavedTensors(model, tracker)
+    counter = _UnitFlops(tracker)
+    try:
+        with counter, warnings.catch_warnings():
+            # Units whose inputs need no grad (the embedding) still get their backward pre-hook.
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            with saved.hooks():
+                out = model(*inputs)
+                loss = loss_fn(out)
+            loss.backward()
+    finally:
+        tracker.close()
+    model.zero_grad(set_to_none=True)
+    return {"saved": dict(saved.bytes), "flops_fwd": dict(counter.forward), "flops_bwd": dict(counter.backward)}
+
+
 def measure(model: nn.Module, inputs: tuple, loss_fn, *, flash: bool = True) -> dict:
     """Per-unit FLOPs (forward, backward, recompute) and saved bytes (none/selective/full) of one
     training step of `model` on `inputs` (any device; meta allocates nothing)."""
     units = find_units(model)
-    unit_modules = {name: module for name, module, _ in units}
     result: dict = {"units": units, "saved": {}, "flops_fwd": {}, "flops_bwd": {}, "recompute": {}}
     for mode in RECOMPUTE_MODES:
-        tracker = _UnitTracker(unit_modules)
-        saved = SavedTensors(model, tracker)
-        counter = _UnitFlops(tracker)
         blocks = _checkpointed_blocks(units) if mode == "full" else contextlib.nullcontext()
-        try:
-            with _patched_sdpa(flash=flash, selective=mode == "selective"), blocks, counter, warnings.catch_warnings():
-                # Units whose inputs need no grad (the embedding) still get their backward pre-hook.
-                warnings.filterwarnings("ignore", message="Full backward hook is firing")
-                with saved.hooks():
-                    out = model(*inputs)
-                    loss = loss_fn(out)
-                loss.backward()
-        finally:
-            tracker.close()
-        result["saved"][mode] = dict(saved.bytes)
+        with _patched_sdpa(flash=flash, selective=mode == "selective"), blocks:
+            step = measure_step(model, inputs, loss_fn, units)
+        result["saved"][mode] = step["saved"]
         if mode == "none":
-            result["flops_fwd"] = dict(counter.forward)
-            result["flops_bwd"] = dict(counter.backward)
-        result["recompute"][mode] = {name: counter.backward.get(name, 0.0) - result["flops_bwd"].get(name, 0.0)
-                                     for name in set(counter.backward) | set(result["flops_bwd"])}
-        model.zero_grad(set_to_none=True)
+            result["flops_fwd"], result["flops_bwd"] = step["flops_fwd"], step["flops_bwd"]
+        result["recompute"][mode] = {name: step["flops_bwd"].get(name, 0.0) - result["flops_bwd"].get(name, 0.0)
+                                     for name in set(step["flops_bwd"]) | set(result["flops_bwd"])}
     return result
 
 

@@ -131,7 +131,7 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
     c, r = A.precision_bytes(precision)
     act = dict(tp=tp, sp=sp, flash=flash, bytes_per_elem=c, residual_bytes_per_elem=r)
     layers: list[LayerProfile] = []
-    emb_act = A.embedding_activation_bytes(spec, b, s)
+    emb_act = A.embedding_activation_bytes(spec, b, s, residual_bytes_per_elem=r)
     layers.append(LayerProfile(name="embedding", kind="embedding", params=P.embedding_params(spec), flops_fwd=0.0,
                                flops_bwd=0.0, activation_bytes={m: int(emb_act) for m in RECOMPUTE_MODES},
                                recompute_flops={m: 0.0 for m in RECOMPUTE_MODES}))
