@@ -250,9 +250,10 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     gemm_w_block = P.block_matmul_weights(spec) / tp
     head_w = spec.vocab * spec.hidden / tp
     full = rc == RECOMPUTE.index("full")
-    zero3_live = np.where(zero >= 3, 2.0 * block_p / tp * pb, 0.0)    # gathered block in use + prefetched
 
     def rank_peak(n_params, n_blocks, acts, is_last, is_first):
+        # ZeRO-3 gathers the block in use and the one prefetched (the rest of each stays sharded).
+        zero3_live = np.where(zero >= 3, np.minimum(2.0, n_blocks) * block_p / tp * pb * (1.0 - 1.0 / dp), 0.0)
         params_b = M.zero_sharded(n_params * pb, dp, zero, 3) + zero3_live
         grads_b = M.zero_sharded(n_params * gb, dp, zero, 2)
         opt_b = np.where(off_opt, 0.0, M.zero_sharded(n_params * ob, dp, zero, 1))

@@ -1,11 +1,118 @@
-"""`planner estimate` (being built; see the open issue)."""
+"""`planner estimate MODEL --hardware HW --gpus N|--nodes K --dp D --tp T --pp P [...]`: one configuration.
+
+A thin shell over `planner.estimate.estimate`: the rich tables (stderr) and the `--json` plan
+document (stdout) are printed from the same Estimate. A configuration that does not fit is still
+evaluated (exit 0, fits false); bad input is one line on stderr and exit 2.
+"""
 from __future__ import annotations
+
+import math
+from typing import Annotated, Optional
 
 import typer
 
+from planner.commands.common import (GlobalBatchOpt, GpusOpt, HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
+                                     NodesOpt, OptimizerOpt, PrecisionOpt, SeqOpt, emit_json)
 from planner.errors import ConfigError
 
+DegreeOpt = lambda flag, what: Annotated[int, typer.Option(flag, min=1, help=what)]  # noqa: E731
+ScheduleOpt = Annotated[Optional[str], typer.Option(
+    "--schedule", help="gpipe, 1f1b, interleaved-1f1b or zero-bubble (default: 1f1b, interleaved with --virtual-stages > 1).")]
+VirtualOpt = Annotated[int, typer.Option("--virtual-stages", min=1, help="Model chunks per pipeline rank (interleaved-1f1b).")]
+ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3, help="ZeRO stage 0, 1, 2 or 3 (sharded over dp).")]
+RecomputeOpt = Annotated[str, typer.Option("--recompute", help="none, selective or full.")]
+OffloadOpt = Annotated[str, typer.Option("--offload", help="none, optimizer or activations.")]
+SpOpt = Annotated[bool, typer.Option("--sequence-parallel", help="Megatron sequence parallelism over the tp group.")]
+PlacementOpt = Annotated[str, typer.Option("--placement", help="Order of D, P, T; the right-most letter gets adjacent ranks.")]
+ImplOpt = Annotated[str, typer.Option("--impl", help="megatron (fused kernels) or eager (PyTorch / Hugging Face modules).")]
+FlashOpt = Annotated[bool, typer.Option("--flash/--no-flash", help="Fused (flash) attention, or a materialized softmax.")]
+DropoutOpt = Annotated[bool, typer.Option("--dropout", help="Dropout layers active (masks saved, extra kernels).")]
 
-def estimate(args: list[str] = typer.Argument(None)) -> None:
-    """Not available yet in this build."""
-    raise ConfigError("command", "estimate", "a command of this build; 'estimate' is not built yet")
+
+def world_size(hw, gpus: int | None, nodes: int | None) -> int:
+    """--gpus N, or --nodes K (K x devices per node); exactly one of them."""
+    if gpus is not None and nodes is not None:
+        if gpus != nodes * hw.devices_per_node:
+            raise ConfigError("gpus", gpus, f"nodes({nodes}) x devices_per_node({hw.devices_per_node}) = "
+                              f"{nodes * hw.devices_per_node}, or give only one of --gpus/--nodes")
+        return gpus
+    if gpus is None and nodes is None:
+        raise ConfigError("gpus", None, "--gpus N or --nodes K")
+    return gpus if gpus is not None else nodes * hw.devices_per_node
+
+
+def default_global_batch(gpus: int, seq: int, per_step: int) -> int:
+    """About 2M tokens (planner.search's default), a multiple of dp * micro_batch."""
+    from planner.search import default_global_batch as default
+
+    g = default(gpus, seq)
+    return per_step * math.ceil(g / per_step)
+
+
+def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes: NodesOpt = None,
+             dp: DegreeOpt("--dp", "Data-parallel degree.") = 1, tp: DegreeOpt("--tp", "Tensor-parallel degree.") = 1,
+             pp: DegreeOpt("--pp", "Pipeline-parallel degree.") = 1, micro_batch: MicroBatchOpt = None,
+             global_batch: GlobalBatchOpt = None, seq: SeqOpt = None, schedule: ScheduleOpt = None,
+             virtual_stages: VirtualOpt = 1, zero: ZeroOpt = 0, recompute: RecomputeOpt = "none",
+             offload: OffloadOpt = "none", sequence_parallel: SpOpt = False, placement: PlacementOpt = "DPT",
+             precision: PrecisionOpt = "amp-bf16", optimizer: OptimizerOpt = "adamw", impl: ImplOpt = "megatron",
+             flash: FlashOpt = True, dropout: DropoutOpt = False, json: JsonOpt = False) -> None:
+    """Predict step time and peak memory of one parallel configuration."""
+    from hardware_profiles import load_profile
+    from planner.estimate import estimate as run_estimate
+    from planner.parallel import ParallelConfig
+    from planner.sources import resolve_model
+
+    hw = load_profile(hardware)
+    n = world_size(hw, gpus, nodes)
+    spec = resolve_model(model, seq=seq)
+    s = seq or spec.seq
+    b = micro_batch or 1
+    g = global_batch or default_global_batch(n, s, dp * b)
+    cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=b, global_batch=g,
+                         schedule=schedule or ("interleaved-1f1b" if virtual_stages > 1 else "1f1b"),
+                         virtual_stages=virtual_stages, zero=zero, recompute=recompute, offload=offload,
+                         sequence_parallel=sequence_parallel, placement=placement, precision=precision,
+                         optimizer=optimizer, seq=s)
+    est = run_estimate(spec, hw, cfg, gpus=n, impl=impl, flash=flash, dropout=dropout)
+    if json:
+        emit_json(est.to_document())
+        return
+    render(est.to_document())
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:,.2f} GiB"
+
+
+def render(doc: dict) -> None:
+    """Time and memory breakdown tables on stderr (stdout stays clean for pipes)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(stderr=True)
+    plan, pred, mem = doc["plan"], doc["prediction"], doc["prediction"]["memory"]
+    console.print(f"[bold]{doc['model']['name']}[/] ({doc['model']['params'] / 1e9:.2f} B params) on "
+                  f"{doc['hardware']['gpus']} x {doc['hardware']['name']}: dp={plan['dp']} tp={plan['tp']} "
+                  f"pp={plan['pp']} mb={plan['micro_batch']} gb={plan['global_batch']} m={plan['num_microbatches']} "
+                  f"{plan['schedule']} v={plan['virtual_stages']} zero={plan['zero']} recompute={plan['recompute']} "
+                  f"sp={plan['sequence_parallel']} {plan['placement']} {plan['precision']}")
+    t = Table(title="time per step")
+    t.add_column("term")
+    t.add_column("seconds", justify="right")
+    t.add_column("share", justify="right")
+    for k, val in pred["time_breakdown_s"].items():
+        t.add_row(k, f"{val:.4f}", "" if k.endswith("of_compute") else f"{val / pred['step_time_s'] * 100:.1f}%")
+    t.add_row("[bold]step", f"[bold]{pred['step_time_s']:.4f}", "")
+    console.print(t)
+    mt = Table(title="memory per GPU (peak rank)")
+    mt.add_column("term")
+    mt.add_column("bytes", justify="right")
+    for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes"):
+        mt.add_row(k.removesuffix("_bytes"), _gib(mem[k]))
+    mt.add_row("[bold]peak", f"[bold]{_gib(mem['peak_bytes_per_gpu'])}")
+    mt.add_row("capacity", _gib(mem["capacity_bytes"]))
+    console.print(mt)
+    fit = "[green]fits" if mem["fits"] else "[red]does NOT fit"
+    console.print(f"{fit}[/]; {pred['tokens_per_s']:,.0f} tokens/s, {pred['tflops_per_gpu']:.1f} TFLOP/s per GPU, "
+                  f"MFU {pred['mfu'] * 100:.1f}%")

@@ -1,0 +1,62 @@
+"""Compute model: GEMM efficiency saturates with size; the whole step never slows with a faster machine."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from cost_models import compute as K
+from hardware_profiles import load_profile
+from planner.score import CandidateArrays, score
+from planner.spec import TransformerSpec
+
+H100 = load_profile("dgx-h100")
+A100 = load_profile("dgx-a100-80g")
+GPT = TransformerSpec(name="gpt-1.3b", layers=24, hidden=2048, heads=16, vocab=51200, seq=2048)
+
+
+def test_gemm_efficiency_saturates_in_size():
+    sizes = np.array([256, 512, 1024, 2048, 4096, 8192, 16384])
+    t = K.gemm_seconds(sizes, sizes, sizes, hw=H100, precision="amp-bf16")
+    achieved = 2.0 * sizes**3 / t / (K.peak_flops(H100, "amp-bf16"))
+    assert np.all(np.diff(achieved) > 0)
+    assert achieved[-1] <= K.eff(H100, "gemm_efficiency_max") + 1e-9
+    assert achieved[0] < 0.2 * achieved[-1]
+
+
+def test_h100_gemm_measurements_within_15_percent():
+    # shapes above the host-dispatch floor of shared/validation/h100_train_steps.jsonl
+    rows = [(8192, 8192, 8192, 787.9), (16384, 4096, 4096, 713.0), (16384, 16384, 4096, 712.4),
+            (16384, 4096, 16384, 690.4), (4096, 2048, 2048, 570.3)]
+    for m, n, k, tflops in rows:
+        predicted = 2 * m * n * k / float(K.gemm_seconds(m, n, k, hw=H100, precision="amp-bf16")) / 1e12
+        assert abs(predicted / tflops - 1) < 0.15, (m, n, k, predicted, tflops)
+
+
+def _cands():
+    n = 12
+    r = np.random.default_rng(1)
+    tp = r.choice([1, 2, 4, 8], n)
+    pp = r.choice([1, 2, 4], n)
+    return CandidateArrays(dp=64 // (tp * pp), tp=tp, pp=pp, micro_batch=r.choice([1, 2], n),
+                           virtual_stages=np.ones(n, int), zero=r.integers(0, 4, n), recompute=r.integers(0, 3, n),
+                           offload=r.integers(0, 3, n), sequence_parallel=r.integers(0, 2, n).astype(bool),
+                           schedule=r.integers(0, 2, n), placement=r.integers(0, 6, n))
+
+
+FIELDS = ["memory_bandwidth_GBps", "intra_node_GBps_per_device", "inter_node_Gbps_per_node", "host_device_GBps"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(field=st.sampled_from(FIELDS + ["peak_tflops"]), factor=st.floats(1.0, 8.0),
+       impl=st.sampled_from(["megatron", "eager"]), hw=st.sampled_from([A100, H100]))
+def test_more_bandwidth_or_flops_is_never_slower(field, factor, impl, hw):
+    if field == "peak_tflops":
+        faster = dataclasses.replace(hw, peak_tflops={k: v * factor for k, v in hw.peak_tflops.items()})
+    else:
+        faster = dataclasses.replace(hw, **{field: getattr(hw, field) * factor})
+    c = _cands()
+    slow = score(GPT, hw, c, global_batch=256, seq=2048, impl=impl).step_time_s
+    fast = score(GPT, faster, c, global_batch=256, seq=2048, impl=impl).step_time_s
+    assert np.all(fast <= slow * (1 + 1e-9))

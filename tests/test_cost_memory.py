@@ -1,0 +1,88 @@
+"""Memory model: Korthikanti et al. 2022 golden counts, state bytes, ZeRO and micro-batch properties."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from cost_models import memory as M
+from cost_models.blocks import block_table
+from hardware_profiles import load_profile
+from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES
+from planner.placement import PLACEMENTS
+from planner.score import CandidateArrays, score
+from planner.spec import TransformerSpec
+
+GPT = TransformerSpec(name="gpt-22b", layers=48, hidden=6144, heads=64, vocab=51200, seq=2048)
+HW = load_profile("dgx-a100-80g")
+
+
+def test_korthikanti_eq1_34_plus_5as_over_h():
+    # Korthikanti et al. 2022, eq. 1: activations per layer = s b h (34 + 5 a s / h) bytes (fp16, dropout)
+    s, h, a = 2048, GPT.hidden, GPT.heads
+    t = block_table(GPT, "amp-fp16", "megatron", flash=False, dropout=True)
+    assert float(t.saved.at(1, False, s)) == pytest.approx(h * (34 + 5 * a * s / h))
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_korthikanti_tensor_and_sequence_parallel(tp):
+    s, h, a = 2048, GPT.hidden, GPT.heads
+    t = block_table(GPT, "amp-fp16", "megatron", flash=False, dropout=True)
+    # eq. 2 (TP): s b h (10 + 24/t + 5 a s /(h t)); eq. 4 (TP + SP): s b h / t (34 + 5 a s / h)
+    assert float(t.saved.at(tp, False, s)) == pytest.approx(h * (10 + 24 / tp + 5 * a * s / (h * tp)))
+    assert float(t.saved.at(tp, True, s)) == pytest.approx(h / tp * (34 + 5 * a * s / h))
+    # selective recompute drops the 5 a s / h term; full recompute keeps 2 s b h (the block input)
+    assert float(t.saved.at(tp, True, s) - t.scores_saved.at(tp, True, s)) == pytest.approx(34 * h / tp)
+    assert float(t.saved_full_recompute.at(tp, False, s)) == pytest.approx(2 * h)
+
+
+def test_state_bytes_per_param():
+    assert sum(M.state_bytes_per_param("amp-bf16", "adamw", "eager")) == 16       # PyTorch AMP
+    assert sum(M.state_bytes_per_param("amp-fp16", "adamw", "megatron")) == 18    # Megatron mixed precision
+    assert sum(M.state_bytes_per_param("bf16", "adamw", "eager")) == 8            # pure bf16: 2 + 2 + 4
+    assert sum(M.state_bytes_per_param("fp32", "adamw", "megatron")) == 16
+
+
+def _cands(n, **over):
+    base = dict(dp=np.full(n, 4), tp=np.full(n, 2), pp=np.full(n, 2), micro_batch=np.full(n, 1),
+                virtual_stages=np.ones(n, int), zero=np.zeros(n, int), recompute=np.zeros(n, int),
+                offload=np.zeros(n, int), sequence_parallel=np.zeros(n, bool), schedule=np.full(n, 1),
+                placement=np.zeros(n, int))
+    base.update({k: np.asarray(v) for k, v in over.items()})
+    return CandidateArrays(**base)
+
+
+knobs = dict(dp=st.sampled_from([1, 2, 4, 8]), tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]),
+             recompute=st.integers(0, len(RECOMPUTE) - 1), offload=st.integers(0, len(OFFLOAD) - 1),
+             sp=st.booleans(), schedule=st.integers(0, len(SCHEDULES) - 1), placement=st.integers(0, 5),
+             impl=st.sampled_from(["megatron", "eager"]), precision=st.sampled_from(["amp-bf16", "bf16", "fp32"]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(**knobs)
+def test_zero_stage_k_plus_1_never_uses_more_memory(dp, tp, pp, recompute, offload, sp, schedule, placement, impl,
+                                                    precision):
+    n = 4
+    c = _cands(n, dp=np.full(n, dp), tp=np.full(n, tp), pp=np.full(n, pp), zero=np.arange(4),
+               recompute=np.full(n, recompute), offload=np.full(n, offload), sequence_parallel=np.full(n, sp),
+               schedule=np.full(n, schedule if pp > 1 else 1), placement=np.full(n, placement))
+    peak = score(GPT, HW, c, global_batch=dp * 8, seq=2048, precision=precision, impl=impl).peak_bytes_per_gpu
+    assert np.all(np.diff(peak) <= 1e-6 * peak[:-1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(**knobs, m=st.sampled_from([1, 2, 8]))
+def test_memory_never_falls_when_the_micro_batch_grows(dp, tp, pp, recompute, offload, sp, schedule, placement,
+                                                       impl, precision, m):
+    mbs = np.array([1, 2, 4, 8])
+    for fixed_global in (True, False):
+        if fixed_global and impl == "eager":
+            continue   # eager frees grads between steps: m -> 1 legitimately drops them from the forward peak
+        gb = dp * 8 * m if fixed_global else None
+        peaks = []
+        for mb in mbs:
+            c = _cands(1, dp=[dp], tp=[tp], pp=[pp], micro_batch=[mb], recompute=[recompute], offload=[offload],
+                       sequence_parallel=[sp], schedule=[schedule if pp > 1 else 1], placement=[placement])
+            peaks.append(float(score(GPT, HW, c, global_batch=gb or dp * mb * m, seq=2048, precision=precision,
+                                     impl=impl).peak_bytes_per_gpu[0]))
+        assert all(b >= a * (1 - 1e-9) for a, b in zip(peaks, peaks[1:])), peaks

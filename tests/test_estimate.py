@@ -1,0 +1,112 @@
+"""estimate(): validation, the plan document, uneven stages, scalar == vectorized, scorer speed."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from hardware_profiles import load_profile
+from planner.errors import ConfigError
+from planner.estimate import candidate_of, estimate
+from planner.parallel import ParallelConfig
+from planner.score import CandidateArrays, score
+from planner.sources import resolve_model
+
+HW = load_profile("dgx-a100-80g")
+GPT3 = resolve_model("gpt3-175b")
+
+
+def cfg(**kw):
+    base = dict(dp=1, tp=8, pp=8, micro_batch=1, global_batch=64, seq=2048, precision="amp-fp16")
+    base.update(kw)
+    return ParallelConfig(**base)
+
+
+def test_plan_document_has_the_contract_keys():
+    doc = estimate(GPT3, HW, cfg(), gpus=64).to_document()
+    assert doc["schema_version"] == "1"
+    assert {"name", "params"} <= set(doc["model"]) and {"name", "gpus", "nodes"} <= set(doc["hardware"])
+    assert doc["hardware"]["nodes"] == 8
+    plan = doc["plan"]
+    for key in ("dp", "tp", "pp", "micro_batch", "global_batch", "num_microbatches", "schedule", "virtual_stages",
+                "zero", "recompute", "offload", "sequence_parallel", "placement", "precision", "seq", "stages"):
+        assert key in plan
+    assert plan["num_microbatches"] == 64 and sum(plan["stages"]) == 96
+    pred = doc["prediction"]
+    for key in ("step_time_s", "samples_per_s", "tokens_per_s", "tflops_per_gpu", "mfu"):
+        assert pred[key] > 0
+    mem = pred["memory"]
+    assert mem["peak_bytes_per_gpu"] == (mem["params_bytes"] + mem["grads_bytes"] + mem["optimizer_bytes"]
+                                         + mem["activations_bytes"] + mem["other_bytes"]) or \
+        abs(mem["peak_bytes_per_gpu"] - sum(mem[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
+                                                              "activations_bytes", "other_bytes"))) <= 5
+    assert {"compute", "tp_comm", "dp_comm", "pp_p2p", "bubble"} <= set(pred["time_breakdown_s"])
+    # tokens/s and the model-FLOPs definition (6 N tokens + attention, Narayanan eq. 3 with 72)
+    assert pred["tokens_per_s"] == pytest.approx(64 * 2048 / pred["step_time_s"])
+
+
+def test_model_flops_match_narayanan_eq3_with_72():
+    est = estimate(GPT3, HW, cfg(), gpus=64)
+    B, s, l, h, V = 64, 2048, 96, 12288, GPT3.vocab
+    expected = 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))
+    assert est.scores.model_flops_per_step == pytest.approx(expected, rel=1e-3)
+
+
+def test_scalar_equals_vectorized():
+    configs = [cfg(), cfg(recompute="selective", sequence_parallel=True), cfg(schedule="interleaved-1f1b",
+               virtual_stages=3), cfg(dp=2, pp=4, zero=2, micro_batch=2), cfg(dp=8, tp=2, pp=4, zero=3),
+               cfg(dp=4, tp=4, pp=4, placement="TPD", offload="optimizer")]
+    singles = [estimate(GPT3, HW, c, gpus=64) for c in configs]
+    arrays = [candidate_of(c, GPT3.total_blocks) for c in configs]
+    stacked = CandidateArrays(**{f: np.concatenate([getattr(a, f) for a in arrays])
+                                 for f in CandidateArrays.__slots__})
+    # one vectorized call with all candidates (same global batch is needed for one call)
+    many = score(GPT3, HW, stacked, global_batch=64, seq=2048, precision="amp-fp16")
+    for i, est in enumerate(singles):
+        assert many.step_time_s[i] == pytest.approx(est.step_time_s, rel=1e-12)
+        assert many.peak_bytes_per_gpu[i] == pytest.approx(est.peak_bytes_per_gpu, abs=1)
+
+
+def test_uneven_stages_move_load_and_memory():
+    even = estimate(GPT3, HW, cfg(pp=8), gpus=64)
+    heavy_first = estimate(GPT3, HW, cfg(pp=8, stages=(20,) + (11,) * 6 + (10,)), gpus=64)
+    assert heavy_first.step_time_s > even.step_time_s
+    assert heavy_first.peak_bytes_per_gpu > even.peak_bytes_per_gpu
+
+
+def test_a_config_that_does_not_fit_is_still_evaluated():
+    est = estimate(GPT3, HW, ParallelConfig(dp=8, global_batch=8, seq=2048), gpus=8)
+    assert not est.fits and est.step_time_s > 0
+    assert est.to_document()["prediction"]["memory"]["fits"] is False
+
+
+@pytest.mark.parametrize("bad, field", [
+    (dict(config=cfg(dp=2), gpus=64), "dp*tp*pp"),
+    (dict(config=cfg(tp=5, pp=1, dp=1), gpus=5), "tp"),
+    (dict(config=cfg(tp=1, pp=128, dp=1, global_batch=128), gpus=128), "pp"),
+    (dict(config=cfg(pp=2, stages=(40, 40)), gpus=16), "stages"),
+])
+def test_invalid_configurations_raise_config_error(bad, field):
+    with pytest.raises(ConfigError) as err:
+        estimate(GPT3, HW, bad["config"], gpus=bad["gpus"])
+    assert err.value.field == field
+
+
+def test_scores_100k_candidates_fast():
+    n = 100_000
+    r = np.random.default_rng(0)
+    tp = r.choice([1, 2, 4, 8], n)
+    pp = r.choice([1, 2, 4, 8, 16], n)
+    c = CandidateArrays(dp=1024 // (tp * pp), tp=tp, pp=pp, micro_batch=r.choice([1, 2, 4], n),
+                        virtual_stages=np.ones(n, int), zero=r.integers(0, 4, n), recompute=r.integers(0, 3, n),
+                        offload=r.integers(0, 3, n), sequence_parallel=r.integers(0, 2, n).astype(bool),
+                        schedule=r.integers(0, 2, n), placement=r.integers(0, 6, n))
+    score(GPT3, HW, c.__class__(**{f: getattr(c, f)[:10] for f in ("dp", "tp", "pp", "micro_batch",
+          "virtual_stages", "zero", "recompute", "offload", "sequence_parallel", "schedule", "placement")}),
+          global_batch=4096, seq=2048)
+    t0 = time.perf_counter()
+    s = score(GPT3, HW, c, global_batch=4096, seq=2048)
+    elapsed = time.perf_counter() - t0
+    assert np.all(np.isfinite(s.step_time_s)) and np.all(s.peak_bytes_per_gpu > 0)
+    assert elapsed < 3.0   # ~0.5 s on the 2-core CI machine; generous bound for shared runners
