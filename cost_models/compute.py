@@ -28,6 +28,7 @@ for matmul)."""
 
 DEFAULTS = {
     "gemm_efficiency_max": 0.72,
+    "gemm_efficiency_max_fp32": 0.72,
     "gemm_fixed_us": 12.0,
     "flash_attention_efficiency": 0.35,
     "elementwise_bandwidth_fraction": 1.0,
@@ -54,10 +55,18 @@ def memory_Bps(hw: HardwareProfile) -> float:
     return hw.memory_bandwidth_GBps * 1e9 * eff(hw, "elementwise_bandwidth_fraction")
 
 
+def gemm_efficiency_max(hw: HardwareProfile, precision: str) -> float:
+    """Large-GEMM fraction of peak: tensor cores (fp16/bf16), or the SIMT fp32 units when TF32 is off
+    (a different unit, its own parameter)."""
+    if precision == "fp32":
+        return float(hw.efficiency.get("gemm_efficiency_max_fp32", eff(hw, "gemm_efficiency_max")))
+    return eff(hw, "gemm_efficiency_max")
+
+
 def gemm_seconds(m, n, k, batch=1, *, hw: HardwareProfile, precision: str, elem_bytes: float = 2.0):
     """One (batched) GEMM kernel: max(F / (P e_max) + t0, (m k + k n + m n) batch bytes / BW)."""
     flops = 2.0 * m * n * k * batch
-    compute = flops / (peak_flops(hw, precision) * eff(hw, "gemm_efficiency_max")) + eff(hw, "gemm_fixed_us") * 1e-6
+    compute = flops / (peak_flops(hw, precision) * gemm_efficiency_max(hw, precision)) + eff(hw, "gemm_fixed_us") * 1e-6
     traffic = (m * k + k * n + m * n) * batch * elem_bytes / memory_Bps(hw)
     return np.maximum(compute, traffic)
 

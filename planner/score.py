@@ -276,7 +276,8 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
 
     # ---- step -------------------------------------------------------------------------------------------
     step = ideal + bubble + pp_p2p + dp_comm + opt_s + act_offload_s
-    kernels = m * (blocks / pp) * table.kernels_fwd * 3.0 + head.kernels
+    # host operator launches: forward, backward (about 2 per forward op), forward again when recomputing
+    kernels = m * (blocks / pp) * table.kernels_fwd * (3.0 + full) + head.kernels
     step = np.maximum(step, K.dispatch_seconds(kernels, hw))
     capacity = float(hw.memory_bytes)
     mflops = float(model_flops_per_step(spec, global_batch * seq, seq=seq))
