@@ -3,8 +3,9 @@
 Every row is a GPT run on NVIDIA Selene (DGX A100 80GB, profile `dgx-a100-80g`) with the exact
 configuration of its paper; the planner predicts it with `estimate(impl='megatron')`. These runs
 predate flash attention in Megatron (fused scale-mask-softmax, dropout 0.1 on attention and
-residuals), so `flash=False, dropout=True`: a property of the software the rows ran, the same for
-every row. Prints a table and the summary errors; `--loo` also prints the leave-one-out check of the
+residuals), and Megatron-LM's local DDP reduced gradients after the backward, so `flash=False,
+dropout=True, overlap_grad_reduce=False`: properties of the software the rows ran, the same for every
+row. Prints a table and the summary errors; `--loo` also prints the leave-one-out check of the
 fitted parameters (benchmarks/calibrate.py); writes benchmarks/results/accuracy_published.json.
 
 Run: .venv/bin/python benchmarks/accuracy_published.py [--loo]
@@ -50,7 +51,8 @@ def config_of(row: dict) -> ParallelConfig:
 
 
 def predict(row: dict, hw):
-    return estimate(spec_of(row), hw, config_of(row), gpus=row["gpus"], impl="megatron", flash=False, dropout=True)
+    return estimate(spec_of(row), hw, config_of(row), gpus=row["gpus"], impl="megatron", flash=False, dropout=True,
+                    overlap_grad_reduce=False)
 
 
 def evaluate(rows: list[dict], hw) -> dict:

@@ -132,7 +132,7 @@ def candidate_of(cfg: ParallelConfig, blocks: int) -> CandidateArrays:
 
 
 def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int, impl: str = "megatron",
-             flash: bool = True, dropout: bool = False) -> Estimate:
+             flash: bool = True, dropout: bool = False, overlap_grad_reduce: bool = True) -> Estimate:
     """Validate `cfg` for `model` on `gpus` devices of `hw` and predict its step time and memory.
 
     A configuration that does not fit in memory is still evaluated (`fits` False). Raises
@@ -151,5 +151,6 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
     if cfg.stages and min(cfg.stages) < 1:
         raise ConfigError("stages", list(cfg.stages), "at least one block per stage")
     scores = score(model, hw, candidate_of(cfg, model.total_blocks), global_batch=cfg.global_batch, seq=cfg.seq,
-                   precision=cfg.precision, optimizer=cfg.optimizer, impl=impl, flash=flash, dropout=dropout)
+                   precision=cfg.precision, optimizer=cfg.optimizer, impl=impl, flash=flash, dropout=dropout,
+                   overlap_grad_reduce=overlap_grad_reduce)
     return Estimate(model=model, hardware=hw, config=cfg, gpus=gpus, impl=impl, scores=scores)

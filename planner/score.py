@@ -113,12 +113,15 @@ def _layers(cands: CandidateArrays, blocks: int):
 
 def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, global_batch: int, seq: int,
           precision: str = "amp-bf16", optimizer: str = "adamw", impl: str = "megatron", flash: bool = True,
-          dropout: bool = False) -> Scores:
+          dropout: bool = False, overlap_grad_reduce: bool = True) -> Scores:
     """Step time and peak memory of every candidate (see the module docstring).
 
     impl: 'megatron' (fused kernels, Korthikanti's activation counts, 18-byte mixed-precision
     states) or 'eager' (PyTorch eager / Hugging Face modules under autocast). flash: fused
     attention (False: Megatron 2022's materialized softmax). dropout: dropout layers active.
+    overlap_grad_reduce: the data-parallel reduction runs in buckets during the last backward
+    (PyTorch DDP, FSDP, Megatron-core's --overlap-grad-reduce); False: after the backward (Megatron-LM
+    2021-22's local DDP), fully exposed.
     """
     if not isinstance(model, TransformerSpec):
         raise ConfigError("model", getattr(model, "name", type(model).__name__),
@@ -215,7 +218,7 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     t_dp = C.group_collective_seconds("allreduce", grad_comm, dp, local["D"], hw)
     tail = np.minimum(1.0, DDP_BUCKET_BYTES / np.maximum(grad_comm, 1.0))
     last_bwd = most * (layer_b + rec + tp_b + tp_rec)
-    exposed = np.maximum(t_dp - (1 - tail) * last_bwd, tail * t_dp)
+    exposed = np.maximum(t_dp - (1 - tail) * last_bwd, tail * t_dp) if overlap_grad_reduce else t_dp
     gather = C.group_collective_seconds("allgather", params_rank * c, dp, local["D"], hw)
     z3_extra = np.maximum(0.0, m * 2.0 * gather - m * most * per_block)
     dp_comm = np.where(dp > 1, exposed + np.where(zero >= 3, z3_extra, 0.0), 0.0)
