@@ -75,6 +75,22 @@ def _describe(rank: int, code: int, workdir: Path) -> str:
     return f"rank {rank} failed {where}: {err}"
 
 
+def _stalest_live_rank(procs: list[subprocess.Popen], workdir: Path, *, exclude: int) -> str:
+    """', rank R (alive, last heartbeat N s ago at step S) looks hung' for the live rank that has
+    been silent longest, when it has been silent for over 2 s; '' otherwise."""
+    now, best = time.time(), None
+    for r, p in enumerate(procs):
+        beat = read_heartbeat(workdir, r)
+        if r == exclude or p.poll() is not None or beat is None:
+            continue
+        age = now - beat["time"]
+        if age > 2.0 and (best is None or age > best[1]):
+            best = (r, age, beat.get("step", -1))
+    if best is None:
+        return ""
+    return f" (rank {best[0]} is alive but silent for {best[1]:.0f} s since step {best[2]}: it looks hung)"
+
+
 def stop_all(procs: list[subprocess.Popen], grace_s: float = 3.0) -> None:
     """SIGTERM every live worker's process group, SIGKILL what is left after `grace_s`."""
     for p in procs:
@@ -106,8 +122,9 @@ def watch(procs: list[subprocess.Popen], workdir: Path, *, stall_s: float, poll_
             # a signal death is the cause, peers' connection errors are the consequence
             rank, code = min(bad, key=lambda rc: (rc[1] >= 0, rc[0]))
             t_fail = time.monotonic()
+            suspect = _stalest_live_rank(procs, workdir, exclude=rank)
             stop_all(procs)
-            raise ExecutorError(f"{_describe(rank, code, workdir)}; stopped all {world} ranks "
+            raise ExecutorError(f"{_describe(rank, code, workdir)}{suspect}; stopped all {world} ranks "
                                 f"({time.monotonic() - t_fail:.1f} s after the failure). Logs: {workdir}")
         if all(c == 0 for c in codes):
             return

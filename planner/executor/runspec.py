@@ -92,7 +92,10 @@ def resolve_transformer(name: str, seq: int | None) -> TransformerSpec:
             factory = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as err:
             raise ConfigError("model", name, f"an importable package.module:factory ({err})") from None
-        built = factory()
+        try:
+            built = factory()
+        except Exception as err:  # noqa: BLE001 - a user's factory failing is bad input, named in one line
+            raise ConfigError("model", name, f"a factory callable without arguments ({type(err).__name__}: {err})") from None
         if not isinstance(built, Transformer):
             raise ConfigError("model", name, "a factory returning planner.models.transformer.Transformer "
                               "(the executor parallelizes that model by module name; other nn.Modules "
