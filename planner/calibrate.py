@@ -1,0 +1,498 @@
+"""Measure this machine and fit the physical models the cost models use (`planner hardware calibrate`).
+
+What is measured, by `world_size` local processes running at the same time (so each number is what
+one rank gets while the others work, as in a training step):
+- GEMM rate: `torch.mm` on square matrices of several sizes, per dtype (fp32 and bf16 on CPU;
+  fp32 without TF32, tf32, fp16 and bf16 on CUDA).
+- Memory bandwidth: a large tensor copy, counted as read + write bytes per second.
+- Collectives over torch.distributed (gloo on CPU, NCCL when CUDA is present): all-reduce,
+  all-gather, reduce-scatter over a range of message sizes, and point-to-point ping-pong.
+
+What is fitted (scipy.optimize.least_squares on relative residuals, so that small and large
+messages weigh alike):
+- Collectives, the alpha-beta ring model (Hockney; Thakur, Rabenseifner & Gropp, "Optimization of
+  collective communication operations in MPICH", IJHPCA 2005), written with the nccl-tests
+  bus-bandwidth definitions (nccl-tests doc/PERFORMANCE.md):
+      t(S) = steps(n) * alpha + busfactor(n) * S / B_bus
+  allreduce: steps 2(n-1), busfactor 2(n-1)/n; allgather and reduce-scatter: steps n-1,
+  busfactor (n-1)/n; point-to-point: steps 1, busfactor 1. S is the nccl-tests "size": the
+  all-reduce buffer, the all-gather output, the reduce-scatter input, the p2p message.
+- GEMM, a fixed per-call overhead plus a constant rate (the roofline's compute roof plus launch cost):
+      t(F) = t0 + F / R,   efficiency(F) = (F / t) / R = 1 / (1 + F_half / F),  F_half = t0 * R
+  where F = 2 m n k FLOPs.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from planner.errors import ConfigError
+
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "p2p")
+
+
+# ----------------------------------------------------------------------------------------- models
+
+
+def ring_steps(collective: str, world_size: int) -> int:
+    """Latency terms of the ring algorithm (Thakur et al. 2005): 2(n-1) for all-reduce, n-1 else, 1 for p2p."""
+    n = world_size
+    return {"allreduce": 2 * (n - 1), "allgather": n - 1, "reducescatter": n - 1, "p2p": 1}[collective]
+
+
+def bus_factor(collective: str, world_size: int) -> float:
+    """nccl-tests bus-bandwidth factor (doc/PERFORMANCE.md): busbw = algbw * factor.
+
+    allreduce 2(n-1)/n; allgather and reducescatter (n-1)/n; p2p (sendrecv) 1.
+    """
+    n = world_size
+    return {"allreduce": 2 * (n - 1) / n, "allgather": (n - 1) / n,
+            "reducescatter": (n - 1) / n, "p2p": 1.0}[collective]
+
+
+def collective_seconds(collective: str, world_size: int, size_bytes, alpha_s: float, busbw_Bps: float):
+    """Alpha-beta ring time of one collective on `size_bytes` (scalar or array), seconds."""
+    size = np.asarray(size_bytes, dtype=float)
+    return ring_steps(collective, world_size) * alpha_s + bus_factor(collective, world_size) * size / busbw_Bps
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CollectiveFit:
+    """Fitted alpha-beta parameters of one collective."""
+
+    collective: str
+    world_size: int
+    alpha_us: float
+    """Latency per ring step, microseconds."""
+    busbw_GBps: float
+    """Asymptotic bus bandwidth (nccl-tests definition), GB/s."""
+    rms_rel_error: float
+    """Root-mean-square relative error of the fit over the measured points."""
+    points: int
+
+
+def fit_alpha_beta(collective: str, world_size: int, sizes_bytes, times_s) -> CollectiveFit:
+    """Least-squares fit of `collective_seconds` to measured (size, time) pairs.
+
+    Residuals are relative, (model - t) / t, so that microsecond and second timings count alike;
+    a soft-L1 loss keeps one descheduled sample on a shared machine from dragging the fit.
+    Parameters are scaled to microseconds and seconds-per-GB so that both are of order one.
+    """
+    if collective == "p2p" or world_size < 2:
+        world_size = max(world_size, 2)
+    sizes = np.asarray(sizes_bytes, dtype=float)
+    times = np.asarray(times_s, dtype=float)
+    if sizes.size < 2 or np.any(times <= 0):
+        raise ValueError("need at least two positive timings to fit alpha and beta")
+    steps, factor = ring_steps(collective, world_size), bus_factor(collective, world_size)
+
+    def residual(x):
+        alpha_us, s_per_GB = x
+        model = steps * alpha_us * 1e-6 + factor * sizes / 1e9 * s_per_GB
+        return (model - times) / times
+
+    # Linear start: ordinary least squares on the same relative residuals.
+    design = np.stack([steps * 1e-6 / times, factor * sizes / 1e9 / times], axis=1)
+    start, *_ = np.linalg.lstsq(design, np.ones_like(times), rcond=None)
+    start = np.maximum(start, [1e-3, 1e-6])
+    result = least_squares(residual, start, bounds=([0.0, 1e-9], [np.inf, np.inf]), loss="soft_l1",
+                           f_scale=0.05, x_scale="jac")
+    alpha_us, s_per_GB = result.x
+    rms = float(np.sqrt(np.mean(residual(result.x) ** 2)))
+    return CollectiveFit(collective=collective, world_size=world_size, alpha_us=float(alpha_us),
+                         busbw_GBps=float(1.0 / s_per_GB), rms_rel_error=rms, points=int(sizes.size))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GemmFit:
+    """Fitted GEMM time model t = t0 + F / R for one dtype."""
+
+    dtype: str
+    rate_tflops: float
+    """Asymptotic rate R, TFLOP/s."""
+    overhead_us: float
+    """Fixed per-call cost t0, microseconds."""
+    best_measured_tflops: float
+    """Highest rate seen over the measured shapes, TFLOP/s."""
+    rms_rel_error: float
+    points: int
+
+    @property
+    def half_efficiency_flops(self) -> float:
+        """F_half = t0 * R: the GEMM size (FLOPs) that reaches half the asymptotic rate."""
+        return self.overhead_us * 1e-6 * self.rate_tflops * 1e12
+
+    def efficiency(self, flops):
+        """Fraction of R reached by a GEMM of `flops`: 1 / (1 + F_half / F)."""
+        return 1.0 / (1.0 + self.half_efficiency_flops / np.asarray(flops, dtype=float))
+
+
+def fit_gemm(dtype: str, flops, times_s) -> GemmFit:
+    """Least-squares fit of t = t0 + F/R (relative residuals, t0 >= 0) to measured GEMM times."""
+    flops_arr = np.asarray(flops, dtype=float)
+    times = np.asarray(times_s, dtype=float)
+    if flops_arr.size < 2 or np.any(times <= 0):
+        raise ValueError("need at least two positive timings to fit the GEMM curve")
+
+    def residual(x):
+        overhead_us, s_per_Tflop = x
+        return (overhead_us * 1e-6 + flops_arr / 1e12 * s_per_Tflop - times) / times
+
+    design = np.stack([1e-6 / times, flops_arr / 1e12 / times], axis=1)
+    start, *_ = np.linalg.lstsq(design, np.ones_like(times), rcond=None)
+    start = np.maximum(start, [1e-3, 1e-9])
+    result = least_squares(residual, start, bounds=([0.0, 1e-12], [np.inf, np.inf]), loss="soft_l1",
+                           f_scale=0.05, x_scale="jac")
+    overhead_us, s_per_Tflop = result.x
+    return GemmFit(dtype=dtype, rate_tflops=float(1.0 / s_per_Tflop), overhead_us=float(overhead_us),
+                   best_measured_tflops=float(np.max(flops_arr / times) / 1e12),
+                   rms_rel_error=float(np.sqrt(np.mean(residual(result.x) ** 2))), points=int(flops_arr.size))
+
+
+# ------------------------------------------------------------------------------------ measuring
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    """What one calibration run measures."""
+
+    world_size: int
+    gemm_sizes: tuple[int, ...]
+    """Square GEMM edge lengths (m = n = k)."""
+    copy_bytes: int
+    """Bytes of the tensor copied for the memory-bandwidth measurement (moved: twice that)."""
+    message_bytes: tuple[int, ...]
+    """Collective message sizes (nccl-tests 'size')."""
+    repeats: int
+    """Timed repetitions per point; the median is kept."""
+    target_s: float
+    """Wall time each timed repetition aims at (iterations chosen to reach it)."""
+    max_gemm_s: float
+    """Larger GEMMs of a dtype are skipped once one call takes longer than this (slow dtypes on CPU)."""
+
+
+def make_plan(world_size: int, quick: bool) -> Plan:
+    if quick:
+        return Plan(world_size=world_size, gemm_sizes=(32, 64, 128, 256), copy_bytes=16 << 20,
+                    message_bytes=(1 << 10, 1 << 13, 1 << 16, 1 << 19), repeats=3, target_s=0.01,
+                    max_gemm_s=0.05)
+    return Plan(world_size=world_size, gemm_sizes=(64, 128, 256, 512, 1024, 2048), copy_bytes=256 << 20,
+                message_bytes=tuple(1 << p for p in range(10, 27, 2)), repeats=5, target_s=0.1,
+                max_gemm_s=0.5)
+
+
+def _timed(fn, sync, iters: int) -> float:
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / iters
+
+
+def _worker(rank: int, world_size: int, port: int, backend: str, plan: Plan, out_dir: str) -> None:
+    """One rank: GEMMs, copy, then collectives; writes out_dir/rank<r>.json before teardown."""
+    import torch
+    import torch.distributed as dist
+
+    use_cuda = backend == "nccl"
+    if use_cuda:
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+        sync = torch.cuda.synchronize
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        device = torch.device("cpu")
+        sync = lambda: None  # noqa: E731 - CPU ops are synchronous
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+
+    def agreed_iters(seconds_one: float) -> int:
+        """Iterations to fill target_s, agreed by all ranks (they must run the same collectives): the
+        busiest rank's estimate, the smallest."""
+        want = torch.tensor([max(1, min(10_000, math.ceil(plan.target_s / max(seconds_one, 1e-7))))],
+                            dtype=torch.int64, device=device)
+        dist.all_reduce(want, op=dist.ReduceOp.MIN)  # idle p2p ranks ask for many
+        return int(want.item())
+
+    def measure(fn) -> float:
+        fn()  # warm-up (allocations, algorithm choice, connection setup)
+        iters = agreed_iters(_timed(fn, sync, 1))
+        samples = []
+        for _ in range(plan.repeats):
+            dist.barrier()
+            local = torch.tensor([_timed(fn, sync, iters)], dtype=torch.float64, device=device)
+            dist.all_reduce(local, op=dist.ReduceOp.MAX)  # an op ends when its slowest rank ends
+            samples.append(float(local.item()))
+        return statistics.median(samples)
+
+    result: dict = {"rank": rank, "gemm": {}, "collectives": {}}
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    if use_cuda:
+        dtypes = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    for name, dtype in dtypes.items():
+        if use_cuda:
+            torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+        rows = []
+        for n in plan.gemm_sizes:
+            a = torch.randn(n, n, device=device, dtype=dtype)
+            b = torch.randn(n, n, device=device, dtype=dtype)
+            rows.append([n, n, n, measure(lambda: torch.mm(a, b))])
+            _progress(rank, f"gemm {name} {n}^3: {2 * n ** 3 / rows[-1][3] / 1e9:.2f} GFLOP/s per rank")
+            if rows[-1][3] > plan.max_gemm_s:  # same value on every rank (MAX-reduced): all stop together
+                break
+        result["gemm"][name] = rows
+
+    src = torch.empty(plan.copy_bytes, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    result["copy"] = {"bytes_moved": 2 * plan.copy_bytes, "seconds": measure(lambda: dst.copy_(src))}
+    _progress(rank, f"copy: {result['copy']['bytes_moved'] / result['copy']['seconds'] / 1e9:.2f} GB/s per rank")
+    del src, dst
+
+    n = world_size
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    for coll in COLLECTIVES:
+        rows = []
+        for size in plan.message_bytes:
+            elems = max(n, size // 4 // n * n)  # fp32 elements, divisible by n
+            if coll == "allreduce":
+                buf = torch.ones(elems, device=device)
+                fn = lambda: dist.all_reduce(buf)  # noqa: E731
+            elif coll == "allgather":
+                shard, full = torch.ones(elems // n, device=device), torch.empty(elems, device=device)
+                fn = lambda: gather(full, shard)  # noqa: E731
+            elif coll == "reducescatter":
+                full, shard = torch.ones(elems, device=device), torch.empty(elems // n, device=device)
+                fn = lambda: scatter(shard, full)  # noqa: E731
+            else:
+                buf = torch.ones(elems, device=device)
+                fn = _pingpong(dist, rank, buf)
+            seconds = measure(fn)
+            if coll == "p2p":
+                seconds /= 2.0  # a ping-pong is two one-way messages
+            rows.append([elems * 4, seconds])
+            _progress(rank, f"{coll} {elems * 4} B: {seconds * 1e6:.1f} us")
+        result["collectives"][coll] = rows
+
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _progress(rank: int, line: str) -> None:
+    """One line per measured point on stderr (rank 0 only), so a long calibration shows where it is."""
+    if rank == 0:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _pingpong(dist, rank: int, buf):
+    """Rank 0 sends to 1 and receives back; the other ranks wait (their time is not the p2p time)."""
+    def fn():
+        if rank == 0:
+            dist.send(buf, 1)
+            dist.recv(buf, 1)
+        elif rank == 1:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+    return fn
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_measurements(world_size: int, *, quick: bool = False, backend: str | None = None) -> dict:
+    """Launch `world_size` local ranks, measure, and return the results (each timing: median over
+    repeats of the slowest rank's time per call)."""
+    import torch
+    import torch.multiprocessing as mp
+
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if world_size < 2:
+        raise ConfigError("world-size", world_size, "at least 2 (collectives need two ranks)")
+    if backend == "nccl" and world_size > torch.cuda.device_count():
+        raise ConfigError("world-size", world_size,
+                          f"at most {torch.cuda.device_count()} with NCCL (one GPU per rank on this machine)")
+    plan = make_plan(world_size, quick)
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="planner-calibrate-") as out_dir:
+        port = _free_port()
+        procs = [ctx.Process(target=_worker, args=(r, world_size, port, backend, plan, out_dir), daemon=False)
+                 for r in range(world_size)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        results = []
+        for r, p in enumerate(procs):
+            path = Path(out_dir, f"rank{r}.json")
+            if not path.exists():  # judged by the results written, not teardown (executor-notes)
+                raise RuntimeError(f"calibration rank {r} exited with code {p.exitcode} before writing results")
+            results.append(json.loads(path.read_text()))
+    merged = results[0]  # every timing is already the slowest rank's (MAX-reduced), the same on all ranks
+    merged.update(backend=backend, world_size=world_size, quick=quick, plan=asdict(plan))
+    return merged
+
+
+# ------------------------------------------------------------------------------------ profile
+
+
+def fit_measurements(measured: dict) -> dict:
+    """Fits of every GEMM dtype and collective in `measured` (output of run_measurements)."""
+    n = measured["world_size"]
+    gemm = {}
+    for name, rows in measured["gemm"].items():
+        flops = [2.0 * m * k * nn for m, nn, k, _ in rows]
+        gemm[name] = fit_gemm(name, flops, [row[3] for row in rows])
+    coll = {name: fit_alpha_beta(name, n, [r[0] for r in rows], [r[1] for r in rows])
+            for name, rows in measured["collectives"].items()}
+    return {"gemm": gemm, "collectives": coll}
+
+
+def build_profile(measured: dict, *, name: str, command: str, previous: dict | None = None) -> dict:
+    """The profile document (hardware_profiles file format) for a calibrated local machine.
+
+    `previous`: an existing file at the output path; its `efficiency` keys are kept (the cost
+    models own them), with the keys measured here updated.
+    """
+    import torch
+
+    fits = fit_measurements(measured)
+    n = measured["world_size"]
+    backend = measured["backend"]
+    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    cores = os.cpu_count() or 1
+    threads = max(1, cores // n)
+    copy_GBps = measured["copy"]["bytes_moved"] / measured["copy"]["seconds"] / 1e9
+    p2p, ar = fits["collectives"]["p2p"], fits["collectives"]["allreduce"]
+    link_GBps = p2p.busbw_GBps
+    if backend == "nccl":
+        device = torch.cuda.get_device_name(0)
+        memory_bytes = int(torch.cuda.get_device_properties(0).total_memory)
+        mem_src = "torch.cuda.get_device_properties(0).total_memory"
+    else:
+        device = f"{_cpu_model()} ({cores} cores, {threads} thread(s) per rank), torch {torch.__version__} CPU"
+        memory_bytes = _host_memory_bytes() // n
+        mem_src = f"host MemTotal / {n} ranks (ranks share the host memory)"
+    where = f"measured by `{command}` on {date} ({n} ranks, {backend}; {platform.node() or 'this host'})"
+    gemm_peaks = {k: round(f.best_measured_tflops, 6) for k, f in fits["gemm"].items()}
+    efficiency = dict((previous or {}).get("efficiency", {}))
+    efficiency.update({
+        f"{c}_bus_efficiency": round(fits["collectives"][c].busbw_GBps / link_GBps, 4)
+        for c in ("allreduce", "allgather", "reducescatter")})
+    single_node_note = ("single machine: no network was measured; the inter-node keys repeat the local "
+                        "point-to-point fit so that plans spanning 'nodes' of this profile stay computable")
+    doc = {
+        "schema_version": "1",
+        "name": name,
+        "description": f"This machine as {n} local {backend} ranks, calibrated {date}",
+        "device": device,
+        "devices_per_node": n,
+        "memory_bytes": memory_bytes,
+        "memory_bandwidth_GBps": round(copy_GBps, 3),
+        "peak_tflops": gemm_peaks,
+        "intra_node_interconnect": "loopback TCP (gloo)" if backend == "gloo" else "NCCL intra-node",
+        "intra_node_GBps_per_device": round(link_GBps, 4),
+        "intra_node_latency_us": round(max(p2p.alpha_us, 0.01), 3),
+        "inter_node_interconnect": "none (single machine; loopback figures)",
+        "nics_per_node": 1,
+        "Gbps_per_nic": round(link_GBps * 8, 4),
+        "inter_node_Gbps_per_node": round(link_GBps * 8, 4),
+        "inter_node_latency_us": round(max(p2p.alpha_us, 0.01), 3),
+        "host_device_GBps": round(copy_GBps, 3),
+        "price_usd_per_hour": None,
+        "efficiency": efficiency,
+        "sources": {
+            "device": where, "devices_per_node": f"the number of local ranks calibrated ({n} processes on "
+                                                 f"{cores} cores)",
+            "memory_bytes": f"{mem_src}; {where}",
+            "memory_bandwidth_GBps": f"copy of {measured['copy']['bytes_moved'] // 2} B per rank, all ranks at "
+                                     f"once, read + write bytes per second; {where}",
+            "peak_tflops": "best measured torch.mm rate per rank over the GEMM sizes with all ranks busy "
+                           f"(no datasheet for this device); {where}",
+            "intra_node_GBps_per_device": f"1/beta of the alpha-beta fit of p2p ping-pong; {where}",
+            "intra_node_latency_us": f"alpha of the alpha-beta fit of p2p ping-pong; {where}",
+            "nics_per_node": single_node_note, "Gbps_per_nic": single_node_note,
+            "inter_node_Gbps_per_node": single_node_note, "inter_node_latency_us": single_node_note,
+            "host_device_GBps": "host and device are the same memory on a CPU: the copy bandwidth"
+                                if backend == "gloo" else "not measured: copy bandwidth used as a stand-in",
+            "price_usd_per_hour": "a local machine: no hourly price",
+            "efficiency": "*_bus_efficiency = fitted bus bandwidth of that collective / p2p link bandwidth, "
+                          f"{where}; other keys kept from the previous file",
+        },
+        "calibration": {
+            "command": command, "date": date, "torch": torch.__version__, "backend": backend,
+            "world_size": n, "threads_per_rank": threads if backend == "gloo" else None, "cpu_count": cores,
+            "quick": measured["quick"],
+            "load_average_1min": measured.get("load_average_1min"),
+            "gemm": {k: {**_fit_dict(f), "half_efficiency_flops": f.half_efficiency_flops,
+                         "points_m_n_k_s": measured["gemm"][k]} for k, f in fits["gemm"].items()},
+            "copy": {**measured["copy"], "GBps": copy_GBps},
+            "collectives": {k: {**_fit_dict(f), "points_bytes_s": measured["collectives"][k]}
+                            for k, f in fits["collectives"].items()},
+            "model": "collective t(S) = steps(n)*alpha + busfactor(n)*S/busbw (nccl-tests bus bandwidth); "
+                     "gemm t(F) = t0 + F/R, F = 2mnk",
+        },
+    }
+    return doc
+
+
+def _fit_dict(fit) -> dict:
+    return {k: v for k, v in asdict(fit).items() if k not in ("dtype", "collective")}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "CPU"
+
+
+def _host_memory_bytes() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def calibrate(*, out: Path, world_size: int, quick: bool, name: str, command: str) -> dict:
+    """Measure, fit, write the profile to `out` (keeping its efficiency keys if it exists), return it."""
+    from hardware_profiles.loader import profile_from_dict
+
+    previous = None
+    if out.exists():
+        try:
+            previous = json.loads(out.read_text())
+        except (OSError, json.JSONDecodeError):
+            previous = None
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    measured = run_measurements(world_size, quick=quick)
+    measured["load_average_1min"] = {"before": load_before,
+                                     "after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    doc = build_profile(measured, name=name, command=command, previous=previous)
+    profile_from_dict(doc, origin=str(out))  # what we write must load
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    return doc

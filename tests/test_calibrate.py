@@ -1,0 +1,91 @@
+"""Calibration: the fits recover known parameters, and a real (tiny) run yields a loadable profile."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from hardware_profiles import load_profile
+from planner.calibrate import (bus_factor, collective_seconds, fit_alpha_beta, fit_gemm, ring_steps)
+from planner.cli import app
+
+runner = CliRunner()
+SIZES = np.array([2.0 ** p for p in range(10, 27, 2)])
+
+
+def test_nccl_tests_bus_factors():
+    """nccl-tests doc/PERFORMANCE.md: allreduce 2(n-1)/n, allgather and reducescatter (n-1)/n."""
+    assert bus_factor("allreduce", 8) == pytest.approx(14 / 8)
+    assert bus_factor("allgather", 8) == bus_factor("reducescatter", 8) == pytest.approx(7 / 8)
+    assert bus_factor("p2p", 8) == 1.0
+    assert ring_steps("allreduce", 4) == 6 and ring_steps("allgather", 4) == 3
+
+
+def test_ring_allreduce_time_by_hand():
+    # n=4, 1 GB, 10 us/step, 100 GB/s bus: 6 * 10us + 1.5 * 1e9 / 1e11 = 60us + 15 ms
+    t = collective_seconds("allreduce", 4, 1e9, 10e-6, 100e9)
+    assert float(t) == pytest.approx(60e-6 + 15e-3)
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "allgather", "reducescatter", "p2p"])
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_fit_recovers_alpha_and_beta_exactly_from_model_timings(collective, world_size):
+    alpha_s, busbw = 25e-6, 3.2e9
+    times = collective_seconds(collective, world_size, SIZES, alpha_s, busbw)
+    fit = fit_alpha_beta(collective, world_size, SIZES, times)
+    assert fit.alpha_us == pytest.approx(25.0, rel=1e-4)
+    assert fit.busbw_GBps == pytest.approx(3.2, rel=1e-4)
+    assert fit.rms_rel_error < 1e-6
+
+
+def test_fit_recovers_parameters_through_noise_and_an_outlier():
+    rng = np.random.default_rng(0)
+    alpha_s, busbw = 150e-6, 1.5e9
+    times = collective_seconds("allreduce", 4, SIZES, alpha_s, busbw) * rng.lognormal(0.0, 0.03, SIZES.size)
+    times[3] *= 4.0  # one descheduled sample, as on a shared machine
+    fit = fit_alpha_beta("allreduce", 4, SIZES, times)
+    assert fit.alpha_us == pytest.approx(150.0, rel=0.10)
+    assert fit.busbw_GBps == pytest.approx(1.5, rel=0.10)
+
+
+def test_gemm_fit_recovers_rate_and_overhead():
+    flops = np.array([2.0 * n ** 3 for n in (64, 128, 256, 512, 1024, 2048)])
+    rate, overhead_s = 40e9, 30e-6
+    fit = fit_gemm("fp32", flops, overhead_s + flops / rate)
+    assert fit.rate_tflops == pytest.approx(0.040, rel=1e-4)
+    assert fit.overhead_us == pytest.approx(30.0, rel=1e-3)
+    assert float(fit.efficiency(fit.half_efficiency_flops)) == pytest.approx(0.5)
+    assert fit.best_measured_tflops < fit.rate_tflops
+
+
+def test_fit_needs_two_points():
+    with pytest.raises(ValueError):
+        fit_alpha_beta("allreduce", 2, [1024], [1e-4])
+
+
+def test_world_size_one_is_rejected():
+    result = runner.invoke(app, ["hardware", "calibrate", "--world-size", "1", "--quick"])
+    assert result.exit_code == 2
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_quick_calibration_with_two_ranks_writes_a_loadable_profile(tmp_path):
+    out = tmp_path / "here.json"
+    previous = json.loads(json.dumps({"efficiency": {"kept_by_cost_models": 0.5}}))
+    out.write_text(json.dumps(previous))
+    result = runner.invoke(app, ["hardware", "calibrate", "--out", str(out), "--world-size", "2", "--quick",
+                                 "--name", "here"])
+    assert result.exit_code == 0, result.output
+    profile = load_profile(str(out))
+    assert profile.name == "here" and profile.devices_per_node == 2
+    assert profile.efficiency["kept_by_cost_models"] == 0.5  # other owners' keys survive a recalibration
+    assert 0 < profile.efficiency["allreduce_bus_efficiency"]
+    cal = profile.calibration
+    assert set(cal["collectives"]) == {"allreduce", "allgather", "reducescatter", "p2p"}
+    for fit in cal["collectives"].values():
+        assert fit["alpha_us"] >= 0 and fit["busbw_GBps"] > 0 and fit["points"] == 4
+    assert profile.peak_tflops["fp32"] > 0 and profile.memory_bandwidth_GBps > 0
+    assert "--world-size 2 --quick" in cal["command"]
