@@ -1,11 +1,98 @@
-"""`planner report` (being built; see the open issue)."""
+"""`planner report (PLAN.json | MODEL --hardware HW --gpus N [...]) --out DIR`: the best-practice report.
+
+Writes DIR/report.html (self-contained, figures embedded) and DIR/report.md (figures in DIR/figures/).
+"""
 from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 
+from planner.commands.common import (GlobalBatchOpt, GpusOpt, NodesOpt, OptimizerOpt, PrecisionOpt, SeqOpt)
 from planner.errors import ConfigError
 
+PlanOrModelArg = Annotated[str, typer.Argument(
+    help="A plan JSON file (recommend --out / estimate --json), or a MODEL: catalog name, Hugging Face "
+         "config.json path, or package.module:factory.")]
 
-def report(args: list[str] = typer.Argument(None)) -> None:
-    """Not available yet in this build."""
-    raise ConfigError("command", "report", "a command of this build; 'report' is not built yet")
+
+def report(
+    plan_or_model: PlanOrModelArg,
+    out: Annotated[Path, typer.Option("--out", help="Directory for report.html, report.md and figures/.")],
+    hardware: Annotated[Optional[str], typer.Option("--hardware", help="Hardware profile name or path (MODEL form).")] = None,
+    gpus: GpusOpt = None,
+    nodes: NodesOpt = None,
+    global_batch: GlobalBatchOpt = None,
+    seq: SeqOpt = None,
+    precision: PrecisionOpt = "amp-bf16",
+    optimizer: OptimizerOpt = "adamw",
+    objective: Annotated[str, typer.Option("--objective", help="throughput, cost or memory.")] = "throughput",
+    top: Annotated[int, typer.Option("--top", min=0, max=20, help="Runners-up to show.")] = 3,
+    train_tokens: Annotated[float, typer.Option("--train-tokens", min=1.0,
+                                                help="Tokens of the whole run, for time to train and cost "
+                                                     "(default 300e9, as GPT-3).")] = 300e9,
+    scaling_nodes: Annotated[Optional[str], typer.Option(
+        "--scaling-nodes", help="Comma-separated node counts for the scaling study (default: around N).")] = None,
+) -> None:
+    """Write the best-practice report: plan, breakdowns, timeline, Pareto front, scaling, checklist."""
+    from planner.report.build import Scenario, build_report
+    from planner.report.render import write_report
+
+    document = _plan_document(plan_or_model)
+    counts = _node_list(scaling_nodes)
+    if document is not None:
+        p, h = document["plan"], document["hardware"]
+        scenario = Scenario(model=document["model"]["name"], hardware=hardware or h["name"], gpus=h["gpus"],
+                            global_batch=p["global_batch"], seq=p["seq"], precision=p["precision"],
+                            optimizer=p.get("optimizer", optimizer), objective=objective, top=top,
+                            train_tokens=train_tokens, scaling_nodes=counts)
+    else:
+        if hardware is None:
+            raise ConfigError("--hardware", None, "a hardware profile name or path (required with a MODEL)")
+        scenario = Scenario(model=plan_or_model, hardware=hardware, gpus=_world_size(hardware, gpus, nodes),
+                            global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
+                            objective=objective, top=top, train_tokens=train_tokens, scaling_nodes=counts)
+    content = build_report(scenario, plan_document=document)
+    html_path, md_path = write_report(content, out)
+    typer.echo(f"wrote {html_path} and {md_path} ({len(content.figures)} figures, "
+               f"{len(content.checklist)} checklist rules)", err=True)
+
+
+def _plan_document(arg: str) -> dict | None:
+    """The plan document if `arg` is a plan file (a JSON object with 'plan' and 'prediction'), else None."""
+    path = Path(arg)
+    if not (arg.endswith(".json") and path.is_file()):
+        return None
+    try:
+        document = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None  # let the model resolver report a malformed config.json
+    if isinstance(document, dict) and "plan" in document and "prediction" in document:
+        from planner.plan import load_plan
+
+        return dict(load_plan(path).document)
+    return None
+
+
+def _world_size(hardware: str, gpus: int | None, nodes: int | None) -> int:
+    if gpus is None and nodes is None:
+        raise ConfigError("--gpus", None, "a world size (--gpus N) or a node count (--nodes K)")
+    if gpus is not None:
+        return gpus
+    from hardware_profiles import load_profile
+
+    return nodes * load_profile(hardware).devices_per_node
+
+
+def _node_list(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        counts = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError("--scaling-nodes", text, "comma-separated positive integers, e.g. 1,2,4,8") from None
+    if not counts or min(counts) < 1:
+        raise ConfigError("--scaling-nodes", text, "comma-separated positive integers, e.g. 1,2,4,8")
+    return counts

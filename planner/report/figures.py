@@ -6,7 +6,7 @@ computes a cost.
 from __future__ import annotations
 
 import io
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import matplotlib
 
@@ -49,8 +49,8 @@ def time_breakdown(breakdown_s: Mapping[str, float], step_time_s: float, title: 
     return _png(fig)
 
 
-def stage_memory(stages: Sequence[Mapping[str, int]], capacity_bytes: int, title: str) -> bytes:
-    """Stacked bars of memory terms per pipeline stage against the device capacity."""
+def stage_memory(stages: Sequence[Mapping[str, Any]], capacity_bytes: int, title: str) -> bytes:
+    """Stacked bars of memory terms (one bar per stage or per plan, `label`) against the capacity."""
     fig, ax = plt.subplots(figsize=(9, 3.6))
     x = np.arange(len(stages))
     bottom = np.zeros(len(stages))
@@ -60,8 +60,8 @@ def stage_memory(stages: Sequence[Mapping[str, int]], capacity_bytes: int, title
         bottom += values
     ax.axhline(capacity_bytes / GB, color="black", linestyle="--", linewidth=1,
                label=f"capacity {capacity_bytes / GB:.1f} GB")
-    ax.set_xticks(x, [f"stage {s.get('stage', i)}" for i, s in enumerate(stages)],
-                  rotation=45 if len(stages) > 8 else 0, fontsize=8)
+    ax.set_xticks(x, [s.get("label", f"stage {i}") for i, s in enumerate(stages)],
+                  rotation=30 if len(stages) > 4 else 0, fontsize=8)
     ax.set_ylabel("GB per GPU")
     ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -143,9 +143,8 @@ def seed_argument(rows: Sequence[Mapping[str, float]], title: str) -> bytes:
     fig, ax = plt.subplots(figsize=(9, 3.8))
     nodes = [r["nodes"] for r in rows]
     series = [("seed_relative", "seed log2(n) all-reduce model", "#e41a1c", "o")]
-    series += [(k, k.removeprefix("calibrated_").replace("_", " ") + " (calibrated)", c, "s")
-               for k, c in (("calibrated_ring", "#4c72b0"), ("calibrated_tree", "#55a868"),
-                            ("calibrated_hierarchical", "#8172b3"), ("calibrated_step", "#000000"))]
+    series += [("calibrated_hierarchical", "hierarchical / flat all-reduce (calibrated alpha-beta)", "#4c72b0", "s"),
+               ("calibrated_step", "best pipelined / best pure-DP step time (calibrated estimate)", "#000000", "^")]
     for key, label, color, marker in series:
         pts = [(n, r[key]) for n, r in zip(nodes, rows) if r.get(key) is not None]
         if pts:

@@ -1,0 +1,182 @@
+"""The report's only doorway into the rest of the planner: model resolution, hardware profiles,
+estimate, recommend and the communication models. Everything here calls library code; nothing
+here costs anything itself.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from planner.errors import ConfigError
+from planner.parallel import ParallelConfig
+from planner.report.timeline import StageTimes
+
+_CONFIG_FIELDS = frozenset(f.name for f in fields(ParallelConfig))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchResult:
+    """What the report needs from one search: the ranked plans and every scored candidate."""
+
+    best: Mapping[str, Any]
+    alternatives: tuple[Mapping[str, Any], ...]
+    candidates_evaluated: int
+    feasible: int
+    seconds: float
+    tokens_per_s: np.ndarray
+    """Predicted tokens/s of every scored candidate."""
+    peak_bytes: np.ndarray
+    """Predicted peak bytes per GPU of every scored candidate."""
+    fits: np.ndarray
+    pp: np.ndarray
+    """Pipeline degree of every scored candidate."""
+    step_time_s: np.ndarray
+    """Predicted step time of every scored candidate, seconds."""
+
+
+def resolve(model_arg: str, seq: int | None):
+    """The TransformerSpec the cost model scores. A `package.module:factory` is profiled on the meta
+    device (planner.sources); it can be scored when the module exposes its TransformerSpec."""
+    from planner.sources import resolve_model
+    from planner.spec import TransformerSpec
+
+    model = resolve_model(model_arg, seq=seq)
+    if isinstance(model, TransformerSpec):
+        return model
+    spec = getattr(model, "spec", None)
+    if isinstance(spec, TransformerSpec):
+        return spec.with_(seq=model.seq)
+    raise ConfigError("MODEL", model_arg,
+                      "a transformer the cost model can score: a catalog name, a config.json, or a factory whose "
+                      "module exposes a TransformerSpec as `.spec`; this module was profiled but cannot be scored")
+
+
+def hardware(name: str):
+    from hardware_profiles import load_profile
+
+    return load_profile(name)
+
+
+def config_from_document(doc: Mapping[str, Any]) -> ParallelConfig:
+    plan = doc["plan"]
+    return ParallelConfig(**{k: (tuple(v) if k == "stages" else v) for k, v in plan.items() if k in _CONFIG_FIELDS})
+
+
+def estimate_document(model, hw, cfg: ParallelConfig, *, gpus: int) -> dict[str, Any]:
+    from planner.estimate import estimate
+
+    return estimate(model, hw, cfg, gpus=gpus).to_document()
+
+
+def batchnorm_count(model_arg: str) -> int:
+    """BatchNorm modules (any torch.nn.modules.batchnorm._BatchNorm, SyncBatchNorm included) in the
+    model: 0 for catalog and config.json transformers (LayerNorm/RMSNorm); a `package.module:factory`
+    is built on the meta device (planner.module_profiler.build_on_meta) and its modules counted."""
+    from planner import catalog
+
+    if model_arg in catalog.CATALOG or model_arg.endswith(".json") or ":" not in model_arg:
+        return 0
+    import torch
+
+    from planner.module_profiler import build_on_meta
+
+    module = build_on_meta(model_arg)
+    return sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules())
+
+
+def search(model, hw, scenario, *, top: int | None = None, global_batch: int | None = None) -> SearchResult:
+    """recommend() for the scenario, recording every candidate its scorer evaluated.
+
+    recommend() returns only the ranked documents; the Pareto front needs every scored candidate,
+    so recommend() is handed planner.score.score wrapped to keep a copy of each batch it scores
+    (memory-bound probes included: they are complete candidates too). Same search, same cost model.
+    """
+    from planner.score import score
+    from planner.search import recommend
+
+    batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def recording_score(model_, hw_, cands, **kw):
+        scores = score(model_, hw_, cands, **kw)
+        batches.append((np.asarray(cands.pp), np.asarray(scores.step_time_s, dtype=float),
+                        np.asarray(scores.peak_bytes_per_gpu, dtype=float)))
+        return scores
+
+    top = scenario.top if top is None else top
+    rec = recommend(model, hw, gpus=scenario.gpus, global_batch=global_batch or scenario.global_batch,
+                    seq=scenario.seq, precision=scenario.precision, optimizer=scenario.optimizer,
+                    objective=scenario.objective, top=top + 1, tokens=scenario.train_tokens,
+                    score_fn=recording_score)
+    plan = rec.best["plan"]
+    pp, step, peak = (np.concatenate([b[i] for b in batches]) if batches else np.zeros(0) for i in range(3))
+    return SearchResult(best=rec.best, alternatives=tuple(rec.alternatives),
+                        candidates_evaluated=rec.stats.candidates_evaluated, feasible=rec.stats.feasible,
+                        seconds=rec.stats.seconds, tokens_per_s=plan["global_batch"] * plan["seq"] / step,
+                        peak_bytes=peak, fits=peak <= hw.memory_bytes, pp=pp, step_time_s=step)
+
+
+def stage_memory(doc: Mapping[str, Any], alternatives: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Memory bars: one per pipeline stage where the document has them, else the peak rank of the
+    plan (the largest over its stages, as estimate() reports) beside each runner-up's."""
+    per_stage = doc["prediction"].get("stages") or doc["prediction"]["memory"].get("stages")
+    if per_stage and all("params_bytes" in s for s in per_stage):
+        return [{"label": f"stage {i}", **s} for i, s in enumerate(per_stage)]
+    bars = [{"label": "recommended (peak rank)", **doc["prediction"]["memory"]}]
+    bars += [{"label": f"runner-up {i}", **d["prediction"]["memory"]} for i, d in enumerate(alternatives, 1)]
+    return bars
+
+
+def stage_times(model, doc: Mapping[str, Any]) -> tuple[list[StageTimes], float]:
+    """Per-micro-batch forward/backward seconds of each pipeline rank, and one p2p hop, from the estimate.
+
+    The estimate prices a step as m x (slowest stage) + bubble + p2p; its `compute` and `tp_comm`
+    terms are m x that stage time. The stage time is split into forward and backward by the
+    model's FLOP counts (cost_models.flops: forward, backward, recomputation run in backward), and
+    `pp_p2p` over the hops on the critical path (cost_models.pipeline) gives one hop.
+    """
+    from cost_models import flops as FL
+    from cost_models.pipeline import p2p_transfers_on_critical_path
+
+    p, tb = doc["plan"], doc["prediction"]["time_breakdown_s"]
+    m = p["num_microbatches"]
+    stage_s = (float(tb["compute"]) + float(tb.get("tp_comm", 0.0))) / m
+    b, s = p["micro_batch"], p["seq"]
+    fwd = float(FL.block_flops_fwd(model, b, s))
+    bwd = float(FL.block_flops_bwd(model, b, s)) + float(FL.block_recompute_flops(model, b, s, p["recompute"]))
+    forward_s = stage_s * fwd / (fwd + bwd)
+    hops = float(p2p_transfers_on_critical_path(p["pp"], m, p["virtual_stages"]))
+    p2p_s = float(tb.get("pp_p2p", 0.0)) / hops if hops else 0.0
+    times = [StageTimes(forward_s=forward_s, backward_s=stage_s - forward_s)] * p["pp"]
+    return times, p2p_s
+
+
+def seed_comparison(hw, doc: Mapping[str, Any], result: SearchResult | None, nodes: int) -> dict[str, Any]:
+    """The seed's log-n relative all-reduce cost at `nodes` nodes beside the calibrated models.
+
+    - seed_relative: cost_models.comm.relative_allreduce_cost (1/2 + 1/2 * 1/log2(n)).
+    - calibrated_hierarchical: the alpha-beta hierarchical all-reduce of the model's gradients over
+      n nodes x d devices (inside the node over NVLink, across nodes on a 1/d shard) relative to a
+      flat all-reduce in which every rank crosses the network (cost_models.comm).
+    - calibrated_step: best step time among the scored pipelined candidates (pp > 1) relative to
+      the best pure-data-parallel one (pp = 1) at this node count, both fitting (planner.score).
+    """
+    from cost_models import comm
+    from cost_models.memory import state_bytes_per_param
+
+    d = hw.devices_per_node
+    p = doc["plan"]
+    grad_bytes = doc["model"]["params"] * state_bytes_per_param(p["precision"], p.get("optimizer", "adamw"),
+                                                                p.get("implementation", "megatron"))[1]
+    hier = float(comm.group_collective_seconds("allreduce", grad_bytes, nodes * d, d, hw))
+    flat = float(comm.group_collective_seconds("allreduce", grad_bytes, nodes * d, 1, hw))
+    row = {"seed_relative": float(comm.relative_allreduce_cost(nodes, d)),
+           "calibrated_hierarchical": hier / flat if flat else None,
+           "hierarchical_allreduce_s": hier, "flat_allreduce_s": flat, "gradient_GB": grad_bytes / 1e9}
+    if result is not None and len(result.step_time_s):
+        piped, pure_dp = result.fits & (result.pp > 1), result.fits & (result.pp == 1)
+        if piped.any() and pure_dp.any():
+            row["calibrated_step"] = float(result.step_time_s[piped].min() / result.step_time_s[pure_dp].min())
+    return row

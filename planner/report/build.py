@@ -1,0 +1,314 @@
+"""Assemble a report from library calls: recommend (search), estimate (the chosen plan, what-ifs,
+scaling) and the seed's communication model; then draw and render it.
+
+Every number shown comes from one of those calls for the same plan; this module only arranges
+them (and derives run time and cost as tokens / (tokens/s) and hours x nodes x price).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from planner.errors import ConfigError, NoFitError, PlannerError
+from planner.parallel import ParallelConfig
+from planner.report import checklist, figures
+from planner.report import backend
+from planner.report.render import Figure, ReportContent, Section, Table, table_from_records
+from planner.report.timeline import build_timeline
+
+GB = 1e9
+GPT3_TRAIN_TOKENS = 300e9
+"""Tokens GPT-3 was trained on (Brown et al. 2020, Sec. 2.2); the default run length."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Scenario:
+    """What the user asked about: a model on a cluster, with a batch and a precision."""
+
+    model: str
+    """Model argument (catalog name, config.json path or package.module:factory)."""
+    hardware: str
+    """Hardware profile name or path."""
+    gpus: int
+    global_batch: int | None = None
+    """Sequences per step; None lets recommend choose its default."""
+    seq: int | None = None
+    precision: str = "amp-bf16"
+    optimizer: str = "adamw"
+    objective: str = "throughput"
+    top: int = 3
+    """Runners-up to show."""
+    train_tokens: float = GPT3_TRAIN_TOKENS
+    """Tokens of the whole run, for time to train and cost."""
+    scaling_nodes: tuple[int, ...] = ()
+    """Node counts of the scaling study; empty chooses around the scenario's node count."""
+
+
+def build_report(scenario: Scenario, *, plan_document: Mapping[str, Any] | None = None) -> ReportContent:
+    """Search (or take `plan_document`'s configuration), evaluate, and lay out the report."""
+    model = backend.resolve(scenario.model, scenario.seq)
+    hw = backend.hardware(scenario.hardware)
+    search = backend.search(model, hw, scenario)
+    notes: list[str] = []
+    if plan_document is None:
+        best, first_label = search.best, "recommended"
+        alternatives = list(search.alternatives)
+    else:
+        cfg = backend.config_from_document(plan_document)
+        best, first_label = backend.estimate_document(model, hw, cfg, gpus=scenario.gpus), "plan file"
+        alternatives = [search.best] + list(search.alternatives)[: max(scenario.top - 1, 0)]
+        if abs(float(plan_document["prediction"]["step_time_s"]) - float(best["prediction"]["step_time_s"])) > \
+                1e-9 * float(best["prediction"]["step_time_s"]):
+            notes.append("The plan file's prediction differs from this build's estimate; the report shows "
+                         "the current estimate of the plan's configuration.")
+    ctx = _rule_context(model, hw, best, scenario)
+    rules = checklist.evaluate(ctx)
+    scaling_rows = _scaling(model, hw, scenario, best, search)
+    seed_rows = _seed_argument(hw, scaling_rows)
+    sections = [
+        _scenario_section(model, hw, scenario, best, search),
+        _plans_section(best, alternatives, first_label, plan_document is not None),
+        _time_memory_section(best, alternatives),
+        _timeline_section(model, best),
+        _pareto_section(search, best),
+        _scaling_section(scaling_rows, scenario, hw),
+        _seed_section(seed_rows, best),
+    ]
+    title = (f"Parallel training report: {best['model']['name']} on {best['hardware']['gpus']} x "
+             f"{hw.device} ({best['hardware']['nodes']} x {hw.name})")
+    return ReportContent(title=title, sections=tuple(sections), checklist=tuple(rules), notes=tuple(notes))
+
+
+# --- checklist context ---------------------------------------------------------------------------
+
+def _rule_context(model, hw, best: Mapping[str, Any], scenario: Scenario) -> checklist.RuleContext:
+    base_cfg = backend.config_from_document(best)
+
+    def what_if(hardware_changes: Mapping[str, Any] | None = None, **changes):
+        try:
+            cfg = dataclasses.replace(base_cfg, **changes)
+            if changes.get("seq") is not None and changes["seq"] != base_cfg.seq:
+                m = backend.resolve(scenario.model, changes["seq"])
+            else:
+                m = model
+            h = dataclasses.replace(hw, **hardware_changes) if hardware_changes else hw
+            return backend.estimate_document(m, h, cfg, gpus=base_cfg.world_size)
+        except PlannerError:
+            return None
+
+    return checklist.RuleContext(
+        document=best, hardware=hw, batchnorm_modules=backend.batchnorm_count(scenario.model),
+        what_if=what_if, train_tokens=scenario.train_tokens,
+        tp_group_nodes=checklist.tp_group_nodes(best["plan"], hw.devices_per_node))
+
+
+# --- sections ------------------------------------------------------------------------------------
+
+def _plan_row(rank: str, doc: Mapping[str, Any]) -> dict[str, Any]:
+    p, pred = doc["plan"], doc["prediction"]
+    return {"plan": rank, "dp": p["dp"], "tp": p["tp"], "pp": p["pp"], "micro-batch": p["micro_batch"],
+            "micro-batches": p["num_microbatches"], "schedule": p["schedule"], "v": p["virtual_stages"],
+            "ZeRO": p["zero"], "recompute": p["recompute"], "offload": p["offload"],
+            "SP": p["sequence_parallel"], "placement": p["placement"],
+            "step s": float(pred["step_time_s"]), "tokens/s": float(pred["tokens_per_s"]),
+            "TFLOP/s/GPU": float(pred["tflops_per_gpu"]), "MFU": f"{100 * float(pred['mfu']):.1f}%",
+            "peak GB": round(pred["memory"]["peak_bytes_per_gpu"] / GB, 2), "fits": pred["memory"]["fits"]}
+
+
+_PLAN_COLUMNS = ("plan", "dp", "tp", "pp", "micro-batch", "micro-batches", "schedule", "v", "ZeRO", "recompute",
+                 "offload", "SP", "placement", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "peak GB", "fits")
+
+
+def _scenario_section(model, hw, scenario: Scenario, best, search) -> Section:
+    m, h, p = best["model"], best["hardware"], best["plan"]
+    rows = [("model", f"{m['name']} ({m['params'] / 1e9:.2f} B parameters)"),
+            ("hardware", f"{h['nodes']} x {hw.name} = {h['gpus']} x {hw.device} "
+                         f"({hw.memory_bytes / GB:.1f} GB, {hw.intra_node_GBps_per_device:g} GB/s/device "
+                         f"NVLink, {hw.inter_node_Gbps_per_node:g} Gbit/s/node network)"),
+            ("global batch", f"{p['global_batch']} sequences x {p['seq']} tokens = "
+                             f"{p['global_batch'] * p['seq']:,} tokens per step"),
+            ("precision / optimizer", f"{p['precision']} / {p.get('optimizer', scenario.optimizer)}"),
+            ("objective", scenario.objective),
+            ("training run", f"{scenario.train_tokens:.3g} tokens"),
+            ("search", f"{search.candidates_evaluated:,} candidates evaluated, {search.feasible:,} fit, "
+                       f"{search.seconds:.2f} s")]
+    return Section(title="Scenario", tables=(Table(columns=("", ""), rows=tuple(rows)),))
+
+
+def _plans_section(best, alternatives, first_label: str, from_file: bool) -> Section:
+    others = "recommend #{}" if from_file else "runner-up {}"
+    records = [_plan_row(first_label, best)] + [_plan_row(others.format(i), d)
+                                                for i, d in enumerate(alternatives, 1)]
+    pred = best["prediction"]
+    text = (f"The {first_label} plan runs a step in {float(pred['step_time_s']):.4g} s: "
+            f"{float(pred['tokens_per_s']):,.0f} tokens/s, {float(pred['tflops_per_gpu']):.4g} TFLOP/s per GPU "
+            f"(MFU {100 * float(pred['mfu']):.1f}%), peak {pred['memory']['peak_bytes_per_gpu'] / GB:.2f} GB "
+            f"of {pred['memory']['capacity_bytes'] / GB:.2f} GB per GPU.")
+    return Section(title="Recommended plan and runners-up", paragraphs=(text,),
+                   tables=(table_from_records(records, _PLAN_COLUMNS),))
+
+
+def _time_memory_section(best, alternatives) -> Section:
+    pred = best["prediction"]
+    tb_all = {k: float(v) for k, v in pred["time_breakdown_s"].items()}
+    tb = {k: v for k, v in tb_all.items() if "_part_of_" not in k}   # parts are already inside a term
+    step = float(pred["step_time_s"])
+    time_rows = tuple((k.replace("_part_of_", " (part of ") + (")" if "_part_of_" in k else ""), v,
+                       f"{100 * v / step:.1f}%") for k, v in tb_all.items())
+    stages = backend.stage_memory(best, alternatives)
+    mem = pred["memory"]
+    mem_keys = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
+    stage_rows = tuple((s["label"], *(round(s.get(k, 0) / GB, 3) for k in mem_keys),
+                        round(sum(s.get(k, 0) for k in mem_keys) / GB, 3)) for s in stages)
+    figs = (
+        Figure(name="time_breakdown", title="Where the step time goes",
+               caption=f"Seconds per optimizer step by term (estimate); step time {step:.4g} s.",
+               png=figures.time_breakdown(tb, step, "Time breakdown of one step")),
+        Figure(name="stage_memory", title="Memory breakdown against capacity",
+               caption=f"Per-GPU memory at the allocator's peak (estimate), by term, for the rank that peaks "
+                       f"highest over the pipeline stages (estimate() evaluates the first and the last stage and "
+                       f"reports the larger), beside the runners-up: {mem['peak_bytes_per_gpu'] / GB:.2f} GB of "
+                       f"{mem['capacity_bytes'] / GB:.2f} GB.",
+               png=figures.stage_memory(stages, mem["capacity_bytes"], "Peak memory per GPU")),
+    )
+    return Section(title="Time and memory breakdown",
+                   tables=(Table(columns=("term", "seconds per step", "share"), rows=time_rows),
+                           Table(columns=("plan", "params GB", "grads GB", "optimizer GB", "activations GB",
+                                          "other GB", "total GB"), rows=stage_rows)),
+                   figures=figs)
+
+
+def _timeline_section(model, best) -> Section:
+    p = best["plan"]
+    times, p2p_s = backend.stage_times(model, best)
+    shown_m = min(p["num_microbatches"], max(2 * p["pp"] * p["virtual_stages"], 8))
+    if p["schedule"] == "interleaved-1f1b":
+        shown_m = max(p["pp"], shown_m - shown_m % p["pp"]) if p["num_microbatches"] >= p["pp"] else shown_m
+    tl = build_timeline(p["schedule"], times, shown_m, virtual_stages=p["virtual_stages"], p2p_s=p2p_s)
+    note = "" if shown_m == p["num_microbatches"] else \
+        f" The first {shown_m} of {p['num_microbatches']} micro-batches are drawn; the steady state repeats."
+    f0, b0 = times[0].forward_s, times[0].backward_s
+    caption = (f"{p['schedule']} with {p['pp']} stages, v={p['virtual_stages']}: forward {f0 * 1e3:.3g} ms and "
+               f"backward {b0 * 1e3:.3g} ms per micro-batch on stage 0 (estimate), p2p {p2p_s * 1e3:.3g} ms.{note}")
+    fig = Figure(name="pipeline_timeline", title="Pipeline timeline of the chosen schedule", caption=caption,
+                 png=figures.pipeline_gantt(tl, f"{p['schedule']} schedule, {p['pp']} stages"))
+    return Section(title="Pipeline timeline", figures=(fig,))
+
+
+def _pareto_section(search, best) -> Section:
+    tok, mem, fits = search.tokens_per_s, search.peak_bytes, search.fits
+    front = pareto_mask(tok, mem)
+    pred = best["prediction"]
+    chosen = (float(pred["tokens_per_s"]), float(pred["memory"]["peak_bytes_per_gpu"]))
+    cap = int(pred["memory"]["capacity_bytes"])
+    fig = Figure(name="pareto_front", title="Throughput against memory of the searched candidates",
+                 caption=f"{len(tok):,} candidates scored by the search (memory-bound probes included); "
+                         f"{int(front.sum())} on the Pareto front (no other candidate is both faster and smaller).",
+                 png=figures.pareto_front(tok, mem, fits, front, chosen, cap, "Searched candidates"))
+    idx = np.flatnonzero(front & fits)
+    idx = idx[np.argsort(-tok[idx])][:8]
+    rows = tuple((f"{tok[i]:,.0f}", round(mem[i] / GB, 2)) for i in idx)
+    return Section(title="Throughput vs memory (Pareto front)",
+                   tables=(Table(columns=("tokens/s", "peak GB"), rows=rows),), figures=(fig,))
+
+
+def pareto_mask(tokens_per_s: np.ndarray, peak_bytes: np.ndarray) -> np.ndarray:
+    """True where no other point has >= throughput and <= memory with one of them strict."""
+    order = np.lexsort((-tokens_per_s, peak_bytes))  # by memory ascending, then throughput descending
+    mask = np.zeros(len(tokens_per_s), dtype=bool)
+    best = -np.inf
+    for i in order:
+        if tokens_per_s[i] > best:
+            mask[i] = True
+            best = tokens_per_s[i]
+    return mask
+
+
+# --- scaling and the seed's argument -----------------------------------------------------------------
+
+def _node_counts(scenario: Scenario, hw, best) -> list[int]:
+    if scenario.scaling_nodes:
+        return sorted(set(scenario.scaling_nodes))
+    n = best["hardware"]["nodes"]
+    counts = {n, 2 * n} | {n // k for k in (2, 4, 8) if n // k >= 1}
+    return sorted(counts)
+
+
+def _scaling(model, hw, scenario: Scenario, best, search) -> list[dict[str, Any]]:
+    rows = []
+    for nodes in _node_counts(scenario, hw, best):
+        gpus = nodes * hw.devices_per_node
+        if gpus == best["hardware"]["gpus"]:
+            doc, result = best, search
+        else:
+            try:
+                result = backend.search(model, hw, dataclasses.replace(scenario, gpus=gpus), top=0,
+                                        global_batch=best["plan"]["global_batch"])
+            except (NoFitError, ConfigError) as err:
+                rows.append({"nodes": nodes, "gpus": gpus, "plan": f"none ({type(err).__name__})"})
+                continue
+            doc = result.best
+        tok = float(doc["prediction"]["tokens_per_s"])
+        hours = scenario.train_tokens / tok / 3600.0
+        p = doc["plan"]
+        rows.append({"nodes": nodes, "gpus": gpus, "plan": f"dp{p['dp']} tp{p['tp']} pp{p['pp']} {p['schedule']}",
+                     "tokens_per_s": tok, "step_time_s": float(doc["prediction"]["step_time_s"]),
+                     "mfu": float(doc["prediction"]["mfu"]), "days_to_train": hours / 24.0,
+                     "cost_usd": hours * nodes * hw.price_usd_per_hour if hw.price_usd_per_hour else None,
+                     "cost_spot_usd": hours * nodes * hw.spot_price_usd_per_hour if hw.spot_price_usd_per_hour else None,
+                     "document": doc, "search": result})
+    return rows
+
+
+def _scaling_section(rows, scenario: Scenario, hw) -> Section:
+    ok = [r for r in rows if "tokens_per_s" in r]
+    table_rows = tuple((r["nodes"], r["gpus"], r["plan"], r.get("tokens_per_s"), r.get("step_time_s"),
+                        f"{100 * r['mfu']:.1f}%" if "mfu" in r else None,
+                        r.get("days_to_train"), r.get("cost_usd")) for r in rows)
+    figs = ()
+    if ok:
+        figs = (Figure(name="scaling", title="Scaling across node counts",
+                       caption=f"Best plan found at each node count (recommend, same global batch); time and cost "
+                               f"for {scenario.train_tokens:.3g} tokens at {hw.price_usd_per_hour or 0:g} USD/node-hour.",
+                       png=figures.scaling(ok, "Throughput, cost and time to train vs nodes")),)
+    return Section(title="Scaling across node counts",
+                   tables=(Table(columns=("nodes", "GPUs", "best plan", "tokens/s", "step s", "MFU",
+                                          "days to train", "cost USD"), rows=table_rows),),
+                   figures=figs)
+
+
+def _seed_argument(hw, scaling_rows) -> list[dict[str, Any]]:
+    return [{"nodes": r["nodes"], **backend.seed_comparison(hw, r["document"], r["search"], r["nodes"])}
+            for r in scaling_rows if r["nodes"] >= 2 and "document" in r]
+
+
+def _seed_section(rows, best) -> Section:
+    paragraphs = (
+        "The seed documents argue with a log-n model of all-reduce: half of the reduction stays inside "
+        "the node on fast links and half crosses the network, where a tree over n nodes takes log2(n) "
+        "steps, each carrying 1/log2(n) of the data, a relative cost of 1/2 + 1/2 * 1/log2(n) (0.625 for "
+        "16 nodes of 8 GPUs; cost_models.comm.relative_allreduce_cost). Below, that model is evaluated "
+        "for this scenario's node counts beside the calibrated models: the alpha-beta hierarchical "
+        "all-reduce of this model's gradients relative to a flat one where every rank crosses the "
+        "network, and the full step-time estimate of the best pipelined plan relative to the best pure "
+        "data-parallel plan (below 1: pipelining wins).",)
+    title = "The seed's argument: log-n all-reduce vs pipelining"
+    if not rows:
+        return Section(title=title, paragraphs=paragraphs + (
+            "This scenario's node counts are all single-node: nothing crosses the network.",))
+    keys = ("seed_relative", "calibrated_hierarchical", "calibrated_step", "gradient_GB",
+            "hierarchical_allreduce_s", "flat_allreduce_s")
+    fig = Figure(name="seed_argument", title="The seed's log-n argument beside the calibrated models",
+                 caption="Relative costs at each node count: the seed's log-n model, the calibrated all-reduce "
+                         "models and the calibrated step time (missing points: no fitting candidate of that kind).",
+                 png=figures.seed_argument(rows, "Seed log-n model vs calibrated models"))
+    table = Table(columns=("nodes", "seed log-n relative", "hierarchical / flat all-reduce",
+                           "pipelined / pure-DP step", "gradients GB", "hierarchical all-reduce s",
+                           "flat all-reduce s"),
+                  rows=tuple((r["nodes"], *(r.get(k) for k in keys)) for r in rows))
+    return Section(title=title, paragraphs=paragraphs, tables=(table,), figures=(fig,))
