@@ -310,7 +310,9 @@ def _first_embedding(model: nn.Module) -> nn.Embedding | None:
 def _inputs_and_loss(model: nn.Module, micro_batch: int, seq: int, device):
     """Example inputs and a loss function for `model` (see the module docstring)."""
     if hasattr(model, "example_inputs"):
-        inputs = tuple(model.example_inputs(micro_batch, seq))
+        with torch.device(device):
+            inputs = tuple(model.example_inputs(micro_batch, seq))
+        inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
         return inputs, lambda out: (out if out.dim() == 0 else out.float().sum())
     embedding = _first_embedding(model)
     if embedding is None:
@@ -342,13 +344,22 @@ def _checkpointed_blocks(units: list[tuple[str, nn.Module, str]]):
             del module.forward
 
 
-def measure_step(model: nn.Module, inputs: tuple, loss_fn, units: list[tuple[str, nn.Module, str]] | None = None) -> dict:
-    """One forward+backward of `model` as it is: per-unit saved bytes and forward/backward FLOPs.
-    Returns {"saved": {unit: bytes}, "flops_fwd": {unit: flops}, "flops_bwd": {unit: flops}}."""
+def measure_step(model: nn.Module, inputs: tuple, loss_fn, units: list[tuple[str, nn.Module, str]] | None = None,
+                 *, backward: bool = True, count_flops: bool = True, record_inputs: bool = False) -> dict:
+    """One forward (+ backward) of `model` as it is: per-unit saved bytes and forward/backward FLOPs.
+    Returns {"saved": {unit: bytes}, "flops_fwd": {...}, "flops_bwd": {...}, "inputs": {unit: (args, kwargs)}};
+    `record_inputs` keeps the detached arguments of each unit's first call (for `block_recompute_flops`)."""
     units = find_units(model) if units is None else units
     tracker = _UnitTracker({name: module for name, module, _ in units})
     saved = SavedTensors(model, tracker)
-    counter = _UnitFlops(tracker)
+    counter = _UnitFlops(tracker) if count_flops else contextlib.nullcontext()
+    recorded: dict[str, tuple] = {}
+    handles = []
+    if record_inputs:
+        def record(name, module, args, kwargs):
+            if name not in recorded:
+                recorded[name] = _detach((args, kwargs))
+        handles = [module.register_forward_pre_hook(partial(record, name), with_kwargs=True) for name, module, _ in units]
     try:
         with counter, warnings.catch_warnings():
             # Units whose inputs need no grad (the embedding) still get their backward pre-hook.
@@ -356,27 +367,91 @@ def measure_step(model: nn.Module, inputs: tuple, loss_fn, units: list[tuple[str
             with saved.hooks():
                 out = model(*inputs)
                 loss = loss_fn(out)
-            loss.backward()
+            if backward:
+                loss.backward()
     finally:
         tracker.close()
+        for handle in handles:
+            handle.remove()
     model.zero_grad(set_to_none=True)
-    return {"saved": dict(saved.bytes), "flops_fwd": dict(counter.forward), "flops_bwd": dict(counter.backward)}
+    flops = counter if count_flops else None
+    return {"saved": dict(saved.bytes), "flops_fwd": dict(flops.forward) if flops else {},
+            "flops_bwd": dict(flops.backward) if flops else {}, "inputs": recorded}
+
+
+def _detach(tree):
+    """Detached copies of the tensors in nested args (same requires_grad), for re-running a unit."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().requires_grad_(tree.requires_grad)
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_detach(x) for x in tree)
+    if isinstance(tree, dict):
+        return {k: _detach(v) for k, v in tree.items()}
+    return tree
+
+
+def _signature(module: nn.Module, recorded) -> tuple:
+    """Units with equal signatures compute the same thing on the same shapes (identical blocks)."""
+    def shapes(tree):
+        if isinstance(tree, torch.Tensor):
+            return (tuple(tree.shape), tree.dtype, tree.requires_grad)
+        if isinstance(tree, (tuple, list)):
+            return tuple(shapes(x) for x in tree)
+        if isinstance(tree, dict):
+            return tuple((k, shapes(v)) for k, v in sorted(tree.items()))
+        return repr(tree)
+    params = tuple((n, tuple(p.shape), p.dtype) for n, p in module.named_parameters())
+    return (type(module), params, shapes(recorded))
+
+
+def _unit_backward_flops(module: nn.Module, recorded, *, flash: bool, mode: str) -> float:
+    """Backward FLOPs of one unit run alone on its recorded inputs, with `mode` recomputation."""
+    args, kwargs = _detach(recorded)
+    tracker = _UnitTracker({"unit": module}, outside="unit")
+    counter = _UnitFlops(tracker)
+    full = _checkpointed_blocks([("unit", module, "block")]) if mode == "full" else contextlib.nullcontext()
+    try:
+        with _patched_sdpa(flash=flash, selective=mode == "selective"), full, counter, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            out = module(*args, **kwargs)
+            out = out if isinstance(out, torch.Tensor) else next(t for t in out if isinstance(t, torch.Tensor))
+            out.float().sum().backward()
+    finally:
+        tracker.close()
+    module.zero_grad(set_to_none=True)
+    return float(sum(counter.backward.values()))
 
 
 def measure(model: nn.Module, inputs: tuple, loss_fn, *, flash: bool = True) -> dict:
     """Per-unit FLOPs (forward, backward, recompute) and saved bytes (none/selective/full) of one
-    training step of `model` on `inputs` (any device; meta allocates nothing)."""
+    training step of `model` on `inputs` (any device; meta allocates nothing).
+
+    One forward+backward without recomputation gives FLOPs and the "none" bytes; one forward each
+    with the attention core or the blocks checkpointed gives the "selective" and "full" bytes; the
+    FLOPs recomputation adds are measured on each distinct block alone (identical blocks, same
+    class, parameter shapes and input shapes, are measured once), backward with minus without."""
     units = find_units(model)
-    result: dict = {"units": units, "saved": {}, "flops_fwd": {}, "flops_bwd": {}, "recompute": {}}
-    for mode in RECOMPUTE_MODES:
+    result: dict = {"units": units, "saved": {}, "recompute": {m: {} for m in RECOMPUTE_MODES}}
+    with _patched_sdpa(flash=flash, selective=False):
+        step = measure_step(model, inputs, loss_fn, units, record_inputs=True)
+    result["saved"]["none"] = step["saved"]
+    result["flops_fwd"], result["flops_bwd"] = step["flops_fwd"], step["flops_bwd"]
+    for mode in ("selective", "full"):
         blocks = _checkpointed_blocks(units) if mode == "full" else contextlib.nullcontext()
         with _patched_sdpa(flash=flash, selective=mode == "selective"), blocks:
-            step = measure_step(model, inputs, loss_fn, units)
-        result["saved"][mode] = step["saved"]
-        if mode == "none":
-            result["flops_fwd"], result["flops_bwd"] = step["flops_fwd"], step["flops_bwd"]
-        result["recompute"][mode] = {name: step["flops_bwd"].get(name, 0.0) - result["flops_bwd"].get(name, 0.0)
-                                     for name in set(step["flops_bwd"]) | set(result["flops_bwd"])}
+            result["saved"][mode] = measure_step(model, inputs, loss_fn, units, backward=False,
+                                                 count_flops=False)["saved"]
+    cache: dict[tuple, dict[str, float]] = {}
+    for name, module, kind in units:
+        if kind != "block" or name not in step["inputs"]:
+            continue
+        key = _signature(module, step["inputs"][name])
+        if key not in cache:
+            base = _unit_backward_flops(module, step["inputs"][name], flash=flash, mode="none")
+            cache[key] = {m: _unit_backward_flops(module, step["inputs"][name], flash=flash, mode=m) - base
+                          for m in ("selective", "full")}
+        for mode, extra in cache[key].items():
+            result["recompute"][mode][name] = extra
     return result
 
 
