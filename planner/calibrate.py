@@ -42,6 +42,8 @@ from scipy.optimize import least_squares
 from planner.errors import ConfigError
 
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "p2p")
+MAX_BUSBW_GBPS = 1e4
+"""Upper bound of a fitted bandwidth (no link moves 10 TB/s per device); also the profile files' bound."""
 
 
 # ----------------------------------------------------------------------------------------- models
@@ -82,6 +84,9 @@ class CollectiveFit:
     rms_rel_error: float
     """Root-mean-square relative error of the fit over the measured points."""
     points: int
+    bandwidth_share_at_max: float
+    """Share of the bandwidth term in the fitted time of the largest message; near 0 means the sizes
+    were too small to identify the bandwidth (it then sits at its bound, MAX_BUSBW_GBPS)."""
 
 
 def fit_alpha_beta(collective: str, world_size: int, sizes_bytes, times_s) -> CollectiveFit:
@@ -107,13 +112,16 @@ def fit_alpha_beta(collective: str, world_size: int, sizes_bytes, times_s) -> Co
     # Linear start: ordinary least squares on the same relative residuals.
     design = np.stack([steps * 1e-6 / times, factor * sizes / 1e9 / times], axis=1)
     start, *_ = np.linalg.lstsq(design, np.ones_like(times), rcond=None)
-    start = np.maximum(start, [1e-3, 1e-6])
-    result = least_squares(residual, start, bounds=([0.0, 1e-9], [np.inf, np.inf]), loss="soft_l1",
+    lowest = 1.0 / MAX_BUSBW_GBPS
+    start = np.maximum(start, [1e-3, 2 * lowest])
+    result = least_squares(residual, start, bounds=([0.0, lowest], [np.inf, np.inf]), loss="soft_l1",
                            f_scale=0.05, x_scale="jac")
     alpha_us, s_per_GB = result.x
     rms = float(np.sqrt(np.mean(residual(result.x) ** 2)))
+    beta_term = factor * sizes.max() / 1e9 * s_per_GB
     return CollectiveFit(collective=collective, world_size=world_size, alpha_us=float(alpha_us),
-                         busbw_GBps=float(1.0 / s_per_GB), rms_rel_error=rms, points=int(sizes.size))
+                         busbw_GBps=float(1.0 / s_per_GB), rms_rel_error=rms, points=int(sizes.size),
+                         bandwidth_share_at_max=float(beta_term / (beta_term + steps * alpha_us * 1e-6)))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -186,8 +194,8 @@ class Plan:
 
 def make_plan(world_size: int, quick: bool) -> Plan:
     if quick:
-        return Plan(world_size=world_size, gemm_sizes=(32, 64, 128, 256), copy_bytes=16 << 20,
-                    message_bytes=(1 << 10, 1 << 13, 1 << 16, 1 << 19), repeats=3, target_s=0.01,
+        return Plan(world_size=world_size, gemm_sizes=(32, 64, 128), copy_bytes=16 << 20,
+                    message_bytes=(1 << 10, 1 << 15, 1 << 20), repeats=2, target_s=0.005,
                     max_gemm_s=0.05)
     return Plan(world_size=world_size, gemm_sizes=(64, 128, 256, 512, 1024, 2048), copy_bytes=256 << 20,
                 message_bytes=tuple(1 << p for p in range(10, 27, 2)), repeats=5, target_s=0.1,
@@ -239,6 +247,7 @@ def _worker(rank: int, world_size: int, port: int, backend: str, plan: Plan, out
         return statistics.median(samples)
 
     result: dict = {"rank": rank, "gemm": {}, "collectives": {}}
+    t_start = time.perf_counter()
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     if use_cuda:
         dtypes = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -287,6 +296,7 @@ def _worker(rank: int, world_size: int, port: int, backend: str, plan: Plan, out
             _progress(rank, f"{coll} {elems * 4} B: {seconds * 1e6:.1f} us")
         result["collectives"][coll] = rows
 
+    result["measure_s"] = time.perf_counter() - t_start
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
@@ -331,6 +341,7 @@ def run_measurements(world_size: int, *, quick: bool = False, backend: str | Non
                           f"at most {torch.cuda.device_count()} with NCCL (one GPU per rank on this machine)")
     plan = make_plan(world_size, quick)
     ctx = mp.get_context("spawn")
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="planner-calibrate-") as out_dir:
         port = _free_port()
         procs = [ctx.Process(target=_worker, args=(r, world_size, port, backend, plan, out_dir), daemon=False)
@@ -346,7 +357,7 @@ def run_measurements(world_size: int, *, quick: bool = False, backend: str | Non
                 raise RuntimeError(f"calibration rank {r} exited with code {p.exitcode} before writing results")
             results.append(json.loads(path.read_text()))
     merged = results[0]  # every timing is already the slowest rank's (MAX-reduced), the same on all ranks
-    merged.update(backend=backend, world_size=world_size, quick=quick, plan=asdict(plan))
+    merged.update(wall_s=time.perf_counter() - started, backend=backend, world_size=world_size, quick=quick, plan=asdict(plan))
     return merged
 
 
@@ -393,9 +404,7 @@ def build_profile(measured: dict, *, name: str, command: str, previous: dict | N
     where = f"measured by `{command}` on {date} ({n} ranks, {backend}; {platform.node() or 'this host'})"
     gemm_peaks = {k: round(f.best_measured_tflops, 6) for k, f in fits["gemm"].items()}
     efficiency = dict((previous or {}).get("efficiency", {}))
-    efficiency.update({
-        f"{c}_bus_efficiency": round(fits["collectives"][c].busbw_GBps / link_GBps, 4)
-        for c in ("allreduce", "allgather", "reducescatter")})
+    efficiency.update(efficiency_from_fits(fits, gemm_peaks))
     single_node_note = ("single machine: no network was measured; the inter-node keys repeat the local "
                         "point-to-point fit so that plans spanning 'nodes' of this profile stay computable")
     doc = {
@@ -409,12 +418,12 @@ def build_profile(measured: dict, *, name: str, command: str, previous: dict | N
         "peak_tflops": gemm_peaks,
         "intra_node_interconnect": "loopback TCP (gloo)" if backend == "gloo" else "NCCL intra-node",
         "intra_node_GBps_per_device": round(link_GBps, 4),
-        "intra_node_latency_us": round(max(p2p.alpha_us, 0.01), 3),
+        "intra_node_latency_us": round(max(ar.alpha_us, 0.01), 3),
         "inter_node_interconnect": "none (single machine; loopback figures)",
         "nics_per_node": 1,
         "Gbps_per_nic": round(link_GBps * 8, 4),
         "inter_node_Gbps_per_node": round(link_GBps * 8, 4),
-        "inter_node_latency_us": round(max(p2p.alpha_us, 0.01), 3),
+        "inter_node_latency_us": round(max(ar.alpha_us, 0.01), 3),
         "host_device_GBps": round(copy_GBps, 3),
         "price_usd_per_hour": None,
         "efficiency": efficiency,
@@ -427,19 +436,21 @@ def build_profile(measured: dict, *, name: str, command: str, previous: dict | N
             "peak_tflops": "best measured torch.mm rate per rank over the GEMM sizes with all ranks busy "
                            f"(no datasheet for this device); {where}",
             "intra_node_GBps_per_device": f"1/beta of the alpha-beta fit of p2p ping-pong; {where}",
-            "intra_node_latency_us": f"alpha of the alpha-beta fit of p2p ping-pong; {where}",
+            "intra_node_latency_us": f"alpha (latency per ring step) of the all-reduce fit; {where}",
             "nics_per_node": single_node_note, "Gbps_per_nic": single_node_note,
             "inter_node_Gbps_per_node": single_node_note, "inter_node_latency_us": single_node_note,
             "host_device_GBps": "host and device are the same memory on a CPU: the copy bandwidth"
                                 if backend == "gloo" else "not measured: copy bandwidth used as a stand-in",
             "price_usd_per_hour": "a local machine: no hourly price",
-            "efficiency": "*_bus_efficiency = fitted bus bandwidth of that collective / p2p link bandwidth, "
-                          f"{where}; other keys kept from the previous file",
+            "efficiency": "*_bus_efficiency = fitted bus bandwidth of that collective / p2p link bandwidth; "
+                          "gemm_efficiency_max[_fp32] = fitted GEMM rate R / peak_tflops of bf16 [fp32]; "
+                          f"gemm_fixed_us = fitted fp32 GEMM overhead t0; {where}; other keys kept from the "
+                          "previous file (docs/calibration.md)",
         },
         "calibration": {
             "command": command, "date": date, "torch": torch.__version__, "backend": backend,
             "world_size": n, "threads_per_rank": threads if backend == "gloo" else None, "cpu_count": cores,
-            "quick": measured["quick"],
+            "quick": measured["quick"], "wall_s": measured.get("wall_s"), "measure_s": measured.get("measure_s"),
             "load_average_1min": measured.get("load_average_1min"),
             "gemm": {k: {**_fit_dict(f), "half_efficiency_flops": f.half_efficiency_flops,
                          "points_m_n_k_s": measured["gemm"][k]} for k, f in fits["gemm"].items()},
@@ -451,6 +462,28 @@ def build_profile(measured: dict, *, name: str, command: str, previous: dict | N
         },
     }
     return doc
+
+
+def efficiency_from_fits(fits: dict, gemm_peaks: dict[str, float]) -> dict[str, float]:
+    """The cost models' `efficiency` keys (docs/cost-model.md) that a calibration measures.
+
+    - `<coll>_bus_efficiency` = B_bus(coll) / B_p2p: with intra_node_GBps_per_device = B_p2p, the
+      cost model's link x efficiency reproduces each fitted bus bandwidth.
+    - `gemm_efficiency_max_fp32` / `gemm_efficiency_max` = R / peak of fp32 / bf16 and
+      `gemm_fixed_us` = t0 (fp32, the CPU training dtype): the cost model's
+      t = F / (peak e_max) + t0 is then exactly the fitted t = t0 + F / R.
+    """
+    link = fits["collectives"]["p2p"].busbw_GBps
+    out = {f"{c}_bus_efficiency": round(fits["collectives"][c].busbw_GBps / link, 4)
+           for c in ("allreduce", "allgather", "reducescatter") if c in fits["collectives"]}
+    gemm = fits["gemm"]
+    if "fp32" in gemm:
+        out["gemm_efficiency_max_fp32"] = round(min(1.0, gemm["fp32"].rate_tflops / gemm_peaks["fp32"]), 4)
+        out["gemm_fixed_us"] = round(gemm["fp32"].overhead_us, 3)
+    low = "bf16" if "bf16" in gemm else "fp16" if "fp16" in gemm else None
+    if low:
+        out["gemm_efficiency_max"] = round(min(1.0, gemm[low].rate_tflops / gemm_peaks[low]), 4)
+    return out
 
 
 def _fit_dict(fit) -> dict:

@@ -110,4 +110,6 @@ def calibrate(
     typer.echo(f"copy        {c['copy']['GBps']:.2f} GB/s per rank (read + write)")
     for coll, f in c["collectives"].items():
         typer.echo(f"{coll:<13} alpha {f['alpha_us']:8.1f} us/step, busbw {f['busbw_GBps']:7.3f} GB/s "
-                   f"(rms rel err {f['rms_rel_error']:.2f}, {f['points']} sizes)")
+                   f"(rms rel err {f['rms_rel_error']:.2f}, {f['points']} sizes)"
+                   + ("  [bandwidth not identified: messages too small]"
+                      if f["bandwidth_share_at_max"] < 0.05 else ""))
