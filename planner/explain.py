@@ -32,6 +32,11 @@ class Explanation:
         return "\n".join(parts)
 
 
+def _even(blocks: int, chunks: int):
+    from planner.partition import even_split
+    return even_split(blocks, chunks)
+
+
 def describe_config(plan: Mapping[str, Any]) -> str:
     """One-line summary of a plan's parallel configuration."""
     sched = plan["schedule"] + (f"(v={plan['virtual_stages']})" if plan.get("virtual_stages", 1) > 1 else "")
@@ -42,8 +47,9 @@ def describe_config(plan: Mapping[str, Any]) -> str:
     if plan.get("sequence_parallel"):
         text += " sp"
     text += f" {plan['placement']}"
-    if plan.get("stages"):
-        text += f" stages={list(plan['stages'])}"
+    stages = plan.get("stages")
+    if stages and tuple(stages) != tuple(_even(sum(stages), len(stages))):
+        text += f" stages={list(stages)}"
     return text
 
 
@@ -64,7 +70,7 @@ def time_lines(doc: Mapping[str, Any]) -> list[str]:
     step = n["step_time_s"]
     terms = sorted(n["time_breakdown_s"].items(), key=lambda kv: -abs(kv[1]))
     lines = [f"  {name:<16} {seconds:10.3f} s  {seconds / step:6.1%}" for name, seconds in terms]
-    total = sum(n["time_breakdown_s"].values())
+    total = sum(v for k, v in n["time_breakdown_s"].items() if "part_of" not in k)
     if abs(total - step) > 1e-6 * max(step, 1e-12):
         lines.append(f"  (terms sum to {total:.3f} s; the step is {step:.3f} s because communication overlaps "
                      "computation where the schedule allows)")

@@ -274,8 +274,9 @@ def _cpsat_solve(problem: PartitionProblem, *, minimize: str, work_bound: int | 
     return status, tuple(b - a for a, b in zip(cuts, cuts[1:])), solver.Value(max_w)
 
 
-def split(problem: PartitionProblem, *, objective: str = "speed", slack: float = 0.05) -> Partition:
+def split(problem: PartitionProblem, *, objective: str = "speed", slack: float = 0.05,
+          time_limit_s: float = 10.0) -> Partition:
     """The exact solver for the problem: the DP for v = 1, CP-SAT when a rank holds several stages."""
     if problem.virtual_stages == 1:
         return split_dp(problem, objective=objective, slack=slack)
-    return split_cpsat(problem, objective=objective, slack=slack)
+    return split_cpsat(problem, objective=objective, slack=slack, time_limit_s=time_limit_s)

@@ -9,7 +9,9 @@ fixes the static memory; its leanest completion (micro-batch 1, strongest recomp
 parallelism, any placement) holds the least memory of all its expansions, so a skeleton whose leanest
 candidate does not fit is dropped without expanding it. The survivors get their micro-batches and the
 same bound is taken per (skeleton, micro-batch); only then are recompute, sequence parallelism and
-placement expanded and every complete candidate scored. Bound rows are scored by the same `score()`.
+placement expanded and scored. Bound rows are scored by the same `score()`. Recompute only adds time,
+so recompute levels are scored weakest first and a candidate whose weaker-recompute sibling already
+fits is not scored for throughput and cost (it is dominated); the memory objective scores them all.
 
 Objectives:
 - throughput: least step time among the candidates that fit (default);
@@ -41,6 +43,9 @@ DEFAULT_BATCH_TOKENS = 2 ** 21
 Table 2.1) and Llama 2's 4M (Touvron et al. 2023); rounded up to a multiple of the world size."""
 SCORE_CHUNK = 262_144
 """Candidates scored per call (bounds the scorer's temporary arrays; one progress tick each)."""
+CPSAT_MAX_CHUNKS = 16
+"""Interleaved candidates with more chunks than this keep the even split (CP-SAT grows slow there)."""
+CPSAT_TIME_LIMIT_S = 1.0
 REFINE_TOP = 8
 """Leading candidates whose pipeline stages are re-split unevenly and re-scored with estimate()."""
 
@@ -71,6 +76,8 @@ class SearchStats:
     """Valid candidates in the space: scored plus pruned by a memory bound."""
     pruned_by_memory_bound: int = 0
     """Candidates never expanded because their skeleton's leanest completion does not fit."""
+    pruned_by_dominance: int = 0
+    """Candidates not scored because a sibling with less recompute fits (and is therefore faster)."""
     bound_evaluations: int = 0
     """Leanest completions scored for the bounds."""
     refined: int = 0
@@ -82,6 +89,7 @@ class SearchStats:
         return {"candidates_evaluated": self.candidates_evaluated, "feasible": self.feasible,
                 "seconds": round(self.seconds, 4), "space": self.space,
                 "pruned_by_memory_bound": self.pruned_by_memory_bound,
+                "pruned_by_dominance": self.pruned_by_dominance,
                 "bound_evaluations": self.bound_evaluations, "refined": self.refined,
                 "rejected": dict(self.rejected)}
 
@@ -221,7 +229,7 @@ class ScoredSpace:
 
 def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int, precision: str,
                 optimizer: str, space: SearchSpace = SearchSpace(), score_fn=None, prune: bool = True,
-                progress: Callable[[int, int], None] | None = None) -> ScoredSpace:
+                dominance: bool = True, progress: Callable[[int, int], None] | None = None) -> ScoredSpace:
     """Generate, bound and score the whole space (module docstring); no ranking yet."""
     t0 = time.perf_counter()
     heads, kv_heads, blocks = _model_shape(model)
@@ -247,8 +255,12 @@ def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int
         keep2 = peak2 <= capacity
         pruned += int(free_knob_count(_take(rows, ~keep2), space=space).sum())
         rows = _take(rows, keep2)
-    full = with_free_knobs(rows, space=space)
-    total = len(full["dp"])
+    # Recompute only adds time: where a candidate fits with less recompute, its siblings with more
+    # are slower and are not scored (for the throughput and cost objectives; the memory objective
+    # wants them). Levels are scored weakest first.
+    levels = sorted(RECOMPUTE.index(r) for r in space.recompute)
+    base = with_free_knobs(rows, space=replace(space, recompute=(RECOMPUTE[levels[0]],)))
+    total = len(base["dp"]) * len(levels)
     done = [0]
 
     def tick(n: int) -> None:
@@ -256,10 +268,22 @@ def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int
         if progress is not None:
             progress(done[0], total)
 
-    step, peak = scorer(full, tick) if total else (np.zeros(0), np.zeros(0))
-    stats = SearchStats(candidates_evaluated=total, feasible=int((peak <= capacity).sum()),
+    pending = np.arange(len(base["dp"]))
+    parts, steps, peaks = [], [], []
+    for level in levels:
+        sub = _take(base, pending)
+        sub["recompute"] = np.full(len(pending), level, dtype=np.int64)
+        step, peak = scorer(sub, tick) if len(pending) else (np.zeros(0), np.zeros(0))
+        parts.append(sub), steps.append(step), peaks.append(peak)
+        if dominance:
+            pending = pending[peak > capacity]
+    full = {k: np.concatenate([p[k] for p in parts]) for k in FIELDS}
+    step, peak = np.concatenate(steps), np.concatenate(peaks)
+    scored_n = len(step)
+    dominated = total - scored_n
+    stats = SearchStats(candidates_evaluated=scored_n, feasible=int((peak <= capacity).sum()),
                         seconds=time.perf_counter() - t0, space=total + pruned, pruned_by_memory_bound=pruned,
-                        bound_evaluations=bound_evals, rejected=dict(rejected))
+                        pruned_by_dominance=dominated, bound_evaluations=bound_evals, rejected=dict(rejected))
     return ScoredSpace(arrays=full, step_time_s=step, peak_bytes_per_gpu=peak, capacity_bytes=capacity,
                        leanest_arrays=lean1, leanest_peak_bytes=peak1, stats=stats)
 
@@ -380,7 +404,12 @@ def uneven_stages(model, cfg: ParallelConfig) -> tuple[int, ...]:
 
     if cfg.pp == 1 or not hasattr(model, "total_blocks"):
         return ()
-    part = split(stage_problem(model, cfg))
+    if cfg.virtual_stages > 1 and cfg.pp * cfg.virtual_stages > CPSAT_MAX_CHUNKS:
+        return ()
+    try:
+        part = split(stage_problem(model, cfg), time_limit_s=CPSAT_TIME_LIMIT_S)
+    except ConfigError:       # no split within the limits: keep the even one
+        return ()
     return () if part.stages == even_split(model.total_blocks, cfg.pp * cfg.virtual_stages) else part.stages
 
 
@@ -450,7 +479,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
 
     scored = score_space(model, hardware, world_size=world, global_batch=global_batch, seq=seq,
                          precision=precision, optimizer=optimizer, space=space, score_fn=score_fn,
-                         progress=progress)
+                         dominance=objective != "memory", progress=progress)
     order = rank(scored, objective)
     if len(order) == 0:
         raise no_fit_error(scored, model=model, hardware=hardware, world_size=world, global_batch=global_batch,

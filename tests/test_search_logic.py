@@ -98,8 +98,8 @@ def test_default_global_batch_is_about_2m_tokens_and_a_multiple_of_the_world():
 
 def test_pruning_by_memory_bound_keeps_the_same_answer():
     kw = dict(world_size=16, global_batch=32, seq=128, precision="bf16", optimizer="adamw", score_fn=fake_score)
-    pruned = score_space(MODEL, hw(3e8), **kw)
-    full = score_space(MODEL, hw(3e8), prune=False, **kw)
+    pruned = score_space(MODEL, hw(3e8), dominance=False, **kw)
+    full = score_space(MODEL, hw(3e8), prune=False, dominance=False, **kw)
     assert pruned.stats.pruned_by_memory_bound > 0
     assert pruned.stats.space == full.stats.candidates_evaluated
     assert pruned.stats.feasible == full.stats.feasible
@@ -173,3 +173,12 @@ def test_bad_objective_and_impossible_space():
         search(objective="speed")
     with pytest.raises(ConfigError, match="global_batch"):
         search(gpus=16, global_batch=3, space=SearchSpace(max_tp=1))
+
+
+def test_recompute_dominance_keeps_the_best_and_skips_slower_siblings():
+    kw = dict(world_size=16, global_batch=32, seq=128, precision="bf16", optimizer="adamw", score_fn=fake_score)
+    fast = score_space(MODEL, hw(3e8), **kw)
+    every = score_space(MODEL, hw(3e8), dominance=False, **kw)
+    assert fast.stats.pruned_by_dominance > 0
+    assert fast.stats.candidates_evaluated + fast.stats.pruned_by_dominance == every.stats.candidates_evaluated
+    assert fast.step_time_s[rank(fast, "throughput")[0]] == every.step_time_s[rank(every, "throughput")[0]]

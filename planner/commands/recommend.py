@@ -87,25 +87,31 @@ def _print_table(rec, out: Path | None) -> None:
     from rich.table import Table
 
     from planner.explain import describe_config
+    from planner.partition import even_split
 
     best = rec.best
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
     hw, model = best["hardware"], best["model"]
     table = Table(title=f"{model['name']} on {hw['gpus']} x {hw['name']} ({hw['nodes']} nodes), "
                         f"global batch {best['plan']['global_batch']} x {best['plan']['seq']} tokens, "
                         f"objective {rec.objective}")
-    for name in ("#", "dp", "tp", "pp", "mb", "m", "schedule", "zero", "recomp", "offload", "sp", "place",
-                 "stages", "step s", "tokens/s", "MFU", "GiB/GPU"):
-        table.add_column(name, justify="right" if name not in ("schedule", "recomp", "offload", "place") else "left")
+    left = ("schedule", "recompute", "offload", "place", "stages")
+    columns = ["#", "dp.tp.pp", "mb x m", "schedule", "ZeRO", "recompute", "offload", "SP", "place", "stages",
+               "step s", "tokens/s", "MFU", "GiB/GPU"]
     has_cost = "cost" in best["prediction"]
     if has_cost:
-        table.add_column("$/1B tok", justify="right")
+        columns.append("$/1B tok")
+    for name in columns:
+        table.add_column(name, justify="left" if name in left else "right", no_wrap=True)
     for i, doc in enumerate([best, *rec.alternatives], start=1):
         p, pred = doc["plan"], doc["prediction"]
         sched = p["schedule"] + (f" v{p['virtual_stages']}" if p["virtual_stages"] > 1 else "")
-        row = [str(i), str(p["dp"]), str(p["tp"]), str(p["pp"]), str(p["micro_batch"]), str(p["num_microbatches"]),
+        uneven = p.get("stages") and tuple(p["stages"]) != even_split(sum(p["stages"]), len(p["stages"]))
+        row = [str(i), f"{p['dp']}.{p['tp']}.{p['pp']}", f"{p['micro_batch']} x {p['num_microbatches']}",
                sched, str(p["zero"]), p["recompute"], p["offload"], "y" if p["sequence_parallel"] else "-",
-               p["placement"], "uneven" if p.get("stages") else "even", f"{pred['step_time_s']:.3f}",
+               p["placement"], "uneven" if uneven else "even", f"{pred['step_time_s']:.3f}",
                f"{pred['tokens_per_s']:,.0f}", f"{pred['mfu']:.1%}",
                f"{pred['memory']['peak_bytes_per_gpu'] / 2**30:.1f}"]
         if has_cost:
@@ -113,9 +119,10 @@ def _print_table(rec, out: Path | None) -> None:
         table.add_row(*row)
     console.print(table)
     s = rec.stats
-    console.print(f"searched {s.candidates_evaluated:,} candidates ({s.feasible:,} fit; "
-                  f"{s.pruned_by_memory_bound:,} more pruned by memory bounds) in {s.seconds:.2f} s; "
-                  f"best: {describe_config(best['plan'])}")
+    console.print(f"searched {s.candidates_evaluated:,} candidates in {s.seconds:.2f} s ({s.feasible:,} fit; "
+                  f"not scored: {s.pruned_by_memory_bound:,} below a memory bound, {s.pruned_by_dominance:,} "
+                  f"dominated by a sibling with less recompute)")
+    console.print(f"best: {describe_config(best['plan'])}")
     train = best["prediction"].get("to_train")
     if train:
         cost = f", ${train['usd']:,.0f}" if "usd" in train else ""
