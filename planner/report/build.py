@@ -81,7 +81,13 @@ def build_report(scenario: Scenario, *, plan_document: Mapping[str, Any] | None 
     ]
     title = (f"Parallel training report: {best['model']['name']} on {best['hardware']['gpus']} x "
              f"{hw.device} ({best['hardware']['nodes']} x {hw.name})")
-    return ReportContent(title=title, sections=tuple(sections), checklist=tuple(rules), notes=tuple(notes))
+    data = {"scenario": dataclasses.asdict(scenario), "best": best, "alternatives": alternatives,
+            "search": {"candidates_evaluated": search.candidates_evaluated, "feasible": search.feasible,
+                       "seconds": search.seconds, "scored": len(search.step_time_s)},
+            "scaling": [{k: v for k, v in r.items() if k not in ("document", "search")} for r in scaling_rows],
+            "seed_argument": seed_rows, "checklist": [dataclasses.asdict(r) for r in rules]}
+    return ReportContent(title=title, sections=tuple(sections), checklist=tuple(rules), notes=tuple(notes),
+                         data=data)
 
 
 # --- checklist context ---------------------------------------------------------------------------

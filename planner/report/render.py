@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -42,6 +43,9 @@ class ReportContent:
     sections: tuple[Section, ...]
     checklist: tuple[RuleResult, ...]
     notes: tuple[str, ...] = field(default=())
+    data: Mapping[str, Any] = field(default_factory=dict)
+    """The numbers behind the report (plan documents, scaling and seed rows, checklist), written
+    as report.json beside it."""
 
     @property
     def figures(self) -> list[Figure]:
@@ -49,7 +53,7 @@ class ReportContent:
 
 
 def write_report(content: ReportContent, out_dir: Path) -> tuple[Path, Path]:
-    """Write report.html, report.md and figures/*.png under out_dir; return the two report paths."""
+    """Write report.html, report.md, report.json and figures/*.png under out_dir; return the two report paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     fig_dir = out_dir / "figures"
     fig_dir.mkdir(exist_ok=True)
@@ -58,6 +62,7 @@ def write_report(content: ReportContent, out_dir: Path) -> tuple[Path, Path]:
     html_path, md_path = out_dir / "report.html", out_dir / "report.md"
     html_path.write_text(to_html(content))
     md_path.write_text(to_markdown(content))
+    (out_dir / "report.json").write_text(json.dumps(content.data, indent=1, default=_jsonable) + "\n")
     return html_path, md_path
 
 
@@ -159,3 +164,11 @@ def to_html(content: ReportContent) -> str:
 
 def table_from_records(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> Table:
     return Table(columns=tuple(columns), rows=tuple(tuple(r.get(c) for c in columns) for r in records))
+
+
+def _jsonable(value):
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")

@@ -1,0 +1,129 @@
+"""`planner report`: figures and every checklist rule in both renderings, numbers equal to
+recommend/estimate for the same plan, the BatchNorm rule, and the error paths."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hardware_profiles import load_profile
+from planner.cli import app
+from planner.estimate import estimate
+from planner.report import checklist
+from planner.report.backend import batchnorm_count, config_from_document
+from planner.search import recommend
+from planner.sources import resolve_model
+
+runner = CliRunner()
+TESTS = Path(__file__).parent
+SMALL = ["gpt2", "--hardware", "p4d.24xlarge", "--gpus", "16", "--global-batch", "64", "--scaling-nodes", "1,2"]
+
+
+def _report(tmp_path, *args, name="r"):
+    out = tmp_path / name
+    result = runner.invoke(app, ["report", *args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def small_report(tmp_path_factory):
+    return _report(tmp_path_factory.mktemp("report"), *SMALL)
+
+
+def test_html_and_markdown_hold_every_figure_and_every_rule(small_report):
+    html = (small_report / "report.html").read_text()
+    md = (small_report / "report.md").read_text()
+    n_fig_html = html.count('class="report-figure"')
+    assert n_fig_html >= 4
+    assert html.count('src="data:image/png;base64,') == n_fig_html           # embedded: opens offline
+    images = re.findall(r"!\[[^\]]*\]\((figures/[^)]+\.png)\)", md)
+    assert len(images) == n_fig_html
+    assert all((small_report / p).stat().st_size > 1000 for p in images)     # referenced relatively, present
+    rule_ids = [rule.__name__ for rule in checklist.RULES]
+    rows = re.findall(r'<tr class="rule" data-rule="([^"]+)" data-status="(pass|warn)"', html)
+    assert len(rows) == len(rule_ids) == 10 and len({r for r, _ in rows}) == 10
+    md_rows = re.findall(r"^\| (PASS|WARN) \| ", md, flags=re.M)
+    assert len(md_rows) == len(rule_ids)
+    for heading in ("Scenario", "Recommended plan and runners-up", "Time and memory breakdown", "Pipeline timeline",
+                    "Pareto front", "Scaling across node counts", "argument: log-n all-reduce", "Best-practice checklist"):
+        assert heading in html and heading in md
+
+
+def test_report_numbers_equal_recommend_and_estimate_for_the_same_plan(small_report):
+    data = json.loads((small_report / "report.json").read_text())
+    model, hw = resolve_model("gpt2"), load_profile("p4d.24xlarge")
+    rec = recommend(model, hw, gpus=16, global_batch=64, top=4, tokens=300e9)
+    assert data["best"]["plan"] == rec.best["plan"]
+    assert data["best"]["prediction"]["step_time_s"] == rec.best["prediction"]["step_time_s"]
+    assert [a["plan"] for a in data["alternatives"]] == [a["plan"] for a in rec.alternatives]
+    direct = estimate(model, hw, config_from_document(data["best"]), gpus=16).to_document()
+    for key in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "memory", "time_breakdown_s"):
+        assert data["best"]["prediction"][key] == pytest.approx(direct["prediction"][key], rel=1e-12)
+    md = (small_report / "report.md").read_text()
+    pred = direct["prediction"]
+    assert f"{pred['tokens_per_s']:,.0f} tokens/s" in md
+    assert f"{pred['step_time_s']:.4g} s" in md
+    assert f"peak {pred['memory']['peak_bytes_per_gpu'] / 1e9:.2f} GB" in md
+    # the scaling row at the scenario's node count is the same plan
+    row = next(r for r in data["scaling"] if r["gpus"] == 16)
+    assert row["tokens_per_s"] == pytest.approx(pred["tokens_per_s"], rel=1e-12)
+
+
+def test_a_plan_file_reports_its_own_configuration(tmp_path, small_report):
+    best = json.loads((small_report / "report.json").read_text())["best"]
+    doc = dict(best)
+    plan = dict(doc["plan"])
+    plan.update(zero=0, offload="none")                     # a different, valid plan than the winner
+    doc["plan"] = plan
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    out = _report(tmp_path, str(path), "--scaling-nodes", "2")
+    data = json.loads((out / "report.json").read_text())
+    assert data["best"]["plan"]["zero"] == 0 and data["best"]["plan"]["offload"] == "none"
+    direct = estimate(resolve_model("gpt2"), load_profile("p4d.24xlarge"), config_from_document(doc), gpus=16)
+    assert data["best"]["prediction"]["step_time_s"] == pytest.approx(direct.step_time_s, rel=1e-12)
+    assert "plan file" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("factory,status", [("tiny_transformer_with_batchnorm", "warn"), ("tiny_transformer", "pass")])
+def test_batchnorm_rule_warns_only_for_a_module_with_batchnorm(tmp_path, monkeypatch, factory, status):
+    monkeypatch.syspath_prepend(str(TESTS))
+    out = _report(tmp_path, f"fixtures.bn_factories:{factory}", "--hardware", "p4d.24xlarge", "--gpus", "8",
+                  "--global-batch", "16", "--scaling-nodes", "1")
+    html = (out / "report.html").read_text()
+    assert f'data-rule="batchnorm" data-status="{status}"' in html
+    md = (out / "report.md").read_text()
+    line = next(l for l in md.splitlines() if "Synchronise BatchNorm" in l)
+    assert line.startswith(f"| {status.upper()} |")
+    assert ("1 BatchNorm modules" in line) == (status == "warn")
+
+
+def test_batchnorm_count_scans_the_factory_on_meta(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    assert batchnorm_count("fixtures.bn_factories:small_cnn_with_batchnorm") == 2
+    assert batchnorm_count("fixtures.bn_factories:small_mlp_with_batchnorm1d") == 2   # SyncBatchNorm counts
+    assert batchnorm_count("fixtures.bn_factories:small_cnn_with_groupnorm") == 0
+    assert batchnorm_count("gpt2") == 0
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["gpt2", "--gpus", "8"], "--hardware"),
+    (["gpt2", "--hardware", "p4d.24xlarge"], "--gpus"),
+    (["gpt2", "--hardware", "p4d.24xlarge", "--gpus", "8", "--scaling-nodes", "1,x"], "--scaling-nodes"),
+    (["no-such-model", "--hardware", "p4d.24xlarge", "--gpus", "8"], "MODEL"),
+    (["gpt2", "--hardware", "no-such-box", "--gpus", "8"], "hardware"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
+    result = runner.invoke(app, ["report", *args, "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2, result.output
+    assert needle in result.output and "Traceback" not in result.output
+
+
+def test_a_module_the_cost_model_cannot_score_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    result = runner.invoke(app, ["report", "fixtures.bn_factories:small_cnn_with_batchnorm", "--hardware",
+                                 "p4d.24xlarge", "--gpus", "8", "--out", str(tmp_path / "x")])
+    # the profiler needs token inputs (or example_inputs); either way one line, exit 2
+    assert result.exit_code == 2 and "MODEL" in result.output and "Traceback" not in result.output
