@@ -1,7 +1,9 @@
 """Spawn world-size local worker processes (gloo on CPU, or one GPU each with nccl) and watch them.
 
-Each worker is `python -m planner.executor.worker RUNSPEC.json WORKDIR` with torchrun's environment
-(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT). The parent watches exit codes and heartbeats
+Each worker runs `planner.executor.worker.main(RUNSPEC.json, WORKDIR)` with torchrun's environment
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT): forked from this process for gloo (the imports of
+torch and its distributed packages, ~5 s of CPU per process, are paid once), or as
+`python -m planner.executor.worker` in a fresh interpreter for nccl. The parent watches exit codes and heartbeats
 (faults.watch) and reads rank 0's gathered results from WORKDIR/result.pt. On a cluster, run
 `planner run` itself under torchrun instead (docs/executor.md).
 """
@@ -39,6 +41,73 @@ class LaunchResult:
     """Where the logs, heartbeats and result file are."""
 
 
+class _ForkedWorker:
+    """A forked worker with the slice of subprocess.Popen's interface that faults.watch uses."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+
+def _preload() -> None:
+    """Import what every worker needs once, in the parent, so forked workers skip ~5 s of imports each."""
+    import torch.distributed.algorithms._checkpoint.checkpoint_wrapper  # noqa: F401
+    import torch.distributed.checkpoint  # noqa: F401
+    import torch.distributed.checkpoint.state_dict  # noqa: F401
+    import torch.distributed.fsdp  # noqa: F401
+    import torch.distributed.pipelining  # noqa: F401
+    import torch.distributed.tensor.parallel  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+    import planner.executor.worker  # noqa: F401
+
+
+def _fork_worker(args: list[str], env: dict, log_path: Path, threads: int) -> _ForkedWorker:
+    pid = os.fork()
+    if pid:
+        return _ForkedWorker(pid)
+    code = 1
+    try:  # the child: own session (so the parent can stop its group), own log, torchrun's environment
+        os.setsid()
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        os.environ.clear()
+        os.environ.update(env)
+        torch.set_num_threads(threads)
+        from planner.executor.worker import main
+
+        code = main(args)
+    finally:
+        os._exit(code)
+
+
+def start_method(spec: RunSpec) -> str:
+    """'fork' (gloo on Linux: workers inherit the parent's imports) or 'spawn' (fresh interpreters;
+    nccl, or PLANNER_EXECUTOR_START=spawn)."""
+    wanted = os.environ.get("PLANNER_EXECUTOR_START")
+    if wanted in ("fork", "spawn"):
+        return wanted
+    return "fork" if spec.backend == "gloo" and hasattr(os, "fork") and sys.platform == "linux" else "spawn"
+
+
 def launch_local(spec: RunSpec, *, workdir: str | Path | None = None, stall_s: float | None = None) -> LaunchResult:
     """Run `spec` on world-size local processes; raise ExecutorError naming the failing rank."""
     world = spec.config.world_size
@@ -50,10 +119,16 @@ def launch_local(spec: RunSpec, *, workdir: str | Path | None = None, stall_s: f
     base_env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
                     LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     procs = []
+    method = start_method(spec)
+    if method == "fork":
+        _preload()
     t0 = time.perf_counter()
     try:
         for rank in range(world):
             env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank))
+            if method == "fork":
+                procs.append(_fork_worker([str(spec_path), str(work)], env, work / f"rank-{rank}.log", threads))
+                continue
             log = open(work / f"rank-{rank}.log", "wb")
             procs.append(subprocess.Popen([sys.executable, "-m", "planner.executor.worker", str(spec_path), str(work)],
                                           env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
