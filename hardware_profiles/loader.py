@@ -11,6 +11,7 @@ import json
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import NoReturn
 
 from hardware_profiles import HardwareProfile
 from planner.errors import ConfigError
@@ -234,7 +235,7 @@ def _describe(spec: KeySpec) -> str:
     return kind
 
 
-def _fail(origin: str, key: str, value: object, allowed: str, *, what: str = "") -> None:
+def _fail(origin: str, key: str, value: object, allowed: str, *, what: str = "") -> NoReturn:
     shown = repr(value)
     if len(shown) > 60:
         shown = shown[:57] + "..."

@@ -268,6 +268,11 @@ def _worker(rank: int, world_size: int, port: int, backend: str, plan: Plan, out
     dst = torch.empty_like(src)
     result["copy"] = {"bytes_moved": 2 * plan.copy_bytes, "seconds": measure(lambda: dst.copy_(src))}
     _progress(rank, f"copy: {result['copy']['bytes_moved'] / result['copy']['seconds'] / 1e9:.2f} GB/s per rank")
+    if use_cuda:  # PCIe: pinned host buffer to device, one direction, bytes counted once
+        host = torch.empty(plan.copy_bytes, dtype=torch.uint8, pin_memory=True)
+        result["host_to_device"] = {"bytes_moved": plan.copy_bytes,
+                                    "seconds": measure(lambda: dst.copy_(host, non_blocking=True))}
+        del host
     del src, dst
 
     n = world_size
@@ -391,6 +396,8 @@ def build_profile(measured: dict, *, name: str, command: str, previous: dict | N
     cores = os.cpu_count() or 1
     threads = max(1, cores // n)
     copy_GBps = measured["copy"]["bytes_moved"] / measured["copy"]["seconds"] / 1e9
+    h2d = measured.get("host_to_device")
+    h2d_GBps = h2d["bytes_moved"] / h2d["seconds"] / 1e9 if h2d else copy_GBps
     p2p, ar = fits["collectives"]["p2p"], fits["collectives"]["allreduce"]
     link_GBps = p2p.busbw_GBps
     if backend == "nccl":
@@ -424,7 +431,7 @@ def build_profile(measured: dict, *, name: str, command: str, previous: dict | N
         "Gbps_per_nic": round(link_GBps * 8, 4),
         "inter_node_Gbps_per_node": round(link_GBps * 8, 4),
         "inter_node_latency_us": round(max(ar.alpha_us, 0.01), 3),
-        "host_device_GBps": round(copy_GBps, 3),
+        "host_device_GBps": round(h2d_GBps, 3),
         "price_usd_per_hour": None,
         "efficiency": efficiency,
         "sources": {
@@ -440,7 +447,7 @@ def build_profile(measured: dict, *, name: str, command: str, previous: dict | N
             "nics_per_node": single_node_note, "Gbps_per_nic": single_node_note,
             "inter_node_Gbps_per_node": single_node_note, "inter_node_latency_us": single_node_note,
             "host_device_GBps": "host and device are the same memory on a CPU: the copy bandwidth"
-                                if backend == "gloo" else "not measured: copy bandwidth used as a stand-in",
+                                if backend == "gloo" else f"pinned host to device copy, all ranks at once; {where}",
             "price_usd_per_hour": "a local machine: no hourly price",
             "efficiency": "*_bus_efficiency = fitted bus bandwidth of that collective / p2p link bandwidth; "
                           "gemm_efficiency_max[_fp32] = fitted GEMM rate R / peak_tflops of bf16 [fp32]; "
@@ -455,6 +462,7 @@ def build_profile(measured: dict, *, name: str, command: str, previous: dict | N
             "gemm": {k: {**_fit_dict(f), "half_efficiency_flops": f.half_efficiency_flops,
                          "points_m_n_k_s": measured["gemm"][k]} for k, f in fits["gemm"].items()},
             "copy": {**measured["copy"], "GBps": copy_GBps},
+            "host_to_device": {**h2d, "GBps": h2d_GBps} if h2d else None,
             "collectives": {k: {**_fit_dict(f), "points_bytes_s": measured["collectives"][k]}
                             for k, f in fits["collectives"].items()},
             "model": "collective t(S) = steps(n)*alpha + busfactor(n)*S/busbw (nccl-tests bus bandwidth); "

@@ -96,3 +96,35 @@ def test_sizes_too_small_to_see_bandwidth_are_flagged_not_absurd():
     fit = fit_alpha_beta("reducescatter", 2, sizes, np.full(3, 1e-3))  # flat: latency only
     assert fit.busbw_GBps <= 1e4 and fit.bandwidth_share_at_max < 0.01
     assert fit.alpha_us == pytest.approx(1000.0, rel=1e-3)
+
+
+def _synthetic_measurement(world_size: int) -> dict:
+    """What run_measurements returns, generated from known parameters (no processes)."""
+    sizes = [float(2 ** p) for p in range(10, 27, 2)]
+    truth = {"allreduce": (800e-6, 0.5e9), "allgather": (900e-6, 0.4e9), "reducescatter": (1000e-6, 0.2e9),
+             "p2p": (200e-6, 1.0e9)}
+    colls = {c: [[s, float(collective_seconds(c, world_size, s, a, b))] for s in sizes] for c, (a, b) in truth.items()}
+    gemm = {"fp32": [[n, n, n, 70e-6 + 2.0 * n ** 3 / 4e9] for n in (64, 128, 256, 512, 1024)],
+            "bf16": [[n, n, n, 2.0 * n ** 3 / 0.25e9] for n in (64, 128, 256)]}
+    return {"world_size": world_size, "backend": "gloo", "quick": False, "gemm": gemm,
+            "copy": {"bytes_moved": 2 << 28, "seconds": 0.25}, "collectives": colls}
+
+
+def test_profile_written_by_calibrate_makes_the_cost_model_reproduce_the_fits():
+    """The keys calibrate writes feed the cost model's formulas (docs/cost-model.md) so that they give
+    back the fitted times: all-reduce over 2 ranks (ring = tree there) and fp32 GEMMs."""
+    from cost_models.comm import group_collective_seconds
+    from cost_models.compute import gemm_seconds
+    from hardware_profiles.loader import profile_from_dict
+    from planner.calibrate import build_profile
+
+    doc = build_profile(_synthetic_measurement(2), name="synthetic", command="test",
+                        previous={"efficiency": {"dispatch_us_per_op": 5.0}})
+    hw = profile_from_dict(doc)
+    assert hw.efficiency["dispatch_us_per_op"] == 5.0
+    for size in (1e3, 1e6, 1e8):
+        expected = float(collective_seconds("allreduce", 2, size, 800e-6, 0.5e9))
+        assert float(group_collective_seconds("allreduce", size, 2, 2, hw)) == pytest.approx(expected, rel=1e-3)
+    n = 1024
+    assert float(gemm_seconds(n, n, n, hw=hw, precision="fp32")) == pytest.approx(70e-6 + 2.0 * n ** 3 / 4e9,
+                                                                                    rel=1e-3)
