@@ -15,6 +15,11 @@ Every function takes numbers or numpy arrays (broadcasting) and the physical par
 - Memory-bound kernels (norms, activations, dropout, residual adds, casts, softmax/loss):
   t = bytes / BW with BW the measured device-to-device copy bandwidth.
 - Optimizer step (AdamW reads/writes ~16-28 bytes per parameter): memory bound, same formula.
+- Communication overlapped with compute is not free: NCCL kernels occupy SMs and HBM bandwidth, so
+  a fraction `overlap_interference` of the hidden communication time is added (documented default
+  0.15, in the 10-25% slowdown of GEMMs co-running with NCCL reported by Wang et al. 2023,
+  "Overlap communication with dependent computation via decomposition", Sec. 2; not calibrated:
+  the validation rows have no overlapped communication).
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ DEFAULTS = {
     "flash_attention_efficiency": 0.35,
     "elementwise_bandwidth_fraction": 1.0,
     "dispatch_us_per_op": 0.0,
+    "overlap_interference": 0.15,
 }
 """Fallbacks when a profile's `efficiency` block lacks a key (H100 values, see the profile)."""
 

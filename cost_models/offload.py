@@ -19,6 +19,15 @@ CPU_ADAM_PARAMS_PER_S_PER_NODE = 2.0e9
 many-core host); overridable by the profile's efficiency key `cpu_adam_params_per_s_per_node`."""
 
 
+HOST_MEMORY_BYTES_PER_NODE = 2**40
+"""Host memory of a training node when the profile does not give `host_memory_bytes_per_node` in its
+efficiency block: 1 TiB (DGX A100's standard configuration; p4d has 1152 GiB, DGX H100 2 TiB)."""
+
+
+def host_memory_bytes_per_node(hw: HardwareProfile) -> float:
+    return float(hw.efficiency.get("host_memory_bytes_per_node", HOST_MEMORY_BYTES_PER_NODE))
+
+
 def pcie_Bps(hw: HardwareProfile) -> float:
     return hw.host_device_GBps * 1e9
 

@@ -215,13 +215,20 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     # ---- data parallel / ZeRO ------------------------------------------------------------------------
     pb, gb, ob = M.state_bytes_per_param(precision, optimizer, impl)
     grad_comm = params_rank * gb
-    t_dp = C.group_collective_seconds("allreduce", grad_comm, dp, local["D"], hw)
+    # ZeRO-3 only reduce-scatters gradients (parameters are all-gathered in the next forward, below);
+    # stages 0-2 move an all-reduce's volume (RS + AG for 1-2; Rajbhandari et al. 2020, Sec. 7).
+    t_dp = np.where(zero >= 3, C.group_collective_seconds("reduce_scatter", grad_comm, dp, local["D"], hw),
+                    C.group_collective_seconds("allreduce", grad_comm, dp, local["D"], hw))
     tail = np.minimum(1.0, DDP_BUCKET_BYTES / np.maximum(grad_comm, 1.0))
     last_bwd = most * (layer_b + rec + tp_b + tp_rec)
     exposed = np.maximum(t_dp - (1 - tail) * last_bwd, tail * t_dp) if overlap_grad_reduce else t_dp
     gather = C.group_collective_seconds("allgather", params_rank * c, dp, local["D"], hw)
-    z3_extra = np.maximum(0.0, m * 2.0 * gather - m * most * per_block)
-    dp_comm = np.where(dp > 1, exposed + np.where(zero >= 3, z3_extra, 0.0), 0.0)
+    z3_gathers = m * 2.0 * gather
+    z3_extra = np.maximum(0.0, z3_gathers - m * most * per_block)
+    # Communication hidden under compute still slows it: NCCL kernels occupy SMs and HBM bandwidth.
+    interference = K.eff(hw, "overlap_interference")
+    hidden = np.where(overlap_grad_reduce, t_dp - exposed, 0.0) + np.where(zero >= 3, z3_gathers - z3_extra, 0.0)
+    dp_comm = np.where(dp > 1, exposed + np.where(zero >= 3, z3_extra, 0.0) + interference * hidden, 0.0)
 
     # ---- optimizer and offload ----------------------------------------------------------------------
     updated = np.where(zero >= 1, params_rank / dp, params_rank)
@@ -242,10 +249,18 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     head_saved = head.saved.at(tp, sp, s) * tokens
     acts_first = inflight_first * (first * saved + emb_saved) + np.where(only_stage, head_saved, 0.0)
     acts_last = inflight_last * (last * saved + head_saved)
-    acts_first = np.where(off_act, np.minimum(acts_first, 2 * one_block), acts_first)
-    acts_last = np.where(off_act, np.minimum(acts_last, 2 * one_block + head_saved), acts_last)
-    act_offload_s = np.where(off_act, O.activation_offload_seconds(m * np.maximum(acts_first, acts_last),
-                                                                  ideal, hw), 0.0)
+    # Offloaded activations: every micro-batch's saved tensors go to the host and come back; the GPU
+    # keeps about two blocks' worth in flight, and whatever the host cannot hold (its memory is shared
+    # by the node's devices, after any offloaded optimizer states) stays on the GPU.
+    host_opt = np.where(off_opt, M.zero_sharded(params_rank * (ob + 4.0), dp, zero, 1), 0.0)
+    host_room = np.maximum(0.0, O.host_memory_bytes_per_node(hw) / hw.devices_per_node - host_opt)
+    act_volume = m * np.maximum(first * saved + emb_saved, last * saved + head_saved)
+    act_offload_s = np.where(off_act, O.activation_offload_seconds(act_volume, ideal, hw), 0.0)
+    act_offload_s = act_offload_s + np.where(off_act, K.eff(hw, "overlap_interference")
+                                             * np.minimum(2.0 * act_volume / O.pcie_Bps(hw), ideal), 0.0)
+    acts_first = np.where(off_act, np.maximum(np.minimum(acts_first, 2 * one_block), acts_first - host_room), acts_first)
+    acts_last = np.where(off_act, np.maximum(np.minimum(acts_last, 2 * one_block + head_saved), acts_last - host_room),
+                         acts_last)
 
     workspace = float(hw.efficiency.get("framework_workspace_bytes", M.DEFAULT_WORKSPACE_BYTES))
     grads_present = M.grads_persist(impl, m)
