@@ -5,6 +5,8 @@ length one, so the scalar and the search can never disagree) and build the plan 
 from __future__ import annotations
 
 import math
+import sys
+import types
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,12 +137,18 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
              flash: bool = True, dropout: bool = False, overlap_grad_reduce: bool = True) -> Estimate:
     """Validate `cfg` for `model` on `gpus` devices of `hw` and predict its step time and memory.
 
+    `model` is a TransformerSpec or a MODEL argument (catalog name, config.json path); `hw` a
+    HardwareProfile or a profile name/path.
+
     A configuration that does not fit in memory is still evaluated (`fits` False). Raises
     ConfigError for degrees that do not multiply to `gpus`, tp not dividing the heads, more
     pipeline chunks than blocks, stages not summing to the blocks, or an unknown implementation.
     """
     if isinstance(hw, str):
         hw = load_profile(hw)
+    if isinstance(model, str):
+        from planner.sources import resolve_model
+        model = resolve_model(model, seq=cfg.seq)
     if not isinstance(model, TransformerSpec):
         raise ConfigError("MODEL", getattr(model, "name", str(model)),
                           "a transformer (catalog name or config.json); module factories can be profiled, not estimated")
@@ -154,3 +162,14 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
                    precision=cfg.precision, optimizer=cfg.optimizer, impl=impl, flash=flash, dropout=dropout,
                    overlap_grad_reduce=overlap_grad_reduce)
     return Estimate(model=model, hardware=hw, config=cfg, gpus=gpus, impl=impl, scores=scores)
+
+
+class _CallableModule(types.ModuleType):
+    """`planner.estimate(...)` (cli-contract.md, Python API) works although importing this module
+    makes `planner.estimate` the module: calling the module calls `estimate`."""
+
+    def __call__(self, *args, **kwargs) -> Estimate:
+        return estimate(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

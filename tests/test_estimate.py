@@ -110,3 +110,12 @@ def test_scores_100k_candidates_fast():
     elapsed = time.perf_counter() - t0
     assert np.all(np.isfinite(s.step_time_s)) and np.all(s.peak_bytes_per_gpu > 0)
     assert elapsed < 3.0   # ~0.5 s on the 2-core CI machine; generous bound for shared runners
+
+
+def test_python_api_planner_estimate_by_names():
+    import planner
+
+    c = cfg()
+    est = planner.estimate("gpt3-175b", "dgx-a100-80g", c, gpus=64)
+    again = planner.estimate("gpt3-175b", "dgx-a100-80g", c, gpus=64)   # attribute is now the module
+    assert est.step_time_s == again.step_time_s == estimate(GPT3, HW, c, gpus=64).step_time_s
