@@ -325,6 +325,29 @@ def _pingpong(dist, rank: int, buf):
     return fn
 
 
+def _wait_all(procs, out_dir: str, *, deadline_s: float) -> None:
+    """Join the ranks; if one dies without its results (the others would wait forever in a
+    collective) or the deadline passes, stop the rest and raise."""
+    start = time.monotonic()
+    while any(p.is_alive() for p in procs):
+        for r, p in enumerate(procs):
+            if p.exitcode not in (None, 0) and not Path(out_dir, f"rank{r}.json").exists():
+                _stop(procs)
+                raise RuntimeError(f"calibration rank {r} failed (exit code {p.exitcode}) before writing results")
+        if time.monotonic() - start > deadline_s:
+            _stop(procs)
+            raise RuntimeError(f"calibration did not finish within {deadline_s:.0f} s")
+        time.sleep(0.1)
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(5)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -353,8 +376,7 @@ def run_measurements(world_size: int, *, quick: bool = False, backend: str | Non
                  for r in range(world_size)]
         for p in procs:
             p.start()
-        for p in procs:
-            p.join()
+        _wait_all(procs, out_dir, deadline_s=120.0 if quick else 900.0)
         results = []
         for r, p in enumerate(procs):
             path = Path(out_dir, f"rank{r}.json")
