@@ -47,6 +47,8 @@ def test_layout_equals_single_process_reference(name, tmp_path):
     assert verify["loss_max_rel_err"] <= 1e-5 and verify["param_max_rel_err"] <= 1e-5
     assert verify["problems"] == [] and verify["params_compared"] > 0  # no parameter missing or extra
     assert len(doc["ranks"]) == cfg.world_size
+    # measured beside predicted: the cost model's step time for the same plan on the cpu-local profile
+    assert doc["prediction"]["profile"] == "cpu-local" and doc["prediction"]["step_time_s"] > 0
     assert all(len(r["step_times_s"]) == 2 and min(r["step_times_s"]) > 0 for r in doc["ranks"])
     # every rank sits where the placement string puts it: tp innermost for "DPT"
     for r in doc["ranks"]:

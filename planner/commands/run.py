@@ -28,6 +28,7 @@ def run(
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the weights and the synthetic data.")] = 0,
     timeout_s: Annotated[float, typer.Option("--timeout-s", min=1.0, help="Process-group timeout: a hung rank fails the run after this long.")] = 60.0,
     workdir: Annotated[Optional[Path], typer.Option("--workdir", help="Where rank logs and heartbeats go (default: a temporary directory).")] = None,
+    hardware: Annotated[Optional[str], typer.Option("--hardware", help="Profile of the prediction column (default: cpu-local for gloo, the plan's hardware for nccl).")] = None,
     json_out: JsonOpt = False,
     inject_fault: Annotated[Optional[str], typer.Option("--inject-fault", hidden=True, help="Tests: kill:RANK:STEP or hang:RANK:STEP.")] = None,
 ) -> None:
@@ -58,9 +59,13 @@ def run(
         from planner.executor.verify import verify_run
 
         verification = verify_run(spec, ranks)
-    prediction, prediction_note = predict_step_time_s(spec)
+    if hardware is None:
+        from planner.plan import load_plan
+
+        hardware = "cpu-local" if spec.backend == "gloo" else load_plan(plan).hardware_name
+    prediction, prediction_note = predict_step_time_s(spec, hardware)
     document = run_document(spec, ranks, wall_s=wall_s, workdir=where, verification=verification,
-                            prediction_s=prediction, prediction_note=prediction_note)
+                            prediction_s=prediction, prediction_note=prediction_note, profile=hardware)
     if json_out:
         emit_json(document)
     else:
@@ -96,9 +101,9 @@ def _run_torchrun(spec):
     return ranks, time.perf_counter() - t0, "torchrun"
 
 
-def predict_step_time_s(spec) -> tuple[float | None, str | None]:
-    """The cost model's step time for what actually ran (the run's model and precision) on the
-    `cpu-local` profile; None with a note when the estimator or the profile is not in this build."""
+def predict_step_time_s(spec, profile: str = "cpu-local") -> tuple[float | None, str | None]:
+    """The cost model's step time for what actually ran (the run's model and precision) on
+    `profile`; None with a note when the estimator or the profile is not in this build."""
     try:
         from hardware_profiles import load_profile
         from planner.estimate import estimate
@@ -106,7 +111,6 @@ def predict_step_time_s(spec) -> tuple[float | None, str | None]:
         return None, f"prediction column left out: {err.name} is not in this build yet"
     from planner.errors import PlannerError
 
-    profile = "cpu-local" if spec.backend == "gloo" else os.environ.get("PLANNER_RUN_PROFILE", "cpu-local")
     try:
         hw = load_profile(profile)
     except PlannerError as err:
@@ -116,7 +120,8 @@ def predict_step_time_s(spec) -> tuple[float | None, str | None]:
     return float(result.step_time_s), None
 
 
-def run_document(spec, ranks, *, wall_s, workdir, verification, prediction_s, prediction_note) -> dict:
+def run_document(spec, ranks, *, wall_s, workdir, verification, prediction_s, prediction_note,
+                 profile: str = "cpu-local") -> dict:
     """The one object both the table and --json print."""
     rows = []
     for r in sorted(ranks, key=lambda r: r["rank"]):
@@ -141,7 +146,7 @@ def run_document(spec, ranks, *, wall_s, workdir, verification, prediction_s, pr
         "ranks": rows,
         "measured": {"step_time_s": max(means) if means else None,
                      "note": "slowest rank's mean over steps after the first (warm-up excluded)"},
-        "prediction": ({"step_time_s": prediction_s, "profile": "cpu-local"} if prediction_s is not None else None),
+        "prediction": ({"step_time_s": prediction_s, "profile": profile} if prediction_s is not None else None),
         "verify": verification.to_dict() if verification is not None else None,
         "launch_wall_s": wall_s, "workdir": workdir, "notes": notes,
     }
@@ -160,12 +165,16 @@ def render(doc: dict) -> str:
     lines.append(header)
     for row in doc["ranks"]:
         stages = ",".join(map(str, row["stages"]))
-        line = f"{row['rank']:>4} {row['dp']:>3} {row['pp']:>3} {row['tp']:>3} {stages:>8} {row['mean_step_time_s']:>16.4f}"
+        mean = row["mean_step_time_s"]
+        line = f"{row['rank']:>4} {row['dp']:>3} {row['pp']:>3} {row['tp']:>3} {stages:>8} " + (
+            f"{mean:>16.4f}" if mean is not None else f"{'(no step ran)':>16}")
         if pred:
             line += f" {pred['step_time_s']:>17.4f}"
         lines.append(line)
-    lines.append(f"step time (slowest rank, warm-up excluded): {doc['measured']['step_time_s']:.4f} s"
-                 + (f"; predicted {pred['step_time_s']:.4f} s on cpu-local" if pred else ""))
+    measured = doc["measured"]["step_time_s"]
+    if measured is not None:
+        lines.append(f"step time (slowest rank, warm-up excluded): {measured:.4f} s"
+                     + (f"; predicted {pred['step_time_s']:.4f} s on {pred['profile']}" if pred else ""))
     lines.append("loss per step: " + ", ".join(f"{x:.6f}" for x in doc["losses"]))
     v = doc["verify"]
     if v:
