@@ -6,7 +6,7 @@ Billion-Scale Model Training", Sec. 4): numbers or numpy arrays.
   runs Adam. Its time is exposed (after the backward) except what overlaps with the last backward:
   t = Psi (g + 2) / B_pcie + Psi / R_cpu_adam.
 - activation offload: saved activations go down during the forward and come back during the
-  backward: 2 A / B_pcie, overlapped with compute; only the excess over the compute is exposed.
+  backward: A / B_pcie each way, each hidden under its own pass; only the excess is exposed.
 """
 from __future__ import annotations
 
@@ -40,6 +40,9 @@ def optimizer_offload_seconds(params_on_rank, grad_bytes_per_param, hw: Hardware
     return transfer + cpu
 
 
-def activation_offload_seconds(activation_bytes, overlap_compute_s, hw: HardwareProfile):
-    """Exposed time of sending activations to the host and back: max(0, 2 A / B - compute)."""
-    return np.maximum(0.0, 2.0 * np.asarray(activation_bytes, dtype=float) / pcie_Bps(hw) - overlap_compute_s)
+def activation_offload_seconds(activation_bytes, forward_s, backward_s, hw: HardwareProfile):
+    """Exposed time of activation offload: the copies to the host must hide under the forward and
+    the copies back under the backward, each window on its own:
+    max(0, A / B - t_fwd) + max(0, A / B - t_bwd)."""
+    one_way = np.asarray(activation_bytes, dtype=float) / pcie_Bps(hw)
+    return np.maximum(0.0, one_way - forward_s) + np.maximum(0.0, one_way - backward_s)

@@ -255,7 +255,9 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     host_opt = np.where(off_opt, M.zero_sharded(params_rank * (ob + 4.0), dp, zero, 1), 0.0)
     host_room = np.maximum(0.0, O.host_memory_bytes_per_node(hw) / hw.devices_per_node - host_opt)
     act_volume = m * np.maximum(first * saved + emb_saved, last * saved + head_saved)
-    act_offload_s = np.where(off_act, O.activation_offload_seconds(act_volume, ideal, hw), 0.0)
+    fwd_share = (layer_f + tp_f) / np.maximum(per_block + per_block_tp, 1e-30)
+    act_offload_s = np.where(off_act, O.activation_offload_seconds(act_volume, ideal * fwd_share,
+                                                                  ideal * (1 - fwd_share), hw), 0.0)
     act_offload_s = act_offload_s + np.where(off_act, K.eff(hw, "overlap_interference")
                                              * np.minimum(2.0 * act_volume / O.pcie_Bps(hw), ideal), 0.0)
     acts_first = np.where(off_act, np.maximum(np.minimum(acts_first, 2 * one_block), acts_first - host_room), acts_first)
