@@ -25,7 +25,7 @@ LAYOUTS = {
     "pp2-1f1b": (GPT, dict(pp=2, schedule="1f1b", global_batch=4, micro_batch=1)),
     "pp2-interleaved": (GPT, dict(pp=2, schedule="interleaved-1f1b", virtual_stages=2, global_batch=4, micro_batch=1)),
     "dp2xtp2": (LLAMA, dict(dp=2, tp=2, global_batch=4, micro_batch=1)),
-    "dp2xpp2-zero1-gpipe-selective": (GPT, dict(dp=2, pp=2, zero=1, schedule="gpipe", recompute="selective",
+    "dp2xpp2-gpipe-selective": (GPT, dict(dp=2, pp=2, zero=0, schedule="gpipe", recompute="selective",
                                                 global_batch=8, micro_batch=2)),
     "dp2xtp2xpp2-zero3-full-sp": (LLAMA, dict(dp=2, tp=2, pp=2, zero=3, recompute="full", sequence_parallel=True,
                                               schedule="1f1b", global_batch=8, micro_batch=2, placement="DPT")),
@@ -53,3 +53,21 @@ def test_layout_equals_single_process_reference(name, tmp_path):
     # every rank sits where the placement string puts it: tp innermost for "DPT"
     for r in doc["ranks"]:
         assert r["rank"] == (r["dp"] * cfg.pp + r["pp"]) * cfg.tp + r["tp"]
+
+
+@pytest.mark.multiprocess
+def test_proxy_runs_a_model_too_large_for_this_machine_with_the_same_layout(tmp_path):
+    cfg = ParallelConfig(tp=2, pp=2, schedule="1f1b", sequence_parallel=True, global_batch=4, micro_batch=1,
+                         seq=2048, precision="amp-bf16", stages=(40, 56))
+    plan = write_plan(tmp_path / "plan.json", cfg, "gpt3-175b")
+    without = runner.invoke(app, ["run", str(plan)])
+    assert without.exit_code == 2 and "--proxy" in without.output
+    result = runner.invoke(app, ["run", str(plan), "--proxy", "--steps", "2", "--verify", "--json",
+                                 "--workdir", str(tmp_path / "work")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["verify"]["passed"], doc["verify"]
+    assert (doc["plan"]["tp"], doc["plan"]["pp"], doc["plan"]["schedule"]) == (2, 2, "1f1b")
+    assert doc["plan"]["stages"] == [1, 1] and doc["plan"]["num_microbatches"] == 4
+    notes = " ".join(doc["notes"])
+    assert "--proxy: gpt3-175b is too large" in notes and "downgraded to fp32" in notes

@@ -168,9 +168,10 @@ def apply_ddp(module: nn.Module, dp_mesh, *, device: torch.device) -> nn.Module:
 
 
 class GradAllReduce:
-    """ZeRO-0 data parallelism over tensor-parallel (DTensor) parameters, which DDP does not take:
-    after backward, average every gradient's local shard over the dp group (what DDP's reducer does,
-    without bucketing/overlap)."""
+    """ZeRO-0 data parallelism where DDP does not apply (tensor-parallel DTensor parameters; pipeline
+    stages, whose several micro-batch backwards trip DDP's bucket rebuild in torch 2.13): after the
+    step's backward, average every gradient's local shard over the dp group (what DDP's reducer
+    does, without bucketing/overlap)."""
 
     def __init__(self, modules: list[nn.Module], dp_mesh):
         self.params = [p for m in modules for p in m.parameters() if p.requires_grad]

@@ -80,10 +80,12 @@ class _Run:
             apply_ac(module, cfg.recompute)
             if cfg.dp > 1 and cfg.zero > 0:
                 module = apply_fsdp(module, dp_mesh, zero=cfg.zero, offload_optimizer=spec.offload == "optimizer")
-            elif cfg.dp > 1 and cfg.tp == 1:
+            elif cfg.dp > 1 and cfg.tp == 1 and cfg.pp == 1:
                 module = apply_ddp(module, dp_mesh, device=self.device)
             self.parts.append((sid, module))
-        if cfg.dp > 1 and cfg.zero == 0 and cfg.tp > 1:
+        if cfg.dp > 1 and cfg.zero == 0 and (cfg.tp > 1 or cfg.pp > 1):
+            # DDP takes no DTensor parameters, and its reducer asserts ("rebuilt parameter indices")
+            # when torch.distributed.pipelining runs several micro-batch backwards: all-reduce after the step
             self.grad_sync = GradAllReduce([m for _, m in self.parts], dp_mesh)
         del full
         self.optimizers = [make_optimizer(m.parameters(), spec) for _, m in self.parts]
