@@ -101,13 +101,17 @@ class Scores:
 
 
 def _layers(cands: CandidateArrays, blocks: int):
-    """(first, last, max) blocks per pipeline rank; even split puts ceil(L / p) on the busiest."""
+    """(first, last, max) blocks per pipeline rank. Even split (planner.estimate.even_stages): the
+    p v chunks get q = L // (p v) blocks and the first r = L % (p v) one more; rank k runs chunks
+    k, k + p, ... so it holds v q + ceil((r - k) / p)^+ blocks; rank 0 holds the most."""
     pp = cands.pp.astype(float)
-    even_max = np.ceil(blocks / pp)
-    even_last = blocks - (pp - 1) * np.floor(blocks / pp)
-    first = even_max if cands.blocks_first is None else cands.blocks_first.astype(float)
-    last = np.where(pp > 1, np.maximum(even_last, 1), blocks) if cands.blocks_last is None else cands.blocks_last.astype(float)
-    most = even_max if cands.blocks_max is None else cands.blocks_max.astype(float)
+    v = cands.virtual_stages.astype(float)
+    q, r = np.floor(blocks / (pp * v)), blocks - np.floor(blocks / (pp * v)) * pp * v
+    even_first = v * q + np.ceil(r / pp)
+    even_last = v * q + np.maximum(0.0, np.ceil((r - pp + 1) / pp))
+    first = even_first if cands.blocks_first is None else cands.blocks_first.astype(float)
+    last = even_last if cands.blocks_last is None else cands.blocks_last.astype(float)
+    most = even_first if cands.blocks_max is None else cands.blocks_max.astype(float)
     return first, last, np.maximum(most, np.maximum(first, last))
 
 

@@ -119,3 +119,18 @@ def test_python_api_planner_estimate_by_names():
     est = planner.estimate("gpt3-175b", "dgx-a100-80g", c, gpus=64)
     again = planner.estimate("gpt3-175b", "dgx-a100-80g", c, gpus=64)   # attribute is now the module
     assert est.step_time_s == again.step_time_s == estimate(GPT3, HW, c, gpus=64).step_time_s
+
+
+def test_default_even_split_matches_estimate():
+    # blocks not divisible by pp * v: the vectorized default split equals estimate()'s stages
+    for pp, v in ((5, 1), (7, 1), (5, 2), (7, 3), (8, 3)):
+        schedule = "interleaved-1f1b" if v > 1 else "1f1b"
+        c = cfg(pp=pp, dp=1, tp=8, virtual_stages=v, schedule=schedule, global_batch=pp * 4)
+        est = estimate(GPT3, HW, c, gpus=8 * pp)
+        a = candidate_of(c, GPT3.total_blocks)
+        bare = CandidateArrays(**{f: getattr(a, f) for f in ("dp", "tp", "pp", "micro_batch", "virtual_stages",
+                                                             "zero", "recompute", "offload", "sequence_parallel",
+                                                             "schedule", "placement")})
+        s = score(GPT3, HW, bare, global_batch=pp * 4, seq=2048, precision="amp-fp16")
+        assert float(s.step_time_s[0]) == pytest.approx(est.step_time_s, rel=1e-12)
+        assert float(s.peak_bytes_per_gpu[0]) == pytest.approx(est.peak_bytes_per_gpu, abs=1)

@@ -55,5 +55,13 @@ def test_errors_are_one_line_exit_2(tmp_path):
     _one_line_error(run("--dp", "8"), "gpus")
     _one_line_error(run("--gpus", "8", "--dp", "8", "--recompute", "most"), "recompute")
     _one_line_error(run("--gpus", "8", "--dp", "8", "--impl", "jax"), "impl")
+    _one_line_error(run("--gpus", "16", "--tp", "8", "--pp", "2", "--stages", "40,40"), "stages")
+    _one_line_error(run("--gpus", "16", "--tp", "8", "--pp", "2", "--stages", "a,b"), "stages")
     _one_line_error(runner.invoke(app, ["estimate", "no-such-model", "--hardware", "dgx-a100-80g", "--gpus", "8"]),
                     "MODEL")
+
+
+def test_uneven_stages_flag():
+    res = run("--gpus", "16", "--tp", "8", "--pp", "2", "--global-batch", "16", "--stages", "50,46", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["plan"]["stages"] == [50, 46]

@@ -27,6 +27,21 @@ PlacementOpt = Annotated[str, typer.Option("--placement", help="Order of D, P, T
 ImplOpt = Annotated[str, typer.Option("--impl", help="megatron (fused kernels) or eager (PyTorch / Hugging Face modules).")]
 FlashOpt = Annotated[bool, typer.Option("--flash/--no-flash", help="Fused (flash) attention, or a materialized softmax.")]
 DropoutOpt = Annotated[bool, typer.Option("--dropout", help="Dropout layers active (masks saved, extra kernels).")]
+StagesOpt = Annotated[Optional[str], typer.Option(
+    "--stages", help="Blocks per pipeline stage, comma-separated (pp x virtual-stages entries); default even.")]
+
+
+def parse_stages(text: str | None) -> tuple[int, ...]:
+    """'20,19,19' -> (20, 19, 19)."""
+    if not text:
+        return ()
+    try:
+        stages = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError("stages", text, "comma-separated positive integers, e.g. 20,19,19") from None
+    if min(stages) < 1:
+        raise ConfigError("stages", text, "comma-separated positive integers, e.g. 20,19,19")
+    return stages
 
 
 def world_size(hw, gpus: int | None, nodes: int | None) -> int:
@@ -56,7 +71,8 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
              virtual_stages: VirtualOpt = 1, zero: ZeroOpt = 0, recompute: RecomputeOpt = "none",
              offload: OffloadOpt = "none", sequence_parallel: SpOpt = False, placement: PlacementOpt = "DPT",
              precision: PrecisionOpt = "amp-bf16", optimizer: OptimizerOpt = "adamw", impl: ImplOpt = "megatron",
-             flash: FlashOpt = True, dropout: DropoutOpt = False, json: JsonOpt = False) -> None:
+             flash: FlashOpt = True, dropout: DropoutOpt = False, stages: StagesOpt = None,
+             json: JsonOpt = False) -> None:
     """Predict step time and peak memory of one parallel configuration."""
     from hardware_profiles import load_profile
     from planner.estimate import estimate as run_estimate
@@ -73,7 +89,7 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
                          schedule=schedule or ("interleaved-1f1b" if virtual_stages > 1 else "1f1b"),
                          virtual_stages=virtual_stages, zero=zero, recompute=recompute, offload=offload,
                          sequence_parallel=sequence_parallel, placement=placement, precision=precision,
-                         optimizer=optimizer, seq=s)
+                         optimizer=optimizer, seq=s, stages=parse_stages(stages))
     est = run_estimate(spec, hw, cfg, gpus=n, impl=impl, flash=flash, dropout=dropout)
     if json:
         emit_json(est.to_document())
