@@ -173,6 +173,11 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     rec = np.select([rc == RECOMPUTE.index("full"), rc == RECOMPUTE.index("selective")],
                     [layer_f, attn_f + scores_f], 0.0)
     tp_rec = np.where(rc == RECOMPUTE.index("full"), tp_f, 0.0)
+    if impl == "eager":
+        # torch.distributed.pipelining's zero-bubble schedules re-run a checkpointed block's forward
+        # about 6 times per micro-batch instead of 2 (measured here, docs executor-notes.md).
+        zb_rerun = np.where((sched == SCHEDULES.index("zero-bubble")) & (rc == RECOMPUTE.index("full")), 5.0, 1.0)
+        rec, tp_rec = rec * zb_rerun, tp_rec * zb_rerun
 
     # ---- output side (last stage) and input side (first stage) --------------------------------
     head = B.head_table(spec, precision, impl)
