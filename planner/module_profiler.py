@@ -4,13 +4,15 @@
 under `torch.device("meta")`, and runs forward and backward passes that allocate nothing:
 
 - FLOPs per unit from torch.utils.flop_counter's formulas (the ones FlopCounterMode applies),
-  counted by a dispatch mode that attributes each op to the unit running it: forward by module
-  pre/post hooks, backward by full-backward pre-hooks (the units of a sequential model run their
-  backward in reverse order), so recomputation in backward lands on its own unit.
+  counted by a dispatch mode that attributes each op to the unit running it (module pre/post
+  hooks; in backward, full-backward pre-hooks). Forward FLOPs come from the whole-model forward;
+  backward FLOPs, with and without recomputation, from each distinct unit run alone on the
+  arguments it received (see `measure`), so a 96-block model runs one block's backward, not 96.
 - Activation bytes from what autograd saves (torch.autograd.graph.saved_tensors_hooks), deduped
-  by storage (a view saved twice costs once) and excluding parameters; three forward passes:
-  recompute "none", "selective" (every SDPA call wrapped in non-reentrant checkpoint, Korthikanti
-  et al. 2022) and "full" (every block unit wrapped in non-reentrant checkpoint).
+  by storage (a view saved twice costs once) and excluding parameters, for recompute "none"
+  (whole-model forward), "selective" (every SDPA call wrapped in non-reentrant checkpoint,
+  Korthikanti et al. 2022) and "full" (the block wrapped in non-reentrant checkpoint); the last two
+  as the change checkpointing makes to each distinct block run alone (see `measure`).
 - Attention: on the meta device SDPA falls back to the math path, which saves the s x s
   probabilities and whose backward FLOPs differ from a flash kernel's. With `flash=True` (the
   default) every `F.scaled_dot_product_attention` call is routed to the CPU flash kernel, which has
@@ -390,6 +392,17 @@ def _detach(tree):
     return tree
 
 
+def _tensors(tree):
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, (tuple, list)):
+        for x in tree:
+            yield from _tensors(x)
+    elif isinstance(tree, dict):
+        for x in tree.values():
+            yield from _tensors(x)
+
+
 def _signature(module: nn.Module, recorded) -> tuple:
     """Units with equal signatures compute the same thing on the same shapes (identical blocks)."""
     def shapes(tree):
@@ -415,6 +428,8 @@ def _unit_backward_flops(module: nn.Module, recorded, *, flash: bool, mode: str)
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
             out = module(*args, **kwargs)
             out = out if isinstance(out, torch.Tensor) else next(t for t in out if isinstance(t, torch.Tensor))
+            if not out.requires_grad:
+                return 0.0
             out.float().sum().backward()
     finally:
         tracker.close()
@@ -422,36 +437,62 @@ def _unit_backward_flops(module: nn.Module, recorded, *, flash: bool, mode: str)
     return float(sum(counter.backward.values()))
 
 
+def _unit_saved_bytes(module: nn.Module, recorded, *, flash: bool, mode: str) -> int:
+    """Bytes saved by one forward of the unit alone on its recorded arguments, with `mode` recomputation."""
+    args, kwargs = _detach(recorded)
+    tracker = _UnitTracker({}, outside="unit")
+    saved = SavedTensors(module, tracker)
+    # Constants passed in (RoPE tables, masks) belong to the whole model, not to this unit's change:
+    # checkpoint keeps them by reference (not through saved-tensor hooks), so leave them out of both sides.
+    saved.params |= {storage_key(t) for t in _tensors((args, kwargs)) if not t.requires_grad}
+    full = _checkpointed_blocks([("unit", module, "block")]) if mode == "full" else contextlib.nullcontext()
+    with _patched_sdpa(flash=flash, selective=mode == "selective"), full, saved.hooks():
+        module(*args, **kwargs)
+    return saved.bytes.get("unit", 0)
+
+
 def measure(model: nn.Module, inputs: tuple, loss_fn, *, flash: bool = True) -> dict:
     """Per-unit FLOPs (forward, backward, recompute) and saved bytes (none/selective/full) of one
     training step of `model` on `inputs` (any device; meta allocates nothing).
 
-    One forward+backward without recomputation gives FLOPs and the "none" bytes; one forward each
-    with the attention core or the blocks checkpointed gives the "selective" and "full" bytes; the
-    FLOPs recomputation adds are measured on each distinct block alone (identical blocks, same
-    class, parameter shapes and input shapes, are measured once), backward with minus without."""
+    One forward of the whole model gives the forward FLOPs and the saved bytes per unit without
+    recomputation. The "selective" and "full" bytes of a block add to those what checkpointing its
+    attention core / the whole block changes when the block runs alone (forward, saved-tensor
+    hooks), a difference in which storages shared between blocks (RoPE tables) cancel; units
+    that are not blocks are not checkpointed. Backward FLOPs are measured per unit, running the unit alone on the arguments it received
+    (backward of the sum of its output) with and without recomputation; units with the same class,
+    parameter shapes and argument shapes (the blocks of a transformer) are measured once. Work
+    outside every unit (the loss, glue in the root's forward) is costed at 2x its forward FLOPs, the
+    GEMM rule (cross entropy itself has no GEMM). A unit called twice is charged one backward.
+    """
     units = find_units(model)
-    result: dict = {"units": units, "saved": {}, "recompute": {m: {} for m in RECOMPUTE_MODES}}
+    result: dict = {"units": units, "saved": {}, "flops_bwd": {}, "recompute": {m: {} for m in RECOMPUTE_MODES}}
     with _patched_sdpa(flash=flash, selective=False):
-        step = measure_step(model, inputs, loss_fn, units, record_inputs=True)
+        step = measure_step(model, inputs, loss_fn, units, backward=False, record_inputs=True)
     result["saved"]["none"] = step["saved"]
-    result["flops_fwd"], result["flops_bwd"] = step["flops_fwd"], step["flops_bwd"]
-    for mode in ("selective", "full"):
-        blocks = _checkpointed_blocks(units) if mode == "full" else contextlib.nullcontext()
-        with _patched_sdpa(flash=flash, selective=mode == "selective"), blocks:
-            result["saved"][mode] = measure_step(model, inputs, loss_fn, units, backward=False,
-                                                 count_flops=False)["saved"]
+    result["flops_fwd"] = step["flops_fwd"]
+    result["saved"]["selective"] = dict(step["saved"])
+    result["saved"]["full"] = dict(step["saved"])
     cache: dict[tuple, dict[str, float]] = {}
     for name, module, kind in units:
-        if kind != "block" or name not in step["inputs"]:
+        if name not in step["inputs"]:
             continue
-        key = _signature(module, step["inputs"][name])
+        recorded = step["inputs"][name]
+        key = (kind, _signature(module, recorded))
         if key not in cache:
-            base = _unit_backward_flops(module, step["inputs"][name], flash=flash, mode="none")
-            cache[key] = {m: _unit_backward_flops(module, step["inputs"][name], flash=flash, mode=m) - base
-                          for m in ("selective", "full")}
-        for mode, extra in cache[key].items():
-            result["recompute"][mode][name] = extra
+            modes = ("none", "selective", "full") if kind == "block" else ("none",)
+            cache[key] = {m: _unit_backward_flops(module, recorded, flash=flash, mode=m) for m in modes}
+            cache[key]["saved"] = {m: _unit_saved_bytes(module, recorded, flash=flash, mode=m) for m in modes}
+        result["flops_bwd"][name] = cache[key]["none"]
+        for mode in ("selective", "full"):
+            if mode in cache[key]:
+                result["recompute"][mode][name] = cache[key][mode] - cache[key]["none"]
+                delta = cache[key]["saved"][mode] - cache[key]["saved"]["none"]
+                result["saved"][mode][name] = result["saved"]["none"].get(name, 0) + delta
+    unit_names = {name for name, _, _ in units}
+    for name, flops in step["flops_fwd"].items():
+        if name not in unit_names:
+            result["flops_bwd"][name] = 2.0 * flops
     return result
 
 

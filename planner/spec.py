@@ -2,7 +2,7 @@
 
 Catalog entries, Hugging Face `config.json` files and the executor's reference model all meet
 here. `nn.Module` factories that are not transformers are described by their measured
-`ModuleProfile` instead (planner.module_profiler).
+`ModuleSpec` instead (planner.module_profiler).
 """
 from __future__ import annotations
 

@@ -19,6 +19,10 @@ from tests.fixtures.factories import SMALL_GPT, SMALL_LLAMA
 runner = CliRunner()
 
 
+def dtype_bytes(precision):
+    return 4 if precision == "fp32" else 2
+
+
 @pytest.mark.parametrize("factory,spec", [("small_gpt", SMALL_GPT), ("small_llama", SMALL_LLAMA)])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_meta_measurement_equals_the_analytic_profile_per_block(factory, spec, precision):
@@ -27,13 +31,16 @@ def test_meta_measurement_equals_the_analytic_profile_per_block(factory, spec, p
     blocks_m = [u for u in measured.units if u.kind == "block"]
     blocks_a = [u for u in analytic.layers if u.kind == "block"]
     assert [u.name for u in blocks_m] == [u.name for u in blocks_a]
-    for m, a in zip(blocks_m, blocks_a):
+    rope_bytes = 2 * spec.seq * spec.d_head * 4 * (spec.position == "rope")  # fp32 cos/sin, shared by all blocks
+    for i, (m, a) in enumerate(zip(blocks_m, blocks_a)):
         assert m.params == a.params
         assert m.flops_fwd == pytest.approx(a.flops_fwd, rel=1e-9)
         assert m.flops_bwd == pytest.approx(a.flops_bwd, rel=1e-9)
         for mode in ("none", "selective", "full"):
             assert m.recompute_flops[mode] == pytest.approx(a.recompute_flops[mode], rel=1e-9)
-            assert m.activation_bytes[mode] == pytest.approx(a.activation_bytes[mode], rel=0.05)
+            # The first block also keeps the RoPE tables; the analytic profile charges them to the embedding.
+            shared = rope_bytes * (dtype_bytes(precision) / 4) if i == 0 else 0
+            assert m.activation_bytes[mode] - shared == pytest.approx(a.activation_bytes[mode], rel=0.05)
     p = measured.profile
     assert p.params == analytic.params
     assert p.flops_fwd + p.flops_bwd == pytest.approx(analytic.flops_fwd + analytic.flops_bwd, rel=0.02)
