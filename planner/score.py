@@ -148,6 +148,12 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
 
     # ---- one block, one micro-batch (seconds) -------------------------------------------------
     table = B.block_table(spec, precision, impl, flash=flash, dropout=dropout)
+    rep_factor, inv_tp = np.where(sp, 1.0 / tp, 1.0), 1.0 / tp
+
+    def per_token(terms: B.Terms):
+        """Terms.at(tp, sp, s) with the tp/sp factors computed once for all candidates."""
+        return terms.rep * rep_factor + (terms.shard + terms.seq * s) * inv_tp
+
     gemm_f = gemm_b = attn_f = attn_b = 0.0
     kw = dict(hw=hw, precision=precision, elem_bytes=float(c))
     for g in block_gemm_shapes(spec, b, s, tp=tp):
@@ -162,9 +168,9 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     if flash:
         attn_f, attn_b = K.flash_attention_seconds(b, s, spec.heads / tp, spec.d_head, causal=spec.causal,
                                                    hw=hw, precision=precision)
-    elem_f = table.traffic_fwd.at(tp, sp, s) * tokens / mem_bw
+    elem_f = per_token(table.traffic_fwd) * tokens / mem_bw
     elem_b = B.BWD_TRAFFIC_FACTOR * elem_f
-    scores_f = table.scores_traffic_fwd.at(tp, sp, s) * tokens / mem_bw
+    scores_f = per_token(table.scores_traffic_fwd) * tokens / mem_bw
     act_msg = tokens * spec.hidden * c
     ar = C.group_collective_seconds("allreduce", act_msg, tp, local["T"], hw)
     tp_f = tp_b = 2.0 * ar                           # Megatron: f/g operators, 2 per block each way
@@ -182,7 +188,7 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     # ---- output side (last stage) and input side (first stage) --------------------------------
     head = B.head_table(spec, precision, impl)
     hf_, hb_ = K.gemm_fwd_bwd_seconds(tokens, spec.vocab / tp, spec.hidden, **kw)
-    head_s = hf_ + hb_ + (head.traffic_fwd.at(tp, sp, s) + head.traffic_bwd.at(tp, sp, s)) * tokens / mem_bw
+    head_s = hf_ + hb_ + (per_token(head.traffic_fwd) + per_token(head.traffic_bwd)) * tokens / mem_bw
     emb_s = np.where(tp > 1, 2.0 * ar, 0.0) + 3.0 * tokens * spec.hidden * c / mem_bw   # vocab-parallel lookup
 
     first, last, most = _layers(cands, blocks)
@@ -247,15 +253,15 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     opt_s = np.where(off_opt, O.optimizer_offload_seconds(updated, gb, hw), opt_s)
 
     # ---- memory ---------------------------------------------------------------------------------------
-    saved_full = table.saved.at(tp, sp, s)
+    saved_full = per_token(table.saved)
     saved = np.select([rc == RECOMPUTE.index("full"), rc == RECOMPUTE.index("selective")],
-                      [table.saved_full_recompute.at(tp, sp, s),
-                       saved_full - table.scores_saved.at(tp, sp, s)], saved_full) * tokens
+                      [per_token(table.saved_full_recompute),
+                       saved_full - per_token(table.scores_saved)], saved_full) * tokens
     one_block = saved_full * tokens
     inflight_first = PL.inflight_microbatches_first_stage(sched, pp, m, v, SCHEDULES)
     inflight_last = np.where(only_stage, 1.0, PL.inflight_microbatches_last_stage(sched, m, SCHEDULES))
-    emb_saved = B.embedding_saved(spec, precision, dropout=dropout).at(tp, sp, s) * tokens
-    head_saved = head.saved.at(tp, sp, s) * tokens
+    emb_saved = per_token(B.embedding_saved(spec, precision, dropout=dropout)) * tokens
+    head_saved = per_token(head.saved) * tokens
     acts_first = inflight_first * (first * saved + emb_saved) + np.where(only_stage, head_saved, 0.0)
     acts_last = inflight_last * (last * saved + head_saved)
     # Offloaded activations: every micro-batch's saved tensors go to the host and come back; the GPU
@@ -288,8 +294,8 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
         opt_b = np.where(off_opt, 0.0, M.zero_sharded(n_params * ob, dp, zero, 1))
         cache_all = (n_blocks * gemm_w_block + np.where(is_last, head_w, 0.0)) * 2.0 if amp_cache else 0.0 * tp
         cache_head = np.where(is_last, head_w, 0.0) * 2.0 if amp_cache else 0.0 * tp
-        logits_fwd = np.where(is_last, head.logits_fwd_end.at(tp, sp, s) * tokens, 0.0)
-        logits_peak = np.where(is_last, head.logits_peak.at(tp, sp, s) * tokens, 0.0)
+        logits_fwd = np.where(is_last, per_token(head.logits_fwd_end) * tokens, 0.0)
+        logits_peak = np.where(is_last, per_token(head.logits_peak) * tokens, 0.0)
         last_grad = np.where(is_first & spec.tied_embeddings, head_w * 4.0 if c == 2 and precision != "bf16" else head_w * gb * 2.0, 0.0)
         peak, acts_b, other = M.peak_bytes(
             params=params_b, grads=grads_b, optimizer=opt_b, grads_present=grads_present,
