@@ -230,21 +230,30 @@ def with_free_knobs(rows: Mapping[str, np.ndarray], *, space: SearchSpace) -> di
 
 
 def leanest(rows: Mapping[str, np.ndarray], *, space: SearchSpace) -> dict[str, np.ndarray]:
-    """Complete each row with the values that hold the least memory: micro-batch 1 (when absent), the
-    strongest recompute allowed, sequence parallelism where tp > 1, any placement. Its peak memory bounds
-    from below the peak of every candidate that shares the row (the scorer's memory grows with the
-    micro-batch and falls with recompute and sequence parallelism; tests/test_search.py checks it)."""
+    """Complete each row with the values that hold the least memory, once per recompute level:
+    micro-batch 1 (when absent), sequence parallelism where tp > 1, any placement (placement moves
+    no memory). Row i's completions are entries i*k .. i*k+k-1 (k recompute levels); the least of
+    their peaks bounds from below the peak of every candidate that shares the row. Every recompute
+    level is tried because the strongest is not always the leanest (with activation offload, full
+    recompute's working set can exceed what selective keeps); tests/test_search.py checks the bound
+    on the real scorer."""
     n = _size(rows)
     out = {k: np.asarray(v) for k, v in rows.items()}
     if "micro_batch" not in out:
         out["micro_batch"] = np.ones(n, dtype=np.int64)
-    out["recompute"] = np.full(n, max(RECOMPUTE.index(r) for r in space.recompute), dtype=np.int64)
     out["sequence_parallel"] = (out["tp"] > 1) & (True in space.sequence_parallel)
     first = np.zeros(n, dtype=np.int64)
     for has_dp, has_tp, has_pp, mask in _pattern_groups(out):
         first[mask] = (distinct_placements(1 + has_dp, 1 + has_tp, 1 + has_pp, space.placements) or [0])[0]
     out["placement"] = first
+    out.pop("recompute", None)
+    out = _product(out, "recompute", np.array([RECOMPUTE.index(r) for r in space.recompute]))
     return {name: out[name] for name in FIELDS}
+
+
+def leanest_peak(peaks: np.ndarray, rows: Mapping[str, np.ndarray], *, space: SearchSpace) -> np.ndarray:
+    """Per row, the least peak over its `leanest` completions."""
+    return np.asarray(peaks, dtype=float).reshape(_size(rows), len(space.recompute)).min(axis=1)
 
 
 def free_knob_count(rows: Mapping[str, np.ndarray], *, space: SearchSpace) -> np.ndarray:

@@ -10,8 +10,12 @@ parallelism, any placement) holds the least memory of all its expansions, so a s
 candidate does not fit is dropped without expanding it. The survivors get their micro-batches and the
 same bound is taken per (skeleton, micro-batch); only then are recompute, sequence parallelism and
 placement expanded and scored. Bound rows are scored by the same `score()`. Recompute only adds time,
-so recompute levels are scored weakest first and a candidate whose weaker-recompute sibling already
-fits is not scored for throughput and cost (it is dominated); the memory objective scores them all.
+Then a time bound: for each (skeleton, micro-batch, placement) group the candidate with the weakest
+recompute and sequence parallelism on (where tp > 1) is scored first; its compute time is the least of
+the group (compute grows with recompute and shrinks with sequence parallelism) and no step is shorter
+than its compute, so the rest of the group is scored only if that compute is below the threshold that
+admits a candidate to the result: the `keep`-th best feasible step among the firsts (throughput,
+cost) or the best step plus 5 % (memory). tests/test_search.py checks these premises on the real scorer.
 
 Objectives:
 - throughput: least step time among the candidates that fit (default);
@@ -29,8 +33,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from planner.candidates import (FIELDS, SearchSpace, free_knob_count, leanest, skeleton_rows, with_free_knobs,
-                                with_micro_batches)
+from planner.candidates import (FIELDS, SearchSpace, _product, free_knob_count, leanest, leanest_peak,
+                                skeleton_rows, with_free_knobs, with_micro_batches)
 from planner.errors import ConfigError, NoFitError
 from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig
 from planner.placement import PLACEMENTS
@@ -76,8 +80,8 @@ class SearchStats:
     """Valid candidates in the space: scored plus pruned by a memory bound."""
     pruned_by_memory_bound: int = 0
     """Candidates never expanded because their skeleton's leanest completion does not fit."""
-    pruned_by_dominance: int = 0
-    """Candidates not scored because a sibling with less recompute fits (and is therefore faster)."""
+    pruned_by_time_bound: int = 0
+    """Candidates not scored because their compute time alone exceeds what the result admits."""
     bound_evaluations: int = 0
     """Leanest completions scored for the bounds."""
     refined: int = 0
@@ -89,7 +93,7 @@ class SearchStats:
         return {"candidates_evaluated": self.candidates_evaluated, "feasible": self.feasible,
                 "seconds": round(self.seconds, 4), "space": self.space,
                 "pruned_by_memory_bound": self.pruned_by_memory_bound,
-                "pruned_by_dominance": self.pruned_by_dominance,
+                "pruned_by_time_bound": self.pruned_by_time_bound,
                 "bound_evaluations": self.bound_evaluations, "refined": self.refined,
                 "rejected": dict(self.rejected)}
 
@@ -170,17 +174,46 @@ class _Scorer:
         self.model, self.hardware = model, hardware
 
     def __call__(self, arrays: Mapping[str, np.ndarray], progress: Callable[[int], None] | None = None):
+        """(step_time_s, peak_bytes_per_gpu, compute seconds) per candidate; compute is 0 when the
+        scorer does not report it (no time bound then)."""
         n = len(arrays["dp"])
-        step = np.empty(n)
-        peak = np.empty(n)
+        step, peak, compute = np.empty(n), np.empty(n), np.zeros(n)
         for start in range(0, n, SCORE_CHUNK):
             chunk = {k: v[start:start + SCORE_CHUNK] for k, v in arrays.items()}
             scores = self.score_fn(self.model, self.hardware, _candidate_arrays(chunk), **self.kw)
             step[start:start + SCORE_CHUNK] = np.asarray(scores.step_time_s, dtype=float)
             peak[start:start + SCORE_CHUNK] = np.asarray(scores.peak_bytes_per_gpu, dtype=float)
+            if hasattr(scores, "compute"):
+                compute[start:start + SCORE_CHUNK] = np.asarray(scores.compute, dtype=float)
             if progress is not None:
                 progress(len(chunk["dp"]))
-        return step, peak
+        return step, peak, compute
+
+
+def _rest_of_groups(firsts: Mapping[str, np.ndarray], *, space: SearchSpace, weakest: int,
+                    sp_first: bool) -> dict[str, np.ndarray]:
+    """Each (row, placement) group's other candidates: every recompute level and sequence-parallel
+    choice except the (weakest, sp_first) one already scored; sequence parallelism only where tp > 1."""
+    levels = np.array([RECOMPUTE.index(r) for r in space.recompute], dtype=np.int64)
+    sps = np.array(sorted(set(space.sequence_parallel)), dtype=np.int64)
+    grid = _product(_product({k: v for k, v in firsts.items() if k not in ("recompute", "sequence_parallel")},
+                             "recompute", levels), "sequence_parallel", sps)
+    sp_on = grid["sequence_parallel"].astype(bool)
+    valid = (grid["tp"] > 1) | ~sp_on
+    # for tp = 1 the only sp value is off, so the scored first is (weakest, off)
+    first_sp = np.where(grid["tp"] > 1, sp_first, False)
+    already = (grid["recompute"] == weakest) & (sp_on == first_sp)
+    out = _take(grid, valid & ~already)
+    out["sequence_parallel"] = out["sequence_parallel"].astype(bool)
+    return {name: out[name] for name in FIELDS}
+
+
+def _admission_threshold(step: np.ndarray, peak: np.ndarray, capacity: float, objective: str, keep: int) -> float:
+    """Step time above which a candidate cannot enter the result (see the module docstring)."""
+    feasible = np.sort(step[peak <= capacity])
+    if objective == "memory":
+        return feasible[0] * (1 + MEMORY_OBJECTIVE_SLACK) if len(feasible) else np.inf
+    return feasible[keep - 1] if len(feasible) >= keep else np.inf
 
 
 def _candidate_arrays(arrays: Mapping[str, np.ndarray]):
@@ -229,7 +262,7 @@ class ScoredSpace:
 
 def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int, precision: str,
                 optimizer: str, space: SearchSpace = SearchSpace(), score_fn=None, prune: bool = True,
-                dominance: bool = True, progress: Callable[[int, int], None] | None = None) -> ScoredSpace:
+                objective: str = "throughput", keep: int = 10, time_bound: bool = True, progress: Callable[[int, int], None] | None = None) -> ScoredSpace:
     """Generate, bound and score the whole space (module docstring); no ranking yet."""
     t0 = time.perf_counter()
     heads, kv_heads, blocks = _model_shape(model)
@@ -242,25 +275,31 @@ def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int
     if len(skeletons["dp"]) == 0:
         raise ConfigError("gpus", world_size, _no_space_reason(world_size, global_batch, heads, blocks, rejected))
     lean1 = leanest(skeletons, space=space)
-    _, peak1 = scorer(lean1)
-    bound_evals, pruned = len(peak1), 0
+    _, peak1_all, _ = scorer(lean1)
+    bound_evals, pruned = len(peak1_all), 0
+    peak1 = leanest_peak(peak1_all, skeletons, space=space)
+    levels_n = len(space.recompute)
+    best_level = np.argmin(peak1_all.reshape(-1, levels_n), axis=1)
+    lean1 = {k: v.reshape(-1, levels_n)[np.arange(len(peak1)), best_level] for k, v in lean1.items()}
     keep1 = peak1 <= capacity if prune else np.ones(len(peak1), bool)
     rows = with_micro_batches(_take(skeletons, keep1), global_batch, space=space, rejected=rejected)
     if prune and (~keep1).any():
         dropped = with_micro_batches(_take(skeletons, ~keep1), global_batch, space=space)
         pruned += int(free_knob_count(dropped, space=space).sum())
     if prune and len(rows["dp"]):
-        _, peak2 = scorer(leanest(rows, space=space))
+        _, peak2, _ = scorer(leanest(rows, space=space))
         bound_evals += len(peak2)
-        keep2 = peak2 <= capacity
+        keep2 = leanest_peak(peak2, rows, space=space) <= capacity
         pruned += int(free_knob_count(_take(rows, ~keep2), space=space).sum())
         rows = _take(rows, keep2)
-    # Recompute only adds time: where a candidate fits with less recompute, its siblings with more
-    # are slower and are not scored (for the throughput and cost objectives; the memory objective
-    # wants them). Levels are scored weakest first.
-    levels = sorted(RECOMPUTE.index(r) for r in space.recompute)
-    base = with_free_knobs(rows, space=replace(space, recompute=(RECOMPUTE[levels[0]],)))
-    total = len(base["dp"]) * len(levels)
+    # Time bound (module docstring): first every (row, placement) with the weakest recompute and
+    # sequence parallelism on where tp > 1 -- the least compute of its group -- then the rest of the
+    # group only where that compute is below the admission threshold.
+    weakest = min(RECOMPUTE.index(r) for r in space.recompute)
+    sp_first = True in space.sequence_parallel
+    firsts = with_free_knobs(rows, space=replace(space, recompute=(RECOMPUTE[weakest],),
+                                                 sequence_parallel=(sp_first,)))
+    total = int(free_knob_count(rows, space=space).sum())
     done = [0]
 
     def tick(n: int) -> None:
@@ -268,22 +307,21 @@ def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int
         if progress is not None:
             progress(done[0], total)
 
-    pending = np.arange(len(base["dp"]))
-    parts, steps, peaks = [], [], []
-    for level in levels:
-        sub = _take(base, pending)
-        sub["recompute"] = np.full(len(pending), level, dtype=np.int64)
-        step, peak = scorer(sub, tick) if len(pending) else (np.zeros(0), np.zeros(0))
-        parts.append(sub), steps.append(step), peaks.append(peak)
-        if dominance:
-            pending = pending[peak > capacity]
+    step0, peak0, compute0 = scorer(firsts, tick) if len(firsts["dp"]) else (np.zeros(0),) * 3
+    keep_groups = np.ones(len(step0), bool)
+    if time_bound:
+        keep_groups = compute0 < _admission_threshold(step0, peak0, capacity, objective, keep)
+    rest = _rest_of_groups(_take(firsts, keep_groups), space=space, weakest=weakest, sp_first=sp_first)
+    step1, peak1_, _ = scorer(rest, tick) if len(rest["dp"]) else (np.zeros(0),) * 3
+    parts, steps, peaks = [firsts, rest], [step0, step1], [peak0, peak1_]
     full = {k: np.concatenate([p[k] for p in parts]) for k in FIELDS}
     step, peak = np.concatenate(steps), np.concatenate(peaks)
     scored_n = len(step)
-    dominated = total - scored_n
+    skipped = total - scored_n
+    assert skipped >= 0
     stats = SearchStats(candidates_evaluated=scored_n, feasible=int((peak <= capacity).sum()),
                         seconds=time.perf_counter() - t0, space=total + pruned, pruned_by_memory_bound=pruned,
-                        pruned_by_dominance=dominated, bound_evaluations=bound_evals, rejected=dict(rejected))
+                        pruned_by_time_bound=skipped, bound_evaluations=bound_evals, rejected=dict(rejected))
     return ScoredSpace(arrays=full, step_time_s=step, peak_bytes_per_gpu=peak, capacity_bytes=capacity,
                        leanest_arrays=lean1, leanest_peak_bytes=peak1, stats=stats)
 
@@ -479,7 +517,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
 
     scored = score_space(model, hardware, world_size=world, global_batch=global_batch, seq=seq,
                          precision=precision, optimizer=optimizer, space=space, score_fn=score_fn,
-                         dominance=objective != "memory", progress=progress)
+                         objective=objective, keep=max(top, refine) + 1, progress=progress)
     order = rank(scored, objective)
     if len(order) == 0:
         raise no_fit_error(scored, model=model, hardware=hardware, world_size=world, global_batch=global_batch,

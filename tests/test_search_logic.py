@@ -39,7 +39,7 @@ def fake_score(model, hardware, c, *, global_batch, seq, precision, optimizer):
     zero, rc, off, sp = (_get(c, n) for n in ("zero", "recompute", "offload", "sequence_parallel"))
     sched, place = _get(c, "schedule"), _get(c, "placement")
     m = global_batch / (dp * mb)
-    work = global_batch * seq * 1e-6 / (dp * tp * pp) * np.choose(rc, [1.0, 1.05, 1.33])
+    work = _fake_compute(global_batch, seq, dp, tp, pp, mb, rc, sp)
     bubble = work * (pp - 1) / (m * v) * np.where(sched == 3, 0.3, 1.0)
     comm = 0.02 * (tp - 1) * (1 + 0.1 * sp) + 0.01 * (dp > 1) * (1 - 0.1 * zero) + 0.001 * place
     step = work + bubble + comm + 0.05 * (off == 1)
@@ -48,6 +48,12 @@ def fake_score(model, hardware, c, *, global_batch, seq, precision, optimizer):
     act = mb * seq * 2e4 / tp * np.choose(rc, [1.0, 0.6, 0.1]) / np.where(sp, 2.0, 1.0)
     act = act * np.where(off == 2, 0.5, 1.0) * np.where(sched == 0, m, np.minimum(pp, m))
     return FakeScores(step, states + act)
+
+
+def _fake_compute(global_batch, seq, dp, tp, pp, mb, rc, sp):
+    """Work per GPU, slower for small micro-batches and with recompute, faster with SP."""
+    return (global_batch * seq * 1e-3 / (dp * tp * pp) * (1 + 1 / mb) * np.choose(rc, [1.0, 1.05, 1.33])
+            * np.where(sp, 0.95, 1.0))
 
 
 class FakeEstimate:
@@ -98,8 +104,8 @@ def test_default_global_batch_is_about_2m_tokens_and_a_multiple_of_the_world():
 
 def test_pruning_by_memory_bound_keeps_the_same_answer():
     kw = dict(world_size=16, global_batch=32, seq=128, precision="bf16", optimizer="adamw", score_fn=fake_score)
-    pruned = score_space(MODEL, hw(3e8), dominance=False, **kw)
-    full = score_space(MODEL, hw(3e8), prune=False, dominance=False, **kw)
+    pruned = score_space(MODEL, hw(3e8), time_bound=False, **kw)
+    full = score_space(MODEL, hw(3e8), prune=False, time_bound=False, **kw)
     assert pruned.stats.pruned_by_memory_bound > 0
     assert pruned.stats.space == full.stats.candidates_evaluated
     assert pruned.stats.feasible == full.stats.feasible
@@ -175,10 +181,23 @@ def test_bad_objective_and_impossible_space():
         search(gpus=16, global_batch=3, space=SearchSpace(max_tp=1))
 
 
-def test_recompute_dominance_keeps_the_best_and_skips_slower_siblings():
-    kw = dict(world_size=16, global_batch=32, seq=128, precision="bf16", optimizer="adamw", score_fn=fake_score)
-    fast = score_space(MODEL, hw(3e8), **kw)
-    every = score_space(MODEL, hw(3e8), dominance=False, **kw)
-    assert fast.stats.pruned_by_dominance > 0
-    assert fast.stats.candidates_evaluated + fast.stats.pruned_by_dominance == every.stats.candidates_evaluated
-    assert fast.step_time_s[rank(fast, "throughput")[0]] == every.step_time_s[rank(every, "throughput")[0]]
+@pytest.mark.parametrize("objective", ["throughput", "memory"])
+def test_time_bound_keeps_the_leaders(objective):
+    kw = dict(world_size=16, global_batch=32, seq=128, precision="bf16", optimizer="adamw", score_fn=fake_score_c)
+    fast = score_space(MODEL, hw(3e8), objective=objective, keep=6, **kw)
+    every = score_space(MODEL, hw(3e8), time_bound=False, **kw)
+    assert fast.stats.pruned_by_time_bound > 0
+    assert fast.stats.candidates_evaluated + fast.stats.pruned_by_time_bound == every.stats.candidates_evaluated
+    a, b = rank(fast, objective)[:6], rank(every, objective)[:6]
+    assert fast.step_time_s[a].tolist() == every.step_time_s[b].tolist()
+    assert fast.peak_bytes_per_gpu[a].tolist() == every.peak_bytes_per_gpu[b].tolist()
+
+
+def fake_score_c(*args, **kw):
+    """The fake scorer also reporting compute (work x recompute factor <= step)."""
+    s = fake_score(*args, **kw)
+    c = args[2]
+    dp, tp, pp, mb = (_get(c, n).astype(float) for n in ("dp", "tp", "pp", "micro_batch"))
+    s.compute = _fake_compute(kw["global_batch"], kw["seq"], dp, tp, pp, mb, _get(c, "recompute"),
+                              _get(c, "sequence_parallel"))
+    return s

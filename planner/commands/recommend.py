@@ -120,8 +120,8 @@ def _print_table(rec, out: Path | None) -> None:
     console.print(table)
     s = rec.stats
     console.print(f"searched {s.candidates_evaluated:,} candidates in {s.seconds:.2f} s ({s.feasible:,} fit; "
-                  f"not scored: {s.pruned_by_memory_bound:,} below a memory bound, {s.pruned_by_dominance:,} "
-                  f"dominated by a sibling with less recompute)")
+                  f"not scored: {s.pruned_by_memory_bound:,} below a memory bound, {s.pruned_by_time_bound:,} "
+                  f"above a time bound)")
     console.print(f"best: {describe_config(best['plan'])}")
     train = best["prediction"].get("to_train")
     if train:
