@@ -28,8 +28,20 @@ def host_memory_bytes_per_node(hw: HardwareProfile) -> float:
     return float(hw.efficiency.get("host_memory_bytes_per_node", HOST_MEMORY_BYTES_PER_NODE))
 
 
+PCIE_EFFICIENCY = 0.8
+"""Pinned host<->device copies reach about 80% of the nominal PCIe rate (e.g. ~25 of 31.5 GB/s on
+Gen4 x16 in NVIDIA's bandwidthTest); efficiency key `pcie_efficiency`."""
+DEVICES_PER_PCIE_UPLINK = 2
+"""GPUs behind one PCIe switch uplink to the CPU on DGX A100/H100, p4d and p5 nodes (two GPUs per
+switch, DGX A100 architecture whitepaper): when every GPU offloads at once each gets half; efficiency
+key `devices_per_pcie_uplink`."""
+
+
 def pcie_Bps(hw: HardwareProfile) -> float:
-    return hw.host_device_GBps * 1e9
+    """Host<->device bandwidth one device gets while all devices of the node copy at once."""
+    eff = float(hw.efficiency.get("pcie_efficiency", PCIE_EFFICIENCY))
+    share = float(hw.efficiency.get("devices_per_pcie_uplink", DEVICES_PER_PCIE_UPLINK))
+    return hw.host_device_GBps * 1e9 * eff / share
 
 
 def optimizer_offload_seconds(params_on_rank, grad_bytes_per_param, hw: HardwareProfile):

@@ -17,9 +17,9 @@ Worked example: dp=2, pp=2, tp=4 on nodes of 8 devices.
          2 nodes -> hierarchical (NVLink inside, network across).
 
 A group of size n and stride g occupies ranks r0, r0+g, ..., r0+(n-1)g. It stays in one node when
-g*n <= devices_per_node (and the layout is aligned, which row-major strides with power-of-two or
-node-dividing sizes are). Otherwise the ranks per node are devices_per_node // g when g divides
-the node (a run of consecutive members), 1 when g >= devices_per_node.
+g*n divides devices_per_node. Otherwise the ranks per node are devices_per_node // g when g divides
+the node and the runs align with n, 1 when g is a multiple of the node; a group that straddles a
+node boundary (e.g. tp=3 on 8-device nodes: {6,7,8}) is costed at its slowest link, 1 per node.
 """
 from __future__ import annotations
 
@@ -52,15 +52,20 @@ def strides(placement_idx, dp, pp, tp) -> dict[str, np.ndarray]:
 
 
 def ranks_per_node(n, stride, devices_per_node: int):
-    """How many members of a group (size n, rank stride `stride`) share one node.
+    """How many members of a group (size n, rank stride `stride`) share one node, for the group
+    whose link is the slowest (the collective runs at its pace).
 
-    stride * n <= devices_per_node: all n (the group stays in one node). stride >= devices_per_node:
-    1 (every member on its own node). In between: devices_per_node // stride consecutive members.
+    stride * n divides devices_per_node: all n (every such group sits inside one node).
+    devices_per_node divides stride: 1 (every member on its own node). devices_per_node / stride
+    members per node when stride divides the node and that count divides n (aligned runs).
+    Otherwise some group straddles a node boundary with a single member on one side: 1.
     """
     n = np.asarray(n)
-    stride = np.asarray(stride)
-    within = np.maximum(devices_per_node // np.maximum(stride, 1), 1)
-    return np.where(stride * n <= devices_per_node, n, np.minimum(within, n))
+    stride = np.maximum(np.asarray(stride), 1)
+    span = stride * n
+    run = devices_per_node // stride
+    aligned_run = (devices_per_node % stride == 0) & (run >= 1) & (n % np.maximum(run, 1) == 0)
+    return np.where(devices_per_node % span == 0, n, np.where(aligned_run, np.minimum(run, n), 1))
 
 
 def group_locality(placement_idx, dp, pp, tp, devices_per_node: int) -> dict[str, np.ndarray]:

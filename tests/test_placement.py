@@ -31,3 +31,12 @@ def test_vectorized_over_candidates():
     idx = np.array([placement_index("DPT"), placement_index("TPD")])
     loc = group_locality(idx, np.array([2, 2]), np.array([2, 2]), np.array([4, 4]), 8)
     assert loc["T"].tolist() == [4, 2]
+
+
+def test_groups_straddling_a_node_boundary_cross_the_network():
+    # tp=3 on 8-device nodes: the group {6, 7, 8} spans two nodes
+    loc = group_locality(placement_index("DPT"), 8, 1, 3, 8)
+    assert int(loc["T"]) == 1
+    # tp=4, dp=4 with DPT: dp stride 4, two members per node, aligned
+    loc = group_locality(placement_index("DPT"), 4, 1, 4, 8)
+    assert int(loc["T"]) == 4 and int(loc["D"]) == 2
