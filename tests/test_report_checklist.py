@@ -109,3 +109,22 @@ def test_spot_rule_quotes_the_run_cost():
     r = checklist.spot_capacity(_ctx(_doc(nodes=2)))
     # 300e9 tokens / 1e5 tok/s = 833.3 h; x 2 nodes x $32 = $53,333
     assert r.status == "warn" and "$53,333 on-demand" in r.number and "90.0%" in r.number
+
+
+def test_pareto_mask_equals_the_brute_force_definition():
+    import numpy as np
+
+    from planner.report.build import pareto_mask
+
+    rng = np.random.default_rng(1)
+    tok = rng.integers(0, 20, 300).astype(float)
+    mem = rng.integers(0, 20, 300).astype(float)
+    mask = pareto_mask(tok, mem)
+    for i in range(len(tok)):
+        dominated = np.any((tok >= tok[i]) & (mem <= mem[i]) & ((tok > tok[i]) | (mem < mem[i])))
+        same = (tok == tok[i]) & (mem == mem[i])
+        if dominated:
+            assert not mask[i]
+        else:  # exactly one of identical non-dominated points is kept
+            assert mask[same].sum() == 1
+    assert mask.any()

@@ -199,8 +199,15 @@ def _timeline_section(model, best) -> Section:
     note = "" if shown_m == p["num_microbatches"] else \
         f" The first {shown_m} of {p['num_microbatches']} micro-batches are drawn; the steady state repeats."
     f0, b0 = times[0].forward_s, times[0].backward_s
-    caption = (f"{p['schedule']} with {p['pp']} stages, v={p['virtual_stages']}: forward {f0 * 1e3:.3g} ms and "
-               f"backward {b0 * 1e3:.3g} ms per micro-batch on stage 0 (estimate), p2p {p2p_s * 1e3:.3g} ms.{note}")
+    if p["pp"] == 1:
+        caption = (f"No pipeline (pp=1): the {p['num_microbatches']} micro-batches of {p['micro_batch']} run back "
+                   f"to back (gradient accumulation), forward {f0 * 1e3:.3g} ms and backward {b0 * 1e3:.3g} ms "
+                   f"each (estimate).{note}")
+    else:
+        caption = (f"{p['schedule']} with {p['pp']} stages, v={p['virtual_stages']}: forward {f0 * 1e3:.3g} ms and "
+                   f"backward {b0 * 1e3:.3g} ms per micro-batch per stage (estimate: the slowest stage's time, "
+                   f"split by FLOPs), p2p {p2p_s * 1e3:.3g} ms per hop; the estimate's bubble is "
+                   f"{float(best['prediction']['time_breakdown_s'].get('bubble', 0.0)):.4g} s per step.{note}")
     fig = Figure(name="pipeline_timeline", title="Pipeline timeline of the chosen schedule", caption=caption,
                  png=figures.pipeline_gantt(tl, f"{p['schedule']} schedule, {p['pp']} stages"))
     return Section(title="Pipeline timeline", figures=(fig,))
@@ -214,7 +221,9 @@ def _pareto_section(search, best) -> Section:
     cap = int(pred["memory"]["capacity_bytes"])
     fig = Figure(name="pareto_front", title="Throughput against memory of the searched candidates",
                  caption=f"{len(tok):,} candidates scored by the search (memory-bound probes included); "
-                         f"{int(front.sum())} on the Pareto front (no other candidate is both faster and smaller).",
+                         f"{int(front.sum())} on the Pareto front (no other candidate is both faster and smaller)"
+                         + (f"; a random {figures.MAX_SCATTER_POINTS:,} of them drawn." if len(tok) >
+                            figures.MAX_SCATTER_POINTS else "."),
                  png=figures.pareto_front(tok, mem, fits, front, chosen, cap, "Searched candidates"))
     idx = np.flatnonzero(front & fits)
     idx = idx[np.argsort(-tok[idx])][:8]
@@ -226,12 +235,10 @@ def _pareto_section(search, best) -> Section:
 def pareto_mask(tokens_per_s: np.ndarray, peak_bytes: np.ndarray) -> np.ndarray:
     """True where no other point has >= throughput and <= memory with one of them strict."""
     order = np.lexsort((-tokens_per_s, peak_bytes))  # by memory ascending, then throughput descending
+    tok = tokens_per_s[order]
+    best_before = np.concatenate([[-np.inf], np.maximum.accumulate(tok)[:-1]])
     mask = np.zeros(len(tokens_per_s), dtype=bool)
-    best = -np.inf
-    for i in order:
-        if tokens_per_s[i] > best:
-            mask[i] = True
-            best = tokens_per_s[i]
+    mask[order] = tok > best_before
     return mask
 
 

@@ -22,6 +22,8 @@ _TERM_COLORS = {"compute": "#4c72b0", "tp_comm": "#dd8452", "dp_comm": "#c44e52"
 _MEM_COLORS = {"params_bytes": "#4c72b0", "grads_bytes": "#dd8452", "optimizer_bytes": "#55a868",
                "activations_bytes": "#c44e52", "other_bytes": "#8c8c8c"}
 _OP_COLORS = {"F": "#4c72b0", "B": "#dd8452", "W": "#55a868"}
+MAX_SCATTER_POINTS = 40_000
+"""Candidates drawn in the Pareto cloud at most (a fixed random sample beyond that)."""
 
 
 def _png(fig, *, tight: bool = True) -> bytes:
@@ -107,10 +109,17 @@ def pareto_front(tokens_per_s: np.ndarray, peak_bytes: np.ndarray, fits: np.ndar
     """Throughput against peak memory of every searched candidate, the Pareto front joined."""
     fig, ax = plt.subplots(figsize=(9, 4.2))
     mem_gb = peak_bytes / GB
+    if len(mem_gb) > MAX_SCATTER_POINTS:  # draw a fixed random sample of the cloud; the front is exact
+        keep = np.zeros(len(mem_gb), dtype=bool)
+        keep[np.random.default_rng(0).choice(len(mem_gb), MAX_SCATTER_POINTS, replace=False)] = True
+        cloud_fit, cloud_nofit = keep & fits, keep & ~fits
+    else:
+        cloud_fit, cloud_nofit = fits, ~fits
     # plot() with markers draws tens of thousands of points much faster than scatter()
-    ax.plot(mem_gb[~fits], tokens_per_s[~fits], ".", markersize=2, color="#cccccc", label="does not fit",
+    ax.plot(mem_gb[cloud_nofit], tokens_per_s[cloud_nofit], ".", markersize=2, color="#cccccc",
+            label="does not fit", rasterized=True)
+    ax.plot(mem_gb[cloud_fit], tokens_per_s[cloud_fit], ".", markersize=3, color="#8da0cb", label="fits",
             rasterized=True)
-    ax.plot(mem_gb[fits], tokens_per_s[fits], ".", markersize=3, color="#8da0cb", label="fits", rasterized=True)
     order = np.argsort(mem_gb[front])
     ax.plot(mem_gb[front][order], tokens_per_s[front][order], "-o", color="#e41a1c", markersize=4,
             label="Pareto front (max throughput, min memory)")
@@ -151,16 +160,19 @@ def seed_argument(rows: Sequence[Mapping[str, float]], title: str) -> bytes:
     """Relative cost of pipelining vs pure data parallel: the seed's log-n model beside calibrated ones."""
     fig, ax = plt.subplots(figsize=(9, 3.8))
     nodes = [r["nodes"] for r in rows]
-    series = [("seed_relative", "seed log2(n) all-reduce model", "#e41a1c", "o")]
-    series += [("calibrated_hierarchical", "hierarchical / flat all-reduce (calibrated alpha-beta)", "#4c72b0", "s"),
-               ("calibrated_step", "best pipelined / best pure-DP step time (calibrated estimate)", "#000000", "^")]
+    series = [("seed_relative", "seed: 1/2 + 1/2 * 1/log2(n) (vs a one-step all-reduce)", "#e41a1c", "o"),
+              ("calibrated_hierarchical", "calibrated: hierarchical / flat all-reduce (alpha-beta)", "#4c72b0", "s"),
+              ("calibrated_step", "calibrated: best pipelined / best pure-DP step time (estimate)", "#000000", "^")]
     for key, label, color, marker in series:
         pts = [(n, r[key]) for n, r in zip(nodes, rows) if r.get(key) is not None]
         if pts:
             ax.plot(*zip(*pts), marker=marker, color=color, label=label)
+            for n, y in pts:
+                ax.annotate(f"{y:.3g}", (n, y), textcoords="offset points", xytext=(0, 6), ha="center",
+                            fontsize=7, color=color)
     ax.axhline(1.0, color="grey", linewidth=0.8)
     _node_axis(ax, nodes)
-    ax.set_ylabel("cost relative to pure data parallel")
+    ax.set_ylabel("relative cost (1 = reference)")
     ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)

@@ -43,6 +43,8 @@ class ReportContent:
     sections: tuple[Section, ...]
     checklist: tuple[RuleResult, ...]
     notes: tuple[str, ...] = field(default=())
+    checklist_after: int = 2
+    """The checklist is placed after this many sections (early, so a screenshot shows it)."""
     data: Mapping[str, Any] = field(default_factory=dict)
     """The numbers behind the report (plan documents, scaling and seed rows, checklist), written
     as report.json beside it."""
@@ -89,7 +91,9 @@ def to_markdown(content: ReportContent) -> str:
     out = [f"# {content.title}", ""]
     for note in content.notes:
         out += [f"> {note}", ""]
-    for section in content.sections:
+    for i, section in enumerate(content.sections):
+        if i == content.checklist_after:
+            out += _md_checklist(content.checklist)
         out += [f"## {section.title}", ""]
         for p in section.paragraphs:
             out += [p, ""]
@@ -97,13 +101,17 @@ def to_markdown(content: ReportContent) -> str:
             out += [_md_table(t), ""]
         for f in section.figures:
             out += [f"![{f.title}](figures/{f.name}.png)", "", f"*{f.caption}*", ""]
-    out += ["## Best-practice checklist", "",
-            "| status | rule | number | what to do |", "|---|---|---|---|"]
-    for r in content.checklist:
+    if content.checklist_after >= len(content.sections):
+        out += _md_checklist(content.checklist)
+    return "\n".join(out)
+
+
+def _md_checklist(rules) -> list[str]:
+    out = ["## Best-practice checklist", "", "| status | rule | number | what to do |", "|---|---|---|---|"]
+    for r in rules:
         out.append(f"| {'PASS' if r.status == 'pass' else 'WARN'} | {r.title} | "
                    f"{r.number.replace('|', '/')} | {r.detail.replace('|', '/')} |")
-    out.append("")
-    return "\n".join(out)
+    return out + [""]
 
 
 # --- HTML ----------------------------------------------------------------------------------------
@@ -122,12 +130,17 @@ figure img{max-width:100%}
 figcaption{font-size:0.85em;color:#555}
 .note{background:#fff6d6;border-left:4px solid #e0b000;padding:6px 10px}
 tr.rule td{text-align:left}
+table.kv td{text-align:left}
 .pass{color:#1a7f37;font-weight:bold}
 .warn{color:#b35900;font-weight:bold}
 """
 
 
 def _html_table(table: Table) -> str:
+    if not any(table.columns):  # a key/value table without headings
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
+                       for row in table.rows)
+        return f'<table class="kv"><tbody>{body}</tbody></table>'
     head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
                    for row in table.rows)
@@ -146,20 +159,28 @@ def to_html(content: ReportContent) -> str:
              f"<title>{html.escape(content.title)}</title><style>{_CSS}</style></head><body>",
              f"<h1>{html.escape(content.title)}</h1>"]
     parts += [f'<p class="note">{html.escape(n)}</p>' for n in content.notes]
-    for section in content.sections:
+    for i, section in enumerate(content.sections):
+        if i == content.checklist_after:
+            parts += _html_checklist(content.checklist)
         parts.append(f"<h2>{html.escape(section.title)}</h2>")
         parts += [f"<p>{html.escape(p)}</p>" for p in section.paragraphs]
         parts += [_html_table(t) for t in section.tables]
         parts += [_html_figure(f) for f in section.figures]
-    parts.append("<h2>Best-practice checklist</h2>")
-    parts.append('<table class="checklist"><thead><tr><th>status</th><th>rule</th><th>number</th>'
-                 "<th>what to do</th></tr></thead><tbody>")
-    for r in content.checklist:
+    if content.checklist_after >= len(content.sections):
+        parts += _html_checklist(content.checklist)
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _html_checklist(rules) -> list[str]:
+    parts = ["<h2>Best-practice checklist</h2>",
+             '<table class="checklist"><thead><tr><th>status</th><th>rule</th><th>number</th>'
+             "<th>what to do</th></tr></thead><tbody>"]
+    for r in rules:
         parts.append(f'<tr class="rule" data-rule="{html.escape(r.rule)}" data-status="{r.status}">'
                      f'<td class="{r.status}">{r.status.upper()}</td><td>{html.escape(r.title)}</td>'
                      f"<td>{html.escape(r.number)}</td><td>{html.escape(r.detail)}</td></tr>")
-    parts.append("</tbody></table></body></html>")
-    return "\n".join(parts)
+    return parts + ["</tbody></table>"]
 
 
 def table_from_records(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> Table:
