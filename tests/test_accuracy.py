@@ -48,3 +48,34 @@ def test_h100_memory_fit_and_time():
     # parameters counted from the HF configs equal what the measuring script counted
     for row in result["rows"]:
         assert row["params_predicted"] == row["params_measured"], row
+
+
+def test_independent_check_narayanan21_weak_scaling():
+    """Runs never shown to the fit: the best prediction over plausible micro-batches is within 10%."""
+    import json
+
+    from planner.estimate import estimate
+    from planner.parallel import ParallelConfig
+    from planner.spec import TransformerSpec
+
+    data = json.loads((ROOT / "tests" / "golden" / "narayanan21_weak_scaling.json").read_text())
+    hw = load_profile("dgx-a100-80g")
+    errors = []
+    for r in data["rows"]:
+        spec = TransformerSpec(name=f"gpt-{r['hidden']}", layers=r["layers"], hidden=r["hidden"], heads=r["heads"],
+                               vocab=51200, seq=2048)
+        dp = r["gpus"] // (r["tp"] * r["pp"])
+        h, l, B = r["hidden"], r["layers"], r["batch"]
+        hw_flops = 96 * B * 2048 * l * h * h * (1 + 2048 / (6 * h) + 51200 / (16 * l * h))
+        best = 0.0
+        for mb in (1, 2, 4, 8):
+            if B % (dp * mb):
+                continue
+            cfg = ParallelConfig(dp=dp, tp=r["tp"], pp=r["pp"], micro_batch=mb, global_batch=B, recompute="full",
+                                 precision="amp-fp16", seq=2048)
+            est = estimate(spec, hw, cfg, gpus=r["gpus"], impl="megatron", flash=False, dropout=True,
+                           overlap_grad_reduce=False)
+            if est.fits:
+                best = max(best, hw_flops / est.step_time_s / r["gpus"] / 1e12)
+        errors.append(best / r["tflops_per_gpu"] - 1)
+    assert max(abs(e) for e in errors) <= data["tolerance"], errors
