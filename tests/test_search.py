@@ -88,20 +88,31 @@ def test_leanest_completion_bounds_the_memory_of_every_expansion():
         assert by_row[key(full, i, row_names)] >= by_skel[key(full, i, skel_names)] * (1 - 1e-12)
 
 
-def test_time_bound_premises_hold_for_the_scorer():
-    """What the time bound relies on: compute grows with the recompute level, and no step is
-    shorter than its compute."""
-    model, skel = _gpt3_rows()
-    rows = with_micro_batches({k: v[::7] for k, v in skel.items()}, 1536, space=SearchSpace())
-    base = with_free_knobs(rows, space=SearchSpace(recompute=("none",)))
-    times = []
-    for level in range(len(RECOMPUTE)):
+@pytest.mark.parametrize("name,hw_name,batch,gpus", [("gpt3-175b", "p4d.24xlarge", 1536, 960),
+                                                    ("llama3-8b", "dgx-h100", 256, 64)])
+def test_time_bound_premises_hold_for_the_scorer(name, hw_name, batch, gpus):
+    """What the time bound relies on: the bound terms never exceed the step, and within a group
+    (all but recompute and SP equal) they are least at the weakest recompute with SP on."""
+    from planner.search import TIME_BOUND_TERMS
+    model = resolve_model(name)
+    skel = skeleton_rows(gpus, batch, heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks,
+                         space=SearchSpace(), rejected=Counter())
+    rows = with_micro_batches({k: v[::11] for k, v in skel.items()}, batch, space=SearchSpace())
+    base = with_free_knobs(rows, space=SearchSpace(recompute=("none",), sequence_parallel=(True,)))
+    hw = load_profile(hw_name)
+
+    def bound(arrays):
+        s = score(model, hw, CandidateArrays.from_mapping(arrays), global_batch=batch, seq=model.seq)
+        lb = sum(np.asarray(getattr(s, t), float) for t in TIME_BOUND_TERMS)
+        assert np.all(s.step_time_s >= lb * (1 - 1e-12))
+        return lb
+
+    first = bound(base)
+    for level, sp in itertools.product(range(len(RECOMPUTE)), (False, True)):
         arrays = dict(base)
         arrays["recompute"] = np.full(len(base["dp"]), level)
-        scores = _scores(model, arrays)
-        times.append(scores.compute)
-        assert np.all(scores.step_time_s >= scores.compute * (1 - 1e-12))
-    assert np.all(times[1] >= times[0] * (1 - 1e-12)) and np.all(times[2] >= times[1] * (1 - 1e-12))
+        arrays["sequence_parallel"] = np.full(len(base["dp"]), sp) & (base["tp"] > 1)
+        assert np.all(bound(arrays) >= first * (1 - 1e-12))
 
 
 def test_heavy_head_gets_uneven_stages_that_beat_the_even_split():
