@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
 
+    load_before = os.getloadavg()
     docs = candidate_documents(args.hardware, gpus=args.gpus, global_batch=args.global_batch, seq=args.seq)
     if args.max_plans:
         docs = docs[:args.max_plans]
@@ -114,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(rows)
     result = {"benchmark": "executor_regret", "model": MODEL, "hardware": args.hardware, "gpus": args.gpus,
               "global_batch": args.global_batch, "seq": args.seq, "steps": args.steps,
+              "load_average_1m_before_after": [load_before[0], os.getloadavg()[0]], "cpu_count": os.cpu_count(),
               "summary": summary, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
