@@ -93,11 +93,14 @@ class Scores:
     bubble: np.ndarray
     optimizer: np.ndarray
     offload: np.ndarray
+    host_wait: np.ndarray
+    """Extra time when the host cannot issue the kernels as fast as the device runs them."""
     num_microbatches: np.ndarray
     model_flops_per_step: float
     """6 N tokens + attention, recomputation not counted (the MFU numerator)."""
 
-    BREAKDOWN = ("compute", "tp_comm", "dp_comm", "pp_p2p", "bubble", "optimizer", "offload")
+    BREAKDOWN = ("compute", "tp_comm", "dp_comm", "pp_p2p", "bubble", "optimizer", "offload", "host_wait")
+    """Terms that add up to step_time_s."""
 
 
 def _layers(cands: CandidateArrays, blocks: int):
@@ -313,11 +316,13 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     step = ideal + bubble + pp_p2p + dp_comm + opt_s + act_offload_s
     # host operator launches: forward, backward (about 2 per forward op), forward again when recomputing
     kernels = m * (blocks / pp) * table.kernels_fwd * (3.0 + full) + head.kernels
-    step = np.maximum(step, K.dispatch_seconds(kernels, hw))
+    host_wait = np.maximum(0.0, K.dispatch_seconds(kernels, hw) - step)
+    step = step + host_wait
     capacity = float(hw.memory_bytes)
     mflops = float(model_flops_per_step(spec, global_batch * seq, seq=seq))
     return Scores(step_time_s=step, peak_bytes_per_gpu=peak, capacity_bytes=capacity, fits=peak <= capacity,
                   params_bytes=params_b, grads_bytes=grads_b, optimizer_bytes=opt_b, activations_bytes=acts_b,
                   other_bytes=other_b, compute=compute, recompute=recompute_s, tp_comm=tp_comm, dp_comm=dp_comm,
-                  pp_p2p=pp_p2p, bubble=bubble, optimizer=opt_s, offload=act_offload_s, num_microbatches=m,
+                  pp_p2p=pp_p2p, bubble=bubble, optimizer=opt_s, offload=act_offload_s, host_wait=host_wait,
+                  num_microbatches=m,
                   model_flops_per_step=mflops)

@@ -42,6 +42,8 @@ def test_plan_document_has_the_contract_keys():
         abs(mem["peak_bytes_per_gpu"] - sum(mem[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
                                                               "activations_bytes", "other_bytes"))) <= 5
     assert {"compute", "tp_comm", "dp_comm", "pp_p2p", "bubble"} <= set(pred["time_breakdown_s"])
+    additive = {k: v for k, v in pred["time_breakdown_s"].items() if "_part_of_" not in k}
+    assert sum(additive.values()) == pytest.approx(pred["step_time_s"], rel=1e-9)
     # tokens/s and the model-FLOPs definition (6 N tokens + attention, Narayanan eq. 3 with 72)
     assert pred["tokens_per_s"] == pytest.approx(64 * 2048 / pred["step_time_s"])
 
