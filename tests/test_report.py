@@ -127,3 +127,18 @@ def test_a_module_the_cost_model_cannot_score_is_a_clear_error(tmp_path, monkeyp
                                  "p4d.24xlarge", "--gpus", "8", "--out", str(tmp_path / "x")])
     # the profiler needs token inputs (or example_inputs); either way one line, exit 2
     assert result.exit_code == 2 and "MODEL" in result.output and "Traceback" not in result.output
+
+
+EXAMPLES = ("gpt3-175b-120xp4d", "gpt3-6.7b-16xp4d", "llama3-8b-1xp5")
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_committed_examples_have_figures_every_rule_and_a_screenshot(name):
+    folder = TESTS.parent / "reports" / name
+    html = (folder / "report.html").read_text()
+    md = (folder / "report.md").read_text()
+    assert html.count('class="report-figure"') >= 4
+    assert len(re.findall(r"!\[[^\]]*\]\((figures/[^)]+\.png)\)", md)) >= 4
+    assert len(re.findall(r'<tr class="rule" data-rule="[^"]+" data-status="(?:pass|warn)"', html)) == len(checklist.RULES)
+    assert len(re.findall(r"^\| (?:PASS|WARN) \| ", md, flags=re.M)) == len(checklist.RULES)
+    assert (folder / "screenshot.png").stat().st_size > 10_000     # scripts/render_reports.py (Chromium)

@@ -21,7 +21,7 @@ def _doc(*, dp=4, tp=2, pp=2, m=8, zero=0, precision="amp-bf16", peak=30e9, node
             "plan": {"dp": dp, "tp": tp, "pp": pp, "micro_batch": 1, "global_batch": dp * m, "num_microbatches": m,
                      "schedule": "1f1b", "virtual_stages": 1, "zero": zero, "recompute": "none", "offload": "none",
                      "sequence_parallel": False, "placement": placement, "precision": precision, "seq": 2048, "stages": []},
-            "prediction": {"step_time_s": step, "samples_per_s": 1.0, "tokens_per_s": 1e5, "tflops_per_gpu": 100.0,
+            "prediction": {"step_time_s": step, "samples_per_s": dp * m / step, "tokens_per_s": dp * m * 2048 / step, "tflops_per_gpu": 100.0,
                            "mfu": 0.3, "memory": {"peak_bytes_per_gpu": int(peak), "capacity_bytes": 40 * 10**9,
                                                   "fits": peak <= 40e9, "params_bytes": 1, "grads_bytes": 1,
                                                   "optimizer_bytes": int(8e9), "activations_bytes": 1, "other_bytes": 1},
@@ -107,8 +107,9 @@ def test_nodes_close_uses_the_bandwidth_sensitivity():
 
 def test_spot_rule_quotes_the_run_cost():
     r = checklist.spot_capacity(_ctx(_doc(nodes=2)))
-    # 300e9 tokens / 1e5 tok/s = 833.3 h; x 2 nodes x $32 = $53,333
-    assert r.status == "warn" and "$53,333 on-demand" in r.number and "90.0%" in r.number
+    # 300e9 tokens / (32 x 2048 tokens per step) -> 4,577,638 steps x 10 s = 12,715.7 h; x 2 nodes x $32
+    assert r.status == "warn" and "$813,802 on-demand" in r.number and "529.8 days" in r.number
+    assert "90.0% less (as low as $81,380)" in r.number
 
 
 def test_pareto_mask_equals_the_brute_force_definition():

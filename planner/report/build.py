@@ -2,7 +2,7 @@
 scaling) and the seed's communication model; then draw and render it.
 
 Every number shown comes from one of those calls for the same plan; this module only arranges
-them (and derives run time and cost as tokens / (tokens/s) and hours x nodes x price).
+them (and derives run time as whole steps x step time, and cost as hours x nodes x price).
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def build_report(scenario: Scenario, *, plan_document: Mapping[str, Any] | None 
     seed_rows = _seed_argument(hw, scaling_rows)
     sections = [
         _scenario_section(model, hw, scenario, best, search),
-        _plans_section(best, alternatives, first_label, plan_document is not None),
+        _plans_section(best, alternatives, first_label, plan_document is not None, scenario, hw),
         _time_memory_section(best, alternatives),
         _timeline_section(model, best),
         _pareto_section(search, best),
@@ -146,7 +146,7 @@ def _scenario_section(model, hw, scenario: Scenario, best, search) -> Section:
     return Section(title="Scenario", tables=(Table(columns=("", ""), rows=tuple(rows)),))
 
 
-def _plans_section(best, alternatives, first_label: str, from_file: bool) -> Section:
+def _plans_section(best, alternatives, first_label: str, from_file: bool, scenario: Scenario, hw) -> Section:
     others = "recommend #{}" if from_file else "runner-up {}"
     records = [_plan_row(first_label, best)] + [_plan_row(others.format(i), d)
                                                 for i, d in enumerate(alternatives, 1)]
@@ -155,6 +155,10 @@ def _plans_section(best, alternatives, first_label: str, from_file: bool) -> Sec
             f"{float(pred['tokens_per_s']):,.0f} tokens/s, {float(pred['tflops_per_gpu']):.4g} TFLOP/s per GPU "
             f"(MFU {100 * float(pred['mfu']):.1f}%), peak {pred['memory']['peak_bytes_per_gpu'] / GB:.2f} GB "
             f"of {pred['memory']['capacity_bytes'] / GB:.2f} GB per GPU.")
+    hours = checklist.run_seconds(best, scenario.train_tokens) / 3600.0
+    text += (f" Training on {scenario.train_tokens:.3g} tokens takes {hours / 24:.1f} days"
+             + (f" (${hours * best['hardware']['nodes'] * hw.price_usd_per_hour:,.0f} on-demand at "
+                f"${hw.price_usd_per_hour:g} per node-hour)." if hw.price_usd_per_hour else "."))
     return Section(title="Recommended plan and runners-up", paragraphs=(text,),
                    tables=(table_from_records(records, _PLAN_COLUMNS),))
 
@@ -267,7 +271,7 @@ def _scaling(model, hw, scenario: Scenario, best, search) -> list[dict[str, Any]
                 continue
             doc = result.best
         tok = float(doc["prediction"]["tokens_per_s"])
-        hours = scenario.train_tokens / tok / 3600.0
+        hours = checklist.run_seconds(doc, scenario.train_tokens) / 3600.0
         p = doc["plan"]
         rows.append({"nodes": nodes, "gpus": gpus, "plan": f"dp{p['dp']} tp{p['tp']} pp{p['pp']} {p['schedule']}",
                      "tokens_per_s": tok, "step_time_s": float(doc["prediction"]["step_time_s"]),

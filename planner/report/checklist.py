@@ -21,6 +21,7 @@ Sources of the advice:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
@@ -86,6 +87,14 @@ class RuleContext:
         return sum(float(tb.get(t, 0.0)) for t in terms) / self.step_time_s
 
 
+def run_seconds(doc: Mapping[str, Any], tokens: float) -> float:
+    """Wall time of a run of `tokens` tokens: whole optimizer steps x the estimated step time
+    (the same count recommend's `to_train` uses)."""
+    plan = doc["plan"]
+    steps = math.ceil(tokens / (plan["global_batch"] * plan["seq"]))
+    return steps * float(doc["prediction"]["step_time_s"])
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -122,9 +131,10 @@ def data_parallel_first(ctx: RuleContext) -> RuleResult:
                                  f"{plan['zero']}); no model parallelism is needed.")
     dp = _pure_dp(ctx, micro_batch=1)
     if dp is None:
+        gpus = plan["dp"] * plan["tp"] * plan["pp"]
         return RuleResult(rule="data-parallel-first", title=title, status="pass",
-                          number=f"global batch {plan['global_batch']} < {plan['dp'] * plan['tp'] * plan['pp']} GPUs",
-                          detail="Pure data parallelism cannot split this global batch over every GPU; "
+                          number=f"global batch {plan['global_batch']} is not a multiple of {gpus} GPUs",
+                          detail="Pure data parallelism cannot split this global batch evenly over every GPU; "
                                  "model parallelism is needed to use them all.")
     if not _fits(dp):
         return RuleResult(rule="data-parallel-first", title=title, status="pass",
@@ -173,8 +183,11 @@ def memory_savers_first(ctx: RuleContext) -> RuleResult:
                     _pure_dp(ctx, micro_batch=1, recompute="full", seq=max(plan["seq"] // 2, 1))}
     tried = {k: v for k, v in variants.items() if v is not None}
     if not tried:
-        return RuleResult(rule="memory-savers-first", title=title, status="pass", number="n/a",
-                          detail="Pure data parallelism cannot split this global batch over every GPU.")
+        gpus = plan["dp"] * plan["tp"] * plan["pp"]
+        return RuleResult(rule="memory-savers-first", title=title, status="pass",
+                          number=f"global batch {plan['global_batch']} is not a multiple of {gpus} GPUs",
+                          detail="Pure data parallelism cannot split this global batch evenly over every GPU, "
+                                 "whatever the micro-batch; model parallelism is needed to use them all.")
     name, best = min(tried.items(), key=lambda kv: _peak(kv[1]))
     if _fits(best) and _tok(best) >= 0.98 * _tok(ctx.document):
         return RuleResult(rule="memory-savers-first", title=title, status="warn",
@@ -305,7 +318,7 @@ def spot_capacity(ctx: RuleContext) -> RuleResult:
     if not hw.price_usd_per_hour:
         return RuleResult(rule="spot-capacity", title=title, status="pass", number="no price in the profile",
                           detail="Not rented by the hour.")
-    hours = ctx.train_tokens / _tok(ctx.document) / 3600.0
+    hours = run_seconds(ctx.document, ctx.train_tokens) / 3600.0
     on_demand = hours * nodes * hw.price_usd_per_hour
     run = f"{ctx.train_tokens:.3g} tokens in {hours / 24:.1f} days on {nodes} nodes"
     if hw.spot_price_usd_per_hour:

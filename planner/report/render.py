@@ -75,7 +75,7 @@ def _cell(value: Any) -> str:
         return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
     if isinstance(value, int):
         return f"{value:,}" if abs(value) >= 1e4 else str(value)
-    return "" if value is None else str(value)
+    return "n/a" if value is None else str(value)
 
 
 # --- Markdown ------------------------------------------------------------------------------------
