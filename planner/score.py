@@ -16,7 +16,6 @@ Every term is a pure function from cost_models (formulas and sources in their do
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Mapping
 
