@@ -155,14 +155,15 @@ def proxy_spec(spec: TransformerSpec, config: ParallelConfig) -> tuple[Transform
         layers = chunks + spec.total_blocks % chunks
     tp = config.tp
     grouped = spec.n_kv_heads < spec.heads
-    kv_heads = tp if grouped else 0
-    heads = 2 * tp if grouped else tp * math.ceil(4 / tp)
-    head_dim = 16
+    # never wider than the original (its heads already divide by tp, check_model passed)
+    heads = min(2 * tp if grouped else tp * math.ceil(4 / tp), spec.heads)
+    kv_heads = min(tp, spec.n_kv_heads) if grouped else 0
+    head_dim = min(16, spec.d_head)
     hidden = heads * head_dim
     ffn_ratio = spec.d_ffn / spec.hidden
     ffn = max(tp, int(round(ffn_ratio * hidden / tp)) * tp)
     seq = min(config.seq, 64)
-    vocab = 512 if 512 % tp == 0 else tp * math.ceil(512 / tp)
+    vocab = min(spec.vocab, 512 if 512 % tp == 0 else tp * math.ceil(512 / tp))
     small = spec.with_(name=f"{spec.name} (proxy)", layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
                        head_dim=0, ffn=ffn, vocab=vocab, seq=seq, max_positions=0)
     new_config = dataclasses.replace(config, seq=seq, stages=stages)
