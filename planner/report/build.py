@@ -229,6 +229,10 @@ def _pareto_section(search, best) -> Section:
                          + (f"; a random {figures.MAX_SCATTER_POINTS:,} of them drawn." if len(tok) >
                             figures.MAX_SCATTER_POINTS else "."),
                  png=figures.pareto_front(tok, mem, fits, front, chosen, cap, "Searched candidates"))
+    if len(tok) and chosen[0] > tok.max() * (1 + 1e-9):
+        fig = dataclasses.replace(fig, caption=fig.caption + (
+            " The recommended plan (star) lies above the cloud: after scoring, recommend re-split its pipeline "
+            "into uneven stages and re-estimated it, which no evenly split candidate matches."))
     idx = np.flatnonzero(front & fits)
     idx = idx[np.argsort(-tok[idx])][:8]
     rows = tuple((f"{tok[i]:,.0f}", round(mem[i] / GB, 2)) for i in idx)

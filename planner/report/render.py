@@ -129,7 +129,7 @@ figure{margin:14px 0}
 figure img{max-width:100%}
 figcaption{font-size:0.85em;color:#555}
 .note{background:#fff6d6;border-left:4px solid #e0b000;padding:6px 10px}
-tr.rule td{text-align:left}
+tr.rule td,table.checklist th{text-align:left}
 table.kv td{text-align:left}
 .pass{color:#1a7f37;font-weight:bold}
 .warn{color:#b35900;font-weight:bold}
