@@ -65,3 +65,20 @@ def peak_bytes(*, params, grads, optimizer, grads_present, cache_fwd, cache_bwd,
     acts = np.where(peak == bwd_end, 0.0, activations)
     other = peak - states - np.where(peak == bwd_end, grads, g_fwd) - acts
     return peak, acts, other
+
+
+ALLOCATOR_OVERHEAD_FRACTION = 0.05
+"""Caching-allocator blocks beyond the tensors they hold (reserved / allocated - 1): median 0.052 over
+the 42 H100 steps of shared/validation/h100_train_steps.jsonl (range 0.003-0.20); efficiency key
+`allocator_overhead_fraction`."""
+CUDA_CONTEXT_BYTES = 512 * 2**20
+"""CUDA context, kernels and cuBLAS/NCCL handles outside the caching allocator (~0.5 GiB with CUDA 12
+on A100/H100, what nvidia-smi shows for a process that allocated nothing); key `cuda_context_bytes`."""
+
+
+def allocator_overhead_fraction(hw) -> float:
+    return float(hw.efficiency.get("allocator_overhead_fraction", ALLOCATOR_OVERHEAD_FRACTION))
+
+
+def cuda_context_bytes(hw) -> float:
+    return float(hw.efficiency.get("cuda_context_bytes", CUDA_CONTEXT_BYTES))

@@ -48,7 +48,8 @@ class Estimate:
 
     @property
     def fits(self) -> bool:
-        return bool(self.peak_bytes_per_gpu <= self.hardware.memory_bytes)
+        """Peak plus allocator overhead and CUDA context within the device (Scores.fits)."""
+        return bool(np.asarray(self.scores.fits).reshape(-1)[0])
 
     @property
     def params(self) -> int:
