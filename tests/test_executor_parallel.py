@@ -71,3 +71,21 @@ def test_proxy_runs_a_model_too_large_for_this_machine_with_the_same_layout(tmp_
     assert doc["plan"]["stages"] == [1, 1] and doc["plan"]["num_microbatches"] == 4
     notes = " ".join(doc["notes"])
     assert "--proxy: gpt3-175b is too large" in notes and "downgraded to fp32" in notes
+
+
+@pytest.mark.multiprocess
+def test_same_entry_point_under_torchrun(tmp_path):
+    """`torchrun -m planner run` (the cluster path, here with gloo): every rank trains, rank 0 prints."""
+    import os
+    import subprocess
+    import sys
+
+    cfg = ParallelConfig(pp=2, schedule="1f1b", global_batch=4, micro_batch=1, seq=32, precision="fp32")
+    plan = write_plan(tmp_path / "plan.json", cfg)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "planner",
+                           "run", str(plan), "--steps", "2", "--verify", "--json"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout)
+    assert doc["verify"]["passed"] and doc["workdir"] == "torchrun"
+    assert [r["stages"] for r in doc["ranks"]] == [[0], [1]]
