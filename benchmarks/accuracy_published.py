@@ -8,7 +8,7 @@ dropout=True, overlap_grad_reduce=False`: properties of the software the rows ra
 row. Prints a table and the summary errors; `--loo` also prints the leave-one-out check of the
 fitted parameters (benchmarks/calibrate.py); writes benchmarks/results/accuracy_published.json.
 
-Run: .venv/bin/python benchmarks/accuracy_published.py [--loo]
+Run: .venv/bin/python benchmarks/accuracy_published.py [ROWS.json] [--loo]
 """
 from __future__ import annotations
 
@@ -34,31 +34,42 @@ def load_rows(path: Path = VALIDATION / "published_runs.json") -> list[dict]:
     return data.get("runs") or data.get("rows")
 
 
+ARCH_KEYS = ("model_type", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "seq", "position",
+             "gated_mlp", "activation", "norm", "tied_embeddings", "qkv_bias", "out_bias", "mlp_bias")
+
+
 def spec_of(row: dict) -> TransformerSpec:
-    a = row["arch"]
-    return TransformerSpec(name=row["id"], model_type=a.get("model_type", "gpt2"), layers=a["layers"],
-                           hidden=a["hidden"], heads=a["heads"], ffn=a.get("ffn", 0), vocab=a["vocab"], seq=a["seq"],
-                           position="learned", tied_embeddings=True)
+    """The row's architecture (GPT defaults: learned positions, tied embeddings, GeLU MLP)."""
+    a = {k: v for k, v in row["arch"].items() if k in ARCH_KEYS}
+    a.setdefault("model_type", "gpt2")
+    a.setdefault("position", "learned")
+    a.setdefault("tied_embeddings", True)
+    return TransformerSpec(name=row["id"], **a)
 
 
 def config_of(row: dict) -> ParallelConfig:
     v = row.get("virtual_stages", 1)
     return ParallelConfig(dp=row["dp"], tp=row["tp"], pp=row["pp"], micro_batch=row["micro_batch"],
                           global_batch=row["global_batch"], virtual_stages=v,
-                          schedule="interleaved-1f1b" if v > 1 else "1f1b", zero=row.get("zero", 0),
-                          recompute=row["recompute"], sequence_parallel=row["sequence_parallel"],
-                          precision=row["precision"], seq=row["arch"]["seq"])
+                          schedule=row.get("schedule") or ("interleaved-1f1b" if v > 1 else "1f1b"),
+                          zero=row.get("zero", 0), recompute=row.get("recompute", "none"),
+                          sequence_parallel=row.get("sequence_parallel", False),
+                          precision=row.get("precision", "amp-fp16"), seq=row["arch"]["seq"])
 
 
 def predict(row: dict, hw):
-    return estimate(spec_of(row), hw, config_of(row), gpus=row["gpus"], impl="megatron", flash=False, dropout=True,
-                    overlap_grad_reduce=False)
+    """Megatron-LM of 2021-22 unless the row says otherwise (keys flash_attention, dropout,
+    overlap_grad_reduce)."""
+    return estimate(spec_of(row), hw, config_of(row), gpus=row["gpus"], impl="megatron",
+                    flash=row.get("flash_attention", False), dropout=row.get("dropout", True),
+                    overlap_grad_reduce=row.get("overlap_grad_reduce", False))
 
 
 def evaluate(rows: list[dict], hw) -> dict:
+    """Each row on its own `hardware` profile when it names one (else `hw`)."""
     out = []
     for r in rows:
-        est = predict(r, hw)
+        est = predict(r, load_profile(r["hardware"]) if r.get("hardware") else hw)
         out.append({"id": r["id"], "gpus": r["gpus"], "tp": r["tp"], "pp": r["pp"], "dp": r["dp"],
                     "virtual_stages": r.get("virtual_stages", 1), "recompute": r["recompute"],
                     "sequence_parallel": r["sequence_parallel"], "measured_s": r["iteration_time_s"],
@@ -81,8 +92,9 @@ def print_table(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    hw = load_profile("dgx-a100-80g")
-    rows = load_rows()
+    files = [a for a in argv if not a.startswith("--")]
+    rows = load_rows(Path(files[0])) if files else load_rows()
+    hw = load_profile(rows[0].get("hardware", "dgx-a100-80g"))
     result = evaluate(rows, hw)
     print_table(result)
     if "--loo" in argv:
