@@ -8,7 +8,8 @@ checkpointing (-> recompute 'full'). The planner predicts it with `estimate(impl
 fit/OOM, and step time for steps of >= 8192 tokens (smaller ones are launch-bound; reported, not
 judged).
 
-Run: .venv/bin/python benchmarks/accuracy_h100.py   (writes benchmarks/results/accuracy_h100.json)
+Run: .venv/bin/python benchmarks/accuracy_h100.py [STEPS.jsonl]   (writes benchmarks/results/accuracy_h100.json;
+HF configs are looked up as hf_configs/<model>.json beside the validation file)
 """
 from __future__ import annotations
 
@@ -87,8 +88,10 @@ def evaluate(rows: list[dict], hw) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    files = [a for a in argv if not a.startswith("--")]
     hw = load_profile("dgx-h100")
-    result = evaluate(load_rows(), hw)
+    result = evaluate(load_rows(Path(files[0])) if files else load_rows(), hw)
     print(f"{'model':12} {'prec':8} {'seq':>5} {'mb':>3} {'ckpt':>4} {'mem GB':>7} {'pred':>7} {'err':>6} "
           f"{'step ms':>8} {'pred':>8} {'err':>6}")
     for x in result["rows"]:
