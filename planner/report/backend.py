@@ -35,6 +35,8 @@ class SearchResult:
     """Pipeline degree of every scored candidate."""
     step_time_s: np.ndarray
     """Predicted step time of every scored candidate, seconds."""
+    best_pipelined: ParallelConfig | None = None
+    """The fastest fitting scored candidate with pp > 1 (evenly split), if any."""
 
 
 def resolve(model_arg: str, seq: int | None):
@@ -94,15 +96,23 @@ def search(model, hw, scenario, *, top: int | None = None, global_batch: int | N
     so recommend() is handed planner.score.score wrapped to keep a copy of each batch it scores
     (memory-bound probes included: they are complete candidates too). Same search, same cost model.
     """
+    from planner.candidates import FIELDS
     from planner.score import score
-    from planner.search import recommend
+    from planner.search import config_of, recommend
 
     batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    best_piped: list[tuple[float, dict[str, Any]]] = []   # fastest fitting pp > 1 candidate of each batch
 
     def recording_score(model_, hw_, cands, **kw):
         scores = score(model_, hw_, cands, **kw)
-        batches.append((np.asarray(cands.pp), np.asarray(scores.step_time_s, dtype=float),
-                        np.asarray(scores.peak_bytes_per_gpu, dtype=float)))
+        pp = np.asarray(cands.pp)
+        step = np.asarray(scores.step_time_s, dtype=float)
+        peak = np.asarray(scores.peak_bytes_per_gpu, dtype=float)
+        batches.append((pp, step, peak))
+        piped = np.flatnonzero((pp > 1) & (peak <= hw.memory_bytes))
+        if len(piped):
+            i = piped[np.argmin(step[piped])]
+            best_piped.append((float(step[i]), {k: np.asarray(getattr(cands, k))[i:i + 1] for k in FIELDS}))
         return scores
 
     top = scenario.top if top is None else top
@@ -112,7 +122,12 @@ def search(model, hw, scenario, *, top: int | None = None, global_batch: int | N
                     score_fn=recording_score)
     plan = rec.best["plan"]
     pp, step, peak = (np.concatenate([b[i] for b in batches]) if batches else np.zeros(0) for i in range(3))
-    return SearchResult(best=rec.best, alternatives=tuple(rec.alternatives),
+    pipelined = None
+    if best_piped:
+        _, row = min(best_piped, key=lambda t: t[0])
+        pipelined = config_of(row, 0, global_batch=plan["global_batch"], seq=plan["seq"],
+                              precision=scenario.precision, optimizer=scenario.optimizer)
+    return SearchResult(best=rec.best, alternatives=tuple(rec.alternatives), best_pipelined=pipelined,
                         candidates_evaluated=rec.stats.candidates_evaluated, feasible=rec.stats.feasible,
                         seconds=rec.stats.seconds, tokens_per_s=plan["global_batch"] * plan["seq"] / step,
                         peak_bytes=peak, fits=peak <= hw.memory_bytes, pp=pp, step_time_s=step)

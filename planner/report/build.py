@@ -74,7 +74,7 @@ def build_report(scenario: Scenario, *, plan_document: Mapping[str, Any] | None 
         _scenario_section(model, hw, scenario, best, search),
         _plans_section(best, alternatives, first_label, plan_document is not None, scenario, hw),
         _time_memory_section(best, alternatives),
-        _timeline_section(model, best),
+        _timeline_section(model, hw, best, search, plan_document is None),
         _pareto_section(search, best),
         _scaling_section(scaling_rows, scenario, hw),
         _seed_section(seed_rows, best),
@@ -193,12 +193,29 @@ def _time_memory_section(best, alternatives) -> Section:
                    figures=figs)
 
 
-def _timeline_section(model, best) -> Section:
-    p = best["plan"]
-    times, p2p_s = backend.stage_times(model, best)
+def _timeline_section(model, hw, best, search, searched_best: bool) -> Section:
+    figs = [_timeline_figure(model, best, "pipeline_timeline", "Pipeline timeline of the chosen schedule")]
+    paragraphs = ()
+    if best["plan"]["pp"] == 1 and search.best_pipelined is not None:
+        cfg = search.best_pipelined
+        piped = backend.estimate_document(model, hw, cfg, gpus=best["hardware"]["gpus"])
+        ratio = float(piped["prediction"]["step_time_s"]) / float(best["prediction"]["step_time_s"])
+        figs.append(_timeline_figure(model, piped, "pipeline_timeline_alternative",
+                                     "Timeline of the best pipelined candidate, for comparison"))
+        paragraphs = (f"The {'recommended' if searched_best else 'given'} plan has no pipeline. For comparison, the "
+                      f"fastest fitting pipelined candidate of the search (dp={cfg.dp}, tp={cfg.tp}, pp={cfg.pp}, "
+                      f"{cfg.schedule}, v={cfg.virtual_stages}, micro-batch {cfg.micro_batch}) takes "
+                      f"{float(piped['prediction']['step_time_s']):.4g} s per step ({ratio:.2f}x), with a bubble of "
+                      f"{float(piped['prediction']['time_breakdown_s'].get('bubble', 0.0)):.4g} s (estimate).",)
+    return Section(title="Pipeline timeline", paragraphs=paragraphs, figures=tuple(figs))
+
+
+def _timeline_figure(model, doc, name: str, title: str) -> Figure:
+    p = doc["plan"]
+    times, p2p_s = backend.stage_times(model, doc)
     shown_m = min(p["num_microbatches"], max(2 * p["pp"] * p["virtual_stages"], 8))
-    if p["schedule"] == "interleaved-1f1b":
-        shown_m = max(p["pp"], shown_m - shown_m % p["pp"]) if p["num_microbatches"] >= p["pp"] else shown_m
+    if p["schedule"] == "interleaved-1f1b" and p["num_microbatches"] >= p["pp"]:
+        shown_m = max(p["pp"], shown_m - shown_m % p["pp"])
     tl = build_timeline(p["schedule"], times, shown_m, virtual_stages=p["virtual_stages"], p2p_s=p2p_s)
     note = "" if shown_m == p["num_microbatches"] else \
         f" The first {shown_m} of {p['num_microbatches']} micro-batches are drawn; the steady state repeats."
@@ -211,10 +228,9 @@ def _timeline_section(model, best) -> Section:
         caption = (f"{p['schedule']} with {p['pp']} stages, v={p['virtual_stages']}: forward {f0 * 1e3:.3g} ms and "
                    f"backward {b0 * 1e3:.3g} ms per micro-batch per stage (estimate: the slowest stage's time, "
                    f"split by FLOPs), p2p {p2p_s * 1e3:.3g} ms per hop; the estimate's bubble is "
-                   f"{float(best['prediction']['time_breakdown_s'].get('bubble', 0.0)):.4g} s per step.{note}")
-    fig = Figure(name="pipeline_timeline", title="Pipeline timeline of the chosen schedule", caption=caption,
-                 png=figures.pipeline_gantt(tl, f"{p['schedule']} schedule, {p['pp']} stages"))
-    return Section(title="Pipeline timeline", figures=(fig,))
+                   f"{float(doc['prediction']['time_breakdown_s'].get('bubble', 0.0)):.4g} s per step.{note}")
+    return Figure(name=name, title=title, caption=caption,
+                  png=figures.pipeline_gantt(tl, f"{p['schedule']} schedule, {p['pp']} stages"))
 
 
 def _pareto_section(search, best) -> Section:
