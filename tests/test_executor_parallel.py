@@ -89,3 +89,16 @@ def test_same_entry_point_under_torchrun(tmp_path):
     doc = json.loads(done.stdout)
     assert doc["verify"]["passed"] and doc["workdir"] == "torchrun"
     assert [r["stages"] for r in doc["ranks"]] == [[0], [1]]
+
+
+@pytest.mark.multiprocess
+def test_human_output_puts_measured_and_predicted_step_times_side_by_side(tmp_path):
+    cfg = ParallelConfig(dp=2, global_batch=2, micro_batch=1, seq=32, precision="amp-bf16")
+    plan = write_plan(tmp_path / "plan.json", cfg)
+    result = runner.invoke(app, ["run", str(plan), "--steps", "2", "--workdir", str(tmp_path / "work")])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "measured s/step" in lines[1] and "predicted s/step" in lines[1]
+    assert len([line for line in lines[2:4] if len(line.split()) == 7]) == 2  # one row per rank, both columns
+    assert any("predicted" in line and "cpu-local" in line for line in lines)
+    assert any(line.startswith("note: precision amp-bf16 downgraded to fp32") for line in lines)
