@@ -78,3 +78,21 @@ def test_one_f_one_b_keeps_at_most_p_minus_r_microbatches_in_flight():
 def test_unknown_schedule_is_rejected():
     with pytest.raises(ValueError, match="unknown schedule"):
         build_timeline("pipedream", _uniform(2), 2)
+
+
+@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4),
+                                        ("zero-bubble", 1)])
+@pytest.mark.parametrize("p,m", [(4, 8), (8, 16), (2, 8)])
+def test_drawn_bubble_equals_the_estimates_pipeline_model(schedule, v, p, m):
+    # The Gantt is drawn from the schedule's op order; the estimate prices the bubble with
+    # cost_models.pipeline.bubble_slots. For uniform stages with B = W = F (Qi et al.'s setting) and
+    # m a multiple of p, the two agree exactly.
+    import numpy as np
+
+    from cost_models.pipeline import bubble_slots
+    from planner.parallel import SCHEDULES
+
+    stage = F + B
+    tl = build_timeline(schedule, _uniform(p), m, virtual_stages=v)
+    slots = float(bubble_slots(np.array(SCHEDULES.index(schedule)), p, v, SCHEDULES))
+    assert tl.makespan_s - m * stage == pytest.approx(slots * stage)
