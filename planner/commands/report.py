@@ -79,11 +79,13 @@ def _plan_document(arg: str) -> dict | None:
 def _world_size(hardware: str, gpus: int | None, nodes: int | None) -> int:
     if gpus is None and nodes is None:
         raise ConfigError("--gpus", None, "a world size (--gpus N) or a node count (--nodes K)")
-    if gpus is not None:
-        return gpus
     from hardware_profiles import load_profile
 
-    return nodes * load_profile(hardware).devices_per_node
+    per_node = load_profile(hardware).devices_per_node
+    if gpus is not None and nodes is not None and gpus != nodes * per_node:
+        raise ConfigError("--gpus", gpus, f"nodes({nodes})*devices_per_node({per_node})={nodes * per_node}, "
+                                          "or give only one of --gpus and --nodes")
+    return gpus if gpus is not None else nodes * per_node
 
 
 def _node_list(text: str | None) -> tuple[int, ...]:
