@@ -4,7 +4,6 @@ here costs anything itself.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 

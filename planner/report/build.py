@@ -7,15 +7,12 @@ them (and derives run time as whole steps x step time, and cost as hours x nodes
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
 from planner.errors import ConfigError, NoFitError, PlannerError
-from planner.parallel import ParallelConfig
 from planner.report import checklist, figures
 from planner.report import backend
 from planner.report.render import Figure, ReportContent, Section, Table, table_from_records
