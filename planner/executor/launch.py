@@ -105,6 +105,10 @@ def start_method(spec: RunSpec) -> str:
     wanted = os.environ.get("PLANNER_EXECUTOR_START")
     if wanted in ("fork", "spawn"):
         return wanted
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return "spawn"  # a forked child would inherit this process's process group
     return "fork" if spec.backend == "gloo" and hasattr(os, "fork") and sys.platform == "linux" else "spawn"
 
 
