@@ -2,7 +2,11 @@
 reference (same seed, global batch and optimizer): loss and every parameter within 1e-5 relative.
 
 One launch per layout (a launch costs ~15-20 s for 2 processes and more for 8 on 2 cores); two
-steps each, so the second step checks the optimizer state and the update as well.
+steps each, so the second step checks the optimizer state and the update as well. AdamW everywhere
+but the 3D run, which uses the plan's SGD (momentum): AdamW divides each update by the gradient's
+own magnitude, which turns ~1e-8 rounding differences of near-zero gradient entries into parameter
+errors of ~6e-6 there (measured), too close to the 1e-5 bar for a test on other machines; with SGD
+the same run agrees to ~2e-8.
 """
 from __future__ import annotations
 
@@ -28,7 +32,8 @@ LAYOUTS = {
     "dp2xpp2-gpipe-selective": (GPT, dict(dp=2, pp=2, zero=0, schedule="gpipe", recompute="selective",
                                                 global_batch=8, micro_batch=2)),
     "dp2xtp2xpp2-zero3-full-sp": (LLAMA, dict(dp=2, tp=2, pp=2, zero=3, recompute="full", sequence_parallel=True,
-                                              schedule="1f1b", global_batch=8, micro_batch=2, placement="DPT")),
+                                              schedule="1f1b", global_batch=8, micro_batch=2, placement="DPT",
+                                              optimizer="sgd")),
 }
 
 
