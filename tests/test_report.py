@@ -85,6 +85,14 @@ def test_a_plan_file_reports_its_own_configuration(tmp_path, small_report):
     direct = estimate(resolve_model("gpt2"), load_profile("p4d.24xlarge"), config_from_document(doc), gpus=16)
     assert data["best"]["prediction"]["step_time_s"] == pytest.approx(direct.step_time_s, rel=1e-12)
     assert "plan file" in (out / "report.md").read_text()
+    # a plan whose model name does not resolve: exit 2 naming MODEL, or re-evaluate it with --model
+    doc["model"] = dict(doc["model"], name="renamed-model")
+    path.write_text(json.dumps(doc))
+    bad = runner.invoke(app, ["report", str(path), "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "MODEL" in bad.output
+    again = _report(tmp_path, str(path), "--model", "gpt2", "--scaling-nodes", "2", name="again")
+    assert json.loads((again / "report.json").read_text())["best"]["prediction"]["step_time_s"] == \
+        pytest.approx(direct.step_time_s, rel=1e-12)
 
 
 @pytest.mark.parametrize("factory,status", [("tiny_transformer_with_batchnorm", "warn"), ("tiny_transformer", "pass")])

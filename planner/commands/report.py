@@ -33,6 +33,8 @@ def report(
     train_tokens: Annotated[float, typer.Option("--train-tokens", min=1.0,
                                                 help="Tokens of the whole run, for time to train and cost "
                                                      "(default 300e9, as GPT-3).")] = 300e9,
+    model: Annotated[Optional[str], typer.Option(
+        "--model", help="With a PLAN.json: the MODEL to re-evaluate it with (default: the plan's model name).")] = None,
     scaling_nodes: Annotated[Optional[str], typer.Option(
         "--scaling-nodes", help="Comma-separated node counts for the scaling study (default: around N).")] = None,
 ) -> None:
@@ -44,11 +46,13 @@ def report(
     counts = _node_list(scaling_nodes)
     if document is not None:
         p, h = document["plan"], document["hardware"]
-        scenario = Scenario(model=document["model"]["name"], hardware=hardware or h["name"], gpus=h["gpus"],
+        scenario = Scenario(model=model or document["model"]["name"], hardware=hardware or h["name"], gpus=h["gpus"],
                             global_batch=p["global_batch"], seq=p["seq"], precision=p["precision"],
                             optimizer=p.get("optimizer", optimizer), objective=objective, top=top,
                             train_tokens=train_tokens, scaling_nodes=counts)
     else:
+        if model is not None:
+            raise ConfigError("--model", model, "only with a PLAN.json (a MODEL argument is given already)")
         if hardware is None:
             raise ConfigError("--hardware", None, "a hardware profile name or path (required with a MODEL)")
         scenario = Scenario(model=plan_or_model, hardware=hardware, gpus=_world_size(hardware, gpus, nodes),
