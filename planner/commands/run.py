@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
