@@ -293,8 +293,8 @@ def nodes_close_together(ctx: RuleContext) -> RuleResult:
                           detail="Single node: all traffic stays on NVLink/NVSwitch.")
     slow = ctx.what_if(hardware_changes={"inter_node_Gbps_per_node": hw.inter_node_Gbps_per_node / 2})
     exposed = ctx.share("dp_comm", "pp_p2p") + (ctx.share("tp_comm") if ctx.tp_group_nodes > 1 else 0.0)
-    number = (f"{nodes} nodes at {hw.inter_node_Gbps_per_node:g} Gbit/s each; "
-              f"inter-node comm {_pct(exposed)} of the step")
+    number = (f"{nodes} nodes at {hw.inter_node_Gbps_per_node:g} Gbit/s each; exposed DP/PP"
+              f"{'/TP' if ctx.tp_group_nodes > 1 else ''} communication {_pct(exposed)} of the step")
     sensitivity = 0.0
     if slow is not None:
         sensitivity = float(slow["prediction"]["step_time_s"]) / ctx.step_time_s - 1.0
