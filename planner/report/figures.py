@@ -18,7 +18,8 @@ from planner.report.timeline import Timeline  # noqa: E402
 
 GB = 1e9
 _TERM_COLORS = {"compute": "#4c72b0", "tp_comm": "#dd8452", "dp_comm": "#c44e52", "pp_p2p": "#8172b3",
-                "bubble": "#bbbbbb", "optimizer": "#55a868", "offload": "#937860", "recompute": "#da8bc3"}
+                "bubble": "#bbbbbb", "optimizer": "#55a868", "offload": "#937860", "recompute": "#da8bc3",
+                "host_wait": "#ccb974"}
 _MEM_COLORS = {"params_bytes": "#4c72b0", "grads_bytes": "#dd8452", "optimizer_bytes": "#55a868",
                "activations_bytes": "#c44e52", "other_bytes": "#8c8c8c"}
 _OP_COLORS = {"F": "#4c72b0", "B": "#dd8452", "W": "#55a868"}
