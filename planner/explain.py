@@ -49,7 +49,7 @@ def describe_config(plan: Mapping[str, Any]) -> str:
     text += f" {plan['placement']}"
     stages = plan.get("stages")
     if stages and tuple(stages) != tuple(_even(sum(stages), len(stages))):
-        text += f" stages={list(stages)}"
+        text += f" stages={list(stages)}" if len(stages) <= 16 else " stages=uneven"
     return text
 
 
@@ -91,7 +91,15 @@ def memory_lines(doc: Mapping[str, Any]) -> list[str]:
 
 def config_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """Knobs whose values differ between two plans, as 'key a->b'."""
-    return [f"{k} {a.get(k)}->{b.get(k)}" for k in CONFIG_KEYS if a.get(k) != b.get(k)]
+    def show(key, value):
+        if key == "stages" and value:
+            return "even" if tuple(value) == tuple(_even(sum(value), len(value))) else "uneven"
+        return value
+    out = []
+    for k in CONFIG_KEYS:
+        if a.get(k) != b.get(k) and show(k, a.get(k)) != show(k, b.get(k)):
+            out.append(f"{k} {show(k, a.get(k))}->{show(k, b.get(k))}")
+    return out
 
 
 def compare(winner: Mapping[str, Any], other: Mapping[str, Any], *, label: str = "runner-up") -> list[str]:

@@ -11,11 +11,11 @@ model with a heavy vocabulary gets fewer blocks on its end stages. Two exact sol
   where c is the stage's work (objective "speed") or its memory (objective "memory", with every
   stage's work bounded). Exact for one stage per rank (v = 1).
 - `split_cpsat`: OR-Tools CP-SAT over the cut positions, for the cases where constraints couple the
-  stages: with interleaving (v > 1) a rank runs stages r, r+pp, ..., so its work and its memory are
-  sums over non-adjacent stages and no left-to-right recurrence is exact.
+  stages: with interleaving (v > 1) a rank holds stages r, r+pp, ..., so its memory is a sum over
+  non-adjacent stages and no left-to-right recurrence is exact under a memory cap or a memory objective.
 
 The objectives follow SageMaker model parallelism's `optimize` parameter: "speed" balances the
-work per rank (least maximum), then the memory among the fastest splits; "memory" balances the
+work per stage (least maximum: the schedule's slot), then the rank memory among the fastest splits; "memory" balances the
 memory per rank among splits within `slack` of the fastest.
 
 Tied embeddings (input embedding = output head) cannot be co-located by a contiguous split when
@@ -92,13 +92,15 @@ class PartitionProblem:
         return np.asarray(self.inflight or (1,) * self.chunks, dtype=float)
 
     def stage_costs(self, stages: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        """(work, bytes) per rank for a split of blocks into pp*v stages."""
+        """(work per stage, bytes per rank) for a split of blocks into pp*v stages. The pipeline's beat
+        is the slowest stage (with interleaving each stage is one slot of the schedule, Narayanan et
+        al. 2021 Sec. 2.2.2); memory adds up over the stages a rank holds."""
         work = np.asarray(self.block_work, float)
         static = np.asarray(self.block_static_bytes, float)
         act = np.asarray(self.block_activation_bytes, float)
         edges = np.concatenate([[0], np.cumsum(stages)])
         inflight = self.inflight_per_chunk
-        rank_work, rank_bytes = np.zeros(self.pp), np.zeros(self.pp)
+        stage_work, rank_bytes = np.zeros(self.chunks), np.zeros(self.pp)
         for c in range(self.chunks):
             a, b, r = edges[c], edges[c + 1], c % self.pp
             w, s, x = work[a:b].sum(), static[a:b].sum(), act[a:b].sum()
@@ -106,9 +108,9 @@ class PartitionProblem:
                 w, s, x = w + self.first_work, s + self.first_static_bytes, x + self.first_activation_bytes
             if c == self.chunks - 1:
                 w, s, x = w + self.last_work, s + self.last_static_bytes, x + self.last_activation_bytes
-            rank_work[r] += w
+            stage_work[c] = w
             rank_bytes[r] += s + inflight[c] * x
-        return rank_work, rank_bytes
+        return stage_work, rank_bytes
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -118,10 +120,10 @@ class Partition:
     stages: tuple[int, ...]
     """Blocks per stage, pp*v entries in stage order."""
     max_work: float
-    """Largest work of a rank per micro-batch (the pipeline's beat)."""
+    """Largest work of a stage per micro-batch (the pipeline's beat)."""
     max_bytes: float
     """Largest memory of a rank."""
-    rank_work: tuple[float, ...] = field(default=())
+    stage_work: tuple[float, ...] = field(default=())
     rank_bytes: tuple[float, ...] = field(default=())
     method: str = "dp"
     """dp or cp-sat."""
@@ -131,7 +133,7 @@ class Partition:
 def _result(problem: PartitionProblem, stages, method: str, objective: str) -> Partition:
     work, mem = problem.stage_costs(tuple(int(s) for s in stages))
     return Partition(stages=tuple(int(s) for s in stages), max_work=float(work.max()), max_bytes=float(mem.max()),
-                     rank_work=tuple(work.tolist()), rank_bytes=tuple(mem.tolist()), method=method,
+                     stage_work=tuple(work.tolist()), rank_bytes=tuple(mem.tolist()), method=method,
                      objective=objective)
 
 
@@ -210,6 +212,8 @@ def split_cpsat(problem: PartitionProblem, *, objective: str = "speed", slack: f
 def _scales(problem: PartitionProblem) -> tuple[float, float]:
     """Integer units for CP-SAT: the totals map to about 1e9, fine enough that rounding cannot reorder
     candidates whose costs differ by more than one part in 1e8."""
+    # identical blocks get one block = 1e5 units (exact ratios of block to block); otherwise the
+    # totals map to about 1e9
     total_work = sum(problem.block_work) + problem.first_work + problem.last_work
     inflight = max(problem.inflight_per_chunk)
     total_bytes = sum(problem.block_static_bytes) + problem.first_static_bytes + problem.last_static_bytes \
@@ -233,30 +237,40 @@ def _cpsat_solve(problem: PartitionProblem, *, minimize: str, work_bound: int | 
         + [m.NewConstant(L)]
     for c in range(C):
         m.Add(cut[c + 1] >= cut[c] + 1)
-    at_w = [m.NewIntVar(0, big_w, f"w{c}") for c in range(C + 1)]
-    at_s = [m.NewIntVar(0, big_b, f"s{c}") for c in range(C + 1)]
-    at_a = [m.NewIntVar(0, big_b, f"a{c}") for c in range(C + 1)]
-    for c in range(C + 1):
-        m.AddElement(cut[c], cw, at_w[c])
-        m.AddElement(cut[c], cs, at_s[c])
-        m.AddElement(cut[c], ca, at_a[c])
+    uniform = all(len(set(x)) == 1 for x in (problem.block_work, problem.block_static_bytes,
+                                              problem.block_activation_bytes))
+    if uniform:
+        # identical blocks: prefix sums are linear in the cut, no element constraints needed
+        unit = [problem.block_work[0] * work_scale, problem.block_static_bytes[0] * byte_scale,
+                problem.block_activation_bytes[0] * byte_scale]
+        at_w = [cut[c] * int(round(unit[0])) for c in range(C + 1)]
+        at_s = [cut[c] * int(round(unit[1])) for c in range(C + 1)]
+        at_a = [cut[c] * int(round(unit[2])) for c in range(C + 1)]
+    else:
+        at_w = [m.NewIntVar(0, big_w, f"w{c}") for c in range(C + 1)]
+        at_s = [m.NewIntVar(0, big_b, f"s{c}") for c in range(C + 1)]
+        at_a = [m.NewIntVar(0, big_b, f"a{c}") for c in range(C + 1)]
+        for c in range(C + 1):
+            m.AddElement(cut[c], cw, at_w[c])
+            m.AddElement(cut[c], cs, at_s[c])
+            m.AddElement(cut[c], ca, at_a[c])
     fw, lw = int(round(problem.first_work * work_scale)), int(round(problem.last_work * work_scale))
     fs = int(round((problem.first_static_bytes) * byte_scale))
     ls = int(round((problem.last_static_bytes) * byte_scale))
     fa = int(round(problem.first_activation_bytes * byte_scale))
     la = int(round(problem.last_activation_bytes * byte_scale))
-    rank_work = [0] * P
+    stage_work = []
     rank_bytes = [0] * P
     for c in range(C):
         r = c % P
         w = at_w[c + 1] - at_w[c] + (fw if c == 0 else 0) + (lw if c == C - 1 else 0)
         b = at_s[c + 1] - at_s[c] + (fs if c == 0 else 0) + (ls if c == C - 1 else 0) \
             + inflight[c] * (at_a[c + 1] - at_a[c] + (fa if c == 0 else 0) + (la if c == C - 1 else 0))
-        rank_work[r] = rank_work[r] + w
+        stage_work.append(w)
         rank_bytes[r] = rank_bytes[r] + b
     max_w = m.NewIntVar(0, big_w + fw + lw, "max_work")
     max_b = m.NewIntVar(0, big_b * (1 + C) + fs + ls + max(inflight) * (fa + la), "max_bytes")
-    m.AddMaxEquality(max_w, rank_work)
+    m.AddMaxEquality(max_w, stage_work)
     m.AddMaxEquality(max_b, rank_bytes)
     if problem.capacity_bytes is not None:
         rounding = 2 * C * (1 + max(inflight))       # prefix sums rounded to integer units

@@ -171,11 +171,13 @@ def _price_per_hour(hardware, nodes: int, spot: bool) -> float | None:
 class _Scorer:
     """Calls planner.score.score on dicts of candidate arrays, in chunks, counting what it scored."""
 
-    def __init__(self, model, hardware, *, global_batch, seq, precision, optimizer, score_fn=None):
+    def __init__(self, model, hardware, *, global_batch, seq, precision, optimizer, score_fn=None,
+                 cost_options: Mapping[str, Any] | None = None):
         if score_fn is None:
             from planner.score import score as score_fn
         self.score_fn = score_fn
-        self.kw = dict(global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer)
+        self.kw = dict(global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
+                       **(cost_options or {}))
         self.model, self.hardware = model, hardware
 
     def __call__(self, arrays: Mapping[str, np.ndarray], progress: Callable[[int], None] | None = None):
@@ -269,13 +271,14 @@ class ScoredSpace:
 
 def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int, precision: str,
                 optimizer: str, space: SearchSpace = SearchSpace(), score_fn=None, prune: bool = True,
-                objective: str = "throughput", keep: int = 10, time_bound: bool = True, progress: Callable[[int, int], None] | None = None) -> ScoredSpace:
+                objective: str = "throughput", keep: int = 10, time_bound: bool = True,
+                cost_options: Mapping[str, Any] | None = None, progress: Callable[[int, int], None] | None = None) -> ScoredSpace:
     """Generate, bound and score the whole space (module docstring); no ranking yet."""
     t0 = time.perf_counter()
     heads, kv_heads, blocks = _model_shape(model)
     rejected: Counter = Counter()
     scorer = _Scorer(model, hardware, global_batch=global_batch, seq=seq, precision=precision,
-                     optimizer=optimizer, score_fn=score_fn)
+                     optimizer=optimizer, score_fn=score_fn, cost_options=cost_options)
     capacity = float(hardware.memory_bytes)
     skeletons = skeleton_rows(world_size, global_batch, heads=heads, kv_heads=kv_heads, blocks=blocks, space=space,
                               rejected=rejected)
@@ -501,13 +504,14 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
               global_batch: int | None = None, seq: int | None = None, precision: str = "amp-bf16",
               optimizer: str = "adamw", objective: str = "throughput", top: int = 5, spot: bool = False,
               tokens: float | None = None, space: SearchSpace = SearchSpace(), refine: int = REFINE_TOP,
-              progress: Callable[[int, int], None] | None = None, score_fn=None, estimate_fn=None
-              ) -> Recommendation:
+              progress: Callable[[int, int], None] | None = None, score_fn=None, estimate_fn=None,
+              cost_options: Mapping[str, Any] | None = None) -> Recommendation:
     """Search the parallel strategies of `model` on `gpus` devices of `hardware` and rank them.
 
     `model` is a MODEL argument (catalog name, config.json, factory) or a resolved spec; `hardware`
-    a profile name, path or HardwareProfile. Raises ConfigError for bad input, NoFitError when no
-    candidate fits in memory.
+    a profile name, path or HardwareProfile. `cost_options` go to both score() and estimate()
+    (e.g. impl, flash, dropout, overlap_grad_reduce: properties of the training software). Raises
+    ConfigError for bad input, NoFitError when no candidate fits in memory.
     """
     t0 = time.perf_counter()
     if objective not in OBJECTIVES:
@@ -524,22 +528,24 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
 
     scored = score_space(model, hardware, world_size=world, global_batch=global_batch, seq=seq,
                          precision=precision, optimizer=optimizer, space=space, score_fn=score_fn,
-                         objective=objective, keep=max(top, refine) + 1, progress=progress)
+                         objective=objective, keep=max(top, refine) + 1, cost_options=cost_options,
+                         progress=progress)
     order = rank(scored, objective)
     if len(order) == 0:
         raise no_fit_error(scored, model=model, hardware=hardware, world_size=world, global_batch=global_batch,
                            seq=seq, precision=precision, optimizer=optimizer, space=space)
 
     kw = dict(global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer)
+    opts = dict(cost_options or {})
     leaders = [config_of(scored.arrays, int(i), **kw) for i in order[:max(top, refine) + 1]]
     documents, refined = [], 0
     for position, cfg in enumerate(leaders):
-        doc = estimate_fn(model, hardware, cfg, gpus=world).to_document()
+        doc = estimate_fn(model, hardware, cfg, gpus=world, **opts).to_document()
         if position < refine and cfg.pp > 1:
             stages = uneven_stages(model, cfg)
             if stages:
                 refined += 1
-                uneven = estimate_fn(model, hardware, replace(cfg, stages=stages), gpus=world).to_document()
+                uneven = estimate_fn(model, hardware, replace(cfg, stages=stages), gpus=world, **opts).to_document()
                 if uneven["prediction"]["memory"]["fits"] and \
                         _objective_value(uneven, objective) < _objective_value(doc, objective):
                     doc = uneven

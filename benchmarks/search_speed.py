@@ -1,0 +1,69 @@
+"""Search speed: candidates scored per second by `planner.recommend` on the README scenarios.
+
+Prints, per scenario, the candidates scored, the candidates the bounds proved out of the result, the
+wall seconds of the whole search (best of --repeat runs, after one warm-up that pays the imports) and
+candidates per second; writes benchmarks/results/search_speed.json. The machine's load average is
+recorded beside the numbers because the search is CPU-bound.
+
+Run: .venv/bin/python benchmarks/search_speed.py [--repeat 3] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+SCENARIOS = [
+    # (model, hardware, gpus, global batch): the README's main command first
+    ("gpt3-175b", "p4d.24xlarge", 960, 1536),
+    ("llama3-70b", "p5.48xlarge", 512, 1024),
+    ("llama3-8b", "dgx-h100", 64, 512),
+]
+RESULTS = Path(__file__).resolve().parent / "results" / "search_speed.json"
+
+
+def run(model: str, hardware: str, gpus: int, batch: int, repeat: int) -> dict:
+    from planner.search import recommend
+
+    recommend(model, hardware, gpus=gpus, global_batch=batch)           # warm-up (imports, caches)
+    best = None
+    for _ in range(repeat):
+        t0, c0 = time.perf_counter(), time.process_time()
+        rec = recommend(model, hardware, gpus=gpus, global_batch=batch)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if best is None or wall < best[0]:
+            best = (wall, cpu, rec)
+    wall, cpu, rec = best
+    s = rec.stats
+    return {"model": model, "hardware": hardware, "gpus": gpus, "global_batch": batch,
+            "candidates_evaluated": s.candidates_evaluated, "feasible": s.feasible, "space": s.space,
+            "pruned_by_memory_bound": s.pruned_by_memory_bound, "pruned_by_time_bound": s.pruned_by_time_bound,
+            "bound_evaluations": s.bound_evaluations, "wall_s": wall, "cpu_s": cpu,
+            "candidates_per_s": s.candidates_evaluated / wall, "space_per_s": s.space / wall,
+            "best_step_time_s": rec.best["prediction"]["step_time_s"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="only the README scenario")
+    args = parser.parse_args()
+    rows = []
+    print(f"{'model':<12} {'hardware':<14} {'gpus':>5} {'scored':>9} {'space':>10} {'wall s':>7} {'cpu s':>6} "
+          f"{'scored/s':>10} {'space/s':>10}")
+    for scenario in SCENARIOS[:1] if args.quick else SCENARIOS:
+        r = run(*scenario, repeat=args.repeat)
+        rows.append(r)
+        print(f"{r['model']:<12} {r['hardware']:<14} {r['gpus']:>5} {r['candidates_evaluated']:>9,} {r['space']:>10,} "
+              f"{r['wall_s']:>7.2f} {r['cpu_s']:>6.2f} {r['candidates_per_s']:>10,.0f} {r['space_per_s']:>10,.0f}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"scenarios": rows, "cpu_count": os.cpu_count(), "load_average": os.getloadavg(),
+                                   "python": platform.python_version(), "machine": platform.machine()}, indent=2) + "\n")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
