@@ -382,7 +382,7 @@ def no_fit_error(scored: ScoredSpace, *, model, hardware, world_size: int, globa
         fixes.append("a larger device (" + ", ".join(bigger) + ")")
     fixes.append("a shorter --seq")
     tried = (f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} micro_batch=1 zero={cfg.zero} recompute={cfg.recompute} "
-             f"offload={cfg.offload}")
+             f"offload={cfg.offload}, the least memory over every ZeRO stage, recompute and offload searched")
     return NoFitError(
         f"no plan fits in {cap / 2**30:.1f} GiB per GPU on {world_size} x {hardware.name}: the leanest candidate "
         f"({tried}) needs {need / 2**30:.1f} GiB, {(need - cap) / 2**30:.1f} GiB ({need / cap - 1:.0%}) too much; "

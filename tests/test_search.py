@@ -189,3 +189,14 @@ def test_recommend_bad_input_exits_2_in_one_line(args, needle):
     result = runner.invoke(app, base + args)
     assert result.exit_code == 2, result.output
     assert len(result.stderr.strip().splitlines()) == 1 and needle in result.stderr
+
+
+def test_readme_scenario_covers_over_100k_candidates():
+    """GPT-3 175B on 960 A100 40GB, global batch 1536 (the README's main command)."""
+    rec = recommend("gpt3-175b", "p4d.24xlarge", gpus=960, global_batch=1536, top=3)
+    s = rec.stats
+    assert s.candidates_evaluated >= 100_000
+    assert s.space == s.candidates_evaluated + s.pruned_by_memory_bound + s.pruned_by_time_bound > 1_000_000
+    assert s.seconds < 60          # ~2 s on 2 idle cores; generous for a loaded CI machine
+    best = rec.best
+    assert best["prediction"]["memory"]["fits"] and best["plan"]["pp"] % 5 == 0   # 960 = 2^6*3*5, 1536 has no 5
