@@ -167,21 +167,21 @@ def _bottleneck_dp(problem: PartitionProblem, *, value: str, work_bound: float |
     f = np.full((P + 1, L + 1), np.inf)
     arg = np.zeros((P + 1, L + 1), dtype=int)
     f[0, 0] = -np.inf
+    i, j = np.arange(L + 1)[:, None], np.arange(L + 1)[None, :]   # stage k-1 holds blocks i .. j-1
     for k in range(1, P + 1):
         first, last = k == 1, k == P
-        for j in range(k, L - (P - k) + 1):       # stage k-1 ends at block j; later stages need >=1 block each
-            i = np.arange(k - 1, j)                  # stage k-1 starts at block i (>=1 block per earlier stage)
-            work = cw[j] - cw[i] + first * problem.first_work + last * problem.last_work
-            act = ca[j] - ca[i] + first * problem.first_activation_bytes + last * problem.last_activation_bytes
-            mem = cs[j] - cs[i] + first * problem.first_static_bytes + last * problem.last_static_bytes \
-                + inflight[k - 1] * act
-            cost = work if value == "work" else mem
-            ok = mem <= cap
-            if work_bound is not None:
-                ok &= work <= work_bound
-            total = np.where(ok, np.maximum(f[k - 1, i], cost), np.inf)
-            best = int(np.argmin(total))
-            f[k, j], arg[k, j] = total[best], i[best]
+        work = cw[j] - cw[i] + first * problem.first_work + last * problem.last_work
+        act = ca[j] - ca[i] + first * problem.first_activation_bytes + last * problem.last_activation_bytes
+        mem = cs[j] - cs[i] + first * problem.first_static_bytes + last * problem.last_static_bytes \
+            + inflight[k - 1] * act
+        cost = work if value == "work" else mem
+        # >= 1 block per stage: stage k-1 starts at i >= k-1 and leaves >= 1 block to each later stage
+        ok = (i < j) & (i >= k - 1) & (j <= L - (P - k)) & (mem <= cap)
+        if work_bound is not None:
+            ok &= work <= work_bound
+        total = np.where(ok, np.maximum(f[k - 1][:, None], cost), np.inf)
+        arg[k] = np.argmin(total, axis=0)
+        f[k] = total[arg[k], np.arange(L + 1)]
     if not np.isfinite(f[P, L]):
         return None
     stages, j = [], L
