@@ -4,6 +4,7 @@ reports results and failures as the contract says."""
 import itertools
 import json
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -200,3 +201,16 @@ def test_readme_scenario_covers_over_100k_candidates():
     assert s.seconds < 60          # ~2 s on 2 idle cores; generous for a loaded CI machine
     best = rec.best
     assert best["prediction"]["memory"]["fits"] and best["plan"]["pp"] % 5 == 0   # 960 = 2^6*3*5, 1536 has no 5
+
+
+def test_recommend_json_matches_its_published_schema():
+    import jsonschema
+    from referencing import Registry, Resource
+
+    from planner.plan import plan_schema
+    root = Path(__file__).resolve().parents[1] / "planner" / "schemas"
+    schema = json.loads((root / "recommend.schema.json").read_text())
+    registry = Registry().with_resource("https://github.com/planner/planner/schemas/plan.schema.json",
+                                        Resource.from_contents(plan_schema()))
+    rec = recommend("gpt2-medium", "p3.16xlarge", gpus=8, global_batch=16, seq=1024, top=3)
+    jsonschema.Draft202012Validator(schema, registry=registry).validate(json.loads(json.dumps(rec.to_document())))
