@@ -133,3 +133,20 @@ def test_impossible_capacity_is_a_config_error():
 def test_more_stages_than_blocks_is_rejected():
     with pytest.raises(ConfigError, match="pp"):
         PartitionProblem(block_work=(1.0,) * 3, block_static_bytes=(1.0,) * 3, block_activation_bytes=(1.0,) * 3, pp=4)
+
+
+def test_tied_embedding_sync_is_priced_only_when_split():
+    from hardware_profiles import load_profile
+    from planner.parallel import ParallelConfig
+    from planner.partition import tied_embedding_sync_seconds
+    from planner.sources import resolve_model
+    hw, gpt3 = load_profile("p4d.24xlarge"), resolve_model("gpt3-175b")
+    one = ParallelConfig(dp=8, tp=8, pp=1, global_batch=8)
+    assert tied_embedding_sync_seconds(gpt3, one, hw) == 0.0
+    inside = ParallelConfig(dp=8, tp=1, pp=8, global_batch=8, placement="DPT")      # pp stride 1: one node
+    across = ParallelConfig(dp=1, tp=8, pp=8, global_batch=8, placement="DPT")      # pp stride 8: 8 nodes
+    t_in, t_out = tied_embedding_sync_seconds(gpt3, inside, hw), tied_embedding_sync_seconds(gpt3, across, hw)
+    assert 0 < t_out and 0 < t_in
+    # across nodes: V h / tp fp32 values, each direction over a 1/8 share of 400 Gb/s
+    assert t_out > t_in * 2
+    assert tied_embedding_sync_seconds(resolve_model("llama3-8b"), inside, hw) == 0.0   # untied
