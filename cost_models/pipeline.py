@@ -8,9 +8,17 @@ Zero-bubble ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", Sec. 3.1)
 backward into input and weight gradients and fills the warm-up/cool-down with weight-gradient work,
 leaving about 1/3 of 1F1B's bubble at 1F1B's memory.
 
+Fewer micro-batches than stages (m < p): the GPipe/1F1B bubble stays (p - 1) slots, but the two
+refinements lose part of their gain. Interleaving feeds each chunk's pass with only m of the p
+micro-batches a round needs, so a rank idles (p - m) chunk slots at each of its v - 1 chunk
+transitions: (p - 1)/v + (p - m)(v - 1)/v. ZB-H1 has only m weight-gradient passes to fill the
+cool-down: (p - 1)/3 + (p - m)/3. Both are what the schedules' op orders give under a list
+scheduler (planner.report.timeline; tests/test_report_timeline.py checks every m).
+
 Activation memory: GPipe keeps all m micro-batches; 1F1B's stage k (0-based) keeps min(p - k, m),
 the first stage p (Narayanan et al. 2021, Sec. 2.2.1); interleaved 1F1B's first stage keeps
-p (1 + (p - 1) / (p v)) stage-loads (Korthikanti et al. 2022, Sec. 4.2.3).
+p (1 + (p - 1) / (p v)) stage-loads (Korthikanti et al. 2022, Sec. 4.2.3), its rank k
+((p - k - 1) 2 + (v - 1) p + 1)/v (inflight_microbatches).
 """
 from __future__ import annotations
 
@@ -20,46 +28,71 @@ SCHEDULE_BUBBLE_SCALE = {"gpipe": 1.0, "1f1b": 1.0, "interleaved-1f1b": None, "z
 """Bubble relative to 1F1B's (p - 1) slots; interleaved divides by v."""
 
 
-def bubble_slots(schedule_idx, pp, virtual_stages, schedules: tuple[str, ...]):
+def bubble_slots(schedule_idx, pp, virtual_stages, schedules: tuple[str, ...], num_microbatches=np.inf):
     """Idle micro-batch slots per step, in units of one stage's (forward + backward) time:
-    (p - 1) for GPipe/1F1B, (p - 1)/v interleaved, (p - 1)/3 zero-bubble."""
+    (p - 1) for GPipe/1F1B, (p - 1)/v interleaved, (p - 1)/3 zero-bubble; the last two grow by
+    (p - m)(v - 1)/v and (p - m)/3 when m < p (module docstring)."""
     pp = np.asarray(pp, dtype=float)
     v = np.asarray(virtual_stages, dtype=float)
+    short = np.maximum(0.0, pp - np.asarray(num_microbatches, dtype=float))
     schedule_idx = np.asarray(schedule_idx)
-    scale = np.ones(np.broadcast(schedule_idx, pp, v).shape)
+    slots = (pp - 1.0) * np.ones(np.broadcast(schedule_idx, pp, v, short).shape)
     for i, name in enumerate(schedules):
         k = SCHEDULE_BUBBLE_SCALE[name]
-        scale = np.where(schedule_idx == i, (1.0 / v) if k is None else k, scale)
-    return (pp - 1.0) * scale
+        if k is None:
+            slots = np.where(schedule_idx == i, (pp - 1.0) / v + short * (v - 1.0) / v, slots)
+        elif k != 1.0:
+            slots = np.where(schedule_idx == i, ((pp - 1.0) + short) * k, slots)
+    return slots
 
 
 def bubble_fraction(schedule: str, pp, num_microbatches, virtual_stages=1):
-    """Bubble time over ideal time: (p - 1)/m, (p - 1)/(v m) interleaved, a third of 1F1B's for ZB-H1."""
-    k = SCHEDULE_BUBBLE_SCALE[schedule]
-    scale = 1.0 / np.asarray(virtual_stages, dtype=float) if k is None else k
-    return (np.asarray(pp, dtype=float) - 1.0) * scale / np.asarray(num_microbatches, dtype=float)
+    """Bubble time over ideal time: bubble_slots / m; for m >= p (p - 1)/m, (p - 1)/(v m)
+    interleaved, a third of 1F1B's for ZB-H1."""
+    names = tuple(SCHEDULE_BUBBLE_SCALE)
+    return bubble_slots(names.index(schedule), pp, virtual_stages, names,
+                        num_microbatches) / np.asarray(num_microbatches, dtype=float)
 
 
-def inflight_microbatches_first_stage(schedule_idx, pp, num_microbatches, virtual_stages, schedules):
-    """Micro-batches whose activations the first stage holds at its peak, in units of its whole
-    stage (all its chunks): GPipe m; 1F1B and ZB-H1 min(p, m); interleaved
-    min(p (1 + (p - 1)/(p v)), m) (Korthikanti et al. 2022, Sec. 4.2.3)."""
+def inflight_microbatches(schedule_idx, pp, num_microbatches, virtual_stages, rank, schedules):
+    """Micro-batches whose block activations pipeline rank `rank` (0-based) holds at its peak, in
+    units of its whole stage (all its chunks):
+
+        GPipe                 m (all forwards before any backward; Huang et al. 2019)
+        1F1B, ZB-H1           min(p - k, m) (Narayanan et al. 2021, Sec. 2.2.1; ZB-H1 keeps
+                              1F1B's in-flight count, Qi et al. 2023, Sec. 3.1)
+        interleaved (v > 1)   min(((p - k - 1) 2 + (v - 1) p + 1) / v, m): Megatron's warm-up of
+                              (p - k - 1) 2 + (v - 1) p chunk passes plus the one in progress, each
+                              1/v of the stage (Narayanan et al. 2021, Sec. 2.2.2); for k = 0 this is
+                              Korthikanti et al. 2022's p (1 + (p - 1)/(p v)), Sec. 4.2.3.
+        no pipeline (p = 1)   1 (micro-batches accumulate one after the other).
+
+    tests/test_cost_pipeline.py checks these against the op orders of planner.report.timeline."""
     pp = np.asarray(pp, dtype=float)
     m = np.asarray(num_microbatches, dtype=float)
     v = np.asarray(virtual_stages, dtype=float)
+    k = np.asarray(rank, dtype=float)
     schedule_idx = np.asarray(schedule_idx)
-    inflight = np.minimum(pp, m)
+    inflight = np.minimum(pp - k, m)
     for i, name in enumerate(schedules):
         if name == "gpipe":
             inflight = np.where(schedule_idx == i, m, inflight)
         elif name == "interleaved-1f1b":
-            inflight = np.where(schedule_idx == i, np.minimum(pp * (1 + (pp - 1) / (pp * v)), m), inflight)
-    return inflight
+            looped = np.minimum(((pp - k - 1.0) * 2.0 + (v - 1.0) * pp + 1.0) / v, m)
+            inflight = np.where((schedule_idx == i) & (v > 1), looped, inflight)
+    return np.where(pp > 1, inflight, np.minimum(1.0, m))
+
+
+def inflight_microbatches_first_stage(schedule_idx, pp, num_microbatches, virtual_stages, schedules):
+    """inflight_microbatches of rank 0: GPipe m; 1F1B and ZB-H1 min(p, m); interleaved
+    min(p (1 + (p - 1)/(p v)), m) (Korthikanti et al. 2022, Sec. 4.2.3)."""
+    return inflight_microbatches(schedule_idx, pp, num_microbatches, virtual_stages, 0, schedules)
 
 
 def inflight_microbatches_last_stage(schedule_idx, num_microbatches, schedules):
-    """The last stage runs each micro-batch's backward right after its forward (1F1B family): 1;
-    GPipe keeps all m."""
+    """The LM head and loss (last chunk of the last rank): the 1F1B family runs each micro-batch's
+    backward right after its forward there, so 1; GPipe keeps all m. The last rank's blocks keep
+    inflight_microbatches(rank = p - 1): 1 except interleaved ((v - 1) p + 1)/v."""
     m = np.asarray(num_microbatches, dtype=float)
     out = np.minimum(1.0, m) * np.ones(np.broadcast(schedule_idx, m).shape)
     for i, name in enumerate(schedules):

@@ -81,6 +81,18 @@ class Estimate:
                 **{k: int(round(self._x(k))) for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
                                                        "activations_bytes", "other_bytes")}}
 
+    def memory_per_rank(self) -> list[dict]:
+        """Memory of every pipeline rank (all its chunks), rank 0 first: the same terms as memory()."""
+        sm = self.scores.stage_memory
+        if sm is None:
+            return []
+        out = []
+        for k in range(self.config.pp):
+            row = {name: int(round(float(sm[name][0, k]))) for name in sm}
+            row["peak_bytes_per_gpu"] = row.pop("peak_bytes")
+            out.append({"rank": k, **row})
+        return out
+
     def to_document(self) -> dict:
         """The plan document of the contract (schema_version "1")."""
         cfg, spec = self.config, self.model
@@ -103,6 +115,7 @@ class Estimate:
                 "tflops_per_gpu": self.tflops_per_gpu,
                 "mfu": self.mfu,
                 "memory": self.memory(),
+                "memory_per_rank": self.memory_per_rank(),
                 "time_breakdown_s": self.time_breakdown_s(),
             },
         }
@@ -131,7 +144,8 @@ def candidate_of(cfg: ParallelConfig, blocks: int) -> CandidateArrays:
         virtual_stages=one(cfg.virtual_stages), zero=one(cfg.zero), recompute=one(RECOMPUTE.index(cfg.recompute)),
         offload=one(OFFLOAD.index(cfg.offload)), sequence_parallel=one(cfg.sequence_parallel),
         schedule=one(SCHEDULES.index(cfg.schedule)), placement=one(PLACEMENTS.index(cfg.placement)),
-        blocks_first=one(per_rank[0]), blocks_last=one(per_rank[-1]), blocks_max=one(max(per_rank)))
+        blocks_first=one(per_rank[0]), blocks_last=one(per_rank[-1]), blocks_max=one(max(per_rank)),
+        rank_blocks=np.asarray([per_rank]))
 
 
 def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int, impl: str = "megatron",

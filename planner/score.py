@@ -12,7 +12,8 @@ Every term is a pure function from cost_models (formulas and sources in their do
   per step                    m x slowest stage + bubble (pipeline.bubble_slots) + pipeline p2p
                               + exposed data-parallel reduction (overlapped with the last backward)
                               + optimizer step + offload; never faster than the host can dispatch
-  memory                      memory.peak_bytes over the first and the last pipeline stage
+  memory                      memory.peak_bytes over the first and the last pipeline rank, or over
+                              every rank when CandidateArrays.rank_blocks gives an uneven split
 """
 from __future__ import annotations
 
@@ -61,11 +62,33 @@ class CandidateArrays:
     """Blocks held by the last pipeline rank; None means an even split."""
     blocks_max: np.ndarray | None = None
     """Blocks of the busiest pipeline rank; None means an even split."""
+    rank_blocks: np.ndarray | None = None
+    """Blocks of every pipeline rank, shape (candidates, R), -1 past each candidate's pp. When given,
+    the memory of every rank is evaluated (Scores.stage_memory) and the peak is their maximum; else
+    only the first and the last rank are (with an even split they hold the peak: rank 0 has the
+    most blocks and the most micro-batches in flight, the last rank the head)."""
 
     @classmethod
     def from_mapping(cls, arrays: Mapping[str, np.ndarray]) -> "CandidateArrays":
         names = {f.name for f in fields(cls)}
         return cls(**{k: np.asarray(v) for k, v in arrays.items() if k in names})
+
+    @classmethod
+    def concat(cls, parts: "list[CandidateArrays]") -> "CandidateArrays":
+        """One set of candidates from several (rank_blocks padded with -1 to the widest)."""
+        out = {}
+        for f in fields(cls):
+            values = [getattr(p, f.name) for p in parts]
+            if any(x is None for x in values):
+                if not all(x is None for x in values):
+                    raise ValueError(f"{f.name} given for some parts only")
+                continue
+            if f.name == "rank_blocks":
+                width = max(np.atleast_2d(x).shape[1] for x in values)
+                values = [np.pad(np.atleast_2d(x), ((0, 0), (0, width - np.atleast_2d(x).shape[1])),
+                                 constant_values=-1) for x in values]
+            out[f.name] = np.concatenate(values)
+        return cls(**out)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -98,6 +121,9 @@ class Scores:
     num_microbatches: np.ndarray
     model_flops_per_step: float
     """6 N tokens + attention, recomputation not counted (the MFU numerator)."""
+    stage_memory: dict | None = None
+    """With CandidateArrays.rank_blocks: per pipeline rank, shape (candidates, R), NaN past pp:
+    peak_bytes, params_bytes, grads_bytes, optimizer_bytes, activations_bytes, other_bytes."""
 
     BREAKDOWN = ("compute", "tp_comm", "dp_comm", "pp_p2p", "bubble", "optimizer", "offload", "host_wait")
     """Terms that add up to step_time_s."""
@@ -206,7 +232,7 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     share_tp = most * per_block_tp / np.maximum(t_most, 1e-30)
 
     ideal = m * t_stage
-    bubble = PL.bubble_slots(sched, pp, v, SCHEDULES) * t_mean
+    bubble = PL.bubble_slots(sched, pp, v, SCHEDULES, m) * t_mean
     compute = ideal * (1.0 - share_tp)
     tp_comm = ideal * share_tp
     recompute_s = m * most * rec
@@ -261,12 +287,9 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
                       [per_token(table.saved_full_recompute),
                        saved_full - per_token(table.scores_saved)], saved_full) * tokens
     one_block = saved_full * tokens
-    inflight_first = PL.inflight_microbatches_first_stage(sched, pp, m, v, SCHEDULES)
-    inflight_last = np.where(only_stage, 1.0, PL.inflight_microbatches_last_stage(sched, m, SCHEDULES))
+    inflight_head = np.where(only_stage, 1.0, PL.inflight_microbatches_last_stage(sched, m, SCHEDULES))
     emb_saved = per_token(B.embedding_saved(spec, precision, dropout=dropout)) * tokens
     head_saved = per_token(head.saved) * tokens
-    acts_first = inflight_first * (first * saved + emb_saved) + np.where(only_stage, head_saved, 0.0)
-    acts_last = inflight_last * (last * saved + head_saved)
     # Offloaded activations: every micro-batch's saved tensors go to the host and come back; the GPU
     # keeps about two blocks' worth in flight, and whatever the host cannot hold (its memory is shared
     # by the node's devices, after any offloaded optimizer states) stays on the GPU.
@@ -278,9 +301,6 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
                                                                   ideal * (1 - fwd_share), hw), 0.0)
     act_offload_s = act_offload_s + np.where(off_act, K.eff(hw, "overlap_interference")
                                              * np.minimum(2.0 * act_volume / O.pcie_Bps(hw), ideal), 0.0)
-    acts_first = np.where(off_act, np.maximum(np.minimum(acts_first, 2 * one_block), acts_first - host_room), acts_first)
-    acts_last = np.where(off_act, np.maximum(np.minimum(acts_last, 2 * one_block + head_saved), acts_last - host_room),
-                         acts_last)
 
     workspace = float(hw.efficiency.get("framework_workspace_bytes", M.DEFAULT_WORKSPACE_BYTES))
     grads_present = M.grads_persist(impl, m)
@@ -289,7 +309,18 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     head_w = spec.vocab * spec.hidden / tp
     full = rc == RECOMPUTE.index("full")
 
-    def rank_peak(n_params, n_blocks, acts, is_last, is_first):
+    def rank_peak(k, n_blocks):
+        """Peak of pipeline rank k (0-based) holding n_blocks blocks: the embedding on rank 0, the
+        final norm, head and loss (and a tied head's copy) on rank pp - 1, the schedule's in-flight
+        micro-batches of rank k (cost_models.pipeline.inflight_microbatches)."""
+        is_first, is_last = np.asarray(k) == 0, np.asarray(k) == pp - 1
+        n_params = (n_blocks * block_p + np.where(is_first, emb_p, 0.0) + np.where(is_last, head_p, 0.0)
+                    + np.where(is_last & ~is_first, tied_copy, 0.0)) / tp
+        inflight = PL.inflight_microbatches(sched, pp, m, v, k, SCHEDULES)
+        acts = inflight * (n_blocks * saved + np.where(is_first, emb_saved, 0.0)) \
+            + np.where(is_last, inflight_head * head_saved, 0.0)
+        kept = 2 * one_block + np.where(is_last, head_saved, 0.0)
+        acts = np.where(off_act, np.maximum(np.minimum(acts, kept), acts - host_room), acts)
         # ZeRO-3 gathers the block in use and the one prefetched (the rest of each stays sharded).
         zero3_live = np.where(zero >= 3, np.minimum(2.0, n_blocks) * block_p / tp * pb * (1.0 - 1.0 / dp), 0.0)
         params_b = M.zero_sharded(n_params * pb, dp, zero, 3) + zero3_live
@@ -307,10 +338,22 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
             recompute_transient=np.where(full, one_block, 0.0), workspace=workspace)
         return peak, params_b, grads_b, opt_b, acts_b, other
 
-    first_r = rank_peak(params_first, first, acts_first, only_stage, np.ones_like(pp, dtype=bool))
-    last_r = rank_peak(params_last, last, acts_last, np.ones_like(pp, dtype=bool), only_stage)
-    pick_last = last_r[0] > first_r[0]
-    peak, params_b, grads_b, opt_b, acts_b, other_b = (np.where(pick_last, l_, f_) for f_, l_ in zip(first_r, last_r))
+    best = rank_peak(0.0, first)
+    for other_rank in [rank_peak(pp - 1.0, last)]:
+        best = tuple(np.where(other_rank[0] > best[0], o_, b_) for b_, o_ in zip(best, other_rank))
+    stage_memory = None
+    if cands.rank_blocks is not None:
+        rb = np.atleast_2d(np.asarray(cands.rank_blocks, dtype=float))
+        cols = []
+        for j in range(rb.shape[1]):
+            valid = j < pp
+            r_j = rank_peak(float(j), np.where(valid, rb[:, j], 0.0))
+            best = tuple(np.where(valid & (r_j[0] > best[0]), o_, b_) for b_, o_ in zip(best, r_j))
+            cols.append(tuple(np.where(valid, x, np.nan) for x in r_j))
+        names = ("peak_bytes", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
+        stage_memory = {name: np.stack([np.broadcast_to(c[i], pp.shape) for c in cols], axis=1)
+                        for i, name in enumerate(names)}
+    peak, params_b, grads_b, opt_b, acts_b, other_b = best
 
     # ---- step -------------------------------------------------------------------------------------------
     step = ideal + bubble + pp_p2p + dp_comm + opt_s + act_offload_s
@@ -329,4 +372,4 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
                   other_bytes=other_b, compute=compute, recompute=recompute_s, tp_comm=tp_comm, dp_comm=dp_comm,
                   pp_p2p=pp_p2p, bubble=bubble, optimizer=opt_s, offload=act_offload_s, host_wait=host_wait,
                   num_microbatches=m,
-                  model_flops_per_step=mflops)
+                  model_flops_per_step=mflops, stage_memory=stage_memory)

@@ -16,6 +16,17 @@ def test_bubble_fractions_from_the_papers():
     assert PL.bubble_fraction("1f1b", 1, 4) == 0.0
 
 
+def test_fewer_microbatches_than_stages_lose_the_schedule_gains():
+    # p = 8, m = 4: 1F1B still idles p - 1 = 7 slots; interleaving (v = 2) waits (p - m) = 4 chunk
+    # slots of 1/2 at its one chunk transition: 3.5 + 2 = 5.5; ZB-H1 (7 + 4)/3.
+    ids = {name: SCHEDULES.index(name) for name in SCHEDULES}
+    assert float(PL.bubble_slots(ids["1f1b"], 8, 1, SCHEDULES, 4)) == pytest.approx(7.0)
+    assert float(PL.bubble_slots(ids["interleaved-1f1b"], 8, 2, SCHEDULES, 4)) == pytest.approx(5.5)
+    assert float(PL.bubble_slots(ids["zero-bubble"], 8, 1, SCHEDULES, 4)) == pytest.approx(11 / 3)
+    # one micro-batch: no schedule can overlap anything, every one idles p - 1 slots of the whole stage
+    assert float(PL.bubble_slots(ids["interleaved-1f1b"], 8, 4, SCHEDULES, 1)) == pytest.approx(7.0)
+
+
 @settings(max_examples=50, deadline=None)
 @given(p=st.integers(1, 64), m=st.integers(1, 512), extra=st.integers(1, 512), v=st.integers(1, 8),
        schedule=st.sampled_from(SCHEDULES))

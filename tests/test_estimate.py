@@ -61,8 +61,7 @@ def test_scalar_equals_vectorized():
                cfg(dp=4, tp=4, pp=4, placement="TPD", offload="optimizer")]
     singles = [estimate(GPT3, HW, c, gpus=64) for c in configs]
     arrays = [candidate_of(c, GPT3.total_blocks) for c in configs]
-    stacked = CandidateArrays(**{f: np.concatenate([getattr(a, f) for a in arrays])
-                                 for f in CandidateArrays.__slots__})
+    stacked = CandidateArrays.concat(arrays)
     # one vectorized call with all candidates (same global batch is needed for one call)
     many = score(GPT3, HW, stacked, global_batch=64, seq=2048, precision="amp-fp16")
     for i, est in enumerate(singles):
@@ -136,3 +135,44 @@ def test_default_even_split_matches_estimate():
         s = score(GPT3, HW, bare, global_batch=pp * 4, seq=2048, precision="amp-fp16")
         assert float(s.step_time_s[0]) == pytest.approx(est.step_time_s, rel=1e-12)
         assert float(s.peak_bytes_per_gpu[0]) == pytest.approx(est.peak_bytes_per_gpu, abs=1)
+
+
+def test_a_middle_rank_with_more_blocks_holds_the_peak():
+    # 1F1B: rank k keeps p - k micro-batches in flight. Rank 1 with 26 blocks x 7 in flight outweighs
+    # rank 0 with 2 blocks x 8 (plus the embedding): the peak is rank 1's, not the first or last rank's.
+    stages = (2, 26, 12, 12, 12, 12, 10, 10)
+    est = estimate(GPT3, HW, cfg(pp=8, stages=stages), gpus=64)
+    ranks = est.to_document()["prediction"]["memory_per_rank"]
+    assert [r["rank"] for r in ranks] == list(range(8))
+    peaks = [r["peak_bytes_per_gpu"] for r in ranks]
+    assert max(peaks) == peaks[1] == est.peak_bytes_per_gpu
+    assert ranks[1]["activations_bytes"] > 10 * ranks[0]["activations_bytes"]
+    # the first/last-only evaluation (no per-rank blocks) would have missed it
+    c = candidate_of(cfg(pp=8, stages=stages), GPT3.total_blocks)
+    ends_only = score(GPT3, HW, CandidateArrays(**{f: getattr(c, f) for f in CandidateArrays.__slots__
+                                                  if f != "rank_blocks"}),
+                      global_batch=64, seq=2048, precision="amp-fp16")
+    assert float(ends_only.peak_bytes_per_gpu[0]) < est.peak_bytes_per_gpu
+
+
+def test_even_split_peaks_on_an_end_rank():
+    # The search scores only the first and the last rank of even splits: rank 0 holds the most blocks
+    # and the most micro-batches in flight, so no middle rank can exceed it.
+    for c in (cfg(pp=8), cfg(pp=8, schedule="gpipe"), cfg(pp=8, schedule="interleaved-1f1b", virtual_stages=3),
+              cfg(pp=4, tp=8, dp=2, zero=1, micro_batch=2), cfg(pp=8, schedule="zero-bubble")):
+        ranks = estimate(GPT3, HW, c, gpus=64).memory_per_rank()
+        peaks = [r["peak_bytes_per_gpu"] for r in ranks]
+        assert max(peaks) == max(peaks[0], peaks[-1])
+        assert all(peaks[k] >= peaks[k + 1] for k in range(len(peaks) - 2))   # fewer in flight down the pipe
+
+
+def test_interleaved_last_rank_keeps_its_warmup_chunks():
+    # Megatron's interleaved schedule (p = 8, v = 3, 12 blocks per rank): rank k holds
+    # ((p - k - 1) 2 + (v - 1) p + 1) / v stage-loads; the last rank ((v - 1) p + 1) / v = 17/3, not 1.
+    inter = estimate(GPT3, HW, cfg(pp=8, schedule="interleaved-1f1b", virtual_stages=3), gpus=64).memory_per_rank()
+    one_f = estimate(GPT3, HW, cfg(pp=8), gpus=64).memory_per_rank()
+    acts = [r["activations_bytes"] for r in inter]
+    stage_load = (acts[1] - acts[2]) * 3 / 2            # middle ranks differ by 2/v stage-loads
+    assert acts[6] == pytest.approx(19 / 3 * stage_load, rel=1e-6)
+    # same blocks and head on the last rank; only the in-flight count of its blocks differs
+    assert acts[7] - one_f[7]["activations_bytes"] == pytest.approx((17 / 3 - 1) * stage_load, rel=1e-6)

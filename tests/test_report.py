@@ -152,3 +152,24 @@ def test_committed_examples_have_figures_every_rule_and_a_screenshot(name):
     assert len(re.findall(r'<tr class="rule" data-rule="[^"]+" data-status="(?:pass|warn)"', html)) == len(checklist.RULES)
     assert len(re.findall(r"^\| (?:PASS|WARN) \| ", md, flags=re.M)) == len(checklist.RULES)
     assert (folder / "screenshot.png").stat().st_size > 10_000     # scripts/render_reports.py (Chromium)
+
+
+def test_a_pipelined_plan_draws_one_memory_bar_per_stage(tmp_path):
+    # Uneven stages move memory between ranks; the report's memory table has one row per pipeline
+    # stage and its numbers are estimate()'s memory_per_rank, the largest being the plan's peak.
+    from planner.parallel import ParallelConfig
+
+    model, hw = resolve_model("gpt2"), load_profile("p4d.24xlarge")
+    cfg = ParallelConfig(dp=4, tp=1, pp=4, micro_batch=2, global_batch=64, seq=1024, stages=(2, 4, 4, 2))
+    doc = estimate(model, hw, cfg, gpus=16).to_document()
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    out = _report(tmp_path, str(path), "--scaling-nodes", "2")
+    ranks = json.loads((out / "report.json").read_text())["best"]["prediction"]["memory_per_rank"]
+    assert ranks == doc["prediction"]["memory_per_rank"] and len(ranks) == 4
+    md = (out / "report.md").read_text()
+    for r in ranks:
+        total = sum(r[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
+                                   "other_bytes"))
+        assert re.search(rf"^\| stage {r['rank']} \|.*\| {round(total / 1e9, 3)} \|$", md, flags=re.M), r
+    assert max(r["peak_bytes_per_gpu"] for r in ranks) == doc["prediction"]["memory"]["peak_bytes_per_gpu"]

@@ -82,11 +82,11 @@ def test_unknown_schedule_is_rejected():
 
 @pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4),
                                         ("zero-bubble", 1)])
-@pytest.mark.parametrize("p,m", [(4, 8), (8, 16), (2, 8)])
+@pytest.mark.parametrize("p,m", [(4, 8), (8, 16), (2, 8), (4, 1), (4, 2), (8, 4), (8, 2)])
 def test_drawn_bubble_equals_the_estimates_pipeline_model(schedule, v, p, m):
     # The Gantt is drawn from the schedule's op order; the estimate prices the bubble with
     # cost_models.pipeline.bubble_slots. For uniform stages with B = W = F (Qi et al.'s setting) and
-    # m a multiple of p, the two agree exactly.
+    # m a multiple of p (or m < p), the two agree exactly.
     import numpy as np
 
     from cost_models.pipeline import bubble_slots
@@ -94,5 +94,28 @@ def test_drawn_bubble_equals_the_estimates_pipeline_model(schedule, v, p, m):
 
     stage = F + B
     tl = build_timeline(schedule, _uniform(p), m, virtual_stages=v)
-    slots = float(bubble_slots(np.array(SCHEDULES.index(schedule)), p, v, SCHEDULES))
+    slots = float(bubble_slots(np.array(SCHEDULES.index(schedule)), p, v, SCHEDULES, m))
     assert tl.makespan_s - m * stage == pytest.approx(slots * stage)
+
+
+@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4),
+                                        ("zero-bubble", 1)])
+@pytest.mark.parametrize("p,m", [(4, 8), (8, 16), (4, 2), (8, 4)])
+def test_inflight_microbatches_equal_the_drawn_schedule(schedule, v, p, m):
+    # The memory model's in-flight micro-batches per rank (cost_models.pipeline.inflight_microbatches)
+    # are the most forwards whose backward has not finished, in the schedule's op order.
+    import numpy as np
+
+    from cost_models.pipeline import inflight_microbatches
+    from planner.parallel import SCHEDULES
+
+    tl = build_timeline(schedule, _uniform(p), m, virtual_stages=v)
+    for rank in range(p):
+        events = sorted([(op.start_s, 1) for op in tl.ops if op.rank == rank and op.kind == "F"]
+                        + [(op.end_s, -1) for op in tl.ops if op.rank == rank and op.kind == "B"])
+        alive = peak = 0
+        for _, step in events:
+            alive += step
+            peak = max(peak, alive)
+        model = float(inflight_microbatches(np.array(SCHEDULES.index(schedule)), p, m, v, rank, SCHEDULES))
+        assert peak / v == pytest.approx(model), rank

@@ -133,11 +133,11 @@ def search(model, hw, scenario, *, top: int | None = None, global_batch: int | N
 
 
 def stage_memory(doc: Mapping[str, Any], alternatives: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
-    """Memory bars: one per pipeline stage where the document has them, else the peak rank of the
-    plan (the largest over its stages, as estimate() reports) beside each runner-up's."""
-    per_stage = doc["prediction"].get("stages") or doc["prediction"]["memory"].get("stages")
-    if per_stage and all("params_bytes" in s for s in per_stage):
-        return [{"label": f"stage {i}", **s} for i, s in enumerate(per_stage)]
+    """Memory bars: one per pipeline rank (prediction.memory_per_rank; a rank holds all its chunks)
+    when the plan has a pipeline, else the plan's GPU beside each runner-up's peak rank."""
+    per_rank = doc["prediction"].get("memory_per_rank") or []
+    if len(per_rank) > 1 and all("params_bytes" in s for s in per_rank):
+        return [{"label": f"stage {s['rank']}", **s} for s in per_rank]
     bars = [{"label": "recommended (peak rank)", **doc["prediction"]["memory"]}]
     bars += [{"label": f"runner-up {i}", **d["prediction"]["memory"]} for i, d in enumerate(alternatives, 1)]
     return bars

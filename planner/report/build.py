@@ -177,10 +177,12 @@ def _time_memory_section(best, alternatives) -> Section:
                caption=f"Seconds per optimizer step by term (estimate); step time {step:.4g} s.",
                png=figures.time_breakdown(tb, step, "Time breakdown of one step")),
         Figure(name="stage_memory", title="Memory breakdown against capacity",
-               caption=f"Per-GPU memory at the allocator's peak (estimate), by term, for the rank that peaks "
-                       f"highest over the pipeline stages (estimate() evaluates the first and the last stage and "
-                       f"reports the larger), beside the runners-up: {mem['peak_bytes_per_gpu'] / GB:.2f} GB of "
-                       f"{mem['capacity_bytes'] / GB:.2f} GB.",
+               caption=(f"Per-GPU memory at the allocator's peak (estimate), by term, for each pipeline stage "
+                        f"(a rank with all its chunks and the micro-batches its schedule keeps in flight); the "
+                        f"highest, {mem['peak_bytes_per_gpu'] / GB:.2f} GB of {mem['capacity_bytes'] / GB:.2f} GB, "
+                        f"is the plan's peak." if stages and stages[0]["label"].startswith("stage") else
+                        f"Per-GPU memory at the allocator's peak (estimate), by term, beside the runners-up' "
+                        f"peak ranks: {mem['peak_bytes_per_gpu'] / GB:.2f} GB of {mem['capacity_bytes'] / GB:.2f} GB."),
                png=figures.stage_memory(stages, mem["capacity_bytes"], "Peak memory per GPU")),
     )
     return Section(title="Time and memory breakdown",
