@@ -159,11 +159,17 @@ def _model_shape(model) -> tuple[int, int, int]:
     return int(heads), int(getattr(model, "n_kv_heads", heads)), int(blocks)
 
 
-def _price_per_hour(hardware, nodes: int, spot: bool) -> float | None:
+def _price_per_hour(hardware, nodes: int, spot: bool, node_price: float | None = None) -> float | None:
+    """Dollars per hour for `nodes` nodes: `node_price` (the user's own price: negotiated, reserved or
+    today's spot) when given, else the profile's on-demand or spot price."""
+    if node_price is not None:
+        if not (isinstance(node_price, (int, float)) and math.isfinite(node_price) and node_price > 0):
+            raise ConfigError("price-per-hour", node_price, "a positive number of US dollars per node-hour")
+        return float(node_price) * nodes
     price = hardware.spot_price_usd_per_hour if spot else hardware.price_usd_per_hour
     if spot and price is None:
-        raise ConfigError("spot", True, f"a profile with spot_price_usd_per_hour ({hardware.name} has none; "
-                                        "give a profile file with the spot price)")
+        raise ConfigError("spot", True, f"a spot price: {hardware.name}'s profile has none (spot prices move "
+                                        "daily); pass today's with --price-per-hour USD (per node)")
     return None if price is None else price * nodes
 
 
@@ -504,6 +510,7 @@ def _objective_value(document: Mapping[str, Any], objective: str) -> tuple:
 def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = None,
               global_batch: int | None = None, seq: int | None = None, precision: str = "amp-bf16",
               optimizer: str = "adamw", objective: str = "throughput", top: int = 5, spot: bool = False,
+              price_per_hour: float | None = None,
               tokens: float | None = None, space: SearchSpace = SearchSpace(), refine: int = REFINE_TOP,
               progress: Callable[[int, int], None] | None = None, score_fn=None, estimate_fn=None,
               cost_options: Mapping[str, Any] | None = None) -> Recommendation:
@@ -523,7 +530,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     ParallelConfig(precision=precision, optimizer=optimizer)          # validates both names
     seq = seq or model.seq
     global_batch = global_batch or default_global_batch(world, seq)
-    price = _price_per_hour(hardware, n_nodes, spot)
+    price = _price_per_hour(hardware, n_nodes, spot, price_per_hour)
     if estimate_fn is None:
         from planner.estimate import estimate as estimate_fn
 

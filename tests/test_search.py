@@ -181,6 +181,7 @@ def test_no_fit_exits_3_with_the_gap_and_the_fixes():
     (["--objective", "speed"], "objective"),
     (["--tokens", "lots"], "tokens"),
     (["--spot"], "spot"),
+    (["--price-per-hour", "-3"], "price-per-hour"),
     (["--gpus", "12", "--nodes", "2"], "gpus"),
 ])
 def test_recommend_bad_input_exits_2_in_one_line(args, needle):

@@ -149,8 +149,18 @@ def test_cost_objective_reports_dollars_and_time_to_train():
 
 
 def test_spot_without_a_spot_price_is_a_config_error():
-    with pytest.raises(ConfigError, match="spot"):
+    with pytest.raises(ConfigError, match="price-per-hour"):
         search(spot=True)
+
+
+def test_the_users_price_per_node_hour_replaces_the_profiles():
+    rec = search(objective="cost", spot=True, price_per_hour=4.5)
+    cost = rec.best["prediction"]["cost"]
+    assert cost["usd_per_hour"] == 9.0 and cost["spot"] is True       # 2 nodes x $4.50
+    assert cost["usd_per_step"] == pytest.approx(9.0 * rec.best["prediction"]["step_time_s"] / 3600)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ConfigError, match="price-per-hour"):
+            search(price_per_hour=bad)
 
 
 def test_nothing_fits_says_by_how_much_and_what_helps():

@@ -17,7 +17,9 @@ ObjectiveOpt = Annotated[str, typer.Option("--objective", help="throughput (leas
                                            "1B tokens) or memory (least memory within 5% of the best time).")]
 TopOpt = Annotated[int, typer.Option("--top", min=1, max=100, help="How many plans to list.")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Write the best plan document here (plan.json).")]
-SpotOpt = Annotated[bool, typer.Option("--spot", help="Price with the profile's spot price.")]
+SpotOpt = Annotated[bool, typer.Option("--spot", help="Price with the profile's spot price (or --price-per-hour's).")]
+PriceOpt = Annotated[Optional[float], typer.Option("--price-per-hour", help="US dollars per node-hour (your "
+                                                   "negotiated, reserved or spot price) instead of the profile's.")]
 TokensOpt = Annotated[Optional[str], typer.Option("--tokens", help="Training tokens (e.g. 300e9 or 300B): "
                                                   "adds time and cost to train.")]
 
@@ -37,14 +39,15 @@ def parse_tokens(text: str | None) -> float | None:
 def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes: NodesOpt = None,
               global_batch: GlobalBatchOpt = None, seq: SeqOpt = None, precision: PrecisionOpt = "amp-bf16",
               optimizer: OptimizerOpt = "adamw", objective: ObjectiveOpt = "throughput", top: TopOpt = 5,
-              out: OutOpt = None, json_out: JsonOpt = False, spot: SpotOpt = False, tokens: TokensOpt = None) -> None:
+              out: OutOpt = None, json_out: JsonOpt = False, spot: SpotOpt = False, price_per_hour: PriceOpt = None,
+              tokens: TokensOpt = None) -> None:
     """Search every parallel strategy, rank by the objective and print the top plans."""
     from planner.search import recommend as search
 
     with _LazyProgress() as progress:
         rec = search(model, hardware, gpus=gpus, nodes=nodes, global_batch=global_batch, seq=seq,
                      precision=precision, optimizer=optimizer, objective=objective, top=top, spot=spot,
-                     tokens=parse_tokens(tokens), progress=progress.update)
+                     price_per_hour=price_per_hour, tokens=parse_tokens(tokens), progress=progress.update)
     if out is not None:
         out.write_text(json.dumps(rec.plan_document(), indent=2) + "\n")
     if json_out:
