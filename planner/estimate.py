@@ -165,8 +165,8 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
         from planner.sources import resolve_model
         model = resolve_model(model, seq=cfg.seq)
     if not isinstance(model, TransformerSpec):
-        raise ConfigError("MODEL", getattr(model, "name", str(model)),
-                          "a transformer (catalog name or config.json); module factories can be profiled, not estimated")
+        from planner.sources import transformer_spec
+        model = transformer_spec(model)
     if impl not in IMPLS:
         raise ConfigError("impl", impl, "one of " + ", ".join(IMPLS))
     cfg.check_world_size(gpus)

@@ -90,7 +90,8 @@ class ModuleSpec:
     has_batchnorm: bool
     """The module holds a BatchNorm (its statistics depend on the per-rank micro-batch)."""
     spec: TransformerSpec | None = None
-    """The module's `.spec` when it exposes a TransformerSpec (the reference Transformer does)."""
+    """The transformer the module says it is: its `.spec` when that is a TransformerSpec (the reference
+    Transformer), else its Hugging Face-style `.config` read by planner.hf_config; None otherwise."""
     profile: ModelProfile | None = field(default=None, compare=False)
     """The same measurement as a ModelProfile (what `planner profile` prints)."""
 
@@ -314,7 +315,10 @@ def _inputs_and_loss(model: nn.Module, micro_batch: int, seq: int, device):
     if hasattr(model, "example_inputs"):
         with torch.device(device):
             inputs = tuple(model.example_inputs(micro_batch, seq))
-        inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
+        # floating inputs in the dtype the module was cast to (the profiler runs it in the precision's dtype)
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+        inputs = tuple((x.to(device=device, dtype=dtype) if dtype is not None and x.is_floating_point()
+                        else x.to(device)) if isinstance(x, torch.Tensor) else x for x in inputs)
         return inputs, lambda out: (out if out.dim() == 0 else out.float().sum())
     embedding = _first_embedding(model)
     if embedding is None:
@@ -536,6 +540,20 @@ def build_on_meta(arg: str, precision: str = "fp32") -> nn.Module:
     return model.to(_DTYPES[precision])
 
 
+def _spec_from_hf_config(config, name: str, seq: int | None) -> TransformerSpec | None:
+    """A Hugging Face-style `.config` (an object with to_dict(), or a dict, holding model_type) as the
+    TransformerSpec it describes (planner.hf_config); None when there is none or it is not one of
+    the supported model types."""
+    data = config.to_dict() if hasattr(config, "to_dict") else config
+    if not isinstance(data, dict) or "model_type" not in data:
+        return None
+    from planner.hf_config import spec_from_dict
+    try:
+        return spec_from_dict(data, name=name, seq=seq)
+    except ConfigError:
+        return None
+
+
 def profile_module(arg: str, *, seq: int | None = None, micro_batch: int = 1, precision: str = "amp-bf16",
                    flash: bool = True) -> ModuleSpec:
     """Measure `package.module:factory` on the meta device (see the module docstring)."""
@@ -543,11 +561,17 @@ def profile_module(arg: str, *, seq: int | None = None, micro_batch: int = 1, pr
         raise ConfigError("precision", precision, "one of " + ", ".join(_DTYPES))
     model = build_on_meta(arg, precision)
     spec = getattr(model, "spec", None)
-    spec = spec if isinstance(spec, TransformerSpec) else None
+    spec = spec if isinstance(spec, TransformerSpec) else _spec_from_hf_config(getattr(model, "config", None), arg, seq)
     s = seq or (spec.seq if spec else 2048)
     inputs, loss_fn = _inputs_and_loss(model, micro_batch, s, "meta")
     model.train()
-    m = measure(model, inputs, loss_fn, flash=flash)
+    try:
+        m = measure(model, inputs, loss_fn, flash=flash)
+    except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError("MODEL", arg, "a module whose forward and backward run on the meta device",
+                          message=f"MODEL={arg!r}: its forward/backward failed on the meta device "
+                                  f"({type(exc).__name__}: {first})") from None
     params = _unit_params(model, m["units"])
     names = [name for name, _, _ in m["units"]] + [n for n in ("(root)",) if n in params] + ["loss"]
     kinds = {name: kind for name, _, kind in m["units"]} | {"(root)": "parameters", "loss": "loss"}

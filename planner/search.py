@@ -133,6 +133,9 @@ def _resolve(model, hardware, gpus, nodes, seq):
     if isinstance(model, str):
         from planner.sources import resolve_model
         model = resolve_model(model, seq=seq)
+    if getattr(model, "spec", None) is not None and getattr(model, "factory", None):
+        from planner.sources import transformer_spec
+        model = transformer_spec(model)          # a factory's module that describes its transformer
     elif seq is not None and getattr(model, "seq", seq) != seq:
         from planner.sources import with_seq
         model = with_seq(model, seq)

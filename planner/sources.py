@@ -35,6 +35,32 @@ def with_seq(spec: TransformerSpec, seq: int | None) -> TransformerSpec:
     return spec.with_(seq=seq)
 
 
+SPEC_PARAMS_TOLERANCE = 0.02
+"""How far a module's measured parameters may be from those of the transformer it describes."""
+
+
+def transformer_spec(model) -> TransformerSpec:
+    """The TransformerSpec the cost models score (planner.score): the model itself, or the
+    transformer a `package.module:factory` module describes (ModuleSpec.spec: its `.spec`, or its
+    Hugging Face-style `.config`), checked against the parameters measured on the meta device, so a
+    description that does not match the module is refused rather than planned for."""
+    if isinstance(model, TransformerSpec):
+        return model
+    name = getattr(model, "name", type(model).__name__)
+    spec = getattr(model, "spec", None)
+    if not isinstance(spec, TransformerSpec):
+        raise ConfigError("MODEL", name, "a transformer the cost model can score: a catalog name, a config.json, or "
+                          "a factory whose module exposes a TransformerSpec as `.spec` or a Hugging Face-style "
+                          "`.config`; this module can be profiled (planner profile) but not scored")
+    from cost_models.params import total_params
+    described, measured = int(total_params(spec)), int(model.params)
+    if abs(measured - described) > SPEC_PARAMS_TOLERANCE * described:
+        raise ConfigError("MODEL", name, f"a module whose parameters match the transformer it describes: it holds "
+                          f"{measured:,}, its description {described:,} (more than "
+                          f"{SPEC_PARAMS_TOLERANCE:.0%} apart)")
+    return spec.with_(seq=model.seq, name=name)
+
+
 def resolve_model(arg: str, *, seq: int | None = None):
     """Catalog name, config.json path or package.module:factory -> TransformerSpec | ModuleSpec."""
     if not isinstance(arg, str) or not arg:

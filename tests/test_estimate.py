@@ -176,3 +176,28 @@ def test_interleaved_last_rank_keeps_its_warmup_chunks():
     assert acts[6] == pytest.approx(19 / 3 * stage_load, rel=1e-6)
     # same blocks and head on the last rank; only the in-flight count of its blocks differs
     assert acts[7] - one_f[7]["activations_bytes"] == pytest.approx((17 / 3 - 1) * stage_load, rel=1e-6)
+
+
+def test_a_factory_module_that_describes_its_transformer_is_scored(monkeypatch):
+    # `.spec` (the reference Transformer) or a Hugging Face-style `.config`: scored as that transformer,
+    # named after the factory so a plan file re-builds the same module; a description whose
+    # parameters do not match the module's measured ones is refused (exit 2), as is a plain module.
+    from pathlib import Path
+
+    from planner.sources import resolve_model, transformer_spec
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    small = ParallelConfig(dp=2, tp=2, pp=2, micro_batch=1, global_batch=8, seq=32)
+    for factory, catalogued in (("fixtures.factories:small_llama", "SMALL_LLAMA"),
+                                ("fixtures.factories:hf_style_llama", None)):
+        spec = transformer_spec(resolve_model(factory))
+        assert spec.name == factory and spec.heads == 4 and spec.n_kv_heads == 2 and spec.layers == 4
+        est = estimate(factory, HW, small, gpus=8)
+        if catalogued:
+            from tests.fixtures import factories
+            direct = estimate(getattr(factories, catalogued), HW, small, gpus=8)
+            assert est.step_time_s == pytest.approx(direct.step_time_s, rel=1e-12)
+            assert est.peak_bytes_per_gpu == direct.peak_bytes_per_gpu
+    with pytest.raises(ConfigError, match="holds .* its description"):
+        estimate("fixtures.factories:hf_style_llama_misdescribed", HW, small, gpus=8)
+    with pytest.raises(ConfigError, match="profiled .* but not scored"):
+        estimate("fixtures.factories:convnet", HW, ParallelConfig(dp=8, global_batch=8, seq=8), gpus=8)

@@ -117,6 +117,22 @@ def test_compare_flags_a_perturbed_parameter_and_a_missing_one():
     assert not drift.passed and "zero-gradient parameter drifted" in drift.problems[0]
 
 
+def test_compare_bounds_adam_eps_sensitive_elements_absolutely():
+    # w[0]'s gradient was within 100 eps of zero: its move (up to lr per step) is bounded absolutely
+    # and left out of the relative error; the other elements are still held to 1e-5.
+    params = {"w": torch.ones(4)}
+    mask = torch.tensor([True, False, False, False])
+    ref = ReferenceResult(losses=(1.0,), params=params, step_times_s=(0.1,), eps_sensitive={"w": mask})
+    moved = torch.tensor([1.0 + 1e-3, 1.0, 1.0, 1.0])
+    ok = compare([1.0], {"w": moved}, ref, max_move=2e-3)
+    assert ok.passed and ok.param_max_rel_err == 0.0 and ok.eps_sensitive_elements == 1 and ok.hint() == ""
+    too_far = compare([1.0], {"w": moved}, ref, max_move=5e-4)
+    assert not too_far.passed and "near Adam's eps drifted" in too_far.problems[0]
+    others = compare([1.0], {"w": torch.tensor([1.0, 1.0 + 1e-4, 1.0, 1.0])}, ref, max_move=2e-3)
+    assert not others.passed and others.param_max_rel_err == pytest.approx(5e-5, rel=1e-2)
+    assert "--steps 1" in others.hint()
+
+
 def test_cpu_run_downgrades_precision_and_says_so(tmp_path):
     cfg = ParallelConfig(dp=2, global_batch=2, seq=16, precision="amp-bf16", offload="optimizer", zero=1)
     spec = build_run_spec(write_plan(tmp_path / "p.json", cfg), steps=1)
@@ -160,3 +176,13 @@ def test_unknown_backend_model_and_fault_are_one_line_exit_2(tmp_path):
     assert "inject-fault" in one_line_exit_2(runner.invoke(app, ["run", str(plan), "--inject-fault", "boom"]))
     other = write_plan(tmp_path / "q.json", ParallelConfig(dp=2, global_batch=2, seq=16), model="torch.nn:Linear")
     assert "model" in one_line_exit_2(runner.invoke(app, ["run", str(other)]))
+
+
+def test_a_factory_plan_reads_its_spec_on_meta():
+    # the launcher only needs the factory's TransformerSpec: building GPT-3 175B for real would need 700 GB
+    from planner.executor.runspec import resolve_transformer
+
+    spec = resolve_transformer("tests.fixtures.factories:gpt3_175b", None)
+    assert spec.layers == 96 and spec.hidden == 12288
+    with pytest.raises(ConfigError, match="planner.models.transformer.Transformer"):
+        resolve_transformer("tests.fixtures.factories:convnet", None)

@@ -123,9 +123,19 @@ def test_factory_through_the_cli_and_profile_model():
     ("no_such_package.models:build", "no_such_package"),
     ("tests.fixtures.factories:not_a_module", "nn.Module"),
     ("tests.fixtures.factories:", "package.module:factory"),
+    ("tests.fixtures.factories:shape_bug", "forward/backward failed on the meta device (RuntimeError"),
 ])
 def test_bad_factories_are_one_line_and_exit_2(arg, needle):
     result = runner.invoke(app, ["profile", arg])
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in result.output
+
+
+def test_a_module_with_float_inputs_profiles_in_every_precision():
+    # example_inputs come in float32; the profiler casts them to the dtype it ran the module in
+    for precision in ("amp-bf16", "bf16", "fp32"):
+        result = runner.invoke(app, ["profile", "tests.fixtures.factories:convnet", "--seq", "8",
+                                     "--precision", precision, "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["params"] == 3 * 8 * 9 + 8 + 2 * 8 + 8 * 8 + 8 + 8   # conv, bn, fc1, fc2 bias (weight tied)

@@ -73,7 +73,8 @@ def run(
         raise ExecutorError(f"verification failed: loss rel err {verification.loss_max_rel_err:.2e}, "
                             f"worst parameter {verification.worst_param} rel err "
                             f"{verification.param_max_rel_err:.2e} (tolerance {verification.rtol:g})"
-                            + ("; " + "; ".join(verification.problems) if verification.problems else ""))
+                            + ("; " + "; ".join(verification.problems) if verification.problems else "")
+                            + ("; " + verification.hint() if verification.hint() else ""))
 
 
 def fault_is_bad(fault: str | None) -> bool:

@@ -7,7 +7,7 @@ order of floating-point sums.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,6 +37,12 @@ def make_optimizer(params, spec: RunSpec) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=spec.lr, weight_decay=0.01)
 
 
+EPS_SENSITIVE_FACTOR = 100.0
+"""|grad| < 100 eps (1e-6 with AdamW's default eps 1e-8) marks an element whose update the rounding
+of the gradient can move: at |g| = 100 eps a gradient error d changes the update by about
+lr d / (1e4 eps), below 1e-5 lr for the d ~ 1e-9 of fp32 sums in different order."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ReferenceResult:
     losses: tuple[float, ...]
@@ -50,6 +56,11 @@ class ReferenceResult:
     gradient, < 1e-7): e.g. a key-projection bias, which softmax's shift invariance cancels
     exactly. Optimizers that normalize the update (AdamW) turn their rounding noise into moves of
     up to lr per step, so verify.py bounds them absolutely."""
+    eps_sensitive: dict = field(default_factory=dict)
+    """AdamW only: parameter name -> bool mask of the elements whose gradient came within
+    EPS_SENSITIVE_FACTOR x eps of zero at some step. Adam's update g / (|g| + eps) has slope
+    eps / (|g| + eps)^2 there, so the rounding of a differently ordered sum (micro-batches, shards,
+    all-reduces) moves such an element by up to lr per step; verify.py bounds them absolutely."""
 
 
 def run_reference(spec: RunSpec) -> ReferenceResult:
@@ -61,6 +72,8 @@ def run_reference(spec: RunSpec) -> ReferenceResult:
     optimizer = make_optimizer(model.parameters(), spec)
     losses, times = [], []
     zero_grad = {name for name, _ in model.named_parameters()}
+    adam_eps = optimizer.defaults.get("eps") if spec.config.optimizer != "sgd" else None
+    sensitive: dict[str, torch.Tensor] = {}
     for step in range(spec.steps):
         t0 = time.perf_counter()
         tokens = synthetic_tokens(spec, step)
@@ -69,10 +82,16 @@ def run_reference(spec: RunSpec) -> ReferenceResult:
         total = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters() if p.grad is not None))
         zero_grad -= {name for name, p in model.named_parameters()
                       if p.grad is not None and p.grad.norm() > 1e-7 * total}
+        if adam_eps:
+            for name, p in model.named_parameters():
+                if p.grad is not None:
+                    near = p.grad.abs() < EPS_SENSITIVE_FACTOR * adam_eps
+                    sensitive[name] = sensitive[name] | near if name in sensitive else near
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
     params = {name: p.detach().clone() for name, p in model.named_parameters()}
     return ReferenceResult(losses=tuple(losses), params=params, step_times_s=tuple(times),
-                           zero_grad_params=tuple(sorted(zero_grad)))
+                           zero_grad_params=tuple(sorted(zero_grad)),
+                           eps_sensitive={n: m for n, m in sensitive.items() if m.any() and n not in zero_grad})

@@ -7,7 +7,6 @@ change as a note the output repeats. Workers receive the RunSpec as JSON.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 import os
@@ -87,13 +86,16 @@ def resolve_transformer(name: str, seq: int | None) -> TransformerSpec:
     from planner.models.transformer import Transformer
 
     if ":" in name and not Path(name).exists():
-        module_name, _, attr = name.partition(":")
+        import torch
+
+        from planner.module_profiler import load_factory
         try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as err:
+            factory = load_factory(name)      # modules of the current directory too, as `python -m` finds them
+        except ConfigError as err:
             raise ConfigError("model", name, f"an importable package.module:factory ({err})") from None
         try:
-            built = factory()
+            with torch.device("meta"):        # only its .spec is needed here; the workers build it for real
+                built = factory()
         except Exception as err:  # noqa: BLE001 - a user's factory failing is bad input, named in one line
             raise ConfigError("model", name, f"a factory callable without arguments ({type(err).__name__}: {err})") from None
         if not isinstance(built, Transformer):

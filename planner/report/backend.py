@@ -41,18 +41,9 @@ class SearchResult:
 def resolve(model_arg: str, seq: int | None):
     """The TransformerSpec the cost model scores. A `package.module:factory` is profiled on the meta
     device (planner.sources); it can be scored when the module exposes its TransformerSpec."""
-    from planner.sources import resolve_model
-    from planner.spec import TransformerSpec
+    from planner.sources import resolve_model, transformer_spec
 
-    model = resolve_model(model_arg, seq=seq)
-    if isinstance(model, TransformerSpec):
-        return model
-    spec = getattr(model, "spec", None)
-    if isinstance(spec, TransformerSpec):
-        return spec.with_(seq=model.seq)
-    raise ConfigError("MODEL", model_arg,
-                      "a transformer the cost model can score: a catalog name, a config.json, or a factory whose "
-                      "module exposes a TransformerSpec as `.spec`; this module was profiled but cannot be scored")
+    return transformer_spec(resolve_model(model_arg, seq=seq))
 
 
 def hardware(name: str):
