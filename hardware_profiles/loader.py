@@ -102,6 +102,9 @@ def load_profile(name_or_path: str) -> HardwareProfile:
     except OSError as err:
         raise ConfigError("hardware", str(path), "a readable file",
                           message=f"hardware profile {path}: cannot read ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError("hardware", str(path), "UTF-8 JSON text",
+                          message=f"hardware profile {path}: not UTF-8 text (byte {err.start})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:

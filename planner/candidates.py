@@ -7,7 +7,8 @@ nested loops). The result is one numpy array per knob, the layout `planner.score
 
 Validity rules (each rejected combination is counted under its reason):
 - tp must divide the heads, and the key/value heads must divide tp or be divided by it
-  (Megatron splits whole heads; GQA replicates K/V heads when tp > kv_heads);
+  (Megatron splits whole heads and whole K/V groups: heads % tp == 0 and kv_heads % tp == 0,
+  as megatron.core asserts for num_query_groups; replicating K/V heads is not costed);
 - pp * virtual_stages <= blocks (every stage holds at least one block);
 - dp * micro_batch must divide the global batch;
 - looped schedules (interleaved-1f1b, zero-bubble) need num_microbatches to be a multiple of
@@ -99,8 +100,8 @@ def divisors(n: int) -> list[int]:
 
 
 def tp_allowed(tp: int, heads: int, kv_heads: int) -> bool:
-    """Megatron splits whole heads: tp | heads, and K/V heads split (tp | kv) or replicated (kv | tp)."""
-    return heads % tp == 0 and (kv_heads % tp == 0 or tp % kv_heads == 0)
+    """Megatron splits whole heads and whole K/V groups: tp divides heads and kv_heads."""
+    return heads % tp == 0 and kv_heads % tp == 0
 
 
 def degree_triples(world_size: int, global_batch: int, *, heads: int, kv_heads: int, blocks: int,

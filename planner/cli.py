@@ -13,14 +13,38 @@ from typer.core import TyperGroup
 from planner.errors import PlannerError
 
 
+try:                                   # typer >= 0.29 vendors click
+    from typer._click.exceptions import ClickException
+except ImportError:                    # pragma: no cover - older typer depends on click
+    from click.exceptions import ClickException
+
+
+def _usage_line(err: ClickException) -> str:
+    """One line for an option/argument error typer found (bad value, missing argument, unknown option)."""
+    ctx = getattr(err, "ctx", None)
+    where = f"{ctx.command_path}: " if ctx is not None and ctx.command_path else ""
+    return f"error: {where}{' '.join(err.format_message().split())} (see --help)"
+
+
 class _PlannerGroup(TyperGroup):
-    """Root group: user errors become one line and an exit code, never a traceback."""
+    """Root group: user errors become one line and an exit code, never a traceback or a boxed
+    usage message."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except ClickException as err:
+            typer.echo(_usage_line(err), err=True)
+            raise typer.Exit(err.exit_code) from None
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except PlannerError as err:
             typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(err.exit_code) from None
+        except ClickException as err:
+            typer.echo(_usage_line(err), err=True)
             raise typer.Exit(err.exit_code) from None
 
 

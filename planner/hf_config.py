@@ -95,6 +95,9 @@ def load_json(path: str | Path) -> dict:
     except OSError as err:
         raise ConfigError("MODEL", str(path), "a readable config.json file",
                           message=f"{path}: cannot read ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError("config.json", str(path), "UTF-8 JSON text",
+                          message=f"{path}: not UTF-8 text (byte {err.start}); expected a JSON object") from None
     if not text.strip():
         raise ConfigError("config.json", str(path), "a JSON object", message=f"{path}: file is empty; expected a JSON object")
     try:

@@ -109,9 +109,11 @@ class ParallelConfig:
 
     def check_model(self, *, heads: int, kv_heads: int, blocks: int) -> None:
         """Degrees the model shape allows: tp divides the heads, pp*v stages no more than blocks."""
-        if heads % self.tp or kv_heads % self.tp and self.tp % kv_heads:
-            divisors = [d for d in range(1, heads + 1) if heads % d == 0]
-            raise ConfigError("tp", self.tp, f"a divisor of heads({heads}): {', '.join(map(str, divisors))}")
+        if heads % self.tp or kv_heads % self.tp:
+            # whole heads and whole K/V groups per rank (Megatron-LM asserts both); K/V replication is not costed
+            divisors = [d for d in range(1, heads + 1) if heads % d == 0 and kv_heads % d == 0]
+            what = f"heads({heads})" if kv_heads == heads else f"heads({heads}) and kv_heads({kv_heads})"
+            raise ConfigError("tp", self.tp, f"a divisor of {what}: {', '.join(map(str, divisors))}")
         chunks = self.pp * self.virtual_stages
         if chunks > blocks:
             raise ConfigError("pp", self.pp, f"pp*virtual_stages <= layers({blocks}); got {self.pp}*{self.virtual_stages}={chunks}")

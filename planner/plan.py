@@ -171,6 +171,8 @@ def load_plan(path: str | Path) -> Plan:
         text = path.read_text()
     except OSError as err:
         raise ConfigError("plan", str(path), f"a readable plan JSON file ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError("plan", str(path), f"a JSON document in UTF-8 (undecodable byte at {err.start})") from None
     try:
         document = json.loads(text)
     except json.JSONDecodeError as err:

@@ -14,7 +14,9 @@ def test_divisors():
 
 
 def test_tp_rule_follows_heads_and_kv_heads():
-    assert tp_allowed(8, 32, 8) and tp_allowed(16, 32, 8)   # 8 | 16: K/V heads replicated
+    assert tp_allowed(8, 32, 8) and tp_allowed(4, 32, 8)
+    # whole K/V groups per rank (Megatron asserts kv_heads % tp == 0): no replication when tp > kv_heads
+    assert not tp_allowed(16, 32, 8) and not tp_allowed(2, 32, 1)
     assert not tp_allowed(3, 32, 32) and not tp_allowed(16, 48, 12)
 
 

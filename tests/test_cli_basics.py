@@ -34,3 +34,25 @@ def test_parallel_config_rejects_each_bad_field_by_name(field, value):
 def test_tp_must_divide_heads():
     with pytest.raises(ConfigError, match=r"tp=3 .*divisor of heads\(32\)"):
         ParallelConfig(tp=3).check_model(heads=32, kv_heads=32, blocks=16)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["recommend", "gpt2", "--hardware", "p4d.24xlarge", "--gpus", "0"], "--gpus"),
+    (["profile", "gpt2", "--micro-batch", "abc"], "--micro-batch"),
+    (["recommend"], "Missing argument"),
+    (["estimate", "gpt2", "--no-such-option"], "--no-such-option"),
+    (["no-such-command"], "no-such-command"),
+])
+def test_usage_errors_are_one_line_naming_the_option_and_exit_2(argv, needle):
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "planner", *argv], capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and "╭" not in proc.stderr
+
+
+def test_tp_must_divide_kv_heads_too():
+    with pytest.raises(ConfigError, match=r"tp=16 .*divisor of heads\(64\) and kv_heads\(8\): 1, 2, 4, 8$"):
+        ParallelConfig(tp=16).check_model(heads=64, kv_heads=8, blocks=80)

@@ -53,6 +53,10 @@ def report(
     else:
         if model is not None:
             raise ConfigError("--model", model, "only with a PLAN.json (a MODEL argument is given already)")
+        if plan_or_model.endswith(".json"):
+            # a missing or malformed JSON file: say so (as a plan or config.json) before asking for --hardware
+            from planner.sources import resolve_model
+            resolve_model(plan_or_model)
         if hardware is None:
             raise ConfigError("--hardware", None, "a hardware profile name or path (required with a MODEL)")
         scenario = Scenario(model=plan_or_model, hardware=hardware, gpus=_world_size(hardware, gpus, nodes),
@@ -71,7 +75,7 @@ def _plan_document(arg: str) -> dict | None:
         return None
     try:
         document = json.loads(path.read_text())
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):
         return None  # let the model resolver report a malformed config.json
     if isinstance(document, dict) and "plan" in document and "prediction" in document:
         from planner.plan import load_plan
