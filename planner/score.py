@@ -259,20 +259,39 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     # ---- data parallel / ZeRO ------------------------------------------------------------------------
     pb, gb, ob = M.state_bytes_per_param(precision, optimizer, impl)
     grad_comm = params_rank * gb
-    # ZeRO-3 only reduce-scatters gradients (parameters are all-gathered in the next forward, below);
-    # stages 0-2 move an all-reduce's volume (RS + AG for 1-2; Rajbhandari et al. 2020, Sec. 7).
-    t_dp = np.where(zero >= 3, C.group_collective_seconds("reduce_scatter", grad_comm, dp, local["D"], hw),
-                    C.group_collective_seconds("allreduce", grad_comm, dp, local["D"], hw))
+    # Stages 0-2 reduce once per step with an all-reduce's volume (RS + AG for 1-2; Rajbhandari et
+    # al. 2020, Sec. 7), overlapped with the last micro-batch's backward bucket by bucket (the last
+    # bucket cannot hide).
+    t_dp = C.group_collective_seconds("allreduce", grad_comm, dp, local["D"], hw)
     tail = np.minimum(1.0, DDP_BUCKET_BYTES / np.maximum(grad_comm, 1.0))
     last_bwd = most * (layer_b + rec + tp_b + tp_rec)
-    exposed = np.maximum(t_dp - (1 - tail) * last_bwd, tail * t_dp) if overlap_grad_reduce else t_dp
+
+    def overlapped(t, under):
+        """Exposed part of a bucketed collective of t seconds running beside `under` seconds of compute."""
+        return np.maximum(t - (1 - tail) * under, tail * t) if overlap_grad_reduce else t
+
+    # ZeRO-2 and -3 keep only a gradient shard, so under gradient accumulation every micro-batch's
+    # backward reduce-scatters its gradients (DeepSpeed stages 2-3 reduce in each micro-step's backward
+    # hooks; FSDP reduce-scatters every backward unless sync is disabled, which keeps full gradients).
+    # ZeRO-1 accumulates full gradients and reduces once. Each of ZeRO-2's m-1 extra reduce-scatters
+    # overlaps its own micro-batch's backward.
+    rs_grads = C.group_collective_seconds("reduce_scatter", grad_comm, dp, local["D"], hw)
+    z2_extra = np.where((zero == 2) & (m > 1), m - 1.0, 0.0)
+    low_comm = t_dp + z2_extra * rs_grads
+    low_exposed = overlapped(t_dp, last_bwd) + z2_extra * overlapped(rs_grads, last_bwd)
+    # ZeRO-3: per micro-batch, parameters are all-gathered for the forward and again for the backward
+    # and gradients reduce-scattered (Rajbhandari et al. 2020, Sec. 7.2); all of it shares one link
+    # and hides under the stage's compute of all m micro-batches, except the last gradient bucket.
     gather = C.group_collective_seconds("allgather", params_rank * c, dp, local["D"], hw)
-    z3_gathers = m * 2.0 * gather
-    z3_extra = np.maximum(0.0, z3_gathers - m * most * per_block)
+    z3_comm = m * (2.0 * gather + rs_grads)
+    capacity = m * most * per_block
+    z3_exposed = (np.maximum(z3_comm - capacity, tail * rs_grads) if overlap_grad_reduce
+                  else m * rs_grads + np.maximum(0.0, m * 2.0 * gather - capacity))
+    comm = np.where(zero >= 3, z3_comm, low_comm)
+    exposed = np.where(zero >= 3, z3_exposed, low_exposed)
     # Communication hidden under compute still slows it: NCCL kernels occupy SMs and HBM bandwidth.
     interference = K.eff(hw, "overlap_interference")
-    hidden = np.where(overlap_grad_reduce, t_dp - exposed, 0.0) + np.where(zero >= 3, z3_gathers - z3_extra, 0.0)
-    dp_comm = np.where(dp > 1, exposed + np.where(zero >= 3, z3_extra, 0.0) + interference * hidden, 0.0)
+    dp_comm = np.where(dp > 1, exposed + interference * (comm - exposed), 0.0)
 
     # ---- optimizer and offload ----------------------------------------------------------------------
     updated = np.where(zero >= 1, params_rank / dp, params_rank)

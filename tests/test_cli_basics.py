@@ -56,3 +56,12 @@ def test_usage_errors_are_one_line_naming_the_option_and_exit_2(argv, needle):
 def test_tp_must_divide_kv_heads_too():
     with pytest.raises(ConfigError, match=r"tp=16 .*divisor of heads\(64\) and kv_heads\(8\): 1, 2, 4, 8$"):
         ParallelConfig(tp=16).check_model(heads=64, kv_heads=8, blocks=80)
+
+
+def test_looped_schedules_need_whole_rounds_of_micro_batches():
+    # torch.distributed.pipelining: m % max(1, m // pp) == 0 (m=128, pp=20: rounds of 6 -> 126 or 132)
+    with pytest.raises(ConfigError, match=r"m // pp\)=6 .*nearest allowed m: 126, 132 \(global_batch 1512, 1584\)"):
+        ParallelConfig(dp=12, tp=4, pp=20, global_batch=1536, schedule="zero-bubble")
+    ParallelConfig(dp=12, tp=4, pp=20, global_batch=1536, schedule="1f1b")          # 1F1B takes any m
+    ParallelConfig(dp=12, tp=4, pp=20, global_batch=1584, schedule="zero-bubble")   # m=132
+    ParallelConfig(dp=1, pp=8, global_batch=6, schedule="interleaved-1f1b", virtual_stages=2)  # m < pp: one round

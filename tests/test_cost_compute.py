@@ -60,3 +60,29 @@ def test_more_bandwidth_or_flops_is_never_slower(field, factor, impl, hw):
     slow = score(GPT, hw, c, global_batch=256, seq=2048, impl=impl).step_time_s
     fast = score(GPT, faster, c, global_batch=256, seq=2048, impl=impl).step_time_s
     assert np.all(fast <= slow * (1 + 1e-9))
+
+
+def _zero_cands(zero, micro_batch, dp=8):
+    one = lambda x: np.array([x])
+    return CandidateArrays(dp=one(dp), tp=one(1), pp=one(1), micro_batch=one(micro_batch), virtual_stages=one(1),
+                           zero=one(zero), recompute=one(0), offload=one(0), sequence_parallel=one(False),
+                           schedule=one(1), placement=one(0))
+
+
+def test_zero2_pays_a_reduce_scatter_per_micro_batch_under_accumulation():
+    from cost_models import comm as C
+    from planner.placement import group_locality
+    gb = 64                                                    # dp=8: micro-batch 8 -> m=1, 1 -> m=8
+    run = lambda z, b, **kw: score(GPT, H100, _zero_cands(z, b), global_batch=gb, seq=2048, **kw)
+    # one micro-batch: ZeRO-2 moves the same all-reduce volume as ZeRO-1 (Rajbhandari et al. 2020, 7.2)
+    assert run(2, 8).dp_comm[0] == run(1, 8).dp_comm[0]
+    # eight micro-batches: ZeRO-1 reduces once, ZeRO-2 reduce-scatters each micro-batch's gradients
+    assert run(2, 1).dp_comm[0] > run(1, 1).dp_comm[0]
+    # with nothing overlapped, the difference is exactly 7 reduce-scatters of the gradients
+    z1, z2 = run(1, 1, overlap_grad_reduce=False), run(2, 1, overlap_grad_reduce=False)
+    grads = float(z1.grads_bytes[0])                           # full bf16/fp32 grads per rank (ZeRO-1)
+    local = group_locality(np.array([0]), np.array([8]), np.array([1]), np.array([1]), H100.devices_per_node)
+    rs = float(C.group_collective_seconds("reduce_scatter", grads, np.array([8.0]), local["D"], H100)[0])
+    assert abs((z2.dp_comm[0] - z1.dp_comm[0]) - 7 * rs) < 1e-9 * max(rs, 1.0)
+    # ...for the memory it saves: a gradient shard instead of full gradients
+    assert z2.grads_bytes[0] < z1.grads_bytes[0]

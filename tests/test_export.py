@@ -160,7 +160,7 @@ def test_cli_export_writes_file(fmt, tmp_path):
 def test_cli_export_stdout_is_the_config():
     result = runner.invoke(app, ["export", str(EXAMPLE), "--format", "deepspeed"])
     assert result.exit_code == 0
-    assert json.loads(result.stdout)["train_batch_size"] == 1536
+    assert json.loads(result.stdout)["train_batch_size"] == 1440
 
 
 @pytest.mark.parametrize("content,needle", [('{"schema_version": "7"}', "schema_version"), ("{oops", "JSON"),

@@ -24,7 +24,7 @@ def test_load_plan_returns_typed_config_and_prediction():
     assert (plan.config.dp, plan.config.tp, plan.config.pp) == (12, 8, 10)
     assert plan.config.stages == (4,) + (5,) * 18 + (2,)
     assert plan.world_size == plan.gpus == 960
-    assert plan.config.num_microbatches == 128
+    assert plan.config.num_microbatches == 120
     assert plan.prediction.memory.fits is True
     assert plan.prediction.time_breakdown_s["bubble"] == pytest.approx(1.6)
 

@@ -173,3 +173,18 @@ def test_a_pipelined_plan_draws_one_memory_bar_per_stage(tmp_path):
                                    "other_bytes"))
         assert re.search(rf"^\| stage {r['rank']} \|.*\| {round(total / 1e9, 3)} \|$", md, flags=re.M), r
     assert max(r["peak_bytes_per_gpu"] for r in ranks) == doc["prediction"]["memory"]["peak_bytes_per_gpu"]
+
+
+def test_recorded_candidates_are_plans_the_search_could_return():
+    # GPT-3 175B on 960 GPUs: the search's memory probes include zero-bubble rows whose micro-batch
+    # count torch's looped schedules cannot run (m=256, pp=20); the report must not draw or pick them.
+    from planner.catalog import get
+    from planner.report import backend
+    from planner.report.build import Scenario
+    scenario = Scenario(model="gpt3-175b", hardware="p4d.24xlarge", gpus=960, global_batch=1536)
+    result = backend.search(get("gpt3-175b"), load_profile("p4d.24xlarge"), scenario, top=1)
+    piped = result.best_pipelined
+    assert piped is not None and piped.pp > 1
+    m = piped.num_microbatches
+    assert piped.schedule not in ("interleaved-1f1b", "zero-bubble") or m % max(1, m // piped.pp) == 0
+    assert len(result.step_time_s) == len(result.pp) > 100_000

@@ -129,3 +129,11 @@ def test_pareto_mask_equals_the_brute_force_definition():
         else:  # exactly one of identical non-dominated points is kept
             assert mask[same].sum() == 1
     assert mask.any()
+
+
+def test_short_pipeline_advice_offers_looped_schedules_only_when_m_allows_them():
+    rule = lambda doc: _by_rule(checklist.evaluate(_ctx(doc)))["short-pipeline"]
+    allowed = rule(_doc(pp=4, m=16, bubble=2.0))                  # 16 % (16 // 4) == 0
+    assert allowed.status == "warn" and "interleaved/zero-bubble schedule would recover" in allowed.detail
+    refused = rule(_doc(pp=20, m=128, bubble=2.0, dp=1, tp=1))    # 128 % (128 // 20 = 6) != 0
+    assert refused.status == "warn" and "which m=128 is not" in refused.detail

@@ -84,25 +84,32 @@ def search(model, hw, scenario, *, top: int | None = None, global_batch: int | N
 
     recommend() returns only the ranked documents; the Pareto front needs every scored candidate,
     so recommend() is handed planner.score.score wrapped to keep a copy of each batch it scores
-    (memory-bound probes included: they are complete candidates too). Same search, same cost model.
+    (memory-bound probes included where their micro-batch count is one a plan may have). Same search, same cost model.
     """
-    from planner.candidates import FIELDS
+    from planner.candidates import FIELDS, LOOPED_SCHEDULES
+    from planner.parallel import SCHEDULES
     from planner.score import score
     from planner.search import config_of, recommend
 
     batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    best_piped: list[tuple[float, dict[str, Any]]] = []   # fastest fitting pp > 1 candidate of each batch
+    best_piped: list[tuple[float, dict[str, Any], int]] = []   # fastest fitting pp > 1 candidate of each batch, its global batch
 
     def recording_score(model_, hw_, cands, **kw):
         scores = score(model_, hw_, cands, **kw)
         pp = np.asarray(cands.pp)
+        # the search's memory-bound probes take the leanest micro-batch before the looped schedules'
+        # rounds rule is applied (planner/candidates.py): keep only rows a plan could have
+        m = kw["global_batch"] // (np.asarray(cands.dp) * np.asarray(cands.micro_batch))
+        looped = np.isin(np.asarray(cands.schedule), [SCHEDULES.index(n) for n in LOOPED_SCHEDULES])
+        runnable = ~looped | (m % np.maximum(1, m // pp) == 0)
         step = np.asarray(scores.step_time_s, dtype=float)
         peak = np.asarray(scores.peak_bytes_per_gpu, dtype=float)
-        batches.append((pp, step, peak))
-        piped = np.flatnonzero((pp > 1) & (peak <= hw.memory_bytes))
+        batches.append((pp[runnable], step[runnable], peak[runnable]))
+        piped = np.flatnonzero((pp > 1) & (peak <= hw.memory_bytes) & runnable)
         if len(piped):
             i = piped[np.argmin(step[piped])]
-            best_piped.append((float(step[i]), {k: np.asarray(getattr(cands, k))[i:i + 1] for k in FIELDS}))
+            row = {k: np.asarray(getattr(cands, k))[i:i + 1] for k in FIELDS}
+            best_piped.append((float(step[i]), row, int(kw["global_batch"])))
         return scores
 
     top = scenario.top if top is None else top
@@ -114,8 +121,8 @@ def search(model, hw, scenario, *, top: int | None = None, global_batch: int | N
     pp, step, peak = (np.concatenate([b[i] for b in batches]) if batches else np.zeros(0) for i in range(3))
     pipelined = None
     if best_piped:
-        _, row = min(best_piped, key=lambda t: t[0])
-        pipelined = config_of(row, 0, global_batch=plan["global_batch"], seq=plan["seq"],
+        _, row, row_batch = min(best_piped, key=lambda t: t[0])
+        pipelined = config_of(row, 0, global_batch=row_batch, seq=plan["seq"],
                               precision=scenario.precision, optimizer=scenario.optimizer)
     return SearchResult(best=rec.best, alternatives=tuple(rec.alternatives), best_pipelined=pipelined,
                         candidates_evaluated=rec.stats.candidates_evaluated, feasible=rec.stats.feasible,
