@@ -48,11 +48,23 @@ def eff(hw: HardwareProfile, key: str) -> float:
     return float(hw.efficiency.get(key, DEFAULTS[key]))
 
 
+def precisions_supported(hw: HardwareProfile) -> tuple[str, ...]:
+    """Training precisions whose math dtype the device has a peak for (V100: no bf16 tensor cores,
+    so no amp-bf16 or bf16; fp32 runs everywhere)."""
+    return tuple(p for p, dtype in DTYPE_OF_PRECISION.items() if dtype == "fp32" or dtype in hw.peak_tflops)
+
+
+def default_precision(hw: HardwareProfile) -> str:
+    """bf16 mixed precision where the device has bf16 math, else fp16 with loss scaling, else fp32."""
+    supported = precisions_supported(hw)
+    return next(p for p in ("amp-bf16", "amp-fp16", "fp32") if p in supported)
+
+
 def peak_flops(hw: HardwareProfile, precision: str) -> float:
     """Dense peak FLOP/s of the math dtype `precision` trains in."""
     dtype = DTYPE_OF_PRECISION[precision]
     table = hw.peak_tflops
-    value = table.get(dtype) or table.get("fp16") or table.get("bf16") or table.get("fp32")
+    value = table.get(dtype) or table.get("fp32")    # callers check precisions_supported first
     return float(value) * 1e12
 
 

@@ -15,7 +15,7 @@ from cost_models import params as P
 from cost_models.compute import peak_flops
 from hardware_profiles import HardwareProfile, load_profile
 from planner.errors import ConfigError
-from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig
+from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, resolve_precision
 from planner.placement import PLACEMENTS
 from planner.score import CandidateArrays, Scores, score
 from planner.spec import TransformerSpec
@@ -171,6 +171,7 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
         raise ConfigError("impl", impl, "one of " + ", ".join(IMPLS))
     cfg.check_world_size(gpus)
     cfg.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
+    resolve_precision(hw, cfg.precision)
     if cfg.stages and min(cfg.stages) < 1:
         raise ConfigError("stages", list(cfg.stages), "at least one block per stage")
     scores = score(model, hw, candidate_of(cfg, model.total_blocks), global_batch=cfg.global_batch, seq=cfg.seq,

@@ -37,7 +37,7 @@ import numpy as np
 from planner.candidates import (FIELDS, SearchSpace, _product, free_knob_count, leanest, leanest_peak,
                                 skeleton_rows, with_free_knobs, with_micro_batches)
 from planner.errors import ConfigError, NoFitError
-from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig
+from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, resolve_precision
 from planner.partition import tied_embedding_sync_seconds
 from planner.placement import PLACEMENTS
 
@@ -511,7 +511,7 @@ def _objective_value(document: Mapping[str, Any], objective: str) -> tuple:
 # ----------------------------------------------------------------------------------------- recommend
 
 def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = None,
-              global_batch: int | None = None, seq: int | None = None, precision: str = "amp-bf16",
+              global_batch: int | None = None, seq: int | None = None, precision: str | None = None,
               optimizer: str = "adamw", objective: str = "throughput", top: int = 5, spot: bool = False,
               price_per_hour: float | None = None,
               tokens: float | None = None, space: SearchSpace = SearchSpace(), refine: int = REFINE_TOP,
@@ -530,7 +530,8 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     if top < 1:
         raise ConfigError("top", top, "a positive integer")
     model, hardware, world, n_nodes = _resolve(model, hardware, gpus, nodes, seq)
-    ParallelConfig(precision=precision, optimizer=optimizer)          # validates both names
+    precision = resolve_precision(hardware, precision)    # None: bf16 mixed precision where the device has bf16
+    ParallelConfig(precision=precision, optimizer=optimizer)          # validates the optimizer too
     seq = seq or model.seq
     global_batch = global_batch or default_global_batch(world, seq)
     price = _price_per_hour(hardware, n_nodes, spot, price_per_hour)

@@ -65,3 +65,24 @@ def test_looped_schedules_need_whole_rounds_of_micro_batches():
     ParallelConfig(dp=12, tp=4, pp=20, global_batch=1536, schedule="1f1b")          # 1F1B takes any m
     ParallelConfig(dp=12, tp=4, pp=20, global_batch=1584, schedule="zero-bubble")   # m=132
     ParallelConfig(dp=1, pp=8, global_batch=6, schedule="interleaved-1f1b", virtual_stages=2)  # m < pp: one round
+
+
+def test_precision_follows_the_devices_math():
+    from hardware_profiles import load_profile
+    from planner.parallel import resolve_precision
+    v100, a100 = load_profile("p3dn.24xlarge"), load_profile("p4d.24xlarge")
+    assert resolve_precision(a100, None) == "amp-bf16"
+    assert resolve_precision(v100, None) == "amp-fp16"        # Volta has fp16 tensor cores, no bf16
+    assert resolve_precision(v100, "fp32") == "fp32"
+    with pytest.raises(ConfigError, match=r"precision='amp-bf16' needs bf16 math.*V100.*allowed here: fp32, amp-fp16"):
+        resolve_precision(v100, "amp-bf16")
+
+
+def test_estimate_refuses_bf16_on_v100_in_one_line():
+    import subprocess
+    import sys
+    argv = ["estimate", "gpt2", "--hardware", "p3dn.24xlarge", "--gpus", "8", "--dp", "8", "--global-batch", "64"]
+    bad = subprocess.run([sys.executable, "-m", "planner", *argv, "--precision", "bf16"], capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--precision" not in bad.stdout
+    good = subprocess.run([sys.executable, "-m", "planner", *argv], capture_output=True, text=True)
+    assert good.returncode == 0 and "amp-fp16" in good.stdout + good.stderr

@@ -17,6 +17,8 @@ SeqOpt = Annotated[Optional[int], typer.Option("--seq", min=1, help="Sequence le
 GlobalBatchOpt = Annotated[Optional[int], typer.Option("--global-batch", min=1, help="Sequences per optimizer step.")]
 MicroBatchOpt = Annotated[Optional[int], typer.Option("--micro-batch", min=1, help="Sequences per micro-batch.")]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="fp32, amp-bf16, amp-fp16 or bf16.")]
+HwPrecisionOpt = Annotated[Optional[str], typer.Option(
+    "--precision", help="fp32, amp-bf16, amp-fp16 or bf16 (default: amp-bf16, or amp-fp16 on devices without bf16).")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adamw or sgd.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document to stdout and nothing else there.")]
 PlanArg = Annotated[Path, typer.Argument(help="A plan JSON file written by `recommend --out` or `estimate --json`.")]

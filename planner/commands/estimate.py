@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from planner.commands.common import (GlobalBatchOpt, GpusOpt, HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
-                                     NodesOpt, OptimizerOpt, PrecisionOpt, SeqOpt, emit_json)
+                                     NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json)
 from planner.errors import ConfigError
 
 DegreeOpt = lambda flag, what: Annotated[int, typer.Option(flag, min=1, help=what)]  # noqa: E731
@@ -70,13 +70,13 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
              global_batch: GlobalBatchOpt = None, seq: SeqOpt = None, schedule: ScheduleOpt = None,
              virtual_stages: VirtualOpt = 1, zero: ZeroOpt = 0, recompute: RecomputeOpt = "none",
              offload: OffloadOpt = "none", sequence_parallel: SpOpt = False, placement: PlacementOpt = "DPT",
-             precision: PrecisionOpt = "amp-bf16", optimizer: OptimizerOpt = "adamw", impl: ImplOpt = "megatron",
+             precision: HwPrecisionOpt = None, optimizer: OptimizerOpt = "adamw", impl: ImplOpt = "megatron",
              flash: FlashOpt = True, dropout: DropoutOpt = False, stages: StagesOpt = None,
              json: JsonOpt = False) -> None:
     """Predict step time and peak memory of one parallel configuration."""
     from hardware_profiles import load_profile
     from planner.estimate import estimate as run_estimate
-    from planner.parallel import ParallelConfig
+    from planner.parallel import ParallelConfig, resolve_precision
     from planner.sources import resolve_model
 
     hw = load_profile(hardware)
@@ -85,6 +85,7 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
     s = seq or spec.seq
     b = micro_batch or 1
     g = global_batch or default_global_batch(n, s, dp * b)
+    precision = resolve_precision(hw, precision)
     cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=b, global_batch=g,
                          schedule=schedule or ("interleaved-1f1b" if virtual_stages > 1 else "1f1b"),
                          virtual_stages=virtual_stages, zero=zero, recompute=recompute, offload=offload,

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from planner.commands.common import (GlobalBatchOpt, GpusOpt, HardwareOpt, JsonOpt, ModelArg, NodesOpt,
-                                     OptimizerOpt, PrecisionOpt, SeqOpt, emit_json)
+                                     OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json)
 from planner.errors import ConfigError
 
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help="throughput (least step time), cost (least $ per "
@@ -37,7 +37,7 @@ def parse_tokens(text: str | None) -> float | None:
 
 
 def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes: NodesOpt = None,
-              global_batch: GlobalBatchOpt = None, seq: SeqOpt = None, precision: PrecisionOpt = "amp-bf16",
+              global_batch: GlobalBatchOpt = None, seq: SeqOpt = None, precision: HwPrecisionOpt = None,
               optimizer: OptimizerOpt = "adamw", objective: ObjectiveOpt = "throughput", top: TopOpt = 5,
               out: OutOpt = None, json_out: JsonOpt = False, spot: SpotOpt = False, price_per_hour: PriceOpt = None,
               tokens: TokensOpt = None) -> None:

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.commands.common import (GlobalBatchOpt, GpusOpt, NodesOpt, OptimizerOpt, PrecisionOpt, SeqOpt)
+from planner.commands.common import (GlobalBatchOpt, GpusOpt, NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt)
 from planner.errors import ConfigError
 
 PlanOrModelArg = Annotated[str, typer.Argument(
@@ -26,7 +26,7 @@ def report(
     nodes: NodesOpt = None,
     global_batch: GlobalBatchOpt = None,
     seq: SeqOpt = None,
-    precision: PrecisionOpt = "amp-bf16",
+    precision: HwPrecisionOpt = None,
     optimizer: OptimizerOpt = "adamw",
     objective: Annotated[str, typer.Option("--objective", help="throughput, cost or memory.")] = "throughput",
     top: Annotated[int, typer.Option("--top", min=0, max=20, help="Runners-up to show.")] = 3,
@@ -59,6 +59,9 @@ def report(
             resolve_model(plan_or_model)
         if hardware is None:
             raise ConfigError("--hardware", None, "a hardware profile name or path (required with a MODEL)")
+        from hardware_profiles import load_profile
+        from planner.parallel import resolve_precision
+        precision = resolve_precision(load_profile(hardware), precision)
         scenario = Scenario(model=plan_or_model, hardware=hardware, gpus=_world_size(hardware, gpus, nodes),
                             global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
                             objective=objective, top=top, train_tokens=train_tokens, scaling_nodes=counts)
