@@ -86,3 +86,11 @@ def test_estimate_refuses_bf16_on_v100_in_one_line():
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--precision" not in bad.stdout
     good = subprocess.run([sys.executable, "-m", "planner", *argv], capture_output=True, text=True)
     assert good.returncode == 0 and "amp-fp16" in good.stdout + good.stderr
+
+
+def test_a_global_batch_coprime_with_the_gpus_is_pointed_out():
+    from planner.commands.recommend import batch_note
+    note = batch_note(1537, 8, 8)
+    assert note and "factor 1" in note and "1536 or 1544" in note
+    assert batch_note(1536, 8, 8) is None and batch_note(1536, 960, 8) is None   # dp up to 8 and 192
+    assert "factor 4" in batch_note(1540, 8, 8)

@@ -48,6 +48,10 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
         rec = search(model, hardware, gpus=gpus, nodes=nodes, global_batch=global_batch, seq=seq,
                      precision=precision, optimizer=optimizer, objective=objective, top=top, spot=spot,
                      price_per_hour=price_per_hour, tokens=parse_tokens(tokens), progress=progress.update)
+    hw_doc = rec.best["hardware"]
+    note = batch_note(rec.best["plan"]["global_batch"], hw_doc["gpus"], hw_doc.get("devices_per_node", 8))
+    if note:
+        typer.echo(note, err=True)
     if out is not None:
         out.write_text(json.dumps(rec.plan_document(), indent=2) + "\n")
     if json_out:
@@ -56,6 +60,21 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
             typer.echo(f"wrote {out}", err=True)
         return
     _print_table(rec, out)
+
+
+def batch_note(global_batch: int, gpus: int, devices_per_node: int) -> str | None:
+    """A stderr note when the global batch shares few factors with the world size: dp must divide it,
+    so e.g. 1537 sequences on 8 GPUs leave dp = 1 and force model parallelism. Quiet while dp can
+    still span a node's devices (1536 on 960 GPUs allows dp up to 192)."""
+    import math
+
+    usable = math.gcd(global_batch, gpus)
+    if usable >= min(gpus, devices_per_node):
+        return None
+    lower, upper = global_batch // gpus * gpus, -(-global_batch // gpus) * gpus
+    nearby = " or ".join(str(b) for b in (lower, upper) if b > 0)
+    return (f"note: global batch {global_batch} and {gpus} GPUs share only the factor {usable}: data parallelism "
+            f"can use dp dividing {global_batch}; a multiple of {gpus} ({nearby}) allows dp up to {gpus}")
 
 
 class _LazyProgress:
