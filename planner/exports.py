@@ -62,6 +62,21 @@ def export_plan(plan: Plan, fmt: str) -> Export:
     return exporters[fmt](plan)
 
 
+def megatron_layout(stages) -> str:
+    """Megatron-LM `--pipeline-model-parallel-layout` for blocks per model chunk, in layer order:
+    [4, 5, 3] -> "Et*4|t*5|t*3L" (megatron.core.transformer.pipeline_parallel_layer_layout)."""
+    parts = [f"t*{n}" for n in stages]
+    parts[0], parts[-1] = "E" + parts[0], parts[-1] + "L"
+    return "|".join(parts)
+
+
+def _cannot(fmt: str, why: str) -> ConfigError:
+    """The target cannot run this plan as it stands: an error, not a note (never a config that fails
+    at launch or silently runs something else)."""
+    return ConfigError("format", fmt, "a target that can run this plan",
+                       message=f"cannot export to {fmt}: {why}")
+
+
 def _layers(plan: Plan) -> int | None:
     model = plan.document.get("model", {})
     if plan.config.stages:
@@ -182,19 +197,22 @@ def to_megatron(plan: Plan) -> Export:
     args += [("--seq-length", cfg.seq), ("--tensor-model-parallel-size", cfg.tp),
              ("--pipeline-model-parallel-size", cfg.pp), ("--micro-batch-size", cfg.micro_batch),
              ("--global-batch-size", cfg.global_batch)]
-    if cfg.virtual_stages > 1:
-        per_stage = _even_layers_per_stage(plan)
-        if per_stage is not None:
-            args.append(("--num-layers-per-virtual-pipeline-stage", per_stage))
-        else:
-            args.append(("--num-virtual-stages-per-pipeline-rank", cfg.virtual_stages))
-            notes.append(f"uneven virtual stages {list(cfg.stages)}: Megatron splits evenly; only the count is exported")
-    elif cfg.stages and len(set(cfg.stages[1:-1])) <= 1 and _even_layers_per_stage(plan) is None:
-        args += [("--decoder-first-pipeline-num-layers", cfg.stages[0]),
-                 ("--decoder-last-pipeline-num-layers", cfg.stages[-1])]
-    elif cfg.stages and _even_layers_per_stage(plan) is None:
-        notes.append(f"stages {list(cfg.stages)} are uneven in the middle; Megatron sets only the first and "
-                     "last stage sizes")
+    layers = _layers(plan)
+    chunks = cfg.pp * cfg.virtual_stages
+    stages = tuple(cfg.stages) or (even_split(layers, chunks) if layers is not None and cfg.pp > 1 else ())
+    if len(set(stages)) == 1 and cfg.virtual_stages > 1:
+        args.append(("--num-layers-per-virtual-pipeline-stage", stages[0]))
+    elif (cfg.virtual_stages == 1 and len(set(stages)) > 1 and len(set(stages[1:-1])) <= 1
+          and (layers - stages[0] - stages[-1]) % max(1, cfg.pp - 2) == 0):
+        # first/last stage sizes, the middle split evenly (Megatron-LM's older uneven option)
+        args += [("--decoder-first-pipeline-num-layers", stages[0]),
+                 ("--decoder-last-pipeline-num-layers", stages[-1])]
+    elif len(set(stages)) > 1:
+        # any split: megatron.core's PipelineParallelLayerLayout, one '|'-separated segment per model
+        # chunk in layer order (chunk = virtual rank * pp + pipeline rank), E the embedding, L the loss
+        args.append(("--pipeline-model-parallel-layout", f'"{megatron_layout(stages)}"'))
+        notes.append("uneven stages exported as --pipeline-model-parallel-layout, which needs a Megatron-LM "
+                     "recent enough to have it (2025); older versions split evenly")
     if cfg.sequence_parallel and cfg.tp > 1:
         args.append(("--sequence-parallel", None))
     if cfg.recompute == "full":
@@ -236,9 +254,11 @@ def to_deepspeed(plan: Plan) -> Export:
     if cfg.offload == "optimizer":
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         if cfg.zero == 0:
-            notes.append("DeepSpeed offloads the optimizer only with ZeRO >= 1; set stage 1 or more")
+            raise _cannot("deepspeed", "DeepSpeed offloads the optimizer only with ZeRO >= 1; the plan has "
+                                       "offload=optimizer with ZeRO-0")
     if cfg.zero >= 2 and cfg.pp > 1:
-        notes.append("DeepSpeed's PipelineEngine supports ZeRO stage 0 or 1 only")
+        raise _cannot("deepspeed", f"DeepSpeed's PipelineEngine runs ZeRO stage 0 or 1 only; the plan has "
+                                   f"pp={cfg.pp} with ZeRO-{cfg.zero}")
     doc: dict[str, object] = {
         "train_batch_size": cfg.global_batch,
         "train_micro_batch_size_per_gpu": cfg.micro_batch,

@@ -25,7 +25,18 @@ VARIANTS = {
                            placement="PDT"),
     "gpipe-even": dict(dp=6, tp=4, pp=40, micro_batch=4, schedule="gpipe", virtual_stages=1, zero=1,
                        stages=[], offload="optimizer", placement="TDP"),
+    "uneven-ends": dict(dp=12, tp=8, pp=10, schedule="1f1b", virtual_stages=1, zero=1,
+                        stages=[8, 10, 10, 10, 10, 10, 10, 10, 10, 8]),
+    "interleaved-even": dict(dp=15, tp=8, pp=8, virtual_stages=2, zero=1, stages=[]),
 }
+# what each target cannot run (the exporter must refuse, not note): variant -> {format: message part}
+CANNOT = {
+    "even-1f1b-zero3": {"deepspeed": "ZeRO stage 0 or 1"},
+}
+
+
+def _runnable(fmt):
+    return sorted(v for v in VARIANTS if fmt not in CANNOT.get(v, {}))
 
 
 def plan_for(variant: str):
@@ -44,6 +55,7 @@ def megatron_args(text: str) -> argparse.Namespace:
                  "--num-virtual-stages-per-pipeline-rank", "--recompute-num-layers",
                  "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"):
         parser.add_argument(flag, type=int)
+    parser.add_argument("--pipeline-model-parallel-layout")
     parser.add_argument("--recompute-granularity", choices=["full", "selective"])
     parser.add_argument("--recompute-method", choices=["uniform", "block"])
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16",
@@ -85,7 +97,7 @@ def test_torchtitan_schedule_names():
         "parallelism"]["pipeline_parallel_schedule"] == "GPipe"
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("variant", _runnable("megatron"))
 def test_megatron_round_trip(variant):
     plan = plan_for(variant)
     cfg = plan.config
@@ -98,20 +110,58 @@ def test_megatron_round_trip(variant):
     assert ns.bf16 == (cfg.precision in ("amp-bf16", "bf16")) and ns.fp16 == (cfg.precision == "amp-fp16")
     assert ns.recompute_granularity == (None if cfg.recompute == "none" else cfg.recompute)
     assert ns.use_tp_pp_dp_mapping == (cfg.placement == "DPT")
-    if cfg.virtual_stages > 1:
-        assert (ns.num_layers_per_virtual_pipeline_stage or 0) * cfg.pp * cfg.virtual_stages == 96 \
-            or ns.num_virtual_stages_per_pipeline_rank == cfg.virtual_stages
+    # the blocks per model chunk Megatron-LM will build, from whichever option the export used
+    chunks = cfg.pp * cfg.virtual_stages
+    if ns.pipeline_model_parallel_layout:
+        built = layout_blocks(ns.pipeline_model_parallel_layout)
+    elif ns.decoder_first_pipeline_num_layers is not None:
+        first, last = ns.decoder_first_pipeline_num_layers, ns.decoder_last_pipeline_num_layers
+        middle = (96 - first - last) // (cfg.pp - 2)
+        assert first + last + middle * (cfg.pp - 2) == 96
+        built = [first] + [middle] * (cfg.pp - 2) + [last]
+    elif ns.num_layers_per_virtual_pipeline_stage:
+        built = [ns.num_layers_per_virtual_pipeline_stage] * chunks
+    else:
+        assert 96 % cfg.pp == 0
+        built = [96 // cfg.pp] * cfg.pp
+    assert built == list(cfg.stages or even_split(96, chunks))
     # data-parallel size Megatron derives from the world size
     assert plan.gpus // (ns.tensor_model_parallel_size * ns.pipeline_model_parallel_size) == cfg.dp
 
 
+def layout_blocks(layout: str) -> list[int]:
+    """Decoder blocks per chunk of a Megatron-LM layout string; checks E first and L last, once each."""
+    segments = layout.split("|")
+    assert segments[0].startswith("E") and segments[-1].endswith("L") and layout.count("E") == layout.count("L") == 1
+    blocks = []
+    for seg in segments:
+        body = seg.removeprefix("E").removesuffix("L")
+        n = int(body[2:]) if body.startswith("t*") else body.count("t")
+        assert body in ("t" * n, f"t*{n}")
+        blocks.append(n)
+    return blocks
+
+
+def test_megatron_layout_string():
+    from planner.exports import megatron_layout
+    assert megatron_layout([4, 5, 3]) == "Et*4|t*5|t*3L"
+    assert layout_blocks(megatron_layout([4, 5, 3])) == [4, 5, 3]
+
+
 def test_megatron_uneven_ends():
-    plan = plan_for("even-1f1b-zero3")  # stages 10 x6, 9 x4: not first/last-only uneven -> note
-    out = export_plan(plan, "megatron")
-    assert any("uneven" in n for n in out.notes)
+    ns = megatron_args(export_plan(plan_for("uneven-ends"), "megatron").text)
+    assert (ns.decoder_first_pipeline_num_layers, ns.decoder_last_pipeline_num_layers) == (8, 8)
+    # Megatron-LM splits the other 80 layers evenly over the 8 middle stages: 10 each, as planned
+    assert (96 - 8 - 8) // (10 - 2) == 10
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("variant,fmt", [(v, f) for v, fmts in CANNOT.items() for f in fmts])
+def test_a_plan_the_target_cannot_run_is_refused_not_noted(variant, fmt):
+    with pytest.raises(ConfigError, match="cannot export to " + fmt + ": .*" + CANNOT[variant][fmt]):
+        export_plan(plan_for(variant), fmt)
+
+
+@pytest.mark.parametrize("variant", _runnable("deepspeed"))
 def test_deepspeed_round_trip(variant):
     plan = plan_for(variant)
     cfg = plan.config
@@ -178,3 +228,15 @@ def test_cli_export_rejects_bad_plans_in_one_line(content, needle, tmp_path):
 def test_cli_export_unknown_format_exit_2():
     result = runner.invoke(app, ["export", str(EXAMPLE), "--format", "jax"])
     assert result.exit_code == 2 and "format" in result.stderr
+
+
+def test_cli_export_refuses_what_the_target_cannot_run(tmp_path):
+    doc = json.loads(EXAMPLE.read_text())
+    doc["plan"].update(VARIANTS["even-1f1b-zero3"])
+    path, out = tmp_path / "plan.json", tmp_path / "ds.json"
+    path.write_text(json.dumps(doc))
+    result = runner.invoke(app, ["export", str(path), "--format", "deepspeed", "--out", str(out)])
+    assert result.exit_code == 2 and not out.exists()
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot export to deepspeed: ") and "ZeRO-3" in lines[0]
+
