@@ -3,7 +3,9 @@ run resumed from its torch.distributed.checkpoint reproduces the uninterrupted l
 from __future__ import annotations
 
 import json
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -25,9 +27,13 @@ def _plan(tmp_path):
 def test_killed_rank_stops_all_and_resume_reproduces_the_uninterrupted_losses(tmp_path):
     plan = _plan(tmp_path)
     steps = ["--steps", "4", "--json"]
-    whole = runner.invoke(app, ["run", str(plan), *steps, "--workdir", str(tmp_path / "w0")])
+    before = set(Path(tempfile.gettempdir()).glob("planner-run-*"))
+    whole = runner.invoke(app, ["run", str(plan), *steps])
     assert whole.exit_code == 0, whole.output
     uninterrupted = json.loads(whole.stdout)["losses"]
+    # a successful run removes its temporary work directory (result.pt holds every parameter)
+    assert json.loads(whole.stdout)["workdir"] is None
+    assert set(Path(tempfile.gettempdir()).glob("planner-run-*")) <= before
 
     ckpt = tmp_path / "ckpt"
     t0 = time.monotonic()
@@ -48,6 +54,17 @@ def test_killed_rank_stops_all_and_resume_reproduces_the_uninterrupted_losses(tm
     assert any("resumed" in n for n in doc["notes"])
     assert doc["losses"] == pytest.approx(uninterrupted, abs=1e-6)
 
+    # refused before launching, one line each: another run's checkpoint, nothing left to run, a file
+    for argv, needle in [(["--steps", "6", "--seed", "1"], "seed 0 -> 1"),
+                         (["--steps", "4"], "already holds steps 0..3")]:
+        refused = runner.invoke(app, ["run", str(plan), *argv, "--checkpoint-dir", str(ckpt)])
+        assert refused.exit_code == 2, refused.output
+        assert needle in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    refused = runner.invoke(app, ["run", str(plan), "--checkpoint-dir", str(not_a_dir)])
+    assert refused.exit_code == 2 and "a directory (it is a file)" in refused.stderr
+
 
 @pytest.mark.multiprocess
 def test_hung_rank_fails_every_rank_within_the_timeout(tmp_path):
@@ -61,3 +78,12 @@ def test_hung_rank_fails_every_rank_within_the_timeout(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: rank 0 failed during step 1") and "stopped all 2 ranks" in lines[0]
     assert "rank 1 is alive but silent" in lines[0]
     assert elapsed < 60
+
+
+def test_torchrun_with_the_wrong_world_size_names_the_launch_fix(tmp_path):
+    plan = _plan(tmp_path)                                    # dp=2: two ranks
+    env = {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    result = runner.invoke(app, ["run", str(plan)], env=env)
+    assert result.exit_code == 2
+    assert "needs 2 ranks (dp*tp*pp) but torchrun started WORLD_SIZE=3" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -22,6 +22,42 @@ def latest_step(directory: str | Path) -> int | None:
     return max(done) if done else None
 
 
+def identity(spec) -> dict:
+    """What a checkpoint must match to be resumed by `spec`: the model actually built, its parallel
+    layout (DCP reshards nothing here: each rank reloads its own shards), seed, precision, optimizer."""
+    cfg = spec.config
+    return {"model": spec.model.name, "seed": spec.seed, "dtype": spec.dtype, "optimizer": cfg.optimizer,
+            "dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, "virtual_stages": cfg.virtual_stages,
+            "stages": list(cfg.stages), "zero": cfg.zero, "micro_batch": cfg.micro_batch,
+            "global_batch": cfg.global_batch, "seq": cfg.seq, "schedule": cfg.schedule}
+
+
+def check_resumable(directory: str | Path, spec) -> int | None:
+    """Before launching: the checkpoint directory is usable by `spec`. Returns the latest saved step
+    (None for a fresh directory); ConfigError when the path is a file, the saved run differs (model,
+    layout, seed, ...) or it already holds every step asked for."""
+    from planner.errors import ConfigError
+
+    root = Path(directory)
+    if root.exists() and not root.is_dir():
+        raise ConfigError("--checkpoint-dir", str(root), "a directory (it is a file)")
+    step = latest_step(root)
+    if step is None:
+        return None
+    saved = json.loads((root / f"step-{step}" / "trainer.json").read_text()).get("run")
+    mine = identity(spec)
+    if saved is not None and saved != mine:
+        diff = [f"{k} {saved.get(k)!r} -> {mine[k]!r}" for k in mine if saved.get(k) != mine[k]]
+        raise ConfigError("--checkpoint-dir", str(root), "a checkpoint of this run", message=(
+            f"--checkpoint-dir {root}: step {step} was saved by a different run ({'; '.join(diff)}); "
+            f"use a fresh directory"))
+    if spec.steps <= step + 1:
+        raise ConfigError("--steps", spec.steps, f"more than {step + 1}", message=(
+            f"--steps {spec.steps}: {root} already holds steps 0..{step}; ask for more than {step + 1} steps "
+            f"to resume, or use a fresh directory"))
+    return step
+
+
 def _state(parts: list[tuple[int, object]], optimizers: list) -> dict:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -33,8 +69,9 @@ def _state(parts: list[tuple[int, object]], optimizers: list) -> dict:
     return state
 
 
-def save(directory: str | Path, step: int, parts, optimizers, losses: list[float]) -> None:
-    """Collective: save the state after `step` (0-based) and the loss history up to it."""
+def save(directory: str | Path, step: int, parts, optimizers, losses: list[float], run: dict | None = None) -> None:
+    """Collective: save the state after `step` (0-based), the loss history up to it and the run's
+    identity (checked on resume)."""
     import torch.distributed.checkpoint as dcp
 
     path = Path(directory) / f"step-{step}"
@@ -42,7 +79,7 @@ def save(directory: str | Path, step: int, parts, optimizers, losses: list[float
     dist.barrier()
     if dist.get_rank() == 0:
         tmp = path / "trainer.json.tmp"
-        tmp.write_text(json.dumps({"step": step, "losses": losses[:step + 1]}))
+        tmp.write_text(json.dumps({"step": step, "losses": losses[:step + 1], "run": run}))
         os.replace(tmp, path / "trainer.json")
     dist.barrier()
 

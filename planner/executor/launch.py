@@ -10,6 +10,7 @@ torch and its distributed packages, ~5 s of CPU per process, are paid once), or 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -37,8 +38,8 @@ class LaunchResult:
     """Per-rank results gathered on rank 0 (rank, coords, stages, step_times_s, losses, params)."""
     wall_s: float
     """Wall time of the whole launch (process start to exit)."""
-    workdir: str
-    """Where the logs, heartbeats and result file are."""
+    workdir: str | None
+    """Where the logs, heartbeats and result file are; None once a temporary one was removed."""
 
 
 class _ForkedWorker:
@@ -146,4 +147,10 @@ def launch_local(spec: RunSpec, *, workdir: str | Path | None = None, stall_s: f
     if not result_file.exists():
         raise ExecutorError(f"every rank exited 0 but rank 0 wrote no results. Logs: {work}")
     ranks = torch.load(result_file, weights_only=False)
-    return LaunchResult(ranks=ranks, wall_s=time.perf_counter() - t0, workdir=str(work))
+    wall_s = time.perf_counter() - t0
+    if workdir is None:
+        # a temporary directory of a run that succeeded: nothing in it is needed any more (result.pt
+        # holds full parameters, hundreds of MB for a large proxy); a failed run keeps its logs
+        shutil.rmtree(work, ignore_errors=True)
+        return LaunchResult(ranks=ranks, wall_s=wall_s, workdir=None)
+    return LaunchResult(ranks=ranks, wall_s=wall_s, workdir=str(work))

@@ -232,6 +232,10 @@ def build_run_spec(plan_path: str | Path, *, steps: int = 3, backend: str = "glo
         notes.append("ZeRO-1 runs as FSDP2 without resharding after forward (gradients are sharded too: ZeRO-2)")
     if config.zero and config.dp == 1:
         notes.append(f"ZeRO-{config.zero} has no effect with dp=1")
-    return RunSpec(config=config, model=spec, model_name=plan.model_name, steps=steps, seed=seed,
-                   backend=backend, dtype=dtype, timeout_s=timeout_s, checkpoint_dir=checkpoint_dir,
-                   offload=offload, fault=fault, notes=tuple(notes))
+    run = RunSpec(config=config, model=spec, model_name=plan.model_name, steps=steps, seed=seed,
+                  backend=backend, dtype=dtype, timeout_s=timeout_s, checkpoint_dir=checkpoint_dir,
+                  offload=offload, fault=fault, notes=tuple(notes))
+    if checkpoint_dir:
+        from planner.executor.checkpoint import check_resumable
+        check_resumable(checkpoint_dir, run)
+    return run

@@ -161,7 +161,8 @@ class _Run:
             losses.append(self.global_loss(local))
             if spec.checkpoint_dir:
                 self.heartbeat.beat("checkpoint", step)
-                checkpoint.save(spec.checkpoint_dir, step, self.parts, self.optimizers, losses)
+                checkpoint.save(spec.checkpoint_dir, step, self.parts, self.optimizers, losses,
+                                run=checkpoint.identity(spec))
         self.heartbeat.beat("gather", spec.steps)
         return {"rank": self.rank, "coords": self.coords, "stages": self.stage_ids, "start_step": start,
                 "step_times_s": times, "losses": losses, "params": self.full_params()}
