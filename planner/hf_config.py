@@ -1,5 +1,8 @@
 """Read a Hugging Face `config.json` into a `TransformerSpec`, without `transformers`.
 
+The default sequence length (no --seq) is the config's position count, capped at 8192 for RoPE
+models whose max_position_embeddings names a long extended context (Llama 3.1, Qwen2: 131072).
+
 Supported `model_type`s and the keys read (defaults are those of the matching transformers
 configuration class, so a config that omits a key means what transformers would make of it):
 
@@ -117,6 +120,10 @@ def read_hf_config(path: str | Path, *, seq: int | None = None) -> TransformerSp
     return spec_from_dict(data, name=str(path), seq=seq)
 
 
+DEFAULT_SEQ_CAP = 8192
+"""Default training length of RoPE models whose max_position_embeddings is longer (pass --seq)."""
+
+
 def spec_from_dict(data: dict, *, name: str, seq: int | None = None) -> TransformerSpec:
     """Map a config dict onto a TransformerSpec (see the module docstring for keys and defaults)."""
     model_type = data.get("model_type")
@@ -131,6 +138,12 @@ def spec_from_dict(data: dict, *, name: str, seq: int | None = None) -> Transfor
     if seq is not None and fields.get("position") == "learned" and max_positions and seq > max_positions:
         raise ConfigError("seq", seq, f"at most {max_positions} (rows of the learned position table of {name})")
     extras = (("source", name), ("model_type", model_type))
+    if seq is None and fields.get("position") != "learned" and default_seq > DEFAULT_SEQ_CAP:
+        # a RoPE model's max_position_embeddings is the context it was extended to, not the length it
+        # is trained at (Llama 3.1: 131072, pre-trained at 8192, Dubey et al. 2024 Sec. 3.4; Qwen2:
+        # 32768-131072): planning for it by default would put a 16x longer sequence in every estimate
+        extras += (("seq_default_capped_from", default_seq),)
+        default_seq = DEFAULT_SEQ_CAP
     return TransformerSpec(name=name, model_type=model_type, seq=seq or default_seq, extras=extras, **fields)
 
 

@@ -123,3 +123,17 @@ def test_opt_embedding_projection_is_refused_by_name(tmp_path):
 def test_seq_beyond_learned_positions_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="seq=4096"):
         resolve_model(str(FIXTURES / "gpt2.json"), seq=4096)
+
+
+def test_long_context_rope_models_default_to_a_training_length(tmp_path):
+    import json as _json
+    data = _json.loads((FIXTURES / "qwen2.json").read_text())
+    data["max_position_embeddings"] = 131072                 # Qwen2 / Llama 3.1 extended context
+    path = tmp_path / "config.json"
+    path.write_text(_json.dumps(data))
+    spec = read_hf_config(path)
+    assert spec.seq == 8192 and dict(spec.extras)["seq_default_capped_from"] == 131072
+    assert read_hf_config(path, seq=32768).seq == 32768       # an explicit --seq is kept
+    data["max_position_embeddings"] = 4096
+    path.write_text(_json.dumps(data))
+    assert read_hf_config(path).seq == 4096                  # short contexts are the model's own
