@@ -85,6 +85,10 @@ def test_a_plan_file_reports_its_own_configuration(tmp_path, small_report):
     direct = estimate(resolve_model("gpt2"), load_profile("p4d.24xlarge"), config_from_document(doc), gpus=16)
     assert data["best"]["prediction"]["step_time_s"] == pytest.approx(direct.step_time_s, rel=1e-12)
     assert "plan file" in (out / "report.md").read_text()
+    # the scaling row at the plan's own node count is that plan, and says so
+    own = next(r for r in data["scaling"] if r["gpus"] == 16)
+    assert own["plan"].endswith("(the given plan)") and "the given plan at its own node count" in \
+        (out / "report.md").read_text()
     # a plan whose model name does not resolve: exit 2 naming MODEL, or re-evaluate it with --model
     doc["model"] = dict(doc["model"], name="renamed-model")
     path.write_text(json.dumps(doc))

@@ -137,3 +137,20 @@ def test_short_pipeline_advice_offers_looped_schedules_only_when_m_allows_them()
     assert allowed.status == "warn" and "interleaved/zero-bubble schedule would recover" in allowed.detail
     refused = rule(_doc(pp=20, m=128, bubble=2.0, dp=1, tp=1))    # 128 % (128 // 20 = 6) != 0
     assert refused.status == "warn" and "which m=128 is not" in refused.detail
+
+
+def test_pure_dp_is_also_tried_fully_sharded():
+    doc = _doc(zero=0)
+    plain, sharded = copy.deepcopy(doc), copy.deepcopy(doc)
+    plain["prediction"]["memory"]["fits"] = False            # ZeRO-0 replicas do not fit...
+    sharded["plan"].update(zero=3)                           # ...ZeRO-3 (FSDP) does, as fast
+    r = checklist.data_parallel_first(_ctx(doc, what_if=lambda **ch: sharded if ch.get("zero") == 3 else plain))
+    assert r.status == "warn" and "ZeRO-3 fits" in r.number
+    sharded["prediction"]["memory"]["fits"] = False
+    r = checklist.data_parallel_first(_ctx(doc, what_if=lambda **ch: sharded if ch.get("zero") == 3 else plain))
+    assert r.status == "pass" and "ZeRO 0 or 3" in r.detail
+
+
+def test_a_plan_that_does_not_fit_never_passes_the_sharding_rule():
+    r = checklist.shard_optimizer(_ctx(_doc(zero=1, peak=45e9)))     # capacity 40 GB
+    assert r.status == "warn" and "does not fit even with ZeRO stage 1" in r.detail

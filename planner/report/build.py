@@ -65,7 +65,7 @@ def build_report(scenario: Scenario, *, plan_document: Mapping[str, Any] | None 
                          "the current estimate of the plan's configuration.")
     ctx = _rule_context(model, hw, best, scenario)
     rules = checklist.evaluate(ctx)
-    scaling_rows = _scaling(model, hw, scenario, best, search)
+    scaling_rows = _scaling(model, hw, scenario, best, search, given=plan_document is not None)
     seed_rows = _seed_argument(hw, scaling_rows)
     sections = [
         _scenario_section(model, hw, scenario, best, search),
@@ -275,7 +275,7 @@ def _node_counts(scenario: Scenario, hw, best) -> list[int]:
     return sorted(counts)
 
 
-def _scaling(model, hw, scenario: Scenario, best, search) -> list[dict[str, Any]]:
+def _scaling(model, hw, scenario: Scenario, best, search, *, given: bool = False) -> list[dict[str, Any]]:
     rows = []
     for nodes in _node_counts(scenario, hw, best):
         gpus = nodes * hw.devices_per_node
@@ -292,7 +292,10 @@ def _scaling(model, hw, scenario: Scenario, best, search) -> list[dict[str, Any]
         tok = float(doc["prediction"]["tokens_per_s"])
         hours = checklist.run_seconds(doc, scenario.train_tokens) / 3600.0
         p = doc["plan"]
-        rows.append({"nodes": nodes, "gpus": gpus, "plan": f"dp{p['dp']} tp{p['tp']} pp{p['pp']} {p['schedule']}",
+        label = f"dp{p['dp']} tp{p['tp']} pp{p['pp']} {p['schedule']}"
+        if given and doc is best:
+            label += " (the given plan)"
+        rows.append({"nodes": nodes, "gpus": gpus, "plan": label,
                      "tokens_per_s": tok, "step_time_s": float(doc["prediction"]["step_time_s"]),
                      "mfu": float(doc["prediction"]["mfu"]), "days_to_train": hours / 24.0,
                      "cost_usd": hours * nodes * hw.price_usd_per_hour if hw.price_usd_per_hour else None,
@@ -309,7 +312,8 @@ def _scaling_section(rows, scenario: Scenario, hw) -> Section:
     figs = ()
     if ok:
         figs = (Figure(name="scaling", title="Scaling across node counts",
-                       caption=f"Best plan found at each node count (recommend, same global batch); time and cost "
+                       caption=f"Best plan found at each node count (recommend, same global batch"
+                               f"{'; the given plan at its own node count' if any('given plan' in r['plan'] for r in ok) else ''}); time and cost "
                                f"for {scenario.train_tokens:.3g} tokens at {hw.price_usd_per_hour or 0:g} USD/node-hour.",
                        png=figures.scaling(ok, "Throughput, cost and time to train vs nodes")),)
     return Section(title="Scaling across node counts",

@@ -129,7 +129,15 @@ def data_parallel_first(ctx: RuleContext) -> RuleResult:
                           number=f"dp={plan['dp']}, tp=pp=1",
                           detail="The plan is pure data parallel (with ZeRO stage "
                                  f"{plan['zero']}); no model parallelism is needed.")
-    dp = _pure_dp(ctx, micro_batch=1)
+    # pure DP at micro-batch 1 with the plan's ZeRO stage, and fully sharded (ZeRO-3, FSDP) as well:
+    # the fastest variant that fits, else the leanest
+    variants = [(plan["zero"], _pure_dp(ctx, micro_batch=1))]
+    if plan["zero"] < 3:
+        variants.append((3, _pure_dp(ctx, micro_batch=1, zero=3)))
+    variants = [(z, d) for z, d in variants if d is not None]
+    fitting = [(z, d) for z, d in variants if _fits(d)]
+    zero, dp = (max(fitting, key=lambda zd: _tok(zd[1])) if fitting else
+                min(variants, key=lambda zd: _peak(zd[1])) if variants else (plan["zero"], None))
     if dp is None:
         gpus = plan["dp"] * plan["tp"] * plan["pp"]
         return RuleResult(rule="data-parallel-first", title=title, status="pass",
@@ -139,12 +147,13 @@ def data_parallel_first(ctx: RuleContext) -> RuleResult:
     if not _fits(dp):
         return RuleResult(rule="data-parallel-first", title=title, status="pass",
                           number=f"pure DP peak {_gb(_peak(dp))} > capacity {_gb(ctx.prediction['memory']['capacity_bytes'])}",
-                          detail=f"Pure data parallelism (micro-batch 1, ZeRO {plan['zero']}) does not fit, so "
-                                 f"tp={plan['tp']}, pp={plan['pp']} is justified.")
+                          detail=f"Pure data parallelism (micro-batch 1, ZeRO {' or '.join(str(z) for z, _ in variants)}) "
+                                 f"does not fit, so tp={plan['tp']}, pp={plan['pp']} is justified.")
     ratio = _tok(dp) / _tok(ctx.document)
     status: Status = "warn" if ratio >= 0.98 else "pass"
     return RuleResult(rule="data-parallel-first", title=title, status=status,
-                      number=f"pure DP fits ({_gb(_peak(dp))}) at {_tok(dp):,.0f} tok/s = {ratio:.2f}x the plan",
+                      number=f"pure DP with ZeRO-{zero} fits ({_gb(_peak(dp))}) at {_tok(dp):,.0f} tok/s = "
+                             f"{ratio:.2f}x the plan",
                       detail=("Pure data parallelism fits and is as fast: prefer it (simpler, no model changes)."
                               if status == "warn" else
                               "Pure data parallelism fits but is slower than this plan's model parallelism."))
@@ -263,6 +272,10 @@ def shard_optimizer(ctx: RuleContext) -> RuleResult:
     plan, mem = ctx.plan, ctx.prediction["memory"]
     frac = mem["peak_bytes_per_gpu"] / mem["capacity_bytes"] if mem["capacity_bytes"] else float("inf")
     opt = f"optimizer state {_gb(mem['optimizer_bytes'])}/GPU, peak {_pct(frac)} of capacity"
+    if not mem["fits"] and plan["zero"] >= 1:
+        return RuleResult(rule="shard-optimizer", title=title, status="warn", number=opt,
+                          detail=f"The plan does not fit even with ZeRO stage {plan['zero']}: shard further "
+                                 "(ZeRO-3), recompute, or add tensor/pipeline parallelism.")
     if plan["zero"] >= 1:
         return RuleResult(rule="shard-optimizer", title=title, status="pass", number=opt,
                           detail=f"ZeRO stage {plan['zero']} shards the optimizer state over dp={plan['dp']}.")
