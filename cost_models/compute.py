@@ -55,9 +55,12 @@ def precisions_supported(hw: HardwareProfile) -> tuple[str, ...]:
 
 
 def default_precision(hw: HardwareProfile) -> str:
-    """bf16 mixed precision where the device has bf16 math, else fp16 with loss scaling, else fp32."""
+    """bf16 mixed precision where the device has faster bf16 than fp32 math, else fp16 with loss
+    scaling, else fp32 (a CPU's bf16 is slower than its fp32)."""
     supported = precisions_supported(hw)
-    return next(p for p in ("amp-bf16", "amp-fp16", "fp32") if p in supported)
+    fp32 = hw.peak_tflops.get("fp32", 0.0)
+    return next((p for p in ("amp-bf16", "amp-fp16") if p in supported
+                 and hw.peak_tflops[DTYPE_OF_PRECISION[p]] > fp32), "fp32")
 
 
 def peak_flops(hw: HardwareProfile, precision: str) -> float:

@@ -186,6 +186,8 @@ def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
 
     if not isinstance(document, dict):
         raise ConfigError("plan", source, "a JSON object with schema_version, model, hardware, plan, prediction")
+    if "plan" not in document and isinstance(document.get("best"), dict) and "plan" in document["best"]:
+        document = document["best"]          # a `recommend --json` document: its winner is the plan
     version = document.get("schema_version")
     if version != SCHEMA_VERSION:
         raise ConfigError("schema_version", version,

@@ -94,3 +94,10 @@ def test_a_global_batch_coprime_with_the_gpus_is_pointed_out():
     assert note and "factor 1" in note and "1536 or 1544" in note
     assert batch_note(1536, 8, 8) is None and batch_note(1536, 960, 8) is None   # dp up to 8 and 192
     assert "factor 4" in batch_note(1540, 8, 8)
+
+
+def test_default_precision_is_fp32_where_16_bit_math_is_slower():
+    from hardware_profiles import load_profile
+    from planner.parallel import resolve_precision
+    cpu = load_profile("cpu-local")                          # bf16 0.0011 vs fp32 0.016 TFLOP/s measured
+    assert cpu.peak_tflops["bf16"] < cpu.peak_tflops["fp32"] and resolve_precision(cpu, None) == "fp32"

@@ -142,3 +142,12 @@ def test_device_mesh_groups_match_the_worked_example():
         assert rank_coordinates(plan.config, 5) == {"dp": 1, "pp": 0, "tp": 1}
     finally:
         dist.destroy_process_group()
+
+
+def test_a_recommend_json_document_loads_as_its_winner(tmp_path):
+    doc = json.loads(EXAMPLE.read_text())
+    wrapped = {"schema_version": doc["schema_version"], "model": doc["model"], "hardware": doc["hardware"],
+               "objective": "throughput", "search": {}, "best": doc, "alternatives": []}
+    path = tmp_path / "recommend.json"
+    path.write_text(json.dumps(wrapped))
+    assert load_plan(path).config == load_plan(EXAMPLE).config
