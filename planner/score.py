@@ -292,6 +292,13 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     # Communication hidden under compute still slows it: NCCL kernels occupy SMs and HBM bandwidth.
     interference = K.eff(hw, "overlap_interference")
     dp_comm = np.where(dp > 1, exposed + interference * (comm - exposed), 0.0)
+    # Tied input/output embeddings split across the first and last pipeline stage: their two
+    # gradient copies are all-reduced between those ranks after the backward, before the optimizer
+    # (Megatron-LM's embedding group, Shoeybi et al. 2019; not overlapped).
+    if spec.tied_embeddings:
+        pair_local = np.where(local["P"] >= pp, 2.0, 1.0)
+        tied_sync = C.group_collective_seconds("allreduce", tied_copy / tp * gb, 2.0, pair_local, hw)
+        dp_comm = dp_comm + np.where(pp > 1, tied_sync, 0.0)
 
     # ---- optimizer and offload ----------------------------------------------------------------------
     updated = np.where(zero >= 1, params_rank / dp, params_rank)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from cost_models import compute as K
@@ -86,3 +87,18 @@ def test_zero2_pays_a_reduce_scatter_per_micro_batch_under_accumulation():
     assert abs((z2.dp_comm[0] - z1.dp_comm[0]) - 7 * rs) < 1e-9 * max(rs, 1.0)
     # ...for the memory it saves: a gradient shard instead of full gradients
     assert z2.grads_bytes[0] < z1.grads_bytes[0]
+
+
+def test_tied_embeddings_split_over_a_pipeline_pay_one_gradient_all_reduce():
+    from cost_models import comm as C
+    one = lambda x: np.array([x])
+    cands = CandidateArrays(dp=one(1), tp=one(2), pp=one(2), micro_batch=one(1), virtual_stages=one(1),
+                            zero=one(0), recompute=one(0), offload=one(0), sequence_parallel=one(False),
+                            schedule=one(1), placement=one(0))
+    tied, untied = GPT, dataclasses.replace(GPT, tied_embeddings=False)
+    assert tied.tied_embeddings
+    run = lambda spec, **kw: score(spec, H100, cands, global_batch=8, seq=2048, **kw)
+    # both stages sit in one node (pp*tp = 4 <= 8): an NVLink all-reduce of vocab*hidden/tp fp32 grads
+    expected = C.group_collective_seconds("allreduce", GPT.vocab * GPT.hidden / 2 * 4.0, 2.0, 2.0, H100)
+    assert run(tied).dp_comm[0] == pytest.approx(float(expected), rel=1e-9)
+    assert run(untied).dp_comm[0] == 0.0                       # dp=1 and nothing tied: no reduction
