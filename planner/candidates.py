@@ -30,7 +30,7 @@ from typing import Mapping
 
 import numpy as np
 
-from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig
+from planner.parallel import LOOPED_SCHEDULES, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, looped_rounds_ok
 
 try:  # the scorer's placement vocabulary (helper C); the same six permutations otherwise
     from planner.placement import PLACEMENTS
@@ -41,7 +41,6 @@ FIELDS = ("dp", "tp", "pp", "micro_batch", "virtual_stages", "zero", "recompute"
           "sequence_parallel", "schedule", "placement")
 """Array names of a candidate batch (the CandidateArrays fields of planner.score)."""
 
-LOOPED_SCHEDULES = ("interleaved-1f1b", "zero-bubble")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -201,7 +200,7 @@ def with_micro_batches(rows: Mapping[str, np.ndarray], global_batch: int, *, spa
         grid = _product(mine, "micro_batch", micro)
         m = global_batch // (grid["dp"] * grid["micro_batch"])
         looped = np.isin(grid["schedule"], [SCHEDULES.index(n) for n in LOOPED_SCHEDULES])
-        ok = ~looped | (m % np.maximum(1, m // grid["pp"]) == 0)
+        ok = ~looped | looped_rounds_ok(m, grid["pp"])
         if (~ok).any():
             rejected["num_microbatches not a multiple of the schedule's rounds (micro-batch choices)"] += int((~ok).sum())
         parts.append({k: v[ok] for k, v in grid.items()})

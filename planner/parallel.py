@@ -7,12 +7,29 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from enum import Enum
 
+import numpy as np
+
 from planner.errors import ConfigError
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 RECOMPUTE = ("none", "selective", "full")
 OFFLOAD = ("none", "optimizer", "activations")
 PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "bf16")
+
+LOOPED_SCHEDULES = ("interleaved-1f1b", "zero-bubble")
+"""Schedules torch.distributed.pipelining runs in rounds of pp micro-batches."""
+
+
+def looped_rounds(m, pp):
+    """Rounds a looped schedule splits m micro-batches into: max(1, m // pp); m must be a multiple
+    (ScheduleInterleaved1F1B / ScheduleInterleavedZeroBubble raise otherwise; Megatron's stricter
+    m % pp == 0 is a special case). Works on ints and numpy arrays."""
+    return np.maximum(1, m // pp)
+
+
+def looped_rounds_ok(m, pp):
+    """m micro-batches run as whole rounds of a looped schedule with pp stages (ints or arrays)."""
+    return m % looped_rounds(m, pp) == 0
 OPTIMIZERS = ("adamw", "sgd")
 
 
@@ -82,20 +99,16 @@ class ParallelConfig:
         if self.global_batch % per_step:
             raise ConfigError("global_batch", self.global_batch,
                               f"a multiple of dp({self.dp})*micro_batch({self.micro_batch})={per_step}")
-        if self.schedule in ("interleaved-1f1b", "zero-bubble"):
-            # torch.distributed.pipelining's looped schedules run the micro-batches in rounds of pp
-            # (ScheduleInterleaved1F1B / ScheduleInterleavedZeroBubble raise otherwise; the search
-            # applies the same rule, planner/candidates.py)
+        if self.schedule in LOOPED_SCHEDULES and not looped_rounds_ok(self.num_microbatches, self.pp):
             m = self.num_microbatches
-            rounds = max(1, m // self.pp)
-            if m % rounds:
-                ok = [k for k in range(1, 4 * m + 1) if k % max(1, k // self.pp) == 0]
-                near = sorted(ok, key=lambda k: (abs(k - m), k))[:2]
-                raise ConfigError("num_microbatches", m, f"a multiple of {rounds}", message=(
-                    f"num_microbatches=global_batch/(dp*micro_batch)={m} with schedule {self.schedule} and "
-                    f"pp={self.pp}: must be a multiple of max(1, m // pp)={rounds} (torch.distributed.pipelining "
-                    f"runs rounds of pp micro-batches); nearest allowed m: {', '.join(map(str, sorted(near)))} "
-                    f"(global_batch {', '.join(str(k * per_step) for k in sorted(near))})"))
+            rounds = int(looped_rounds(m, self.pp))
+            ok = [k for k in range(1, 4 * m + 1) if looped_rounds_ok(k, self.pp)]
+            near = sorted(ok, key=lambda k: (abs(k - m), k))[:2]
+            raise ConfigError("num_microbatches", m, f"a multiple of {rounds}", message=(
+                f"num_microbatches=global_batch/(dp*micro_batch)={m} with schedule {self.schedule} and "
+                f"pp={self.pp}: must be a multiple of max(1, m // pp)={rounds} (torch.distributed.pipelining "
+                f"runs rounds of pp micro-batches); nearest allowed m: {', '.join(map(str, sorted(near)))} "
+                f"(global_batch {', '.join(str(k * per_step) for k in sorted(near))})"))
         if self.stages and len(self.stages) != self.pp * self.virtual_stages:
             raise ConfigError("stages", list(self.stages),
                               f"{self.pp * self.virtual_stages} entries (pp*virtual_stages), one per stage")

@@ -14,9 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from planner.parallel import ParallelConfig
+from planner.parallel import LOOPED_SCHEDULES, ParallelConfig
 
-LOOPED_SCHEDULES = ("interleaved-1f1b", "zero-bubble")
 
 
 def build_device_mesh(config: ParallelConfig, device_type: str):

@@ -86,8 +86,8 @@ def search(model, hw, scenario, *, top: int | None = None, global_batch: int | N
     so recommend() is handed planner.score.score wrapped to keep a copy of each batch it scores
     (memory-bound probes included where their micro-batch count is one a plan may have). Same search, same cost model.
     """
-    from planner.candidates import FIELDS, LOOPED_SCHEDULES
-    from planner.parallel import SCHEDULES
+    from planner.candidates import FIELDS
+    from planner.parallel import LOOPED_SCHEDULES, SCHEDULES, looped_rounds_ok
     from planner.score import score
     from planner.search import config_of, recommend
 
@@ -101,7 +101,7 @@ def search(model, hw, scenario, *, top: int | None = None, global_batch: int | N
         # rounds rule is applied (planner/candidates.py): keep only rows a plan could have
         m = kw["global_batch"] // (np.asarray(cands.dp) * np.asarray(cands.micro_batch))
         looped = np.isin(np.asarray(cands.schedule), [SCHEDULES.index(n) for n in LOOPED_SCHEDULES])
-        runnable = ~looped | (m % np.maximum(1, m // pp) == 0)
+        runnable = ~looped | looped_rounds_ok(m, pp)
         step = np.asarray(scores.step_time_s, dtype=float)
         peak = np.asarray(scores.peak_bytes_per_gpu, dtype=float)
         batches.append((pp[runnable], step[runnable], peak[runnable]))

@@ -253,14 +253,15 @@ def short_pipelines(ctx: RuleContext) -> RuleResult:
     idle = ctx.share("bubble", "pp_p2p")
     status: Status = "pass" if idle <= BUBBLE_WARN_FRACTION else "warn"
     m, pp = plan["num_microbatches"], plan["pp"]
-    looped_ok = m % max(1, m // pp) == 0          # torch.distributed.pipelining's rounds (planner/parallel.py)
-    if plan["schedule"] in ("interleaved-1f1b", "zero-bubble"):
+    from planner.parallel import LOOPED_SCHEDULES, looped_rounds, looped_rounds_ok
+
+    if plan["schedule"] in LOOPED_SCHEDULES:
         fix = "Fewer stages or more micro-batches would recover this time."
-    elif looped_ok:
+    elif looped_rounds_ok(m, pp):
         fix = "Fewer stages, more micro-batches or an interleaved/zero-bubble schedule would recover this time."
     else:
         fix = (f"Fewer stages or more micro-batches would recover this time; interleaved/zero-bubble schedules "
-               f"need m a multiple of max(1, m // pp) = {max(1, m // pp)}, which m={m} is not (change the "
+               f"need m a multiple of max(1, m // pp) = {int(looped_rounds(m, pp))}, which m={m} is not (change the "
                f"global batch).")
     return RuleResult(rule="short-pipeline", title=title, status=status,
                       number=f"pp={pp} ({plan['schedule']}): bubble + p2p {_pct(idle)} of the step",
