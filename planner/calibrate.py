@@ -434,6 +434,9 @@ def build_profile(measured: dict, *, name: str, command: str, previous: dict | N
     gemm_peaks = {k: round(f.best_measured_tflops, 6) for k, f in fits["gemm"].items()}
     efficiency = dict((previous or {}).get("efficiency", {}))
     efficiency.update(efficiency_from_fits(fits, gemm_peaks))
+    if backend == "gloo":
+        # n ranks x threads on `cores` cores: a rank alone runs up to this much faster than with all busy
+        efficiency["shared_cores_speedup"] = max(1.0, n * threads / cores)
     single_node_note = ("single machine: no network was measured; the inter-node keys repeat the local "
                         "point-to-point fit so that plans spanning 'nodes' of this profile stay computable")
     doc = {
@@ -473,7 +476,8 @@ def build_profile(measured: dict, *, name: str, command: str, previous: dict | N
             "price_usd_per_hour": "a local machine: no hourly price",
             "efficiency": "*_bus_efficiency = fitted bus bandwidth of that collective / p2p link bandwidth; "
                           "gemm_efficiency_max[_fp32] = fitted GEMM rate R / peak_tflops of bf16 [fp32]; "
-                          f"gemm_fixed_us = fitted fp32 GEMM overhead t0; {where}; other keys kept from the "
+                          f"gemm_fixed_us = fitted fp32 GEMM overhead t0; shared_cores_speedup = ranks x "
+                          f"threads per rank / cores ({n} x {threads} / {cores}); {where}; other keys kept from the "
                           "previous file (docs/calibration.md)",
         },
         "calibration": {

@@ -233,6 +233,13 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
 
     ideal = m * t_stage
     bubble = PL.bubble_slots(sched, pp, v, SCHEDULES, m) * t_mean
+    # Ranks that share cores (a CPU profile: 4 gloo ranks on 2 cores, compute rates measured with all
+    # ranks busy) run up to `shared_cores_speedup` times faster while others idle in the bubble, but
+    # the node cannot finish its total work sooner than with every rank busy: the busy span becomes
+    # max(ideal, (ideal + bubble) / speedup). 1 (no effect) for accelerators, which share nothing.
+    speedup = float(hw.efficiency.get("shared_cores_speedup", 1.0))
+    if speedup > 1.0:
+        bubble = np.maximum(0.0, (ideal + bubble) / speedup - ideal)
     compute = ideal * (1.0 - share_tp)
     tp_comm = ideal * share_tp
     recompute_s = m * most * rec

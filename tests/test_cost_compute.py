@@ -102,3 +102,19 @@ def test_tied_embeddings_split_over_a_pipeline_pay_one_gradient_all_reduce():
     expected = C.group_collective_seconds("allreduce", GPT.vocab * GPT.hidden / 2 * 4.0, 2.0, 2.0, H100)
     assert run(tied).dp_comm[0] == pytest.approx(float(expected), rel=1e-9)
     assert run(untied).dp_comm[0] == 0.0                       # dp=1 and nothing tied: no reduction
+
+
+def test_ranks_sharing_cores_recover_part_of_the_bubble():
+    # 4 ranks on 2 cores (cpu-local): a rank alone runs up to 2x faster than with all busy, so the busy
+    # span of a pipeline is max(ideal, (ideal + bubble) / 2) instead of ideal + bubble
+    one = lambda x: np.array([x])
+    cands = CandidateArrays(dp=one(1), tp=one(1), pp=one(4), micro_batch=one(1), virtual_stages=one(1),
+                            zero=one(0), recompute=one(0), offload=one(0), sequence_parallel=one(False),
+                            schedule=one(1), placement=one(0))
+    shared = dataclasses.replace(A100, efficiency={**A100.efficiency, "shared_cores_speedup": 2.0})
+    for gb in (1, 4, 16):                                      # m = 1, 4, 16 micro-batches over 4 stages
+        own, cpu = (score(GPT, hw, cands, global_batch=gb, seq=2048) for hw in (A100, shared))
+        ideal = own.compute[0] + own.tp_comm[0]
+        assert cpu.bubble[0] == pytest.approx(max(0.0, (ideal + own.bubble[0]) / 2 - ideal), rel=1e-9, abs=1e-12)
+        assert cpu.bubble[0] <= own.bubble[0] and cpu.compute[0] == own.compute[0]
+    assert score(GPT, shared, cands, global_batch=1, seq=2048).bubble[0] > 0     # m=1: still mostly idle
