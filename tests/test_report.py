@@ -156,6 +156,9 @@ def test_committed_examples_have_figures_every_rule_and_a_screenshot(name):
     assert len(re.findall(r'<tr class="rule" data-rule="[^"]+" data-status="(?:pass|warn)"', html)) == len(checklist.RULES)
     assert len(re.findall(r"^\| (?:PASS|WARN) \| ", md, flags=re.M)) == len(checklist.RULES)
     assert (folder / "screenshot.png").stat().st_size > 10_000     # scripts/render_reports.py (Chromium)
+    # every committed figure is one the report shows (no leftovers of an earlier render)
+    shown = set(re.findall(r"\]\((figures/[^)]+\.png)\)", md))
+    assert {f"figures/{p.name}" for p in (folder / "figures").glob("*.png")} == shown
 
 
 def test_a_pipelined_plan_draws_one_memory_bar_per_stage(tmp_path):

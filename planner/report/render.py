@@ -59,6 +59,8 @@ def write_report(content: ReportContent, out_dir: Path) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     fig_dir = out_dir / "figures"
     fig_dir.mkdir(exist_ok=True)
+    for stale in set(fig_dir.glob("*.png")) - {fig_dir / f"{fig.name}.png" for fig in content.figures}:
+        stale.unlink()                     # a figure an earlier report in this directory had
     for fig in content.figures:
         (fig_dir / f"{fig.name}.png").write_bytes(fig.png)
     html_path, md_path = out_dir / "report.html", out_dir / "report.md"
