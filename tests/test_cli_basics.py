@@ -101,3 +101,20 @@ def test_default_precision_is_fp32_where_16_bit_math_is_slower():
     from planner.parallel import resolve_precision
     cpu = load_profile("cpu-local")                          # bf16 0.0011 vs fp32 0.016 TFLOP/s measured
     assert cpu.peak_tflops["bf16"] < cpu.peak_tflops["fp32"] and resolve_precision(cpu, None) == "fp32"
+
+
+@pytest.mark.parametrize("argv_of", [
+    lambda f: ["profile", f],                                                      # a config.json
+    lambda f: ["export", f, "--format", "megatron"],                               # a plan file
+    lambda f: ["estimate", "gpt2", "--hardware", f, "--gpus", "8", "--dp", "8"],   # a hardware profile
+    lambda f: ["report", f, "--out", f + ".out"],                                  # plan or config.json
+])
+def test_a_file_that_is_not_utf8_is_named_in_one_line(argv_of, tmp_path):
+    import subprocess
+    import sys
+    path = tmp_path / "binary.json"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    proc = subprocess.run([sys.executable, "-m", "planner", *argv_of(str(path))], capture_output=True, text=True)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert str(path) in lines[0] and ("UTF-8" in lines[0]) and "Traceback" not in proc.stderr
