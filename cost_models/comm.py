@@ -122,3 +122,14 @@ def group_collective_seconds(kind: str, size_bytes, n, local, hw: HardwareProfil
     inside = flat(size, local, b_in, a_in)
     across = flat(size / local, nodes, b_out, a_out)
     return np.where(nodes > 1, inside + across, inside)
+
+
+def tied_embedding_sync_seconds(vocab, hidden, tp, grad_bytes, pair_in_node, hw: HardwareProfile):
+    """All-reduce of a tied embedding's two gradient copies between the first and the last pipeline
+    stage, once per step after the backward (Megatron-LM's embedding group, Shoeybi et al. 2019):
+    vocab x hidden / tp values of `grad_bytes` each over 2 ranks, over NVLink when both stages sit in
+    one node (`pair_in_node`), else over the network. Arrays broadcast."""
+    local = np.where(pair_in_node, 2.0, 1.0)
+    return group_collective_seconds("allreduce", vocab * hidden / np.asarray(tp, dtype=float) * grad_bytes,
+                                    2.0, local, hw)
+

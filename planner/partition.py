@@ -20,9 +20,8 @@ memory per rank among splits within `slack` of the fastest.
 
 Tied embeddings (input embedding = output head) cannot be co-located by a contiguous split when
 pp > 1; their gradient is summed once per step between the first and last stage (Megatron's
-embedding group). That is a per-step constant that does not move the optimum;
-`tied_embedding_sync_seconds` prices it (the search reports it beside the step time as
-prediction.tied_embedding_sync_s; planner.score does not include it in step_time_s).
+embedding group). That is a per-step constant that does not move the optimum; planner.score
+counts it in the step's dp_comm (cost_models.comm.tied_embedding_sync_seconds).
 """
 from __future__ import annotations
 
@@ -297,19 +296,3 @@ def split(problem: PartitionProblem, *, objective: str = "speed", slack: float =
         return split_dp(problem, objective=objective, slack=slack)
     return split_cpsat(problem, objective=objective, slack=slack, time_limit_s=time_limit_s)
 
-
-def tied_embedding_sync_seconds(model, cfg, hw) -> float:
-    """All-reduce of the tied embedding's gradient between the first and the last pipeline stage,
-    once per step (Megatron's embedding group, Shoeybi et al. 2019): V h / tp gradient values (fp32
-    under mixed precision, bf16 in pure bf16) over 2 ranks, inside a node when the pipeline group
-    fits in one (placement strides, planner.placement), else over the network (cost_models.comm).
-    0 when the embeddings are untied or pp = 1."""
-    from cost_models.comm import group_collective_seconds
-    from planner.placement import PLACEMENTS, strides
-
-    if cfg.pp == 1 or not getattr(model, "tied_embeddings", False):
-        return 0.0
-    size_bytes = model.vocab * model.hidden / cfg.tp * (2 if cfg.precision == "bf16" else 4)
-    stride = int(strides(PLACEMENTS.index(cfg.placement), cfg.dp, cfg.pp, cfg.tp)["P"])
-    local = 2 if stride * (cfg.pp - 1) < hw.devices_per_node else 1
-    return float(group_collective_seconds("allreduce", size_bytes, 2, local, hw))

@@ -299,12 +299,10 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     # Communication hidden under compute still slows it: NCCL kernels occupy SMs and HBM bandwidth.
     interference = K.eff(hw, "overlap_interference")
     dp_comm = np.where(dp > 1, exposed + interference * (comm - exposed), 0.0)
-    # Tied input/output embeddings split across the first and last pipeline stage: their two
-    # gradient copies are all-reduced between those ranks after the backward, before the optimizer
-    # (Megatron-LM's embedding group, Shoeybi et al. 2019; not overlapped).
+    # Tied input/output embeddings split across the first and last pipeline stage: their gradient
+    # copies are all-reduced after the backward, not overlapped (cost_models.comm).
     if spec.tied_embeddings:
-        pair_local = np.where(local["P"] >= pp, 2.0, 1.0)
-        tied_sync = C.group_collective_seconds("allreduce", tied_copy / tp * gb, 2.0, pair_local, hw)
+        tied_sync = C.tied_embedding_sync_seconds(spec.vocab, spec.hidden, tp, gb, local["P"] >= pp, hw)
         dp_comm = dp_comm + np.where(pp > 1, tied_sync, 0.0)
 
     # ---- optimizer and offload ----------------------------------------------------------------------
@@ -371,9 +369,12 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
             recompute_transient=np.where(full, one_block, 0.0), workspace=workspace)
         return peak, params_b, grads_b, opt_b, acts_b, other
 
-    best = rank_peak(0.0, first)
-    for other_rank in [rank_peak(pp - 1.0, last)]:
-        best = tuple(np.where(other_rank[0] > best[0], o_, b_) for b_, o_ in zip(best, other_rank))
+    def higher(best, other, where=True):
+        """Per candidate, the rank whose peak (item 0) is higher, all its terms."""
+        pick = where & (other[0] > best[0])
+        return tuple(np.where(pick, o_, b_) for b_, o_ in zip(best, other))
+
+    best = higher(rank_peak(0.0, first), rank_peak(pp - 1.0, last))
     stage_memory = None
     if cands.rank_blocks is not None:
         rb = np.atleast_2d(np.asarray(cands.rank_blocks, dtype=float))
@@ -381,7 +382,7 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
         for j in range(rb.shape[1]):
             valid = j < pp
             r_j = rank_peak(float(j), np.where(valid, rb[:, j], 0.0))
-            best = tuple(np.where(valid & (r_j[0] > best[0]), o_, b_) for b_, o_ in zip(best, r_j))
+            best = higher(best, r_j, valid)
             cols.append(tuple(np.where(valid, x, np.nan) for x in r_j))
         names = ("peak_bytes", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
         stage_memory = {name: np.stack([np.broadcast_to(c[i], pp.shape) for c in cols], axis=1)

@@ -38,7 +38,6 @@ from planner.candidates import (FIELDS, SearchSpace, _product, free_knob_count, 
                                 skeleton_rows, with_free_knobs, with_micro_batches)
 from planner.errors import ConfigError, NoFitError
 from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, resolve_precision
-from planner.partition import tied_embedding_sync_seconds
 from planner.placement import PLACEMENTS
 
 OBJECTIVES = ("throughput", "cost", "memory")
@@ -561,9 +560,6 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
                 if uneven["prediction"]["memory"]["fits"] and \
                         _objective_value(uneven, objective) < _objective_value(doc, objective):
                     doc = uneven
-        sync = tied_embedding_sync_seconds(model, cfg, hardware) if hasattr(model, "vocab") else 0.0
-        if sync:
-            doc["prediction"]["tied_embedding_sync_s"] = sync     # not in step_time_s (planner.partition)
         documents.append(doc)
     documents = [d for d in documents if d["prediction"]["memory"]["fits"]] or documents
     documents.sort(key=lambda d: _objective_value(d, objective))

@@ -136,17 +136,22 @@ def test_more_stages_than_blocks_is_rejected():
 
 
 def test_tied_embedding_sync_is_priced_only_when_split():
+    from cost_models.comm import tied_embedding_sync_seconds
     from hardware_profiles import load_profile
+    from planner.estimate import estimate
     from planner.parallel import ParallelConfig
-    from planner.partition import tied_embedding_sync_seconds
     from planner.sources import resolve_model
     hw, gpt3 = load_profile("p4d.24xlarge"), resolve_model("gpt3-175b")
-    one = ParallelConfig(dp=8, tp=8, pp=1, global_batch=8)
-    assert tied_embedding_sync_seconds(gpt3, one, hw) == 0.0
-    inside = ParallelConfig(dp=8, tp=1, pp=8, global_batch=8, placement="DPT")      # pp stride 1: one node
+    # dp = 1, so dp_comm holds nothing but the tied embedding's all-reduce
+    one = ParallelConfig(dp=1, tp=8, pp=1, global_batch=8)
+    assert estimate(gpt3, hw, one, gpus=8).scores.dp_comm[0] == 0.0              # pp=1: co-located
+    inside = ParallelConfig(dp=1, tp=1, pp=8, global_batch=8, placement="DPT")      # pp stride 1: one node
     across = ParallelConfig(dp=1, tp=8, pp=8, global_batch=8, placement="DPT")      # pp stride 8: 8 nodes
-    t_in, t_out = tied_embedding_sync_seconds(gpt3, inside, hw), tied_embedding_sync_seconds(gpt3, across, hw)
+    t_in = float(estimate(gpt3, hw, inside, gpus=8).scores.dp_comm[0])
+    t_out = float(estimate(gpt3, hw, across, gpus=64).scores.dp_comm[0])
     assert 0 < t_out and 0 < t_in
+    assert t_in == tied_embedding_sync_seconds(gpt3.vocab, gpt3.hidden, 1, 4.0, True, hw)
     # across nodes: V h / tp fp32 values, each direction over a 1/8 share of 400 Gb/s
     assert t_out > t_in * 2
-    assert tied_embedding_sync_seconds(resolve_model("llama3-8b"), inside, hw) == 0.0   # untied
+    llama = resolve_model("llama3-8b")                                              # untied
+    assert estimate(llama, hw, inside, gpus=8).scores.dp_comm[0] == 0.0
