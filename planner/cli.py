@@ -19,11 +19,13 @@ except ImportError:                    # pragma: no cover - older typer depends 
     from click.exceptions import ClickException
 
 
-def _usage_line(err: ClickException) -> str:
-    """One line for an option/argument error typer found (bad value, missing argument, unknown option)."""
+def _usage_exit(err: ClickException) -> typer.Exit:
+    """Print one line for an option/argument error typer found (bad value, missing argument, unknown
+    option) and return the exit that carries its code."""
     ctx = getattr(err, "ctx", None)
     where = f"{ctx.command_path}: " if ctx is not None and ctx.command_path else ""
-    return f"error: {where}{' '.join(err.format_message().split())} (see --help)"
+    typer.echo(f"error: {where}{' '.join(err.format_message().split())} (see --help)", err=True)
+    return typer.Exit(err.exit_code)
 
 
 class _PlannerGroup(TyperGroup):
@@ -34,8 +36,7 @@ class _PlannerGroup(TyperGroup):
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
         except ClickException as err:
-            typer.echo(_usage_line(err), err=True)
-            raise typer.Exit(err.exit_code) from None
+            raise _usage_exit(err) from None
 
     def invoke(self, ctx):
         try:
@@ -44,8 +45,7 @@ class _PlannerGroup(TyperGroup):
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(err.exit_code) from None
         except ClickException as err:
-            typer.echo(_usage_line(err), err=True)
-            raise typer.Exit(err.exit_code) from None
+            raise _usage_exit(err) from None
 
 
 app = typer.Typer(cls=_PlannerGroup, no_args_is_help=True, add_completion=False,

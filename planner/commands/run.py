@@ -40,14 +40,6 @@ def run(
         raise ConfigError("inject-fault", inject_fault, "kill:RANK:STEP or hang:RANK:STEP")
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or {"RANK", "WORLD_SIZE", "MASTER_ADDR"} <= set(os.environ)
     world_env = int(os.environ["WORLD_SIZE"]) if under_torchrun else None
-    if under_torchrun:
-        from planner.plan import load_plan
-
-        needed = load_plan(plan).config.world_size
-        if world_env != needed:
-            raise ConfigError("WORLD_SIZE", world_env, f"{needed}", message=(
-                f"the plan needs {needed} ranks (dp*tp*pp) but torchrun started WORLD_SIZE={world_env}; "
-                f"relaunch with --nnodes x --nproc-per-node = {needed}"))
     spec = build_run_spec(plan, steps=steps, backend=backend, proxy=proxy, seed=seed, timeout_s=timeout_s,
                           checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, fault=inject_fault,
                           world_size_available=world_env)
@@ -137,8 +129,8 @@ def run_document(spec, ranks, *, wall_s, workdir, verification, prediction_s, pr
         rows.append({"rank": r["rank"], **r["coords"], "stages": r["stages"], "step_times_s": times,
                      "mean_step_time_s": statistics.fmean(steady) if steady else None})
     means = [row["mean_step_time_s"] for row in rows if row["mean_step_time_s"] is not None]
-    ran = max((len(r["step_times_s"]) for r in ranks), default=0)
-    how = ("slowest rank's mean over steps after the first (warm-up excluded)" if ran > 1 else
+    warmup_excluded = max((len(r["step_times_s"]) for r in ranks), default=0) > 1
+    how = ("slowest rank's mean over steps after the first (warm-up excluded)" if warmup_excluded else
            "slowest rank's only step (includes warm-up: run 2 or more steps to exclude it)")
     notes = list(spec.notes)
     if prediction_note:
@@ -155,7 +147,7 @@ def run_document(spec, ranks, *, wall_s, workdir, verification, prediction_s, pr
         "losses": ranks[0]["losses"],
         "ranks": rows,
         "measured": {"step_time_s": max(means) if means else None,
-                     "note": how},
+                     "warmup_excluded": warmup_excluded, "note": how},
         "prediction": ({"step_time_s": prediction_s, "profile": profile} if prediction_s is not None else None),
         "verify": verification.to_dict() if verification is not None else None,
         "launch_wall_s": wall_s, "workdir": workdir, "notes": notes,
@@ -183,7 +175,7 @@ def render(doc: dict) -> str:
         lines.append(line)
     measured = doc["measured"]["step_time_s"]
     if measured is not None:
-        label = "warm-up excluded" if "excluded" in doc["measured"]["note"] else "one step, warm-up included"
+        label = "warm-up excluded" if doc["measured"]["warmup_excluded"] else "one step, warm-up included"
         lines.append(f"step time (slowest rank, {label}): {measured:.4f} s"
                      + (f"; predicted {pred['step_time_s']:.4f} s on {pred['profile']}" if pred else ""))
     lines.append("loss per step: " + ", ".join(f"{x:.6f}" for x in doc["losses"]))

@@ -187,6 +187,11 @@ def build_run_spec(plan_path: str | Path, *, steps: int = 3, backend: str = "glo
         raise ConfigError("backend", backend, "one of " + ", ".join(BACKENDS))
     plan = load_plan(plan_path)
     config = plan.config
+    if world_size_available is not None and config.world_size != world_size_available:
+        # under torchrun the launch fixed the world size
+        raise ConfigError("WORLD_SIZE", world_size_available, f"{config.world_size}", message=(
+            f"the plan needs {config.world_size} ranks (dp*tp*pp) but torchrun started "
+            f"WORLD_SIZE={world_size_available}; relaunch with --nnodes x --nproc-per-node = {config.world_size}"))
     cap = world_size_available if world_size_available is not None else max_local_ranks(backend)
     if config.world_size > cap:
         where = "GPUs on this machine" if backend == "nccl" else "local gloo processes on this machine"

@@ -73,7 +73,7 @@ def build_report(scenario: Scenario, *, plan_document: Mapping[str, Any] | None 
         _time_memory_section(best, alternatives),
         _timeline_section(model, hw, best, search, plan_document is None),
         _pareto_section(search, best),
-        _scaling_section(scaling_rows, scenario, hw),
+        _scaling_section(scaling_rows, scenario, hw, given=plan_document is not None),
         _seed_section(seed_rows, best),
     ]
     title = (f"Parallel training report: {best['model']['name']} on {best['hardware']['gpus']} x "
@@ -304,7 +304,7 @@ def _scaling(model, hw, scenario: Scenario, best, search, *, given: bool = False
     return rows
 
 
-def _scaling_section(rows, scenario: Scenario, hw) -> Section:
+def _scaling_section(rows, scenario: Scenario, hw, *, given: bool = False) -> Section:
     ok = [r for r in rows if "tokens_per_s" in r]
     table_rows = tuple((r["nodes"], r["gpus"], r["plan"], r.get("tokens_per_s"), r.get("step_time_s"),
                         f"{100 * r['mfu']:.1f}%" if "mfu" in r else None,
@@ -313,7 +313,7 @@ def _scaling_section(rows, scenario: Scenario, hw) -> Section:
     if ok:
         figs = (Figure(name="scaling", title="Scaling across node counts",
                        caption=f"Best plan found at each node count (recommend, same global batch"
-                               f"{'; the given plan at its own node count' if any('given plan' in r['plan'] for r in ok) else ''}); time and cost "
+                               f"{'; the given plan at its own node count' if given else ''}); time and cost "
                                f"for {scenario.train_tokens:.3g} tokens at {hw.price_usd_per_hour or 0:g} USD/node-hour.",
                        png=figures.scaling(ok, "Throughput, cost and time to train vs nodes")),)
     return Section(title="Scaling across node counts",

@@ -252,9 +252,9 @@ def short_pipelines(ctx: RuleContext) -> RuleResult:
                           detail="No pipeline.")
     idle = ctx.share("bubble", "pp_p2p")
     status: Status = "pass" if idle <= BUBBLE_WARN_FRACTION else "warn"
-    m, pp = plan["num_microbatches"], plan["pp"]
     from planner.parallel import LOOPED_SCHEDULES, looped_rounds, looped_rounds_ok
 
+    m, pp = plan["num_microbatches"], plan["pp"]
     if plan["schedule"] in LOOPED_SCHEDULES:
         fix = "Fewer stages or more micro-batches would recover this time."
     elif looped_rounds_ok(m, pp):
