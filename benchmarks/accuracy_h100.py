@@ -1,6 +1,6 @@
-"""Predicted vs measured single-H100 training steps (shared/validation/h100_train_steps.jsonl).
+"""Predicted vs measured single-H100 training steps (validation/h100_train_steps.jsonl).
 
-Each row is a Hugging Face causal LM (configs in shared/validation/hf_configs/, read by
+Each row is a Hugging Face causal LM (configs in validation/hf_configs/, read by
 planner.hf_config) trained on one H100 80GB in eager PyTorch: SDPA attention, HF's fp32 loss
 upcast, fused AdamW, dropout active where the config has it, optional per-layer gradient
 checkpointing (-> recompute 'full'). The planner predicts it with `estimate(impl='eager')` on the
@@ -24,9 +24,8 @@ from planner.parallel import ParallelConfig
 from planner.sources import resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
-VALIDATION = Path(ROOT.parent / "shared" / "validation")
-if not VALIDATION.is_dir():
-    VALIDATION = Path("/work/shared/validation")
+VALIDATION = ROOT / "validation"
+"""Vendored validation data (validation/README.md gives its provenance)."""
 RESULTS = ROOT / "benchmarks" / "results" / "accuracy_h100.json"
 TIMED_MIN_TOKENS = 8192
 

@@ -1,4 +1,4 @@
-"""Predicted vs measured iteration time of published Megatron-LM runs (shared/validation/published_runs.json).
+"""Predicted vs measured iteration time of published Megatron-LM runs (validation/published_runs.json).
 
 Every row is a GPT run on NVIDIA Selene (DGX A100 80GB, profile `dgx-a100-80g`) with the exact
 configuration of its paper; the planner predicts it with `estimate(impl='megatron')`. These runs
@@ -23,9 +23,8 @@ from planner.parallel import ParallelConfig
 from planner.spec import TransformerSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-VALIDATION = ROOT.parent / "shared" / "validation"
-if not VALIDATION.is_dir():
-    VALIDATION = Path("/work/shared/validation")
+VALIDATION = ROOT / "validation"
+"""Vendored validation data (validation/README.md gives its provenance)."""
 RESULTS = ROOT / "benchmarks" / "results" / "accuracy_published.json"
 
 

@@ -141,13 +141,13 @@ def efficiency_blocks(result: dict) -> dict[str, tuple[dict, str]]:
             "dispatch_us_per_op": h100["dispatch_us_per_op"]}
     src_h = ("benchmarks/calibrate.py (docs/cost-model.md): gemm_efficiency_max, gemm_fixed_us fitted to the 5 H100 "
              "bf16 GEMMs above the host floor; elementwise_bandwidth_fraction, gemm_efficiency_max_fp32, "
-             "dispatch_us_per_op fitted jointly to all 42 H100 training steps of shared/validation (one value each, "
+             "dispatch_us_per_op fitted jointly to all 42 H100 training steps of validation/h100_train_steps.jsonl (one value each, "
              "leave-one-out in benchmarks/results/calibration.json); flash_attention_efficiency from Dao 2023 "
              "(FlashAttention-2, ~35% of H100 peak at head dim 64); allreduce_bus_efficiency: nccl-tests bus bandwidth "
              "~80% of link rate (not measured here); framework_workspace_bytes: two 32 MiB cuBLAS workspaces "
              "(forward stream and autograd thread) counted by the caching allocator")
     src_a = ("benchmarks/calibrate.py (docs/cost-model.md): gemm_efficiency_max fitted to all 8 published Megatron-LM "
-             "runs of shared/validation/published_runs.json (one value; leave-one-out in "
+             "runs of validation/published_runs.json (one value; leave-one-out in "
              "benchmarks/results/calibration.json); gemm_fixed_us, gemm_efficiency_max_fp32 and dispatch_us_per_op "
              "carried over from the H100 fit; flash_attention_efficiency from Dao 2023 (FlashAttention-2, 50-73% of "
              "A100 peak); elementwise_bandwidth_fraction 1.0: fused Megatron kernels stream at the copy bandwidth of "

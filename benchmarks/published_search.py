@@ -1,7 +1,7 @@
 """Search on the published runs: is the planner's best at least as fast as the published configuration,
 and is the published configuration within 10 % of it (or does `explain` say what beats it)?
 
-For each row of shared/validation/published_runs.json (Megatron-LM on NVIDIA Selene, profile
+For each row of validation/published_runs.json (Megatron-LM on NVIDIA Selene, profile
 `dgx-a100-80g`), the published configuration is predicted with estimate() and the search runs on the
 same GPUs, global batch, sequence and precision, with the same software properties the accuracy
 benchmark uses (benchmarks/accuracy_published.py: unfused attention with dropout, gradient reduction

@@ -9,7 +9,7 @@ Every function takes numbers or numpy arrays (broadcasting) and the physical par
 
   i.e. an efficiency e(F) = e_max / (1 + t0 P e_max / F) that saturates in the GEMM size. e_max
   (large-GEMM efficiency) and t0 (fill/drain + wave-quantization cost of one kernel) are fitted to
-  measured GEMMs (H100: shared/validation/h100_train_steps.jsonl, 7 shapes).
+  measured GEMMs (H100: validation/h100_train_steps.jsonl, 7 shapes).
 - Flash attention (Dao 2023, FlashAttention-2): causal kernels skip the upper triangle, so the
   forward does 2 b s^2 a d / tp FLOPs at `flash_attention_efficiency` of peak; backward 2.5x.
 - Memory-bound kernels (norms, activations, dropout, residual adds, casts, softmax/loss):

@@ -124,7 +124,7 @@ def block_recompute_flops(spec: TransformerSpec, b, s, recompute: str, *, flash:
       forward (4 b s^2 a d) is run again.
     - full (checkpoint every block): the block's forward again, minus its last GEMM (W_2) when
       non-reentrant checkpointing stops recomputing once every saved tensor is back
-      (torch.utils.checkpoint early stop; executor-notes.md measured +22% rather than +33%).
+      (torch.utils.checkpoint early stop; docs/executor-notes.md measured +22% rather than +33%).
       `early_stop=False` gives Megatron's reentrant full forward.
     """
     if recompute == "none":

@@ -69,7 +69,7 @@ def peak_bytes(*, params, grads, optimizer, grads_present, cache_fwd, cache_bwd,
 
 ALLOCATOR_OVERHEAD_FRACTION = 0.05
 """Caching-allocator blocks beyond the tensors they hold (reserved / allocated - 1): median 0.052 over
-the 42 H100 steps of shared/validation/h100_train_steps.jsonl (range 0.003-0.20); efficiency key
+the 42 H100 steps of validation/h100_train_steps.jsonl (range 0.003-0.20); efficiency key
 `allocator_overhead_fraction`."""
 CUDA_CONTEXT_BYTES = 512 * 2**20
 """CUDA context, kernels and cuBLAS/NCCL handles outside the caching allocator (~0.5 GiB with CUDA 12

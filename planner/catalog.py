@@ -4,7 +4,7 @@ Sources (the shape of every entry comes from its paper or released config):
 - GPT-3 family: Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1 (n_layers,
   d_model, n_heads, d_head; n_ctx 2048, d_ff = 4 d_model). Vocabulary 50257: GPT-3 uses GPT-2's
   byte-level BPE (Sec. 2.1 / Radford et al. 2019), and 50257 is what the published 175B size and
-  FlopCounterMode's 2.2044e15 FLOPs per 2048-token sequence (executor-notes.md) correspond to.
+  FlopCounterMode's 2.2044e15 FLOPs per 2048-token sequence (docs/executor-notes.md) correspond to.
   Megatron pads it to 51200 for tensor parallelism; the megatron-* entries use 51200.
   Table 2.1 gives GPT-3 XL 24 heads of 128, which does not multiply to its d_model 2048 (it
   would make 1.5B parameters, not 1.3B); we use 16 heads of 128 = 2048, which gives the published

@@ -1,4 +1,4 @@
-"""The three kinds of failure (style.md): bad input, no feasible plan, and bugs (plain asserts).
+"""The three kinds of failure (docs/style.md): bad input, no feasible plan, and bugs (plain asserts).
 
 The CLI turns a `PlannerError` into one line on stderr and its `exit_code`; nothing else of the
 exception reaches the user.

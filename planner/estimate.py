@@ -1,6 +1,6 @@
 """Evaluate one given configuration: validate it, score it with the vectorized model (arrays of
 length one, so the scalar and the search can never disagree) and build the plan document
-(cli-contract.md, "JSON documents").
+(docs/cli-contract.md, "JSON documents").
 """
 from __future__ import annotations
 
@@ -181,7 +181,7 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
 
 
 class _CallableModule(types.ModuleType):
-    """`planner.estimate(...)` (cli-contract.md, Python API) works although importing this module
+    """`planner.estimate(...)` (docs/cli-contract.md, Python API) works although importing this module
     makes `planner.estimate` the module: calling the module calls `estimate`."""
 
     def __call__(self, *args, **kwargs) -> Estimate:

@@ -12,7 +12,7 @@ loss) with
 - activation_bytes[mode]: bytes saved for backward, recompute none / selective / full
   (cost_models.activations; Korthikanti et al. 2022, Table 2, adapted to SDPA/GQA/SwiGLU/RMSNorm).
 
-`ModelProfile.to_dict()` is the `planner profile --json` document of cli-contract.md.
+`ModelProfile.to_dict()` is the `planner profile --json` document of docs/cli-contract.md.
 For a ModuleSpec the per-layer numbers are those measured on the meta device
 (planner.module_profiler), re-measured at the requested micro-batch and sequence.
 """

@@ -210,7 +210,7 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     tp_rec = np.where(rc == RECOMPUTE.index("full"), tp_f, 0.0)
     if impl == "eager":
         # torch.distributed.pipelining's zero-bubble schedules re-run a checkpointed block's forward
-        # about 6 times per micro-batch instead of 2 (measured here, docs executor-notes.md).
+        # about 6 times per micro-batch instead of 2 (measured here, docs/executor-notes.md).
         zb_rerun = np.where((sched == SCHEDULES.index("zero-bubble")) & (rc == RECOMPUTE.index("full")), 5.0, 1.0)
         rec, tp_rec = rec * zb_rerun, tp_rec * zb_rerun
 
@@ -398,7 +398,7 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     capacity = float(hw.memory_bytes)
     # What the allocator holds at its peak (max_memory_allocated) is not all the device must hold:
     # the caching allocator's blocks are larger than their tensors (reserved / allocated: median 1.05
-    # over the 42 H100 steps of shared/validation) and the CUDA context lives outside it.
+    # over the 42 H100 steps of validation/h100_train_steps.jsonl) and the CUDA context lives outside it.
     needed = peak * (1.0 + M.allocator_overhead_fraction(hw)) + M.cuda_context_bytes(hw)
     mflops = float(model_flops_per_step(spec, global_batch * seq, seq=seq))
     return Scores(step_time_s=step, peak_bytes_per_gpu=peak, capacity_bytes=capacity, fits=needed <= capacity,

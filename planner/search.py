@@ -1,6 +1,6 @@
 """Strategy search: every valid candidate scored at once by the vectorized cost model, then ranked.
 
-Pipeline (style.md's one-way flow): candidates (planner.candidates) -> memory lower bounds ->
+Pipeline (docs/style.md's one-way flow): candidates (planner.candidates) -> memory lower bounds ->
 vectorized scores (planner.score.score, numpy over arrays) -> ranking by the objective -> uneven
 stages for the leaders (planner.partition) re-scored with the scalar `estimate()` -> plan documents.
 

@@ -19,10 +19,6 @@ from benchmarks import accuracy_h100 as H  # noqa: E402
 from benchmarks import accuracy_published as PUB  # noqa: E402
 from hardware_profiles import load_profile  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not (PUB.VALIDATION / "published_runs.json").is_file(),
-                                reason="shared/validation is not beside the checkout")
-
-
 def test_published_runs_iteration_time():
     result = PUB.evaluate(PUB.load_rows(), load_profile("dgx-a100-80g"))
     s = result["summary"]

@@ -27,7 +27,7 @@ def test_gemm_efficiency_saturates_in_size():
 
 
 def test_h100_gemm_measurements_within_15_percent():
-    # shapes above the host-dispatch floor of shared/validation/h100_train_steps.jsonl
+    # shapes above the host-dispatch floor of validation/h100_train_steps.jsonl
     rows = [(8192, 8192, 8192, 787.9), (16384, 4096, 4096, 713.0), (16384, 16384, 4096, 712.4),
             (16384, 4096, 16384, 690.4), (4096, 2048, 2048, 570.3)]
     for m, n, k, tflops in rows:

@@ -12,7 +12,7 @@ from planner.hf_config import MODEL_TYPES, read_hf_config
 from planner.sources import resolve_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
-VALIDATION = Path(__file__).resolve().parents[1].parent / "shared" / "validation" / "hf_configs"
+VALIDATION = Path(__file__).resolve().parents[1] / "validation" / "hf_configs"
 runner = CliRunner()
 
 # Element counts of the released checkpoints these configs come from (Hugging Face num_parameters(),

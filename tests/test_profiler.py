@@ -17,7 +17,7 @@ GPT3 = catalog.get("gpt3-175b")
 
 
 def test_gpt3_175b_model_flops_per_sequence_equal_flopcountermode_on_meta():
-    """executor-notes.md: FlopCounterMode on meta counts 2.2044e15 FLOPs for one 2048-token
+    """docs/executor-notes.md: FlopCounterMode on meta counts 2.2044e15 FLOPs for one 2048-token
     sequence of GPT-3 175B, forward + backward (6 N tokens + attention)."""
     assert F.model_flops_per_step(GPT3, 2048) == pytest.approx(2.2044e15, rel=1e-4)
     p = profile_spec(GPT3, micro_batch=1, flash=False)  # math attention: backward = 2x forward everywhere
@@ -88,7 +88,7 @@ def test_gemm_shapes_add_up_to_block_flops_and_tp_divides_them(name):
 
 
 def test_full_recompute_costs_the_block_forward_less_its_last_gemm():
-    """executor-notes.md: non-reentrant checkpointing adds ~22% of total FLOPs, not a full forward."""
+    """docs/executor-notes.md: non-reentrant checkpointing adds ~22% of total FLOPs, not a full forward."""
     b, s = 1, 2048
     extra = GPT3.layers * F.block_recompute_flops(GPT3, b, s, "full")
     total = F.model_flops_per_step(GPT3, b * s)

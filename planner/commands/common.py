@@ -1,4 +1,4 @@
-"""Arguments shared by commands (cli-contract.md, 'Arguments shared by commands'), declared once."""
+"""Arguments shared by commands (docs/cli-contract.md, 'Arguments shared by commands'), declared once."""
 from __future__ import annotations
 
 import json

@@ -1,6 +1,6 @@
 """The embedded executor: run a plan for real on torch.distributed and check it against one process.
 
-One module per step (style.md):
+One module per step (docs/style.md):
   runspec.py      plan document -> `RunSpec` (model shape, parallel config, proxy shrink, notes)
   parallelize.py  small `apply_*` functions on a plain `Transformer` (TP, AC, DDP/FSDP2, pipeline)
   worker.py       one rank: mesh, model, parallelism, training steps, timings, results

@@ -18,7 +18,7 @@ or `apply_recompute(model, mode)` with mode
     2022 Sec. 5 (with a flash kernel this frees only its logsumexp: Q, K, V and the output are kept);
   - "full": every block is checkpointed (its input is kept, the rest recomputed in backward).
 Checkpointing is torch.utils.checkpoint non-reentrant, so it composes with FSDP2, TP and pipelining
-(executor-notes.md); it is active only while autograd records (grad enabled).
+(docs/executor-notes.md); it is active only while autograd records (grad enabled).
 """
 from __future__ import annotations
 
