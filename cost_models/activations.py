@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from planner.spec import TransformerSpec
 
-PRECISION_BYTES = {"fp32": (4, 4), "amp-bf16": (2, 4), "amp-fp16": (2, 4), "bf16": (2, 2)}
+PRECISION_BYTES = {"fp32": (4, 4), "amp-bf16": (2, 4), "amp-fp16": (2, 4), "bf16": (2, 2), "fp8": (2, 4)}
 """precision -> (compute bytes per element c, residual-stream bytes per element r). Under autocast
 (amp-*) GEMM outputs are 16-bit but the residual stream and norms stay fp32."""
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from hardware_profiles import HardwareProfile
 
-DTYPE_OF_PRECISION = {"fp32": "fp32", "amp-bf16": "bf16", "amp-fp16": "fp16", "bf16": "bf16"}
+DTYPE_OF_PRECISION = {"fp32": "fp32", "amp-bf16": "bf16", "amp-fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}
 """Math dtype of the GEMMs under each training precision (fp32 means TF32 off, as PyTorch's default
 for matmul)."""
 

@@ -16,7 +16,7 @@ from cost_models.compute import peak_flops
 from hardware_profiles import HardwareProfile, load_profile
 from planner.errors import ConfigError
 from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, resolve_precision
-from planner.placement import PLACEMENTS
+from planner.placement import placement_index
 from planner.score import CandidateArrays, Scores, score
 from planner.spec import TransformerSpec
 
@@ -103,7 +103,7 @@ class Estimate:
             "schema_version": "1",
             "model": {"name": spec.name, "params": self.params, "layers": spec.layers, "hidden": spec.hidden,
                       "heads": spec.heads, "kv_heads": spec.n_kv_heads, "ffn": spec.d_ffn, "vocab": spec.vocab,
-                      "seq": cfg.seq},
+                      "seq": cfg.seq, "arch": arch_of(spec)},
             "hardware": {"name": self.hardware.name, "gpus": self.gpus, "nodes": self.nodes,
                          "device": self.hardware.device, "devices_per_node": self.hardware.devices_per_node,
                          "memory_bytes": int(self.hardware.memory_bytes)},
@@ -119,6 +119,13 @@ class Estimate:
                 "time_breakdown_s": self.time_breakdown_s(),
             },
         }
+
+
+def arch_of(spec: TransformerSpec) -> dict:
+    """Every shape field of the spec (planner.spec.TransformerSpec), so that a plan file describes the
+    model completely (exports write a framework's model arguments from it)."""
+    from dataclasses import asdict
+    return {k: v for k, v in asdict(spec).items() if k not in ("name", "extras")}
 
 
 def even_stages(blocks: int, chunks: int) -> list[int]:
@@ -143,7 +150,7 @@ def candidate_of(cfg: ParallelConfig, blocks: int) -> CandidateArrays:
         dp=one(cfg.dp), tp=one(cfg.tp), pp=one(cfg.pp), micro_batch=one(cfg.micro_batch),
         virtual_stages=one(cfg.virtual_stages), zero=one(cfg.zero), recompute=one(RECOMPUTE.index(cfg.recompute)),
         offload=one(OFFLOAD.index(cfg.offload)), sequence_parallel=one(cfg.sequence_parallel),
-        schedule=one(SCHEDULES.index(cfg.schedule)), placement=one(PLACEMENTS.index(cfg.placement)),
+        schedule=one(SCHEDULES.index(cfg.schedule)), placement=one(placement_index(cfg.placement)),
         blocks_first=one(per_rank[0]), blocks_last=one(per_rank[-1]), blocks_max=one(max(per_rank)),
         rank_blocks=np.asarray([per_rank]))
 
@@ -169,6 +176,11 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
         model = transformer_spec(model)
     if impl not in IMPLS:
         raise ConfigError("impl", impl, "one of " + ", ".join(IMPLS))
+    not_costed = [f"{name}={getattr(cfg, name)}" for name, off in (("cp", 1), ("ep", 1), ("expert_tp", 1), ("dp_shard", 0))
+                  if getattr(cfg, name) != off] + (["precision=fp8"] if cfg.precision == "fp8" else [])
+    if not_costed:
+        raise ConfigError(not_costed[0].split("=")[0], not_costed[0].split("=")[1],
+                          "the dimensions this build costs (cp, ep, expert_tp 1; dp_shard 0; no fp8)")
     cfg.check_world_size(gpus)
     cfg.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
     resolve_precision(hw, cfg.precision)

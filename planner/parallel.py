@@ -14,7 +14,16 @@ from planner.errors import ConfigError
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 RECOMPUTE = ("none", "selective", "full")
 OFFLOAD = ("none", "optimizer", "activations")
-PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "bf16")
+PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "bf16", "fp8")
+"""fp8: FP8 GEMMs (Transformer Engine / torchao float8 recipes) with bf16 everywhere else and fp32
+master weights and optimizer states."""
+FRAMEWORKS = ("megatron", "torchtitan", "fsdp", "deepspeed")
+"""Software stacks a plan can target (one data file each in frameworks/)."""
+CP_COMMS = ("p2p", "all_gather", "a2a")
+"""How context parallelism exchanges keys and values: p2p (ring attention, KV blocks passed around
+the group), all_gather (every rank gathers the whole sequence's KV), a2a (Ulysses all-to-all over heads)."""
+PLACEMENT_LETTERS = ("D", "P", "T", "C", "E")
+"""Mesh axes of a placement string: data, pipeline, tensor, context, expert parallel."""
 
 LOOPED_SCHEDULES = ("interleaved-1f1b", "zero-bubble")
 """Schedules torch.distributed.pipelining runs in rounds of pp micro-batches."""
@@ -39,6 +48,8 @@ class MeshAxis(str, Enum):
     DP = "dp"
     PP = "pp"
     TP = "tp"
+    CP = "cp"
+    EP = "ep"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,7 +79,8 @@ class ParallelConfig:
     sequence_parallel: bool = False
     """Megatron sequence parallelism of norms/dropout over the tp group (needs tp > 1 to matter)."""
     placement: str = "DPT"
-    """Order of D, P, T from outermost to innermost; the right-most letter gets adjacent ranks."""
+    """Order of the mesh axes from outermost to innermost, letters D, P, T and, when used, C (context)
+    and E (expert); the right-most letter gets adjacent ranks. C may be left out when cp = 1, E when ep = 1."""
     precision: str = "amp-bf16"
     """fp32, amp-bf16 (fp32 master + bf16 autocast), amp-fp16, bf16 (pure bf16)."""
     optimizer: str = "adamw"
@@ -77,6 +89,20 @@ class ParallelConfig:
     """Sequence length in tokens."""
     stages: tuple[int, ...] = ()
     """Blocks per pipeline stage (pp * virtual_stages entries); empty means as even as possible."""
+    cp: int = 1
+    """Context-parallel degree: each sequence split over cp ranks (world = dp x tp x pp x cp)."""
+    cp_comm: str = "p2p"
+    """How the cp ranks exchange keys/values: p2p (ring), all_gather or a2a (CP_COMMS)."""
+    ep: int = 1
+    """Expert-parallel degree (mixture-of-experts): experts sharded over ep ranks carved from dp x cp
+    (Megatron-Core's expert-model-parallel group); 1 for dense models."""
+    expert_tp: int = 1
+    """Tensor-parallel degree inside each expert (Megatron-Core's expert tensor parallelism); 1 = none."""
+    dp_shard: int = 0
+    """ZeRO/FSDP shard group: states sharded over dp_shard ranks and replicated over dp / dp_shard
+    groups (hybrid sharding, HSDP / MiCS / hpZ); 0 means all dp ranks (plain ZeRO/FSDP)."""
+    framework: str = "megatron"
+    """Software stack the plan runs on (FRAMEWORKS); sets stack-dependent costs and allowed knobs."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "global_batch", "virtual_stages", "seq"):
@@ -88,10 +114,21 @@ class ParallelConfig:
         _choice("offload", self.offload, OFFLOAD)
         _choice("precision", self.precision, PRECISIONS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("framework", self.framework, FRAMEWORKS)
+        _choice("cp_comm", self.cp_comm, CP_COMMS)
+        for name in ("cp", "ep", "expert_tp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(name, value, "a positive integer")
+        if not isinstance(self.dp_shard, int) or isinstance(self.dp_shard, bool) or self.dp_shard < 0 \
+                or (self.dp_shard and self.dp % self.dp_shard):
+            raise ConfigError("dp_shard", self.dp_shard, f"0 (all dp ranks) or a divisor of dp({self.dp})")
+        if (self.dp * self.cp) % self.ep:
+            raise ConfigError("ep", self.ep, f"a divisor of dp*cp = {self.dp}*{self.cp} = {self.dp * self.cp} "
+                                             "(experts are sharded over ranks carved from dp x cp)")
         if self.zero not in (0, 1, 2, 3):
             raise ConfigError("zero", self.zero, "one of 0, 1, 2, 3")
-        if sorted(self.placement) != ["D", "P", "T"]:
-            raise ConfigError("placement", self.placement, "a permutation of the letters D, P, T (e.g. DPT)")
+        check_placement(self.placement, cp=self.cp, ep=self.ep)
         if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
             raise ConfigError("virtual_stages", self.virtual_stages,
                               f"1 with schedule {self.schedule!r}; virtual stages need interleaved-1f1b")
@@ -115,7 +152,12 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def shard_group(self) -> int:
+        """Ranks a ZeRO stage >= 1 shards its states over (dp_shard, or dp when 0)."""
+        return self.dp_shard or self.dp
 
     @property
     def num_microbatches(self) -> int:
@@ -128,11 +170,12 @@ class ParallelConfig:
 
     def check_world_size(self, world_size: int) -> None:
         if self.world_size != world_size:
-            fix = ""
-            if world_size % (self.tp * self.pp) == 0:
-                fix = f"; set dp={world_size // (self.tp * self.pp)}"
-            raise ConfigError("dp*tp*pp", self.world_size, f"world_size({world_size})", message=(
-                f"tp({self.tp})*pp({self.pp})*dp({self.dp})={self.world_size} != world_size({world_size}){fix}"))
+            fix, other = "", self.tp * self.pp * self.cp
+            if world_size % other == 0:
+                fix = f"; set dp={world_size // other}"
+            cp = f"*cp({self.cp})" if self.cp > 1 else ""
+            raise ConfigError("dp*tp*pp*cp", self.world_size, f"world_size({world_size})", message=(
+                f"tp({self.tp})*pp({self.pp})*dp({self.dp}){cp}={self.world_size} != world_size({world_size}){fix}"))
 
     def check_model(self, *, heads: int, kv_heads: int, blocks: int) -> None:
         """Degrees the model shape allows: tp divides the heads, pp*v stages no more than blocks."""
@@ -152,6 +195,19 @@ class ParallelConfig:
         d["stages"] = list(self.stages)
         d["num_microbatches"] = self.num_microbatches
         return d
+
+
+def check_placement(placement: str, *, cp: int = 1, ep: int = 1) -> None:
+    """A placement is D, P and T in some order plus C (needed when cp > 1) and E (needed when ep > 1),
+    each letter once: the order of the mesh axes from outermost to innermost."""
+    letters = list(placement) if isinstance(placement, str) else []
+    needed = {"D", "P", "T"} | ({"C"} if cp > 1 else set()) | ({"E"} if ep > 1 else set())
+    ok = (len(letters) == len(set(letters)) and set(letters) <= set(PLACEMENT_LETTERS)
+          and needed <= set(letters))
+    if not ok:
+        extra = (", plus C" if cp > 1 else "") + (", plus E" if ep > 1 else "")
+        raise ConfigError("placement", placement, f"each of the letters D, P, T once{extra} (optional C, E "
+                          "when cp, ep = 1), outermost first, e.g. DPT or DPCT")
 
 
 def _choice(field: str, value: object, allowed: tuple[str, ...]) -> None:

@@ -33,7 +33,9 @@ AXES = ("D", "P", "T")
 
 
 def placement_index(placement: str) -> int:
-    return PLACEMENTS.index(placement)
+    """Index into PLACEMENTS of the D, P, T order of a placement (C and E, when present, do not move
+    the relative order of the other three)."""
+    return PLACEMENTS.index("".join(letter for letter in placement if letter in AXES))
 
 
 def strides(placement_idx, dp, pp, tp) -> dict[str, np.ndarray]:

@@ -24,11 +24,21 @@ def test_degrees_that_do_not_multiply_name_the_equation_and_the_fix():
 
 
 @pytest.mark.parametrize("field,value", [("schedule", "pipedream"), ("zero", 4), ("placement", "DPX"),
-                                         ("recompute", "some"), ("precision", "fp8")])
+                                         ("placement", "DPTT"), ("recompute", "some"), ("precision", "fp4"),
+                                         ("framework", "jax"), ("cp", 0), ("cp_comm", "ring"), ("dp_shard", 3)])
 def test_parallel_config_rejects_each_bad_field_by_name(field, value):
     with pytest.raises(ConfigError) as err:
         ParallelConfig(**{field: value})
     assert err.value.field == field and repr(value) in str(err.value)
+
+
+def test_placement_needs_c_and_e_when_cp_and_ep_are_used():
+    ParallelConfig(dp=2, cp=2, ep=4, placement="DPECT", global_batch=2)
+    ParallelConfig(placement="DPCT")                    # C allowed (degree 1) when cp = 1
+    with pytest.raises(ConfigError, match="plus C"):
+        ParallelConfig(cp=2, placement="DPT")
+    with pytest.raises(ConfigError, match="divisor of dp\\*cp"):
+        ParallelConfig(dp=2, cp=2, ep=3, placement="DPCET", global_batch=2)
 
 
 def test_tp_must_divide_heads():

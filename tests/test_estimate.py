@@ -83,7 +83,7 @@ def test_a_config_that_does_not_fit_is_still_evaluated():
 
 
 @pytest.mark.parametrize("bad, field", [
-    (dict(config=cfg(dp=2), gpus=64), "dp*tp*pp"),
+    (dict(config=cfg(dp=2), gpus=64), "dp*tp*pp*cp"),
     (dict(config=cfg(tp=5, pp=1, dp=1), gpus=5), "tp"),
     (dict(config=cfg(tp=1, pp=128, dp=1, global_batch=128), gpus=128), "pp"),
     (dict(config=cfg(pp=2, stages=(40, 40)), gpus=16), "stages"),

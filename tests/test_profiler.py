@@ -120,7 +120,7 @@ def test_precision_changes_activations_not_flops():
     bf16 = profile_model("llama2-7b", precision="bf16")
     assert fp32.flops_fwd == amp.flops_fwd == bf16.flops_fwd
     assert fp32.activation_bytes() > amp.activation_bytes() > bf16.activation_bytes()
-    result = runner.invoke(app, ["profile", "llama2-7b", "--precision", "fp8"])
+    result = runner.invoke(app, ["profile", "llama2-7b", "--precision", "fp4"])
     assert result.exit_code == 2 and "precision" in result.stderr
 
 
