@@ -26,10 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from hardware_profiles import HardwareProfile
+from hardware_profiles.efficiency import efficiency
 
-DEFAULT_BUS_EFFICIENCY = 0.8
-"""Fraction of the link rate nccl-tests' bus bandwidth reaches on large messages, when a profile
-has no `allreduce_bus_efficiency` (typical of NVLink and InfiniBand in published nccl-tests runs)."""
 
 
 def relative_allreduce_cost(nodes, devices_per_node):
@@ -46,20 +44,26 @@ def relative_allreduce_cost(nodes, devices_per_node):
     return np.where(nodes > 1, 0.5 + 0.5 / steps, 1.0)
 
 
-def bus_efficiency(hw: HardwareProfile, level: str) -> float:
-    """Bus efficiency of 'intra' (NVLink/NVSwitch) or 'inter' (network) collectives from the profile."""
-    eff = hw.efficiency
-    return float(eff.get(f"{level}_bus_efficiency", eff.get("allreduce_bus_efficiency", DEFAULT_BUS_EFFICIENCY)))
+COLLECTIVE_EFFICIENCY_KEY = {"allreduce": "allreduce_bus_efficiency", "allgather": "allgather_bus_efficiency",
+                             "reduce_scatter": "reducescatter_bus_efficiency", "alltoall": "alltoall_bus_efficiency",
+                             "p2p": "p2p_bus_efficiency"}
+"""Which efficiency key (hardware_profiles.efficiency) gives each collective's bus bandwidth over the
+link rate; `planner hardware calibrate` measures each one."""
 
 
-def intra_bus_Bps(hw: HardwareProfile) -> float:
-    """Achievable per-device bus bandwidth inside a node, bytes/s."""
-    return hw.intra_node_GBps_per_device * 1e9 * bus_efficiency(hw, "intra")
+def bus_efficiency(hw: HardwareProfile, collective: str = "allreduce") -> float:
+    """Bus bandwidth of `collective` over the link rate, from the profile (nccl-tests' busbw)."""
+    return efficiency(hw, COLLECTIVE_EFFICIENCY_KEY[collective])
 
 
-def inter_bus_Bps_per_node(hw: HardwareProfile) -> float:
-    """Achievable network bandwidth out of one node, bytes/s."""
-    return hw.inter_node_Gbps_per_node / 8.0 * 1e9 * bus_efficiency(hw, "inter")
+def intra_bus_Bps(hw: HardwareProfile, collective: str = "allreduce") -> float:
+    """Achievable per-device bus bandwidth of `collective` inside a node, bytes/s."""
+    return hw.intra_node_GBps_per_device * 1e9 * bus_efficiency(hw, collective)
+
+
+def inter_bus_Bps_per_node(hw: HardwareProfile, collective: str = "allreduce") -> float:
+    """Achievable network bandwidth of `collective` out of one node, bytes/s."""
+    return hw.inter_node_Gbps_per_node / 8.0 * 1e9 * bus_efficiency(hw, collective)
 
 
 def ring_allreduce_seconds(size_bytes, n, bw_Bps, latency_s):
@@ -113,10 +117,10 @@ def group_collective_seconds(kind: str, size_bytes, n, local, hw: HardwareProfil
     nodes = n / local
     a_in = hw.intra_node_latency_us * 1e-6
     a_out = hw.inter_node_latency_us * 1e-6
-    b_in = intra_bus_Bps(hw)
+    b_in = intra_bus_Bps(hw, kind)
     # Each device drives its share of the node's NICs (all devices communicate at once in
     # data/pipeline-parallel groups laid out side by side).
-    b_out = inter_bus_Bps_per_node(hw) / hw.devices_per_node
+    b_out = inter_bus_Bps_per_node(hw, kind) / hw.devices_per_node
     flat = {"allreduce": allreduce_seconds, "reduce_scatter": reduce_scatter_seconds,
             "allgather": allgather_seconds}[kind]
     inside = flat(size, local, b_in, a_in)

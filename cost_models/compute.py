@@ -26,26 +26,15 @@ from __future__ import annotations
 import numpy as np
 
 from hardware_profiles import HardwareProfile
+from hardware_profiles.efficiency import efficiency
 
 DTYPE_OF_PRECISION = {"fp32": "fp32", "amp-bf16": "bf16", "amp-fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}
 """Math dtype of the GEMMs under each training precision (fp32 means TF32 off, as PyTorch's default
 for matmul)."""
 
-DEFAULTS = {
-    "gemm_efficiency_max": 0.72,
-    "gemm_efficiency_max_fp32": 0.72,
-    "gemm_fixed_us": 12.0,
-    "flash_attention_efficiency": 0.35,
-    "elementwise_bandwidth_fraction": 1.0,
-    "dispatch_us_per_op": 0.0,
-    "overlap_interference": 0.15,
-}
-"""Fallbacks when a profile's `efficiency` block lacks a key (H100 values, see the profile)."""
-
-
-def eff(hw: HardwareProfile, key: str) -> float:
-    """A physical efficiency parameter of the profile, or its documented default."""
-    return float(hw.efficiency.get(key, DEFAULTS[key]))
+eff = efficiency
+"""A physical efficiency parameter of the profile, or its documented default (the typed table
+hardware_profiles.efficiency.EFFICIENCY_KEYS)."""
 
 
 def precisions_supported(hw: HardwareProfile) -> tuple[str, ...]:
@@ -79,9 +68,7 @@ def memory_Bps(hw: HardwareProfile) -> float:
 def gemm_efficiency_max(hw: HardwareProfile, precision: str) -> float:
     """Large-GEMM fraction of peak: tensor cores (fp16/bf16), or the SIMT fp32 units when TF32 is off
     (a different unit, its own parameter)."""
-    if precision == "fp32":
-        return float(hw.efficiency.get("gemm_efficiency_max_fp32", eff(hw, "gemm_efficiency_max")))
-    return eff(hw, "gemm_efficiency_max")
+    return eff(hw, "gemm_efficiency_max_fp32" if precision == "fp32" else "gemm_efficiency_max")
 
 
 def gemm_seconds(m, n, k, batch=1, *, hw: HardwareProfile, precision: str, elem_bytes: float = 2.0):

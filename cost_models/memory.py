@@ -26,9 +26,6 @@ from __future__ import annotations
 
 import numpy as np
 
-DEFAULT_WORKSPACE_BYTES = 2 * 32 * 2**20
-"""Two cuBLAS workspaces of 32 MiB (PyTorch's default on Hopper/Ampere, allocated through the
-caching allocator since 2.3): one for the forward stream's handle, one for the autograd thread's."""
 
 
 def state_bytes_per_param(precision: str, optimizer: str, impl: str) -> tuple[float, float, float]:
@@ -71,14 +68,11 @@ ALLOCATOR_OVERHEAD_FRACTION = 0.05
 """Caching-allocator blocks beyond the tensors they hold (reserved / allocated - 1): median 0.052 over
 the 42 H100 steps of validation/h100_train_steps.jsonl (range 0.003-0.20); efficiency key
 `allocator_overhead_fraction`."""
-CUDA_CONTEXT_BYTES = 512 * 2**20
-"""CUDA context, kernels and cuBLAS/NCCL handles outside the caching allocator (~0.5 GiB with CUDA 12
-on A100/H100, what nvidia-smi shows for a process that allocated nothing); key `cuda_context_bytes`."""
-
-
 def allocator_overhead_fraction(hw) -> float:
-    return float(hw.efficiency.get("allocator_overhead_fraction", ALLOCATOR_OVERHEAD_FRACTION))
+    return ALLOCATOR_OVERHEAD_FRACTION
 
 
 def cuda_context_bytes(hw) -> float:
-    return float(hw.efficiency.get("cuda_context_bytes", CUDA_CONTEXT_BYTES))
+    """CUDA context, kernels and library handles outside the caching allocator (efficiency key)."""
+    from hardware_profiles.efficiency import efficiency
+    return efficiency(hw, "cuda_context_bytes")

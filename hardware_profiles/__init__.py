@@ -63,6 +63,10 @@ class HardwareProfile:
     calibration: dict = field(default_factory=dict)
     """Raw measurements and fitted models written by `planner hardware calibrate` (empty otherwise)."""
 
+    def __post_init__(self) -> None:
+        from hardware_profiles.efficiency import check_efficiency   # the typed table; unknown keys refused
+        check_efficiency(self.efficiency, self.name)
+
     @property
     def inter_node_GBps_per_node(self) -> float:
         return self.inter_node_Gbps_per_node / 8.0

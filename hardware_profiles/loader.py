@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from hardware_profiles import HardwareProfile
+from hardware_profiles.efficiency import check_efficiency
 from planner.errors import ConfigError
 
 PROFILE_DIR = Path(__file__).resolve().parent
@@ -177,11 +178,7 @@ def _check_value(origin: str, key: str, value: object, spec: KeySpec) -> None:
             raise ConfigError(f"{key}.fp32", None, "a positive number",
                               message=f"hardware profile {origin}: missing required key '{key}.fp32'")
     elif spec.kind == "numbers":
-        if not isinstance(value, dict):
-            _fail(origin, key, value, "an object of named numbers")
-        for name, number in value.items():
-            if not _is_number(number) or not math.isfinite(number) or number < 0:
-                _fail(origin, f"{key}.{name}", number, "a finite number >= 0")
+        check_efficiency(value, origin)
     elif spec.kind == "strings":
         if not isinstance(value, dict):
             _fail(origin, key, value, "an object mapping keys to source descriptions")

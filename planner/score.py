@@ -237,7 +237,7 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     # ranks busy) run up to `shared_cores_speedup` times faster while others idle in the bubble, but
     # the node cannot finish its total work sooner than with every rank busy: the busy span becomes
     # max(ideal, (ideal + bubble) / speedup). 1 (no effect) for accelerators, which share nothing.
-    speedup = float(hw.efficiency.get("shared_cores_speedup", 1.0))
+    speedup = K.eff(hw, "shared_cores_speedup")
     if speedup > 1.0:
         bubble = np.maximum(0.0, (ideal + bubble) / speedup - ideal)
     compute = ideal * (1.0 - share_tp)
@@ -247,7 +247,7 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     # ---- pipeline point-to-point ----------------------------------------------------------------
     p2p_bytes = act_msg / np.where(sp | (impl == "megatron"), tp, 1.0)
     in_node = local["P"] >= pp
-    bw = np.where(in_node, C.intra_bus_Bps(hw), C.inter_bus_Bps_per_node(hw) / hw.devices_per_node)
+    bw = np.where(in_node, C.intra_bus_Bps(hw, "p2p"), C.inter_bus_Bps_per_node(hw, "p2p") / hw.devices_per_node)
     lat = np.where(in_node, hw.intra_node_latency_us, hw.inter_node_latency_us) * 1e-6
     hop = C.p2p_seconds(p2p_bytes, bw, lat)
     hop = hop + np.where(sp | (impl != "megatron"), 0.0,
@@ -333,7 +333,7 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     act_offload_s = act_offload_s + np.where(off_act, K.eff(hw, "overlap_interference")
                                              * np.minimum(2.0 * act_volume / O.pcie_Bps(hw), ideal), 0.0)
 
-    workspace = float(hw.efficiency.get("framework_workspace_bytes", M.DEFAULT_WORKSPACE_BYTES))
+    workspace = K.eff(hw, "framework_workspace_bytes")
     grads_present = M.grads_persist(impl, m)
     amp_cache = impl == "eager" and precision.startswith("amp")
     gemm_w_block = P.block_matmul_weights(spec) / tp

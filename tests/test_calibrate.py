@@ -74,14 +74,14 @@ def test_world_size_one_is_rejected():
 @pytest.mark.timeout(120)
 def test_quick_calibration_with_two_ranks_writes_a_loadable_profile(tmp_path):
     out = tmp_path / "here.json"
-    previous = json.loads(json.dumps({"efficiency": {"kept_by_cost_models": 0.5}}))
+    previous = json.loads(json.dumps({"efficiency": {"overlap_interference": 0.5}}))
     out.write_text(json.dumps(previous))
     result = runner.invoke(app, ["hardware", "calibrate", "--out", str(out), "--world-size", "2", "--quick",
                                  "--name", "here"])
     assert result.exit_code == 0, result.output
     profile = load_profile(str(out))
     assert profile.name == "here" and profile.devices_per_node == 2
-    assert profile.efficiency["kept_by_cost_models"] == 0.5  # other owners' keys survive a recalibration
+    assert profile.efficiency["overlap_interference"] == 0.5  # other owners' keys survive a recalibration
     assert 0 < profile.efficiency["allreduce_bus_efficiency"]
     cal = profile.calibration
     assert set(cal["collectives"]) == {"allreduce", "allgather", "reducescatter", "p2p"}

@@ -95,7 +95,7 @@ BAD = {
     "no fp32 peak": (lambda d: d["peak_tflops"].pop("fp32"), "missing required key 'peak_tflops.fp32'"),
     "nics disagree": (lambda d: d.update(nics_per_node=2), "nics_per_node(2) x Gbps_per_nic(100) = 200"),
     "unsourced number": (lambda d: d["sources"].pop("memory_bytes"), "missing required key 'sources.memory_bytes'"),
-    "efficiency not numbers": (lambda d: d["efficiency"].update(x="high"), "efficiency.x='high' is invalid"),
+    "efficiency not numbers": (lambda d: d["efficiency"].update(gemm_fixed_us="high"), "efficiency.gemm_fixed_us='high' is invalid"),
     "not an object": (lambda d: d.clear() or d.update(name=["x"]), "name=['x'] is invalid"),
 }
 
