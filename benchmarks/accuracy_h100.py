@@ -3,7 +3,7 @@
 Each row is a Hugging Face causal LM (configs in validation/hf_configs/, read by
 planner.hf_config) trained on one H100 80GB in eager PyTorch: SDPA attention, HF's fp32 loss
 upcast, fused AdamW, dropout active where the config has it, optional per-layer gradient
-checkpointing (-> recompute 'full'). The planner predicts it with `estimate(impl='eager')` on the
+checkpointing (-> recompute 'full'). The planner predicts it with `estimate()` on the `fsdp` framework profile (Hugging Face modules) and the
 `dgx-h100` profile, world size 1. Compared: peak memory against torch.cuda.max_memory_allocated,
 fit/OOM, and step time for steps of >= 8192 tokens (smaller ones are launch-bound; reported, not
 judged).
@@ -47,8 +47,8 @@ def predict(row: dict, hw) -> dict:
     spec = resolve_model(str(config), seq=row["seq"])
     cfg = ParallelConfig(micro_batch=row["micro_batch"], global_batch=row["micro_batch"], seq=row["seq"],
                          precision=row["precision"], recompute="full" if row["checkpointing"] else "none",
-                         schedule="1f1b")
-    est = estimate(spec, hw, cfg, gpus=1, impl="eager", dropout=hf_dropout(config))
+                         schedule="1f1b", framework="fsdp")
+    est = estimate(spec, hw, cfg, gpus=1, dropout=hf_dropout(config))
     return {"step_time_s": est.step_time_s, "peak_bytes": est.peak_bytes_per_gpu, "fits": est.fits,
             "params": est.params}
 

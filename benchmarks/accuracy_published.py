@@ -1,9 +1,9 @@
 """Predicted vs measured iteration time of published Megatron-LM runs (validation/published_runs.json).
 
 Every row is a GPT run on NVIDIA Selene (DGX A100 80GB, profile `dgx-a100-80g`) with the exact
-configuration of its paper; the planner predicts it with `estimate(impl='megatron')`. These runs
+configuration of its paper; the planner predicts it with `estimate()` on the `megatron` framework profile. These runs
 predate flash attention in Megatron (fused scale-mask-softmax, dropout 0.1 on attention and
-residuals), and Megatron-LM's local DDP reduced gradients after the backward, so `flash=False,
+residuals), and Megatron-LM's local DDP reduced gradients after the backward, so `attention='unfused',
 dropout=True, overlap_grad_reduce=False`: properties of the software the rows ran, the same for every
 row. Prints a table and the summary errors; `--loo` also prints the leave-one-out check of the
 fitted parameters (benchmarks/calibrate.py); writes benchmarks/results/accuracy_published.json.
@@ -53,15 +53,16 @@ def config_of(row: dict) -> ParallelConfig:
                           schedule=row.get("schedule") or ("interleaved-1f1b" if v > 1 else "1f1b"),
                           zero=row.get("zero", 0), recompute=row.get("recompute", "none"),
                           sequence_parallel=row.get("sequence_parallel", False),
-                          precision=row.get("precision", "amp-fp16"), seq=row["arch"]["seq"])
+                          precision=row.get("precision", "amp-fp16"), seq=row["arch"]["seq"],
+                          framework=row.get("framework", "megatron"))
 
 
 def predict(row: dict, hw):
     """Megatron-LM of 2021-22 unless the row says otherwise (keys flash_attention, dropout,
     overlap_grad_reduce)."""
-    return estimate(spec_of(row), hw, config_of(row), gpus=row["gpus"], impl="megatron",
-                    flash=row.get("flash_attention", False), dropout=row.get("dropout", True),
-                    overlap_grad_reduce=row.get("overlap_grad_reduce", False))
+    return estimate(spec_of(row), hw, config_of(row), gpus=row["gpus"],
+                    attention="flash" if row.get("flash_attention", False) else "unfused",
+                    dropout=row.get("dropout", True), overlap_grad_reduce=row.get("overlap_grad_reduce", False))
 
 
 def evaluate(rows: list[dict], hw) -> dict:

@@ -10,19 +10,23 @@ Every quantity splits into three parts (class `Terms`):
     shard bytes split over the tp ranks (projections, attention, MLP inner width);
     seq   bytes per token per token of sequence length, split over tp (materialized attention scores).
 
-Implementations:
+Implementations (a framework profile's `kernels`, frameworks/*.json):
 
-- "megatron": Megatron-LM / Transformer Engine kernels (fused bias-GeLU, bias-dropout-add,
+- "fused": Megatron-LM / Transformer Engine kernels (fused bias-GeLU, bias-dropout-add,
   fused softmax), 2-byte activations under mixed precision. Saved bytes follow Korthikanti et al.
   2022, Sec. 4.1 (eq. 1: s b h (34 + 5 a s / h) per layer; with TP eq. 2, with SP eq. 4),
   generalized to GQA, gated MLPs and any ffn width; with flash attention the 5 a s / h scores
   term is replaced by the kernel's output and log-sum-exp.
-- "eager": PyTorch eager modules as Hugging Face transformers writes them (and this project's
-  executor): under autocast the residual stream and norms stay fp32, every projection casts its
+- "eager": PyTorch eager modules as Hugging Face transformers writes them: under autocast the residual stream and norms stay fp32, every projection casts its
   input to bf16 (a saved copy per call), HF's python `gelu_new` saves four fp32/bf16 tensors, HF's
   RMSNorm saves an fp32 copy of its input, rotary embeddings are applied in the residual dtype,
   SDPA (flash / memory-efficient) saves q, k, v, out and the log-sum-exp. Each count is the
   tensor autograd keeps (torch's derivatives.yaml) for the op sequence of the HF module.
+- "torch": plain PyTorch modules as torchtitan (and this project's executor, planner/models/
+  transformer.py) write them, under FSDP2-style mixed precision: parameters are cast to bf16, so the
+  whole block, the residual stream included, runs in the 16-bit dtype (no autocast casts per call);
+  fused activation functions. The same op list as "eager" without autocast and without HF's python
+  gelu_new.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ import numpy as np
 
 from planner.spec import TransformerSpec
 
-IMPLEMENTATIONS = ("megatron", "eager")
+IMPLEMENTATIONS = ("fused", "eager", "torch")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -104,18 +108,22 @@ def _fused_qkv(spec: TransformerSpec) -> bool:
     return spec.model_type in ("gpt2", "gpt_neox", "bloom", "falcon")
 
 
-def _python_gelu(spec: TransformerSpec) -> bool:
-    return spec.activation == "gelu_new"
+def _torch_precision(precision: str) -> str:
+    """Under FSDP2-style mixed precision the module computes in its parameters' 16-bit dtype: the
+    activations are those of a bf16 model (fp8 recipes keep bf16 activations between GEMMs)."""
+    return "bf16" if precision in ("amp-bf16", "amp-fp16", "fp8") else precision
 
 
-def block_table(spec: TransformerSpec, precision: str, impl: str, *, flash: bool = True,
+def block_table(spec: TransformerSpec, precision: str, kernels: str, *, flash: bool = True,
                 dropout: bool = False) -> BlockTable:
-    """The per-token table of one block for `impl` ('megatron' or 'eager')."""
-    if impl == "megatron":
+    """The per-token table of one block for `kernels` (IMPLEMENTATIONS)."""
+    if kernels == "fused":
         return _megatron_block(spec, precision, flash=flash, dropout=dropout)
-    if impl == "eager":
-        return _eager_block(spec, precision, dropout=dropout)
-    raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, not {impl!r}")
+    if kernels == "eager":
+        return _eager_block(spec, precision, dropout=dropout, python_gelu=spec.activation == "gelu_new")
+    if kernels == "torch":
+        return _eager_block(spec, _torch_precision(precision), dropout=dropout, python_gelu=False)
+    raise ValueError(f"kernels must be one of {IMPLEMENTATIONS}, not {kernels!r}")
 
 
 def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout: bool) -> BlockTable:
@@ -145,7 +153,7 @@ def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropo
                       traffic_fwd=traffic, scores_traffic_fwd=scores_traffic, kernels_fwd=14.0)
 
 
-def _eager_block(spec: TransformerSpec, precision: str, *, dropout: bool) -> BlockTable:
+def _eager_block(spec: TransformerSpec, precision: str, *, dropout: bool, python_gelu: bool) -> BlockTable:
     """HF-style eager block (see module docstring); c = math dtype bytes, r = residual dtype bytes
     (fp32 under autocast, as the embedding output is fp32), o = dtype of ops autocast runs in fp32."""
     amp = precision.startswith("amp")
@@ -183,7 +191,7 @@ def _eager_block(spec: TransformerSpec, precision: str, *, dropout: bool) -> Blo
         shard_saved += 4 * c * f
         mlp_traffic = 2 * c * f + 3 * c * f
         mlp_kernels = 2
-    elif _python_gelu(spec):     # 0.5 x (1 + tanh(k (x + 0.044715 x^3))) op by op; pow autocasts to fp32
+    elif python_gelu:            # 0.5 x (1 + tanh(k (x + 0.044715 x^3))) op by op; pow autocasts to fp32
         shard_saved += (o + o + c + o + 2) * f if amp else 5 * c * f
         mlp_traffic = 76 * f if amp else 18 * c * f
         mlp_kernels = 10 if amp else 8
@@ -207,7 +215,7 @@ def _eager_block(spec: TransformerSpec, precision: str, *, dropout: bool) -> Blo
                       traffic_fwd=traffic, kernels_fwd=kernels)
 
 
-def head_table(spec: TransformerSpec, precision: str, impl: str) -> HeadTable:
+def head_table(spec: TransformerSpec, precision: str, kernels: str) -> HeadTable:
     """Final norm, LM head and cross-entropy on the last stage, per token (V split over tp:
     Megatron's vocab-parallel head and loss).
 
@@ -219,7 +227,10 @@ def head_table(spec: TransformerSpec, precision: str, impl: str) -> HeadTable:
     c = compute_bytes(precision)
     h, V = spec.hidden, spec.vocab
     amp = precision.startswith("amp")
-    if impl == "megatron":
+    if kernels == "torch":
+        precision = _torch_precision(precision)
+        c, amp = compute_bytes(precision), False
+    if kernels == "fused":
         saved = Terms(rep=2 * c * h)
         peak = Terms(shard=(c + 4.0) * V)
         fwd_end = peak

@@ -137,3 +137,93 @@ def tied_embedding_sync_seconds(vocab, hidden, tp, grad_bytes, pair_in_node, hw:
     return group_collective_seconds("allreduce", vocab * hidden / np.asarray(tp, dtype=float) * grad_bytes,
                                     2.0, local, hw)
 
+
+
+# ------------------------------------------------------------------------ step terms (cost_models.step)
+
+from dataclasses import dataclass  # noqa: E402
+
+DDP_BUCKET_BYTES = 25 * 2**20
+"""Gradient bucket of PyTorch DDP (bucket_cap_mb=25): the last bucket's reduction cannot overlap."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TpSeconds:
+    """Tensor-parallel communication of one block and one micro-batch."""
+
+    allreduce: np.ndarray
+    """One all-reduce of the b s h activation over the tp group."""
+    fwd: np.ndarray
+    bwd: np.ndarray
+    recompute: np.ndarray
+
+    @property
+    def total(self):
+        return self.fwd + self.bwd + self.recompute
+
+
+def tp_block_seconds(x) -> TpSeconds:
+    """Megatron's f and g operators: 2 all-reduces of the b s h activation forward and 2 backward per
+    block (Shoeybi et al. 2019, Sec. 3); with sequence parallelism a reduce-scatter + all-gather pair of
+    the same volume (Korthikanti et al. 2022, Sec. 4.2.2); full recomputation repeats the forward's."""
+    from cost_models.compute import recompute_passes
+
+    ar = group_collective_seconds("allreduce", x.tokens * x.spec.hidden * x.c, x.tp, x.local["T"], x.hw)
+    return TpSeconds(allreduce=ar, fwd=2.0 * ar, bwd=2.0 * ar,
+                     recompute=np.where(x.full, 2.0 * ar, 0.0) * recompute_passes(x))
+
+
+def pp_p2p_seconds(x):
+    """Blocking sends between pipeline stages on the critical path: 2 (m v + p - 1) hops
+    (cost_models.pipeline.p2p_transfers_on_critical_path) of the b s h activation, 1/tp of it with
+    sequence parallelism or Megatron's scatter/gather (plus the receiving node's all-gather), over
+    NVLink when the pp group stays in a node, else the device's share of the node's NICs."""
+    from cost_models.pipeline import p2p_transfers_on_critical_path
+
+    msg = x.tokens * x.spec.hidden * x.c
+    scatter = x.sw.framework.pp_scatter_gather
+    in_node = x.local["P"] >= x.pp
+    bw = np.where(in_node, intra_bus_Bps(x.hw, "p2p"), inter_bus_Bps_per_node(x.hw, "p2p") / x.hw.devices_per_node)
+    lat = np.where(in_node, x.hw.intra_node_latency_us, x.hw.inter_node_latency_us) * 1e-6
+    hop = p2p_seconds(msg / np.where(x.sp | scatter, x.tp, 1.0), bw, lat)
+    hop = hop + np.where(x.sp | (not scatter), 0.0, group_collective_seconds("allgather", msg, x.tp, x.local["T"], x.hw))
+    return p2p_transfers_on_critical_path(x.pp, x.m, x.v) * hop
+
+
+def dp_comm_seconds(x, params_rank, last_backward_s, compute_s):
+    """Exposed data-parallel / ZeRO communication per step (Rajbhandari et al. 2020, Sec. 7):
+    - ZeRO 0-2: the gradients' all-reduce volume once per step (RS + AG for 1-2), bucket by bucket
+      under the last micro-batch's backward (`last_backward_s`); the last bucket cannot hide. ZeRO-2
+      keeps only a gradient shard, so with accumulation every other micro-batch reduce-scatters too
+      (m - 1 extra, each under its own backward).
+    - ZeRO-3: per micro-batch all-gather of the parameters forward and backward and reduce-scatter of
+      the gradients, hidden under the m micro-batches' compute (`compute_s`) except the last bucket.
+    Without overlap (framework or run) everything is exposed. Hidden traffic still costs
+    `overlap_interference` of its time (NCCL takes SMs and memory bandwidth). Tied embeddings split
+    over a pipeline add their first/last-stage gradient all-reduce after the backward."""
+    from cost_models.compute import eff
+
+    s = x.sw.framework.state_bytes[x.precision]
+    grad_bytes = params_rank * s.reduce
+    allreduce = group_collective_seconds("allreduce", grad_bytes, x.dp, x.local["D"], x.hw)
+    rs = group_collective_seconds("reduce_scatter", grad_bytes, x.dp, x.local["D"], x.hw)
+    gather = group_collective_seconds("allgather", params_rank * s.gather, x.dp, x.local["D"], x.hw)
+    tail = np.minimum(1.0, DDP_BUCKET_BYTES / np.maximum(grad_bytes, 1.0))
+    overlap = x.sw.overlap_grad_reduce
+
+    def exposed(t, under):
+        return np.maximum(t - (1 - tail) * under, tail * t) if overlap else t
+
+    extra_rs = np.where((x.zero == 2) & (x.m > 1), x.m - 1.0, 0.0)
+    low_total = allreduce + extra_rs * rs
+    low_exposed = exposed(allreduce, last_backward_s) + extra_rs * exposed(rs, last_backward_s)
+    z3_total = x.m * (2.0 * gather + rs)
+    z3_exposed = (np.maximum(z3_total - compute_s, tail * rs) if overlap
+                  else x.m * rs + np.maximum(0.0, x.m * 2.0 * gather - compute_s))
+    total = np.where(x.zero >= 3, z3_total, low_total)
+    shown = np.where(x.zero >= 3, z3_exposed, low_exposed)
+    out = np.where(x.dp > 1, shown + eff(x.hw, "overlap_interference") * (total - shown), 0.0)
+    if x.spec.tied_embeddings:
+        tied = tied_embedding_sync_seconds(x.spec.vocab, x.spec.hidden, x.tp, s.reduce, x.local["P"] >= x.pp, x.hw)
+        out = out + np.where(x.pp > 1, tied, 0.0)
+    return out

@@ -103,26 +103,126 @@ def memory_bound_seconds(bytes_moved, hw: HardwareProfile):
     return np.asarray(bytes_moved, dtype=float) / memory_Bps(hw)
 
 
-def optimizer_bytes_per_param(precision: str, optimizer: str, impl: str = "megatron") -> float:
-    """Bytes the optimizer step moves per parameter it updates (read + write), memory bound.
-
-    AdamW with fp32 state (amp, fp32): read p, g, m, v (16) + write p, m, v (12) = 28; Megatron's
-    fp16/bf16 mixed precision also writes the 2-byte model copy: 30. Pure bf16 (states in bf16):
-    read 8 + write 6 = 14. SGD with momentum: read p, g, m + write p, m (5 tensors).
-    """
-    if optimizer == "sgd":
-        return 10.0 if precision == "bf16" else 20.0 + (2.0 if impl == "megatron" and precision.startswith("amp") else 0.0)
-    if precision == "bf16":
-        return 14.0
-    return 28.0 + (2.0 if impl == "megatron" and precision.startswith("amp") else 0.0)
-
-
-def optimizer_seconds(params_updated, *, precision: str, optimizer: str, hw: HardwareProfile, impl: str = "megatron"):
-    """Optimizer step time of the `params_updated` parameters this rank owns."""
-    return memory_bound_seconds(params_updated * optimizer_bytes_per_param(precision, optimizer, impl), hw)
-
-
 def dispatch_seconds(ops, hw: HardwareProfile):
     """Host time to launch `ops` kernels (eager PyTorch dispatch + launch); the device cannot run
     faster than the host issues work (step time >= this)."""
     return np.asarray(ops, dtype=float) * eff(hw, "dispatch_us_per_op") * 1e-6
+
+
+# ------------------------------------------------------------------------ step terms (cost_models.step)
+
+from dataclasses import dataclass  # noqa: E402
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockSeconds:
+    """One transformer block, one micro-batch, on one GPU, without tensor-parallel communication."""
+
+    gemm_fwd: np.ndarray
+    gemm_bwd: np.ndarray
+    attn_fwd: np.ndarray
+    attn_bwd: np.ndarray
+    elem_fwd: np.ndarray
+    """Memory-bound kernels of the forward (norms, activations, residual adds, ...)."""
+    elem_bwd: np.ndarray
+    scores_fwd: np.ndarray
+    """Part of elem_fwd on the s x s scores (unfused attention): re-run by selective recompute."""
+    recompute: np.ndarray
+    """Forward work re-run in the backward: selective = attention core, full = the whole forward
+    (times the extra passes of zero-bubble schedules that recompute more than once)."""
+
+    @property
+    def fwd(self):
+        return self.gemm_fwd + self.attn_fwd + self.elem_fwd
+
+    @property
+    def bwd(self):
+        return self.gemm_bwd + self.attn_bwd + self.elem_bwd
+
+    @property
+    def total(self):
+        return self.fwd + self.bwd + self.recompute
+
+
+def recompute_passes(x) -> np.ndarray:
+    """Extra forward passes of a recomputed block per micro-batch: 1, or the framework's measured
+    count minus one under zero-bubble schedules (torch.distributed.pipelining re-ran a checkpointed
+    block's forward ~6 times per micro-batch, docs/executor-notes.md)."""
+    reruns = x.sw.framework.zero_bubble_forward_reruns - 1.0
+    return np.where(x.is_schedule("zero-bubble") & x.full, reruns, 1.0)
+
+
+def block_seconds(x) -> BlockSeconds:
+    """Per block and micro-batch: the GEMMs of Megatron's column/row split (cost_models.flops.
+    block_gemm_shapes; backward = data + weight gradients, Narayanan et al. 2021 Sec. 5.1), attention
+    (a flash kernel, or QK^T and AV as batched GEMMs when unfused), memory-bound kernels as bytes
+    streamed / bandwidth (cost_models.blocks tables; backward streams BWD_TRAFFIC_FACTOR x), and
+    recomputation (Korthikanti et al. 2022 Sec. 5: selective re-runs the attention core, full the forward)."""
+    from cost_models.blocks import BWD_TRAFFIC_FACTOR
+    from cost_models.flops import block_gemm_shapes
+
+    kw = dict(hw=x.hw, precision=x.precision, elem_bytes=x.c)
+    gemm_f = gemm_b = attn_f = attn_b = 0.0
+    for g in block_gemm_shapes(x.spec, x.b, x.seq, tp=x.tp):
+        core = g.name in ("qk", "av")
+        if core and x.sw.flash:
+            continue
+        f_, b_ = gemm_fwd_bwd_seconds(g.m, g.n, g.k, g.batch, **kw)
+        if core:
+            attn_f, attn_b = attn_f + f_, attn_b + b_
+        else:
+            gemm_f, gemm_b = gemm_f + f_, gemm_b + b_
+    if x.sw.flash:
+        attn_f, attn_b = flash_attention_seconds(x.b, x.seq, x.spec.heads / x.tp, x.spec.d_head, causal=x.spec.causal,
+                                                 hw=x.hw, precision=x.precision)
+    bw = memory_Bps(x.hw)
+    elem_f = x.per_token(x.table.traffic_fwd) * x.tokens / bw
+    scores_f = x.per_token(x.table.scores_traffic_fwd) * x.tokens / bw
+    layer_f = gemm_f + attn_f + elem_f
+    rec = np.select([x.full, x.selective], [layer_f, attn_f + scores_f], 0.0) * recompute_passes(x)
+    return BlockSeconds(gemm_fwd=gemm_f, gemm_bwd=gemm_b, attn_fwd=attn_f, attn_bwd=attn_b, elem_fwd=elem_f,
+                        elem_bwd=BWD_TRAFFIC_FACTOR * elem_f, scores_fwd=scores_f, recompute=rec)
+
+
+def head_seconds(x):
+    """Last stage: final norm, LM head GEMM (t x V/tp x h, forward and backward) and the vocab-parallel
+    loss's memory-bound work (cost_models.blocks.head_table)."""
+    f_, b_ = gemm_fwd_bwd_seconds(x.tokens, x.spec.vocab / x.tp, x.spec.hidden, hw=x.hw, precision=x.precision,
+                                  elem_bytes=x.c)
+    return f_ + b_ + (x.per_token(x.head.traffic_fwd) + x.per_token(x.head.traffic_bwd)) * x.tokens / memory_Bps(x.hw)
+
+
+def embedding_seconds(x, tp_allreduce_s):
+    """First stage: the vocab-parallel lookup's all-reduce forward and backward (Megatron) and about
+    three streams of the t x h embedding output (lookup, gradient, scatter-add)."""
+    return np.where(x.tp > 1, 2.0 * tp_allreduce_s, 0.0) + 3.0 * x.tokens * x.spec.hidden * x.c / memory_Bps(x.hw)
+
+
+def host_wait_seconds(x, device_step_s):
+    """Extra time when the host cannot issue the step's kernels as fast as the device runs them:
+    ops = m (blocks / pp) kernels_fwd (3 + full recompute) + head kernels (a forward op has about two
+    backward ops), dispatched at `dispatch_us_per_op` each (eager PyTorch)."""
+    ops = x.m * (x.spec.total_blocks / x.pp) * x.table.kernels_fwd * (3.0 + x.full) + x.head.kernels
+    return np.maximum(0.0, dispatch_seconds(ops, x.hw) - device_step_s)
+
+
+def optimizer_step_bytes_per_param(states, optimizer: str) -> float:
+    """Bytes the optimizer step streams per parameter it updates, from the framework's state layout
+    (frameworks.StateBytes): read the fp32 copy (master, or the parameters themselves), the gradient
+    and the states; write the fp32 copy and the states, and the 16-bit model copy when there is a
+    separate master. AdamW with fp32 states under autocast: 2x4 + 4 + 2x2x4 = 28; Megatron mixed
+    precision + 2 = 30; pure bf16 14; SGD with momentum keeps one state."""
+    n_states = 2.0 if optimizer == "adamw" else 1.0
+    fp32_copy = states.master or states.param
+    return 2.0 * fp32_copy + states.grad + 2.0 * n_states * states.state + (states.param if states.master else 0.0)
+
+
+def optimizer_step_seconds(x, params_rank):
+    """The optimizer step of the parameters this rank owns (/dp from ZeRO-1), memory bound; with
+    optimizer offload the host's: gradients down, parameters up over PCIe plus CPU Adam (ZeRO-Offload)."""
+    from cost_models.offload import optimizer_offload_seconds
+
+    updated = np.where(x.zero >= 1, params_rank / x.dp, params_rank)
+    states = x.sw.framework.state_bytes[x.precision]
+    on_device = memory_bound_seconds(updated * optimizer_step_bytes_per_param(states, x.optimizer), x.hw)
+    return np.where(x.is_offload("optimizer"), optimizer_offload_seconds(updated, states.grad, x.hw), on_device)

@@ -28,14 +28,11 @@ import numpy as np
 
 
 
-def state_bytes_per_param(precision: str, optimizer: str, impl: str) -> tuple[float, float, float]:
-    """(params, grads, optimizer states) bytes per parameter (see module docstring)."""
-    n_states = 2.0 if optimizer == "adamw" else 1.0
-    if precision == "bf16":
-        return 2.0, 2.0, 2.0 * n_states
-    if precision == "fp32" or impl == "eager":
-        return 4.0, 4.0, 4.0 * n_states
-    return 2.0, 4.0, 4.0 + 4.0 * n_states      # megatron mixed precision: fp32 master + states
+def state_bytes_per_param(framework, precision: str, optimizer: str) -> tuple[float, float, float]:
+    """(params, grads, optimizer states) bytes per parameter: the framework profile's table
+    (frameworks.FrameworkProfile.states; module docstring). The one owner: memory, the stage
+    partitioner and the executor's host check all call this."""
+    return framework.states(precision, optimizer)
 
 
 def zero_sharded(bytes_, dp, zero, from_stage: int):
@@ -43,11 +40,11 @@ def zero_sharded(bytes_, dp, zero, from_stage: int):
     return np.where(np.asarray(zero) >= from_stage, bytes_ / np.asarray(dp, dtype=float), bytes_)
 
 
-def grads_persist(impl: str, num_microbatches):
-    """Whether gradients exist during the forward: always with Megatron's contiguous grad buffer,
-    otherwise when micro-batches accumulate into them (set_to_none zero_grad frees them per step)."""
+def grads_persist(policy: str, num_microbatches):
+    """Whether gradients exist during the forward: 'always' with a contiguous grad buffer (Megatron),
+    'accumulating': only when micro-batches accumulate into them (set_to_none zero_grad frees them)."""
     m = np.asarray(num_microbatches, dtype=float)
-    return np.ones_like(m, dtype=bool) if impl == "megatron" else m > 1
+    return np.ones_like(m, dtype=bool) if policy == "always" else m > 1
 
 
 def peak_bytes(*, params, grads, optimizer, grads_present, cache_fwd, cache_bwd, activations,
@@ -64,15 +61,144 @@ def peak_bytes(*, params, grads, optimizer, grads_present, cache_fwd, cache_bwd,
     return peak, acts, other
 
 
-ALLOCATOR_OVERHEAD_FRACTION = 0.05
-"""Caching-allocator blocks beyond the tensors they hold (reserved / allocated - 1): median 0.052 over
-the 42 H100 steps of validation/h100_train_steps.jsonl (range 0.003-0.20); efficiency key
-`allocator_overhead_fraction`."""
-def allocator_overhead_fraction(hw) -> float:
-    return ALLOCATOR_OVERHEAD_FRACTION
-
-
 def cuda_context_bytes(hw) -> float:
     """CUDA context, kernels and library handles outside the caching allocator (efficiency key)."""
     from hardware_profiles.efficiency import efficiency
     return efficiency(hw, "cuda_context_bytes")
+
+
+# ------------------------------------------------------------------------ step terms (cost_models.step)
+
+from dataclasses import dataclass  # noqa: E402
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ActivationBytes:
+    """Saved-for-backward bytes of one micro-batch on one rank (cost_models.blocks tables)."""
+
+    block: np.ndarray
+    """One block under the candidate's recomputation (none / selective / full)."""
+    block_no_recompute: np.ndarray
+    """One block with everything kept: the working set while a recomputed block re-runs."""
+    embedding: np.ndarray
+    head: np.ndarray
+    head_inflight: np.ndarray
+    """Micro-batches whose head activations the last rank holds (1F1B family 1, GPipe m)."""
+
+
+def activation_bytes(x) -> ActivationBytes:
+    """Korthikanti et al. 2022, Sec. 4-5 as generalized in cost_models.blocks: per token, replicated
+    terms / (tp with SP) + sharded terms / tp + scores s / tp, times b s tokens; selective recompute
+    drops the attention scores, full keeps the block input only."""
+    from cost_models import blocks as B
+    from cost_models.pipeline import inflight_microbatches_last_stage
+    from planner.parallel import SCHEDULES
+
+    full_block = x.per_token(x.table.saved)
+    kept = np.select([x.full, x.selective], [x.per_token(x.table.saved_full_recompute),
+                                             full_block - x.per_token(x.table.scores_saved)], full_block)
+    return ActivationBytes(
+        block=kept * x.tokens, block_no_recompute=full_block * x.tokens,
+        embedding=x.per_token(B.embedding_saved(x.spec, x.precision, dropout=x.sw.dropout)) * x.tokens,
+        head=x.per_token(x.head.saved) * x.tokens,
+        head_inflight=np.where(x.single_stage, 1.0, inflight_microbatches_last_stage(x.schedule, x.m, SCHEDULES)))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankMemory:
+    """Bytes of one pipeline rank at its peak moment, split by kind (the plan document's memory terms)."""
+
+    peak: np.ndarray
+    params: np.ndarray
+    grads: np.ndarray
+    optimizer: np.ndarray
+    activations: np.ndarray
+    other: np.ndarray
+
+    def higher(self, other: "RankMemory", where=True) -> "RankMemory":
+        """Per candidate, the rank whose peak is higher (all its terms)."""
+        pick = where & (other.peak > self.peak)
+        return RankMemory(**{f: np.where(pick, getattr(other, f), getattr(self, f))
+                             for f in ("peak", "params", "grads", "optimizer", "activations", "other")})
+
+
+def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankMemory:
+    """Peak of pipeline rank `rank` (0-based) holding `n_blocks` blocks (peak_bytes' three moments):
+    model states by ZeRO stage (optimizer from 1, gradients from 2, parameters from 3 plus the block in
+    use and the one prefetched; Rajbhandari et al. 2020 Sec. 5), activations of the micro-batches the
+    schedule keeps in flight (cost_models.pipeline.inflight_microbatches), the embedding on rank 0, the
+    head, logits and loss on the last rank, the autocast weight cache, DDP's bucket copy of the
+    gradients, and offloaded activations limited to what the host can take (`host_room`)."""
+    from cost_models import params as P
+    from cost_models.pipeline import inflight_microbatches
+    from hardware_profiles.efficiency import efficiency
+    from planner.parallel import SCHEDULES
+
+    spec, fw, tp, dp, zero = x.spec, x.sw.framework, x.tp, x.dp, x.zero
+    is_first, is_last = np.asarray(rank) == 0, np.asarray(rank) == x.pp - 1
+    n_params = P.rank_params(spec, tp, n_blocks, is_first, is_last)
+    pb, gb, ob = state_bytes_per_param(fw, x.precision, x.optimizer)
+    inflight = inflight_microbatches(x.schedule, x.pp, x.m, x.v, rank, SCHEDULES)
+    held = inflight * (n_blocks * acts.block + np.where(is_first, acts.embedding, 0.0)) \
+        + np.where(is_last, acts.head_inflight * acts.head, 0.0)
+    kept = 2 * acts.block_no_recompute + np.where(is_last, acts.head, 0.0)
+    held = np.where(x.is_offload("activations"), np.maximum(np.minimum(held, kept), held - host_room), held)
+    block_p = P.block_params(spec) / tp
+    zero3_live = np.where(zero >= 3, np.minimum(2.0, n_blocks) * block_p * pb * (1.0 - 1.0 / dp), 0.0)
+    params_b = zero_sharded(n_params * pb, dp, zero, 3) + zero3_live
+    grads_b = zero_sharded(n_params * gb, dp, zero, 2)
+    buckets = np.where(fw.grad_bucket_copy & (zero == 0) & (dp > 1), n_params * gb, 0.0)
+    opt_b = np.where(x.is_offload("optimizer"), 0.0, zero_sharded(n_params * ob, dp, zero, 1))
+    head_w = spec.vocab * spec.hidden / tp
+    cache = fw.autocast_weight_cache and x.precision.startswith("amp")
+    cache_head = np.where(is_last, head_w, 0.0) * 2.0 * cache
+    cache_all = (n_blocks * P.block_matmul_weights(spec) / tp) * 2.0 * cache + cache_head
+    tied_grad = head_w * 4.0 if x.c == 2 and x.precision != "bf16" else head_w * gb * 2.0
+    peak, acts_b, other = peak_bytes(
+        params=params_b, grads=grads_b + buckets, optimizer=opt_b,
+        grads_present=grads_persist(fw.grads_persist, x.m) | (buckets > 0),
+        cache_fwd=cache_all, cache_bwd=np.where(x.full, cache_head, cache_all), activations=held,
+        logits_fwd_end=np.where(is_last, x.per_token(x.head.logits_fwd_end) * x.tokens, 0.0),
+        logits_peak=np.where(is_last, x.per_token(x.head.logits_peak) * x.tokens, 0.0),
+        last_grad_transient=np.where(is_first & spec.tied_embeddings, tied_grad, 0.0),
+        recompute_transient=np.where(x.full, acts.block_no_recompute, 0.0),
+        workspace=efficiency(x.hw, "framework_workspace_bytes"))
+    return RankMemory(peak=peak, params=params_b, grads=grads_b + buckets, optimizer=opt_b, activations=acts_b,
+                      other=other)
+
+
+def peak_over_ranks(x, acts: ActivationBytes, *, host_room, rank_blocks=None):
+    """The highest rank's memory (RankMemory) and, with explicit per-rank blocks (shape (candidates, R),
+    -1 past pp), every rank's terms ((candidates, R) arrays, NaN past pp). Without them the first and
+    the last rank are evaluated: with an even split they hold the peak (rank 0 has the most blocks and
+    micro-batches in flight, the last rank the head)."""
+    best = rank_memory(x, 0.0, x.blocks_first, acts, host_room=host_room).higher(
+        rank_memory(x, x.pp - 1.0, x.blocks_last, acts, host_room=host_room))
+    if rank_blocks is None:
+        return best, None
+    rb = np.atleast_2d(np.asarray(rank_blocks, dtype=float))
+    cols = []
+    for j in range(rb.shape[1]):
+        valid = j < x.pp
+        r_j = rank_memory(x, float(j), np.where(valid, rb[:, j], 0.0), acts, host_room=host_room)
+        best = best.higher(r_j, valid)
+        cols.append(r_j)
+    names = {"peak_bytes": "peak", "params_bytes": "params", "grads_bytes": "grads",
+             "optimizer_bytes": "optimizer", "activations_bytes": "activations", "other_bytes": "other"}
+    per_rank = {name: np.stack([np.where(j < x.pp, np.broadcast_to(getattr(c, f), x.pp.shape), np.nan)
+                                for j, c in enumerate(cols)], axis=1) for name, f in names.items()}
+    return best, per_rank
+
+
+def needed_bytes(peak_bytes, hw, framework):
+    """What the device must hold for a peak of `peak_bytes` allocated: the caching allocator's blocks
+    are larger than their tensors (the framework's `allocator_overhead_fraction`: reserved / allocated
+    - 1, median 0.052 over the 42 measured H100 steps) and the CUDA context lives outside it
+    (`cuda_context_bytes`): peak x (1 + overhead) + context."""
+    return np.asarray(peak_bytes, dtype=float) * (1.0 + framework.allocator_overhead_fraction) + cuda_context_bytes(hw)
+
+
+def fits(peak_bytes, hw, framework):
+    """The one definition of "fits" (planner.score.Scores.fits, read by search, estimate, explain,
+    report and plan files): needed_bytes <= the device's usable memory."""
+    return needed_bytes(peak_bytes, hw, framework) <= float(hw.memory_bytes)

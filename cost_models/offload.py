@@ -42,3 +42,22 @@ def activation_offload_seconds(activation_bytes, forward_s, backward_s, hw: Hard
     max(0, A / B - t_fwd) + max(0, A / B - t_bwd)."""
     one_way = np.asarray(activation_bytes, dtype=float) / pcie_Bps(hw)
     return np.maximum(0.0, one_way - forward_s) + np.maximum(0.0, one_way - backward_s)
+
+
+def activation_offload_step_seconds(x, activation_volume_bytes, forward_s, backward_s):
+    """Exposed time of activation offload in a step (activation_offload_seconds) plus the interference
+    of the hidden copies with compute (`overlap_interference` of min(2 A / B_pcie, busy time))."""
+    one_step = activation_offload_seconds(activation_volume_bytes, forward_s, backward_s, x.hw)
+    hidden = np.minimum(2.0 * np.asarray(activation_volume_bytes) / pcie_Bps(x.hw), forward_s + backward_s)
+    return np.where(x.is_offload("activations"), one_step + efficiency(x.hw, "overlap_interference") * hidden, 0.0)
+
+
+def host_room_bytes(x, params_rank):
+    """Host memory one device may fill with offloaded activations: its share of the node's host memory
+    after any offloaded optimizer states (fp32 master + states + 4 bytes of gradient per parameter,
+    sharded from ZeRO-1)."""
+    from cost_models.memory import state_bytes_per_param, zero_sharded
+
+    _, _, ob = state_bytes_per_param(x.sw.framework, x.precision, x.optimizer)
+    host_opt = np.where(x.is_offload("optimizer"), zero_sharded(params_rank * (ob + 4.0), x.dp, x.zero, 1), 0.0)
+    return np.maximum(0.0, host_memory_bytes_per_node(x.hw) / x.hw.devices_per_node - host_opt)

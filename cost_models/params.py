@@ -117,3 +117,16 @@ def matmul_params(spec: TransformerSpec) -> int:
     the count behind Narayanan et al. 2021 eq. 3."""
     return (spec.layers * block_matmul_weights(spec) + spec.encoder_layers * encoder_block_matmul_weights(spec)
             + head_matmul_weights(spec))
+
+
+def rank_params(spec: TransformerSpec, tp, n_blocks, is_first, is_last):
+    """Parameters one tensor-parallel rank of a pipeline rank holds: its blocks, the embedding on the
+    first rank, the final norm and head on the last, and a second copy of a tied embedding on a last
+    rank that is not also the first (Megatron's embedding group, Shoeybi et al. 2019); / tp. Arrays
+    broadcast."""
+    import numpy as np
+
+    tied_copy = spec.vocab * spec.hidden if spec.tied_embeddings else 0
+    return (n_blocks * block_params(spec) + np.where(is_first, embedding_params(spec), 0.0)
+            + np.where(is_last, head_params(spec) + final_norm_params(spec), 0.0)
+            + np.where(is_last & ~np.asarray(is_first), tied_copy, 0.0)) / np.asarray(tp, dtype=float)

@@ -107,3 +107,50 @@ def p2p_transfers_on_critical_path(pp, num_microbatches, virtual_stages):
     (Megatron's blocking send/recv between stages)."""
     pp = np.asarray(pp, dtype=float)
     return np.where(pp > 1, 2.0 * (np.asarray(num_microbatches) * np.asarray(virtual_stages) + pp - 1.0), 0.0)
+
+
+# ------------------------------------------------------------------------ step terms (cost_models.step)
+
+from dataclasses import dataclass  # noqa: E402
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageSeconds:
+    """One micro-batch through pipeline stages (forward + backward + recompute, TP comm included)."""
+
+    slowest: np.ndarray
+    """The slowest rank: the schedule's beat (first, last or busiest rank)."""
+    mean: np.ndarray
+    """Work of the whole model / pp: what an idle slot of the bubble costs."""
+    tp_share: np.ndarray
+    """Share of the busiest rank's block time spent in tensor-parallel communication."""
+
+
+def stage_seconds(x, per_block_s, per_block_tp_s, embedding_s, head_s) -> StageSeconds:
+    """Blocks x per-block time on each rank, plus the embedding on the first and the head and loss on
+    the last (both on the only stage when pp = 1); the slowest rank sets the pace (Narayanan et al.
+    2021, Sec. 2.2)."""
+    block = per_block_s + per_block_tp_s
+    single = x.single_stage
+    first = x.blocks_first * block + embedding_s + np.where(single, head_s, 0.0)
+    last = x.blocks_last * block + head_s + np.where(single, embedding_s, 0.0)
+    most = x.blocks_most * block
+    return StageSeconds(slowest=np.maximum(np.maximum(first, last), most),
+                        mean=(x.spec.total_blocks * block + embedding_s + head_s) / x.pp,
+                        tp_share=x.blocks_most * per_block_tp_s / np.maximum(most, 1e-30))
+
+
+def schedule_seconds(x, stage: StageSeconds):
+    """(busy, bubble) seconds of one step: m x the slowest stage, and the schedule's idle slots x the
+    mean stage (bubble_slots). Ranks that share cores (a CPU profile, `shared_cores_speedup` > 1) run
+    faster while others idle, but a node cannot finish its work sooner than with all ranks busy:
+    the busy span becomes max(busy, (busy + bubble) / speedup)."""
+    from cost_models.compute import eff
+    from planner.parallel import SCHEDULES
+
+    busy = x.m * stage.slowest
+    bubble = bubble_slots(x.schedule, x.pp, x.v, SCHEDULES, x.m) * stage.mean
+    speedup = eff(x.hw, "shared_cores_speedup")
+    if speedup > 1.0:
+        bubble = np.maximum(0.0, (busy + bubble) / speedup - busy)
+    return busy, bubble

@@ -60,6 +60,29 @@ class SearchSpace:
     """Largest micro-batch tried (sequences)."""
     max_tp: int | None = None
     """Largest tensor-parallel degree tried; None means any divisor of the heads."""
+    max_pp: int | None = None
+    """Largest pipeline degree tried; None means up to the blocks."""
+    zero_with_pp: tuple[int, ...] = (0, 1, 2, 3)
+    """ZeRO stages tried together with pp > 1."""
+
+    def for_framework(self, framework) -> "SearchSpace":
+        """This space narrowed to what `framework` can run (frameworks.FrameworkProfile.capabilities;
+        the same capabilities frameworks.rules.violations checks for estimate and export)."""
+        from dataclasses import replace
+
+        from frameworks.rules import placement_allowed
+
+        caps = framework.capabilities
+        sp = {"optional": self.sequence_parallel, "always": (True,), "never": (False,)}[caps.sequence_parallel]
+        return replace(
+            self, schedules=tuple(s for s in self.schedules if s in caps.schedules),
+            max_virtual_stages=min(self.max_virtual_stages, caps.max_virtual_stages),
+            zero=tuple(z for z in self.zero if z in caps.zero) or (0,),
+            zero_with_pp=tuple(z for z in self.zero_with_pp if z in caps.zero_with_pp),
+            recompute=tuple(r for r in self.recompute if r in caps.recompute),
+            offload=tuple(o for o in self.offload if o in caps.offload), sequence_parallel=sp,
+            placements=tuple(p for p in self.placements if placement_allowed(framework, p)),
+            max_tp=self.max_tp if caps.tp else 1, max_pp=self.max_pp if caps.schedules else 1)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -104,7 +127,8 @@ def tp_allowed(tp: int, heads: int, kv_heads: int) -> bool:
 
 
 def degree_triples(world_size: int, global_batch: int, *, heads: int, kv_heads: int, blocks: int,
-                   max_tp: int | None = None, rejected: Counter | None = None) -> list[tuple[int, int, int]]:
+                   max_tp: int | None = None, max_pp: int | None = None,
+                   rejected: Counter | None = None) -> list[tuple[int, int, int]]:
     """(dp, tp, pp) with dp*tp*pp = world_size that the model shape and the global batch allow."""
     rejected = rejected if rejected is not None else Counter()
     triples = []
@@ -116,6 +140,8 @@ def degree_triples(world_size: int, global_batch: int, *, heads: int, kv_heads: 
             rejected["tp does not divide the heads (degree triples)"] += 1
         elif pp > blocks:
             rejected["pp exceeds the blocks (degree triples)"] += 1
+        elif max_pp is not None and pp > max_pp:
+            rejected["pp above what the framework runs (degree triples)"] += 1
         elif global_batch % dp:
             rejected["dp does not divide the global batch (degree triples)"] += 1
         else:
@@ -160,8 +186,11 @@ def skeleton_rows(world_size: int, global_batch: int, *, heads: int, kv_heads: i
     parts = []
     offload = [OFFLOAD.index(o) for o in space.offload]
     for dp, tp, pp in degree_triples(world_size, global_batch, heads=heads, kv_heads=kv_heads, blocks=blocks,
-                                     max_tp=space.max_tp, rejected=rejected):
-        zero = [z for z in space.zero if dp > 1 or z == 0] or [0]
+                                     max_tp=space.max_tp, max_pp=space.max_pp, rejected=rejected):
+        zero = [z for z in space.zero if (dp > 1 or z == 0) and (pp == 1 or dp == 1 or z in space.zero_with_pp)]
+        if not zero:
+            rejected["no ZeRO stage the framework runs with pipelining (skeletons)"] += 1
+            continue
         for (schedule, virtual), z, off in itertools.product(_schedule_options(pp, blocks, space), zero, offload):
             parts.append((dp, tp, pp, schedule, virtual, z, off))
     table = np.array(parts, dtype=np.int64).reshape(-1, len(SKELETON_FIELDS))

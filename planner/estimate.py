@@ -12,6 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models import params as P
+from cost_models.step import Software
+from frameworks import ATTENTION_KERNELS, FrameworkProfile, load_framework
+from frameworks.rules import check_runnable
 from cost_models.compute import peak_flops
 from hardware_profiles import HardwareProfile, load_profile
 from planner.errors import ConfigError
@@ -19,9 +22,6 @@ from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, reso
 from planner.placement import placement_index
 from planner.score import CandidateArrays, Scores, score
 from planner.spec import TransformerSpec
-
-IMPLS = ("megatron", "eager")
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Estimate:
@@ -31,7 +31,8 @@ class Estimate:
     hardware: HardwareProfile
     config: ParallelConfig
     gpus: int
-    impl: str
+    software: Software
+    """The stack and kernel choices the prediction assumed (framework profile, attention, dropout)."""
     scores: Scores
     """The length-1 arrays score() returned."""
 
@@ -48,8 +49,13 @@ class Estimate:
 
     @property
     def fits(self) -> bool:
-        """Peak plus allocator overhead and CUDA context within the device (Scores.fits)."""
+        """Peak plus allocator overhead and CUDA context within the device (Scores.fits, the one owner)."""
         return bool(np.asarray(self.scores.fits).reshape(-1)[0])
+
+    @property
+    def needed_bytes(self) -> int:
+        """What the device must hold: the peak, the allocator's overhead and the CUDA context."""
+        return int(round(self._x("needed_bytes")))
 
     @property
     def params(self) -> int:
@@ -77,7 +83,8 @@ class Estimate:
 
     def memory(self) -> dict:
         return {"peak_bytes_per_gpu": self.peak_bytes_per_gpu, "capacity_bytes": int(self.hardware.memory_bytes),
-                "fits": self.fits,
+                "fits": self.fits, "needed_bytes": self.needed_bytes,
+                "margin_bytes": int(self.hardware.memory_bytes) - self.needed_bytes,
                 **{k: int(round(self._x(k))) for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
                                                        "activations_bytes", "other_bytes")}}
 
@@ -98,7 +105,7 @@ class Estimate:
         cfg, spec = self.config, self.model
         plan = cfg.to_dict()
         plan["stages"] = list(cfg.stages) or even_stages(spec.total_blocks, cfg.pp * cfg.virtual_stages)
-        plan["implementation"] = self.impl
+        sw = self.software
         return {
             "schema_version": "1",
             "model": {"name": spec.name, "params": self.params, "layers": spec.layers, "hidden": spec.hidden,
@@ -108,6 +115,8 @@ class Estimate:
                          "device": self.hardware.device, "devices_per_node": self.hardware.devices_per_node,
                          "memory_bytes": int(self.hardware.memory_bytes)},
             "plan": plan,
+            "software": {"framework": sw.framework.name, "kernels": sw.framework.kernels, "attention": sw.attention,
+                         "dropout": sw.dropout, "overlap_grad_reduce": sw.overlap_grad_reduce},
             "prediction": {
                 "step_time_s": self.step_time_s,
                 "samples_per_s": cfg.global_batch / self.step_time_s,
@@ -155,16 +164,32 @@ def candidate_of(cfg: ParallelConfig, blocks: int) -> CandidateArrays:
         rank_blocks=np.asarray([per_rank]))
 
 
-def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int, impl: str = "megatron",
-             flash: bool = True, dropout: bool = False, overlap_grad_reduce: bool = True) -> Estimate:
-    """Validate `cfg` for `model` on `gpus` devices of `hw` and predict its step time and memory.
+def software_for(framework: str | FrameworkProfile, *, attention: str | None = None, dropout: bool | None = None,
+                 overlap_grad_reduce: bool | None = None) -> Software:
+    """The run's software: the framework profile (by name or record) with the attention kernel, dropout and
+    gradient-reduction overlap a run may set (None: the framework's default)."""
+    fw = framework if isinstance(framework, FrameworkProfile) else load_framework(framework)
+    if attention is not None and attention not in ATTENTION_KERNELS:
+        raise ConfigError("attention", attention, "one of " + ", ".join(ATTENTION_KERNELS))
+    return Software.of(fw, attention=attention, dropout=bool(dropout), overlap_grad_reduce=overlap_grad_reduce)
+
+
+def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int, attention: str | None = None,
+             dropout: bool | None = None, overlap_grad_reduce: bool | None = None,
+             check_framework: bool = True) -> Estimate:
+    """Validate `cfg` for `model` on `gpus` devices of `hw` and predict its step time and memory on the
+    framework `cfg.framework` names (frameworks/*.json).
 
     `model` is a TransformerSpec or a MODEL argument (catalog name, config.json path); `hw` a
-    HardwareProfile or a profile name/path.
+    HardwareProfile or a profile name/path. `attention`, `dropout`, `overlap_grad_reduce` override
+    the framework's defaults (cost_models.step.Software). `check_framework=False` costs a plan the
+    framework's capabilities do not list (the executor's own runs: it is a torchtitan-style stack that
+    also runs tensor parallelism without sequence parallelism and ZeRO-1).
 
     A configuration that does not fit in memory is still evaluated (`fits` False). Raises
     ConfigError for degrees that do not multiply to `gpus`, tp not dividing the heads, more
-    pipeline chunks than blocks, stages not summing to the blocks, or an unknown implementation.
+    pipeline chunks than blocks, stages not summing to the blocks, or a plan the framework cannot
+    run (frameworks.rules.violations).
     """
     if isinstance(hw, str):
         hw = load_profile(hw)
@@ -174,8 +199,8 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
     if not isinstance(model, TransformerSpec):
         from planner.sources import transformer_spec
         model = transformer_spec(model)
-    if impl not in IMPLS:
-        raise ConfigError("impl", impl, "one of " + ", ".join(IMPLS))
+    software = software_for(cfg.framework, attention=attention, dropout=dropout,
+                            overlap_grad_reduce=overlap_grad_reduce)
     not_costed = [f"{name}={getattr(cfg, name)}" for name, off in (("cp", 1), ("ep", 1), ("expert_tp", 1), ("dp_shard", 0))
                   if getattr(cfg, name) != off] + (["precision=fp8"] if cfg.precision == "fp8" else [])
     if not_costed:
@@ -184,12 +209,13 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
     cfg.check_world_size(gpus)
     cfg.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
     resolve_precision(hw, cfg.precision)
+    if check_framework:
+        check_runnable(software.framework, cfg)
     if cfg.stages and min(cfg.stages) < 1:
         raise ConfigError("stages", list(cfg.stages), "at least one block per stage")
     scores = score(model, hw, candidate_of(cfg, model.total_blocks), global_batch=cfg.global_batch, seq=cfg.seq,
-                   precision=cfg.precision, optimizer=cfg.optimizer, impl=impl, flash=flash, dropout=dropout,
-                   overlap_grad_reduce=overlap_grad_reduce)
-    return Estimate(model=model, hardware=hw, config=cfg, gpus=gpus, impl=impl, scores=scores)
+                   precision=cfg.precision, optimizer=cfg.optimizer, software=software)
+    return Estimate(model=model, hardware=hw, config=cfg, gpus=gpus, software=software, scores=scores)
 
 
 class _CallableModule(types.ModuleType):

@@ -180,32 +180,36 @@ def _price_per_hour(hardware, nodes: int, spot: bool, node_price: float | None =
 class _Scorer:
     """Calls planner.score.score on dicts of candidate arrays, in chunks, counting what it scored."""
 
-    def __init__(self, model, hardware, *, global_batch, seq, precision, optimizer, score_fn=None,
-                 cost_options: Mapping[str, Any] | None = None):
+    def __init__(self, model, hardware, *, global_batch, seq, precision, optimizer, score_fn=None, software=None):
         if score_fn is None:
             from planner.score import score as score_fn
         self.score_fn = score_fn
-        self.kw = dict(global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
-                       **(cost_options or {}))
+        self.kw = dict(global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer)
+        if software is not None:
+            self.kw["software"] = software
         self.model, self.hardware = model, hardware
 
     def __call__(self, arrays: Mapping[str, np.ndarray], progress: Callable[[int], None] | None = None):
-        """(step_time_s, peak_bytes_per_gpu, time lower bound) per candidate. The bound is the sum of
-        the step's terms that only grow with recompute and without sequence parallelism (compute,
+        """(step_time_s, peak_bytes_per_gpu, needed_bytes, time lower bound) per candidate. needed_bytes
+        is what decides fitting (Scores.needed_bytes: the peak with the allocator's overhead and the CUDA
+        context; the peak itself where a scorer handed in by a test reports no more). The bound is the
+        sum of the step's terms that only grow with recompute and without sequence parallelism (compute,
         bubble, pipeline p2p, optimizer; TIME_BOUND_TERMS); 0 where the scorer reports none of them."""
         n = len(arrays["dp"])
-        step, peak, compute = np.empty(n), np.empty(n), np.zeros(n)
+        step, peak, needed, compute = np.empty(n), np.empty(n), np.empty(n), np.zeros(n)
         for start in range(0, n, SCORE_CHUNK):
             chunk = {k: v[start:start + SCORE_CHUNK] for k, v in arrays.items()}
             scores = self.score_fn(self.model, self.hardware, _candidate_arrays(chunk), **self.kw)
             step[start:start + SCORE_CHUNK] = np.asarray(scores.step_time_s, dtype=float)
             peak[start:start + SCORE_CHUNK] = np.asarray(scores.peak_bytes_per_gpu, dtype=float)
+            needed[start:start + SCORE_CHUNK] = np.asarray(getattr(scores, "needed_bytes", scores.peak_bytes_per_gpu),
+                                                           dtype=float)
             for term in TIME_BOUND_TERMS:
                 if hasattr(scores, term):
                     compute[start:start + SCORE_CHUNK] += np.asarray(getattr(scores, term), dtype=float)
             if progress is not None:
                 progress(len(chunk["dp"]))
-        return step, peak, compute
+        return step, peak, needed, compute
 
 
 def _rest_of_groups(firsts: Mapping[str, np.ndarray], *, space: SearchSpace, weakest: int,
@@ -226,9 +230,9 @@ def _rest_of_groups(firsts: Mapping[str, np.ndarray], *, space: SearchSpace, wea
     return {name: out[name] for name in FIELDS}
 
 
-def _admission_threshold(step: np.ndarray, peak: np.ndarray, capacity: float, objective: str, keep: int) -> float:
+def _admission_threshold(step: np.ndarray, needed: np.ndarray, capacity: float, objective: str, keep: int) -> float:
     """Step time above which a candidate cannot enter the result (see the module docstring)."""
-    feasible = np.sort(step[peak <= capacity])
+    feasible = np.sort(step[needed <= capacity])
     if objective == "memory":
         return feasible[0] * (1 + MEMORY_OBJECTIVE_SLACK) if len(feasible) else np.inf
     return feasible[keep - 1] if len(feasible) >= keep else np.inf
@@ -247,7 +251,7 @@ def _take(rows: Mapping[str, np.ndarray], mask) -> dict[str, np.ndarray]:
 
 
 def config_of(arrays: Mapping[str, np.ndarray], i: int, *, global_batch: int, seq: int, precision: str,
-              optimizer: str, stages: tuple[int, ...] = ()) -> ParallelConfig:
+              optimizer: str, stages: tuple[int, ...] = (), framework: str = "megatron") -> ParallelConfig:
     """Row i of candidate arrays as a ParallelConfig."""
     a = {k: np.asarray(arrays[k])[i].item() for k in FIELDS}
     return ParallelConfig(dp=a["dp"], tp=a["tp"], pp=a["pp"], micro_batch=a["micro_batch"],
@@ -255,7 +259,7 @@ def config_of(arrays: Mapping[str, np.ndarray], i: int, *, global_batch: int, se
                           virtual_stages=a["virtual_stages"], zero=a["zero"], recompute=RECOMPUTE[a["recompute"]],
                           offload=OFFLOAD[a["offload"]], sequence_parallel=bool(a["sequence_parallel"]),
                           placement=PLACEMENTS[a["placement"]], precision=precision, optimizer=optimizer,
-                          seq=seq, stages=stages)
+                          seq=seq, stages=stages, framework=framework)
 
 
 # ---------------------------------------------------------------------------------------------- search
@@ -267,34 +271,37 @@ class ScoredSpace:
     arrays: Mapping[str, np.ndarray]
     step_time_s: np.ndarray
     peak_bytes_per_gpu: np.ndarray
+    needed_bytes: np.ndarray
+    """What each candidate needs of the device (Scores.needed_bytes)."""
     capacity_bytes: float
     leanest_arrays: Mapping[str, np.ndarray]
-    """The level-1 bound rows (one per skeleton) and their peaks: what the NoFit message reads."""
-    leanest_peak_bytes: np.ndarray
+    """The level-1 bound rows (one per skeleton) and what they need: what the NoFit message reads."""
+    leanest_needed_bytes: np.ndarray
     stats: SearchStats
 
     @property
     def fits(self) -> np.ndarray:
-        return self.peak_bytes_per_gpu <= self.capacity_bytes
+        """The cost model's one "fits" (cost_models.memory.fits): needed <= capacity."""
+        return self.needed_bytes <= self.capacity_bytes
 
 
 def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int, precision: str,
                 optimizer: str, space: SearchSpace = SearchSpace(), score_fn=None, prune: bool = True,
                 objective: str = "throughput", keep: int = 10, time_bound: bool = True,
-                cost_options: Mapping[str, Any] | None = None, progress: Callable[[int, int], None] | None = None) -> ScoredSpace:
+                software=None, progress: Callable[[int, int], None] | None = None) -> ScoredSpace:
     """Generate, bound and score the whole space (module docstring); no ranking yet."""
     t0 = time.perf_counter()
     heads, kv_heads, blocks = _model_shape(model)
     rejected: Counter = Counter()
     scorer = _Scorer(model, hardware, global_batch=global_batch, seq=seq, precision=precision,
-                     optimizer=optimizer, score_fn=score_fn, cost_options=cost_options)
+                     optimizer=optimizer, score_fn=score_fn, software=software)
     capacity = float(hardware.memory_bytes)
     skeletons = skeleton_rows(world_size, global_batch, heads=heads, kv_heads=kv_heads, blocks=blocks, space=space,
                               rejected=rejected)
     if len(skeletons["dp"]) == 0:
         raise ConfigError("gpus", world_size, _no_space_reason(world_size, global_batch, heads, blocks, rejected))
     lean1 = leanest(skeletons, space=space)
-    _, peak1_all, _ = scorer(lean1)
+    _, _, peak1_all, _ = scorer(lean1)
     bound_evals, pruned = len(peak1_all), 0
     peak1 = leanest_peak(peak1_all, skeletons, space=space)
     levels_n = len(space.recompute)
@@ -306,7 +313,7 @@ def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int
         dropped = with_micro_batches(_take(skeletons, ~keep1), global_batch, space=space)
         pruned += int(free_knob_count(dropped, space=space).sum())
     if prune and len(rows["dp"]):
-        _, peak2, _ = scorer(leanest(rows, space=space))
+        _, _, peak2, _ = scorer(leanest(rows, space=space))
         bound_evals += len(peak2)
         keep2 = leanest_peak(peak2, rows, space=space) <= capacity
         pruned += int(free_knob_count(_take(rows, ~keep2), space=space).sum())
@@ -326,23 +333,23 @@ def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int
         if progress is not None:
             progress(done[0], total)
 
-    step0, peak0, compute0 = scorer(firsts, tick) if len(firsts["dp"]) else (np.zeros(0),) * 3
+    step0, peak0, need0, compute0 = scorer(firsts, tick) if len(firsts["dp"]) else (np.zeros(0),) * 4
     keep_groups = np.ones(len(step0), bool)
     if time_bound:
-        keep_groups = compute0 < _admission_threshold(step0, peak0, capacity, objective, keep)
+        keep_groups = compute0 < _admission_threshold(step0, need0, capacity, objective, keep)
     rest = _rest_of_groups(_take(firsts, keep_groups), space=space, weakest=weakest, sp_first=sp_first)
-    step1, peak1_, _ = scorer(rest, tick) if len(rest["dp"]) else (np.zeros(0),) * 3
+    step1, peak1_, need1, _ = scorer(rest, tick) if len(rest["dp"]) else (np.zeros(0),) * 4
     parts, steps, peaks = [firsts, rest], [step0, step1], [peak0, peak1_]
     full = {k: np.concatenate([p[k] for p in parts]) for k in FIELDS}
-    step, peak = np.concatenate(steps), np.concatenate(peaks)
+    step, peak, needed = np.concatenate(steps), np.concatenate(peaks), np.concatenate([need0, need1])
     scored_n = len(step)
     skipped = total - scored_n
     assert skipped >= 0
-    stats = SearchStats(candidates_evaluated=scored_n, feasible=int((peak <= capacity).sum()),
+    stats = SearchStats(candidates_evaluated=scored_n, feasible=int((needed <= capacity).sum()),
                         seconds=time.perf_counter() - t0, space=total + pruned, pruned_by_memory_bound=pruned,
                         pruned_by_time_bound=skipped, bound_evaluations=bound_evals, rejected=dict(rejected))
-    return ScoredSpace(arrays=full, step_time_s=step, peak_bytes_per_gpu=peak, capacity_bytes=capacity,
-                       leanest_arrays=lean1, leanest_peak_bytes=peak1, stats=stats)
+    return ScoredSpace(arrays=full, step_time_s=step, peak_bytes_per_gpu=peak, needed_bytes=needed,
+                       capacity_bytes=capacity, leanest_arrays=lean1, leanest_needed_bytes=peak1, stats=stats)
 
 
 def _no_space_reason(world, global_batch, heads, blocks, rejected) -> str:
@@ -367,13 +374,13 @@ def rank(scored: ScoredSpace, objective: str) -> np.ndarray:
 # ----------------------------------------------------------------------------------------- no fit
 
 def no_fit_error(scored: ScoredSpace, *, model, hardware, world_size: int, global_batch: int, seq: int,
-                 precision: str, optimizer: str, space: SearchSpace) -> NoFitError:
+                 precision: str, optimizer: str, space: SearchSpace, framework: str = "megatron") -> NoFitError:
     """How far the leanest candidate misses and what would make one fit (exit 3)."""
-    i = int(np.argmin(scored.leanest_peak_bytes))
-    need = float(scored.leanest_peak_bytes[i])
+    i = int(np.argmin(scored.leanest_needed_bytes))
+    need = float(scored.leanest_needed_bytes[i])
     cap = scored.capacity_bytes
     cfg = config_of(scored.leanest_arrays, i, global_batch=global_batch, seq=seq, precision=precision,
-                    optimizer=optimizer)
+                    optimizer=optimizer, framework=framework)
     per_node = hardware.devices_per_node
     more = math.ceil(world_size * need / cap / per_node) * per_node
     fixes = [f"more GPUs (about {more}, {more // per_node} nodes: static memory shrinks roughly as 1/GPUs)"]
@@ -385,7 +392,7 @@ def no_fit_error(scored: ScoredSpace, *, model, hardware, world_size: int, globa
     if "optimizer" not in space.offload:
         untried.append("optimizer offload")
     if untried:
-        fixes.append("allow " + ", ".join(untried))
+        fixes.append("allow " + ", ".join(untried) + f" (not available on {framework}: try another --framework)")
     bigger = _larger_devices(hardware, need)
     if bigger:
         fixes.append("a larger device (" + ", ".join(bigger) + ")")
@@ -515,13 +522,15 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
               price_per_hour: float | None = None,
               tokens: float | None = None, space: SearchSpace = SearchSpace(), refine: int = REFINE_TOP,
               progress: Callable[[int, int], None] | None = None, score_fn=None, estimate_fn=None,
-              cost_options: Mapping[str, Any] | None = None) -> Recommendation:
+              framework: str = "megatron", attention: str | None = None, dropout: bool | None = None,
+              overlap_grad_reduce: bool | None = None) -> Recommendation:
     """Search the parallel strategies of `model` on `gpus` devices of `hardware` and rank them.
 
     `model` is a MODEL argument (catalog name, config.json, factory) or a resolved spec; `hardware`
-    a profile name, path or HardwareProfile. `cost_options` go to both score() and estimate()
-    (e.g. impl, flash, dropout, overlap_grad_reduce: properties of the training software). Raises
-    ConfigError for bad input, NoFitError when no candidate fits in memory.
+    a profile name, path or HardwareProfile; `framework` the software stack (frameworks/*.json): only
+    plans it can run are searched (SearchSpace.for_framework), costed with its profile. `attention`,
+    `dropout`, `overlap_grad_reduce` override the framework's defaults for score() and estimate().
+    Raises ConfigError for bad input, NoFitError when no candidate fits in memory.
     """
     t0 = time.perf_counter()
     if objective not in OBJECTIVES:
@@ -529,8 +538,17 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     if top < 1:
         raise ConfigError("top", top, "a positive integer")
     model, hardware, world, n_nodes = _resolve(model, hardware, gpus, nodes, seq)
+    from planner.estimate import software_for
+
+    software = software_for(framework, attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce)
     precision = resolve_precision(hardware, precision)    # None: bf16 mixed precision where the device has bf16
-    ParallelConfig(precision=precision, optimizer=optimizer)          # validates the optimizer too
+    ParallelConfig(precision=precision, optimizer=optimizer, framework=software.framework.name)  # validates them
+    from frameworks.rules import violations
+    problems = violations(software.framework, ParallelConfig(precision=precision, framework=software.framework.name))
+    if problems:
+        raise ConfigError("precision", precision, f"a precision {software.framework.name} runs",
+                          message=f"framework {software.framework.name} cannot run this plan: {problems[0]}")
+    space = space.for_framework(software.framework)
     seq = seq or model.seq
     global_batch = global_batch or default_global_batch(world, seq)
     price = _price_per_hour(hardware, n_nodes, spot, price_per_hour)
@@ -539,15 +557,18 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
 
     scored = score_space(model, hardware, world_size=world, global_batch=global_batch, seq=seq,
                          precision=precision, optimizer=optimizer, space=space, score_fn=score_fn,
-                         objective=objective, keep=max(top, refine) + 1, cost_options=cost_options,
+                         objective=objective, keep=max(top, refine) + 1, software=software,
                          progress=progress)
     order = rank(scored, objective)
     if len(order) == 0:
         raise no_fit_error(scored, model=model, hardware=hardware, world_size=world, global_batch=global_batch,
-                           seq=seq, precision=precision, optimizer=optimizer, space=space)
+                           seq=seq, precision=precision, optimizer=optimizer, space=space,
+                           framework=software.framework.name)
 
-    kw = dict(global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer)
-    opts = dict(cost_options or {})
+    kw = dict(global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
+              framework=software.framework.name)
+    opts = {k: v for k, v in dict(attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce).items()
+            if v is not None}
     leaders = [config_of(scored.arrays, int(i), **kw) for i in order[:max(top, refine) + 1]]
     documents, refined = [], 0
     for position, cfg in enumerate(leaders):

@@ -69,7 +69,7 @@ def test_independent_check_narayanan21_weak_scaling():
                 continue
             cfg = ParallelConfig(dp=dp, tp=r["tp"], pp=r["pp"], micro_batch=mb, global_batch=B, recompute="full",
                                  precision="amp-fp16", seq=2048)
-            est = estimate(spec, hw, cfg, gpus=r["gpus"], impl="megatron", flash=False, dropout=True,
+            est = estimate(spec, hw, cfg, gpus=r["gpus"], attention="unfused", dropout=True,
                            overlap_grad_reduce=False)
             if est.fits:
                 best = max(best, hw_flops / est.step_time_s / r["gpus"] / 1e12)

@@ -10,6 +10,7 @@ from cost_models.blocks import block_table
 from hardware_profiles import load_profile
 from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES
 from planner.placement import PLACEMENTS
+from planner.estimate import software_for
 from planner.score import CandidateArrays, score
 from planner.spec import TransformerSpec
 
@@ -20,14 +21,14 @@ HW = load_profile("dgx-a100-80g")
 def test_korthikanti_eq1_34_plus_5as_over_h():
     # Korthikanti et al. 2022, eq. 1: activations per layer = s b h (34 + 5 a s / h) bytes (fp16, dropout)
     s, h, a = 2048, GPT.hidden, GPT.heads
-    t = block_table(GPT, "amp-fp16", "megatron", flash=False, dropout=True)
+    t = block_table(GPT, "amp-fp16", "fused", flash=False, dropout=True)
     assert float(t.saved.at(1, False, s)) == pytest.approx(h * (34 + 5 * a * s / h))
 
 
 @pytest.mark.parametrize("tp", [2, 4, 8])
 def test_korthikanti_tensor_and_sequence_parallel(tp):
     s, h, a = 2048, GPT.hidden, GPT.heads
-    t = block_table(GPT, "amp-fp16", "megatron", flash=False, dropout=True)
+    t = block_table(GPT, "amp-fp16", "fused", flash=False, dropout=True)
     # eq. 2 (TP): s b h (10 + 24/t + 5 a s /(h t)); eq. 4 (TP + SP): s b h / t (34 + 5 a s / h)
     assert float(t.saved.at(tp, False, s)) == pytest.approx(h * (10 + 24 / tp + 5 * a * s / (h * tp)))
     assert float(t.saved.at(tp, True, s)) == pytest.approx(h / tp * (34 + 5 * a * s / h))
@@ -37,10 +38,13 @@ def test_korthikanti_tensor_and_sequence_parallel(tp):
 
 
 def test_state_bytes_per_param():
-    assert sum(M.state_bytes_per_param("amp-bf16", "adamw", "eager")) == 16       # PyTorch AMP
-    assert sum(M.state_bytes_per_param("amp-fp16", "adamw", "megatron")) == 18    # Megatron mixed precision
-    assert sum(M.state_bytes_per_param("bf16", "adamw", "eager")) == 8            # pure bf16: 2 + 2 + 4
-    assert sum(M.state_bytes_per_param("fp32", "adamw", "megatron")) == 16
+    fw = lambda name: software_for(name).framework  # noqa: E731
+    assert sum(M.state_bytes_per_param(fw("fsdp"), "amp-bf16", "adamw")) == 16       # PyTorch AMP
+    assert sum(M.state_bytes_per_param(fw("megatron"), "amp-fp16", "adamw")) == 18   # Megatron mixed precision
+    assert sum(M.state_bytes_per_param(fw("fsdp"), "bf16", "adamw")) == 8            # pure bf16: 2 + 2 + 4
+    assert sum(M.state_bytes_per_param(fw("megatron"), "fp32", "adamw")) == 16
+    assert sum(M.state_bytes_per_param(fw("deepspeed"), "amp-bf16", "adamw")) == 16  # ZeRO paper: 2 + 2 + 12
+    assert M.state_bytes_per_param(fw("megatron"), "amp-bf16", "sgd")[2] == 8        # master + one state
 
 
 def _cands(n, **over):
@@ -55,34 +59,36 @@ def _cands(n, **over):
 knobs = dict(dp=st.sampled_from([1, 2, 4, 8]), tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]),
              recompute=st.integers(0, len(RECOMPUTE) - 1), offload=st.integers(0, len(OFFLOAD) - 1),
              sp=st.booleans(), schedule=st.integers(0, len(SCHEDULES) - 1), placement=st.integers(0, 5),
-             impl=st.sampled_from(["megatron", "eager"]), precision=st.sampled_from(["amp-bf16", "bf16", "fp32"]))
+             framework=st.sampled_from(["megatron", "torchtitan", "fsdp", "deepspeed"]),
+             precision=st.sampled_from(["amp-bf16", "bf16", "fp32"]))
 
 
 @settings(max_examples=60, deadline=None)
 @given(**knobs)
-def test_zero_stage_k_plus_1_never_uses_more_memory(dp, tp, pp, recompute, offload, sp, schedule, placement, impl,
-                                                    precision):
+def test_zero_stage_k_plus_1_never_uses_more_memory(dp, tp, pp, recompute, offload, sp, schedule, placement,
+                                                    framework, precision):
     n = 4
     c = _cands(n, dp=np.full(n, dp), tp=np.full(n, tp), pp=np.full(n, pp), zero=np.arange(4),
                recompute=np.full(n, recompute), offload=np.full(n, offload), sequence_parallel=np.full(n, sp),
                schedule=np.full(n, schedule if pp > 1 else 1), placement=np.full(n, placement))
-    peak = score(GPT, HW, c, global_batch=dp * 8, seq=2048, precision=precision, impl=impl).peak_bytes_per_gpu
+    peak = score(GPT, HW, c, global_batch=dp * 8, seq=2048, precision=precision,
+                 software=software_for(framework)).peak_bytes_per_gpu
     assert np.all(np.diff(peak) <= 1e-6 * peak[:-1])
 
 
 @settings(max_examples=60, deadline=None)
 @given(**knobs, m=st.sampled_from([1, 2, 8]))
 def test_memory_never_falls_when_the_micro_batch_grows(dp, tp, pp, recompute, offload, sp, schedule, placement,
-                                                       impl, precision, m):
+                                                       framework, precision, m):
     mbs = np.array([1, 2, 4, 8])
     for fixed_global in (True, False):
-        if fixed_global and impl == "eager":
-            continue   # eager frees grads between steps: m -> 1 legitimately drops them from the forward peak
+        if fixed_global and software_for(framework).framework.grads_persist != "always":
+            continue   # these stacks free grads between steps: m -> 1 legitimately drops them from the forward peak
         gb = dp * 8 * m if fixed_global else None
         peaks = []
         for mb in mbs:
             c = _cands(1, dp=[dp], tp=[tp], pp=[pp], micro_batch=[mb], recompute=[recompute], offload=[offload],
                        sequence_parallel=[sp], schedule=[schedule if pp > 1 else 1], placement=[placement])
             peaks.append(float(score(GPT, HW, c, global_batch=gb or dp * mb * m, seq=2048, precision=precision,
-                                     impl=impl).peak_bytes_per_gpu[0]))
+                                     software=software_for(framework)).peak_bytes_per_gpu[0]))
         assert all(b >= a * (1 - 1e-9) for a, b in zip(peaks, peaks[1:])), peaks

@@ -55,15 +55,23 @@ def test_model_flops_match_narayanan_eq3_with_72():
     assert est.scores.model_flops_per_step == pytest.approx(expected, rel=1e-3)
 
 
-def test_scalar_equals_vectorized():
-    configs = [cfg(), cfg(recompute="selective", sequence_parallel=True), cfg(schedule="interleaved-1f1b",
-               virtual_stages=3), cfg(dp=2, pp=4, zero=2, micro_batch=2), cfg(dp=8, tp=2, pp=4, zero=3),
-               cfg(dp=4, tp=4, pp=4, placement="TPD", offload="optimizer")]
+@pytest.mark.parametrize("framework,configs", [
+    ("megatron", [cfg(), cfg(recompute="selective", sequence_parallel=True),
+                  cfg(schedule="interleaved-1f1b", virtual_stages=3), cfg(dp=2, pp=4, zero=1, micro_batch=2),
+                  cfg(dp=8, tp=2, pp=4, zero=1), cfg(dp=4, tp=4, pp=4, placement="PDT", offload="optimizer")]),
+    ("torchtitan", [cfg(sequence_parallel=True, framework="torchtitan", precision="amp-bf16"),
+                    cfg(dp=2, pp=4, zero=2, micro_batch=2, schedule="gpipe", framework="torchtitan",
+                        precision="amp-bf16", placement="PDT", sequence_parallel=True),
+                    cfg(dp=8, tp=2, pp=4, zero=3, sequence_parallel=True, framework="torchtitan", precision="amp-bf16",
+                        placement="PDT", offload="optimizer")]),
+])
+def test_scalar_equals_vectorized(framework, configs):
     singles = [estimate(GPT3, HW, c, gpus=64) for c in configs]
     arrays = [candidate_of(c, GPT3.total_blocks) for c in configs]
     stacked = CandidateArrays.concat(arrays)
     # one vectorized call with all candidates (same global batch is needed for one call)
-    many = score(GPT3, HW, stacked, global_batch=64, seq=2048, precision="amp-fp16")
+    many = score(GPT3, HW, stacked, global_batch=64, seq=2048, precision=configs[0].precision,
+                 software=singles[0].software)
     for i, est in enumerate(singles):
         assert many.step_time_s[i] == pytest.approx(est.step_time_s, rel=1e-12)
         assert many.peak_bytes_per_gpu[i] == pytest.approx(est.peak_bytes_per_gpu, abs=1)
@@ -158,8 +166,9 @@ def test_a_middle_rank_with_more_blocks_holds_the_peak():
 def test_even_split_peaks_on_an_end_rank():
     # The search scores only the first and the last rank of even splits: rank 0 holds the most blocks
     # and the most micro-batches in flight, so no middle rank can exceed it.
-    for c in (cfg(pp=8), cfg(pp=8, schedule="gpipe"), cfg(pp=8, schedule="interleaved-1f1b", virtual_stages=3),
-              cfg(pp=4, tp=8, dp=2, zero=1, micro_batch=2), cfg(pp=8, schedule="zero-bubble")):
+    torchtitan = dict(framework="torchtitan", precision="amp-bf16", sequence_parallel=True, placement="PDT")
+    for c in (cfg(pp=8), cfg(pp=8, schedule="gpipe", **torchtitan), cfg(pp=8, schedule="interleaved-1f1b", virtual_stages=3),
+              cfg(pp=4, tp=8, dp=2, zero=1, micro_batch=2), cfg(pp=8, schedule="zero-bubble", **torchtitan)):
         ranks = estimate(GPT3, HW, c, gpus=64).memory_per_rank()
         peaks = [r["peak_bytes_per_gpu"] for r in ranks]
         assert max(peaks) == max(peaks[0], peaks[-1])

@@ -194,4 +194,4 @@ def test_recorded_candidates_are_plans_the_search_could_return():
     assert piped is not None and piped.pp > 1
     m = piped.num_microbatches
     assert piped.schedule not in ("interleaved-1f1b", "zero-bubble") or m % max(1, m // piped.pp) == 0
-    assert len(result.step_time_s) == len(result.pp) > 100_000
+    assert len(result.step_time_s) == len(result.pp) > 10_000

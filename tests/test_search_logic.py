@@ -33,7 +33,7 @@ class FakeScores:
         self.step_time_s, self.peak_bytes_per_gpu = step, peak
 
 
-def fake_score(model, hardware, c, *, global_batch, seq, precision, optimizer):
+def fake_score(model, hardware, c, *, global_batch, seq, precision, optimizer, software=None):
     """Monotone toy model: time = work/GPU x recompute + bubble + comm; memory = states + activations."""
     dp, tp, pp, mb, v = (_get(c, n).astype(float) for n in ("dp", "tp", "pp", "micro_batch", "virtual_stages"))
     zero, rc, off, sp = (_get(c, n) for n in ("zero", "recompute", "offload", "sequence_parallel"))

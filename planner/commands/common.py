@@ -20,6 +20,13 @@ PrecisionOpt = Annotated[str, typer.Option("--precision", help="fp32, amp-bf16, 
 HwPrecisionOpt = Annotated[Optional[str], typer.Option(
     "--precision", help="fp32, amp-bf16, amp-fp16 or bf16 (default: amp-bf16, or amp-fp16 on devices without bf16).")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adamw or sgd.")]
+FrameworkOpt = Annotated[str, typer.Option(
+    "--framework", help="Software stack the plan runs on: megatron (Megatron-LM / NeMo), torchtitan, fsdp (plain "
+                        "PyTorch DDP/FSDP with Hugging Face or plain modules) or deepspeed.")]
+AttentionOpt = Annotated[Optional[str], typer.Option(
+    "--attention", help="Attention kernel: flash, sdpa or unfused (default: the model's config, else the framework's).")]
+DropoutOpt = Annotated[Optional[bool], typer.Option(
+    "--dropout/--no-dropout", help="Dropout layers active (default: the model's config, else off).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document to stdout and nothing else there.")]
 PlanArg = Annotated[Path, typer.Argument(help="A plan JSON file written by `recommend --out` or `estimate --json`.")]
 

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.commands.common import (GlobalBatchOpt, GpusOpt, HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
+from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, GlobalBatchOpt, GpusOpt, HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
                                      NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json)
 from planner.errors import ConfigError
 
@@ -24,9 +24,6 @@ RecomputeOpt = Annotated[str, typer.Option("--recompute", help="none, selective 
 OffloadOpt = Annotated[str, typer.Option("--offload", help="none, optimizer or activations.")]
 SpOpt = Annotated[bool, typer.Option("--sequence-parallel", help="Megatron sequence parallelism over the tp group.")]
 PlacementOpt = Annotated[str, typer.Option("--placement", help="Order of D, P, T; the right-most letter gets adjacent ranks.")]
-ImplOpt = Annotated[str, typer.Option("--impl", help="megatron (fused kernels) or eager (PyTorch / Hugging Face modules).")]
-FlashOpt = Annotated[bool, typer.Option("--flash/--no-flash", help="Fused (flash) attention, or a materialized softmax.")]
-DropoutOpt = Annotated[bool, typer.Option("--dropout", help="Dropout layers active (masks saved, extra kernels).")]
 StagesOpt = Annotated[Optional[str], typer.Option(
     "--stages", help="Blocks per pipeline stage, comma-separated (pp x virtual-stages entries); default even.")]
 
@@ -70,8 +67,8 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
              global_batch: GlobalBatchOpt = None, seq: SeqOpt = None, schedule: ScheduleOpt = None,
              virtual_stages: VirtualOpt = 1, zero: ZeroOpt = 0, recompute: RecomputeOpt = "none",
              offload: OffloadOpt = "none", sequence_parallel: SpOpt = False, placement: PlacementOpt = "DPT",
-             precision: HwPrecisionOpt = None, optimizer: OptimizerOpt = "adamw", impl: ImplOpt = "megatron",
-             flash: FlashOpt = True, dropout: DropoutOpt = False, stages: StagesOpt = None,
+             precision: HwPrecisionOpt = None, optimizer: OptimizerOpt = "adamw", framework: FrameworkOpt = "megatron",
+             attention: AttentionOpt = None, dropout: DropoutOpt = None, stages: StagesOpt = None,
              json: JsonOpt = False) -> None:
     """Predict step time and peak memory of one parallel configuration."""
     from hardware_profiles import load_profile
@@ -90,8 +87,8 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
                          schedule=schedule or ("interleaved-1f1b" if virtual_stages > 1 else "1f1b"),
                          virtual_stages=virtual_stages, zero=zero, recompute=recompute, offload=offload,
                          sequence_parallel=sequence_parallel, placement=placement, precision=precision,
-                         optimizer=optimizer, seq=s, stages=parse_stages(stages))
-    est = run_estimate(spec, hw, cfg, gpus=n, impl=impl, flash=flash, dropout=dropout)
+                         optimizer=optimizer, seq=s, stages=parse_stages(stages), framework=framework)
+    est = run_estimate(spec, hw, cfg, gpus=n, attention=attention, dropout=dropout)
     if json:
         emit_json(est.to_document())
         return

@@ -114,8 +114,9 @@ def predict_step_time_s(spec, profile: str = "cpu-local") -> tuple[float | None,
         hw = load_profile(profile)
     except PlannerError as err:
         return None, f"prediction column left out: hardware profile {profile!r} unavailable ({err})"
-    config = dataclasses.replace(spec.config, precision=spec.dtype, offload=spec.offload)
-    result = estimate(spec.model, hw, config, gpus=config.world_size)
+    # what ran is the embedded executor, a torchtitan-style stack (frameworks/torchtitan.json)
+    config = dataclasses.replace(spec.config, precision=spec.dtype, offload=spec.offload, framework="torchtitan")
+    result = estimate(spec.model, hw, config, gpus=config.world_size, check_framework=False)
     return float(result.step_time_s), None
 
 

@@ -176,12 +176,12 @@ def seed_comparison(hw, doc: Mapping[str, Any], result: SearchResult | None, nod
       the best pure-data-parallel one (pp = 1) at this node count, both fitting (planner.score).
     """
     from cost_models import comm
-    from cost_models.memory import state_bytes_per_param
+    from frameworks import load_framework
 
     d = hw.devices_per_node
     p = doc["plan"]
-    grad_bytes = doc["model"]["params"] * state_bytes_per_param(p["precision"], p.get("optimizer", "adamw"),
-                                                                p.get("implementation", "megatron"))[1]
+    # the gradient bytes the plan's framework reduces (frameworks/*.json state_bytes.reduce)
+    grad_bytes = doc["model"]["params"] * load_framework(p.get("framework", "megatron")).state_bytes[p["precision"]].reduce
     hier = float(comm.group_collective_seconds("allreduce", grad_bytes, nodes * d, d, hw))
     flat = float(comm.group_collective_seconds("allreduce", grad_bytes, nodes * d, 1, hw))
     row = {"seed_relative": float(comm.relative_allreduce_cost(nodes, d)),

@@ -1,0 +1,143 @@
+"""The record every cost term reads: one batch of candidate configurations, resolved once.
+
+`Step.of(...)` turns the candidate arrays (planner.score.CandidateArrays) and the run's software
+(`Software`: the framework profile plus the model's attention kernel and dropout) into plain float
+arrays and the per-token tables of the block implementation; the terms in cost_models (compute,
+comm, pipeline, memory, offload) are pure functions of it. Arrays broadcast over candidates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from cost_models import blocks as B
+from frameworks import FrameworkProfile
+from hardware_profiles import HardwareProfile
+from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES
+from planner.placement import group_locality
+from planner.spec import TransformerSpec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Software:
+    """What the training software does, for one run: the stack and the model's kernel choices."""
+
+    framework: FrameworkProfile
+    attention: str
+    """Attention kernel: flash, sdpa or unfused (frameworks.ATTENTION_KERNELS)."""
+    dropout: bool
+    """Dropout layers active (masks saved, extra kernels)."""
+    overlap_grad_reduce: bool
+    """Data-parallel reduction overlapped with the backward (the framework's default unless a run
+    says otherwise, e.g. Megatron-LM 2021-22's local DDP)."""
+
+    @classmethod
+    def of(cls, framework: FrameworkProfile, *, attention: str | None = None, dropout: bool = False,
+           overlap_grad_reduce: bool | None = None) -> "Software":
+        return cls(framework=framework, attention=attention or framework.attention, dropout=bool(dropout),
+                   overlap_grad_reduce=framework.overlap_grad_reduce if overlap_grad_reduce is None
+                   else bool(overlap_grad_reduce))
+
+    @property
+    def flash(self) -> bool:
+        """A fused attention kernel (no s x s scores in memory)."""
+        return self.attention != "unfused"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Step:
+    """One batch of candidates with everything the cost terms need (module docstring)."""
+
+    spec: TransformerSpec
+    hw: HardwareProfile
+    sw: Software
+    precision: str
+    optimizer: str
+    seq: float
+    global_batch: int
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    b: np.ndarray
+    """Micro-batch (sequences)."""
+    v: np.ndarray
+    """Virtual stages (model chunks per pipeline rank)."""
+    m: np.ndarray
+    """Micro-batches per step per pipeline (global_batch / (dp b))."""
+    zero: np.ndarray
+    sp: np.ndarray
+    """Sequence parallelism in effect (requested and tp > 1)."""
+    recompute: np.ndarray
+    offload: np.ndarray
+    schedule: np.ndarray
+    local: Mapping[str, np.ndarray]
+    """Ranks per node of the D, P and T groups (planner.placement.group_locality)."""
+    blocks_first: np.ndarray
+    blocks_last: np.ndarray
+    blocks_most: np.ndarray
+    """Blocks of the first, the last and the busiest pipeline rank."""
+    table: B.BlockTable
+    head: B.HeadTable
+    c: float
+    """Bytes of an activation element in the math dtype."""
+
+    @classmethod
+    def of(cls, spec: TransformerSpec, hw: HardwareProfile, sw: Software, cands, *, global_batch: int, seq: int,
+           precision: str, optimizer: str) -> "Step":
+        f64 = lambda a: np.asarray(a, dtype=float)  # noqa: E731
+        dp, tp, pp, b, v = f64(cands.dp), f64(cands.tp), f64(cands.pp), f64(cands.micro_batch), f64(cands.virtual_stages)
+        first, last, most = _blocks_per_rank(cands, spec.total_blocks)
+        return cls(spec=spec, hw=hw, sw=sw, precision=precision, optimizer=optimizer, seq=float(seq),
+                   global_batch=global_batch, dp=dp, tp=tp, pp=pp, b=b, v=v, m=global_batch / (dp * b),
+                   zero=np.asarray(cands.zero), sp=np.asarray(cands.sequence_parallel, dtype=bool) & (tp > 1),
+                   recompute=np.asarray(cands.recompute), offload=np.asarray(cands.offload),
+                   schedule=np.asarray(cands.schedule),
+                   local=group_locality(cands.placement, cands.dp, cands.pp, cands.tp, hw.devices_per_node),
+                   blocks_first=first, blocks_last=last, blocks_most=most,
+                   table=B.block_table(spec, precision, sw.framework.kernels, flash=sw.flash, dropout=sw.dropout),
+                   head=B.head_table(spec, precision, sw.framework.kernels), c=float(B.compute_bytes(precision)))
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """Tokens of one micro-batch on one replica: b s."""
+        return self.b * self.seq
+
+    @property
+    def full(self) -> np.ndarray:
+        return self.recompute == RECOMPUTE.index("full")
+
+    @property
+    def selective(self) -> np.ndarray:
+        return self.recompute == RECOMPUTE.index("selective")
+
+    @property
+    def single_stage(self) -> np.ndarray:
+        return self.pp == 1
+
+    def is_schedule(self, name: str) -> np.ndarray:
+        return self.schedule == SCHEDULES.index(name)
+
+    def is_offload(self, name: str) -> np.ndarray:
+        return self.offload == OFFLOAD.index(name)
+
+    def per_token(self, terms: B.Terms) -> np.ndarray:
+        """Bytes per token on one rank of a table entry: replicated / (tp with SP), sharded / tp, scores s / tp."""
+        return terms.rep * np.where(self.sp, 1.0 / self.tp, 1.0) + (terms.shard + terms.seq * self.seq) / self.tp
+
+
+def _blocks_per_rank(cands, blocks: int):
+    """(first, last, busiest) blocks per pipeline rank. Even split (planner.estimate.even_stages): the
+    p v chunks get q = L // (p v) blocks and the first r = L % (p v) one more; rank k runs chunks
+    k, k + p, ... so it holds v q + ceil((r - k) / p)^+ blocks; rank 0 holds the most."""
+    pp = np.asarray(cands.pp, dtype=float)
+    v = np.asarray(cands.virtual_stages, dtype=float)
+    q = np.floor(blocks / (pp * v))
+    r = blocks - q * pp * v
+    even_first = v * q + np.ceil(r / pp)
+    even_last = v * q + np.maximum(0.0, np.ceil((r - pp + 1) / pp))
+    first = even_first if cands.blocks_first is None else np.asarray(cands.blocks_first, dtype=float)
+    last = even_last if cands.blocks_last is None else np.asarray(cands.blocks_last, dtype=float)
+    most = even_first if cands.blocks_max is None else np.asarray(cands.blocks_max, dtype=float)
+    return first, last, np.maximum(most, np.maximum(first, last))

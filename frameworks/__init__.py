@@ -1,0 +1,128 @@
+"""Framework profiles: one sourced JSON file per software stack beside this module.
+
+A training step costs different amounts on different stacks even on the same GPUs and with the same
+parallel degrees: the kernels (Megatron/Transformer Engine fused kernels vs PyTorch eager modules),
+the attention kernel, the memory conventions (master weights, gradient dtype, persistent gradient
+buffers, allocator fragmentation), what overlaps with what (gradient reduction, FSDP prefetch,
+pipeline sends), and which plans the stack can run at all (schedules, ZeRO with pipelining, tensor
+and sequence parallelism, offload, recompute granularity, degrees). `FrameworkProfile` is the record
+the cost models and the search read; `frameworks/loader.py` validates the files (unknown keys refused,
+every value sourced).
+
+>>> fw = load_framework("megatron")
+>>> fw.kernels, fw.states("amp-bf16", "adamw")
+('fused', (2.0, 4.0, 12.0))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+KERNELS = ("fused", "eager", "torch")
+"""Block implementations of cost_models.blocks: fused (Megatron / Transformer Engine kernels), eager
+(Hugging Face modules in PyTorch eager), torch (plain PyTorch modules as torchtitan and this project's
+executor write them)."""
+ATTENTION_KERNELS = ("flash", "sdpa", "unfused")
+"""flash: a fused flash-attention kernel (FlashAttention-2/3, cuDNN via Transformer Engine); sdpa:
+torch.nn.functional.scaled_dot_product_attention, which picks flash, memory-efficient or the math
+kernel by dtype and shape; unfused: materialized scores (Megatron-LM 2021-22, HF 'eager')."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StateBytes:
+    """Bytes per parameter a stack keeps for one precision (Rajbhandari et al. 2020, Sec. 3.1)."""
+
+    param: float
+    """The model's parameters as the forward uses them (2 for bf16/fp16 copies, 4 for fp32)."""
+    grad: float
+    """Gradients (4 for fp32 main gradients, 2 for bf16)."""
+    master: float
+    """fp32 master copy of the parameters beside `param` (0 when `param` is itself the fp32 copy)."""
+    state: float
+    """One optimizer state (AdamW keeps two: exp_avg, exp_avg_sq; SGD with momentum one)."""
+    reduce: float
+    """Bytes per element of the data-parallel gradient reduction (reduce_dtype)."""
+    gather: float
+    """Bytes per element of ZeRO-3/FSDP parameter all-gathers (param_dtype)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Capabilities:
+    """What the stack can run (the search only proposes these; estimate refuses the rest by name)."""
+
+    precisions: tuple[str, ...]
+    schedules: tuple[str, ...]
+    """Pipeline schedules; empty means no pipeline parallelism (pp must be 1)."""
+    max_virtual_stages: int
+    zero: tuple[int, ...]
+    zero_with_pp: tuple[int, ...]
+    """ZeRO stages allowed together with pp > 1."""
+    tp: bool
+    sequence_parallel: str
+    """'optional', 'always' (with tp > 1) or 'never'."""
+    cp_comm: tuple[str, ...]
+    """Context-parallel KV exchanges it implements; empty means no context parallelism."""
+    ep: bool
+    expert_tp: bool
+    hsdp: bool
+    """Shard groups smaller than dp (dp_shard)."""
+    offload: tuple[str, ...]
+    recompute: tuple[str, ...]
+    placements: tuple[str, ...]
+    """Rank orders the stack builds (D, P, T; C and E inserted where used); empty means any."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FrameworkProfile:
+    """One software stack (see the module docstring)."""
+
+    name: str
+    description: str
+    kernels: str
+    """Block implementation (KERNELS)."""
+    attention: str
+    """Default attention kernel (ATTENTION_KERNELS); a model's config may override it."""
+    state_bytes: Mapping[str, StateBytes]
+    """By precision."""
+    grads_persist: str
+    """'always' (a contiguous gradient buffer, Megatron) or 'accumulating' (freed by zero_grad unless
+    micro-batches accumulate into them)."""
+    grad_bucket_copy: bool
+    """PyTorch DDP copies gradients into its buckets (gradient_as_bucket_view=False): a second copy."""
+    autocast_weight_cache: bool
+    """torch.autocast keeps a 16-bit copy of every GEMM weight during the forward."""
+    overlap_grad_reduce: bool
+    """The data-parallel reduction runs bucket by bucket during the last backward."""
+    pp_scatter_gather: bool
+    """Pipeline sends carry 1/tp of the activation and all-gather it inside the node (Megatron)."""
+    zero_bubble_forward_reruns: float
+    """Forward passes per micro-batch of a fully recomputed block under zero-bubble schedules (2 means
+    the usual forward plus one recompute)."""
+    allocator_overhead_fraction: float
+    """Caching-allocator blocks beyond the tensors they hold (reserved / allocated - 1)."""
+    capabilities: Capabilities
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def states(self, precision: str, optimizer: str) -> tuple[float, float, float]:
+        """(params, grads, optimizer) bytes per parameter: optimizer = master + states, two states for
+        AdamW and one for SGD with momentum (cost_models.memory.state_bytes_per_param)."""
+        s = self.state_bytes[precision]
+        n_states = 2.0 if optimizer == "adamw" else 1.0
+        return s.param, s.grad, s.master + n_states * s.state
+
+
+def load_framework(name_or_path: str) -> FrameworkProfile:
+    """A validated framework profile by name (frameworks/<name>.json) or path."""
+    from frameworks.loader import load_framework as _load
+
+    return _load(name_or_path)
+
+
+def available_frameworks() -> list[str]:
+    from frameworks.loader import available_frameworks as _available
+
+    return _available()
+
+
+__all__ = ["FrameworkProfile", "StateBytes", "Capabilities", "load_framework", "available_frameworks",
+           "KERNELS", "ATTENTION_KERNELS"]

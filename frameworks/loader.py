@@ -1,0 +1,141 @@
+"""Read and validate framework profile files (the boundary where JSON becomes a FrameworkProfile).
+
+Every key is declared once here; an unknown key, a missing key, a wrong type or an out-of-range value
+is one ConfigError naming the file and the key. Every cost-relevant value must have an entry in the
+file's `sources` object.
+"""
+from __future__ import annotations
+
+import json
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, NoReturn
+
+from frameworks import ATTENTION_KERNELS, KERNELS, Capabilities, FrameworkProfile, StateBytes
+from planner.errors import ConfigError
+from planner.parallel import CP_COMMS, FRAMEWORKS, OFFLOAD, PRECISIONS, RECOMPUTE, SCHEDULES, check_placement
+
+FRAMEWORK_DIR = Path(__file__).resolve().parent
+SCHEMA_VERSION = "1"
+
+_TOP = {"schema_version": str, "name": str, "description": str, "kernels": str, "attention": str,
+        "state_bytes": dict, "grads_persist": str, "grad_bucket_copy": bool, "autocast_weight_cache": bool,
+        "overlap_grad_reduce": bool, "pp_scatter_gather": bool, "zero_bubble_forward_reruns": (int, float),
+        "allocator_overhead_fraction": (int, float), "capabilities": dict, "sources": dict}
+_SOURCED = ("kernels", "attention", "state_bytes", "grads_persist", "grad_bucket_copy", "autocast_weight_cache",
+            "overlap_grad_reduce", "pp_scatter_gather", "zero_bubble_forward_reruns", "allocator_overhead_fraction",
+            "capabilities")
+_STATE_KEYS = ("param", "grad", "master", "state", "reduce", "gather")
+_CAPS = {"precisions": list, "schedules": list, "max_virtual_stages": int, "zero": list, "zero_with_pp": list,
+         "tp": bool, "sequence_parallel": str, "cp_comm": list, "ep": bool, "expert_tp": bool, "hsdp": bool,
+         "offload": list, "recompute": list, "placements": list}
+
+
+def available_frameworks() -> list[str]:
+    return sorted(p.stem for p in FRAMEWORK_DIR.glob("*.json"))
+
+
+def _fail(origin: str, key: str, value: Any, allowed: str) -> NoReturn:
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise ConfigError(key, value, allowed, message=f"framework profile {origin}: {key}={shown} is invalid: allowed {allowed}")
+
+
+@lru_cache(maxsize=32)
+def load_framework(name_or_path: str) -> FrameworkProfile:
+    """A shipped profile by name (megatron, torchtitan, fsdp, deepspeed) or a profile file by path."""
+    text = str(name_or_path)
+    path = FRAMEWORK_DIR / f"{text}.json"
+    if "/" in text or text.endswith(".json"):
+        path = Path(text).expanduser()
+    elif not path.is_file():
+        raise ConfigError("framework", text, "one of " + ", ".join(available_frameworks()))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise ConfigError("framework", str(path), "a readable framework profile JSON file",
+                          message=f"framework profile {path}: cannot read ({type(err).__name__}: {err})") from None
+    return framework_from_dict(data, origin=str(path))
+
+
+def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfile:
+    if not isinstance(data, dict):
+        _fail(origin, "<document>", data, "a JSON object")
+    for key in data:
+        if key not in _TOP:
+            _fail(origin, key, data[key], "known keys: " + ", ".join(_TOP))
+    for key, kind in _TOP.items():
+        if key not in data:
+            if key == "schema_version":
+                continue
+            raise ConfigError(key, None, "present", message=f"framework profile {origin}: missing required key {key!r}")
+        value = data[key]
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool) and key != "grad_bucket_copy"):
+            _fail(origin, key, value, f"a {kind.__name__ if isinstance(kind, type) else 'number'}")
+    if data["name"] not in FRAMEWORKS:
+        _fail(origin, "name", data["name"], "one of " + ", ".join(FRAMEWORKS))
+    if data["kernels"] not in KERNELS:
+        _fail(origin, "kernels", data["kernels"], "one of " + ", ".join(KERNELS))
+    if data["attention"] not in ATTENTION_KERNELS:
+        _fail(origin, "attention", data["attention"], "one of " + ", ".join(ATTENTION_KERNELS))
+    if data["grads_persist"] not in ("always", "accumulating"):
+        _fail(origin, "grads_persist", data["grads_persist"], "always or accumulating")
+    reruns, frag = data["zero_bubble_forward_reruns"], data["allocator_overhead_fraction"]
+    if not (math.isfinite(reruns) and 1.0 <= reruns <= 16.0):
+        _fail(origin, "zero_bubble_forward_reruns", reruns, "a number from 1 to 16")
+    if not (math.isfinite(frag) and 0.0 <= frag <= 1.0):
+        _fail(origin, "allocator_overhead_fraction", frag, "a fraction from 0 to 1")
+    states = {}
+    for precision, block in data["state_bytes"].items():
+        if precision not in PRECISIONS:
+            _fail(origin, f"state_bytes.{precision}", block, "precisions among " + ", ".join(PRECISIONS))
+        if not isinstance(block, dict) or set(block) != set(_STATE_KEYS):
+            _fail(origin, f"state_bytes.{precision}", block, "an object with exactly " + ", ".join(_STATE_KEYS))
+        for k, v in block.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v <= 16):
+                _fail(origin, f"state_bytes.{precision}.{k}", v, "bytes per parameter from 0 to 16")
+        states[precision] = StateBytes(**{k: float(v) for k, v in block.items()})
+    caps = _capabilities(data["capabilities"], origin)
+    missing = sorted(set(caps.precisions) - set(states))
+    if missing:
+        _fail(origin, "state_bytes", sorted(states), f"an entry for every allowed precision ({', '.join(caps.precisions)})")
+    sources = data["sources"]
+    for key in _SOURCED:
+        if not isinstance(sources.get(key), str) or not sources[key].strip():
+            raise ConfigError(f"sources.{key}", None, "a source for every value",
+                              message=f"framework profile {origin}: missing required key 'sources.{key}'")
+    return FrameworkProfile(
+        name=data["name"], description=data["description"], kernels=data["kernels"], attention=data["attention"],
+        state_bytes=states, grads_persist=data["grads_persist"], grad_bucket_copy=data["grad_bucket_copy"],
+        autocast_weight_cache=data["autocast_weight_cache"], overlap_grad_reduce=data["overlap_grad_reduce"],
+        pp_scatter_gather=data["pp_scatter_gather"], zero_bubble_forward_reruns=float(reruns),
+        allocator_overhead_fraction=float(frag), capabilities=caps, sources=dict(sources))
+
+
+def _capabilities(block: dict, origin: str) -> Capabilities:
+    for key in block:
+        if key not in _CAPS:
+            _fail(origin, f"capabilities.{key}", block[key], "known keys: " + ", ".join(_CAPS))
+    for key, kind in _CAPS.items():
+        if key not in block:
+            raise ConfigError(key, None, "present", message=f"framework profile {origin}: missing required key "
+                                                            f"'capabilities.{key}'")
+        if not isinstance(block[key], kind) or (kind is int and isinstance(block[key], bool)):
+            _fail(origin, f"capabilities.{key}", block[key], f"a {kind.__name__}")
+    vocab = {"precisions": PRECISIONS, "schedules": SCHEDULES, "zero": (0, 1, 2, 3), "zero_with_pp": (0, 1, 2, 3),
+             "cp_comm": CP_COMMS, "offload": OFFLOAD, "recompute": RECOMPUTE}
+    for key, allowed in vocab.items():
+        bad = [v for v in block[key] if v not in allowed]
+        if bad:
+            _fail(origin, f"capabilities.{key}", bad[0], "values among " + ", ".join(map(str, allowed)))
+    if block["sequence_parallel"] not in ("optional", "always", "never"):
+        _fail(origin, "capabilities.sequence_parallel", block["sequence_parallel"], "optional, always or never")
+    for placement in block["placements"]:
+        try:
+            check_placement(placement)
+        except ConfigError:
+            _fail(origin, "capabilities.placements", placement, "placement strings over D, P, T (C, E optional)")
+    if not (1 <= block["max_virtual_stages"] <= 64):
+        _fail(origin, "capabilities.max_virtual_stages", block["max_virtual_stages"], "1 to 64")
+    return Capabilities(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in block.items()})

@@ -1,0 +1,84 @@
+"""What a software stack can run: the one owner of the rule set.
+
+`violations(framework, config)` lists, in words a user can act on, every way a ParallelConfig asks
+for something the stack's capabilities (frameworks/*.json) do not have. `planner estimate` refuses the
+first one (exit 2), the search proposes only plans without any (planner.candidates.SearchSpace.for_framework
+derives its knobs from the same capabilities), and `planner export` re-checks a plan against another
+target with it.
+"""
+from __future__ import annotations
+
+from frameworks import FrameworkProfile
+from planner.errors import ConfigError
+
+
+def used_placement(placement: str, *, cp: int = 1, ep: int = 1) -> str:
+    """The placement's order of the axes a plan actually uses (C only when cp > 1, E when ep > 1)."""
+    unused = ("" if cp > 1 else "C") + ("" if ep > 1 else "E")
+    return "".join(letter for letter in placement if letter not in unused)
+
+
+def placement_allowed(framework: FrameworkProfile, placement: str, *, cp: int = 1, ep: int = 1,
+                      degrees: dict[str, int] | None = None) -> bool:
+    """Whether the stack can lay ranks out in this order. Axes of degree 1 do not constrain it."""
+    allowed = framework.capabilities.placements
+    if not allowed:
+        return True
+    degrees = degrees or {}
+    keep = lambda text: "".join(a for a in used_placement(text, cp=cp, ep=ep) if degrees.get(a, 2) > 1)  # noqa: E731
+    return keep(placement) in {keep(p) for p in allowed}
+
+
+def violations(framework: FrameworkProfile, cfg) -> list[str]:
+    """Every capability of `framework` that `cfg` (a ParallelConfig) exceeds, as one line each."""
+    caps, name, out = framework.capabilities, framework.name, []
+
+    def no(what: str, allowed) -> None:
+        shown = ", ".join(map(str, allowed)) if isinstance(allowed, (list, tuple)) else str(allowed)
+        out.append(f"{what}: {name} allows {shown or 'none'}")
+
+    if cfg.precision not in caps.precisions:
+        no(f"precision={cfg.precision}", caps.precisions)
+    if cfg.pp > 1:
+        if not caps.schedules:
+            no(f"pp={cfg.pp}", "pp=1 only (no pipeline parallelism)")
+        elif cfg.schedule not in caps.schedules:
+            no(f"schedule={cfg.schedule}", caps.schedules)
+        if cfg.virtual_stages > caps.max_virtual_stages:
+            no(f"virtual_stages={cfg.virtual_stages}", f"at most {caps.max_virtual_stages}")
+        if cfg.dp > 1 and cfg.zero not in caps.zero_with_pp:
+            no(f"zero={cfg.zero} with pp={cfg.pp}", f"ZeRO stages {list(caps.zero_with_pp)} with pipelining")
+    if cfg.dp > 1 and cfg.zero not in caps.zero:
+        no(f"zero={cfg.zero}", caps.zero)
+    if cfg.tp > 1 and not caps.tp:
+        no(f"tp={cfg.tp}", "tp=1 only (no tensor parallelism)")
+    if cfg.tp > 1 and caps.sequence_parallel == "always" and not cfg.sequence_parallel:
+        out.append(f"sequence_parallel=false with tp={cfg.tp}: {name} always applies sequence parallelism with "
+                   "tensor parallelism (set sequence_parallel)")
+    if cfg.tp > 1 and caps.sequence_parallel == "never" and cfg.sequence_parallel:
+        no("sequence_parallel=true", "no sequence parallelism")
+    if cfg.cp > 1 and cfg.cp_comm not in caps.cp_comm:
+        no(f"cp={cfg.cp} with cp_comm={cfg.cp_comm}", ["cp=1 only"] if not caps.cp_comm else caps.cp_comm)
+    if cfg.ep > 1 and not caps.ep:
+        no(f"ep={cfg.ep}", "ep=1 only (no expert parallelism)")
+    if cfg.expert_tp > 1 and not caps.expert_tp:
+        no(f"expert_tp={cfg.expert_tp}", "expert_tp=1 only")
+    if cfg.dp_shard not in (0, cfg.dp) and cfg.zero >= 1 and not caps.hsdp:
+        no(f"dp_shard={cfg.dp_shard}", "shard groups of all dp ranks only (no hybrid sharding)")
+    if cfg.offload not in caps.offload:
+        no(f"offload={cfg.offload}", caps.offload)
+    if cfg.recompute not in caps.recompute:
+        no(f"recompute={cfg.recompute}", caps.recompute)
+    degrees = {"D": cfg.dp, "P": cfg.pp, "T": cfg.tp, "C": cfg.cp, "E": cfg.ep}
+    if not placement_allowed(framework, cfg.placement, cp=cfg.cp, ep=cfg.ep, degrees=degrees):
+        no(f"placement={cfg.placement}", [used_placement(p, cp=cfg.cp, ep=cfg.ep) for p in caps.placements])
+    return out
+
+
+def check_runnable(framework: FrameworkProfile, cfg) -> None:
+    """ConfigError naming the first thing `framework` cannot run (see violations)."""
+    problems = violations(framework, cfg)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ConfigError("framework", framework.name, "a plan the framework can run",
+                          message=f"framework {framework.name} cannot run this plan: {problems[0]}{more}")
