@@ -92,4 +92,4 @@ def _plain(v):
 
 
 if __name__ == "__main__":
-    print(json.dumps([check(item) for item in json.load(sys.stdin)]))
+    print("PLANNER-RESULT " + json.dumps([check(item) for item in json.load(sys.stdin)]))

@@ -133,4 +133,4 @@ if __name__ == "__main__":
     items = json.load(sys.stdin)
     with tempfile.TemporaryDirectory() as tmp:
         sys.path.insert(0, tmp)
-        print(json.dumps([check(item, pathlib.Path(tmp), i) for i, item in enumerate(items)]))
+        print("PLANNER-RESULT " + json.dumps([check(item, pathlib.Path(tmp), i) for i, item in enumerate(items)]))
