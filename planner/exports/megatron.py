@@ -106,7 +106,8 @@ def to_megatron(plan: Plan) -> Export:
     elif cfg.tp > 1 and moe:
         add("--sequence-parallel")
         notes.append("Megatron-LM requires sequence parallelism with MoE and tp > 1; turned on (less activation memory)")
-    if cfg.tp > 1 or cfg.cp > 1:
+    if (cfg.tp > 1 or cfg.cp > 1) and cfg.zero < 2:
+        # validate_args asks for 1 with TP/CP on pre-Blackwell GPUs, and for "unset or > 1" with Megatron FSDP
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
 
     # --- memory: recompute, sharding, offload

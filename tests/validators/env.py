@@ -36,7 +36,7 @@ INSTALL = {
     # target: (requirements, extra pip options); dependencies are the ones each import really needs
     "torchtitan": ([FRAMEWORKS["torchtitan"], "tyro==1.0.17", "docstring_parser==0.18.0", "shtab==1.13.0",
                     "typeguard==4.6.0", "spmd_types==0.2.3", "tensorboard==2.21.0", "protobuf==7.36.2",
-                    "torchdata==0.11.0", "tokenizers==0.23.3"], []),
+                    "torchdata==0.11.0", "tokenizers==0.23.3", "torchao==0.18.0"], []),
     # megatron-core 0.19.2 (the first wheels with megatron/training) requires Python >= 3.12; its
     # training/arguments.py and what it imports compile under 3.11, so the 3.12 wheel is unpacked here
     "megatron": ([FRAMEWORKS["megatron"]], ["--python-version", "3.12", "--only-binary=:all:",
