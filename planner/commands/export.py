@@ -1,4 +1,5 @@
-"""`planner export PLAN.json --format torchtitan|megatron|deepspeed|sagemaker [--out FILE]`."""
+"""`planner export PLAN.json --format torchtitan|megatron|deepspeed|sagemaker|sagemaker-v1 [--out FILE]`
+(docs/exports.md)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,13 +9,14 @@ import typer
 
 from planner.commands.common import PlanArg
 
-FormatOpt = Annotated[str, typer.Option("--format", help="torchtitan (TOML), megatron (arguments), "
-                                        "deepspeed (JSON config) or sagemaker (distribution JSON).")]
+FormatOpt = Annotated[str, typer.Option("--format", help="torchtitan (0.3 Python job module), megatron "
+                                        "(pretrain_gpt.py arguments), deepspeed (config JSON), sagemaker (SMP v2 for "
+                                        "SDK v3, JSON) or sagemaker-v1 (SMP v1 distribution for SDK v2, JSON).")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Write the configuration here instead of stdout.")]
 
 
 def export(plan: PlanArg, format: FormatOpt, out: OutOpt = None) -> None:
-    """Translate a plan into a torchtitan, Megatron-LM, DeepSpeed or SageMaker configuration."""
+    """Translate a plan into a torchtitan, Megatron-LM, DeepSpeed or SageMaker configuration (notes on stderr)."""
     from planner.exports import export_plan
     from planner.plan import load_plan
 

@@ -1,0 +1,45 @@
+"""Translate a plan into the configuration of an existing framework, one module per target.
+
+Each exporter is a pure function `Plan -> Export` (the file's text plus notes on what the target
+runs differently). What a target cannot run is refused (planner.errors.ConfigError, exit 2) by the
+rules in `planner.exports.limits`, one function per target. Targets and the releases they follow
+(docs/exports.md has the field-by-field mapping):
+
+- torchtitan 0.3.0: a Python config module (`--module FILE --config planner_job`) returning
+  `torchtitan.trainer.Trainer.Config` (planner.exports.torchtitan).
+- Megatron-LM, `megatron/training/arguments.py` of megatron-core 0.19.2: `pretrain_gpt.py` arguments
+  (planner.exports.megatron).
+- DeepSpeed 0.19.8: the config JSON read by `deepspeed.runtime.config.DeepSpeedConfig`
+  (planner.exports.deepspeed).
+- SageMaker: model parallelism v2 through SageMaker Python SDK v3 (`sagemaker`), or v1 through
+  SDK v2's PyTorch estimator (`sagemaker-v1`) (planner.exports.sagemaker).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from planner.errors import ConfigError
+from planner.exports.common import Export, cannot
+from planner.exports.deepspeed import to_deepspeed
+from planner.exports.limits import target_limits
+from planner.exports.megatron import megatron_layout, to_megatron
+from planner.exports.sagemaker import to_sagemaker, to_sagemaker_v1
+from planner.exports.torchtitan import TORCHTITAN_SCHEDULES, to_torchtitan
+from planner.plan import Plan
+
+FORMATS = ("torchtitan", "megatron", "deepspeed", "sagemaker", "sagemaker-v1")
+
+EXPORTERS: dict[str, Callable[[Plan], Export]] = {
+    "torchtitan": to_torchtitan, "megatron": to_megatron, "deepspeed": to_deepspeed,
+    "sagemaker": to_sagemaker, "sagemaker-v1": to_sagemaker_v1}
+
+
+def export_plan(plan: Plan, fmt: str) -> Export:
+    """Dispatch to the exporter of `fmt`; an unknown format is a ConfigError."""
+    if fmt not in EXPORTERS:
+        raise ConfigError("format", fmt, "one of " + ", ".join(FORMATS))
+    return EXPORTERS[fmt](plan)
+
+
+__all__ = ["FORMATS", "Export", "export_plan", "target_limits", "cannot", "megatron_layout", "TORCHTITAN_SCHEDULES",
+           "to_torchtitan", "to_megatron", "to_deepspeed", "to_sagemaker", "to_sagemaker_v1"]

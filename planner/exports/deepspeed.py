@@ -1,0 +1,87 @@
+"""DeepSpeed config JSON (DeepSpeed 0.19.8: deepspeed/runtime/config.py `DeepSpeedConfig`, ZeRO
+options in deepspeed/runtime/zero/config.py, activation checkpointing in
+deepspeed/runtime/activation_checkpointing/config.py).
+
+Pass the file as `deepspeed.initialize(..., config=FILE)` (or `--deepspeed_config FILE`). What does
+not live in the JSON comes as notes: the tensor-parallel degree (the model's mpu, e.g.
+Megatron-DeepSpeed's --tensor-model-parallel-size), the pipeline (`PipelineModule(num_stages=pp)`),
+and the model calling `deepspeed.checkpointing` for the activation_checkpointing block to act.
+"""
+from __future__ import annotations
+
+import json
+
+from planner.exports.common import Export, cannot, chunk_blocks, dp_replicas
+from planner.exports.limits import deepspeed_limits
+from planner.estimate import rank_blocks
+from planner.plan import Plan
+
+
+def to_deepspeed(plan: Plan) -> Export:
+    """DeepSpeed config for the plan (refusal when DeepSpeed cannot run it)."""
+    refusals = deepspeed_limits(plan)
+    if refusals:
+        raise cannot("deepspeed", "; ".join(refusals))
+    cfg, notes = plan.config, []
+    zero: dict[str, object] = {"stage": cfg.zero}
+    if cfg.zero >= 1 and cfg.dp > 1:
+        zero.update(overlap_comm=True, contiguous_gradients=True)
+    if cfg.offload == "optimizer":
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if dp_replicas(plan) > 1:
+        if cfg.zero == 3:
+            zero["zero_hpz_partition_size"] = cfg.shard_group
+            notes.append(f"dp_shard={cfg.shard_group}: ZeRO++ hpZ (zero_hpz_partition_size) keeps a secondary copy of the "
+                         f"parameters sharded within groups of {cfg.shard_group} ranks for the gathers, while optimizer "
+                         f"states and gradients stay sharded over all {cfg.dp} ranks (no more memory than HSDP); "
+                         "DeepSpeed 0.19 removed MiCS (mics_shard_size)")
+        else:
+            notes.append(f"dp_shard={cfg.shard_group}: DeepSpeed shards ZeRO-{cfg.zero} states over all {cfg.dp} "
+                         "data-parallel ranks (hybrid sharding exists for ZeRO-3 only): less memory, more traffic")
+    doc: dict[str, object] = {
+        "train_batch_size": cfg.global_batch,
+        "train_micro_batch_size_per_gpu": cfg.micro_batch,
+        "gradient_accumulation_steps": cfg.num_microbatches,
+        "zero_optimization": zero,
+        "bf16": {"enabled": cfg.precision in ("amp-bf16", "bf16")},
+        "fp16": {"enabled": cfg.precision == "amp-fp16", "loss_scale": 0},
+    }
+    if cfg.precision == "bf16":
+        notes.append("precision bf16: DeepSpeed keeps fp32 master weights in its optimizer (as amp-bf16)")
+    if cfg.recompute != "none" or cfg.offload == "activations":
+        per_rank = max(rank_blocks(list(chunk_blocks(plan)), cfg.pp)) if chunk_blocks(plan) else None
+        partition = cfg.tp > 1
+        ac: dict[str, object] = {"partition_activations": partition,
+                                 "contiguous_memory_optimization": partition and per_rank is not None,
+                                 "cpu_checkpointing": cfg.offload == "activations",
+                                 "synchronize_checkpoint_boundary": False, "profile": False}
+        if ac["contiguous_memory_optimization"]:
+            ac["number_checkpoints"] = per_rank
+        doc["activation_checkpointing"] = ac
+        notes.append("activation_checkpointing acts only where the model calls deepspeed.checkpointing.checkpoint "
+                     "(Megatron-DeepSpeed: --checkpoint-activations --deepspeed-activation-checkpointing; "
+                     "PipelineModule(activation_checkpoint_interval=1))")
+        if cfg.recompute == "selective":
+            notes.append("recompute=selective: DeepSpeed checkpoints whole blocks; Megatron-DeepSpeed's "
+                         "--recompute-granularity selective gives the plan's attention-core recompute")
+    if cfg.pp > 1:
+        doc["pipeline"] = {"stages": cfg.pp, "activation_checkpoint_interval": 1 if cfg.recompute == "full" else 0}
+        stages = chunk_blocks(plan)
+        notes.append(f"pipeline: build the model as deepspeed.pipe.PipelineModule(layers=..., num_stages={cfg.pp}, "
+                     f"partition_method='uniform') and train with engine.train_batch(); DeepSpeed runs its 1F1B "
+                     f"TrainSchedule with gradient_accumulation_steps={cfg.num_microbatches} micro-batches")
+        if cfg.virtual_stages > 1 or cfg.schedule in ("gpipe", "zero-bubble"):
+            notes.append(f"schedule {cfg.schedule} (virtual_stages={cfg.virtual_stages}): DeepSpeed's PipelineEngine "
+                         "runs non-interleaved 1F1B (more bubble than planned, no more memory)")
+        if len(set(stages)) > 1:
+            notes.append(f"uneven stages {list(stages)}: partition_method='uniform' splits evenly; pass "
+                         "partition_method='type:<block class>' or place the blocks yourself to match")
+    if cfg.tp > 1:
+        notes.append(f"tensor parallelism tp={cfg.tp} comes from the model code (Megatron-DeepSpeed: "
+                     f"--tensor-model-parallel-size {cfg.tp} --pipeline-model-parallel-size {cfg.pp}"
+                     f"{' --sequence-parallel' if cfg.sequence_parallel else ''}); DeepSpeed's data-parallel size is then "
+                     f"world/(tp*pp) = {cfg.dp}")
+    if cfg.ep > 1:
+        notes.append(f"expert parallelism: deepspeed.moe.layer.MoE(ep_size={cfg.ep}, ...) in the model code")
+    text = json.dumps(doc, indent=2)
+    return Export(format="deepspeed", text=text + "\n", notes=tuple(notes))

@@ -1,0 +1,166 @@
+"""CAN THE TARGET RUN THIS PLAN: every refusal rule of the exporters, one function per target.
+
+Each `*_limits(plan)` returns the reasons the target cannot run the plan as it stands (empty when
+it can); the exporter refuses with them (exit 2) and never writes a config that fails at launch,
+runs out of memory the plan did not count, or silently trains something else. Differences that
+leave the model, the batch and the degrees alone and need no more memory are notes, written by the
+exporters themselves.
+
+The rules are plain data-like checks of the plan's fields (and of the model shape for targets that
+build the model) so that they can later be read from the framework capability files
+(`frameworks/*.json`). Versions the rules describe: docs/exports.md.
+"""
+from __future__ import annotations
+
+from planner.exports.common import model_moe, model_spec
+from planner.plan import Plan
+from planner.spec import TransformerSpec
+
+
+def target_limits(fmt: str, plan: Plan) -> list[str]:
+    """Refusal reasons of `fmt` for `plan` (empty: the target can run it)."""
+    return LIMITS[fmt](plan)
+
+
+# ------------------------------------------------------------------------------------- torchtitan 0.3.0
+
+def torchtitan_limits(plan: Plan) -> list[str]:
+    """torchtitan 0.3.0 (the exporter builds its llama3 model, `torchtitan.models.llama3`)."""
+    cfg, spec, out = plan.config, model_spec(plan), []
+    if spec is None:
+        out.append(_NO_ARCH)
+    else:
+        out += _llama_only(spec, "torchtitan 0.3.0's llama3 model (the one decoder the exporter builds)")
+    if model_moe(plan) or cfg.ep > 1 or cfg.expert_tp > 1:
+        out.append("mixture-of-experts: the exporter builds torchtitan's dense llama3 model only")
+    if cfg.precision == "amp-fp16":
+        out.append("precision amp-fp16: torchtitan 0.3.0 trains in bfloat16 or float32 only (no fp16 loss scaling)")
+    if cfg.offload == "activations":
+        out.append("offload=activations: torchtitan 0.3.0 has no activation offload, and the plan's memory counts on it")
+    return out
+
+
+# ---------------------------------------------------------------------------------- Megatron-LM (core 0.19)
+
+def megatron_limits(plan: Plan) -> list[str]:
+    """Megatron-LM `pretrain_gpt.py` (megatron/training/arguments.py of megatron-core 0.19.2)."""
+    cfg, spec, out = plan.config, model_spec(plan), []
+    if spec is None:
+        return [_NO_ARCH]
+    if spec.encoder_layers or not spec.causal:
+        out.append(f"{spec.model_type} is not a decoder-only causal model; pretrain_gpt.py builds GPT-style decoders")
+    if spec.position in ("alibi", "relative"):
+        out.append(f"position={spec.position}: Megatron-LM's GPT model has learned, rotary or no positions")
+    if spec.parallel_block or spec.norms_per_block != 2:
+        out.append("parallel attention/MLP blocks: Megatron-LM's GPT block is sequential")
+    if spec.embed_norm or not spec.final_norm or spec.type_vocab or spec.pooler or spec.mlm_head:
+        out.append("embedding norm / no final norm / BERT heads: not in Megatron-LM's GPT model")
+    if spec.gated_mlp and spec.activation != "silu":
+        out.append(f"gated MLP with {spec.activation}: Megatron-LM's arguments have SwiGLU (--swiglu) only")
+    if not spec.gated_mlp and spec.activation != "gelu":
+        out.append(f"MLP activation {spec.activation}: Megatron-LM's arguments have GELU or SwiGLU")
+    if _bias_pattern(spec) is None:
+        out.append("bias pattern (qkv, out, mlp) = "
+                   f"({spec.qkv_bias}, {spec.out_bias}, {spec.mlp_bias}): Megatron-LM has all biases, none, or qkv only")
+    if cfg.offload == "activations":
+        out.append("offload=activations: Megatron-LM's argument set has no activation offload the plan can count on")
+    if cfg.zero >= 2 and cfg.pp > 1:
+        out.append(f"ZeRO-{cfg.zero} with pp={cfg.pp}: Megatron FSDP (--use-megatron-fsdp) does not combine "
+                   "with pipeline parallelism")
+    if cfg.zero >= 2 and cfg.dp_shard and cfg.dp_shard < cfg.dp:
+        out.append(f"ZeRO-{cfg.zero} with dp_shard={cfg.dp_shard} < dp={cfg.dp}: hybrid Megatron FSDP is not exported")
+    return out
+
+
+# --------------------------------------------------------------------------------------- DeepSpeed 0.19
+
+def deepspeed_limits(plan: Plan) -> list[str]:
+    """DeepSpeed 0.19.8 config JSON (deepspeed.runtime.config.DeepSpeedConfig) with its engines."""
+    cfg, out = plan.config, []
+    if cfg.zero >= 2 and cfg.pp > 1:
+        out.append(f"DeepSpeed's PipelineEngine runs ZeRO stage 0 or 1 only; the plan has ZeRO-{cfg.zero} "
+                   f"with pp={cfg.pp}")
+    if cfg.offload == "optimizer" and cfg.zero == 0:
+        out.append("DeepSpeed offloads the optimizer only with ZeRO >= 1; the plan has offload=optimizer with ZeRO-0")
+    if cfg.offload == "activations" and cfg.recompute == "none":
+        out.append("offload=activations: DeepSpeed offloads checkpointed activations only (cpu_checkpointing), "
+                   "and the plan has recompute=none")
+    if cfg.cp > 1:
+        out.append(f"cp={cfg.cp}: DeepSpeed's config has no context-parallel degree (Ulysses is built in model code)")
+    if cfg.precision == "fp8":
+        out.append("precision fp8: DeepSpeed's config has no FP8 matrix-multiply setting")
+    return out
+
+
+# ----------------------------------------------------------------------- SageMaker SMP v2 (SDK v3)
+
+def sagemaker_limits(plan: Plan) -> list[str]:
+    """SageMaker model parallelism v2 through SageMaker Python SDK v3 (sagemaker.train.distributed)."""
+    cfg, out = plan.config, []
+    if cfg.pp > 1:
+        out.append(f"pipeline parallelism (pp={cfg.pp}): SageMaker model parallelism v2 has none; "
+                   "--format sagemaker-v1 (SMP v1) can express it")
+    if cfg.expert_tp > 1:
+        out.append(f"expert_tp={cfg.expert_tp}: SMP v2 has no expert tensor-parallel degree")
+    if cfg.offload == "activations" and cfg.recompute == "none":
+        out.append("offload=activations: SMP v2 offloads checkpointed activations only, and the plan has recompute=none")
+    return out
+
+
+# ----------------------------------------------------------------------- SageMaker SMP v1 (SDK v2)
+
+def sagemaker_v1_limits(plan: Plan) -> list[str]:
+    """SageMaker model parallelism v1 through SageMaker Python SDK v2 (PyTorch estimator `distribution`)."""
+    cfg, out = plan.config, []
+    if cfg.cp > 1:
+        out.append(f"cp={cfg.cp}: SageMaker model parallelism v1 has no context parallelism")
+    if cfg.ep > 1 or model_moe(plan):
+        out.append("mixture-of-experts: SageMaker model parallelism v1 has no expert parallelism")
+    if cfg.zero == 2:
+        out.append("ZeRO-2: SMP v1 shards optimizer states (shard_optimizer_state) or everything "
+                   "(sharded_data_parallel_degree), not gradients alone; ZeRO-1 would need more memory than planned")
+    if cfg.zero == 3 and cfg.pp > 1:
+        out.append(f"ZeRO-3 with pp={cfg.pp}: SMP v1's sharded data parallelism does not combine with pipeline parallelism")
+    if cfg.offload == "optimizer":
+        out.append("offload=optimizer: SMP v1 has no optimizer offload, and the plan's memory counts on it")
+    if cfg.offload == "activations" and cfg.recompute == "none":
+        out.append("offload=activations: SMP v1 offloads checkpointed activations only, and the plan has recompute=none")
+    if cfg.precision == "fp8":
+        out.append("precision fp8: SMP v1 has no FP8 training")
+    return out
+
+
+LIMITS = {"torchtitan": torchtitan_limits, "megatron": megatron_limits, "deepspeed": deepspeed_limits,
+          "sagemaker": sagemaker_limits, "sagemaker-v1": sagemaker_v1_limits}
+
+_NO_ARCH = ("the plan document has no model.arch (the model's full shape), which this target needs to build the "
+            "model; re-run `planner estimate --json` or `planner recommend --out`")
+
+
+def _llama_only(spec: TransformerSpec, what: str) -> list[str]:
+    """A decoder the llama3 model of torchtitan can build: RoPE, RMSNorm, SwiGLU, no biases."""
+    wrong = []
+    if spec.encoder_layers or not spec.causal:
+        wrong.append("not a causal decoder")
+    if spec.position != "rope":
+        wrong.append(f"position={spec.position}")
+    if spec.norm != "rmsnorm":
+        wrong.append(f"norm={spec.norm}")
+    if not (spec.gated_mlp and spec.activation == "silu"):
+        wrong.append("MLP is not SwiGLU")
+    if spec.qkv_bias or spec.out_bias or spec.mlp_bias:
+        wrong.append("linear biases")
+    if spec.d_head * spec.heads != spec.hidden:
+        wrong.append(f"head_dim {spec.d_head} != hidden/heads")
+    if spec.parallel_block or spec.embed_norm or not spec.final_norm or spec.sliding_window:
+        wrong.append("parallel block / embedding norm / no final norm / sliding window")
+    if not wrong:
+        return []
+    return [f"{spec.name} ({spec.model_type}: {', '.join(wrong)}) is not a model {what} can express"]
+
+
+def _bias_pattern(spec: TransformerSpec) -> str | None:
+    """Megatron-LM's bias options: 'all' (default), 'none' (--disable-bias-linear) or 'qkv'
+    (--disable-bias-linear --add-qkv-bias); None when the model's pattern is none of them."""
+    flags = (spec.qkv_bias, spec.out_bias, spec.mlp_bias)
+    return {(True, True, True): "all", (False, False, False): "none", (True, False, False): "qkv"}.get(flags)

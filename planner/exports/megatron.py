@@ -1,0 +1,196 @@
+"""Megatron-LM `pretrain_gpt.py` arguments (megatron/training/arguments.py as shipped in
+megatron-core 0.19.2, 2026-09-18), one option per line; `# env NAME=value` lines name the
+environment the launcher must set.
+
+The arguments build the plan's model (layers, widths, GQA, positions, norm, MLP, biases, tied
+embeddings, vocabulary) and pass `validate_args`; use them as
+`torchrun ... pretrain_gpt.py $(grep -v '^#' FILE) --data-path ... --tokenizer-type ...`.
+"""
+from __future__ import annotations
+
+from planner.exports.common import (Export, cannot, chunk_blocks, dp_replicas, header, model_moe, require_spec,
+                                    steps_between_checkpoints)
+from planner.exports.limits import _bias_pattern, megatron_limits
+from planner.plan import Plan
+
+MEGATRON_CP_COMM = {"p2p": "p2p", "all_gather": "allgather", "a2a": "a2a"}
+"""Planner cp_comm -> Megatron-LM --cp-comm-type."""
+
+
+def megatron_layout(stages) -> str:
+    """Megatron-LM `--pipeline-model-parallel-layout` for blocks per model chunk, in layer order:
+    [4, 5, 3] -> "Et*4|t*5|t*3L" (megatron.core.transformer.pipeline_parallel_layer_layout)."""
+    parts = [f"t*{n}" for n in stages]
+    parts[0], parts[-1] = "E" + parts[0], parts[-1] + "L"
+    return "|".join(parts)
+
+
+def megatron_placement(cfg) -> str:
+    """The placement Megatron-LM's rank order gives (outermost first, planner letters, E left out as
+    Megatron carves experts from dp x cp): order tp-cp-ep-dp-pp by default ("PDCT"), tp-cp-ep-pp-dp
+    with --use-tp-pp-dp-mapping ("DPCT")."""
+    return "".join(c for c in cfg.placement if c != "E" and (c != "C" or cfg.cp > 1))
+
+
+def to_megatron(plan: Plan) -> Export:
+    """Megatron-LM arguments for the plan (refusal when Megatron-LM cannot build or run it)."""
+    refusals = megatron_limits(plan)
+    if refusals:
+        raise cannot("megatron", "; ".join(refusals))
+    cfg, spec, notes = plan.config, require_spec(plan, "megatron"), []
+    args: list[tuple[str, object]] = []
+    add = lambda flag, value=None: args.append((flag, value))
+    env = {}
+
+    # --- the model
+    add("--num-layers", spec.layers)
+    add("--hidden-size", spec.hidden)
+    add("--ffn-hidden-size", spec.d_ffn)
+    add("--num-attention-heads", spec.heads)
+    if spec.n_kv_heads != spec.heads:
+        add("--group-query-attention")
+        add("--num-query-groups", spec.n_kv_heads)
+    if spec.d_head != spec.hidden // spec.heads or spec.hidden % spec.heads:
+        add("--kv-channels", spec.d_head)
+    add("--seq-length", cfg.seq)
+    positions = {"learned": "learned_absolute", "rope": "rope", "none": "none"}[spec.position]
+    add("--max-position-embeddings", max(cfg.seq, spec.n_positions) if spec.position == "learned" else cfg.seq)
+    add("--position-embedding-type", positions)
+    if spec.position == "rope":
+        add("--rotary-base", int(spec.rope_theta) if float(spec.rope_theta).is_integer() else spec.rope_theta)
+    if 0 < spec.sliding_window < cfg.seq:
+        add("--window-size", f'"({spec.sliding_window},0)"')
+    add("--normalization", "RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm")
+    if spec.gated_mlp:
+        add("--swiglu")
+    bias = _bias_pattern(spec)
+    if bias != "all":
+        add("--disable-bias-linear")
+    if bias == "qkv":
+        add("--add-qkv-bias")
+    if not spec.tied_embeddings:
+        add("--untie-embeddings-and-output-weights")
+    add("--attention-dropout", 0)
+    add("--hidden-dropout", 0)
+    add("--tokenizer-type", "NullTokenizer")
+    add("--vocab-size", spec.vocab)
+    notes.append(f"NullTokenizer with --vocab-size {spec.vocab} fixes the embedding shape; put your tokenizer in its "
+                 f"place. Megatron pads the table to a multiple of 128 x tp ({_padded_vocab(spec.vocab, cfg.tp)} rows)")
+    moe = model_moe(plan)
+    if moe:
+        add("--num-experts", moe.experts)
+        add("--moe-router-topk", moe.top_k)
+        add("--moe-ffn-hidden-size", moe.expert_ffn)
+        if moe.shared_experts:
+            add("--moe-shared-expert-intermediate-size", moe.shared_experts * (moe.shared_expert_ffn or moe.expert_ffn))
+        if moe.first_dense_layers:
+            add("--moe-layer-freq", f'"([0]*{moe.first_dense_layers}+[1]*{spec.layers - moe.first_dense_layers})"')
+        add("--moe-grouped-gemm")
+        add("--moe-token-dispatcher-type", "alltoall")
+
+    # --- parallelism and batch
+    add("--tensor-model-parallel-size", cfg.tp)
+    add("--pipeline-model-parallel-size", cfg.pp)
+    args += _stage_args(plan, notes)
+    if cfg.cp > 1:
+        add("--context-parallel-size", cfg.cp)
+        add("--cp-comm-type", MEGATRON_CP_COMM[cfg.cp_comm])
+    if cfg.ep > 1:
+        add("--expert-model-parallel-size", cfg.ep)
+    if moe or cfg.expert_tp > 1:
+        add("--expert-tensor-parallel-size", cfg.expert_tp)
+    add("--micro-batch-size", cfg.micro_batch)
+    add("--global-batch-size", cfg.global_batch)
+    if cfg.sequence_parallel and cfg.tp > 1:
+        add("--sequence-parallel")
+    elif cfg.tp > 1 and moe:
+        add("--sequence-parallel")
+        notes.append("Megatron-LM requires sequence parallelism with MoE and tp > 1; turned on (less activation memory)")
+    if (cfg.tp > 1 or cfg.cp > 1) and cfg.zero < 2:
+        # validate_args asks for 1 with TP/CP on pre-Blackwell GPUs, and for "unset or > 1" with Megatron FSDP
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+
+    # --- memory: recompute, sharding, offload
+    if cfg.recompute == "full":
+        add("--recompute-granularity", "full")
+        add("--recompute-method", "uniform")
+        add("--recompute-num-layers", 1)
+    elif cfg.recompute == "selective":
+        add("--recompute-granularity", "selective")
+    if cfg.zero == 1:
+        add("--use-distributed-optimizer")
+        if dp_replicas(plan) > 1:
+            add("--num-distributed-optimizer-instances", dp_replicas(plan))
+    elif cfg.zero >= 2:
+        add("--use-megatron-fsdp")
+        add("--data-parallel-sharding-strategy", "optim_grads" if cfg.zero == 2 else "optim_grads_params")
+        add("--ckpt-format", "fsdp_dtensor")
+    if cfg.dp > 1:
+        add("--overlap-grad-reduce")
+        if cfg.zero >= 1:
+            add("--overlap-param-gather")
+    if cfg.offload == "optimizer":
+        if cfg.zero == 0:
+            add("--use-distributed-optimizer")
+            notes.append("offload=optimizer: Megatron offloads through the distributed optimizer, so ZeRO-1 is on "
+                         "(less memory than ZeRO-0)")
+        add("--optimizer-cpu-offload")
+        add("--use-precision-aware-optimizer")
+
+    # --- precision
+    if cfg.precision in ("amp-bf16", "bf16", "fp8"):
+        add("--bf16")
+    elif cfg.precision == "amp-fp16":
+        add("--fp16")
+    if cfg.precision == "bf16":
+        notes.append("precision bf16 (no fp32 master weights): Megatron keeps fp32 main parameters in its optimizer "
+                     "(more memory than planned unless you add --use-precision-aware-optimizer --main-params-dtype bf16)")
+    if cfg.precision == "fp8":
+        add("--fp8-format", "hybrid")
+        add("--fp8-recipe", "tensorwise")
+        notes.append("fp8 needs Transformer Engine (--transformer-impl transformer_engine, the default)")
+
+    # --- placement, schedule, checkpoints
+    if megatron_placement(cfg) == ("DPCT" if cfg.cp > 1 else "DPT"):
+        add("--use-tp-pp-dp-mapping")
+    elif megatron_placement(cfg) != ("PDCT" if cfg.cp > 1 else "PDT"):
+        notes.append(f"Megatron orders ranks tp-cp-ep-dp-pp (placement PDT) or tp-cp-ep-pp-dp (DPT); placement "
+                     f"{cfg.placement} is not expressible, exported with the default order (same result, other links)")
+    if cfg.pp > 1 and cfg.schedule == "gpipe":
+        notes.append("Megatron has no GPipe schedule; it runs 1F1B (same step time in the plan's model, less memory)")
+    if cfg.pp > 1 and cfg.schedule == "zero-bubble":
+        notes.append("zero-bubble schedule: Megatron-LM mainline runs 1F1B (bubble (p-1)/m instead of (p-1)/(3m)); "
+                     "the ZB-H1 schedule needs the zero-bubble fork")
+    steps = steps_between_checkpoints(plan)
+    if steps:
+        add("--save-interval", steps)
+        notes.append(f"--save-interval {steps}: the plan's checkpoint interval {plan.document['plan']['checkpoint_interval_s']:g} s "
+                     f"at the predicted {plan.prediction.step_time_s:.3f} s per step; add --save DIR")
+
+    lines = [f"# {h}" for h in header(plan, "Megatron-LM (megatron-core 0.19.2) pretrain_gpt.py")]
+    lines += [f"# env {k}={v}" for k, v in env.items()]
+    lines += [flag if value is None else f"{flag} {value}" for flag, value in args]
+    return Export(format="megatron", text="\n".join(lines) + "\n", notes=tuple(notes))
+
+
+def _stage_args(plan: Plan, notes: list[str]) -> list[tuple[str, object]]:
+    """How the blocks are split over the pipeline: virtual stages, first/last stage sizes, or a layout."""
+    cfg = plan.config
+    if cfg.pp == 1:
+        return []
+    stages = chunk_blocks(plan)
+    if len(set(stages)) == 1:
+        return [("--num-virtual-stages-per-pipeline-rank", cfg.virtual_stages)] if cfg.virtual_stages > 1 else []
+    middle = stages[1:-1]
+    if cfg.virtual_stages == 1 and len(set(middle)) <= 1 and cfg.pp > 2:
+        # first/last stage sizes, the middle split evenly by Megatron-LM
+        return [("--decoder-first-pipeline-num-layers", stages[0]), ("--decoder-last-pipeline-num-layers", stages[-1])]
+    # any split: one '|'-separated segment per model chunk in layer order (chunk = virtual rank * pp + rank)
+    return [("--pipeline-model-parallel-layout", f'"{megatron_layout(stages)}"')]
+
+
+def _padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
+    """Rows of Megatron-LM's embedding: vocab rounded up to a multiple of divisible_by x tp
+    (megatron.training vocab padding with the default --make-vocab-size-divisible-by 128)."""
+    multiple = divisible_by * tp
+    return -(-vocab // multiple) * multiple

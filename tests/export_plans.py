@@ -1,0 +1,71 @@
+"""Plan documents for the export tests: real `planner estimate` documents (with model.arch), plus
+variants that set the newer plan fields (cp, ep, dp_shard, fp8, ...) the estimator does not cost yet."""
+from __future__ import annotations
+
+import copy
+from functools import cache
+
+from planner.estimate import estimate
+from planner.parallel import ParallelConfig
+from planner.plan import plan_from_document
+
+
+@cache
+def _base(model: str, hardware: str, gpus: int, config: tuple) -> dict:
+    return estimate(model, hardware, ParallelConfig(**dict(config)), gpus=gpus).to_document()
+
+
+GPT3 = ("gpt3-175b", "p4d.24xlarge", 960, (("dp", 12), ("tp", 8), ("pp", 10), ("micro_batch", 1),
+                                            ("global_batch", 1440), ("schedule", "interleaved-1f1b"),
+                                            ("virtual_stages", 2), ("zero", 1), ("recompute", "selective"),
+                                            ("sequence_parallel", True), ("seq", 2048),
+                                            ("stages", (4,) + (5,) * 18 + (2,))))
+LLAMA = ("llama3-70b", "p5.48xlarge", 512, (("dp", 32), ("tp", 4), ("pp", 4), ("micro_batch", 1),
+                                            ("global_batch", 512), ("schedule", "1f1b"), ("zero", 1),
+                                            ("sequence_parallel", True), ("seq", 8192)))
+
+VARIANTS = {
+    # name: (base, changes to the plan object, changes to model.arch)
+    "gpt3-interleaved-uneven": (GPT3, {}, {}),
+    "gpt3-1f1b-ends": (GPT3, dict(schedule="1f1b", virtual_stages=1, stages=[8] + [10] * 8 + [8], recompute="full"), {}),
+    "gpt3-pp1-zero0-fp16": (GPT3, dict(dp=120, pp=1, micro_batch=2, global_batch=1920, schedule="1f1b",
+                                       virtual_stages=1, zero=0, stages=[], recompute="none",
+                                       precision="amp-fp16", sequence_parallel=False, placement="PDT"), {}),
+    "gpt3-gpipe-offload": (GPT3, dict(dp=6, tp=4, pp=40, micro_batch=4, global_batch=1440, schedule="gpipe",
+                                      virtual_stages=1, zero=1, stages=[], offload="optimizer", placement="TDP"), {}),
+    "gpt3-zero3-1f1b": (GPT3, dict(schedule="1f1b", virtual_stages=1, zero=3, stages=[10] * 6 + [9] * 4,
+                                   recompute="full"), {}),
+    "llama-1f1b": (LLAMA, {}, {}),
+    "llama-interleaved": (LLAMA, dict(schedule="interleaved-1f1b", virtual_stages=5, stages=[4] * 20), {}),
+    "llama-zb-uneven": (LLAMA, dict(schedule="zero-bubble", stages=[19, 21, 21, 19]), {}),
+    "llama-hsdp-cp-fp8": (LLAMA, dict(dp=32, tp=8, pp=1, cp=2, cp_comm="p2p", zero=3, dp_shard=8, stages=[],
+                                      global_batch=256, micro_batch=1, precision="fp8", recompute="full",
+                                      placement="PDCT", checkpoint_interval_s=1800.0), {}),
+    "llama-pp1-zero2-sel": (LLAMA, dict(dp=128, tp=4, pp=1, zero=2, stages=[], global_batch=512,
+                                        recompute="selective", placement="DPT"), {}),
+    "llama-bf16-offload-act": (LLAMA, dict(dp=64, tp=8, pp=1, zero=1, stages=[], global_batch=512,
+                                           precision="bf16", recompute="full", offload="activations"), {}),
+    "llama-custom-shape": (LLAMA, dict(dp=32, tp=4, pp=4, stages=[6, 6, 6, 6], global_batch=256),
+                           dict(layers=24, hidden=4096, heads=32, kv_heads=8, ffn=11008, vocab=32000,
+                                rope_theta=10000.0, tied_embeddings=True)),
+    "moe-ep": (LLAMA, dict(dp=32, tp=4, pp=4, ep=8, stages=[], placement="PDET"),
+               dict(moe=dict(experts=16, top_k=2, expert_ffn=8192, shared_experts=1, shared_expert_ffn=8192,
+                             first_dense_layers=1))),
+}
+
+
+def document(variant: str) -> dict:
+    base, plan_changes, arch_changes = VARIANTS[variant]
+    doc = copy.deepcopy(_base(*base))
+    plan = doc["plan"]
+    plan.update(plan_changes)
+    plan["num_microbatches"] = plan["global_batch"] // (plan["dp"] * plan["micro_batch"])
+    plan["world_size"] = plan["dp"] * plan["tp"] * plan["pp"] * plan.get("cp", 1)
+    doc["model"]["arch"].update(arch_changes)
+    for key in ("layers", "hidden", "heads", "vocab"):
+        doc["model"][key] = doc["model"]["arch"][key]
+    return doc
+
+
+def plan_for(variant: str):
+    return plan_from_document(document(variant))

@@ -1,0 +1,79 @@
+"""Read exported DeepSpeed configs with DeepSpeed's own DeepSpeedConfig and checkpointing.configure.
+
+stdin: JSON list of {"text": config JSON, "dp": data-parallel size, "tp": int, "pp": int}.
+stdout: JSON list of {"ok": true, "config": {...}} or {"ok": false, "error": "..."}.
+
+Shim: DeepSpeedConfig asks deepspeed.comm for the rank before it asks the mpu for the data-parallel
+size; with no process group that fails and it assumes one rank, so the rank query answers 0 and a
+minimal mpu object gives the plan's tp, pp and dp (what Megatron-DeepSpeed's mpu would give).
+"""
+import contextlib
+import io
+import json
+import logging
+import sys
+
+import deepspeed.runtime.config as ds_config  # noqa: E402
+from deepspeed.runtime.activation_checkpointing import checkpointing  # noqa: E402
+
+ds_config.dist.get_rank = lambda *a, **k: 0
+logging.disable(logging.WARNING)
+
+
+class Mpu:
+    """The groups DeepSpeed asks a model-parallel unit for (sizes only; rank 0 everywhere)."""
+
+    def __init__(self, dp, tp, pp):
+        self.dp, self.tp, self.pp = dp, tp, pp
+
+    def get_data_parallel_world_size(self):
+        return self.dp
+
+    def get_model_parallel_world_size(self):
+        return self.tp * self.pp
+
+    def get_tensor_model_parallel_world_size(self):
+        return self.tp
+
+    def get_pipeline_model_parallel_world_size(self):
+        return self.pp
+
+    def get_data_parallel_rank(self):
+        return 0
+
+    get_model_parallel_rank = get_tensor_model_parallel_rank = get_pipeline_model_parallel_rank = get_data_parallel_rank
+
+    def get_model_parallel_group(self):
+        return None
+
+    get_tensor_model_parallel_group = get_data_parallel_group = get_model_parallel_group
+
+
+def check(item):
+    try:
+        doc = json.loads(item["text"])
+        mpu = Mpu(item["dp"], item["tp"], item["pp"])
+        with contextlib.redirect_stdout(io.StringIO()):
+            config = ds_config.DeepSpeedConfig(doc, mpu=mpu)
+            ac = config.activation_checkpointing_config
+            if "activation_checkpointing" in doc:
+                checkpointing.configure(mpu, deepspeed_config=doc)
+        zero = config.zero_config
+        return {"ok": True, "config": {
+            "world_size": config.world_size, "train_batch_size": config.train_batch_size,
+            "micro_batch": config.train_micro_batch_size_per_gpu,
+            "gradient_accumulation_steps": config.gradient_accumulation_steps,
+            "zero_stage": int(zero.stage), "hpz_partition_size": zero.zero_hpz_partition_size,
+            "offload_optimizer": None if zero.offload_optimizer is None else str(getattr(zero.offload_optimizer.device, "value", zero.offload_optimizer.device)),
+            "bf16": config.bfloat16_config.enabled, "fp16": config.float16_config.enabled,
+            "partition_activations": ac.partition_activations, "cpu_checkpointing": ac.cpu_checkpointing,
+            "contiguous_memory_optimization": ac.contiguous_memory_optimization,
+            "number_checkpoints": ac.number_checkpoints,
+            "checkpointing_configured": "activation_checkpointing" in doc,
+            "pipeline": config.pipeline}}
+    except BaseException as err:
+        return {"ok": False, "error": f"{type(err).__name__}: {err}"[:2000]}
+
+
+if __name__ == "__main__":
+    print("PLANNER-RESULT " + json.dumps([check(item) for item in json.load(sys.stdin)]))
