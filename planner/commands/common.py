@@ -1,7 +1,6 @@
 """Arguments shared by commands (docs/cli-contract.md, 'Arguments shared by commands'), declared once."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -24,14 +23,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document t
 PlanArg = Annotated[Path, typer.Argument(help="A plan JSON file written by `recommend --out` or `estimate --json`.")]
 
 
-def emit_json(document: dict) -> None:
-    """The one JSON document on stdout (--json)."""
-    sys.stdout.write(json.dumps(document, indent=2, default=_jsonable) + "\n")
+def emit_json(document: dict, what: str = "--json output") -> None:
+    """The one JSON document on stdout (--json): strict JSON, or one error line and nothing on stdout
+    when a number is not finite (planner.io.dumps_strict)."""
+    from planner.io import dumps_strict
 
-
-def _jsonable(value):
-    if hasattr(value, "item"):
-        return value.item()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+    sys.stdout.write(dumps_strict(document, what) + "\n")

@@ -4,7 +4,6 @@ Writes DIR/report.html (self-contained, figures embedded) and DIR/report.md (fig
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -72,18 +71,18 @@ def report(
 
 
 def _plan_document(arg: str) -> dict | None:
-    """The plan document if `arg` is a plan file (a JSON object with 'plan' and 'prediction'), else None."""
+    """The validated plan document if `arg` is a plan file (a JSON object with 'plan' and 'prediction'),
+    None for a MODEL (a config.json is read by the model resolver)."""
     path = Path(arg)
-    if not (arg.endswith(".json") and path.is_file()):
+    if not (arg.endswith(".json") and path.exists()):
         return None
-    try:
-        document = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None  # let the model resolver report a malformed config.json
-    if isinstance(document, dict) and "plan" in document and "prediction" in document:
-        from planner.plan import load_plan
+    from planner.io import read_json
 
-        return dict(load_plan(path).document)
+    document = read_json(path, "report input")
+    if "plan" in document and "prediction" in document:
+        from planner.plan import plan_from_document
+
+        return dict(plan_from_document(document, source=str(path)).document)
     return None
 
 
