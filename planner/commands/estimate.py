@@ -1,7 +1,7 @@
 """`planner estimate MODEL --hardware HW --gpus N|--nodes K --dp D --tp T --pp P [...]`: one configuration.
 
-A thin shell over `planner.estimate.estimate`: the rich tables (stderr) and the `--json` plan
-document (stdout) are printed from the same Estimate. A configuration that does not fit is still
+A thin shell over `planner.estimate.estimate`: the rich tables and the `--json` plan document are
+printed, on stdout, from the same Estimate. A configuration that does not fit is still
 evaluated (exit 0, fits false); bad input is one line on stderr and exit 2.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ import typer
 from planner.commands.common import (GlobalBatchOpt, GpusOpt, HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
                                      NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json)
 from planner.errors import ConfigError
+from planner.io import check_finite
 
 DegreeOpt = lambda flag, what: Annotated[int, typer.Option(flag, min=1, help=what)]  # noqa: E731
 ScheduleOpt = Annotated[Optional[str], typer.Option(
@@ -92,10 +93,12 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
                          sequence_parallel=sequence_parallel, placement=placement, precision=precision,
                          optimizer=optimizer, seq=s, stages=parse_stages(stages))
     est = run_estimate(spec, hw, cfg, gpus=n, impl=impl, flash=flash, dropout=dropout)
+    document = est.to_document()
     if json:
-        emit_json(est.to_document())
+        emit_json(document)
         return
-    render(est.to_document())
+    check_finite(document, "estimate")
+    render(document)
 
 
 def _gib(x: float) -> str:
@@ -103,11 +106,13 @@ def _gib(x: float) -> str:
 
 
 def render(doc: dict) -> None:
-    """Time and memory breakdown tables on stderr (stdout stays clean for pipes)."""
+    """Time and memory breakdown tables: the result, on stdout."""
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(stderr=True)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
     plan, pred, mem = doc["plan"], doc["prediction"], doc["prediction"]["memory"]
     console.print(f"[bold]{doc['model']['name']}[/] ({doc['model']['params'] / 1e9:.2f} B params) on "
                   f"{doc['hardware']['gpus']} x {doc['hardware']['name']}: dp={plan['dp']} tp={plan['tp']} "

@@ -1,7 +1,6 @@
 """`planner recommend MODEL --hardware HW --gpus N|--nodes K ...`: search, rank and write the best plan."""
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
@@ -10,13 +9,15 @@ from typing import Annotated, Optional
 import typer
 
 from planner.commands.common import (GlobalBatchOpt, GpusOpt, HardwareOpt, JsonOpt, ModelArg, NodesOpt,
-                                     OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json)
+                                     OptimizerOpt, HwPrecisionOpt, SeqOpt)
 from planner.errors import ConfigError
 
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help="throughput (least step time), cost (least $ per "
                                            "1B tokens) or memory (least memory within 5% of the best time).")]
 TopOpt = Annotated[int, typer.Option("--top", min=1, max=100, help="How many plans to list.")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Write the best plan document here (plan.json).")]
+CsvOpt = Annotated[Optional[Path], typer.Option("--csv", help="Write every scored candidate here as CSV: its knobs, "
+                                                "step_time_s, peak_bytes_per_gpu and fits.")]
 SpotOpt = Annotated[bool, typer.Option("--spot", help="Price with the profile's spot price (or --price-per-hour's).")]
 PriceOpt = Annotated[Optional[float], typer.Option("--price-per-hour", help="US dollars per node-hour (your "
                                                    "negotiated, reserved or spot price) instead of the profile's.")]
@@ -40,10 +41,14 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
               global_batch: GlobalBatchOpt = None, seq: SeqOpt = None, precision: HwPrecisionOpt = None,
               optimizer: OptimizerOpt = "adamw", objective: ObjectiveOpt = "throughput", top: TopOpt = 5,
               out: OutOpt = None, json_out: JsonOpt = False, spot: SpotOpt = False, price_per_hour: PriceOpt = None,
-              tokens: TokensOpt = None) -> None:
+              tokens: TokensOpt = None, csv: CsvOpt = None) -> None:
     """Search every parallel strategy, rank by the objective and print the top plans."""
+    from planner import io
     from planner.search import recommend as search
 
+    for path, what in ((out, "--out"), (csv, "--csv")):
+        if path is not None:
+            io.check_writable(path, what)          # before the search, not after it
     with _LazyProgress() as progress:
         rec = search(model, hardware, gpus=gpus, nodes=nodes, global_batch=global_batch, seq=seq,
                      precision=precision, optimizer=optimizer, objective=objective, top=top, spot=spot,
@@ -52,14 +57,26 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
     note = batch_note(rec.best["plan"]["global_batch"], hw_doc["gpus"], hw_doc.get("devices_per_node", 8))
     if note:
         typer.echo(note, err=True)
+    document = io.dumps_strict(rec.to_document(), "--json output") if json_out else None
     if out is not None:
-        out.write_text(json.dumps(rec.plan_document(), indent=2) + "\n")
-    if json_out:
-        emit_json(rec.to_document())
-        if out is not None:
-            typer.echo(f"wrote {out}", err=True)
-        return
-    _print_table(rec, out)
+        io.write_json(out, rec.plan_document(), "--out")
+    if csv is not None:
+        io.write_text(csv, candidates_csv(rec), "--csv")
+    if document is not None:
+        typer.echo(document)
+    else:
+        _print_table(rec)
+    for path in (out, csv):
+        if path is not None:
+            typer.echo(f"wrote {path}", err=True)
+
+
+def candidates_csv(rec) -> str:
+    """Every scored candidate of the search as CSV text, fitting ones first, fastest first."""
+    frame = rec.to_pandas()
+    frame = frame.sort_values(["fits", "step_time_s", "peak_bytes_per_gpu"], ascending=[False, True, True],
+                              kind="stable")
+    return frame.to_csv(index=False)
 
 
 def batch_note(global_batch: int, gpus: int, devices_per_node: int) -> str | None:
@@ -104,7 +121,7 @@ class _LazyProgress:
         return False
 
 
-def _print_table(rec, out: Path | None) -> None:
+def _print_table(rec) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -149,5 +166,3 @@ def _print_table(rec, out: Path | None) -> None:
     if train:
         cost = f", ${train['usd']:,.0f}" if "usd" in train else ""
         console.print(f"to train {train['tokens']:.3g} tokens: {train['steps']:,} steps, {train['days']:.1f} days{cost}")
-    if out is not None:
-        console.print(f"wrote {out}")

@@ -36,11 +36,15 @@ def report(
         "--model", help="With a PLAN.json: the MODEL to re-evaluate it with (default: the plan's model name).")] = None,
     scaling_nodes: Annotated[Optional[str], typer.Option(
         "--scaling-nodes", help="Comma-separated node counts for the scaling study (default: around N).")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Overwrite report.html/.md/.json and figures in DIR that an earlier report did not write "
+                        "(other files are never touched).")] = False,
 ) -> None:
     """Write the best-practice report: plan, breakdowns, timeline, Pareto front, scaling, checklist."""
     from planner.report.build import Scenario, build_report
-    from planner.report.render import write_report
+    from planner.report.render import prepare_report_dir, write_report
 
+    prepare_report_dir(out, force=force)           # before the search: a refused --out costs nothing
     document = _plan_document(plan_or_model)
     counts = _node_list(scaling_nodes)
     if document is not None:
@@ -65,7 +69,7 @@ def report(
                             global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
                             objective=objective, top=top, train_tokens=train_tokens, scaling_nodes=counts)
     content = build_report(scenario, plan_document=document)
-    html_path, md_path = write_report(content, out)
+    html_path, md_path = write_report(content, out, force=force)
     typer.echo(f"wrote {html_path} and {md_path} ({len(content.figures)} figures, "
                f"{len(content.checklist)} checklist rules)", err=True)
 
@@ -79,7 +83,7 @@ def _plan_document(arg: str) -> dict | None:
     from planner.io import read_json
 
     document = read_json(path, "report input")
-    if "plan" in document and "prediction" in document:
+    if ("plan" in document and "prediction" in document) or isinstance(document.get("best"), dict):
         from planner.plan import plan_from_document
 
         return dict(plan_from_document(document, source=str(path)).document)
