@@ -11,15 +11,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.commands.common import (GlobalBatchOpt, GpusOpt, HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
+from planner.commands.common import (MAX_WORLD_SIZE, GlobalBatchOpt, GpusOpt, HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
                                      NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json)
 from planner.errors import ConfigError
 from planner.io import check_finite
 
-DegreeOpt = lambda flag, what: Annotated[int, typer.Option(flag, min=1, help=what)]  # noqa: E731
+DegreeOpt = lambda flag, what: Annotated[int, typer.Option(flag, min=1, max=MAX_WORLD_SIZE, help=what)]  # noqa: E731
 ScheduleOpt = Annotated[Optional[str], typer.Option(
     "--schedule", help="gpipe, 1f1b, interleaved-1f1b or zero-bubble (default: 1f1b, interleaved with --virtual-stages > 1).")]
-VirtualOpt = Annotated[int, typer.Option("--virtual-stages", min=1, help="Model chunks per pipeline rank (interleaved-1f1b).")]
+VirtualOpt = Annotated[int, typer.Option("--virtual-stages", min=1, max=MAX_WORLD_SIZE, help="Model chunks per pipeline rank (interleaved-1f1b).")]
 ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3, help="ZeRO stage 0, 1, 2 or 3 (sharded over dp).")]
 RecomputeOpt = Annotated[str, typer.Option("--recompute", help="none, selective or full.")]
 OffloadOpt = Annotated[str, typer.Option("--offload", help="none, optimizer or activations.")]

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.commands.common import (GlobalBatchOpt, GpusOpt, HardwareOpt, JsonOpt, ModelArg, NodesOpt,
+from planner.commands.common import (MAX_TOKENS, GlobalBatchOpt, GpusOpt, HardwareOpt, JsonOpt, ModelArg, NodesOpt,
                                      OptimizerOpt, HwPrecisionOpt, SeqOpt)
 from planner.errors import ConfigError
 
@@ -28,13 +28,33 @@ _SUFFIX = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 
 def parse_tokens(text: str | None) -> float | None:
-    """'300B', '3e11', '1.5T' -> tokens."""
+    """'300B', '3e11', '1.5T' -> tokens, from 1 to MAX_TOKENS.
+
+    >>> parse_tokens("1.5T"), parse_tokens(" 3e11 ")
+    (1500000000000.0, 300000000000.0)
+    """
     if text is None:
         return None
+    allowed = f"a number of tokens from 1 to {MAX_TOKENS:g}, e.g. 300e9 or 300B"
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMBGT]?)\s*", text.upper())
-    if not match or float(match.group(1)) <= 0:
-        raise ConfigError("tokens", text, "a positive number of tokens, e.g. 300e9 or 300B")
-    return float(match.group(1)) * _SUFFIX[match.group(2)]
+    if not match:
+        raise ConfigError("tokens", text, allowed)
+    tokens = float(match.group(1)) * _SUFFIX[match.group(2)]      # 1e400 reads as inf: refused below
+    if not 1 <= tokens <= MAX_TOKENS:
+        raise ConfigError("tokens", text, allowed)
+    return tokens
+
+
+def check_price(price_per_hour: float | None) -> None:
+    """--price-per-hour: positive and finite, at most what a hardware profile may state per node-hour."""
+    if price_per_hour is None:
+        return
+    from hardware_profiles.loader import KEYS
+
+    high = KEYS["price_usd_per_hour"].high
+    if not (0 < price_per_hour <= high):          # NaN fails both comparisons
+        raise ConfigError("price-per-hour", price_per_hour, f"a positive number of US dollars per node-hour, "
+                          f"at most {high:g} (the bound of a hardware profile's price)")
 
 
 def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes: NodesOpt = None,
@@ -46,13 +66,15 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
     from planner import io
     from planner.search import recommend as search
 
+    token_count = parse_tokens(tokens)
+    check_price(price_per_hour)
     for path, what in ((out, "--out"), (csv, "--csv")):
         if path is not None:
             io.check_writable(path, what)          # before the search, not after it
     with _LazyProgress() as progress:
         rec = search(model, hardware, gpus=gpus, nodes=nodes, global_batch=global_batch, seq=seq,
                      precision=precision, optimizer=optimizer, objective=objective, top=top, spot=spot,
-                     price_per_hour=price_per_hour, tokens=parse_tokens(tokens), progress=progress.update)
+                     price_per_hour=price_per_hour, tokens=token_count, progress=progress.update)
     hw_doc = rec.best["hardware"]
     note = batch_note(rec.best["plan"]["global_batch"], hw_doc["gpus"], hw_doc.get("devices_per_node", 8))
     if note:

@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.commands.common import (GlobalBatchOpt, GpusOpt, NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt)
+from planner.commands.common import (MAX_TOKENS, MAX_WORLD_SIZE, GlobalBatchOpt, GpusOpt, HwPrecisionOpt, NodesOpt,
+                                     OptimizerOpt, SeqOpt)
 from planner.errors import ConfigError
 
 PlanOrModelArg = Annotated[str, typer.Argument(
@@ -29,7 +30,7 @@ def report(
     optimizer: OptimizerOpt = "adamw",
     objective: Annotated[str, typer.Option("--objective", help="throughput, cost or memory.")] = "throughput",
     top: Annotated[int, typer.Option("--top", min=0, max=20, help="Runners-up to show.")] = 3,
-    train_tokens: Annotated[float, typer.Option("--train-tokens", min=1.0,
+    train_tokens: Annotated[float, typer.Option("--train-tokens", min=1.0, max=MAX_TOKENS,
                                                 help="Tokens of the whole run, for time to train and cost "
                                                      "(default 300e9, as GPT-3).")] = 300e9,
     model: Annotated[Optional[str], typer.Option(
@@ -102,13 +103,19 @@ def _world_size(hardware: str, gpus: int | None, nodes: int | None) -> int:
     return gpus if gpus is not None else nodes * per_node
 
 
+MAX_SCALING_POINTS = 32
+"""Node counts in one scaling study (each is a full search)."""
+
+
 def _node_list(text: str | None) -> tuple[int, ...]:
+    """'1,2,4,8' -> (1, 2, 4, 8): at most MAX_SCALING_POINTS counts from 1 to MAX_WORLD_SIZE."""
     if not text:
         return ()
+    allowed = (f"up to {MAX_SCALING_POINTS} comma-separated node counts from 1 to {MAX_WORLD_SIZE}, e.g. 1,2,4,8")
     try:
         counts = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise ConfigError("--scaling-nodes", text, "comma-separated positive integers, e.g. 1,2,4,8") from None
-    if not counts or min(counts) < 1:
-        raise ConfigError("--scaling-nodes", text, "comma-separated positive integers, e.g. 1,2,4,8")
+        raise ConfigError("--scaling-nodes", text, allowed) from None
+    if not counts or min(counts) < 1 or max(counts) > MAX_WORLD_SIZE or len(counts) > MAX_SCALING_POINTS:
+        raise ConfigError("--scaling-nodes", text, allowed)
     return counts
