@@ -96,14 +96,10 @@ def numbers(value: Any, where: str = "") -> Iterator[tuple[str, float | int]]:
             stack.extend((v, f"{at}[{i}]") for i, v in reversed(list(enumerate(item))))
         elif isinstance(item, (str, bytes, bool)) or item is None:
             continue
-        else:
-            if not isinstance(item, (int, float)) and hasattr(item, "item"):
-                try:
-                    item = item.item()
-                except (TypeError, ValueError):
-                    continue
-            if isinstance(item, (int, float)) and not isinstance(item, bool):
-                yield at or "value", item
+        elif isinstance(item, (int, float)):
+            yield at or "value", item
+        elif hasattr(item, "tolist"):                   # numpy scalars and arrays, as json writes them
+            stack.append((item.tolist(), at))
 
 
 def non_finite(value: Any, where: str = "") -> Iterator[tuple[str, float]]:
