@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from planner.errors import ConfigError
+from planner.io import dumps_strict
 from planner.partition import even_split
 from planner.plan import Plan
 
@@ -274,7 +275,7 @@ def to_deepspeed(plan: Plan) -> Export:
     if cfg.tp > 1 or cfg.pp > 1:
         notes.append(f"DeepSpeed takes tp={cfg.tp} from the model code (mpu) and pp={cfg.pp} from "
                      f"PipelineModule(num_stages={cfg.pp}); its data-parallel size is then {cfg.dp}")
-    return Export(format="deepspeed", text=json.dumps(doc, indent=2) + "\n", notes=tuple(notes))
+    return Export(format="deepspeed", text=dumps_strict(doc, "deepspeed configuration") + "\n", notes=tuple(notes))
 
 
 def to_sagemaker(plan: Plan) -> Export:
@@ -311,4 +312,5 @@ def to_sagemaker(plan: Plan) -> Export:
     distribution = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": parameters}},
                     "mpi": {"enabled": True, "processes_per_host": plan.document["hardware"].get(
                         "devices_per_node", max(1, plan.gpus // plan.nodes))}}
-    return Export(format="sagemaker", text=json.dumps(distribution, indent=2) + "\n", notes=tuple(notes))
+    return Export(format="sagemaker", text=dumps_strict(distribution, "sagemaker configuration") + "\n",
+                  notes=tuple(notes))
