@@ -126,7 +126,7 @@ def test_batchnorm_count_scans_the_factory_on_meta(monkeypatch):
     (["gpt2", "--hardware", "p4d.24xlarge", "--gpus", "8", "--scaling-nodes", "1,x"], "--scaling-nodes"),
     (["no-such-model", "--hardware", "p4d.24xlarge", "--gpus", "8"], "MODEL"),
     (["gpt2", "--hardware", "no-such-box", "--gpus", "8"], "hardware"),
-    (["gpt2", "--hardware", "p4d.24xlarge", "--gpus", "8", "--nodes", "2"], "nodes(2)*devices_per_node(8)=16"),
+    (["gpt2", "--hardware", "p4d.24xlarge", "--gpus", "8", "--nodes", "2"], "nodes(2) x devices_per_node(8) = 16"),
     (["gpt2", "--hardware", "p4d.24xlarge", "--gpus", "8", "--objective", "fastest"], "objective"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):

@@ -64,9 +64,11 @@ def report(
         if hardware is None:
             raise ConfigError("--hardware", None, "a hardware profile name or path (required with a MODEL)")
         from hardware_profiles import load_profile
+        from planner.commands.estimate import world_size
         from planner.parallel import resolve_precision
-        precision = resolve_precision(load_profile(hardware), precision)
-        scenario = Scenario(model=plan_or_model, hardware=hardware, gpus=_world_size(hardware, gpus, nodes),
+        profile = load_profile(hardware)
+        precision = resolve_precision(profile, precision)
+        scenario = Scenario(model=plan_or_model, hardware=hardware, gpus=world_size(profile, gpus, nodes),
                             global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
                             objective=objective, top=top, train_tokens=train_tokens, scaling_nodes=counts)
     content = build_report(scenario, plan_document=document)
@@ -89,18 +91,6 @@ def _plan_document(arg: str) -> dict | None:
 
         return dict(plan_from_document(document, source=str(path)).document)
     return None
-
-
-def _world_size(hardware: str, gpus: int | None, nodes: int | None) -> int:
-    if gpus is None and nodes is None:
-        raise ConfigError("--gpus", None, "a world size (--gpus N) or a node count (--nodes K)")
-    from hardware_profiles import load_profile
-
-    per_node = load_profile(hardware).devices_per_node
-    if gpus is not None and nodes is not None and gpus != nodes * per_node:
-        raise ConfigError("--gpus", gpus, f"nodes({nodes})*devices_per_node({per_node})={nodes * per_node}, "
-                                          "or give only one of --gpus and --nodes")
-    return gpus if gpus is not None else nodes * per_node
 
 
 MAX_SCALING_POINTS = 32
