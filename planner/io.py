@@ -174,13 +174,24 @@ def _target(path: str | Path, what: str) -> Path:
     return path
 
 
-def check_writable(path: str | Path, what: str) -> Path:
-    """Fail early (before a long computation) when `path` clearly cannot be written; returns the
+def check_writable(path: str | Path, what: str, *, inputs: tuple[tuple[str | Path, str], ...] = ()) -> Path:
+    """Fail early (before a long computation) when `path` clearly cannot be written, or is one of the
+    `inputs` ((path, what it is) pairs: the command would overwrite what it reads); returns the
     target. The write itself still reports what this cannot foresee (e.g. a full disk)."""
     target = _target(path, what)
+    for source, role in inputs:
+        if _same_file(target, source):
+            raise _unwritable(Path(path), what, f"is the {role} this command reads; write to another file")
     if not _is_special(target) and not os.access(target.parent, os.W_OK | os.X_OK):
         raise _unwritable(target, what, f"cannot write: directory {target.parent} is not writable")
     return target
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
 
 
 def _is_special(path: Path) -> bool:

@@ -317,3 +317,18 @@ def test_recommend_csv_writes_every_scored_candidate_fitting_and_fastest_first(t
     assert (steps[: fits.sum()][1:] >= steps[: fits.sum()][:-1]).all()         # fastest first among them
     assert sorted(steps) == pytest.approx(sorted(expected["step_time_s"]))
     assert f"wrote {path}" in result.stderr
+
+
+def test_an_output_never_replaces_the_input_it_was_made_from(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text((TESTS / "data" / "plan_example.json").read_text())
+    before = plan.read_text()
+    one_line(runner.invoke(app, ["export", str(plan), "--format", "deepspeed", "--out", str(plan)]),
+             "is the plan this command reads")
+    profile = tmp_path / "hw.json"
+    profile.write_text((PROFILES / "p4d.24xlarge.json").read_text())
+    one_line(runner.invoke(app, ["recommend", "gpt2", "--hardware", str(profile), "--gpus", "8", "--csv",
+                                 str(profile)]), "is the hardware profile this command reads")
+    one_line(runner.invoke(app, [*REC, "--out", str(tmp_path / "a.json"), "--csv", str(tmp_path / "a.json")]),
+             "--csv=", "other than --out")
+    assert plan.read_text() == before and json.loads(profile.read_text())["name"] == "p4d.24xlarge"

@@ -20,7 +20,7 @@ def export(plan: PlanArg, format: FormatOpt, out: OutOpt = None) -> None:
     from planner.plan import load_plan
 
     if out is not None:
-        io.check_writable(out, "--out")
+        io.check_writable(out, "--out", inputs=((plan, "plan"),))
     result = export_plan(load_plan(plan), format)
     if out is None:
         typer.echo(result.text, nl=False)

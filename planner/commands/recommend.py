@@ -68,9 +68,12 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
 
     token_count = parse_tokens(tokens)
     check_price(price_per_hour)
+    inputs = ((model, "MODEL file"), (hardware, "hardware profile"))
     for path, what in ((out, "--out"), (csv, "--csv")):
         if path is not None:
-            io.check_writable(path, what)          # before the search, not after it
+            io.check_writable(path, what, inputs=inputs)      # before the search, not after it
+    if out is not None and csv is not None and Path(out).resolve() == Path(csv).resolve():
+        raise ConfigError("--csv", str(csv), "a file other than --out's")
     with _LazyProgress() as progress:
         rec = search(model, hardware, gpus=gpus, nodes=nodes, global_batch=global_batch, seq=seq,
                      precision=precision, optimizer=optimizer, objective=objective, top=top, spot=spot,
