@@ -203,8 +203,9 @@ def test_export_out_writes_the_configuration_whole(tmp_path):
 
 @pytest.fixture()
 def zero_efficiency_profile(tmp_path):
-    """p4d.24xlarge with a GEMM efficiency of 0: every step time is infinite or NaN (the hardware
-    loader may refuse such a profile; if it does, that one line is what the user sees)."""
+    """p4d.24xlarge with a GEMM efficiency of 0, which would make every step time infinite or NaN: the
+    hardware loader refuses it naming the key, and were it let through, no command would rank or
+    write the result (the monkeypatched tests below take that path)."""
     doc = json.loads((PROFILES / "p4d.24xlarge.json").read_text())
     for key in ("gemm_efficiency_max", "gemm_efficiency_max_fp32"):
         doc["efficiency"][key] = 0

@@ -1,6 +1,9 @@
 """`planner report (PLAN.json | MODEL --hardware HW --gpus N [...]) --out DIR`: the best-practice report.
 
-Writes DIR/report.html (self-contained, figures embedded) and DIR/report.md (figures in DIR/figures/).
+Writes DIR/report.html (self-contained, figures embedded), DIR/report.md (figures in DIR/figures/)
+and DIR/report.json, each atomically. DIR/.planner-report.json lists what the report wrote: only those
+files are ever replaced or removed; a report.html/.md/.json or figure it did not write is refused in
+one line (exit 2) unless --force is given (planner.report.render).
 """
 from __future__ import annotations
 
