@@ -2,7 +2,7 @@
 
 Reading: `read_json(path, what)` returns the JSON object in a file, or raises one `ConfigError`
 line naming the file for everything that can be wrong with it: unreadable (missing, a directory,
-no permission), not UTF-8, empty, malformed, NaN/Infinity or a number beyond a double (strict JSON,
+no permission), larger than `MAX_JSON_BYTES`, not UTF-8, empty, malformed, NaN/Infinity or a number beyond a double (strict JSON,
 RFC 8259 Sec. 6, has neither; the error names the key), nested deeper than `MAX_JSON_DEPTH`, or not an object.
 
 Writing: `write_text` / `write_bytes` / `write_json` replace a file atomically (a temporary file in
@@ -24,6 +24,8 @@ from typing import Any, Iterator
 
 from planner.errors import ConfigError
 
+MAX_JSON_BYTES = 64 * 2**20
+"""Largest input file read: plans, hardware profiles and Hugging Face configs are kilobytes."""
 MAX_JSON_DEPTH = 64
 """Deepest nesting of arrays/objects accepted in an input file. Plans, hardware profiles and Hugging
 Face configs nest at most about 5 levels; the limit keeps every later recursive walk (schema
@@ -44,7 +46,11 @@ def read_json(path: str | Path, what: str) -> dict:
         return ConfigError(what, str(path), "a JSON object", message=f"{what} {path}: {problem}")
 
     try:
-        text = Path(path).read_bytes().decode("utf-8")
+        with open(path, "rb") as handle:              # bounded: /dev/zero or a stray dump cannot exhaust memory
+            raw = handle.read(MAX_JSON_BYTES + 1)
+        if len(raw) > MAX_JSON_BYTES:
+            raise fail(f"larger than {MAX_JSON_BYTES // 2**20} MiB; not a {what}")
+        text = raw.decode("utf-8")
     except OSError as err:
         raise fail(f"not a readable file ({err.strerror or err})") from None
     except UnicodeDecodeError as err:

@@ -152,3 +152,15 @@ def test_a_read_only_directory_is_refused(tmp_path):
 def test_special_files_are_written_in_place():
     write_bytes("/dev/null", b"discarded", "--out")
     assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
+
+
+def test_an_endless_or_huge_input_is_refused_without_reading_it_all(tmp_path):
+    from planner.io import MAX_JSON_BYTES
+
+    with pytest.raises(ConfigError, match=r"plan /dev/zero: larger than 64 MiB"):
+        read_json("/dev/zero", "plan")
+    big = tmp_path / "big.json"
+    with open(big, "wb") as handle:
+        handle.write(b'{"a": "' + b"x" * MAX_JSON_BYTES + b'"}')
+    with pytest.raises(ConfigError, match="larger than"):
+        read_json(big, "plan")
