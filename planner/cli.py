@@ -91,12 +91,22 @@ class _PlannerGroup(TyperGroup):
                 warnings.filterwarnings("ignore", _NUMPY_FP_WARNINGS, RuntimeWarning)
                 return super().invoke(ctx)
         except PlannerError as err:
-            if _wants_traceback(ctx):
-                typer.echo(getattr(err, "trace", None) or "".join(traceback.format_exception(err)), err=True, nl=False)
-            typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(err.exit_code) from None
+            raise _error_exit(ctx, err, str(err), err.exit_code) from None
         except ClickException as err:
             raise _usage_exit(err) from None
+        except OverflowError as err:
+            # only absurd input sizes reach it (e.g. a config.json with hidden_size 1e20): name it as input
+            raise _error_exit(ctx, err, f"a number in the input is too large to compute with ({err}); check the "
+                                        f"model's sizes and the command's numbers", 2) from None
+
+
+def _error_exit(ctx, err: BaseException, line: str, code: int) -> typer.Exit:
+    """Print `line` as the one error line (with --traceback, the full trace above it: for a failing
+    package.module:factory, the trace of the user's exception) and return the exit."""
+    if _wants_traceback(ctx):
+        typer.echo(getattr(err, "trace", None) or "".join(traceback.format_exception(err)), err=True, nl=False)
+    typer.echo(f"error: {line}", err=True)
+    return typer.Exit(code)
 
 
 app = typer.Typer(cls=_PlannerGroup, no_args_is_help=True, add_completion=False,

@@ -333,3 +333,14 @@ def test_an_output_never_replaces_the_input_it_was_made_from(tmp_path):
     one_line(runner.invoke(app, [*REC, "--out", str(tmp_path / "a.json"), "--csv", str(tmp_path / "a.json")]),
              "--csv=", "other than --out")
     assert plan.read_text() == before and json.loads(profile.read_text())["name"] == "p4d.24xlarge"
+
+
+@pytest.mark.parametrize("key", ["hidden_size", "vocab_size"])
+def test_a_model_too_large_to_compute_with_is_one_line(tmp_path, key):
+    config = dict(model_type="llama", hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096)
+    config[key] = 10**20
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    one_line(runner.invoke(app, ["estimate", str(path), "--hardware", "p4d.24xlarge", "--gpus", "8", "--dp", "8",
+                                 "--global-batch", "8"]), "too large to compute with")
