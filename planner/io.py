@@ -2,8 +2,9 @@
 
 Reading: `read_json(path, what)` returns the JSON object in a file, or raises one `ConfigError`
 line naming the file for everything that can be wrong with it: unreadable (missing, a directory,
-no permission), larger than `MAX_JSON_BYTES`, not UTF-8, empty, malformed, NaN/Infinity or a number beyond a double (strict JSON,
-RFC 8259 Sec. 6, has neither; the error names the key), nested deeper than `MAX_JSON_DEPTH`, or not an object.
+no permission), larger than `MAX_JSON_BYTES`, not UTF-8, empty, malformed, NaN/Infinity or a number
+beyond a double (strict JSON, RFC 8259 Sec. 6, has neither; the error names the key), nested deeper
+than `MAX_JSON_DEPTH`, or not an object.
 
 Writing: `write_text` / `write_bytes` / `write_json` replace a file atomically (a temporary file in
 the same directory, then `os.replace`, so a reader never sees half a file and a failed write leaves
@@ -60,7 +61,8 @@ def read_json(path: str | Path, what: str) -> dict:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise fail(f"not valid JSON (line {err.lineno} column {err.colno}: {err.msg}); expected a JSON document") from None
+        raise fail(f"not valid JSON (line {err.lineno} column {err.colno}: {err.msg}); "
+                   f"expected a JSON document") from None
     except RecursionError:
         raise fail(f"nested deeper than {MAX_JSON_DEPTH} levels; expected a JSON object") from None
     if depth_exceeds(data, MAX_JSON_DEPTH):

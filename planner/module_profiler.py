@@ -578,7 +578,8 @@ def profile_module(arg: str, *, seq: int | None = None, micro_batch: int = 1, pr
     with user_code(arg, "its forward/backward on the meta device", user_roots(arg.partition(":")[0])):
         model = build_on_meta(arg, precision)
         spec = getattr(model, "spec", None)
-        spec = spec if isinstance(spec, TransformerSpec) else _spec_from_hf_config(getattr(model, "config", None), arg, seq)
+        if not isinstance(spec, TransformerSpec):
+            spec = _spec_from_hf_config(getattr(model, "config", None), arg, seq)
         s = seq or (spec.seq if spec else 2048)
         inputs, loss_fn = _inputs_and_loss(model, micro_batch, s, "meta")
         model.train()

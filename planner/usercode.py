@@ -49,7 +49,8 @@ def check_timeout(value: object, field: str) -> float:
     except (TypeError, ValueError):
         seconds = math.nan
     if isinstance(value, bool) or not (0 < seconds <= MAX_TIMEOUT_S):
-        raise ConfigError(field, value, f"a positive number of seconds up to {MAX_TIMEOUT_S:g}, e.g. {DEFAULT_TIMEOUT_S:g}")
+        raise ConfigError(field, value,
+                          f"a positive number of seconds up to {MAX_TIMEOUT_S:g}, e.g. {DEFAULT_TIMEOUT_S:g}")
     return seconds
 
 
