@@ -7,7 +7,6 @@ single-line message names the file and the key. Every number in a file must have
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -97,21 +96,10 @@ def resolve_profile_path(name_or_path: str) -> Path:
 
 def load_profile(name_or_path: str) -> HardwareProfile:
     """Read, validate and return one profile (by shipped name or by path)."""
+    from planner.io import read_json
+
     path = resolve_profile_path(name_or_path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError("hardware", str(path), "a readable file",
-                          message=f"hardware profile {path}: cannot read ({err.strerror})") from None
-    except UnicodeDecodeError as err:
-        raise ConfigError("hardware", str(path), "UTF-8 JSON text",
-                          message=f"hardware profile {path}: not UTF-8 text (byte {err.start})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError("hardware", str(path), "a JSON object",
-                          message=f"hardware profile {path}: not valid JSON ({err.msg} at line {err.lineno} "
-                                  f"column {err.colno})") from None
+    data = read_json(path, "hardware profile")
     return profile_from_dict(data, origin=str(path))
 
 

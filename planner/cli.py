@@ -2,10 +2,19 @@
 
 Each command lives in `planner/commands/<name>.py`; this module joins them and turns every
 `PlannerError` into one line on stderr with its exit code (2 bad input, 3 nothing fits).
+
+Global options, accepted anywhere on the command line (they are moved in front of the command
+before parsing): `--traceback` (also PLANNER_TRACEBACK=1) prints the full trace above the one-line
+error (for a failing `package.module:factory`, the trace of the user's exception);
+`--profile-timeout-s S` limits importing, building and tracing a factory (planner.usercode).
 """
 from __future__ import annotations
 
+import os
 import sys
+import traceback
+import warnings
+from typing import Annotated, Optional
 
 import typer
 from typer.core import TyperGroup
@@ -28,11 +37,49 @@ def _usage_exit(err: ClickException) -> typer.Exit:
     return typer.Exit(err.exit_code)
 
 
+GLOBAL_FLAGS = ("--traceback",)
+GLOBAL_OPTIONS = ("--profile-timeout-s",)
+_NUMPY_FP_WARNINGS = r"(divide by zero|invalid value|overflow) encountered"
+"""numpy's floating-point RuntimeWarnings: a non-finite result is reported as one error line instead
+(planner.io.dumps_strict, planner.search.non_finite_error)."""
+
+
+def hoist_global_options(args: list[str]) -> list[str]:
+    """Move the global options (GLOBAL_FLAGS, GLOBAL_OPTIONS with their value) in front of the
+    command, so that `planner profile m:f --traceback` means `planner --traceback profile m:f`;
+    nothing after a `--` moves.
+
+    >>> hoist_global_options(["profile", "m:f", "--traceback", "--profile-timeout-s", "5", "--", "--traceback"])
+    ['--traceback', '--profile-timeout-s', '5', 'profile', 'm:f', '--', '--traceback']
+    """
+    front, rest, i = [], [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest += args[i:]
+            break
+        if arg in GLOBAL_FLAGS or any(arg.startswith(f"{o}=") for o in GLOBAL_OPTIONS):
+            front.append(arg)
+        elif arg in GLOBAL_OPTIONS and i + 1 < len(args):
+            front += [arg, args[i + 1]]
+            i += 1
+        else:
+            rest.append(arg)
+        i += 1
+    return front + rest
+
+
+def _wants_traceback(ctx) -> bool:
+    return bool(ctx.params.get("traceback")) or os.environ.get("PLANNER_TRACEBACK", "") not in ("", "0")
+
+
 class _PlannerGroup(TyperGroup):
     """Root group: user errors become one line and an exit code, never a traceback or a boxed
     usage message."""
 
     def make_context(self, info_name, args, parent=None, **extra):
+        if parent is None:
+            args = hoist_global_options(list(args))
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
         except ClickException as err:
@@ -40,17 +87,47 @@ class _PlannerGroup(TyperGroup):
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", _NUMPY_FP_WARNINGS, RuntimeWarning)
+                return super().invoke(ctx)
         except PlannerError as err:
-            typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(err.exit_code) from None
+            raise _error_exit(ctx, err, str(err), err.exit_code) from None
         except ClickException as err:
             raise _usage_exit(err) from None
+        except OverflowError as err:
+            # only absurd input sizes reach it (e.g. a config.json with hidden_size 1e20): name it as input
+            raise _error_exit(ctx, err, f"a number in the input is too large to compute with ({err}); check the "
+                                        f"model's sizes and the command's numbers", 2) from None
+
+
+def _error_exit(ctx, err: BaseException, line: str, code: int) -> typer.Exit:
+    """Print `line` as the one error line (with --traceback, the full trace above it: for a failing
+    package.module:factory, the trace of the user's exception) and return the exit."""
+    if _wants_traceback(ctx):
+        typer.echo(getattr(err, "trace", None) or "".join(traceback.format_exception(err)), err=True, nl=False)
+    typer.echo(f"error: {line}", err=True)
+    return typer.Exit(code)
 
 
 app = typer.Typer(cls=_PlannerGroup, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False,
                   help="Plan, score, run and explain parallel training of large PyTorch models.")
+
+
+@app.callback()
+def _global_options(
+    traceback: Annotated[bool, typer.Option(
+        "--traceback", help="On an error, print the full trace above the one-line message (for a failing "
+                            "package.module:factory, the trace of its exception). Also PLANNER_TRACEBACK=1.")] = False,
+    profile_timeout_s: Annotated[Optional[float], typer.Option(
+        "--profile-timeout-s", help="Seconds allowed for importing, building and tracing a package.module:factory "
+                                    "on the meta device (default 300, or PLANNER_PROFILE_TIMEOUT_S).")] = None,
+) -> None:
+    """Plan, score, run and explain parallel training of large PyTorch models."""
+    from planner.usercode import set_timeout_s, timeout_s
+
+    set_timeout_s(profile_timeout_s)
+    timeout_s()                                  # a bad PLANNER_PROFILE_TIMEOUT_S is refused up front
 
 
 def _register() -> None:

@@ -32,7 +32,6 @@ Every problem (not JSON, not an object, unknown model_type, a missing or non-pos
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from planner.errors import ConfigError
@@ -91,27 +90,11 @@ class _Keys:
 
 
 def load_json(path: str | Path) -> dict:
-    """The JSON object in `path`; ConfigError for a missing, empty, malformed or non-object file."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as err:
-        raise ConfigError("MODEL", str(path), "a readable config.json file",
-                          message=f"{path}: cannot read ({err.strerror or err})") from None
-    except UnicodeDecodeError as err:
-        raise ConfigError("config.json", str(path), "UTF-8 JSON text",
-                          message=f"{path}: not UTF-8 text (byte {err.start}); expected a JSON object") from None
-    if not text.strip():
-        raise ConfigError("config.json", str(path), "a JSON object", message=f"{path}: file is empty; expected a JSON object")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError("config.json", str(path), "valid JSON",
-                          message=f"{path}: not valid JSON (line {err.lineno} column {err.colno}: {err.msg})") from None
-    if not isinstance(data, dict):
-        raise ConfigError("config.json", type(data).__name__, "a JSON object",
-                          message=f"{path}: expected a JSON object, found {type(data).__name__}")
-    return data
+    """The JSON object in `path` (planner.io.read_json): ConfigError for a missing, empty, malformed,
+    non-strict, too deeply nested or non-object file."""
+    from planner.io import read_json
+
+    return read_json(path, "config.json")
 
 
 def read_hf_config(path: str | Path, *, seq: int | None = None) -> TransformerSpec:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import os
 import sys
 import warnings
@@ -501,23 +502,23 @@ def measure(model: nn.Module, inputs: tuple, loss_fn, *, flash: bool = True) -> 
 
 
 def load_factory(arg: str):
-    """Import 'package.module:factory' and return the callable; ConfigError naming what failed."""
+    """Import 'package.module:factory' and return the callable; ConfigError naming what failed (an
+    exception raised while importing names the user's file and line, planner.usercode)."""
+    from planner.usercode import user_code, user_roots
+
     module_name, _, attr = arg.partition(":")
     if not module_name or not attr:
         raise ConfigError("MODEL", arg, "package.module:factory")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError:
-        # As `python -m` does, let modules of the current directory be found by the console script.
-        if os.getcwd() in sys.path:
-            raise ConfigError("MODEL", arg, f"an importable module; {module_name!r} was not found") from None
-        sys.path.insert(0, os.getcwd())
+    top = module_name.split(".")[0]
+    if os.getcwd() not in sys.path and _find_spec(top) is None:
+        sys.path.insert(0, os.getcwd())      # as `python -m` does: modules of the current directory
+    with user_code(arg, f"importing {module_name}", user_roots(module_name)):
         try:
             module = importlib.import_module(module_name)
-        except ImportError as err:
-            raise ConfigError("MODEL", arg, f"an importable module ({err})") from None
-    except ImportError as err:
-        raise ConfigError("MODEL", arg, f"an importable module ({err})") from None
+        except ModuleNotFoundError as err:
+            if err.name and (module_name == err.name or module_name.startswith(err.name + ".")):
+                raise ConfigError("MODEL", arg, f"an importable module; {err.name!r} was not found") from None
+            raise                             # a module the user's module imports is missing
     factory = module
     for part in attr.split("."):
         factory = getattr(factory, part, None)
@@ -528,16 +529,28 @@ def load_factory(arg: str):
     return factory
 
 
+def _find_spec(name: str):
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+
+
 def build_on_meta(arg: str, precision: str = "fp32") -> nn.Module:
-    """Call the factory under torch.device('meta') and cast to the profiling dtype."""
-    factory = load_factory(arg)
-    with torch.device("meta"):
-        model = factory()
-    if not isinstance(model, nn.Module):
-        raise ConfigError("MODEL", arg, f"a factory returning an nn.Module, not {type(model).__name__}")
-    if any(p.device.type != "meta" for p in model.parameters()):
-        model = model.to("meta")  # the factory placed parameters explicitly; drop them
-    return model.to(_DTYPES[precision])
+    """Call the factory under torch.device('meta') and cast to the profiling dtype (importing, calling
+    and casting run as the user's code: one-line errors and the time limit of planner.usercode)."""
+    from planner.usercode import user_code, user_roots
+
+    roots = user_roots(arg.partition(":")[0])
+    with user_code(arg, "the factory", roots):
+        factory = load_factory(arg)
+        with torch.device("meta"):
+            model = factory()
+        if not isinstance(model, nn.Module):
+            raise ConfigError("MODEL", arg, f"a factory returning an nn.Module, not {type(model).__name__}")
+        if any(p.device.type != "meta" for p in model.parameters()):
+            model = model.to("meta")  # the factory placed parameters explicitly; drop them
+        return model.to(_DTYPES[precision])
 
 
 def _spec_from_hf_config(config, name: str, seq: int | None) -> TransformerSpec | None:
@@ -559,19 +572,18 @@ def profile_module(arg: str, *, seq: int | None = None, micro_batch: int = 1, pr
     """Measure `package.module:factory` on the meta device (see the module docstring)."""
     if precision not in _DTYPES:
         raise ConfigError("precision", precision, "one of " + ", ".join(_DTYPES))
-    model = build_on_meta(arg, precision)
-    spec = getattr(model, "spec", None)
-    spec = spec if isinstance(spec, TransformerSpec) else _spec_from_hf_config(getattr(model, "config", None), arg, seq)
-    s = seq or (spec.seq if spec else 2048)
-    inputs, loss_fn = _inputs_and_loss(model, micro_batch, s, "meta")
-    model.train()
-    try:
+    from planner.usercode import user_code, user_roots
+
+    # one time limit for importing, building and tracing (planner.usercode)
+    with user_code(arg, "its forward/backward on the meta device", user_roots(arg.partition(":")[0])):
+        model = build_on_meta(arg, precision)
+        spec = getattr(model, "spec", None)
+        if not isinstance(spec, TransformerSpec):
+            spec = _spec_from_hf_config(getattr(model, "config", None), arg, seq)
+        s = seq or (spec.seq if spec else 2048)
+        inputs, loss_fn = _inputs_and_loss(model, micro_batch, s, "meta")
+        model.train()
         m = measure(model, inputs, loss_fn, flash=flash)
-    except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError("MODEL", arg, "a module whose forward and backward run on the meta device",
-                          message=f"MODEL={arg!r}: its forward/backward failed on the meta device "
-                                  f"({type(exc).__name__}: {first})") from None
     params = _unit_params(model, m["units"])
     names = [name for name, _, _ in m["units"]] + [n for n in ("(root)",) if n in params] + ["loss"]
     kinds = {name: kind for name, _, kind in m["units"]} | {"(root)": "parameters", "loss": "loss"}

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, fields
 from functools import cache
 from importlib import resources
@@ -25,6 +26,10 @@ SCHEMA_VERSION = "1"
 _AXIS_BY_LETTER = {"D": MeshAxis.DP, "P": MeshAxis.PP, "T": MeshAxis.TP}
 _CONFIG_FIELDS = frozenset(f.name for f in fields(ParallelConfig))
 _DERIVED_PLAN_KEYS = frozenset({"num_microbatches", "world_size"})
+MAX_NUMBER = 1e30
+"""Largest magnitude of any number in a plan document. Above what the cost model gives for the sizes
+the CLI accepts (a 1T-parameter model, 2**24 sequences of 2**24 tokens on one CPU: about 1e20 s per
+step) and far below float overflow for what commands derive from it (x steps x dollars x 1e9)."""
 
 
 @cache
@@ -166,18 +171,40 @@ def rank_coordinates(config: ParallelConfig, rank: int) -> dict[str, int]:
 
 def load_plan(path: str | Path) -> Plan:
     """Read and validate a plan document; any problem is a ConfigError naming the field (exit 2)."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise ConfigError("plan", str(path), f"a readable plan JSON file ({err.strerror})") from None
-    except UnicodeDecodeError as err:
-        raise ConfigError("plan", str(path), f"a JSON document in UTF-8 (undecodable byte at {err.start})") from None
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError("plan", str(path), f"a JSON document (line {err.lineno}: {err.msg})") from None
-    return plan_from_document(document, source=str(path))
+    from planner.io import read_json
+
+    return plan_from_document(read_json(path, "plan"), source=str(path))
+
+
+def _check_numbers(document: Mapping[str, Any], source: str) -> None:
+    """Every number finite and at most MAX_NUMBER in magnitude: a NaN, an infinity or 1e308 (a
+    corrupted or hand-edited file) is refused here, the same way for every command that reads plans."""
+    from planner.io import MAX_JSON_DEPTH, depth_exceeds, numbers
+
+    if depth_exceeds(document, MAX_JSON_DEPTH):
+        raise ConfigError("plan", source, "a plan document",
+                          message=f"{source}: nested deeper than {MAX_JSON_DEPTH} levels; not a plan document")
+    for where, value in numbers(document):
+        if not math.isfinite(value) or abs(value) > MAX_NUMBER:
+            raise ConfigError(where, value, f"a finite number of magnitude at most {MAX_NUMBER:g}",
+                              message=f"{where}={value!r} is invalid: allowed a finite number of "
+                                      f"magnitude at most {MAX_NUMBER:g}")
+
+
+def _check_positions(model: Mapping[str, Any], seq: int) -> None:
+    """plan.seq within the model's learned position table (the rule of planner.sources.with_seq), from
+    the document's model.arch, or from the catalog for a plan without it."""
+    arch = model.get("arch")
+    if isinstance(arch, Mapping):
+        position, rows = arch.get("position"), arch.get("max_positions")
+    else:
+        from planner import catalog
+        if model.get("name") not in catalog.CATALOG:
+            return
+        spec = catalog.get(model["name"])
+        position, rows = spec.position, spec.max_positions or spec.seq
+    if position == "learned" and isinstance(rows, int) and rows > 0 and seq > rows:
+        raise ConfigError("plan.seq", seq, f"at most {rows} (rows of {model['name']}'s learned position table)")
 
 
 def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
@@ -188,6 +215,7 @@ def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
         raise ConfigError("plan", source, "a JSON object with schema_version, model, hardware, plan, prediction")
     if "plan" not in document and isinstance(document.get("best"), dict) and "plan" in document["best"]:
         document = document["best"]          # a `recommend --json` document: its winner is the plan
+    _check_numbers(document, source)
     version = document.get("schema_version")
     if version != SCHEMA_VERSION:
         raise ConfigError("schema_version", version,
@@ -212,6 +240,8 @@ def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
         blocks = model["layers"] + model.get("encoder_layers", 0)
         if sum(config.stages) != blocks:
             raise ConfigError("plan.stages", list(config.stages), f"blocks per stage summing to layers({blocks})")
+
+    _check_positions(model, config.seq)
 
     pred = document["prediction"]
     mem = pred["memory"]

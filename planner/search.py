@@ -113,6 +113,14 @@ class Recommendation:
     alternatives: tuple[Mapping[str, Any], ...]
     """Plan documents of the next candidates, best first."""
     stats: SearchStats
+    scored: "ScoredSpace | None" = field(default=None, compare=False, repr=False)
+    """Every candidate the search scored (`to_pandas()` for a table of them)."""
+
+    def to_pandas(self):
+        """Every scored candidate as a pandas.DataFrame (see `ScoredSpace.to_pandas`)."""
+        if self.scored is None:
+            raise ValueError("this Recommendation carries no scored candidates")
+        return self.scored.to_pandas()
 
     def to_document(self) -> dict:
         """The `recommend --json` document (docs/cli-contract.md)."""
@@ -284,6 +292,24 @@ class ScoredSpace:
         """The cost model's one "fits" (cost_models.memory.fits): needed <= capacity."""
         return self.needed_bytes <= self.capacity_bytes
 
+    def to_pandas(self):
+        """One row per scored candidate (index: its position in `arrays`, so `config_of(arrays, i, ...)`
+        rebuilds it): the knobs, with schedule, recompute, offload and placement as their names,
+        then step_time_s, peak_bytes_per_gpu and fits. For notebooks:
+        `planner.recommend("gpt2", "p4d.24xlarge", gpus=8).to_pandas().query("fits")`."""
+        import pandas as pd
+
+        names = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "offload": OFFLOAD, "placement": PLACEMENTS}
+        columns = {}
+        for key, values in self.arrays.items():
+            values = np.asarray(values)
+            columns[key] = np.asarray(names[key], dtype=object)[values] if key in names else values
+        columns["step_time_s"] = np.asarray(self.step_time_s, dtype=float)
+        peak = np.asarray(self.peak_bytes_per_gpu, dtype=float)
+        columns["peak_bytes_per_gpu"] = peak.round().astype(np.int64) if np.all(np.isfinite(peak)) else peak
+        columns["fits"] = np.asarray(self.fits, dtype=bool)
+        return pd.DataFrame(columns)
+
 
 def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int, precision: str,
                 optimizer: str, space: SearchSpace = SearchSpace(), score_fn=None, prune: bool = True,
@@ -362,7 +388,7 @@ def rank(scored: ScoredSpace, objective: str) -> np.ndarray:
     """Indices of the feasible candidates, best first, for the objective (ties: less memory first)."""
     if objective not in OBJECTIVES:
         raise ConfigError("objective", objective, "one of " + ", ".join(OBJECTIVES))
-    idx = np.flatnonzero(scored.fits)
+    idx = np.flatnonzero(scored.fits & np.isfinite(scored.step_time_s))    # an infinite step is never ranked
     step, peak = scored.step_time_s[idx], scored.peak_bytes_per_gpu[idx]
     if objective == "memory" and len(idx):
         near = step <= step.min() * (1 + MEMORY_OBJECTIVE_SLACK)
@@ -403,6 +429,15 @@ def no_fit_error(scored: ScoredSpace, *, model, hardware, world_size: int, globa
         f"no plan fits in {cap / 2**30:.1f} GiB per GPU on {world_size} x {hardware.name}: the leanest candidate "
         f"({tried}) needs {need / 2**30:.1f} GiB, {(need - cap) / 2**30:.1f} GiB ({need / cap - 1:.0%}) too much; "
         f"it would fit with " + "; or ".join(fixes))
+
+
+def non_finite_error(scored: ScoredSpace, hardware) -> ConfigError:
+    """Candidates fit but none has a finite step time: the profile makes some term impossible."""
+    n = int(np.sum(scored.fits & ~np.isfinite(scored.step_time_s)))
+    return ConfigError("hardware", hardware.name, "a profile with positive efficiencies and bandwidths",
+                       message=f"hardware={hardware.name!r}: every candidate that fits ({n:,}) has an infinite or "
+                               f"undefined step time; a zero efficiency, rate or bandwidth in the profile makes "
+                               f"some term impossible")
 
 
 def _larger_devices(hardware, need_bytes: float) -> list[str]:
@@ -560,6 +595,8 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
                          objective=objective, keep=max(top, refine) + 1, software=software,
                          progress=progress)
     order = rank(scored, objective)
+    if len(order) == 0 and np.any(scored.fits):
+        raise non_finite_error(scored, hardware)
     if len(order) == 0:
         raise no_fit_error(scored, model=model, hardware=hardware, world_size=world, global_batch=global_batch,
                            seq=seq, precision=precision, optimizer=optimizer, space=space,
@@ -591,4 +628,5 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     best["alternatives"] = [key_numbers(d) for d in documents[1:]]
     best["search"] = {"objective": objective, "candidates_evaluated": stats.candidates_evaluated,
                       "feasible": stats.feasible, "seconds": round(stats.seconds, 4)}
-    return Recommendation(objective=objective, best=best, alternatives=tuple(documents[1:]), stats=stats)
+    return Recommendation(objective=objective, best=best, alternatives=tuple(documents[1:]), stats=stats,
+                          scored=scored)

@@ -15,6 +15,12 @@ Position = Literal["learned", "rope", "alibi", "relative", "none"]
 Norm = Literal["layernorm", "rmsnorm"]
 
 
+SIZE_LIMITS = {"layers": 100_000, "hidden": 2**20, "heads": 2**16, "kv_heads": 2**16, "head_dim": 2**16,
+               "ffn": 2**24, "vocab": 2**24, "seq": 2**24, "max_positions": 2**24}
+"""Largest sizes a spec may have: far beyond any trained model (hidden 1M, 16.7M-token vocabulary and
+sequence), and small enough that FLOP and byte counts stay exact in float64."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TransformerSpec:
     """Shape of a decoder-only (or encoder-only / encoder-decoder) transformer language model."""
@@ -91,6 +97,11 @@ class TransformerSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(name, value, "a positive integer")
+        for name, top in SIZE_LIMITS.items():
+            value = getattr(self, name)
+            if isinstance(value, int) and value > top:
+                raise ConfigError(name, value, f"a positive integer up to {top:,} (larger sizes are not a model this "
+                                               "planner can compute with)")
         if self.kv_heads < 0 or (self.kv_heads and self.heads % self.kv_heads):
             raise ConfigError("kv_heads", self.kv_heads, f"a divisor of heads({self.heads})")
         if not self.head_dim and self.hidden % self.heads:

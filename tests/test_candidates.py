@@ -4,7 +4,7 @@ import pytest
 
 from planner.candidates import (FIELDS, PLACEMENTS, SearchSpace, degree_triples, distinct_placements, divisors,
                                 generate, tp_allowed)
-from planner.parallel import ParallelConfig, SCHEDULES
+from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES
 
 
 def test_divisors():
@@ -55,9 +55,15 @@ def test_every_candidate_is_a_valid_parallel_config():
     rounds = np.maximum(1, m // a["pp"])
     assert np.all(m[looped] % rounds[looped] == 0)
     rng = np.random.default_rng(0)
+    names = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "offload": OFFLOAD, "placement": PLACEMENTS}
     for i in rng.choice(len(cands), 200, replace=False):
         cfg = cands.config(int(i), seq=1024, precision="bf16")
-        assert isinstance(cfg, ParallelConfig)
+        # row i of the arrays, knob by knob (names decoded), plus what the search fixed
+        for knob in FIELDS:
+            value = a[knob][i].item()
+            assert getattr(cfg, knob) == (names[knob][value] if knob in names else value), knob
+        assert (cfg.global_batch, cfg.seq, cfg.precision) == (128, 1024, "bf16")
+        assert cfg.num_microbatches * cfg.dp * cfg.micro_batch == 128
         cfg.check_world_size(64)
         cfg.check_model(heads=16, kv_heads=4, blocks=24)
 

@@ -126,8 +126,22 @@ def test_python_api_planner_estimate_by_names():
 
     c = cfg()
     est = planner.estimate("gpt3-175b", "dgx-a100-80g", c, gpus=64)
-    again = planner.estimate("gpt3-175b", "dgx-a100-80g", c, gpus=64)   # attribute is now the module
-    assert est.step_time_s == again.step_time_s == estimate(GPT3, HW, c, gpus=64).step_time_s
+    doc = est.to_document()
+    # the names resolve to the model and machine they name, checked against facts, not the resolvers:
+    # GPT-3 175B (174.6e9 parameters with its 50257-token embedding, Brown et al. 2020 Table 2.1) on
+    # 8 nodes of 8 A100 80GB
+    assert (doc["model"]["name"], doc["model"]["params"], doc["model"]["layers"], doc["plan"]["seq"]) == \
+        ("gpt3-175b", 174_604_259_328, 96, 2048)
+    assert (doc["hardware"]["name"], doc["hardware"]["gpus"], doc["hardware"]["nodes"]) == ("dgx-a100-80g", 64, 8)
+    assert "A100" in doc["hardware"]["device"] and "80GB" in doc["hardware"]["device"]
+    assert 80e9 <= doc["prediction"]["memory"]["capacity_bytes"] <= 80 * 2**30
+    # the same prediction as with resolved objects; a second call works once `planner.estimate` is the
+    # module (planner/estimate.py's callable module); another machine's name changes the prediction
+    assert est.step_time_s == estimate(GPT3, HW, c, gpus=64).step_time_s
+    assert planner.estimate("gpt3-175b", "dgx-a100-80g", c, gpus=64).step_time_s == est.step_time_s
+    small = planner.estimate("gpt3-175b", "p4d.24xlarge", c, gpus=64)       # A100 40GB, slower HBM
+    assert small.to_document()["prediction"]["memory"]["capacity_bytes"] < 40 * 2**30
+    assert small.step_time_s > est.step_time_s
 
 
 def test_default_even_split_matches_estimate():

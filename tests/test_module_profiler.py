@@ -123,7 +123,7 @@ def test_factory_through_the_cli_and_profile_model():
     ("no_such_package.models:build", "no_such_package"),
     ("tests.fixtures.factories:not_a_module", "nn.Module"),
     ("tests.fixtures.factories:", "package.module:factory"),
-    ("tests.fixtures.factories:shape_bug", "forward/backward failed on the meta device (RuntimeError"),
+    ("tests.fixtures.factories:shape_bug", "forward/backward on the meta device failed (RuntimeError"),
 ])
 def test_bad_factories_are_one_line_and_exit_2(arg, needle):
     result = runner.invoke(app, ["profile", arg])

@@ -126,7 +126,7 @@ def test_batchnorm_count_scans_the_factory_on_meta(monkeypatch):
     (["gpt2", "--hardware", "p4d.24xlarge", "--gpus", "8", "--scaling-nodes", "1,x"], "--scaling-nodes"),
     (["no-such-model", "--hardware", "p4d.24xlarge", "--gpus", "8"], "MODEL"),
     (["gpt2", "--hardware", "no-such-box", "--gpus", "8"], "hardware"),
-    (["gpt2", "--hardware", "p4d.24xlarge", "--gpus", "8", "--nodes", "2"], "nodes(2)*devices_per_node(8)=16"),
+    (["gpt2", "--hardware", "p4d.24xlarge", "--gpus", "8", "--nodes", "2"], "nodes(2) x devices_per_node(8) = 16"),
     (["gpt2", "--hardware", "p4d.24xlarge", "--gpus", "8", "--objective", "fastest"], "objective"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
@@ -182,16 +182,45 @@ def test_a_pipelined_plan_draws_one_memory_bar_per_stage(tmp_path):
     assert max(r["peak_bytes_per_gpu"] for r in ranks) == doc["prediction"]["memory"]["peak_bytes_per_gpu"]
 
 
-def test_recorded_candidates_are_plans_the_search_could_return():
+def test_recorded_candidates_are_plans_the_search_could_return(monkeypatch):
     # GPT-3 175B on 960 GPUs: the search's memory probes include zero-bubble rows whose micro-batch
     # count torch's looped schedules cannot run (m=256, pp=20); the report must not draw or pick them.
+    import numpy as np
+
+    import planner.score
     from planner.catalog import get
+    from planner.parallel import SCHEDULES
     from planner.report import backend
     from planner.report.build import Scenario
+
+    seen = []                                  # every batch the search scored, as the report's recorder saw it
+    real_score = planner.score.score
+
+    def spy(model, hw, cands, **kw):
+        scores = real_score(model, hw, cands, **kw)
+        seen.append({"dp": np.asarray(cands.dp), "mb": np.asarray(cands.micro_batch), "pp": np.asarray(cands.pp),
+                     "schedule": np.asarray(cands.schedule), "global_batch": kw["global_batch"],
+                     "step": np.asarray(scores.step_time_s, float), "peak": np.asarray(scores.peak_bytes_per_gpu, float)})
+        return scores
+
+    monkeypatch.setattr(planner.score, "score", spy)
+    hw = load_profile("p4d.24xlarge")
     scenario = Scenario(model="gpt3-175b", hardware="p4d.24xlarge", gpus=960, global_batch=1536)
-    result = backend.search(get("gpt3-175b"), load_profile("p4d.24xlarge"), scenario, top=1)
+    result = backend.search(get("gpt3-175b"), hw, scenario, top=1)
+
+    # torch.distributed.pipelining's looped schedules run m micro-batches in rounds of m // pp: m % max(1, m // pp) == 0
+    looped_ids = [SCHEDULES.index("interleaved-1f1b"), SCHEDULES.index("zero-bubble")]
+    for batch in seen:
+        m = batch["global_batch"] // (batch["dp"] * batch["mb"])
+        batch["ok"] = ~np.isin(batch["schedule"], looped_ids) | (m % np.maximum(1, m // batch["pp"]) == 0)
+    assert sum(int((~b["ok"]).sum()) for b in seen) > 0          # the premise: some probes cannot run
+    kept = np.concatenate([b["step"][b["ok"]] for b in seen])
+    assert len(result.step_time_s) == len(result.pp) == len(kept) > 10_000
+    assert np.array_equal(np.sort(result.step_time_s), np.sort(kept))
     piped = result.best_pipelined
+    fastest = min(float(b["step"][i]) for b in seen
+                  for i in np.flatnonzero(b["ok"] & (b["pp"] > 1) & (b["peak"] <= hw.memory_bytes)))
     assert piped is not None and piped.pp > 1
-    m = piped.num_microbatches
-    assert piped.schedule not in ("interleaved-1f1b", "zero-bubble") or m % max(1, m // piped.pp) == 0
-    assert len(result.step_time_s) == len(result.pp) > 10_000
+    assert fastest == min(float(b["step"][i]) for b in seen for i in np.flatnonzero(
+        b["ok"] & (b["pp"] == piped.pp) & (b["dp"] == piped.dp) & (b["mb"] == piped.micro_batch)
+        & (b["schedule"] == SCHEDULES.index(piped.schedule)) & (b["peak"] <= hw.memory_bytes)))

@@ -1,21 +1,38 @@
 """Arguments shared by commands (docs/cli-contract.md, 'Arguments shared by commands'), declared once."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+MAX_WORLD_SIZE = 2**20
+"""Largest --gpus (and --nodes, --dp/--tp/--pp): 64 x the 16,384 H100 GPUs that trained Llama 3 405B
+(Dubey et al. 2024, "The Llama 3 Herd of Models", Sec. 3.3); beyond it the search's divisor
+enumeration only burns time."""
+MAX_SEQ = 2**24
+"""Largest --seq, in tokens: above the 10M-token context of Llama 4 Scout (Meta, "The Llama 4 herd",
+2025), the longest of a released model."""
+MAX_GLOBAL_BATCH = 2**24
+"""Largest --global-batch / --micro-batch, in sequences: thousands of times the published batches
+(GPT-3: 1,536 sequences of 2,048 tokens, Brown et al. 2020, Table 2.1; Llama 3 405B: 16M tokens,
+Dubey et al. 2024, Sec. 3.4)."""
+MAX_TOKENS = 1e16
+"""Largest --tokens / --train-tokens: about 600 x the 15.6T tokens Llama 3 was trained on (Dubey et
+al. 2024, Sec. 3.1); larger counts overflow nothing but mean nothing either."""
+
 ModelArg = Annotated[str, typer.Argument(
     help="Catalog name (e.g. gpt3-175b), a Hugging Face config.json path, or package.module:factory.")]
 HardwareOpt = Annotated[str, typer.Option("--hardware", help="Profile name in hardware_profiles/ or a path to a profile file.")]
-GpusOpt = Annotated[Optional[int], typer.Option("--gpus", min=1, help="World size (total devices).")]
-NodesOpt = Annotated[Optional[int], typer.Option("--nodes", min=1, help="Nodes; world size = nodes x devices per node.")]
-SeqOpt = Annotated[Optional[int], typer.Option("--seq", min=1, help="Sequence length (default: the model's).")]
-GlobalBatchOpt = Annotated[Optional[int], typer.Option("--global-batch", min=1, help="Sequences per optimizer step.")]
-MicroBatchOpt = Annotated[Optional[int], typer.Option("--micro-batch", min=1, help="Sequences per micro-batch.")]
+GpusOpt = Annotated[Optional[int], typer.Option("--gpus", min=1, max=MAX_WORLD_SIZE, help="World size (total devices).")]
+NodesOpt = Annotated[Optional[int], typer.Option("--nodes", min=1, max=MAX_WORLD_SIZE,
+                                                 help="Nodes; world size = nodes x devices per node.")]
+SeqOpt = Annotated[Optional[int], typer.Option("--seq", min=1, max=MAX_SEQ, help="Sequence length (default: the model's).")]
+GlobalBatchOpt = Annotated[Optional[int], typer.Option("--global-batch", min=1, max=MAX_GLOBAL_BATCH,
+                                                       help="Sequences per optimizer step.")]
+MicroBatchOpt = Annotated[Optional[int], typer.Option("--micro-batch", min=1, max=MAX_GLOBAL_BATCH,
+                                                      help="Sequences per micro-batch.")]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="fp32, amp-bf16, amp-fp16 or bf16.")]
 HwPrecisionOpt = Annotated[Optional[str], typer.Option(
     "--precision", help="fp32, amp-bf16, amp-fp16 or bf16 (default: amp-bf16, or amp-fp16 on devices without bf16).")]
@@ -31,14 +48,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document t
 PlanArg = Annotated[Path, typer.Argument(help="A plan JSON file written by `recommend --out` or `estimate --json`.")]
 
 
-def emit_json(document: dict) -> None:
-    """The one JSON document on stdout (--json)."""
-    sys.stdout.write(json.dumps(document, indent=2, default=_jsonable) + "\n")
+def emit_json(document: dict, what: str = "--json output") -> None:
+    """The one JSON document on stdout (--json): strict JSON, or one error line and nothing on stdout
+    when a number is not finite (planner.io.dumps_strict)."""
+    from planner.io import dumps_strict
 
-
-def _jsonable(value):
-    if hasattr(value, "item"):
-        return value.item()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+    sys.stdout.write(dumps_strict(document, what) + "\n")

@@ -1,7 +1,7 @@
 """`planner estimate MODEL --hardware HW --gpus N|--nodes K --dp D --tp T --pp P [...]`: one configuration.
 
-A thin shell over `planner.estimate.estimate`: the rich tables (stderr) and the `--json` plan
-document (stdout) are printed from the same Estimate. A configuration that does not fit is still
+A thin shell over `planner.estimate.estimate`: the rich tables and the `--json` plan document are
+printed, on stdout, from the same Estimate. A configuration that does not fit is still
 evaluated (exit 0, fits false); bad input is one line on stderr and exit 2.
 """
 from __future__ import annotations
@@ -11,14 +11,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, GlobalBatchOpt, GpusOpt, HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
+from planner.commands.common import (MAX_WORLD_SIZE, AttentionOpt, DropoutOpt, FrameworkOpt, GlobalBatchOpt, GpusOpt,
+                                     HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
                                      NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json)
 from planner.errors import ConfigError
+from planner.io import check_finite
 
-DegreeOpt = lambda flag, what: Annotated[int, typer.Option(flag, min=1, help=what)]  # noqa: E731
+DegreeOpt = lambda flag, what: Annotated[int, typer.Option(flag, min=1, max=MAX_WORLD_SIZE, help=what)]  # noqa: E731
 ScheduleOpt = Annotated[Optional[str], typer.Option(
     "--schedule", help="gpipe, 1f1b, interleaved-1f1b or zero-bubble (default: 1f1b, interleaved with --virtual-stages > 1).")]
-VirtualOpt = Annotated[int, typer.Option("--virtual-stages", min=1, help="Model chunks per pipeline rank (interleaved-1f1b).")]
+VirtualOpt = Annotated[int, typer.Option("--virtual-stages", min=1, max=MAX_WORLD_SIZE, help="Model chunks per pipeline rank (interleaved-1f1b).")]
 ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3, help="ZeRO stage 0, 1, 2 or 3 (sharded over dp).")]
 RecomputeOpt = Annotated[str, typer.Option("--recompute", help="none, selective or full.")]
 OffloadOpt = Annotated[str, typer.Option("--offload", help="none, optimizer or activations.")]
@@ -89,10 +91,12 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
                          sequence_parallel=sequence_parallel, placement=placement, precision=precision,
                          optimizer=optimizer, seq=s, stages=parse_stages(stages), framework=framework)
     est = run_estimate(spec, hw, cfg, gpus=n, attention=attention, dropout=dropout)
+    document = est.to_document()
     if json:
-        emit_json(est.to_document())
+        emit_json(document)
         return
-    render(est.to_document())
+    check_finite(document, "estimate")
+    render(document)
 
 
 def _gib(x: float) -> str:
@@ -100,11 +104,13 @@ def _gib(x: float) -> str:
 
 
 def render(doc: dict) -> None:
-    """Time and memory breakdown tables on stderr (stdout stays clean for pipes)."""
+    """Time and memory breakdown tables: the result, on stdout."""
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(stderr=True)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
     plan, pred, mem = doc["plan"], doc["prediction"], doc["prediction"]["memory"]
     console.print(f"[bold]{doc['model']['name']}[/] ({doc['model']['params'] / 1e9:.2f} B params) on "
                   f"{doc['hardware']['gpus']} x {doc['hardware']['name']}: dp={plan['dp']} tp={plan['tp']} "

@@ -17,14 +17,17 @@ OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Write the configu
 
 def export(plan: PlanArg, format: FormatOpt, out: OutOpt = None) -> None:
     """Translate a plan into a torchtitan, Megatron-LM, DeepSpeed or SageMaker configuration (notes on stderr)."""
+    from planner import io
     from planner.exports import export_plan
     from planner.plan import load_plan
 
+    if out is not None:
+        io.check_writable(out, "--out", inputs=((plan, "plan"),))
     result = export_plan(load_plan(plan), format)
     if out is None:
         typer.echo(result.text, nl=False)
     else:
-        out.write_text(result.text)
+        io.write_text(out, result.text, "--out")
         typer.echo(f"wrote {result.format} configuration to {out}", err=True)
     for note in result.notes:
         typer.echo(f"note: {note}", err=True)

@@ -1,7 +1,6 @@
 """`planner recommend MODEL --hardware HW --gpus N|--nodes K ...`: search, rank and write the best plan."""
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
@@ -9,14 +8,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.commands.common import (GlobalBatchOpt, GpusOpt, HardwareOpt, JsonOpt, ModelArg, NodesOpt,
-                                     OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json)
+from planner.commands.common import (MAX_TOKENS, GlobalBatchOpt, GpusOpt, HardwareOpt, JsonOpt, ModelArg, NodesOpt,
+                                     OptimizerOpt, HwPrecisionOpt, SeqOpt)
 from planner.errors import ConfigError
 
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help="throughput (least step time), cost (least $ per "
                                            "1B tokens) or memory (least memory within 5% of the best time).")]
 TopOpt = Annotated[int, typer.Option("--top", min=1, max=100, help="How many plans to list.")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Write the best plan document here (plan.json).")]
+CsvOpt = Annotated[Optional[Path], typer.Option("--csv", help="Write every scored candidate here as CSV: its knobs, "
+                                                "step_time_s, peak_bytes_per_gpu and fits.")]
 SpotOpt = Annotated[bool, typer.Option("--spot", help="Price with the profile's spot price (or --price-per-hour's).")]
 PriceOpt = Annotated[Optional[float], typer.Option("--price-per-hour", help="US dollars per node-hour (your "
                                                    "negotiated, reserved or spot price) instead of the profile's.")]
@@ -27,39 +28,80 @@ _SUFFIX = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 
 def parse_tokens(text: str | None) -> float | None:
-    """'300B', '3e11', '1.5T' -> tokens."""
+    """'300B', '3e11', '1.5T' -> tokens, from 1 to MAX_TOKENS.
+
+    >>> parse_tokens("1.5T"), parse_tokens(" 3e11 ")
+    (1500000000000.0, 300000000000.0)
+    """
     if text is None:
         return None
+    allowed = f"a number of tokens from 1 to {MAX_TOKENS:g}, e.g. 300e9 or 300B"
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMBGT]?)\s*", text.upper())
-    if not match or float(match.group(1)) <= 0:
-        raise ConfigError("tokens", text, "a positive number of tokens, e.g. 300e9 or 300B")
-    return float(match.group(1)) * _SUFFIX[match.group(2)]
+    if not match:
+        raise ConfigError("tokens", text, allowed)
+    tokens = float(match.group(1)) * _SUFFIX[match.group(2)]      # 1e400 reads as inf: refused below
+    if not 1 <= tokens <= MAX_TOKENS:
+        raise ConfigError("tokens", text, allowed)
+    return tokens
+
+
+def check_price(price_per_hour: float | None) -> None:
+    """--price-per-hour: positive and finite, at most what a hardware profile may state per node-hour."""
+    if price_per_hour is None:
+        return
+    from hardware_profiles.loader import KEYS
+
+    high = KEYS["price_usd_per_hour"].high
+    if not (0 < price_per_hour <= high):          # NaN fails both comparisons
+        raise ConfigError("price-per-hour", price_per_hour, f"a positive number of US dollars per node-hour, "
+                          f"at most {high:g} (the bound of a hardware profile's price)")
 
 
 def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes: NodesOpt = None,
               global_batch: GlobalBatchOpt = None, seq: SeqOpt = None, precision: HwPrecisionOpt = None,
               optimizer: OptimizerOpt = "adamw", objective: ObjectiveOpt = "throughput", top: TopOpt = 5,
               out: OutOpt = None, json_out: JsonOpt = False, spot: SpotOpt = False, price_per_hour: PriceOpt = None,
-              tokens: TokensOpt = None) -> None:
+              tokens: TokensOpt = None, csv: CsvOpt = None) -> None:
     """Search every parallel strategy, rank by the objective and print the top plans."""
+    from planner import io
     from planner.search import recommend as search
 
+    token_count = parse_tokens(tokens)
+    check_price(price_per_hour)
+    inputs = ((model, "MODEL file"), (hardware, "hardware profile"))
+    for path, what in ((out, "--out"), (csv, "--csv")):
+        if path is not None:
+            io.check_writable(path, what, inputs=inputs)      # before the search, not after it
+    if out is not None and csv is not None and Path(out).resolve() == Path(csv).resolve():
+        raise ConfigError("--csv", str(csv), "a file other than --out's")
     with _LazyProgress() as progress:
         rec = search(model, hardware, gpus=gpus, nodes=nodes, global_batch=global_batch, seq=seq,
                      precision=precision, optimizer=optimizer, objective=objective, top=top, spot=spot,
-                     price_per_hour=price_per_hour, tokens=parse_tokens(tokens), progress=progress.update)
+                     price_per_hour=price_per_hour, tokens=token_count, progress=progress.update)
     hw_doc = rec.best["hardware"]
     note = batch_note(rec.best["plan"]["global_batch"], hw_doc["gpus"], hw_doc.get("devices_per_node", 8))
     if note:
         typer.echo(note, err=True)
+    document = io.dumps_strict(rec.to_document(), "--json output") if json_out else None
     if out is not None:
-        out.write_text(json.dumps(rec.plan_document(), indent=2) + "\n")
-    if json_out:
-        emit_json(rec.to_document())
-        if out is not None:
-            typer.echo(f"wrote {out}", err=True)
-        return
-    _print_table(rec, out)
+        io.write_json(out, rec.plan_document(), "--out")
+    if csv is not None:
+        io.write_text(csv, candidates_csv(rec), "--csv")
+    if document is not None:
+        typer.echo(document)
+    else:
+        _print_table(rec)
+    for path in (out, csv):
+        if path is not None:
+            typer.echo(f"wrote {path}", err=True)
+
+
+def candidates_csv(rec) -> str:
+    """Every scored candidate of the search as CSV text, fitting ones first, fastest first."""
+    frame = rec.to_pandas()
+    frame = frame.sort_values(["fits", "step_time_s", "peak_bytes_per_gpu"], ascending=[False, True, True],
+                              kind="stable")
+    return frame.to_csv(index=False)
 
 
 def batch_note(global_batch: int, gpus: int, devices_per_node: int) -> str | None:
@@ -104,7 +146,7 @@ class _LazyProgress:
         return False
 
 
-def _print_table(rec, out: Path | None) -> None:
+def _print_table(rec) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -149,5 +191,3 @@ def _print_table(rec, out: Path | None) -> None:
     if train:
         cost = f", ${train['usd']:,.0f}" if "usd" in train else ""
         console.print(f"to train {train['tokens']:.3g} tokens: {train['steps']:,} steps, {train['days']:.1f} days{cost}")
-    if out is not None:
-        console.print(f"wrote {out}")

@@ -1,16 +1,19 @@
 """`planner report (PLAN.json | MODEL --hardware HW --gpus N [...]) --out DIR`: the best-practice report.
 
-Writes DIR/report.html (self-contained, figures embedded) and DIR/report.md (figures in DIR/figures/).
+Writes DIR/report.html (self-contained, figures embedded), DIR/report.md (figures in DIR/figures/)
+and DIR/report.json, each atomically. DIR/.planner-report.json lists what the report wrote: only those
+files are ever replaced or removed; a report.html/.md/.json or figure it did not write is refused in
+one line (exit 2) unless --force is given (planner.report.render).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from planner.commands.common import (GlobalBatchOpt, GpusOpt, NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt)
+from planner.commands.common import (MAX_TOKENS, MAX_WORLD_SIZE, GlobalBatchOpt, GpusOpt, HwPrecisionOpt, NodesOpt,
+                                     OptimizerOpt, SeqOpt)
 from planner.errors import ConfigError
 
 PlanOrModelArg = Annotated[str, typer.Argument(
@@ -30,18 +33,22 @@ def report(
     optimizer: OptimizerOpt = "adamw",
     objective: Annotated[str, typer.Option("--objective", help="throughput, cost or memory.")] = "throughput",
     top: Annotated[int, typer.Option("--top", min=0, max=20, help="Runners-up to show.")] = 3,
-    train_tokens: Annotated[float, typer.Option("--train-tokens", min=1.0,
+    train_tokens: Annotated[float, typer.Option("--train-tokens", min=1.0, max=MAX_TOKENS,
                                                 help="Tokens of the whole run, for time to train and cost "
                                                      "(default 300e9, as GPT-3).")] = 300e9,
     model: Annotated[Optional[str], typer.Option(
         "--model", help="With a PLAN.json: the MODEL to re-evaluate it with (default: the plan's model name).")] = None,
     scaling_nodes: Annotated[Optional[str], typer.Option(
         "--scaling-nodes", help="Comma-separated node counts for the scaling study (default: around N).")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Overwrite report.html/.md/.json and figures in DIR that an earlier report did not write "
+                        "(other files are never touched).")] = False,
 ) -> None:
     """Write the best-practice report: plan, breakdowns, timeline, Pareto front, scaling, checklist."""
     from planner.report.build import Scenario, build_report
-    from planner.report.render import write_report
+    from planner.report.render import prepare_report_dir, write_report
 
+    prepare_report_dir(out, force=force)           # before the search: a refused --out costs nothing
     document = _plan_document(plan_or_model)
     counts = _node_list(scaling_nodes)
     if document is not None:
@@ -60,52 +67,48 @@ def report(
         if hardware is None:
             raise ConfigError("--hardware", None, "a hardware profile name or path (required with a MODEL)")
         from hardware_profiles import load_profile
+        from planner.commands.estimate import world_size
         from planner.parallel import resolve_precision
-        precision = resolve_precision(load_profile(hardware), precision)
-        scenario = Scenario(model=plan_or_model, hardware=hardware, gpus=_world_size(hardware, gpus, nodes),
+        profile = load_profile(hardware)
+        precision = resolve_precision(profile, precision)
+        scenario = Scenario(model=plan_or_model, hardware=hardware, gpus=world_size(profile, gpus, nodes),
                             global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
                             objective=objective, top=top, train_tokens=train_tokens, scaling_nodes=counts)
     content = build_report(scenario, plan_document=document)
-    html_path, md_path = write_report(content, out)
+    html_path, md_path = write_report(content, out, force=force)
     typer.echo(f"wrote {html_path} and {md_path} ({len(content.figures)} figures, "
                f"{len(content.checklist)} checklist rules)", err=True)
 
 
 def _plan_document(arg: str) -> dict | None:
-    """The plan document if `arg` is a plan file (a JSON object with 'plan' and 'prediction'), else None."""
+    """The validated plan document if `arg` is a plan file (a JSON object with 'plan' and 'prediction'),
+    None for a MODEL (a config.json is read by the model resolver)."""
     path = Path(arg)
-    if not (arg.endswith(".json") and path.is_file()):
+    if not (arg.endswith(".json") and path.exists()):
         return None
-    try:
-        document = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None  # let the model resolver report a malformed config.json
-    if isinstance(document, dict) and "plan" in document and "prediction" in document:
-        from planner.plan import load_plan
+    from planner.io import read_json
 
-        return dict(load_plan(path).document)
+    document = read_json(path, "report input")
+    if ("plan" in document and "prediction" in document) or isinstance(document.get("best"), dict):
+        from planner.plan import plan_from_document
+
+        return dict(plan_from_document(document, source=str(path)).document)
     return None
 
 
-def _world_size(hardware: str, gpus: int | None, nodes: int | None) -> int:
-    if gpus is None and nodes is None:
-        raise ConfigError("--gpus", None, "a world size (--gpus N) or a node count (--nodes K)")
-    from hardware_profiles import load_profile
-
-    per_node = load_profile(hardware).devices_per_node
-    if gpus is not None and nodes is not None and gpus != nodes * per_node:
-        raise ConfigError("--gpus", gpus, f"nodes({nodes})*devices_per_node({per_node})={nodes * per_node}, "
-                                          "or give only one of --gpus and --nodes")
-    return gpus if gpus is not None else nodes * per_node
+MAX_SCALING_POINTS = 32
+"""Node counts in one scaling study (each is a full search)."""
 
 
 def _node_list(text: str | None) -> tuple[int, ...]:
+    """'1,2,4,8' -> (1, 2, 4, 8): at most MAX_SCALING_POINTS counts from 1 to MAX_WORLD_SIZE."""
     if not text:
         return ()
+    allowed = (f"up to {MAX_SCALING_POINTS} comma-separated node counts from 1 to {MAX_WORLD_SIZE}, e.g. 1,2,4,8")
     try:
         counts = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise ConfigError("--scaling-nodes", text, "comma-separated positive integers, e.g. 1,2,4,8") from None
-    if not counts or min(counts) < 1:
-        raise ConfigError("--scaling-nodes", text, "comma-separated positive integers, e.g. 1,2,4,8")
+        raise ConfigError("--scaling-nodes", text, allowed) from None
+    if not counts or min(counts) < 1 or max(counts) > MAX_WORLD_SIZE or len(counts) > MAX_SCALING_POINTS:
+        raise ConfigError("--scaling-nodes", text, allowed)
     return counts

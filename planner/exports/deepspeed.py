@@ -9,8 +9,8 @@ and the model calling `deepspeed.checkpointing` for the activation_checkpointing
 """
 from __future__ import annotations
 
-import json
 
+from planner.io import dumps_strict
 from planner.exports.common import Export, cannot, chunk_blocks, dp_replicas
 from planner.exports.limits import deepspeed_limits
 from planner.estimate import rank_blocks
@@ -83,5 +83,5 @@ def to_deepspeed(plan: Plan) -> Export:
                      f"world/(tp*pp) = {cfg.dp}")
     if cfg.ep > 1:
         notes.append(f"expert parallelism: deepspeed.moe.layer.MoE(ep_size={cfg.ep}, ...) in the model code")
-    text = json.dumps(doc, indent=2)
+    text = dumps_strict(doc, "deepspeed configuration")
     return Export(format="deepspeed", text=text + "\n", notes=tuple(notes))

@@ -17,8 +17,8 @@ doc/api/training/smd_model_parallel_general.rst and its client-side check
 """
 from __future__ import annotations
 
-import json
 
+from planner.io import dumps_strict
 from planner.exports.common import Export, cannot, chunk_blocks, devices_per_node, header
 from planner.exports.limits import sagemaker_limits, sagemaker_v1_limits
 from planner.plan import Plan
@@ -72,7 +72,7 @@ def to_sagemaker(plan: Plan) -> Export:
            "compute": _instance(plan),
            "batch": {"global_batch": cfg.global_batch, "micro_batch_per_gpu": cfg.micro_batch,
                      "gradient_accumulation_steps": cfg.num_microbatches, "seq_len": cfg.seq}}
-    return Export(format="sagemaker", text=json.dumps(doc, indent=2) + "\n", notes=tuple(notes))
+    return Export(format="sagemaker", text=dumps_strict(doc, "sagemaker configuration") + "\n", notes=tuple(notes))
 
 
 def to_sagemaker_v1(plan: Plan) -> Export:
@@ -122,4 +122,4 @@ def to_sagemaker_v1(plan: Plan) -> Export:
     notes.append(f"SDK v2: sagemaker.pytorch.PyTorch(distribution=<this>, instance_type="
                  f"'{_instance(plan)['instance_type']}', instance_count={plan.nodes}, ...); SMP v1 needs a DLC with "
                  "smdistributed-modelparallel")
-    return Export(format="sagemaker-v1", text=json.dumps(distribution, indent=2) + "\n", notes=tuple(notes))
+    return Export(format="sagemaker-v1", text=dumps_strict(distribution, "sagemaker-v1 configuration") + "\n", notes=tuple(notes))

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import base64
 import html
-import json
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from planner.errors import ConfigError
+from planner.io import dumps_strict, read_json, write_bytes, write_json
 from planner.report.checklist import RuleResult
 
 
@@ -54,20 +57,86 @@ class ReportContent:
         return [f for s in self.sections for f in s.figures]
 
 
-def write_report(content: ReportContent, out_dir: Path) -> tuple[Path, Path]:
-    """Write report.html, report.md, report.json and figures/*.png under out_dir; return the two report paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+MANIFEST = ".planner-report.json"
+"""The files an earlier `planner report` wrote into this directory (relative paths): only those are
+ever replaced or removed; anything else in the directory belongs to the user."""
+REPORT_FILES = ("report.html", "report.md", "report.json")
+_OWNABLE = re.compile(r"report\.(html|md|json)|figures/[A-Za-z0-9_.-]+\.png")
+
+
+def _refuse(out_dir: Path, problem: str) -> ConfigError:
+    return ConfigError("--out", str(out_dir), "a directory for the report", message=f"--out {out_dir}: {problem}")
+
+
+def written_before(out_dir: Path) -> set[str]:
+    """The files the manifest says an earlier report wrote (names outside the report's own layout, or a
+    manifest that cannot be read, are trusted with nothing)."""
+    path = out_dir / MANIFEST
+    if not path.exists():
+        return set()
+    try:
+        files = read_json(path, "report manifest").get("files")
+    except ConfigError:
+        return set()
+    if not isinstance(files, list):
+        return set()
+    return {f for f in files if isinstance(f, str) and _OWNABLE.fullmatch(f)}
+
+
+def prepare_report_dir(out_dir: Path, *, force: bool = False, names: tuple[str, ...] = REPORT_FILES) -> set[str]:
+    """Check that the report can go to `out_dir` without touching a file it did not write: the directory
+    exists or its parent does, it is writable, and none of `names` exists there unless an earlier
+    report wrote it (or `force`). Returns the files earlier reports wrote. Creates nothing."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise _refuse(out_dir, "is a file, not a directory")
+    if not out_dir.exists():
+        if not out_dir.parent.is_dir():
+            raise _refuse(out_dir, f"cannot create it: directory {out_dir.parent} does not exist")
+        if not os.access(out_dir.parent, os.W_OK | os.X_OK):
+            raise _refuse(out_dir, f"cannot create it: directory {out_dir.parent} is not writable")
+        return set()
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise _refuse(out_dir, "directory is not writable")
+    owned = written_before(out_dir)
+    foreign = [name for name in names if (out_dir / name).exists() and name not in owned]
+    if foreign and not force:
+        raise _refuse(out_dir, f"{out_dir / foreign[0]} exists and was not written by planner report; choose "
+                               f"another --out directory, or pass --force to overwrite "
+                               f"{'it' if len(foreign) == 1 else 'the ' + str(len(foreign)) + ' such files'}")
+    return owned
+
+
+def write_report(content: ReportContent, out_dir: Path, *, force: bool = False) -> tuple[Path, Path]:
+    """Write report.html, report.md, report.json and figures/*.png under out_dir; return the two report paths.
+
+    Every file is written atomically (planner.io). A file already there is replaced only if the
+    manifest (MANIFEST) says an earlier report wrote it, or with `force`; figures an earlier report
+    wrote and this one does not show are removed; nothing else in the directory is touched."""
+    out_dir = Path(out_dir)
+    files = {"report.json": (dumps_strict(content.data, "report.json", indent=1) + "\n").encode()}
+    files |= {f"figures/{fig.name}.png": fig.png for fig in content.figures}
+    files |= {"report.md": to_markdown(content).encode(), "report.html": to_html(content).encode()}
+    owned = prepare_report_dir(out_dir, force=force, names=tuple(files))
     fig_dir = out_dir / "figures"
-    fig_dir.mkdir(exist_ok=True)
-    for stale in set(fig_dir.glob("*.png")) - {fig_dir / f"{fig.name}.png" for fig in content.figures}:
-        stale.unlink()                     # a figure an earlier report in this directory had
-    for fig in content.figures:
-        (fig_dir / f"{fig.name}.png").write_bytes(fig.png)
-    html_path, md_path = out_dir / "report.html", out_dir / "report.md"
-    html_path.write_text(to_html(content))
-    md_path.write_text(to_markdown(content))
-    (out_dir / "report.json").write_text(json.dumps(content.data, indent=1, default=_jsonable) + "\n")
-    return html_path, md_path
+    if fig_dir.exists() and not fig_dir.is_dir():
+        raise _refuse(out_dir, f"{fig_dir} is a file, not a directory")
+    try:
+        out_dir.mkdir(exist_ok=True)
+        fig_dir.mkdir(exist_ok=True)
+    except OSError as err:
+        raise _refuse(out_dir, f"cannot create {fig_dir} ({err.strerror or err})") from None
+    manifest = out_dir / MANIFEST
+    # first the union: an interrupted write still knows every file it may have written
+    write_json(manifest, {"written_by": "planner report", "files": sorted(owned | set(files))}, "--out")
+    for name, data in files.items():
+        write_bytes(out_dir / name, data, "--out")
+    for stale in sorted(owned - set(files)):       # e.g. a figure an earlier report had
+        path = out_dir / stale
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
+    write_json(manifest, {"written_by": "planner report", "files": sorted(files)}, "--out")
+    return out_dir / "report.html", out_dir / "report.md"
 
 
 def _cell(value: Any) -> str:
@@ -187,11 +256,3 @@ def _html_checklist(rules) -> list[str]:
 
 def table_from_records(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> Table:
     return Table(columns=tuple(columns), rows=tuple(tuple(r.get(c) for c in columns) for r in records))
-
-
-def _jsonable(value):
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if hasattr(value, "item"):
-        return value.item()
-    raise TypeError(f"not JSON serializable: {type(value).__name__}")
