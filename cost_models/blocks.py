@@ -118,12 +118,44 @@ def block_table(spec: TransformerSpec, precision: str, kernels: str, *, flash: b
                 dropout: bool = False) -> BlockTable:
     """The per-token table of one block for `kernels` (IMPLEMENTATIONS)."""
     if kernels == "fused":
-        return _megatron_block(spec, precision, flash=flash, dropout=dropout)
-    if kernels == "eager":
-        return _eager_block(spec, precision, dropout=dropout, python_gelu=spec.activation == "gelu_new")
-    if kernels == "torch":
-        return _torch_block(spec, _torch_precision(precision), flash=flash, dropout=dropout)
-    raise ValueError(f"kernels must be one of {IMPLEMENTATIONS}, not {kernels!r}")
+        table = _megatron_block(spec, precision, flash=flash, dropout=dropout)
+    elif kernels == "eager":
+        table = _eager_block(spec, precision, dropout=dropout, python_gelu=spec.activation == "gelu_new")
+        if not flash:        # SDPA's flash saves only the log-sum-exp; the math path keeps the scores
+            c = compute_bytes(precision)
+            scores = _math_scores(spec, c, dropout)
+            table = _replace(table, saved=table.saved + Terms(shard=-4.0 * spec.heads) + scores,
+                             scores_saved=scores, traffic_fwd=table.traffic_fwd + _math_scores_traffic(spec, c, dropout),
+                             scores_traffic_fwd=_math_scores_traffic(spec, c, dropout))
+    elif kernels == "torch":
+        table = _torch_block(spec, _torch_precision(precision), flash=flash, dropout=dropout)
+    else:
+        raise ValueError(f"kernels must be one of {IMPLEMENTATIONS}, not {kernels!r}")
+    if not flash and spec.n_kv_heads < spec.heads:
+        # the math path repeats K and V to every query head before its matmuls and keeps the copies
+        # (SDPA's math kernel with enable_gqa, HF's repeat_kv, Megatron's unfused attention)
+        c = compute_bytes(precision if kernels != "torch" else _torch_precision(precision))
+        extra = 2 * c * (spec.attn_width - spec.kv_width)
+        table = _replace(table, saved=table.saved + Terms(shard=extra),
+                         traffic_fwd=table.traffic_fwd + Terms(shard=2 * c * spec.kv_width + extra + 2 * c * spec.kv_width))
+    return table
+
+
+def _replace(table: BlockTable, **changes) -> BlockTable:
+    from dataclasses import replace
+    return replace(table, **changes)
+
+
+def _math_scores(spec: TransformerSpec, c: float, dropout: bool) -> Terms:
+    """Saved by a materialized attention per token per token of sequence: the softmax output (c per
+    score and head), plus with dropout its mask (1) and output (c)."""
+    return Terms(seq=spec.heads * (c + (1 + c) * dropout))
+
+
+def _math_scores_traffic(spec: TransformerSpec, c: float, dropout: bool) -> Terms:
+    """Memory-bound passes over the s x s scores of a materialized attention: the causal mask add
+    (read scores and mask, write: 3 c) and the softmax (read, write: 2 c), plus dropout (2 c + 1)."""
+    return Terms(seq=spec.heads * (5 * c + (2 * c + 1) * dropout))
 
 
 def residual_bytes(precision: str, kernels: str) -> int:
@@ -164,8 +196,9 @@ def _torch_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout:
         + (4 if spec.gated_mlp else 2) * spec.d_ffn * c
     core = Terms(shard=attentions * a * 4.0) if flash else Terms(seq=attentions * a * (c + dropout * (1 + c)))
     ops = _eager_block(spec, precision, dropout=dropout, python_gelu=False)
+    scores_traffic = Terms() if flash else _math_scores_traffic(spec, c, dropout)
     return BlockTable(saved=Terms(rep=rep, shard=shard) + core, saved_full_recompute=Terms(rep=r * h),
-                      scores_saved=core, traffic_fwd=ops.traffic_fwd, scores_traffic_fwd=ops.scores_traffic_fwd,
+                      scores_saved=core, traffic_fwd=ops.traffic_fwd + scores_traffic, scores_traffic_fwd=scores_traffic,
                       kernels_fwd=ops.kernels_fwd)
 
 

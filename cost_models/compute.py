@@ -88,12 +88,41 @@ def gemm_fwd_bwd_seconds(m, n, k, batch=1, **kw):
     return fwd, bwd
 
 
-def flash_attention_seconds(b, s, heads, d_head, *, causal: bool, hw: HardwareProfile, precision: str):
-    """(forward, backward) of a fused attention kernel on `heads` heads of this rank:
-    F_fwd = 4 b s^2 a d (x 1/2 causal: the kernel skips masked tiles), F_bwd = 2.5 F_fwd
-    (QK^T recomputed in the backward kernel; Dao 2023, Sec. 3.1)."""
-    flops_fwd = 4.0 * b * s * s * heads * d_head * (0.5 if causal else 1.0)
-    rate = peak_flops(hw, precision) * eff(hw, "flash_attention_efficiency")
+ATTENTION_HEAD_DIM_HALF = {"fused": 43.0, "flash": 16.0, "mem_efficient": 16.0}
+"""Head dim d0 of the efficiency's head-dim factor d / (d + d0), relative to d = 128: FlashAttention-3 /
+cuDNN lose ~20% at d = 64 (0.48-0.50 vs 0.62 forward on H100), FlashAttention-2 ~10% (0.30 vs 0.34);
+validation/kernels/attention.json (Dao 2023 Fig. 4-7; Shah et al. 2024 Fig. 5-7)."""
+ATTENTION_EFFICIENCY_KEY = {"fused": "fused_attention_efficiency", "flash": "flash_attention_efficiency",
+                            "mem_efficient": "mem_efficient_attention_efficiency"}
+
+
+def attention_efficiency(hw: HardwareProfile, kernel: str, seq, d_head, *, causal: bool):
+    """Fraction of the dense peak a fused attention kernel reaches (forward + backward FLOPs):
+
+        e = e_max(kernel) x [d / (d + d0)] / [128 / (128 + d0)] x s / (s + s_half)
+
+    e_max the profile's long-sequence efficiency of the kernel at head dim 128 (ATTENTION_EFFICIENCY_KEY),
+    d0 the kernel's head-dim constant, s the length of the query block a rank processes and s_half
+    (`attention_seq_half_tokens`, causal: `attention_seq_half_causal_tokens`) where half of e_max is
+    reached: a per-row overhead that long sequences amortize. Fitted to the FlashAttention-2/3 and
+    cuDNN curves of validation/kernels/attention.json (tests/test_attention_efficiency.py)."""
+    d0 = ATTENTION_HEAD_DIM_HALF[kernel]
+    d = np.asarray(d_head, dtype=float)
+    s = np.asarray(seq, dtype=float)
+    half = eff(hw, "attention_seq_half_causal_tokens" if causal else "attention_seq_half_tokens")
+    return eff(hw, ATTENTION_EFFICIENCY_KEY[kernel]) * (d / (d + d0)) * ((128.0 + d0) / 128.0) * s / (s + half)
+
+
+def flash_attention_seconds(b, s, heads, d_head, *, causal: bool, hw: HardwareProfile, precision: str,
+                            kernel: str = "flash", cp=1):
+    """(forward, backward) of a fused attention kernel on `heads` heads of this rank, over a sequence of
+    s split over `cp` context-parallel ranks (load-balanced causal split: each rank does 1/cp of the
+    work, in blocks of s/cp queries): F_fwd = 4 b s^2 a d / cp (x 1/2 causal: the kernel skips masked
+    tiles), F_bwd = 2.5 F_fwd (QK^T recomputed in the backward kernel; Dao 2023, Sec. 3.1), at
+    attention_efficiency of the dense peak."""
+    cp = np.asarray(cp, dtype=float)
+    flops_fwd = 4.0 * b * s * s * heads * d_head * (0.5 if causal else 1.0) / cp
+    rate = peak_flops(hw, precision) * attention_efficiency(hw, kernel, s / cp, d_head, causal=causal)
     fixed = eff(hw, "gemm_fixed_us") * 1e-6
     return flops_fwd / rate + fixed, 2.5 * flops_fwd / rate + fixed
 
@@ -165,16 +194,16 @@ def block_seconds(x) -> BlockSeconds:
     gemm_f = gemm_b = attn_f = attn_b = 0.0
     for g in block_gemm_shapes(x.spec, x.b, x.seq, tp=x.tp):
         core = g.name in ("qk", "av")
-        if core and x.sw.flash:
+        if core and x.attn_kernel != "math":
             continue
         f_, b_ = gemm_fwd_bwd_seconds(g.m, g.n, g.k, g.batch, **kw)
         if core:
             attn_f, attn_b = attn_f + f_, attn_b + b_
         else:
             gemm_f, gemm_b = gemm_f + f_, gemm_b + b_
-    if x.sw.flash:
+    if x.attn_kernel != "math":
         attn_f, attn_b = flash_attention_seconds(x.b, x.seq, x.spec.heads / x.tp, x.spec.d_head, causal=x.spec.causal,
-                                                 hw=x.hw, precision=x.precision)
+                                                 hw=x.hw, precision=x.precision, kernel=x.attn_kernel)
     bw = memory_Bps(x.hw)
     elem_f = x.per_token(x.table.traffic_fwd) * x.tokens / bw
     scores_f = x.per_token(x.table.scores_traffic_fwd) * x.tokens / bw

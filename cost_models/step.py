@@ -26,7 +26,7 @@ class Software:
 
     framework: FrameworkProfile
     attention: str
-    """Attention kernel: flash, sdpa or unfused (frameworks.ATTENTION_KERNELS)."""
+    """Attention kernel family: fused, flash, sdpa or unfused (frameworks.ATTENTION_KERNELS)."""
     dropout: bool
     """Dropout layers active (masks saved, extra kernels)."""
     overlap_grad_reduce: bool
@@ -40,10 +40,25 @@ class Software:
                    overlap_grad_reduce=framework.overlap_grad_reduce if overlap_grad_reduce is None
                    else bool(overlap_grad_reduce))
 
-    @property
-    def flash(self) -> bool:
-        """A fused attention kernel (no s x s scores in memory)."""
-        return self.attention != "unfused"
+    def kernel(self, precision: str, spec: TransformerSpec) -> str:
+        """The attention kernel that actually runs (attention_kernel)."""
+        return attention_kernel(self.attention, precision, spec)
+
+
+def attention_kernel(attention: str, precision: str, spec: TransformerSpec) -> str:
+    """'fused', 'flash', 'mem_efficient' or 'math' for a framework's attention family, a precision and a
+    model. PyTorch SDPA (torch 2.5-2.10, aten/src/ATen/native/transformers/cuda/sdp_utils.cpp;
+    validation/kernels/sdpa_dispatch.md): FlashAttention-2 for fp16/bf16 inputs; flash and cuDNN reject
+    fp32, so fp32 runs the memory-efficient kernel, which has no grouped-query support: fp32 with GQA
+    (enable_gqa, as Hugging Face passes it without a padding mask) runs the math kernel, which
+    materializes the scores and repeats K and V."""
+    if attention == "unfused":
+        return "math"
+    if attention == "sdpa":
+        if precision == "fp32":
+            return "math" if spec.n_kv_heads < spec.heads else "mem_efficient"
+        return "flash"
+    return attention
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,6 +98,11 @@ class Step:
     c: float
     """Bytes of an activation element in the math dtype."""
 
+    @property
+    def attn_kernel(self) -> str:
+        """The attention kernel that runs (attention_kernel): fused, flash, mem_efficient or math."""
+        return self.sw.kernel(self.precision, self.spec)
+
     @classmethod
     def of(cls, spec: TransformerSpec, hw: HardwareProfile, sw: Software, cands, *, global_batch: int, seq: int,
            precision: str, optimizer: str) -> "Step":
@@ -96,7 +116,8 @@ class Step:
                    schedule=np.asarray(cands.schedule),
                    local=group_locality(cands.placement, cands.dp, cands.pp, cands.tp, hw.devices_per_node),
                    blocks_first=first, blocks_last=last, blocks_most=most,
-                   table=B.block_table(spec, precision, sw.framework.kernels, flash=sw.flash, dropout=sw.dropout),
+                   table=B.block_table(spec, precision, sw.framework.kernels,
+                                       flash=sw.kernel(precision, spec) != "math", dropout=sw.dropout),
                    head=B.head_table(spec, precision, sw.framework.kernels), c=float(B.compute_bytes(precision)))
 
     @property

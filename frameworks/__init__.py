@@ -22,10 +22,12 @@ KERNELS = ("fused", "eager", "torch")
 """Block implementations of cost_models.blocks: fused (Megatron / Transformer Engine kernels), eager
 (Hugging Face modules in PyTorch eager), torch (plain PyTorch modules as torchtitan and this project's
 executor write them)."""
-ATTENTION_KERNELS = ("flash", "sdpa", "unfused")
-"""flash: a fused flash-attention kernel (FlashAttention-2/3, cuDNN via Transformer Engine); sdpa:
-torch.nn.functional.scaled_dot_product_attention, which picks flash, memory-efficient or the math
-kernel by dtype and shape; unfused: materialized scores (Megatron-LM 2021-22, HF 'eager')."""
+ATTENTION_KERNELS = ("fused", "flash", "sdpa", "unfused")
+"""fused: cuDNN / FlashAttention-3-class fused attention (Transformer Engine's DotProductAttention on
+Hopper and newer); flash: FlashAttention-2 (flash-attn, Megatron-DeepSpeed --use-flash-attn-v2);
+sdpa: torch.nn.functional.scaled_dot_product_attention, which picks FlashAttention-2 for 16-bit inputs
+and the memory-efficient or the math kernel for fp32 (cost_models.step.attention_kernel); unfused:
+materialized scores (Megatron-LM 2021-22, Hugging Face attn_implementation 'eager')."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -71,6 +71,27 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {k.name: k for k in (
     _fraction("flash_attention_efficiency", 0.35,
               "fraction of the dense peak a fused (flash) attention kernel reaches (cost_models.compute.flash_attention_seconds)",
               "Dao 2023 (FlashAttention-2): ~35% of the H100 bf16 peak at head dim 64, 50-73% of A100's"),
+    _fraction("fused_attention_efficiency", None,
+              "fraction of the dense peak a cuDNN / FlashAttention-3-class fused attention kernel reaches at head "
+              "dim 128 on long sequences, forward + backward (cost_models.compute.attention_efficiency)",
+              "H100: 0.55 from validation/kernels/attention.json (FlashAttention-3 and cuDNN forward 0.62-0.65 at "
+              "16k, FA3's backward 1.5-1.75x FA2's per Shah et al. 2024); falls back to flash_attention_efficiency "
+              "(no such kernel before Hopper)", fallback="flash_attention_efficiency"),
+    _fraction("mem_efficient_attention_efficiency", None,
+              "fraction of the fp32 peak PyTorch's memory-efficient SDPA kernel reaches on fp32 inputs "
+              "(cost_models.compute.attention_efficiency)",
+              "no published fp32 measurement: falls back to flash_attention_efficiency, with which the H100 fp32 "
+              "steps of validation/h100_train_steps.jsonl were fitted", fallback="flash_attention_efficiency"),
+    EfficiencyKey(name="attention_seq_half_tokens", unit="tokens", default=200.0, low=0.0, high=1e6,
+                  doc="sequence length at which a non-causal fused attention kernel reaches half its long-sequence "
+                      "efficiency (cost_models.compute.attention_efficiency)",
+                  source="fit of the FlashAttention-2/3 curves of validation/kernels/attention.json (H100 and A100): "
+                         "efficiency = e_max s / (s + s_half), s_half 150-250 non-causal"),
+    EfficiencyKey(name="attention_seq_half_causal_tokens", unit="tokens", default=500.0, low=0.0, high=1e6,
+                  doc="the same for causal attention, whose diagonal tiles are half empty (cost_models.compute."
+                      "attention_efficiency)",
+                  source="fit of the FlashAttention-2/3 causal curves of validation/kernels/attention.json: s_half "
+                         "450-600"),
     _fraction("elementwise_bandwidth_fraction", 1.0,
               "fraction of the measured copy bandwidth that memory-bound kernels stream at (cost_models.compute.memory_Bps)",
               "H100 fit on the 42 eager training steps: 0.743; fused kernels stream at the copy rate (1.0)"),

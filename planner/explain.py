@@ -166,6 +166,12 @@ def explain_document(doc: Mapping[str, Any]) -> Explanation:
                        versus_lines=tuple(versus), data=data)
 
 
+def _software_options(doc: Mapping[str, Any]) -> dict:
+    """The kernel choices the plan was costed with (its `software` block), for a comparable search."""
+    sw = doc.get("software") or {}
+    return {k: sw[k] for k in ("attention", "dropout", "overlap_grad_reduce") if k in sw}
+
+
 def research(doc: Mapping[str, Any], *, top: int = 4) -> dict:
     """The plan document with `alternatives` replaced by a fresh search on the same model, hardware,
     world size, batch, sequence and precision. If the search finds a faster plan than the document's,
@@ -175,7 +181,8 @@ def research(doc: Mapping[str, Any], *, top: int = 4) -> dict:
     plan = doc["plan"]
     rec = recommend(doc["model"]["name"], doc["hardware"]["name"], gpus=doc["hardware"]["gpus"],
                     global_batch=plan["global_batch"], seq=plan["seq"], precision=plan["precision"],
-                    optimizer=plan.get("optimizer", "adamw"), top=top)
+                    optimizer=plan.get("optimizer", "adamw"), top=top, framework=plan.get("framework", "megatron"),
+                    **_software_options(doc))
     found = [rec.best] + list(rec.alternatives)
     same = lambda a: all(a["plan"].get(k) == plan.get(k) for k in CONFIG_KEYS)  # noqa: E731
     out = dict(doc)

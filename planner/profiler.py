@@ -144,7 +144,7 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
     if not isinstance(s, int) or s < 1:
         raise ConfigError("seq", s, "a positive integer")
     sw = software_for(framework, attention=attention, dropout=dropout)
-    flash, kernels = sw.flash, sw.framework.kernels
+    flash, kernels = sw.kernel(precision, spec) != "math", sw.framework.kernels
     act = dict(precision=precision, kernels=kernels, flash=flash, dropout=sw.dropout, tp=tp, sp=sp)
     none_saved = {m: 0.0 for m in RECOMPUTE_MODES}
     layers: list[LayerProfile] = []

@@ -192,10 +192,10 @@ def test_unwritable_out_paths_are_one_line_and_nothing_is_written(tmp_path, make
 def test_export_out_writes_the_configuration_whole(tmp_path):
     out = tmp_path / "ds.json"
     out.write_text("old")
-    plan = str(TESTS / "data" / "plan_example.json")
-    result = runner.invoke(app, ["export", plan, "--format", "deepspeed", "--out", str(out)])
+    plan = str(TESTS / "data" / "plan_example.json")    # made for megatron: interleaved, not deepspeed
+    result = runner.invoke(app, ["export", plan, "--format", "sagemaker-v1", "--out", str(out)])
     assert result.exit_code == 0 and result.stdout == ""
-    assert out.read_text() == runner.invoke(app, ["export", plan, "--format", "deepspeed"]).stdout
+    assert out.read_text() == runner.invoke(app, ["export", plan, "--format", "sagemaker-v1"]).stdout
     assert [p.name for p in tmp_path.iterdir()] == ["ds.json"]
 
 

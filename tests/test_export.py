@@ -12,7 +12,7 @@ from export_plans import VARIANTS, document, plan_for  # noqa: E402
 
 from planner.cli import app  # noqa: E402
 from planner.errors import ConfigError  # noqa: E402
-from planner.exports import FORMATS, export_plan, megatron_layout, target_limits  # noqa: E402
+from planner.exports import FORMATS, export_plan, megatron_layout, refusals  # noqa: E402
 from planner.exports.torchtitan import torchtitan_fqns  # noqa: E402
 from planner.plan import plan_from_document  # noqa: E402
 
@@ -21,14 +21,14 @@ EXAMPLE = Path(__file__).parent / "data" / "plan_example.json"
 REFUSED = {  # variant: {format: part of the one-line reason}
     "gpt3-interleaved-uneven": {"torchtitan": "position=learned", "sagemaker": "pipeline parallelism (pp=10)"},
     "gpt3-gpipe-offload": {"sagemaker-v1": "offload=optimizer"},
-    "gpt3-zero3-1f1b": {"megatron": "does not combine with pipeline", "deepspeed": "ZeRO stage 0 or 1",
+    "gpt3-zero3-1f1b": {"megatron": "zero=3 with pp=10", "deepspeed": "zero=3 with pp=10",
                         "sagemaker-v1": "ZeRO-3 with pp=10"},
-    "llama-hsdp-cp-fp8": {"deepspeed": "cp=2", "sagemaker-v1": "context parallelism",
+    "llama-hsdp-cp-fp8": {"deepspeed": "precision=fp8", "sagemaker-v1": "context parallelism",
                           "megatron": "dp_shard=8 < dp=32"},
     "llama-pp1-zero2-sel": {"sagemaker-v1": "ZeRO-2"},
-    "llama-bf16-offload-act": {"torchtitan": "activation offload", "megatron": "activation offload"},
+    "llama-bf16-offload-act": {"torchtitan": "offload=activations", "megatron": "offload=activations"},
     "moe-ep": {"torchtitan": "mixture-of-experts", "sagemaker-v1": "expert parallelism"},
-    "gpt3-pp1-zero0-fp16": {"torchtitan": "amp-fp16"},
+    "gpt3-pp1-zero0-fp16": {"torchtitan": "precision=amp-fp16"},
 }
 
 
@@ -41,10 +41,11 @@ def test_what_the_target_cannot_run_is_refused_in_one_line(variant, fmt):
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_limits_decide_every_refusal(variant):
-    """An export succeeds exactly when target_limits has no reason (one place holds the rules)."""
+    """An export succeeds exactly when `refusals` has no reason (the framework rules of
+    frameworks/*.json, then what the target's file can express)."""
     plan = plan_for(variant)
     for fmt in FORMATS:
-        reasons = target_limits(fmt, plan)
+        reasons = refusals(fmt, plan)
         try:
             export_plan(plan, fmt)
             assert reasons == [], (fmt, reasons)
@@ -57,7 +58,11 @@ def test_a_plan_without_model_shape_is_refused_by_targets_that_build_the_model()
     for fmt in ("torchtitan", "megatron"):
         with pytest.raises(ConfigError, match="model.arch"):
             export_plan(plan, fmt)
-    assert json.loads(export_plan(plan, "deepspeed").text)["train_batch_size"] == 1440
+    # DeepSpeed needs no model shape, but its PipelineEngine has no interleaved schedule (frameworks/deepspeed.json)
+    with pytest.raises(ConfigError, match="schedule=interleaved-1f1b: deepspeed allows 1f1b"):
+        export_plan(plan, "deepspeed")
+    assert json.loads(export_plan(plan, "sagemaker-v1").text)["smdistributed"]["modelparallel"]["parameters"][
+        "microbatches"] == 120
 
 
 def test_torchtitan_last_part_holds_lm_head():

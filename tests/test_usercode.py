@@ -124,13 +124,14 @@ def _planner(argv, cwd=REPO, env=None, limit_s=60):
     (["profile", "tests.fixtures.factories:hangs_in_factory", "--profile-timeout-s", "2"],
      "the factory", ("time.sleep(0.05)", "while True:  ")),
     (["estimate", "tests.fixtures.factories:hangs_in_forward", "--hardware", "p4d.24xlarge", "--gpus", "8",
-      "--profile-timeout-s=2"], "its forward/backward on the meta device", ("steps += 1", "while steps >= 0")),
+      "--profile-timeout-s=6"], "its forward/backward on the meta device", ("steps += 1", "while steps >= 0")),
 ])
 def test_code_that_never_returns_is_stopped_and_located(argv, stage, markers):
     proc, seconds = _planner(argv)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    assert f"{stage} did not return within 2 s" in lines[0]
+    # (the forward case gets 6 s: building the model on a loaded CI machine must not use up the limit)
+    assert f"{stage} did not return within {argv[-1].split('=')[-1]} s" in lines[0]
     # stopped inside the loop: on either of its lines
     assert any(f"factories.py:{_line_of(m)} in " in lines[0] for m in markers) and "--profile-timeout-s" in lines[0]
     assert seconds < 30

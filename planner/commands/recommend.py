@@ -8,8 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.commands.common import (MAX_TOKENS, GlobalBatchOpt, GpusOpt, HardwareOpt, JsonOpt, ModelArg, NodesOpt,
-                                     OptimizerOpt, HwPrecisionOpt, SeqOpt)
+from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, GlobalBatchOpt, GpusOpt, HardwareOpt, HwPrecisionOpt, JsonOpt, MAX_TOKENS, ModelArg, NodesOpt, OptimizerOpt, SeqOpt)
 from planner.errors import ConfigError
 
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help="throughput (least step time), cost (least $ per "
@@ -61,7 +60,8 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
               global_batch: GlobalBatchOpt = None, seq: SeqOpt = None, precision: HwPrecisionOpt = None,
               optimizer: OptimizerOpt = "adamw", objective: ObjectiveOpt = "throughput", top: TopOpt = 5,
               out: OutOpt = None, json_out: JsonOpt = False, spot: SpotOpt = False, price_per_hour: PriceOpt = None,
-              tokens: TokensOpt = None, csv: CsvOpt = None) -> None:
+              tokens: TokensOpt = None, csv: CsvOpt = None, framework: FrameworkOpt = "megatron",
+              attention: AttentionOpt = None, dropout: DropoutOpt = None) -> None:
     """Search every parallel strategy, rank by the objective and print the top plans."""
     from planner import io
     from planner.search import recommend as search
@@ -77,7 +77,8 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
     with _LazyProgress() as progress:
         rec = search(model, hardware, gpus=gpus, nodes=nodes, global_batch=global_batch, seq=seq,
                      precision=precision, optimizer=optimizer, objective=objective, top=top, spot=spot,
-                     price_per_hour=price_per_hour, tokens=token_count, progress=progress.update)
+                     price_per_hour=price_per_hour, tokens=token_count, progress=progress.update,
+                     framework=framework, attention=attention, dropout=dropout)
     hw_doc = rec.best["hardware"]
     note = batch_note(rec.best["plan"]["global_batch"], hw_doc["gpus"], hw_doc.get("devices_per_node", 8))
     if note:
@@ -160,7 +161,7 @@ def _print_table(rec) -> None:
     hw, model = best["hardware"], best["model"]
     table = Table(title=f"{model['name']} on {hw['gpus']} x {hw['name']} ({hw['nodes']} nodes), "
                         f"global batch {best['plan']['global_batch']} x {best['plan']['seq']} tokens, "
-                        f"objective {rec.objective}")
+                        f"objective {rec.objective}, framework {best['plan'].get('framework', 'megatron')}")
     left = ("schedule", "recompute", "offload", "place", "stages")
     columns = ["#", "dp.tp.pp", "mb x m", "schedule", "ZeRO", "recompute", "offload", "SP", "place", "stages",
                "step s", "tokens/s", "MFU", "GiB/GPU"]

@@ -23,6 +23,7 @@ from planner.exports.common import Export, cannot
 from planner.exports.deepspeed import to_deepspeed
 from planner.exports.limits import target_limits
 from planner.exports.megatron import megatron_layout, to_megatron
+from planner.exports.retarget import framework_refusals, retarget
 from planner.exports.sagemaker import to_sagemaker, to_sagemaker_v1
 from planner.exports.torchtitan import TORCHTITAN_SCHEDULES, to_torchtitan
 from planner.plan import Plan
@@ -34,12 +35,29 @@ EXPORTERS: dict[str, Callable[[Plan], Export]] = {
     "sagemaker": to_sagemaker, "sagemaker-v1": to_sagemaker_v1}
 
 
-def export_plan(plan: Plan, fmt: str) -> Export:
-    """Dispatch to the exporter of `fmt`; an unknown format is a ConfigError."""
+def refusals(fmt: str, plan: Plan) -> list[str]:
+    """Every reason `fmt` cannot run `plan`: its framework's capabilities (frameworks.rules, after the
+    memory-safe substitutions of planner.exports.retarget) and what the exported file can express
+    (planner.exports.limits). Empty: the export succeeds."""
     if fmt not in EXPORTERS:
         raise ConfigError("format", fmt, "one of " + ", ".join(FORMATS))
-    return EXPORTERS[fmt](plan)
+    return framework_refusals(plan, fmt) + target_limits(fmt, plan)
 
 
-__all__ = ["FORMATS", "Export", "export_plan", "target_limits", "cannot", "megatron_layout", "TORCHTITAN_SCHEDULES",
+def export_plan(plan: Plan, fmt: str) -> Export:
+    """Dispatch to the exporter of `fmt`; an unknown format is a ConfigError. A plan made for another
+    framework than the target's is re-checked against the target's capabilities and re-estimated there
+    first (planner.exports.retarget), and the notes say what changed."""
+    if fmt not in EXPORTERS:
+        raise ConfigError("format", fmt, "one of " + ", ".join(FORMATS))
+    reasons = refusals(fmt, plan)
+    if reasons:
+        more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
+        raise cannot(fmt, reasons[0] + more)
+    plan, notes = retarget(plan, fmt)
+    result = EXPORTERS[fmt](plan)
+    return Export(format=result.format, text=result.text, notes=tuple(notes) + tuple(result.notes))
+
+
+__all__ = ["FORMATS", "Export", "export_plan", "refusals", "target_limits", "cannot", "megatron_layout", "TORCHTITAN_SCHEDULES",
            "to_torchtitan", "to_megatron", "to_deepspeed", "to_sagemaker", "to_sagemaker_v1"]

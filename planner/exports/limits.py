@@ -6,9 +6,10 @@ runs out of memory the plan did not count, or silently trains something else. Di
 leave the model, the batch and the degrees alone and need no more memory are notes, written by the
 exporters themselves.
 
-The rules are plain data-like checks of the plan's fields (and of the model shape for targets that
-build the model) so that they can later be read from the framework capability files
-(`frameworks/*.json`). Versions the rules describe: docs/exports.md.
+What a *framework* can run (schedules, ZeRO with pipelining, precisions, offload, ...) is not
+repeated here: frameworks.rules.violations checks it against frameworks/*.json before any exporter runs
+(planner.exports.retarget). These rules are what the *exported file* of a release can express: the
+model shapes the target builds, settings its configuration has. Versions: docs/exports.md.
 """
 from __future__ import annotations
 
@@ -33,10 +34,6 @@ def torchtitan_limits(plan: Plan) -> list[str]:
         out += _llama_only(spec, "torchtitan 0.3.0's llama3 model (the one decoder the exporter builds)")
     if model_moe(plan) or cfg.ep > 1 or cfg.expert_tp > 1:
         out.append("mixture-of-experts: the exporter builds torchtitan's dense llama3 model only")
-    if cfg.precision == "amp-fp16":
-        out.append("precision amp-fp16: torchtitan 0.3.0 trains in bfloat16 or float32 only (no fp16 loss scaling)")
-    if cfg.offload == "activations":
-        out.append("offload=activations: torchtitan 0.3.0 has no activation offload, and the plan's memory counts on it")
     return out
 
 
@@ -62,11 +59,6 @@ def megatron_limits(plan: Plan) -> list[str]:
     if _bias_pattern(spec) is None:
         out.append("bias pattern (qkv, out, mlp) = "
                    f"({spec.qkv_bias}, {spec.out_bias}, {spec.mlp_bias}): Megatron-LM has all biases, none, or qkv only")
-    if cfg.offload == "activations":
-        out.append("offload=activations: Megatron-LM's argument set has no activation offload the plan can count on")
-    if cfg.zero >= 2 and cfg.pp > 1:
-        out.append(f"ZeRO-{cfg.zero} with pp={cfg.pp}: Megatron FSDP (--use-megatron-fsdp) does not combine "
-                   "with pipeline parallelism")
     if cfg.zero >= 2 and cfg.dp_shard and cfg.dp_shard < cfg.dp:
         out.append(f"ZeRO-{cfg.zero} with dp_shard={cfg.dp_shard} < dp={cfg.dp}: hybrid Megatron FSDP is not exported")
     return out
@@ -77,9 +69,6 @@ def megatron_limits(plan: Plan) -> list[str]:
 def deepspeed_limits(plan: Plan) -> list[str]:
     """DeepSpeed 0.19.8 config JSON (deepspeed.runtime.config.DeepSpeedConfig) with its engines."""
     cfg, out = plan.config, []
-    if cfg.zero >= 2 and cfg.pp > 1:
-        out.append(f"DeepSpeed's PipelineEngine runs ZeRO stage 0 or 1 only; the plan has ZeRO-{cfg.zero} "
-                   f"with pp={cfg.pp}")
     if cfg.offload == "optimizer" and cfg.zero == 0:
         out.append("DeepSpeed offloads the optimizer only with ZeRO >= 1; the plan has offload=optimizer with ZeRO-0")
     if cfg.offload == "activations" and cfg.recompute == "none":
@@ -87,8 +76,6 @@ def deepspeed_limits(plan: Plan) -> list[str]:
                    "and the plan has recompute=none")
     if cfg.cp > 1:
         out.append(f"cp={cfg.cp}: DeepSpeed's config has no context-parallel degree (Ulysses is built in model code)")
-    if cfg.precision == "fp8":
-        out.append("precision fp8: DeepSpeed's config has no FP8 matrix-multiply setting")
     return out
 
 

@@ -1,0 +1,56 @@
+"""Attention efficiency by sequence length, head dim and causality (cost_models.compute.attention_efficiency)
+against the published kernel benchmarks vendored in validation/kernels/attention.json (Dao 2023,
+FlashAttention-2 Fig. 4-7; Shah et al. 2024, FlashAttention-3 Fig. 5-7), and the invariants a user relies on."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cost_models.compute import attention_efficiency
+from hardware_profiles import load_profile
+
+DATA = json.loads((Path(__file__).resolve().parents[1] / "validation" / "kernels" / "attention.json").read_text())
+PEAK = {"H100": 989.4, "A100": 312.0}
+
+
+def _points(kernel, gpu, passes):
+    out = []
+    for r in DATA["measurements"]:
+        if r["kernel"] == kernel and r["gpu"].startswith(gpu) and r["pass"] in passes and r["tflops"] is not None:
+            out.append((r["seq"], r["head_dim"], r["causal"], r["tflops"] / PEAK[gpu]))
+    return out
+
+
+@pytest.mark.parametrize("kernel,gpu,profile,model_kernel,passes,tolerance", [
+    ("flash_attention_2", "H100", "dgx-h100", "flash", ("fwd_bwd",), 0.15),
+    ("flash_attention_2", "A100", "dgx-a100-80g", "flash", ("fwd_bwd",), 0.15),
+])
+def test_the_curve_reproduces_the_published_benchmarks(kernel, gpu, profile, model_kernel, passes, tolerance):
+    hw = load_profile(profile)
+    points = _points(kernel, gpu, passes)
+    assert len(points) >= 20
+    errors = [attention_efficiency(hw, model_kernel, s, d, causal=c) / e - 1 for s, d, c, e in points if d in (64, 128)]
+    assert np.median(np.abs(errors)) <= tolerance / 2 and max(np.abs(errors)) <= 2 * tolerance, errors
+
+
+def test_fused_kernel_matches_fa3_and_cudnn_within_their_backward():
+    # FA3 / cuDNN forward is measured; forward + backward efficiency (the model's) sits below the forward's
+    hw = load_profile("dgx-h100")
+    for s, d, c, e in _points("flash_attention_3", "H100", ("fwd",)) + _points("cudnn", "H100", ("fwd",)):
+        if d == 128 and s >= 2048:
+            assert 0.7 * e <= attention_efficiency(hw, "fused", s, d, causal=c) <= e
+
+
+def test_efficiency_grows_with_sequence_and_stays_below_its_maximum():
+    hw = load_profile("dgx-h100")
+    s = np.array([256, 512, 1024, 4096, 16384, 131072])
+    for kernel in ("fused", "flash"):
+        for causal in (True, False):
+            e = attention_efficiency(hw, kernel, s, 128, causal=causal)
+            assert np.all(np.diff(e) > 0) and e[-1] < hw.efficiency["fused_attention_efficiency" if kernel == "fused"
+                                                                       else "flash_attention_efficiency"]
+        assert np.all(attention_efficiency(hw, kernel, s, 128, causal=True)
+                      < attention_efficiency(hw, kernel, s, 128, causal=False))
