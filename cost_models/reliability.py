@@ -89,7 +89,7 @@ def expected_wall_s(work_s, interval_s, delta_s, restart_s, mtbf_s):
 def goodput_fraction(interval_s, delta_s, restart_s, mtbf_s):
     """Useful time over wall time, W / T_w = tau / (M exp(R/M) (exp((tau + delta)/M) - 1)): independent
     of W in Daly's model. 1 - goodput -> delta/tau + (tau/2 + R)/M to first order."""
-    return np.asarray(interval_s, dtype=float) / expected_wall_s(1.0, interval_s, delta_s, restart_s, mtbf_s)
+    return 1.0 / expected_wall_s(1.0, interval_s, delta_s, restart_s, mtbf_s)
 
 
 def expected_interruptions(wall_s, mtbf_s):

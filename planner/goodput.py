@@ -204,12 +204,12 @@ def reliability_figures(document: Mapping[str, Any], hardware, *, tokens: float,
     run = _run(work_s, io, setting)
     if not (math.isfinite(run.wall_s) and run.goodput >= MIN_GOODPUT):
         raise ConfigError("mtbf", io.mtbf_s, "a job that runs longer between failures than it takes to restart",
-                          message=f"the job would be interrupted every {io.mtbf_s:,.0f} s on average ({gpus} GPUs, "
+                          message=f"the job would be interrupted every {io.mtbf_s:,.3g} s on average ({gpus} GPUs, "
                                   f"{nodes} nodes) but needs {run.restart_s:,.0f} s to restart and "
                                   f"{io.stall_s:,.1f} s per checkpoint: goodput below {MIN_GOODPUT:.1%}; check "
                                   f"--mtbf-gpu-hours, --mtbf-node-hours, --spot-interruptions-per-node-hour and "
                                   f"--restart-s")
-    rate_gpu, rate_node, rate_spot = setting.rates
+    rate_gpu, rate_node, _ = setting.rates
     figures = {
         "goodput": run.goodput, "checkpoint_interval_s": run.interval_s,
         "interval_rule": "daly-2006" if run.interval_s > io.latency_s else "write latency (async)",
@@ -218,7 +218,7 @@ def reliability_figures(document: Mapping[str, Any], hardware, *, tokens: float,
         "checkpoint_write_s": io.write_s, "checkpoint_read_s": io.read_s, "checkpoint_stall_s": io.stall_s,
         "restart_overhead_s": setting.restart_overhead_s, "restart_s": run.restart_s,
         "failure_rate_per_gpu_hour": rate_gpu, "failure_rate_per_node_hour": rate_node,
-        "spot_interruptions_per_node_hour": rate_spot if spot else None,
+        "spot_interruptions_per_node_hour": inputs.spot_interruptions_per_node_hour if spot else None,
         "mtbf_hours": io.mtbf_s / R.SECONDS_PER_HOUR,
         "expected_interruptions": run.interruptions, "checkpoints": run.checkpoints,
         "lost_hours": run.lost_s / R.SECONDS_PER_HOUR,

@@ -574,10 +574,12 @@ def _reliability_inputs(inputs, *, objective: str, tokens: float | None, spot: b
 
     inputs = ReliabilityInputs() if inputs is None else inputs
     if objective == "time-to-train" and not tokens:
-        raise ConfigError("tokens", tokens, "a training length (--tokens, e.g. 300B) with --objective time-to-train")
+        raise ConfigError("tokens", tokens, "a training length with --objective time-to-train",
+                          message="--objective time-to-train needs --tokens N (the length of the run, e.g. 300B)")
     if inputs.given and not tokens:
-        raise ConfigError(inputs.given[0].lstrip("-"), "given without --tokens",
-                          "--tokens N as well: goodput is computed for a run of N tokens")
+        flag = inputs.given[0]
+        raise ConfigError(flag.lstrip("-"), getattr(inputs, flag.lstrip("-").replace("-", "_")), "--tokens N as well",
+                          message=f"{flag} needs --tokens N: goodput is computed for a run of N tokens")
     if inputs.spot_interruptions_per_node_hour is not None and not spot:
         raise ConfigError("spot-interruptions-per-node-hour", inputs.spot_interruptions_per_node_hour,
                           "only with --spot (on-demand nodes are not reclaimed)")

@@ -59,6 +59,8 @@ def _path_of(name_or_path: str) -> Path:
     if "/" not in text and "\\" not in text and not text.endswith(".json"):
         if text in available_storage():
             return by_name
+        if Path(text).is_file():
+            return Path(text)
         raise ConfigError("storage", text, "one of " + ", ".join(available_storage())
                           + ", or a path to a storage profile JSON file")
     return Path(text).expanduser()
