@@ -1,176 +1,59 @@
-"""Bytes of activations saved for the backward pass, per micro-batch of b sequences of s tokens.
+"""Bytes saved for backward per micro-batch of b sequences of s tokens: the scalar face of the block
+tables of cost_models.blocks, which are the one owner of activation memory (the cost model's
+memory.activation_bytes reads the same tables for arrays of candidates).
 
-Starting point: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-Models", Sec. 4.1 and Table 2. For one GPT layer in fp16 with dropout, no parallelism:
-
-    sbh (34 + 5 a s / h)   bytes
-      = attention 11 sbh + 5 a s^2 b   (QKV input 2, Q K 4, softmax 2as^2b, its dropout mask as^2b and
-                                        output 2as^2b, V 2, W_O input 2, dropout mask 1)
-      + MLP 19 sbh                      (input 2, GELU input 8, GELU output 8, dropout mask 1)
-      + two LayerNorm inputs 4 sbh.
-    tensor parallel t, no SP: sbh (10 + 24/t + 5as/(ht));   with SP: sbh/t (34 + 5as/h)
-    selective recompute drops the 5as/h term; full recompute keeps only the block input 2sbh.
-
-Adapted here to what planner/models/transformer.py (and Hugging Face's SDPA models) really save,
-term by term (measured with torch.autograd.graph.saved_tensors_hooks, tests/test_profiler_torch.py):
-
-    norm_inputs      n_norm * t h * r      each norm saves its input (the residual stream, dtype r);
-                                           RMSNorm computes in fp32 (torch's rms_norm and HF's LlamaRMSNorm
-                                           upcast 16-bit inputs), so it saves an fp32 copy: t h * 4
-    norm_normalized  n_norm * t h * 4      RMSNorm also saves the fp32 x * rstd for the weight grad
-    norm_stats       n_norm * t * 4 * (2 LayerNorm: mean, rstd | 1 RMSNorm: rstd)   fp32
-    norm_outputs     n_norm * t h * c      the norm output = input of the next GEMM, in compute dtype c
-    dropout_masks    2 t h * 1             residual dropouts (only if dropout)
-    qkv              t (a d + 2 k d) * c   Q, K, V saved by attention; GQA keeps K, V at k heads
-                                           (SDPA with enable_gqa, no repeat_interleave copy)
-    attn_out         t a d * c             attention output, also W_O's input (one storage)
-    attn_core        flash: t a * 4        logsumexp (fp32) kept by flash/SDPA kernels
-                     math:  t a s * c      softmax output (+ dropout mask t a s and output t a s c)
-    mlp              2 t f * c             GELU input and output (W_2 input); gated (SwiGLU): 4 t f c
-                                           (W_1 out, W_3 out, act out, product = W_2 input)
-with t = b s tokens, c = bytes_per_elem (compute dtype), r = residual_bytes_per_elem (fp32 under
-autocast, as the residual stream stays fp32). The first five terms are replicated across tensor
-parallel ranks unless sequence parallelism shards them (Korthikanti Sec. 4.2.2); the others are
-split over tp (heads and f are split).
-
-Recompute modes: "none" keeps everything; "selective" drops `attn_core` (the checkpointed core's
-inputs Q, K, V and output are saved anyway); "full" keeps the block input t h r only (divided by tp
-with SP, as Megatron stores it sharded).
+Used by `planner profile` (per layer, by recompute mode) and the stage partitioner
+(planner.search.stage_problem), so that profile, partitioner and estimate report the same bytes for
+the same configuration (tests/test_activation_owner.py). Which table applies is the framework's
+`kernels` (fused: Megatron / Transformer Engine, Korthikanti et al. 2022 Table 2; eager: Hugging Face
+modules; torch: plain PyTorch modules, torchtitan and this project's executor).
 """
 from __future__ import annotations
 
-from planner.spec import TransformerSpec
+import numpy as np
 
-PRECISION_BYTES = {"fp32": (4, 4), "amp-bf16": (2, 4), "amp-fp16": (2, 4), "bf16": (2, 2), "fp8": (2, 4)}
-"""precision -> (compute bytes per element c, residual-stream bytes per element r). Under autocast
-(amp-*) GEMM outputs are 16-bit but the residual stream and norms stay fp32."""
+from cost_models import blocks as B
+from planner.spec import TransformerSpec
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 
-def precision_bytes(precision: str) -> tuple[int, int]:
-    """(compute, residual) bytes per element for a contract precision name."""
-    try:
-        return PRECISION_BYTES[precision]
-    except KeyError:
-        from planner.errors import ConfigError
-        raise ConfigError("precision", precision, "one of " + ", ".join(PRECISION_BYTES)) from None
+def _per_token(terms: B.Terms, tp, sp, s):
+    return terms.at(np.asarray(tp, dtype=float), sp, s)
 
 
-def _sp_divisor(tp, sp):
-    """tp when sequence parallel, else 1 (works for bools and arrays: 1 + (tp - 1) sp)."""
-    return 1 + (tp - 1) * sp
-
-
-def block_activation_terms(spec: TransformerSpec, b, s, *, flash: bool = True, dropout: bool = False,
-                           bytes_per_elem=2, residual_bytes_per_elem=None) -> dict:
-    """Every term of the module docstring for one (decoder) block, unsharded, in bytes.
-    Returns {"replicated": {...}, "sharded": {...}} (replicated = split only by SP)."""
-    c = bytes_per_elem
-    r = c if residual_bytes_per_elem is None else residual_bytes_per_elem
-    t = b * s
-    h = spec.hidden
-    n_norm = spec.norms_per_block + (1 if spec.encoder_layers else 0)
-    rms = spec.norm == "rmsnorm"
-    norm_in = 4 if rms else r  # RMSNorm upcasts to fp32 and saves the upcast copy
-    replicated = {
-        "norm_inputs": n_norm * t * h * norm_in,
-        "norm_normalized": n_norm * t * h * 4 * rms,
-        "norm_stats": n_norm * t * 4 * (1 if rms else 2),
-        "norm_outputs": n_norm * t * h * c,
-        "dropout_masks": 2 * t * h * dropout,
-    }
-    attentions = 2 if spec.encoder_layers else 1  # T5 decoder: self + cross attention
-    if flash:
-        core = t * spec.heads * 4
-    else:
-        core = t * spec.heads * s * (c + dropout * (1 + c))
-    sharded = {
-        "qkv": attentions * t * (spec.attn_width + 2 * spec.kv_width) * c,
-        "attn_out": attentions * t * spec.attn_width * c,
-        "attn_core": attentions * core,
-        "mlp": (4 if spec.gated_mlp else 2) * t * spec.d_ffn * c,
-    }
-    return {"replicated": replicated, "sharded": sharded}
-
-
-def block_activation_bytes(spec: TransformerSpec, b, s, *, tp=1, sp=False, recompute: str = "none",
-                           flash: bool = True, dropout: bool = False, bytes_per_elem=2,
-                           residual_bytes_per_elem=None):
-    """Bytes one (decoder) block keeps for backward per micro-batch on one tensor-parallel rank.
-
-    Korthikanti et al. 2022 Table 2 adapted as in the module docstring: replicated terms / (tp if
-    sp else 1) + sharded terms / tp; "selective" drops attn_core; "full" keeps only the block input.
-    `tp`, `b`, `s`, `sp` may be numpy arrays; `recompute`, `flash`, `dropout` are scalars.
-    """
-    r = bytes_per_elem if residual_bytes_per_elem is None else residual_bytes_per_elem
-    if recompute == "full":
-        return b * s * spec.hidden * r / _sp_divisor(tp, sp)
+def block_bytes(spec: TransformerSpec, b, s, *, precision: str = "amp-bf16", kernels: str = "fused",
+                flash: bool = True, dropout: bool = False, tp=1, sp=False, recompute: str = "none"):
+    """One block: everything (none), without the attention scores' core (selective), or only the block
+    input (full); replicated terms / (tp with SP), sharded / tp. Arrays broadcast."""
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, not {recompute!r}")
-    terms = block_activation_terms(spec, b, s, flash=flash, dropout=dropout, bytes_per_elem=bytes_per_elem,
-                                   residual_bytes_per_elem=residual_bytes_per_elem)
-    sharded = dict(terms["sharded"])
-    if recompute == "selective":
-        sharded.pop("attn_core")
-    return sum(terms["replicated"].values()) / _sp_divisor(tp, sp) + sum(sharded.values()) / tp
+    table = B.block_table(spec, precision, kernels, flash=flash, dropout=dropout)
+    if recompute == "full":
+        terms = table.saved_full_recompute
+    elif recompute == "selective":
+        return (_per_token(table.saved, tp, sp, s) - _per_token(table.scores_saved, tp, sp, s)) * b * s
+    else:
+        terms = table.saved
+    return _per_token(terms, tp, sp, s) * b * s
 
 
-def encoder_block_activation_bytes(spec: TransformerSpec, b, s, **kwargs):
-    """An encoder block of an encoder-decoder model: a decoder block without cross-attention."""
-    if not spec.encoder_layers:
-        return 0 * b * s
-    return block_activation_bytes(spec.with_(encoder_layers=0), b, s, **kwargs)
+def embedding_bytes(spec: TransformerSpec, b, s, *, precision: str = "amp-bf16", dropout: bool = False, tp=1, sp=False):
+    """First stage (cost_models.blocks.embedding_saved)."""
+    return _per_token(B.embedding_saved(spec, precision, dropout=dropout), tp, sp, s) * b * s
 
 
-def embedding_activation_bytes(spec: TransformerSpec, b, s, *, residual_bytes_per_elem=4):
-    """Input side: the token ids (int64, 8 t bytes) kept by the embedding's backward, the position
-    ids (8 s) for learned positions, and the rotary cos/sin tables (2 s d, in the residual dtype)
-    that every block's RoPE multiplication keeps (one storage shared by all blocks). The embedding
-    output itself is saved by the first block's norm and counted there."""
-    rope = 2 * s * spec.d_head * residual_bytes_per_elem * (spec.position == "rope")
-    return 8 * b * s + 8 * s * (spec.position == "learned") + rope
+def head_bytes(spec: TransformerSpec, b, s, *, precision: str = "amp-bf16", kernels: str = "fused", tp=1, sp=False):
+    """Last stage before the loss: final norm and LM head inputs (cost_models.blocks.head_table)."""
+    return _per_token(B.head_table(spec, precision, kernels).saved, tp, sp, s) * b * s
 
 
-def head_activation_bytes(spec: TransformerSpec, b, s, *, tp=1, sp=False, bytes_per_elem=2,
-                          residual_bytes_per_elem=None):
-    """Output side before the loss: the final norm's input (last block output, r bytes), RMSNorm's
-    normalized copy and stats, and the LM head's input (norm output, c bytes); split by SP."""
-    c = bytes_per_elem
-    r = c if residual_bytes_per_elem is None else residual_bytes_per_elem
-    t = b * s
-    h = spec.hidden
-    rms = spec.norm == "rmsnorm"
-    norm_in = 4 if rms else r
-    norm = (t * h * norm_in + t * h * 4 * rms + t * 4 * (1 if rms else 2)) * spec.final_norm
-    return (norm + t * h * c) / _sp_divisor(tp, sp)
+def loss_bytes(spec: TransformerSpec, b, s, *, tp=1):
+    """Cross-entropy's saved fp32 log-softmax (cost_models.blocks.loss_saved)."""
+    return _per_token(B.loss_saved(spec), tp, False, s) * b * s
 
 
-def loss_activation_bytes(spec: TransformerSpec, b, s, *, tp=1):
-    """Cross entropy keeps the fp32 log-softmax of the logits (t V / tp x 4 bytes; vocabulary
-    split over tp with a vocab-parallel loss) and the int64 targets (8 t)."""
-    t = b * s
-    return t * spec.vocab * 4 / tp + 8 * t
-
-
-def logits_transient_bytes(spec: TransformerSpec, b, s, *, tp=1, bytes_per_elem=2):
-    """Not saved, but alive at the loss: the logits in the compute dtype (t V c / tp) plus their
-    fp32 upcast (t V 4 / tp, only when c < 4) while the fp32 log-softmax is being written.
-    A memory model adds this to the last pipeline stage's peak."""
-    t = b * s
-    upcast = 4 * (bytes_per_elem < 4)
-    return t * spec.vocab * (bytes_per_elem + upcast) / tp
-
-
-def model_activation_bytes(spec: TransformerSpec, b, s, *, tp=1, sp=False, recompute: str = "none",
-                           flash: bool = True, dropout: bool = False, bytes_per_elem=2,
-                           residual_bytes_per_elem=None):
-    """Whole model on one device (no pipeline): embedding + all blocks + head + loss."""
-    kw = dict(tp=tp, sp=sp, recompute=recompute, flash=flash, dropout=dropout, bytes_per_elem=bytes_per_elem,
-              residual_bytes_per_elem=residual_bytes_per_elem)
-    r = bytes_per_elem if residual_bytes_per_elem is None else residual_bytes_per_elem
-    return (embedding_activation_bytes(spec, b, s, residual_bytes_per_elem=r) + spec.layers * block_activation_bytes(spec, b, s, **kw)
-            + spec.encoder_layers * encoder_block_activation_bytes(spec, b, s, **kw)
-            + head_activation_bytes(spec, b, s, tp=tp, sp=sp, bytes_per_elem=bytes_per_elem,
-                                    residual_bytes_per_elem=residual_bytes_per_elem)
-            + loss_activation_bytes(spec, b, s, tp=tp))
+def logits_peak_bytes(spec: TransformerSpec, b, s, *, precision: str = "amp-bf16", kernels: str = "fused", tp=1):
+    """The largest transient of logits and loss on the last stage (HeadTable.logits_peak): not saved by a
+    layer, alive at the loss; the memory model adds it to the last stage's peak."""
+    return _per_token(B.head_table(spec, precision, kernels).logits_peak, tp, False, s) * b * s

@@ -122,8 +122,51 @@ def block_table(spec: TransformerSpec, precision: str, kernels: str, *, flash: b
     if kernels == "eager":
         return _eager_block(spec, precision, dropout=dropout, python_gelu=spec.activation == "gelu_new")
     if kernels == "torch":
-        return _eager_block(spec, _torch_precision(precision), dropout=dropout, python_gelu=False)
+        return _torch_block(spec, _torch_precision(precision), flash=flash, dropout=dropout)
     raise ValueError(f"kernels must be one of {IMPLEMENTATIONS}, not {kernels!r}")
+
+
+def residual_bytes(precision: str, kernels: str) -> int:
+    """Bytes of a residual-stream element: fp32 under torch.autocast (the HF "eager" modules keep the
+    residual in the parameters' fp32), the math dtype otherwise (fused kernels; torch modules whose
+    parameters FSDP2 casts to 16 bits)."""
+    if kernels == "torch":
+        precision = _torch_precision(precision)
+    return 4 if precision == "fp32" or (kernels == "eager" and precision.startswith("amp")) else compute_bytes(precision)
+
+
+def _torch_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout: bool) -> BlockTable:
+    """Plain PyTorch modules (planner/models/transformer.py, torchtitan's): what autograd saves, term
+    by term, measured with torch.autograd.graph.saved_tensors_hooks (tests/test_profiler_torch.py):
+
+        norm inputs      n_norm h r   (RMSNorm upcasts 16-bit inputs to fp32 and saves that copy: h 4)
+        norm normalized  n_norm h 4   (RMSNorm's fp32 x * rstd for the weight gradient)
+        norm stats       n_norm 4 (2 LayerNorm: mean, rstd | 1 RMSNorm: rstd)
+        norm outputs     n_norm h c   (the input of the next GEMM)
+        dropout masks    2 h          (residual dropouts, only with dropout)
+        q, k, v          (a d + 2 k d) c  (SDPA with enable_gqa: no repeated K/V)
+        attention out    a d c        (also W_O's input)
+        attention core   flash: a 4 (fp32 log-sum-exp); math: a s c (+ mask a s + dropout out a s c)
+        MLP              2 f c (activation in/out); gated 4 f c (W1 out, W3 out, act out, product)
+    per token (h hidden, a heads, k kv heads, d head dim, f ffn, c math bytes, r residual bytes);
+    the norm terms are replicated over tp (split only by sequence parallelism), the rest split over
+    tp. Korthikanti et al. 2022 Table 2 is the fused special case. Memory-bound traffic and kernel
+    counts are those of the "eager" op list without autocast casts and with fused activations."""
+    c = compute_bytes(precision)
+    r = residual_bytes(precision, "torch")
+    h, a = spec.hidden, spec.heads
+    n_norm = spec.norms_per_block + (1 if spec.encoder_layers else 0)
+    rms = spec.norm == "rmsnorm"
+    norm_in = 4 if rms else r
+    rep = n_norm * (h * norm_in + h * 4 * rms + 4 * (1 if rms else 2) + h * c) + 2 * h * dropout
+    attentions = 2 if spec.encoder_layers else 1
+    shard = attentions * ((spec.attn_width + 2 * spec.kv_width) * c + spec.attn_width * c) \
+        + (4 if spec.gated_mlp else 2) * spec.d_ffn * c
+    core = Terms(shard=attentions * a * 4.0) if flash else Terms(seq=attentions * a * (c + dropout * (1 + c)))
+    ops = _eager_block(spec, precision, dropout=dropout, python_gelu=False)
+    return BlockTable(saved=Terms(rep=rep, shard=shard) + core, saved_full_recompute=Terms(rep=r * h),
+                      scores_saved=core, traffic_fwd=ops.traffic_fwd, scores_traffic_fwd=ops.scores_traffic_fwd,
+                      kernels_fwd=ops.kernels_fwd)
 
 
 def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout: bool) -> BlockTable:
@@ -242,6 +285,10 @@ def head_table(spec: TransformerSpec, precision: str, kernels: str) -> HeadTable
         norm_saved = (4 + r) if spec.norm == "rmsnorm" else r
         norm_out = r if spec.norm == "rmsnorm" else (4 if amp else c)
         saved = Terms(rep=norm_saved * h + (2 if amp else norm_out) * h)
+        if kernels == "torch":     # final norm as in _torch_block (fp32 copy, normalized, stats), LM head input c
+            rms = spec.norm == "rmsnorm"
+            norm_in = 4 if rms else r
+            saved = Terms(rep=(h * norm_in + h * 4 * rms + 4 * (1 if rms else 2)) * spec.final_norm + h * c)
         peak = Terms(shard=12.0 * V)
         fwd_end = Terms(shard=(8.0 + (c if c != 4 else 0)) * V)
         upcast = (c + 4) if c != 4 else 0
@@ -253,5 +300,13 @@ def head_table(spec: TransformerSpec, precision: str, kernels: str) -> HeadTable
 
 
 def embedding_saved(spec: TransformerSpec, precision: str, *, dropout: bool) -> Terms:
-    """First stage: the embedding dropout mask (1 byte per element) when dropout is on."""
+    """First stage: the embedding dropout mask (1 byte per element) when dropout is on. (The int64
+    token ids, 8 bytes per token, and the rotary tables, 2 s d per micro-batch, are left out: well
+    under 1% of one block's activations for any model the planner plans.)"""
     return Terms(rep=float(spec.hidden) if dropout else 0.0)
+
+
+def loss_saved(spec: TransformerSpec) -> Terms:
+    """What cross-entropy keeps for its backward: the fp32 log-softmax of the vocab-parallel logits
+    (4 V / tp per token; Megatron's vocab-parallel loss, HF's upcast); part of HeadTable.logits_peak."""
+    return Terms(shard=4.0 * spec.vocab)

@@ -113,13 +113,17 @@ class RankMemory:
     grads: np.ndarray
     optimizer: np.ndarray
     activations: np.ndarray
+    """Activations counted in the peak (0 when the peak is the end of the backward)."""
     other: np.ndarray
+    saved: np.ndarray
+    """Activations held at the end of the forward, whatever moment the peak is (what `planner profile`
+    reports for one micro-batch with nothing in flight)."""
 
     def higher(self, other: "RankMemory", where=True) -> "RankMemory":
         """Per candidate, the rank whose peak is higher (all its terms)."""
         pick = where & (other.peak > self.peak)
         return RankMemory(**{f: np.where(pick, getattr(other, f), getattr(self, f))
-                             for f in ("peak", "params", "grads", "optimizer", "activations", "other")})
+                             for f in ("peak", "params", "grads", "optimizer", "activations", "other", "saved")})
 
 
 def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankMemory:
@@ -164,7 +168,7 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
         recompute_transient=np.where(x.full, acts.block_no_recompute, 0.0),
         workspace=efficiency(x.hw, "framework_workspace_bytes"))
     return RankMemory(peak=peak, params=params_b, grads=grads_b + buckets, optimizer=opt_b, activations=acts_b,
-                      other=other)
+                      other=other, saved=held)
 
 
 def peak_over_ranks(x, acts: ActivationBytes, *, host_room, rank_blocks=None):

@@ -86,7 +86,7 @@ class Estimate:
                 "fits": self.fits, "needed_bytes": self.needed_bytes,
                 "margin_bytes": int(self.hardware.memory_bytes) - self.needed_bytes,
                 **{k: int(round(self._x(k))) for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
-                                                       "activations_bytes", "other_bytes")}}
+                                                       "activations_bytes", "other_bytes", "saved_activations_bytes")}}
 
     def memory_per_rank(self) -> list[dict]:
         """Memory of every pipeline rank (all its chunks), rank 0 first: the same terms as memory()."""

@@ -84,8 +84,13 @@ def memory_lines(doc: Mapping[str, Any]) -> list[str]:
     lines = [f"  {name.removesuffix('_bytes'):<16} {mem[name] / GiB:10.2f} GiB  {mem[name] / max(peak, 1):6.1%}"
              for name in MEMORY_TERMS if name in mem]
     if cap:
-        lines.append(f"  peak {peak / GiB:.2f} GiB of {cap / GiB:.2f} GiB "
-                     f"({'fits' if peak <= cap else 'does NOT fit'}, headroom {(cap - peak) / GiB:+.2f} GiB)")
+        # the plan's own verdict (cost_models.memory.fits: the peak with the allocator's overhead and the
+        # CUDA context), never recomputed here
+        verdict = "fits" if mem.get("fits", peak <= cap) else "does NOT fit"
+        needed = mem.get("needed_bytes")
+        margin = (f", needs {needed / GiB:.2f} GiB with allocator overhead and CUDA context, margin "
+                  f"{(cap - needed) / GiB:+.2f} GiB" if needed is not None else f", headroom {(cap - peak) / GiB:+.2f} GiB")
+        lines.append(f"  peak {peak / GiB:.2f} GiB of {cap / GiB:.2f} GiB ({verdict}{margin})")
     return lines
 
 

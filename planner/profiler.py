@@ -9,8 +9,11 @@ loss) with
 - flops_fwd / flops_bwd: FlopCounterMode's convention (cost_models.flops; Narayanan et al. 2021);
   backward = 2x forward for GEMMs, 2.5x for a flash attention core;
 - recompute_flops[mode]: forward FLOPs re-run in backward by recomputation;
-- activation_bytes[mode]: bytes saved for backward, recompute none / selective / full
-  (cost_models.activations; Korthikanti et al. 2022, Table 2, adapted to SDPA/GQA/SwiGLU/RMSNorm).
+- activation_bytes[mode]: bytes saved for backward, recompute none / selective / full, from the
+  block tables of the framework's kernels (cost_models.activations over cost_models.blocks: the
+  same numbers estimate reports; Korthikanti et al. 2022, Table 2, for fused kernels). The loss's
+  saved log-softmax is reported in its own row and in `logits_peak`, not in the activation total:
+  the memory model counts it with the logits transient on the last stage, as estimate does.
 
 `ModelProfile.to_dict()` is the `planner profile --json` document of docs/cli-contract.md.
 For a ModuleSpec the per-layer numbers are those measured on the meta device
@@ -27,6 +30,8 @@ from planner.errors import ConfigError
 from planner.spec import TransformerSpec
 
 RECOMPUTE_MODES = A.RECOMPUTE_MODES
+TOTAL_KINDS = ("embedding", "block", "encoder_block", "head")
+"""Layer kinds whose saved bytes make up the activation total (the loss row is the logits transient)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,9 +71,11 @@ class ModelProfile:
     micro_batch: int
     """Sequences per micro-batch."""
     precision: str
-    """fp32, amp-bf16, amp-fp16 or bf16."""
+    """fp32, amp-bf16, amp-fp16, bf16 or fp8."""
     flash: bool
     """Activations assume a flash/SDPA attention kernel (no s x s probabilities saved)."""
+    framework: str = "megatron"
+    """The software stack whose kernels the activation bytes follow (frameworks/*.json)."""
     params: int
     """Total parameters, shared tensors counted once."""
     layers: tuple[LayerProfile, ...]
@@ -87,7 +94,10 @@ class ModelProfile:
         return float(sum(layer.flops_bwd for layer in self.layers))
 
     def activation_bytes(self, recompute: str = "none") -> int:
-        return int(sum(layer.activation_bytes.get(recompute, 0) for layer in self.layers))
+        """Saved bytes of one micro-batch through the whole model (embedding, blocks, head), what
+        estimate reports as activations for dp = tp = pp = 1; the loss row is left out (module docstring)."""
+        return int(sum(layer.activation_bytes.get(recompute, 0) for layer in self.layers
+                       if layer.kind in TOTAL_KINDS or self.method != "analytic"))
 
     def recompute_flops(self, recompute: str) -> float:
         return float(sum(layer.recompute_flops.get(recompute, 0) for layer in self.layers))
@@ -100,6 +110,7 @@ class ModelProfile:
             "seq": self.seq,
             "micro_batch": self.micro_batch,
             "precision": self.precision,
+            "framework": self.framework,
             "flash_attention": self.flash,
             "method": self.method,
             "flops": {"forward": self.flops_fwd, "backward": self.flops_bwd,
@@ -120,21 +131,27 @@ def describe_spec(spec: TransformerSpec) -> dict:
 
 
 def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: int = 1,
-                 precision: str = "amp-bf16", flash: bool = True, tp: int = 1, sp: bool = False) -> ModelProfile:
-    """Analytic profile of a TransformerSpec (all formulas in cost_models)."""
+                 precision: str = "amp-bf16", framework: str = "megatron", attention: str | None = None,
+                 dropout: bool = False, tp: int = 1, sp: bool = False) -> ModelProfile:
+    """Analytic profile of a TransformerSpec (all formulas in cost_models; activation bytes from the
+    framework's block tables, the same the cost model reads)."""
+    from planner.estimate import software_for
+
     s = spec.seq if seq is None else seq
     b = micro_batch
     if not isinstance(b, int) or b < 1:
         raise ConfigError("micro_batch", b, "a positive integer")
     if not isinstance(s, int) or s < 1:
         raise ConfigError("seq", s, "a positive integer")
-    c, r = A.precision_bytes(precision)
-    act = dict(tp=tp, sp=sp, flash=flash, bytes_per_elem=c, residual_bytes_per_elem=r)
+    sw = software_for(framework, attention=attention, dropout=dropout)
+    flash, kernels = sw.flash, sw.framework.kernels
+    act = dict(precision=precision, kernels=kernels, flash=flash, dropout=sw.dropout, tp=tp, sp=sp)
+    none_saved = {m: 0.0 for m in RECOMPUTE_MODES}
     layers: list[LayerProfile] = []
-    emb_act = A.embedding_activation_bytes(spec, b, s, residual_bytes_per_elem=r)
+    emb_act = A.embedding_bytes(spec, b, s, precision=precision, dropout=sw.dropout, tp=tp, sp=sp)
     layers.append(LayerProfile(name="embedding", kind="embedding", params=P.embedding_params(spec), flops_fwd=0.0,
                                flops_bwd=0.0, activation_bytes={m: int(emb_act) for m in RECOMPUTE_MODES},
-                               recompute_flops={m: 0.0 for m in RECOMPUTE_MODES}))
+                               recompute_flops=dict(none_saved)))
     for i in range(spec.encoder_layers):
         fwd = F.encoder_block_flops_fwd(spec, b, s)
         core = 4 * b * s * s * spec.attn_width
@@ -142,47 +159,52 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
         layers.append(LayerProfile(
             name=f"encoder.layers.{i}", kind="encoder_block", params=P.encoder_block_params(spec), flops_fwd=float(fwd),
             flops_bwd=float(2 * F.encoder_block_matmul_flops_fwd(spec, b, s) + core * (2.5 if flash else 2.0)),
-            activation_bytes={m: int(A.block_activation_bytes(enc, b, s, recompute=m, **act)) for m in RECOMPUTE_MODES},
+            activation_bytes={m: int(A.block_bytes(enc, b, s, recompute=m, **act)) for m in RECOMPUTE_MODES},
             recompute_flops={m: float(F.block_recompute_flops(enc, b, s, m, flash=flash)) for m in RECOMPUTE_MODES}))
     block = LayerProfile(
         name="", kind="block", params=P.block_params(spec), flops_fwd=float(F.block_flops_fwd(spec, b, s)),
         flops_bwd=float(F.block_flops_bwd(spec, b, s, flash=flash)),
-        activation_bytes={m: int(A.block_activation_bytes(spec, b, s, recompute=m, **act)) for m in RECOMPUTE_MODES},
+        activation_bytes={m: int(A.block_bytes(spec, b, s, recompute=m, **act)) for m in RECOMPUTE_MODES},
         recompute_flops={m: float(F.block_recompute_flops(spec, b, s, m, flash=flash)) for m in RECOMPUTE_MODES})
     for i in range(spec.layers):
         layers.append(LayerProfile(name=f"layers.{i}", kind="block", params=block.params, flops_fwd=block.flops_fwd,
                                    flops_bwd=block.flops_bwd, activation_bytes=block.activation_bytes,
                                    recompute_flops=block.recompute_flops))
     head_fwd = F.head_flops_fwd(spec, b, s)
-    head_act = A.head_activation_bytes(spec, b, s, tp=tp, sp=sp, bytes_per_elem=c, residual_bytes_per_elem=r)
+    head_act = A.head_bytes(spec, b, s, precision=precision, kernels=kernels, tp=tp, sp=sp)
     layers.append(LayerProfile(name="head", kind="head", params=P.final_norm_params(spec) + P.head_params(spec),
                                flops_fwd=float(head_fwd), flops_bwd=float(2 * head_fwd),
                                activation_bytes={m: int(head_act) for m in RECOMPUTE_MODES},
-                               recompute_flops={m: 0.0 for m in RECOMPUTE_MODES}))
-    loss_act = A.loss_activation_bytes(spec, b, s, tp=tp)
+                               recompute_flops=dict(none_saved)))
+    loss_act = A.loss_bytes(spec, b, s, tp=tp)
     layers.append(LayerProfile(name="loss", kind="loss", params=0, flops_fwd=0.0, flops_bwd=0.0,
                                activation_bytes={m: int(loss_act) for m in RECOMPUTE_MODES},
-                               recompute_flops={m: 0.0 for m in RECOMPUTE_MODES}))
+                               recompute_flops=dict(none_saved)))
     tokens = b * s
     extra = {
-        "activations": {"logits_transient": int(A.logits_transient_bytes(spec, b, s, tp=tp, bytes_per_elem=c))},
+        "activations": {"logits_peak": int(A.logits_peak_bytes(spec, b, s, precision=precision, kernels=kernels,
+                                                               tp=tp))},
         "model_flops": float(F.model_flops_per_step(spec, tokens, seq=s)),
         "matmul_params": P.matmul_params(spec),
     }
     return ModelProfile(model=describe_spec(spec), seq=s, micro_batch=b, precision=precision, flash=flash,
-                        params=P.total_params(spec), layers=tuple(layers), method="analytic", extra=extra)
+                        framework=sw.framework.name, params=P.total_params(spec), layers=tuple(layers),
+                        method="analytic", extra=extra)
 
 
 def profile_model(source, *, seq: int | None = None, micro_batch: int = 1, precision: str = "amp-bf16",
-                  flash: bool = True) -> ModelProfile:
+                  framework: str = "megatron", attention: str | None = None, dropout: bool = False) -> ModelProfile:
     """Profile a model given as a name/path/factory string, a TransformerSpec or a ModuleSpec."""
+    from planner.parallel import PRECISIONS, _choice
     from planner.sources import resolve_model
 
-    A.precision_bytes(precision)  # validates the name
+    _choice("precision", precision, PRECISIONS)
     if isinstance(source, str):
         source = resolve_model(source, seq=seq)
     if isinstance(source, TransformerSpec):  # analytic: no torch import
-        return profile_spec(source, seq=seq, micro_batch=micro_batch, precision=precision, flash=flash)
+        return profile_spec(source, seq=seq, micro_batch=micro_batch, precision=precision, framework=framework,
+                            attention=attention, dropout=dropout)
+    flash = (attention or "flash") != "unfused"
     from planner.module_profiler import ModuleSpec, profile_module
     if isinstance(source, ModuleSpec):
         if (source.micro_batch, source.seq, source.precision) == (micro_batch, seq or source.seq, precision) \

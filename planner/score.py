@@ -106,6 +106,8 @@ class Scores:
     optimizer_bytes: np.ndarray
     activations_bytes: np.ndarray
     other_bytes: np.ndarray
+    saved_activations_bytes: np.ndarray
+    """Activations the peak rank holds at the end of its forward (RankMemory.saved), at any peak moment."""
     compute: np.ndarray
     """Forward + backward (+ recompute) of the slowest stage over all micro-batches, without TP comm."""
     recompute: np.ndarray
@@ -168,6 +170,7 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
                   needed_bytes=M.needed_bytes(memory.peak, hw, software.framework),
                   params_bytes=memory.params, grads_bytes=memory.grads, optimizer_bytes=memory.optimizer,
                   activations_bytes=memory.activations, other_bytes=memory.other,
+                  saved_activations_bytes=memory.saved,
                   compute=busy * (1.0 - stage.tp_share), recompute=x.m * x.blocks_most * block.recompute,
                   tp_comm=busy * stage.tp_share, dp_comm=dp_comm, pp_p2p=pp_p2p, bubble=bubble, optimizer=optimizer_s,
                   offload=offload, host_wait=host_wait, num_microbatches=x.m,

@@ -463,27 +463,34 @@ def _larger_devices(hardware, need_bytes: float) -> list[str]:
 
 # ------------------------------------------------------------------------------------- refinement
 
-def stage_problem(model, cfg: ParallelConfig):
+def stage_problem(model, cfg: ParallelConfig, software=None):
     """Per-block work and memory weights of one micro-batch on one tensor-parallel rank, for
     planner.partition: block FLOPs (forward + backward + recompute) from cost_models.flops, weights
-    from cost_models.params, activations from cost_models.activations. The embedding is on stage 0;
-    final norm, LM head and loss on the last stage. Static bytes weigh parameters at 16 bytes
-    (fp32 master + Adam moments + low-precision copy and gradient, Rajbhandari et al. 2020 Sec. 3.1)
-    divided by what ZeRO shards; they only break ties between equally fast splits; whether a split
-    fits is decided by estimate() afterwards."""
+    from cost_models.params, activations from cost_models.activations (the block tables the cost
+    model reads) and model states from the framework's table (cost_models.memory.state_bytes_per_param,
+    sharded as the plan's ZeRO stage shards them). The embedding is on stage 0; final norm, LM head
+    and loss on the last stage. Static bytes only break ties between equally fast splits; whether a
+    split fits is decided by estimate() afterwards."""
     from cost_models import activations as A
     from cost_models import flops as F
     from cost_models import params as P
+    from cost_models.memory import state_bytes_per_param
+    from planner.estimate import software_for
     from planner.partition import PartitionProblem
 
+    sw = software or software_for(cfg.framework)
     b, s, tp = cfg.micro_batch, cfg.seq, cfg.tp
     blocks = model.total_blocks
     block_work = (F.block_flops_fwd(model, b, s) + F.block_flops_bwd(model, b, s)
                   + F.block_recompute_flops(model, b, s, cfg.recompute)) / tp
     head_work = 3 * F.head_flops_fwd(model, b, s) / tp
-    shard = {0: 16, 1: 4 + 12 / cfg.dp, 2: 2 + 14 / cfg.dp, 3: 16 / cfg.dp}[cfg.zero]
+    pb, gb, ob = state_bytes_per_param(sw.framework, cfg.precision, cfg.optimizer)
+    dp = cfg.shard_group
+    shard = (pb / (dp if cfg.zero >= 3 else 1)) + (gb / (dp if cfg.zero >= 2 else 1)) + (ob / (dp if cfg.zero >= 1 else 1))
     block_static = P.block_params(model) / tp * shard
-    block_act = A.block_activation_bytes(model, b, s, tp=tp, sp=cfg.sequence_parallel, recompute=cfg.recompute)
+    act = dict(precision=cfg.precision, tp=tp, sp=cfg.sequence_parallel)
+    block_act = A.block_bytes(model, b, s, kernels=sw.framework.kernels, flash=sw.flash, dropout=sw.dropout,
+                              recompute=cfg.recompute, **act)
     # with pp > 1 a tied output head is a second copy on the last stage, summed with the embedding's
     # gradient once per step (Megatron's embedding group; Shoeybi et al. 2019)
     tied_copy = model.vocab * model.hidden if model.tied_embeddings else 0
@@ -494,10 +501,10 @@ def stage_problem(model, cfg: ParallelConfig):
         block_work=(float(block_work),) * blocks, block_static_bytes=(float(block_static),) * blocks,
         block_activation_bytes=(float(block_act),) * blocks, pp=cfg.pp, virtual_stages=cfg.virtual_stages,
         first_work=0.0, first_static_bytes=P.embedding_params(model) / tp * shard,
-        first_activation_bytes=float(A.embedding_activation_bytes(model, b, s)),
+        first_activation_bytes=float(A.embedding_bytes(model, b, s, dropout=sw.dropout, **act)),
         last_work=float(head_work),
         last_static_bytes=(P.head_params(model) + P.final_norm_params(model) + tied_copy) / tp * shard,
-        last_activation_bytes=float(A.head_activation_bytes(model, b, s, tp=tp, sp=cfg.sequence_parallel)),
+        last_activation_bytes=float(A.head_bytes(model, b, s, kernels=sw.framework.kernels, **act)),
         inflight=inflight)
 
 

@@ -45,10 +45,13 @@ def measured_step(spec, dtype, mode, micro_batch=2):
 @pytest.mark.parametrize("dtype,precision", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")], ids=["fp32", "bf16"])
 def test_analytic_matches_measured(spec, mode, dtype, precision):
     flops, saved_bytes = measured_step(spec, dtype, mode)
-    profile = profile_spec(spec, micro_batch=2, precision=precision)
+    profile = profile_spec(spec, micro_batch=2, precision=precision, framework="torchtitan")   # torch kernels
     analytic_flops = profile.flops_fwd + profile.flops_bwd + profile.recompute_flops(mode)
     assert analytic_flops == pytest.approx(flops, rel=0.02)
-    assert profile.activation_bytes(mode) == pytest.approx(saved_bytes, rel=0.05)
+    # autograd also keeps the loss's fp32 log-softmax (the profile's loss row; the memory model counts
+    # it with the logits transient)
+    loss = next(layer.activation_bytes[mode] for layer in profile.layers if layer.kind == "loss")
+    assert profile.activation_bytes(mode) + loss == pytest.approx(saved_bytes, rel=0.05)
 
 
 def test_recompute_changes_memory_and_flops_in_the_expected_direction():

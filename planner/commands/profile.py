@@ -10,18 +10,20 @@ from typing import Annotated
 
 import typer
 
-from planner.commands.common import JsonOpt, MicroBatchOpt, ModelArg, PrecisionOpt, SeqOpt, emit_json
+from planner.commands.common import (AttentionOpt, FrameworkOpt, JsonOpt, MicroBatchOpt, ModelArg, PrecisionOpt,
+                                     SeqOpt, emit_json)
 
-FlashOpt = Annotated[bool, typer.Option("--flash/--no-flash",
-                                        help="Assume a flash/SDPA attention kernel (no s x s probabilities saved).")]
+DropoutFlag = Annotated[bool, typer.Option("--dropout/--no-dropout", help="Dropout layers active (masks saved).")]
 
 
 def profile(model: ModelArg, seq: SeqOpt = None, micro_batch: MicroBatchOpt = 1, precision: PrecisionOpt = "amp-bf16",
-            flash: FlashOpt = True, json: JsonOpt = False) -> None:
-    """Parameters, FLOPs and activation bytes per layer for one micro-batch."""
+            framework: FrameworkOpt = "megatron", attention: AttentionOpt = None, dropout: DropoutFlag = False,
+            json: JsonOpt = False) -> None:
+    """Parameters, FLOPs and activation bytes per layer for one micro-batch, on a framework's kernels."""
     from planner.profiler import profile_model
 
-    result = profile_model(model, seq=seq, micro_batch=micro_batch or 1, precision=precision, flash=flash)
+    result = profile_model(model, seq=seq, micro_batch=micro_batch or 1, precision=precision, framework=framework,
+                           attention=attention, dropout=dropout)
     if json:
         emit_json(result.to_dict())
         return
@@ -63,7 +65,8 @@ def render(result) -> None:
 
     model = result.model
     title = (f"{model['name']}: {_si(result.params)} params, micro-batch {result.micro_batch} x seq {result.seq}, "
-             f"{result.precision}, {'flash' if result.flash else 'math'} attention ({result.method})")
+             f"{result.precision}, {'flash' if result.flash else 'math'} attention, {result.framework} kernels "
+             f"({result.method})")
     table = Table(title=title, show_lines=False)
     for column in ("layer", "kind", "count", "params", "fwd FLOPs", "bwd FLOPs", "act none", "act selective", "act full"):
         table.add_column(column, justify="left" if column in ("layer", "kind") else "right")

@@ -12,8 +12,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.commands.common import (MAX_TOKENS, MAX_WORLD_SIZE, GlobalBatchOpt, GpusOpt, HwPrecisionOpt, NodesOpt,
-                                     OptimizerOpt, SeqOpt)
+from planner.commands.common import (MAX_TOKENS, MAX_WORLD_SIZE, FrameworkOpt, GlobalBatchOpt, GpusOpt, HwPrecisionOpt,
+                                     NodesOpt, OptimizerOpt, SeqOpt)
 from planner.errors import ConfigError
 
 PlanOrModelArg = Annotated[str, typer.Argument(
@@ -31,6 +31,9 @@ def report(
     seq: SeqOpt = None,
     precision: HwPrecisionOpt = None,
     optimizer: OptimizerOpt = "adamw",
+    framework: Annotated[Optional[str], typer.Option(
+        "--framework", help="Software stack: megatron (default), torchtitan, fsdp or deepspeed; with a PLAN.json, "
+                            "the plan's own framework unless given.")] = None,
     objective: Annotated[str, typer.Option("--objective", help="throughput, cost or memory.")] = "throughput",
     top: Annotated[int, typer.Option("--top", min=0, max=20, help="Runners-up to show.")] = 3,
     train_tokens: Annotated[float, typer.Option("--train-tokens", min=1.0, max=MAX_TOKENS,
@@ -56,7 +59,8 @@ def report(
         scenario = Scenario(model=model or document["model"]["name"], hardware=hardware or h["name"], gpus=h["gpus"],
                             global_batch=p["global_batch"], seq=p["seq"], precision=p["precision"],
                             optimizer=p.get("optimizer", optimizer), objective=objective, top=top,
-                            train_tokens=train_tokens, scaling_nodes=counts)
+                            train_tokens=train_tokens, scaling_nodes=counts,
+                            framework=framework or p.get("framework", "megatron"))
     else:
         if model is not None:
             raise ConfigError("--model", model, "only with a PLAN.json (a MODEL argument is given already)")
@@ -73,7 +77,8 @@ def report(
         precision = resolve_precision(profile, precision)
         scenario = Scenario(model=plan_or_model, hardware=hardware, gpus=world_size(profile, gpus, nodes),
                             global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
-                            objective=objective, top=top, train_tokens=train_tokens, scaling_nodes=counts)
+                            objective=objective, top=top, train_tokens=train_tokens, scaling_nodes=counts,
+                            framework=framework or "megatron")
     content = build_report(scenario, plan_document=document)
     html_path, md_path = write_report(content, out, force=force)
     typer.echo(f"wrote {html_path} and {md_path} ({len(content.figures)} figures, "

@@ -91,7 +91,7 @@ def search(model, hw, scenario, *, top: int | None = None, global_batch: int | N
     from planner.score import score
     from planner.search import config_of, recommend
 
-    batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    batches: list[tuple[np.ndarray, ...]] = []
     best_piped: list[tuple[float, dict[str, Any], int]] = []   # fastest fitting pp > 1 candidate of each batch, its global batch
 
     def recording_score(model_, hw_, cands, **kw):
@@ -104,8 +104,9 @@ def search(model, hw, scenario, *, top: int | None = None, global_batch: int | N
         runnable = ~looped | looped_rounds_ok(m, pp)
         step = np.asarray(scores.step_time_s, dtype=float)
         peak = np.asarray(scores.peak_bytes_per_gpu, dtype=float)
-        batches.append((pp[runnable], step[runnable], peak[runnable]))
-        piped = np.flatnonzero((pp > 1) & (peak <= hw.memory_bytes) & runnable)
+        fits = np.asarray(scores.fits, dtype=bool)          # the cost model's one "fits"
+        batches.append((pp[runnable], step[runnable], peak[runnable], fits[runnable]))
+        piped = np.flatnonzero((pp > 1) & fits & runnable)
         if len(piped):
             i = piped[np.argmin(step[piped])]
             row = {k: np.asarray(getattr(cands, k))[i:i + 1] for k in FIELDS}
@@ -116,18 +117,19 @@ def search(model, hw, scenario, *, top: int | None = None, global_batch: int | N
     rec = recommend(model, hw, gpus=scenario.gpus, global_batch=global_batch or scenario.global_batch,
                     seq=scenario.seq, precision=scenario.precision, optimizer=scenario.optimizer,
                     objective=scenario.objective, top=top + 1, tokens=scenario.train_tokens,
-                    score_fn=recording_score, reliability=getattr(scenario, "reliability", None))
+                    score_fn=recording_score, framework=scenario.framework,
+                    reliability=getattr(scenario, "reliability", None))
     plan = rec.best["plan"]
-    pp, step, peak = (np.concatenate([b[i] for b in batches]) if batches else np.zeros(0) for i in range(3))
+    pp, step, peak, fits = (np.concatenate([b[i] for b in batches]) if batches else np.zeros(0) for i in range(4))
     pipelined = None
     if best_piped:
         _, row, row_batch = min(best_piped, key=lambda t: t[0])
-        pipelined = config_of(row, 0, global_batch=row_batch, seq=plan["seq"],
-                              precision=scenario.precision, optimizer=scenario.optimizer)
+        pipelined = config_of(row, 0, global_batch=row_batch, seq=plan["seq"], precision=scenario.precision,
+                              optimizer=scenario.optimizer, framework=scenario.framework)
     return SearchResult(best=rec.best, alternatives=tuple(rec.alternatives), best_pipelined=pipelined,
                         candidates_evaluated=rec.stats.candidates_evaluated, feasible=rec.stats.feasible,
                         seconds=rec.stats.seconds, tokens_per_s=plan["global_batch"] * plan["seq"] / step,
-                        peak_bytes=peak, fits=peak <= hw.memory_bytes, pp=pp, step_time_s=step)
+                        peak_bytes=peak, fits=fits.astype(bool), pp=pp, step_time_s=step)
 
 
 def stage_memory(doc: Mapping[str, Any], alternatives: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:

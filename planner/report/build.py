@@ -44,6 +44,8 @@ class Scenario:
     """Tokens of the whole run, for time to train and cost."""
     scaling_nodes: tuple[int, ...] = ()
     """Node counts of the scaling study; empty chooses around the scenario's node count."""
+    framework: str = "megatron"
+    """The software stack (frameworks/*.json): costs and which plans are searched."""
     reliability: Any = None
     """planner.goodput.ReliabilityInputs for the goodput section (None: the sourced defaults)."""
 

@@ -1,0 +1,63 @@
+"""The four "fits" are one (cost_models.memory.fits): over the README scenario's scored candidates, the
+search, estimate, the plan file, explain and the report agree on every candidate sampled, the ones
+near the capacity (where a second definition would disagree) included."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hardware_profiles import load_profile
+from planner.catalog import get
+from planner.estimate import estimate
+from planner.explain import explain_document
+from planner.plan import plan_from_document
+from planner.search import config_of, recommend
+
+
+@pytest.fixture(scope="module")
+def readme_search():
+    return recommend("gpt3-175b", "p4d.24xlarge", gpus=960, global_batch=1536, top=3)
+
+
+def _sample(scored, n=60):
+    """Candidates spread over the space plus those whose need is within 5% of the capacity."""
+    rng = np.random.default_rng(0)
+    ratio = scored.needed_bytes / scored.capacity_bytes
+    edge = np.flatnonzero(np.abs(ratio - 1.0) < 0.05)
+    return np.unique(np.concatenate([rng.choice(len(ratio), n, replace=False),
+                                     rng.choice(edge, min(n, len(edge)), replace=False)]))
+
+
+def test_search_estimate_plan_file_and_explain_agree(readme_search):
+    scored = readme_search.scored
+    model, hw = get("gpt3-175b"), load_profile("p4d.24xlarge")
+    picks = _sample(scored)
+    assert scored.fits[picks].any() and (~scored.fits[picks]).any()
+    near = np.abs(scored.needed_bytes[picks] / scored.capacity_bytes - 1.0) < 0.05
+    assert (scored.peak_bytes_per_gpu[picks][near] <= scored.capacity_bytes).any()   # raw peak would say "fits" here
+    for i in picks:
+        cfg = config_of(scored.arrays, int(i), global_batch=1536, seq=2048, precision="amp-bf16", optimizer="adamw")
+        est = estimate(model, hw, cfg, gpus=960)
+        assert est.fits == bool(scored.fits[i])
+        assert est.peak_bytes_per_gpu == pytest.approx(scored.peak_bytes_per_gpu[i], rel=1e-9)
+        doc = est.to_document()
+        assert plan_from_document(doc).prediction.memory.fits == est.fits
+        line = explain_document(doc).memory_lines[-1]
+        assert ("does NOT fit" not in line) == est.fits, line
+
+
+def test_report_uses_the_same_verdict(readme_search):
+    from planner.report import backend
+    from planner.report.build import Scenario
+
+    result = backend.search(get("gpt3-175b"), load_profile("p4d.24xlarge"),
+                            Scenario(model="gpt3-175b", hardware="p4d.24xlarge", gpus=960, global_batch=1536), top=1)
+    # the report's cloud counts as fitting exactly what the cost model says fits (its rows are scored candidates)
+    scored = readme_search.scored
+    assert result.fits.sum() >= scored.fits.sum() > 0
+    assert result.best["prediction"]["memory"]["fits"] and readme_search.best["prediction"]["memory"]["fits"]
+    from cost_models.memory import fits
+    from frameworks import load_framework
+    hw = load_profile("p4d.24xlarge")
+    assert np.array_equal(result.fits, fits(result.peak_bytes, hw, load_framework("megatron")))
+    assert (result.fits != (result.peak_bytes <= hw.memory_bytes)).any()   # a raw-peak "fits" would differ
