@@ -239,3 +239,20 @@ def test_every_bad_reliability_input_is_one_line_and_exit_2(extra, needle):
     assert result.exit_code == 2, result.output
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.stderr
     assert result.stdout == "" and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"failure_rate_per_gpu_hour": -1e-5}, "failure_rate_per_gpu_hour"),
+    ({"restart_overhead_s": "ten minutes"}, "restart_overhead_s"),
+    ({"storage": "tape"}, "storage='tape'"),
+    ({"checkpoint": "never"}, "checkpoint='never'"),
+    ({"mean_time_to_coffee_s": 300}, "mean_time_to_coffee_s"),
+    ({"sources": {"failure_rate_per_gpu_hour": "x"}}, "sources.failure_rate_per_node_hour"),
+])
+def test_the_defaults_file_is_validated_like_a_profile(change, needle):
+    from storage_profiles.loader import defaults_from_dict
+
+    data = json.loads((ROOT / "storage_profiles" / "reliability_defaults.json").read_text())
+    defaults_from_dict(data)                                                    # the shipped file is valid
+    with pytest.raises(ConfigError, match=needle):
+        defaults_from_dict({**data, **change}, origin="defaults.json")
