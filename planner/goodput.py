@@ -144,8 +144,8 @@ def _setting(inputs: ReliabilityInputs, spot: bool) -> _Setting:
     inputs = inputs.validated()
     defaults = load_reliability_defaults()
     storage = inputs.storage if isinstance(inputs.storage, StorageProfile) else load_storage(defaults.storage)
-    return _Setting(storage=storage, mode=inputs.checkpoint or defaults.checkpoint,
-                    restart_overhead_s=defaults.restart_overhead_s if inputs.restart_s is None else float(inputs.restart_s),
+    restart_s = defaults.restart_overhead_s if inputs.restart_s is None else float(inputs.restart_s)
+    return _Setting(storage=storage, mode=inputs.checkpoint or defaults.checkpoint, restart_overhead_s=restart_s,
                     rates=failure_rates(inputs, spot))
 
 

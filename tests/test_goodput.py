@@ -121,9 +121,11 @@ def test_rarer_failures_raise_goodput_and_lengthen_the_interval():
 
 def test_faster_storage_writes_faster_and_async_stalls_less():
     slow = small(tokens=300e9).best["prediction"]["reliability"]
-    fast = small(tokens=300e9, reliability=ReliabilityInputs(storage="fsx-lustre-1000")).best["prediction"]["reliability"]
+    fast = small(tokens=300e9, reliability=ReliabilityInputs(storage="fsx-lustre-1000"))
+    fast = fast.best["prediction"]["reliability"]
     assert fast["checkpoint_write_s"] < slow["checkpoint_write_s"] and fast["storage"] == "fsx-lustre-1000"
-    asynchronous = small(tokens=300e9, reliability=ReliabilityInputs(checkpoint="async")).best["prediction"]["reliability"]
+    asynchronous = small(tokens=300e9, reliability=ReliabilityInputs(checkpoint="async"))
+    asynchronous = asynchronous.best["prediction"]["reliability"]
     assert asynchronous["checkpoint_stall_s"] < slow["checkpoint_stall_s"]
     assert asynchronous["restart_s"] == pytest.approx(slow["restart_s"] + asynchronous["checkpoint_write_s"])
 
@@ -133,7 +135,8 @@ def test_spot_reclaims_add_to_the_failure_rate():
                               reliability=ReliabilityInputs(spot_interruptions_per_node_hour=0.05))
     assert spot.best["prediction"]["reliability"]["mtbf_hours"] < on.best["prediction"]["reliability"]["mtbf_hours"]
     assert spot.best["goodput"] < on.best["goodput"]
-    assert spot.best["prediction"]["reliability"]["usd"] > spot.best["prediction"]["reliability"]["usd_without_failures"]
+    rel = spot.best["prediction"]["reliability"]
+    assert rel["usd"] > rel["usd_without_failures"]
 
 
 def test_spot_without_a_rate_is_noted_outside_time_to_train():

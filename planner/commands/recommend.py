@@ -249,6 +249,7 @@ def reliability_lines(rel: dict) -> list[str]:
             f"{rel['checkpoint_hours']:.1f} h in checkpoints",
             f"checkpoint every {rel['checkpoint_interval_s'] / 60:.1f} min ({rel['checkpoint']} to {rel['storage']}: "
             f"{rel['checkpoint_bytes'] / 1e12:.2f} TB, write {rel['checkpoint_write_s']:.0f} s, stall "
-            f"{rel['checkpoint_stall_s']:.1f} s, read {rel['checkpoint_read_s']:.0f} s; restart {rel['restart_s']:.0f} s)",
+            f"{rel['checkpoint_stall_s']:.1f} s, read {rel['checkpoint_read_s']:.0f} s; "
+            f"restart {rel['restart_s']:.0f} s)",
             f"time to train: {without:.1f} days without failures, {rel['time_to_train_s'] / 86400.0:.1f} days with "
             f"them{usd}"]

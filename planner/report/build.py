@@ -353,6 +353,7 @@ def _goodput_section(best, hw, scenario: Scenario) -> Section:
         return Section(title=title, paragraphs=("No run length: goodput is computed for a run of --train-tokens.",))
     step = float(best["prediction"]["step_time_s"])
     days, days0 = rel["time_to_train_s"] / 86400.0, rel["time_to_train_without_failures_s"] / 86400.0
+    steps = max(1, round(rel["checkpoint_interval_s"] / step))
     cost = (f" The failures, restarts and checkpoints cost ${rel['usd_reliability']:,.0f} on top of the "
             f"${rel['usd_without_failures']:,.0f} of the run itself." if "usd" in rel else "")
     text = (f"Over the {days:.1f} days of the run ({days0:.1f} if nothing failed) the job is expected to be "
@@ -363,8 +364,8 @@ def _goodput_section(best, hw, scenario: Scenario) -> Section:
             f"({rel['checkpoint_bytes_per_gpu'] / GB:.2f} GB on the largest GPU) and is written to "
             f"{rel['storage']} in {rel['checkpoint_write_s']:.0f} s ({rel['checkpoint']}: training stalls "
             f"{rel['checkpoint_stall_s']:.1f} s); the interval that minimises the expected time (Daly 2006) is "
-            f"{rel['checkpoint_interval_s'] / 60:.1f} min, every {max(1, round(rel['checkpoint_interval_s'] / step)):,} "
-            f"steps. A restart costs {rel['restart_s']:.0f} s ({rel['restart_overhead_s']:.0f} s to get going, "
+            f"{rel['checkpoint_interval_s'] / 60:.1f} min, every {steps:,} steps. A restart costs "
+            f"{rel['restart_s']:.0f} s ({rel['restart_overhead_s']:.0f} s to get going, "
             f"{rel['checkpoint_read_s']:.0f} s to read the checkpoint). Expected losses: "
             f"{rel['lost_hours']:.1f} h of redone work and restarts and {rel['checkpoint_hours']:.1f} h of "
             f"checkpoints, a goodput of {100 * rel['goodput']:.1f}%.{cost}")
