@@ -22,7 +22,11 @@ Objectives:
 - throughput: least step time among the candidates that fit (default);
 - cost: least dollars per 1B tokens at the profile's on-demand (or `spot`) node price; with the world
   size fixed this orders candidates as throughput does, and the plan carries the dollar figures;
-- memory: least peak memory per GPU among candidates within 5 % of the best step time.
+- memory: least peak memory per GPU among candidates within 5 % of the best step time;
+- time-to-train: least expected wall time of a run of `tokens` tokens under failures, checkpoints and
+  restarts (planner.goodput, docs/goodput.md); candidates enter by step time as for throughput and the
+  leaders' documents are ranked by their goodput-adjusted time. With `tokens`, cost also ranks the
+  leaders by their goodput-adjusted dollars, and every plan document carries its goodput.
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ from planner.errors import ConfigError, NoFitError
 from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, resolve_precision
 from planner.placement import PLACEMENTS
 
-OBJECTIVES = ("throughput", "cost", "memory")
+OBJECTIVES = ("throughput", "cost", "memory", "time-to-train")
 MEMORY_OBJECTIVE_SLACK = 0.05
 """The memory objective accepts candidates up to 5 % slower than the fastest."""
 DEFAULT_BATCH_TOKENS = 2 ** 21
@@ -521,7 +525,10 @@ def uneven_stages(model, cfg: ParallelConfig) -> tuple[int, ...]:
 
 # -------------------------------------------------------------------------------------- documents
 
-def _with_cost(document: dict, price_per_hour: float | None, spot: bool, tokens: float | None) -> dict:
+def _with_cost(document: dict, price_per_hour: float | None, spot: bool, tokens: float | None,
+               hardware=None, reliability=None) -> dict:
+    """Dollars per step and per 1B tokens; with `tokens`, the time and cost to train including failures,
+    checkpoints and restarts (planner.goodput) beside the failure-free figures."""
     pred = document["prediction"]
     step = pred["step_time_s"]
     tokens_per_step = document["plan"]["global_batch"] * document["plan"]["seq"]
@@ -535,6 +542,16 @@ def _with_cost(document: dict, price_per_hour: float | None, spot: bool, tokens:
         train["days"] = train["seconds"] / 86400.0
         if price_per_hour is not None:
             train["usd"] = price_per_hour * train["seconds"] / 3600.0
+        if hardware is not None:
+            from planner.goodput import reliability_figures, with_reliability
+            figures = reliability_figures(document, hardware, tokens=tokens, price_per_hour=price_per_hour,
+                                          inputs=reliability, spot=spot)
+            with_reliability(document, figures)
+            train = {"tokens": tokens, "steps": train["steps"], "seconds": figures["time_to_train_s"],
+                     "days": figures["time_to_train_s"] / 86400.0, "seconds_without_failures": train["seconds"],
+                     "days_without_failures": train["days"]}
+            if price_per_hour is not None:
+                train |= {"usd": figures["usd"], "usd_without_failures": figures["usd_without_failures"]}
         pred["to_train"] = train
     return document
 
@@ -553,7 +570,33 @@ def _objective_value(document: Mapping[str, Any], objective: str) -> tuple:
     peak = pred["memory"]["peak_bytes_per_gpu"]
     if objective == "memory":
         return (peak, pred["step_time_s"])
+    if objective in ("time-to-train", "cost") and "reliability" in pred:
+        return (pred["reliability"]["time_to_train_s"], pred["step_time_s"], peak)
     return (pred["step_time_s"], peak)
+
+
+def _reliability_inputs(inputs, *, objective: str, tokens: float | None, spot: bool):
+    """The goodput inputs, validated before the search (one ConfigError naming the flag)."""
+    from planner.goodput import ReliabilityInputs
+
+    inputs = ReliabilityInputs() if inputs is None else inputs
+    if objective == "time-to-train" and not tokens:
+        raise ConfigError("tokens", tokens, "a training length with --objective time-to-train",
+                          message="--objective time-to-train needs --tokens N (the length of the run, e.g. 300B)")
+    if inputs.given and not tokens:
+        flag = inputs.given[0]
+        raise ConfigError(flag.lstrip("-"), getattr(inputs, flag.lstrip("-").replace("-", "_")), "--tokens N as well",
+                          message=f"{flag} needs --tokens N: goodput is computed for a run of N tokens")
+    if inputs.spot_interruptions_per_node_hour is not None and not spot:
+        raise ConfigError("spot-interruptions-per-node-hour", inputs.spot_interruptions_per_node_hour,
+                          "only with --spot (on-demand nodes are not reclaimed)")
+    if spot and objective == "time-to-train" and inputs.spot_interruptions_per_node_hour is None:
+        raise ConfigError("spot-interruptions-per-node-hour", None, "your spot reclaim rate per node-hour with --spot "
+                          "--objective time-to-train (it varies by instance type, zone and hour; no default)",
+                          message="--spot with --objective time-to-train needs --spot-interruptions-per-node-hour "
+                                  "RATE (reclaims per node-hour; it varies by instance type, zone and hour, so the "
+                                  "planner has no default)")
+    return inputs.validated()
 
 
 # ----------------------------------------------------------------------------------------- recommend
@@ -565,13 +608,16 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
               tokens: float | None = None, space: SearchSpace = SearchSpace(), refine: int = REFINE_TOP,
               progress: Callable[[int, int], None] | None = None, score_fn=None, estimate_fn=None,
               framework: str = "megatron", attention: str | None = None, dropout: bool | None = None,
-              overlap_grad_reduce: bool | None = None) -> Recommendation:
+              overlap_grad_reduce: bool | None = None, reliability=None) -> Recommendation:
     """Search the parallel strategies of `model` on `gpus` devices of `hardware` and rank them.
 
     `model` is a MODEL argument (catalog name, config.json, factory) or a resolved spec; `hardware`
     a profile name, path or HardwareProfile; `framework` the software stack (frameworks/*.json): only
     plans it can run are searched (SearchSpace.for_framework), costed with its profile. `attention`,
     `dropout`, `overlap_grad_reduce` override the framework's defaults for score() and estimate().
+    With `tokens`, every plan document carries its goodput under failures (planner.goodput) from
+    `reliability` (planner.goodput.ReliabilityInputs: the user's failure rates, restart time, storage,
+    save mode, spot reclaim rate; None: the sourced defaults); objective "time-to-train" needs `tokens`.
     Raises ConfigError for bad input, NoFitError when no candidate fits in memory.
     """
     t0 = time.perf_counter()
@@ -579,6 +625,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
         raise ConfigError("objective", objective, "one of " + ", ".join(OBJECTIVES))
     if top < 1:
         raise ConfigError("top", top, "a positive integer")
+    reliability = _reliability_inputs(reliability, objective=objective, tokens=tokens, spot=spot)
     model, hardware, world, n_nodes = _resolve(model, hardware, gpus, nodes, seq)
     from planner.estimate import software_for
 
@@ -627,8 +674,9 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
                     doc = uneven
         documents.append(doc)
     documents = [d for d in documents if d["prediction"]["memory"]["fits"]] or documents
+    documents = [_with_cost(d, price, spot, tokens, hardware, reliability) for d in documents]
     documents.sort(key=lambda d: _objective_value(d, objective))
-    documents = [_with_cost(d, price, spot, tokens) for d in documents[:top]]
+    documents = documents[:top]
 
     stats = replace(scored.stats, seconds=time.perf_counter() - t0, refined=refined)
     best = dict(documents[0])

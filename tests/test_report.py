@@ -43,7 +43,7 @@ def test_html_and_markdown_hold_every_figure_and_every_rule(small_report):
     assert all((small_report / p).stat().st_size > 1000 for p in images)     # referenced relatively, present
     rule_ids = [rule.__name__ for rule in checklist.RULES]
     rows = re.findall(r'<tr class="rule" data-rule="([^"]+)" data-status="(pass|warn)"', html)
-    assert len(rows) == len(rule_ids) == 10 and len({r for r, _ in rows}) == 10
+    assert len(rows) == len(rule_ids) == 11 and len({r for r, _ in rows}) == 11
     md_rows = re.findall(r"^\| (PASS|WARN) \| ", md, flags=re.M)
     assert len(md_rows) == len(rule_ids)
     for heading in ("Scenario", "Recommended plan and runners-up", "Time and memory breakdown", "Pipeline timeline",
@@ -224,3 +224,32 @@ def test_recorded_candidates_are_plans_the_search_could_return(monkeypatch):
     assert fastest == min(float(b["step"][i]) for b in seen for i in np.flatnonzero(
         b["ok"] & (b["pp"] == piped.pp) & (b["dp"] == piped.dp) & (b["mb"] == piped.micro_batch)
         & (b["schedule"] == SCHEDULES.index(piped.schedule)) & (b["peak"] <= hw.memory_bytes)))
+
+
+def test_the_goodput_section_shows_the_plans_reliability_figures(small_report):
+    """Expected interruptions, interval, lost hours and the cost of reliability are the plan's own
+    prediction.reliability (planner.goodput, recommend with the run's tokens), and the figure is there."""
+    data = json.loads((small_report / "report.json").read_text())
+    rel = data["best"]["prediction"]["reliability"]
+    md = (small_report / "report.md").read_text()
+    section = md.split("## Goodput under failures")[1].split("\n## ")[0]
+    assert f"interrupted {rel['expected_interruptions']:.1f} times" in section
+    assert f"{rel['checkpoint_interval_s'] / 60:.1f} min" in section
+    assert f"{rel['lost_hours']:.1f} h of redone work" in section
+    assert f"${rel['usd_reliability']:,.0f} on top of" in section
+    assert "figures/goodput_by_size.png" in section and (small_report / "figures" / "goodput_by_size.png").is_file()
+    assert data["best"]["plan"]["checkpoint_interval_s"] == rel["checkpoint_interval_s"]
+    rule = next(r for r in data["checklist"] if r["rule"] == "plan-for-failures")
+    assert f"goodput {100 * rel['goodput']:.1f}%" in rule["number"]
+    row = next(r for r in data["scaling"] if r["gpus"] == 16)
+    assert row["goodput"] == rel["goodput"]
+
+
+def test_a_plan_file_report_gets_its_goodput_too(tmp_path, small_report):
+    best = json.loads((small_report / "report.json").read_text())["best"]
+    doc = {k: v for k, v in best.items() if k not in ("goodput", "checkpoint_interval_s")}
+    doc["prediction"] = {k: v for k, v in best["prediction"].items() if k not in ("goodput", "reliability")}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    data = json.loads((_report(tmp_path, str(path), "--scaling-nodes", "2") / "report.json").read_text())
+    assert data["best"]["prediction"]["reliability"]["goodput"] == pytest.approx(best["prediction"]["goodput"])

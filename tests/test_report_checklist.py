@@ -40,7 +40,7 @@ def _by_rule(results):
 
 def test_every_rule_is_evaluated_once_with_a_number():
     results = checklist.evaluate(_ctx(_doc()))
-    assert len(results) == len(checklist.RULES) == 10
+    assert len(results) == len(checklist.RULES) == 11
     assert len({r.rule for r in results}) == len(results)
     assert all(r.status in ("pass", "warn") and r.number for r in results)
 
@@ -154,3 +154,22 @@ def test_pure_dp_is_also_tried_fully_sharded():
 def test_a_plan_that_does_not_fit_never_passes_the_sharding_rule():
     r = checklist.shard_optimizer(_ctx(_doc(zero=1, peak=45e9)))     # capacity 40 GB
     assert r.status == "warn" and "does not fit even with ZeRO stage 1" in r.detail
+
+
+def _with_goodput(doc, goodput, *, stall_h=1.0, restart_s=600.0, interruptions=10.0, lost_h=5.0):
+    doc = copy.deepcopy(doc)
+    doc["prediction"]["reliability"] = {
+        "goodput": goodput, "expected_interruptions": interruptions, "time_to_train_s": 30 * 86400.0,
+        "mtbf_hours": 72.0, "checkpoint_interval_s": 1800.0, "checkpoint": "blocking", "checkpoint_stall_s": 60.0,
+        "lost_hours": lost_h, "checkpoint_hours": stall_h, "restart_s": restart_s, "checkpoint_read_s": 100.0}
+    return doc
+
+
+def test_plan_for_failures_warns_below_llama3s_90_percent_and_names_the_biggest_loss():
+    ok = checklist.plan_for_failures(_ctx(_with_goodput(_doc(), 0.95)))
+    assert ok.status == "pass" and "goodput 95.0%" in ok.number and "every 180 steps" in ok.detail   # 1800 s / 10 s
+    stalls = checklist.plan_for_failures(_ctx(_with_goodput(_doc(), 0.85, stall_h=50.0)))
+    assert stalls.status == "warn" and "checkpoints" in stalls.detail and "--checkpoint async" in stalls.detail
+    restarts = checklist.plan_for_failures(_ctx(_with_goodput(_doc(), 0.85, restart_s=3600.0, lost_h=11.0)))
+    assert restarts.status == "warn" and "restarts" in restarts.detail
+    assert checklist.plan_for_failures(_ctx(_doc())).status == "pass"          # no run length: nothing to say

@@ -12,7 +12,10 @@ from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, Glo
 from planner.errors import ConfigError
 
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help="throughput (least step time), cost (least $ per "
-                                           "1B tokens) or memory (least memory within 5% of the best time).")]
+                                           "1B tokens; with --tokens, least $ for the run including failures), "
+                                           "memory (least memory within 5% of the best time) or time-to-train "
+                                           "(least expected time for --tokens including failures, checkpoints and "
+                                           "restarts; docs/goodput.md).")]
 TopOpt = Annotated[int, typer.Option("--top", min=1, max=100, help="How many plans to list.")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Write the best plan document here (plan.json).")]
 CsvOpt = Annotated[Optional[Path], typer.Option("--csv", help="Write every scored candidate here as CSV: its knobs, "
@@ -21,7 +24,27 @@ SpotOpt = Annotated[bool, typer.Option("--spot", help="Price with the profile's 
 PriceOpt = Annotated[Optional[float], typer.Option("--price-per-hour", help="US dollars per node-hour (your "
                                                    "negotiated, reserved or spot price) instead of the profile's.")]
 TokensOpt = Annotated[Optional[str], typer.Option("--tokens", help="Training tokens (e.g. 300e9 or 300B): "
-                                                  "adds time and cost to train.")]
+                                                  "adds time and cost to train, with the goodput under failures "
+                                                  "and the checkpoint interval (docs/goodput.md).")]
+MtbfGpuOpt = Annotated[Optional[float], typer.Option(
+    "--mtbf-gpu-hours", help="Your mean GPU-hours between job interruptions caused by one GPU (default: from "
+                             "Llama 3's 16K-GPU run, with a per-node rate; giving this or --mtbf-node-hours replaces "
+                             "both defaults).")]
+MtbfNodeOpt = Annotated[Optional[float], typer.Option(
+    "--mtbf-node-hours", help="Your mean node-hours between job interruptions caused by one node's host, network "
+                              "or software.")]
+RestartOpt = Annotated[Optional[float], typer.Option(
+    "--restart-s", help="Seconds from an interruption until training runs again, checkpoint read excluded "
+                        "(scheduler, process start, communicator setup; default 600).")]
+StorageOpt = Annotated[Optional[str], typer.Option(
+    "--storage", help="Where checkpoints go: a profile in storage_profiles/ (fsx-lustre, fsx-lustre-1000, s3) or a "
+                      "path to a storage profile file (default fsx-lustre).")]
+CheckpointOpt = Annotated[Optional[str], typer.Option(
+    "--checkpoint", help="blocking (training waits for the write; default) or async (waits only for the copy to "
+                         "host memory).")]
+SpotRateOpt = Annotated[Optional[float], typer.Option(
+    "--spot-interruptions-per-node-hour", help="With --spot: how often one spot node is reclaimed, per node-hour "
+                                               "(no default: required with --objective time-to-train).")]
 
 _SUFFIX = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
@@ -61,13 +84,19 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
               optimizer: OptimizerOpt = "adamw", objective: ObjectiveOpt = "throughput", top: TopOpt = 5,
               out: OutOpt = None, json_out: JsonOpt = False, spot: SpotOpt = False, price_per_hour: PriceOpt = None,
               tokens: TokensOpt = None, csv: CsvOpt = None, framework: FrameworkOpt = "megatron",
-              attention: AttentionOpt = None, dropout: DropoutOpt = None) -> None:
+              attention: AttentionOpt = None, dropout: DropoutOpt = None, mtbf_gpu_hours: MtbfGpuOpt = None,
+              mtbf_node_hours: MtbfNodeOpt = None, restart_s: RestartOpt = None, storage: StorageOpt = None,
+              checkpoint: CheckpointOpt = None, spot_interruptions_per_node_hour: SpotRateOpt = None) -> None:
     """Search every parallel strategy, rank by the objective and print the top plans."""
     from planner import io
+    from planner.goodput import ReliabilityInputs
     from planner.search import recommend as search
 
     token_count = parse_tokens(tokens)
     check_price(price_per_hour)
+    reliability = ReliabilityInputs(mtbf_gpu_hours=mtbf_gpu_hours, mtbf_node_hours=mtbf_node_hours,
+                                    restart_s=restart_s, storage=storage, checkpoint=checkpoint,
+                                    spot_interruptions_per_node_hour=spot_interruptions_per_node_hour)
     inputs = ((model, "MODEL file"), (hardware, "hardware profile"))
     for path, what in ((out, "--out"), (csv, "--csv")):
         if path is not None:
@@ -78,11 +107,15 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
         rec = search(model, hardware, gpus=gpus, nodes=nodes, global_batch=global_batch, seq=seq,
                      precision=precision, optimizer=optimizer, objective=objective, top=top, spot=spot,
                      price_per_hour=price_per_hour, tokens=token_count, progress=progress.update,
-                     framework=framework, attention=attention, dropout=dropout)
+                     framework=framework, attention=attention, dropout=dropout, reliability=reliability)
     hw_doc = rec.best["hardware"]
     note = batch_note(rec.best["plan"]["global_batch"], hw_doc["gpus"], hw_doc.get("devices_per_node", 8))
     if note:
         typer.echo(note, err=True)
+    reliability_doc = rec.best["prediction"].get("reliability")
+    if spot and reliability_doc and reliability_doc.get("spot_interruptions_per_node_hour") is None:
+        typer.echo("note: the goodput leaves out spot reclaims; give --spot-interruptions-per-node-hour to count "
+                   "them", err=True)
     document = io.dumps_strict(rec.to_document(), "--json output") if json_out else None
     if out is not None:
         io.write_json(out, rec.plan_document(), "--out")
@@ -168,6 +201,9 @@ def _print_table(rec) -> None:
     has_cost = "cost" in best["prediction"]
     if has_cost:
         columns.append("$/1B tok")
+    has_goodput = "goodput" in best["prediction"]
+    if has_goodput:
+        columns += ["goodput", "days"]
     for name in columns:
         table.add_column(name, justify="left" if name in left else "right", no_wrap=True)
     for i, doc in enumerate([best, *rec.alternatives], start=1):
@@ -181,6 +217,8 @@ def _print_table(rec) -> None:
                f"{pred['memory']['peak_bytes_per_gpu'] / 2**30:.1f}"]
         if has_cost:
             row.append(f"{pred['cost']['usd_per_1b_tokens']:,.0f}")
+        if has_goodput:
+            row += [f"{pred['goodput']:.1%}", f"{pred['reliability']['time_to_train_s'] / 86400.0:.1f}"]
         table.add_row(*row)
     console.print(table)
     s = rec.stats
@@ -191,4 +229,27 @@ def _print_table(rec) -> None:
     train = best["prediction"].get("to_train")
     if train:
         cost = f", ${train['usd']:,.0f}" if "usd" in train else ""
-        console.print(f"to train {train['tokens']:.3g} tokens: {train['steps']:,} steps, {train['days']:.1f} days{cost}")
+        console.print(f"to train {train['tokens']:.3g} tokens: {train['steps']:,} steps, {train['days']:.1f} days{cost}"
+                      + (" with failures" if "days_without_failures" in train else ""))
+    rel = best["prediction"].get("reliability")
+    if rel:
+        for line in reliability_lines(rel):
+            console.print(line)
+
+
+def reliability_lines(rel: dict) -> list[str]:
+    """The goodput figures of a plan in a few lines (planner.goodput)."""
+    without = rel["time_to_train_without_failures_s"] / 86400.0
+    usd = (f" (${rel['usd_without_failures']:,.0f} -> ${rel['usd']:,.0f}: +${rel['usd_reliability']:,.0f} for "
+           f"reliability)") if "usd" in rel else ""
+    spot = (f" + {rel['spot_interruptions_per_node_hour']:g} spot reclaims/node-h"
+            if rel.get("spot_interruptions_per_node_hour") else "")
+    return [f"goodput {rel['goodput']:.1%}: {rel['expected_interruptions']:.1f} expected interruptions (job MTBF "
+            f"{rel['mtbf_hours']:.1f} h{spot}), {rel['lost_hours']:.1f} h lost to rework and restarts, "
+            f"{rel['checkpoint_hours']:.1f} h in checkpoints",
+            f"checkpoint every {rel['checkpoint_interval_s'] / 60:.1f} min ({rel['checkpoint']} to {rel['storage']}: "
+            f"{rel['checkpoint_bytes'] / 1e12:.2f} TB, write {rel['checkpoint_write_s']:.0f} s, stall "
+            f"{rel['checkpoint_stall_s']:.1f} s, read {rel['checkpoint_read_s']:.0f} s; "
+            f"restart {rel['restart_s']:.0f} s)",
+            f"time to train: {without:.1f} days without failures, {rel['time_to_train_s'] / 86400.0:.1f} days with "
+            f"them{usd}"]

@@ -117,7 +117,8 @@ def search(model, hw, scenario, *, top: int | None = None, global_batch: int | N
     rec = recommend(model, hw, gpus=scenario.gpus, global_batch=global_batch or scenario.global_batch,
                     seq=scenario.seq, precision=scenario.precision, optimizer=scenario.optimizer,
                     objective=scenario.objective, top=top + 1, tokens=scenario.train_tokens,
-                    score_fn=recording_score, framework=scenario.framework)
+                    score_fn=recording_score, framework=scenario.framework,
+                    reliability=getattr(scenario, "reliability", None))
     plan = rec.best["plan"]
     pp, step, peak, fits = (np.concatenate([b[i] for b in batches]) if batches else np.zeros(0) for i in range(4))
     pipelined = None
@@ -193,3 +194,31 @@ def seed_comparison(hw, doc: Mapping[str, Any], result: SearchResult | None, nod
         if piped.any() and pure_dp.any():
             row["calibrated_step"] = float(result.step_time_s[piped].min() / result.step_time_s[pure_dp].min())
     return row
+
+
+def with_goodput(doc: Mapping[str, Any], hw, scenario) -> dict[str, Any]:
+    """The document with its goodput for the scenario's run (planner.goodput), computed here only when
+    the document does not carry it (a plan file's re-estimate); recommend's documents already do."""
+    from planner.goodput import reliability_figures, with_reliability
+
+    doc = dict(doc)
+    if "reliability" in doc.get("prediction", {}):
+        return doc
+    doc["plan"], doc["prediction"] = dict(doc["plan"]), dict(doc["prediction"])
+    price = hw.price_usd_per_hour * doc["hardware"]["nodes"] if hw.price_usd_per_hour else None
+    figures = reliability_figures(doc, hw, tokens=scenario.train_tokens, price_per_hour=price,
+                                  inputs=_inputs(scenario))
+    return with_reliability(doc, figures)
+
+
+def goodput_curve(doc: Mapping[str, Any], hw, scenario, gpus: Sequence[int]) -> list[float]:
+    """Goodput of the plan's checkpoint on the same storage at other cluster sizes (planner.goodput)."""
+    from planner.goodput import goodput_by_gpus
+
+    return goodput_by_gpus(doc, hw, gpus, inputs=_inputs(scenario))
+
+
+def _inputs(scenario):
+    from planner.goodput import ReliabilityInputs
+
+    return getattr(scenario, "reliability", None) or ReliabilityInputs()

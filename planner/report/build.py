@@ -46,6 +46,8 @@ class Scenario:
     """Node counts of the scaling study; empty chooses around the scenario's node count."""
     framework: str = "megatron"
     """The software stack (frameworks/*.json): costs and which plans are searched."""
+    reliability: Any = None
+    """planner.goodput.ReliabilityInputs for the goodput section (None: the sourced defaults)."""
 
 
 def build_report(scenario: Scenario, *, plan_document: Mapping[str, Any] | None = None) -> ReportContent:
@@ -59,7 +61,8 @@ def build_report(scenario: Scenario, *, plan_document: Mapping[str, Any] | None 
         alternatives = list(search.alternatives)
     else:
         cfg = backend.config_from_document(plan_document)
-        best, first_label = backend.estimate_document(model, hw, cfg, gpus=scenario.gpus), "plan file"
+        best = backend.with_goodput(backend.estimate_document(model, hw, cfg, gpus=scenario.gpus), hw, scenario)
+        first_label = "plan file"
         alternatives = [search.best] + list(search.alternatives)[: max(scenario.top - 1, 0)]
         if abs(float(plan_document["prediction"]["step_time_s"]) - float(best["prediction"]["step_time_s"])) > \
                 1e-9 * float(best["prediction"]["step_time_s"]):
@@ -76,6 +79,7 @@ def build_report(scenario: Scenario, *, plan_document: Mapping[str, Any] | None 
         _timeline_section(model, hw, best, search, plan_document is None),
         _pareto_section(search, best),
         _scaling_section(scaling_rows, scenario, hw, given=plan_document is not None),
+        _goodput_section(best, hw, scenario),
         _seed_section(seed_rows, best),
     ]
     title = (f"Parallel training report: {best['model']['name']} on {best['hardware']['gpus']} x "
@@ -157,7 +161,15 @@ def _plans_section(best, alternatives, first_label: str, from_file: bool, scenar
     hours = checklist.run_seconds(best, scenario.train_tokens) / 3600.0
     text += (f" Training on {scenario.train_tokens:.3g} tokens takes {hours / 24:.1f} days"
              + (f" (${hours * best['hardware']['nodes'] * hw.price_usd_per_hour:,.0f} on-demand at "
-                f"${hw.price_usd_per_hour:g} per node-hour)." if hw.price_usd_per_hour else "."))
+                f"${hw.price_usd_per_hour:g} per node-hour)" if hw.price_usd_per_hour else "")
+             + " if nothing ever fails")
+    rel = pred.get("reliability")
+    if rel:
+        usd = f", ${rel['usd']:,.0f}" if "usd" in rel else ""
+        text += (f"; with the expected failures, checkpoints and restarts, {rel['time_to_train_s'] / 86400:.1f} days"
+                 f"{usd} (goodput {100 * rel['goodput']:.1f}%, section 'Goodput under failures').")
+    else:
+        text += "."
     return Section(title="Recommended plan and runners-up", paragraphs=(text,),
                    tables=(table_from_records(records, _PLAN_COLUMNS),))
 
@@ -297,7 +309,9 @@ def _scaling(model, hw, scenario: Scenario, best, search, *, given: bool = False
         label = f"dp{p['dp']} tp{p['tp']} pp{p['pp']} {p['schedule']}"
         if given and doc is best:
             label += " (the given plan)"
-        rows.append({"nodes": nodes, "gpus": gpus, "plan": label,
+        rel = doc["prediction"].get("reliability") or {}
+        rows.append({"nodes": nodes, "gpus": gpus, "plan": label, "goodput": rel.get("goodput"),
+                     "days_with_failures": rel["time_to_train_s"] / 86400.0 if rel else None,
                      "tokens_per_s": tok, "step_time_s": float(doc["prediction"]["step_time_s"]),
                      "mfu": float(doc["prediction"]["mfu"]), "days_to_train": hours / 24.0,
                      "cost_usd": hours * nodes * hw.price_usd_per_hour if hw.price_usd_per_hour else None,
@@ -310,7 +324,8 @@ def _scaling_section(rows, scenario: Scenario, hw, *, given: bool = False) -> Se
     ok = [r for r in rows if "tokens_per_s" in r]
     table_rows = tuple((r["nodes"], r["gpus"], r["plan"], r.get("tokens_per_s"), r.get("step_time_s"),
                         f"{100 * r['mfu']:.1f}%" if "mfu" in r else None,
-                        r.get("days_to_train"), r.get("cost_usd")) for r in rows)
+                        r.get("days_to_train"), f"{100 * r['goodput']:.1f}%" if r.get("goodput") else None,
+                        r.get("days_with_failures"), r.get("cost_usd")) for r in rows)
     figs = ()
     if ok:
         figs = (Figure(name="scaling", title="Scaling across node counts",
@@ -320,8 +335,62 @@ def _scaling_section(rows, scenario: Scenario, hw, *, given: bool = False) -> Se
                        png=figures.scaling(ok, "Throughput, cost and time to train vs nodes")),)
     return Section(title="Scaling across node counts",
                    tables=(Table(columns=("nodes", "GPUs", "best plan", "tokens/s", "step s", "MFU",
-                                          "days to train", "cost USD"), rows=table_rows),),
+                                          "days to train", "goodput", "days with failures", "cost USD"),
+                                 rows=table_rows),),
                    figures=figs)
+
+
+GOODPUT_CURVE_MAX_GPUS = 16384
+"""The goodput figure reaches at least Llama 3 405B's 16,384 GPUs (Grattafiori et al. 2024)."""
+
+
+def _goodput_section(best, hw, scenario: Scenario) -> Section:
+    """Expected interruptions, checkpoint interval, lost hours and the cost of reliability for the plan's
+    run (prediction.reliability, planner.goodput), and goodput against cluster size."""
+    title = "Goodput under failures"
+    rel = best["prediction"].get("reliability")
+    if not rel:
+        return Section(title=title, paragraphs=("No run length: goodput is computed for a run of --train-tokens.",))
+    step = float(best["prediction"]["step_time_s"])
+    days, days0 = rel["time_to_train_s"] / 86400.0, rel["time_to_train_without_failures_s"] / 86400.0
+    steps = max(1, round(rel["checkpoint_interval_s"] / step))
+    cost = (f" The failures, restarts and checkpoints cost ${rel['usd_reliability']:,.0f} on top of the "
+            f"${rel['usd_without_failures']:,.0f} of the run itself." if "usd" in rel else "")
+    text = (f"Over the {days:.1f} days of the run ({days0:.1f} if nothing failed) the job is expected to be "
+            f"interrupted {rel['expected_interruptions']:.1f} times: one interruption every "
+            f"{rel['mtbf_hours']:.1f} h on {best['hardware']['gpus']:,} GPUs and {best['hardware']['nodes']:,} nodes "
+            f"({rel['failure_rate_per_gpu_hour']:.3g} per GPU-hour and {rel['failure_rate_per_node_hour']:.3g} per "
+            f"node-hour). Each checkpoint holds {rel['checkpoint_bytes'] / GB:,.0f} GB "
+            f"({rel['checkpoint_bytes_per_gpu'] / GB:.2f} GB on the largest GPU) and is written to "
+            f"{rel['storage']} in {rel['checkpoint_write_s']:.0f} s ({rel['checkpoint']}: training stalls "
+            f"{rel['checkpoint_stall_s']:.1f} s); the interval that minimises the expected time (Daly 2006) is "
+            f"{rel['checkpoint_interval_s'] / 60:.1f} min, every {steps:,} steps. A restart costs "
+            f"{rel['restart_s']:.0f} s ({rel['restart_overhead_s']:.0f} s to get going, "
+            f"{rel['checkpoint_read_s']:.0f} s to read the checkpoint). Expected losses: "
+            f"{rel['lost_hours']:.1f} h of redone work and restarts and {rel['checkpoint_hours']:.1f} h of "
+            f"checkpoints, a goodput of {100 * rel['goodput']:.1f}%.{cost}")
+    rows = (("goodput", f"{100 * rel['goodput']:.1f}%"), ("expected interruptions", rel["expected_interruptions"]),
+            ("job MTBF (h)", rel["mtbf_hours"]), ("checkpoint interval (min)", rel["checkpoint_interval_s"] / 60),
+            ("checkpoint write / stall / read (s)",
+             f"{rel['checkpoint_write_s']:.1f} / {rel['checkpoint_stall_s']:.1f} / {rel['checkpoint_read_s']:.1f}"),
+            ("restart (s)", rel["restart_s"]), ("lost hours", rel["lost_hours"]),
+            ("checkpoint hours", rel["checkpoint_hours"]), ("days to train without / with failures",
+                                                            f"{days0:.1f} / {days:.1f}"),
+            ("cost of reliability (USD)", rel.get("usd_reliability")))
+    gpus = best["hardware"]["gpus"]
+    per_node = hw.devices_per_node
+    top = max(GOODPUT_CURVE_MAX_GPUS, 4 * gpus)
+    sizes = sorted({per_node * 2 ** k for k in range(0, 30) if per_node * 2 ** k <= top} | {gpus})
+    curve = backend.goodput_curve(best, hw, scenario, sizes)
+    from planner.report.checklist import GOODPUT_WARN_FRACTION
+    fig = Figure(name="goodput_by_size", title="Goodput as the cluster grows",
+                 caption=(f"Expected goodput of this plan's checkpoint ({rel['checkpoint_bytes'] / GB:,.0f} GB, "
+                          f"{rel['checkpoint']} to {rel['storage']}) as data parallelism grows the cluster: failures "
+                          f"grow with the GPUs and nodes; the restart reads every replica's state from the same "
+                          f"storage. Daly 2006's optimum interval at each size."),
+                 png=figures.goodput_by_size(sizes, curve, gpus, rel["goodput"], GOODPUT_WARN_FRACTION,
+                                             "Goodput vs cluster size"))
+    return Section(title=title, paragraphs=(text,), tables=(Table(columns=("", ""), rows=rows),), figures=(fig,))
 
 
 def _seed_argument(hw, scaling_rows) -> list[dict[str, Any]]:

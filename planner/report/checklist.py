@@ -18,6 +18,10 @@ Sources of the advice:
 - "Synchronise BatchNorm across devices or avoid it": torch.nn.SyncBatchNorm documentation.
 - "Put nodes close together; use spot capacity with checkpoints (up to 90% cheaper)": AWS EC2
   placement groups and Spot Instances documentation (aws.amazon.com/ec2/spot).
+- "Checkpoint at the interval failures call for": Young 1974, Daly 2006 (the optimum interval);
+  Grattafiori et al. 2024 (Llama 3, Sec. 3.3.4: more than 90% effective training time on 16K GPUs
+  through fast checkpoints and restarts). The numbers are the plan's prediction.reliability
+  (planner.goodput, docs/goodput.md).
 """
 from __future__ import annotations
 
@@ -358,9 +362,43 @@ def spot_capacity(ctx: RuleContext) -> RuleResult:
                               if status == "warn" else "The run is short or spot saves little."))
 
 
+GOODPUT_WARN_FRACTION = 0.90
+"""Goodput below which the run loses more to failures than Llama 3 405B did on 16,384 GPUs (more than
+90% effective training time; Grattafiori et al. 2024, Sec. 3.3.4)."""
+
+
+def plan_for_failures(ctx: RuleContext) -> RuleResult:
+    title = "Checkpoint at the interval failures call for"
+    rel = ctx.prediction.get("reliability")
+    if not rel:
+        return RuleResult(rule="plan-for-failures", title=title, status="pass", number="no run length given",
+                          detail="Give the run's tokens to see its expected interruptions and goodput.")
+    days = rel["time_to_train_s"] / 86400.0
+    interval_s = rel["checkpoint_interval_s"]
+    steps = max(1, round(interval_s / ctx.step_time_s))
+    number = (f"goodput {_pct(rel['goodput'])}: {rel['expected_interruptions']:.1f} interruptions expected over "
+              f"{days:.1f} days (job MTBF {rel['mtbf_hours']:.1f} h); checkpoint every {interval_s / 60:.1f} min "
+              f"({rel['checkpoint']}, {rel['checkpoint_stall_s']:.1f} s each); {rel['lost_hours']:.1f} h lost to "
+              f"rework and restarts")
+    if rel["goodput"] >= GOODPUT_WARN_FRACTION:
+        return RuleResult(rule="plan-for-failures", title=title, status="pass", number=number,
+                          detail=f"Checkpoint every {steps} steps (plan.checkpoint_interval_s; planner export "
+                                 f"writes it) and restart automatically.")
+    restarts_h = rel["expected_interruptions"] * rel["restart_s"] / 3600.0
+    rework_h = max(rel["lost_hours"] - restarts_h, 0.0)
+    worst = max((rel["checkpoint_hours"], "checkpoints"), (restarts_h, "restarts"), (rework_h, "rework"))[1]
+    fix = {"checkpoints": "save asynchronously (--checkpoint async) or to faster storage (--storage)",
+           "restarts": f"restart faster ({rel['restart_s']:.0f} s each, {rel['checkpoint_read_s']:.0f} s of it "
+                       f"reading the checkpoint): faster storage, a sharded optimizer (ZeRO) so that replicas read "
+                       f"less, spare nodes kept ready",
+           "rework": "make checkpoints cheaper so that they can be taken more often (async saves, faster storage)"}
+    return RuleResult(rule="plan-for-failures", title=title, status="warn", number=number,
+                      detail=f"Most of the loss is {worst}: {fix[worst]}; checkpoint every {steps} steps meanwhile.")
+
+
 RULES: tuple[Callable[[RuleContext], RuleResult], ...] = (
     data_parallel_first, mixed_precision, memory_savers_first, tp_inside_node, microbatches_vs_stages,
-    short_pipelines, shard_optimizer, batchnorm, nodes_close_together, spot_capacity)
+    short_pipelines, shard_optimizer, batchnorm, nodes_close_together, spot_capacity, plan_for_failures)
 
 
 def evaluate(ctx: RuleContext) -> list[RuleResult]:

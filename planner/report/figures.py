@@ -178,3 +178,25 @@ def seed_argument(rows: Sequence[Mapping[str, float]], title: str) -> bytes:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return _png(fig)
+
+
+def goodput_by_size(gpus: Sequence[int], goodput: Sequence[float], plan_gpus: int, plan_goodput: float,
+                    reference: float, title: str) -> bytes:
+    """Expected goodput against the number of GPUs (log2 axis), the plan marked, a reference line."""
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    ax.plot(list(gpus), [100 * g for g in goodput], "-o", color="#4c72b0", markersize=4, label="goodput")
+    ax.scatter([plan_gpus], [100 * plan_goodput], marker="*", s=220, color="gold", edgecolor="black", zorder=5,
+               label=f"this plan: {plan_goodput:.1%} on {plan_gpus:,} GPUs")
+    ax.axhline(100 * reference, color="grey", linestyle="--", linewidth=1,
+               label=f"Llama 3 on 16K GPUs: > {reference:.0%} effective training time")
+    ax.set_xscale("log", base=2)
+    ticks = [g for g in gpus if g != plan_gpus or g & (g - 1) == 0]     # the plan's own size: the star
+    ax.set_xticks(ticks, [f"{g:,}" for g in ticks], fontsize=7, rotation=30)
+    ax.minorticks_off()
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("goodput (%)")
+    ax.set_ylim(max(0.0, 100 * min(min(goodput), plan_goodput) - 5), 100.5)
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="lower left")
+    ax.grid(alpha=0.3)
+    return _png(fig)
