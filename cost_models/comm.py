@@ -96,6 +96,13 @@ allgather_seconds = reduce_scatter_seconds
 """Ring all-gather of a `size_bytes` result buffer: same cost as the reduce-scatter (nccl-tests)."""
 
 
+def alltoall_seconds(size_bytes, n, bw_Bps, latency_s):
+    """All-to-all of a `size_bytes` buffer per rank over n ranks: each rank sends (n-1)/n of it,
+    (n-1)/n S / B + (n-1) alpha (nccl-tests' all-to-all bus bandwidth definition)."""
+    n = np.asarray(n, dtype=float)
+    return np.where(n > 1, (n - 1) / n * size_bytes / bw_Bps + (n - 1) * latency_s, 0.0)
+
+
 def p2p_seconds(size_bytes, bw_Bps, latency_s):
     """One point-to-point send: alpha + S / B."""
     return latency_s + np.asarray(size_bytes, dtype=float) / bw_Bps
@@ -121,6 +128,12 @@ def group_collective_seconds(kind: str, size_bytes, n, local, hw: HardwareProfil
     # Each device drives its share of the node's NICs (all devices communicate at once in
     # data/pipeline-parallel groups laid out side by side).
     b_out = inter_bus_Bps_per_node(hw, kind) / hw.devices_per_node
+    if kind == "alltoall":
+        # no hierarchical trick: of the (n-1)/n of the buffer a rank sends, (local-1)/n stays on the
+        # fast links and (n-local)/n crosses the network
+        inside = np.where(n > 1, (local - 1) / n * size / b_in + (local - 1) * a_in, 0.0)
+        across = np.where(nodes > 1, (n - local) / n * size / b_out + (nodes - 1) * a_out, 0.0)
+        return inside + across
     flat = {"allreduce": allreduce_seconds, "reduce_scatter": reduce_scatter_seconds,
             "allgather": allgather_seconds}[kind]
     inside = flat(size, local, b_in, a_in)
@@ -173,6 +186,55 @@ def tp_block_seconds(x) -> TpSeconds:
                      recompute=np.where(x.full, 2.0 * ar, 0.0) * recompute_passes(x))
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CpSeconds:
+    """Context-parallel key/value exchange of one block and one micro-batch."""
+
+    exposed: np.ndarray
+    """Time it adds to the block beyond the attention compute it overlaps."""
+    total: np.ndarray
+    """All of its communication time (hidden or not), for the interference of the hidden part."""
+
+
+def cp_block_seconds(x, attn_fwd_s, attn_bwd_s) -> CpSeconds:
+    """Keys and values of a sequence split over cp ranks (load-balanced causal split), per block:
+
+    - p2p (ring attention; Liu et al. 2023, "Ring Attention"; Megatron-Core / Transformer Engine): in
+      cp - 1 steps each rank passes its K, V block (b s/cp 2 kv/tp c bytes) to the next while computing
+      attention on the one it has, so only max(0, send - attention/cp) per step shows; the backward
+      passes K, V and their gradients (twice the bytes) beside the backward attention.
+    - all_gather (Megatron's all_gather cp_comm_type, torch's allgather rotation): all-gather K, V of the
+      whole sequence before attention (forward, and again in the backward with a reduce-scatter of
+      their gradients), not overlapped.
+    - a2a (DeepSpeed-Ulysses; Jacobs et al. 2023): all-to-alls of Q, K, V and the output between sequence
+      and head sharding, forward and backward, not overlapped.
+    Links: NVLink when the C group stays in the node (NVLink domain), else the device's network share."""
+    from planner.parallel import CP_COMMS
+
+    n = x.cp
+    kv_block = x.b * (x.seq / n) * 2.0 * x.spec.kv_width / x.tp * x.c
+    in_node = x.local["C"] >= n
+    bw = np.where(in_node, intra_bus_Bps(x.hw, "p2p"), inter_bus_Bps_per_node(x.hw, "p2p") / x.hw.devices_per_node)
+    lat = np.where(in_node, x.hw.intra_node_latency_us, x.hw.inter_node_latency_us) * 1e-6
+    steps = np.maximum(n - 1.0, 0.0)
+    send = p2p_seconds(kv_block, bw, lat)
+    ring_total = steps * 3.0 * send
+    ring_exposed = steps * (np.maximum(0.0, send - attn_fwd_s / n) + np.maximum(0.0, 2.0 * send - attn_bwd_s / n))
+    kv_full = kv_block * n
+    gather = group_collective_seconds("allgather", kv_full, n, x.local["C"], x.hw)
+    rs = group_collective_seconds("reduce_scatter", kv_full, n, x.local["C"], x.hw)
+    gather_total = 2.0 * gather + rs
+    qkvo = x.b * (x.seq / n) * (2.0 * x.spec.attn_width + 2.0 * x.spec.kv_width) / x.tp * x.c
+    a2a_total = 2.0 * group_collective_seconds("alltoall", qkvo, n, x.local["C"], x.hw)
+    kind = x.cp_comm
+    total = np.select([kind == CP_COMMS.index("p2p"), kind == CP_COMMS.index("all_gather")],
+                      [ring_total, gather_total], a2a_total)
+    exposed = np.select([kind == CP_COMMS.index("p2p"), kind == CP_COMMS.index("all_gather")],
+                        [ring_exposed, gather_total], a2a_total)
+    on = n > 1
+    return CpSeconds(exposed=np.where(on, exposed, 0.0), total=np.where(on, total, 0.0))
+
+
 def pp_p2p_seconds(x):
     """Blocking sends between pipeline stages on the critical path: 2 (m v + p - 1) hops
     (cost_models.pipeline.p2p_transfers_on_critical_path) of the b s h activation, 1/tp of it with
@@ -205,9 +267,18 @@ def dp_comm_seconds(x, params_rank, last_backward_s, compute_s):
 
     s = x.sw.framework.state_bytes[x.precision]
     grad_bytes = params_rank * s.reduce
-    allreduce = group_collective_seconds("allreduce", grad_bytes, x.dp, x.local["D"], x.hw)
-    rs = group_collective_seconds("reduce_scatter", grad_bytes, x.dp, x.local["D"], x.hw)
-    gather = group_collective_seconds("allgather", params_rank * s.gather, x.dp, x.local["D"], x.hw)
+    group, shard = x.grad_group, x.shard_group
+    replicas = group / shard
+    allreduce = group_collective_seconds("allreduce", grad_bytes, group, x.local["DC"], x.hw)
+    rs = group_collective_seconds("reduce_scatter", grad_bytes, shard, x.local["S"], x.hw)
+    gather = group_collective_seconds("allgather", params_rank * s.gather, shard, x.local["S"], x.hw)
+    # hybrid sharding (HSDP, MiCS, Megatron's distributed-optimizer instances): reduce-scatter and
+    # all-gather inside the shard group, then all-reduce each shard over the replicas
+    across = group_collective_seconds("allreduce", grad_bytes / shard, replicas, x.local["R"], x.hw)
+    hybrid = (replicas > 1) & (x.zero >= 1)
+    sharded_reduce = rs + np.where(hybrid, across, 0.0)
+    allreduce = np.where(hybrid, sharded_reduce + gather, allreduce)
+    rs = sharded_reduce
     tail = np.minimum(1.0, DDP_BUCKET_BYTES / np.maximum(grad_bytes, 1.0))
     overlap = x.sw.overlap_grad_reduce
 
@@ -222,7 +293,7 @@ def dp_comm_seconds(x, params_rank, last_backward_s, compute_s):
                   else x.m * rs + np.maximum(0.0, x.m * 2.0 * gather - compute_s))
     total = np.where(x.zero >= 3, z3_total, low_total)
     shown = np.where(x.zero >= 3, z3_exposed, low_exposed)
-    out = np.where(x.dp > 1, shown + eff(x.hw, "overlap_interference") * (total - shown), 0.0)
+    out = np.where(group > 1, shown + eff(x.hw, "overlap_interference") * (total - shown), 0.0)
     if x.spec.tied_embeddings:
         tied = tied_embedding_sync_seconds(x.spec.vocab, x.spec.hidden, x.tp, s.reduce, x.local["P"] >= x.pp, x.hw)
         out = out + np.where(x.pp > 1, tied, 0.0)

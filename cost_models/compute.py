@@ -190,21 +190,33 @@ def block_seconds(x) -> BlockSeconds:
     from cost_models.blocks import BWD_TRAFFIC_FACTOR
     from cost_models.flops import block_gemm_shapes
 
-    kw = dict(hw=x.hw, precision=x.precision, elem_bytes=x.c)
-    gemm_f = gemm_b = attn_f = attn_b = 0.0
-    for g in block_gemm_shapes(x.spec, x.b, x.seq, tp=x.tp):
+    from cost_models.flops import GemmShape
+
+    linear_kw = dict(hw=x.hw, precision=x.precision, elem_bytes=x.c)
+    core_kw = dict(hw=x.hw, precision=x.attention_precision, elem_bytes=x.c)
+    gemm_f = gemm_b = attn_f = attn_b = cast_f = cast_b = 0.0
+    s_local = x.seq / x.cp
+    cast = fp8_cast_bytes(x)
+    for g in block_gemm_shapes(x.spec, x.b, s_local, tp=x.tp):
         core = g.name in ("qk", "av")
         if core and x.attn_kernel != "math":
             continue
-        f_, b_ = gemm_fwd_bwd_seconds(g.m, g.n, g.k, g.batch, **kw)
-        if core:
+        if core:    # this rank's s/cp queries against all s keys (context parallelism)
+            g = GemmShape(g.name, s_local, x.seq, g.k, g.batch) if g.name == "qk" else \
+                GemmShape(g.name, s_local, g.n, x.seq, g.batch)
+            f_, b_ = gemm_fwd_bwd_seconds(g.m, g.n, g.k, g.batch, **core_kw)
             attn_f, attn_b = attn_f + f_, attn_b + b_
         else:
+            f_, b_ = gemm_fwd_bwd_seconds(g.m, g.n, g.k, g.batch, **linear_kw)
             gemm_f, gemm_b = gemm_f + f_, gemm_b + b_
+            cast_f = cast_f + cast * (g.m * g.k + g.k * g.n) * g.batch
+            cast_b = cast_b + cast * g.m * g.n * g.batch
     if x.attn_kernel != "math":
         attn_f, attn_b = flash_attention_seconds(x.b, x.seq, x.spec.heads / x.tp, x.spec.d_head, causal=x.spec.causal,
-                                                 hw=x.hw, precision=x.precision, kernel=x.attn_kernel)
+                                                 hw=x.hw, precision=x.attention_precision, kernel=x.attn_kernel,
+                                                 cp=x.cp)
     bw = memory_Bps(x.hw)
+    gemm_f, gemm_b = gemm_f + cast_f / bw, gemm_b + cast_b / bw
     elem_f = x.per_token(x.table.traffic_fwd) * x.tokens / bw
     scores_f = x.per_token(x.table.scores_traffic_fwd) * x.tokens / bw
     layer_f = gemm_f + attn_f + elem_f
@@ -214,10 +226,11 @@ def block_seconds(x) -> BlockSeconds:
 
 
 def head_seconds(x):
-    """Last stage: final norm, LM head GEMM (t x V/tp x h, forward and backward) and the vocab-parallel
-    loss's memory-bound work (cost_models.blocks.head_table)."""
-    f_, b_ = gemm_fwd_bwd_seconds(x.tokens, x.spec.vocab / x.tp, x.spec.hidden, hw=x.hw, precision=x.precision,
-                                  elem_bytes=x.c)
+    """Last stage: final norm, LM head GEMM (t x V/tp x h, forward and backward; kept in 16 bits under
+    FP8 recipes, as Transformer Engine and torchao leave the output layer) and the vocab-parallel loss's
+    memory-bound work (cost_models.blocks.head_table)."""
+    f_, b_ = gemm_fwd_bwd_seconds(x.tokens, x.spec.vocab / x.tp, x.spec.hidden, hw=x.hw,
+                                  precision=x.attention_precision, elem_bytes=x.c)
     return f_ + b_ + (x.per_token(x.head.traffic_fwd) + x.per_token(x.head.traffic_bwd)) * x.tokens / memory_Bps(x.hw)
 
 
@@ -225,6 +238,16 @@ def embedding_seconds(x, tp_allreduce_s):
     """First stage: the vocab-parallel lookup's all-reduce forward and backward (Megatron) and about
     three streams of the t x h embedding output (lookup, gradient, scatter-add)."""
     return np.where(x.tp > 1, 2.0 * tp_allreduce_s, 0.0) + 3.0 * x.tokens * x.spec.hidden * x.c / memory_Bps(x.hw)
+
+
+def fp8_cast_bytes(x) -> float:
+    """Memory traffic per element of a GEMM operand to run it in FP8 (0 in other precisions): the
+    framework's `fp8_cast_bytes_per_element` (Transformer Engine's fused cast-transpose reads 2 bytes and
+    writes the row- and column-major FP8 copies, 1 + 1; torchao's dynamic tensorwise scaling also reads
+    the tensor once for its amax). Each linear GEMM casts its input and weight in the forward and its
+    output gradient in the backward (Micikevicius et al. 2022, "FP8 Formats for Deep Learning";
+    NVIDIA Transformer Engine docs; validation/kernels/fp8_gemm.json)."""
+    return x.sw.framework.fp8_cast_bytes_per_element if x.precision == "fp8" else 0.0
 
 
 def host_wait_seconds(x, device_step_s):
@@ -251,7 +274,7 @@ def optimizer_step_seconds(x, params_rank):
     optimizer offload the host's: gradients down, parameters up over PCIe plus CPU Adam (ZeRO-Offload)."""
     from cost_models.offload import optimizer_offload_seconds
 
-    updated = np.where(x.zero >= 1, params_rank / x.dp, params_rank)
+    updated = np.where(x.zero >= 1, params_rank / x.shard_group, params_rank)
     states = x.sw.framework.state_bytes[x.precision]
     on_device = memory_bound_seconds(updated * optimizer_step_bytes_per_param(states, x.optimizer), x.hw)
     return np.where(x.is_offload("optimizer"), optimizer_offload_seconds(updated, states.grad, x.hw), on_device)

@@ -138,7 +138,8 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     from hardware_profiles.efficiency import efficiency
     from planner.parallel import SCHEDULES
 
-    spec, fw, tp, dp, zero = x.spec, x.sw.framework, x.tp, x.dp, x.zero
+    spec, fw, tp, zero = x.spec, x.sw.framework, x.tp, x.zero
+    dp = x.shard_group          # ZeRO shards over dp x cp, or the hybrid shard group
     is_first, is_last = np.asarray(rank) == 0, np.asarray(rank) == x.pp - 1
     n_params = P.rank_params(spec, tp, n_blocks, is_first, is_last)
     pb, gb, ob = state_bytes_per_param(fw, x.precision, x.optimizer)
@@ -148,10 +149,13 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     kept = 2 * acts.block_no_recompute + np.where(is_last, acts.head, 0.0)
     held = np.where(x.is_offload("activations"), np.maximum(np.minimum(held, kept), held - host_room), held)
     block_p = P.block_params(spec) / tp
-    zero3_live = np.where(zero >= 3, np.minimum(2.0, n_blocks) * block_p * pb * (1.0 - 1.0 / dp), 0.0)
-    params_b = zero_sharded(n_params * pb, dp, zero, 3) + zero3_live
+    gather_bytes = fw.state_bytes[x.precision].gather     # FSDP gathers the 16-bit copy (param_dtype)
+    zero3_live = np.where(zero >= 3, np.minimum(2.0, n_blocks) * block_p * gather_bytes * (1.0 - 1.0 / dp), 0.0)
+    # FP8 recipes that keep FP8 copies of the linear weights for the step (frameworks: fp8_weight_cache_bytes)
+    fp8_copies = (n_blocks * P.block_matmul_weights(spec) / tp * fw.fp8_weight_cache_bytes) if x.precision == "fp8" else 0.0
+    params_b = zero_sharded(n_params * pb, dp, zero, 3) + zero3_live + fp8_copies
     grads_b = zero_sharded(n_params * gb, dp, zero, 2)
-    buckets = np.where(fw.grad_bucket_copy & (zero == 0) & (dp > 1), n_params * gb, 0.0)
+    buckets = np.where(fw.grad_bucket_copy & (zero == 0) & (x.grad_group > 1), n_params * gb, 0.0)
     opt_b = np.where(x.is_offload("optimizer"), 0.0, zero_sharded(n_params * ob, dp, zero, 1))
     head_w = spec.vocab * spec.hidden / tp
     cache = fw.autocast_weight_cache and x.precision.startswith("amp")

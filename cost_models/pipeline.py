@@ -122,22 +122,22 @@ class StageSeconds:
     """The slowest rank: the schedule's beat (first, last or busiest rank)."""
     mean: np.ndarray
     """Work of the whole model / pp: what an idle slot of the bubble costs."""
-    tp_share: np.ndarray
-    """Share of the busiest rank's block time spent in tensor-parallel communication."""
+    comm_share: dict
+    """Per communication term of the blocks (tp, cp): its share of the busiest rank's block time."""
 
 
-def stage_seconds(x, per_block_s, per_block_tp_s, embedding_s, head_s) -> StageSeconds:
-    """Blocks x per-block time on each rank, plus the embedding on the first and the head and loss on
-    the last (both on the only stage when pp = 1); the slowest rank sets the pace (Narayanan et al.
-    2021, Sec. 2.2)."""
-    block = per_block_s + per_block_tp_s
+def stage_seconds(x, per_block_s, per_block_comm_s: dict, embedding_s, head_s) -> StageSeconds:
+    """Blocks x per-block time (compute + each exposed communication term) on each rank, plus the
+    embedding on the first and the head and loss on the last (both on the only stage when pp = 1);
+    the slowest rank sets the pace (Narayanan et al. 2021, Sec. 2.2)."""
+    block = per_block_s + sum(per_block_comm_s.values())
     single = x.single_stage
     first = x.blocks_first * block + embedding_s + np.where(single, head_s, 0.0)
     last = x.blocks_last * block + head_s + np.where(single, embedding_s, 0.0)
     most = x.blocks_most * block
     return StageSeconds(slowest=np.maximum(np.maximum(first, last), most),
                         mean=(x.spec.total_blocks * block + embedding_s + head_s) / x.pp,
-                        tp_share=x.blocks_most * per_block_tp_s / np.maximum(most, 1e-30))
+                        comm_share={k: x.blocks_most * v / np.maximum(most, 1e-30) for k, v in per_block_comm_s.items()})
 
 
 def schedule_seconds(x, stage: StageSeconds):

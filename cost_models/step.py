@@ -75,6 +75,13 @@ class Step:
     dp: np.ndarray
     tp: np.ndarray
     pp: np.ndarray
+    cp: np.ndarray
+    """Context-parallel degree: each sequence split over cp ranks."""
+    cp_comm: np.ndarray
+    """Index into planner.parallel.CP_COMMS (p2p ring, all_gather, a2a)."""
+    shard: np.ndarray
+    """Data-parallel ranks a ZeRO stage >= 1 shards its states over (dp_shard, or dp): with cp, the
+    shard group is shard x cp ranks (context-parallel ranks hold the same weights)."""
     b: np.ndarray
     """Micro-batch (sequences)."""
     v: np.ndarray
@@ -88,7 +95,8 @@ class Step:
     offload: np.ndarray
     schedule: np.ndarray
     local: Mapping[str, np.ndarray]
-    """Ranks per node of the D, P and T groups (planner.placement.group_locality)."""
+    """Ranks per node (NVLink domain) of the groups (planner.placement.group_locality): D, P, T, C,
+    DC (the gradient group over dp x cp), S (the shard group over shard x cp), R (its replicas)."""
     blocks_first: np.ndarray
     blocks_last: np.ndarray
     blocks_most: np.ndarray
@@ -97,6 +105,12 @@ class Step:
     head: B.HeadTable
     c: float
     """Bytes of an activation element in the math dtype."""
+
+    @property
+    def attention_precision(self) -> str:
+        """The precision attention, the LM head and the loss run in: FP8 recipes quantize only the
+        linear layers of the blocks and keep attention and the output layer in bf16."""
+        return "amp-bf16" if self.precision == "fp8" else self.precision
 
     @property
     def attn_kernel(self) -> str:
@@ -108,13 +122,19 @@ class Step:
            precision: str, optimizer: str) -> "Step":
         f64 = lambda a: np.asarray(a, dtype=float)  # noqa: E731
         dp, tp, pp, b, v = f64(cands.dp), f64(cands.tp), f64(cands.pp), f64(cands.micro_batch), f64(cands.virtual_stages)
+        cp = f64(cands.cp) if cands.cp is not None else np.ones_like(dp)
+        cp_comm = np.asarray(cands.cp_comm) if cands.cp_comm is not None else np.zeros(dp.shape, dtype=np.int64)
+        dp_shard = f64(cands.dp_shard) if cands.dp_shard is not None else np.zeros_like(dp)
+        shard = np.where(dp_shard > 0, dp_shard, dp)
         first, last, most = _blocks_per_rank(cands, spec.total_blocks)
         return cls(spec=spec, hw=hw, sw=sw, precision=precision, optimizer=optimizer, seq=float(seq),
-                   global_batch=global_batch, dp=dp, tp=tp, pp=pp, b=b, v=v, m=global_batch / (dp * b),
+                   global_batch=global_batch, dp=dp, tp=tp, pp=pp, cp=cp, cp_comm=cp_comm, shard=shard,
+                   b=b, v=v, m=global_batch / (dp * b),
                    zero=np.asarray(cands.zero), sp=np.asarray(cands.sequence_parallel, dtype=bool) & (tp > 1),
                    recompute=np.asarray(cands.recompute), offload=np.asarray(cands.offload),
                    schedule=np.asarray(cands.schedule),
-                   local=group_locality(cands.placement, cands.dp, cands.pp, cands.tp, hw.devices_per_node),
+                   local=group_locality(cands.placement, cands.dp, cands.pp, cands.tp, hw.nvlink_domain_devices,
+                                        cp=cp.astype(np.int64), dp_shard=shard.astype(np.int64)),
                    blocks_first=first, blocks_last=last, blocks_most=most,
                    table=B.block_table(spec, precision, sw.framework.kernels,
                                        flash=sw.kernel(precision, spec) != "math", dropout=sw.dropout),
@@ -122,8 +142,18 @@ class Step:
 
     @property
     def tokens(self) -> np.ndarray:
-        """Tokens of one micro-batch on one replica: b s."""
-        return self.b * self.seq
+        """Tokens of one micro-batch on one rank: b s / cp (context parallelism splits the sequence)."""
+        return self.b * self.seq / self.cp
+
+    @property
+    def grad_group(self) -> np.ndarray:
+        """Ranks that reduce the same gradients: dp x cp."""
+        return self.dp * self.cp
+
+    @property
+    def shard_group(self) -> np.ndarray:
+        """Ranks a ZeRO stage >= 1 shards states over: shard x cp (all of dp x cp without hybrid sharding)."""
+        return self.shard * self.cp
 
     @property
     def full(self) -> np.ndarray:

@@ -102,6 +102,11 @@ class FrameworkProfile:
     the usual forward plus one recompute)."""
     allocator_overhead_fraction: float
     """Caching-allocator blocks beyond the tensors they hold (reserved / allocated - 1)."""
+    fp8_cast_bytes_per_element: float
+    """Memory traffic per element of a GEMM operand to run it in FP8 (cost_models.compute.fp8_cast_bytes)."""
+    fp8_weight_cache_bytes: float
+    """Bytes per GEMM weight the FP8 recipe keeps beside the 16-bit weights for the whole step (Transformer
+    Engine's row- and column-major FP8 copies: 2; torchao casts on the fly: 0)."""
     capabilities: Capabilities
     sources: Mapping[str, str] = field(default_factory=dict)
 

@@ -22,10 +22,11 @@ SCHEMA_VERSION = "1"
 _TOP = {"schema_version": str, "name": str, "description": str, "kernels": str, "attention": str,
         "state_bytes": dict, "grads_persist": str, "grad_bucket_copy": bool, "autocast_weight_cache": bool,
         "overlap_grad_reduce": bool, "pp_scatter_gather": bool, "zero_bubble_forward_reruns": (int, float),
-        "allocator_overhead_fraction": (int, float), "capabilities": dict, "sources": dict}
+        "allocator_overhead_fraction": (int, float), "fp8_cast_bytes_per_element": (int, float),
+        "fp8_weight_cache_bytes": (int, float), "capabilities": dict, "sources": dict}
 _SOURCED = ("kernels", "attention", "state_bytes", "grads_persist", "grad_bucket_copy", "autocast_weight_cache",
             "overlap_grad_reduce", "pp_scatter_gather", "zero_bubble_forward_reruns", "allocator_overhead_fraction",
-            "capabilities")
+            "fp8_cast_bytes_per_element", "fp8_weight_cache_bytes", "capabilities")
 _STATE_KEYS = ("param", "grad", "master", "state", "reduce", "gather")
 _CAPS = {"precisions": list, "schedules": list, "max_virtual_stages": int, "zero": list, "zero_with_pp": list,
          "tp": bool, "sequence_parallel": str, "cp_comm": list, "ep": bool, "expert_tp": bool, "hsdp": bool,
@@ -86,6 +87,9 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         _fail(origin, "zero_bubble_forward_reruns", reruns, "a number from 1 to 16")
     if not (math.isfinite(frag) and 0.0 <= frag <= 1.0):
         _fail(origin, "allocator_overhead_fraction", frag, "a fraction from 0 to 1")
+    for key in ("fp8_cast_bytes_per_element", "fp8_weight_cache_bytes"):
+        if not (math.isfinite(data[key]) and 0.0 <= data[key] <= 16.0):
+            _fail(origin, key, data[key], "bytes from 0 to 16")
     states = {}
     for precision, block in data["state_bytes"].items():
         if precision not in PRECISIONS:
@@ -110,7 +114,8 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         state_bytes=states, grads_persist=data["grads_persist"], grad_bucket_copy=data["grad_bucket_copy"],
         autocast_weight_cache=data["autocast_weight_cache"], overlap_grad_reduce=data["overlap_grad_reduce"],
         pp_scatter_gather=data["pp_scatter_gather"], zero_bubble_forward_reruns=float(reruns),
-        allocator_overhead_fraction=float(frag), capabilities=caps, sources=dict(sources))
+        allocator_overhead_fraction=float(frag), fp8_cast_bytes_per_element=float(data["fp8_cast_bytes_per_element"]),
+        fp8_weight_cache_bytes=float(data["fp8_weight_cache_bytes"]), capabilities=caps, sources=dict(sources))
 
 
 def _capabilities(block: dict, origin: str) -> Capabilities:

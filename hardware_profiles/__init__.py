@@ -62,6 +62,14 @@ class HardwareProfile:
     """Line rate of one NIC, Gbit/s (inter_node_Gbps_per_node = nics_per_node x Gbps_per_nic)."""
     calibration: dict = field(default_factory=dict)
     """Raw measurements and fitted models written by `planner hardware calibrate` (empty otherwise)."""
+    nvlink_domain: int | None = None
+    """Devices joined by the fast intra-node fabric when it spans several nodes (GB200 NVL72: 72 GPUs
+    on 18 hosts of 4); None means the node (devices_per_node)."""
+
+    @property
+    def nvlink_domain_devices(self) -> int:
+        """Devices a collective reaches over NVLink / NVSwitch: the NVLink domain, else the node."""
+        return self.nvlink_domain or self.devices_per_node
 
     def __post_init__(self) -> None:
         from hardware_profiles.efficiency import check_efficiency   # the typed table; unknown keys refused

@@ -45,6 +45,7 @@ KEYS: dict[str, KeySpec] = {
     "description": KeySpec(kind="str", required=False),
     "device": KeySpec(kind="str"),
     "devices_per_node": KeySpec(kind="int", low=1, high=1024, unit="devices"),
+    "nvlink_domain": KeySpec(kind="int", required=False, nullable=True, low=1, high=100_000, unit="devices"),
     "memory_bytes": KeySpec(kind="int", low=2**20, high=2**45, unit="bytes"),
     "memory_bandwidth_GBps": KeySpec(kind="number", low=0, low_open=True, high=1e5, unit="GB/s"),
     "memory_bandwidth_peak_GBps": KeySpec(kind="number", required=False, nullable=True, low=0, low_open=True,

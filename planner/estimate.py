@@ -18,7 +18,7 @@ from frameworks.rules import check_runnable
 from cost_models.compute import peak_flops
 from hardware_profiles import HardwareProfile, load_profile
 from planner.errors import ConfigError
-from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, resolve_precision
+from planner.parallel import CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, resolve_precision
 from planner.placement import placement_index
 from planner.score import CandidateArrays, Scores, score
 from planner.spec import TransformerSpec
@@ -160,6 +160,7 @@ def candidate_of(cfg: ParallelConfig, blocks: int) -> CandidateArrays:
         virtual_stages=one(cfg.virtual_stages), zero=one(cfg.zero), recompute=one(RECOMPUTE.index(cfg.recompute)),
         offload=one(OFFLOAD.index(cfg.offload)), sequence_parallel=one(cfg.sequence_parallel),
         schedule=one(SCHEDULES.index(cfg.schedule)), placement=one(placement_index(cfg.placement)),
+        cp=one(cfg.cp), cp_comm=one(CP_COMMS.index(cfg.cp_comm)), dp_shard=one(cfg.dp_shard),
         blocks_first=one(per_rank[0]), blocks_last=one(per_rank[-1]), blocks_max=one(max(per_rank)),
         rank_blocks=np.asarray([per_rank]))
 
@@ -201,13 +202,14 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
         model = transformer_spec(model)
     software = software_for(cfg.framework, attention=attention, dropout=dropout,
                             overlap_grad_reduce=overlap_grad_reduce)
-    not_costed = [f"{name}={getattr(cfg, name)}" for name, off in (("cp", 1), ("ep", 1), ("expert_tp", 1), ("dp_shard", 0))
-                  if getattr(cfg, name) != off] + (["precision=fp8"] if cfg.precision == "fp8" else [])
+    not_costed = [f"{name}={getattr(cfg, name)}" for name, off in (("ep", 1), ("expert_tp", 1))
+                  if getattr(cfg, name) != off]
     if not_costed:
         raise ConfigError(not_costed[0].split("=")[0], not_costed[0].split("=")[1],
-                          "the dimensions this build costs (cp, ep, expert_tp 1; dp_shard 0; no fp8)")
+                          "the dimensions this build costs (ep, expert_tp 1: expert parallelism needs a mixture-of-experts model)")
     cfg.check_world_size(gpus)
     cfg.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
+    cfg.check_sequence(model.seq if cfg.seq is None else cfg.seq, heads=model.heads, kv_heads=model.n_kv_heads)
     resolve_precision(hw, cfg.precision)
     if check_framework:
         check_runnable(software.framework, cfg)

@@ -190,6 +190,19 @@ class ParallelConfig:
         if self.stages and sum(self.stages) != blocks:
             raise ConfigError("stages", list(self.stages), f"blocks per stage summing to layers({blocks})")
 
+    def check_sequence(self, seq: int, *, heads: int, kv_heads: int) -> None:
+        """Context parallelism's rules: the load-balanced causal split cuts each sequence into 2 cp
+        chunks (Megatron-Core / Transformer Engine require seq % (2 cp) == 0); Ulysses (a2a) also
+        splits the heads of each tp rank over cp."""
+        if self.cp == 1:
+            return
+        if seq % (2 * self.cp):
+            raise ConfigError("cp", self.cp, f"a degree with seq({seq}) divisible by 2*cp (the load-balanced causal "
+                                             f"split into 2*cp chunks)")
+        if self.cp_comm == "a2a" and (heads % (self.tp * self.cp) or kv_heads % (self.tp * self.cp)):
+            raise ConfigError("cp", self.cp, f"a divisor of heads({heads}) and kv_heads({kv_heads}) / tp({self.tp}) "
+                                             "with cp_comm a2a (Ulysses splits the heads over cp)")
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["stages"] = list(self.stages)
@@ -204,10 +217,14 @@ def check_placement(placement: str, *, cp: int = 1, ep: int = 1) -> None:
     needed = {"D", "P", "T"} | ({"C"} if cp > 1 else set()) | ({"E"} if ep > 1 else set())
     ok = (len(letters) == len(set(letters)) and set(letters) <= set(PLACEMENT_LETTERS)
           and needed <= set(letters))
+    if ok and "C" in letters:
+        # context parallelism sits just outside tensor parallelism (Megatron's tp-cp-... rank order,
+        # torchtitan's ..., cp, tp mesh): the cost model lays ranks out that way (planner.placement)
+        ok = letters.index("C") == letters.index("T") - 1
     if not ok:
         extra = (", plus C" if cp > 1 else "") + (", plus E" if ep > 1 else "")
         raise ConfigError("placement", placement, f"each of the letters D, P, T once{extra} (optional C, E "
-                          "when cp, ep = 1), outermost first, e.g. DPT or DPCT")
+                          "when cp, ep = 1; C right before T), outermost first, e.g. DPT or DPCT")
 
 
 def _choice(field: str, value: object, allowed: tuple[str, ...]) -> None:

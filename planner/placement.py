@@ -38,19 +38,27 @@ def placement_index(placement: str) -> int:
     return PLACEMENTS.index("".join(letter for letter in placement if letter in AXES))
 
 
-def strides(placement_idx, dp, pp, tp) -> dict[str, np.ndarray]:
-    """Stride of each axis for placement indices (arrays), right-most axis stride 1."""
+def strides(placement_idx, dp, pp, tp, cp=1) -> dict[str, np.ndarray]:
+    """Stride of each axis for placement indices (arrays), right-most axis stride 1. The context axis C,
+    when cp > 1, sits just outside T (Megatron's tp-cp-... order and torchtitan's ..., cp, tp mesh;
+    planner.parallel.check_placement requires it there)."""
     placement_idx = np.asarray(placement_idx)
-    size = {"D": np.asarray(dp), "P": np.asarray(pp), "T": np.asarray(tp)}
-    out = {a: np.zeros(np.broadcast(placement_idx, size["D"], size["P"], size["T"]).shape, dtype=np.int64)
-           for a in AXES}
+    size = {"D": np.asarray(dp), "P": np.asarray(pp), "T": np.asarray(tp), "C": np.asarray(cp)}
+    shape = np.broadcast(placement_idx, size["D"], size["P"], size["T"], size["C"]).shape
+    out = {a: np.zeros(shape, dtype=np.int64) for a in AXES + ("C",)}
     for i, text in enumerate(PLACEMENTS):
         mask = placement_idx == i
-        stride = np.ones_like(out["D"])
-        for letter in reversed(text):
+        stride = np.ones(shape, dtype=np.int64)
+        for letter in reversed(with_context(text)):
             out[letter] = np.where(mask, stride, out[letter])
             stride = stride * size[letter]
     return out
+
+
+def with_context(placement: str) -> str:
+    """A D, P, T order with C inserted just outside T: 'DPT' -> 'DPCT', 'TDP' -> 'CTDP'."""
+    i = placement.index("T")
+    return placement[:i] + "C" + placement[i:]
 
 
 def ranks_per_node(n, stride, devices_per_node: int):
@@ -70,8 +78,25 @@ def ranks_per_node(n, stride, devices_per_node: int):
     return np.where(devices_per_node % span == 0, n, np.where(aligned_run, np.minimum(run, n), 1))
 
 
-def group_locality(placement_idx, dp, pp, tp, devices_per_node: int) -> dict[str, np.ndarray]:
-    """Ranks per node of the dp, pp and tp groups ('D', 'P', 'T' keys) for each candidate."""
-    st = strides(placement_idx, dp, pp, tp)
-    size = {"D": dp, "P": pp, "T": tp}
-    return {a: ranks_per_node(size[a], st[a], devices_per_node) for a in AXES}
+def group_locality(placement_idx, dp, pp, tp, devices_per_node: int, cp=1, dp_shard=None) -> dict[str, np.ndarray]:
+    """Ranks per node (or NVLink domain: `devices_per_node` is the domain the fast links join) of each
+    parallel group, for each candidate: 'D', 'P', 'T', 'C' (one axis each); 'DC' the data-parallel
+    gradient group over dp x cp (context-parallel ranks hold the same weights); with hybrid sharding
+    `dp_shard` (shard group inside D, replicas across: torchtitan's dp_replicate x dp_shard), 'S' the
+    shard group over dp_shard x cp and 'R' the replica group over dp / dp_shard."""
+    st = strides(placement_idx, dp, pp, tp, cp)
+    size = {"D": dp, "P": pp, "T": tp, "C": cp}
+    out = {a: ranks_per_node(size[a], st[a], devices_per_node) for a in AXES + ("C",)}
+    shard = np.asarray(dp if dp_shard is None else dp_shard)
+    out["DC"] = _pair(out["C"], cp, ranks_per_node(dp, st["D"], devices_per_node))
+    inner = ranks_per_node(shard, st["D"], devices_per_node)
+    out["S"] = _pair(out["C"], cp, inner)
+    out["R"] = ranks_per_node(np.asarray(dp) // np.maximum(shard, 1), st["D"] * shard, devices_per_node)
+    return out
+
+
+def _pair(inner_local, inner_size, outer_local):
+    """Members per node of a group spanning an inner axis (C, just outside T) and an outer one (D): the
+    outer axis adds members on the node only when the inner one is wholly on it."""
+    inner_size = np.asarray(inner_size)
+    return np.where(inner_local >= inner_size, inner_local * outer_local, inner_local)

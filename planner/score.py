@@ -60,6 +60,12 @@ class CandidateArrays:
     """Blocks held by the last pipeline rank; None means an even split."""
     blocks_max: np.ndarray | None = None
     """Blocks of the busiest pipeline rank; None means an even split."""
+    cp: np.ndarray | None = None
+    """Context-parallel degree; None means 1."""
+    cp_comm: np.ndarray | None = None
+    """Index into planner.parallel.CP_COMMS; None means p2p (ring)."""
+    dp_shard: np.ndarray | None = None
+    """ZeRO shard group (0 or dp: all dp ranks); None means 0."""
     rank_blocks: np.ndarray | None = None
     """Blocks of every pipeline rank, shape (candidates, R), -1 past each candidate's pp. When given,
     the memory of every rank is evaluated (Scores.stage_memory) and the peak is their maximum; else
@@ -113,6 +119,8 @@ class Scores:
     recompute: np.ndarray
     """Part of `compute` spent re-running forwards."""
     tp_comm: np.ndarray
+    cp_comm: np.ndarray
+    """Exposed context-parallel key/value exchange (cost_models.comm.cp_block_seconds)."""
     dp_comm: np.ndarray
     """Exposed (non-overlapped) data-parallel / ZeRO communication."""
     pp_p2p: np.ndarray
@@ -128,7 +136,7 @@ class Scores:
     """With CandidateArrays.rank_blocks: per pipeline rank, shape (candidates, R), NaN past pp:
     peak_bytes, params_bytes, grads_bytes, optimizer_bytes, activations_bytes, other_bytes."""
 
-    BREAKDOWN = ("compute", "tp_comm", "dp_comm", "pp_p2p", "bubble", "optimizer", "offload", "host_wait")
+    BREAKDOWN = ("compute", "tp_comm", "cp_comm", "dp_comm", "pp_p2p", "bubble", "optimizer", "offload", "host_wait")
     """Terms that add up to step_time_s."""
 
 
@@ -148,7 +156,10 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     x = Step.of(model, hw, software, cands, global_batch=global_batch, seq=seq, precision=precision,
                 optimizer=optimizer)
     block, tp = K.block_seconds(x), C.tp_block_seconds(x)
-    stage = PL.stage_seconds(x, block.total, tp.total, K.embedding_seconds(x, tp.allreduce), K.head_seconds(x))
+    cp = C.cp_block_seconds(x, block.attn_fwd, block.attn_bwd)
+    cp_s = cp.exposed + K.eff(hw, "overlap_interference") * (cp.total - cp.exposed)
+    stage = PL.stage_seconds(x, block.total, {"tp": tp.total, "cp": cp_s}, K.embedding_seconds(x, tp.allreduce),
+                             K.head_seconds(x))
     busy, bubble = PL.schedule_seconds(x, stage)
     params_rank = np.maximum(P.rank_params(model, x.tp, x.blocks_first, True, x.single_stage),
                              P.rank_params(model, x.tp, x.blocks_last, x.single_stage, True))
@@ -160,7 +171,7 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     acts = M.activation_bytes(x)
     host_room = O.host_room_bytes(x, params_rank)
     volume = x.m * np.maximum(x.blocks_first * acts.block + acts.embedding, x.blocks_last * acts.block + acts.head)
-    fwd_share = (block.fwd + tp.fwd) / np.maximum(block.total + tp.total, 1e-30)
+    fwd_share = (block.fwd + tp.fwd) / np.maximum(block.total + tp.total + cp_s, 1e-30)
     offload = O.activation_offload_step_seconds(x, volume, busy * fwd_share, busy * (1.0 - fwd_share))
     memory, per_rank = M.peak_over_ranks(x, acts, host_room=host_room, rank_blocks=cands.rank_blocks)
     device_s = busy + bubble + pp_p2p + dp_comm + optimizer_s + offload
@@ -171,8 +182,9 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
                   params_bytes=memory.params, grads_bytes=memory.grads, optimizer_bytes=memory.optimizer,
                   activations_bytes=memory.activations, other_bytes=memory.other,
                   saved_activations_bytes=memory.saved,
-                  compute=busy * (1.0 - stage.tp_share), recompute=x.m * x.blocks_most * block.recompute,
-                  tp_comm=busy * stage.tp_share, dp_comm=dp_comm, pp_p2p=pp_p2p, bubble=bubble, optimizer=optimizer_s,
+                  compute=busy * (1.0 - stage.comm_share["tp"] - stage.comm_share["cp"]),
+                  recompute=x.m * x.blocks_most * block.recompute, tp_comm=busy * stage.comm_share["tp"],
+                  cp_comm=busy * stage.comm_share["cp"], dp_comm=dp_comm, pp_p2p=pp_p2p, bubble=bubble, optimizer=optimizer_s,
                   offload=offload, host_wait=host_wait, num_microbatches=x.m,
                   model_flops_per_step=float(model_flops_per_step(model, global_batch * seq, seq=seq)),
                   stage_memory=per_rank)
