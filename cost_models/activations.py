@@ -91,7 +91,50 @@ def block_activation_terms(spec: TransformerSpec, b, s, *, flash: bool = True, d
         "attn_core": attentions * core,
         "mlp": (4 if spec.gated_mlp else 2) * t * spec.d_ffn * c,
     }
+    if spec.mla is not None or spec.moe is not None:
+        rep, shard = moe_mla_bytes_per_token(spec, c)
+        replicated |= {k: t * v for k, v in rep.items()}
+        sharded |= {k: t * v for k, v in shard.items()}
     return {"replicated": replicated, "sharded": sharded}
+
+
+def moe_mla_bytes_per_token(spec: TransformerSpec, c) -> tuple[dict, dict]:
+    """Saved-for-backward bytes per token of an MoE MLP and of MLA, by what autograd keeps in
+    planner.models.transformer (tests/test_moe_models.py measures them), as (replicated, sharded)
+    dicts that replace the dense `mlp` / `qkv` / `attn_out` terms. c = compute bytes.
+
+    MoE (k of E experts of width f_e, shared experts of total width f_s):
+      router       E x 4 (fp32 softmax/sigmoid output) + k x 8 (chosen indices) + k x 4 + 4 (the
+                   renormalization's numerator and denominator, with normalize_top_k)
+      dispatch     k (3 h c + c + 16): each routed copy of the token (the expert's input), the
+                   expert's output (kept by the gate-weight product) and the weighted output (kept by
+                   the scatter-add back), the gathered weight and two int64 indices; replicated over
+                   tensor-parallel ranks, which split f_e
+      experts      k x 4 f_e c gated (2 f_e c plain), as a dense MLP of width k f_e
+      shared       4 f_s c gated (2 f_s c), and Qwen2-MoE's gate: its sigmoid (c) and the shared output (h c)
+    MLA (DeepSeek-V3 report Sec. 2.1.1): q (a d_qk c), k (a d_qk c), the kv_b output holding the values
+    (a (d_nope + d_v) c), the output (a d_v c), and per latent (q_lora, kv_lora) RMSNorm's fp32 input
+    copy and normalized copy (8 per element), its rstd (4) and output (c), the latents replicated
+    (Megatron-Core's MLA does not split the down projections); in fp32 the kv latent's saved input is
+    the whole kv_a output, rope part included."""
+    rep, shard = {}, {}
+    h = spec.hidden
+    if spec.moe is not None:
+        moe = spec.moe
+        inner = 4 if spec.gated_mlp else 2
+        rep["moe_router"] = moe.experts * 4 + moe.top_k * 8 + (moe.top_k * 4 + 4) * moe.normalize_top_k
+        rep["moe_dispatch"] = moe.top_k * (3 * h * c + c + 16)
+        shard["mlp"] = inner * c * (moe.top_k * moe.expert_ffn + moe.shared_experts * moe.d_shared_ffn)
+        if moe.shared_expert_gate:
+            rep["moe_shared_gate"] = c + h * c
+    if spec.mla is not None:
+        m, a = spec.mla, spec.heads
+        shard["qkv"] = (2 * a * m.qk_head_dim + a * (m.qk_nope_head_dim + m.v_head_dim)) * c
+        shard["attn_out"] = a * m.v_head_dim * c
+        latents = [m.q_lora_rank, m.kv_lora_rank] if m.q_lora_rank else [m.kv_lora_rank]
+        rope_in_fp32 = m.qk_rope_head_dim * 4 if c == 4 else 0
+        rep["mla_latents"] = sum((8 + c) * r + 4 for r in latents) + rope_in_fp32
+    return rep, shard
 
 
 def block_activation_bytes(spec: TransformerSpec, b, s, *, tp=1, sp=False, recompute: str = "none",

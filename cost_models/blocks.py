@@ -117,6 +117,8 @@ def _torch_precision(precision: str) -> str:
 def block_table(spec: TransformerSpec, precision: str, kernels: str, *, flash: bool = True,
                 dropout: bool = False) -> BlockTable:
     """The per-token table of one block for `kernels` (IMPLEMENTATIONS)."""
+    if spec.moe is not None or spec.mla is not None:
+        return _moe_mla_block(spec, precision, kernels, flash=flash, dropout=dropout)
     if kernels == "fused":
         return _megatron_block(spec, precision, flash=flash, dropout=dropout)
     if kernels == "eager":
@@ -124,6 +126,37 @@ def block_table(spec: TransformerSpec, precision: str, kernels: str, *, flash: b
     if kernels == "torch":
         return _eager_block(spec, _torch_precision(precision), dropout=dropout, python_gelu=False)
     raise ValueError(f"kernels must be one of {IMPLEMENTATIONS}, not {kernels!r}")
+
+
+MOE_EXTRA_KERNELS = 10.0
+"""Launches an MoE block adds to its dense counterpart (router GEMM, softmax/sigmoid, top-k,
+permute, unpermute, weighting; grouped GEMMs replace the MLP's): an estimate, not measured."""
+MLA_EXTRA_KERNELS = 6.0
+"""Launches MLA adds (two more projections, two latent norms, splits and concatenations): an estimate."""
+
+
+def _moe_mla_block(spec: TransformerSpec, precision: str, kernels: str, *, flash: bool, dropout: bool) -> BlockTable:
+    """An MoE and/or MLA block: the table of the dense block with the MLP width a token goes through
+    (k f_e + S f_s) and, for MLA, a query/key/value heads of d_qk (their saved q, k, v and output,
+    4 a d_qk, stand for MLA's q, k, kv_b output and output, 2 a d_qk + a (d_nope + d_v) + a d_v:
+    both 768 a for DeepSeek-V3), plus the replicated per-token terms of
+    cost_models.activations.moe_mla_bytes_per_token (router, dispatched copies, latents), and the
+    dispatch traffic: each routed copy gathered, scattered back and weighted, ~5 h c per copy, and
+    the router's fp32 scores written and read (2 x 4 E)."""
+    from cost_models.activations import moe_mla_bytes_per_token
+
+    ffn = spec.moe.active_ffn if spec.moe is not None else spec.ffn
+    dense = spec.with_(moe=None, mla=None, ffn=ffn, head_dim=spec.d_head, kv_heads=0 if spec.mla else spec.kv_heads)
+    base = block_table(dense, precision, kernels, flash=flash, dropout=dropout)
+    c = compute_bytes(precision)
+    rep, _ = moe_mla_bytes_per_token(spec, c)
+    traffic = 0.0
+    if spec.moe is not None:
+        traffic = spec.moe.top_k * 5 * spec.hidden * c + 8.0 * spec.moe.experts
+    launches = MOE_EXTRA_KERNELS * (spec.moe is not None) + MLA_EXTRA_KERNELS * (spec.mla is not None)
+    return BlockTable(saved=base.saved + Terms(rep=float(sum(rep.values()))), saved_full_recompute=base.saved_full_recompute,
+                      scores_saved=base.scores_saved, traffic_fwd=base.traffic_fwd + Terms(rep=traffic),
+                      scores_traffic_fwd=base.scores_traffic_fwd, kernels_fwd=base.kernels_fwd + launches)
 
 
 def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout: bool) -> BlockTable:

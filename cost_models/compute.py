@@ -88,11 +88,14 @@ def gemm_fwd_bwd_seconds(m, n, k, batch=1, **kw):
     return fwd, bwd
 
 
-def flash_attention_seconds(b, s, heads, d_head, *, causal: bool, hw: HardwareProfile, precision: str):
+def flash_attention_seconds(b, s, heads, d_head, *, causal: bool, hw: HardwareProfile, precision: str,
+                            flops_fwd=None):
     """(forward, backward) of a fused attention kernel on `heads` heads of this rank:
     F_fwd = 4 b s^2 a d (x 1/2 causal: the kernel skips masked tiles), F_bwd = 2.5 F_fwd
-    (QK^T recomputed in the backward kernel; Dao 2023, Sec. 3.1)."""
-    flops_fwd = 4.0 * b * s * s * heads * d_head * (0.5 if causal else 1.0)
+    (QK^T recomputed in the backward kernel; Dao 2023, Sec. 3.1). `flops_fwd` overrides F_fwd (MLA's
+    unequal query and value heads, windowed blocks: cost_models.flops.attention_kernel_flops_fwd)."""
+    if flops_fwd is None:
+        flops_fwd = 4.0 * b * s * s * heads * d_head * (0.5 if causal else 1.0)
     rate = peak_flops(hw, precision) * eff(hw, "flash_attention_efficiency")
     fixed = eff(hw, "gemm_fixed_us") * 1e-6
     return flops_fwd / rate + fixed, 2.5 * flops_fwd / rate + fixed
@@ -159,7 +162,7 @@ def block_seconds(x) -> BlockSeconds:
     streamed / bandwidth (cost_models.blocks tables; backward streams BWD_TRAFFIC_FACTOR x), and
     recomputation (Korthikanti et al. 2022 Sec. 5: selective re-runs the attention core, full the forward)."""
     from cost_models.blocks import BWD_TRAFFIC_FACTOR
-    from cost_models.flops import block_gemm_shapes
+    from cost_models.flops import attention_kernel_flops_fwd, block_gemm_shapes
 
     kw = dict(hw=x.hw, precision=x.precision, elem_bytes=x.c)
     gemm_f = gemm_b = attn_f = attn_b = 0.0
@@ -174,7 +177,8 @@ def block_seconds(x) -> BlockSeconds:
             gemm_f, gemm_b = gemm_f + f_, gemm_b + b_
     if x.sw.flash:
         attn_f, attn_b = flash_attention_seconds(x.b, x.seq, x.spec.heads / x.tp, x.spec.d_head, causal=x.spec.causal,
-                                                 hw=x.hw, precision=x.precision)
+                                                 hw=x.hw, precision=x.precision,
+                                                 flops_fwd=attention_kernel_flops_fwd(x.spec, x.b, x.seq) / x.tp)
     bw = memory_Bps(x.hw)
     elem_f = x.per_token(x.table.traffic_fwd) * x.tokens / bw
     scores_f = x.per_token(x.table.scores_traffic_fwd) * x.tokens / bw
