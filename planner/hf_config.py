@@ -318,12 +318,12 @@ def _rope_theta(k: _Keys, default: float) -> float:
     return k.float("rope_theta", float(nested) if isinstance(nested, (int, float)) and nested > 0 else default)
 
 
-def _gqa(k: _Keys, *, heads_default: int | None = None, kv_default: int | None = None,
+def _gqa(k: _Keys, *, hidden_default: int, heads_default: int, kv_default: int,
          head_dim_default: int | None = None) -> dict:
     """hidden, heads, kv_heads (0 = heads), head_dim (0 = hidden / heads) of a GQA model."""
-    hidden = k.int("hidden_size")
+    hidden = k.int("hidden_size", default=hidden_default)
     heads = k.int("num_attention_heads", default=heads_default)
-    kv = k.int("num_key_value_heads", default=kv_default or heads)
+    kv = k.int("num_key_value_heads", default=kv_default)
     head_dim = k.int("head_dim", default=head_dim_default or 0) if (k.data.get("head_dim") is not None
                                                                     or head_dim_default) else 0
     if head_dim == hidden // heads and hidden % heads == 0:
@@ -335,11 +335,11 @@ def _gqa(k: _Keys, *, heads_default: int | None = None, kv_default: int | None =
     return dict(hidden=hidden, heads=heads, kv_heads=kv if kv != heads else 0, head_dim=head_dim)
 
 
-def _rope_model(k: _Keys, *, theta: float, positions: int) -> dict:
+def _rope_model(k: _Keys, *, theta: float, positions: int, vocab: int) -> dict:
     """What every MoE family here shares: RoPE, RMSNorm, SwiGLU experts, untied by default."""
     return dict(position="rope", rope_theta=_rope_theta(k, theta), norm="rmsnorm", gated_mlp=True,
                 activation=k.str("hidden_act", "silu"), tied_embeddings=k.bool("tie_word_embeddings", False),
-                seq=k.int("max_position_embeddings", default=positions), vocab=k.int("vocab_size"))
+                seq=k.int("max_position_embeddings", default=positions), vocab=k.int("vocab_size", default=vocab))
 
 
 def _all_moe(k: _Keys, layers: int) -> None:
@@ -353,11 +353,12 @@ def _all_moe(k: _Keys, layers: int) -> None:
 
 
 def _mixtral(k: _Keys) -> dict:
-    fields = _gqa(k) | _rope_model(k, theta=1e6, positions=131072)
+    fields = _gqa(k, hidden_default=4096, heads_default=32, kv_default=8) \
+        | _rope_model(k, theta=1e6, positions=131072, vocab=32000)
     window = k.int("sliding_window", default=0) if k.data.get("sliding_window") is not None else 0
     ffn = k.int("intermediate_size", default=14336)
     return fields | dict(
-        layers=k.int("num_hidden_layers"), ffn=ffn, qkv_bias=False, out_bias=False, mlp_bias=False,
+        layers=k.int("num_hidden_layers", default=32), ffn=ffn, qkv_bias=False, out_bias=False, mlp_bias=False,
         sliding_window=window,
         moe=MoESpec(experts=k.int("num_local_experts", default=8), top_k=k.int("num_experts_per_tok", default=2),
                     expert_ffn=ffn))
@@ -365,10 +366,10 @@ def _mixtral(k: _Keys) -> dict:
 
 def _qwen_moe(k: _Keys) -> dict:
     qwen2 = k.model_type == "qwen2_moe"
-    layers = k.int("num_hidden_layers")
+    layers = k.int("num_hidden_layers", default=24)
     _all_moe(k, layers)
-    fields = _gqa(k, heads_default=16 if qwen2 else 32, kv_default=16 if qwen2 else 4) \
-        | _rope_model(k, theta=10000.0, positions=32768)
+    fields = _gqa(k, hidden_default=2048, heads_default=16 if qwen2 else 32, kv_default=16 if qwen2 else 4) \
+        | _rope_model(k, theta=10000.0, positions=32768, vocab=151936)
     window, window_layers = 0, None
     if k.bool("use_sliding_window", False):
         if not qwen2:
@@ -418,8 +419,7 @@ def _deepseek_v3(k: _Keys) -> dict:
     mtp = k.data.get("num_nextn_predict_layers", 0)
     mtp = 0 if mtp in (None, 0) else k.int("num_nextn_predict_layers")
     bias = k.bool("attention_bias", False)
-    fields = _rope_model(k, theta=10000.0, positions=4096)
-    fields["vocab"] = k.int("vocab_size", default=129280)
+    fields = _rope_model(k, theta=10000.0, positions=4096, vocab=129280)
     return fields | dict(
         layers=layers, hidden=hidden, heads=heads, kv_heads=0, head_dim=0, ffn=k.int("intermediate_size", default=18432),
         qkv_bias=bias, out_bias=bias, mlp_bias=False, mtp_modules=mtp,
@@ -436,9 +436,8 @@ def _deepseek_v3(k: _Keys) -> dict:
 
 def _gpt_oss(k: _Keys) -> dict:
     layers = k.int("num_hidden_layers", default=36)
-    fields = _gqa(k, heads_default=64, kv_default=8, head_dim_default=64) \
-        | _rope_model(k, theta=150000.0, positions=131072)
-    fields["vocab"] = k.int("vocab_size", default=201088)
+    fields = _gqa(k, hidden_default=2880, heads_default=64, kv_default=8, head_dim_default=64) \
+        | _rope_model(k, theta=150000.0, positions=131072, vocab=201088)
     window = k.int("sliding_window", default=128) if k.data.get("sliding_window", 128) is not None else 0
     window_layers = k.window_layers(layers, [(i + 1) % 2 == 1 for i in range(layers)]) if window else ()
     ffn = k.int("intermediate_size", default=2880)

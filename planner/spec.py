@@ -39,7 +39,7 @@ def _check_int(where: str, value, *, minimum: int) -> None:
                                         "compute with)")
 
 
-def _record(cls, value, where: str):
+def record_of(cls, value, where: str):
     """`value` as a `cls` record: the record itself, or a mapping of its fields (a plan document's
     `model.arch`); an unknown key is a ConfigError naming it."""
     if value is None or isinstance(value, cls):
@@ -261,8 +261,8 @@ class TransformerSpec:
 
     def __post_init__(self) -> None:
         # nested records and tuples arrive as mappings and lists from JSON (plan documents, run specs)
-        object.__setattr__(self, "moe", _record(MoESpec, self.moe, "moe"))
-        object.__setattr__(self, "mla", _record(MLASpec, self.mla, "mla"))
+        object.__setattr__(self, "moe", record_of(MoESpec, self.moe, "moe"))
+        object.__setattr__(self, "mla", record_of(MLASpec, self.mla, "mla"))
         if isinstance(self.window_layers, list):
             object.__setattr__(self, "window_layers", tuple(self.window_layers))
         for name in ("layers", "hidden", "heads", "vocab", "seq"):
