@@ -154,9 +154,10 @@ def _moe_mla_block(spec: TransformerSpec, precision: str, kernels: str, *, flash
     if spec.moe is not None:
         traffic = spec.moe.top_k * 5 * spec.hidden * c + 8.0 * spec.moe.experts
     launches = MOE_EXTRA_KERNELS * (spec.moe is not None) + MLA_EXTRA_KERNELS * (spec.mla is not None)
-    return BlockTable(saved=base.saved + Terms(rep=float(sum(rep.values()))), saved_full_recompute=base.saved_full_recompute,
-                      scores_saved=base.scores_saved, traffic_fwd=base.traffic_fwd + Terms(rep=traffic),
-                      scores_traffic_fwd=base.scores_traffic_fwd, kernels_fwd=base.kernels_fwd + launches)
+    return BlockTable(saved=base.saved + Terms(rep=float(sum(rep.values()))),
+                      saved_full_recompute=base.saved_full_recompute, scores_saved=base.scores_saved,
+                      traffic_fwd=base.traffic_fwd + Terms(rep=traffic), scores_traffic_fwd=base.scores_traffic_fwd,
+                      kernels_fwd=base.kernels_fwd + launches)
 
 
 def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout: bool) -> BlockTable:

@@ -142,7 +142,8 @@ class _Keys:
         return tuple(i for i, v in enumerate(value) if v == "sliding_attention")
 
     def unsupported(self, key: str, value, allowed: str) -> ConfigError:
-        return ConfigError(key, value, allowed, message=f"{self.path}: {key}={value!r} is not supported: allowed {allowed}")
+        return ConfigError(key, value, allowed,
+                           message=f"{self.path}: {key}={value!r} is not supported: allowed {allowed}")
 
     def float(self, key: str, default: float) -> float:
         value = self.data.get(key, default)
@@ -342,7 +343,7 @@ def _rope_model(k: _Keys, *, theta: float, positions: int, vocab: int) -> dict:
                 seq=k.int("max_position_embeddings", default=positions), vocab=k.int("vocab_size", default=vocab))
 
 
-def _all_moe(k: _Keys, layers: int) -> None:
+def _all_moe(k: _Keys) -> None:
     """Qwen's MoE placement keys, refused unless every block is MoE."""
     step = k.int("decoder_sparse_step", default=1)
     if step != 1:
@@ -367,7 +368,7 @@ def _mixtral(k: _Keys) -> dict:
 def _qwen_moe(k: _Keys) -> dict:
     qwen2 = k.model_type == "qwen2_moe"
     layers = k.int("num_hidden_layers", default=24)
-    _all_moe(k, layers)
+    _all_moe(k)
     fields = _gqa(k, hidden_default=2048, heads_default=16 if qwen2 else 32, kv_default=16 if qwen2 else 4) \
         | _rope_model(k, theta=10000.0, positions=32768, vocab=151936)
     window, window_layers = 0, None
@@ -421,11 +422,14 @@ def _deepseek_v3(k: _Keys) -> dict:
     bias = k.bool("attention_bias", False)
     fields = _rope_model(k, theta=10000.0, positions=4096, vocab=129280)
     return fields | dict(
-        layers=layers, hidden=hidden, heads=heads, kv_heads=0, head_dim=0, ffn=k.int("intermediate_size", default=18432),
+        layers=layers, hidden=hidden, heads=heads, kv_heads=0, head_dim=0,
+        ffn=k.int("intermediate_size", default=18432),
         qkv_bias=bias, out_bias=bias, mlp_bias=False, mtp_modules=mtp,
         mla=MLASpec(q_lora_rank=k.optional_int("q_lora_rank", 1536) or 0,
-                    kv_lora_rank=k.int("kv_lora_rank", default=512), qk_rope_head_dim=k.int("qk_rope_head_dim", default=64),
-                    qk_nope_head_dim=k.int("qk_nope_head_dim", default=128), v_head_dim=k.int("v_head_dim", default=128)),
+                    kv_lora_rank=k.int("kv_lora_rank", default=512),
+                    qk_rope_head_dim=k.int("qk_rope_head_dim", default=64),
+                    qk_nope_head_dim=k.int("qk_nope_head_dim", default=128),
+                    v_head_dim=k.int("v_head_dim", default=128)),
         moe=MoESpec(experts=experts, top_k=k.int("num_experts_per_tok", default=8),
                     expert_ffn=k.int("moe_intermediate_size", default=2048),
                     shared_experts=k.int("n_shared_experts", default=1) if k.data.get("n_shared_experts") != 0 else 0,

@@ -207,7 +207,8 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
     layers.append(LayerProfile(name="loss", kind="loss", params=0, flops_fwd=0.0, flops_bwd=0.0,
                                activation_bytes={m: int(loss_act) for m in RECOMPUTE_MODES},
                                recompute_flops={m: 0.0 for m in RECOMPUTE_MODES}))
-    layers += [_mtp_profile(spec, i, b, s, flash=flash, act=act, tp=tp, c=c, r=r, sp=sp) for i in range(spec.mtp_modules)]
+    layers += [_mtp_profile(spec, i, b, s, flash=flash, act=act, tp=tp, c=c, r=r, sp=sp)
+               for i in range(spec.mtp_modules)]
     tokens = b * s
     extra = {
         "activations": {"logits_transient": int(A.logits_transient_bytes(spec, b, s, tp=tp, bytes_per_elem=c))},

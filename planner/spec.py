@@ -3,10 +3,15 @@
 Catalog entries, Hugging Face `config.json` files and the executor's reference model all meet
 here. `nn.Module` factories that are not transformers are described by their measured
 `ModuleSpec` instead (planner.module_profiler).
+
+Mixture-of-experts models carry a nested `MoESpec`, DeepSeek's multi-head latent attention an
+`MLASpec`, plus MTP modules, per-block sliding windows, attention sinks and QK-norm; dense models
+leave them unset (docs/models.md). `TransformerSpec.block_kinds` lists the different blocks of a model
+(an MoE model's leading dense blocks, windowed and full-attention blocks), each with a uniform spec.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Literal, Mapping
 
 from planner.errors import ConfigError
@@ -50,6 +55,10 @@ def record_of(cls, value, where: str):
     unknown = sorted(set(value) - known)
     if unknown:
         raise ConfigError(f"{where}.{unknown[0]}", value[unknown[0]], "one of the fields " + ", ".join(sorted(known)))
+    missing = [f.name for f in fields(cls) if f.name not in value and f.default is MISSING]
+    if missing:
+        raise ConfigError(f"{where}.{missing[0]}", None, "a value (the field is required)",
+                          message=f"{where}.{missing[0]} is missing (required for {cls.__name__})")
     return cls(**value)
 
 
@@ -178,7 +187,8 @@ class TransformerSpec:
     name: str
     """Catalog name or the path/identifier the spec was read from."""
     model_type: str = "gpt2"
-    """Architecture family: gpt2, llama, mistral, qwen2, opt, gpt_neox, bloom, falcon, bert, t5."""
+    """Architecture family: gpt2, llama, mistral, qwen2, opt, gpt_neox, bloom, falcon, bert, t5, and the
+    MoE families mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss."""
     layers: int
     """Transformer blocks (decoder blocks for encoder-decoder models)."""
     hidden: int
@@ -190,7 +200,8 @@ class TransformerSpec:
     head_dim: int = 0
     """Per-head width; 0 means hidden // heads."""
     ffn: int = 0
-    """MLP inner width; 0 means 4 * hidden."""
+    """MLP inner width; 0 means 4 * hidden. For an MoE model the width of its leading dense blocks
+    (moe.first_dense_layers); the experts' width is moe.expert_ffn."""
     vocab: int
     """Vocabulary size V (as stored in the embedding table)."""
     seq: int = 2048

@@ -14,7 +14,8 @@ from planner.sources import resolve_model
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 VALIDATION = Path(__file__).resolve().parents[1] / "validation" / "hf_configs"
 MOE_FIXTURES = Path(__file__).resolve().parents[1] / "validation" / "models" / "hf_configs"
-FIXTURE = {t: FIXTURES / f"{t}.json" for t in ("llama", "mistral", "qwen2", "gpt2", "opt", "gpt_neox", "bloom", "falcon")} | {
+DENSE_TYPES = ("llama", "mistral", "qwen2", "gpt2", "opt", "gpt_neox", "bloom", "falcon")
+FIXTURE = {t: FIXTURES / f"{t}.json" for t in DENSE_TYPES} | {
     "mixtral": MOE_FIXTURES / "mixtral-8x7b.json", "qwen2_moe": MOE_FIXTURES / "qwen2-moe-57b-a14b.json",
     "qwen3_moe": MOE_FIXTURES / "qwen3-30b-a3b.json", "deepseek_v3": MOE_FIXTURES / "deepseek-v3.json",
     "gpt_oss": MOE_FIXTURES / "gpt-oss-120b.json"}

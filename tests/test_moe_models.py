@@ -54,7 +54,8 @@ def _published(name: str) -> dict:
 @pytest.mark.parametrize("name", list(FACTS))
 def test_total_and_active_parameters_match_the_publishers(name):
     spec = _fixture(name)
-    ours = {"total": P.total_params(spec), "active": P.active_params(spec, input_embedding=INPUT_EMBEDDING_ACTIVE[name])}
+    ours = {"total": P.total_params(spec),
+            "active": P.active_params(spec, input_embedding=INPUT_EMBEDDING_ACTIVE[name])}
     for key, published in _published(name).items():
         if (name, key) in TWO_DIGIT_FIGURES:
             unit = 10 ** (np.floor(np.log10(published)) - 1)
@@ -168,7 +169,8 @@ def test_reader_defaults_are_the_transformers_classes():
     assert oss.window_layers == tuple(range(0, 36, 2)) and oss.moe.experts == 128 and oss.d_head == 64
     base = {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100}
     mixtral = read_hf_config_dict({"model_type": "mixtral"})
-    assert (mixtral.layers, mixtral.hidden, mixtral.heads, mixtral.n_kv_heads, mixtral.vocab) == (32, 4096, 32, 8, 32000)
+    assert (mixtral.layers, mixtral.hidden, mixtral.heads, mixtral.n_kv_heads, mixtral.vocab) == \
+        (32, 4096, 32, 8, 32000)
     assert (mixtral.moe.experts, mixtral.moe.top_k, mixtral.moe.expert_ffn, mixtral.rope_theta) == (8, 2, 14336, 1e6)
     q3 = read_hf_config_dict({"model_type": "qwen3_moe", **base})
     assert (q3.heads, q3.n_kv_heads, q3.moe.experts, q3.moe.normalize_top_k, q3.d_head) == (32, 4, 128, False, 2)
@@ -244,6 +246,8 @@ def test_bad_moe_config_is_one_line_naming_the_field_and_exit_2(tmp_path, case, 
     (dict(moe=dict(experts=2**17, top_k=2, expert_ffn=32)), "moe.experts"),
     (dict(moe=dict(experts=8, top_k=2, expert_ffn=32, gating="x")), "moe.gating"),
     (dict(moe=[8, 2]), "moe"),
+    (dict(moe=dict(experts=8, top_k=2)), "moe.expert_ffn"),
+    (dict(mla=dict(kv_lora_rank=16)), "mla.qk_rope_head_dim"),
     (dict(mla=dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=-1)), "mla.v_head_dim"),
     (dict(mla=dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8), kv_heads=2), "kv_heads"),
     (dict(mla=dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8), head_dim=8), "head_dim"),
@@ -350,3 +354,24 @@ def test_small_fixtures_count_what_they_are():
     moe = 8 * 3 * h * 24 + 3 * h * 24 + 8 * h
     assert m.qk_head_dim == 16 and P.attention_params(SMALL_DEEPSEEK) == mla
     assert P.block_params(SMALL_DEEPSEEK) == mla + moe + 2 * h
+
+
+def test_moe_plans_export_or_are_refused_in_one_line(tmp_path):
+    """An estimate's plan carries the MoE shape (model.arch.moe): Megatron-LM gets Mixtral's expert
+    arguments; DeepSeek-V3's MLA, MTP and router are refused by name rather than exported as another model."""
+    args = ["--hardware", "dgx-h100", "--zero", "1", "--json"]
+    for name, degrees, gpus in (("mixtral-8x7b", ["--dp", "8", "--tp", "2", "--pp", "4"], "64"),
+                                ("deepseek-v3", ["--dp", "8", "--tp", "8", "--pp", "16"], "1024")):
+        plan = tmp_path / f"{name}.json"
+        result = runner.invoke(app, ["estimate", name, "--gpus", gpus, "--global-batch", "256", *degrees, *args])
+        assert result.exit_code == 0, result.output
+        plan.write_text(result.stdout)
+        assert json.loads(result.stdout)["model"]["arch"]["moe"]["experts"] == catalog.get(name).moe.experts
+        exported = runner.invoke(app, ["export", str(plan), "--format", "megatron"])
+        if name == "mixtral-8x7b":
+            assert exported.exit_code == 0, exported.output
+            assert "--num-experts 8" in exported.stdout and "--moe-router-topk 2" in exported.stdout
+        else:
+            assert exported.exit_code == 2 and "Traceback" not in exported.output
+            lines = exported.stderr.strip().splitlines()
+            assert len(lines) == 1 and "multi-head latent attention" in lines[0]

@@ -3,8 +3,9 @@
 Parameters, forward/backward FLOPs and activation bytes (recompute none/selective/full) of one
 micro-batch, in total and per layer; for mixture-of-experts models also the active parameters per
 token, and for every transformer the training FLOPs per token (JSON keys params_active,
-params_active_without_input_embedding, params_mtp, flops_per_token; docs/models.md). A thin shell over `planner.profiler.profile_model`: the
-table (stderr with --json suppressed) and the JSON document are printed from the same ModelProfile.
+params_active_without_input_embedding, params_mtp, flops_per_token; docs/models.md). A thin shell over
+`planner.profiler.profile_model`: the table (stderr with --json suppressed) and the JSON document are
+printed from the same ModelProfile.
 """
 from __future__ import annotations
 

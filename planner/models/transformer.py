@@ -319,7 +319,8 @@ class Transformer(nn.Module):
         if self.pos_embeddings is not None:
             h = h + self.pos_embeddings(torch.arange(s, device=h.device))
         rope_dim = self.spec.mla.qk_rope_head_dim if self.spec.mla is not None else self.spec.d_head
-        rope = rope_cos_sin(s, rope_dim, self.spec.rope_theta, device=h.device) if self.spec.position == "rope" else None
+        rope = rope_cos_sin(s, rope_dim, self.spec.rope_theta, device=h.device) \
+            if self.spec.position == "rope" else None
         if rope is not None:
             rope = (rope[0].to(h.dtype), rope[1].to(h.dtype))
         for layer in self.layers.values():
