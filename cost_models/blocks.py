@@ -117,6 +117,8 @@ def _torch_precision(precision: str) -> str:
 def block_table(spec: TransformerSpec, precision: str, kernels: str, *, flash: bool = True,
                 dropout: bool = False) -> BlockTable:
     """The per-token table of one block for `kernels` (IMPLEMENTATIONS)."""
+    if spec.moe is not None or spec.mla is not None:
+        return _moe_mla_block(spec, precision, kernels, flash=flash, dropout=dropout)
     if kernels == "fused":
         table = _megatron_block(spec, precision, flash=flash, dropout=dropout)
     elif kernels == "eager":
@@ -200,6 +202,75 @@ def _torch_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout:
     return BlockTable(saved=Terms(rep=rep, shard=shard) + core, saved_full_recompute=Terms(rep=r * h),
                       scores_saved=core, traffic_fwd=ops.traffic_fwd + scores_traffic, scores_traffic_fwd=scores_traffic,
                       kernels_fwd=ops.kernels_fwd)
+
+
+def moe_mla_bytes_per_token(spec: TransformerSpec, c) -> tuple[dict, dict]:
+    """Saved-for-backward bytes per token of an MoE MLP and of MLA, by what autograd keeps in
+    planner.models.transformer (tests/test_moe_models.py measures them), as (replicated, sharded)
+    dicts that replace the dense `mlp` / `qkv` / `attn_out` terms. c = compute bytes.
+
+    MoE (k of E experts of width f_e, shared experts of total width f_s):
+      router       E x 4 (fp32 softmax/sigmoid output) + k x 8 (chosen indices) + k x 4 + 4 (the
+                   renormalization's numerator and denominator, with normalize_top_k)
+      dispatch     k (3 h c + c + 16): each routed copy of the token (the expert's input), the
+                   expert's output (kept by the gate-weight product) and the weighted output (kept by
+                   the scatter-add back), the gathered weight and two int64 indices; replicated over
+                   tensor-parallel ranks, which split f_e
+      experts      k x 4 f_e c gated (2 f_e c plain), as a dense MLP of width k f_e
+      shared       4 f_s c gated (2 f_s c), and Qwen2-MoE's gate: its sigmoid (c) and the shared output (h c)
+    MLA (DeepSeek-V3 report Sec. 2.1.1): q (a d_qk c), k (a d_qk c), the kv_b output holding the values
+    (a (d_nope + d_v) c), the output (a d_v c), and per latent (q_lora, kv_lora) RMSNorm's fp32 input
+    copy and normalized copy (8 per element), its rstd (4) and output (c), the latents replicated
+    (Megatron-Core's MLA does not split the down projections); in fp32 the kv latent's saved input is
+    the whole kv_a output, rope part included."""
+    rep, shard = {}, {}
+    h = spec.hidden
+    if spec.moe is not None:
+        moe = spec.moe
+        inner = 4 if spec.gated_mlp else 2
+        rep["moe_router"] = moe.experts * 4 + moe.top_k * 8 + (moe.top_k * 4 + 4) * moe.normalize_top_k
+        rep["moe_dispatch"] = moe.top_k * (3 * h * c + c + 16)
+        shard["mlp"] = inner * c * (moe.top_k * moe.expert_ffn + moe.shared_experts * moe.d_shared_ffn)
+        if moe.shared_expert_gate:
+            rep["moe_shared_gate"] = c + h * c
+    if spec.mla is not None:
+        m, a = spec.mla, spec.heads
+        shard["qkv"] = (2 * a * m.qk_head_dim + a * (m.qk_nope_head_dim + m.v_head_dim)) * c
+        shard["attn_out"] = a * m.v_head_dim * c
+        latents = [m.q_lora_rank, m.kv_lora_rank] if m.q_lora_rank else [m.kv_lora_rank]
+        rope_in_fp32 = m.qk_rope_head_dim * 4 if c == 4 else 0
+        rep["mla_latents"] = sum((8 + c) * r + 4 for r in latents) + rope_in_fp32
+    return rep, shard
+
+
+MOE_EXTRA_KERNELS = 10.0
+"""Launches an MoE block adds to its dense counterpart (router GEMM, softmax/sigmoid, top-k,
+permute, unpermute, weighting; grouped GEMMs replace the MLP's): an estimate, not measured."""
+MLA_EXTRA_KERNELS = 6.0
+"""Launches MLA adds (two more projections, two latent norms, splits and concatenations): an estimate."""
+
+
+def _moe_mla_block(spec: TransformerSpec, precision: str, kernels: str, *, flash: bool, dropout: bool) -> BlockTable:
+    """An MoE and/or MLA block: the table of the dense block with the MLP width a token goes through
+    (k f_e + S f_s) and, for MLA, a query/key/value heads of d_qk (their saved q, k, v and output,
+    4 a d_qk, stand for MLA's q, k, kv_b output and output, 2 a d_qk + a (d_nope + d_v) + a d_v:
+    both 768 a for DeepSeek-V3), plus the replicated per-token terms of
+    moe_mla_bytes_per_token (router, dispatched copies, latents), and the
+    dispatch traffic: each routed copy gathered, scattered back and weighted, ~5 h c per copy, and
+    the router's fp32 scores written and read (2 x 4 E)."""
+    ffn = spec.moe.active_ffn if spec.moe is not None else spec.ffn
+    dense = spec.with_(moe=None, mla=None, ffn=ffn, head_dim=spec.d_head, kv_heads=0 if spec.mla else spec.kv_heads)
+    base = block_table(dense, precision, kernels, flash=flash, dropout=dropout)
+    c = compute_bytes(_torch_precision(precision) if kernels == "torch" else precision)
+    rep, _ = moe_mla_bytes_per_token(spec, c)
+    traffic = 0.0
+    if spec.moe is not None:
+        traffic = spec.moe.top_k * 5 * spec.hidden * c + 8.0 * spec.moe.experts
+    launches = MOE_EXTRA_KERNELS * (spec.moe is not None) + MLA_EXTRA_KERNELS * (spec.mla is not None)
+    return BlockTable(saved=base.saved + Terms(rep=float(sum(rep.values()))),
+                      saved_full_recompute=base.saved_full_recompute, scores_saved=base.scores_saved,
+                      traffic_fwd=base.traffic_fwd + Terms(rep=traffic), scores_traffic_fwd=base.scores_traffic_fwd,
+                      kernels_fwd=base.kernels_fwd + launches)
 
 
 def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout: bool) -> BlockTable:

@@ -114,14 +114,18 @@ def attention_efficiency(hw: HardwareProfile, kernel: str, seq, d_head, *, causa
 
 
 def flash_attention_seconds(b, s, heads, d_head, *, causal: bool, hw: HardwareProfile, precision: str,
-                            kernel: str = "flash", cp=1):
+                            kernel: str = "flash", cp=1, flops_fwd=None):
     """(forward, backward) of a fused attention kernel on `heads` heads of this rank, over a sequence of
     s split over `cp` context-parallel ranks (load-balanced causal split: each rank does 1/cp of the
     work, in blocks of s/cp queries): F_fwd = 4 b s^2 a d / cp (x 1/2 causal: the kernel skips masked
     tiles), F_bwd = 2.5 F_fwd (QK^T recomputed in the backward kernel; Dao 2023, Sec. 3.1), at
-    attention_efficiency of the dense peak."""
+    attention_efficiency of the dense peak. `flops_fwd` overrides the whole-sequence F_fwd of this
+    rank's heads (MLA's unequal query and value heads, windowed blocks:
+    cost_models.flops.attention_kernel_flops_fwd)."""
     cp = np.asarray(cp, dtype=float)
-    flops_fwd = 4.0 * b * s * s * heads * d_head * (0.5 if causal else 1.0) / cp
+    if flops_fwd is None:
+        flops_fwd = 4.0 * b * s * s * heads * d_head * (0.5 if causal else 1.0)
+    flops_fwd = flops_fwd / cp
     rate = peak_flops(hw, precision) * attention_efficiency(hw, kernel, s / cp, d_head, causal=causal)
     fixed = eff(hw, "gemm_fixed_us") * 1e-6
     return flops_fwd / rate + fixed, 2.5 * flops_fwd / rate + fixed
@@ -188,9 +192,7 @@ def block_seconds(x) -> BlockSeconds:
     streamed / bandwidth (cost_models.blocks tables; backward streams BWD_TRAFFIC_FACTOR x), and
     recomputation (Korthikanti et al. 2022 Sec. 5: selective re-runs the attention core, full the forward)."""
     from cost_models.blocks import BWD_TRAFFIC_FACTOR
-    from cost_models.flops import block_gemm_shapes
-
-    from cost_models.flops import GemmShape
+    from cost_models.flops import GemmShape, attention_kernel_flops_fwd, block_gemm_shapes
 
     linear_kw = dict(hw=x.hw, precision=x.precision, elem_bytes=x.c)
     core_kw = dict(hw=x.hw, precision=x.attention_precision, elem_bytes=x.c)
@@ -214,7 +216,7 @@ def block_seconds(x) -> BlockSeconds:
     if x.attn_kernel != "math":
         attn_f, attn_b = flash_attention_seconds(x.b, x.seq, x.spec.heads / x.tp, x.spec.d_head, causal=x.spec.causal,
                                                  hw=x.hw, precision=x.attention_precision, kernel=x.attn_kernel,
-                                                 cp=x.cp)
+                                                 cp=x.cp, flops_fwd=attention_kernel_flops_fwd(x.spec, x.b, x.seq) / x.tp)
     bw = memory_Bps(x.hw)
     gemm_f, gemm_b = gemm_f + cast_f / bw, gemm_b + cast_b / bw
     elem_f = x.per_token(x.table.traffic_fwd) * x.tokens / bw

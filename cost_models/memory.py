@@ -160,7 +160,7 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     head_w = spec.vocab * spec.hidden / tp
     cache = fw.autocast_weight_cache and x.precision.startswith("amp")
     cache_head = np.where(is_last, head_w, 0.0) * 2.0 * cache
-    cache_all = (n_blocks * P.block_matmul_weights(spec) / tp) * 2.0 * cache + cache_head
+    cache_all = (n_blocks * P.block_stored_matmul_weights(spec) / tp) * 2.0 * cache + cache_head
     tied_grad = head_w * 4.0 if x.c == 2 and x.precision != "bf16" else head_w * gb * 2.0
     peak, acts_b, other = peak_bytes(
         params=params_b, grads=grads_b + buckets, optimizer=opt_b,

@@ -26,11 +26,29 @@ Sources (the shape of every entry comes from its paper or released config):
 - T5-3B: Raffel et al. 2020, Table 14 and the released config (24 + 24 blocks, d_model 1024,
   32 heads of 128, d_ff 16384, vocab 32128, relative position bias, RMSNorm without bias, ReLU,
   no biases, tied embeddings).
+- Mixture-of-experts models (validation/models/moe_models.json gathers every value with its source;
+  tests/test_moe_models.py holds each entry equal to reading its config.json fixture):
+  Mixtral 8x7B and 8x22B (Jiang et al. 2024, "Mixtral of Experts", Sec. 2 and Table 1; released
+  config.json / params.json: 32 x 4096 and 56 x 6144, 32/48 heads of 128, 8 KV heads, 8 SwiGLU
+  experts of 14336 / 16384, top-2, vocab 32000, rope theta 1e6);
+  Qwen3-30B-A3B and Qwen3-235B-A22B (Qwen Team 2025, "Qwen3 Technical Report", Table 2, and the
+  model cards: 48 x 2048 / 94 x 4096, 32/64 heads of 128, 4 KV heads, QK-norm, 128 experts of
+  768 / 1536, top-8 renormalized, vocab 151936, rope theta 1e6);
+  DeepSeek-V3 (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", Sec. 2.1-2.2 and 4.2: 61 x 7168,
+  128 heads with MLA (q latent 1536, kv latent 512, rope 64, nope 128, v 128), 3 dense blocks of
+  ffn 18432, then 256 routed experts of 2048 top-8 (sigmoid, aux-loss-free bias, 8 groups of which
+  4 per token, scaling 2.5) + 1 shared expert, one MTP module, vocab 129280);
+  gpt-oss-120b (OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", Sec. 2.1-2.3: 36 x 2880, 64
+  heads of 64, 8 KV heads, banded window of 128 on the even blocks, attention sinks, biases, 128
+  experts of 2880 top-4 with router and expert biases, vocab 201088, rope theta 150000).
+  Default sequence 4096: the pre-training length of DeepSeek-V3 (Sec. 4.2), Qwen3 (Sec. 3.1,
+  general stage) and gpt-oss (initial_context_length), and of every published MoE run in
+  validation/published/moe.json; Mixtral's paper states a 32k context (use --seq).
 """
 from __future__ import annotations
 
 from planner.errors import ConfigError
-from planner.spec import TransformerSpec
+from planner.spec import MLASpec, MoESpec, TransformerSpec
 
 _BROWN = "Brown et al. 2020, Table 2.1"
 _NARAYANAN = "Narayanan et al. 2021, Table 1"
@@ -93,7 +111,47 @@ def _build() -> dict[str, TransformerSpec]:
         ffn=16384, vocab=32128, seq=512, position="relative", norm="rmsnorm", activation="relu", qkv_bias=False,
         out_bias=False, mlp_bias=False, tied_embeddings=True,
         extras=(("source", "Raffel et al. 2020, Table 14; released t5-3b config"),)))
+    entries += _moe_entries()
     return {spec.name: spec for spec in entries}
+
+
+def _moe_entries() -> list[TransformerSpec]:
+    """The mixture-of-experts entries (module docstring for sources)."""
+    common = dict(position="rope", norm="rmsnorm", gated_mlp=True, activation="silu", tied_embeddings=False, seq=4096,
+                  qkv_bias=False, out_bias=False, mlp_bias=False)
+    mixtral_src = "Jiang et al. 2024, Mixtral of Experts, Sec. 2 / Table 1; released config.json"
+    qwen3_src = "Qwen Team 2025, Qwen3 Technical Report, Table 2; Qwen3 model cards and config.json"
+    out = [
+        TransformerSpec(name="mixtral-8x7b", model_type="mixtral", layers=32, hidden=4096, heads=32, kv_heads=8,
+                        ffn=14336, vocab=32000, rope_theta=1e6,
+                        moe=MoESpec(experts=8, top_k=2, expert_ffn=14336), extras=(("source", mixtral_src),), **common),
+        TransformerSpec(name="mixtral-8x22b", model_type="mixtral", layers=56, hidden=6144, heads=48, kv_heads=8,
+                        ffn=16384, vocab=32000, rope_theta=1e6,
+                        moe=MoESpec(experts=8, top_k=2, expert_ffn=16384), extras=(("source", mixtral_src),), **common),
+        TransformerSpec(name="qwen3-30b-a3b", model_type="qwen3_moe", layers=48, hidden=2048, heads=32, kv_heads=4,
+                        head_dim=128, ffn=6144, vocab=151936, rope_theta=1e6, qk_norm=True,
+                        moe=MoESpec(experts=128, top_k=8, expert_ffn=768), extras=(("source", qwen3_src),), **common),
+        TransformerSpec(name="qwen3-235b-a22b", model_type="qwen3_moe", layers=94, hidden=4096, heads=64, kv_heads=4,
+                        head_dim=128, ffn=12288, vocab=151936, rope_theta=1e6, qk_norm=True,
+                        moe=MoESpec(experts=128, top_k=8, expert_ffn=1536), extras=(("source", qwen3_src),), **common),
+        TransformerSpec(name="deepseek-v3", model_type="deepseek_v3", layers=61, hidden=7168, heads=128, ffn=18432,
+                        vocab=129280, rope_theta=1e4, mtp_modules=1,
+                        mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+                                    v_head_dim=128),
+                        moe=MoESpec(experts=256, top_k=8, expert_ffn=2048, shared_experts=1, first_dense_layers=3,
+                                    router="sigmoid", routed_scaling=2.5, aux_free_bias=True, expert_groups=8,
+                                    groups_per_token=4),
+                        extras=(("source", "DeepSeek-AI 2024, DeepSeek-V3 Technical Report, Sec. 2.1-2.2, 4.2; "
+                                           "released config.json"),), **common),
+    ]
+    gpt_oss = common | dict(qkv_bias=True, out_bias=True, mlp_bias=True)
+    out.append(TransformerSpec(
+        name="gpt-oss-120b", model_type="gpt_oss", layers=36, hidden=2880, heads=64, kv_heads=8, head_dim=64, ffn=2880,
+        vocab=201088, rope_theta=150000.0, sliding_window=128, window_layers=tuple(range(0, 36, 2)),
+        attention_sinks=True, moe=MoESpec(experts=128, top_k=4, expert_ffn=2880, router_bias=True),
+        extras=(("source", "OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card, Sec. 2.1-2.3; released config.json"),),
+        **gpt_oss))
+    return out
 
 
 CATALOG: dict[str, TransformerSpec] = _build()

@@ -27,6 +27,38 @@ configuration class, so a config that omits a key means what transformers would 
   new_decoder_architecture, parallel_attn, num_ln_in_parallel_attn, bias (False), alibi,
   ffn_hidden_size (= 4h), vocab_size, max_position_embeddings (2048), tie_word_embeddings (True).
 
+- mixtral: the llama keys (attention_bias and mlp_bias do not exist: no biases; head_dim = hidden /
+  heads; max_position_embeddings 131072; rope_theta 1e6 via rope_parameters, else 10000) plus
+  num_local_experts (8), num_experts_per_tok (2); every block is MoE, each expert an
+  intermediate_size-wide SwiGLU MLP; sliding_window (null) on every block when set.
+- qwen2_moe: the qwen2 keys (qkv_bias (True) on Q/K/V, no O bias) plus num_experts (60),
+  num_experts_per_tok (4), moe_intermediate_size (1408), shared_expert_intermediate_size (5632: one
+  shared expert, gated by a sigmoid of an h x 1 projection), norm_topk_prob (False),
+  decoder_sparse_step (1) and mlp_only_layers ([]); use_sliding_window (False) with sliding_window
+  (4096) on the blocks layer_types names 'sliding_attention' (default: even blocks below
+  max_window_layers (28)).
+- qwen3_moe: hidden_size, num_hidden_layers, num_attention_heads (32), num_key_value_heads (4),
+  head_dim (= hidden / heads: the configuration class has no head_dim; the released configs give
+  128), attention_bias (False), QK-norm, num_experts (128), num_experts_per_tok (8),
+  moe_intermediate_size (768), norm_topk_prob (False), decoder_sparse_step (1), mlp_only_layers
+  ([]); use_sliding_window must be false.
+- deepseek_v3: hidden_size (7168), num_hidden_layers (61), num_attention_heads (128),
+  intermediate_size (18432, the leading dense blocks' MLP), moe_intermediate_size (2048),
+  n_routed_experts (256), n_shared_experts (1), num_experts_per_tok (8), first_k_dense_replace (3),
+  moe_layer_freq (1; other values not supported), n_group (8), topk_group (4), norm_topk_prob (True),
+  routed_scaling_factor (2.5), scoring_func (sigmoid), topk_method (noaux_tc: the aux-loss-free bias),
+  MLA: q_lora_rank (1536; null = no query latent), kv_lora_rank (512), qk_rope_head_dim (64),
+  qk_nope_head_dim (128), v_head_dim (128); attention_bias (False), num_nextn_predict_layers (0: the
+  transformers class builds no MTP module; DeepSeek's config gives 1), max_position_embeddings
+  (4096), vocab_size (129280).
+- gpt_oss: hidden_size (2880), num_hidden_layers (36), num_attention_heads (64), num_key_value_heads
+  (8), head_dim (64), intermediate_size (2880, each expert's width), num_local_experts (128),
+  num_experts_per_tok (4; OpenAI's experts_per_token is read when it is absent), sliding_window
+  (128) on the blocks layer_types names 'sliding_attention' (default: the even blocks),
+  attention_bias (True), attention sinks, router and expert biases, rope_theta 150000,
+  max_position_embeddings (131072), vocab_size (201088).
+MoE models are dropless (capacity_factor null): no publisher states a training capacity factor.
+
 Every problem (not JSON, not an object, unknown model_type, a missing or non-positive size) is a
 `ConfigError` naming the key.
 """
@@ -35,9 +67,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.errors import ConfigError
-from planner.spec import TransformerSpec
+from planner.spec import MLASpec, MoESpec, TransformerSpec
 
-MODEL_TYPES = ("llama", "mistral", "qwen2", "gpt2", "opt", "gpt_neox", "bloom", "falcon")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "gpt2", "opt", "gpt_neox", "bloom", "falcon", "mixtral", "qwen2_moe",
+               "qwen3_moe", "deepseek_v3", "gpt_oss")
 
 
 class _Keys:
@@ -79,6 +112,38 @@ class _Keys:
         if not isinstance(value, str):
             raise ConfigError(key, value, "a string", message=f"{self.path}: {key}={value!r} is invalid: allowed a string")
         return value
+
+    def optional_int(self, key: str, default: int | None) -> int | None:
+        """A positive integer, or None where the config says null (q_lora_rank: no query latent)."""
+        if key in self.data and self.data[key] is None:
+            return None
+        return self.int(key, default=default) if key in self.data or default is not None else None
+
+    def int_list(self, key: str) -> list[int]:
+        """A list of non-negative integers (mlp_only_layers); [] when absent or null."""
+        value = self.data.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in value):
+            raise ConfigError(key, value, "a list of block indices",
+                              message=f"{self.path}: {key}={value!r} is invalid: allowed a list of block indices")
+        return value
+
+    def window_layers(self, layers: int, default: list[bool]) -> tuple[int, ...]:
+        """Blocks whose layer_types entry is 'sliding_attention' (`default` flags when absent)."""
+        value = self.data.get("layer_types")
+        if value is None:
+            return tuple(i for i, windowed in enumerate(default) if windowed)
+        allowed = ("sliding_attention", "full_attention")
+        if not isinstance(value, list) or len(value) != layers or any(v not in allowed for v in value):
+            raise ConfigError("layer_types", value, f"a list of {layers} entries, each one of {', '.join(allowed)}",
+                              message=f"{self.path}: layer_types is invalid: allowed a list of num_hidden_layers "
+                                      f"({layers}) entries, each 'sliding_attention' or 'full_attention'")
+        return tuple(i for i, v in enumerate(value) if v == "sliding_attention")
+
+    def unsupported(self, key: str, value, allowed: str) -> ConfigError:
+        return ConfigError(key, value, allowed,
+                           message=f"{self.path}: {key}={value!r} is not supported: allowed {allowed}")
 
     def float(self, key: str, default: float) -> float:
         value = self.data.get(key, default)
@@ -247,5 +312,148 @@ def _falcon(k: _Keys) -> dict:
     )
 
 
+def _rope_theta(k: _Keys, default: float) -> float:
+    """rope_theta, or rope_parameters/rope_scaling's rope_theta, else the class default."""
+    rope = k.data.get("rope_parameters") or k.data.get("rope_scaling") or {}
+    nested = rope.get("rope_theta") if isinstance(rope, dict) else None
+    return k.float("rope_theta", float(nested) if isinstance(nested, (int, float)) and nested > 0 else default)
+
+
+def _gqa(k: _Keys, *, hidden_default: int, heads_default: int, kv_default: int,
+         head_dim_default: int | None = None) -> dict:
+    """hidden, heads, kv_heads (0 = heads), head_dim (0 = hidden / heads) of a GQA model."""
+    hidden = k.int("hidden_size", default=hidden_default)
+    heads = k.int("num_attention_heads", default=heads_default)
+    kv = k.int("num_key_value_heads", default=kv_default)
+    head_dim = k.int("head_dim", default=head_dim_default or 0) if (k.data.get("head_dim") is not None
+                                                                    or head_dim_default) else 0
+    if head_dim == hidden // heads and hidden % heads == 0:
+        head_dim = 0
+    _check_heads(k, hidden, heads, head_dim)
+    if heads % kv:
+        raise ConfigError("num_key_value_heads", kv, f"a divisor of num_attention_heads({heads})",
+                          message=f"{k.path}: num_key_value_heads={kv} does not divide num_attention_heads={heads}")
+    return dict(hidden=hidden, heads=heads, kv_heads=kv if kv != heads else 0, head_dim=head_dim)
+
+
+def _rope_model(k: _Keys, *, theta: float, positions: int, vocab: int) -> dict:
+    """What every MoE family here shares: RoPE, RMSNorm, SwiGLU experts, untied by default."""
+    return dict(position="rope", rope_theta=_rope_theta(k, theta), norm="rmsnorm", gated_mlp=True,
+                activation=k.str("hidden_act", "silu"), tied_embeddings=k.bool("tie_word_embeddings", False),
+                seq=k.int("max_position_embeddings", default=positions), vocab=k.int("vocab_size", default=vocab))
+
+
+def _all_moe(k: _Keys) -> None:
+    """Qwen's MoE placement keys, refused unless every block is MoE."""
+    step = k.int("decoder_sparse_step", default=1)
+    if step != 1:
+        raise k.unsupported("decoder_sparse_step", step, "1 (every block MoE)")
+    only = k.int_list("mlp_only_layers")
+    if only:
+        raise k.unsupported("mlp_only_layers", only, "[] (dense blocks only before the first MoE block)")
+
+
+def _mixtral(k: _Keys) -> dict:
+    fields = _gqa(k, hidden_default=4096, heads_default=32, kv_default=8) \
+        | _rope_model(k, theta=1e6, positions=131072, vocab=32000)
+    window = k.int("sliding_window", default=0) if k.data.get("sliding_window") is not None else 0
+    ffn = k.int("intermediate_size", default=14336)
+    return fields | dict(
+        layers=k.int("num_hidden_layers", default=32), ffn=ffn, qkv_bias=False, out_bias=False, mlp_bias=False,
+        sliding_window=window,
+        moe=MoESpec(experts=k.int("num_local_experts", default=8), top_k=k.int("num_experts_per_tok", default=2),
+                    expert_ffn=ffn))
+
+
+def _qwen_moe(k: _Keys) -> dict:
+    qwen2 = k.model_type == "qwen2_moe"
+    layers = k.int("num_hidden_layers", default=24)
+    _all_moe(k)
+    fields = _gqa(k, hidden_default=2048, heads_default=16 if qwen2 else 32, kv_default=16 if qwen2 else 4) \
+        | _rope_model(k, theta=10000.0, positions=32768, vocab=151936)
+    window, window_layers = 0, None
+    if k.bool("use_sliding_window", False):
+        if not qwen2:
+            raise k.unsupported("use_sliding_window", True, "false for qwen3_moe")
+        window = k.int("sliding_window", default=4096)
+        below = k.int("max_window_layers", default=28)
+        window_layers = k.window_layers(layers, [(i + 1) % 2 == 1 and i < below for i in range(layers)]) or None
+        window = window if window_layers else 0
+    experts = k.int("num_experts", default=60 if qwen2 else 128)
+    shared_ffn = k.int("shared_expert_intermediate_size", default=5632) if qwen2 else 0
+    bias = k.bool("qkv_bias", True) if qwen2 else k.bool("attention_bias", False)
+    return fields | dict(
+        layers=layers, ffn=k.int("intermediate_size", default=5632 if qwen2 else 6144),
+        qkv_bias=bias, out_bias=False if qwen2 else bias, mlp_bias=False, qk_norm=not qwen2,
+        sliding_window=window, window_layers=window_layers if window else None,
+        moe=MoESpec(experts=experts, top_k=k.int("num_experts_per_tok", default=4 if qwen2 else 8),
+                    expert_ffn=k.int("moe_intermediate_size", default=1408 if qwen2 else 768),
+                    shared_experts=1 if shared_ffn else 0, shared_expert_ffn=shared_ffn,
+                    shared_expert_gate=bool(shared_ffn), normalize_top_k=k.bool("norm_topk_prob", False)))
+
+
+def _deepseek_v3(k: _Keys) -> dict:
+    hidden = k.int("hidden_size", default=7168)
+    heads = k.int("num_attention_heads", default=128)
+    kv = k.int("num_key_value_heads", default=heads)
+    if kv != heads:
+        raise k.unsupported("num_key_value_heads", kv, f"num_attention_heads ({heads}): MLA gives every head its key "
+                                                        "and value")
+    layers = k.int("num_hidden_layers", default=61)
+    freq = k.int("moe_layer_freq", default=1)
+    if freq != 1:
+        raise k.unsupported("moe_layer_freq", freq, "1 (every block after the first dense ones is MoE)")
+    first_dense = k.int("first_k_dense_replace", default=3) if k.data.get("first_k_dense_replace") != 0 else 0
+    if first_dense >= layers:
+        raise ConfigError("first_k_dense_replace", first_dense, f"fewer than num_hidden_layers({layers})",
+                          message=f"{k.path}: first_k_dense_replace={first_dense} leaves no MoE block in "
+                                  f"{layers} layers")
+    scoring = k.str("scoring_func", "sigmoid")
+    if scoring not in ("sigmoid", "softmax"):
+        raise k.unsupported("scoring_func", scoring, "sigmoid or softmax")
+    method = k.str("topk_method", "noaux_tc")
+    groups = k.int("n_group", default=8)
+    experts = k.int("n_routed_experts", default=256)
+    if experts % groups:
+        raise ConfigError("n_group", groups, f"a divisor of n_routed_experts({experts})",
+                          message=f"{k.path}: n_group={groups} does not divide n_routed_experts={experts}")
+    mtp = k.data.get("num_nextn_predict_layers", 0)
+    mtp = 0 if mtp in (None, 0) else k.int("num_nextn_predict_layers")
+    bias = k.bool("attention_bias", False)
+    fields = _rope_model(k, theta=10000.0, positions=4096, vocab=129280)
+    return fields | dict(
+        layers=layers, hidden=hidden, heads=heads, kv_heads=0, head_dim=0,
+        ffn=k.int("intermediate_size", default=18432),
+        qkv_bias=bias, out_bias=bias, mlp_bias=False, mtp_modules=mtp,
+        mla=MLASpec(q_lora_rank=k.optional_int("q_lora_rank", 1536) or 0,
+                    kv_lora_rank=k.int("kv_lora_rank", default=512),
+                    qk_rope_head_dim=k.int("qk_rope_head_dim", default=64),
+                    qk_nope_head_dim=k.int("qk_nope_head_dim", default=128),
+                    v_head_dim=k.int("v_head_dim", default=128)),
+        moe=MoESpec(experts=experts, top_k=k.int("num_experts_per_tok", default=8),
+                    expert_ffn=k.int("moe_intermediate_size", default=2048),
+                    shared_experts=k.int("n_shared_experts", default=1) if k.data.get("n_shared_experts") != 0 else 0,
+                    first_dense_layers=first_dense, router=scoring, normalize_top_k=k.bool("norm_topk_prob", True),
+                    routed_scaling=k.float("routed_scaling_factor", 2.5), aux_free_bias=method == "noaux_tc",
+                    expert_groups=groups, groups_per_token=k.int("topk_group", default=4)))
+
+
+def _gpt_oss(k: _Keys) -> dict:
+    layers = k.int("num_hidden_layers", default=36)
+    fields = _gqa(k, hidden_default=2880, heads_default=64, kv_default=8, head_dim_default=64) \
+        | _rope_model(k, theta=150000.0, positions=131072, vocab=201088)
+    window = k.int("sliding_window", default=128) if k.data.get("sliding_window", 128) is not None else 0
+    window_layers = k.window_layers(layers, [(i + 1) % 2 == 1 for i in range(layers)]) if window else ()
+    ffn = k.int("intermediate_size", default=2880)
+    bias = k.bool("attention_bias", True)
+    return fields | dict(
+        layers=layers, ffn=ffn, qkv_bias=bias, out_bias=bias, mlp_bias=True, attention_sinks=True,
+        sliding_window=window if window_layers else 0, window_layers=window_layers or None,
+        moe=MoESpec(experts=k.int("num_local_experts", default=128),
+                    top_k=k.int("num_experts_per_tok", "experts_per_token", default=4), expert_ffn=ffn,
+                    router_bias=True))
+
+
 _READERS = {"llama": _llama_like, "mistral": _llama_like, "qwen2": _llama_like, "gpt2": _gpt2, "opt": _opt,
-            "gpt_neox": _gpt_neox, "bloom": _bloom, "falcon": _falcon}
+            "gpt_neox": _gpt_neox, "bloom": _bloom, "falcon": _falcon, "mixtral": _mixtral, "qwen2_moe": _qwen_moe,
+            "qwen3_moe": _qwen_moe, "deepseek_v3": _deepseek_v3, "gpt_oss": _gpt_oss}

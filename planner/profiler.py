@@ -5,7 +5,12 @@ path, a `package.module:factory` string, a TransformerSpec or a ModuleSpec and r
 `ModelProfile`: one `LayerProfile` per pipeline-splittable unit (embedding, each block, head,
 loss) with
 
-- params: exact counts (cost_models.params; Narayanan et al. 2021 Sec. 5.1 for GPT);
+- params: exact counts (cost_models.params; Narayanan et al. 2021 Sec. 5.1 for GPT); for MoE models
+  also the active parameters per token (`params_active`, the input embedding included as Mistral and
+  Qwen count; `params_active_without_input_embedding` as OpenAI and DeepSeek do) and the MTP
+  modules' (`params_mtp`, apart from `params` as DeepSeek's 671B; their units follow the head);
+- flops_per_token: training FLOPs per token at the profiled sequence length, 6 N_active + 3 x the
+  attention cores' forward (+ MTP), the model FLOPs of cost_models.flops.model_flops_per_step;
 - flops_fwd / flops_bwd: FlopCounterMode's convention (cost_models.flops; Narayanan et al. 2021);
   backward = 2x forward for GEMMs, 2.5x for a flash attention core;
 - recompute_flops[mode]: forward FLOPs re-run in backward by recomputation;
@@ -122,19 +127,58 @@ class ModelProfile:
 
 
 def describe_spec(spec: TransformerSpec) -> dict:
-    """The `model` object of the JSON documents for a TransformerSpec."""
-    return {"name": spec.name, "model_type": spec.model_type, "params": P.total_params(spec), "layers": spec.layers,
-            "encoder_layers": spec.encoder_layers, "hidden": spec.hidden, "heads": spec.heads,
-            "kv_heads": spec.n_kv_heads, "head_dim": spec.d_head, "ffn": spec.d_ffn, "vocab": spec.vocab,
-            "seq": spec.seq, "position": spec.position, "gated_mlp": spec.gated_mlp, "norm": spec.norm,
-            "tied_embeddings": spec.tied_embeddings, "source": dict(spec.extras).get("source", spec.name)}
+    """The `model` object of the JSON documents for a TransformerSpec (MoE, MLA and window fields
+    only for the models that have them)."""
+    from dataclasses import asdict
+
+    out = {"name": spec.name, "model_type": spec.model_type, "params": P.total_params(spec), "layers": spec.layers,
+           "encoder_layers": spec.encoder_layers, "hidden": spec.hidden, "heads": spec.heads,
+           "kv_heads": spec.n_kv_heads, "head_dim": spec.d_head, "ffn": spec.d_ffn, "vocab": spec.vocab,
+           "seq": spec.seq, "position": spec.position, "gated_mlp": spec.gated_mlp, "norm": spec.norm,
+           "tied_embeddings": spec.tied_embeddings, "source": dict(spec.extras).get("source", spec.name)}
+    if spec.moe is not None:
+        out["moe"] = asdict(spec.moe)
+    if spec.mla is not None:
+        out["mla"] = asdict(spec.mla)
+    if spec.sliding_window:
+        out["sliding_window"] = spec.sliding_window
+        out["window_layers"] = list(spec.window_layers) if spec.window_layers is not None else None
+    if spec.mtp_modules:
+        out["mtp_modules"] = spec.mtp_modules
+    return out
+
+
+def _block_profile(spec: TransformerSpec, b: int, s: int, *, flash: bool, act: dict) -> LayerProfile:
+    """One (decoder) block of uniform `spec` (a kind of TransformerSpec.block_kinds)."""
+    return LayerProfile(
+        name="", kind="block", params=P.block_params(spec), flops_fwd=float(F.block_flops_fwd(spec, b, s)),
+        flops_bwd=float(F.block_flops_bwd(spec, b, s, flash=flash)),
+        activation_bytes={m: int(A.block_bytes(spec, b, s, recompute=m, **act)) for m in RECOMPUTE_MODES},
+        recompute_flops={m: float(F.block_recompute_flops(spec, b, s, m, flash=flash)) for m in RECOMPUTE_MODES})
+
+
+def _mtp_profile(spec: TransformerSpec, i: int, b: int, s: int, *, flash: bool, act: dict, tp: int,
+                 sp: bool) -> LayerProfile:
+    """Multi-token-prediction module `i` (DeepSeek-V3 report Sec. 2.2): a block of the last kind, its
+    2h x h projection and the shared head's logits and loss; activations those of a block, a head and
+    a loss (an estimate: the reference model builds no MTP module)."""
+    block = _block_profile(spec.last_kind, b, s, flash=flash, act=act)
+    extra = 2 * b * s * (2 * spec.hidden * spec.hidden + P.head_matmul_weights(spec))
+    head = A.head_bytes(spec, b, s, precision=act["precision"], kernels=act["kernels"], tp=tp, sp=sp) \
+        + A.loss_bytes(spec, b, s, tp=tp)
+    return LayerProfile(name=f"mtp.{i}", kind="mtp", params=P.mtp_module_params(spec),
+                        flops_fwd=block.flops_fwd + extra, flops_bwd=block.flops_bwd + 2 * extra,
+                        activation_bytes={m: int(v + head) for m, v in block.activation_bytes.items()},
+                        recompute_flops=block.recompute_flops)
 
 
 def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: int = 1,
                  precision: str = "amp-bf16", framework: str = "megatron", attention: str | None = None,
                  dropout: bool = False, tp: int = 1, sp: bool = False) -> ModelProfile:
     """Analytic profile of a TransformerSpec (all formulas in cost_models; activation bytes from the
-    framework's block tables, the same the cost model reads)."""
+    framework's block tables, the same the cost model reads). Each block is profiled as its kind
+    (TransformerSpec.block_kinds: an MoE model's leading dense blocks, windowed blocks); MTP modules
+    follow the head as units of kind 'mtp'."""
     from planner.estimate import software_for
 
     s = spec.seq if seq is None else seq
@@ -161,15 +205,15 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
             flops_bwd=float(2 * F.encoder_block_matmul_flops_fwd(spec, b, s) + core * (2.5 if flash else 2.0)),
             activation_bytes={m: int(A.block_bytes(enc, b, s, recompute=m, **act)) for m in RECOMPUTE_MODES},
             recompute_flops={m: float(F.block_recompute_flops(enc, b, s, m, flash=flash)) for m in RECOMPUTE_MODES}))
-    block = LayerProfile(
-        name="", kind="block", params=P.block_params(spec), flops_fwd=float(F.block_flops_fwd(spec, b, s)),
-        flops_bwd=float(F.block_flops_bwd(spec, b, s, flash=flash)),
-        activation_bytes={m: int(A.block_bytes(spec, b, s, recompute=m, **act)) for m in RECOMPUTE_MODES},
-        recompute_flops={m: float(F.block_recompute_flops(spec, b, s, m, flash=flash)) for m in RECOMPUTE_MODES})
+    kind_of = {}
+    for kind in spec.block_kinds:
+        unit = _block_profile(kind.spec, b, s, flash=flash, act=act)
+        kind_of.update({i: unit for i in kind.layers})
     for i in range(spec.layers):
-        layers.append(LayerProfile(name=f"layers.{i}", kind="block", params=block.params, flops_fwd=block.flops_fwd,
-                                   flops_bwd=block.flops_bwd, activation_bytes=block.activation_bytes,
-                                   recompute_flops=block.recompute_flops))
+        unit = kind_of[i]
+        layers.append(LayerProfile(name=f"layers.{i}", kind="block", params=unit.params, flops_fwd=unit.flops_fwd,
+                                   flops_bwd=unit.flops_bwd, activation_bytes=unit.activation_bytes,
+                                   recompute_flops=unit.recompute_flops))
     head_fwd = F.head_flops_fwd(spec, b, s)
     head_act = A.head_bytes(spec, b, s, precision=precision, kernels=kernels, tp=tp, sp=sp)
     layers.append(LayerProfile(name="head", kind="head", params=P.final_norm_params(spec) + P.head_params(spec),
@@ -180,12 +224,18 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
     layers.append(LayerProfile(name="loss", kind="loss", params=0, flops_fwd=0.0, flops_bwd=0.0,
                                activation_bytes={m: int(loss_act) for m in RECOMPUTE_MODES},
                                recompute_flops=dict(none_saved)))
+    layers += [_mtp_profile(spec, i, b, s, flash=flash, act=act, tp=tp, sp=sp)
+               for i in range(spec.mtp_modules)]
     tokens = b * s
     extra = {
         "activations": {"logits_peak": int(A.logits_peak_bytes(spec, b, s, precision=precision, kernels=kernels,
                                                                tp=tp))},
         "model_flops": float(F.model_flops_per_step(spec, tokens, seq=s)),
         "matmul_params": P.matmul_params(spec),
+        "params_active": P.active_params(spec),
+        "params_active_without_input_embedding": P.active_params(spec, input_embedding=False),
+        "params_mtp": P.mtp_params(spec),
+        "flops_per_token": float(F.flops_per_token(spec, s)),
     }
     return ModelProfile(model=describe_spec(spec), seq=s, micro_batch=b, precision=precision, flash=flash,
                         framework=sw.framework.name, params=P.total_params(spec), layers=tuple(layers),

@@ -13,6 +13,14 @@ from planner.sources import resolve_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 VALIDATION = Path(__file__).resolve().parents[1] / "validation" / "hf_configs"
+MOE_FIXTURES = Path(__file__).resolve().parents[1] / "validation" / "models" / "hf_configs"
+DENSE_TYPES = ("llama", "mistral", "qwen2", "gpt2", "opt", "gpt_neox", "bloom", "falcon")
+FIXTURE = {t: FIXTURES / f"{t}.json" for t in DENSE_TYPES} | {
+    "mixtral": MOE_FIXTURES / "mixtral-8x7b.json", "qwen2_moe": MOE_FIXTURES / "qwen2-moe-57b-a14b.json",
+    "qwen3_moe": MOE_FIXTURES / "qwen3-30b-a3b.json", "deepseek_v3": MOE_FIXTURES / "deepseek-v3.json",
+    "gpt_oss": MOE_FIXTURES / "gpt-oss-120b.json"}
+"""One config per model_type: tests/fixtures/hf for dense ones, validation/models/hf_configs (the
+published MoE configs, provenance in its README) for mixture-of-experts ones."""
 runner = CliRunner()
 
 # Element counts of the released checkpoints these configs come from (Hugging Face num_parameters(),
@@ -26,12 +34,19 @@ EXPECTED = {
     "gpt_neox": 162_322_944,     # pythia-160m: parallel residual, untied
     "bloom": 559_214_592,        # bloom-560m: ALiBi, embedding LayerNorm
     "falcon": 6_921_720_704,     # falcon-7b: multi-query, one norm per block, no biases
+    # MoE: validation/models/moe_models.json params_check (an independent count from the same config),
+    # which reproduces each publisher's total (tests/test_moe_models.py); differences explained:
+    "mixtral": 46_702_792_704,       # Mixtral-8x7B: 8 experts, top-2
+    "qwen3_moe": 30_532_122_624,     # Qwen3-30B-A3B: 128 experts of 768, QK-norm
+    "gpt_oss": 116_829_156_672,      # gpt-oss-120b: sinks, biases, router bias
+    "deepseek_v3": 671_026_404_352,  # params_check 671_026_419_200 less the 58 x 256 balancing biases (a buffer)
+    "qwen2_moe": 57_408_658_944,     # params_check 57_408_529_920 plus the Q/K/V biases it leaves out (28 x 4608)
 }
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_each_model_type_reads_to_the_released_parameter_count(model_type):
-    spec = read_hf_config(FIXTURES / f"{model_type}.json")
+    spec = read_hf_config(FIXTURE[model_type])
     assert spec.model_type == model_type
     assert P.total_params(spec) == EXPECTED[model_type]
 
@@ -57,7 +72,7 @@ def test_features_are_honoured():
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_each_model_type_profiles_through_the_cli(model_type):
-    result = runner.invoke(app, ["profile", str(FIXTURES / f"{model_type}.json"), "--seq", "512", "--json"])
+    result = runner.invoke(app, ["profile", str(FIXTURE[model_type]), "--seq", "512", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["params"] == EXPECTED[model_type]

@@ -1,8 +1,11 @@
 """`planner profile MODEL [--seq S] [--micro-batch B] [--precision P] [--json]`.
 
 Parameters, forward/backward FLOPs and activation bytes (recompute none/selective/full) of one
-micro-batch, in total and per layer. A thin shell over `planner.profiler.profile_model`: the
-table (stderr with --json suppressed) and the JSON document are printed from the same ModelProfile.
+micro-batch, in total and per layer; for mixture-of-experts models also the active parameters per
+token, and for every transformer the training FLOPs per token (JSON keys params_active,
+params_active_without_input_embedding, params_mtp, flops_per_token; docs/models.md). A thin shell over
+`planner.profiler.profile_model`: the table (stderr with --json suppressed) and the JSON document are
+printed from the same ModelProfile.
 """
 from __future__ import annotations
 
@@ -81,3 +84,22 @@ def render(result) -> None:
     console.print(table)
     if "model_flops" in result.extra:
         console.print(f"model FLOPs per micro-batch (6 N tokens + attention, for MFU): {_si(result.extra['model_flops'])}")
+    for line in summary_lines(result):
+        console.print(line)
+
+
+def summary_lines(result) -> list[str]:
+    """Parameter and per-token FLOP lines under the table: total and active parameters of a
+    mixture-of-experts model (cost_models.params.active_params, both publisher conventions) and its MTP
+    modules, and the training FLOPs per token (cost_models.flops.flops_per_token)."""
+    extra, lines = result.extra, []
+    if result.model.get("moe"):
+        active, without = extra["params_active"], extra["params_active_without_input_embedding"]
+        lines.append(f"parameters: {_si(result.params)} total, {_si(active)} active per token "
+                     f"({_si(without)} without the input embedding)")
+    if extra.get("params_mtp"):
+        lines.append(f"multi-token prediction modules: {_si(extra['params_mtp'])} more parameters (not in the total)")
+    if "flops_per_token" in extra:
+        lines.append(f"training FLOPs per token at seq {result.seq} (6 N_active + attention): "
+                     f"{_si(extra['flops_per_token'])}")
+    return lines

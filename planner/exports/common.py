@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from planner.errors import ConfigError
 from planner.estimate import even_stages
 from planner.plan import Plan
-from planner.spec import TransformerSpec
+from planner.spec import MoESpec, TransformerSpec, record_of
 
 _SPEC_FIELDS = frozenset(f.name for f in fields(TransformerSpec)) - {"name", "extras"}
 
@@ -26,22 +26,10 @@ class Export:
     same batch, same parallel degrees; only speed or memory may differ)."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MoE:
-    """Mixture-of-experts shape, `model.arch["moe"]` of a plan document."""
-
-    experts: int
-    """Routed experts per MoE layer."""
-    top_k: int
-    """Experts each token is routed to."""
-    expert_ffn: int
-    """Inner width of one routed expert's MLP."""
-    shared_experts: int = 0
-    """Experts every token goes through (DeepSeek-style); 0 for none."""
-    shared_expert_ffn: int = 0
-    """Inner width of one shared expert; 0 means expert_ffn."""
-    first_dense_layers: int = 0
-    """Leading layers with a dense MLP instead of experts."""
+MoE = MoESpec
+"""Mixture-of-experts shape, `model.arch["moe"]` of a plan document: the model description's own
+record (planner.spec.MoESpec: experts, top_k, expert_ffn, shared_experts, shared_expert_ffn,
+first_dense_layers, and the router fields)."""
 
 
 def cannot(fmt: str, why: str) -> ConfigError:
@@ -65,7 +53,7 @@ def model_moe(plan: Plan) -> MoE | None:
     """The mixture-of-experts shape (`model.arch["moe"]`), None for a dense model."""
     arch = plan.document.get("model", {}).get("arch") or {}
     moe = arch.get("moe")
-    return MoE(**moe) if isinstance(moe, Mapping) and moe.get("experts") else None
+    return record_of(MoESpec, moe, "model.arch.moe") if isinstance(moe, Mapping) and moe.get("experts") else None
 
 
 def require_spec(plan: Plan, fmt: str) -> TransformerSpec:

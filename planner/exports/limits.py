@@ -56,6 +56,7 @@ def megatron_limits(plan: Plan) -> list[str]:
         out.append(f"gated MLP with {spec.activation}: Megatron-LM's arguments have SwiGLU (--swiglu) only")
     if not spec.gated_mlp and spec.activation != "gelu":
         out.append(f"MLP activation {spec.activation}: Megatron-LM's arguments have GELU or SwiGLU")
+    out += _unwritten_model_features(spec, "Megatron-LM's")
     if _bias_pattern(spec) is None:
         out.append("bias pattern (qkv, out, mlp) = "
                    f"({spec.qkv_bias}, {spec.out_bias}, {spec.mlp_bias}): Megatron-LM has all biases, none, or qkv only")
@@ -141,9 +142,35 @@ def _llama_only(spec: TransformerSpec, what: str) -> list[str]:
         wrong.append(f"head_dim {spec.d_head} != hidden/heads")
     if spec.parallel_block or spec.embed_norm or not spec.final_norm or spec.sliding_window:
         wrong.append("parallel block / embedding norm / no final norm / sliding window")
+    if spec.mla is not None or spec.qk_norm or spec.attention_sinks or spec.mtp_modules:
+        wrong.append("MLA / QK-norm / attention sinks / MTP")
     if not wrong:
         return []
     return [f"{spec.name} ({spec.model_type}: {', '.join(wrong)}) is not a model {what} can express"]
+
+
+def _unwritten_model_features(spec: TransformerSpec, target: str) -> list[str]:
+    """Model features of planner.spec the exporter does not write yet (a refusal, so that the export
+    never builds a different model): MLA, QK-norm, attention sinks, a window on some blocks only,
+    MTP modules, and routers other than Mixtral's softmax top-k (dropless, no bias, no groups)."""
+    moe, features = spec.moe, []
+    if spec.mla is not None:
+        features.append("multi-head latent attention")
+    if spec.qk_norm:
+        features.append("QK-norm")
+    if spec.attention_sinks:
+        features.append("attention sinks")
+    if spec.sliding_window and spec.window_layers is not None:
+        features.append("a sliding window on some blocks only")
+    if spec.mtp_modules:
+        features.append("multi-token prediction")
+    if moe is not None and (moe.router != "softmax" or moe.router_bias or moe.aux_free_bias or moe.groups_per_token
+                            or moe.shared_expert_gate or moe.capacity_factor is not None or moe.routed_scaling != 1.0
+                            or not moe.normalize_top_k):
+        features.append("its router (scoring, bias, groups, gate, scaling or capacity)")
+    if not features:
+        return []
+    return [f"{spec.name}: the exporter does not write {target} arguments for {', '.join(features)} yet"]
 
 
 def _bias_pattern(spec: TransformerSpec) -> str | None:
