@@ -28,7 +28,7 @@ ROW_KEYS = {"id", "source_id", "framework", "framework_detail", "model", "arch",
             "schedule", "micro_batch", "global_batch", "seq", "recompute", "sequence_parallel", "precision",
             "attention", "compile", "offload", "extras", "measured", "measured_memory_gib", "memory_kind",
             "trained", "inferred", "notes"}
-OPTIONAL_ROW_KEYS = {"recompute_detail"}
+OPTIONAL_ROW_KEYS = {"recompute_detail", "hardware_note"}
 SOURCE_KEYS = {"title", "authors_or_owner", "url", "date", "where", "hardware_note", "how_measured"}
 FRAMEWORKS = {"megatron", "torchtitan", "fsdp", "deepspeed"}
 SCHEDULES = {"1f1b", "interleaved-1f1b", "gpipe", "zero-bubble", None}
