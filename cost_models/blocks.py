@@ -252,9 +252,9 @@ MLA_EXTRA_KERNELS = 6.0
 
 def _moe_mla_block(spec: TransformerSpec, precision: str, kernels: str, *, flash: bool, dropout: bool) -> BlockTable:
     """An MoE and/or MLA block: the table of the dense block with the MLP width a token goes through
-    (k f_e + S f_s) and, for MLA, a query/key/value heads of d_qk (their saved q, k, v and output,
-    4 a d_qk, stand for MLA's q, k, kv_b output and output, 2 a d_qk + a (d_nope + d_v) + a d_v:
-    both 768 a for DeepSeek-V3), plus the replicated per-token terms of
+    (k f_e + S f_s) and, for MLA, a query/key/value heads of d_qk, whose saved q, k, v and output,
+    4 a d_qk, are corrected to MLA's q, k, kv_b output and output, 2 a d_qk + a (d_nope + d_v) + a d_v
+    (equal for DeepSeek-V3: both 768 a; not for other head widths), plus the replicated per-token terms of
     moe_mla_bytes_per_token (router, dispatched copies, latents), and the
     dispatch traffic: each routed copy gathered, scattered back and weighted, ~5 h c per copy, and
     the router's fp32 scores written and read (2 x 4 E)."""
@@ -263,11 +263,15 @@ def _moe_mla_block(spec: TransformerSpec, precision: str, kernels: str, *, flash
     base = block_table(dense, precision, kernels, flash=flash, dropout=dropout)
     c = compute_bytes(_torch_precision(precision) if kernels == "torch" else precision)
     rep, _ = moe_mla_bytes_per_token(spec, c)
+    mla_shard = 0.0
+    if spec.mla is not None:  # MLA's saved q, k, kv_b output and output minus the 4 a d_qk standing in
+        m = spec.mla
+        mla_shard = spec.heads * (m.qk_nope_head_dim + 2 * m.v_head_dim - 2 * m.qk_head_dim) * c
     traffic = 0.0
     if spec.moe is not None:
         traffic = spec.moe.top_k * 5 * spec.hidden * c + 8.0 * spec.moe.experts
     launches = MOE_EXTRA_KERNELS * (spec.moe is not None) + MLA_EXTRA_KERNELS * (spec.mla is not None)
-    return BlockTable(saved=base.saved + Terms(rep=float(sum(rep.values()))),
+    return BlockTable(saved=base.saved + Terms(rep=float(sum(rep.values())), shard=mla_shard),
                       saved_full_recompute=base.saved_full_recompute, scores_saved=base.scores_saved,
                       traffic_fwd=base.traffic_fwd + Terms(rep=traffic), scores_traffic_fwd=base.scores_traffic_fwd,
                       kernels_fwd=base.kernels_fwd + launches)

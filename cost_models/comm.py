@@ -265,7 +265,7 @@ def dp_comm_seconds(x, params_rank, last_backward_s, compute_s):
     over a pipeline add their first/last-stage gradient all-reduce after the backward."""
     from cost_models.compute import eff
 
-    s = x.sw.framework.state_bytes[x.precision]
+    s = x.sw.state_bytes(x.precision)
     grad_bytes = params_rank * s.reduce
     group, shard = x.grad_group, x.shard_group
     replicas = group / shard

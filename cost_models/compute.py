@@ -277,6 +277,6 @@ def optimizer_step_seconds(x, params_rank):
     from cost_models.offload import optimizer_offload_seconds
 
     updated = np.where(x.zero >= 1, params_rank / x.shard_group, params_rank)
-    states = x.sw.framework.state_bytes[x.precision]
+    states = x.sw.state_bytes(x.precision)
     on_device = memory_bound_seconds(updated * optimizer_step_bytes_per_param(states, x.optimizer), x.hw)
     return np.where(x.is_offload("optimizer"), optimizer_offload_seconds(updated, states.grad, x.hw), on_device)

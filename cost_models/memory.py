@@ -28,11 +28,12 @@ import numpy as np
 
 
 
-def state_bytes_per_param(framework, precision: str, optimizer: str) -> tuple[float, float, float]:
-    """(params, grads, optimizer states) bytes per parameter: the framework profile's table
-    (frameworks.FrameworkProfile.states; module docstring). The one owner: memory, the stage
-    partitioner and the executor's host check all call this."""
-    return framework.states(precision, optimizer)
+def state_bytes_per_param(software, precision: str, optimizer: str) -> tuple[float, float, float]:
+    """(params, grads, optimizer states) bytes per parameter: the framework profile's table with the
+    run's gradient dtype (cost_models.step.Software.states, frameworks.FrameworkProfile.states; module
+    docstring). The one owner: memory, the stage partitioner, offload and goodput call this. Takes a
+    Software or a bare FrameworkProfile (its defaults)."""
+    return software.states(precision, optimizer)
 
 
 def zero_sharded(bytes_, dp, zero, from_stage: int):
@@ -142,14 +143,14 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     dp = x.shard_group          # ZeRO shards over dp x cp, or the hybrid shard group
     is_first, is_last = np.asarray(rank) == 0, np.asarray(rank) == x.pp - 1
     n_params = P.rank_params(spec, tp, n_blocks, is_first, is_last)
-    pb, gb, ob = state_bytes_per_param(fw, x.precision, x.optimizer)
+    pb, gb, ob = state_bytes_per_param(x.sw, x.precision, x.optimizer)
     inflight = inflight_microbatches(x.schedule, x.pp, x.m, x.v, rank, SCHEDULES)
     held = inflight * (n_blocks * acts.block + np.where(is_first, acts.embedding, 0.0)) \
         + np.where(is_last, acts.head_inflight * acts.head, 0.0)
     kept = 2 * acts.block_no_recompute + np.where(is_last, acts.head, 0.0)
     held = np.where(x.is_offload("activations"), np.maximum(np.minimum(held, kept), held - host_room), held)
     block_p = P.block_params(spec) / tp
-    gather_bytes = fw.state_bytes[x.precision].gather     # FSDP gathers the 16-bit copy (param_dtype)
+    gather_bytes = x.sw.state_bytes(x.precision).gather     # FSDP gathers the 16-bit copy (param_dtype)
     zero3_live = np.where(zero >= 3, np.minimum(2.0, n_blocks) * block_p * gather_bytes * (1.0 - 1.0 / dp), 0.0)
     # FP8 recipes that keep FP8 copies of the linear weights for the step (frameworks: fp8_weight_cache_bytes)
     fp8_copies = (n_blocks * P.block_matmul_weights(spec) / tp * fw.fp8_weight_cache_bytes) if x.precision == "fp8" else 0.0

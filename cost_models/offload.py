@@ -58,6 +58,6 @@ def host_room_bytes(x, params_rank):
     sharded from ZeRO-1)."""
     from cost_models.memory import state_bytes_per_param, zero_sharded
 
-    _, _, ob = state_bytes_per_param(x.sw.framework, x.precision, x.optimizer)
+    _, _, ob = state_bytes_per_param(x.sw, x.precision, x.optimizer)
     host_opt = np.where(x.is_offload("optimizer"), zero_sharded(params_rank * (ob + 4.0), x.shard_group, x.zero, 1), 0.0)
     return np.maximum(0.0, host_memory_bytes_per_node(x.hw) / x.hw.devices_per_node - host_opt)

@@ -32,13 +32,32 @@ class Software:
     overlap_grad_reduce: bool
     """Data-parallel reduction overlapped with the backward (the framework's default unless a run
     says otherwise, e.g. Megatron-LM 2021-22's local DDP)."""
+    grad_reduce_dtype: str | None = None
+    """'bf16' or 'fp32': the dtype gradients are kept and reduced in, when a run sets it (NVIDIA's NeMo 1.x
+    recipes with Apex's distributed fused Adam: bf16; Megatron-LM's default for bf16: fp32); None: the
+    framework profile's state_bytes."""
 
     @classmethod
     def of(cls, framework: FrameworkProfile, *, attention: str | None = None, dropout: bool = False,
-           overlap_grad_reduce: bool | None = None) -> "Software":
+           overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None) -> "Software":
         return cls(framework=framework, attention=attention or framework.attention, dropout=bool(dropout),
                    overlap_grad_reduce=framework.overlap_grad_reduce if overlap_grad_reduce is None
-                   else bool(overlap_grad_reduce))
+                   else bool(overlap_grad_reduce), grad_reduce_dtype=grad_reduce_dtype)
+
+    def state_bytes(self, precision: str):
+        """The framework's bytes per parameter for `precision` (frameworks.StateBytes) with the run's
+        gradient dtype applied to the kept and the reduced gradients."""
+        from dataclasses import replace
+
+        s = self.framework.state_bytes[precision]
+        if self.grad_reduce_dtype is None:
+            return s
+        b = {"bf16": 2.0, "fp32": 4.0}[self.grad_reduce_dtype]
+        return replace(s, grad=b, reduce=b)
+
+    def states(self, precision: str, optimizer: str) -> tuple[float, float, float]:
+        """(params, grads, optimizer) bytes per parameter (cost_models.memory.state_bytes_per_param)."""
+        return self.framework.states(precision, optimizer, grad_bytes=self.state_bytes(precision).grad)
 
     def kernel(self, precision: str, spec: TransformerSpec) -> str:
         """The attention kernel that actually runs (attention_kernel)."""

@@ -110,12 +110,13 @@ class FrameworkProfile:
     capabilities: Capabilities
     sources: Mapping[str, str] = field(default_factory=dict)
 
-    def states(self, precision: str, optimizer: str) -> tuple[float, float, float]:
+    def states(self, precision: str, optimizer: str, grad_bytes: float | None = None) -> tuple[float, float, float]:
         """(params, grads, optimizer) bytes per parameter: optimizer = master + states, two states for
-        AdamW and one for SGD with momentum (cost_models.memory.state_bytes_per_param)."""
+        AdamW and one for SGD with momentum (cost_models.memory.state_bytes_per_param); `grad_bytes`
+        overrides the gradient dtype (a run's grad_reduce_dtype)."""
         s = self.state_bytes[precision]
         n_states = 2.0 if optimizer == "adamw" else 1.0
-        return s.param, s.grad, s.master + n_states * s.state
+        return s.param, s.grad if grad_bytes is None else grad_bytes, s.master + n_states * s.state
 
 
 def load_framework(name_or_path: str) -> FrameworkProfile:

@@ -503,6 +503,10 @@ def link_GBps(fits: dict) -> float:
     return fits["collectives"]["p2p"].busbw_GBps
 
 
+MIN_BANDWIDTH_SHARE = 0.05  # below this the beta term is <5% of the largest message's time
+MAX_BUS_RATIO = 16.0  # the efficiency table's ceiling for *_bus_efficiency
+
+
 def efficiency_from_fits(fits: dict, gemm_peaks: dict[str, float]) -> dict[str, float]:
     """The cost models' `efficiency` keys (docs/cost-model.md) that a calibration measures.
 
@@ -514,8 +518,16 @@ def efficiency_from_fits(fits: dict, gemm_peaks: dict[str, float]) -> dict[str, 
       t = F / (peak e_max) + t0 is then exactly the fitted t = t0 + F / R.
     """
     link = link_GBps(fits)
-    out = {f"{c}_bus_efficiency": float(f'{fits["collectives"][c].busbw_GBps / link:.4g}')
-           for c in ("allreduce", "allgather", "reducescatter") if c in fits["collectives"]}
+    out = {}
+    for c in ("allreduce", "allgather", "reducescatter"):
+        fit = fits["collectives"].get(c)
+        # A fit whose largest message is still latency-bound (loaded host, tiny --quick sizes) has
+        # not seen the bandwidth: its ratio would be noise, so the profile keeps its previous value.
+        if fit is None or fit.bandwidth_share_at_max < MIN_BANDWIDTH_SHARE:
+            continue
+        ratio = fit.busbw_GBps / link
+        if 0 < ratio <= MAX_BUS_RATIO:
+            out[f"{c}_bus_efficiency"] = float(f"{ratio:.4g}")
     gemm = fits["gemm"]
     if "fp32" in gemm:
         out["gemm_efficiency_max_fp32"] = round(min(1.0, gemm["fp32"].rate_tflops / gemm_peaks["fp32"]), 4)

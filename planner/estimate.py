@@ -116,7 +116,8 @@ class Estimate:
                          "memory_bytes": int(self.hardware.memory_bytes)},
             "plan": plan,
             "software": {"framework": sw.framework.name, "kernels": sw.framework.kernels, "attention": sw.attention,
-                         "dropout": sw.dropout, "overlap_grad_reduce": sw.overlap_grad_reduce},
+                         "dropout": sw.dropout, "overlap_grad_reduce": sw.overlap_grad_reduce,
+                         "grad_reduce_bytes": sw.state_bytes(cfg.precision).reduce},
             "prediction": {
                 "step_time_s": self.step_time_s,
                 "samples_per_s": cfg.global_batch / self.step_time_s,
@@ -166,18 +167,21 @@ def candidate_of(cfg: ParallelConfig, blocks: int) -> CandidateArrays:
 
 
 def software_for(framework: str | FrameworkProfile, *, attention: str | None = None, dropout: bool | None = None,
-                 overlap_grad_reduce: bool | None = None) -> Software:
+                 overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None) -> Software:
     """The run's software: the framework profile (by name or record) with the attention kernel, dropout and
     gradient-reduction overlap a run may set (None: the framework's default)."""
     fw = framework if isinstance(framework, FrameworkProfile) else load_framework(framework)
     if attention is not None and attention not in ATTENTION_KERNELS:
         raise ConfigError("attention", attention, "one of " + ", ".join(ATTENTION_KERNELS))
-    return Software.of(fw, attention=attention, dropout=bool(dropout), overlap_grad_reduce=overlap_grad_reduce)
+    if grad_reduce_dtype is not None and grad_reduce_dtype not in ("bf16", "fp32"):
+        raise ConfigError("grad_reduce_dtype", grad_reduce_dtype, "bf16 or fp32")
+    return Software.of(fw, attention=attention, dropout=bool(dropout), overlap_grad_reduce=overlap_grad_reduce,
+                       grad_reduce_dtype=grad_reduce_dtype)
 
 
 def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int, attention: str | None = None,
              dropout: bool | None = None, overlap_grad_reduce: bool | None = None,
-             check_framework: bool = True) -> Estimate:
+             grad_reduce_dtype: str | None = None, check_framework: bool = True) -> Estimate:
     """Validate `cfg` for `model` on `gpus` devices of `hw` and predict its step time and memory on the
     framework `cfg.framework` names (frameworks/*.json).
 
@@ -201,7 +205,7 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
         from planner.sources import transformer_spec
         model = transformer_spec(model)
     software = software_for(cfg.framework, attention=attention, dropout=dropout,
-                            overlap_grad_reduce=overlap_grad_reduce)
+                            overlap_grad_reduce=overlap_grad_reduce, grad_reduce_dtype=grad_reduce_dtype)
     not_costed = [f"{name}={getattr(cfg, name)}" for name, off in (("ep", 1), ("expert_tp", 1))
                   if getattr(cfg, name) != off]
     if not_costed:

@@ -169,7 +169,10 @@ def explain_document(doc: Mapping[str, Any]) -> Explanation:
 def _software_options(doc: Mapping[str, Any]) -> dict:
     """The kernel choices the plan was costed with (its `software` block), for a comparable search."""
     sw = doc.get("software") or {}
-    return {k: sw[k] for k in ("attention", "dropout", "overlap_grad_reduce") if k in sw}
+    out = {k: sw[k] for k in ("attention", "dropout", "overlap_grad_reduce") if k in sw}
+    if sw.get("grad_reduce_bytes") in (2, 4):
+        out["grad_reduce_dtype"] = {2: "bf16", 4: "fp32"}[sw["grad_reduce_bytes"]]
+    return out
 
 
 def research(doc: Mapping[str, Any], *, top: int = 4) -> dict:

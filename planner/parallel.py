@@ -210,6 +210,11 @@ class ParallelConfig:
         return d
 
 
+def default_placement(cp: int = 1, ep: int = 1) -> str:
+    """DPT, with C just before T when cp > 1 and E just outside C (or T) when ep > 1: DPECT."""
+    return "DP" + ("E" if ep > 1 else "") + ("C" if cp > 1 else "") + "T"
+
+
 def check_placement(placement: str, *, cp: int = 1, ep: int = 1) -> None:
     """A placement is D, P and T in some order plus C (needed when cp > 1) and E (needed when ep > 1),
     each letter once: the order of the mesh axes from outermost to innermost."""

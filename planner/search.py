@@ -484,7 +484,7 @@ def stage_problem(model, cfg: ParallelConfig, software=None):
     block_work = (F.block_flops_fwd(model, b, s) + F.block_flops_bwd(model, b, s)
                   + F.block_recompute_flops(model, b, s, cfg.recompute)) / tp
     head_work = 3 * F.head_flops_fwd(model, b, s) / tp
-    pb, gb, ob = state_bytes_per_param(sw.framework, cfg.precision, cfg.optimizer)
+    pb, gb, ob = state_bytes_per_param(sw, cfg.precision, cfg.optimizer)
     dp = cfg.shard_group
     shard = (pb / (dp if cfg.zero >= 3 else 1)) + (gb / (dp if cfg.zero >= 2 else 1)) + (ob / (dp if cfg.zero >= 1 else 1))
     block_static = P.block_params(model) / tp * shard
@@ -608,7 +608,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
               tokens: float | None = None, space: SearchSpace = SearchSpace(), refine: int = REFINE_TOP,
               progress: Callable[[int, int], None] | None = None, score_fn=None, estimate_fn=None,
               framework: str = "megatron", attention: str | None = None, dropout: bool | None = None,
-              overlap_grad_reduce: bool | None = None, reliability=None) -> Recommendation:
+              overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None, reliability=None) -> Recommendation:
     """Search the parallel strategies of `model` on `gpus` devices of `hardware` and rank them.
 
     `model` is a MODEL argument (catalog name, config.json, factory) or a resolved spec; `hardware`
@@ -629,7 +629,8 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     model, hardware, world, n_nodes = _resolve(model, hardware, gpus, nodes, seq)
     from planner.estimate import software_for
 
-    software = software_for(framework, attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce)
+    software = software_for(framework, attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce,
+                            grad_reduce_dtype=grad_reduce_dtype)
     precision = resolve_precision(hardware, precision)    # None: bf16 mixed precision where the device has bf16
     ParallelConfig(precision=precision, optimizer=optimizer, framework=software.framework.name)  # validates them
     from frameworks.rules import violations
@@ -658,8 +659,8 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
 
     kw = dict(global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
               framework=software.framework.name)
-    opts = {k: v for k, v in dict(attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce).items()
-            if v is not None}
+    opts = {k: v for k, v in dict(attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce,
+                                  grad_reduce_dtype=grad_reduce_dtype).items() if v is not None}
     leaders = [config_of(scored.arrays, int(i), **kw) for i in order[:max(top, refine) + 1]]
     documents, refined = [], 0
     for position, cfg in enumerate(leaders):

@@ -8,7 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from hardware_profiles import load_profile
-from planner.calibrate import (bus_factor, collective_seconds, fit_alpha_beta, fit_gemm, ring_steps)
+from planner.calibrate import (bus_factor, collective_seconds, efficiency_from_fits, fit_alpha_beta, fit_gemm,
+                               ring_steps)
 from planner.cli import app
 
 runner = CliRunner()
@@ -128,3 +129,14 @@ def test_profile_written_by_calibrate_makes_the_cost_model_reproduce_the_fits():
     n = 1024
     assert float(gemm_seconds(n, n, n, hw=hw, precision="fp32")) == pytest.approx(70e-6 + 2.0 * n ** 3 / 4e9,
                                                                                     rel=1e-3)
+
+
+def test_latency_bound_fit_does_not_overwrite_a_bus_efficiency():
+    sizes = np.array([64.0, 128.0, 256.0])
+    flat = fit_alpha_beta("reducescatter", 2, sizes, np.full(3, 1e-3))
+    p2p = fit_alpha_beta("p2p", 2, np.array([1e3, 1e5, 1e7]), 1e-5 + np.array([1e3, 1e5, 1e7]) / 1e9)
+    seen = fit_alpha_beta("allreduce", 2, np.array([1e3, 1e5, 1e7]), 1e-5 + np.array([1e3, 1e5, 1e7]) / 1e9)
+    eff = efficiency_from_fits({"collectives": {"p2p": p2p, "reducescatter": flat, "allreduce": seen},
+                                "gemm": {}}, {})
+    assert "reducescatter_bus_efficiency" not in eff
+    assert 0 < eff["allreduce_bus_efficiency"] <= 16

@@ -36,7 +36,7 @@ def test_every_key_is_read_by_the_cost_models():
 
 def test_every_key_calibrate_writes_is_in_the_table():
     class Fit:
-        busbw_GBps, rate_tflops, overhead_us = 10.0, 1.0, 5.0
+        busbw_GBps, rate_tflops, overhead_us, bandwidth_share_at_max = 10.0, 1.0, 5.0, 1.0
     fits = {"collectives": {c: Fit() for c in ("p2p", "allreduce", "allgather", "reducescatter")},
             "gemm": {"fp32": Fit(), "bf16": Fit()}}
     written = set(efficiency_from_fits(fits, {"fp32": 2.0, "bf16": 4.0})) | {"shared_cores_speedup"}

@@ -79,7 +79,10 @@ def test_megatron_layout_string():
 
 
 def test_checkpoint_interval_becomes_steps():
-    plan = plan_for("llama-hsdp-cp-fp8")
+    from planner.exports.retarget import retarget
+
+    plan, _ = retarget(plan_for("llama-hsdp-cp-fp8"), "torchtitan")     # re-estimated on torchtitan
+    assert plan.document["plan"]["checkpoint_interval_s"] == 1800.0
     steps = max(1, round(1800.0 / plan.prediction.step_time_s))
     assert f"config.checkpoint.interval = {steps} " in export_plan(plan, "torchtitan").text
 

@@ -44,6 +44,9 @@ AttentionOpt = Annotated[Optional[str], typer.Option(
     "--attention", help="Attention kernel: flash, sdpa or unfused (default: the model's config, else the framework's).")]
 DropoutOpt = Annotated[Optional[bool], typer.Option(
     "--dropout/--no-dropout", help="Dropout layers active (default: the model's config, else off).")]
+GradReduceOpt = Annotated[Optional[str], typer.Option(
+    "--grad-reduce-dtype", help="Dtype gradients are kept and reduced in: bf16 (NVIDIA's NeMo recipes with distributed "
+                                "fused Adam) or fp32 (default: the framework's).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document to stdout and nothing else there.")]
 PlanArg = Annotated[Path, typer.Argument(help="A plan JSON file written by `recommend --out` or `estimate --json`.")]
 

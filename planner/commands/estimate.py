@@ -12,9 +12,11 @@ from typing import Annotated, Optional
 import typer
 
 from planner.commands.common import (MAX_WORLD_SIZE, AttentionOpt, DropoutOpt, FrameworkOpt, GlobalBatchOpt, GpusOpt,
+                                     GradReduceOpt,
                                      HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
                                      NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json)
 from planner.errors import ConfigError
+from planner.parallel import default_placement
 from planner.io import check_finite
 
 DegreeOpt = lambda flag, what: Annotated[int, typer.Option(flag, min=1, max=MAX_WORLD_SIZE, help=what)]  # noqa: E731
@@ -25,7 +27,13 @@ ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3, help="ZeRO stage 0
 RecomputeOpt = Annotated[str, typer.Option("--recompute", help="none, selective or full.")]
 OffloadOpt = Annotated[str, typer.Option("--offload", help="none, optimizer or activations.")]
 SpOpt = Annotated[bool, typer.Option("--sequence-parallel", help="Megatron sequence parallelism over the tp group.")]
-PlacementOpt = Annotated[str, typer.Option("--placement", help="Order of D, P, T; the right-most letter gets adjacent ranks.")]
+PlacementOpt = Annotated[Optional[str], typer.Option(
+    "--placement", help="Order of the axes D, P, T (and C, E when used), outermost first; the right-most letter gets "
+                        "adjacent ranks (default DPT, with C just before T when cp > 1).")]
+CpCommOpt = Annotated[str, typer.Option("--cp-comm", help="Context-parallel key/value exchange: p2p (ring), "
+                                      "all_gather or a2a (Ulysses).")]
+DpShardOpt = Annotated[int, typer.Option("--dp-shard", min=0, max=MAX_WORLD_SIZE,
+                                         help="ZeRO/FSDP shard group (hybrid sharding when < dp); 0: all dp ranks.")]
 StagesOpt = Annotated[Optional[str], typer.Option(
     "--stages", help="Blocks per pipeline stage, comma-separated (pp x virtual-stages entries); default even.")]
 
@@ -65,12 +73,18 @@ def default_global_batch(gpus: int, seq: int, per_step: int) -> int:
 
 def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes: NodesOpt = None,
              dp: DegreeOpt("--dp", "Data-parallel degree.") = 1, tp: DegreeOpt("--tp", "Tensor-parallel degree.") = 1,
-             pp: DegreeOpt("--pp", "Pipeline-parallel degree.") = 1, micro_batch: MicroBatchOpt = None,
+             pp: DegreeOpt("--pp", "Pipeline-parallel degree.") = 1,
+             cp: DegreeOpt("--cp", "Context-parallel degree (each sequence split over cp ranks).") = 1,
+             cp_comm: CpCommOpt = "p2p", dp_shard: DpShardOpt = 0,
+             ep: DegreeOpt("--ep", "Expert-parallel degree (mixture-of-experts).") = 1,
+             expert_tp: DegreeOpt("--expert-tp", "Tensor parallelism inside each expert.") = 1,
+             micro_batch: MicroBatchOpt = None,
              global_batch: GlobalBatchOpt = None, seq: SeqOpt = None, schedule: ScheduleOpt = None,
              virtual_stages: VirtualOpt = 1, zero: ZeroOpt = 0, recompute: RecomputeOpt = "none",
-             offload: OffloadOpt = "none", sequence_parallel: SpOpt = False, placement: PlacementOpt = "DPT",
+             offload: OffloadOpt = "none", sequence_parallel: SpOpt = False, placement: PlacementOpt = None,
              precision: HwPrecisionOpt = None, optimizer: OptimizerOpt = "adamw", framework: FrameworkOpt = "megatron",
-             attention: AttentionOpt = None, dropout: DropoutOpt = None, stages: StagesOpt = None,
+             attention: AttentionOpt = None, dropout: DropoutOpt = None, grad_reduce_dtype: GradReduceOpt = None,
+             stages: StagesOpt = None,
              json: JsonOpt = False) -> None:
     """Predict step time and peak memory of one parallel configuration."""
     from hardware_profiles import load_profile
@@ -88,9 +102,11 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
     cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=b, global_batch=g,
                          schedule=schedule or ("interleaved-1f1b" if virtual_stages > 1 else "1f1b"),
                          virtual_stages=virtual_stages, zero=zero, recompute=recompute, offload=offload,
-                         sequence_parallel=sequence_parallel, placement=placement, precision=precision,
-                         optimizer=optimizer, seq=s, stages=parse_stages(stages), framework=framework)
-    est = run_estimate(spec, hw, cfg, gpus=n, attention=attention, dropout=dropout)
+                         sequence_parallel=sequence_parallel, placement=placement or default_placement(cp, ep),
+                         precision=precision,
+                         optimizer=optimizer, seq=s, stages=parse_stages(stages), framework=framework, cp=cp,
+                         cp_comm=cp_comm, dp_shard=dp_shard, ep=ep, expert_tp=expert_tp)
+    est = run_estimate(spec, hw, cfg, gpus=n, attention=attention, dropout=dropout, grad_reduce_dtype=grad_reduce_dtype)
     document = est.to_document()
     if json:
         emit_json(document)

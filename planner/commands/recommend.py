@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, GlobalBatchOpt, GpusOpt, HardwareOpt, HwPrecisionOpt, JsonOpt, MAX_TOKENS, ModelArg, NodesOpt, OptimizerOpt, SeqOpt)
+from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, GradReduceOpt, GlobalBatchOpt, GpusOpt, HardwareOpt, HwPrecisionOpt, JsonOpt, MAX_TOKENS, ModelArg, NodesOpt, OptimizerOpt, SeqOpt)
 from planner.errors import ConfigError
 
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help="throughput (least step time), cost (least $ per "
@@ -84,7 +84,8 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
               optimizer: OptimizerOpt = "adamw", objective: ObjectiveOpt = "throughput", top: TopOpt = 5,
               out: OutOpt = None, json_out: JsonOpt = False, spot: SpotOpt = False, price_per_hour: PriceOpt = None,
               tokens: TokensOpt = None, csv: CsvOpt = None, framework: FrameworkOpt = "megatron",
-              attention: AttentionOpt = None, dropout: DropoutOpt = None, mtbf_gpu_hours: MtbfGpuOpt = None,
+              attention: AttentionOpt = None, dropout: DropoutOpt = None, grad_reduce_dtype: GradReduceOpt = None,
+              mtbf_gpu_hours: MtbfGpuOpt = None,
               mtbf_node_hours: MtbfNodeOpt = None, restart_s: RestartOpt = None, storage: StorageOpt = None,
               checkpoint: CheckpointOpt = None, spot_interruptions_per_node_hour: SpotRateOpt = None) -> None:
     """Search every parallel strategy, rank by the objective and print the top plans."""
@@ -107,7 +108,8 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
         rec = search(model, hardware, gpus=gpus, nodes=nodes, global_batch=global_batch, seq=seq,
                      precision=precision, optimizer=optimizer, objective=objective, top=top, spot=spot,
                      price_per_hour=price_per_hour, tokens=token_count, progress=progress.update,
-                     framework=framework, attention=attention, dropout=dropout, reliability=reliability)
+                     framework=framework, attention=attention, dropout=dropout, grad_reduce_dtype=grad_reduce_dtype,
+                     reliability=reliability)
     hw_doc = rec.best["hardware"]
     note = batch_note(rec.best["plan"]["global_batch"], hw_doc["gpus"], hw_doc.get("devices_per_node", 8))
     if note:

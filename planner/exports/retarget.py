@@ -87,6 +87,8 @@ def retarget(plan, fmt: str):
         for key in ("alternatives", "search"):
             if key in plan.document:
                 document[key] = plan.document[key]
+        if "checkpoint_interval_s" in plan.document["plan"]:       # a wall-clock interval: it carries over
+            document["plan"]["checkpoint_interval_s"] = plan.document["plan"]["checkpoint_interval_s"]
         old = plan.prediction
         notes.append(f"on {name} the cost model predicts {est.step_time_s:.3f} s/step (plan: {old.step_time_s:.3f} s on "
                      f"{plan.config.framework}), peak {est.peak_bytes_per_gpu / 2**30:.1f} GiB per GPU"

@@ -1,0 +1,138 @@
+"""Published training runs (validation/published/*.json, format in validation/published/FORMAT.md) as
+planner inputs: the model, the hardware profile, the parallel configuration and the software each row
+ran, and its measured step time. One place turns a row into what `estimate` takes, for every benchmark
+and test that predicts published runs (benchmarks/accuracy_frameworks.py, benchmarks/calibrate_frameworks.py).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PUBLISHED = ROOT / "validation" / "published"
+CLUSTERS = ROOT / "validation" / "hardware" / "clusters"
+STACK_FILES = ("megatron", "torchtitan", "fsdp", "deepspeed")
+"""The per-stack collections (dense models); features.json holds CP / FP8 / HSDP runs, moe.json MoE runs."""
+
+ATTENTION = {"cudnn": "fused", "flash": None, "sdpa": "sdpa", "unfused": "unfused", None: None}
+"""A row's `attention` in the framework's vocabulary (None: the framework's default kernel)."""
+ARCH_KEYS = ("model_type", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "position",
+             "gated_mlp", "activation", "norm", "tied_embeddings", "qkv_bias", "out_bias", "mlp_bias")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Case:
+    """One published row, ready to predict."""
+
+    row: dict
+    file: str
+    spec: object
+    hardware: object
+    config: object
+    options: dict
+    """attention, dropout, overlap_grad_reduce for estimate() (None: the framework's default)."""
+    measured_s: float | None
+    """The published step time (from iteration time, or global tokens / tokens per second)."""
+
+    @property
+    def id(self) -> str:
+        return self.row["id"]
+
+    @property
+    def source(self) -> str:
+        return self.row["source_id"]
+
+    @property
+    def framework(self) -> str:
+        return self.row["framework"]
+
+
+@lru_cache(maxsize=None)
+def hardware(name: str):
+    """A shipped profile by name, else a validation cluster (validation/hardware/clusters/<name>.json)."""
+    from hardware_profiles import available_profiles, load_profile
+
+    if name in available_profiles():
+        return load_profile(name)
+    return load_profile(str(CLUSTERS / f"{name}.json"))
+
+
+def spec_of(row: dict):
+    """The row's model: a catalog name, or its `arch` (TransformerSpec fields), at the row's sequence."""
+    from planner.catalog import get
+    from planner.spec import TransformerSpec
+
+    seq = row["seq"]
+    if row.get("model"):
+        spec = get(row["model"])
+        spec = spec.with_(seq=seq, max_positions=max(spec.max_positions, seq) if spec.position == "learned" else 0)
+        return spec.with_(**{k: v for k, v in (row.get("arch") or {}).items() if k in ARCH_KEYS})
+    arch = {k: v for k, v in row["arch"].items() if k in ARCH_KEYS and v is not None}
+    arch.setdefault("kv_heads", 0)
+    if arch.get("position", "learned") == "learned":
+        arch["max_positions"] = seq
+    return TransformerSpec(name=row["id"], seq=seq, **arch)
+
+
+def config_of(row: dict):
+    """The row's ParallelConfig: its degrees, batch, schedule, ZeRO (and shard group), recompute,
+    sequence parallelism, precision and framework; a placement the framework builds."""
+    from frameworks import load_framework
+    from planner.parallel import ParallelConfig
+
+    fw = load_framework(row["framework"])
+    v = row.get("virtual_stages") or 1
+    schedule = row.get("schedule") or ("interleaved-1f1b" if v > 1 else "1f1b")
+    if row["pp"] == 1:
+        schedule = "1f1b"
+    dp, cp, ep = row["dp"], row.get("cp") or 1, row.get("ep") or 1
+    shard = row.get("dp_shard") or dp
+    placement = fw.capabilities.placements[0] if fw.capabilities.placements else "DPT"
+    placement = "".join(a for a in placement if a in "DPT" or (a == "C" and cp > 1) or (a == "E" and ep > 1))
+    offload = {"params": "optimizer"}.get(row.get("offload") or "none", row.get("offload") or "none")
+    cp_comm = (row.get("extras") or {}).get("cp_comm") or ((fw.capabilities.cp_comm or ("p2p",))[0])
+    return ParallelConfig(dp=dp, tp=row["tp"], pp=row["pp"], cp=cp, ep=ep, expert_tp=row.get("expert_tp") or 1,
+                          dp_shard=0 if shard == dp else shard, zero=row.get("zero") or 0,
+                          micro_batch=row["micro_batch"], global_batch=row["global_batch"], schedule=schedule,
+                          virtual_stages=v, recompute=row.get("recompute") or "none",
+                          sequence_parallel=bool(row.get("sequence_parallel")) and row["tp"] > 1,
+                          precision=row["precision"], offload=offload, placement=placement, seq=row["seq"],
+                          framework=row["framework"], cp_comm=cp_comm)
+
+
+def options_of(row: dict) -> dict:
+    extras = row.get("extras") or {}
+    out = {"attention": ATTENTION.get(row.get("attention")), "dropout": bool(extras.get("dropout", False))}
+    if "overlap_grad_reduce" in extras:
+        out["overlap_grad_reduce"] = bool(extras["overlap_grad_reduce"])
+    if extras.get("grad_reduce_dtype") in ("bf16", "fp32"):
+        out["grad_reduce_dtype"] = extras["grad_reduce_dtype"]
+    return out
+
+
+def measured_step_s(row: dict) -> float | None:
+    """Seconds per optimizer step as published: the iteration time, else global batch x seq over the
+    token rate (per GPU x GPUs, or global). None when the row gives neither (TFLOP/s-only rows)."""
+    m = row.get("measured") or {}
+    tokens = row["global_batch"] * row["seq"]
+    if m.get("iteration_time_s"):
+        return float(m["iteration_time_s"])
+    if m.get("tokens_per_s_per_gpu"):
+        return tokens / (float(m["tokens_per_s_per_gpu"]) * row["gpus"])
+    if m.get("tokens_per_s"):
+        return tokens / float(m["tokens_per_s"])
+    return None
+
+
+def load(files=STACK_FILES) -> list[Case]:
+    """Every trained row of the named collections (documented OOM rows are kept with measured_s None)."""
+    cases = []
+    for name in files:
+        data = json.loads((PUBLISHED / f"{name}.json").read_text())
+        for row in data["runs"]:
+            cases.append(Case(row=row, file=name, spec=spec_of(row), hardware=hardware(row["hardware"]),
+                              config=config_of(row), options=options_of(row),
+                              measured_s=measured_step_s(row) if row.get("trained", True) else None))
+    return cases
