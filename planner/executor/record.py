@@ -1,0 +1,133 @@
+"""What a run records for `--verify` (worker side) and how the parent reads it back.
+
+Per step, after the gradients are final (reduced, sharded) and before the optimizer uses them, every
+parameter's full gradient (DTensor shards gathered; a collective over the parameter's mesh) is kept
+by the rank that keeps that stage's parameters (dp 0, tp 0): in WORKDIR/verify-grads-STEP-rRANK.pt,
+or, without a work directory (torchrun), in the result gathered on rank 0. After the step a fixed
+sample of each parameter's elements (`sample_indices`) is kept, and the same before the first step,
+so verify.py can tell a wrong start, a wrong gradient and a wrong update apart. A resumed run also
+keeps the full parameters and optimizer state it resumed from (the replay starts there).
+"""
+from __future__ import annotations
+
+import os
+import zlib
+from pathlib import Path
+
+import torch
+
+SAMPLES_PER_TENSOR = 4096
+"""Elements of each parameter whose values are recorded after every step (all of a smaller one)."""
+
+
+def sample_indices(name: str, numel: int, k: int = SAMPLES_PER_TENSOR) -> torch.Tensor:
+    """The flat indices of `name`'s recorded elements: a fixed pseudo-random choice (seeded by the
+    name's CRC-32), the same in every process."""
+    if numel <= k:
+        return torch.arange(numel)
+    gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    return torch.randint(0, numel, (k,), generator=gen)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (collective over its mesh), or the tensor itself; fp32 on the CPU."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        t = t.full_tensor()
+    return t.detach().float().cpu()
+
+
+def save_atomic(obj, path: Path) -> None:
+    """torch.save to a temporary name, then rename: a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+class Recorder:
+    """One rank's records. Every method is collective over the ranks that share a stage (each
+    gathers DTensors in the same parameter order); only `keep` ranks store anything."""
+
+    def __init__(self, workdir: str | None, rank: int, keep: bool, name_of):
+        self.workdir = Path(workdir) if workdir else None
+        self.rank, self.keep, self.name_of = rank, keep, name_of
+        self.samples: dict[int, dict] = {}
+        """Step -> name -> sampled values after that step; step -1: before the first step."""
+        self.grads: dict[int, dict] = {}
+        """Step -> name -> full gradient, when there is no work directory."""
+        self.start_state: dict | None = None
+
+    def _named(self, parts):
+        for _, module in parts:
+            for name, p in module.named_parameters():
+                yield self.name_of(name), p
+
+    def params(self, step: int, parts) -> None:
+        """Sampled parameter values after `step` (-1: before the first)."""
+        out = {}
+        for name, p in self._named(parts):
+            full = full_tensor(p)
+            if self.keep:
+                out[name] = full.reshape(-1)[sample_indices(name, full.numel())].clone()
+        if self.keep:
+            self.samples[step] = out
+
+    def gradients(self, step: int, parts) -> None:
+        """Every parameter's full gradient as the optimizer is about to use it."""
+        out = {}
+        for name, p in self._named(parts):
+            grad = full_tensor(p.grad) if p.grad is not None else None
+            if self.keep:
+                out[name] = grad if grad is not None else torch.zeros(p.shape)
+        if not self.keep:
+            return
+        if self.workdir is not None:
+            save_atomic(out, self.workdir / f"verify-grads-{step}-r{self.rank}.pt")
+        else:
+            self.grads[step] = out
+
+    def resumed_state(self, parts, optimizers) -> None:
+        """Full parameters and optimizer state at the resumed step (the replay's starting point)."""
+        params, state = {}, {}
+        for (_, module), optimizer in zip(parts, optimizers):
+            for name, p in module.named_parameters():
+                clean = self.name_of(name)
+                params[clean] = full_tensor(p)
+                saved = {}
+                for key, value in sorted(optimizer.state.get(p, {}).items()):
+                    saved[key] = full_tensor(value) if torch.is_tensor(value) and value.dim() else value
+                state[clean] = saved
+        if self.keep:
+            self.start_state = {"params": params, "state": state}
+
+    def result(self) -> dict:
+        return {"samples": self.samples, "grads": self.grads, "start_state": self.start_state}
+
+
+def load_gradients(step: int, ranks: list[dict], workdir: str | Path | None) -> dict:
+    """The run's full gradients of `step`, merged over the stages (files, or the gathered results)."""
+    out: dict = {}
+    for r in ranks:
+        out.update(((r.get("verify") or {}).get("grads") or {}).get(step, {}))
+    if workdir is not None:
+        for path in sorted(Path(workdir).glob(f"verify-grads-{step}-r*.pt")):
+            out.update(torch.load(path, weights_only=True))
+    return out
+
+
+def merged(ranks: list[dict], key: str) -> dict:
+    """Merge a per-rank record (samples by step, or the resumed state) over the stages."""
+    if key == "samples":
+        out: dict = {}
+        for r in ranks:
+            for step, values in ((r.get("verify") or {}).get("samples") or {}).items():
+                out.setdefault(step, {}).update(values)
+        return out
+    params, state = {}, {}
+    for r in ranks:
+        start = (r.get("verify") or {}).get("start_state")
+        if start:
+            params.update(start["params"])
+            state.update(start["state"])
+    return {"params": params, "state": state} if params else {}
