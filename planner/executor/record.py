@@ -1,12 +1,13 @@
 """What a run records for `--verify` (worker side) and how the parent reads it back.
 
 Per step, after the gradients are final (reduced, sharded) and before the optimizer uses them, every
-parameter's full gradient (DTensor shards gathered; a collective over the parameter's mesh) is kept
-by the rank that keeps that stage's parameters (dp 0, tp 0): in WORKDIR/verify-grads-STEP-rRANK.pt,
-or, without a work directory (torchrun), in the result gathered on rank 0. After the step a fixed
-sample of each parameter's elements (`sample_indices`) is kept, and the same before the first step,
-so verify.py can tell a wrong start, a wrong gradient and a wrong update apart. A resumed run also
-keeps the full parameters and optimizer state it resumed from (the replay starts there).
+parameter's full gradient (DTensor shards gathered: a collective over the parameter's mesh) is kept
+by the rank that keeps that stage's parameters (dp 0, tp 0); after the step, the full parameters
+(except after the last step: the run gathers those anyway). They go to
+WORKDIR/verify-{grads,params}-STEP-rRANK.pt, or, without a work directory (torchrun), into the result
+gathered on rank 0. Before the first step a fixed sample of each parameter's elements
+(`sample_indices`) is kept, to check the initialization; a resumed run keeps instead the full
+parameters and optimizer state it resumed from.
 """
 from __future__ import annotations
 
@@ -52,10 +53,10 @@ class Recorder:
     def __init__(self, workdir: str | None, rank: int, keep: bool, name_of):
         self.workdir = Path(workdir) if workdir else None
         self.rank, self.keep, self.name_of = rank, keep, name_of
-        self.samples: dict[int, dict] = {}
-        """Step -> name -> sampled values after that step; step -1: before the first step."""
-        self.grads: dict[int, dict] = {}
-        """Step -> name -> full gradient, when there is no work directory."""
+        self.initial: dict = {}
+        """Name -> sampled values before the first step."""
+        self.memory: dict = {}
+        """(kind, step) -> name -> full tensor, when there is no work directory."""
         self.start_state: dict | None = None
 
     def _named(self, parts):
@@ -63,29 +64,31 @@ class Recorder:
             for name, p in module.named_parameters():
                 yield self.name_of(name), p
 
-    def params(self, step: int, parts) -> None:
-        """Sampled parameter values after `step` (-1: before the first)."""
-        out = {}
+    def _store(self, kind: str, step: int, values: dict) -> None:
+        if not self.keep:
+            return
+        if self.workdir is not None:
+            save_atomic(values, self.workdir / f"verify-{kind}-{step}-r{self.rank}.pt")
+        else:
+            self.memory[(kind, step)] = values
+
+    def initial_params(self, parts) -> None:
+        """Sampled parameter values before the first step (the initialization)."""
         for name, p in self._named(parts):
             full = full_tensor(p)
             if self.keep:
-                out[name] = full.reshape(-1)[sample_indices(name, full.numel())].clone()
-        if self.keep:
-            self.samples[step] = out
+                self.initial[name] = full.reshape(-1)[sample_indices(name, full.numel())].clone()
 
     def gradients(self, step: int, parts) -> None:
         """Every parameter's full gradient as the optimizer is about to use it."""
         out = {}
         for name, p in self._named(parts):
-            grad = full_tensor(p.grad) if p.grad is not None else None
-            if self.keep:
-                out[name] = grad if grad is not None else torch.zeros(p.shape)
-        if not self.keep:
-            return
-        if self.workdir is not None:
-            save_atomic(out, self.workdir / f"verify-grads-{step}-r{self.rank}.pt")
-        else:
-            self.grads[step] = out
+            out[name] = full_tensor(p.grad) if p.grad is not None else torch.zeros(p.shape)
+        self._store("grads", step, out)
+
+    def params(self, step: int, parts) -> None:
+        """Every parameter's full value after `step`."""
+        self._store("params", step, {name: full_tensor(p) for name, p in self._named(parts)})
 
     def resumed_state(self, parts, optimizers) -> None:
         """Full parameters and optimizer state at the resumed step (the replay's starting point)."""
@@ -102,27 +105,27 @@ class Recorder:
             self.start_state = {"params": params, "state": state}
 
     def result(self) -> dict:
-        return {"samples": self.samples, "grads": self.grads, "start_state": self.start_state}
+        return {"initial": self.initial, "memory": self.memory, "start_state": self.start_state}
 
 
-def load_gradients(step: int, ranks: list[dict], workdir: str | Path | None) -> dict:
-    """The run's full gradients of `step`, merged over the stages (files, or the gathered results)."""
+def load_record(kind: str, step: int, ranks: list[dict], workdir: str | Path | None) -> dict:
+    """The run's full `kind` ('grads' or 'params') of `step`, merged over the stages."""
     out: dict = {}
     for r in ranks:
-        out.update(((r.get("verify") or {}).get("grads") or {}).get(step, {}))
+        out.update(((r.get("verify") or {}).get("memory") or {}).get((kind, step), {}))
     if workdir is not None:
-        for path in sorted(Path(workdir).glob(f"verify-grads-{step}-r*.pt")):
+        for path in sorted(Path(workdir).glob(f"verify-{kind}-{step}-r*.pt")):
             out.update(torch.load(path, weights_only=True))
+            path.unlink()                 # hundreds of MB each: free them as the check goes
     return out
 
 
 def merged(ranks: list[dict], key: str) -> dict:
-    """Merge a per-rank record (samples by step, or the resumed state) over the stages."""
-    if key == "samples":
+    """Merge a per-rank record over the stages: 'initial' (name -> samples) or 'start_state'."""
+    if key == "initial":
         out: dict = {}
         for r in ranks:
-            for step, values in ((r.get("verify") or {}).get("samples") or {}).items():
-                out.setdefault(step, {}).update(values)
+            out.update((r.get("verify") or {}).get("initial") or {})
         return out
     params, state = {}, {}
     for r in ranks:

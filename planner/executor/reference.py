@@ -144,32 +144,103 @@ class StepGradient:
     grads: dict
     """Parameter name -> gradient."""
     grad_bounds: dict
-    """Parameter name -> elementwise rounding bound on |g_run - g| (gradient_factor x sum |terms|)."""
+    """Parameter name -> bound on ||g_run - g||_2: gradient_factor x (an upper bound of) ||T||_2,
+    T the elementwise sum over tokens of |per-token term| (_AbsoluteTerms)."""
 
 
 class _AbsoluteTerms:
-    """Forward hooks that accumulate, for every parameter, the elementwise sum over tokens of the
-    absolute per-token gradient terms (the 'sum of |terms|' of the rounding bound):
-    linear  dW = sum_t dy_t x_t^T -> |dY|^T |X|, db -> sum_t |dy_t|;
-    norms   dw = sum_t dy_t xhat_t -> sum_t |dy_t xhat_t|, db -> sum_t |dy_t|;
-    token embedding dE[v] = sum over tokens t with id v of dy_t -> index_add of |dy_t|;
-    learned positions dP[p] = sum over sequences b of dy_bp -> sum_b |dy_bp| (the gradient reaching
-    the token embedding's output is the one reaching the position table, before autograd's sum over b).
-    A tied weight collects the terms of both uses."""
+    """Forward hooks that bound, for every parameter, ||T||_2 where T is the elementwise sum over the
+    global batch's tokens t of the absolute per-token gradient terms (the 'sum of |terms|'):
+    linear weight   dW = sum_t dy_t x_t^T: ||T|| = ||sum_t |dy_t| |x_t|^T|| <= sum_t ||dy_t|| ||x_t||
+                    (triangle inequality over the rank-1 terms; with nonnegative vectors of similar
+                    profile it is tight within the cosine between them, and it costs no matrix product);
+    linear bias     sum_t |dy_t| (exact);
+    norm weight     sum_t |dy_t xhat_t|, norm bias sum_t |dy_t| (exact);
+    token embedding row v: sum over tokens t with id v of |dy_t| (exact);
+    learned positions row p: sum over sequences b of |dy_bp| (exact: the gradient reaching the token
+    embedding's output is the one reaching the position table before autograd sums over b).
+    A tied weight adds the bounds of both uses (triangle inequality).
+
+    For the query/key/value projections |dy_t| is replaced by the absolute-value evaluation of the
+    attention backward that produced dy_t (`_attention_terms`): there dq_t = sum_s dS_ts k_s / sqrt(d)
+    with sum_s dS_ts = 0 cancels, and more so as training gives the keys a common component, so
+    rounding inside the attention backward is relative to |dS| |K|, not to |dq| (the forward error
+    of an expression is bounded through the same expression in absolute values: Higham, Accuracy
+    and Stability of Numerical Algorithms, 2nd ed. 2002, sec. 3.1 and 3.5)."""
 
     def __init__(self, model: nn.Module):
-        self.sums: dict[int, torch.Tensor] = {}
+        from planner.models.transformer import Attention
+
+        self.norms: dict[int, float] = {}
         self.handles = []
         self.positions = getattr(model, "pos_embeddings", None)
+        self.rope = getattr(model.spec, "position", "") == "rope"
+        self.attention_abs: dict[int, torch.Tensor] = {}
+        """id(q/k/v Linear) -> |gradient| bound of its output from the attention backward, (b, s, width)."""
+        self.role: dict[int, tuple] = {}
+        self.patched = []
         for module in model.modules():
             if isinstance(module, (nn.Linear, nn.LayerNorm, nn.RMSNorm)) or module is getattr(model, "tok_embeddings", None):
                 self.handles.append(module.register_forward_hook(self._forward))
+            if isinstance(module, Attention):
+                module._core = self._patched_core(module)
+                self.patched.append(module)
 
-    def _add(self, param, term: torch.Tensor) -> None:
-        if param is None:
-            return
-        key = id(param)
-        self.sums[key] = self.sums[key] + term if key in self.sums else term
+    def _patched_core(self, attention):
+        from planner.models.transformer import Attention
+
+        def core(q, k, v):
+            out = Attention._core(attention, q, k, v)
+            if out.requires_grad:
+                qd, kd, vd = q.detach(), k.detach(), v.detach()
+                out.register_hook(lambda grad: self._attention_terms(attention, qd, kd, vd, grad.detach()))
+            return out
+
+        return core
+
+    def _attention_terms(self, attention, q, k, v, dout) -> None:
+        """Absolute-value backward of softmax(q k^T / sqrt(d)) v: |dP| = |dO| |V|^T,
+        |dS| = P (|dP| + rowsum(P |dP|)), |dq| = |dS| |K| / sqrt(d), |dk| = |dS|^T |Q| / sqrt(d),
+        |dv| = P^T |dO|, mapped back through rotary positions (|cos| and |sin| with the halves swapped)."""
+        rep = attention.rep
+        kk = k.repeat_interleave(rep, dim=1) if rep > 1 else k
+        vv = v.repeat_interleave(rep, dim=1) if rep > 1 else v
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        scores = (q.float() @ kk.float().transpose(-1, -2)) * scale
+        if attention.causal:
+            s_q, s_k = scores.shape[-2:]
+            mask = torch.ones(s_q, s_k, dtype=torch.bool).tril()
+            scores = scores.masked_fill(~mask, float("-inf"))
+        prob = torch.softmax(scores, dim=-1)
+        d_out = dout.float().abs()
+        d_p = d_out @ vv.float().abs().transpose(-1, -2)
+        d_s = prob * (d_p + (prob * d_p).sum(-1, keepdim=True))
+        dq = (d_s @ kk.float().abs()) * scale
+        dk = (d_s.transpose(-1, -2) @ q.float().abs()) * scale
+        dv = prob.transpose(-1, -2) @ d_out
+        if rep > 1:
+            b, h, s, d = dk.shape
+            dk = dk.view(b, h // rep, rep, s, d).sum(2)
+            dv = dv.view(b, h // rep, rep, s, d).sum(2)
+        if self.rope:
+            dq, dk = self._unrotate(dq), self._unrotate(dk)
+        for linear, grad in ((attention.wq, dq), (attention.wk, dk), (attention.wv, dv)):
+            b, h, s, d = grad.shape
+            self.attention_abs[id(linear)] = grad.transpose(1, 2).reshape(b, s, h * d)
+
+    @staticmethod
+    def _unrotate(g: torch.Tensor) -> torch.Tensor:
+        from planner.models.transformer import rope_cos_sin
+
+        s, d = g.shape[-2:]
+        cos, sin = rope_cos_sin(s, d)
+        half = d // 2
+        swapped = torch.cat([g[..., half:], g[..., :half]], dim=-1)
+        return g * cos.abs() + swapped * sin.abs()
+
+    def _add(self, param, norm: torch.Tensor | float) -> None:
+        if param is not None:
+            self.norms[id(param)] = self.norms.get(id(param), 0.0) + float(norm)
 
     def _forward(self, module, inputs, output) -> None:
         if not output.requires_grad:
@@ -177,47 +248,58 @@ class _AbsoluteTerms:
         x = inputs[0].detach()
 
         def on_grad(grad: torch.Tensor) -> None:
-            full = grad.detach().abs().float()
-            dy = full.flatten(0, -2)
+            full = grad.detach().float()
+            dy = full.flatten(0, -2).abs()
+            vec = torch.linalg.vector_norm
             if isinstance(module, nn.Linear):
-                self._add(module.weight, dy.T @ x.abs().flatten(0, -2).float())
-                self._add(module.bias, dy.sum(0))
+                upstream = self.attention_abs.pop(id(module), None)
+                if upstream is not None and upstream.numel() == dy.numel():
+                    dy = torch.maximum(dy, upstream.reshape(dy.shape))
+                self._add(module.weight, (vec(dy, dim=1) * vec(x.flatten(0, -2).float(), dim=1)).sum())
+                if module.bias is not None:
+                    self._add(module.bias, vec(dy.sum(0)))
             elif isinstance(module, nn.Embedding):
-                self._add(module.weight, torch.zeros_like(module.weight, dtype=torch.float32)
-                          .index_add_(0, x.reshape(-1), dy))
+                ids, where = torch.unique(x.reshape(-1), return_inverse=True)
+                rows = torch.zeros(ids.numel(), dy.shape[1]).index_add_(0, where, dy)
+                self._add(module.weight, vec(rows))
                 if self.positions is not None:
-                    rows = full.sum(0)                       # (seq, hidden)
-                    pos = torch.zeros_like(self.positions.weight, dtype=torch.float32)
-                    pos[:rows.shape[0]] = rows
-                    self._add(self.positions.weight, pos)
+                    self._add(self.positions.weight, vec(full.abs().sum(0)))
             else:
                 if isinstance(module, nn.LayerNorm):
                     xhat = F.layer_norm(x.float(), module.normalized_shape, eps=module.eps)
                 else:
                     xhat = F.rms_norm(x.float(), module.normalized_shape, eps=module.eps)
-                self._add(module.weight, (dy * xhat.abs().flatten(0, -2)).sum(0))
-                self._add(getattr(module, "bias", None), dy.sum(0))
+                self._add(module.weight, vec((dy * xhat.abs().flatten(0, -2)).sum(0)))
+                if getattr(module, "bias", None) is not None:
+                    self._add(module.bias, vec(dy.sum(0)))
 
         output.register_hook(on_grad)
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+        for attention in self.patched:
+            del attention._core
+        self.attention_abs.clear()
 
 
 class AnchoredReference:
-    """A single-process model that follows a parallel run step by step (module docstring).
+    """The single-process model, anchored at a parallel run's parameters (module docstring).
 
-    `gradient(step)` evaluates the step at the current parameters (the run's, as long as the replay
-    matches it); `apply(grads)` takes the optimizer step with the run's own gradients and returns
-    the elementwise bound on how far a correct run's parameters may be from the replay's."""
+    `gradient(step)` evaluates the step at the current parameters: the initialization, or what
+    `anchor` set (the run's own parameters after the previous step)."""
 
     def __init__(self, spec: RunSpec, model: nn.Module | None = None):
         self.spec = spec
         self.rounding = rounding_model(spec)
         self.model = model if model is not None else build_model(spec.model, seed=spec.seed)
         self.params = dict(self.model.named_parameters())
-        self.optimizer = make_optimizer(self.model.parameters(), spec)
+
+    def anchor(self, params: dict) -> None:
+        """Continue from the run's parameters (name -> full tensor)."""
+        with torch.no_grad():
+            for name, p in self.params.items():
+                p.copy_(params[name].reshape(p.shape))
 
     def gradient(self, step: int) -> StepGradient:
         tokens = synthetic_tokens(self.spec, step)
@@ -232,7 +314,8 @@ class AnchoredReference:
                 target = flat.gather(1, y.reshape(-1, 1)).squeeze(1)
                 loss_scale = (lse.abs() + target.abs()).mean().item()
             del logits, flat
-            self.optimizer.zero_grad(set_to_none=True)
+            for p in self.params.values():
+                p.grad = None
             loss.backward()
         finally:
             terms.remove()
@@ -240,41 +323,46 @@ class AnchoredReference:
         grads, bounds = {}, {}
         for name, p in self.params.items():
             grads[name] = p.grad if p.grad is not None else torch.zeros_like(p)
-            term = terms.sums.get(id(p))
-            bounds[name] = factor * term if term is not None else torch.zeros_like(p)
+            bounds[name] = factor * terms.norms.get(id(p), 0.0)
             p.grad = None
         return StepGradient(loss=loss.item(), loss_bound=self.rounding.loss_factor * loss_scale,
                             grads=grads, grad_bounds=bounds)
 
-    def apply(self, grads: dict, previous_bound: dict | None = None) -> dict:
-        """One optimizer step with `grads` (the run's); returns the elementwise bound on |run - replay|
-        after it: `previous_bound` plus the rounding of this step's update,
-        u (2 |theta_new| + 8 |delta theta|): two roundings at the parameter's scale (the decoupled
-        weight decay's product and the final addition) and at most eight at the update's (moment
-        updates, square root, epsilon, quotient, step size). A correct run uses the same elementwise
-        formula on its shards, so this is slack, not the expected difference (which is zero)."""
-        u = self.rounding.u_run + self.rounding.u_ref
+
+class SampledReplay:
+    """The optimizer replayed on a fixed sample of every parameter's elements (record.sample_indices).
+
+    The optimizers here are elementwise (AdamW, SGD with momentum), so the sampled elements evolve
+    exactly as inside the whole tensor: fed the run's gradients at those elements, the replay must
+    reproduce the run's parameters there. `step` returns, per parameter, the elementwise bound on
+    |run - replay| at the sample: the previous one plus this update's rounding,
+    u (2 |theta_new| + 8 |delta theta|): two roundings at the parameter's scale (decoupled weight
+    decay's product, the final addition), at most eight at the update's (moment updates, square root,
+    epsilon, quotient, step size). A correct run computes the same elementwise formula on its shards,
+    so the expected difference is zero: the bound only allows another order of the same operations."""
+
+    def __init__(self, spec: RunSpec, params: dict, indices: dict, state: dict | None = None):
+        self.indices = indices
+        self.u = rounding_model(spec).u_run + UNIT_ROUNDOFF["fp32"]
+        self.params = {n: nn.Parameter(params[n].detach().reshape(-1)[idx].clone()) for n, idx in indices.items()}
+        self.optimizer = make_optimizer(self.params.values(), spec)
+        if state:
+            for name, p in self.params.items():
+                saved = state.get(name) or {}
+                self.optimizer.state[p] = {
+                    k: (v.reshape(-1)[indices[name]].clone() if torch.is_tensor(v) and v.dim() else v)
+                    for k, v in saved.items()}
+        self.bounds = {n: torch.zeros_like(p) for n, p in self.params.items()}
+
+    def step(self, grads: dict) -> dict:
         before = {}
         for name, p in self.params.items():
             g = grads.get(name)
-            p.grad = g.to(p.dtype).reshape(p.shape).clone() if g is not None else torch.zeros_like(p)
+            p.grad = g.reshape(-1)[self.indices[name]].clone() if g is not None else torch.zeros_like(p)
             before[name] = p.detach().clone()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        out = {}
         for name, p in self.params.items():
             new = p.detach()
-            step_bound = u * (2 * new.abs() + 8 * (new - before.pop(name)).abs())
-            out[name] = step_bound + previous_bound[name] if previous_bound else step_bound
-        return out
-
-    def load_state(self, params: dict, state: dict) -> None:
-        """Resume: parameters and optimizer state (name -> {key: tensor}) as a resumed run holds them."""
-        with torch.no_grad():
-            for name, p in self.params.items():
-                p.copy_(params[name].reshape(p.shape))
-        for name, p in self.params.items():
-            saved = state.get(name)
-            if saved:
-                self.optimizer.state[p] = {k: (v.reshape(p.shape).clone() if torch.is_tensor(v) and v.dim() else v)
-                                           for k, v in saved.items()}
+            self.bounds[name] = self.bounds[name] + self.u * (2 * new.abs() + 8 * (new - before[name]).abs())
+        return self.bounds

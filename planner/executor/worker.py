@@ -171,7 +171,7 @@ class _Run:
             if start:
                 self.recorder.resumed_state(self.parts, self.optimizers)
             else:
-                self.recorder.params(-1, self.parts)
+                self.recorder.initial_params(self.parts)
         cadence = checkpoint.Cadence(interval_s=spec.checkpoint_interval_s, every_steps=spec.checkpoint_every_steps)
         times: list[float] = []
         saved: list[int] = []
@@ -198,7 +198,7 @@ class _Run:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0 - (t_record - t_grad))
             losses.append(self.global_loss(local))
-            if self.recorder is not None:
+            if self.recorder is not None and step < spec.steps - 1:
                 self.recorder.params(step, self.parts)
             if spec.checkpoint_dir and self._decide(cadence.due(step, last=step == spec.steps - 1)):
                 self.heartbeat.beat("checkpoint", step)
