@@ -202,12 +202,17 @@ def save(directory: str | Path, step: int, parts, optimizers, losses: list[float
     dcp.save(_state(parts, optimizers), checkpoint_id=str(path))
     dist.barrier()
     if dist.get_rank() == 0:
-        files = {p.name: p.stat().st_size for p in sorted(path.iterdir())
-                 if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp")}
-        tmp = path / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps({"step": step, "losses": losses[:step + 1], "run": run, "files": files}))
-        os.replace(tmp, path / MANIFEST)
+        write_manifest(path, step, losses, run)
     dist.barrier()
+
+
+def write_manifest(path: Path, step: int, losses: list[float], run: dict | None) -> None:
+    """The step's trainer.json: loss history, run identity and every file's size, written atomically."""
+    files = {p.name: p.stat().st_size for p in sorted(path.iterdir())
+             if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp")}
+    tmp = path / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps({"step": step, "losses": losses[:step + 1], "run": run, "files": files}))
+    os.replace(tmp, path / MANIFEST)
 
 
 def load(directory: str | Path, step: int, parts, optimizers) -> tuple[int, list[float]]:

@@ -75,27 +75,29 @@ def check_bug_applies(name: str, config) -> None:
 
 
 class Heartbeat:
-    """A worker's progress file: `heartbeat-RANK.json` = {"phase", "step", "time", "pid"}, rewritten at
-    every phase change and, by a background thread, every LIVENESS_PERIOD_S (so a frozen process is
-    seen even during a long step). The thread also ends the rank if its launcher died."""
+    """A worker's progress file: `heartbeat-RANK.json` = {"phase", "step", "since", "time", "pid"}:
+    `since` is when the phase or step last changed (progress), `time` when the file was last written,
+    at every change and, by a background thread, every LIVENESS_PERIOD_S (liveness: a frozen process
+    is seen even during a long step). The thread also ends the rank if its launcher died."""
 
     def __init__(self, directory: str | Path | None, rank: int):
         self.path = Path(directory) / f"heartbeat-{rank}.json" if directory else None
         self.phase, self.step = "init", -1
+        self.since = time.time()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def beat(self, phase: str | None = None, step: int | None = None) -> None:
-        if phase is not None:
-            self.phase = phase
-        if step is not None:
-            self.step = step
+        if phase is not None or step is not None:
+            self.phase = phase if phase is not None else self.phase
+            self.step = step if step is not None else self.step
+            self.since = time.time()
         if self.path is None:
             return
         with self._lock:
             tmp = self.path.with_name(self.path.name + f".{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps({"phase": self.phase, "step": self.step, "time": time.time(),
-                                       "pid": os.getpid()}))
+            tmp.write_text(json.dumps({"phase": self.phase, "step": self.step, "since": self.since,
+                                       "time": time.time(), "pid": os.getpid()}))
             os.replace(tmp, self.path)
 
     def start(self, *, period_s: float, parent: int | None) -> None:
@@ -175,19 +177,22 @@ def process_state(pid: int) -> str | None:
 
 
 def _stalest_live_rank(procs: list, workdir: Path, *, exclude: int) -> str:
-    """', rank R (alive, last heartbeat N s ago at step S) looks hung' for the live rank that has
-    been silent longest, when it has been silent for over 2 s; '' otherwise."""
+    """', rank R (alive, no progress for N s since step S) looks hung' for the live rank that has
+    made no progress longest, when that is over 2 s; '' otherwise."""
     now, best = time.time(), None
     for r, p in enumerate(procs):
         beat = read_heartbeat(workdir, r)
         if r == exclude or p.poll() is not None or beat is None:
             continue
-        age = now - beat["time"]
+        age = now - beat.get("since", beat["time"])
         if age > 2.0 and (best is None or age > best[1]):
-            best = (r, age, beat.get("step", -1))
+            best = (r, age, beat.get("step", -1), process_state(p.pid))
     if best is None:
         return ""
-    return f" (rank {best[0]} is alive but silent for {best[1]:.0f} s since step {best[2]}: it looks hung)"
+    rank, age, step, state = best
+    if state in ("T", "t"):
+        return f" (rank {rank} is stopped (SIGSTOP or a debugger) since step {step}, {age:.0f} s without progress)"
+    return f" (rank {rank} is alive but silent for {age:.0f} s since step {step}: it looks hung)"
 
 
 def stop_all(procs: list, grace_s: float = 3.0) -> None:

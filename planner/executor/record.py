@@ -31,12 +31,14 @@ def sample_indices(name: str, numel: int, k: int = SAMPLES_PER_TENSOR) -> torch.
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's full value (collective over its mesh), or the tensor itself; fp32 on the CPU."""
+    """A copy of a tensor's full value (a DTensor's gathered: a collective over its mesh), fp32 on the
+    CPU: never a view of the live tensor, which the optimizer updates in place."""
     from torch.distributed.tensor import DTensor
 
     if isinstance(t, DTensor):
-        t = t.full_tensor()
-    return t.detach().float().cpu()
+        return t.full_tensor().detach().float().cpu()
+    out = t.detach().float().cpu()
+    return out.clone() if out.data_ptr() == t.data_ptr() else out
 
 
 def save_atomic(obj, path: Path) -> None:
@@ -99,7 +101,7 @@ class Recorder:
                 params[clean] = full_tensor(p)
                 saved = {}
                 for key, value in sorted(optimizer.state.get(p, {}).items()):
-                    saved[key] = full_tensor(value) if torch.is_tensor(value) and value.dim() else value
+                    saved[key] = full_tensor(value) if torch.is_tensor(value) else value
                 state[clean] = saved
         if self.keep:
             self.start_state = {"params": params, "state": state}
