@@ -242,6 +242,8 @@ def watch(procs: list, workdir: Path, *, deadline_s: float, startup_s: float = 1
             if code is not None:
                 continue
             beat = read_heartbeat(workdir, r)
+            if beat is not None and beat.get("pid") != procs[r].pid:
+                beat = None                   # not this launch's rank (yet)
             age = now - (beat["time"] if beat else started)
             if age > (deadline_s if beat else max(deadline_s, startup_s)):
                 state = process_state(procs[r].pid)

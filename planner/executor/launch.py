@@ -144,6 +144,9 @@ def launch_local(spec: RunSpec, *, workdir: str | Path | None = None, keep_workd
     world = spec.config.world_size
     work = Path(workdir or tempfile.mkdtemp(prefix="planner-run-"))
     work.mkdir(parents=True, exist_ok=True)
+    for pattern in ("heartbeat-*", "error-*.json", "result.pt*", "verify-*", "rank-*.log"):
+        for stale in work.glob(pattern):     # a reused --workdir: an old heartbeat would look frozen
+            stale.unlink()
     spec_path = work / "runspec.json"
     spec_path.write_text(spec.to_json())
     threads = max(1, (os.cpu_count() or 1) // world)
