@@ -144,7 +144,7 @@ def launch_local(spec: RunSpec, *, workdir: str | Path | None = None, keep_workd
     world = spec.config.world_size
     work = Path(workdir or tempfile.mkdtemp(prefix="planner-run-"))
     work.mkdir(parents=True, exist_ok=True)
-    for pattern in ("heartbeat-*", "error-*.json", "result.pt*", "verify-*", "rank-*.log"):
+    for pattern in ("heartbeat-*", "error-*.json", "result.pt*", "verify-*", "params-r*", "rank-*.log"):
         for stale in work.glob(pattern):     # a reused --workdir: an old heartbeat would look frozen
             stale.unlink()
     spec_path = work / "runspec.json"
@@ -185,6 +185,9 @@ def launch_local(spec: RunSpec, *, workdir: str | Path | None = None, keep_workd
     if not result_file.exists():
         raise ExecutorError(f"every rank exited 0 but rank 0 wrote no results. Logs: {work}")
     ranks = torch.load(result_file, weights_only=False)
+    for r in ranks:
+        if isinstance(r.get("params"), dict) and set(r["params"]) == {"file"}:
+            r["params"] = torch.load(r["params"]["file"], weights_only=True, mmap=True)
     wall_s = time.perf_counter() - t0
     temporary = workdir is None
     if temporary and not keep_workdir:

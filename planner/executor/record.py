@@ -30,21 +30,34 @@ def sample_indices(name: str, numel: int, k: int = SAMPLES_PER_TENSOR) -> torch.
     return torch.randint(0, numel, (k,), generator=gen)
 
 
-def full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A copy of a tensor's full value (a DTensor's gathered: a collective over its mesh), fp32 on the
-    CPU: never a view of the live tensor, which the optimizer updates in place."""
+def full_tensor(t: torch.Tensor, *, copy: bool = True) -> torch.Tensor:
+    """A tensor's full value (a DTensor's gathered: a collective over its mesh), fp32 on the CPU.
+    copy=True: never a view of the live tensor, which the optimizer updates in place (copy=False
+    is for values serialized at once)."""
     from torch.distributed.tensor import DTensor
 
     if isinstance(t, DTensor):
         return t.full_tensor().detach().float().cpu()
     out = t.detach().float().cpu()
-    return out.clone() if out.data_ptr() == t.data_ptr() else out
+    return out.clone() if copy and out.data_ptr() == t.data_ptr() else out
 
 
 def save_atomic(obj, path: Path) -> None:
-    """torch.save to a temporary name, then rename: a reader never sees half a file."""
+    """torch.save to a temporary name, then rename: a reader never sees half a file. Without the
+    archive's CRC-32 (a third of the time for hundreds of MB; these files live minutes on one host)."""
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
+    try:
+        from torch.utils.serialization import config
+    except ImportError:  # torch < 2.6: always computes it
+        config = None
+    previous = config.save.compute_crc32 if config is not None else None
+    try:
+        if config is not None:
+            config.save.compute_crc32 = False
+        torch.save(obj, tmp)
+    finally:
+        if config is not None:
+            config.save.compute_crc32 = previous
     os.replace(tmp, path)
 
 
@@ -83,14 +96,16 @@ class Recorder:
 
     def gradients(self, step: int, parts) -> None:
         """Every parameter's full gradient as the optimizer is about to use it."""
+        copy = self.workdir is None
         out = {}
         for name, p in self._named(parts):
-            out[name] = full_tensor(p.grad) if p.grad is not None else torch.zeros(p.shape)
+            out[name] = full_tensor(p.grad, copy=copy) if p.grad is not None else torch.zeros(p.shape)
         self._store("grads", step, out)
 
     def params(self, step: int, parts) -> None:
         """Every parameter's full value after `step`."""
-        self._store("params", step, {name: full_tensor(p) for name, p in self._named(parts)})
+        copy = self.workdir is None
+        self._store("params", step, {name: full_tensor(p, copy=copy) for name, p in self._named(parts)})
 
     def resumed_state(self, parts, optimizers) -> None:
         """Full parameters and optimizer state at the resumed step (the replay's starting point)."""
@@ -117,8 +132,8 @@ def load_record(kind: str, step: int, ranks: list[dict], workdir: str | Path | N
         out.update(((r.get("verify") or {}).get("memory") or {}).get((kind, step), {}))
     if workdir is not None:
         for path in sorted(Path(workdir).glob(f"verify-{kind}-{step}-r*.pt")):
-            out.update(torch.load(path, weights_only=True))
-            path.unlink()                 # hundreds of MB each: free them as the check goes
+            out.update(torch.load(path, weights_only=True, mmap=True))
+            path.unlink()                 # hundreds of MB each: free them as the check goes (mapped pages stay)
     return out
 
 

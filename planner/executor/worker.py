@@ -55,6 +55,7 @@ class _Run:
 
     def __init__(self, spec: RunSpec, rank: int, local_rank: int, workdir: str | None, heartbeat: Heartbeat):
         self.spec, self.rank, self.cfg = spec, rank, spec.config
+        self.workdir = workdir
         self.heartbeat = heartbeat
         self.bug = bug(spec.fault)
         if spec.device_type == "cuda":
@@ -219,16 +220,20 @@ class _Run:
 
     def full_params(self) -> dict | None:
         """Full fp32 parameters of this rank's stages (collective over each DTensor's mesh); kept
-        only by the dp-0/tp-0 rank of each stage."""
-        from torch.distributed.tensor import DTensor
+        only by the dp-0/tp-0 rank of each stage: in WORKDIR/params-rRANK.pt when there is a work
+        directory (pickling hundreds of MB through gather_object costs more than the training steps
+        of a small model), else in the result."""
+        from planner.executor.record import full_tensor, save_atomic
 
-        out = {}
-        for _, module in self.parts:
-            for name, p in module.named_parameters():
-                t = p.full_tensor() if isinstance(p, DTensor) else p
-                out[clean_name(name)] = t.detach().float().cpu().clone()
-        keep = self.coords["dp"] == 0 and self.coords["tp"] == 0
-        return out if keep else None
+        out = {clean_name(name): full_tensor(p, copy=self.workdir is None)
+               for _, module in self.parts for name, p in module.named_parameters()}
+        if not (self.coords["dp"] == 0 and self.coords["tp"] == 0):
+            return None
+        if self.workdir is not None:
+            path = Path(self.workdir) / f"params-r{self.rank}.pt"
+            save_atomic(out, path)
+            return {"file": str(path)}
+        return out
 
 
 def _shift_gradient_shards(parts) -> None:
