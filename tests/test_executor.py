@@ -12,8 +12,7 @@ from executor_plans import plan_document, write_plan
 from planner.cli import app
 from planner.errors import ConfigError
 from planner.executor.parallelize import stage_block_counts, stage_ids
-from planner.executor.reference import (AnchoredReference, SampledReplay, dp_shard, make_optimizer,
-                                        synthetic_tokens)
+from planner.executor.reference import AnchoredReference, dp_shard, make_optimizer, synthetic_tokens
 from planner.executor.record import sample_indices
 from planner.executor.runspec import RunSpec, build_run_spec, proxy_spec
 from planner.executor.tiny import gpt_tiny_spec, llama_tiny_spec
@@ -161,24 +160,30 @@ def test_loss_bound_is_above_reordering_and_below_a_changed_batch(one_thread):
     assert abs(doubled - expected.loss) > expected.loss_bound
 
 
-def test_sampled_replay_reproduces_the_optimizer_on_whole_tensors_bit_for_bit():
-    """AdamW is elementwise: replaying it on a sample of elements gives exactly the values those
-    elements take inside the whole tensor (what lets verify.py judge updates from a sample)."""
-    spec = _tiny_spec(gpt_tiny_spec(seq=16), steps=3)
-    gen = torch.Generator().manual_seed(0)
-    whole = {"w": torch.nn.Parameter(torch.randn(64, 96, generator=gen)), "b": torch.nn.Parameter(torch.zeros(7))}
-    optimizer = make_optimizer(whole.values(), spec)
-    indices = {n: sample_indices(n, p.numel(), k=100) for n, p in whole.items()}
-    replay = SampledReplay(spec, whole, indices)
-    for _ in range(3):
-        grads = {n: torch.randn(p.shape, generator=gen) * 1e-3 for n, p in whole.items()}
-        for n, p in whole.items():
-            p.grad = grads[n].clone()
-        optimizer.step()
-        bounds = replay.step(grads)
-        for n, p in whole.items():
-            assert torch.equal(p.detach().reshape(-1)[indices[n]], replay.params[n].detach())
-            assert bool((bounds[n] > 0).all())
+def test_replay_bound_accumulates_the_rounding_of_each_update():
+    """The replay's bound after k steps is u sum_k (2 |theta| + 8 |delta theta|) elementwise: it grows
+    with every step and is zero only where nothing ever moved."""
+    spec = _tiny_spec(gpt_tiny_spec(seq=16), steps=2)
+    ref = AnchoredReference(spec)
+    u = ref.rounding.u_run + ref.rounding.u_ref
+    before = {n: p.detach().clone() for n, p in ref.params.items()}
+    grads = {n: torch.full_like(p, 1e-3) for n, p in ref.params.items()}
+    first = {n: b.clone() for n, b in ref.apply(grads).items()}
+    name = "layers.0.feed_forward.w1.weight"
+    p = ref.params[name].detach()
+    expected = u * (2 * p.abs() + 8 * (p - before[name]).abs())
+    assert torch.allclose(first[name], expected, rtol=1e-6, atol=0)
+    second = ref.apply(grads)
+    assert bool((second[name] > first[name]).all())
+
+
+def test_unravel_matches_row_major_layout():
+    from planner.executor.record import _unravel
+
+    t = torch.arange(2 * 3 * 4).reshape(2, 3, 4)
+    flat = torch.tensor([0, 5, 13, 23])
+    coords = _unravel(flat, t.shape)
+    assert torch.equal(t[tuple(coords.T)], flat)
 
 
 def test_sample_indices_are_fixed_per_name_and_cover_small_tensors():
@@ -269,6 +274,10 @@ def test_bad_start_method_and_torchrun_world_size_are_one_line(tmp_path, monkeyp
     env = {"RANK": "0", "WORLD_SIZE": "two", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
     line = one_line_exit_2(runner.invoke(app, ["run", str(plan)], env=env))
     assert "WORLD_SIZE='two'" in line
+    line = one_line_exit_2(runner.invoke(app, ["run", str(plan)], env=dict(env, WORLD_SIZE="2", RANK="-1")))
+    assert "RANK='-1'" in line and "integer >= 0" in line
+    line = one_line_exit_2(runner.invoke(app, ["run", str(plan)], env=dict(env, WORLD_SIZE="2", RANK="2")))
+    assert "RANK='2'" in line and "0..1" in line
 
 
 def test_dimensions_the_executor_cannot_run_are_refused_by_name(tmp_path):

@@ -33,13 +33,20 @@ def run(
     inject_fault: Annotated[Optional[str], typer.Option("--inject-fault", hidden=True, help="Tests only: kill|hang|stop:RANK:STEP or bug:NAME (planner.executor.faults).")] = None,
 ) -> None:
     """Run PLAN.json for real: per-rank step times beside the prediction, optionally verified."""
+    from planner.errors import ConfigError
     from planner.executor import ExecutorError
     from planner.executor.faults import parse_fault
     from planner.executor.runspec import build_run_spec, env_positive_int
 
     parse_fault(inject_fault)
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or {"RANK", "WORLD_SIZE", "MASTER_ADDR"} <= set(os.environ)
-    world_env = env_positive_int("WORLD_SIZE") if under_torchrun else None
+    world_env = None
+    if under_torchrun:
+        world_env = env_positive_int("WORLD_SIZE")
+        for name in ("RANK", "LOCAL_RANK"):
+            rank_env = env_positive_int(name, minimum=0)
+            if rank_env is not None and world_env is not None and rank_env >= world_env:
+                raise ConfigError(name, os.environ[name], f"0..{world_env - 1} (below WORLD_SIZE, environment variable)")
     spec = build_run_spec(plan, steps=steps, backend=backend, proxy=proxy, seed=seed, timeout_s=timeout_s,
                           checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, fault=inject_fault,
                           world_size_available=world_env, verify=verify,

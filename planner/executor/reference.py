@@ -284,22 +284,22 @@ class _AbsoluteTerms:
 
 
 class AnchoredReference:
-    """The single-process model, anchored at a parallel run's parameters (module docstring).
+    """The single-process model that follows a parallel run step by step (module docstring).
 
-    `gradient(step)` evaluates the step at the current parameters: the initialization, or what
-    `anchor` set (the run's own parameters after the previous step)."""
+    `gradient(step)` evaluates the step at the current parameters; `apply(grads)` then takes the
+    optimizer step with the run's own gradients. A correct run computes the same elementwise update
+    on its shards, so the replay's parameters are the run's (to the bit, as measured): each next
+    gradient is evaluated where the run evaluated it, and the run's parameters are checked against
+    the replay's (verify.py)."""
 
     def __init__(self, spec: RunSpec, model: nn.Module | None = None):
         self.spec = spec
         self.rounding = rounding_model(spec)
         self.model = model if model is not None else build_model(spec.model, seed=spec.seed)
         self.params = dict(self.model.named_parameters())
-
-    def anchor(self, params: dict) -> None:
-        """Continue from the run's parameters (name -> full tensor)."""
-        with torch.no_grad():
-            for name, p in self.params.items():
-                p.copy_(params[name].reshape(p.shape))
+        self.optimizer = make_optimizer(self.model.parameters(), spec)
+        self.bounds: dict[str, torch.Tensor] | None = None
+        """Elementwise bound on |run - replay| accumulated over the steps applied (None before any)."""
 
     def gradient(self, step: int) -> StepGradient:
         tokens = synthetic_tokens(self.spec, step)
@@ -328,41 +328,34 @@ class AnchoredReference:
         return StepGradient(loss=loss.item(), loss_bound=self.rounding.loss_factor * loss_scale,
                             grads=grads, grad_bounds=bounds)
 
-
-class SampledReplay:
-    """The optimizer replayed on a fixed sample of every parameter's elements (record.sample_indices).
-
-    The optimizers here are elementwise (AdamW, SGD with momentum), so the sampled elements evolve
-    exactly as inside the whole tensor: fed the run's gradients at those elements, the replay must
-    reproduce the run's parameters there. `step` returns, per parameter, the elementwise bound on
-    |run - replay| at the sample: the previous one plus this update's rounding,
-    u (2 |theta_new| + 8 |delta theta|): two roundings at the parameter's scale (decoupled weight
-    decay's product, the final addition), at most eight at the update's (moment updates, square root,
-    epsilon, quotient, step size). A correct run computes the same elementwise formula on its shards,
-    so the expected difference is zero: the bound only allows another order of the same operations."""
-
-    def __init__(self, spec: RunSpec, params: dict, indices: dict, state: dict | None = None):
-        self.indices = indices
-        self.u = rounding_model(spec).u_run + UNIT_ROUNDOFF["fp32"]
-        self.params = {n: nn.Parameter(params[n].detach().reshape(-1)[idx].clone()) for n, idx in indices.items()}
-        self.optimizer = make_optimizer(self.params.values(), spec)
-        if state:
-            for name, p in self.params.items():
-                saved = state.get(name) or {}
-                self.optimizer.state[p] = {
-                    k: (v.reshape(-1)[indices[name]].clone() if torch.is_tensor(v) and v.dim() else v)
-                    for k, v in saved.items()}
-        self.bounds = {n: torch.zeros_like(p) for n, p in self.params.items()}
-
-    def step(self, grads: dict) -> dict:
+    @torch.no_grad()
+    def apply(self, grads: dict) -> dict:
+        """One optimizer step with the run's gradients; returns the elementwise bound on |run - replay|
+        after it: the previous one plus this update's rounding, u (2 |theta_new| + 8 |delta theta|):
+        two roundings at the parameter's scale (decoupled weight decay's product, the final addition),
+        at most eight at the update's (moment updates, square root, epsilon, quotient, step size). It
+        allows another order of the same elementwise operations; the measured difference is zero."""
+        u = self.rounding.u_run + self.rounding.u_ref
         before = {}
         for name, p in self.params.items():
             g = grads.get(name)
-            p.grad = g.reshape(-1)[self.indices[name]].clone() if g is not None else torch.zeros_like(p)
+            p.grad = g.to(p.dtype).reshape(p.shape).clone() if g is not None else torch.zeros_like(p)
             before[name] = p.detach().clone()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        bounds = self.bounds or {}
         for name, p in self.params.items():
-            new = p.detach()
-            self.bounds[name] = self.bounds[name] + self.u * (2 * new.abs() + 8 * (new - before[name]).abs())
-        return self.bounds
+            step = before.pop(name).sub_(p).abs_().mul_(8).add_(p.abs(), alpha=2).mul_(u)
+            bounds[name] = bounds[name].add_(step) if name in bounds else step
+        self.bounds = bounds
+        return bounds
+
+    @torch.no_grad()
+    def load_state(self, params: dict, state: dict) -> None:
+        """Resume: the parameters and optimizer state (name -> {key: tensor}) a resumed run started from."""
+        for name, p in self.params.items():
+            p.copy_(params[name].reshape(p.shape))
+            saved = state.get(name)
+            if saved:
+                self.optimizer.state[p] = {k: (v.reshape(p.shape).clone() if torch.is_tensor(v) and v.dim() else
+                                               v.clone() if torch.is_tensor(v) else v) for k, v in saved.items()}

@@ -81,9 +81,9 @@ class RunSpec:
                    notes=tuple(d.pop("notes")), **d)
 
 
-def env_positive_int(name: str) -> int | None:
-    """An environment override that must be a positive integer: None when unset or empty, ConfigError
-    (one line naming the variable, its value and what is allowed) otherwise."""
+def env_positive_int(name: str, *, minimum: int = 1) -> int | None:
+    """An integer from the environment (at least `minimum`): None when unset or empty, ConfigError
+    (one line naming the variable, its value and what is allowed) when it is anything else."""
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return None
@@ -91,8 +91,9 @@ def env_positive_int(name: str) -> int | None:
         value = int(raw.strip())
     except ValueError:
         value = None
-    if value is None or value < 1:
-        raise ConfigError(name, raw, "a positive integer (environment variable)")
+    if value is None or value < minimum:
+        allowed = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ConfigError(name, raw, f"{allowed} (environment variable)")
     return value
 
 

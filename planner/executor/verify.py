@@ -1,26 +1,26 @@
 """`--verify`: every step of a parallel run is a step of single-process training, within rounding.
 
 The run records (record.py) its full gradient of every step, as the optimizer was about to use it,
-its full parameters after every step, and a sample of every parameter's elements before the first
-step. The check walks the steps in order and names the first thing that differs beyond its bound:
+and every rank's sample of every parameter's elements before the first step and after each step.
+The check walks the steps in order and names the first thing that differs beyond its bound:
 
-1. initial parameters: the run's sampled values equal the seeded initialization (bound: one
+1. initial parameters: every rank's sampled values equal the seeded initialization (bound: one
    rounding, u |theta|; a correct run copies them exactly);
-2. per step k, the single-process evaluation at the run's own parameters before step k
+2. per step k, the single-process evaluation at the replay's parameters, which are the run's
    (reference.AnchoredReference):
    loss      |L_run - L_ref| <= lambda (u_run + u_ref) sqrt(n_forward + tokens) mean_t(|lse_t| + |z_t|)
    gradient  per parameter, ||g_run - g_ref||_2 <= lambda (u_run + u_ref) sqrt(n_chain + tokens) ||T||_2,
              T the elementwise sum over the batch's tokens of |per-token gradient term|
              (reference.RoundingModel: Higham & Mary 2019's probabilistic bound, lambda = 10);
-3. parameters after step k: the optimizer replayed on a fixed sample of every parameter's elements
-   (reference.SampledReplay), fed the run's own gradients, must give the run's values there within
-   the accumulated rounding of the updates, u sum_k (2 |theta| + 8 |delta theta_k|): a parameter's
+3. the replay takes the optimizer step with the run's own gradients; every rank's sampled values
+   after step k (and the full parameters after the last step) must equal the replay's within the
+   accumulated rounding of the updates, u sum_k (2 |theta| + 8 |delta theta_k|): a parameter's
    deviation is judged against the size of the updates it received, not against its own norm.
 
 Anchoring every step at the run's own parameters keeps each comparison a pure rounding question
 (reference.py explains why two free-running fp32 AdamW trajectories are not). A ratio error/bound
 up to 1 passes; the output reports the largest ratio of each kind (the margin) and, on failure, the
-first one above 1: which step, which tensor, loss or gradient or parameters.
+first one above 1: which step, which tensor (and rank, for parameters), loss or gradient or parameters.
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from planner.executor.record import load_record, merged, sample_indices
-from planner.executor.reference import AnchoredReference, SampledReplay
+from planner.executor.record import load_gradients, samples_by_rank, start_state
+from planner.executor.reference import AnchoredReference
 
 KINDS = ("initial parameters", "loss", "gradient", "parameters")
 
@@ -56,7 +56,7 @@ class Check:
 
     @property
     def failed(self) -> bool:
-        return not self.ratio <= 1.0
+        return not self.ratio <= 1.0          # NaN fails too
 
     def describe(self) -> str:
         what = {"loss": "the loss", "gradient": f"the gradient of {self.tensor}",
@@ -68,8 +68,13 @@ class Check:
                 f"({ratio} x its rounding bound {self.bound:.3g})")
 
     def to_dict(self) -> dict:
-        return {"step": self.step, "kind": self.kind, "tensor": self.tensor, "error": self.error,
-                "bound": self.bound, "ratio": self.ratio if math.isfinite(self.ratio) else None}
+        """Strict JSON: a non-finite number (a NaN gradient, a zero bound) becomes null."""
+        return {"step": self.step, "kind": self.kind, "tensor": self.tensor, "error": _finite(self.error),
+                "bound": _finite(self.bound), "ratio": _finite(self.ratio)}
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,7 +104,7 @@ class Verification:
         return {"passed": self.passed, "steps": list(self.steps), "params_compared": self.params_compared,
                 "first_failure": self.first_failure.to_dict() if self.first_failure else None,
                 "worst": {k: c.to_dict() for k, c in self.worst.items()},
-                "max_ratio": {k: (c.ratio if math.isfinite(c.ratio) else None) for k, c in self.worst.items()},
+                "max_ratio": {k: _finite(c.ratio) for k, c in self.worst.items()},
                 "problems": list(self.problems), "gradient_factor": self.gradient_factor,
                 "loss_factor": self.loss_factor, "notes": list(self.notes)}
 
@@ -156,72 +161,68 @@ def compare_step(ledger: _Ledger, ref: AnchoredReference, step: int, loss_run: f
         ledger.add(_tensor_check(step, "gradient", name, got.reshape(want.shape), want, expected.grad_bounds[name]))
 
 
-def _sampled_checks(ledger: _Ledger, step: int, kind: str, got: dict, want: dict, bounds: dict, indices: dict) -> None:
-    """`got`: name -> full tensor or, for 'initial parameters', the sampled values; `want`: name ->
-    the expected values at the sample."""
-    for name, expected in want.items():
-        value = got.get(name)
-        if value is None:
-            ledger.problems.append(f"no values of {name} recorded ({kind}, step {step})")
-            continue
-        if kind != "initial parameters":
-            value = value.reshape(-1)[indices[name]]
-        if value.numel() != expected.numel():
-            ledger.problems.append(f"{name}: {value.numel()} values vs {expected.numel()} expected ({kind})")
-            continue
-        ledger.add(_tensor_check(step, kind, name, value, expected, bounds[name]))
+def _sampled_checks(ledger: _Ledger, step: int, kind: str, ranks: list[dict], want: dict, bounds: dict) -> None:
+    """Every rank's sampled values after `step` against the replay (`want`, `bounds`: full tensors)."""
+    seen = set()
+    for rank, samples in samples_by_rank(ranks, step):
+        for name, (idx, values) in samples.items():
+            expected = want.get(name)
+            if expected is None:
+                continue
+            seen.add(name)
+            flat = expected.detach().reshape(-1)
+            check = _tensor_check(step, kind, name, values, flat[idx], bounds[name].reshape(-1)[idx])
+            ledger.add(check if not check.failed else Check(step=step, kind=kind, tensor=f"{name} (rank {rank})",
+                                                            error=check.error, bound=check.bound))
+    for name in sorted(set(want) - seen):
+        ledger.problems.append(f"no rank recorded values of {name} ({kind}, step {step})")
 
 
 def verify_run(spec, ranks: list[dict], workdir=None, *, reference_model=None) -> Verification:
-    """Check the run recorded in `ranks` (and `workdir`'s record files) step by step against one process."""
+    """Check the run recorded in `ranks` (and `workdir`'s gradient files) step by step against one process."""
     ref = AnchoredReference(spec, model=reference_model)
     ledger = _Ledger()
     notes = []
     start = ranks[0].get("start_step", 0)
     losses = ranks[0]["losses"]
-    indices = {n: sample_indices(n, p.numel()) for n, p in ref.params.items()}
+    u = ref.rounding.u_run + ref.rounding.u_ref
     if start:
-        state = merged(ranks, "start_state")
+        state = start_state(ranks)
         if not state:
             ledger.problems.append(f"the resumed run recorded no starting state (step {start})")
             return _verdict(spec, ref, ledger, start, 0, notes)
-        ref.anchor(state["params"])
-        replay = SampledReplay(spec, state["params"], indices, state["state"])
+        ref.load_state(state["params"], state["state"])
         notes.append(f"resumed at step {start}: steps {start}..{spec.steps - 1} verified, from the checkpoint's "
                      f"parameters and optimizer state")
     else:
-        u = ref.rounding.u_run + ref.rounding.u_ref
-        expected = {n: p.detach().reshape(-1)[indices[n]] for n, p in ref.params.items()}
-        _sampled_checks(ledger, -1, "initial parameters", merged(ranks, "initial"), expected,
-                        {n: u * v.abs() for n, v in expected.items()}, indices)
-        replay = SampledReplay(spec, ref.params, indices)
-    final = merged_params(ranks)
+        _sampled_checks(ledger, -1, "initial parameters", ranks, ref.params,
+                        {n: u * p.detach().abs() for n, p in ref.params.items()})
     for step in range(start, spec.steps):
-        grads = load_record("grads", step, ranks, workdir)
+        grads = load_gradients(step, ranks, workdir)
         if not grads:
             ledger.problems.append(f"no gradients recorded for step {step}")
             break
         compare_step(ledger, ref, step, losses[step] if step < len(losses) else None, grads)
-        bounds = replay.step(grads)
+        bounds = ref.apply(grads)
         del grads
-        after = final if step == spec.steps - 1 else load_record("params", step, ranks, workdir)
-        if not after:
-            ledger.problems.append(f"no parameters recorded after step {step}")
-            break
-        _sampled_checks(ledger, step, "parameters", after,
-                        {n: p.detach() for n, p in replay.params.items()}, bounds, indices)
-        if step < spec.steps - 1:
-            ref.anchor(after)
-        del after
+        _sampled_checks(ledger, step, "parameters", ranks, ref.params, bounds)
+    final = merged_params(ranks)
     missing = sorted(set(ref.params) - set(final))
     extra = sorted(set(final) - set(ref.params))
     if missing:
         ledger.problems.append(f"missing parameters: {', '.join(missing[:5])}")
     if extra:
         ledger.problems.append(f"unexpected parameters: {', '.join(extra[:5])}")
+    if ref.bounds is not None:
+        for name, p in ref.params.items():
+            got = final.get(name)
+            if got is None:
+                continue
+            if got.shape != p.shape:
+                ledger.problems.append(f"{name}: shape {tuple(got.shape)} vs {tuple(p.shape)}")
+                continue
+            ledger.add(_tensor_check(spec.steps - 1, "parameters", name, got, p.detach(), ref.bounds[name]))
     return _verdict(spec, ref, ledger, start, len(set(final) & set(ref.params)), notes)
-
-
 def _verdict(spec, ref, ledger: _Ledger, start: int, compared: int, notes: list) -> Verification:
     passed = ledger.first is None and not ledger.problems
     return Verification(passed=passed, first_failure=ledger.first, worst=dict(ledger.worst),

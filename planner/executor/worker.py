@@ -172,7 +172,7 @@ class _Run:
             if start:
                 self.recorder.resumed_state(self.parts, self.optimizers)
             else:
-                self.recorder.initial_params(self.parts)
+                self.recorder.params(-1, self.parts)
         cadence = checkpoint.Cadence(interval_s=spec.checkpoint_interval_s, every_steps=spec.checkpoint_every_steps)
         times: list[float] = []
         saved: list[int] = []
@@ -199,7 +199,7 @@ class _Run:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0 - (t_record - t_grad))
             losses.append(self.global_loss(local))
-            if self.recorder is not None and step < spec.steps - 1:
+            if self.recorder is not None:
                 self.recorder.params(step, self.parts)
             if spec.checkpoint_dir and self._decide(cadence.due(step, last=step == spec.steps - 1)):
                 self.heartbeat.beat("checkpoint", step)
@@ -286,8 +286,10 @@ def main(argv: list[str], *, parent: int | None = None) -> int:
         return 0
     except BaseException as err:  # noqa: BLE001 - any failure of a rank becomes its one-line report
         line = (str(err).strip().splitlines() or [type(err).__name__])[0][:400]
-        (Path(workdir) / f"error-{rank}.json").write_text(json.dumps(
+        error_file = Path(workdir) / f"error-{rank}.json"
+        error_file.with_suffix(".tmp").write_text(json.dumps(
             {"message": f"{type(err).__name__}: {line}", "traceback": traceback.format_exc()}))
+        os.replace(error_file.with_suffix(".tmp"), error_file)
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
