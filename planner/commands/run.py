@@ -205,6 +205,8 @@ def render(doc: dict) -> str:
             lines.append(f"  first over its bound: {f['kind']} at step {f['step']}" + (f", {f['tensor']}" if f["tensor"] else ""))
         for problem in v["problems"]:
             lines.append(f"  {problem}")
+        for note in v["notes"]:
+            lines.append(f"  note: {note}")
     for note in doc["notes"]:
         lines.append(f"note: {note}")
     return "\n".join(lines)

@@ -183,6 +183,10 @@ def verify_run(spec, ranks: list[dict], workdir=None, *, reference_model=None) -
     ref = AnchoredReference(spec, model=reference_model)
     ledger = _Ledger()
     notes = []
+    if ref.rounding.gradient_factor >= 0.1:
+        notes.append(f"the rounding bound of {spec.dtype} arithmetic is {ref.rounding.gradient_factor:.2g} x the "
+                     f"summed |gradient terms|: at this depth it is no smaller than the gradients, so gradient "
+                     f"differences cannot be detected (run in fp32 to verify)")
     start = ranks[0].get("start_step", 0)
     losses = ranks[0]["losses"]
     u = ref.rounding.u_run + ref.rounding.u_ref
