@@ -289,6 +289,12 @@ def test_dimensions_the_executor_cannot_run_are_refused_by_name(tmp_path):
     assert "plan.cp=2" in line and "context parallelism" in line
 
 
+def test_checkpoint_every_steps_without_a_directory_is_one_line(tmp_path):
+    plan = write_plan(tmp_path / "p.json", ParallelConfig(dp=2, global_batch=2, seq=16))
+    line = one_line_exit_2(runner.invoke(app, ["run", str(plan), "--checkpoint-every-steps", "2"]))
+    assert "--checkpoint-every-steps=2" in line and "--checkpoint-dir" in line
+
+
 @pytest.mark.parametrize("fault,needle", [("bug:nonsense", "bug:NAME"), ("stop:1", "stop:RANK:STEP"),
                                           ("bug:zero_shard_offset", "zero 1, 2 or 3"),
                                           ("bug:drop_microbatch", "pp > 1")])

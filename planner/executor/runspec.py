@@ -292,6 +292,8 @@ def build_run_spec(plan_path: str | Path, *, steps: int = 3, backend: str = "glo
         notes.append("ZeRO-1 runs as FSDP2 without resharding after forward (gradients are sharded too: ZeRO-2)")
     if config.zero and config.dp == 1:
         notes.append(f"ZeRO-{config.zero} has no effect with dp=1")
+    if checkpoint_every_steps and not checkpoint_dir:
+        raise ConfigError("--checkpoint-every-steps", checkpoint_every_steps, "only with --checkpoint-dir")
     if checkpoint_dir and checkpoint_every_steps:
         notes.append(f"checkpoints every {checkpoint_every_steps} step(s) (--checkpoint-every-steps)"
                      + (f"; the plan's checkpoint_interval_s {interval:g} s not used" if interval else ""))
