@@ -177,22 +177,23 @@ def process_state(pid: int) -> str | None:
 
 
 def _stalest_live_rank(procs: list, workdir: Path, *, exclude: int) -> str:
-    """', rank R (alive, no progress for N s since step S) looks hung' for the live rank that has
-    made no progress longest, when that is over 2 s; '' otherwise."""
-    now, best = time.time(), None
+    """A note on the live rank most likely to blame: one the kernel reports stopped (SIGSTOP), else
+    the one without progress longest when that is over 2 s; '' when none stands out."""
+    now, candidates = time.time(), []
     for r, p in enumerate(procs):
         beat = read_heartbeat(workdir, r)
         if r == exclude or p.poll() is not None or beat is None:
             continue
         age = now - beat.get("since", beat["time"])
-        if age > 2.0 and (best is None or age > best[1]):
-            best = (r, age, beat.get("step", -1), process_state(p.pid))
-    if best is None:
+        stopped = process_state(p.pid) in ("T", "t")
+        if stopped or age > 2.0:
+            candidates.append((not stopped, -age, r, beat.get("step", -1), stopped))
+    if not candidates:
         return ""
-    rank, age, step, state = best
-    if state in ("T", "t"):
-        return f" (rank {rank} is stopped (SIGSTOP or a debugger) since step {step}, {age:.0f} s without progress)"
-    return f" (rank {rank} is alive but silent for {age:.0f} s since step {step}: it looks hung)"
+    _, minus_age, rank, step, stopped = min(candidates)
+    if stopped:
+        return f" (rank {rank} is stopped (SIGSTOP or a debugger) since step {step}, {-minus_age:.0f} s without progress)"
+    return f" (rank {rank} is alive but silent for {-minus_age:.0f} s since step {step}: it looks hung)"
 
 
 def stop_all(procs: list, grace_s: float = 3.0) -> None:
