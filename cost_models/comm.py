@@ -186,6 +186,27 @@ def tp_block_seconds(x) -> TpSeconds:
                      recompute=np.where(x.full, 2.0 * ar, 0.0) * recompute_passes(x))
 
 
+def tp_exposed_seconds(x, tp: TpSeconds, block) -> np.ndarray:
+    """Tensor-parallel communication a block adds to its time. Without overlap all of it. With the
+    collectives split into chunks that run beside the GEMMs they feed and drain (Megatron-Core's
+    tp_comm_overlap through Transformer Engine's userbuffers; torch's async TP; Wang et al. 2023,
+    "Overlap communication with dependent computation via decomposition"), per pass only what exceeds
+    that pass's GEMM time shows, and the hidden part still costs `overlap_interference` of its time:
+        exposed = sum over fwd, bwd, recompute of  max(0, C - G) + i min(C, G)."""
+    from cost_models.compute import eff, recompute_passes
+
+    if not x.sw.tp_comm_overlap:
+        return tp.total
+    interference = eff(x.hw, "overlap_interference")
+
+    def shown(comm, gemm):
+        hidden = np.minimum(comm, gemm)
+        return comm - hidden + interference * hidden
+
+    rec_gemm = np.where(x.full, block.gemm_fwd, 0.0) * recompute_passes(x)
+    return shown(tp.fwd, block.gemm_fwd) + shown(tp.bwd, block.gemm_bwd) + shown(tp.recompute, rec_gemm)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CpSeconds:
     """Context-parallel key/value exchange of one block and one micro-batch."""

@@ -66,9 +66,10 @@ def memory_Bps(hw: HardwareProfile) -> float:
 
 
 def gemm_efficiency_max(hw: HardwareProfile, precision: str) -> float:
-    """Large-GEMM fraction of peak: tensor cores (fp16/bf16), or the SIMT fp32 units when TF32 is off
-    (a different unit, its own parameter)."""
-    return eff(hw, "gemm_efficiency_max_fp32" if precision == "fp32" else "gemm_efficiency_max")
+    """Large-GEMM fraction of peak: tensor cores (fp16/bf16; FP8 has its own parameter), or the SIMT fp32
+    units when TF32 is off (a different unit, its own parameter)."""
+    key = {"fp32": "gemm_efficiency_max_fp32", "fp8": "gemm_efficiency_max_fp8"}.get(precision, "gemm_efficiency_max")
+    return eff(hw, key)
 
 
 def gemm_seconds(m, n, k, batch=1, *, hw: HardwareProfile, precision: str, elem_bytes: float = 2.0):
@@ -235,8 +236,10 @@ def block_seconds(x) -> BlockSeconds:
     scores_f = x.per_token(x.table.scores_traffic_fwd) * x.tokens / bw
     layer_f = gemm_f + attn_f + elem_f
     rec = np.select([x.full, x.selective], [layer_f, attn_f + scores_f], 0.0) * recompute_passes(x)
-    return BlockSeconds(gemm_fwd=gemm_f, gemm_bwd=gemm_b, attn_fwd=attn_f, attn_bwd=attn_b, elem_fwd=elem_f,
-                        elem_bwd=BWD_TRAFFIC_FACTOR * elem_f, scores_fwd=scores_f, recompute=rec)
+    k = 1.0 / x.sw.framework.compute_efficiency     # the stack's gaps around its kernels (frameworks)
+    return BlockSeconds(gemm_fwd=k * gemm_f, gemm_bwd=k * gemm_b, attn_fwd=k * attn_f, attn_bwd=k * attn_b,
+                        elem_fwd=k * elem_f, elem_bwd=k * BWD_TRAFFIC_FACTOR * elem_f, scores_fwd=k * scores_f,
+                        recompute=k * rec)
 
 
 def head_seconds(x):
@@ -245,7 +248,8 @@ def head_seconds(x):
     memory-bound work (cost_models.blocks.head_table)."""
     f_, b_ = gemm_fwd_bwd_seconds(x.tokens, x.spec.vocab / x.tp, x.spec.hidden, hw=x.hw,
                                   precision=x.attention_precision, elem_bytes=x.c)
-    return f_ + b_ + (x.per_token(x.head.traffic_fwd) + x.per_token(x.head.traffic_bwd)) * x.tokens / memory_Bps(x.hw)
+    memory_bound = (x.per_token(x.head.traffic_fwd) + x.per_token(x.head.traffic_bwd)) * x.tokens / memory_Bps(x.hw)
+    return (f_ + b_ + memory_bound) / x.sw.framework.compute_efficiency
 
 
 def embedding_seconds(x, tp_allreduce_s):

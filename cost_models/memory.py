@@ -153,7 +153,9 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     gather_bytes = x.sw.state_bytes(x.precision).gather     # FSDP gathers the 16-bit copy (param_dtype)
     zero3_live = np.where(zero >= 3, np.minimum(2.0, n_blocks) * block_p * gather_bytes * (1.0 - 1.0 / dp), 0.0)
     # FP8 recipes that keep FP8 copies of the linear weights for the step (frameworks: fp8_weight_cache_bytes)
-    fp8_copies = (n_blocks * P.block_matmul_weights(spec) / tp * fw.fp8_weight_cache_bytes) if x.precision == "fp8" else 0.0
+    # (sharded with the parameters under ZeRO-3: FSDP keeps them per shard)
+    fp8_copies = zero_sharded(n_blocks * P.block_matmul_weights(spec) / tp * fw.fp8_weight_cache_bytes, dp, zero, 3) \
+        if x.precision == "fp8" else 0.0
     params_b = zero_sharded(n_params * pb, dp, zero, 3) + zero3_live + fp8_copies
     grads_b = zero_sharded(n_params * gb, dp, zero, 2)
     buckets = np.where(fw.grad_bucket_copy & (zero == 0) & (x.grad_group > 1), n_params * gb, 0.0)

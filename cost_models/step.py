@@ -34,6 +34,9 @@ class Software:
     says otherwise, e.g. Megatron-LM 2021-22's local DDP)."""
     loss: str = "upcast"
     """Cross-entropy implementation (frameworks.LOSS_KERNELS): the framework's unless a run says otherwise."""
+    tp_comm_overlap: bool = False
+    """Tensor-parallel collectives overlapped with the GEMMs (the framework's default unless a run says
+    otherwise: NeMo's tp_comm_overlap, torchtitan's async TP)."""
     grad_reduce_dtype: str | None = None
     """'bf16' or 'fp32': the dtype gradients are kept and reduced in, when a run sets it (NVIDIA's NeMo 1.x
     recipes with Apex's distributed fused Adam: bf16; Megatron-LM's default for bf16: fp32); None: the
@@ -42,9 +45,10 @@ class Software:
     @classmethod
     def of(cls, framework: FrameworkProfile, *, attention: str | None = None, dropout: bool = False,
            overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None,
-           loss: str | None = None) -> "Software":
+           loss: str | None = None, tp_comm_overlap: bool | None = None) -> "Software":
         return cls(framework=framework, attention=attention or framework.attention, dropout=bool(dropout),
                    loss=loss or framework.loss,
+                   tp_comm_overlap=framework.tp_comm_overlap if tp_comm_overlap is None else bool(tp_comm_overlap),
                    overlap_grad_reduce=framework.overlap_grad_reduce if overlap_grad_reduce is None
                    else bool(overlap_grad_reduce), grad_reduce_dtype=grad_reduce_dtype)
 

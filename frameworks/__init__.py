@@ -113,6 +113,14 @@ class FrameworkProfile:
     the usual forward plus one recompute)."""
     allocator_overhead_fraction: float
     """Caching-allocator blocks beyond the tensors they hold (reserved / allocated - 1)."""
+    compute_efficiency: float
+    """Fraction of the cost model's kernel rates the stack's blocks reach (launch gaps, synchronizations,
+    copies its kernels add around the GEMMs, attention and memory-bound work of cost_models.blocks):
+    fitted to the stack's published runs (benchmarks/calibrate_frameworks.py, leave one source out);
+    Megatron, whose runs calibrated the kernel rates, is the reference (1)."""
+    tp_comm_overlap: bool
+    """Tensor-parallel collectives overlapped with the GEMMs they feed (Megatron-Core's tp_comm_overlap
+    through Transformer Engine's userbuffers, torch's async TP): the default; a run may say otherwise."""
     fp8_cast_bytes_per_element: float
     """Memory traffic per element of a GEMM operand to run it in FP8 (cost_models.compute.fp8_cast_bytes)."""
     fp8_weight_cache_bytes: float

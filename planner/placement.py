@@ -78,12 +78,23 @@ def ranks_per_node(n, stride, devices_per_node: int):
     return np.where(devices_per_node % span == 0, n, np.where(aligned_run, np.minimum(run, n), 1))
 
 
+def aligned_domain(domain: int, world):
+    """The NVLink domain the rank layout aligns to: the whole job when it fits in one domain (a 64-GPU
+    job on a 72-GPU GB200 NVL72 rack); otherwise the largest power of two within the domain when the
+    domain is not one (power-of-two groups fill 64 of a rack's 72 GPUs, the other trays stay spare), else
+    the domain itself. Arrays broadcast."""
+    world = np.asarray(world)
+    pow2 = 1 << (int(domain).bit_length() - 1)
+    return np.where(world <= domain, np.maximum(world, 1), pow2)
+
+
 def group_locality(placement_idx, dp, pp, tp, devices_per_node: int, cp=1, dp_shard=None) -> dict[str, np.ndarray]:
     """Ranks per node (or NVLink domain: `devices_per_node` is the domain the fast links join) of each
     parallel group, for each candidate: 'D', 'P', 'T', 'C' (one axis each); 'DC' the data-parallel
     gradient group over dp x cp (context-parallel ranks hold the same weights); with hybrid sharding
     `dp_shard` (shard group inside D, replicas across: torchtitan's dp_replicate x dp_shard), 'S' the
     shard group over dp_shard x cp and 'R' the replica group over dp / dp_shard."""
+    devices_per_node = aligned_domain(devices_per_node, np.asarray(dp) * np.asarray(pp) * np.asarray(tp) * np.asarray(cp))
     st = strides(placement_idx, dp, pp, tp, cp)
     size = {"D": dp, "P": pp, "T": tp, "C": cp}
     out = {a: ranks_per_node(size[a], st[a], devices_per_node) for a in AXES + ("C",)}

@@ -158,7 +158,8 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     block, tp = K.block_seconds(x), C.tp_block_seconds(x)
     cp = C.cp_block_seconds(x, block.attn_fwd, block.attn_bwd)
     cp_s = cp.exposed + K.eff(hw, "overlap_interference") * (cp.total - cp.exposed)
-    stage = PL.stage_seconds(x, block.total, {"tp": tp.total, "cp": cp_s}, K.embedding_seconds(x, tp.allreduce),
+    stage = PL.stage_seconds(x, block.total, {"tp": C.tp_exposed_seconds(x, tp, block), "cp": cp_s},
+                             K.embedding_seconds(x, tp.allreduce),
                              K.head_seconds(x))
     busy, bubble = PL.schedule_seconds(x, stage)
     params_rank = np.maximum(P.rank_params(model, x.tp, x.blocks_first, True, x.single_stage),

@@ -154,6 +154,7 @@ def to_megatron(plan: Plan) -> Export:
     if cfg.precision == "fp8":
         add("--fp8-format", "hybrid")
         add("--fp8-recipe", "tensorwise")
+        add("--fp8-param-gather")   # FP8 primary weights, no FP8 copies beside bf16 ones (what the plan's memory assumes)
         notes.append("fp8 needs Transformer Engine (--transformer-impl transformer_engine, the default)")
 
     # --- placement, schedule, checkpoints
