@@ -24,6 +24,11 @@ LLAMA = ("llama3-70b", "p5.48xlarge", 512, (("dp", 32), ("tp", 4), ("pp", 4), ("
                                             ("global_batch", 512), ("schedule", "1f1b"), ("zero", 1),
                                             ("sequence_parallel", True), ("seq", 8192)))
 
+FSDP_LLAMA = ("llama3-8b", "p5.48xlarge", 64, (("dp", 64), ("micro_batch", 1), ("global_batch", 256), ("zero", 3),
+                                             ("recompute", "full"), ("seq", 8192), ("framework", "fsdp")))
+FSDP_GPT = ("gpt3-6.7b", "p4d.24xlarge", 64, (("dp", 64), ("micro_batch", 2), ("global_batch", 512), ("zero", 3),
+                                            ("recompute", "full"), ("seq", 2048), ("framework", "fsdp")))
+
 VARIANTS = {
     # name: (base, changes to the plan object, changes to model.arch)
     "gpt3-interleaved-uneven": (GPT3, {}, {}),
@@ -51,6 +56,11 @@ VARIANTS = {
     "moe-ep": (LLAMA, dict(dp=32, tp=4, pp=4, ep=8, stages=[], placement="PDET"),
                dict(moe=dict(experts=16, top_k=2, expert_ffn=8192, shared_experts=1, shared_expert_ffn=8192,
                              first_dense_layers=1))),
+    "fsdp-llama-zero3-ckpt": (FSDP_LLAMA, dict(checkpoint_interval_s=1200.0), {}),
+    "fsdp-llama-hsdp-zero2": (FSDP_LLAMA, dict(zero=2, dp_shard=8, micro_batch=2), {}),
+    "fsdp-llama-ddp": (FSDP_LLAMA, dict(zero=0, micro_batch=1, precision="amp-fp16"), {}),
+    "fsdp-llama-bf16-offload": (FSDP_LLAMA, dict(precision="bf16", offload="optimizer", recompute="none"), {}),
+    "fsdp-gpt3-zero3": (FSDP_GPT, {}, {}),
 }
 
 

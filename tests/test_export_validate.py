@@ -115,6 +115,30 @@ def check_deepspeed(plan, c):
     assert c["cpu_checkpointing"] == (cfg.offload == "activations")
 
 
+def check_fsdp(plan, c):
+    cfg, spec = plan.config, model_spec(plan)
+    sharded = cfg.zero >= 1 and cfg.dp > 1
+    assert c["num_processes"] == plan.gpus and c["num_machines"] == plan.nodes
+    assert c["distributed_type"].endswith("FSDP" if sharded else "MULTI_GPU")
+    assert c["mixed_precision"] == {"fp32": "no", "amp-fp16": "fp16", "amp-bf16": "bf16", "bf16": "bf16"}[cfg.precision]
+    assert c["per_device_train_batch_size"] * cfg.dp * c["gradient_accumulation_steps"] == cfg.global_batch
+    assert c["per_device_train_batch_size"] == cfg.micro_batch
+    assert (c["bf16"], c["fp16"]) == (cfg.precision in ("amp-bf16", "bf16"), cfg.precision == "amp-fp16")
+    if sharded:
+        assert c["fsdp_version"] == 2 and c["reshard_after_forward"] == (cfg.zero == 3)
+        assert c["cpu_offload"] == (cfg.offload == "optimizer")
+        assert c["activation_checkpointing"] == (cfg.recompute == "full") and not c["gradient_checkpointing"]
+        assert c["mesh"] == (None if cfg.shard_group == cfg.dp else {"dp_replicate": cfg.dp // cfg.shard_group,
+                                                                      "dp_shard": cfg.shard_group})
+        assert c["wrapped_layers"] == spec.layers
+    else:
+        assert c["gradient_checkpointing"] == (cfg.recompute == "full")
+    assert c["params"] == plan.document["model"]["params"] and c["layers"] == spec.layers
+    interval = plan.document["plan"].get("checkpoint_interval_s")
+    if interval:
+        assert c["save_steps"] == max(1, round(interval / plan.prediction.step_time_s))
+
+
 def check_sagemaker(plan, c):
     cfg, mp = plan.config, c["config"]["mp_parameters"] if "config" in c else c["mp_parameters"]
     assert mp["tensor_parallel_degree"] == cfg.tp
@@ -134,7 +158,7 @@ def check_sagemaker_v1(plan, c):
     assert c["mpi"]["processes_per_host"] * plan.nodes == plan.gpus
 
 
-CHECKS = {"torchtitan": ("config", check_torchtitan), "megatron": ("args", check_megatron),
+CHECKS = {"torchtitan": ("config", check_torchtitan), "megatron": ("args", check_megatron), "fsdp": ("config", check_fsdp),
           "deepspeed": ("config", check_deepspeed), "sagemaker": ("config", check_sagemaker),
           "sagemaker-v1": ("config", check_sagemaker_v1)}
 

@@ -65,6 +65,37 @@ def megatron_limits(plan: Plan) -> list[str]:
     return out
 
 
+# ----------------------------------------------------------------- fsdp (Accelerate 1.15 / transformers 5.23)
+
+def fsdp_limits(plan: Plan) -> list[str]:
+    """Hugging Face modules under DDP / FSDP2 through Accelerate (planner.exports.fsdp)."""
+    from planner.exports.fsdp import HF_DECODER_LAYER
+
+    cfg, spec, out = plan.config, model_spec(plan), []
+    if spec is None:
+        return [_NO_ARCH]
+    if spec.model_type not in HF_DECODER_LAYER:
+        return [f"{spec.name} ({spec.model_type}): the exporter writes Hugging Face configs for "
+                + ", ".join(sorted(HF_DECODER_LAYER)) + " models"]
+    if spec.model_type == "gpt2":
+        if not (spec.position == "learned" and spec.norm == "layernorm" and not spec.gated_mlp
+                and spec.qkv_bias and spec.out_bias and spec.mlp_bias and spec.d_head * spec.heads == spec.hidden):
+            out.append(f"{spec.name}: not the shape of transformers' GPT2 model (learned positions, LayerNorm, GELU MLP, "
+                       "biases, head_dim = hidden/heads)")
+    elif not (spec.position == "rope" and spec.norm == "rmsnorm" and spec.gated_mlp and spec.activation == "silu"
+              and not spec.out_bias and not spec.parallel_block):
+        out.append(f"{spec.name}: not the shape of transformers' {spec.model_type} model (RoPE, RMSNorm, SwiGLU)")
+    want_qk_norm = spec.model_type == "qwen3_moe"
+    if spec.mla is not None or spec.attention_sinks or spec.mtp_modules or spec.qk_norm != want_qk_norm \
+            or (spec.sliding_window and spec.model_type != "mistral") or spec.window_layers is not None:
+        out.append(f"{spec.name}: MLA / attention sinks / MTP / QK-norm / sliding windows that transformers' "
+                   f"{spec.model_type} model does not have")
+    if cfg.offload == "optimizer" and (cfg.zero == 0 or cfg.dp == 1):
+        out.append("offload=optimizer without sharding: DistributedDataParallel has no optimizer offload "
+                   "(FSDP's CPU offload needs ZeRO-2/3)")
+    return out
+
+
 # --------------------------------------------------------------------------------------- DeepSpeed 0.19
 
 def deepspeed_limits(plan: Plan) -> list[str]:
@@ -118,7 +149,7 @@ def sagemaker_v1_limits(plan: Plan) -> list[str]:
     return out
 
 
-LIMITS = {"torchtitan": torchtitan_limits, "megatron": megatron_limits, "deepspeed": deepspeed_limits,
+LIMITS = {"torchtitan": torchtitan_limits, "megatron": megatron_limits, "fsdp": fsdp_limits, "deepspeed": deepspeed_limits,
           "sagemaker": sagemaker_limits, "sagemaker-v1": sagemaker_v1_limits}
 
 _NO_ARCH = ("the plan document has no model.arch (the model's full shape), which this target needs to build the "
