@@ -30,11 +30,38 @@ def torchtitan_limits(plan: Plan) -> list[str]:
     cfg, spec, out = plan.config, model_spec(plan), []
     if spec is None:
         out.append(_NO_ARCH)
+    elif spec.position == "learned":
+        out += _gpt_only(spec)
+        if cfg.cp > 1:
+            out.append(f"cp={cfg.cp} with learned absolute positions: torchtitan's context parallelism shards the "
+                       "sequence without telling the model each shard's positions")
     else:
         out += _llama_only(spec, "torchtitan 0.3.0's llama3 model (the one decoder the exporter builds)")
     if model_moe(plan) or cfg.ep > 1 or cfg.expert_tp > 1:
         out.append("mixture-of-experts: the exporter builds torchtitan's dense llama3 model only")
     return out
+
+
+def _gpt_only(spec: TransformerSpec) -> list[str]:
+    """A decoder the job's own GPT model (planner.exports.torchtitan_models) builds: learned positions,
+    pre-LayerNorm, GELU MLP, biases on every linear, multi-head attention."""
+    wrong = []
+    if spec.encoder_layers or not spec.causal:
+        wrong.append("not a causal decoder")
+    if spec.norm != "layernorm" or spec.gated_mlp or spec.activation != "gelu":
+        wrong.append(f"norm={spec.norm}, MLP {'gated ' if spec.gated_mlp else ''}{spec.activation}")
+    if not (spec.qkv_bias and spec.out_bias and spec.mlp_bias):
+        wrong.append("linears without biases")
+    if spec.n_kv_heads != spec.heads:
+        wrong.append("grouped-query attention")
+    if spec.parallel_block or spec.embed_norm or not spec.final_norm or spec.sliding_window:
+        wrong.append("parallel block / embedding norm / no final norm / sliding window")
+    if spec.mla is not None or spec.qk_norm or spec.attention_sinks or spec.mtp_modules:
+        wrong.append("MLA / QK-norm / attention sinks / MTP")
+    if not wrong:
+        return []
+    return [f"{spec.name} ({spec.model_type}: {', '.join(wrong)}) is not a GPT-style model the exported job's GPT "
+            "decoder builds (learned positions, LayerNorm, GELU, biases)"]
 
 
 # ---------------------------------------------------------------------------------- Megatron-LM (core 0.19)
