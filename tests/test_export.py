@@ -27,6 +27,7 @@ REFUSED = {  # variant: {format: part of the one-line reason}
     "llama-pp1-zero2-sel": {"sagemaker-v1": "ZeRO-2"},
     "llama-bf16-offload-act": {"torchtitan": "offload=activations", "megatron": "offload=activations"},
     "moe-ep": {"torchtitan": "mixture-of-experts", "sagemaker-v1": "expert parallelism", "fsdp": "pp=4"},
+    "moe-deepseek-v3": {"torchtitan": "mixture-of-experts (deepseek_v3)", "deepspeed": "sigmoid scoring"},
     "gpt3-pp1-zero0-fp16": {"torchtitan": "precision=amp-fp16", "fsdp": "tp=8: fsdp allows tp=1 only"},
     "llama-hsdp-cp-fp8": {"deepspeed": "precision=fp8", "sagemaker-v1": "context parallelism",
                           "megatron": "dp_shard=8 < dp=32", "fsdp": "precision=fp8"},

@@ -51,7 +51,8 @@ def check_megatron(plan, args):
     assert args["data_parallel_size"] == cfg.dp and args["context_parallel_size"] == cfg.cp
     assert (args["micro_batch_size"], args["global_batch_size"]) == (cfg.micro_batch, cfg.global_batch)
     assert (args["num_layers"], args["hidden_size"], args["ffn_hidden_size"]) == (spec.layers, spec.hidden, spec.d_ffn)
-    assert args["num_attention_heads"] == spec.heads and args["kv_channels"] == spec.d_head
+    assert args["num_attention_heads"] == spec.heads
+    assert args["kv_channels"] == (spec.hidden // spec.heads if spec.mla else spec.d_head)
     assert args["group_query_attention"] == (spec.n_kv_heads != spec.heads)
     if args["group_query_attention"]:
         assert args["num_query_groups"] == spec.n_kv_heads
@@ -67,6 +68,7 @@ def check_megatron(plan, args):
     assert args["bf16"] == (cfg.precision in ("amp-bf16", "bf16", "fp8")) and args["fp16"] == (cfg.precision == "amp-fp16")
     assert (args["fp8"] is not None) == (cfg.precision == "fp8")
     assert args["expert_model_parallel_size"] == cfg.ep
+    check_megatron_moe(spec, args)
     chunks = cfg.pp * cfg.virtual_stages
     built = args["layout_decoder_blocks"]
     if built is not None:     # per pipeline rank, its chunks: chunk c runs on rank c % pp
@@ -78,6 +80,31 @@ def check_megatron(plan, args):
     elif cfg.pp > 1:
         assert len(set(chunk_blocks(plan))) == 1
         assert (args["virtual_pipeline_model_parallel_size"] or 1) == cfg.virtual_stages
+
+
+def check_megatron_moe(spec, args):
+    """MoE, MLA, MTP and QK-norm as Megatron-LM parsed them."""
+    mla, moe = spec.mla, spec.moe
+    assert args["multi_latent_attention"] == (mla is not None) and args["qk_layernorm"] == spec.qk_norm
+    if mla is not None:
+        assert (args["q_lora_rank"] or 0, args["kv_lora_rank"]) == (mla.q_lora_rank, mla.kv_lora_rank)
+        assert (args["qk_head_dim"], args["qk_pos_emb_head_dim"], args["v_head_dim"]) == (
+            mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim)
+    assert (args["mtp_num_layers"] or 0) == spec.mtp_modules
+    assert (args["num_experts"] or 0) == (moe.experts if moe else 0)
+    if moe is None:
+        return
+    assert (args["moe_router_topk"], args["moe_ffn_hidden_size"]) == (moe.top_k, moe.expert_ffn)
+    assert (args["moe_shared_expert_intermediate_size"] or 0) == moe.shared_experts * moe.d_shared_ffn
+    layer_freq = args["moe_layer_freq"]
+    moe_layers = [1] * spec.layers if layer_freq == 1 else layer_freq
+    assert moe_layers == [int(spec.is_moe_layer(i)) for i in range(spec.layers)]
+    assert args["moe_router_score_function"] == moe.router
+    assert args["moe_router_enable_expert_bias"] == moe.aux_free_bias
+    assert args["moe_router_pre_softmax"] == (moe.router == "softmax" and not moe.normalize_top_k)
+    assert (args["moe_router_group_topk"] or 0) == moe.groups_per_token
+    assert (args["moe_router_topk_scaling_factor"] or 1.0) == moe.routed_scaling
+    assert args["moe_grouped_gemm"] and args["moe_token_dispatcher_type"] == "alltoall"
 
 
 def check_torchtitan(plan, c):

@@ -28,6 +28,10 @@ def target_limits(fmt: str, plan: Plan) -> list[str]:
 def torchtitan_limits(plan: Plan) -> list[str]:
     """torchtitan 0.3.0 (the exporter builds its llama3 model, `torchtitan.models.llama3`)."""
     cfg, spec, out = plan.config, model_spec(plan), []
+    if model_moe(plan) or cfg.ep > 1 or cfg.expert_tp > 1:
+        kind = f" ({spec.model_type})" if spec is not None else ""
+        return [f"mixture-of-experts{kind}: the exporter does not build torchtitan 0.3.0's MoE families "
+                "(deepseek_v3, qwen3 MoE, gpt_oss) yet; dense llama3-style and GPT-style models only"]
     if spec is None:
         out.append(_NO_ARCH)
     elif spec.position == "learned":
@@ -37,8 +41,6 @@ def torchtitan_limits(plan: Plan) -> list[str]:
                        "sequence without telling the model each shard's positions")
     else:
         out += _llama_only(spec, "torchtitan 0.3.0's llama3 model (the one decoder the exporter builds)")
-    if model_moe(plan) or cfg.ep > 1 or cfg.expert_tp > 1:
-        out.append("mixture-of-experts: the exporter builds torchtitan's dense llama3 model only")
     return out
 
 
@@ -83,7 +85,7 @@ def megatron_limits(plan: Plan) -> list[str]:
         out.append(f"gated MLP with {spec.activation}: Megatron-LM's arguments have SwiGLU (--swiglu) only")
     if not spec.gated_mlp and spec.activation != "gelu":
         out.append(f"MLP activation {spec.activation}: Megatron-LM's arguments have GELU or SwiGLU")
-    out += _unwritten_model_features(spec, "Megatron-LM's")
+    out += _megatron_unwritten(spec)
     if _bias_pattern(spec) is None:
         out.append("bias pattern (qkv, out, mlp) = "
                    f"({spec.qkv_bias}, {spec.out_bias}, {spec.mlp_bias}): Megatron-LM has all biases, none, or qkv only")
@@ -135,6 +137,16 @@ def deepspeed_limits(plan: Plan) -> list[str]:
                    "and the plan has recompute=none")
     if cfg.cp > 1:
         out.append(f"cp={cfg.cp}: DeepSpeed's config has no context-parallel degree (Ulysses is built in model code)")
+    moe = model_moe(plan)
+    if moe is not None:
+        gate = [what for what, has in (
+            ("sigmoid scoring", moe.router != "softmax"), ("the expert-bias balancing", moe.aux_free_bias),
+            ("group-limited routing", bool(moe.groups_per_token)), ("a routed scaling factor", moe.routed_scaling != 1.0),
+            ("a learned router bias", moe.router_bias), ("a shared-expert gate", moe.shared_expert_gate),
+            ("more than one shared expert", moe.shared_experts > 1)) if has]
+        if gate:
+            out.append(f"mixture-of-experts with {', '.join(gate)}: DeepSpeed-MoE's layer (deepspeed.moe.layer.MoE) has a "
+                       "softmax top-k gate and at most one residual (shared) expert")
     return out
 
 
@@ -229,6 +241,26 @@ def _unwritten_model_features(spec: TransformerSpec, target: str) -> list[str]:
     if not features:
         return []
     return [f"{spec.name}: the exporter does not write {target} arguments for {', '.join(features)} yet"]
+
+
+def _megatron_unwritten(spec: TransformerSpec) -> list[str]:
+    """Model features Megatron-LM's arguments cannot state: attention sinks, a window on some blocks
+    only, a learned router bias, and a sigmoid router without top-k renormalization (Megatron's
+    sigmoid router always renormalizes)."""
+    moe, features = spec.moe, []
+    if spec.attention_sinks:
+        features.append("attention sinks")
+    if spec.sliding_window and spec.window_layers is not None:
+        features.append("a sliding window on some blocks only")
+    if moe is not None and moe.router_bias:
+        features.append("a learned router bias")
+    if moe is not None and moe.router == "sigmoid" and not moe.normalize_top_k:
+        features.append("a sigmoid router without top-k renormalization")
+    if moe is not None and moe.groups_per_token and moe.expert_groups == 1:
+        features.append("group-limited routing without groups")
+    if not features:
+        return []
+    return [f"{spec.name}: Megatron-LM's arguments have no {', '.join(features)}"]
 
 
 def _bias_pattern(spec: TransformerSpec) -> str | None:
