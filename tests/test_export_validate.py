@@ -223,9 +223,9 @@ SCENARIOS = {"gpt3-175b": ("p4d.24xlarge", 960, 1536), "llama3-70b": ("p5.48xlar
 """The issue's acceptance scenarios: the README's GPT-3 run and Llama 3 70B on 64 x p5.48xlarge."""
 
 FSDP_SCENARIOS = {"llama3-8b": ("p5.48xlarge", 64, None), "gpt3-6.7b": ("p4d.24xlarge", 64, None)}
-"""Data-parallel-only stacks get no plan in the acceptance scenarios (GPT-3: no dp x tp x pp of 960 with
-tp = pp = 1 divides the batch of 1536; Llama 3 70B: nothing fits without tensor or pipeline parallelism),
-so their exporter is also held to the search's plans for models they can train."""
+"""Data-parallel-only stacks get no plan for GPT-3 in the acceptance scenarios (no dp x tp x pp of 960 with
+tp = pp = 1 divides the batch of 1536), so their exporter is also held to the search's plans for models
+they can train; Llama 3 70B fits with FSDP on 512 H100s."""
 
 
 def top5(model, hardware, gpus, batch, framework):
@@ -258,8 +258,9 @@ def test_recommended_plans_export_to_their_framework_and_validate(framework):
             refused.append((plan.model_name, str(err)))
     assert refused == []
     assert len(validate_all(framework, plans)) == len(plans)
-    if framework == "fsdp":
-        assert set(none) <= set(SCENARIOS) and len(plans) == 5 * len(FSDP_SCENARIOS), none
+    if framework == "fsdp":      # gpt3-175b has no data-parallel-only layout of 960 GPUs (see FSDP_SCENARIOS)
+        # a data-parallel-only space can hold fewer than 5 fitting plans: every one the search returns counts
+        assert set(none) <= set(SCENARIOS) and len(plans) >= 5 * len(FSDP_SCENARIOS) + 1, none
     else:
         assert none == {} and len(plans) == 5 * len(SCENARIOS)
 
