@@ -258,6 +258,29 @@ def test_a_plan_file_report_gets_its_goodput_too(tmp_path, small_report):
     assert data["best"]["prediction"]["reliability"]["goodput"] == pytest.approx(best["prediction"]["goodput"])
 
 
+def test_report_ranks_by_every_objective_recommend_has_from_one_definition(tmp_path):
+    from planner.commands.common import OBJECTIVE_PHRASES
+    from planner.search import OBJECTIVES
+
+    assert tuple(OBJECTIVE_PHRASES) == OBJECTIVES           # the help describes exactly the set the search ranks by
+    for command, tokens in (("report", "--train-tokens"), ("recommend", "--tokens")):
+        text = " ".join(runner.invoke(app, [command, "--help"]).output.replace("│", " ").split())   # rich's box unwrapped
+        for name in OBJECTIVES:
+            assert f"{name} (" in text, (command, name)
+        assert f"least expected time for {tokens} including failures" in text
+    out = _report(tmp_path, *SMALL[:-1], "1", "--objective", "time-to-train")
+    data = json.loads((out / "report.json").read_text())
+    rec = recommend(resolve_model("gpt2"), load_profile("p4d.24xlarge"), gpus=16, global_batch=64, top=4,
+                    tokens=300e9, objective="time-to-train")
+    assert data["scenario"]["objective"] == "time-to-train" and data["best"]["plan"] == rec.best["plan"]
+
+
+def test_an_unknown_objective_is_refused_before_anything_is_written(tmp_path):
+    result = runner.invoke(app, ["report", *SMALL, "--objective", "goodput", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "time-to-train" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "x").exists()
+
+
 def test_the_rules_advice_renders_as_advice_with_its_numbers_and_source():
     from planner.report.checklist import RuleResult
     from planner.report.render import ReportContent, to_html, to_markdown
