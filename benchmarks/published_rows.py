@@ -10,14 +10,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from planner.errors import PlannerError
+
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "validation" / "published"
 CLUSTERS = ROOT / "validation" / "hardware" / "clusters"
 STACK_FILES = ("megatron", "torchtitan", "fsdp", "deepspeed")
 """The per-stack collections (dense models); features.json holds CP / FP8 / HSDP runs, moe.json MoE runs."""
 
-ATTENTION = {"cudnn": "fused", "flash": None, "sdpa": "sdpa", "unfused": "unfused", None: None}
+ATTENTION = {"cudnn": "fused", "flash": None, "sdpa": "sdpa", "triton": "triton", "unfused": "unfused", None: None}
 """A row's `attention` in the framework's vocabulary (None: the framework's default kernel)."""
+LOSS = {"fused_crossentropy": "fused", "torch_crossentropy": "upcast"}
+"""A row's extras.loss_fn in the planner's vocabulary (frameworks.LOSS_KERNELS)."""
 ARCH_KEYS = ("model_type", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "position",
              "gated_mlp", "activation", "norm", "tied_embeddings", "qkv_bias", "out_bias", "mlp_bias")
 
@@ -35,6 +39,8 @@ class Case:
     """attention, dropout, overlap_grad_reduce for estimate() (None: the framework's default)."""
     measured_s: float | None
     """The published step time (from iteration time, or global tokens / tokens per second)."""
+    error: str | None = None
+    """Why the row cannot become a model or configuration (one line; spec and config are then None)."""
 
     @property
     def id(self) -> str:
@@ -109,12 +115,15 @@ def options_of(row: dict) -> dict:
         out["overlap_grad_reduce"] = bool(extras["overlap_grad_reduce"])
     if extras.get("grad_reduce_dtype") in ("bf16", "fp32"):
         out["grad_reduce_dtype"] = extras["grad_reduce_dtype"]
+    if extras.get("loss_fn") in LOSS:
+        out["loss"] = LOSS[extras["loss_fn"]]
     return out
 
 
-def measured_step_s(row: dict) -> float | None:
+def measured_step_s(row: dict, spec=None, convention: str | None = None) -> float | None:
     """Seconds per optimizer step as published: the iteration time, else global batch x seq over the
-    token rate (per GPU x GPUs, or global). None when the row gives neither (TFLOP/s-only rows)."""
+    token rate (per GPU x GPUs, or global), else the FLOPs the source's `tflops_convention` counts per
+    step over its TFLOP/s per GPU x GPUs. None when the row gives none of them."""
     m = row.get("measured") or {}
     tokens = row["global_batch"] * row["seq"]
     if m.get("iteration_time_s"):
@@ -123,7 +132,28 @@ def measured_step_s(row: dict) -> float | None:
         return tokens / (float(m["tokens_per_s_per_gpu"]) * row["gpus"])
     if m.get("tokens_per_s"):
         return tokens / float(m["tokens_per_s"])
+    if m.get("tflops_per_gpu") and convention and spec is not None:
+        return convention_flops(spec, row["global_batch"], row["seq"], convention) / (
+            float(m["tflops_per_gpu"]) * 1e12 * row["gpus"])
     return None
+
+
+def convention_flops(spec, global_batch: int, seq: int, convention: str) -> float:
+    """FLOPs per step as a source counts them (validation/published/FORMAT.md `tflops_convention`):
+    - nemo: NeMo / Megatron-Bridge's model FLOPs (NeMo's llama/gpt flops formulas, dgxc-benchmarking
+      notes): per token 12 L h^2 (1 + kv_heads/heads + s/h) + 6 c L ffn h + 6 V h, c = 3 for a gated
+      MLP (2 otherwise); causal attention not halved, recompute not counted;
+    - megatron-hfu: Narayanan et al. 2021 Eq. 3, the hardware FLOPs with full recomputation that
+      Megatron-LM and Megatron-DeepSpeed log: 96 B s L h^2 (1 + s/(6h) + V/(16 L h))."""
+    L, h, V = spec.layers, spec.hidden, spec.vocab
+    if convention == "nemo":
+        kv = spec.n_kv_heads / spec.heads
+        per_token = 12 * L * h * h * (1 + kv + seq / h) + 6 * (3 if spec.gated_mlp else 2) * L * spec.d_ffn * h \
+            + 6 * V * h
+        return float(per_token) * global_batch * seq
+    if convention == "megatron-hfu":
+        return 96.0 * global_batch * seq * L * h * h * (1 + seq / (6 * h) + V / (16 * L * h))
+    raise ValueError(f"unknown tflops_convention {convention!r}")
 
 
 def load(files=STACK_FILES) -> list[Case]:
@@ -132,7 +162,14 @@ def load(files=STACK_FILES) -> list[Case]:
     for name in files:
         data = json.loads((PUBLISHED / f"{name}.json").read_text())
         for row in data["runs"]:
-            cases.append(Case(row=row, file=name, spec=spec_of(row), hardware=hardware(row["hardware"]),
-                              config=config_of(row), options=options_of(row),
-                              measured_s=measured_step_s(row) if row.get("trained", True) else None))
+            convention = (data["sources"].get(row["source_id"]) or {}).get("tflops_convention")
+            try:
+                spec, config = spec_of(row), config_of(row)
+            except PlannerError as err:     # kept, and counted as refused by the benchmarks
+                cases.append(Case(row=row, file=name, spec=None, hardware=hardware(row["hardware"]), config=None,
+                                  options=options_of(row), measured_s=None, error=str(err)))
+                continue
+            measured = measured_step_s(row, spec, convention) if row.get("trained", True) else None
+            cases.append(Case(row=row, file=name, spec=spec, hardware=hardware(row["hardware"]), config=config,
+                              options=options_of(row), measured_s=measured))
     return cases

@@ -48,12 +48,13 @@ def head_bytes(spec: TransformerSpec, b, s, *, precision: str = "amp-bf16", kern
     return _per_token(B.head_table(spec, precision, kernels).saved, tp, sp, s) * b * s
 
 
-def loss_bytes(spec: TransformerSpec, b, s, *, tp=1):
-    """Cross-entropy's saved fp32 log-softmax (cost_models.blocks.loss_saved)."""
-    return _per_token(B.loss_saved(spec), tp, False, s) * b * s
+def loss_bytes(spec: TransformerSpec, b, s, *, tp=1, loss: str = "upcast", precision: str = "amp-bf16"):
+    """What cross-entropy saves for its backward (cost_models.blocks.loss_saved)."""
+    return _per_token(B.loss_saved(spec, loss, precision), tp, False, s) * b * s
 
 
-def logits_peak_bytes(spec: TransformerSpec, b, s, *, precision: str = "amp-bf16", kernels: str = "fused", tp=1):
+def logits_peak_bytes(spec: TransformerSpec, b, s, *, precision: str = "amp-bf16", kernels: str = "fused", tp=1,
+                      loss: str | None = None):
     """The largest transient of logits and loss on the last stage (HeadTable.logits_peak): not saved by a
     layer, alive at the loss; the memory model adds it to the last stage's peak."""
-    return _per_token(B.head_table(spec, precision, kernels).logits_peak, tp, False, s) * b * s
+    return _per_token(B.head_table(spec, precision, kernels, loss).logits_peak, tp, False, s) * b * s

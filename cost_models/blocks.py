@@ -366,28 +366,32 @@ def _eager_block(spec: TransformerSpec, precision: str, *, dropout: bool, python
                       traffic_fwd=traffic, kernels_fwd=kernels)
 
 
-def head_table(spec: TransformerSpec, precision: str, kernels: str) -> HeadTable:
+def head_table(spec: TransformerSpec, precision: str, kernels: str, loss: str | None = None) -> HeadTable:
     """Final norm, LM head and cross-entropy on the last stage, per token (V split over tp:
-    Megatron's vocab-parallel head and loss).
+    Megatron's vocab-parallel head and loss). The norm and head follow `kernels`; the logits and the
+    loss follow `loss` (frameworks.LOSS_KERNELS; None: vocab_parallel for fused kernels, else upcast):
 
-    eager (HF ForCausalLMLoss): logits in the math dtype, `.float()` upcast, log_softmax saves its
-    fp32 output; at the start of backward the saved output, the loss grad and the log_softmax input
-    grad coexist: 12 V bytes per token (4 V each). megatron: fp16 logits (c V) are upcast to fp32
-    and the vocab-parallel cross-entropy keeps exp(logits) in place: (c + 4) V.
+    upcast (HF ForCausalLMLoss, torchtitan): logits in the math dtype, `.float()` upcast, log_softmax
+      saves its fp32 output; at the start of backward the saved output, the loss grad and the
+      log_softmax input grad coexist: 12 V bytes per token (4 V each).
+    vocab_parallel (Megatron): 16-bit logits (c V) are upcast to fp32 and the vocab-parallel
+      cross-entropy keeps exp(logits) in place: (c + 4) V.
+    fused (flash-attn's xentropy kernel, llm-foundry's default): the 16-bit logits are kept for the
+      backward (c V), which writes their gradient beside them (c V, inplace_backward off): 2 c V at the
+      peak; the row statistics (4 bytes per token) are negligible.
     """
     c = compute_bytes(precision)
     h, V = spec.hidden, spec.vocab
     amp = precision.startswith("amp")
+    if loss is None:
+        loss = "vocab_parallel" if kernels == "fused" else "upcast"
     if kernels == "torch":
         precision = _torch_precision(precision)
         c, amp = compute_bytes(precision), False
     if kernels == "fused":
         saved = Terms(rep=2 * c * h)
-        peak = Terms(shard=(c + 4.0) * V)
-        fwd_end = peak
-        traffic_fwd = Terms(rep=2 * c * h, shard=(c + 4 + 16) * V)
-        traffic_bwd = Terms(rep=4 * c * h, shard=(8 + 4 + c) * V)
-        kernels = 12.0
+        norm_fwd, norm_bwd = Terms(rep=2 * c * h), Terms(rep=4 * c * h)
+        launches = 4.0
     else:
         r = 4 if (amp or precision == "fp32") else 2
         norm_saved = (4 + r) if spec.norm == "rmsnorm" else r
@@ -397,14 +401,24 @@ def head_table(spec: TransformerSpec, precision: str, kernels: str) -> HeadTable
             rms = spec.norm == "rmsnorm"
             norm_in = 4 if rms else r
             saved = Terms(rep=(h * norm_in + h * 4 * rms + 4 * (1 if rms else 2)) * spec.final_norm + h * c)
-        peak = Terms(shard=12.0 * V)
-        fwd_end = Terms(shard=(8.0 + (c if c != 4 else 0)) * V)
+        norm_fwd = Terms(rep=(r + norm_out + (norm_out + 2 if amp else 0)) * h)
+        norm_bwd = Terms(rep=2 * (r + norm_out) * h)
+        launches = 8.0
+    if loss == "vocab_parallel":
+        peak = fwd_end = Terms(shard=(c + 4.0) * V)
+        logits_fwd, logits_bwd, launches = Terms(shard=(c + 4 + 16) * V), Terms(shard=(8 + 4 + c) * V), launches + 8
+    elif loss == "upcast":
         upcast = (c + 4) if c != 4 else 0
-        traffic_fwd = Terms(rep=(r + norm_out + (norm_out + 2 if amp else 0)) * h, shard=(upcast + 12.0) * V)
-        traffic_bwd = Terms(rep=2 * (r + norm_out) * h, shard=(4.0 + 12.0 + upcast) * V)
-        kernels = 16.0
-    return HeadTable(saved=saved, logits_peak=peak, logits_fwd_end=fwd_end, traffic_fwd=traffic_fwd,
-                     traffic_bwd=traffic_bwd, kernels=kernels)
+        peak, fwd_end = Terms(shard=12.0 * V), Terms(shard=(8.0 + (c if c != 4 else 0)) * V)
+        logits_fwd, logits_bwd = Terms(shard=(upcast + 12.0) * V), Terms(shard=(4.0 + 12.0 + upcast) * V)
+        launches += 8
+    elif loss == "fused":
+        peak, fwd_end = Terms(shard=2.0 * c * V), Terms(shard=c * V)
+        logits_fwd, logits_bwd, launches = Terms(shard=c * V), Terms(shard=2.0 * c * V), launches + 2
+    else:
+        raise ValueError(f"loss must be one of vocab_parallel, upcast, fused, not {loss!r}")
+    return HeadTable(saved=saved, logits_peak=peak, logits_fwd_end=fwd_end, traffic_fwd=norm_fwd + logits_fwd,
+                     traffic_bwd=norm_bwd + logits_bwd, kernels=launches)
 
 
 def embedding_saved(spec: TransformerSpec, precision: str, *, dropout: bool) -> Terms:
@@ -414,7 +428,10 @@ def embedding_saved(spec: TransformerSpec, precision: str, *, dropout: bool) -> 
     return Terms(rep=float(spec.hidden) if dropout else 0.0)
 
 
-def loss_saved(spec: TransformerSpec) -> Terms:
-    """What cross-entropy keeps for its backward: the fp32 log-softmax of the vocab-parallel logits
-    (4 V / tp per token; Megatron's vocab-parallel loss, HF's upcast); part of HeadTable.logits_peak."""
+def loss_saved(spec: TransformerSpec, loss: str = "upcast", precision: str = "amp-bf16") -> Terms:
+    """What cross-entropy keeps for its backward: the fp32 log-softmax (upcast) or exp (vocab_parallel) of
+    the vocab-parallel logits, 4 V / tp per token; a fused kernel keeps the 16-bit logits, c V / tp
+    (head_table); part of HeadTable.logits_peak."""
+    if loss == "fused":
+        return Terms(shard=compute_bytes(precision) * spec.vocab)
     return Terms(shard=4.0 * spec.vocab)

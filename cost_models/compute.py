@@ -93,7 +93,17 @@ ATTENTION_HEAD_DIM_HALF = {"fused": 43.0, "flash": 16.0, "mem_efficient": 16.0}
 cuDNN lose ~20% at d = 64 (0.48-0.50 vs 0.62 forward on H100), FlashAttention-2 ~10% (0.30 vs 0.34);
 validation/kernels/attention.json (Dao 2023 Fig. 4-7; Shah et al. 2024 Fig. 5-7)."""
 ATTENTION_EFFICIENCY_KEY = {"fused": "fused_attention_efficiency", "flash": "flash_attention_efficiency",
-                            "mem_efficient": "mem_efficient_attention_efficiency"}
+                            "mem_efficient": "mem_efficient_attention_efficiency", "triton": "flash_attention_efficiency"}
+ATTENTION_HEAD_DIM_HALF["triton"] = 0.0
+ATTENTION_RELATIVE = {"triton": 0.43}
+"""Kernels costed relative to another's efficiency key: the 2022-23 Triton FlashAttention runs at 0.42-0.47 of
+FlashAttention-2's forward + backward rate at head dim 128 and 4k-16k tokens (causal 74/173, 78/182,
+80/189 TFLOP/s; non-causal 93/196, 95/201, 95/203 on A100: FlashAttention-2 README benchmark figure,
+validation/kernels/attention.json), with no head-dim dependence (d 64 within 5% of d 128); measured on
+A100 only, the ratio is carried to other devices."""
+ATTENTION_SEQ_HALF_SCALE = {"triton": 0.5}
+"""The Triton kernel reaches half its rate at half FlashAttention-2's length (causal: 0.63 of its 16k rate
+at 512 tokens vs FlashAttention-2's 0.52; same figure)."""
 
 
 def attention_efficiency(hw: HardwareProfile, kernel: str, seq, d_head, *, causal: bool):
@@ -109,8 +119,10 @@ def attention_efficiency(hw: HardwareProfile, kernel: str, seq, d_head, *, causa
     d0 = ATTENTION_HEAD_DIM_HALF[kernel]
     d = np.asarray(d_head, dtype=float)
     s = np.asarray(seq, dtype=float)
-    half = eff(hw, "attention_seq_half_causal_tokens" if causal else "attention_seq_half_tokens")
-    return eff(hw, ATTENTION_EFFICIENCY_KEY[kernel]) * (d / (d + d0)) * ((128.0 + d0) / 128.0) * s / (s + half)
+    half = eff(hw, "attention_seq_half_causal_tokens" if causal else "attention_seq_half_tokens") \
+        * ATTENTION_SEQ_HALF_SCALE.get(kernel, 1.0)
+    e_max = eff(hw, ATTENTION_EFFICIENCY_KEY[kernel]) * ATTENTION_RELATIVE.get(kernel, 1.0)
+    return e_max * (d / (d + d0)) * ((128.0 + d0) / 128.0) * s / (s + half)
 
 
 def flash_attention_seconds(b, s, heads, d_head, *, causal: bool, hw: HardwareProfile, precision: str,

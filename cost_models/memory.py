@@ -159,7 +159,10 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     buckets = np.where(fw.grad_bucket_copy & (zero == 0) & (x.grad_group > 1), n_params * gb, 0.0)
     opt_b = np.where(x.is_offload("optimizer"), 0.0, zero_sharded(n_params * ob, dp, zero, 1))
     head_w = spec.vocab * spec.hidden / tp
-    cache = fw.autocast_weight_cache and x.precision.startswith("amp")
+    # torch.autocast caches the 16-bit cast of each fp32 GEMM weight for the forward. Under FSDP's mixed
+    # precision (ZeRO >= 2 gathering 16-bit copies: MixedPrecision(param_dtype=bf16), as Composer's DEFAULT,
+    # fms-fsdp and Accelerate's bf16 FSDP set it) the forward sees bf16 weights and nothing is cast.
+    cache = (fw.autocast_weight_cache and x.precision.startswith("amp")) & ~((zero >= 2) & (gather_bytes < 4))
     cache_head = np.where(is_last, head_w, 0.0) * 2.0 * cache
     cache_all = (n_blocks * P.block_stored_matmul_weights(spec) / tp) * 2.0 * cache + cache_head
     tied_grad = head_w * 4.0 if x.c == 2 and x.precision != "bf16" else head_w * gb * 2.0

@@ -32,6 +32,8 @@ class Software:
     overlap_grad_reduce: bool
     """Data-parallel reduction overlapped with the backward (the framework's default unless a run
     says otherwise, e.g. Megatron-LM 2021-22's local DDP)."""
+    loss: str = "upcast"
+    """Cross-entropy implementation (frameworks.LOSS_KERNELS): the framework's unless a run says otherwise."""
     grad_reduce_dtype: str | None = None
     """'bf16' or 'fp32': the dtype gradients are kept and reduced in, when a run sets it (NVIDIA's NeMo 1.x
     recipes with Apex's distributed fused Adam: bf16; Megatron-LM's default for bf16: fp32); None: the
@@ -39,8 +41,10 @@ class Software:
 
     @classmethod
     def of(cls, framework: FrameworkProfile, *, attention: str | None = None, dropout: bool = False,
-           overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None) -> "Software":
+           overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None,
+           loss: str | None = None) -> "Software":
         return cls(framework=framework, attention=attention or framework.attention, dropout=bool(dropout),
+                   loss=loss or framework.loss,
                    overlap_grad_reduce=framework.overlap_grad_reduce if overlap_grad_reduce is None
                    else bool(overlap_grad_reduce), grad_reduce_dtype=grad_reduce_dtype)
 
@@ -73,6 +77,8 @@ def attention_kernel(attention: str, precision: str, spec: TransformerSpec) -> s
     materializes the scores and repeats K and V."""
     if attention == "unfused":
         return "math"
+    if attention == "triton" and precision == "fp32":
+        return "math"           # the Triton kernel takes 16-bit inputs only
     if attention == "sdpa":
         if precision == "fp32":
             return "math" if spec.n_kv_heads < spec.heads else "mem_efficient"
@@ -157,7 +163,7 @@ class Step:
                    blocks_first=first, blocks_last=last, blocks_most=most,
                    table=B.block_table(spec, precision, sw.framework.kernels,
                                        flash=sw.kernel(precision, spec) != "math", dropout=sw.dropout),
-                   head=B.head_table(spec, precision, sw.framework.kernels), c=float(B.compute_bytes(precision)))
+                   head=B.head_table(spec, precision, sw.framework.kernels, sw.loss), c=float(B.compute_bytes(precision)))
 
     @property
     def tokens(self) -> np.ndarray:

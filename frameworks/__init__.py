@@ -22,12 +22,18 @@ KERNELS = ("fused", "eager", "torch")
 """Block implementations of cost_models.blocks: fused (Megatron / Transformer Engine kernels), eager
 (Hugging Face modules in PyTorch eager), torch (plain PyTorch modules as torchtitan and this project's
 executor write them)."""
-ATTENTION_KERNELS = ("fused", "flash", "sdpa", "unfused")
+ATTENTION_KERNELS = ("fused", "flash", "sdpa", "triton", "unfused")
 """fused: cuDNN / FlashAttention-3-class fused attention (Transformer Engine's DotProductAttention on
 Hopper and newer); flash: FlashAttention-2 (flash-attn, Megatron-DeepSpeed --use-flash-attn-v2);
 sdpa: torch.nn.functional.scaled_dot_product_attention, which picks FlashAttention-2 for 16-bit inputs
-and the memory-efficient or the math kernel for fp32 (cost_models.step.attention_kernel); unfused:
+and the memory-efficient or the math kernel for fp32 (cost_models.step.attention_kernel); triton: the
+2022-23 Triton FlashAttention (flash_attn_triton, llm-foundry's attn_impl 'triton'); unfused:
 materialized scores (Megatron-LM 2021-22, Hugging Face attn_implementation 'eager')."""
+LOSS_KERNELS = ("vocab_parallel", "upcast", "fused")
+"""How the cross-entropy is computed (cost_models.blocks.head_table): vocab_parallel: Megatron's
+vocab-parallel cross-entropy on fp32 logits; upcast: torch's cross_entropy on logits cast to fp32
+(Hugging Face's loss, torchtitan); fused: a fused kernel on the 16-bit logits (flash-attn's xentropy as
+llm-foundry's default `fused_crossentropy`, Liger, Transformer Engine's cross-entropy)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,6 +78,9 @@ class Capabilities:
     recompute: tuple[str, ...]
     placements: tuple[str, ...]
     """Rank orders the stack builds (D, P, T; C and E inserted where used); empty means any."""
+    activation_offload: str = "any"
+    """'any', or 'without_pp_or_recompute' where activation offload excludes pipelining and recomputation
+    (Megatron-Core's cpu_offloading asserts both)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,6 +93,8 @@ class FrameworkProfile:
     """Block implementation (KERNELS)."""
     attention: str
     """Default attention kernel (ATTENTION_KERNELS); a model's config may override it."""
+    loss: str
+    """Default cross-entropy implementation (LOSS_KERNELS); a run may override it."""
     state_bytes: Mapping[str, StateBytes]
     """By precision."""
     grads_persist: str
@@ -133,4 +144,4 @@ def available_frameworks() -> list[str]:
 
 
 __all__ = ["FrameworkProfile", "StateBytes", "Capabilities", "load_framework", "available_frameworks",
-           "KERNELS", "ATTENTION_KERNELS"]
+           "KERNELS", "ATTENTION_KERNELS", "LOSS_KERNELS"]

@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, NoReturn
 
-from frameworks import ATTENTION_KERNELS, KERNELS, Capabilities, FrameworkProfile, StateBytes
+from frameworks import ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, Capabilities, FrameworkProfile, StateBytes
 from planner.errors import ConfigError
 from planner.parallel import CP_COMMS, FRAMEWORKS, OFFLOAD, PRECISIONS, RECOMPUTE, SCHEDULES, check_placement
 
@@ -20,17 +20,17 @@ FRAMEWORK_DIR = Path(__file__).resolve().parent
 SCHEMA_VERSION = "1"
 
 _TOP = {"schema_version": str, "name": str, "description": str, "kernels": str, "attention": str,
-        "state_bytes": dict, "grads_persist": str, "grad_bucket_copy": bool, "autocast_weight_cache": bool,
+        "loss": str, "state_bytes": dict, "grads_persist": str, "grad_bucket_copy": bool, "autocast_weight_cache": bool,
         "overlap_grad_reduce": bool, "pp_scatter_gather": bool, "zero_bubble_forward_reruns": (int, float),
         "allocator_overhead_fraction": (int, float), "fp8_cast_bytes_per_element": (int, float),
         "fp8_weight_cache_bytes": (int, float), "capabilities": dict, "sources": dict}
-_SOURCED = ("kernels", "attention", "state_bytes", "grads_persist", "grad_bucket_copy", "autocast_weight_cache",
+_SOURCED = ("kernels", "attention", "loss", "state_bytes", "grads_persist", "grad_bucket_copy", "autocast_weight_cache",
             "overlap_grad_reduce", "pp_scatter_gather", "zero_bubble_forward_reruns", "allocator_overhead_fraction",
             "fp8_cast_bytes_per_element", "fp8_weight_cache_bytes", "capabilities")
 _STATE_KEYS = ("param", "grad", "master", "state", "reduce", "gather")
 _CAPS = {"precisions": list, "schedules": list, "max_virtual_stages": int, "zero": list, "zero_with_pp": list,
          "tp": bool, "sequence_parallel": str, "cp_comm": list, "ep": bool, "expert_tp": bool, "hsdp": bool,
-         "offload": list, "recompute": list, "placements": list}
+         "offload": list, "recompute": list, "placements": list, "activation_offload": str}
 
 
 def available_frameworks() -> list[str]:
@@ -80,6 +80,8 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         _fail(origin, "kernels", data["kernels"], "one of " + ", ".join(KERNELS))
     if data["attention"] not in ATTENTION_KERNELS:
         _fail(origin, "attention", data["attention"], "one of " + ", ".join(ATTENTION_KERNELS))
+    if data["loss"] not in LOSS_KERNELS:
+        _fail(origin, "loss", data["loss"], "one of " + ", ".join(LOSS_KERNELS))
     if data["grads_persist"] not in ("always", "accumulating"):
         _fail(origin, "grads_persist", data["grads_persist"], "always or accumulating")
     reruns, frag = data["zero_bubble_forward_reruns"], data["allocator_overhead_fraction"]
@@ -111,7 +113,7 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
                               message=f"framework profile {origin}: missing required key 'sources.{key}'")
     return FrameworkProfile(
         name=data["name"], description=data["description"], kernels=data["kernels"], attention=data["attention"],
-        state_bytes=states, grads_persist=data["grads_persist"], grad_bucket_copy=data["grad_bucket_copy"],
+        loss=data["loss"], state_bytes=states, grads_persist=data["grads_persist"], grad_bucket_copy=data["grad_bucket_copy"],
         autocast_weight_cache=data["autocast_weight_cache"], overlap_grad_reduce=data["overlap_grad_reduce"],
         pp_scatter_gather=data["pp_scatter_gather"], zero_bubble_forward_reruns=float(reruns),
         allocator_overhead_fraction=float(frag), fp8_cast_bytes_per_element=float(data["fp8_cast_bytes_per_element"]),
@@ -141,6 +143,8 @@ def _capabilities(block: dict, origin: str) -> Capabilities:
             check_placement(placement)
         except ConfigError:
             _fail(origin, "capabilities.placements", placement, "placement strings over D, P, T (C, E optional)")
+    if block["activation_offload"] not in ("any", "without_pp_or_recompute"):
+        _fail(origin, "capabilities.activation_offload", block["activation_offload"], "any or without_pp_or_recompute")
     if not (1 <= block["max_virtual_stages"] <= 64):
         _fail(origin, "capabilities.max_virtual_stages", block["max_virtual_stages"], "1 to 64")
     return Capabilities(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in block.items()})

@@ -28,6 +28,7 @@ import json
 import math
 import os
 import platform
+import signal
 import socket
 import statistics
 import sys
@@ -40,6 +41,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from planner.errors import ConfigError
+from planner.executor import ExecutorError
 
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "p2p")
 MAX_BUSBW_GBPS = 1e4
@@ -211,8 +213,21 @@ def _timed(fn, sync, iters: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def _worker(rank: int, world_size: int, port: int, backend: str, plan: Plan, out_dir: str) -> None:
-    """One rank: GEMMs, copy, then collectives; writes out_dir/rank<r>.json before teardown."""
+def _worker(rank: int, world_size: int, port: int, backend: str, plan: Plan, out_dir: str,
+            launcher: int | None = None) -> None:
+    """One rank: GEMMs, copy, then collectives; writes out_dir/rank<r>.json before teardown. It dies
+    with `launcher` (the calibrating process): no rank outlives an interrupted calibration."""
+    from planner.executor.lifecycle import die_with_parent, parent_alive
+
+    parent = die_with_parent(launcher)
+    import threading
+
+    def watch_parent():
+        while parent_alive(parent):
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch_parent, daemon=True).start()
     import torch
     import torch.distributed as dist
 
@@ -333,19 +348,25 @@ def _wait_all(procs, out_dir: str, *, deadline_s: float) -> None:
         for r, p in enumerate(procs):
             if p.exitcode not in (None, 0) and not Path(out_dir, f"rank{r}.json").exists():
                 _stop(procs)
-                raise RuntimeError(f"calibration rank {r} failed (exit code {p.exitcode}) before writing results")
+                raise ExecutorError(f"calibration rank {r} failed (exit code {p.exitcode}) before writing results")
         if time.monotonic() - start > deadline_s:
             _stop(procs)
-            raise RuntimeError(f"calibration did not finish within {deadline_s:.0f} s")
+            raise ExecutorError(f"calibration did not finish within {deadline_s:.0f} s; stopped all {len(procs)} ranks")
         time.sleep(0.1)
 
 
-def _stop(procs) -> None:
+def _stop(procs, grace_s: float = 5.0) -> None:
+    """SIGTERM every live rank, SIGKILL what is left after `grace_s`."""
     for p in procs:
         if p.is_alive():
             p.terminate()
+    deadline = time.monotonic() + grace_s
     for p in procs:
-        p.join(5)
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def _free_port() -> int:
@@ -367,21 +388,32 @@ def run_measurements(world_size: int, *, quick: bool = False, backend: str | Non
     if backend == "nccl" and world_size > torch.cuda.device_count():
         raise ConfigError("world-size", world_size,
                           f"at most {torch.cuda.device_count()} with NCCL (one GPU per rank on this machine)")
+    from planner.executor.lifecycle import Interrupted, stop_signals
+
     plan = make_plan(world_size, quick)
     ctx = mp.get_context("spawn")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="planner-calibrate-") as out_dir:
         port = _free_port()
-        procs = [ctx.Process(target=_worker, args=(r, world_size, port, backend, plan, out_dir), daemon=False)
-                 for r in range(world_size)]
-        for p in procs:
-            p.start()
-        _wait_all(procs, out_dir, deadline_s=120.0 if quick else 900.0)
+        procs = [ctx.Process(target=_worker, args=(r, world_size, port, backend, plan, out_dir, os.getpid()),
+                             daemon=False) for r in range(world_size)]
+        with stop_signals():
+            try:
+                for p in procs:
+                    p.start()
+                _wait_all(procs, out_dir, deadline_s=120.0 if quick else 900.0)
+            except Interrupted as stop:
+                _stop(procs)
+                raise Interrupted(stop.signum, f"calibration stopped by {signal.Signals(stop.signum).name}: "
+                                               f"stopped all {world_size} ranks") from None
+            except BaseException:
+                _stop(procs)
+                raise
         results = []
         for r, p in enumerate(procs):
             path = Path(out_dir, f"rank{r}.json")
             if not path.exists():  # judged by the results written, not teardown (executor-notes)
-                raise RuntimeError(f"calibration rank {r} exited with code {p.exitcode} before writing results")
+                raise ExecutorError(f"calibration rank {r} exited with code {p.exitcode} before writing results")
             results.append(json.loads(path.read_text()))
     merged = results[0]  # every timing is already the slowest rank's (MAX-reduced), the same on all ranks
     merged.update(wall_s=time.perf_counter() - started, backend=backend, world_size=world_size, quick=quick, plan=asdict(plan))

@@ -80,7 +80,10 @@ class SearchSpace:
             zero=tuple(z for z in self.zero if z in caps.zero) or (0,),
             zero_with_pp=tuple(z for z in self.zero_with_pp if z in caps.zero_with_pp),
             recompute=tuple(r for r in self.recompute if r in caps.recompute),
-            offload=tuple(o for o in self.offload if o in caps.offload), sequence_parallel=sp,
+            # activation offload that excludes pipelining and recompute (Megatron-Core) is left to estimate:
+            # the search crosses offload with every pipeline depth and recompute level
+            offload=tuple(o for o in self.offload if o in caps.offload
+                          and (o != "activations" or caps.activation_offload == "any")), sequence_parallel=sp,
             placements=tuple(p for p in self.placements if placement_allowed(framework, p)),
             max_tp=self.max_tp if caps.tp else 1, max_pp=self.max_pp if caps.schedules else 1)
 

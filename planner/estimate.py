@@ -13,7 +13,7 @@ import numpy as np
 
 from cost_models import params as P
 from cost_models.step import Software
-from frameworks import ATTENTION_KERNELS, FrameworkProfile, load_framework
+from frameworks import ATTENTION_KERNELS, LOSS_KERNELS, FrameworkProfile, load_framework
 from frameworks.rules import check_runnable
 from cost_models.compute import peak_flops
 from hardware_profiles import HardwareProfile, load_profile
@@ -116,7 +116,7 @@ class Estimate:
                          "memory_bytes": int(self.hardware.memory_bytes)},
             "plan": plan,
             "software": {"framework": sw.framework.name, "kernels": sw.framework.kernels, "attention": sw.attention,
-                         "dropout": sw.dropout, "overlap_grad_reduce": sw.overlap_grad_reduce,
+                         "dropout": sw.dropout, "overlap_grad_reduce": sw.overlap_grad_reduce, "loss": sw.loss,
                          "grad_reduce_bytes": sw.state_bytes(cfg.precision).reduce},
             "prediction": {
                 "step_time_s": self.step_time_s,
@@ -167,21 +167,26 @@ def candidate_of(cfg: ParallelConfig, blocks: int) -> CandidateArrays:
 
 
 def software_for(framework: str | FrameworkProfile, *, attention: str | None = None, dropout: bool | None = None,
-                 overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None) -> Software:
-    """The run's software: the framework profile (by name or record) with the attention kernel, dropout and
-    gradient-reduction overlap a run may set (None: the framework's default)."""
+                 overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None,
+                 loss: str | None = None) -> Software:
+    """The run's software: the framework profile (by name or record) with the attention kernel, dropout,
+    gradient-reduction overlap and dtype and cross-entropy kernel a run may set (None: the framework's
+    default)."""
     fw = framework if isinstance(framework, FrameworkProfile) else load_framework(framework)
     if attention is not None and attention not in ATTENTION_KERNELS:
         raise ConfigError("attention", attention, "one of " + ", ".join(ATTENTION_KERNELS))
     if grad_reduce_dtype is not None and grad_reduce_dtype not in ("bf16", "fp32"):
         raise ConfigError("grad_reduce_dtype", grad_reduce_dtype, "bf16 or fp32")
+    if loss is not None and loss not in LOSS_KERNELS:
+        raise ConfigError("loss", loss, "one of " + ", ".join(LOSS_KERNELS))
     return Software.of(fw, attention=attention, dropout=bool(dropout), overlap_grad_reduce=overlap_grad_reduce,
-                       grad_reduce_dtype=grad_reduce_dtype)
+                       grad_reduce_dtype=grad_reduce_dtype, loss=loss)
 
 
 def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int, attention: str | None = None,
              dropout: bool | None = None, overlap_grad_reduce: bool | None = None,
-             grad_reduce_dtype: str | None = None, check_framework: bool = True) -> Estimate:
+             grad_reduce_dtype: str | None = None, loss: str | None = None, check_framework: bool = True,
+             framework_profile: FrameworkProfile | None = None) -> Estimate:
     """Validate `cfg` for `model` on `gpus` devices of `hw` and predict its step time and memory on the
     framework `cfg.framework` names (frameworks/*.json).
 
@@ -189,7 +194,8 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
     HardwareProfile or a profile name/path. `attention`, `dropout`, `overlap_grad_reduce` override
     the framework's defaults (cost_models.step.Software). `check_framework=False` costs a plan the
     framework's capabilities do not list (the executor's own runs: it is a torchtitan-style stack that
-    also runs tensor parallelism without sequence parallelism and ZeRO-1).
+    also runs tensor parallelism without sequence parallelism and ZeRO-1). `framework_profile` replaces
+    the shipped profile of `cfg.framework` (a calibration's trial values).
 
     A configuration that does not fit in memory is still evaluated (`fits` False). Raises
     ConfigError for degrees that do not multiply to `gpus`, tp not dividing the heads, more
@@ -204,8 +210,10 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
     if not isinstance(model, TransformerSpec):
         from planner.sources import transformer_spec
         model = transformer_spec(model)
-    software = software_for(cfg.framework, attention=attention, dropout=dropout,
-                            overlap_grad_reduce=overlap_grad_reduce, grad_reduce_dtype=grad_reduce_dtype)
+    if framework_profile is not None and framework_profile.name != cfg.framework:
+        raise ConfigError("framework_profile", framework_profile.name, f"the profile of the plan's framework ({cfg.framework})")
+    software = software_for(framework_profile or cfg.framework, attention=attention, dropout=dropout,
+                            overlap_grad_reduce=overlap_grad_reduce, grad_reduce_dtype=grad_reduce_dtype, loss=loss)
     not_costed = [f"{name}={getattr(cfg, name)}" for name, off in (("ep", 1), ("expert_tp", 1))
                   if getattr(cfg, name) != off]
     if not_costed:

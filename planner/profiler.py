@@ -158,14 +158,14 @@ def _block_profile(spec: TransformerSpec, b: int, s: int, *, flash: bool, act: d
 
 
 def _mtp_profile(spec: TransformerSpec, i: int, b: int, s: int, *, flash: bool, act: dict, tp: int,
-                 sp: bool) -> LayerProfile:
+                 sp: bool, loss: str) -> LayerProfile:
     """Multi-token-prediction module `i` (DeepSeek-V3 report Sec. 2.2): a block of the last kind, its
     2h x h projection and the shared head's logits and loss; activations those of a block, a head and
     a loss (an estimate: the reference model builds no MTP module)."""
     block = _block_profile(spec.last_kind, b, s, flash=flash, act=act)
     extra = 2 * b * s * (2 * spec.hidden * spec.hidden + P.head_matmul_weights(spec))
     head = A.head_bytes(spec, b, s, precision=act["precision"], kernels=act["kernels"], tp=tp, sp=sp) \
-        + A.loss_bytes(spec, b, s, tp=tp)
+        + A.loss_bytes(spec, b, s, tp=tp, loss=loss, precision=act["precision"])
     return LayerProfile(name=f"mtp.{i}", kind="mtp", params=P.mtp_module_params(spec),
                         flops_fwd=block.flops_fwd + extra, flops_bwd=block.flops_bwd + 2 * extra,
                         activation_bytes={m: int(v + head) for m, v in block.activation_bytes.items()},
@@ -174,7 +174,7 @@ def _mtp_profile(spec: TransformerSpec, i: int, b: int, s: int, *, flash: bool, 
 
 def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: int = 1,
                  precision: str = "amp-bf16", framework: str = "megatron", attention: str | None = None,
-                 dropout: bool = False, tp: int = 1, sp: bool = False) -> ModelProfile:
+                 dropout: bool = False, tp: int = 1, sp: bool = False, loss: str | None = None) -> ModelProfile:
     """Analytic profile of a TransformerSpec (all formulas in cost_models; activation bytes from the
     framework's block tables, the same the cost model reads). Each block is profiled as its kind
     (TransformerSpec.block_kinds: an MoE model's leading dense blocks, windowed blocks); MTP modules
@@ -187,7 +187,7 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
         raise ConfigError("micro_batch", b, "a positive integer")
     if not isinstance(s, int) or s < 1:
         raise ConfigError("seq", s, "a positive integer")
-    sw = software_for(framework, attention=attention, dropout=dropout)
+    sw = software_for(framework, attention=attention, dropout=dropout, loss=loss)
     flash, kernels = sw.kernel(precision, spec) != "math", sw.framework.kernels
     act = dict(precision=precision, kernels=kernels, flash=flash, dropout=sw.dropout, tp=tp, sp=sp)
     none_saved = {m: 0.0 for m in RECOMPUTE_MODES}
@@ -220,16 +220,16 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
                                flops_fwd=float(head_fwd), flops_bwd=float(2 * head_fwd),
                                activation_bytes={m: int(head_act) for m in RECOMPUTE_MODES},
                                recompute_flops=dict(none_saved)))
-    loss_act = A.loss_bytes(spec, b, s, tp=tp)
+    loss_act = A.loss_bytes(spec, b, s, tp=tp, loss=sw.loss, precision=precision)
     layers.append(LayerProfile(name="loss", kind="loss", params=0, flops_fwd=0.0, flops_bwd=0.0,
                                activation_bytes={m: int(loss_act) for m in RECOMPUTE_MODES},
                                recompute_flops=dict(none_saved)))
-    layers += [_mtp_profile(spec, i, b, s, flash=flash, act=act, tp=tp, sp=sp)
+    layers += [_mtp_profile(spec, i, b, s, flash=flash, act=act, tp=tp, sp=sp, loss=sw.loss)
                for i in range(spec.mtp_modules)]
     tokens = b * s
     extra = {
         "activations": {"logits_peak": int(A.logits_peak_bytes(spec, b, s, precision=precision, kernels=kernels,
-                                                               tp=tp))},
+                                                               tp=tp, loss=sw.loss))},
         "model_flops": float(F.model_flops_per_step(spec, tokens, seq=s)),
         "matmul_params": P.matmul_params(spec),
         "params_active": P.active_params(spec),

@@ -27,6 +27,9 @@ def _points(kernel, gpu, passes):
 @pytest.mark.parametrize("kernel,gpu,profile,model_kernel,passes,tolerance", [
     ("flash_attention_2", "H100", "dgx-h100", "flash", ("fwd_bwd",), 0.15),
     ("flash_attention_2", "A100", "dgx-a100-80g", "flash", ("fwd_bwd",), 0.15),
+    # the Triton kernel shares FlashAttention-2's curve shape scaled (ATTENTION_RELATIVE); its non-causal
+    # rate sits further above its causal one than the shared shape says: within 25%, causal within 14%
+    ("flash_attention_triton", "A100", "dgx-a100-80g", "triton", ("fwd_bwd",), 0.25),
 ])
 def test_the_curve_reproduces_the_published_benchmarks(kernel, gpu, profile, model_kernel, passes, tolerance):
     hw = load_profile(profile)

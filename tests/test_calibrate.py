@@ -140,3 +140,64 @@ def test_latency_bound_fit_does_not_overwrite_a_bus_efficiency():
                                 "gemm": {}}, {})
     assert "reducescatter_bus_efficiency" not in eff
     assert 0 < eff["allreduce_bus_efficiency"] <= 16
+
+
+def _children(pid: int) -> set[int]:
+    """Processes whose parent is `pid` (Linux /proc)."""
+    from pathlib import Path
+
+    out = set()
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:
+            continue
+        if fields.get("PPid", "").strip() == str(pid):
+            out.add(int(status.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("sig_name", ["SIGTERM", "SIGKILL"])
+def test_a_signal_to_calibrate_leaves_no_measuring_rank_behind(tmp_path, sig_name):
+    """SIGTERM (timeout, Slurm, Kubernetes) stops the ranks and exits 143 with one line; SIGKILL of the
+    launcher ends them too (they die with their parent)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    sig = getattr(signal, sig_name)
+    launcher = subprocess.Popen([sys.executable, "-m", "planner", "hardware", "calibrate", "--world-size", "2",
+                                 "--out", str(tmp_path / "p.json")], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    ranks: set[int] = set()
+    while time.monotonic() < deadline and launcher.poll() is None:
+        ranks = {p for p in _children(launcher.pid)
+                 if "planner" in open(f"/proc/{p}/cmdline").read() or "multiprocessing" in open(f"/proc/{p}/cmdline").read()}
+        if len(ranks) >= 2:
+            break
+        time.sleep(0.2)
+    assert len(ranks) >= 2, launcher.communicate()
+    time.sleep(2.0)                          # the ranks are importing torch or measuring
+    os.kill(launcher.pid, sig)
+    _, err = launcher.communicate(timeout=60)
+    if sig == signal.SIGTERM:
+        assert launcher.returncode == 143, err
+        assert err.strip().splitlines()[-1] == "error: calibration stopped by SIGTERM: stopped all 2 ranks"
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in ranks if _alive(p)], "a calibration rank outlived its launcher"

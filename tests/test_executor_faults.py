@@ -1,8 +1,13 @@
-"""Faults: a rank killed or hung mid-run ends every rank with one clear error in bounded time, and a
-run resumed from its torch.distributed.checkpoint reproduces the uninterrupted loss trajectory."""
+"""Faults: a rank killed, hung or frozen mid-run ends every rank with one clear error in bounded time;
+a signal to the launcher stops every rank; a run resumed from its torch.distributed.checkpoint (the
+last intact step, when the latest is damaged) reproduces the uninterrupted loss trajectory."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -10,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from executor_plans import write_plan
+from executor_plans import plan_document, write_plan
 from planner.cli import app
 from planner.parallel import ParallelConfig
 
@@ -37,22 +42,28 @@ def test_killed_rank_stops_all_and_resume_reproduces_the_uninterrupted_losses(tm
 
     ckpt = tmp_path / "ckpt"
     t0 = time.monotonic()
-    killed = runner.invoke(app, ["run", str(plan), *steps, "--checkpoint-dir", str(ckpt), "--inject-fault", "kill:1:2",
+    killed = runner.invoke(app, ["run", str(plan), *steps, "--checkpoint-dir", str(ckpt), "--inject-fault", "kill:1:3",
                                  "--workdir", str(tmp_path / "w1")])
     elapsed = time.monotonic() - t0
     assert killed.exit_code == 1
     lines = [line for line in killed.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and "rank 1 was killed by SIGKILL during step 2" in lines[0] and "stopped all 2 ranks" in lines[0]
+    assert len(lines) == 1 and "rank 1 was killed by SIGKILL during step 3" in lines[0] and "stopped all 2 ranks" in lines[0]
     assert elapsed < 60
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step-0", "step-1"]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-0", "step-1", "step-2"]
 
-    resumed = runner.invoke(app, ["run", str(plan), *steps, "--checkpoint-dir", str(ckpt),
+    # the latest step is damaged (a shard cut short): the launcher falls back to step 1 and says so
+    shard = max((ckpt / "step-2").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    shard.write_bytes(shard.read_bytes()[:100])
+    resumed = runner.invoke(app, ["run", str(plan), *steps, "--checkpoint-dir", str(ckpt), "--verify",
                                   "--workdir", str(tmp_path / "w2")])
     assert resumed.exit_code == 0, resumed.output
+    assert "checkpoint step 2" in resumed.stderr and "resuming from step 1" in resumed.stderr
+    assert (ckpt / "step-2.damaged").is_dir()
     doc = json.loads(resumed.stdout)
     assert len(doc["ranks"][0]["step_times_s"]) == 2  # only steps 2 and 3 ran now
     assert any("resumed" in n for n in doc["notes"])
     assert doc["losses"] == pytest.approx(uninterrupted, abs=1e-6)
+    assert doc["verify"]["passed"] and doc["verify"]["steps"] == [2, 3], doc["verify"]
 
     # refused before launching, one line each: another run's checkpoint, nothing left to run, a file
     for argv, needle in [(["--steps", "6", "--seed", "1"], "seed 0 -> 1"),
@@ -64,6 +75,13 @@ def test_killed_rank_stops_all_and_resume_reproduces_the_uninterrupted_losses(tm
     not_a_dir.write_text("x")
     refused = runner.invoke(app, ["run", str(plan), "--checkpoint-dir", str(not_a_dir)])
     assert refused.exit_code == 2 and "a directory (it is a file)" in refused.stderr
+    # no intact step at all: one line, exit 2, before any rank starts
+    for step in ckpt.glob("step-*"):
+        if (step / "trainer.json").exists():
+            (step / "trainer.json").unlink()
+    refused = runner.invoke(app, ["run", str(plan), *steps, "--checkpoint-dir", str(ckpt)])
+    assert refused.exit_code == 2 and "no intact checkpoint" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.multiprocess
@@ -87,3 +105,112 @@ def test_torchrun_with_the_wrong_world_size_names_the_launch_fix(tmp_path):
     assert result.exit_code == 2
     assert "needs 2 ranks (dp*tp*pp) but torchrun started WORLD_SIZE=3" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.multiprocess
+def test_checkpoint_cadence_follows_the_plan_interval_and_the_step_option(tmp_path):
+    cfg = ParallelConfig(dp=2, zero=2, global_batch=4, micro_batch=1, seq=32, precision="fp32")
+    saved = {}
+    for interval, extra, steps in ((1e-9, [], 3), (1e9, [], 3), (1e9, ["--checkpoint-every-steps", "2"], 5)):
+        doc = plan_document(cfg)
+        doc["plan"]["checkpoint_interval_s"] = interval
+        plan = tmp_path / f"plan-{len(saved)}.json"
+        plan.write_text(json.dumps(doc))
+        ckpt = tmp_path / f"ckpt-{len(saved)}"
+        result = runner.invoke(app, ["run", str(plan), "--steps", str(steps), "--checkpoint-dir", str(ckpt), "--json",
+                                     *extra])
+        assert result.exit_code == 0, result.output
+        out = json.loads(result.stdout)
+        saved[(interval, bool(extra))] = out["checkpoints"]
+        assert sorted(p.name for p in ckpt.iterdir()) == [f"step-{s}" for s in out["checkpoints"]]
+    # a tiny interval: every step; an interval longer than the run: only the last step;
+    # --checkpoint-every-steps 2 overrides the plan: steps 1, 3 and the last
+    assert saved == {(1e-9, False): [0, 1, 2], (1e9, False): [2], (1e9, True): [1, 3, 4]}
+
+
+def _children(pid: int) -> set[int]:
+    """Processes whose parent is `pid` (Linux /proc)."""
+    out = set()
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:
+            continue
+        if fields.get("PPid", "").strip() == str(pid):
+            out.add(int(status.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _launch_forever(tmp_path, *extra) -> tuple[subprocess.Popen, Path, list[int]]:
+    """`planner run` for (practically) ever in its own session; returns once every rank is at step 1+,
+    with the launcher, its work directory and the ranks' pids."""
+    plan = write_plan(tmp_path / "plan.json", ParallelConfig(dp=2, global_batch=2, micro_batch=1, seq=16,
+                                                             precision="fp32"))
+    work = tmp_path / "work"
+    launcher = subprocess.Popen([sys.executable, "-m", "planner", "run", str(plan), "--steps", "1000000",
+                                 "--workdir", str(work), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        beats = [json.loads(p.read_text()) for p in sorted(work.glob("heartbeat-*.json")) if p.stat().st_size]
+        if len(beats) == 2 and all(b["step"] >= 1 for b in beats):
+            pids = sorted(_children(launcher.pid))
+            assert sorted(b["pid"] for b in beats) == pids
+            return launcher, work, pids
+        assert launcher.poll() is None, launcher.communicate()
+        time.sleep(0.2)
+    launcher.kill()
+    raise AssertionError("the ranks did not reach step 1")
+
+
+def _assert_all_gone(pids: list[int], within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if _alive(p)], "a rank outlived its launcher"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL],
+                         ids=lambda s: s.name)
+def test_a_signal_to_the_launcher_stops_every_rank(tmp_path, sig):
+    """What timeout, Slurm and Kubernetes do (SIGTERM), Ctrl-C (SIGINT), a closed terminal (SIGHUP), and a
+    launcher killed outright (SIGKILL: the ranks die with it, prctl PR_SET_PDEATHSIG)."""
+    launcher, _, pids = _launch_forever(tmp_path)
+    t0 = time.monotonic()
+    os.kill(launcher.pid, sig)
+    _, err = launcher.communicate(timeout=30)
+    assert time.monotonic() - t0 < 15
+    _assert_all_gone(pids)
+    if sig == signal.SIGKILL:
+        assert launcher.returncode == -sig
+        return
+    assert launcher.returncode == 128 + sig, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [f"error: stopped by {sig.name}: stopped all 2 ranks (logs: {tmp_path / 'work'})"]
+
+
+@pytest.mark.multiprocess
+def test_a_frozen_rank_fails_the_run_after_timeout_s(tmp_path):
+    """SIGSTOP freezes a rank, its heartbeat thread included: the run fails after --timeout-s (5 s here),
+    not after a fixed two minutes, and the stopped rank is killed too."""
+    launcher, _, pids = _launch_forever(tmp_path, "--timeout-s", "5")
+    t0 = time.monotonic()
+    os.kill(pids[1], signal.SIGSTOP)
+    _, err = launcher.communicate(timeout=60)
+    elapsed = time.monotonic() - t0
+    assert launcher.returncode == 1, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "stopped all 2 ranks" in lines[0], err
+    # whichever sees it first: the peers' collective timeout or the heartbeat deadline, both --timeout-s
+    assert "rank 1 is stopped (SIGSTOP" in lines[0] or "rank 1 stopped responding" in lines[0], lines[0]
+    assert 4 < elapsed < 20
+    _assert_all_gone(pids)

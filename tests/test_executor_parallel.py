@@ -1,12 +1,9 @@
-"""Each parallel layout, launched once through `planner run --verify`, equals the single-process
-reference (same seed, global batch and optimizer): loss and every parameter within 1e-5 relative.
-
-One launch per layout (a launch costs ~15-20 s for 2 processes and more for 8 on 2 cores); two
-steps each, so the second step checks the optimizer state and the update as well. AdamW everywhere
-but the 3D run, which uses the plan's SGD (momentum): AdamW divides each update by the gradient's
-own magnitude, which turns ~1e-8 rounding differences of near-zero gradient entries into parameter
-errors of ~6e-6 there (measured), too close to the 1e-5 bar for a test on other machines; with SGD
-the same run agrees to ~2e-8.
+"""Layouts the gpt2 acceptance runs (test_executor_verify.py) do not cover, launched once each
+through `planner run --verify` on small models: the Llama shape (rotary positions, grouped-query
+attention, SwiGLU, RMSNorm) under dp x tp and the 3D mesh, GPipe with selective recomputation, the
+interleaved zero-bubble schedule, a --proxy run of GPT-3 175B, the torchrun entry point. AdamW
+everywhere: verification judges each step against its rounding bound (verify.py), so AdamW's
+normalized update no longer needs SGD to pass.
 """
 from __future__ import annotations
 
@@ -24,16 +21,12 @@ GPT = "planner.executor.tiny:gpt_tiny"
 LLAMA = "planner.executor.tiny:llama_tiny"
 
 LAYOUTS = {
-    "dp2-ddp": (GPT, dict(dp=2, global_batch=4, micro_batch=1)),
-    "tp2-sp": (GPT, dict(tp=2, sequence_parallel=True, global_batch=4, micro_batch=2)),
-    "pp2-1f1b": (GPT, dict(pp=2, schedule="1f1b", global_batch=4, micro_batch=1)),
-    "pp2-interleaved": (GPT, dict(pp=2, schedule="interleaved-1f1b", virtual_stages=2, global_batch=4, micro_batch=1)),
-    "dp2xtp2": (LLAMA, dict(dp=2, tp=2, global_batch=4, micro_batch=1)),
+    "llama-dp2xtp2": (LLAMA, dict(dp=2, tp=2, global_batch=4, micro_batch=1)),
+    "llama-dp2xtp2xpp2-zero3-full-sp": (LLAMA, dict(dp=2, tp=2, pp=2, zero=3, recompute="full", sequence_parallel=True,
+                                                    schedule="1f1b", global_batch=8, micro_batch=2, placement="DPT")),
     "dp2xpp2-gpipe-selective": (GPT, dict(dp=2, pp=2, zero=0, schedule="gpipe", recompute="selective",
-                                                global_batch=8, micro_batch=2)),
-    "dp2xtp2xpp2-zero3-full-sp": (LLAMA, dict(dp=2, tp=2, pp=2, zero=3, recompute="full", sequence_parallel=True,
-                                              schedule="1f1b", global_batch=8, micro_batch=2, placement="DPT",
-                                              optimizer="sgd")),
+                                          global_batch=8, micro_batch=2)),
+    "pp2-zero-bubble-sgd": (GPT, dict(pp=2, schedule="zero-bubble", global_batch=4, micro_batch=1, optimizer="sgd")),
 }
 
 
@@ -43,18 +36,18 @@ def test_layout_equals_single_process_reference(name, tmp_path):
     model, knobs = LAYOUTS[name]
     cfg = ParallelConfig(seq=32, precision="fp32", **knobs)
     plan = write_plan(tmp_path / "plan.json", cfg, model)
-    result = runner.invoke(app, ["run", str(plan), "--steps", "2", "--verify", "--json",
+    result = runner.invoke(app, ["run", str(plan), "--steps", "3", "--verify", "--json",
                                  "--workdir", str(tmp_path / "work")])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     verify = doc["verify"]
-    assert verify["passed"], verify
-    assert verify["loss_max_rel_err"] <= 1e-5 and verify["param_max_rel_err"] <= 1e-5
+    assert verify["passed"] and verify["steps"] == [0, 1, 2], verify
+    assert max(verify["max_ratio"].values()) < 0.05, verify["max_ratio"]
     assert verify["problems"] == [] and verify["params_compared"] > 0  # no parameter missing or extra
     assert len(doc["ranks"]) == cfg.world_size
     # measured beside predicted: the cost model's step time for the same plan on the cpu-local profile
     assert doc["prediction"]["profile"] == "cpu-local" and doc["prediction"]["step_time_s"] > 0
-    assert all(len(r["step_times_s"]) == 2 and min(r["step_times_s"]) > 0 for r in doc["ranks"])
+    assert all(len(r["step_times_s"]) == 3 and min(r["step_times_s"]) > 0 for r in doc["ranks"])
     # every rank sits where the placement string puts it: tp innermost for "DPT"
     for r in doc["ranks"]:
         assert r["rank"] == (r["dp"] * cfg.pp + r["pp"]) * cfg.tp + r["tp"]

@@ -23,26 +23,35 @@ def run(
     backend: Annotated[str, typer.Option("--backend", help="gloo (CPU processes) or nccl (one GPU per rank).")] = "gloo",
     verify: Annotated[bool, typer.Option("--verify", help="Compare loss and every parameter with a single-process reference.")] = False,
     proxy: Annotated[bool, typer.Option("--proxy", help="If the model is too large here, run a shrunk model with the same parallel layout.")] = False,
-    checkpoint_dir: Annotated[Optional[Path], typer.Option("--checkpoint-dir", help="Save every step with torch.distributed.checkpoint; resume from the latest.")] = None,
+    checkpoint_dir: Annotated[Optional[Path], typer.Option("--checkpoint-dir", help="Save with torch.distributed.checkpoint (every step, or every plan.checkpoint_interval_s seconds); resume from the latest intact step.")] = None,
+    checkpoint_every_steps: Annotated[Optional[int], typer.Option("--checkpoint-every-steps", min=1, help="Save every N steps (overrides the plan's checkpoint_interval_s).")] = None,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the weights and the synthetic data.")] = 0,
-    timeout_s: Annotated[float, typer.Option("--timeout-s", min=1.0, help="Process-group timeout: a hung rank fails the run after this long.")] = 60.0,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", min=1.0, help="A hung or frozen rank fails the run after this long (process-group timeout and heartbeat deadline).")] = 60.0,
     workdir: Annotated[Optional[Path], typer.Option("--workdir", help="Where rank logs and heartbeats go (default: a temporary directory).")] = None,
     hardware: Annotated[Optional[str], typer.Option("--hardware", help="Profile of the prediction column (default: cpu-local for gloo, the plan's hardware for nccl).")] = None,
     json_out: JsonOpt = False,
-    inject_fault: Annotated[Optional[str], typer.Option("--inject-fault", hidden=True, help="Tests: kill:RANK:STEP or hang:RANK:STEP.")] = None,
+    inject_fault: Annotated[Optional[str], typer.Option("--inject-fault", hidden=True, help="Tests only: kill|hang|stop:RANK:STEP or bug:NAME (planner.executor.faults).")] = None,
 ) -> None:
     """Run PLAN.json for real: per-rank step times beside the prediction, optionally verified."""
     from planner.errors import ConfigError
     from planner.executor import ExecutorError
-    from planner.executor.runspec import build_run_spec
+    from planner.executor.faults import parse_fault
+    from planner.executor.runspec import build_run_spec, env_positive_int
 
-    if fault_is_bad(inject_fault):
-        raise ConfigError("inject-fault", inject_fault, "kill:RANK:STEP or hang:RANK:STEP")
+    parse_fault(inject_fault)
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or {"RANK", "WORLD_SIZE", "MASTER_ADDR"} <= set(os.environ)
-    world_env = int(os.environ["WORLD_SIZE"]) if under_torchrun else None
+    world_env = None
+    if under_torchrun:
+        world_env = env_positive_int("WORLD_SIZE")
+        for name in ("RANK", "LOCAL_RANK"):
+            rank_env = env_positive_int(name, minimum=0)
+            if rank_env is not None and world_env is not None and rank_env >= world_env:
+                raise ConfigError(name, os.environ[name], f"0..{world_env - 1} (below WORLD_SIZE, environment variable)")
     spec = build_run_spec(plan, steps=steps, backend=backend, proxy=proxy, seed=seed, timeout_s=timeout_s,
                           checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, fault=inject_fault,
-                          world_size_available=world_env)
+                          world_size_available=world_env, verify=verify,
+                          checkpoint_every_steps=checkpoint_every_steps)
+    launched = None
     if under_torchrun:
         ranks, wall_s, where = _run_torchrun(spec)
         if ranks is None:
@@ -50,13 +59,22 @@ def run(
     else:
         from planner.executor.launch import launch_local
 
-        launched = launch_local(spec, workdir=workdir)
+        launched = launch_local(spec, workdir=workdir, keep_workdir=verify)
         ranks, wall_s, where = launched.ranks, launched.wall_s, launched.workdir
     verification = None
     if verify:
+        from planner.executor.lifecycle import stop_signals
         from planner.executor.verify import verify_run
 
-        verification = verify_run(spec, ranks)
+        try:
+            with stop_signals():
+                verification = verify_run(spec, ranks, launched.workdir if launched else None,
+                                          reference_model=launched.reference_model if launched else None)
+        finally:
+            if launched is not None:
+                launched.cleanup()
+        if launched is not None and launched.temporary:
+            where = None
     if hardware is None:
         from planner.plan import load_plan
 
@@ -69,18 +87,7 @@ def run(
     else:
         typer.echo(render(document))
     if verification is not None and not verification.passed:
-        raise ExecutorError(f"verification failed: loss rel err {verification.loss_max_rel_err:.2e}, "
-                            f"worst parameter {verification.worst_param} rel err "
-                            f"{verification.param_max_rel_err:.2e} (tolerance {verification.rtol:g})"
-                            + ("; " + "; ".join(verification.problems) if verification.problems else "")
-                            + ("; " + verification.hint() if verification.hint() else ""))
-
-
-def fault_is_bad(fault: str | None) -> bool:
-    if fault is None:
-        return False
-    parts = fault.split(":")
-    return len(parts) != 3 or parts[0] not in ("kill", "hang") or not all(p.isdigit() for p in parts[1:])
+        raise ExecutorError(verification.message())
 
 
 def _run_torchrun(spec):
@@ -139,13 +146,16 @@ def run_document(spec, ranks, *, wall_s, workdir, verification, prediction_s, pr
     start = ranks[0]["start_step"]
     if start:
         notes.append(f"resumed from {spec.checkpoint_dir} after step {start - 1}; steps {start}..{spec.steps - 1} ran now")
+    if spec.checkpoint_dir:
+        saved = ranks[0].get("checkpoints", [])
+        notes.append(f"checkpoints saved after step(s) {', '.join(map(str, saved)) or 'none'} in {spec.checkpoint_dir}")
     return {
         "schema_version": "1",
         "model": {"name": spec.model_name, "ran": dataclasses.asdict(spec.model)},
         "plan": spec.config.to_dict(),
         "backend": spec.backend, "precision_used": spec.dtype, "world_size": spec.config.world_size,
         "steps": spec.steps, "seed": spec.seed,
-        "losses": ranks[0]["losses"],
+        "losses": ranks[0]["losses"], "checkpoints": ranks[0].get("checkpoints", []),
         "ranks": rows,
         "measured": {"step_time_s": max(means) if means else None,
                      "warmup_excluded": warmup_excluded, "note": how},
@@ -183,14 +193,21 @@ def render(doc: dict) -> str:
     v = doc["verify"]
     if v:
         verdict = "PASSED" if v["passed"] else "FAILED"
-        lines.append(f"verify {verdict}: loss rel err {v['loss_max_rel_err']:.2e}, parameters rel err "
-                     f"{v['param_max_rel_err']:.2e} (worst {v['worst_param']}) over {v['params_compared']} "
-                     f"tensors, tolerance {v['rtol']:g}")
-        if v["zero_grad_params"]:
-            lines.append(f"  {len(v['zero_grad_params'])} zero-gradient parameters (e.g. {v['zero_grad_params'][0]}) "
-                         f"checked to an absolute drift bound instead")
+        steps = v["steps"]
+        span = f"steps {steps[0]}..{steps[-1]}" if steps else "no steps"
+        lines.append(f"verify {verdict}: {span}, {v['params_compared']} tensors, each against its fp32 rounding "
+                     f"bound (error/bound must stay <= 1); largest ratios:")
+        for kind, worst in v["worst"].items():
+            ratio = "inf" if worst["ratio"] is None else f"{worst['ratio']:.3g}"
+            where = f"step {worst['step']}" + (f", {worst['tensor']}" if worst["tensor"] else "")
+            lines.append(f"  {kind:<18} {ratio:>9}  ({where})")
+        if v["first_failure"]:
+            f = v["first_failure"]
+            lines.append(f"  first over its bound: {f['kind']} at step {f['step']}" + (f", {f['tensor']}" if f["tensor"] else ""))
         for problem in v["problems"]:
             lines.append(f"  {problem}")
+        for note in v["notes"]:
+            lines.append(f"  note: {note}")
     for note in doc["notes"]:
         lines.append(f"note: {note}")
     return "\n".join(lines)

@@ -4,10 +4,12 @@ One module per step (docs/style.md):
   runspec.py      plan document -> `RunSpec` (model shape, parallel config, proxy shrink, notes)
   parallelize.py  small `apply_*` functions on a plain `Transformer` (TP, AC, DDP/FSDP2, pipeline)
   worker.py       one rank: mesh, model, parallelism, training steps, timings, results
-  launch.py       spawn world-size local processes and watch them (faults.py: heartbeats, kill)
-  checkpoint.py   torch.distributed.checkpoint save/resume
-  reference.py    the single-process reference run (same seed, data, optimizer)
-  verify.py       compare a parallel run with the reference (loss and every parameter)
+  launch.py       spawn world-size local processes and watch them (faults.py: heartbeats, kill,
+                  planted test bugs; lifecycle.py: signals, ranks that die with their launcher)
+  checkpoint.py   torch.distributed.checkpoint save/resume, manifests, fallback to an intact step
+  record.py       what a run records for --verify (per-step gradients, sampled parameters)
+  reference.py    the single-process reference anchored at the run, and the rounding bounds
+  verify.py       check every step of a run against one process (loss, gradients, parameters)
 Nothing in the model knows it runs in parallel (torchtitan's split of model and parallelize).
 """
 from __future__ import annotations

@@ -2,10 +2,12 @@
 
 Each worker runs `planner.executor.worker.main(RUNSPEC.json, WORKDIR)` with torchrun's environment
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT): forked from this process for gloo (the imports of
-torch and its distributed packages, ~5 s of CPU per process, are paid once), or as
-`python -m planner.executor.worker` in a fresh interpreter for nccl. The parent watches exit codes and heartbeats
-(faults.watch) and reads rank 0's gathered results from WORKDIR/result.pt. On a cluster, run
-`planner run` itself under torchrun instead (docs/executor.md).
+torch and its distributed packages, ~5 s of CPU per process, and the model's initialization are paid
+once), or as `python -m planner.executor.worker` in a fresh interpreter for nccl. The parent watches
+exit codes and heartbeats (faults.watch) and reads rank 0's gathered results from WORKDIR/result.pt.
+No rank outlives the launch: SIGTERM/SIGINT/SIGHUP to the launcher stop every rank before it exits
+(lifecycle.stop_signals), and each rank dies with its launcher (lifecycle.die_with_parent). On a
+cluster, run `planner run` itself under torchrun instead (docs/executor.md).
 """
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ from pathlib import Path
 import torch
 
 from planner.executor import ExecutorError
-from planner.executor.faults import watch
-from planner.executor.runspec import RunSpec
+from planner.executor.faults import stop_all, watch
+from planner.executor.lifecycle import Interrupted, stop_signals
+from planner.executor.runspec import RunSpec, env_choice
 
 
 def free_port() -> int:
@@ -40,6 +43,14 @@ class LaunchResult:
     """Wall time of the whole launch (process start to exit)."""
     workdir: str | None
     """Where the logs, heartbeats and result file are; None once a temporary one was removed."""
+    temporary: bool = False
+    """The work directory is a temporary one the caller removes (`cleanup`) once done with it."""
+    reference_model: object = None
+    """The initialized full model the ranks started from (fork launches), for the reference."""
+
+    def cleanup(self) -> None:
+        if self.temporary and self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 class _ForkedWorker:
@@ -65,8 +76,9 @@ class _ForkedWorker:
         return self.returncode
 
 
-def _preload() -> None:
-    """Import what every worker needs once, in the parent, so forked workers skip ~5 s of imports each."""
+def _preload(spec: RunSpec):
+    """Import what every worker needs once, in the parent, so forked workers skip ~5 s of imports
+    each, and initialize the full model once (each forked rank takes it copy-on-write); returns it."""
     import torch.distributed.algorithms._checkpoint.checkpoint_wrapper  # noqa: F401
     import torch.distributed.checkpoint  # noqa: F401
     import torch.distributed.checkpoint.state_dict  # noqa: F401
@@ -75,15 +87,26 @@ def _preload() -> None:
     import torch.distributed.tensor.parallel  # noqa: F401
     import torch.nn.parallel  # noqa: F401
 
-    import planner.executor.worker  # noqa: F401
+    import planner.executor.worker as worker
+    from planner.models.transformer import build_model
+
+    model = build_model(spec.model, device="cpu", seed=spec.seed)
+    worker.PREBUILT.clear()
+    worker.PREBUILT[(spec.model, spec.seed)] = model
+    return model
 
 
 def _fork_worker(args: list[str], env: dict, log_path: Path, threads: int) -> _ForkedWorker:
+    parent = os.getpid()
     pid = os.fork()
     if pid:
         return _ForkedWorker(pid)
     code = 1
     try:  # the child: own session (so the parent can stop its group), own log, torchrun's environment
+        from planner.executor.lifecycle import default_signals, die_with_parent
+
+        default_signals()
+        die_with_parent(parent)
         os.setsid()
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
@@ -95,7 +118,7 @@ def _fork_worker(args: list[str], env: dict, log_path: Path, threads: int) -> _F
         torch.set_num_threads(threads)
         from planner.executor.worker import main
 
-        code = main(args)
+        code = main(args, parent=parent)
     finally:
         os._exit(code)
 
@@ -103,8 +126,8 @@ def _fork_worker(args: list[str], env: dict, log_path: Path, threads: int) -> _F
 def start_method(spec: RunSpec) -> str:
     """'fork' (gloo on Linux: workers inherit the parent's imports) or 'spawn' (fresh interpreters;
     nccl, or PLANNER_EXECUTOR_START=spawn)."""
-    wanted = os.environ.get("PLANNER_EXECUTOR_START")
-    if wanted in ("fork", "spawn"):
+    wanted = env_choice("PLANNER_EXECUTOR_START", ("fork", "spawn"))
+    if wanted:
         return wanted
     import torch.distributed as dist
 
@@ -113,44 +136,69 @@ def start_method(spec: RunSpec) -> str:
     return "fork" if spec.backend == "gloo" and hasattr(os, "fork") and sys.platform == "linux" else "spawn"
 
 
-def launch_local(spec: RunSpec, *, workdir: str | Path | None = None, stall_s: float | None = None) -> LaunchResult:
-    """Run `spec` on world-size local processes; raise ExecutorError naming the failing rank."""
+def launch_local(spec: RunSpec, *, workdir: str | Path | None = None, keep_workdir: bool = False) -> LaunchResult:
+    """Run `spec` on world-size local processes; raise ExecutorError naming the failing rank, or
+    `Interrupted` (after stopping every rank) when the launcher gets SIGTERM/SIGINT/SIGHUP.
+    `keep_workdir`: a temporary work directory outlives the launch (the caller verifies from its
+    records, then calls `LaunchResult.cleanup`)."""
     world = spec.config.world_size
     work = Path(workdir or tempfile.mkdtemp(prefix="planner-run-"))
     work.mkdir(parents=True, exist_ok=True)
+    for pattern in ("heartbeat-*", "error-*.json", "result.pt*", "verify-*", "params-r*", "rank-*.log"):
+        for stale in work.glob(pattern):     # a reused --workdir: an old heartbeat would look frozen
+            stale.unlink()
     spec_path = work / "runspec.json"
     spec_path.write_text(spec.to_json())
     threads = max(1, (os.cpu_count() or 1) // world)
     base_env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
-                    LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+                    LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
+                    PLANNER_LAUNCHER_PID=str(os.getpid()))
     procs = []
     method = start_method(spec)
-    if method == "fork":
-        _preload()
     t0 = time.perf_counter()
-    try:
-        for rank in range(world):
-            env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank))
+    model = None
+    with stop_signals():
+        try:
             if method == "fork":
-                procs.append(_fork_worker([str(spec_path), str(work)], env, work / f"rank-{rank}.log", threads))
-                continue
-            log = open(work / f"rank-{rank}.log", "wb")
-            procs.append(subprocess.Popen([sys.executable, "-m", "planner.executor.worker", str(spec_path), str(work)],
-                                          env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-            log.close()
-        watch(procs, work, stall_s=stall_s or max(120.0, 3 * spec.timeout_s))
-    except KeyboardInterrupt:
-        from planner.executor.faults import stop_all
-        stop_all(procs)
-        raise
+                model = _preload(spec)
+            for rank in range(world):
+                env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank))
+                if method == "fork":
+                    procs.append(_fork_worker([str(spec_path), str(work)], env, work / f"rank-{rank}.log", threads))
+                    continue
+                log = open(work / f"rank-{rank}.log", "wb")
+                procs.append(subprocess.Popen([sys.executable, "-m", "planner.executor.worker", str(spec_path), str(work)],
+                                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+                log.close()
+            watch(procs, work, deadline_s=spec.timeout_s)
+        except Interrupted as stop:
+            stop_all(procs)
+            raise Interrupted(stop.signum, f"stopped by {_signal_name(stop.signum)}: stopped all {world} ranks "
+                                           f"(logs: {work})") from None
+        except BaseException:
+            stop_all(procs)
+            raise
+        finally:
+            import planner.executor.worker as worker
+            worker.PREBUILT.clear()
     result_file = work / "result.pt"
     if not result_file.exists():
         raise ExecutorError(f"every rank exited 0 but rank 0 wrote no results. Logs: {work}")
     ranks = torch.load(result_file, weights_only=False)
+    for r in ranks:
+        if isinstance(r.get("params"), dict) and set(r["params"]) == {"file"}:
+            r["params"] = torch.load(r["params"]["file"], weights_only=True, mmap=True)
     wall_s = time.perf_counter() - t0
-    if workdir is None:
+    temporary = workdir is None
+    if temporary and not keep_workdir:
         # a temporary directory of a run that succeeded: nothing in it is needed any more (result.pt
         # holds full parameters, hundreds of MB for a large proxy); a failed run keeps its logs
         shutil.rmtree(work, ignore_errors=True)
-        return LaunchResult(ranks=ranks, wall_s=wall_s, workdir=None)
-    return LaunchResult(ranks=ranks, wall_s=wall_s, workdir=str(work))
+        return LaunchResult(ranks=ranks, wall_s=wall_s, workdir=None, reference_model=model)
+    return LaunchResult(ranks=ranks, wall_s=wall_s, workdir=str(work), temporary=temporary, reference_model=model)
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    return signal.Signals(signum).name

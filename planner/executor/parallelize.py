@@ -7,7 +7,6 @@ DDP / FSDP2 `fully_shard` (ZeRO, Rajbhandari et al. 2020), `torch.distributed.pi
 """
 from __future__ import annotations
 
-import copy
 from functools import partial
 
 import torch
@@ -52,24 +51,26 @@ def stage_ids(config: ParallelConfig, pp_rank: int) -> list[int]:
 
 
 def build_stage_module(model: nn.Module, counts: list[int], stage: int) -> nn.Module:
-    """A copy of `model` keeping only stage `stage`'s blocks (names unchanged, others None-d out:
-    the embeddings on the first stage, final norm and output head on the last)."""
-    part = copy.deepcopy(model)
+    """A Transformer holding only stage `stage`'s blocks (names unchanged, others absent: the
+    embeddings on the first stage, final norm and output head on the last). The modules are
+    `model`'s own, not copies (a 124M-parameter model copied once per stage doubled each rank's
+    memory): the caller hands every stage its disjoint share and drops `model`."""
     start = sum(counts[:stage])
-    keep = {str(i) for i in range(start, start + counts[stage])}
-    for key in list(part.layers.keys()):
-        if key not in keep:
-            del part.layers[key]
-    if stage > 0:
-        part.tok_embeddings = None
-        part.pos_embeddings = None
-    if stage < len(counts) - 1:
-        part.norm = None
-        part.output = None
+    keep = [str(i) for i in range(start, start + counts[stage])]
+    part = type(model).__new__(type(model))
+    nn.Module.__init__(part)
+    part.spec = model.spec
+    part._rope_len = getattr(model, "_rope_len", 0)
+    first, last = stage == 0, stage == len(counts) - 1
+    part.tok_embeddings = model.tok_embeddings if first else None
+    part.pos_embeddings = model.pos_embeddings if first else None
+    part.layers = nn.ModuleDict({k: model.layers[k] for k in keep})
+    part.norm = model.norm if last else None
+    part.output = model.output if last else None
     return part
 
 
-def apply_tp(module: nn.Module, tp_mesh, *, sequence_parallel: bool) -> None:
+def apply_tp(module: nn.Module, tp_mesh, *, sequence_parallel: bool, bug: str | None = None) -> None:
     """Megatron tensor parallelism on one (stage) module, by module name.
 
     wq/wk/wv and w1/w3 column-parallel, wo and w2 row-parallel; embedding row-parallel (vocab
@@ -83,6 +84,7 @@ def apply_tp(module: nn.Module, tp_mesh, *, sequence_parallel: bool) -> None:
                                                    RowwiseParallel, SequenceParallel, parallelize_module)
 
     sp = sequence_parallel
+    rowwise = _unreduced_rowwise() if bug == "tp_no_reduce" else RowwiseParallel
     top: dict = {}
     if module.tok_embeddings is not None:
         top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
@@ -99,8 +101,8 @@ def apply_tp(module: nn.Module, tp_mesh, *, sequence_parallel: bool) -> None:
         block = module.layers[key]
         plan = {
             "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=between),
-            "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(output_layouts=between),
+            "attention.wo": rowwise(output_layouts=between),
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": rowwise(output_layouts=between),
         }
         if block.feed_forward.w3 is not None:
             plan["feed_forward.w3"] = ColwiseParallel()
@@ -117,6 +119,29 @@ def apply_tp(module: nn.Module, tp_mesh, *, sequence_parallel: bool) -> None:
         if sp and i == len(keys) - 1 and module.norm is None:
             parallelize_module(block, tp_mesh, PrepareModuleOutput(output_layouts=Shard(1),
                                                                    desired_output_layouts=Replicate()))
+        if bug == "tp_double_reduce":
+            for linear in (block.attention.wo, block.feed_forward.w2):
+                linear.register_forward_hook(partial(_reduce_again, group=tp_mesh.get_group()))
+
+
+def _reduce_again(module, inputs, output, *, group):
+    """Planted bug tp_double_reduce: all-reduce an already reduced RowwiseParallel output."""
+    import torch.distributed.nn.functional as dist_fn
+
+    return dist_fn.all_reduce(output, group=group)
+
+
+def _unreduced_rowwise():
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    class UnreducedRowwise(RowwiseParallel):
+        """Planted bug tp_no_reduce: the partial sums of a row-parallel product are used as the output."""
+
+        @staticmethod
+        def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+            return outputs.to_local()
+
+    return UnreducedRowwise
 
 
 def _attention_core_policy(ctx, func, *args, **kwargs):

@@ -47,7 +47,17 @@ class RunSpec:
     offload: str = "none"
     """Offload actually applied (none on CPU, where everything already lives in host memory)."""
     fault: str | None = None
-    """Fault injection for tests: 'kill:RANK:STEP' or 'hang:RANK:STEP'."""
+    """Test-only fault switch (faults.parse_fault): 'kill|hang|stop:RANK:STEP' or 'bug:NAME' (a planted
+    parallelization bug). Set by the hidden --inject-fault option, never from a plan file."""
+    verify: bool = False
+    """Record what verify.py compares (per-step gradients, sampled parameters)."""
+    resume_step: int | None = None
+    """Checkpoint step to resume from, chosen and validated by the launcher (None: start fresh)."""
+    checkpoint_interval_s: float | None = None
+    """Save a checkpoint whenever this much wall time has passed since the last one (the plan's
+    checkpoint_interval_s); None: every step, unless checkpoint_every_steps is set."""
+    checkpoint_every_steps: int | None = None
+    """Save every N steps (--checkpoint-every-steps; overrides checkpoint_interval_s)."""
     notes: tuple[str, ...] = field(default=())
     """What differs from the plan as written (downgraded precision, proxy shrink, ...), for the output."""
 
@@ -71,13 +81,51 @@ class RunSpec:
                    notes=tuple(d.pop("notes")), **d)
 
 
+def env_positive_int(name: str, *, minimum: int = 1) -> int | None:
+    """An integer from the environment (at least `minimum`): None when unset or empty, ConfigError
+    (one line naming the variable, its value and what is allowed) when it is anything else."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        allowed = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ConfigError(name, raw, f"{allowed} (environment variable)")
+    return value
+
+
+def env_choice(name: str, allowed: tuple[str, ...]) -> str | None:
+    """An environment override with a fixed set of values (None when unset or empty)."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    if raw.strip() not in allowed:
+        raise ConfigError(name, raw, "one of " + ", ".join(allowed) + " (environment variable)")
+    return raw.strip()
+
+
 def max_local_ranks(backend: str) -> int:
     """Processes one machine hosts: GPUs for nccl; for gloo max(8, 2 x cores) (PLANNER_MAX_LOCAL_RANKS overrides)."""
     if backend == "nccl":
         import torch
         return torch.cuda.device_count()
-    env = os.environ.get("PLANNER_MAX_LOCAL_RANKS")
-    return int(env) if env else max(8, 2 * (os.cpu_count() or 1))
+    env = env_positive_int("PLANNER_MAX_LOCAL_RANKS")
+    return env if env is not None else max(8, 2 * (os.cpu_count() or 1))
+
+
+def check_executable(config: ParallelConfig) -> None:
+    """The executor runs dp x tp x pp (with ZeRO over all dp ranks); other dimensions are refused by name."""
+    for name, value, allowed in (("cp", config.cp, "1 (the executor has no context parallelism)"),
+                                 ("ep", config.ep, "1 (the executor has no expert parallelism)"),
+                                 ("expert_tp", config.expert_tp, "1 (the executor has no experts)")):
+        if value != 1:
+            raise ConfigError(f"plan.{name}", value, allowed)
+    if config.dp_shard not in (0, config.dp):
+        raise ConfigError("plan.dp_shard", config.dp_shard,
+                          f"0 or dp({config.dp}) (the executor shards over all dp ranks; no HSDP)")
 
 
 def resolve_transformer(name: str, seq: int | None) -> TransformerSpec:
@@ -179,14 +227,21 @@ def proxy_spec(spec: TransformerSpec, config: ParallelConfig) -> tuple[Transform
 
 def build_run_spec(plan_path: str | Path, *, steps: int = 3, backend: str = "gloo", proxy: bool = False,
                    seed: int = 0, timeout_s: float = 60.0, checkpoint_dir: str | None = None,
-                   fault: str | None = None, world_size_available: int | None = None) -> RunSpec:
+                   fault: str | None = None, world_size_available: int | None = None, verify: bool = False,
+                   checkpoint_every_steps: int | None = None) -> RunSpec:
     """Read the plan, resolve the model and settle every backend-dependent choice (with notes)."""
+    from planner.executor.faults import bug, check_bug_applies, parse_fault
     from planner.plan import load_plan
 
     if backend not in BACKENDS:
         raise ConfigError("backend", backend, "one of " + ", ".join(BACKENDS))
+    parse_fault(fault)
     plan = load_plan(plan_path)
     config = plan.config
+    check_executable(config)
+    if bug(fault):
+        check_bug_applies(bug(fault), config)
+    interval = plan.document["plan"].get("checkpoint_interval_s")
     if world_size_available is not None and config.world_size != world_size_available:
         # under torchrun the launch fixed the world size
         raise ConfigError("WORLD_SIZE", world_size_available, f"{config.world_size}", message=(
@@ -237,10 +292,22 @@ def build_run_spec(plan_path: str | Path, *, steps: int = 3, backend: str = "glo
         notes.append("ZeRO-1 runs as FSDP2 without resharding after forward (gradients are sharded too: ZeRO-2)")
     if config.zero and config.dp == 1:
         notes.append(f"ZeRO-{config.zero} has no effect with dp=1")
+    if checkpoint_every_steps and not checkpoint_dir:
+        raise ConfigError("--checkpoint-every-steps", checkpoint_every_steps, "only with --checkpoint-dir")
+    if checkpoint_dir and checkpoint_every_steps:
+        notes.append(f"checkpoints every {checkpoint_every_steps} step(s) (--checkpoint-every-steps)"
+                     + (f"; the plan's checkpoint_interval_s {interval:g} s not used" if interval else ""))
+        interval = None
+    elif checkpoint_dir and interval:
+        notes.append(f"checkpoints every {interval:g} s of wall time (plan.checkpoint_interval_s) and after the last step")
     run = RunSpec(config=config, model=spec, model_name=plan.model_name, steps=steps, seed=seed,
                   backend=backend, dtype=dtype, timeout_s=timeout_s, checkpoint_dir=checkpoint_dir,
-                  offload=offload, fault=fault, notes=tuple(notes))
+                  offload=offload, fault=fault, notes=tuple(notes), verify=verify,
+                  checkpoint_interval_s=float(interval) if checkpoint_dir and interval else None,
+                  checkpoint_every_steps=checkpoint_every_steps if checkpoint_dir else None)
     if checkpoint_dir:
         from planner.executor.checkpoint import check_resumable
-        check_resumable(checkpoint_dir, run)
+        # under torchrun every rank reads the directory; only rank 0 moves damaged steps aside
+        set_aside = world_size_available is None or os.environ.get("RANK", "0") == "0"
+        run = dataclasses.replace(run, resume_step=check_resumable(checkpoint_dir, run, set_aside=set_aside))
     return run

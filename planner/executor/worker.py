@@ -20,13 +20,18 @@ import torch
 import torch.distributed as dist
 
 from planner.executor import checkpoint
-from planner.executor.faults import Heartbeat, inject_fault
+from planner.executor.faults import LIVENESS_PERIOD_S, Heartbeat, bug, inject_fault
 from planner.executor.parallelize import (GradAllReduce, apply_ac, apply_ddp, apply_fsdp, apply_tp,
                                           build_device_mesh, build_schedule, build_stage_module,
                                           stage_block_counts, stage_ids)
+from planner.executor.record import Recorder
 from planner.executor.reference import dp_shard, make_optimizer, synthetic_tokens
 from planner.executor.runspec import RunSpec
 from planner.models.transformer import build_model, lm_loss
+
+PREBUILT: dict = {}
+"""(model spec, seed) -> the initialized full model, built once by a forking launcher before the
+ranks start (each forked rank takes it copy-on-write instead of initializing 124M parameters again)."""
 
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module", "_orig_mod")
 
@@ -48,9 +53,11 @@ def _autocast(spec: RunSpec):
 class _Run:
     """State of one rank's training run."""
 
-    def __init__(self, spec: RunSpec, rank: int, local_rank: int, workdir: str | None):
+    def __init__(self, spec: RunSpec, rank: int, local_rank: int, workdir: str | None, heartbeat: Heartbeat):
         self.spec, self.rank, self.cfg = spec, rank, spec.config
-        self.heartbeat = Heartbeat(workdir, rank)
+        self.workdir = workdir
+        self.heartbeat = heartbeat
+        self.bug = bug(spec.fault)
         if spec.device_type == "cuda":
             torch.cuda.set_device(local_rank)
             self.device = torch.device("cuda", local_rank)
@@ -60,10 +67,14 @@ class _Run:
         self.coords = {name: self.mesh.get_local_rank(name) for name in self.mesh.mesh_dim_names}
         self.heartbeat.beat("build")
         self._build()
+        keep = self.coords["dp"] == 0 and self.coords["tp"] == 0
+        self.recorder = Recorder(workdir, rank, keep, clean_name) if spec.verify else None
 
     def _build(self) -> None:
         spec, cfg = self.spec, self.cfg
-        full = build_model(spec.model, device="cpu", seed=spec.seed)
+        full = PREBUILT.pop((spec.model, spec.seed), None) if spec.device_type == "cpu" else None
+        if full is None:
+            full = build_model(spec.model, device="cpu", seed=spec.seed)
         counts = stage_block_counts(cfg, spec.model.total_blocks)
         self.stage_ids = stage_ids(cfg, self.coords["pp"]) if cfg.pp > 1 else [0]
         num_stages = len(counts) if cfg.pp > 1 else 1
@@ -76,7 +87,7 @@ class _Run:
                 module = module.to(torch.bfloat16)
             module = module.to(self.device)
             if cfg.tp > 1:
-                apply_tp(module, tp_mesh, sequence_parallel=cfg.sequence_parallel)
+                apply_tp(module, tp_mesh, sequence_parallel=cfg.sequence_parallel, bug=self.bug)
             apply_ac(module, cfg.recompute)
             if cfg.dp > 1 and cfg.zero > 0:
                 module = apply_fsdp(module, dp_mesh, zero=cfg.zero, offload_optimizer=spec.offload == "optimizer")
@@ -97,10 +108,25 @@ class _Run:
 
             group = self.mesh["pp"].get_group()
             stages = [PipelineStage(m, sid, num_stages, self.device, group=group) for sid, m in self.parts]
-            self.schedule = build_schedule(cfg, stages, lm_loss)
+            self.schedule = build_schedule(cfg, stages, self._loss)
+        self._first_target_ptr = None
+
+    def _loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The pipeline's loss per micro-batch (lm_loss); the planted drop_microbatch bug keeps the
+        value of micro-batch 0's loss but none of its gradient (micro-batch 0: the target that starts
+        where the step's targets start; the schedule's micro-batches are views of them)."""
+        loss = lm_loss(output, target)
+        if self.bug == "drop_microbatch" and target.data_ptr() == self._first_target_ptr:
+            return loss * 0.0 + loss.detach()
+        return loss
 
     def _step_pipeline(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         losses: list[torch.Tensor] = []
+        if self.bug == "double_microbatch":
+            rows = x.shape[0] // self.cfg.num_microbatches
+            x, y = x.clone(), y.clone()
+            x[rows:2 * rows], y[rows:2 * rows] = x[:rows], y[:rows]
+        self._first_target_ptr = y.data_ptr()
         args = (x,) if self.has_first else ()
         kwargs = {"target": y, "losses": losses} if self.has_last else {}
         with _autocast(self.spec):
@@ -114,7 +140,7 @@ class _Run:
         for i, (xm, ym) in enumerate(zip(x.chunk(n), y.chunk(n))):
             last = i == n - 1
             sync = contextlib.nullcontext()
-            if hasattr(module, "no_sync") and not last:
+            if hasattr(module, "no_sync") and (not last or self.bug == "skip_dp_reduce"):
                 sync = module.no_sync()
             if hasattr(module, "set_requires_gradient_sync"):
                 module.set_requires_gradient_sync(last)
@@ -139,9 +165,17 @@ class _Run:
     def train(self) -> dict:
         spec, cfg = self.spec, self.cfg
         start, losses = 0, []
-        if spec.checkpoint_dir:
-            start, losses = checkpoint.load(spec.checkpoint_dir, self.parts, self.optimizers)
+        if spec.checkpoint_dir and spec.resume_step is not None:
+            self.heartbeat.beat("resume")
+            start, losses = checkpoint.load(spec.checkpoint_dir, spec.resume_step, self.parts, self.optimizers)
+        if self.recorder is not None:
+            if start:
+                self.recorder.resumed_state(self.parts, self.optimizers)
+            else:
+                self.recorder.params(-1, self.parts)
+        cadence = checkpoint.Cadence(interval_s=spec.checkpoint_interval_s, every_steps=spec.checkpoint_every_steps)
         times: list[float] = []
+        saved: list[int] = []
         for step in range(start, spec.steps):
             self.heartbeat.beat("step", step)
             inject_fault(spec.fault, self.rank, step)
@@ -150,73 +184,116 @@ class _Run:
             dist.barrier()
             t0 = time.perf_counter()
             local = self._step_pipeline(x, y) if self.schedule is not None else self._step_accumulate(x, y)
-            if self.grad_sync is not None:
+            if self.grad_sync is not None and self.bug != "skip_dp_reduce":
                 self.grad_sync()
+            t_grad = time.perf_counter()
+            if self.recorder is not None:
+                self.recorder.gradients(step, self.parts)
+            t_record = time.perf_counter()
+            if self.bug == "zero_shard_offset" and self.coords["dp"] == 1:
+                _shift_gradient_shards(self.parts)
             for opt in self.optimizers:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             if spec.device_type == "cuda":
                 torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
+            times.append(time.perf_counter() - t0 - (t_record - t_grad))
             losses.append(self.global_loss(local))
-            if spec.checkpoint_dir:
+            if self.recorder is not None:
+                self.recorder.params(step, self.parts)
+            if spec.checkpoint_dir and self._decide(cadence.due(step, last=step == spec.steps - 1)):
                 self.heartbeat.beat("checkpoint", step)
                 checkpoint.save(spec.checkpoint_dir, step, self.parts, self.optimizers, losses,
                                 run=checkpoint.identity(spec))
+                cadence.saved()
+                saved.append(step)
         self.heartbeat.beat("gather", spec.steps)
         return {"rank": self.rank, "coords": self.coords, "stages": self.stage_ids, "start_step": start,
-                "step_times_s": times, "losses": losses, "params": self.full_params()}
+                "step_times_s": times, "losses": losses, "params": self.full_params(), "checkpoints": saved,
+                "verify": self.recorder.result() if self.recorder is not None else None}
+
+    def _decide(self, due: bool) -> bool:
+        """Rank 0's decision, broadcast: every rank saves the same steps even when their clocks differ."""
+        flag = torch.tensor([1 if due else 0], device=self.device)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
 
     def full_params(self) -> dict | None:
         """Full fp32 parameters of this rank's stages (collective over each DTensor's mesh); kept
-        only by the dp-0/tp-0 rank of each stage."""
-        from torch.distributed.tensor import DTensor
+        only by the dp-0/tp-0 rank of each stage: in WORKDIR/params-rRANK.pt when there is a work
+        directory (pickling hundreds of MB through gather_object costs more than the training steps
+        of a small model), else in the result."""
+        from planner.executor.record import full_tensor, save_atomic
 
-        out = {}
-        for _, module in self.parts:
-            for name, p in module.named_parameters():
-                t = p.full_tensor() if isinstance(p, DTensor) else p
-                out[clean_name(name)] = t.detach().float().cpu().clone()
-        keep = self.coords["dp"] == 0 and self.coords["tp"] == 0
-        return out if keep else None
+        out = {clean_name(name): full_tensor(p, copy=self.workdir is None)
+               for _, module in self.parts for name, p in module.named_parameters()}
+        if not (self.coords["dp"] == 0 and self.coords["tp"] == 0):
+            return None
+        if self.workdir is not None:
+            path = Path(self.workdir) / f"params-r{self.rank}.pt"
+            save_atomic(out, path)
+            return {"file": str(path)}
+        return out
 
 
-def train(spec: RunSpec, *, rank: int, world_size: int, local_rank: int, workdir: str | None = None) -> list | None:
+def _shift_gradient_shards(parts) -> None:
+    """Planted bug zero_shard_offset: this rank's gradient shards, as its optimizer sees them, come
+    from one row further on (wrapping), as if its shard offset were off by one."""
+    from torch.distributed.tensor import DTensor
+
+    for _, module in parts:
+        for p in module.parameters():
+            if isinstance(p.grad, DTensor):
+                local = p.grad.to_local()
+                if local.dim() and local.shape[0] > 1:
+                    local.copy_(local.roll(1, 0))
+
+
+def train(spec: RunSpec, *, rank: int, world_size: int, local_rank: int, workdir: str | None = None,
+          heartbeat: Heartbeat | None = None) -> list | None:
     """Run one rank; returns every rank's results on rank 0 (None elsewhere). Collective."""
-    Heartbeat(workdir, rank).beat("init")
+    heartbeat = heartbeat or Heartbeat(workdir, rank)
+    heartbeat.beat("init")
     if not dist.is_initialized():
         dist.init_process_group(spec.backend, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=spec.timeout_s))
-    run = _Run(spec, rank, local_rank, workdir)
+    run = _Run(spec, rank, local_rank, workdir, heartbeat)
     result = run.train()
     gathered = [None] * world_size if rank == 0 else None
     dist.gather_object(result, gathered, dst=0)
     return gathered
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], *, parent: int | None = None) -> int:
+    """A launched rank. `parent`: the launcher's pid (this rank ends when that process is gone)."""
+    from planner.executor.lifecycle import die_with_parent
+    from planner.executor.record import save_atomic
+
     spec_path, workdir = argv
     rank = int(os.environ["RANK"])
+    parent = die_with_parent(parent)
+    heartbeat = Heartbeat(workdir, rank)
     try:
         spec = RunSpec.from_json(Path(spec_path).read_text())
+        heartbeat.start(period_s=min(LIVENESS_PERIOD_S, spec.timeout_s / 5), parent=parent)
         results = train(spec, rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
-                        local_rank=int(os.environ.get("LOCAL_RANK", rank)), workdir=workdir)
+                        local_rank=int(os.environ.get("LOCAL_RANK", rank)), workdir=workdir, heartbeat=heartbeat)
         if rank == 0:
-            tmp = Path(workdir) / "result.pt.tmp"
-            torch.save(results, tmp)
-            os.replace(tmp, Path(workdir) / "result.pt")
-        Heartbeat(workdir, rank).beat("done", spec.steps)
+            save_atomic(results, Path(workdir) / "result.pt")
+        heartbeat.beat("done", spec.steps)
         dist.barrier()
         dist.destroy_process_group()
         return 0
     except BaseException as err:  # noqa: BLE001 - any failure of a rank becomes its one-line report
         line = (str(err).strip().splitlines() or [type(err).__name__])[0][:400]
-        (Path(workdir) / f"error-{rank}.json").write_text(json.dumps(
+        error_file = Path(workdir) / f"error-{rank}.json"
+        error_file.with_suffix(".tmp").write_text(json.dumps(
             {"message": f"{type(err).__name__}: {line}", "traceback": traceback.format_exc()}))
+        os.replace(error_file.with_suffix(".tmp"), error_file)
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], parent=int(os.environ["PLANNER_LAUNCHER_PID"]) if "PLANNER_LAUNCHER_PID" in os.environ else None))

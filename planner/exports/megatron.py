@@ -136,6 +136,12 @@ def to_megatron(plan: Plan) -> Export:
                          "(less memory than ZeRO-0)")
         add("--optimizer-cpu-offload")
         add("--use-precision-aware-optimizer")
+    if cfg.offload == "activations":
+        # Megatron-Core's layer-level CPU offloading (Transformer Engine's offload context): all but the
+        # last layer's activations go to the host (num_layers - 1 is its ceiling)
+        add("--cpu-offloading-num-layers", spec.layers - 1)
+        notes.append(f"offload=activations: --cpu-offloading-num-layers {spec.layers - 1} (Megatron offloads at "
+                     "most num_layers - 1 layers; no pipelining or recomputation with it)")
 
     # --- precision
     if cfg.precision in ("amp-bf16", "bf16", "fp8"):

@@ -1,0 +1,190 @@
+"""Predicted vs published step time of training runs on every software stack, by framework, source and
+feature (validation/published/*.json; format in validation/published/FORMAT.md).
+
+Each row is predicted with `planner.estimate` on the framework it ran (`megatron`, `torchtitan`,
+`fsdp`, `deepspeed`) with only what the row states: its model, hardware, degrees, batch, schedule,
+ZeRO stage and shard group, recompute, precision, attention kernel and the software facts in its
+`extras` (benchmarks/published_rows.py turns a row into estimate's inputs). Printed per framework and
+per source: rows, MAPE, mean signed error, worst row; rows refused (a plan the framework cannot run or
+the cost model does not cost) and rows that trained but are predicted not to fit, both of which must
+be zero. Per feature (context parallelism, FP8, hybrid sharding, mixture of experts, sequences of 32K
+tokens or more) the same over the rows that use it.
+
+`--loo` re-predicts every row with the physical parameters of benchmarks/calibrate_frameworks.py
+fitted without the row's whole source (leave-one-source-out), the figure to quote for accuracy on
+runs the fit has not seen.
+
+Run: .venv/bin/python benchmarks/accuracy_frameworks.py [--files megatron,fsdp,...] [--rows] [--loo]
+Writes benchmarks/results/accuracy_frameworks.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import published_rows as R  # noqa: E402
+from planner.errors import PlannerError  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "accuracy_frameworks.json"
+DEFAULT_FILES = (*R.STACK_FILES, "features")
+FEATURES = {
+    "cp": lambda c: c.config.cp > 1,
+    "fp8": lambda c: c.config.precision == "fp8",
+    "hsdp": lambda c: c.config.zero >= 1 and 0 < c.config.dp_shard < c.config.dp,
+    "moe": lambda c: getattr(c.spec, "moe", None) is not None,
+    "seq>=32k": lambda c: c.config.seq >= 32768,
+}
+"""Which rows count for each feature's line."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Result:
+    """One row's prediction."""
+
+    id: str
+    file: str
+    source: str
+    framework: str
+    measured_s: float | None
+    predicted_s: float | None
+    fits: bool | None
+    trained: bool
+    refused: str | None
+    features: tuple[str, ...]
+
+    @property
+    def error(self) -> float | None:
+        """Signed relative error of the step time (predicted / measured - 1)."""
+        if self.predicted_s is None or not self.measured_s:
+            return None
+        return self.predicted_s / self.measured_s - 1.0
+
+
+def predict(case, *, overrides=None) -> Result:
+    """The row's prediction; `overrides(case) -> (hardware, framework_profile)` substitutes calibrated
+    parameters (benchmarks/calibrate_frameworks.py)."""
+    from planner.estimate import estimate
+
+    feats = () if case.config is None else tuple(name for name, test in FEATURES.items() if test(case))
+    common = dict(id=case.id, file=case.file, source=case.source, framework=case.framework,
+                  measured_s=case.measured_s, trained=bool(case.row.get("trained", True)), features=feats)
+    if case.error is not None:
+        return Result(**common, predicted_s=None, fits=None, refused=case.error)
+    hw, fw = (case.hardware, None) if overrides is None else overrides(case)
+    options = {k: v for k, v in case.options.items() if v is not None}
+    try:
+        est = estimate(case.spec, hw, case.config, gpus=case.row["gpus"], framework_profile=fw, **options)
+    except PlannerError as err:
+        return Result(**common, predicted_s=None, fits=None, refused=str(err))
+    return Result(**common, predicted_s=float(est.step_time_s), fits=bool(est.fits), refused=None)
+
+
+def summary(results: list[Result]) -> dict:
+    """n, MAPE, mean signed error, worst row, refused and trained-but-not-fitting counts."""
+    errs = [(r.error, r.id) for r in results if r.error is not None]
+    out = {"rows": len(results), "predicted": len(errs),
+           "refused": sum(r.refused is not None for r in results),
+           "trained_predicted_not_to_fit": sum(r.trained and r.fits is False for r in results)}
+    if errs:
+        worst = max(errs, key=lambda e: abs(e[0]))
+        out.update(mape=statistics.fmean(abs(e) for e, _ in errs), mean=statistics.fmean(e for e, _ in errs),
+                   median_abs=statistics.median(abs(e) for e, _ in errs), worst=worst[0], worst_id=worst[1])
+    return out
+
+
+def groups(results: list[Result]) -> dict:
+    by_fw, by_src, by_feat = {}, {}, {}
+    for r in results:
+        by_fw.setdefault(r.framework, []).append(r)
+        by_src.setdefault((r.framework, r.source), []).append(r)
+        for f in r.features:
+            by_feat.setdefault(f, []).append(r)
+    return {"framework": {k: summary(v) for k, v in sorted(by_fw.items())},
+            "source": {f"{fw}/{src}": summary(v) for (fw, src), v in sorted(by_src.items())},
+            "feature": {k: summary(v) for k, v in sorted(by_feat.items())}}
+
+
+def _line(name: str, s: dict, width: int = 52) -> str:
+    if "mape" not in s:
+        return f"{name:{width}} {s['rows']:4}     (no step time predicted; refused {s['refused']})"
+    return (f"{name:{width}} {s['predicted']:4} {100 * s['mape']:6.1f}% {100 * s['mean']:+7.1f}% "
+            f"{100 * s['worst']:+7.1f}%  {s['refused']:3} {s['trained_predicted_not_to_fit']:3}   {s['worst_id']}")
+
+
+def table(title: str, g: dict) -> str:
+    head = f"{'':52} {'rows':>4} {'MAPE':>7} {'mean':>8} {'worst':>8} ref nofit  worst row"
+    lines = [title, head]
+    for section in ("framework", "feature", "source"):
+        lines.append(f"-- by {section}")
+        lines += [_line(k, v) for k, v in g[section].items()]
+    return "\n".join(lines)
+
+
+def _identity(case):
+    """What makes two rows the same run (features.json repeats runs of the per-stack files)."""
+    r = case.row
+    shape = (case.spec.layers, case.spec.hidden) if case.spec is not None else (r.get("model"),)
+    return (r["framework"], r["gpus"], r["dp"], r["tp"], r["pp"], r.get("cp") or 1, r["micro_batch"],
+            r["global_batch"], r["seq"], r["precision"], None if case.measured_s is None else round(case.measured_s, 2),
+            *shape)
+
+
+def unique(cases):
+    """The cases with each run once (the first file that lists it)."""
+    seen, out = set(), []
+    for c in cases:
+        key = _identity(c)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+def run(files=DEFAULT_FILES, *, loo: bool = False, rows: bool = False, write: bool = True) -> dict:
+    loaded = R.load(files)
+    cases = unique(loaded)
+    results = [predict(c) for c in cases]
+    print(f"{len(loaded)} rows in {', '.join(files)}; {len(loaded) - len(cases)} repeat a run listed earlier "
+          f"and are counted once")
+    report = {"files": list(files), "in_sample": groups(results),
+              "rows": [{"id": r.id, "source": r.source, "framework": r.framework, "measured_s": r.measured_s,
+                        "predicted_s": r.predicted_s, "error": r.error, "fits": r.fits, "refused": r.refused}
+                       for r in results]}
+    print(table("Published runs: predicted vs measured step time (all rows)", report["in_sample"]))
+    if loo:
+        from benchmarks.calibrate_frameworks import leave_one_source_out
+        loo_results = leave_one_source_out(cases)
+        report["leave_one_source_out"] = groups(loo_results)
+        print()
+        print(table("Leave one source out (parameters fitted without the row's source)", report["leave_one_source_out"]))
+    if rows:
+        print()
+        for r in sorted(results, key=lambda r: (r.framework, r.source, r.id)):
+            err = "refused: " + r.refused if r.refused else f"{100 * r.error:+6.1f}%" if r.error is not None else "-"
+            print(f"{r.framework:10} {r.id:60} {err}{'' if r.fits in (None, True) else '  (predicted not to fit)'}")
+    if write:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
+        print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    return report
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--files", default=",".join(DEFAULT_FILES), help="collections under validation/published/")
+    ap.add_argument("--loo", action="store_true", help="also leave one source out (refit without it)")
+    ap.add_argument("--rows", action="store_true", help="print every row's error")
+    args = ap.parse_args(argv)
+    run(tuple(f for f in args.files.split(",") if f), loo=args.loo, rows=args.rows)
+
+
+if __name__ == "__main__":
+    main()

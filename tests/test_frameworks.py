@@ -1,0 +1,95 @@
+"""Framework profiles (frameworks/*.json): every shipped file loads, every value is sourced, a bad file is
+one line naming the key, and the capabilities decide what estimate accepts (frameworks.rules, the one
+rule set that search, estimate and export share)."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from frameworks import ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, available_frameworks, load_framework
+from frameworks.loader import framework_from_dict
+from frameworks.rules import violations
+from planner.errors import ConfigError
+from planner.estimate import estimate
+from planner.parallel import ParallelConfig
+
+DIR = Path(__file__).resolve().parents[1] / "frameworks"
+NAMES = ("megatron", "torchtitan", "fsdp", "deepspeed")
+
+
+def _doc(name):
+    return json.loads((DIR / f"{name}.json").read_text())
+
+
+def test_the_four_stacks_ship_and_load():
+    assert set(NAMES) <= set(available_frameworks())
+    for name in NAMES:
+        fw = load_framework(name)
+        assert fw.name == name and fw.kernels in KERNELS and fw.attention in ATTENTION_KERNELS
+        assert fw.loss in LOSS_KERNELS
+        for precision in fw.capabilities.precisions:     # every precision it runs has its state bytes
+            assert precision in fw.state_bytes
+
+
+@pytest.mark.parametrize("mutate,key", [
+    (lambda d: d.update(unknown_knob=1), "unknown_knob"),
+    (lambda d: d.pop("loss"), "loss"),
+    (lambda d: d.update(loss="chunked"), "loss"),
+    (lambda d: d.update(attention="xformers"), "attention"),
+    (lambda d: d["sources"].pop("loss"), "sources.loss"),
+    (lambda d: d.update(allocator_overhead_fraction=1.5), "allocator_overhead_fraction"),
+    (lambda d: d["state_bytes"]["amp-bf16"].update(grad=-1), "state_bytes.amp-bf16.grad"),
+    (lambda d: d["capabilities"].update(activation_offload="sometimes"), "capabilities.activation_offload"),
+    (lambda d: d["capabilities"].update(max_virtual_stages=0), "capabilities.max_virtual_stages"),
+    (lambda d: d["capabilities"].pop("zero"), "capabilities.zero"),
+])
+def test_a_bad_profile_is_one_line_naming_the_key(mutate, key):
+    doc = copy.deepcopy(_doc("megatron"))
+    mutate(doc)
+    with pytest.raises(ConfigError) as err:
+        framework_from_dict(doc, origin="megatron.json")
+    message = str(err.value)
+    assert key in message and "\n" not in message
+
+
+def test_every_cost_value_has_a_source():
+    for name in NAMES:
+        doc = _doc(name)
+        for key in ("kernels", "attention", "loss", "state_bytes", "capabilities", "allocator_overhead_fraction"):
+            assert doc["sources"].get(key, "").strip(), (name, key)
+
+
+def _cfg(**kw):
+    base = dict(dp=8, tp=1, pp=1, micro_batch=1, global_batch=64, seq=2048, framework="megatron")
+    return ParallelConfig(**{**base, **kw})
+
+
+def test_megatron_offloads_activations_only_without_pipelining_or_recompute():
+    fw = load_framework("megatron")
+    assert violations(fw, _cfg(offload="activations")) == []
+    bad = violations(fw, _cfg(offload="activations", recompute="full"))
+    assert len(bad) == 1 and "offload=activations" in bad[0] and "recompute=none" in bad[0]
+    deepspeed = _cfg(offload="activations", recompute="full", zero=1, framework="deepspeed")
+    assert violations(load_framework("deepspeed"), deepspeed) == []      # cpu_checkpointing offloads checkpoints
+
+
+def test_estimate_refuses_what_the_framework_cannot_run_in_one_line():
+    cfg = _cfg(dp=2, tp=1, pp=4, zero=3, global_batch=64, framework="deepspeed")
+    with pytest.raises(ConfigError) as err:
+        estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8)
+    assert "zero=3 with pp=4" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_loss_kernel_changes_the_last_stage_memory_not_the_time_much():
+    cfg = _cfg(dp=8, micro_batch=4, global_batch=32, framework="fsdp", zero=3, precision="amp-bf16")
+    upcast = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8)
+    fused = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8, loss="fused")
+    assert upcast.software.loss == "upcast" and fused.software.loss == "fused"
+    # 4 x 2048 tokens x 128256 vocab: upcast keeps 12 bytes per logit at its peak, the fused kernel 4
+    assert upcast.peak_bytes_per_gpu - fused.peak_bytes_per_gpu == pytest.approx(8 * 4 * 2048 * 128256, rel=0.01)
+    assert fused.step_time_s <= upcast.step_time_s
+    with pytest.raises(ConfigError):
+        estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8, loss="chunked")

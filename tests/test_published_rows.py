@@ -1,0 +1,65 @@
+"""benchmarks/published_rows.py: rows become estimate's inputs, and TFLOP/s-only rows get step times
+through their source's FLOP convention (validation/published/FORMAT.md `tflops_convention`)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import published_rows as R
+
+PUBLISHED = Path(__file__).resolve().parents[1] / "validation" / "published"
+
+
+def _rows_with_time_and_tflops(name: str, source: str):
+    rows = json.loads((PUBLISHED / f"{name}.json").read_text())["runs"]
+    return [r for r in rows if r["source_id"] == source and r["measured"].get("tflops_per_gpu")
+            and R.measured_step_s(r) is not None]
+
+
+@pytest.mark.parametrize("name,source,convention", [
+    ("megatron", "nemo-perf-summary-24.07", "nemo"),
+    ("features", "nemo-perf-2407", "nemo"),
+    ("features", "nemo-perf-2504", "nemo"),
+    ("deepspeed", "bigscience-tr11-176b-readme", "megatron-hfu"),
+    ("deepspeed", "mtnlg-530b-2022", "megatron-hfu"),
+])
+def test_a_convention_reproduces_the_tflops_its_source_printed_beside_a_step_time(name, source, convention):
+    rows = _rows_with_time_and_tflops(name, source)
+    assert rows
+    for row in rows:
+        flops = R.convention_flops(R.spec_of(row), row["global_batch"], row["seq"], convention)
+        tflops = flops / R.measured_step_s(row) / row["gpus"] / 1e12
+        assert tflops == pytest.approx(row["measured"]["tflops_per_gpu"], rel=0.011), row["id"]
+
+
+def test_tflops_only_rows_get_a_step_time_from_their_convention():
+    cases = [c for c in R.load(["features"]) if c.source == "nemo-longseq-h100"]
+    assert cases and all(c.measured_s and c.measured_s > 0 for c in cases)
+    # 4M tokens per step at every length: longer sequences do more attention FLOPs per token, so the
+    # GPU-seconds per step grow with the sequence
+    gpu_seconds = [c.measured_s * c.row["gpus"] for c in sorted(cases, key=lambda c: c.config.seq)]
+    assert all(b > a for a, b in zip(gpu_seconds, gpu_seconds[1:]))
+
+
+def test_every_convention_named_by_a_source_is_known():
+    for path in PUBLISHED.glob("*.json"):
+        for sid, src in json.loads(path.read_text())["sources"].items():
+            if "tflops_convention" in src:
+                assert src["tflops_convention"] in ("nemo", "megatron-hfu"), (path.name, sid)
+
+
+def test_a_row_the_planner_cannot_represent_is_kept_with_its_reason():
+    rows = json.loads((PUBLISHED / "megatron.json").read_text())["runs"]
+    bad = dict(rows[0], tp=3)      # 3 does not divide the heads... the row stays, with its one-line reason
+    case = R.Case(row=bad, file="megatron", spec=None, hardware=None, config=None, options={}, measured_s=None,
+                  error="tp=3 is invalid")
+    assert case.error and case.config is None
+
+
+def test_extras_become_software_options():
+    row = {"attention": "triton", "extras": {"loss_fn": "fused_crossentropy", "grad_reduce_dtype": "bf16",
+                                             "overlap_grad_reduce": False}}
+    assert R.options_of(row) == {"attention": "triton", "dropout": False, "overlap_grad_reduce": False,
+                                 "grad_reduce_dtype": "bf16", "loss": "fused"}
