@@ -482,6 +482,14 @@ def _framework(ctx: RuleContext):
     return load_framework(ctx.plan.get("framework", "megatron"))
 
 
+def _stacks_with(has: Callable[[Any], bool]) -> str:
+    """The shipped frameworks whose capabilities pass `has` (frameworks/*.json), e.g. 'megatron, torchtitan'."""
+    from frameworks import load_framework
+    from planner.parallel import FRAMEWORKS
+
+    return ", ".join(name for name in FRAMEWORKS if has(load_framework(name).capabilities)) or "none"
+
+
 def sequence_bytes(doc: Mapping[str, Any]) -> int:
     """Bytes of the peak that grow with the tokens a GPU holds: activations plus working buffers
     (logits, the recomputation working set, workspaces) = peak - parameters - gradients - optimizer
@@ -567,8 +575,8 @@ def context_parallel(ctx: RuleContext) -> RuleResult:
 
     if not comms:
         return result("pass", f"{fw.name} has no context parallelism (cp_comm: none)",
-                      "Not available on this stack: long sequences need recomputation or TP with sequence "
-                      "parallelism here (megatron and torchtitan run ring-attention CP).")
+                      f"Not available on this stack: long sequences need recomputation or TP with sequence "
+                      f"parallelism here (stacks with CP: {_stacks_with(lambda caps: caps.cp_comm)}).")
     share = sequence_bytes(doc) / _peak(doc) if _peak(doc) else 0.0
     number = (f"seq {seq:,}: activations + working buffers {_gb(sequence_bytes(doc))} = {_pct(share)} of the "
               f"{_gb(_peak(doc))} peak")
@@ -652,8 +660,8 @@ def fp8_gemms(ctx: RuleContext) -> RuleResult:
     fw = _framework(ctx)
     if "fp8" not in fw.capabilities.precisions:
         return result("pass", f"{fw.name} has no FP8 recipe (precisions: {', '.join(fw.capabilities.precisions)})",
-                      "Not available on this stack; megatron (Transformer Engine) and torchtitan (torchao float8) "
-                      "run FP8 GEMMs.")
+                      f"Not available on this stack (stacks with FP8 GEMMs: "
+                      f"{_stacks_with(lambda caps: 'fp8' in caps.precisions)}).")
     precision = plan["precision"]
     if precision == "fp8":
         base_precision, fp8_doc = "amp-bf16", ctx.document
