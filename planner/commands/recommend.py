@@ -8,14 +8,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, GradReduceOpt, GlobalBatchOpt, GpusOpt, HardwareOpt, HwPrecisionOpt, JsonOpt, MAX_TOKENS, ModelArg, NodesOpt, OptimizerOpt, SeqOpt)
+from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, GradReduceOpt, GlobalBatchOpt, GpusOpt, HardwareOpt, HwPrecisionOpt, JsonOpt, MAX_TOKENS, ModelArg, NodesOpt, OptimizerOpt, SeqOpt,
+                                     objective_help)
 from planner.errors import ConfigError
 
-ObjectiveOpt = Annotated[str, typer.Option("--objective", help="throughput (least step time), cost (least $ per "
-                                           "1B tokens; with --tokens, least $ for the run including failures), "
-                                           "memory (least memory within 5% of the best time) or time-to-train "
-                                           "(least expected time for --tokens including failures, checkpoints and "
-                                           "restarts; docs/goodput.md).")]
+ObjectiveOpt = Annotated[str, typer.Option("--objective", help=objective_help("--tokens"))]
 TopOpt = Annotated[int, typer.Option("--top", min=1, max=100, help="How many plans to list.")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Write the best plan document here (plan.json).")]
 CsvOpt = Annotated[Optional[Path], typer.Option("--csv", help="Write every scored candidate here as CSV: its knobs, "
