@@ -117,6 +117,8 @@ def options_of(row: dict) -> dict:
         out["grad_reduce_dtype"] = extras["grad_reduce_dtype"]
     if "tp_comm_overlap" in extras or "async_tp" in extras:
         out["tp_comm_overlap"] = bool(extras.get("tp_comm_overlap") or extras.get("async_tp"))
+    if row.get("compile"):
+        out["compile"] = True
     if extras.get("loss_fn") in LOSS:
         out["loss"] = LOSS[extras["loss_fn"]]
     return out

@@ -235,7 +235,10 @@ def block_seconds(x) -> BlockSeconds:
     elem_f = x.per_token(x.table.traffic_fwd) * x.tokens / bw
     scores_f = x.per_token(x.table.scores_traffic_fwd) * x.tokens / bw
     layer_f = gemm_f + attn_f + elem_f
-    rec = np.select([x.full, x.selective], [layer_f, attn_f + scores_f], 0.0) * recompute_passes(x)
+    # selective: the attention core again (Megatron), or the matmuls and memory-bound ops torchtitan's
+    # per-operator policy did not save (Step.sac)
+    selective = attn_f + scores_f if x.sac is None else x.sac.gemm_fraction * gemm_f + elem_f
+    rec = np.select([x.full, x.selective], [layer_f, selective], 0.0) * recompute_passes(x)
     k = 1.0 / x.sw.framework.compute_efficiency     # the stack's gaps around its kernels (frameworks)
     return BlockSeconds(gemm_fwd=k * gemm_f, gemm_bwd=k * gemm_b, attn_fwd=k * attn_f, attn_bwd=k * attn_b,
                         elem_fwd=k * elem_f, elem_bwd=k * BWD_TRAFFIC_FACTOR * elem_f, scores_fwd=k * scores_f,

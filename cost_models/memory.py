@@ -90,14 +90,15 @@ class ActivationBytes:
 def activation_bytes(x) -> ActivationBytes:
     """Korthikanti et al. 2022, Sec. 4-5 as generalized in cost_models.blocks: per token, replicated
     terms / (tp with SP) + sharded terms / tp + scores s / tp, times b s tokens; selective recompute
-    drops the attention scores, full keeps the block input only."""
+    drops the attention scores (or keeps torchtitan's per-operator set, Step.sac), full keeps the block
+    input only."""
     from cost_models import blocks as B
     from cost_models.pipeline import inflight_microbatches_last_stage
     from planner.parallel import SCHEDULES
 
     full_block = x.per_token(x.table.saved)
-    kept = np.select([x.full, x.selective], [x.per_token(x.table.saved_full_recompute),
-                                             full_block - x.per_token(x.table.scores_saved)], full_block)
+    selective = full_block - x.per_token(x.table.scores_saved) if x.sac is None else x.per_token(x.sac.saved)
+    kept = np.select([x.full, x.selective], [x.per_token(x.table.saved_full_recompute), selective], full_block)
     return ActivationBytes(
         block=kept * x.tokens, block_no_recompute=full_block * x.tokens,
         embedding=x.per_token(B.embedding_saved(x.spec, x.precision, dropout=x.sw.dropout)) * x.tokens,

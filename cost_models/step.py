@@ -37,6 +37,11 @@ class Software:
     tp_comm_overlap: bool = False
     """Tensor-parallel collectives overlapped with the GEMMs (the framework's default unless a run says
     otherwise: NeMo's tp_comm_overlap, torchtitan's async TP)."""
+    compile: bool = False
+    """torch.compile on the blocks: Inductor fuses the memory-bound operator chains (norms, rotary
+    embedding, activation, residual adds) as Megatron's hand-fused kernels do, so the block streams the
+    fused table's bytes and launches its kernel count (Ansel et al. 2024, "PyTorch 2", Sec. 4-6);
+    what autograd saves is left as the framework's table says."""
     grad_reduce_dtype: str | None = None
     """'bf16' or 'fp32': the dtype gradients are kept and reduced in, when a run sets it (NVIDIA's NeMo 1.x
     recipes with Apex's distributed fused Adam: bf16; Megatron-LM's default for bf16: fp32); None: the
@@ -45,10 +50,11 @@ class Software:
     @classmethod
     def of(cls, framework: FrameworkProfile, *, attention: str | None = None, dropout: bool = False,
            overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None,
-           loss: str | None = None, tp_comm_overlap: bool | None = None) -> "Software":
+           loss: str | None = None, tp_comm_overlap: bool | None = None, compile: bool = False) -> "Software":
         return cls(framework=framework, attention=attention or framework.attention, dropout=bool(dropout),
                    loss=loss or framework.loss,
                    tp_comm_overlap=framework.tp_comm_overlap if tp_comm_overlap is None else bool(tp_comm_overlap),
+                   compile=bool(compile),
                    overlap_grad_reduce=framework.overlap_grad_reduce if overlap_grad_reduce is None
                    else bool(overlap_grad_reduce), grad_reduce_dtype=grad_reduce_dtype)
 
@@ -88,6 +94,28 @@ def attention_kernel(attention: str, precision: str, spec: TransformerSpec) -> s
             return "math" if spec.n_kv_heads < spec.heads else "mem_efficient"
         return "flash"
     return attention
+
+
+def block_table_of(sw: Software, spec: TransformerSpec, precision: str) -> B.BlockTable:
+    """The framework's block table; under torch.compile its memory-bound traffic and launches are the
+    fused table's (Software.compile)."""
+    from dataclasses import replace
+
+    flash = sw.kernel(precision, spec) != "math"
+    table = B.block_table(spec, precision, sw.framework.kernels, flash=flash, dropout=sw.dropout)
+    if not sw.compile or sw.framework.kernels == "fused":
+        return table
+    fused = B.block_table(spec, precision, "fused", flash=flash, dropout=sw.dropout)
+    return replace(table, traffic_fwd=fused.traffic_fwd, scores_traffic_fwd=fused.scores_traffic_fwd,
+                   kernels_fwd=fused.kernels_fwd)
+
+
+def selective_policy(sw: Software, spec: TransformerSpec, precision: str) -> B.OpSac | None:
+    """torchtitan's per-operator selective recomputation (cost_models.blocks.op_sac) for its dense blocks;
+    None where selective means the attention core (Megatron) or the block is MoE / MLA."""
+    if sw.framework.selective_recompute != "op" or spec.moe is not None or spec.mla is not None:
+        return None
+    return B.op_sac(spec, precision, sw.framework.kernels)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -134,6 +162,9 @@ class Step:
     head: B.HeadTable
     c: float
     """Bytes of an activation element in the math dtype."""
+    sac: B.OpSac | None = None
+    """The per-operator selective policy where the framework's `selective` means it (torchtitan), else None
+    (Megatron's attention-core policy)."""
 
     @property
     def attention_precision(self) -> str:
@@ -165,9 +196,9 @@ class Step:
                    local=group_locality(cands.placement, cands.dp, cands.pp, cands.tp, hw.nvlink_domain_devices,
                                         cp=cp.astype(np.int64), dp_shard=shard.astype(np.int64)),
                    blocks_first=first, blocks_last=last, blocks_most=most,
-                   table=B.block_table(spec, precision, sw.framework.kernels,
-                                       flash=sw.kernel(precision, spec) != "math", dropout=sw.dropout),
-                   head=B.head_table(spec, precision, sw.framework.kernels, sw.loss), c=float(B.compute_bytes(precision)))
+                   table=block_table_of(sw, spec, precision),
+                   head=B.head_table(spec, precision, sw.framework.kernels, sw.loss), c=float(B.compute_bytes(precision)),
+                   sac=selective_policy(sw, spec, precision))
 
     @property
     def tokens(self) -> np.ndarray:

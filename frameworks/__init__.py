@@ -118,6 +118,9 @@ class FrameworkProfile:
     copies its kernels add around the GEMMs, attention and memory-bound work of cost_models.blocks):
     fitted to the stack's published runs (benchmarks/calibrate_frameworks.py, leave one source out);
     Megatron, whose runs calibrated the kernel rates, is the reference (1)."""
+    selective_recompute: str
+    """What `recompute=selective` means on this stack: 'attention' (Megatron: the attention core) or 'op'
+    (torchtitan: per-operator, cost_models.blocks.OpSac)."""
     tp_comm_overlap: bool
     """Tensor-parallel collectives overlapped with the GEMMs they feed (Megatron-Core's tp_comm_overlap
     through Transformer Engine's userbuffers, torch's async TP): the default; a run may say otherwise."""

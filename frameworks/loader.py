@@ -23,11 +23,11 @@ _TOP = {"schema_version": str, "name": str, "description": str, "kernels": str, 
         "loss": str, "state_bytes": dict, "grads_persist": str, "grad_bucket_copy": bool, "autocast_weight_cache": bool,
         "overlap_grad_reduce": bool, "pp_scatter_gather": bool, "zero_bubble_forward_reruns": (int, float),
         "allocator_overhead_fraction": (int, float),
-        "compute_efficiency": (int, float), "tp_comm_overlap": bool, "fp8_cast_bytes_per_element": (int, float),
+        "compute_efficiency": (int, float), "tp_comm_overlap": bool, "selective_recompute": str, "fp8_cast_bytes_per_element": (int, float),
         "fp8_weight_cache_bytes": (int, float), "capabilities": dict, "sources": dict}
 _SOURCED = ("kernels", "attention", "loss", "state_bytes", "grads_persist", "grad_bucket_copy", "autocast_weight_cache",
             "overlap_grad_reduce", "pp_scatter_gather", "zero_bubble_forward_reruns", "allocator_overhead_fraction",
-            "compute_efficiency", "tp_comm_overlap", "fp8_cast_bytes_per_element", "fp8_weight_cache_bytes", "capabilities")
+            "compute_efficiency", "tp_comm_overlap", "selective_recompute", "fp8_cast_bytes_per_element", "fp8_weight_cache_bytes", "capabilities")
 _STATE_KEYS = ("param", "grad", "master", "state", "reduce", "gather")
 _CAPS = {"precisions": list, "schedules": list, "max_virtual_stages": int, "zero": list, "zero_with_pp": list,
          "tp": bool, "sequence_parallel": str, "cp_comm": list, "ep": bool, "expert_tp": bool, "hsdp": bool,
@@ -90,6 +90,8 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         _fail(origin, "zero_bubble_forward_reruns", reruns, "a number from 1 to 16")
     if not (math.isfinite(frag) and 0.0 <= frag <= 1.0):
         _fail(origin, "allocator_overhead_fraction", frag, "a fraction from 0 to 1")
+    if data["selective_recompute"] not in ("attention", "op"):
+        _fail(origin, "selective_recompute", data["selective_recompute"], "attention or op")
     ce = data["compute_efficiency"]
     if not (math.isfinite(ce) and 0.2 <= ce <= 1.0):
         _fail(origin, "compute_efficiency", ce, "a fraction from 0.2 to 1")
@@ -121,6 +123,7 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         autocast_weight_cache=data["autocast_weight_cache"], overlap_grad_reduce=data["overlap_grad_reduce"],
         pp_scatter_gather=data["pp_scatter_gather"], zero_bubble_forward_reruns=float(reruns),
         allocator_overhead_fraction=float(frag), compute_efficiency=float(ce), tp_comm_overlap=data["tp_comm_overlap"],
+        selective_recompute=data["selective_recompute"],
         fp8_cast_bytes_per_element=float(data["fp8_cast_bytes_per_element"]),
         fp8_weight_cache_bytes=float(data["fp8_weight_cache_bytes"]), capabilities=caps, sources=dict(sources))
 

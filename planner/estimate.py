@@ -117,7 +117,7 @@ class Estimate:
             "plan": plan,
             "software": {"framework": sw.framework.name, "kernels": sw.framework.kernels, "attention": sw.attention,
                          "dropout": sw.dropout, "overlap_grad_reduce": sw.overlap_grad_reduce, "loss": sw.loss,
-                         "tp_comm_overlap": sw.tp_comm_overlap,
+                         "tp_comm_overlap": sw.tp_comm_overlap, "compile": sw.compile,
                          "grad_reduce_bytes": sw.state_bytes(cfg.precision).reduce},
             "prediction": {
                 "step_time_s": self.step_time_s,
@@ -169,7 +169,7 @@ def candidate_of(cfg: ParallelConfig, blocks: int) -> CandidateArrays:
 
 def software_for(framework: str | FrameworkProfile, *, attention: str | None = None, dropout: bool | None = None,
                  overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None,
-                 loss: str | None = None, tp_comm_overlap: bool | None = None) -> Software:
+                 loss: str | None = None, tp_comm_overlap: bool | None = None, compile: bool = False) -> Software:
     """The run's software: the framework profile (by name or record) with the attention kernel, dropout,
     gradient-reduction overlap and dtype and cross-entropy kernel a run may set (None: the framework's
     default)."""
@@ -181,13 +181,14 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
     if loss is not None and loss not in LOSS_KERNELS:
         raise ConfigError("loss", loss, "one of " + ", ".join(LOSS_KERNELS))
     return Software.of(fw, attention=attention, dropout=bool(dropout), overlap_grad_reduce=overlap_grad_reduce,
-                       grad_reduce_dtype=grad_reduce_dtype, loss=loss, tp_comm_overlap=tp_comm_overlap)
+                       grad_reduce_dtype=grad_reduce_dtype, loss=loss, tp_comm_overlap=tp_comm_overlap,
+                       compile=compile)
 
 
 def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int, attention: str | None = None,
              dropout: bool | None = None, overlap_grad_reduce: bool | None = None,
              grad_reduce_dtype: str | None = None, loss: str | None = None, tp_comm_overlap: bool | None = None,
-             check_framework: bool = True,
+             compile: bool = False, check_framework: bool = True,
              framework_profile: FrameworkProfile | None = None) -> Estimate:
     """Validate `cfg` for `model` on `gpus` devices of `hw` and predict its step time and memory on the
     framework `cfg.framework` names (frameworks/*.json).
@@ -216,7 +217,7 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
         raise ConfigError("framework_profile", framework_profile.name, f"the profile of the plan's framework ({cfg.framework})")
     software = software_for(framework_profile or cfg.framework, attention=attention, dropout=dropout,
                             overlap_grad_reduce=overlap_grad_reduce, grad_reduce_dtype=grad_reduce_dtype, loss=loss,
-                            tp_comm_overlap=tp_comm_overlap)
+                            tp_comm_overlap=tp_comm_overlap, compile=compile)
     not_costed = [f"{name}={getattr(cfg, name)}" for name, off in (("ep", 1), ("expert_tp", 1))
                   if getattr(cfg, name) != off]
     if not_costed:

@@ -482,7 +482,7 @@ def stage_problem(model, cfg: ParallelConfig, software=None):
     b, s, tp = cfg.micro_batch, cfg.seq, cfg.tp
     blocks = model.total_blocks
     block_work = (F.block_flops_fwd(model, b, s) + F.block_flops_bwd(model, b, s)
-                  + F.block_recompute_flops(model, b, s, cfg.recompute)) / tp
+                  + F.block_recompute_flops(model, b, s, cfg.recompute, selective=sw.framework.selective_recompute)) / tp
     head_work = 3 * F.head_flops_fwd(model, b, s) / tp
     pb, gb, ob = state_bytes_per_param(sw, cfg.precision, cfg.optimizer)
     dp = cfg.shard_group
@@ -490,7 +490,7 @@ def stage_problem(model, cfg: ParallelConfig, software=None):
     block_static = P.block_params(model) / tp * shard
     act = dict(precision=cfg.precision, tp=tp, sp=cfg.sequence_parallel)
     block_act = A.block_bytes(model, b, s, kernels=sw.framework.kernels, flash=sw.kernel(cfg.precision, model) != "math", dropout=sw.dropout,
-                              recompute=cfg.recompute, **act)
+                              recompute=cfg.recompute, selective=sw.framework.selective_recompute, **act)
     # with pp > 1 a tied output head is a second copy on the last stage, summed with the embedding's
     # gradient once per step (Megatron's embedding group; Shoeybi et al. 2019)
     tied_copy = model.vocab * model.hidden if model.tied_embeddings else 0
