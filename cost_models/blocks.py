@@ -80,6 +80,17 @@ class BlockTable:
     """Operator launches of one block forward (host dispatch floor)."""
 
 
+def blend(mask, a: BlockTable, b: BlockTable) -> BlockTable:
+    """Per candidate, table `a` where `mask` else `b` (array-valued terms)."""
+    def pick(x: Terms, y: Terms) -> Terms:
+        return Terms(rep=np.where(mask, x.rep, y.rep), shard=np.where(mask, x.shard, y.shard),
+                     seq=np.where(mask, x.seq, y.seq))
+    return BlockTable(saved=pick(a.saved, b.saved), saved_full_recompute=pick(a.saved_full_recompute, b.saved_full_recompute),
+                      scores_saved=pick(a.scores_saved, b.scores_saved), traffic_fwd=pick(a.traffic_fwd, b.traffic_fwd),
+                      scores_traffic_fwd=pick(a.scores_traffic_fwd, b.scores_traffic_fwd),
+                      kernels_fwd=np.where(mask, a.kernels_fwd, b.kernels_fwd))
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HeadTable:
     """Per-token quantities of the output side (final norm, LM head, loss) on the last stage."""

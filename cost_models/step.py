@@ -96,13 +96,30 @@ def attention_kernel(attention: str, precision: str, spec: TransformerSpec) -> s
     return attention
 
 
-def block_table_of(sw: Software, spec: TransformerSpec, precision: str) -> B.BlockTable:
+def activation_precision(sw: Software, precision: str, zero: int) -> str:
+    """The precision whose block table describes the activations: 'bf16' for eager modules under
+    torch.autocast whose parameters FSDP's mixed precision gathers in 16 bits (ZeRO >= 2 with a 16-bit
+    gather), else `precision` (block_table_of; the profile and the stage partitioner call this too)."""
+    if sw.framework.kernels == "eager" and precision.startswith("amp") and zero >= 2 \
+            and sw.state_bytes(precision).gather < 4:
+        return "bf16"
+    return precision
+
+
+def block_table_of(sw: Software, spec: TransformerSpec, precision: str, zero=None) -> B.BlockTable:
     """The framework's block table; under torch.compile its memory-bound traffic and launches are the
-    fused table's (Software.compile)."""
+    fused table's (Software.compile). Eager modules under torch.autocast whose parameters FSDP's mixed
+    precision gathers in 16 bits (ZeRO >= 2 with a 16-bit gather: Composer's DEFAULT, Accelerate's and
+    fms-fsdp's bf16 FSDP) run on 16-bit weights, so their residual stream and norms are 16-bit: the
+    16-bit table applies to those candidates (per candidate where `zero` is an array)."""
     from dataclasses import replace
 
     flash = sw.kernel(precision, spec) != "math"
     table = B.block_table(spec, precision, sw.framework.kernels, flash=flash, dropout=sw.dropout)
+    if zero is not None and activation_precision(sw, precision, 3) != precision:
+        sharded = np.asarray(zero) >= 2
+        if sharded.any():
+            table = B.blend(sharded, B.block_table(spec, "bf16", "eager", flash=flash, dropout=sw.dropout), table)
     if not sw.compile or sw.framework.kernels == "fused":
         return table
     fused = B.block_table(spec, precision, "fused", flash=flash, dropout=sw.dropout)
@@ -196,7 +213,7 @@ class Step:
                    local=group_locality(cands.placement, cands.dp, cands.pp, cands.tp, hw.nvlink_domain_devices,
                                         cp=cp.astype(np.int64), dp_shard=shard.astype(np.int64)),
                    blocks_first=first, blocks_last=last, blocks_most=most,
-                   table=block_table_of(sw, spec, precision),
+                   table=block_table_of(sw, spec, precision, cands.zero),
                    head=B.head_table(spec, precision, sw.framework.kernels, sw.loss), c=float(B.compute_bytes(precision)),
                    sac=selective_policy(sw, spec, precision))
 

@@ -488,7 +488,8 @@ def stage_problem(model, cfg: ParallelConfig, software=None):
     dp = cfg.shard_group
     shard = (pb / (dp if cfg.zero >= 3 else 1)) + (gb / (dp if cfg.zero >= 2 else 1)) + (ob / (dp if cfg.zero >= 1 else 1))
     block_static = P.block_params(model) / tp * shard
-    act = dict(precision=cfg.precision, tp=tp, sp=cfg.sequence_parallel)
+    from cost_models.step import activation_precision
+    act = dict(precision=activation_precision(sw, cfg.precision, cfg.zero), tp=tp, sp=cfg.sequence_parallel)
     block_act = A.block_bytes(model, b, s, kernels=sw.framework.kernels, flash=sw.kernel(cfg.precision, model) != "math", dropout=sw.dropout,
                               recompute=cfg.recompute, selective=sw.framework.selective_recompute, **act)
     # with pp > 1 a tied output head is a second copy on the last stage, summed with the embedding's
