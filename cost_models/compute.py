@@ -187,7 +187,8 @@ def recompute_passes(x) -> np.ndarray:
 
 def block_seconds(x) -> BlockSeconds:
     """Per block and micro-batch: the GEMMs of Megatron's column/row split (cost_models.flops.
-    block_gemm_shapes; backward = data + weight gradients, Narayanan et al. 2021 Sec. 5.1), attention
+    block_gemm_shapes; backward = data + weight gradients, Narayanan et al. 2021 Sec. 5.1; an MoE block's
+    routed experts as the busiest rank's grouped GEMMs, cost_models.moe.expert_gemm_shapes), attention
     (a flash kernel, or QK^T and AV as batched GEMMs when unfused), memory-bound kernels as bytes
     streamed / bandwidth (cost_models.blocks tables; backward streams BWD_TRAFFIC_FACTOR x), and
     recomputation (Korthikanti et al. 2022 Sec. 5: selective re-runs the attention core, full the forward)."""
@@ -199,7 +200,11 @@ def block_seconds(x) -> BlockSeconds:
     gemm_f = gemm_b = attn_f = attn_b = cast_f = cast_b = 0.0
     s_local = x.seq / x.cp
     cast = fp8_cast_bytes(x)
-    for g in block_gemm_shapes(x.spec, x.b, s_local, tp=x.tp):
+    shapes = block_gemm_shapes(x.spec, x.b, s_local, tp=x.tp)
+    if x.spec.moe is not None:    # routed experts as the busiest rank's grouped GEMMs under expert parallelism
+        from cost_models.moe import expert_gemm_shapes
+        shapes = [g for g in shapes if not g.name.startswith("experts_")] + expert_gemm_shapes(x)
+    for g in shapes:
         core = g.name in ("qk", "av")
         if core and x.attn_kernel != "math":
             continue
@@ -220,6 +225,9 @@ def block_seconds(x) -> BlockSeconds:
     bw = memory_Bps(x.hw)
     gemm_f, gemm_b = gemm_f + cast_f / bw, gemm_b + cast_b / bw
     elem_f = x.per_token(x.table.traffic_fwd) * x.tokens / bw
+    if x.spec.moe is not None:    # the received tokens regrouped by local expert (cost_models.moe)
+        from cost_models.moe import permute_bytes_fwd
+        elem_f = elem_f + permute_bytes_fwd(x) / bw
     scores_f = x.per_token(x.table.scores_traffic_fwd) * x.tokens / bw
     layer_f = gemm_f + attn_f + elem_f
     rec = np.select([x.full, x.selective], [layer_f, attn_f + scores_f], 0.0) * recompute_passes(x)
@@ -273,10 +281,14 @@ def optimizer_step_bytes_per_param(states, optimizer: str) -> float:
 
 def optimizer_step_seconds(x, params_rank):
     """The optimizer step of the parameters this rank owns (/dp from ZeRO-1), memory bound; with
-    optimizer offload the host's: gradients down, parameters up over PCIe plus CPU Adam (ZeRO-Offload)."""
+    optimizer offload the host's: gradients down, parameters up over PCIe plus CPU Adam (ZeRO-Offload).
+    `params_rank` is a cost_models.moe.RankParams: ZeRO shards the dense parameters over the shard group
+    and the routed experts over their expert data-parallel shard group (Megatron-Core's distributed
+    optimizer)."""
     from cost_models.offload import optimizer_offload_seconds
 
-    updated = np.where(x.zero >= 1, params_rank / x.shard_group, params_rank)
+    updated = np.where(x.zero >= 1, params_rank.dense / x.shard_group + params_rank.expert / x.expert_shard_group,
+                       params_rank.total)
     states = x.sw.state_bytes(x.precision)
     on_device = memory_bound_seconds(updated * optimizer_step_bytes_per_param(states, x.optimizer), x.hw)
     return np.where(x.is_offload("optimizer"), optimizer_offload_seconds(updated, states.grad, x.hw), on_device)

@@ -28,6 +28,11 @@ Hopper and newer); flash: FlashAttention-2 (flash-attn, Megatron-DeepSpeed --use
 sdpa: torch.nn.functional.scaled_dot_product_attention, which picks FlashAttention-2 for 16-bit inputs
 and the memory-efficient or the math kernel for fp32 (cost_models.step.attention_kernel); unfused:
 materialized scores (Megatron-LM 2021-22, Hugging Face attn_implementation 'eager')."""
+MOE_DISPATCHERS = ("alltoall", "deepep")
+"""How routed tokens reach experts on other ranks (cost_models.moe.exchange_seconds): alltoall (one NCCL
+all-to-all over the expert-parallel group: Megatron-Core's alltoall dispatcher, torchtitan, DeepSpeed-MoE)
+or deepep (DeepEP's hierarchical normal kernels: one network copy per destination node, NVLink forwarding
+inside it; Megatron-Core's flex dispatcher, DeepSeek's own kernels)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -109,6 +114,10 @@ class FrameworkProfile:
     Engine's row- and column-major FP8 copies: 2; torchao casts on the fly: 0)."""
     capabilities: Capabilities
     sources: Mapping[str, str] = field(default_factory=dict)
+    moe_dispatcher: str = "alltoall"
+    """The stack's default token dispatcher for expert parallelism (MOE_DISPATCHERS)."""
+    moe_a2a_overlap: bool = False
+    """Expert-parallel exchanges overlap another micro-batch's compute by default (cost_models.moe)."""
 
     def states(self, precision: str, optimizer: str, grad_bytes: float | None = None) -> tuple[float, float, float]:
         """(params, grads, optimizer) bytes per parameter: optimizer = master + states, two states for
@@ -133,4 +142,4 @@ def available_frameworks() -> list[str]:
 
 
 __all__ = ["FrameworkProfile", "StateBytes", "Capabilities", "load_framework", "available_frameworks",
-           "KERNELS", "ATTENTION_KERNELS"]
+           "KERNELS", "ATTENTION_KERNELS", "MOE_DISPATCHERS"]

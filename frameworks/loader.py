@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, NoReturn
 
-from frameworks import ATTENTION_KERNELS, KERNELS, Capabilities, FrameworkProfile, StateBytes
+from frameworks import ATTENTION_KERNELS, KERNELS, MOE_DISPATCHERS, Capabilities, FrameworkProfile, StateBytes
 from planner.errors import ConfigError
 from planner.parallel import CP_COMMS, FRAMEWORKS, OFFLOAD, PRECISIONS, RECOMPUTE, SCHEDULES, check_placement
 
@@ -24,6 +24,8 @@ _TOP = {"schema_version": str, "name": str, "description": str, "kernels": str, 
         "overlap_grad_reduce": bool, "pp_scatter_gather": bool, "zero_bubble_forward_reruns": (int, float),
         "allocator_overhead_fraction": (int, float), "fp8_cast_bytes_per_element": (int, float),
         "fp8_weight_cache_bytes": (int, float), "capabilities": dict, "sources": dict}
+_OPTIONAL = {"moe_dispatcher": str, "moe_a2a_overlap": bool}
+"""Keys a profile may leave out (FrameworkProfile's defaults: alltoall, no overlap); sourced when given."""
 _SOURCED = ("kernels", "attention", "state_bytes", "grads_persist", "grad_bucket_copy", "autocast_weight_cache",
             "overlap_grad_reduce", "pp_scatter_gather", "zero_bubble_forward_reruns", "allocator_overhead_fraction",
             "fp8_cast_bytes_per_element", "fp8_weight_cache_bytes", "capabilities")
@@ -64,8 +66,13 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
     if not isinstance(data, dict):
         _fail(origin, "<document>", data, "a JSON object")
     for key in data:
-        if key not in _TOP:
-            _fail(origin, key, data[key], "known keys: " + ", ".join(_TOP))
+        if key not in _TOP and key not in _OPTIONAL:
+            _fail(origin, key, data[key], "known keys: " + ", ".join([*_TOP, *_OPTIONAL]))
+    for key, kind in _OPTIONAL.items():
+        if key in data and (not isinstance(data[key], kind) or (kind is not bool and isinstance(data[key], bool))):
+            _fail(origin, key, data[key], f"a {kind.__name__}")
+    if data.get("moe_dispatcher", MOE_DISPATCHERS[0]) not in MOE_DISPATCHERS:
+        _fail(origin, "moe_dispatcher", data["moe_dispatcher"], "one of " + ", ".join(MOE_DISPATCHERS))
     for key, kind in _TOP.items():
         if key not in data:
             if key == "schema_version":
@@ -105,7 +112,7 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
     if missing:
         _fail(origin, "state_bytes", sorted(states), f"an entry for every allowed precision ({', '.join(caps.precisions)})")
     sources = data["sources"]
-    for key in _SOURCED:
+    for key in _SOURCED + tuple(k for k in _OPTIONAL if k in data):
         if not isinstance(sources.get(key), str) or not sources[key].strip():
             raise ConfigError(f"sources.{key}", None, "a source for every value",
                               message=f"framework profile {origin}: missing required key 'sources.{key}'")
@@ -115,7 +122,8 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         autocast_weight_cache=data["autocast_weight_cache"], overlap_grad_reduce=data["overlap_grad_reduce"],
         pp_scatter_gather=data["pp_scatter_gather"], zero_bubble_forward_reruns=float(reruns),
         allocator_overhead_fraction=float(frag), fp8_cast_bytes_per_element=float(data["fp8_cast_bytes_per_element"]),
-        fp8_weight_cache_bytes=float(data["fp8_weight_cache_bytes"]), capabilities=caps, sources=dict(sources))
+        fp8_weight_cache_bytes=float(data["fp8_weight_cache_bytes"]), capabilities=caps, sources=dict(sources),
+        moe_dispatcher=data.get("moe_dispatcher", MOE_DISPATCHERS[0]), moe_a2a_overlap=data.get("moe_a2a_overlap", False))
 
 
 def _capabilities(block: dict, origin: str) -> Capabilities:
