@@ -68,12 +68,23 @@ def spec_of(row: dict):
     if row.get("model"):
         spec = get(row["model"])
         spec = spec.with_(seq=seq, max_positions=max(spec.max_positions, seq) if spec.position == "learned" else 0)
-        return spec.with_(**{k: v for k, v in (row.get("arch") or {}).items() if k in ARCH_KEYS})
+        return _token_drop(row, spec.with_(**{k: v for k, v in (row.get("arch") or {}).items() if k in ARCH_KEYS}))
     arch = {k: v for k, v in row["arch"].items() if k in ARCH_KEYS and v is not None}
     arch.setdefault("kv_heads", 0)
     if arch.get("position", "learned") == "learned":
         arch["max_positions"] = seq
     return TransformerSpec(name=row["id"], seq=seq, **arch)
+
+
+def _token_drop(row: dict, spec):
+    """A row that drops tokens (extras.token_drop) routes with a capacity factor: the row's, else 1.0 with
+    padding to capacity (NeMo's MegatronTokenDropCallback: moe_expert_capacity_factor 1.0,
+    moe_pad_expert_input_to_capacity)."""
+    extras = row.get("extras") or {}
+    if spec.moe is None or not extras.get("token_drop"):
+        return spec
+    from dataclasses import replace
+    return spec.with_(moe=replace(spec.moe, capacity_factor=float(extras.get("capacity_factor") or 1.0)))
 
 
 def config_of(row: dict):

@@ -163,6 +163,11 @@ class BlockSeconds:
     recompute: np.ndarray
     """Forward work re-run in the backward: selective = attention core, full = the whole forward
     (times the extra passes of zero-bubble schedules that recompute more than once)."""
+    expert_fwd: np.ndarray | float = 0.0
+    """Part of gemm_fwd spent in an MoE block's routed-expert GEMMs (the expert FFN compute that
+    Megatron-Core's expert-parallel overlap runs the exchanges beside; cost_models.moe)."""
+    expert_bwd: np.ndarray | float = 0.0
+    """Part of gemm_bwd spent in the routed-expert GEMMs."""
 
     @property
     def fwd(self):
@@ -197,7 +202,7 @@ def block_seconds(x) -> BlockSeconds:
 
     linear_kw = dict(hw=x.hw, precision=x.precision, elem_bytes=x.c)
     core_kw = dict(hw=x.hw, precision=x.attention_precision, elem_bytes=x.c)
-    gemm_f = gemm_b = attn_f = attn_b = cast_f = cast_b = 0.0
+    gemm_f = gemm_b = attn_f = attn_b = cast_f = cast_b = expert_f = expert_b = 0.0
     s_local = x.seq / x.cp
     cast = fp8_cast_bytes(x)
     shapes = block_gemm_shapes(x.spec, x.b, s_local, tp=x.tp)
@@ -216,6 +221,8 @@ def block_seconds(x) -> BlockSeconds:
         else:
             f_, b_ = gemm_fwd_bwd_seconds(g.m, g.n, g.k, g.batch, **linear_kw)
             gemm_f, gemm_b = gemm_f + f_, gemm_b + b_
+            if g.name.startswith("experts_"):
+                expert_f, expert_b = expert_f + f_, expert_b + b_
             cast_f = cast_f + cast * (g.m * g.k + g.k * g.n) * g.batch
             cast_b = cast_b + cast * g.m * g.n * g.batch
     if x.attn_kernel != "math":
@@ -232,7 +239,8 @@ def block_seconds(x) -> BlockSeconds:
     layer_f = gemm_f + attn_f + elem_f
     rec = np.select([x.full, x.selective], [layer_f, attn_f + scores_f], 0.0) * recompute_passes(x)
     return BlockSeconds(gemm_fwd=gemm_f, gemm_bwd=gemm_b, attn_fwd=attn_f, attn_bwd=attn_b, elem_fwd=elem_f,
-                        elem_bwd=BWD_TRAFFIC_FACTOR * elem_f, scores_fwd=scores_f, recompute=rec)
+                        elem_bwd=BWD_TRAFFIC_FACTOR * elem_f, scores_fwd=scores_f, recompute=rec,
+                        expert_fwd=expert_f, expert_bwd=expert_b)
 
 
 def head_seconds(x):

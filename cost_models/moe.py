@@ -28,9 +28,10 @@ full recomputation repeats. Two dispatchers (frameworks.MOE_DISPATCHERS):
   DeepSeek-V3 Sec. 2.1.2) a token reaches at most M nodes.
 
 Overlap is a framework (or run) property, `moe_a2a_overlap`: Megatron-Core's
---overlap-moe-expert-parallel-comm runs the exchange of one micro-batch beside the compute of another
-in the 1F1B steady state (forward exchanges beside backward compute and the reverse), as DeepSeek's
-DualPipe does; otherwise every exchange sits on the critical path.
+--overlap-moe-expert-parallel-comm runs the exchange of one micro-batch beside the expert FFN compute
+of another in the 1F1B steady state (forward exchanges beside backward expert GEMMs and the reverse),
+as DeepSeek's DualPipe pairs forward and backward chunks; otherwise every exchange sits on the
+critical path.
 """
 from __future__ import annotations
 
@@ -202,15 +203,19 @@ class EpSeconds:
         return self.fwd + self.bwd + self.recompute
 
 
-def ep_block_seconds(x, compute_fwd_s, compute_bwd_s) -> EpSeconds:
+def ep_block_seconds(x, block) -> EpSeconds:
     """Dispatch + combine (+ expert_tp all-gather / reduce-scatter) forward, the transposes backward, the
     forward's again under full recomputation (cost_models.compute.recompute_passes). Without overlap all
-    of it is exposed. With `moe_a2a_overlap` (Megatron-Core's 1F1B all-to-all overlap, DeepSeek's DualPipe:
-    a forward chunk of one micro-batch beside a backward chunk of another) the forward exchanges hide under
-    the backward compute and the backward ones (and a recompute's) under the forward compute:
-    exposed = max(0, fwd - compute_bwd) + max(0, bwd + recompute - compute_fwd). Per MoE block; the dense
-    leading blocks of a model are costed as the repeating block, as compute.block_seconds does. Zeros for
-    a dense model."""
+    of it is exposed. With `moe_a2a_overlap` (Megatron-Core's --overlap-moe-expert-parallel-comm, the
+    1F1B all-to-all overlap modelled on DeepSeek's DualPipe, report Sec. 3.2.1 and Fig. 4) the forward of
+    one micro-batch runs beside the backward of another, each exchange beside a compute piece of the other
+    pass: forward dispatch | backward expert GEMMs, forward combine | backward attention part, backward
+    combine | forward attention part, backward dispatch (and a recompute's exchanges) | forward expert
+    GEMMs, where the attention part is the block's compute outside the routed experts (cost_models.compute
+    .BlockSeconds: expert_fwd / expert_bwd and the rest):
+        exposed = sum over the four pairs of max(0, exchange - compute beside it).
+    Per MoE block; the dense leading blocks of a model are costed as the repeating block, as
+    compute.block_seconds does. Zeros for a dense model."""
     from cost_models.compute import recompute_passes
 
     if x.spec.moe is None:
@@ -222,9 +227,39 @@ def ep_block_seconds(x, compute_fwd_s, compute_bwd_s) -> EpSeconds:
     fwd = dispatch + combine + etp
     bwd = fwd
     rec = np.where(x.full, fwd, 0.0) * recompute_passes(x)
-    beside = np.maximum(0.0, fwd - compute_bwd_s) + np.maximum(0.0, bwd + rec - compute_fwd_s)
+    half = fwd / 2.0                            # dispatch-side and combine-side halves of each pass
+    rest_f, rest_b = block.fwd - block.expert_fwd, block.bwd - block.expert_bwd
+    beside = (np.maximum(0.0, half - block.expert_bwd) + np.maximum(0.0, half - rest_b)
+              + np.maximum(0.0, half - rest_f) + np.maximum(0.0, half + rec - block.expert_fwd))
     exposed = np.where(x.sw.moe_a2a_overlap, beside, fwd + bwd + rec)
     return EpSeconds(dispatch=dispatch, combine=combine, fwd=fwd, bwd=bwd, recompute=rec, exposed=exposed)
+
+
+def host_sync_seconds(x, device_fwd_s):
+    """Host time a dropless MoE layer exposes per step. The forward of such a layer needs the tokens per
+    expert on the host (Transformer Engine's GroupedLinear takes its m_splits as a Python list, Megatron-
+    Core's dispatchers copy tokens_per_expert to the CPU; DeepEP's normal kernels make the CPU wait for the
+    received counts, DeepEP README), so the host cannot run ahead of the device past it: each MoE block's
+    forward takes at least the host time to issue it,
+
+        exposed = m x blocks x forward passes (1 + full recompute) x max(0, H - device forward of the block),
+        H = dispatch_us_per_op x (table.kernels_fwd + moe_host_ops_per_layer),
+
+    moe_host_ops_per_layer the framework's host operators of an MoE layer's forward beyond the block
+    table's kernel count (router, permutation bookkeeping, per-expert GEMMs and FP8 casts of
+    GroupedLinear, dispatcher metadata), dispatch_us_per_op the profile's host time per operator. Only layers that sync: dropless routing
+    (no capacity factor) under a framework with `moe_host_sync` or the deepep dispatcher. The backward
+    reuses the forward's splits and runs ahead as a dense block does (compute.host_wait_seconds)."""
+    from cost_models.compute import dispatch_seconds, recompute_passes
+
+    if x.spec.moe is None or x.spec.moe.capacity_factor is not None:
+        return np.zeros_like(x.dp)
+    fw = x.sw.framework
+    if not (fw.moe_host_sync or x.sw.moe_dispatcher == "deepep"):
+        return np.zeros_like(x.dp)
+    ops = x.table.kernels_fwd + fw.moe_host_ops_per_layer
+    passes = 1.0 + np.where(x.full, recompute_passes(x), 0.0)
+    return x.m * x.blocks_most * passes * np.maximum(0.0, dispatch_seconds(ops, x.hw) - device_fwd_s)
 
 
 # ------------------------------------------------------------------------------------ parameters

@@ -118,6 +118,12 @@ class FrameworkProfile:
     """The stack's default token dispatcher for expert parallelism (MOE_DISPATCHERS)."""
     moe_a2a_overlap: bool = False
     """Expert-parallel exchanges overlap another micro-batch's compute by default (cost_models.moe)."""
+    moe_host_sync: bool = False
+    """A dropless MoE layer's forward waits on the host for the tokens per expert (cost_models.moe.
+    host_sync_seconds): Transformer Engine's GroupedLinear takes its splits as a host list."""
+    moe_host_ops_per_layer: float = 0.0
+    """Host operators an MoE layer's forward issues beyond the block table's kernel count (router,
+    permutation bookkeeping, per-expert GEMMs and casts, dispatcher metadata): cost_models.moe.host_sync_seconds."""
 
     def states(self, precision: str, optimizer: str, grad_bytes: float | None = None) -> tuple[float, float, float]:
         """(params, grads, optimizer) bytes per parameter: optimizer = master + states, two states for

@@ -24,8 +24,10 @@ _TOP = {"schema_version": str, "name": str, "description": str, "kernels": str, 
         "overlap_grad_reduce": bool, "pp_scatter_gather": bool, "zero_bubble_forward_reruns": (int, float),
         "allocator_overhead_fraction": (int, float), "fp8_cast_bytes_per_element": (int, float),
         "fp8_weight_cache_bytes": (int, float), "capabilities": dict, "sources": dict}
-_OPTIONAL = {"moe_dispatcher": str, "moe_a2a_overlap": bool}
-"""Keys a profile may leave out (FrameworkProfile's defaults: alltoall, no overlap); sourced when given."""
+_OPTIONAL = {"moe_dispatcher": str, "moe_a2a_overlap": bool, "moe_host_sync": bool,
+             "moe_host_ops_per_layer": (int, float)}
+"""Keys a profile may leave out (FrameworkProfile's defaults: alltoall, no overlap, no host sync, 0 extra
+host operators per MoE layer); sourced when given."""
 _SOURCED = ("kernels", "attention", "state_bytes", "grads_persist", "grad_bucket_copy", "autocast_weight_cache",
             "overlap_grad_reduce", "pp_scatter_gather", "zero_bubble_forward_reruns", "allocator_overhead_fraction",
             "fp8_cast_bytes_per_element", "fp8_weight_cache_bytes", "capabilities")
@@ -70,7 +72,10 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
             _fail(origin, key, data[key], "known keys: " + ", ".join([*_TOP, *_OPTIONAL]))
     for key, kind in _OPTIONAL.items():
         if key in data and (not isinstance(data[key], kind) or (kind is not bool and isinstance(data[key], bool))):
-            _fail(origin, key, data[key], f"a {kind.__name__}")
+            _fail(origin, key, data[key], "a number" if isinstance(kind, tuple) else f"a {kind.__name__}")
+    ops = data.get("moe_host_ops_per_layer", 0.0)
+    if not (math.isfinite(ops) and 0.0 <= ops <= 1000.0):
+        _fail(origin, "moe_host_ops_per_layer", ops, "a number from 0 to 1000")
     if data.get("moe_dispatcher", MOE_DISPATCHERS[0]) not in MOE_DISPATCHERS:
         _fail(origin, "moe_dispatcher", data["moe_dispatcher"], "one of " + ", ".join(MOE_DISPATCHERS))
     for key, kind in _TOP.items():
@@ -123,7 +128,9 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         pp_scatter_gather=data["pp_scatter_gather"], zero_bubble_forward_reruns=float(reruns),
         allocator_overhead_fraction=float(frag), fp8_cast_bytes_per_element=float(data["fp8_cast_bytes_per_element"]),
         fp8_weight_cache_bytes=float(data["fp8_weight_cache_bytes"]), capabilities=caps, sources=dict(sources),
-        moe_dispatcher=data.get("moe_dispatcher", MOE_DISPATCHERS[0]), moe_a2a_overlap=data.get("moe_a2a_overlap", False))
+        moe_dispatcher=data.get("moe_dispatcher", MOE_DISPATCHERS[0]), moe_a2a_overlap=data.get("moe_a2a_overlap", False),
+        moe_host_sync=data.get("moe_host_sync", False),
+        moe_host_ops_per_layer=float(data.get("moe_host_ops_per_layer", 0.0)))
 
 
 def _capabilities(block: dict, origin: str) -> Capabilities:

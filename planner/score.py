@@ -18,7 +18,8 @@ source in its docstring and a unit test; the candidates, the hardware profile an
                               comm.pp_p2p_seconds, comm.dp_comm_seconds (exposed data-parallel / ZeRO
                               traffic; routed experts over the expert data-parallel group:
                               moe.rank_params), compute.optimizer_step_seconds, offload.activation_offload_step_seconds,
-                              compute.host_wait_seconds (never faster than the host dispatches)
+                              compute.host_wait_seconds (never faster than the host dispatches),
+                              moe.host_sync_seconds (dropless MoE layers the host must issue in step)
   memory                      memory.activation_bytes, memory.peak_over_ranks (memory.rank_memory of
                               the first and last rank, or of every rank of an uneven split),
                               memory.fits / memory.needed_bytes (the one "fits")
@@ -172,7 +173,7 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     block, tp = K.block_seconds(x), C.tp_block_seconds(x)
     cp = C.cp_block_seconds(x, block.attn_fwd, block.attn_bwd)
     cp_s = cp.exposed + K.eff(hw, "overlap_interference") * (cp.total - cp.exposed)
-    ep = MO.ep_block_seconds(x, block.fwd, block.bwd + block.recompute)
+    ep = MO.ep_block_seconds(x, block)
     ep_s = ep.exposed + K.eff(hw, "overlap_interference") * (ep.total - ep.exposed)
     stage = PL.stage_seconds(x, block.total, {"tp": tp.total, "cp": cp_s, "ep": ep_s},
                              K.embedding_seconds(x, tp.allreduce), K.head_seconds(x))
@@ -191,7 +192,7 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     offload = O.activation_offload_step_seconds(x, volume, busy * fwd_share, busy * (1.0 - fwd_share))
     memory, per_rank = M.peak_over_ranks(x, acts, host_room=host_room, rank_blocks=cands.rank_blocks)
     device_s = busy + bubble + pp_p2p + dp_comm + optimizer_s + offload
-    host_wait = K.host_wait_seconds(x, device_s)
+    host_wait = K.host_wait_seconds(x, device_s) + MO.host_sync_seconds(x, block.fwd + tp.fwd + ep.fwd)
     return Scores(step_time_s=device_s + host_wait, peak_bytes_per_gpu=memory.peak, capacity_bytes=float(hw.memory_bytes),
                   fits=M.fits(memory.peak, hw, software.framework),
                   needed_bytes=M.needed_bytes(memory.peak, hw, software.framework),
