@@ -59,7 +59,8 @@ def conventions(cases: list[Case]) -> dict:
     for c in cases:
         tf = c.row["measured"].get("tflops_per_gpu")
         if tf and c.measured_s:
-            flops = model_flops_per_step(c.spec, c.row["global_batch"] * c.row["seq"], seq=c.row["seq"], causal_half=True)
+            tokens = c.row["global_batch"] * c.row["seq"]
+            flops = model_flops_per_step(c.spec, tokens, seq=c.row["seq"], causal_half=True)
             out.setdefault(c.source, []).append(tf * 1e12 * c.row["gpus"] * c.measured_s / flops)
     return {s: {"rows": len(v), "min": min(v), "max": max(v)} for s, v in out.items()}
 
@@ -144,7 +145,8 @@ def show(result: dict) -> None:
     print(f"{'row':46s} {'source':24s} {'meas s':>8s} {'pred s':>8s} {'err':>7s} {'LOO err':>8s}  main terms")
     for r in result["rows"]:
         b = r["breakdown_s"]
-        terms = " ".join(f"{k} {b[k]:.1f}" for k in ("compute", "ep_comm", "dp_comm", "bubble", "host_wait") if b[k] > 0.05)
+        terms = " ".join(f"{k} {b[k]:.1f}" for k in ("compute", "ep_comm", "dp_comm", "bubble", "host_wait")
+                         if b[k] > 0.05)
         flag = "*" if r["measured_from"] == "tflops" else " "
         print(f"{r['id'][:46]:46s} {r['source'][:24]:24s} {r['measured_s']:7.2f}{flag} {r['predicted_s']:8.2f} "
               f"{r['error'] * 100:+6.1f}% {r['loo_error'] * 100:+7.1f}%  {terms}")

@@ -247,7 +247,8 @@ def host_sync_seconds(x, device_fwd_s):
 
     moe_host_ops_per_layer the framework's host operators of an MoE layer's forward beyond the block
     table's kernel count (router, permutation bookkeeping, per-expert GEMMs and FP8 casts of
-    GroupedLinear, dispatcher metadata), dispatch_us_per_op the profile's host time per operator. Only layers that sync: dropless routing
+    GroupedLinear, dispatcher metadata), dispatch_us_per_op the profile's host time per operator. Only
+    layers that sync: dropless routing
     (no capacity factor) under a framework with `moe_host_sync` or the deepep dispatcher. The backward
     reuses the forward's splits and runs ahead as a dense block does (compute.host_wait_seconds)."""
     from cost_models.compute import dispatch_seconds, recompute_passes
@@ -301,7 +302,8 @@ class RankParams:
 
     def higher(self, other: "RankParams") -> "RankParams":
         pick = other.total > self.total
-        return RankParams(dense=np.where(pick, other.dense, self.dense), expert=np.where(pick, other.expert, self.expert))
+        return RankParams(dense=np.where(pick, other.dense, self.dense),
+                          expert=np.where(pick, other.expert, self.expert))
 
 
 def rank_params(x, n_blocks, is_first, is_last) -> RankParams:
@@ -327,3 +329,34 @@ def block_params_on_rank(x):
     spec = x.spec
     routed = routed_expert_params(spec)
     return (P.block_params(spec) - routed) / x.tp, routed / (x.ep * x.etp)
+
+
+def placement_summary(x, block, i: int = 0) -> dict:
+    """What `planner explain` says about candidate `i`'s expert layout: the groups, the links the
+    exchanges use (ranks of the ep group per NVLink domain and the domains it spans), the dispatcher, the
+    bytes and seconds of one dispatch on the busiest rank, and the step's exchange time (the busiest
+    pipeline rank's m x blocks x ep_block_seconds) exposed vs hidden under the expert and attention compute
+    (`block`: cost_models.compute.block_seconds of the same Step). An empty dict for a dense model."""
+    if x.spec.moe is None:
+        return {}
+    pick = lambda a: float(np.broadcast_to(np.asarray(a, dtype=float), x.dp.shape)[i])  # noqa: E731
+    ep, etp, moe = pick(x.ep), pick(x.etp), x.spec.moe
+    local = min(pick(x.local["E"]), ep)
+    per_copy = routed_tokens(x) * moe.top_k * np.where(x.ep > 1, x.sw.imbalance, 1.0) * x.spec.hidden
+    seconds = ep_block_seconds(x, block)
+    step = x.m * x.blocks_most
+    total, exposed = pick(step * seconds.total), pick(step * seconds.exposed)
+    return {
+        "ep": int(ep), "expert_tp": int(etp), "expert_dp": int(round(pick(x.expert_dp))),
+        "local_experts": moe.experts / ep, "rows_per_local_expert": pick(expert_rows(x)),
+        "imbalance": x.sw.imbalance if ep > 1 else 1.0,
+        "dispatcher": "allgather (ep = 1, expert_tp = tp)" if bool(np.asarray(legacy_dispatch(x)).reshape(-1)[i])
+        else x.sw.moe_dispatcher,
+        "ep_ranks_per_nvlink_domain": int(local), "ep_nvlink_domains": int(round(ep / max(local, 1.0))),
+        "links": "none" if ep == 1 else ("NVLink" if local >= ep else "NVLink + network"),
+        "remote_domains_per_token": pick(remote_domains_per_token(x)) if x.sw.moe_dispatcher == "deepep" else None,
+        "dispatch_bytes_per_rank": pick(per_copy * dispatch_element_bytes(x)),
+        "dispatch_s": pick(seconds.dispatch), "combine_s": pick(seconds.combine),
+        "overlap": bool(x.sw.moe_a2a_overlap), "exchange_total_s": total, "exchange_exposed_s": exposed,
+        "exchange_hidden_s": total - exposed,
+    }

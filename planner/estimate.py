@@ -117,7 +117,10 @@ class Estimate:
             "plan": plan,
             "software": {"framework": sw.framework.name, "kernels": sw.framework.kernels, "attention": sw.attention,
                          "dropout": sw.dropout, "overlap_grad_reduce": sw.overlap_grad_reduce,
-                         "grad_reduce_bytes": sw.state_bytes(cfg.precision).reduce},
+                         "grad_reduce_bytes": sw.state_bytes(cfg.precision).reduce,
+                         **({"moe_dispatcher": sw.moe_dispatcher, "moe_a2a_overlap": sw.moe_a2a_overlap,
+                             "moe_imbalance": sw.imbalance, "moe_fp8_dispatch": sw.moe_fp8_dispatch}
+                            if spec.moe is not None else {})},
             "prediction": {
                 "step_time_s": self.step_time_s,
                 "samples_per_s": cfg.global_batch / self.step_time_s,
@@ -127,8 +130,21 @@ class Estimate:
                 "memory": self.memory(),
                 "memory_per_rank": self.memory_per_rank(),
                 "time_breakdown_s": self.time_breakdown_s(),
+                **({"expert_parallel": self.expert_parallel()} if spec.moe is not None else {}),
             },
         }
+
+    def expert_parallel(self) -> dict:
+        """The expert layout and its exchanges (cost_models.moe.placement_summary): groups, links, the
+        dispatcher, bytes and seconds of one dispatch, and the step's exchange time exposed vs hidden."""
+        from cost_models.compute import block_seconds
+        from cost_models.moe import placement_summary
+        from cost_models.step import Step
+
+        cfg = self.config
+        x = Step.of(self.model, self.hardware, self.software, candidate_of(cfg, self.model.total_blocks),
+                    global_batch=cfg.global_batch, seq=cfg.seq, precision=cfg.precision, optimizer=cfg.optimizer)
+        return placement_summary(x, block_seconds(x))
 
 
 def arch_of(spec: TransformerSpec) -> dict:
@@ -189,8 +205,8 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
         raise ConfigError("grad_reduce_dtype", grad_reduce_dtype, "bf16 or fp32")
     if moe_dispatcher is not None and moe_dispatcher not in MOE_DISPATCHERS:
         raise ConfigError("moe_dispatcher", moe_dispatcher, "one of " + ", ".join(MOE_DISPATCHERS))
-    if moe_imbalance is not None and not (isinstance(moe_imbalance, (int, float)) and not isinstance(moe_imbalance, bool)
-                                          and math.isfinite(moe_imbalance) and 1.0 <= moe_imbalance <= 64.0):
+    number = isinstance(moe_imbalance, (int, float)) and not isinstance(moe_imbalance, bool)
+    if moe_imbalance is not None and not (number and math.isfinite(moe_imbalance) and 1.0 <= moe_imbalance <= 64.0):
         raise ConfigError("moe_imbalance", moe_imbalance, "a number from 1 (balanced) to 64: the busiest rank's "
                                                           "routed tokens over the mean")
     return Software.of(fw, attention=attention, dropout=bool(dropout), overlap_grad_reduce=overlap_grad_reduce,
@@ -211,15 +227,14 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
     HardwareProfile or a profile name/path. `attention`, `dropout`, `overlap_grad_reduce` override
     the framework's defaults (cost_models.step.Software), and so do the expert-parallel choices
     `moe_dispatcher`, `moe_a2a_overlap`, `moe_imbalance`, `moe_fp8_dispatch` (cost_models.moe) and the
-    block implementation `kernels` (software_for).
-    `check_framework=False` costs a plan the
-    framework's capabilities do not list (the executor's own runs: it is a torchtitan-style stack that
-    also runs tensor parallelism without sequence parallelism and ZeRO-1).
+    block implementation `kernels` (software_for). `check_framework=False` costs a plan the framework's
+    capabilities do not list (the executor's own runs: it is a torchtitan-style stack that also runs
+    tensor parallelism without sequence parallelism and ZeRO-1).
 
     A configuration that does not fit in memory is still evaluated (`fits` False). Raises
     ConfigError for degrees that do not multiply to `gpus`, tp not dividing the heads, more
-    pipeline chunks than blocks, ep > 1 on a dense model or not dividing the experts, stages not summing to the blocks, or a plan the framework cannot
-    run (frameworks.rules.violations).
+    pipeline chunks than blocks, ep > 1 on a dense model or not dividing the experts, stages not summing
+    to the blocks, or a plan the framework cannot run (frameworks.rules.violations).
     """
     if isinstance(hw, str):
         hw = load_profile(hw)

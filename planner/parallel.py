@@ -130,7 +130,8 @@ class ParallelConfig:
                 f"ep={self.ep} with expert_tp={self.expert_tp}: ep*expert_tp = {self.ep * self.expert_tp} must divide "
                 f"tp*cp*dp = {n} (the expert layers regroup a pipeline stage's ranks as expert_tp x ep x expert_dp, "
                 f"Megatron-Core MoE parallel folding); allowed ep here: "
-                f"{', '.join(map(str, expert_parallel_degrees(dp=self.dp, tp=self.tp, cp=self.cp, expert_tp=self.expert_tp)))}"))
+                + ", ".join(map(str, expert_parallel_degrees(dp=self.dp, tp=self.tp, cp=self.cp,
+                                                             expert_tp=self.expert_tp)))))
         if self.zero not in (0, 1, 2, 3):
             raise ConfigError("zero", self.zero, "one of 0, 1, 2, 3")
         check_placement(self.placement, cp=self.cp, ep=self.ep)
@@ -161,7 +162,8 @@ class ParallelConfig:
 
     @property
     def expert_dp(self) -> int:
-        """Ranks holding the same expert shard (Megatron-Core's expert data-parallel group): tp cp dp / (ep expert_tp)."""
+        """Ranks holding the same expert shard (Megatron-Core's expert data-parallel group):
+        tp cp dp / (ep expert_tp)."""
         return expert_data_parallel(dp=self.dp, tp=self.tp, cp=self.cp, ep=self.ep, expert_tp=self.expert_tp)
 
     @property

@@ -133,8 +133,6 @@ class Scores:
     ep_comm: np.ndarray
     """Exposed expert-parallel dispatch and combine (cost_models.moe.ep_block_seconds), with the
     interference of its overlapped part."""
-    ep_comm_total: np.ndarray
-    """All expert-parallel exchange time of the step, hidden or not (for explain)."""
     dp_comm: np.ndarray
     """Exposed (non-overlapped) data-parallel / ZeRO communication."""
     pp_p2p: np.ndarray
@@ -202,7 +200,7 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
                   compute=busy * (1.0 - stage.comm_share["tp"] - stage.comm_share["cp"] - stage.comm_share["ep"]),
                   recompute=x.m * x.blocks_most * block.recompute, tp_comm=busy * stage.comm_share["tp"],
                   cp_comm=busy * stage.comm_share["cp"], ep_comm=busy * stage.comm_share["ep"],
-                  ep_comm_total=x.m * x.blocks_most * ep.total, dp_comm=dp_comm, pp_p2p=pp_p2p, bubble=bubble, optimizer=optimizer_s,
+                  dp_comm=dp_comm, pp_p2p=pp_p2p, bubble=bubble, optimizer=optimizer_s,
                   offload=offload, host_wait=host_wait, num_microbatches=x.m,
                   model_flops_per_step=float(model_flops_per_step(model, global_batch * seq, seq=seq)),
                   stage_memory=per_rank)
