@@ -270,8 +270,12 @@ def expert_parallel_degrees(*, dp: int, tp: int, cp: int = 1, expert_tp: int = 1
 
 
 def default_placement(cp: int = 1, ep: int = 1) -> str:
-    """DPT, with C just before T when cp > 1 and E just outside C (or T) when ep > 1: DPECT."""
-    return "DP" + ("E" if ep > 1 else "") + ("C" if cp > 1 else "") + "T"
+    """DPT, with C just before T when cp > 1; with ep > 1 Megatron-Core's default rank order
+    tp-cp-ep-dp-pp, PDECT: the pipeline outermost, so that a stage's ranks are adjacent and an expert
+    group of up to a node's ranks stays on NVLink (planner.placement.stage_group_locality)."""
+    if ep > 1:
+        return "PDE" + ("C" if cp > 1 else "") + "T"
+    return "DP" + ("C" if cp > 1 else "") + "T"
 
 
 def check_placement(placement: str, *, cp: int = 1, ep: int = 1) -> None:

@@ -325,12 +325,11 @@ def test_framework_moe_keys_are_validated_and_sourced():
 def test_cli_estimate_with_ep_records_it_and_explains_the_links():
     runner = CliRunner()
     args = ["estimate", "qwen3-235b-a22b", "--hardware", "dgx-h100", "--gpus", "256", "--dp", "16", "--tp", "2",
-            "--pp", "8", "--ep", "32", "--sequence-parallel", "--seq", "4096", "--global-batch", "2048",
-            "--placement", "PDET"]
+            "--pp", "8", "--ep", "32", "--sequence-parallel", "--seq", "4096", "--global-batch", "2048"]
     out = runner.invoke(app, args + ["--json"])
     assert out.exit_code == 0, out.output
     doc = json.loads(out.stdout)
-    assert doc["plan"]["ep"] == 32 and doc["plan"]["expert_tp"] == 1
+    assert doc["plan"]["ep"] == 32 and doc["plan"]["expert_tp"] == 1 and doc["plan"]["placement"] == "PDET"
     ep = doc["prediction"]["expert_parallel"]
     assert ep["ep_ranks_per_nvlink_domain"] == 8 and ep["ep_nvlink_domains"] == 4 and ep["links"] == "NVLink + network"
     assert doc["prediction"]["time_breakdown_s"]["ep_comm"] > 0
