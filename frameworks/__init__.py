@@ -34,6 +34,11 @@ LOSS_KERNELS = ("vocab_parallel", "upcast", "fused")
 vocab-parallel cross-entropy on fp32 logits; upcast: torch's cross_entropy on logits cast to fp32
 (Hugging Face's loss, torchtitan); fused: a fused kernel on the 16-bit logits (flash-attn's xentropy as
 llm-foundry's default `fused_crossentropy`, Liger, Transformer Engine's cross-entropy)."""
+MOE_DISPATCHERS = ("alltoall", "deepep")
+"""How routed tokens reach experts on other ranks (cost_models.moe.exchange_seconds): alltoall (one NCCL
+all-to-all over the expert-parallel group: Megatron-Core's alltoall dispatcher, torchtitan, DeepSpeed-MoE)
+or deepep (DeepEP's hierarchical normal kernels: one network copy per destination node, NVLink forwarding
+inside it; Megatron-Core's flex dispatcher, DeepSeek's own kernels)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -131,6 +136,16 @@ class FrameworkProfile:
     Engine's row- and column-major FP8 copies: 2; torchao casts on the fly: 0)."""
     capabilities: Capabilities
     sources: Mapping[str, str] = field(default_factory=dict)
+    moe_dispatcher: str = "alltoall"
+    """The stack's default token dispatcher for expert parallelism (MOE_DISPATCHERS)."""
+    moe_a2a_overlap: bool = False
+    """Expert-parallel exchanges overlap another micro-batch's compute by default (cost_models.moe)."""
+    moe_host_sync: bool = False
+    """A dropless MoE layer's forward waits on the host for the tokens per expert (cost_models.moe.
+    host_sync_seconds): Transformer Engine's GroupedLinear takes its splits as a host list."""
+    moe_host_ops_per_layer: float = 0.0
+    """Host operators an MoE layer's forward issues beyond the block table's kernel count (router,
+    permutation bookkeeping, per-expert GEMMs and casts, dispatcher metadata): cost_models.moe.host_sync_seconds."""
 
     def states(self, precision: str, optimizer: str, grad_bytes: float | None = None) -> tuple[float, float, float]:
         """(params, grads, optimizer) bytes per parameter: optimizer = master + states, two states for
@@ -155,4 +170,4 @@ def available_frameworks() -> list[str]:
 
 
 __all__ = ["FrameworkProfile", "StateBytes", "Capabilities", "load_framework", "available_frameworks",
-           "KERNELS", "ATTENTION_KERNELS", "LOSS_KERNELS"]
+           "KERNELS", "ATTENTION_KERNELS", "LOSS_KERNELS", "MOE_DISPATCHERS"]

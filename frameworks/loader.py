@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, NoReturn
 
-from frameworks import ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, Capabilities, FrameworkProfile, StateBytes
+from frameworks import ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, MOE_DISPATCHERS, Capabilities, FrameworkProfile, StateBytes
 from planner.errors import ConfigError
 from planner.parallel import CP_COMMS, FRAMEWORKS, OFFLOAD, PRECISIONS, RECOMPUTE, SCHEDULES, check_placement
 
@@ -25,6 +25,10 @@ _TOP = {"schema_version": str, "name": str, "description": str, "kernels": str, 
         "allocator_overhead_fraction": (int, float),
         "compute_efficiency": (int, float), "tp_comm_overlap": bool, "selective_recompute": str, "fp8_cast_bytes_per_element": (int, float),
         "fp8_weight_cache_bytes": (int, float), "capabilities": dict, "sources": dict}
+_OPTIONAL = {"moe_dispatcher": str, "moe_a2a_overlap": bool, "moe_host_sync": bool,
+             "moe_host_ops_per_layer": (int, float)}
+"""Keys a profile may leave out (FrameworkProfile's defaults: alltoall, no overlap, no host sync, 0 extra
+host operators per MoE layer); sourced when given."""
 _SOURCED = ("kernels", "attention", "loss", "state_bytes", "grads_persist", "grad_bucket_copy", "autocast_weight_cache",
             "overlap_grad_reduce", "pp_scatter_gather", "zero_bubble_forward_reruns", "allocator_overhead_fraction",
             "compute_efficiency", "tp_comm_overlap", "selective_recompute", "fp8_cast_bytes_per_element", "fp8_weight_cache_bytes", "capabilities")
@@ -65,8 +69,16 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
     if not isinstance(data, dict):
         _fail(origin, "<document>", data, "a JSON object")
     for key in data:
-        if key not in _TOP:
-            _fail(origin, key, data[key], "known keys: " + ", ".join(_TOP))
+        if key not in _TOP and key not in _OPTIONAL:
+            _fail(origin, key, data[key], "known keys: " + ", ".join([*_TOP, *_OPTIONAL]))
+    for key, kind in _OPTIONAL.items():
+        if key in data and (not isinstance(data[key], kind) or (kind is not bool and isinstance(data[key], bool))):
+            _fail(origin, key, data[key], "a number" if isinstance(kind, tuple) else f"a {kind.__name__}")
+    ops = data.get("moe_host_ops_per_layer", 0.0)
+    if not (math.isfinite(ops) and 0.0 <= ops <= 1000.0):
+        _fail(origin, "moe_host_ops_per_layer", ops, "a number from 0 to 1000")
+    if data.get("moe_dispatcher", MOE_DISPATCHERS[0]) not in MOE_DISPATCHERS:
+        _fail(origin, "moe_dispatcher", data["moe_dispatcher"], "one of " + ", ".join(MOE_DISPATCHERS))
     for key, kind in _TOP.items():
         if key not in data:
             if key == "schema_version":
@@ -113,7 +125,7 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
     if missing:
         _fail(origin, "state_bytes", sorted(states), f"an entry for every allowed precision ({', '.join(caps.precisions)})")
     sources = data["sources"]
-    for key in _SOURCED:
+    for key in _SOURCED + tuple(k for k in _OPTIONAL if k in data):
         if not isinstance(sources.get(key), str) or not sources[key].strip():
             raise ConfigError(f"sources.{key}", None, "a source for every value",
                               message=f"framework profile {origin}: missing required key 'sources.{key}'")
@@ -125,7 +137,10 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         allocator_overhead_fraction=float(frag), compute_efficiency=float(ce), tp_comm_overlap=data["tp_comm_overlap"],
         selective_recompute=data["selective_recompute"],
         fp8_cast_bytes_per_element=float(data["fp8_cast_bytes_per_element"]),
-        fp8_weight_cache_bytes=float(data["fp8_weight_cache_bytes"]), capabilities=caps, sources=dict(sources))
+        fp8_weight_cache_bytes=float(data["fp8_weight_cache_bytes"]), capabilities=caps, sources=dict(sources),
+        moe_dispatcher=data.get("moe_dispatcher", MOE_DISPATCHERS[0]), moe_a2a_overlap=data.get("moe_a2a_overlap", False),
+        moe_host_sync=data.get("moe_host_sync", False),
+        moe_host_ops_per_layer=float(data.get("moe_host_ops_per_layer", 0.0)))
 
 
 def _capabilities(block: dict, origin: str) -> Capabilities:
