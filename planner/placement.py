@@ -80,12 +80,12 @@ def ranks_per_node(n, stride, devices_per_node: int):
 
 def aligned_domain(domain: int, world):
     """The NVLink domain the rank layout aligns to: the whole job when it fits in one domain (a 64-GPU
-    job on a 72-GPU GB200 NVL72 rack); otherwise the largest power of two within the domain when the
-    domain is not one (power-of-two groups fill 64 of a rack's 72 GPUs, the other trays stay spare), else
-    the domain itself. Arrays broadcast."""
+    job on a 72-GPU GB200 NVL72 rack); the domain when the job fills whole domains (144 GPUs on two
+    racks); otherwise the largest power of two within the domain (a 128-GPU job fills 64 of each rack's
+    72 GPUs, the other trays stay spare). Arrays broadcast."""
     world = np.asarray(world)
     pow2 = 1 << (int(domain).bit_length() - 1)
-    return np.where(world <= domain, np.maximum(world, 1), pow2)
+    return np.where(world <= domain, np.maximum(world, 1), np.where(world % domain == 0, domain, pow2))
 
 
 def group_locality(placement_idx, dp, pp, tp, devices_per_node: int, cp=1, dp_shard=None, ep=1,

@@ -97,6 +97,7 @@ def test_fp8_gemm_efficiency_has_its_own_key_with_a_fallback():
 
 def test_a_job_inside_one_nvlink_domain_keeps_every_group_on_nvlink():
     assert int(aligned_domain(72, 64)) == 64 and int(aligned_domain(72, 128)) == 64 and int(aligned_domain(8, 64)) == 8
+    assert int(aligned_domain(72, 144)) == 72
     local = group_locality(np.array([0]), dp=np.array([64]), pp=np.array([1]), tp=np.array([1]), devices_per_node=72)
     assert int(local["D"][0]) == 64
     # two racks: a 64-rank data-parallel group per rack stays on NVLink, the 128-rank one does not
