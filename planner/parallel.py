@@ -123,7 +123,7 @@ class ParallelConfig:
         if not isinstance(self.dp_shard, int) or isinstance(self.dp_shard, bool) or self.dp_shard < 0 \
                 or (self.dp_shard and self.dp % self.dp_shard):
             raise ConfigError("dp_shard", self.dp_shard, f"0 (all dp ranks) or a divisor of dp({self.dp})")
-        if (self.dp * self.cp) % self.ep:
+        if not ep_allowed(self.ep, dp=self.dp, cp=self.cp, tp=self.tp, expert_tp=self.expert_tp):
             raise ConfigError("ep", self.ep, f"a divisor of dp*cp = {self.dp}*{self.cp} = {self.dp * self.cp} "
                                              "(experts are sharded over ranks carved from dp x cp)")
         if self.zero not in (0, 1, 2, 3):
@@ -208,6 +208,29 @@ class ParallelConfig:
         d["stages"] = list(self.stages)
         d["num_microbatches"] = self.num_microbatches
         return d
+
+
+def ep_allowed(ep, *, dp, cp=1, tp=1, expert_tp=1, experts=None):
+    """The one expert-parallel rule (ParallelConfig and the search call it; ints or numpy arrays): ep
+    divides dp x cp, Megatron-Core's expert-model-parallel group carved from the data- and context-parallel
+    ranks, and, for a mixture-of-experts model, the routed experts (whole experts per rank: Megatron-Core
+    asserts num_moe_experts % expert_model_parallel_size == 0). tp and expert_tp are taken so that the
+    rule can widen to Megatron's parallel folding (ep x expert_tp dividing tp x dp x cp) in this one place;
+    the rule as costed today does not read them."""
+    ok = np.asarray(dp) * np.asarray(cp) % np.asarray(ep) == 0
+    if experts is not None:
+        ok = ok & (np.asarray(experts) % np.asarray(ep) == 0)
+    return bool(ok) if np.ndim(ok) == 0 else ok
+
+
+def expert_parallel_degrees(*, dp: int, cp: int = 1, tp: int = 1, experts: int | None) -> list[int]:
+    """Every ep `ep_allowed` admits for these degrees, in increasing order; [1] for a dense model. The
+    candidates are the divisors of the experts (a degree that does not divide them is never allowed), so a
+    wider `ep_allowed` widens this list with it."""
+    if not experts:
+        return [1]
+    return [e for e in range(1, experts + 1) if experts % e == 0 and ep_allowed(e, dp=dp, cp=cp, tp=tp,
+                                                                              experts=experts)]
 
 
 def default_placement(cp: int = 1, ep: int = 1) -> str:

@@ -66,6 +66,8 @@ class CandidateArrays:
     """Index into planner.parallel.CP_COMMS; None means p2p (ring)."""
     dp_shard: np.ndarray | None = None
     """ZeRO shard group (0 or dp: all dp ranks); None means 0."""
+    ep: np.ndarray | None = None
+    """Expert-parallel degree (the search enumerates it for mixture-of-experts models); None means 1."""
     rank_blocks: np.ndarray | None = None
     """Blocks of every pipeline rank, shape (candidates, R), -1 past each candidate's pp. When given,
     the memory of every rank is evaluated (Scores.stage_memory) and the peak is their maximum; else
