@@ -385,20 +385,17 @@ def with_micro_batches(rows: Mapping[str, np.ndarray], global_batch: int, *, spa
     """Each row combined with every micro-batch that divides its replica's share of the global batch;
     looped schedules keep only micro-batch counts torch's interleaving accepts."""
     rejected = rejected if rejected is not None else Counter()
-    parts = []
-    for dp in np.unique(rows["dp"]):
-        mine = {k: v[rows["dp"] == dp] for k, v in rows.items()}
-        micro = np.array([b for b in divisors(global_batch // int(dp)) if b <= space.max_micro_batch], dtype=np.int64)
-        if micro.size == 0:
-            continue
-        grid = _product(mine, "micro_batch", micro)
-        m = global_batch // (grid["dp"] * grid["micro_batch"])
-        looped = np.isin(grid["schedule"], [SCHEDULES.index(n) for n in LOOPED_SCHEDULES])
-        ok = ~looped | looped_rounds_ok(m, grid["pp"])
-        if (~ok).any():
-            rejected["num_microbatches not a multiple of the schedule's rounds (micro-batch choices)"] += int((~ok).sum())
-        parts.append({k: v[ok] for k, v in grid.items()})
-    return _concat(parts, tuple(rows) + ("micro_batch",))
+    if not _size(rows):
+        return {**{k: np.asarray(v) for k, v in rows.items()}, "micro_batch": np.zeros(0, dtype=np.int64)}
+    dps, key = np.unique(rows["dp"], return_inverse=True)
+    options = [[(b,) for b in divisors(global_batch // int(dp)) if b <= space.max_micro_batch] for dp in dps]
+    grid = _ragged_product(rows, key.ravel(), options, ("micro_batch",))
+    m = global_batch // (grid["dp"] * grid["micro_batch"])
+    looped = np.isin(grid["schedule"], [SCHEDULES.index(n) for n in LOOPED_SCHEDULES])
+    ok = ~looped | looped_rounds_ok(m, grid["pp"])
+    if (~ok).any():
+        rejected["num_microbatches not a multiple of the schedule's rounds (micro-batch choices)"] += int((~ok).sum())
+    return {k: v[ok] for k, v in grid.items()}
 
 
 def distinct_placements(dp: int, tp: int, pp: int, allowed: tuple[str, ...] = PLACEMENTS) -> list[int]:

@@ -1,22 +1,27 @@
-"""Strategy search: every valid candidate scored at once by the vectorized cost model, then ranked.
+"""Strategy search: every valid candidate scored by the vectorized cost model or proven out by a bound.
 
-Pipeline (docs/style.md's one-way flow): candidates (planner.candidates) -> memory lower bounds ->
-vectorized scores (planner.score.score, numpy over arrays) -> ranking by the objective -> uneven
-stages for the leaders (planner.partition) re-scored with the scalar `estimate()` -> plan documents.
+Pipeline (docs/style.md's one-way flow): candidates (planner.candidates: dp x tp x pp x cp with cp_comm,
+dp_shard, ep, schedule, ZeRO, offload, micro-batch, recompute, sequence parallelism, placement) ->
+best-first branch and bound over "shapes" with time and memory lower bounds -> vectorized scores
+(planner.score.score, numpy over arrays) -> ranking by the objective -> uneven stages for the leaders
+(planner.partition) re-scored with the scalar `estimate()` -> plan documents.
 
-Pruning by memory lower bounds, in two levels. A "skeleton" (dp, tp, pp, schedule, v, ZeRO, offload)
-fixes the static memory; its leanest completion (micro-batch 1, strongest recompute, sequence
-parallelism, any placement) holds the least memory of all its expansions, so a skeleton whose leanest
-candidate does not fit is dropped without expanding it. The survivors get their micro-batches and the
-same bound is taken per (skeleton, micro-batch); only then are recompute, sequence parallelism and
-placement expanded and scored. Bound rows are scored by the same `score()`. Recompute only adds time,
-Then a time bound: for each (skeleton, micro-batch, placement) group the candidate with the weakest
-recompute and sequence parallelism on (where tp > 1) is scored first; its compute + bubble + p2p +
-optimizer time is the least of the group (each grows with recompute and shrinks with sequence
-parallelism) and no step is shorter than that sum, so the rest of the group is scored only if the sum is
-below the threshold that
-admits a candidate to the result: the `keep`-th best feasible step among the firsts (throughput,
-cost) or the best step plus 5 % (memory). tests/test_search.py checks these premises on the real scorer.
+Bounds (`_BranchAndBound`; the premises are checked on the real scorer in tests/test_search.py). A row is a
+skeleton (SKELETON_FIELDS) with a micro-batch; a group is a row with a placement and a sequence-parallel
+choice, whose members are the recompute levels; a shape is a group without its model-state knobs (ZeRO
+stage, dp_shard, offload) and with placements that lay T and C on the same ranks merged
+(`placement_classes`). The step is never shorter than compute + tp, cp comm + bubble + pipeline p2p +
+optimizer (TIME_BOUND_TERMS); within a group that sum is least at the weakest recompute and grows along
+RECOMPUTE; all of it but the optimizer step (SHAPE_BOUND_TERMS) is the same for every candidate of a shape
+and never less with sequence parallelism off. So one scorer call -- each shape's representative at the
+weakest recompute with sequence parallelism on -- bounds every candidate of every shape. Shapes are expanded
+best first while their bound is below the admission threshold (the `keep`-th best feasible step known for
+throughput, cost and time-to-train, the best plus 5 % for memory; it only falls as candidates are
+scored); a group's first is scored only if its shape's terms plus its skeleton's optimizer step (scored once
+per skeleton) are below it, each stronger recompute level only if the previous level's bound is, and a
+member with sequence parallelism off is dropped when its twin with it on (which never needs more memory)
+does not fit. The best plan with cp = 1 and the best with cp > 1 are each found exactly (the threshold of
+each class never falls below its best known step), so that `explain` can say why the chosen cp wins.
 
 Objectives:
 - throughput: least step time among the candidates that fit (default);
@@ -729,8 +734,9 @@ def no_fit_error(scored: ScoredSpace, *, model, hardware, world_size: int, globa
     if bigger:
         fixes.append("a larger device (" + ", ".join(bigger) + ")")
     fixes.append("a shorter --seq")
-    tried = (f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} micro_batch=1 zero={cfg.zero} recompute={cfg.recompute} "
-             f"offload={cfg.offload}, the least memory over every ZeRO stage, recompute and offload searched")
+    cp = f" cp={cfg.cp}" if cfg.cp > 1 else ""
+    tried = (f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}{cp} micro_batch=1 zero={cfg.zero} recompute={cfg.recompute} "
+             f"offload={cfg.offload}, the least memory over every degree, ZeRO stage, recompute and offload searched")
     return NoFitError(
         f"no plan fits in {cap / 2**30:.1f} GiB per GPU on {world_size} x {hardware.name}: the leanest candidate "
         f"({tried}) needs {need / 2**30:.1f} GiB, {(need - cap) / 2**30:.1f} GiB ({need / cap - 1:.0%}) too much; "
