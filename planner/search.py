@@ -17,8 +17,9 @@ and never less with sequence parallelism off. So one scorer call -- each shape's
 weakest recompute with sequence parallelism on -- bounds every candidate of every shape. Shapes are expanded
 best first while their bound is below the admission threshold (the `keep`-th best feasible step known for
 throughput, cost and time-to-train, the best plus 5 % for memory; it only falls as candidates are
-scored); a group's first is scored only if its shape's terms plus its skeleton's optimizer step (scored once
-per skeleton) are below it, each stronger recompute level only if the previous level's bound is, and a
+scored); a group's first is scored only if its shape's terms plus its pipeline p2p (read off the shape's
+representative row with the same placement and sequence parallelism) and its skeleton's optimizer step
+(scored once per skeleton) are below it, each stronger recompute level only if the previous level's bound is, and a
 member with sequence parallelism off is dropped when its twin with it on (which never needs more memory)
 does not fit. The best plan with cp = 1 and the best with cp > 1 are each found exactly (the threshold of
 each class never falls below its best known step), so that `explain` can say why the chosen cp wins.
@@ -516,8 +517,6 @@ class _BranchAndBound:
         r = self.scorer({k: reps[k] for k in FIELDS}) if self.n_shapes else _Scores.empty()
         self.bound_evaluations += self.n_shapes
         lb = self.shape_lb = r.shape_bound
-        self.rep_p2p = r.terms["pp_p2p"]
-        self.first_place = first_place
         ok = (r.needed <= self.capacity) & np.isfinite(r.step)
         self.rep_step = np.where(ok, r.step, np.inf)      # the representatives' firsts: known feasible steps
         self.expanded = np.zeros(self.n_shapes, bool)
@@ -548,21 +547,25 @@ class _BranchAndBound:
                     sps.append(np.full(int(lengths.sum()), choice, dtype=bool))
                     owner.append(np.repeat(mine, lengths))
         row, place, sp, shape = (np.concatenate(x) for x in (rows, places, sps, owner))
-        # A group's bound is its shape's terms plus its pipeline p2p and its skeleton's optimizer step. The
-        # optimizer term is the same for every group of a skeleton: score one first per skeleton not seen yet,
-        # then only the firsts whose shape terms + known p2p + optimizer are below the threshold.
+        # A group's bound is its shape's terms plus its pipeline p2p (the same for every row of the shape, given
+        # the placement and sequence-parallel choice) and its skeleton's optimizer step (the same for every group
+        # of the skeleton). Score first the representative row's groups and one group of each skeleton not seen
+        # yet, then only the firsts whose shape terms + p2p + optimizer are below the threshold.
         skeleton = self.rows["skeleton"][row]
-        unknown = np.flatnonzero(np.isnan(self.optimizer_s[skeleton]))
-        probe = unknown[np.unique(skeleton[unknown], return_index=True)[1]]
-        live_parts = []
-        if len(probe):
-            members = self._members(row[probe], place[probe], sp[probe], self.weakest)
-            r = self._score(members)
-            self.optimizer_s[skeleton[probe]] = r.terms["optimizer"]
-            live_parts.append(probe[r.bound < self._threshold_of(members)])
+        rep = row == self.starts[self.shape_run[shape]]
+        unknown = np.flatnonzero(np.isnan(self.optimizer_s[skeleton]) & ~rep)
+        first_seen = unknown[np.unique(skeleton[unknown], return_index=True)[1]]
+        probe = np.union1d(np.flatnonzero(rep), first_seen[np.isnan(self.optimizer_s[skeleton[first_seen]])])
+        members = self._members(row[probe], place[probe], sp[probe], self.weakest)
+        r = self._score(members)
+        self.optimizer_s[skeleton[probe]] = r.terms["optimizer"]
+        live_parts = [probe[r.bound < self._threshold_of(members)]]
+        p2p_key = (shape * len(PLACEMENTS) + place) * 2 + sp
+        known = p2p_key[probe][rep[probe]]
+        order = np.argsort(known)
         rest = np.setdiff1d(np.arange(len(row)), probe, assume_unique=True)
-        same = (place[rest] == self.first_place[self.shape_class[shape[rest]]]) & (sp[rest] == self.shape_sp[shape[rest]])
-        p2p = np.where(same, self.rep_p2p[shape[rest]], 0.0)          # known for the representative's placement
+        at = np.clip(np.searchsorted(known[order], p2p_key[rest]), 0, max(len(known) - 1, 0))
+        p2p = r.terms["pp_p2p"][rep[probe]][order][at] if len(known) else np.zeros(len(rest))
         lb = self.shape_lb[shape[rest]] + p2p + self.optimizer_s[skeleton[rest]]
         rest = rest[lb < self._threshold_of({"cp": self.rows["cp"][row[rest]]})]
         if len(rest):
@@ -1045,13 +1048,16 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     opts = {k: v for k, v in dict(attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce,
                                   grad_reduce_dtype=grad_reduce_dtype).items() if v is not None}
     leaders = [config_of(scored.arrays, int(i), **kw) for i in order[:max(top, refine) + 1]]
-    documents, refined = [], [0]
+    documents, refined, splits = [], [0], {}
 
     def document(cfg: ParallelConfig, refine_it: bool) -> dict:
-        """estimate()'s plan document of cfg; with refine_it, of its uneven split when that is better."""
+        """estimate()'s plan document of cfg; with refine_it, of its uneven split when that is better. The
+        split does not depend on the placement (stage_problem reads none), so placement twins share one."""
         doc = estimate_fn(model, hardware, cfg, gpus=world, **opts).to_document()
         if refine_it and cfg.pp > 1:
-            stages = uneven_stages(model, cfg)
+            twin = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in cfg.to_dict().items()
+                         if k != "placement")
+            stages = splits[twin] if twin in splits else splits.setdefault(twin, uneven_stages(model, cfg))
             if stages:
                 refined[0] += 1
                 uneven = estimate_fn(model, hardware, replace(cfg, stages=stages), gpus=world, **opts).to_document()

@@ -104,6 +104,18 @@ def test_shape_terms_ignore_the_model_state_knobs_and_the_placement_class(scored
     assert np.allclose(low, high, rtol=1e-12, atol=0.0)
 
 
+def test_pipeline_p2p_ignores_the_model_state_knobs(scored):
+    """What lets one row's first give the p2p term of every row of its shape (same placement and sequence
+    parallelism): the pipeline's point-to-point time does not depend on ZeRO, dp_shard or offload."""
+    arrays, s, _ = scored
+    g = _groups(arrays, SHAPE_FIELDS + ("placement", "sequence_parallel", "recompute"))
+    p2p = np.asarray(s.pp_p2p, float)
+    low, high = np.full(g.max() + 1, np.inf), np.full(g.max() + 1, -np.inf)
+    np.minimum.at(low, g, p2p)
+    np.maximum.at(high, g, p2p)
+    assert np.allclose(low, high, rtol=1e-12, atol=0.0)
+
+
 def test_sequence_parallelism_never_lowers_the_shape_terms_nor_raises_memory(scored):
     arrays, s, _ = scored
     tp = arrays["tp"] > 1
