@@ -387,22 +387,28 @@ class _BranchAndBound:
     """Best-first search over shapes with the bounds of the module docstring.
 
     A group is a row (skeleton and micro-batch) with a placement and a sequence-parallel choice; its members
-    are the recompute levels. A shape is a group without its model-state knobs (ZeRO stage, dp_shard,
-    offload). Premises, checked on the real scorer in tests/test_search.py: the bound terms (TIME_BOUND_TERMS)
-    never exceed the step and are least, within a group, at the weakest recompute level (its "first"); the
-    shape terms (SHAPE_BOUND_TERMS, all of them but the optimizer) do not depend on the model-state knobs;
-    sequence parallelism on never needs more memory than off; the placement moves no memory.
+    are the recompute levels. A shape is a run of rows equal in SHAPE_FIELDS (they differ only in ZeRO stage,
+    dp_shard and offload) with a class of placements (`placement_classes`) and both sequence-parallel choices.
+    Premises, checked on the real scorer in tests/test_search_bounds.py: the bound terms (TIME_BOUND_TERMS)
+    never exceed the step and never fall from one recompute level to the next within a group (least at its
+    "first", the weakest level); the shape terms (SHAPE_BOUND_TERMS) and the pipeline p2p do not depend on the
+    model-state knobs, the shape terms not on the placement within a class, and they are never less with
+    sequence parallelism off; the optimizer step depends on the skeleton only; sequence parallelism on never
+    needs more memory than off; the placement moves no memory.
 
-    So one evaluation per shape (a representative group's first) bounds from below every candidate of the
-    shape. Shapes are expanded in increasing order of that bound, in growing batches, while the bound is
-    below the admission threshold (which only falls as feasible candidates are found); the others are proven
-    out. Expanding a shape scores each group's first, then the other recompute levels of the groups whose
-    first's bound is below the threshold, except members with sequence parallelism off whose twin with it on
-    (same row and recompute level, any placement) was scored and does not fit.
+    So one evaluation per shape (its representative's first, sequence parallelism on where tp > 1) bounds from
+    below every candidate of the shape. Shapes are expanded in growing batches -- those whose representative
+    fits and is fast first, so that the admission threshold falls soon -- while their bound is below the
+    threshold (which only falls as feasible candidates are found); the others are proven out. Expanding
+    shapes scores the representative row's groups and one group of every skeleton not seen yet (giving each
+    group's p2p and optimizer terms), then the firsts of the other groups whose shape terms + p2p + optimizer
+    are below the threshold, then each stronger recompute level of the groups whose previous level's bound is
+    below it, except members with sequence parallelism off whose twin with it on (same row and level, any
+    placement) was scored and does not fit.
 
     Rows are sorted by shape with the leanest model states first (highest ZeRO stage, all-rank shard group,
-    optimizer offload), so a shape is a run of rows with one placement and one sequence-parallel choice, and
-    its representative, the run's first row, is the likeliest to fit and to set an early threshold."""
+    optimizer offload), so a shape's rows are a run and its representative, the run's first row, is the
+    likeliest to fit and to set an early threshold."""
 
     FIRST_BATCH = 512
     """Shapes expanded in the first batch (each later batch is BATCH_GROWTH times larger: few batches keep
@@ -916,13 +922,13 @@ def _cp_versus(scored: ScoredSpace, objective: str, winner: Mapping[str, Any], d
     """Why the winner's context-parallel degree: the key numbers (`key_numbers`) of the best plan of the
     other cp class (cp = 1 when the winner has cp > 1, else cp > 1), documented as the leaders are (`document`
     of its index in the scored arrays); None when the space had one class only. The search scores the best
-    plan of each class exactly (`_class_thresholds`). A class with no plan that fits gives its leanest miss:
+    plan of each class exactly (`_class_thresholds`); under the memory objective the other class's fastest. A class with no plan that fits gives its leanest miss:
     {"fits": false, "cp": ...} with the least memory any scored candidate of that class needs."""
     cp = np.asarray(scored.arrays["cp"]) if "cp" in scored.arrays else np.ones(len(scored.step_time_s), int)
     if len(np.unique(cp > 1)) < 2:
         return None
     other = (cp > 1) != (winner["plan"].get("cp", 1) > 1)
-    order = rank(scored, objective)
+    order = rank(scored, "throughput" if objective == "memory" else objective)   # memory: its fastest plan
     mine = order[other[order]]
     if len(mine):
         out = key_numbers(document(int(mine[0])))

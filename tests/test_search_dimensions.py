@@ -278,3 +278,13 @@ def test_score_space_counts_each_candidate_once_with_the_new_dimensions():
     assert st_.space == st_.candidates_evaluated + st_.pruned_by_memory_bound + st_.pruned_by_time_bound
     keys = np.stack([np.asarray(s.arrays[k]).astype(np.int64) for k in s.arrays], axis=1)
     assert len(np.unique(keys, axis=0)) == len(keys) == st_.candidates_evaluated
+
+
+def test_memory_objective_compares_with_the_other_classes_fastest_plan():
+    rec = recommend("llama3-8b", "p5.48xlarge", gpus=64, seq=16384, global_batch=64, objective="memory", top=2)
+    versus = rec.best["search"]["cp_versus"]
+    assert versus["fits"] and (versus["plan"]["cp"] > 1) != (rec.best["plan"]["cp"] > 1)
+    fast = recommend("llama3-8b", "p5.48xlarge", gpus=64, seq=16384, global_batch=64, top=2).scored
+    other = fast.fits & ((fast.arrays["cp"] > 1) == (versus["plan"]["cp"] > 1))
+    # the other class's fastest even split, or its uneven re-split when that is faster
+    assert versus["step_time_s"] <= float(fast.step_time_s[other].min()) * (1 + 1e-9)
