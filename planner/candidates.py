@@ -157,7 +157,8 @@ def placement_text(index: int, *, cp: int = 1, ep: int = 1) -> str:
 
 
 def config_of_row(arrays: Mapping[str, np.ndarray], i: int, *, global_batch: int, seq: int, precision: str,
-                  optimizer: str = "adamw", stages: tuple[int, ...] = (), framework: str = "megatron") -> ParallelConfig:
+                  optimizer: str = "adamw", stages: tuple[int, ...] = (),
+                  framework: str = "megatron") -> ParallelConfig:
     """Row i of candidate arrays as a ParallelConfig (knobs absent from `arrays` take their defaults)."""
     a = {k: np.asarray(arrays[k])[i].item() for k in FIELDS if k in arrays}
     cp, ep = a.get("cp", 1), a.get("ep", 1)

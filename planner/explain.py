@@ -167,9 +167,10 @@ def search_lines(doc: Mapping[str, Any]) -> list[str]:
     label = "best plan at cp=1" if cp > 1 else "best plan with cp > 1"
     w, o = _numbers(doc), _numbers(versus)
     gap = o["step_time_s"] / w["step_time_s"] - 1 if w["step_time_s"] else 0.0
+    peak_o, peak_w = o["memory"]["peak_bytes_per_gpu"] / GiB, w["memory"]["peak_bytes_per_gpu"] / GiB
     lines.append(f"  why cp={cp}" + (f" ({plan.get('cp_comm', 'p2p')})" if cp > 1 else "") + f": the {label} takes "
-                 f"{o['step_time_s']:.3f} s per step ({gap:+.1%}) and {o['memory']['peak_bytes_per_gpu'] / GiB:.2f} GiB "
-                 f"per GPU (this plan {w['step_time_s']:.3f} s, {w['memory']['peak_bytes_per_gpu'] / GiB:.2f} GiB)")
+                 f"{o['step_time_s']:.3f} s per step ({gap:+.1%}) and {peak_o:.2f} GiB per GPU "
+                 f"(this plan {w['step_time_s']:.3f} s, {peak_w:.2f} GiB)")
     lines += ["  " + line for line in compare(doc, versus, label=label)]
     return lines
 

@@ -47,7 +47,8 @@ import numpy as np
 from planner.candidates import (FIELDS, SearchSpace, _pattern_groups, _product, config_of_row, leanest,
                                 skeleton_rows, with_micro_batches)
 from planner.errors import ConfigError, NoFitError
-from planner.parallel import CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, default_placement, resolve_precision
+from planner.parallel import (CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, default_placement,
+                              resolve_precision)
 from planner.placement import PLACEMENTS
 
 OBJECTIVES = ("throughput", "cost", "memory", "time-to-train")
@@ -362,9 +363,11 @@ def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int
                              prune=prune, time_bound=time_bound, progress=progress)
     search.run()
     full, step, peak, needed = search.result()
-    lean1, lean1_needed = _skeleton_bounds(skeletons, scorer, space) if not np.any(needed <= capacity) else ({}, np.zeros(0))
+    nothing_fits = not np.any(needed <= capacity)
+    lean1, lean1_needed = _skeleton_bounds(skeletons, scorer, space) if nothing_fits else ({}, np.zeros(0))
     stats = SearchStats(candidates_evaluated=len(step), feasible=int((needed <= capacity).sum()),
-                        seconds=time.perf_counter() - t0, space=search.total, pruned_by_memory_bound=search.pruned_memory,
+                        seconds=time.perf_counter() - t0, space=search.total,
+                        pruned_by_memory_bound=search.pruned_memory,
                         pruned_by_time_bound=search.pruned_time, bound_evaluations=search.bound_evaluations,
                         rejected=dict(rejected), values_tried=tried)
     assert stats.space == stats.candidates_evaluated + stats.pruned_by_memory_bound + stats.pruned_by_time_bound
@@ -922,7 +925,8 @@ def _cp_versus(scored: ScoredSpace, objective: str, winner: Mapping[str, Any], d
     """Why the winner's context-parallel degree: the key numbers (`key_numbers`) of the best plan of the
     other cp class (cp = 1 when the winner has cp > 1, else cp > 1), documented as the leaders are (`document`
     of its index in the scored arrays); None when the space had one class only. The search scores the best
-    plan of each class exactly (`_class_thresholds`); under the memory objective the other class's fastest. A class with no plan that fits gives its leanest miss:
+    plan of each class exactly (`_class_thresholds`); under the memory objective the other class's fastest.
+    A class with no plan that fits gives its leanest miss:
     {"fits": false, "cp": ...} with the least memory any scored candidate of that class needs."""
     cp = np.asarray(scored.arrays["cp"]) if "cp" in scored.arrays else np.ones(len(scored.step_time_s), int)
     if len(np.unique(cp > 1)) < 2:

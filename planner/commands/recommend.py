@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, GradReduceOpt, GlobalBatchOpt, GpusOpt,
-                                     HardwareOpt, HwPrecisionOpt, JsonOpt, MAX_TOKENS, MAX_WORLD_SIZE, ModelArg, NodesOpt,
-                                     OptimizerOpt, SeqOpt)
+                                     HardwareOpt, HwPrecisionOpt, JsonOpt, MAX_TOKENS, MAX_WORLD_SIZE, ModelArg,
+                                     NodesOpt, OptimizerOpt, SeqOpt)
 from planner.errors import ConfigError
 
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help="throughput (least step time), cost (least $ per "
@@ -44,8 +44,9 @@ StorageOpt = Annotated[Optional[str], typer.Option(
 CheckpointOpt = Annotated[Optional[str], typer.Option(
     "--checkpoint", help="blocking (training waits for the write; default) or async (waits only for the copy to "
                          "host memory).")]
-CpOpt = Annotated[Optional[int], typer.Option("--cp", min=1, max=MAX_WORLD_SIZE, help="Search only this context-parallel "
-                                              "degree (default: every degree with seq % (2 cp) == 0).")]
+CpOpt = Annotated[Optional[int], typer.Option(
+    "--cp", min=1, max=MAX_WORLD_SIZE, help="Search only this context-parallel degree (default: every degree with "
+                                            "seq % (2 cp) == 0).")]
 MaxCpOpt = Annotated[Optional[int], typer.Option("--max-cp", min=1, max=MAX_WORLD_SIZE,
                                                  help="Search context-parallel degrees up to this one.")]
 CpCommsOpt = Annotated[Optional[str], typer.Option(
@@ -55,8 +56,8 @@ DpShardOpt = Annotated[Optional[int], typer.Option(
     "--dp-shard", min=0, max=MAX_WORLD_SIZE, help="ZeRO/FSDP shard group: 0 shards over all dp ranks only (no "
                                                   "hybrid sharding), N only groups of N ranks (default: both all dp "
                                                   "ranks and the largest group inside one NVLink domain).")]
-EpOpt = Annotated[Optional[int], typer.Option("--ep", min=1, max=MAX_WORLD_SIZE, help="Search only this expert-parallel "
-                                              "degree (mixture-of-experts models).")]
+EpOpt = Annotated[Optional[int], typer.Option(
+    "--ep", min=1, max=MAX_WORLD_SIZE, help="Search only this expert-parallel degree (mixture-of-experts models).")]
 MaxEpOpt = Annotated[Optional[int], typer.Option("--max-ep", min=1, max=MAX_WORLD_SIZE,
                                                  help="Search expert-parallel degrees up to this one.")]
 SpotRateOpt = Annotated[Optional[float], typer.Option(
