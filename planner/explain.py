@@ -168,8 +168,9 @@ def search_lines(doc: Mapping[str, Any]) -> list[str]:
     w, o = _numbers(doc), _numbers(versus)
     gap = o["step_time_s"] / w["step_time_s"] - 1 if w["step_time_s"] else 0.0
     peak_o, peak_w = o["memory"]["peak_bytes_per_gpu"] / GiB, w["memory"]["peak_bytes_per_gpu"] / GiB
-    lines.append(f"  why cp={cp}" + (f" ({plan.get('cp_comm', 'p2p')})" if cp > 1 else "") + f": the {label} takes "
-                 f"{o['step_time_s']:.3f} s per step ({gap:+.1%}) and {peak_o:.2f} GiB per GPU "
+    head = f"cp={cp}" + (f" ({plan.get('cp_comm', 'p2p')})" if cp > 1 else "")
+    head = f"why {head}: the {label} takes" if gap >= 0 else f"{head} loses to the {label}, which takes"
+    lines.append(f"  {head} {o['step_time_s']:.3f} s per step ({gap:+.1%}) and {peak_o:.2f} GiB per GPU "
                  f"(this plan {w['step_time_s']:.3f} s, {peak_w:.2f} GiB)")
     lines += ["  " + line for line in compare(doc, versus, label=label)]
     return lines
@@ -234,5 +235,8 @@ def research(doc: Mapping[str, Any], *, top: int = 4) -> dict:
     same = lambda a: all(a["plan"].get(k) == plan.get(k) for k in CONFIG_KEYS)  # noqa: E731
     out = dict(doc)
     out["alternatives"] = [key_numbers(d) for d in found if not same(d)][:top]
-    out["search"] = dict(rec.best["search"])
+    search = dict(rec.best["search"])
+    if search.get("cp_versus") is not None and (rec.best["plan"].get("cp", 1) > 1) != (plan.get("cp", 1) > 1):
+        search["cp_versus"] = key_numbers(rec.best)     # the other cp class's best, seen from this plan
+    out["search"] = search
     return out

@@ -291,3 +291,18 @@ def test_memory_objective_compares_with_the_other_classes_fastest_plan():
     other = fast.fits & ((fast.arrays["cp"] > 1) == (versus["plan"]["cp"] > 1))
     # the other class's fastest even split, or its uneven re-split when that is faster
     assert versus["step_time_s"] <= float(fast.step_time_s[other].min()) * (1 + 1e-9)
+
+
+def test_explain_search_compares_a_given_plan_with_the_other_cp_class(tmp_path):
+    """`explain --search` on a plan from estimate (cp = 1): the comparison is with the best plan the search
+    found with cp > 1, seen from the given plan."""
+    path = tmp_path / "plan.json"
+    result = runner.invoke(app, ["estimate", "llama3-8b", "--hardware", "p5.48xlarge", "--gpus", "64", "--dp", "8",
+                                 "--tp", "8", "--seq", "16384", "--global-batch", "64", "--json"])
+    assert result.exit_code == 0, result.output
+    path.write_text(result.stdout)
+    result = runner.invoke(app, ["explain", str(path), "--search"])
+    assert result.exit_code == 0, result.output
+    assert "cp=1 loses to the best plan with cp > 1" in result.stdout
+    line = next(x for x in result.stdout.splitlines() if "best plan with cp > 1:" in x)
+    assert " cp=" in line
