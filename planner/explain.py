@@ -11,8 +11,8 @@ from typing import Any, Mapping
 
 GiB = 2 ** 30
 MEMORY_TERMS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
-CONFIG_KEYS = ("dp", "tp", "pp", "micro_batch", "num_microbatches", "schedule", "virtual_stages", "zero",
-               "recompute", "offload", "sequence_parallel", "placement", "stages", "ep", "expert_tp")
+CONFIG_KEYS = ("dp", "tp", "pp", "cp", "cp_comm", "ep", "expert_tp", "dp_shard", "micro_batch", "num_microbatches",
+               "schedule", "virtual_stages", "zero", "recompute", "offload", "sequence_parallel", "placement", "stages")
 CONFIG_DEFAULTS = {"ep": 1, "expert_tp": 1}
 """Values a plan written before a key existed has (no expert parallelism)."""
 
@@ -46,10 +46,15 @@ def _even(blocks: int, chunks: int):
 def describe_config(plan: Mapping[str, Any]) -> str:
     """One-line summary of a plan's parallel configuration."""
     sched = plan["schedule"] + (f"(v={plan['virtual_stages']})" if plan.get("virtual_stages", 1) > 1 else "")
-    text = (f"dp={plan['dp']} tp={plan['tp']} pp={plan['pp']} mb={plan['micro_batch']} "
-            f"x{plan.get('num_microbatches', '?')} {sched} zero={plan['zero']} recompute={plan['recompute']}")
+    text = f"dp={plan['dp']} tp={plan['tp']} pp={plan['pp']}"
+    if plan.get("cp", 1) > 1:
+        text += f" cp={plan['cp']}({plan.get('cp_comm', 'p2p')})"
     if plan.get("ep", 1) > 1 or plan.get("expert_tp", 1) > 1:
         text += f" ep={plan.get('ep', 1)} expert_tp={plan.get('expert_tp', 1)}"
+    text += (f" mb={plan['micro_batch']} x{plan.get('num_microbatches', '?')} {sched} zero={plan['zero']}"
+             f" recompute={plan['recompute']}")
+    if plan.get("dp_shard", 0) and plan["dp_shard"] != plan["dp"] and plan.get("zero", 0) >= 1:
+        text += f" dp_shard={plan['dp_shard']}"
     if plan.get("offload", "none") != "none":
         text += f" offload={plan['offload']}"
     if plan.get("sequence_parallel"):
@@ -169,6 +174,43 @@ def compare(winner: Mapping[str, Any], other: Mapping[str, Any], *, label: str =
     return lines
 
 
+def _values(name: str, values: list) -> str:
+    shown = ", ".join(map(str, values))
+    return f"{name} {shown} ({len(values)} value{'s' if len(values) != 1 else ''})"
+
+
+def search_lines(doc: Mapping[str, Any]) -> list[str]:
+    """What the search tried beyond dp x tp x pp (its `values_tried`: cp, cp_comm, dp_shard, ep) and why the
+    chosen context-parallel degree won: the plan compared with the best plan of the other cp class (cp = 1
+    when the winner has cp > 1), which the search stores as `cp_versus` (planner.search._cp_versus)."""
+    search = doc.get("search") or {}
+    tried = search.get("values_tried") or {}
+    lines = []
+    if tried:
+        parts = [_values(name, tried[name]) for name in ("cp", "cp_comm", "dp_shard", "ep") if name in tried]
+        lines.append("  tried " + "; ".join(parts) + " (dp_shard 0: shard over all dp ranks)")
+    versus = search.get("cp_versus")
+    if not versus:
+        return lines
+    plan = doc["plan"]
+    cp = plan.get("cp", 1)
+    if "plan" not in versus:
+        other = "cp = 1" if cp > 1 else "cp > 1"
+        lines.append(f"  cp={cp} because no plan with {other} fits: the leanest needs "
+                     f"{versus['needed_bytes'] / GiB:.2f} GiB of {versus['capacity_bytes'] / GiB:.2f} GiB")
+        return lines
+    label = "best plan at cp=1" if cp > 1 else "best plan with cp > 1"
+    w, o = _numbers(doc), _numbers(versus)
+    gap = o["step_time_s"] / w["step_time_s"] - 1 if w["step_time_s"] else 0.0
+    peak_o, peak_w = o["memory"]["peak_bytes_per_gpu"] / GiB, w["memory"]["peak_bytes_per_gpu"] / GiB
+    head = f"cp={cp}" + (f" ({plan.get('cp_comm', 'p2p')})" if cp > 1 else "")
+    head = f"why {head}: the {label} takes" if gap >= 0 else f"{head} loses to the {label}, which takes"
+    lines.append(f"  {head} {o['step_time_s']:.3f} s per step ({gap:+.1%}) and {peak_o:.2f} GiB per GPU "
+                 f"(this plan {w['step_time_s']:.3f} s, {peak_w:.2f} GiB)")
+    lines += ["  " + line for line in compare(doc, versus, label=label)]
+    return lines
+
+
 def explain_document(doc: Mapping[str, Any]) -> Explanation:
     """Explain a plan document (its stored alternatives, if any, are the runners-up)."""
     n = _numbers(doc)
@@ -191,6 +233,7 @@ def explain_document(doc: Mapping[str, Any]) -> Explanation:
             versus.append(f"  (searched {search.get('candidates_evaluated', '?'):,} candidates, "
                           f"{search.get('feasible', '?'):,} fit, in {search.get('seconds', 0):.2f} s, "
                           f"objective {search.get('objective', 'throughput')})")
+            versus += search_lines(doc)
     else:
         versus = ["  no runners-up stored in this plan (written by `estimate`); `planner explain --search` "
                   "re-runs the search and compares"]
@@ -228,5 +271,8 @@ def research(doc: Mapping[str, Any], *, top: int = 4) -> dict:
                          for k in CONFIG_KEYS)
     out = dict(doc)
     out["alternatives"] = [key_numbers(d) for d in found if not same(d)][:top]
-    out["search"] = dict(rec.best["search"])
+    search = dict(rec.best["search"])
+    if search.get("cp_versus") is not None and (rec.best["plan"].get("cp", 1) > 1) != (plan.get("cp", 1) > 1):
+        search["cp_versus"] = key_numbers(rec.best)     # the other cp class's best, seen from this plan
+    out["search"] = search
     return out

@@ -263,10 +263,28 @@ def expert_data_parallel(*, dp, tp, cp=1, ep=1, expert_tp=1):
     return int(n) if np.ndim(n) == 0 else n
 
 
-def expert_parallel_degrees(*, dp: int, tp: int, cp: int = 1, expert_tp: int = 1) -> list[int]:
-    """Every ep that expert_parallel_ok allows for these degrees (ascending)."""
+def ep_allowed(ep, *, dp, cp=1, tp=1, expert_tp=1, experts=None):
+    """The one expert-parallel rule with the model (ParallelConfig validates its degrees with
+    expert_parallel_ok; the search enumerates through here): expert_parallel_ok, and for a mixture-of-experts
+    model whole experts per rank (Megatron-Core asserts num_moe_experts % expert_model_parallel_size == 0).
+    Ints or numpy arrays."""
+    ok = np.asarray(expert_parallel_ok(dp=dp, tp=tp, cp=cp, ep=ep, expert_tp=expert_tp))
+    if experts is not None:
+        ok = ok & (np.asarray(experts) % np.asarray(ep) == 0)
+    return bool(ok) if np.ndim(ok) == 0 else ok
+
+
+def expert_parallel_degrees(*, dp: int, tp: int = 1, cp: int = 1, expert_tp: int = 1,
+                            experts: int | None = 0) -> list[int]:
+    """Every ep ep_allowed admits for these degrees (ascending): for a model with `experts` routed experts
+    the divisors of the experts it allows; [1] for a dense model (experts None); experts 0: every degree
+    the parallel-folding rule allows, whatever the model."""
+    if experts is None:
+        return [1]
     n = tp * cp * dp
-    return [e for e in range(1, n + 1) if n % (e * expert_tp) == 0]
+    top = experts or n
+    return [e for e in range(1, top + 1) if ep_allowed(e, dp=dp, cp=cp, tp=tp, expert_tp=expert_tp,
+                                                       experts=experts or None)]
 
 
 def default_placement(cp: int = 1, ep: int = 1) -> str:
