@@ -33,9 +33,10 @@ GlobalBatchOpt = Annotated[Optional[int], typer.Option("--global-batch", min=1, 
                                                        help="Sequences per optimizer step.")]
 MicroBatchOpt = Annotated[Optional[int], typer.Option("--micro-batch", min=1, max=MAX_GLOBAL_BATCH,
                                                       help="Sequences per micro-batch.")]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help="fp32, amp-bf16, amp-fp16 or bf16.")]
+PrecisionOpt = Annotated[str, typer.Option("--precision", help="fp32, amp-bf16, amp-fp16, bf16 or fp8.")]
 HwPrecisionOpt = Annotated[Optional[str], typer.Option(
-    "--precision", help="fp32, amp-bf16, amp-fp16 or bf16 (default: amp-bf16, or amp-fp16 on devices without bf16).")]
+    "--precision", help="fp32, amp-bf16, amp-fp16, bf16 or fp8 (FP8 GEMMs, BF16 elsewhere; devices with FP8 only) "
+                         "(default: amp-bf16, or amp-fp16 on devices without bf16).")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adamw or sgd.")]
 FrameworkOpt = Annotated[str, typer.Option(
     "--framework", help="Software stack the plan runs on: megatron (Megatron-LM / NeMo), torchtitan, fsdp (plain "
