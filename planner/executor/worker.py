@@ -21,6 +21,8 @@ import torch.distributed as dist
 
 from planner.executor import checkpoint
 from planner.executor.faults import LIVENESS_PERIOD_S, Heartbeat, bug, inject_fault
+from planner.executor.context import apply_cp, cp_shard
+from planner.executor.experts import apply_ep, expert_groups, is_routed_expert, new_groups
 from planner.executor.parallelize import (GradAllReduce, apply_ac, apply_ddp, apply_fsdp, apply_tp,
                                           build_device_mesh, build_schedule, build_stage_module,
                                           stage_block_counts, stage_ids)
@@ -64,11 +66,28 @@ class _Run:
         else:
             self.device = torch.device("cpu")
         self.mesh = build_device_mesh(self.cfg, spec.device_type)
-        self.coords = {name: self.mesh.get_local_rank(name) for name in self.mesh.mesh_dim_names}
+        self.coords = {"dp": self.mesh.dp.get_local_rank(), "pp": self.mesh.pp.get_local_rank(),
+                       "tp": self.mesh.tp.get_local_rank(), "cp": self.mesh.cp.get_local_rank()}
         self.heartbeat.beat("build")
         self._build()
-        keep = self.coords["dp"] == 0 and self.coords["tp"] == 0
-        self.recorder = Recorder(workdir, rank, keep, clean_name) if spec.verify else None
+        self.recorder = Recorder(workdir, rank, self._keeps, clean_name) if spec.verify else None
+
+    def _keeps(self, name: str) -> bool:
+        """Whether this rank is the one that reports `name`'s full gradient and final value: the first
+        rank of the ranks holding it (dp, cp and tp index 0 for a dense parameter; expert data-parallel
+        index 0 and tp index 0 for a routed expert's)."""
+        if is_routed_expert(name):
+            return self.expert_dp_rank == 0 and self.coords["tp"] == 0
+        return self.coords["dp"] == 0 and self.coords["cp"] == 0 and self.coords["tp"] == 0
+
+    def _expert_groups(self):
+        """This rank's ep group and expert data-parallel group (experts.expert_groups; collective)."""
+        layout = self.mesh.root.mesh.cpu().numpy()
+        pp_axis = self.mesh.root.mesh_dim_names.index("pp")
+        ep_rows, edp_rows = expert_groups(layout, pp_axis, self.cfg.ep)
+        ep_group, ep_rank, _ = new_groups(ep_rows, self.rank)
+        edp_group, edp_rank, edp_members = new_groups(edp_rows, self.rank)
+        return ep_group, ep_rank, edp_group, edp_rank, len(edp_members)
 
     def _build(self) -> None:
         spec, cfg = self.spec, self.cfg
@@ -79,25 +98,49 @@ class _Run:
         self.stage_ids = stage_ids(cfg, self.coords["pp"]) if cfg.pp > 1 else [0]
         num_stages = len(counts) if cfg.pp > 1 else 1
         self.parts: list[tuple[int, torch.nn.Module]] = []
-        self.grad_sync = None
-        dp_mesh, tp_mesh = self.mesh["dp"], self.mesh["tp"]
+        self.grad_syncs: list[GradAllReduce] = []
+        mesh = self.mesh
+        moe = spec.model.moe is not None
+        self.expert_dp_rank = 0
+        ep_group, ep_rank = None, 0
+        if moe:
+            ep_group, ep_rank, edp_group, self.expert_dp_rank, edp_size = self._expert_groups()
+            self.coords["ep"] = ep_rank
+        self.positions = None
+        replicas = mesh.grad_size                       # ranks whose mean loss makes the global loss
+        use_ddp = replicas > 1 and cfg.zero == 0 and cfg.tp == 1 and cfg.pp == 1 and cfg.ep == 1
+        dense, routed = [], []
         for sid in self.stage_ids:
             module = build_stage_module(full, counts, sid) if cfg.pp > 1 else full
             if spec.dtype == "bf16":
                 module = module.to(torch.bfloat16)
             module = module.to(self.device)
+            if moe:
+                routed += apply_ep(module, group=ep_group, ep=cfg.ep, ep_rank=ep_rank, bug=self.bug)
+            if cfg.cp > 1:
+                self.positions = apply_cp(module, mesh.cp, seq=cfg.seq, comm=cfg.cp_comm, bug=self.bug)
             if cfg.tp > 1:
-                apply_tp(module, tp_mesh, sequence_parallel=cfg.sequence_parallel, bug=self.bug)
+                apply_tp(module, mesh.tp, sequence_parallel=cfg.sequence_parallel, bug=self.bug)
             apply_ac(module, cfg.recompute)
-            if cfg.dp > 1 and cfg.zero > 0:
-                module = apply_fsdp(module, dp_mesh, zero=cfg.zero, offload_optimizer=spec.offload == "optimizer")
-            elif cfg.dp > 1 and cfg.tp == 1 and cfg.pp == 1:
-                module = apply_ddp(module, dp_mesh, device=self.device)
+            routed_ids = {id(p) for p in routed}
+            experts = [p for p in module.parameters() if id(p) in routed_ids] if cfg.ep > 1 else []
+            if replicas > 1 and cfg.zero > 0:
+                module = apply_fsdp(module, mesh.grad, zero=cfg.zero, ignored=experts,
+                                    offload_optimizer=spec.offload == "optimizer")
+            elif use_ddp:
+                module = apply_ddp(module, mesh.grad, device=self.device)
             self.parts.append((sid, module))
-        if cfg.dp > 1 and cfg.zero == 0 and (cfg.tp > 1 or cfg.pp > 1):
+            if not (replicas > 1 and cfg.zero > 0) and not use_ddp:
+                ids = {id(p) for p in experts}
+                dense += [p for p in module.parameters() if id(p) not in ids]
+        if dense and replicas > 1:
             # DDP takes no DTensor parameters, and its reducer asserts ("rebuilt parameter indices")
             # when torch.distributed.pipelining runs several micro-batch backwards: all-reduce after the step
-            self.grad_sync = GradAllReduce([m for _, m in self.parts], dp_mesh)
+            self.grad_syncs.append(GradAllReduce(dense, mesh.grad.get_group(), divide_by=replicas))
+        if cfg.ep > 1:
+            # a routed expert's gradient already sums its ep group's tokens (experts.py): sum over the
+            # expert data-parallel group, divide by the dp x cp ranks whose losses are averaged
+            self.grad_syncs.append(GradAllReduce(routed, edp_group if edp_size > 1 else None, divide_by=replicas))
         del full
         self.optimizers = [make_optimizer(m.parameters(), spec) for _, m in self.parts]
         self.has_first = 0 in self.stage_ids
@@ -106,7 +149,7 @@ class _Run:
         if cfg.pp > 1:
             from torch.distributed.pipelining import PipelineStage
 
-            group = self.mesh["pp"].get_group()
+            group = mesh.pp.get_group()
             stages = [PipelineStage(m, sid, num_stages, self.device, group=group) for sid, m in self.parts]
             self.schedule = build_schedule(cfg, stages, self._loss)
         self._first_target_ptr = None
@@ -144,6 +187,8 @@ class _Run:
                 sync = module.no_sync()
             if hasattr(module, "set_requires_gradient_sync"):
                 module.set_requires_gradient_sync(last)
+                if self.bug == "hsdp_skip_replica_reduce":   # planted: HSDP replicas never average their shards
+                    module.set_requires_all_reduce(False)
             offload = (torch.autograd.graph.save_on_cpu(pin_memory=True)
                        if self.spec.offload == "activations" else contextlib.nullcontext())
             with sync, offload:
@@ -181,11 +226,14 @@ class _Run:
             inject_fault(spec.fault, self.rank, step)
             tokens = dp_shard(synthetic_tokens(spec, step), cfg.dp, self.coords["dp"]).to(self.device)
             x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+            if self.positions is not None:       # context parallelism: this rank's chunks of every sequence
+                x, y = cp_shard(x, self.positions), cp_shard(y, self.positions)
             dist.barrier()
             t0 = time.perf_counter()
             local = self._step_pipeline(x, y) if self.schedule is not None else self._step_accumulate(x, y)
-            if self.grad_sync is not None and self.bug != "skip_dp_reduce":
-                self.grad_sync()
+            if self.bug != "skip_dp_reduce":
+                for sync in self.grad_syncs:
+                    sync()
             t_grad = time.perf_counter()
             if self.recorder is not None:
                 self.recorder.gradients(step, self.parts)
@@ -227,7 +275,8 @@ class _Run:
 
         out = {clean_name(name): full_tensor(p, copy=self.workdir is None)
                for _, module in self.parts for name, p in module.named_parameters()}
-        if not (self.coords["dp"] == 0 and self.coords["tp"] == 0):
+        out = {name: value for name, value in out.items() if self._keeps(name)}
+        if not out:
             return None
         if self.workdir is not None:
             path = Path(self.workdir) / f"params-r{self.rank}.pt"
