@@ -76,18 +76,60 @@ class _Run:
         """Whether this rank is the one that reports `name`'s full gradient and final value: the first
         rank of the ranks holding it (dp, cp and tp index 0 for a dense parameter; expert data-parallel
         index 0 and tp index 0 for a routed expert's)."""
-        if is_routed_expert(name):
+        if self.cfg.ep > 1 and is_routed_expert(name):
             return self.expert_dp_rank == 0 and self.coords["tp"] == 0
         return self.coords["dp"] == 0 and self.coords["cp"] == 0 and self.coords["tp"] == 0
 
-    def _expert_groups(self):
+    def _expert_groups(self) -> None:
         """This rank's ep group and expert data-parallel group (experts.expert_groups; collective)."""
+        self.ep_group, self.ep_rank, self.expert_dp_group, self.expert_dp_rank = None, 0, None, 0
+        if self.cfg.ep == 1:
+            return
         layout = self.mesh.root.mesh.cpu().numpy()
-        pp_axis = self.mesh.root.mesh_dim_names.index("pp")
-        ep_rows, edp_rows = expert_groups(layout, pp_axis, self.cfg.ep)
-        ep_group, ep_rank, _ = new_groups(ep_rows, self.rank)
-        edp_group, edp_rank, edp_members = new_groups(edp_rows, self.rank)
-        return ep_group, ep_rank, edp_group, edp_rank, len(edp_members)
+        ep_rows, edp_rows = expert_groups(layout, self.mesh.root.mesh_dim_names.index("pp"), self.cfg.ep)
+        self.ep_group, self.ep_rank, _ = new_groups(ep_rows, self.rank)
+        self.expert_dp_group, self.expert_dp_rank, _ = new_groups(edp_rows, self.rank)
+        self.coords["ep"] = self.ep_rank
+
+    def _parallelize(self, module: torch.nn.Module) -> tuple[torch.nn.Module, list]:
+        """The plan's parallelism on one stage module, in order EP -> CP -> TP -> AC -> DP; returns it
+        and the parameters whose gradients this rank reduces itself after the step (GradAllReduce):
+        (dense, routed experts)."""
+        spec, cfg, mesh = self.spec, self.cfg, self.mesh
+        if spec.dtype == "bf16":
+            module = module.to(torch.bfloat16)
+        module = module.to(self.device)
+        routed = []
+        if spec.model.moe is not None:
+            routed = apply_ep(module, group=self.ep_group, ep=cfg.ep, ep_rank=self.ep_rank, bug=self.bug)
+        if cfg.cp > 1:
+            self.positions = apply_cp(module, mesh.cp, seq=cfg.seq, comm=cfg.cp_comm, bug=self.bug)
+        if cfg.tp > 1:
+            apply_tp(module, mesh.tp, sequence_parallel=cfg.sequence_parallel, bug=self.bug)
+        apply_ac(module, cfg.recompute)
+        experts = routed if cfg.ep > 1 else []          # with ep = 1 experts are replicated like dense weights
+        replicas = mesh.grad_size
+        if replicas > 1 and cfg.zero > 0:
+            return apply_fsdp(module, mesh.grad, zero=cfg.zero, ignored=experts,
+                              offload_optimizer=spec.offload == "optimizer"), ([], experts)
+        if replicas > 1 and cfg.tp == 1 and cfg.pp == 1 and cfg.ep == 1:
+            return apply_ddp(module, mesh.grad, device=self.device), ([], [])
+        # DDP takes no DTensor parameters, and its reducer asserts ("rebuilt parameter indices") when
+        # torch.distributed.pipelining runs several micro-batch backwards: all-reduce after the step
+        ids = {id(p) for p in experts}
+        return module, ([p for p in module.parameters() if id(p) not in ids], experts)
+
+    def _gradient_reductions(self, dense: list, routed: list) -> list[GradAllReduce]:
+        """Dense gradients averaged over the dp x cp ranks; a routed expert's gradient, which already
+        sums its ep group's tokens (experts.py), summed over its expert data-parallel group and
+        divided by the same dp x cp (the ranks whose mean losses are averaged)."""
+        replicas = self.mesh.grad_size
+        out = []
+        if dense and replicas > 1:
+            out.append(GradAllReduce(dense, self.mesh.grad.get_group(), divide_by=replicas))
+        if routed:
+            out.append(GradAllReduce(routed, self.expert_dp_group, divide_by=replicas))
+        return out
 
     def _build(self) -> None:
         spec, cfg = self.spec, self.cfg
@@ -98,49 +140,16 @@ class _Run:
         self.stage_ids = stage_ids(cfg, self.coords["pp"]) if cfg.pp > 1 else [0]
         num_stages = len(counts) if cfg.pp > 1 else 1
         self.parts: list[tuple[int, torch.nn.Module]] = []
-        self.grad_syncs: list[GradAllReduce] = []
-        mesh = self.mesh
-        moe = spec.model.moe is not None
-        self.expert_dp_rank = 0
-        ep_group, ep_rank = None, 0
-        if moe:
-            ep_group, ep_rank, edp_group, self.expert_dp_rank, edp_size = self._expert_groups()
-            self.coords["ep"] = ep_rank
         self.positions = None
-        replicas = mesh.grad_size                       # ranks whose mean loss makes the global loss
-        use_ddp = replicas > 1 and cfg.zero == 0 and cfg.tp == 1 and cfg.pp == 1 and cfg.ep == 1
+        self._expert_groups()
         dense, routed = [], []
         for sid in self.stage_ids:
-            module = build_stage_module(full, counts, sid) if cfg.pp > 1 else full
-            if spec.dtype == "bf16":
-                module = module.to(torch.bfloat16)
-            module = module.to(self.device)
-            if moe:
-                routed += apply_ep(module, group=ep_group, ep=cfg.ep, ep_rank=ep_rank, bug=self.bug)
-            if cfg.cp > 1:
-                self.positions = apply_cp(module, mesh.cp, seq=cfg.seq, comm=cfg.cp_comm, bug=self.bug)
-            if cfg.tp > 1:
-                apply_tp(module, mesh.tp, sequence_parallel=cfg.sequence_parallel, bug=self.bug)
-            apply_ac(module, cfg.recompute)
-            routed_ids = {id(p) for p in routed}
-            experts = [p for p in module.parameters() if id(p) in routed_ids] if cfg.ep > 1 else []
-            if replicas > 1 and cfg.zero > 0:
-                module = apply_fsdp(module, mesh.grad, zero=cfg.zero, ignored=experts,
-                                    offload_optimizer=spec.offload == "optimizer")
-            elif use_ddp:
-                module = apply_ddp(module, mesh.grad, device=self.device)
+            module, (own_dense, own_routed) = self._parallelize(
+                build_stage_module(full, counts, sid) if cfg.pp > 1 else full)
             self.parts.append((sid, module))
-            if not (replicas > 1 and cfg.zero > 0) and not use_ddp:
-                ids = {id(p) for p in experts}
-                dense += [p for p in module.parameters() if id(p) not in ids]
-        if dense and replicas > 1:
-            # DDP takes no DTensor parameters, and its reducer asserts ("rebuilt parameter indices")
-            # when torch.distributed.pipelining runs several micro-batch backwards: all-reduce after the step
-            self.grad_syncs.append(GradAllReduce(dense, mesh.grad.get_group(), divide_by=replicas))
-        if cfg.ep > 1:
-            # a routed expert's gradient already sums its ep group's tokens (experts.py): sum over the
-            # expert data-parallel group, divide by the dp x cp ranks whose losses are averaged
-            self.grad_syncs.append(GradAllReduce(routed, edp_group if edp_size > 1 else None, divide_by=replicas))
+            dense += own_dense
+            routed += own_routed
+        self.grad_syncs = self._gradient_reductions(dense, routed)
         del full
         self.optimizers = [make_optimizer(m.parameters(), spec) for _, m in self.parts]
         self.has_first = 0 in self.stage_ids
@@ -149,7 +158,7 @@ class _Run:
         if cfg.pp > 1:
             from torch.distributed.pipelining import PipelineStage
 
-            group = mesh.pp.get_group()
+            group = self.mesh.pp.get_group()
             stages = [PipelineStage(m, sid, num_stages, self.device, group=group) for sid, m in self.parts]
             self.schedule = build_schedule(cfg, stages, self._loss)
         self._first_target_ptr = None
