@@ -277,9 +277,9 @@ class _Run:
 
     def full_params(self) -> dict | None:
         """Full fp32 parameters of this rank's stages (collective over each DTensor's mesh); kept
-        only by the dp-0/tp-0 rank of each stage: in WORKDIR/params-rRANK.pt when there is a work
-        directory (pickling hundreds of MB through gather_object costs more than the training steps
-        of a small model), else in the result."""
+        by the first rank holding each parameter (`_keeps`): in WORKDIR/params-rRANK.pt when there
+        is a work directory (pickling hundreds of MB through gather_object costs more than the
+        training steps of a small model), else in the result."""
         from planner.executor.record import full_tensor, save_atomic
 
         out = {clean_name(name): full_tensor(p, copy=self.workdir is None)
