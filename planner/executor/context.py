@@ -172,10 +172,9 @@ def context_parallel_core(q, k, v, *, group, cp: int, cp_rank: int, causal: bool
             scores = scores.masked_fill(order[None, :] > order[:, None], float("-inf"))
         out = torch.softmax(scores, dim=-1) @ v.float()
         return _ulysses_swap(out, group, cp, heads_to_seq=False).to(q.dtype)
-    k, v = _repeat_kv(k, heads), _repeat_kv(v, heads)
     ranks = [dist.get_global_rank(group, r) for r in range(cp)]
     width = k.shape[-1]
-    kv = torch.cat([k, v], dim=-1)                          # one exchange per step (d_k may differ from d_v)
+    kv = torch.cat([k, v], dim=-1)          # one exchange per step (d_k may differ from d_v), K/V heads only
     if comm == "all_gather":
         gathered = _AllGather.apply(kv, group)
         sources = list(range(cp))
@@ -189,7 +188,8 @@ def context_parallel_core(q, k, v, *, group, cp: int, cp_rank: int, causal: bool
             blocks_kv.append(block)
         if bug == "cp_drop_kv_block":       # planted: the last block to arrive around the ring is never used
             sources, blocks_kv = sources[:-1], blocks_kv[:-1]
-    blocks = [(b[..., :width], b[..., width:], chunk_ids(cp, src)) for src, b in zip(sources, blocks_kv)]
+    blocks = [(_repeat_kv(b[..., :width], heads), _repeat_kv(b[..., width:], heads), chunk_ids(cp, src))
+              for src, b in zip(sources, blocks_kv)]
     return _chunk_attention(q, blocks, chunk_ids(cp, cp_rank), causal=causal, scale=scale).to(q.dtype)
 
 
