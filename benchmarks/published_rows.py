@@ -74,7 +74,7 @@ def spec_of(row: dict):
     if row.get("model"):
         spec = get(row["model"])
         spec = spec.with_(seq=seq, max_positions=max(spec.max_positions, seq) if spec.position == "learned" else 0)
-        return spec.with_(**{k: v for k, v in (row.get("arch") or {}).items() if k in ARCH_KEYS})
+        return _token_drop(row, spec.with_(**{k: v for k, v in (row.get("arch") or {}).items() if k in ARCH_KEYS}))
     arch = {k: v for k, v in row["arch"].items() if k in ARCH_KEYS and v is not None}
     arch.setdefault("kv_heads", 0)
     if arch.get("position", "learned") == "learned":
@@ -82,9 +82,21 @@ def spec_of(row: dict):
     return TransformerSpec(name=row["id"], seq=seq, **arch)
 
 
+def _token_drop(row: dict, spec):
+    """A row that drops tokens (extras.token_drop) routes with a capacity factor: the row's, else 1.0 with
+    padding to capacity (NeMo's MegatronTokenDropCallback: moe_expert_capacity_factor 1.0,
+    moe_pad_expert_input_to_capacity)."""
+    extras = row.get("extras") or {}
+    if spec.moe is None or not extras.get("token_drop"):
+        return spec
+    from dataclasses import replace
+    return spec.with_(moe=replace(spec.moe, capacity_factor=float(extras.get("capacity_factor") or 1.0)))
+
+
 def config_of(row: dict):
     """The row's ParallelConfig: its degrees, batch, schedule, ZeRO (and shard group), recompute,
-    sequence parallelism, precision and framework; a placement the framework builds."""
+    sequence parallelism, precision and framework; a placement the framework builds. A micro-batch the
+    publication does not give (null; the DeepSeek-V3 report) is taken as 1 sequence."""
     from frameworks import load_framework
     from planner.parallel import ParallelConfig
 
@@ -98,23 +110,48 @@ def config_of(row: dict):
     placement = fw.capabilities.placements[0] if fw.capabilities.placements else "DPT"
     placement = "".join(a for a in placement if a in "DPT" or (a == "C" and cp > 1) or (a == "E" and ep > 1))
     offload = {"params": "optimizer"}.get(row.get("offload") or "none", row.get("offload") or "none")
-    cp_comm = (row.get("extras") or {}).get("cp_comm") or ((fw.capabilities.cp_comm or ("p2p",))[0])
+    extras = row.get("extras") or {}
+    cp_comm = extras.get("cp_comm") or ((fw.capabilities.cp_comm or ("p2p",))[0])
+    stages = ()
+    if extras.get("pipeline_embedding_and_loss_as_layers"):
+        # Megatron's account-for-embedding/loss layout: the first chunk holds the embedding alone, the last
+        # the loss alone, the blocks split evenly over the others
+        from planner.estimate import even_stages
+        stages = (0, *even_stages(spec_of(row).total_blocks, row["pp"] * v - 2), 0)
     return ParallelConfig(dp=dp, tp=row["tp"], pp=row["pp"], cp=cp, ep=ep, expert_tp=row.get("expert_tp") or 1,
                           dp_shard=0 if shard == dp else shard, zero=row.get("zero") or 0,
-                          micro_batch=row["micro_batch"], global_batch=row["global_batch"], schedule=schedule,
+                          micro_batch=row["micro_batch"] or 1, global_batch=row["global_batch"], schedule=schedule,
                           virtual_stages=v, recompute=row.get("recompute") or "none",
                           sequence_parallel=bool(row.get("sequence_parallel")) and row["tp"] > 1,
                           precision=row["precision"], offload=offload, placement=placement, seq=row["seq"],
-                          framework=row["framework"], cp_comm=cp_comm)
+                          framework=row["framework"], cp_comm=cp_comm, stages=stages)
+
+
+MOE_DISPATCHER = {"alltoall": "alltoall", "deepep": "deepep", "flex/deepep": "deepep", "flex/hybridep": "deepep"}
+"""A row's `extras.moe_dispatcher` in cost_models.moe's vocabulary (HybridEP is NVIDIA's DeepEP-compatible
+hierarchical dispatcher: same node-deduplicated traffic)."""
 
 
 def options_of(row: dict) -> dict:
     extras = row.get("extras") or {}
     out = {"attention": ATTENTION.get(row.get("attention")), "dropout": bool(extras.get("dropout", False))}
+    dispatcher = str(extras.get("moe_dispatcher") or "").lower()
+    if dispatcher in MOE_DISPATCHER:
+        out["moe_dispatcher"] = MOE_DISPATCHER[dispatcher]
+    if "moe_a2a_overlap" in extras:
+        out["moe_a2a_overlap"] = bool(extras["moe_a2a_overlap"])
+    if extras.get("moe_fp8_dispatch"):
+        out["moe_fp8_dispatch"] = True
+    if extras.get("kernels") in ("fused", "eager", "torch"):
+        out["kernels"] = extras["kernels"]
     if "overlap_grad_reduce" in extras:
         out["overlap_grad_reduce"] = bool(extras["overlap_grad_reduce"])
     if extras.get("grad_reduce_dtype") in ("bf16", "fp32"):
         out["grad_reduce_dtype"] = extras["grad_reduce_dtype"]
+    if "tp_comm_overlap" in extras or "async_tp" in extras:
+        out["tp_comm_overlap"] = bool(extras.get("tp_comm_overlap") or extras.get("async_tp"))
+    if row.get("compile"):
+        out["compile"] = True
     if extras.get("loss_fn") in LOSS:
         out["loss"] = LOSS[extras["loss_fn"]]
     return out

@@ -23,14 +23,18 @@ def _per_token(terms: B.Terms, tp, sp, s):
 
 
 def block_bytes(spec: TransformerSpec, b, s, *, precision: str = "amp-bf16", kernels: str = "fused",
-                flash: bool = True, dropout: bool = False, tp=1, sp=False, recompute: str = "none"):
-    """One block: everything (none), without the attention scores' core (selective), or only the block
-    input (full); replicated terms / (tp with SP), sharded / tp. Arrays broadcast."""
+                flash: bool = True, dropout: bool = False, tp=1, sp=False, recompute: str = "none",
+                selective: str = "attention"):
+    """One block: everything (none), without the attention scores' core (selective; with `selective='op'`
+    torchtitan's per-operator set, cost_models.blocks.op_sac), or only the block input (full);
+    replicated terms / (tp with SP), sharded / tp. Arrays broadcast."""
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, not {recompute!r}")
     table = B.block_table(spec, precision, kernels, flash=flash, dropout=dropout)
     if recompute == "full":
         terms = table.saved_full_recompute
+    elif recompute == "selective" and selective == "op" and spec.moe is None and spec.mla is None:
+        terms = B.op_sac(spec, precision, kernels).saved
     elif recompute == "selective":
         return (_per_token(table.saved, tp, sp, s) - _per_token(table.scores_saved, tp, sp, s)) * b * s
     else:

@@ -80,6 +80,17 @@ class BlockTable:
     """Operator launches of one block forward (host dispatch floor)."""
 
 
+def blend(mask, a: BlockTable, b: BlockTable) -> BlockTable:
+    """Per candidate, table `a` where `mask` else `b` (array-valued terms)."""
+    def pick(x: Terms, y: Terms) -> Terms:
+        return Terms(rep=np.where(mask, x.rep, y.rep), shard=np.where(mask, x.shard, y.shard),
+                     seq=np.where(mask, x.seq, y.seq))
+    return BlockTable(saved=pick(a.saved, b.saved), saved_full_recompute=pick(a.saved_full_recompute, b.saved_full_recompute),
+                      scores_saved=pick(a.scores_saved, b.scores_saved), traffic_fwd=pick(a.traffic_fwd, b.traffic_fwd),
+                      scores_traffic_fwd=pick(a.scores_traffic_fwd, b.scores_traffic_fwd),
+                      kernels_fwd=np.where(mask, a.kernels_fwd, b.kernels_fwd))
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HeadTable:
     """Per-token quantities of the output side (final norm, LM head, loss) on the last stage."""
@@ -202,6 +213,44 @@ def _torch_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout:
     return BlockTable(saved=Terms(rep=rep, shard=shard) + core, saved_full_recompute=Terms(rep=r * h),
                       scores_saved=core, traffic_fwd=ops.traffic_fwd + scores_traffic, scores_traffic_fwd=scores_traffic,
                       kernels_fwd=ops.kernels_fwd)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpSac:
+    """Selective recomputation by operator (torchtitan's `activation_checkpoint.mode = "selective"` with
+    `selective_ac_option = "op"`; torchtitan/models/llama3/infra/parallelize.py `_save_list`): inside each
+    checkpointed block the outputs of the attention kernel and of every other matmul are saved, all
+    else (the other matmuls, norms, rotary embedding, activation function) is recomputed."""
+
+    saved: Terms
+    """Per token: the block input, the kept matmul outputs, the attention output and log-sum-exp."""
+    gemm_fraction: float
+    """Share of the block's linear-layer forward FLOPs recomputed (the matmuls not saved)."""
+
+
+SELECTIVE_POLICIES = ("attention", "op")
+"""Selective recomputation: Megatron's attention core only (Korthikanti et al. 2022 Sec. 5), or torchtitan's
+per-operator policy (OpSac)."""
+
+
+def op_sac(spec: TransformerSpec, precision: str, kernels: str) -> OpSac:
+    """The matmuls of a block in call order, q, k, v, o, then w1, w3 (gated) and w2: torchtitan's policy
+    counts them and saves the odd ones (1st, 3rd, ...), so q, v, w1 and w2 (w2, w3 gated: the 7th and
+    5th) are saved and k, o and w3 recomputed; plus the SDPA output (a d c) and its fp32 log-sum-exp
+    (a 4), and the block input (r h). Terms: w2's output and the input replicated over tp, the rest
+    sharded. A mixture-of-experts or MLA block keeps the attention policy (no torchtitan MoE SAC)."""
+    c = compute_bytes(_torch_precision(precision) if kernels == "torch" else precision)
+    r = residual_bytes(precision, kernels)
+    h, f = spec.hidden, spec.d_ffn
+    linears = [("q", spec.attn_width, h), ("k", spec.kv_width, h), ("v", spec.kv_width, h),
+               ("o", h, spec.attn_width), ("w1", f, h)] + ([("w3", f, h)] if spec.gated_mlp else []) + [("w2", h, f)]
+    kept = [name for i, (name, _, _) in enumerate(linears) if i % 2 == 0]
+    flops = {name: out * k for name, out, k in linears}
+    recomputed = sum(v for name, v in flops.items() if name not in kept) / sum(flops.values())
+    out_bytes = {name: out * c for name, out, _ in linears}
+    rep = r * h + (out_bytes["w2"] if "w2" in kept else 0.0) + (out_bytes["o"] if "o" in kept else 0.0)
+    shard = sum(out_bytes[n] for n in kept if n not in ("w2", "o")) + spec.attn_width * c + 4.0 * spec.heads
+    return OpSac(saved=Terms(rep=rep, shard=shard), gemm_fraction=recomputed)
 
 
 def moe_mla_bytes_per_token(spec: TransformerSpec, c) -> tuple[dict, dict]:

@@ -130,10 +130,11 @@ def group_collective_seconds(kind: str, size_bytes, n, local, hw: HardwareProfil
     b_out = inter_bus_Bps_per_node(hw, kind) / hw.devices_per_node
     if kind == "alltoall":
         # no hierarchical trick: of the (n-1)/n of the buffer a rank sends, (local-1)/n stays on the
-        # fast links and (n-local)/n crosses the network
+        # fast links and (n-local)/n crosses the network; NCCL's all-to-all posts every peer's send and
+        # receive in one group, so the NVLink and the network transfers run at the same time
         inside = np.where(n > 1, (local - 1) / n * size / b_in + (local - 1) * a_in, 0.0)
         across = np.where(nodes > 1, (n - local) / n * size / b_out + (nodes - 1) * a_out, 0.0)
-        return inside + across
+        return np.maximum(inside, across)
     flat = {"allreduce": allreduce_seconds, "reduce_scatter": reduce_scatter_seconds,
             "allgather": allgather_seconds}[kind]
     inside = flat(size, local, b_in, a_in)
@@ -178,12 +179,37 @@ class TpSeconds:
 def tp_block_seconds(x) -> TpSeconds:
     """Megatron's f and g operators: 2 all-reduces of the b s h activation forward and 2 backward per
     block (Shoeybi et al. 2019, Sec. 3); with sequence parallelism a reduce-scatter + all-gather pair of
-    the same volume (Korthikanti et al. 2022, Sec. 4.2.2); full recomputation repeats the forward's."""
+    the same volume (Korthikanti et al. 2022, Sec. 4.2.2); full recomputation repeats the forward's. An
+    MoE block whose routed experts take the all-to-all path keeps only attention's pair (plus its shared
+    experts'): cost_models.moe.mlp_tp_pair; its exchanges are cost_models.moe.ep_block_seconds."""
     from cost_models.compute import recompute_passes
+    from cost_models.moe import mlp_tp_pair
 
     ar = group_collective_seconds("allreduce", x.tokens * x.spec.hidden * x.c, x.tp, x.local["T"], x.hw)
-    return TpSeconds(allreduce=ar, fwd=2.0 * ar, bwd=2.0 * ar,
-                     recompute=np.where(x.full, 2.0 * ar, 0.0) * recompute_passes(x))
+    pairs = 1.0 + mlp_tp_pair(x)
+    return TpSeconds(allreduce=ar, fwd=pairs * ar, bwd=pairs * ar,
+                     recompute=np.where(x.full, pairs * ar, 0.0) * recompute_passes(x))
+
+
+def tp_exposed_seconds(x, tp: TpSeconds, block) -> np.ndarray:
+    """Tensor-parallel communication a block adds to its time. Without overlap all of it. With the
+    collectives split into chunks that run beside the GEMMs they feed and drain (Megatron-Core's
+    tp_comm_overlap through Transformer Engine's userbuffers; torch's async TP; Wang et al. 2023,
+    "Overlap communication with dependent computation via decomposition"), per pass only what exceeds
+    that pass's GEMM time shows, and the hidden part still costs `overlap_interference` of its time:
+        exposed = sum over fwd, bwd, recompute of  max(0, C - G) + i min(C, G)."""
+    from cost_models.compute import eff, recompute_passes
+
+    if not x.sw.tp_comm_overlap:
+        return tp.total
+    interference = eff(x.hw, "overlap_interference")
+
+    def shown(comm, gemm):
+        hidden = np.minimum(comm, gemm)
+        return comm - hidden + interference * hidden
+
+    rec_gemm = np.where(x.full, block.gemm_fwd, 0.0) * recompute_passes(x)
+    return shown(tp.fwd, block.gemm_fwd) + shown(tp.bwd, block.gemm_bwd) + shown(tp.recompute, rec_gemm)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -252,6 +278,26 @@ def pp_p2p_seconds(x):
     return p2p_transfers_on_critical_path(x.pp, x.m, x.v) * hop
 
 
+def _reduction_seconds(x, params, group, shard, local_group, local_shard, local_replicas):
+    """(all-reduce or its sharded equivalent, reduce-scatter, all-gather) seconds of one parameter set
+    reduced over `group` ranks and ZeRO-sharded over `shard` of them (hybrid sharding: reduce-scatter and
+    all-gather inside the shard group, all-reduce of each shard over the group / shard replicas)."""
+    s = x.sw.state_bytes(x.precision)
+    grad_bytes = params * s.reduce
+    replicas = group / shard
+    allreduce = group_collective_seconds("allreduce", grad_bytes, group, local_group, x.hw)
+    rs = group_collective_seconds("reduce_scatter", grad_bytes, shard, local_shard, x.hw)
+    gather = group_collective_seconds("allgather", params * s.gather, shard, local_shard, x.hw)
+    # hybrid sharding (HSDP, MiCS, Megatron's distributed-optimizer instances): reduce-scatter and
+    # all-gather inside the shard group, then all-reduce each shard over the replicas
+    across = group_collective_seconds("allreduce", grad_bytes / shard, replicas, local_replicas, x.hw)
+    hybrid = (replicas > 1) & (x.zero >= 1)
+    sharded_reduce = rs + np.where(hybrid, across, 0.0)
+    allreduce = np.where(hybrid, sharded_reduce + gather, allreduce)
+    some = np.asarray(params) > 0          # no parameters in the set (a dense model's experts): no collective
+    return tuple(np.where(some, t, 0.0) for t in (allreduce, sharded_reduce, gather))
+
+
 def dp_comm_seconds(x, params_rank, last_backward_s, compute_s):
     """Exposed data-parallel / ZeRO communication per step (Rajbhandari et al. 2020, Sec. 7):
     - ZeRO 0-2: the gradients' all-reduce volume once per step (RS + AG for 1-2), bucket by bucket
@@ -260,25 +306,22 @@ def dp_comm_seconds(x, params_rank, last_backward_s, compute_s):
       (m - 1 extra, each under its own backward).
     - ZeRO-3: per micro-batch all-gather of the parameters forward and backward and reduce-scatter of
       the gradients, hidden under the m micro-batches' compute (`compute_s`) except the last bucket.
+    `params_rank` is a cost_models.moe.RankParams: the dense parameters reduce over dp x cp and shard
+    over the shard group, the routed experts over the expert data-parallel group tp cp dp / (ep
+    expert_tp) (Megatron-Core's expert data-parallel group; its distributed optimizer shards expert
+    states over it), and both reductions run in the same backward.
     Without overlap (framework or run) everything is exposed. Hidden traffic still costs
     `overlap_interference` of its time (NCCL takes SMs and memory bandwidth). Tied embeddings split
     over a pipeline add their first/last-stage gradient all-reduce after the backward."""
     from cost_models.compute import eff
 
     s = x.sw.state_bytes(x.precision)
-    grad_bytes = params_rank * s.reduce
-    group, shard = x.grad_group, x.shard_group
-    replicas = group / shard
-    allreduce = group_collective_seconds("allreduce", grad_bytes, group, x.local["DC"], x.hw)
-    rs = group_collective_seconds("reduce_scatter", grad_bytes, shard, x.local["S"], x.hw)
-    gather = group_collective_seconds("allgather", params_rank * s.gather, shard, x.local["S"], x.hw)
-    # hybrid sharding (HSDP, MiCS, Megatron's distributed-optimizer instances): reduce-scatter and
-    # all-gather inside the shard group, then all-reduce each shard over the replicas
-    across = group_collective_seconds("allreduce", grad_bytes / shard, replicas, x.local["R"], x.hw)
-    hybrid = (replicas > 1) & (x.zero >= 1)
-    sharded_reduce = rs + np.where(hybrid, across, 0.0)
-    allreduce = np.where(hybrid, sharded_reduce + gather, allreduce)
-    rs = sharded_reduce
+    grad_bytes = params_rank.total * s.reduce
+    group = x.grad_group
+    dense = _reduction_seconds(x, params_rank.dense, group, x.shard_group, x.local["DC"], x.local["S"], x.local["R"])
+    expert = _reduction_seconds(x, params_rank.expert, x.expert_dp, x.expert_shard_group, x.local["ED"],
+                                x.local["ES"], x.local["ER"])
+    allreduce, rs, gather = (d + e for d, e in zip(dense, expert))
     tail = np.minimum(1.0, DDP_BUCKET_BYTES / np.maximum(grad_bytes, 1.0))
     overlap = x.sw.overlap_grad_reduce
 
@@ -293,7 +336,7 @@ def dp_comm_seconds(x, params_rank, last_backward_s, compute_s):
                   else x.m * rs + np.maximum(0.0, x.m * 2.0 * gather - compute_s))
     total = np.where(x.zero >= 3, z3_total, low_total)
     shown = np.where(x.zero >= 3, z3_exposed, low_exposed)
-    out = np.where(group > 1, shown + eff(x.hw, "overlap_interference") * (total - shown), 0.0)
+    out = shown + eff(x.hw, "overlap_interference") * (total - shown)
     if x.spec.tied_embeddings:
         tied = tied_embedding_sync_seconds(x.spec.vocab, x.spec.hidden, x.tp, s.reduce, x.local["P"] >= x.pp, x.hw)
         out = out + np.where(x.pp > 1, tied, 0.0)

@@ -66,9 +66,10 @@ def memory_Bps(hw: HardwareProfile) -> float:
 
 
 def gemm_efficiency_max(hw: HardwareProfile, precision: str) -> float:
-    """Large-GEMM fraction of peak: tensor cores (fp16/bf16), or the SIMT fp32 units when TF32 is off
-    (a different unit, its own parameter)."""
-    return eff(hw, "gemm_efficiency_max_fp32" if precision == "fp32" else "gemm_efficiency_max")
+    """Large-GEMM fraction of peak: tensor cores (fp16/bf16; FP8 has its own parameter), or the SIMT fp32
+    units when TF32 is off (a different unit, its own parameter)."""
+    key = {"fp32": "gemm_efficiency_max_fp32", "fp8": "gemm_efficiency_max_fp8"}.get(precision, "gemm_efficiency_max")
+    return eff(hw, key)
 
 
 def gemm_seconds(m, n, k, batch=1, *, hw: HardwareProfile, precision: str, elem_bytes: float = 2.0):
@@ -175,6 +176,11 @@ class BlockSeconds:
     recompute: np.ndarray
     """Forward work re-run in the backward: selective = attention core, full = the whole forward
     (times the extra passes of zero-bubble schedules that recompute more than once)."""
+    expert_fwd: np.ndarray | float = 0.0
+    """Part of gemm_fwd spent in an MoE block's routed-expert GEMMs (the expert FFN compute that
+    Megatron-Core's expert-parallel overlap runs the exchanges beside; cost_models.moe)."""
+    expert_bwd: np.ndarray | float = 0.0
+    """Part of gemm_bwd spent in the routed-expert GEMMs."""
 
     @property
     def fwd(self):
@@ -199,7 +205,8 @@ def recompute_passes(x) -> np.ndarray:
 
 def block_seconds(x) -> BlockSeconds:
     """Per block and micro-batch: the GEMMs of Megatron's column/row split (cost_models.flops.
-    block_gemm_shapes; backward = data + weight gradients, Narayanan et al. 2021 Sec. 5.1), attention
+    block_gemm_shapes; backward = data + weight gradients, Narayanan et al. 2021 Sec. 5.1; an MoE block's
+    routed experts as the busiest rank's grouped GEMMs, cost_models.moe.expert_gemm_shapes), attention
     (a flash kernel, or QK^T and AV as batched GEMMs when unfused), memory-bound kernels as bytes
     streamed / bandwidth (cost_models.blocks tables; backward streams BWD_TRAFFIC_FACTOR x), and
     recomputation (Korthikanti et al. 2022 Sec. 5: selective re-runs the attention core, full the forward)."""
@@ -208,10 +215,14 @@ def block_seconds(x) -> BlockSeconds:
 
     linear_kw = dict(hw=x.hw, precision=x.precision, elem_bytes=x.c)
     core_kw = dict(hw=x.hw, precision=x.attention_precision, elem_bytes=x.c)
-    gemm_f = gemm_b = attn_f = attn_b = cast_f = cast_b = 0.0
+    gemm_f = gemm_b = attn_f = attn_b = cast_f = cast_b = expert_f = expert_b = 0.0
     s_local = x.seq / x.cp
     cast = fp8_cast_bytes(x)
-    for g in block_gemm_shapes(x.spec, x.b, s_local, tp=x.tp):
+    shapes = block_gemm_shapes(x.spec, x.b, s_local, tp=x.tp)
+    if x.spec.moe is not None:    # routed experts as the busiest rank's grouped GEMMs under expert parallelism
+        from cost_models.moe import expert_gemm_shapes
+        shapes = [g for g in shapes if not g.name.startswith("experts_")] + expert_gemm_shapes(x)
+    for g in shapes:
         core = g.name in ("qk", "av")
         if core and x.attn_kernel != "math":
             continue
@@ -223,6 +234,8 @@ def block_seconds(x) -> BlockSeconds:
         else:
             f_, b_ = gemm_fwd_bwd_seconds(g.m, g.n, g.k, g.batch, **linear_kw)
             gemm_f, gemm_b = gemm_f + f_, gemm_b + b_
+            if g.name.startswith("experts_"):
+                expert_f, expert_b = expert_f + f_, expert_b + b_
             cast_f = cast_f + cast * (g.m * g.k + g.k * g.n) * g.batch
             cast_b = cast_b + cast * g.m * g.n * g.batch
     if x.attn_kernel != "math":
@@ -232,11 +245,19 @@ def block_seconds(x) -> BlockSeconds:
     bw = memory_Bps(x.hw)
     gemm_f, gemm_b = gemm_f + cast_f / bw, gemm_b + cast_b / bw
     elem_f = x.per_token(x.table.traffic_fwd) * x.tokens / bw
+    if x.spec.moe is not None:    # the received tokens regrouped by local expert (cost_models.moe)
+        from cost_models.moe import permute_bytes_fwd
+        elem_f = elem_f + permute_bytes_fwd(x) / bw
     scores_f = x.per_token(x.table.scores_traffic_fwd) * x.tokens / bw
     layer_f = gemm_f + attn_f + elem_f
-    rec = np.select([x.full, x.selective], [layer_f, attn_f + scores_f], 0.0) * recompute_passes(x)
-    return BlockSeconds(gemm_fwd=gemm_f, gemm_bwd=gemm_b, attn_fwd=attn_f, attn_bwd=attn_b, elem_fwd=elem_f,
-                        elem_bwd=BWD_TRAFFIC_FACTOR * elem_f, scores_fwd=scores_f, recompute=rec)
+    # selective: the attention core again (Megatron), or the matmuls and memory-bound ops torchtitan's
+    # per-operator policy did not save (Step.sac)
+    selective = attn_f + scores_f if x.sac is None else x.sac.gemm_fraction * gemm_f + elem_f
+    rec = np.select([x.full, x.selective], [layer_f, selective], 0.0) * recompute_passes(x)
+    k = 1.0 / x.sw.framework.compute_efficiency     # the stack's gaps around its kernels (frameworks)
+    return BlockSeconds(gemm_fwd=k * gemm_f, gemm_bwd=k * gemm_b, attn_fwd=k * attn_f, attn_bwd=k * attn_b,
+                        elem_fwd=k * elem_f, elem_bwd=k * BWD_TRAFFIC_FACTOR * elem_f, scores_fwd=k * scores_f,
+                        recompute=k * rec, expert_fwd=k * expert_f, expert_bwd=k * expert_b)
 
 
 def head_seconds(x):
@@ -245,7 +266,8 @@ def head_seconds(x):
     memory-bound work (cost_models.blocks.head_table)."""
     f_, b_ = gemm_fwd_bwd_seconds(x.tokens, x.spec.vocab / x.tp, x.spec.hidden, hw=x.hw,
                                   precision=x.attention_precision, elem_bytes=x.c)
-    return f_ + b_ + (x.per_token(x.head.traffic_fwd) + x.per_token(x.head.traffic_bwd)) * x.tokens / memory_Bps(x.hw)
+    memory_bound = (x.per_token(x.head.traffic_fwd) + x.per_token(x.head.traffic_bwd)) * x.tokens / memory_Bps(x.hw)
+    return (f_ + b_ + memory_bound) / x.sw.framework.compute_efficiency
 
 
 def embedding_seconds(x, tp_allreduce_s):
@@ -285,10 +307,14 @@ def optimizer_step_bytes_per_param(states, optimizer: str) -> float:
 
 def optimizer_step_seconds(x, params_rank):
     """The optimizer step of the parameters this rank owns (/dp from ZeRO-1), memory bound; with
-    optimizer offload the host's: gradients down, parameters up over PCIe plus CPU Adam (ZeRO-Offload)."""
+    optimizer offload the host's: gradients down, parameters up over PCIe plus CPU Adam (ZeRO-Offload).
+    `params_rank` is a cost_models.moe.RankParams: ZeRO shards the dense parameters over the shard group
+    and the routed experts over their expert data-parallel shard group (Megatron-Core's distributed
+    optimizer)."""
     from cost_models.offload import optimizer_offload_seconds
 
-    updated = np.where(x.zero >= 1, params_rank / x.shard_group, params_rank)
+    updated = np.where(x.zero >= 1, params_rank.dense / x.shard_group + params_rank.expert / x.expert_shard_group,
+                       params_rank.total)
     states = x.sw.state_bytes(x.precision)
     on_device = memory_bound_seconds(updated * optimizer_step_bytes_per_param(states, x.optimizer), x.hw)
     return np.where(x.is_offload("optimizer"), optimizer_offload_seconds(updated, states.grad, x.hw), on_device)

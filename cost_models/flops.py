@@ -214,12 +214,13 @@ def head_flops_fwd(spec: TransformerSpec, b, s):
 
 
 def block_recompute_flops(spec: TransformerSpec, b, s, recompute: str, *, flash: bool = True,
-                          early_stop: bool = True):
+                          early_stop: bool = True, selective: str = "attention"):
     """Extra forward FLOPs per block spent in the backward pass by activation recomputation.
 
     - none: 0.
     - selective (Korthikanti et al. 2022, Sec. 5: checkpoint the attention core only): the core's
-      forward (4 b s^2 a d) is run again.
+      forward (4 b s^2 a d) is run again; `selective='op'` (torchtitan's per-operator policy,
+      cost_models.blocks.op_sac): the linear layers it did not save.
     - full (checkpoint every block): the block's forward again, minus its last GEMM (W_2) when
       non-reentrant checkpointing stops recomputing once every saved tensor is back
       (torch.utils.checkpoint early stop; docs/executor-notes.md measured +22% rather than +33%).
@@ -227,6 +228,10 @@ def block_recompute_flops(spec: TransformerSpec, b, s, recompute: str, *, flash:
     """
     if recompute == "none":
         return 0 * b * s
+    if recompute == "selective" and selective == "op" and spec.moe is None and spec.mla is None:
+        from cost_models.blocks import op_sac       # torchtitan: the matmuls its policy did not save
+        linear = sum(2.0 * g.m * g.n * g.k * g.batch for g in block_gemm_shapes(spec, b, s) if g.name not in ("qk", "av"))
+        return op_sac(spec, "amp-bf16", "torch").gemm_fraction * linear
     if recompute == "selective":
         return attention_core_flops_fwd(spec, b, s)
     if recompute == "full":

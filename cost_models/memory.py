@@ -90,14 +90,15 @@ class ActivationBytes:
 def activation_bytes(x) -> ActivationBytes:
     """Korthikanti et al. 2022, Sec. 4-5 as generalized in cost_models.blocks: per token, replicated
     terms / (tp with SP) + sharded terms / tp + scores s / tp, times b s tokens; selective recompute
-    drops the attention scores, full keeps the block input only."""
+    drops the attention scores (or keeps torchtitan's per-operator set, Step.sac), full keeps the block
+    input only."""
     from cost_models import blocks as B
     from cost_models.pipeline import inflight_microbatches_last_stage
     from planner.parallel import SCHEDULES
 
     full_block = x.per_token(x.table.saved)
-    kept = np.select([x.full, x.selective], [x.per_token(x.table.saved_full_recompute),
-                                             full_block - x.per_token(x.table.scores_saved)], full_block)
+    selective = full_block - x.per_token(x.table.scores_saved) if x.sac is None else x.per_token(x.sac.saved)
+    kept = np.select([x.full, x.selective], [x.per_token(x.table.saved_full_recompute), selective], full_block)
     return ActivationBytes(
         block=kept * x.tokens, block_no_recompute=full_block * x.tokens,
         embedding=x.per_token(B.embedding_saved(x.spec, x.precision, dropout=x.sw.dropout)) * x.tokens,
@@ -133,38 +134,52 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     use and the one prefetched; Rajbhandari et al. 2020 Sec. 5), activations of the micro-batches the
     schedule keeps in flight (cost_models.pipeline.inflight_microbatches), the embedding on rank 0, the
     head, logits and loss on the last rank, the autocast weight cache, DDP's bucket copy of the
-    gradients, and offloaded activations limited to what the host can take (`host_room`)."""
-    from cost_models import params as P
+    gradients, and offloaded activations limited to what the host can take (`host_room`). The routed
+    experts of an MoE model are sharded over ep x expert_tp and ZeRO-sharded over their expert
+    data-parallel group (cost_models.moe.rank_params; Megatron-Core's expert parallelism)."""
     from cost_models.pipeline import inflight_microbatches
     from hardware_profiles.efficiency import efficiency
     from planner.parallel import SCHEDULES
 
+    from cost_models import moe as MO
+
     spec, fw, tp, zero = x.spec, x.sw.framework, x.tp, x.zero
     dp = x.shard_group          # ZeRO shards over dp x cp, or the hybrid shard group
+    edp = x.expert_shard_group  # ... and the routed experts over their expert data-parallel shard group
     is_first, is_last = np.asarray(rank) == 0, np.asarray(rank) == x.pp - 1
-    n_params = P.rank_params(spec, tp, n_blocks, is_first, is_last)
+    split = MO.rank_params(x, n_blocks, is_first, is_last)
+    n_params = split.total
     pb, gb, ob = state_bytes_per_param(x.sw, x.precision, x.optimizer)
+
+    def sharded(bytes_per_param, from_stage):
+        return zero_sharded(split.dense * bytes_per_param, dp, zero, from_stage) \
+            + zero_sharded(split.expert * bytes_per_param, edp, zero, from_stage)
+
     inflight = inflight_microbatches(x.schedule, x.pp, x.m, x.v, rank, SCHEDULES)
     held = inflight * (n_blocks * acts.block + np.where(is_first, acts.embedding, 0.0)) \
         + np.where(is_last, acts.head_inflight * acts.head, 0.0)
     kept = 2 * acts.block_no_recompute + np.where(is_last, acts.head, 0.0)
     held = np.where(x.is_offload("activations"), np.maximum(np.minimum(held, kept), held - host_room), held)
-    block_p = P.block_params(spec) / tp
+    block_dense, block_expert = MO.block_params_on_rank(x)
     gather_bytes = x.sw.state_bytes(x.precision).gather     # FSDP gathers the 16-bit copy (param_dtype)
-    zero3_live = np.where(zero >= 3, np.minimum(2.0, n_blocks) * block_p * gather_bytes * (1.0 - 1.0 / dp), 0.0)
-    # FP8 recipes that keep FP8 copies of the linear weights for the step (frameworks: fp8_weight_cache_bytes)
-    fp8_copies = (n_blocks * P.block_matmul_weights(spec) / tp * fw.fp8_weight_cache_bytes) if x.precision == "fp8" else 0.0
-    params_b = zero_sharded(n_params * pb, dp, zero, 3) + zero3_live + fp8_copies
-    grads_b = zero_sharded(n_params * gb, dp, zero, 2)
+    gathered = block_dense * (1.0 - 1.0 / dp) + block_expert * (1.0 - 1.0 / edp)
+    zero3_live = np.where(zero >= 3, np.minimum(2.0, n_blocks) * gathered * gather_bytes, 0.0)
+    # FP8 recipes that keep FP8 copies of the linear weights for the step (frameworks: fp8_weight_cache_bytes):
+    # every stored GEMM weight of the rank, all its local experts included; sharded with the parameters
+    # under ZeRO-3 (FSDP keeps them per shard)
+    fp8_copies = zero_sharded(n_blocks * MO.block_weights_on_rank(x) * fw.fp8_weight_cache_bytes, dp, zero, 3) \
+        if x.precision == "fp8" else 0.0
+    params_b = sharded(pb, 3) + zero3_live + fp8_copies
+    grads_b = sharded(gb, 2)
     buckets = np.where(fw.grad_bucket_copy & (zero == 0) & (x.grad_group > 1), n_params * gb, 0.0)
-    opt_b = np.where(x.is_offload("optimizer"), 0.0, zero_sharded(n_params * ob, dp, zero, 1))
+    opt_b = np.where(x.is_offload("optimizer"), 0.0, sharded(ob, 1))
     head_w = spec.vocab * spec.hidden / tp
     # torch.autocast caches the 16-bit cast of each fp32 GEMM weight for the forward. Under FSDP's mixed
     # precision (ZeRO >= 2 gathering 16-bit copies: MixedPrecision(param_dtype=bf16), as Composer's DEFAULT,
     # fms-fsdp and Accelerate's bf16 FSDP set it) the forward sees bf16 weights and nothing is cast.
     cache = (fw.autocast_weight_cache and x.precision.startswith("amp")) & ~((zero >= 2) & (gather_bytes < 4))
     cache_head = np.where(is_last, head_w, 0.0) * 2.0 * cache
-    cache_all = (n_blocks * P.block_stored_matmul_weights(spec) / tp) * 2.0 * cache + cache_head
+    cache_all = (n_blocks * MO.block_weights_on_rank(x)) * 2.0 * cache + cache_head
     tied_grad = head_w * 4.0 if x.c == 2 and x.precision != "bf16" else head_w * gb * 2.0
     peak, acts_b, other = peak_bytes(
         params=params_b, grads=grads_b + buckets, optimizer=opt_b,

@@ -34,19 +34,51 @@ class Software:
     says otherwise, e.g. Megatron-LM 2021-22's local DDP)."""
     loss: str = "upcast"
     """Cross-entropy implementation (frameworks.LOSS_KERNELS): the framework's unless a run says otherwise."""
+    tp_comm_overlap: bool = False
+    """Tensor-parallel collectives overlapped with the GEMMs (the framework's default unless a run says
+    otherwise: NeMo's tp_comm_overlap, torchtitan's async TP)."""
+    compile: bool = False
+    """torch.compile on the blocks: Inductor fuses the memory-bound operator chains (norms, rotary
+    embedding, activation, residual adds) as Megatron's hand-fused kernels do, so the block streams the
+    fused table's bytes and launches its kernel count (Ansel et al. 2024, "PyTorch 2", Sec. 4-6);
+    what autograd saves is left as the framework's table says."""
     grad_reduce_dtype: str | None = None
     """'bf16' or 'fp32': the dtype gradients are kept and reduced in, when a run sets it (NVIDIA's NeMo 1.x
     recipes with Apex's distributed fused Adam: bf16; Megatron-LM's default for bf16: fp32); None: the
     framework profile's state_bytes."""
+    moe_dispatcher: str = "alltoall"
+    """How tokens reach experts on other ranks (frameworks.MOE_DISPATCHERS): alltoall (NCCL) or deepep
+    (hierarchical, node-deduplicated); the framework's default unless a run says (cost_models.moe)."""
+    moe_a2a_overlap: bool = False
+    """Expert-parallel exchanges run beside another micro-batch's compute (Megatron-Core
+    --overlap-moe-expert-parallel-comm, DeepSeek DualPipe); the framework's default unless a run says."""
+    moe_imbalance: float | None = None
+    """Busiest rank's routed tokens over the mean (>= 1); None: cost_models.moe.DEFAULT_IMBALANCE."""
+    moe_fp8_dispatch: bool = False
+    """Tokens dispatched in FP8 under an FP8 recipe (DeepSeek-V3 Sec. 3.3.2, DeepEP); combine in 16 bits."""
 
     @classmethod
     def of(cls, framework: FrameworkProfile, *, attention: str | None = None, dropout: bool = False,
            overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None,
-           loss: str | None = None) -> "Software":
+           loss: str | None = None, tp_comm_overlap: bool | None = None, compile: bool = False,
+           moe_dispatcher: str | None = None, moe_a2a_overlap: bool | None = None,
+           moe_imbalance: float | None = None, moe_fp8_dispatch: bool = False) -> "Software":
         return cls(framework=framework, attention=attention or framework.attention, dropout=bool(dropout),
                    loss=loss or framework.loss,
+                   tp_comm_overlap=framework.tp_comm_overlap if tp_comm_overlap is None else bool(tp_comm_overlap),
+                   compile=bool(compile),
                    overlap_grad_reduce=framework.overlap_grad_reduce if overlap_grad_reduce is None
-                   else bool(overlap_grad_reduce), grad_reduce_dtype=grad_reduce_dtype)
+                   else bool(overlap_grad_reduce), grad_reduce_dtype=grad_reduce_dtype,
+                   moe_dispatcher=moe_dispatcher or framework.moe_dispatcher,
+                   moe_a2a_overlap=framework.moe_a2a_overlap if moe_a2a_overlap is None else bool(moe_a2a_overlap),
+                   moe_imbalance=moe_imbalance, moe_fp8_dispatch=bool(moe_fp8_dispatch))
+
+    @property
+    def imbalance(self) -> float:
+        """The routed-token imbalance this run is costed with (moe_imbalance or the documented default)."""
+        from cost_models.moe import DEFAULT_IMBALANCE
+
+        return DEFAULT_IMBALANCE if self.moe_imbalance is None else float(self.moe_imbalance)
 
     def state_bytes(self, precision: str):
         """The framework's bytes per parameter for `precision` (frameworks.StateBytes) with the run's
@@ -86,6 +118,45 @@ def attention_kernel(attention: str, precision: str, spec: TransformerSpec) -> s
     return attention
 
 
+def activation_precision(sw: Software, precision: str, zero: int) -> str:
+    """The precision whose block table describes the activations: 'bf16' for eager modules under
+    torch.autocast whose parameters FSDP's mixed precision gathers in 16 bits (ZeRO >= 2 with a 16-bit
+    gather), else `precision` (block_table_of; the profile and the stage partitioner call this too)."""
+    if sw.framework.kernels == "eager" and precision.startswith("amp") and zero >= 2 \
+            and sw.state_bytes(precision).gather < 4:
+        return "bf16"
+    return precision
+
+
+def block_table_of(sw: Software, spec: TransformerSpec, precision: str, zero=None) -> B.BlockTable:
+    """The framework's block table; under torch.compile its memory-bound traffic and launches are the
+    fused table's (Software.compile). Eager modules under torch.autocast whose parameters FSDP's mixed
+    precision gathers in 16 bits (ZeRO >= 2 with a 16-bit gather: Composer's DEFAULT, Accelerate's and
+    fms-fsdp's bf16 FSDP) run on 16-bit weights, so their residual stream and norms are 16-bit: the
+    16-bit table applies to those candidates (per candidate where `zero` is an array)."""
+    from dataclasses import replace
+
+    flash = sw.kernel(precision, spec) != "math"
+    table = B.block_table(spec, precision, sw.framework.kernels, flash=flash, dropout=sw.dropout)
+    if zero is not None and activation_precision(sw, precision, 3) != precision:
+        sharded = np.asarray(zero) >= 2
+        if sharded.any():
+            table = B.blend(sharded, B.block_table(spec, "bf16", "eager", flash=flash, dropout=sw.dropout), table)
+    if not sw.compile or sw.framework.kernels == "fused":
+        return table
+    fused = B.block_table(spec, precision, "fused", flash=flash, dropout=sw.dropout)
+    return replace(table, traffic_fwd=fused.traffic_fwd, scores_traffic_fwd=fused.scores_traffic_fwd,
+                   kernels_fwd=fused.kernels_fwd)
+
+
+def selective_policy(sw: Software, spec: TransformerSpec, precision: str) -> B.OpSac | None:
+    """torchtitan's per-operator selective recomputation (cost_models.blocks.op_sac) for its dense blocks;
+    None where selective means the attention core (Megatron) or the block is MoE / MLA."""
+    if sw.framework.selective_recompute != "op" or spec.moe is not None or spec.mla is not None:
+        return None
+    return B.op_sac(spec, precision, sw.framework.kernels)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Step:
     """One batch of candidates with everything the cost terms need (module docstring)."""
@@ -104,6 +175,10 @@ class Step:
     """Context-parallel degree: each sequence split over cp ranks."""
     cp_comm: np.ndarray
     """Index into planner.parallel.CP_COMMS (p2p ring, all_gather, a2a)."""
+    ep: np.ndarray
+    """Expert-parallel degree: the routed experts of a block sharded over ep ranks (cost_models.moe)."""
+    etp: np.ndarray
+    """Expert tensor-parallel degree (each expert's width split over expert_tp ranks)."""
     shard: np.ndarray
     """Data-parallel ranks a ZeRO stage >= 1 shards its states over (dp_shard, or dp): with cp, the
     shard group is shard x cp ranks (context-parallel ranks hold the same weights)."""
@@ -121,7 +196,8 @@ class Step:
     schedule: np.ndarray
     local: Mapping[str, np.ndarray]
     """Ranks per node (NVLink domain) of the groups (planner.placement.group_locality): D, P, T, C,
-    DC (the gradient group over dp x cp), S (the shard group over shard x cp), R (its replicas)."""
+    DC (the gradient group over dp x cp), S (the shard group over shard x cp), R (its replicas); the
+    expert layers' E (ep), ET (expert_tp), ED (expert data parallel), ES / ER (its shard group and replicas)."""
     blocks_first: np.ndarray
     blocks_last: np.ndarray
     blocks_most: np.ndarray
@@ -130,6 +206,9 @@ class Step:
     head: B.HeadTable
     c: float
     """Bytes of an activation element in the math dtype."""
+    sac: B.OpSac | None = None
+    """The per-operator selective policy where the framework's `selective` means it (torchtitan), else None
+    (Megatron's attention-core policy)."""
 
     @property
     def attention_precision(self) -> str:
@@ -151,19 +230,22 @@ class Step:
         cp_comm = np.asarray(cands.cp_comm) if cands.cp_comm is not None else np.zeros(dp.shape, dtype=np.int64)
         dp_shard = f64(cands.dp_shard) if cands.dp_shard is not None else np.zeros_like(dp)
         shard = np.where(dp_shard > 0, dp_shard, dp)
+        ep = f64(cands.ep) if getattr(cands, "ep", None) is not None else np.ones_like(dp)
+        etp = f64(cands.expert_tp) if getattr(cands, "expert_tp", None) is not None else np.ones_like(dp)
         first, last, most = _blocks_per_rank(cands, spec.total_blocks)
         return cls(spec=spec, hw=hw, sw=sw, precision=precision, optimizer=optimizer, seq=float(seq),
-                   global_batch=global_batch, dp=dp, tp=tp, pp=pp, cp=cp, cp_comm=cp_comm, shard=shard,
+                   global_batch=global_batch, dp=dp, tp=tp, pp=pp, cp=cp, cp_comm=cp_comm, ep=ep, etp=etp, shard=shard,
                    b=b, v=v, m=global_batch / (dp * b),
                    zero=np.asarray(cands.zero), sp=np.asarray(cands.sequence_parallel, dtype=bool) & (tp > 1),
                    recompute=np.asarray(cands.recompute), offload=np.asarray(cands.offload),
                    schedule=np.asarray(cands.schedule),
                    local=group_locality(cands.placement, cands.dp, cands.pp, cands.tp, hw.nvlink_domain_devices,
-                                        cp=cp.astype(np.int64), dp_shard=shard.astype(np.int64)),
+                                        cp=cp.astype(np.int64), dp_shard=shard.astype(np.int64),
+                                        ep=ep.astype(np.int64), expert_tp=etp.astype(np.int64)),
                    blocks_first=first, blocks_last=last, blocks_most=most,
-                   table=B.block_table(spec, precision, sw.framework.kernels,
-                                       flash=sw.kernel(precision, spec) != "math", dropout=sw.dropout),
-                   head=B.head_table(spec, precision, sw.framework.kernels, sw.loss), c=float(B.compute_bytes(precision)))
+                   table=block_table_of(sw, spec, precision, cands.zero),
+                   head=B.head_table(spec, precision, sw.framework.kernels, sw.loss), c=float(B.compute_bytes(precision)),
+                   sac=selective_policy(sw, spec, precision))
 
     @property
     def tokens(self) -> np.ndarray:
@@ -179,6 +261,18 @@ class Step:
     def shard_group(self) -> np.ndarray:
         """Ranks a ZeRO stage >= 1 shards states over: shard x cp (all of dp x cp without hybrid sharding)."""
         return self.shard * self.cp
+
+    @property
+    def expert_dp(self) -> np.ndarray:
+        """Ranks holding the same expert shard and reducing its gradients: tp cp dp / (ep expert_tp)
+        (planner.parallel.expert_data_parallel)."""
+        return np.maximum(self.tp * self.cp * self.dp / (self.ep * self.etp), 1.0)
+
+    @property
+    def expert_shard_group(self) -> np.ndarray:
+        """Ranks a ZeRO stage >= 1 shards expert states over: the expert data-parallel group, cut like the
+        dense one under hybrid sharding (expert_dp x shard / dp, at least 1)."""
+        return np.maximum(np.floor(self.expert_dp * self.shard / self.dp), 1.0)
 
     @property
     def full(self) -> np.ndarray:

@@ -34,6 +34,11 @@ LOSS_KERNELS = ("vocab_parallel", "upcast", "fused")
 vocab-parallel cross-entropy on fp32 logits; upcast: torch's cross_entropy on logits cast to fp32
 (Hugging Face's loss, torchtitan); fused: a fused kernel on the 16-bit logits (flash-attn's xentropy as
 llm-foundry's default `fused_crossentropy`, Liger, Transformer Engine's cross-entropy)."""
+MOE_DISPATCHERS = ("alltoall", "deepep")
+"""How routed tokens reach experts on other ranks (cost_models.moe.exchange_seconds): alltoall (one NCCL
+all-to-all over the expert-parallel group: Megatron-Core's alltoall dispatcher, torchtitan, DeepSpeed-MoE)
+or deepep (DeepEP's hierarchical normal kernels: one network copy per destination node, NVLink forwarding
+inside it; Megatron-Core's flex dispatcher, DeepSeek's own kernels)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,6 +118,17 @@ class FrameworkProfile:
     the usual forward plus one recompute)."""
     allocator_overhead_fraction: float
     """Caching-allocator blocks beyond the tensors they hold (reserved / allocated - 1)."""
+    compute_efficiency: float
+    """Fraction of the cost model's kernel rates the stack's blocks reach (launch gaps, synchronizations,
+    copies its kernels add around the GEMMs, attention and memory-bound work of cost_models.blocks):
+    fitted to the stack's published runs (benchmarks/calibrate_frameworks.py, leave one source out);
+    Megatron, whose runs calibrated the kernel rates, is the reference (1)."""
+    selective_recompute: str
+    """What `recompute=selective` means on this stack: 'attention' (Megatron: the attention core) or 'op'
+    (torchtitan: per-operator, cost_models.blocks.OpSac)."""
+    tp_comm_overlap: bool
+    """Tensor-parallel collectives overlapped with the GEMMs they feed (Megatron-Core's tp_comm_overlap
+    through Transformer Engine's userbuffers, torch's async TP): the default; a run may say otherwise."""
     fp8_cast_bytes_per_element: float
     """Memory traffic per element of a GEMM operand to run it in FP8 (cost_models.compute.fp8_cast_bytes)."""
     fp8_weight_cache_bytes: float
@@ -120,6 +136,16 @@ class FrameworkProfile:
     Engine's row- and column-major FP8 copies: 2; torchao casts on the fly: 0)."""
     capabilities: Capabilities
     sources: Mapping[str, str] = field(default_factory=dict)
+    moe_dispatcher: str = "alltoall"
+    """The stack's default token dispatcher for expert parallelism (MOE_DISPATCHERS)."""
+    moe_a2a_overlap: bool = False
+    """Expert-parallel exchanges overlap another micro-batch's compute by default (cost_models.moe)."""
+    moe_host_sync: bool = False
+    """A dropless MoE layer's forward waits on the host for the tokens per expert (cost_models.moe.
+    host_sync_seconds): Transformer Engine's GroupedLinear takes its splits as a host list."""
+    moe_host_ops_per_layer: float = 0.0
+    """Host operators an MoE layer's forward issues beyond the block table's kernel count (router,
+    permutation bookkeeping, per-expert GEMMs and casts, dispatcher metadata): cost_models.moe.host_sync_seconds."""
 
     def states(self, precision: str, optimizer: str, grad_bytes: float | None = None) -> tuple[float, float, float]:
         """(params, grads, optimizer) bytes per parameter: optimizer = master + states, two states for
@@ -144,4 +170,4 @@ def available_frameworks() -> list[str]:
 
 
 __all__ = ["FrameworkProfile", "StateBytes", "Capabilities", "load_framework", "available_frameworks",
-           "KERNELS", "ATTENTION_KERNELS", "LOSS_KERNELS"]
+           "KERNELS", "ATTENTION_KERNELS", "LOSS_KERNELS", "MOE_DISPATCHERS"]

@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, NoReturn
 
-from frameworks import ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, Capabilities, FrameworkProfile, StateBytes
+from frameworks import ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, MOE_DISPATCHERS, Capabilities, FrameworkProfile, StateBytes
 from planner.errors import ConfigError
 from planner.parallel import CP_COMMS, FRAMEWORKS, OFFLOAD, PRECISIONS, RECOMPUTE, SCHEDULES, check_placement
 
@@ -22,11 +22,16 @@ SCHEMA_VERSION = "1"
 _TOP = {"schema_version": str, "name": str, "description": str, "kernels": str, "attention": str,
         "loss": str, "state_bytes": dict, "grads_persist": str, "grad_bucket_copy": bool, "autocast_weight_cache": bool,
         "overlap_grad_reduce": bool, "pp_scatter_gather": bool, "zero_bubble_forward_reruns": (int, float),
-        "allocator_overhead_fraction": (int, float), "fp8_cast_bytes_per_element": (int, float),
+        "allocator_overhead_fraction": (int, float),
+        "compute_efficiency": (int, float), "tp_comm_overlap": bool, "selective_recompute": str, "fp8_cast_bytes_per_element": (int, float),
         "fp8_weight_cache_bytes": (int, float), "capabilities": dict, "sources": dict}
+_OPTIONAL = {"moe_dispatcher": str, "moe_a2a_overlap": bool, "moe_host_sync": bool,
+             "moe_host_ops_per_layer": (int, float)}
+"""Keys a profile may leave out (FrameworkProfile's defaults: alltoall, no overlap, no host sync, 0 extra
+host operators per MoE layer); sourced when given."""
 _SOURCED = ("kernels", "attention", "loss", "state_bytes", "grads_persist", "grad_bucket_copy", "autocast_weight_cache",
             "overlap_grad_reduce", "pp_scatter_gather", "zero_bubble_forward_reruns", "allocator_overhead_fraction",
-            "fp8_cast_bytes_per_element", "fp8_weight_cache_bytes", "capabilities")
+            "compute_efficiency", "tp_comm_overlap", "selective_recompute", "fp8_cast_bytes_per_element", "fp8_weight_cache_bytes", "capabilities")
 _STATE_KEYS = ("param", "grad", "master", "state", "reduce", "gather")
 _CAPS = {"precisions": list, "schedules": list, "max_virtual_stages": int, "zero": list, "zero_with_pp": list,
          "tp": bool, "sequence_parallel": str, "cp_comm": list, "ep": bool, "expert_tp": bool, "hsdp": bool,
@@ -64,8 +69,16 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
     if not isinstance(data, dict):
         _fail(origin, "<document>", data, "a JSON object")
     for key in data:
-        if key not in _TOP:
-            _fail(origin, key, data[key], "known keys: " + ", ".join(_TOP))
+        if key not in _TOP and key not in _OPTIONAL:
+            _fail(origin, key, data[key], "known keys: " + ", ".join([*_TOP, *_OPTIONAL]))
+    for key, kind in _OPTIONAL.items():
+        if key in data and (not isinstance(data[key], kind) or (kind is not bool and isinstance(data[key], bool))):
+            _fail(origin, key, data[key], "a number" if isinstance(kind, tuple) else f"a {kind.__name__}")
+    ops = data.get("moe_host_ops_per_layer", 0.0)
+    if not (math.isfinite(ops) and 0.0 <= ops <= 1000.0):
+        _fail(origin, "moe_host_ops_per_layer", ops, "a number from 0 to 1000")
+    if data.get("moe_dispatcher", MOE_DISPATCHERS[0]) not in MOE_DISPATCHERS:
+        _fail(origin, "moe_dispatcher", data["moe_dispatcher"], "one of " + ", ".join(MOE_DISPATCHERS))
     for key, kind in _TOP.items():
         if key not in data:
             if key == "schema_version":
@@ -89,6 +102,11 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         _fail(origin, "zero_bubble_forward_reruns", reruns, "a number from 1 to 16")
     if not (math.isfinite(frag) and 0.0 <= frag <= 1.0):
         _fail(origin, "allocator_overhead_fraction", frag, "a fraction from 0 to 1")
+    if data["selective_recompute"] not in ("attention", "op"):
+        _fail(origin, "selective_recompute", data["selective_recompute"], "attention or op")
+    ce = data["compute_efficiency"]
+    if not (math.isfinite(ce) and 0.2 <= ce <= 1.0):
+        _fail(origin, "compute_efficiency", ce, "a fraction from 0.2 to 1")
     for key in ("fp8_cast_bytes_per_element", "fp8_weight_cache_bytes"):
         if not (math.isfinite(data[key]) and 0.0 <= data[key] <= 16.0):
             _fail(origin, key, data[key], "bytes from 0 to 16")
@@ -107,7 +125,7 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
     if missing:
         _fail(origin, "state_bytes", sorted(states), f"an entry for every allowed precision ({', '.join(caps.precisions)})")
     sources = data["sources"]
-    for key in _SOURCED:
+    for key in _SOURCED + tuple(k for k in _OPTIONAL if k in data):
         if not isinstance(sources.get(key), str) or not sources[key].strip():
             raise ConfigError(f"sources.{key}", None, "a source for every value",
                               message=f"framework profile {origin}: missing required key 'sources.{key}'")
@@ -116,8 +134,13 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         loss=data["loss"], state_bytes=states, grads_persist=data["grads_persist"], grad_bucket_copy=data["grad_bucket_copy"],
         autocast_weight_cache=data["autocast_weight_cache"], overlap_grad_reduce=data["overlap_grad_reduce"],
         pp_scatter_gather=data["pp_scatter_gather"], zero_bubble_forward_reruns=float(reruns),
-        allocator_overhead_fraction=float(frag), fp8_cast_bytes_per_element=float(data["fp8_cast_bytes_per_element"]),
-        fp8_weight_cache_bytes=float(data["fp8_weight_cache_bytes"]), capabilities=caps, sources=dict(sources))
+        allocator_overhead_fraction=float(frag), compute_efficiency=float(ce), tp_comm_overlap=data["tp_comm_overlap"],
+        selective_recompute=data["selective_recompute"],
+        fp8_cast_bytes_per_element=float(data["fp8_cast_bytes_per_element"]),
+        fp8_weight_cache_bytes=float(data["fp8_weight_cache_bytes"]), capabilities=caps, sources=dict(sources),
+        moe_dispatcher=data.get("moe_dispatcher", MOE_DISPATCHERS[0]), moe_a2a_overlap=data.get("moe_a2a_overlap", False),
+        moe_host_sync=data.get("moe_host_sync", False),
+        moe_host_ops_per_layer=float(data.get("moe_host_ops_per_layer", 0.0)))
 
 
 def _capabilities(block: dict, origin: str) -> Capabilities:

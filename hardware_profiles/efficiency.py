@@ -65,6 +65,11 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {k.name: k for k in (
               "large-GEMM fraction of the fp32 (SIMT, TF32 off) peak (cost_models.compute.gemm_seconds)",
               "fitted on the H100 fp32 training steps (0.80); falls back to gemm_efficiency_max",
               fallback="gemm_efficiency_max"),
+    _fraction("gemm_efficiency_max_fp8", None,
+              "large-GEMM fraction of the dense FP8 tensor-core peak (cost_models.compute.gemm_seconds)",
+              "no FP8 GEMM table is published in text (validation/kernels/fp8_gemm.json); fitted to the published "
+              "FP8 training runs of the device's generation (benchmarks/calibrate_frameworks.py, leave one source "
+              "out); falls back to gemm_efficiency_max", fallback="gemm_efficiency_max"),
     EfficiencyKey(name="gemm_fixed_us", unit="us", default=12.0, low=0.0, high=1e4,
                   doc="fixed cost of one GEMM kernel: fill, drain and wave quantization (cost_models.compute.gemm_seconds)",
                   source="H100 fit of the measured bf16 GEMMs: 13.2 us; 12 when a profile has none"),

@@ -13,7 +13,7 @@ import numpy as np
 
 from cost_models import params as P
 from cost_models.step import Software
-from frameworks import ATTENTION_KERNELS, LOSS_KERNELS, FrameworkProfile, load_framework
+from frameworks import ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, MOE_DISPATCHERS, FrameworkProfile, load_framework
 from frameworks.rules import check_runnable
 from cost_models.compute import peak_flops
 from hardware_profiles import HardwareProfile, load_profile
@@ -117,7 +117,11 @@ class Estimate:
             "plan": plan,
             "software": {"framework": sw.framework.name, "kernels": sw.framework.kernels, "attention": sw.attention,
                          "dropout": sw.dropout, "overlap_grad_reduce": sw.overlap_grad_reduce, "loss": sw.loss,
-                         "grad_reduce_bytes": sw.state_bytes(cfg.precision).reduce},
+                         "tp_comm_overlap": sw.tp_comm_overlap, "compile": sw.compile,
+                         "grad_reduce_bytes": sw.state_bytes(cfg.precision).reduce,
+                         **({"moe_dispatcher": sw.moe_dispatcher, "moe_a2a_overlap": sw.moe_a2a_overlap,
+                             "moe_imbalance": sw.imbalance, "moe_fp8_dispatch": sw.moe_fp8_dispatch}
+                            if spec.moe is not None else {})},
             "prediction": {
                 "step_time_s": self.step_time_s,
                 "samples_per_s": cfg.global_batch / self.step_time_s,
@@ -127,8 +131,21 @@ class Estimate:
                 "memory": self.memory(),
                 "memory_per_rank": self.memory_per_rank(),
                 "time_breakdown_s": self.time_breakdown_s(),
+                **({"expert_parallel": self.expert_parallel()} if spec.moe is not None else {}),
             },
         }
+
+    def expert_parallel(self) -> dict:
+        """The expert layout and its exchanges (cost_models.moe.placement_summary): groups, links, the
+        dispatcher, bytes and seconds of one dispatch, and the step's exchange time exposed vs hidden."""
+        from cost_models.compute import block_seconds
+        from cost_models.moe import placement_summary
+        from cost_models.step import Step
+
+        cfg = self.config
+        x = Step.of(self.model, self.hardware, self.software, candidate_of(cfg, self.model.total_blocks),
+                    global_batch=cfg.global_batch, seq=cfg.seq, precision=cfg.precision, optimizer=cfg.optimizer)
+        return placement_summary(x, block_seconds(x))
 
 
 def arch_of(spec: TransformerSpec) -> dict:
@@ -162,45 +179,70 @@ def candidate_of(cfg: ParallelConfig, blocks: int) -> CandidateArrays:
         offload=one(OFFLOAD.index(cfg.offload)), sequence_parallel=one(cfg.sequence_parallel),
         schedule=one(SCHEDULES.index(cfg.schedule)), placement=one(placement_index(cfg.placement)),
         cp=one(cfg.cp), cp_comm=one(CP_COMMS.index(cfg.cp_comm)), dp_shard=one(cfg.dp_shard),
+        ep=one(cfg.ep), expert_tp=one(cfg.expert_tp),
         blocks_first=one(per_rank[0]), blocks_last=one(per_rank[-1]), blocks_max=one(max(per_rank)),
         rank_blocks=np.asarray([per_rank]))
 
 
 def software_for(framework: str | FrameworkProfile, *, attention: str | None = None, dropout: bool | None = None,
                  overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None,
-                 loss: str | None = None) -> Software:
+                 loss: str | None = None, tp_comm_overlap: bool | None = None, compile: bool = False,
+                 moe_dispatcher: str | None = None, moe_a2a_overlap: bool | None = None,
+                 moe_imbalance: float | None = None, moe_fp8_dispatch: bool = False,
+                 kernels: str | None = None) -> Software:
     """The run's software: the framework profile (by name or record) with the attention kernel, dropout,
-    gradient-reduction overlap and dtype and cross-entropy kernel a run may set (None: the framework's
-    default)."""
+    gradient-reduction overlap and dtype, cross-entropy kernel, tensor-parallel overlap, torch.compile and
+    expert-parallel choices (token dispatcher, exchange overlap, routed-token imbalance, FP8 dispatch;
+    cost_models.moe) a run may set (None: the framework's default), and the block implementation when a
+    run swaps the stack's modules for another's (`kernels`, frameworks.KERNELS: NeMo AutoModel runs FSDP2
+    + DTensor like torchtitan with Transformer Engine's fused modules)."""
     fw = framework if isinstance(framework, FrameworkProfile) else load_framework(framework)
+    if kernels is not None:
+        if kernels not in KERNELS:
+            raise ConfigError("kernels", kernels, "one of " + ", ".join(KERNELS))
+        from dataclasses import replace
+        fw = replace(fw, kernels=kernels)
     if attention is not None and attention not in ATTENTION_KERNELS:
         raise ConfigError("attention", attention, "one of " + ", ".join(ATTENTION_KERNELS))
     if grad_reduce_dtype is not None and grad_reduce_dtype not in ("bf16", "fp32"):
         raise ConfigError("grad_reduce_dtype", grad_reduce_dtype, "bf16 or fp32")
     if loss is not None and loss not in LOSS_KERNELS:
         raise ConfigError("loss", loss, "one of " + ", ".join(LOSS_KERNELS))
+    if moe_dispatcher is not None and moe_dispatcher not in MOE_DISPATCHERS:
+        raise ConfigError("moe_dispatcher", moe_dispatcher, "one of " + ", ".join(MOE_DISPATCHERS))
+    number = isinstance(moe_imbalance, (int, float)) and not isinstance(moe_imbalance, bool)
+    if moe_imbalance is not None and not (number and math.isfinite(moe_imbalance) and 1.0 <= moe_imbalance <= 64.0):
+        raise ConfigError("moe_imbalance", moe_imbalance, "a number from 1 (balanced) to 64: the busiest rank's "
+                                                          "routed tokens over the mean")
     return Software.of(fw, attention=attention, dropout=bool(dropout), overlap_grad_reduce=overlap_grad_reduce,
-                       grad_reduce_dtype=grad_reduce_dtype, loss=loss)
+                       grad_reduce_dtype=grad_reduce_dtype, loss=loss, tp_comm_overlap=tp_comm_overlap,
+                       compile=compile, moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
+                       moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch)
 
 
 def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int, attention: str | None = None,
              dropout: bool | None = None, overlap_grad_reduce: bool | None = None,
-             grad_reduce_dtype: str | None = None, loss: str | None = None, check_framework: bool = True,
+             grad_reduce_dtype: str | None = None, loss: str | None = None, tp_comm_overlap: bool | None = None,
+             compile: bool = False, moe_dispatcher: str | None = None,
+             moe_a2a_overlap: bool | None = None, moe_imbalance: float | None = None,
+             moe_fp8_dispatch: bool = False, kernels: str | None = None, check_framework: bool = True,
              framework_profile: FrameworkProfile | None = None) -> Estimate:
     """Validate `cfg` for `model` on `gpus` devices of `hw` and predict its step time and memory on the
     framework `cfg.framework` names (frameworks/*.json).
 
     `model` is a TransformerSpec or a MODEL argument (catalog name, config.json path); `hw` a
     HardwareProfile or a profile name/path. `attention`, `dropout`, `overlap_grad_reduce` override
-    the framework's defaults (cost_models.step.Software). `check_framework=False` costs a plan the
-    framework's capabilities do not list (the executor's own runs: it is a torchtitan-style stack that
-    also runs tensor parallelism without sequence parallelism and ZeRO-1). `framework_profile` replaces
-    the shipped profile of `cfg.framework` (a calibration's trial values).
+    the framework's defaults (cost_models.step.Software), and so do the expert-parallel choices
+    `moe_dispatcher`, `moe_a2a_overlap`, `moe_imbalance`, `moe_fp8_dispatch` (cost_models.moe) and the
+    block implementation `kernels` (software_for). `check_framework=False` costs a plan the framework's
+    capabilities do not list (the executor's own runs: it is a torchtitan-style stack that also runs
+    tensor parallelism without sequence parallelism and ZeRO-1). `framework_profile` replaces the shipped
+    profile of `cfg.framework` (a calibration's trial values).
 
     A configuration that does not fit in memory is still evaluated (`fits` False). Raises
     ConfigError for degrees that do not multiply to `gpus`, tp not dividing the heads, more
-    pipeline chunks than blocks, stages not summing to the blocks, or a plan the framework cannot
-    run (frameworks.rules.violations).
+    pipeline chunks than blocks, ep > 1 on a dense model or not dividing the experts, stages not summing
+    to the blocks, or a plan the framework cannot run (frameworks.rules.violations).
     """
     if isinstance(hw, str):
         hw = load_profile(hw)
@@ -213,20 +255,22 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
     if framework_profile is not None and framework_profile.name != cfg.framework:
         raise ConfigError("framework_profile", framework_profile.name, f"the profile of the plan's framework ({cfg.framework})")
     software = software_for(framework_profile or cfg.framework, attention=attention, dropout=dropout,
-                            overlap_grad_reduce=overlap_grad_reduce, grad_reduce_dtype=grad_reduce_dtype, loss=loss)
-    not_costed = [f"{name}={getattr(cfg, name)}" for name, off in (("ep", 1), ("expert_tp", 1))
-                  if getattr(cfg, name) != off]
-    if not_costed:
-        raise ConfigError(not_costed[0].split("=")[0], not_costed[0].split("=")[1],
-                          "the dimensions this build costs (ep, expert_tp 1: expert parallelism needs a mixture-of-experts model)")
+                            overlap_grad_reduce=overlap_grad_reduce, grad_reduce_dtype=grad_reduce_dtype, loss=loss,
+                            tp_comm_overlap=tp_comm_overlap, compile=compile,
+                            moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
+                            moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch, kernels=kernels)
     cfg.check_world_size(gpus)
     cfg.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
+    cfg.check_experts(model.moe)
     cfg.check_sequence(model.seq if cfg.seq is None else cfg.seq, heads=model.heads, kv_heads=model.n_kv_heads)
     resolve_precision(hw, cfg.precision)
     if check_framework:
         check_runnable(software.framework, cfg)
-    if cfg.stages and min(cfg.stages) < 1:
-        raise ConfigError("stages", list(cfg.stages), "at least one block per stage")
+    if cfg.stages and (min(cfg.stages) < 0 or min(cfg.stages[1:-1] or (1,)) < 1
+                       or (len(cfg.stages) == 1 and cfg.stages[0] < 1)):
+        raise ConfigError("stages", list(cfg.stages), "at least one block per stage (the first and the last may "
+                                                      "hold none: the embedding or the loss alone, Megatron's "
+                                                      "account-for-embedding/loss layouts)")
     scores = score(model, hw, candidate_of(cfg, model.total_blocks), global_batch=cfg.global_batch, seq=cfg.seq,
                    precision=cfg.precision, optimizer=cfg.optimizer, software=software)
     return Estimate(model=model, hardware=hw, config=cfg, gpus=gpus, software=software, scores=scores)

@@ -11,8 +11,10 @@ from typing import Any, Mapping
 
 GiB = 2 ** 30
 MEMORY_TERMS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
-CONFIG_KEYS = ("dp", "tp", "pp", "micro_batch", "num_microbatches", "schedule", "virtual_stages", "zero",
-               "recompute", "offload", "sequence_parallel", "placement", "stages")
+CONFIG_KEYS = ("dp", "tp", "pp", "cp", "cp_comm", "ep", "expert_tp", "dp_shard", "micro_batch", "num_microbatches",
+               "schedule", "virtual_stages", "zero", "recompute", "offload", "sequence_parallel", "placement", "stages")
+CONFIG_DEFAULTS = {"ep": 1, "expert_tp": 1}
+"""Values a plan written before a key existed has (no expert parallelism)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -24,11 +26,15 @@ class Explanation:
     memory_lines: tuple[str, ...]
     versus_lines: tuple[str, ...]
     data: Mapping[str, Any] = field(default_factory=dict)
+    expert_lines: tuple[str, ...] = ()
+    """Where the experts sit and what their exchanges cost (mixture-of-experts plans; expert_lines)."""
 
     def text(self) -> str:
         parts = [self.headline, "", "Where the step time goes:", *self.time_lines, "",
-                 "Where the memory goes (per GPU, at the peak rank):", *self.memory_lines, "",
-                 "Why this plan won:", *self.versus_lines]
+                 "Where the memory goes (per GPU, at the peak rank):", *self.memory_lines, ""]
+        if self.expert_lines:
+            parts += ["Expert parallelism:", *self.expert_lines, ""]
+        parts += ["Why this plan won:", *self.versus_lines]
         return "\n".join(parts)
 
 
@@ -40,8 +46,15 @@ def _even(blocks: int, chunks: int):
 def describe_config(plan: Mapping[str, Any]) -> str:
     """One-line summary of a plan's parallel configuration."""
     sched = plan["schedule"] + (f"(v={plan['virtual_stages']})" if plan.get("virtual_stages", 1) > 1 else "")
-    text = (f"dp={plan['dp']} tp={plan['tp']} pp={plan['pp']} mb={plan['micro_batch']} "
-            f"x{plan.get('num_microbatches', '?')} {sched} zero={plan['zero']} recompute={plan['recompute']}")
+    text = f"dp={plan['dp']} tp={plan['tp']} pp={plan['pp']}"
+    if plan.get("cp", 1) > 1:
+        text += f" cp={plan['cp']}({plan.get('cp_comm', 'p2p')})"
+    if plan.get("ep", 1) > 1 or plan.get("expert_tp", 1) > 1:
+        text += f" ep={plan.get('ep', 1)} expert_tp={plan.get('expert_tp', 1)}"
+    text += (f" mb={plan['micro_batch']} x{plan.get('num_microbatches', '?')} {sched} zero={plan['zero']}"
+             f" recompute={plan['recompute']}")
+    if plan.get("dp_shard", 0) and plan["dp_shard"] != plan["dp"] and plan.get("zero", 0) >= 1:
+        text += f" dp_shard={plan['dp_shard']}"
     if plan.get("offload", "none") != "none":
         text += f" offload={plan['offload']}"
     if plan.get("sequence_parallel"):
@@ -94,6 +107,34 @@ def memory_lines(doc: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def expert_lines(doc: Mapping[str, Any]) -> list[str]:
+    """The expert layout of a mixture-of-experts plan (prediction.expert_parallel, written by
+    planner.estimate from cost_models.moe.placement_summary): the groups, the links the all-to-all uses,
+    the dispatcher, one dispatch's bytes and time, and the step's exchange time exposed vs overlapped."""
+    ep = (doc.get("prediction") or {}).get("expert_parallel")
+    if not ep:
+        return []
+    lines = [f"  ep={ep['ep']} expert_tp={ep['expert_tp']} expert_dp={ep['expert_dp']}: {ep['local_experts']:g} "
+             f"experts per GPU, {ep['rows_per_local_expert']:,.0f} tokens per expert per micro-batch"
+             + (f" (busiest rank, imbalance {ep['imbalance']:g})" if ep["imbalance"] > 1 else "")]
+    if ep["ep"] == 1:
+        lines.append(f"  no expert parallelism: every GPU holds every expert ({ep['dispatcher']} dispatcher)")
+        return lines
+    span = (f"{ep['ep']} ranks inside one NVLink domain" if ep["links"] == "NVLink" else
+            f"{ep['ep_ranks_per_nvlink_domain']} ranks per NVLink domain over {ep['ep_nvlink_domains']} domains")
+    lines.append(f"  all-to-all over {span}: {ep['links']}; dispatcher {ep['dispatcher']}"
+                 + (f", {ep['remote_domains_per_token']:.2f} remote domains per token"
+                    if ep.get("remote_domains_per_token") is not None else ""))
+    lines.append(f"  one dispatch {ep['dispatch_bytes_per_rank'] / 2**20:,.1f} MiB per GPU in "
+                 f"{ep['dispatch_s'] * 1e3:.2f} ms, one combine {ep['combine_s'] * 1e3:.2f} ms "
+                 "(forward; the backward repeats both)")
+    total, exposed, hidden = ep["exchange_total_s"], ep["exchange_exposed_s"], ep["exchange_hidden_s"]
+    how = ("overlapped with the other micro-batch's expert and attention compute" if ep["overlap"]
+           else "not overlapped (on the critical path)")
+    lines.append(f"  exchanges {total:.3f} s per step: {exposed:.3f} s exposed, {hidden:.3f} s hidden; {how}")
+    return lines
+
+
 def config_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """Knobs whose values differ between two plans, as 'key a->b'."""
     def show(key, value):
@@ -102,8 +143,9 @@ def config_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
         return value
     out = []
     for k in CONFIG_KEYS:
-        if a.get(k) != b.get(k) and show(k, a.get(k)) != show(k, b.get(k)):
-            out.append(f"{k} {show(k, a.get(k))}->{show(k, b.get(k))}")
+        va, vb = a.get(k, CONFIG_DEFAULTS.get(k)), b.get(k, CONFIG_DEFAULTS.get(k))
+        if va != vb and show(k, va) != show(k, vb):
+            out.append(f"{k} {show(k, va)}->{show(k, vb)}")
     return out
 
 
@@ -132,6 +174,43 @@ def compare(winner: Mapping[str, Any], other: Mapping[str, Any], *, label: str =
     return lines
 
 
+def _values(name: str, values: list) -> str:
+    shown = ", ".join(map(str, values))
+    return f"{name} {shown} ({len(values)} value{'s' if len(values) != 1 else ''})"
+
+
+def search_lines(doc: Mapping[str, Any]) -> list[str]:
+    """What the search tried beyond dp x tp x pp (its `values_tried`: cp, cp_comm, dp_shard, ep) and why the
+    chosen context-parallel degree won: the plan compared with the best plan of the other cp class (cp = 1
+    when the winner has cp > 1), which the search stores as `cp_versus` (planner.search._cp_versus)."""
+    search = doc.get("search") or {}
+    tried = search.get("values_tried") or {}
+    lines = []
+    if tried:
+        parts = [_values(name, tried[name]) for name in ("cp", "cp_comm", "dp_shard", "ep") if name in tried]
+        lines.append("  tried " + "; ".join(parts) + " (dp_shard 0: shard over all dp ranks)")
+    versus = search.get("cp_versus")
+    if not versus:
+        return lines
+    plan = doc["plan"]
+    cp = plan.get("cp", 1)
+    if "plan" not in versus:
+        other = "cp = 1" if cp > 1 else "cp > 1"
+        lines.append(f"  cp={cp} because no plan with {other} fits: the leanest needs "
+                     f"{versus['needed_bytes'] / GiB:.2f} GiB of {versus['capacity_bytes'] / GiB:.2f} GiB")
+        return lines
+    label = "best plan at cp=1" if cp > 1 else "best plan with cp > 1"
+    w, o = _numbers(doc), _numbers(versus)
+    gap = o["step_time_s"] / w["step_time_s"] - 1 if w["step_time_s"] else 0.0
+    peak_o, peak_w = o["memory"]["peak_bytes_per_gpu"] / GiB, w["memory"]["peak_bytes_per_gpu"] / GiB
+    head = f"cp={cp}" + (f" ({plan.get('cp_comm', 'p2p')})" if cp > 1 else "")
+    head = f"why {head}: the {label} takes" if gap >= 0 else f"{head} loses to the {label}, which takes"
+    lines.append(f"  {head} {o['step_time_s']:.3f} s per step ({gap:+.1%}) and {peak_o:.2f} GiB per GPU "
+                 f"(this plan {w['step_time_s']:.3f} s, {peak_w:.2f} GiB)")
+    lines += ["  " + line for line in compare(doc, versus, label=label)]
+    return lines
+
+
 def explain_document(doc: Mapping[str, Any]) -> Explanation:
     """Explain a plan document (its stored alternatives, if any, are the runners-up)."""
     n = _numbers(doc)
@@ -154,16 +233,17 @@ def explain_document(doc: Mapping[str, Any]) -> Explanation:
             versus.append(f"  (searched {search.get('candidates_evaluated', '?'):,} candidates, "
                           f"{search.get('feasible', '?'):,} fit, in {search.get('seconds', 0):.2f} s, "
                           f"objective {search.get('objective', 'throughput')})")
+            versus += search_lines(doc)
     else:
         versus = ["  no runners-up stored in this plan (written by `estimate`); `planner explain --search` "
                   "re-runs the search and compares"]
     data = {"step_time_s": n["step_time_s"], "time_breakdown_s": dict(n["time_breakdown_s"]),
-            "memory": dict(n["memory"]),
+            "memory": dict(n["memory"]), "expert_parallel": dict(pred.get("expert_parallel") or {}),
             "alternatives": [{"plan": _numbers(a)["plan"], "step_time_s": _numbers(a)["step_time_s"],
                               "slower_by": _numbers(a)["step_time_s"] / n["step_time_s"] - 1}
                              for a in alternatives]}
     return Explanation(headline=headline, time_lines=tuple(time_lines(doc)), memory_lines=tuple(memory_lines(doc)),
-                       versus_lines=tuple(versus), data=data)
+                       versus_lines=tuple(versus), data=data, expert_lines=tuple(expert_lines(doc)))
 
 
 def _software_options(doc: Mapping[str, Any]) -> dict:
@@ -187,8 +267,12 @@ def research(doc: Mapping[str, Any], *, top: int = 4) -> dict:
                     optimizer=plan.get("optimizer", "adamw"), top=top, framework=plan.get("framework", "megatron"),
                     **_software_options(doc))
     found = [rec.best] + list(rec.alternatives)
-    same = lambda a: all(a["plan"].get(k) == plan.get(k) for k in CONFIG_KEYS)  # noqa: E731
+    same = lambda a: all(a["plan"].get(k, CONFIG_DEFAULTS.get(k)) == plan.get(k, CONFIG_DEFAULTS.get(k))  # noqa: E731
+                         for k in CONFIG_KEYS)
     out = dict(doc)
     out["alternatives"] = [key_numbers(d) for d in found if not same(d)][:top]
-    out["search"] = dict(rec.best["search"])
+    search = dict(rec.best["search"])
+    if search.get("cp_versus") is not None and (rec.best["plan"].get("cp", 1) > 1) != (plan.get("cp", 1) > 1):
+        search["cp_versus"] = key_numbers(rec.best)     # the other cp class's best, seen from this plan
+    out["search"] = search
     return out

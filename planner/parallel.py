@@ -123,9 +123,15 @@ class ParallelConfig:
         if not isinstance(self.dp_shard, int) or isinstance(self.dp_shard, bool) or self.dp_shard < 0 \
                 or (self.dp_shard and self.dp % self.dp_shard):
             raise ConfigError("dp_shard", self.dp_shard, f"0 (all dp ranks) or a divisor of dp({self.dp})")
-        if (self.dp * self.cp) % self.ep:
-            raise ConfigError("ep", self.ep, f"a divisor of dp*cp = {self.dp}*{self.cp} = {self.dp * self.cp} "
-                                             "(experts are sharded over ranks carved from dp x cp)")
+        if not expert_parallel_ok(dp=self.dp, tp=self.tp, cp=self.cp, ep=self.ep, expert_tp=self.expert_tp):
+            n = self.tp * self.cp * self.dp
+            raise ConfigError("ep", self.ep, f"ep*expert_tp ({self.ep}*{self.expert_tp}) dividing tp*cp*dp = "
+                                             f"{self.tp}*{self.cp}*{self.dp} = {n}", message=(
+                f"ep={self.ep} with expert_tp={self.expert_tp}: ep*expert_tp = {self.ep * self.expert_tp} must divide "
+                f"tp*cp*dp = {n} (the expert layers regroup a pipeline stage's ranks as expert_tp x ep x expert_dp, "
+                f"Megatron-Core MoE parallel folding); allowed ep here: "
+                + ", ".join(map(str, expert_parallel_degrees(dp=self.dp, tp=self.tp, cp=self.cp,
+                                                             expert_tp=self.expert_tp)))))
         if self.zero not in (0, 1, 2, 3):
             raise ConfigError("zero", self.zero, "one of 0, 1, 2, 3")
         check_placement(self.placement, cp=self.cp, ep=self.ep)
@@ -155,6 +161,12 @@ class ParallelConfig:
         return self.dp * self.tp * self.pp * self.cp
 
     @property
+    def expert_dp(self) -> int:
+        """Ranks holding the same expert shard (Megatron-Core's expert data-parallel group):
+        tp cp dp / (ep expert_tp)."""
+        return expert_data_parallel(dp=self.dp, tp=self.tp, cp=self.cp, ep=self.ep, expert_tp=self.expert_tp)
+
+    @property
     def shard_group(self) -> int:
         """Ranks a ZeRO stage >= 1 shards its states over (dp_shard, or dp when 0)."""
         return self.dp_shard or self.dp
@@ -178,17 +190,37 @@ class ParallelConfig:
                 f"tp({self.tp})*pp({self.pp})*dp({self.dp}){cp}={self.world_size} != world_size({world_size}){fix}"))
 
     def check_model(self, *, heads: int, kv_heads: int, blocks: int) -> None:
-        """Degrees the model shape allows: tp divides the heads, pp*v stages no more than blocks."""
+        """Degrees the model shape allows: tp divides the heads, pp*v stages no more than blocks (plus an
+        empty first or last chunk of an explicit layout)."""
         if heads % self.tp or kv_heads % self.tp:
             # whole heads and whole K/V groups per rank (Megatron-LM asserts both); K/V replication is not costed
             divisors = [d for d in range(1, heads + 1) if heads % d == 0 and kv_heads % d == 0]
             what = f"heads({heads})" if kv_heads == heads else f"heads({heads}) and kv_heads({kv_heads})"
             raise ConfigError("tp", self.tp, f"a divisor of {what}: {', '.join(map(str, divisors))}")
         chunks = self.pp * self.virtual_stages
-        if chunks > blocks:
+        # an explicit layout may give the first and the last chunk no block (the embedding or the loss
+        # alone: Megatron's --account-for-embedding/loss-in-pipeline-split, pipeline_model_parallel_layout)
+        empty_ends = sum(1 for i in (0, -1) if self.stages and self.stages[i] == 0) if chunks > 1 else 0
+        if chunks > blocks + empty_ends:
             raise ConfigError("pp", self.pp, f"pp*virtual_stages <= layers({blocks}); got {self.pp}*{self.virtual_stages}={chunks}")
         if self.stages and sum(self.stages) != blocks:
             raise ConfigError("stages", list(self.stages), f"blocks per stage summing to layers({blocks})")
+
+    def check_experts(self, moe) -> None:
+        """Expert degrees the model allows: ep > 1 or expert_tp > 1 needs a mixture-of-experts model
+        (`moe`, a planner.spec.MoESpec, or None); ep divides the routed experts (whole experts per rank,
+        Megatron-Core asserts num_experts % ep == 0) and expert_tp the expert width."""
+        if moe is None:
+            for name in ("ep", "expert_tp"):
+                if getattr(self, name) > 1:
+                    raise ConfigError(name, getattr(self, name), "1 for a dense model (expert parallelism needs a "
+                                                                 "mixture-of-experts model)")
+            return
+        if moe.experts % self.ep:
+            divisors = [d for d in range(1, moe.experts + 1) if moe.experts % d == 0]
+            raise ConfigError("ep", self.ep, f"a divisor of experts({moe.experts}): {', '.join(map(str, divisors))}")
+        if moe.expert_ffn % self.expert_tp:
+            raise ConfigError("expert_tp", self.expert_tp, f"a divisor of expert_ffn({moe.expert_ffn})")
 
     def check_sequence(self, seq: int, *, heads: int, kv_heads: int) -> None:
         """Context parallelism's rules: the load-balanced causal split cuts each sequence into 2 cp
@@ -210,9 +242,58 @@ class ParallelConfig:
         return d
 
 
+def expert_parallel_ok(*, dp, tp, cp=1, ep=1, expert_tp=1):
+    """The expert-parallel rule (ints or numpy arrays): ep x expert_tp divides tp x cp x dp.
+
+    Megatron-Core's MoE parallel folding (Liu et al. 2025, "MoE Parallel Folding", arXiv 2504.14960,
+    Sec. 3; megatron/core/parallel_state.py builds a second rank generator for the expert layers) gives
+    the expert layers of a pipeline stage the same tp x cp x dp ranks as attention, regrouped as
+    expert_tp x ep x expert_dp: ep may exceed dp x cp when expert_tp < tp (e.g. tp 2, dp 16, ep 32,
+    expert_tp 1). With expert_tp = tp and cp = 1 this is the older rule "ep divides dp". The one owner
+    of the rule: ParallelConfig validates with it and the search filters its ep dimension with it."""
+    dp, tp, cp, ep, expert_tp = (np.asarray(v) for v in (dp, tp, cp, ep, expert_tp))
+    ok = (ep >= 1) & (expert_tp >= 1) & ((tp * cp * dp) % np.maximum(ep * expert_tp, 1) == 0)
+    return bool(ok) if ok.ndim == 0 else ok
+
+
+def expert_data_parallel(*, dp, tp, cp=1, ep=1, expert_tp=1):
+    """Expert data-parallel degree: tp cp dp / (ep expert_tp) ranks hold the same expert shard and reduce
+    its gradients together (Megatron-Core's expert data-parallel group; expert_parallel_ok must hold)."""
+    n = np.asarray(tp) * np.asarray(cp) * np.asarray(dp) // (np.asarray(ep) * np.asarray(expert_tp))
+    return int(n) if np.ndim(n) == 0 else n
+
+
+def ep_allowed(ep, *, dp, cp=1, tp=1, expert_tp=1, experts=None):
+    """The one expert-parallel rule with the model (ParallelConfig validates its degrees with
+    expert_parallel_ok; the search enumerates through here): expert_parallel_ok, and for a mixture-of-experts
+    model whole experts per rank (Megatron-Core asserts num_moe_experts % expert_model_parallel_size == 0).
+    Ints or numpy arrays."""
+    ok = np.asarray(expert_parallel_ok(dp=dp, tp=tp, cp=cp, ep=ep, expert_tp=expert_tp))
+    if experts is not None:
+        ok = ok & (np.asarray(experts) % np.asarray(ep) == 0)
+    return bool(ok) if np.ndim(ok) == 0 else ok
+
+
+def expert_parallel_degrees(*, dp: int, tp: int = 1, cp: int = 1, expert_tp: int = 1,
+                            experts: int | None = 0) -> list[int]:
+    """Every ep ep_allowed admits for these degrees (ascending): for a model with `experts` routed experts
+    the divisors of the experts it allows; [1] for a dense model (experts None); experts 0: every degree
+    the parallel-folding rule allows, whatever the model."""
+    if experts is None:
+        return [1]
+    n = tp * cp * dp
+    top = experts or n
+    return [e for e in range(1, top + 1) if ep_allowed(e, dp=dp, cp=cp, tp=tp, expert_tp=expert_tp,
+                                                       experts=experts or None)]
+
+
 def default_placement(cp: int = 1, ep: int = 1) -> str:
-    """DPT, with C just before T when cp > 1 and E just outside C (or T) when ep > 1: DPECT."""
-    return "DP" + ("E" if ep > 1 else "") + ("C" if cp > 1 else "") + "T"
+    """DPT, with C just before T when cp > 1; with ep > 1 Megatron-Core's default rank order
+    tp-cp-ep-dp-pp, PDECT: the pipeline outermost, so that a stage's ranks are adjacent and an expert
+    group of up to a node's ranks stays on NVLink (planner.placement.stage_group_locality)."""
+    if ep > 1:
+        return "PDE" + ("C" if cp > 1 else "") + "T"
+    return "DP" + ("C" if cp > 1 else "") + "T"
 
 
 def check_placement(placement: str, *, cp: int = 1, ep: int = 1) -> None:

@@ -78,12 +78,27 @@ def ranks_per_node(n, stride, devices_per_node: int):
     return np.where(devices_per_node % span == 0, n, np.where(aligned_run, np.minimum(run, n), 1))
 
 
-def group_locality(placement_idx, dp, pp, tp, devices_per_node: int, cp=1, dp_shard=None) -> dict[str, np.ndarray]:
+def aligned_domain(domain: int, world):
+    """The NVLink domain the rank layout aligns to: the whole job when it fits in one domain (a 64-GPU
+    job on a 72-GPU GB200 NVL72 rack); the domain when the job fills whole domains (144 GPUs on two
+    racks); otherwise the largest power of two within the domain (a 128-GPU job fills 64 of each rack's
+    72 GPUs, the other trays stay spare). Arrays broadcast."""
+    world = np.asarray(world)
+    pow2 = 1 << (int(domain).bit_length() - 1)
+    return np.where(world <= domain, np.maximum(world, 1), np.where(world % domain == 0, domain, pow2))
+
+
+def group_locality(placement_idx, dp, pp, tp, devices_per_node: int, cp=1, dp_shard=None, ep=1,
+                   expert_tp=1) -> dict[str, np.ndarray]:
     """Ranks per node (or NVLink domain: `devices_per_node` is the domain the fast links join) of each
     parallel group, for each candidate: 'D', 'P', 'T', 'C' (one axis each); 'DC' the data-parallel
     gradient group over dp x cp (context-parallel ranks hold the same weights); with hybrid sharding
     `dp_shard` (shard group inside D, replicas across: torchtitan's dp_replicate x dp_shard), 'S' the
-    shard group over dp_shard x cp and 'R' the replica group over dp / dp_shard."""
+    shard group over dp_shard x cp and 'R' the replica group over dp / dp_shard. The expert layers'
+    groups (stage_group_locality): 'E' the expert-parallel group (ep ranks, expert_tp apart), 'ET' expert
+    tensor parallelism, 'ED' the expert data-parallel group (tp cp dp / (ep expert_tp) ranks), 'ES' its
+    ZeRO shard group (cut by dp_shard / dp as the dense one) and 'ER' the shard group's replicas."""
+    devices_per_node = aligned_domain(devices_per_node, np.asarray(dp) * np.asarray(pp) * np.asarray(tp) * np.asarray(cp))
     st = strides(placement_idx, dp, pp, tp, cp)
     size = {"D": dp, "P": pp, "T": tp, "C": cp}
     out = {a: ranks_per_node(size[a], st[a], devices_per_node) for a in AXES + ("C",)}
@@ -92,7 +107,59 @@ def group_locality(placement_idx, dp, pp, tp, devices_per_node: int, cp=1, dp_sh
     inner = ranks_per_node(shard, st["D"], devices_per_node)
     out["S"] = _pair(out["C"], cp, inner)
     out["R"] = ranks_per_node(np.asarray(dp) // np.maximum(shard, 1), st["D"] * shard, devices_per_node)
+    ep, etp = np.asarray(ep, dtype=np.int64), np.asarray(expert_tp, dtype=np.int64)
+    edp = np.maximum(np.asarray(tp) * np.asarray(cp) * np.asarray(dp) // np.maximum(ep * etp, 1), 1)
+    stage = lambda n, g: stage_group_locality(placement_idx, dp, pp, tp, n, g, devices_per_node, cp=cp)  # noqa: E731
+    out["E"], out["ET"], out["ED"] = stage(ep, etp), stage(etp, 1), stage(edp, ep * etp)
+    expert_shard = np.maximum(edp * shard // np.maximum(np.asarray(dp), 1), 1)
+    out["ES"] = stage(expert_shard, ep * etp)
+    out["ER"] = stage(np.maximum(edp // expert_shard, 1), ep * etp * expert_shard)
     return out
+
+
+def stage_group_locality(placement_idx, dp, pp, tp, n, virtual_stride, devices_per_node: int, cp=1):
+    """Ranks per node (NVLink domain) of a group of n ranks at positions f, f + g, ..., f + (n-1) g of a
+    pipeline stage's ranks, g = `virtual_stride`, where a stage's tp x cp x dp ranks are numbered in the
+    placement's order with P taken out (f = c_D w_D + c_C w_C + c_T w_T, w the product of the sizes of
+    the non-pipeline axes to the right). This is how Megatron-Core's expert rank generator lays out the
+    expert layers (order expert_tp-ep-expert_dp-pp over the same ranks, MoE parallel folding; Liu et al.
+    2025, arXiv 2504.14960): the ep group is n = ep at g = expert_tp, the expert data-parallel group
+    n = expert_dp at g = expert_tp x ep.
+
+    Physical rank of position f: f when P is outermost; f pp when P is innermost; with P between,
+    (f mod A) + (f div A) A pp, A the product of the non-pipeline axes right of P. The group is then a
+    run of A/g members at stride g inside one block of A and g n / A such runs at stride A pp (costed
+    like `_pair`), or wholly inside a block (g n divides A), or one member per block (A divides g); any
+    other shape straddles a node boundary somewhere and counts as 1 per node (ranks_per_node)."""
+    placement_idx = np.asarray(placement_idx)
+    dp, pp, tp, cp = (np.asarray(v, dtype=np.int64) for v in (dp, pp, tp, cp))
+    n = np.asarray(n, dtype=np.int64)
+    g = np.maximum(np.asarray(virtual_stride, dtype=np.int64), 1)
+    size = {"D": dp, "C": cp, "T": tp}
+    shape = np.broadcast(placement_idx, dp, pp, tp, cp, n, g).shape
+    out = np.ones(shape, dtype=np.int64)
+    for i, text in enumerate(PLACEMENTS):
+        order = with_context(text)
+        if order[0] == "P":                                # stage ranks contiguous
+            local = ranks_per_node(n, g, devices_per_node)
+        elif order[-1] == "P":                             # every stage rank pp apart
+            local = ranks_per_node(n, g * pp, devices_per_node)
+        else:
+            inner = order[order.index("P") + 1:]
+            block = np.ones((), dtype=np.int64)
+            for letter in inner:
+                block = block * size[letter]
+            span = g * n
+            inside = (block % np.maximum(span, 1)) == 0
+            runs = (span > block) & (block % g == 0) & (span % np.maximum(block, 1) == 0)
+            spread = (g % np.maximum(block, 1)) == 0
+            run = np.maximum(block // g, 1)
+            pair = _pair(ranks_per_node(run, g, devices_per_node), run,
+                         ranks_per_node(np.maximum(span // np.maximum(block, 1), 1), block * pp, devices_per_node))
+            local = np.where(inside, ranks_per_node(n, g, devices_per_node),
+                             np.where(runs, pair, np.where(spread, ranks_per_node(n, g * pp, devices_per_node), 1)))
+        out = np.where(placement_idx == i, local, out)
+    return np.minimum(out, np.maximum(n, 1))
 
 
 def _pair(inner_local, inner_size, outer_local):

@@ -154,7 +154,8 @@ def _block_profile(spec: TransformerSpec, b: int, s: int, *, flash: bool, act: d
         name="", kind="block", params=P.block_params(spec), flops_fwd=float(F.block_flops_fwd(spec, b, s)),
         flops_bwd=float(F.block_flops_bwd(spec, b, s, flash=flash)),
         activation_bytes={m: int(A.block_bytes(spec, b, s, recompute=m, **act)) for m in RECOMPUTE_MODES},
-        recompute_flops={m: float(F.block_recompute_flops(spec, b, s, m, flash=flash)) for m in RECOMPUTE_MODES})
+        recompute_flops={m: float(F.block_recompute_flops(spec, b, s, m, flash=flash, selective=act["selective"]))
+                         for m in RECOMPUTE_MODES})
 
 
 def _mtp_profile(spec: TransformerSpec, i: int, b: int, s: int, *, flash: bool, act: dict, tp: int,
@@ -174,7 +175,8 @@ def _mtp_profile(spec: TransformerSpec, i: int, b: int, s: int, *, flash: bool, 
 
 def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: int = 1,
                  precision: str = "amp-bf16", framework: str = "megatron", attention: str | None = None,
-                 dropout: bool = False, tp: int = 1, sp: bool = False, loss: str | None = None) -> ModelProfile:
+                 dropout: bool = False, tp: int = 1, sp: bool = False, loss: str | None = None,
+                 selective: str | None = None, zero: int = 0) -> ModelProfile:
     """Analytic profile of a TransformerSpec (all formulas in cost_models; activation bytes from the
     framework's block tables, the same the cost model reads). Each block is profiled as its kind
     (TransformerSpec.block_kinds: an MoE model's leading dense blocks, windowed blocks); MTP modules
@@ -187,9 +189,13 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
         raise ConfigError("micro_batch", b, "a positive integer")
     if not isinstance(s, int) or s < 1:
         raise ConfigError("seq", s, "a positive integer")
+    from cost_models.step import activation_precision
+
     sw = software_for(framework, attention=attention, dropout=dropout, loss=loss)
     flash, kernels = sw.kernel(precision, spec) != "math", sw.framework.kernels
-    act = dict(precision=precision, kernels=kernels, flash=flash, dropout=sw.dropout, tp=tp, sp=sp)
+    # FSDP's mixed precision (ZeRO >= 2) runs eager modules on 16-bit weights: the same table the cost model uses
+    act = dict(precision=activation_precision(sw, precision, zero), kernels=kernels, flash=flash, dropout=sw.dropout, tp=tp, sp=sp,
+               selective=selective or sw.framework.selective_recompute)
     none_saved = {m: 0.0 for m in RECOMPUTE_MODES}
     layers: list[LayerProfile] = []
     emb_act = A.embedding_bytes(spec, b, s, precision=precision, dropout=sw.dropout, tp=tp, sp=sp)
@@ -204,7 +210,8 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
             name=f"encoder.layers.{i}", kind="encoder_block", params=P.encoder_block_params(spec), flops_fwd=float(fwd),
             flops_bwd=float(2 * F.encoder_block_matmul_flops_fwd(spec, b, s) + core * (2.5 if flash else 2.0)),
             activation_bytes={m: int(A.block_bytes(enc, b, s, recompute=m, **act)) for m in RECOMPUTE_MODES},
-            recompute_flops={m: float(F.block_recompute_flops(enc, b, s, m, flash=flash)) for m in RECOMPUTE_MODES}))
+            recompute_flops={m: float(F.block_recompute_flops(enc, b, s, m, flash=flash, selective=act["selective"]))
+                             for m in RECOMPUTE_MODES}))
     kind_of = {}
     for kind in spec.block_kinds:
         unit = _block_profile(kind.spec, b, s, flash=flash, act=act)
@@ -243,7 +250,8 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
 
 
 def profile_model(source, *, seq: int | None = None, micro_batch: int = 1, precision: str = "amp-bf16",
-                  framework: str = "megatron", attention: str | None = None, dropout: bool = False) -> ModelProfile:
+                  framework: str = "megatron", attention: str | None = None, dropout: bool = False,
+                  zero: int = 0) -> ModelProfile:
     """Profile a model given as a name/path/factory string, a TransformerSpec or a ModuleSpec."""
     from planner.parallel import PRECISIONS, _choice
     from planner.sources import resolve_model
@@ -253,7 +261,7 @@ def profile_model(source, *, seq: int | None = None, micro_batch: int = 1, preci
         source = resolve_model(source, seq=seq)
     if isinstance(source, TransformerSpec):  # analytic: no torch import
         return profile_spec(source, seq=seq, micro_batch=micro_batch, precision=precision, framework=framework,
-                            attention=attention, dropout=dropout)
+                            attention=attention, dropout=dropout, zero=zero)
     flash = (attention or "flash") != "unfused"
     from planner.module_profiler import ModuleSpec, profile_module
     if isinstance(source, ModuleSpec):

@@ -7,14 +7,19 @@ source in its docstring and a unit test; the candidates, the hardware profile an
 (framework profile, attention kernel, dropout) are resolved once into a frozen `cost_models.step.Step`:
 
   per block and micro-batch   compute.block_seconds (GEMMs, attention, memory-bound kernels,
-                              recomputation), comm.tp_block_seconds (Megatron's f/g all-reduces)
+                              recomputation; an MoE block's routed experts as the busiest rank's
+                              grouped GEMMs), comm.tp_block_seconds (Megatron's f/g all-reduces),
+                              comm.cp_block_seconds (context-parallel KV exchange),
+                              moe.ep_block_seconds (expert-parallel dispatch and combine)
   per stage                   pipeline.stage_seconds (blocks x per block, embedding on the first
                               rank: compute.embedding_seconds, head and loss on the last:
                               compute.head_seconds)
   per step                    pipeline.schedule_seconds (m x slowest stage + bubble),
                               comm.pp_p2p_seconds, comm.dp_comm_seconds (exposed data-parallel / ZeRO
-                              traffic), compute.optimizer_step_seconds, offload.activation_offload_step_seconds,
-                              compute.host_wait_seconds (never faster than the host dispatches)
+                              traffic; routed experts over the expert data-parallel group:
+                              moe.rank_params), compute.optimizer_step_seconds, offload.activation_offload_step_seconds,
+                              compute.host_wait_seconds (never faster than the host dispatches),
+                              moe.host_sync_seconds (dropless MoE layers the host must issue in step)
   memory                      memory.activation_bytes, memory.peak_over_ranks (memory.rank_memory of
                               the first and last rank, or of every rank of an uneven split),
                               memory.fits / memory.needed_bytes (the one "fits")
@@ -29,8 +34,8 @@ import numpy as np
 from cost_models import comm as C
 from cost_models import compute as K
 from cost_models import memory as M
+from cost_models import moe as MO
 from cost_models import offload as O
-from cost_models import params as P
 from cost_models import pipeline as PL
 from cost_models.flops import model_flops_per_step
 from cost_models.step import Software, Step
@@ -66,6 +71,10 @@ class CandidateArrays:
     """Index into planner.parallel.CP_COMMS; None means p2p (ring)."""
     dp_shard: np.ndarray | None = None
     """ZeRO shard group (0 or dp: all dp ranks); None means 0."""
+    ep: np.ndarray | None = None
+    """Expert-parallel degree (planner.parallel.expert_parallel_ok); None means 1."""
+    expert_tp: np.ndarray | None = None
+    """Expert tensor-parallel degree; None means 1."""
     rank_blocks: np.ndarray | None = None
     """Blocks of every pipeline rank, shape (candidates, R), -1 past each candidate's pp. When given,
     the memory of every rank is evaluated (Scores.stage_memory) and the peak is their maximum; else
@@ -121,6 +130,9 @@ class Scores:
     tp_comm: np.ndarray
     cp_comm: np.ndarray
     """Exposed context-parallel key/value exchange (cost_models.comm.cp_block_seconds)."""
+    ep_comm: np.ndarray
+    """Exposed expert-parallel dispatch and combine (cost_models.moe.ep_block_seconds), with the
+    interference of its overlapped part."""
     dp_comm: np.ndarray
     """Exposed (non-overlapped) data-parallel / ZeRO communication."""
     pp_p2p: np.ndarray
@@ -136,7 +148,8 @@ class Scores:
     """With CandidateArrays.rank_blocks: per pipeline rank, shape (candidates, R), NaN past pp:
     peak_bytes, params_bytes, grads_bytes, optimizer_bytes, activations_bytes, other_bytes."""
 
-    BREAKDOWN = ("compute", "tp_comm", "cp_comm", "dp_comm", "pp_p2p", "bubble", "optimizer", "offload", "host_wait")
+    BREAKDOWN = ("compute", "tp_comm", "cp_comm", "ep_comm", "dp_comm", "pp_p2p", "bubble", "optimizer", "offload",
+                 "host_wait")
     """Terms that add up to step_time_s."""
 
 
@@ -158,33 +171,36 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     block, tp = K.block_seconds(x), C.tp_block_seconds(x)
     cp = C.cp_block_seconds(x, block.attn_fwd, block.attn_bwd)
     cp_s = cp.exposed + K.eff(hw, "overlap_interference") * (cp.total - cp.exposed)
-    stage = PL.stage_seconds(x, block.total, {"tp": tp.total, "cp": cp_s}, K.embedding_seconds(x, tp.allreduce),
-                             K.head_seconds(x))
+    ep = MO.ep_block_seconds(x, block)
+    ep_s = ep.exposed + K.eff(hw, "overlap_interference") * (ep.total - ep.exposed)
+    stage = PL.stage_seconds(x, block.total, {"tp": C.tp_exposed_seconds(x, tp, block), "cp": cp_s, "ep": ep_s},
+                             K.embedding_seconds(x, tp.allreduce), K.head_seconds(x))
     busy, bubble = PL.schedule_seconds(x, stage)
-    params_rank = np.maximum(P.rank_params(model, x.tp, x.blocks_first, True, x.single_stage),
-                             P.rank_params(model, x.tp, x.blocks_last, x.single_stage, True))
+    params_rank = MO.rank_params(x, x.blocks_first, True, x.single_stage).higher(
+        MO.rank_params(x, x.blocks_last, x.single_stage, True))
     dp_comm = C.dp_comm_seconds(x, params_rank, last_backward_s=x.blocks_most * (block.bwd + block.recompute
                                                                                  + tp.bwd + tp.recompute),
                                 compute_s=x.m * x.blocks_most * block.total)
     pp_p2p = C.pp_p2p_seconds(x)
     optimizer_s = K.optimizer_step_seconds(x, params_rank)
     acts = M.activation_bytes(x)
-    host_room = O.host_room_bytes(x, params_rank)
+    host_room = O.host_room_bytes(x, params_rank.total)
     volume = x.m * np.maximum(x.blocks_first * acts.block + acts.embedding, x.blocks_last * acts.block + acts.head)
-    fwd_share = (block.fwd + tp.fwd) / np.maximum(block.total + tp.total + cp_s, 1e-30)
+    fwd_share = (block.fwd + tp.fwd) / np.maximum(block.total + tp.total + cp_s + ep_s, 1e-30)
     offload = O.activation_offload_step_seconds(x, volume, busy * fwd_share, busy * (1.0 - fwd_share))
     memory, per_rank = M.peak_over_ranks(x, acts, host_room=host_room, rank_blocks=cands.rank_blocks)
     device_s = busy + bubble + pp_p2p + dp_comm + optimizer_s + offload
-    host_wait = K.host_wait_seconds(x, device_s)
+    host_wait = K.host_wait_seconds(x, device_s) + MO.host_sync_seconds(x, block.fwd + tp.fwd + ep.fwd)
     return Scores(step_time_s=device_s + host_wait, peak_bytes_per_gpu=memory.peak, capacity_bytes=float(hw.memory_bytes),
                   fits=M.fits(memory.peak, hw, software.framework),
                   needed_bytes=M.needed_bytes(memory.peak, hw, software.framework),
                   params_bytes=memory.params, grads_bytes=memory.grads, optimizer_bytes=memory.optimizer,
                   activations_bytes=memory.activations, other_bytes=memory.other,
                   saved_activations_bytes=memory.saved,
-                  compute=busy * (1.0 - stage.comm_share["tp"] - stage.comm_share["cp"]),
+                  compute=busy * (1.0 - stage.comm_share["tp"] - stage.comm_share["cp"] - stage.comm_share["ep"]),
                   recompute=x.m * x.blocks_most * block.recompute, tp_comm=busy * stage.comm_share["tp"],
-                  cp_comm=busy * stage.comm_share["cp"], dp_comm=dp_comm, pp_p2p=pp_p2p, bubble=bubble, optimizer=optimizer_s,
+                  cp_comm=busy * stage.comm_share["cp"], ep_comm=busy * stage.comm_share["ep"],
+                  dp_comm=dp_comm, pp_p2p=pp_p2p, bubble=bubble, optimizer=optimizer_s,
                   offload=offload, host_wait=host_wait, num_microbatches=x.m,
                   model_flops_per_step=float(model_flops_per_step(model, global_batch * seq, seq=seq)),
                   stage_memory=per_rank)

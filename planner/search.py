@@ -1,22 +1,28 @@
-"""Strategy search: every valid candidate scored at once by the vectorized cost model, then ranked.
+"""Strategy search: every valid candidate scored by the vectorized cost model or proven out by a bound.
 
-Pipeline (docs/style.md's one-way flow): candidates (planner.candidates) -> memory lower bounds ->
-vectorized scores (planner.score.score, numpy over arrays) -> ranking by the objective -> uneven
-stages for the leaders (planner.partition) re-scored with the scalar `estimate()` -> plan documents.
+Pipeline (docs/style.md's one-way flow): candidates (planner.candidates: dp x tp x pp x cp with cp_comm,
+dp_shard, ep, schedule, ZeRO, offload, micro-batch, recompute, sequence parallelism, placement) ->
+best-first branch and bound over "shapes" with time and memory lower bounds -> vectorized scores
+(planner.score.score, numpy over arrays) -> ranking by the objective -> uneven stages for the leaders
+(planner.partition) re-scored with the scalar `estimate()` -> plan documents.
 
-Pruning by memory lower bounds, in two levels. A "skeleton" (dp, tp, pp, schedule, v, ZeRO, offload)
-fixes the static memory; its leanest completion (micro-batch 1, strongest recompute, sequence
-parallelism, any placement) holds the least memory of all its expansions, so a skeleton whose leanest
-candidate does not fit is dropped without expanding it. The survivors get their micro-batches and the
-same bound is taken per (skeleton, micro-batch); only then are recompute, sequence parallelism and
-placement expanded and scored. Bound rows are scored by the same `score()`. Recompute only adds time,
-Then a time bound: for each (skeleton, micro-batch, placement) group the candidate with the weakest
-recompute and sequence parallelism on (where tp > 1) is scored first; its compute + bubble + p2p +
-optimizer time is the least of the group (each grows with recompute and shrinks with sequence
-parallelism) and no step is shorter than that sum, so the rest of the group is scored only if the sum is
-below the threshold that
-admits a candidate to the result: the `keep`-th best feasible step among the firsts (throughput,
-cost) or the best step plus 5 % (memory). tests/test_search.py checks these premises on the real scorer.
+Bounds (`_BranchAndBound`; the premises are checked on the real scorer in tests/test_search.py). A row is a
+skeleton (SKELETON_FIELDS) with a micro-batch; a group is a row with a placement and a sequence-parallel
+choice, whose members are the recompute levels; a shape is a group without its model-state knobs (ZeRO
+stage, dp_shard, offload) and with placements that lay T and C on the same ranks merged
+(`placement_classes`). The step is never shorter than compute + tp, cp comm + bubble + pipeline p2p +
+optimizer (TIME_BOUND_TERMS); within a group that sum is least at the weakest recompute and grows along
+RECOMPUTE; all of it but the optimizer step (SHAPE_BOUND_TERMS) is the same for every candidate of a shape
+and never less with sequence parallelism off. So one scorer call -- each shape's representative at the
+weakest recompute with sequence parallelism on -- bounds every candidate of every shape. Shapes are expanded
+best first while their bound is below the admission threshold (the `keep`-th best feasible step known for
+throughput, cost and time-to-train, the best plus 5 % for memory; it only falls as candidates are
+scored); a group's first is scored only if its shape's terms plus its pipeline p2p (read off the shape's
+representative row with the same placement and sequence parallelism) and its skeleton's optimizer step
+(scored once per skeleton) are below it, each stronger recompute level only if the previous level's bound is, and a
+member with sequence parallelism off is dropped when its twin with it on (which never needs more memory)
+does not fit. The best plan with cp = 1 and the best with cp > 1 are each found exactly (the threshold of
+each class never falls below its best known step), so that `explain` can say why the chosen cp wins.
 
 Objectives:
 - throughput: least step time among the candidates that fit (default);
@@ -38,10 +44,11 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from planner.candidates import (FIELDS, SearchSpace, _product, free_knob_count, leanest, leanest_peak,
-                                skeleton_rows, with_free_knobs, with_micro_batches)
+from planner.candidates import (FIELDS, SearchSpace, _pattern_groups, _product, config_of_row, leanest,
+                                skeleton_rows, with_micro_batches)
 from planner.errors import ConfigError, NoFitError
-from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, resolve_precision
+from planner.parallel import (CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, default_placement,
+                              resolve_precision)
 from planner.placement import PLACEMENTS
 
 OBJECTIVES = ("throughput", "cost", "memory", "time-to-train")
@@ -56,11 +63,17 @@ CPSAT_MAX_CHUNKS = 16
 """Interleaved candidates with more chunks than this keep the even split (CP-SAT grows slow there)."""
 CPSAT_TIME_LIMIT_S = 1.0
 REFINE_TOP = 8
-TIME_BOUND_TERMS = ("compute", "bubble", "pp_p2p", "optimizer")
+"""Leading candidates whose pipeline stages are re-split unevenly and re-scored with estimate()."""
+TIME_BOUND_TERMS = ("compute", "tp_comm", "cp_comm", "bubble", "pp_p2p", "optimizer")
 """Step-time terms of planner.score that are least, within a group, for the weakest recompute with
 sequence parallelism on, and whose sum never exceeds the step (checked in tests/test_search.py).
 Exposed data-parallel and offload time are left out: more recompute can hide them."""
-"""Leading candidates whose pipeline stages are re-split unevenly and re-scored with estimate()."""
+SHAPE_BOUND_TERMS = ("compute", "tp_comm", "cp_comm", "bubble")
+"""The TIME_BOUND_TERMS that do not depend on the model-state knobs (ZeRO stage, dp_shard, offload): one
+evaluation bounds every candidate of a shape (checked in tests/test_search.py)."""
+SHAPE_FIELDS = ("dp", "tp", "pp", "cp", "cp_comm", "ep", "schedule", "virtual_stages", "micro_batch")
+"""The knobs of a shape: a candidate without its model-state knobs, recompute, sequence parallelism and
+placement (the placement is added to make a shape: it moves the communication terms)."""
 
 
 def default_global_batch(world_size: int, seq: int) -> int:
@@ -97,6 +110,8 @@ class SearchStats:
     """Leading candidates re-split into uneven stages and re-scored with estimate()."""
     rejected: Mapping[str, int] = field(default_factory=dict)
     """Combinations outside the rules, by reason."""
+    values_tried: Mapping[str, list] = field(default_factory=dict)
+    """Distinct cp, cp_comm, dp_shard and ep values the rules admitted (search.values_tried)."""
 
     def to_dict(self) -> dict:
         return {"candidates_evaluated": self.candidates_evaluated, "feasible": self.feasible,
@@ -104,7 +119,7 @@ class SearchStats:
                 "pruned_by_memory_bound": self.pruned_by_memory_bound,
                 "pruned_by_time_bound": self.pruned_by_time_bound,
                 "bound_evaluations": self.bound_evaluations, "refined": self.refined,
-                "rejected": dict(self.rejected)}
+                "rejected": dict(self.rejected), "values_tried": {k: list(v) for k, v in self.values_tried.items()}}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -189,6 +204,33 @@ def _price_per_hour(hardware, nodes: int, spot: bool, node_price: float | None =
 
 # -------------------------------------------------------------------------------------------- scoring
 
+@dataclass(frozen=True, slots=True)
+class _Scores:
+    """What the search reads of planner.score.Scores for a batch of candidates."""
+
+    step: np.ndarray
+    peak: np.ndarray
+    needed: np.ndarray
+    """What decides fitting (Scores.needed_bytes: the peak with the allocator's overhead and the CUDA
+    context; the peak itself where a scorer handed in by a test reports no more)."""
+    terms: Mapping[str, np.ndarray]
+    """Each of TIME_BOUND_TERMS (zeros where the scorer reports no such term)."""
+
+    @property
+    def bound(self) -> np.ndarray:
+        """Sum of TIME_BOUND_TERMS: no step is shorter, and a group's first has the least."""
+        return sum(self.terms[t] for t in TIME_BOUND_TERMS)
+
+    @property
+    def shape_bound(self) -> np.ndarray:
+        """Sum of SHAPE_BOUND_TERMS: the same for every candidate of a shape at the weakest recompute."""
+        return sum(self.terms[t] for t in SHAPE_BOUND_TERMS)
+
+    @classmethod
+    def empty(cls) -> "_Scores":
+        return cls(np.zeros(0), np.zeros(0), np.zeros(0), {t: np.zeros(0) for t in TIME_BOUND_TERMS})
+
+
 class _Scorer:
     """Calls planner.score.score on dicts of candidate arrays, in chunks, counting what it scored."""
 
@@ -201,45 +243,24 @@ class _Scorer:
             self.kw["software"] = software
         self.model, self.hardware = model, hardware
 
-    def __call__(self, arrays: Mapping[str, np.ndarray], progress: Callable[[int], None] | None = None):
-        """(step_time_s, peak_bytes_per_gpu, needed_bytes, time lower bound) per candidate. needed_bytes
-        is what decides fitting (Scores.needed_bytes: the peak with the allocator's overhead and the CUDA
-        context; the peak itself where a scorer handed in by a test reports no more). The bound is the
-        sum of the step's terms that only grow with recompute and without sequence parallelism (compute,
-        bubble, pipeline p2p, optimizer; TIME_BOUND_TERMS); 0 where the scorer reports none of them."""
+    def __call__(self, arrays: Mapping[str, np.ndarray], progress: Callable[[int], None] | None = None) -> _Scores:
+        """The scores of every candidate in `arrays` (see _Scores), in chunks of SCORE_CHUNK."""
         n = len(arrays["dp"])
-        step, peak, needed, compute = np.empty(n), np.empty(n), np.empty(n), np.zeros(n)
+        step, peak, needed = np.empty(n), np.empty(n), np.empty(n)
+        terms = {t: np.zeros(n) for t in TIME_BOUND_TERMS}
         for start in range(0, n, SCORE_CHUNK):
             chunk = {k: v[start:start + SCORE_CHUNK] for k, v in arrays.items()}
             scores = self.score_fn(self.model, self.hardware, _candidate_arrays(chunk), **self.kw)
-            step[start:start + SCORE_CHUNK] = np.asarray(scores.step_time_s, dtype=float)
-            peak[start:start + SCORE_CHUNK] = np.asarray(scores.peak_bytes_per_gpu, dtype=float)
-            needed[start:start + SCORE_CHUNK] = np.asarray(getattr(scores, "needed_bytes", scores.peak_bytes_per_gpu),
-                                                           dtype=float)
+            part = slice(start, start + SCORE_CHUNK)
+            step[part] = np.asarray(scores.step_time_s, dtype=float)
+            peak[part] = np.asarray(scores.peak_bytes_per_gpu, dtype=float)
+            needed[part] = np.asarray(getattr(scores, "needed_bytes", scores.peak_bytes_per_gpu), dtype=float)
             for term in TIME_BOUND_TERMS:
                 if hasattr(scores, term):
-                    compute[start:start + SCORE_CHUNK] += np.asarray(getattr(scores, term), dtype=float)
+                    terms[term][part] = np.asarray(getattr(scores, term), dtype=float)
             if progress is not None:
                 progress(len(chunk["dp"]))
-        return step, peak, needed, compute
-
-
-def _rest_of_groups(firsts: Mapping[str, np.ndarray], *, space: SearchSpace, weakest: int,
-                    sp_first: bool) -> dict[str, np.ndarray]:
-    """Each (row, placement) group's other candidates: every recompute level and sequence-parallel
-    choice except the (weakest, sp_first) one already scored; sequence parallelism only where tp > 1."""
-    levels = np.array([RECOMPUTE.index(r) for r in space.recompute], dtype=np.int64)
-    sps = np.array(sorted(set(space.sequence_parallel)), dtype=np.int64)
-    grid = _product(_product({k: v for k, v in firsts.items() if k not in ("recompute", "sequence_parallel")},
-                             "recompute", levels), "sequence_parallel", sps)
-    sp_on = grid["sequence_parallel"].astype(bool)
-    valid = (grid["tp"] > 1) | ~sp_on
-    # for tp = 1 the only sp value is off, so the scored first is (weakest, off)
-    first_sp = np.where(grid["tp"] > 1, sp_first, False)
-    already = (grid["recompute"] == weakest) & (sp_on == first_sp)
-    out = _take(grid, valid & ~already)
-    out["sequence_parallel"] = out["sequence_parallel"].astype(bool)
-    return {name: out[name] for name in FIELDS}
+        return _Scores(step, peak, needed, terms)
 
 
 def _admission_threshold(step: np.ndarray, needed: np.ndarray, capacity: float, objective: str, keep: int) -> float:
@@ -251,10 +272,7 @@ def _admission_threshold(step: np.ndarray, needed: np.ndarray, capacity: float, 
 
 
 def _candidate_arrays(arrays: Mapping[str, np.ndarray]):
-    try:
-        from planner.score import CandidateArrays
-    except ImportError:  # a scorer handed in by a test takes the dict
-        return dict(arrays)
+    from planner.score import CandidateArrays
     return CandidateArrays(**{k: np.asarray(arrays[k]) for k in FIELDS})
 
 
@@ -264,14 +282,9 @@ def _take(rows: Mapping[str, np.ndarray], mask) -> dict[str, np.ndarray]:
 
 def config_of(arrays: Mapping[str, np.ndarray], i: int, *, global_batch: int, seq: int, precision: str,
               optimizer: str, stages: tuple[int, ...] = (), framework: str = "megatron") -> ParallelConfig:
-    """Row i of candidate arrays as a ParallelConfig."""
-    a = {k: np.asarray(arrays[k])[i].item() for k in FIELDS}
-    return ParallelConfig(dp=a["dp"], tp=a["tp"], pp=a["pp"], micro_batch=a["micro_batch"],
-                          global_batch=global_batch, schedule=SCHEDULES[a["schedule"]],
-                          virtual_stages=a["virtual_stages"], zero=a["zero"], recompute=RECOMPUTE[a["recompute"]],
-                          offload=OFFLOAD[a["offload"]], sequence_parallel=bool(a["sequence_parallel"]),
-                          placement=PLACEMENTS[a["placement"]], precision=precision, optimizer=optimizer,
-                          seq=seq, stages=stages, framework=framework)
+    """Row i of candidate arrays as a ParallelConfig (planner.candidates.config_of_row)."""
+    return config_of_row(arrays, i, global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
+                         stages=stages, framework=framework)
 
 
 # ---------------------------------------------------------------------------------------------- search
@@ -298,16 +311,26 @@ class ScoredSpace:
 
     def to_pandas(self):
         """One row per scored candidate (index: its position in `arrays`, so `config_of(arrays, i, ...)`
-        rebuilds it): the knobs, with schedule, recompute, offload and placement as their names,
-        then step_time_s, peak_bytes_per_gpu and fits. For notebooks:
+        rebuilds it): the knobs, with schedule, recompute, offload and cp_comm as their names and the
+        placement as the plan writes it (C and E in place when cp, ep > 1), then step_time_s,
+        peak_bytes_per_gpu and fits. For notebooks:
         `planner.recommend("gpt2", "p4d.24xlarge", gpus=8).to_pandas().query("fits")`."""
         import pandas as pd
 
-        names = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "offload": OFFLOAD, "placement": PLACEMENTS}
+        from planner.candidates import placement_text
+
+        names = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "offload": OFFLOAD, "cp_comm": CP_COMMS}
         columns = {}
         for key, values in self.arrays.items():
             values = np.asarray(values)
             columns[key] = np.asarray(names[key], dtype=object)[values] if key in names else values
+        if "placement" in self.arrays:
+            n = len(self.arrays["placement"])
+            with_c = np.asarray(self.arrays.get("cp", np.ones(n, int))) > 1
+            with_e = np.asarray(self.arrays.get("ep", np.ones(n, int))) > 1
+            table = np.array([[[placement_text(i, cp=1 + c, ep=1 + e) for e in (0, 1)] for c in (0, 1)]
+                              for i in range(len(PLACEMENTS))], dtype=object)
+            columns["placement"] = table[np.asarray(self.arrays["placement"]), with_c.astype(int), with_e.astype(int)]
         columns["step_time_s"] = np.asarray(self.step_time_s, dtype=float)
         peak = np.asarray(self.peak_bytes_per_gpu, dtype=float)
         columns["peak_bytes_per_gpu"] = peak.round().astype(np.int64) if np.all(np.isfinite(peak)) else peak
@@ -326,66 +349,362 @@ def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int
     scorer = _Scorer(model, hardware, global_batch=global_batch, seq=seq, precision=precision,
                      optimizer=optimizer, score_fn=score_fn, software=software)
     capacity = float(hardware.memory_bytes)
+    moe = getattr(model, "moe", None)
     skeletons = skeleton_rows(world_size, global_batch, heads=heads, kv_heads=kv_heads, blocks=blocks, space=space,
-                              rejected=rejected)
+                              rejected=rejected, seq=seq, experts=moe.experts if moe is not None else None,
+                              fast_domain=getattr(hardware, "nvlink_domain_devices", None))
+    tried = values_tried(skeletons)
+    skeletons = _costed(skeletons, rejected)
     if len(skeletons["dp"]) == 0:
         raise ConfigError("gpus", world_size, _no_space_reason(world_size, global_batch, heads, blocks, rejected))
-    lean1 = leanest(skeletons, space=space)
-    _, _, peak1_all, _ = scorer(lean1)
-    bound_evals, pruned = len(peak1_all), 0
-    peak1 = leanest_peak(peak1_all, skeletons, space=space)
-    levels_n = len(space.recompute)
-    best_level = np.argmin(peak1_all.reshape(-1, levels_n), axis=1)
-    lean1 = {k: v.reshape(-1, levels_n)[np.arange(len(peak1)), best_level] for k, v in lean1.items()}
-    keep1 = peak1 <= capacity if prune else np.ones(len(peak1), bool)
-    rows = with_micro_batches(_take(skeletons, keep1), global_batch, space=space, rejected=rejected)
-    if prune and (~keep1).any():
-        dropped = with_micro_batches(_take(skeletons, ~keep1), global_batch, space=space)
-        pruned += int(free_knob_count(dropped, space=space).sum())
-    if prune and len(rows["dp"]):
-        _, _, peak2, _ = scorer(leanest(rows, space=space))
-        bound_evals += len(peak2)
-        keep2 = leanest_peak(peak2, rows, space=space) <= capacity
-        pruned += int(free_knob_count(_take(rows, ~keep2), space=space).sum())
-        rows = _take(rows, keep2)
-    # Time bound (module docstring): first every (row, placement) with the weakest recompute and
-    # sequence parallelism on where tp > 1 -- the least compute of its group -- then the rest of the
-    # group only where that compute is below the admission threshold.
-    weakest = min(RECOMPUTE.index(r) for r in space.recompute)
-    sp_first = True in space.sequence_parallel
-    firsts = with_free_knobs(rows, space=replace(space, recompute=(RECOMPUTE[weakest],),
-                                                 sequence_parallel=(sp_first,)))
-    total = int(free_knob_count(rows, space=space).sum())
-    done = [0]
-
-    def tick(n: int) -> None:
-        done[0] += n
-        if progress is not None:
-            progress(done[0], total)
-
-    step0, peak0, need0, compute0 = scorer(firsts, tick) if len(firsts["dp"]) else (np.zeros(0),) * 4
-    keep_groups = np.ones(len(step0), bool)
-    if time_bound:
-        keep_groups = compute0 < _admission_threshold(step0, need0, capacity, objective, keep)
-    rest = _rest_of_groups(_take(firsts, keep_groups), space=space, weakest=weakest, sp_first=sp_first)
-    step1, peak1_, need1, _ = scorer(rest, tick) if len(rest["dp"]) else (np.zeros(0),) * 4
-    parts, steps, peaks = [firsts, rest], [step0, step1], [peak0, peak1_]
-    full = {k: np.concatenate([p[k] for p in parts]) for k in FIELDS}
-    step, peak, needed = np.concatenate(steps), np.concatenate(peaks), np.concatenate([need0, need1])
-    scored_n = len(step)
-    skipped = total - scored_n
-    assert skipped >= 0
-    stats = SearchStats(candidates_evaluated=scored_n, feasible=int((needed <= capacity).sum()),
-                        seconds=time.perf_counter() - t0, space=total + pruned, pruned_by_memory_bound=pruned,
-                        pruned_by_time_bound=skipped, bound_evaluations=bound_evals, rejected=dict(rejected))
+    skeletons["skeleton"] = np.arange(len(skeletons["dp"]))
+    rows = with_micro_batches(skeletons, global_batch, space=space, rejected=rejected)
+    search = _BranchAndBound(rows, space=space, scorer=scorer, capacity=capacity, objective=objective, keep=keep,
+                             prune=prune, time_bound=time_bound, progress=progress)
+    search.run()
+    full, step, peak, needed = search.result()
+    nothing_fits = not np.any(needed <= capacity)
+    lean1, lean1_needed = _skeleton_bounds(skeletons, scorer, space) if nothing_fits else ({}, np.zeros(0))
+    stats = SearchStats(candidates_evaluated=len(step), feasible=int((needed <= capacity).sum()),
+                        seconds=time.perf_counter() - t0, space=search.total,
+                        pruned_by_memory_bound=search.pruned_memory,
+                        pruned_by_time_bound=search.pruned_time, bound_evaluations=search.bound_evaluations,
+                        rejected=dict(rejected), values_tried=tried)
+    assert stats.space == stats.candidates_evaluated + stats.pruned_by_memory_bound + stats.pruned_by_time_bound
     return ScoredSpace(arrays=full, step_time_s=step, peak_bytes_per_gpu=peak, needed_bytes=needed,
-                       capacity_bytes=capacity, leanest_arrays=lean1, leanest_needed_bytes=peak1, stats=stats)
+                       capacity_bytes=capacity, leanest_arrays=lean1, leanest_needed_bytes=lean1_needed, stats=stats)
+
+
+def _skeleton_bounds(skeletons, scorer, space):
+    """Per skeleton, its leanest completion (micro-batch 1, the recompute level that holds least) and what it
+    needs: what the no-fit message reports (computed only when nothing fits)."""
+    lean = leanest(skeletons, space=space)
+    needed = scorer(lean).needed
+    levels = len(space.recompute)
+    best = np.argmin(needed.reshape(-1, levels), axis=1)
+    pick = np.arange(len(best)) * levels + best
+    return _take(lean, pick), needed[pick]
+
+
+class _BranchAndBound:
+    """Best-first search over shapes with the bounds of the module docstring.
+
+    A group is a row (skeleton and micro-batch) with a placement and a sequence-parallel choice; its members
+    are the recompute levels. A shape is a run of rows equal in SHAPE_FIELDS (they differ only in ZeRO stage,
+    dp_shard and offload) with a class of placements (`placement_classes`) and both sequence-parallel choices.
+    Premises, checked on the real scorer in tests/test_search_bounds.py: the bound terms (TIME_BOUND_TERMS)
+    never exceed the step and never fall from one recompute level to the next within a group (least at its
+    "first", the weakest level); the shape terms (SHAPE_BOUND_TERMS) and the pipeline p2p do not depend on the
+    model-state knobs, the shape terms not on the placement within a class, and they are never less with
+    sequence parallelism off; the optimizer step depends on the skeleton only; sequence parallelism on never
+    needs more memory than off; the placement moves no memory.
+
+    So one evaluation per shape (its representative's first, sequence parallelism on where tp > 1) bounds from
+    below every candidate of the shape. Shapes are expanded in growing batches -- those whose representative
+    fits and is fast first, so that the admission threshold falls soon -- while their bound is below the
+    threshold (which only falls as feasible candidates are found); the others are proven out. Expanding
+    shapes scores the representative row's groups and one group of every skeleton not seen yet (giving each
+    group's p2p and optimizer terms), then the firsts of the other groups whose shape terms + p2p + optimizer
+    are below the threshold, then each stronger recompute level of the groups whose previous level's bound is
+    below it, except members with sequence parallelism off whose twin with it on (same row and level, any
+    placement) was scored and does not fit.
+
+    Rows are sorted by shape with the leanest model states first (highest ZeRO stage, all-rank shard group,
+    optimizer offload), so a shape's rows are a run and its representative, the run's first row, is the
+    likeliest to fit and to set an early threshold."""
+
+    FIRST_BATCH = 512
+    """Shapes expanded in the first batch (each later batch is BATCH_GROWTH times larger: few batches keep
+    the scorer's fixed cost per call small, while the threshold still tightens between them)."""
+    BATCH_GROWTH = 4
+
+    def __init__(self, rows, *, space, scorer, capacity, objective, keep, prune, time_bound, progress):
+        self.space, self.scorer, self.capacity, self.objective, self.keep = space, scorer, capacity, objective, keep
+        self.prune, self.time_bound, self.progress = prune, time_bound, progress
+        self.levels = [RECOMPUTE.index(r) for r in space.recompute]
+        self.weakest = min(self.levels)
+        n = len(rows["dp"])
+        lean = rows["zero"] * 4 + (rows["dp_shard"] == 0) * 2 + (rows["offload"] == OFFLOAD.index("optimizer"))
+        key = _packed_key([rows[k] for k in SHAPE_FIELDS]) if n else np.zeros(0, dtype=np.int64)
+        order = np.argsort(key * 16 + (15 - lean), kind="stable")
+        self.rows = {k: np.asarray(v)[order] for k, v in rows.items()}
+        key = key[order]
+        self.starts = np.r_[0, np.flatnonzero(np.diff(key)) + 1] if n else np.zeros(0, dtype=np.int64)
+        self.ends = np.r_[self.starts[1:], n]
+        self._shapes()
+        self.total = int(self.shape_groups.sum()) * len(self.levels)
+        self.needed_on = np.full((n, len(RECOMPUTE)), np.nan)   # what members with sequence parallelism on need
+        self.optimizer_s = np.full(int(self.rows["skeleton"].max()) + 1 if n else 0, np.nan)   # per skeleton
+        self.pruned_memory = self.bound_evaluations = self.done = 0
+        self.parts: list[tuple] = []
+        self.feasible_steps: list[np.ndarray] = []
+        self.feasible_cls: list[np.ndarray] = []
+        self.cls = self.rows["cp"][self.starts[self.shape_run]] > 1
+        self.both = bool(self.cls.any() and not self.cls.all())
+
+    def _shapes(self) -> None:
+        """The shapes: each run of rows with each placement class (`placement_classes`) of its pattern; a
+        shape holds both sequence-parallel choices, bounded by its representative with it on (where tp > 1)."""
+        first = {k: v[self.starts] for k, v in self.rows.items()}
+        runs, classes, sp_sets = [], [], []
+        self.class_places: list[tuple[int, ...]] = []
+        self.sp_choices: list[tuple[bool, ...]] = []
+        for sp, place, mask in _pattern_groups(first, self.space):
+            ids = []
+            for members in placement_classes(place):
+                if members not in self.class_places:
+                    self.class_places.append(members)
+                ids.append(self.class_places.index(members))
+            sp = tuple(sorted(set(bool(v) for v in sp), reverse=True))        # on first: the representative's
+            if sp not in self.sp_choices:
+                self.sp_choices.append(sp)
+            mine = np.flatnonzero(mask)
+            runs.append(np.repeat(mine, len(ids)))
+            classes.append(np.tile(ids, len(mine)))
+            sp_sets.append(np.full(len(mine) * len(ids), self.sp_choices.index(sp)))
+        cat = lambda parts: np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)  # noqa: E731
+        self.shape_run, self.shape_class, self.shape_sps = cat(runs), cat(classes), cat(sp_sets)
+        self.n_shapes = len(self.shape_run)
+        per_class = np.array([len(c) for c in self.class_places], dtype=np.int64)
+        per_sp = np.array([len(c) for c in self.sp_choices], dtype=np.int64)
+        self.shape_groups = (self.ends - self.starts)[self.shape_run] * per_class[self.shape_class] \
+            * per_sp[self.shape_sps] if self.n_shapes else np.zeros(0, dtype=np.int64)
+        first_sp = np.array([c[0] for c in self.sp_choices], dtype=bool)
+        self.shape_sp = first_sp[self.shape_sps] if self.n_shapes else np.zeros(0, dtype=bool)
+
+    @property
+    def pruned_time(self) -> int:
+        """Everything neither scored nor dropped by the memory bound was proven out by a time bound."""
+        return self.total - self.done - self.pruned_memory
+
+    def _members(self, row: np.ndarray, place: np.ndarray, sp: np.ndarray, levels) -> dict[str, np.ndarray]:
+        """Rows with a placement and sequence-parallel choice each, at one recompute level or at each of `levels`."""
+        out = {k: self.rows[k][row] for k in FIELDS if k not in ("placement", "sequence_parallel", "recompute")}
+        out["placement"], out["sequence_parallel"], out["row"] = place, sp, row
+        if np.ndim(levels) == 0:
+            out["recompute"] = np.full(len(row), levels, dtype=np.int64)
+            return out
+        return _product(out, "recompute", np.asarray(levels))
+
+    def _tick(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+    def _thresholds(self) -> tuple[float, float]:
+        """Admission threshold per cp class (cp = 1, cp > 1; `_class_thresholds`) over every feasible
+        candidate known: those scored, and the representatives' firsts of shapes not yet expanded (an
+        expanded shape's are among the scored, so none is counted twice)."""
+        if not self.time_bound:
+            return np.inf, np.inf
+        pending = ~self.expanded & np.isfinite(self.rep_step)
+        steps = np.concatenate(self.feasible_steps + [self.rep_step[pending]])
+        cls = np.concatenate(self.feasible_cls + [self.cls[pending]])
+        return _class_thresholds(cls, steps, objective=self.objective, keep=self.keep, both=self.both)
+
+    def _threshold_of(self, members) -> np.ndarray:
+        thr = self._thresholds()
+        return np.where(np.asarray(members["cp"]) > 1, thr[1], thr[0])
+
+    def _score(self, members) -> _Scores:
+        if not len(members["dp"]):
+            return _Scores.empty()
+        arrays = {k: members[k] for k in FIELDS}
+        r = self.scorer(arrays, self._tick)
+        self.parts.append((arrays, r.step, r.peak, r.needed))
+        ok = (r.needed <= self.capacity) & np.isfinite(r.step)
+        self.feasible_steps.append(r.step[ok])
+        self.feasible_cls.append(np.asarray(arrays["cp"])[ok] > 1)
+        on = np.asarray(members["sequence_parallel"], bool)
+        self.needed_on[members["row"][on], members["recompute"][on]] = r.needed[on]
+        return r
+
+    def run(self) -> None:
+        first_place = np.array([c[0] for c in self.class_places], dtype=np.int64)
+        reps = self._members(self.starts[self.shape_run], first_place[self.shape_class] if self.n_shapes else
+                             np.zeros(0, dtype=np.int64), self.shape_sp, self.weakest)
+        r = self.scorer({k: reps[k] for k in FIELDS}) if self.n_shapes else _Scores.empty()
+        self.bound_evaluations += self.n_shapes
+        lb = self.shape_lb = r.shape_bound
+        ok = (r.needed <= self.capacity) & np.isfinite(r.step)
+        self.rep_step = np.where(ok, r.step, np.inf)      # the representatives' firsts: known feasible steps
+        self.expanded = np.zeros(self.n_shapes, bool)
+        # expand first the shapes whose representative fits and is fast (the threshold falls soonest), then
+        # the others by their bound; the order only sets how soon the threshold falls, never what is proven
+        order = np.lexsort((lb, self.rep_step))
+        batch = self.FIRST_BATCH
+        while len(order):
+            thr = self._thresholds()
+            order = order[lb[order] < np.where(self.cls[order], thr[1], thr[0])]
+            take, order = order[:batch], order[batch:]
+            if len(take):
+                self._expand(take)
+            batch *= self.BATCH_GROWTH
+
+    def _expand(self, shapes: np.ndarray) -> None:
+        """Score the candidates of these shapes (class docstring)."""
+        self.expanded[shapes] = True
+        rows, places, sps, owner = [], [], [], []
+        for c, k in {(int(c), int(k)) for c, k in zip(self.shape_class[shapes], self.shape_sps[shapes])}:
+            mine = shapes[(self.shape_class[shapes] == c) & (self.shape_sps[shapes] == k)]
+            run = self.shape_run[mine]
+            lengths = self.ends[run] - self.starts[run]
+            for p in self.class_places[c]:
+                for choice in self.sp_choices[k]:
+                    rows.append(_ranges(self.starts[run], lengths))
+                    places.append(np.full(int(lengths.sum()), p, dtype=np.int64))
+                    sps.append(np.full(int(lengths.sum()), choice, dtype=bool))
+                    owner.append(np.repeat(mine, lengths))
+        row, place, sp, shape = (np.concatenate(x) for x in (rows, places, sps, owner))
+        # A group's bound is its shape's terms plus its pipeline p2p (the same for every row of the shape, given
+        # the placement and sequence-parallel choice) and its skeleton's optimizer step (the same for every group
+        # of the skeleton). Score first the representative row's groups and one group of each skeleton not seen
+        # yet, then only the firsts whose shape terms + p2p + optimizer are below the threshold.
+        skeleton = self.rows["skeleton"][row]
+        rep = row == self.starts[self.shape_run[shape]]
+        unknown = np.flatnonzero(np.isnan(self.optimizer_s[skeleton]) & ~rep)
+        first_seen = unknown[np.unique(skeleton[unknown], return_index=True)[1]]
+        probe = np.union1d(np.flatnonzero(rep), first_seen[np.isnan(self.optimizer_s[skeleton[first_seen]])])
+        members = self._members(row[probe], place[probe], sp[probe], self.weakest)
+        r = self._score(members)
+        self.optimizer_s[skeleton[probe]] = r.terms["optimizer"]
+        live_parts = [probe[r.bound < self._threshold_of(members)]]
+        p2p_key = (shape * len(PLACEMENTS) + place) * 2 + sp
+        known = p2p_key[probe][rep[probe]]
+        order = np.argsort(known)
+        rest = np.setdiff1d(np.arange(len(row)), probe, assume_unique=True)
+        at = np.clip(np.searchsorted(known[order], p2p_key[rest]), 0, max(len(known) - 1, 0))
+        p2p = r.terms["pp_p2p"][rep[probe]][order][at] if len(known) else np.zeros(len(rest))
+        lb = self.shape_lb[shape[rest]] + p2p + self.optimizer_s[skeleton[rest]]
+        rest = rest[lb < self._threshold_of({"cp": self.rows["cp"][row[rest]]})]
+        if len(rest):
+            members = self._members(row[rest], place[rest], sp[rest], self.weakest)
+            r = self._score(members)
+            live_parts.append(rest[r.bound < self._threshold_of(members)])
+        live = np.concatenate(live_parts) if live_parts else np.zeros(0, dtype=np.int64)
+        row, place, sp = row[live], place[live], sp[live]
+        for level in sorted(self.levels)[1:]:
+            # a stronger level only where the previous one's bound (for a member skipped for memory, the last
+            # bound known) is below the threshold: the bound grows along RECOMPUTE
+            if not len(row):
+                return
+            on = self._members(row[sp], place[sp], sp[sp], level)         # sequence parallelism on first
+            r_on = self._score(on)
+            off_at = np.flatnonzero(~sp)
+            twin_needed = self.needed_on[row[off_at], level]               # NaN: the twin is not scored (yet)
+            skip = twin_needed > self.capacity if self.prune else np.zeros(len(off_at), bool)
+            self.pruned_memory += int(skip.sum())
+            off = self._members(row[off_at[~skip]], place[off_at[~skip]], sp[off_at[~skip]], level)
+            r_off = self._score(off)
+            keep = np.ones(len(row), bool)
+            keep[np.flatnonzero(sp)] = r_on.bound < self._threshold_of(on)
+            keep[off_at[~skip]] = r_off.bound < self._threshold_of(off)
+            row, place, sp = row[keep], place[keep], sp[keep]
+
+    def result(self):
+        full = {k: np.concatenate([p[0][k] for p in self.parts]) if self.parts else np.zeros(0, dtype=np.int64)
+                for k in FIELDS}
+        cols = [np.concatenate([p[i] for p in self.parts]) if self.parts else np.zeros(0) for i in (1, 2, 3)]
+        return full, *cols
+
+
+def placement_classes(placements) -> list[tuple[int, ...]]:
+    """Indices into PLACEMENTS grouped by their letters from T to the end: placements of one class lay the
+    tensor- and context-parallel groups (C sits just left of T) on the same ranks, so the terms of
+    SHAPE_BOUND_TERMS, which only read those groups, are equal across the class (checked in
+    tests/test_search.py); "DPT" and "PDT" share one, Megatron's two rank orders."""
+    out: dict[str, list[int]] = {}
+    for index in placements:
+        text = PLACEMENTS[index]
+        out.setdefault(text[text.index("T"):], []).append(int(index))
+    return [tuple(v) for v in out.values()]
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The indices start, start + 1, ..., start + length - 1 of every range, concatenated."""
+    total = int(lengths.sum())
+    offsets = np.repeat(starts - np.r_[0, np.cumsum(lengths)[:-1]], lengths)
+    return offsets + np.arange(total)
+
+
+def _packed_key(columns: list[np.ndarray]) -> np.ndarray:
+    """One int64 per row, equal exactly where the rows of the integer columns are equal (each column ranked
+    by a lookup table, or np.unique for sparse ones, then packed; re-numbered before it could overflow)."""
+    packed, size = np.zeros(len(columns[0]), dtype=np.int64), 1
+    for col in columns:
+        col = np.asarray(col, dtype=np.int64)
+        low, span = int(col.min()), int(col.max() - col.min()) + 1
+        if span <= 4 * len(col) + 4096:
+            present = np.zeros(span, bool)
+            present[col - low] = True
+            lut = np.cumsum(present) - 1
+            rank, values = lut[col - low], int(present.sum())
+        else:
+            uniq, rank = np.unique(col, return_inverse=True)
+            rank, values = rank.ravel(), len(uniq)
+        if size * values >= 2 ** 62:
+            packed = np.unique(packed, return_inverse=True)[1].ravel()
+            size = int(packed.max()) + 1
+        packed, size = packed * values + rank, size * values
+    return packed
 
 
 def _no_space_reason(world, global_batch, heads, blocks, rejected) -> str:
     reasons = "; ".join(f"{k}: {v}" for k, v in sorted(rejected.items()))
-    return (f"a world size with at least one valid (dp, tp, pp): tp | heads({heads}), pp <= blocks({blocks}), "
-            f"dp | global_batch({global_batch}); all degree triples of {world} were rejected ({reasons})")
+    return (f"a world size with at least one valid (dp, tp, pp, cp): tp | heads({heads}), pp <= blocks({blocks}), "
+            f"seq % (2 cp) == 0, dp | global_batch({global_batch}); every split of {world} was rejected ({reasons})")
+
+
+SEARCHED_DIMENSIONS = ("cp", "cp_comm", "dp_shard", "ep")
+"""The dimensions beyond dp x tp x pp whose values the search reports (SearchStats.values_tried)."""
+
+
+def values_tried(rows: Mapping[str, np.ndarray]) -> dict[str, list]:
+    """The distinct cp, cp_comm (names), dp_shard and ep values among candidate rows (the skeletons the
+    rules admit, before any bound): what `explain` reports as tried."""
+    out = {name: sorted(int(v) for v in np.unique(rows[name])) for name in SEARCHED_DIMENSIONS if name in rows}
+    if "cp_comm" in out:
+        out["cp_comm"] = [CP_COMMS[i] for i in out["cp_comm"]]
+    return out
+
+
+def ep_costed() -> bool:
+    """Whether the cost model prices expert parallelism (cost_models.step.Step reads an `ep` array). Until
+    it does, an ep > 1 candidate would score exactly as its ep = 1 twin and planner.estimate refuses it, so
+    the search enumerates ep but scores only ep = 1 (`_costed`)."""
+    from dataclasses import fields
+
+    from cost_models.step import Step
+    return "ep" in {f.name for f in fields(Step)}
+
+
+def _costed(rows: Mapping[str, np.ndarray], rejected: Counter) -> dict[str, np.ndarray]:
+    """Skeleton rows the cost model can price: all of them once ep_costed(), else those with ep = 1 (the
+    others counted under their reason)."""
+    if "ep" not in rows or ep_costed():
+        return dict(rows)
+    mask = rows["ep"] == 1
+    if (~mask).any():
+        rejected["ep > 1 not costed by this build (scores as ep = 1; skeletons)"] += int((~mask).sum())
+    return _take(rows, mask)
+
+
+def _class_thresholds(cls: np.ndarray, steps: np.ndarray, *, objective: str, keep: int,
+                      both: bool) -> tuple[float, float]:
+    """Admission thresholds (cp = 1, cp > 1) from the feasible steps known so far and their classes (cp > 1):
+    the global one (`_admission_threshold`) and, when the space holds both classes, each raised to its
+    class's best known step (infinite while none is known), so that the best plan of each class is scored
+    exactly: recommend compares the winner with the best plan of the other class. A candidate whose bound
+    reaches its class's best known step cannot be the best of that class."""
+    steps = np.asarray(steps, dtype=float)
+    glob = _admission_threshold(steps, np.zeros(len(steps)), 0.0, objective, keep)
+    if not both:
+        return glob, glob
+    out = []
+    for c in (False, True):
+        mine = steps[cls == c]
+        out.append(max(glob, mine.min() * (1 + 1e-12) if len(mine) else np.inf))
+    return out[0], out[1]
 
 
 def rank(scored: ScoredSpace, objective: str) -> np.ndarray:
@@ -427,8 +746,9 @@ def no_fit_error(scored: ScoredSpace, *, model, hardware, world_size: int, globa
     if bigger:
         fixes.append("a larger device (" + ", ".join(bigger) + ")")
     fixes.append("a shorter --seq")
-    tried = (f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} micro_batch=1 zero={cfg.zero} recompute={cfg.recompute} "
-             f"offload={cfg.offload}, the least memory over every ZeRO stage, recompute and offload searched")
+    cp = f" cp={cfg.cp}" if cfg.cp > 1 else ""
+    tried = (f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}{cp} micro_batch=1 zero={cfg.zero} recompute={cfg.recompute} "
+             f"offload={cfg.offload}, the least memory over every degree, ZeRO stage, recompute and offload searched")
     return NoFitError(
         f"no plan fits in {cap / 2**30:.1f} GiB per GPU on {world_size} x {hardware.name}: the leanest candidate "
         f"({tried}) needs {need / 2**30:.1f} GiB, {(need - cap) / 2**30:.1f} GiB ({need / cap - 1:.0%}) too much; "
@@ -482,15 +802,16 @@ def stage_problem(model, cfg: ParallelConfig, software=None):
     b, s, tp = cfg.micro_batch, cfg.seq, cfg.tp
     blocks = model.total_blocks
     block_work = (F.block_flops_fwd(model, b, s) + F.block_flops_bwd(model, b, s)
-                  + F.block_recompute_flops(model, b, s, cfg.recompute)) / tp
+                  + F.block_recompute_flops(model, b, s, cfg.recompute, selective=sw.framework.selective_recompute)) / tp
     head_work = 3 * F.head_flops_fwd(model, b, s) / tp
     pb, gb, ob = state_bytes_per_param(sw, cfg.precision, cfg.optimizer)
     dp = cfg.shard_group
     shard = (pb / (dp if cfg.zero >= 3 else 1)) + (gb / (dp if cfg.zero >= 2 else 1)) + (ob / (dp if cfg.zero >= 1 else 1))
     block_static = P.block_params(model) / tp * shard
-    act = dict(precision=cfg.precision, tp=tp, sp=cfg.sequence_parallel)
+    from cost_models.step import activation_precision
+    act = dict(precision=activation_precision(sw, cfg.precision, cfg.zero), tp=tp, sp=cfg.sequence_parallel)
     block_act = A.block_bytes(model, b, s, kernels=sw.framework.kernels, flash=sw.kernel(cfg.precision, model) != "math", dropout=sw.dropout,
-                              recompute=cfg.recompute, **act)
+                              recompute=cfg.recompute, selective=sw.framework.selective_recompute, **act)
     # with pp > 1 a tied output head is a second copy on the last stage, summed with the embedding's
     # gradient once per step (Megatron's embedding group; Shoeybi et al. 2019)
     tied_copy = model.vocab * model.hidden if model.tied_embeddings else 0
@@ -601,6 +922,81 @@ def _reliability_inputs(inputs, *, objective: str, tokens: float | None, spot: b
 
 # ----------------------------------------------------------------------------------------- recommend
 
+def _cp_versus(scored: ScoredSpace, objective: str, winner: Mapping[str, Any], document) -> dict | None:
+    """Why the winner's context-parallel degree: the key numbers (`key_numbers`) of the best plan of the
+    other cp class (cp = 1 when the winner has cp > 1, else cp > 1), documented as the leaders are (`document`
+    of its index in the scored arrays); None when the space had one class only. The search scores the best
+    plan of each class exactly (`_class_thresholds`); under the memory objective the other class's fastest.
+    A class with no plan that fits gives its leanest miss:
+    {"fits": false, "cp": ...} with the least memory any scored candidate of that class needs."""
+    cp = np.asarray(scored.arrays["cp"]) if "cp" in scored.arrays else np.ones(len(scored.step_time_s), int)
+    if len(np.unique(cp > 1)) < 2:
+        return None
+    other = (cp > 1) != (winner["plan"].get("cp", 1) > 1)
+    order = rank(scored, "throughput" if objective == "memory" else objective)   # memory: its fastest plan
+    mine = order[other[order]]
+    if len(mine):
+        out = key_numbers(document(int(mine[0])))
+        out["fits"] = bool(out["fits"])
+        return out
+    i = int(np.flatnonzero(other)[np.argmin(scored.needed_bytes[other])])
+    return {"fits": False, "cp": 1 if winner["plan"].get("cp", 1) > 1 else int(cp[i]),
+            "needed_bytes": int(scored.needed_bytes[i]), "capacity_bytes": int(scored.capacity_bytes)}
+
+
+def check_space(space: SearchSpace, model, framework, *, world: int, seq: int) -> None:
+    """The pinned and limited values of the new dimensions (recommend --cp/--max-cp/--cp-comm/--dp-shard/--ep/
+    --max-ep) checked against the framework's capabilities (frameworks.rules' vocabulary), the model and the
+    sequence: one ConfigError naming the flag, the value and what is allowed."""
+    from planner.candidates import cp_comm_allowed
+    from planner.parallel import expert_parallel_degrees
+
+    caps, name = framework.capabilities, framework.name
+    heads, kv_heads, _ = _model_shape(model)
+    for flag, value in (("max-cp", space.max_cp), ("max-ep", space.max_ep)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ConfigError(flag, value, "a positive integer")
+    for c in space.cp_comm:
+        if c not in CP_COMMS:
+            raise ConfigError("cp-comm", c, "one of " + ", ".join(CP_COMMS))
+        if caps.cp_comm and c not in caps.cp_comm and space.cp_comm != CP_COMMS:     # a user's list, not the default
+            raise ConfigError("cp-comm", c, f"a key/value exchange {name} runs: " + ", ".join(caps.cp_comm))
+    for cp in space.cp or ():
+        if not isinstance(cp, int) or cp < 1 or world % cp:
+            raise ConfigError("cp", cp, f"a divisor of the world size {world}")
+        if space.max_cp is not None and cp > space.max_cp:
+            raise ConfigError("cp", cp, f"at most --max-cp {space.max_cp}")
+        if cp > 1 and not caps.cp_comm:
+            raise ConfigError("cp", cp, f"1: {name} has no context parallelism")
+        comms = [c for c in space.cp_comm if c in caps.cp_comm] or ["p2p"]
+        if cp > 1 and not any(cp_comm_allowed(c, cp=cp, tp=1, seq=seq, heads=heads, kv_heads=kv_heads) for c in comms):
+            ParallelConfig(cp=cp, placement=default_placement(cp), cp_comm=comms[0]).check_sequence(   # its message
+                seq, heads=heads, kv_heads=kv_heads)
+    if space.dp_shard is not None:
+        if not isinstance(space.dp_shard, int) or space.dp_shard < 0 or (space.dp_shard and world % space.dp_shard):
+            raise ConfigError("dp-shard", space.dp_shard, f"0 (all dp ranks) or a divisor of the world size {world}")
+        if space.dp_shard and not caps.hsdp:
+            raise ConfigError("dp-shard", space.dp_shard, f"0: {name} shards over all dp ranks only")
+    moe = getattr(model, "moe", None)
+    for ep in space.ep or ():
+        if not isinstance(ep, int) or ep < 1:
+            raise ConfigError("ep", ep, "a positive integer")
+        if space.max_ep is not None and ep > space.max_ep:
+            raise ConfigError("ep", ep, f"at most --max-ep {space.max_ep}")
+        if ep == 1:
+            continue
+        if moe is None:
+            raise ConfigError("ep", ep, f"1: {getattr(model, 'name', 'the model')} is dense (expert parallelism "
+                                        "needs a mixture-of-experts model)")
+        if moe.experts % ep:
+            raise ConfigError("ep", ep, f"a divisor of the {moe.experts} experts: " + ", ".join(
+                map(str, expert_parallel_degrees(dp=moe.experts, experts=moe.experts))))
+        if not caps.ep:
+            raise ConfigError("ep", ep, f"1: {name} has no expert parallelism")
+        if not ep_costed():
+            raise ConfigError("ep", ep, "1 until expert parallelism is costed (planner estimate refuses ep > 1 too)")
+
+
 def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = None,
               global_batch: int | None = None, seq: int | None = None, precision: str | None = None,
               optimizer: str = "adamw", objective: str = "throughput", top: int = 5, spot: bool = False,
@@ -638,8 +1034,9 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     if problems:
         raise ConfigError("precision", precision, f"a precision {software.framework.name} runs",
                           message=f"framework {software.framework.name} cannot run this plan: {problems[0]}")
-    space = space.for_framework(software.framework)
     seq = seq or model.seq
+    check_space(space, model, software.framework, world=world, seq=seq)
+    space = space.for_framework(software.framework)
     global_batch = global_batch or default_global_batch(world, seq)
     price = _price_per_hour(hardware, n_nodes, spot, price_per_hour)
     if estimate_fn is None:
@@ -662,27 +1059,38 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     opts = {k: v for k, v in dict(attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce,
                                   grad_reduce_dtype=grad_reduce_dtype).items() if v is not None}
     leaders = [config_of(scored.arrays, int(i), **kw) for i in order[:max(top, refine) + 1]]
-    documents, refined = [], 0
-    for position, cfg in enumerate(leaders):
+    documents, refined, splits = [], [0], {}
+
+    def document(cfg: ParallelConfig, refine_it: bool) -> dict:
+        """estimate()'s plan document of cfg; with refine_it, of its uneven split when that is better. The
+        split does not depend on the placement (stage_problem reads none), so placement twins share one."""
         doc = estimate_fn(model, hardware, cfg, gpus=world, **opts).to_document()
-        if position < refine and cfg.pp > 1:
-            stages = uneven_stages(model, cfg)
+        if refine_it and cfg.pp > 1:
+            twin = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in cfg.to_dict().items()
+                         if k != "placement")
+            stages = splits[twin] if twin in splits else splits.setdefault(twin, uneven_stages(model, cfg))
             if stages:
-                refined += 1
+                refined[0] += 1
                 uneven = estimate_fn(model, hardware, replace(cfg, stages=stages), gpus=world, **opts).to_document()
                 if uneven["prediction"]["memory"]["fits"] and \
                         _objective_value(uneven, objective) < _objective_value(doc, objective):
-                    doc = uneven
-        documents.append(doc)
+                    return uneven
+        return doc
+
+    for position, cfg in enumerate(leaders):
+        documents.append(document(cfg, position < refine))
     documents = [d for d in documents if d["prediction"]["memory"]["fits"]] or documents
     documents = [_with_cost(d, price, spot, tokens, hardware, reliability) for d in documents]
     documents.sort(key=lambda d: _objective_value(d, objective))
     documents = documents[:top]
 
-    stats = replace(scored.stats, seconds=time.perf_counter() - t0, refined=refined)
+    versus = _cp_versus(scored, objective, documents[0], lambda i: document(config_of(scored.arrays, i, **kw),
+                                                                          refine > 0))
+    stats = replace(scored.stats, seconds=time.perf_counter() - t0, refined=refined[0])
     best = dict(documents[0])
     best["alternatives"] = [key_numbers(d) for d in documents[1:]]
     best["search"] = {"objective": objective, "candidates_evaluated": stats.candidates_evaluated,
-                      "feasible": stats.feasible, "seconds": round(stats.seconds, 4)}
+                      "feasible": stats.feasible, "seconds": round(stats.seconds, 4),
+                      "values_tried": {k: list(v) for k, v in stats.values_tried.items()}, "cp_versus": versus}
     return Recommendation(objective=objective, best=best, alternatives=tuple(documents[1:]), stats=stats,
                           scored=scored)

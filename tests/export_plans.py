@@ -3,6 +3,7 @@ variants that set the newer plan fields (cp, ep, dp_shard, fp8, ...) the estimat
 from __future__ import annotations
 
 import copy
+from dataclasses import asdict
 from functools import cache
 
 from planner.estimate import estimate
@@ -23,6 +24,20 @@ GPT3 = ("gpt3-175b", "p4d.24xlarge", 960, (("dp", 12), ("tp", 8), ("pp", 10), ("
 LLAMA = ("llama3-70b", "p5.48xlarge", 512, (("dp", 32), ("tp", 4), ("pp", 4), ("micro_batch", 1),
                                             ("global_batch", 512), ("schedule", "1f1b"), ("zero", 1),
                                             ("sequence_parallel", True), ("seq", 8192)))
+
+FSDP_LLAMA = ("llama3-8b", "p5.48xlarge", 64, (("dp", 64), ("micro_batch", 1), ("global_batch", 256), ("zero", 3),
+                                             ("recompute", "full"), ("seq", 8192), ("framework", "fsdp")))
+FSDP_GPT = ("gpt3-6.7b", "p4d.24xlarge", 64, (("dp", 64), ("micro_batch", 2), ("global_batch", 512), ("zero", 3),
+                                            ("recompute", "full"), ("seq", 2048), ("framework", "fsdp")))
+
+
+
+def catalog_arch(name: str) -> dict:
+    """model.arch of a catalog model (the MoE variants put a catalog MoE model on the Llama plan)."""
+    from planner.catalog import get
+
+    return {k: v for k, v in asdict(get(name)).items() if k not in ("name", "extras")}
+
 
 VARIANTS = {
     # name: (base, changes to the plan object, changes to model.arch)
@@ -51,6 +66,15 @@ VARIANTS = {
     "moe-ep": (LLAMA, dict(dp=32, tp=4, pp=4, ep=8, stages=[], placement="PDET"),
                dict(moe=dict(experts=16, top_k=2, expert_ffn=8192, shared_experts=1, shared_expert_ffn=8192,
                              first_dense_layers=1))),
+    "moe-deepseek-v3": (LLAMA, dict(dp=32, tp=4, pp=4, ep=8, stages=[16, 15, 15, 15], placement="PDET", seq=4096),
+                        catalog_arch("deepseek-v3")),
+    "moe-qwen3-30b": (LLAMA, dict(dp=64, tp=2, pp=4, ep=16, stages=[], placement="PDET", seq=4096),
+                      catalog_arch("qwen3-30b-a3b")),
+    "fsdp-llama-zero3-ckpt": (FSDP_LLAMA, dict(checkpoint_interval_s=1200.0), {}),
+    "fsdp-llama-hsdp-zero2": (FSDP_LLAMA, dict(zero=2, dp_shard=8, micro_batch=2), {}),
+    "fsdp-llama-ddp": (FSDP_LLAMA, dict(zero=0, micro_batch=1, precision="amp-fp16"), {}),
+    "fsdp-llama-bf16-offload": (FSDP_LLAMA, dict(precision="bf16", offload="optimizer", recompute="none"), {}),
+    "fsdp-gpt3-zero3": (FSDP_GPT, {}, {}),
 }
 
 
@@ -64,6 +88,8 @@ def document(variant: str) -> dict:
     doc["model"]["arch"].update(arch_changes)
     for key in ("layers", "hidden", "heads", "vocab"):
         doc["model"][key] = doc["model"]["arch"][key]
+    if "moe" in arch_changes and arch_changes.get("model_type"):
+        doc["model"]["name"] = variant
     return doc
 
 

@@ -22,6 +22,20 @@ CASES = [(fw, model, recompute) for fw in ("megatron", "torchtitan", "fsdp", "de
          for model in ("llama3-8b", "gpt2-medium") for recompute in ("none", "selective", "full")]
 
 
+@pytest.mark.parametrize("model", ["llama3-8b", "gpt2-medium"])
+def test_fsdp_mixed_precision_is_the_same_in_profile_and_estimate(model):
+    """ZeRO-3 under FSDP's mixed precision: eager modules on 16-bit weights (cost_models.step.activation_precision)
+    save less than with fp32 weights under autocast, in the profile and in estimate alike."""
+    seq = 4096 if model.startswith("llama") else 1024
+    cfg = ParallelConfig(dp=2, micro_batch=2, global_batch=4, seq=seq, framework="fsdp", zero=3, precision="amp-bf16")
+    est = estimate(get(model), "dgx-h100", cfg, gpus=2)
+    sharded = profile_model(model, seq=seq, micro_batch=2, precision="amp-bf16", framework="fsdp", zero=3)
+    ddp = profile_model(model, seq=seq, micro_batch=2, precision="amp-bf16", framework="fsdp", zero=0)
+    saved = est.to_document()["prediction"]["memory"]["saved_activations_bytes"]
+    assert saved == pytest.approx(sharded.activation_bytes("none"), rel=1e-9)
+    assert sharded.activation_bytes("none") < ddp.activation_bytes("none")
+
+
 @pytest.mark.parametrize("framework,model,recompute", CASES)
 def test_profile_estimate_and_partitioner_report_the_same_activation_bytes(framework, model, recompute):
     seq = 4096 if model.startswith("llama") else 1024

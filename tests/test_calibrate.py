@@ -83,7 +83,10 @@ def test_quick_calibration_with_two_ranks_writes_a_loadable_profile(tmp_path):
     profile = load_profile(str(out))
     assert profile.name == "here" and profile.devices_per_node == 2
     assert profile.efficiency["overlap_interference"] == 0.5  # other owners' keys survive a recalibration
-    assert 0 < profile.efficiency["allreduce_bus_efficiency"]
+    # measured unless the loaded host left even the largest --quick message latency-bound (then the
+    # profile keeps its previous value or the table's default: efficiency_from_fits)
+    measured = profile.efficiency.get("allreduce_bus_efficiency")
+    assert measured is None or 0 < measured <= 16
     cal = profile.calibration
     assert set(cal["collectives"]) == {"allreduce", "allgather", "reducescatter", "p2p"}
     for fit in cal["collectives"].values():

@@ -37,8 +37,9 @@ def test_placement_needs_c_and_e_when_cp_and_ep_are_used():
     ParallelConfig(placement="DPCT")                    # C allowed (degree 1) when cp = 1
     with pytest.raises(ConfigError, match="plus C"):
         ParallelConfig(cp=2, placement="DPT")
-    with pytest.raises(ConfigError, match="divisor of dp\\*cp"):
+    with pytest.raises(ConfigError, match="must divide tp\\*cp\\*dp = 4"):
         ParallelConfig(dp=2, cp=2, ep=3, placement="DPCET", global_batch=2)
+    ParallelConfig(dp=2, tp=2, ep=4, placement="DPET", global_batch=2)   # MoE parallel folding: ep > dp x cp
 
 
 def test_tp_must_divide_heads():

@@ -292,11 +292,12 @@ def test_to_pandas_holds_every_scored_candidate_with_readable_knobs():
     assert len(frame) == rec.stats.candidates_evaluated and int(frame["fits"].sum()) == rec.stats.feasible
     assert {"dp", "tp", "pp", "micro_batch", "zero", "step_time_s", "peak_bytes_per_gpu", "fits"} <= set(frame)
     assert set(frame["schedule"]) <= set(SCHEDULES) and set(frame["recompute"]) <= set(RECOMPUTE)
-    assert set(frame["offload"]) <= set(OFFLOAD) and set(frame["placement"]) <= set(PLACEMENTS)
-    assert (frame["dp"] * frame["tp"] * frame["pp"] == 8).all()
+    assert set(frame["offload"]) <= set(OFFLOAD)
+    assert {p.replace("C", "").replace("E", "") for p in frame["placement"]} <= set(PLACEMENTS)
+    assert (frame["dp"] * frame["tp"] * frame["pp"] * frame["cp"] == 8).all()
     plan = rec.best["plan"]
-    knobs = ("dp", "tp", "pp", "micro_batch", "zero", "recompute", "offload", "sequence_parallel", "schedule",
-             "placement", "virtual_stages")
+    knobs = ("dp", "tp", "pp", "cp", "cp_comm", "dp_shard", "micro_batch", "zero", "recompute", "offload",
+             "sequence_parallel", "schedule", "placement", "virtual_stages")
     row = frame[(frame[list(knobs)] == pd.Series({k: plan[k] for k in knobs})).all(axis=1)]
     assert len(row) == 1 and bool(row["fits"].iloc[0])
     assert row["step_time_s"].iloc[0] == pytest.approx(rec.best["prediction"]["step_time_s"], rel=1e-9)

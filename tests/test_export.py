@@ -13,22 +13,24 @@ from export_plans import VARIANTS, document, plan_for  # noqa: E402
 from planner.cli import app  # noqa: E402
 from planner.errors import ConfigError  # noqa: E402
 from planner.exports import FORMATS, export_plan, megatron_layout, refusals  # noqa: E402
+from planner.exports.retarget import retarget  # noqa: E402
 from planner.exports.torchtitan import torchtitan_fqns  # noqa: E402
 from planner.plan import plan_from_document  # noqa: E402
 
 EXAMPLE = Path(__file__).parent / "data" / "plan_example.json"
 
 REFUSED = {  # variant: {format: part of the one-line reason}
-    "gpt3-interleaved-uneven": {"torchtitan": "position=learned", "sagemaker": "pipeline parallelism (pp=10)"},
+    "gpt3-interleaved-uneven": {"sagemaker": "pipeline parallelism (pp=10)", "fsdp": "pp=10: fsdp allows pp=1 only"},
     "gpt3-gpipe-offload": {"sagemaker-v1": "offload=optimizer"},
     "gpt3-zero3-1f1b": {"megatron": "zero=3 with pp=10", "deepspeed": "zero=3 with pp=10",
                         "sagemaker-v1": "ZeRO-3 with pp=10"},
-    "llama-hsdp-cp-fp8": {"deepspeed": "precision=fp8", "sagemaker-v1": "context parallelism",
-                          "megatron": "dp_shard=8 < dp=32"},
     "llama-pp1-zero2-sel": {"sagemaker-v1": "ZeRO-2"},
     "llama-bf16-offload-act": {"torchtitan": "offload=activations", "megatron": "offload=activations"},
-    "moe-ep": {"torchtitan": "mixture-of-experts", "sagemaker-v1": "expert parallelism"},
-    "gpt3-pp1-zero0-fp16": {"torchtitan": "precision=amp-fp16"},
+    "moe-ep": {"torchtitan": "mixture-of-experts", "sagemaker-v1": "expert parallelism", "fsdp": "pp=4"},
+    "moe-deepseek-v3": {"torchtitan": "mixture-of-experts (deepseek_v3)", "deepspeed": "sigmoid scoring"},
+    "gpt3-pp1-zero0-fp16": {"torchtitan": "precision=amp-fp16", "fsdp": "tp=8: fsdp allows tp=1 only"},
+    "llama-hsdp-cp-fp8": {"deepspeed": "precision=fp8", "sagemaker-v1": "context parallelism",
+                          "megatron": "dp_shard=8 < dp=32", "fsdp": "tp=8: fsdp allows tp=1 only"},
 }
 
 
@@ -79,12 +81,38 @@ def test_megatron_layout_string():
 
 
 def test_checkpoint_interval_becomes_steps():
-    from planner.exports.retarget import retarget
-
-    plan, _ = retarget(plan_for("llama-hsdp-cp-fp8"), "torchtitan")     # re-estimated on torchtitan
-    assert plan.document["plan"]["checkpoint_interval_s"] == 1800.0
-    steps = max(1, round(1800.0 / plan.prediction.step_time_s))
+    """Steps at the step time predicted on the target's framework (the plan re-estimated there)."""
+    plan = plan_for("llama-hsdp-cp-fp8")
+    on_torchtitan = retarget(plan, "torchtitan")[0]
+    assert on_torchtitan.prediction.step_time_s != plan.prediction.step_time_s
+    steps = max(1, round(1800.0 / on_torchtitan.prediction.step_time_s))
     assert f"config.checkpoint.interval = {steps} " in export_plan(plan, "torchtitan").text
+    fsdp = plan_for("fsdp-llama-zero3-ckpt")
+    assert f"save_steps={max(1, round(1200.0 / fsdp.prediction.step_time_s))}," in export_plan(fsdp, "fsdp").text
+
+
+def test_gpt_models_export_to_torchtitan_with_their_own_model_and_tied_table():
+    text = export_plan(plan_for("gpt3-interleaved-uneven"), "torchtitan").text
+    assert "class GPTModel(Decoder)" in text and "tied_model_spec('gpt', 'gpt3-175b', model)" in text
+    assert "'tok_embeddings', 'pos_embeddings', 'layers.0'" in text and "spmd_backend='partial_dtensor'" in text
+    compile(text, "planner_job.py", "exec")
+    plan = plan_for("gpt3-interleaved-uneven")
+    cp = plan_from_document({**plan.document, "plan": {**plan.document["plan"], "cp": 2, "dp": 6, "placement": "PDCT", "num_microbatches": 240,
+                                                       "world_size": 960}})
+    with pytest.raises(ConfigError, match="learned absolute positions"):
+        export_plan(cp, "torchtitan")
+
+
+def test_fsdp_export_is_one_yaml_document_with_the_trainer_in_comments():
+    import yaml
+    text = export_plan(plan_for("fsdp-llama-hsdp-zero2"), "fsdp").text
+    doc = yaml.safe_load(text)
+    assert doc["distributed_type"] == "FSDP" and doc["fsdp_config"]["fsdp_reshard_after_forward"] is False
+    assert doc["parallelism_config"]["parallelism_config_dp_replicate_size"] == 8
+    assert "TrainingArguments(" in text and all(line.startswith("#") for line in text.splitlines()
+                                                if "TrainingArguments" in line)
+    ddp = yaml.safe_load(export_plan(plan_for("fsdp-llama-ddp"), "fsdp").text)
+    assert ddp["distributed_type"] == "MULTI_GPU" and "fsdp_config" not in ddp
 
 
 def test_sagemaker_v1_uses_the_names_sdk_v2_accepts():

@@ -207,7 +207,7 @@ def _estimate(model, gpus, dp, tp, pp, global_batch=512):
 
     seq = 4096
     cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, global_batch=global_batch, micro_batch=1, zero=1, recompute="full",
-                         sequence_parallel=tp > 1, seq=seq)
+                         sequence_parallel=tp > 1, seq=seq, expert_tp=tp)   # experts split like the MLP at ep = 1
     return estimate(model, "dgx-h100", cfg, gpus=gpus)
 
 

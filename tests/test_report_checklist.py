@@ -40,9 +40,9 @@ def _by_rule(results):
 
 def test_every_rule_is_evaluated_once_with_a_number():
     results = checklist.evaluate(_ctx(_doc()))
-    assert len(results) == len(checklist.RULES) == 11
+    assert len(results) == len(checklist.RULES) == 14
     assert len({r.rule for r in results}) == len(results)
-    assert all(r.status in ("pass", "warn") and r.number for r in results)
+    assert all(r.status in ("pass", "advice", "warn") and r.number and r.source for r in results)
 
 
 def test_batchnorm_warns_only_when_present():

@@ -65,12 +65,12 @@ class FakeEstimate:
 
 
 def fake_estimate(model, hardware, cfg, *, gpus):
-    from planner.placement import PLACEMENTS
+    from planner.placement import placement_index
     from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES
     arrays = {"dp": [cfg.dp], "tp": [cfg.tp], "pp": [cfg.pp], "micro_batch": [cfg.micro_batch],
               "virtual_stages": [cfg.virtual_stages], "zero": [cfg.zero], "recompute": [RECOMPUTE.index(cfg.recompute)],
               "offload": [OFFLOAD.index(cfg.offload)], "sequence_parallel": [cfg.sequence_parallel],
-              "schedule": [SCHEDULES.index(cfg.schedule)], "placement": [PLACEMENTS.index(cfg.placement)]}
+              "schedule": [SCHEDULES.index(cfg.schedule)], "placement": [placement_index(cfg.placement)]}
     s = fake_score(model, hardware, {k: np.asarray(v) for k, v in arrays.items()}, global_batch=cfg.global_batch,
                    seq=cfg.seq, precision=cfg.precision, optimizer=cfg.optimizer)
     step = float(s.step_time_s[0]) * (0.97 if cfg.stages else 1.0)   # uneven stages help a little here
@@ -188,7 +188,7 @@ def test_bad_objective_and_impossible_space():
     with pytest.raises(ConfigError, match="objective"):
         search(objective="speed")
     with pytest.raises(ConfigError, match="global_batch"):
-        search(gpus=16, global_batch=3, space=SearchSpace(max_tp=1))
+        search(gpus=16, global_batch=3, space=SearchSpace(max_tp=1, max_cp=1))
 
 
 @pytest.mark.parametrize("objective", ["throughput", "memory"])
@@ -196,8 +196,11 @@ def test_time_bound_keeps_the_leaders(objective):
     kw = dict(world_size=16, global_batch=32, seq=128, precision="bf16", optimizer="adamw", score_fn=fake_score_c)
     fast = score_space(MODEL, hw(3e8), objective=objective, keep=6, **kw)
     every = score_space(MODEL, hw(3e8), time_bound=False, **kw)
-    assert fast.stats.pruned_by_time_bound > 0
-    assert fast.stats.candidates_evaluated + fast.stats.pruned_by_time_bound == every.stats.candidates_evaluated
+    assert fast.stats.pruned_by_time_bound > 0 and every.stats.pruned_by_time_bound == 0
+    for s in (fast.stats, every.stats):        # every candidate is scored or proven out, once
+        assert s.candidates_evaluated + s.pruned_by_memory_bound + s.pruned_by_time_bound == s.space
+    assert fast.stats.space == every.stats.space
+    assert fast.stats.candidates_evaluated < every.stats.candidates_evaluated / 2
     a, b = rank(fast, objective)[:6], rank(every, objective)[:6]
     assert fast.step_time_s[a].tolist() == every.step_time_s[b].tolist()
     assert fast.peak_bytes_per_gpu[a].tolist() == every.peak_bytes_per_gpu[b].tolist()

@@ -47,6 +47,23 @@ DropoutOpt = Annotated[Optional[bool], typer.Option(
 GradReduceOpt = Annotated[Optional[str], typer.Option(
     "--grad-reduce-dtype", help="Dtype gradients are kept and reduced in: bf16 (NVIDIA's NeMo recipes with distributed "
                                 "fused Adam) or fp32 (default: the framework's).")]
+OBJECTIVE_PHRASES = {
+    "throughput": "throughput (least step time)",
+    "cost": "cost (least $ per 1B tokens; with {tokens}, least $ for the run including failures)",
+    "memory": "memory (least memory within 5% of the best time)",
+    "time-to-train": "time-to-train (least expected time for {tokens} including failures, checkpoints and restarts; "
+                     "docs/goodput.md)",
+}
+"""One phrase per ranking objective, in planner.search.OBJECTIVES' order (the set's owner; a test holds the
+two equal): the --objective help of every command that ranks plans (recommend, report)."""
+
+
+def objective_help(tokens_option: str) -> str:
+    """--objective's help, naming the command's own run-length option (`--tokens`, `--train-tokens`)."""
+    phrases = [phrase.format(tokens=tokens_option) for phrase in OBJECTIVE_PHRASES.values()]
+    return ", ".join(phrases[:-1]) + " or " + phrases[-1] + "."
+
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document to stdout and nothing else there.")]
 PlanArg = Annotated[Path, typer.Argument(help="A plan JSON file written by `recommend --out` or `estimate --json`.")]
 

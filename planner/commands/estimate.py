@@ -132,7 +132,9 @@ def render(doc: dict) -> None:
                   f"{doc['hardware']['gpus']} x {doc['hardware']['name']}: dp={plan['dp']} tp={plan['tp']} "
                   f"pp={plan['pp']} mb={plan['micro_batch']} gb={plan['global_batch']} m={plan['num_microbatches']} "
                   f"{plan['schedule']} v={plan['virtual_stages']} zero={plan['zero']} recompute={plan['recompute']} "
-                  f"sp={plan['sequence_parallel']} {plan['placement']} {plan['precision']}")
+                  f"sp={plan['sequence_parallel']} {plan['placement']} {plan['precision']}"
+                  + (f" ep={plan['ep']} expert_tp={plan['expert_tp']}"
+                     if plan.get("ep", 1) > 1 or plan.get("expert_tp", 1) > 1 else ""))
     t = Table(title="time per step")
     t.add_column("term")
     t.add_column("seconds", justify="right")
@@ -152,3 +154,7 @@ def render(doc: dict) -> None:
     fit = "[green]fits" if mem["fits"] else "[red]does NOT fit"
     console.print(f"{fit}[/]; {pred['tokens_per_s']:,.0f} tokens/s, {pred['tflops_per_gpu']:.1f} TFLOP/s per GPU, "
                   f"MFU {pred['mfu'] * 100:.1f}%")
+    if pred.get("expert_parallel"):
+        from planner.explain import expert_lines
+        for line in expert_lines(doc):
+            console.print(line, highlight=False)

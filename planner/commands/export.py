@@ -1,4 +1,4 @@
-"""`planner export PLAN.json --format torchtitan|megatron|deepspeed|sagemaker|sagemaker-v1 [--out FILE]`
+"""`planner export PLAN.json --format torchtitan|megatron|fsdp|deepspeed|sagemaker|sagemaker-v1 [--out FILE]`
 (docs/exports.md)."""
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import typer
 from planner.commands.common import PlanArg
 
 FormatOpt = Annotated[str, typer.Option("--format", help="torchtitan (0.3 Python job module), megatron "
-                                        "(pretrain_gpt.py arguments), deepspeed (config JSON), sagemaker (SMP v2 for "
+                                        "(pretrain_gpt.py arguments), fsdp (Accelerate FSDP/DDP YAML + TrainingArguments), deepspeed (config JSON), sagemaker (SMP v2 for "
                                         "SDK v3, JSON) or sagemaker-v1 (SMP v1 distribution for SDK v2, JSON).")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Write the configuration here instead of stdout.")]
 
 
 def export(plan: PlanArg, format: FormatOpt, out: OutOpt = None) -> None:
-    """Translate a plan into a torchtitan, Megatron-LM, DeepSpeed or SageMaker configuration (notes on stderr)."""
+    """Translate a plan into a torchtitan, Megatron-LM, Accelerate FSDP, DeepSpeed or SageMaker configuration (notes on stderr)."""
     from planner import io
     from planner.exports import export_plan
     from planner.plan import load_plan

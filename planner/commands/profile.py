@@ -17,16 +17,19 @@ from planner.commands.common import (AttentionOpt, FrameworkOpt, JsonOpt, MicroB
                                      SeqOpt, emit_json)
 
 DropoutFlag = Annotated[bool, typer.Option("--dropout/--no-dropout", help="Dropout layers active (masks saved).")]
+ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3,
+                                      help="ZeRO stage the plan shards with: from 2 on, FSDP's mixed precision runs "
+                                           "Hugging Face (eager) modules on 16-bit weights, which changes what they save.")]
 
 
 def profile(model: ModelArg, seq: SeqOpt = None, micro_batch: MicroBatchOpt = 1, precision: PrecisionOpt = "amp-bf16",
             framework: FrameworkOpt = "megatron", attention: AttentionOpt = None, dropout: DropoutFlag = False,
-            json: JsonOpt = False) -> None:
+            zero: ZeroOpt = 0, json: JsonOpt = False) -> None:
     """Parameters, FLOPs and activation bytes per layer for one micro-batch, on a framework's kernels."""
     from planner.profiler import profile_model
 
     result = profile_model(model, seq=seq, micro_batch=micro_batch or 1, precision=precision, framework=framework,
-                           attention=attention, dropout=dropout)
+                           attention=attention, dropout=dropout, zero=zero)
     if json:
         emit_json(result.to_dict())
         return

@@ -8,14 +8,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, GradReduceOpt, GlobalBatchOpt, GpusOpt, HardwareOpt, HwPrecisionOpt, JsonOpt, MAX_TOKENS, ModelArg, NodesOpt, OptimizerOpt, SeqOpt)
+from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, GradReduceOpt, GlobalBatchOpt, GpusOpt,
+                                     HardwareOpt, HwPrecisionOpt, JsonOpt, MAX_TOKENS, MAX_WORLD_SIZE, ModelArg,
+                                     NodesOpt, OptimizerOpt, SeqOpt, objective_help)
 from planner.errors import ConfigError
 
-ObjectiveOpt = Annotated[str, typer.Option("--objective", help="throughput (least step time), cost (least $ per "
-                                           "1B tokens; with --tokens, least $ for the run including failures), "
-                                           "memory (least memory within 5% of the best time) or time-to-train "
-                                           "(least expected time for --tokens including failures, checkpoints and "
-                                           "restarts; docs/goodput.md).")]
+ObjectiveOpt = Annotated[str, typer.Option("--objective", help=objective_help("--tokens"))]
 TopOpt = Annotated[int, typer.Option("--top", min=1, max=100, help="How many plans to list.")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Write the best plan document here (plan.json).")]
 CsvOpt = Annotated[Optional[Path], typer.Option("--csv", help="Write every scored candidate here as CSV: its knobs, "
@@ -42,6 +40,22 @@ StorageOpt = Annotated[Optional[str], typer.Option(
 CheckpointOpt = Annotated[Optional[str], typer.Option(
     "--checkpoint", help="blocking (training waits for the write; default) or async (waits only for the copy to "
                          "host memory).")]
+CpOpt = Annotated[Optional[int], typer.Option(
+    "--cp", min=1, max=MAX_WORLD_SIZE, help="Search only this context-parallel degree (default: every degree with "
+                                            "seq % (2 cp) == 0).")]
+MaxCpOpt = Annotated[Optional[int], typer.Option("--max-cp", min=1, max=MAX_WORLD_SIZE,
+                                                 help="Search context-parallel degrees up to this one.")]
+CpCommsOpt = Annotated[Optional[str], typer.Option(
+    "--cp-comm", help="Context-parallel key/value exchanges to search, comma-separated: p2p (ring), all_gather, "
+                      "a2a (Ulysses) (default: every one the framework runs).")]
+DpShardOpt = Annotated[Optional[int], typer.Option(
+    "--dp-shard", min=0, max=MAX_WORLD_SIZE, help="ZeRO/FSDP shard group: 0 shards over all dp ranks only (no "
+                                                  "hybrid sharding), N only groups of N ranks (default: both all dp "
+                                                  "ranks and the largest group inside one NVLink domain).")]
+EpOpt = Annotated[Optional[int], typer.Option(
+    "--ep", min=1, max=MAX_WORLD_SIZE, help="Search only this expert-parallel degree (mixture-of-experts models).")]
+MaxEpOpt = Annotated[Optional[int], typer.Option("--max-ep", min=1, max=MAX_WORLD_SIZE,
+                                                 help="Search expert-parallel degrees up to this one.")]
 SpotRateOpt = Annotated[Optional[float], typer.Option(
     "--spot-interruptions-per-node-hour", help="With --spot: how often one spot node is reclaimed, per node-hour "
                                                "(no default: required with --objective time-to-train).")]
@@ -87,12 +101,15 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
               attention: AttentionOpt = None, dropout: DropoutOpt = None, grad_reduce_dtype: GradReduceOpt = None,
               mtbf_gpu_hours: MtbfGpuOpt = None,
               mtbf_node_hours: MtbfNodeOpt = None, restart_s: RestartOpt = None, storage: StorageOpt = None,
-              checkpoint: CheckpointOpt = None, spot_interruptions_per_node_hour: SpotRateOpt = None) -> None:
+              checkpoint: CheckpointOpt = None, spot_interruptions_per_node_hour: SpotRateOpt = None,
+              cp: CpOpt = None, max_cp: MaxCpOpt = None, cp_comm: CpCommsOpt = None, dp_shard: DpShardOpt = None,
+              ep: EpOpt = None, max_ep: MaxEpOpt = None) -> None:
     """Search every parallel strategy, rank by the objective and print the top plans."""
     from planner import io
     from planner.goodput import ReliabilityInputs
     from planner.search import recommend as search
 
+    space = search_space(cp=cp, max_cp=max_cp, cp_comm=cp_comm, dp_shard=dp_shard, ep=ep, max_ep=max_ep)
     token_count = parse_tokens(tokens)
     check_price(price_per_hour)
     reliability = ReliabilityInputs(mtbf_gpu_hours=mtbf_gpu_hours, mtbf_node_hours=mtbf_node_hours,
@@ -109,7 +126,7 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
                      precision=precision, optimizer=optimizer, objective=objective, top=top, spot=spot,
                      price_per_hour=price_per_hour, tokens=token_count, progress=progress.update,
                      framework=framework, attention=attention, dropout=dropout, grad_reduce_dtype=grad_reduce_dtype,
-                     reliability=reliability)
+                     reliability=reliability, space=space)
     hw_doc = rec.best["hardware"]
     note = batch_note(rec.best["plan"]["global_batch"], hw_doc["gpus"], hw_doc.get("devices_per_node", 8))
     if note:
@@ -130,6 +147,28 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
     for path in (out, csv):
         if path is not None:
             typer.echo(f"wrote {path}", err=True)
+
+
+def search_space(*, cp: int | None = None, max_cp: int | None = None, cp_comm: str | None = None,
+                 dp_shard: int | None = None, ep: int | None = None, max_ep: int | None = None):
+    """The SearchSpace the pinning and limiting flags ask for (--cp N pins, --max-cp N limits, --cp-comm lists,
+    --dp-shard pins, --ep / --max-ep as --cp / --max-cp); the search checks the values against the framework,
+    the model and the sequence (planner.search.check_space). --cp-comm: comma-separated, each once."""
+    from planner.candidates import SearchSpace
+    from planner.parallel import CP_COMMS
+
+    kw: dict = {"max_cp": max_cp, "dp_shard": dp_shard, "max_ep": max_ep}
+    if cp is not None:
+        kw["cp"] = (cp,)
+    if ep is not None:
+        kw["ep"] = (ep,)
+    if cp_comm is not None:
+        names = [c.strip() for c in cp_comm.split(",")]
+        bad = [c for c in names if c not in CP_COMMS]
+        if bad or not names or len(set(names)) != len(names):
+            raise ConfigError("cp-comm", cp_comm, "comma-separated exchanges, each once, from " + ", ".join(CP_COMMS))
+        kw["cp_comm"] = tuple(names)
+    return SearchSpace(**kw)
 
 
 def candidates_csv(rec) -> str:
@@ -197,8 +236,13 @@ def _print_table(rec) -> None:
     table = Table(title=f"{model['name']} on {hw['gpus']} x {hw['name']} ({hw['nodes']} nodes), "
                         f"global batch {best['plan']['global_batch']} x {best['plan']['seq']} tokens, "
                         f"objective {rec.objective}, framework {best['plan'].get('framework', 'megatron')}")
-    left = ("schedule", "recompute", "offload", "place", "stages")
-    columns = ["#", "dp.tp.pp", "mb x m", "schedule", "ZeRO", "recompute", "offload", "SP", "place", "stages",
+    left = ("schedule", "recompute", "offload", "place", "stages", "cp")
+    docs = [best, *rec.alternatives]
+    has_cp = any(d["plan"].get("cp", 1) > 1 for d in docs)
+    has_ep = any(d["plan"].get("ep", 1) > 1 for d in docs)
+    has_shard = any(d["plan"].get("dp_shard", 0) for d in docs)
+    columns = ["#", "dp.tp.pp", *(["cp"] if has_cp else []), *(["ep"] if has_ep else []), "mb x m", "schedule",
+               "ZeRO", *(["shard"] if has_shard else []), "recompute", "offload", "SP", "place", "stages",
                "step s", "tokens/s", "MFU", "GiB/GPU"]
     has_cost = "cost" in best["prediction"]
     if has_cost:
@@ -212,8 +256,12 @@ def _print_table(rec) -> None:
         p, pred = doc["plan"], doc["prediction"]
         sched = p["schedule"] + (f" v{p['virtual_stages']}" if p["virtual_stages"] > 1 else "")
         uneven = p.get("stages") and tuple(p["stages"]) != even_split(sum(p["stages"]), len(p["stages"]))
-        row = [str(i), f"{p['dp']}.{p['tp']}.{p['pp']}", f"{p['micro_batch']} x {p['num_microbatches']}",
-               sched, str(p["zero"]), p["recompute"], p["offload"], "y" if p["sequence_parallel"] else "-",
+        cp = p.get("cp", 1)
+        row = [str(i), f"{p['dp']}.{p['tp']}.{p['pp']}",
+               *([f"{cp} {p.get('cp_comm', 'p2p')}" if cp > 1 else "1"] if has_cp else []),
+               *([str(p.get("ep", 1))] if has_ep else []), f"{p['micro_batch']} x {p['num_microbatches']}",
+               sched, str(p["zero"]), *([str(p.get("dp_shard", 0) or "all")] if has_shard else []),
+               p["recompute"], p["offload"], "y" if p["sequence_parallel"] else "-",
                p["placement"], "uneven" if uneven else "even", f"{pred['step_time_s']:.3f}",
                f"{pred['tokens_per_s']:,.0f}", f"{pred['mfu']:.1%}",
                f"{pred['memory']['peak_bytes_per_gpu'] / 2**30:.1f}"]
@@ -227,6 +275,10 @@ def _print_table(rec) -> None:
     console.print(f"searched {s.candidates_evaluated:,} candidates in {s.seconds:.2f} s ({s.feasible:,} fit; "
                   f"not scored: {s.pruned_by_memory_bound:,} below a memory bound, {s.pruned_by_time_bound:,} "
                   f"above a time bound)")
+    tried = s.values_tried
+    if tried:
+        console.print("tried " + "; ".join(f"{name} {', '.join(map(str, tried[name]))}"
+                                           for name in ("cp", "cp_comm", "dp_shard", "ep") if name in tried))
     console.print(f"best: {describe_config(best['plan'])}")
     train = best["prediction"].get("to_train")
     if train:

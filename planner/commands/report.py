@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from planner.commands.common import (MAX_TOKENS, MAX_WORLD_SIZE, FrameworkOpt, GlobalBatchOpt, GpusOpt, HwPrecisionOpt,
-                                     NodesOpt, OptimizerOpt, SeqOpt)
+                                     NodesOpt, OptimizerOpt, SeqOpt, objective_help)
 from planner.errors import ConfigError
 
 PlanOrModelArg = Annotated[str, typer.Argument(
@@ -34,7 +34,7 @@ def report(
     framework: Annotated[Optional[str], typer.Option(
         "--framework", help="Software stack: megatron (default), torchtitan, fsdp or deepspeed; with a PLAN.json, "
                             "the plan's own framework unless given.")] = None,
-    objective: Annotated[str, typer.Option("--objective", help="throughput, cost or memory.")] = "throughput",
+    objective: Annotated[str, typer.Option("--objective", help=objective_help("--train-tokens"))] = "throughput",
     top: Annotated[int, typer.Option("--top", min=0, max=20, help="Runners-up to show.")] = 3,
     train_tokens: Annotated[float, typer.Option("--train-tokens", min=1.0, max=MAX_TOKENS,
                                                 help="Tokens of the whole run, for time to train and cost "
@@ -51,6 +51,10 @@ def report(
     from planner.report.build import Scenario, build_report
     from planner.report.render import prepare_report_dir, write_report
 
+    from planner.search import OBJECTIVES
+
+    if objective not in OBJECTIVES:                  # the set recommend ranks by (planner.search, the owner)
+        raise ConfigError("objective", objective, "one of " + ", ".join(OBJECTIVES))
     prepare_report_dir(out, force=force)           # before the search: a refused --out costs nothing
     document = _plan_document(plan_or_model)
     counts = _node_list(scaling_nodes)

@@ -9,6 +9,9 @@ rules in `planner.exports.limits`, one function per target. Targets and the rele
   `torchtitan.trainer.Trainer.Config` (planner.exports.torchtitan).
 - Megatron-LM, `megatron/training/arguments.py` of megatron-core 0.19.2: `pretrain_gpt.py` arguments
   (planner.exports.megatron).
+- fsdp: Hugging Face Accelerate 1.15.0's FSDP/DDP launch config (YAML) with the matching
+  transformers 5.23.0 `TrainingArguments` and model config in a commented Python block
+  (planner.exports.fsdp).
 - DeepSpeed 0.19.8: the config JSON read by `deepspeed.runtime.config.DeepSpeedConfig`
   (planner.exports.deepspeed).
 - SageMaker: model parallelism v2 through SageMaker Python SDK v3 (`sagemaker`), or v1 through
@@ -21,6 +24,7 @@ from typing import Callable
 from planner.errors import ConfigError
 from planner.exports.common import Export, cannot
 from planner.exports.deepspeed import to_deepspeed
+from planner.exports.fsdp import to_fsdp
 from planner.exports.limits import target_limits
 from planner.exports.megatron import megatron_layout, to_megatron
 from planner.exports.retarget import framework_refusals, retarget
@@ -28,10 +32,10 @@ from planner.exports.sagemaker import to_sagemaker, to_sagemaker_v1
 from planner.exports.torchtitan import TORCHTITAN_SCHEDULES, to_torchtitan
 from planner.plan import Plan
 
-FORMATS = ("torchtitan", "megatron", "deepspeed", "sagemaker", "sagemaker-v1")
+FORMATS = ("torchtitan", "megatron", "fsdp", "deepspeed", "sagemaker", "sagemaker-v1")
 
 EXPORTERS: dict[str, Callable[[Plan], Export]] = {
-    "torchtitan": to_torchtitan, "megatron": to_megatron, "deepspeed": to_deepspeed,
+    "torchtitan": to_torchtitan, "megatron": to_megatron, "fsdp": to_fsdp, "deepspeed": to_deepspeed,
     "sagemaker": to_sagemaker, "sagemaker-v1": to_sagemaker_v1}
 
 
@@ -60,4 +64,4 @@ def export_plan(plan: Plan, fmt: str) -> Export:
 
 
 __all__ = ["FORMATS", "Export", "export_plan", "refusals", "target_limits", "cannot", "megatron_layout", "TORCHTITAN_SCHEDULES",
-           "to_torchtitan", "to_megatron", "to_deepspeed", "to_sagemaker", "to_sagemaker_v1"]
+           "to_torchtitan", "to_megatron", "to_fsdp", "to_deepspeed", "to_sagemaker", "to_sagemaker_v1"]

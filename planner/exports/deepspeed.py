@@ -11,7 +11,7 @@ from __future__ import annotations
 
 
 from planner.io import dumps_strict
-from planner.exports.common import Export, cannot, chunk_blocks, dp_replicas
+from planner.exports.common import Export, cannot, chunk_blocks, dp_replicas, model_moe, model_spec
 from planner.exports.limits import deepspeed_limits
 from planner.estimate import rank_blocks
 from planner.plan import Plan
@@ -81,7 +81,21 @@ def to_deepspeed(plan: Plan) -> Export:
                      f"--tensor-model-parallel-size {cfg.tp} --pipeline-model-parallel-size {cfg.pp}"
                      f"{' --sequence-parallel' if cfg.sequence_parallel else ''}); DeepSpeed's data-parallel size is then "
                      f"world/(tp*pp) = {cfg.dp}")
-    if cfg.ep > 1:
+    moe = model_moe(plan)
+    if moe is not None:
+        spec = model_spec(plan)
+        notes.append(
+            "mixture-of-experts: the JSON has no MoE section; build each MoE block in the model code as "
+            f"deepspeed.moe.layer.MoE(hidden_size={spec.hidden}, expert=<MLP of width {moe.expert_ffn}>, "
+            f"num_experts={moe.experts}, ep_size={cfg.ep}, k={moe.top_k}, use_residual={bool(moe.shared_experts)}, "
+            + ("drop_tokens=False" if moe.capacity_factor is None else f"capacity_factor={moe.capacity_factor}")
+            + (", enable_expert_tensor_parallelism=True" if cfg.expert_tp > 1 else "")
+            + f") from block {moe.first_dense_layers} on, and pass the optimizer "
+            "deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer (Megatron-DeepSpeed: "
+            f"--num-experts {moe.experts} --moe-expert-parallel-size {cfg.ep} --topk {moe.top_k})")
+        if spec.mla is not None or spec.mtp_modules or spec.qk_norm:
+            notes.append("MLA / MTP / QK-norm are model code DeepSpeed does not provide; the config is the same")
+    elif cfg.ep > 1:
         notes.append(f"expert parallelism: deepspeed.moe.layer.MoE(ep_size={cfg.ep}, ...) in the model code")
     text = dumps_strict(doc, "deepspeed configuration")
     return Export(format="deepspeed", text=text + "\n", notes=tuple(notes))

@@ -28,13 +28,42 @@ def target_limits(fmt: str, plan: Plan) -> list[str]:
 def torchtitan_limits(plan: Plan) -> list[str]:
     """torchtitan 0.3.0 (the exporter builds its llama3 model, `torchtitan.models.llama3`)."""
     cfg, spec, out = plan.config, model_spec(plan), []
+    if model_moe(plan) or cfg.ep > 1 or cfg.expert_tp > 1:
+        kind = f" ({spec.model_type})" if spec is not None else ""
+        return [f"mixture-of-experts{kind}: the exporter does not build torchtitan 0.3.0's MoE families "
+                "(deepseek_v3, qwen3 MoE, gpt_oss) yet; dense llama3-style and GPT-style models only"]
     if spec is None:
         out.append(_NO_ARCH)
+    elif spec.position == "learned":
+        out += _gpt_only(spec)
+        if cfg.cp > 1:
+            out.append(f"cp={cfg.cp} with learned absolute positions: torchtitan's context parallelism shards the "
+                       "sequence without telling the model each shard's positions")
     else:
         out += _llama_only(spec, "torchtitan 0.3.0's llama3 model (the one decoder the exporter builds)")
-    if model_moe(plan) or cfg.ep > 1 or cfg.expert_tp > 1:
-        out.append("mixture-of-experts: the exporter builds torchtitan's dense llama3 model only")
     return out
+
+
+def _gpt_only(spec: TransformerSpec) -> list[str]:
+    """A decoder the job's own GPT model (planner.exports.torchtitan_models) builds: learned positions,
+    pre-LayerNorm, GELU MLP, biases on every linear, multi-head attention."""
+    wrong = []
+    if spec.encoder_layers or not spec.causal:
+        wrong.append("not a causal decoder")
+    if spec.norm != "layernorm" or spec.gated_mlp or spec.activation != "gelu":
+        wrong.append(f"norm={spec.norm}, MLP {'gated ' if spec.gated_mlp else ''}{spec.activation}")
+    if not (spec.qkv_bias and spec.out_bias and spec.mlp_bias):
+        wrong.append("linears without biases")
+    if spec.n_kv_heads != spec.heads:
+        wrong.append("grouped-query attention")
+    if spec.parallel_block or spec.embed_norm or not spec.final_norm or spec.sliding_window:
+        wrong.append("parallel block / embedding norm / no final norm / sliding window")
+    if spec.mla is not None or spec.qk_norm or spec.attention_sinks or spec.mtp_modules:
+        wrong.append("MLA / QK-norm / attention sinks / MTP")
+    if not wrong:
+        return []
+    return [f"{spec.name} ({spec.model_type}: {', '.join(wrong)}) is not a GPT-style model the exported job's GPT "
+            "decoder builds (learned positions, LayerNorm, GELU, biases)"]
 
 
 # ---------------------------------------------------------------------------------- Megatron-LM (core 0.19)
@@ -56,12 +85,43 @@ def megatron_limits(plan: Plan) -> list[str]:
         out.append(f"gated MLP with {spec.activation}: Megatron-LM's arguments have SwiGLU (--swiglu) only")
     if not spec.gated_mlp and spec.activation != "gelu":
         out.append(f"MLP activation {spec.activation}: Megatron-LM's arguments have GELU or SwiGLU")
-    out += _unwritten_model_features(spec, "Megatron-LM's")
+    out += _megatron_unwritten(spec)
     if _bias_pattern(spec) is None:
         out.append("bias pattern (qkv, out, mlp) = "
                    f"({spec.qkv_bias}, {spec.out_bias}, {spec.mlp_bias}): Megatron-LM has all biases, none, or qkv only")
     if cfg.zero >= 2 and cfg.dp_shard and cfg.dp_shard < cfg.dp:
         out.append(f"ZeRO-{cfg.zero} with dp_shard={cfg.dp_shard} < dp={cfg.dp}: hybrid Megatron FSDP is not exported")
+    return out
+
+
+# ----------------------------------------------------------------- fsdp (Accelerate 1.15 / transformers 5.23)
+
+def fsdp_limits(plan: Plan) -> list[str]:
+    """Hugging Face modules under DDP / FSDP2 through Accelerate (planner.exports.fsdp)."""
+    from planner.exports.fsdp import HF_DECODER_LAYER
+
+    cfg, spec, out = plan.config, model_spec(plan), []
+    if spec is None:
+        return [_NO_ARCH]
+    if spec.model_type not in HF_DECODER_LAYER:
+        return [f"{spec.name} ({spec.model_type}): the exporter writes Hugging Face configs for "
+                + ", ".join(sorted(HF_DECODER_LAYER)) + " models"]
+    if spec.model_type == "gpt2":
+        if not (spec.position == "learned" and spec.norm == "layernorm" and not spec.gated_mlp
+                and spec.qkv_bias and spec.out_bias and spec.mlp_bias and spec.d_head * spec.heads == spec.hidden):
+            out.append(f"{spec.name}: not the shape of transformers' GPT2 model (learned positions, LayerNorm, GELU MLP, "
+                       "biases, head_dim = hidden/heads)")
+    elif not (spec.position == "rope" and spec.norm == "rmsnorm" and spec.gated_mlp and spec.activation == "silu"
+              and not spec.out_bias and not spec.parallel_block):
+        out.append(f"{spec.name}: not the shape of transformers' {spec.model_type} model (RoPE, RMSNorm, SwiGLU)")
+    want_qk_norm = spec.model_type == "qwen3_moe"
+    if spec.mla is not None or spec.attention_sinks or spec.mtp_modules or spec.qk_norm != want_qk_norm \
+            or (spec.sliding_window and spec.model_type != "mistral") or spec.window_layers is not None:
+        out.append(f"{spec.name}: MLA / attention sinks / MTP / QK-norm / sliding windows that transformers' "
+                   f"{spec.model_type} model does not have")
+    if cfg.offload == "optimizer" and (cfg.zero == 0 or cfg.dp == 1):
+        out.append("offload=optimizer without sharding: DistributedDataParallel has no optimizer offload "
+                   "(FSDP's CPU offload needs ZeRO-2/3)")
     return out
 
 
@@ -77,6 +137,16 @@ def deepspeed_limits(plan: Plan) -> list[str]:
                    "and the plan has recompute=none")
     if cfg.cp > 1:
         out.append(f"cp={cfg.cp}: DeepSpeed's config has no context-parallel degree (Ulysses is built in model code)")
+    moe = model_moe(plan)
+    if moe is not None:
+        gate = [what for what, has in (
+            ("sigmoid scoring", moe.router != "softmax"), ("the expert-bias balancing", moe.aux_free_bias),
+            ("group-limited routing", bool(moe.groups_per_token)), ("a routed scaling factor", moe.routed_scaling != 1.0),
+            ("a learned router bias", moe.router_bias), ("a shared-expert gate", moe.shared_expert_gate),
+            ("more than one shared expert", moe.shared_experts > 1)) if has]
+        if gate:
+            out.append(f"mixture-of-experts with {', '.join(gate)}: DeepSpeed-MoE's layer (deepspeed.moe.layer.MoE) has a "
+                       "softmax top-k gate and at most one residual (shared) expert")
     return out
 
 
@@ -118,7 +188,7 @@ def sagemaker_v1_limits(plan: Plan) -> list[str]:
     return out
 
 
-LIMITS = {"torchtitan": torchtitan_limits, "megatron": megatron_limits, "deepspeed": deepspeed_limits,
+LIMITS = {"torchtitan": torchtitan_limits, "megatron": megatron_limits, "fsdp": fsdp_limits, "deepspeed": deepspeed_limits,
           "sagemaker": sagemaker_limits, "sagemaker-v1": sagemaker_v1_limits}
 
 _NO_ARCH = ("the plan document has no model.arch (the model's full shape), which this target needs to build the "
@@ -171,6 +241,26 @@ def _unwritten_model_features(spec: TransformerSpec, target: str) -> list[str]:
     if not features:
         return []
     return [f"{spec.name}: the exporter does not write {target} arguments for {', '.join(features)} yet"]
+
+
+def _megatron_unwritten(spec: TransformerSpec) -> list[str]:
+    """Model features Megatron-LM's arguments cannot state: attention sinks, a window on some blocks
+    only, a learned router bias, and a sigmoid router without top-k renormalization (Megatron's
+    sigmoid router always renormalizes)."""
+    moe, features = spec.moe, []
+    if spec.attention_sinks:
+        features.append("attention sinks")
+    if spec.sliding_window and spec.window_layers is not None:
+        features.append("a sliding window on some blocks only")
+    if moe is not None and moe.router_bias:
+        features.append("a learned router bias")
+    if moe is not None and moe.router == "sigmoid" and not moe.normalize_top_k:
+        features.append("a sigmoid router without top-k renormalization")
+    if moe is not None and moe.groups_per_token and moe.expert_groups == 1:
+        features.append("group-limited routing without groups")
+    if not features:
+        return []
+    return [f"{spec.name}: Megatron-LM's arguments have no {', '.join(features)}"]
 
 
 def _bias_pattern(spec: TransformerSpec) -> str | None:

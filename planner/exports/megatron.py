@@ -50,7 +50,7 @@ def to_megatron(plan: Plan) -> Export:
     if spec.n_kv_heads != spec.heads:
         add("--group-query-attention")
         add("--num-query-groups", spec.n_kv_heads)
-    if spec.d_head != spec.hidden // spec.heads or spec.hidden % spec.heads:
+    if spec.mla is None and (spec.d_head != spec.hidden // spec.heads or spec.hidden % spec.heads):
         add("--kv-channels", spec.d_head)
     add("--seq-length", cfg.seq)
     positions = {"learned": "learned_absolute", "rope": "rope", "none": "none"}[spec.position]
@@ -76,15 +76,43 @@ def to_megatron(plan: Plan) -> Export:
     add("--vocab-size", spec.vocab)
     notes.append(f"NullTokenizer with --vocab-size {spec.vocab} fixes the embedding shape; put your tokenizer in its "
                  f"place. Megatron pads the table to a multiple of 128 x tp ({_padded_vocab(spec.vocab, cfg.tp)} rows)")
+    if spec.mla is not None:      # DeepSeek-V2/V3 multi-head latent attention (MLATransformerConfig)
+        add("--multi-latent-attention")
+        if spec.mla.q_lora_rank:
+            add("--q-lora-rank", spec.mla.q_lora_rank)
+        add("--kv-lora-rank", spec.mla.kv_lora_rank)
+        add("--qk-head-dim", spec.mla.qk_nope_head_dim)
+        add("--qk-pos-emb-head-dim", spec.mla.qk_rope_head_dim)
+        add("--v-head-dim", spec.mla.v_head_dim)
+        notes.append("MLA: rotary scaling (DeepSeek-V3's YaRN, --rope-type yarn --rotary-scaling-factor 40) is not "
+                     "in the plan's model; add it for long contexts")
+    if spec.qk_norm:
+        add("--qk-layernorm")
+    if spec.mtp_modules:
+        add("--mtp-num-layers", spec.mtp_modules)
     moe = model_moe(plan)
     if moe:
         add("--num-experts", moe.experts)
         add("--moe-router-topk", moe.top_k)
         add("--moe-ffn-hidden-size", moe.expert_ffn)
         if moe.shared_experts:
-            add("--moe-shared-expert-intermediate-size", moe.shared_experts * (moe.shared_expert_ffn or moe.expert_ffn))
+            add("--moe-shared-expert-intermediate-size", moe.shared_experts * moe.d_shared_ffn)
+            if moe.shared_expert_gate:
+                add("--moe-shared-expert-gate")
         if moe.first_dense_layers:
             add("--moe-layer-freq", f'"([0]*{moe.first_dense_layers}+[1]*{spec.layers - moe.first_dense_layers})"')
+        add("--moe-router-score-function", moe.router)
+        if moe.router == "softmax" and not moe.normalize_top_k:
+            add("--moe-router-pre-softmax")           # softmax over all experts, top-k probabilities kept as they are
+        if moe.aux_free_bias:
+            add("--moe-router-enable-expert-bias")    # DeepSeek-V3's auxiliary-loss-free balancing bias
+        if moe.expert_groups > 1 and moe.groups_per_token:
+            add("--moe-router-num-groups", moe.expert_groups)
+            add("--moe-router-group-topk", moe.groups_per_token)
+        if moe.routed_scaling != 1.0:
+            add("--moe-router-topk-scaling-factor", moe.routed_scaling)
+        if moe.capacity_factor is not None:
+            add("--moe-expert-capacity-factor", moe.capacity_factor)
         add("--moe-grouped-gemm")
         add("--moe-token-dispatcher-type", "alltoall")
 
@@ -154,6 +182,7 @@ def to_megatron(plan: Plan) -> Export:
     if cfg.precision == "fp8":
         add("--fp8-format", "hybrid")
         add("--fp8-recipe", "tensorwise")
+        add("--fp8-param-gather")   # FP8 primary weights, no FP8 copies beside bf16 ones (what the plan's memory assumes)
         notes.append("fp8 needs Transformer Engine (--transformer-impl transformer_engine, the default)")
 
     # --- placement, schedule, checkpoints

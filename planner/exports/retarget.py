@@ -17,7 +17,7 @@ from frameworks.rules import placement_allowed, violations
 from planner.errors import ConfigError
 from planner.parallel import ParallelConfig
 
-FORMAT_FRAMEWORK = {"torchtitan": "torchtitan", "megatron": "megatron", "deepspeed": "deepspeed"}
+FORMAT_FRAMEWORK = {"torchtitan": "torchtitan", "megatron": "megatron", "fsdp": "fsdp", "deepspeed": "deepspeed"}
 """Export formats that are one of the costed frameworks (the SageMaker formats are AWS's own stack)."""
 
 
@@ -79,10 +79,15 @@ def retarget(plan, fmt: str):
     spec = model_spec(plan)
     notes = [f"plan made for {plan.config.framework}, exported to {name}: " + ("; ".join(changes) or "no change needed")]
     document = dict(plan.document)
+    est = None
     if spec is not None:
         from planner.estimate import estimate
 
-        est = estimate(spec, plan.hardware_name, new_cfg, gpus=plan.gpus)
+        try:
+            est = estimate(spec, plan.hardware_name, new_cfg, gpus=plan.gpus)
+        except ConfigError as err:     # a dimension this build does not cost yet (expert parallelism)
+            notes.append(f"not re-estimated on {name} ({err}); the plan's own prediction is kept")
+    if est is not None:
         document = est.to_document()
         for key in ("alternatives", "search"):
             if key in plan.document:

@@ -15,10 +15,15 @@ llama3 model and its module names `tok_embeddings`, `layers.<i>`, `norm`, `lm_he
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from planner.exports.common import (Export, cannot, chunk_blocks, devices_per_node, dp_replicas, header,
                                     require_spec, steps_between_checkpoints)
 from planner.exports.limits import torchtitan_limits
 from planner.plan import Plan
+
+SPMD_BACKEND = "partial_dtensor"
+"""torchtitan's DTensor backend for the model-parallel axes (ParallelismConfig.spmd_backend)."""
 
 TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
                         "zero-bubble": "InterleavedZeroBubble"}
@@ -37,14 +42,15 @@ _JOB_OF_FLAVOR = {"8B": "llama3_8b", "70B": "llama3_70b", "405B": "llama3_405b"}
 """torchtitan's own job for a flavor (config_registry.py); others start from llama3_8b."""
 
 
-def torchtitan_fqns(stages) -> list[list[str]]:
-    """Module names per model chunk for torchtitan's llama3 (tok_embeddings, layers.i, norm, lm_head)."""
+def torchtitan_fqns(stages, *, positions: bool = False) -> list[list[str]]:
+    """Module names per model chunk for torchtitan's decoders (tok_embeddings, [pos_embeddings for the
+    GPT model of planner.exports.torchtitan_models], layers.i, norm, lm_head)."""
     parts, start = [], 0
     for i, count in enumerate(stages):
         names = [f"layers.{j}" for j in range(start, start + count)]
         start += count
         if i == 0:
-            names.insert(0, "tok_embeddings")
+            names[:0] = ["tok_embeddings", "pos_embeddings"] if positions else ["tok_embeddings"]
         if i == len(stages) - 1:
             names += ["norm", "lm_head"]
         parts.append(names)
@@ -57,7 +63,8 @@ def to_torchtitan(plan: Plan) -> Export:
     if refusals:
         raise cannot("torchtitan", "; ".join(refusals))
     cfg, spec, notes = plan.config, require_spec(plan, "torchtitan"), []
-    flavor = _flavor(spec)
+    family = torchtitan_family(spec)
+    flavor = _flavor(spec) if family == "llama3" else None
     local_batch = cfg.global_batch // cfg.dp
 
     parallelism: dict[str, object] = {}
@@ -70,14 +77,23 @@ def to_torchtitan(plan: Plan) -> Export:
             notes.append("torchtitan has no optimizer-only sharding (ZeRO-1); exported as FSDP2 without resharding "
                          "after forward (ZeRO-2): same parameters in memory, less gradient memory")
     parallelism.update(tensor_parallel_degree=cfg.tp, enable_sequence_parallel=cfg.tp > 1,
-                       pipeline_parallel_degree=cfg.pp, context_parallel_degree=cfg.cp)
+                       pipeline_parallel_degree=cfg.pp, context_parallel_degree=cfg.cp,
+                       spmd_backend=SPMD_BACKEND)
+    notes.append(f"parallelism.spmd_backend={SPMD_BACKEND!r}: torchtitan 0.3.0's default 'spmd_types' hands FSDP2 "
+                 "plain tensors with SPMD annotations, which torch 2.13.0's fully_shard refuses with data and tensor "
+                 "parallelism (it needs a newer torch); the DTensor backend shards the same way")
     if cfg.tp > 1 and not cfg.sequence_parallel:
         notes.append("torchtitan applies sequence parallelism with TP (enable_sequence_parallel); the plan did not "
                      "(less activation memory)")
     if cfg.pp > 1:
         parallelism.update(pipeline_parallel_schedule=TORCHTITAN_SCHEDULES[cfg.schedule],
                            pipeline_parallel_microbatch_size=cfg.micro_batch,
-                           module_fqns_per_model_part=torchtitan_fqns(chunk_blocks(plan)))
+                           module_fqns_per_model_part=torchtitan_fqns(chunk_blocks(plan), positions=family == "gpt"))
+        if spec.tied_embeddings:
+            notes.append("tied embeddings with pipeline parallelism (torchtitan's Decoder refuses them): the first and "
+                         "last stages each hold the table, start from the last stage's values and add their gradients "
+                         "before each optimizer step (Megatron-LM's scheme); torchtitan's gradient clipping sees the "
+                         "two partial gradients")
     elif cfg.num_microbatches > 1:
         notes.append(f"pp=1: torchtitan runs local_batch_size={local_batch} in one forward; set "
                      f"local_batch_size={cfg.micro_batch} and global_batch_size={cfg.global_batch} on the command line to "
@@ -108,7 +124,11 @@ def to_torchtitan(plan: Plan) -> Export:
     if cfg.precision == "fp8":
         notes.append("fp8: torchtitan's Float8LinearConverter (torchao rowwise recipe) on every Linear; "
                      "needs torchao and an SM89+ GPU; add --compile.enable for speed")
-    text = _module_text(plan, spec, flavor, training, parallelism, ac, steps)
+    if family == "gpt":
+        notes.append("the job defines the GPT model itself (torchtitan 0.3.0 has none): token + learned position "
+                     "embeddings, pre-LayerNorm blocks with biases and a GELU MLP, parallelized by torchtitan's llama3 "
+                     "functions; no Hugging Face checkpoint adapter (state_dict_adapter None)")
+    text = _module_text(plan, spec, family, flavor, training, parallelism, ac, steps)
     return Export(format="torchtitan", text=text, notes=tuple(notes))
 
 
@@ -125,7 +145,60 @@ def _py(value) -> str:
     return repr(value)
 
 
-def _module_text(plan: Plan, spec, flavor, training, parallelism, ac, steps) -> str:
+def torchtitan_family(spec) -> str:
+    """Which model the job builds: torchtitan's llama3, or the GPT model the job defines itself
+    (planner.exports.torchtitan_models); the limits refuse everything else."""
+    return "gpt" if spec.position == "learned" else "llama3"
+
+
+def _models_source() -> list[str]:
+    """The model code the job carries (planner/exports/torchtitan_models.py, read as text)."""
+    return (Path(__file__).with_name("torchtitan_models.py").read_text().rstrip("\n") + "\n").splitlines()
+
+
+def _model_lines(plan: Plan, spec, family, flavor) -> tuple[list[str], list[str]]:
+    """(code before the job function, lines in it that set config.model_spec)."""
+    cfg = plan.config
+    converters = "[Float8LinearConverter.Config()]" if cfg.precision == "fp8" else "None"
+    tied_pp = spec.tied_embeddings and cfg.pp > 1
+    if family == "gpt":
+        prelude = [""] + _models_source()
+        body = ["    model = gpt_config(",
+                f"        vocab={spec.vocab}, dim={spec.hidden}, n_layers={spec.layers}, n_heads={spec.heads},",
+                f"        head_dim={spec.d_head}, hidden_dim={spec.d_ffn}, n_positions={max(cfg.seq, spec.n_positions)},",
+                f"        tied={spec.tied_embeddings})"]
+        if cfg.precision == "fp8":
+            body.append("    model = Float8LinearConverter.Config().build().convert(model)")
+        body.append(f"    config.model_spec = tied_model_spec('gpt', {spec.name!r}, model)")
+        return prelude, body
+    prelude = [] if flavor is not None else _custom_flavor(spec, cfg.seq)
+    name = flavor or "planner"
+    body = [f"    config.model_spec = llama3.model_registry({name!r}, converters={converters})"]
+    if tied_pp:
+        prelude = prelude + [""] + _models_source() + [
+            "",
+            "",
+            "class TiedLlama3Model(llama3.Llama3Model):",
+            "    \"\"\"torchtitan's llama3 model whose tied table may sit on two pipeline stages.\"\"\"",
+            "",
+            "    @dataclass(kw_only=True, slots=True)",
+            "    class Config(llama3.Llama3Model.Config):",
+            "        def update_from_config(self, *, config, **kwargs) -> None:",
+            "            tied, self.enable_weight_tying = self.enable_weight_tying, False   # skip the PP refusal",
+            "            try:",
+            "                llama3.Llama3Model.Config.update_from_config(self, config=config, **kwargs)",
+            "            finally:",
+            "                self.enable_weight_tying = tied",
+            "",
+            "    def init_states(self, *, buffer_device=None) -> None:",
+            "        init_tied_states(self, buffer_device=buffer_device)"]
+        body += ["    model = config.model_spec.model",
+                 "    model = TiedLlama3Model.Config(**{f.name: getattr(model, f.name) for f in dataclasses.fields(model)})",
+                 f"    config.model_spec = tied_model_spec('llama3', {name!r}, model)"]
+    return prelude, body
+
+
+def _module_text(plan: Plan, spec, family, flavor, training, parallelism, ac, steps) -> str:
     cfg = plan.config
     module = "planner_job"
     lines = ['"""' + "\n".join(header(plan, "torchtitan 0.3.0 job")),
@@ -145,14 +218,13 @@ def _module_text(plan: Plan, spec, flavor, training, parallelism, ac, steps) -> 
     if cfg.precision == "fp8":
         lines.append("from torchtitan.components.quantization import Float8LinearConverter")
     lines.append("")
-    if flavor is None:
-        lines += _custom_flavor(spec, cfg.seq)
-        flavor = "planner"
-    converters = "[Float8LinearConverter.Config()]" if cfg.precision == "fp8" else "None"
+    prelude, body = _model_lines(plan, spec, family, flavor)
+    lines += prelude
     lines += ["",
+              "",
               "def planner_job():",
               "    config = base_job()",
-              f"    config.model_spec = llama3.model_registry({flavor!r}, converters={converters})",
+              *body,
               "    config.loss = ChunkedLossWrapper.Config(",
               "        loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec)))",
               "    config.training = TrainingConfig(",

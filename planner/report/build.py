@@ -68,7 +68,7 @@ def build_report(scenario: Scenario, *, plan_document: Mapping[str, Any] | None 
                 1e-9 * float(best["prediction"]["step_time_s"]):
             notes.append("The plan file's prediction differs from this build's estimate; the report shows "
                          "the current estimate of the plan's configuration.")
-    ctx = _rule_context(model, hw, best, scenario)
+    ctx = rule_context(model, hw, best, scenario)
     rules = checklist.evaluate(ctx)
     scaling_rows = _scaling(model, hw, scenario, best, search, given=plan_document is not None)
     seed_rows = _seed_argument(hw, scaling_rows)
@@ -95,24 +95,36 @@ def build_report(scenario: Scenario, *, plan_document: Mapping[str, Any] | None 
 
 # --- checklist context ---------------------------------------------------------------------------
 
-def _rule_context(model, hw, best: Mapping[str, Any], scenario: Scenario) -> checklist.RuleContext:
+def rule_context(model, hw, best: Mapping[str, Any], scenario: Scenario) -> checklist.RuleContext:
+    """The checklist's view of the plan `best`: its what-ifs are estimate() of the plan's configuration
+    with fields changed (the one cost model), each computed once."""
     base_cfg = backend.config_from_document(best)
+    tried: dict[str, tuple[Mapping[str, Any] | None, str | None]] = {}
+
+    def attempt(hardware_changes: Mapping[str, Any] | None, changes: Mapping[str, Any]):
+        key = repr((sorted((hardware_changes or {}).items()), sorted(changes.items())))
+        if key not in tried:
+            try:
+                cfg = dataclasses.replace(base_cfg, **changes)
+                if changes.get("seq") is not None and changes["seq"] != base_cfg.seq:
+                    m = backend.resolve(scenario.model, changes["seq"])
+                else:
+                    m = model
+                h = dataclasses.replace(hw, **hardware_changes) if hardware_changes else hw
+                tried[key] = (backend.estimate_document(m, h, cfg, gpus=base_cfg.world_size), None)
+            except PlannerError as error:
+                tried[key] = (None, str(error))
+        return tried[key]
 
     def what_if(hardware_changes: Mapping[str, Any] | None = None, **changes):
-        try:
-            cfg = dataclasses.replace(base_cfg, **changes)
-            if changes.get("seq") is not None and changes["seq"] != base_cfg.seq:
-                m = backend.resolve(scenario.model, changes["seq"])
-            else:
-                m = model
-            h = dataclasses.replace(hw, **hardware_changes) if hardware_changes else hw
-            return backend.estimate_document(m, h, cfg, gpus=base_cfg.world_size)
-        except PlannerError:
-            return None
+        return attempt(hardware_changes, changes)[0]
+
+    def why_not(hardware_changes: Mapping[str, Any] | None = None, **changes):
+        return attempt(hardware_changes, changes)[1]
 
     return checklist.RuleContext(
         document=best, hardware=hw, batchnorm_modules=backend.batchnorm_count(scenario.model),
-        what_if=what_if, train_tokens=scenario.train_tokens,
+        what_if=what_if, why_not=why_not, spec=model, train_tokens=scenario.train_tokens,
         tp_group_nodes=checklist.tp_group_nodes(best["plan"], hw.devices_per_node))
 
 

@@ -1,9 +1,11 @@
 """The best-practice checklist: each rule of the seed documents applied to this model and plan.
 
-A rule is a small function of a `RuleContext` returning a `RuleResult` (pass or warn) with the
-number behind the verdict. Every number comes from the plan document estimate() produced, from a
-what-if estimate() of a changed configuration, from the hardware profile, or from counting the
-model's modules; no rule computes a cost itself.
+A rule is a small function of a `RuleContext` returning a `RuleResult` with the number behind the
+verdict and the source of the practice. Status: pass (the plan follows the practice, or it does not
+apply here and the number says why), advice (a change the cost model predicts pays for this plan) or
+warn (the plan goes against the practice at a cost the number shows). Every number comes from the
+plan document estimate() produced, from a what-if estimate() of a changed configuration, from the
+hardware profile, or from counting the model's modules; no rule computes a cost itself.
 
 Sources of the advice:
 - "Start with data parallelism; try mixed precision, smaller micro-batches, recomputation or
@@ -22,6 +24,18 @@ Sources of the advice:
   Grattafiori et al. 2024 (Llama 3, Sec. 3.3.4: more than 90% effective training time on 16K GPUs
   through fast checkpoints and restarts). The numbers are the plan's prediction.reliability
   (planner.goodput, docs/goodput.md).
+- "Split long sequences with context parallelism; not short ones": Megatron-Core / NeMo context
+  parallelism docs (docs.nvidia.com/nemo-framework/user-guide/latest/longcontext/contextparallel.html);
+  Liu et al. 2023, "Ring Attention with Blockwise Transformers for Near-Infinite Context" (arXiv
+  2310.01889). The numbers: the plan estimated again with cp changed (cost_models.comm.cp_block_seconds).
+- "FP8 GEMMs where GEMMs dominate, on FP8 hardware": NVIDIA Transformer Engine FP8 primer
+  (docs.nvidia.com/deeplearning/transformer-engine, "Using FP8 with Transformer Engine"); Micikevicius
+  et al. 2022, "FP8 Formats for Deep Learning" (arXiv 2209.05433). The numbers: the plan estimated
+  again at fp8 / amp-bf16 (cost_models.compute: FP8 GEMM peak, the framework's fp8_cast_bytes_per_element).
+- "Shard inside the NVLink domain, replicate across it (HSDP)": PyTorch FSDP docs
+  (ShardingStrategy.HYBRID_SHARD, docs.pytorch.org/docs/stable/fsdp.html); Zhao et al. 2023, "PyTorch
+  FSDP: Experiences on Scaling Fully Sharded Data Parallel" (VLDB 2023, arXiv 2304.11277). The
+  numbers: the plan estimated again with dp_shard changed (cost_models.comm.dp_comm_seconds).
 """
 from __future__ import annotations
 
@@ -31,7 +45,8 @@ from typing import Any, Callable, Literal, Mapping
 
 import numpy as np
 
-Status = Literal["pass", "warn"]
+Status = Literal["pass", "advice", "warn"]
+STATUSES: tuple[Status, ...] = ("pass", "advice", "warn")
 GB = 1e9
 
 MEMORY_BOUND_FRACTION = 0.85
@@ -40,6 +55,9 @@ BUBBLE_WARN_FRACTION = 0.10
 """Pipeline bubble + p2p share of the step above which the pipeline counts as too long."""
 INTER_NODE_WARN_FRACTION = 0.10
 """Step-time share of exposed inter-node communication above which placement matters."""
+AS_FAST_FRACTION = 0.98
+"""Two plans within 2% of each other's throughput count as equally fast: a what-if that gains less is
+no reason to change the plan (the checklist's one 'as fast' band)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,6 +71,8 @@ class RuleResult:
     """The number behind the verdict, formatted with its unit."""
     detail: str
     """What to do about it, for this model and plan."""
+    source: str = ""
+    """Where the practice comes from (documentation or paper), shown beside the advice."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -71,6 +91,11 @@ class RuleContext:
     """Tokens of the whole training run (for the cost of the run)."""
     tp_group_nodes: int
     """Nodes one tensor-parallel group spans under the plan's placement."""
+    why_not: Callable[..., str | None] = field(default=lambda **_: None)
+    """why_not(**config_changes) -> the one-line reason what_if() gives None for those changes (the
+    ConfigError's message), or None when the change is valid."""
+    spec: Any = None
+    """The TransformerSpec the plan was estimated for (FLOP counts); None when not known."""
     extras: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -154,7 +179,7 @@ def data_parallel_first(ctx: RuleContext) -> RuleResult:
                           detail=f"Pure data parallelism (micro-batch 1, ZeRO {' or '.join(str(z) for z, _ in variants)}) "
                                  f"does not fit, so tp={plan['tp']}, pp={plan['pp']} is justified.")
     ratio = _tok(dp) / _tok(ctx.document)
-    status: Status = "warn" if ratio >= 0.98 else "pass"
+    status: Status = "warn" if ratio >= AS_FAST_FRACTION else "pass"
     return RuleResult(rule="data-parallel-first", title=title, status=status,
                       number=f"pure DP with ZeRO-{zero} fits ({_gb(_peak(dp))}) at {_tok(dp):,.0f} tok/s = "
                              f"{ratio:.2f}x the plan",
@@ -202,7 +227,7 @@ def memory_savers_first(ctx: RuleContext) -> RuleResult:
                           detail="Pure data parallelism cannot split this global batch evenly over every GPU, "
                                  "whatever the micro-batch; model parallelism is needed to use them all.")
     name, best = min(tried.items(), key=lambda kv: _peak(kv[1]))
-    if _fits(best) and _tok(best) >= 0.98 * _tok(ctx.document):
+    if _fits(best) and _tok(best) >= AS_FAST_FRACTION * _tok(ctx.document):
         return RuleResult(rule="memory-savers-first", title=title, status="warn",
                           number=f"pure DP with {name}: {_gb(_peak(best))}, {_tok(best):,.0f} tok/s",
                           detail="Memory savers alone make pure data parallelism fit at this speed.")
@@ -396,24 +421,416 @@ def plan_for_failures(ctx: RuleContext) -> RuleResult:
                       detail=f"Most of the loss is {worst}: {fix[worst]}; checkpoint every {steps} steps meanwhile.")
 
 
+# --- today's dense-training practices: context parallelism, FP8, hybrid sharding ------------------
+
+CP_SOURCE = ("Megatron-Core / NeMo context parallelism docs (docs.nvidia.com/nemo-framework/user-guide/latest/"
+             "longcontext/contextparallel.html); Liu et al. 2023, Ring Attention with Blockwise Transformers "
+             "(arXiv 2310.01889)")
+FP8_SOURCE = ("NVIDIA Transformer Engine docs, Using FP8 with Transformer Engine (docs.nvidia.com/deeplearning/"
+              "transformer-engine); Micikevicius et al. 2022, FP8 Formats for Deep Learning (arXiv 2209.05433)")
+HSDP_SOURCE = ("PyTorch FSDP docs, ShardingStrategy.HYBRID_SHARD (docs.pytorch.org/docs/stable/fsdp.html); "
+               "Zhao et al. 2023, PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel (VLDB 2023, "
+               "arXiv 2304.11277)")
+
+CP_DEGREES = (1, 2, 4, 8)
+"""Context-parallel degrees estimated beside the plan's own: up to a node of 8 GPUs, where the ring
+stays on NVLink (Megatron-Core and torchtitan put cp just outside tp in the rank order)."""
+ACTIVATION_DOMINANT_FRACTION = 0.5
+"""Activations and working buffers above half the peak: they, not the model states, set the memory."""
+FP8_MIN_GAIN = 0.05
+"""Step-time gain below which FP8 does not pay for its numerics (per-tensor scaling recipes and
+loss-curve checks, Transformer Engine docs): above the cost model's 3.8% mean error on the published
+Megatron runs (docs/cost-model.md), so a smaller predicted gain may not be real."""
+HOST_BOUND_FRACTION = 0.10
+"""Share of the step spent waiting on the host's kernel launches above which the step is host-bound."""
+
+
+def _step(doc: Mapping[str, Any]) -> float:
+    return float(doc["prediction"]["step_time_s"])
+
+
+def _change(new: float, old: float) -> str:
+    return f"{100 * (new / old - 1):+.1f}%"
+
+
+def _speed(new: float, old: float) -> str:
+    """'12.3% faster' / '4.5% slower': step time `new` against `old`."""
+    return f"{100 * abs(1 - new / old):.1f}% {'faster' if new < old else 'slower'}"
+
+
+def _faster(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Plan a gains more than the 'as fast' band over plan b (AS_FAST_FRACTION)."""
+    return _step(a) <= AS_FAST_FRACTION * _step(b)
+
+
+def _breakdown(doc: Mapping[str, Any], term: str) -> float:
+    return float(doc["prediction"]["time_breakdown_s"].get(term, 0.0))
+
+
+def _growth(slower: Mapping[str, Any], faster: Mapping[str, Any], terms: int = 3) -> str:
+    """The step-time terms that grow most from `faster` to `slower` (time_breakdown_s), e.g.
+    'dp_comm +0.04 s, compute +0.011 s': where the extra time goes, in the cost model's own words."""
+    a, b = slower["prediction"]["time_breakdown_s"], faster["prediction"]["time_breakdown_s"]
+    grown = sorted(((float(a.get(k, 0.0)) - float(b.get(k, 0.0)), k) for k in a if "_part_of_" not in k),
+                   reverse=True)
+    return ", ".join(f"{k} +{d:.3g} s" for d, k in grown[:terms] if d > 0) or "no term grows"
+
+
+def _framework(ctx: RuleContext):
+    from frameworks import load_framework
+
+    return load_framework(ctx.plan.get("framework", "megatron"))
+
+
+def _stacks_with(has: Callable[[Any], bool]) -> str:
+    """The shipped frameworks whose capabilities pass `has` (frameworks/*.json), e.g. 'megatron, torchtitan'."""
+    from frameworks import load_framework
+    from planner.parallel import FRAMEWORKS
+
+    return ", ".join(name for name in FRAMEWORKS if has(load_framework(name).capabilities)) or "none"
+
+
+def sequence_bytes(doc: Mapping[str, Any]) -> int:
+    """Bytes of the peak that grow with the tokens a GPU holds: activations plus working buffers
+    (logits, the recomputation working set, workspaces) = peak - parameters - gradients - optimizer
+    states (the plan document's memory terms, cost_models.memory.peak_bytes)."""
+    mem = doc["prediction"]["memory"]
+    return int(mem["activations_bytes"]) + int(mem["other_bytes"])
+
+
+def cp_changes(plan: Mapping[str, Any], cp: int, comms: tuple[str, ...]) -> dict[str, Any] | None:
+    """The ParallelConfig changes that run the plan at context-parallel degree `cp` on the same GPUs:
+    dp x cp kept (world = dp x tp x pp x cp), C placed just outside T, the plan's cp_comm when the
+    framework has it (else its first), the shard group kept when it still divides dp. None when
+    dp x cp is not a multiple of `cp`."""
+    from planner.placement import with_context
+
+    ranks = plan["dp"] * plan.get("cp", 1)
+    if ranks % cp:
+        return None
+    dp = ranks // cp
+    placement = plan["placement"]
+    if "C" not in placement:
+        placement = with_context(placement)
+    comm = plan.get("cp_comm", "p2p")
+    shard = plan.get("dp_shard", 0)
+    return {"cp": cp, "dp": dp, "placement": placement, "cp_comm": comm if comm in comms else comms[0],
+            "dp_shard": shard if shard and dp % shard == 0 else 0}
+
+
+def _cp_variant_text(cp: int, doc: Mapping[str, Any], plan_doc: Mapping[str, Any], recompute: str | None = None) -> str:
+    label = f"cp={cp}" + (f" with recompute {recompute}" if recompute else "")
+    return (f"{label}: peak {_gb(_peak(doc))} ({(_peak(doc) - _peak(plan_doc)) / GB:+.1f} GB/GPU"
+            f"{'' if _fits(doc) else ', does not fit'}), step {_change(_step(doc), _step(plan_doc))}, "
+            f"exposed KV exchange {_breakdown(doc, 'cp_comm'):.3g} s")
+
+
+def _cp_variants(ctx: RuleContext, comms: tuple[str, ...]) -> tuple[dict[int, Mapping[str, Any]], list[str]]:
+    """The plan estimated at every other degree of CP_DEGREES (dp x cp kept), and why the invalid ones are."""
+    variants: dict[int, Mapping[str, Any]] = {}
+    refused: list[str] = []
+    for c in CP_DEGREES:
+        changes = cp_changes(ctx.plan, c, comms) if c != ctx.plan.get("cp", 1) else None
+        if changes is None:
+            continue
+        other = ctx.what_if(**changes)
+        if other is None:
+            refused.append(f"cp={c}: {ctx.why_not(**changes) or 'not a valid configuration'}")
+        else:
+            variants[c] = other
+    return variants, refused
+
+
+def _cp_buys_recompute(ctx: RuleContext, variants: Mapping[int, Mapping[str, Any]],
+                       comms: tuple[str, ...]) -> dict[tuple[int, str], Mapping[str, Any]]:
+    """What CP's memory buys: the plan at a higher cp with less recomputation, for each lighter
+    recomputation the plan's own cp cannot afford (one it can is the recomputation's doing, not CP's)."""
+    cp = ctx.plan.get("cp", 1)
+    out: dict[tuple[int, str], Mapping[str, Any]] = {}
+    for rc in {"full": ("selective", "none"), "selective": ("none",)}.get(ctx.plan["recompute"], ()):
+        same_cp = ctx.what_if(recompute=rc)
+        if same_cp is not None and _fits(same_cp):
+            continue
+        for c in (c for c in variants if c > cp):
+            other = ctx.what_if(**cp_changes(ctx.plan, c, comms), recompute=rc)
+            if other is not None:
+                out[(c, rc)] = other
+    return out
+
+
+def context_parallel(ctx: RuleContext) -> RuleResult:
+    """Context parallelism splits every sequence over cp GPUs (activations / cp), paying a key/value
+    exchange that the ring hides under attention only when attention is long enough (Liu et al. 2023;
+    Megatron-Core CP docs). The numbers: the plan estimated again at cp in CP_DEGREES (dp x cp kept),
+    and, where the plan recomputes, at higher cp with less recomputation (_cp_buys_recompute)."""
+    title = "Split long sequences with context parallelism; not short ones"
+    plan, doc = ctx.plan, ctx.document
+    cp, seq = plan.get("cp", 1), plan["seq"]
+    fw = _framework(ctx)
+    comms = tuple(fw.capabilities.cp_comm)
+
+    def result(status: Status, number: str, detail: str) -> RuleResult:
+        return RuleResult(rule="context-parallel", title=title, status=status, number=number, detail=detail,
+                          source=CP_SOURCE)
+
+    if not comms:
+        return result("pass", f"{fw.name} has no context parallelism (cp_comm: none)",
+                      f"Not available on this stack: long sequences need recomputation or TP with sequence "
+                      f"parallelism here (stacks with CP: {_stacks_with(lambda caps: caps.cp_comm)}).")
+    share = sequence_bytes(doc) / _peak(doc) if _peak(doc) else 0.0
+    number = (f"seq {seq:,}: activations + working buffers {_gb(sequence_bytes(doc))} = {_pct(share)} of the "
+              f"{_gb(_peak(doc))} peak")
+    if cp > 1:
+        number += f"; cp={cp} exposes {_breakdown(doc, 'cp_comm'):.3g} s of KV exchange ({_pct(ctx.share('cp_comm'))})"
+    variants, refused = _cp_variants(ctx, comms)
+    if not variants:
+        return result("pass", number + (f"; {refused[0]}" if refused else ""),
+                      "No other context-parallel degree is a valid configuration of this plan.")
+    relaxed = _cp_buys_recompute(ctx, variants, comms)
+    number += "; " + "; ".join(_cp_variant_text(c, d, doc) for c, d in sorted(variants.items()))
+    fitting = [(k, d) for k, d in [((c, None), d) for c, d in variants.items()] + list(relaxed.items()) if _fits(d)]
+    best_key, best = min(fitting, key=lambda kd: _step(kd[1])) if fitting else ((None, None), None)
+    if best_key[1] is not None:
+        number += "; " + _cp_variant_text(best_key[0], best, doc, best_key[1])
+    how = f"cp={best_key[0]}" + (f" with recompute {best_key[1]}" if best_key[1] else "")
+    if not _fits(doc):
+        if best is not None and best_key[0] > cp:
+            return result("warn", number, f"The plan does not fit; {how} splits each sequence's activations over "
+                                          f"{best_key[0]} GPUs and fits at {_step(best):.4g} s per step.")
+        return result("pass", number, f"Context parallelism up to cp={max(variants)} does not make the plan fit "
+                                      f"either: its model states, not its activations, are too large.")
+    if best is not None and _faster(best, doc):
+        if best_key[0] < cp:
+            return result("warn", number, f"Context parallelism does not pay at {seq:,} tokens: {how} fits and is "
+                                          f"{_speed(_step(best), _step(doc))}: cp={cp} costs {_growth(doc, best)} "
+                                          f"for {_gb(_peak(best) - _peak(doc))} per GPU.")
+        return result("advice", number, f"Use {how}: {_speed(_step(best), _step(doc))} per step at "
+                                        f"{_gb(_peak(best))} per GPU (the plan's cp={cp} cannot afford "
+                                        f"{'that recomputation' if best_key[1] else 'it'}).")
+    status, detail = _cp_not_faster(ctx, variants, share)
+    return result(status, number, detail)
+
+
+def _cp_not_faster(ctx: RuleContext, variants: Mapping[int, Mapping[str, Any]], share: float) -> tuple[Status, str]:
+    """The plan fits and no other degree is faster: advice when activations dominate and a higher cp
+    frees memory within the 'as fast' band, else why CP does not pay (where its time goes)."""
+    doc, cp, seq = ctx.document, ctx.plan.get("cp", 1), ctx.plan["seq"]
+    roomy = [(c, d) for c, d in variants.items() if c > cp and _fits(d) and _tok(d) >= AS_FAST_FRACTION * _tok(doc)]
+    if share >= ACTIVATION_DOMINANT_FRACTION and roomy:
+        c, d = max(roomy, key=lambda cd: _peak(doc) - _peak(cd[1]))
+        return ("advice", f"Activations dominate the memory: cp={c} frees {_gb(_peak(doc) - _peak(d))} per GPU for "
+                          f"{_speed(_step(d), _step(doc))} steps, room for a larger micro-batch or less recomputation "
+                          f"or tensor parallelism.")
+    if cp > 1:
+        return ("pass", f"cp={cp} pays at {seq:,} tokens: no other degree fits and is faster.")
+    c, d = min(variants.items(), key=lambda cd: _step(cd[1]))
+    cost = (f"even cp={c} is {_speed(_step(d), _step(doc))} ({_growth(d, doc)}) to save "
+            f"{_gb(_peak(doc) - _peak(d))} per GPU")
+    if share >= ACTIVATION_DOMINANT_FRACTION:
+        return ("pass", f"Activations dominate ({_pct(share)} of the peak) but the plan fits and CP costs more "
+                        f"than it saves at {seq:,} tokens: {cost}.")
+    return ("pass", f"Not worth it at {seq:,} tokens: activations are only {_pct(share)} of the peak and {cost}.")
+
+
+def gemm_flop_share(spec, seq: int) -> float:
+    """Share of one block's forward FLOPs in the linear GEMMs (what FP8 recipes run in FP8) against the
+    attention core (QK^T and AV, kept in 16 bits): cost_models.flops' counts for one sequence."""
+    from cost_models import flops as FL
+
+    gemm = float(FL.block_matmul_flops_fwd(spec, 1, seq))
+    core = float(FL.attention_core_flops_fwd(spec, 1, seq))
+    return gemm / (gemm + core)
+
+
+def fp8_gemms(ctx: RuleContext) -> RuleResult:
+    """FP8 doubles the tensor-core peak of the linear GEMMs (Hopper and later) but keeps attention,
+    norms and the output layer in 16 bits and pays a cast per GEMM operand (Transformer Engine docs;
+    Micikevicius et al. 2022). The number: the plan estimated at fp8 and at amp-bf16."""
+    title = "Use FP8 GEMMs where GEMMs dominate, on FP8 hardware"
+    hw, plan = ctx.hardware, ctx.plan
+
+    def result(status: Status, number: str, detail: str) -> RuleResult:
+        return RuleResult(rule="fp8", title=title, status=status, number=number, detail=detail, source=FP8_SOURCE)
+
+    peaks = hw.peak_tflops
+    if not peaks.get("fp8"):
+        return result("pass", f"{hw.device}: no FP8 peak (peak_tflops: {', '.join(peaks)})",
+                      "Not applicable: this device has no FP8 tensor cores (Hopper, Ada and Blackwell do); "
+                      "train in bf16.")
+    fw = _framework(ctx)
+    if "fp8" not in fw.capabilities.precisions:
+        return result("pass", f"{fw.name} has no FP8 recipe (precisions: {', '.join(fw.capabilities.precisions)})",
+                      f"Not available on this stack (stacks with FP8 GEMMs: "
+                      f"{_stacks_with(lambda caps: 'fp8' in caps.precisions)}).")
+    precision = plan["precision"]
+    if precision == "fp8":
+        base_precision, fp8_doc = "amp-bf16", ctx.document
+        base_doc = ctx.what_if(precision=base_precision)
+        missing = None if base_doc is not None else ctx.why_not(precision=base_precision)
+    else:
+        base_precision, base_doc = precision, ctx.document
+        fp8_doc = ctx.what_if(precision="fp8")
+        missing = None if fp8_doc is not None else ctx.why_not(precision="fp8")
+    if base_doc is None or fp8_doc is None:
+        return result("pass", f"{'amp-bf16' if precision == 'fp8' else 'fp8'} is not a valid configuration of this "
+                              f"plan: {missing or 'refused'}", "Nothing to compare.")
+    t16, t8 = _step(base_doc), _step(fp8_doc)
+    gain = 1.0 - t8 / t16
+    number = (f"step {t16:.4g} s at {base_precision} vs {t8:.4g} s at fp8 ({_change(t8, t16)}; peak "
+              f"{peaks['fp8']:g} vs {peaks.get('bf16', 0.0):g} TFLOP/s); peak memory {_gb(_peak(base_doc))} vs "
+              f"{_gb(_peak(fp8_doc))}")
+    if ctx.spec is not None:
+        number += (f"; linear GEMMs {_pct(gemm_flop_share(ctx.spec, plan['seq']))} of a block's FLOPs at seq "
+                   f"{plan['seq']:,}, hidden {ctx.spec.hidden}")
+    number += f"; casts {fw.fp8_cast_bytes_per_element:g} bytes per GEMM operand element ({fw.name})"
+    host = _breakdown(base_doc, "host_wait") / t16
+    why = (f"the step waits on the host's kernel launches ({_pct(host)} of it), which FP8 does not shorten"
+           if host > HOST_BOUND_FRACTION else
+           "FP8 speeds up only the linear GEMMs; attention, norms, the output layer and the casts stay at "
+           "16-bit speed")
+    if precision == "fp8":
+        if gain < 0:
+            return result("warn", number, f"FP8 is slower than {base_precision} here ({why}): train in bf16.")
+        if gain < FP8_MIN_GAIN:
+            return result("advice", number, f"FP8 gains only {_pct(gain)} ({why}): {base_precision} is about as "
+                                            f"fast without FP8's scaling recipe and loss checks.")
+        return result("pass", number, f"FP8 pays here: {_pct(gain)} less time per step.")
+    if not _fits(base_doc):
+        return result("pass", number, f"The plan does not fit at {precision}; FP8 keeps bf16 activations and adds "
+                                      f"FP8 weight copies, so fix the memory first.")
+    if gain >= FP8_MIN_GAIN and _fits(fp8_doc):
+        return result("advice", number, f"Train the GEMMs in FP8 (precision fp8: Transformer Engine / torchao "
+                                        f"float8 with delayed or current scaling): {_pct(gain)} less time per "
+                                        f"step; check the loss curve against bf16 early.")
+    if gain >= FP8_MIN_GAIN:
+        return result("pass", number, f"FP8 would save {_pct(gain)} per step but its FP8 weight copies need "
+                                      f"{_gb(_peak(fp8_doc) - _peak(base_doc))} more per GPU and the plan no longer "
+                                      f"fits; free memory first (ZeRO, recomputation).")
+    return result("pass", number, f"FP8 does not pay here ({_pct(gain)} less time per step, below "
+                                  f"{_pct(FP8_MIN_GAIN)}): {why}.")
+
+
+def nvlink_shard_group(plan: Mapping[str, Any], nvlink_domain_devices: int) -> int:
+    """Data-parallel ranks of one NVLink domain under the plan's placement: the hybrid shard group
+    that keeps the shards' all-gathers and reduce-scatters on NVLink (planner.placement.group_locality,
+    the cost model's own layout)."""
+    from planner.placement import group_locality, placement_index
+
+    local = group_locality(placement_index(plan["placement"]), plan["dp"], plan["pp"], plan["tp"],
+                           nvlink_domain_devices, cp=plan.get("cp", 1))["D"]
+    return int(np.asarray(local).reshape(-1)[0])
+
+
+def hybrid_sharding(ctx: RuleContext) -> RuleResult:
+    """HSDP: shard the states over the data-parallel ranks of one NVLink domain and replicate across
+    domains, so that the per-step all-gathers and reduce-scatters stay on NVLink and only a shard's
+    all-reduce crosses the network (PyTorch FSDP HYBRID_SHARD; Zhao et al. 2023), at the memory of a
+    smaller shard group. The numbers: the plan estimated with dp_shard = the domain's dp ranks and
+    with dp_shard = 0 (all dp ranks)."""
+    title = "Shard inside the NVLink domain, replicate across it (HSDP)"
+    plan, hw = ctx.plan, ctx.hardware
+    dp, zero = plan["dp"], plan["zero"]
+    domain = hw.nvlink_domain_devices
+
+    def result(status: Status, number: str, detail: str) -> RuleResult:
+        return RuleResult(rule="hybrid-sharding", title=title, status=status, number=number, detail=detail,
+                          source=HSDP_SOURCE)
+
+    if zero == 0 or dp == 1:
+        return result("pass", f"ZeRO-{zero}, dp={dp}: no sharded states",
+                      "Not applicable: hybrid sharding splits ZeRO/FSDP shard groups; this plan shards nothing "
+                      "over data parallelism.")
+    fw = _framework(ctx)
+    if not fw.capabilities.hsdp:
+        return result("pass", f"{fw.name} has no hybrid sharding",
+                      "Not available on this stack: states shard over all data-parallel ranks.")
+    local = nvlink_shard_group(plan, domain)
+    if local >= dp:
+        return result("pass", f"dp={dp} sits inside one NVLink domain of {domain} devices",
+                      "Full sharding already keeps its collectives on NVLink.")
+    if local <= 1:
+        return result("pass", f"1 data-parallel rank per NVLink domain of {domain} devices (tp={plan['tp']}, "
+                              f"cp={plan.get('cp', 1)}, pp={plan['pp']} fill it)",
+                      "A shard group inside the domain would shard nothing; sharding must cross it.")
+    shard = plan.get("dp_shard", 0) or dp
+    full = ctx.document if shard == dp else ctx.what_if(dp_shard=0)
+    hybrid = ctx.document if shard == local else ctx.what_if(dp_shard=local)
+    if full is None or hybrid is None:
+        change = {"dp_shard": 0} if full is None else {"dp_shard": local}
+        return result("pass", f"dp_shard={change['dp_shard']} is not a valid configuration of this plan: "
+                              f"{ctx.why_not(**change) or 'refused'}", "Nothing to compare.")
+    number = (f"dp={dp} over {dp // local} NVLink domains of {domain} devices: exposed DP communication "
+              f"{_breakdown(hybrid, 'dp_comm'):.3g} s with dp_shard={local} vs {_breakdown(full, 'dp_comm'):.3g} s "
+              f"fully sharded, step {_change(_step(hybrid), _step(full))}; peak {_gb(_peak(hybrid))} vs "
+              f"{_gb(_peak(full))} ({(_peak(hybrid) - _peak(full)) / GB:+.1f} GB/GPU)")
+    if shard not in (dp, local):
+        number += f"; the plan's dp_shard={shard}: step {_step(ctx.document):.4g} s"
+    if shard == local:
+        if _fits(full) and _faster(full, hybrid):
+            return result("advice", number, f"Full sharding (dp_shard=0) is {_speed(_step(full), _step(hybrid))} "
+                                            f"here and saves {_gb(_peak(hybrid) - _peak(full))} per GPU.")
+        return result("pass", number, f"The plan shards inside the NVLink domain (dp_shard={local}) and "
+                                      f"replicates across it.")
+    if not _fits(hybrid):
+        return result("pass", number, f"Hybrid sharding would need {_gb(_peak(hybrid) - _peak(ctx.document))} more "
+                                      f"per GPU and does not fit: keep the wider shard group.")
+    if _faster(hybrid, ctx.document):
+        return result("advice", number, f"Set dp_shard={local} (FSDP HYBRID_SHARD / torchtitan dp_replicate="
+                                        f"{dp // local}, Megatron --num-distributed-optimizer-instances "
+                                        f"{dp // local}): {_speed(_step(hybrid), _step(ctx.document))} per step "
+                                        f"for {_gb(_peak(hybrid) - _peak(ctx.document))} more per GPU.")
+    return result("pass", number, "Sharding over every data-parallel rank costs no more time here and needs "
+                                  "less memory.")
+
+
 RULES: tuple[Callable[[RuleContext], RuleResult], ...] = (
     data_parallel_first, mixed_precision, memory_savers_first, tp_inside_node, microbatches_vs_stages,
-    short_pipelines, shard_optimizer, batchnorm, nodes_close_together, spot_capacity, plan_for_failures)
+    short_pipelines, shard_optimizer, hybrid_sharding, context_parallel, fp8_gemms, batchnorm, nodes_close_together,
+    spot_capacity, plan_for_failures)
+
+
+SOURCES: Mapping[str, str] = {
+    "data-parallel-first": "PyTorch distributed overview (pytorch.org/tutorials/beginner/dist_overview.html); "
+                           "Hugging Face, Efficient training on multiple GPUs (huggingface.co/docs/transformers/"
+                           "perf_train_gpu_many)",
+    "mixed-precision": "Micikevicius et al. 2018, Mixed Precision Training (arXiv 1710.03740); torch.autocast "
+                       "documentation",
+    "memory-savers-first": "PyTorch distributed overview (pytorch.org/tutorials/beginner/dist_overview.html); "
+                           "Hugging Face, Efficient training on multiple GPUs",
+    "tp-inside-node": "Narayanan et al. 2021, Efficient Large-Scale Language Model Training on GPU Clusters "
+                      "Using Megatron-LM, Sec. 3.2 (Takeaway #1)",
+    "microbatches-ge-stages": "Huang et al. 2019, GPipe (bubble (P-1)/(m+P-1)); Narayanan et al. 2021, Sec. 2.2",
+    "short-pipeline": "Huang et al. 2019, GPipe; Narayanan et al. 2021, Sec. 2.2",
+    "shard-optimizer": "Rajbhandari et al. 2020, ZeRO: Memory Optimizations Toward Training Trillion Parameter "
+                       "Models, Sec. 5",
+    "hybrid-sharding": HSDP_SOURCE,
+    "context-parallel": CP_SOURCE,
+    "fp8": FP8_SOURCE,
+    "batchnorm": "torch.nn.SyncBatchNorm documentation",
+    "nodes-close": "AWS EC2 placement groups documentation",
+    "spot-capacity": "AWS EC2 Spot Instances (aws.amazon.com/ec2/spot)",
+    "plan-for-failures": "Young 1974; Daly 2006 (optimum checkpoint interval); Grattafiori et al. 2024, The "
+                         "Llama 3 Herd of Models, Sec. 3.3.4",
+}
+"""Where each rule's practice comes from, by rule id (shown in the report beside the advice)."""
 
 
 def evaluate(ctx: RuleContext) -> list[RuleResult]:
-    """Every rule, in the order of the seed documents."""
-    return [rule(ctx) for rule in RULES]
+    """Every rule, in the order of the seed documents, each with its source (SOURCES)."""
+    import dataclasses
+
+    return [dataclasses.replace(r, source=r.source or SOURCES[r.rule]) for r in (rule(ctx) for rule in RULES)]
 
 
 def tp_group_nodes(plan: Mapping[str, Any], devices_per_node: int) -> int:
-    """Nodes spanned by the tensor-parallel group of rank 0 under the placement (row-major mesh)."""
-    from planner.parallel import ParallelConfig
-    from planner.plan import rank_layout
+    """Nodes spanned by the widest tensor-parallel group under the placement: ranks laid out with the
+    cost model's strides (planner.placement.strides: row-major over the placement, C just outside T)."""
+    from planner.placement import placement_index, strides
 
-    cfg = ParallelConfig(dp=plan["dp"], tp=plan["tp"], pp=plan["pp"], micro_batch=1,
-                         global_batch=plan["dp"], placement=plan["placement"])
-    layout = rank_layout(cfg)
-    tp_axis = cfg.placement.index("T")
-    group = np.moveaxis(layout, tp_axis, -1).reshape(-1, cfg.tp)
-    return max(len(set((g // devices_per_node).tolist())) for g in group)
+    sizes = {"D": plan["dp"], "P": plan["pp"], "C": plan.get("cp", 1), "T": plan["tp"]}
+    st = strides(placement_index(plan["placement"]), sizes["D"], sizes["P"], sizes["T"], sizes["C"])
+    axes = ("D", "P", "C", "T")                      # T last: each row below is one tensor-parallel group
+    grids = np.meshgrid(*(np.arange(sizes[a]) for a in axes), indexing="ij")
+    ranks = sum(g * int(np.asarray(st[a]).reshape(-1)[0]) for g, a in zip(grids, axes))
+    groups = np.asarray(ranks).reshape(-1, sizes["T"])
+    return max(len(set((g // devices_per_node).tolist())) for g in groups)

@@ -177,11 +177,16 @@ def to_markdown(content: ReportContent) -> str:
     return "\n".join(out)
 
 
+def _advice(r: RuleResult) -> str:
+    """What to do, then where the practice comes from."""
+    return r.detail + (f" Source: {r.source}." if r.source else "")
+
+
 def _md_checklist(rules) -> list[str]:
     out = ["## Best-practice checklist", "", "| status | rule | number | what to do |", "|---|---|---|---|"]
     for r in rules:
-        out.append(f"| {'PASS' if r.status == 'pass' else 'WARN'} | {r.title} | "
-                   f"{r.number.replace('|', '/')} | {r.detail.replace('|', '/')} |")
+        out.append(f"| {r.status.upper()} | {r.title} | "
+                   f"{r.number.replace('|', '/')} | {_advice(r).replace('|', '/')} |")
     return out + [""]
 
 
@@ -204,6 +209,7 @@ tr.rule td,table.checklist th{text-align:left}
 table.kv td{text-align:left}
 .pass{color:#1a7f37;font-weight:bold}
 .warn{color:#b35900;font-weight:bold}
+.advice{color:#2c4a7c;font-weight:bold}
 """
 
 
@@ -250,7 +256,7 @@ def _html_checklist(rules) -> list[str]:
     for r in rules:
         parts.append(f'<tr class="rule" data-rule="{html.escape(r.rule)}" data-status="{r.status}">'
                      f'<td class="{r.status}">{r.status.upper()}</td><td>{html.escape(r.title)}</td>'
-                     f"<td>{html.escape(r.number)}</td><td>{html.escape(r.detail)}</td></tr>")
+                     f"<td>{html.escape(r.number)}</td><td>{html.escape(_advice(r))}</td></tr>")
     return parts + ["</tbody></table>"]
 
 

@@ -50,7 +50,11 @@ KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "
         "optimizer_cpu_offload", "bf16", "fp16", "fp8", "fp8_recipe", "use_tp_pp_dp_mapping", "save_interval",
         "overlap_grad_reduce", "overlap_param_gather", "num_experts", "moe_router_topk", "moe_ffn_hidden_size",
         "moe_shared_expert_intermediate_size", "moe_layer_freq", "decoder_first_pipeline_num_layers",
-        "decoder_last_pipeline_num_layers", "window_size", "params_dtype")
+        "decoder_last_pipeline_num_layers", "window_size", "params_dtype", "multi_latent_attention", "q_lora_rank",
+        "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm", "mtp_num_layers",
+        "moe_router_score_function", "moe_router_enable_expert_bias", "moe_router_num_groups", "moe_router_group_topk",
+        "moe_router_topk_scaling_factor", "moe_router_pre_softmax", "moe_grouped_gemm", "moe_token_dispatcher_type",
+        "moe_shared_expert_gate")
 
 
 def check(item):

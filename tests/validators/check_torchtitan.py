@@ -24,7 +24,6 @@ import pathlib
 import sys
 import tempfile
 import types
-from unittest import mock
 
 
 def _gpu_only(*args, **kwargs):
@@ -48,15 +47,72 @@ _datasets = _stand_in("datasets", Dataset=type("Dataset", (), {}), IterableDatas
 _datasets.distributed = _stand_in("datasets.distributed", split_dataset_by_node=_gpu_only)
 
 import torch  # noqa: E402
-from torch.distributed.pipelining import PipelineStage  # noqa: E402
-from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_schedule_class  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
+from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
 import torchtitan.components.quantization.float8 as float8  # noqa: E402
-from torchtitan.config import ConfigManager  # noqa: E402
+import torchtitan.distributed.parallel_dims as parallel_dims_module  # noqa: E402
+import torchtitan.distributed.utils as dist_utils  # noqa: E402
+import torchtitan.tools.utils as torchtitan_utils  # noqa: E402
+from torchtitan.config import TORCH_DTYPE_MAP, ConfigManager  # noqa: E402
 from torchtitan.distributed import ParallelDims  # noqa: E402
+from torchtitan.models.common.attention import FlexAttention  # noqa: E402
+
+# meshes on this CPU machine: torchtitan picks "cuda" when no accelerator is found
+parallel_dims_module.device_type = dist_utils.device_type = torchtitan_utils.device_type = "cpu"
 
 float8.has_cuda_capability = lambda major, minor: (9, 0) >= (major, minor)
 logging.disable(logging.WARNING)
+
+
+def _fake_world(world_size):
+    """A fake process group of `world_size` ranks (this process is rank 0): collectives return at once,
+    so DeviceMesh, DTensor sharding and FSDP2 wrapping run as on rank 0 of the real job."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+
+
+def _placements(model):
+    """{mesh dim names: parameters} of the DTensor parameters after parallelization."""
+    out = {}
+    for _, p in model.named_parameters():
+        if isinstance(p, DTensor):
+            key = ",".join(p.device_mesh.mesh_dim_names or ())
+            out[key] = out.get(key, 0) + 1
+        else:
+            out["plain"] = out.get("plain", 0) + 1
+    return out
+
+
+def _sdpa_on_cpu(q, k, v, *, score_mod=None, block_mask=None, scale=None, enable_gqa=False, return_aux=None,
+                 kernel_options=None):
+    """Causal attention for the CPU forward/backward check (FlexAttention has no CPU backward)."""
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                                            enable_gqa=enable_gqa), None
+
+
+def _forward(parts, model_cfg, shape):
+    """Materialize rank 0's model parts on the CPU, initialize them as the trainer does and run the first
+    one forward and backward on random tokens: the tensor/sequence-parallel placements of every module
+    must compose (the fake process group returns unreduced values, so only shapes and types are checked)."""
+    FlexAttention.compiled_flex_attn = staticmethod(_sdpa_on_cpu)
+    for part in parts:
+        part.to_empty(device="cpu")
+        with torch.no_grad():
+            part.init_weights(buffer_device=None)
+        part.train()
+    part = parts[0]
+    batch, seq = shape["batch"], shape["seq"]
+    tokens = torch.randint(0, model_cfg.vocab_size, (batch, seq))
+    positions = torch.arange(seq).unsqueeze(0).expand(batch, -1)
+    x = tokens if part.tok_embeddings is not None else torch.randn(batch, seq, model_cfg.dim)
+    out = part(x, positions, part.get_attention_masks(positions))
+    local = out.to_local() if isinstance(out, DTensor) else out
+    local.float().sum().backward()
+    grads = sum(p.grad is not None for p in part.parameters())
+    return {"output": list(out.shape), "params_with_grad": grads, "params": sum(1 for _ in part.parameters())}
 
 
 def check(item, workdir, i):
@@ -66,63 +122,74 @@ def check(item, workdir, i):
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             config = ConfigManager().parse_args(["--module", name, "--config", "planner_job"])
         par, tr = config.parallelism, config.training
+        _fake_world(item["world_size"])
         dims = ParallelDims.from_config(par, item["world_size"])
-        model_cfg = config.model_spec.model
-        with torch.device("meta"):
+        dims.build_mesh()
+        dist_utils.set_spmd_backend(par.spmd_backend)
+        spec = config.model_spec
+        model_cfg = spec.model
+        model_cfg.update_from_config(config=config)
+        with torch.device("meta"), torchtitan_utils.set_default_dtype(TORCH_DTYPE_MAP[tr.dtype]):
             model = model_cfg.build()
+        model.verify_module_protocol()
         top = [n for n, _ in model.named_children()]
         layers = [n for n, _ in model.layers.named_children()]
+        params = sum(p.numel() for p in model.parameters())
+        linear_types = sorted({type(m).__name__ for m in model.modules() if "Linear" in type(m).__name__})
         parts = par.module_fqns_per_model_part
-        blocks_per_part = None
+        blocks_per_part = schedule_name = n_micro = None
         if par.pipeline_parallel_degree > 1:
             for part in parts:
                 for fqn in part:
                     model.get_submodule(fqn)          # raises AttributeError for a name the model lacks
             named = {f for part in parts for f in part}
-            missing = [n for n in top if n != "layers" and n not in named] + \
+            missing = [n for n in top if n != "layers" and n not in named and getattr(model, n) is not None] + \
                       [f"layers.{n}" for n in layers if f"layers.{n}" not in named]
             if missing:
                 raise ValueError(f"modules in no pipeline part: {missing[:5]}")
             blocks_per_part = [sum(f.startswith("layers.") for f in part) for part in parts]
-            schedule = get_schedule_class(par.pipeline_parallel_schedule)
-            per_rank, rest = divmod(len(parts), par.pipeline_parallel_degree)
-            if rest:
-                raise ValueError(f"{len(parts)} parts do not divide over pp={par.pipeline_parallel_degree}")
-            multi = issubclass(schedule, PipelineScheduleMulti)
-            if not multi and per_rank != 1:
-                raise ValueError(f"single-stage schedule {schedule.__name__} with {per_rank} stages per rank")
-            stages = []
-            for _ in range(per_rank):
-                stage = mock.create_autospec(PipelineStage, instance=True)
-                stage.group_rank, stage.group_size, stage.submod = 0, par.pipeline_parallel_degree, None
-                stage.num_stages = len(parts)
-                stages.append(stage)
-            n_micro = tr.local_batch_size // par.pipeline_parallel_microbatch_size
-            schedule(stages if multi else stages[0], n_microbatches=n_micro)
-        first = model_cfg.layers[0]
+            loss_fn = config.loss.build(compile_config=config.compile)
+            schedule, model_parts, _, _ = spec.pipelining_fn(
+                model, parallel_dims=dims, training=tr, parallelism=par, compile_config=config.compile,
+                ac_config=config.activation_checkpoint, dump_folder=config.dump_folder, device=torch.device("cpu"),
+                model_config=model_cfg, parallelize_fn=spec.parallelize_fn, loss_fn=loss_fn)
+            schedule_name, n_micro = type(schedule).__name__, schedule._n_microbatches
+            rank0_parts = [sorted(n for n, _ in m.layers.named_children()) for m in model_parts]
+            placements = _placements(model_parts[0])
+        else:
+            model = spec.parallelize_fn(model, parallel_dims=dims, training=tr, parallelism=par,
+                                        compile_config=config.compile, ac_config=config.activation_checkpoint,
+                                        dump_folder=config.dump_folder)
+            rank0_parts = [sorted(n for n, _ in model.layers.named_children())]
+            placements = _placements(model)
+        forward = _forward(model_parts if par.pipeline_parallel_degree > 1 else [model], model_cfg, item["forward"]) \
+            if item.get("forward") else None
+        first = model_cfg.layers[-1]
         attention = first.attention
+        ffn = first.feed_forward if first.feed_forward is not None else None
         out = {
             "parallelism": {k: getattr(par, k) for k in (
                 "data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
                 "tensor_parallel_degree", "enable_sequence_parallel", "pipeline_parallel_degree",
                 "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size", "context_parallel_degree",
-                "expert_parallel_degree")},
+                "expert_parallel_degree", "spmd_backend")},
             "dims": {"dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "cp": dims.cp, "tp": dims.tp,
-                     "pp": dims.pp},
+                     "pp": dims.pp, "ep": dims.ep},
             "training": {k: getattr(tr, k) for k in (
                 "local_batch_size", "global_batch_size", "seq_len", "dtype", "mixed_precision_param",
                 "enable_cpu_offload", "disable_cuda_graphs")},
             "activation_checkpoint": None if config.activation_checkpoint is None
             else type(config.activation_checkpoint).__qualname__.split(".")[0],
             "checkpoint_interval": config.checkpoint.interval,
-            "model": {"layers": len(layers), "top": top, "dim": model_cfg.dim, "vocab": model_cfg.vocab_size,
+            "model": {"name": spec.name, "flavor": spec.flavor, "layers": len(layers), "top": top,
+                      "dim": model_cfg.dim, "vocab": model_cfg.vocab_size,
                       "tied": bool(getattr(model_cfg, "enable_weight_tying", False)),
-                      "n_heads": attention.n_heads, "n_kv_heads": attention.n_kv_heads,
-                      "ffn_hidden": first.feed_forward.w1.out_features if hasattr(first.feed_forward, "w1")
-                      else None,
-                      "params": sum(p.numel() for p in model.parameters()),
-                      "linear_types": sorted({type(m).__name__ for m in model.modules() if "Linear" in type(m).__name__})},
-            "blocks_per_part": blocks_per_part,
+                      "n_heads": attention.n_heads, "n_kv_heads": getattr(attention, "n_kv_heads", None),
+                      "ffn_hidden": ffn.w1.out_features if ffn is not None else None,
+                      "moe_layers": sum(getattr(layer, "moe", None) is not None for layer in model_cfg.layers),
+                      "params": params, "linear_types": linear_types},
+            "blocks_per_part": blocks_per_part, "schedule": schedule_name, "n_microbatches": n_micro,
+            "rank0_parts": rank0_parts, "placements": placements, "forward": forward,
         }
         return {"ok": True, "config": json.loads(json.dumps(out, default=str))}
     except BaseException as err:  # tyro exits with SystemExit on a bad field: reported, not raised

@@ -26,6 +26,7 @@ HERE = Path(__file__).parent
 SITE_ROOT = Path(os.environ.get("PLANNER_VALIDATORS_SITE", HERE / "site"))
 
 FRAMEWORKS = {"torchtitan": "torchtitan==0.3.0", "megatron": "megatron-core==0.19.2",
+              "fsdp": "accelerate==1.15.0", "fsdp-transformers": "transformers==5.23.0",
               "deepspeed": "deepspeed==0.19.8", "sagemaker": "sagemaker-train==1.27.0",
               "sagemaker-v1": "sagemaker==2.257.7"}
 """The release each exporter targets (docs/exports.md)."""
@@ -44,6 +45,11 @@ INSTALL = {
     # an sdist whose setup.py imports torch: build against the environment's torch, no isolation
     "deepspeed": ([FRAMEWORKS["deepspeed"], "hjson==3.1.0", "py-cpuinfo==9.0.0", "msgpack==1.2.4",
                    "psutil==7.2.2", "ninja==1.13.2", "einops==0.8.2"], ["--no-build-isolation"]),
+    # Accelerate's launcher and FSDP plugin, transformers' TrainingArguments and model classes; the rest is
+    # what importing them needs (huggingface-hub 2.x brings its httpx2 client)
+    "fsdp": ([FRAMEWORKS["fsdp"], FRAMEWORKS["fsdp-transformers"], "huggingface-hub==2.4.0", "safetensors==0.8.0",
+              "psutil==7.2.2", "regex==2026.11.15", "httpx2==2.16.2", "httpcore2==2.16.2", "h11==0.16.0",
+              "idna==3.20", "truststore==0.10.5"], []),
     "sagemaker": ([FRAMEWORKS["sagemaker"], "sagemaker-core==2.27.0", "requests==2.34.2", "idna==3.20",
                    "certifi==2026.10.18", *_SDK_DEPS], []),
     "sagemaker-v1": ([FRAMEWORKS["sagemaker-v1"]], []),

@@ -1,0 +1,238 @@
+"""Calibration of the physical parameters the published training runs decide, with leave-one-source-out.
+
+Most of the cost model's numbers come from kernel measurements and datasheets (benchmarks/calibrate.py
+for the GEMM and memory rates of H100 and A100, validation/kernels/ for attention and collectives). A
+few cannot be measured here (no device is lent to this project) and nothing published measures them
+in isolation; they are fitted, one number per device generation or per software stack (never per
+row), to the published runs of validation/published/ (every stack's file and features.json):
+
+- per device generation (hardware profiles' `efficiency` blocks):
+  * H100/H200 `fused_attention_efficiency` and `flash_attention_efficiency`: cuDNN /
+    FlashAttention-3-class attention (Transformer Engine) and FlashAttention-2, forward plus backward,
+    as they run inside training at the lengths trained (the kernel benchmarks of validation/kernels/
+    publish FA3's forward only, and FA2 in isolation);
+  * H100/H200 `gemm_efficiency_max_fp8`: FP8 GEMMs (no FP8 GEMM table is published in text);
+  * B200/GB200 `gemm_efficiency_max`, `gemm_efficiency_max_fp8`, `fused_attention_efficiency`:
+    no Blackwell kernel measurement is vendored;
+- per software stack (frameworks/*.json): `compute_efficiency` of fsdp, torchtitan and deepspeed,
+  the share of the kernel rates their blocks reach; Megatron (whose runs calibrated the kernel
+  rates) is the reference, 1.
+
+The fit minimises a robust (soft-L1) sum of squared log errors log(predicted / measured) over every
+row with a published step time, each run once (benchmarks/accuracy_frameworks.unique). Leave one
+source out: each source's rows are predicted with the parameters refitted without that source
+(started from the full fit), the figure benchmarks/accuracy_frameworks.py --loo prints.
+
+Run: .venv/bin/python benchmarks/calibrate_frameworks.py [--write] [--loo]
+(--write stores the full fit in the profiles and framework files; results in
+benchmarks/results/calibration_frameworks.json)
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import accuracy_frameworks as A  # noqa: E402
+from benchmarks import published_rows as R  # noqa: E402
+from frameworks import load_framework  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "calibration_frameworks.json"
+FILES = (*R.STACK_FILES, "features")
+"""Collections the fit reads (moe.json waits for expert-parallel costing)."""
+
+HOPPER = ("H100", "H200")
+BLACKWELL = ("B200", "GB200")
+HOPPER_PROFILES = ("dgx-h100", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge")
+BLACKWELL_PROFILES = ("dgx-b200", "p6-b200.48xlarge", "gb200-nvl72", "p6e-gb200.36xlarge")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Param:
+    """One fitted number: a hardware efficiency key for a device generation, or a framework key."""
+
+    name: str
+    key: str
+    low: float
+    high: float
+    gpus: tuple[str, ...] = ()
+    """Device generation (the row's `gpu` starts with one of these); empty for a framework key."""
+    framework: str | None = None
+
+    def applies(self, case) -> bool:
+        if self.framework is not None:
+            return case.framework == self.framework
+        return case.row["gpu"].split()[0] in self.gpus
+
+    def start(self, case_hw=None) -> float:
+        if self.framework is not None:
+            return float(getattr(load_framework(self.framework), self.key))
+        from hardware_profiles import load_profile
+        from hardware_profiles.efficiency import efficiency
+        profile = HOPPER_PROFILES[0] if self.gpus == HOPPER else BLACKWELL_PROFILES[0]
+        return float(efficiency(load_profile(profile), self.key))
+
+
+PARAMS = (
+    Param(name="hopper.fused_attention_efficiency", key="fused_attention_efficiency", low=0.2, high=0.75, gpus=HOPPER),
+    Param(name="hopper.flash_attention_efficiency", key="flash_attention_efficiency", low=0.15, high=0.6, gpus=HOPPER),
+    Param(name="hopper.gemm_efficiency_max_fp8", key="gemm_efficiency_max_fp8", low=0.3, high=0.95, gpus=HOPPER),
+    Param(name="blackwell.gemm_efficiency_max", key="gemm_efficiency_max", low=0.3, high=0.95, gpus=BLACKWELL),
+    Param(name="blackwell.gemm_efficiency_max_fp8", key="gemm_efficiency_max_fp8", low=0.3, high=0.95, gpus=BLACKWELL),
+    Param(name="blackwell.fused_attention_efficiency", key="fused_attention_efficiency", low=0.2, high=0.75,
+          gpus=BLACKWELL),
+    Param(name="fsdp.compute_efficiency", key="compute_efficiency", low=0.4, high=1.0, framework="fsdp"),
+    Param(name="torchtitan.compute_efficiency", key="compute_efficiency", low=0.4, high=1.0, framework="torchtitan"),
+    Param(name="deepspeed.compute_efficiency", key="compute_efficiency", low=0.4, high=1.0, framework="deepspeed"),
+)
+
+
+def overrides_for(values: dict[str, float]):
+    """`overrides(case) -> (hardware, framework profile)` with the parameters set to `values`."""
+    fw_cache: dict[str, object] = {}
+
+    def framework(name: str):
+        if name not in fw_cache:
+            changes = {p.key: values[p.name] for p in PARAMS if p.framework == name and p.name in values}
+            fw = load_framework(name)
+            fw_cache[name] = dataclasses.replace(fw, **changes) if changes else None
+        return fw_cache[name]
+
+    hw_cache: dict[tuple, object] = {}
+
+    def overrides(case):
+        gen = case.row["gpu"].split()[0]
+        changes = {p.key: values[p.name] for p in PARAMS if not p.framework and gen in p.gpus and p.name in values}
+        key = (case.hardware.name, tuple(sorted(changes.items())))
+        if key not in hw_cache:
+            hw_cache[key] = dataclasses.replace(case.hardware, efficiency={**case.hardware.efficiency, **changes}) \
+                if changes else case.hardware
+        return hw_cache[key], framework(case.framework)
+
+    return overrides
+
+
+def usable(cases):
+    """Rows the fit can use: a published step time, a model and configuration the planner represents,
+    no mixture of experts (expert parallelism is costed separately)."""
+    return [c for c in cases if c.error is None and c.measured_s and c.config is not None
+            and getattr(c.spec, "moe", None) is None]
+
+
+def log_errors(cases, values) -> np.ndarray:
+    over = overrides_for(values)
+    out = []
+    for c in cases:
+        r = A.predict(c, overrides=over)
+        out.append(math.log(r.predicted_s / r.measured_s) if r.error is not None else 0.0)
+    return np.array(out)
+
+
+def fit(cases, params=PARAMS, start: dict | None = None, *, max_nfev: int = 60) -> dict[str, float]:
+    """Least squares (soft L1) on log(predicted / measured); a parameter no case applies to keeps its
+    start value."""
+    live = [p for p in params if any(p.applies(c) for c in cases)]
+    x0 = np.array([np.clip((start or {}).get(p.name, p.start()), p.low, p.high) for p in live])
+    fixed = {k: v for k, v in (start or {}).items() if k not in {p.name for p in live}}
+    cases = [c for c in cases if any(p.applies(c) for p in live)]     # the others do not move
+
+    def resid(x):
+        return log_errors(cases, {**fixed, **{p.name: float(v) for p, v in zip(live, x)}})
+
+    sol = least_squares(resid, x0, bounds=([p.low for p in live], [p.high for p in live]), loss="soft_l1",
+                        f_scale=0.1, diff_step=1e-3, max_nfev=max_nfev)
+    out = {p.name: (start or {}).get(p.name, p.start()) for p in params}
+    out.update({p.name: float(v) for p, v in zip(live, sol.x)})
+    return out
+
+
+def leave_one_source_out(cases, full: dict | None = None):
+    """Every case predicted with parameters fitted without its source (A.Result list, all cases)."""
+    rows = usable(cases)
+    full = full or fit(rows)
+    by_source: dict[str, list] = {}
+    for c in cases:
+        by_source.setdefault(c.source, []).append(c)
+    results = []
+    for source, mine in sorted(by_source.items()):
+        rest = [c for c in rows if c.source != source]
+        touched = [p for p in PARAMS if any(p.applies(c) for c in mine if c in rows)]
+        values = fit(rest, touched, start=full, max_nfev=12) if touched else full
+        values = {**full, **{p.name: values[p.name] for p in touched}}
+        over = overrides_for(values)
+        results += [A.predict(c, overrides=over) for c in mine]
+    return results
+
+
+def write(values: dict[str, float], note: str) -> None:
+    """Store the fit: hardware efficiency keys in every profile of the generation (and the validation
+    clusters that follow dgx-h100's block), framework keys in frameworks/*.json, each with its source."""
+    for p in PARAMS:
+        v = round(values[p.name], 3)
+        if p.framework:
+            path = ROOT / "frameworks" / f"{p.framework}.json"
+            doc = json.loads(path.read_text())
+            doc[p.key] = v
+            doc["sources"][p.key] = f"{v}: {note}"
+            path.write_text(json.dumps(doc, indent=2) + "\n")
+            continue
+        names = HOPPER_PROFILES if p.gpus == HOPPER else BLACKWELL_PROFILES
+        paths = [ROOT / "hardware_profiles" / f"{n}.json" for n in names]
+        if p.gpus == HOPPER:
+            paths += [q for q in (ROOT / "validation" / "hardware" / "clusters").glob("*.json")
+                      if json.loads(q.read_text()).get("efficiency_follows") == "dgx-h100"
+                      or "h100" in q.stem.lower() or "h200" in q.stem.lower() or "h800" in q.stem.lower()]
+        for path in paths:
+            doc = json.loads(path.read_text())
+            doc["efficiency"][p.key] = v
+            src = doc.setdefault("sources", {})
+            text = src.get("efficiency", "")
+            tag = f"{p.key} {v}: {note}"
+            parts = [s for s in text.split("; ") if not s.startswith(p.key + " ")]
+            src["efficiency"] = "; ".join([*parts, tag]) if parts else tag
+            path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="store the full fit in the profiles and framework files")
+    ap.add_argument("--loo", action="store_true", help="also leave one source out")
+    args = ap.parse_args(argv)
+    cases = A.unique(R.load(FILES))
+    rows = usable(cases)
+    before = log_errors(rows, {})
+    values = fit(rows)
+    after = log_errors(rows, values)
+    mape = lambda e: 100 * statistics.fmean(abs(math.exp(v) - 1) for v in e)  # noqa: E731
+    print(f"{len(rows)} rows with a published step time (of {len(cases)} runs)")
+    for p in PARAMS:
+        print(f"  {p.name:42} {p.start():.3f} -> {values[p.name]:.3f}   "
+              f"({sum(p.applies(c) for c in rows)} rows)")
+    print(f"MAPE {mape(before):.1f}% -> {mape(after):.1f}%")
+    result = {"rows": len(rows), "fit": values, "mape_before": mape(before), "mape_after": mape(after)}
+    if args.loo:
+        loo = leave_one_source_out(cases, values)
+        result["leave_one_source_out"] = A.groups(loo)
+        print(A.table("Leave one source out", result["leave_one_source_out"]))
+    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    if args.write:
+        write(values, f"fitted to {len(rows)} published runs (benchmarks/calibrate_frameworks.py; leave one source "
+                      "out in benchmarks/results/calibration_frameworks.json)")
+        print("wrote the fit into hardware_profiles/, validation/hardware/clusters/ and frameworks/")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

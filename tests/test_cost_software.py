@@ -1,0 +1,108 @@
+"""Software facts a run sets (cost_models.step.Software and frameworks/*.json): tensor-parallel overlap,
+torchtitan's per-operator selective recompute, torch.compile, FP8 GEMM efficiency, and NVLink domains
+that hold a whole job. Each is checked on the cost terms and through estimate."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from cost_models import blocks as B
+from cost_models import comm as C
+from cost_models.compute import gemm_efficiency_max
+from hardware_profiles import load_profile
+from planner.catalog import get
+from planner.estimate import estimate
+from planner.parallel import ParallelConfig
+from planner.placement import aligned_domain, group_locality
+
+LLAMA8 = get("llama3-8b")
+
+
+def _cfg(**kw):
+    base = dict(dp=8, tp=8, pp=1, micro_batch=1, global_batch=64, seq=8192, sequence_parallel=True,
+                framework="megatron")
+    return ParallelConfig(**{**base, **kw})
+
+
+def test_tp_overlap_hides_tp_communication_up_to_the_gemms_and_never_adds_time():
+    cfg = _cfg()
+    plain = estimate("llama3-70b", "p5.48xlarge", cfg, gpus=64, tp_comm_overlap=False)
+    over = estimate("llama3-70b", "p5.48xlarge", cfg, gpus=64, tp_comm_overlap=True)
+    br_plain, br_over = plain.to_document()["prediction"]["time_breakdown_s"], over.to_document()["prediction"]["time_breakdown_s"]
+    assert br_over["tp_comm"] < 0.5 * br_plain["tp_comm"]           # mostly hidden behind the GEMMs
+    assert br_over["tp_comm"] > 0.0                                    # interference of the hidden part
+    assert over.step_time_s < plain.step_time_s
+    assert over.to_document()["software"]["tp_comm_overlap"] is True
+
+
+def test_tp_exposed_formula():
+    from frameworks import load_framework
+
+    class X:   # the fields the term reads
+        sw = type("S", (), {"tp_comm_overlap": True, "framework": load_framework("megatron")})()
+        hw = load_profile("p5.48xlarge")
+        full = np.array([False])
+
+        @staticmethod
+        def is_schedule(name):
+            return np.array([False])
+    tp = C.TpSeconds(allreduce=np.array(1.0), fwd=np.array(2.0), bwd=np.array(2.0), recompute=np.array(0.0))
+    block = type("Bk", (), {"gemm_fwd": np.array(1.5), "gemm_bwd": np.array(3.0)})()
+    from cost_models.compute import eff
+    i = eff(X.hw, "overlap_interference")
+    # fwd: 2 s of collectives beside 1.5 s of GEMMs shows 0.5 + i 1.5; bwd: all 2 s hidden, i 2
+    assert float(C.tp_exposed_seconds(X, tp, block)[0]) == pytest.approx(0.5 + i * 1.5 + i * 2.0)
+
+
+def test_op_sac_saves_less_than_megatron_selective_and_recomputes_the_unsaved_matmuls():
+    sac = B.op_sac(LLAMA8, "amp-bf16", "torch")
+    table = B.block_table(LLAMA8, "amp-bf16", "torch", flash=True)
+    megatron_selective = (table.saved.rep - table.scores_saved.rep) + (table.saved.shard - table.scores_saved.shard)
+    # input 2h, q h, v kv, attention out h + lse 4 a, w1 out f, w2 out h (bf16 c = 2)
+    h, kv, f, a = 4096, 1024, 14336, 32
+    assert sac.saved.rep + sac.saved.shard == 2 * (2 * h + h + kv + h + f) + 4 * a
+    assert sac.saved.rep + sac.saved.shard < 0.5 * megatron_selective
+    # k (h x kv), o (h x h), w3 (h x f) of q, k, v, o, w1, w3, w2
+    assert sac.gemm_fraction == pytest.approx((h * kv + h * h + h * f) / (2 * h * h + 2 * h * kv + 3 * h * f))
+
+
+def test_torchtitan_selective_is_the_op_policy_in_estimate_and_profile():
+    from planner.profiler import profile_spec
+    cfg = _cfg(dp=8, tp=1, zero=3, sequence_parallel=False, framework="torchtitan", recompute="selective",
+               global_batch=16, micro_batch=2)
+    est = estimate(LLAMA8, "p5.48xlarge", cfg, gpus=8)
+    prof = profile_spec(LLAMA8, micro_batch=2, seq=8192, framework="torchtitan")
+    per_block = prof.layers[1].activation_bytes["selective"]
+    sac = B.op_sac(LLAMA8, "amp-bf16", "torch").saved
+    assert per_block == pytest.approx((sac.rep + sac.shard) * 2 * 8192, rel=1e-9)
+    assert est.to_document()["prediction"]["memory"]["saved_activations_bytes"] >= 32 * per_block
+
+
+def test_compile_streams_fewer_bytes_and_is_never_slower():
+    cfg = _cfg(dp=8, tp=1, zero=3, sequence_parallel=False, framework="torchtitan", global_batch=16, micro_batch=2)
+    eager = estimate(LLAMA8, "p5.48xlarge", cfg, gpus=8)
+    compiled = estimate(LLAMA8, "p5.48xlarge", cfg, gpus=8, compile=True)
+    assert compiled.step_time_s < eager.step_time_s
+    assert compiled.peak_bytes_per_gpu == eager.peak_bytes_per_gpu       # saved tensors unchanged
+
+
+def test_fp8_gemm_efficiency_has_its_own_key_with_a_fallback():
+    hw = load_profile("p5.48xlarge")
+    assert gemm_efficiency_max(hw, "fp8") == hw.efficiency.get("gemm_efficiency_max_fp8", hw.efficiency["gemm_efficiency_max"])
+    other = dataclasses.replace(hw, efficiency={**hw.efficiency, "gemm_efficiency_max_fp8": 0.5})
+    assert gemm_efficiency_max(other, "fp8") == 0.5 and gemm_efficiency_max(other, "amp-bf16") == hw.efficiency["gemm_efficiency_max"]
+
+
+def test_a_job_inside_one_nvlink_domain_keeps_every_group_on_nvlink():
+    assert int(aligned_domain(72, 64)) == 64 and int(aligned_domain(72, 128)) == 64 and int(aligned_domain(8, 64)) == 8
+    assert int(aligned_domain(72, 144)) == 72
+    local = group_locality(np.array([0]), dp=np.array([64]), pp=np.array([1]), tp=np.array([1]), devices_per_node=72)
+    assert int(local["D"][0]) == 64
+    # two racks: a 64-rank data-parallel group per rack stays on NVLink, the 128-rank one does not
+    local = group_locality(np.array([0]), dp=np.array([128]), pp=np.array([1]), tp=np.array([1]), devices_per_node=72)
+    assert int(local["D"][0]) == 64
+    gb200 = estimate("llama3-70b", "gb200-nvl72", _cfg(dp=64, tp=1, zero=3, sequence_parallel=False,
+                                                      global_batch=128, precision="fp8"), gpus=64)
+    assert gb200.to_document()["prediction"]["time_breakdown_s"]["dp_comm"] < 0.1 * gb200.step_time_s
