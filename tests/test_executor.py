@@ -287,7 +287,7 @@ REFUSED = {
     "ep-beside-tp": (dict(dp=2, tp=2, ep=2, placement="DPET"), MIXTRAL, "plan.ep=2"),
     "moe-beside-tp": (dict(tp=2), MIXTRAL, "plan.tp=2"),
     "ep-on-a-dense-model": (dict(dp=2, ep=2, placement="DPET"), "planner.executor.tiny:gpt_tiny", "dense model"),
-    "ep-not-dividing-experts": (dict(dp=8, ep=8, placement="DPET"), MIXTRAL, "4 routed experts"),
+    "ep-not-dividing-experts": (dict(dp=8, ep=8, placement="DPET"), MIXTRAL, "a divisor of experts(4)"),
     "cp-odd-split": (dict(cp=2, seq=30, placement="DPCT"), "planner.executor.tiny:gpt_tiny", "divisible by 2*cp"),
 }
 

@@ -111,6 +111,53 @@ def test_expert_groups_regroup_a_stages_ranks_with_ep_innermost():
     assert ep.tolist() == [[0, 1], [2, 3]] and edp.tolist() == [[0, 2], [1, 3]]
 
 
+def _members_per_node(groups, devices_per_node: int) -> int:
+    """Fewest members any group has on one of its nodes (the slowest group's link)."""
+    return min(int(np.unique(np.asarray(g) // devices_per_node, return_counts=True)[1].min()) for g in groups)
+
+
+@pytest.mark.parametrize("placement", ["PDECT", "DPECT", "DECTP"])
+def test_expert_groups_are_the_groups_the_cost_model_costs(placement):
+    """The executor's ep and expert data-parallel groups, built from its own mesh, put as many
+    members on a node as planner.placement.group_locality says (its 'E' and 'ED' groups)."""
+    from planner.placement import group_locality, placement_index
+
+    for dp, cp, pp, ep in [(d, c, p, e) for d in (1, 2, 4) for c in (1, 2) for p in (1, 2) for e in (1, 2, 4)
+                           if (d * c) % e == 0]:
+        cfg = ParallelConfig(dp=dp, cp=cp, pp=pp, ep=ep, global_batch=dp, placement=placement)
+        names, shape = mesh_names(cfg)
+        ep_rows, edp_rows = expert_groups(np.arange(cfg.world_size).reshape(shape), names.index("pp"), ep)
+        for devices in (2, 4, 8):
+            costed = group_locality(placement_index(placement), dp, pp, 1, devices, cp=cp, ep=ep)
+            assert (_members_per_node(ep_rows, devices), _members_per_node(edp_rows, devices)) == \
+                (int(costed["E"]), int(costed["ED"])), (dp, cp, pp, ep, devices)
+
+
+def _groups_over(layout: np.ndarray, names: tuple, axes: tuple) -> np.ndarray:
+    """One row per group of ranks that differ only along `axes` of the mesh."""
+    keep = [i for i, n in enumerate(names) if n in axes]
+    other = [i for i in range(len(names)) if i not in keep]
+    return np.transpose(layout, other + keep).reshape(-1, int(np.prod([layout.shape[i] for i in keep])))
+
+
+@pytest.mark.parametrize("placement", ["DPCT", "PDCT", "DCTP"])
+def test_hybrid_shard_and_replica_groups_are_the_groups_the_cost_model_costs(placement):
+    """HSDP's shard groups (dp_shard x cp) and replica groups (dp_replicate) on the executor's mesh
+    put as many members on a node as planner.placement.group_locality's 'S' and 'R' (for placements
+    with C inside D; with D inside C, e.g. CTDP, the cost model's 'S' counts fewer: a reported gap)."""
+    from planner.placement import group_locality, placement_index
+
+    for dp, shard, cp, pp in [(4, 2, 1, 2), (4, 2, 2, 1), (8, 2, 2, 2), (8, 4, 2, 1), (4, 1, 2, 2)]:
+        cfg = ParallelConfig(dp=dp, cp=cp, pp=pp, dp_shard=shard, zero=3, global_batch=dp, placement=placement)
+        names, shape = mesh_names(cfg)
+        layout = np.arange(cfg.world_size).reshape(shape)
+        shards, replicas = _groups_over(layout, names, ("dp_shard", "cp")), _groups_over(layout, names, ("dp_replicate",))
+        for devices in (2, 4, 8):
+            costed = group_locality(placement_index(placement), dp, pp, 1, devices, cp=cp, dp_shard=shard)
+            assert (_members_per_node(shards, devices), _members_per_node(replicas, devices)) == \
+                (int(costed["S"]), int(costed["R"])), (dp, shard, cp, pp, devices)
+
+
 def test_executor_mesh_inserts_context_and_splits_dp_for_hybrid_sharding():
     assert mesh_names(ParallelConfig(dp=2, tp=2, global_batch=2)) == (("dp", "pp", "cp", "tp"), (2, 1, 1, 2))
     cfg = ParallelConfig(dp=4, cp=2, dp_shard=2, zero=3, global_batch=4, placement="DPCT")

@@ -150,21 +150,17 @@ def check_executable(config: ParallelConfig) -> None:
 def check_model_executable(config: ParallelConfig, spec: TransformerSpec) -> None:
     """What the model must allow for the plan's cp and ep on the executor (one line, exit 2): context
     parallelism's sequence split (ParallelConfig.check_sequence) over plain softmax attention (no
-    sliding windows or sinks), whole routed experts per ep rank."""
+    sliding windows or sinks), whole routed experts per ep rank (ParallelConfig.check_experts), and
+    no mixture-of-experts model beside tensor parallelism."""
     if config.cp > 1:
         config.check_sequence(config.seq, heads=spec.heads, kv_heads=spec.n_kv_heads)
         if spec.sliding_window or spec.attention_sinks:
             raise ConfigError("plan.cp", config.cp, "1 for a model with sliding-window attention or attention sinks "
                                                     "(the executor's context-parallel attention is full causal softmax)")
-    if config.ep > 1 or (spec.moe is not None and config.tp > 1):
-        moe = spec.moe
-        if moe is None:
-            raise ConfigError("plan.ep", config.ep, "1 for a dense model (expert parallelism needs a mixture-of-experts model)")
-        if config.tp > 1:
-            raise ConfigError("plan.tp", config.tp, "1 for a mixture-of-experts model (the executor's tensor "
-                                                    "parallelism splits dense MLPs only)")
-        if moe.experts % config.ep:
-            raise ConfigError("plan.ep", config.ep, f"a divisor of the model's {moe.experts} routed experts")
+    config.check_experts(spec.moe)          # ep needs experts, and whole experts per rank
+    if spec.moe is not None and config.tp > 1:
+        raise ConfigError("plan.tp", config.tp, "1 for a mixture-of-experts model (the executor's tensor "
+                                                "parallelism splits dense MLPs only)")
 
 
 def resolve_transformer(name: str, seq: int | None) -> TransformerSpec:
