@@ -421,7 +421,10 @@ def _pattern_groups(rows: Mapping[str, np.ndarray], space: SearchSpace):
     """Rows grouped by which degrees exceed 1 (what placements and sequence parallelism depend on), with
     the group's sequence-parallel choices and distinct placements."""
     cp = rows["cp"] if "cp" in rows else np.ones_like(rows["dp"])
-    key = (rows["dp"] > 1) * 8 + (rows["tp"] > 1) * 4 + (rows["pp"] > 1) * 2 + (cp > 1)
+    ep = rows["ep"] if "ep" in rows else np.ones_like(rows["dp"])
+    # expert parallelism does not change the placements, but it separates the groups (the expert layers'
+    # groups depend on the whole D/P/T order: search.placement_classes)
+    key = (ep > 1) * 16 + (rows["dp"] > 1) * 8 + (rows["tp"] > 1) * 4 + (rows["pp"] > 1) * 2 + (cp > 1)
     for pattern in np.unique(key):
         has_dp, has_tp, has_pp, has_cp = (bool(pattern & bit) for bit in (8, 4, 2, 1))
         sp = [s for s in space.sequence_parallel if has_tp or not s] or [False]

@@ -451,7 +451,7 @@ class _BranchAndBound:
         self.sp_choices: list[tuple[bool, ...]] = []
         for sp, place, mask in _pattern_groups(first, self.space):
             ids = []
-            for members in placement_classes(place):
+            for members in placement_classes(place, exact=bool(np.any(first.get("ep", np.ones(1))[mask] > 1))):
                 if members not in self.class_places:
                     self.class_places.append(members)
                 ids.append(self.class_places.index(members))
@@ -608,15 +608,17 @@ class _BranchAndBound:
         return full, *cols
 
 
-def placement_classes(placements) -> list[tuple[int, ...]]:
+def placement_classes(placements, *, exact: bool = False) -> list[tuple[int, ...]]:
     """Indices into PLACEMENTS grouped by their letters from T to the end: placements of one class lay the
     tensor- and context-parallel groups (C sits just left of T) on the same ranks, so the terms of
     SHAPE_BOUND_TERMS, which only read those groups, are equal across the class (checked in
-    tests/test_search.py); "DPT" and "PDT" share one, Megatron's two rank orders."""
+    tests/test_search.py); "DPT" and "PDT" share one, Megatron's two rank orders. With expert parallelism
+    (`exact`) each placement is its own class: the expert layers regroup a pipeline stage's ranks, whose
+    layout depends on the whole order (placement.stage_group_locality)."""
     out: dict[str, list[int]] = {}
     for index in placements:
         text = PLACEMENTS[index]
-        out.setdefault(text[text.index("T"):], []).append(int(index))
+        out.setdefault(text if exact else text[text.index("T"):], []).append(int(index))
     return [tuple(v) for v in out.values()]
 
 

@@ -216,21 +216,23 @@ def test_hybrid_shard_groups_stay_inside_the_fast_domain():
 
 
 def test_ep_follows_the_one_rule(monkeypatch):
-    """Mixtral-like: 8 experts. ep divides dp x cp and the experts (planner.parallel.ep_allowed); swapping
-    the rule there changes what the generator enumerates, so the rule lives in that one function."""
+    """Mixtral-like: 8 experts. ep x expert_tp divides tp x dp x cp (Megatron-Core's parallel folding) and ep
+    divides the experts (planner.parallel.ep_allowed); swapping the rule there changes what the generator
+    enumerates, so the rule lives in that one function."""
     kw = dict(heads=32, kv_heads=8, blocks=8, space=SearchSpace(), rejected=Counter(), seq=4096, experts=8)
     rows = skeleton_rows(64, 64, **kw)
     assert set(np.unique(rows["ep"])) == {1, 2, 4, 8}
-    assert np.all(ep_allowed(rows["ep"], dp=rows["dp"], cp=rows["cp"], experts=8))
+    assert np.all(ep_allowed(rows["ep"], dp=rows["dp"], cp=rows["cp"], tp=rows["tp"], experts=8))
     assert np.any((rows["ep"] > rows["dp"]) & (rows["cp"] > 1))             # carved from dp x cp, not dp alone
+    assert np.any(rows["ep"] > rows["dp"] * rows["cp"])                     # folding: ep | tp x dp x cp
     dense = skeleton_rows(64, 64, **dict(kw, experts=None))
     assert set(np.unique(dense["ep"])) == {1}
     monkeypatch.setattr(parallel, "ep_allowed", lambda ep, *, dp, cp=1, tp=1, expert_tp=1, experts=None:
-                        (np.asarray(dp) * np.asarray(cp) * np.asarray(tp)) % np.asarray(ep) == 0
-                        and (experts is None or experts % ep == 0))
-    wider = skeleton_rows(64, 64, **dict(kw, rejected=Counter()))
-    assert np.any(wider["ep"] > wider["dp"] * wider["cp"])                   # Megatron's folding: ep | tp x dp x cp
-    assert len(wider["dp"]) > len(rows["dp"])
+                        (np.asarray(dp) * np.asarray(cp)) % np.asarray(ep) == 0
+                        and (experts is None or experts % ep == 0))          # the older rule: ep | dp x cp
+    narrower = skeleton_rows(64, 64, **dict(kw, rejected=Counter()))
+    assert not np.any(narrower["ep"] > narrower["dp"] * narrower["cp"])
+    assert len(narrower["dp"]) < len(rows["dp"])
 
 
 def test_rejections_are_counted_by_reason():

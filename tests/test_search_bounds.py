@@ -91,7 +91,7 @@ def test_shape_terms_ignore_the_model_state_knobs_and_the_placement_class(scored
     arrays, s, space = scored
     cls = np.zeros(len(arrays["dp"]), dtype=np.int64)
     for _, place, mask in _pattern_groups(arrays, space):
-        for k, members in enumerate(placement_classes(place)):
+        for k, members in enumerate(placement_classes(place, exact=bool(np.any(arrays["ep"][mask] > 1)))):
             cls[mask & np.isin(arrays["placement"], members)] = k
     arrays = dict(arrays, place_class=cls)
     shape = _groups(arrays, SHAPE_FIELDS + ("place_class", "sequence_parallel", "recompute"))
