@@ -23,7 +23,9 @@ from planner.parallel import MeshAxis, ParallelConfig
 SCHEMA_VERSION = "1"
 """The plan-document version this build writes and reads."""
 
-_AXIS_BY_LETTER = {"D": MeshAxis.DP, "P": MeshAxis.PP, "T": MeshAxis.TP}
+_AXIS_BY_LETTER = {"D": MeshAxis.DP, "P": MeshAxis.PP, "T": MeshAxis.TP, "C": MeshAxis.CP}
+"""Placement letters that are axes of the world (world = dp x pp x tp x cp). E is not one: expert-parallel
+groups regroup a pipeline stage's ranks (Megatron-Core's expert rank generator), so it adds no mesh dim."""
 _CONFIG_FIELDS = frozenset(f.name for f in fields(ParallelConfig))
 _DERIVED_PLAN_KEYS = frozenset({"num_microbatches", "world_size"})
 MAX_NUMBER = 1e30
@@ -146,9 +148,10 @@ class Plan:
 
 
 def mesh_dims(config: ParallelConfig) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """(names, sizes) of the mesh dimensions ordered by `config.placement`, outermost first."""
-    degree = {MeshAxis.DP: config.dp, MeshAxis.PP: config.pp, MeshAxis.TP: config.tp}
-    axes = [_AXIS_BY_LETTER[letter] for letter in config.placement]
+    """(names, sizes) of the mesh dimensions ordered by `config.placement`, outermost first (a cp
+    dimension only where the placement has C; E adds none, see _AXIS_BY_LETTER)."""
+    degree = {MeshAxis.DP: config.dp, MeshAxis.PP: config.pp, MeshAxis.TP: config.tp, MeshAxis.CP: config.cp}
+    axes = [_AXIS_BY_LETTER[letter] for letter in config.placement if letter in _AXIS_BY_LETTER]
     return tuple(a.value for a in axes), tuple(degree[a] for a in axes)
 
 

@@ -22,6 +22,7 @@ from planner.models.transformer import lm_loss
 from planner.parallel import ParallelConfig
 
 runner = CliRunner()
+MIXTRAL = "planner.executor.tiny:mixtral_tiny"
 
 
 def one_line_exit_2(result):
@@ -280,13 +281,26 @@ def test_bad_start_method_and_torchrun_world_size_are_one_line(tmp_path, monkeyp
     assert "RANK='2'" in line and "0..1" in line
 
 
-def test_dimensions_the_executor_cannot_run_are_refused_by_name(tmp_path):
-    doc = plan_document(ParallelConfig(dp=2, cp=2, global_batch=4, seq=16, placement="DPCT"))
-    doc["hardware"]["gpus"] = 4
-    plan = tmp_path / "cp.json"
+REFUSED = {
+    # what is still outside the executor: one line naming the field, exit 2, before any rank starts
+    "expert_tp": (dict(dp=4, ep=2, expert_tp=2, placement="DPET"), MIXTRAL, "plan.expert_tp=2"),
+    "ep-beside-tp": (dict(dp=2, tp=2, ep=2, placement="DPET"), MIXTRAL, "plan.ep=2"),
+    "moe-beside-tp": (dict(tp=2), MIXTRAL, "plan.tp=2"),
+    "ep-on-a-dense-model": (dict(dp=2, ep=2, placement="DPET"), "planner.executor.tiny:gpt_tiny", "dense model"),
+    "ep-not-dividing-experts": (dict(dp=8, ep=8, placement="DPET"), MIXTRAL, "a divisor of experts(4)"),
+    "cp-odd-split": (dict(cp=2, seq=30, placement="DPCT"), "planner.executor.tiny:gpt_tiny", "divisible by 2*cp"),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_dimensions_the_executor_cannot_run_are_refused_by_name(name, tmp_path):
+    knobs, model, expected = REFUSED[name]
+    knobs = {"seq": 32, "global_batch": knobs.get("dp", 1), **knobs}
+    doc = plan_document(ParallelConfig(**knobs), model)
+    plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(doc))
     line = one_line_exit_2(runner.invoke(app, ["run", str(plan)]))
-    assert "plan.cp=2" in line and "context parallelism" in line
+    assert expected in line, line
 
 
 def test_checkpoint_every_steps_without_a_directory_is_one_line(tmp_path):

@@ -103,7 +103,7 @@ def test_torchrun_with_the_wrong_world_size_names_the_launch_fix(tmp_path):
     env = {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
     result = runner.invoke(app, ["run", str(plan)], env=env)
     assert result.exit_code == 2
-    assert "needs 2 ranks (dp*tp*pp) but torchrun started WORLD_SIZE=3" in result.stderr
+    assert "needs 2 ranks (dp*tp*pp*cp) but torchrun started WORLD_SIZE=3" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 

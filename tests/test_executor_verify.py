@@ -64,14 +64,19 @@ BUG_PLANS = {
     "drop_microbatch": (dict(pp=2, schedule="1f1b", global_batch=4, micro_batch=1), ("gradient",)),
     "double_microbatch": (dict(pp=2, schedule="1f1b", global_batch=4, micro_batch=1), ("loss",)),
     "zero_shard_offset": (dict(dp=2, zero=2, global_batch=4, micro_batch=1), ("parameters",)),
+    "cp_drop_kv_block": (dict(cp=2, global_batch=2, placement="DPCT"), ("loss", "gradient")),
+    "ep_wrong_rank": (dict(dp=2, ep=2, global_batch=4, micro_batch=1, placement="DPET"), ("loss", "gradient")),
+    "hsdp_skip_replica_reduce": (dict(dp=2, dp_shard=1, zero=3, global_batch=2), ("gradient",)),
 }
+BUG_MODELS = {"ep_wrong_rank": "planner.executor.tiny:mixtral_tiny"}
+"""Models other than gpt_tiny (expert parallelism needs experts)."""
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("bug", list(BUG_PLANS))
 def test_each_planted_bug_fails_verification_naming_what_diverged(bug, tmp_path):
     knobs, kinds = BUG_PLANS[bug]
-    plan = write_plan(tmp_path / "plan.json", ParallelConfig(seq=32, precision="fp32", **knobs), TINY)
+    plan = write_plan(tmp_path / "plan.json", ParallelConfig(seq=32, precision="fp32", **knobs), BUG_MODELS.get(bug, TINY))
     result = runner.invoke(app, ["run", str(plan), "--steps", "2", "--verify", "--json",
                                  "--inject-fault", f"bug:{bug}"])
     assert result.exit_code == 1, result.output

@@ -2,7 +2,9 @@
 
 One module per step (docs/style.md):
   runspec.py      plan document -> `RunSpec` (model shape, parallel config, proxy shrink, notes)
-  parallelize.py  small `apply_*` functions on a plain `Transformer` (TP, AC, DDP/FSDP2, pipeline)
+  parallelize.py  small `apply_*` functions on a plain `Transformer` (mesh, TP, AC, DDP/FSDP2/HSDP, pipeline)
+  context.py      context parallelism: load-balanced sequence split, ring / all-gather / Ulysses attention
+  experts.py      expert parallelism: expert groups, all-to-all token dispatch and combine
   worker.py       one rank: mesh, model, parallelism, training steps, timings, results
   launch.py       spawn world-size local processes and watch them (faults.py: heartbeats, kill,
                   planted test bugs; lifecycle.py: signals, ranks that die with their launcher)
@@ -10,7 +12,8 @@ One module per step (docs/style.md):
   record.py       what a run records for --verify (per-step gradients, sampled parameters)
   reference.py    the single-process reference anchored at the run, and the rounding bounds
   verify.py       check every step of a run against one process (loss, gradients, parameters)
-Nothing in the model knows it runs in parallel (torchtitan's split of model and parallelize).
+Nothing in the model knows it runs in parallel (torchtitan's split of model and parallelize); the
+model only takes the token positions a context-parallel rank holds (`Transformer.positions`).
 """
 from __future__ import annotations
 

@@ -109,7 +109,8 @@ def identity(spec) -> dict:
     layout (DCP reshards nothing here: each rank reloads its own shards), seed, precision, optimizer."""
     cfg = spec.config
     return {"model": spec.model.name, "seed": spec.seed, "dtype": spec.dtype, "optimizer": cfg.optimizer,
-            "dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, "virtual_stages": cfg.virtual_stages,
+            "dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, "cp": cfg.cp, "ep": cfg.ep, "dp_shard": cfg.dp_shard,
+            "placement": cfg.placement, "virtual_stages": cfg.virtual_stages,
             "stages": list(cfg.stages), "zero": cfg.zero, "micro_batch": cfg.micro_batch,
             "global_batch": cfg.global_batch, "seq": cfg.seq, "schedule": cfg.schedule}
 

@@ -32,6 +32,10 @@ BUGS = {
     "drop_microbatch": "the pipeline schedule skips the backward of micro-batch 0",
     "double_microbatch": "micro-batch 1 is a copy of micro-batch 0 (one dropped, one counted twice)",
     "zero_shard_offset": "ZeRO: dp rank 1's optimizer steps its shard with the gradient rows shifted by one",
+    "cp_drop_kv_block": "context parallelism's ring attention never uses the last key/value block to arrive",
+    "ep_wrong_rank": "expert parallelism dispatches every token to the next ep rank's expert in the same slot",
+    "hsdp_skip_replica_reduce": "hybrid sharding: gradients reduce-scattered inside each shard group, never "
+                                "all-reduced across the replicas",
 }
 """Injectable bugs (`bug:NAME`) and what each plants."""
 
@@ -68,6 +72,10 @@ def check_bug_applies(name: str, config) -> None:
         "drop_microbatch": (config.pp > 1, "pp > 1"),
         "double_microbatch": (config.pp > 1 and config.num_microbatches > 1, "pp > 1 and 2+ micro-batches"),
         "zero_shard_offset": (config.dp > 1 and config.zero > 0, "dp > 1 with zero 1, 2 or 3"),
+        "cp_drop_kv_block": (config.cp > 1 and config.cp_comm == "p2p", "cp > 1 with cp_comm p2p"),
+        "ep_wrong_rank": (config.ep > 1, "ep > 1"),
+        "hsdp_skip_replica_reduce": (config.zero > 0 and 0 < config.dp_shard < config.dp and config.pp == 1,
+                                     "zero 1, 2 or 3 with 0 < dp_shard < dp and pp 1"),
     }
     ok, what = needs[name]
     if not ok:

@@ -7,7 +7,9 @@ DDP / FSDP2 `fully_shard` (ZeRO, Rajbhandari et al. 2020), `torch.distributed.pi
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -17,19 +19,82 @@ from planner.parallel import LOOPED_SCHEDULES, ParallelConfig
 
 
 
-def build_device_mesh(config: ParallelConfig, device_type: str):
-    """The plan's DeviceMesh, dims ordered by the placement string (planner.plan.mesh_dims).
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Meshes:
+    """The plan's DeviceMesh and the sub-meshes the apply_* functions take."""
 
-    Worked example, dp=2 pp=2 tp=2, placement "DPT": mesh (dp, pp, tp) = (2, 2, 2), rank =
-    4*dp_index + 2*pp_index + tp_index, so tp groups are adjacent ranks [0,1] [2,3] ..., pp groups
-    [0,2] [1,3] [4,6] [5,7] and dp groups [0,4] [1,5] [2,6] [3,7]. Size-1 dims are kept.
-    """
-    from torch.distributed.device_mesh import init_device_mesh
+    root: Any
+    """Dims in placement order (C inserted just outside T when the placement has none; D split into
+    dp_replicate x dp_shard for hybrid sharding)."""
+    dp: Any
+    """The data-parallel ranks (1-D; flattened replicate x shard with hybrid sharding): which rows of
+    the global batch a rank trains on."""
+    pp: Any
+    tp: Any
+    cp: Any
+    grad: Any
+    """The ranks that hold the same (dense) parameters and average their gradients: dp x cp, 1-D; with
+    hybrid sharding 2-D (dp_replicate, dp_shard x cp), FSDP2's HSDP mesh (shard inside, replicate across)."""
+    hybrid: bool
 
+    @property
+    def grad_size(self) -> int:
+        return self.grad.size()
+
+
+def mesh_names(config: ParallelConfig) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(names, sizes) of the executor's mesh: planner.plan.mesh_dims of the placement, with C inserted
+    just outside T when absent (planner.placement.with_context, the cost model's own rule) and, with
+    hybrid sharding (0 < dp_shard < dp under ZeRO), dp split into (dp_replicate, dp_shard), shard
+    innermost: shard groups are dp_shard consecutive dp indices (torchtitan's dp_replicate x dp_shard;
+    planner.placement's 'S' and 'R' groups)."""
+    import dataclasses
+
+    from planner.placement import with_context
     from planner.plan import mesh_dims
 
+    if "C" not in config.placement:
+        config = dataclasses.replace(config, placement=with_context(config.placement))
     names, shape = mesh_dims(config)
-    return init_device_mesh(device_type, shape, mesh_dim_names=names)
+    if not is_hybrid(config):
+        return names, shape
+    i = names.index("dp")
+    return (names[:i] + ("dp_replicate", "dp_shard") + names[i + 1:],
+            shape[:i] + (config.dp // config.dp_shard, config.dp_shard) + shape[i + 1:])
+
+
+def is_hybrid(config: ParallelConfig) -> bool:
+    """Hybrid sharding: ZeRO states sharded over dp_shard ranks and replicated over dp / dp_shard groups."""
+    return config.zero > 0 and 0 < config.dp_shard < config.dp
+
+
+def build_device_mesh(config: ParallelConfig, device_type: str) -> Meshes:
+    """The plan's DeviceMesh, dims ordered by the placement string (mesh_names), and its sub-meshes.
+
+    Worked example, dp=2 pp=2 tp=2, placement "DPT": mesh (dp, pp, cp, tp) = (2, 2, 1, 2), rank =
+    4*dp_index + 2*pp_index + tp_index, so tp groups are adjacent ranks [0,1] [2,3] ..., pp groups
+    [0,2] [1,3] [4,6] [5,7] and dp groups [0,4] [1,5] [2,6] [3,7]. Size-1 dims are kept. With
+    cp=2 and placement "DPCT" (dp=2, tp=2): cp groups [0,2] [1,3] [4,6] [5,7], gradient groups
+    (dp x cp) [0,2,4,6] and [1,3,5,7].
+    """
+    import warnings
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    names, shape = mesh_names(config)
+    root = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    hybrid = "dp_shard" in names
+    with warnings.catch_warnings():
+        # torch 2.13 warns that slicing a flattened dim from the root mesh (HSDP's 2-D mesh) will change
+        warnings.simplefilter("ignore", UserWarning)
+        if hybrid:
+            dp = root["dp_replicate", "dp_shard"]._flatten("dp")
+            root["dp_shard", "cp"]._flatten("dp_shard_cp")
+            grad = root["dp_replicate", "dp_shard_cp"]
+        else:
+            dp = root["dp"]
+            grad = root["dp", "cp"]._flatten("dp_cp")
+    return Meshes(root=root, dp=dp, pp=root["pp"], tp=root["tp"], cp=root["cp"], grad=grad, hybrid=hybrid)
 
 
 def stage_block_counts(config: ParallelConfig, blocks: int) -> list[int]:
@@ -170,37 +235,42 @@ def apply_ac(module: nn.Module, recompute: str) -> None:
         module.layers[key] = checkpoint_wrapper(module.layers[key], **kwargs)
 
 
-def apply_fsdp(module: nn.Module, dp_mesh, *, zero: int, offload_optimizer: bool = False) -> nn.Module:
-    """FSDP2 `fully_shard` per block and on the root: ZeRO-3 reshards parameters after forward,
-    ZeRO-1/2 keep them gathered until backward (reshard_after_forward=False)."""
+def apply_fsdp(module: nn.Module, mesh, *, zero: int, offload_optimizer: bool = False,
+               ignored: list[nn.Parameter] = ()) -> nn.Module:
+    """FSDP2 `fully_shard` per block and on the root over `mesh` (1-D: dp x cp; 2-D: HSDP, sharded
+    over the inner dim and replicated over the outer): ZeRO-3 reshards parameters after forward,
+    ZeRO-1/2 keep them gathered until backward (reshard_after_forward=False). `ignored`: parameters
+    FSDP leaves alone (routed experts, reduced over their own group)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     policy = CPUOffloadPolicy() if offload_optimizer else OffloadPolicy()
     reshard = zero == 3
+    skip = set(ignored) or None
     for block in module.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, offload_policy=policy)
-    fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, offload_policy=policy)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, offload_policy=policy, ignored_params=skip)
+    fully_shard(module, mesh=mesh, reshard_after_forward=reshard, offload_policy=policy, ignored_params=skip)
     return module
 
 
-def apply_ddp(module: nn.Module, dp_mesh, *, device: torch.device) -> nn.Module:
-    """DistributedDataParallel over the dp group (ZeRO 0, no tensor parallelism)."""
+def apply_ddp(module: nn.Module, mesh, *, device: torch.device) -> nn.Module:
+    """DistributedDataParallel over the gradient group (dp x cp; ZeRO 0, no tensor parallelism)."""
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(module, process_group=dp_mesh.get_group(), device_ids=ids)
+    return DistributedDataParallel(module, process_group=mesh.get_group(), device_ids=ids)
 
 
 class GradAllReduce:
-    """ZeRO-0 data parallelism where DDP does not apply (tensor-parallel DTensor parameters; pipeline
-    stages, whose several micro-batch backwards trip DDP's bucket rebuild in torch 2.13): after the
-    step's backward, average every gradient's local shard over the dp group (what DDP's reducer
-    does, without bucketing/overlap)."""
+    """Gradient reduction where DDP / FSDP do not apply: tensor-parallel DTensor parameters and pipeline
+    stages under ZeRO-0 (DDP takes no DTensors, and several micro-batch backwards trip its bucket
+    rebuild in torch 2.13), and routed experts (reduced over their expert data-parallel group). After
+    the step's backward, every gradient's local shard is summed over `group` and divided by
+    `divide_by` (what DDP's reducer does when divide_by is the group's size; without bucketing/overlap)."""
 
-    def __init__(self, modules: list[nn.Module], dp_mesh):
-        self.params = [p for m in modules for p in m.parameters() if p.requires_grad]
-        self.group = dp_mesh.get_group()
-        self.size = dp_mesh.size()
+    def __init__(self, params: list[nn.Parameter], group, *, divide_by: int):
+        self.params = [p for p in params if p.requires_grad]
+        self.group = group
+        self.divide_by = divide_by
 
     def __call__(self) -> None:
         from torch.distributed.tensor import DTensor
@@ -209,8 +279,10 @@ class GradAllReduce:
             if p.grad is None:
                 continue
             local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-            dist.all_reduce(local, group=self.group)
-            local.div_(self.size)
+            if self.group is not None and dist.get_world_size(self.group) > 1:
+                dist.all_reduce(local, group=self.group)
+            if self.divide_by != 1:
+                local.div_(self.divide_by)
 
 
 def build_schedule(config: ParallelConfig, stages: list, loss_fn):

@@ -2,7 +2,8 @@
 
 Per step, after the gradients are final (reduced, sharded) and before the optimizer uses them, every
 parameter's full gradient (DTensor shards gathered: a collective over the parameter's mesh) is kept
-by the rank that keeps that stage's parameters (dp 0, tp 0), in WORKDIR/verify-grads-STEP-rRANK.pt
+by the first rank holding that parameter (dp, cp, tp index 0; for a routed expert the first rank of
+its expert data-parallel group), in WORKDIR/verify-grads-STEP-rRANK.pt
 or, without a work directory (torchrun), in the result gathered on rank 0. Before the first step and
 after each step every rank reads a fixed sample of each parameter's elements (`sample_indices`)
 from its own shard, without any collective (`local_sample`): every replica and every shard is
@@ -114,9 +115,10 @@ def save_atomic(obj, path: Path) -> None:
 
 class Recorder:
     """One rank's records. `gradients` and `resumed_state` are collective over the ranks that share a
-    stage (each gathers DTensors in the same parameter order); only `keep` ranks store gradients."""
+    stage (each gathers DTensors in the same parameter order); a rank stores the gradients of the
+    parameters `keep(name)` assigns to it."""
 
-    def __init__(self, workdir: str | None, rank: int, keep: bool, name_of):
+    def __init__(self, workdir: str | None, rank: int, keep, name_of):
         self.workdir = Path(workdir) if workdir else None
         self.rank, self.keep, self.name_of = rank, keep, name_of
         self.samples: dict[int, dict] = {}
@@ -140,7 +142,8 @@ class Recorder:
         out = {}
         for name, p in self._named(parts):
             out[name] = full_tensor(p.grad, copy=copy) if p.grad is not None else torch.zeros(p.shape)
-        if not self.keep:
+        out = {name: g for name, g in out.items() if self.keep(name)}
+        if not out:
             return
         if self.workdir is not None:
             save_atomic(out, self.workdir / f"verify-grads-{step}-r{self.rank}.pt")
@@ -158,8 +161,9 @@ class Recorder:
                 for key, value in sorted(optimizer.state.get(p, {}).items()):
                     saved[key] = full_tensor(value) if torch.is_tensor(value) else value
                 state[clean] = saved
-        if self.keep:
-            self.start_state = {"params": params, "state": state}
+        params = {n: v for n, v in params.items() if self.keep(n)}
+        if params:
+            self.start_state = {"params": params, "state": {n: state[n] for n in params}}
 
     def result(self) -> dict:
         return {"samples": self.samples, "memory": self.memory, "start_state": self.start_state}

@@ -116,16 +116,51 @@ def max_local_ranks(backend: str) -> int:
     return env if env is not None else max(8, 2 * (os.cpu_count() or 1))
 
 
+EXECUTOR_RUNS = ("dp (DDP, FSDP2 ZeRO-1/2/3, HSDP with dp_shard), tp (+ sequence parallelism), pp (gpipe, 1f1b, "
+                 "interleaved-1f1b, zero-bubble), cp (p2p ring, all_gather, a2a Ulysses; load-balanced causal "
+                 "split), ep (routed experts over dp x cp ranks, tp 1), recompute; fp32 on CPU")
+"""What the executor runs, for `planner run --help` and docs/executor.md."""
+
+
+def fp8_substitute(backend: str) -> str:
+    """The precision an FP8 plan runs in here: its non-FP8 arithmetic (bf16 with fp32 master weights:
+    amp-bf16) on GPUs, where this executor has no FP8 GEMMs (Transformer Engine / torchao recipes);
+    fp32 on CPU, as every CPU run."""
+    return "fp32" if backend == "gloo" else "amp-bf16"
+
+
+def fp8_line(backend: str) -> str:
+    """The one line an FP8 plan's run prints on stderr."""
+    if backend == "gloo":
+        return "FP8 GEMMs need an FP8 device; this CPU run uses fp32 instead (as every CPU run of the executor)"
+    return "FP8 GEMMs are not run by this executor; this run uses bf16 autocast (amp-bf16) instead"
+
+
 def check_executable(config: ParallelConfig) -> None:
-    """The executor runs dp x tp x pp (with ZeRO over all dp ranks); other dimensions are refused by name."""
-    for name, value, allowed in (("cp", config.cp, "1 (the executor has no context parallelism)"),
-                                 ("ep", config.ep, "1 (the executor has no expert parallelism)"),
-                                 ("expert_tp", config.expert_tp, "1 (the executor has no experts)")):
-        if value != 1:
-            raise ConfigError(f"plan.{name}", value, allowed)
-    if config.dp_shard not in (0, config.dp):
-        raise ConfigError("plan.dp_shard", config.dp_shard,
-                          f"0 or dp({config.dp}) (the executor shards over all dp ranks; no HSDP)")
+    """Degrees the executor cannot run, refused by name (one line, exit 2): expert tensor parallelism,
+    and expert parallelism beside tensor parallelism (its expert layers regroup the tp ranks too,
+    MoE parallel folding, which the executor does not build)."""
+    if config.expert_tp != 1:
+        raise ConfigError("plan.expert_tp", config.expert_tp, "1 (the executor has no expert tensor parallelism)")
+    if config.ep > 1 and config.tp > 1:
+        raise ConfigError("plan.ep", config.ep, f"1 with tp({config.tp}) > 1 (the executor carves expert-parallel "
+                                                "groups from dp x cp only; run ep with tp=1)")
+
+
+def check_model_executable(config: ParallelConfig, spec: TransformerSpec) -> None:
+    """What the model must allow for the plan's cp and ep on the executor (one line, exit 2): context
+    parallelism's sequence split (ParallelConfig.check_sequence) over plain softmax attention (no
+    sliding windows or sinks), whole routed experts per ep rank (ParallelConfig.check_experts), and
+    no mixture-of-experts model beside tensor parallelism."""
+    if config.cp > 1:
+        config.check_sequence(config.seq, heads=spec.heads, kv_heads=spec.n_kv_heads)
+        if spec.sliding_window or spec.attention_sinks:
+            raise ConfigError("plan.cp", config.cp, "1 for a model with sliding-window attention or attention sinks "
+                                                    "(the executor's context-parallel attention is full causal softmax)")
+    config.check_experts(spec.moe)          # ep needs experts, and whole experts per rank
+    if spec.moe is not None and config.tp > 1:
+        raise ConfigError("plan.tp", config.tp, "1 for a mixture-of-experts model (the executor's tensor "
+                                                "parallelism splits dense MLPs only)")
 
 
 def resolve_transformer(name: str, seq: int | None) -> TransformerSpec:
@@ -203,7 +238,7 @@ def proxy_spec(spec: TransformerSpec, config: ParallelConfig) -> tuple[Transform
     else:
         stages = ()
         layers = chunks + spec.total_blocks % chunks
-    tp = config.tp
+    tp = config.tp * (config.cp if config.cp_comm == "a2a" else 1)   # Ulysses splits the heads over cp too
     grouped = spec.n_kv_heads < spec.heads
     # never wider than the original (its heads already divide by tp, check_model passed)
     heads = min(2 * tp if grouped else tp * math.ceil(4 / tp), spec.heads)
@@ -213,13 +248,19 @@ def proxy_spec(spec: TransformerSpec, config: ParallelConfig) -> tuple[Transform
     ffn_ratio = spec.d_ffn / spec.hidden
     ffn = max(tp, int(round(ffn_ratio * hidden / tp)) * tp)
     seq = min(config.seq, 64)
+    tp = config.tp
     vocab = min(spec.vocab, 512 if 512 % tp == 0 else tp * math.ceil(512 / tp))
+    shrink = {}
+    if spec.moe is not None:      # the same experts and routing, each as much narrower as the model
+        width = lambda f: max(1, int(round(f * hidden / spec.hidden)))  # noqa: E731
+        shrink["moe"] = dataclasses.replace(spec.moe, expert_ffn=width(spec.moe.expert_ffn),
+                                            shared_expert_ffn=width(spec.moe.shared_expert_ffn) if spec.moe.shared_expert_ffn else 0)
     small = spec.with_(name=f"{spec.name} (proxy)", layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
-                       head_dim=0, ffn=ffn, vocab=vocab, seq=seq, max_positions=0)
+                       head_dim=0, ffn=ffn, vocab=vocab, seq=seq, max_positions=0, **shrink)
     new_config = dataclasses.replace(config, seq=seq, stages=stages)
     note = (f"--proxy: {spec.name} is too large for this machine; ran a proxy with {layers} blocks, "
             f"hidden {hidden}, {heads} heads, ffn {ffn}, vocab {vocab}, seq {seq} "
-            f"(stages {list(stages) or 'even'}), keeping dp={config.dp} tp={config.tp} pp={config.pp} "
+            f"(stages {list(stages) or 'even'}), keeping dp={config.dp} tp={config.tp} pp={config.pp} cp={config.cp} ep={config.ep} "
             f"v={config.virtual_stages}, schedule {config.schedule}, micro-batch {config.micro_batch}, "
             f"global batch {config.global_batch}")
     return small, new_config, note
@@ -245,7 +286,7 @@ def build_run_spec(plan_path: str | Path, *, steps: int = 3, backend: str = "glo
     if world_size_available is not None and config.world_size != world_size_available:
         # under torchrun the launch fixed the world size
         raise ConfigError("WORLD_SIZE", world_size_available, f"{config.world_size}", message=(
-            f"the plan needs {config.world_size} ranks (dp*tp*pp) but torchrun started "
+            f"the plan needs {config.world_size} ranks (dp*tp*pp*cp) but torchrun started "
             f"WORLD_SIZE={world_size_available}; relaunch with --nnodes x --nproc-per-node = {config.world_size}"))
     cap = world_size_available if world_size_available is not None else max_local_ranks(backend)
     if config.world_size > cap:
@@ -258,6 +299,7 @@ def build_run_spec(plan_path: str | Path, *, steps: int = 3, backend: str = "glo
     if spec.position == "learned" and spec.max_positions and config.seq > spec.max_positions:
         raise ConfigError("plan.seq", config.seq, f"at most the model's {spec.max_positions} learned positions")
     spec = spec.with_(seq=config.seq)
+    check_model_executable(config, spec)
     if spec.parallel_block or spec.embed_norm or spec.type_vocab or spec.norms_per_block != 2:
         notes.append(f"{spec.name} runs as the reference sequential pre-norm block (its parallel-residual / "
                      f"extra-norm details are not modelled by planner.models.transformer)")
@@ -281,17 +323,30 @@ def build_run_spec(plan_path: str | Path, *, steps: int = 3, backend: str = "glo
                       "in the reference) because tp>1 or pp>1 splits them across ranks")
 
     dtype = config.precision
-    if backend == "gloo" and dtype != "fp32":
+    if dtype == "fp8":
+        dtype = fp8_substitute(backend)
+        notes.append(fp8_line(backend))
+    elif backend == "gloo" and dtype != "fp32":
         notes.append(f"precision {dtype} downgraded to fp32 (CPU/gloo executor)")
         dtype = "fp32"
     offload = config.offload
     if backend == "gloo" and offload != "none":
         notes.append(f"offload {offload} not applied: on CPU everything already lives in host memory")
         offload = "none"
-    if config.zero == 1 and config.dp > 1:
+    replicas = config.dp * config.cp
+    if config.zero == 1 and replicas > 1:
         notes.append("ZeRO-1 runs as FSDP2 without resharding after forward (gradients are sharded too: ZeRO-2)")
-    if config.zero and config.dp == 1:
-        notes.append(f"ZeRO-{config.zero} has no effect with dp=1")
+    if config.zero and replicas == 1:
+        notes.append(f"ZeRO-{config.zero} has no effect with dp=1" + (" and cp=1" if config.cp == 1 else ""))
+    if 0 < config.dp_shard < config.dp:
+        if config.zero == 0:
+            notes.append(f"dp_shard {config.dp_shard} has no effect with zero 0 (nothing is sharded)")
+        else:
+            notes.append(f"hybrid sharding (FSDP2 HSDP): ZeRO-{config.zero} states sharded over dp_shard x cp = "
+                         f"{config.dp_shard * config.cp} ranks, replicated over {config.dp // config.dp_shard} groups")
+    if config.ep > 1 and config.zero and replicas // config.ep > 1:
+        notes.append(f"routed experts are replicated over their {replicas // config.ep} expert data-parallel ranks "
+                     f"(gradients all-reduced there), not ZeRO-sharded; dense parameters are")
     if checkpoint_every_steps and not checkpoint_dir:
         raise ConfigError("--checkpoint-every-steps", checkpoint_every_steps, "only with --checkpoint-dir")
     if checkpoint_dir and checkpoint_every_steps:

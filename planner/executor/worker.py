@@ -21,6 +21,8 @@ import torch.distributed as dist
 
 from planner.executor import checkpoint
 from planner.executor.faults import LIVENESS_PERIOD_S, Heartbeat, bug, inject_fault
+from planner.executor.context import apply_cp, cp_shard
+from planner.executor.experts import apply_ep, expert_groups, is_routed_expert, new_groups
 from planner.executor.parallelize import (GradAllReduce, apply_ac, apply_ddp, apply_fsdp, apply_tp,
                                           build_device_mesh, build_schedule, build_stage_module,
                                           stage_block_counts, stage_ids)
@@ -64,11 +66,70 @@ class _Run:
         else:
             self.device = torch.device("cpu")
         self.mesh = build_device_mesh(self.cfg, spec.device_type)
-        self.coords = {name: self.mesh.get_local_rank(name) for name in self.mesh.mesh_dim_names}
+        self.coords = {"dp": self.mesh.dp.get_local_rank(), "pp": self.mesh.pp.get_local_rank(),
+                       "tp": self.mesh.tp.get_local_rank(), "cp": self.mesh.cp.get_local_rank()}
         self.heartbeat.beat("build")
         self._build()
-        keep = self.coords["dp"] == 0 and self.coords["tp"] == 0
-        self.recorder = Recorder(workdir, rank, keep, clean_name) if spec.verify else None
+        self.recorder = Recorder(workdir, rank, self._keeps, clean_name) if spec.verify else None
+
+    def _keeps(self, name: str) -> bool:
+        """Whether this rank is the one that reports `name`'s full gradient and final value: the first
+        rank of the ranks holding it (dp, cp and tp index 0 for a dense parameter; expert data-parallel
+        index 0 and tp index 0 for a routed expert's)."""
+        if self.cfg.ep > 1 and is_routed_expert(name):
+            return self.expert_dp_rank == 0 and self.coords["tp"] == 0
+        return self.coords["dp"] == 0 and self.coords["cp"] == 0 and self.coords["tp"] == 0
+
+    def _expert_groups(self) -> None:
+        """This rank's ep group and expert data-parallel group (experts.expert_groups; collective)."""
+        self.ep_group, self.ep_rank, self.expert_dp_group, self.expert_dp_rank = None, 0, None, 0
+        if self.cfg.ep == 1:
+            return
+        layout = self.mesh.root.mesh.cpu().numpy()
+        ep_rows, edp_rows = expert_groups(layout, self.mesh.root.mesh_dim_names.index("pp"), self.cfg.ep)
+        self.ep_group, self.ep_rank, _ = new_groups(ep_rows, self.rank)
+        self.expert_dp_group, self.expert_dp_rank, _ = new_groups(edp_rows, self.rank)
+        self.coords["ep"] = self.ep_rank
+
+    def _parallelize(self, module: torch.nn.Module) -> tuple[torch.nn.Module, list]:
+        """The plan's parallelism on one stage module, in order EP -> CP -> TP -> AC -> DP; returns it
+        and the parameters whose gradients this rank reduces itself after the step (GradAllReduce):
+        (dense, routed experts)."""
+        spec, cfg, mesh = self.spec, self.cfg, self.mesh
+        if spec.dtype == "bf16":
+            module = module.to(torch.bfloat16)
+        module = module.to(self.device)
+        routed = []
+        if spec.model.moe is not None:
+            routed = apply_ep(module, group=self.ep_group, ep=cfg.ep, ep_rank=self.ep_rank, bug=self.bug)
+        if cfg.cp > 1:
+            self.positions = apply_cp(module, mesh.cp, seq=cfg.seq, comm=cfg.cp_comm, bug=self.bug)
+        if cfg.tp > 1:
+            apply_tp(module, mesh.tp, sequence_parallel=cfg.sequence_parallel, bug=self.bug)
+        apply_ac(module, cfg.recompute)
+        experts = routed if cfg.ep > 1 else []          # with ep = 1 experts are replicated like dense weights
+        replicas = mesh.grad_size
+        if replicas > 1 and cfg.zero > 0:
+            return apply_fsdp(module, mesh.grad, zero=cfg.zero, ignored=experts,
+                              offload_optimizer=spec.offload == "optimizer"), ([], experts)
+        if replicas > 1 and cfg.tp == 1 and cfg.pp == 1 and cfg.ep == 1:
+            return apply_ddp(module, mesh.grad, device=self.device), ([], [])
+        # DDP takes no DTensor parameters, and its reducer asserts ("rebuilt parameter indices") when
+        # torch.distributed.pipelining runs several micro-batch backwards: all-reduce after the step
+        ids = {id(p) for p in experts}
+        return module, ([p for p in module.parameters() if id(p) not in ids], experts)
+
+    def _gradient_reductions(self, dense: list, routed: list) -> list[GradAllReduce]:
+        """Dense gradients averaged over the dp x cp ranks; a routed expert's gradient, which already
+        sums its ep group's tokens (experts.py), summed over its expert data-parallel group and
+        divided by the same dp x cp (the ranks whose mean losses are averaged)."""
+        replicas = self.mesh.grad_size
+        out = []
+        if dense and replicas > 1:
+            out.append(GradAllReduce(dense, self.mesh.grad.get_group(), divide_by=replicas))
+        if routed:
+            out.append(GradAllReduce(routed, self.expert_dp_group, divide_by=replicas))
+        return out
 
     def _build(self) -> None:
         spec, cfg = self.spec, self.cfg
@@ -79,25 +140,16 @@ class _Run:
         self.stage_ids = stage_ids(cfg, self.coords["pp"]) if cfg.pp > 1 else [0]
         num_stages = len(counts) if cfg.pp > 1 else 1
         self.parts: list[tuple[int, torch.nn.Module]] = []
-        self.grad_sync = None
-        dp_mesh, tp_mesh = self.mesh["dp"], self.mesh["tp"]
+        self.positions = None
+        self._expert_groups()
+        dense, routed = [], []
         for sid in self.stage_ids:
-            module = build_stage_module(full, counts, sid) if cfg.pp > 1 else full
-            if spec.dtype == "bf16":
-                module = module.to(torch.bfloat16)
-            module = module.to(self.device)
-            if cfg.tp > 1:
-                apply_tp(module, tp_mesh, sequence_parallel=cfg.sequence_parallel, bug=self.bug)
-            apply_ac(module, cfg.recompute)
-            if cfg.dp > 1 and cfg.zero > 0:
-                module = apply_fsdp(module, dp_mesh, zero=cfg.zero, offload_optimizer=spec.offload == "optimizer")
-            elif cfg.dp > 1 and cfg.tp == 1 and cfg.pp == 1:
-                module = apply_ddp(module, dp_mesh, device=self.device)
+            module, (own_dense, own_routed) = self._parallelize(
+                build_stage_module(full, counts, sid) if cfg.pp > 1 else full)
             self.parts.append((sid, module))
-        if cfg.dp > 1 and cfg.zero == 0 and (cfg.tp > 1 or cfg.pp > 1):
-            # DDP takes no DTensor parameters, and its reducer asserts ("rebuilt parameter indices")
-            # when torch.distributed.pipelining runs several micro-batch backwards: all-reduce after the step
-            self.grad_sync = GradAllReduce([m for _, m in self.parts], dp_mesh)
+            dense += own_dense
+            routed += own_routed
+        self.grad_syncs = self._gradient_reductions(dense, routed)
         del full
         self.optimizers = [make_optimizer(m.parameters(), spec) for _, m in self.parts]
         self.has_first = 0 in self.stage_ids
@@ -106,7 +158,7 @@ class _Run:
         if cfg.pp > 1:
             from torch.distributed.pipelining import PipelineStage
 
-            group = self.mesh["pp"].get_group()
+            group = self.mesh.pp.get_group()
             stages = [PipelineStage(m, sid, num_stages, self.device, group=group) for sid, m in self.parts]
             self.schedule = build_schedule(cfg, stages, self._loss)
         self._first_target_ptr = None
@@ -144,6 +196,8 @@ class _Run:
                 sync = module.no_sync()
             if hasattr(module, "set_requires_gradient_sync"):
                 module.set_requires_gradient_sync(last)
+                if self.bug == "hsdp_skip_replica_reduce":   # planted: HSDP replicas never average their shards
+                    module.set_requires_all_reduce(False)
             offload = (torch.autograd.graph.save_on_cpu(pin_memory=True)
                        if self.spec.offload == "activations" else contextlib.nullcontext())
             with sync, offload:
@@ -181,11 +235,14 @@ class _Run:
             inject_fault(spec.fault, self.rank, step)
             tokens = dp_shard(synthetic_tokens(spec, step), cfg.dp, self.coords["dp"]).to(self.device)
             x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+            if self.positions is not None:       # context parallelism: this rank's chunks of every sequence
+                x, y = cp_shard(x, self.positions), cp_shard(y, self.positions)
             dist.barrier()
             t0 = time.perf_counter()
             local = self._step_pipeline(x, y) if self.schedule is not None else self._step_accumulate(x, y)
-            if self.grad_sync is not None and self.bug != "skip_dp_reduce":
-                self.grad_sync()
+            if self.bug != "skip_dp_reduce":
+                for sync in self.grad_syncs:
+                    sync()
             t_grad = time.perf_counter()
             if self.recorder is not None:
                 self.recorder.gradients(step, self.parts)
@@ -220,14 +277,15 @@ class _Run:
 
     def full_params(self) -> dict | None:
         """Full fp32 parameters of this rank's stages (collective over each DTensor's mesh); kept
-        only by the dp-0/tp-0 rank of each stage: in WORKDIR/params-rRANK.pt when there is a work
-        directory (pickling hundreds of MB through gather_object costs more than the training steps
-        of a small model), else in the result."""
+        by the first rank holding each parameter (`_keeps`): in WORKDIR/params-rRANK.pt when there
+        is a work directory (pickling hundreds of MB through gather_object costs more than the
+        training steps of a small model), else in the result."""
         from planner.executor.record import full_tensor, save_atomic
 
         out = {clean_name(name): full_tensor(p, copy=self.workdir is None)
                for _, module in self.parts for name, p in module.named_parameters()}
-        if not (self.coords["dp"] == 0 and self.coords["tp"] == 0):
+        out = {name: value for name, value in out.items() if self._keeps(name)}
+        if not out:
             return None
         if self.workdir is not None:
             path = Path(self.workdir) / f"params-r{self.rank}.pt"

@@ -290,6 +290,9 @@ class Transformer(nn.Module):
         if spec.tied_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self._rope_len = spec.seq if spec.position == "rope" else 0
+        self.positions: torch.Tensor | None = None
+        """Sequence positions of the tokens this module sees (context parallelism gives each rank
+        chunks of the sequence, planner.executor.context); None: 0 .. s-1."""
 
     def set_recompute(self, mode: str) -> "Transformer":
         """Activation recomputation for every block: "none", "selective" (attention core) or "full"."""
@@ -316,11 +319,19 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         s = h.shape[1]
+        positions = getattr(self, "positions", None)   # a pipeline stage module may predate the attribute
+        if positions is not None:
+            positions = positions.to(h.device)
         if self.pos_embeddings is not None:
-            h = h + self.pos_embeddings(torch.arange(s, device=h.device))
+            h = h + self.pos_embeddings(torch.arange(s, device=h.device) if positions is None else positions)
         rope_dim = self.spec.mla.qk_rope_head_dim if self.spec.mla is not None else self.spec.d_head
-        rope = rope_cos_sin(s, rope_dim, self.spec.rope_theta, device=h.device) \
-            if self.spec.position == "rope" else None
+        rope = None
+        if self.spec.position == "rope":
+            if positions is None:
+                rope = rope_cos_sin(s, rope_dim, self.spec.rope_theta, device=h.device)
+            else:   # the table's rows at the given positions: the same values as the full table's
+                cos, sin = rope_cos_sin(int(positions.max()) + 1, rope_dim, self.spec.rope_theta, device=h.device)
+                rope = (cos[positions], sin[positions])
         if rope is not None:
             rope = (rope[0].to(h.dtype), rope[1].to(h.dtype))
         for layer in self.layers.values():
