@@ -33,10 +33,7 @@ from benchmarks import accuracy_published as PUB  # noqa: E402
 from hardware_profiles import load_profile  # noqa: E402
 
 H100_TRAIN_KEYS = {"elementwise_bandwidth_fraction": (0.3, 1.0), "gemm_efficiency_max_fp32": (0.3, 1.0),
-                   "dispatch_us_per_op": (0.0, 60.0)}
-FLASH_ATTENTION_EFFICIENCY_H100 = 0.35
-"""Not fitted: FlashAttention-2 on H100 runs at ~35% of the bf16 peak for head dim 64 (Dao 2023,
-"FlashAttention-2", Fig. 7: ~330 TFLOP/s forward + backward at best, less at d = 64)."""
+                   "dispatch_us_per_op": (0.0, 60.0), "mem_efficient_attention_efficiency": (0.1, 1.0)}
 A100_KEYS = {"gemm_efficiency_max": (0.4, 1.0)}
 
 
@@ -122,10 +119,13 @@ def leave_out_h100(hw, *, by_group: bool) -> dict:
     return {"rows": out, "median_abs_time_error_timed": statistics.median(timed), "max_abs_time_error_timed": max(timed)}
 
 
-H100_PROFILES = ("dgx-h100", "p5.48xlarge")
+H100_PROFILES = ("dgx-h100", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge")
 A100_PROFILES = ("dgx-a100-80g", "p4d.24xlarge", "p4de.24xlarge")
-FLASH_ATTENTION_EFFICIENCY_A100 = 0.5
-"""Not fitted: FlashAttention-2 reaches 50-73% of the A100 peak forward + backward (Dao 2023, Fig. 4)."""
+OWNED_ELSEWHERE = ("flash_attention_efficiency", "fused_attention_efficiency", "gemm_efficiency_max_fp8")
+"""Efficiency keys this script neither fits nor writes: the attention kernels' rates (the kernel curves of
+validation/kernels/attention.json, then benchmarks/calibrate_frameworks.py on the published runs) and the FP8
+GEMM rate (calibrate_frameworks.py). Run this script first, then calibrate_frameworks.py: the step fit here reads
+the profile's attention rates as they stand."""
 
 
 def efficiency_blocks(result: dict) -> dict[str, tuple[dict, str]]:
@@ -133,40 +133,61 @@ def efficiency_blocks(result: dict) -> dict[str, tuple[dict, str]]:
     common = {"allreduce_bus_efficiency": 0.8, "framework_workspace_bytes": 2 * 32 * 2**20}
     g, t, a = result["h100_gemm"], result["h100_train"], result["a100"]
     h100 = {**common, "gemm_efficiency_max": round(g["gemm_efficiency_max"], 4),
-            "gemm_fixed_us": round(g["gemm_fixed_us"], 2), "flash_attention_efficiency": FLASH_ATTENTION_EFFICIENCY_H100,
+            "gemm_fixed_us": round(g["gemm_fixed_us"], 2),
             **{k: round(v, 4) for k, v in t.items()}}
     a100 = {**common, "gemm_efficiency_max": round(a["gemm_efficiency_max"], 4),
-            "gemm_fixed_us": h100["gemm_fixed_us"], "flash_attention_efficiency": FLASH_ATTENTION_EFFICIENCY_A100,
+            "gemm_fixed_us": h100["gemm_fixed_us"],
             "elementwise_bandwidth_fraction": 1.0, "gemm_efficiency_max_fp32": h100["gemm_efficiency_max_fp32"],
             "dispatch_us_per_op": h100["dispatch_us_per_op"]}
     src_h = ("benchmarks/calibrate.py (docs/cost-model.md): gemm_efficiency_max, gemm_fixed_us fitted to the 5 H100 "
              "bf16 GEMMs above the host floor; elementwise_bandwidth_fraction, gemm_efficiency_max_fp32, "
-             "dispatch_us_per_op fitted jointly to all 42 H100 training steps of validation/h100_train_steps.jsonl (one value each, "
-             "leave-one-out in benchmarks/results/calibration.json); flash_attention_efficiency from Dao 2023 "
-             "(FlashAttention-2, ~35% of H100 peak at head dim 64); allreduce_bus_efficiency: nccl-tests bus bandwidth "
+             "dispatch_us_per_op, mem_efficient_attention_efficiency fitted jointly to all 42 H100 training steps of validation/h100_train_steps.jsonl (one value each, "
+             "leave-one-out in benchmarks/results/calibration.json) with the profile's attention rates; allreduce_bus_efficiency: nccl-tests bus bandwidth "
              "~80% of link rate (not measured here); framework_workspace_bytes: two 32 MiB cuBLAS workspaces "
              "(forward stream and autograd thread) counted by the caching allocator")
     src_a = ("benchmarks/calibrate.py (docs/cost-model.md): gemm_efficiency_max fitted to all 8 published Megatron-LM "
              "runs of validation/published_runs.json (one value; leave-one-out in "
              "benchmarks/results/calibration.json); gemm_fixed_us, gemm_efficiency_max_fp32 and dispatch_us_per_op "
-             "carried over from the H100 fit; flash_attention_efficiency from Dao 2023 (FlashAttention-2, 50-73% of "
-             "A100 peak); elementwise_bandwidth_fraction 1.0: fused Megatron kernels stream at the copy bandwidth of "
+             "carried over from the H100 fit; elementwise_bandwidth_fraction 1.0: fused Megatron kernels stream at the copy bandwidth of "
              "memory_bandwidth_GBps; allreduce_bus_efficiency: nccl-tests bus bandwidth ~80% of link rate")
-    return {**{n: (h100, src_h) for n in H100_PROFILES}, **{n: (a100, src_a) for n in A100_PROFILES}}
+    carried = "carried over unchanged from p5.48xlarge (H100 80GB): no measurements exist on this device. "
+    return {**{n: (h100, src_h if n in ("dgx-h100", "p5.48xlarge") else carried + src_h) for n in H100_PROFILES},
+            **{n: (a100, src_a) for n in A100_PROFILES}}
 
 
 def write_profiles(result: dict, names=None) -> None:
-    """Replace only the `efficiency` block (and its sources line) of each calibrated profile file."""
+    """Update this script's keys of each calibrated profile's `efficiency` block, and its part of the sources line;
+    the keys and source clauses of OWNED_ELSEWHERE stay as they are."""
     from hardware_profiles.loader import PROFILE_DIR
     for name, (block, source) in efficiency_blocks(result).items():
         if names and name not in names:
             continue
         path = PROFILE_DIR / f"{name}.json"
         data = json.loads(path.read_text())
-        data["efficiency"] = block
-        data["sources"]["efficiency"] = source
+        data["efficiency"] = {**data["efficiency"], **block}
+        clauses = [c for c in data["sources"].get("efficiency", "").split("; ")
+                   if c.split(" ", 1)[0] in OWNED_ELSEWHERE]
+        data["sources"]["efficiency"] = "; ".join([source, *clauses])
         path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
         print("wrote efficiency of", path.name)
+    copy_to_clusters()
+
+
+def copy_to_clusters() -> None:
+    """The validation clusters copy their generation's shipped efficiency block unchanged (their source says
+    which: validation/hardware/clusters, tests/test_validation_clusters.py); re-copy it, keeping the node facts
+    a cluster adds."""
+    from hardware_profiles.loader import PROFILE_DIR
+    for path in sorted((ROOT / "validation" / "hardware" / "clusters").glob("*.json")):
+        data = json.loads(path.read_text())
+        words = data["sources"]["efficiency"].split()
+        if "copied unchanged from the shipped" not in data["sources"]["efficiency"]:
+            continue
+        reference = words[words.index("shipped") + 1]
+        block = json.loads((PROFILE_DIR / f"{reference}.json").read_text())["efficiency"]
+        extra = {k: v for k, v in data["efficiency"].items() if k == "host_memory_bytes_per_node"}
+        data["efficiency"] = {**block, **extra}
+        path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 def main(argv=None) -> int:
@@ -176,8 +197,7 @@ def main(argv=None) -> int:
     h100 = load_profile("dgx-h100")
     gemm = fit_gemm(gemm_rows, h100.peak_tflops["bf16"])
     print("H100 GEMM fit:", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in gemm.items()})
-    h100 = with_eff(h100, {"gemm_efficiency_max": gemm["gemm_efficiency_max"], "gemm_fixed_us": gemm["gemm_fixed_us"],
-                           "flash_attention_efficiency": FLASH_ATTENTION_EFFICIENCY_H100})
+    h100 = with_eff(h100, {"gemm_efficiency_max": gemm["gemm_efficiency_max"], "gemm_fixed_us": gemm["gemm_fixed_us"]})
     h100_fit = fit_h100(h100)
     print("H100 training-step fit:", {k: round(v, 4) for k, v in h100_fit.items()})
     a100 = with_eff(load_profile("dgx-a100-80g"), {"gemm_fixed_us": gemm["gemm_fixed_us"]})

@@ -85,8 +85,9 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {k.name: k for k in (
     _fraction("mem_efficient_attention_efficiency", None,
               "fraction of the fp32 peak PyTorch's memory-efficient SDPA kernel reaches on fp32 inputs "
               "(cost_models.compute.attention_efficiency)",
-              "no published fp32 measurement: falls back to flash_attention_efficiency, with which the H100 fp32 "
-              "steps of validation/h100_train_steps.jsonl were fitted", fallback="flash_attention_efficiency"),
+              "H100: fitted with the other step keys to the 42 H100 training steps of validation/h100_train_steps.jsonl "
+              "(its fp32 gpt2 rows run this kernel; benchmarks/calibrate.py); no published fp32 kernel measurement, "
+              "so other profiles fall back to flash_attention_efficiency", fallback="flash_attention_efficiency"),
     EfficiencyKey(name="attention_seq_half_tokens", unit="tokens", default=200.0, low=0.0, high=1e6,
                   doc="sequence length at which a non-causal fused attention kernel reaches half its long-sequence "
                       "efficiency (cost_models.compute.attention_efficiency)",
