@@ -43,7 +43,9 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-back
 
 def generate(name: str, args: list[str]) -> None:
     out = ROOT / "reports" / name
-    cmd = [sys.executable, "-m", "planner", "report", *args, "--out", str(out)]
+    # --force: the committed examples are this script's output (their manifest, .planner-report.json, is committed
+    # with them from now on)
+    cmd = [sys.executable, "-m", "planner", "report", *args, "--out", str(out), "--force"]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=ROOT)
     print(f"{name}: generated in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
