@@ -71,7 +71,10 @@ class Estimate:
 
     @property
     def tflops_per_gpu(self) -> float:
-        """Model FLOPs (6 N tokens + attention; recomputation not counted) per GPU per second / 1e12."""
+        """Model FLOPs (6 N tokens + attention, a causal core counted as the half of the square it needs, as
+        Megatron-LM's num_floating_point_operations; recomputation not counted) per GPU per second / 1e12. With the
+        full square (PaLM's convention) MFU could pass the peak GEMM efficiency at long sequences, a rate no kernel
+        reaches (tests/test_invariants.py)."""
         return self.scores.model_flops_per_step / self.step_time_s / self.gpus / 1e12
 
     @property

@@ -202,5 +202,5 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
                   cp_comm=busy * stage.comm_share["cp"], ep_comm=busy * stage.comm_share["ep"],
                   dp_comm=dp_comm, pp_p2p=pp_p2p, bubble=bubble, optimizer=optimizer_s,
                   offload=offload, host_wait=host_wait, num_microbatches=x.m,
-                  model_flops_per_step=float(model_flops_per_step(model, global_batch * seq, seq=seq)),
+                  model_flops_per_step=float(model_flops_per_step(model, global_batch * seq, seq=seq, causal_half=True)),
                   stage_memory=per_rank)

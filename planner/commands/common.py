@@ -38,9 +38,10 @@ HwPrecisionOpt = Annotated[Optional[str], typer.Option(
     "--precision", help="fp32, amp-bf16, amp-fp16, bf16 or fp8 (FP8 GEMMs, BF16 elsewhere; devices with FP8 only) "
                          "(default: amp-bf16, or amp-fp16 on devices without bf16).")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adamw or sgd.")]
-FrameworkOpt = Annotated[str, typer.Option(
+FrameworkOpt = Annotated[Optional[str], typer.Option(
     "--framework", help="Software stack the plan runs on: megatron (Megatron-LM / NeMo), torchtitan, fsdp (plain "
-                        "PyTorch DDP/FSDP with Hugging Face or plain modules) or deepspeed.")]
+                        "PyTorch DDP/FSDP with Hugging Face or plain modules) or deepspeed (default: fsdp for a "
+                        "config.json or module factory, megatron for a catalog name).")]
 AttentionOpt = Annotated[Optional[str], typer.Option(
     "--attention", help="Attention kernel: flash, sdpa or unfused (default: the model's config, else the framework's).")]
 DropoutOpt = Annotated[Optional[bool], typer.Option(

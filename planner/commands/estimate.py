@@ -82,7 +82,7 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
              global_batch: GlobalBatchOpt = None, seq: SeqOpt = None, schedule: ScheduleOpt = None,
              virtual_stages: VirtualOpt = 1, zero: ZeroOpt = 0, recompute: RecomputeOpt = "none",
              offload: OffloadOpt = "none", sequence_parallel: SpOpt = False, placement: PlacementOpt = None,
-             precision: HwPrecisionOpt = None, optimizer: OptimizerOpt = "adamw", framework: FrameworkOpt = "megatron",
+             precision: HwPrecisionOpt = None, optimizer: OptimizerOpt = "adamw", framework: FrameworkOpt = None,
              attention: AttentionOpt = None, dropout: DropoutOpt = None, grad_reduce_dtype: GradReduceOpt = None,
              stages: StagesOpt = None,
              json: JsonOpt = False) -> None:
@@ -90,7 +90,7 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
     from hardware_profiles import load_profile
     from planner.estimate import estimate as run_estimate
     from planner.parallel import ParallelConfig, resolve_precision
-    from planner.sources import resolve_model
+    from planner.sources import default_framework, resolve_model
 
     hw = load_profile(hardware)
     n = world_size(hw, gpus, nodes)
@@ -104,7 +104,7 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
                          virtual_stages=virtual_stages, zero=zero, recompute=recompute, offload=offload,
                          sequence_parallel=sequence_parallel, placement=placement or default_placement(cp, ep),
                          precision=precision,
-                         optimizer=optimizer, seq=s, stages=parse_stages(stages), framework=framework, cp=cp,
+                         optimizer=optimizer, seq=s, stages=parse_stages(stages), framework=default_framework(model, framework), cp=cp,
                          cp_comm=cp_comm, dp_shard=dp_shard, ep=ep, expert_tp=expert_tp)
     est = run_estimate(spec, hw, cfg, gpus=n, attention=attention, dropout=dropout, grad_reduce_dtype=grad_reduce_dtype)
     document = est.to_document()
@@ -132,7 +132,8 @@ def render(doc: dict) -> None:
                   f"{doc['hardware']['gpus']} x {doc['hardware']['name']}: dp={plan['dp']} tp={plan['tp']} "
                   f"pp={plan['pp']} mb={plan['micro_batch']} gb={plan['global_batch']} m={plan['num_microbatches']} "
                   f"{plan['schedule']} v={plan['virtual_stages']} zero={plan['zero']} recompute={plan['recompute']} "
-                  f"sp={plan['sequence_parallel']} {plan['placement']} {plan['precision']}"
+                  f"sp={plan['sequence_parallel']} {plan['placement']} {plan['precision']} "
+                  f"framework={plan.get('framework', 'megatron')}"
                   + (f" ep={plan['ep']} expert_tp={plan['expert_tp']}"
                      if plan.get("ep", 1) > 1 or plan.get("expert_tp", 1) > 1 else ""))
     t = Table(title="time per step")

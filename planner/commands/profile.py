@@ -23,12 +23,15 @@ ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3,
 
 
 def profile(model: ModelArg, seq: SeqOpt = None, micro_batch: MicroBatchOpt = 1, precision: PrecisionOpt = "amp-bf16",
-            framework: FrameworkOpt = "megatron", attention: AttentionOpt = None, dropout: DropoutFlag = False,
+            framework: FrameworkOpt = None, attention: AttentionOpt = None, dropout: DropoutFlag = False,
             zero: ZeroOpt = 0, json: JsonOpt = False) -> None:
     """Parameters, FLOPs and activation bytes per layer for one micro-batch, on a framework's kernels."""
     from planner.profiler import profile_model
 
-    result = profile_model(model, seq=seq, micro_batch=micro_batch or 1, precision=precision, framework=framework,
+    from planner.sources import default_framework
+
+    result = profile_model(model, seq=seq, micro_batch=micro_batch or 1, precision=precision,
+                           framework=default_framework(model, framework),
                            attention=attention, dropout=dropout, zero=zero)
     if json:
         emit_json(result.to_dict())

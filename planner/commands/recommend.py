@@ -97,7 +97,7 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
               global_batch: GlobalBatchOpt = None, seq: SeqOpt = None, precision: HwPrecisionOpt = None,
               optimizer: OptimizerOpt = "adamw", objective: ObjectiveOpt = "throughput", top: TopOpt = 5,
               out: OutOpt = None, json_out: JsonOpt = False, spot: SpotOpt = False, price_per_hour: PriceOpt = None,
-              tokens: TokensOpt = None, csv: CsvOpt = None, framework: FrameworkOpt = "megatron",
+              tokens: TokensOpt = None, csv: CsvOpt = None, framework: FrameworkOpt = None,
               attention: AttentionOpt = None, dropout: DropoutOpt = None, grad_reduce_dtype: GradReduceOpt = None,
               mtbf_gpu_hours: MtbfGpuOpt = None,
               mtbf_node_hours: MtbfNodeOpt = None, restart_s: RestartOpt = None, storage: StorageOpt = None,
@@ -108,6 +108,7 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
     from planner import io
     from planner.goodput import ReliabilityInputs
     from planner.search import recommend as search
+    from planner.sources import default_framework
 
     space = search_space(cp=cp, max_cp=max_cp, cp_comm=cp_comm, dp_shard=dp_shard, ep=ep, max_ep=max_ep)
     token_count = parse_tokens(tokens)
@@ -125,7 +126,8 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
         rec = search(model, hardware, gpus=gpus, nodes=nodes, global_batch=global_batch, seq=seq,
                      precision=precision, optimizer=optimizer, objective=objective, top=top, spot=spot,
                      price_per_hour=price_per_hour, tokens=token_count, progress=progress.update,
-                     framework=framework, attention=attention, dropout=dropout, grad_reduce_dtype=grad_reduce_dtype,
+                     framework=default_framework(model, framework), attention=attention, dropout=dropout,
+                     grad_reduce_dtype=grad_reduce_dtype,
                      reliability=reliability, space=space)
     hw_doc = rec.best["hardware"]
     note = batch_note(rec.best["plan"]["global_batch"], hw_doc["gpus"], hw_doc.get("devices_per_node", 8))

@@ -77,12 +77,13 @@ def report(
         from hardware_profiles import load_profile
         from planner.commands.estimate import world_size
         from planner.parallel import resolve_precision
+        from planner.sources import default_framework
         profile = load_profile(hardware)
         precision = resolve_precision(profile, precision)
         scenario = Scenario(model=plan_or_model, hardware=hardware, gpus=world_size(profile, gpus, nodes),
                             global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
                             objective=objective, top=top, train_tokens=train_tokens, scaling_nodes=counts,
-                            framework=framework or "megatron")
+                            framework=default_framework(plan_or_model, framework))
     content = build_report(scenario, plan_document=document)
     html_path, md_path = write_report(content, out, force=force)
     typer.echo(f"wrote {html_path} and {md_path} ({len(content.figures)} figures, "
