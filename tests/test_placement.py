@@ -40,3 +40,23 @@ def test_groups_straddling_a_node_boundary_cross_the_network():
     # tp=4, dp=4 with DPT: dp stride 4, two members per node, aligned
     loc = group_locality(placement_index("DPT"), 4, 1, 4, 8)
     assert int(loc["T"]) == 4 and int(loc["D"]) == 2
+
+
+def test_a_large_batch_gives_each_row_its_own_layouts_answer():
+    """group_locality computes each distinct layout once for a large batch (repeated layouts, 64+ rows); every
+    row must get what that row alone gets (one candidate never goes through the per-layout cache)."""
+    rng = np.random.default_rng(7)
+    n = 400
+    dp, tp = rng.choice([1, 2, 4, 8, 16], n), rng.choice([1, 2, 4, 8], n)
+    pp, cp = rng.choice([1, 2, 4], n), rng.choice([1, 2, 4], n)
+    place = rng.integers(0, len(PLACEMENTS), n)
+    shard = np.where(rng.random(n) < 0.5, dp, np.maximum(dp // 2, 1))
+    etp = np.where(tp % 2 == 0, rng.choice([1, 2], n), 1)
+    ep = np.array([rng.choice([e for e in (1, 2, 4, 8, 16) if (t * c * d) % (e * x) == 0])
+                   for t, c, d, x in zip(tp, cp, dp, etp)])
+    for domain in (8, 72):
+        batch = group_locality(place, dp, pp, tp, domain, cp=cp, dp_shard=shard, ep=ep, expert_tp=etp)
+        for i in rng.choice(n, 60, replace=False):
+            one = group_locality(int(place[i]), int(dp[i]), int(pp[i]), int(tp[i]), domain, cp=int(cp[i]),
+                                 dp_shard=int(shard[i]), ep=int(ep[i]), expert_tp=int(etp[i]))
+            assert {k: int(v[i]) for k, v in batch.items()} == {k: int(v) for k, v in one.items()}, i
