@@ -86,6 +86,9 @@ class Capabilities:
     activation_offload: str = "any"
     """'any', or 'without_pp_or_recompute' where activation offload excludes pipelining and recomputation
     (Megatron-Core's cpu_offloading asserts both)."""
+    cp_with_sequence_parallel: bool = True
+    """Whether context parallelism combines with tensor-parallel sequence parallelism (Megatron-DeepSpeed
+    refuses DeepSpeed-Ulysses together with --sequence-parallel)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

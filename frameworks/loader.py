@@ -35,7 +35,8 @@ _SOURCED = ("kernels", "attention", "loss", "state_bytes", "grads_persist", "gra
 _STATE_KEYS = ("param", "grad", "master", "state", "reduce", "gather")
 _CAPS = {"precisions": list, "schedules": list, "max_virtual_stages": int, "zero": list, "zero_with_pp": list,
          "tp": bool, "sequence_parallel": str, "cp_comm": list, "ep": bool, "expert_tp": bool, "hsdp": bool,
-         "offload": list, "recompute": list, "placements": list, "activation_offload": str}
+         "offload": list, "recompute": list, "placements": list, "activation_offload": str,
+         "cp_with_sequence_parallel": bool}
 
 
 def available_frameworks() -> list[str]:

@@ -59,6 +59,8 @@ def violations(framework: FrameworkProfile, cfg) -> list[str]:
         no("sequence_parallel=true", "no sequence parallelism")
     if cfg.cp > 1 and cfg.cp_comm not in caps.cp_comm:
         no(f"cp={cfg.cp} with cp_comm={cfg.cp_comm}", ["cp=1 only"] if not caps.cp_comm else caps.cp_comm)
+    if cfg.cp > 1 and cfg.tp > 1 and cfg.sequence_parallel and not caps.cp_with_sequence_parallel:
+        no(f"cp={cfg.cp} with sequence_parallel=true", "context parallelism with sequence_parallel=false only")
     if cfg.ep > 1 and not caps.ep:
         no(f"ep={cfg.ep}", "ep=1 only (no expert parallelism)")
     if cfg.expert_tp > 1 and not caps.expert_tp:

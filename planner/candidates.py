@@ -86,6 +86,8 @@ class SearchSpace:
     """Expert-parallel degrees tried; None means every degree planner.parallel.ep_allowed admits."""
     max_ep: int | None = None
     """Largest expert-parallel degree tried; None means no limit beyond the rule."""
+    cp_with_sequence_parallel: bool = True
+    """Whether cp > 1 rows also try sequence parallelism (frameworks.Capabilities.cp_with_sequence_parallel)."""
 
     def for_framework(self, framework) -> "SearchSpace":
         """This space narrowed to what `framework` can run (frameworks.FrameworkProfile.capabilities;
@@ -110,7 +112,7 @@ class SearchSpace:
             placements=tuple(p for p in self.placements if placement_allowed(framework, p)),
             max_tp=self.max_tp if caps.tp else 1, max_pp=self.max_pp if caps.schedules else 1,
             cp_comm=cp_comm, max_cp=self.max_cp if cp_comm else 1, max_ep=self.max_ep if caps.ep else 1,
-            dp_shard=self.dp_shard if caps.hsdp else 0)
+            dp_shard=self.dp_shard if caps.hsdp else 0, cp_with_sequence_parallel=caps.cp_with_sequence_parallel)
 
     def allows_cp(self, cp: int) -> bool:
         """cp is among the degrees this space tries (cp = 1 always is, unless pinned away)."""
@@ -427,7 +429,8 @@ def _pattern_groups(rows: Mapping[str, np.ndarray], space: SearchSpace):
     key = (ep > 1) * 16 + (rows["dp"] > 1) * 8 + (rows["tp"] > 1) * 4 + (rows["pp"] > 1) * 2 + (cp > 1)
     for pattern in np.unique(key):
         has_dp, has_tp, has_pp, has_cp = (bool(pattern & bit) for bit in (8, 4, 2, 1))
-        sp = [s for s in space.sequence_parallel if has_tp or not s] or [False]
+        sp = [s for s in space.sequence_parallel
+              if not s or (has_tp and (space.cp_with_sequence_parallel or not has_cp))] or [False]
         place = distinct_placements(1 + has_dp, 1 + (has_tp or has_cp), 1 + has_pp, space.placements) or [0]
         yield sp, place, key == pattern
 

@@ -76,11 +76,20 @@ def to_deepspeed(plan: Plan) -> Export:
         if len(set(stages)) > 1:
             notes.append(f"uneven stages {list(stages)}: partition_method='uniform' splits evenly; pass "
                          "partition_method='type:<block class>' or place the blocks yourself to match")
-    if cfg.tp > 1:
+    if cfg.cp > 1:
+        # DeepSpeed-Ulysses (all-to-all over heads): the ALST integration reads sequence_parallel_size from the
+        # config (deepspeed/__init__.py, runtime/sequence_parallel/ulysses_sp.py); Megatron-DeepSpeed takes
+        # --ds-sequence-parallel-size and refuses it together with Megatron's --sequence-parallel
+        doc["sequence_parallel_size"] = cfg.cp
+        notes.append(f"context parallelism cp={cfg.cp} is DeepSpeed-Ulysses: Megatron-DeepSpeed "
+                     f"--ds-sequence-parallel-size {cfg.cp} (without --sequence-parallel); Hugging Face models: "
+                     f"UlyssesSPAttentionHF.register_with_transformers(..., sequence_parallel_size={cfg.cp}) and its "
+                     "UlyssesSPDataLoaderAdapter; gradients are reduced over data x sequence-parallel ranks")
+    if cfg.tp > 1 or cfg.cp > 1:
         notes.append(f"tensor parallelism tp={cfg.tp} comes from the model code (Megatron-DeepSpeed: "
                      f"--tensor-model-parallel-size {cfg.tp} --pipeline-model-parallel-size {cfg.pp}"
                      f"{' --sequence-parallel' if cfg.sequence_parallel else ''}); DeepSpeed's data-parallel size is then "
-                     f"world/(tp*pp) = {cfg.dp}")
+                     f"world/(tp*pp{'*cp' if cfg.cp > 1 else ''}) = {cfg.dp}")
     moe = model_moe(plan)
     if moe is not None:
         spec = model_spec(plan)

@@ -36,9 +36,6 @@ def torchtitan_limits(plan: Plan) -> list[str]:
         out.append(_NO_ARCH)
     elif spec.position == "learned":
         out += _gpt_only(spec)
-        if cfg.cp > 1:
-            out.append(f"cp={cfg.cp} with learned absolute positions: torchtitan's context parallelism shards the "
-                       "sequence without telling the model each shard's positions")
     else:
         out += _llama_only(spec, "torchtitan 0.3.0's llama3 model (the one decoder the exporter builds)")
     return out
@@ -135,8 +132,6 @@ def deepspeed_limits(plan: Plan) -> list[str]:
     if cfg.offload == "activations" and cfg.recompute == "none":
         out.append("offload=activations: DeepSpeed offloads checkpointed activations only (cpu_checkpointing), "
                    "and the plan has recompute=none")
-    if cfg.cp > 1:
-        out.append(f"cp={cfg.cp}: DeepSpeed's config has no context-parallel degree (Ulysses is built in model code)")
     moe = model_moe(plan)
     if moe is not None:
         gate = [what for what, has in (

@@ -165,9 +165,8 @@ class GPTModel(Decoder):
             return self.pos_embeddings.num_embeddings
 
         def update_from_config(self, *, config, **kwargs) -> None:
-            if config.parallelism.context_parallel_degree > 1:
-                raise NotImplementedError("learned absolute positions with context parallelism (the shards need their "
-                                          "global positions)")
+            # context parallelism: torchtitan 0.3.0's trainer shards the dataset's `positions` with the tokens
+            # (distributed/context_parallel prepare_context_parallel_input), and forward embeds those positions
             attention = self.layers[0].attention
             _check_runtime(config, heads=attention.n_heads, kv_heads=attention.n_kv_heads, max_seq=self.max_seq_len)
             set_gpt_sharding_config(self, enable_sp=config.parallelism.enable_sequence_parallel)
