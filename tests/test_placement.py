@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.placement import PLACEMENTS, group_locality, placement_index, strides
+from planner.placement import PLACEMENTS, distinct_rows, group_locality, placement_index, strides
 
 
 def test_six_permutations():
@@ -60,3 +60,18 @@ def test_a_large_batch_gives_each_row_its_own_layouts_answer():
             one = group_locality(int(place[i]), int(dp[i]), int(pp[i]), int(tp[i]), domain, cp=int(cp[i]),
                                  dp_shard=int(shard[i]), ep=int(ep[i]), expert_tp=int(etp[i]))
             assert {k: int(v[i]) for k, v in batch.items()} == {k: int(v) for k, v in one.items()}, i
+
+
+def test_distinct_rows_finds_each_distinct_row_once():
+    """distinct_rows: one index per distinct row and each row's way back to it, whether columns are ranked by
+    lookup table or by sorting (a column with a huge value), and whether the packed keys are looked up in a
+    table (few combinations) or sorted (more combinations than rows)."""
+    rng = np.random.default_rng(3)
+    dense = [rng.integers(0, 5, 3000), rng.choice([1, 2, 4, 8, 2048], 3000), rng.integers(0, 3, 3000)]
+    sparse = [dense[0], np.where(dense[1] == 2048, 2 ** 40, dense[1]), dense[2]]
+    many = [rng.integers(0, 20, 3000) for _ in range(4)]
+    for cols in (dense, sparse, many):
+        first, inverse = distinct_rows(cols)
+        table = np.stack(cols, axis=1)
+        assert len(first) == len(np.unique(table, axis=0))
+        assert (table[first][inverse] == table).all()
