@@ -367,3 +367,11 @@ def test_published_runs_are_predicted_within_their_documented_error():
         est = estimate(c.spec, c.hardware, c.config, gpus=c.row["gpus"], **c.options)
         assert est.step_time_s == pytest.approx(measured_s(c), rel=0.15), rid
     assert math.isfinite(est.step_time_s)
+
+
+def test_ep_links_name_where_the_all_to_all_runs():
+    """NVLink only when every rank of the ep group sits in one NVLink domain; any spill crosses the network."""
+    from cost_models.moe import EP_LINKS, ep_links
+    assert [EP_LINKS[ep_links(e, loc)] for e, loc in ((1, 1), (8, 8), (8, 4), (8, 16), (16, 8), (2, 1))] == \
+        ["none", "NVLink", "NVLink + network", "NVLink", "NVLink + network", "NVLink + network"]
+    assert ep_links(np.array([1, 8, 8]), np.array([1, 8, 4])).tolist() == [0, 1, 2]
