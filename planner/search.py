@@ -308,6 +308,9 @@ class ScoredSpace:
     """The level-1 bound rows (one per skeleton) and what they need: what the NoFit message reads."""
     leanest_needed_bytes: np.ndarray
     stats: SearchStats
+    unscored_at_least_s: tuple[float, float] = (math.inf, math.inf)
+    """The admission thresholds (cp = 1, cp > 1) when the search ended: every candidate of the class that fits
+    and was not scored was proven to take at least this long (thresholds only fall while the search runs)."""
 
     @property
     def fits(self) -> np.ndarray:
@@ -377,7 +380,8 @@ def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int
                         rejected=dict(rejected), values_tried=tried)
     assert stats.space == stats.candidates_evaluated + stats.pruned_by_memory_bound + stats.pruned_by_time_bound
     return ScoredSpace(arrays=full, step_time_s=step, peak_bytes_per_gpu=peak, needed_bytes=needed,
-                       capacity_bytes=capacity, leanest_arrays=lean1, leanest_needed_bytes=lean1_needed, stats=stats)
+                       capacity_bytes=capacity, leanest_arrays=lean1, leanest_needed_bytes=lean1_needed, stats=stats,
+                       unscored_at_least_s=tuple(float(t) for t in search._thresholds()))
 
 
 def _skeleton_bounds(skeletons, scorer, space):
@@ -929,6 +933,91 @@ def _cp_versus(scored: ScoredSpace, objective: str, winner: Mapping[str, Any], d
             "needed_bytes": int(scored.needed_bytes[i]), "capacity_bytes": int(scored.capacity_bytes)}
 
 
+def _ep_versus(scored: ScoredSpace, objective: str, model, hardware, software, documented, *, global_batch: int,
+               seq: int, precision: str, optimizer: str) -> dict | None:
+    """Why the winner's expert-parallel degree and placement: the best fitting plan of each expert-parallel class
+    -- an ep degree and where its all-to-all runs (cost_models.moe.EP_LINKS: inside one NVLink domain, or over
+    NVLink and the network) -- best class first, with its key numbers (`key_numbers`) and expert layout
+    (cost_models.moe.placement_summary: links, experts per GPU, imbalance, exchange time).
+
+    A class with one of the search's leaders takes its best leader's plan document (`documented`: (row, document)
+    pairs, uneven stages where refining helped; one that fits first, as recommend ranks them: estimate checks
+    every pipeline rank's memory, the search the first and the last), as the winner does; any other class its
+    fastest scored plan as
+    scored (even stages; `as_scored` true), which is slower at even stages than every leader. `exact`: no plan of
+    the class the search did not score can be faster than its fastest scored one (that one is within
+    ScoredSpace.unscored_at_least_s); else `unscored_at_least_s` is the least step time the rest could have. None
+    for a dense model or a search with one class. Under the memory objective the classes' fastest plans."""
+    from cost_models.compute import block_seconds
+    from cost_models.moe import EP_LINKS, ep_links, placement_summary
+    from cost_models.step import Step
+    from planner.estimate import Estimate, even_stages
+    from planner.placement import group_locality
+    from planner.score import score
+
+    if getattr(model, "moe", None) is None or "ep" not in scored.arrays:
+        return None
+    by = "throughput" if objective == "memory" else objective
+    order = rank(scored, by)
+    a = {k: np.asarray(scored.arrays[k])[order] for k in FIELDS}
+    local = group_locality(a["placement"], a["dp"], a["pp"], a["tp"], hardware.nvlink_domain_devices, cp=a["cp"],
+                           dp_shard=np.where(a["dp_shard"] > 0, a["dp_shard"], a["dp"]), ep=a["ep"])["E"]
+    cls = a["ep"] * len(EP_LINKS) + ep_links(a["ep"], local)
+    firsts = np.sort(np.unique(cls, return_index=True)[1])          # each class's fastest scored, in rank order
+    if len(firsts) < 2:
+        return None
+    floor = min(scored.unscored_at_least_s)
+    best_doc: dict[int, dict] = {}
+    for _, doc in documented:     # fitting documents first (as recommend ranks them), then the fastest
+        ep = doc["prediction"]["expert_parallel"]
+        key = ep["ep"] * len(EP_LINKS) + EP_LINKS.index(ep["links"])
+        value = (not doc["prediction"]["memory"]["fits"], *_objective_value(doc, by))
+        if key not in best_doc or value < best_doc[key][0]:
+            best_doc[key] = (value, doc)
+    plain = [j for j in firsts if int(cls[j]) not in best_doc]
+    entries = {}
+    if plain:
+        rows = {k: v[plain] for k, v in a.items()}
+        cands = _candidate_arrays(rows)
+        kw = dict(global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer)
+        scores = score(model, hardware, cands, software=software, **kw)
+        x = Step.of(model, hardware, software, cands, **kw)
+        block = block_seconds(x)
+        for n, j in enumerate(plain):
+            cfg = config_of(rows, n, framework=software.framework.name, **kw)
+            cfg = replace(cfg, stages=tuple(even_stages(model.total_blocks, cfg.pp * cfg.virtual_stages)))
+            one = Estimate(model=model, hardware=hardware, config=cfg, gpus=cfg.world_size, software=software,
+                           scores=_score_row(scores, n))
+            entries[int(cls[j])] = {"plan": cfg.to_dict(), "step_time_s": one.step_time_s,
+                                    "peak_bytes_per_gpu": one.peak_bytes_per_gpu, "fits": one.fits, "mfu": one.mfu,
+                                    "time_breakdown_s": one.time_breakdown_s(), "memory": one.memory(),
+                                    "expert_parallel": placement_summary(x, block, n), "as_scored": True}
+    for key, (_, doc) in best_doc.items():
+        entries[key] = {**key_numbers(doc), "expert_parallel": dict(doc["prediction"]["expert_parallel"]),
+                        "as_scored": False}
+    classes = []
+    for j in firsts:
+        entry = entries[int(cls[j])]
+        exact = bool(scored.step_time_s[order[j]] <= floor)
+        classes.append({**entry, "exact": exact, "unscored_at_least_s": None if exact else floor})
+    classes.sort(key=lambda e: (e["step_time_s"], e["peak_bytes_per_gpu"]) if by != "memory" else 0)
+    network = str(getattr(hardware, "inter_node_interconnect", "") or "network").split(" (")[0]
+    return {"network": network, "classes": classes}
+
+
+def _score_row(scores, j: int):
+    """Candidate j of a batch's Scores as length-1 arrays (what Estimate reads)."""
+    from dataclasses import fields as dc_fields
+    n = len(np.atleast_1d(scores.step_time_s))
+    out = {}
+    for f in dc_fields(scores):
+        v = getattr(scores, f.name)
+        if isinstance(v, np.ndarray) or (np.ndim(v) and f.name != "stage_memory"):
+            v = np.broadcast_to(np.asarray(v), (n,) + np.shape(v)[1:])[j:j + 1]
+        out[f.name] = None if f.name == "stage_memory" else v
+    return type(scores)(**out)
+
+
 def check_space(space: SearchSpace, model, framework, *, world: int, seq: int) -> None:
     """The pinned and limited values of the new dimensions (recommend --cp/--max-cp/--cp-comm/--dp-shard/--ep/
     --max-ep) checked against the framework's capabilities (frameworks.rules' vocabulary), the model and the
@@ -1064,6 +1153,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
 
     for position, cfg in enumerate(leaders):
         documents.append(document(cfg, position < refine))
+    documented = list(zip(order[:len(leaders)], documents))
     documents = [d for d in documents if d["prediction"]["memory"]["fits"]] or documents
     documents = [_with_cost(d, price, spot, tokens, hardware, reliability) for d in documents]
     documents.sort(key=lambda d: _objective_value(d, objective))
@@ -1071,11 +1161,14 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
 
     versus = _cp_versus(scored, objective, documents[0], lambda i: document(config_of(scored.arrays, i, **kw),
                                                                           refine > 0))
+    ep_versus = _ep_versus(scored, objective, model, hardware, software, documented, global_batch=global_batch,
+                           seq=seq, precision=precision, optimizer=optimizer)
     stats = replace(scored.stats, seconds=time.perf_counter() - t0, refined=refined[0])
     best = dict(documents[0])
     best["alternatives"] = [key_numbers(d) for d in documents[1:]]
     best["search"] = {"objective": objective, "candidates_evaluated": stats.candidates_evaluated,
                       "feasible": stats.feasible, "seconds": round(stats.seconds, 4),
-                      "values_tried": {k: list(v) for k, v in stats.values_tried.items()}, "cp_versus": versus}
+                      "values_tried": {k: list(v) for k, v in stats.values_tried.items()}, "cp_versus": versus,
+                      **({"ep_versus": ep_versus} if ep_versus is not None else {})}
     return Recommendation(objective=objective, best=best, alternatives=tuple(documents[1:]), stats=stats,
                           scored=scored)
