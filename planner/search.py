@@ -366,10 +366,10 @@ def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int
     if len(skeletons["dp"]) == 0:
         raise ConfigError("gpus", world_size, _no_space_reason(world_size, global_batch, heads, blocks, rejected))
     skeletons["skeleton"] = np.arange(len(skeletons["dp"]))
-    rows = with_micro_batches(skeletons, global_batch, space=space, rejected=rejected)
-    search = _BranchAndBound(rows, space=space, scorer=scorer, capacity=capacity, objective=objective, keep=keep,
+    search = _BranchAndBound(with_micro_batches(skeletons, global_batch, space=space, rejected=rejected),
+                             space=space, scorer=scorer, capacity=capacity, objective=objective, keep=keep,
                              prune=prune, time_bound=time_bound, progress=progress)
-    search.run()
+    search.run()        # (the unsorted rows are freed before it: the scorer's arrays reuse their memory)
     full, step, peak, needed = search.result()
     nothing_fits = not np.any(needed <= capacity)
     lean1, lean1_needed = _skeleton_bounds(skeletons, scorer, space) if nothing_fits else ({}, np.zeros(0))
