@@ -25,6 +25,10 @@ SCENARIOS = [
     # the long-context acceptance of the cp search: Llama 3 405B at 131,072 tokens on 16,384 H100s in FP8
     # (Dubey et al. 2024, Sec. 3.3.2, trained its long-context stage on 16K H100s with cp = 16); budget 2 s
     ("llama3-405b", "p5.48xlarge", 16384, 128, {"seq": 131072, "precision": "fp8"}),
+    # the expert-parallel acceptance (issue 14): DeepSeek-V3 on 2,048 H100s (8-GPU NVLink nodes over EFA) and on
+    # 2,016 GB200s (28 NVL72 racks), the CLI's default batch (one 4,096-token sequence per GPU); budget 2 s
+    ("deepseek-v3", "p5.48xlarge", 2048, 2048, {}),
+    ("deepseek-v3", "p6e-gb200.36xlarge", 2016, 2016, {}),
 ]
 RESULTS = Path(__file__).resolve().parent / "results" / "search_speed.json"
 

@@ -331,8 +331,22 @@ def block_params_on_rank(x):
     return (P.block_params(spec) - routed) / x.tp, routed / (x.ep * x.etp)
 
 
+EP_LINKS = ("none", "NVLink", "NVLink + network")
+"""Where an expert-parallel group's all-to-all runs (`ep_links`)."""
+
+
+def ep_links(ep, local_e):
+    """Index into EP_LINKS of where the all-to-all runs: none (ep = 1), NVLink (all ep ranks in one NVLink
+    domain: local_e, the group's ranks per domain from planner.placement.group_locality 'E', reaches ep), or
+    NVLink + network (the group spans domains). Ints or arrays."""
+    ep, local_e = np.asarray(ep), np.asarray(local_e)
+    out = np.where(ep <= 1, 0, np.where(np.minimum(local_e, ep) >= ep, 1, 2))
+    return int(out) if out.ndim == 0 else out
+
+
 def placement_summary(x, block, i: int = 0) -> dict:
-    """What `planner explain` says about candidate `i`'s expert layout: the groups, the links the
+    """What `planner explain` says about candidate `i`'s expert layout: the groups, the routed-expert
+    parameters a GPU of the busiest pipeline rank holds (rank_params' expert part), the links the
     exchanges use (ranks of the ep group per NVLink domain and the domains it spans), the dispatcher, the
     bytes and seconds of one dispatch on the busiest rank, and the step's exchange time (the busiest
     pipeline rank's m x blocks x ep_block_seconds) exposed vs hidden under the expert and attention compute
@@ -349,11 +363,12 @@ def placement_summary(x, block, i: int = 0) -> dict:
     return {
         "ep": int(ep), "expert_tp": int(etp), "expert_dp": int(round(pick(x.expert_dp))),
         "local_experts": moe.experts / ep, "rows_per_local_expert": pick(expert_rows(x)),
+        "expert_params_per_gpu": pick(rank_params(x, x.blocks_most, False, False).expert),
         "imbalance": x.sw.imbalance if ep > 1 else 1.0,
         "dispatcher": "allgather (ep = 1, expert_tp = tp)" if bool(np.asarray(legacy_dispatch(x)).reshape(-1)[i])
         else x.sw.moe_dispatcher,
         "ep_ranks_per_nvlink_domain": int(local), "ep_nvlink_domains": int(round(ep / max(local, 1.0))),
-        "links": "none" if ep == 1 else ("NVLink" if local >= ep else "NVLink + network"),
+        "links": EP_LINKS[ep_links(ep, local)],
         "remote_domains_per_token": pick(remote_domains_per_token(x)) if x.sw.moe_dispatcher == "deepep" else None,
         "dispatch_bytes_per_rank": pick(per_copy * dispatch_element_bytes(x)),
         "dispatch_s": pick(seconds.dispatch), "combine_s": pick(seconds.combine),

@@ -351,21 +351,26 @@ def _ragged_product(rows: Mapping[str, np.ndarray], key: np.ndarray, options: li
                     names: tuple[str, ...]) -> dict[str, np.ndarray]:
     """Each row combined with every option tuple of its key (options[key[i]], values for `names`), rows
     outer and options inner; a row whose list is empty is dropped."""
-    width = max((len(o) for o in options), default=0)
-    values = np.zeros((len(options), max(width, 1), len(names)), dtype=np.int64)
-    valid = np.zeros((len(options), max(width, 1)), dtype=bool)
+    counts, chosen = _ragged_options(key, options, len(names))
+    out = {name: np.repeat(np.asarray(col), counts) for name, col in rows.items()}
+    for i, name in enumerate(names):
+        out[name] = chosen[:, i]
+    return out
+
+
+def _ragged_options(key: np.ndarray, options: list[list[tuple]], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """For `_ragged_product`: how many options each row gets (counts) and the option tuples, row by row
+    (chosen, shape (counts.sum(), width))."""
+    most = max((len(o) for o in options), default=0)
+    values = np.zeros((len(options), max(most, 1), width), dtype=np.int64)
+    valid = np.zeros((len(options), max(most, 1)), dtype=bool)
     for k, opts in enumerate(options):
         if opts:
             values[k, :len(opts)] = opts
             valid[k, :len(opts)] = True
     key = np.asarray(key, dtype=np.int64)
     pick = valid[key]
-    counts = pick.sum(axis=1)
-    out = {name: np.repeat(np.asarray(col), counts) for name, col in rows.items()}
-    chosen = values[key][pick]
-    for i, name in enumerate(names):
-        out[name] = chosen[:, i]
-    return out
+    return pick.sum(axis=1), values[key][pick]
 
 
 def _size(rows: Mapping[str, np.ndarray]) -> int:
@@ -395,13 +400,20 @@ def with_micro_batches(rows: Mapping[str, np.ndarray], global_batch: int, *, spa
         return {**{k: np.asarray(v) for k, v in rows.items()}, "micro_batch": np.zeros(0, dtype=np.int64)}
     dps, key = np.unique(rows["dp"], return_inverse=True)
     options = [[(b,) for b in divisors(global_batch // int(dp)) if b <= space.max_micro_batch] for dp in dps]
-    grid = _ragged_product(rows, key.ravel(), options, ("micro_batch",))
-    m = global_batch // (grid["dp"] * grid["micro_batch"])
-    looped = np.isin(grid["schedule"], [SCHEDULES.index(n) for n in LOOPED_SCHEDULES])
-    ok = ~looped | looped_rounds_ok(m, grid["pp"])
+    # _ragged_product's rows, but the kept ones only are materialized (each column copied once, not twice:
+    # ~10^6 rows x 13 columns for a large MoE search)
+    counts, chosen = _ragged_options(key.ravel(), options, 1)
+    source = np.repeat(np.arange(len(counts)), counts)
+    micro_batch = chosen[:, 0]
+    m = global_batch // (np.asarray(rows["dp"])[source] * micro_batch)
+    looped = np.isin(np.asarray(rows["schedule"])[source], [SCHEDULES.index(n) for n in LOOPED_SCHEDULES])
+    ok = ~looped | looped_rounds_ok(m, np.asarray(rows["pp"])[source])
     if (~ok).any():
         rejected["num_microbatches not a multiple of the schedule's rounds (micro-batch choices)"] += int((~ok).sum())
-    return {k: v[ok] for k, v in grid.items()}
+        source, micro_batch = source[ok], micro_batch[ok]
+    out = {k: np.asarray(v)[source] for k, v in rows.items()}
+    out["micro_batch"] = micro_batch
+    return out
 
 
 def distinct_placements(dp: int, tp: int, pp: int, allowed: tuple[str, ...] = PLACEMENTS) -> list[int]:

@@ -180,18 +180,25 @@ def _values(name: str, values: list) -> str:
 
 
 def search_lines(doc: Mapping[str, Any]) -> list[str]:
-    """What the search tried beyond dp x tp x pp (its `values_tried`: cp, cp_comm, dp_shard, ep) and why the
+    """What the search tried beyond dp x tp x pp (its `values_tried`: cp, cp_comm, dp_shard, ep), why the
     chosen context-parallel degree won: the plan compared with the best plan of the other cp class (cp = 1
-    when the winner has cp > 1), which the search stores as `cp_versus` (planner.search._cp_versus)."""
+    when the winner has cp > 1), which the search stores as `cp_versus` (planner.search._cp_versus), and for a
+    mixture-of-experts plan why its expert-parallel degree and placement won (`ep_lines`)."""
     search = doc.get("search") or {}
     tried = search.get("values_tried") or {}
     lines = []
     if tried:
         parts = [_values(name, tried[name]) for name in ("cp", "cp_comm", "dp_shard", "ep") if name in tried]
         lines.append("  tried " + "; ".join(parts) + " (dp_shard 0: shard over all dp ranks)")
-    versus = search.get("cp_versus")
+    return lines + _cp_lines(doc) + ep_lines(doc)
+
+
+def _cp_lines(doc: Mapping[str, Any]) -> list[str]:
+    """Why the plan's context-parallel degree (search_lines): the best plan of the other cp class."""
+    versus = (doc.get("search") or {}).get("cp_versus")
     if not versus:
-        return lines
+        return []
+    lines = []
     plan = doc["plan"]
     cp = plan.get("cp", 1)
     if "plan" not in versus:
@@ -209,6 +216,83 @@ def search_lines(doc: Mapping[str, Any]) -> list[str]:
                  f"(this plan {w['step_time_s']:.3f} s, {peak_w:.2f} GiB)")
     lines += ["  " + line for line in compare(doc, versus, label=label)]
     return lines
+
+
+def _ep_class(plan: Mapping[str, Any], ep: Mapping[str, Any]) -> tuple[int, str]:
+    return int(plan.get("ep", CONFIG_DEFAULTS["ep"])), ep.get("links", "none")
+
+
+def _links_text(ep: Mapping[str, Any], network: str) -> str:
+    """Where an expert-parallel group's all-to-all runs, in words (cost_models.moe.EP_LINKS)."""
+    if ep.get("links", "none") == "none":
+        return "no all-to-all (every GPU holds every expert)"
+    if ep["links"] == "NVLink":
+        return f"all-to-all inside one NVLink domain ({ep['ep']} ranks)"
+    per = ep["ep_ranks_per_nvlink_domain"]
+    return (f"all-to-all over NVLink + {network} ({per} rank{'s' if per != 1 else ''} per NVLink domain, "
+            f"{ep['ep_nvlink_domains']} domains)")
+
+
+def ep_lines(doc: Mapping[str, Any]) -> list[str]:
+    """Why the plan's expert-parallel degree and placement: against the best plan of each other expert-parallel
+    class the search found (`ep_versus`, planner.search._ep_versus: an ep degree and whether its all-to-all stays
+    inside one NVLink domain or crosses the network), the step-time gap, the terms that differ most (always the
+    exposed all-to-all, ep_comm), the experts and routed-expert parameters per GPU, the peak memory, and the
+    routing imbalance where it differs. A class whose best was not refined is as the search scored it (even
+    stages); where some class's best is only the fastest the search scored, the least step time its unscored
+    plans could have."""
+    versus = (doc.get("search") or {}).get("ep_versus")
+    mine_ep = (doc.get("prediction") or {}).get("expert_parallel")
+    if not versus or not mine_ep:
+        return []
+    network, plan = versus.get("network", "network"), doc["plan"]
+    mine = _ep_class(plan, mine_ep)
+    others = [c for c in versus["classes"] if _ep_class(c["plan"], c["expert_parallel"]) != mine]
+    if not others:
+        return []
+    w = _numbers(doc)
+    beaten = sum(c["step_time_s"] < w["step_time_s"] and c["memory"].get("fits", True) for c in others)
+    this = (f"ep={mine[0]} with {_links_text(mine_ep, network)}: {w['step_time_s']:.3f} s, "
+            f"{_experts(mine_ep)} per GPU")
+    head = (f"{this} -- loses to {beaten} other expert-parallel class{'es' if beaten != 1 else ''}" if beaten
+            else f"why {this}")
+    lines = [f"  {head}; the best plan of each other expert-parallel degree and placement:"]
+    for c in others:
+        lines += _ep_class_lines(c, w, mine_ep, network)
+    floors = [c["unscored_at_least_s"] for c in others if not c.get("exact", True) and c.get("unscored_at_least_s")]
+    if floors:
+        lines.append(f"    (classes marked * show the fastest plan the search scored; the plans it did not score "
+                     f"take at least {min(floors):.3f} s)")
+    return lines
+
+
+def _experts(ep: Mapping[str, Any]) -> str:
+    n = ep.get("local_experts", 0)
+    return (f"{n:g} expert{'s' if n != 1 else ''} and {ep.get('expert_params_per_gpu', 0) / 1e9:.2f} B "
+            "routed-expert parameters (before ZeRO sharding)")
+
+
+def _ep_class_lines(c: Mapping[str, Any], w: Mapping[str, Any], mine_ep: Mapping[str, Any], network: str) -> list[str]:
+    """Two lines for one expert-parallel class of `ep_lines`: its step against this plan's with the terms that
+    differ most, then its experts, memory and degrees."""
+    o, ep = _numbers(c), c["expert_parallel"]
+    gap = o["step_time_s"] / w["step_time_s"] - 1 if w["step_time_s"] else 0.0
+    deltas = {t: o["time_breakdown_s"].get(t, 0.0) - w["time_breakdown_s"].get(t, 0.0)
+              for t in set(w["time_breakdown_s"]) | set(o["time_breakdown_s"]) if "part_of" not in t}
+    top = [t for t, d in sorted(deltas.items(), key=lambda kv: -abs(kv[1])) if t != "ep_comm" and abs(d) > 1e-9][:2]
+    terms = ", ".join(f"{t} {deltas[t]:+.3f} s" for t in ["ep_comm"] + top)
+    mark = "*" if not c.get("exact", True) else ""
+    note = " (even stages, as scored)" if c.get("as_scored") else ""
+    first = f"    ep={ep['ep']}{mark}, {_links_text(ep, network)}: {o['step_time_s']:.3f} s ({gap:+.1%}){note}: {terms}"
+    p = c["plan"]
+    degrees = (f"dp={p['dp']} tp={p['tp']} pp={p['pp']}" + (f" cp={p['cp']}" if p.get("cp", 1) > 1 else "")
+               + f" {p['placement']}")
+    fits = "" if o["memory"].get("fits", True) else " (does not fit)"
+    second = (f"      {_experts(ep)} per GPU, peak {o['memory']['peak_bytes_per_gpu'] / GiB:.1f} GiB{fits} vs "
+              f"{w['memory']['peak_bytes_per_gpu'] / GiB:.1f} GiB")
+    if ep.get("imbalance", 1.0) != mine_ep.get("imbalance", 1.0):
+        second += f", routing imbalance {ep['imbalance']:g} vs {mine_ep['imbalance']:g}"
+    return [first, second + f"; {degrees}"]
 
 
 def explain_document(doc: Mapping[str, Any]) -> Explanation:

@@ -282,9 +282,9 @@ def expert_parallel_degrees(*, dp: int, tp: int = 1, cp: int = 1, expert_tp: int
     if experts is None:
         return [1]
     n = tp * cp * dp
-    top = experts or n
-    return [e for e in range(1, top + 1) if ep_allowed(e, dp=dp, cp=cp, tp=tp, expert_tp=expert_tp,
-                                                       experts=experts or None)]
+    degrees = np.arange(1, (experts or n) + 1)
+    ok = ep_allowed(degrees, dp=dp, cp=cp, tp=tp, expert_tp=expert_tp, experts=experts or None)
+    return [int(e) for e in degrees[ok]]
 
 
 def default_placement(cp: int = 1, ep: int = 1) -> str:

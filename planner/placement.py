@@ -88,8 +88,63 @@ def aligned_domain(domain: int, world):
     return np.where(world <= domain, np.maximum(world, 1), np.where(world % domain == 0, domain, pow2))
 
 
+def packed_key(columns: list[np.ndarray]) -> np.ndarray:
+    """One int64 per row, equal exactly where the rows of the integer columns are equal (each column ranked
+    by a lookup table, or np.unique for sparse ones, then packed; re-numbered before it could overflow).
+    The packed key is below the product of the columns' distinct counts."""
+    packed, size = np.zeros(len(columns[0]), dtype=np.int64), 1
+    for col in columns:
+        col = np.asarray(col, dtype=np.int64)
+        low, span = int(col.min()), int(col.max() - col.min()) + 1
+        if span <= 4 * len(col) + 4096:
+            present = np.zeros(span, bool)
+            present[col - low] = True
+            lut = np.cumsum(present) - 1
+            rank, values = lut[col - low], int(present.sum())
+        else:
+            uniq, rank = np.unique(col, return_inverse=True)
+            rank, values = rank.ravel(), len(uniq)
+        if size * values >= 2 ** 62:
+            packed = np.unique(packed, return_inverse=True)[1].ravel()
+            size = int(packed.max()) + 1
+        packed, size = packed * values + rank, size * values
+    return packed
+
+
+def distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(first, inverse): the index of one row of each distinct row of the integer columns, and for every
+    row which of them it equals (rows == rows[first][inverse]). A lookup table over the packed key
+    (`packed_key`) where its range is small, else np.unique (a sort)."""
+    key = packed_key(columns)
+    n = len(key)
+    top = int(key.max()) + 1 if n else 0
+    if top > 4 * n + 4096:
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        return first, inverse.ravel()
+    one_of = np.full(top, -1, dtype=np.int64)
+    one_of[key] = np.arange(n)                   # some row of each key present (repeated keys: any one)
+    present = one_of >= 0
+    return one_of[present], (np.cumsum(present) - 1)[key]
+
+
 def group_locality(placement_idx, dp, pp, tp, devices_per_node: int, cp=1, dp_shard=None, ep=1,
                    expert_tp=1) -> dict[str, np.ndarray]:
+    """Ranks per node of each parallel group (`_group_locality`), computed once per distinct layout: a batch
+    of candidates repeats few (placement, dp, pp, tp, cp, dp_shard, ep, expert_tp) tuples, and the layout
+    reads nothing else (the search scores ~10^4 rows per call over ~10^2 layouts)."""
+    cols = np.broadcast_arrays(*(np.asarray(v, dtype=np.int64) for v in (
+        placement_idx, dp, pp, tp, cp, dp if dp_shard is None else dp_shard, ep, expert_tp)))
+    if cols[0].ndim != 1 or len(cols[0]) < 64:
+        return _group_locality(placement_idx, dp, pp, tp, devices_per_node, cp=cp, dp_shard=dp_shard, ep=ep,
+                               expert_tp=expert_tp)
+    first, inverse = distinct_rows(cols)
+    place, dp_, pp_, tp_, cp_, shard, ep_, etp = (c[first] for c in cols)
+    out = _group_locality(place, dp_, pp_, tp_, devices_per_node, cp=cp_, dp_shard=shard, ep=ep_, expert_tp=etp)
+    return {k: np.broadcast_to(v, first.shape)[inverse] for k, v in out.items()}
+
+
+def _group_locality(placement_idx, dp, pp, tp, devices_per_node: int, cp=1, dp_shard=None, ep=1,
+                    expert_tp=1) -> dict[str, np.ndarray]:
     """Ranks per node (or NVLink domain: `devices_per_node` is the domain the fast links join) of each
     parallel group, for each candidate: 'D', 'P', 'T', 'C' (one axis each); 'DC' the data-parallel
     gradient group over dp x cp (context-parallel ranks hold the same weights); with hybrid sharding
@@ -98,7 +153,8 @@ def group_locality(placement_idx, dp, pp, tp, devices_per_node: int, cp=1, dp_sh
     groups (stage_group_locality): 'E' the expert-parallel group (ep ranks, expert_tp apart), 'ET' expert
     tensor parallelism, 'ED' the expert data-parallel group (tp cp dp / (ep expert_tp) ranks), 'ES' its
     ZeRO shard group (cut by dp_shard / dp as the dense one) and 'ER' the shard group's replicas."""
-    devices_per_node = aligned_domain(devices_per_node, np.asarray(dp) * np.asarray(pp) * np.asarray(tp) * np.asarray(cp))
+    world = np.asarray(dp) * np.asarray(pp) * np.asarray(tp) * np.asarray(cp)
+    devices_per_node = aligned_domain(devices_per_node, world)
     st = strides(placement_idx, dp, pp, tp, cp)
     size = {"D": dp, "P": pp, "T": tp, "C": cp}
     out = {a: ranks_per_node(size[a], st[a], devices_per_node) for a in AXES + ("C",)}

@@ -49,7 +49,7 @@ from planner.candidates import (FIELDS, SearchSpace, _pattern_groups, _product, 
 from planner.errors import ConfigError, NoFitError
 from planner.parallel import (CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, default_placement,
                               resolve_precision)
-from planner.placement import PLACEMENTS
+from planner.placement import PLACEMENTS, packed_key
 
 OBJECTIVES = ("throughput", "cost", "memory", "time-to-train")
 MEMORY_OBJECTIVE_SLACK = 0.05
@@ -57,8 +57,12 @@ MEMORY_OBJECTIVE_SLACK = 0.05
 DEFAULT_BATCH_TOKENS = 2 ** 21
 """Default global batch, in tokens: about 2M, inside GPT-3's 0.5M-3.2M range (Brown et al. 2020,
 Table 2.1) and Llama 2's 4M (Touvron et al. 2023); rounded up to a multiple of the world size."""
-SCORE_CHUNK = 262_144
-"""Candidates scored per call (bounds the scorer's temporary arrays; one progress tick each)."""
+SCORE_CHUNK = 16_384
+"""Candidates scored per call (one progress tick each). Small enough that the scorer's temporary arrays
+(128 KiB of float64 each) stay in the CPU caches and are reused from the allocator's heap: with 262,144 the
+2 MiB temporaries were fresh pages each call (page faults: ~0.3 s of system time of a 1.8 s DeepSeek-V3
+search on 2,048 GPUs); the per-call overhead of score() is small beside that. Rows are scored independently,
+so the chunk never changes a score."""
 CPSAT_MAX_CHUNKS = 16
 """Interleaved candidates with more chunks than this keep the even split (CP-SAT grows slow there)."""
 CPSAT_TIME_LIMIT_S = 1.0
@@ -265,10 +269,11 @@ class _Scorer:
 
 def _admission_threshold(step: np.ndarray, needed: np.ndarray, capacity: float, objective: str, keep: int) -> float:
     """Step time above which a candidate cannot enter the result (see the module docstring)."""
-    feasible = np.sort(step[needed <= capacity])
+    feasible = step[needed <= capacity]
     if objective == "memory":
-        return feasible[0] * (1 + MEMORY_OBJECTIVE_SLACK) if len(feasible) else np.inf
-    return feasible[keep - 1] if len(feasible) >= keep else np.inf
+        return feasible.min() * (1 + MEMORY_OBJECTIVE_SLACK) if len(feasible) else np.inf
+    # the keep-th smallest (np.partition: linear time; the search asks ~30 times over ~10^5 known steps)
+    return np.partition(feasible, keep - 1)[keep - 1] if len(feasible) >= keep else np.inf
 
 
 def _candidate_arrays(arrays: Mapping[str, np.ndarray]):
@@ -303,6 +308,9 @@ class ScoredSpace:
     """The level-1 bound rows (one per skeleton) and what they need: what the NoFit message reads."""
     leanest_needed_bytes: np.ndarray
     stats: SearchStats
+    unscored_at_least_s: tuple[float, float] = (math.inf, math.inf)
+    """The admission thresholds (cp = 1, cp > 1) when the search ended: every candidate of the class that fits
+    and was not scored was proven to take at least this long (thresholds only fall while the search runs)."""
 
     @property
     def fits(self) -> np.ndarray:
@@ -358,10 +366,10 @@ def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int
     if len(skeletons["dp"]) == 0:
         raise ConfigError("gpus", world_size, _no_space_reason(world_size, global_batch, heads, blocks, rejected))
     skeletons["skeleton"] = np.arange(len(skeletons["dp"]))
-    rows = with_micro_batches(skeletons, global_batch, space=space, rejected=rejected)
-    search = _BranchAndBound(rows, space=space, scorer=scorer, capacity=capacity, objective=objective, keep=keep,
+    search = _BranchAndBound(with_micro_batches(skeletons, global_batch, space=space, rejected=rejected),
+                             space=space, scorer=scorer, capacity=capacity, objective=objective, keep=keep,
                              prune=prune, time_bound=time_bound, progress=progress)
-    search.run()
+    search.run()        # (the unsorted rows are freed before it: the scorer's arrays reuse their memory)
     full, step, peak, needed = search.result()
     nothing_fits = not np.any(needed <= capacity)
     lean1, lean1_needed = _skeleton_bounds(skeletons, scorer, space) if nothing_fits else ({}, np.zeros(0))
@@ -372,7 +380,8 @@ def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int
                         rejected=dict(rejected), values_tried=tried)
     assert stats.space == stats.candidates_evaluated + stats.pruned_by_memory_bound + stats.pruned_by_time_bound
     return ScoredSpace(arrays=full, step_time_s=step, peak_bytes_per_gpu=peak, needed_bytes=needed,
-                       capacity_bytes=capacity, leanest_arrays=lean1, leanest_needed_bytes=lean1_needed, stats=stats)
+                       capacity_bytes=capacity, leanest_arrays=lean1, leanest_needed_bytes=lean1_needed, stats=stats,
+                       unscored_at_least_s=tuple(float(t) for t in search._thresholds()))
 
 
 def _skeleton_bounds(skeletons, scorer, space):
@@ -425,7 +434,7 @@ class _BranchAndBound:
         self.weakest = min(self.levels)
         n = len(rows["dp"])
         lean = rows["zero"] * 4 + (rows["dp_shard"] == 0) * 2 + (rows["offload"] == OFFLOAD.index("optimizer"))
-        key = _packed_key([rows[k] for k in SHAPE_FIELDS]) if n else np.zeros(0, dtype=np.int64)
+        key = packed_key([rows[k] for k in SHAPE_FIELDS]) if n else np.zeros(0, dtype=np.int64)
         order = np.argsort(key * 16 + (15 - lean), kind="stable")
         self.rows = {k: np.asarray(v)[order] for k, v in rows.items()}
         key = key[order]
@@ -627,28 +636,6 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     total = int(lengths.sum())
     offsets = np.repeat(starts - np.r_[0, np.cumsum(lengths)[:-1]], lengths)
     return offsets + np.arange(total)
-
-
-def _packed_key(columns: list[np.ndarray]) -> np.ndarray:
-    """One int64 per row, equal exactly where the rows of the integer columns are equal (each column ranked
-    by a lookup table, or np.unique for sparse ones, then packed; re-numbered before it could overflow)."""
-    packed, size = np.zeros(len(columns[0]), dtype=np.int64), 1
-    for col in columns:
-        col = np.asarray(col, dtype=np.int64)
-        low, span = int(col.min()), int(col.max() - col.min()) + 1
-        if span <= 4 * len(col) + 4096:
-            present = np.zeros(span, bool)
-            present[col - low] = True
-            lut = np.cumsum(present) - 1
-            rank, values = lut[col - low], int(present.sum())
-        else:
-            uniq, rank = np.unique(col, return_inverse=True)
-            rank, values = rank.ravel(), len(uniq)
-        if size * values >= 2 ** 62:
-            packed = np.unique(packed, return_inverse=True)[1].ravel()
-            size = int(packed.max()) + 1
-        packed, size = packed * values + rank, size * values
-    return packed
 
 
 def _no_space_reason(world, global_batch, heads, blocks, rejected) -> str:
@@ -946,6 +933,91 @@ def _cp_versus(scored: ScoredSpace, objective: str, winner: Mapping[str, Any], d
             "needed_bytes": int(scored.needed_bytes[i]), "capacity_bytes": int(scored.capacity_bytes)}
 
 
+def _ep_versus(scored: ScoredSpace, objective: str, model, hardware, software, documented, *, global_batch: int,
+               seq: int, precision: str, optimizer: str) -> dict | None:
+    """Why the winner's expert-parallel degree and placement: the best fitting plan of each expert-parallel class
+    -- an ep degree and where its all-to-all runs (cost_models.moe.EP_LINKS: inside one NVLink domain, or over
+    NVLink and the network) -- best class first, with its key numbers (`key_numbers`) and expert layout
+    (cost_models.moe.placement_summary: links, experts per GPU, imbalance, exchange time).
+
+    A class with one of the search's leaders takes its best leader's plan document (`documented`: (row, document)
+    pairs, uneven stages where refining helped; one that fits first, as recommend ranks them: estimate checks
+    every pipeline rank's memory, the search the first and the last), as the winner does; any other class its
+    fastest scored plan as
+    scored (even stages; `as_scored` true), which is slower at even stages than every leader. `exact`: no plan of
+    the class the search did not score can be faster than its fastest scored one (that one is within
+    ScoredSpace.unscored_at_least_s); else `unscored_at_least_s` is the least step time the rest could have. None
+    for a dense model or a search with one class. Under the memory objective the classes' fastest plans."""
+    from cost_models.compute import block_seconds
+    from cost_models.moe import EP_LINKS, ep_links, placement_summary
+    from cost_models.step import Step
+    from planner.estimate import Estimate, even_stages
+    from planner.placement import group_locality
+    from planner.score import score
+
+    if getattr(model, "moe", None) is None or "ep" not in scored.arrays:
+        return None
+    by = "throughput" if objective == "memory" else objective
+    order = rank(scored, by)
+    a = {k: np.asarray(scored.arrays[k])[order] for k in FIELDS}
+    local = group_locality(a["placement"], a["dp"], a["pp"], a["tp"], hardware.nvlink_domain_devices, cp=a["cp"],
+                           dp_shard=np.where(a["dp_shard"] > 0, a["dp_shard"], a["dp"]), ep=a["ep"])["E"]
+    cls = a["ep"] * len(EP_LINKS) + ep_links(a["ep"], local)
+    firsts = np.sort(np.unique(cls, return_index=True)[1])          # each class's fastest scored, in rank order
+    if len(firsts) < 2:
+        return None
+    floor = min(scored.unscored_at_least_s)
+    best_doc: dict[int, dict] = {}
+    for _, doc in documented:     # fitting documents first (as recommend ranks them), then the fastest
+        ep = doc["prediction"]["expert_parallel"]
+        key = ep["ep"] * len(EP_LINKS) + EP_LINKS.index(ep["links"])
+        value = (not doc["prediction"]["memory"]["fits"], *_objective_value(doc, by))
+        if key not in best_doc or value < best_doc[key][0]:
+            best_doc[key] = (value, doc)
+    plain = [j for j in firsts if int(cls[j]) not in best_doc]
+    entries = {}
+    if plain:
+        rows = {k: v[plain] for k, v in a.items()}
+        cands = _candidate_arrays(rows)
+        kw = dict(global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer)
+        scores = score(model, hardware, cands, software=software, **kw)
+        x = Step.of(model, hardware, software, cands, **kw)
+        block = block_seconds(x)
+        for n, j in enumerate(plain):
+            cfg = config_of(rows, n, framework=software.framework.name, **kw)
+            cfg = replace(cfg, stages=tuple(even_stages(model.total_blocks, cfg.pp * cfg.virtual_stages)))
+            one = Estimate(model=model, hardware=hardware, config=cfg, gpus=cfg.world_size, software=software,
+                           scores=_score_row(scores, n))
+            entries[int(cls[j])] = {"plan": cfg.to_dict(), "step_time_s": one.step_time_s,
+                                    "peak_bytes_per_gpu": one.peak_bytes_per_gpu, "fits": one.fits, "mfu": one.mfu,
+                                    "time_breakdown_s": one.time_breakdown_s(), "memory": one.memory(),
+                                    "expert_parallel": placement_summary(x, block, n), "as_scored": True}
+    for key, (_, doc) in best_doc.items():
+        entries[key] = {**key_numbers(doc), "expert_parallel": dict(doc["prediction"]["expert_parallel"]),
+                        "as_scored": False}
+    classes = []
+    for j in firsts:
+        entry = entries[int(cls[j])]
+        exact = bool(scored.step_time_s[order[j]] <= floor)
+        classes.append({**entry, "exact": exact, "unscored_at_least_s": None if exact else floor})
+    classes.sort(key=lambda e: (e["step_time_s"], e["peak_bytes_per_gpu"]) if by != "memory" else 0)
+    network = str(getattr(hardware, "inter_node_interconnect", "") or "network").split(" (")[0]
+    return {"network": network, "classes": classes}
+
+
+def _score_row(scores, j: int):
+    """Candidate j of a batch's Scores as length-1 arrays (what Estimate reads)."""
+    from dataclasses import fields as dc_fields
+    n = len(np.atleast_1d(scores.step_time_s))
+    out = {}
+    for f in dc_fields(scores):
+        v = getattr(scores, f.name)
+        if isinstance(v, np.ndarray) or (np.ndim(v) and f.name != "stage_memory"):
+            v = np.broadcast_to(np.asarray(v), (n,) + np.shape(v)[1:])[j:j + 1]
+        out[f.name] = None if f.name == "stage_memory" else v
+    return type(scores)(**out)
+
+
 def check_space(space: SearchSpace, model, framework, *, world: int, seq: int) -> None:
     """The pinned and limited values of the new dimensions (recommend --cp/--max-cp/--cp-comm/--dp-shard/--ep/
     --max-ep) checked against the framework's capabilities (frameworks.rules' vocabulary), the model and the
@@ -1081,6 +1153,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
 
     for position, cfg in enumerate(leaders):
         documents.append(document(cfg, position < refine))
+    documented = list(zip(order[:len(leaders)], documents))
     documents = [d for d in documents if d["prediction"]["memory"]["fits"]] or documents
     documents = [_with_cost(d, price, spot, tokens, hardware, reliability) for d in documents]
     documents.sort(key=lambda d: _objective_value(d, objective))
@@ -1088,11 +1161,14 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
 
     versus = _cp_versus(scored, objective, documents[0], lambda i: document(config_of(scored.arrays, i, **kw),
                                                                           refine > 0))
+    ep_versus = _ep_versus(scored, objective, model, hardware, software, documented, global_batch=global_batch,
+                           seq=seq, precision=precision, optimizer=optimizer)
     stats = replace(scored.stats, seconds=time.perf_counter() - t0, refined=refined[0])
     best = dict(documents[0])
     best["alternatives"] = [key_numbers(d) for d in documents[1:]]
     best["search"] = {"objective": objective, "candidates_evaluated": stats.candidates_evaluated,
                       "feasible": stats.feasible, "seconds": round(stats.seconds, 4),
-                      "values_tried": {k: list(v) for k, v in stats.values_tried.items()}, "cp_versus": versus}
+                      "values_tried": {k: list(v) for k, v in stats.values_tried.items()}, "cp_versus": versus,
+                      **({"ep_versus": ep_versus} if ep_versus is not None else {})}
     return Recommendation(objective=objective, best=best, alternatives=tuple(documents[1:]), stats=stats,
                           scored=scored)

@@ -12,6 +12,7 @@ leave them unset (docs/models.md). `TransformerSpec.block_kinds` lists the diffe
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields, replace
+from functools import lru_cache
 from typing import Literal, Mapping
 
 from planner.errors import ConfigError
@@ -383,7 +384,15 @@ class TransformerSpec:
     @property
     def block_kinds(self) -> "tuple[BlockKind, ...]":
         """The distinct blocks of the model, in order of first appearance: (dense | moe) x (full |
-        windowed attention). A model whose blocks are all alike has one kind whose spec is itself."""
+        windowed attention). A model whose blocks are all alike has one kind whose spec is itself.
+        Computed once per distinct spec (the cost model asks for it per pipeline rank and per scoring call;
+        a spec is frozen, so its kinds never change)."""
+        try:
+            return _block_kinds_cached(self)
+        except TypeError:                                  # an unhashable value in `extras`
+            return self._block_kinds()
+
+    def _block_kinds(self) -> "tuple[BlockKind, ...]":
         if self.is_uniform:
             return (BlockKind(name=_kind_name(self.moe is not None, self.windowed(0)),
                               layers=tuple(range(self.layers)), spec=self),)
@@ -423,6 +432,11 @@ class TransformerSpec:
 
     def with_(self, **changes) -> "TransformerSpec":
         return replace(self, **changes)
+
+
+@lru_cache(maxsize=64)
+def _block_kinds_cached(spec: TransformerSpec) -> "tuple[BlockKind, ...]":
+    return spec._block_kinds()
 
 
 def _kind_name(moe: bool, windowed: bool) -> str:

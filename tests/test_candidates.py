@@ -228,8 +228,8 @@ def test_ep_follows_the_one_rule(monkeypatch):
     dense = skeleton_rows(64, 64, **dict(kw, experts=None))
     assert set(np.unique(dense["ep"])) == {1}
     monkeypatch.setattr(parallel, "ep_allowed", lambda ep, *, dp, cp=1, tp=1, expert_tp=1, experts=None:
-                        (np.asarray(dp) * np.asarray(cp)) % np.asarray(ep) == 0
-                        and (experts is None or experts % ep == 0))          # the older rule: ep | dp x cp
+                        ((np.asarray(dp) * np.asarray(cp)) % np.asarray(ep) == 0)
+                        & ((experts is None) | (np.asarray(experts or 1) % np.asarray(ep) == 0)))  # ep | dp x cp
     narrower = skeleton_rows(64, 64, **dict(kw, rejected=Counter()))
     assert not np.any(narrower["ep"] > narrower["dp"] * narrower["cp"])
     assert len(narrower["dp"]) < len(rows["dp"])

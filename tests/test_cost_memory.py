@@ -92,3 +92,26 @@ def test_memory_never_falls_when_the_micro_batch_grows(dp, tp, pp, recompute, of
             peaks.append(float(score(GPT, HW, c, global_batch=gb or dp * mb * m, seq=2048, precision=precision,
                                      software=software_for(framework)).peak_bytes_per_gpu[0]))
         assert all(b >= a * (1 - 1e-9) for a, b in zip(peaks, peaks[1:])), peaks
+
+
+@settings(max_examples=25, deadline=None)
+@given(pp=st.sampled_from([2, 4, 8]), schedule=st.sampled_from([0, 1, 3]), zero=st.integers(0, 3),
+       recompute=st.integers(0, 2), offload=st.integers(0, 2), extra=st.integers(0, 3))
+def test_one_candidates_ranks_at_once_equal_the_batch_path(pp, schedule, zero, recompute, offload, extra):
+    """estimate's per-rank memory (one candidate: every rank in one vector call) is bit for bit what the same
+    candidate gets inside a batch of two (one call per rank), for every rank and for the peak."""
+    blocks = [GPT.layers // pp] * pp
+    blocks[0] += extra
+    blocks[-1] -= extra
+    row = dict(dp=np.array([2]), tp=np.array([2]), pp=np.array([pp]), micro_batch=np.array([1]),
+               virtual_stages=np.array([1]), zero=np.array([zero]), recompute=np.array([recompute]),
+               offload=np.array([offload]), sequence_parallel=np.array([True]), schedule=np.array([schedule]),
+               placement=np.array([0]), blocks_first=np.array([blocks[0]]), blocks_last=np.array([blocks[-1]]),
+               blocks_max=np.array([max(blocks)]), rank_blocks=np.array([blocks]))
+    kw = dict(global_batch=16, seq=2048, software=software_for("megatron"))
+    one = score(GPT, HW, CandidateArrays(**row), **kw)
+    two = score(GPT, HW, CandidateArrays(**{k: np.concatenate([v, v]) for k, v in row.items()}), **kw)
+    for name, values in one.stage_memory.items():
+        assert values[0].tolist() == two.stage_memory[name][1].tolist(), name
+    assert one.peak_bytes_per_gpu.tolist() == two.peak_bytes_per_gpu[:1].tolist()
+    assert one.params_bytes.tolist() == two.params_bytes[:1].tolist()

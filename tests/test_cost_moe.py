@@ -26,7 +26,7 @@ from planner.catalog import get
 from planner.cli import app
 from planner.errors import ConfigError
 from planner.estimate import candidate_of, estimate, software_for
-from planner.parallel import ParallelConfig, expert_data_parallel, expert_parallel_ok
+from planner.parallel import ParallelConfig, expert_data_parallel, expert_parallel_degrees, expert_parallel_ok
 from planner.placement import PLACEMENTS, group_locality, placement_index, stage_group_locality, strides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,6 +70,21 @@ def test_ep_rule_is_divisibility_and_works_on_arrays(dp, tp, cp, ep, etp):
     arr = expert_parallel_ok(dp=np.array([dp, dp]), tp=tp, cp=cp, ep=np.array([ep, 1]), expert_tp=etp)
     assert list(arr) == [ok, (tp * cp * dp) % etp == 0]
 
+
+
+@given(dp=st.integers(1, 24), tp=st.sampled_from([1, 2, 4, 8]), cp=st.sampled_from([1, 2]),
+       etp=st.sampled_from([1, 2, 4]), experts=st.sampled_from([None, 0, 8, 64, 256]))
+def test_the_searched_ep_degrees_are_the_ones_the_rule_admits(dp, tp, cp, etp, experts):
+    """expert_parallel_degrees (what the search enumerates) lists, ascending, every ep the rule admits: with
+    whole experts per rank the divisors of the experts, with experts 0 every degree up to tp cp dp."""
+    got = expert_parallel_degrees(dp=dp, tp=tp, cp=cp, expert_tp=etp, experts=experts)
+    if experts is None:
+        assert got == [1]
+        return
+    top = experts or tp * cp * dp
+    assert got == [e for e in range(1, top + 1)
+                   if (tp * cp * dp) % (e * etp) == 0 and (not experts or experts % e == 0)]
+    assert all(type(e) is int for e in got)
 
 def test_experts_must_split_evenly_and_dense_models_refuse_ep():
     with pytest.raises(ConfigError, match=r"ep=3 .*divisor of experts\(128\)"):
@@ -352,3 +367,11 @@ def test_published_runs_are_predicted_within_their_documented_error():
         est = estimate(c.spec, c.hardware, c.config, gpus=c.row["gpus"], **c.options)
         assert est.step_time_s == pytest.approx(measured_s(c), rel=0.15), rid
     assert math.isfinite(est.step_time_s)
+
+
+def test_ep_links_name_where_the_all_to_all_runs():
+    """NVLink only when every rank of the ep group sits in one NVLink domain; any spill crosses the network."""
+    from cost_models.moe import EP_LINKS, ep_links
+    assert [EP_LINKS[ep_links(e, loc)] for e, loc in ((1, 1), (8, 8), (8, 4), (8, 16), (16, 8), (2, 1))] == \
+        ["none", "NVLink", "NVLink + network", "NVLink", "NVLink + network", "NVLink + network"]
+    assert ep_links(np.array([1, 8, 8]), np.array([1, 8, 4])).tolist() == [0, 1, 2]

@@ -306,3 +306,119 @@ def test_explain_search_compares_a_given_plan_with_the_other_cp_class(tmp_path):
     assert "cp=1 loses to the best plan with cp > 1" in result.stdout
     line = next(x for x in result.stdout.splitlines() if "best plan with cp > 1:" in x)
     assert " cp=" in line
+
+
+# ------------------------------------------------------------------------------- why this ep (ep_versus)
+
+@pytest.fixture(scope="module")
+def mixtral():
+    return recommend("mixtral-8x7b", "p5.48xlarge", gpus=64, seq=8192, global_batch=128, top=3)
+
+
+def _ep_class(plan, ep):
+    return plan["ep"], ep["links"]
+
+
+def test_ep_versus_holds_the_best_plan_of_each_expert_parallel_class(mixtral):
+    """One entry per (ep degree, where the all-to-all runs), best first; the winner's class is the winner itself,
+    and no class beats it; a class's entry is the fastest fitting plan of that class the search scored."""
+    from cost_models.moe import EP_LINKS, ep_links
+    from planner.placement import group_locality
+    best = mixtral.best
+    classes = best["search"]["ep_versus"]["classes"]
+    keys = [_ep_class(c["plan"], c["expert_parallel"]) for c in classes]
+    assert len(set(keys)) == len(keys) >= 3 and {k[0] for k in keys} == {1, 2, 4, 8}
+    assert keys[0] == _ep_class(best["plan"], best["prediction"]["expert_parallel"])
+    assert classes[0]["plan"] == best["plan"] and classes[0]["step_time_s"] == best["prediction"]["step_time_s"]
+    assert [c["step_time_s"] for c in classes] == sorted(c["step_time_s"] for c in classes)
+    s = mixtral.scored
+    a = s.arrays
+    local = group_locality(a["placement"], a["dp"], a["pp"], a["tp"], H100.nvlink_domain_devices, cp=a["cp"],
+                           dp_shard=np.where(a["dp_shard"] > 0, a["dp_shard"], a["dp"]), ep=a["ep"])["E"]
+    links = np.asarray(EP_LINKS)[ep_links(a["ep"], local)]
+    ok = s.fits & np.isfinite(s.step_time_s)
+    for c in classes:
+        mine = ok & (a["ep"] == c["plan"]["ep"]) & (links == c["expert_parallel"]["links"])
+        fastest = float(s.step_time_s[mine].min())
+        if c["as_scored"]:
+            assert c["step_time_s"] == fastest
+        else:                          # a leader's document: estimate() of it, refined where that helped
+            assert c["step_time_s"] <= fastest * (1 + 1e-9)
+        assert c["exact"] == (fastest <= min(s.unscored_at_least_s))
+
+
+def test_ep_versus_numbers_are_estimates_of_their_plans(mixtral):
+    """The classes' numbers come from the one scorer: estimate() of the plan (even stages where as scored)
+    gives the same step, memory and expert layout."""
+    model = resolve_model("mixtral-8x7b", seq=8192)
+    for c in mixtral.best["search"]["ep_versus"]["classes"]:
+        cfg = ParallelConfig(**{k: (tuple(v) if k == "stages" else v) for k, v in c["plan"].items()
+                                if k != "num_microbatches"})
+        doc = estimate(model, H100, cfg, gpus=64).to_document()
+        assert doc["prediction"]["step_time_s"] == pytest.approx(c["step_time_s"], rel=1e-9)
+        assert doc["prediction"]["memory"]["peak_bytes_per_gpu"] == c["peak_bytes_per_gpu"]
+        assert doc["prediction"]["time_breakdown_s"] == pytest.approx(c["time_breakdown_s"], rel=1e-9)
+        ep = doc["prediction"]["expert_parallel"]
+        assert ep.keys() == c["expert_parallel"].keys()
+        for k, v in ep.items():
+            assert (v == pytest.approx(c["expert_parallel"][k], rel=1e-9) if isinstance(v, float)
+                    else v == c["expert_parallel"][k]), k
+
+
+def test_explain_says_why_the_ep_degree_and_placement_won(mixtral):
+    from planner.explain import explain_document
+    best = mixtral.best
+    text = "\n".join(explain_document(best).versus_lines)
+    ep = best["prediction"]["expert_parallel"]
+    assert f"why ep={best['plan']['ep']} with all-to-all inside one NVLink domain ({ep['ep']} ranks)" in text
+    for c in best["search"]["ep_versus"]["classes"][1:]:
+        assert f"ep={c['plan']['ep']}" in text and f"{c['step_time_s']:.3f} s" in text
+    assert "all-to-all over NVLink + EFAv2" in text and "no all-to-all (every GPU holds every expert)" in text
+    assert text.count("ep_comm") == len(best["search"]["ep_versus"]["classes"]) - 1
+    assert "routed-expert parameters" in text
+
+
+def test_explain_of_a_plan_from_another_ep_class_says_it_loses(mixtral):
+    """explain on a plan whose ep class is not the winner's: the winner's class is listed, and the line says
+    the plan loses to it."""
+    from planner.explain import ep_lines
+    other = next(c for c in mixtral.best["search"]["ep_versus"]["classes"][1:] if c["fits"])
+    cfg = ParallelConfig(**{k: (tuple(v) if k == "stages" else v) for k, v in other["plan"].items()
+                            if k != "num_microbatches"})
+    doc = estimate(resolve_model("mixtral-8x7b", seq=8192), H100, cfg, gpus=64).to_document()
+    doc["search"] = mixtral.best["search"]
+    text = "\n".join(ep_lines(doc))
+    assert f"ep={other['plan']['ep']} with" in text and "-- loses to" in text
+    assert f"{mixtral.best['prediction']['step_time_s']:.3f} s" in text
+
+
+def test_dense_plans_have_no_ep_versus():
+    rec = recommend("gpt2", "p5.48xlarge", gpus=8, global_batch=64)
+    assert "ep_versus" not in rec.best["search"]
+
+
+@pytest.mark.speed
+@pytest.mark.parametrize("hardware,gpus", [("p5.48xlarge", 2048), ("p6e-gb200.36xlarge", 2016)])
+def test_deepseek_v3_acceptance_picks_ep_and_says_why_within_the_budget(hardware, gpus):
+    """DeepSeek-V3 on 2,048 H100s (p5: 8-GPU NVLink nodes over EFA) and on 2,016 GB200s (28 NVL72 racks), the
+    issue's acceptance: a plan with ep > 1 wins, the whole space is searched, and explain compares it with the
+    best plan of every other expert-parallel degree and placement. Budget 2 s on 2 cores (CPU time of the search
+    here; the CLI adds ~0.4 s of start-up); measured ~1.3 s and ~1.0 s. The wall limit is generous for a loaded
+    machine."""
+    from planner.explain import explain_document
+    recommend("llama3-8b", "p5.48xlarge", gpus=8)                     # imports and caches paid here
+    t0 = time.process_time()
+    rec = recommend("deepseek-v3", hardware, gpus=gpus)
+    cpu_s = time.process_time() - t0
+    best, s = rec.best, rec.stats
+    assert best["plan"]["ep"] > 1 and best["prediction"]["memory"]["fits"]
+    assert s.space == s.candidates_evaluated + s.pruned_by_memory_bound + s.pruned_by_time_bound > 5_000_000
+    assert s.values_tried["ep"][0] == 1 and s.values_tried["ep"][-1] >= 32
+    classes = best["search"]["ep_versus"]["classes"]
+    assert {c["plan"]["ep"] for c in classes} >= {1, 2, 4, 8, 16, 32}
+    assert all(c["step_time_s"] >= best["prediction"]["step_time_s"] for c in classes if c["fits"])
+    text = "\n".join(explain_document(best).versus_lines)
+    assert f"why ep={best['plan']['ep']} with all-to-all inside one NVLink domain" in text
+    assert "no all-to-all (every GPU holds every expert)" in text and "all-to-all over NVLink + EFA" in text
+    assert cpu_s < 2.0, cpu_s
+    assert s.seconds < 20.0
