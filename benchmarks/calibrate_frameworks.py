@@ -230,7 +230,7 @@ def main(argv=None) -> int:
         print(A.table("Leave one source out", result["leave_one_source_out"]))
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
     if args.write:
-        write(values, f"fitted to {len(rows)} published runs (benchmarks/calibrate_frameworks.py; leave one source "
+        write(values, f"fitted to {len(rows)} published runs (benchmarks/calibrate_frameworks.py, leave one source "
                       "out in benchmarks/results/calibration_frameworks.json)")
         print("wrote the fit into hardware_profiles/, validation/hardware/clusters/ and frameworks/")
     return 0
