@@ -204,7 +204,11 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
         if kernels not in KERNELS:
             raise ConfigError("kernels", kernels, "one of " + ", ".join(KERNELS))
         from dataclasses import replace
-        fw = replace(fw, kernels=kernels)
+        # compute_efficiency is the rate of the stack's own modules (fitted on its runs with them); a run that
+        # swaps in Transformer Engine's fused modules runs them at the kernel model's rate, as Megatron-Core
+        # does (its reference 1.0)
+        fused_swap = kernels == "fused" and fw.kernels != "fused"
+        fw = replace(fw, kernels=kernels, compute_efficiency=1.0 if fused_swap else fw.compute_efficiency)
     if attention is not None and attention not in ATTENTION_KERNELS:
         raise ConfigError("attention", attention, "one of " + ", ".join(ATTENTION_KERNELS))
     if grad_reduce_dtype is not None and grad_reduce_dtype not in ("bf16", "fp32"):

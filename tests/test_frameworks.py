@@ -93,3 +93,15 @@ def test_the_loss_kernel_changes_the_last_stage_memory_not_the_time_much():
     assert fused.step_time_s <= upcast.step_time_s
     with pytest.raises(ConfigError):
         estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8, loss="chunked")
+
+
+def test_swapping_in_fused_modules_drops_the_stacks_own_compute_efficiency():
+    """compute_efficiency is fitted on a stack's runs with its own modules; a run with Transformer Engine's fused
+    modules (NeMo AutoModel on FSDP2) runs at the kernel model's rate, as Megatron-Core does."""
+    from planner.estimate import software_for
+
+    titan = software_for("torchtitan")
+    assert titan.framework.compute_efficiency < 1.0
+    fused = software_for("torchtitan", kernels="fused")
+    assert fused.framework.kernels == "fused" and fused.framework.compute_efficiency == 1.0
+    assert software_for("torchtitan", kernels="torch").framework.compute_efficiency == titan.framework.compute_efficiency
