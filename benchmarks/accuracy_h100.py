@@ -35,20 +35,13 @@ def load_rows(path: Path = VALIDATION / "h100_train_steps.jsonl") -> list[dict]:
             if r.get("kind") == "train_step"]
 
 
-def hf_dropout(config_path: Path) -> bool:
-    """Dropout layers are active in train mode when the HF config has a non-zero probability."""
-    data = json.loads(config_path.read_text())
-    keys = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout", "dropout")
-    return any(float(data.get(k) or 0.0) > 0.0 for k in keys)
-
-
 def predict(row: dict, hw) -> dict:
     config = VALIDATION / "hf_configs" / f"{row['model']}.json"
     spec = resolve_model(str(config), seq=row["seq"])
     cfg = ParallelConfig(micro_batch=row["micro_batch"], global_batch=row["micro_batch"], seq=row["seq"],
                          precision=row["precision"], recompute="full" if row["checkpointing"] else "none",
                          schedule="1f1b", framework="fsdp")
-    est = estimate(spec, hw, cfg, gpus=1, dropout=hf_dropout(config))
+    est = estimate(spec, hw, cfg, gpus=1)      # dropout and attention: the config's (estimate's defaults)
     return {"step_time_s": est.step_time_s, "peak_bytes": est.peak_bytes_per_gpu, "fits": est.fits,
             "params": est.params}
 

@@ -33,6 +33,8 @@ class Estimate:
     gpus: int
     software: Software
     """The stack and kernel choices the prediction assumed (framework profile, attention, dropout)."""
+    from_config: tuple[str, ...] = ()
+    """The software choices taken from the model's config (Hugging Face config.json: dropout, attention)."""
     scores: Scores
     """The length-1 arrays score() returned."""
 
@@ -119,6 +121,7 @@ class Estimate:
                          "memory_bytes": int(self.hardware.memory_bytes)},
             "plan": plan,
             "software": {"framework": sw.framework.name, "kernels": sw.framework.kernels, "attention": sw.attention,
+                         "from_config": list(self.from_config),
                          "dropout": sw.dropout, "overlap_grad_reduce": sw.overlap_grad_reduce, "loss": sw.loss,
                          "tp_comm_overlap": sw.tp_comm_overlap, "compile": sw.compile,
                          "grad_reduce_bytes": sw.state_bytes(cfg.precision).reduce,
@@ -261,6 +264,7 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
         model = transformer_spec(model)
     if framework_profile is not None and framework_profile.name != cfg.framework:
         raise ConfigError("framework_profile", framework_profile.name, f"the profile of the plan's framework ({cfg.framework})")
+    attention, dropout, from_config = config_defaults(model, attention=attention, dropout=dropout)
     software = software_for(framework_profile or cfg.framework, attention=attention, dropout=dropout,
                             overlap_grad_reduce=overlap_grad_reduce, grad_reduce_dtype=grad_reduce_dtype, loss=loss,
                             tp_comm_overlap=tp_comm_overlap, compile=compile,
@@ -280,7 +284,23 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
                                                       "account-for-embedding/loss layouts)")
     scores = score(model, hw, candidate_of(cfg, model.total_blocks), global_batch=cfg.global_batch, seq=cfg.seq,
                    precision=cfg.precision, optimizer=cfg.optimizer, software=software)
-    return Estimate(model=model, hardware=hw, config=cfg, gpus=gpus, software=software, scores=scores)
+    return Estimate(model=model, hardware=hw, config=cfg, gpus=gpus, software=software, scores=scores,
+                    from_config=from_config)
+
+
+def config_defaults(model: TransformerSpec, *, attention: str | None, dropout: bool | None):
+    """(attention, dropout, names taken from the config): what the caller left unset (None) and the model's
+    config says (planner.hf_config.training_defaults: dropout active when a probability is above 0, the
+    recorded attn_implementation); the framework's defaults apply to the rest."""
+    extras = dict(model.extras)
+    taken = []
+    if dropout is None and "dropout" in extras:
+        dropout = float(extras["dropout"]) > 0.0
+        taken.append("dropout")
+    if attention is None and "attention" in extras:
+        attention = str(extras["attention"])
+        taken.append("attention")
+    return attention, dropout, tuple(taken)
 
 
 class _CallableModule(types.ModuleType):

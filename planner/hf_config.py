@@ -168,6 +168,32 @@ def read_hf_config(path: str | Path, *, seq: int | None = None) -> TransformerSp
     return spec_from_dict(data, name=str(path), seq=seq)
 
 
+DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout", "dropout",
+                "hidden_dropout_prob", "attention_probs_dropout_prob", "activation_dropout")
+"""The dropout probabilities Hugging Face configs name (GPT-2: resid/embd/attn_pdrop 0.1; OPT: dropout 0.1;
+Llama and Mistral: attention_dropout 0.0; BERT-style: *_dropout_prob)."""
+ATTENTION_IMPLEMENTATIONS = {"sdpa": "sdpa", "flash_attention_2": "flash", "flash_attention_3": "fused",
+                             "eager": "unfused"}
+"""transformers' attn_implementation names -> the planner's attention kernels (frameworks.ATTENTION_KERNELS)."""
+
+
+def training_defaults(data: dict) -> tuple[tuple[str, object], ...]:
+    """What a config says about how its modules train, as TransformerSpec extras: `dropout` (the largest
+    probability among DROPOUT_KEYS, with the key that set it) and `attention` (from `_attn_implementation` /
+    `attn_implementation` when the config records one). `torch_dtype` is the checkpoint's storage dtype, not
+    the training precision, and is not used."""
+    out: list[tuple[str, object]] = []
+    probs = {k: float(data[k]) for k in DROPOUT_KEYS if isinstance(data.get(k), (int, float))
+             and not isinstance(data.get(k), bool)}
+    if probs:
+        key = max(probs, key=probs.get)
+        out += [("dropout", probs[key]), ("dropout_key", key)]
+    impl = data.get("_attn_implementation") or data.get("attn_implementation")
+    if impl in ATTENTION_IMPLEMENTATIONS:
+        out.append(("attention", ATTENTION_IMPLEMENTATIONS[impl]))
+    return tuple(out)
+
+
 DEFAULT_SEQ_CAP = 8192
 """Default training length of RoPE models whose max_position_embeddings is longer (pass --seq)."""
 
@@ -185,7 +211,7 @@ def spec_from_dict(data: dict, *, name: str, seq: int | None = None) -> Transfor
     max_positions = fields.get("max_positions", 0)
     if seq is not None and fields.get("position") == "learned" and max_positions and seq > max_positions:
         raise ConfigError("seq", seq, f"at most {max_positions} (rows of the learned position table of {name})")
-    extras = (("source", name), ("model_type", model_type))
+    extras = (("source", name), ("model_type", model_type)) + training_defaults(data)
     if seq is None and fields.get("position") != "learned" and default_seq > DEFAULT_SEQ_CAP:
         # a RoPE model's max_position_embeddings is the context it was extended to, not the length it
         # is trained at (Llama 3.1: 131072, pre-trained at 8192, Dubey et al. 2024 Sec. 3.4; Qwen2:

@@ -65,3 +65,28 @@ def test_uneven_stages_flag():
     res = run("--gpus", "16", "--tp", "8", "--pp", "2", "--global-batch", "16", "--stages", "50,46", "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["plan"]["stages"] == [50, 46]
+
+
+GPT2_CONFIG = str(__import__("pathlib").Path(__file__).parent.parent / "validation" / "hf_configs" / "gpt2-medium.json")
+H100_STEP = ("--hardware", "dgx-h100", "--gpus", "1", "--micro-batch", "8", "--seq", "1024", "--global-batch", "8")
+
+
+def cli(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_a_hugging_face_config_sets_dropout_and_the_framework_and_says_so():
+    """GPT-2 trains with dropout 0.1 (resid/embd/attn_pdrop): on by default and marked "from config"; a config.json
+    defaults to the fsdp stack (its modules run as written); flags override both."""
+    text = cli("estimate", GPT2_CONFIG, *H100_STEP)
+    assert text.exit_code == 0, text.output
+    assert "dropout on (from config)" in text.output and "software: fsdp" in text.output
+    assert "needed" in text.output and "margin" in text.output
+    doc = json.loads(cli("estimate", GPT2_CONFIG, *H100_STEP, "--json").stdout)
+    assert doc["software"]["dropout"] is True and doc["software"]["from_config"] == ["dropout"]
+    assert doc["plan"]["framework"] == "fsdp"
+    off = json.loads(cli("estimate", GPT2_CONFIG, *H100_STEP, "--no-dropout", "--framework", "megatron",
+                         "--json").stdout)
+    assert off["software"]["dropout"] is False and off["software"]["from_config"] == []
+    assert off["plan"]["framework"] == "megatron"
+    assert off["prediction"]["step_time_s"] < doc["prediction"]["step_time_s"]

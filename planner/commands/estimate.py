@@ -104,7 +104,8 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
                          virtual_stages=virtual_stages, zero=zero, recompute=recompute, offload=offload,
                          sequence_parallel=sequence_parallel, placement=placement or default_placement(cp, ep),
                          precision=precision,
-                         optimizer=optimizer, seq=s, stages=parse_stages(stages), framework=default_framework(model, framework), cp=cp,
+                         optimizer=optimizer, seq=s, stages=parse_stages(stages),
+                         framework=default_framework(model, framework), cp=cp,
                          cp_comm=cp_comm, dp_shard=dp_shard, ep=ep, expert_tp=expert_tp)
     est = run_estimate(spec, hw, cfg, gpus=n, attention=attention, dropout=dropout, grad_reduce_dtype=grad_reduce_dtype)
     document = est.to_document()
@@ -150,11 +151,22 @@ def render(doc: dict) -> None:
     for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes"):
         mt.add_row(k.removesuffix("_bytes"), _gib(mem[k]))
     mt.add_row("[bold]peak", f"[bold]{_gib(mem['peak_bytes_per_gpu'])}")
+    mt.add_row("needed", _gib(mem["needed_bytes"]))
     mt.add_row("capacity", _gib(mem["capacity_bytes"]))
     console.print(mt)
     fit = "[green]fits" if mem["fits"] else "[red]does NOT fit"
     console.print(f"{fit}[/]; {pred['tokens_per_s']:,.0f} tokens/s, {pred['tflops_per_gpu']:.1f} TFLOP/s per GPU, "
                   f"MFU {pred['mfu'] * 100:.1f}%")
+    # the fit margin (cost_models.memory.needed_bytes) and where the software choices came from
+    console.print(f"needed = peak x (1 + allocator overhead) + CUDA context: margin {_gib(mem['margin_bytes'])}",
+                  highlight=False)
+    sw = doc.get("software", {})
+    if sw:
+        taken = set(sw.get("from_config", ()))
+        said = lambda key, text: text + (" (from config)" if key in taken else "")  # noqa: E731
+        console.print(f"software: {sw['framework']} ({sw['kernels']} kernels), "
+                      + said("attention", f"attention {sw['attention']}") + ", "
+                      + said("dropout", f"dropout {'on' if sw['dropout'] else 'off'}"), highlight=False)
     if pred.get("expert_parallel"):
         from planner.explain import expert_lines
         for line in expert_lines(doc):
