@@ -146,8 +146,10 @@ def options_of(row: dict) -> dict:
         out["kernels"] = extras["kernels"]
     if "overlap_grad_reduce" in extras:
         out["overlap_grad_reduce"] = bool(extras["overlap_grad_reduce"])
-    if extras.get("grad_reduce_dtype") in ("bf16", "fp32"):
-        out["grad_reduce_dtype"] = extras["grad_reduce_dtype"]
+    # the dtype gradients are reduced in: NeMo's grad_reduce_dtype, FSDP's MixedPrecision reduce_dtype
+    reduce = extras.get("grad_reduce_dtype", extras.get("fsdp_reduce_dtype"))
+    if reduce in ("bf16", "fp32"):
+        out["grad_reduce_dtype"] = reduce
     if "tp_comm_overlap" in extras or "async_tp" in extras:
         out["tp_comm_overlap"] = bool(extras.get("tp_comm_overlap") or extras.get("async_tp"))
     if row.get("compile"):
