@@ -11,6 +11,7 @@ from hardware_profiles import load_profile
 from planner.calibrate import (bus_factor, collective_seconds, efficiency_from_fits, fit_alpha_beta, fit_gemm,
                                ring_steps)
 from planner.cli import app
+from tests.fixtures.processes import alive as _alive, children as _children
 
 runner = CliRunner()
 SIZES = np.array([2.0 ** p for p in range(10, 27, 2)])
@@ -143,30 +144,6 @@ def test_latency_bound_fit_does_not_overwrite_a_bus_efficiency():
                                 "gemm": {}}, {})
     assert "reducescatter_bus_efficiency" not in eff
     assert 0 < eff["allreduce_bus_efficiency"] <= 16
-
-
-def _children(pid: int) -> set[int]:
-    """Processes whose parent is `pid` (Linux /proc)."""
-    from pathlib import Path
-
-    out = set()
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
-        except OSError:
-            continue
-        if fields.get("PPid", "").strip() == str(pid):
-            out.add(int(status.parent.name))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    from pathlib import Path
-
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.multiprocess

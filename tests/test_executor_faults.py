@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from executor_plans import plan_document, write_plan
 from planner.cli import app
 from planner.parallel import ParallelConfig
+from tests.fixtures.processes import alive as _alive, children as _children
 
 runner = CliRunner()
 
@@ -126,27 +127,6 @@ def test_checkpoint_cadence_follows_the_plan_interval_and_the_step_option(tmp_pa
     # a tiny interval: every step; an interval longer than the run: only the last step;
     # --checkpoint-every-steps 2 overrides the plan: steps 1, 3 and the last
     assert saved == {(1e-9, False): [0, 1, 2], (1e9, False): [2], (1e9, True): [1, 3, 4]}
-
-
-def _children(pid: int) -> set[int]:
-    """Processes whose parent is `pid` (Linux /proc)."""
-    out = set()
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
-        except OSError:
-            continue
-        if fields.get("PPid", "").strip() == str(pid):
-            out.add(int(status.parent.name))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _launch_forever(tmp_path, *extra) -> tuple[subprocess.Popen, Path, list[int]]:

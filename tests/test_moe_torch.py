@@ -8,13 +8,12 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
 from cost_models import params as P
-from planner.models.transformer import MoEFeedForward, _masked_core, build_model, lm_loss
-from planner.module_profiler import CPU_FLASH_FLOPS, storage_key
+from planner.models.transformer import MoEFeedForward, _masked_core, build_model
 from planner.profiler import profile_spec
 from planner.spec import MoESpec
+from tests.fixtures.torch_step import measure_step
 from tests.fixtures.factories import SMALL_DEEPSEEK, SMALL_DEEPSEEK_MLA_UNEQUAL, SMALL_MIXTRAL
 
 MODES = ("none", "selective", "full")
@@ -23,24 +22,7 @@ MODES = ("none", "selective", "full")
 @functools.lru_cache(maxsize=None)
 def measured_step(spec, dtype, mode, micro_batch=2):
     """FlopCounterMode total and saved bytes (parameters and buffers excluded) of one training step."""
-    torch.manual_seed(0)
-    model = build_model(spec, dtype=dtype).set_recompute(mode)
-    tokens = torch.randint(0, spec.vocab, (micro_batch, spec.seq))
-    state = {storage_key(t) for t in (*model.parameters(), *model.buffers())}
-    seen, total = set(), [0]
-
-    def pack(t):
-        key = storage_key(t)
-        if key not in state and key not in seen:
-            seen.add(key)
-            total[0] += t.untyped_storage().nbytes()
-        return t
-
-    with FlopCounterMode(display=False, custom_mapping=CPU_FLASH_FLOPS) as counter:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = lm_loss(model(tokens), tokens)
-        loss.backward()
-    return counter.get_total_flops(), total[0]
+    return measure_step(spec, dtype, mode, micro_batch)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -6,11 +6,10 @@ import functools
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from planner.models.transformer import build_model, lm_loss
-from planner.module_profiler import CPU_FLASH_FLOPS, storage_key
 from planner.profiler import profile_spec
+from tests.fixtures.torch_step import measure_step
 from tests.fixtures.factories import SMALL_GPT, SMALL_LLAMA
 
 MODES = ("none", "selective", "full")
@@ -19,25 +18,7 @@ MODES = ("none", "selective", "full")
 @functools.lru_cache(maxsize=None)
 def measured_step(spec, dtype, mode, micro_batch=2):
     """FlopCounterMode total and saved bytes of one real training step (independent of planner's counter)."""
-    torch.manual_seed(0)
-    model = build_model(spec, dtype=dtype).set_recompute(mode)
-    tokens = torch.randint(0, spec.vocab, (micro_batch, spec.seq))
-    params = {storage_key(p) for p in model.parameters()}
-    seen, total = set(), [0]
-
-    def pack(t):
-        key = storage_key(t)
-        if key not in params and key not in seen:
-            seen.add(key)
-            total[0] += t.untyped_storage().nbytes()
-        return t
-
-    # CPU SDPA runs a flash kernel FlopCounterMode has no formula for: count it with torch's sdpa formulas.
-    with FlopCounterMode(display=False, custom_mapping=CPU_FLASH_FLOPS) as counter:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = lm_loss(model(tokens), tokens)
-        loss.backward()
-    return counter.get_total_flops(), total[0]
+    return measure_step(spec, dtype, mode, micro_batch, exclude_buffers=False)
 
 
 @pytest.mark.parametrize("mode", MODES)
