@@ -94,12 +94,7 @@ class ExpertParallelMoE(MoEFeedForward):
             done = AllToAll.apply(done, recv_counts, send_counts, self.group)
         gate = weight.reshape(-1)[order]
         out = torch.zeros_like(x).index_add(0, token, done * gate[:, None])
-        if self.shared_experts is not None:
-            shared = self.shared_experts(x)
-            if self.shared_gate is not None:
-                shared = torch.sigmoid(self.shared_gate(x)) * shared
-            out = out + shared
-        return out.view(shape)
+        return self.add_shared(x, out).view(shape)
 
 
 def apply_ep(module: nn.Module, *, group, ep: int, ep_rank: int, bug: str | None = None) -> list[nn.Parameter]:

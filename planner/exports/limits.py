@@ -41,6 +41,16 @@ def torchtitan_limits(plan: Plan) -> list[str]:
     return out
 
 
+def _block_extras(spec: TransformerSpec) -> list[str]:
+    """Block features neither decoder the torchtitan job builds (its GPT, torchtitan's llama3) has."""
+    wrong = []
+    if spec.parallel_block or spec.embed_norm or not spec.final_norm or spec.sliding_window:
+        wrong.append("parallel block / embedding norm / no final norm / sliding window")
+    if spec.mla is not None or spec.qk_norm or spec.attention_sinks or spec.mtp_modules:
+        wrong.append("MLA / QK-norm / attention sinks / MTP")
+    return wrong
+
+
 def _gpt_only(spec: TransformerSpec) -> list[str]:
     """A decoder the job's own GPT model (planner.exports.torchtitan_models) builds: learned positions,
     pre-LayerNorm, GELU MLP, biases on every linear, multi-head attention."""
@@ -53,10 +63,7 @@ def _gpt_only(spec: TransformerSpec) -> list[str]:
         wrong.append("linears without biases")
     if spec.n_kv_heads != spec.heads:
         wrong.append("grouped-query attention")
-    if spec.parallel_block or spec.embed_norm or not spec.final_norm or spec.sliding_window:
-        wrong.append("parallel block / embedding norm / no final norm / sliding window")
-    if spec.mla is not None or spec.qk_norm or spec.attention_sinks or spec.mtp_modules:
-        wrong.append("MLA / QK-norm / attention sinks / MTP")
+    wrong += _block_extras(spec)
     if not wrong:
         return []
     return [f"{spec.name} ({spec.model_type}: {', '.join(wrong)}) is not a GPT-style model the exported job's GPT "
@@ -205,10 +212,7 @@ def _llama_only(spec: TransformerSpec, what: str) -> list[str]:
         wrong.append("linear biases")
     if spec.d_head * spec.heads != spec.hidden:
         wrong.append(f"head_dim {spec.d_head} != hidden/heads")
-    if spec.parallel_block or spec.embed_norm or not spec.final_norm or spec.sliding_window:
-        wrong.append("parallel block / embedding norm / no final norm / sliding window")
-    if spec.mla is not None or spec.qk_norm or spec.attention_sinks or spec.mtp_modules:
-        wrong.append("MLA / QK-norm / attention sinks / MTP")
+    wrong += _block_extras(spec)
     if not wrong:
         return []
     return [f"{spec.name} ({spec.model_type}: {', '.join(wrong)}) is not a model {what} can express"]

@@ -242,12 +242,16 @@ class MoEFeedForward(nn.Module):
             token, slot = torch.where(index == e)
             if token.numel():
                 out = out.index_add(0, token, expert(x[token]) * weight[token, slot, None])
+        return self.add_shared(x, out).view(shape)
+
+    def add_shared(self, x, out):
+        """`out` plus the always-active shared experts' output on `x` (sigmoid-gated where the model gates it)."""
         if self.shared_experts is not None:
             shared = self.shared_experts(x)
             if self.shared_gate is not None:
                 shared = torch.sigmoid(self.shared_gate(x)) * shared
             out = out + shared
-        return out.view(shape)
+        return out
 
 
 class Block(nn.Module):
