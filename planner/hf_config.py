@@ -228,24 +228,13 @@ def _check_heads(k: _Keys, hidden: int, heads: int, head_dim: int) -> None:
 
 
 def _llama_like(k: _Keys) -> dict:
-    hidden = k.int("hidden_size")
-    heads = k.int("num_attention_heads")
-    kv = k.int("num_key_value_heads", default=heads)
-    head_dim = k.int("head_dim", default=0) if k.data.get("head_dim") is not None else 0
-    if head_dim == hidden // heads and hidden % heads == 0:
-        head_dim = 0
-    _check_heads(k, hidden, heads, head_dim)
-    if heads % kv:
-        raise ConfigError("num_key_value_heads", kv, f"a divisor of num_attention_heads({heads})",
-                          message=f"{k.path}: num_key_value_heads={kv} does not divide num_attention_heads={heads}")
-    rope = k.data.get("rope_parameters") or k.data.get("rope_scaling") or {}
-    theta = k.float("rope_theta", float(rope.get("rope_theta", 10000.0)) if isinstance(rope, dict) else 10000.0)
+    shape = _gqa(k)
+    theta = _rope_theta(k, 10000.0)
     qwen = k.model_type == "qwen2"
     attention_bias = k.bool("attention_bias", False)
     window = k.data.get("sliding_window") if k.model_type == "mistral" else None
     return dict(
-        layers=k.int("num_hidden_layers"), hidden=hidden, heads=heads, kv_heads=kv if kv != heads else 0,
-        head_dim=head_dim, ffn=k.int("intermediate_size"), vocab=k.int("vocab_size"),
+        layers=k.int("num_hidden_layers"), **shape, ffn=k.int("intermediate_size"), vocab=k.int("vocab_size"),
         seq=k.int("max_position_embeddings", default=2048), position="rope", rope_theta=theta,
         gated_mlp=True, activation=k.str("hidden_act", "silu"), norm="rmsnorm",
         qkv_bias=True if qwen else attention_bias, out_bias=False if qwen else attention_bias,
@@ -345,12 +334,13 @@ def _rope_theta(k: _Keys, default: float) -> float:
     return k.float("rope_theta", float(nested) if isinstance(nested, (int, float)) and nested > 0 else default)
 
 
-def _gqa(k: _Keys, *, hidden_default: int, heads_default: int, kv_default: int,
-         head_dim_default: int | None = None) -> dict:
-    """hidden, heads, kv_heads (0 = heads), head_dim (0 = hidden / heads) of a GQA model."""
+def _gqa(k: _Keys, *, hidden_default: int | None = None, heads_default: int | None = None,
+         kv_default: int | None = None, head_dim_default: int | None = None) -> dict:
+    """hidden, heads, kv_heads (0 = heads), head_dim (0 = hidden / heads) of a GQA model; a default of None makes
+    hidden and heads required and kv_heads default to heads (multi-head attention)."""
     hidden = k.int("hidden_size", default=hidden_default)
     heads = k.int("num_attention_heads", default=heads_default)
-    kv = k.int("num_key_value_heads", default=kv_default)
+    kv = k.int("num_key_value_heads", default=kv_default or heads)
     head_dim = k.int("head_dim", default=head_dim_default or 0) if (k.data.get("head_dim") is not None
                                                                     or head_dim_default) else 0
     if head_dim == hidden // heads and hidden % heads == 0:

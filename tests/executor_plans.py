@@ -29,3 +29,18 @@ def plan_document(config: ParallelConfig, model: str = "planner.executor.tiny:gp
 def write_plan(path: Path, config: ParallelConfig, model: str = "planner.executor.tiny:gpt_tiny") -> Path:
     path.write_text(json.dumps(plan_document(config, model)))
     return path
+
+
+def verified_run(tmp_path: Path, config: ParallelConfig, model: str = "planner.executor.tiny:gpt_tiny",
+                 steps: int = 3):
+    """`planner run PLAN --steps N --verify --json` on the plan of `config`: (its document, the CLI result), exit 0
+    asserted."""
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    plan = write_plan(tmp_path / "plan.json", config, model)
+    result = CliRunner().invoke(app, ["run", str(plan), "--steps", str(steps), "--verify", "--json",
+                                      "--workdir", str(tmp_path / "work")])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout), result

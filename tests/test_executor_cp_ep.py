@@ -9,16 +9,12 @@ test_executor_verify.py with the others.
 """
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from typer.testing import CliRunner
 
-from executor_plans import write_plan
-from planner.cli import app
+from executor_plans import verified_run
 from planner.executor.context import _chunk_attention, chunk_ids, cp_positions
 from planner.executor.experts import ExpertParallelMoE, expert_groups
 from planner.executor.parallelize import mesh_names
@@ -27,7 +23,6 @@ from planner.executor.tiny import gpt_tiny_spec, llama_tiny_spec, mixtral_tiny_s
 from planner.models.transformer import MoEFeedForward, build_model
 from planner.parallel import ParallelConfig
 
-runner = CliRunner()
 GPT = "planner.executor.tiny:gpt_tiny"
 LLAMA = "planner.executor.tiny:llama_tiny"
 MIXTRAL = "planner.executor.tiny:mixtral_tiny"
@@ -203,11 +198,7 @@ LAYOUTS = {
 def test_layout_is_single_process_training_for_three_adamw_steps(name, tmp_path):
     model, knobs = LAYOUTS[name]
     cfg = ParallelConfig(seq=32, **{"precision": "fp32", **knobs})
-    plan = write_plan(tmp_path / "plan.json", cfg, model)
-    result = runner.invoke(app, ["run", str(plan), "--steps", "3", "--verify", "--json",
-                                 "--workdir", str(tmp_path / "work")])
-    assert result.exit_code == 0, result.output
-    doc = json.loads(result.stdout)
+    doc, result = verified_run(tmp_path, cfg, model)
     verify = doc["verify"]
     assert verify["passed"] and verify["steps"] == [0, 1, 2] and verify["problems"] == [], verify
     n_params = len(list(build_model(resolve_transformer(model, 32), device="meta", seed=None).parameters()))

@@ -12,7 +12,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from executor_plans import write_plan
+from executor_plans import verified_run, write_plan
 from planner.cli import app
 from planner.parallel import ParallelConfig
 
@@ -35,11 +35,7 @@ LAYOUTS = {
 def test_layout_equals_single_process_reference(name, tmp_path):
     model, knobs = LAYOUTS[name]
     cfg = ParallelConfig(seq=32, precision="fp32", **knobs)
-    plan = write_plan(tmp_path / "plan.json", cfg, model)
-    result = runner.invoke(app, ["run", str(plan), "--steps", "3", "--verify", "--json",
-                                 "--workdir", str(tmp_path / "work")])
-    assert result.exit_code == 0, result.output
-    doc = json.loads(result.stdout)
+    doc, result = verified_run(tmp_path, cfg, model)
     verify = doc["verify"]
     assert verify["passed"] and verify["steps"] == [0, 1, 2], verify
     assert max(verify["max_ratio"].values()) < 0.05, verify["max_ratio"]
