@@ -179,8 +179,9 @@ def leave_one_source_out(cases, full: dict | None = None):
 
 
 def write(values: dict[str, float], note: str) -> None:
-    """Store the fit: hardware efficiency keys in every profile of the generation (and the validation
-    clusters that follow dgx-h100's block), framework keys in frameworks/*.json, each with its source."""
+    """Store the fit: hardware efficiency keys in every profile of the generation (then the validation clusters
+    re-copy their generation's block: benchmarks.calibrate.copy_to_clusters), framework keys in frameworks/*.json,
+    each with its source."""
     for p in PARAMS:
         v = round(values[p.name], 3)
         if p.framework:
@@ -192,10 +193,6 @@ def write(values: dict[str, float], note: str) -> None:
             continue
         names = HOPPER_PROFILES if p.gpus == HOPPER else BLACKWELL_PROFILES
         paths = [ROOT / "hardware_profiles" / f"{n}.json" for n in names]
-        if p.gpus == HOPPER:
-            paths += [q for q in (ROOT / "validation" / "hardware" / "clusters").glob("*.json")
-                      if json.loads(q.read_text()).get("efficiency_follows") == "dgx-h100"
-                      or "h100" in q.stem.lower() or "h200" in q.stem.lower() or "h800" in q.stem.lower()]
         for path in paths:
             doc = json.loads(path.read_text())
             doc["efficiency"][p.key] = v
@@ -205,6 +202,8 @@ def write(values: dict[str, float], note: str) -> None:
             parts = [s for s in text.split("; ") if not s.startswith(p.key + " ")]
             src["efficiency"] = "; ".join([*parts, tag]) if parts else tag
             path.write_text(json.dumps(doc, indent=2) + "\n")
+    from benchmarks.calibrate import copy_to_clusters
+    copy_to_clusters()       # the validation clusters copy their generation's shipped block
 
 
 def main(argv=None) -> int:
