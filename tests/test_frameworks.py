@@ -83,6 +83,24 @@ def test_estimate_refuses_what_the_framework_cannot_run_in_one_line():
     assert "zero=3 with pp=4" in str(err.value) and "\n" not in str(err.value)
 
 
+
+def test_deepspeed_ulysses_with_megatron_sequence_parallelism_is_refused_and_never_searched():
+    """Megatron-DeepSpeed refuses --ds-sequence-parallel-size with --sequence-parallel
+    (capabilities.cp_with_sequence_parallel false): estimate says so in one line, the search never tries it."""
+    from planner.candidates import SearchSpace
+    from typer.testing import CliRunner
+    from planner.cli import app
+
+    args = ["estimate", "llama3-8b", "--hardware", "p5.48xlarge", "--gpus", "16", "--dp", "2", "--tp", "4", "--cp", "2",
+            "--cp-comm", "a2a", "--framework", "deepspeed", "--global-batch", "16", "--seq", "8192"]
+    bad = CliRunner().invoke(app, [*args, "--sequence-parallel"])
+    assert bad.exit_code == 2 and "cp=2 with sequence_parallel=true" in bad.output
+    assert len(bad.output.strip().splitlines()) == 1
+    assert CliRunner().invoke(app, args).exit_code == 0
+    space = SearchSpace().for_framework(load_framework("deepspeed"))
+    assert not space.cp_with_sequence_parallel
+    assert SearchSpace().for_framework(load_framework("megatron")).cp_with_sequence_parallel
+
 def test_the_loss_kernel_changes_the_last_stage_memory_not_the_time_much():
     cfg = _cfg(dp=8, micro_batch=4, global_batch=32, framework="fsdp", zero=3, precision="amp-bf16")
     upcast = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8)
