@@ -10,7 +10,7 @@ the cost model does not cost) and rows that trained but are predicted not to fit
 be zero. Per feature (context parallelism, FP8, hybrid sharding, mixture of experts, sequences of 32K
 tokens or more) the same over the rows that use it.
 
-`--loo` re-predicts every row with the physical parameters of benchmarks/calibrate_frameworks.py
+`--loo` re-predicts every row with the physical parameters of benchmarks/calibrate_frameworks.py (linearized refit)
 fitted without the row's whole source (leave-one-source-out), the figure to quote for accuracy on
 runs the fit has not seen.
 
