@@ -330,13 +330,21 @@ def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropo
     """Korthikanti et al. 2022, Sec. 4.1, term by term (c = 2 under mixed precision):
     attention: LN-out c h + Q,K c (q + kv) + V c kv + softmax c a s + mask a s + dropout-out c a s
     + proj-in c q + mask h; MLP: fc1-in c h + act-in c f + fc2-in c f (+ c f gated) + mask h;
-    norms: 2 x c h.  For GPT (q = kv = h, f = 4h, c = 2): 34 h + 5 a s."""
+    norms: 2 x c h.  For GPT (q = kv = h, f = 4h, c = 2): 34 h + 5 a s.
+
+    Under FP8 (Transformer Engine) each linear layer keeps, for its weight gradient, the FP8 cast of its
+    input instead of the 16-bit tensor (TE's Linear / LayerNormLinear save the quantized input; TE docs,
+    "FP8 primer"): QKV in, fc1 in and fc2 in take 1 byte per element; the attention output stays in 16
+    bits (the flash kernel keeps it for its own backward) and the projection adds its FP8 copy."""
     c = compute_bytes(precision)
     h, q, kv, f, a = spec.hidden, spec.attn_width, spec.kv_width, spec.d_ffn, spec.heads
     mask = 1.0 if dropout else 0.0
-    mlp_inner = (3 if spec.gated_mlp else 2) * c * f
-    rep = c * h + c * h + mask * h + c * h + c * h + mask * h           # LN1 in, QKV in, mask, LN2 in, fc1 in, mask
-    shard = c * (q + kv) + c * kv + c * q + mlp_inner                   # Q, K, V, proj in, MLP inner
+    lin = 1.0 if precision == "fp8" else c                              # a linear layer's saved input, per element
+    act_in = 2 * c * f if spec.gated_mlp else c * f                     # SwiGLU keeps both fc1 halves, GeLU its input
+    mlp_inner = act_in + lin * f                                        # + fc2 in
+    proj_in = (c * q + (lin * q if lin != c else 0.0)) if flash else lin * q  # flash keeps its 16-bit output
+    rep = c * h + lin * h + mask * h + c * h + lin * h + mask * h       # LN1 in, QKV in, mask, LN2 in, fc1 in, mask
+    shard = c * (q + kv) + c * kv + proj_in + mlp_inner                 # Q, K, V, proj in, MLP inner
     if flash:
         shard += 4.0 * a                                                  # log-sum-exp, fp32 per head
         scores = Terms()

@@ -37,6 +37,24 @@ def test_korthikanti_tensor_and_sequence_parallel(tp):
     assert float(t.saved_full_recompute.at(tp, False, s)) == pytest.approx(2 * h)
 
 
+LLAMA70 = TransformerSpec(name="llama-70b-shape", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256,
+                          seq=8192, gated_mlp=True, norm="rmsnorm", position="rope")
+
+
+@pytest.mark.parametrize("tp,sp", [(1, False), (4, True), (8, False)])
+def test_fp8_linear_inputs_are_saved_in_one_byte_under_transformer_engine(tp, sp):
+    # TE's FP8 linears keep the FP8 cast of their input: QKV in and fc1 in (h each, replicated) and fc2 in (f,
+    # sharded) drop from 2 bytes to 1; the flash kernel still keeps its 16-bit output and the projection adds
+    # its 1-byte copy (q, sharded). Torch modules (torchao float8) keep 16-bit inputs: unchanged.
+    s, h, q, f = 8192, LLAMA70.hidden, LLAMA70.attn_width, LLAMA70.d_ffn
+    bf16 = block_table(LLAMA70, "amp-bf16", "fused").saved.at(tp, sp, s)
+    fp8 = block_table(LLAMA70, "fp8", "fused").saved.at(tp, sp, s)
+    rep_div = tp if sp else 1
+    assert float(bf16 - fp8) == pytest.approx(2 * h / rep_div + (f - q) / tp)
+    assert float(block_table(LLAMA70, "fp8", "torch").saved.at(tp, sp, s)) == \
+        pytest.approx(float(block_table(LLAMA70, "amp-bf16", "torch").saved.at(tp, sp, s)))
+
+
 def test_state_bytes_per_param():
     fw = lambda name: software_for(name).framework  # noqa: E731
     assert sum(M.state_bytes_per_param(fw("fsdp"), "amp-bf16", "adamw")) == 16       # PyTorch AMP
