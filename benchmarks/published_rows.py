@@ -140,6 +140,10 @@ def options_of(row: dict) -> dict:
         out["moe_dispatcher"] = MOE_DISPATCHER[dispatcher]
     if "moe_a2a_overlap" in extras:
         out["moe_a2a_overlap"] = bool(extras["moe_a2a_overlap"])
+    # torchao's rowwise recipe (torchtitan's float8_scaling / the torchao README's float8 recipe name)
+    recipe = " ".join(str(extras.get(k) or "") for k in ("float8_scaling", "float8", "fp8_recipe"))
+    if row.get("precision") == "fp8" and "rowwise" in recipe.lower():
+        out["fp8_scaling"] = "rowwise"
     if extras.get("moe_fp8_dispatch"):
         out["moe_fp8_dispatch"] = True
     if extras.get("kernels") in ("fused", "eager", "torch"):

@@ -282,8 +282,14 @@ def fp8_cast_bytes(x) -> float:
     writes the row- and column-major FP8 copies, 1 + 1; torchao's dynamic tensorwise scaling also reads
     the tensor once for its amax). Each linear GEMM casts its input and weight in the forward and its
     output gradient in the backward (Micikevicius et al. 2022, "FP8 Formats for Deep Learning";
-    NVIDIA Transformer Engine docs; validation/kernels/fp8_gemm.json)."""
-    return x.sw.framework.fp8_cast_bytes_per_element if x.precision == "fp8" else 0.0
+    NVIDIA Transformer Engine docs; validation/kernels/fp8_gemm.json). Rowwise scaling (torchao's rowwise
+    recipe) casts each operand twice: the forward scales the input per row and the weight per output
+    channel, and the backward GEMMs reduce over the other axis, so the input, the weight and the output
+    gradient are scaled and cast again along it (torchao float8 README, "rowwise" recipe; a tensorwise
+    scale serves both axes through the transposed copy)."""
+    if x.precision != "fp8":
+        return 0.0
+    return x.sw.framework.fp8_cast_bytes_per_element * (2.0 if x.sw.fp8_scaling == "rowwise" else 1.0)
 
 
 def host_wait_seconds(x, device_step_s):

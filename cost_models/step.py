@@ -20,6 +20,12 @@ from planner.placement import group_locality
 from planner.spec import TransformerSpec
 
 
+FP8_SCALINGS = ("tensorwise", "rowwise")
+"""FP8 scaling granularities the cost model tells apart: per tensor (Transformer Engine's delayed and current
+scaling, torchao's tensorwise) and per row (torchao's rowwise). Block-scaled recipes (MXFP8, DeepSeek's
+1x128) are costed as tensorwise."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Software:
     """What the training software does, for one run: the stack and the model's kernel choices."""
@@ -56,13 +62,18 @@ class Software:
     """Busiest rank's routed tokens over the mean (>= 1); None: cost_models.moe.DEFAULT_IMBALANCE."""
     moe_fp8_dispatch: bool = False
     """Tokens dispatched in FP8 under an FP8 recipe (DeepSeek-V3 Sec. 3.3.2, DeepEP); combine in 16 bits."""
+    fp8_scaling: str = "tensorwise"
+    """How an FP8 recipe scales GEMM operands (FP8_SCALINGS): one scale per tensor, or per row (torchao's
+    rowwise recipe), whose backward needs every operand scaled along its other axis too (cost_models.compute.
+    fp8_cast_bytes)."""
 
     @classmethod
     def of(cls, framework: FrameworkProfile, *, attention: str | None = None, dropout: bool = False,
            overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None,
            loss: str | None = None, tp_comm_overlap: bool | None = None, compile: bool = False,
            moe_dispatcher: str | None = None, moe_a2a_overlap: bool | None = None,
-           moe_imbalance: float | None = None, moe_fp8_dispatch: bool = False) -> "Software":
+           moe_imbalance: float | None = None, moe_fp8_dispatch: bool = False,
+           fp8_scaling: str | None = None) -> "Software":
         return cls(framework=framework, attention=attention or framework.attention, dropout=bool(dropout),
                    loss=loss or framework.loss,
                    tp_comm_overlap=framework.tp_comm_overlap if tp_comm_overlap is None else bool(tp_comm_overlap),
@@ -71,7 +82,8 @@ class Software:
                    else bool(overlap_grad_reduce), grad_reduce_dtype=grad_reduce_dtype,
                    moe_dispatcher=moe_dispatcher or framework.moe_dispatcher,
                    moe_a2a_overlap=framework.moe_a2a_overlap if moe_a2a_overlap is None else bool(moe_a2a_overlap),
-                   moe_imbalance=moe_imbalance, moe_fp8_dispatch=bool(moe_fp8_dispatch))
+                   moe_imbalance=moe_imbalance, moe_fp8_dispatch=bool(moe_fp8_dispatch),
+                   fp8_scaling=fp8_scaling or "tensorwise")
 
     @property
     def imbalance(self) -> float:

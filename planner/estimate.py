@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models import params as P
-from cost_models.step import Software
+from cost_models.step import FP8_SCALINGS, Software
 from frameworks import ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, MOE_DISPATCHERS, FrameworkProfile, load_framework
 from frameworks.rules import check_runnable
 from cost_models.compute import peak_flops
@@ -125,6 +125,7 @@ class Estimate:
                          "dropout": sw.dropout, "overlap_grad_reduce": sw.overlap_grad_reduce, "loss": sw.loss,
                          "tp_comm_overlap": sw.tp_comm_overlap, "compile": sw.compile,
                          "grad_reduce_bytes": sw.state_bytes(cfg.precision).reduce,
+                         **({"fp8_scaling": sw.fp8_scaling} if cfg.precision == "fp8" else {}),
                          **({"moe_dispatcher": sw.moe_dispatcher, "moe_a2a_overlap": sw.moe_a2a_overlap,
                              "moe_imbalance": sw.imbalance, "moe_fp8_dispatch": sw.moe_fp8_dispatch}
                             if spec.moe is not None else {})},
@@ -195,7 +196,7 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
                  loss: str | None = None, tp_comm_overlap: bool | None = None, compile: bool = False,
                  moe_dispatcher: str | None = None, moe_a2a_overlap: bool | None = None,
                  moe_imbalance: float | None = None, moe_fp8_dispatch: bool = False,
-                 kernels: str | None = None) -> Software:
+                 kernels: str | None = None, fp8_scaling: str | None = None) -> Software:
     """The run's software: the framework profile (by name or record) with the attention kernel, dropout,
     gradient-reduction overlap and dtype, cross-entropy kernel, tensor-parallel overlap, torch.compile and
     expert-parallel choices (token dispatcher, exchange overlap, routed-token imbalance, FP8 dispatch;
@@ -218,6 +219,8 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
         raise ConfigError("grad_reduce_dtype", grad_reduce_dtype, "bf16 or fp32")
     if loss is not None and loss not in LOSS_KERNELS:
         raise ConfigError("loss", loss, "one of " + ", ".join(LOSS_KERNELS))
+    if fp8_scaling is not None and fp8_scaling not in FP8_SCALINGS:
+        raise ConfigError("fp8_scaling", fp8_scaling, "one of " + ", ".join(FP8_SCALINGS))
     if moe_dispatcher is not None and moe_dispatcher not in MOE_DISPATCHERS:
         raise ConfigError("moe_dispatcher", moe_dispatcher, "one of " + ", ".join(MOE_DISPATCHERS))
     number = isinstance(moe_imbalance, (int, float)) and not isinstance(moe_imbalance, bool)
@@ -227,7 +230,7 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
     return Software.of(fw, attention=attention, dropout=bool(dropout), overlap_grad_reduce=overlap_grad_reduce,
                        grad_reduce_dtype=grad_reduce_dtype, loss=loss, tp_comm_overlap=tp_comm_overlap,
                        compile=compile, moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
-                       moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch)
+                       moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch, fp8_scaling=fp8_scaling)
 
 
 def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int, attention: str | None = None,
@@ -236,15 +239,15 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
              compile: bool = False, moe_dispatcher: str | None = None,
              moe_a2a_overlap: bool | None = None, moe_imbalance: float | None = None,
              moe_fp8_dispatch: bool = False, kernels: str | None = None, check_framework: bool = True,
-             framework_profile: FrameworkProfile | None = None) -> Estimate:
+             framework_profile: FrameworkProfile | None = None, fp8_scaling: str | None = None) -> Estimate:
     """Validate `cfg` for `model` on `gpus` devices of `hw` and predict its step time and memory on the
     framework `cfg.framework` names (frameworks/*.json).
 
     `model` is a TransformerSpec or a MODEL argument (catalog name, config.json path); `hw` a
     HardwareProfile or a profile name/path. `attention`, `dropout`, `overlap_grad_reduce` override
     the framework's defaults (cost_models.step.Software), and so do the expert-parallel choices
-    `moe_dispatcher`, `moe_a2a_overlap`, `moe_imbalance`, `moe_fp8_dispatch` (cost_models.moe) and the
-    block implementation `kernels` (software_for). `check_framework=False` costs a plan the framework's
+    `moe_dispatcher`, `moe_a2a_overlap`, `moe_imbalance`, `moe_fp8_dispatch` (cost_models.moe), the
+    block implementation `kernels` (software_for) and the FP8 scaling granularity `fp8_scaling`. `check_framework=False` costs a plan the framework's
     capabilities do not list (the executor's own runs: it is a torchtitan-style stack that also runs
     tensor parallelism without sequence parallelism and ZeRO-1). `framework_profile` replaces the shipped
     profile of `cfg.framework` (a calibration's trial values).
@@ -269,7 +272,8 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
                             overlap_grad_reduce=overlap_grad_reduce, grad_reduce_dtype=grad_reduce_dtype, loss=loss,
                             tp_comm_overlap=tp_comm_overlap, compile=compile,
                             moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
-                            moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch, kernels=kernels)
+                            moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch, kernels=kernels,
+                            fp8_scaling=fp8_scaling)
     cfg.check_world_size(gpus)
     cfg.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
     cfg.check_experts(model.moe)

@@ -88,6 +88,27 @@ def test_compile_streams_fewer_bytes_and_is_never_slower():
     assert compiled.peak_bytes_per_gpu == eager.peak_bytes_per_gpu       # saved tensors unchanged
 
 
+def test_rowwise_fp8_casts_every_operand_twice_and_changes_nothing_else():
+    from cost_models.compute import fp8_cast_bytes
+    from planner.errors import ConfigError
+
+    cfg = _cfg(dp=8, tp=8, zero=3, framework="torchtitan", precision="fp8", global_batch=64)
+    tensorwise = estimate(LLAMA8, "p5.48xlarge", cfg, gpus=64)
+    rowwise = estimate(LLAMA8, "p5.48xlarge", cfg, gpus=64, fp8_scaling="rowwise")
+    assert rowwise.step_time_s > tensorwise.step_time_s
+    assert rowwise.peak_bytes_per_gpu == tensorwise.peak_bytes_per_gpu
+    x = type("X", (), {})()
+    x.precision, x.sw = "fp8", rowwise.software
+    assert fp8_cast_bytes(x) == 2 * rowwise.software.framework.fp8_cast_bytes_per_element
+    x.precision = "amp-bf16"
+    assert fp8_cast_bytes(x) == 0.0
+    bf16 = _cfg(dp=8, tp=8, zero=3, framework="torchtitan", global_batch=64)
+    assert estimate(LLAMA8, "p5.48xlarge", bf16, gpus=64, fp8_scaling="rowwise").step_time_s == \
+        estimate(LLAMA8, "p5.48xlarge", bf16, gpus=64).step_time_s
+    with pytest.raises(ConfigError, match="fp8_scaling"):
+        estimate(LLAMA8, "p5.48xlarge", cfg, gpus=64, fp8_scaling="colwise")
+
+
 def test_fp8_gemm_efficiency_has_its_own_key_with_a_fallback():
     hw = load_profile("p5.48xlarge")
     assert gemm_efficiency_max(hw, "fp8") == hw.efficiency.get("gemm_efficiency_max_fp8", hw.efficiency["gemm_efficiency_max"])

@@ -49,6 +49,9 @@ DropoutOpt = Annotated[Optional[bool], typer.Option(
 GradReduceOpt = Annotated[Optional[str], typer.Option(
     "--grad-reduce-dtype", help="Dtype gradients are kept and reduced in: bf16 (NVIDIA's NeMo recipes with distributed "
                                 "fused Adam) or fp32 (default: the framework's).")]
+Fp8ScalingOpt = Annotated[Optional[str], typer.Option(
+    "--fp8-scaling", help="FP8 scaling granularity with --precision fp8: tensorwise (Transformer Engine, torchao "
+                          "tensorwise; default) or rowwise (torchao rowwise: every operand cast along both axes).")]
 OBJECTIVE_PHRASES = {
     "throughput": "throughput (least step time)",
     "cost": "cost (least $ per 1B tokens; with {tokens}, least $ for the run including failures)",
