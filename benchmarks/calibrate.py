@@ -173,6 +173,11 @@ def write_profiles(result: dict, names=None) -> None:
     copy_to_clusters()
 
 
+CLUSTER_KEYS = ("host_memory_bytes_per_node", "power_limit_clock_fraction")
+"""Efficiency keys a cluster owns beside its generation's copied block (benchmarks/calibrate_frameworks.py fits
+the power-capped clock)."""
+
+
 def copy_to_clusters() -> None:
     """The validation clusters copy their generation's shipped efficiency block unchanged (their source says
     which: validation/hardware/clusters, tests/test_validation_clusters.py); re-copy it, keeping the node facts
@@ -185,7 +190,7 @@ def copy_to_clusters() -> None:
             continue
         reference = words[words.index("shipped") + 1]
         block = json.loads((PROFILE_DIR / f"{reference}.json").read_text())["efficiency"]
-        extra = {k: v for k, v in data["efficiency"].items() if k == "host_memory_bytes_per_node"}
+        extra = {k: v for k, v in data["efficiency"].items() if k in CLUSTER_KEYS}
         data["efficiency"] = {**block, **extra}
         path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 

@@ -14,6 +14,9 @@ row), to the published runs of validation/published/ (every stack's file and fea
   * H100/H200 `gemm_efficiency_max_fp8`: FP8 GEMMs (no FP8 GEMM table is published in text);
   * B200/GB200 `gemm_efficiency_max`, `gemm_efficiency_max_fp8`, `fused_attention_efficiency`:
     no Blackwell kernel measurement is vendored;
+- per cluster, only where the cluster's parts differ physically from their generation's reference:
+  * Meta's Grand Teton H100 96GB `power_limit_clock_fraction`: these parts run at a 500 W power limit
+    (torchtitan's benchmark pages), not the 700 W of the H100 SXM the Hopper rates were measured on;
 - per software stack (frameworks/*.json): `compute_efficiency` of fsdp, torchtitan and deepspeed,
   the share of the kernel rates their blocks reach; Megatron (whose runs calibrated the kernel
   rates) is the reference, 1.
@@ -74,17 +77,23 @@ class Param:
     gpus: tuple[str, ...] = ()
     """Device generation (the row's `gpu` starts with one of these); empty for a framework key."""
     framework: str | None = None
+    cluster: str | None = None
+    """A validation cluster (validation/hardware/clusters) whose own key this is (a power-capped part)."""
 
     def applies(self, case) -> bool:
         if self.framework is not None:
             return case.framework == self.framework
+        if self.cluster is not None:
+            return case.hardware.name == self.cluster
         return case.row["gpu"].split()[0] in self.gpus
 
     def start(self, case_hw=None) -> float:
         if self.framework is not None:
             return float(getattr(load_framework(self.framework), self.key))
-        from hardware_profiles import load_profile
         from hardware_profiles.efficiency import efficiency
+        if self.cluster is not None:
+            return float(efficiency(R.hardware(self.cluster), self.key))
+        from hardware_profiles import load_profile
         profile = HOPPER_PROFILES[0] if self.gpus == HOPPER else BLACKWELL_PROFILES[0]
         return float(efficiency(load_profile(profile), self.key))
 
@@ -99,6 +108,11 @@ PARAMS = (
     Param(name="blackwell.gemm_efficiency_max_fp8", key="gemm_efficiency_max_fp8", low=0.3, high=0.95, gpus=BLACKWELL),
     Param(name="blackwell.fused_attention_efficiency", key="fused_attention_efficiency", low=0.2, high=0.75,
           gpus=BLACKWELL),
+    # Meta's Grand Teton H100 96GB (torchtitan's and torchao's H100 benchmarks) runs at its default 500 W power limit,
+    # not the 700 W of the H100 SXM whose GEMM and attention rates the Hopper block holds; no published measurement
+    # of its sustained clock: fitted (torchtitan's compute_efficiency is then decided by its A100 and H200 runs too).
+    Param(name="grand-teton-h100-96gb.power_limit_clock_fraction", key="power_limit_clock_fraction", low=0.5,
+          high=1.0, cluster="meta-grand-teton-h100-96gb"),
     Param(name="fsdp.compute_efficiency", key="compute_efficiency", low=0.4, high=1.0, framework="fsdp"),
     Param(name="torchtitan.compute_efficiency", key="compute_efficiency", low=0.4, high=1.0, framework="torchtitan"),
     Param(name="deepspeed.compute_efficiency", key="compute_efficiency", low=0.4, high=1.0, framework="deepspeed"),
@@ -120,7 +134,8 @@ def overrides_for(values: dict[str, float]):
 
     def overrides(case):
         gen = case.row["gpu"].split()[0]
-        changes = {p.key: values[p.name] for p in PARAMS if not p.framework and gen in p.gpus and p.name in values}
+        changes = {p.key: values[p.name] for p in PARAMS if not p.framework and p.name in values
+                   and (gen in p.gpus if p.cluster is None else case.hardware.name == p.cluster)}
         key = (case.hardware.name, tuple(sorted(changes.items())))
         if key not in hw_cache:
             hw_cache[key] = dataclasses.replace(case.hardware, efficiency={**case.hardware.efficiency, **changes}) \
@@ -236,8 +251,8 @@ def leave_one_source_out(cases, full: dict | None = None, *, exact: bool = False
 
 def write(values: dict[str, float], note: str) -> None:
     """Store the fit: hardware efficiency keys in every profile of the generation (then the validation clusters
-    re-copy their generation's block: benchmarks.calibrate.copy_to_clusters), framework keys in frameworks/*.json,
-    each with its source."""
+    re-copy their generation's block, keeping their own keys: benchmarks.calibrate.copy_to_clusters), a cluster's
+    own key in its validation cluster file, framework keys in frameworks/*.json, each with its source."""
     for p in PARAMS:
         v = round(values[p.name], 3)
         if p.framework:
@@ -247,8 +262,11 @@ def write(values: dict[str, float], note: str) -> None:
             doc["sources"][p.key] = f"{v}: {note}"
             path.write_text(json.dumps(doc, indent=2) + "\n")
             continue
-        names = HOPPER_PROFILES if p.gpus == HOPPER else BLACKWELL_PROFILES
-        paths = [ROOT / "hardware_profiles" / f"{n}.json" for n in names]
+        if p.cluster:
+            paths = [ROOT / "validation" / "hardware" / "clusters" / f"{p.cluster}.json"]
+        else:
+            names = HOPPER_PROFILES if p.gpus == HOPPER else BLACKWELL_PROFILES
+            paths = [ROOT / "hardware_profiles" / f"{n}.json" for n in names]
         for path in paths:
             doc = json.loads(path.read_text())
             doc["efficiency"][p.key] = v
@@ -257,7 +275,7 @@ def write(values: dict[str, float], note: str) -> None:
             tag = f"{p.key} {v}: {note}"
             parts = [s for s in text.split("; ") if not s.startswith(p.key + " ")]
             src["efficiency"] = "; ".join([*parts, tag]) if parts else tag
-            path.write_text(json.dumps(doc, indent=2) + "\n")
+            path.write_text(json.dumps(doc, indent=2, ensure_ascii=not p.cluster) + "\n")
     from benchmarks.calibrate import copy_to_clusters
     copy_to_clusters()       # the validation clusters copy their generation's shipped block
 

@@ -111,6 +111,8 @@ def config_of(row: dict):
     placement = "".join(a for a in placement if a in "DPT" or (a == "C" and cp > 1) or (a == "E" and ep > 1))
     offload = {"params": "optimizer"}.get(row.get("offload") or "none", row.get("offload") or "none")
     extras = row.get("extras") or {}
+    if extras.get("cpu_offloading_num_layers") and offload == "none":    # Megatron-Core's partial activation offload
+        offload = "activations"
     cp_comm = extras.get("cp_comm") or ((fw.capabilities.cp_comm or ("p2p",))[0])
     stages = ()
     if extras.get("pipeline_embedding_and_loss_as_layers"):
@@ -144,6 +146,8 @@ def options_of(row: dict) -> dict:
     recipe = " ".join(str(extras.get(k) or "") for k in ("float8_scaling", "float8", "fp8_recipe"))
     if row.get("precision") == "fp8" and "rowwise" in recipe.lower():
         out["fp8_scaling"] = "rowwise"
+    if extras.get("cpu_offloading_num_layers"):
+        out["activation_offload_layers"] = int(extras["cpu_offloading_num_layers"])
     if extras.get("moe_fp8_dispatch"):
         out["moe_fp8_dispatch"] = True
     if extras.get("kernels") in ("fused", "eager", "torch"):

@@ -60,6 +60,13 @@ def peak_flops(hw: HardwareProfile, precision: str) -> float:
     return float(value) * 1e12
 
 
+def sustained_flops(hw: HardwareProfile, precision: str) -> float:
+    """The dense peak the part sustains under its power limit: peak_flops x power_limit_clock_fraction (tensor-core
+    throughput follows the SM clock, which a board power cap lowers under sustained GEMM load; memory-bound kernels
+    are not slowed). The GEMM and attention efficiencies are fractions of this rate."""
+    return peak_flops(hw, precision) * eff(hw, "power_limit_clock_fraction")
+
+
 def memory_Bps(hw: HardwareProfile) -> float:
     """Achieved bandwidth of streaming (memory-bound) kernels, bytes/s."""
     return hw.memory_bandwidth_GBps * 1e9 * eff(hw, "elementwise_bandwidth_fraction")
@@ -75,7 +82,7 @@ def gemm_efficiency_max(hw: HardwareProfile, precision: str) -> float:
 def gemm_seconds(m, n, k, batch=1, *, hw: HardwareProfile, precision: str, elem_bytes: float = 2.0):
     """One (batched) GEMM kernel: max(F / (P e_max) + t0, (m k + k n + m n) batch bytes / BW)."""
     flops = 2.0 * m * n * k * batch
-    compute = flops / (peak_flops(hw, precision) * gemm_efficiency_max(hw, precision)) + eff(hw, "gemm_fixed_us") * 1e-6
+    compute = flops / (sustained_flops(hw, precision) * gemm_efficiency_max(hw, precision)) + eff(hw, "gemm_fixed_us") * 1e-6
     traffic = (m * k + k * n + m * n) * batch * elem_bytes / memory_Bps(hw)
     return np.maximum(compute, traffic)
 
@@ -139,7 +146,7 @@ def flash_attention_seconds(b, s, heads, d_head, *, causal: bool, hw: HardwarePr
     if flops_fwd is None:
         flops_fwd = 4.0 * b * s * s * heads * d_head * (0.5 if causal else 1.0)
     flops_fwd = flops_fwd / cp
-    rate = peak_flops(hw, precision) * attention_efficiency(hw, kernel, s / cp, d_head, causal=causal)
+    rate = sustained_flops(hw, precision) * attention_efficiency(hw, kernel, s / cp, d_head, causal=causal)
     fixed = eff(hw, "gemm_fixed_us") * 1e-6
     return flops_fwd / rate + fixed, 2.5 * flops_fwd / rate + fixed
 

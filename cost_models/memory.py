@@ -137,6 +137,7 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     gradients, and offloaded activations limited to what the host can take (`host_room`). The routed
     experts of an MoE model are sharded over ep x expert_tp and ZeRO-sharded over their expert
     data-parallel group (cost_models.moe.rank_params; Megatron-Core's expert parallelism)."""
+    from cost_models.offload import offloaded_share
     from cost_models.pipeline import inflight_microbatches
     from hardware_profiles.efficiency import efficiency
     from planner.parallel import SCHEDULES
@@ -159,7 +160,8 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     held = inflight * (n_blocks * acts.block + np.where(is_first, acts.embedding, 0.0)) \
         + np.where(is_last, acts.head_inflight * acts.head, 0.0)
     kept = 2 * acts.block_no_recompute + np.where(is_last, acts.head, 0.0)
-    held = np.where(x.is_offload("activations"), np.maximum(np.minimum(held, kept), held - host_room), held)
+    off = held * offloaded_share(x, n_blocks)        # the offloaded blocks' share (all, or the first N blocks)
+    held = held - off + np.where(x.is_offload("activations"), np.maximum(np.minimum(off, kept), off - host_room), 0.0)
     block_dense, block_expert = MO.block_params_on_rank(x)
     gather_bytes = x.sw.state_bytes(x.precision).gather     # FSDP gathers the 16-bit copy (param_dtype)
     gathered = block_dense * (1.0 - 1.0 / dp) + block_expert * (1.0 - 1.0 / edp)

@@ -44,6 +44,16 @@ def activation_offload_seconds(activation_bytes, forward_s, backward_s, hw: Hard
     return np.maximum(0.0, one_way - forward_s) + np.maximum(0.0, one_way - backward_s)
 
 
+def offloaded_share(x, n_blocks):
+    """Share of a rank's saved activations that offload to the host: all of them, or, with Megatron-Core's
+    cpu_offloading_num_layers = N (Software.activation_offload_layers; pipeline parallelism excluded, so the
+    rank holds every block), N of its blocks (Transformer Engine's CPU offload context pushes the tagged saved
+    tensors of the first N layers and reloads each group ahead of its backward; TE cpu_offload.py)."""
+    n = x.sw.activation_offload_layers
+    share = 1.0 if n is None else np.minimum(1.0, n / np.maximum(np.asarray(n_blocks, dtype=float), 1.0))
+    return np.where(x.is_offload("activations"), share, 0.0)
+
+
 def activation_offload_step_seconds(x, activation_volume_bytes, forward_s, backward_s):
     """Exposed time of activation offload in a step (activation_offload_seconds) plus the interference
     of the hidden copies with compute (`overlap_interference` of min(2 A / B_pcie, busy time))."""

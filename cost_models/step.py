@@ -62,6 +62,9 @@ class Software:
     """Busiest rank's routed tokens over the mean (>= 1); None: cost_models.moe.DEFAULT_IMBALANCE."""
     moe_fp8_dispatch: bool = False
     """Tokens dispatched in FP8 under an FP8 recipe (DeepSeek-V3 Sec. 3.3.2, DeepEP); combine in 16 bits."""
+    activation_offload_layers: int | None = None
+    """With activation offload, how many blocks offload (Megatron-Core's cpu_offloading_num_layers: the first N
+    blocks' saved tensors go to the host); None: every block (cost_models.offload.offloaded_share)."""
     fp8_scaling: str = "tensorwise"
     """How an FP8 recipe scales GEMM operands (FP8_SCALINGS): one scale per tensor, or per row (torchao's
     rowwise recipe), whose backward needs every operand scaled along its other axis too (cost_models.compute.
@@ -73,7 +76,7 @@ class Software:
            loss: str | None = None, tp_comm_overlap: bool | None = None, compile: bool = False,
            moe_dispatcher: str | None = None, moe_a2a_overlap: bool | None = None,
            moe_imbalance: float | None = None, moe_fp8_dispatch: bool = False,
-           fp8_scaling: str | None = None) -> "Software":
+           fp8_scaling: str | None = None, activation_offload_layers: int | None = None) -> "Software":
         return cls(framework=framework, attention=attention or framework.attention, dropout=bool(dropout),
                    loss=loss or framework.loss,
                    tp_comm_overlap=framework.tp_comm_overlap if tp_comm_overlap is None else bool(tp_comm_overlap),
@@ -83,7 +86,7 @@ class Software:
                    moe_dispatcher=moe_dispatcher or framework.moe_dispatcher,
                    moe_a2a_overlap=framework.moe_a2a_overlap if moe_a2a_overlap is None else bool(moe_a2a_overlap),
                    moe_imbalance=moe_imbalance, moe_fp8_dispatch=bool(moe_fp8_dispatch),
-                   fp8_scaling=fp8_scaling or "tensorwise")
+                   fp8_scaling=fp8_scaling or "tensorwise", activation_offload_layers=activation_offload_layers)
 
     @property
     def imbalance(self) -> float:

@@ -98,6 +98,11 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {k.name: k for k in (
                       "attention_efficiency)",
                   source="fit of the FlashAttention-2/3 causal curves of validation/kernels/attention.json: s_half "
                          "450-600"),
+    _fraction("power_limit_clock_fraction", 1.0,
+              "sustained tensor-core rate of a power-capped part over the rate its generation's GEMM and attention "
+              "efficiencies were measured at (cost_models.compute.sustained_flops; MFU keeps the datasheet peak)",
+              "1: parts run at their datasheet power (H100 SXM 700 W); a cluster whose GPUs run capped (Meta's Grand "
+              "Teton H100 96GB at its default 500 W) has it fitted by benchmarks/calibrate_frameworks.py"),
     _fraction("elementwise_bandwidth_fraction", 1.0,
               "fraction of the measured copy bandwidth that memory-bound kernels stream at (cost_models.compute.memory_Bps)",
               "H100 fit on the 42 eager training steps: 0.743; fused kernels stream at the copy rate (1.0)"),

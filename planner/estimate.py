@@ -196,7 +196,8 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
                  loss: str | None = None, tp_comm_overlap: bool | None = None, compile: bool = False,
                  moe_dispatcher: str | None = None, moe_a2a_overlap: bool | None = None,
                  moe_imbalance: float | None = None, moe_fp8_dispatch: bool = False,
-                 kernels: str | None = None, fp8_scaling: str | None = None) -> Software:
+                 kernels: str | None = None, fp8_scaling: str | None = None,
+                 activation_offload_layers: int | None = None) -> Software:
     """The run's software: the framework profile (by name or record) with the attention kernel, dropout,
     gradient-reduction overlap and dtype, cross-entropy kernel, tensor-parallel overlap, torch.compile and
     expert-parallel choices (token dispatcher, exchange overlap, routed-token imbalance, FP8 dispatch;
@@ -219,6 +220,11 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
         raise ConfigError("grad_reduce_dtype", grad_reduce_dtype, "bf16 or fp32")
     if loss is not None and loss not in LOSS_KERNELS:
         raise ConfigError("loss", loss, "one of " + ", ".join(LOSS_KERNELS))
+    if activation_offload_layers is not None and (isinstance(activation_offload_layers, bool)
+                                                  or not isinstance(activation_offload_layers, int)
+                                                  or activation_offload_layers < 1):
+        raise ConfigError("activation_offload_layers", activation_offload_layers,
+                          "a whole number of blocks >= 1 (None: every block)")
     if fp8_scaling is not None and fp8_scaling not in FP8_SCALINGS:
         raise ConfigError("fp8_scaling", fp8_scaling, "one of " + ", ".join(FP8_SCALINGS))
     if moe_dispatcher is not None and moe_dispatcher not in MOE_DISPATCHERS:
@@ -230,7 +236,8 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
     return Software.of(fw, attention=attention, dropout=bool(dropout), overlap_grad_reduce=overlap_grad_reduce,
                        grad_reduce_dtype=grad_reduce_dtype, loss=loss, tp_comm_overlap=tp_comm_overlap,
                        compile=compile, moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
-                       moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch, fp8_scaling=fp8_scaling)
+                       moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch, fp8_scaling=fp8_scaling,
+                       activation_offload_layers=activation_offload_layers)
 
 
 def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int, attention: str | None = None,
@@ -239,7 +246,8 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
              compile: bool = False, moe_dispatcher: str | None = None,
              moe_a2a_overlap: bool | None = None, moe_imbalance: float | None = None,
              moe_fp8_dispatch: bool = False, kernels: str | None = None, check_framework: bool = True,
-             framework_profile: FrameworkProfile | None = None, fp8_scaling: str | None = None) -> Estimate:
+             framework_profile: FrameworkProfile | None = None, fp8_scaling: str | None = None,
+             activation_offload_layers: int | None = None) -> Estimate:
     """Validate `cfg` for `model` on `gpus` devices of `hw` and predict its step time and memory on the
     framework `cfg.framework` names (frameworks/*.json).
 
@@ -247,7 +255,8 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
     HardwareProfile or a profile name/path. `attention`, `dropout`, `overlap_grad_reduce` override
     the framework's defaults (cost_models.step.Software), and so do the expert-parallel choices
     `moe_dispatcher`, `moe_a2a_overlap`, `moe_imbalance`, `moe_fp8_dispatch` (cost_models.moe), the
-    block implementation `kernels` (software_for) and the FP8 scaling granularity `fp8_scaling`. `check_framework=False` costs a plan the framework's
+    block implementation `kernels` (software_for), the FP8 scaling granularity `fp8_scaling` and, with activation
+    offload, how many blocks offload (`activation_offload_layers`, Megatron-Core's cpu_offloading_num_layers). `check_framework=False` costs a plan the framework's
     capabilities do not list (the executor's own runs: it is a torchtitan-style stack that also runs
     tensor parallelism without sequence parallelism and ZeRO-1). `framework_profile` replaces the shipped
     profile of `cfg.framework` (a calibration's trial values).
@@ -273,7 +282,7 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
                             tp_comm_overlap=tp_comm_overlap, compile=compile,
                             moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
                             moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch, kernels=kernels,
-                            fp8_scaling=fp8_scaling)
+                            fp8_scaling=fp8_scaling, activation_offload_layers=activation_offload_layers)
     cfg.check_world_size(gpus)
     cfg.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
     cfg.check_experts(model.moe)

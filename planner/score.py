@@ -185,7 +185,8 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     optimizer_s = K.optimizer_step_seconds(x, params_rank)
     acts = M.activation_bytes(x)
     host_room = O.host_room_bytes(x, params_rank.total)
-    volume = x.m * np.maximum(x.blocks_first * acts.block + acts.embedding, x.blocks_last * acts.block + acts.head)
+    volume = x.m * np.maximum(x.blocks_first * acts.block + acts.embedding, x.blocks_last * acts.block + acts.head) \
+        * O.offloaded_share(x, np.maximum(x.blocks_first, x.blocks_last))
     fwd_share = (block.fwd + tp.fwd) / np.maximum(block.total + tp.total + cp_s + ep_s, 1e-30)
     offload = O.activation_offload_step_seconds(x, volume, busy * fwd_share, busy * (1.0 - fwd_share))
     memory, per_rank = M.peak_over_ranks(x, acts, host_room=host_room, rank_blocks=cands.rank_blocks)

@@ -133,3 +133,27 @@ def test_one_candidates_ranks_at_once_equal_the_batch_path(pp, schedule, zero, r
         assert values[0].tolist() == two.stage_memory[name][1].tolist(), name
     assert one.peak_bytes_per_gpu.tolist() == two.peak_bytes_per_gpu[:1].tolist()
     assert one.params_bytes.tolist() == two.params_bytes[:1].tolist()
+
+
+def test_partial_activation_offload_sits_between_none_and_all_and_grows_with_the_layers_offloaded():
+    # Megatron-Core's cpu_offloading_num_layers: the first N blocks' saved tensors go to the host
+    from planner.catalog import get
+    from planner.errors import ConfigError
+    from planner.estimate import estimate
+    from planner.parallel import ParallelConfig
+
+    spec = get("llama3-8b")
+
+    def run(offload, layers=None):
+        cfg = ParallelConfig(dp=8, tp=1, pp=1, zero=1, micro_batch=1, global_batch=8, seq=8192, offload=offload,
+                             framework="megatron")
+        return estimate(spec, "p5.48xlarge", cfg, gpus=8, activation_offload_layers=layers)
+
+    none, every = run("none"), run("activations")
+    parts = [run("activations", n) for n in (4, 16, 28)]
+    acts = [e.memory()["activations_bytes"] for e in (none, *parts, every)]
+    assert acts == sorted(acts, reverse=True) and len(set(acts)) == len(acts)
+    assert run("activations", 32).memory()["activations_bytes"] == every.memory()["activations_bytes"]
+    assert none.step_time_s <= parts[0].step_time_s <= every.step_time_s
+    with pytest.raises(ConfigError, match="activation_offload_layers"):
+        run("activations", 0)
