@@ -333,9 +333,10 @@ def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropo
     norms: 2 x c h.  For GPT (q = kv = h, f = 4h, c = 2): 34 h + 5 a s.
 
     Under FP8 (Transformer Engine) each linear layer keeps, for its weight gradient, the FP8 cast of its
-    input instead of the 16-bit tensor (TE's Linear / LayerNormLinear save the quantized input; TE docs,
-    "FP8 primer"): QKV in, fc1 in and fc2 in take 1 byte per element; the attention output stays in 16
-    bits (the flash kernel keeps it for its own backward) and the projection adds its FP8 copy."""
+    input instead of the 16-bit tensor (TransformerEngine release_v1.12 and release_v2.4 module/linear.py and
+    layernorm_linear.py save the quantized input, from 2.2 only its column-wise copy; Megatron-Core's SwiGLU keeps
+    its 16-bit input): QKV in, fc1 in and fc2 in take 1 byte per element; the attention output stays in 16
+    bits (TE's fused attention saves it for its own backward) and the projection adds its FP8 copy."""
     c = compute_bytes(precision)
     h, q, kv, f, a = spec.hidden, spec.attn_width, spec.kv_width, spec.d_ffn, spec.heads
     mask = 1.0 if dropout else 0.0

@@ -109,6 +109,20 @@ def test_rowwise_fp8_casts_every_operand_twice_and_changes_nothing_else():
         estimate(LLAMA8, "p5.48xlarge", cfg, gpus=64, fp8_scaling="colwise")
 
 
+def test_a_power_capped_part_slows_compute_bound_kernels_only():
+    from cost_models.compute import gemm_seconds, memory_bound_seconds
+
+    hw = load_profile("p5.48xlarge")
+    capped = dataclasses.replace(hw, efficiency={**hw.efficiency, "power_limit_clock_fraction": 0.5})
+    big = dict(m=8192, n=8192, k=8192, precision="amp-bf16")
+    fixed = hw.efficiency["gemm_fixed_us"] * 1e-6
+    assert float(gemm_seconds(hw=capped, **big)) - fixed == pytest.approx(2 * (float(gemm_seconds(hw=hw, **big)) - fixed))
+    assert float(memory_bound_seconds(1e9, capped)) == float(memory_bound_seconds(1e9, hw))
+    cfg = _cfg(dp=8, tp=1, zero=3, sequence_parallel=False, framework="torchtitan", global_batch=16, micro_batch=2)
+    slow, fast = estimate(LLAMA8, capped, cfg, gpus=8), estimate(LLAMA8, hw, cfg, gpus=8)
+    assert slow.step_time_s > fast.step_time_s and slow.mfu < fast.mfu      # MFU keeps the datasheet peak
+
+
 def test_fp8_gemm_efficiency_has_its_own_key_with_a_fallback():
     hw = load_profile("p5.48xlarge")
     assert gemm_efficiency_max(hw, "fp8") == hw.efficiency.get("gemm_efficiency_max_fp8", hw.efficiency["gemm_efficiency_max"])
