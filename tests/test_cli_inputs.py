@@ -68,6 +68,7 @@ def one_line(result, *needles: str) -> str:
     ([*EST, "--schedule", "pipedream"], ["schedule='pipedream'"]),
     ([*EST, "--placement", "dpt"], ["placement='dpt'"]),
     ([*EST, "--framework", "jax"], ["framework='jax'"]),
+    ([*EST, "--fp8-scaling", "colwise"], ["fp8_scaling='colwise'", "tensorwise, rowwise"]),
     ([*EST, "--stages", ","], ["stages=','"]),
     ([*EST, "--precision", "fp4"], ["fp4"]),
     ([*REC, "--objective", "speed"], ["objective='speed'"]),

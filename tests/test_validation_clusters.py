@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.calibrate import CLUSTER_KEYS
 from hardware_profiles import HardwareProfile, available_profiles, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,9 +34,9 @@ _MEMORY = re.compile(r"(?<![0-9])(\d{2,3})\s*GB")
 GENERATION_REFERENCE = {"A100": "dgx-a100-80g", "H100": "dgx-h100", "H800": "dgx-h100", "H200": "dgx-h100"}
 """The shipped profile whose efficiency block a cluster of this GPU copies (README: no fits here)."""
 
-EXTRA_EFFICIENCY = {"host_memory_bytes_per_node", "power_limit_clock_fraction"}
-"""Node facts a cluster file may add to the copied block: published host memory, and the sustained clock of a
-power-capped part (fitted by benchmarks/calibrate_frameworks.py, the one cluster fact no datasheet gives)."""
+EXTRA_EFFICIENCY = set(CLUSTER_KEYS)
+"""Node facts a cluster file may add to the copied block (benchmarks.calibrate.CLUSTER_KEYS, the list the copier
+keeps): published host memory, and the sustained clock of a power-capped part."""
 
 
 def validation_profile(name: str) -> HardwareProfile:
