@@ -88,6 +88,14 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {k.name: k for k in (
               "H100: fitted with the other step keys to the 42 H100 training steps of validation/h100_train_steps.jsonl "
               "(its fp32 gpt2 rows run this kernel; benchmarks/calibrate.py); no published fp32 kernel measurement, "
               "so other profiles fall back to flash_attention_efficiency", fallback="flash_attention_efficiency"),
+    EfficiencyKey(name="triton_attention_relative", unit="ratio", default=0.43, low=0.0, high=2.0, low_open=True,
+                  doc="long-sequence rate of the 2022-23 Triton FlashAttention (llm-foundry's attn_impl 'triton') over "
+                      "FlashAttention-2's flash_attention_efficiency, forward + backward (cost_models.compute."
+                      "attention_efficiency)",
+                  source="0.43: the Triton curve of FlashAttention-2's README benchmark on A100 (0.42-0.47 of FA2 at "
+                         "head dim 128, 4k-16k tokens; validation/kernels/attention.json), which is OpenAI's tutorial "
+                         "kernel, not llm-foundry's fork of flash_attn_triton; shipped profiles hold the value fitted "
+                         "to the published runs that use the fork (benchmarks/calibrate_frameworks.py)"),
     EfficiencyKey(name="attention_seq_half_tokens", unit="tokens", default=200.0, low=0.0, high=1e6,
                   doc="sequence length at which a non-causal fused attention kernel reaches half its long-sequence "
                       "efficiency (cost_models.compute.attention_efficiency)",
