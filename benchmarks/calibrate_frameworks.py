@@ -11,8 +11,8 @@ row), to the published runs of validation/published/ (every stack's file and fea
   * B200/GB200 `gemm_efficiency_max`, `gemm_efficiency_max_fp8`, `fused_attention_efficiency`:
     no Blackwell kernel measurement is vendored;
 - per attention kernel, on every device: `triton_attention_relative`, the rate of llm-foundry's fork of
-  the Triton FlashAttention over FlashAttention-2's (the only published kernel figure is OpenAI's
-  tutorial kernel, 0.43, the typed table's default);
+  the Triton FlashAttention over FlashAttention-2's (the only published kernel figure, 0.43 in
+  FlashAttention-2's README, need not be that fork; it is the typed table's default);
 - per cluster, only where the cluster's parts differ physically from their generation's reference:
   * Meta's Grand Teton H100 96GB `power_limit_clock_fraction`: these parts run at a 500 W power limit
     (torchtitan's benchmark pages), not the 700 W of the H100 SXM the Hopper rates were measured on;

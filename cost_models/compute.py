@@ -108,7 +108,8 @@ ATTENTION_RELATIVE_KEY = {"triton": "triton_attention_relative"}
 Triton FlashAttention runs at 0.42-0.47 of FlashAttention-2's forward + backward rate at head dim 128 and
 4k-16k tokens in FlashAttention-2's README benchmark (causal 74/173, 78/182, 80/189 TFLOP/s; non-causal 93/196,
 95/201, 95/203 on A100; validation/kernels/attention.json), with no head-dim dependence (d 64 within 5% of
-d 128); that figure is OpenAI's tutorial kernel, so the shipped profiles hold the rate of llm-foundry's fork
+d 128); that figure is the Triton kernel the README benchmarked, not necessarily llm-foundry's fork, so the shipped
+profiles hold the fork's rate
 fitted to its published runs (benchmarks/calibrate_frameworks.py)."""
 ATTENTION_SEQ_HALF_SCALE = {"triton": 0.5}
 """The Triton kernel reaches half its rate at half FlashAttention-2's length (causal: 0.63 of its 16k rate

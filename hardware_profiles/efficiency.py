@@ -93,8 +93,8 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {k.name: k for k in (
                       "FlashAttention-2's flash_attention_efficiency, forward + backward (cost_models.compute."
                       "attention_efficiency)",
                   source="0.43: the Triton curve of FlashAttention-2's README benchmark on A100 (0.42-0.47 of FA2 at "
-                         "head dim 128, 4k-16k tokens; validation/kernels/attention.json), which is OpenAI's tutorial "
-                         "kernel, not llm-foundry's fork of flash_attn_triton; shipped profiles hold the value fitted "
+                         "head dim 128, 4k-16k tokens; validation/kernels/attention.json), the Triton kernel the README "
+                         "benchmarked, not necessarily llm-foundry's fork of flash_attn_triton; shipped profiles hold the value fitted "
                          "to the published runs that use the fork (benchmarks/calibrate_frameworks.py)"),
     EfficiencyKey(name="attention_seq_half_tokens", unit="tokens", default=200.0, low=0.0, high=1e6,
                   doc="sequence length at which a non-causal fused attention kernel reaches half its long-sequence "

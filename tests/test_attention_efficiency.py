@@ -34,7 +34,7 @@ def _points(kernel, gpu, passes):
 ])
 def test_the_curve_reproduces_the_published_benchmarks(kernel, gpu, profile, model_kernel, passes, tolerance):
     hw = load_profile(profile)
-    # the published Triton curve is OpenAI's tutorial kernel, the typed table's default rate; the profiles hold
+    # the published Triton curve (FA2's README) is the typed table's default rate; the profiles hold
     # llm-foundry's fork fitted to its runs (benchmarks/calibrate_frameworks.py)
     hw = dataclasses.replace(hw, efficiency={k: v for k, v in hw.efficiency.items() if k != "triton_attention_relative"})
     points = _points(kernel, gpu, passes)
