@@ -143,10 +143,7 @@ def overrides_for(values: dict[str, float]):
     hw_cache: dict[tuple, object] = {}
 
     def overrides(case):
-        gen = case.row["gpu"].split()[0]
-        changes = {p.key: values[p.name] for p in PARAMS if not p.framework and p.name in values
-                   and (p.kernel is not None or (gen in p.gpus if p.cluster is None
-                                                 else case.hardware.name == p.cluster))}
+        changes = {p.key: values[p.name] for p in PARAMS if not p.framework and p.name in values and p.applies(case)}
         key = (case.hardware.name, tuple(sorted(changes.items())))
         if key not in hw_cache:
             hw_cache[key] = dataclasses.replace(case.hardware, efficiency={**case.hardware.efficiency, **changes}) \

@@ -29,7 +29,6 @@ import math
 import os
 import platform
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from scipy.optimize import least_squares
 
 from planner.errors import ConfigError
 from planner.executor import ExecutorError
+from planner.executor.launch import free_port
 
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "p2p")
 MAX_BUSBW_GBPS = 1e4
@@ -369,12 +369,6 @@ def _stop(procs, grace_s: float = 5.0) -> None:
             p.join()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_measurements(world_size: int, *, quick: bool = False, backend: str | None = None) -> dict:
     """Launch `world_size` local ranks, measure, and return the results (each timing: median over
     repeats of the slowest rank's time per call)."""
@@ -394,7 +388,7 @@ def run_measurements(world_size: int, *, quick: bool = False, backend: str | Non
     ctx = mp.get_context("spawn")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="planner-calibrate-") as out_dir:
-        port = _free_port()
+        port = free_port()
         procs = [ctx.Process(target=_worker, args=(r, world_size, port, backend, plan, out_dir, os.getpid()),
                              daemon=False) for r in range(world_size)]
         with stop_signals():
@@ -452,7 +446,7 @@ def build_profile(measured: dict, *, name: str, command: str, previous: dict | N
     copy_GBps = measured["copy"]["bytes_moved"] / measured["copy"]["seconds"] / 1e9
     h2d = measured.get("host_to_device")
     h2d_GBps = h2d["bytes_moved"] / h2d["seconds"] / 1e9 if h2d else copy_GBps
-    p2p, ar = fits["collectives"]["p2p"], fits["collectives"]["allreduce"]
+    ar = fits["collectives"]["allreduce"]
     link = link_GBps(fits)
     if backend == "nccl":
         device = torch.cuda.get_device_name(0)
