@@ -158,6 +158,12 @@ def options_of(row: dict) -> dict:
     reduce = extras.get("grad_reduce_dtype", extras.get("fsdp_reduce_dtype"))
     if reduce in ("bf16", "fp32"):
         out["grad_reduce_dtype"] = reduce
+    # NeMo 1.x's Apex distributed fused Adam keeps the fp32 master weights as 16-bit remainders beside bf16
+    # parameters, unless the weights are FP8 (megatron_base_model.py, setup_optimization: fp8_params sets
+    # store_params instead)
+    if "distributed_fused_adam" in str(extras.get("distributed_optimizer") or "") \
+            and row.get("precision") in ("amp-bf16", "bf16", "fp8") and not extras.get("fp8_params"):
+        out["master_weights"] = "remainder"
     if "tp_comm_overlap" in extras or "async_tp" in extras:
         out["tp_comm_overlap"] = bool(extras.get("tp_comm_overlap") or extras.get("async_tp"))
     if row.get("compile"):

@@ -25,6 +25,9 @@ FP8_SCALINGS = ("tensorwise", "rowwise")
 scaling, torchao's tensorwise) and per row (torchao's rowwise). Block-scaled recipes (MXFP8, DeepSeek's
 1x128) are costed as tensorwise."""
 
+MASTER_WEIGHTS = ("fp32", "remainder")
+"""How the optimizer keeps the master copy of 16-bit parameters (Software.master_weights)."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Software:
@@ -65,6 +68,11 @@ class Software:
     activation_offload_layers: int | None = None
     """With activation offload, how many blocks offload (Megatron-Core's cpu_offloading_num_layers: the first N
     blocks' saved tensors go to the host); None: every block (cost_models.offload.offloaded_share)."""
+    master_weights: str = "fp32"
+    """How the optimizer keeps the master copy of 16-bit parameters (MASTER_WEIGHTS): 'fp32' (4 bytes),
+    or 'remainder': only the 16 low bits of each fp32 master value, the bf16 parameter being its 16 high
+    bits (2 bytes; Apex DistributedFusedAdam and TE FusedAdam store_param_remainders, NeMo 1.x's default
+    for bf16 models)."""
     fp8_scaling: str = "tensorwise"
     """How an FP8 recipe scales GEMM operands (FP8_SCALINGS): one scale per tensor, or per row (torchao's
     rowwise recipe), whose backward needs every operand scaled along its other axis too (cost_models.compute.
@@ -76,7 +84,8 @@ class Software:
            loss: str | None = None, tp_comm_overlap: bool | None = None, compile: bool = False,
            moe_dispatcher: str | None = None, moe_a2a_overlap: bool | None = None,
            moe_imbalance: float | None = None, moe_fp8_dispatch: bool = False,
-           fp8_scaling: str | None = None, activation_offload_layers: int | None = None) -> "Software":
+           fp8_scaling: str | None = None, activation_offload_layers: int | None = None,
+           master_weights: str | None = None) -> "Software":
         return cls(framework=framework, attention=attention or framework.attention, dropout=bool(dropout),
                    loss=loss or framework.loss,
                    tp_comm_overlap=framework.tp_comm_overlap if tp_comm_overlap is None else bool(tp_comm_overlap),
@@ -86,7 +95,8 @@ class Software:
                    moe_dispatcher=moe_dispatcher or framework.moe_dispatcher,
                    moe_a2a_overlap=framework.moe_a2a_overlap if moe_a2a_overlap is None else bool(moe_a2a_overlap),
                    moe_imbalance=moe_imbalance, moe_fp8_dispatch=bool(moe_fp8_dispatch),
-                   fp8_scaling=fp8_scaling or "tensorwise", activation_offload_layers=activation_offload_layers)
+                   fp8_scaling=fp8_scaling or "tensorwise", activation_offload_layers=activation_offload_layers,
+                   master_weights=master_weights or "fp32")
 
     @property
     def imbalance(self) -> float:
@@ -97,10 +107,14 @@ class Software:
 
     def state_bytes(self, precision: str):
         """The framework's bytes per parameter for `precision` (frameworks.StateBytes) with the run's
-        gradient dtype applied to the kept and the reduced gradients."""
+        gradient dtype applied to the kept and the reduced gradients, and the master copy as 16-bit remainders
+        when the run keeps it so (master_weights 'remainder': 2 bytes beside the 2-byte parameter, which
+        together hold the fp32 value; planner.estimate.check_master_weights admits bf16 parameters only)."""
         from dataclasses import replace
 
         s = self.framework.state_bytes[precision]
+        if self.master_weights == "remainder" and s.master > 0:
+            s = replace(s, master=4.0 - s.param)
         if self.grad_reduce_dtype is None:
             return s
         b = {"bf16": 2.0, "fp32": 4.0}[self.grad_reduce_dtype]
@@ -108,7 +122,8 @@ class Software:
 
     def states(self, precision: str, optimizer: str) -> tuple[float, float, float]:
         """(params, grads, optimizer) bytes per parameter (cost_models.memory.state_bytes_per_param)."""
-        return self.framework.states(precision, optimizer, grad_bytes=self.state_bytes(precision).grad)
+        s = self.state_bytes(precision)
+        return self.framework.states(precision, optimizer, grad_bytes=s.grad, master_bytes=s.master)
 
     def kernel(self, precision: str, spec: TransformerSpec) -> str:
         """The attention kernel that actually runs (attention_kernel)."""

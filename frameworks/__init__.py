@@ -89,6 +89,9 @@ class Capabilities:
     cp_with_sequence_parallel: bool = True
     """Whether context parallelism combines with tensor-parallel sequence parallelism (Megatron-DeepSpeed
     refuses DeepSpeed-Ulysses together with --sequence-parallel)."""
+    master_remainders: bool = False
+    """Whether the optimizer can keep the fp32 master weights as the 16 low bits beside bf16 parameters
+    (Apex DistributedFusedAdam / Transformer Engine FusedAdam store_param_remainders; MASTER_WEIGHTS)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -150,13 +153,16 @@ class FrameworkProfile:
     """Host operators an MoE layer's forward issues beyond the block table's kernel count (router,
     permutation bookkeeping, per-expert GEMMs and casts, dispatcher metadata): cost_models.moe.host_sync_seconds."""
 
-    def states(self, precision: str, optimizer: str, grad_bytes: float | None = None) -> tuple[float, float, float]:
+    def states(self, precision: str, optimizer: str, grad_bytes: float | None = None,
+               master_bytes: float | None = None) -> tuple[float, float, float]:
         """(params, grads, optimizer) bytes per parameter: optimizer = master + states, two states for
         AdamW and one for SGD with momentum (cost_models.memory.state_bytes_per_param); `grad_bytes`
-        overrides the gradient dtype (a run's grad_reduce_dtype)."""
+        overrides the gradient dtype (a run's grad_reduce_dtype), `master_bytes` the master copy (a run's
+        master_weights)."""
         s = self.state_bytes[precision]
         n_states = 2.0 if optimizer == "adamw" else 1.0
-        return s.param, s.grad if grad_bytes is None else grad_bytes, s.master + n_states * s.state
+        master = s.master if master_bytes is None else master_bytes
+        return s.param, s.grad if grad_bytes is None else grad_bytes, master + n_states * s.state
 
 
 def load_framework(name_or_path: str) -> FrameworkProfile:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models import params as P
-from cost_models.step import FP8_SCALINGS, Software
+from cost_models.step import FP8_SCALINGS, MASTER_WEIGHTS, Software
 from frameworks import ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, MOE_DISPATCHERS, FrameworkProfile, load_framework
 from frameworks.rules import check_runnable
 from cost_models.compute import peak_flops
@@ -125,6 +125,7 @@ class Estimate:
                          "dropout": sw.dropout, "overlap_grad_reduce": sw.overlap_grad_reduce, "loss": sw.loss,
                          "tp_comm_overlap": sw.tp_comm_overlap, "compile": sw.compile,
                          "grad_reduce_bytes": sw.state_bytes(cfg.precision).reduce,
+                         "master_weights": sw.master_weights,
                          **({"fp8_scaling": sw.fp8_scaling} if cfg.precision == "fp8" else {}),
                          **({"moe_dispatcher": sw.moe_dispatcher, "moe_a2a_overlap": sw.moe_a2a_overlap,
                              "moe_imbalance": sw.imbalance, "moe_fp8_dispatch": sw.moe_fp8_dispatch}
@@ -197,13 +198,15 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
                  moe_dispatcher: str | None = None, moe_a2a_overlap: bool | None = None,
                  moe_imbalance: float | None = None, moe_fp8_dispatch: bool = False,
                  kernels: str | None = None, fp8_scaling: str | None = None,
-                 activation_offload_layers: int | None = None) -> Software:
+                 activation_offload_layers: int | None = None, master_weights: str | None = None) -> Software:
     """The run's software: the framework profile (by name or record) with the attention kernel, dropout,
     gradient-reduction overlap and dtype, cross-entropy kernel, tensor-parallel overlap, torch.compile and
     expert-parallel choices (token dispatcher, exchange overlap, routed-token imbalance, FP8 dispatch;
     cost_models.moe) a run may set (None: the framework's default), and the block implementation when a
     run swaps the stack's modules for another's (`kernels`, frameworks.KERNELS: NeMo AutoModel runs FSDP2
-    + DTensor like torchtitan with Transformer Engine's fused modules)."""
+    + DTensor like torchtitan with Transformer Engine's fused modules), and the master-weight storage
+    (`master_weights`, cost_models.step.MASTER_WEIGHTS; 'remainder' only where the framework's capabilities
+    have master_remainders)."""
     fw = framework if isinstance(framework, FrameworkProfile) else load_framework(framework)
     if kernels is not None:
         if kernels not in KERNELS:
@@ -227,6 +230,12 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
                           "a whole number of blocks >= 1 (None: every block)")
     if fp8_scaling is not None and fp8_scaling not in FP8_SCALINGS:
         raise ConfigError("fp8_scaling", fp8_scaling, "one of " + ", ".join(FP8_SCALINGS))
+    if master_weights is not None and master_weights not in MASTER_WEIGHTS:
+        raise ConfigError("master_weights", master_weights, "one of " + ", ".join(MASTER_WEIGHTS))
+    if master_weights == "remainder" and not fw.capabilities.master_remainders:
+        raise ConfigError("master_weights", master_weights, "fp32",
+                          message=f"framework {fw.name} cannot run this plan: master_weights=remainder: {fw.name} "
+                                  "keeps full fp32 master weights (allowed: fp32)")
     if moe_dispatcher is not None and moe_dispatcher not in MOE_DISPATCHERS:
         raise ConfigError("moe_dispatcher", moe_dispatcher, "one of " + ", ".join(MOE_DISPATCHERS))
     number = isinstance(moe_imbalance, (int, float)) and not isinstance(moe_imbalance, bool)
@@ -237,7 +246,17 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
                        grad_reduce_dtype=grad_reduce_dtype, loss=loss, tp_comm_overlap=tp_comm_overlap,
                        compile=compile, moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
                        moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch, fp8_scaling=fp8_scaling,
-                       activation_offload_layers=activation_offload_layers)
+                       activation_offload_layers=activation_offload_layers, master_weights=master_weights)
+
+
+def check_master_weights(software: Software, precision: str) -> None:
+    """ConfigError unless the master-weight storage works with `precision`: the 16-bit remainder holds the
+    low half of an fp32 value whose high half is the parameter, so the parameters must be bf16 (bf16's bits
+    are the top 16 of fp32's; fp16's are not), as Apex and Transformer Engine require."""
+    if software.master_weights == "remainder" and precision not in ("amp-bf16", "bf16", "fp8"):
+        raise ConfigError("master_weights", "remainder", "fp32",
+                          message=f"master_weights=remainder needs bf16 parameters: precision {precision} "
+                                  "(allowed with remainder: amp-bf16, bf16, fp8; else master_weights fp32)")
 
 
 def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int, attention: str | None = None,
@@ -247,7 +266,7 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
              moe_a2a_overlap: bool | None = None, moe_imbalance: float | None = None,
              moe_fp8_dispatch: bool = False, kernels: str | None = None, check_framework: bool = True,
              framework_profile: FrameworkProfile | None = None, fp8_scaling: str | None = None,
-             activation_offload_layers: int | None = None) -> Estimate:
+             activation_offload_layers: int | None = None, master_weights: str | None = None) -> Estimate:
     """Validate `cfg` for `model` on `gpus` devices of `hw` and predict its step time and memory on the
     framework `cfg.framework` names (frameworks/*.json).
 
@@ -256,7 +275,9 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
     the framework's defaults (cost_models.step.Software), and so do the expert-parallel choices
     `moe_dispatcher`, `moe_a2a_overlap`, `moe_imbalance`, `moe_fp8_dispatch` (cost_models.moe), the
     block implementation `kernels` (software_for), the FP8 scaling granularity `fp8_scaling` and, with activation
-    offload, how many blocks offload (`activation_offload_layers`, Megatron-Core's cpu_offloading_num_layers). `check_framework=False` costs a plan the framework's
+    offload, how many blocks offload (`activation_offload_layers`, Megatron-Core's cpu_offloading_num_layers),
+    and how the optimizer keeps the master weights (`master_weights`: fp32, or remainder where the framework
+    can, with bf16 parameters; check_master_weights). `check_framework=False` costs a plan the framework's
     capabilities do not list (the executor's own runs: it is a torchtitan-style stack that also runs
     tensor parallelism without sequence parallelism and ZeRO-1). `framework_profile` replaces the shipped
     profile of `cfg.framework` (a calibration's trial values).
@@ -282,12 +303,14 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
                             tp_comm_overlap=tp_comm_overlap, compile=compile,
                             moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
                             moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch, kernels=kernels,
-                            fp8_scaling=fp8_scaling, activation_offload_layers=activation_offload_layers)
+                            fp8_scaling=fp8_scaling, activation_offload_layers=activation_offload_layers,
+                            master_weights=master_weights)
     cfg.check_world_size(gpus)
     cfg.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
     cfg.check_experts(model.moe)
     cfg.check_sequence(model.seq if cfg.seq is None else cfg.seq, heads=model.heads, kv_heads=model.n_kv_heads)
     resolve_precision(hw, cfg.precision)
+    check_master_weights(software, cfg.precision)
     if check_framework:
         check_runnable(software.framework, cfg)
     if cfg.stages and (min(cfg.stages) < 0 or min(cfg.stages[1:-1] or (1,)) < 1

@@ -336,6 +336,8 @@ def _software_options(doc: Mapping[str, Any]) -> dict:
     out = {k: sw[k] for k in ("attention", "dropout", "overlap_grad_reduce") if k in sw}
     if sw.get("grad_reduce_bytes") in (2, 4):
         out["grad_reduce_dtype"] = {2: "bf16", 4: "fp32"}[sw["grad_reduce_bytes"]]
+    if sw.get("master_weights") == "remainder":
+        out["master_weights"] = "remainder"
     return out
 
 

@@ -1078,7 +1078,8 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
               tokens: float | None = None, space: SearchSpace = SearchSpace(), refine: int = REFINE_TOP,
               progress: Callable[[int, int], None] | None = None, score_fn=None, estimate_fn=None,
               framework: str = "megatron", attention: str | None = None, dropout: bool | None = None,
-              overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None, reliability=None) -> Recommendation:
+              overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None,
+              master_weights: str | None = None, reliability=None) -> Recommendation:
     """Search the parallel strategies of `model` on `gpus` devices of `hardware` and rank them.
 
     `model` is a MODEL argument (catalog name, config.json, factory) or a resolved spec; `hardware`
@@ -1097,11 +1098,12 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
         raise ConfigError("top", top, "a positive integer")
     reliability = _reliability_inputs(reliability, objective=objective, tokens=tokens, spot=spot)
     model, hardware, world, n_nodes = _resolve(model, hardware, gpus, nodes, seq)
-    from planner.estimate import software_for
+    from planner.estimate import check_master_weights, software_for
 
     software = software_for(framework, attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce,
-                            grad_reduce_dtype=grad_reduce_dtype)
+                            grad_reduce_dtype=grad_reduce_dtype, master_weights=master_weights)
     precision = resolve_precision(hardware, precision)    # None: bf16 mixed precision where the device has bf16
+    check_master_weights(software, precision)
     ParallelConfig(precision=precision, optimizer=optimizer, framework=software.framework.name)  # validates them
     from frameworks.rules import violations
     problems = violations(software.framework, ParallelConfig(precision=precision, framework=software.framework.name))
@@ -1131,7 +1133,8 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     kw = dict(global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
               framework=software.framework.name)
     opts = {k: v for k, v in dict(attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce,
-                                  grad_reduce_dtype=grad_reduce_dtype).items() if v is not None}
+                                  grad_reduce_dtype=grad_reduce_dtype, master_weights=master_weights).items()
+            if v is not None}
     leaders = [config_of(scored.arrays, int(i), **kw) for i in order[:max(top, refine) + 1]]
     documents, refined, splits = [], [0], {}
 

@@ -49,6 +49,10 @@ DropoutOpt = Annotated[Optional[bool], typer.Option(
 GradReduceOpt = Annotated[Optional[str], typer.Option(
     "--grad-reduce-dtype", help="Dtype gradients are kept and reduced in: bf16 (NVIDIA's NeMo recipes with distributed "
                                 "fused Adam) or fp32 (default: the framework's).")]
+MasterWeightsOpt = Annotated[Optional[str], typer.Option(
+    "--master-weights", help="How the optimizer keeps the master weights: fp32 (default) or remainder (the 16 "
+                             "low bits beside bf16 parameters: NeMo 1.x's distributed fused Adam, Megatron-Core's "
+                             "precision-aware optimizer; megatron only).")]
 Fp8ScalingOpt = Annotated[Optional[str], typer.Option(
     "--fp8-scaling", help="FP8 scaling granularity with --precision fp8: tensorwise (Transformer Engine, torchao "
                           "tensorwise; default) or rowwise (torchao rowwise: every operand cast along both axes).")]

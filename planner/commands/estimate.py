@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from planner.commands.common import (MAX_WORLD_SIZE, AttentionOpt, DropoutOpt, FrameworkOpt, GlobalBatchOpt, GpusOpt,
-                                     GradReduceOpt, Fp8ScalingOpt,
+                                     GradReduceOpt, Fp8ScalingOpt, MasterWeightsOpt,
                                      HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
                                      NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json)
 from planner.errors import ConfigError
@@ -84,7 +84,7 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
              offload: OffloadOpt = "none", sequence_parallel: SpOpt = False, placement: PlacementOpt = None,
              precision: HwPrecisionOpt = None, optimizer: OptimizerOpt = "adamw", framework: FrameworkOpt = None,
              attention: AttentionOpt = None, dropout: DropoutOpt = None, grad_reduce_dtype: GradReduceOpt = None,
-             fp8_scaling: Fp8ScalingOpt = None, stages: StagesOpt = None,
+             fp8_scaling: Fp8ScalingOpt = None, master_weights: MasterWeightsOpt = None, stages: StagesOpt = None,
              json: JsonOpt = False) -> None:
     """Predict step time and peak memory of one parallel configuration."""
     from hardware_profiles import load_profile
@@ -108,7 +108,7 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
                          framework=default_framework(model, framework), cp=cp,
                          cp_comm=cp_comm, dp_shard=dp_shard, ep=ep, expert_tp=expert_tp)
     est = run_estimate(spec, hw, cfg, gpus=n, attention=attention, dropout=dropout, grad_reduce_dtype=grad_reduce_dtype,
-                       fp8_scaling=fp8_scaling)
+                       fp8_scaling=fp8_scaling, master_weights=master_weights)
     document = est.to_document()
     if json:
         emit_json(document)
@@ -167,7 +167,9 @@ def render(doc: dict) -> None:
         said = lambda key, text: text + (" (from config)" if key in taken else "")  # noqa: E731
         console.print(f"software: {sw['framework']} ({sw['kernels']} kernels), "
                       + said("attention", f"attention {sw['attention']}") + ", "
-                      + said("dropout", f"dropout {'on' if sw['dropout'] else 'off'}"), highlight=False)
+                      + said("dropout", f"dropout {'on' if sw['dropout'] else 'off'}")
+                      + (", master weights as 16-bit remainders" if sw.get("master_weights") == "remainder" else ""),
+                      highlight=False)
     if pred.get("expert_parallel"):
         from planner.explain import expert_lines
         for line in expert_lines(doc):

@@ -1,0 +1,64 @@
+"""Master weights kept as 16-bit remainders (Apex DistributedFusedAdam / Transformer Engine FusedAdam
+store_param_remainders): 2 bytes per parameter instead of 4, only with bf16 parameters, only where the
+framework's optimizer can."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.errors import ConfigError
+from planner.estimate import estimate, software_for
+from planner.parallel import ParallelConfig
+
+CFG = dict(dp=8, zero=1, micro_batch=1, global_batch=64, seq=4096, framework="megatron")
+
+
+def _est(precision="amp-bf16", **kw):
+    return estimate("llama3-8b", "p5.48xlarge", ParallelConfig(precision=precision, **CFG), gpus=8, **kw)
+
+
+def test_remainders_save_two_bytes_per_parameter_of_the_optimizer_shard():
+    full, rem = _est(), _est(master_weights="remainder")
+    n = full.params
+    # Adam: master 4 + m 4 + v 4 = 12 bytes over dp 8, against 2 + 4 + 4 = 10
+    assert full.memory()["optimizer_bytes"] == pytest.approx(12 * n / 8, rel=1e-6)
+    assert rem.memory()["optimizer_bytes"] == pytest.approx(10 * n / 8, rel=1e-6)
+    assert rem.memory()["params_bytes"] == full.memory()["params_bytes"]
+    assert rem.memory()["grads_bytes"] == full.memory()["grads_bytes"]
+    assert rem.to_document()["software"]["master_weights"] == "remainder"
+    assert full.to_document()["software"]["master_weights"] == "fp32"
+
+
+def test_state_bytes_keep_the_fp32_master_whole_for_fp32_runs():
+    sw = software_for("megatron", master_weights="remainder")
+    # fp32 parameters are their own master copy: there is nothing to split
+    assert sw.state_bytes("fp32").master == 0
+    assert sw.state_bytes("amp-bf16").master == 2
+
+
+def test_fp16_parameters_cannot_hold_the_high_half_of_an_fp32_value():
+    with pytest.raises(ConfigError, match="needs bf16 parameters"):
+        _est(precision="amp-fp16", master_weights="remainder")
+
+
+@pytest.mark.parametrize("framework", ["torchtitan", "fsdp", "deepspeed"])
+def test_frameworks_without_remainder_storage_refuse_it(framework):
+    with pytest.raises(ConfigError, match=f"{framework} keeps full fp32 master weights"):
+        software_for(framework, master_weights="remainder")
+
+
+def test_cli_master_weights_round_trip_and_errors(tmp_path):
+    runner = CliRunner()
+    base = ["estimate", "llama3-8b", "--hardware", "p5.48xlarge", "--gpus", "8", "--dp", "8", "--zero", "1"]
+    ok = runner.invoke(app, base + ["--master-weights", "remainder", "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.stdout)["software"]["master_weights"] == "remainder"
+    for extra, words in ((["--master-weights", "half"], "master_weights='half' is invalid"),
+                         (["--master-weights", "remainder", "--precision", "amp-fp16"], "needs bf16 parameters"),
+                         (["--master-weights", "remainder", "--framework", "fsdp"], "fsdp keeps full fp32")):
+        bad = runner.invoke(app, base + extra)
+        assert bad.exit_code == 2, (extra, bad.output)
+        assert words in bad.output and "Traceback" not in bad.output
