@@ -63,3 +63,31 @@ def test_extras_become_software_options():
                                              "overlap_grad_reduce": False}}
     assert R.options_of(row) == {"attention": "triton", "dropout": False, "overlap_grad_reduce": False,
                                  "grad_reduce_dtype": "bf16", "loss": "fused"}
+
+
+@pytest.mark.parametrize("precision,extras,expected", [
+    ("amp-bf16", {"distributed_optimizer": "distributed_fused_adam"}, "remainder"),
+    ("fp8", {"distributed_optimizer": "distributed_fused_adam (ZeRO-1 style)"}, "remainder"),
+    # NeMo 1.x stores full fp32 masters when the weights are FP8 (store_params) and Apex needs bf16 weights
+    ("fp8", {"distributed_optimizer": "distributed_fused_adam", "fp8_params": True}, None),
+    ("amp-fp16", {"distributed_optimizer": "distributed_fused_adam"}, None),
+    ("amp-bf16", {"distributed_optimizer": "Megatron-Core distributed optimizer"}, None),
+])
+def test_nemo_distributed_fused_adam_rows_keep_master_weights_as_remainders(precision, extras, expected):
+    assert R.options_of({"precision": precision, "extras": extras}).get("master_weights") == expected
+
+
+def test_no_run_is_counted_twice_under_two_precision_labels():
+    """Megatron has no pure-bf16 mode (frameworks/megatron.json state_bytes): a row labelled bf16 is the
+    same run as its amp-bf16 twin, and counting both gives that run two votes with two settings."""
+    from benchmarks import accuracy_frameworks as A
+
+    def key(case):
+        k = list(A._identity(case))
+        if case.row["framework"] == "megatron" and k[9] == "bf16":
+            k[9] = "amp-bf16"
+        return tuple(k)
+
+    keys = [key(c) for c in A.unique(R.load(A.DEFAULT_FILES))]
+    twins = {k for k in keys if keys.count(k) > 1}
+    assert not twins, sorted(twins)[:3]
