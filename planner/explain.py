@@ -338,6 +338,10 @@ def _software_options(doc: Mapping[str, Any]) -> dict:
         out["grad_reduce_dtype"] = {2: "bf16", 4: "fp32"}[sw["grad_reduce_bytes"]]
     if sw.get("master_weights") == "remainder":
         out["master_weights"] = "remainder"
+    if sw.get("kernels") and sw.get("framework"):
+        from frameworks import load_framework
+        if sw["kernels"] != load_framework(sw["framework"]).kernels:
+            out["kernels"] = sw["kernels"]      # a run that swaps in another stack's modules (--kernels)
     return out
 
 

@@ -62,3 +62,27 @@ def test_cli_master_weights_round_trip_and_errors(tmp_path):
         bad = runner.invoke(app, base + extra)
         assert bad.exit_code == 2, (extra, bad.output)
         assert words in bad.output and "Traceback" not in bad.output
+
+
+def test_cli_kernels_swaps_the_block_implementation_and_a_search_keeps_it(tmp_path):
+    """`--kernels eager`: a DeepSpeed ZeRO-3 run of Hugging Face modules is costed with the eager block
+    table (more memory-bound kernels, slower than Megatron-DeepSpeed's fused ones), and the plan file says so,
+    so `explain --search` re-searches with the same modules."""
+    from planner.explain import _software_options
+
+    runner = CliRunner()
+    base = ["estimate", "llama3-8b", "--hardware", "p4d.24xlarge", "--gpus", "16", "--dp", "16", "--zero", "3",
+            "--framework", "deepspeed", "--recompute", "full", "--json"]
+    fused = json.loads(runner.invoke(app, base).stdout)
+    eager = json.loads(runner.invoke(app, base + ["--kernels", "eager"]).stdout)
+    assert fused["software"]["kernels"] == "fused" and eager["software"]["kernels"] == "eager"
+    assert eager["prediction"]["step_time_s"] > fused["prediction"]["step_time_s"]
+    assert _software_options(eager)["kernels"] == "eager"
+    assert "kernels" not in _software_options(fused)        # the framework's own modules: nothing to carry
+    out = tmp_path / "plan.json"
+    rec = runner.invoke(app, ["recommend", "llama3-8b", "--hardware", "p4d.24xlarge", "--gpus", "16",
+                              "--framework", "deepspeed", "--kernels", "eager", "--top", "1", "--out", str(out)])
+    assert rec.exit_code == 0, rec.output
+    assert json.loads(out.read_text())["software"]["kernels"] == "eager"
+    bad = runner.invoke(app, base + ["--kernels", "hf"])
+    assert bad.exit_code == 2 and "kernels='hf' is invalid" in bad.output and "Traceback" not in bad.output

@@ -43,12 +43,17 @@ FrameworkOpt = Annotated[Optional[str], typer.Option(
                         "PyTorch DDP/FSDP with Hugging Face or plain modules) or deepspeed (default: fsdp for a "
                         "config.json or module factory, megatron for a catalog name).")]
 AttentionOpt = Annotated[Optional[str], typer.Option(
-    "--attention", help="Attention kernel: flash, sdpa or unfused (default: the model's config, else the framework's).")]
+    "--attention", help="Attention kernel: fused, flash, sdpa, triton or unfused (default: the model's config, else the framework's).")]
 DropoutOpt = Annotated[Optional[bool], typer.Option(
     "--dropout/--no-dropout", help="Dropout layers active (default: the model's config, else off).")]
 GradReduceOpt = Annotated[Optional[str], typer.Option(
     "--grad-reduce-dtype", help="Dtype gradients are kept and reduced in: bf16 (NVIDIA's NeMo recipes with distributed "
                                 "fused Adam) or fp32 (default: the framework's).")]
+KernelsOpt = Annotated[Optional[str], typer.Option(
+    "--kernels", help="The block implementation the run uses when it is not the framework's own: fused "
+                      "(Transformer Engine / Megatron kernels), eager (Hugging Face modules, e.g. under "
+                      "DeepSpeed ZeRO-3 or Accelerate) or torch (plain PyTorch modules). Default: the "
+                      "framework's.")]
 MasterWeightsOpt = Annotated[Optional[str], typer.Option(
     "--master-weights", help="How the optimizer keeps the master weights: fp32 (default) or remainder (the 16 "
                              "low bits beside bf16 parameters: NeMo 1.x's distributed fused Adam, Megatron-Core's "

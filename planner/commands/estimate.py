@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from planner.commands.common import (MAX_WORLD_SIZE, AttentionOpt, DropoutOpt, FrameworkOpt, GlobalBatchOpt, GpusOpt,
-                                     GradReduceOpt, Fp8ScalingOpt, MasterWeightsOpt,
+                                     GradReduceOpt, Fp8ScalingOpt, MasterWeightsOpt, KernelsOpt,
                                      HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
                                      NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json)
 from planner.errors import ConfigError
@@ -84,7 +84,8 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
              offload: OffloadOpt = "none", sequence_parallel: SpOpt = False, placement: PlacementOpt = None,
              precision: HwPrecisionOpt = None, optimizer: OptimizerOpt = "adamw", framework: FrameworkOpt = None,
              attention: AttentionOpt = None, dropout: DropoutOpt = None, grad_reduce_dtype: GradReduceOpt = None,
-             fp8_scaling: Fp8ScalingOpt = None, master_weights: MasterWeightsOpt = None, stages: StagesOpt = None,
+             fp8_scaling: Fp8ScalingOpt = None, master_weights: MasterWeightsOpt = None, kernels: KernelsOpt = None,
+             stages: StagesOpt = None,
              json: JsonOpt = False) -> None:
     """Predict step time and peak memory of one parallel configuration."""
     from hardware_profiles import load_profile
@@ -108,7 +109,7 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
                          framework=default_framework(model, framework), cp=cp,
                          cp_comm=cp_comm, dp_shard=dp_shard, ep=ep, expert_tp=expert_tp)
     est = run_estimate(spec, hw, cfg, gpus=n, attention=attention, dropout=dropout, grad_reduce_dtype=grad_reduce_dtype,
-                       fp8_scaling=fp8_scaling, master_weights=master_weights)
+                       fp8_scaling=fp8_scaling, master_weights=master_weights, kernels=kernels)
     document = est.to_document()
     if json:
         emit_json(document)

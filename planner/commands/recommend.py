@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, GradReduceOpt, GlobalBatchOpt, MasterWeightsOpt, GpusOpt,
+from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, GradReduceOpt, GlobalBatchOpt, MasterWeightsOpt, KernelsOpt, GpusOpt,
                                      HardwareOpt, HwPrecisionOpt, JsonOpt, MAX_TOKENS, MAX_WORLD_SIZE, ModelArg,
                                      NodesOpt, OptimizerOpt, SeqOpt, objective_help)
 from planner.errors import ConfigError
@@ -99,7 +99,7 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
               out: OutOpt = None, json_out: JsonOpt = False, spot: SpotOpt = False, price_per_hour: PriceOpt = None,
               tokens: TokensOpt = None, csv: CsvOpt = None, framework: FrameworkOpt = None,
               attention: AttentionOpt = None, dropout: DropoutOpt = None, grad_reduce_dtype: GradReduceOpt = None,
-              master_weights: MasterWeightsOpt = None, mtbf_gpu_hours: MtbfGpuOpt = None,
+              master_weights: MasterWeightsOpt = None, kernels: KernelsOpt = None, mtbf_gpu_hours: MtbfGpuOpt = None,
               mtbf_node_hours: MtbfNodeOpt = None, restart_s: RestartOpt = None, storage: StorageOpt = None,
               checkpoint: CheckpointOpt = None, spot_interruptions_per_node_hour: SpotRateOpt = None,
               cp: CpOpt = None, max_cp: MaxCpOpt = None, cp_comm: CpCommsOpt = None, dp_shard: DpShardOpt = None,
@@ -127,7 +127,7 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
                      precision=precision, optimizer=optimizer, objective=objective, top=top, spot=spot,
                      price_per_hour=price_per_hour, tokens=token_count, progress=progress.update,
                      framework=default_framework(model, framework), attention=attention, dropout=dropout,
-                     grad_reduce_dtype=grad_reduce_dtype, master_weights=master_weights,
+                     grad_reduce_dtype=grad_reduce_dtype, master_weights=master_weights, kernels=kernels,
                      reliability=reliability, space=space)
     hw_doc = rec.best["hardware"]
     note = batch_note(rec.best["plan"]["global_batch"], hw_doc["gpus"], hw_doc.get("devices_per_node", 8))
