@@ -203,6 +203,12 @@ def peak_over_ranks(x, acts: ActivationBytes, *, host_room, rank_blocks=None):
     micro-batches in flight, the last rank the head)."""
     best = rank_memory(x, 0.0, x.blocks_first, acts, host_room=host_room).higher(
         rank_memory(x, x.pp - 1.0, x.blocks_last, acts, host_room=host_room))
+    if rank_blocks is None and x.spec.moe is not None:
+        # mixture of experts: the first rank holds the dense blocks (moe.rank_params), so the second rank, with
+        # only expert blocks, the most of them after the first and the most micro-batches in flight after it,
+        # can hold the peak; the ranks after it hold no more (fewer or as many blocks, fewer in flight)
+        best = best.higher(rank_memory(x, np.minimum(1.0, x.pp - 1.0), x.blocks_second, acts, host_room=host_room),
+                           x.pp > 2)
     if rank_blocks is None:
         return best, None
     rb = np.atleast_2d(np.asarray(rank_blocks, dtype=float))

@@ -232,6 +232,8 @@ class Step:
     blocks_last: np.ndarray
     blocks_most: np.ndarray
     """Blocks of the first, the last and the busiest pipeline rank."""
+    blocks_second: np.ndarray
+    """Blocks of the second pipeline rank (even split; the busiest rank's count for an explicit split)."""
     table: B.BlockTable
     head: B.HeadTable
     c: float
@@ -262,7 +264,7 @@ class Step:
         shard = np.where(dp_shard > 0, dp_shard, dp)
         ep = f64(cands.ep) if getattr(cands, "ep", None) is not None else np.ones_like(dp)
         etp = f64(cands.expert_tp) if getattr(cands, "expert_tp", None) is not None else np.ones_like(dp)
-        first, last, most = _blocks_per_rank(cands, spec.total_blocks)
+        first, last, most, second = _blocks_per_rank(cands, spec.total_blocks)
         return cls(spec=spec, hw=hw, sw=sw, precision=precision, optimizer=optimizer, seq=float(seq),
                    global_batch=global_batch, dp=dp, tp=tp, pp=pp, cp=cp, cp_comm=cp_comm, ep=ep, etp=etp, shard=shard,
                    b=b, v=v, m=global_batch / (dp * b),
@@ -272,7 +274,7 @@ class Step:
                    local=group_locality(cands.placement, cands.dp, cands.pp, cands.tp, hw.nvlink_domain_devices,
                                         cp=cp.astype(np.int64), dp_shard=shard.astype(np.int64),
                                         ep=ep.astype(np.int64), expert_tp=etp.astype(np.int64)),
-                   blocks_first=first, blocks_last=last, blocks_most=most,
+                   blocks_first=first, blocks_last=last, blocks_most=most, blocks_second=second,
                    table=block_table_of(sw, spec, precision, cands.zero),
                    head=B.head_table(spec, precision, sw.framework.kernels, sw.loss), c=float(B.compute_bytes(precision)),
                    sac=selective_policy(sw, spec, precision))
@@ -328,9 +330,10 @@ class Step:
 
 
 def _blocks_per_rank(cands, blocks: int):
-    """(first, last, busiest) blocks per pipeline rank. Even split (planner.estimate.even_stages): the
-    p v chunks get q = L // (p v) blocks and the first r = L % (p v) one more; rank k runs chunks
-    k, k + p, ... so it holds v q + ceil((r - k) / p)^+ blocks; rank 0 holds the most."""
+    """(first, last, busiest, second) blocks per pipeline rank. Even split (planner.estimate.even_stages):
+    the p v chunks get q = L // (p v) blocks and the first r = L % (p v) one more; rank k runs chunks
+    k, k + p, ... so it holds v q + ceil((r - k) / p)^+ blocks; rank 0 holds the most. With explicit
+    first/last/busiest counts the second rank is taken as the busiest (an upper bound)."""
     pp = np.asarray(cands.pp, dtype=float)
     v = np.asarray(cands.virtual_stages, dtype=float)
     q = np.floor(blocks / (pp * v))
@@ -340,4 +343,6 @@ def _blocks_per_rank(cands, blocks: int):
     first = even_first if cands.blocks_first is None else np.asarray(cands.blocks_first, dtype=float)
     last = even_last if cands.blocks_last is None else np.asarray(cands.blocks_last, dtype=float)
     most = even_first if cands.blocks_max is None else np.asarray(cands.blocks_max, dtype=float)
-    return first, last, np.maximum(most, np.maximum(first, last))
+    most = np.maximum(most, np.maximum(first, last))
+    second = v * q + np.maximum(0.0, np.ceil((r - 1) / pp)) if cands.blocks_first is None else most
+    return first, last, most, second

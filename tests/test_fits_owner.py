@@ -61,3 +61,29 @@ def test_report_uses_the_same_verdict(readme_search):
     hw = load_profile("p4d.24xlarge")
     assert np.array_equal(result.fits, fits(result.peak_bytes, hw, load_framework("megatron")))
     assert (result.fits != (result.peak_bytes <= hw.memory_bytes)).any()   # a raw-peak "fits" would differ
+
+
+@pytest.mark.parametrize("pp,v,tp,ep", [(7, 7, 2, 8), (4, 1, 1, 8), (8, 2, 2, 4), (3, 1, 4, 8)])
+def test_the_search_scores_a_mixture_of_experts_peak_as_estimate_does(pp, v, tp, ep):
+    """The search scores candidates without per-rank block lists; estimate evaluates every rank. For a
+    mixture-of-experts model the first rank holds the dense blocks, so the peak can be on the second rank:
+    both must find the same peak (DeepSeek-V3 on GB200 once ranked plans that estimate said did not fit)."""
+    from dataclasses import replace
+
+    from hardware_profiles import load_profile
+    from planner.estimate import candidate_of, software_for
+    from planner.parallel import ParallelConfig
+    from planner.score import score
+    from planner.sources import resolve_model
+
+    spec, hw = resolve_model("deepseek-v3"), load_profile("p6e-gb200.36xlarge")
+    dp = 2016 // (pp * tp)
+    cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, ep=ep, micro_batch=1, virtual_stages=v,
+                         schedule="interleaved-1f1b" if v > 1 else "1f1b", zero=1, sequence_parallel=tp > 1,
+                         placement="PDET", global_batch=dp * 8, seq=4096, precision="amp-bf16", framework="megatron")
+    every_rank = candidate_of(cfg, spec.total_blocks)
+    searched = replace(every_rank, blocks_first=None, blocks_last=None, blocks_max=None, rank_blocks=None)
+    kw = dict(global_batch=cfg.global_batch, seq=cfg.seq, precision=cfg.precision, optimizer="adamw",
+              software=software_for("megatron"))
+    exact = score(spec, hw, every_rank, **kw).peak_bytes_per_gpu
+    assert score(spec, hw, searched, **kw).peak_bytes_per_gpu == pytest.approx(exact, rel=1e-9)
