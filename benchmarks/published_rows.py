@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from cost_models.step import BF16_PARAM_PRECISIONS
 from planner.errors import PlannerError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +163,7 @@ def options_of(row: dict) -> dict:
     # parameters, unless the weights are FP8 (megatron_base_model.py, setup_optimization: fp8_params sets
     # store_params instead)
     if "distributed_fused_adam" in str(extras.get("distributed_optimizer") or "") \
-            and row.get("precision") in ("amp-bf16", "bf16", "fp8") and not extras.get("fp8_params"):
+            and row.get("precision") in BF16_PARAM_PRECISIONS and not extras.get("fp8_params"):
         out["master_weights"] = "remainder"
     if "tp_comm_overlap" in extras or "async_tp" in extras:
         out["tp_comm_overlap"] = bool(extras.get("tp_comm_overlap") or extras.get("async_tp"))

@@ -28,6 +28,10 @@ scaling, torchao's tensorwise) and per row (torchao's rowwise). Block-scaled rec
 MASTER_WEIGHTS = ("fp32", "remainder")
 """How the optimizer keeps the master copy of 16-bit parameters (Software.master_weights)."""
 
+BF16_PARAM_PRECISIONS = ("amp-bf16", "bf16", "fp8")
+"""Precisions whose model parameters are bf16 (FP8 recipes keep bf16 weights beside their FP8 casts): the
+ones a 16-bit master remainder works with, and the ones Megatron runs with --bf16."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Software:

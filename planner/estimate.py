@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models import params as P
-from cost_models.step import FP8_SCALINGS, MASTER_WEIGHTS, Software
+from cost_models.step import BF16_PARAM_PRECISIONS, FP8_SCALINGS, MASTER_WEIGHTS, Software
 from frameworks import ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, MOE_DISPATCHERS, FrameworkProfile, load_framework
 from frameworks.rules import check_runnable
 from cost_models.compute import peak_flops
@@ -253,7 +253,7 @@ def check_master_weights(software: Software, precision: str) -> None:
     """ConfigError unless the master-weight storage works with `precision`: the 16-bit remainder holds the
     low half of an fp32 value whose high half is the parameter, so the parameters must be bf16 (bf16's bits
     are the top 16 of fp32's; fp16's are not), as Apex and Transformer Engine require."""
-    if software.master_weights == "remainder" and precision not in ("amp-bf16", "bf16", "fp8"):
+    if software.master_weights == "remainder" and precision not in BF16_PARAM_PRECISIONS:
         raise ConfigError("master_weights", "remainder", "fp32",
                           message=f"master_weights=remainder needs bf16 parameters: precision {precision} "
                                   "(allowed with remainder: amp-bf16, bf16, fp8; else master_weights fp32)")

@@ -8,6 +8,7 @@ embeddings, vocabulary) and pass `validate_args`; use them as
 """
 from __future__ import annotations
 
+from cost_models.step import BF16_PARAM_PRECISIONS
 from planner.exports.common import (Export, cannot, chunk_blocks, dp_replicas, header, model_moe, require_spec,
                                     steps_between_checkpoints)
 from planner.exports.limits import _bias_pattern, megatron_limits
@@ -172,7 +173,7 @@ def to_megatron(plan: Plan) -> Export:
                      "most num_layers - 1 layers; no pipelining or recomputation with it)")
 
     # --- precision
-    if cfg.precision in ("amp-bf16", "bf16", "fp8"):
+    if cfg.precision in BF16_PARAM_PRECISIONS:
         add("--bf16")
     elif cfg.precision == "amp-fp16":
         add("--fp16")
