@@ -91,3 +91,15 @@ def test_no_run_is_counted_twice_under_two_precision_labels():
     keys = [key(c) for c in A.unique(R.load(A.DEFAULT_FILES))]
     twins = {k for k in keys if keys.count(k) > 1}
     assert not twins, sorted(twins)[:3]
+
+
+def test_the_blackwell_bf16_rate_rests_on_more_than_one_publication():
+    """blackwell.gemm_efficiency_max is fitted from the BF16 runs on B200/GB200 (benchmarks/calibrate_frameworks.py):
+    with a single publication behind it, leaving that source out leaves the rate unidentified and the held-out
+    rows unchecked (docs/cost-model.md); the runs counted are the ones the fit uses."""
+    from benchmarks import accuracy_frameworks as A
+    from benchmarks.calibrate_frameworks import BLACKWELL, FILES, usable
+
+    sources = {c.source for c in usable(A.unique(R.load(FILES)))
+               if c.row["gpu"].split()[0] in BLACKWELL and c.row["precision"] in ("amp-bf16", "bf16")}
+    assert len(sources) >= 2, sorted(sources)
