@@ -18,6 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from cost_models.compute import short_benchmark
 from hardware_profiles import load_profile
 from planner.estimate import estimate
 from planner.parallel import ParallelConfig
@@ -41,7 +42,8 @@ def predict(row: dict, hw) -> dict:
     cfg = ParallelConfig(micro_batch=row["micro_batch"], global_batch=row["micro_batch"], seq=row["seq"],
                          precision=row["precision"], recompute="full" if row["checkpointing"] else "none",
                          schedule="1f1b", framework="fsdp")
-    est = estimate(spec, hw, cfg, gpus=1)      # dropout and attention: the config's (estimate's defaults)
+    # Each step was timed over a few iterations on one idle H100: boost clock, not a training run's sustained one.
+    est = estimate(spec, short_benchmark(hw), cfg, gpus=1)      # dropout and attention: the config's (estimate's defaults)
     return {"step_time_s": est.step_time_s, "peak_bytes": est.peak_bytes_per_gpu, "fits": est.fits,
             "params": est.params}
 

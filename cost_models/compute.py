@@ -61,10 +61,21 @@ def peak_flops(hw: HardwareProfile, precision: str) -> float:
 
 
 def sustained_flops(hw: HardwareProfile, precision: str) -> float:
-    """The dense peak the part sustains under its power limit: peak_flops x power_limit_clock_fraction (tensor-core
-    throughput follows the SM clock, which a board power cap lowers under sustained GEMM load; memory-bound kernels
-    are not slowed). The GEMM and attention efficiencies are fractions of this rate."""
-    return peak_flops(hw, precision) * eff(hw, "power_limit_clock_fraction")
+    """The dense peak the part sustains over a training run: peak_flops x sustained_clock_fraction x
+    power_limit_clock_fraction. Tensor-core throughput follows the SM clock; boost clocks are transient, and under
+    sustained GEMM load the clock settles lower (sustained_clock_fraction, relative to the short single-GPU
+    benchmarks the generation's rates were measured in), lower still where a board power cap is set below the
+    datasheet power (power_limit_clock_fraction); memory-bound kernels are not slowed. The GEMM and attention
+    efficiencies are fractions of this rate."""
+    return peak_flops(hw, precision) * eff(hw, "sustained_clock_fraction") * eff(hw, "power_limit_clock_fraction")
+
+
+def short_benchmark(hw: HardwareProfile) -> HardwareProfile:
+    """The profile as a short benchmark on an idle part sees it: at boost clock (sustained_clock_fraction 1). For
+    measurements of a few seconds per configuration, such as the single-H100 steps of
+    validation/h100_train_steps.jsonl that the Hopper rates were fitted to."""
+    import dataclasses
+    return dataclasses.replace(hw, efficiency={**hw.efficiency, "sustained_clock_fraction": 1.0})
 
 
 def memory_Bps(hw: HardwareProfile) -> float:

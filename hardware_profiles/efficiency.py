@@ -106,6 +106,16 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {k.name: k for k in (
                       "attention_efficiency)",
                   source="fit of the FlashAttention-2/3 causal curves of validation/kernels/attention.json: s_half "
                          "450-600"),
+    _fraction("sustained_clock_fraction", 1.0,
+              "sustained tensor-core rate over a training run (minutes to hours, every GPU of the node loaded) over "
+              "the rate of the short single-GPU benchmarks the generation's GEMM and attention efficiencies were "
+              "measured in (cost_models.compute.sustained_flops; MFU keeps the datasheet peak)",
+              "1 where the rates were fitted to multi-GPU training runs (A100: Megatron's published Selene runs; "
+              "Blackwell: the published runs of benchmarks/calibrate_frameworks.py), which already hold it; Hopper's "
+              "rates come from seconds-long single-H100 GEMMs and steps at boost clock (validation/h100_train_steps."
+              "jsonl: 788 TFLOP/s at 8192^3, 80% of the 989 TFLOP/s datasheet peak), so Hopper profiles hold the "
+              "value fitted to the published multi-GPU runs (benchmarks/calibrate_frameworks.py): boost clocks are "
+              "transient, and under sustained dense GEMM load a 700 W part settles to a lower clock within minutes"),
     _fraction("power_limit_clock_fraction", 1.0,
               "sustained tensor-core rate of a power-capped part over the rate its generation's GEMM and attention "
               "efficiencies were measured at (cost_models.compute.sustained_flops; MFU keeps the datasheet peak)",

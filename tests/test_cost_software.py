@@ -123,6 +123,31 @@ def test_a_power_capped_part_slows_compute_bound_kernels_only():
     assert slow.step_time_s > fast.step_time_s and slow.mfu < fast.mfu      # MFU keeps the datasheet peak
 
 
+def test_the_sustained_clock_scales_tensor_core_time_and_a_short_benchmark_runs_at_boost():
+    from cost_models.compute import gemm_seconds, memory_bound_seconds, short_benchmark, sustained_flops
+
+    hw = load_profile("p5.48xlarge")
+    frac = hw.efficiency["sustained_clock_fraction"]
+    assert 0.6 <= frac < 1.0          # Hopper's rates were measured at boost clock on one idle H100
+    boost = short_benchmark(hw)
+    assert boost.efficiency["sustained_clock_fraction"] == 1.0 and hw.efficiency["sustained_clock_fraction"] == frac
+    assert sustained_flops(hw, "amp-bf16") == pytest.approx(frac * sustained_flops(boost, "amp-bf16"))
+    big = dict(m=8192, n=8192, k=8192, precision="amp-bf16")
+    fixed = hw.efficiency["gemm_fixed_us"] * 1e-6
+    assert float(gemm_seconds(hw=hw, **big)) - fixed == pytest.approx((float(gemm_seconds(hw=boost, **big)) - fixed) / frac)
+    assert float(memory_bound_seconds(1e9, hw)) == float(memory_bound_seconds(1e9, boost))
+    cfg = _cfg(dp=8, tp=1, zero=3, sequence_parallel=False, framework="torchtitan", global_batch=16, micro_batch=2)
+    assert estimate(LLAMA8, hw, cfg, gpus=8).step_time_s > estimate(LLAMA8, boost, cfg, gpus=8).step_time_s
+
+
+def test_only_profiles_whose_rates_came_from_short_benchmarks_hold_a_sustained_clock():
+    """A100 and Blackwell rates were fitted to multi-GPU training runs, which already run at sustained clocks."""
+    for name in ("dgx-h100", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge"):
+        assert load_profile(name).efficiency["sustained_clock_fraction"] < 1.0, name
+    for name in ("dgx-a100-80g", "p4d.24xlarge", "dgx-b200", "gb200-nvl72"):
+        assert load_profile(name).efficiency.get("sustained_clock_fraction", 1.0) == 1.0, name
+
+
 def test_fp8_gemm_efficiency_has_its_own_key_with_a_fallback():
     hw = load_profile("p5.48xlarge")
     assert gemm_efficiency_max(hw, "fp8") == hw.efficiency.get("gemm_efficiency_max_fp8", hw.efficiency["gemm_efficiency_max"])
