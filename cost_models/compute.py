@@ -23,6 +23,8 @@ Every function takes numbers or numpy arrays (broadcasting) and the physical par
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from hardware_profiles import HardwareProfile
@@ -74,7 +76,6 @@ def short_benchmark(hw: HardwareProfile) -> HardwareProfile:
     """The profile as a short benchmark on an idle part sees it: at boost clock (sustained_clock_fraction 1). For
     measurements of a few seconds per configuration, such as the single-H100 steps of
     validation/h100_train_steps.jsonl that the Hopper rates were fitted to."""
-    import dataclasses
     return dataclasses.replace(hw, efficiency={**hw.efficiency, "sustained_clock_fraction": 1.0})
 
 
