@@ -123,3 +123,20 @@ def test_swapping_in_fused_modules_drops_the_stacks_own_compute_efficiency():
     fused = software_for("torchtitan", kernels="fused")
     assert fused.framework.kernels == "fused" and fused.framework.compute_efficiency == 1.0
     assert software_for("torchtitan", kernels="torch").framework.compute_efficiency == titan.framework.compute_efficiency
+
+
+def test_deepspeed_pipeline_sends_are_partitioned_over_tensor_parallelism_like_megatron():
+    """DeepSpeed's PipelineEngine partitions a stage's output over the tensor-parallel group before the send and
+    all-gathers it on the receiver (PartitionedTensor, pipe_partitioned default true), as Megatron's scatter/gather
+    does: the same plan pays the same pipeline p2p on both stacks, and tp times less than whole activations."""
+    import dataclasses
+
+    cfg = dict(dp=2, tp=8, pp=4, micro_batch=1, global_batch=64, seq=2048, zero=1, precision="amp-bf16")
+    times = {fw: estimate("gpt3-175b", "dgx-a100-80g", _cfg(**cfg, framework=fw, placement="PDT"), gpus=64,
+                          ).time_breakdown_s()["pp_p2p"] for fw in ("megatron", "deepspeed")}
+    assert times["deepspeed"] == pytest.approx(times["megatron"], rel=1e-9) and times["deepspeed"] > 0
+    whole = dataclasses.replace(load_framework("deepspeed"), pp_scatter_gather=False)
+    sent_whole = estimate("gpt3-175b", "dgx-a100-80g", _cfg(**cfg, framework="deepspeed", placement="PDT"), gpus=64,
+                          framework_profile=whole).time_breakdown_s()["pp_p2p"]
+    # the stage neighbours sit on other nodes (placement PDT): whole activations put tp x the bytes on the NICs
+    assert sent_whole > 4 * times["deepspeed"]
