@@ -149,6 +149,10 @@ def options_of(row: dict) -> dict:
         out["fp8_scaling"] = "rowwise"
     if extras.get("cpu_offloading_num_layers"):
         out["activation_offload_layers"] = int(extras["cpu_offloading_num_layers"])
+    if extras.get("norm_kernel") == "fused_rmsnorm":          # torchtitan's Triton RMSNorm (norm_type)
+        out["fused_norm"] = True
+    if isinstance(extras.get("expandable_segments"), bool):     # the run's PYTORCH_CUDA_ALLOC_CONF, when known
+        out["expandable_segments"] = extras["expandable_segments"]
     if extras.get("moe_fp8_dispatch"):
         out["moe_fp8_dispatch"] = True
     if extras.get("kernels") in ("fused", "eager", "torch"):

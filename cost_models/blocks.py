@@ -126,14 +126,16 @@ def _torch_precision(precision: str) -> str:
 
 
 def block_table(spec: TransformerSpec, precision: str, kernels: str, *, flash: bool = True,
-                dropout: bool = False) -> BlockTable:
-    """The per-token table of one block for `kernels` (IMPLEMENTATIONS)."""
+                dropout: bool = False, fused_norm: bool = False) -> BlockTable:
+    """The per-token table of one block for `kernels` (IMPLEMENTATIONS); `fused_norm`: the eager block's RMSNorms
+    run as one fused kernel (_eager_block)."""
     if spec.moe is not None or spec.mla is not None:
         return _moe_mla_block(spec, precision, kernels, flash=flash, dropout=dropout)
     if kernels == "fused":
         table = _megatron_block(spec, precision, flash=flash, dropout=dropout)
     elif kernels == "eager":
-        table = _eager_block(spec, precision, dropout=dropout, python_gelu=spec.activation == "gelu_new")
+        table = _eager_block(spec, precision, dropout=dropout, python_gelu=spec.activation == "gelu_new",
+                             fused_norm=fused_norm)
         if not flash:        # SDPA's flash saves only the log-sum-exp; the math path keeps the scores
             c = compute_bytes(precision)
             scores = _math_scores(spec, c, dropout)
@@ -141,7 +143,7 @@ def block_table(spec: TransformerSpec, precision: str, kernels: str, *, flash: b
                              scores_saved=scores, traffic_fwd=table.traffic_fwd + _math_scores_traffic(spec, c, dropout),
                              scores_traffic_fwd=_math_scores_traffic(spec, c, dropout))
     elif kernels == "torch":
-        table = _torch_block(spec, _torch_precision(precision), flash=flash, dropout=dropout)
+        table = _torch_block(spec, _torch_precision(precision), flash=flash, dropout=dropout, fused_norm=fused_norm)
     else:
         raise ValueError(f"kernels must be one of {IMPLEMENTATIONS}, not {kernels!r}")
     if not flash and spec.n_kv_heads < spec.heads:
@@ -180,7 +182,8 @@ def residual_bytes(precision: str, kernels: str) -> int:
     return 4 if precision == "fp32" or (kernels == "eager" and precision.startswith("amp")) else compute_bytes(precision)
 
 
-def _torch_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout: bool) -> BlockTable:
+def _torch_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout: bool,
+                 fused_norm: bool = False) -> BlockTable:
     """Plain PyTorch modules (planner/models/transformer.py, torchtitan's): what autograd saves, term
     by term, measured with torch.autograd.graph.saved_tensors_hooks (tests/test_profiler_torch.py):
 
@@ -196,19 +199,22 @@ def _torch_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout:
     per token (h hidden, a heads, k kv heads, d head dim, f ffn, c math bytes, r residual bytes);
     the norm terms are replicated over tp (split only by sequence parallelism), the rest split over
     tp. Korthikanti et al. 2022 Table 2 is the fused special case. Memory-bound traffic and kernel
-    counts are those of the "eager" op list without autocast casts and with fused activations."""
+    counts are those of the "eager" op list without autocast casts and with fused activations.
+    `fused_norm` (torchtitan's fused_rmsnorm, TritonFusedRMSNorm in torchtitan/models/norms.py, which saves
+    x, weight and rstd): an RMSNorm keeps its input in the residual dtype (h r) and rstd, no fp32 copies."""
     c = compute_bytes(precision)
     r = residual_bytes(precision, "torch")
     h, a = spec.hidden, spec.heads
     n_norm = spec.norms_per_block + (1 if spec.encoder_layers else 0)
     rms = spec.norm == "rmsnorm"
-    norm_in = 4 if rms else r
-    rep = n_norm * (h * norm_in + h * 4 * rms + 4 * (1 if rms else 2) + h * c) + 2 * h * dropout
+    fused = rms and fused_norm
+    norm_in = 4 if rms and not fused else r
+    rep = n_norm * (h * norm_in + h * 4 * (rms and not fused) + 4 * (1 if rms else 2) + h * c) + 2 * h * dropout
     attentions = 2 if spec.encoder_layers else 1
     shard = attentions * ((spec.attn_width + 2 * spec.kv_width) * c + spec.attn_width * c) \
         + (4 if spec.gated_mlp else 2) * spec.d_ffn * c
     core = Terms(shard=attentions * a * 4.0) if flash else Terms(seq=attentions * a * (c + dropout * (1 + c)))
-    ops = _eager_block(spec, precision, dropout=dropout, python_gelu=False)
+    ops = _eager_block(spec, precision, dropout=dropout, python_gelu=False, fused_norm=fused_norm)
     scores_traffic = Terms() if flash else _math_scores_traffic(spec, c, dropout)
     return BlockTable(saved=Terms(rep=rep, shard=shard) + core, saved_full_recompute=Terms(rep=r * h),
                       scores_saved=core, traffic_fwd=ops.traffic_fwd + scores_traffic, scores_traffic_fwd=scores_traffic,
@@ -362,9 +368,13 @@ def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropo
                       traffic_fwd=traffic, scores_traffic_fwd=scores_traffic, kernels_fwd=14.0)
 
 
-def _eager_block(spec: TransformerSpec, precision: str, *, dropout: bool, python_gelu: bool) -> BlockTable:
+def _eager_block(spec: TransformerSpec, precision: str, *, dropout: bool, python_gelu: bool,
+                 fused_norm: bool = False) -> BlockTable:
     """HF-style eager block (see module docstring); c = math dtype bytes, r = residual dtype bytes
-    (fp32 under autocast, as the embedding output is fp32), o = dtype of ops autocast runs in fp32."""
+    (fp32 under autocast, as the embedding output is fp32), o = dtype of ops autocast runs in fp32.
+    `fused_norm`: each RMSNorm is one fused kernel (torchtitan's norm_type fused_rmsnorm, a Triton kernel in
+    torchtitan/models/norms.py, TritonFusedRMSNorm): it reads x and writes y once, and keeps only x and the
+    fp32 row statistic rstd (4 bytes per token, left out) for its backward."""
     amp = precision.startswith("amp")
     c = compute_bytes(precision)
     r = 4 if (amp or precision == "fp32") else 2
@@ -373,7 +383,9 @@ def _eager_block(spec: TransformerSpec, precision: str, *, dropout: bool, python
     calls_mlp = 2 if spec.gated_mlp else 1
 
     # Norms (each of the two): saved and streamed bytes per hidden element.
-    if spec.norm == "rmsnorm":   # HF LlamaRMSNorm: x.to(fp32); pow(2).mean; x * rsqrt; weight * x.to(dtype)
+    if spec.norm == "rmsnorm" and fused_norm:
+        norm_saved, norm_traffic, norm_out, norm_kernels = r, 2 * r, r, 1
+    elif spec.norm == "rmsnorm":   # HF LlamaRMSNorm: x.to(fp32); pow(2).mean; x * rsqrt; weight * x.to(dtype)
         norm_saved = 4 + r                                   # fp32 x (the residual when r == 4) + normalized x
         norm_traffic = 8 + 4 + 8 + 2 * r + (0 if r == 4 else 2 * (r + 4))
         norm_out = r

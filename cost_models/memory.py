@@ -235,15 +235,25 @@ def _one_candidate_ranks(x, blocks, acts: ActivationBytes, *, host_room) -> list
     return [RankMemory(**{f: v[j:j + 1] for f, v in whole.items()}) for j in range(len(blocks))]
 
 
-def needed_bytes(peak_bytes, hw, framework):
-    """What the device must hold for a peak of `peak_bytes` allocated: the caching allocator's blocks
-    are larger than their tensors (the framework's `allocator_overhead_fraction`: reserved / allocated
-    - 1, median 0.052 over the 42 measured H100 steps) and the CUDA context lives outside it
-    (`cuda_context_bytes`): peak x (1 + overhead) + context."""
-    return np.asarray(peak_bytes, dtype=float) * (1.0 + framework.allocator_overhead_fraction) + cuda_context_bytes(hw)
+def allocator_overhead(software) -> float:
+    """Reserved / allocated - 1 at the peak. PyTorch's default caching allocator carves fixed segments into
+    blocks, and a free block stays in its segment whatever sizes later requests need: the framework's
+    `allocator_overhead_fraction` (median 0.052 over the 42 measured H100 steps). With expandable segments
+    (Software.expandable_segments) each stream has one segment whose physical memory is mapped in 2 MiB pages
+    as it grows, and on a failed request the allocator unmaps the free pages and maps them where they are
+    needed (PyTorch PR 96995, "Expandable blocks in allocator"; c10/cuda/CUDACachingAllocator.cpp): at the
+    peak only partly used pages stay unusable, a few MiB per segment, so the overhead is taken as 0."""
+    return 0.0 if software.expandable_segments else software.framework.allocator_overhead_fraction
 
 
-def fits(peak_bytes, hw, framework):
+def needed_bytes(peak_bytes, hw, software):
+    """What the device must hold for a peak of `peak_bytes` allocated: the allocator's overhead
+    (allocator_overhead) on top of the peak, and the CUDA context outside it (`cuda_context_bytes`):
+    peak x (1 + overhead) + context."""
+    return np.asarray(peak_bytes, dtype=float) * (1.0 + allocator_overhead(software)) + cuda_context_bytes(hw)
+
+
+def fits(peak_bytes, hw, software):
     """The one definition of "fits" (planner.score.Scores.fits, read by search, estimate, explain,
     report and plan files): needed_bytes <= the device's usable memory."""
-    return needed_bytes(peak_bytes, hw, framework) <= float(hw.memory_bytes)
+    return needed_bytes(peak_bytes, hw, software) <= float(hw.memory_bytes)

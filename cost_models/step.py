@@ -77,6 +77,12 @@ class Software:
     or 'remainder': only the 16 low bits of each fp32 master value, the bf16 parameter being its 16 high
     bits (2 bytes; Apex DistributedFusedAdam and TE FusedAdam store_param_remainders, NeMo 1.x's default
     for bf16 models)."""
+    fused_norm: bool = False
+    """Eager blocks run each RMSNorm as one fused kernel (torchtitan's norm_type fused_rmsnorm; cost_models.blocks.
+    _eager_block): less saved and streamed than the module's op-by-op upcast; stacks with fused kernels already do."""
+    expandable_segments: bool = False
+    """PyTorch's allocator runs with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): the
+    framework launcher's default unless a run says otherwise (cost_models.memory.allocator_overhead)."""
     fp8_scaling: str = "tensorwise"
     """How an FP8 recipe scales GEMM operands (FP8_SCALINGS): one scale per tensor, or per row (torchao's
     rowwise recipe), whose backward needs every operand scaled along its other axis too (cost_models.compute.
@@ -89,7 +95,8 @@ class Software:
            moe_dispatcher: str | None = None, moe_a2a_overlap: bool | None = None,
            moe_imbalance: float | None = None, moe_fp8_dispatch: bool = False,
            fp8_scaling: str | None = None, activation_offload_layers: int | None = None,
-           master_weights: str | None = None) -> "Software":
+           master_weights: str | None = None, expandable_segments: bool | None = None,
+           fused_norm: bool = False) -> "Software":
         return cls(framework=framework, attention=attention or framework.attention, dropout=bool(dropout),
                    loss=loss or framework.loss,
                    tp_comm_overlap=framework.tp_comm_overlap if tp_comm_overlap is None else bool(tp_comm_overlap),
@@ -100,7 +107,9 @@ class Software:
                    moe_a2a_overlap=framework.moe_a2a_overlap if moe_a2a_overlap is None else bool(moe_a2a_overlap),
                    moe_imbalance=moe_imbalance, moe_fp8_dispatch=bool(moe_fp8_dispatch),
                    fp8_scaling=fp8_scaling or "tensorwise", activation_offload_layers=activation_offload_layers,
-                   master_weights=master_weights or "fp32")
+                   master_weights=master_weights or "fp32", fused_norm=bool(fused_norm),
+                   expandable_segments=framework.expandable_segments if expandable_segments is None
+                   else bool(expandable_segments))
 
     @property
     def imbalance(self) -> float:
@@ -171,11 +180,13 @@ def block_table_of(sw: Software, spec: TransformerSpec, precision: str, zero=Non
     from dataclasses import replace
 
     flash = sw.kernel(precision, spec) != "math"
-    table = B.block_table(spec, precision, sw.framework.kernels, flash=flash, dropout=sw.dropout)
+    table = B.block_table(spec, precision, sw.framework.kernels, flash=flash, dropout=sw.dropout,
+                          fused_norm=sw.fused_norm)
     if zero is not None and activation_precision(sw, precision, 3) != precision:
         sharded = np.asarray(zero) >= 2
         if sharded.any():
-            table = B.blend(sharded, B.block_table(spec, "bf16", "eager", flash=flash, dropout=sw.dropout), table)
+            table = B.blend(sharded, B.block_table(spec, "bf16", "eager", flash=flash, dropout=sw.dropout,
+                                                   fused_norm=sw.fused_norm), table)
     if not sw.compile or sw.framework.kernels == "fused":
         return table
     fused = B.block_table(spec, precision, "fused", flash=flash, dropout=sw.dropout)

@@ -124,6 +124,10 @@ class FrameworkProfile:
     the usual forward plus one recompute)."""
     allocator_overhead_fraction: float
     """Caching-allocator blocks beyond the tensors they hold (reserved / allocated - 1)."""
+    expandable_segments: bool
+    """The stack's launcher sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (a run may say otherwise):
+    the allocator maps physical pages into one growing segment per stream, so free space between tensors
+    serves requests of any size and costs no allocator overhead (cost_models.memory.allocator_overhead)."""
     compute_efficiency: float
     """Fraction of the cost model's kernel rates the stack's blocks reach (launch gaps, synchronizations,
     copies its kernels add around the GEMMs, attention and memory-bound work of cost_models.blocks):

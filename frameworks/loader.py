@@ -22,7 +22,7 @@ SCHEMA_VERSION = "1"
 _TOP = {"schema_version": str, "name": str, "description": str, "kernels": str, "attention": str,
         "loss": str, "state_bytes": dict, "grads_persist": str, "grad_bucket_copy": bool, "autocast_weight_cache": bool,
         "overlap_grad_reduce": bool, "pp_scatter_gather": bool, "zero_bubble_forward_reruns": (int, float),
-        "allocator_overhead_fraction": (int, float),
+        "allocator_overhead_fraction": (int, float), "expandable_segments": bool,
         "compute_efficiency": (int, float), "tp_comm_overlap": bool, "selective_recompute": str, "fp8_cast_bytes_per_element": (int, float),
         "fp8_weight_cache_bytes": (int, float), "capabilities": dict, "sources": dict}
 _OPTIONAL = {"moe_dispatcher": str, "moe_a2a_overlap": bool, "moe_host_sync": bool,
@@ -30,7 +30,7 @@ _OPTIONAL = {"moe_dispatcher": str, "moe_a2a_overlap": bool, "moe_host_sync": bo
 """Keys a profile may leave out (FrameworkProfile's defaults: alltoall, no overlap, no host sync, 0 extra
 host operators per MoE layer); sourced when given."""
 _SOURCED = ("kernels", "attention", "loss", "state_bytes", "grads_persist", "grad_bucket_copy", "autocast_weight_cache",
-            "overlap_grad_reduce", "pp_scatter_gather", "zero_bubble_forward_reruns", "allocator_overhead_fraction",
+            "overlap_grad_reduce", "pp_scatter_gather", "zero_bubble_forward_reruns", "allocator_overhead_fraction", "expandable_segments",
             "compute_efficiency", "tp_comm_overlap", "selective_recompute", "fp8_cast_bytes_per_element", "fp8_weight_cache_bytes", "capabilities")
 _STATE_KEYS = ("param", "grad", "master", "state", "reduce", "gather")
 _CAPS = {"precisions": list, "schedules": list, "max_virtual_stages": int, "zero": list, "zero_with_pp": list,
@@ -135,7 +135,8 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         loss=data["loss"], state_bytes=states, grads_persist=data["grads_persist"], grad_bucket_copy=data["grad_bucket_copy"],
         autocast_weight_cache=data["autocast_weight_cache"], overlap_grad_reduce=data["overlap_grad_reduce"],
         pp_scatter_gather=data["pp_scatter_gather"], zero_bubble_forward_reruns=float(reruns),
-        allocator_overhead_fraction=float(frag), compute_efficiency=float(ce), tp_comm_overlap=data["tp_comm_overlap"],
+        allocator_overhead_fraction=float(frag), expandable_segments=data["expandable_segments"],
+        compute_efficiency=float(ce), tp_comm_overlap=data["tp_comm_overlap"],
         selective_recompute=data["selective_recompute"],
         fp8_cast_bytes_per_element=float(data["fp8_cast_bytes_per_element"]),
         fp8_weight_cache_bytes=float(data["fp8_weight_cache_bytes"]), capabilities=caps, sources=dict(sources),

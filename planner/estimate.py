@@ -125,7 +125,8 @@ class Estimate:
                          "dropout": sw.dropout, "overlap_grad_reduce": sw.overlap_grad_reduce, "loss": sw.loss,
                          "tp_comm_overlap": sw.tp_comm_overlap, "compile": sw.compile,
                          "grad_reduce_bytes": sw.state_bytes(cfg.precision).reduce,
-                         "master_weights": sw.master_weights,
+                         "master_weights": sw.master_weights, "expandable_segments": sw.expandable_segments,
+                         **({"fused_norm": True} if sw.fused_norm else {}),
                          **({"fp8_scaling": sw.fp8_scaling} if cfg.precision == "fp8" else {}),
                          **({"moe_dispatcher": sw.moe_dispatcher, "moe_a2a_overlap": sw.moe_a2a_overlap,
                              "moe_imbalance": sw.imbalance, "moe_fp8_dispatch": sw.moe_fp8_dispatch}
@@ -198,7 +199,8 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
                  moe_dispatcher: str | None = None, moe_a2a_overlap: bool | None = None,
                  moe_imbalance: float | None = None, moe_fp8_dispatch: bool = False,
                  kernels: str | None = None, fp8_scaling: str | None = None,
-                 activation_offload_layers: int | None = None, master_weights: str | None = None) -> Software:
+                 activation_offload_layers: int | None = None, master_weights: str | None = None,
+                 expandable_segments: bool | None = None, fused_norm: bool = False) -> Software:
     """The run's software: the framework profile (by name or record) with the attention kernel, dropout,
     gradient-reduction overlap and dtype, cross-entropy kernel, tensor-parallel overlap, torch.compile and
     expert-parallel choices (token dispatcher, exchange overlap, routed-token imbalance, FP8 dispatch;
@@ -206,7 +208,9 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
     run swaps the stack's modules for another's (`kernels`, frameworks.KERNELS: NeMo AutoModel runs FSDP2
     + DTensor like torchtitan with Transformer Engine's fused modules), and the master-weight storage
     (`master_weights`, cost_models.step.MASTER_WEIGHTS; 'remainder' only where the framework's capabilities
-    have master_remainders)."""
+    have master_remainders), and whether PyTorch's allocator runs with expandable segments
+    (`expandable_segments`; None: the framework launcher's default), and whether an eager stack's RMSNorms run as
+    one fused kernel (`fused_norm`, torchtitan's fused_rmsnorm)."""
     fw = framework if isinstance(framework, FrameworkProfile) else load_framework(framework)
     if kernels is not None:
         if kernels not in KERNELS:
@@ -236,6 +240,10 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
         raise ConfigError("master_weights", master_weights, "fp32",
                           message=f"framework {fw.name} cannot run this plan: master_weights=remainder: {fw.name} "
                                   "keeps full fp32 master weights (allowed: fp32)")
+    if expandable_segments is not None and not isinstance(expandable_segments, bool):
+        raise ConfigError("expandable_segments", expandable_segments, "true or false")
+    if not isinstance(fused_norm, bool):
+        raise ConfigError("fused_norm", fused_norm, "true or false")
     if moe_dispatcher is not None and moe_dispatcher not in MOE_DISPATCHERS:
         raise ConfigError("moe_dispatcher", moe_dispatcher, "one of " + ", ".join(MOE_DISPATCHERS))
     number = isinstance(moe_imbalance, (int, float)) and not isinstance(moe_imbalance, bool)
@@ -246,7 +254,8 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
                        grad_reduce_dtype=grad_reduce_dtype, loss=loss, tp_comm_overlap=tp_comm_overlap,
                        compile=compile, moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
                        moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch, fp8_scaling=fp8_scaling,
-                       activation_offload_layers=activation_offload_layers, master_weights=master_weights)
+                       activation_offload_layers=activation_offload_layers, master_weights=master_weights,
+                       expandable_segments=expandable_segments, fused_norm=fused_norm)
 
 
 def check_master_weights(software: Software, precision: str) -> None:
@@ -266,7 +275,8 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
              moe_a2a_overlap: bool | None = None, moe_imbalance: float | None = None,
              moe_fp8_dispatch: bool = False, kernels: str | None = None, check_framework: bool = True,
              framework_profile: FrameworkProfile | None = None, fp8_scaling: str | None = None,
-             activation_offload_layers: int | None = None, master_weights: str | None = None) -> Estimate:
+             activation_offload_layers: int | None = None, master_weights: str | None = None,
+             expandable_segments: bool | None = None, fused_norm: bool = False) -> Estimate:
     """Validate `cfg` for `model` on `gpus` devices of `hw` and predict its step time and memory on the
     framework `cfg.framework` names (frameworks/*.json).
 
@@ -277,7 +287,9 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
     block implementation `kernels` (software_for), the FP8 scaling granularity `fp8_scaling` and, with activation
     offload, how many blocks offload (`activation_offload_layers`, Megatron-Core's cpu_offloading_num_layers),
     and how the optimizer keeps the master weights (`master_weights`: fp32, or remainder where the framework
-    can, with bf16 parameters; check_master_weights). `check_framework=False` costs a plan the framework's
+    can, with bf16 parameters; check_master_weights), and whether the allocator runs with expandable segments
+    (`expandable_segments`; cost_models.memory.allocator_overhead), and eager RMSNorms fused (`fused_norm`).
+    `check_framework=False` costs a plan the framework's
     capabilities do not list (the executor's own runs: it is a torchtitan-style stack that also runs
     tensor parallelism without sequence parallelism and ZeRO-1). `framework_profile` replaces the shipped
     profile of `cfg.framework` (a calibration's trial values).
@@ -304,7 +316,8 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
                             moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
                             moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch, kernels=kernels,
                             fp8_scaling=fp8_scaling, activation_offload_layers=activation_offload_layers,
-                            master_weights=master_weights)
+                            master_weights=master_weights, expandable_segments=expandable_segments,
+                            fused_norm=fused_norm)
     cfg.check_world_size(gpus)
     cfg.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
     cfg.check_experts(model.moe)

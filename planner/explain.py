@@ -338,6 +338,8 @@ def _software_options(doc: Mapping[str, Any]) -> dict:
         out["grad_reduce_dtype"] = {2: "bf16", 4: "fp32"}[sw["grad_reduce_bytes"]]
     if sw.get("master_weights") == "remainder":
         out["master_weights"] = "remainder"
+    if isinstance(sw.get("expandable_segments"), bool):
+        out["expandable_segments"] = sw["expandable_segments"]
     if sw.get("kernels") and sw.get("framework"):
         from frameworks import load_framework
         if sw["kernels"] != load_framework(sw["framework"]).kernels:

@@ -114,7 +114,7 @@ class Scores:
     fits: np.ndarray
     """The one "fits" (cost_models.memory.fits): needed_bytes <= capacity_bytes."""
     needed_bytes: np.ndarray
-    """What the device must hold: peak x (1 + the framework's allocator overhead) + CUDA context
+    """What the device must hold: peak x (1 + the allocator's overhead) + CUDA context
     (cost_models.memory.needed_bytes)."""
     params_bytes: np.ndarray
     grads_bytes: np.ndarray
@@ -193,8 +193,8 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     device_s = busy + bubble + pp_p2p + dp_comm + optimizer_s + offload
     host_wait = K.host_wait_seconds(x, device_s) + MO.host_sync_seconds(x, block.fwd + tp.fwd + ep.fwd)
     return Scores(step_time_s=device_s + host_wait, peak_bytes_per_gpu=memory.peak, capacity_bytes=float(hw.memory_bytes),
-                  fits=M.fits(memory.peak, hw, software.framework),
-                  needed_bytes=M.needed_bytes(memory.peak, hw, software.framework),
+                  fits=M.fits(memory.peak, hw, software),
+                  needed_bytes=M.needed_bytes(memory.peak, hw, software),
                   params_bytes=memory.params, grads_bytes=memory.grads, optimizer_bytes=memory.optimizer,
                   activations_bytes=memory.activations, other_bytes=memory.other,
                   saved_activations_bytes=memory.saved,

@@ -1079,14 +1079,15 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
               progress: Callable[[int, int], None] | None = None, score_fn=None, estimate_fn=None,
               framework: str = "megatron", attention: str | None = None, dropout: bool | None = None,
               overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None,
-              master_weights: str | None = None, kernels: str | None = None, reliability=None) -> Recommendation:
+              master_weights: str | None = None, kernels: str | None = None, reliability=None,
+              expandable_segments: bool | None = None) -> Recommendation:
     """Search the parallel strategies of `model` on `gpus` devices of `hardware` and rank them.
 
     `model` is a MODEL argument (catalog name, config.json, factory) or a resolved spec; `hardware`
     a profile name, path or HardwareProfile; `framework` the software stack (frameworks/*.json): only
     plans it can run are searched (SearchSpace.for_framework), costed with its profile. `attention`,
     `dropout`, `overlap_grad_reduce` override the framework's defaults for score() and estimate(), and so
-    do `grad_reduce_dtype`, `master_weights` and `kernels` (planner.estimate.software_for).
+    do `grad_reduce_dtype`, `master_weights`, `kernels` and `expandable_segments` (planner.estimate.software_for).
     With `tokens`, every plan document carries its goodput under failures (planner.goodput) from
     `reliability` (planner.goodput.ReliabilityInputs: the user's failure rates, restart time, storage,
     save mode, spot reclaim rate; None: the sourced defaults); objective "time-to-train" needs `tokens`.
@@ -1102,7 +1103,8 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     from planner.estimate import check_master_weights, software_for
 
     software = software_for(framework, attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce,
-                            grad_reduce_dtype=grad_reduce_dtype, master_weights=master_weights, kernels=kernels)
+                            grad_reduce_dtype=grad_reduce_dtype, master_weights=master_weights, kernels=kernels,
+                            expandable_segments=expandable_segments)
     precision = resolve_precision(hardware, precision)    # None: bf16 mixed precision where the device has bf16
     check_master_weights(software, precision)
     ParallelConfig(precision=precision, optimizer=optimizer, framework=software.framework.name)  # validates them
@@ -1135,7 +1137,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
               framework=software.framework.name)
     opts = {k: v for k, v in dict(attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce,
                                   grad_reduce_dtype=grad_reduce_dtype, master_weights=master_weights,
-                                  kernels=kernels).items()
+                                  kernels=kernels, expandable_segments=expandable_segments).items()
             if v is not None}
     leaders = [config_of(scored.arrays, int(i), **kw) for i in order[:max(top, refine) + 1]]
     documents, refined, splits = [], [0], {}

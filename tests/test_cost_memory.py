@@ -157,3 +157,66 @@ def test_partial_activation_offload_sits_between_none_and_all_and_grows_with_the
     assert none.step_time_s <= parts[0].step_time_s <= every.step_time_s
     with pytest.raises(ConfigError, match="activation_offload_layers"):
         run("activations", 0)
+
+
+def test_expandable_segments_drop_the_caching_allocators_overhead_from_what_the_device_must_hold():
+    """cost_models.memory.allocator_overhead: the caching allocator's blocks outgrow their tensors (the framework's
+    allocator_overhead_fraction); with expandable segments free pages are remapped where requests need them, so
+    the device holds the peak and the CUDA context only. A run near capacity fits with them and not without."""
+    import dataclasses
+
+    from planner.catalog import get
+    from planner.errors import ConfigError
+    from planner.estimate import estimate
+    from planner.parallel import ParallelConfig
+
+    caching, expandable = software_for("megatron"), software_for("megatron", expandable_segments=True)
+    assert not caching.expandable_segments and expandable.expandable_segments
+    peak = np.array([10e9, 70e9])
+    ctx = M.cuda_context_bytes(HW)
+    frac = caching.framework.allocator_overhead_fraction
+    assert frac > 0
+    assert M.needed_bytes(peak, HW, caching) == pytest.approx(peak * (1 + frac) + ctx)
+    assert M.needed_bytes(peak, HW, expandable) == pytest.approx(peak + ctx)
+    # the stacks whose launchers set it hold it by default; a run can say otherwise
+    assert software_for("torchtitan").expandable_segments and not software_for("fsdp").expandable_segments
+    assert not software_for("torchtitan", expandable_segments=False).expandable_segments
+
+    cfg = ParallelConfig(dp=8, tp=1, pp=1, zero=1, micro_batch=1, global_batch=8, seq=8192, framework="megatron")
+    spec = get("llama3-8b")
+    base = estimate(spec, "p5.48xlarge", cfg, gpus=8)
+    # a device just large enough for the peak with the context, not for the caching allocator's overhead too
+    p5 = load_profile("p5.48xlarge")
+    tight = dataclasses.replace(p5, memory_bytes=base.peak_bytes_per_gpu * (1 + frac / 2) + M.cuda_context_bytes(p5))
+    no, yes = (estimate(spec, tight, cfg, gpus=8, expandable_segments=e) for e in (False, True))
+    assert no.peak_bytes_per_gpu == yes.peak_bytes_per_gpu
+    assert not no.fits and yes.fits
+    assert yes.to_document()["software"]["expandable_segments"] is True
+    with pytest.raises(ConfigError, match="expandable_segments"):
+        estimate(spec, "p5.48xlarge", cfg, gpus=8, expandable_segments="yes")
+
+
+def test_a_fused_rmsnorm_keeps_only_its_input_and_streams_less():
+    """torchtitan's fused_rmsnorm (a Triton kernel saving x, weight and rstd) against the module's op-by-op RMSNorm,
+    which saves the fp32 upcast and the fp32 normalized copy: per norm 4 + 4 - r bytes per hidden element less
+    (r = 2 for the bf16 residual of FSDP2's bf16 parameters), and one kernel reading x and writing y."""
+    from planner.catalog import get
+    from planner.estimate import estimate
+    from planner.parallel import ParallelConfig
+
+    spec = get("llama3-8b")
+    h = spec.hidden
+    # the eager (HF) table counts the normalized copy in the residual dtype: 4 + r - r per norm there
+    for kernels, per_norm in (("torch", 4 + 4 - 2), ("eager", 4)):
+        plain, fused = (block_table(spec, "bf16", kernels, fused_norm=f) for f in (False, True))
+        less = float(plain.saved.at(1, False, 4096) - fused.saved.at(1, False, 4096))
+        assert less == pytest.approx(spec.norms_per_block * h * per_norm), kernels
+        assert float(fused.traffic_fwd.at(1, False, 4096)) < float(plain.traffic_fwd.at(1, False, 4096))
+        assert fused.kernels_fwd < plain.kernels_fwd
+    # Megatron's fused block already fuses its norms: the option changes nothing there
+    assert block_table(spec, "bf16", "fused", fused_norm=True) == block_table(spec, "bf16", "fused")
+    cfg = ParallelConfig(dp=8, zero=3, micro_batch=2, global_batch=16, seq=4096, framework="torchtitan")
+    plain, fused = (estimate(spec, "p4d.24xlarge", cfg, gpus=8, fused_norm=f) for f in (False, True))
+    assert fused.memory()["activations_bytes"] < plain.memory()["activations_bytes"]
+    assert fused.step_time_s < plain.step_time_s
+    assert fused.to_document()["software"]["fused_norm"] is True and "fused_norm" not in plain.to_document()["software"]

@@ -57,9 +57,9 @@ def test_report_uses_the_same_verdict(readme_search):
     assert result.fits.sum() >= scored.fits.sum() > 0
     assert result.best["prediction"]["memory"]["fits"] and readme_search.best["prediction"]["memory"]["fits"]
     from cost_models.memory import fits
-    from frameworks import load_framework
+    from planner.estimate import software_for
     hw = load_profile("p4d.24xlarge")
-    assert np.array_equal(result.fits, fits(result.peak_bytes, hw, load_framework("megatron")))
+    assert np.array_equal(result.fits, fits(result.peak_bytes, hw, software_for("megatron")))
     assert (result.fits != (result.peak_bytes <= hw.memory_bytes)).any()   # a raw-peak "fits" would differ
 
 
