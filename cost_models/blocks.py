@@ -207,9 +207,8 @@ def _torch_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout:
     h, a = spec.hidden, spec.heads
     n_norm = spec.norms_per_block + (1 if spec.encoder_layers else 0)
     rms = spec.norm == "rmsnorm"
-    fused = rms and fused_norm
-    norm_in = 4 if rms and not fused else r
-    rep = n_norm * (h * norm_in + h * 4 * (rms and not fused) + 4 * (1 if rms else 2) + h * c) + 2 * h * dropout
+    upcast = rms and not fused_norm          # the module's RMSNorm keeps an fp32 copy and the fp32 normalized x
+    rep = n_norm * (h * (4 if upcast else r) + h * 4 * upcast + 4 * (1 if rms else 2) + h * c) + 2 * h * dropout
     attentions = 2 if spec.encoder_layers else 1
     shard = attentions * ((spec.attn_width + 2 * spec.kv_width) * c + spec.attn_width * c) \
         + (4 if spec.gated_mlp else 2) * spec.d_ffn * c

@@ -220,3 +220,7 @@ def test_a_fused_rmsnorm_keeps_only_its_input_and_streams_less():
     assert fused.memory()["activations_bytes"] < plain.memory()["activations_bytes"]
     assert fused.step_time_s < plain.step_time_s
     assert fused.to_document()["software"]["fused_norm"] is True and "fused_norm" not in plain.to_document()["software"]
+    from planner.errors import ConfigError
+    with pytest.raises(ConfigError, match="fused_norm") as err:
+        estimate(spec, "p4d.24xlarge", cfg, gpus=8, fused_norm="yes")
+    assert "\n" not in str(err.value)
