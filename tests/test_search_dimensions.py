@@ -148,10 +148,11 @@ def test_explain_says_when_the_other_class_does_not_fit():
 
 
 @pytest.mark.speed
-def test_405b_long_context_acceptance_picks_cp_within_the_budget():
+def test_405b_long_context_acceptance_picks_cp_within_the_budget(machine_slowdown):
     """Llama 3 405B, 131,072-token sequences, 16,384 H100s, global batch 128, FP8 (the issue's acceptance):
-    the whole dp x tp x pp x cp space is searched and a plan with cp > 1 wins. Budget 2 s on 2 cores; measured
-    ~0.3 s of CPU (benchmarks/results/search_speed.json). The wall limit is generous for a loaded machine."""
+    the whole dp x tp x pp x cp space is searched and a plan with cp > 1 wins. Budget 2 s on 2 cores of the
+    reference machine (times machine_slowdown on a slower one, conftest.py); measured ~0.1 s of CPU there
+    (benchmarks/results/search_speed.json). The wall limit is generous for a loaded machine."""
     recommend("llama3-8b", "p5.48xlarge", gpus=8)                     # imports and caches paid here
     t0 = time.process_time()
     rec = recommend("llama3-405b", "p5.48xlarge", gpus=16384, seq=131072, global_batch=128, precision="fp8")
@@ -161,7 +162,7 @@ def test_405b_long_context_acceptance_picks_cp_within_the_budget():
     assert rec.best["plan"]["precision"] == "fp8"
     assert s.space == s.candidates_evaluated + s.pruned_by_memory_bound + s.pruned_by_time_bound > 300_000
     assert s.values_tried["cp"] == [2 ** k for k in range(15)]               # every cp of 16,384 = 2^14
-    assert cpu_s < 2.0, cpu_s
+    assert cpu_s < 2.0 * machine_slowdown, (cpu_s, machine_slowdown)
     assert s.seconds < 20.0
     versus = rec.best["search"]["cp_versus"]
     assert versus["plan"]["cp"] == 1 and versus["step_time_s"] > 2 * rec.best["prediction"]["step_time_s"]
@@ -402,12 +403,13 @@ def test_dense_plans_have_no_ep_versus():
 
 @pytest.mark.speed
 @pytest.mark.parametrize("hardware,gpus", [("p5.48xlarge", 2048), ("p6e-gb200.36xlarge", 2016)])
-def test_deepseek_v3_acceptance_picks_ep_and_says_why_within_the_budget(hardware, gpus):
+def test_deepseek_v3_acceptance_picks_ep_and_says_why_within_the_budget(hardware, gpus, machine_slowdown):
     """DeepSeek-V3 on 2,048 H100s (p5: 8-GPU NVLink nodes over EFA) and on 2,016 GB200s (28 NVL72 racks), the
     issue's acceptance: a plan with ep > 1 wins, the whole space is searched, and explain compares it with the
-    best plan of every other expert-parallel degree and placement. Budget 2 s on 2 cores (CPU time of the search
-    here; the CLI adds ~0.4 s of start-up); measured ~1.3 s and ~1.0 s. The wall limit is generous for a loaded
-    machine."""
+    best plan of every other expert-parallel degree and placement. Budget 2 s on 2 cores of the reference machine
+    (CPU time of the search; the CLI adds ~0.4 s of start-up), times machine_slowdown on a slower one
+    (conftest.py); measured ~1.4 s and ~1.0 s there, ~3.1 s and ~2.2 s on a machine 2.4 times slower. The wall
+    limit is generous for a loaded machine."""
     from planner.explain import explain_document
     recommend("llama3-8b", "p5.48xlarge", gpus=8)                     # imports and caches paid here
     t0 = time.process_time()
@@ -423,5 +425,5 @@ def test_deepseek_v3_acceptance_picks_ep_and_says_why_within_the_budget(hardware
     text = "\n".join(explain_document(best).versus_lines)
     assert f"why ep={best['plan']['ep']} with all-to-all inside one NVLink domain" in text
     assert "no all-to-all (every GPU holds every expert)" in text and "all-to-all over NVLink + EFA" in text
-    assert cpu_s < 2.0, cpu_s
+    assert cpu_s < 2.0 * machine_slowdown, (cpu_s, machine_slowdown)
     assert s.seconds < 20.0
