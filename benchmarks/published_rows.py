@@ -114,6 +114,9 @@ def config_of(row: dict):
     extras = row.get("extras") or {}
     if extras.get("cpu_offloading_num_layers") and offload == "none":    # Megatron-Core's partial activation offload
         offload = "activations"
+    if extras.get("activation_checkpoint_cpu_offload") and offload in ("none", "optimizer"):
+        # DeepSpeed's activation_checkpointing.cpu_checkpointing, with or without offload_optimizer
+        offload = "activations" if offload == "none" else "optimizer+activations"
     cp_comm = extras.get("cp_comm") or ((fw.capabilities.cp_comm or ("p2p",))[0])
     stages = ()
     if extras.get("pipeline_embedding_and_loss_as_layers"):

@@ -128,6 +128,26 @@ class RankMemory:
                              for f in ("peak", "params", "grads", "optimizer", "activations", "other", "saved")})
 
 
+def zero3_live_params(x, n_blocks, dp, edp):
+    """Parameters a ZeRO-3 rank holds gathered beyond its own shard at once (Rajbhandari et al. 2020, Sec. 5.3:
+    parameters are all-gathered just before use and freed after). By wrapped unit (FSDP's fully_shard per
+    block, torchtitan / plain PyTorch; FrameworkProfile.zero3_max_live_params None): the block in use and the
+    one prefetched. By module (DeepSpeed: PartitionedParameterCoordinator.fetch_sub_module gathers one module's
+    own parameters and prefetches more only while fewer than stage3_max_live_parameters, default 1e9, are
+    available; deepspeed/runtime/zero/partitioned_param_coordinator.py and constants.py, v0.6): at most that
+    many, or the largest module (params.largest_module_params / tp) when it is bigger, and never more than the
+    two blocks. The rank's own 1/dp of them is already counted in its shard."""
+    from cost_models import moe as MO
+    from cost_models import params as P
+
+    block_dense, block_expert = MO.block_params_on_rank(x)
+    units = np.minimum(2.0, n_blocks) * (block_dense * (1.0 - 1.0 / dp) + block_expert * (1.0 - 1.0 / edp))
+    live = x.sw.framework.zero3_max_live_params
+    if live is None:
+        return units
+    return np.minimum(units, np.maximum(P.largest_module_params(x.spec) / x.tp, live) * (1.0 - 1.0 / dp))
+
+
 def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankMemory:
     """Peak of pipeline rank `rank` (0-based) holding `n_blocks` blocks (peak_bytes' three moments):
     model states by ZeRO stage (optimizer from 1, gradients from 2, parameters from 3 plus the block in
@@ -162,10 +182,8 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     kept = 2 * acts.block_no_recompute + np.where(is_last, acts.head, 0.0)
     off = held * offloaded_share(x, n_blocks)        # the offloaded blocks' share (all, or the first N blocks)
     held = held - off + np.where(x.is_offload("activations"), np.maximum(np.minimum(off, kept), off - host_room), 0.0)
-    block_dense, block_expert = MO.block_params_on_rank(x)
     gather_bytes = x.sw.state_bytes(x.precision).gather     # FSDP gathers the 16-bit copy (param_dtype)
-    gathered = block_dense * (1.0 - 1.0 / dp) + block_expert * (1.0 - 1.0 / edp)
-    zero3_live = np.where(zero >= 3, np.minimum(2.0, n_blocks) * gathered * gather_bytes, 0.0)
+    zero3_live = np.where(zero >= 3, zero3_live_params(x, n_blocks, dp, edp) * gather_bytes, 0.0)
     # FP8 recipes that keep FP8 copies of the linear weights for the step (frameworks: fp8_weight_cache_bytes):
     # every stored GEMM weight of the rank, all its local experts included; sharded with the parameters
     # under ZeRO-3 (FSDP keeps them per shard)

@@ -80,6 +80,22 @@ def ffn_weight_params(spec: TransformerSpec, width: int) -> int:
     return (3 if spec.gated_mlp else 2) * spec.hidden * width
 
 
+def largest_module_params(spec: TransformerSpec) -> int:
+    """Weights of the largest single linear module of one block, what a per-module ZeRO-3 gather brings in at
+    once (DeepSpeed's hooks fetch a module's own parameters): the fused QKV projection (h x (a d + 2 k d)), the
+    output projection, the MLP's up projection (gate and up fused, 2 h f, when gated, as Megatron builds it)
+    or its down projection (f h); an MoE block's largest expert or shared-expert projection; MLA's largest
+    projection."""
+    h = spec.hidden
+    if spec.mla is not None:
+        attn = max(mla_projection_weights(spec).values())
+    else:
+        attn = max(h * (spec.attn_width + 2 * spec.kv_width), spec.attn_width * h)
+    widths = [spec.d_ffn] if spec.moe is None else [spec.moe.expert_ffn, spec.moe.d_shared_ffn * (spec.moe.shared_experts > 0)]
+    up = 2 if spec.gated_mlp else 1
+    return int(max(attn, *(max(up * h * w, w * h) for w in widths)))
+
+
 def ffn_params(spec: TransformerSpec, width: int) -> int:
     """One MLP of inner width `width` with its biases (f per up/gate matrix, h for the down matrix)
     if mlp_bias."""

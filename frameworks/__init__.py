@@ -156,6 +156,12 @@ class FrameworkProfile:
     moe_host_ops_per_layer: float = 0.0
     """Host operators an MoE layer's forward issues beyond the block table's kernel count (router,
     permutation bookkeeping, per-expert GEMMs and casts, dispatcher metadata): cost_models.moe.host_sync_seconds."""
+    zero3_max_live_params: float | None = None
+    """How ZeRO-3 gathers parameters. None: by wrapped unit, one transformer block at a time with the next one
+    prefetched (FSDP's fully_shard per block). A number: by submodule (DeepSpeed's PartitionedParameterCoordinator
+    gathers each module's own parameters in its forward/backward hook and keeps or prefetches others only up to
+    stage3_max_live_parameters), so at most this many parameters, or the largest module when that is bigger, are
+    gathered at once (cost_models.memory.zero3_live_params)."""
 
     def states(self, precision: str, optimizer: str, grad_bytes: float | None = None,
                master_bytes: float | None = None) -> tuple[float, float, float]:

@@ -26,9 +26,9 @@ _TOP = {"schema_version": str, "name": str, "description": str, "kernels": str, 
         "compute_efficiency": (int, float), "tp_comm_overlap": bool, "selective_recompute": str, "fp8_cast_bytes_per_element": (int, float),
         "fp8_weight_cache_bytes": (int, float), "capabilities": dict, "sources": dict}
 _OPTIONAL = {"moe_dispatcher": str, "moe_a2a_overlap": bool, "moe_host_sync": bool,
-             "moe_host_ops_per_layer": (int, float)}
+             "moe_host_ops_per_layer": (int, float), "zero3_max_live_params": (int, float)}
 """Keys a profile may leave out (FrameworkProfile's defaults: alltoall, no overlap, no host sync, 0 extra
-host operators per MoE layer); sourced when given."""
+host operators per MoE layer, ZeRO-3 gathering whole blocks); sourced when given."""
 _SOURCED = ("kernels", "attention", "loss", "state_bytes", "grads_persist", "grad_bucket_copy", "autocast_weight_cache",
             "overlap_grad_reduce", "pp_scatter_gather", "zero_bubble_forward_reruns", "allocator_overhead_fraction", "expandable_segments",
             "compute_efficiency", "tp_comm_overlap", "selective_recompute", "fp8_cast_bytes_per_element", "fp8_weight_cache_bytes", "capabilities")
@@ -78,6 +78,9 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
     ops = data.get("moe_host_ops_per_layer", 0.0)
     if not (math.isfinite(ops) and 0.0 <= ops <= 1000.0):
         _fail(origin, "moe_host_ops_per_layer", ops, "a number from 0 to 1000")
+    live = data.get("zero3_max_live_params")
+    if live is not None and not (math.isfinite(live) and 1e6 <= live <= 1e12):
+        _fail(origin, "zero3_max_live_params", live, "a parameter count from 1e6 to 1e12")
     if data.get("moe_dispatcher", MOE_DISPATCHERS[0]) not in MOE_DISPATCHERS:
         _fail(origin, "moe_dispatcher", data["moe_dispatcher"], "one of " + ", ".join(MOE_DISPATCHERS))
     for key, kind in _TOP.items():
@@ -142,7 +145,8 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         fp8_weight_cache_bytes=float(data["fp8_weight_cache_bytes"]), capabilities=caps, sources=dict(sources),
         moe_dispatcher=data.get("moe_dispatcher", MOE_DISPATCHERS[0]), moe_a2a_overlap=data.get("moe_a2a_overlap", False),
         moe_host_sync=data.get("moe_host_sync", False),
-        moe_host_ops_per_layer=float(data.get("moe_host_ops_per_layer", 0.0)))
+        moe_host_ops_per_layer=float(data.get("moe_host_ops_per_layer", 0.0)),
+        zero3_max_live_params=None if live is None else float(live))
 
 
 def _capabilities(block: dict, origin: str) -> Capabilities:

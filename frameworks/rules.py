@@ -69,7 +69,7 @@ def violations(framework: FrameworkProfile, cfg) -> list[str]:
         no(f"dp_shard={cfg.dp_shard}", "shard groups of all dp ranks only (no hybrid sharding)")
     if cfg.offload not in caps.offload:
         no(f"offload={cfg.offload}", caps.offload)
-    elif cfg.offload == "activations" and caps.activation_offload == "without_pp_or_recompute" \
+    elif cfg.offloads("activations") and caps.activation_offload == "without_pp_or_recompute" \
             and (cfg.pp > 1 or cfg.recompute != "none"):
         no(f"offload=activations with pp={cfg.pp}, recompute={cfg.recompute}",
            "activation offload only with pp=1 and recompute=none")

@@ -44,7 +44,7 @@ import numpy as np
 
 from planner.errors import ConfigError
 from planner.parallel import (CP_COMMS, LOOPED_SCHEDULES, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig,
-                              default_placement, expert_parallel_degrees, looped_rounds_ok)
+                              default_placement, expert_parallel_degrees, looped_rounds_ok, offloads)
 from planner.placement import PLACEMENTS, ranks_per_node, with_context
 
 FIELDS = ("dp", "tp", "pp", "micro_batch", "virtual_stages", "zero", "recompute", "offload",
@@ -108,7 +108,7 @@ class SearchSpace:
             # activation offload that excludes pipelining and recompute (Megatron-Core) is left to estimate:
             # the search crosses offload with every pipeline depth and recompute level
             offload=tuple(o for o in self.offload if o in caps.offload
-                          and (o != "activations" or caps.activation_offload == "any")), sequence_parallel=sp,
+                          and (not offloads(o, "activations") or caps.activation_offload == "any")), sequence_parallel=sp,
             placements=tuple(p for p in self.placements if placement_allowed(framework, p)),
             max_tp=self.max_tp if caps.tp else 1, max_pp=self.max_pp if caps.schedules else 1,
             cp_comm=cp_comm, max_cp=self.max_cp if cp_comm else 1, max_ep=self.max_ep if caps.ep else 1,

@@ -13,7 +13,20 @@ from planner.errors import ConfigError
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 RECOMPUTE = ("none", "selective", "full")
-OFFLOAD = ("none", "optimizer", "activations")
+OFFLOAD = ("none", "optimizer", "activations", "optimizer+activations")
+"""What lives in host memory: the optimizer (fp32 master + states, the step on the CPU: ZeRO-Offload), the
+saved activations, or both (DeepSpeed's offload_optimizer with activation_checkpointing.cpu_checkpointing, the
+configuration of its 1T/2T runs on Azure, 2022)."""
+
+
+def offload_kinds(offload: str) -> tuple[str, ...]:
+    """The kinds of state an OFFLOAD value moves to the host ('optimizer', 'activations')."""
+    return () if offload == "none" else tuple(offload.split("+"))
+
+
+def offloads(offload: str, kind: str) -> bool:
+    """Whether the OFFLOAD value `offload` moves `kind` ('optimizer' or 'activations') to the host."""
+    return kind in offload_kinds(offload)
 PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "bf16", "fp8")
 """fp8: FP8 GEMMs (Transformer Engine / torchao float8 recipes) with bf16 everywhere else and fp32
 master weights and optimizer states."""
@@ -75,7 +88,7 @@ class ParallelConfig:
     recompute: str = "none"
     """Activation recomputation: none, selective (attention core), full (whole block)."""
     offload: str = "none"
-    """What lives in host memory: none, optimizer (states + step on CPU), activations."""
+    """What lives in host memory: none, optimizer (states + step on CPU), activations, or both (OFFLOAD)."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism of norms/dropout over the tp group (needs tp > 1 to matter)."""
     placement: str = "DPT"
@@ -155,6 +168,10 @@ class ParallelConfig:
         if self.stages and len(self.stages) != self.pp * self.virtual_stages:
             raise ConfigError("stages", list(self.stages),
                               f"{self.pp * self.virtual_stages} entries (pp*virtual_stages), one per stage")
+
+    def offloads(self, kind: str) -> bool:
+        """Whether the plan keeps `kind` ('optimizer' or 'activations') in host memory."""
+        return offloads(self.offload, kind)
 
     @property
     def world_size(self) -> int:

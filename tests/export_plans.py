@@ -29,6 +29,9 @@ FSDP_LLAMA = ("llama3-8b", "p5.48xlarge", 64, (("dp", 64), ("micro_batch", 1), (
                                              ("recompute", "full"), ("seq", 8192), ("framework", "fsdp")))
 FSDP_GPT = ("gpt3-6.7b", "p4d.24xlarge", 64, (("dp", 64), ("micro_batch", 2), ("global_batch", 512), ("zero", 3),
                                             ("recompute", "full"), ("seq", 2048), ("framework", "fsdp")))
+DS_GPT = ("gpt3-6.7b", "p4d.24xlarge", 64, (("dp", 64), ("micro_batch", 2), ("global_batch", 512), ("zero", 3),
+                                          ("recompute", "full"), ("seq", 2048), ("framework", "deepspeed"),
+                                          ("offload", "optimizer+activations"), ("placement", "PDT")))
 
 
 
@@ -75,6 +78,7 @@ VARIANTS = {
     "fsdp-llama-ddp": (FSDP_LLAMA, dict(zero=0, micro_batch=1, precision="amp-fp16"), {}),
     "fsdp-llama-bf16-offload": (FSDP_LLAMA, dict(precision="bf16", offload="optimizer", recompute="none"), {}),
     "fsdp-gpt3-zero3": (FSDP_GPT, {}, {}),
+    "deepspeed-gpt3-zero3-offload-both": (DS_GPT, {}, {}),
 }
 
 

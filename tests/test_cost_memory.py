@@ -224,3 +224,93 @@ def test_a_fused_rmsnorm_keeps_only_its_input_and_streams_less():
     with pytest.raises(ConfigError, match="fused_norm") as err:
         estimate(spec, "p4d.24xlarge", cfg, gpus=8, fused_norm="yes")
     assert "\n" not in str(err.value)
+
+
+def test_largest_module_is_the_fused_up_projection_or_qkv():
+    from cost_models.params import largest_module_params
+    from planner.catalog import get
+
+    h = 12288
+    assert largest_module_params(get("gpt3-175b")) == 4 * h * h           # h -> 4h, larger than QKV (3 h^2)
+    llama = get("llama3-70b")                                              # gate and up fused: 2 h f
+    assert largest_module_params(llama) == 2 * llama.hidden * llama.d_ffn
+    wide_attention = GPT.with_(ffn=GPT.hidden)                             # f = h: QKV (3 h^2) is the largest
+    assert largest_module_params(wide_attention) == 3 * GPT.hidden ** 2
+
+
+def test_deepspeed_zero3_gathers_modules_up_to_its_live_parameter_bound_while_fsdp_gathers_two_blocks():
+    """ZeRO-3 by module (DeepSpeed, stage3_max_live_parameters 1e9) holds max(largest module, 1e9) parameters
+    gathered where FSDP holds the block in use and the one prefetched; for blocks smaller than that both agree."""
+    from cost_models.params import block_params, largest_module_params, total_params
+    from planner.catalog import get
+    from planner.estimate import estimate
+    from planner.parallel import ParallelConfig
+
+    def gathered(spec, framework, dp=64):
+        """Parameter bytes beyond the rank's own shard, in parameters of the gather dtype."""
+        cfg = ParallelConfig(dp=dp, tp=1, pp=1, zero=3, micro_batch=1, global_batch=dp, recompute="full",
+                             precision="amp-fp16", framework=framework, seq=2048)
+        sw = software_for(framework)
+        shard = sw.states("amp-fp16", "adamw")[0] * total_params(spec) / dp
+        params = estimate(spec, "dgx-a100-80g", cfg, gpus=dp).scores.params_bytes[0]
+        return (params - shard) / sw.state_bytes("amp-fp16").gather
+
+    big = get("gpt3-175b")                                  # block 1.8e9 parameters, largest module 6.0e8
+    assert gathered(big, "fsdp") == pytest.approx(2 * block_params(big) * (1 - 1 / 64), rel=1e-9)
+    assert gathered(big, "deepspeed") == pytest.approx(1e9 * (1 - 1 / 64), rel=1e-9)
+    huge = big.with_(hidden=25600, heads=160, ffn=4 * 25600, layers=8)     # Megatron's 1T shape: a 2.6e9 module
+    assert largest_module_params(huge) > 1e9
+    assert gathered(huge, "deepspeed") == pytest.approx(largest_module_params(huge) * (1 - 1 / 64), rel=1e-9)
+    small = get("llama3-8b")                                # two blocks (4.4e8) under the bound: no difference
+    assert 2 * block_params(small) < 1e9
+    assert gathered(small, "deepspeed") == pytest.approx(gathered(small, "fsdp"), rel=1e-9)
+
+
+def test_zero3_max_live_params_in_a_framework_file_is_checked(tmp_path):
+    import json
+    from frameworks import load_framework
+    from frameworks.loader import FRAMEWORK_DIR
+    from planner.errors import ConfigError
+
+    base = json.loads((FRAMEWORK_DIR / "deepspeed.json").read_text())
+    assert load_framework("deepspeed").zero3_max_live_params == 1e9
+    assert load_framework("fsdp").zero3_max_live_params is None
+    for i, bad in enumerate((-1, True, "1e9", 1e13)):
+        path = tmp_path / f"bad{i}.json"
+        path.write_text(json.dumps({**base, "zero3_max_live_params": bad}))
+        with pytest.raises(ConfigError, match="zero3_max_live_params"):
+            load_framework(str(path))
+    unsourced = {**base, "sources": {k: v for k, v in base["sources"].items() if k != "zero3_max_live_params"}}
+    path = tmp_path / "unsourced.json"
+    path.write_text(json.dumps(unsourced))
+    with pytest.raises(ConfigError, match="sources.zero3_max_live_params"):
+        load_framework(str(path))
+
+
+def test_offloading_optimizer_and_activations_together_costs_both_and_holds_the_least():
+    """offload=optimizer+activations (DeepSpeed offload_optimizer with cpu_checkpointing): no optimizer states
+    and no saved checkpoints on the device, and the PCIe traffic of both."""
+    from planner.catalog import get
+    from planner.errors import ConfigError
+    from planner.estimate import estimate
+    from planner.parallel import ParallelConfig
+
+    spec = get("gpt3-175b")
+    runs = {}
+    for offload in OFFLOAD:
+        cfg = ParallelConfig(dp=64, tp=1, pp=1, zero=3, micro_batch=4, global_batch=256, recompute="full",
+                             precision="amp-fp16", framework="deepspeed", offload=offload, seq=2048)
+        assert cfg.offloads("optimizer") == ("optimizer" in offload)
+        assert cfg.offloads("activations") == ("activations" in offload)
+        runs[offload] = estimate(spec, "dgx-a100-80g", cfg, gpus=64)
+    both, opt, act = runs["optimizer+activations"], runs["optimizer"], runs["activations"]
+    assert float(both.scores.optimizer_bytes[0]) == 0.0 == float(opt.scores.optimizer_bytes[0])
+    assert float(both.scores.saved_activations_bytes[0]) == pytest.approx(float(act.scores.saved_activations_bytes[0]))
+    assert both.peak_bytes_per_gpu < min(opt.peak_bytes_per_gpu, act.peak_bytes_per_gpu)
+    assert float(both.scores.offload[0]) == pytest.approx(float(act.scores.offload[0]))
+    assert float(both.scores.optimizer[0]) == pytest.approx(float(opt.scores.optimizer[0]))
+    # a stack without it says so in one line
+    cfg = ParallelConfig(dp=64, tp=1, pp=1, zero=3, micro_batch=4, global_batch=256, recompute="full",
+                         precision="amp-bf16", framework="torchtitan", offload="optimizer+activations", seq=2048)
+    with pytest.raises(ConfigError, match="offload=optimizer\\+activations"):
+        estimate(spec, "dgx-a100-80g", cfg, gpus=64)

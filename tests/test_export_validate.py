@@ -63,7 +63,7 @@ def check_megatron(plan, args):
     assert args["untie_embeddings_and_output_weights"] == (not spec.tied_embeddings)
     assert args["sequence_parallel"] == (cfg.tp > 1 and (cfg.sequence_parallel or cfg.ep > 1))
     assert args["recompute_granularity"] == (None if cfg.recompute == "none" else cfg.recompute)
-    assert args["use_distributed_optimizer"] == (cfg.zero >= 1 or cfg.offload == "optimizer")
+    assert args["use_distributed_optimizer"] == (cfg.zero >= 1 or cfg.offloads("optimizer"))
     assert args["use_megatron_fsdp"] == (cfg.zero >= 2)
     assert args["bf16"] == (cfg.precision in ("amp-bf16", "bf16", "fp8")) and args["fp16"] == (cfg.precision == "amp-fp16")
     assert (args["fp8"] is not None) == (cfg.precision == "fp8")
@@ -149,10 +149,10 @@ def check_deepspeed(plan, c):
     assert (c["micro_batch"], c["gradient_accumulation_steps"]) == (cfg.micro_batch, cfg.num_microbatches)
     assert c["zero_stage"] == cfg.zero
     assert c["hpz_partition_size"] == (cfg.shard_group if cfg.zero == 3 and cfg.shard_group < cfg.dp else 1)
-    assert (c["offload_optimizer"] == "cpu") == (cfg.offload == "optimizer")
+    assert (c["offload_optimizer"] == "cpu") == (cfg.offloads("optimizer"))
     assert c["bf16"] == (cfg.precision in ("amp-bf16", "bf16")) and c["fp16"] == (cfg.precision == "amp-fp16")
-    assert c["checkpointing_configured"] == (cfg.recompute != "none" or cfg.offload == "activations")
-    assert c["cpu_checkpointing"] == (cfg.offload == "activations")
+    assert c["checkpointing_configured"] == (cfg.recompute != "none" or cfg.offloads("activations"))
+    assert c["cpu_checkpointing"] == (cfg.offloads("activations"))
 
 
 def check_fsdp(plan, c):
@@ -166,7 +166,7 @@ def check_fsdp(plan, c):
     assert (c["bf16"], c["fp16"]) == (cfg.precision in ("amp-bf16", "bf16"), cfg.precision == "amp-fp16")
     if sharded:
         assert c["fsdp_version"] == 2 and c["reshard_after_forward"] == (cfg.zero == 3)
-        assert c["cpu_offload"] == (cfg.offload == "optimizer")
+        assert c["cpu_offload"] == (cfg.offloads("optimizer"))
         assert c["activation_checkpointing"] == (cfg.recompute == "full") and not c["gradient_checkpointing"]
         assert c["mesh"] == (None if cfg.shard_group == cfg.dp else {"dp_replicate": cfg.dp // cfg.shard_group,
                                                                       "dp_shard": cfg.shard_group})
@@ -184,7 +184,7 @@ def check_sagemaker(plan, c):
     assert mp["tensor_parallel_degree"] == cfg.tp
     assert mp["hybrid_shard_degree"] == (cfg.shard_group * cfg.cp if cfg.zero else cfg.cp)
     assert mp.get("context_parallel_degree", 1) == cfg.cp and mp.get("expert_parallel_degree", 1) == cfg.ep
-    assert mp.get("sm_activation_offloading", False) == (cfg.offload == "activations")
+    assert mp.get("sm_activation_offloading", False) == (cfg.offloads("activations"))
     assert c["batch"]["global_batch"] == cfg.global_batch and c["compute"]["instance_count"] == plan.nodes
 
 

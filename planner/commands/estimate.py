@@ -25,7 +25,7 @@ ScheduleOpt = Annotated[Optional[str], typer.Option(
 VirtualOpt = Annotated[int, typer.Option("--virtual-stages", min=1, max=MAX_WORLD_SIZE, help="Model chunks per pipeline rank (interleaved-1f1b).")]
 ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3, help="ZeRO stage 0, 1, 2 or 3 (sharded over dp).")]
 RecomputeOpt = Annotated[str, typer.Option("--recompute", help="none, selective or full.")]
-OffloadOpt = Annotated[str, typer.Option("--offload", help="none, optimizer or activations.")]
+OffloadOpt = Annotated[str, typer.Option("--offload", help="none, optimizer, activations or optimizer+activations (both).")]
 SpOpt = Annotated[bool, typer.Option("--sequence-parallel", help="Megatron sequence parallelism over the tp group.")]
 PlacementOpt = Annotated[Optional[str], typer.Option(
     "--placement", help="Order of the axes D, P, T (and C, E when used), outermost first; the right-most letter gets "

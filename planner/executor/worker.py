@@ -28,6 +28,7 @@ from planner.executor.parallelize import (GradAllReduce, apply_ac, apply_ddp, ap
                                           stage_block_counts, stage_ids)
 from planner.executor.record import Recorder
 from planner.executor.reference import dp_shard, make_optimizer, synthetic_tokens
+from planner.parallel import offload_kinds
 from planner.executor.runspec import RunSpec
 from planner.models.transformer import build_model, lm_loss
 
@@ -111,7 +112,7 @@ class _Run:
         replicas = mesh.grad_size
         if replicas > 1 and cfg.zero > 0:
             return apply_fsdp(module, mesh.grad, zero=cfg.zero, ignored=experts,
-                              offload_optimizer=spec.offload == "optimizer"), ([], experts)
+                              offload_optimizer="optimizer" in offload_kinds(spec.offload)), ([], experts)
         if replicas > 1 and cfg.tp == 1 and cfg.pp == 1 and cfg.ep == 1:
             return apply_ddp(module, mesh.grad, device=self.device), ([], [])
         # DDP takes no DTensor parameters, and its reducer asserts ("rebuilt parameter indices") when
@@ -199,7 +200,7 @@ class _Run:
                 if self.bug == "hsdp_skip_replica_reduce":   # planted: HSDP replicas never average their shards
                     module.set_requires_all_reduce(False)
             offload = (torch.autograd.graph.save_on_cpu(pin_memory=True)
-                       if self.spec.offload == "activations" else contextlib.nullcontext())
+                       if "activations" in offload_kinds(self.spec.offload) else contextlib.nullcontext())
             with sync, offload:
                 with _autocast(self.spec):
                     loss = lm_loss(module(xm), ym)

@@ -26,7 +26,7 @@ def to_deepspeed(plan: Plan) -> Export:
     zero: dict[str, object] = {"stage": cfg.zero}
     if cfg.zero >= 1 and cfg.dp > 1:
         zero.update(overlap_comm=True, contiguous_gradients=True)
-    if cfg.offload == "optimizer":
+    if cfg.offloads("optimizer"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if dp_replicas(plan) > 1:
         if cfg.zero == 3:
@@ -48,12 +48,12 @@ def to_deepspeed(plan: Plan) -> Export:
     }
     if cfg.precision == "bf16":
         notes.append("precision bf16: DeepSpeed keeps fp32 master weights in its optimizer (as amp-bf16)")
-    if cfg.recompute != "none" or cfg.offload == "activations":
+    if cfg.recompute != "none" or cfg.offloads("activations"):
         per_rank = max(rank_blocks(list(chunk_blocks(plan)), cfg.pp)) if chunk_blocks(plan) else None
         partition = cfg.tp > 1
         ac: dict[str, object] = {"partition_activations": partition,
                                  "contiguous_memory_optimization": partition and per_rank is not None,
-                                 "cpu_checkpointing": cfg.offload == "activations",
+                                 "cpu_checkpointing": cfg.offloads("activations"),
                                  "synchronize_checkpoint_boundary": False, "profile": False}
         if ac["contiguous_memory_optimization"]:
             ac["number_checkpoints"] = per_rank

@@ -102,7 +102,7 @@ def to_fsdp(plan: Plan) -> Export:
                 "fsdp_reshard_after_forward": cfg.zero == 3,
                 "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
                 "fsdp_transformer_layer_cls_to_wrap": layer_cls,
-                "fsdp_offload_params": cfg.offload == "optimizer",
+                "fsdp_offload_params": cfg.offloads("optimizer"),
                 "fsdp_activation_checkpointing": cfg.recompute == "full",
                 "fsdp_state_dict_type": "SHARDED_STATE_DICT",
                 "fsdp_cpu_ram_efficient_loading": True}
@@ -114,7 +114,7 @@ def to_fsdp(plan: Plan) -> Export:
             doc["parallelism_config"] = parallelism
             notes.append(f"dp_shard={cfg.shard_group}: FSDP2 hybrid sharding (HYBRID_SHARD) over a "
                          f"{cfg.dp // cfg.shard_group} x {cfg.shard_group} (replicate x shard) mesh from parallelism_config")
-        if cfg.offload == "optimizer":
+        if cfg.offloads("optimizer"):
             notes.append("offload=optimizer: FSDP2 CPUOffloadPolicy keeps parameters, gradients and optimizer states on "
                          "the host and steps there (less GPU memory than the plan counts)")
         if cfg.precision.startswith("amp"):

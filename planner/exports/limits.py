@@ -123,7 +123,7 @@ def fsdp_limits(plan: Plan) -> list[str]:
             or (spec.sliding_window and spec.model_type != "mistral") or spec.window_layers is not None:
         out.append(f"{spec.name}: MLA / attention sinks / MTP / QK-norm / sliding windows that transformers' "
                    f"{spec.model_type} model does not have")
-    if cfg.offload == "optimizer" and (cfg.zero == 0 or cfg.dp == 1):
+    if cfg.offloads("optimizer") and (cfg.zero == 0 or cfg.dp == 1):
         out.append("offload=optimizer without sharding: DistributedDataParallel has no optimizer offload "
                    "(FSDP's CPU offload needs ZeRO-2/3)")
     return out
@@ -134,9 +134,9 @@ def fsdp_limits(plan: Plan) -> list[str]:
 def deepspeed_limits(plan: Plan) -> list[str]:
     """DeepSpeed 0.19.8 config JSON (deepspeed.runtime.config.DeepSpeedConfig) with its engines."""
     cfg, out = plan.config, []
-    if cfg.offload == "optimizer" and cfg.zero == 0:
+    if cfg.offloads("optimizer") and cfg.zero == 0:
         out.append("DeepSpeed offloads the optimizer only with ZeRO >= 1; the plan has offload=optimizer with ZeRO-0")
-    if cfg.offload == "activations" and cfg.recompute == "none":
+    if cfg.offloads("activations") and cfg.recompute == "none":
         out.append("offload=activations: DeepSpeed offloads checkpointed activations only (cpu_checkpointing), "
                    "and the plan has recompute=none")
     moe = model_moe(plan)
@@ -162,7 +162,7 @@ def sagemaker_limits(plan: Plan) -> list[str]:
                    "--format sagemaker-v1 (SMP v1) can express it")
     if cfg.expert_tp > 1:
         out.append(f"expert_tp={cfg.expert_tp}: SMP v2 has no expert tensor-parallel degree")
-    if cfg.offload == "activations" and cfg.recompute == "none":
+    if cfg.offloads("activations") and cfg.recompute == "none":
         out.append("offload=activations: SMP v2 offloads checkpointed activations only, and the plan has recompute=none")
     return out
 
@@ -181,9 +181,9 @@ def sagemaker_v1_limits(plan: Plan) -> list[str]:
                    "(sharded_data_parallel_degree), not gradients alone; ZeRO-1 would need more memory than planned")
     if cfg.zero == 3 and cfg.pp > 1:
         out.append(f"ZeRO-3 with pp={cfg.pp}: SMP v1's sharded data parallelism does not combine with pipeline parallelism")
-    if cfg.offload == "optimizer":
+    if cfg.offloads("optimizer"):
         out.append("offload=optimizer: SMP v1 has no optimizer offload, and the plan's memory counts on it")
-    if cfg.offload == "activations" and cfg.recompute == "none":
+    if cfg.offloads("activations") and cfg.recompute == "none":
         out.append("offload=activations: SMP v1 offloads checkpointed activations only, and the plan has recompute=none")
     if cfg.precision == "fp8":
         out.append("precision fp8: SMP v1 has no FP8 training")

@@ -158,14 +158,14 @@ def to_megatron(plan: Plan) -> Export:
         add("--overlap-grad-reduce")
         if cfg.zero >= 1:
             add("--overlap-param-gather")
-    if cfg.offload == "optimizer":
+    if cfg.offloads("optimizer"):
         if cfg.zero == 0:
             add("--use-distributed-optimizer")
             notes.append("offload=optimizer: Megatron offloads through the distributed optimizer, so ZeRO-1 is on "
                          "(less memory than ZeRO-0)")
         add("--optimizer-cpu-offload")
         add("--use-precision-aware-optimizer")
-    if cfg.offload == "activations":
+    if cfg.offloads("activations"):
         # Megatron-Core's layer-level CPU offloading (Transformer Engine's offload context): all but the
         # last layer's activations go to the host (num_layers - 1 is its ceiling)
         add("--cpu-offloading-num-layers", spec.layers - 1)

@@ -52,9 +52,9 @@ def to_sagemaker(plan: Plan) -> Export:
         notes.append(f"cp_comm={cfg.cp_comm}: pass cp_comm_type to torch.sagemaker.transform (SMP >= 2.6)")
     if cfg.ep > 1:
         smp["expert_parallel_degree"] = cfg.ep
-    if cfg.offload == "activations":
+    if cfg.offloads("activations"):
         smp["sm_activation_offloading"] = True
-    if cfg.offload == "optimizer":
+    if cfg.offloads("optimizer"):
         notes.append("offload=optimizer: FSDP CPUOffload(offload_params=True) in the script (parameters, gradients "
                      "and optimizer states on the host: less GPU memory)")
     if cfg.recompute != "none":
@@ -110,7 +110,7 @@ def to_sagemaker_v1(plan: Plan) -> Export:
         parameters["bf16"] = True
     elif cfg.precision == "amp-fp16":
         parameters["fp16"] = True
-    if cfg.offload == "activations":
+    if cfg.offloads("activations"):
         parameters["offload_activations"] = True
     if cfg.virtual_stages > 1 or cfg.schedule == "zero-bubble":
         notes.append(f"SMP v1 has no {cfg.schedule} schedule (virtual_stages={cfg.virtual_stages}); exported as "

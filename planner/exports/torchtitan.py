@@ -103,7 +103,7 @@ def to_torchtitan(plan: Plan) -> Export:
                      "keys/values (all_gather) unless the script sets torch's rotate method; same result")
     if cfg.cp > 1 and cfg.zero >= 1:
         notes.append("torchtitan shards FSDP over dp_shard x cp ranks (more sharding than planned: less memory)")
-    if cfg.offload == "optimizer":
+    if cfg.offloads("optimizer"):
         notes.append("offload=optimizer exported as FSDP2 CPU offload (parameters, gradients and optimizer states "
                      "on the host: less GPU memory, more host traffic)")
     if cfg.placement.replace("C", "") != "PDT":
@@ -115,7 +115,7 @@ def to_torchtitan(plan: Plan) -> Export:
     training = {"local_batch_size": local_batch, "global_batch_size": cfg.global_batch, "seq_len": cfg.seq,
                 "dtype": "bfloat16" if cfg.precision == "bf16" else "float32",
                 "mixed_precision_param": "float32" if cfg.precision == "fp32" else "bfloat16",
-                "enable_cpu_offload": cfg.offload == "optimizer",
+                "enable_cpu_offload": cfg.offloads("optimizer"),
                 "disable_cuda_graphs": cfg.pp > 1}
     if cfg.pp > 1:
         notes.append("training.disable_cuda_graphs = True: torchtitan 0.3.0 has no CUDA graphs with pipeline parallelism")
