@@ -124,7 +124,8 @@ def main() -> dict:
                                                       "global_batch", "seq", "precision", "recompute")},
                      "options": c.options, "measured_s": m, "measured_from": "step" if c.measured_s else "tflops",
                      "predicted_s": pred, "error": pred / m - 1, "loo_predicted_s": loo, "loo_error": loo / m - 1,
-                     "breakdown_s": est.time_breakdown_s()})
+                     "breakdown_s": est.time_breakdown_s(), "fits": est.fits,
+                     "needed_over_capacity": est.needed_bytes / float(c.hardware.memory_bytes)})
     by_source = {s: {"rows": sum(r["source"] == s for r in rows),
                      "mape": mape([r["error"] for r in rows if r["source"] == s]),
                      "loo_mape": mape([r["loo_error"] for r in rows if r["source"] == s]),
@@ -133,6 +134,8 @@ def main() -> dict:
     result = {"rows": rows, "by_source": by_source, "mape": mape([r["error"] for r in rows]),
               "loo_mape": mape([r["loo_error"] for r in rows]), "estimated": len(rows), "refused": 0,
               "worst": {"id": worst["id"], "error": worst["error"]},
+              "trained_predicted_not_to_fit": [{"id": r["id"], "needed_over_capacity": r["needed_over_capacity"]}
+                                               for r in rows if not r["fits"]],
               "fitted": {"framework": FITTED[0], "parameter": FITTED[1], "shipped": shipped,
                          "fitted_on_all": fit(cases), "grid": [GRID[0], GRID[-1], GRID[1] - GRID[0]]},
               "conventions": conventions(cases), "imbalance_check": imbalance_check(cases)}
@@ -158,6 +161,9 @@ def show(result: dict) -> None:
     print(f"\nall {result['estimated']} rows estimated, {result['refused']} refused: MAPE {result['mape'] * 100:.1f}%, "
           f"leave-one-source-out {result['loo_mape'] * 100:.1f}%; worst {result['worst']['id']} "
           f"{result['worst']['error'] * 100:+.1f}%")
+    nofit = result["trained_predicted_not_to_fit"]
+    print(f"runs that trained but are predicted not to fit: {len(nofit)}"
+          + "".join(f"\n  {r['id']} (needs {r['needed_over_capacity']:.2f} x the device)" for r in nofit))
     print(f"{f['framework']}.{f['parameter']}: shipped {f['shipped']:g}, fitted on all rows {f['fitted_on_all']:g}")
     print("TFLOP/s convention check (published / causal-halved at the published step):",
           ", ".join(f"{s} {v['min']:.3f}-{v['max']:.3f} ({v['rows']} rows)" for s, v in result["conventions"].items()))

@@ -152,6 +152,9 @@ def options_of(row: dict) -> dict:
         out["fp8_scaling"] = "rowwise"
     if extras.get("cpu_offloading_num_layers"):
         out["activation_offload_layers"] = int(extras["cpu_offloading_num_layers"])
+    modules = extras.get("recompute_modules")       # Megatron-Core's --recompute-modules, when the run names them
+    if modules and row.get("recompute") == "selective":
+        out["recompute_modules"] = tuple(modules)
     if extras.get("norm_kernel") == "fused_rmsnorm":          # torchtitan's Triton RMSNorm (norm_type)
         out["fused_norm"] = True
     if isinstance(extras.get("expandable_segments"), bool):     # the run's PYTORCH_CUDA_ALLOC_CONF, when known

@@ -258,18 +258,120 @@ def op_sac(spec: TransformerSpec, precision: str, kernels: str) -> OpSac:
     return OpSac(saved=Terms(rep=rep, shard=shard), gemm_fraction=recomputed)
 
 
-def moe_mla_bytes_per_token(spec: TransformerSpec, c) -> tuple[dict, dict]:
-    """Saved-for-backward bytes per token of an MoE MLP and of MLA, by what autograd keeps in
-    planner.models.transformer (tests/test_moe_models.py measures them), as (replicated, sharded)
-    dicts that replace the dense `mlp` / `qkv` / `attn_out` terms. c = compute bytes.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj")
+"""Megatron-Core's --recompute-modules (TransformerConfig.recompute_modules, used with recompute_granularity
+selective; default ["core_attn"]): the attention core, the separate norms, a dense block's MLP, the whole MoE
+layer, the routed experts' activation function, the shared experts, MLA's up-projections."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModuleSac:
+    """Selective recomputation by module (Megatron-Core's recompute_modules): what a block keeps and what its
+    backward re-runs (cost_models.compute.block_seconds, cost_models.moe.ep_block_seconds)."""
+
+    modules: tuple[str, ...]
+    saved: Terms
+    """Per token: the block's saved tensors less those of the recomputed modules (module_sac)."""
+    core_attn: bool
+    """The attention core re-runs (its s x s work under unfused attention)."""
+    gemms: frozenset
+    """Names of the GEMMs re-run (cost_models.flops.block_gemm_shapes)."""
+    elem: Terms
+    """Memory-bound bytes per token re-streamed (norms, activation functions, the MoE permutation)."""
+    moe_layer: bool
+    """The whole MoE layer re-runs: its dispatch and combine exchanges and its permutations too."""
+
+
+def module_sac(spec: TransformerSpec, precision: str, modules) -> ModuleSac:
+    """What Megatron-Core's selective recomputation of `modules` (RECOMPUTE_MODULES) drops from a block's saved
+    tensors (the Megatron table, _megatron_block / _moe_mla_block, c = compute bytes, lin = a linear layer's saved
+    input: 1 byte under FP8) and re-runs (megatron/core/transformer/transformer_layer.py, moe/moe_layer.py,
+    moe/experts.py, multi_latent_attention.py; Megatron-LM d98e8a6):
+      core_attn       the attention core's s x s tensors (the default, Korthikanti et al. 2022 Sec. 5);
+      layernorm       the outputs of the norms that run as separate modules, lin h each: the MoE layer's
+                      pre-MLP norm and MLA's input norm (Transformer Engine fuses the others into the next
+                      linear, where nothing is freed); re-run as 2 c h streamed per norm;
+      mlp             a dense block's MLP inner tensors (SwiGLU input 2 c f, or GeLU's c f, and fc2's input
+                      lin f); re-run as its three (two) GEMMs and the activation;
+      moe             the whole MoE layer but its input: the router and dispatch terms (moe_mla_bytes_per_token)
+                      and the expert MLPs' inner tensors (width k f_e + S f_s); re-run as the router, expert and
+                      shared-expert GEMMs, the permutations and the dispatch and combine exchanges;
+      moe_act         the routed experts' fc2 input, lin k f_e; re-run as the weighted SwiGLU (3 c k f_e);
+      shared_experts  the shared experts' inner tensors (S f_s wide); re-run as their GEMMs and activation;
+      mla_up_proj     MLA's q, k and v (the up-projections' outputs after RoPE); re-run as the q_b and kv_b GEMMs.
+    A module the block does not have frees nothing (Megatron-Core ignores it too)."""
+    mods = tuple(modules)
+    c = compute_bytes(precision)
+    lin = 1.0 if precision == "fp8" else c
+    table = block_table(spec, precision, "fused")
+    h, moe, mla = spec.hidden, spec.moe, spec.mla
+    gate = 2 if spec.gated_mlp else 1
+
+    def inner(width):                # an MLP's activation input (both halves when gated) and fc2's input
+        return (gate * c + lin) * width
+
+    def act_traffic(width):          # SwiGLU reads 2 f and writes f; GeLU reads f and writes f
+        return (gate + 1) * c * width
+
+    dropped, elem, gemms = Terms(), Terms(), set()
+    if "core_attn" in mods:
+        dropped = dropped + table.scores_saved
+    if "layernorm" in mods:
+        norms = (moe is not None) + (mla is not None)
+        dropped = dropped + Terms(rep=norms * lin * h)
+        elem = elem + Terms(rep=norms * 2.0 * c * h)
+    if "mlp" in mods and moe is None:
+        dropped = dropped + Terms(shard=inner(spec.d_ffn))
+        elem = elem + Terms(shard=act_traffic(spec.d_ffn))
+        gemms |= {"w1", "w2", "w3"}
+    shared_width = moe.shared_experts * moe.d_shared_ffn if moe is not None else 0
+    if moe is not None and "moe" in mods:
+        rep, _ = moe_mla_bytes_per_token(spec, c, kernels="fused", precision=precision)
+        moe_rep = sum(v for k, v in rep.items() if k.startswith("moe_"))
+        dropped = dropped + Terms(rep=moe_rep, shard=inner(moe.top_k * moe.expert_ffn + shared_width))
+        elem = elem + Terms(rep=moe.top_k * 5 * h * c + 8.0 * moe.experts,     # gather, scatter, weighting
+                            shard=act_traffic(moe.top_k * moe.expert_ffn + shared_width))
+        gemms |= {"router", "experts_w1", "experts_w2", "experts_w3", "shared_w1", "shared_w2", "shared_w3",
+                  "shared_gate"}
+    elif moe is not None:
+        if "moe_act" in mods:
+            dropped = dropped + Terms(shard=lin * moe.top_k * moe.expert_ffn)
+            elem = elem + Terms(shard=act_traffic(moe.top_k * moe.expert_ffn))
+        if "shared_experts" in mods and shared_width:
+            dropped = dropped + Terms(shard=inner(shared_width))
+            elem = elem + Terms(shard=act_traffic(shared_width))
+            gemms |= {"shared_w1", "shared_w2", "shared_w3", "shared_gate"}
+    if mla is not None and "mla_up_proj" in mods:
+        _, shard = moe_mla_bytes_per_token(spec, c, kernels="fused", precision=precision)
+        dropped = dropped + Terms(shard=shard["qkv"])
+        gemms |= {"wq_b", "wkv_b"}
+    kept = table.saved
+    saved = Terms(rep=max(kept.rep - dropped.rep, table.saved_full_recompute.rep),
+                  shard=max(kept.shard - dropped.shard, 0.0), seq=max(kept.seq - dropped.seq, 0.0))
+    return ModuleSac(modules=mods, saved=saved, core_attn="core_attn" in mods, gemms=frozenset(gemms), elem=elem,
+                     moe_layer=moe is not None and "moe" in mods)
+
+
+def moe_mla_bytes_per_token(spec: TransformerSpec, c, *, kernels: str = "eager",
+                            precision: str = "amp-bf16") -> tuple[dict, dict]:
+    """Saved-for-backward bytes per token of an MoE MLP and of MLA, as (replicated, sharded) dicts that
+    replace the dense `mlp` / `qkv` / `attn_out` terms. c = compute bytes. The MoE layer's dispatch depends
+    on the implementation (`kernels`): the eager layer of planner.models.transformer (tests/test_moe_models.py
+    measures it), or Megatron-Core's ('fused': MoELayer with the all-to-all dispatcher and TEGroupedMLP).
 
     MoE (k of E experts of width f_e, shared experts of total width f_s):
       router       E x 4 (fp32 softmax/sigmoid output) + k x 8 (chosen indices) + k x 4 + 4 (the
                    renormalization's numerator and denominator, with normalize_top_k)
-      dispatch     k (3 h c + c + 16): each routed copy of the token (the expert's input), the
+      dispatch     eager: k (3 h c + c + 16): each routed copy of the token (the expert's input), the
                    expert's output (kept by the gate-weight product) and the weighted output (kept by
                    the scatter-add back), the gathered weight and two int64 indices; replicated over
-                   tensor-parallel ranks, which split f_e
+                   tensor-parallel ranks, which split f_e.
+                   Megatron-Core: k (h c_in + 4 + 16): only the routed fc1 input, saved by Transformer
+                   Engine's GroupedLinear (1 byte per element under FP8: its column-wise FP8 copy), the
+                   routed probability in fp32 (kept by the weighted SwiGLU, which applies it) and the
+                   permutation map; the all-to-all and unpermute save nothing (megatron/core/transformer/moe/
+                   experts.py TEGroupedMLP, fused_bias_swiglu.py WeightedSwiGLUFunction, moe_utils.py;
+                   transformer_engine/pytorch/module/grouped_linear.py; Megatron-LM d98e8a6, TE 2.20)
       experts      k x 4 f_e c gated (2 f_e c plain), as a dense MLP of width k f_e
       shared       4 f_s c gated (2 f_s c), and Qwen2-MoE's gate: its sigmoid (c) and the shared output (h c)
     MLA (DeepSeek-V3 report Sec. 2.1.1): q (a d_qk c), k (a d_qk c), the kv_b output holding the values
@@ -283,7 +385,11 @@ def moe_mla_bytes_per_token(spec: TransformerSpec, c) -> tuple[dict, dict]:
         moe = spec.moe
         inner = 4 if spec.gated_mlp else 2
         rep["moe_router"] = moe.experts * 4 + moe.top_k * 8 + (moe.top_k * 4 + 4) * moe.normalize_top_k
-        rep["moe_dispatch"] = moe.top_k * (3 * h * c + c + 16)
+        if kernels == "fused":
+            c_in = 1.0 if precision == "fp8" else c
+            rep["moe_dispatch"] = moe.top_k * (h * c_in + 4 + 16)
+        else:
+            rep["moe_dispatch"] = moe.top_k * (3 * h * c + c + 16)
         shard["mlp"] = inner * c * (moe.top_k * moe.expert_ffn + moe.shared_experts * moe.d_shared_ffn)
         if moe.shared_expert_gate:
             rep["moe_shared_gate"] = c + h * c
@@ -316,7 +422,7 @@ def _moe_mla_block(spec: TransformerSpec, precision: str, kernels: str, *, flash
     dense = spec.with_(moe=None, mla=None, ffn=ffn, head_dim=spec.d_head, kv_heads=0 if spec.mla else spec.kv_heads)
     base = block_table(dense, precision, kernels, flash=flash, dropout=dropout)
     c = compute_bytes(_torch_precision(precision) if kernels == "torch" else precision)
-    rep, _ = moe_mla_bytes_per_token(spec, c)
+    rep, _ = moe_mla_bytes_per_token(spec, c, kernels=kernels, precision=precision)
     mla_shard = 0.0
     if spec.mla is not None:  # MLA's saved q, k, kv_b output and output minus the 4 a d_qk standing in
         m = spec.mla

@@ -233,12 +233,13 @@ def block_seconds(x) -> BlockSeconds:
     (a flash kernel, or QK^T and AV as batched GEMMs when unfused), memory-bound kernels as bytes
     streamed / bandwidth (cost_models.blocks tables; backward streams BWD_TRAFFIC_FACTOR x), and
     recomputation (Korthikanti et al. 2022 Sec. 5: selective re-runs the attention core, full the forward)."""
-    from cost_models.blocks import BWD_TRAFFIC_FACTOR
+    from cost_models.blocks import BWD_TRAFFIC_FACTOR, ModuleSac
     from cost_models.flops import GemmShape, attention_kernel_flops_fwd, block_gemm_shapes
 
     linear_kw = dict(hw=x.hw, precision=x.precision, elem_bytes=x.c)
     core_kw = dict(hw=x.hw, precision=x.attention_precision, elem_bytes=x.c)
-    gemm_f = gemm_b = attn_f = attn_b = cast_f = cast_b = expert_f = expert_b = 0.0
+    gemm_f = gemm_b = attn_f = attn_b = cast_f = cast_b = expert_f = expert_b = module_f = 0.0
+    modules = x.sac if isinstance(x.sac, ModuleSac) else None
     s_local = x.seq / x.cp
     cast = fp8_cast_bytes(x)
     shapes = block_gemm_shapes(x.spec, x.b, s_local, tp=x.tp)
@@ -259,6 +260,8 @@ def block_seconds(x) -> BlockSeconds:
             gemm_f, gemm_b = gemm_f + f_, gemm_b + b_
             if g.name.startswith("experts_"):
                 expert_f, expert_b = expert_f + f_, expert_b + b_
+            if modules is not None and g.name in modules.gemms:
+                module_f = module_f + f_ + cast * (g.m * g.k + g.k * g.n) * g.batch / memory_Bps(x.hw)
             cast_f = cast_f + cast * (g.m * g.k + g.k * g.n) * g.batch
             cast_b = cast_b + cast * g.m * g.n * g.batch
     if x.attn_kernel != "math":
@@ -268,14 +271,20 @@ def block_seconds(x) -> BlockSeconds:
     bw = memory_Bps(x.hw)
     gemm_f, gemm_b = gemm_f + cast_f / bw, gemm_b + cast_b / bw
     elem_f = x.per_token(x.table.traffic_fwd) * x.tokens / bw
+    permute_f = 0.0
     if x.spec.moe is not None:    # the received tokens regrouped by local expert (cost_models.moe)
         from cost_models.moe import permute_bytes_fwd
-        elem_f = elem_f + permute_bytes_fwd(x) / bw
+        permute_f = permute_bytes_fwd(x) / bw
+        elem_f = elem_f + permute_f
     scores_f = x.per_token(x.table.scores_traffic_fwd) * x.tokens / bw
     layer_f = gemm_f + attn_f + elem_f
     # selective: the attention core again (Megatron), or the matmuls and memory-bound ops torchtitan's
     # per-operator policy did not save (Step.sac)
-    selective = attn_f + scores_f if x.sac is None else x.sac.gemm_fraction * gemm_f + elem_f
+    if modules is not None:       # Megatron-Core's recompute_modules (cost_models.blocks.module_sac)
+        selective = (attn_f + scores_f) * modules.core_attn + module_f + x.per_token(modules.elem) * x.tokens / bw \
+            + permute_f * modules.moe_layer
+    else:
+        selective = attn_f + scores_f if x.sac is None else x.sac.gemm_fraction * gemm_f + elem_f
     rec = np.select([x.full, x.selective], [layer_f, selective], 0.0) * recompute_passes(x)
     k = 1.0 / x.sw.framework.compute_efficiency     # the stack's gaps around its kernels (frameworks)
     return BlockSeconds(gemm_fwd=k * gemm_f, gemm_bwd=k * gemm_b, attn_fwd=k * attn_f, attn_bwd=k * attn_b,

@@ -226,7 +226,9 @@ def ep_block_seconds(x, block) -> EpSeconds:
     etp = expert_tp_seconds(x)
     fwd = dispatch + combine + etp
     bwd = fwd
-    rec = np.where(x.full, fwd, 0.0) * recompute_passes(x)
+    # a recomputed MoE layer (full recomputation, or Megatron-Core's recompute_modules "moe") exchanges again
+    moe_layer = bool(getattr(x.sac, "moe_layer", False))
+    rec = np.where(x.full | (x.selective & moe_layer), fwd, 0.0) * recompute_passes(x)
     half = fwd / 2.0                            # dispatch-side and combine-side halves of each pass
     rest_f, rest_b = block.fwd - block.expert_fwd, block.bwd - block.expert_bwd
     beside = (np.maximum(0.0, half - block.expert_bwd) + np.maximum(0.0, half - rest_b)

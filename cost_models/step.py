@@ -83,6 +83,9 @@ class Software:
     expandable_segments: bool = False
     """PyTorch's allocator runs with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): the
     framework launcher's default unless a run says otherwise (cost_models.memory.allocator_overhead)."""
+    recompute_modules: tuple[str, ...] | None = None
+    """What selective recomputation re-runs on a stack whose selective policy is by module (Megatron-Core's
+    recompute_modules, cost_models.blocks.RECOMPUTE_MODULES); None: the attention core (its default)."""
     fp8_scaling: str = "tensorwise"
     """How an FP8 recipe scales GEMM operands (FP8_SCALINGS): one scale per tensor, or per row (torchao's
     rowwise recipe), whose backward needs every operand scaled along its other axis too (cost_models.compute.
@@ -96,7 +99,7 @@ class Software:
            moe_imbalance: float | None = None, moe_fp8_dispatch: bool = False,
            fp8_scaling: str | None = None, activation_offload_layers: int | None = None,
            master_weights: str | None = None, expandable_segments: bool | None = None,
-           fused_norm: bool = False) -> "Software":
+           fused_norm: bool = False, recompute_modules=None) -> "Software":
         return cls(framework=framework, attention=attention or framework.attention, dropout=bool(dropout),
                    loss=loss or framework.loss,
                    tp_comm_overlap=framework.tp_comm_overlap if tp_comm_overlap is None else bool(tp_comm_overlap),
@@ -108,6 +111,7 @@ class Software:
                    moe_imbalance=moe_imbalance, moe_fp8_dispatch=bool(moe_fp8_dispatch),
                    fp8_scaling=fp8_scaling or "tensorwise", activation_offload_layers=activation_offload_layers,
                    master_weights=master_weights or "fp32", fused_norm=bool(fused_norm),
+                   recompute_modules=None if recompute_modules is None else tuple(recompute_modules),
                    expandable_segments=framework.expandable_segments if expandable_segments is None
                    else bool(expandable_segments))
 
@@ -194,9 +198,12 @@ def block_table_of(sw: Software, spec: TransformerSpec, precision: str, zero=Non
                    kernels_fwd=fused.kernels_fwd)
 
 
-def selective_policy(sw: Software, spec: TransformerSpec, precision: str) -> B.OpSac | None:
+def selective_policy(sw: Software, spec: TransformerSpec, precision: str) -> B.OpSac | B.ModuleSac | None:
     """torchtitan's per-operator selective recomputation (cost_models.blocks.op_sac) for its dense blocks;
-    None where selective means the attention core (Megatron) or the block is MoE / MLA."""
+    Megatron-Core's by module when the run names its recompute_modules (cost_models.blocks.module_sac); None
+    where selective means the attention core (Megatron's default) or the block is MoE / MLA under torchtitan."""
+    if sw.recompute_modules is not None and tuple(sw.recompute_modules) != ("core_attn",):
+        return B.module_sac(spec, precision, sw.recompute_modules)
     if sw.framework.selective_recompute != "op" or spec.moe is not None or spec.mla is not None:
         return None
     return B.op_sac(spec, precision, sw.framework.kernels)

@@ -92,6 +92,9 @@ class Capabilities:
     master_remainders: bool = False
     """Whether the optimizer can keep the fp32 master weights as the 16 low bits beside bf16 parameters
     (Apex DistributedFusedAdam / Transformer Engine FusedAdam store_param_remainders; MASTER_WEIGHTS)."""
+    recompute_modules: bool = False
+    """Whether selective recomputation can name the modules it re-runs (Megatron-Core's --recompute-modules:
+    core_attn, layernorm, mlp, moe, moe_act, shared_experts, mla_up_proj; cost_models.blocks.module_sac)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

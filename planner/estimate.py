@@ -127,6 +127,7 @@ class Estimate:
                          "grad_reduce_bytes": sw.state_bytes(cfg.precision).reduce,
                          "master_weights": sw.master_weights, "expandable_segments": sw.expandable_segments,
                          **({"fused_norm": True} if sw.fused_norm else {}),
+                         **({"recompute_modules": list(sw.recompute_modules)} if sw.recompute_modules else {}),
                          **({"fp8_scaling": sw.fp8_scaling} if cfg.precision == "fp8" else {}),
                          **({"moe_dispatcher": sw.moe_dispatcher, "moe_a2a_overlap": sw.moe_a2a_overlap,
                              "moe_imbalance": sw.imbalance, "moe_fp8_dispatch": sw.moe_fp8_dispatch}
@@ -200,7 +201,8 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
                  moe_imbalance: float | None = None, moe_fp8_dispatch: bool = False,
                  kernels: str | None = None, fp8_scaling: str | None = None,
                  activation_offload_layers: int | None = None, master_weights: str | None = None,
-                 expandable_segments: bool | None = None, fused_norm: bool = False) -> Software:
+                 expandable_segments: bool | None = None, fused_norm: bool = False,
+                 recompute_modules=None) -> Software:
     """The run's software: the framework profile (by name or record) with the attention kernel, dropout,
     gradient-reduction overlap and dtype, cross-entropy kernel, tensor-parallel overlap, torch.compile and
     expert-parallel choices (token dispatcher, exchange overlap, routed-token imbalance, FP8 dispatch;
@@ -210,7 +212,8 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
     (`master_weights`, cost_models.step.MASTER_WEIGHTS; 'remainder' only where the framework's capabilities
     have master_remainders), and whether PyTorch's allocator runs with expandable segments
     (`expandable_segments`; None: the framework launcher's default), and whether an eager stack's RMSNorms run as
-    one fused kernel (`fused_norm`, torchtitan's fused_rmsnorm)."""
+    one fused kernel (`fused_norm`, torchtitan's fused_rmsnorm), and which modules selective recomputation re-runs
+    where the framework names them (`recompute_modules`, Megatron-Core's; cost_models.blocks.RECOMPUTE_MODULES)."""
     fw = framework if isinstance(framework, FrameworkProfile) else load_framework(framework)
     if kernels is not None:
         if kernels not in KERNELS:
@@ -244,6 +247,8 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
         raise ConfigError("expandable_segments", expandable_segments, "true or false")
     if not isinstance(fused_norm, bool):
         raise ConfigError("fused_norm", fused_norm, "true or false")
+    if recompute_modules is not None:
+        recompute_modules = check_recompute_modules(fw, recompute_modules)
     if moe_dispatcher is not None and moe_dispatcher not in MOE_DISPATCHERS:
         raise ConfigError("moe_dispatcher", moe_dispatcher, "one of " + ", ".join(MOE_DISPATCHERS))
     number = isinstance(moe_imbalance, (int, float)) and not isinstance(moe_imbalance, bool)
@@ -255,7 +260,25 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
                        compile=compile, moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
                        moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch, fp8_scaling=fp8_scaling,
                        activation_offload_layers=activation_offload_layers, master_weights=master_weights,
-                       expandable_segments=expandable_segments, fused_norm=fused_norm)
+                       expandable_segments=expandable_segments, fused_norm=fused_norm,
+                       recompute_modules=recompute_modules)
+
+
+def check_recompute_modules(fw: FrameworkProfile, modules) -> tuple[str, ...]:
+    """The modules as a tuple, or ConfigError (one line): a non-empty list of distinct names from
+    cost_models.blocks.RECOMPUTE_MODULES, on a framework whose capabilities have recompute_modules."""
+    from cost_models.blocks import RECOMPUTE_MODULES
+
+    allowed = "a list of distinct names among " + ", ".join(RECOMPUTE_MODULES)
+    if isinstance(modules, str) or not isinstance(modules, (list, tuple)) or not modules \
+            or any(not isinstance(m, str) or m not in RECOMPUTE_MODULES for m in modules) \
+            or len(set(modules)) != len(modules):
+        raise ConfigError("recompute_modules", modules, allowed)
+    if not fw.capabilities.recompute_modules:
+        raise ConfigError("recompute_modules", list(modules), "none",
+                          message=f"framework {fw.name} cannot run this plan: recompute_modules={','.join(modules)}: "
+                                  f"{fw.name} does not name the modules selective recomputation re-runs (allowed: none)")
+    return tuple(modules)
 
 
 def check_master_weights(software: Software, precision: str) -> None:
@@ -276,7 +299,8 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
              moe_fp8_dispatch: bool = False, kernels: str | None = None, check_framework: bool = True,
              framework_profile: FrameworkProfile | None = None, fp8_scaling: str | None = None,
              activation_offload_layers: int | None = None, master_weights: str | None = None,
-             expandable_segments: bool | None = None, fused_norm: bool = False) -> Estimate:
+             expandable_segments: bool | None = None, fused_norm: bool = False,
+             recompute_modules=None) -> Estimate:
     """Validate `cfg` for `model` on `gpus` devices of `hw` and predict its step time and memory on the
     framework `cfg.framework` names (frameworks/*.json).
 
@@ -288,7 +312,8 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
     offload, how many blocks offload (`activation_offload_layers`, Megatron-Core's cpu_offloading_num_layers),
     and how the optimizer keeps the master weights (`master_weights`: fp32, or remainder where the framework
     can, with bf16 parameters; check_master_weights), and whether the allocator runs with expandable segments
-    (`expandable_segments`; cost_models.memory.allocator_overhead), and eager RMSNorms fused (`fused_norm`).
+    (`expandable_segments`; cost_models.memory.allocator_overhead), and eager RMSNorms fused (`fused_norm`),
+    and the modules selective recomputation re-runs (`recompute_modules`, Megatron-Core's; with recompute=selective).
     `check_framework=False` costs a plan the framework's
     capabilities do not list (the executor's own runs: it is a torchtitan-style stack that also runs
     tensor parallelism without sequence parallelism and ZeRO-1). `framework_profile` replaces the shipped
@@ -317,7 +342,7 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
                             moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch, kernels=kernels,
                             fp8_scaling=fp8_scaling, activation_offload_layers=activation_offload_layers,
                             master_weights=master_weights, expandable_segments=expandable_segments,
-                            fused_norm=fused_norm)
+                            fused_norm=fused_norm, recompute_modules=recompute_modules)
     cfg.check_world_size(gpus)
     cfg.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
     cfg.check_experts(model.moe)

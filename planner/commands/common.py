@@ -54,6 +54,10 @@ KernelsOpt = Annotated[Optional[str], typer.Option(
                       "(Transformer Engine / Megatron kernels), eager (Hugging Face modules, e.g. under "
                       "DeepSpeed ZeRO-3 or Accelerate) or torch (plain PyTorch modules). Default: the "
                       "framework's.")]
+RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
+    "--recompute-modules", help="With --recompute selective on megatron: the modules re-run in the backward, "
+                                "comma-separated among core_attn (default), layernorm, mlp, moe, moe_act, "
+                                "shared_experts, mla_up_proj (Megatron-Core's --recompute-modules).")]
 MasterWeightsOpt = Annotated[Optional[str], typer.Option(
     "--master-weights", help="How the optimizer keeps the master weights: fp32 (default) or remainder (the 16 "
                              "low bits beside bf16 parameters: NeMo 1.x's distributed fused Adam, Megatron-Core's "

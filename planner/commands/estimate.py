@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from planner.commands.common import (MAX_WORLD_SIZE, AttentionOpt, DropoutOpt, FrameworkOpt, GlobalBatchOpt, GpusOpt,
-                                     GradReduceOpt, Fp8ScalingOpt, MasterWeightsOpt, KernelsOpt,
+                                     GradReduceOpt, Fp8ScalingOpt, MasterWeightsOpt, KernelsOpt, RecomputeModulesOpt,
                                      HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
                                      NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json)
 from planner.errors import ConfigError
@@ -85,7 +85,7 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
              precision: HwPrecisionOpt = None, optimizer: OptimizerOpt = "adamw", framework: FrameworkOpt = None,
              attention: AttentionOpt = None, dropout: DropoutOpt = None, grad_reduce_dtype: GradReduceOpt = None,
              fp8_scaling: Fp8ScalingOpt = None, master_weights: MasterWeightsOpt = None, kernels: KernelsOpt = None,
-             stages: StagesOpt = None,
+             stages: StagesOpt = None, recompute_modules: RecomputeModulesOpt = None,
              json: JsonOpt = False) -> None:
     """Predict step time and peak memory of one parallel configuration."""
     from hardware_profiles import load_profile
@@ -109,7 +109,9 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
                          framework=default_framework(model, framework), cp=cp,
                          cp_comm=cp_comm, dp_shard=dp_shard, ep=ep, expert_tp=expert_tp)
     est = run_estimate(spec, hw, cfg, gpus=n, attention=attention, dropout=dropout, grad_reduce_dtype=grad_reduce_dtype,
-                       fp8_scaling=fp8_scaling, master_weights=master_weights, kernels=kernels)
+                       fp8_scaling=fp8_scaling, master_weights=master_weights, kernels=kernels,
+                       recompute_modules=None if recompute_modules is None
+                       else [m.strip() for m in recompute_modules.split(",")])
     document = est.to_document()
     if json:
         emit_json(document)
@@ -169,7 +171,8 @@ def render(doc: dict) -> None:
         console.print(f"software: {sw['framework']} ({sw['kernels']} kernels), "
                       + said("attention", f"attention {sw['attention']}") + ", "
                       + said("dropout", f"dropout {'on' if sw['dropout'] else 'off'}")
-                      + (", master weights as 16-bit remainders" if sw.get("master_weights") == "remainder" else ""),
+                      + (", master weights as 16-bit remainders" if sw.get("master_weights") == "remainder" else "")
+                      + (f", recomputing {', '.join(sw['recompute_modules'])}" if sw.get("recompute_modules") else ""),
                       highlight=False)
     if pred.get("expert_parallel"):
         from planner.explain import expert_lines
