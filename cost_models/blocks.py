@@ -305,13 +305,12 @@ def module_sac(spec: TransformerSpec, precision: str, modules) -> ModuleSac:
     lin = 1.0 if precision == "fp8" else c
     table = block_table(spec, precision, "fused")
     h, moe, mla = spec.hidden, spec.moe, spec.mla
-    gate = 2 if spec.gated_mlp else 1
 
-    def inner(width):                # an MLP's activation input (both halves when gated) and fc2's input
-        return (gate * c + lin) * width
+    def inner(width):
+        return mlp_inner_saved(spec.gated_mlp, c, lin, width)
 
-    def act_traffic(width):          # SwiGLU reads 2 f and writes f; GeLU reads f and writes f
-        return (gate + 1) * c * width
+    def act_traffic(width):
+        return mlp_act_traffic(spec.gated_mlp, c, width)
 
     dropped, elem, gemms = Terms(), Terms(), set()
     if "core_attn" in mods:
@@ -437,6 +436,17 @@ def _moe_mla_block(spec: TransformerSpec, precision: str, kernels: str, *, flash
                       kernels_fwd=base.kernels_fwd + launches)
 
 
+def mlp_inner_saved(gated: bool, c, lin, width):
+    """What a Megatron MLP of inner width f keeps between its linears, per token: SwiGLU both fc1 halves (2 c f)
+    or GeLU its input (c f), and fc2 its input (lin f: 1 byte under FP8). _megatron_block and module_sac."""
+    return ((2 if gated else 1) * c + lin) * width
+
+
+def mlp_act_traffic(gated: bool, c, width):
+    """Bytes the fused activation streams per token: SwiGLU reads 2 f and writes f, bias-GeLU reads and writes f."""
+    return (3 if gated else 2) * c * width
+
+
 def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout: bool) -> BlockTable:
     """Korthikanti et al. 2022, Sec. 4.1, term by term (c = 2 under mixed precision):
     attention: LN-out c h + Q,K c (q + kv) + V c kv + softmax c a s + mask a s + dropout-out c a s
@@ -452,8 +462,7 @@ def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropo
     h, q, kv, f, a = spec.hidden, spec.attn_width, spec.kv_width, spec.d_ffn, spec.heads
     mask = 1.0 if dropout else 0.0
     lin = 1.0 if precision == "fp8" else c                              # a linear layer's saved input, per element
-    act_in = 2 * c * f if spec.gated_mlp else c * f                     # SwiGLU keeps both fc1 halves, GeLU its input
-    mlp_inner = act_in + lin * f                                        # + fc2 in
+    mlp_inner = mlp_inner_saved(spec.gated_mlp, c, lin, f)              # SwiGLU / GeLU input + fc2 in
     proj_in = (c * q + (lin * q if lin != c else 0.0)) if flash else lin * q  # flash keeps its 16-bit output
     rep = c * h + lin * h + mask * h + c * h + lin * h + mask * h       # LN1 in, QKV in, mask, LN2 in, fc1 in, mask
     shard = c * (q + kv) + c * kv + proj_in + mlp_inner                 # Q, K, V, proj in, MLP inner
@@ -466,7 +475,7 @@ def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropo
         # scale-mask-softmax reads + writes c per score; dropout reads c, writes c + 1 byte mask.
         scores_traffic = Terms(seq=(2 * c + (2 * c + 1) * (1 if dropout else 0)) * a)
     saved = Terms(rep=rep, shard=shard) + scores
-    act = 3 * c * f if spec.gated_mlp else 2 * c * f                   # bias-GeLU r/w, or SwiGLU r 2f w f
+    act = mlp_act_traffic(spec.gated_mlp, c, f)                         # bias-GeLU r/w, or SwiGLU r 2f w f
     bda = 3 * c + (1 if dropout else 0)                                 # bias-dropout-add: r x, r res, w y (+ mask)
     traffic = Terms(rep=2 * c * h + bda * h + 2 * c * h + bda * h, shard=act) + scores_traffic
     return BlockTable(saved=saved, saved_full_recompute=Terms(rep=c * h), scores_saved=scores,
