@@ -69,6 +69,10 @@ VARIANTS = {
     "moe-ep": (LLAMA, dict(dp=32, tp=4, pp=4, ep=8, stages=[], placement="PDET"),
                dict(moe=dict(experts=16, top_k=2, expert_ffn=8192, shared_experts=1, shared_expert_ffn=8192,
                              first_dense_layers=1))),
+    "moe-ep-recompute-modules": (LLAMA, dict(dp=32, tp=4, pp=4, ep=8, stages=[], placement="PDET", recompute="selective",
+                                             _software={"recompute_modules": ["layernorm", "moe"]}),
+                                 dict(moe=dict(experts=16, top_k=2, expert_ffn=8192, shared_experts=1,
+                                               shared_expert_ffn=8192, first_dense_layers=1))),
     "moe-deepseek-v3": (LLAMA, dict(dp=32, tp=4, pp=4, ep=8, stages=[16, 15, 15, 15], placement="PDET", seq=4096),
                         catalog_arch("deepseek-v3")),
     "moe-qwen3-30b": (LLAMA, dict(dp=64, tp=2, pp=4, ep=16, stages=[], placement="PDET", seq=4096),
@@ -86,6 +90,8 @@ def document(variant: str) -> dict:
     base, plan_changes, arch_changes = VARIANTS[variant]
     doc = copy.deepcopy(_base(*base))
     plan = doc["plan"]
+    plan_changes = dict(plan_changes)
+    doc["software"].update(plan_changes.pop("_software", {}))     # run options the plan was costed with
     plan.update(plan_changes)
     plan["num_microbatches"] = plan["global_batch"] // (plan["dp"] * plan["micro_batch"])
     plan["world_size"] = plan["dp"] * plan["tp"] * plan["pp"] * plan.get("cp", 1)

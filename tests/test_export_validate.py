@@ -63,6 +63,9 @@ def check_megatron(plan, args):
     assert args["untie_embeddings_and_output_weights"] == (not spec.tied_embeddings)
     assert args["sequence_parallel"] == (cfg.tp > 1 and (cfg.sequence_parallel or cfg.ep > 1))
     assert args["recompute_granularity"] == (None if cfg.recompute == "none" else cfg.recompute)
+    modules = (plan.document.get("software") or {}).get("recompute_modules")
+    if cfg.recompute == "selective" and modules:
+        assert args["recompute_modules"] == modules
     assert args["use_distributed_optimizer"] == (cfg.zero >= 1 or cfg.offloads("optimizer"))
     assert args["use_megatron_fsdp"] == (cfg.zero >= 2)
     assert args["bf16"] == (cfg.precision in ("amp-bf16", "bf16", "fp8")) and args["fp16"] == (cfg.precision == "amp-fp16")

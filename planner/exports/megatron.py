@@ -146,6 +146,9 @@ def to_megatron(plan: Plan) -> Export:
         add("--recompute-num-layers", 1)
     elif cfg.recompute == "selective":
         add("--recompute-granularity", "selective")
+        modules = (plan.document.get("software") or {}).get("recompute_modules")
+        if modules:     # the modules the plan was costed with (Megatron-Core's default is core_attn)
+            add("--recompute-modules", " ".join(modules))
     if cfg.zero == 1:
         add("--use-distributed-optimizer")
         if dp_replicas(plan) > 1:

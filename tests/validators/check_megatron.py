@@ -45,7 +45,7 @@ KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "
         "tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
         "context_parallel_size", "cp_comm_type", "expert_model_parallel_size", "expert_tensor_parallel_size",
         "data_parallel_size", "micro_batch_size", "global_batch_size", "sequence_parallel",
-        "recompute_granularity", "recompute_method", "recompute_num_layers", "use_distributed_optimizer",
+        "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules", "use_distributed_optimizer",
         "num_distributed_optimizer_instances", "use_megatron_fsdp", "data_parallel_sharding_strategy",
         "optimizer_cpu_offload", "bf16", "fp16", "fp8", "fp8_recipe", "use_tp_pp_dp_mapping", "save_interval",
         "overlap_grad_reduce", "overlap_param_gather", "num_experts", "moe_router_topk", "moe_ffn_hidden_size",
