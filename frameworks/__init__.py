@@ -92,6 +92,9 @@ class Capabilities:
     master_remainders: bool = False
     """Whether the optimizer can keep the fp32 master weights as the 16 low bits beside bf16 parameters
     (Apex DistributedFusedAdam / Transformer Engine FusedAdam store_param_remainders; MASTER_WEIGHTS)."""
+    optimizer_offload_min_zero: int = 0
+    """Lowest ZeRO stage with which the stack offloads the optimizer (DeepSpeed's offload_optimizer needs ZeRO >= 1,
+    FSDP's CPU offload a sharded model; Megatron turns its distributed optimizer on itself)."""
     recompute_modules: bool = False
     """Whether selective recomputation can name the modules it re-runs (Megatron-Core's --recompute-modules:
     core_attn, layernorm, mlp, moe, moe_act, shared_experts, mla_up_proj; cost_models.blocks.module_sac)."""

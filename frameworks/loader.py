@@ -36,7 +36,8 @@ _STATE_KEYS = ("param", "grad", "master", "state", "reduce", "gather")
 _CAPS = {"precisions": list, "schedules": list, "max_virtual_stages": int, "zero": list, "zero_with_pp": list,
          "tp": bool, "sequence_parallel": str, "cp_comm": list, "ep": bool, "expert_tp": bool, "hsdp": bool,
          "offload": list, "recompute": list, "placements": list, "activation_offload": str,
-         "cp_with_sequence_parallel": bool, "master_remainders": bool, "recompute_modules": bool}
+         "cp_with_sequence_parallel": bool, "master_remainders": bool, "recompute_modules": bool,
+         "optimizer_offload_min_zero": int}
 
 
 def available_frameworks() -> list[str]:
@@ -174,6 +175,8 @@ def _capabilities(block: dict, origin: str) -> Capabilities:
             _fail(origin, "capabilities.placements", placement, "placement strings over D, P, T (C, E optional)")
     if block["activation_offload"] not in ("any", "without_pp_or_recompute"):
         _fail(origin, "capabilities.activation_offload", block["activation_offload"], "any or without_pp_or_recompute")
+    if block["optimizer_offload_min_zero"] not in (0, 1, 2, 3):
+        _fail(origin, "capabilities.optimizer_offload_min_zero", block["optimizer_offload_min_zero"], "a ZeRO stage 0-3")
     if not (1 <= block["max_virtual_stages"] <= 64):
         _fail(origin, "capabilities.max_virtual_stages", block["max_virtual_stages"], "1 to 64")
     return Capabilities(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in block.items()})

@@ -67,6 +67,9 @@ def violations(framework: FrameworkProfile, cfg) -> list[str]:
         no(f"expert_tp={cfg.expert_tp}", "expert_tp=1 only")
     if cfg.dp_shard not in (0, cfg.dp) and cfg.zero >= 1 and not caps.hsdp:
         no(f"dp_shard={cfg.dp_shard}", "shard groups of all dp ranks only (no hybrid sharding)")
+    if cfg.offloads("optimizer") and cfg.zero < caps.optimizer_offload_min_zero:
+        no(f"offload={cfg.offload} with ZeRO-{cfg.zero}",
+           f"optimizer offload with ZeRO >= {caps.optimizer_offload_min_zero} (with data parallelism)")
     if cfg.offload not in caps.offload:
         no(f"offload={cfg.offload}", caps.offload)
     elif cfg.offloads("activations") and caps.activation_offload == "without_pp_or_recompute" \

@@ -88,6 +88,8 @@ class SearchSpace:
     """Largest expert-parallel degree tried; None means no limit beyond the rule."""
     cp_with_sequence_parallel: bool = True
     """Whether cp > 1 rows also try sequence parallelism (frameworks.Capabilities.cp_with_sequence_parallel)."""
+    optimizer_offload_min_zero: int = 0
+    """Lowest ZeRO stage that may offload the optimizer (the framework's capability)."""
 
     def for_framework(self, framework) -> "SearchSpace":
         """This space narrowed to what `framework` can run (frameworks.FrameworkProfile.capabilities;
@@ -112,7 +114,8 @@ class SearchSpace:
             placements=tuple(p for p in self.placements if placement_allowed(framework, p)),
             max_tp=self.max_tp if caps.tp else 1, max_pp=self.max_pp if caps.schedules else 1,
             cp_comm=cp_comm, max_cp=self.max_cp if cp_comm else 1, max_ep=self.max_ep if caps.ep else 1,
-            dp_shard=self.dp_shard if caps.hsdp else 0, cp_with_sequence_parallel=caps.cp_with_sequence_parallel)
+            dp_shard=self.dp_shard if caps.hsdp else 0, cp_with_sequence_parallel=caps.cp_with_sequence_parallel,
+            optimizer_offload_min_zero=caps.optimizer_offload_min_zero)
 
     def allows_cp(self, cp: int) -> bool:
         """cp is among the degrees this space tries (cp = 1 always is, unless pinned away)."""
@@ -344,6 +347,10 @@ def skeleton_rows(world_size: int, global_batch: int, *, heads: int, kv_heads: i
     rows = _ragged_product(rows, 2 * rows["tuple"] + (rows["zero"] >= 1), shard_options, ("dp_shard",))
     rows = _ragged_product(rows, np.zeros(_size(rows), dtype=np.int64), [[(OFFLOAD.index(o),) for o in space.offload]],
                            ("offload",))
+    if space.optimizer_offload_min_zero:     # the framework offloads the optimizer only with ZeRO (frameworks.rules)
+        keep = (rows["zero"] >= space.optimizer_offload_min_zero) | ~np.isin(
+            rows["offload"], [OFFLOAD.index(o) for o in OFFLOAD if offloads(o, "optimizer")])
+        rows = {name: values[keep] for name, values in rows.items()}
     return {name: rows[name] for name in SKELETON_FIELDS}
 
 

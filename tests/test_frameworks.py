@@ -45,6 +45,8 @@ def test_the_four_stacks_ship_and_load():
     (lambda d: d["capabilities"].update(activation_offload="sometimes"), "capabilities.activation_offload"),
     (lambda d: d["capabilities"].update(max_virtual_stages=0), "capabilities.max_virtual_stages"),
     (lambda d: d["capabilities"].pop("zero"), "capabilities.zero"),
+    (lambda d: d["capabilities"].update(optimizer_offload_min_zero=4), "capabilities.optimizer_offload_min_zero"),
+    (lambda d: d["capabilities"].update(recompute_modules="yes"), "capabilities.recompute_modules"),
 ])
 def test_a_bad_profile_is_one_line_naming_the_key(mutate, key):
     doc = copy.deepcopy(_doc("megatron"))
@@ -140,3 +142,29 @@ def test_deepspeed_pipeline_sends_are_partitioned_over_tensor_parallelism_like_m
                           framework_profile=whole).time_breakdown_s()["pp_p2p"]
     # the stage neighbours sit on other nodes (placement PDT): whole activations put tp x the bytes on the NICs
     assert sent_whole > 4 * times["deepspeed"]
+
+
+@pytest.mark.parametrize("framework", ["deepspeed", "fsdp"])
+def test_optimizer_offload_without_zero_is_refused_and_never_recommended(framework):
+    """DeepSpeed offloads the optimizer only as a ZeRO feature and FSDP's CPU offload needs a sharded model
+    (capabilities.optimizer_offload_min_zero): estimate refuses ZeRO-0 with offload in one line, and the search,
+    which once proposed dp=1 ZeRO-0 with offload for GPT-3 on 16 A100s under DeepSpeed (its own export refused
+    it), offers none; every plan it offers exports to the framework."""
+    from planner.exports import export_plan
+    from planner.plan import plan_from_document
+    from planner.search import recommend
+
+    tp, pp = (4, 4) if framework == "deepspeed" else (1, 1)
+    cfg = ParallelConfig(dp=16 // (tp * pp), tp=tp, pp=pp, micro_batch=1, global_batch=512, zero=0, offload="optimizer",
+                         framework=framework, precision="amp-bf16", sequence_parallel=tp > 1,
+                         placement="PDT" if framework == "deepspeed" else "DPT")
+    with pytest.raises(ConfigError, match="offload=optimizer with ZeRO-0") as err:
+        estimate("gpt3-175b" if framework == "deepspeed" else "gpt3-6.7b", "p4de.24xlarge", cfg, gpus=16)
+    assert "\n" not in str(err.value)
+    model = "gpt3-175b" if framework == "deepspeed" else "gpt3-6.7b"
+    rec = recommend(model, "p4de.24xlarge", gpus=16, global_batch=512, framework=framework, top=5)
+    docs = [rec.best, *rec.alternatives]
+    assert any("optimizer" in d["plan"]["offload"] for d in docs) or framework == "fsdp"
+    for doc in docs:
+        assert not ("optimizer" in doc["plan"]["offload"] and doc["plan"]["zero"] == 0), doc["plan"]
+        export_plan(plan_from_document(dict(doc)), framework)
