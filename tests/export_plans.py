@@ -59,6 +59,8 @@ VARIANTS = {
     "llama-hsdp-cp-fp8": (LLAMA, dict(dp=32, tp=8, pp=1, cp=2, cp_comm="p2p", zero=3, dp_shard=8, stages=[],
                                       global_batch=256, micro_batch=1, precision="fp8", recompute="full",
                                       placement="PDCT", checkpoint_interval_s=1800.0), {}),
+    "llama-hsdp-zero3-megatron-fsdp": (LLAMA, dict(dp=128, tp=4, pp=1, zero=3, dp_shard=16, stages=[], global_batch=512,
+                                                   recompute="full", placement="DPT"), {}),
     "llama-pp1-zero2-sel": (LLAMA, dict(dp=128, tp=4, pp=1, zero=2, stages=[], global_batch=512,
                                         recompute="selective", placement="DPT"), {}),
     "llama-bf16-offload-act": (LLAMA, dict(dp=64, tp=8, pp=1, zero=1, stages=[], global_batch=512,

@@ -68,6 +68,8 @@ def check_megatron(plan, args):
         assert args["recompute_modules"] == modules
     assert args["use_distributed_optimizer"] == (cfg.zero >= 1 or cfg.offloads("optimizer"))
     assert args["use_megatron_fsdp"] == (cfg.zero >= 2)
+    if cfg.zero >= 1:       # hybrid sharding: the distributed optimizer's (or Megatron FSDP's) outer replicas
+        assert args["num_distributed_optimizer_instances"] == cfg.dp // cfg.shard_group
     assert args["bf16"] == (cfg.precision in ("amp-bf16", "bf16", "fp8")) and args["fp16"] == (cfg.precision == "amp-fp16")
     assert (args["fp8"] is not None) == (cfg.precision == "fp8")
     assert args["expert_model_parallel_size"] == cfg.ep

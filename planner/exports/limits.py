@@ -93,8 +93,6 @@ def megatron_limits(plan: Plan) -> list[str]:
     if _bias_pattern(spec) is None:
         out.append("bias pattern (qkv, out, mlp) = "
                    f"({spec.qkv_bias}, {spec.out_bias}, {spec.mlp_bias}): Megatron-LM has all biases, none, or qkv only")
-    if cfg.zero >= 2 and cfg.dp_shard and cfg.dp_shard < cfg.dp:
-        out.append(f"ZeRO-{cfg.zero} with dp_shard={cfg.dp_shard} < dp={cfg.dp}: hybrid Megatron FSDP is not exported")
     return out
 
 

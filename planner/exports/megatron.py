@@ -157,6 +157,11 @@ def to_megatron(plan: Plan) -> Export:
         add("--use-megatron-fsdp")
         add("--data-parallel-sharding-strategy", "optim_grads" if cfg.zero == 2 else "optim_grads_params")
         add("--ckpt-format", "fsdp_dtensor")
+        if dp_replicas(plan) > 1:   # hybrid FSDP: shard within groups of dp_shard, replicate across them
+            add("--num-distributed-optimizer-instances", dp_replicas(plan))
+            notes.append(f"dp_shard={cfg.shard_group}: Megatron FSDP's hybrid mode (HSDP: --num-distributed-optimizer-"
+                         f"instances {dp_replicas(plan)} makes the outer, replicated dimension; megatron/core/distributed/"
+                         "fsdp/mcore_fsdp_adapter.py enable_hsdp)")
     if cfg.dp > 1:
         add("--overlap-grad-reduce")
         if cfg.zero >= 1:
