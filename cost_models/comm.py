@@ -329,8 +329,11 @@ def dp_comm_seconds(x, params_rank, last_backward_s, compute_s):
         return np.maximum(t - (1 - tail) * under, tail * t) if overlap else t
 
     extra_rs = np.where((x.zero == 2) & (x.m > 1), x.m - 1.0, 0.0)
-    low_total = allreduce + extra_rs * rs
-    low_exposed = exposed(allreduce, last_backward_s) + extra_rs * exposed(rs, last_backward_s)
+    # DeepSpeed's BF16_Optimizer all-reduces the whole gradient, then all-gathers the updated parameters from
+    # their owners after the step (bf16_optimizer.py step: all_gather_dp_groups): one all-gather more than ZeRO-1
+    after_step = np.where(x.sw.bf16_optimizer, gather, 0.0)
+    low_total = allreduce + extra_rs * rs + after_step
+    low_exposed = exposed(allreduce, last_backward_s) + extra_rs * exposed(rs, last_backward_s) + after_step
     z3_total = x.m * (2.0 * gather + rs)
     z3_exposed = (np.maximum(z3_total - compute_s, tail * rs) if overlap
                   else x.m * rs + np.maximum(0.0, x.m * 2.0 * gather - compute_s))

@@ -355,4 +355,9 @@ def optimizer_step_seconds(x, params_rank):
                        params_rank.total)
     states = x.sw.state_bytes(x.precision)
     on_device = memory_bound_seconds(updated * optimizer_step_bytes_per_param(states, x.optimizer), x.hw)
-    return np.where(x.is_offload("optimizer"), optimizer_offload_seconds(updated, states.grad, x.hw), on_device)
+    step = np.where(x.is_offload("optimizer"), optimizer_offload_seconds(updated, states.grad, x.hw), on_device)
+    if x.sw.bf16_optimizer:
+        # BF16_Optimizer.update_hp_grads after every micro-batch's backward: each bf16 gradient read, its fp32
+        # accumulator read and written (pipe/engine.py _exec_backward_pass, bf16_optimizer.py, v0.6.5)
+        step = step + memory_bound_seconds(x.m * params_rank.total * (states.param + 8.0), x.hw)
+    return step

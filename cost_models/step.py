@@ -83,6 +83,12 @@ class Software:
     expandable_segments: bool = False
     """PyTorch's allocator runs with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): the
     framework launcher's default unless a run says otherwise (cost_models.memory.allocator_overhead)."""
+    bf16_optimizer: bool = False
+    """DeepSpeed's BF16_Optimizer (bf16 with ZeRO-1-like sharding of the optimizer states and fp32 gradient
+    accumulation; a DeepSpeed config with ZeRO stage 0, or 1 with grad_accum_dtype fp32): every gradient is
+    accumulated into an unsharded fp32 buffer after each micro-batch beside the bf16 gradients, all-reduced in
+    bf16, and the updated bf16 parameters all-gathered from their owners (deepspeed/runtime/bf16_optimizer.py,
+    pipe/engine.py _exec_backward_pass and _bf16_reduce_grads, v0.6.5)."""
     recompute_modules: tuple[str, ...] | None = None
     """What selective recomputation re-runs on a stack whose selective policy is by module (Megatron-Core's
     recompute_modules, cost_models.blocks.RECOMPUTE_MODULES); None: the attention core (its default)."""
@@ -99,7 +105,7 @@ class Software:
            moe_imbalance: float | None = None, moe_fp8_dispatch: bool = False,
            fp8_scaling: str | None = None, activation_offload_layers: int | None = None,
            master_weights: str | None = None, expandable_segments: bool | None = None,
-           fused_norm: bool = False, recompute_modules=None) -> "Software":
+           fused_norm: bool = False, recompute_modules=None, bf16_optimizer: bool = False) -> "Software":
         return cls(framework=framework, attention=attention or framework.attention, dropout=bool(dropout),
                    loss=loss or framework.loss,
                    tp_comm_overlap=framework.tp_comm_overlap if tp_comm_overlap is None else bool(tp_comm_overlap),
@@ -112,6 +118,7 @@ class Software:
                    fp8_scaling=fp8_scaling or "tensorwise", activation_offload_layers=activation_offload_layers,
                    master_weights=master_weights or "fp32", fused_norm=bool(fused_norm),
                    recompute_modules=None if recompute_modules is None else tuple(recompute_modules),
+                   bf16_optimizer=bool(bf16_optimizer),
                    expandable_segments=framework.expandable_segments if expandable_segments is None
                    else bool(expandable_segments))
 
@@ -132,6 +139,8 @@ class Software:
         s = self.framework.state_bytes[precision]
         if self.master_weights == "remainder" and s.master > 0:
             s = replace(s, master=4.0 - s.param)
+        if self.bf16_optimizer:     # the bf16 gradients plus their fp32 accumulation buffer; reduced in bf16
+            return replace(s, grad=s.param + 4.0, reduce=s.param)
         if self.grad_reduce_dtype is None:
             return s
         b = {"bf16": 2.0, "fp32": 4.0}[self.grad_reduce_dtype]

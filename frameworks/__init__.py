@@ -92,6 +92,9 @@ class Capabilities:
     master_remainders: bool = False
     """Whether the optimizer can keep the fp32 master weights as the 16 low bits beside bf16 parameters
     (Apex DistributedFusedAdam / Transformer Engine FusedAdam store_param_remainders; MASTER_WEIGHTS)."""
+    bf16_optimizer: bool = False
+    """Whether the stack has DeepSpeed's BF16_Optimizer (bf16 with ZeRO 0-1 and fp32 gradient accumulation;
+    cost_models.step.Software.bf16_optimizer)."""
     optimizer_offload_min_zero: int = 0
     """Lowest ZeRO stage with which the stack offloads the optimizer (DeepSpeed's offload_optimizer needs ZeRO >= 1,
     FSDP's CPU offload a sharded model; Megatron turns its distributed optimizer on itself)."""

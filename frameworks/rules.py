@@ -29,6 +29,18 @@ def placement_allowed(framework: FrameworkProfile, placement: str, *, cp: int = 
     return keep(placement) in {keep(p) for p in allowed}
 
 
+def framework_placement(framework: FrameworkProfile, *, cp: int = 1, ep: int = 1) -> str:
+    """The rank order a plan gets on this stack when it names none: planner.parallel.default_placement where the
+    stack builds it, else the stack's own first order (DeepSpeed's PDT) over the axes the plan uses."""
+    from planner.parallel import default_placement
+
+    placement = default_placement(cp, ep)
+    if placement_allowed(framework, placement, cp=cp, ep=ep):
+        return placement
+    own = framework.capabilities.placements[0]
+    return "".join(a for a in own if a in "DPT" or (a == "C" and cp > 1) or (a == "E" and ep > 1))
+
+
 def violations(framework: FrameworkProfile, cfg) -> list[str]:
     """Every capability of `framework` that `cfg` (a ParallelConfig) exceeds, as one line each."""
     caps, name, out = framework.capabilities, framework.name, []

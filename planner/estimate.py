@@ -128,6 +128,7 @@ class Estimate:
                          "master_weights": sw.master_weights, "expandable_segments": sw.expandable_segments,
                          **({"fused_norm": True} if sw.fused_norm else {}),
                          **({"recompute_modules": list(sw.recompute_modules)} if sw.recompute_modules else {}),
+                         **({"bf16_optimizer": True} if sw.bf16_optimizer else {}),
                          **({"fp8_scaling": sw.fp8_scaling} if cfg.precision == "fp8" else {}),
                          **({"moe_dispatcher": sw.moe_dispatcher, "moe_a2a_overlap": sw.moe_a2a_overlap,
                              "moe_imbalance": sw.imbalance, "moe_fp8_dispatch": sw.moe_fp8_dispatch}
@@ -202,7 +203,7 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
                  kernels: str | None = None, fp8_scaling: str | None = None,
                  activation_offload_layers: int | None = None, master_weights: str | None = None,
                  expandable_segments: bool | None = None, fused_norm: bool = False,
-                 recompute_modules=None) -> Software:
+                 recompute_modules=None, bf16_optimizer: bool = False) -> Software:
     """The run's software: the framework profile (by name or record) with the attention kernel, dropout,
     gradient-reduction overlap and dtype, cross-entropy kernel, tensor-parallel overlap, torch.compile and
     expert-parallel choices (token dispatcher, exchange overlap, routed-token imbalance, FP8 dispatch;
@@ -249,6 +250,12 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
         raise ConfigError("fused_norm", fused_norm, "true or false")
     if recompute_modules is not None:
         recompute_modules = check_recompute_modules(fw, recompute_modules)
+    if not isinstance(bf16_optimizer, bool):
+        raise ConfigError("bf16_optimizer", bf16_optimizer, "true or false")
+    if bf16_optimizer and not fw.capabilities.bf16_optimizer:
+        raise ConfigError("bf16_optimizer", True, "false",
+                          message=f"framework {fw.name} cannot run this plan: bf16_optimizer: {fw.name} has no "
+                                  "BF16_Optimizer (allowed: false)")
     if moe_dispatcher is not None and moe_dispatcher not in MOE_DISPATCHERS:
         raise ConfigError("moe_dispatcher", moe_dispatcher, "one of " + ", ".join(MOE_DISPATCHERS))
     number = isinstance(moe_imbalance, (int, float)) and not isinstance(moe_imbalance, bool)
@@ -261,7 +268,7 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
                        moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch, fp8_scaling=fp8_scaling,
                        activation_offload_layers=activation_offload_layers, master_weights=master_weights,
                        expandable_segments=expandable_segments, fused_norm=fused_norm,
-                       recompute_modules=recompute_modules)
+                       recompute_modules=recompute_modules, bf16_optimizer=bf16_optimizer)
 
 
 def check_recompute_modules(fw: FrameworkProfile, modules) -> tuple[str, ...]:
@@ -285,6 +292,10 @@ def check_master_weights(software: Software, precision: str) -> None:
     """ConfigError unless the master-weight storage works with `precision`: the 16-bit remainder holds the
     low half of an fp32 value whose high half is the parameter, so the parameters must be bf16 (bf16's bits
     are the top 16 of fp32's; fp16's are not), as Apex and Transformer Engine require."""
+    if software.bf16_optimizer and precision not in ("amp-bf16", "bf16"):
+        raise ConfigError("bf16_optimizer", True, "false",
+                          message=f"bf16_optimizer needs bf16 training: precision {precision} "
+                                  "(allowed with bf16_optimizer: amp-bf16, bf16)")
     if software.master_weights == "remainder" and precision not in BF16_PARAM_PRECISIONS:
         raise ConfigError("master_weights", "remainder", "fp32",
                           message=f"master_weights=remainder needs bf16 parameters: precision {precision} "
@@ -300,7 +311,7 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
              framework_profile: FrameworkProfile | None = None, fp8_scaling: str | None = None,
              activation_offload_layers: int | None = None, master_weights: str | None = None,
              expandable_segments: bool | None = None, fused_norm: bool = False,
-             recompute_modules=None) -> Estimate:
+             recompute_modules=None, bf16_optimizer: bool = False) -> Estimate:
     """Validate `cfg` for `model` on `gpus` devices of `hw` and predict its step time and memory on the
     framework `cfg.framework` names (frameworks/*.json).
 
@@ -342,13 +353,23 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
                             moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch, kernels=kernels,
                             fp8_scaling=fp8_scaling, activation_offload_layers=activation_offload_layers,
                             master_weights=master_weights, expandable_segments=expandable_segments,
-                            fused_norm=fused_norm, recompute_modules=recompute_modules)
+                            fused_norm=fused_norm, recompute_modules=recompute_modules,
+                            bf16_optimizer=bf16_optimizer)
     cfg.check_world_size(gpus)
     cfg.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
     cfg.check_experts(model.moe)
     cfg.check_sequence(model.seq if cfg.seq is None else cfg.seq, heads=model.heads, kv_heads=model.n_kv_heads)
     resolve_precision(hw, cfg.precision)
     check_master_weights(software, cfg.precision)
+    if software.bf16_optimizer and cfg.offloads("optimizer"):
+        raise ConfigError("bf16_optimizer", True, "false",
+                          message=f"bf16_optimizer runs on the device: offload={cfg.offload} (DeepSpeed uses its "
+                                  "ZeRO optimizer when the optimizer is offloaded; allowed with bf16_optimizer: "
+                                  "offload none or activations)")
+    if software.bf16_optimizer and cfg.zero != 1:
+        raise ConfigError("zero", cfg.zero, "1",
+                          message=f"bf16_optimizer shards only the optimizer states, as ZeRO-1: zero={cfg.zero} "
+                                  "(allowed with bf16_optimizer: 1)")
     if check_framework:
         check_runnable(software.framework, cfg)
     if cfg.stages and (min(cfg.stages) < 0 or min(cfg.stages[1:-1] or (1,)) < 1

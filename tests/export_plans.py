@@ -85,6 +85,8 @@ VARIANTS = {
     "fsdp-llama-bf16-offload": (FSDP_LLAMA, dict(precision="bf16", offload="optimizer", recompute="none"), {}),
     "fsdp-gpt3-zero3": (FSDP_GPT, {}, {}),
     "deepspeed-gpt3-zero3-offload-both": (DS_GPT, {}, {}),
+    "deepspeed-gpt3-bf16-optimizer": (DS_GPT, dict(zero=1, offload="none", recompute="full",
+                                                  _software={"bf16_optimizer": True}), {}),
 }
 
 

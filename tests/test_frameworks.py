@@ -168,3 +168,80 @@ def test_optimizer_offload_without_zero_is_refused_and_never_recommended(framewo
     for doc in docs:
         assert not ("optimizer" in doc["plan"]["offload"] and doc["plan"]["zero"] == 0), doc["plan"]
         export_plan(plan_from_document(dict(doc)), framework)
+
+
+def _bf16_run(**over):
+    base = dict(dp=8, tp=4, pp=12, micro_batch=2, global_batch=2048, zero=1, recompute="full", precision="amp-bf16",
+                framework="deepspeed", sequence_parallel=False, placement="PDT", seq=2048)
+    return ParallelConfig(**{**base, **over})
+
+
+def test_bf16_optimizer_costs_its_fp32_accumulation_its_extra_gather_and_its_per_micro_batch_update():
+    """DeepSpeed's BF16_Optimizer (BLOOM-176B's): gradients kept as bf16 plus an unsharded fp32 accumulation
+    buffer (6 bytes per parameter instead of 2), one all-gather of the updated parameters after the step on
+    top of the all-reduce, and an fp32 accumulation of every gradient after each micro-batch (10 bytes per
+    parameter streamed)."""
+    from cost_models.compute import memory_Bps
+    from planner.estimate import software_for
+
+    sw = software_for("deepspeed", bf16_optimizer=True)
+    s, plain = sw.state_bytes("amp-bf16"), software_for("deepspeed").state_bytes("amp-bf16")
+    assert (s.grad, s.reduce) == (6.0, 2.0) and (plain.grad, plain.reduce) == (2.0, 2.0)
+    spec = "gpt3-175b"
+    zero1 = estimate(spec, "dgx-a100-80g", _bf16_run(), gpus=384)
+    bf16 = estimate(spec, "dgx-a100-80g", _bf16_run(), gpus=384, bf16_optimizer=True)
+    assert bf16.to_document()["software"]["bf16_optimizer"] is True
+    params_rank = float(zero1.scores.params_bytes[0]) / 2.0        # bf16 parameters of the peak rank
+    grads_gap = float(bf16.scores.grads_bytes[0]) - float(zero1.scores.grads_bytes[0])
+    assert grads_gap == pytest.approx(4.0 * params_rank, rel=1e-9)
+    m = 2048 // (8 * 2)
+    step_gap = float(bf16.scores.optimizer[0]) - float(zero1.scores.optimizer[0])
+    assert step_gap == pytest.approx(m * params_rank * 10.0 / memory_Bps(zero1.hardware), rel=0.02)
+    assert float(bf16.scores.dp_comm[0]) > float(zero1.scores.dp_comm[0])
+    assert bf16.step_time_s > zero1.step_time_s and bf16.peak_bytes_per_gpu > zero1.peak_bytes_per_gpu
+
+
+@pytest.mark.parametrize("framework,over,match", [
+    ("fsdp", {}, "fsdp has no BF16_Optimizer"),
+    ("deepspeed", {"precision": "amp-fp16"}, "bf16_optimizer needs bf16 training"),
+    ("deepspeed", {"zero": 2, "pp": 1, "dp": 96, "global_batch": 1536}, "bf16_optimizer shards only the optimizer states, as ZeRO-1"),
+])
+def test_bf16_optimizer_errors_are_one_line(framework, over, match):
+    cfg = _bf16_run(framework=framework, **over) if framework == "deepspeed" else \
+        ParallelConfig(dp=384, micro_batch=1, global_batch=384, zero=3, precision="amp-bf16", framework="fsdp")
+    with pytest.raises(ConfigError, match=match) as err:
+        estimate("gpt3-175b", "dgx-a100-80g", cfg, gpus=384, bf16_optimizer=True)
+    assert "\n" not in str(err.value)
+
+
+def test_bigscience_run_that_ran_out_of_memory_with_bf16_optimizer_is_predicted_to():
+    """BigScience's 2022-02-28 prequel run dp16 tp4 pp6 (micro-batch 2) ran out of memory under BF16_Optimizer;
+    costed as ZeRO-1 it was predicted to fit (its fp32 gradient buffer, 4 bytes per parameter, was missing)."""
+    from benchmarks import published_rows as R
+    from benchmarks.accuracy_frameworks import predict
+
+    case = next(c for c in R.load(("deepspeed",)) if c.id == "bloomprq-02-28-h12288-l100-a64-dp16-tp4-pp6-mb2-gbs2048")
+    assert not case.row.get("trained", True) and case.options.get("bf16_optimizer") is True
+    assert predict(case).fits is False
+    without = dict(case.options, bf16_optimizer=False)
+    est = estimate(case.spec, case.hardware, case.config, gpus=case.row["gpus"],
+                   **{k: v for k, v in without.items() if v is not None})
+    assert est.fits
+
+
+def test_estimate_cli_takes_the_bf16_optimizer_and_the_stacks_own_rank_order():
+    """`planner estimate --framework deepspeed` without --placement gets DeepSpeed's PDT (it used to get DPT and be
+    refused), and --bf16-optimizer is costed and said; on a stack without it, one line and exit 2."""
+    from typer.testing import CliRunner
+    from planner.cli import app
+
+    args = ["estimate", "gpt3-175b", "--hardware", "dgx-a100-80g", "--gpus", "384", "--dp", "8", "--tp", "4", "--pp", "12",
+            "--zero", "1", "--micro-batch", "2", "--global-batch", "2048", "--recompute", "full", "--precision", "amp-bf16"]
+    runner = CliRunner()
+    out = runner.invoke(app, [*args, "--framework", "deepspeed", "--bf16-optimizer", "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["plan"]["placement"] == "PDT" and doc["software"]["bf16_optimizer"] is True
+    assert "DeepSpeed BF16_Optimizer" in runner.invoke(app, [*args, "--framework", "deepspeed", "--bf16-optimizer"]).stdout
+    bad = runner.invoke(app, [*args, "--framework", "megatron", "--bf16-optimizer"])
+    assert bad.exit_code == 2 and "megatron has no BF16_Optimizer" in bad.output and bad.output.count("\n") == 1

@@ -54,6 +54,9 @@ KernelsOpt = Annotated[Optional[str], typer.Option(
                       "(Transformer Engine / Megatron kernels), eager (Hugging Face modules, e.g. under "
                       "DeepSpeed ZeRO-3 or Accelerate) or torch (plain PyTorch modules). Default: the "
                       "framework's.")]
+Bf16OptimizerOpt = Annotated[bool, typer.Option(
+    "--bf16-optimizer", help="On deepspeed with amp-bf16/bf16 and --zero 1: DeepSpeed's BF16_Optimizer (fp32 gradient "
+                             "accumulation, bf16 all-reduce, parameter all-gather), as BLOOM-176B trained.")]
 RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
     "--recompute-modules", help="With --recompute selective on megatron: the modules re-run in the backward, "
                                 "comma-separated among core_attn (default), layernorm, mlp, moe, moe_act, "

@@ -13,10 +13,12 @@ import typer
 
 from planner.commands.common import (MAX_WORLD_SIZE, AttentionOpt, DropoutOpt, FrameworkOpt, GlobalBatchOpt, GpusOpt,
                                      GradReduceOpt, Fp8ScalingOpt, MasterWeightsOpt, KernelsOpt, RecomputeModulesOpt,
+                                     Bf16OptimizerOpt,
                                      HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
                                      NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json)
 from planner.errors import ConfigError
-from planner.parallel import default_placement
+from frameworks import load_framework
+from frameworks.rules import framework_placement
 from planner.io import check_finite
 
 DegreeOpt = lambda flag, what: Annotated[int, typer.Option(flag, min=1, max=MAX_WORLD_SIZE, help=what)]  # noqa: E731
@@ -86,6 +88,7 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
              attention: AttentionOpt = None, dropout: DropoutOpt = None, grad_reduce_dtype: GradReduceOpt = None,
              fp8_scaling: Fp8ScalingOpt = None, master_weights: MasterWeightsOpt = None, kernels: KernelsOpt = None,
              stages: StagesOpt = None, recompute_modules: RecomputeModulesOpt = None,
+             bf16_optimizer: Bf16OptimizerOpt = False,
              json: JsonOpt = False) -> None:
     """Predict step time and peak memory of one parallel configuration."""
     from hardware_profiles import load_profile
@@ -103,7 +106,9 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
     cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=b, global_batch=g,
                          schedule=schedule or ("interleaved-1f1b" if virtual_stages > 1 else "1f1b"),
                          virtual_stages=virtual_stages, zero=zero, recompute=recompute, offload=offload,
-                         sequence_parallel=sequence_parallel, placement=placement or default_placement(cp, ep),
+                         sequence_parallel=sequence_parallel,
+                         placement=placement or framework_placement(load_framework(default_framework(model, framework)),
+                                                                    cp=cp, ep=ep),
                          precision=precision,
                          optimizer=optimizer, seq=s, stages=parse_stages(stages),
                          framework=default_framework(model, framework), cp=cp,
@@ -111,7 +116,7 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
     est = run_estimate(spec, hw, cfg, gpus=n, attention=attention, dropout=dropout, grad_reduce_dtype=grad_reduce_dtype,
                        fp8_scaling=fp8_scaling, master_weights=master_weights, kernels=kernels,
                        recompute_modules=None if recompute_modules is None
-                       else [m.strip() for m in recompute_modules.split(",")])
+                       else [m.strip() for m in recompute_modules.split(",")], bf16_optimizer=bf16_optimizer)
     document = est.to_document()
     if json:
         emit_json(document)
@@ -172,7 +177,8 @@ def render(doc: dict) -> None:
                       + said("attention", f"attention {sw['attention']}") + ", "
                       + said("dropout", f"dropout {'on' if sw['dropout'] else 'off'}")
                       + (", master weights as 16-bit remainders" if sw.get("master_weights") == "remainder" else "")
-                      + (f", recomputing {', '.join(sw['recompute_modules'])}" if sw.get("recompute_modules") else ""),
+                      + (f", recomputing {', '.join(sw['recompute_modules'])}" if sw.get("recompute_modules") else "")
+                      + (", DeepSpeed BF16_Optimizer" if sw.get("bf16_optimizer") else ""),
                       highlight=False)
     if pred.get("expert_parallel"):
         from planner.explain import expert_lines

@@ -48,6 +48,12 @@ def to_deepspeed(plan: Plan) -> Export:
     }
     if cfg.precision == "bf16":
         notes.append("precision bf16: DeepSpeed keeps fp32 master weights in its optimizer (as amp-bf16)")
+    if (plan.document.get("software") or {}).get("bf16_optimizer"):
+        # DeepSpeed runs BF16_Optimizer for bf16 with ZeRO stage 1 and fp32 gradient accumulation
+        # (runtime/engine.py _do_optimizer_sanity_check), the optimizer the plan was costed with
+        zero["stage"] = 1
+        doc["data_types"] = {"grad_accum_dtype": "fp32"}
+        notes.append("bf16_optimizer: ZeRO stage 1 with data_types.grad_accum_dtype fp32 runs DeepSpeed's BF16_Optimizer")
     if cfg.recompute != "none" or cfg.offloads("activations"):
         per_rank = max(rank_blocks(list(chunk_blocks(plan)), cfg.pp)) if chunk_blocks(plan) else None
         partition = cfg.tp > 1

@@ -66,6 +66,7 @@ def check(item):
             "zero_stage": int(zero.stage), "hpz_partition_size": zero.zero_hpz_partition_size,
             "offload_optimizer": None if zero.offload_optimizer is None else str(getattr(zero.offload_optimizer.device, "value", zero.offload_optimizer.device)),
             "bf16": config.bfloat16_config.enabled, "fp16": config.float16_config.enabled,
+            "grad_accum_dtype": config.grad_accum_dtype,
             "partition_activations": ac.partition_activations, "cpu_checkpointing": ac.cpu_checkpointing,
             "contiguous_memory_optimization": ac.contiguous_memory_optimization,
             "number_checkpoints": ac.number_checkpoints,
