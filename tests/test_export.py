@@ -30,7 +30,7 @@ REFUSED = {  # variant: {format: part of the one-line reason}
     "moe-deepseek-v3": {"torchtitan": "mixture-of-experts (deepseek_v3)", "deepspeed": "sigmoid scoring"},
     "gpt3-pp1-zero0-fp16": {"torchtitan": "precision=amp-fp16", "fsdp": "tp=8: fsdp allows tp=1 only"},
     "llama-hsdp-cp-fp8": {"deepspeed": "precision=fp8", "sagemaker-v1": "context parallelism",
-                          "megatron": "dp_shard=8 < dp=32", "fsdp": "tp=8: fsdp allows tp=1 only"},
+                          "fsdp": "tp=8: fsdp allows tp=1 only"},
 }
 
 
