@@ -340,6 +340,11 @@ def _software_options(doc: Mapping[str, Any]) -> dict:
         out["master_weights"] = "remainder"
     if isinstance(sw.get("expandable_segments"), bool):
         out["expandable_segments"] = sw["expandable_segments"]
+    for flag in ("fused_norm", "bf16_optimizer"):
+        if sw.get(flag) is True:
+            out[flag] = True
+    if sw.get("recompute_modules"):
+        out["recompute_modules"] = list(sw["recompute_modules"])
     if sw.get("kernels") and sw.get("framework"):
         from frameworks import load_framework
         if sw["kernels"] != load_framework(sw["framework"]).kernels:

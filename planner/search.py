@@ -1080,14 +1080,17 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
               framework: str = "megatron", attention: str | None = None, dropout: bool | None = None,
               overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None,
               master_weights: str | None = None, kernels: str | None = None, reliability=None,
-              expandable_segments: bool | None = None) -> Recommendation:
+              expandable_segments: bool | None = None, fused_norm: bool = False, recompute_modules=None,
+              bf16_optimizer: bool = False) -> Recommendation:
     """Search the parallel strategies of `model` on `gpus` devices of `hardware` and rank them.
 
     `model` is a MODEL argument (catalog name, config.json, factory) or a resolved spec; `hardware`
     a profile name, path or HardwareProfile; `framework` the software stack (frameworks/*.json): only
     plans it can run are searched (SearchSpace.for_framework), costed with its profile. `attention`,
     `dropout`, `overlap_grad_reduce` override the framework's defaults for score() and estimate(), and so
-    do `grad_reduce_dtype`, `master_weights`, `kernels` and `expandable_segments` (planner.estimate.software_for).
+    do `grad_reduce_dtype`, `master_weights`, `kernels`, `expandable_segments`, `fused_norm`, `recompute_modules`
+    (what selective recomputation re-runs) and `bf16_optimizer` (planner.estimate.software_for; with
+    bf16_optimizer only ZeRO-1 without optimizer offload is searched, what DeepSpeed's BF16_Optimizer runs).
     With `tokens`, every plan document carries its goodput under failures (planner.goodput) from
     `reliability` (planner.goodput.ReliabilityInputs: the user's failure rates, restart time, storage,
     save mode, spot reclaim rate; None: the sourced defaults); objective "time-to-train" needs `tokens`.
@@ -1104,7 +1107,8 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
 
     software = software_for(framework, attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce,
                             grad_reduce_dtype=grad_reduce_dtype, master_weights=master_weights, kernels=kernels,
-                            expandable_segments=expandable_segments)
+                            expandable_segments=expandable_segments, fused_norm=fused_norm,
+                            recompute_modules=recompute_modules, bf16_optimizer=bf16_optimizer)
     precision = resolve_precision(hardware, precision)    # None: bf16 mixed precision where the device has bf16
     check_master_weights(software, precision)
     ParallelConfig(precision=precision, optimizer=optimizer, framework=software.framework.name)  # validates them
@@ -1116,6 +1120,9 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     seq = seq or model.seq
     check_space(space, model, software.framework, world=world, seq=seq)
     space = space.for_framework(software.framework)
+    if software.bf16_optimizer:     # BF16_Optimizer shards like ZeRO-1 and runs its step on the device
+        space = replace(space, zero=(1,), zero_with_pp=(1,),
+                        offload=tuple(o for o in space.offload if not offloads(o, "optimizer")))
     global_batch = global_batch or default_global_batch(world, seq)
     price = _price_per_hour(hardware, n_nodes, spot, price_per_hour)
     if estimate_fn is None:
@@ -1137,8 +1144,10 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
               framework=software.framework.name)
     opts = {k: v for k, v in dict(attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce,
                                   grad_reduce_dtype=grad_reduce_dtype, master_weights=master_weights,
-                                  kernels=kernels, expandable_segments=expandable_segments).items()
+                                  kernels=kernels, expandable_segments=expandable_segments,
+                                  recompute_modules=recompute_modules).items()
             if v is not None}
+    opts.update({k: True for k, v in dict(fused_norm=fused_norm, bf16_optimizer=bf16_optimizer).items() if v})
     leaders = [config_of(scored.arrays, int(i), **kw) for i in order[:max(top, refine) + 1]]
     documents, refined, splits = [], [0], {}
 

@@ -245,3 +245,22 @@ def test_estimate_cli_takes_the_bf16_optimizer_and_the_stacks_own_rank_order():
     assert "DeepSpeed BF16_Optimizer" in runner.invoke(app, [*args, "--framework", "deepspeed", "--bf16-optimizer"]).stdout
     bad = runner.invoke(app, [*args, "--framework", "megatron", "--bf16-optimizer"])
     assert bad.exit_code == 2 and "megatron has no BF16_Optimizer" in bad.output and bad.output.count("\n") == 1
+
+
+def test_recommend_with_the_bf16_optimizer_searches_what_it_runs_and_explain_keeps_it():
+    """recommend(bf16_optimizer=True) offers ZeRO-1 plans without optimizer offload only (what BF16_Optimizer
+    runs), each costed with it and exported as DeepSpeed runs it; explain's fresh search keeps the option."""
+    from planner.explain import research
+    from planner.exports import export_plan
+    from planner.plan import plan_from_document
+    from planner.search import recommend
+
+    rec = recommend("gpt3-175b", "dgx-a100-80g", gpus=384, global_batch=2048, framework="deepspeed",
+                    bf16_optimizer=True, top=3)
+    for doc in [rec.best, *rec.alternatives]:
+        assert doc["plan"]["zero"] == 1 and "optimizer" not in doc["plan"]["offload"]
+        assert doc["software"]["bf16_optimizer"] is True
+        assert json.loads(export_plan(plan_from_document(dict(doc)), "deepspeed").text)["data_types"] == \
+            {"grad_accum_dtype": "fp32"}
+    fresh = research(rec.best, top=2)
+    assert all(a["plan"]["zero"] == 1 for a in fresh["alternatives"])

@@ -126,3 +126,14 @@ def test_the_cli_takes_recompute_modules_and_says_so():
     assert "recomputing layernorm, moe" in runner.invoke(app, args + ["--recompute-modules", "layernorm,moe"]).stdout
     bad = runner.invoke(app, args + ["--recompute-modules", "layernorm,router"])
     assert bad.exit_code == 2 and "recompute_modules" in bad.output and "Traceback" not in bad.output
+
+
+def test_recommend_costs_the_named_modules_and_explain_keeps_them():
+    from planner.explain import _software_options
+    from planner.search import recommend
+
+    rec = recommend("qwen3-30b-a3b", "p5.48xlarge", gpus=16, global_batch=64, seq=4096,
+                    recompute_modules=["layernorm", "moe"], top=2)
+    for doc in [rec.best, *rec.alternatives]:
+        assert doc["software"]["recompute_modules"] == ["layernorm", "moe"]
+    assert _software_options(rec.best)["recompute_modules"] == ["layernorm", "moe"]

@@ -10,7 +10,8 @@ import typer
 
 from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, GradReduceOpt, GlobalBatchOpt, MasterWeightsOpt, KernelsOpt, GpusOpt,
                                      HardwareOpt, HwPrecisionOpt, JsonOpt, MAX_TOKENS, MAX_WORLD_SIZE, ModelArg,
-                                     NodesOpt, OptimizerOpt, SeqOpt, objective_help)
+                                     NodesOpt, OptimizerOpt, SeqOpt, objective_help, Bf16OptimizerOpt,
+                                     RecomputeModulesOpt)
 from planner.errors import ConfigError
 
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help=objective_help("--tokens"))]
@@ -103,7 +104,8 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
               mtbf_node_hours: MtbfNodeOpt = None, restart_s: RestartOpt = None, storage: StorageOpt = None,
               checkpoint: CheckpointOpt = None, spot_interruptions_per_node_hour: SpotRateOpt = None,
               cp: CpOpt = None, max_cp: MaxCpOpt = None, cp_comm: CpCommsOpt = None, dp_shard: DpShardOpt = None,
-              ep: EpOpt = None, max_ep: MaxEpOpt = None) -> None:
+              ep: EpOpt = None, max_ep: MaxEpOpt = None, recompute_modules: RecomputeModulesOpt = None,
+              bf16_optimizer: Bf16OptimizerOpt = False) -> None:
     """Search every parallel strategy, rank by the objective and print the top plans."""
     from planner import io
     from planner.goodput import ReliabilityInputs
@@ -128,7 +130,9 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
                      price_per_hour=price_per_hour, tokens=token_count, progress=progress.update,
                      framework=default_framework(model, framework), attention=attention, dropout=dropout,
                      grad_reduce_dtype=grad_reduce_dtype, master_weights=master_weights, kernels=kernels,
-                     reliability=reliability, space=space)
+                     reliability=reliability, space=space, bf16_optimizer=bf16_optimizer,
+                     recompute_modules=None if recompute_modules is None
+                     else [m.strip() for m in recompute_modules.split(",")])
     hw_doc = rec.best["hardware"]
     note = batch_note(rec.best["plan"]["global_batch"], hw_doc["gpus"], hw_doc.get("devices_per_node", 8))
     if note:
