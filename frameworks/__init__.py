@@ -92,6 +92,9 @@ class Capabilities:
     master_remainders: bool = False
     """Whether the optimizer can keep the fp32 master weights as the 16 low bits beside bf16 parameters
     (Apex DistributedFusedAdam / Transformer Engine FusedAdam store_param_remainders; MASTER_WEIGHTS)."""
+    moe_model_types: tuple[str, ...] | None = None
+    """Mixture-of-experts architectures (Hugging Face model_type) the stack builds; None: any (Megatron-Core,
+    DeepSpeed-MoE and Hugging Face modules take the shape from arguments or the config)."""
     bf16_optimizer: bool = False
     """Whether the stack has DeepSpeed's BF16_Optimizer (bf16 with ZeRO 0-1 and fp32 gradient accumulation;
     cost_models.step.Software.bf16_optimizer)."""

@@ -37,6 +37,7 @@ _CAPS = {"precisions": list, "schedules": list, "max_virtual_stages": int, "zero
          "tp": bool, "sequence_parallel": str, "cp_comm": list, "ep": bool, "expert_tp": bool, "hsdp": bool,
          "offload": list, "recompute": list, "placements": list, "activation_offload": str,
          "cp_with_sequence_parallel": bool, "master_remainders": bool, "recompute_modules": bool, "bf16_optimizer": bool,
+         "moe_model_types": (list, type(None)),
          "optimizer_offload_min_zero": int}
 
 
@@ -159,7 +160,8 @@ def _capabilities(block: dict, origin: str) -> Capabilities:
             raise ConfigError(key, None, "present", message=f"framework profile {origin}: missing required key "
                                                             f"'capabilities.{key}'")
         if not isinstance(block[key], kind) or (kind is int and isinstance(block[key], bool)):
-            _fail(origin, f"capabilities.{key}", block[key], f"a {kind.__name__}")
+            _fail(origin, f"capabilities.{key}", block[key],
+                  "a list or null" if isinstance(kind, tuple) else f"a {kind.__name__}")
     vocab = {"precisions": PRECISIONS, "schedules": SCHEDULES, "zero": (0, 1, 2, 3), "zero_with_pp": (0, 1, 2, 3),
              "cp_comm": CP_COMMS, "offload": OFFLOAD, "recompute": RECOMPUTE}
     for key, allowed in vocab.items():
@@ -175,6 +177,8 @@ def _capabilities(block: dict, origin: str) -> Capabilities:
             _fail(origin, "capabilities.placements", placement, "placement strings over D, P, T (C, E optional)")
     if block["activation_offload"] not in ("any", "without_pp_or_recompute"):
         _fail(origin, "capabilities.activation_offload", block["activation_offload"], "any or without_pp_or_recompute")
+    if block["moe_model_types"] is not None and not all(isinstance(t, str) and t for t in block["moe_model_types"]):
+        _fail(origin, "capabilities.moe_model_types", block["moe_model_types"], "a list of model_type names or null")
     if block["optimizer_offload_min_zero"] not in (0, 1, 2, 3):
         _fail(origin, "capabilities.optimizer_offload_min_zero", block["optimizer_offload_min_zero"], "a ZeRO stage 0-3")
     if not (1 <= block["max_virtual_stages"] <= 64):

@@ -96,6 +96,16 @@ def violations(framework: FrameworkProfile, cfg) -> list[str]:
     return out
 
 
+def check_model_runnable(framework: FrameworkProfile, spec) -> None:
+    """ConfigError (one line) when `framework` does not build the model: a mixture-of-experts architecture
+    outside its moe_model_types."""
+    types = framework.capabilities.moe_model_types
+    if getattr(spec, "moe", None) is not None and types is not None and spec.model_type not in types:
+        raise ConfigError("framework", framework.name, "a stack that builds the model",
+                          message=f"framework {framework.name} cannot run this plan: mixture-of-experts model_type="
+                                  f"{spec.model_type}: {framework.name} builds {', '.join(types)}")
+
+
 def check_runnable(framework: FrameworkProfile, cfg) -> None:
     """ConfigError naming the first thing `framework` cannot run (see violations)."""
     problems = violations(framework, cfg)

@@ -14,7 +14,7 @@ import numpy as np
 from cost_models import params as P
 from cost_models.step import BF16_PARAM_PRECISIONS, FP8_SCALINGS, MASTER_WEIGHTS, Software
 from frameworks import ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, MOE_DISPATCHERS, FrameworkProfile, load_framework
-from frameworks.rules import check_runnable
+from frameworks.rules import check_model_runnable, check_runnable
 from cost_models.compute import peak_flops
 from hardware_profiles import HardwareProfile, load_profile
 from planner.errors import ConfigError
@@ -372,6 +372,7 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
                                   "(allowed with bf16_optimizer: 1)")
     if check_framework:
         check_runnable(software.framework, cfg)
+        check_model_runnable(software.framework, model)
     if cfg.stages and (min(cfg.stages) < 0 or min(cfg.stages[1:-1] or (1,)) < 1
                        or (len(cfg.stages) == 1 and cfg.stages[0] < 1)):
         raise ConfigError("stages", list(cfg.stages), "at least one block per stage (the first and the last may "

@@ -1025,7 +1025,10 @@ def check_space(space: SearchSpace, model, framework, *, world: int, seq: int) -
     from planner.candidates import cp_comm_allowed
     from planner.parallel import expert_parallel_degrees
 
+    from frameworks.rules import check_model_runnable
+
     caps, name = framework.capabilities, framework.name
+    check_model_runnable(framework, model)
     heads, kv_heads, _ = _model_shape(model)
     for flag, value in (("max-cp", space.max_cp), ("max-ep", space.max_ep)):
         if value is not None and (not isinstance(value, int) or value < 1):

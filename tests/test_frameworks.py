@@ -47,6 +47,8 @@ def test_the_four_stacks_ship_and_load():
     (lambda d: d["capabilities"].pop("zero"), "capabilities.zero"),
     (lambda d: d["capabilities"].update(optimizer_offload_min_zero=4), "capabilities.optimizer_offload_min_zero"),
     (lambda d: d["capabilities"].update(recompute_modules="yes"), "capabilities.recompute_modules"),
+    (lambda d: d["capabilities"].update(moe_model_types="mixtral"), "capabilities.moe_model_types"),
+    (lambda d: d["capabilities"].update(moe_model_types=[""]), "capabilities.moe_model_types"),
 ])
 def test_a_bad_profile_is_one_line_naming_the_key(mutate, key):
     doc = copy.deepcopy(_doc("megatron"))
@@ -264,3 +266,20 @@ def test_recommend_with_the_bf16_optimizer_searches_what_it_runs_and_explain_kee
             {"grad_accum_dtype": "fp32"}
     fresh = research(rec.best, top=2)
     assert all(a["plan"]["zero"] == 1 for a in fresh["alternatives"])
+
+
+def test_torchtitan_builds_only_its_own_moe_families():
+    """torchtitan 0.3.0 ships DeepSeek-V3, Qwen3 MoE and gpt-oss (capabilities.moe_model_types): estimate and
+    recommend refuse Mixtral on it in one line (recommend used to offer plans its export then refused), Megatron
+    builds it."""
+    from planner.search import recommend
+
+    cfg = ParallelConfig(dp=32, ep=8, micro_batch=1, global_batch=64, zero=3, framework="torchtitan", placement="DPET",
+                         seq=4096)
+    for run in (lambda: estimate("mixtral-8x7b", "p5.48xlarge", cfg, gpus=32),
+                lambda: recommend("mixtral-8x7b", "p5.48xlarge", gpus=32, framework="torchtitan")):
+        with pytest.raises(ConfigError, match="mixture-of-experts model_type=mixtral: torchtitan builds") as err:
+            run()
+        assert "\n" not in str(err.value)
+    assert recommend("mixtral-8x7b", "p5.48xlarge", gpus=32, top=1).best["plan"]["ep"] >= 1
+    assert recommend("qwen3-30b-a3b", "p5.48xlarge", gpus=16, framework="torchtitan", top=1).best["plan"]["ep"] >= 1
