@@ -159,6 +159,11 @@ def run(files=DEFAULT_FILES, *, loo: bool = False, rows: bool = False, write: bo
                         "predicted_s": r.predicted_s, "error": r.error, "fits": r.fits, "refused": r.refused}
                        for r in results]}
     print(table("Published runs: predicted vs measured step time (all rows)", report["in_sample"]))
+    oom = [r for r in results if not r.trained]
+    missed = [r.id for r in oom if r.fits]
+    report["ran_out_of_memory"] = {"rows": len(oom), "predicted_to_fit": missed}
+    print(f"runs that ran out of memory: {len(oom)}; predicted to fit anyway: {len(missed)}"
+          + (f" ({', '.join(missed)})" if missed else ""))
     if loo:
         from benchmarks.calibrate_frameworks import leave_one_source_out
         loo_results = leave_one_source_out(cases)
