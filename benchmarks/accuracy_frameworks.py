@@ -59,6 +59,11 @@ class Result:
     trained: bool
     refused: str | None
     features: tuple[str, ...]
+    memory_kind: str | None = None
+    """What the publication measured of the memory (validation/published/FORMAT.md memory_kind), if anything."""
+    memory_error: float | None = None
+    """Predicted / measured memory - 1 for that kind: allocated against the peak, reserved against the peak with
+    the allocator's overhead, nvidia-smi against what the device must hold (cost_models.memory.needed_bytes)."""
 
     @property
     def error(self) -> float | None:
@@ -84,7 +89,15 @@ def predict(case, *, overrides=None) -> Result:
         est = estimate(case.spec, hw, case.config, gpus=case.row["gpus"], framework_profile=fw, **options)
     except PlannerError as err:
         return Result(**common, predicted_s=None, fits=None, refused=str(err))
-    return Result(**common, predicted_s=float(est.step_time_s), fits=bool(est.fits), refused=None)
+    kind, measured = case.row.get("memory_kind"), case.row.get("measured_memory_gib")
+    memory_error = None
+    if kind and measured:
+        from cost_models.memory import cuda_context_bytes
+        predicted = {"allocated": est.peak_bytes_per_gpu, "reserved": est.needed_bytes - cuda_context_bytes(hw),
+                     "nvidia-smi": est.needed_bytes}[kind]
+        memory_error = predicted / (float(measured) * 2**30) - 1.0
+    return Result(**common, predicted_s=float(est.step_time_s), fits=bool(est.fits), refused=None,
+                  memory_kind=kind if memory_error is not None else None, memory_error=memory_error)
 
 
 def summary(results: list[Result]) -> dict:
@@ -97,6 +110,21 @@ def summary(results: list[Result]) -> dict:
         worst = max(errs, key=lambda e: abs(e[0]))
         out.update(mape=statistics.fmean(abs(e) for e, _ in errs), mean=statistics.fmean(e for e, _ in errs),
                    median_abs=statistics.median(abs(e) for e, _ in errs), worst=worst[0], worst_id=worst[1])
+    return out
+
+
+def memory_summary(results: list[Result]) -> dict:
+    """Per framework and memory kind: the runs whose publication measured memory, MAPE, mean and worst."""
+    by = {}
+    for r in results:
+        if r.memory_error is not None:
+            by.setdefault(f"{r.framework} ({r.memory_kind})", []).append(r)
+    out = {}
+    for key, rs in sorted(by.items()):
+        worst = max(rs, key=lambda r: abs(r.memory_error))
+        out[key] = {"rows": len(rs), "mape": statistics.fmean(abs(r.memory_error) for r in rs),
+                    "mean": statistics.fmean(r.memory_error for r in rs), "worst": worst.memory_error,
+                    "worst_id": worst.id}
     return out
 
 
@@ -164,6 +192,10 @@ def run(files=DEFAULT_FILES, *, loo: bool = False, rows: bool = False, write: bo
     report["ran_out_of_memory"] = {"rows": len(oom), "predicted_to_fit": missed}
     print(f"runs that ran out of memory: {len(oom)}; predicted to fit anyway: {len(missed)}"
           + (f" ({', '.join(missed)})" if missed else ""))
+    report["memory"] = memory_summary(results)
+    for key, s in report["memory"].items():
+        print(f"memory, {key}: {s['rows']} runs, MAPE {100 * s['mape']:.1f}%, mean {100 * s['mean']:+.1f}%, "
+              f"worst {100 * s['worst']:+.1f}% ({s['worst_id']})")
     if loo:
         from benchmarks.calibrate_frameworks import leave_one_source_out
         loo_results = leave_one_source_out(cases)
