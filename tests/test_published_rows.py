@@ -103,3 +103,26 @@ def test_the_blackwell_bf16_rate_rests_on_more_than_one_publication():
     sources = {c.source for c in usable(A.unique(R.load(FILES)))
                if c.row["gpu"].split()[0] in BLACKWELL and c.row["precision"] in ("amp-bf16", "bf16")}
     assert len(sources) >= 2, sorted(sources)
+
+
+def test_measured_memory_is_compared_with_the_same_quantity():
+    """accuracy_frameworks compares a publication's memory with the quantity it measured: reserved memory with
+    the peak plus the allocator's overhead (needed bytes less the CUDA context), nvidia-smi with needed bytes."""
+    from benchmarks import published_rows as R
+    from benchmarks.accuracy_frameworks import memory_summary, predict, unique
+    from cost_models.memory import cuda_context_bytes
+    from planner.estimate import estimate
+
+    cases = [c for c in unique(R.load(("torchtitan", "deepspeed"))) if c.row.get("measured_memory_gib")]
+    kinds = {c.row["memory_kind"] for c in cases}
+    assert {"reserved", "nvidia-smi"} <= kinds
+    for kind in ("reserved", "nvidia-smi"):
+        case = next(c for c in cases if c.row["memory_kind"] == kind)
+        est = estimate(case.spec, case.hardware, case.config, gpus=case.row["gpus"],
+                       **{k: v for k, v in case.options.items() if v is not None})
+        predicted = est.needed_bytes - (cuda_context_bytes(case.hardware) if kind == "reserved" else 0.0)
+        r = predict(case)
+        assert r.memory_kind == kind
+        assert r.memory_error == pytest.approx(predicted / (case.row["measured_memory_gib"] * 2**30) - 1.0, rel=1e-12)
+    summary = memory_summary([predict(c) for c in cases[:10]])
+    assert all(s["rows"] >= 1 and s["mape"] >= abs(s["mean"]) for s in summary.values())
