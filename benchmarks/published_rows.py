@@ -99,6 +99,7 @@ def config_of(row: dict):
     sequence parallelism, precision and framework; a placement the framework builds. A micro-batch the
     publication does not give (null; the DeepSeek-V3 report) is taken as 1 sequence."""
     from frameworks import load_framework
+    from frameworks.rules import used_placement
     from planner.parallel import ParallelConfig
 
     fw = load_framework(row["framework"])
@@ -108,8 +109,7 @@ def config_of(row: dict):
         schedule = "1f1b"
     dp, cp, ep = row["dp"], row.get("cp") or 1, row.get("ep") or 1
     shard = row.get("dp_shard") or dp
-    placement = fw.capabilities.placements[0] if fw.capabilities.placements else "DPT"
-    placement = "".join(a for a in placement if a in "DPT" or (a == "C" and cp > 1) or (a == "E" and ep > 1))
+    placement = used_placement(fw.capabilities.placements[0] if fw.capabilities.placements else "DPT", cp=cp, ep=ep)
     offload = {"params": "optimizer"}.get(row.get("offload") or "none", row.get("offload") or "none")
     extras = row.get("extras") or {}
     if extras.get("cpu_offloading_num_layers") and offload == "none":    # Megatron-Core's partial activation offload

@@ -15,7 +15,7 @@ import numpy as np
 from cost_models import blocks as B
 from frameworks import FrameworkProfile
 from hardware_profiles import HardwareProfile
-from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, offloads
+from planner.parallel import RECOMPUTE, SCHEDULES, offload_indices
 from planner.placement import group_locality
 from planner.spec import TransformerSpec
 
@@ -354,7 +354,7 @@ class Step:
 
     def is_offload(self, kind: str) -> np.ndarray:
         """Per candidate, whether its offload moves `kind` ('optimizer', 'activations') to the host."""
-        return np.array([offloads(o, kind) for o in OFFLOAD])[self.offload]
+        return np.isin(self.offload, offload_indices(kind))
 
     def per_token(self, terms: B.Terms) -> np.ndarray:
         """Bytes per token on one rank of a table entry: replicated / (tp with SP), sharded / tp, scores s / tp."""

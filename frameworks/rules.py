@@ -37,8 +37,7 @@ def framework_placement(framework: FrameworkProfile, *, cp: int = 1, ep: int = 1
     placement = default_placement(cp, ep)
     if placement_allowed(framework, placement, cp=cp, ep=ep):
         return placement
-    own = framework.capabilities.placements[0]
-    return "".join(a for a in own if a in "DPT" or (a == "C" and cp > 1) or (a == "E" and ep > 1))
+    return used_placement(framework.capabilities.placements[0], cp=cp, ep=ep)
 
 
 def violations(framework: FrameworkProfile, cfg) -> list[str]:

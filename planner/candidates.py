@@ -44,7 +44,7 @@ import numpy as np
 
 from planner.errors import ConfigError
 from planner.parallel import (CP_COMMS, LOOPED_SCHEDULES, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig,
-                              default_placement, expert_parallel_degrees, looped_rounds_ok, offloads)
+                              default_placement, expert_parallel_degrees, looped_rounds_ok, offload_indices, offloads)
 from planner.placement import PLACEMENTS, ranks_per_node, with_context
 
 FIELDS = ("dp", "tp", "pp", "micro_batch", "virtual_stages", "zero", "recompute", "offload",
@@ -348,8 +348,7 @@ def skeleton_rows(world_size: int, global_batch: int, *, heads: int, kv_heads: i
     rows = _ragged_product(rows, np.zeros(_size(rows), dtype=np.int64), [[(OFFLOAD.index(o),) for o in space.offload]],
                            ("offload",))
     if space.optimizer_offload_min_zero:     # the framework offloads the optimizer only with ZeRO (frameworks.rules)
-        keep = (rows["zero"] >= space.optimizer_offload_min_zero) | ~np.isin(
-            rows["offload"], [OFFLOAD.index(o) for o in OFFLOAD if offloads(o, "optimizer")])
+        keep = (rows["zero"] >= space.optimizer_offload_min_zero) | ~np.isin(rows["offload"], offload_indices("optimizer"))
         rows = {name: values[keep] for name, values in rows.items()}
     return {name: rows[name] for name in SKELETON_FIELDS}
 

@@ -27,6 +27,11 @@ def offload_kinds(offload: str) -> tuple[str, ...]:
 def offloads(offload: str, kind: str) -> bool:
     """Whether the OFFLOAD value `offload` moves `kind` ('optimizer' or 'activations') to the host."""
     return kind in offload_kinds(offload)
+
+
+def offload_indices(kind: str) -> tuple[int, ...]:
+    """Indices into OFFLOAD of the values that move `kind` to the host (the candidate arrays' encoding)."""
+    return tuple(i for i, o in enumerate(OFFLOAD) if offloads(o, kind))
 PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "bf16", "fp8")
 """fp8: FP8 GEMMs (Transformer Engine / torchao float8 recipes) with bf16 everywhere else and fp32
 master weights and optimizer states."""

@@ -48,7 +48,7 @@ from planner.candidates import (FIELDS, SearchSpace, _pattern_groups, _product, 
                                 skeleton_rows, with_micro_batches)
 from planner.errors import ConfigError, NoFitError
 from planner.parallel import (CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, default_placement,
-                              offloads, resolve_precision)
+                              offload_indices, offloads, resolve_precision)
 from planner.placement import PLACEMENTS, packed_key
 
 OBJECTIVES = ("throughput", "cost", "memory", "time-to-train")
@@ -433,7 +433,7 @@ class _BranchAndBound:
         self.levels = [RECOMPUTE.index(r) for r in space.recompute]
         self.weakest = min(self.levels)
         n = len(rows["dp"])
-        lean = rows["zero"] * 4 + (rows["dp_shard"] == 0) * 2 + np.isin(rows["offload"], [OFFLOAD.index(o) for o in OFFLOAD if offloads(o, "optimizer")])
+        lean = rows["zero"] * 4 + (rows["dp_shard"] == 0) * 2 + np.isin(rows["offload"], offload_indices("optimizer"))
         key = packed_key([rows[k] for k in SHAPE_FIELDS]) if n else np.zeros(0, dtype=np.int64)
         order = np.argsort(key * 16 + (15 - lean), kind="stable")
         self.rows = {k: np.asarray(v)[order] for k, v in rows.items()}
