@@ -5,6 +5,7 @@ and test that predicts published runs (benchmarks/accuracy_frameworks.py, benchm
 """
 from __future__ import annotations
 
+import re
 import json
 from dataclasses import dataclass
 from functools import lru_cache
@@ -124,6 +125,10 @@ def config_of(row: dict):
         # the loss alone, the blocks split evenly over the others
         from planner.estimate import even_stages
         stages = (0, *even_stages(spec_of(row).total_blocks, row["pp"] * v - 2), 0)
+    elif re.fullmatch(r"type:transformer\|embed(ding)?\b.*", extras.get("pp_partition_method") or "") and row["pp"] > 1:
+        # Megatron-DeepSpeed's --pp-partition-method counting the embedding and the tied head as blocks
+        from planner.partition import deepspeed_type_stages
+        stages = tuple(deepspeed_type_stages(spec_of(row).total_blocks, row["pp"]))
     return ParallelConfig(dp=dp, tp=row["tp"], pp=row["pp"], cp=cp, ep=ep, expert_tp=row.get("expert_tp") or 1,
                           dp_shard=0 if shard == dp else shard, zero=row.get("zero") or 0,
                           micro_batch=row["micro_batch"] or 1, global_batch=row["global_batch"], schedule=schedule,

@@ -226,6 +226,27 @@ def recompute_passes(x) -> np.ndarray:
     return np.where(x.is_schedule("zero-bubble") & x.full, reruns, 1.0)
 
 
+TENSOR_CORE_ALIGN_BYTES = 16
+"""cuBLAS runs 16-bit GEMMs on tensor cores at full rate only when every dimension spans a multiple of 16 bytes
+(8 fp16/bf16 elements): NVIDIA cuBLAS documentation, "Tensor Core Usage" (the m, n, k and leading-dimension
+restrictions), and NVIDIA's "Matrix Multiplication Background User's Guide", "Tensor Core Requirements"."""
+
+
+def core_gemm_precision(precision: str, d_head, elem_bytes: float) -> str:
+    """The precision an unfused attention's batched GEMMs (QK^T over k = head dim, AV producing n = head dim)
+    run at: a head dim that is not a whole number of 16-byte groups leaves them off the tensor cores, on the
+    CUDA cores at the fp32 rate (gemm_efficiency_max_fp32 of the fp32 peak). BigScience measured it on A100
+    with Megatron-DeepSpeed's unfused attention (bigscience tr11-176B-ml chronicles-prequel.md, 2022-02-20 and
+    02-23): hidden 14400 with 96 heads (head dim 150) ran at 94 TFLOP/s where hidden 13824 (head dim 144) ran
+    at 120 on the same 40 nodes, and 128 heads of 13824 (head dim 108) took 162.7 s per step where 96 heads
+    (144) took 124.8: both about 30% of the step for GEMMs that carry under 3% of its FLOPs, the 14-16x of
+    the tensor-core rate over the fp32 rate. Fused attention kernels take no such path (FlashAttention and
+    cuDNN require the head dim to be a multiple of 8)."""
+    group = TENSOR_CORE_ALIGN_BYTES / elem_bytes
+    aligned = np.all(np.mod(np.asarray(d_head, dtype=float), group) == 0)
+    return precision if aligned or elem_bytes >= 4 or precision == "fp32" else "fp32"
+
+
 def block_seconds(x) -> BlockSeconds:
     """Per block and micro-batch: the GEMMs of Megatron's column/row split (cost_models.flops.
     block_gemm_shapes; backward = data + weight gradients, Narayanan et al. 2021 Sec. 5.1; an MoE block's
@@ -237,7 +258,7 @@ def block_seconds(x) -> BlockSeconds:
     from cost_models.flops import GemmShape, attention_kernel_flops_fwd, block_gemm_shapes
 
     linear_kw = dict(hw=x.hw, precision=x.precision, elem_bytes=x.c)
-    core_kw = dict(hw=x.hw, precision=x.attention_precision, elem_bytes=x.c)
+    core_kw = dict(hw=x.hw, precision=core_gemm_precision(x.attention_precision, x.spec.d_head, x.c), elem_bytes=x.c)
     gemm_f = gemm_b = attn_f = attn_b = cast_f = cast_b = expert_f = expert_b = module_f = 0.0
     modules = x.sac if isinstance(x.sac, ModuleSac) else None
     s_local = x.seq / x.cp

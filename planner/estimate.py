@@ -167,9 +167,9 @@ def arch_of(spec: TransformerSpec) -> dict:
 
 
 def even_stages(blocks: int, chunks: int) -> list[int]:
-    """Blocks per chunk as even as possible (the first chunks take the remainder)."""
-    q, r = divmod(blocks, chunks)
-    return [q + (1 if i < r else 0) for i in range(chunks)]
+    """Blocks per chunk as even as possible (the first chunks take the remainder; planner.partition.even_split)."""
+    from planner.partition import even_split
+    return list(even_split(blocks, chunks))
 
 
 def rank_blocks(stages: list[int], pp: int) -> list[int]:

@@ -44,6 +44,48 @@ def even_split(blocks: int, stages: int) -> tuple[int, ...]:
     return tuple(base + (i < extra) for i in range(stages))
 
 
+def deepspeed_type_stages(blocks: int, pp: int) -> list[int]:
+    """Transformer blocks per stage of DeepSpeed's PipelineModule with `partition_method='type:transformer|
+    embedding'` on Megatron-DeepSpeed's GPTModelPipe, computed as DeepSpeed computes it: every layer spec
+    whose class matches the regex (the blocks, and the embedding at both ends, the tied head being an
+    EmbeddingPipe too) weighs 1, the others 0, and `partition_balanced` finds the smallest heaviest stage by
+    bisection, then fills stages greedily left to right (`_lprobe`). So the embedding and the head each take
+    one block's place: 70 blocks over 12 stages give 5, 6 x 10, 5.
+    Sources: DeepSpeed v0.6.0 runtime/pipe/module.py `_partition_layers`, runtime/utils.py
+    `partition_balanced`, `_rb_partition_balanced`, `_lprobe`; the spec list of bigscience-workshop/
+    Megatron-DeepSpeed megatron/model/gpt_model.py GPTModelPipe (to-fp16 cast, embedding, transpose, the
+    blocks, undo-transpose, final LayerNorm, tied head, to-fp32 cast)."""
+    from bisect import bisect_left
+
+    weights = [0, 1, 0] + [1] * blocks + [0, 0, 1, 0]
+    prefix = [sum(weights[:i + 1]) for i in range(len(weights))]
+    n = len(prefix)
+
+    def probe(bottleneck):
+        parts = [0] + [n] * pp
+        bsum, chunk = bottleneck, n // pp
+        step = chunk
+        for p in range(1, pp):
+            while step < n and prefix[step] < bsum:
+                step += chunk
+            parts[p] = bisect_left(prefix, bsum, lo=step - chunk, hi=min(step, n))
+            if parts[p] == n:
+                return parts, prefix[-1] - prefix[parts[p - 1]] < bottleneck
+            bsum = prefix[parts[p] - 1] + bottleneck
+        return parts, bsum >= prefix[-1]
+
+    lower, upper = prefix[-1] / pp, float(prefix[-1])
+    while upper > lower + 1e-3:
+        mid = lower + (upper - lower) / 2
+        if probe(mid)[1]:
+            upper = mid
+        else:
+            lower = mid + 1e-3
+    parts = probe(upper)[0]
+    first = 3    # index of the first block in the spec list
+    return [sum(1 for i in range(parts[k], parts[k + 1]) if first <= i < first + blocks) for k in range(pp)]
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PartitionProblem:
     """Per-block costs of one micro-batch on one pipeline rank (already divided by tp)."""

@@ -122,3 +122,29 @@ def test_ranks_sharing_cores_recover_part_of_the_bubble():
         assert cpu.bubble[0] == pytest.approx(max(0.0, (ideal + own.bubble[0]) / 2 - ideal), rel=1e-9, abs=1e-12)
         assert cpu.bubble[0] <= own.bubble[0] and cpu.compute[0] == own.compute[0]
     assert score(GPT, shared, cands, global_batch=1, seq=2048).bubble[0] > 0     # m=1: still mostly idle
+
+
+def test_a_head_dim_off_the_16_byte_grid_takes_unfused_attention_off_the_tensor_cores():
+    """cuBLAS's tensor-core restriction (dimensions a multiple of 16 bytes) as BigScience measured it on A100:
+    head dim 150 or 108 cost ~30% of a step through GEMMs that carry under 3% of its FLOPs."""
+    assert K.core_gemm_precision("amp-fp16", 150, 2.0) == "fp32"
+    assert K.core_gemm_precision("amp-bf16", 108, 2.0) == "fp32"
+    assert K.core_gemm_precision("amp-bf16", 144, 2.0) == "amp-bf16"
+    assert K.core_gemm_precision("amp-bf16", 128, 2.0) == "amp-bf16"
+    assert K.core_gemm_precision("fp32", 150, 4.0) == "fp32"          # already on the CUDA cores
+    assert K.core_gemm_precision("amp-bf16", 4, 2.0) == "fp32"        # 8 bytes: half a group
+
+    from planner.estimate import estimate
+    from planner.parallel import ParallelConfig
+
+    def compute(hidden, attention):
+        spec = TransformerSpec(name="t", layers=4, hidden=hidden, heads=8, vocab=32000, seq=2048)
+        cfg = ParallelConfig(dp=1, tp=1, pp=1, micro_batch=1, global_batch=1, seq=2048, precision="amp-bf16",
+                             framework="deepspeed", placement="PDT")
+        return float(estimate(spec, A100, cfg, gpus=1, attention=attention).scores.compute[0])
+
+    # hidden 1200 (head dim 150) against 1152 (144) and 1216 (152): about 8% more work than 1152, less than
+    # 1216, but far more time
+    assert compute(1216, "unfused") / compute(1152, "unfused") < 1.15
+    assert compute(1200, "unfused") / compute(1152, "unfused") > 1.25
+    assert compute(1200, "unfused") > 1.1 * compute(1216, "unfused")

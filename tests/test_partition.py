@@ -155,3 +155,25 @@ def test_tied_embedding_sync_is_priced_only_when_split():
     assert t_out > t_in * 2
     llama = resolve_model("llama3-8b")                                              # untied
     assert estimate(llama, hw, inside, gpus=8).scores.dp_comm[0] == 0.0
+
+
+@pytest.mark.parametrize("blocks,pp", [(70, 12), (106, 12), (100, 6), (82, 12), (94, 12), (70, 8), (24, 4), (48, 3)])
+def test_deepspeed_type_partition_counts_the_embedding_and_head_as_blocks(blocks, pp):
+    """DeepSpeed's partition_balanced over binary weights (blocks and both embeddings weigh 1): every block
+    placed once, the heaviest stage as light as (blocks + 2) / pp allows, the embedding and head stages
+    one block lighter when the split comes out even."""
+    from math import ceil
+
+    from planner.partition import deepspeed_type_stages
+    stages = deepspeed_type_stages(blocks, pp)
+    assert len(stages) == pp and sum(stages) == blocks
+    units = [n + (k == 0) + (k == pp - 1) for k, n in enumerate(stages)]
+    assert max(units) == ceil((blocks + 2) / pp)
+    if (blocks + 2) % pp == 0:
+        assert units == [(blocks + 2) // pp] * pp
+
+
+def test_deepspeed_type_partition_of_bloom():
+    """BLOOM-176B: 70 blocks + 2 embeddings over 12 stages, 6 units each (its README's choice of 70 layers)."""
+    from planner.partition import deepspeed_type_stages
+    assert deepspeed_type_stages(70, 12) == [5] + [6] * 10 + [5]

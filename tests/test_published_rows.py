@@ -126,3 +126,12 @@ def test_measured_memory_is_compared_with_the_same_quantity():
         assert r.memory_error == pytest.approx(predicted / (case.row["measured_memory_gib"] * 2**30) - 1.0, rel=1e-12)
     summary = memory_summary([predict(c) for c in cases[:10]])
     assert all(s["rows"] >= 1 and s["mape"] >= abs(s["mean"]) for s in summary.values())
+
+
+def test_a_deepspeed_partition_method_becomes_the_stage_split():
+    rows = json.loads((PUBLISHED / "deepspeed.json").read_text())["runs"]
+    bloom = next(r for r in rows if r["id"] == "bloom176b-gbs2048-mbs2")
+    assert bloom["extras"]["pp_partition_method"].startswith("type:transformer|embedding")
+    assert R.config_of(bloom).stages == (5,) + (6,) * 10 + (5,)
+    plain = dict(bloom, extras={k: v for k, v in bloom["extras"].items() if k != "pp_partition_method"})
+    assert R.config_of(plain).stages == ()
