@@ -125,10 +125,14 @@ def config_of(row: dict):
         # the loss alone, the blocks split evenly over the others
         from planner.estimate import even_stages
         stages = (0, *even_stages(spec_of(row).total_blocks, row["pp"] * v - 2), 0)
-    elif re.fullmatch(r"type:transformer\|embed(ding)?\b.*", extras.get("pp_partition_method") or "") and row["pp"] > 1:
-        # Megatron-DeepSpeed's --pp-partition-method counting the embedding and the tied head as blocks
+    elif isinstance(extras.get("pp_stages"), list):    # blocks per stage as the publication gives them
+        stages = tuple(int(n) for n in extras["pp_stages"])
+    elif (method := re.match(r"type:transformer(\|embed(ding)?)?\b", extras.get("pp_partition_method") or "")) \
+            and row["pp"] > 1:
+        # Megatron-DeepSpeed's --pp-partition-method: blocks only (its default), or the embedding and the tied
+        # head counted as blocks too
         from planner.partition import deepspeed_type_stages
-        stages = tuple(deepspeed_type_stages(spec_of(row).total_blocks, row["pp"]))
+        stages = tuple(deepspeed_type_stages(spec_of(row).total_blocks, row["pp"], embeddings=bool(method.group(1))))
     return ParallelConfig(dp=dp, tp=row["tp"], pp=row["pp"], cp=cp, ep=ep, expert_tp=row.get("expert_tp") or 1,
                           dp_shard=0 if shard == dp else shard, zero=row.get("zero") or 0,
                           micro_batch=row["micro_batch"] or 1, global_batch=row["global_batch"], schedule=schedule,

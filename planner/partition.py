@@ -44,20 +44,24 @@ def even_split(blocks: int, stages: int) -> tuple[int, ...]:
     return tuple(base + (i < extra) for i in range(stages))
 
 
-def deepspeed_type_stages(blocks: int, pp: int) -> list[int]:
+def deepspeed_type_stages(blocks: int, pp: int, *, embeddings: bool = True) -> list[int]:
     """Transformer blocks per stage of DeepSpeed's PipelineModule with `partition_method='type:transformer|
-    embedding'` on Megatron-DeepSpeed's GPTModelPipe, computed as DeepSpeed computes it: every layer spec
-    whose class matches the regex (the blocks, and the embedding at both ends, the tied head being an
-    EmbeddingPipe too) weighs 1, the others 0, and `partition_balanced` finds the smallest heaviest stage by
-    bisection, then fills stages greedily left to right (`_lprobe`). So the embedding and the head each take
-    one block's place: 70 blocks over 12 stages give 5, 6 x 10, 5.
+    embedding'` (`embeddings`) or Megatron-DeepSpeed's default 'type:transformer' on its GPTModelPipe,
+    computed as DeepSpeed computes it: every layer spec whose class matches the regex (the blocks, and with
+    `embeddings` the embedding at both ends, the tied head being an EmbeddingPipe too) weighs 1, the others 0,
+    and `partition_balanced` finds the smallest heaviest stage by bisection, then fills stages greedily left
+    to right (`_lprobe`). So with `embeddings` the embedding and the head each take one block's place (70
+    blocks over 12 stages give 5, 6 x 10, 5), and without, an uneven count fills the first stages to the
+    bottleneck and leaves the rest to the last (78 over 12: 7 x 11, 1, as BigScience's prequel notes under
+    "Re-do"); this greedy fill can leave a last stage empty, which DeepSpeed's GPTModelPipe does not run.
     Sources: DeepSpeed v0.6.0 runtime/pipe/module.py `_partition_layers`, runtime/utils.py
     `partition_balanced`, `_rb_partition_balanced`, `_lprobe`; the spec list of bigscience-workshop/
     Megatron-DeepSpeed megatron/model/gpt_model.py GPTModelPipe (to-fp16 cast, embedding, transpose, the
     blocks, undo-transpose, final LayerNorm, tied head, to-fp32 cast)."""
     from bisect import bisect_left
 
-    weights = [0, 1, 0] + [1] * blocks + [0, 0, 1, 0]
+    e = 1 if embeddings else 0
+    weights = [0, e, 0] + [1] * blocks + [0, 0, e, 0]
     prefix = [sum(weights[:i + 1]) for i in range(len(weights))]
     n = len(prefix)
 

@@ -177,3 +177,11 @@ def test_deepspeed_type_partition_of_bloom():
     """BLOOM-176B: 70 blocks + 2 embeddings over 12 stages, 6 units each (its README's choice of 70 layers)."""
     from planner.partition import deepspeed_type_stages
     assert deepspeed_type_stages(70, 12) == [5] + [6] * 10 + [5]
+
+
+def test_megatron_deepspeeds_default_partition_fills_the_first_stages():
+    """'type:transformer' weighs the blocks only: 78 blocks over 12 stages are 7 x 11 and 1 (BigScience's prequel,
+    "Re-do": "the last stage has 1 block, while the rest have 7"); an even count splits evenly."""
+    from planner.partition import deepspeed_type_stages
+    assert deepspeed_type_stages(78, 12, embeddings=False) == [7] * 11 + [1]
+    assert deepspeed_type_stages(72, 12, embeddings=False) == [6] * 12

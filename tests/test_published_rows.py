@@ -135,3 +135,11 @@ def test_a_deepspeed_partition_method_becomes_the_stage_split():
     assert R.config_of(bloom).stages == (5,) + (6,) * 10 + (5,)
     plain = dict(bloom, extras={k: v for k, v in bloom["extras"].items() if k != "pp_partition_method"})
     assert R.config_of(plain).stages == ()
+
+
+def test_published_stage_sizes_and_the_default_partition_reach_the_config():
+    rows = {r["id"]: r for r in json.loads((PUBLISHED / "deepspeed.json").read_text())["runs"]}
+    assert R.config_of(rows["glm130b-768gpu-tp4-pp8-mb1-gbs4224"]).stages == (8,) + (9,) * 6 + (8,)
+    uneven = rows["bloomprq-02-26-h13824-l78-a96-dp8-tp4-pp12-mb2-gbs2048"]
+    assert uneven["extras"]["pp_partition_method"].startswith("type:transformer (")
+    assert R.config_of(uneven).stages == (7,) * 11 + (1,)
