@@ -241,7 +241,9 @@ def core_gemm_precision(precision: str, d_head, elem_bytes: float) -> str:
     at 120 on the same 40 nodes, and 128 heads of 13824 (head dim 108) took 162.7 s per step where 96 heads
     (144) took 124.8: both about 30% of the step for GEMMs that carry under 3% of its FLOPs, the 14-16x of
     the tensor-core rate over the fp32 rate. Fused attention kernels take no such path (FlashAttention and
-    cuDNN require the head dim to be a multiple of 8)."""
+    cuDNN require the head dim to be a multiple of 8). The measurement is cuBLAS 11 (PyTorch 1.11, CUDA 11.5);
+    later cuBLAS releases may run such shapes on tensor cores with narrower loads, at a rate nothing vendored
+    measures, so the rule is applied to every device alike."""
     group = TENSOR_CORE_ALIGN_BYTES / elem_bytes
     aligned = np.all(np.mod(np.asarray(d_head, dtype=float), group) == 0)
     return precision if aligned or elem_bytes >= 4 or precision == "fp32" else "fp32"
