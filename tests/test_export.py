@@ -27,7 +27,7 @@ REFUSED = {  # variant: {format: part of the one-line reason}
     "llama-pp1-zero2-sel": {"sagemaker-v1": "ZeRO-2"},
     "llama-bf16-offload-act": {"torchtitan": "offload=activations", "megatron": "offload=activations"},
     "moe-ep": {"torchtitan": "mixture-of-experts", "sagemaker-v1": "expert parallelism", "fsdp": "pp=4"},
-    "moe-deepseek-v3": {"torchtitan": "mixture-of-experts (deepseek_v3)", "deepspeed": "sigmoid scoring"},
+    "moe-deepseek-v3": {"torchtitan": "multi-token prediction (mtp_modules=1) with pp=4", "deepspeed": "sigmoid scoring"},
     "gpt3-pp1-zero0-fp16": {"torchtitan": "precision=amp-fp16", "fsdp": "tp=8: fsdp allows tp=1 only"},
     "llama-hsdp-cp-fp8": {"deepspeed": "precision=fp8", "sagemaker-v1": "context parallelism",
                           "fsdp": "tp=8: fsdp allows tp=1 only"},
@@ -53,6 +53,82 @@ def test_limits_decide_every_refusal(variant):
             assert reasons == [], (fmt, reasons)
         except ConfigError as err:
             assert reasons and reasons[0] in str(err), (fmt, str(err))
+
+
+def moe_document(variant, *, plan=None, arch=None, moe=None):
+    """A MoE variant's plan document with changes to its plan, model.arch and model.arch.moe."""
+    doc = document(variant)
+    p = doc["plan"]
+    p.update(plan or {})
+    p["num_microbatches"] = p["global_batch"] // (p["dp"] * p["micro_batch"])
+    doc["model"]["arch"].update(arch or {})
+    doc["model"]["arch"]["moe"] = {**doc["model"]["arch"]["moe"], **(moe or {})}   # VARIANTS' dict stays as it is
+    return doc
+
+
+TORCHTITAN_MOE_REFUSED = {
+    # name: (variant, plan, arch, moe changes, part of the one-line reason)
+    "mixtral": ("moe-qwen3-30b", {}, {"model_type": "mixtral", "qk_norm": False}, {},
+                "(model_type mixtral): torchtitan 0.3.0 builds the MoE families deepseek_v3, qwen3_moe"),
+    "qwen3 without QK-norm": ("moe-qwen3-30b", {}, {"qk_norm": False}, {}, "no QK-norm"),
+    "qwen3 dense blocks": ("moe-qwen3-30b", {}, {}, {"first_dense_layers": 2}, "2 dense leading blocks"),
+    "qwen3 biases": ("moe-qwen3-30b", {}, {"qkv_bias": True}, {}, "linear biases"),
+    "shared-expert gate": ("moe-qwen3-30b", {}, {}, {"shared_experts": 1, "shared_expert_gate": True},
+                           "a shared-expert gate"),
+    "capacity factor": ("moe-qwen3-30b", {}, {}, {"capacity_factor": 1.25}, "dropless"),
+    # torchtitan 0.3.0 has no expert tensor-parallel degree (capabilities.expert_tp false): the framework's rules
+    # refuse before the exporter's own limits
+    "expert_tp with ep": ("moe-qwen3-30b", {"expert_tp": 2}, {}, {}, "expert_tp=2: torchtitan allows expert_tp=1 only"),
+    "expert_tp beyond tp": ("moe-qwen3-30b", {"ep": 1, "expert_tp": 4}, {}, {},
+                            "expert_tp=4: torchtitan allows expert_tp=1 only"),
+    "tp over the kv heads": ("moe-qwen3-30b", {"tp": 8, "dp": 16, "ep": 8}, {}, {}, "tp=8 does not divide the 32 heads "
+                                                                                  "and 4 key/value heads"),
+    "mtp with cp": ("moe-deepseek-v3", {"pp": 1, "cp": 2, "dp": 64, "stages": [], "placement": "PDECT"}, {}, {},
+                    "multi-token prediction (mtp_modules=1) with pp=1, cp=2"),
+    "deepseek without MLA": ("moe-deepseek-v3", {}, {"mla": None, "mtp_modules": 0}, {}, "no multi-head latent attention"),
+    "mtp outside deepseek": ("moe-qwen3-30b", {}, {"mtp_modules": 1}, {}, "multi-token prediction (torchtitan's MTP"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TORCHTITAN_MOE_REFUSED))
+def test_torchtitan_refuses_moe_plans_it_cannot_build_in_one_line(name):
+    variant, plan, arch, moe, reason = TORCHTITAN_MOE_REFUSED[name]
+    with pytest.raises(ConfigError, match="cannot export to torchtitan: ") as err:
+        export_plan(plan_from_document(moe_document(variant, plan=plan, arch=arch, moe=moe)), "torchtitan")
+    assert reason in str(err.value) and "\n" not in str(err.value)
+
+
+def test_torchtitan_moe_job_builds_the_family_with_the_plans_expert_degrees():
+    """Qwen3-30B-A3B: torchtitan's Qwen3 MoE builder with the plan's shape, expert_parallel_degree = ep, and the
+    DeepSeek-V3 catalog model (MTP, pp = 1): DeepSeek-V3's builder, MTP layers and MTPLoss."""
+    text = export_plan(plan_for("moe-qwen3-30b"), "torchtitan").text
+    assert "layers = qwen3._build_qwen3_moe_layers(" in text and "qwen3.qwen3_configs[\"planner\"] = _planner_flavor" in text
+    assert "moe_hidden_dim=768, num_experts=128, top_k=8," in text and "expert_parallel_degree=16," in text
+    assert "config.model_spec = qwen3.model_registry('planner', moe_comm_backend='standard')" in text
+    compile(text, "planner_job.py", "exec")
+    doc = moe_document("moe-deepseek-v3", plan={"pp": 1, "dp": 128, "stages": [], "placement": "PDECT"})
+    exported = export_plan(plan_from_document(doc), "torchtitan")
+    text = exported.text
+    assert "deepseek_v3._build_dsv3_layers(" in text and "n_layers=61, n_dense_layers=3, dim=dim, n_heads=128," in text
+    assert "router_top_k=8, router_score_func='sigmoid', router_route_norm=True, router_route_scale=2.5," in text
+    assert "router_num_expert_groups=8, router_num_limited_groups=4," in text and "num_mtp_layers=1" in text
+    assert "config.loss = MTPLoss.Config(" in text and "expert_parallel_degree=8," in text
+    assert any(note.startswith("mtp_modules=1: torchtitan's MTP layers") for note in exported.notes)
+    compile(text, "planner_job.py", "exec")
+
+
+def test_torchtitan_shard_group_grows_only_where_expert_parallelism_needs_it():
+    """torchtitan carves ep from dp_shard x cp x tp: the plan's shard group, else the smallest that holds ep."""
+    from planner.exports.torchtitan import torchtitan_dp_shard
+    from planner.parallel import ParallelConfig
+
+    def shard(**kw):
+        placement = "PDECT" if kw.get("ep", 1) > 1 or kw.get("cp", 1) > 1 else "PDT"
+        return torchtitan_dp_shard(ParallelConfig(micro_batch=1, global_batch=64, placement=placement, **kw))
+    assert shard(dp=8, zero=0) == 1 and shard(dp=8, zero=3, dp_shard=2) == 2
+    assert shard(dp=8, zero=0, ep=4) == 4 and shard(dp=8, tp=2, zero=0, ep=4) == 2
+    assert shard(dp=8, zero=3, dp_shard=2, ep=8) == 8 and shard(dp=8, zero=3, ep=8) == 8
+    assert shard(dp=4, tp=2, cp=2, zero=3, dp_shard=2, ep=8) == 2
 
 
 def test_a_plan_without_model_shape_is_refused_by_targets_that_build_the_model():

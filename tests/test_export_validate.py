@@ -1,5 +1,6 @@
 """Every export goes through its framework's own parser/validator (tests/validators/README.md) and
 the plan's degrees, batch, schedule, sharding, recompute, precision and model shape come out."""
+import dataclasses
 import sys
 import tomllib
 from pathlib import Path
@@ -10,11 +11,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 from export_plans import VARIANTS, plan_for  # noqa: E402
 from validators import env  # noqa: E402
 
-from cost_models.params import total_params  # noqa: E402
+from cost_models.params import mtp_params, total_params  # noqa: E402
+from planner.catalog import get  # noqa: E402
+from planner.candidates import SearchSpace  # noqa: E402
 from planner.errors import ConfigError, NoFitError  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
 from planner.exports import FORMATS, export_plan  # noqa: E402
 from planner.exports.common import chunk_blocks, model_spec  # noqa: E402
+from planner.exports.torchtitan import torchtitan_dp_shard  # noqa: E402
 from planner.exports.retarget import retarget  # noqa: E402
 from planner.parallel import ParallelConfig  # noqa: E402
 from planner.plan import plan_from_document  # noqa: E402
@@ -116,20 +120,29 @@ def check_torchtitan(plan, c):
     cfg, spec = plan.config, model_spec(plan)
     par, tr, dims = c["parallelism"], c["training"], c["dims"]
     assert dims["dp_replicate"] * dims["dp_shard"] == cfg.dp
-    assert dims["dp_shard"] == (1 if cfg.zero == 0 else cfg.shard_group)
-    assert (dims["tp"], dims["pp"], dims["cp"]) == (cfg.tp, cfg.pp, cfg.cp)
-    assert par["fsdp_reshard_after_forward"] == ("default" if cfg.zero in (0, 3) else "never")
+    assert dims["dp_shard"] == torchtitan_dp_shard(cfg)     # the plan's, widened only where ep needs it (MoE)
+    if cfg.ep == 1:
+        assert dims["dp_shard"] == (1 if cfg.zero == 0 else cfg.shard_group)
+    assert (dims["tp"], dims["pp"], dims["cp"], dims["ep"]) == (cfg.tp, cfg.pp, cfg.cp, cfg.ep)
+    assert par["fsdp_reshard_after_forward"] == ("always" if cfg.zero == 3 else
+                                                 "default" if (cfg.zero == 0 and dims["dp_shard"] == 1) else "never")
     assert tr["global_batch_size"] == cfg.global_batch and tr["local_batch_size"] * cfg.dp == cfg.global_batch
-    assert tr["seq_len"] == cfg.seq
+    assert tr["seq_len"] == cfg.seq and tr["disable_cuda_graphs"] == (cfg.pp > 1 or cfg.ep > 1)
     assert tr["dtype"] == ("bfloat16" if cfg.precision == "bf16" else "float32")
     assert c["activation_checkpoint"] == {"none": None, "full": "FullAC", "selective": "SelectiveAC"}[cfg.recompute]
     m = c["model"]
-    assert (m["layers"], m["dim"], m["n_heads"], m["n_kv_heads"]) == (spec.layers, spec.hidden, spec.heads, spec.n_kv_heads)
-    assert (m["ffn_hidden"], m["vocab"], m["tied"]) == (spec.d_ffn, spec.vocab, spec.tied_embeddings)
-    assert m["params"] == total_params(spec)          # the model torchtitan builds is the one the planner counted
+    assert (m["layers"], m["dim"], m["n_heads"]) == (spec.layers, spec.hidden, spec.heads)
+    assert (m["vocab"], m["tied"]) == (spec.vocab, spec.tied_embeddings)
+    # the model torchtitan builds is the one the planner counted (MTP layers apart: cost_models.params.mtp_params)
+    assert m["params"] == total_params(spec) + mtp_params(spec)
     gpt = spec.position == "learned"
-    assert m["name"] == ("gpt" if gpt else "llama3")
-    assert m["top"] == ["tok_embeddings", "layers", "norm", "lm_head"] + (["pos_embeddings"] if gpt else [])
+    if spec.moe is not None:
+        check_torchtitan_moe(plan, c)
+    else:
+        assert (m["n_kv_heads"], m["ffn_hidden"]) == (spec.n_kv_heads, spec.d_ffn)
+        assert m["name"] == ("gpt" if gpt else "llama3") and c["moe"] is None
+    assert m["top"] == ["tok_embeddings", "layers", "norm", "lm_head"] + (["pos_embeddings"] if gpt else []) \
+        + (["mtp_layers"] if spec.mtp_modules else [])
     assert ("Float8Linear" in m["linear_types"]) == (cfg.precision == "fp8")
     assert par["spmd_backend"] == "partial_dtensor"
     mesh = {name for names in c["placements"] for name in names.split(",")}
@@ -146,6 +159,42 @@ def check_torchtitan(plan, c):
     if interval:
         step_s = retarget(plan, "torchtitan")[0].prediction.step_time_s   # the step time where it runs
         assert c["checkpoint_interval"] == max(1, round(interval / step_s))
+
+
+def check_torchtitan_moe(plan, c):
+    """A mixture-of-experts plan as torchtitan 0.3.0 built it: its family, every expert and router setting,
+    the attention of the family, the expert-parallel degree on the experts' weights."""
+    cfg, spec = plan.config, model_spec(plan)
+    moe, m, x = spec.moe, c["model"], c["moe"]
+    assert m["name"] == {"deepseek_v3": "deepseek_v3", "qwen3_moe": "qwen3", "gpt_oss": "gpt_oss"}[spec.model_type]
+    assert c["parallelism"]["expert_parallel_degree"] == cfg.ep
+    assert x["moe_layers"] == [i for i in range(spec.layers) if spec.is_moe_layer(i)]
+    assert x["dense_hidden"] == (spec.d_ffn if moe.first_dense_layers else None)
+    assert (x["experts"], x["top_k"], x["expert_hidden"]) == (moe.experts, moe.top_k, moe.expert_ffn)
+    assert x["shared_hidden"] == moe.shared_experts * moe.d_shared_ffn
+    assert (x["score_func"], x["route_norm"], x["route_scale"]) == (moe.router, moe.normalize_top_k, moe.routed_scaling)
+    limited = moe.groups_per_token > 0 and moe.expert_groups > 1
+    assert (x["num_expert_groups"], x["num_limited_groups"]) == \
+        ((moe.expert_groups, moe.groups_per_token) if limited else (None, None))
+    assert x["gate_bias"] == moe.router_bias and x["load_balance_coeff"] == 1e-3
+    mla = spec.mla
+    assert x["mla"] == (None if mla is None else {k: getattr(mla, k) for k in (
+        "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")})
+    if mla is None:
+        assert (m["n_kv_heads"], x["head_dim"]) == (spec.n_kv_heads, spec.d_head)
+    assert x["qk_norm"] == spec.qk_norm
+    assert x["windows"] == {str(i): spec.sliding_window for i in range(spec.layers) if spec.windowed(i)}
+    assert x["rope"] == ["ComplexRoPE" if mla else "CosSinRoPE", mla.qk_rope_head_dim if mla else spec.d_head,
+                         spec.rope_theta, "none"]
+    assert x["mtp_layers"] == spec.mtp_modules and c["loss"] == ("MTPLoss" if spec.mtp_modules else "ChunkedLossWrapper")
+    assert x["experts_class"].startswith("Float8") == (cfg.precision == "fp8")
+    dispatcher = (plan.document.get("software") or {}).get("moe_dispatcher", "alltoall")
+    assert x["dispatcher"] == ("TorchAOTokenDispatcher" if cfg.precision == "fp8"   # FP8 experts pad their tokens
+                               else "DeepEPTokenDispatcher" if cfg.ep > 1 and dispatcher == "deepep"
+                               else "AllToAllTokenDispatcher")
+    # rank 0's routed experts: split over the ep ranks with EP, else over the tensor-parallel ranks (or whole)
+    axis = "ep" if cfg.ep > 1 else "tp" if cfg.tp > 1 else None
+    assert x["expert_mesh"] and all(axis is None or axis in names.split(",") for names in x["expert_mesh"])
 
 
 def check_deepspeed(plan, c):
@@ -304,6 +353,95 @@ def test_small_jobs_run_forward_and_backward_under_torchtitans_parallelisms():
     forward = result["config"]["forward"]
     assert forward["output"] == [2, 64, 768]                      # the first stage's hidden states
     assert forward["params_with_grad"] == forward["params"] == 2 + 6 * 12   # embeddings + 6 blocks of 12
+
+
+def small_moe(name: str, *, layers: int, moe: dict, **shape):
+    """A catalog MoE model with fewer blocks and experts (its family, attention and router kept), so that
+    torchtitan builds and parallelizes it in seconds on the CPU."""
+    spec = get(name)
+    return dataclasses.replace(spec, name=f"{name}-small", layers=layers, moe=dataclasses.replace(spec.moe, **moe),
+                               **shape)
+
+
+MOE_PLANS = {
+    # name: (model, gpus, ParallelConfig fields, estimate options); every plan made for torchtitan
+    "deepseek-v3 pp2 tp2 ep8 deepep": (  # MLA with a query latent, sigmoid router, groups, scaling, a dense block
+        small_moe("deepseek-v3", layers=5, hidden=2048, heads=16, ffn=4096, vocab=32000, mtp_modules=0,
+                  moe=dict(experts=16, expert_ffn=512, top_k=4, first_dense_layers=1)),
+        16, dict(dp=4, tp=2, pp=2, ep=8, micro_batch=1, global_batch=16, zero=2, seq=1024, sequence_parallel=True,
+                 recompute="selective", schedule="1f1b", stages=(3, 2), placement="PDECT"),
+        dict(moe_dispatcher="deepep")),
+    "deepseek-v3 mtp fp8 ZeRO-0 ep4": (  # MTP needs pp = cp = 1; ZeRO-0 + ep widens dp_shard to 4; shared experts of
+        # another width than the routed ones
+        small_moe("deepseek-v3", layers=3, hidden=1024, heads=8, ffn=2048, vocab=32000,
+                  moe=dict(experts=8, expert_ffn=256, top_k=2, first_dense_layers=1, expert_groups=4,
+                           groups_per_token=2, shared_experts=2, shared_expert_ffn=384)),
+        8, dict(dp=8, ep=4, micro_batch=1, global_batch=8, zero=0, seq=1024, recompute="full", precision="fp8",
+                placement="PDECT"), {}),
+    "qwen3-moe cp2 tp2 ep8 hsdp": (  # GQA + QK-norm, head_dim 128 != hidden/heads, HSDP shard groups of 2
+        small_moe("qwen3-30b-a3b", layers=4, hidden=1024, vocab=32000, moe=dict(experts=16, expert_ffn=384)),
+        16, dict(dp=4, tp=2, cp=2, ep=8, dp_shard=2, micro_batch=1, global_batch=8, zero=3, seq=2048,
+                 sequence_parallel=True, recompute="full", placement="PDECT"), {}),
+    "qwen3-moe tp2 experts on tp": (  # no expert parallelism: torchtitan shards the experts over tp (note); the
+        # router and shared expert set where torchtitan's Qwen3 builder fixes them
+        small_moe("qwen3-30b-a3b", layers=2, hidden=1024, vocab=32000,
+                  moe=dict(experts=8, expert_ffn=384, top_k=2, normalize_top_k=False, routed_scaling=2.0,
+                           shared_experts=1, router_bias=True)),
+        8, dict(dp=4, tp=2, micro_batch=1, global_batch=8, zero=2, seq=1024, sequence_parallel=True, placement="PDT"),
+        {}),
+    "gpt-oss tp2 ep4": (  # sinks, biases, router bias, windows on even blocks
+        small_moe("gpt-oss-120b", layers=4, hidden=1024, vocab=32000, window_layers=(0, 2),
+                  moe=dict(experts=8, expert_ffn=512)),
+        8, dict(dp=4, tp=2, ep=4, micro_batch=1, global_batch=8, zero=3, seq=1024, sequence_parallel=True,
+                placement="PDECT"), {}),
+    "deepseek-v3 671B": (  # the catalog model at full size (meta device): 671B parameters + its 11.6B MTP module
+        get("deepseek-v3"), 512, dict(dp=64, tp=8, ep=64, micro_batch=1, global_batch=64, zero=3, seq=4096,
+                                      sequence_parallel=True, recompute="full", placement="PDECT"), {}),
+}
+"""Mixture-of-experts plans for torchtitan 0.3.0's families, shrunk to validate in seconds (and DeepSeek-V3 at full
+size: its meta-device build takes seconds too)."""
+
+
+def moe_plan(name):
+    model, gpus, fields, options = MOE_PLANS[name]
+    cfg = ParallelConfig(framework="torchtitan", **fields)
+    return plan_from_document(estimate(model, "p5.48xlarge", cfg, gpus=gpus, **options).to_document())
+
+
+def test_moe_plans_build_torchtitans_own_moe_families():
+    """DeepSeek-V3 (MLA, dense leading blocks, shared experts, sigmoid group-limited router, MTP), Qwen3 MoE and
+    gpt-oss plans: torchtitan parses each job, builds the model of the plan's shape (parameters = the planner's,
+    experts included), builds the expert-parallel meshes and parallelizes rank 0's part (experts on the ep ranks)."""
+    plans = {name: moe_plan(name) for name in MOE_PLANS}
+    assert len(validate_all("torchtitan", list(plans.values()))) == len(plans)
+    notes = {name: " | ".join(export_plan(plan, "torchtitan").notes) for name, plan in plans.items()}
+    assert "DeepEPTokenDispatcher" in notes["deepseek-v3 pp2 tp2 ep8 deepep"]
+    assert "dp_shard=4 (HSDP with 2 replicas, without resharding after forward" in notes["deepseek-v3 mtp fp8 ZeRO-0 ep4"]
+    assert "shards every expert over the tp=2 ranks" in notes["qwen3-moe tp2 experts on tp"]
+
+
+def test_recommended_moe_plans_export_to_torchtitan_and_validate():
+    """Acceptance: `recommend --framework torchtitan` on small Qwen3 MoE and DeepSeek-V3 models (the second with
+    --ep 8, so that the experts spread) and on gpt-oss-120b (64 x p5.48xlarge: pipeline, context and expert
+    parallelism with ZeRO-0): every plan of the top 5 exports and passes torchtitan's own validation."""
+    qwen3 = small_moe("qwen3-30b-a3b", layers=8, hidden=1024, vocab=32000, moe=dict(experts=32, expert_ffn=512, top_k=4))
+    deepseek = small_moe("deepseek-v3", layers=6, hidden=1024, heads=16, ffn=2816, vocab=32000, mtp_modules=0,
+                         moe=dict(experts=32, expert_ffn=512, top_k=4, first_dense_layers=1, expert_groups=4,
+                                  groups_per_token=2))
+    plans = []
+    for model, gpus, batch, space in ((qwen3, 16, 64, SearchSpace()), (deepseek, 16, 64, SearchSpace(ep=(8,))),
+                                      ("gpt-oss-120b", 64, 256, SearchSpace())):
+        r = recommend(model, "p5.48xlarge", gpus=gpus, global_batch=batch, top=5, framework="torchtitan", space=space)
+        plans += [plan_from_document(dict(d)) for d in [r.best, *r.alternatives][:5]]
+    assert len(plans) == 15 and sum(p.config.ep > 1 for p in plans) >= 10
+    refused = []
+    for plan in plans:
+        try:
+            export_plan(plan, "torchtitan")
+        except ConfigError as err:
+            refused.append(str(err))
+    assert refused == []
+    assert len(validate_all("torchtitan", plans)) == len(plans)
 
 
 def test_framework_pins_match_the_validate_extra():

@@ -26,19 +26,109 @@ def target_limits(fmt: str, plan: Plan) -> list[str]:
 # ------------------------------------------------------------------------------------- torchtitan 0.3.0
 
 def torchtitan_limits(plan: Plan) -> list[str]:
-    """torchtitan 0.3.0 (the exporter builds its llama3 model, `torchtitan.models.llama3`)."""
+    """torchtitan 0.3.0 (the exporter builds its llama3 model, the job's own GPT model, or one of
+    torchtitan's MoE families: TORCHTITAN_MOE_FAMILIES)."""
     cfg, spec, out = plan.config, model_spec(plan), []
-    if model_moe(plan) or cfg.ep > 1 or cfg.expert_tp > 1:
-        kind = f" ({spec.model_type})" if spec is not None else ""
-        return [f"mixture-of-experts{kind}: the exporter does not build torchtitan 0.3.0's MoE families "
-                "(deepseek_v3, qwen3 MoE, gpt_oss) yet; dense llama3-style and GPT-style models only"]
+    moe = model_moe(plan)
     if spec is None:
-        out.append(_NO_ARCH)
-    elif spec.position == "learned":
+        return [_NO_ARCH]
+    if cfg.tp > 1 and (spec.heads % cfg.tp or spec.n_kv_heads % cfg.tp):
+        out.append(f"tp={cfg.tp} does not divide the {spec.heads} heads and {spec.n_kv_heads} key/value heads: "
+                   "torchtitan's Decoder shards whole heads (models/common/decoder.py Decoder.Config.update_from_config)")
+    if moe is not None:
+        return out + _torchtitan_moe(spec, cfg)
+    if cfg.ep > 1 or cfg.expert_tp > 1:
+        return [f"ep={cfg.ep}, expert_tp={cfg.expert_tp} on {spec.name}, a model without experts"]
+    if spec.position == "learned":
         out += _gpt_only(spec)
     else:
         out += _llama_only(spec, "torchtitan 0.3.0's llama3 model (the one decoder the exporter builds)")
     return out
+
+
+TORCHTITAN_MOE_FAMILIES = {
+    # planner model_type: (torchtitan 0.3.0's package, its model class, the layer builder the export follows)
+    "deepseek_v3": ("torchtitan/models/deepseek_v3", "DeepSeekV3Model", "build_mla_moe_layers"),
+    "qwen3_moe": ("torchtitan/models/qwen3", "Qwen3Model", "_build_qwen3_moe_layers"),
+    "gpt_oss": ("torchtitan/models/gpt_oss", "GptOssModel", "_build_gptoss_layers"),
+}
+"""The mixture-of-experts families torchtitan 0.3.0 ships (frameworks/torchtitan.json moe_model_types)."""
+
+
+def _torchtitan_moe(spec: TransformerSpec, cfg) -> list[str]:
+    """A mixture-of-experts plan on torchtitan 0.3.0: one of its MoE families of the plan's shape, and
+    expert degrees its meshes build (torchtitan/distributed/parallel_dims.py, ParallelDims.build_mesh:
+    the sparse mesh pp x dp_replicate x efsdp x ep over the dense region dp_shard x cp x tp; the
+    exporter widens dp_shard where ep needs it: planner.exports.torchtitan.torchtitan_dp_shard)."""
+    moe, family = spec.moe, spec.model_type
+    if family not in TORCHTITAN_MOE_FAMILIES:
+        return [f"mixture-of-experts {spec.name} (model_type {family}): torchtitan 0.3.0 builds the MoE families "
+                "deepseek_v3, qwen3_moe (torchtitan/models/qwen3) and gpt_oss only"]
+    package, model, builder = TORCHTITAN_MOE_FAMILIES[family]
+    wrong = _moe_family_mismatch(spec)
+    out = [f"{spec.name} ({family}: {', '.join(wrong)}) is not a model torchtitan 0.3.0's {model} expresses "
+           f"({package}, {builder})"] if wrong else []
+    if moe.capacity_factor is not None:
+        out.append(f"capacity_factor={moe.capacity_factor}: torchtitan 0.3.0's MoE is dropless (every token reaches "
+                   "its top-k experts; models/common/moe.py MoE)")
+    if spec.mtp_modules and (cfg.pp > 1 or cfg.cp > 1):
+        out.append(f"multi-token prediction (mtp_modules={spec.mtp_modules}) with pp={cfg.pp}, cp={cfg.cp}: torchtitan "
+                   "0.3.0's MTPDecoder refuses pipeline and context parallelism (models/deepseek_v3/mtp.py)")
+    if spec.tied_embeddings and cfg.pp > 1:
+        out.append(f"tied embeddings with pp={cfg.pp}: torchtitan's Decoder refuses weight tying with pipeline "
+                   "parallelism (the job's shared-table workaround covers llama3 and GPT models only)")
+    if cfg.ep > 1 and cfg.expert_tp > 1:
+        out.append(f"expert_tp={cfg.expert_tp} with ep={cfg.ep}: torchtitan 0.3.0 keeps each expert whole on its "
+                   "expert-parallel rank (ParallelismConfig has no expert_tensor_parallel_degree; "
+                   "models/common/moe_sharding.py expert_param_placement_sparse shards experts on ep only)")
+    elif cfg.ep == 1 and cfg.expert_tp > cfg.tp:
+        out.append(f"expert_tp={cfg.expert_tp} > tp={cfg.tp}: without expert parallelism torchtitan 0.3.0 shards "
+                   "experts over the tensor-parallel ranks only (models/common/moe_sharding.py "
+                   "expert_param_placement_dense)")
+    elif cfg.ep == 1 and cfg.tp > 1 and moe.expert_ffn % cfg.tp:
+        out.append(f"tp={cfg.tp} does not divide expert_ffn={moe.expert_ffn}: without expert parallelism torchtitan "
+                   "0.3.0 shards every expert's width over the tensor-parallel ranks")
+    if moe.experts % cfg.ep:
+        out.append(f"ep={cfg.ep} does not divide the {moe.experts} routed experts")
+    return out
+
+
+def _moe_family_mismatch(spec: TransformerSpec) -> list[str]:
+    """What of the model the torchtitan MoE family of its model_type does not build (the router's scoring,
+    normalization, scaling, groups and bias are settings of every family's TokenChoiceTopKRouter)."""
+    moe, family, wrong = spec.moe, spec.model_type, []
+    if spec.encoder_layers or not spec.causal:
+        wrong.append("not a causal decoder")
+    if spec.position != "rope" or spec.norm != "rmsnorm" or not spec.gated_mlp:
+        wrong.append(f"position={spec.position}, norm={spec.norm}, gated MLP {spec.gated_mlp}")
+    if spec.parallel_block or spec.embed_norm or not spec.final_norm or spec.norms_per_block != 2:
+        wrong.append("parallel block / embedding norm / no final norm")
+    if moe.shared_expert_gate:
+        wrong.append("a shared-expert gate")
+    if moe.groups_per_token and moe.experts // moe.expert_groups < 2:
+        wrong.append("expert groups of fewer than 2 experts (TokenChoiceTopKRouter needs >= 2)")
+    if family == "gpt_oss":
+        if not (spec.qkv_bias and spec.out_bias and spec.mlp_bias and spec.attention_sinks):
+            wrong.append("no linear biases or no attention sinks (gpt-oss has both)")
+        if spec.mla is not None or spec.qk_norm or moe.shared_experts or moe.first_dense_layers:
+            wrong.append("MLA / QK-norm / shared experts / dense blocks")
+    else:
+        if spec.qkv_bias or spec.out_bias or spec.mlp_bias:
+            wrong.append("linear biases")
+        if spec.activation != "silu":
+            wrong.append(f"MLP activation {spec.activation}")
+        if spec.attention_sinks or spec.sliding_window:
+            wrong.append("attention sinks / sliding window")
+    if family == "deepseek_v3" and (spec.mla is None or spec.qk_norm):
+        wrong.append("no multi-head latent attention" if spec.mla is None else "QK-norm")
+    if family == "qwen3_moe":
+        if spec.mla is not None or not spec.qk_norm:
+            wrong.append("MLA or no QK-norm (Qwen3 attention is GQA with QK-norm)")
+        if moe.first_dense_layers:
+            wrong.append(f"{moe.first_dense_layers} dense leading blocks (every Qwen3 MoE block has experts)")
+    if family != "deepseek_v3" and spec.mtp_modules:
+        wrong.append("multi-token prediction (torchtitan's MTP layers are DeepSeek-V3's)")
+    return wrong
 
 
 def _block_extras(spec: TransformerSpec) -> list[str]:

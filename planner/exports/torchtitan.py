@@ -11,15 +11,20 @@ Names and meanings (torchtitan 0.3.0, PyPI wheel of 2026-09): `ParallelismConfig
 (torchtitan/distributed/activation_checkpoint.py), `CheckpointManager.Config.interval`
 (components/checkpointer/base.py), `Float8LinearConverter` (components/quantization/float8.py); the
 llama3 model and its module names `tok_embeddings`, `layers.<i>`, `norm`, `lm_head`
-(torchtitan/models/llama3/__init__.py); pipeline schedules of torch.distributed.pipelining.
+(torchtitan/models/llama3/__init__.py); the MoE families deepseek_v3 (`build_mla_moe_layers`,
+`_build_mtp_layers`), qwen3 (`_build_qwen3_moe_layers`) and gpt_oss (`_make_gptoss_attn_config`,
+`_make_gptoss_experts_config`, as `_build_gptoss_layers` uses them), their `model_registry` and
+config_registry jobs (torchtitan/models/<family>/__init__.py, config_registry.py), the MoE config
+helpers (torchtitan/models/common/config_utils.py) and `Float8GroupedExpertsConverter`; pipeline
+schedules of torch.distributed.pipelining.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from planner.exports.common import (Export, cannot, chunk_blocks, devices_per_node, dp_replicas, header,
+from planner.exports.common import (Export, cannot, chunk_blocks, devices_per_node, header,
                                     require_spec, steps_between_checkpoints)
-from planner.exports.limits import torchtitan_limits
+from planner.exports.limits import TORCHTITAN_MOE_FAMILIES, torchtitan_limits
 from planner.plan import Plan
 
 SPMD_BACKEND = "partial_dtensor"
@@ -40,6 +45,23 @@ TORCHTITAN_LLAMA3_FLAVORS = {
 }
 _JOB_OF_FLAVOR = {"8B": "llama3_8b", "70B": "llama3_70b", "405B": "llama3_405b"}
 """torchtitan's own job for a flavor (config_registry.py); others start from llama3_8b."""
+
+MOE_PACKAGES = {
+    # planner model_type: (torchtitan.models package, the config_registry.py job the export starts from)
+    "deepseek_v3": ("deepseek_v3", "deepseek_v3_671b"),
+    "qwen3_moe": ("qwen3", "qwen3_30b_a3b"),
+    "gpt_oss": ("gpt_oss", "gpt_oss_120b"),
+}
+"""torchtitan 0.3.0's MoE families (planner.exports.limits.TORCHTITAN_MOE_FAMILIES) as the job imports them."""
+
+MOE_COMM_BACKENDS = {"alltoall": "standard", "deepep": "deepep"}
+"""Plan's token dispatcher (software.moe_dispatcher) -> torchtitan's moe_comm_backend
+(models/common/config_utils.py make_token_dispatcher_config: 'standard' is AllToAllTokenDispatcher,
+all_to_all_single over the ep mesh, local dispatch when ep = 1; 'deepep' is DeepEPTokenDispatcher)."""
+
+LOAD_BALANCE_COEFF = 1e-3
+"""MoE.Config.load_balance_coeff of every torchtitan 0.3.0 MoE flavor (config_utils.make_moe_config's default):
+the auxiliary-loss-free expert bias (models/common/moe.py MoE, register_moe_load_balancing_hook)."""
 
 
 def torchtitan_fqns(stages, *, positions: bool = False) -> list[list[str]]:
@@ -68,17 +90,38 @@ def to_torchtitan(plan: Plan) -> Export:
     local_batch = cfg.global_batch // cfg.dp
 
     parallelism: dict[str, object] = {}
-    if cfg.zero == 0:
+    dp_shard = torchtitan_dp_shard(cfg)
+    if dp_shard == 1 and cfg.zero == 0:
         parallelism.update(data_parallel_replicate_degree=cfg.dp, data_parallel_shard_degree=1)
     else:
-        parallelism.update(data_parallel_replicate_degree=dp_replicas(plan), data_parallel_shard_degree=cfg.shard_group,
-                           fsdp_reshard_after_forward="default" if cfg.zero == 3 else "never")
+        parallelism.update(data_parallel_replicate_degree=cfg.dp // dp_shard, data_parallel_shard_degree=dp_shard,
+                           fsdp_reshard_after_forward="always" if cfg.zero == 3 else "never")
+        if cfg.zero == 3:
+            # torchtitan's "default" keeps parameters gathered after forward under pipeline parallelism and leaves
+            # the last layers (final norm, output) gathered without it (distributed/fsdp.py
+            # get_fsdp_reshard_after_forward_policy, apply_fsdp_to_decoder): the plan's ZeRO-3 memory assumes
+            # every unit resharded
+            notes.append("zero=3 exported as fsdp_reshard_after_forward='always': torchtitan's 'default' would keep "
+                         + ("each stage's parameters gathered between micro-batches under pipeline parallelism "
+                            "(ZeRO-2 memory)" if cfg.pp > 1 else "the final norm and output layer gathered")
+                         + ", which the plan's memory does not include")
+        if dp_shard != (1 if cfg.zero == 0 else cfg.shard_group):
+            planned = "ZeRO-0 (no sharding)" if cfg.zero == 0 else f"shard groups of dp_shard={cfg.shard_group}"
+            notes.append(f"ep={cfg.ep} with {planned}: torchtitan 0.3.0 carves the expert-parallel ranks from dp_shard x "
+                         f"cp x tp, never from data-parallel replicas (ParallelismConfig.expert_parallel_degree, "
+                         f"distributed/parallel_dims.py build_mesh), so the job shards over dp_shard={dp_shard} "
+                         f"(HSDP with {cfg.dp // dp_shard} replicas"
+                         + (", without resharding after forward: ZeRO-2" if cfg.zero == 0 else "")
+                         + "): less memory than planned, more all-gather and reduce-scatter traffic")
         if cfg.zero == 1:
             notes.append("torchtitan has no optimizer-only sharding (ZeRO-1); exported as FSDP2 without resharding "
                          "after forward (ZeRO-2): same parameters in memory, less gradient memory")
     parallelism.update(tensor_parallel_degree=cfg.tp, enable_sequence_parallel=cfg.tp > 1,
-                       pipeline_parallel_degree=cfg.pp, context_parallel_degree=cfg.cp,
-                       spmd_backend=SPMD_BACKEND)
+                       pipeline_parallel_degree=cfg.pp, context_parallel_degree=cfg.cp)
+    if family in MOE_PACKAGES:
+        parallelism.update(expert_parallel_degree=cfg.ep)
+        notes += _moe_notes(plan, spec)
+    parallelism.update(spmd_backend=SPMD_BACKEND)
     notes.append(f"parallelism.spmd_backend={SPMD_BACKEND!r}: torchtitan 0.3.0's default 'spmd_types' hands FSDP2 "
                  "plain tensors with SPMD annotations, which torch 2.13.0's fully_shard refuses with data and tensor "
                  "parallelism (it needs a newer torch); the DTensor backend shards the same way")
@@ -106,7 +149,7 @@ def to_torchtitan(plan: Plan) -> Export:
     if cfg.offloads("optimizer"):
         notes.append("offload=optimizer exported as FSDP2 CPU offload (parameters, gradients and optimizer states "
                      "on the host: less GPU memory, more host traffic)")
-    if cfg.placement.replace("C", "") != "PDT":
+    if cfg.placement.replace("C", "").replace("E", "") != "PDT":
         notes.append(f"torchtitan orders its mesh pp, dp_replicate, dp_shard, cp, tp (placement PDT); placement "
                      f"{cfg.placement} is not expressible (same result, other links)")
     if cfg.recompute == "selective":
@@ -116,12 +159,20 @@ def to_torchtitan(plan: Plan) -> Export:
                 "dtype": "bfloat16" if cfg.precision == "bf16" else "float32",
                 "mixed_precision_param": "float32" if cfg.precision == "fp32" else "bfloat16",
                 "enable_cpu_offload": cfg.offloads("optimizer"),
-                "disable_cuda_graphs": cfg.pp > 1}
+                "disable_cuda_graphs": cfg.pp > 1 or cfg.ep > 1}
     if cfg.pp > 1:
         notes.append("training.disable_cuda_graphs = True: torchtitan 0.3.0 has no CUDA graphs with pipeline parallelism")
+    elif cfg.ep > 1:
+        notes.append("training.disable_cuda_graphs = True: torchtitan 0.3.0's CUDA graphs refuse expert-parallel token "
+                     "dispatchers that synchronize with the host, as its all-to-all and DeepEP ones do "
+                     "(trainer.py Trainer.Config._validate_cuda_graphs)")
     ac = {"none": "None", "full": "FullAC.Config()", "selective": "SelectiveAC.Config()"}[cfg.recompute]
     steps = steps_between_checkpoints(plan)
-    if cfg.precision == "fp8":
+    if cfg.precision == "fp8" and family in MOE_PACKAGES:
+        notes.append("fp8: torchtitan's Float8LinearConverter (torchao rowwise recipe) on every Linear but the routers' "
+                     "gates (float32, as deepseek_v3_671b_float8) and Float8GroupedExpertsConverter on the routed "
+                     "experts; needs torchao and an SM89+ GPU; add --compile.enable for speed")
+    elif cfg.precision == "fp8":
         notes.append("fp8: torchtitan's Float8LinearConverter (torchao rowwise recipe) on every Linear; "
                      "needs torchao and an SM89+ GPU; add --compile.enable for speed")
     if family == "gpt":
@@ -130,6 +181,66 @@ def to_torchtitan(plan: Plan) -> Export:
                      "functions; no Hugging Face checkpoint adapter (state_dict_adapter None)")
     text = _module_text(plan, spec, family, flavor, training, parallelism, ac, steps)
     return Export(format="torchtitan", text=text, notes=tuple(notes))
+
+
+def torchtitan_dp_shard(cfg) -> int:
+    """data_parallel_shard_degree of the job: the plan's shard group (1 for ZeRO-0), widened for expert
+    parallelism to the smallest multiple dividing dp whose dp_shard x cp x tp ranks the ep ranks divide
+    (torchtitan 0.3.0 carves ep from them: config/configs.py ParallelismConfig.expert_parallel_degree; dp x cp x
+    tp always qualifies, planner.parallel.expert_parallel_ok)."""
+    base = 1 if cfg.zero == 0 else cfg.shard_group
+    if cfg.ep == 1:
+        return base
+    return next(s for s in range(base, cfg.dp + 1, base) if cfg.dp % s == 0 and s * cfg.cp * cfg.tp % cfg.ep == 0)
+
+
+def _moe_notes(plan: Plan, spec) -> list[str]:
+    """How the MoE job differs from the plan (torchtitan_limits has refused what it cannot run)."""
+    cfg, moe, notes = plan.config, spec.moe, []
+    software = plan.document.get("software") or {}
+    efsdp = torchtitan_dp_shard(cfg) * cfg.cp * cfg.tp // cfg.ep
+    if cfg.ep == 1 and cfg.tp > cfg.expert_tp:
+        notes.append(f"expert_tp={cfg.expert_tp} with tp={cfg.tp}: torchtitan 0.3.0 has no expert tensor-parallel degree "
+                     f"and, without expert parallelism, shards every expert over the tp={cfg.tp} ranks "
+                     "(models/common/moe_sharding.py expert_param_placement_dense): less expert memory, tensor-parallel "
+                     "collectives around the experts")
+    if cfg.ep > 1 and cfg.zero == 0 and efsdp > 1:
+        notes.append(f"ep={cfg.ep} with ZeRO-0: torchtitan FSDP-shards the routed experts over the efsdp = dp_shard x cp x "
+                     f"tp / ep = {efsdp} ranks that hold the same experts (distributed/fsdp.py apply_fsdp_to_decoder): "
+                     "less expert memory, an all-gather per MoE block")
+    dispatcher = software.get("moe_dispatcher", "alltoall")
+    if cfg.ep > 1 and dispatcher == "deepep" and _comm_backend(plan) == "deepep":
+        notes.append("moe_dispatcher=deepep: torchtitan's DeepEPTokenDispatcher (moe_comm_backend='deepep'); needs "
+                     "DeepEP >= 2.0 (deep_ep.ElasticBuffer) installed")
+    elif cfg.ep > 1 and dispatcher == "deepep":
+        notes.append("moe_dispatcher=deepep with fp8: torchtitan's Float8GroupedExpertsConverter needs a dispatcher that "
+                     "pads (components/quantization/utils.py swap_token_dispatcher: TorchAOTokenDispatcher or HybridEP), "
+                     "so the job exchanges tokens with the all-to-all one: a slower exchange than planned")
+    if cfg.ep > 1 and software.get("moe_a2a_overlap"):
+        notes.append("moe_a2a_overlap: torchtitan 0.3.0 runs the expert-parallel exchange on the compute stream, between "
+                     "the router and the expert GEMMs (no overlap with another micro-batch): slower than planned")
+    if cfg.ep > 1 and software.get("moe_fp8_dispatch"):
+        notes.append("moe_fp8_dispatch: torchtitan's token dispatchers send the activations in their own dtype (bf16), "
+                     "not FP8: twice the dispatch bytes planned")
+    if not moe.aux_free_bias:
+        notes.append(f"expert load balancing: torchtitan 0.3.0 has no auxiliary balancing loss; the job keeps its "
+                     f"MoE flavors' auxiliary-loss-free expert bias (MoE.Config.load_balance_coeff={LOAD_BALANCE_COEFF}, "
+                     "a per-expert routing bias updated outside the gradients), which the plan's model does not name")
+    if spec.model_type in ("deepseek_v3", "gpt_oss"):
+        notes.append("RoPE without YaRN scaling (the plan's model describes none): torchtitan's own "
+                     f"{'DeepSeek-V3' if spec.model_type == 'deepseek_v3' else 'gpt-oss'} flavors scale RoPE with YaRN "
+                     "for long context; set scaling='yarn' in _planner_flavor's RoPE to continue such a checkpoint")
+    if spec.mtp_modules:
+        notes.append(f"mtp_modules={spec.mtp_modules}: torchtitan's MTP layers (model_registry num_mtp_layers) and "
+                     "MTPLoss (its mtp_scale 0.3; the plan carries no MTP loss weight), which computes whole-sequence "
+                     "logits (no ChunkedLossWrapper)")
+    if spec.model_type == "gpt_oss":
+        notes.append("gpt-oss experts: torchtitan's GptOssGroupedExperts (gpt-oss's clamped SwiGLU, alpha 1.702, limit "
+                     "7, with biases): the weights the plan counts, gpt-oss's own activation")
+        if cfg.cp > 1:
+            notes.append("cp > 1: the job uses FlexAttention (torchtitan's gpt-oss default varlen attention has no "
+                         "context parallelism: distributed/context_parallel/api.py)")
+    return notes
 
 
 def _flavor(spec) -> str | None:
@@ -146,8 +257,11 @@ def _py(value) -> str:
 
 
 def torchtitan_family(spec) -> str:
-    """Which model the job builds: torchtitan's llama3, or the GPT model the job defines itself
-    (planner.exports.torchtitan_models); the limits refuse everything else."""
+    """Which model the job builds: one of torchtitan's MoE families (its model_type: deepseek_v3, qwen3_moe,
+    gpt_oss), torchtitan's llama3, or the GPT model the job defines itself (planner.exports.torchtitan_models);
+    the limits refuse everything else."""
+    if spec.moe is not None and spec.model_type in TORCHTITAN_MOE_FAMILIES:
+        return spec.model_type
     return "gpt" if spec.position == "learned" else "llama3"
 
 
@@ -161,6 +275,8 @@ def _model_lines(plan: Plan, spec, family, flavor) -> tuple[list[str], list[str]
     cfg = plan.config
     converters = "[Float8LinearConverter.Config()]" if cfg.precision == "fp8" else "None"
     tied_pp = spec.tied_embeddings and cfg.pp > 1
+    if family in MOE_PACKAGES:
+        return _moe_flavor(plan, spec), _moe_registry_lines(plan, spec)
     if family == "gpt":
         prelude = [""] + _models_source()
         body = ["    model = gpt_config(",
@@ -211,12 +327,22 @@ def _module_text(plan: Plan, spec, family, flavor, training, parallelism, ac, st
              '"""',
              "from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",
              "from torchtitan.config import ParallelismConfig, TrainingConfig",
-             "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC",
-             "from torchtitan.models import llama3",
-             "from torchtitan.models.common.config_utils import decoder_vocab_size",
-             f"from torchtitan.models.llama3.config_registry import {_JOB_OF_FLAVOR.get(flavor, 'llama3_8b')} as base_job"]
+             "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC"]
+    if family in MOE_PACKAGES:
+        package, job = MOE_PACKAGES[family]
+        lines += [f"from torchtitan.models import {package}",
+                  "from torchtitan.models.common.config_utils import decoder_vocab_size",
+                  f"from torchtitan.models.{package}.config_registry import {job} as base_job"]
+        if spec.mtp_modules:
+            lines.append("from torchtitan.models.deepseek_v3.mtp import MTPLoss")
+    else:
+        lines += ["from torchtitan.models import llama3",
+                  "from torchtitan.models.common.config_utils import decoder_vocab_size",
+                  "from torchtitan.models.llama3.config_registry import "
+                  f"{_JOB_OF_FLAVOR.get(flavor, 'llama3_8b')} as base_job"]
     if cfg.precision == "fp8":
-        lines.append("from torchtitan.components.quantization import Float8LinearConverter")
+        lines.append("from torchtitan.components.quantization import Float8LinearConverter"
+                     + (", Float8GroupedExpertsConverter" if family in MOE_PACKAGES else ""))
     lines.append("")
     prelude, body = _model_lines(plan, spec, family, flavor)
     lines += prelude
@@ -225,8 +351,10 @@ def _module_text(plan: Plan, spec, family, flavor, training, parallelism, ac, st
               "def planner_job():",
               "    config = base_job()",
               *body,
-              "    config.loss = ChunkedLossWrapper.Config(",
-              "        loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec)))",
+              *(["    config.loss = MTPLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec))"]
+                if spec.mtp_modules else
+                ["    config.loss = ChunkedLossWrapper.Config(",
+                 "        loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec)))"]),
               "    config.training = TrainingConfig(",
               *[f"        {k}={_py(v)}," for k, v in training.items()],
               "        steps=config.training.steps,",
@@ -272,3 +400,212 @@ def _custom_flavor(spec, seq: int) -> list[str]:
         "",
         "llama3.llama3_configs[\"planner\"] = _planner_flavor",
     ]
+
+
+def _moe_registry_lines(plan: Plan, spec) -> list[str]:
+    """The job's line that sets config.model_spec: the family's model_registry on the `planner` flavor."""
+    cfg, family = plan.config, spec.model_type
+    package = MOE_PACKAGES[family][0]
+    args = ["'planner'", f"moe_comm_backend={_comm_backend(plan)!r}"]
+    if family == "deepseek_v3" and spec.mtp_modules:
+        args.append(f"num_mtp_layers={spec.mtp_modules}")
+    if family == "gpt_oss" and cfg.cp > 1:
+        args.append("attn_backend='flex'")          # varlen attention has no context parallelism
+    if cfg.precision == "fp8":                     # as torchtitan's deepseek_v3_671b_float8 (config_registry.py)
+        args.append("converters=[Float8LinearConverter.Config(filter_fqns=['router.gate']), "
+                    "Float8GroupedExpertsConverter.Config()]")
+    return [f"    config.model_spec = {package}.model_registry({', '.join(args)})"]
+
+
+def _comm_backend(plan: Plan) -> str:
+    """torchtitan's moe_comm_backend for the plan's dispatcher: DeepEP with expert parallelism unless the experts
+    run in FP8 (Float8GroupedExpertsConverter pads through the all-to-all or HybridEP dispatchers only)."""
+    dispatcher = (plan.document.get("software") or {}).get("moe_dispatcher", "alltoall")
+    if plan.config.ep == 1 or plan.config.precision == "fp8":
+        return "standard"
+    return MOE_COMM_BACKENDS.get(dispatcher, "standard")
+
+
+def _moe_flavor(plan: Plan, spec) -> list[str]:
+    """A flavor of the plan's shape in its torchtitan MoE family, built the way torchtitan builds its own
+    flavors (the family's layer builder and inits), registered as `planner` in the family's registry."""
+    cfg, moe = plan.config, spec.moe
+    max_seq = max(cfg.seq, spec.seq)
+    limited = bool(moe.groups_per_token) and moe.expert_groups > 1
+    router = {"score_func": moe.router, "route_norm": moe.normalize_top_k, "route_scale": float(moe.routed_scaling),
+              "num_expert_groups": moe.expert_groups if limited else None,
+              "num_limited_groups": moe.groups_per_token if limited else None, "gate.bias": moe.router_bias}
+    build = {"deepseek_v3": _deepseek_v3_lines, "qwen3_moe": _qwen3_moe_lines, "gpt_oss": _gpt_oss_lines}
+    return build[spec.model_type](spec, max_seq, router)
+
+
+def _deepseek_v3_lines(spec, max_seq: int, router: dict) -> list[str]:
+    """torchtitan/models/deepseek_v3/__init__.py: _671b's recipe (_build_dsv3_layers = build_mla_moe_layers with
+    DeepSeek-V3's inits, DeepSeekV3Model.Config, _build_mtp_layers) with the plan's numbers."""
+    moe, mla = spec.moe, spec.mla
+    shared = []
+    if moe.shared_experts == 0:
+        shared = ["        layer.moe.shared_experts = None"]
+    elif moe.d_shared_ffn != moe.expert_ffn:
+        shared = ["        layer.moe.shared_experts = make_ffn_config(",
+                  f"            dim=dim, hidden_dim={moe.shared_experts * moe.d_shared_ffn}, "
+                  "w1_param_init=deepseek_v3._LINEAR_INIT,",
+                  "            w2w3_param_init=deepseek_v3._depth_init(layer_id))"]
+    patches = _moe_patches(["        layer.moe.router.gate.bias = True"] if moe.router_bias else [], shared,
+                           "a gate without bias; shared experts num_shared_experts x moe_hidden_dim wide")
+    return [
+        "",
+        "def _planner_flavor(attn_backend, moe_comm_backend, non_blocking_capacity_factor=None, num_mtp_layers=0):",
+        f"    \"\"\"{spec.name}: the plan's shape as a torchtitan DeepSeek-V3 model, built as torchtitan's own flavors are",
+        "    (torchtitan/models/deepseek_v3/__init__.py: _671b, build_mla_moe_layers, _build_mtp_layers).\"\"\"",
+        "    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm",
+        *(["    from torchtitan.models.common.config_utils import make_ffn_config"] if len(shared) > 1 else []),
+        f"    dim, vocab = {spec.hidden}, {spec.vocab}",
+        "    layers = deepseek_v3._build_dsv3_layers(",
+        f"        n_layers={spec.layers}, n_dense_layers={moe.first_dense_layers}, dim=dim, n_heads={spec.heads},",
+        f"        q_lora_rank={mla.q_lora_rank}, kv_lora_rank={mla.kv_lora_rank}, qk_nope_head_dim={mla.qk_nope_head_dim},",
+        f"        qk_rope_head_dim={mla.qk_rope_head_dim}, v_head_dim={mla.v_head_dim}, mscale=1.0,",
+        f"        dense_hidden_dim={spec.d_ffn}, moe_hidden_dim={moe.expert_ffn}, num_experts={moe.experts}, "
+        f"num_shared_experts={moe.shared_experts},",
+        f"        router_top_k={moe.top_k}, router_score_func={router['score_func']!r}, "
+        f"router_route_norm={router['route_norm']}, router_route_scale={router['route_scale']!r},",
+        f"        router_num_expert_groups={router['num_expert_groups']}, "
+        f"router_num_limited_groups={router['num_limited_groups']},",
+        "        attn_backend=attn_backend, moe_comm_backend=moe_comm_backend,",
+        "        non_blocking_capacity_factor=non_blocking_capacity_factor,",
+        f"        rope=ComplexRoPE.Config(dim={mla.qk_rope_head_dim}, max_seq_len={max_seq}, "
+        f"theta={float(spec.rope_theta)!r}),",
+        "    )",
+        *patches,
+        "    return deepseek_v3.DeepSeekV3Model.Config(",
+        f"        vocab_size=vocab, dim=dim, enable_weight_tying={spec.tied_embeddings},",
+        "        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, "
+        "param_init=deepseek_v3._EMBEDDING_INIT),",
+        "        norm=RMSNorm.Config(normalized_shape=dim, param_init=deepseek_v3._NORM_INIT),",
+        "        lm_head=Linear.Config(in_features=dim, out_features=vocab, "
+        "param_init=deepseek_v3._output_linear_init(dim)),",
+        "        layers=layers,",
+        "        mtp_layers=deepseek_v3._build_mtp_layers(layers[-1], dim=dim, num_mtp_layers=num_mtp_layers),",
+        "    )",
+        "",
+        "",
+        "deepseek_v3.deepseekv3_configs[\"planner\"] = _planner_flavor",
+    ]
+
+
+def _qwen3_moe_lines(spec, max_seq: int, router: dict) -> list[str]:
+    """torchtitan/models/qwen3/__init__.py: _30b_a3b's recipe (_build_qwen3_moe_layers: fused QKV, QK-norm,
+    a softmax router renormalized over the top k, no shared experts; Qwen3Model.Config) with the plan's numbers."""
+    moe = spec.moe
+    fixed = {"score_func": "softmax", "route_norm": True, "route_scale": 1.0, "num_expert_groups": None,
+             "num_limited_groups": None, "gate.bias": False}
+    router_lines = [f"        layer.moe.router.{name} = {router[name]!r}" for name in fixed if router[name] != fixed[name]]
+    shared = ["        layer.moe.shared_experts = make_ffn_config(",
+              f"            dim=dim, hidden_dim={moe.shared_experts * moe.d_shared_ffn}, "
+              "w1_param_init=qwen3._LINEAR_INIT, w2w3_param_init=qwen3._LINEAR_INIT)"] if moe.shared_experts else []
+    patches = _moe_patches(router_lines, shared, "a softmax router renormalized over the top k, no scaling, groups or "
+                                                 "gate bias; no shared experts")
+    embedding = "qwen3._EMBEDDING_SKIP_INIT" if spec.tied_embeddings else "qwen3._EMBEDDING_INIT"
+    return [
+        "",
+        "def _planner_flavor(attn_backend, moe_comm_backend=\"standard\"):",
+        f"    \"\"\"{spec.name}: the plan's shape as a torchtitan Qwen3 MoE model, built as torchtitan's own flavors are",
+        "    (torchtitan/models/qwen3/__init__.py: _30b_a3b, _build_qwen3_moe_layers).\"\"\"",
+        "    from torchtitan.models.common import CosSinRoPE, Embedding, Linear",
+        *(["    from torchtitan.models.common.config_utils import make_ffn_config"] if shared else []),
+        f"    dim, vocab = {spec.hidden}, {spec.vocab}",
+        "    layers = qwen3._build_qwen3_moe_layers(",
+        f"        fuse_qkv=True, n_layers={spec.layers}, dim=dim, n_heads={spec.heads}, n_kv_heads={spec.n_kv_heads}, "
+        f"head_dim={spec.d_head},",
+        f"        moe_hidden_dim={moe.expert_ffn}, num_experts={moe.experts}, top_k={moe.top_k},",
+        "        attn_backend=attn_backend, moe_comm_backend=moe_comm_backend,",
+        f"        rope=CosSinRoPE.Config(dim={spec.d_head}, max_seq_len={max_seq}, theta={float(spec.rope_theta)!r}),",
+        "    )",
+        *patches,
+        "    return qwen3.Qwen3Model.Config(",
+        f"        vocab_size=vocab, dim=dim, enable_weight_tying={spec.tied_embeddings}, norm=qwen3._qwen3_norm(dim),",
+        f"        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init={embedding}),",
+        "        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=qwen3._LINEAR_INIT),",
+        "        layers=layers,",
+        "    )",
+        "",
+        "",
+        "qwen3.qwen3_configs[\"planner\"] = _planner_flavor",
+    ]
+
+
+def _gpt_oss_lines(spec, max_seq: int, router: dict) -> list[str]:
+    """torchtitan/models/gpt_oss/__init__.py: _120b's recipe, the loop of _build_gptoss_layers (which fixes 64
+    heads, 8 KV heads, head_dim 64 and a 128-token window on even blocks) over _make_gptoss_attn_config and
+    _make_gptoss_experts_config with the plan's heads, windows and router."""
+    moe = spec.moe
+    windowed = [i for i in range(spec.layers) if spec.windowed(i)]
+    window = f"{spec.sliding_window} if layer_id in windowed else None" if windowed else "None"
+    groups = "" if router["num_expert_groups"] is None else \
+        f" num_expert_groups={router['num_expert_groups']}, num_limited_groups={router['num_limited_groups']},"
+    return [
+        "",
+        "def _planner_flavor(moe_comm_backend, attn_backend=\"varlen\"):",
+        f"    \"\"\"{spec.name}: the plan's shape as a torchtitan gpt-oss model, built as torchtitan's own flavors are",
+        "    (torchtitan/models/gpt_oss/__init__.py: _120b, _build_gptoss_layers with the plan's heads and windows).\"\"\"",
+        "    from torchtitan.models.common import CosSinRoPE, Embedding, Linear, RMSNorm",
+        "    from torchtitan.models.common.moe import TokenChoiceTopKRouter",
+        "    from torchtitan.models.gpt_oss.model import GptOssTransformerBlock",
+        "    from torchtitan.models.gpt_oss.moe import GptOssMoE",
+        f"    dim, vocab, num_experts, top_k = {spec.hidden}, {spec.vocab}, {moe.experts}, {moe.top_k}",
+        f"    rope = CosSinRoPE.Config(dim={spec.d_head}, max_seq_len={max_seq}, theta={float(spec.rope_theta)!r})",
+        f"    windowed = {_ranges(windowed)}",
+        "    layers = []",
+        f"    for layer_id in range({spec.layers}):",
+        "        layers.append(GptOssTransformerBlock.Config(",
+        "            attention=gpt_oss._make_gptoss_attn_config(",
+        "                dim=dim, layer_id=layer_id, attn_backend=attn_backend, "
+        f"n_heads={spec.heads}, n_kv_heads={spec.n_kv_heads}, head_dim={spec.d_head},",
+        f"                sliding_window_size={window}, fuse_qkv=True, rope=rope),",
+        "            attention_norm=RMSNorm.Config(normalized_shape=dim, param_init=gpt_oss._NORM_INIT),",
+        "            ffn_norm=RMSNorm.Config(normalized_shape=dim, param_init=gpt_oss._NORM_INIT),",
+        "            moe=GptOssMoE.Config(",
+        f"                num_experts=num_experts, load_balance_coeff={LOAD_BALANCE_COEFF},",
+        "                routed_experts=gpt_oss._make_gptoss_experts_config(",
+        f"                    dim=dim, hidden_dim={moe.expert_ffn}, num_experts=num_experts, layer_id=layer_id, "
+        "top_k=top_k,",
+        "                    moe_comm_backend=moe_comm_backend),",
+        "                router=TokenChoiceTopKRouter.Config(",
+        f"                    num_experts=num_experts, top_k=top_k, score_func={router['score_func']!r}, "
+        f"route_norm={router['route_norm']}, route_scale={router['route_scale']!r},{groups}",
+        f"                    gate=Linear.Config(in_features=dim, out_features=num_experts, bias={router['gate.bias']},",
+        "                                       param_init=gpt_oss._depth_init(layer_id))),",
+        "            ),",
+        "        ))",
+        "    return gpt_oss.GptOssModel.Config(",
+        f"        dim=dim, vocab_size=vocab, enable_weight_tying={spec.tied_embeddings},",
+        "        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, "
+        "param_init=gpt_oss._EMBEDDING_INIT),",
+        "        norm=RMSNorm.Config(normalized_shape=dim, param_init=gpt_oss._NORM_INIT),",
+        "        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=gpt_oss._output_linear_init(dim)),",
+        "        layers=layers,",
+        "    )",
+        "",
+        "",
+        "gpt_oss.gptoss_configs[\"planner\"] = _planner_flavor",
+    ]
+
+
+def _ranges(indices: list[int]) -> str:
+    """Python text for a set of block indices (a range when they are evenly spaced)."""
+    if len(indices) > 2 and len({b - a for a, b in zip(indices, indices[1:])}) == 1:
+        step = indices[1] - indices[0]
+        return f"set(range({indices[0]}, {indices[-1] + 1}, {step}))"
+    return "{" + ", ".join(map(str, indices)) + "}" if indices else "set()"
+
+
+def _moe_patches(router_lines: list[str], shared_lines: list[str], fixed: str) -> list[str]:
+    """Lines that set, on every MoE block the family's builder made, what the plan has and the builder fixes."""
+    if not router_lines and not shared_lines:
+        return []
+    return ["    # the plan's router and shared experts, where torchtitan's builder fixes them:",
+            f"    # {fixed}",
+            "    for layer_id, layer in enumerate(layers):",
+            "        if layer.moe is None:",
+            "            continue",
+            *router_lines, *shared_lines]

@@ -12,8 +12,15 @@ rank and micro-batches it accepts), as torchtitan's `_build_pipeline_schedule` w
 
 Shims (see tests/validators/README.md): `datasets` (only imported by torchtitan's data loaders) and
 torchtitan's triton kernel module for MinimalAsyncEP are stand-ins, so that neither the 100 MB
-datasets/pyarrow stack nor the 280 MB triton wheel is needed; both raise if called. For fp8 jobs the
-GPU capability check of Float8LinearConverter answers "SM90" (the plan's H100-class device).
+datasets/pyarrow stack nor the 280 MB triton wheel is needed; both raise if called. `deep_ep` (DeepEP
+>= 2, CUDA + NVSHMEM) is a stand-in whose ElasticBuffer is sized and constructed as torchtitan's
+DeepEPTokenDispatcher asks when its mesh is wired, and has no communication methods. For fp8 jobs the
+GPU capability checks of Float8LinearConverter and Float8GroupedExpertsConverter answer "SM90" (the
+plan's H100-class device).
+
+Mixture-of-experts jobs also report (`moe`) the blocks with experts, the last MoE block's router,
+routed and shared experts and token dispatcher, the attention (MLA dims, head_dim, QK-norm, windows,
+RoPE), the MTP layers and the mesh dimensions of rank 0's routed-expert weights after parallelization.
 """
 import contextlib
 import importlib
@@ -46,6 +53,20 @@ _datasets = _stand_in("datasets", Dataset=type("Dataset", (), {}), IterableDatas
                       load_dataset=_gpu_only, concatenate_datasets=_gpu_only)
 _datasets.distributed = _stand_in("datasets.distributed", split_dataset_by_node=_gpu_only)
 
+
+class _ElasticBuffer:
+    """deep_ep.ElasticBuffer as torchtitan/distributed/deepep/deepep.py get_buffer creates it; nothing else."""
+
+    @staticmethod
+    def get_buffer_size_hint(group, num_max_tokens_per_rank, hidden, *, num_topk, use_fp8_dispatch=False):
+        return num_max_tokens_per_rank * hidden * num_topk
+
+    def __init__(self, group, *, num_bytes, **kwargs):
+        self.group, self.num_bytes = group, num_bytes
+
+
+_stand_in("deep_ep", ElasticBuffer=_ElasticBuffer)
+
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
@@ -72,6 +93,44 @@ def _fake_world(world_size):
     if dist.is_initialized():
         dist.destroy_process_group()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+
+
+def _owner(config):
+    """The module class a torchtitan config builds (its Config is nested in it: GroupedExperts.Config)."""
+    return type(config).__qualname__.split(".")[-2]
+
+
+def _moe(model_cfg, parts):
+    """The mixture-of-experts model as torchtitan built it (None for a dense model): its MoE and dense blocks,
+    the last MoE block's router, routed and shared experts, the attention of the last block, the MTP layers,
+    and the mesh dimensions of rank 0's routed-expert weights after parallelization."""
+    layers = model_cfg.layers
+    moe_ids = [i for i, layer in enumerate(layers) if getattr(layer, "moe", None) is not None]
+    if not moe_ids:
+        return None
+    moe = layers[moe_ids[-1]].moe
+    router, inner, shared = moe.router, moe.routed_experts.inner_experts, moe.shared_experts
+    dense = [layer for layer in layers if getattr(layer, "moe", None) is None]
+    attention = layers[-1].attention
+    expert_mesh = sorted({",".join(p.device_mesh.mesh_dim_names or ()) if isinstance(p, DTensor) else "plain"
+                          for part in parts for name, p in part.named_parameters() if ".routed_experts." in name})
+    return {
+        "moe_layers": moe_ids, "dense_hidden": dense[0].feed_forward.w1.out_features if dense else None,
+        "experts": inner.num_experts, "expert_hidden": inner.hidden_dim, "experts_class": _owner(inner),
+        "top_k": router.top_k, "score_func": router.score_func, "route_norm": router.route_norm,
+        "route_scale": router.route_scale, "num_expert_groups": router.num_expert_groups,
+        "num_limited_groups": router.num_limited_groups, "gate_bias": router.gate.bias,
+        "load_balance_coeff": moe.load_balance_coeff, "dispatcher": _owner(moe.routed_experts.token_dispatcher),
+        "shared_hidden": shared.w1.out_features if shared is not None else 0,
+        "mla": {k: getattr(attention, k) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                                   "v_head_dim")} if hasattr(attention, "kv_lora_rank") else None,
+        "head_dim": getattr(attention, "head_dim", None), "qk_norm": getattr(attention, "qk_norm", None) is not None,
+        "windows": {i: layer.attention.sliding_window_size for i, layer in enumerate(layers)
+                    if getattr(layer.attention, "sliding_window_size", None)},
+        "rope": [_owner(attention.rope), attention.rope.dim, attention.rope.theta, attention.rope.scaling],
+        "mtp_layers": len(getattr(model_cfg, "mtp_layers", None) or []),
+        "expert_mesh": expert_mesh,
+    }
 
 
 def _placements(model):
@@ -162,8 +221,9 @@ def check(item, workdir, i):
                                         dump_folder=config.dump_folder)
             rank0_parts = [sorted(n for n, _ in model.layers.named_children())]
             placements = _placements(model)
-        forward = _forward(model_parts if par.pipeline_parallel_degree > 1 else [model], model_cfg, item["forward"]) \
-            if item.get("forward") else None
+        parts_on_rank0 = model_parts if par.pipeline_parallel_degree > 1 else [model]
+        moe = _moe(model_cfg, parts_on_rank0)
+        forward = _forward(parts_on_rank0, model_cfg, item["forward"]) if item.get("forward") else None
         first = model_cfg.layers[-1]
         attention = first.attention
         ffn = first.feed_forward if first.feed_forward is not None else None
@@ -189,7 +249,8 @@ def check(item, workdir, i):
                       "moe_layers": sum(getattr(layer, "moe", None) is not None for layer in model_cfg.layers),
                       "params": params, "linear_types": linear_types},
             "blocks_per_part": blocks_per_part, "schedule": schedule_name, "n_microbatches": n_micro,
-            "rank0_parts": rank0_parts, "placements": placements, "forward": forward,
+            "rank0_parts": rank0_parts, "placements": placements, "forward": forward, "moe": moe,
+            "loss": type(config.loss).__qualname__.split(".")[0],
         }
         return {"ok": True, "config": json.loads(json.dumps(out, default=str))}
     except BaseException as err:  # tyro exits with SystemExit on a bad field: reported, not raised
