@@ -95,6 +95,9 @@ class Capabilities:
     moe_model_types: tuple[str, ...] | None = None
     """Mixture-of-experts architectures (Hugging Face model_type) the stack builds; None: any (Megatron-Core,
     DeepSpeed-MoE and Hugging Face modules take the shape from arguments or the config)."""
+    mtp_with_pp_or_cp: bool = True
+    """Whether multi-token-prediction modules (DeepSeek-V3's MTP, TransformerSpec.mtp_modules) run with pipeline
+    or context parallelism (torchtitan 0.3.0's MTPDecoder refuses both)."""
     bf16_optimizer: bool = False
     """Whether the stack has DeepSpeed's BF16_Optimizer (bf16 with ZeRO 0-1 and fp32 gradient accumulation;
     cost_models.step.Software.bf16_optimizer)."""

@@ -95,14 +95,21 @@ def violations(framework: FrameworkProfile, cfg) -> list[str]:
     return out
 
 
-def check_model_runnable(framework: FrameworkProfile, spec) -> None:
+def check_model_runnable(framework: FrameworkProfile, spec, cfg=None) -> None:
     """ConfigError (one line) when `framework` does not build the model: a mixture-of-experts architecture
-    outside its moe_model_types."""
-    types = framework.capabilities.moe_model_types
+    outside its moe_model_types; with `cfg` (a ParallelConfig), multi-token-prediction modules under pipeline or
+    context parallelism where the stack runs them without (mtp_with_pp_or_cp)."""
+    caps = framework.capabilities
+    types = caps.moe_model_types
     if getattr(spec, "moe", None) is not None and types is not None and spec.model_type not in types:
         raise ConfigError("framework", framework.name, "a stack that builds the model",
                           message=f"framework {framework.name} cannot run this plan: mixture-of-experts model_type="
                                   f"{spec.model_type}: {framework.name} builds {', '.join(types)}")
+    if cfg is not None and getattr(spec, "mtp_modules", 0) and not caps.mtp_with_pp_or_cp and (cfg.pp > 1 or cfg.cp > 1):
+        raise ConfigError("framework", framework.name, "a plan the framework can run",
+                          message=f"framework {framework.name} cannot run this plan: {spec.mtp_modules} multi-token-"
+                                  f"prediction module(s) with pp={cfg.pp}, cp={cfg.cp}: {framework.name} runs them with "
+                                  "pp=1 and cp=1 only")
 
 
 def check_runnable(framework: FrameworkProfile, cfg) -> None:

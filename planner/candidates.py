@@ -91,14 +91,18 @@ class SearchSpace:
     optimizer_offload_min_zero: int = 0
     """Lowest ZeRO stage that may offload the optimizer (the framework's capability)."""
 
-    def for_framework(self, framework) -> "SearchSpace":
+    def for_framework(self, framework, model=None) -> "SearchSpace":
         """This space narrowed to what `framework` can run (frameworks.FrameworkProfile.capabilities;
-        the same capabilities frameworks.rules.violations checks for estimate and export)."""
+        the same capabilities frameworks.rules.violations and check_model_runnable check for estimate and
+        export): with `model`, a stack that runs multi-token-prediction modules without pipeline or context
+        parallelism gets pp = cp = 1 for a model that has them."""
         from dataclasses import replace
 
         from frameworks.rules import placement_allowed
 
         caps = framework.capabilities
+        if getattr(model, "mtp_modules", 0) and not caps.mtp_with_pp_or_cp:
+            self = replace(self, max_pp=1, max_cp=1)
         sp = {"optional": self.sequence_parallel, "always": (True,), "never": (False,)}[caps.sequence_parallel]
         cp_comm = tuple(c for c in self.cp_comm if c in caps.cp_comm)
         return replace(

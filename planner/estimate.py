@@ -372,7 +372,7 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
                                   "(allowed with bf16_optimizer: 1)")
     if check_framework:
         check_runnable(software.framework, cfg)
-        check_model_runnable(software.framework, model)
+        check_model_runnable(software.framework, model, cfg)
     if cfg.stages and (min(cfg.stages) < 0 or min(cfg.stages[1:-1] or (1,)) < 1
                        or (len(cfg.stages) == 1 and cfg.stages[0] < 1)):
         raise ConfigError("stages", list(cfg.stages), "at least one block per stage (the first and the last may "

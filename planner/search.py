@@ -1045,6 +1045,9 @@ def check_space(space: SearchSpace, model, framework, *, world: int, seq: int) -
             raise ConfigError("cp", cp, f"at most --max-cp {space.max_cp}")
         if cp > 1 and not caps.cp_comm:
             raise ConfigError("cp", cp, f"1: {name} has no context parallelism")
+        if cp > 1 and getattr(model, "mtp_modules", 0) and not caps.mtp_with_pp_or_cp:
+            raise ConfigError("cp", cp, f"1: {name} runs the model's multi-token-prediction modules without context "
+                                        "parallelism")
         comms = [c for c in space.cp_comm if c in caps.cp_comm] or ["p2p"]
         if cp > 1 and not any(cp_comm_allowed(c, cp=cp, tp=1, seq=seq, heads=heads, kv_heads=kv_heads) for c in comms):
             ParallelConfig(cp=cp, placement=default_placement(cp), cp_comm=comms[0]).check_sequence(   # its message
@@ -1122,7 +1125,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
                           message=f"framework {software.framework.name} cannot run this plan: {problems[0]}")
     seq = seq or model.seq
     check_space(space, model, software.framework, world=world, seq=seq)
-    space = space.for_framework(software.framework)
+    space = space.for_framework(software.framework, model)
     if software.bf16_optimizer:     # BF16_Optimizer shards like ZeRO-1 and runs its step on the device
         space = replace(space, zero=(1,), zero_with_pp=(1,),
                         offload=tuple(o for o in space.offload if not offloads(o, "optimizer")))

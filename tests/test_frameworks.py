@@ -283,3 +283,31 @@ def test_torchtitan_builds_only_its_own_moe_families():
         assert "\n" not in str(err.value)
     assert recommend("mixtral-8x7b", "p5.48xlarge", gpus=32, top=1).best["plan"]["ep"] >= 1
     assert recommend("qwen3-30b-a3b", "p5.48xlarge", gpus=16, framework="torchtitan", top=1).best["plan"]["ep"] >= 1
+
+
+def test_torchtitan_runs_multi_token_prediction_without_pipeline_or_context_parallelism():
+    """torchtitan 0.3.0's MTPDecoder refuses pp > 1 and cp > 1 (capabilities.mtp_with_pp_or_cp): estimate refuses
+    such a DeepSeek-V3 plan in one line, recommend searches pp = cp = 1 only (it used to offer pp > 1 plans the
+    export refused), --cp 2 is refused up front; Megatron runs MTP with a pipeline."""
+    from dataclasses import replace
+
+    from planner.candidates import SearchSpace
+    from planner.catalog import get as get_model
+    from planner.search import recommend
+
+    assert load_framework("torchtitan").capabilities.mtp_with_pp_or_cp is False
+    assert load_framework("megatron").capabilities.mtp_with_pp_or_cp is True
+    cfg = ParallelConfig(dp=32, pp=8, ep=8, micro_batch=1, global_batch=512, zero=2, framework="torchtitan",
+                         placement="PDET")
+    with pytest.raises(ConfigError, match="multi-token-prediction module.* with pp=8, cp=1: torchtitan runs them with "
+                                          "pp=1 and cp=1 only") as err:
+        estimate("deepseek-v3", "p5.48xlarge", cfg, gpus=256)
+    assert "\n" not in str(err.value)
+    plans = recommend("deepseek-v3", "p5.48xlarge", gpus=256, framework="torchtitan", top=5)
+    assert all(d["plan"]["pp"] == 1 and d["plan"]["cp"] == 1 for d in (plans.best, *plans.alternatives))
+    with pytest.raises(ConfigError, match="multi-token-prediction"):
+        recommend("deepseek-v3", "p5.48xlarge", gpus=256, framework="torchtitan", space=SearchSpace(cp=(2,)))
+    # without its MTP module the same model pipelines on torchtitan
+    no_mtp = replace(get_model("deepseek-v3"), mtp_modules=0)
+    assert any(d["plan"]["pp"] > 1 for d in recommend(no_mtp, "p5.48xlarge", gpus=256, framework="torchtitan",
+                                                       top=20).alternatives)
