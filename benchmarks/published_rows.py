@@ -25,7 +25,7 @@ ATTENTION = {"cudnn": "fused", "flash": None, "sdpa": "sdpa", "triton": "triton"
 LOSS = {"fused_crossentropy": "fused", "torch_crossentropy": "upcast"}
 """A row's extras.loss_fn in the planner's vocabulary (frameworks.LOSS_KERNELS)."""
 ARCH_KEYS = ("model_type", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "position",
-             "gated_mlp", "activation", "norm", "tied_embeddings", "qkv_bias", "out_bias", "mlp_bias")
+             "gated_mlp", "activation", "norm", "tied_embeddings", "qkv_bias", "out_bias", "mlp_bias", "mtp_modules")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

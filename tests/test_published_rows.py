@@ -143,3 +143,12 @@ def test_published_stage_sizes_and_the_default_partition_reach_the_config():
     uneven = rows["bloomprq-02-26-h13824-l78-a96-dp8-tp4-pp12-mb2-gbs2048"]
     assert uneven["extras"]["pp_partition_method"].startswith("type:transformer (")
     assert R.config_of(uneven).stages == (7,) * 11 + (1,)
+
+
+def test_a_row_can_say_its_run_built_no_mtp_module():
+    """NeMo AutoModel's DeepSeek-V3 had no multi-token prediction when its table was measured: the rows' arch
+    sets mtp_modules 0 over the catalog's 1 (and so pass torchtitan-class stacks' mtp_with_pp_or_cp rule)."""
+    rows = {r["id"]: r for r in json.loads((PUBLISHED / "moe.json").read_text())["runs"]}
+    row = rows["automodel-dsv3-h100-1024"]
+    assert row["model"] == "deepseek-v3" and R.spec_of(row).mtp_modules == 0
+    assert R.spec_of(dict(row, arch=None)).mtp_modules == 1
