@@ -246,3 +246,18 @@ def test_cli_export_rejects_bad_plans_in_one_line(content, needle, tmp_path):
 def test_cli_export_unknown_format_exit_2(llama_plan_file):
     result = runner.invoke(app, ["export", str(llama_plan_file), "--format", "jax"])
     assert result.exit_code == 2 and "format" in result.stderr
+
+
+def test_deepspeed_export_names_the_partition_method_that_gives_the_plans_stages():
+    """DeepSpeed's PipelineModule splits by partition_method: the note names the method whose split is the plan's
+    (planner.partition.deepspeed_type_stages), or says that none is and what DeepSpeed's default would give."""
+    from planner.partition import deepspeed_type_stages
+
+    doc = document("llama-1f1b")                              # llama3-70b: 80 blocks over pp 4
+    notes = lambda d: " | ".join(export_plan(plan_from_document(d), "deepspeed").notes)   # noqa: E731
+    assert "partition_method='type:transformer' gives the plan's blocks per stage [20, 20, 20, 20]" in notes(doc)
+    doc["plan"]["stages"] = deepspeed_type_stages(80, 4)
+    assert doc["plan"]["stages"] != [20] * 4
+    assert "partition_method='type:transformer|embedding' gives" in notes(doc)
+    doc["plan"]["stages"] = [21, 19, 20, 20]
+    assert "no DeepSpeed partition method gives the plan's blocks per stage [21, 19, 20, 20]" in notes(doc)

@@ -15,6 +15,7 @@ from planner.exports.common import Export, cannot, chunk_blocks, dp_replicas, mo
 from planner.exports.limits import deepspeed_limits
 from planner.estimate import rank_blocks
 from planner.plan import Plan
+from planner.partition import deepspeed_type_stages
 
 
 def to_deepspeed(plan: Plan) -> Export:
@@ -72,16 +73,23 @@ def to_deepspeed(plan: Plan) -> Export:
                          "--recompute-granularity selective gives the plan's attention-core recompute")
     if cfg.pp > 1:
         doc["pipeline"] = {"stages": cfg.pp, "activation_checkpoint_interval": 1 if cfg.recompute == "full" else 0}
-        stages = chunk_blocks(plan)
+        stages = list(chunk_blocks(plan))
+        method = _partition_method(stages, cfg.pp) if cfg.virtual_stages == 1 else None
         notes.append(f"pipeline: build the model as deepspeed.pipe.PipelineModule(layers=..., num_stages={cfg.pp}, "
-                     f"partition_method='uniform') and train with engine.train_batch(); DeepSpeed runs its 1F1B "
-                     f"TrainSchedule with gradient_accumulation_steps={cfg.num_microbatches} micro-batches")
+                     f"partition_method={method or 'type:<block class>'!r}) and train with engine.train_batch(); "
+                     f"DeepSpeed runs its 1F1B TrainSchedule with gradient_accumulation_steps={cfg.num_microbatches} "
+                     "micro-batches")
+        if method is not None:
+            notes.append(f"partition_method={method!r} gives the plan's blocks per stage {stages} (Megatron-DeepSpeed: "
+                         f"--pp-partition-method '{method}'; planner.partition.deepspeed_type_stages)")
+        elif cfg.virtual_stages == 1:
+            own = deepspeed_type_stages(sum(stages), cfg.pp, embeddings=False)
+            notes.append(f"no DeepSpeed partition method gives the plan's blocks per stage {stages}: "
+                         f"'type:<block class>' (Megatron-DeepSpeed's default) fills the first stages, {own}; place "
+                         "the blocks yourself (or take that split: the slowest stage sets the step)")
         if cfg.virtual_stages > 1 or cfg.schedule in ("gpipe", "zero-bubble"):
             notes.append(f"schedule {cfg.schedule} (virtual_stages={cfg.virtual_stages}): DeepSpeed's PipelineEngine "
                          "runs non-interleaved 1F1B (more bubble than planned, no more memory)")
-        if len(set(stages)) > 1:
-            notes.append(f"uneven stages {list(stages)}: partition_method='uniform' splits evenly; pass "
-                         "partition_method='type:<block class>' or place the blocks yourself to match")
     if cfg.cp > 1:
         # DeepSpeed-Ulysses (all-to-all over heads): the ALST integration reads sequence_parallel_size from the
         # config (deepspeed/__init__.py, runtime/sequence_parallel/ulysses_sp.py); Megatron-DeepSpeed takes
@@ -114,3 +122,12 @@ def to_deepspeed(plan: Plan) -> Export:
         notes.append(f"expert parallelism: deepspeed.moe.layer.MoE(ep_size={cfg.ep}, ...) in the model code")
     text = dumps_strict(doc, "deepspeed configuration")
     return Export(format="deepspeed", text=text + "\n", notes=tuple(notes))
+
+
+def _partition_method(stages: list[int], pp: int) -> str | None:
+    """The DeepSpeed PipelineModule partition method whose split is the plan's (blocks only, or the embedding and
+    the tied head counted as blocks: planner.partition.deepspeed_type_stages), else None."""
+    for method, embeddings in (("type:transformer", False), ("type:transformer|embedding", True)):
+        if deepspeed_type_stages(sum(stages), pp, embeddings=embeddings) == stages:
+            return method
+    return None
