@@ -17,6 +17,8 @@ the same arithmetic applies, and a launch takes seconds instead of a minute).
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -36,12 +38,32 @@ GPT2_LAYOUTS = {
 }
 
 
+HEAP_ABORT = re.compile(r"double free or corruption|free\(\): invalid|malloc\(\): |corrupted size vs")
+"""glibc's own abort messages. torch 2.13's CPU collectives (gloo under functional collectives) have been seen to
+corrupt a rank's heap once in a CI run of the 8-process layout ('double free or corruption (fasttop)', SIGABRT in
+wait_tensor during the pipeline's backward; 2026-11-27). The planner reports it as it should (one line naming the
+rank, the signal and the logs); `native_heap_abort` lets the verification be launched once more in that case only."""
+
+
+def native_heap_abort(output: str) -> bool:
+    """The run stopped because a rank died of SIGABRT/SIGSEGV and its log holds a glibc heap-corruption message."""
+    died = re.search(r"rank (\d+) was killed by SIG(?:ABRT|SEGV)", output)
+    logs = re.search(r"Logs: (\S+)", output)
+    if not (died and logs):
+        return False
+    log = Path(logs.group(1)) / f"rank-{died.group(1)}.log"
+    return log.exists() and bool(HEAP_ABORT.search(log.read_text(errors="replace")))
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("name", list(GPT2_LAYOUTS))
 def test_gpt2_passes_verification_over_five_adamw_steps(name, tmp_path):
     cfg = ParallelConfig(seq=32, precision="fp32", **GPT2_LAYOUTS[name])
     plan = write_plan(tmp_path / "plan.json", cfg, "gpt2")
-    result = runner.invoke(app, ["run", str(plan), "--steps", "5", "--verify", "--json"])
+    args = ["run", str(plan), "--steps", "5", "--verify", "--json"]
+    result = runner.invoke(app, args)
+    if result.exit_code != 0 and native_heap_abort(result.output):
+        result = runner.invoke(app, args)     # a crash inside torch's collectives, not a verification result
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     verify = doc["verify"]
@@ -89,3 +111,15 @@ def test_each_planted_bug_fails_verification_naming_what_diverged(bug, tmp_path)
     assert what in lines[0] and "x its rounding bound" in lines[0]
     # whatever diverged first, the evidence is far above the bound somewhere
     assert max(r for r in json.loads(result.stdout)["verify"]["max_ratio"].values() if r is not None) > 100
+
+
+def test_only_a_heap_abort_inside_torch_gets_a_second_launch(tmp_path):
+    """The retry above is for glibc heap aborts only: a rank killed by SIGABRT whose log shows no heap corruption,
+    a failed verification and a plain error are never relaunched."""
+    (tmp_path / "rank-5.log").write_text("...\ndouble free or corruption (fasttop)\n")
+    (tmp_path / "rank-3.log").write_text("Traceback ... AssertionError\n")
+    crash = f"error: rank 5 was killed by SIGABRT during step 0; stopped all 8 ranks. Logs: {tmp_path}"
+    assert native_heap_abort(crash)
+    assert not native_heap_abort(crash.replace("rank 5", "rank 3"))
+    assert not native_heap_abort(crash.replace("SIGABRT", "SIGKILL"))
+    assert not native_heap_abort("error: verification failed at step 0: gradient of h.0.attn differs")
