@@ -261,3 +261,12 @@ def test_deepspeed_export_names_the_partition_method_that_gives_the_plans_stages
     assert "partition_method='type:transformer|embedding' gives" in notes(doc)
     doc["plan"]["stages"] = [21, 19, 20, 20]
     assert "no DeepSpeed partition method gives the plan's blocks per stage [21, 19, 20, 20]" in notes(doc)
+
+
+def test_the_torchtitan_exporter_builds_exactly_the_moe_families_the_framework_profile_names():
+    """frameworks/torchtitan.json moe_model_types (what recommend and estimate allow) and the exporter's builders
+    (planner.exports.limits.TORCHTITAN_MOE_FAMILIES) name the same families."""
+    from frameworks import load_framework
+    from planner.exports.limits import TORCHTITAN_MOE_FAMILIES
+
+    assert set(TORCHTITAN_MOE_FAMILIES) == set(load_framework("torchtitan").capabilities.moe_model_types)

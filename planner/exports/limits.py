@@ -47,10 +47,11 @@ def torchtitan_limits(plan: Plan) -> list[str]:
 
 
 TORCHTITAN_MOE_FAMILIES = {
-    # planner model_type: (torchtitan 0.3.0's package, its model class, the layer builder the export follows)
-    "deepseek_v3": ("torchtitan/models/deepseek_v3", "DeepSeekV3Model", "build_mla_moe_layers"),
-    "qwen3_moe": ("torchtitan/models/qwen3", "Qwen3Model", "_build_qwen3_moe_layers"),
-    "gpt_oss": ("torchtitan/models/gpt_oss", "GptOssModel", "_build_gptoss_layers"),
+    # planner model_type: (torchtitan 0.3.0's package under torchtitan/models, its model class, the layer builder
+    # the export follows, the config_registry.py job the export starts from)
+    "deepseek_v3": ("deepseek_v3", "DeepSeekV3Model", "build_mla_moe_layers", "deepseek_v3_671b"),
+    "qwen3_moe": ("qwen3", "Qwen3Model", "_build_qwen3_moe_layers", "qwen3_30b_a3b"),
+    "gpt_oss": ("gpt_oss", "GptOssModel", "_build_gptoss_layers", "gpt_oss_120b"),
 }
 """The mixture-of-experts families torchtitan 0.3.0 ships (frameworks/torchtitan.json moe_model_types)."""
 
@@ -64,7 +65,8 @@ def _torchtitan_moe(spec: TransformerSpec, cfg) -> list[str]:
     if family not in TORCHTITAN_MOE_FAMILIES:
         return [f"mixture-of-experts {spec.name} (model_type {family}): torchtitan 0.3.0 builds the MoE families "
                 "deepseek_v3, qwen3_moe (torchtitan/models/qwen3) and gpt_oss only"]
-    package, model, builder = TORCHTITAN_MOE_FAMILIES[family]
+    package, model, builder, _ = TORCHTITAN_MOE_FAMILIES[family]
+    package = f"torchtitan/models/{package}"
     wrong = _moe_family_mismatch(spec)
     out = [f"{spec.name} ({family}: {', '.join(wrong)}) is not a model torchtitan 0.3.0's {model} expresses "
            f"({package}, {builder})"] if wrong else []

@@ -46,14 +46,6 @@ TORCHTITAN_LLAMA3_FLAVORS = {
 _JOB_OF_FLAVOR = {"8B": "llama3_8b", "70B": "llama3_70b", "405B": "llama3_405b"}
 """torchtitan's own job for a flavor (config_registry.py); others start from llama3_8b."""
 
-MOE_PACKAGES = {
-    # planner model_type: (torchtitan.models package, the config_registry.py job the export starts from)
-    "deepseek_v3": ("deepseek_v3", "deepseek_v3_671b"),
-    "qwen3_moe": ("qwen3", "qwen3_30b_a3b"),
-    "gpt_oss": ("gpt_oss", "gpt_oss_120b"),
-}
-"""torchtitan 0.3.0's MoE families (planner.exports.limits.TORCHTITAN_MOE_FAMILIES) as the job imports them."""
-
 MOE_COMM_BACKENDS = {"alltoall": "standard", "deepep": "deepep"}
 """Plan's token dispatcher (software.moe_dispatcher) -> torchtitan's moe_comm_backend
 (models/common/config_utils.py make_token_dispatcher_config: 'standard' is AllToAllTokenDispatcher,
@@ -118,7 +110,7 @@ def to_torchtitan(plan: Plan) -> Export:
                          "after forward (ZeRO-2): same parameters in memory, less gradient memory")
     parallelism.update(tensor_parallel_degree=cfg.tp, enable_sequence_parallel=cfg.tp > 1,
                        pipeline_parallel_degree=cfg.pp, context_parallel_degree=cfg.cp)
-    if family in MOE_PACKAGES:
+    if family in TORCHTITAN_MOE_FAMILIES:
         parallelism.update(expert_parallel_degree=cfg.ep)
         notes += _moe_notes(plan, spec)
     parallelism.update(spmd_backend=SPMD_BACKEND)
@@ -168,7 +160,7 @@ def to_torchtitan(plan: Plan) -> Export:
                      "(trainer.py Trainer.Config._validate_cuda_graphs)")
     ac = {"none": "None", "full": "FullAC.Config()", "selective": "SelectiveAC.Config()"}[cfg.recompute]
     steps = steps_between_checkpoints(plan)
-    if cfg.precision == "fp8" and family in MOE_PACKAGES:
+    if cfg.precision == "fp8" and family in TORCHTITAN_MOE_FAMILIES:
         notes.append("fp8: torchtitan's Float8LinearConverter (torchao rowwise recipe) on every Linear but the routers' "
                      "gates (float32, as deepseek_v3_671b_float8) and Float8GroupedExpertsConverter on the routed "
                      "experts; needs torchao and an SM89+ GPU; add --compile.enable for speed")
@@ -275,7 +267,7 @@ def _model_lines(plan: Plan, spec, family, flavor) -> tuple[list[str], list[str]
     cfg = plan.config
     converters = "[Float8LinearConverter.Config()]" if cfg.precision == "fp8" else "None"
     tied_pp = spec.tied_embeddings and cfg.pp > 1
-    if family in MOE_PACKAGES:
+    if family in TORCHTITAN_MOE_FAMILIES:
         return _moe_flavor(plan, spec), _moe_registry_lines(plan, spec)
     if family == "gpt":
         prelude = [""] + _models_source()
@@ -328,8 +320,8 @@ def _module_text(plan: Plan, spec, family, flavor, training, parallelism, ac, st
              "from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",
              "from torchtitan.config import ParallelismConfig, TrainingConfig",
              "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC"]
-    if family in MOE_PACKAGES:
-        package, job = MOE_PACKAGES[family]
+    if family in TORCHTITAN_MOE_FAMILIES:
+        package, _, _, job = TORCHTITAN_MOE_FAMILIES[family]
         lines += [f"from torchtitan.models import {package}",
                   "from torchtitan.models.common.config_utils import decoder_vocab_size",
                   f"from torchtitan.models.{package}.config_registry import {job} as base_job"]
@@ -342,7 +334,7 @@ def _module_text(plan: Plan, spec, family, flavor, training, parallelism, ac, st
                   f"{_JOB_OF_FLAVOR.get(flavor, 'llama3_8b')} as base_job"]
     if cfg.precision == "fp8":
         lines.append("from torchtitan.components.quantization import Float8LinearConverter"
-                     + (", Float8GroupedExpertsConverter" if family in MOE_PACKAGES else ""))
+                     + (", Float8GroupedExpertsConverter" if family in TORCHTITAN_MOE_FAMILIES else ""))
     lines.append("")
     prelude, body = _model_lines(plan, spec, family, flavor)
     lines += prelude
@@ -405,7 +397,7 @@ def _custom_flavor(spec, seq: int) -> list[str]:
 def _moe_registry_lines(plan: Plan, spec) -> list[str]:
     """The job's line that sets config.model_spec: the family's model_registry on the `planner` flavor."""
     cfg, family = plan.config, spec.model_type
-    package = MOE_PACKAGES[family][0]
+    package = TORCHTITAN_MOE_FAMILIES[family][0]
     args = ["'planner'", f"moe_comm_backend={_comm_backend(plan)!r}"]
     if family == "deepseek_v3" and spec.mtp_modules:
         args.append(f"num_mtp_layers={spec.mtp_modules}")
