@@ -95,6 +95,13 @@ def violations(framework: FrameworkProfile, cfg) -> list[str]:
     return out
 
 
+def mtp_without_pp_or_cp(framework: FrameworkProfile, spec) -> bool:
+    """Whether `framework` must run `spec` with pp = cp = 1: the model has multi-token-prediction modules and the
+    stack runs them without pipeline or context parallelism (capabilities.mtp_with_pp_or_cp); read by estimate
+    (check_model_runnable), the search (SearchSpace.for_framework, check_space) and the torchtitan exporter."""
+    return bool(getattr(spec, "mtp_modules", 0)) and not framework.capabilities.mtp_with_pp_or_cp
+
+
 def check_model_runnable(framework: FrameworkProfile, spec, cfg=None) -> None:
     """ConfigError (one line) when `framework` does not build the model: a mixture-of-experts architecture
     outside its moe_model_types; with `cfg` (a ParallelConfig), multi-token-prediction modules under pipeline or
@@ -105,7 +112,7 @@ def check_model_runnable(framework: FrameworkProfile, spec, cfg=None) -> None:
         raise ConfigError("framework", framework.name, "a stack that builds the model",
                           message=f"framework {framework.name} cannot run this plan: mixture-of-experts model_type="
                                   f"{spec.model_type}: {framework.name} builds {', '.join(types)}")
-    if cfg is not None and getattr(spec, "mtp_modules", 0) and not caps.mtp_with_pp_or_cp and (cfg.pp > 1 or cfg.cp > 1):
+    if cfg is not None and mtp_without_pp_or_cp(framework, spec) and (cfg.pp > 1 or cfg.cp > 1):
         raise ConfigError("framework", framework.name, "a plan the framework can run",
                           message=f"framework {framework.name} cannot run this plan: {spec.mtp_modules} multi-token-"
                                   f"prediction module(s) with pp={cfg.pp}, cp={cfg.cp}: {framework.name} runs them with "

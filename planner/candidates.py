@@ -98,11 +98,10 @@ class SearchSpace:
         parallelism gets pp = cp = 1 for a model that has them."""
         from dataclasses import replace
 
-        from frameworks.rules import placement_allowed
+        from frameworks.rules import mtp_without_pp_or_cp, placement_allowed
 
         caps = framework.capabilities
-        if getattr(model, "mtp_modules", 0) and not caps.mtp_with_pp_or_cp:
-            self = replace(self, max_pp=1, max_cp=1)
+        single_stage = mtp_without_pp_or_cp(framework, model)
         sp = {"optional": self.sequence_parallel, "always": (True,), "never": (False,)}[caps.sequence_parallel]
         cp_comm = tuple(c for c in self.cp_comm if c in caps.cp_comm)
         return replace(
@@ -116,8 +115,8 @@ class SearchSpace:
             offload=tuple(o for o in self.offload if o in caps.offload
                           and (not offloads(o, "activations") or caps.activation_offload == "any")), sequence_parallel=sp,
             placements=tuple(p for p in self.placements if placement_allowed(framework, p)),
-            max_tp=self.max_tp if caps.tp else 1, max_pp=self.max_pp if caps.schedules else 1,
-            cp_comm=cp_comm, max_cp=self.max_cp if cp_comm else 1, max_ep=self.max_ep if caps.ep else 1,
+            max_tp=self.max_tp if caps.tp else 1, max_pp=self.max_pp if caps.schedules and not single_stage else 1,
+            cp_comm=cp_comm, max_cp=self.max_cp if cp_comm and not single_stage else 1, max_ep=self.max_ep if caps.ep else 1,
             dp_shard=self.dp_shard if caps.hsdp else 0, cp_with_sequence_parallel=caps.cp_with_sequence_parallel,
             optimizer_offload_min_zero=caps.optimizer_offload_min_zero)
 

@@ -1025,7 +1025,7 @@ def check_space(space: SearchSpace, model, framework, *, world: int, seq: int) -
     from planner.candidates import cp_comm_allowed
     from planner.parallel import expert_parallel_degrees
 
-    from frameworks.rules import check_model_runnable
+    from frameworks.rules import check_model_runnable, mtp_without_pp_or_cp
 
     caps, name = framework.capabilities, framework.name
     check_model_runnable(framework, model)
@@ -1045,7 +1045,7 @@ def check_space(space: SearchSpace, model, framework, *, world: int, seq: int) -
             raise ConfigError("cp", cp, f"at most --max-cp {space.max_cp}")
         if cp > 1 and not caps.cp_comm:
             raise ConfigError("cp", cp, f"1: {name} has no context parallelism")
-        if cp > 1 and getattr(model, "mtp_modules", 0) and not caps.mtp_with_pp_or_cp:
+        if cp > 1 and mtp_without_pp_or_cp(framework, model):
             raise ConfigError("cp", cp, f"1: {name} runs the model's multi-token-prediction modules without context "
                                         "parallelism")
         comms = [c for c in space.cp_comm if c in caps.cp_comm] or ["p2p"]

@@ -13,6 +13,8 @@ model shapes the target builds, settings its configuration has. Versions: docs/e
 """
 from __future__ import annotations
 
+from frameworks import load_framework
+from frameworks.rules import mtp_without_pp_or_cp
 from planner.exports.common import model_moe, model_spec
 from planner.plan import Plan
 from planner.spec import TransformerSpec
@@ -73,21 +75,15 @@ def _torchtitan_moe(spec: TransformerSpec, cfg) -> list[str]:
     if moe.capacity_factor is not None:
         out.append(f"capacity_factor={moe.capacity_factor}: torchtitan 0.3.0's MoE is dropless (every token reaches "
                    "its top-k experts; models/common/moe.py MoE)")
-    if spec.mtp_modules and (cfg.pp > 1 or cfg.cp > 1):
+    if (cfg.pp > 1 or cfg.cp > 1) and mtp_without_pp_or_cp(load_framework("torchtitan"), spec):
         out.append(f"multi-token prediction (mtp_modules={spec.mtp_modules}) with pp={cfg.pp}, cp={cfg.cp}: torchtitan "
                    "0.3.0's MTPDecoder refuses pipeline and context parallelism (models/deepseek_v3/mtp.py)")
     if spec.tied_embeddings and cfg.pp > 1:
         out.append(f"tied embeddings with pp={cfg.pp}: torchtitan's Decoder refuses weight tying with pipeline "
                    "parallelism (the job's shared-table workaround covers llama3 and GPT models only)")
-    if cfg.ep > 1 and cfg.expert_tp > 1:
-        out.append(f"expert_tp={cfg.expert_tp} with ep={cfg.ep}: torchtitan 0.3.0 keeps each expert whole on its "
-                   "expert-parallel rank (ParallelismConfig has no expert_tensor_parallel_degree; "
-                   "models/common/moe_sharding.py expert_param_placement_sparse shards experts on ep only)")
-    elif cfg.ep == 1 and cfg.expert_tp > cfg.tp:
-        out.append(f"expert_tp={cfg.expert_tp} > tp={cfg.tp}: without expert parallelism torchtitan 0.3.0 shards "
-                   "experts over the tensor-parallel ranks only (models/common/moe_sharding.py "
-                   "expert_param_placement_dense)")
-    elif cfg.ep == 1 and cfg.tp > 1 and moe.expert_ffn % cfg.tp:
+    # expert_tp > 1 is the framework's rule (frameworks/torchtitan.json expert_tp false: 0.3.0 has no expert
+    # tensor-parallel degree), checked before any exporter runs
+    if cfg.ep == 1 and cfg.tp > 1 and moe.expert_ffn % cfg.tp:
         out.append(f"tp={cfg.tp} does not divide expert_ffn={moe.expert_ffn}: without expert parallelism torchtitan "
                    "0.3.0 shards every expert's width over the tensor-parallel ranks")
     if moe.experts % cfg.ep:
