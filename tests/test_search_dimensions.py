@@ -413,10 +413,15 @@ def test_deepseek_v3_acceptance_picks_ep_and_says_why_within_the_budget(hardware
     as the yardstick is: the first search of a model also fills its per-model caches (~1 s more here). The wall
     limit is generous for a loaded machine."""
     from planner.explain import explain_document
+    import gc
+
     recommend("deepseek-v3", hardware, gpus=gpus)                       # imports and this model's caches paid here
-    t0 = time.process_time()
-    rec = recommend("deepseek-v3", hardware, gpus=gpus)
-    cpu_s = time.process_time() - t0
+    cpu_s = float("inf")
+    for _ in range(2):      # best of two, as the yardstick takes its best of three: a collection of earlier tests'
+        gc.collect()        # garbage or a busy neighbour is not the search's own time
+        t0 = time.process_time()
+        rec = recommend("deepseek-v3", hardware, gpus=gpus)
+        cpu_s = min(cpu_s, time.process_time() - t0)
     best, s = rec.best, rec.stats
     assert best["plan"]["ep"] > 1 and best["prediction"]["memory"]["fits"]
     assert s.space == s.candidates_evaluated + s.pruned_by_memory_bound + s.pruned_by_time_bound > 5_000_000
