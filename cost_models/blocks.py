@@ -563,6 +563,12 @@ def head_table(spec: TransformerSpec, precision: str, kernels: str, loss: str | 
     fused (flash-attn's xentropy kernel, llm-foundry's default): the 16-bit logits are kept for the
       backward (c V), which writes their gradient beside them (c V, inplace_backward off): 2 c V at the
       peak; the row statistics (4 bytes per token) are negligible.
+    native (torch's cross_entropy on the 16-bit logits: log_softmax then nll_loss, no upcast; NeMo
+      AutoModel's MaskedCrossEntropy(fp32_upcast=False)): log_softmax saves its 16-bit output (c V); at the
+      start of backward the logits the training loop still holds (AutoModel's train_ft keeps `out` through
+      `backward()`), the saved output, nll_loss's gradient and log_softmax's input gradient coexist: 4 c V
+      (torch aten log_softmax / _log_softmax_backward_data keep the input dtype; the row statistics are
+      accumulated in fp32 registers, not stored).
     """
     c = compute_bytes(precision)
     h, V = spec.hidden, spec.vocab
@@ -599,8 +605,13 @@ def head_table(spec: TransformerSpec, precision: str, kernels: str, loss: str | 
     elif loss == "fused":
         peak, fwd_end = Terms(shard=2.0 * c * V), Terms(shard=c * V)
         logits_fwd, logits_bwd, launches = Terms(shard=c * V), Terms(shard=2.0 * c * V), launches + 2
+    elif loss == "native":
+        # forward: log_softmax reads and writes c V; backward: nll_loss's gradient written (c V), log_softmax's
+        # backward reads it and the saved output and writes the input gradient (3 c V)
+        peak, fwd_end = Terms(shard=4.0 * c * V), Terms(shard=2.0 * c * V)
+        logits_fwd, logits_bwd, launches = Terms(shard=2.0 * c * V), Terms(shard=4.0 * c * V), launches + 5
     else:
-        raise ValueError(f"loss must be one of vocab_parallel, upcast, fused, not {loss!r}")
+        raise ValueError(f"loss must be one of vocab_parallel, upcast, fused, native, not {loss!r}")
     return HeadTable(saved=saved, logits_peak=peak, logits_fwd_end=fwd_end, traffic_fwd=norm_fwd + logits_fwd,
                      traffic_bwd=norm_bwd + logits_bwd, kernels=launches)
 
@@ -614,8 +625,8 @@ def embedding_saved(spec: TransformerSpec, precision: str, *, dropout: bool) -> 
 
 def loss_saved(spec: TransformerSpec, loss: str = "upcast", precision: str = "amp-bf16") -> Terms:
     """What cross-entropy keeps for its backward: the fp32 log-softmax (upcast) or exp (vocab_parallel) of
-    the vocab-parallel logits, 4 V / tp per token; a fused kernel keeps the 16-bit logits, c V / tp
-    (head_table); part of HeadTable.logits_peak."""
-    if loss == "fused":
+    the vocab-parallel logits, 4 V / tp per token; a fused kernel keeps the 16-bit logits and the native
+    cross_entropy its 16-bit log-softmax, c V / tp (head_table); part of HeadTable.logits_peak."""
+    if loss in ("fused", "native"):
         return Terms(shard=compute_bytes(precision) * spec.vocab)
     return Terms(shard=4.0 * spec.vocab)

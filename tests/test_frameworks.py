@@ -117,6 +117,33 @@ def test_the_loss_kernel_changes_the_last_stage_memory_not_the_time_much():
         estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8, loss="chunked")
 
 
+def test_cross_entropy_on_16bit_logits_keeps_no_fp32_copy():
+    """loss "native" (torch's cross_entropy on bf16 logits, AutoModel's MaskedCrossEntropy(fp32_upcast=False)):
+    the logits the loop holds, the bf16 log-softmax, its gradient and the input gradient, 4 x 2 bytes per logit
+    at the peak where the upcast keeps 12; and it streams fewer bytes, so it is never slower."""
+    cfg = _cfg(dp=8, micro_batch=4, global_batch=32, framework="torchtitan", zero=3, precision="amp-bf16")
+    upcast = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8)
+    native = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8, loss="native")
+    assert upcast.software.loss == "upcast" and native.software.loss == "native"
+    assert upcast.peak_bytes_per_gpu - native.peak_bytes_per_gpu == pytest.approx(4 * 4 * 2048 * 128256, rel=0.01)
+    assert native.step_time_s < upcast.step_time_s
+
+
+def test_automodel_qwen3_moe_run_fits_because_its_loss_is_not_upcast():
+    """NeMo AutoModel's Qwen3-30B-A3B benchmark (8 H100, FSDP2, ep 8, micro-batch 4 x 4096, vocab 151936) trained
+    with MaskedCrossEntropy(fp32_upcast=False); costed with torchtitan's upcast loss it needed 1.12 x the device."""
+    from benchmarks import published_rows as R
+    from benchmarks.accuracy_frameworks import predict
+
+    case = next(c for c in R.load(("moe",)) if c.id == "automodel-qwen3-30b-h100-8")
+    assert case.row["trained"] and case.options.get("loss") == "native"
+    assert predict(case).fits is True
+    upcast = dict(case.options, loss="upcast")
+    est = estimate(case.spec, case.hardware, case.config, gpus=case.row["gpus"],
+                   **{k: v for k, v in upcast.items() if v is not None})
+    assert not est.fits
+
+
 def test_swapping_in_fused_modules_drops_the_stacks_own_compute_efficiency():
     """compute_efficiency is fitted on a stack's runs with its own modules; a run with Transformer Engine's fused
     modules (NeMo AutoModel on FSDP2) runs at the kernel model's rate, as Megatron-Core does."""
