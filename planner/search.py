@@ -116,6 +116,8 @@ class SearchStats:
     """Combinations outside the rules, by reason."""
     values_tried: Mapping[str, list] = field(default_factory=dict)
     """Distinct cp, cp_comm, dp_shard and ep values the rules admitted (search.values_tried)."""
+    held: Mapping[str, str] = field(default_factory=dict)
+    """Dimensions the framework holds at 1 for this model, each with why (search.held_dimensions)."""
 
     def to_dict(self) -> dict:
         return {"candidates_evaluated": self.candidates_evaluated, "feasible": self.feasible,
@@ -123,7 +125,8 @@ class SearchStats:
                 "pruned_by_memory_bound": self.pruned_by_memory_bound,
                 "pruned_by_time_bound": self.pruned_by_time_bound,
                 "bound_evaluations": self.bound_evaluations, "refined": self.refined,
-                "rejected": dict(self.rejected), "values_tried": {k: list(v) for k, v in self.values_tried.items()}}
+                "rejected": dict(self.rejected), "values_tried": {k: list(v) for k, v in self.values_tried.items()},
+                **({"held": dict(self.held)} if self.held else {})}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -646,6 +649,20 @@ def _no_space_reason(world, global_batch, heads, blocks, rejected) -> str:
 
 SEARCHED_DIMENSIONS = ("cp", "cp_comm", "dp_shard", "ep")
 """The dimensions beyond dp x tp x pp whose values the search reports (SearchStats.values_tried)."""
+
+
+def held_dimensions(framework, model) -> dict[str, str]:
+    """Dimensions `framework` holds at 1 for `model` (SearchSpace.for_framework narrows them), each with the reason
+    and what would lift it, for recommend to say: a stack that runs multi-token-prediction modules only without
+    pipeline or context parallelism (frameworks.rules.mtp_without_pp_or_cp)."""
+    from frameworks.rules import mtp_without_pp_or_cp
+
+    if not mtp_without_pp_or_cp(framework, model):
+        return {}
+    why = (f"{framework.name} runs the model's {model.mtp_modules} multi-token-prediction module(s) only with pp = cp "
+           f"= 1 (frameworks/{framework.name}.json: mtp_with_pp_or_cp false); without them (a config.json without "
+           "num_nextn_predict_layers) the search pipelines the model")
+    return {"pp": why, "cp": why}
 
 
 def values_tried(rows: Mapping[str, np.ndarray]) -> dict[str, list]:
@@ -1185,12 +1202,14 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
                                                                           refine > 0))
     ep_versus = _ep_versus(scored, objective, model, hardware, software, documented, global_batch=global_batch,
                            seq=seq, precision=precision, optimizer=optimizer)
-    stats = replace(scored.stats, seconds=time.perf_counter() - t0, refined=refined[0])
+    stats = replace(scored.stats, seconds=time.perf_counter() - t0, refined=refined[0],
+                    held=held_dimensions(software.framework, model))
     best = dict(documents[0])
     best["alternatives"] = [key_numbers(d) for d in documents[1:]]
     best["search"] = {"objective": objective, "candidates_evaluated": stats.candidates_evaluated,
                       "feasible": stats.feasible, "seconds": round(stats.seconds, 4),
                       "values_tried": {k: list(v) for k, v in stats.values_tried.items()}, "cp_versus": versus,
+                      **({"held": dict(stats.held)} if stats.held else {}),
                       **({"ep_versus": ep_versus} if ep_versus is not None else {})}
     return Recommendation(objective=objective, best=best, alternatives=tuple(documents[1:]), stats=stats,
                           scored=scored)

@@ -332,6 +332,11 @@ def test_torchtitan_runs_multi_token_prediction_without_pipeline_or_context_para
     assert "\n" not in str(err.value)
     plans = recommend("deepseek-v3", "p5.48xlarge", gpus=256, framework="torchtitan", top=5)
     assert all(d["plan"]["pp"] == 1 and d["plan"]["cp"] == 1 for d in (plans.best, *plans.alternatives))
+    # ... and says so, with what lifts it, in its search summary and in the plan's search block
+    held = plans.stats.held
+    assert set(held) == {"pp", "cp"} and "num_nextn_predict_layers" in held["pp"]
+    assert plans.best["search"]["held"] == held and plans.to_document()["search"]["held"] == held
+    assert not recommend("deepseek-v3", "p5.48xlarge", gpus=256, framework="megatron", top=1).stats.held
     with pytest.raises(ConfigError, match="multi-token-prediction"):
         recommend("deepseek-v3", "p5.48xlarge", gpus=256, framework="torchtitan", space=SearchSpace(cp=(2,)))
     # without its MTP module the same model pipelines on torchtitan

@@ -285,6 +285,9 @@ def _print_table(rec) -> None:
     if tried:
         console.print("tried " + "; ".join(f"{name} {', '.join(map(str, tried[name]))}"
                                            for name in ("cp", "cp_comm", "dp_shard", "ep") if name in tried))
+    held = s.held
+    for reason in dict.fromkeys(held.values()):
+        console.print(f"held at 1: {', '.join(k for k, v in held.items() if v == reason)}: {reason}")
     console.print(f"best: {describe_config(best['plan'])}")
     train = best["prediction"].get("to_train")
     if train:
