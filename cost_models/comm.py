@@ -341,6 +341,9 @@ def dp_comm_seconds(x, params_rank, last_backward_s, compute_s):
     shown = np.where(x.zero >= 3, z3_exposed, low_exposed)
     out = shown + eff(x.hw, "overlap_interference") * (total - shown)
     if x.spec.tied_embeddings:
-        tied = tied_embedding_sync_seconds(x.spec.vocab, x.spec.hidden, x.tp, s.reduce, x.local["P"] >= x.pp, x.hw)
+        # DeepSpeed's PipelineEngine all-reduces the tied weight's fp32 gradient under BF16_Optimizer
+        # (weight._hp_grad; pipe/engine.py _exec_reduce_tied_grads, v0.6.5), the 16-bit .grad otherwise
+        tied_bytes = 4.0 if x.sw.bf16_optimizer else s.reduce
+        tied = tied_embedding_sync_seconds(x.spec.vocab, x.spec.hidden, x.tp, tied_bytes, x.local["P"] >= x.pp, x.hw)
         out = out + np.where(x.pp > 1, tied, 0.0)
     return out

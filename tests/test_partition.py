@@ -185,3 +185,21 @@ def test_megatron_deepspeeds_default_partition_fills_the_first_stages():
     from planner.partition import deepspeed_type_stages
     assert deepspeed_type_stages(78, 12, embeddings=False) == [7] * 11 + [1]
     assert deepspeed_type_stages(72, 12, embeddings=False) == [6] * 12
+
+
+def test_bf16_optimizer_reduces_the_tied_embedding_gradient_in_fp32():
+    """DeepSpeed's PipelineEngine all-reduces a tied weight's fp32 gradient (weight._hp_grad) between the first and
+    last stage when BF16_Optimizer runs (pipe/engine.py _exec_reduce_tied_grads, v0.6.5), the bf16 .grad otherwise.
+    With dp = 1 nothing else is in dp_comm."""
+    from cost_models.comm import tied_embedding_sync_seconds
+    from hardware_profiles import load_profile
+    from planner.estimate import estimate
+    from planner.parallel import ParallelConfig
+    from planner.sources import resolve_model
+    hw, gpt3 = load_profile("dgx-a100-80g"), resolve_model("gpt3-175b")
+    cfg = ParallelConfig(dp=1, tp=8, pp=8, global_batch=8, zero=1, precision="amp-bf16", framework="deepspeed",
+                         placement="PDT", recompute="full")
+    plain = float(estimate(gpt3, hw, cfg, gpus=64).scores.dp_comm[0])
+    bf16 = float(estimate(gpt3, hw, cfg, gpus=64, bf16_optimizer=True).scores.dp_comm[0])
+    assert plain == pytest.approx(tied_embedding_sync_seconds(gpt3.vocab, gpt3.hidden, 8, 2.0, False, hw))
+    assert bf16 == pytest.approx(tied_embedding_sync_seconds(gpt3.vocab, gpt3.hidden, 8, 4.0, False, hw))
