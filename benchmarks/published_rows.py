@@ -137,6 +137,7 @@ def config_of(row: dict):
                           dp_shard=0 if shard == dp else shard, zero=row.get("zero") or 0,
                           micro_batch=row["micro_batch"] or 1, global_batch=row["global_batch"], schedule=schedule,
                           virtual_stages=v, recompute=row.get("recompute") or "none",
+                          recompute_layers=extras.get("recompute_layers") if row.get("recompute") == "full" else None,
                           sequence_parallel=bool(row.get("sequence_parallel")) and row["tp"] > 1,
                           precision=row["precision"], offload=offload, placement=placement, seq=row["seq"],
                           framework=row["framework"], cp_comm=cp_comm, stages=stages)

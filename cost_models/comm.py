@@ -188,7 +188,7 @@ def tp_block_seconds(x) -> TpSeconds:
     ar = group_collective_seconds("allreduce", x.tokens * x.spec.hidden * x.c, x.tp, x.local["T"], x.hw)
     pairs = 1.0 + mlp_tp_pair(x)
     return TpSeconds(allreduce=ar, fwd=pairs * ar, bwd=pairs * ar,
-                     recompute=np.where(x.full, pairs * ar, 0.0) * recompute_passes(x))
+                     recompute=x.full_share * pairs * ar * recompute_passes(x))
 
 
 def tp_exposed_seconds(x, tp: TpSeconds, block) -> np.ndarray:
@@ -208,7 +208,7 @@ def tp_exposed_seconds(x, tp: TpSeconds, block) -> np.ndarray:
         hidden = np.minimum(comm, gemm)
         return comm - hidden + interference * hidden
 
-    rec_gemm = np.where(x.full, block.gemm_fwd, 0.0) * recompute_passes(x)
+    rec_gemm = x.full_share * block.gemm_fwd * recompute_passes(x)
     return shown(tp.fwd, block.gemm_fwd) + shown(tp.bwd, block.gemm_bwd) + shown(tp.recompute, rec_gemm)
 
 

@@ -308,7 +308,8 @@ def block_seconds(x) -> BlockSeconds:
             + permute_f * modules.moe_layer
     else:
         selective = attn_f + scores_f if x.sac is None else x.sac.gemm_fraction * gemm_f + elem_f
-    rec = np.select([x.full, x.selective], [layer_f, selective], 0.0) * recompute_passes(x)
+    # full: the share of blocks recomputed (all, or recompute_layers per chunk: Step.full_share)
+    rec = np.select([x.full, x.selective], [x.full_share * layer_f, selective], 0.0) * recompute_passes(x)
     k = 1.0 / x.sw.framework.compute_efficiency     # the stack's gaps around its kernels (frameworks)
     return BlockSeconds(gemm_fwd=k * gemm_f, gemm_bwd=k * gemm_b, attn_fwd=k * attn_f, attn_bwd=k * attn_b,
                         elem_fwd=k * elem_f, elem_bwd=k * BWD_TRAFFIC_FACTOR * elem_f, scores_fwd=k * scores_f,
@@ -351,7 +352,7 @@ def host_wait_seconds(x, device_step_s):
     """Extra time when the host cannot issue the step's kernels as fast as the device runs them:
     ops = m (blocks / pp) kernels_fwd (3 + full recompute) + head kernels (a forward op has about two
     backward ops), dispatched at `dispatch_us_per_op` each (eager PyTorch)."""
-    ops = x.m * (x.spec.total_blocks / x.pp) * x.table.kernels_fwd * (3.0 + x.full) + x.head.kernels
+    ops = x.m * (x.spec.total_blocks / x.pp) * x.table.kernels_fwd * (3.0 + x.full_share) + x.head.kernels
     return np.maximum(0.0, dispatch_seconds(ops, x.hw) - device_step_s)
 
 

@@ -177,7 +177,11 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
             + zero_sharded(split.expert * bytes_per_param, edp, zero, from_stage)
 
     inflight = inflight_microbatches(x.schedule, x.pp, x.m, x.v, rank, SCHEDULES)
-    held = inflight * (n_blocks * acts.block + np.where(is_first, acts.embedding, 0.0)) \
+    # full recomputation of only recompute_layers blocks per chunk (Step.recomputed_blocks): the others keep all
+    recomputed = x.recomputed_blocks(n_blocks)
+    blocks_b = np.where(x.full, recomputed * acts.block + (n_blocks - recomputed) * acts.block_no_recompute,
+                        n_blocks * acts.block)
+    held = inflight * (blocks_b + np.where(is_first, acts.embedding, 0.0)) \
         + np.where(is_last, acts.head_inflight * acts.head, 0.0)
     kept = 2 * acts.block_no_recompute + np.where(is_last, acts.head, 0.0)
     off = held * offloaded_share(x, n_blocks)        # the offloaded blocks' share (all, or the first N blocks)

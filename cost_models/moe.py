@@ -228,7 +228,7 @@ def ep_block_seconds(x, block) -> EpSeconds:
     bwd = fwd
     # a recomputed MoE layer (full recomputation, or Megatron-Core's recompute_modules "moe") exchanges again
     moe_layer = bool(getattr(x.sac, "moe_layer", False))
-    rec = np.where(x.full | (x.selective & moe_layer), fwd, 0.0) * recompute_passes(x)
+    rec = np.where(x.selective & moe_layer, 1.0, x.full_share) * fwd * recompute_passes(x)
     half = fwd / 2.0                            # dispatch-side and combine-side halves of each pass
     rest_f, rest_b = block.fwd - block.expert_fwd, block.bwd - block.expert_bwd
     beside = (np.maximum(0.0, half - block.expert_bwd) + np.maximum(0.0, half - rest_b)
@@ -261,7 +261,7 @@ def host_sync_seconds(x, device_fwd_s):
     if not (fw.moe_host_sync or x.sw.moe_dispatcher == "deepep"):
         return np.zeros_like(x.dp)
     ops = x.table.kernels_fwd + fw.moe_host_ops_per_layer
-    passes = 1.0 + np.where(x.full, recompute_passes(x), 0.0)
+    passes = 1.0 + x.full_share * recompute_passes(x)
     return x.m * x.blocks_most * passes * np.maximum(0.0, dispatch_seconds(ops, x.hw) - device_fwd_s)
 
 

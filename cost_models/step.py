@@ -272,6 +272,9 @@ class Step:
     sac: B.OpSac | None = None
     """The per-operator selective policy where the framework's `selective` means it (torchtitan), else None
     (Megatron's attention-core policy)."""
+    recompute_layers: np.ndarray | None = None
+    """With full recomputation, the blocks recomputed in each pipeline chunk (0 or None: all of them;
+    Megatron-Core's --recompute-method block --recompute-num-layers)."""
 
     @property
     def attention_precision(self) -> str:
@@ -308,7 +311,9 @@ class Step:
                    blocks_first=first, blocks_last=last, blocks_most=most, blocks_second=second,
                    table=block_table_of(sw, spec, precision, cands.zero),
                    head=B.head_table(spec, precision, sw.framework.kernels, sw.loss), c=float(B.compute_bytes(precision)),
-                   sac=selective_policy(sw, spec, precision))
+                   sac=selective_policy(sw, spec, precision),
+                   recompute_layers=None if getattr(cands, "recompute_layers", None) is None
+                   else f64(cands.recompute_layers))
 
     @property
     def tokens(self) -> np.ndarray:
@@ -344,6 +349,23 @@ class Step:
     @property
     def selective(self) -> np.ndarray:
         return self.recompute == RECOMPUTE.index("selective")
+
+    def recomputed_blocks(self, n_blocks) -> np.ndarray:
+        """Of a pipeline rank's `n_blocks` (its v chunks), the blocks full recomputation re-runs: all of them, or
+        recompute_layers per chunk (Megatron-Core's 'block' method recomputes the first N layers of each chunk,
+        megatron/core/transformer/transformer_block.py _checkpointed_forward); 0 without full recomputation."""
+        n = np.asarray(n_blocks, dtype=float)
+        if self.recompute_layers is None:
+            return np.where(self.full, n, 0.0)
+        per_chunk = np.where(self.recompute_layers > 0, np.minimum(self.recompute_layers * self.v, n), n)
+        return np.where(self.full, per_chunk, 0.0)
+
+    @property
+    def full_share(self) -> np.ndarray:
+        """Share of the busiest rank's blocks that full recomputation re-runs (1 for every block, 0 without full
+        recomputation): what the recomputation's time and host operators scale by."""
+        most = np.maximum(self.blocks_most, 1.0)
+        return self.recomputed_blocks(most) / most
 
     @property
     def single_stage(self) -> np.ndarray:

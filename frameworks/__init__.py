@@ -106,6 +106,9 @@ class Capabilities:
     optimizer_offload_min_zero: int = 0
     """Lowest ZeRO stage with which the stack offloads the optimizer (DeepSpeed's offload_optimizer needs ZeRO >= 1,
     FSDP's CPU offload a sharded model; Megatron turns its distributed optimizer on itself)."""
+    recompute_layers: bool = False
+    """Whether full recomputation can re-run only some blocks of each pipeline chunk (ParallelConfig.recompute_layers:
+    Megatron-Core's --recompute-method block --recompute-num-layers; torch's checkpoint_wrapper on chosen blocks)."""
     recompute_modules: bool = False
     """Whether selective recomputation can name the modules it re-runs (Megatron-Core's --recompute-modules:
     core_attn, layernorm, mlp, moe, moe_act, shared_experts, mla_up_proj; cost_models.blocks.module_sac)."""

@@ -89,6 +89,8 @@ def violations(framework: FrameworkProfile, cfg) -> list[str]:
            "activation offload only with pp=1 and recompute=none")
     if cfg.recompute not in caps.recompute:
         no(f"recompute={cfg.recompute}", caps.recompute)
+    if cfg.recompute_layers is not None and not caps.recompute_layers:
+        no(f"recompute_layers={cfg.recompute_layers}", "full recomputation of every block only (no recompute_layers)")
     degrees = {"D": cfg.dp, "P": cfg.pp, "T": cfg.tp, "C": cfg.cp, "E": cfg.ep}
     if not placement_allowed(framework, cfg.placement, cp=cfg.cp, ep=cfg.ep, degrees=degrees):
         no(f"placement={cfg.placement}", [used_placement(p, cp=cfg.cp, ep=cfg.ep) for p in caps.placements])

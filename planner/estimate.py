@@ -190,7 +190,7 @@ def candidate_of(cfg: ParallelConfig, blocks: int) -> CandidateArrays:
         offload=one(OFFLOAD.index(cfg.offload)), sequence_parallel=one(cfg.sequence_parallel),
         schedule=one(SCHEDULES.index(cfg.schedule)), placement=one(placement_index(cfg.placement)),
         cp=one(cfg.cp), cp_comm=one(CP_COMMS.index(cfg.cp_comm)), dp_shard=one(cfg.dp_shard),
-        ep=one(cfg.ep), expert_tp=one(cfg.expert_tp),
+        ep=one(cfg.ep), expert_tp=one(cfg.expert_tp), recompute_layers=one(cfg.recompute_layers or 0),
         blocks_first=one(per_rank[0]), blocks_last=one(per_rank[-1]), blocks_max=one(max(per_rank)),
         rank_blocks=np.asarray([per_rank]))
 

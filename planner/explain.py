@@ -53,6 +53,8 @@ def describe_config(plan: Mapping[str, Any]) -> str:
         text += f" ep={plan.get('ep', 1)} expert_tp={plan.get('expert_tp', 1)}"
     text += (f" mb={plan['micro_batch']} x{plan.get('num_microbatches', '?')} {sched} zero={plan['zero']}"
              f" recompute={plan['recompute']}")
+    if plan.get("recompute_layers") is not None:
+        text += f"({plan['recompute_layers']}/chunk)"
     if plan.get("dp_shard", 0) and plan["dp_shard"] != plan["dp"] and plan.get("zero", 0) >= 1:
         text += f" dp_shard={plan['dp_shard']}"
     if plan.get("offload", "none") != "none":

@@ -92,6 +92,9 @@ class ParallelConfig:
     """ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters sharded over dp."""
     recompute: str = "none"
     """Activation recomputation: none, selective (attention core), full (whole block)."""
+    recompute_layers: int | None = None
+    """With recompute full: blocks fully recomputed in each pipeline chunk (its first ones; the others keep every
+    activation: Megatron-Core's --recompute-method block --recompute-num-layers); None recomputes every block."""
     offload: str = "none"
     """What lives in host memory: none, optimizer (states + step on CPU), activations, or both (OFFLOAD)."""
     sequence_parallel: bool = False
@@ -152,6 +155,14 @@ class ParallelConfig:
                                                              expert_tp=self.expert_tp)))))
         if self.zero not in (0, 1, 2, 3):
             raise ConfigError("zero", self.zero, "one of 0, 1, 2, 3")
+        if self.recompute_layers is not None:
+            value = self.recompute_layers
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError("recompute_layers", value, "a positive integer (blocks per pipeline chunk) or none")
+            if self.recompute != "full":
+                raise ConfigError("recompute_layers", value, "none unless recompute is full", message=(
+                    f"recompute_layers={value} with recompute={self.recompute}: it counts the blocks that full "
+                    "recomputation re-runs in each pipeline chunk; set recompute=full or leave it out"))
         check_placement(self.placement, cp=self.cp, ep=self.ep)
         if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
             raise ConfigError("virtual_stages", self.virtual_stages,
@@ -225,6 +236,12 @@ class ParallelConfig:
         empty_ends = sum(1 for i in (0, -1) if self.stages and self.stages[i] == 0) if chunks > 1 else 0
         if chunks > blocks + empty_ends:
             raise ConfigError("pp", self.pp, f"pp*virtual_stages <= layers({blocks}); got {self.pp}*{self.virtual_stages}={chunks}")
+        if self.recompute_layers is not None:
+            most = max(self.stages) if self.stages else -(-blocks // chunks)
+            if self.recompute_layers > most:
+                raise ConfigError("recompute_layers", self.recompute_layers,
+                                  f"at most {most}, the blocks of the largest pipeline chunk (layers({blocks}) over "
+                                  f"pp*virtual_stages={chunks})")
         if self.stages and sum(self.stages) != blocks:
             raise ConfigError("stages", list(self.stages), f"blocks per stage summing to layers({blocks})")
 
@@ -259,6 +276,8 @@ class ParallelConfig:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        if self.recompute_layers is None:       # the plan files of every other recomputation stay as they were
+            del d["recompute_layers"]
         d["stages"] = list(self.stages)
         d["num_microbatches"] = self.num_microbatches
         return d

@@ -75,6 +75,8 @@ class CandidateArrays:
     """Expert-parallel degree (planner.parallel.expert_parallel_ok); None means 1."""
     expert_tp: np.ndarray | None = None
     """Expert tensor-parallel degree; None means 1."""
+    recompute_layers: np.ndarray | None = None
+    """With full recomputation, blocks recomputed per pipeline chunk (0: all); None means all."""
     rank_blocks: np.ndarray | None = None
     """Blocks of every pipeline rank, shape (candidates, R), -1 past each candidate's pp. When given,
     the memory of every rank is evaluated (Scores.stage_memory) and the peak is their maximum; else

@@ -835,6 +835,40 @@ def stage_problem(model, cfg: ParallelConfig, software=None):
         inflight=inflight)
 
 
+def fewest_recomputed_layers(model, hardware, cfg: ParallelConfig, *, software, capacity: float, score_fn=None,
+                             global_batch: int, seq: int, precision: str, optimizer: str) -> int | None:
+    """For a plan with full recomputation, the number of blocks per pipeline chunk to recompute
+    (ParallelConfig.recompute_layers) that gives the shortest step and still fits: every count from 1 to the
+    largest chunk's blocks less one scored at once by the vectorized cost model (fewer recomputed blocks:
+    less time, more memory). None when the framework recomputes every block only
+    (capabilities.recompute_layers), the plan does not recompute fully, or no smaller count fits."""
+    if cfg.recompute != "full" or not software.framework.capabilities.recompute_layers \
+            or not hasattr(model, "total_blocks"):
+        return None
+    from planner.estimate import candidate_of
+    from planner.score import CandidateArrays
+
+    if score_fn is None:
+        from planner.score import score as score_fn
+    chunks = cfg.pp * cfg.virtual_stages
+    largest = max(cfg.stages) if cfg.stages else -(-model.total_blocks // chunks)
+    counts = np.arange(1, largest)
+    if len(counts) == 0:
+        return None
+    one = candidate_of(replace(cfg, recompute_layers=None), model.total_blocks)
+    arrays = {f: (None if getattr(one, f) is None else np.repeat(getattr(one, f), len(counts), axis=0))
+              for f in CandidateArrays.__dataclass_fields__}
+    arrays["recompute_layers"] = counts
+    scores = score_fn(model, hardware, CandidateArrays(**arrays), software=software, global_batch=global_batch,
+                      seq=seq, precision=precision, optimizer=optimizer)
+    needed = np.asarray(getattr(scores, "needed_bytes", scores.peak_bytes_per_gpu), dtype=float)
+    step = np.asarray(scores.step_time_s, dtype=float)
+    ok = (needed <= capacity) & np.isfinite(step)
+    if not ok.any():
+        return None
+    return int(counts[ok][np.argmin(step[ok])])
+
+
 def uneven_stages(model, cfg: ParallelConfig) -> tuple[int, ...]:
     """The fastest contiguous split of the blocks for cfg (empty when pp = 1 or the model has no blocks)."""
     from planner.partition import even_split, split
@@ -1175,8 +1209,27 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     documents, refined, splits = [], [0], {}
 
     def document(cfg: ParallelConfig, refine_it: bool) -> dict:
-        """estimate()'s plan document of cfg; with refine_it, of its uneven split when that is better. The
+        """estimate()'s plan document of cfg; with refine_it, of its uneven split when that is better, and of
+        full recomputation of fewer blocks per chunk when that fits and is better (fewest_recomputed_layers). The
         split does not depend on the placement (stage_problem reads none), so placement twins share one."""
+        doc = split_document(cfg, refine_it)
+        if refine_it and objective != "memory":
+            plan = doc["plan"]
+            best = replace(cfg, stages=tuple(plan["stages"]) if plan.get("stages") else cfg.stages)
+            n = fewest_recomputed_layers(model, hardware, best, software=software, capacity=scored.capacity_bytes,
+                                         score_fn=score_fn, global_batch=global_batch, seq=seq, precision=precision,
+                                         optimizer=optimizer)
+            if n is not None:
+                refined[0] += 1
+                fewer = estimate_fn(model, hardware, replace(best, recompute_layers=n), gpus=world,
+                                    **opts).to_document()
+                if fewer["prediction"]["memory"]["fits"] and \
+                        _objective_value(fewer, objective) < _objective_value(doc, objective):
+                    return fewer
+        return doc
+
+    def split_document(cfg: ParallelConfig, refine_it: bool) -> dict:
+        """estimate()'s plan document of cfg; with refine_it, of its uneven split when that is better."""
         doc = estimate_fn(model, hardware, cfg, gpus=world, **opts).to_document()
         if refine_it and cfg.pp > 1:
             twin = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in cfg.to_dict().items()

@@ -44,6 +44,7 @@ def test_tp_exposed_formula():
         sw = type("S", (), {"tp_comm_overlap": True, "framework": load_framework("megatron")})()
         hw = load_profile("p5.48xlarge")
         full = np.array([False])
+        full_share = np.array([0.0])
 
         @staticmethod
         def is_schedule(name):

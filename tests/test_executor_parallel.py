@@ -26,6 +26,9 @@ LAYOUTS = {
                                                     schedule="1f1b", global_batch=8, micro_batch=2, placement="DPT")),
     "dp2xpp2-gpipe-selective": (GPT, dict(dp=2, pp=2, zero=0, schedule="gpipe", recompute="selective",
                                           global_batch=8, micro_batch=2)),
+    # full recomputation of the first block of each stage only (recompute_layers, Megatron's 'block' method)
+    "llama-dp2xpp2-recompute-first-layer": (LLAMA, dict(dp=2, pp=2, zero=1, recompute="full", recompute_layers=1,
+                                                        schedule="1f1b", global_batch=4, micro_batch=1)),
     "pp2-zero-bubble-sgd": (GPT, dict(pp=2, schedule="zero-bubble", global_batch=4, micro_batch=1, optimizer="sgd")),
 }
 

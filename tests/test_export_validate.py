@@ -67,6 +67,9 @@ def check_megatron(plan, args):
     assert args["untie_embeddings_and_output_weights"] == (not spec.tied_embeddings)
     assert args["sequence_parallel"] == (cfg.tp > 1 and (cfg.sequence_parallel or cfg.ep > 1))
     assert args["recompute_granularity"] == (None if cfg.recompute == "none" else cfg.recompute)
+    if cfg.recompute == "full":     # every block (uniform, 1 per unit), or the first recompute_layers of each chunk
+        assert (args["recompute_method"], args["recompute_num_layers"]) == \
+            (("block", cfg.recompute_layers) if cfg.recompute_layers is not None else ("uniform", 1))
     modules = (plan.document.get("software") or {}).get("recompute_modules")
     if cfg.recompute == "selective" and modules:
         assert args["recompute_modules"] == modules

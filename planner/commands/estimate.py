@@ -27,6 +27,10 @@ ScheduleOpt = Annotated[Optional[str], typer.Option(
 VirtualOpt = Annotated[int, typer.Option("--virtual-stages", min=1, max=MAX_WORLD_SIZE, help="Model chunks per pipeline rank (interleaved-1f1b).")]
 ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3, help="ZeRO stage 0, 1, 2 or 3 (sharded over dp).")]
 RecomputeOpt = Annotated[str, typer.Option("--recompute", help="none, selective or full.")]
+RecomputeLayersOpt = Annotated[Optional[int], typer.Option(
+    "--recompute-layers", min=1, help="With --recompute full: recompute only this many blocks of each pipeline chunk "
+                                      "(the first ones; Megatron-Core's --recompute-method block "
+                                      "--recompute-num-layers); default every block.")]
 OffloadOpt = Annotated[str, typer.Option("--offload", help="none, optimizer, activations or optimizer+activations (both).")]
 SpOpt = Annotated[bool, typer.Option("--sequence-parallel", help="Megatron sequence parallelism over the tp group.")]
 PlacementOpt = Annotated[Optional[str], typer.Option(
@@ -83,7 +87,7 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
              micro_batch: MicroBatchOpt = None,
              global_batch: GlobalBatchOpt = None, seq: SeqOpt = None, schedule: ScheduleOpt = None,
              virtual_stages: VirtualOpt = 1, zero: ZeroOpt = 0, recompute: RecomputeOpt = "none",
-             offload: OffloadOpt = "none", sequence_parallel: SpOpt = False, placement: PlacementOpt = None,
+             recompute_layers: RecomputeLayersOpt = None, offload: OffloadOpt = "none", sequence_parallel: SpOpt = False, placement: PlacementOpt = None,
              precision: HwPrecisionOpt = None, optimizer: OptimizerOpt = "adamw", framework: FrameworkOpt = None,
              attention: AttentionOpt = None, dropout: DropoutOpt = None, grad_reduce_dtype: GradReduceOpt = None,
              fp8_scaling: Fp8ScalingOpt = None, master_weights: MasterWeightsOpt = None, kernels: KernelsOpt = None,
@@ -105,7 +109,8 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
     precision = resolve_precision(hw, precision)
     cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=b, global_batch=g,
                          schedule=schedule or ("interleaved-1f1b" if virtual_stages > 1 else "1f1b"),
-                         virtual_stages=virtual_stages, zero=zero, recompute=recompute, offload=offload,
+                         virtual_stages=virtual_stages, zero=zero, recompute=recompute,
+                         recompute_layers=recompute_layers, offload=offload,
                          sequence_parallel=sequence_parallel,
                          placement=placement or framework_placement(load_framework(default_framework(model, framework)),
                                                                     cp=cp, ep=ep),
@@ -141,8 +146,9 @@ def render(doc: dict) -> None:
     console.print(f"[bold]{doc['model']['name']}[/] ({doc['model']['params'] / 1e9:.2f} B params) on "
                   f"{doc['hardware']['gpus']} x {doc['hardware']['name']}: dp={plan['dp']} tp={plan['tp']} "
                   f"pp={plan['pp']} mb={plan['micro_batch']} gb={plan['global_batch']} m={plan['num_microbatches']} "
-                  f"{plan['schedule']} v={plan['virtual_stages']} zero={plan['zero']} recompute={plan['recompute']} "
-                  f"sp={plan['sequence_parallel']} {plan['placement']} {plan['precision']} "
+                  f"{plan['schedule']} v={plan['virtual_stages']} zero={plan['zero']} recompute={plan['recompute']}"
+                  + ("" if plan.get("recompute_layers") is None else f" ({plan['recompute_layers']} per chunk)")
+                  + f" sp={plan['sequence_parallel']} {plan['placement']} {plan['precision']} "
                   f"framework={plan.get('framework', 'megatron')}"
                   + (f" ep={plan['ep']} expert_tp={plan['expert_tp']}"
                      if plan.get("ep", 1) > 1 or plan.get("expert_tp", 1) > 1 else ""))

@@ -267,7 +267,7 @@ def _print_table(rec) -> None:
                *([f"{cp} {p.get('cp_comm', 'p2p')}" if cp > 1 else "1"] if has_cp else []),
                *([str(p.get("ep", 1))] if has_ep else []), f"{p['micro_batch']} x {p['num_microbatches']}",
                sched, str(p["zero"]), *([str(p.get("dp_shard", 0) or "all")] if has_shard else []),
-               p["recompute"], p["offload"], "y" if p["sequence_parallel"] else "-",
+               p["recompute"] + (f":{p['recompute_layers']}" if p.get("recompute_layers") else ""), p["offload"], "y" if p["sequence_parallel"] else "-",
                p["placement"], "uneven" if uneven else "even", f"{pred['step_time_s']:.3f}",
                f"{pred['tokens_per_s']:,.0f}", f"{pred['mfu']:.1%}",
                f"{pred['memory']['peak_bytes_per_gpu'] / 2**30:.1f}"]

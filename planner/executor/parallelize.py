@@ -220,9 +220,11 @@ def _attention_core_policy(ctx, func, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE
 
 
-def apply_ac(module: nn.Module, recompute: str) -> None:
+def apply_ac(module: nn.Module, recompute: str, layers: int | None = None) -> None:
     """Activation checkpointing per block (non-reentrant): 'full' recomputes the whole block in
-    backward, 'selective' only the attention core (selective checkpoint contexts)."""
+    backward, 'selective' only the attention core (selective checkpoint contexts). With `layers`
+    (ParallelConfig.recompute_layers) only the first `layers` blocks of this stage module are wrapped,
+    as Megatron-Core's 'block' method recomputes the first N layers of each pipeline chunk."""
     if recompute == "none":
         return
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -231,7 +233,8 @@ def apply_ac(module: nn.Module, recompute: str) -> None:
     kwargs = {"preserve_rng_state": False}
     if recompute == "selective":
         kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _attention_core_policy)
-    for key in list(module.layers.keys()):
+    keys = list(module.layers.keys())
+    for key in keys if layers is None else keys[:layers]:
         module.layers[key] = checkpoint_wrapper(module.layers[key], **kwargs)
 
 

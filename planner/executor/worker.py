@@ -107,7 +107,7 @@ class _Run:
             self.positions = apply_cp(module, mesh.cp, seq=cfg.seq, comm=cfg.cp_comm, bug=self.bug)
         if cfg.tp > 1:
             apply_tp(module, mesh.tp, sequence_parallel=cfg.sequence_parallel, bug=self.bug)
-        apply_ac(module, cfg.recompute)
+        apply_ac(module, cfg.recompute, cfg.recompute_layers)
         experts = routed if cfg.ep > 1 else []          # with ep = 1 experts are replicated like dense weights
         replicas = mesh.grad_size
         if replicas > 1 and cfg.zero > 0:

@@ -142,8 +142,12 @@ def to_megatron(plan: Plan) -> Export:
     # --- memory: recompute, sharding, offload
     if cfg.recompute == "full":
         add("--recompute-granularity", "full")
-        add("--recompute-method", "uniform")
-        add("--recompute-num-layers", 1)
+        if cfg.recompute_layers is not None:      # the first N blocks of each pipeline chunk, the rest keep theirs
+            add("--recompute-method", "block")
+            add("--recompute-num-layers", cfg.recompute_layers)
+        else:
+            add("--recompute-method", "uniform")
+            add("--recompute-num-layers", 1)
     elif cfg.recompute == "selective":
         add("--recompute-granularity", "selective")
         modules = (plan.document.get("software") or {}).get("recompute_modules")

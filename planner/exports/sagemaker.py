@@ -58,7 +58,9 @@ def to_sagemaker(plan: Plan) -> Export:
         notes.append("offload=optimizer: FSDP CPUOffload(offload_params=True) in the script (parameters, gradients "
                      "and optimizer states on the host: less GPU memory)")
     if cfg.recompute != "none":
-        notes.append(f"recompute={cfg.recompute}: apply_activation_checkpointing on the transformer blocks in the script"
+        which = "the transformer blocks" if cfg.recompute_layers is None else \
+            f"the first {cfg.recompute_layers} transformer blocks of each pipeline chunk (recompute_layers)"
+        notes.append(f"recompute={cfg.recompute}: apply_activation_checkpointing on {which} in the script"
                      + (" (SMP v2 checkpoints whole blocks)" if cfg.recompute == "selective" else ""))
     if cfg.precision == "fp8":
         notes.append("fp8: SMP v2 runs FP8 through Transformer Engine (torch.sagemaker.transform with "
@@ -116,7 +118,9 @@ def to_sagemaker_v1(plan: Plan) -> Export:
         notes.append(f"SMP v1 has no {cfg.schedule} schedule (virtual_stages={cfg.virtual_stages}); exported as "
                      "'interleaved', its 1F1B-style schedule (more bubble than planned, no more memory)")
     if cfg.recompute != "none":
-        notes.append(f"recompute={cfg.recompute}: smp.set_activation_checkpointing on the transformer blocks")
+        which = "the transformer blocks" if cfg.recompute_layers is None else \
+            f"the first {cfg.recompute_layers} transformer blocks of each pipeline stage (recompute_layers)"
+        notes.append(f"recompute={cfg.recompute}: smp.set_activation_checkpointing on {which}")
     distribution = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": parameters}},
                     "mpi": {"enabled": True, "processes_per_host": devices_per_node(plan)}}
     notes.append(f"SDK v2: sagemaker.pytorch.PyTorch(distribution=<this>, instance_type="

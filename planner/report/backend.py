@@ -159,7 +159,10 @@ def stage_times(model, doc: Mapping[str, Any]) -> tuple[list[StageTimes], float]
     stage_s = (float(tb["compute"]) + float(tb.get("tp_comm", 0.0))) / m
     b, s = p["micro_batch"], p["seq"]
     fwd = float(FL.block_flops_fwd(model, b, s))
-    bwd = float(FL.block_flops_bwd(model, b, s)) + float(FL.block_recompute_flops(model, b, s, p["recompute"]))
+    rec = float(FL.block_recompute_flops(model, b, s, p["recompute"]))
+    if p.get("recompute_layers"):         # only the first N blocks of each chunk recomputed: their share
+        rec *= min(1.0, p["recompute_layers"] * p["pp"] * p["virtual_stages"] / model.total_blocks)
+    bwd = float(FL.block_flops_bwd(model, b, s)) + rec
     forward_s = stage_s * fwd / (fwd + bwd)
     hops = float(p2p_transfers_on_critical_path(p["pp"], m, p["virtual_stages"]))
     p2p_s = float(tb.get("pp_p2p", 0.0)) / hops if hops else 0.0

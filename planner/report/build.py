@@ -105,6 +105,8 @@ def rule_context(model, hw, best: Mapping[str, Any], scenario: Scenario) -> chec
         key = repr((sorted((hardware_changes or {}).items()), sorted(changes.items())))
         if key not in tried:
             try:
+                if changes.get("recompute", "full") != "full":      # recompute_layers counts fully recomputed blocks
+                    changes = {**changes, "recompute_layers": None}
                 cfg = dataclasses.replace(base_cfg, **changes)
                 if changes.get("seq") is not None and changes["seq"] != base_cfg.seq:
                     m = backend.resolve(scenario.model, changes["seq"])
