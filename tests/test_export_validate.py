@@ -210,6 +210,8 @@ def check_deepspeed(plan, c):
     assert c["bf16"] == (cfg.precision in ("amp-bf16", "bf16")) and c["fp16"] == (cfg.precision == "amp-fp16")
     assert c["checkpointing_configured"] == (cfg.recompute != "none" or cfg.offloads("activations"))
     assert c["cpu_checkpointing"] == (cfg.offloads("activations"))
+    # the plan costs every checkpointed block input whole on each tensor-parallel rank: nothing partitioned
+    assert not c["partition_activations"]
     bf16_optimizer = bool((plan.document.get("software") or {}).get("bf16_optimizer"))
     assert (c["grad_accum_dtype"] == "fp32") == bf16_optimizer and (not bf16_optimizer or c["zero_stage"] == 1)
 

@@ -9,11 +9,9 @@ and the model calling `deepspeed.checkpointing` for the activation_checkpointing
 """
 from __future__ import annotations
 
-
 from planner.io import dumps_strict
 from planner.exports.common import Export, cannot, chunk_blocks, dp_replicas, model_moe, model_spec
 from planner.exports.limits import deepspeed_limits
-from planner.estimate import rank_blocks
 from planner.plan import Plan
 from planner.partition import deepspeed_type_stages
 
@@ -56,15 +54,16 @@ def to_deepspeed(plan: Plan) -> Export:
         doc["data_types"] = {"grad_accum_dtype": "fp32"}
         notes.append("bf16_optimizer: ZeRO stage 1 with data_types.grad_accum_dtype fp32 runs DeepSpeed's BF16_Optimizer")
     if cfg.recompute != "none" or cfg.offloads("activations"):
-        per_rank = max(rank_blocks(list(chunk_blocks(plan)), cfg.pp)) if chunk_blocks(plan) else None
-        partition = cfg.tp > 1
-        ac: dict[str, object] = {"partition_activations": partition,
-                                 "contiguous_memory_optimization": partition and per_rank is not None,
+        # the plan is costed with each checkpointed block input whole on every tensor-parallel rank (DeepSpeed's
+        # default): partition_activations would keep 1/tp of it and all-gather it before each recomputation
+        ac: dict[str, object] = {"partition_activations": False, "contiguous_memory_optimization": False,
                                  "cpu_checkpointing": cfg.offloads("activations"),
                                  "synchronize_checkpoint_boundary": False, "profile": False}
-        if ac["contiguous_memory_optimization"]:
-            ac["number_checkpoints"] = per_rank
         doc["activation_checkpointing"] = ac
+        if cfg.tp > 1 and cfg.recompute == "full":
+            notes.append(f"activation_checkpointing.partition_activations is off, as the plan is costed; on, each "
+                         f"checkpointed block input keeps 1/{cfg.tp} per tensor-parallel rank (less memory than the "
+                         "plan) and is all-gathered before its recomputation (Megatron-DeepSpeed: --partition-activations)")
         notes.append("activation_checkpointing acts only where the model calls deepspeed.checkpointing.checkpoint "
                      "(Megatron-DeepSpeed: --checkpoint-activations --deepspeed-activation-checkpointing; "
                      "PipelineModule(activation_checkpoint_interval=1))")
