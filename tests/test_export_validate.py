@@ -132,7 +132,11 @@ def check_torchtitan(plan, c):
     assert tr["global_batch_size"] == cfg.global_batch and tr["local_batch_size"] * cfg.dp == cfg.global_batch
     assert tr["seq_len"] == cfg.seq and tr["disable_cuda_graphs"] == (cfg.pp > 1 or cfg.ep > 1)
     assert tr["dtype"] == ("bfloat16" if cfg.precision == "bf16" else "float32")
-    assert c["activation_checkpoint"] == {"none": None, "full": "FullAC", "selective": "SelectiveAC"}[cfg.recompute]
+    policy = {"none": None, "full": "FullAC", "selective": "SelectiveAC"}[cfg.recompute]
+    assert c["activation_checkpoint"] == ("FirstBlocksAC" if cfg.recompute_layers is not None else policy)
+    if cfg.recompute == "full":     # every block of each part, or the first recompute_layers of it
+        sizes = [len(part) for part in c["rank0_parts"]]
+        assert c["ac_wrapped"] == [min(n, cfg.recompute_layers or n) for n in sizes]
     m = c["model"]
     assert (m["layers"], m["dim"], m["n_heads"]) == (spec.layers, spec.hidden, spec.heads)
     assert (m["vocab"], m["tied"]) == (spec.vocab, spec.tied_embeddings)
@@ -347,15 +351,19 @@ def test_recommended_plans_validate_or_are_refused_in_one_line(fmt, recommended)
     assert len(refused) == expected, refused
 
 
-def test_small_jobs_run_forward_and_backward_under_torchtitans_parallelisms():
+@pytest.mark.parametrize("recompute_layers", [None, 2])
+def test_small_jobs_run_forward_and_backward_under_torchtitans_parallelisms(recompute_layers):
     """The GPT model the torchtitan job defines, with tied embeddings on two pipeline stages, tensor and
-    sequence parallelism, FSDP and full recomputation, runs forward and backward on the CPU (fake
-    process group: shapes and DTensor placements compose) and every parameter gets a gradient."""
+    sequence parallelism, FSDP and full recomputation (of every block, or of the first 2 of each stage with the
+    job's FirstBlocksAC), runs forward and backward on the CPU (fake process group: shapes and DTensor placements
+    compose) and every parameter gets a gradient."""
     cfg = ParallelConfig(dp=2, tp=2, pp=2, micro_batch=1, global_batch=4, zero=3, recompute="full",
-                         sequence_parallel=True, seq=128, framework="torchtitan", stages=(6, 6), placement="PDT")
+                         recompute_layers=recompute_layers, sequence_parallel=True, seq=128, framework="torchtitan",
+                         stages=(6, 6), placement="PDT")
     plan = plan_from_document(estimate("gpt3-small", "p4d.24xlarge", cfg, gpus=8).to_document())
     (result,) = run("torchtitan", exports("torchtitan", [plan]), forward={"batch": 2, "seq": 64})
     forward = result["config"]["forward"]
+    assert result["config"]["ac_wrapped"] == [recompute_layers or 6]
     assert forward["output"] == [2, 64, 768]                      # the first stage's hidden states
     assert forward["params_with_grad"] == forward["params"] == 2 + 6 * 12   # embeddings + 6 blocks of 12
 

@@ -159,6 +159,10 @@ def to_torchtitan(plan: Plan) -> Export:
                      "dispatchers that synchronize with the host, as its all-to-all and DeepEP ones do "
                      "(trainer.py Trainer.Config._validate_cuda_graphs)")
     ac = {"none": "None", "full": "FullAC.Config()", "selective": "SelectiveAC.Config()"}[cfg.recompute]
+    if cfg.recompute == "full" and cfg.recompute_layers is not None:
+        ac = f"FirstBlocksAC.Config(blocks={cfg.recompute_layers})"
+        notes.append(f"recompute_layers={cfg.recompute_layers}: FirstBlocksAC (defined in the job) recomputes the first "
+                     f"{cfg.recompute_layers} blocks of each model part; torchtitan 0.3.0's own policies wrap every block")
     steps = steps_between_checkpoints(plan)
     if cfg.precision == "fp8" and family in TORCHTITAN_MOE_FAMILIES:
         notes.append("fp8: torchtitan's Float8LinearConverter (torchao rowwise recipe) on every Linear but the routers' "
@@ -337,6 +341,8 @@ def _module_text(plan: Plan, spec, family, flavor, training, parallelism, ac, st
                      + (", Float8GroupedExpertsConverter" if family in TORCHTITAN_MOE_FAMILIES else ""))
     lines.append("")
     prelude, body = _model_lines(plan, spec, family, flavor)
+    if ac.startswith("FirstBlocksAC"):
+        prelude = _first_blocks_ac_source() + prelude
     lines += prelude
     lines += ["",
               "",
@@ -364,6 +370,30 @@ def _module_text(plan: Plan, spec, family, flavor, training, parallelism, ac, st
         lines.append(f"    config.checkpoint.interval = {steps}  # plan.checkpoint_interval_s / predicted step time")
     lines += ["    return config", ""]
     return "\n".join(lines)
+
+
+def _first_blocks_ac_source() -> list[str]:
+    """A FullAC that wraps only the first `blocks` transformer blocks of each model part (pipeline stage): the plan's
+    recompute_layers, as Megatron-Core's 'block' method; torchtitan's policy classes are built from their Config
+    (Configurable) and applied to each model part by parallelize_fn."""
+    return [
+        "",
+        "from dataclasses import dataclass",
+        "",
+        "",
+        "class FirstBlocksAC(FullAC):",
+        '    """Full recomputation of the first `blocks` transformer blocks of each model part; the others keep their',
+        '    activations (the plan\'s recompute_layers)."""',
+        "",
+        "    @dataclass(kw_only=True, slots=True)",
+        "    class Config(FullAC.Config):",
+        "        blocks: int = 1",
+        "",
+        "    def apply(self, model):",
+        '        layers = model.get_submodule("layers")',
+        "        for layer_id, block in list(layers.named_children())[: self.config.blocks]:",
+        '            layers.register_module(layer_id, self._wrap_block(block, base_fqn=f"layers.{layer_id}"))',
+    ]
 
 
 def _custom_flavor(spec, seq: int) -> list[str]:

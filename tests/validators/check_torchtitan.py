@@ -67,6 +67,7 @@ class _ElasticBuffer:
 
 _stand_in("deep_ep", ElasticBuffer=_ElasticBuffer)
 
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
@@ -240,6 +241,9 @@ def check(item, workdir, i):
                 "enable_cpu_offload", "disable_cuda_graphs")},
             "activation_checkpoint": None if config.activation_checkpoint is None
             else type(config.activation_checkpoint).__qualname__.split(".")[0],
+            # blocks of each of rank 0's model parts that the policy wrapped for recomputation
+            "ac_wrapped": [sum(isinstance(block, CheckpointWrapper) for _, block in part.layers.named_children())
+                           for part in parts_on_rank0],
             "checkpoint_interval": config.checkpoint.interval,
             "model": {"name": spec.name, "flavor": spec.flavor, "layers": len(layers), "top": top,
                       "dim": model_cfg.dim, "vocab": model_cfg.vocab_size,
