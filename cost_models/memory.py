@@ -178,7 +178,7 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
 
     inflight = inflight_microbatches(x.schedule, x.pp, x.m, x.v, rank, SCHEDULES)
     # full recomputation of only recompute_layers blocks per chunk (Step.recomputed_blocks): the others keep all
-    recomputed = x.recomputed_blocks(n_blocks)
+    recomputed = x.recomputed_blocks(n_blocks, rank)
     blocks_b = np.where(x.full, recomputed * acts.block + (n_blocks - recomputed) * acts.block_no_recompute,
                         n_blocks * acts.block)
     held = inflight * (blocks_b + np.where(is_first, acts.embedding, 0.0)) \
@@ -208,7 +208,10 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     peak, acts_b, other = peak_bytes(
         params=params_b, grads=grads_b + buckets, optimizer=opt_b,
         grads_present=grads_persist(fw.grads_persist, x.m) | (buckets > 0),
-        cache_fwd=cache_all, cache_bwd=np.where(x.full, cache_head, cache_all), activations=held,
+        # full recomputation re-casts a block's weights when it re-runs; blocks it does not re-run keep their casts
+        cache_fwd=cache_all, cache_bwd=np.where(
+            x.full, cache_head + (n_blocks - recomputed) * MO.block_weights_on_rank(x) * 2.0 * cache, cache_all),
+        activations=held,
         logits_fwd_end=np.where(is_last, x.per_token(x.head.logits_fwd_end) * x.tokens, 0.0),
         logits_peak=np.where(is_last, x.per_token(x.head.logits_peak) * x.tokens, 0.0),
         last_grad_transient=np.where(is_first & spec.tied_embeddings, tied_grad, 0.0),

@@ -126,14 +126,21 @@ class StageSeconds:
     """Per communication term of the blocks (tp, cp): its share of the busiest rank's block time."""
 
 
-def stage_seconds(x, per_block_s, per_block_comm_s: dict, embedding_s, head_s) -> StageSeconds:
+def stage_seconds(x, per_block_s, per_block_comm_s: dict, embedding_s, head_s, recompute_s=0.0) -> StageSeconds:
     """Blocks x per-block time (compute + each exposed communication term) on each rank, plus the
     embedding on the first and the head and loss on the last (both on the only stage when pp = 1);
-    the slowest rank sets the pace (Narayanan et al. 2021, Sec. 2.2)."""
+    the slowest rank sets the pace (Narayanan et al. 2021, Sec. 2.2). When only some blocks of each chunk
+    are fully recomputed (recompute_layers), the per-block time carries the busiest rank's share of a block's
+    recomputation (`recompute_s`, Step.full_share); the first and the last rank add the difference their own
+    recomputed blocks make (Step.recomputed_at_ends)."""
     block = per_block_s + sum(per_block_comm_s.values())
     single = x.single_stage
-    first = x.blocks_first * block + embedding_s + np.where(single, head_s, 0.0)
-    last = x.blocks_last * block + head_s + np.where(single, embedding_s, 0.0)
+    rec_first, rec_last, _ = x.recomputed_at_ends()
+    share = x.full_share
+    unit = np.where(share > 0, np.asarray(recompute_s, dtype=float) / np.maximum(share, 1e-30), 0.0)
+    first = x.blocks_first * block + (rec_first - x.blocks_first * share) * unit + embedding_s \
+        + np.where(single, head_s, 0.0)
+    last = x.blocks_last * block + (rec_last - x.blocks_last * share) * unit + head_s + np.where(single, embedding_s, 0.0)
     most = x.blocks_most * block
     return StageSeconds(slowest=np.maximum(np.maximum(first, last), most),
                         mean=(x.spec.total_blocks * block + embedding_s + head_s) / x.pp,

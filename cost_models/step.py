@@ -275,6 +275,11 @@ class Step:
     recompute_layers: np.ndarray | None = None
     """With full recomputation, the blocks recomputed in each pipeline chunk (0 or None: all of them;
     Megatron-Core's --recompute-method block --recompute-num-layers)."""
+    rank_recomputed: np.ndarray | None = None
+    """With explicit chunks (CandidateArrays.rank_recomputed): blocks each pipeline rank recomputes, the sum over its
+    chunks of min(recompute_layers, chunk blocks), shape (candidates, R); None: from the even split."""
+    recomputed_ends: tuple | None = None
+    """(first, last, busiest) ranks' recomputed blocks from rank_recomputed, or None."""
 
     @property
     def attention_precision(self) -> str:
@@ -313,7 +318,8 @@ class Step:
                    head=B.head_table(spec, precision, sw.framework.kernels, sw.loss), c=float(B.compute_bytes(precision)),
                    sac=selective_policy(sw, spec, precision),
                    recompute_layers=None if getattr(cands, "recompute_layers", None) is None
-                   else f64(cands.recompute_layers))
+                   else f64(cands.recompute_layers),
+                   **_explicit_recomputed(cands))
 
     @property
     def tokens(self) -> np.ndarray:
@@ -350,22 +356,40 @@ class Step:
     def selective(self) -> np.ndarray:
         return self.recompute == RECOMPUTE.index("selective")
 
-    def recomputed_blocks(self, n_blocks) -> np.ndarray:
-        """Of a pipeline rank's `n_blocks` (its v chunks), the blocks full recomputation re-runs: all of them, or
+    def recomputed_blocks(self, n_blocks, rank=None) -> np.ndarray:
+        """Of pipeline rank `rank`'s `n_blocks` (its v chunks), the blocks full recomputation re-runs: all of them, or
         recompute_layers per chunk (Megatron-Core's 'block' method recomputes the first N layers of each chunk,
-        megatron/core/transformer/transformer_block.py _checkpointed_forward); 0 without full recomputation."""
+        megatron/core/transformer/transformer_block.py _checkpointed_forward), summed over the rank's chunks:
+        min(N v, n) for an even split (chunks within one block of each other), the explicit chunks' sum
+        (rank_recomputed) when the rank is named and the candidate has explicit chunks; 0 without full
+        recomputation."""
         n = np.asarray(n_blocks, dtype=float)
         if self.recompute_layers is None:
             return np.where(self.full, n, 0.0)
         per_chunk = np.where(self.recompute_layers > 0, np.minimum(self.recompute_layers * self.v, n), n)
+        if rank is not None and self.rank_recomputed is not None:
+            rr = np.atleast_2d(np.asarray(self.rank_recomputed, dtype=float))
+            r = np.clip(np.asarray(rank).astype(int), 0, rr.shape[1] - 1)
+            exact = rr[0, r] if rr.shape[0] == 1 else rr[np.arange(rr.shape[0]), np.broadcast_to(r, rr.shape[:1])]
+            per_chunk = np.where(self.recompute_layers > 0, exact, n)
         return np.where(self.full, per_chunk, 0.0)
+
+    def recomputed_at_ends(self):
+        """(first, last, busiest) ranks' recomputed blocks (recomputed_blocks of blocks_first, blocks_last and
+        blocks_most, exact with explicit chunks)."""
+        if self.recomputed_ends is not None and self.recompute_layers is not None:
+            on = self.full & (self.recompute_layers > 0)
+            return tuple(np.where(on, e, self.recomputed_blocks(n))
+                         for e, n in zip(self.recomputed_ends, (self.blocks_first, self.blocks_last, self.blocks_most)))
+        return tuple(self.recomputed_blocks(n) for n in (self.blocks_first, self.blocks_last, self.blocks_most))
 
     @property
     def full_share(self) -> np.ndarray:
         """Share of the busiest rank's blocks that full recomputation re-runs (1 for every block, 0 without full
-        recomputation): what the recomputation's time and host operators scale by."""
+        recomputation): what the per-block recomputation time and host operators scale by (the other ranks'
+        own counts are added back in cost_models.pipeline.stage_seconds)."""
         most = np.maximum(self.blocks_most, 1.0)
-        return self.recomputed_blocks(most) / most
+        return self.recomputed_at_ends()[2] / most
 
     @property
     def single_stage(self) -> np.ndarray:
@@ -381,6 +405,19 @@ class Step:
     def per_token(self, terms: B.Terms) -> np.ndarray:
         """Bytes per token on one rank of a table entry: replicated / (tp with SP), sharded / tp, scores s / tp."""
         return terms.rep * np.where(self.sp, 1.0 / self.tp, 1.0) + (terms.shard + terms.seq * self.seq) / self.tp
+
+
+def _explicit_recomputed(cands) -> dict:
+    """Step's rank_recomputed and recomputed_ends from CandidateArrays.rank_recomputed (explicit chunks), or {}."""
+    rr = getattr(cands, "rank_recomputed", None)
+    if rr is None or getattr(cands, "rank_blocks", None) is None:
+        return {}
+    rr = np.atleast_2d(np.asarray(rr, dtype=float))
+    rb = np.atleast_2d(np.asarray(cands.rank_blocks, dtype=float))
+    rows = np.arange(rr.shape[0])
+    last = np.asarray(cands.pp, dtype=int) - 1
+    ends = (rr[:, 0], rr[rows, np.broadcast_to(last, rows.shape)], rr[rows, np.argmax(rb, axis=1)])
+    return {"rank_recomputed": rr, "recomputed_ends": ends}
 
 
 def _blocks_per_rank(cands, blocks: int):

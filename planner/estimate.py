@@ -180,9 +180,20 @@ def rank_blocks(stages: list[int], pp: int) -> list[int]:
     return out
 
 
+def rank_recomputed(stages: list[int], pp: int, recompute_layers: int) -> list[int]:
+    """Blocks each pipeline rank fully recomputes when only the first `recompute_layers` of each chunk are
+    (Megatron-Core's 'block' method counts per model chunk): the sum over the rank's chunks of min(N, chunk)."""
+    out = [0] * pp
+    for c, n in enumerate(stages):
+        out[c % pp] += min(recompute_layers, n)
+    return out
+
+
 def candidate_of(cfg: ParallelConfig, blocks: int) -> CandidateArrays:
-    """The configuration as length-1 candidate arrays (with its per-rank block counts)."""
-    per_rank = rank_blocks(list(cfg.stages) or even_stages(blocks, cfg.pp * cfg.virtual_stages), cfg.pp)
+    """The configuration as length-1 candidate arrays (with its per-rank block counts, and with recompute_layers
+    the blocks each rank recomputes)."""
+    chunks = list(cfg.stages) or even_stages(blocks, cfg.pp * cfg.virtual_stages)
+    per_rank = rank_blocks(chunks, cfg.pp)
     one = lambda x: np.asarray([x])
     return CandidateArrays(
         dp=one(cfg.dp), tp=one(cfg.tp), pp=one(cfg.pp), micro_batch=one(cfg.micro_batch),
@@ -192,7 +203,9 @@ def candidate_of(cfg: ParallelConfig, blocks: int) -> CandidateArrays:
         cp=one(cfg.cp), cp_comm=one(CP_COMMS.index(cfg.cp_comm)), dp_shard=one(cfg.dp_shard),
         ep=one(cfg.ep), expert_tp=one(cfg.expert_tp), recompute_layers=one(cfg.recompute_layers or 0),
         blocks_first=one(per_rank[0]), blocks_last=one(per_rank[-1]), blocks_max=one(max(per_rank)),
-        rank_blocks=np.asarray([per_rank]))
+        rank_blocks=np.asarray([per_rank]),
+        rank_recomputed=None if cfg.recompute_layers is None
+        else np.asarray([rank_recomputed(chunks, cfg.pp, cfg.recompute_layers)]))
 
 
 def software_for(framework: str | FrameworkProfile, *, attention: str | None = None, dropout: bool | None = None,

@@ -12,9 +12,11 @@ from typing import Any, Mapping
 GiB = 2 ** 30
 MEMORY_TERMS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
 CONFIG_KEYS = ("dp", "tp", "pp", "cp", "cp_comm", "ep", "expert_tp", "dp_shard", "micro_batch", "num_microbatches",
-               "schedule", "virtual_stages", "zero", "recompute", "offload", "sequence_parallel", "placement", "stages")
-CONFIG_DEFAULTS = {"ep": 1, "expert_tp": 1}
-"""Values a plan written before a key existed has (no expert parallelism)."""
+               "schedule", "virtual_stages", "zero", "recompute", "recompute_layers", "offload", "sequence_parallel",
+               "placement", "stages")
+CONFIG_DEFAULTS = {"ep": 1, "expert_tp": 1, "recompute_layers": None}
+"""Values a plan written before a key existed has (no expert parallelism), or that it leaves out (recompute_layers:
+every block)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

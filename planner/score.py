@@ -77,6 +77,9 @@ class CandidateArrays:
     """Expert tensor-parallel degree; None means 1."""
     recompute_layers: np.ndarray | None = None
     """With full recomputation, blocks recomputed per pipeline chunk (0: all); None means all."""
+    rank_recomputed: np.ndarray | None = None
+    """With rank_blocks and recompute_layers: blocks each pipeline rank recomputes (the sum over its chunks of
+    min(recompute_layers, chunk)), shape (candidates, R); None: from the even split (exact for it)."""
     rank_blocks: np.ndarray | None = None
     """Blocks of every pipeline rank, shape (candidates, R), -1 past each candidate's pp. When given,
     the memory of every rank is evaluated (Scores.stage_memory) and the peak is their maximum; else
@@ -98,7 +101,7 @@ class CandidateArrays:
                 if not all(x is None for x in values):
                     raise ValueError(f"{f.name} given for some parts only")
                 continue
-            if f.name == "rank_blocks":
+            if f.name in ("rank_blocks", "rank_recomputed"):
                 width = max(np.atleast_2d(x).shape[1] for x in values)
                 values = [np.pad(np.atleast_2d(x), ((0, 0), (0, width - np.atleast_2d(x).shape[1])),
                                  constant_values=-1) for x in values]
@@ -176,7 +179,8 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     ep = MO.ep_block_seconds(x, block)
     ep_s = ep.exposed + K.eff(hw, "overlap_interference") * (ep.total - ep.exposed)
     stage = PL.stage_seconds(x, block.total, {"tp": C.tp_exposed_seconds(x, tp, block), "cp": cp_s, "ep": ep_s},
-                             K.embedding_seconds(x, tp.allreduce), K.head_seconds(x))
+                             K.embedding_seconds(x, tp.allreduce), K.head_seconds(x),
+                             recompute_s=block.recompute + tp.recompute + ep.recompute)
     busy, bubble = PL.schedule_seconds(x, stage)
     params_rank = MO.rank_params(x, x.blocks_first, True, x.single_stage).higher(
         MO.rank_params(x, x.blocks_last, x.single_stage, True))

@@ -185,7 +185,9 @@ def render(doc: dict) -> str:
         ("dp_shard", "", 0 < cfg["dp_shard"] < cfg["dp"])) if on)
     lines = [f"ran {doc['model']['name']} on {doc['world_size']} {doc['backend']} ranks: dp={cfg['dp']} tp={cfg['tp']} "
              f"pp={cfg['pp']} {extra}schedule={cfg['schedule']} v={cfg['virtual_stages']} zero={cfg['zero']} "
-             f"recompute={cfg['recompute']} sp={cfg['sequence_parallel']} placement={cfg['placement']} "
+             f"recompute={cfg['recompute']}"
+             + (f"({cfg['recompute_layers']}/chunk)" if cfg.get("recompute_layers") else "")
+             + f" sp={cfg['sequence_parallel']} placement={cfg['placement']} "
              f"precision={doc['precision_used']}, {doc['steps']} steps"]
     pred = doc["prediction"]
     axes = ["dp", "pp", "tp"] + [a for a in ("cp", "ep") if cfg[a] > 1]      # each rank's coordinates

@@ -138,11 +138,13 @@ def to_fsdp(plan: Plan) -> Export:
     if not sharded and cfg.dp > 1:
         targs["ddp_find_unused_parameters"] = False
     if cfg.recompute_layers is not None:
+        # the decoder layers: GPT2LMHeadModel.transformer.h, the other causal LMs' .model.layers (transformers 5.23)
+        blocks_path = "model.transformer.h" if spec.model_type == "gpt2" else "model.model.layers"
         notes.append(f"recompute_layers={cfg.recompute_layers}: Accelerate and the Trainer checkpoint every decoder "
                      "layer (this config: it fits, and runs slower than planned); for the plan's first "
                      f"{cfg.recompute_layers} layers per chunk, leave it off and call torch.distributed.algorithms."
                      "_checkpoint.checkpoint_wrapper.apply_activation_checkpointing(model, check_fn=lambda m: m in "
-                     f"model.model.layers[:{cfg.recompute_layers}]) in the script")
+                     f"{blocks_path}[:{cfg.recompute_layers}]) in the script")
     if cfg.precision == "bf16":
         notes.append("precision bf16: load the model in bfloat16 (dtype below) so that weights, gradients and AdamW "
                      "states are 16-bit, as planned")

@@ -160,8 +160,12 @@ def stage_times(model, doc: Mapping[str, Any]) -> tuple[list[StageTimes], float]
     b, s = p["micro_batch"], p["seq"]
     fwd = float(FL.block_flops_fwd(model, b, s))
     rec = float(FL.block_recompute_flops(model, b, s, p["recompute"]))
-    if p.get("recompute_layers"):         # only the first N blocks of each chunk recomputed: their share
-        rec *= min(1.0, p["recompute_layers"] * p["pp"] * p["virtual_stages"] / model.total_blocks)
+    if p.get("recompute_layers"):   # only the first N blocks of each chunk recomputed: the busiest rank's share
+        from planner.estimate import even_stages, rank_blocks, rank_recomputed
+        chunks = list(p.get("stages") or even_stages(model.total_blocks, p["pp"] * p["virtual_stages"]))
+        blocks = rank_blocks(chunks, p["pp"])
+        busiest = max(range(p["pp"]), key=blocks.__getitem__)
+        rec *= rank_recomputed(chunks, p["pp"], p["recompute_layers"])[busiest] / max(blocks[busiest], 1)
     bwd = float(FL.block_flops_bwd(model, b, s)) + rec
     forward_s = stage_s * fwd / (fwd + bwd)
     hops = float(p2p_transfers_on_critical_path(p["pp"], m, p["virtual_stages"]))

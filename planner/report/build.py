@@ -105,7 +105,9 @@ def rule_context(model, hw, best: Mapping[str, Any], scenario: Scenario) -> chec
         key = repr((sorted((hardware_changes or {}).items()), sorted(changes.items())))
         if key not in tried:
             try:
-                if changes.get("recompute", "full") != "full":      # recompute_layers counts fully recomputed blocks
+                # recompute_layers counts the blocks of a chunk that full recomputation re-runs: a what-if of another
+                # recomputation or another chunking means every block again
+                if set(changes) & {"recompute", "pp", "virtual_stages", "stages"}:
                     changes = {**changes, "recompute_layers": None}
                 cfg = dataclasses.replace(base_cfg, **changes)
                 if changes.get("seq") is not None and changes["seq"] != base_cfg.seq:
@@ -136,7 +138,9 @@ def _plan_row(rank: str, doc: Mapping[str, Any]) -> dict[str, Any]:
     p, pred = doc["plan"], doc["prediction"]
     return {"plan": rank, "dp": p["dp"], "tp": p["tp"], "pp": p["pp"], "micro-batch": p["micro_batch"],
             "micro-batches": p["num_microbatches"], "schedule": p["schedule"], "v": p["virtual_stages"],
-            "ZeRO": p["zero"], "recompute": p["recompute"], "offload": p["offload"],
+            "ZeRO": p["zero"], "recompute": p["recompute"] + (f" ({p['recompute_layers']}/chunk)"
+                                                              if p.get("recompute_layers") else ""),
+            "offload": p["offload"],
             "SP": p["sequence_parallel"], "placement": p["placement"],
             "step s": float(pred["step_time_s"]), "tokens/s": float(pred["tokens_per_s"]),
             "TFLOP/s/GPU": float(pred["tflops_per_gpu"]), "MFU": f"{100 * float(pred['mfu']):.1f}%",
