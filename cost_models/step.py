@@ -303,6 +303,8 @@ class Step:
         shard = np.where(dp_shard > 0, dp_shard, dp)
         ep = f64(cands.ep) if getattr(cands, "ep", None) is not None else np.ones_like(dp)
         etp = f64(cands.expert_tp) if getattr(cands, "expert_tp", None) is not None else np.ones_like(dp)
+        if spec.moe is not None and sw.framework.experts_follow_tp_without_ep:
+            etp = np.where(ep == 1, tp, etp)     # torchtitan shards the experts over tp when ep = 1 (frameworks)
         first, last, most, second = _blocks_per_rank(cands, spec.total_blocks)
         return cls(spec=spec, hw=hw, sw=sw, precision=precision, optimizer=optimizer, seq=float(seq),
                    global_batch=global_batch, dp=dp, tp=tp, pp=pp, cp=cp, cp_comm=cp_comm, ep=ep, etp=etp, shard=shard,

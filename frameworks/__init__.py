@@ -176,6 +176,10 @@ class FrameworkProfile:
     moe_host_ops_per_layer: float = 0.0
     """Host operators an MoE layer's forward issues beyond the block table's kernel count (router,
     permutation bookkeeping, per-expert GEMMs and casts, dispatcher metadata): cost_models.moe.host_sync_seconds."""
+    experts_follow_tp_without_ep: bool = False
+    """Without expert parallelism (ep = 1) the routed experts are sharded over the tensor-parallel ranks, as
+    expert_tp = tp (torchtitan 0.3.0 places them on the dense TP axis); the plan's expert_tp stays 1, the stack
+    having no degree of its own for it (cost_models.step.Step.of)."""
     zero3_max_live_params: float | None = None
     """How ZeRO-3 gathers parameters. None: by wrapped unit, one transformer block at a time with the next one
     prefetched (FSDP's fully_shard per block). A number: by submodule (DeepSpeed's PartitionedParameterCoordinator

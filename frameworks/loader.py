@@ -26,7 +26,8 @@ _TOP = {"schema_version": str, "name": str, "description": str, "kernels": str, 
         "compute_efficiency": (int, float), "tp_comm_overlap": bool, "selective_recompute": str, "fp8_cast_bytes_per_element": (int, float),
         "fp8_weight_cache_bytes": (int, float), "capabilities": dict, "sources": dict}
 _OPTIONAL = {"moe_dispatcher": str, "moe_a2a_overlap": bool, "moe_host_sync": bool,
-             "moe_host_ops_per_layer": (int, float), "zero3_max_live_params": (int, float)}
+             "moe_host_ops_per_layer": (int, float), "zero3_max_live_params": (int, float),
+             "experts_follow_tp_without_ep": bool}
 """Keys a profile may leave out (FrameworkProfile's defaults: alltoall, no overlap, no host sync, 0 extra
 host operators per MoE layer, ZeRO-3 gathering whole blocks); sourced when given."""
 _SOURCED = ("kernels", "attention", "loss", "state_bytes", "grads_persist", "grad_bucket_copy", "autocast_weight_cache",
@@ -148,7 +149,8 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         moe_dispatcher=data.get("moe_dispatcher", MOE_DISPATCHERS[0]), moe_a2a_overlap=data.get("moe_a2a_overlap", False),
         moe_host_sync=data.get("moe_host_sync", False),
         moe_host_ops_per_layer=float(data.get("moe_host_ops_per_layer", 0.0)),
-        zero3_max_live_params=None if live is None else float(live))
+        zero3_max_live_params=None if live is None else float(live),
+        experts_follow_tp_without_ep=data.get("experts_follow_tp_without_ep", False))
 
 
 def _capabilities(block: dict, origin: str) -> Capabilities:

@@ -114,6 +114,13 @@ def check_model_runnable(framework: FrameworkProfile, spec, cfg=None) -> None:
         raise ConfigError("framework", framework.name, "a stack that builds the model",
                           message=f"framework {framework.name} cannot run this plan: mixture-of-experts model_type="
                                   f"{spec.model_type}: {framework.name} builds {', '.join(types)}")
+    moe = getattr(spec, "moe", None)
+    if cfg is not None and moe is not None and framework.experts_follow_tp_without_ep and cfg.ep == 1 \
+            and cfg.tp > 1 and moe.expert_ffn % cfg.tp:
+        raise ConfigError("tp", cfg.tp, f"a divisor of expert_ffn({moe.expert_ffn}) with ep=1", message=(
+            f"framework {framework.name} cannot run this plan: tp={cfg.tp} with ep=1 shards every expert over the "
+            f"tensor-parallel ranks, and expert_ffn={moe.expert_ffn} does not divide by {cfg.tp}; use ep > 1 or a "
+            "tp that divides it"))
     if cfg is not None and mtp_without_pp_or_cp(framework, spec) and (cfg.pp > 1 or cfg.cp > 1):
         raise ConfigError("framework", framework.name, "a plan the framework can run",
                           message=f"framework {framework.name} cannot run this plan: {spec.mtp_modules} multi-token-"

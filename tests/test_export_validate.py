@@ -430,7 +430,7 @@ def test_moe_plans_build_torchtitans_own_moe_families():
     notes = {name: " | ".join(export_plan(plan, "torchtitan").notes) for name, plan in plans.items()}
     assert "DeepEPTokenDispatcher" in notes["deepseek-v3 pp2 tp2 ep8 deepep"]
     assert "dp_shard=4 (HSDP with 2 replicas, without resharding after forward" in notes["deepseek-v3 mtp fp8 ZeRO-0 ep4"]
-    assert "shards every expert over the tp=2 ranks" in notes["qwen3-moe tp2 experts on tp"]
+    assert "ep=1 with tp=2: torchtitan 0.3.0 shards every expert over the tp ranks" in notes["qwen3-moe tp2 experts on tp"]
 
 
 def test_recommended_moe_plans_export_to_torchtitan_and_validate():

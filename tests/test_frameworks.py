@@ -343,3 +343,36 @@ def test_torchtitan_runs_multi_token_prediction_without_pipeline_or_context_para
     no_mtp = replace(get_model("deepseek-v3"), mtp_modules=0)
     assert any(d["plan"]["pp"] > 1 for d in recommend(no_mtp, "p5.48xlarge", gpus=256, framework="torchtitan",
                                                        top=20).alternatives)
+
+
+def test_torchtitan_shards_the_experts_over_tp_without_expert_parallelism(monkeypatch):
+    """torchtitan 0.3.0 puts routed experts on the dense TP axis when ep = 1 (moe_sharding.py
+    expert_param_placement_dense): its plan costs what Megatron's expert_tp = tp does, not replicated experts
+    (expert memory, the all-gather dispatcher); with ep > 1 it shards them over ep only. A tp that does not divide
+    the expert width is refused in one line."""
+    import dataclasses
+
+    from planner.catalog import get
+
+    spec = get("qwen3-30b-a3b")
+    base = dict(dp=4, tp=2, micro_batch=1, global_batch=8, zero=2, seq=4096, recompute="full", placement="DPT",
+                sequence_parallel=True)
+    import planner.estimate as E
+
+    tt = estimate(spec, "p5.48xlarge", ParallelConfig(framework="torchtitan", **base), gpus=8)
+    real = load_framework("torchtitan")
+    monkeypatch.setattr(E, "load_framework", lambda name: dataclasses.replace(real, experts_follow_tp_without_ep=False)
+                        if name == "torchtitan" else load_framework(name))
+    replicated = estimate(spec, "p5.48xlarge", ParallelConfig(framework="torchtitan", **base), gpus=8)
+    ep = lambda e: e.to_document()["prediction"]["expert_parallel"]  # noqa: E731
+    assert ep(tt)["expert_tp"] == 2 and ep(replicated)["expert_tp"] == 1
+    # ZeRO-2 keeps every parameter a rank holds (4 bytes each, fp32 under FSDP2's mixed precision): the half of the
+    # routed experts that the other tp rank holds is what the sharded plan saves
+    routed = spec.layers * spec.moe.experts * 3 * spec.hidden * spec.moe.expert_ffn
+    saved = float(replicated.scores.params_bytes[0]) - float(tt.scores.params_bytes[0])
+    assert saved == pytest.approx(routed / 2 * 4, rel=0.02)
+    monkeypatch.undo()
+    odd = dataclasses.replace(spec, name="odd", moe=dataclasses.replace(spec.moe, expert_ffn=771))
+    with pytest.raises(ConfigError, match="expert_ffn=771 does not divide by 2") as err:
+        estimate(odd, "p5.48xlarge", ParallelConfig(framework="torchtitan", **base), gpus=8)
+    assert "\n" not in str(err.value)

@@ -195,11 +195,10 @@ def _moe_notes(plan: Plan, spec) -> list[str]:
     cfg, moe, notes = plan.config, spec.moe, []
     software = plan.document.get("software") or {}
     efsdp = torchtitan_dp_shard(cfg) * cfg.cp * cfg.tp // cfg.ep
-    if cfg.ep == 1 and cfg.tp > cfg.expert_tp:
-        notes.append(f"expert_tp={cfg.expert_tp} with tp={cfg.tp}: torchtitan 0.3.0 has no expert tensor-parallel degree "
-                     f"and, without expert parallelism, shards every expert over the tp={cfg.tp} ranks "
-                     "(models/common/moe_sharding.py expert_param_placement_dense): less expert memory, tensor-parallel "
-                     "collectives around the experts")
+    if cfg.ep == 1 and cfg.tp > 1:
+        notes.append(f"ep=1 with tp={cfg.tp}: torchtitan 0.3.0 shards every expert over the tp ranks "
+                     "(models/common/moe_sharding.py expert_param_placement_dense), as the plan is costed "
+                     "(frameworks/torchtitan.json experts_follow_tp_without_ep)")
     if cfg.ep > 1 and cfg.zero == 0 and efsdp > 1:
         notes.append(f"ep={cfg.ep} with ZeRO-0: torchtitan FSDP-shards the routed experts over the efsdp = dp_shard x cp x "
                      f"tp / ep = {efsdp} ranks that hold the same experts (distributed/fsdp.py apply_fsdp_to_decoder): "
