@@ -236,14 +236,20 @@ class ParallelConfig:
         empty_ends = sum(1 for i in (0, -1) if self.stages and self.stages[i] == 0) if chunks > 1 else 0
         if chunks > blocks + empty_ends:
             raise ConfigError("pp", self.pp, f"pp*virtual_stages <= layers({blocks}); got {self.pp}*{self.virtual_stages}={chunks}")
-        if self.recompute_layers is not None:
-            most = max(self.stages) if self.stages else -(-blocks // chunks)
-            if self.recompute_layers > most:
-                raise ConfigError("recompute_layers", self.recompute_layers,
-                                  f"at most {most}, the blocks of the largest pipeline chunk (layers({blocks}) over "
-                                  f"pp*virtual_stages={chunks})")
+        self.check_recompute_layers(blocks)
         if self.stages and sum(self.stages) != blocks:
             raise ConfigError("stages", list(self.stages), f"blocks per stage summing to layers({blocks})")
+
+    def largest_chunk(self, blocks: int) -> int:
+        """Blocks of the largest pipeline chunk: the explicit stages' largest, else ceil(blocks / (pp v))."""
+        return max(self.stages) if self.stages else -(-blocks // (self.pp * self.virtual_stages))
+
+    def check_recompute_layers(self, blocks: int, field: str = "recompute_layers") -> None:
+        """recompute_layers counts blocks of one chunk: at most the largest chunk's (largest_chunk)."""
+        if self.recompute_layers is not None and self.recompute_layers > (most := self.largest_chunk(blocks)):
+            raise ConfigError(field, self.recompute_layers,
+                              f"at most {most}, the blocks of the largest pipeline chunk (layers({blocks}) over "
+                              f"pp*virtual_stages={self.pp * self.virtual_stages})")
 
     def check_experts(self, moe) -> None:
         """Expert degrees the model allows: ep > 1 or expert_tp > 1 needs a mixture-of-experts model

@@ -243,13 +243,8 @@ def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
         blocks = model["layers"] + model.get("encoder_layers", 0)
         if sum(config.stages) != blocks:
             raise ConfigError("plan.stages", list(config.stages), f"blocks per stage summing to layers({blocks})")
-    if "layers" in model and config.recompute_layers is not None:
-        blocks = model["layers"] + model.get("encoder_layers", 0)
-        chunks = config.pp * config.virtual_stages
-        most = max(config.stages) if config.stages else -(-blocks // chunks)
-        if config.recompute_layers > most:
-            raise ConfigError("plan.recompute_layers", config.recompute_layers,
-                              f"at most {most}, the blocks of the largest pipeline chunk")
+    if "layers" in model:
+        config.check_recompute_layers(model["layers"] + model.get("encoder_layers", 0), "plan.recompute_layers")
 
     _check_positions(model, config.seq)
 

@@ -850,9 +850,7 @@ def fewest_recomputed_layers(model, hardware, cfg: ParallelConfig, *, software, 
 
     if score_fn is None:
         from planner.score import score as score_fn
-    chunks = cfg.pp * cfg.virtual_stages
-    largest = max(cfg.stages) if cfg.stages else -(-model.total_blocks // chunks)
-    counts = np.arange(1, largest)
+    counts = np.arange(1, cfg.largest_chunk(model.total_blocks))
     if len(counts) == 0:
         return None
     one = candidate_of(replace(cfg, recompute_layers=None), model.total_blocks)

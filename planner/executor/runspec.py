@@ -258,9 +258,10 @@ def proxy_spec(spec: TransformerSpec, config: ParallelConfig) -> tuple[Transform
     small = spec.with_(name=f"{spec.name} (proxy)", layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
                        head_dim=0, ffn=ffn, vocab=vocab, seq=seq, max_positions=0, **shrink)
     # recompute_layers counts blocks of a chunk: at most the proxy's largest chunk
-    most = max(stages) if stages else -(-layers // chunks)
-    rl = None if config.recompute_layers is None else min(config.recompute_layers, most)
-    new_config = dataclasses.replace(config, seq=seq, stages=stages, recompute_layers=rl)
+    new_config = dataclasses.replace(config, seq=seq, stages=stages)
+    if config.recompute_layers is not None:
+        new_config = dataclasses.replace(new_config, recompute_layers=min(config.recompute_layers,
+                                                                          new_config.largest_chunk(layers)))
     note = (f"--proxy: {spec.name} is too large for this machine; ran a proxy with {layers} blocks, "
             f"hidden {hidden}, {heads} heads, ffn {ffn}, vocab {vocab}, seq {seq} "
             f"(stages {list(stages) or 'even'}), keeping dp={config.dp} tp={config.tp} pp={config.pp} cp={config.cp} ep={config.ep} "
