@@ -237,27 +237,34 @@ def peak_over_ranks(x, acts: ActivationBytes, *, host_room, rank_blocks=None):
     if rank_blocks is None:
         return best, None
     rb = np.atleast_2d(np.asarray(rank_blocks, dtype=float))
-    if rb.shape[0] == 1 and np.shape(x.pp) == (1,):
-        cols = _one_candidate_ranks(x, rb[0], acts, host_room=host_room)
-    else:
-        cols = [rank_memory(x, float(j), np.where(j < x.pp, rb[:, j], 0.0), acts, host_room=host_room)
-                for j in range(rb.shape[1])]
-    for j, r_j in enumerate(cols):
-        best = best.higher(r_j, j < x.pp)
     names = {"peak_bytes": "peak", "params_bytes": "params", "grads_bytes": "grads",
              "optimizer_bytes": "optimizer", "activations_bytes": "activations", "other_bytes": "other"}
+    if rb.shape[0] == 1 and np.shape(x.pp) == (1,):
+        return _one_candidate_ranks(x, best, rb[0], acts, host_room=host_room, names=names)
+    cols = [rank_memory(x, float(j), np.where(j < x.pp, rb[:, j], 0.0), acts, host_room=host_room)
+            for j in range(rb.shape[1])]
+    for j, r_j in enumerate(cols):
+        best = best.higher(r_j, j < x.pp)
     per_rank = {name: np.stack([np.where(j < x.pp, np.broadcast_to(getattr(c, f), x.pp.shape), np.nan)
                                 for j, c in enumerate(cols)], axis=1) for name, f in names.items()}
     return best, per_rank
 
 
-def _one_candidate_ranks(x, blocks, acts: ActivationBytes, *, host_room) -> list[RankMemory]:
-    """rank_memory of every rank j of one candidate (estimate's per-rank memory) in one call over the vector of
-    ranks (elementwise, so each rank's numbers are those of its own call), as length-1 records rank by rank."""
+def _one_candidate_ranks(x, best: RankMemory, blocks, acts: ActivationBytes, *, host_room, names):
+    """peak_over_ranks for one candidate with explicit per-rank blocks (estimate's per-rank memory): rank_memory of
+    every rank j in one call over the vector of ranks (elementwise, so each rank's numbers are those of its own
+    call); the highest of them replaces `best` where it is strictly higher (the first such rank, as the rank-by-rank
+    comparison of the batched path keeps it)."""
     ranks = np.arange(len(blocks), dtype=float)
-    every = rank_memory(x, ranks, np.where(ranks < x.pp, blocks, 0.0), acts, host_room=host_room)
+    live = ranks < x.pp[0]
+    every = rank_memory(x, ranks, np.where(live, blocks, 0.0), acts, host_room=host_room)
     whole = {f: np.broadcast_to(getattr(every, f), ranks.shape) for f in RankMemory.__slots__}
-    return [RankMemory(**{f: v[j:j + 1] for f, v in whole.items()}) for j in range(len(blocks))]
+    peaks = np.where(live, whole["peak"], -np.inf)
+    top = int(np.argmax(peaks))
+    if peaks[top] > best.peak[0]:
+        best = RankMemory(**{f: v[top:top + 1] for f, v in whole.items()})
+    per_rank = {name: np.where(live, whole[f], np.nan)[None, :] for name, f in names.items()}
+    return best, per_rank
 
 
 def allocator_overhead(software) -> float:

@@ -219,7 +219,7 @@ def ep_block_seconds(x, block) -> EpSeconds:
     from cost_models.compute import recompute_passes
 
     if x.spec.moe is None:
-        zero = np.zeros_like(x.dp)
+        zero = np.zeros_like(x.tp)    # (tp: a column every term keys on; planner.score.block_terms)
         return EpSeconds(dispatch=zero, combine=zero, fwd=zero, bwd=zero, recompute=zero, exposed=zero)
     dispatch = exchange_seconds(x, dispatch_element_bytes(x))
     combine = exchange_seconds(x, x.c)

@@ -7,7 +7,7 @@ comm, pipeline, memory, offload) are pure functions of it. Arrays broadcast over
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Mapping
 
 import numpy as np
@@ -15,8 +15,8 @@ import numpy as np
 from cost_models import blocks as B
 from frameworks import FrameworkProfile
 from hardware_profiles import HardwareProfile
-from planner.parallel import RECOMPUTE, SCHEDULES, offload_indices
-from planner.placement import group_locality
+from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, offload_indices
+from planner.placement import distinct_rows, group_locality
 from planner.spec import TransformerSpec
 
 
@@ -31,6 +31,10 @@ MASTER_WEIGHTS = ("fp32", "remainder")
 BF16_PARAM_PRECISIONS = ("amp-bf16", "bf16", "fp8")
 """Precisions whose model parameters are bf16 (FP8 recipes keep bf16 weights beside their FP8 casts): the
 ones a 16-bit master remainder works with, and the ones Megatron runs with --bf16."""
+
+
+_OFFLOADS = {kind: np.isin(np.arange(len(OFFLOAD)), offload_indices(kind)) for kind in ("optimizer", "activations")}
+"""Per offload kind, a table over OFFLOAD indices: whether that value moves `kind` to the host (Step.is_offload)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -397,12 +401,53 @@ class Step:
     def single_stage(self) -> np.ndarray:
         return self.pp == 1
 
+    BLOCK_LOCALITY = ("T", "C", "E", "ET")
+    """The groups whose links the per-block terms read (tensor, context, expert, expert-tensor parallel); the
+    others (D, P, DC, S, R, ED, ES, ER) are read only by the step-level terms."""
+
+    def block_rows(self, least: int = 256) -> tuple[np.ndarray, np.ndarray] | None:
+        """distinct_block_rows where it pays: None with fewer than `least` candidates, with explicit chunks
+        (rank_recomputed) or when more than half the rows are distinct."""
+        if int(np.size(self.dp)) < least or self.rank_recomputed is not None:
+            return None
+        first, inverse = self.distinct_block_rows()
+        return (first, inverse) if 2 * len(first) <= np.size(self.dp) else None
+
+    def distinct_block_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(first, inverse) over the candidates that are equal for the per-block terms (planner.score's
+        block_terms: a block's compute, its tp / cp / ep collectives, the embedding and the head of one
+        micro-batch; rows == rows[first][inverse]). Those terms read only the columns keyed here: b, tp, cp,
+        cp_comm, ep, etp, sp, recompute, schedule, the share of blocks full recomputation re-runs (full_share),
+        the links of BLOCK_LOCALITY and, where the block table differs per candidate (block_table_of's 16-bit
+        table under ZeRO >= 2), zero. A search chunk of 16,384 candidates holds some 300 to 6,000 such rows:
+        dp, pp, ZeRO and offload move only the step-level terms. tests/test_score_rows.py checks both halves:
+        scored once per row or once per key, every term is equal, and the per-block terms read no other field."""
+        n = int(np.size(self.dp))
+        if self.recompute_layers is None and self.recomputed_ends is None:
+            share = self.blocks_most >= 1          # full_share: 1 where full recomputation runs (recompute keyed)
+        else:
+            share = np.unique(np.broadcast_to(self.full_share, (n,)), return_inverse=True)[1].ravel()
+        cols = [self.b, self.tp, self.cp, self.cp_comm, self.ep, self.etp, self.sp, self.recompute, self.schedule,
+                share]
+        cols += [self.local[k] for k in self.BLOCK_LOCALITY if k in self.local]
+        if _per_row(self.table, n):
+            cols.append(self.zero)
+        return distinct_rows([np.broadcast_to(np.asarray(c), (n,)) for c in cols])
+
+    def take(self, rows: np.ndarray) -> "Step":
+        """The candidates `rows` of this batch (every per-candidate array indexed; the model, hardware and
+        software records as they are)."""
+        n = int(np.size(self.dp))
+        keep = {"spec", "hw", "sw"}
+        return replace(self, **{f.name: take_rows(getattr(self, f.name), rows, n) for f in fields(self)
+                                if f.name not in keep})
+
     def is_schedule(self, name: str) -> np.ndarray:
         return self.schedule == SCHEDULES.index(name)
 
     def is_offload(self, kind: str) -> np.ndarray:
         """Per candidate, whether its offload moves `kind` ('optimizer', 'activations') to the host."""
-        return np.isin(self.offload, offload_indices(kind))
+        return _OFFLOADS[kind][self.offload]
 
     def per_token(self, terms: B.Terms) -> np.ndarray:
         """Bytes per token on one rank of a table entry: replicated / (tp with SP), sharded / tp, scores s / tp."""
@@ -439,3 +484,26 @@ def _blocks_per_rank(cands, blocks: int):
     most = np.maximum(most, np.maximum(first, last))
     second = v * q + np.maximum(0.0, np.ceil((r - 1) / pp)) if cands.blocks_first is None else most
     return first, last, most, second
+
+
+def take_rows(value, rows: np.ndarray, n: int):
+    """`value` with every per-candidate array (leading length `n`) indexed by `rows`: arrays, the fields of records
+    (block tables, term results), mappings and tuples, recursively; anything else as it is."""
+    if isinstance(value, np.ndarray):
+        return value[rows] if value.ndim >= 1 and value.shape[0] == n else value
+    if isinstance(value, Mapping):
+        return {k: take_rows(v, rows, n) for k, v in value.items()}
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(take_rows(v, rows, n) for v in value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return replace(value, **{f.name: take_rows(getattr(value, f.name), rows, n) for f in fields(value) if f.init})
+    return value
+
+
+def _per_row(value, n: int) -> bool:
+    """Whether a record holds a per-candidate array anywhere (take_rows' traversal)."""
+    if isinstance(value, np.ndarray):
+        return value.ndim >= 1 and value.shape[0] == n
+    if is_dataclass(value) and not isinstance(value, type):
+        return any(_per_row(getattr(value, f.name), n) for f in fields(value))
+    return False
