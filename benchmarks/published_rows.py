@@ -22,7 +22,8 @@ STACK_FILES = ("megatron", "torchtitan", "fsdp", "deepspeed")
 
 ATTENTION = {"cudnn": "fused", "flash": None, "sdpa": "sdpa", "triton": "triton", "unfused": "unfused", None: None}
 """A row's `attention` in the framework's vocabulary (None: the framework's default kernel)."""
-LOSS = {"fused_crossentropy": "fused", "torch_crossentropy": "upcast", "torch_crossentropy_16bit": "native"}
+LOSS = {"fused_crossentropy": "fused", "torch_crossentropy": "upcast", "torch_crossentropy_16bit": "native",
+        "te_parallel_cross_entropy": "inplace"}
 """A row's extras.loss_fn in the planner's vocabulary (frameworks.LOSS_KERNELS)."""
 ARCH_KEYS = ("model_type", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "position",
              "gated_mlp", "activation", "norm", "tied_embeddings", "qkv_bias", "out_bias", "mlp_bias", "mtp_modules")

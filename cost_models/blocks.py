@@ -468,13 +468,16 @@ def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropo
     shard = c * (q + kv) + c * kv + proj_in + mlp_inner                 # Q, K, V, proj in, MLP inner
     if flash:
         shard += 4.0 * a                                                  # log-sum-exp, fp32 per head
-        scores = Terms()
+        # selective recomputation (Megatron-Core's checkpointed core attention) keeps Q, K, V and drops what the
+        # kernel saved beyond them: the log-sum-exp and, under FP8, the 16-bit output, which the projection no
+        # longer holds (it keeps its FP8 copy); in 16 bits the projection's saved input is that output itself
+        scores = Terms(shard=4.0 * a + (c * q if lin != c else 0.0))
         scores_traffic = Terms()
     else:
         scores = Terms(seq=(2 * c + mask) * a if dropout else c * a)   # softmax out (+ mask + dropout out)
         # scale-mask-softmax reads + writes c per score; dropout reads c, writes c + 1 byte mask.
         scores_traffic = Terms(seq=(2 * c + (2 * c + 1) * (1 if dropout else 0)) * a)
-    saved = Terms(rep=rep, shard=shard) + scores
+    saved = Terms(rep=rep, shard=shard) + (Terms() if flash else scores)
     act = mlp_act_traffic(spec.gated_mlp, c, f)                         # bias-GeLU r/w, or SwiGLU r 2f w f
     bda = 3 * c + (1 if dropout else 0)                                 # bias-dropout-add: r x, r res, w y (+ mask)
     traffic = Terms(rep=2 * c * h + bda * h + 2 * c * h + bda * h, shard=act) + scores_traffic
@@ -569,6 +572,11 @@ def head_table(spec: TransformerSpec, precision: str, kernels: str, loss: str | 
       `backward()`), the saved output, nll_loss's gradient and log_softmax's input gradient coexist: 4 c V
       (torch aten log_softmax / _log_softmax_backward_data keep the input dtype; the row statistics are
       accumulated in fp32 registers, not stored).
+    inplace (Transformer Engine's parallel_cross_entropy, Megatron-Core's cross_entropy_fusion_impl "te"; TE
+      pytorch/cross_entropy.py and triton/cross_entropy.py): the forward's first kernel reads the 16-bit logits
+      for each row's max and sum (all-reduced over tp), the second writes the loss and the gradient into the
+      logits themselves, which are what autograd keeps; the backward scales them in place by the incoming
+      gradient. c V at both moments; 3 c V streamed forward, 2 c V backward, three kernels.
     """
     c = compute_bytes(precision)
     h, V = spec.hidden, spec.vocab
@@ -610,8 +618,11 @@ def head_table(spec: TransformerSpec, precision: str, kernels: str, loss: str | 
         # backward reads it and the saved output and writes the input gradient (3 c V)
         peak, fwd_end = Terms(shard=4.0 * c * V), Terms(shard=2.0 * c * V)
         logits_fwd, logits_bwd, launches = Terms(shard=2.0 * c * V), Terms(shard=4.0 * c * V), launches + 5
+    elif loss == "inplace":
+        peak = fwd_end = Terms(shard=c * V)
+        logits_fwd, logits_bwd, launches = Terms(shard=3.0 * c * V), Terms(shard=2.0 * c * V), launches + 3
     else:
-        raise ValueError(f"loss must be one of vocab_parallel, upcast, fused, native, not {loss!r}")
+        raise ValueError(f"loss must be one of vocab_parallel, upcast, fused, native, inplace, not {loss!r}")
     return HeadTable(saved=saved, logits_peak=peak, logits_fwd_end=fwd_end, traffic_fwd=norm_fwd + logits_fwd,
                      traffic_bwd=norm_bwd + logits_bwd, kernels=launches)
 
@@ -625,8 +636,9 @@ def embedding_saved(spec: TransformerSpec, precision: str, *, dropout: bool) -> 
 
 def loss_saved(spec: TransformerSpec, loss: str = "upcast", precision: str = "amp-bf16") -> Terms:
     """What cross-entropy keeps for its backward: the fp32 log-softmax (upcast) or exp (vocab_parallel) of
-    the vocab-parallel logits, 4 V / tp per token; a fused kernel keeps the 16-bit logits and the native
-    cross_entropy its 16-bit log-softmax, c V / tp (head_table); part of HeadTable.logits_peak."""
-    if loss in ("fused", "native"):
+    the vocab-parallel logits, 4 V / tp per token; a fused kernel keeps the 16-bit logits, the native
+    cross_entropy its 16-bit log-softmax and the in-place kernel the gradient it wrote over the logits, c V / tp
+    (head_table); part of HeadTable.logits_peak."""
+    if loss in ("fused", "native", "inplace"):
         return Terms(shard=compute_bytes(precision) * spec.vocab)
     return Terms(shard=4.0 * spec.vocab)

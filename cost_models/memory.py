@@ -183,9 +183,17 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
                         n_blocks * acts.block)
     held = inflight * (blocks_b + np.where(is_first, acts.embedding, 0.0)) \
         + np.where(is_last, acts.head_inflight * acts.head, 0.0)
-    kept = 2 * acts.block_no_recompute + np.where(is_last, acts.head, 0.0)
-    off = held * offloaded_share(x, n_blocks)        # the offloaded blocks' share (all, or the first N blocks)
-    held = held - off + np.where(x.is_offload("activations"), np.maximum(np.minimum(off, kept), off - host_room), 0.0)
+    # What offloaded activations still occupy on the device at the peak. Everything offloaded (DeepSpeed's
+    # cpu_checkpointing): the block in use and the one reloaded ahead of it. The first N of n blocks (Transformer
+    # Engine's CPU offload context; TE cpu_offload.py AsyncDoubleBufferGroupOffloadHandler): at the start of the
+    # backward the rank holds its n - N blocks and one group, the last offloaded, reloaded ahead (on_group_commit_
+    # backward reloads a group every n / N layers while each layer's backward frees one kept block, so the holding
+    # only falls from there). Beyond what the host can take, the excess stays.
+    share = offloaded_share(x, n_blocks)            # the offloaded blocks' share (all, or the first N blocks)
+    off = held * share
+    reload = np.where(share < 1.0, acts.block, 2 * acts.block_no_recompute + np.where(is_last, acts.head, 0.0))
+    held = held - off + np.where(x.is_offload("activations"), np.maximum(np.minimum(off, reload), off - host_room),
+                                 0.0)
     gather_bytes = x.sw.state_bytes(x.precision).gather     # FSDP gathers the 16-bit copy (param_dtype)
     zero3_live = np.where(zero >= 3, zero3_live_params(x, n_blocks, dp, edp) * gather_bytes, 0.0)
     # FP8 recipes that keep FP8 copies of the linear weights for the step (frameworks: fp8_weight_cache_bytes):

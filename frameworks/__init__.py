@@ -29,13 +29,15 @@ sdpa: torch.nn.functional.scaled_dot_product_attention, which picks FlashAttenti
 and the memory-efficient or the math kernel for fp32 (cost_models.step.attention_kernel); triton: the
 2022-23 Triton FlashAttention (flash_attn_triton, llm-foundry's attn_impl 'triton'); unfused:
 materialized scores (Megatron-LM 2021-22, Hugging Face attn_implementation 'eager')."""
-LOSS_KERNELS = ("vocab_parallel", "upcast", "fused", "native")
+LOSS_KERNELS = ("vocab_parallel", "upcast", "fused", "native", "inplace")
 """How the cross-entropy is computed (cost_models.blocks.head_table): vocab_parallel: Megatron's
 vocab-parallel cross-entropy on fp32 logits; upcast: torch's cross_entropy on logits cast to fp32
 (Hugging Face's loss, torchtitan); fused: a fused kernel on the 16-bit logits (flash-attn's xentropy as
 llm-foundry's default `fused_crossentropy`, Liger, Transformer Engine's cross-entropy); native: torch's
 cross_entropy on the 16-bit logits, not upcast (NeMo AutoModel's MaskedCrossEntropy(fp32_upcast=False), the
-setting of its benchmark configs)."""
+setting of its benchmark configs); inplace: Transformer Engine's parallel cross-entropy, which writes the gradient
+into the 16-bit logits during the forward (Megatron-Core's cross_entropy_fusion_impl "te", the setting of
+Megatron-Bridge's performance recipes)."""
 MOE_DISPATCHERS = ("alltoall", "deepep")
 """How routed tokens reach experts on other ranks (cost_models.moe.exchange_seconds): alltoall (one NCCL
 all-to-all over the expert-parallel group: Megatron-Core's alltoall dispatcher, torchtitan, DeepSpeed-MoE)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,42 @@ def test_cross_entropy_on_16bit_logits_keeps_no_fp32_copy():
     assert upcast.software.loss == "upcast" and native.software.loss == "native"
     assert upcast.peak_bytes_per_gpu - native.peak_bytes_per_gpu == pytest.approx(4 * 4 * 2048 * 128256, rel=0.01)
     assert native.step_time_s < upcast.step_time_s
+
+
+def test_transformer_engine_cross_entropy_keeps_only_the_16bit_logits_it_overwrites():
+    """loss "inplace" (TE's parallel_cross_entropy, Megatron-Bridge's cross_entropy_fusion_impl "te"): the gradient
+    is written over the 16-bit logits in the forward, so c V per token at both moments, where Megatron's
+    vocab-parallel cross-entropy keeps (c + 4) V; and it streams fewer bytes, so it is never slower."""
+    cfg = _cfg(dp=8, micro_batch=2, global_batch=64, seq=8192, precision="amp-bf16")
+    vocab = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8)
+    inplace = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8, loss="inplace")
+    assert vocab.software.loss == "vocab_parallel" and inplace.software.loss == "inplace"
+    assert vocab.peak_bytes_per_gpu - inplace.peak_bytes_per_gpu == pytest.approx(4 * 2 * 8192 * 128256, rel=0.01)
+    assert inplace.step_time_s < vocab.step_time_s
+    # Megatron-Bridge's published rows name it, and its two GB200 Llama 3 70B runs (40 of 80 layers offloaded) fit
+    from benchmarks import published_rows as R
+    from benchmarks.accuracy_frameworks import predict
+    gb200 = [c for c in R.load(("megatron", "features")) if c.id in ("mb25.09-llama3-70b-gb200-64gpu-fp8cs",
+                                                                    "mb2511-gb200-llama3-70b-fsdp")]
+    assert len(gb200) == 2 and all(c.options.get("loss") == "inplace" and predict(c).fits for c in gb200)
+
+
+def test_selective_recompute_under_fp8_drops_the_attention_output_the_projection_no_longer_holds():
+    """Megatron-Core's selective recomputation checkpoints the core attention: with a flash kernel it keeps Q, K, V
+    and drops the log-sum-exp and, under FP8, the 16-bit output (the projection saves its FP8 copy); in 16 bits the
+    projection's saved input is that output, so only the log-sum-exp goes."""
+    from cost_models import blocks as B
+    from planner.catalog import get
+
+    spec = get("llama3-70b")
+    for precision, dropped in (("fp8", 4.0 * spec.heads + 2.0 * spec.attn_width), ("amp-bf16", 4.0 * spec.heads)):
+        table = B.block_table(spec, precision, "fused", flash=True)
+        assert table.scores_saved.shard == pytest.approx(dropped) and table.scores_saved.rep == 0.0
+    cfg = _cfg(dp=1, tp=8, pp=1, micro_batch=1, global_batch=8, seq=8192, precision="fp8", sequence_parallel=True)
+    none = estimate("llama3-70b", "p5.48xlarge", cfg, gpus=8)
+    selective = estimate("llama3-70b", "p5.48xlarge", replace(cfg, recompute="selective"), gpus=8)
+    assert selective.memory()["activations_bytes"] < none.memory()["activations_bytes"]
+    assert selective.step_time_s > none.step_time_s
 
 
 def test_automodel_qwen3_moe_run_fits_because_its_loss_is_not_upcast():
