@@ -163,6 +163,8 @@ def options_of(row: dict) -> dict:
         out["fp8_scaling"] = "rowwise"
     if extras.get("cpu_offloading_num_layers"):
         out["activation_offload_layers"] = int(extras["cpu_offloading_num_layers"])
+    if extras.get("activation_func_fp8_input_store") is True:     # Megatron-Core's SwiGLU input kept in FP8
+        out["activation_fp8_input"] = True
     if extras.get("bf16_optimizer") and row["framework"] == "deepspeed":     # DeepSpeed's BF16_Optimizer ran
         out["bf16_optimizer"] = True
     modules = extras.get("recompute_modules")       # Megatron-Core's --recompute-modules, when the run names them

@@ -126,13 +126,17 @@ def _torch_precision(precision: str) -> str:
 
 
 def block_table(spec: TransformerSpec, precision: str, kernels: str, *, flash: bool = True,
-                dropout: bool = False, fused_norm: bool = False) -> BlockTable:
+                dropout: bool = False, fused_norm: bool = False, activation_fp8_input: bool = False) -> BlockTable:
     """The per-token table of one block for `kernels` (IMPLEMENTATIONS); `fused_norm`: the eager block's RMSNorms
-    run as one fused kernel (_eager_block)."""
+    run as one fused kernel (_eager_block); `activation_fp8_input`: the fused SwiGLU keeps its input in FP8
+    (_megatron_block; Megatron-Core's activation_func_fp8_input_store, fused kernels only)."""
+    if activation_fp8_input and kernels != "fused":
+        raise ValueError("activation_fp8_input is Megatron-Core's fused SwiGLU (kernels 'fused')")
     if spec.moe is not None or spec.mla is not None:
-        return _moe_mla_block(spec, precision, kernels, flash=flash, dropout=dropout)
+        return _moe_mla_block(spec, precision, kernels, flash=flash, dropout=dropout,
+                              activation_fp8_input=activation_fp8_input)
     if kernels == "fused":
-        table = _megatron_block(spec, precision, flash=flash, dropout=dropout)
+        table = _megatron_block(spec, precision, flash=flash, dropout=dropout, activation_fp8_input=activation_fp8_input)
     elif kernels == "eager":
         table = _eager_block(spec, precision, dropout=dropout, python_gelu=spec.activation == "gelu_new",
                              fused_norm=fused_norm)
@@ -282,7 +286,7 @@ class ModuleSac:
     """The whole MoE layer re-runs: its dispatch and combine exchanges and its permutations too."""
 
 
-def module_sac(spec: TransformerSpec, precision: str, modules) -> ModuleSac:
+def module_sac(spec: TransformerSpec, precision: str, modules, *, activation_fp8_input: bool = False) -> ModuleSac:
     """What Megatron-Core's selective recomputation of `modules` (RECOMPUTE_MODULES) drops from a block's saved
     tensors (the Megatron table, _megatron_block / _moe_mla_block, c = compute bytes, lin = a linear layer's saved
     input: 1 byte under FP8) and re-runs (megatron/core/transformer/transformer_layer.py, moe/moe_layer.py,
@@ -299,15 +303,17 @@ def module_sac(spec: TransformerSpec, precision: str, modules) -> ModuleSac:
       moe_act         the routed experts' fc2 input, lin k f_e; re-run as the weighted SwiGLU (3 c k f_e);
       shared_experts  the shared experts' inner tensors (S f_s wide); re-run as their GEMMs and activation;
       mla_up_proj     MLA's q, k and v (the up-projections' outputs after RoPE); re-run as the q_b and kv_b GEMMs.
-    A module the block does not have frees nothing (Megatron-Core ignores it too)."""
+    A module the block does not have frees nothing (Megatron-Core ignores it too). With `activation_fp8_input` the
+    SwiGLU inputs a module frees are the FP8 copies (block_table)."""
     mods = tuple(modules)
     c = compute_bytes(precision)
     lin = 1.0 if precision == "fp8" else c
-    table = block_table(spec, precision, "fused")
+    table = block_table(spec, precision, "fused", activation_fp8_input=activation_fp8_input)
     h, moe, mla = spec.hidden, spec.moe, spec.mla
+    act_in = 1.0 if activation_fp8_input and spec.gated_mlp else None
 
     def inner(width):
-        return mlp_inner_saved(spec.gated_mlp, c, lin, width)
+        return mlp_inner_saved(spec.gated_mlp, c, lin, width, act_in)
 
     def act_traffic(width):
         return mlp_act_traffic(spec.gated_mlp, c, width)
@@ -409,7 +415,8 @@ MLA_EXTRA_KERNELS = 6.0
 """Launches MLA adds (two more projections, two latent norms, splits and concatenations): an estimate."""
 
 
-def _moe_mla_block(spec: TransformerSpec, precision: str, kernels: str, *, flash: bool, dropout: bool) -> BlockTable:
+def _moe_mla_block(spec: TransformerSpec, precision: str, kernels: str, *, flash: bool, dropout: bool,
+                   activation_fp8_input: bool = False) -> BlockTable:
     """An MoE and/or MLA block: the table of the dense block with the MLP width a token goes through
     (k f_e + S f_s) and, for MLA, a query/key/value heads of d_qk, whose saved q, k, v and output,
     4 a d_qk, are corrected to MLA's q, k, kv_b output and output, 2 a d_qk + a (d_nope + d_v) + a d_v
@@ -419,7 +426,7 @@ def _moe_mla_block(spec: TransformerSpec, precision: str, kernels: str, *, flash
     the router's fp32 scores written and read (2 x 4 E)."""
     ffn = spec.moe.active_ffn if spec.moe is not None else spec.ffn
     dense = spec.with_(moe=None, mla=None, ffn=ffn, head_dim=spec.d_head, kv_heads=0 if spec.mla else spec.kv_heads)
-    base = block_table(dense, precision, kernels, flash=flash, dropout=dropout)
+    base = block_table(dense, precision, kernels, flash=flash, dropout=dropout, activation_fp8_input=activation_fp8_input)
     c = compute_bytes(_torch_precision(precision) if kernels == "torch" else precision)
     rep, _ = moe_mla_bytes_per_token(spec, c, kernels=kernels, precision=precision)
     mla_shard = 0.0
@@ -436,10 +443,12 @@ def _moe_mla_block(spec: TransformerSpec, precision: str, kernels: str, *, flash
                       kernels_fwd=base.kernels_fwd + launches)
 
 
-def mlp_inner_saved(gated: bool, c, lin, width):
+def mlp_inner_saved(gated: bool, c, lin, width, act_in=None):
     """What a Megatron MLP of inner width f keeps between its linears, per token: SwiGLU both fc1 halves (2 c f)
-    or GeLU its input (c f), and fc2 its input (lin f: 1 byte under FP8). _megatron_block and module_sac."""
-    return ((2 if gated else 1) * c + lin) * width
+    or GeLU its input (c f), and fc2 its input (lin f: 1 byte under FP8). _megatron_block and module_sac.
+    `act_in`: bytes per element of the activation's saved input when not c (1: Megatron-Core's
+    activation_func_fp8_input_store keeps the SwiGLU input as float8_e4m3fn, fused_bias_swiglu.py)."""
+    return ((2 if gated else 1) * (c if act_in is None else act_in) + lin) * width
 
 
 def mlp_act_traffic(gated: bool, c, width):
@@ -447,7 +456,8 @@ def mlp_act_traffic(gated: bool, c, width):
     return (3 if gated else 2) * c * width
 
 
-def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout: bool) -> BlockTable:
+def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout: bool,
+                    activation_fp8_input: bool = False) -> BlockTable:
     """Korthikanti et al. 2022, Sec. 4.1, term by term (c = 2 under mixed precision):
     attention: LN-out c h + Q,K c (q + kv) + V c kv + softmax c a s + mask a s + dropout-out c a s
     + proj-in c q + mask h; MLP: fc1-in c h + act-in c f + fc2-in c f (+ c f gated) + mask h;
@@ -457,12 +467,16 @@ def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropo
     input instead of the 16-bit tensor (TransformerEngine release_v1.12 and release_v2.4 module/linear.py and
     layernorm_linear.py save the quantized input, from 2.2 only its column-wise copy; Megatron-Core's SwiGLU keeps
     its 16-bit input): QKV in, fc1 in and fc2 in take 1 byte per element; the attention output stays in 16
-    bits (TE's fused attention saves it for its own backward) and the projection adds its FP8 copy."""
+    bits (TE's fused attention saves it for its own backward) and the projection adds its FP8 copy.
+
+    `activation_fp8_input` (Megatron-Core's activation_func_fp8_input_store, SwiGLU only): the fused SwiGLU keeps
+    its input cast to float8_e4m3fn, 2 f bytes instead of 2 c f, and writes that copy (2 f more streamed)."""
     c = compute_bytes(precision)
     h, q, kv, f, a = spec.hidden, spec.attn_width, spec.kv_width, spec.d_ffn, spec.heads
     mask = 1.0 if dropout else 0.0
     lin = 1.0 if precision == "fp8" else c                              # a linear layer's saved input, per element
-    mlp_inner = mlp_inner_saved(spec.gated_mlp, c, lin, f)              # SwiGLU / GeLU input + fc2 in
+    fp8_act = activation_fp8_input and spec.gated_mlp
+    mlp_inner = mlp_inner_saved(spec.gated_mlp, c, lin, f, 1.0 if fp8_act else None)  # SwiGLU / GeLU in + fc2 in
     proj_in = (c * q + (lin * q if lin != c else 0.0)) if flash else lin * q  # flash keeps its 16-bit output
     rep = c * h + lin * h + mask * h + c * h + lin * h + mask * h       # LN1 in, QKV in, mask, LN2 in, fc1 in, mask
     shard = c * (q + kv) + c * kv + proj_in + mlp_inner                 # Q, K, V, proj in, MLP inner
@@ -478,7 +492,7 @@ def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropo
         # scale-mask-softmax reads + writes c per score; dropout reads c, writes c + 1 byte mask.
         scores_traffic = Terms(seq=(2 * c + (2 * c + 1) * (1 if dropout else 0)) * a)
     saved = Terms(rep=rep, shard=shard) + (Terms() if flash else scores)
-    act = mlp_act_traffic(spec.gated_mlp, c, f)                         # bias-GeLU r/w, or SwiGLU r 2f w f
+    act = mlp_act_traffic(spec.gated_mlp, c, f) + (2.0 * f if fp8_act else 0.0)  # bias-GeLU r/w, SwiGLU r 2f w f
     bda = 3 * c + (1 if dropout else 0)                                 # bias-dropout-add: r x, r res, w y (+ mask)
     traffic = Terms(rep=2 * c * h + bda * h + 2 * c * h + bda * h, shard=act) + scores_traffic
     return BlockTable(saved=saved, saved_full_recompute=Terms(rep=c * h), scores_saved=scores,

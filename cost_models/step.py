@@ -93,6 +93,9 @@ class Software:
     accumulated into an unsharded fp32 buffer after each micro-batch beside the bf16 gradients, all-reduced in
     bf16, and the updated bf16 parameters all-gathered from their owners (deepspeed/runtime/bf16_optimizer.py,
     pipe/engine.py _exec_backward_pass and _bf16_reduce_grads, v0.6.5)."""
+    activation_fp8_input: bool = False
+    """The fused SwiGLU keeps its input in FP8 for the backward (Megatron-Core's activation_func_fp8_input_store;
+    DeepSeek-V3's report, Sec. 3.3.3, caches its MoE SwiGLU inputs the same way): cost_models.blocks.block_table."""
     recompute_modules: tuple[str, ...] | None = None
     """What selective recomputation re-runs on a stack whose selective policy is by module (Megatron-Core's
     recompute_modules, cost_models.blocks.RECOMPUTE_MODULES); None: the attention core (its default)."""
@@ -109,7 +112,8 @@ class Software:
            moe_imbalance: float | None = None, moe_fp8_dispatch: bool = False,
            fp8_scaling: str | None = None, activation_offload_layers: int | None = None,
            master_weights: str | None = None, expandable_segments: bool | None = None,
-           fused_norm: bool = False, recompute_modules=None, bf16_optimizer: bool = False) -> "Software":
+           fused_norm: bool = False, recompute_modules=None, bf16_optimizer: bool = False,
+           activation_fp8_input: bool = False) -> "Software":
         return cls(framework=framework, attention=attention or framework.attention, dropout=bool(dropout),
                    loss=loss or framework.loss,
                    tp_comm_overlap=framework.tp_comm_overlap if tp_comm_overlap is None else bool(tp_comm_overlap),
@@ -122,7 +126,7 @@ class Software:
                    fp8_scaling=fp8_scaling or "tensorwise", activation_offload_layers=activation_offload_layers,
                    master_weights=master_weights or "fp32", fused_norm=bool(fused_norm),
                    recompute_modules=None if recompute_modules is None else tuple(recompute_modules),
-                   bf16_optimizer=bool(bf16_optimizer),
+                   bf16_optimizer=bool(bf16_optimizer), activation_fp8_input=bool(activation_fp8_input),
                    expandable_segments=framework.expandable_segments if expandable_segments is None
                    else bool(expandable_segments))
 
@@ -198,6 +202,7 @@ def block_table_of(sw: Software, spec: TransformerSpec, precision: str, zero=Non
 
     flash = sw.kernel(precision, spec) != "math"
     table = B.block_table(spec, precision, sw.framework.kernels, flash=flash, dropout=sw.dropout,
+                          activation_fp8_input=sw.activation_fp8_input,
                           fused_norm=sw.fused_norm)
     if zero is not None and activation_precision(sw, precision, 3) != precision:
         sharded = np.asarray(zero) >= 2
@@ -216,7 +221,7 @@ def selective_policy(sw: Software, spec: TransformerSpec, precision: str) -> B.O
     Megatron-Core's by module when the run names its recompute_modules (cost_models.blocks.module_sac); None
     where selective means the attention core (Megatron's default) or the block is MoE / MLA under torchtitan."""
     if sw.recompute_modules is not None and tuple(sw.recompute_modules) != ("core_attn",):
-        return B.module_sac(spec, precision, sw.recompute_modules)
+        return B.module_sac(spec, precision, sw.recompute_modules, activation_fp8_input=sw.activation_fp8_input)
     if sw.framework.selective_recompute != "op" or spec.moe is not None or spec.mla is not None:
         return None
     return B.op_sac(spec, precision, sw.framework.kernels)

@@ -102,6 +102,9 @@ class Capabilities:
     mtp_with_pp_or_cp: bool = True
     """Whether multi-token-prediction modules (DeepSeek-V3's MTP, TransformerSpec.mtp_modules) run with pipeline
     or context parallelism (torchtitan 0.3.0's MTPDecoder refuses both)."""
+    activation_fp8_input: bool = False
+    """Whether the stack can store the SwiGLU activation's input in FP8 for the backward (Megatron-Core's
+    activation_func_fp8_input_store; cost_models.step.Software.activation_fp8_input)."""
     bf16_optimizer: bool = False
     """Whether the stack has DeepSpeed's BF16_Optimizer (bf16 with ZeRO 0-1 and fp32 gradient accumulation;
     cost_models.step.Software.bf16_optimizer)."""

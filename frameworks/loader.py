@@ -37,7 +37,7 @@ _STATE_KEYS = ("param", "grad", "master", "state", "reduce", "gather")
 _CAPS = {"precisions": list, "schedules": list, "max_virtual_stages": int, "zero": list, "zero_with_pp": list,
          "tp": bool, "sequence_parallel": str, "cp_comm": list, "ep": bool, "expert_tp": bool, "hsdp": bool,
          "offload": list, "recompute": list, "placements": list, "activation_offload": str,
-         "cp_with_sequence_parallel": bool, "master_remainders": bool, "recompute_modules": bool, "recompute_layers": bool, "bf16_optimizer": bool,
+         "cp_with_sequence_parallel": bool, "master_remainders": bool, "recompute_modules": bool, "recompute_layers": bool, "bf16_optimizer": bool, "activation_fp8_input": bool,
          "mtp_with_pp_or_cp": bool, "moe_model_types": (list, type(None)),
          "optimizer_offload_min_zero": int}
 

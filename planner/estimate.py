@@ -129,6 +129,7 @@ class Estimate:
                          **({"fused_norm": True} if sw.fused_norm else {}),
                          **({"recompute_modules": list(sw.recompute_modules)} if sw.recompute_modules else {}),
                          **({"bf16_optimizer": True} if sw.bf16_optimizer else {}),
+                         **({"activation_fp8_input": True} if sw.activation_fp8_input else {}),
                          **({"fp8_scaling": sw.fp8_scaling} if cfg.precision == "fp8" else {}),
                          **({"moe_dispatcher": sw.moe_dispatcher, "moe_a2a_overlap": sw.moe_a2a_overlap,
                              "moe_imbalance": sw.imbalance, "moe_fp8_dispatch": sw.moe_fp8_dispatch}
@@ -216,7 +217,8 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
                  kernels: str | None = None, fp8_scaling: str | None = None,
                  activation_offload_layers: int | None = None, master_weights: str | None = None,
                  expandable_segments: bool | None = None, fused_norm: bool = False,
-                 recompute_modules=None, bf16_optimizer: bool = False) -> Software:
+                 recompute_modules=None, bf16_optimizer: bool = False,
+                 activation_fp8_input: bool = False) -> Software:
     """The run's software: the framework profile (by name or record) with the attention kernel, dropout,
     gradient-reduction overlap and dtype, cross-entropy kernel, tensor-parallel overlap, torch.compile and
     expert-parallel choices (token dispatcher, exchange overlap, routed-token imbalance, FP8 dispatch;
@@ -227,7 +229,9 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
     have master_remainders), and whether PyTorch's allocator runs with expandable segments
     (`expandable_segments`; None: the framework launcher's default), and whether an eager stack's RMSNorms run as
     one fused kernel (`fused_norm`, torchtitan's fused_rmsnorm), and which modules selective recomputation re-runs
-    where the framework names them (`recompute_modules`, Megatron-Core's; cost_models.blocks.RECOMPUTE_MODULES)."""
+    where the framework names them (`recompute_modules`, Megatron-Core's; cost_models.blocks.RECOMPUTE_MODULES),
+    and whether the fused SwiGLU stores its input in FP8 (`activation_fp8_input`, Megatron-Core's
+    activation_func_fp8_input_store; check_activation_fp8_input checks the model)."""
     fw = framework if isinstance(framework, FrameworkProfile) else load_framework(framework)
     if kernels is not None:
         if kernels not in KERNELS:
@@ -269,6 +273,13 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
         raise ConfigError("bf16_optimizer", True, "false",
                           message=f"framework {fw.name} cannot run this plan: bf16_optimizer: {fw.name} has no "
                                   "BF16_Optimizer (allowed: false)")
+    if not isinstance(activation_fp8_input, bool):
+        raise ConfigError("activation_fp8_input", activation_fp8_input, "true or false")
+    if activation_fp8_input and (not fw.capabilities.activation_fp8_input or fw.kernels != "fused"):
+        raise ConfigError("activation_fp8_input", True, "false",
+                          message=f"framework {fw.name} cannot run this plan: activation_fp8_input: its "
+                                  f"{fw.kernels} MLP keeps the activation input in the compute dtype (Megatron-Core's "
+                                  "fused SwiGLU stores it in FP8; allowed: false)")
     if moe_dispatcher is not None and moe_dispatcher not in MOE_DISPATCHERS:
         raise ConfigError("moe_dispatcher", moe_dispatcher, "one of " + ", ".join(MOE_DISPATCHERS))
     number = isinstance(moe_imbalance, (int, float)) and not isinstance(moe_imbalance, bool)
@@ -281,7 +292,20 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
                        moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch, fp8_scaling=fp8_scaling,
                        activation_offload_layers=activation_offload_layers, master_weights=master_weights,
                        expandable_segments=expandable_segments, fused_norm=fused_norm,
-                       recompute_modules=recompute_modules, bf16_optimizer=bf16_optimizer)
+                       recompute_modules=recompute_modules, bf16_optimizer=bf16_optimizer,
+                       activation_fp8_input=activation_fp8_input)
+
+
+def check_activation_fp8_input(software: Software, model: TransformerSpec) -> None:
+    """ConfigError (one line) when the run stores the activation input in FP8 for a model whose MLP is not SwiGLU:
+    Megatron-Core's TransformerConfig refuses it ('Storing activation input in FP8 is supported only for
+    SwiGLU', transformer_config.py __post_init__ at core_v0.14.0)."""
+    swiglu = model.gated_mlp and model.activation in ("silu", "swiglu")
+    if software.activation_fp8_input and not swiglu:
+        raise ConfigError("activation_fp8_input", True, "false",
+                          message=f"activation_fp8_input needs a SwiGLU MLP: {model.name} uses "
+                                  f"{'gated ' if model.gated_mlp else ''}{model.activation} (Megatron-Core stores only "
+                                  "the SwiGLU input in FP8; allowed: false)")
 
 
 def check_recompute_modules(fw: FrameworkProfile, modules) -> tuple[str, ...]:
@@ -324,7 +348,7 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
              framework_profile: FrameworkProfile | None = None, fp8_scaling: str | None = None,
              activation_offload_layers: int | None = None, master_weights: str | None = None,
              expandable_segments: bool | None = None, fused_norm: bool = False,
-             recompute_modules=None, bf16_optimizer: bool = False) -> Estimate:
+             recompute_modules=None, bf16_optimizer: bool = False, activation_fp8_input: bool = False) -> Estimate:
     """Validate `cfg` for `model` on `gpus` devices of `hw` and predict its step time and memory on the
     framework `cfg.framework` names (frameworks/*.json).
 
@@ -367,7 +391,8 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
                             fp8_scaling=fp8_scaling, activation_offload_layers=activation_offload_layers,
                             master_weights=master_weights, expandable_segments=expandable_segments,
                             fused_norm=fused_norm, recompute_modules=recompute_modules,
-                            bf16_optimizer=bf16_optimizer)
+                            bf16_optimizer=bf16_optimizer, activation_fp8_input=activation_fp8_input)
+    check_activation_fp8_input(software, model)
     cfg.check_world_size(gpus)
     cfg.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
     cfg.check_experts(model.moe)

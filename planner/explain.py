@@ -344,7 +344,7 @@ def _software_options(doc: Mapping[str, Any]) -> dict:
         out["master_weights"] = "remainder"
     if isinstance(sw.get("expandable_segments"), bool):
         out["expandable_segments"] = sw["expandable_segments"]
-    for flag in ("fused_norm", "bf16_optimizer"):
+    for flag in ("fused_norm", "bf16_optimizer", "activation_fp8_input"):
         if sw.get(flag) is True:
             out[flag] = True
     if sw.get("recompute_modules"):

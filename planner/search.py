@@ -1136,7 +1136,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
               overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None,
               master_weights: str | None = None, kernels: str | None = None, reliability=None,
               expandable_segments: bool | None = None, fused_norm: bool = False, recompute_modules=None,
-              bf16_optimizer: bool = False) -> Recommendation:
+              bf16_optimizer: bool = False, activation_fp8_input: bool = False) -> Recommendation:
     """Search the parallel strategies of `model` on `gpus` devices of `hardware` and rank them.
 
     `model` is a MODEL argument (catalog name, config.json, factory) or a resolved spec; `hardware`
@@ -1144,8 +1144,9 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     plans it can run are searched (SearchSpace.for_framework), costed with its profile. `attention`,
     `dropout`, `overlap_grad_reduce` override the framework's defaults for score() and estimate(), and so
     do `grad_reduce_dtype`, `master_weights`, `kernels`, `expandable_segments`, `fused_norm`, `recompute_modules`
-    (what selective recomputation re-runs) and `bf16_optimizer` (planner.estimate.software_for; with
-    bf16_optimizer only ZeRO-1 without optimizer offload is searched, what DeepSpeed's BF16_Optimizer runs).
+    (what selective recomputation re-runs), `bf16_optimizer` (planner.estimate.software_for; with
+    bf16_optimizer only ZeRO-1 without optimizer offload is searched, what DeepSpeed's BF16_Optimizer runs) and
+    `activation_fp8_input` (the SwiGLU input kept in FP8; a SwiGLU model only).
     With `tokens`, every plan document carries its goodput under failures (planner.goodput) from
     `reliability` (planner.goodput.ReliabilityInputs: the user's failure rates, restart time, storage,
     save mode, spot reclaim rate; None: the sourced defaults); objective "time-to-train" needs `tokens`.
@@ -1158,12 +1159,14 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
         raise ConfigError("top", top, "a positive integer")
     reliability = _reliability_inputs(reliability, objective=objective, tokens=tokens, spot=spot)
     model, hardware, world, n_nodes = _resolve(model, hardware, gpus, nodes, seq)
-    from planner.estimate import check_master_weights, software_for
+    from planner.estimate import check_activation_fp8_input, check_master_weights, software_for
 
     software = software_for(framework, attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce,
                             grad_reduce_dtype=grad_reduce_dtype, master_weights=master_weights, kernels=kernels,
                             expandable_segments=expandable_segments, fused_norm=fused_norm,
-                            recompute_modules=recompute_modules, bf16_optimizer=bf16_optimizer)
+                            recompute_modules=recompute_modules, bf16_optimizer=bf16_optimizer,
+                            activation_fp8_input=activation_fp8_input)
+    check_activation_fp8_input(software, model)
     precision = resolve_precision(hardware, precision)    # None: bf16 mixed precision where the device has bf16
     check_master_weights(software, precision)
     ParallelConfig(precision=precision, optimizer=optimizer, framework=software.framework.name)  # validates them
@@ -1202,7 +1205,8 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
                                   kernels=kernels, expandable_segments=expandable_segments,
                                   recompute_modules=recompute_modules).items()
             if v is not None}
-    opts.update({k: True for k, v in dict(fused_norm=fused_norm, bf16_optimizer=bf16_optimizer).items() if v})
+    opts.update({k: True for k, v in dict(fused_norm=fused_norm, bf16_optimizer=bf16_optimizer,
+                                          activation_fp8_input=activation_fp8_input).items() if v})
     leaders = [config_of(scored.arrays, int(i), **kw) for i in order[:max(top, refine) + 1]]
     documents, refined, splits = [], [0], {}
 

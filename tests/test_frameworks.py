@@ -166,6 +166,31 @@ def test_selective_recompute_under_fp8_drops_the_attention_output_the_projection
     assert selective.step_time_s > none.step_time_s
 
 
+def test_swiglu_input_kept_in_fp8_saves_one_byte_per_element_of_both_fc1_halves():
+    """activation_fp8_input (Megatron-Core's activation_func_fp8_input_store): the fused SwiGLU keeps its 2 f-wide
+    input as float8_e4m3fn, so each block of each micro-batch in flight holds 2 f (c - 1) bytes per token less;
+    megatron only, SwiGLU only, each refused in one line elsewhere."""
+    from planner.catalog import get
+
+    spec = get("llama3-8b")
+    cfg = _cfg(dp=8, micro_batch=1, global_batch=64, seq=4096, precision="fp8")
+    bf16_in = estimate(spec, "p5.48xlarge", cfg, gpus=8)
+    fp8_in = estimate(spec, "p5.48xlarge", cfg, gpus=8, activation_fp8_input=True)
+    saved = bf16_in.memory()["activations_bytes"] - fp8_in.memory()["activations_bytes"]
+    assert saved == pytest.approx(spec.layers * 4096 * 2 * spec.d_ffn * (2 - 1), rel=1e-9)
+    assert fp8_in.step_time_s >= bf16_in.step_time_s       # the FP8 copy is one more write
+    assert fp8_in.to_document()["software"]["activation_fp8_input"] is True
+    with pytest.raises(ConfigError, match="SwiGLU"):
+        estimate("gpt3-175b", "p5.48xlarge", replace(cfg, seq=2048), gpus=8, activation_fp8_input=True)
+    with pytest.raises(ConfigError, match="fsdp cannot run this plan: activation_fp8_input"):
+        estimate(spec, "p5.48xlarge", replace(cfg, framework="fsdp"), gpus=8, activation_fp8_input=True)
+    # DeepSeek-V3's pre-training run caches its MoE SwiGLU inputs in FP8 (report Sec. 3.3.3): with it, it fits
+    from benchmarks import published_rows as R
+    from benchmarks.accuracy_frameworks import predict
+    dsv3 = next(c for c in R.load(("moe",)) if c.id == "deepseek-v3-pretrain-h800-2048")
+    assert dsv3.row["trained"] and dsv3.options.get("activation_fp8_input") is True and predict(dsv3).fits
+
+
 def test_automodel_qwen3_moe_run_fits_because_its_loss_is_not_upcast():
     """NeMo AutoModel's Qwen3-30B-A3B benchmark (8 H100, FSDP2, ep 8, micro-batch 4 x 4096, vocab 151936) trained
     with MaskedCrossEntropy(fp32_upcast=False); costed with torchtitan's upcast loss it needed 1.12 x the device."""

@@ -151,3 +151,37 @@ def test_a_recommend_json_document_loads_as_its_winner(tmp_path):
     path = tmp_path / "recommend.json"
     path.write_text(json.dumps(wrapped))
     assert load_plan(path).config == load_plan(EXAMPLE).config
+
+
+def test_schema_software_vocabularies_are_the_codes():
+    """The schema's software enums are the code's vocabularies: a plan costed with any loss kernel, attention kernel
+    or dispatcher the cost model knows is a valid document (the loss enum once lacked 'native')."""
+    from frameworks import ATTENTION_KERNELS, LOSS_KERNELS
+    from planner.plan import plan_schema
+
+    def find(node, key):
+        if isinstance(node, dict):
+            if key in node and isinstance(node[key], dict) and "enum" in node[key]:
+                return node[key]["enum"]
+            for v in node.values():
+                hit = find(v, key)
+                if hit is not None:
+                    return hit
+        return None
+
+    schema = plan_schema()
+    assert sorted(find(schema, "loss")) == sorted(LOSS_KERNELS)
+    assert set(find(schema, "attention") or ATTENTION_KERNELS) == set(ATTENTION_KERNELS)
+
+
+def test_plan_with_fp8_activation_input_round_trips_through_the_schema():
+    """An estimate with the SwiGLU input kept in FP8 and Transformer Engine's in-place loss writes both in its
+    software block, and the document validates."""
+    from planner.estimate import estimate
+
+    cfg = ParallelConfig(dp=8, tp=1, pp=1, micro_batch=1, global_batch=64, seq=4096, precision="fp8",
+                         framework="megatron")
+    est = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8, activation_fp8_input=True, loss="inplace")
+    doc = json.loads(json.dumps(est.to_document()))
+    assert doc["software"]["activation_fp8_input"] is True and doc["software"]["loss"] == "inplace"
+    plan_from_document(doc)

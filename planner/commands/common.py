@@ -57,6 +57,14 @@ KernelsOpt = Annotated[Optional[str], typer.Option(
 Bf16OptimizerOpt = Annotated[bool, typer.Option(
     "--bf16-optimizer", help="On deepspeed with amp-bf16/bf16 and --zero 1: DeepSpeed's BF16_Optimizer (fp32 gradient "
                              "accumulation, bf16 all-reduce, parameter all-gather), as BLOOM-176B trained.")]
+ActivationFp8InputOpt = Annotated[bool, typer.Option(
+    "--activation-fp8-input", help="On megatron with a SwiGLU model: the fused SwiGLU keeps its input in FP8 for the "
+                                   "backward (Megatron-Core's activation_func_fp8_input_store, set on the model "
+                                   "config by NeMo / Megatron-Bridge), as DeepSeek-V3 trained.")]
+LossOpt = Annotated[Optional[str], typer.Option(
+    "--loss", help="Cross-entropy kernel: vocab_parallel (Megatron's), upcast (fp32 logits: Hugging Face, "
+                   "torchtitan), fused (flash-attn's xentropy), native (torch on 16-bit logits) or inplace "
+                   "(Transformer Engine's, Megatron-Bridge's recipes). Default: the framework's.")]
 RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
     "--recompute-modules", help="With --recompute selective on megatron: the modules re-run in the backward, "
                                 "comma-separated among core_attn (default), layernorm, mlp, moe, moe_act, "

@@ -13,7 +13,7 @@ import typer
 
 from planner.commands.common import (MAX_WORLD_SIZE, AttentionOpt, DropoutOpt, FrameworkOpt, GlobalBatchOpt, GpusOpt,
                                      GradReduceOpt, Fp8ScalingOpt, MasterWeightsOpt, KernelsOpt, RecomputeModulesOpt,
-                                     Bf16OptimizerOpt,
+                                     Bf16OptimizerOpt, ActivationFp8InputOpt, LossOpt,
                                      HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
                                      NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json)
 from planner.errors import ConfigError
@@ -92,8 +92,8 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
              attention: AttentionOpt = None, dropout: DropoutOpt = None, grad_reduce_dtype: GradReduceOpt = None,
              fp8_scaling: Fp8ScalingOpt = None, master_weights: MasterWeightsOpt = None, kernels: KernelsOpt = None,
              stages: StagesOpt = None, recompute_modules: RecomputeModulesOpt = None,
-             bf16_optimizer: Bf16OptimizerOpt = False,
-             json: JsonOpt = False) -> None:
+             bf16_optimizer: Bf16OptimizerOpt = False, activation_fp8_input: ActivationFp8InputOpt = False,
+             loss: LossOpt = None, json: JsonOpt = False) -> None:
     """Predict step time and peak memory of one parallel configuration."""
     from hardware_profiles import load_profile
     from planner.estimate import estimate as run_estimate
@@ -121,7 +121,8 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
     est = run_estimate(spec, hw, cfg, gpus=n, attention=attention, dropout=dropout, grad_reduce_dtype=grad_reduce_dtype,
                        fp8_scaling=fp8_scaling, master_weights=master_weights, kernels=kernels,
                        recompute_modules=None if recompute_modules is None
-                       else [m.strip() for m in recompute_modules.split(",")], bf16_optimizer=bf16_optimizer)
+                       else [m.strip() for m in recompute_modules.split(",")], bf16_optimizer=bf16_optimizer,
+                       activation_fp8_input=activation_fp8_input, loss=loss)
     document = est.to_document()
     if json:
         emit_json(document)
@@ -184,7 +185,9 @@ def render(doc: dict) -> None:
                       + said("dropout", f"dropout {'on' if sw['dropout'] else 'off'}")
                       + (", master weights as 16-bit remainders" if sw.get("master_weights") == "remainder" else "")
                       + (f", recomputing {', '.join(sw['recompute_modules'])}" if sw.get("recompute_modules") else "")
-                      + (", DeepSpeed BF16_Optimizer" if sw.get("bf16_optimizer") else ""),
+                      + (", DeepSpeed BF16_Optimizer" if sw.get("bf16_optimizer") else "")
+                      + (", SwiGLU input kept in FP8" if sw.get("activation_fp8_input") else "")
+                      + (f", loss {sw['loss']}" if sw.get("loss") else ""),
                       highlight=False)
     if pred.get("expert_parallel"):
         from planner.explain import expert_lines

@@ -192,6 +192,15 @@ def to_megatron(plan: Plan) -> Export:
     if cfg.precision == "bf16":
         notes.append("precision bf16 (no fp32 master weights): Megatron keeps fp32 main parameters in its optimizer "
                      "(more memory than planned unless you add --use-precision-aware-optimizer --main-params-dtype bf16)")
+    software = plan.document.get("software") or {}
+    if software.get("activation_fp8_input"):
+        notes.append("activation_fp8_input: Megatron-LM has no argument for TransformerConfig."
+                     "activation_func_fp8_input_store; set it on the model config (NeMo / Megatron-Bridge: "
+                     "activation_func_fp8_input_store=True), or the SwiGLU inputs take twice the bytes the plan counted")
+    if software.get("loss") == "inplace":
+        notes.append("loss inplace: Transformer Engine's cross-entropy is Megatron-Bridge's setting "
+                     "(cross_entropy_fusion_impl='te' on the model config); Megatron-LM's validate_args refuses "
+                     "--cross-entropy-fusion-impl te, and its own loss keeps 4 more bytes per logit on the last stage")
     if cfg.precision == "fp8":
         add("--fp8-format", "hybrid")
         add("--fp8-recipe", "tensorwise")
