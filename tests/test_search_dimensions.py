@@ -409,7 +409,8 @@ def test_deepseek_v3_acceptance_picks_ep_and_says_why_within_the_budget(hardware
     issue's acceptance: a plan with ep > 1 wins, the whole space is searched, and explain compares it with the
     best plan of every other expert-parallel degree and placement. Budget 2 s on 2 cores of the reference machine
     (CPU time of the search; the CLI adds ~0.4 s of start-up), times machine_slowdown on a slower one
-    (conftest.py); measured ~1.4 s and ~1.0 s there, ~2.7 s and ~2.0 s on a machine 2.4 times slower. Timed warm,
+    (conftest.py); ~2.4 s and ~1.5 s on a machine whose yardstick is 1.5 times slower (1.6 and 1.0 reference
+    seconds; the per-block terms scored once per distinct row, planner.score.block_terms, took ~18% off). Timed warm,
     as the yardstick is: the first search of a model also fills its per-model caches (~1 s more here). The wall
     limit is generous for a loaded machine."""
     from planner.explain import explain_document
