@@ -155,8 +155,10 @@ class Estimate:
         from cost_models.step import Step
 
         cfg = self.config
-        x = Step.of(self.model, self.hardware, self.software, candidate_of(cfg, self.model.total_blocks),
-                    global_batch=cfg.global_batch, seq=cfg.seq, precision=cfg.precision, optimizer=cfg.optimizer)
+        x = getattr(self.scores, "step", None)      # the record score() costed the plan with
+        if x is None:
+            x = Step.of(self.model, self.hardware, self.software, candidate_of(cfg, self.model.total_blocks),
+                        global_batch=cfg.global_batch, seq=cfg.seq, precision=cfg.precision, optimizer=cfg.optimizer)
         return placement_summary(x, block_seconds(x))
 
 

@@ -194,7 +194,10 @@ def stage_group_locality(placement_idx, dp, pp, tp, n, virtual_stride, devices_p
     size = {"D": dp, "C": cp, "T": tp}
     shape = np.broadcast(placement_idx, dp, pp, tp, cp, n, g).shape
     out = np.ones(shape, dtype=np.int64)
+    present = set(np.unique(placement_idx).tolist())
     for i, text in enumerate(PLACEMENTS):
+        if i not in present:                               # no candidate has this order: nothing to select
+            continue
         order = with_context(text)
         if order[0] == "P":                                # stage ranks contiguous
             local = ranks_per_node(n, g, devices_per_node)

@@ -152,6 +152,8 @@ class Scores:
     stage_memory: dict | None = None
     """With CandidateArrays.rank_blocks: per pipeline rank, shape (candidates, R), NaN past pp:
     peak_bytes, params_bytes, grads_bytes, optimizer_bytes, activations_bytes, other_bytes."""
+    step: Step | None = None
+    """The Step record the terms read (planner.estimate's expert-parallel summary reads it again)."""
 
     BREAKDOWN = ("compute", "tp_comm", "cp_comm", "ep_comm", "dp_comm", "pp_p2p", "bubble", "optimizer", "offload",
                  "host_wait")
@@ -226,4 +228,4 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
                   dp_comm=dp_comm, pp_p2p=pp_p2p, bubble=bubble, optimizer=optimizer_s,
                   offload=offload, host_wait=host_wait, num_microbatches=x.m,
                   model_flops_per_step=float(model_flops_per_step(model, global_batch * seq, seq=seq, causal_half=True)),
-                  stage_memory=per_rank)
+                  stage_memory=per_rank, step=x)

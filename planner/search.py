@@ -1063,7 +1063,7 @@ def _score_row(scores, j: int):
         v = getattr(scores, f.name)
         if isinstance(v, np.ndarray) or (np.ndim(v) and f.name != "stage_memory"):
             v = np.broadcast_to(np.asarray(v), (n,) + np.shape(v)[1:])[j:j + 1]
-        out[f.name] = None if f.name == "stage_memory" else v
+        out[f.name] = None if f.name in ("stage_memory", "step") else v     # the batch's, not this row's
     return type(scores)(**out)
 
 
