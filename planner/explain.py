@@ -338,6 +338,10 @@ def _software_options(doc: Mapping[str, Any]) -> dict:
     """The kernel choices the plan was costed with (its `software` block), for a comparable search."""
     sw = doc.get("software") or {}
     out = {k: sw[k] for k in ("attention", "dropout", "overlap_grad_reduce") if k in sw}
+    if sw.get("loss") and sw.get("framework"):
+        from frameworks import load_framework
+        if sw["loss"] != load_framework(sw["framework"]).loss:
+            out["loss"] = sw["loss"]        # a run that computes the loss with another kernel (--loss)
     if sw.get("grad_reduce_bytes") in (2, 4):
         out["grad_reduce_dtype"] = {2: "bf16", 4: "fp32"}[sw["grad_reduce_bytes"]]
     if sw.get("master_weights") == "remainder":

@@ -70,6 +70,7 @@ def one_line(result, *needles: str) -> str:
     ([*EST, "--framework", "jax"], ["framework='jax'"]),
     ([*EST, "--fp8-scaling", "colwise"], ["fp8_scaling='colwise'", "tensorwise, rowwise"]),
     ([*EST, "--loss", "chunked"], ["loss='chunked'", "inplace"]),
+    ([*REC, "--loss", "chunked"], ["loss='chunked'", "inplace"]),
     ([*EST, "--activation-fp8-input"], ["activation_fp8_input", "SwiGLU"]),
     ([*REC, "--activation-fp8-input"], ["activation_fp8_input", "SwiGLU"]),
     (["estimate", "llama3-8b", "--hardware", "p5.48xlarge", "--gpus", "8", "--dp", "8", "--framework", "fsdp",

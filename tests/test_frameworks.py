@@ -140,6 +140,12 @@ def test_transformer_engine_cross_entropy_keeps_only_the_16bit_logits_it_overwri
     assert vocab.software.loss == "vocab_parallel" and inplace.software.loss == "inplace"
     assert vocab.peak_bytes_per_gpu - inplace.peak_bytes_per_gpu == pytest.approx(4 * 2 * 8192 * 128256, rel=0.01)
     assert inplace.step_time_s < vocab.step_time_s
+    # recommend searches with it, every plan document says so, and explain's fresh search keeps it
+    from planner.explain import _software_options
+    from planner.search import recommend
+    rec = recommend("llama3-8b", "p5.48xlarge", gpus=8, loss="inplace", top=2)
+    assert all(d["software"]["loss"] == "inplace" for d in (rec.best, *rec.alternatives))
+    assert _software_options(rec.best)["loss"] == "inplace"
     # Megatron-Bridge's published rows name it, and its two GB200 Llama 3 70B runs (40 of 80 layers offloaded) fit
     from benchmarks import published_rows as R
     from benchmarks.accuracy_frameworks import predict
