@@ -310,7 +310,7 @@ def module_sac(spec: TransformerSpec, precision: str, modules, *, activation_fp8
     lin = 1.0 if precision == "fp8" else c
     table = block_table(spec, precision, "fused", activation_fp8_input=activation_fp8_input)
     h, moe, mla = spec.hidden, spec.moe, spec.mla
-    act_in = 1.0 if activation_fp8_input and spec.gated_mlp else None
+    act_in = 1.0 if activation_fp8_input and spec.swiglu else None
 
     def inner(width):
         return mlp_inner_saved(spec.gated_mlp, c, lin, width, act_in)
@@ -475,7 +475,7 @@ def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropo
     h, q, kv, f, a = spec.hidden, spec.attn_width, spec.kv_width, spec.d_ffn, spec.heads
     mask = 1.0 if dropout else 0.0
     lin = 1.0 if precision == "fp8" else c                              # a linear layer's saved input, per element
-    fp8_act = activation_fp8_input and spec.gated_mlp
+    fp8_act = activation_fp8_input and spec.swiglu
     mlp_inner = mlp_inner_saved(spec.gated_mlp, c, lin, f, 1.0 if fp8_act else None)  # SwiGLU / GeLU in + fc2 in
     proj_in = (c * q + (lin * q if lin != c else 0.0)) if flash else lin * q  # flash keeps its 16-bit output
     rep = c * h + lin * h + mask * h + c * h + lin * h + mask * h       # LN1 in, QKV in, mask, LN2 in, fc1 in, mask

@@ -302,8 +302,7 @@ def check_activation_fp8_input(software: Software, model: TransformerSpec) -> No
     """ConfigError (one line) when the run stores the activation input in FP8 for a model whose MLP is not SwiGLU:
     Megatron-Core's TransformerConfig refuses it ('Storing activation input in FP8 is supported only for
     SwiGLU', transformer_config.py __post_init__ at core_v0.14.0)."""
-    swiglu = model.gated_mlp and model.activation in ("silu", "swiglu")
-    if software.activation_fp8_input and not swiglu:
+    if software.activation_fp8_input and not model.swiglu:
         raise ConfigError("activation_fp8_input", True, "false",
                           message=f"activation_fp8_input needs a SwiGLU MLP: {model.name} uses "
                                   f"{'gated ' if model.gated_mlp else ''}{model.activation} (Megatron-Core stores only "

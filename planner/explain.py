@@ -338,10 +338,6 @@ def _software_options(doc: Mapping[str, Any]) -> dict:
     """The kernel choices the plan was costed with (its `software` block), for a comparable search."""
     sw = doc.get("software") or {}
     out = {k: sw[k] for k in ("attention", "dropout", "overlap_grad_reduce") if k in sw}
-    if sw.get("loss") and sw.get("framework"):
-        from frameworks import load_framework
-        if sw["loss"] != load_framework(sw["framework"]).loss:
-            out["loss"] = sw["loss"]        # a run that computes the loss with another kernel (--loss)
     if sw.get("grad_reduce_bytes") in (2, 4):
         out["grad_reduce_dtype"] = {2: "bf16", 4: "fp32"}[sw["grad_reduce_bytes"]]
     if sw.get("master_weights") == "remainder":
@@ -353,10 +349,13 @@ def _software_options(doc: Mapping[str, Any]) -> dict:
             out[flag] = True
     if sw.get("recompute_modules"):
         out["recompute_modules"] = list(sw["recompute_modules"])
-    if sw.get("kernels") and sw.get("framework"):
+    if sw.get("framework"):
         from frameworks import load_framework
-        if sw["kernels"] != load_framework(sw["framework"]).kernels:
+        fw = load_framework(sw["framework"])
+        if sw.get("kernels") and sw["kernels"] != fw.kernels:
             out["kernels"] = sw["kernels"]      # a run that swaps in another stack's modules (--kernels)
+        if sw.get("loss") and sw["loss"] != fw.loss:
+            out["loss"] = sw["loss"]            # a run that computes the loss with another kernel (--loss)
     return out
 
 

@@ -344,6 +344,11 @@ class TransformerSpec:
         return self.ffn or 4 * self.hidden
 
     @property
+    def swiglu(self) -> bool:
+        """The MLP is SwiGLU: gated, with SiLU (Llama, Mixtral, Qwen, DeepSeek)."""
+        return self.gated_mlp and self.activation == "silu"
+
+    @property
     def n_positions(self) -> int:
         return (self.max_positions or self.seq) if self.position == "learned" else 0
 

@@ -201,7 +201,7 @@ def fsdp_limits(plan: Plan) -> list[str]:
                 and spec.qkv_bias and spec.out_bias and spec.mlp_bias and spec.d_head * spec.heads == spec.hidden):
             out.append(f"{spec.name}: not the shape of transformers' GPT2 model (learned positions, LayerNorm, GELU MLP, "
                        "biases, head_dim = hidden/heads)")
-    elif not (spec.position == "rope" and spec.norm == "rmsnorm" and spec.gated_mlp and spec.activation == "silu"
+    elif not (spec.position == "rope" and spec.norm == "rmsnorm" and spec.swiglu
               and not spec.out_bias and not spec.parallel_block):
         out.append(f"{spec.name}: not the shape of transformers' {spec.model_type} model (RoPE, RMSNorm, SwiGLU)")
     want_qk_norm = spec.model_type == "qwen3_moe"
@@ -292,7 +292,7 @@ def _llama_only(spec: TransformerSpec, what: str) -> list[str]:
         wrong.append(f"position={spec.position}")
     if spec.norm != "rmsnorm":
         wrong.append(f"norm={spec.norm}")
-    if not (spec.gated_mlp and spec.activation == "silu"):
+    if not spec.swiglu:
         wrong.append("MLP is not SwiGLU")
     if spec.qkv_bias or spec.out_bias or spec.mlp_bias:
         wrong.append("linear biases")
