@@ -381,7 +381,9 @@ def optimizer_step_seconds(x, params_rank):
     on_device = memory_bound_seconds(updated * optimizer_step_bytes_per_param(states, x.optimizer), x.hw)
     step = np.where(x.is_offload("optimizer"), optimizer_offload_seconds(updated, states.grad, x.hw), on_device)
     if x.sw.bf16_optimizer:
-        # BF16_Optimizer.update_hp_grads after every micro-batch's backward: each bf16 gradient read, its fp32
-        # accumulator read and written (pipe/engine.py _exec_backward_pass, bf16_optimizer.py, v0.6.5)
-        step = step + memory_bound_seconds(x.m * params_rank.total * (states.param + 8.0), x.hw)
+        # BF16_Optimizer.update_hp_grads after every micro-batch's backward, `hp_grad.add_(lp.grad.to(fp32))`:
+        # the bf16 gradient read and cast into an fp32 temporary (written, then read back), the fp32 accumulator
+        # read and written: 2 + 4 + 4 + 8 = 18 bytes per parameter (pipe/engine.py _exec_backward_pass,
+        # bf16_optimizer.py update_hp_grads, v0.6.5; unchanged in current DeepSpeed's _update_hp_grad)
+        step = step + memory_bound_seconds(x.m * params_rank.total * (states.param + 16.0), x.hw)
     return step

@@ -276,8 +276,8 @@ def _bf16_run(**over):
 def test_bf16_optimizer_costs_its_fp32_accumulation_its_extra_gather_and_its_per_micro_batch_update():
     """DeepSpeed's BF16_Optimizer (BLOOM-176B's): gradients kept as bf16 plus an unsharded fp32 accumulation
     buffer (6 bytes per parameter instead of 2), one all-gather of the updated parameters after the step on
-    top of the all-reduce, and an fp32 accumulation of every gradient after each micro-batch (10 bytes per
-    parameter streamed)."""
+    top of the all-reduce, and an fp32 accumulation of every gradient after each micro-batch through an fp32
+    temporary (18 bytes per parameter streamed)."""
     from cost_models.compute import memory_Bps
     from planner.estimate import software_for
 
@@ -293,7 +293,7 @@ def test_bf16_optimizer_costs_its_fp32_accumulation_its_extra_gather_and_its_per
     assert grads_gap == pytest.approx(4.0 * params_rank, rel=1e-9)
     m = 2048 // (8 * 2)
     step_gap = float(bf16.scores.optimizer[0]) - float(zero1.scores.optimizer[0])
-    assert step_gap == pytest.approx(m * params_rank * 10.0 / memory_Bps(zero1.hardware), rel=0.02)
+    assert step_gap == pytest.approx(m * params_rank * 18.0 / memory_Bps(zero1.hardware), rel=0.02)
     assert float(bf16.scores.dp_comm[0]) > float(zero1.scores.dp_comm[0])
     assert bf16.step_time_s > zero1.step_time_s and bf16.peak_bytes_per_gpu > zero1.peak_bytes_per_gpu
 
