@@ -22,24 +22,49 @@ def _per_token(terms: B.Terms, tp, sp, s):
     return terms.at(np.asarray(tp, dtype=float), sp, s)
 
 
+def kept_per_token(table: B.BlockTable, per_token, sac=None):
+    """(none, selective, full): bytes per token one block keeps for its backward under each recompute mode, the
+    one rule every reader applies (Korthikanti et al. 2022, Sec. 4-5, as generalized in cost_models.blocks):
+    everything the table saves; without the attention core's saved scores, or what a selective policy keeps
+    (`sac`: torchtitan's per-operator set, cost_models.blocks.op_sac, or Megatron-Core's recompute_modules,
+    cost_models.blocks.module_sac); only the block input (full). `per_token` turns table Terms into bytes per
+    token on one rank (Terms.at for a tp degree, SP flag and sequence; Step.per_token for candidates)."""
+    none = per_token(table.saved)
+    selective = none - per_token(table.scores_saved) if sac is None else per_token(sac.saved)
+    return none, selective, per_token(table.saved_full_recompute)
+
+
+def _kept(table, sac, b, s, tp, sp, recompute):
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, not {recompute!r}")
+    kept = kept_per_token(table, lambda terms: _per_token(terms, tp, sp, s), sac)
+    return kept[RECOMPUTE_MODES.index(recompute)] * b * s
+
+
 def block_bytes(spec: TransformerSpec, b, s, *, precision: str = "amp-bf16", kernels: str = "fused",
                 flash: bool = True, dropout: bool = False, tp=1, sp=False, recompute: str = "none",
                 selective: str = "attention"):
-    """One block: everything (none), without the attention scores' core (selective; with `selective='op'`
-    torchtitan's per-operator set, cost_models.blocks.op_sac), or only the block input (full);
-    replicated terms / (tp with SP), sharded / tp. Arrays broadcast."""
-    if recompute not in RECOMPUTE_MODES:
-        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, not {recompute!r}")
+    """One block of a stack's `kernels` with no run options: everything (none), without the attention scores'
+    core (selective; with `selective='op'` torchtitan's per-operator set, cost_models.blocks.op_sac), or only
+    the block input (full); replicated terms / (tp with SP), sharded / tp. Arrays broadcast. For a run's
+    software (its options change the table) use `block_bytes_of`."""
     table = B.block_table(spec, precision, kernels, flash=flash, dropout=dropout)
-    if recompute == "full":
-        terms = table.saved_full_recompute
-    elif recompute == "selective" and selective == "op" and spec.moe is None and spec.mla is None:
-        terms = B.op_sac(spec, precision, kernels).saved
-    elif recompute == "selective":
-        return (_per_token(table.saved, tp, sp, s) - _per_token(table.scores_saved, tp, sp, s)) * b * s
-    else:
-        terms = table.saved
-    return _per_token(terms, tp, sp, s) * b * s
+    dense = spec.moe is None and spec.mla is None
+    sac = B.op_sac(spec, precision, kernels) if selective == "op" and dense else None
+    return _kept(table, sac, b, s, tp, sp, recompute)
+
+
+def block_bytes_of(sw, spec: TransformerSpec, b, s, *, precision: str = "amp-bf16", zero=0, tp=1, sp=False,
+                   recompute: str = "none"):
+    """One block as a run with software `sw` (cost_models.step.Software) saves it: the table and the selective
+    policy the cost model itself reads (cost_models.step.block_table_of: the run's fused norm, FP8 activation
+    input, FSDP's 16-bit modules from ZeRO 2 on; cost_models.step.selective_policy: per-operator or by-module
+    selective recomputation), so `planner profile`, the stage partitioner and `planner estimate` agree for
+    every run option (tests/test_activation_owner.py)."""
+    from cost_models.step import block_table_of, selective_policy
+
+    return _kept(block_table_of(sw, spec, precision, zero), selective_policy(sw, spec, precision), b, s, tp, sp,
+                 recompute)
 
 
 def embedding_bytes(spec: TransformerSpec, b, s, *, precision: str = "amp-bf16", dropout: bool = False, tp=1, sp=False):

@@ -96,9 +96,10 @@ def activation_bytes(x) -> ActivationBytes:
     from cost_models.pipeline import inflight_microbatches_last_stage
     from planner.parallel import SCHEDULES
 
-    full_block = x.per_token(x.table.saved)
-    selective = full_block - x.per_token(x.table.scores_saved) if x.sac is None else x.per_token(x.sac.saved)
-    kept = np.select([x.full, x.selective], [x.per_token(x.table.saved_full_recompute), selective], full_block)
+    from cost_models.activations import kept_per_token
+
+    full_block, selective, full = kept_per_token(x.table, x.per_token, x.sac)
+    kept = np.select([x.full, x.selective], [full, selective], full_block)
     return ActivationBytes(
         block=kept * x.tokens, block_no_recompute=full_block * x.tokens,
         embedding=x.per_token(B.embedding_saved(x.spec, x.precision, dropout=x.sw.dropout)) * x.tokens,

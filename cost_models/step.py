@@ -456,7 +456,7 @@ class Step:
 
     def per_token(self, terms: B.Terms) -> np.ndarray:
         """Bytes per token on one rank of a table entry: replicated / (tp with SP), sharded / tp, scores s / tp."""
-        return terms.rep * np.where(self.sp, 1.0 / self.tp, 1.0) + (terms.shard + terms.seq * self.seq) / self.tp
+        return terms.at(self.tp, self.sp, self.seq)
 
 
 def _explicit_recomputed(cands) -> dict:

@@ -149,12 +149,16 @@ def describe_spec(spec: TransformerSpec) -> dict:
 
 
 def _block_profile(spec: TransformerSpec, b: int, s: int, *, flash: bool, act: dict) -> LayerProfile:
-    """One (decoder) block of uniform `spec` (a kind of TransformerSpec.block_kinds)."""
+    """One (decoder) block of uniform `spec` (a kind of TransformerSpec.block_kinds); its activation bytes are the
+    run's software's (cost_models.activations.block_bytes_of, what estimate reads)."""
+    sw = act["sw"]
+    saved = dict(precision=act["precision"], zero=act["zero"], tp=act["tp"], sp=act["sp"])
     return LayerProfile(
         name="", kind="block", params=P.block_params(spec), flops_fwd=float(F.block_flops_fwd(spec, b, s)),
         flops_bwd=float(F.block_flops_bwd(spec, b, s, flash=flash)),
-        activation_bytes={m: int(A.block_bytes(spec, b, s, recompute=m, **act)) for m in RECOMPUTE_MODES},
-        recompute_flops={m: float(F.block_recompute_flops(spec, b, s, m, flash=flash, selective=act["selective"]))
+        activation_bytes={m: int(A.block_bytes_of(sw, spec, b, s, recompute=m, **saved)) for m in RECOMPUTE_MODES},
+        recompute_flops={m: float(F.block_recompute_flops(spec, b, s, m, flash=flash,
+                                                          selective=sw.framework.selective_recompute))
                          for m in RECOMPUTE_MODES})
 
 
@@ -165,8 +169,11 @@ def _mtp_profile(spec: TransformerSpec, i: int, b: int, s: int, *, flash: bool, 
     a loss (an estimate: the reference model builds no MTP module)."""
     block = _block_profile(spec.last_kind, b, s, flash=flash, act=act)
     extra = 2 * b * s * (2 * spec.hidden * spec.hidden + P.head_matmul_weights(spec))
-    head = A.head_bytes(spec, b, s, precision=act["precision"], kernels=act["kernels"], tp=tp, sp=sp) \
-        + A.loss_bytes(spec, b, s, tp=tp, loss=loss, precision=act["precision"])
+    from cost_models.step import activation_precision
+
+    precision = activation_precision(act["sw"], act["precision"], act["zero"])
+    head = A.head_bytes(spec, b, s, precision=precision, kernels=act["sw"].framework.kernels, tp=tp, sp=sp) \
+        + A.loss_bytes(spec, b, s, tp=tp, loss=loss, precision=precision)
     return LayerProfile(name=f"mtp.{i}", kind="mtp", params=P.mtp_module_params(spec),
                         flops_fwd=block.flops_fwd + extra, flops_bwd=block.flops_bwd + 2 * extra,
                         activation_bytes={m: int(v + head) for m, v in block.activation_bytes.items()},
@@ -176,12 +183,19 @@ def _mtp_profile(spec: TransformerSpec, i: int, b: int, s: int, *, flash: bool, 
 def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: int = 1,
                  precision: str = "amp-bf16", framework: str = "megatron", attention: str | None = None,
                  dropout: bool = False, tp: int = 1, sp: bool = False, loss: str | None = None,
-                 selective: str | None = None, zero: int = 0) -> ModelProfile:
+                 selective: str | None = None, zero: int = 0, recompute_modules=None,
+                 activation_fp8_input: bool = False, fused_norm: bool = False) -> ModelProfile:
     """Analytic profile of a TransformerSpec (all formulas in cost_models; activation bytes from the
     framework's block tables, the same the cost model reads). Each block is profiled as its kind
     (TransformerSpec.block_kinds: an MoE model's leading dense blocks, windowed blocks); MTP modules
-    follow the head as units of kind 'mtp'."""
-    from planner.estimate import software_for
+    follow the head as units of kind 'mtp'. Activation bytes are per rank of a tensor-parallel group of `tp`
+    (with sequence parallelism `sp`), for the run options estimate takes too: the cross-entropy kernel `loss`,
+    Megatron-Core's `recompute_modules` (selective column) and `activation_fp8_input`, an eager stack's
+    `fused_norm` (planner.estimate.software_for checks each); `selective` overrides the framework's selective
+    policy ('attention' or 'op')."""
+    from dataclasses import replace
+
+    from planner.estimate import check_activation_fp8_input, software_for
 
     s = spec.seq if seq is None else seq
     b = micro_batch
@@ -189,13 +203,21 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
         raise ConfigError("micro_batch", b, "a positive integer")
     if not isinstance(s, int) or s < 1:
         raise ConfigError("seq", s, "a positive integer")
-    from cost_models.step import activation_precision
-
-    sw = software_for(framework, attention=attention, dropout=dropout, loss=loss)
+    for name, degree in (("tp", tp), ("zero", zero)):
+        if isinstance(degree, bool) or not isinstance(degree, int) or not (1 if name == "tp" else 0) <= degree \
+                or (name == "zero" and degree > 3):
+            raise ConfigError(name, degree, "a positive integer" if name == "tp" else "0, 1, 2 or 3")
+    if not isinstance(sp, bool) or (sp and tp == 1):
+        raise ConfigError("sequence_parallel", sp, "false with tp 1 (sequence parallelism shards over tp)")
+    sw = software_for(framework, attention=attention, dropout=dropout, loss=loss, recompute_modules=recompute_modules,
+                      activation_fp8_input=activation_fp8_input, fused_norm=fused_norm)
+    check_activation_fp8_input(sw, spec)
+    if selective is not None and selective != sw.framework.selective_recompute:
+        sw = replace(sw, framework=replace(sw.framework, selective_recompute=selective))
     flash, kernels = sw.kernel(precision, spec) != "math", sw.framework.kernels
     # FSDP's mixed precision (ZeRO >= 2) runs eager modules on 16-bit weights: the same table the cost model uses
-    act = dict(precision=activation_precision(sw, precision, zero), kernels=kernels, flash=flash, dropout=sw.dropout, tp=tp, sp=sp,
-               selective=selective or sw.framework.selective_recompute)
+    # (block_bytes_of reads it through cost_models.step.block_table_of with `zero`)
+    act = dict(sw=sw, precision=precision, zero=zero, tp=tp, sp=sp)
     none_saved = {m: 0.0 for m in RECOMPUTE_MODES}
     layers: list[LayerProfile] = []
     emb_act = A.embedding_bytes(spec, b, s, precision=precision, dropout=sw.dropout, tp=tp, sp=sp)
@@ -209,8 +231,10 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
         layers.append(LayerProfile(
             name=f"encoder.layers.{i}", kind="encoder_block", params=P.encoder_block_params(spec), flops_fwd=float(fwd),
             flops_bwd=float(2 * F.encoder_block_matmul_flops_fwd(spec, b, s) + core * (2.5 if flash else 2.0)),
-            activation_bytes={m: int(A.block_bytes(enc, b, s, recompute=m, **act)) for m in RECOMPUTE_MODES},
-            recompute_flops={m: float(F.block_recompute_flops(enc, b, s, m, flash=flash, selective=act["selective"]))
+            activation_bytes={m: int(A.block_bytes_of(sw, enc, b, s, recompute=m, precision=precision, zero=zero,
+                                                      tp=tp, sp=sp)) for m in RECOMPUTE_MODES},
+            recompute_flops={m: float(F.block_recompute_flops(enc, b, s, m, flash=flash,
+                                                              selective=sw.framework.selective_recompute))
                              for m in RECOMPUTE_MODES}))
     kind_of = {}
     for kind in spec.block_kinds:
@@ -243,6 +267,12 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
         "params_active_without_input_embedding": P.active_params(spec, input_embedding=False),
         "params_mtp": P.mtp_params(spec),
         "flops_per_token": float(F.flops_per_token(spec, s)),
+        # the run the activation bytes are for: per rank of a tp group, and the software options they follow
+        "tp": tp, "sequence_parallel": sp, "zero": zero,
+        "software": {"kernels": kernels, "loss": sw.loss, "selective": sw.framework.selective_recompute,
+                     **({"recompute_modules": list(sw.recompute_modules)} if sw.recompute_modules else {}),
+                     **({"activation_fp8_input": True} if sw.activation_fp8_input else {}),
+                     **({"fused_norm": True} if sw.fused_norm else {})},
     }
     return ModelProfile(model=describe_spec(spec), seq=s, micro_batch=b, precision=precision, flash=flash,
                         framework=sw.framework.name, params=P.total_params(spec), layers=tuple(layers),
@@ -251,17 +281,28 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
 
 def profile_model(source, *, seq: int | None = None, micro_batch: int = 1, precision: str = "amp-bf16",
                   framework: str = "megatron", attention: str | None = None, dropout: bool = False,
-                  zero: int = 0) -> ModelProfile:
-    """Profile a model given as a name/path/factory string, a TransformerSpec or a ModuleSpec."""
+                  zero: int = 0, tp: int = 1, sp: bool = False, loss: str | None = None, recompute_modules=None,
+                  activation_fp8_input: bool = False) -> ModelProfile:
+    """Profile a model given as a name/path/factory string, a TransformerSpec or a ModuleSpec. The run options
+    (tensor parallelism `tp` with `sp`, the cross-entropy kernel `loss`, `recompute_modules`,
+    `activation_fp8_input`) are profile_spec's; a module factory is measured as it runs on one device, so it
+    takes none of them."""
     from planner.parallel import PRECISIONS, _choice
     from planner.sources import resolve_model
 
     _choice("precision", precision, PRECISIONS)
     if isinstance(source, str):
         source = resolve_model(source, seq=seq)
+    options = dict(tp=tp, sp=sp, loss=loss, recompute_modules=recompute_modules,
+                   activation_fp8_input=activation_fp8_input)
     if isinstance(source, TransformerSpec):  # analytic: no torch import
         return profile_spec(source, seq=seq, micro_batch=micro_batch, precision=precision, framework=framework,
-                            attention=attention, dropout=dropout, zero=zero)
+                            attention=attention, dropout=dropout, zero=zero, **options)
+    defaults = dict(tp=1, sp=False, loss=None, recompute_modules=None, activation_fp8_input=False)
+    for name, value in options.items():
+        if value != defaults[name]:
+            raise ConfigError(name, value, f"{defaults[name]} for a module factory, which is measured on one device "
+                                           "with its own modules (a catalog name or config.json takes run options)")
     flash = (attention or "flash") != "unfused"
     from planner.module_profiler import ModuleSpec, profile_module
     if isinstance(source, ModuleSpec):

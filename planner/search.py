@@ -816,8 +816,9 @@ def stage_problem(model, cfg: ParallelConfig, software=None):
     block_static = P.block_params(model) / tp * shard
     from cost_models.step import activation_precision
     act = dict(precision=activation_precision(sw, cfg.precision, cfg.zero), tp=tp, sp=cfg.sequence_parallel)
-    block_act = A.block_bytes(model, b, s, kernels=sw.framework.kernels, flash=sw.kernel(cfg.precision, model) != "math", dropout=sw.dropout,
-                              recompute=cfg.recompute, selective=sw.framework.selective_recompute, **act)
+    # the block as the run saves it: the table and selective policy estimate reads (its options included)
+    block_act = A.block_bytes_of(sw, model, b, s, precision=cfg.precision, zero=cfg.zero, tp=tp,
+                                 sp=cfg.sequence_parallel, recompute=cfg.recompute)
     # with pp > 1 a tied output head is a second copy on the last stage, summed with the embedding's
     # gradient once per step (Megatron's embedding group; Shoeybi et al. 2019)
     tied_copy = model.vocab * model.hidden if model.tied_embeddings else 0
@@ -867,8 +868,9 @@ def fewest_recomputed_layers(model, hardware, cfg: ParallelConfig, *, software, 
     return int(counts[ok][np.argmin(step[ok])])
 
 
-def uneven_stages(model, cfg: ParallelConfig) -> tuple[int, ...]:
-    """The fastest contiguous split of the blocks for cfg (empty when pp = 1 or the model has no blocks)."""
+def uneven_stages(model, cfg: ParallelConfig, software=None) -> tuple[int, ...]:
+    """The fastest contiguous split of the blocks for cfg (empty when pp = 1 or the model has no blocks), weighed
+    with the run's software (its options change what a block saves; stage_problem)."""
     from planner.partition import even_split, split
 
     if cfg.pp == 1 or not hasattr(model, "total_blocks"):
@@ -876,7 +878,7 @@ def uneven_stages(model, cfg: ParallelConfig) -> tuple[int, ...]:
     if cfg.virtual_stages > 1 and cfg.pp * cfg.virtual_stages > CPSAT_MAX_CHUNKS:
         return ()
     try:
-        part = split(stage_problem(model, cfg), time_limit_s=CPSAT_TIME_LIMIT_S)
+        part = split(stage_problem(model, cfg, software), time_limit_s=CPSAT_TIME_LIMIT_S)
     except ConfigError:       # no split within the limits: keep the even one
         return ()
     return () if part.stages == even_split(model.total_blocks, cfg.pp * cfg.virtual_stages) else part.stages
@@ -1238,7 +1240,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
         if refine_it and cfg.pp > 1:
             twin = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in cfg.to_dict().items()
                          if k != "placement")
-            stages = splits[twin] if twin in splits else splits.setdefault(twin, uneven_stages(model, cfg))
+            stages = splits[twin] if twin in splits else splits.setdefault(twin, uneven_stages(model, cfg, software))
             if stages:
                 refined[0] += 1
                 uneven = estimate_fn(model, hardware, replace(cfg, stages=stages), gpus=world, **opts).to_document()

@@ -13,8 +13,9 @@ from typing import Annotated
 
 import typer
 
-from planner.commands.common import (AttentionOpt, FrameworkOpt, JsonOpt, MicroBatchOpt, ModelArg, PrecisionOpt,
-                                     SeqOpt, emit_json)
+from planner.commands.common import (MAX_WORLD_SIZE, ActivationFp8InputOpt, AttentionOpt, FrameworkOpt, JsonOpt,
+                                     LossOpt, MicroBatchOpt, ModelArg, PrecisionOpt, RecomputeModulesOpt, SeqOpt,
+                                     emit_json)
 
 DropoutFlag = Annotated[bool, typer.Option("--dropout/--no-dropout", help="Dropout layers active (masks saved).")]
 ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3,
@@ -22,17 +23,28 @@ ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3,
                                            "Hugging Face (eager) modules on 16-bit weights, which changes what they save.")]
 
 
+TpOpt = Annotated[int, typer.Option("--tp", min=1, max=MAX_WORLD_SIZE,
+                                    help="Tensor-parallel degree: activation bytes per rank of the group.")]
+SpFlag = Annotated[bool, typer.Option("--sequence-parallel", help="Megatron sequence parallelism over the tp group.")]
+
+
 def profile(model: ModelArg, seq: SeqOpt = None, micro_batch: MicroBatchOpt = 1, precision: PrecisionOpt = "amp-bf16",
             framework: FrameworkOpt = None, attention: AttentionOpt = None, dropout: DropoutFlag = False,
-            zero: ZeroOpt = 0, json: JsonOpt = False) -> None:
-    """Parameters, FLOPs and activation bytes per layer for one micro-batch, on a framework's kernels."""
+            zero: ZeroOpt = 0, tp: TpOpt = 1, sequence_parallel: SpFlag = False, loss: LossOpt = None,
+            recompute_modules: RecomputeModulesOpt = None, activation_fp8_input: ActivationFp8InputOpt = False,
+            json: JsonOpt = False) -> None:
+    """Parameters, FLOPs and activation bytes per layer for one micro-batch, on a framework's kernels (with the
+    run options estimate takes, the same bytes estimate reports)."""
     from planner.profiler import profile_model
 
     from planner.sources import default_framework
 
     result = profile_model(model, seq=seq, micro_batch=micro_batch or 1, precision=precision,
                            framework=default_framework(model, framework),
-                           attention=attention, dropout=dropout, zero=zero)
+                           attention=attention, dropout=dropout, zero=zero, tp=tp, sp=sequence_parallel, loss=loss,
+                           recompute_modules=None if recompute_modules is None
+                           else [m.strip() for m in recompute_modules.split(",")],
+                           activation_fp8_input=activation_fp8_input)
     if json:
         emit_json(result.to_dict())
         return
@@ -75,7 +87,7 @@ def render(result) -> None:
     model = result.model
     title = (f"{model['name']}: {_si(result.params)} params, micro-batch {result.micro_batch} x seq {result.seq}, "
              f"{result.precision}, {'flash' if result.flash else 'math'} attention, {result.framework} kernels "
-             f"({result.method})")
+             f"({result.method})" + run_options(result.extra))
     table = Table(title=title, show_lines=False)
     for column in ("layer", "kind", "count", "params", "fwd FLOPs", "bwd FLOPs", "act none", "act selective", "act full"):
         table.add_column(column, justify="left" if column in ("layer", "kind") else "right")
@@ -92,6 +104,23 @@ def render(result) -> None:
         console.print(f"model FLOPs per micro-batch (6 N tokens + attention, for MFU): {_si(result.extra['model_flops'])}")
     for line in summary_lines(result):
         console.print(line)
+
+
+def run_options(extra: dict) -> str:
+    """The run options the activation bytes follow, where not the defaults: ', per rank of tp 8 with SP, loss
+    inplace, recomputing mlp, SwiGLU input in FP8'."""
+    sw, parts = extra.get("software") or {}, []
+    if extra.get("tp", 1) > 1:
+        parts.append(f"per rank of tp {extra['tp']}" + (" with SP" if extra.get("sequence_parallel") else ""))
+    if extra.get("zero"):
+        parts.append(f"ZeRO {extra['zero']}")
+    if sw.get("recompute_modules"):
+        parts.append("selective recomputes " + ", ".join(sw["recompute_modules"]))
+    if sw.get("activation_fp8_input"):
+        parts.append("SwiGLU input kept in FP8")
+    if sw.get("loss"):
+        parts.append(f"loss {sw['loss']}")
+    return "".join(", " + p for p in parts)
 
 
 def summary_lines(result) -> list[str]:
