@@ -270,3 +270,39 @@ def test_the_torchtitan_exporter_builds_exactly_the_moe_families_the_framework_p
     from planner.exports.limits import TORCHTITAN_MOE_FAMILIES
 
     assert set(TORCHTITAN_MOE_FAMILIES) == set(load_framework("torchtitan").capabilities.moe_model_types)
+
+
+def _estimated_plan(framework, cfg_over, **options):
+    from planner.catalog import get
+    from planner.estimate import estimate
+    from planner.parallel import ParallelConfig
+
+    base = dict(dp=2, tp=4, pp=1, micro_batch=1, global_batch=16, seq=4096, recompute="selective",
+                sequence_parallel=True, precision="fp8", framework=framework)
+    est = estimate(get("llama3-8b"), "p5.48xlarge", ParallelConfig(**{**base, **cfg_over}), gpus=8, **options)
+    return plan_from_document(json.loads(json.dumps(est.to_document())))
+
+
+def test_retarget_keeps_the_run_options_the_target_runs_and_says_which_it_drops():
+    """A Megatron plan with Transformer Engine's in-place loss, the FP8 SwiGLU input and recompute_modules,
+    exported to torchtitan: the loss is carried (the re-estimate costs it), the two Megatron-Core options
+    are dropped with a note each, and the re-estimate is what estimate gives for the same run without them.
+    To Megatron itself nothing changes."""
+    from planner.catalog import get
+    from planner.estimate import estimate
+
+    plan = _estimated_plan("megatron", {}, loss="inplace", activation_fp8_input=True,
+                           recompute_modules=["core_attn", "mlp"])
+    moved, notes = retarget(plan, "torchtitan")
+    software = moved.document["software"]
+    assert software["framework"] == "torchtitan" and software["loss"] == "inplace"
+    assert "activation_fp8_input" not in software and "recompute_modules" not in software
+    assert "activation_fp8_input dropped" in notes[0] and "recompute_modules dropped" in notes[0]
+    again = estimate(get("llama3-8b"), "p5.48xlarge", moved.config, gpus=8, loss="inplace")
+    assert moved.prediction.step_time_s == pytest.approx(again.step_time_s, rel=1e-12)
+    assert retarget(plan, "megatron") == (plan, [])
+    # a DeepSpeed BF16_Optimizer plan exported to Megatron: Megatron has no BF16_Optimizer
+    ds = _estimated_plan("deepspeed", dict(tp=1, dp=8, zero=1, sequence_parallel=False, recompute="full",
+                                           precision="amp-bf16"), bf16_optimizer=True)
+    on_megatron, notes = retarget(ds, "megatron")
+    assert "bf16_optimizer dropped" in notes[0] and "bf16_optimizer" not in on_megatron.document["software"]

@@ -46,6 +46,36 @@ def substitutions(cfg: ParallelConfig, target: FrameworkProfile) -> tuple[Parall
     return new, changes
 
 
+def carried_options(plan) -> dict:
+    """The plan's own run options that hold whichever stack runs it, as estimate() keywords: the cross-entropy
+    kernel where the plan chose one (not its framework's default), dropout, the fused norm, BF16_Optimizer,
+    the FP8 activation input, the modules selective recomputation re-runs, 16-bit master remainders, the FP8
+    scaling and the routed-token imbalance. The framework's own defaults (attention kernel, overlaps, the
+    reduction dtype, the MoE dispatcher) are not carried: the target's apply; what the model's config decides
+    (estimate.config_defaults) is derived again."""
+    from cost_models.moe import DEFAULT_IMBALANCE
+
+    sw = plan.document.get("software") or {}
+    source = load_framework(sw.get("framework") or plan.config.framework)
+    out = {}
+    if sw.get("loss") and sw["loss"] != source.loss:
+        out["loss"] = sw["loss"]
+    if sw.get("dropout") is True and "dropout" not in (sw.get("from_config") or ()):
+        out["dropout"] = True
+    for flag in ("fused_norm", "bf16_optimizer", "activation_fp8_input"):
+        if sw.get(flag) is True:
+            out[flag] = True
+    if sw.get("recompute_modules"):
+        out["recompute_modules"] = list(sw["recompute_modules"])
+    if sw.get("master_weights") == "remainder":
+        out["master_weights"] = "remainder"
+    if sw.get("fp8_scaling") not in (None, "tensorwise"):
+        out["fp8_scaling"] = sw["fp8_scaling"]
+    if sw.get("moe_imbalance") not in (None, DEFAULT_IMBALANCE):
+        out["moe_imbalance"] = sw["moe_imbalance"]
+    return out
+
+
 def framework_refusals(plan, fmt: str) -> list[str]:
     """What the target's framework cannot run of `plan` after the memory-safe substitutions (empty when
     `fmt` is not one of the costed frameworks or it can run it)."""
@@ -77,16 +107,27 @@ def retarget(plan, fmt: str):
     if problems:
         raise _cannot(fmt, problems, made_for=plan.config.framework)
     spec = model_spec(plan)
-    notes = [f"plan made for {plan.config.framework}, exported to {name}: " + ("; ".join(changes) or "no change needed")]
+    later = []
     document = dict(plan.document)
     est = None
     if spec is not None:
         from planner.estimate import estimate
 
-        try:
-            est = estimate(spec, plan.hardware_name, new_cfg, gpus=plan.gpus)
-        except ConfigError as err:     # a dimension this build does not cost yet (expert parallelism)
-            notes.append(f"not re-estimated on {name} ({err}); the plan's own prediction is kept")
+        options = carried_options(plan)
+        while True:
+            try:
+                est = estimate(spec, plan.hardware_name, new_cfg, gpus=plan.gpus, **options)
+                break
+            except ConfigError as err:
+                if err.field in options:      # a run option the target's stack has not: costed without it
+                    changes.append(f"{err.field} dropped ({err})")
+                    del options[err.field]
+                    continue
+                # a dimension this build does not cost yet (expert parallelism)
+                later.append(f"not re-estimated on {name} ({err}); the plan's own prediction is kept")
+                break
+    notes = [f"plan made for {plan.config.framework}, exported to {name}: " + ("; ".join(changes) or "no change needed"),
+             *later]
     if est is not None:
         document = est.to_document()
         for key in ("alternatives", "search"):
