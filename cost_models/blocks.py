@@ -51,9 +51,9 @@ class Terms:
     """Bytes per token of sequence length, divided by tp (attention score matrices)."""
 
     def at(self, tp, sp, s):
-        """Bytes per token on one rank for tp degree(s), SP flag(s) and sequence length(s)."""
-        tp = np.asarray(tp, dtype=float)
-        return self.rep * np.where(sp, 1.0 / tp, 1.0) + self.shard / tp + self.seq * np.asarray(s, dtype=float) / tp
+        """Bytes per token on one rank for tp degree(s), SP flag(s) and sequence length(s) (numbers or arrays;
+        Step.per_token calls this once per table entry of a chunk, so no conversions)."""
+        return self.rep * np.where(sp, 1.0 / tp, 1.0) + (self.shard + self.seq * s) / tp
 
     def __add__(self, other: "Terms") -> "Terms":
         return Terms(rep=self.rep + other.rep, shard=self.shard + other.shard, seq=self.seq + other.seq)
