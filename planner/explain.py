@@ -349,6 +349,8 @@ def _software_options(doc: Mapping[str, Any]) -> dict:
             out[flag] = True
     if sw.get("recompute_modules"):
         out["recompute_modules"] = list(sw["recompute_modules"])
+    if sw.get("fp8_scaling") not in (None, "tensorwise"):
+        out["fp8_scaling"] = sw["fp8_scaling"]      # an FP8 run's operand scaling (--fp8-scaling)
     if sw.get("framework"):
         from frameworks import load_framework
         fw = load_framework(sw["framework"])

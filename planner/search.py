@@ -1139,7 +1139,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
               master_weights: str | None = None, kernels: str | None = None, reliability=None,
               expandable_segments: bool | None = None, fused_norm: bool = False, recompute_modules=None,
               bf16_optimizer: bool = False, activation_fp8_input: bool = False,
-              loss: str | None = None) -> Recommendation:
+              loss: str | None = None, fp8_scaling: str | None = None) -> Recommendation:
     """Search the parallel strategies of `model` on `gpus` devices of `hardware` and rank them.
 
     `model` is a MODEL argument (catalog name, config.json, factory) or a resolved spec; `hardware`
@@ -1150,7 +1150,8 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     (what selective recomputation re-runs), `bf16_optimizer` (planner.estimate.software_for; with
     bf16_optimizer only ZeRO-1 without optimizer offload is searched, what DeepSpeed's BF16_Optimizer runs) and
     `activation_fp8_input` (the SwiGLU input kept in FP8; a SwiGLU model only) and `loss` (the cross-entropy
-    kernel, frameworks.LOSS_KERNELS; None: the framework's).
+    kernel, frameworks.LOSS_KERNELS; None: the framework's) and `fp8_scaling` (how FP8 plans scale their GEMM
+    operands, cost_models.step.FP8_SCALINGS; None: tensorwise).
     With `tokens`, every plan document carries its goodput under failures (planner.goodput) from
     `reliability` (planner.goodput.ReliabilityInputs: the user's failure rates, restart time, storage,
     save mode, spot reclaim rate; None: the sourced defaults); objective "time-to-train" needs `tokens`.
@@ -1169,7 +1170,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
                             grad_reduce_dtype=grad_reduce_dtype, master_weights=master_weights, kernels=kernels,
                             expandable_segments=expandable_segments, fused_norm=fused_norm,
                             recompute_modules=recompute_modules, bf16_optimizer=bf16_optimizer,
-                            activation_fp8_input=activation_fp8_input, loss=loss)
+                            activation_fp8_input=activation_fp8_input, loss=loss, fp8_scaling=fp8_scaling)
     check_activation_fp8_input(software, model)
     precision = resolve_precision(hardware, precision)    # None: bf16 mixed precision where the device has bf16
     check_master_weights(software, precision)
@@ -1207,7 +1208,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     opts = {k: v for k, v in dict(attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce,
                                   grad_reduce_dtype=grad_reduce_dtype, master_weights=master_weights,
                                   kernels=kernels, expandable_segments=expandable_segments,
-                                  recompute_modules=recompute_modules, loss=loss).items()
+                                  recompute_modules=recompute_modules, loss=loss, fp8_scaling=fp8_scaling).items()
             if v is not None}
     opts.update({k: True for k, v in dict(fused_norm=fused_norm, bf16_optimizer=bf16_optimizer,
                                           activation_fp8_input=activation_fp8_input).items() if v})

@@ -69,6 +69,7 @@ def one_line(result, *needles: str) -> str:
     ([*EST, "--placement", "dpt"], ["placement='dpt'"]),
     ([*EST, "--framework", "jax"], ["framework='jax'"]),
     ([*EST, "--fp8-scaling", "colwise"], ["fp8_scaling='colwise'", "tensorwise, rowwise"]),
+    ([*REC, "--fp8-scaling", "colwise"], ["fp8_scaling='colwise'", "tensorwise, rowwise"]),
     ([*EST, "--loss", "chunked"], ["loss='chunked'", "inplace"]),
     ([*REC, "--loss", "chunked"], ["loss='chunked'", "inplace"]),
     ([*EST, "--activation-fp8-input"], ["activation_fp8_input", "SwiGLU"]),

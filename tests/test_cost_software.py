@@ -108,6 +108,16 @@ def test_rowwise_fp8_casts_every_operand_twice_and_changes_nothing_else():
         estimate(LLAMA8, "p5.48xlarge", bf16, gpus=64).step_time_s
     with pytest.raises(ConfigError, match="fp8_scaling"):
         estimate(LLAMA8, "p5.48xlarge", cfg, gpus=64, fp8_scaling="colwise")
+    # recommend searches FP8 plans with it, every plan document says so, and explain's fresh search keeps it
+    from planner.explain import _software_options
+    from planner.search import recommend
+    rec = recommend(LLAMA8, "p5.48xlarge", gpus=64, global_batch=64, precision="fp8", framework="torchtitan",
+                    fp8_scaling="rowwise", top=2)
+    assert all(d["software"]["fp8_scaling"] == "rowwise" for d in (rec.best, *rec.alternatives))
+    assert _software_options(rec.best)["fp8_scaling"] == "rowwise"
+    plain = recommend(LLAMA8, "p5.48xlarge", gpus=64, global_batch=64, precision="fp8", framework="torchtitan", top=1)
+    assert plain.best["software"]["fp8_scaling"] == "tensorwise" and "fp8_scaling" not in _software_options(plain.best)
+    assert rec.best["prediction"]["step_time_s"] > plain.best["prediction"]["step_time_s"]
 
 
 def test_a_power_capped_part_slows_compute_bound_kernels_only():
