@@ -132,7 +132,7 @@ def block_table(spec: TransformerSpec, precision: str, kernels: str, *, flash: b
     (_megatron_block; Megatron-Core's activation_func_fp8_input_store, fused kernels only)."""
     if activation_fp8_input and kernels != "fused":
         raise ValueError("activation_fp8_input is Megatron-Core's fused SwiGLU (kernels 'fused')")
-    if spec.moe is not None or spec.mla is not None:
+    if spec.moe is not None or spec.mla is not None:     # its dense base table (block_table) has the QK-norm
         return _moe_mla_block(spec, precision, kernels, flash=flash, dropout=dropout,
                               activation_fp8_input=activation_fp8_input)
     if kernels == "fused":
@@ -157,7 +157,34 @@ def block_table(spec: TransformerSpec, precision: str, kernels: str, *, flash: b
         extra = 2 * c * (spec.attn_width - spec.kv_width)
         table = _replace(table, saved=table.saved + Terms(shard=extra),
                          traffic_fwd=table.traffic_fwd + Terms(shard=2 * c * spec.kv_width + extra + 2 * c * spec.kv_width))
-    return table
+    return _with_qk_norm(table, spec, precision, kernels, fused_norm=fused_norm)
+
+
+def _with_qk_norm(table: BlockTable, spec: TransformerSpec, precision: str, kernels: str, *,
+                  fused_norm: bool = False) -> BlockTable:
+    """QK-norm (an RMSNorm over each head's head_dim on the queries and keys before the rotary embedding: Qwen3,
+    OLMo 2, Gemma 3; Dehghani et al. 2023, "Scaling Vision Transformers to 22B Parameters", Sec. 3.1): per token
+    its saved tensors, streamed bytes and launches, over the a d query and k d key elements and their a + k rows
+    (rstd, 4 bytes each), all sharded over tp with the heads. The rotary embedding after it saves only its
+    tables, and the attention kernel saves the rotated q and k either way, so the norm adds what it keeps:
+      fused (Transformer Engine's RMSNorm in Megatron-Core's qk_layernorm) and torchtitan's fused_rmsnorm: its
+        input, c per element;
+      eager (Hugging Face's Qwen3RMSNorm: x.to(fp32), pow.mean, x * rsqrt, weight * x.to(dtype)): the fp32 copy
+        and the normalized x in the input dtype, 4 + c;
+      torch (nn.RMSNorm's composite, planner/models/transformer.py and torchtitan): the fp32 input and the fp32
+        normalized x, 8 (measured with saved-tensor hooks: tests/test_profiler_torch.py, Qwen3's shape).
+    Streamed bytes and launches per norm are the block norm's of the same kernels (_eager_block); MLA has no
+    QK-norm (its latent norms are in _moe_mla_block)."""
+    if not spec.qk_norm or spec.mla is not None:
+        return table
+    c = compute_bytes(_torch_precision(precision) if kernels == "torch" else precision)
+    fused = kernels == "fused" or fused_norm
+    per, traffic, launches = (c, 2 * c, 1) if fused else \
+        (4 + c if kernels == "eager" else 8, 8 + 4 + 8 + 2 * c + (0 if c == 4 else 2 * (c + 4)), 6 + (0 if c == 4 else 2))
+    width, rows = spec.attn_width + spec.kv_width, spec.heads + spec.n_kv_heads
+    return _replace(table, saved=table.saved + Terms(shard=width * per + 4.0 * rows),
+                    traffic_fwd=table.traffic_fwd + Terms(shard=width * traffic),
+                    kernels_fwd=table.kernels_fwd + 2 * launches)
 
 
 def _replace(table: BlockTable, **changes) -> BlockTable:

@@ -15,6 +15,23 @@ from tests.fixtures.factories import SMALL_GPT, SMALL_LLAMA
 MODES = ("none", "selective", "full")
 
 
+def _small(model_type: str, **shape):
+    """A two-block model of a Hugging Face family read from its released config (tests/fixtures/hf), shrunk."""
+    from pathlib import Path
+
+    from planner.hf_config import read_hf_config
+    spec = read_hf_config(Path(__file__).parent / "fixtures" / "hf" / f"{model_type}.json")
+    return spec.with_(layers=2, vocab=512, seq=64, **shape)
+
+
+# Qwen3: QK-norm and an attention wider than the residual (head_dim x heads > hidden); Gemma: GeGLU with the tanh
+# GELU, multi-query, head_dim x heads > hidden, tied; Phi-3: multi-head, untied (its 2047-token window is not
+# shrunk here: the reference model masks a window where the analytic FLOPs assume a kernel that skips it)
+SMALL_QWEN3 = _small("qwen3", hidden=128, heads=4, kv_heads=2, head_dim=64, ffn=256)
+SMALL_GEMMA = _small("gemma", hidden=96, heads=2, kv_heads=1, head_dim=64, ffn=192)
+SMALL_PHI3 = _small("phi3", hidden=128, heads=4, kv_heads=0, head_dim=0, ffn=256, sliding_window=0)
+
+
 @functools.lru_cache(maxsize=None)
 def measured_step(spec, dtype, mode, micro_batch=2):
     """FlopCounterMode total and saved bytes of one real training step (independent of planner's counter)."""
@@ -22,7 +39,8 @@ def measured_step(spec, dtype, mode, micro_batch=2):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("spec", [SMALL_GPT, SMALL_LLAMA], ids=["gpt", "llama"])
+@pytest.mark.parametrize("spec", [SMALL_GPT, SMALL_LLAMA, SMALL_QWEN3, SMALL_GEMMA, SMALL_PHI3],
+                         ids=["gpt", "llama", "qwen3", "gemma", "phi3"])
 @pytest.mark.parametrize("dtype,precision", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")], ids=["fp32", "bf16"])
 def test_analytic_matches_measured(spec, mode, dtype, precision):
     flops, saved_bytes = measured_step(spec, dtype, mode)

@@ -47,7 +47,7 @@ from torch.utils.checkpoint import checkpoint
 from planner.spec import TransformerSpec
 
 _ACTIVATIONS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu,
-                "relu": F.relu}
+                "relu": F.relu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 def _norm(spec: TransformerSpec) -> nn.Module:
@@ -90,11 +90,12 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        q = self.wq(x).view(b, s, -1, self.head_dim)
+        k = self.wk(x).view(b, s, -1, self.head_dim)
+        if self.q_norm is not None:         # over head_dim, before the transpose (as Hugging Face's Qwen3 and
+            q, k = self.q_norm(q), self.k_norm(k)      # torchtitan's): SDPA's output stays a view for W_O
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             cos, sin = rope[0][:s], rope[1][:s]
             q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
