@@ -26,6 +26,12 @@ configuration class, so a config that omits a key means what transformers would 
 - falcon: hidden_size, num_hidden_layers, num_attention_heads, num_kv_heads, multi_query,
   new_decoder_architecture, parallel_attn, num_ln_in_parallel_attn, bias (False), alibi,
   ffn_hidden_size (= 4h), vocab_size, max_position_embeddings (2048), tie_word_embeddings (True).
+- qwen3: the llama keys with head_dim (128), attention_bias (False) on Q/K/V/O, QK-norm (RMSNorm per head
+  on queries and keys), rope_theta (Qwen3-8B: 1e6), use_sliding_window must be false.
+- phi3: the llama keys (num_key_value_heads = heads; vocab 32064; max_position_embeddings 4096), no biases,
+  sliding_window (null; Phi-3-mini 4k: 2047) on every block when set.
+- gemma: the llama keys with head_dim (256), hidden_activation (gelu_pytorch_tanh: a GeGLU MLP; else
+  hidden_act), tie_word_embeddings (True), attention_bias (False); vocab 256000.
 
 - mixtral: the llama keys (attention_bias and mlp_bias do not exist: no biases; head_dim = hidden /
   heads; max_position_embeddings 131072; rope_theta 1e6 via rope_parameters, else 10000) plus
@@ -69,8 +75,8 @@ from pathlib import Path
 from planner.errors import ConfigError
 from planner.spec import MLASpec, MoESpec, TransformerSpec
 
-MODEL_TYPES = ("llama", "mistral", "qwen2", "gpt2", "opt", "gpt_neox", "bloom", "falcon", "mixtral", "qwen2_moe",
-               "qwen3_moe", "deepseek_v3", "gpt_oss")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "gpt2", "opt", "gpt_neox", "bloom", "falcon", "qwen3", "phi3", "gemma",
+               "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss")
 
 
 class _Keys:
@@ -241,6 +247,48 @@ def _llama_like(k: _Keys) -> dict:
         mlp_bias=k.bool("mlp_bias", False), tied_embeddings=k.bool("tie_word_embeddings", False),
         sliding_window=window if isinstance(window, int) and window > 0 else 0,
     )
+
+
+def _qwen3(k: _Keys) -> dict:
+    """Qwen3 dense (transformers Qwen3Config): Qwen2's shape with QK-norm, an explicit head_dim (128) and no
+    biases; sliding windows are refused as for qwen3_moe (no released config uses them)."""
+    if k.bool("use_sliding_window", False):
+        raise k.unsupported("use_sliding_window", True, "false for qwen3")
+    fields = _gqa(k, hidden_default=4096, heads_default=32, kv_default=32, head_dim_default=128) \
+        | _rope_model(k, theta=10000.0, positions=32768, vocab=151936)
+    bias = k.bool("attention_bias", False)
+    return fields | dict(layers=k.int("num_hidden_layers", default=32), ffn=k.int("intermediate_size", default=22016),
+                         qkv_bias=bias, out_bias=bias, mlp_bias=False, qk_norm=True)
+
+
+def _phi3(k: _Keys) -> dict:
+    """Phi-3 / Phi-4 (transformers Phi3Config): Llama's shape with fused qkv_proj and gate_up_proj (the same
+    weights and FLOPs), no biases, untied; sliding_window (Phi-3-mini 4k: 2047) on every block when set. A
+    partial_rotary_factor below 1 rotates fewer dimensions, which changes no cost this model counts."""
+    window = k.int("sliding_window", default=0) if k.data.get("sliding_window") is not None else 0
+    fields = _gqa(k, hidden_default=3072, heads_default=32) | _rope_model(k, theta=10000.0, positions=4096,
+                                                                             vocab=32064)
+    return fields | dict(layers=k.int("num_hidden_layers", default=32), ffn=k.int("intermediate_size", default=8192),
+                         qkv_bias=False, out_bias=False, mlp_bias=False, sliding_window=window)
+
+
+GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu")
+"""The gated MLP activations Gemma's configs name (hidden_activation, else hidden_act): GeGLU, tanh-approximated."""
+
+
+def _gemma(k: _Keys) -> dict:
+    """Gemma 1 (transformers GemmaConfig): head_dim 256 (defaults of Gemma-7B), GeGLU MLP, RMSNorm, tied
+    embeddings scaled by sqrt(hidden) (an elementwise multiply the cost model does not count). Gemma 2 and 3
+    (soft-capping, local/global blocks, four norms per block) are other model_types, not read here."""
+    activation = k.str("hidden_activation", "") or k.str("hidden_act", "gelu_pytorch_tanh")
+    if activation not in GEMMA_ACTIVATIONS:
+        raise k.unsupported("hidden_activation", activation, " or ".join(GEMMA_ACTIVATIONS))
+    fields = _gqa(k, hidden_default=3072, heads_default=16, kv_default=16, head_dim_default=256) \
+        | _rope_model(k, theta=10000.0, positions=8192, vocab=256000)
+    bias = k.bool("attention_bias", False)
+    return fields | dict(layers=k.int("num_hidden_layers", default=28), ffn=k.int("intermediate_size", default=24576),
+                         activation=activation, tied_embeddings=k.bool("tie_word_embeddings", True),
+                         qkv_bias=bias, out_bias=bias, mlp_bias=False)
 
 
 def _gpt2(k: _Keys) -> dict:
@@ -471,5 +519,6 @@ def _gpt_oss(k: _Keys) -> dict:
 
 
 _READERS = {"llama": _llama_like, "mistral": _llama_like, "qwen2": _llama_like, "gpt2": _gpt2, "opt": _opt,
-            "gpt_neox": _gpt_neox, "bloom": _bloom, "falcon": _falcon, "mixtral": _mixtral, "qwen2_moe": _qwen_moe,
+            "gpt_neox": _gpt_neox, "bloom": _bloom, "falcon": _falcon, "qwen3": _qwen3, "phi3": _phi3, "gemma": _gemma,
+            "mixtral": _mixtral, "qwen2_moe": _qwen_moe,
             "qwen3_moe": _qwen_moe, "deepseek_v3": _deepseek_v3, "gpt_oss": _gpt_oss}

@@ -14,7 +14,7 @@ from planner.sources import resolve_model
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 VALIDATION = Path(__file__).resolve().parents[1] / "validation" / "hf_configs"
 MOE_FIXTURES = Path(__file__).resolve().parents[1] / "validation" / "models" / "hf_configs"
-DENSE_TYPES = ("llama", "mistral", "qwen2", "gpt2", "opt", "gpt_neox", "bloom", "falcon")
+DENSE_TYPES = ("llama", "mistral", "qwen2", "gpt2", "opt", "gpt_neox", "bloom", "falcon", "qwen3", "phi3", "gemma")
 FIXTURE = {t: FIXTURES / f"{t}.json" for t in DENSE_TYPES} | {
     "mixtral": MOE_FIXTURES / "mixtral-8x7b.json", "qwen2_moe": MOE_FIXTURES / "qwen2-moe-57b-a14b.json",
     "qwen3_moe": MOE_FIXTURES / "qwen3-30b-a3b.json", "deepseek_v3": MOE_FIXTURES / "deepseek-v3.json",
@@ -34,6 +34,10 @@ EXPECTED = {
     "gpt_neox": 162_322_944,     # pythia-160m: parallel residual, untied
     "bloom": 559_214_592,        # bloom-560m: ALiBi, embedding LayerNorm
     "falcon": 6_921_720_704,     # falcon-7b: multi-query, one norm per block, no biases
+    "qwen3": 8_190_735_360,      # Qwen3-8B: QK-norm, head_dim 128, GQA 32/8, untied (model card: 8.2B, 6.95B
+                                 # without the embeddings)
+    "phi3": 3_821_079_552,       # Phi-3-mini-4k-instruct: fused qkv / gate_up, sliding window 2047 (3.8B)
+    "gemma": 8_537_680_896,      # gemma-7b: head_dim 256 (16 x 256 > hidden 3072), GeGLU, tied (8.54B)
     # MoE: validation/models/moe_models.json params_check (an independent count from the same config),
     # which reproduces each publisher's total (tests/test_moe_models.py); differences explained:
     "mixtral": 46_702_792_704,       # Mixtral-8x7B: 8 experts, top-2
