@@ -42,6 +42,14 @@ def catalog_arch(name: str) -> dict:
     return {k: v for k, v in asdict(get(name)).items() if k not in ("name", "extras")}
 
 
+def fsdp_hf(model_type: str, seq: int = 8192) -> tuple:
+    """FSDP_LLAMA's layout for the released config.json of a Hugging Face family (tests/fixtures/hf)."""
+    from pathlib import Path
+
+    path = str(Path(__file__).parent / "fixtures" / "hf" / f"{model_type}.json")
+    return (path, *FSDP_LLAMA[1:3], tuple((k, seq if k == "seq" else v) for k, v in FSDP_LLAMA[3]))
+
+
 VARIANTS = {
     # name: (base, changes to the plan object, changes to model.arch)
     "gpt3-interleaved-uneven": (GPT3, {}, {}),
@@ -87,6 +95,10 @@ VARIANTS = {
     "fsdp-llama-ddp": (FSDP_LLAMA, dict(zero=0, micro_batch=1, precision="amp-fp16"), {}),
     "fsdp-llama-bf16-offload": (FSDP_LLAMA, dict(precision="bf16", offload="optimizer", recompute="none"), {}),
     "fsdp-gpt3-zero3": (FSDP_GPT, {}, {}),
+    # the released configs of three more Hugging Face families, estimated as the user's config.json would be
+    "fsdp-qwen3-8b": (fsdp_hf("qwen3"), {}, {}),
+    "fsdp-phi3-mini": (fsdp_hf("phi3", seq=4096), {}, {}),
+    "fsdp-gemma-7b": (fsdp_hf("gemma"), {}, {}),
     "deepspeed-gpt3-zero3-offload-both": (DS_GPT, {}, {}),
     "deepspeed-gpt3-bf16-optimizer": (DS_GPT, dict(zero=1, offload="none", recompute="full",
                                                   _software={"bf16_optimizer": True}), {}),

@@ -32,6 +32,9 @@ HF_DECODER_LAYER = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "Qwen2DecoderLayer"),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", "MixtralDecoderLayer"),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", "Qwen3MoeDecoderLayer"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "Qwen3DecoderLayer"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", "Phi3DecoderLayer"),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", "GemmaDecoderLayer"),
 }
 """Model families whose Hugging Face config the exporter writes (transformers 5.23.0 class names)."""
 
@@ -58,8 +61,19 @@ def hf_config(spec, seq: int) -> tuple[str, dict]:
         kwargs["mlp_bias"] = spec.mlp_bias
     if spec.model_type in ("qwen2", "mistral"):
         kwargs.pop("attention_bias")
-    if spec.sliding_window and spec.model_type == "mistral":
+    if spec.sliding_window and spec.model_type in ("mistral", "phi3"):
         kwargs["sliding_window"] = spec.sliding_window
+    if spec.model_type in ("qwen3", "gemma"):     # their config classes default head_dim to 128 / 256, not hidden/heads
+        kwargs["head_dim"] = spec.d_head
+    if spec.model_type == "qwen3":
+        kwargs["use_sliding_window"] = False
+    if spec.model_type == "gemma":
+        kwargs["hidden_activation"] = spec.activation
+    if spec.model_type == "phi3":
+        kwargs.pop("attention_bias")          # Phi-3 has no biases and no such key
+        kwargs["sliding_window"] = spec.sliding_window or None
+        if spec.vocab <= 32000:               # Phi3Config's pad_token_id 32000 must index the embedding
+            kwargs["pad_token_id"] = None
     if spec.moe is not None:
         moe = spec.moe
         if spec.model_type == "mixtral":

@@ -201,12 +201,18 @@ def fsdp_limits(plan: Plan) -> list[str]:
                 and spec.qkv_bias and spec.out_bias and spec.mlp_bias and spec.d_head * spec.heads == spec.hidden):
             out.append(f"{spec.name}: not the shape of transformers' GPT2 model (learned positions, LayerNorm, GELU MLP, "
                        "biases, head_dim = hidden/heads)")
+    elif spec.model_type == "gemma":
+        from planner.hf_config import GEMMA_ACTIVATIONS
+        if not (spec.position == "rope" and spec.norm == "rmsnorm" and spec.gated_mlp
+                and spec.activation in GEMMA_ACTIVATIONS and not spec.out_bias and not spec.parallel_block):
+            out.append(f"{spec.name}: not the shape of transformers' gemma model (RoPE, RMSNorm, GeGLU)")
     elif not (spec.position == "rope" and spec.norm == "rmsnorm" and spec.swiglu
               and not spec.out_bias and not spec.parallel_block):
         out.append(f"{spec.name}: not the shape of transformers' {spec.model_type} model (RoPE, RMSNorm, SwiGLU)")
-    want_qk_norm = spec.model_type == "qwen3_moe"
+    want_qk_norm = spec.model_type in ("qwen3_moe", "qwen3")
     if spec.mla is not None or spec.attention_sinks or spec.mtp_modules or spec.qk_norm != want_qk_norm \
-            or (spec.sliding_window and spec.model_type != "mistral") or spec.window_layers is not None:
+            or (spec.sliding_window and spec.model_type not in ("mistral", "phi3")) or spec.window_layers is not None \
+            or (spec.model_type == "phi3" and spec.qkv_bias):
         out.append(f"{spec.name}: MLA / attention sinks / MTP / QK-norm / sliding windows that transformers' "
                    f"{spec.model_type} model does not have")
     if cfg.offloads("optimizer") and (cfg.zero == 0 or cfg.dp == 1):
