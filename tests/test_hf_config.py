@@ -90,8 +90,8 @@ def _write(tmp_path, name, text):
     return str(path)
 
 
-def _config(**changes):
-    data = json.loads((FIXTURES / "llama.json").read_text())
+def _config(family="llama", **changes):
+    data = json.loads((FIXTURES / f"{family}.json").read_text())
     for key, value in changes.items():
         if value is None:
             data.pop(key)
@@ -115,6 +115,9 @@ def _config(**changes):
     ("bad-kv", _config(num_key_value_heads=5), "num_key_value_heads"),
     ("heads-not-dividing", _config(num_attention_heads=30), "num_attention_heads"),
     ("bad-tie", _config(tie_word_embeddings="yes"), "tie_word_embeddings"),
+    ("qwen3-window", _config("qwen3", use_sliding_window=True), "use_sliding_window"),
+    ("gemma-activation", _config("gemma", hidden_activation="relu"), "hidden_activation"),
+    ("phi3-window", _config("phi3", sliding_window=-5), "sliding_window"),
 ])
 def test_bad_config_is_one_line_naming_the_field_and_exit_2(tmp_path, case, text, field):
     path = _write(tmp_path, f"{case}.json", text)
