@@ -42,12 +42,13 @@ def catalog_arch(name: str) -> dict:
     return {k: v for k, v in asdict(get(name)).items() if k not in ("name", "extras")}
 
 
-def fsdp_hf(model_type: str, seq: int = 8192) -> tuple:
+def fsdp_hf(model_type: str, seq: int = 8192, framework: str = "fsdp") -> tuple:
     """FSDP_LLAMA's layout for the released config.json of a Hugging Face family (tests/fixtures/hf)."""
     from pathlib import Path
 
     path = str(Path(__file__).parent / "fixtures" / "hf" / f"{model_type}.json")
-    return (path, *FSDP_LLAMA[1:3], tuple((k, seq if k == "seq" else v) for k, v in FSDP_LLAMA[3]))
+    over = {"seq": seq, "framework": framework}
+    return (path, *FSDP_LLAMA[1:3], tuple((k, over.get(k, v)) for k, v in FSDP_LLAMA[3]))
 
 
 VARIANTS = {
@@ -99,6 +100,7 @@ VARIANTS = {
     "fsdp-qwen3-8b": (fsdp_hf("qwen3"), {}, {}),
     "fsdp-phi3-mini": (fsdp_hf("phi3", seq=4096), {}, {}),
     "fsdp-gemma-7b": (fsdp_hf("gemma"), {}, {}),
+    "torchtitan-qwen3-8b": (fsdp_hf("qwen3", framework="torchtitan"), dict(tp=2, dp=32, sequence_parallel=True), {}),
     "deepspeed-gpt3-zero3-offload-both": (DS_GPT, {}, {}),
     "deepspeed-gpt3-bf16-optimizer": (DS_GPT, dict(zero=1, offload="none", recompute="full",
                                                   _software={"bf16_optimizer": True}), {}),

@@ -147,7 +147,9 @@ def check_torchtitan(plan, c):
         check_torchtitan_moe(plan, c)
     else:
         assert (m["n_kv_heads"], m["ffn_hidden"]) == (spec.n_kv_heads, spec.d_ffn)
-        assert m["name"] == ("gpt" if gpt else "llama3") and c["moe"] is None
+        from planner.exports.limits import TORCHTITAN_DENSE_FAMILIES
+        family = spec.model_type if spec.model_type in TORCHTITAN_DENSE_FAMILIES else "llama3"
+        assert m["name"] == ("gpt" if gpt else family) and c["moe"] is None
     assert m["top"] == ["tok_embeddings", "layers", "norm", "lm_head"] + (["pos_embeddings"] if gpt else []) \
         + (["mtp_layers"] if spec.mtp_modules else [])
     assert ("Float8Linear" in m["linear_types"]) == (cfg.precision == "fp8")

@@ -43,9 +43,37 @@ def torchtitan_limits(plan: Plan) -> list[str]:
         return [f"ep={cfg.ep}, expert_tp={cfg.expert_tp} on {spec.name}, a model without experts"]
     if spec.position == "learned":
         out += _gpt_only(spec)
+    elif spec.model_type in TORCHTITAN_DENSE_FAMILIES:
+        out += _qwen3_dense_only(spec)
     else:
         out += _llama_only(spec, "torchtitan 0.3.0's llama3 model (the one decoder the exporter builds)")
     return out
+
+
+TORCHTITAN_DENSE_FAMILIES = {
+    # planner model_type: as TORCHTITAN_MOE_FAMILIES, for dense models other than llama3
+    "qwen3": ("qwen3", "Qwen3Model", "_build_qwen3_layers", "qwen3_14b"),
+}
+"""Dense model families torchtitan 0.3.0 ships beside llama3 (torchtitan/models/qwen3 builds dense Qwen3 too)."""
+
+
+def _qwen3_dense_only(spec: TransformerSpec) -> list[str]:
+    """A dense Qwen3 torchtitan's Qwen3Model builds (_build_qwen3_layers): RoPE, RMSNorm, SwiGLU, QK-norm, no
+    biases, any head_dim, no window."""
+    wrong = []
+    if spec.position != "rope" or spec.norm != "rmsnorm" or not spec.swiglu:
+        wrong.append(f"position={spec.position}, norm={spec.norm}, MLP {spec.activation}")
+    if spec.qkv_bias or spec.out_bias or spec.mlp_bias:
+        wrong.append("linear biases")
+    if not spec.qk_norm:
+        wrong.append("no QK-norm")
+    if spec.parallel_block or spec.embed_norm or not spec.final_norm or spec.sliding_window or spec.mla is not None \
+            or spec.attention_sinks or spec.mtp_modules:
+        wrong.append("parallel block / embedding norm / no final norm / sliding window / MLA / sinks / MTP")
+    if not wrong:
+        return []
+    return [f"{spec.name} ({spec.model_type}: {', '.join(wrong)}) is not a model torchtitan 0.3.0's Qwen3Model "
+            "expresses (torchtitan/models/qwen3, _build_qwen3_layers)"]
 
 
 TORCHTITAN_MOE_FAMILIES = {

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from planner.exports.common import (Export, cannot, chunk_blocks, devices_per_node, header,
                                     require_spec, steps_between_checkpoints)
-from planner.exports.limits import TORCHTITAN_MOE_FAMILIES, torchtitan_limits
+from planner.exports.limits import TORCHTITAN_DENSE_FAMILIES, TORCHTITAN_MOE_FAMILIES, torchtitan_limits
 from planner.plan import Plan
 
 SPMD_BACKEND = "partial_dtensor"
@@ -257,6 +257,8 @@ def torchtitan_family(spec) -> str:
     the limits refuse everything else."""
     if spec.moe is not None and spec.model_type in TORCHTITAN_MOE_FAMILIES:
         return spec.model_type
+    if spec.moe is None and spec.model_type in TORCHTITAN_DENSE_FAMILIES:
+        return spec.model_type
     return "gpt" if spec.position == "learned" else "llama3"
 
 
@@ -272,6 +274,9 @@ def _model_lines(plan: Plan, spec, family, flavor) -> tuple[list[str], list[str]
     tied_pp = spec.tied_embeddings and cfg.pp > 1
     if family in TORCHTITAN_MOE_FAMILIES:
         return _moe_flavor(plan, spec), _moe_registry_lines(plan, spec)
+    if family == "qwen3":
+        return _qwen3_dense_lines(spec, max(cfg.seq, spec.seq)), [
+            f"    config.model_spec = qwen3.model_registry('planner', converters={converters})"]
     if family == "gpt":
         prelude = [""] + _models_source()
         body = ["    model = gpt_config(",
@@ -323,8 +328,8 @@ def _module_text(plan: Plan, spec, family, flavor, training, parallelism, ac, st
              "from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",
              "from torchtitan.config import ParallelismConfig, TrainingConfig",
              "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC"]
-    if family in TORCHTITAN_MOE_FAMILIES:
-        package, _, _, job = TORCHTITAN_MOE_FAMILIES[family]
+    if family in TORCHTITAN_MOE_FAMILIES or family in TORCHTITAN_DENSE_FAMILIES:
+        package, _, _, job = {**TORCHTITAN_MOE_FAMILIES, **TORCHTITAN_DENSE_FAMILIES}[family]
         lines += [f"from torchtitan.models import {package}",
                   "from torchtitan.models.common.config_utils import decoder_vocab_size",
                   f"from torchtitan.models.{package}.config_registry import {job} as base_job"]
@@ -420,6 +425,33 @@ def _custom_flavor(spec, seq: int) -> list[str]:
         "",
         "",
         "llama3.llama3_configs[\"planner\"] = _planner_flavor",
+    ]
+
+
+def _qwen3_dense_lines(spec, max_seq: int) -> list[str]:
+    """torchtitan/models/qwen3/__init__.py: _8b's recipe (_build_qwen3_layers: fused QKV, QK-norm, any head_dim;
+    Qwen3Model.Config) with the plan's numbers, registered as `planner` in qwen3's registry."""
+    embedding = "qwen3._EMBEDDING_SKIP_INIT" if spec.tied_embeddings else "qwen3._EMBEDDING_INIT"
+    return [
+        "",
+        "def _planner_flavor(attn_backend):",
+        f"    \"\"\"{spec.name}: the plan's shape as a torchtitan dense Qwen3 model, built as torchtitan's own flavors are",
+        "    (torchtitan/models/qwen3/__init__.py: _8b, _build_qwen3_layers).\"\"\"",
+        "    from torchtitan.models.common import CosSinRoPE, Embedding, Linear",
+        f"    dim, vocab = {spec.hidden}, {spec.vocab}",
+        "    return qwen3.Qwen3Model.Config(",
+        f"        vocab_size=vocab, dim=dim, enable_weight_tying={spec.tied_embeddings}, norm=qwen3._qwen3_norm(dim),",
+        f"        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init={embedding}),",
+        "        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=qwen3._LINEAR_INIT),",
+        "        layers=qwen3._build_qwen3_layers(",
+        f"            fuse_qkv=True, n_layers={spec.layers}, dim=dim, n_heads={spec.heads}, n_kv_heads={spec.n_kv_heads},",
+        f"            head_dim={spec.d_head}, hidden_dim={spec.d_ffn}, attn_backend=attn_backend,",
+        f"            rope=CosSinRoPE.Config(dim={spec.d_head}, max_seq_len={max_seq}, theta={float(spec.rope_theta)!r}),",
+        "        ),",
+        "    )",
+        "",
+        "",
+        "qwen3.qwen3_configs[\"planner\"] = _planner_flavor",
     ]
 
 
