@@ -306,3 +306,11 @@ def test_retarget_keeps_the_run_options_the_target_runs_and_says_which_it_drops(
                                            precision="amp-bf16"), bf16_optimizer=True)
     on_megatron, notes = retarget(ds, "megatron")
     assert "bf16_optimizer dropped" in notes[0] and "bf16_optimizer" not in on_megatron.document["software"]
+
+
+def test_deepspeed_export_says_a_dense_qk_norm_model_is_the_users_code():
+    """DeepSpeed's config carries no model: a dense Qwen3 (QK-norm) needs model code that has it, which
+    Megatron-DeepSpeed's GPT does not; the note says so as it does for MoE models. A Llama plan gets no such note."""
+    qk = [n for n in export_plan(plan_for("fsdp-qwen3-8b"), "deepspeed").notes if "QK-norm" in n]
+    assert len(qk) == 1 and "Megatron-DeepSpeed" in qk[0]
+    assert not [n for n in export_plan(plan_for("fsdp-llama-zero3-ckpt"), "deepspeed").notes if "QK-norm" in n]

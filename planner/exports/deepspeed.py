@@ -115,10 +115,13 @@ def to_deepspeed(plan: Plan) -> Export:
             + f") from block {moe.first_dense_layers} on, and pass the optimizer "
             "deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer (Megatron-DeepSpeed: "
             f"--num-experts {moe.experts} --moe-expert-parallel-size {cfg.ep} --topk {moe.top_k})")
-        if spec.mla is not None or spec.mtp_modules or spec.qk_norm:
-            notes.append("MLA / MTP / QK-norm are model code DeepSpeed does not provide; the config is the same")
     elif cfg.ep > 1:
         notes.append(f"expert parallelism: deepspeed.moe.layer.MoE(ep_size={cfg.ep}, ...) in the model code")
+    spec = model_spec(plan)
+    if spec is not None and (spec.mla is not None or spec.mtp_modules or spec.qk_norm):
+        # dense models too: Megatron-DeepSpeed's GPT (the tp/pp model code above) has none of them
+        notes.append("MLA / MTP / QK-norm are model code DeepSpeed does not provide (nor Megatron-DeepSpeed's GPT "
+                     "model); the config is the same")
     text = dumps_strict(doc, "deepspeed configuration")
     return Export(format="deepspeed", text=text + "\n", notes=tuple(notes))
 
