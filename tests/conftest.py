@@ -30,3 +30,33 @@ def machine_slowdown():
         recommend("gpt3-175b", "p4d.24xlarge", gpus=960, global_batch=1536)
         best = min(best, time.process_time() - t0)
     return max(1.0, best / REFERENCE_YARDSTICK_CPU_S)
+
+
+def _yardstick_cpu_s() -> float:
+    from planner.search import recommend
+
+    t0 = time.process_time()
+    recommend("gpt3-175b", "p4d.24xlarge", gpus=960, global_batch=1536)
+    return time.process_time() - t0
+
+
+def interleaved_cpu_s(search, rounds: int = 3) -> tuple[float, float]:
+    """(the search's best CPU seconds, machine_slowdown), the yardstick and the search run in turn `rounds` times,
+    each after a garbage collection: a budget times that slowdown holds the search to the same share of work as
+    the fixture does, measured under the same load (a load that comes and goes between a fixture's yardstick and
+    the test's runs would otherwise count against the search alone). The search's first run (its caches) and the
+    yardstick's warm-up happen before."""
+    import gc
+
+    search()
+    _yardstick_cpu_s()
+    yard = cpu = float("inf")
+    for _ in range(rounds):
+        gc.collect()
+        yard = min(yard, _yardstick_cpu_s())
+        gc.collect()
+        t0 = time.process_time()
+        search()
+        cpu = min(cpu, time.process_time() - t0)
+    return cpu, max(1.0, yard / REFERENCE_YARDSTICK_CPU_S)
+
