@@ -335,29 +335,23 @@ def explain_document(doc: Mapping[str, Any]) -> Explanation:
 
 
 def _software_options(doc: Mapping[str, Any]) -> dict:
-    """The kernel choices the plan was costed with (its `software` block), for a comparable search."""
+    """The kernel choices the plan was costed with (its `software` block), for a comparable search on the same
+    stack: the run's own options (planner.plan.run_options; recommend takes no routed-token imbalance) and the
+    framework choices it may override (attention, dropout, overlap, reduction dtype, allocator, modules)."""
+    from planner.plan import run_options
+
     sw = doc.get("software") or {}
-    out = {k: sw[k] for k in ("attention", "dropout", "overlap_grad_reduce") if k in sw}
+    out = {k: v for k, v in run_options(doc).items() if k != "moe_imbalance"}
+    out.update({k: sw[k] for k in ("attention", "dropout", "overlap_grad_reduce") if k in sw})
     if sw.get("grad_reduce_bytes") in (2, 4):
         out["grad_reduce_dtype"] = {2: "bf16", 4: "fp32"}[sw["grad_reduce_bytes"]]
-    if sw.get("master_weights") == "remainder":
-        out["master_weights"] = "remainder"
     if isinstance(sw.get("expandable_segments"), bool):
         out["expandable_segments"] = sw["expandable_segments"]
-    for flag in ("fused_norm", "bf16_optimizer", "activation_fp8_input"):
-        if sw.get(flag) is True:
-            out[flag] = True
-    if sw.get("recompute_modules"):
-        out["recompute_modules"] = list(sw["recompute_modules"])
-    if sw.get("fp8_scaling") not in (None, "tensorwise"):
-        out["fp8_scaling"] = sw["fp8_scaling"]      # an FP8 run's operand scaling (--fp8-scaling)
     if sw.get("framework"):
         from frameworks import load_framework
-        fw = load_framework(sw["framework"])
-        if sw.get("kernels") and sw["kernels"] != fw.kernels:
+
+        if sw.get("kernels") and sw["kernels"] != load_framework(sw["framework"]).kernels:
             out["kernels"] = sw["kernels"]      # a run that swaps in another stack's modules (--kernels)
-        if sw.get("loss") and sw["loss"] != fw.loss:
-            out["loss"] = sw["loss"]            # a run that computes the loss with another kernel (--loss)
     return out
 
 

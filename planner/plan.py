@@ -260,3 +260,37 @@ def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
     return Plan(schema_version=version, model_name=model["name"], hardware_name=hardware["name"],
                 gpus=hardware["gpus"], nodes=hardware["nodes"], config=config, prediction=prediction,
                 alternatives=tuple(document.get("alternatives", ())), document=document)
+
+
+def run_options(document: Mapping[str, Any]) -> dict:
+    """The run's own options in a plan document's `software` block that hold whichever stack runs it, as
+    estimate() keywords: the cross-entropy kernel where the plan chose one (not its framework's default),
+    dropout, the fused norm, BF16_Optimizer, the FP8 activation input, the modules selective recomputation
+    re-runs, 16-bit master remainders, the FP8 scaling and the routed-token imbalance. The framework's own
+    defaults (attention kernel, overlaps, the reduction dtype, the MoE dispatcher) are not here: another stack
+    applies its own (planner.exports.retarget); explain's fresh search on the same stack adds them
+    (planner.explain._software_options). What the model's config decides (estimate.config_defaults) is
+    derived again."""
+    from cost_models.moe import DEFAULT_IMBALANCE
+    from frameworks import load_framework
+
+    sw = document.get("software") or {}
+    out = {}
+    framework = sw.get("framework") or (document.get("plan") or {}).get("framework")
+    if sw.get("loss") and framework and sw["loss"] != load_framework(framework).loss:
+        out["loss"] = sw["loss"]
+    if sw.get("dropout") is True and "dropout" not in (sw.get("from_config") or ()):
+        out["dropout"] = True
+    for flag in ("fused_norm", "bf16_optimizer", "activation_fp8_input"):
+        if sw.get(flag) is True:
+            out[flag] = True
+    if sw.get("recompute_modules"):
+        out["recompute_modules"] = list(sw["recompute_modules"])
+    if sw.get("master_weights") == "remainder":
+        out["master_weights"] = "remainder"
+    if sw.get("fp8_scaling") not in (None, "tensorwise"):
+        out["fp8_scaling"] = sw["fp8_scaling"]
+    if sw.get("moe_imbalance") not in (None, DEFAULT_IMBALANCE):
+        out["moe_imbalance"] = sw["moe_imbalance"]
+    return out
+

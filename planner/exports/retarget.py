@@ -16,6 +16,7 @@ from frameworks import FrameworkProfile, load_framework
 from frameworks.rules import placement_allowed, violations
 from planner.errors import ConfigError
 from planner.parallel import ParallelConfig
+from planner.plan import run_options
 
 FORMAT_FRAMEWORK = {"torchtitan": "torchtitan", "megatron": "megatron", "fsdp": "fsdp", "deepspeed": "deepspeed"}
 """Export formats that are one of the costed frameworks (the SageMaker formats are AWS's own stack)."""
@@ -44,36 +45,6 @@ def substitutions(cfg: ParallelConfig, target: FrameworkProfile) -> tuple[Parall
         new = dataclasses.replace(new, placement=placement)
         changes.append(f"placement {cfg.placement} -> {placement} (the rank order {target.name} builds)")
     return new, changes
-
-
-def carried_options(plan) -> dict:
-    """The plan's own run options that hold whichever stack runs it, as estimate() keywords: the cross-entropy
-    kernel where the plan chose one (not its framework's default), dropout, the fused norm, BF16_Optimizer,
-    the FP8 activation input, the modules selective recomputation re-runs, 16-bit master remainders, the FP8
-    scaling and the routed-token imbalance. The framework's own defaults (attention kernel, overlaps, the
-    reduction dtype, the MoE dispatcher) are not carried: the target's apply; what the model's config decides
-    (estimate.config_defaults) is derived again."""
-    from cost_models.moe import DEFAULT_IMBALANCE
-
-    sw = plan.document.get("software") or {}
-    source = load_framework(sw.get("framework") or plan.config.framework)
-    out = {}
-    if sw.get("loss") and sw["loss"] != source.loss:
-        out["loss"] = sw["loss"]
-    if sw.get("dropout") is True and "dropout" not in (sw.get("from_config") or ()):
-        out["dropout"] = True
-    for flag in ("fused_norm", "bf16_optimizer", "activation_fp8_input"):
-        if sw.get(flag) is True:
-            out[flag] = True
-    if sw.get("recompute_modules"):
-        out["recompute_modules"] = list(sw["recompute_modules"])
-    if sw.get("master_weights") == "remainder":
-        out["master_weights"] = "remainder"
-    if sw.get("fp8_scaling") not in (None, "tensorwise"):
-        out["fp8_scaling"] = sw["fp8_scaling"]
-    if sw.get("moe_imbalance") not in (None, DEFAULT_IMBALANCE):
-        out["moe_imbalance"] = sw["moe_imbalance"]
-    return out
 
 
 def framework_refusals(plan, fmt: str) -> list[str]:
@@ -113,7 +84,7 @@ def retarget(plan, fmt: str):
     if spec is not None:
         from planner.estimate import estimate
 
-        options = carried_options(plan)
+        options = run_options(plan.document)
         while True:
             try:
                 est = estimate(spec, plan.hardware_name, new_cfg, gpus=plan.gpus, **options)
