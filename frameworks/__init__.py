@@ -114,6 +114,12 @@ class Capabilities:
     recompute_layers: bool = False
     """Whether full recomputation can re-run only some blocks of each pipeline chunk (ParallelConfig.recompute_layers:
     Megatron-Core's --recompute-method block --recompute-num-layers; torch's checkpoint_wrapper on chosen blocks)."""
+    moe_dispatchers: tuple[str, ...] = ("alltoall",)
+    """Token dispatchers the stack runs with expert parallelism (MOE_DISPATCHERS): every stack has an all-to-all
+    one; DeepEP where the stack integrates it (Megatron-Core's flex dispatcher, torchtitan's DeepEPTokenDispatcher)."""
+    moe_a2a_overlap: bool = False
+    """Whether the stack can hide the expert-parallel dispatch and combine under other micro-batches' computation
+    (Megatron-Core's --overlap-moe-expert-parallel-comm; cost_models.moe)."""
     recompute_modules: bool = False
     """Whether selective recomputation can name the modules it re-runs (Megatron-Core's --recompute-modules:
     core_attn, layernorm, mlp, moe, moe_act, shared_experts, mla_up_proj; cost_models.blocks.module_sac)."""

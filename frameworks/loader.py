@@ -39,7 +39,7 @@ _CAPS = {"precisions": list, "schedules": list, "max_virtual_stages": int, "zero
          "offload": list, "recompute": list, "placements": list, "activation_offload": str,
          "cp_with_sequence_parallel": bool, "master_remainders": bool, "recompute_modules": bool, "recompute_layers": bool, "bf16_optimizer": bool, "activation_fp8_input": bool,
          "mtp_with_pp_or_cp": bool, "moe_model_types": (list, type(None)),
-         "optimizer_offload_min_zero": int}
+         "optimizer_offload_min_zero": int, "moe_dispatchers": list, "moe_a2a_overlap": bool}
 
 
 def available_frameworks() -> list[str]:
@@ -165,7 +165,7 @@ def _capabilities(block: dict, origin: str) -> Capabilities:
             _fail(origin, f"capabilities.{key}", block[key],
                   "a list or null" if isinstance(kind, tuple) else f"a {kind.__name__}")
     vocab = {"precisions": PRECISIONS, "schedules": SCHEDULES, "zero": (0, 1, 2, 3), "zero_with_pp": (0, 1, 2, 3),
-             "cp_comm": CP_COMMS, "offload": OFFLOAD, "recompute": RECOMPUTE}
+             "cp_comm": CP_COMMS, "offload": OFFLOAD, "recompute": RECOMPUTE, "moe_dispatchers": MOE_DISPATCHERS}
     for key, allowed in vocab.items():
         bad = [v for v in block[key] if v not in allowed]
         if bad:
@@ -183,6 +183,8 @@ def _capabilities(block: dict, origin: str) -> Capabilities:
         _fail(origin, "capabilities.moe_model_types", block["moe_model_types"], "a list of model_type names or null")
     if block["optimizer_offload_min_zero"] not in (0, 1, 2, 3):
         _fail(origin, "capabilities.optimizer_offload_min_zero", block["optimizer_offload_min_zero"], "a ZeRO stage 0-3")
+    if "alltoall" not in block["moe_dispatchers"]:
+        _fail(origin, "capabilities.moe_dispatchers", block["moe_dispatchers"], "a list that includes alltoall")
     if not (1 <= block["max_virtual_stages"] <= 64):
         _fail(origin, "capabilities.max_virtual_stages", block["max_virtual_stages"], "1 to 64")
     return Capabilities(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in block.items()})

@@ -284,6 +284,25 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
                                   "fused SwiGLU stores it in FP8; allowed: false)")
     if moe_dispatcher is not None and moe_dispatcher not in MOE_DISPATCHERS:
         raise ConfigError("moe_dispatcher", moe_dispatcher, "one of " + ", ".join(MOE_DISPATCHERS))
+    if moe_dispatcher is not None and moe_dispatcher not in fw.capabilities.moe_dispatchers:
+        allowed = ", ".join(fw.capabilities.moe_dispatchers)
+        raise ConfigError("moe_dispatcher", moe_dispatcher, allowed,
+                          message=f"framework {fw.name} cannot run this plan: moe_dispatcher={moe_dispatcher}: {fw.name} "
+                                  f"dispatches tokens with {allowed} (allowed: {allowed})")
+    if moe_a2a_overlap is not None and not isinstance(moe_a2a_overlap, bool):
+        raise ConfigError("moe_a2a_overlap", moe_a2a_overlap, "true or false")
+    if moe_a2a_overlap and not fw.capabilities.moe_a2a_overlap:
+        raise ConfigError("moe_a2a_overlap", True, "false",
+                          message=f"framework {fw.name} cannot run this plan: moe_a2a_overlap: {fw.name} runs the "
+                                  "expert-parallel exchange between the router and the experts, not under another "
+                                  "micro-batch's computation (allowed: false)")
+    if not isinstance(moe_fp8_dispatch, bool):
+        raise ConfigError("moe_fp8_dispatch", moe_fp8_dispatch, "true or false")
+    if moe_a2a_overlap and recompute_modules and "moe" in recompute_modules:
+        raise ConfigError("recompute_modules", list(recompute_modules), "a list without moe",
+                          message="moe_a2a_overlap cannot run with the MoE layer recomputed: Megatron-Core refuses "
+                                  "'moe' among --recompute-modules with --overlap-moe-expert-parallel-comm "
+                                  "(allowed: a list without moe)")
     number = isinstance(moe_imbalance, (int, float)) and not isinstance(moe_imbalance, bool)
     if moe_imbalance is not None and not (number and math.isfinite(moe_imbalance) and 1.0 <= moe_imbalance <= 64.0):
         raise ConfigError("moe_imbalance", moe_imbalance, "a number from 1 (balanced) to 64: the busiest rank's "
@@ -324,6 +343,26 @@ def check_recompute_modules(fw: FrameworkProfile, modules) -> tuple[str, ...]:
                           message=f"framework {fw.name} cannot run this plan: recompute_modules={','.join(modules)}: "
                                   f"{fw.name} does not name the modules selective recomputation re-runs (allowed: none)")
     return tuple(modules)
+
+
+def check_moe_options(model: TransformerSpec, precision: str, *, moe_dispatcher=None, moe_a2a_overlap=None,
+                      moe_imbalance=None, moe_fp8_dispatch: bool = False) -> None:
+    """ConfigError (one line) when a dense model is given expert-parallel choices (they describe how routed tokens
+    reach experts, and a model without experts routes none: a choice silently ignored would read as costed), or
+    FP8 dispatch without FP8 training (the dispatched activations are the up-projections' FP8 inputs; DeepSeek-V3
+    Sec. 3.3.2; cost_models.moe.dispatch_bytes)."""
+    given = {name: value for name, value in (("moe_dispatcher", moe_dispatcher), ("moe_a2a_overlap", moe_a2a_overlap),
+                                             ("moe_imbalance", moe_imbalance),
+                                             ("moe_fp8_dispatch", moe_fp8_dispatch or None)) if value is not None}
+    if given and model.moe is None:
+        name, value = next(iter(given.items()))
+        raise ConfigError(name, value, "unset for a dense model",
+                          message=f"{name} applies to mixture-of-experts models: {model.name} has no experts "
+                                  "(allowed: leave it unset)")
+    if moe_fp8_dispatch and precision != "fp8":
+        raise ConfigError("moe_fp8_dispatch", True, "false",
+                          message=f"moe_fp8_dispatch needs precision fp8: the tokens are dispatched as the experts' FP8 "
+                                  f"GEMM inputs, and precision {precision} has none (allowed: false)")
 
 
 def check_master_weights(software: Software, precision: str) -> None:
@@ -394,6 +433,8 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
                             fused_norm=fused_norm, recompute_modules=recompute_modules,
                             bf16_optimizer=bf16_optimizer, activation_fp8_input=activation_fp8_input)
     check_activation_fp8_input(software, model)
+    check_moe_options(model, cfg.precision, moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
+                      moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch)
     cfg.check_world_size(gpus)
     cfg.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
     cfg.check_experts(model.moe)

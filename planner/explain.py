@@ -336,12 +336,12 @@ def explain_document(doc: Mapping[str, Any]) -> Explanation:
 
 def _software_options(doc: Mapping[str, Any]) -> dict:
     """The kernel choices the plan was costed with (its `software` block), for a comparable search on the same
-    stack: the run's own options (planner.plan.run_options; recommend takes no routed-token imbalance) and the
-    framework choices it may override (attention, dropout, overlap, reduction dtype, allocator, modules)."""
+    stack: the run's own options (planner.plan.run_options, the MoE ones included) and the framework choices it
+    may override (attention, dropout, overlap, reduction dtype, allocator, modules)."""
     from planner.plan import run_options
 
     sw = doc.get("software") or {}
-    out = {k: v for k, v in run_options(doc).items() if k != "moe_imbalance"}
+    out = dict(run_options(doc))
     out.update({k: sw[k] for k in ("attention", "dropout", "overlap_grad_reduce") if k in sw})
     if sw.get("grad_reduce_bytes") in (2, 4):
         out["grad_reduce_dtype"] = {2: "bf16", 4: "fp32"}[sw["grad_reduce_bytes"]]

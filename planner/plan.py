@@ -266,11 +266,12 @@ def run_options(document: Mapping[str, Any]) -> dict:
     """The run's own options in a plan document's `software` block that hold whichever stack runs it, as
     estimate() keywords: the cross-entropy kernel where the plan chose one (not its framework's default),
     dropout, the fused norm, BF16_Optimizer, the FP8 activation input, the modules selective recomputation
-    re-runs, 16-bit master remainders, the FP8 scaling and the routed-token imbalance. The framework's own
-    defaults (attention kernel, overlaps, the reduction dtype, the MoE dispatcher) are not here: another stack
-    applies its own (planner.exports.retarget); explain's fresh search on the same stack adds them
-    (planner.explain._software_options). What the model's config decides (estimate.config_defaults) is
-    derived again."""
+    re-runs, 16-bit master remainders, the FP8 scaling, the routed-token imbalance, and a token dispatcher,
+    exchange overlap or FP8 dispatch the plan chose over its framework's default (a target stack that has not
+    them drops them by name: planner.exports.retarget). The framework's own defaults (attention kernel, overlaps,
+    the reduction dtype, the MoE dispatcher) are not here: another stack applies its own; explain's fresh search on
+    the same stack adds them (planner.explain._software_options). What the model's config decides
+    (estimate.config_defaults) is derived again."""
     from cost_models.moe import DEFAULT_IMBALANCE
     from frameworks import load_framework
 
@@ -292,5 +293,12 @@ def run_options(document: Mapping[str, Any]) -> dict:
         out["fp8_scaling"] = sw["fp8_scaling"]
     if sw.get("moe_imbalance") not in (None, DEFAULT_IMBALANCE):
         out["moe_imbalance"] = sw["moe_imbalance"]
+    stack = load_framework(framework) if framework else None
+    if stack is not None and sw.get("moe_dispatcher") not in (None, stack.moe_dispatcher):
+        out["moe_dispatcher"] = sw["moe_dispatcher"]
+    if sw.get("moe_a2a_overlap") is True and not (stack is not None and stack.moe_a2a_overlap):
+        out["moe_a2a_overlap"] = True
+    if sw.get("moe_fp8_dispatch") is True:
+        out["moe_fp8_dispatch"] = True
     return out
 

@@ -1139,7 +1139,9 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
               master_weights: str | None = None, kernels: str | None = None, reliability=None,
               expandable_segments: bool | None = None, fused_norm: bool = False, recompute_modules=None,
               bf16_optimizer: bool = False, activation_fp8_input: bool = False,
-              loss: str | None = None, fp8_scaling: str | None = None) -> Recommendation:
+              loss: str | None = None, fp8_scaling: str | None = None, moe_dispatcher: str | None = None,
+              moe_a2a_overlap: bool | None = None, moe_imbalance: float | None = None,
+              moe_fp8_dispatch: bool = False) -> Recommendation:
     """Search the parallel strategies of `model` on `gpus` devices of `hardware` and rank them.
 
     `model` is a MODEL argument (catalog name, config.json, factory) or a resolved spec; `hardware`
@@ -1151,7 +1153,11 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     bf16_optimizer only ZeRO-1 without optimizer offload is searched, what DeepSpeed's BF16_Optimizer runs) and
     `activation_fp8_input` (the SwiGLU input kept in FP8; a SwiGLU model only) and `loss` (the cross-entropy
     kernel, frameworks.LOSS_KERNELS; None: the framework's) and `fp8_scaling` (how FP8 plans scale their GEMM
-    operands, cost_models.step.FP8_SCALINGS; None: tensorwise).
+    operands, cost_models.step.FP8_SCALINGS; None: tensorwise), and a mixture-of-experts run's token dispatcher,
+    exchange overlap, routed-token imbalance and FP8 dispatch (`moe_dispatcher`, `moe_a2a_overlap`, `moe_imbalance`,
+    `moe_fp8_dispatch`; cost_models.moe; None: the framework's). With the exchange overlap only plans Megatron-Core
+    runs it with are searched: interleaved stages when pipelined, no full recomputation
+    (TransformerConfig.overlap_moe_expert_parallel_comm).
     With `tokens`, every plan document carries its goodput under failures (planner.goodput) from
     `reliability` (planner.goodput.ReliabilityInputs: the user's failure rates, restart time, storage,
     save mode, spot reclaim rate; None: the sourced defaults); objective "time-to-train" needs `tokens`.
@@ -1164,15 +1170,24 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
         raise ConfigError("top", top, "a positive integer")
     reliability = _reliability_inputs(reliability, objective=objective, tokens=tokens, spot=spot)
     model, hardware, world, n_nodes = _resolve(model, hardware, gpus, nodes, seq)
-    from planner.estimate import check_activation_fp8_input, check_master_weights, software_for
+    from planner.estimate import check_activation_fp8_input, check_master_weights, check_moe_options, software_for
 
-    software = software_for(framework, attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce,
-                            grad_reduce_dtype=grad_reduce_dtype, master_weights=master_weights, kernels=kernels,
-                            expandable_segments=expandable_segments, fused_norm=fused_norm,
-                            recompute_modules=recompute_modules, bf16_optimizer=bf16_optimizer,
-                            activation_fp8_input=activation_fp8_input, loss=loss, fp8_scaling=fp8_scaling)
+    # the run's options, once: the search's software and every estimate() that refines a leader take the same
+    opts = {k: v for k, v in dict(attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce,
+                                  grad_reduce_dtype=grad_reduce_dtype, master_weights=master_weights,
+                                  kernels=kernels, expandable_segments=expandable_segments,
+                                  recompute_modules=recompute_modules, loss=loss, fp8_scaling=fp8_scaling,
+                                  moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
+                                  moe_imbalance=moe_imbalance).items()
+            if v is not None}
+    opts.update({k: True for k, v in dict(fused_norm=fused_norm, bf16_optimizer=bf16_optimizer,
+                                          activation_fp8_input=activation_fp8_input,
+                                          moe_fp8_dispatch=moe_fp8_dispatch).items() if v})
+    software = software_for(framework, **opts)
     check_activation_fp8_input(software, model)
     precision = resolve_precision(hardware, precision)    # None: bf16 mixed precision where the device has bf16
+    check_moe_options(model, precision, moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
+                      moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch)
     check_master_weights(software, precision)
     ParallelConfig(precision=precision, optimizer=optimizer, framework=software.framework.name)  # validates them
     from frameworks.rules import violations
@@ -1186,6 +1201,9 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     if software.bf16_optimizer:     # BF16_Optimizer shards like ZeRO-1 and runs its step on the device
         space = replace(space, zero=(1,), zero_with_pp=(1,),
                         offload=tuple(o for o in space.offload if not offloads(o, "optimizer")))
+    if moe_a2a_overlap:     # Megatron-Core's overlap runs with interleaved stages and no full recomputation
+        space = replace(space, schedules=tuple(s for s in space.schedules if s == "interleaved-1f1b"),
+                        recompute=tuple(r for r in space.recompute if r != "full"))
     global_batch = global_batch or default_global_batch(world, seq)
     price = _price_per_hour(hardware, n_nodes, spot, price_per_hour)
     if estimate_fn is None:
@@ -1205,13 +1223,6 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
 
     kw = dict(global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
               framework=software.framework.name)
-    opts = {k: v for k, v in dict(attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce,
-                                  grad_reduce_dtype=grad_reduce_dtype, master_weights=master_weights,
-                                  kernels=kernels, expandable_segments=expandable_segments,
-                                  recompute_modules=recompute_modules, loss=loss, fp8_scaling=fp8_scaling).items()
-            if v is not None}
-    opts.update({k: True for k, v in dict(fused_norm=fused_norm, bf16_optimizer=bf16_optimizer,
-                                          activation_fp8_input=activation_fp8_input).items() if v})
     leaders = [config_of(scored.arrays, int(i), **kw) for i in order[:max(top, refine) + 1]]
     documents, refined, splits = [], [0], {}
 

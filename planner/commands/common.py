@@ -76,6 +76,20 @@ MasterWeightsOpt = Annotated[Optional[str], typer.Option(
 Fp8ScalingOpt = Annotated[Optional[str], typer.Option(
     "--fp8-scaling", help="FP8 scaling granularity with --precision fp8: tensorwise (Transformer Engine, torchao "
                           "tensorwise; default) or rowwise (torchao rowwise: every operand cast along both axes).")]
+MoeDispatcherOpt = Annotated[Optional[str], typer.Option(
+    "--moe-dispatcher", help="Mixture-of-experts token dispatcher with --ep > 1: alltoall (NCCL all-to-all) or deepep "
+                             "(DeepEP's node-deduplicated kernels: Megatron-Core's flex dispatcher, torchtitan's "
+                             "DeepEPTokenDispatcher). Default: the framework's.")]
+MoeA2aOverlapOpt = Annotated[Optional[bool], typer.Option(
+    "--moe-a2a-overlap/--no-moe-a2a-overlap", help="Hide the expert-parallel dispatch and combine under another "
+                                                   "micro-batch's computation (Megatron-Core's "
+                                                   "--overlap-moe-expert-parallel-comm; megatron only). Default: off.")]
+MoeImbalanceOpt = Annotated[Optional[float], typer.Option(
+    "--moe-imbalance", help="Routed tokens on the busiest expert-parallel rank over the mean, from 1 (balanced) to "
+                            "64 (default: 1.0, as force-balanced benchmarks run).")]
+MoeFp8DispatchOpt = Annotated[bool, typer.Option(
+    "--moe-fp8-dispatch", help="Tokens dispatched to the experts in FP8 with per-128 scales, combined in 16 bits "
+                               "(DeepSeek-V3's dispatch).")]
 OBJECTIVE_PHRASES = {
     "throughput": "throughput (least step time)",
     "cost": "cost (least $ per 1B tokens; with {tokens}, least $ for the run including failures)",
