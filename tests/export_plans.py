@@ -90,6 +90,11 @@ VARIANTS = {
                         catalog_arch("deepseek-v3")),
     "moe-qwen3-30b": (LLAMA, dict(dp=64, tp=2, pp=4, ep=16, stages=[], placement="PDET", seq=4096),
                       catalog_arch("qwen3-30b-a3b")),
+    # DeepEP through Megatron-Core's flex dispatcher, the exchange hidden under interleaved stages
+    "moe-qwen3-30b-deepep-overlap": (LLAMA, dict(dp=64, tp=2, pp=4, ep=16, stages=[], placement="PDET", seq=4096,
+                                                 schedule="interleaved-1f1b", virtual_stages=2,
+                                                 _software={"moe_dispatcher": "deepep", "moe_a2a_overlap": True}),
+                                     catalog_arch("qwen3-30b-a3b")),
     "fsdp-llama-zero3-ckpt": (FSDP_LLAMA, dict(checkpoint_interval_s=1200.0), {}),
     "fsdp-llama-hsdp-zero2": (FSDP_LLAMA, dict(zero=2, dp_shard=8, micro_batch=2), {}),
     "fsdp-llama-recompute-layers": (FSDP_LLAMA, dict(recompute="full", recompute_layers=5), {}),

@@ -54,7 +54,7 @@ KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "
         "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm", "mtp_num_layers",
         "moe_router_score_function", "moe_router_enable_expert_bias", "moe_router_num_groups", "moe_router_group_topk",
         "moe_router_topk_scaling_factor", "moe_router_pre_softmax", "moe_grouped_gemm", "moe_token_dispatcher_type",
-        "moe_shared_expert_gate")
+        "moe_shared_expert_gate", "moe_flex_dispatcher_backend", "overlap_moe_expert_parallel_comm")
 
 
 def check(item):
