@@ -35,6 +35,9 @@ from hardware_profiles import load_profile  # noqa: E402
 H100_TRAIN_KEYS = {"elementwise_bandwidth_fraction": (0.3, 1.0), "gemm_efficiency_max_fp32": (0.3, 1.0),
                    "dispatch_us_per_op": (0.0, 60.0), "mem_efficient_attention_efficiency": (0.1, 1.0)}
 A100_KEYS = {"gemm_efficiency_max": (0.4, 1.0)}
+A100_SMS = 108
+"""Streaming multiprocessors of an A100 (NVIDIA A100 Tensor Core GPU Architecture whitepaper, 2020): the waves its
+GEMM tiles run in (cost_models.compute.wave_quantization), set before the A100 fit, which reads it."""
 
 
 def with_eff(hw, values: dict):
@@ -138,7 +141,7 @@ def efficiency_blocks(result: dict) -> dict[str, tuple[dict, str]]:
     a100 = {**common, "gemm_efficiency_max": round(a["gemm_efficiency_max"], 4),
             "gemm_fixed_us": h100["gemm_fixed_us"],
             "elementwise_bandwidth_fraction": 1.0, "gemm_efficiency_max_fp32": h100["gemm_efficiency_max_fp32"],
-            "dispatch_us_per_op": h100["dispatch_us_per_op"]}
+            "dispatch_us_per_op": h100["dispatch_us_per_op"], "gemm_wave_sms": A100_SMS}
     src_h = ("benchmarks/calibrate.py (docs/cost-model.md): gemm_efficiency_max, gemm_fixed_us fitted to the 5 H100 "
              "bf16 GEMMs above the host floor; elementwise_bandwidth_fraction, gemm_efficiency_max_fp32, "
              "dispatch_us_per_op, mem_efficient_attention_efficiency fitted jointly to all 42 H100 training steps of validation/h100_train_steps.jsonl (one value each, "
@@ -149,15 +152,35 @@ def efficiency_blocks(result: dict) -> dict[str, tuple[dict, str]]:
              "runs of validation/published_runs.json (one value; leave-one-out in "
              "benchmarks/results/calibration.json); gemm_fixed_us, gemm_efficiency_max_fp32 and dispatch_us_per_op "
              "carried over from the H100 fit; elementwise_bandwidth_fraction 1.0: fused Megatron kernels stream at the copy bandwidth of "
-             "memory_bandwidth_GBps; allreduce_bus_efficiency: nccl-tests bus bandwidth ~80% of link rate")
+             "memory_bandwidth_GBps; allreduce_bus_efficiency: nccl-tests bus bandwidth ~80% of link rate; "
+             "gemm_wave_sms: the A100's 108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper), over which "
+             "cuBLAS 11's 256 x 128 tiles run in whole waves (NVIDIA Matrix Multiplication Background User's Guide)")
     carried = "carried over unchanged from p5.48xlarge (H100 80GB): no measurements exist on this device. "
     return {**{n: (h100, src_h if n in ("dgx-h100", "p5.48xlarge") else carried + src_h) for n in H100_PROFILES},
             **{n: (a100, src_a) for n in A100_PROFILES}}
 
 
+def foreign_clauses(text: str, own_keys) -> list[str]:
+    """The clauses of a profile's efficiency sources line that another script wrote: each starts with the
+    efficiency key it sources (a '; ' inside a clause, as in a list of papers, does not end it), and its key is not
+    one of `own_keys`. The clauses of this script's own keys and its preamble are left out (it writes them anew)."""
+    from hardware_profiles.efficiency import EFFICIENCY_KEYS
+
+    def key(fragment: str) -> str:
+        return fragment.split(" ", 1)[0].rstrip(",:")
+
+    clauses: list[str] = []
+    for fragment in (text.split("; ") if text else []):
+        if clauses and key(fragment) not in EFFICIENCY_KEYS:
+            clauses[-1] += "; " + fragment
+        else:
+            clauses.append(fragment)
+    return [c for c in clauses if key(c) in EFFICIENCY_KEYS and key(c) not in own_keys]
+
+
 def write_profiles(result: dict, names=None) -> None:
     """Update this script's keys of each calibrated profile's `efficiency` block, and its part of the sources line;
-    the keys and source clauses of OWNED_ELSEWHERE stay as they are."""
+    the keys and source clauses it does not write (OWNED_ELSEWHERE's, calibrate_frameworks.py's) stay as they are."""
     from hardware_profiles.loader import PROFILE_DIR
     for name, (block, source) in efficiency_blocks(result).items():
         if names and name not in names:
@@ -165,8 +188,7 @@ def write_profiles(result: dict, names=None) -> None:
         path = PROFILE_DIR / f"{name}.json"
         data = json.loads(path.read_text())
         data["efficiency"] = {**data["efficiency"], **block}
-        clauses = [c for c in data["sources"].get("efficiency", "").split("; ")
-                   if c.split(" ", 1)[0] in OWNED_ELSEWHERE]
+        clauses = foreign_clauses(data["sources"].get("efficiency", ""), block)
         data["sources"]["efficiency"] = "; ".join([source, *clauses])
         path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
         print("wrote efficiency of", path.name)
@@ -205,7 +227,7 @@ def main(argv=None) -> int:
     h100 = with_eff(h100, {"gemm_efficiency_max": gemm["gemm_efficiency_max"], "gemm_fixed_us": gemm["gemm_fixed_us"]})
     h100_fit = fit_h100(h100)
     print("H100 training-step fit:", {k: round(v, 4) for k, v in h100_fit.items()})
-    a100 = with_eff(load_profile("dgx-a100-80g"), {"gemm_fixed_us": gemm["gemm_fixed_us"]})
+    a100 = with_eff(load_profile("dgx-a100-80g"), {"gemm_fixed_us": gemm["gemm_fixed_us"], "gemm_wave_sms": A100_SMS})
     a100_fit = fit_a100(a100)
     print("A100 published-run fit:", {k: round(v, 4) for k, v in a100_fit.items()})
     result = {"h100_gemm": gemm, "h100_train": h100_fit, "a100": a100_fit}

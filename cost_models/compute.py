@@ -91,10 +91,38 @@ def gemm_efficiency_max(hw: HardwareProfile, precision: str) -> float:
     return eff(hw, key)
 
 
+GEMM_TILES = ((256, 128), (128, 256))
+"""Output tiles of a large tensor-core GEMM (rows x columns), either orientation: the largest cuBLAS tile on
+A100, which its large GEMMs run with (NVIDIA, "Matrix Multiplication Background User's Guide", "Dimension
+Quantization Effects": 256 x 128 tiles over the A100's 108 SMs)."""
+
+
+def wave_quantization(m, n, batch, sms):
+    """Useful share of the tile waves a GEMM with an m x n output (times `batch`) occupies on `sms`
+    multiprocessors: each SM computes one output tile at a time, so ceil(tiles / sms) waves run and the last one
+    may be partly empty; tiles on the edge are partly empty too (tile quantization). The better of the two tile
+    orientations (NVIDIA, "Matrix Multiplication Background User's Guide": tile and wave quantization):
+
+        q = m n batch / (ceil(ceil(m / tm) ceil(n / tn) batch / sms) x sms x tm tn)
+
+    1 where `sms` is 0 (a library whose GEMMs do not quantize by waves)."""
+    if not sms:
+        return 1.0
+    m, n, batch = (np.asarray(v, dtype=float) for v in (m, n, batch))
+    best = np.zeros(np.broadcast(m, n, batch).shape)
+    for tm, tn in GEMM_TILES:
+        waves = np.ceil(np.ceil(m / tm) * np.ceil(n / tn) * batch / sms)
+        best = np.maximum(best, m * n * batch / (waves * sms * tm * tn))
+    return best
+
+
 def gemm_seconds(m, n, k, batch=1, *, hw: HardwareProfile, precision: str, elem_bytes: float = 2.0):
-    """One (batched) GEMM kernel: max(F / (P e_max) + t0, (m k + k n + m n) batch bytes / BW)."""
+    """One (batched) GEMM kernel: max(F / (P e_max q) + t0, (m k + k n + m n) batch bytes / BW), q the tile waves'
+    useful share on tensor cores (wave_quantization; the SIMT fp32 path has other tiles and keeps q = 1)."""
     flops = 2.0 * m * n * k * batch
-    compute = flops / (sustained_flops(hw, precision) * gemm_efficiency_max(hw, precision)) + eff(hw, "gemm_fixed_us") * 1e-6
+    q = 1.0 if precision == "fp32" else wave_quantization(m, n, batch, eff(hw, "gemm_wave_sms"))
+    compute = flops / (sustained_flops(hw, precision) * gemm_efficiency_max(hw, precision) * q) \
+        + eff(hw, "gemm_fixed_us") * 1e-6
     traffic = (m * k + k * n + m * n) * batch * elem_bytes / memory_Bps(hw)
     return np.maximum(compute, traffic)
 

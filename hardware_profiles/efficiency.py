@@ -73,6 +73,14 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {k.name: k for k in (
     EfficiencyKey(name="gemm_fixed_us", unit="us", default=12.0, low=0.0, high=1e4,
                   doc="fixed cost of one GEMM kernel: fill, drain and wave quantization (cost_models.compute.gemm_seconds)",
                   source="H100 fit of the measured bf16 GEMMs: 13.2 us; 12 when a profile has none"),
+    EfficiencyKey(name="gemm_wave_sms", unit="count", default=0.0, low=0.0, high=1024.0,
+                  doc="streaming multiprocessors over which a GEMM's 256 x 128 output tiles run in whole waves, so that "
+                      "a last, partly filled wave costs a full one (cost_models.compute.wave_quantization); 0: the "
+                      "device's GEMM library hides it",
+                  source="A100 with cuBLAS 11: 108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper) and wave "
+                         "quantization measured in NVIDIA's 'Matrix Multiplication Background User's Guide'; 0 on "
+                         "Hopper and later, whose cuBLAS GEMMs stay far above the one-wave bound "
+                         "(validation/kernels/gemm_h100_xla.json)"),
     _fraction("flash_attention_efficiency", 0.35,
               "fraction of the dense peak a fused (flash) attention kernel reaches (cost_models.compute.flash_attention_seconds)",
               "Dao 2023 (FlashAttention-2): ~35% of the H100 bf16 peak at head dim 64, 50-73% of A100's"),

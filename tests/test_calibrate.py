@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -181,3 +182,22 @@ def test_a_signal_to_calibrate_leaves_no_measuring_rank_behind(tmp_path, sig_nam
     while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in ranks if _alive(p)], "a calibration rank outlived its launcher"
+
+
+def test_rewriting_a_profiles_fit_keeps_the_sources_it_does_not_own():
+    """benchmarks/calibrate.py rewrites its own keys' source clauses and keeps the rest whole: a clause with a '; '
+    inside (a list of papers) and the keys benchmarks/calibrate_frameworks.py writes (once dropped, which left
+    shipped values without a source)."""
+    from benchmarks.calibrate import foreign_clauses
+
+    text = ("benchmarks/calibrate.py (docs): gemm_efficiency_max fitted; gemm_fixed_us, dispatch_us_per_op carried over; "
+            "fused_attention_efficiency 0.55: FA-3 (attention.json; Shah et al. 2024, Dao 2023), not fitted; "
+            "sustained_clock_fraction 0.853: fitted to published runs; gemm_wave_sms: 108 SMs")
+    kept = foreign_clauses(text, {"gemm_efficiency_max", "gemm_fixed_us", "dispatch_us_per_op", "gemm_wave_sms"})
+    assert kept == ["fused_attention_efficiency 0.55: FA-3 (attention.json; Shah et al. 2024, Dao 2023), not fitted",
+                    "sustained_clock_fraction 0.853: fitted to published runs"]
+    for name in ("dgx-h100", "dgx-a100-80g"):      # every shipped key of those profiles keeps a source clause
+        profile = json.loads((Path(__file__).resolve().parents[1] / "hardware_profiles" / f"{name}.json").read_text())
+        sourced = " ".join(foreign_clauses(profile["sources"]["efficiency"], set()))
+        for key in ("triton_attention_relative", "flash_attention_efficiency"):
+            assert key in sourced, (name, key)
