@@ -68,7 +68,8 @@ def conventions(cases: list[Case]) -> dict:
 def predict(case: Case, value: float | None = None):
     """The estimate of a case; with `value`, the megatron profile's fitted parameter set to it (same
     scoring path as estimate, which validates the configuration first)."""
-    est = estimate(case.spec, case.hardware, case.config, gpus=case.row["gpus"], **case.options)
+    est = estimate(case.spec, case.hardware, case.config, gpus=case.row["gpus"], check_framework=case.check_framework,
+                   **case.options)
     if value is None or case.framework != FITTED[0]:
         return est.step_time_s, est
     fw = replace(load_framework(FITTED[0]), **{FITTED[1]: value})
@@ -100,7 +101,7 @@ def imbalance_check(cases: list[Case]) -> list[dict]:
         target = c.row["measured"]["tflops_per_gpu"] / dropless
         base = predict(c)[0]
         run = lambda imb: estimate(c.spec, c.hardware, c.config, gpus=c.row["gpus"], moe_imbalance=imb,  # noqa: E731
-                                   **c.options).step_time_s / base
+                                   check_framework=c.check_framework, **c.options).step_time_s / base
         lo, hi = 1.0, 8.0
         for _ in range(40):
             mid = (lo + hi) / 2

@@ -124,11 +124,6 @@ def leave_out_h100(hw, *, by_group: bool) -> dict:
 
 H100_PROFILES = ("dgx-h100", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge")
 A100_PROFILES = ("dgx-a100-80g", "p4d.24xlarge", "p4de.24xlarge")
-OWNED_ELSEWHERE = ("flash_attention_efficiency", "fused_attention_efficiency", "gemm_efficiency_max_fp8")
-"""Efficiency keys this script neither fits nor writes: the attention kernels' rates (the kernel curves of
-validation/kernels/attention.json, then benchmarks/calibrate_frameworks.py on the published runs) and the FP8
-GEMM rate (calibrate_frameworks.py). Run this script first, then calibrate_frameworks.py: the step fit here reads
-the profile's attention rates as they stand."""
 
 
 def efficiency_blocks(result: dict) -> dict[str, tuple[dict, str]]:
@@ -180,7 +175,7 @@ def foreign_clauses(text: str, own_keys) -> list[str]:
 
 def write_profiles(result: dict, names=None) -> None:
     """Update this script's keys of each calibrated profile's `efficiency` block, and its part of the sources line;
-    the keys and source clauses it does not write (OWNED_ELSEWHERE's, calibrate_frameworks.py's) stay as they are."""
+    the keys and source clauses it does not write (the attention rates', calibrate_frameworks.py's) stay as they are."""
     from hardware_profiles.loader import PROFILE_DIR
     for name, (block, source) in efficiency_blocks(result).items():
         if names and name not in names:
@@ -203,17 +198,23 @@ the power-capped clock)."""
 def copy_to_clusters() -> None:
     """The validation clusters copy their generation's shipped efficiency block unchanged (their source says
     which: validation/hardware/clusters, tests/test_validation_clusters.py); re-copy it, keeping the node facts
-    a cluster adds."""
+    a cluster adds, and its provenance: the reference's sources line as it now stands, then the cluster's own keys'
+    clauses."""
+    from hardware_profiles.efficiency import EFFICIENCY_KEYS
     from hardware_profiles.loader import PROFILE_DIR
     for path in sorted((ROOT / "validation" / "hardware" / "clusters").glob("*.json")):
         data = json.loads(path.read_text())
-        words = data["sources"]["efficiency"].split()
-        if "copied unchanged from the shipped" not in data["sources"]["efficiency"]:
+        text = data["sources"]["efficiency"]
+        words = text.split()
+        if "copied unchanged from the shipped" not in text:
             continue
         reference = words[words.index("shipped") + 1]
-        block = json.loads((PROFILE_DIR / f"{reference}.json").read_text())["efficiency"]
+        ref = json.loads((PROFILE_DIR / f"{reference}.json").read_text())
         extra = {k: v for k, v in data["efficiency"].items() if k in CLUSTER_KEYS}
-        data["efficiency"] = {**block, **extra}
+        data["efficiency"] = {**ref["efficiency"], **extra}
+        own = foreign_clauses(text, set(EFFICIENCY_KEYS) - set(CLUSTER_KEYS))
+        data["sources"]["efficiency"] = (text.split("Its provenance: ")[0] + "Its provenance: "
+                                         + "; ".join([ref["sources"]["efficiency"], *own]))
         path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 

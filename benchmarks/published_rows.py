@@ -57,6 +57,13 @@ class Case:
     def framework(self) -> str:
         return self.row["framework"]
 
+    @property
+    def check_framework(self) -> bool:
+        """False for a run of another stack costed as its closest one (`extras.framework_stand_in`, e.g.
+        DeepSeek's own HAI-LLM as megatron): estimate then costs its run options even where that stack has not
+        them (DualPipe's exchange overlap, FP8 dispatch), instead of refusing the row."""
+        return not (self.row.get("extras") or {}).get("framework_stand_in")
+
 
 @lru_cache(maxsize=None)
 def hardware(name: str):

@@ -105,14 +105,17 @@ def wave_quantization(m, n, batch, sms):
 
         q = m n batch / (ceil(ceil(m / tm) ceil(n / tn) batch / sms) x sms x tm tn)
 
-    1 where `sms` is 0 (a library whose GEMMs do not quantize by waves)."""
+    Only GEMMs with at least a wave of the large tiles: under one, the library takes a smaller tile or splits the
+    reduction (the guide's typical tile dimensions; a router's m x 8 output is no 256 x 128 tile), which this
+    model does not choose, so q = 1 there. 1 where `sms` is 0 (a library whose GEMMs do not quantize by waves)."""
     if not sms:
         return 1.0
     m, n, batch = (np.asarray(v, dtype=float) for v in (m, n, batch))
     best = np.zeros(np.broadcast(m, n, batch).shape)
     for tm, tn in GEMM_TILES:
-        waves = np.ceil(np.ceil(m / tm) * np.ceil(n / tn) * batch / sms)
-        best = np.maximum(best, m * n * batch / (waves * sms * tm * tn))
+        tiles = np.ceil(m / tm) * np.ceil(n / tn) * batch
+        waves = np.maximum(np.ceil(tiles / sms), 1.0)
+        best = np.maximum(best, np.where(tiles >= sms, m * n * batch / (waves * sms * tm * tn), 1.0))
     return best
 
 

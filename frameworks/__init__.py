@@ -119,7 +119,11 @@ class Capabilities:
     one; DeepEP where the stack integrates it (Megatron-Core's flex dispatcher, torchtitan's DeepEPTokenDispatcher)."""
     moe_a2a_overlap: bool = False
     """Whether the stack can hide the expert-parallel dispatch and combine under other micro-batches' computation
-    (Megatron-Core's --overlap-moe-expert-parallel-comm; cost_models.moe)."""
+    (Megatron-Core's --overlap-moe-expert-parallel-comm, on the plans frameworks.rules.a2a_overlap_conflict allows;
+    cost_models.moe)."""
+    moe_fp8_dispatch: bool = False
+    """Whether the stack can dispatch tokens to the experts in FP8 (DeepSeek-V3's own kernels; none of the four
+    stacks exposes it)."""
     recompute_modules: bool = False
     """Whether selective recomputation can name the modules it re-runs (Megatron-Core's --recompute-modules:
     core_attn, layernorm, mlp, moe, moe_act, shared_experts, mla_up_proj; cost_models.blocks.module_sac)."""

@@ -39,7 +39,8 @@ _CAPS = {"precisions": list, "schedules": list, "max_virtual_stages": int, "zero
          "offload": list, "recompute": list, "placements": list, "activation_offload": str,
          "cp_with_sequence_parallel": bool, "master_remainders": bool, "recompute_modules": bool, "recompute_layers": bool, "bf16_optimizer": bool, "activation_fp8_input": bool,
          "mtp_with_pp_or_cp": bool, "moe_model_types": (list, type(None)),
-         "optimizer_offload_min_zero": int, "moe_dispatchers": list, "moe_a2a_overlap": bool}
+         "optimizer_offload_min_zero": int, "moe_dispatchers": list, "moe_a2a_overlap": bool,
+         "moe_fp8_dispatch": bool}
 
 
 def available_frameworks() -> list[str]:
@@ -128,6 +129,11 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
                 _fail(origin, f"state_bytes.{precision}.{k}", v, "bytes per parameter from 0 to 16")
         states[precision] = StateBytes(**{k: float(v) for k, v in block.items()})
     caps = _capabilities(data["capabilities"], origin)
+    if data.get("moe_dispatcher", MOE_DISPATCHERS[0]) not in caps.moe_dispatchers:
+        _fail(origin, "moe_dispatcher", data["moe_dispatcher"], "one of capabilities.moe_dispatchers ("
+              + ", ".join(caps.moe_dispatchers) + ")")
+    if data.get("moe_a2a_overlap", False) and not caps.moe_a2a_overlap:
+        _fail(origin, "moe_a2a_overlap", True, "false unless capabilities.moe_a2a_overlap")
     missing = sorted(set(caps.precisions) - set(states))
     if missing:
         _fail(origin, "state_bytes", sorted(states), f"an entry for every allowed precision ({', '.join(caps.precisions)})")

@@ -135,3 +135,52 @@ def check_runnable(framework: FrameworkProfile, cfg) -> None:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ConfigError("framework", framework.name, "a plan the framework can run",
                           message=f"framework {framework.name} cannot run this plan: {problems[0]}{more}")
+
+
+def a2a_overlap_conflict(*, pp: int, virtual_stages: int, recompute: str, precision: str,
+                         recompute_modules=(), mtp_modules: int = 0) -> str | None:
+    """Why Megatron-Core would not run the expert-parallel exchange overlap (--overlap-moe-expert-parallel-comm) on
+    this plan, or None. Its TransformerConfig.__post_init__ asserts (megatron-core 0.19.2 transformer_config.py):
+    virtual pipeline stages when pp > 1, no full recomputation, no 'moe' among the recomputed modules, bf16 or
+    fp16 training, at most one MTP layer. The one owner of the rule: the search keeps to it, estimate refuses it
+    and the Megatron-LM export re-checks it."""
+    if pp > 1 and virtual_stages <= 1:
+        return f"needs virtual pipeline stages with pp={pp} (--virtual-stages >= 2)"
+    if recompute == "full":
+        return "cannot run with full recomputation"
+    if "moe" in (recompute_modules or ()):
+        return "cannot run with 'moe' among the recomputed modules"
+    if precision == "fp32":
+        return "needs bf16 or fp16 training (precision fp32)"
+    if (mtp_modules or 0) > 1:
+        return f"runs at most one MTP layer ({mtp_modules})"
+    return None
+
+
+def check_moe_runnable(framework: FrameworkProfile, software, spec, cfg) -> None:
+    """ConfigError (one line, the field the run option is named by) when a mixture-of-experts run asks `framework`
+    for a token dispatcher, an exchange overlap or FP8 dispatch it has not (capabilities.moe_dispatchers,
+    moe_a2a_overlap, moe_fp8_dispatch), or for the overlap where the stack cannot run it (a2a_overlap_conflict).
+    Dense models route no tokens: nothing to check."""
+    if getattr(spec, "moe", None) is None:
+        return
+    caps, name = framework.capabilities, framework.name
+
+    def cannot(field, value, allowed, why):
+        raise ConfigError(field, value, allowed,
+                          message=f"framework {name} cannot run this plan: {field}={value}: {why} (allowed: {allowed})")
+
+    if software.moe_dispatcher not in caps.moe_dispatchers:
+        allowed = ", ".join(caps.moe_dispatchers)
+        cannot("moe_dispatcher", software.moe_dispatcher, allowed, f"{name} dispatches tokens with {allowed}")
+    if software.moe_a2a_overlap and not caps.moe_a2a_overlap:
+        cannot("moe_a2a_overlap", True, "false", f"{name} runs the expert-parallel exchange between the router and the "
+                                                 "experts, not under another micro-batch's computation")
+    if software.moe_a2a_overlap and cfg is not None and cfg.ep > 1:
+        why = a2a_overlap_conflict(pp=cfg.pp, virtual_stages=cfg.virtual_stages, recompute=cfg.recompute,
+                                   precision=cfg.precision, recompute_modules=software.recompute_modules,
+                                   mtp_modules=spec.mtp_modules)
+        if why:
+            cannot("moe_a2a_overlap", True, "false", f"the overlap {why}")
+    if software.moe_fp8_dispatch and not caps.moe_fp8_dispatch:
+        cannot("moe_fp8_dispatch", True, "false", f"{name}'s dispatchers send the tokens in the compute dtype")

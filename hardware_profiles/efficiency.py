@@ -71,12 +71,12 @@ EFFICIENCY_KEYS: dict[str, EfficiencyKey] = {k.name: k for k in (
               "FP8 training runs of the device's generation (benchmarks/calibrate_frameworks.py, leave one source "
               "out); falls back to gemm_efficiency_max", fallback="gemm_efficiency_max"),
     EfficiencyKey(name="gemm_fixed_us", unit="us", default=12.0, low=0.0, high=1e4,
-                  doc="fixed cost of one GEMM kernel: fill, drain and wave quantization (cost_models.compute.gemm_seconds)",
+                  doc="fixed cost of one GEMM kernel: launch, fill and drain (cost_models.compute.gemm_seconds; wave quantization is gemm_wave_sms's)",
                   source="H100 fit of the measured bf16 GEMMs: 13.2 us; 12 when a profile has none"),
     EfficiencyKey(name="gemm_wave_sms", unit="count", default=0.0, low=0.0, high=1024.0,
                   doc="streaming multiprocessors over which a GEMM's 256 x 128 output tiles run in whole waves, so that "
-                      "a last, partly filled wave costs a full one (cost_models.compute.wave_quantization); 0: the "
-                      "device's GEMM library hides it",
+                      "a last, partly filled wave costs a full one (cost_models.compute.wave_quantization, GEMMs of at "
+                      "least one wave); 0: the device's GEMM library hides it",
                   source="A100 with cuBLAS 11: 108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper) and wave "
                          "quantization measured in NVIDIA's 'Matrix Multiplication Background User's Guide'; 0 on "
                          "Hopper and later, whose cuBLAS GEMMs stay far above the one-wave bound "

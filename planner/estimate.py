@@ -14,7 +14,7 @@ import numpy as np
 from cost_models import params as P
 from cost_models.step import BF16_PARAM_PRECISIONS, FP8_SCALINGS, MASTER_WEIGHTS, Software
 from frameworks import ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, MOE_DISPATCHERS, FrameworkProfile, load_framework
-from frameworks.rules import check_model_runnable, check_runnable
+from frameworks.rules import check_model_runnable, check_moe_runnable, check_runnable
 from cost_models.compute import peak_flops
 from hardware_profiles import HardwareProfile, load_profile
 from planner.errors import ConfigError
@@ -284,25 +284,10 @@ def software_for(framework: str | FrameworkProfile, *, attention: str | None = N
                                   "fused SwiGLU stores it in FP8; allowed: false)")
     if moe_dispatcher is not None and moe_dispatcher not in MOE_DISPATCHERS:
         raise ConfigError("moe_dispatcher", moe_dispatcher, "one of " + ", ".join(MOE_DISPATCHERS))
-    if moe_dispatcher is not None and moe_dispatcher not in fw.capabilities.moe_dispatchers:
-        allowed = ", ".join(fw.capabilities.moe_dispatchers)
-        raise ConfigError("moe_dispatcher", moe_dispatcher, allowed,
-                          message=f"framework {fw.name} cannot run this plan: moe_dispatcher={moe_dispatcher}: {fw.name} "
-                                  f"dispatches tokens with {allowed} (allowed: {allowed})")
     if moe_a2a_overlap is not None and not isinstance(moe_a2a_overlap, bool):
         raise ConfigError("moe_a2a_overlap", moe_a2a_overlap, "true or false")
-    if moe_a2a_overlap and not fw.capabilities.moe_a2a_overlap:
-        raise ConfigError("moe_a2a_overlap", True, "false",
-                          message=f"framework {fw.name} cannot run this plan: moe_a2a_overlap: {fw.name} runs the "
-                                  "expert-parallel exchange between the router and the experts, not under another "
-                                  "micro-batch's computation (allowed: false)")
     if not isinstance(moe_fp8_dispatch, bool):
         raise ConfigError("moe_fp8_dispatch", moe_fp8_dispatch, "true or false")
-    if moe_a2a_overlap and recompute_modules and "moe" in recompute_modules:
-        raise ConfigError("recompute_modules", list(recompute_modules), "a list without moe",
-                          message="moe_a2a_overlap cannot run with the MoE layer recomputed: Megatron-Core refuses "
-                                  "'moe' among --recompute-modules with --overlap-moe-expert-parallel-comm "
-                                  "(allowed: a list without moe)")
     number = isinstance(moe_imbalance, (int, float)) and not isinstance(moe_imbalance, bool)
     if moe_imbalance is not None and not (number and math.isfinite(moe_imbalance) and 1.0 <= moe_imbalance <= 64.0):
         raise ConfigError("moe_imbalance", moe_imbalance, "a number from 1 (balanced) to 64: the busiest rank's "
@@ -351,7 +336,8 @@ def check_moe_options(model: TransformerSpec, precision: str, *, moe_dispatcher=
     reach experts, and a model without experts routes none: a choice silently ignored would read as costed), or
     FP8 dispatch without FP8 training (the dispatched activations are the up-projections' FP8 inputs; DeepSeek-V3
     Sec. 3.3.2; cost_models.moe.dispatch_bytes)."""
-    given = {name: value for name, value in (("moe_dispatcher", moe_dispatcher), ("moe_a2a_overlap", moe_a2a_overlap),
+    given = {name: value for name, value in (("moe_dispatcher", moe_dispatcher),
+                                             ("moe_a2a_overlap", moe_a2a_overlap or None),
                                              ("moe_imbalance", moe_imbalance),
                                              ("moe_fp8_dispatch", moe_fp8_dispatch or None)) if value is not None}
     if given and model.moe is None:
@@ -453,6 +439,7 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
     if check_framework:
         check_runnable(software.framework, cfg)
         check_model_runnable(software.framework, model, cfg)
+        check_moe_runnable(software.framework, software, model, cfg)
     if cfg.stages and (min(cfg.stages) < 0 or min(cfg.stages[1:-1] or (1,)) < 1
                        or (len(cfg.stages) == 1 and cfg.stages[0] < 1)):
         raise ConfigError("stages", list(cfg.stages), "at least one block per stage (the first and the last may "

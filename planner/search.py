@@ -729,8 +729,10 @@ def rank(scored: ScoredSpace, objective: str) -> np.ndarray:
 # ----------------------------------------------------------------------------------------- no fit
 
 def no_fit_error(scored: ScoredSpace, *, model, hardware, world_size: int, global_batch: int, seq: int,
-                 precision: str, optimizer: str, space: SearchSpace, framework: str = "megatron") -> NoFitError:
-    """How far the leanest candidate misses and what would make one fit (exit 3)."""
+                 precision: str, optimizer: str, space: SearchSpace, framework: str = "megatron",
+                 held: dict[str, str] | None = None) -> NoFitError:
+    """How far the leanest candidate misses and what would make one fit (exit 3). `held` names the run option
+    that kept a knob out of the search (e.g. full recompute: moe_a2a_overlap), where it was not the framework."""
     i = int(np.argmin(scored.leanest_needed_bytes))
     need = float(scored.leanest_needed_bytes[i])
     cap = scored.capacity_bytes
@@ -746,8 +748,13 @@ def no_fit_error(scored: ScoredSpace, *, model, hardware, world_size: int, globa
         untried.append("full recompute")
     if "optimizer" not in space.offload:
         untried.append("optimizer offload")
-    if untried:
-        fixes.append("allow " + ", ".join(untried) + f" (not available on {framework}: try another --framework)")
+    held = held or {}
+    by_option = [f"{knob} (held by {held[knob]})" for knob in untried if knob in held]
+    by_stack = [knob for knob in untried if knob not in held]
+    if by_stack:
+        fixes.append("allow " + ", ".join(by_stack) + f" (not available on {framework}: try another --framework)")
+    if by_option:
+        fixes.append("drop the run option that holds " + ", ".join(by_option))
     bigger = _larger_devices(hardware, need)
     if bigger:
         fixes.append("a larger device (" + ", ".join(bigger) + ")")
@@ -1170,6 +1177,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
         raise ConfigError("top", top, "a positive integer")
     reliability = _reliability_inputs(reliability, objective=objective, tokens=tokens, spot=spot)
     model, hardware, world, n_nodes = _resolve(model, hardware, gpus, nodes, seq)
+    from frameworks.rules import check_moe_runnable
     from planner.estimate import check_activation_fp8_input, check_master_weights, check_moe_options, software_for
 
     # the run's options, once: the search's software and every estimate() that refines a leader take the same
@@ -1188,6 +1196,10 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     precision = resolve_precision(hardware, precision)    # None: bf16 mixed precision where the device has bf16
     check_moe_options(model, precision, moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
                       moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch)
+    # what the stack cannot run whatever the degrees (the overlap's per-plan conditions restrict the space below)
+    check_moe_runnable(software.framework, software, model,
+                       ParallelConfig(dp=2, ep=2, global_batch=2, placement="PDET", precision=precision,
+                                      framework=software.framework.name))
     check_master_weights(software, precision)
     ParallelConfig(precision=precision, optimizer=optimizer, framework=software.framework.name)  # validates them
     from frameworks.rules import violations
@@ -1201,9 +1213,19 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     if software.bf16_optimizer:     # BF16_Optimizer shards like ZeRO-1 and runs its step on the device
         space = replace(space, zero=(1,), zero_with_pp=(1,),
                         offload=tuple(o for o in space.offload if not offloads(o, "optimizer")))
-    if moe_a2a_overlap:     # Megatron-Core's overlap runs with interleaved stages and no full recomputation
+    held = {}
+    if software.moe_a2a_overlap and model.moe is not None:
+        # only plans frameworks.rules.a2a_overlap_conflict lets the overlap run on: interleaved stages when
+        # pipelined, no full recomputation
         space = replace(space, schedules=tuple(s for s in space.schedules if s == "interleaved-1f1b"),
                         recompute=tuple(r for r in space.recompute if r != "full"))
+        if not space.recompute:
+            raise ConfigError("moe_a2a_overlap", True, "false",
+                              message="moe_a2a_overlap cannot run with full recomputation, the only recompute the "
+                                      "search may try (allowed with the overlap: recompute none or selective)")
+        held["full recompute"] = "moe_a2a_overlap"
+    if software.bf16_optimizer:
+        held.update({"ZeRO-3": "bf16_optimizer", "optimizer offload": "bf16_optimizer"})
     global_batch = global_batch or default_global_batch(world, seq)
     price = _price_per_hour(hardware, n_nodes, spot, price_per_hour)
     if estimate_fn is None:
@@ -1219,7 +1241,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     if len(order) == 0:
         raise no_fit_error(scored, model=model, hardware=hardware, world_size=world, global_batch=global_batch,
                            seq=seq, precision=precision, optimizer=optimizer, space=space,
-                           framework=software.framework.name)
+                           framework=software.framework.name, held=held)
 
     kw = dict(global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
               framework=software.framework.name)

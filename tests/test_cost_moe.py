@@ -231,7 +231,8 @@ def test_overlap_hides_at_most_what_runs_beside_it():
     from dataclasses import fields
     huge = replace(block, **{f.name: getattr(block, f.name) * 1e3 for f in fields(block)})
     assert float(MO.ep_block_seconds(xo, huge).exposed[0]) == 0.0
-    t = lambda **kw: estimate(QWEN, H100, cfg, gpus=256, **kw).step_time_s  # noqa: E731
+    # the cost term alone (Megatron-Core would want virtual stages for the overlap at pp > 1; DualPipe does not)
+    t = lambda **kw: estimate(QWEN, H100, cfg, gpus=256, check_framework=False, **kw).step_time_s  # noqa: E731
     assert t(moe_a2a_overlap=True) < t()
 
 

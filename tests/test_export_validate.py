@@ -80,7 +80,7 @@ def check_megatron(plan, args):
     assert args["bf16"] == (cfg.precision in ("amp-bf16", "bf16", "fp8")) and args["fp16"] == (cfg.precision == "amp-fp16")
     assert (args["fp8"] is not None) == (cfg.precision == "fp8")
     assert args["expert_model_parallel_size"] == cfg.ep
-    check_megatron_moe(spec, args, plan.document.get("software") or {})
+    check_megatron_moe(spec, args, plan.document.get("software") or {}, cfg)
     chunks = cfg.pp * cfg.virtual_stages
     built = args["layout_decoder_blocks"]
     if built is not None:     # per pipeline rank, its chunks: chunk c runs on rank c % pp
@@ -94,7 +94,7 @@ def check_megatron(plan, args):
         assert (args["virtual_pipeline_model_parallel_size"] or 1) == cfg.virtual_stages
 
 
-def check_megatron_moe(spec, args, software):
+def check_megatron_moe(spec, args, software, cfg):
     """MoE, MLA, MTP and QK-norm as Megatron-LM parsed them, with the plan's token dispatcher and exchange overlap."""
     mla, moe = spec.mla, spec.moe
     assert args["multi_latent_attention"] == (mla is not None) and args["qk_layernorm"] == spec.qk_norm
@@ -116,10 +116,11 @@ def check_megatron_moe(spec, args, software):
     assert args["moe_router_pre_softmax"] == (moe.router == "softmax" and not moe.normalize_top_k)
     assert (args["moe_router_group_topk"] or 0) == moe.groups_per_token
     assert (args["moe_router_topk_scaling_factor"] or 1.0) == moe.routed_scaling
-    deepep = software.get("moe_dispatcher") == "deepep"
+    # the plan's dispatcher and overlap where tokens leave their rank (ep x expert_tp > 1), else Megatron's default
+    deepep = software.get("moe_dispatcher") == "deepep" and cfg.ep * cfg.expert_tp > 1
     assert args["moe_grouped_gemm"] and args["moe_token_dispatcher_type"] == ("flex" if deepep else "alltoall")
     assert not deepep or args["moe_flex_dispatcher_backend"] == "deepep"
-    assert args["overlap_moe_expert_parallel_comm"] == bool(software.get("moe_a2a_overlap"))
+    assert args["overlap_moe_expert_parallel_comm"] == (bool(software.get("moe_a2a_overlap")) and cfg.ep > 1)
 
 
 def check_torchtitan(plan, c):

@@ -1,6 +1,7 @@
-"""A mixture-of-experts run's own choices on the command line: the token dispatcher, the exchange overlap, the
-routed-token imbalance and FP8 dispatch reach estimate, recommend, the plan file, explain's fresh search and the
-exports; each is refused in one line (exit 2) where the stack or the model cannot take it."""
+"""A mixture-of-experts run's own choices on the command line: the token dispatcher, the exchange overlap and the
+routed-token imbalance reach estimate, recommend, the plan file, explain's fresh search and the exports; each is
+refused in one line (exit 2) where the stack or the model cannot take it. FP8 dispatch is costed, but no stack
+runs it."""
 from __future__ import annotations
 
 import json
@@ -8,9 +9,13 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from frameworks.rules import a2a_overlap_conflict
+from planner.candidates import SearchSpace
 from planner.cli import app
 from planner.errors import ConfigError
+from planner.estimate import estimate as estimate_plan
 from planner.explain import _software_options
+from planner.parallel import ParallelConfig
 from planner.search import recommend
 
 runner = CliRunner()
@@ -53,9 +58,22 @@ def test_each_option_is_costed_and_recorded_in_the_plan():
     overlapped = estimate("--moe-a2a-overlap", "--virtual-stages", "2")
     assert overlapped["software"]["moe_a2a_overlap"] is True
     assert ep_time(overlapped) < ep_time(estimate("--virtual-stages", "2"))
-    fp8 = estimate("--precision", "fp8", "--moe-fp8-dispatch")
-    assert fp8["software"]["moe_fp8_dispatch"] is True
-    assert ep_time(fp8) < ep_time(estimate("--precision", "fp8"))           # 1 + 4/128 bytes a value, not 2
+
+
+def test_fp8_dispatch_is_costed_but_no_stack_runs_it():
+    cfg = ParallelConfig(dp=64, pp=4, ep=32, global_batch=512, seq=4096, precision="fp8", placement="PDET")
+    kw = dict(gpus=256, moe_dispatcher="deepep")
+    with pytest.raises(ConfigError, match="framework megatron cannot run this plan: moe_fp8_dispatch"):
+        estimate_plan("qwen3-235b-a22b", "p5.48xlarge", cfg, moe_fp8_dispatch=True, **kw)
+    # DeepSeek's own stack did (its published run is costed as megatron with check_framework off): 1 + 4/128
+    # bytes a dispatched value, not 2
+    fp8 = estimate_plan("qwen3-235b-a22b", "p5.48xlarge", cfg, moe_fp8_dispatch=True, check_framework=False, **kw)
+    bf16 = estimate_plan("qwen3-235b-a22b", "p5.48xlarge", cfg, check_framework=False, **kw)
+    assert fp8.time_breakdown_s()["ep_comm"] < bf16.time_breakdown_s()["ep_comm"]
+    with pytest.raises(ConfigError, match="moe_fp8_dispatch needs precision fp8"):
+        estimate_plan("qwen3-235b-a22b", "p5.48xlarge", ParallelConfig(dp=64, pp=4, ep=32, global_batch=512, seq=4096,
+                                                                      placement="PDET"),
+                      moe_fp8_dispatch=True, check_framework=False, **kw)
 
 
 @pytest.mark.parametrize("args, needles", [
@@ -66,17 +84,22 @@ def test_each_option_is_costed_and_recorded_in_the_plan():
                                                                   "allowed: alltoall"]),
     (["--framework", "torchtitan", "--moe-a2a-overlap"], ["framework torchtitan cannot run this plan",
                                                           "moe_a2a_overlap"]),
-    (["--moe-fp8-dispatch"], ["moe_fp8_dispatch needs precision fp8", "amp-bf16"]),
-    (["--moe-a2a-overlap", "--recompute", "selective", "--recompute-modules", "moe"], ["'moe'"]),
+    # Megatron-Core's own conditions for the overlap (frameworks.rules.a2a_overlap_conflict)
+    (["--moe-a2a-overlap"], ["framework megatron cannot run this plan", "virtual pipeline stages with pp=4"]),
+    (["--moe-a2a-overlap", "--virtual-stages", "2", "--recompute", "full"], ["full recomputation"]),
+    (["--moe-a2a-overlap", "--virtual-stages", "2", "--recompute", "selective", "--recompute-modules", "moe"],
+     ["'moe'"]),
+    (["--moe-a2a-overlap", "--virtual-stages", "2", "--precision", "fp32"], ["bf16 or fp16"]),
 ])
 def test_bad_choices_are_one_line_and_exit_2(args, needles):
     one_line_error([*QWEN, *args], *needles)
 
 
 def test_a_dense_model_refuses_expert_options():
+    dense = ["estimate", "llama3-8b", "--hardware", "p5.48xlarge", "--gpus", "8", "--dp", "8"]
     for args in (["--moe-imbalance", "2"], ["--moe-dispatcher", "deepep"], ["--moe-a2a-overlap"]):
-        one_line_error(["estimate", "llama3-8b", "--hardware", "p5.48xlarge", "--gpus", "8", "--dp", "8", *args],
-                       "applies to mixture-of-experts models", "llama3-8b has no experts")
+        one_line_error([*dense, *args], "applies to mixture-of-experts models", "llama3-8b has no experts")
+    assert runner.invoke(app, [*dense, "--no-moe-a2a-overlap"]).exit_code == 0      # saying "off" harms nothing
     with pytest.raises(ConfigError, match="mixture-of-experts"):
         recommend("llama3-8b", "p5.48xlarge", gpus=8, moe_imbalance=2.0, top=1)
 
@@ -94,9 +117,15 @@ def test_recommend_searches_only_what_the_overlap_runs_with(overlapped_search):
     for doc in docs:
         plan, sw = doc["plan"], doc["software"]
         assert (sw["moe_dispatcher"], sw["moe_a2a_overlap"], sw["moe_imbalance"]) == ("deepep", True, 1.2)
-        # Megatron-Core's overlap: virtual stages when pipelined, no full recomputation
-        assert plan["pp"] == 1 or plan["virtual_stages"] > 1, plan
-        assert plan["recompute"] != "full", plan
+        # only plans Megatron-Core runs the overlap on (the one rule estimate and the export apply too)
+        assert a2a_overlap_conflict(pp=plan["pp"], virtual_stages=plan["virtual_stages"], recompute=plan["recompute"],
+                                    precision=plan["precision"]) is None, plan
+
+
+def test_the_overlap_with_only_full_recomputation_to_try_is_one_clear_error():
+    with pytest.raises(ConfigError, match="moe_a2a_overlap cannot run with full recomputation"):
+        recommend("qwen3-235b-a22b", "p5.48xlarge", gpus=128, global_batch=512, seq=4096, top=1,
+                  moe_a2a_overlap=True, space=SearchSpace(recompute=("full",)))
 
 
 def test_explain_searches_again_with_the_plans_moe_choices(overlapped_search):
@@ -112,10 +141,21 @@ def test_the_megatron_export_runs_the_plans_dispatcher_or_refuses(tmp_path):
     assert res.exit_code == 0, res.output
     assert "--moe-token-dispatcher-type\nflex" in res.stdout or "--moe-token-dispatcher-type flex" in res.stdout
     assert "--moe-flex-dispatcher-backend" in res.stdout and "--overlap-moe-expert-parallel-comm" in res.stdout
-    # pipelined without virtual stages: Megatron-Core asserts, so the export refuses in one line
-    plan.write_text(json.dumps(estimate("--moe-a2a-overlap")))
+    # a plan file pipelined without virtual stages (edited, or made with the framework check off): Megatron-Core
+    # asserts, so the export refuses in one line
+    doc = estimate("--moe-a2a-overlap", "--virtual-stages", "2")
+    doc["plan"].update(virtual_stages=1, schedule="1f1b", stages=[])
+    plan.write_text(json.dumps(doc))
     one_line_error(["export", str(plan), "--format", "megatron"], "cannot export to megatron",
-                   "virtual pipeline stages")
+                   "virtual pipeline stages with pp=4")
+    # DeepEP with nothing to exchange (ep x expert_tp = 1): Megatron-Core's flex dispatcher asserts, so alltoall
+    res = runner.invoke(app, ["estimate", "qwen3-30b-a3b", "--hardware", "p5.48xlarge", "--gpus", "8", "--dp", "8",
+                              "--moe-dispatcher", "deepep", "--json"])
+    plan.write_text(res.stdout)
+    res = runner.invoke(app, ["export", str(plan), "--format", "megatron"])
+    assert res.exit_code == 0, res.output
+    assert "alltoall" in res.stdout and "--moe-flex-dispatcher-backend" not in res.stdout
+    assert "moe_dispatcher=deepep left out" in res.output
     # another stack without DeepEP drops it by name when it re-estimates the plan
     plan.write_text(json.dumps(estimate("--moe-dispatcher", "deepep", "--recompute", "full")))
     res = runner.invoke(app, ["export", str(plan), "--format", "deepspeed"])

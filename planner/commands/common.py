@@ -87,9 +87,6 @@ MoeA2aOverlapOpt = Annotated[Optional[bool], typer.Option(
 MoeImbalanceOpt = Annotated[Optional[float], typer.Option(
     "--moe-imbalance", help="Routed tokens on the busiest expert-parallel rank over the mean, from 1 (balanced) to "
                             "64 (default: 1.0, as force-balanced benchmarks run).")]
-MoeFp8DispatchOpt = Annotated[bool, typer.Option(
-    "--moe-fp8-dispatch", help="Tokens dispatched to the experts in FP8 with per-128 scales, combined in 16 bits "
-                               "(DeepSeek-V3's dispatch).")]
 OBJECTIVE_PHRASES = {
     "throughput": "throughput (least step time)",
     "cost": "cost (least $ per 1B tokens; with {tokens}, least $ for the run including failures)",

@@ -14,7 +14,7 @@ import typer
 from planner.commands.common import (MAX_WORLD_SIZE, AttentionOpt, DropoutOpt, FrameworkOpt, GlobalBatchOpt, GpusOpt,
                                      GradReduceOpt, Fp8ScalingOpt, MasterWeightsOpt, KernelsOpt, RecomputeModulesOpt,
                                      Bf16OptimizerOpt, ActivationFp8InputOpt, LossOpt, MoeDispatcherOpt,
-                                     MoeA2aOverlapOpt, MoeImbalanceOpt, MoeFp8DispatchOpt,
+                                     MoeA2aOverlapOpt, MoeImbalanceOpt,
                                      HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
                                      NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json)
 from planner.errors import ConfigError
@@ -95,8 +95,7 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
              stages: StagesOpt = None, recompute_modules: RecomputeModulesOpt = None,
              bf16_optimizer: Bf16OptimizerOpt = False, activation_fp8_input: ActivationFp8InputOpt = False,
              loss: LossOpt = None, moe_dispatcher: MoeDispatcherOpt = None, moe_a2a_overlap: MoeA2aOverlapOpt = None,
-             moe_imbalance: MoeImbalanceOpt = None, moe_fp8_dispatch: MoeFp8DispatchOpt = False,
-             json: JsonOpt = False) -> None:
+             moe_imbalance: MoeImbalanceOpt = None, json: JsonOpt = False) -> None:
     """Predict step time and peak memory of one parallel configuration."""
     from hardware_profiles import load_profile
     from planner.estimate import estimate as run_estimate
@@ -126,7 +125,7 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
                        recompute_modules=None if recompute_modules is None
                        else [m.strip() for m in recompute_modules.split(",")], bf16_optimizer=bf16_optimizer,
                        activation_fp8_input=activation_fp8_input, loss=loss, moe_dispatcher=moe_dispatcher,
-                       moe_a2a_overlap=moe_a2a_overlap, moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch)
+                       moe_a2a_overlap=moe_a2a_overlap, moe_imbalance=moe_imbalance)
     document = est.to_document()
     if json:
         emit_json(document)

@@ -12,7 +12,7 @@ from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, Gra
                                      HardwareOpt, HwPrecisionOpt, JsonOpt, MAX_TOKENS, MAX_WORLD_SIZE, ModelArg,
                                      NodesOpt, OptimizerOpt, SeqOpt, objective_help, Bf16OptimizerOpt, ActivationFp8InputOpt, LossOpt,
                                      RecomputeModulesOpt, Fp8ScalingOpt, MoeDispatcherOpt, MoeA2aOverlapOpt,
-                                     MoeImbalanceOpt, MoeFp8DispatchOpt)
+                                     MoeImbalanceOpt)
 from planner.errors import ConfigError
 
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help=objective_help("--tokens"))]
@@ -108,8 +108,7 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
               ep: EpOpt = None, max_ep: MaxEpOpt = None, recompute_modules: RecomputeModulesOpt = None,
               bf16_optimizer: Bf16OptimizerOpt = False, activation_fp8_input: ActivationFp8InputOpt = False,
               loss: LossOpt = None, fp8_scaling: Fp8ScalingOpt = None, moe_dispatcher: MoeDispatcherOpt = None,
-              moe_a2a_overlap: MoeA2aOverlapOpt = None, moe_imbalance: MoeImbalanceOpt = None,
-              moe_fp8_dispatch: MoeFp8DispatchOpt = False) -> None:
+              moe_a2a_overlap: MoeA2aOverlapOpt = None, moe_imbalance: MoeImbalanceOpt = None) -> None:
     """Search every parallel strategy, rank by the objective and print the top plans."""
     from planner import io
     from planner.goodput import ReliabilityInputs
@@ -137,7 +136,7 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
                      reliability=reliability, space=space, bf16_optimizer=bf16_optimizer,
                      activation_fp8_input=activation_fp8_input, loss=loss, fp8_scaling=fp8_scaling,
                      moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap, moe_imbalance=moe_imbalance,
-                     moe_fp8_dispatch=moe_fp8_dispatch, recompute_modules=None if recompute_modules is None
+                     recompute_modules=None if recompute_modules is None
                      else [m.strip() for m in recompute_modules.split(",")])
     hw_doc = rec.best["hardware"]
     note = batch_note(rec.best["plan"]["global_batch"], hw_doc["gpus"], hw_doc.get("devices_per_node", 8))

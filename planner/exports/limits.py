@@ -14,7 +14,7 @@ model shapes the target builds, settings its configuration has. Versions: docs/e
 from __future__ import annotations
 
 from frameworks import load_framework
-from frameworks.rules import mtp_without_pp_or_cp
+from frameworks.rules import a2a_overlap_conflict, mtp_without_pp_or_cp
 from planner.exports.common import model_moe, model_spec
 from planner.plan import Plan
 from planner.spec import TransformerSpec
@@ -206,6 +206,17 @@ def megatron_limits(plan: Plan) -> list[str]:
     if not spec.gated_mlp and spec.activation != "gelu":
         out.append(f"MLP activation {spec.activation}: Megatron-LM's arguments have GELU or SwiGLU")
     out += _megatron_unwritten(spec)
+    software = plan.document.get("software") or {}
+    if spec.moe is not None and software.get("moe_a2a_overlap") and cfg.ep > 1:
+        why = a2a_overlap_conflict(pp=cfg.pp, virtual_stages=cfg.virtual_stages, recompute=cfg.recompute,
+                                   precision=cfg.precision, recompute_modules=software.get("recompute_modules") or (),
+                                   mtp_modules=spec.mtp_modules)
+        if why:
+            out.append(f"moe_a2a_overlap: Megatron-Core's --overlap-moe-expert-parallel-comm {why} "
+                       "(TransformerConfig.overlap_moe_expert_parallel_comm)")
+    if spec.moe is not None and software.get("moe_fp8_dispatch"):
+        out.append("moe_fp8_dispatch: Megatron-LM has no argument for dispatching tokens in FP8; its dispatchers send "
+                   "them in the compute dtype, twice the bytes the plan costed")
     if _bias_pattern(spec) is None:
         out.append("bias pattern (qkv, out, mlp) = "
                    f"({spec.qkv_bias}, {spec.out_bias}, {spec.mlp_bias}): Megatron-LM has all biases, none, or qkv only")

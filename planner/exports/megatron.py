@@ -33,21 +33,6 @@ def megatron_placement(cfg) -> str:
     return "".join(c for c in cfg.placement if c != "E" and (c != "C" or cfg.cp > 1))
 
 
-def a2a_overlap_refusal(cfg, spec, software) -> str | None:
-    """Why Megatron-Core would refuse --overlap-moe-expert-parallel-comm for this plan (its __post_init__ asserts,
-    transformer_config.py at megatron-core 0.19.2), or None: it needs expert parallelism, virtual pipeline stages
-    when pipelined, no full recomputation, no 'moe' among the recomputed modules and at most one MTP layer."""
-    if cfg.pp > 1 and cfg.virtual_stages <= 1:
-        return "with virtual pipeline stages when pp > 1 (--virtual-stages >= 2)"
-    if cfg.recompute == "full":
-        return "without full recomputation"
-    if "moe" in (software.get("recompute_modules") or ()):
-        return "without 'moe' among the recomputed modules"
-    if (spec.mtp_modules or 0) > 1:
-        return "with at most one MTP layer"
-    return None
-
-
 def to_megatron(plan: Plan) -> Export:
     """Megatron-LM arguments for the plan (refusal when Megatron-LM cannot build or run it)."""
     refusals = megatron_limits(plan)
@@ -131,26 +116,22 @@ def to_megatron(plan: Plan) -> Export:
             add("--moe-expert-capacity-factor", moe.capacity_factor)
         add("--moe-grouped-gemm")
         software = plan.document.get("software") or {}
-        if software.get("moe_dispatcher") == "deepep":
+        exchange = cfg.ep * cfg.expert_tp > 1
+        if software.get("moe_dispatcher") == "deepep" and exchange:
             # DeepEP through the flex dispatcher (TransformerConfig.moe_flex_dispatcher_backend, megatron-core 0.19;
             # --moe-enable-deepep before 0.15)
             add("--moe-token-dispatcher-type", "flex")
             add("--moe-flex-dispatcher-backend", "deepep")
         else:
             add("--moe-token-dispatcher-type", "alltoall")
-        if software.get("moe_a2a_overlap") and cfg.ep <= 1:
+            if software.get("moe_dispatcher") == "deepep":
+                notes.append("moe_dispatcher=deepep left out: with ep x expert_tp = 1 no token leaves its rank, and "
+                             "Megatron-Core's flex dispatcher asserts TPxEP > 1; the export writes alltoall")
+        if software.get("moe_a2a_overlap") and cfg.ep > 1:      # what it cannot run is refused (megatron_limits)
+            add("--overlap-moe-expert-parallel-comm")
+        elif software.get("moe_a2a_overlap"):
             notes.append("moe_a2a_overlap left out: with ep = 1 there is no expert-parallel exchange to hide "
                          "(Megatron-Core asserts expert_model_parallel_size > 1 for the overlap)")
-        elif software.get("moe_a2a_overlap"):
-            why = a2a_overlap_refusal(cfg, spec, software)
-            if why:
-                raise cannot("megatron", f"the plan hides the expert-parallel exchange (moe_a2a_overlap), which "
-                                         f"Megatron-Core runs only {why} (TransformerConfig.overlap_moe_expert_parallel_comm)")
-            add("--overlap-moe-expert-parallel-comm")
-        if software.get("moe_fp8_dispatch"):
-            notes.append("moe_fp8_dispatch: Megatron-LM has no argument for dispatching tokens in FP8 (DeepSeek-V3's "
-                         "kernels); its dispatchers send them in the compute dtype, so the exchange moves about twice "
-                         "the bytes the plan costed")
 
     # --- parallelism and batch
     add("--tensor-model-parallel-size", cfg.tp)
