@@ -84,10 +84,9 @@ def predict(case, *, overrides=None) -> Result:
     if case.error is not None:
         return Result(**common, predicted_s=None, fits=None, refused=case.error)
     hw, fw = (case.hardware, None) if overrides is None else overrides(case)
-    options = {k: v for k, v in case.options.items() if v is not None}
     try:
         est = estimate(case.spec, hw, case.config, gpus=case.row["gpus"], framework_profile=fw,
-                       check_framework=case.check_framework, **options)
+                       check_framework=case.check_framework, options=case.options)
     except PlannerError as err:
         return Result(**common, predicted_s=None, fits=None, refused=str(err))
     kind, measured = case.row.get("memory_kind"), case.row.get("measured_memory_gib")

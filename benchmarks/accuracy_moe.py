@@ -69,11 +69,11 @@ def predict(case: Case, value: float | None = None):
     """The estimate of a case; with `value`, the megatron profile's fitted parameter set to it (same
     scoring path as estimate, which validates the configuration first)."""
     est = estimate(case.spec, case.hardware, case.config, gpus=case.row["gpus"], check_framework=case.check_framework,
-                   **case.options)
+                   options=case.options)
     if value is None or case.framework != FITTED[0]:
         return est.step_time_s, est
     fw = replace(load_framework(FITTED[0]), **{FITTED[1]: value})
-    sw = software_for(fw, **case.options)
+    sw = software_for(fw, case.options)
     cfg = case.config
     s = score(case.spec, case.hardware, candidate_of(cfg, case.spec.total_blocks), global_batch=cfg.global_batch,
               seq=cfg.seq, precision=cfg.precision, optimizer=cfg.optimizer, software=sw)
@@ -100,8 +100,9 @@ def imbalance_check(cases: list[Case]) -> list[dict]:
             continue
         target = c.row["measured"]["tflops_per_gpu"] / dropless
         base = predict(c)[0]
-        run = lambda imb: estimate(c.spec, c.hardware, c.config, gpus=c.row["gpus"], moe_imbalance=imb,  # noqa: E731
-                                   check_framework=c.check_framework, **c.options).step_time_s / base
+        run = lambda imb: estimate(c.spec, c.hardware, c.config, gpus=c.row["gpus"],  # noqa: E731
+                                   options=c.options.with_(moe_imbalance=imb),
+                                   check_framework=c.check_framework).step_time_s / base
         lo, hi = 1.0, 8.0
         for _ in range(40):
             mid = (lo + hi) / 2
@@ -123,7 +124,7 @@ def main() -> dict:
         rows.append({"id": c.id, "source": c.source, "framework": c.framework, "gpus": c.row["gpus"],
                      "config": {k: c.row[k] for k in ("dp", "tp", "pp", "cp", "ep", "expert_tp", "micro_batch",
                                                       "global_batch", "seq", "precision", "recompute")},
-                     "options": c.options, "measured_s": m, "measured_from": "step" if c.measured_s else "tflops",
+                     "options": c.options.chosen(), "measured_s": m, "measured_from": "step" if c.measured_s else "tflops",
                      "predicted_s": pred, "error": pred / m - 1, "loo_predicted_s": loo, "loo_error": loo / m - 1,
                      "breakdown_s": est.time_breakdown_s(), "fits": est.fits,
                      "needed_over_capacity": est.needed_bytes / float(c.hardware.memory_bytes)})

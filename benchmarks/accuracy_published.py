@@ -21,6 +21,7 @@ from hardware_profiles import load_profile
 from planner.estimate import estimate
 from planner.parallel import ParallelConfig
 from planner.spec import TransformerSpec
+from planner.run_options import RunOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATION = ROOT / "validation"
@@ -61,8 +62,9 @@ def predict(row: dict, hw):
     """Megatron-LM of 2021-22 unless the row says otherwise (keys flash_attention, dropout,
     overlap_grad_reduce)."""
     return estimate(spec_of(row), hw, config_of(row), gpus=row["gpus"],
-                    attention="flash" if row.get("flash_attention", False) else "unfused",
-                    dropout=row.get("dropout", True), overlap_grad_reduce=row.get("overlap_grad_reduce", False))
+                    options=RunOptions(attention="flash" if row.get("flash_attention", False) else "unfused",
+                                       dropout=row.get("dropout", True),
+                                       overlap_grad_reduce=row.get("overlap_grad_reduce", False)))
 
 
 def evaluate(rows: list[dict], hw) -> dict:

@@ -89,7 +89,7 @@ class Param:
         if self.cluster is not None:
             return case.hardware.name == self.cluster
         if self.kernel is not None:
-            return case.options.get("attention") == self.kernel
+            return case.options.attention == self.kernel
         return case.row["gpu"].split()[0] in self.gpus
 
     def start(self, case_hw=None) -> float:

@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,12 +27,15 @@ if str(ROOT) not in sys.path:
 from benchmarks.published_rows import load  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
+from planner.run_options import RunOptions  # noqa: E402
 from planner.search import recommend  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "golden" / "predictions.json"
 PUBLISHED_FILES = ("megatron", "torchtitan", "fsdp", "deepspeed", "features", "moe")
 RELATIVE_TOLERANCE = 1e-9
 """Two floats are the same prediction when they agree to 1e-9 relative (summation order only)."""
+
+RUN_OPTION_NAMES = frozenset(f.name for f in fields(RunOptions))
 
 RECOMMENDS: tuple[dict[str, Any], ...] = (
     dict(model="gpt3-175b", hardware="p4d.24xlarge", gpus=960, global_batch=1536),
@@ -74,7 +78,7 @@ def estimates() -> Iterator[tuple[str, Any]]:
             continue
         try:
             est = estimate(case.spec, case.hardware, case.config, gpus=case.row["gpus"],
-                           **case.options)
+                           options=case.options)
         except PlannerError as e:
             yield case.id, {"refused": str(e)}
             continue
@@ -89,7 +93,8 @@ def searches() -> Iterator[tuple[str, Any]]:
     """(search key, the top three plans with their predictions and the search's counters)."""
     for kwargs in RECOMMENDS:
         kw = dict(kwargs)
-        rec = recommend(kw.pop("model"), kw.pop("hardware"), top=3, **kw)
+        options = RunOptions(**{k: kw.pop(k) for k in list(kw) if k in RUN_OPTION_NAMES})
+        rec = recommend(kw.pop("model"), kw.pop("hardware"), top=3, options=options, **kw)
         plans = [rec.best, *rec.alternatives]
         search = {k: v for k, v in rec.best["search"].items() if k != "seconds"}
         yield _search_key(kwargs), {

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from cost_models.step import BF16_PARAM_PRECISIONS
 from planner.errors import PlannerError
+from planner.run_options import RunOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "validation" / "published"
@@ -38,8 +39,8 @@ class Case:
     spec: object
     hardware: object
     config: object
-    options: dict
-    """attention, dropout, overlap_grad_reduce for estimate() (None: the framework's default)."""
+    options: RunOptions
+    """The run options the row ran with (None fields: the framework's default)."""
     measured_s: float | None
     """The published step time (from iteration time, or global tokens / tokens per second)."""
     error: str | None = None
@@ -156,7 +157,7 @@ MOE_DISPATCHER = {"alltoall": "alltoall", "deepep": "deepep", "flex/deepep": "de
 hierarchical dispatcher: same node-deduplicated traffic)."""
 
 
-def options_of(row: dict) -> dict:
+def options_of(row: dict) -> RunOptions:
     extras = row.get("extras") or {}
     out = {"attention": ATTENTION.get(row.get("attention")), "dropout": bool(extras.get("dropout", False))}
     dispatcher = str(extras.get("moe_dispatcher") or "").lower()
@@ -203,7 +204,7 @@ def options_of(row: dict) -> dict:
         out["compile"] = True
     if extras.get("loss_fn") in LOSS:
         out["loss"] = LOSS[extras["loss_fn"]]
-    return out
+    return RunOptions(**out)
 
 
 def measured_step_s(row: dict, spec=None, convention: str | None = None) -> float | None:

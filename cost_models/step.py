@@ -17,6 +17,7 @@ from frameworks import FrameworkProfile
 from hardware_profiles import HardwareProfile
 from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, offload_indices
 from planner.placement import distinct_rows, group_locality
+from planner.run_options import RunOptions
 from planner.spec import TransformerSpec
 
 
@@ -105,30 +106,27 @@ class Software:
     fp8_cast_bytes)."""
 
     @classmethod
-    def of(cls, framework: FrameworkProfile, *, attention: str | None = None, dropout: bool = False,
-           overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None,
-           loss: str | None = None, tp_comm_overlap: bool | None = None, compile: bool = False,
-           moe_dispatcher: str | None = None, moe_a2a_overlap: bool | None = None,
-           moe_imbalance: float | None = None, moe_fp8_dispatch: bool = False,
-           fp8_scaling: str | None = None, activation_offload_layers: int | None = None,
-           master_weights: str | None = None, expandable_segments: bool | None = None,
-           fused_norm: bool = False, recompute_modules=None, bf16_optimizer: bool = False,
-           activation_fp8_input: bool = False) -> "Software":
-        return cls(framework=framework, attention=attention or framework.attention, dropout=bool(dropout),
-                   loss=loss or framework.loss,
-                   tp_comm_overlap=framework.tp_comm_overlap if tp_comm_overlap is None else bool(tp_comm_overlap),
-                   compile=bool(compile),
-                   overlap_grad_reduce=framework.overlap_grad_reduce if overlap_grad_reduce is None
-                   else bool(overlap_grad_reduce), grad_reduce_dtype=grad_reduce_dtype,
-                   moe_dispatcher=moe_dispatcher or framework.moe_dispatcher,
-                   moe_a2a_overlap=framework.moe_a2a_overlap if moe_a2a_overlap is None else bool(moe_a2a_overlap),
-                   moe_imbalance=moe_imbalance, moe_fp8_dispatch=bool(moe_fp8_dispatch),
-                   fp8_scaling=fp8_scaling or "tensorwise", activation_offload_layers=activation_offload_layers,
-                   master_weights=master_weights or "fp32", fused_norm=bool(fused_norm),
-                   recompute_modules=None if recompute_modules is None else tuple(recompute_modules),
-                   bf16_optimizer=bool(bf16_optimizer), activation_fp8_input=bool(activation_fp8_input),
-                   expandable_segments=framework.expandable_segments if expandable_segments is None
-                   else bool(expandable_segments))
+    def of(cls, framework: FrameworkProfile, options: RunOptions = RunOptions()) -> "Software":
+        """The run's software: `options` (the user's choices) with `framework`'s defaults applied
+        wherever the user left one unset; the one place those defaults are applied."""
+        o = options
+        default = lambda value, fallback: fallback if value is None else value  # noqa: E731
+        return cls(
+            framework=framework, attention=o.attention or framework.attention, dropout=bool(o.dropout),
+            loss=o.loss or framework.loss,
+            tp_comm_overlap=bool(default(o.tp_comm_overlap, framework.tp_comm_overlap)),
+            compile=bool(o.compile),
+            overlap_grad_reduce=bool(default(o.overlap_grad_reduce, framework.overlap_grad_reduce)),
+            grad_reduce_dtype=o.grad_reduce_dtype,
+            moe_dispatcher=o.moe_dispatcher or framework.moe_dispatcher,
+            moe_a2a_overlap=bool(default(o.moe_a2a_overlap, framework.moe_a2a_overlap)),
+            moe_imbalance=o.moe_imbalance, moe_fp8_dispatch=bool(o.moe_fp8_dispatch),
+            fp8_scaling=o.fp8_scaling or "tensorwise",
+            activation_offload_layers=o.activation_offload_layers,
+            master_weights=o.master_weights or "fp32", fused_norm=bool(o.fused_norm),
+            recompute_modules=None if o.recompute_modules is None else tuple(o.recompute_modules),
+            bf16_optimizer=bool(o.bf16_optimizer), activation_fp8_input=bool(o.activation_fp8_input),
+            expandable_segments=bool(default(o.expandable_segments, framework.expandable_segments)))
 
     @property
     def imbalance(self) -> float:

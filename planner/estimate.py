@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from hardware_profiles import HardwareProfile, load_profile
 from planner.errors import ConfigError
 from planner.parallel import CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, resolve_precision
 from planner.placement import placement_index
+from planner.run_options import RunOptions
 from planner.score import CandidateArrays, Scores, score
 from planner.spec import TransformerSpec
 
@@ -211,95 +212,83 @@ def candidate_of(cfg: ParallelConfig, blocks: int) -> CandidateArrays:
         else np.asarray([rank_recomputed(chunks, cfg.pp, cfg.recompute_layers)]))
 
 
-def software_for(framework: str | FrameworkProfile, *, attention: str | None = None, dropout: bool | None = None,
-                 overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None,
-                 loss: str | None = None, tp_comm_overlap: bool | None = None, compile: bool = False,
-                 moe_dispatcher: str | None = None, moe_a2a_overlap: bool | None = None,
-                 moe_imbalance: float | None = None, moe_fp8_dispatch: bool = False,
-                 kernels: str | None = None, fp8_scaling: str | None = None,
-                 activation_offload_layers: int | None = None, master_weights: str | None = None,
-                 expandable_segments: bool | None = None, fused_norm: bool = False,
-                 recompute_modules=None, bf16_optimizer: bool = False,
-                 activation_fp8_input: bool = False) -> Software:
-    """The run's software: the framework profile (by name or record) with the attention kernel, dropout,
-    gradient-reduction overlap and dtype, cross-entropy kernel, tensor-parallel overlap, torch.compile and
-    expert-parallel choices (token dispatcher, exchange overlap, routed-token imbalance, FP8 dispatch;
-    cost_models.moe) a run may set (None: the framework's default), and the block implementation when a
-    run swaps the stack's modules for another's (`kernels`, frameworks.KERNELS: NeMo AutoModel runs FSDP2
-    + DTensor like torchtitan with Transformer Engine's fused modules), and the master-weight storage
-    (`master_weights`, cost_models.step.MASTER_WEIGHTS; 'remainder' only where the framework's capabilities
-    have master_remainders), and whether PyTorch's allocator runs with expandable segments
-    (`expandable_segments`; None: the framework launcher's default), and whether an eager stack's RMSNorms run as
-    one fused kernel (`fused_norm`, torchtitan's fused_rmsnorm), and which modules selective recomputation re-runs
-    where the framework names them (`recompute_modules`, Megatron-Core's; cost_models.blocks.RECOMPUTE_MODULES),
-    and whether the fused SwiGLU stores its input in FP8 (`activation_fp8_input`, Megatron-Core's
-    activation_func_fp8_input_store; check_activation_fp8_input checks the model)."""
+def software_for(framework: str | FrameworkProfile, options: RunOptions | None = None) -> Software:
+    """The run's software: the framework profile (by name or record) with the run's `options` checked
+    against it and its defaults applied (cost_models.step.Software.of). A run that swaps the stack's
+    modules for another's (`options.kernels`, frameworks.KERNELS: NeMo AutoModel runs FSDP2 + DTensor
+    like torchtitan with Transformer Engine's fused modules) gets that block implementation."""
+    options = options or RunOptions()
     fw = framework if isinstance(framework, FrameworkProfile) else load_framework(framework)
-    if kernels is not None:
-        if kernels not in KERNELS:
-            raise ConfigError("kernels", kernels, "one of " + ", ".join(KERNELS))
-        from dataclasses import replace
-        # compute_efficiency is the rate of the stack's own modules (fitted on its runs with them); a run that
-        # swaps in Transformer Engine's fused modules runs them at the kernel model's rate, as Megatron-Core
-        # does (its reference 1.0)
-        fused_swap = kernels == "fused" and fw.kernels != "fused"
-        fw = replace(fw, kernels=kernels, compute_efficiency=1.0 if fused_swap else fw.compute_efficiency)
-    if attention is not None and attention not in ATTENTION_KERNELS:
-        raise ConfigError("attention", attention, "one of " + ", ".join(ATTENTION_KERNELS))
-    if grad_reduce_dtype is not None and grad_reduce_dtype not in ("bf16", "fp32"):
-        raise ConfigError("grad_reduce_dtype", grad_reduce_dtype, "bf16 or fp32")
-    if loss is not None and loss not in LOSS_KERNELS:
-        raise ConfigError("loss", loss, "one of " + ", ".join(LOSS_KERNELS))
-    if activation_offload_layers is not None and (isinstance(activation_offload_layers, bool)
-                                                  or not isinstance(activation_offload_layers, int)
-                                                  or activation_offload_layers < 1):
-        raise ConfigError("activation_offload_layers", activation_offload_layers,
+    fw = _with_kernels(fw, options.kernels)
+    _check_values(options)
+    _check_runnable_options(fw, options)
+    if options.recompute_modules is not None:
+        options = options.with_(recompute_modules=check_recompute_modules(fw, options.recompute_modules))
+    return Software.of(fw, options)
+
+
+def _with_kernels(fw: FrameworkProfile, kernels: str | None) -> FrameworkProfile:
+    """`fw` running `kernels`' block implementation. compute_efficiency is the rate of the stack's own
+    modules (fitted on its runs with them); a run that swaps in Transformer Engine's fused modules runs
+    them at the kernel model's rate, as Megatron-Core does (its reference 1.0)."""
+    if kernels is None:
+        return fw
+    if kernels not in KERNELS:
+        raise ConfigError("kernels", kernels, "one of " + ", ".join(KERNELS))
+    fused_swap = kernels == "fused" and fw.kernels != "fused"
+    return replace(fw, kernels=kernels, compute_efficiency=1.0 if fused_swap else fw.compute_efficiency)
+
+
+def _check_choice(name: str, value, allowed) -> None:
+    if value is not None and value not in allowed:
+        raise ConfigError(name, value, "one of " + ", ".join(allowed))
+
+
+def _check_switch(name: str, value, *, optional: bool = False) -> None:
+    if not isinstance(value, bool) and not (optional and value is None):
+        raise ConfigError(name, value, "true or false")
+
+
+def _check_values(o: RunOptions) -> None:
+    """ConfigError (one line) for a value no framework takes."""
+    _check_choice("attention", o.attention, ATTENTION_KERNELS)
+    _check_choice("grad_reduce_dtype", o.grad_reduce_dtype, ("bf16", "fp32"))
+    _check_choice("loss", o.loss, LOSS_KERNELS)
+    layers = o.activation_offload_layers
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
+        raise ConfigError("activation_offload_layers", layers,
                           "a whole number of blocks >= 1 (None: every block)")
-    if fp8_scaling is not None and fp8_scaling not in FP8_SCALINGS:
-        raise ConfigError("fp8_scaling", fp8_scaling, "one of " + ", ".join(FP8_SCALINGS))
-    if master_weights is not None and master_weights not in MASTER_WEIGHTS:
-        raise ConfigError("master_weights", master_weights, "one of " + ", ".join(MASTER_WEIGHTS))
-    if master_weights == "remainder" and not fw.capabilities.master_remainders:
-        raise ConfigError("master_weights", master_weights, "fp32",
-                          message=f"framework {fw.name} cannot run this plan: master_weights=remainder: {fw.name} "
-                                  "keeps full fp32 master weights (allowed: fp32)")
-    if expandable_segments is not None and not isinstance(expandable_segments, bool):
-        raise ConfigError("expandable_segments", expandable_segments, "true or false")
-    if not isinstance(fused_norm, bool):
-        raise ConfigError("fused_norm", fused_norm, "true or false")
-    if recompute_modules is not None:
-        recompute_modules = check_recompute_modules(fw, recompute_modules)
-    if not isinstance(bf16_optimizer, bool):
-        raise ConfigError("bf16_optimizer", bf16_optimizer, "true or false")
-    if bf16_optimizer and not fw.capabilities.bf16_optimizer:
+    _check_choice("fp8_scaling", o.fp8_scaling, FP8_SCALINGS)
+    _check_choice("master_weights", o.master_weights, MASTER_WEIGHTS)
+    _check_switch("expandable_segments", o.expandable_segments, optional=True)
+    _check_switch("fused_norm", o.fused_norm)
+    _check_switch("bf16_optimizer", o.bf16_optimizer)
+    _check_switch("activation_fp8_input", o.activation_fp8_input)
+    _check_choice("moe_dispatcher", o.moe_dispatcher, MOE_DISPATCHERS)
+    _check_switch("moe_a2a_overlap", o.moe_a2a_overlap, optional=True)
+    _check_switch("moe_fp8_dispatch", o.moe_fp8_dispatch)
+    imbalance = o.moe_imbalance
+    number = isinstance(imbalance, (int, float)) and not isinstance(imbalance, bool)
+    if imbalance is not None and not (number and math.isfinite(imbalance) and 1.0 <= imbalance <= 64.0):
+        raise ConfigError("moe_imbalance", imbalance, "a number from 1 (balanced) to 64: the busiest "
+                                                      "rank's routed tokens over the mean")
+
+
+def _check_runnable_options(fw: FrameworkProfile, o: RunOptions) -> None:
+    """ConfigError (one line) for an option the framework `fw` cannot run."""
+    if o.master_weights == "remainder" and not fw.capabilities.master_remainders:
+        raise ConfigError("master_weights", o.master_weights, "fp32",
+                          message=f"framework {fw.name} cannot run this plan: master_weights=remainder: "
+                                  f"{fw.name} keeps full fp32 master weights (allowed: fp32)")
+    if o.bf16_optimizer and not fw.capabilities.bf16_optimizer:
         raise ConfigError("bf16_optimizer", True, "false",
-                          message=f"framework {fw.name} cannot run this plan: bf16_optimizer: {fw.name} has no "
-                                  "BF16_Optimizer (allowed: false)")
-    if not isinstance(activation_fp8_input, bool):
-        raise ConfigError("activation_fp8_input", activation_fp8_input, "true or false")
-    if activation_fp8_input and (not fw.capabilities.activation_fp8_input or fw.kernels != "fused"):
+                          message=f"framework {fw.name} cannot run this plan: bf16_optimizer: {fw.name} "
+                                  "has no BF16_Optimizer (allowed: false)")
+    if o.activation_fp8_input and (not fw.capabilities.activation_fp8_input or fw.kernels != "fused"):
         raise ConfigError("activation_fp8_input", True, "false",
                           message=f"framework {fw.name} cannot run this plan: activation_fp8_input: its "
-                                  f"{fw.kernels} MLP keeps the activation input in the compute dtype (Megatron-Core's "
-                                  "fused SwiGLU stores it in FP8; allowed: false)")
-    if moe_dispatcher is not None and moe_dispatcher not in MOE_DISPATCHERS:
-        raise ConfigError("moe_dispatcher", moe_dispatcher, "one of " + ", ".join(MOE_DISPATCHERS))
-    if moe_a2a_overlap is not None and not isinstance(moe_a2a_overlap, bool):
-        raise ConfigError("moe_a2a_overlap", moe_a2a_overlap, "true or false")
-    if not isinstance(moe_fp8_dispatch, bool):
-        raise ConfigError("moe_fp8_dispatch", moe_fp8_dispatch, "true or false")
-    number = isinstance(moe_imbalance, (int, float)) and not isinstance(moe_imbalance, bool)
-    if moe_imbalance is not None and not (number and math.isfinite(moe_imbalance) and 1.0 <= moe_imbalance <= 64.0):
-        raise ConfigError("moe_imbalance", moe_imbalance, "a number from 1 (balanced) to 64: the busiest rank's "
-                                                          "routed tokens over the mean")
-    return Software.of(fw, attention=attention, dropout=bool(dropout), overlap_grad_reduce=overlap_grad_reduce,
-                       grad_reduce_dtype=grad_reduce_dtype, loss=loss, tp_comm_overlap=tp_comm_overlap,
-                       compile=compile, moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
-                       moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch, fp8_scaling=fp8_scaling,
-                       activation_offload_layers=activation_offload_layers, master_weights=master_weights,
-                       expandable_segments=expandable_segments, fused_norm=fused_norm,
-                       recompute_modules=recompute_modules, bf16_optimizer=bf16_optimizer,
-                       activation_fp8_input=activation_fp8_input)
+                                  f"{fw.kernels} MLP keeps the activation input in the compute dtype "
+                                  "(Megatron-Core's fused SwiGLU stores it in FP8; allowed: false)")
 
 
 def check_activation_fp8_input(software: Software, model: TransformerSpec) -> None:
@@ -330,22 +319,19 @@ def check_recompute_modules(fw: FrameworkProfile, modules) -> tuple[str, ...]:
     return tuple(modules)
 
 
-def check_moe_options(model: TransformerSpec, precision: str, *, moe_dispatcher=None, moe_a2a_overlap=None,
-                      moe_imbalance=None, moe_fp8_dispatch: bool = False) -> None:
+def check_moe_options(model: TransformerSpec, precision: str, options: RunOptions) -> None:
     """ConfigError (one line) when a dense model is given expert-parallel choices (they describe how routed tokens
     reach experts, and a model without experts routes none: a choice silently ignored would read as costed), or
     FP8 dispatch without FP8 training (the dispatched activations are the up-projections' FP8 inputs; DeepSeek-V3
     Sec. 3.3.2; cost_models.moe.dispatch_bytes)."""
-    given = {name: value for name, value in (("moe_dispatcher", moe_dispatcher),
-                                             ("moe_a2a_overlap", moe_a2a_overlap or None),
-                                             ("moe_imbalance", moe_imbalance),
-                                             ("moe_fp8_dispatch", moe_fp8_dispatch or None)) if value is not None}
+    given = {name: value for name, value in options.moe_choices().items()
+             if value is not None and value is not False}
     if given and model.moe is None:
         name, value = next(iter(given.items()))
         raise ConfigError(name, value, "unset for a dense model",
                           message=f"{name} applies to mixture-of-experts models: {model.name} has no experts "
                                   "(allowed: leave it unset)")
-    if moe_fp8_dispatch and precision != "fp8":
+    if options.moe_fp8_dispatch and precision != "fp8":
         raise ConfigError("moe_fp8_dispatch", True, "false",
                           message=f"moe_fp8_dispatch needs precision fp8: the tokens are dispatched as the experts' FP8 "
                                   f"GEMM inputs, and precision {precision} has none (allowed: false)")
@@ -365,30 +351,16 @@ def check_master_weights(software: Software, precision: str) -> None:
                                   "(allowed with remainder: amp-bf16, bf16, fp8; else master_weights fp32)")
 
 
-def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int, attention: str | None = None,
-             dropout: bool | None = None, overlap_grad_reduce: bool | None = None,
-             grad_reduce_dtype: str | None = None, loss: str | None = None, tp_comm_overlap: bool | None = None,
-             compile: bool = False, moe_dispatcher: str | None = None,
-             moe_a2a_overlap: bool | None = None, moe_imbalance: float | None = None,
-             moe_fp8_dispatch: bool = False, kernels: str | None = None, check_framework: bool = True,
-             framework_profile: FrameworkProfile | None = None, fp8_scaling: str | None = None,
-             activation_offload_layers: int | None = None, master_weights: str | None = None,
-             expandable_segments: bool | None = None, fused_norm: bool = False,
-             recompute_modules=None, bf16_optimizer: bool = False, activation_fp8_input: bool = False) -> Estimate:
+def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int,
+             options: RunOptions | None = None, check_framework: bool = True,
+             framework_profile: FrameworkProfile | None = None) -> Estimate:
     """Validate `cfg` for `model` on `gpus` devices of `hw` and predict its step time and memory on the
-    framework `cfg.framework` names (frameworks/*.json).
+    framework `cfg.framework` names (frameworks/*.json), run with `options` (planner.run_options.RunOptions:
+    the attention kernel, dropout, overlaps, loss kernel, FP8 scaling, master weights, MoE dispatch, ...;
+    None or an unset field: the model's config, else the framework's default).
 
     `model` is a TransformerSpec or a MODEL argument (catalog name, config.json path); `hw` a
-    HardwareProfile or a profile name/path. `attention`, `dropout`, `overlap_grad_reduce` override
-    the framework's defaults (cost_models.step.Software), and so do the expert-parallel choices
-    `moe_dispatcher`, `moe_a2a_overlap`, `moe_imbalance`, `moe_fp8_dispatch` (cost_models.moe), the
-    block implementation `kernels` (software_for), the FP8 scaling granularity `fp8_scaling` and, with activation
-    offload, how many blocks offload (`activation_offload_layers`, Megatron-Core's cpu_offloading_num_layers),
-    and how the optimizer keeps the master weights (`master_weights`: fp32, or remainder where the framework
-    can, with bf16 parameters; check_master_weights), and whether the allocator runs with expandable segments
-    (`expandable_segments`; cost_models.memory.allocator_overhead), and eager RMSNorms fused (`fused_norm`),
-    and the modules selective recomputation re-runs (`recompute_modules`, Megatron-Core's; with recompute=selective).
-    `check_framework=False` costs a plan the framework's
+    HardwareProfile or a profile name/path. `check_framework=False` costs a plan the framework's
     capabilities do not list (the executor's own runs: it is a torchtitan-style stack that also runs
     tensor parallelism without sequence parallelism and ZeRO-1). `framework_profile` replaces the shipped
     profile of `cfg.framework` (a calibration's trial values).
@@ -398,6 +370,7 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
     pipeline chunks than blocks, ep > 1 on a dense model or not dividing the experts, stages not summing
     to the blocks, or a plan the framework cannot run (frameworks.rules.violations).
     """
+    options = options or RunOptions()
     if isinstance(hw, str):
         hw = load_profile(hw)
     if isinstance(model, str):
@@ -408,19 +381,12 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
         model = transformer_spec(model)
     if framework_profile is not None and framework_profile.name != cfg.framework:
         raise ConfigError("framework_profile", framework_profile.name, f"the profile of the plan's framework ({cfg.framework})")
-    attention, dropout, from_config = config_defaults(model, attention=attention, dropout=dropout)
-    software = software_for(framework_profile or cfg.framework, attention=attention, dropout=dropout,
-                            overlap_grad_reduce=overlap_grad_reduce, grad_reduce_dtype=grad_reduce_dtype, loss=loss,
-                            tp_comm_overlap=tp_comm_overlap, compile=compile,
-                            moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
-                            moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch, kernels=kernels,
-                            fp8_scaling=fp8_scaling, activation_offload_layers=activation_offload_layers,
-                            master_weights=master_weights, expandable_segments=expandable_segments,
-                            fused_norm=fused_norm, recompute_modules=recompute_modules,
-                            bf16_optimizer=bf16_optimizer, activation_fp8_input=activation_fp8_input)
+    attention, dropout, from_config = config_defaults(model, attention=options.attention,
+                                                      dropout=options.dropout)
+    software = software_for(framework_profile or cfg.framework,
+                            options.with_(attention=attention, dropout=dropout))
     check_activation_fp8_input(software, model)
-    check_moe_options(model, cfg.precision, moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
-                      moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch)
+    check_moe_options(model, cfg.precision, options)
     cfg.check_world_size(gpus)
     cfg.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
     cfg.check_experts(model.moe)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from planner.run_options import RunOptions
+
 GiB = 2 ** 30
 MEMORY_TERMS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
 CONFIG_KEYS = ("dp", "tp", "pp", "cp", "cp_comm", "ep", "expert_tp", "dp_shard", "micro_batch", "num_microbatches",
@@ -334,15 +336,14 @@ def explain_document(doc: Mapping[str, Any]) -> Explanation:
                        versus_lines=tuple(versus), data=data, expert_lines=tuple(expert_lines(doc)))
 
 
-def _software_options(doc: Mapping[str, Any]) -> dict:
+def _software_options(doc: Mapping[str, Any]) -> RunOptions:
     """The kernel choices the plan was costed with (its `software` block), for a comparable search on the same
     stack: the run's own options (planner.plan.run_options, the MoE ones included) and the framework choices it
     may override (attention, dropout, overlap, reduction dtype, allocator, modules)."""
     from planner.plan import run_options
 
     sw = doc.get("software") or {}
-    out = dict(run_options(doc))
-    out.update({k: sw[k] for k in ("attention", "dropout", "overlap_grad_reduce") if k in sw})
+    out = {k: sw[k] for k in ("attention", "dropout", "overlap_grad_reduce") if k in sw}
     if sw.get("grad_reduce_bytes") in (2, 4):
         out["grad_reduce_dtype"] = {2: "bf16", 4: "fp32"}[sw["grad_reduce_bytes"]]
     if isinstance(sw.get("expandable_segments"), bool):
@@ -352,7 +353,7 @@ def _software_options(doc: Mapping[str, Any]) -> dict:
 
         if sw.get("kernels") and sw["kernels"] != load_framework(sw["framework"]).kernels:
             out["kernels"] = sw["kernels"]      # a run that swaps in another stack's modules (--kernels)
-    return out
+    return run_options(doc).with_(**out)
 
 
 def research(doc: Mapping[str, Any], *, top: int = 4) -> dict:
@@ -365,7 +366,7 @@ def research(doc: Mapping[str, Any], *, top: int = 4) -> dict:
     rec = recommend(doc["model"]["name"], doc["hardware"]["name"], gpus=doc["hardware"]["gpus"],
                     global_batch=plan["global_batch"], seq=plan["seq"], precision=plan["precision"],
                     optimizer=plan.get("optimizer", "adamw"), top=top, framework=plan.get("framework", "megatron"),
-                    **_software_options(doc))
+                    options=_software_options(doc))
     found = [rec.best] + list(rec.alternatives)
     same = lambda a: all(a["plan"].get(k, CONFIG_DEFAULTS.get(k)) == plan.get(k, CONFIG_DEFAULTS.get(k))  # noqa: E731
                          for k in CONFIG_KEYS)

@@ -19,6 +19,7 @@ import numpy as np
 
 from planner.errors import ConfigError
 from planner.parallel import MeshAxis, ParallelConfig
+from planner.run_options import RunOptions
 
 SCHEMA_VERSION = "1"
 """The plan-document version this build writes and reads."""
@@ -262,9 +263,9 @@ def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
                 alternatives=tuple(document.get("alternatives", ())), document=document)
 
 
-def run_options(document: Mapping[str, Any]) -> dict:
+def run_options(document: Mapping[str, Any]) -> RunOptions:
     """The run's own options in a plan document's `software` block that hold whichever stack runs it, as
-    estimate() keywords: the cross-entropy kernel where the plan chose one (not its framework's default),
+    a RunOptions record: the cross-entropy kernel where the plan chose one (not its framework's default),
     dropout, the fused norm, BF16_Optimizer, the FP8 activation input, the modules selective recomputation
     re-runs, 16-bit master remainders, the FP8 scaling, the routed-token imbalance, and a token dispatcher,
     exchange overlap or FP8 dispatch the plan chose over its framework's default (a target stack that has not
@@ -300,5 +301,5 @@ def run_options(document: Mapping[str, Any]) -> dict:
         out["moe_a2a_overlap"] = True
     if sw.get("moe_fp8_dispatch") is True:
         out["moe_fp8_dispatch"] = True
-    return out
+    return RunOptions(**out)
 

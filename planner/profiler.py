@@ -32,6 +32,7 @@ from cost_models import activations as A
 from cost_models import flops as F
 from cost_models import params as P
 from planner.errors import ConfigError
+from planner.run_options import RunOptions
 from planner.spec import TransformerSpec
 
 RECOMPUTE_MODES = A.RECOMPUTE_MODES
@@ -181,18 +182,17 @@ def _mtp_profile(spec: TransformerSpec, i: int, b: int, s: int, *, flash: bool, 
 
 
 def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: int = 1,
-                 precision: str = "amp-bf16", framework: str = "megatron", attention: str | None = None,
-                 dropout: bool = False, tp: int = 1, sp: bool = False, loss: str | None = None,
-                 selective: str | None = None, zero: int = 0, recompute_modules=None,
-                 activation_fp8_input: bool = False, fused_norm: bool = False) -> ModelProfile:
+                 precision: str = "amp-bf16", framework: str = "megatron", tp: int = 1, sp: bool = False,
+                 zero: int = 0, selective: str | None = None,
+                 options: RunOptions | None = None) -> ModelProfile:
     """Analytic profile of a TransformerSpec (all formulas in cost_models; activation bytes from the
     framework's block tables, the same the cost model reads). Each block is profiled as its kind
     (TransformerSpec.block_kinds: an MoE model's leading dense blocks, windowed blocks); MTP modules
     follow the head as units of kind 'mtp'. Activation bytes are per rank of a tensor-parallel group of `tp`
-    (with sequence parallelism `sp`), for the run options estimate takes too: the cross-entropy kernel `loss`,
-    Megatron-Core's `recompute_modules` (selective column) and `activation_fp8_input`, an eager stack's
-    `fused_norm` (planner.estimate.software_for checks each); `selective` overrides the framework's selective
-    policy ('attention' or 'op')."""
+    (with sequence parallelism `sp`), for the run `options` estimate takes too (the attention kernel, dropout,
+    the cross-entropy kernel, Megatron-Core's recompute_modules (selective column) and activation_fp8_input,
+    an eager stack's fused_norm; planner.estimate.software_for checks each); `selective` overrides the
+    framework's selective policy ('attention' or 'op')."""
     from dataclasses import replace
 
     from planner.estimate import check_activation_fp8_input, software_for
@@ -209,8 +209,8 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
             raise ConfigError(name, degree, "a positive integer" if name == "tp" else "0, 1, 2 or 3")
     if not isinstance(sp, bool) or (sp and tp == 1):
         raise ConfigError("sequence_parallel", sp, "false with tp 1 (sequence parallelism shards over tp)")
-    sw = software_for(framework, attention=attention, dropout=dropout, loss=loss, recompute_modules=recompute_modules,
-                      activation_fp8_input=activation_fp8_input, fused_norm=fused_norm)
+    options = options or RunOptions()
+    sw = software_for(framework, options)
     check_activation_fp8_input(sw, spec)
     if selective is not None and selective != sw.framework.selective_recompute:
         sw = replace(sw, framework=replace(sw.framework, selective_recompute=selective))
@@ -280,29 +280,30 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
 
 
 def profile_model(source, *, seq: int | None = None, micro_batch: int = 1, precision: str = "amp-bf16",
-                  framework: str = "megatron", attention: str | None = None, dropout: bool = False,
-                  zero: int = 0, tp: int = 1, sp: bool = False, loss: str | None = None, recompute_modules=None,
-                  activation_fp8_input: bool = False) -> ModelProfile:
-    """Profile a model given as a name/path/factory string, a TransformerSpec or a ModuleSpec. The run options
-    (tensor parallelism `tp` with `sp`, the cross-entropy kernel `loss`, `recompute_modules`,
-    `activation_fp8_input`) are profile_spec's; a module factory is measured as it runs on one device, so it
-    takes none of them."""
+                  framework: str = "megatron", zero: int = 0, tp: int = 1, sp: bool = False,
+                  options: RunOptions | None = None) -> ModelProfile:
+    """Profile a model given as a name/path/factory string, a TransformerSpec or a ModuleSpec. The run
+    options (tensor parallelism `tp` with `sp`, and `options`: the cross-entropy kernel, recompute_modules,
+    activation_fp8_input, ...) are profile_spec's; a module factory is measured as it runs on one device, so
+    it takes none of them but the attention kernel (flash unless 'unfused')."""
     from planner.parallel import PRECISIONS, _choice
     from planner.sources import resolve_model
 
     _choice("precision", precision, PRECISIONS)
+    options = options or RunOptions()
     if isinstance(source, str):
         source = resolve_model(source, seq=seq)
-    options = dict(tp=tp, sp=sp, loss=loss, recompute_modules=recompute_modules,
-                   activation_fp8_input=activation_fp8_input)
     if isinstance(source, TransformerSpec):  # analytic: no torch import
         return profile_spec(source, seq=seq, micro_batch=micro_batch, precision=precision, framework=framework,
-                            attention=attention, dropout=dropout, zero=zero, **options)
-    defaults = dict(tp=1, sp=False, loss=None, recompute_modules=None, activation_fp8_input=False)
-    for name, value in options.items():
-        if value != defaults[name]:
-            raise ConfigError(name, value, f"{defaults[name]} for a module factory, which is measured on one device "
-                                           "with its own modules (a catalog name or config.json takes run options)")
+                            zero=zero, tp=tp, sp=sp, options=options)
+    given = dict(tp=tp, sp=sp, **options.without("attention").without("dropout").chosen())
+    defaults = dict(tp=1, sp=False)
+    for name, value in given.items():
+        if value != defaults.get(name):
+            raise ConfigError(name, value, f"{defaults.get(name)} for a module factory, which is measured on one "
+                                           "device with its own modules (a catalog name or config.json takes "
+                                           "run options)")
+    attention = options.attention
     flash = (attention or "flash") != "unfused"
     from planner.module_profiler import ModuleSpec, profile_module
     if isinstance(source, ModuleSpec):

@@ -50,6 +50,7 @@ from planner.errors import ConfigError, NoFitError
 from planner.parallel import (CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, default_placement,
                               offload_indices, offloads, resolve_precision)
 from planner.placement import PLACEMENTS, packed_key
+from planner.run_options import RunOptions
 
 OBJECTIVES = ("throughput", "cost", "memory", "time-to-train")
 MEMORY_OBJECTIVE_SLACK = 0.05
@@ -1141,30 +1142,18 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
               price_per_hour: float | None = None,
               tokens: float | None = None, space: SearchSpace = SearchSpace(), refine: int = REFINE_TOP,
               progress: Callable[[int, int], None] | None = None, score_fn=None, estimate_fn=None,
-              framework: str = "megatron", attention: str | None = None, dropout: bool | None = None,
-              overlap_grad_reduce: bool | None = None, grad_reduce_dtype: str | None = None,
-              master_weights: str | None = None, kernels: str | None = None, reliability=None,
-              expandable_segments: bool | None = None, fused_norm: bool = False, recompute_modules=None,
-              bf16_optimizer: bool = False, activation_fp8_input: bool = False,
-              loss: str | None = None, fp8_scaling: str | None = None, moe_dispatcher: str | None = None,
-              moe_a2a_overlap: bool | None = None, moe_imbalance: float | None = None,
-              moe_fp8_dispatch: bool = False) -> Recommendation:
+              framework: str = "megatron", options: RunOptions | None = None,
+              reliability=None) -> Recommendation:
     """Search the parallel strategies of `model` on `gpus` devices of `hardware` and rank them.
 
     `model` is a MODEL argument (catalog name, config.json, factory) or a resolved spec; `hardware`
     a profile name, path or HardwareProfile; `framework` the software stack (frameworks/*.json): only
-    plans it can run are searched (SearchSpace.for_framework), costed with its profile. `attention`,
-    `dropout`, `overlap_grad_reduce` override the framework's defaults for score() and estimate(), and so
-    do `grad_reduce_dtype`, `master_weights`, `kernels`, `expandable_segments`, `fused_norm`, `recompute_modules`
-    (what selective recomputation re-runs), `bf16_optimizer` (planner.estimate.software_for; with
-    bf16_optimizer only ZeRO-1 without optimizer offload is searched, what DeepSpeed's BF16_Optimizer runs) and
-    `activation_fp8_input` (the SwiGLU input kept in FP8; a SwiGLU model only) and `loss` (the cross-entropy
-    kernel, frameworks.LOSS_KERNELS; None: the framework's) and `fp8_scaling` (how FP8 plans scale their GEMM
-    operands, cost_models.step.FP8_SCALINGS; None: tensorwise), and a mixture-of-experts run's token dispatcher,
-    exchange overlap, routed-token imbalance and FP8 dispatch (`moe_dispatcher`, `moe_a2a_overlap`, `moe_imbalance`,
-    `moe_fp8_dispatch`; cost_models.moe; None: the framework's). With the exchange overlap only plans Megatron-Core
-    runs it with are searched: interleaved stages when pipelined, no full recomputation
-    (TransformerConfig.overlap_moe_expert_parallel_comm).
+    plans it can run are searched (SearchSpace.for_framework), costed with its profile, run with
+    `options` (planner.run_options.RunOptions; None or an unset field: the framework's default), which
+    score() and every estimate() that refines a leader take whole. With `options.bf16_optimizer` only
+    ZeRO-1 without optimizer offload is searched (what DeepSpeed's BF16_Optimizer runs); with the MoE
+    exchange overlap only plans Megatron-Core runs it with: interleaved stages when pipelined, no full
+    recomputation (TransformerConfig.overlap_moe_expert_parallel_comm).
     With `tokens`, every plan document carries its goodput under failures (planner.goodput) from
     `reliability` (planner.goodput.ReliabilityInputs: the user's failure rates, restart time, storage,
     save mode, spot reclaim rate; None: the sourced defaults); objective "time-to-train" needs `tokens`.
@@ -1180,22 +1169,11 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     from frameworks.rules import check_moe_runnable
     from planner.estimate import check_activation_fp8_input, check_master_weights, check_moe_options, software_for
 
-    # the run's options, once: the search's software and every estimate() that refines a leader take the same
-    opts = {k: v for k, v in dict(attention=attention, dropout=dropout, overlap_grad_reduce=overlap_grad_reduce,
-                                  grad_reduce_dtype=grad_reduce_dtype, master_weights=master_weights,
-                                  kernels=kernels, expandable_segments=expandable_segments,
-                                  recompute_modules=recompute_modules, loss=loss, fp8_scaling=fp8_scaling,
-                                  moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
-                                  moe_imbalance=moe_imbalance).items()
-            if v is not None}
-    opts.update({k: True for k, v in dict(fused_norm=fused_norm, bf16_optimizer=bf16_optimizer,
-                                          activation_fp8_input=activation_fp8_input,
-                                          moe_fp8_dispatch=moe_fp8_dispatch).items() if v})
-    software = software_for(framework, **opts)
+    options = options or RunOptions()
+    software = software_for(framework, options)
     check_activation_fp8_input(software, model)
     precision = resolve_precision(hardware, precision)    # None: bf16 mixed precision where the device has bf16
-    check_moe_options(model, precision, moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
-                      moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch)
+    check_moe_options(model, precision, options)
     # what the stack cannot run whatever the degrees (the overlap's per-plan conditions restrict the space below)
     check_moe_runnable(software.framework, software, model,
                        ParallelConfig(dp=2, ep=2, global_batch=2, placement="PDET", precision=precision,
@@ -1262,7 +1240,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
             if n is not None:
                 refined[0] += 1
                 fewer = estimate_fn(model, hardware, replace(best, recompute_layers=n), gpus=world,
-                                    **opts).to_document()
+                                    options=options).to_document()
                 if fewer["prediction"]["memory"]["fits"] and \
                         _objective_value(fewer, objective) < _objective_value(doc, objective):
                     return fewer
@@ -1270,14 +1248,15 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
 
     def split_document(cfg: ParallelConfig, refine_it: bool) -> dict:
         """estimate()'s plan document of cfg; with refine_it, of its uneven split when that is better."""
-        doc = estimate_fn(model, hardware, cfg, gpus=world, **opts).to_document()
+        doc = estimate_fn(model, hardware, cfg, gpus=world, options=options).to_document()
         if refine_it and cfg.pp > 1:
             twin = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in cfg.to_dict().items()
                          if k != "placement")
             stages = splits[twin] if twin in splits else splits.setdefault(twin, uneven_stages(model, cfg, software))
             if stages:
                 refined[0] += 1
-                uneven = estimate_fn(model, hardware, replace(cfg, stages=stages), gpus=world, **opts).to_document()
+                uneven = estimate_fn(model, hardware, replace(cfg, stages=stages), gpus=world,
+                                       options=options).to_document()
                 if uneven["prediction"]["memory"]["fits"] and \
                         _objective_value(uneven, objective) < _objective_value(doc, objective):
                     return uneven

@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import accuracy_h100 as H  # noqa: E402
 from benchmarks import accuracy_published as PUB  # noqa: E402
 from hardware_profiles import load_profile  # noqa: E402
+from planner.run_options import RunOptions
 
 def test_published_runs_iteration_time():
     result = PUB.evaluate(PUB.load_rows(), load_profile("dgx-a100-80g"))
@@ -69,8 +70,7 @@ def test_independent_check_narayanan21_weak_scaling():
                 continue
             cfg = ParallelConfig(dp=dp, tp=r["tp"], pp=r["pp"], micro_batch=mb, global_batch=B, recompute="full",
                                  precision="amp-fp16", seq=2048)
-            est = estimate(spec, hw, cfg, gpus=r["gpus"], attention="unfused", dropout=True,
-                           overlap_grad_reduce=False)
+            est = estimate(spec, hw, cfg, gpus=r['gpus'], options=RunOptions(attention='unfused', dropout=True, overlap_grad_reduce=False))
             if est.fits:
                 best = max(best, hw_flops / est.step_time_s / r["gpus"] / 1e12)
         errors.append(best / r["tflops_per_gpu"] - 1)

@@ -16,6 +16,7 @@ from planner.estimate import estimate
 from planner.parallel import ParallelConfig
 from planner.profiler import profile_model
 from planner.search import stage_problem
+from planner.run_options import RunOptions
 
 runner = CliRunner()
 CASES = [(fw, model, recompute) for fw in ("megatron", "torchtitan", "fsdp", "deepspeed")
@@ -85,13 +86,14 @@ def test_run_options_reach_profile_estimate_and_partitioner_alike(framework, pre
     seq = 4096
     cfg = ParallelConfig(tp=tp, sequence_parallel=sp, micro_batch=2, global_batch=2, seq=seq, recompute=recompute,
                          framework=framework, precision=precision)
-    est = estimate(get("llama3-8b"), "dgx-h100", cfg, gpus=tp, **options)
+    options = RunOptions(**options)
+    est = estimate(get("llama3-8b"), "dgx-h100", cfg, gpus=tp, options=options)
     prof = profile_model("llama3-8b", seq=seq, micro_batch=2, precision=precision, framework=framework, tp=tp, sp=sp,
-                         **options)
+                         options=options)
     saved = est.to_document()["prediction"]["memory"]["saved_activations_bytes"]
     assert saved == pytest.approx(prof.activation_bytes(recompute), rel=1e-9)
     block = next(layer for layer in prof.layers if layer.kind == "block")
-    problem = stage_problem(get("llama3-8b").with_(seq=seq), cfg, software_for(framework, **options))
+    problem = stage_problem(get("llama3-8b").with_(seq=seq), cfg, software_for(framework, options))
     assert problem.block_activation_bytes[0] == pytest.approx(block.activation_bytes[recompute], rel=1e-12)
     plain = profile_model("llama3-8b", seq=seq, micro_batch=2, precision=precision, framework=framework)
     assert prof.activation_bytes(recompute) < plain.activation_bytes(recompute)

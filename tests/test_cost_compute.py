@@ -12,6 +12,7 @@ from hardware_profiles import load_profile
 from planner.estimate import software_for
 from planner.score import CandidateArrays, score
 from planner.spec import TransformerSpec
+from planner.run_options import RunOptions
 
 H100 = load_profile("dgx-h100")
 A100 = load_profile("dgx-a100-80g")
@@ -84,7 +85,7 @@ def test_zero2_pays_a_reduce_scatter_per_micro_batch_under_accumulation():
     # eight micro-batches: ZeRO-1 reduces once, ZeRO-2 reduce-scatters each micro-batch's gradients
     assert run(2, 1).dp_comm[0] > run(1, 1).dp_comm[0]
     # with nothing overlapped, the difference is exactly 7 reduce-scatters of the gradients
-    z1, z2 = run(1, 1, software=software_for("megatron", overlap_grad_reduce=False)), run(2, 1, software=software_for("megatron", overlap_grad_reduce=False))
+    z1, z2 = run(1, 1, software=software_for('megatron', options=RunOptions(overlap_grad_reduce=False))), run(2, 1, software=software_for('megatron', options=RunOptions(overlap_grad_reduce=False)))
     grads = float(z1.grads_bytes[0])                           # full bf16/fp32 grads per rank (ZeRO-1)
     local = group_locality(np.array([0]), np.array([8]), np.array([1]), np.array([1]), H100.devices_per_node)
     rs = float(C.group_collective_seconds("reduce_scatter", grads, np.array([8.0]), local["D"], H100)[0])
@@ -141,7 +142,7 @@ def test_a_head_dim_off_the_16_byte_grid_takes_unfused_attention_off_the_tensor_
         spec = TransformerSpec(name="t", layers=4, hidden=hidden, heads=8, vocab=32000, seq=2048)
         cfg = ParallelConfig(dp=1, tp=1, pp=1, micro_batch=1, global_batch=1, seq=2048, precision="amp-bf16",
                              framework="deepspeed", placement="PDT")
-        return float(estimate(spec, A100, cfg, gpus=1, attention=attention).scores.compute[0])
+        return float(estimate(spec, A100, cfg, gpus=1, options=RunOptions(attention=attention)).scores.compute[0])
 
     # hidden 1200 (head dim 150) against 1152 (144) and 1216 (152): about 8% more work than 1152, less than
     # 1216, but far more time

@@ -13,6 +13,7 @@ from planner.placement import PLACEMENTS
 from planner.estimate import software_for
 from planner.score import CandidateArrays, score
 from planner.spec import TransformerSpec
+from planner.run_options import RunOptions
 
 GPT = TransformerSpec(name="gpt-22b", layers=48, hidden=6144, heads=64, vocab=51200, seq=2048)
 HW = load_profile("dgx-a100-80g")
@@ -147,7 +148,7 @@ def test_partial_activation_offload_sits_between_none_and_all_and_grows_with_the
     def run(offload, layers=None):
         cfg = ParallelConfig(dp=8, tp=1, pp=1, zero=1, micro_batch=1, global_batch=8, seq=8192, offload=offload,
                              framework="megatron")
-        return estimate(spec, "p5.48xlarge", cfg, gpus=8, activation_offload_layers=layers)
+        return estimate(spec, 'p5.48xlarge', cfg, gpus=8, options=RunOptions(activation_offload_layers=layers))
 
     none, every = run("none"), run("activations")
     parts = [run("activations", n) for n in (4, 16, 28)]
@@ -176,7 +177,7 @@ def test_expandable_segments_drop_the_caching_allocators_overhead_from_what_the_
     from planner.estimate import estimate
     from planner.parallel import ParallelConfig
 
-    caching, expandable = software_for("megatron"), software_for("megatron", expandable_segments=True)
+    caching, expandable = software_for("megatron"), software_for('megatron', options=RunOptions(expandable_segments=True))
     assert not caching.expandable_segments and expandable.expandable_segments
     peak = np.array([10e9, 70e9])
     ctx = M.cuda_context_bytes(HW)
@@ -186,7 +187,7 @@ def test_expandable_segments_drop_the_caching_allocators_overhead_from_what_the_
     assert M.needed_bytes(peak, HW, expandable) == pytest.approx(peak + ctx)
     # the stacks whose launchers set it hold it by default; a run can say otherwise
     assert software_for("torchtitan").expandable_segments and not software_for("fsdp").expandable_segments
-    assert not software_for("torchtitan", expandable_segments=False).expandable_segments
+    assert not software_for('torchtitan', options=RunOptions(expandable_segments=False)).expandable_segments
 
     cfg = ParallelConfig(dp=8, tp=1, pp=1, zero=1, micro_batch=1, global_batch=8, seq=8192, framework="megatron")
     spec = get("llama3-8b")
@@ -194,12 +195,12 @@ def test_expandable_segments_drop_the_caching_allocators_overhead_from_what_the_
     # a device just large enough for the peak with the context, not for the caching allocator's overhead too
     p5 = load_profile("p5.48xlarge")
     tight = dataclasses.replace(p5, memory_bytes=base.peak_bytes_per_gpu * (1 + frac / 2) + M.cuda_context_bytes(p5))
-    no, yes = (estimate(spec, tight, cfg, gpus=8, expandable_segments=e) for e in (False, True))
+    no, yes = (estimate(spec, tight, cfg, gpus=8, options=RunOptions(expandable_segments=e)) for e in (False, True))
     assert no.peak_bytes_per_gpu == yes.peak_bytes_per_gpu
     assert not no.fits and yes.fits
     assert yes.to_document()["software"]["expandable_segments"] is True
     with pytest.raises(ConfigError, match="expandable_segments"):
-        estimate(spec, "p5.48xlarge", cfg, gpus=8, expandable_segments="yes")
+        estimate(spec, 'p5.48xlarge', cfg, gpus=8, options=RunOptions(expandable_segments='yes'))
 
 
 def test_a_fused_rmsnorm_keeps_only_its_input_and_streams_less():
@@ -222,13 +223,13 @@ def test_a_fused_rmsnorm_keeps_only_its_input_and_streams_less():
     # Megatron's fused block already fuses its norms: the option changes nothing there
     assert block_table(spec, "bf16", "fused", fused_norm=True) == block_table(spec, "bf16", "fused")
     cfg = ParallelConfig(dp=8, zero=3, micro_batch=2, global_batch=16, seq=4096, framework="torchtitan")
-    plain, fused = (estimate(spec, "p4d.24xlarge", cfg, gpus=8, fused_norm=f) for f in (False, True))
+    plain, fused = (estimate(spec, 'p4d.24xlarge', cfg, gpus=8, options=RunOptions(fused_norm=f)) for f in (False, True))
     assert fused.memory()["activations_bytes"] < plain.memory()["activations_bytes"]
     assert fused.step_time_s < plain.step_time_s
     assert fused.to_document()["software"]["fused_norm"] is True and "fused_norm" not in plain.to_document()["software"]
     from planner.errors import ConfigError
     with pytest.raises(ConfigError, match="fused_norm") as err:
-        estimate(spec, "p4d.24xlarge", cfg, gpus=8, fused_norm="yes")
+        estimate(spec, 'p4d.24xlarge', cfg, gpus=8, options=RunOptions(fused_norm='yes'))
     assert "\n" not in str(err.value)
 
 

@@ -28,6 +28,7 @@ from planner.errors import ConfigError
 from planner.estimate import candidate_of, estimate, software_for
 from planner.parallel import ParallelConfig, expert_data_parallel, expert_parallel_degrees, expert_parallel_ok
 from planner.placement import PLACEMENTS, group_locality, placement_index, stage_group_locality, strides
+from planner.run_options import RunOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = load_profile("dgx-h100")
@@ -37,7 +38,7 @@ DSV3 = get("deepseek-v3").with_(seq=4096)
 
 
 def step(spec, cfg: ParallelConfig, hw=H100, **software):
-    sw = software_for(cfg.framework, **software)
+    sw = software_for(cfg.framework, RunOptions(**software))
     return Step.of(spec, hw, sw, candidate_of(cfg, spec.total_blocks), global_batch=cfg.global_batch, seq=cfg.seq,
                    precision=cfg.precision, optimizer=cfg.optimizer)
 
@@ -157,7 +158,7 @@ def test_expert_gemm_flops_per_rank_do_not_depend_on_the_expert_layout(ep, etp, 
 
 def test_imbalance_slows_the_busiest_rank_only_with_expert_parallelism():
     cfg = qwen_cfg()
-    t = lambda imb, c=cfg: estimate(QWEN, H100, c, gpus=256, moe_imbalance=imb).step_time_s  # noqa: E731
+    t = lambda imb, c=cfg: estimate(QWEN, H100, c, gpus=256, options=RunOptions(moe_imbalance=imb)).step_time_s  # noqa: E731
     assert t(1.5) > t(1.2) > t(1.0)
     x1, x2 = step(QWEN, cfg), step(QWEN, cfg, moe_imbalance=2.0)
     assert float(MO.expert_rows(x2)[0]) == pytest.approx(2 * float(MO.expert_rows(x1)[0]))
@@ -232,7 +233,8 @@ def test_overlap_hides_at_most_what_runs_beside_it():
     huge = replace(block, **{f.name: getattr(block, f.name) * 1e3 for f in fields(block)})
     assert float(MO.ep_block_seconds(xo, huge).exposed[0]) == 0.0
     # the cost term alone (Megatron-Core would want virtual stages for the overlap at pp > 1; DualPipe does not)
-    t = lambda **kw: estimate(QWEN, H100, cfg, gpus=256, check_framework=False, **kw).step_time_s  # noqa: E731
+    t = lambda **kw: estimate(QWEN, H100, cfg, gpus=256, check_framework=False,  # noqa: E731
+                              options=RunOptions(**kw)).step_time_s
     assert t(moe_a2a_overlap=True) < t()
 
 
@@ -298,7 +300,7 @@ def test_expert_gradients_reduce_over_the_expert_data_parallel_group():
     parallelism adds the experts' reduction."""
     from cost_models import comm as C
     x32, x8 = step(QWEN, qwen_cfg(ep=32)), step(QWEN, qwen_cfg(ep=8))
-    sw = software_for("megatron", overlap_grad_reduce=False)
+    sw = software_for('megatron', options=RunOptions(overlap_grad_reduce=False))
     x32, x8 = replace(x32, sw=sw), replace(x8, sw=sw)
     p32 = MO.rank_params(x32, 12.0, True, False)
     only_dense = MO.RankParams(dense=p32.dense, expert=0.0 * p32.expert)
@@ -365,7 +367,7 @@ def test_published_runs_are_predicted_within_their_documented_error():
     for rid in ("mbridge-2509-qwen3-235b-h100-256-tokendrop", "modelzoo-qwen3-235b-crossnode-ep32",
                 "modelzoo-qwen3-235b-longctx-32k"):
         c = cases[rid]
-        est = estimate(c.spec, c.hardware, c.config, gpus=c.row["gpus"], **c.options)
+        est = estimate(c.spec, c.hardware, c.config, gpus=c.row["gpus"], options=c.options)
         assert est.step_time_s == pytest.approx(measured_s(c), rel=0.15), rid
     assert math.isfinite(est.step_time_s)
 

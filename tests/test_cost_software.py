@@ -16,6 +16,7 @@ from planner.catalog import get
 from planner.estimate import estimate
 from planner.parallel import ParallelConfig
 from planner.placement import aligned_domain, group_locality
+from planner.run_options import RunOptions
 
 LLAMA8 = get("llama3-8b")
 
@@ -28,8 +29,8 @@ def _cfg(**kw):
 
 def test_tp_overlap_hides_tp_communication_up_to_the_gemms_and_never_adds_time():
     cfg = _cfg()
-    plain = estimate("llama3-70b", "p5.48xlarge", cfg, gpus=64, tp_comm_overlap=False)
-    over = estimate("llama3-70b", "p5.48xlarge", cfg, gpus=64, tp_comm_overlap=True)
+    plain = estimate('llama3-70b', 'p5.48xlarge', cfg, gpus=64, options=RunOptions(tp_comm_overlap=False))
+    over = estimate('llama3-70b', 'p5.48xlarge', cfg, gpus=64, options=RunOptions(tp_comm_overlap=True))
     br_plain, br_over = plain.to_document()["prediction"]["time_breakdown_s"], over.to_document()["prediction"]["time_breakdown_s"]
     assert br_over["tp_comm"] < 0.5 * br_plain["tp_comm"]           # mostly hidden behind the GEMMs
     assert br_over["tp_comm"] > 0.0                                    # interference of the hidden part
@@ -84,7 +85,7 @@ def test_torchtitan_selective_is_the_op_policy_in_estimate_and_profile():
 def test_compile_streams_fewer_bytes_and_is_never_slower():
     cfg = _cfg(dp=8, tp=1, zero=3, sequence_parallel=False, framework="torchtitan", global_batch=16, micro_batch=2)
     eager = estimate(LLAMA8, "p5.48xlarge", cfg, gpus=8)
-    compiled = estimate(LLAMA8, "p5.48xlarge", cfg, gpus=8, compile=True)
+    compiled = estimate(LLAMA8, 'p5.48xlarge', cfg, gpus=8, options=RunOptions(compile=True))
     assert compiled.step_time_s < eager.step_time_s
     assert compiled.peak_bytes_per_gpu == eager.peak_bytes_per_gpu       # saved tensors unchanged
 
@@ -95,7 +96,7 @@ def test_rowwise_fp8_casts_every_operand_twice_and_changes_nothing_else():
 
     cfg = _cfg(dp=8, tp=8, zero=3, framework="torchtitan", precision="fp8", global_batch=64)
     tensorwise = estimate(LLAMA8, "p5.48xlarge", cfg, gpus=64)
-    rowwise = estimate(LLAMA8, "p5.48xlarge", cfg, gpus=64, fp8_scaling="rowwise")
+    rowwise = estimate(LLAMA8, 'p5.48xlarge', cfg, gpus=64, options=RunOptions(fp8_scaling='rowwise'))
     assert rowwise.step_time_s > tensorwise.step_time_s
     assert rowwise.peak_bytes_per_gpu == tensorwise.peak_bytes_per_gpu
     x = type("X", (), {})()
@@ -104,19 +105,18 @@ def test_rowwise_fp8_casts_every_operand_twice_and_changes_nothing_else():
     x.precision = "amp-bf16"
     assert fp8_cast_bytes(x) == 0.0
     bf16 = _cfg(dp=8, tp=8, zero=3, framework="torchtitan", global_batch=64)
-    assert estimate(LLAMA8, "p5.48xlarge", bf16, gpus=64, fp8_scaling="rowwise").step_time_s == \
+    assert estimate(LLAMA8, 'p5.48xlarge', bf16, gpus=64, options=RunOptions(fp8_scaling='rowwise')).step_time_s == \
         estimate(LLAMA8, "p5.48xlarge", bf16, gpus=64).step_time_s
     with pytest.raises(ConfigError, match="fp8_scaling"):
-        estimate(LLAMA8, "p5.48xlarge", cfg, gpus=64, fp8_scaling="colwise")
+        estimate(LLAMA8, 'p5.48xlarge', cfg, gpus=64, options=RunOptions(fp8_scaling='colwise'))
     # recommend searches FP8 plans with it, every plan document says so, and explain's fresh search keeps it
     from planner.explain import _software_options
     from planner.search import recommend
-    rec = recommend(LLAMA8, "p5.48xlarge", gpus=64, global_batch=64, precision="fp8", framework="torchtitan",
-                    fp8_scaling="rowwise", top=2)
+    rec = recommend(LLAMA8, 'p5.48xlarge', gpus=64, global_batch=64, precision='fp8', framework='torchtitan', top=2, options=RunOptions(fp8_scaling='rowwise'))
     assert all(d["software"]["fp8_scaling"] == "rowwise" for d in (rec.best, *rec.alternatives))
-    assert _software_options(rec.best)["fp8_scaling"] == "rowwise"
+    assert _software_options(rec.best).fp8_scaling == "rowwise"
     plain = recommend(LLAMA8, "p5.48xlarge", gpus=64, global_batch=64, precision="fp8", framework="torchtitan", top=1)
-    assert plain.best["software"]["fp8_scaling"] == "tensorwise" and "fp8_scaling" not in _software_options(plain.best)
+    assert plain.best["software"]["fp8_scaling"] == "tensorwise" and "fp8_scaling" not in _software_options(plain.best).chosen()
     assert rec.best["prediction"]["step_time_s"] > plain.best["prediction"]["step_time_s"]
 
 

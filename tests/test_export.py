@@ -16,6 +16,7 @@ from planner.exports import FORMATS, export_plan, megatron_layout, refusals  # n
 from planner.exports.retarget import retarget  # noqa: E402
 from planner.exports.torchtitan import torchtitan_fqns  # noqa: E402
 from planner.plan import plan_from_document  # noqa: E402
+from planner.run_options import RunOptions
 
 EXAMPLE = Path(__file__).parent / "data" / "plan_example.json"
 
@@ -279,7 +280,8 @@ def _estimated_plan(framework, cfg_over, **options):
 
     base = dict(dp=2, tp=4, pp=1, micro_batch=1, global_batch=16, seq=4096, recompute="selective",
                 sequence_parallel=True, precision="fp8", framework=framework)
-    est = estimate(get("llama3-8b"), "p5.48xlarge", ParallelConfig(**{**base, **cfg_over}), gpus=8, **options)
+    est = estimate(get("llama3-8b"), "p5.48xlarge", ParallelConfig(**{**base, **cfg_over}), gpus=8,
+                   options=RunOptions(**options))
     return plan_from_document(json.loads(json.dumps(est.to_document())))
 
 
@@ -298,7 +300,7 @@ def test_retarget_keeps_the_run_options_the_target_runs_and_says_which_it_drops(
     assert software["framework"] == "torchtitan" and software["loss"] == "inplace"
     assert "activation_fp8_input" not in software and "recompute_modules" not in software
     assert "activation_fp8_input dropped" in notes[0] and "recompute_modules dropped" in notes[0]
-    again = estimate(get("llama3-8b"), "p5.48xlarge", moved.config, gpus=8, loss="inplace")
+    again = estimate(get('llama3-8b'), 'p5.48xlarge', moved.config, gpus=8, options=RunOptions(loss='inplace'))
     assert moved.prediction.step_time_s == pytest.approx(again.step_time_s, rel=1e-12)
     assert retarget(plan, "megatron") == (plan, [])
     # a DeepSpeed BF16_Optimizer plan exported to Megatron: Megatron has no BF16_Optimizer

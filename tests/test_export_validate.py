@@ -23,6 +23,7 @@ from planner.exports.retarget import retarget  # noqa: E402
 from planner.parallel import ParallelConfig  # noqa: E402
 from planner.plan import plan_from_document  # noqa: E402
 from planner.search import recommend  # noqa: E402
+from planner.run_options import RunOptions
 
 pytestmark = pytest.mark.slow
 
@@ -424,7 +425,8 @@ size: its meta-device build takes seconds too)."""
 def moe_plan(name):
     model, gpus, fields, options = MOE_PLANS[name]
     cfg = ParallelConfig(framework="torchtitan", **fields)
-    return plan_from_document(estimate(model, "p5.48xlarge", cfg, gpus=gpus, **options).to_document())
+    return plan_from_document(estimate(model, "p5.48xlarge", cfg, gpus=gpus,
+                                         options=RunOptions(**options)).to_document())
 
 
 def test_moe_plans_build_torchtitans_own_moe_families():

@@ -16,6 +16,7 @@ from frameworks.rules import violations
 from planner.errors import ConfigError
 from planner.estimate import estimate
 from planner.parallel import ParallelConfig
+from planner.run_options import RunOptions
 
 DIR = Path(__file__).resolve().parents[1] / "frameworks"
 NAMES = ("megatron", "torchtitan", "fsdp", "deepspeed")
@@ -109,13 +110,13 @@ def test_deepspeed_ulysses_with_megatron_sequence_parallelism_is_refused_and_nev
 def test_the_loss_kernel_changes_the_last_stage_memory_not_the_time_much():
     cfg = _cfg(dp=8, micro_batch=4, global_batch=32, framework="fsdp", zero=3, precision="amp-bf16")
     upcast = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8)
-    fused = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8, loss="fused")
+    fused = estimate('llama3-8b', 'p5.48xlarge', cfg, gpus=8, options=RunOptions(loss='fused'))
     assert upcast.software.loss == "upcast" and fused.software.loss == "fused"
     # 4 x 2048 tokens x 128256 vocab: upcast keeps 12 bytes per logit at its peak, the fused kernel 4
     assert upcast.peak_bytes_per_gpu - fused.peak_bytes_per_gpu == pytest.approx(8 * 4 * 2048 * 128256, rel=0.01)
     assert fused.step_time_s <= upcast.step_time_s
     with pytest.raises(ConfigError):
-        estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8, loss="chunked")
+        estimate('llama3-8b', 'p5.48xlarge', cfg, gpus=8, options=RunOptions(loss='chunked'))
 
 
 def test_cross_entropy_on_16bit_logits_keeps_no_fp32_copy():
@@ -124,7 +125,7 @@ def test_cross_entropy_on_16bit_logits_keeps_no_fp32_copy():
     at the peak where the upcast keeps 12; and it streams fewer bytes, so it is never slower."""
     cfg = _cfg(dp=8, micro_batch=4, global_batch=32, framework="torchtitan", zero=3, precision="amp-bf16")
     upcast = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8)
-    native = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8, loss="native")
+    native = estimate('llama3-8b', 'p5.48xlarge', cfg, gpus=8, options=RunOptions(loss='native'))
     assert upcast.software.loss == "upcast" and native.software.loss == "native"
     assert upcast.peak_bytes_per_gpu - native.peak_bytes_per_gpu == pytest.approx(4 * 4 * 2048 * 128256, rel=0.01)
     assert native.step_time_s < upcast.step_time_s
@@ -136,22 +137,22 @@ def test_transformer_engine_cross_entropy_keeps_only_the_16bit_logits_it_overwri
     vocab-parallel cross-entropy keeps (c + 4) V; and it streams fewer bytes, so it is never slower."""
     cfg = _cfg(dp=8, micro_batch=2, global_batch=64, seq=8192, precision="amp-bf16")
     vocab = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8)
-    inplace = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8, loss="inplace")
+    inplace = estimate('llama3-8b', 'p5.48xlarge', cfg, gpus=8, options=RunOptions(loss='inplace'))
     assert vocab.software.loss == "vocab_parallel" and inplace.software.loss == "inplace"
     assert vocab.peak_bytes_per_gpu - inplace.peak_bytes_per_gpu == pytest.approx(4 * 2 * 8192 * 128256, rel=0.01)
     assert inplace.step_time_s < vocab.step_time_s
     # recommend searches with it, every plan document says so, and explain's fresh search keeps it
     from planner.explain import _software_options
     from planner.search import recommend
-    rec = recommend("llama3-8b", "p5.48xlarge", gpus=8, loss="inplace", top=2)
+    rec = recommend('llama3-8b', 'p5.48xlarge', gpus=8, top=2, options=RunOptions(loss='inplace'))
     assert all(d["software"]["loss"] == "inplace" for d in (rec.best, *rec.alternatives))
-    assert _software_options(rec.best)["loss"] == "inplace"
+    assert _software_options(rec.best).loss == "inplace"
     # Megatron-Bridge's published rows name it, and its two GB200 Llama 3 70B runs (40 of 80 layers offloaded) fit
     from benchmarks import published_rows as R
     from benchmarks.accuracy_frameworks import predict
     gb200 = [c for c in R.load(("megatron", "features")) if c.id in ("mb25.09-llama3-70b-gb200-64gpu-fp8cs",
                                                                     "mb2511-gb200-llama3-70b-fsdp")]
-    assert len(gb200) == 2 and all(c.options.get("loss") == "inplace" and predict(c).fits for c in gb200)
+    assert len(gb200) == 2 and all(c.options.loss == "inplace" and predict(c).fits for c in gb200)
 
 
 def test_selective_recompute_under_fp8_drops_the_attention_output_the_projection_no_longer_holds():
@@ -181,20 +182,20 @@ def test_swiglu_input_kept_in_fp8_saves_one_byte_per_element_of_both_fc1_halves(
     spec = get("llama3-8b")
     cfg = _cfg(dp=8, micro_batch=1, global_batch=64, seq=4096, precision="fp8")
     bf16_in = estimate(spec, "p5.48xlarge", cfg, gpus=8)
-    fp8_in = estimate(spec, "p5.48xlarge", cfg, gpus=8, activation_fp8_input=True)
+    fp8_in = estimate(spec, 'p5.48xlarge', cfg, gpus=8, options=RunOptions(activation_fp8_input=True))
     saved = bf16_in.memory()["activations_bytes"] - fp8_in.memory()["activations_bytes"]
     assert saved == pytest.approx(spec.layers * 4096 * 2 * spec.d_ffn * (2 - 1), rel=1e-9)
     assert fp8_in.step_time_s >= bf16_in.step_time_s       # the FP8 copy is one more write
     assert fp8_in.to_document()["software"]["activation_fp8_input"] is True
     with pytest.raises(ConfigError, match="SwiGLU"):
-        estimate("gpt3-175b", "p5.48xlarge", replace(cfg, seq=2048), gpus=8, activation_fp8_input=True)
+        estimate('gpt3-175b', 'p5.48xlarge', replace(cfg, seq=2048), gpus=8, options=RunOptions(activation_fp8_input=True))
     with pytest.raises(ConfigError, match="fsdp cannot run this plan: activation_fp8_input"):
-        estimate(spec, "p5.48xlarge", replace(cfg, framework="fsdp"), gpus=8, activation_fp8_input=True)
+        estimate(spec, 'p5.48xlarge', replace(cfg, framework='fsdp'), gpus=8, options=RunOptions(activation_fp8_input=True))
     # DeepSeek-V3's pre-training run caches its MoE SwiGLU inputs in FP8 (report Sec. 3.3.3): with it, it fits
     from benchmarks import published_rows as R
     from benchmarks.accuracy_frameworks import predict
     dsv3 = next(c for c in R.load(("moe",)) if c.id == "deepseek-v3-pretrain-h800-2048")
-    assert dsv3.row["trained"] and dsv3.options.get("activation_fp8_input") is True and predict(dsv3).fits
+    assert dsv3.row["trained"] and dsv3.options.activation_fp8_input is True and predict(dsv3).fits
 
 
 def test_automodel_qwen3_moe_run_fits_because_its_loss_is_not_upcast():
@@ -204,11 +205,11 @@ def test_automodel_qwen3_moe_run_fits_because_its_loss_is_not_upcast():
     from benchmarks.accuracy_frameworks import predict
 
     case = next(c for c in R.load(("moe",)) if c.id == "automodel-qwen3-30b-h100-8")
-    assert case.row["trained"] and case.options.get("loss") == "native"
+    assert case.row["trained"] and case.options.loss == "native"
     assert predict(case).fits is True
-    upcast = dict(case.options, loss="upcast")
+    upcast = case.options.with_(loss="upcast")
     est = estimate(case.spec, case.hardware, case.config, gpus=case.row["gpus"],
-                   **{k: v for k, v in upcast.items() if v is not None})
+                   options=upcast)
     assert not est.fits
 
 
@@ -219,9 +220,9 @@ def test_swapping_in_fused_modules_drops_the_stacks_own_compute_efficiency():
 
     titan = software_for("torchtitan")
     assert titan.framework.compute_efficiency < 1.0
-    fused = software_for("torchtitan", kernels="fused")
+    fused = software_for('torchtitan', options=RunOptions(kernels='fused'))
     assert fused.framework.kernels == "fused" and fused.framework.compute_efficiency == 1.0
-    assert software_for("torchtitan", kernels="torch").framework.compute_efficiency == titan.framework.compute_efficiency
+    assert software_for('torchtitan', options=RunOptions(kernels='torch')).framework.compute_efficiency == titan.framework.compute_efficiency
 
 
 def test_deepspeed_pipeline_sends_are_partitioned_over_tensor_parallelism_like_megatron():
@@ -281,12 +282,12 @@ def test_bf16_optimizer_costs_its_fp32_accumulation_its_extra_gather_and_its_per
     from cost_models.compute import memory_Bps
     from planner.estimate import software_for
 
-    sw = software_for("deepspeed", bf16_optimizer=True)
+    sw = software_for('deepspeed', options=RunOptions(bf16_optimizer=True))
     s, plain = sw.state_bytes("amp-bf16"), software_for("deepspeed").state_bytes("amp-bf16")
     assert (s.grad, s.reduce) == (6.0, 2.0) and (plain.grad, plain.reduce) == (2.0, 2.0)
     spec = "gpt3-175b"
     zero1 = estimate(spec, "dgx-a100-80g", _bf16_run(), gpus=384)
-    bf16 = estimate(spec, "dgx-a100-80g", _bf16_run(), gpus=384, bf16_optimizer=True)
+    bf16 = estimate(spec, 'dgx-a100-80g', _bf16_run(), gpus=384, options=RunOptions(bf16_optimizer=True))
     assert bf16.to_document()["software"]["bf16_optimizer"] is True
     params_rank = float(zero1.scores.params_bytes[0]) / 2.0        # bf16 parameters of the peak rank
     grads_gap = float(bf16.scores.grads_bytes[0]) - float(zero1.scores.grads_bytes[0])
@@ -307,7 +308,7 @@ def test_bf16_optimizer_errors_are_one_line(framework, over, match):
     cfg = _bf16_run(framework=framework, **over) if framework == "deepspeed" else \
         ParallelConfig(dp=384, micro_batch=1, global_batch=384, zero=3, precision="amp-bf16", framework="fsdp")
     with pytest.raises(ConfigError, match=match) as err:
-        estimate("gpt3-175b", "dgx-a100-80g", cfg, gpus=384, bf16_optimizer=True)
+        estimate('gpt3-175b', 'dgx-a100-80g', cfg, gpus=384, options=RunOptions(bf16_optimizer=True))
     assert "\n" not in str(err.value)
 
 
@@ -318,11 +319,11 @@ def test_bigscience_run_that_ran_out_of_memory_with_bf16_optimizer_is_predicted_
     from benchmarks.accuracy_frameworks import predict
 
     case = next(c for c in R.load(("deepspeed",)) if c.id == "bloomprq-02-28-h12288-l100-a64-dp16-tp4-pp6-mb2-gbs2048")
-    assert not case.row.get("trained", True) and case.options.get("bf16_optimizer") is True
+    assert not case.row.get("trained", True) and case.options.bf16_optimizer is True
     assert predict(case).fits is False
-    without = dict(case.options, bf16_optimizer=False)
+    without = case.options.with_(bf16_optimizer=False)
     est = estimate(case.spec, case.hardware, case.config, gpus=case.row["gpus"],
-                   **{k: v for k, v in without.items() if v is not None})
+                   options=without)
     assert est.fits
 
 
@@ -352,8 +353,7 @@ def test_recommend_with_the_bf16_optimizer_searches_what_it_runs_and_explain_kee
     from planner.plan import plan_from_document
     from planner.search import recommend
 
-    rec = recommend("gpt3-175b", "dgx-a100-80g", gpus=384, global_batch=2048, framework="deepspeed",
-                    bf16_optimizer=True, top=3)
+    rec = recommend('gpt3-175b', 'dgx-a100-80g', gpus=384, global_batch=2048, framework='deepspeed', top=3, options=RunOptions(bf16_optimizer=True))
     for doc in [rec.best, *rec.alternatives]:
         assert doc["plan"]["zero"] == 1 and "optimizer" not in doc["plan"]["offload"]
         assert doc["software"]["bf16_optimizer"] is True

@@ -12,12 +12,14 @@ from planner.cli import app
 from planner.errors import ConfigError
 from planner.estimate import estimate, software_for
 from planner.parallel import ParallelConfig
+from planner.run_options import RunOptions
 
 CFG = dict(dp=8, zero=1, micro_batch=1, global_batch=64, seq=4096, framework="megatron")
 
 
 def _est(precision="amp-bf16", **kw):
-    return estimate("llama3-8b", "p5.48xlarge", ParallelConfig(precision=precision, **CFG), gpus=8, **kw)
+    return estimate("llama3-8b", "p5.48xlarge", ParallelConfig(precision=precision, **CFG), gpus=8,
+                    options=RunOptions(**kw))
 
 
 def test_remainders_save_two_bytes_per_parameter_of_the_optimizer_shard():
@@ -33,7 +35,7 @@ def test_remainders_save_two_bytes_per_parameter_of_the_optimizer_shard():
 
 
 def test_state_bytes_keep_the_fp32_master_whole_for_fp32_runs():
-    sw = software_for("megatron", master_weights="remainder")
+    sw = software_for('megatron', options=RunOptions(master_weights='remainder'))
     # fp32 parameters are their own master copy: there is nothing to split
     assert sw.state_bytes("fp32").master == 0
     assert sw.state_bytes("amp-bf16").master == 2
@@ -47,7 +49,7 @@ def test_fp16_parameters_cannot_hold_the_high_half_of_an_fp32_value():
 @pytest.mark.parametrize("framework", ["torchtitan", "fsdp", "deepspeed"])
 def test_frameworks_without_remainder_storage_refuse_it(framework):
     with pytest.raises(ConfigError, match=f"{framework} keeps full fp32 master weights"):
-        software_for(framework, master_weights="remainder")
+        software_for(framework, options=RunOptions(master_weights='remainder'))
 
 
 def test_cli_master_weights_round_trip_and_errors(tmp_path):
@@ -77,8 +79,8 @@ def test_cli_kernels_swaps_the_block_implementation_and_a_search_keeps_it(tmp_pa
     eager = json.loads(runner.invoke(app, base + ["--kernels", "eager"]).stdout)
     assert fused["software"]["kernels"] == "fused" and eager["software"]["kernels"] == "eager"
     assert eager["prediction"]["step_time_s"] > fused["prediction"]["step_time_s"]
-    assert _software_options(eager)["kernels"] == "eager"
-    assert "kernels" not in _software_options(fused)        # the framework's own modules: nothing to carry
+    assert _software_options(eager).kernels == "eager"
+    assert "kernels" not in _software_options(fused).chosen()        # the framework's own modules: nothing to carry
     out = tmp_path / "plan.json"
     rec = runner.invoke(app, ["recommend", "llama3-8b", "--hardware", "p4d.24xlarge", "--gpus", "16",
                               "--framework", "deepspeed", "--kernels", "eager", "--top", "1", "--out", str(out)])

@@ -15,6 +15,7 @@ from planner.module_profiler import build_on_meta, profile_module
 from planner.profiler import profile_model, profile_spec
 from planner.sources import resolve_model
 from tests.fixtures.factories import SMALL_GPT, SMALL_LLAMA
+from planner.run_options import RunOptions
 
 runner = CliRunner()
 
@@ -34,8 +35,7 @@ def test_meta_measurement_equals_the_analytic_profile_per_block(factory, spec, p
     measured = profile_module(f"tests.fixtures.factories:{factory}", micro_batch=2, precision=precision)
     # torch kernels; CPU SDPA runs its flash kernel in fp32 too; the reference model's selective
     # recompute checkpoints the attention core (not torchtitan's per-operator policy)
-    analytic = profile_spec(spec, micro_batch=2, precision=precision, framework="torchtitan",
-                            attention="flash", selective="attention")
+    analytic = profile_spec(spec, micro_batch=2, precision=precision, framework='torchtitan', selective='attention', options=RunOptions(attention='flash'))
     blocks_m = [u for u in measured.units if u.kind == "block"]
     blocks_a = [u for u in analytic.layers if u.kind == "block"]
     assert [u.name for u in blocks_m] == [u.name for u in blocks_a]

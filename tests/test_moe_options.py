@@ -17,6 +17,7 @@ from planner.estimate import estimate as estimate_plan
 from planner.explain import _software_options
 from planner.parallel import ParallelConfig
 from planner.search import recommend
+from planner.run_options import RunOptions
 
 runner = CliRunner()
 QWEN = ["estimate", "qwen3-235b-a22b", "--hardware", "p5.48xlarge", "--gpus", "256", "--dp", "64", "--pp", "4",
@@ -62,18 +63,19 @@ def test_each_option_is_costed_and_recorded_in_the_plan():
 
 def test_fp8_dispatch_is_costed_but_no_stack_runs_it():
     cfg = ParallelConfig(dp=64, pp=4, ep=32, global_batch=512, seq=4096, precision="fp8", placement="PDET")
-    kw = dict(gpus=256, moe_dispatcher="deepep")
+    kw = dict(gpus=256)
+    deepep, fp8_deepep = RunOptions(moe_dispatcher="deepep"), RunOptions(moe_dispatcher="deepep", moe_fp8_dispatch=True)
     with pytest.raises(ConfigError, match="framework megatron cannot run this plan: moe_fp8_dispatch"):
-        estimate_plan("qwen3-235b-a22b", "p5.48xlarge", cfg, moe_fp8_dispatch=True, **kw)
+        estimate_plan("qwen3-235b-a22b", "p5.48xlarge", cfg, options=fp8_deepep, **kw)
     # DeepSeek's own stack did (its published run is costed as megatron with check_framework off): 1 + 4/128
     # bytes a dispatched value, not 2
-    fp8 = estimate_plan("qwen3-235b-a22b", "p5.48xlarge", cfg, moe_fp8_dispatch=True, check_framework=False, **kw)
-    bf16 = estimate_plan("qwen3-235b-a22b", "p5.48xlarge", cfg, check_framework=False, **kw)
+    fp8 = estimate_plan("qwen3-235b-a22b", "p5.48xlarge", cfg, options=fp8_deepep, check_framework=False, **kw)
+    bf16 = estimate_plan("qwen3-235b-a22b", "p5.48xlarge", cfg, options=deepep, check_framework=False, **kw)
     assert fp8.time_breakdown_s()["ep_comm"] < bf16.time_breakdown_s()["ep_comm"]
     with pytest.raises(ConfigError, match="moe_fp8_dispatch needs precision fp8"):
         estimate_plan("qwen3-235b-a22b", "p5.48xlarge", ParallelConfig(dp=64, pp=4, ep=32, global_batch=512, seq=4096,
                                                                       placement="PDET"),
-                      moe_fp8_dispatch=True, check_framework=False, **kw)
+                      options=fp8_deepep, check_framework=False, **kw)
 
 
 @pytest.mark.parametrize("args, needles", [
@@ -101,14 +103,13 @@ def test_a_dense_model_refuses_expert_options():
         one_line_error([*dense, *args], "applies to mixture-of-experts models", "llama3-8b has no experts")
     assert runner.invoke(app, [*dense, "--no-moe-a2a-overlap"]).exit_code == 0      # saying "off" harms nothing
     with pytest.raises(ConfigError, match="mixture-of-experts"):
-        recommend("llama3-8b", "p5.48xlarge", gpus=8, moe_imbalance=2.0, top=1)
+        recommend('llama3-8b', 'p5.48xlarge', gpus=8, top=1, options=RunOptions(moe_imbalance=2.0))
 
 
 @pytest.fixture(scope="module")
 def overlapped_search():
     # without the overlap, this search's five best recompute every block (about 9.7 s a step)
-    return recommend("qwen3-235b-a22b", "p5.48xlarge", gpus=128, global_batch=512, seq=4096, top=5,
-                     moe_dispatcher="deepep", moe_a2a_overlap=True, moe_imbalance=1.2)
+    return recommend('qwen3-235b-a22b', 'p5.48xlarge', gpus=128, global_batch=512, seq=4096, top=5, options=RunOptions(moe_dispatcher='deepep', moe_a2a_overlap=True, moe_imbalance=1.2))
 
 
 def test_recommend_searches_only_what_the_overlap_runs_with(overlapped_search):
@@ -124,14 +125,13 @@ def test_recommend_searches_only_what_the_overlap_runs_with(overlapped_search):
 
 def test_the_overlap_with_only_full_recomputation_to_try_is_one_clear_error():
     with pytest.raises(ConfigError, match="moe_a2a_overlap cannot run with full recomputation"):
-        recommend("qwen3-235b-a22b", "p5.48xlarge", gpus=128, global_batch=512, seq=4096, top=1,
-                  moe_a2a_overlap=True, space=SearchSpace(recompute=("full",)))
+        recommend('qwen3-235b-a22b', 'p5.48xlarge', gpus=128, global_batch=512, seq=4096, top=1, space=SearchSpace(recompute=('full',)), options=RunOptions(moe_a2a_overlap=True))
 
 
 def test_explain_searches_again_with_the_plans_moe_choices(overlapped_search):
     options = _software_options(overlapped_search.best)
-    assert options["moe_dispatcher"] == "deepep" and options["moe_a2a_overlap"] is True
-    assert options["moe_imbalance"] == 1.2
+    assert options.moe_dispatcher == "deepep" and options.moe_a2a_overlap is True
+    assert options.moe_imbalance == 1.2
 
 
 def test_the_megatron_export_runs_the_plans_dispatcher_or_refuses(tmp_path):

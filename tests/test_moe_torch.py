@@ -15,6 +15,7 @@ from planner.profiler import profile_spec
 from planner.spec import MoESpec
 from tests.fixtures.torch_step import measure_step
 from tests.fixtures.factories import SMALL_DEEPSEEK, SMALL_DEEPSEEK_MLA_UNEQUAL, SMALL_MIXTRAL
+from planner.run_options import RunOptions
 
 MODES = ("none", "selective", "full")
 
@@ -31,7 +32,7 @@ def test_analytic_flops_equal_flop_counter(spec, mode):
     """Router, dropless top-k experts (each multiplies exactly its rows), shared expert, the dense first
     block, MLA's projections and core, recomputation (early stop skips the shared experts' W_2)."""
     flops, _ = measured_step(spec, torch.float32, mode)
-    profile = profile_spec(spec, micro_batch=2, precision="fp32", framework="torchtitan", attention="flash")
+    profile = profile_spec(spec, micro_batch=2, precision='fp32', framework='torchtitan', options=RunOptions(attention='flash'))
     assert profile.flops_fwd + profile.flops_bwd + profile.recompute_flops(mode) == flops
 
 
@@ -40,8 +41,7 @@ def test_mla_with_unequal_head_widths_on_the_math_kernel(mode):
     """d_qk 24 != d_v 12 (as DeepSeek-V3's 192 / 128): CPU SDPA takes its math path, whose backward is 2x
     the forward (attention='unfused'); a flash kernel's would be 2 b s^2 a (3 d_qk + 2 d_v)."""
     flops, _ = measured_step(SMALL_DEEPSEEK_MLA_UNEQUAL, torch.float32, mode)
-    profile = profile_spec(SMALL_DEEPSEEK_MLA_UNEQUAL, micro_batch=2, precision="fp32", framework="torchtitan",
-                           attention="unfused")
+    profile = profile_spec(SMALL_DEEPSEEK_MLA_UNEQUAL, micro_batch=2, precision='fp32', framework='torchtitan', options=RunOptions(attention='unfused'))
     assert profile.flops_fwd + profile.flops_bwd + profile.recompute_flops(mode) == flops
 
 
@@ -50,7 +50,7 @@ def test_mla_with_unequal_head_widths_on_the_math_kernel(mode):
 @pytest.mark.parametrize("spec", [SMALL_MIXTRAL, SMALL_DEEPSEEK], ids=["mixtral", "deepseek"])
 def test_analytic_activation_bytes_match_what_autograd_saves(spec, mode, dtype, precision):
     _, saved = measured_step(spec, dtype, mode)
-    profile = profile_spec(spec, micro_batch=2, precision=precision, framework="torchtitan", attention="flash")
+    profile = profile_spec(spec, micro_batch=2, precision=precision, framework='torchtitan', options=RunOptions(attention='flash'))
     # the loss's fp32 log-softmax is the profile's loss row (the memory model counts it with the logits)
     loss = next(layer.activation_bytes[mode] for layer in profile.layers if layer.kind == "loss")
     assert profile.activation_bytes(mode) + loss == pytest.approx(saved, rel=0.05 if mode == "full" else 0.01)

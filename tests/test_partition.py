@@ -7,6 +7,7 @@ import pytest
 
 from planner.errors import ConfigError
 from planner.partition import PartitionProblem, even_split, split, split_cpsat, split_dp
+from planner.run_options import RunOptions
 
 
 def compositions(total, parts):
@@ -200,6 +201,6 @@ def test_bf16_optimizer_reduces_the_tied_embedding_gradient_in_fp32():
     cfg = ParallelConfig(dp=1, tp=8, pp=8, global_batch=8, zero=1, precision="amp-bf16", framework="deepspeed",
                          placement="PDT", recompute="full")
     plain = float(estimate(gpt3, hw, cfg, gpus=64).scores.dp_comm[0])
-    bf16 = float(estimate(gpt3, hw, cfg, gpus=64, bf16_optimizer=True).scores.dp_comm[0])
+    bf16 = float(estimate(gpt3, hw, cfg, gpus=64, options=RunOptions(bf16_optimizer=True)).scores.dp_comm[0])
     assert plain == pytest.approx(tied_embedding_sync_seconds(gpt3.vocab, gpt3.hidden, 8, 2.0, False, hw))
     assert bf16 == pytest.approx(tied_embedding_sync_seconds(gpt3.vocab, gpt3.hidden, 8, 4.0, False, hw))

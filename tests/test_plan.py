@@ -9,6 +9,7 @@ from planner.errors import ConfigError
 from planner.parallel import ParallelConfig
 from planner.plan import (SCHEMA_VERSION, load_plan, mesh_dims, plan_from_document, rank_coordinates,
                           rank_layout)
+from planner.run_options import RunOptions
 
 EXAMPLE = Path(__file__).parent / "data" / "plan_example.json"
 
@@ -181,7 +182,7 @@ def test_plan_with_fp8_activation_input_round_trips_through_the_schema():
 
     cfg = ParallelConfig(dp=8, tp=1, pp=1, micro_batch=1, global_batch=64, seq=4096, precision="fp8",
                          framework="megatron")
-    est = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8, activation_fp8_input=True, loss="inplace")
+    est = estimate('llama3-8b', 'p5.48xlarge', cfg, gpus=8, options=RunOptions(activation_fp8_input=True, loss='inplace'))
     doc = json.loads(json.dumps(est.to_document()))
     assert doc["software"]["activation_fp8_input"] is True and doc["software"]["loss"] == "inplace"
     plan_from_document(doc)

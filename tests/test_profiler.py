@@ -11,6 +11,7 @@ from cost_models import params as P
 from planner import catalog
 from planner.cli import app
 from planner.profiler import profile_model, profile_spec
+from planner.run_options import RunOptions
 
 runner = CliRunner()
 GPT3 = catalog.get("gpt3-175b")
@@ -20,7 +21,7 @@ def test_gpt3_175b_model_flops_per_sequence_equal_flopcountermode_on_meta():
     """docs/executor-notes.md: FlopCounterMode on meta counts 2.2044e15 FLOPs for one 2048-token
     sequence of GPT-3 175B, forward + backward (6 N tokens + attention)."""
     assert F.model_flops_per_step(GPT3, 2048) == pytest.approx(2.2044e15, rel=1e-4)
-    p = profile_spec(GPT3, micro_batch=1, attention="unfused")  # math attention: backward = 2x forward everywhere
+    p = profile_spec(GPT3, micro_batch=1, options=RunOptions(attention='unfused'))  # math attention: backward = 2x forward everywhere
     assert p.flops_fwd + p.flops_bwd == pytest.approx(F.model_flops_per_step(GPT3, 2048), rel=1e-12)
 
 

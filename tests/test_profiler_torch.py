@@ -11,6 +11,7 @@ from planner.models.transformer import build_model, lm_loss
 from planner.profiler import profile_spec
 from tests.fixtures.torch_step import measure_step
 from tests.fixtures.factories import SMALL_GPT, SMALL_LLAMA
+from planner.run_options import RunOptions
 
 MODES = ("none", "selective", "full")
 
@@ -47,8 +48,7 @@ def test_analytic_matches_measured(spec, mode, dtype, precision):
     # torch kernels; on CPU, SDPA's flash kernel accepts fp32 (on CUDA fp32 with GQA falls back to the math kernel)
     # the reference model's selective recompute checkpoints the attention core (Megatron's policy), not
     # torchtitan's per-operator one
-    profile = profile_spec(spec, micro_batch=2, precision=precision, framework="torchtitan", attention="flash",
-                           selective="attention")
+    profile = profile_spec(spec, micro_batch=2, precision=precision, framework='torchtitan', selective='attention', options=RunOptions(attention='flash'))
     analytic_flops = profile.flops_fwd + profile.flops_bwd + profile.recompute_flops(mode)
     assert analytic_flops == pytest.approx(flops, rel=0.02)
     # autograd also keeps the loss's fp32 log-softmax (the profile's loss row; the memory model counts

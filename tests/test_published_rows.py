@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import published_rows as R
+from planner.run_options import RunOptions
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "validation" / "published"
 
@@ -61,8 +62,8 @@ def test_a_row_the_planner_cannot_represent_is_kept_with_its_reason():
 def test_extras_become_software_options():
     row = {"attention": "triton", "extras": {"loss_fn": "fused_crossentropy", "grad_reduce_dtype": "bf16",
                                              "overlap_grad_reduce": False}}
-    assert R.options_of(row) == {"attention": "triton", "dropout": False, "overlap_grad_reduce": False,
-                                 "grad_reduce_dtype": "bf16", "loss": "fused"}
+    assert R.options_of(row) == RunOptions(attention="triton", dropout=False, overlap_grad_reduce=False,
+                                           grad_reduce_dtype="bf16", loss="fused")
 
 
 @pytest.mark.parametrize("precision,extras,expected", [
@@ -74,7 +75,7 @@ def test_extras_become_software_options():
     ("amp-bf16", {"distributed_optimizer": "Megatron-Core distributed optimizer"}, None),
 ])
 def test_nemo_distributed_fused_adam_rows_keep_master_weights_as_remainders(precision, extras, expected):
-    assert R.options_of({"precision": precision, "extras": extras}).get("master_weights") == expected
+    assert R.options_of({"precision": precision, "extras": extras}).master_weights == expected
 
 
 def test_no_run_is_counted_twice_under_two_precision_labels():
@@ -119,7 +120,7 @@ def test_measured_memory_is_compared_with_the_same_quantity():
     for kind in ("reserved", "nvidia-smi"):
         case = next(c for c in cases if c.row["memory_kind"] == kind)
         est = estimate(case.spec, case.hardware, case.config, gpus=case.row["gpus"],
-                       **{k: v for k, v in case.options.items() if v is not None})
+                       options=case.options)
         predicted = est.needed_bytes - (cuda_context_bytes(case.hardware) if kind == "reserved" else 0.0)
         r = predict(case)
         assert r.memory_kind == kind

@@ -11,6 +11,7 @@ from planner.catalog import get
 from planner.errors import ConfigError
 from planner.estimate import estimate
 from planner.parallel import ParallelConfig
+from planner.run_options import RunOptions
 
 QWEN = get("qwen3-30b-a3b")          # h 2048, top-8 of 128 experts of width 768, SwiGLU
 DSV3 = get("deepseek-v3")            # MLA + MoE with a shared expert
@@ -36,7 +37,7 @@ def test_core_attn_alone_is_megatrons_default_selective_recomputation():
     cfg = ParallelConfig(dp=8, tp=2, pp=2, ep=8, micro_batch=1, global_batch=64, seq=4096, recompute="selective",
                          precision="amp-bf16", sequence_parallel=True, placement="PDET")
     default = estimate(QWEN, "p5.48xlarge", cfg, gpus=32)
-    named = estimate(QWEN, "p5.48xlarge", cfg, gpus=32, recompute_modules=["core_attn"])
+    named = estimate(QWEN, 'p5.48xlarge', cfg, gpus=32, options=RunOptions(recompute_modules=['core_attn']))
     assert named.step_time_s == default.step_time_s and named.peak_bytes_per_gpu == default.peak_bytes_per_gpu
     assert named.to_document()["software"]["recompute_modules"] == ["core_attn"]
     assert "recompute_modules" not in default.to_document()["software"]
@@ -45,7 +46,7 @@ def test_core_attn_alone_is_megatrons_default_selective_recomputation():
 def _run(spec, modules, *, precision="amp-bf16", ep=8):
     cfg = ParallelConfig(dp=8, tp=1, pp=1, ep=ep, micro_batch=1, global_batch=16, seq=4096, recompute="selective",
                          precision=precision, placement="DPET" if ep > 1 else "DPT")
-    return estimate(spec, "p5.48xlarge", cfg, gpus=8, recompute_modules=modules)
+    return estimate(spec, 'p5.48xlarge', cfg, gpus=8, options=RunOptions(recompute_modules=modules))
 
 
 @pytest.mark.parametrize("spec", [QWEN, DSV3], ids=["qwen3-30b", "deepseek-v3"])
@@ -87,10 +88,10 @@ def test_mla_up_proj_frees_q_k_v_and_re_runs_the_up_projections():
 def test_a_module_the_model_does_not_have_frees_nothing():
     dense = get("llama3-8b")
     cfg = ParallelConfig(dp=8, micro_batch=1, global_batch=16, seq=4096, recompute="selective", precision="amp-bf16")
-    attn = estimate(dense, "p5.48xlarge", cfg, gpus=8, recompute_modules=["core_attn"])
-    more = estimate(dense, "p5.48xlarge", cfg, gpus=8, recompute_modules=["core_attn", "moe", "moe_act", "mla_up_proj"])
+    attn = estimate(dense, 'p5.48xlarge', cfg, gpus=8, options=RunOptions(recompute_modules=['core_attn']))
+    more = estimate(dense, 'p5.48xlarge', cfg, gpus=8, options=RunOptions(recompute_modules=['core_attn', 'moe', 'moe_act', 'mla_up_proj']))
     assert more.peak_bytes_per_gpu == attn.peak_bytes_per_gpu and more.step_time_s == pytest.approx(attn.step_time_s)
-    mlp = estimate(dense, "p5.48xlarge", cfg, gpus=8, recompute_modules=["core_attn", "mlp"])
+    mlp = estimate(dense, 'p5.48xlarge', cfg, gpus=8, options=RunOptions(recompute_modules=['core_attn', 'mlp']))
     assert mlp.peak_bytes_per_gpu < attn.peak_bytes_per_gpu and mlp.step_time_s > attn.step_time_s
 
 
@@ -105,7 +106,7 @@ def test_only_a_stack_that_names_modules_takes_them():
     cfg = ParallelConfig(dp=8, micro_batch=1, global_batch=16, seq=4096, recompute="selective", precision="amp-bf16",
                          framework="torchtitan")
     with pytest.raises(ConfigError, match="torchtitan cannot run this plan: recompute_modules=moe"):
-        estimate(QWEN, "p5.48xlarge", cfg, gpus=8, recompute_modules=["moe"])
+        estimate(QWEN, 'p5.48xlarge', cfg, gpus=8, options=RunOptions(recompute_modules=['moe']))
 
 
 def test_the_cli_takes_recompute_modules_and_says_so():
@@ -132,8 +133,7 @@ def test_recommend_costs_the_named_modules_and_explain_keeps_them():
     from planner.explain import _software_options
     from planner.search import recommend
 
-    rec = recommend("qwen3-30b-a3b", "p5.48xlarge", gpus=16, global_batch=64, seq=4096,
-                    recompute_modules=["layernorm", "moe"], top=2)
+    rec = recommend('qwen3-30b-a3b', 'p5.48xlarge', gpus=16, global_batch=64, seq=4096, top=2, options=RunOptions(recompute_modules=['layernorm', 'moe']))
     for doc in [rec.best, *rec.alternatives]:
         assert doc["software"]["recompute_modules"] == ["layernorm", "moe"]
-    assert _software_options(rec.best)["recompute_modules"] == ["layernorm", "moe"]
+    assert _software_options(rec.best).recompute_modules == ("layernorm", "moe")

@@ -64,7 +64,7 @@ class FakeEstimate:
         return self.doc
 
 
-def fake_estimate(model, hardware, cfg, *, gpus):
+def fake_estimate(model, hardware, cfg, *, gpus, options=None):
     from planner.placement import placement_index
     from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES
     arrays = {"dp": [cfg.dp], "tp": [cfg.tp], "pp": [cfg.pp], "micro_batch": [cfg.micro_batch],

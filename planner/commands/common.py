@@ -87,6 +87,13 @@ MoeA2aOverlapOpt = Annotated[Optional[bool], typer.Option(
 MoeImbalanceOpt = Annotated[Optional[float], typer.Option(
     "--moe-imbalance", help="Routed tokens on the busiest expert-parallel rank over the mean, from 1 (balanced) to "
                             "64 (default: 1.0, as force-balanced benchmarks run).")]
+
+
+def module_list(text: str | None) -> tuple[str, ...] | None:
+    """--recompute-modules 'core_attn, mlp' as names (None when the option is not given)."""
+    return None if text is None else tuple(m.strip() for m in text.split(","))
+
+
 OBJECTIVE_PHRASES = {
     "throughput": "throughput (least step time)",
     "cost": "cost (least $ per 1B tokens; with {tokens}, least $ for the run including failures)",

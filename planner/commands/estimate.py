@@ -16,7 +16,8 @@ from planner.commands.common import (MAX_WORLD_SIZE, AttentionOpt, DropoutOpt, F
                                      Bf16OptimizerOpt, ActivationFp8InputOpt, LossOpt, MoeDispatcherOpt,
                                      MoeA2aOverlapOpt, MoeImbalanceOpt,
                                      HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
-                                     NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json)
+                                     NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json, module_list)
+from planner.run_options import RunOptions
 from planner.errors import ConfigError
 from frameworks import load_framework
 from frameworks.rules import framework_placement
@@ -120,12 +121,12 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
                          optimizer=optimizer, seq=s, stages=parse_stages(stages),
                          framework=default_framework(model, framework), cp=cp,
                          cp_comm=cp_comm, dp_shard=dp_shard, ep=ep, expert_tp=expert_tp)
-    est = run_estimate(spec, hw, cfg, gpus=n, attention=attention, dropout=dropout, grad_reduce_dtype=grad_reduce_dtype,
-                       fp8_scaling=fp8_scaling, master_weights=master_weights, kernels=kernels,
-                       recompute_modules=None if recompute_modules is None
-                       else [m.strip() for m in recompute_modules.split(",")], bf16_optimizer=bf16_optimizer,
-                       activation_fp8_input=activation_fp8_input, loss=loss, moe_dispatcher=moe_dispatcher,
-                       moe_a2a_overlap=moe_a2a_overlap, moe_imbalance=moe_imbalance)
+    options = RunOptions(attention=attention, dropout=dropout, grad_reduce_dtype=grad_reduce_dtype,
+                         fp8_scaling=fp8_scaling, master_weights=master_weights, kernels=kernels,
+                         recompute_modules=module_list(recompute_modules), bf16_optimizer=bf16_optimizer,
+                         activation_fp8_input=activation_fp8_input, loss=loss, moe_dispatcher=moe_dispatcher,
+                         moe_a2a_overlap=moe_a2a_overlap, moe_imbalance=moe_imbalance)
+    est = run_estimate(spec, hw, cfg, gpus=n, options=options)
     document = est.to_document()
     if json:
         emit_json(document)

@@ -15,7 +15,8 @@ import typer
 
 from planner.commands.common import (MAX_WORLD_SIZE, ActivationFp8InputOpt, AttentionOpt, FrameworkOpt, JsonOpt,
                                      LossOpt, MicroBatchOpt, ModelArg, PrecisionOpt, RecomputeModulesOpt, SeqOpt,
-                                     emit_json)
+                                     emit_json, module_list)
+from planner.run_options import RunOptions
 
 DropoutFlag = Annotated[bool, typer.Option("--dropout/--no-dropout", help="Dropout layers active (masks saved).")]
 ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3,
@@ -39,12 +40,12 @@ def profile(model: ModelArg, seq: SeqOpt = None, micro_batch: MicroBatchOpt = 1,
 
     from planner.sources import default_framework
 
+    options = RunOptions(attention=attention, dropout=dropout, loss=loss,
+                         recompute_modules=module_list(recompute_modules),
+                         activation_fp8_input=activation_fp8_input)
     result = profile_model(model, seq=seq, micro_batch=micro_batch or 1, precision=precision,
-                           framework=default_framework(model, framework),
-                           attention=attention, dropout=dropout, zero=zero, tp=tp, sp=sequence_parallel, loss=loss,
-                           recompute_modules=None if recompute_modules is None
-                           else [m.strip() for m in recompute_modules.split(",")],
-                           activation_fp8_input=activation_fp8_input)
+                           framework=default_framework(model, framework), zero=zero, tp=tp,
+                           sp=sequence_parallel, options=options)
     if json:
         emit_json(result.to_dict())
         return

@@ -12,8 +12,9 @@ from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, Gra
                                      HardwareOpt, HwPrecisionOpt, JsonOpt, MAX_TOKENS, MAX_WORLD_SIZE, ModelArg,
                                      NodesOpt, OptimizerOpt, SeqOpt, objective_help, Bf16OptimizerOpt, ActivationFp8InputOpt, LossOpt,
                                      RecomputeModulesOpt, Fp8ScalingOpt, MoeDispatcherOpt, MoeA2aOverlapOpt,
-                                     MoeImbalanceOpt)
+                                     MoeImbalanceOpt, module_list)
 from planner.errors import ConfigError
+from planner.run_options import RunOptions
 
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help=objective_help("--tokens"))]
 TopOpt = Annotated[int, typer.Option("--top", min=1, max=100, help="How many plans to list.")]
@@ -127,17 +128,17 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
             io.check_writable(path, what, inputs=inputs)      # before the search, not after it
     if out is not None and csv is not None and Path(out).resolve() == Path(csv).resolve():
         raise ConfigError("--csv", str(csv), "a file other than --out's")
+    options = RunOptions(attention=attention, dropout=dropout, grad_reduce_dtype=grad_reduce_dtype,
+                         master_weights=master_weights, kernels=kernels, bf16_optimizer=bf16_optimizer,
+                         activation_fp8_input=activation_fp8_input, loss=loss, fp8_scaling=fp8_scaling,
+                         moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
+                         moe_imbalance=moe_imbalance, recompute_modules=module_list(recompute_modules))
     with _LazyProgress() as progress:
         rec = search(model, hardware, gpus=gpus, nodes=nodes, global_batch=global_batch, seq=seq,
                      precision=precision, optimizer=optimizer, objective=objective, top=top, spot=spot,
                      price_per_hour=price_per_hour, tokens=token_count, progress=progress.update,
-                     framework=default_framework(model, framework), attention=attention, dropout=dropout,
-                     grad_reduce_dtype=grad_reduce_dtype, master_weights=master_weights, kernels=kernels,
-                     reliability=reliability, space=space, bf16_optimizer=bf16_optimizer,
-                     activation_fp8_input=activation_fp8_input, loss=loss, fp8_scaling=fp8_scaling,
-                     moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap, moe_imbalance=moe_imbalance,
-                     recompute_modules=None if recompute_modules is None
-                     else [m.strip() for m in recompute_modules.split(",")])
+                     framework=default_framework(model, framework), options=options,
+                     reliability=reliability, space=space)
     hw_doc = rec.best["hardware"]
     note = batch_note(rec.best["plan"]["global_batch"], hw_doc["gpus"], hw_doc.get("devices_per_node", 8))
     if note:

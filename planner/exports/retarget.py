@@ -87,12 +87,12 @@ def retarget(plan, fmt: str):
         options = run_options(plan.document)
         while True:
             try:
-                est = estimate(spec, plan.hardware_name, new_cfg, gpus=plan.gpus, **options)
+                est = estimate(spec, plan.hardware_name, new_cfg, gpus=plan.gpus, options=options)
                 break
             except ConfigError as err:
-                if err.field in options:      # a run option the target's stack has not: costed without it
+                if err.field in options.chosen():  # a run option the target's stack has not: without it
                     changes.append(f"{err.field} dropped ({err})")
-                    del options[err.field]
+                    options = options.without(err.field)
                     continue
                 # a dimension this build does not cost yet (expert parallelism)
                 later.append(f"not re-estimated on {name} ({err}); the plan's own prediction is kept")
