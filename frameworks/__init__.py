@@ -124,6 +124,9 @@ class Capabilities:
     moe_fp8_dispatch: bool = False
     """Whether the stack can dispatch tokens to the experts in FP8 (DeepSeek-V3's own kernels; none of the four
     stacks exposes it)."""
+    tp_comm_overlap: bool = False
+    """Whether the stack can overlap tensor-parallel collectives with the GEMMs (Megatron-Core's userbuffers,
+    torchtitan's async TP; cost_models.comm.tp_exposed_seconds)."""
     recompute_modules: bool = False
     """Whether selective recomputation can name the modules it re-runs (Megatron-Core's --recompute-modules:
     core_attn, layernorm, mlp, moe, moe_act, shared_experts, mla_up_proj; cost_models.blocks.module_sac)."""

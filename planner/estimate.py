@@ -280,6 +280,10 @@ def _check_runnable_options(fw: FrameworkProfile, o: RunOptions) -> None:
         raise ConfigError("master_weights", o.master_weights, "fp32",
                           message=f"framework {fw.name} cannot run this plan: master_weights=remainder: "
                                   f"{fw.name} keeps full fp32 master weights (allowed: fp32)")
+    if o.tp_comm_overlap and not fw.capabilities.tp_comm_overlap:
+        raise ConfigError("tp_comm_overlap", True, "false",
+                          message=f"framework {fw.name} cannot run this plan: tp_comm_overlap: {fw.name} runs "
+                                  "its tensor-parallel collectives after their GEMMs (allowed: false)")
     if o.bf16_optimizer and not fw.capabilities.bf16_optimizer:
         raise ConfigError("bf16_optimizer", True, "false",
                           message=f"framework {fw.name} cannot run this plan: bf16_optimizer: {fw.name} "

@@ -38,6 +38,44 @@ def test_tp_overlap_hides_tp_communication_up_to_the_gemms_and_never_adds_time()
     assert over.to_document()["software"]["tp_comm_overlap"] is True
 
 
+OVERLAP_ARGS = ["estimate", "llama3-70b", "--hardware", "p5.48xlarge", "--gpus", "64", "--dp", "8", "--tp", "8",
+                "--sequence-parallel", "--global-batch", "64", "--json"]
+
+
+@pytest.mark.parametrize("flag, key, on", [("--tp-comm-overlap", "tp_comm_overlap", True),
+                                           ("--no-overlap-grad-reduce", "overlap_grad_reduce", False)])
+def test_the_overlap_options_on_the_command_line_reach_the_cost_terms(flag, key, on):
+    """--tp-comm-overlap and --[no-]overlap-grad-reduce (RunOptions) are what estimate() with the same
+    options predicts, and the plan document says the choice."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    res = CliRunner().invoke(app, OVERLAP_ARGS + [flag])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["software"][key] is on
+    cfg = _cfg(dp=8, tp=8, global_batch=64)
+    direct = estimate("llama3-70b", "p5.48xlarge", cfg, gpus=64, options=RunOptions(**{key: on}))
+    assert doc["prediction"]["step_time_s"] == pytest.approx(direct.step_time_s, rel=1e-12)
+    default = estimate("llama3-70b", "p5.48xlarge", cfg, gpus=64)
+    assert direct.step_time_s != pytest.approx(default.step_time_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("framework", ["deepspeed", "fsdp"])
+def test_tp_comm_overlap_on_a_stack_without_it_is_one_line_and_exit_2(framework):
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    res = CliRunner().invoke(app, ["estimate", "llama3-8b", "--hardware", "p5.48xlarge", "--gpus", "8",
+                                   "--dp", "8", "--framework", framework, "--tp-comm-overlap"])
+    assert res.exit_code == 2
+    assert res.output.strip().count("\n") == 0 and "tp_comm_overlap" in res.output
+
+
 def test_tp_exposed_formula():
     from frameworks import load_framework
 

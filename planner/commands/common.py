@@ -76,6 +76,14 @@ MasterWeightsOpt = Annotated[Optional[str], typer.Option(
 Fp8ScalingOpt = Annotated[Optional[str], typer.Option(
     "--fp8-scaling", help="FP8 scaling granularity with --precision fp8: tensorwise (Transformer Engine, torchao "
                           "tensorwise; default) or rowwise (torchao rowwise: every operand cast along both axes).")]
+TpCommOverlapOpt = Annotated[Optional[bool], typer.Option(
+    "--tp-comm-overlap/--no-tp-comm-overlap",
+    help="Overlap the tensor-parallel collectives with their GEMMs: Megatron-Core's userbuffers "
+         "(--tp-comm-overlap), torchtitan's async TP. Default: the framework's (off).")]
+OverlapGradReduceOpt = Annotated[Optional[bool], typer.Option(
+    "--overlap-grad-reduce/--no-overlap-grad-reduce",
+    help="Reduce the gradients during the backward, bucket by bucket (off: after it, as Megatron-LM "
+         "2021-22's local DDP and DeepSpeed's default). Default: the framework's.")]
 MoeDispatcherOpt = Annotated[Optional[str], typer.Option(
     "--moe-dispatcher", help="Mixture-of-experts token dispatcher with --ep > 1: alltoall (NCCL all-to-all) or deepep "
                              "(DeepEP's node-deduplicated kernels: Megatron-Core's flex dispatcher, torchtitan's "

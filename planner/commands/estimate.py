@@ -14,7 +14,8 @@ import typer
 from planner.commands.common import (MAX_WORLD_SIZE, AttentionOpt, DropoutOpt, FrameworkOpt, GlobalBatchOpt, GpusOpt,
                                      GradReduceOpt, Fp8ScalingOpt, MasterWeightsOpt, KernelsOpt, RecomputeModulesOpt,
                                      Bf16OptimizerOpt, ActivationFp8InputOpt, LossOpt, MoeDispatcherOpt,
-                                     MoeA2aOverlapOpt, MoeImbalanceOpt,
+                                     MoeA2aOverlapOpt, MoeImbalanceOpt, TpCommOverlapOpt,
+                                     OverlapGradReduceOpt,
                                      HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
                                      NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json, module_list)
 from planner.run_options import RunOptions
@@ -96,7 +97,8 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
              stages: StagesOpt = None, recompute_modules: RecomputeModulesOpt = None,
              bf16_optimizer: Bf16OptimizerOpt = False, activation_fp8_input: ActivationFp8InputOpt = False,
              loss: LossOpt = None, moe_dispatcher: MoeDispatcherOpt = None, moe_a2a_overlap: MoeA2aOverlapOpt = None,
-             moe_imbalance: MoeImbalanceOpt = None, json: JsonOpt = False) -> None:
+             moe_imbalance: MoeImbalanceOpt = None, tp_comm_overlap: TpCommOverlapOpt = None,
+             overlap_grad_reduce: OverlapGradReduceOpt = None, json: JsonOpt = False) -> None:
     """Predict step time and peak memory of one parallel configuration."""
     from hardware_profiles import load_profile
     from planner.estimate import estimate as run_estimate
@@ -125,7 +127,8 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
                          fp8_scaling=fp8_scaling, master_weights=master_weights, kernels=kernels,
                          recompute_modules=module_list(recompute_modules), bf16_optimizer=bf16_optimizer,
                          activation_fp8_input=activation_fp8_input, loss=loss, moe_dispatcher=moe_dispatcher,
-                         moe_a2a_overlap=moe_a2a_overlap, moe_imbalance=moe_imbalance)
+                         moe_a2a_overlap=moe_a2a_overlap, moe_imbalance=moe_imbalance,
+                         tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce)
     est = run_estimate(spec, hw, cfg, gpus=n, options=options)
     document = est.to_document()
     if json:

@@ -12,7 +12,7 @@ from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, Gra
                                      HardwareOpt, HwPrecisionOpt, JsonOpt, MAX_TOKENS, MAX_WORLD_SIZE, ModelArg,
                                      NodesOpt, OptimizerOpt, SeqOpt, objective_help, Bf16OptimizerOpt, ActivationFp8InputOpt, LossOpt,
                                      RecomputeModulesOpt, Fp8ScalingOpt, MoeDispatcherOpt, MoeA2aOverlapOpt,
-                                     MoeImbalanceOpt, module_list)
+                                     MoeImbalanceOpt, module_list, TpCommOverlapOpt, OverlapGradReduceOpt)
 from planner.errors import ConfigError
 from planner.run_options import RunOptions
 
@@ -109,7 +109,8 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
               ep: EpOpt = None, max_ep: MaxEpOpt = None, recompute_modules: RecomputeModulesOpt = None,
               bf16_optimizer: Bf16OptimizerOpt = False, activation_fp8_input: ActivationFp8InputOpt = False,
               loss: LossOpt = None, fp8_scaling: Fp8ScalingOpt = None, moe_dispatcher: MoeDispatcherOpt = None,
-              moe_a2a_overlap: MoeA2aOverlapOpt = None, moe_imbalance: MoeImbalanceOpt = None) -> None:
+              moe_a2a_overlap: MoeA2aOverlapOpt = None, moe_imbalance: MoeImbalanceOpt = None,
+              tp_comm_overlap: TpCommOverlapOpt = None, overlap_grad_reduce: OverlapGradReduceOpt = None) -> None:
     """Search every parallel strategy, rank by the objective and print the top plans."""
     from planner import io
     from planner.goodput import ReliabilityInputs
@@ -132,7 +133,8 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
                          master_weights=master_weights, kernels=kernels, bf16_optimizer=bf16_optimizer,
                          activation_fp8_input=activation_fp8_input, loss=loss, fp8_scaling=fp8_scaling,
                          moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
-                         moe_imbalance=moe_imbalance, recompute_modules=module_list(recompute_modules))
+                         moe_imbalance=moe_imbalance, recompute_modules=module_list(recompute_modules),
+                         tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce)
     with _LazyProgress() as progress:
         rec = search(model, hardware, gpus=gpus, nodes=nodes, global_batch=global_batch, seq=seq,
                      precision=precision, optimizer=optimizer, objective=objective, top=top, spot=spot,
