@@ -33,7 +33,8 @@ if str(ROOT) not in sys.path:
 from benchmarks.published_rows import Case, load  # noqa: E402
 from cost_models.flops import model_flops_per_step  # noqa: E402
 from frameworks import load_framework  # noqa: E402
-from planner.estimate import candidate_of, estimate, software_for  # noqa: E402
+from planner.estimate import candidate_of, estimate  # noqa: E402
+from planner.software import software_for
 from planner.score import score  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "accuracy_moe.json"

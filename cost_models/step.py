@@ -139,7 +139,7 @@ class Software:
         """The framework's bytes per parameter for `precision` (frameworks.StateBytes) with the run's
         gradient dtype applied to the kept and the reduced gradients, and the master copy as 16-bit remainders
         when the run keeps it so (master_weights 'remainder': 2 bytes beside the 2-byte parameter, which
-        together hold the fp32 value; planner.estimate.check_master_weights admits bf16 parameters only)."""
+        together hold the fp32 value; planner.software.check_master_weights admits bf16 parameters only)."""
         from dataclasses import replace
 
         s = self.framework.state_bytes[precision]

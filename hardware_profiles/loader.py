@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import NoReturn
 
-from hardware_profiles import HardwareProfile
+from hardware_profiles.profile import HardwareProfile
 from hardware_profiles.efficiency import check_efficiency
 from planner.errors import ConfigError
 

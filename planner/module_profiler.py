@@ -55,7 +55,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count, shape_wrapper
 
 from planner.errors import ConfigError
-from planner.profiler import RECOMPUTE_MODES, LayerProfile, ModelProfile
+from planner.profile_records import RECOMPUTE_MODES, LayerProfile, ModelProfile
 from planner.spec import TransformerSpec
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)

@@ -202,10 +202,10 @@ def _check_positions(model: Mapping[str, Any], seq: int) -> None:
     if isinstance(arch, Mapping):
         position, rows = arch.get("position"), arch.get("max_positions")
     else:
-        from planner import catalog
-        if model.get("name") not in catalog.CATALOG:
+        from planner.catalog import CATALOG, get as catalog_get
+        if model.get("name") not in CATALOG:
             return
-        spec = catalog.get(model["name"])
+        spec = catalog_get(model["name"])
         position, rows = spec.position, spec.max_positions or spec.seq
     if position == "learned" and isinstance(rows, int) and rows > 0 and seq > rows:
         raise ConfigError("plan.seq", seq, f"at most {rows} (rows of {model['name']}'s learned position table)")

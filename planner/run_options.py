@@ -3,7 +3,7 @@
 
 Every field is the user's choice; `None` (or False for a switch that is off unless asked) leaves the
 framework's default, which `cost_models.step.Software.of` applies in one place. The values are checked
-against the framework by `planner.estimate.software_for`; the plan document's `software` block is read
+against the framework by `planner.software.software_for`; the plan document's `software` block is read
 back into a record by `planner.plan.run_options`.
 
 This module is a leaf: it imports nothing from the project.

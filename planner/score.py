@@ -41,6 +41,7 @@ from cost_models.flops import model_flops_per_step
 from cost_models.step import Software, Step, take_rows
 from hardware_profiles import HardwareProfile
 from planner.errors import ConfigError
+from planner.software import software_for
 from planner.spec import TransformerSpec
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -190,7 +191,6 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     if not isinstance(cands, CandidateArrays):
         cands = CandidateArrays.from_mapping(cands)
     if software is None:
-        from planner.estimate import software_for
         software = software_for("megatron")
     x = Step.of(model, hw, software, cands, global_batch=global_batch, seq=seq, precision=precision,
                 optimizer=optimizer)

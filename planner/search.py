@@ -51,6 +51,8 @@ from planner.parallel import (CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelC
                               offload_indices, offloads, resolve_precision)
 from planner.placement import PLACEMENTS, packed_key
 from planner.run_options import RunOptions
+from planner.software import (check_activation_fp8_input, check_master_weights, check_moe_options,
+                              software_for)
 
 OBJECTIVES = ("throughput", "cost", "memory", "time-to-train")
 MEMORY_OBJECTIVE_SLACK = 0.05
@@ -809,7 +811,6 @@ def stage_problem(model, cfg: ParallelConfig, software=None):
     from cost_models import flops as F
     from cost_models import params as P
     from cost_models.memory import state_bytes_per_param
-    from planner.estimate import software_for
     from planner.partition import PartitionProblem
 
     sw = software or software_for(cfg.framework)
@@ -1167,7 +1168,6 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     reliability = _reliability_inputs(reliability, objective=objective, tokens=tokens, spot=spot)
     model, hardware, world, n_nodes = _resolve(model, hardware, gpus, nodes, seq)
     from frameworks.rules import check_moe_runnable
-    from planner.estimate import check_activation_fp8_input, check_master_weights, check_moe_options, software_for
 
     options = options or RunOptions()
     software = software_for(framework, options)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner import catalog
+from planner.catalog import CATALOG, get as catalog_get, names as catalog_names
 from planner.errors import ConfigError
 from planner.spec import TransformerSpec
 
-_ALLOWED = "a catalog name (list: " + ", ".join(catalog.names()) + "), a config.json path or package.module:factory"
+_ALLOWED = "a catalog name (list: " + ", ".join(catalog_names()) + "), a config.json path or package.module:factory"
 
 
 def with_seq(spec: TransformerSpec, seq: int | None) -> TransformerSpec:
@@ -65,8 +65,8 @@ def resolve_model(arg: str, *, seq: int | None = None):
     """Catalog name, config.json path or package.module:factory -> TransformerSpec | ModuleSpec."""
     if not isinstance(arg, str) or not arg:
         raise ConfigError("MODEL", arg, _ALLOWED)
-    if arg in catalog.CATALOG:
-        return with_seq(catalog.get(arg), seq)
+    if arg in CATALOG:
+        return with_seq(catalog_get(arg), seq)
     path = Path(arg)
     if arg.endswith(".json") or path.is_file():
         from planner.hf_config import read_hf_config
@@ -87,7 +87,7 @@ def default_framework(arg: str, framework: str | None) -> str:
     fsdp 390 ms (validation/h100_train_steps.jsonl, benchmarks/accuracy_h100.py)."""
     if framework:
         return framework
-    if isinstance(arg, str) and arg not in catalog.CATALOG and (arg.endswith(".json") or Path(arg).is_file()
+    if isinstance(arg, str) and arg not in CATALOG and (arg.endswith(".json") or Path(arg).is_file()
                                                                 or ":" in arg):
         return "fsdp"
     return "megatron"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from planner.errors import ConfigError
-from storage_profiles import CHECKPOINT_MODES, ReliabilityDefaults, StorageProfile
+from storage_profiles.profile import CHECKPOINT_MODES, ReliabilityDefaults, StorageProfile
 
 STORAGE_DIR = Path(__file__).resolve().parent
 DEFAULTS_FILE = "reliability_defaults.json"

@@ -81,7 +81,7 @@ def test_run_options_reach_profile_estimate_and_partitioner_alike(framework, pre
     recompute_modules, tensor and sequence parallelism) give the same bytes in all three readers: they all read
     cost_models.activations.block_bytes_of / cost_models.step.block_table_of. Each option also changes the bytes
     (else the case would not test that it is passed on)."""
-    from planner.estimate import software_for
+    from planner.software import software_for
 
     seq = 4096
     cfg = ParallelConfig(tp=tp, sequence_parallel=sp, micro_batch=2, global_batch=2, seq=seq, recompute=recompute,

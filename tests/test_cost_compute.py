@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from cost_models import compute as K
 from hardware_profiles import load_profile
-from planner.estimate import software_for
+from planner.software import software_for
 from planner.score import CandidateArrays, score
 from planner.spec import TransformerSpec
 from planner.run_options import RunOptions

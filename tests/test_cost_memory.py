@@ -10,7 +10,7 @@ from cost_models.blocks import block_table
 from hardware_profiles import load_profile
 from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES
 from planner.placement import PLACEMENTS
-from planner.estimate import software_for
+from planner.software import software_for
 from planner.score import CandidateArrays, score
 from planner.spec import TransformerSpec
 from planner.run_options import RunOptions

@@ -25,7 +25,8 @@ from hardware_profiles import load_profile
 from planner.catalog import get
 from planner.cli import app
 from planner.errors import ConfigError
-from planner.estimate import candidate_of, estimate, software_for
+from planner.estimate import candidate_of, estimate
+from planner.software import software_for
 from planner.parallel import ParallelConfig, expert_data_parallel, expert_parallel_degrees, expert_parallel_ok
 from planner.placement import PLACEMENTS, group_locality, placement_index, stage_group_locality, strides
 from planner.run_options import RunOptions

@@ -57,7 +57,7 @@ def test_report_uses_the_same_verdict(readme_search):
     assert result.fits.sum() >= scored.fits.sum() > 0
     assert result.best["prediction"]["memory"]["fits"] and readme_search.best["prediction"]["memory"]["fits"]
     from cost_models.memory import fits
-    from planner.estimate import software_for
+    from planner.software import software_for
     hw = load_profile("p4d.24xlarge")
     assert np.array_equal(result.fits, fits(result.peak_bytes, hw, software_for("megatron")))
     assert (result.fits != (result.peak_bytes <= hw.memory_bytes)).any()   # a raw-peak "fits" would differ
@@ -71,7 +71,8 @@ def test_the_search_scores_a_mixture_of_experts_peak_as_estimate_does(pp, v, tp,
     from dataclasses import replace
 
     from hardware_profiles import load_profile
-    from planner.estimate import candidate_of, software_for
+    from planner.estimate import candidate_of
+    from planner.software import software_for
     from planner.parallel import ParallelConfig
     from planner.score import score
     from planner.sources import resolve_model

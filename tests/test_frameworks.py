@@ -216,7 +216,7 @@ def test_automodel_qwen3_moe_run_fits_because_its_loss_is_not_upcast():
 def test_swapping_in_fused_modules_drops_the_stacks_own_compute_efficiency():
     """compute_efficiency is fitted on a stack's runs with its own modules; a run with Transformer Engine's fused
     modules (NeMo AutoModel on FSDP2) runs at the kernel model's rate, as Megatron-Core does."""
-    from planner.estimate import software_for
+    from planner.software import software_for
 
     titan = software_for("torchtitan")
     assert titan.framework.compute_efficiency < 1.0
@@ -280,7 +280,7 @@ def test_bf16_optimizer_costs_its_fp32_accumulation_its_extra_gather_and_its_per
     top of the all-reduce, and an fp32 accumulation of every gradient after each micro-batch through an fp32
     temporary (18 bytes per parameter streamed)."""
     from cost_models.compute import memory_Bps
-    from planner.estimate import software_for
+    from planner.software import software_for
 
     sw = software_for('deepspeed', options=RunOptions(bf16_optimizer=True))
     s, plain = sw.state_bytes("amp-bf16"), software_for("deepspeed").state_bytes("amp-bf16")

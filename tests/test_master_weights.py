@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from planner.cli import app
 from planner.errors import ConfigError
-from planner.estimate import estimate, software_for
+from planner.estimate import estimate
+from planner.software import software_for
 from planner.parallel import ParallelConfig
 from planner.run_options import RunOptions
 

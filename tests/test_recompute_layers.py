@@ -190,7 +190,8 @@ def test_smaller_ranks_pay_for_their_own_recomputed_blocks():
     from cost_models.pipeline import stage_seconds
     from cost_models.step import Step
     from hardware_profiles import load_profile
-    from planner.estimate import candidate_of, software_for
+    from planner.estimate import candidate_of
+    from planner.software import software_for
     from planner.sources import resolve_model
 
     spec = resolve_model("llama3-8b")

@@ -106,7 +106,7 @@ def test_block_rows_keys_what_differs_per_candidate():
     """Two candidates that differ only in a keyed column (here cp_comm, tp's link or the table's ZeRO) are two rows;
     candidates that differ only in dp, ZeRO (one table for all) or offload are one."""
     from planner.catalog import get
-    from planner.estimate import software_for
+    from planner.software import software_for
     from hardware_profiles import load_profile
     from planner.score import CandidateArrays
 

@@ -12,7 +12,7 @@ from frameworks import load_framework
 from hardware_profiles import load_profile
 from planner.candidates import (FIELDS, SearchSpace, _pattern_groups, _product, skeleton_rows, with_micro_batches,
                                 with_placements)
-from planner.estimate import software_for
+from planner.software import software_for
 from planner.parallel import RECOMPUTE
 from planner.score import CandidateArrays, score
 from planner.search import (SHAPE_BOUND_TERMS, SHAPE_FIELDS, TIME_BOUND_TERMS, placement_classes, rank, score_space)

@@ -14,7 +14,8 @@ from frameworks import load_framework
 from hardware_profiles import load_profile
 from planner.cli import app
 from planner.errors import ConfigError
-from planner.estimate import estimate, even_stages, rank_blocks, software_for
+from planner.estimate import estimate, even_stages, rank_blocks
+from planner.software import software_for
 from planner.parallel import CP_COMMS, ParallelConfig
 from planner.score import CandidateArrays, score
 from planner.search import config_of, ep_costed, rank, recommend, score_space
