@@ -29,6 +29,8 @@ import numpy as np
 
 from hardware_profiles import HardwareProfile
 from hardware_profiles.efficiency import efficiency
+from planner.errors import ConfigError
+from planner.parallel import PRECISIONS
 
 DTYPE_OF_PRECISION = {"fp32": "fp32", "amp-bf16": "bf16", "amp-fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}
 """Math dtype of the GEMMs under each training precision (fp32 means TF32 off, as PyTorch's default
@@ -52,6 +54,23 @@ def default_precision(hw: HardwareProfile) -> str:
     fp32 = hw.peak_tflops.get("fp32", 0.0)
     return next((p for p in ("amp-bf16", "amp-fp16") if p in supported
                  and hw.peak_tflops[DTYPE_OF_PRECISION[p]] > fp32), "fp32")
+
+
+
+def resolve_precision(hw, precision: str | None) -> str:
+    """The training precision to cost on `hw`: the given one if the device has its math dtype, the
+    device's default (default_precision) when None; ConfigError otherwise."""
+    if precision is None:
+        return default_precision(hw)
+    if precision not in PRECISIONS:
+        raise ConfigError("precision", precision, "one of " + ", ".join(PRECISIONS))
+    supported = precisions_supported(hw)
+    if precision not in supported:
+        dtype = DTYPE_OF_PRECISION[precision]
+        raise ConfigError("precision", precision, f"one of {', '.join(supported)} on {hw.name}", message=(
+            f"precision={precision!r} needs {dtype} math, which {hw.name} ({hw.device}) does not have; "
+            f"allowed here: {', '.join(supported)}"))
+    return precision
 
 
 def peak_flops(hw: HardwareProfile, precision: str) -> float:

@@ -12,7 +12,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, NoReturn
 
-from frameworks import ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, MOE_DISPATCHERS, Capabilities, FrameworkProfile, StateBytes
+from frameworks.profile import (ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, MOE_DISPATCHERS, Capabilities,
+                                FrameworkProfile, StateBytes)
 from planner.errors import ConfigError
 from planner.parallel import CP_COMMS, FRAMEWORKS, OFFLOAD, PRECISIONS, RECOMPUTE, SCHEDULES, check_placement
 

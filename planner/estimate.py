@@ -18,7 +18,8 @@ from frameworks.rules import check_model_runnable, check_moe_runnable, check_run
 from cost_models.compute import peak_flops
 from hardware_profiles import HardwareProfile, load_profile
 from planner.errors import ConfigError
-from planner.parallel import CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, resolve_precision
+from cost_models.compute import resolve_precision
+from planner.parallel import CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig
 from planner.placement import placement_index
 from planner.run_options import RunOptions
 from planner.software import (check_activation_fp8_input, check_master_weights, check_moe_options,

@@ -364,20 +364,3 @@ def _choice(field: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(field, value, "one of " + ", ".join(allowed))
 
-
-def resolve_precision(hw, precision: str | None) -> str:
-    """The training precision to cost on `hw`: the given one if the device has its math dtype, the
-    device's default (cost_models.compute.default_precision) when None; ConfigError otherwise."""
-    from cost_models.compute import DTYPE_OF_PRECISION, default_precision, precisions_supported
-
-    if precision is None:
-        return default_precision(hw)
-    _choice("precision", precision, PRECISIONS)
-    supported = precisions_supported(hw)
-    if precision not in supported:
-        dtype = DTYPE_OF_PRECISION[precision]
-        raise ConfigError("precision", precision, f"one of {', '.join(supported)} on {hw.name}", message=(
-            f"precision={precision!r} needs {dtype} math, which {hw.name} ({hw.device}) does not have; "
-            f"allowed here: {', '.join(supported)}"))
-    return precision
-

@@ -48,7 +48,8 @@ from planner.candidates import (FIELDS, SearchSpace, _pattern_groups, _product, 
                                 skeleton_rows, with_micro_batches)
 from planner.errors import ConfigError, NoFitError
 from planner.parallel import (CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, default_placement,
-                              offload_indices, offloads, resolve_precision)
+                              offload_indices, offloads)
+from cost_models.compute import resolve_precision
 from planner.placement import PLACEMENTS, packed_key
 from planner.run_options import RunOptions
 from planner.software import (check_activation_fp8_input, check_master_weights, check_moe_options,

@@ -80,7 +80,7 @@ def test_looped_schedules_need_whole_rounds_of_micro_batches():
 
 def test_precision_follows_the_devices_math():
     from hardware_profiles import load_profile
-    from planner.parallel import resolve_precision
+    from cost_models.compute import resolve_precision
     v100, a100 = load_profile("p3dn.24xlarge"), load_profile("p4d.24xlarge")
     assert resolve_precision(a100, None) == "amp-bf16"
     assert resolve_precision(v100, None) == "amp-fp16"        # Volta has fp16 tensor cores, no bf16
@@ -109,7 +109,7 @@ def test_a_global_batch_coprime_with_the_gpus_is_pointed_out():
 
 def test_default_precision_is_fp32_where_16_bit_math_is_slower():
     from hardware_profiles import load_profile
-    from planner.parallel import resolve_precision
+    from cost_models.compute import resolve_precision
     cpu = load_profile("cpu-local")                          # bf16 0.0011 vs fp32 0.016 TFLOP/s measured
     assert cpu.peak_tflops["bf16"] < cpu.peak_tflops["fp32"] and resolve_precision(cpu, None) == "fp32"
 

@@ -425,13 +425,10 @@ def test_torchtitan_shards_the_experts_over_tp_without_expert_parallelism(monkey
     spec = get("qwen3-30b-a3b")
     base = dict(dp=4, tp=2, micro_batch=1, global_batch=8, zero=2, seq=4096, recompute="full", placement="DPT",
                 sequence_parallel=True)
-    import planner.estimate as E
-
     tt = estimate(spec, "p5.48xlarge", ParallelConfig(framework="torchtitan", **base), gpus=8)
     real = load_framework("torchtitan")
-    monkeypatch.setattr(E, "load_framework", lambda name: dataclasses.replace(real, experts_follow_tp_without_ep=False)
-                        if name == "torchtitan" else load_framework(name))
-    replicated = estimate(spec, "p5.48xlarge", ParallelConfig(framework="torchtitan", **base), gpus=8)
+    replicated = estimate(spec, "p5.48xlarge", ParallelConfig(framework="torchtitan", **base), gpus=8,
+                          framework_profile=dataclasses.replace(real, experts_follow_tp_without_ep=False))
     ep = lambda e: e.to_document()["prediction"]["expert_parallel"]  # noqa: E731
     assert ep(tt)["expert_tp"] == 2 and ep(replicated)["expert_tp"] == 1
     # ZeRO-2 keeps every parameter a rank holds (4 bytes each, fp32 under FSDP2's mixed precision): the half of the

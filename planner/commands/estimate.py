@@ -102,7 +102,8 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
     """Predict step time and peak memory of one parallel configuration."""
     from hardware_profiles import load_profile
     from planner.estimate import estimate as run_estimate
-    from planner.parallel import ParallelConfig, resolve_precision
+    from cost_models.compute import resolve_precision
+    from planner.parallel import ParallelConfig
     from planner.sources import default_framework, resolve_model
 
     hw = load_profile(hardware)

@@ -76,7 +76,7 @@ def report(
             raise ConfigError("--hardware", None, "a hardware profile name or path (required with a MODEL)")
         from hardware_profiles import load_profile
         from planner.commands.estimate import world_size
-        from planner.parallel import resolve_precision
+        from cost_models.compute import resolve_precision
         from planner.sources import default_framework
         profile = load_profile(hardware)
         precision = resolve_precision(profile, precision)

@@ -1,0 +1,205 @@
+"""The framework profile record (what a software stack does and can run, as the cost models and the
+search read it) and the vocabularies its files use; frameworks/loader.py fills it from
+frameworks/<name>.json and validates every key."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+KERNELS = ("fused", "eager", "torch")
+"""Block implementations of cost_models.blocks: fused (Megatron / Transformer Engine kernels), eager
+(Hugging Face modules in PyTorch eager), torch (plain PyTorch modules as torchtitan and this project's
+executor write them)."""
+ATTENTION_KERNELS = ("fused", "flash", "sdpa", "triton", "unfused")
+"""fused: cuDNN / FlashAttention-3-class fused attention (Transformer Engine's DotProductAttention on
+Hopper and newer); flash: FlashAttention-2 (flash-attn, Megatron-DeepSpeed --use-flash-attn-v2);
+sdpa: torch.nn.functional.scaled_dot_product_attention, which picks FlashAttention-2 for 16-bit inputs
+and the memory-efficient or the math kernel for fp32 (cost_models.step.attention_kernel); triton: the
+2022-23 Triton FlashAttention (flash_attn_triton, llm-foundry's attn_impl 'triton'); unfused:
+materialized scores (Megatron-LM 2021-22, Hugging Face attn_implementation 'eager')."""
+LOSS_KERNELS = ("vocab_parallel", "upcast", "fused", "native", "inplace")
+"""How the cross-entropy is computed (cost_models.blocks.head_table): vocab_parallel: Megatron's
+vocab-parallel cross-entropy on fp32 logits; upcast: torch's cross_entropy on logits cast to fp32
+(Hugging Face's loss, torchtitan); fused: a fused kernel on the 16-bit logits (flash-attn's xentropy as
+llm-foundry's default `fused_crossentropy`, Liger, Transformer Engine's cross-entropy); native: torch's
+cross_entropy on the 16-bit logits, not upcast (NeMo AutoModel's MaskedCrossEntropy(fp32_upcast=False), the
+setting of its benchmark configs); inplace: Transformer Engine's parallel cross-entropy, which writes the gradient
+into the 16-bit logits during the forward (Megatron-Core's cross_entropy_fusion_impl "te", the setting of
+Megatron-Bridge's performance recipes)."""
+MOE_DISPATCHERS = ("alltoall", "deepep")
+"""How routed tokens reach experts on other ranks (cost_models.moe.exchange_seconds): alltoall (one NCCL
+all-to-all over the expert-parallel group: Megatron-Core's alltoall dispatcher, torchtitan, DeepSpeed-MoE)
+or deepep (DeepEP's hierarchical normal kernels: one network copy per destination node, NVLink forwarding
+inside it; Megatron-Core's flex dispatcher, DeepSeek's own kernels)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StateBytes:
+    """Bytes per parameter a stack keeps for one precision (Rajbhandari et al. 2020, Sec. 3.1)."""
+
+    param: float
+    """The model's parameters as the forward uses them (2 for bf16/fp16 copies, 4 for fp32)."""
+    grad: float
+    """Gradients (4 for fp32 main gradients, 2 for bf16)."""
+    master: float
+    """fp32 master copy of the parameters beside `param` (0 when `param` is itself the fp32 copy)."""
+    state: float
+    """One optimizer state (AdamW keeps two: exp_avg, exp_avg_sq; SGD with momentum one)."""
+    reduce: float
+    """Bytes per element of the data-parallel gradient reduction (reduce_dtype)."""
+    gather: float
+    """Bytes per element of ZeRO-3/FSDP parameter all-gathers (param_dtype)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Capabilities:
+    """What the stack can run (the search only proposes these; estimate refuses the rest by name)."""
+
+    precisions: tuple[str, ...]
+    schedules: tuple[str, ...]
+    """Pipeline schedules; empty means no pipeline parallelism (pp must be 1)."""
+    max_virtual_stages: int
+    zero: tuple[int, ...]
+    zero_with_pp: tuple[int, ...]
+    """ZeRO stages allowed together with pp > 1."""
+    tp: bool
+    sequence_parallel: str
+    """'optional', 'always' (with tp > 1) or 'never'."""
+    cp_comm: tuple[str, ...]
+    """Context-parallel KV exchanges it implements; empty means no context parallelism."""
+    ep: bool
+    expert_tp: bool
+    hsdp: bool
+    """Shard groups smaller than dp (dp_shard)."""
+    offload: tuple[str, ...]
+    recompute: tuple[str, ...]
+    placements: tuple[str, ...]
+    """Rank orders the stack builds (D, P, T; C and E inserted where used); empty means any."""
+    activation_offload: str = "any"
+    """'any', or 'without_pp_or_recompute' where activation offload excludes pipelining and recomputation
+    (Megatron-Core's cpu_offloading asserts both)."""
+    cp_with_sequence_parallel: bool = True
+    """Whether context parallelism combines with tensor-parallel sequence parallelism (Megatron-DeepSpeed
+    refuses DeepSpeed-Ulysses together with --sequence-parallel)."""
+    master_remainders: bool = False
+    """Whether the optimizer can keep the fp32 master weights as the 16 low bits beside bf16 parameters
+    (Apex DistributedFusedAdam / Transformer Engine FusedAdam store_param_remainders; MASTER_WEIGHTS)."""
+    moe_model_types: tuple[str, ...] | None = None
+    """Mixture-of-experts architectures (Hugging Face model_type) the stack builds; None: any (Megatron-Core,
+    DeepSpeed-MoE and Hugging Face modules take the shape from arguments or the config)."""
+    mtp_with_pp_or_cp: bool = True
+    """Whether multi-token-prediction modules (DeepSeek-V3's MTP, TransformerSpec.mtp_modules) run with pipeline
+    or context parallelism (torchtitan 0.3.0's MTPDecoder refuses both)."""
+    activation_fp8_input: bool = False
+    """Whether the stack can store the SwiGLU activation's input in FP8 for the backward (Megatron-Core's
+    activation_func_fp8_input_store; cost_models.step.Software.activation_fp8_input)."""
+    bf16_optimizer: bool = False
+    """Whether the stack has DeepSpeed's BF16_Optimizer (bf16 with ZeRO 0-1 and fp32 gradient accumulation;
+    cost_models.step.Software.bf16_optimizer)."""
+    optimizer_offload_min_zero: int = 0
+    """Lowest ZeRO stage with which the stack offloads the optimizer (DeepSpeed's offload_optimizer needs ZeRO >= 1,
+    FSDP's CPU offload a sharded model; Megatron turns its distributed optimizer on itself)."""
+    recompute_layers: bool = False
+    """Whether full recomputation can re-run only some blocks of each pipeline chunk (ParallelConfig.recompute_layers:
+    Megatron-Core's --recompute-method block --recompute-num-layers; torch's checkpoint_wrapper on chosen blocks)."""
+    moe_dispatchers: tuple[str, ...] = ("alltoall",)
+    """Token dispatchers the stack runs with expert parallelism (MOE_DISPATCHERS): every stack has an all-to-all
+    one; DeepEP where the stack integrates it (Megatron-Core's flex dispatcher, torchtitan's DeepEPTokenDispatcher)."""
+    moe_a2a_overlap: bool = False
+    """Whether the stack can hide the expert-parallel dispatch and combine under other micro-batches' computation
+    (Megatron-Core's --overlap-moe-expert-parallel-comm, on the plans frameworks.rules.a2a_overlap_conflict allows;
+    cost_models.moe)."""
+    moe_fp8_dispatch: bool = False
+    """Whether the stack can dispatch tokens to the experts in FP8 (DeepSeek-V3's own kernels; none of the four
+    stacks exposes it)."""
+    tp_comm_overlap: bool = False
+    """Whether the stack can overlap tensor-parallel collectives with the GEMMs (Megatron-Core's userbuffers,
+    torchtitan's async TP; cost_models.comm.tp_exposed_seconds)."""
+    recompute_modules: bool = False
+    """Whether selective recomputation can name the modules it re-runs (Megatron-Core's --recompute-modules:
+    core_attn, layernorm, mlp, moe, moe_act, shared_experts, mla_up_proj; cost_models.blocks.module_sac)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FrameworkProfile:
+    """One software stack (see the module docstring)."""
+
+    name: str
+    description: str
+    kernels: str
+    """Block implementation (KERNELS)."""
+    attention: str
+    """Default attention kernel (ATTENTION_KERNELS); a model's config may override it."""
+    loss: str
+    """Default cross-entropy implementation (LOSS_KERNELS); a run may override it."""
+    state_bytes: Mapping[str, StateBytes]
+    """By precision."""
+    grads_persist: str
+    """'always' (a contiguous gradient buffer, Megatron) or 'accumulating' (freed by zero_grad unless
+    micro-batches accumulate into them)."""
+    grad_bucket_copy: bool
+    """PyTorch DDP copies gradients into its buckets (gradient_as_bucket_view=False): a second copy."""
+    autocast_weight_cache: bool
+    """torch.autocast keeps a 16-bit copy of every GEMM weight during the forward."""
+    overlap_grad_reduce: bool
+    """The data-parallel reduction runs bucket by bucket during the last backward."""
+    pp_scatter_gather: bool
+    """Pipeline sends carry 1/tp of the activation and all-gather it inside the node (Megatron)."""
+    zero_bubble_forward_reruns: float
+    """Forward passes per micro-batch of a fully recomputed block under zero-bubble schedules (2 means
+    the usual forward plus one recompute)."""
+    allocator_overhead_fraction: float
+    """Caching-allocator blocks beyond the tensors they hold (reserved / allocated - 1)."""
+    expandable_segments: bool
+    """The stack's launcher sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (a run may say otherwise):
+    the allocator maps physical pages into one growing segment per stream, so free space between tensors
+    serves requests of any size and costs no allocator overhead (cost_models.memory.allocator_overhead)."""
+    compute_efficiency: float
+    """Fraction of the cost model's kernel rates the stack's blocks reach (launch gaps, synchronizations,
+    copies its kernels add around the GEMMs, attention and memory-bound work of cost_models.blocks):
+    fitted to the stack's published runs (benchmarks/calibrate_frameworks.py, leave one source out);
+    Megatron, whose runs calibrated the kernel rates, is the reference (1)."""
+    selective_recompute: str
+    """What `recompute=selective` means on this stack: 'attention' (Megatron: the attention core) or 'op'
+    (torchtitan: per-operator, cost_models.blocks.OpSac)."""
+    tp_comm_overlap: bool
+    """Tensor-parallel collectives overlapped with the GEMMs they feed (Megatron-Core's tp_comm_overlap
+    through Transformer Engine's userbuffers, torch's async TP): the default; a run may say otherwise."""
+    fp8_cast_bytes_per_element: float
+    """Memory traffic per element of a GEMM operand to run it in FP8 (cost_models.compute.fp8_cast_bytes)."""
+    fp8_weight_cache_bytes: float
+    """Bytes per GEMM weight the FP8 recipe keeps beside the 16-bit weights for the whole step (Transformer
+    Engine's row- and column-major FP8 copies: 2; torchao casts on the fly: 0)."""
+    capabilities: Capabilities
+    sources: Mapping[str, str] = field(default_factory=dict)
+    moe_dispatcher: str = "alltoall"
+    """The stack's default token dispatcher for expert parallelism (MOE_DISPATCHERS)."""
+    moe_a2a_overlap: bool = False
+    """Expert-parallel exchanges overlap another micro-batch's compute by default (cost_models.moe)."""
+    moe_host_sync: bool = False
+    """A dropless MoE layer's forward waits on the host for the tokens per expert (cost_models.moe.
+    host_sync_seconds): Transformer Engine's GroupedLinear takes its splits as a host list."""
+    moe_host_ops_per_layer: float = 0.0
+    """Host operators an MoE layer's forward issues beyond the block table's kernel count (router,
+    permutation bookkeeping, per-expert GEMMs and casts, dispatcher metadata): cost_models.moe.host_sync_seconds."""
+    experts_follow_tp_without_ep: bool = False
+    """Without expert parallelism (ep = 1) the routed experts are sharded over the tensor-parallel ranks, as
+    expert_tp = tp (torchtitan 0.3.0 places them on the dense TP axis); the plan's expert_tp stays 1, the stack
+    having no degree of its own for it (cost_models.step.Step.of)."""
+    zero3_max_live_params: float | None = None
+    """How ZeRO-3 gathers parameters. None: by wrapped unit, one transformer block at a time with the next one
+    prefetched (FSDP's fully_shard per block). A number: by submodule (DeepSpeed's PartitionedParameterCoordinator
+    gathers each module's own parameters in its forward/backward hook and keeps or prefetches others only up to
+    stage3_max_live_parameters), so at most this many parameters, or the largest module when that is bigger, are
+    gathered at once (cost_models.memory.zero3_live_params)."""
+
+    def states(self, precision: str, optimizer: str, grad_bytes: float | None = None,
+               master_bytes: float | None = None) -> tuple[float, float, float]:
+        """(params, grads, optimizer) bytes per parameter: optimizer = master + states, two states for
+        AdamW and one for SGD with momentum (cost_models.memory.state_bytes_per_param); `grad_bytes`
+        overrides the gradient dtype (a run's grad_reduce_dtype), `master_bytes` the master copy (a run's
+        master_weights)."""
+        s = self.state_bytes[precision]
+        n_states = 2.0 if optimizer == "adamw" else 1.0
+        master = s.master if master_bytes is None else master_bytes
+        return s.param, s.grad if grad_bytes is None else grad_bytes, master + n_states * s.state
