@@ -67,9 +67,9 @@ def batchnorm_count(model_arg: str) -> int:
     """BatchNorm modules (any torch.nn.modules.batchnorm._BatchNorm, SyncBatchNorm included) in the
     model: 0 for catalog and config.json transformers (LayerNorm/RMSNorm); a `package.module:factory`
     is built on the meta device (planner.module_profiler.build_on_meta) and its modules counted."""
-    from planner import catalog
+    from planner.catalog import CATALOG
 
-    if model_arg in catalog.CATALOG or model_arg.endswith(".json") or ":" not in model_arg:
+    if model_arg in CATALOG or model_arg.endswith(".json") or ":" not in model_arg:
         return 0
     import torch
 
