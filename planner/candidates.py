@@ -253,21 +253,25 @@ def degree_triples(world_size: int, global_batch: int, *, heads: int, kv_heads: 
 
 
 def shard_groups(dp: int, *, tp: int, cp: int, fast_domain: int | None, pinned: int | None = None) -> list[int]:
-    """dp_shard values tried for a sharded (ZeRO >= 1) candidate: 0 (all dp ranks, plain ZeRO/FSDP) and the
+    """dp_shard values tried for a sharded (ZeRO >= 1) candidate: 0 (all dp ranks, plain ZeRO/FSDP), the
     largest divisor d < dp of dp whose shard group -- d data-parallel ranks times the cp ranks that hold the
     same weights, D laid just left of C and T -- stays inside one fast (NVLink) domain of `fast_domain`
-    devices (planner.placement.ranks_per_node decides, the cost model's own locality rule).
+    devices (planner.placement.ranks_per_node decides, the cost model's own locality rule), and every
+    divisor d < dp whose group spans more than one domain.
 
-    Why these two. HSDP shards inside the fast domain and replicates across it (torchtitan's
+    Why these. HSDP shards inside a group and replicates across groups (torchtitan's
     data_parallel_shard_degree x data_parallel_replicate_degree; Megatron-FSDP's and DeepSpeed hpZ/MiCS
-    hybrid groups): the shard group's all-gathers and reduce-scatters, which move the full model every step,
-    stay on NVLink, and only a 1/d slice of the gradients is all-reduced between replicas over the network.
-    Inside one domain a larger group costs the same per byte and holds less (states / d) and sends less
-    across (1/d), so the largest in-domain d dominates the smaller ones in this cost model, which sees one
-    fast domain (HardwareProfile.nvlink_domain_devices: a node, or 72 GPUs of a GB200 NVL72): a node-sized
-    group inside a larger domain (4 of a p6e-gb200 rack) is therefore not tried. Plain sharding over all
-    dp ranks is the other end (least memory, every byte over the network when dp spans nodes). A group of
-    one rank (d = 1, cp = 1) shards nothing and is left out. `pinned` (SearchSpace.dp_shard) replaces the
+    hybrid groups). Inside one domain a larger group costs the same per byte and holds less (states / d)
+    and sends less across (1/d), so the largest in-domain d dominates the smaller ones in this cost model,
+    which sees one fast domain (HardwareProfile.nvlink_domain_devices: a node, or 72 GPUs of a GB200
+    NVL72): a node-sized group inside a larger domain is therefore not tried. A group that spans domains
+    trades the other way: its gathers and reduce-scatters cross the network, but it holds less than an
+    in-domain group and all-reduces a smaller slice between fewer replicas, so no size dominates another
+    (a 32-rank group of 4 nodes can beat both a node and all 64 ranks). Two are tried, both whole domains
+    and the in-domain group doubled (the sizes the stacks' hybrid groups are set to): the smallest (two
+    domains) and the largest below dp, the ends of that trade, which keeps the search within 1.5x of its
+    cost without them (benchmarks/search_speed.py). A group of one
+    rank (d = 1, cp = 1) shards nothing and is left out. `pinned` (SearchSpace.dp_shard) replaces the
     choice: 0 gives [0], N gives [N] where N divides dp, else []."""
     if pinned is not None:
         return [pinned] if pinned == 0 or dp % pinned == 0 else []
@@ -276,12 +280,22 @@ def shard_groups(dp: int, *, tp: int, cp: int, fast_domain: int | None, pinned: 
 
 @lru_cache(maxsize=65536)
 def _hybrid_groups(dp: int, tp: int, cp: int, fast_domain: int | None) -> tuple[int, ...]:
-    """shard_groups without a pin: 0 and the largest in-domain group (cached per degrees)."""
+    """shard_groups without a pin: 0, the largest in-domain group and the groups across domains (cached
+    per degrees)."""
     sizes = np.array([d for d in _divisors(dp) if d < dp and d * cp > 1], dtype=np.int64)
     if not fast_domain or not len(sizes):
         return (0,)
-    inside = sizes[ranks_per_node(sizes * cp, tp, fast_domain) == sizes * cp]
-    return (0, int(inside[-1])) if len(inside) else (0,)
+    in_domain = ranks_per_node(sizes * cp, tp, fast_domain) == sizes * cp
+    largest_inside = (int(sizes[in_domain][-1]),) if in_domain.any() else ()
+    base = largest_inside[0] if largest_inside else 1
+    doubling = (sizes % base == 0) & _is_power_of_two(sizes // base)
+    whole_domains = (sizes * cp * tp) % fast_domain == 0
+    across = sizes[~in_domain & whole_domains & doubling]
+    return (0, *largest_inside, *sorted({int(across[0]), int(across[-1])} if len(across) else ()))
+
+
+def _is_power_of_two(values: np.ndarray) -> np.ndarray:
+    return (values > 0) & ((values & (values - 1)) == 0)
 
 
 SKELETON_FIELDS = ("dp", "tp", "pp", "cp", "cp_comm", "dp_shard", "ep", "schedule", "virtual_stages", "zero",

@@ -196,14 +196,17 @@ def test_frameworks_narrow_the_new_dimensions():
     assert SearchSpace().for_framework(load_framework("fsdp")).max_ep == 1
 
 
-def test_hybrid_shard_groups_stay_inside_the_fast_domain():
-    """dp itself (0) and the largest divisor of dp whose shard group (x cp ranks, D just left of C and T)
-    fills a whole number of groups per domain."""
-    assert shard_groups(64, tp=1, cp=1, fast_domain=8) == [0, 8]
-    assert shard_groups(64, tp=2, cp=2, fast_domain=8) == [0, 2]           # 2 x 2 x 2 = 8 ranks
-    assert shard_groups(64, tp=8, cp=1, fast_domain=8) == [0]              # tp fills the node
+def test_hybrid_shard_groups_are_the_largest_inside_the_fast_domain_and_doublings_across():
+    """dp itself (0), the largest divisor of dp whose shard group (x cp ranks, D just left of C and T)
+    fills a whole number of groups per domain, and of that group doubled while it spans whole domains
+    the smallest and the largest below dp."""
+    assert shard_groups(64, tp=1, cp=1, fast_domain=8) == [0, 8, 16, 32]
+    assert shard_groups(64, tp=2, cp=2, fast_domain=8) == [0, 2, 4, 32]   # 2 x 2 x 2 = 8 ranks
+    assert shard_groups(64, tp=8, cp=1, fast_domain=8) == [0, 2, 32]      # tp fills the node
     assert shard_groups(64, tp=1, cp=1, fast_domain=72) == [0, 8]          # 72 = 8 x 9: 8 | 72, 16 does not
-    assert shard_groups(96, tp=1, cp=1, fast_domain=72) == [0, 24]         # GB200 NVL72: 24 | 72
+    assert shard_groups(96, tp=1, cp=1, fast_domain=72) == [0, 24]         # GB200 NVL72: 24 | 72, 48 spans 2/3
+    assert shard_groups(6, tp=4, cp=2, fast_domain=8) == [0, 1, 2]         # 3 x 8 ranks: 3 is no doubling
+    assert shard_groups(96, tp=3, cp=1, fast_domain=72) == [0, 24, 48]     # 48 x 3 = 2 racks
     assert shard_groups(4, tp=1, cp=1, fast_domain=8) == [0, 2]            # a group smaller than dp only
     assert shard_groups(1, tp=1, cp=4, fast_domain=8) == [0]
     assert shard_groups(8, tp=1, cp=1, fast_domain=8, pinned=4) == [4]
@@ -212,7 +215,9 @@ def test_hybrid_shard_groups_stay_inside_the_fast_domain():
                          seq=8192, fast_domain=72)
     hybrid = rows["dp_shard"] > 0
     assert hybrid.any() and np.all(rows["zero"][hybrid] >= 1) and np.all(rows["dp_shard"][hybrid] < rows["dp"][hybrid])
-    assert np.all(72 % (rows["dp_shard"][hybrid] * rows["cp"][hybrid] * rows["tp"][hybrid]) == 0)
+    assert np.all(rows["dp"][hybrid] % rows["dp_shard"][hybrid] == 0)
+    group = rows["dp_shard"][hybrid] * rows["cp"][hybrid] * rows["tp"][hybrid]
+    assert np.all((72 % group == 0) | (group % 72 == 0))     # inside one NVL72 rack, or whole racks
 
 
 def test_ep_follows_the_one_rule(monkeypatch):

@@ -163,7 +163,7 @@ def test_405b_long_context_acceptance_picks_cp_within_the_budget(machine_slowdow
     assert rec.best["plan"]["precision"] == "fp8"
     assert s.space == s.candidates_evaluated + s.pruned_by_memory_bound + s.pruned_by_time_bound > 300_000
     assert s.values_tried["cp"] == [2 ** k for k in range(15)]               # every cp of 16,384 = 2^14
-    assert cpu_s < 2.0 * machine_slowdown, (cpu_s, machine_slowdown)
+    assert cpu_s < 2.4 * machine_slowdown, (cpu_s, machine_slowdown)
     assert s.seconds < 20.0
     versus = rec.best["search"]["cp_versus"]
     assert versus["plan"]["cp"] == 1 and versus["step_time_s"] > 2 * rec.best["prediction"]["step_time_s"]
@@ -408,12 +408,13 @@ def test_dense_plans_have_no_ep_versus():
 def test_deepseek_v3_acceptance_picks_ep_and_says_why_within_the_budget(hardware, gpus):
     """DeepSeek-V3 on 2,048 H100s (p5: 8-GPU NVLink nodes over EFA) and on 2,016 GB200s (28 NVL72 racks), the
     issue's acceptance: a plan with ep > 1 wins, the whole space is searched, and explain compares it with the
-    best plan of every other expert-parallel degree and placement. Budget 2 s on 2 cores of the reference machine
+    best plan of every other expert-parallel degree and placement. Budget 2.4 s on 2 cores of the reference machine
     (CPU time of the search; the CLI adds ~0.4 s of start-up), times the machine's slowdown on a slower one, the
     yardstick run in turn with the search (conftest.interleaved_cpu_s: a load that came and went between a
     yardstick measured before and the search failed it once at 2.9 s against 2.6); about 8.6 and 5.5 yardsticks
     (1.6 and 1.0 reference seconds; the per-block terms scored once per distinct row, planner.score.block_terms, took
-    ~18% off). Timed warm, as the yardstick is: the first search of a model also fills its per-model caches (~1 s
+    ~18% off); 1.5 x those 1.6 s since the search also tries hybrid shard groups across nodes (issue 32: the
+    search may slow by 1.5 x, no more; about 1.2 x measured). Timed warm, as the yardstick is: the first search of a model also fills its per-model caches (~1 s
     more here). The wall limit is generous for a loaded machine."""
     from planner.explain import explain_document
     from tests.conftest import interleaved_cpu_s
@@ -431,5 +432,5 @@ def test_deepseek_v3_acceptance_picks_ep_and_says_why_within_the_budget(hardware
     text = "\n".join(explain_document(best).versus_lines)
     assert f"why ep={best['plan']['ep']} with all-to-all inside one NVLink domain" in text
     assert "no all-to-all (every GPU holds every expert)" in text and "all-to-all over NVLink + EFA" in text
-    assert cpu_s < 2.0 * machine_slowdown, (cpu_s, machine_slowdown)
+    assert cpu_s < 2.4 * machine_slowdown, (cpu_s, machine_slowdown)
     assert s.seconds < 20.0
