@@ -15,6 +15,7 @@ plain numbers, and a NaN or an infinity is an error naming where it is, never wr
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -46,6 +47,9 @@ def read_json(path: str | Path, what: str) -> dict:
     def fail(problem: str) -> ConfigError:
         return ConfigError(what, str(path), "a JSON object", message=f"{what} {path}: {problem}")
 
+    kind = special_kind(path)
+    if kind:                                           # a FIFO would block open(); a device never ends
+        raise fail(f"is {kind}, not a regular file; expected a JSON file")
     try:
         with open(path, "rb") as handle:              # bounded: /dev/zero or a stray dump cannot exhaust memory
             raw = handle.read(MAX_JSON_BYTES + 1)
@@ -73,6 +77,30 @@ def read_json(path: str | Path, what: str) -> dict:
     if bad is not None:
         raise fail(f"{bad[0]}={bad[1]!r} is invalid: allowed a finite number (strict JSON has no NaN or Infinity)")
     return data
+
+
+def special_kind(path: str | Path) -> str | None:
+    """What `path` is when it exists and is neither a regular file nor a directory ('a FIFO', 'a
+    character device', ...); None otherwise. Every reader refuses such a path before opening it."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return next((name for test, name in _SPECIAL_KINDS if test(mode)), "a special file")
+
+
+_SPECIAL_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                  (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def read_json_if_exists(path: str | Path, what: str) -> dict | None:
+    """`read_json(path, what)`, or None when nothing is at `path` (an output a command may merge into:
+    a malformed or special file there is the same one-line error, before any work starts)."""
+    if not os.path.lexists(path):
+        return None
+    return read_json(path, what)
 
 
 def _json_type(value: Any) -> str:
@@ -190,9 +218,21 @@ def check_writable(path: str | Path, what: str, *, inputs: tuple[tuple[str | Pat
     for source, role in inputs:
         if _same_file(target, source):
             raise _unwritable(Path(path), what, f"is the {role} this command reads; write to another file")
-    if not _is_special(target) and not os.access(target.parent, os.W_OK | os.X_OK):
-        raise _unwritable(target, what, f"cannot write: directory {target.parent} is not writable")
+    if not _is_special(target):
+        _probe_directory(target, what)
     return target
+
+
+def _probe_directory(target: Path, what: str) -> None:
+    """Create and remove a temporary file beside `target`: the one test that also holds for root and
+    for read-only file systems (os.access answers yes to root everywhere)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".probe")
+    except OSError as err:
+        raise _unwritable(target, what, f"cannot write: directory {target.parent} is not writable "
+                                        f"({err.strerror or err})") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _same_file(a: str | Path, b: str | Path) -> bool:
@@ -211,6 +251,20 @@ def _is_special(path: Path) -> bool:
     return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
+def _open_special(path: Path, what: str):
+    """`path` (a device or FIFO) opened for writing in place; a FIFO nobody reads is refused at once
+    (ENXIO) instead of blocking forever."""
+    flags = os.O_WRONLY | (os.O_NONBLOCK if stat.S_ISFIFO(path.stat().st_mode) else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as err:
+        if err.errno == errno.ENXIO:
+            raise _unwritable(path, what, "is a FIFO that no process reads; give a file name") from None
+        raise
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "wb")
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -223,7 +277,7 @@ def write_bytes(path: str | Path, data: bytes, what: str) -> Path:
     target = _target(path, what)
     if _is_special(target):
         try:
-            with open(target, "wb") as handle:
+            with _open_special(target, what) as handle:
                 handle.write(data)
         except OSError as err:
             raise _unwritable(target, what, f"cannot write ({err.strerror or err})") from None
