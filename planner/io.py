@@ -21,6 +21,7 @@ import math
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -318,3 +319,43 @@ def write_text(path: str | Path, text: str, what: str) -> Path:
 def write_json(path: str | Path, document: Any, what: str, *, indent: int | None = 2) -> Path:
     """Strict JSON (`dumps_strict`) written atomically; nothing is written if a number is not finite."""
     return write_text(path, dumps_strict(document, what, indent=indent) + "\n", what)
+
+
+# -------------------------------------------------------------------------------------- directories
+
+def check_directory(path: str | Path, what: str) -> Path:
+    """Fail early, in one line, when `path` cannot be a directory this command writes in: it is a
+    file or a special file, or it (or, when it does not exist yet, its nearest existing ancestor) is
+    not a writable directory. Creates nothing; returns the path. The one check of --workdir,
+    --checkpoint-dir and any other output folder."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise _not_a_folder(path, what, "is a file, not a directory")
+    existing = next(p for p in (path, *path.parents) if p.exists())      # "." or "/" at the latest
+    if not existing.is_dir():
+        raise _not_a_folder(path, what, f"cannot create it: {existing} is a file, not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".planner-", suffix=".probe")
+    except OSError as err:
+        where = "directory is not writable" if existing == path else f"cannot create it: {existing} is not writable"
+        raise _not_a_folder(path, what, f"{where} ({err.strerror or err})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return path
+
+
+def _not_a_folder(path: Path, what: str, problem: str) -> ConfigError:
+    return ConfigError(what, str(path), "a writable directory", message=f"{what} {path}: {problem}")
+
+
+def fresh_subfolder(parent: str | Path, what: str, prefix: str = "run-") -> Path:
+    """A new, empty folder inside `parent` (created with its missing parents after `check_directory`),
+    named PREFIX + UTC time + a random suffix: a command writing there never replaces or removes a
+    file it did not create."""
+    parent = check_directory(parent, what)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        return Path(tempfile.mkdtemp(prefix=f"{prefix}{stamp}-", dir=parent))
+    except OSError as err:
+        raise _not_a_folder(parent, what, f"cannot create a folder in it ({err.strerror or err})") from None

@@ -75,7 +75,7 @@ def test_killed_rank_stops_all_and_resume_reproduces_the_uninterrupted_losses(tm
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
     refused = runner.invoke(app, ["run", str(plan), "--checkpoint-dir", str(not_a_dir)])
-    assert refused.exit_code == 2 and "a directory (it is a file)" in refused.stderr
+    assert refused.exit_code == 2 and f"--checkpoint-dir {not_a_dir}: is a file, not a directory" in refused.stderr
     # no intact step at all: one line, exit 2, before any rank starts
     for step in ckpt.glob("step-*"):
         if (step / "trainer.json").exists():
@@ -140,11 +140,13 @@ def _launch_forever(tmp_path, *extra) -> tuple[subprocess.Popen, Path, list[int]
                                 text=True, start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        beats = [json.loads(p.read_text()) for p in sorted(work.glob("heartbeat-*.json")) if p.stat().st_size]
+        # the run's own fresh sub-folder of --workdir
+        beats = [json.loads(p.read_text()) for p in sorted(work.glob("run-*/heartbeat-*.json")) if p.stat().st_size]
         if len(beats) == 2 and all(b["step"] >= 1 for b in beats):
             pids = sorted(_children(launcher.pid))
             assert sorted(b["pid"] for b in beats) == pids
-            return launcher, work, pids
+            (own,) = work.glob("run-*")
+            return launcher, own, pids
         assert launcher.poll() is None, launcher.communicate()
         time.sleep(0.2)
     launcher.kill()
@@ -164,7 +166,7 @@ def _assert_all_gone(pids: list[int], within_s: float = 10.0) -> None:
 def test_a_signal_to_the_launcher_stops_every_rank(tmp_path, sig):
     """What timeout, Slurm and Kubernetes do (SIGTERM), Ctrl-C (SIGINT), a closed terminal (SIGHUP), and a
     launcher killed outright (SIGKILL: the ranks die with it, prctl PR_SET_PDEATHSIG)."""
-    launcher, _, pids = _launch_forever(tmp_path)
+    launcher, own, pids = _launch_forever(tmp_path)
     t0 = time.monotonic()
     os.kill(launcher.pid, sig)
     _, err = launcher.communicate(timeout=30)
@@ -175,7 +177,7 @@ def test_a_signal_to_the_launcher_stops_every_rank(tmp_path, sig):
         return
     assert launcher.returncode == 128 + sig, err
     lines = [line for line in err.splitlines() if line.strip()]
-    assert lines == [f"error: stopped by {sig.name}: stopped all 2 ranks (logs: {tmp_path / 'work'})"]
+    assert lines == [f"error: stopped by {sig.name}: stopped all 2 ranks (logs: {own})"]
 
 
 @pytest.mark.multiprocess
