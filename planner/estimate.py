@@ -422,9 +422,7 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
     check_moe_options(model, cfg.precision, moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
                       moe_imbalance=moe_imbalance, moe_fp8_dispatch=moe_fp8_dispatch)
     cfg.check_world_size(gpus)
-    cfg.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
-    cfg.check_experts(model.moe)
-    cfg.check_sequence(model.seq if cfg.seq is None else cfg.seq, heads=model.heads, kv_heads=model.n_kv_heads)
+    cfg.check_against(model, cfg.seq)
     resolve_precision(hw, cfg.precision)
     check_master_weights(software, cfg.precision)
     if software.bf16_optimizer and cfg.offloads("optimizer"):
