@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from planner.errors import ConfigError
+from planner.option_rules import check_options
 from planner.parallel import MeshAxis, ParallelConfig
 
 SCHEMA_VERSION = "1"
@@ -320,6 +321,8 @@ def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
     _check_positions(model, config.seq)
     check_against_model(model, config)
     check_physics(document["prediction"], config)
+    check_options(precision=config.precision, fp8_scaling=run_options(document).get("fp8_scaling"),
+                  framework=config.framework)
 
     pred = document["prediction"]
     mem = pred["memory"]

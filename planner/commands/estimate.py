@@ -20,6 +20,7 @@ from planner.commands.common import (MAX_WORLD_SIZE, AttentionOpt, DropoutOpt, F
 from planner.errors import ConfigError
 from frameworks import load_framework
 from frameworks.rules import framework_placement
+from planner.option_rules import check_options
 from planner.io import check_finite
 
 DegreeOpt = lambda flag, what: Annotated[int, typer.Option(flag, min=1, max=MAX_WORLD_SIZE, help=what)]  # noqa: E731
@@ -102,6 +103,8 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
     from planner.parallel import ParallelConfig, resolve_precision
     from planner.sources import default_framework, resolve_model
 
+    check_options(precision=precision, fp8_scaling=fp8_scaling, recompute=recompute,
+                  recompute_modules=recompute_modules, framework=framework)
     hw = load_profile(hardware)
     n = world_size(hw, gpus, nodes)
     spec = resolve_model(model, seq=seq)

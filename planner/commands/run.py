@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from hardware_profiles import load_profile
 from planner.commands.common import JsonOpt, PlanArg, emit_json
 from planner.executor.runspec import EXECUTOR_RUNS
 from planner.io import check_directory
@@ -46,6 +47,8 @@ def run(
     for folder, option in ((workdir, "--workdir"), (checkpoint_dir, "--checkpoint-dir")):
         if folder is not None:
             check_directory(folder, option)      # before the model is built and any rank starts
+    if hardware is not None:
+        load_profile(hardware)                   # an unknown or invalid profile: refused now, not noted after
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or {"RANK", "WORLD_SIZE", "MASTER_ADDR"} <= set(os.environ)
     world_env = None
     if under_torchrun:
