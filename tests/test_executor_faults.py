@@ -196,3 +196,18 @@ def test_a_frozen_rank_fails_the_run_after_timeout_s(tmp_path):
     assert "rank 1 is stopped (SIGSTOP" in lines[0] or "rank 1 stopped responding" in lines[0], lines[0]
     assert 4 < elapsed < 20
     _assert_all_gone(pids)
+
+
+@pytest.mark.multiprocess
+def test_a_native_crash_names_the_python_call_it_died_in(tmp_path):
+    """Issue 31: a rank killed by SIGSEGV inside native code (the intermittent crash of the 8-rank gpt2 run) is one
+    line naming the signal, the step and the innermost Python call of the crashing thread, which faulthandler wrote
+    to the rank's log with the whole stack."""
+    result = runner.invoke(app, ["run", str(_plan(tmp_path)), "--steps", "3", "--inject-fault", "segv:1:1",
+                                 "--workdir", str(tmp_path / "w")])
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "rank 1 was killed by SIGSEGV during step 1 in inject_fault (faults.py:" in lines[0]
+    (own,) = (tmp_path / "w").glob("run-*")
+    log = (own / "rank-1.log").read_text()
+    assert "Fatal Python error: Segmentation fault" in log and "in inject_fault" in log
