@@ -80,6 +80,10 @@ CASES = [
                                    "--out", "{tmp}/report"], 2, "has no price_usd_per_hour"),
     ("estimate-gpt-oss-head-dim-63", ["estimate", "{tmp}/oss63.json", "--hardware", "dgx-h100", "--gpus", "8",
                                       "--dp", "8"], 2, "head_dim=63 is invalid"),
+    ("estimate-framework-profile-fifo", ["estimate", "gpt2", "--hardware", "dgx-h100", "--gpus", "8", "--dp", "8",
+                                         "--framework", "{tmp}/fifo.json"], 2, "is a FIFO, not a regular file"),
+    ("estimate-hardware-profile-device", ["estimate", "gpt2", "--hardware", "/dev/zero", "--gpus", "8"], 2,
+     "is a character device"),
     ("export-out-fifo", ["export", "{plan}", "--format", "deepspeed", "--out", "{tmp}/fifo"], 2,
      "is a FIFO that no process reads"),
     *[("-".join([reader[0], *reader[3:4], edit]), [a.replace("%s", edit) for a in reader], 2, PLAN_NEEDLES[edit])
@@ -90,6 +94,7 @@ CASES = [
 def _sandbox(tmp: Path) -> None:
     """The user's files the commands must leave as they are."""
     os.mkfifo(tmp / "fifo")
+    os.mkfifo(tmp / "fifo.json")
     (tmp / "array.json").write_text("[1, 2]")
     (tmp / "mine.json").write_text('{"mine": true}')
     (tmp / "notes.txt").write_text("my notes")
