@@ -379,8 +379,9 @@ TEMP_PREFIX = "planner-calibrate-"
 
 
 def sweep_temporary_dirs(root: str | None = None) -> list[Path]:
-    """Remove the temporary folders of calibrations whose process is gone (a SIGKILL runs no clean-up
-    code); returns them. A folder is removed only when its name carries a pid that no longer runs."""
+    """Remove the temporary folders of calibrations whose process is gone (a SIGKILL runs no
+    clean-up code); returns them. A folder is removed only when its name carries a pid that no
+    longer runs."""
     removed = []
     for folder in Path(root or tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*"):
         pid = folder.name[len(TEMP_PREFIX):].split("-")[0]
@@ -423,8 +424,9 @@ def run_measurements(world_size: int, *, quick: bool = False, backend: str | Non
     with tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}{os.getpid()}-") as out_dir:
         port = free_port()
         args = (world_size, port, backend, asdict(plan), out_dir, os.getpid())
-        procs = [ctx.Process(target=run_as_rank, args=(os.getpid(), f"{__name__}:_worker", r, *args),
-                             daemon=False) for r in range(world_size)]
+        target = f"{__name__}:_worker"
+        procs = [ctx.Process(target=run_as_rank, args=(os.getpid(), target, r, *args), daemon=False)
+                 for r in range(world_size)]
         with stop_signals():
             try:
                 with starting_ranks():
@@ -640,9 +642,9 @@ def calibrate(*, out: Path, world_size: int, quick: bool, name: str, command: st
 
 
 def previous_profile(out: Path) -> dict | None:
-    """The hardware profile already at `out` (its efficiency keys are kept), None when there is none;
-    one ConfigError line, before any measurement, when `out` cannot be written or holds something
-    other than a hardware profile (a FIFO, a device, malformed JSON, another document)."""
+    """The hardware profile already at `out` (its efficiency keys are kept), None when there is
+    none; one ConfigError line, before any measurement, when `out` cannot be written or holds
+    something other than a hardware profile (a FIFO, a device, malformed JSON, another document)."""
     from hardware_profiles.loader import profile_from_dict
 
     check_writable(out, "--out")
@@ -652,6 +654,6 @@ def previous_profile(out: Path) -> dict | None:
             profile_from_dict(previous, origin=str(out))
         except ConfigError as err:
             raise ConfigError("--out", str(out), "a new file or a hardware profile", message=(
-                f"--out {out}: exists and is not a hardware profile ({err}); calibrate replaces only a "
-                f"profile: choose another --out or move the file")) from None
+                f"--out {out}: exists and is not a hardware profile ({err}); calibrate replaces "
+                f"only a profile: choose another --out or move the file")) from None
     return previous

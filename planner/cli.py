@@ -148,12 +148,13 @@ _register()
 
 
 def main() -> None:
-    """The `planner` command. SIGTERM, SIGINT and SIGHUP stop it with one line and 128 + the signal
-    number wherever they land (a launch's own handler, lifecycle.stop_signals, stops its ranks first)."""
+    """The `planner` command. SIGTERM, SIGINT and SIGHUP stop it with one line and 128 + the
+    signal number wherever they land (a launch's own handler, lifecycle.stop_signals, stops its
+    ranks first)."""
     with stop_signals():
         try:
             app(prog_name="planner")
-        except Interrupted as stop:            # landed outside a command (while typer parsed the line)
+        except Interrupted as stop:            # landed outside a command (typer parsing the line)
             typer.echo(f"error: {stop}", err=True)
             sys.exit(stop.exit_code)
 

@@ -49,7 +49,7 @@ def read_json(path: str | Path, what: str) -> dict:
         return ConfigError(what, str(path), "a JSON object", message=f"{what} {path}: {problem}")
 
     kind = special_kind(path)
-    if kind:                                           # a FIFO would block open(); a device never ends
+    if kind:                                  # a FIFO would block open(); a device never ends
         raise fail(f"is {kind}, not a regular file; expected a JSON file")
     try:
         with open(path, "rb") as handle:              # bounded: /dev/zero or a stray dump cannot exhaust memory
@@ -97,8 +97,8 @@ _SPECIAL_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"
 
 
 def read_json_if_exists(path: str | Path, what: str) -> dict | None:
-    """`read_json(path, what)`, or None when nothing is at `path` (an output a command may merge into:
-    a malformed or special file there is the same one-line error, before any work starts)."""
+    """`read_json(path, what)`, or None when nothing is at `path` (an output a command may merge
+    into: a malformed or special file there is the same one-line error, before any work starts)."""
     if not os.path.lexists(path):
         return None
     return read_json(path, what)
@@ -260,7 +260,8 @@ def _open_special(path: Path, what: str):
         fd = os.open(path, flags)
     except OSError as err:
         if err.errno == errno.ENXIO:
-            raise _unwritable(path, what, "is a FIFO that no process reads; give a file name") from None
+            raise _unwritable(path, what, "is a FIFO that no process reads; give a file name") \
+                from None
         raise
     os.set_blocking(fd, True)
     return os.fdopen(fd, "wb")
@@ -337,7 +338,8 @@ def check_directory(path: str | Path, what: str) -> Path:
     try:
         fd, probe = tempfile.mkstemp(dir=existing, prefix=".planner-", suffix=".probe")
     except OSError as err:
-        where = "directory is not writable" if existing == path else f"cannot create it: {existing} is not writable"
+        where = ("directory is not writable" if existing == path
+                 else f"cannot create it: {existing} is not writable")
         raise _not_a_folder(path, what, f"{where} ({err.strerror or err})") from None
     os.close(fd)
     os.unlink(probe)
@@ -349,13 +351,14 @@ def _not_a_folder(path: Path, what: str, problem: str) -> ConfigError:
 
 
 def fresh_subfolder(parent: str | Path, what: str, prefix: str = "run-") -> Path:
-    """A new, empty folder inside `parent` (created with its missing parents after `check_directory`),
-    named PREFIX + UTC time + a random suffix: a command writing there never replaces or removes a
-    file it did not create."""
+    """A new, empty folder inside `parent` (created with its missing parents after
+    `check_directory`), named PREFIX + UTC time + a random suffix: a command writing there never
+    replaces or removes a file it did not create."""
     parent = check_directory(parent, what)
     try:
         parent.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         return Path(tempfile.mkdtemp(prefix=f"{prefix}{stamp}-", dir=parent))
     except OSError as err:
-        raise _not_a_folder(parent, what, f"cannot create a folder in it ({err.strerror or err})") from None
+        problem = f"cannot create a folder in it ({err.strerror or err})"
+        raise _not_a_folder(parent, what, problem) from None

@@ -3,11 +3,11 @@ naming the options, the values given and what is allowed, by every command that 
 (estimate, recommend, explain, report, run) through `check_options`.
 
 A rule judges values that are valid one by one (an unknown value is refused by its own check, which
-names what is allowed). A rule reads the options by their Python names (`fp8_scaling`, `recompute_modules`, ...); a name a
-command does not take is simply absent, and a rule about it does not apply there. Values a command
-derives before the check (the hardware profile's price as `price`, the resolved `precision`) are
-passed the same way.
-"""
+names what is allowed). A rule reads the options by their Python names (`fp8_scaling`,
+`recompute_modules`, ...); a name a command does not take is simply absent, and a rule about it does
+not apply there. Values a command derives before the check (the hardware profile's price as `price`,
+the resolved `precision`) are passed the same way."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,7 +21,8 @@ Options = Mapping[str, Any]
 
 @dataclass(frozen=True)
 class OptionRule:
-    """Options that together mean nothing: `refuses(values)` says when, `allowed(values)` what would."""
+    """Options that together mean nothing: `refuses(values)` says when, `allowed(values)` what
+    would."""
 
     options: tuple[str, ...]
     """The command-line names involved, first the one refused."""
@@ -31,10 +32,16 @@ class OptionRule:
     def error(self, values: Options) -> ConfigError:
         field = self.options[0]
         given = values.get(_python_name(field))
-        shown = ", ".join(f"{name} {_shown(values.get(_python_name(name)))}" for name in self.options)
-        return ConfigError(field, given, self.allowed(values),
-                           message=f"{shown}: {'this combination means' if len(self.options) > 1 else 'means'} "
-                                   f"nothing; allowed {self.allowed(values)}")
+        shown = ", ".join(
+            f"{name} {_shown(values.get(_python_name(name)))}" for name in self.options
+        )
+        return ConfigError(
+            field,
+            given,
+            self.allowed(values),
+            message=f"{shown}: {'this combination means' if len(self.options) > 1 else 'means'} "
+            f"nothing; allowed {self.allowed(values)}",
+        )
 
 
 def _python_name(option: str) -> str:
@@ -61,26 +68,55 @@ def _framework_names() -> tuple[str, ...]:
 
 def _blank_framework(values: Options) -> bool:
     name = values.get("framework")
-    return isinstance(name, str) and name.strip() == ""        # '' ran as megatron, silently
+    return isinstance(name, str) and name.strip() == ""  # '' ran as megatron, silently
 
 
 RULES: tuple[OptionRule, ...] = (
-    OptionRule(("--fp8-scaling", "--precision"),
-               lambda v: "precision" in v and v.get("fp8_scaling") in FP8_SCALINGS and v.get("precision") != "fp8",
-               lambda v: "--fp8-scaling only with --precision fp8 (the granularity of FP8 scaling factors)"),
-    OptionRule(("--recompute-modules", "--recompute"),
-               lambda v: "recompute" in v and _given(v, "recompute_modules") and v.get("recompute") != "selective",
-               lambda v: "--recompute-modules only with --recompute selective (the modules selective "
-                         "recomputation re-runs)"),
-    OptionRule(("--framework",), _blank_framework,
-               lambda v: "one of " + ", ".join(_framework_names()) + " (or a framework profile .json)"),
-    OptionRule(("--objective", "--price-per-hour"),
-               lambda v: v.get("objective") == "cost" and "price" in v and v.get("price") is None
-               and not _given(v, "price_per_hour"),
-               lambda v: f"--objective cost with a price: {v.get('hardware')}'s profile has no price_usd_per_hour; "
-                         "pass --price-per-hour USD (per node) where the command takes it, or another objective"),
+    OptionRule(
+        ("--fp8-scaling", "--precision"),
+        lambda v: (
+            "precision" in v
+            and v.get("fp8_scaling") in FP8_SCALINGS
+            and v.get("precision") != "fp8"
+        ),
+        lambda v: (
+            "--fp8-scaling only with --precision fp8 (the granularity of FP8 scaling factors)"
+        ),
+    ),
+    OptionRule(
+        ("--recompute-modules", "--recompute"),
+        lambda v: (
+            "recompute" in v
+            and _given(v, "recompute_modules")
+            and v.get("recompute") != "selective"
+        ),
+        lambda v: (
+            "--recompute-modules only with --recompute selective (the modules selective "
+            "recomputation re-runs)"
+        ),
+    ),
+    OptionRule(
+        ("--framework",),
+        _blank_framework,
+        lambda v: "one of " + ", ".join(_framework_names()) + " (or a framework profile .json)",
+    ),
+    OptionRule(
+        ("--objective", "--price-per-hour"),
+        lambda v: (
+            v.get("objective") == "cost"
+            and "price" in v
+            and v.get("price") is None
+            and not _given(v, "price_per_hour")
+        ),
+        lambda v: (
+            f"--objective cost with a price: {v.get('hardware')}'s profile has no "
+            "price_usd_per_hour; "
+            "pass --price-per-hour USD (per node) where the command takes it, or another objective"
+        ),
+    ),
 )
-"""Every refused combination; tests/test_option_rules.py enumerates pairs of run options against it."""
+"""Every refused combination; tests/test_option_rules.py enumerates pairs of run options
+against it."""
 
 
 def check_options(**values: Any) -> None:

@@ -89,7 +89,7 @@ def calibrate(
     """Measure this machine (GEMM rate, memory copy, collectives over torch.distributed) into a profile."""
     from planner import calibrate as cal
 
-    cal.previous_profile(out)               # a --out that cannot be written fails now, not after the work
+    cal.previous_profile(out)    # a --out that cannot be written fails now, not after the work
     import torch
 
     if world_size is None:

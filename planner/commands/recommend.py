@@ -120,7 +120,8 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
 
     profile = load_profile(hardware)
     check_options(precision=precision, fp8_scaling=fp8_scaling, recompute_modules=recompute_modules,
-                  framework=framework, objective=objective, hardware=hardware, price_per_hour=price_per_hour,
+                  framework=framework, objective=objective, hardware=hardware,
+                  price_per_hour=price_per_hour,
                   price=profile.spot_price_usd_per_hour if spot else profile.price_usd_per_hour)
     space = search_space(cp=cp, max_cp=max_cp, cp_comm=cp_comm, dp_shard=dp_shard, ep=ep, max_ep=max_ep)
     token_count = parse_tokens(tokens)

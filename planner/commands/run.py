@@ -31,8 +31,8 @@ def run(
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the weights and the synthetic data.")] = 0,
     timeout_s: Annotated[float, typer.Option("--timeout-s", min=1.0, help="A hung or frozen rank fails the run after this long (process-group timeout and heartbeat deadline).")] = 60.0,
     workdir: Annotated[Optional[Path], typer.Option("--workdir", help=(
-        "Folder in which each run makes a fresh sub-folder for its rank logs and heartbeats (default: a "
-        "temporary directory); nothing already there is replaced or removed."))] = None,
+        "Folder in which each run makes a fresh sub-folder for its rank logs and heartbeats "
+        "(default: a temporary directory); nothing already there is replaced or removed."))] = None,
     hardware: Annotated[Optional[str], typer.Option("--hardware", help="Profile of the prediction column (default: cpu-local for gloo, the plan's hardware for nccl).")] = None,
     json_out: JsonOpt = False,
     inject_fault: Annotated[Optional[str], typer.Option("--inject-fault", hidden=True, help="Tests only: kill|hang|stop:RANK:STEP or bug:NAME (planner.executor.faults).")] = None,
@@ -48,7 +48,7 @@ def run(
         if folder is not None:
             check_directory(folder, option)      # before the model is built and any rank starts
     if hardware is not None:
-        load_profile(hardware)                   # an unknown or invalid profile: refused now, not noted after
+        load_profile(hardware)       # an unknown or invalid profile: refused now, not noted after
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or {"RANK", "WORLD_SIZE", "MASTER_ADDR"} <= set(os.environ)
     world_env = None
     if under_torchrun:

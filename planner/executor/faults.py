@@ -7,8 +7,8 @@ the same timeout (`--timeout-s`). A rank whose launcher died kills itself (lifec
 way the parent stops every rank (SIGTERM, then SIGKILL) and names the culprit in one line.
 
 Test-only switches (RunSpec.fault, the hidden `--inject-fault` option; never read from a plan):
-`kill:RANK:STEP`, `hang:RANK:STEP`, `stop:RANK:STEP` (SIGSTOP itself), `segv:RANK:STEP` (SIGSEGV itself,
-as a crash inside native code dies) at the start of a step, and
+`kill:RANK:STEP`, `hang:RANK:STEP`, `stop:RANK:STEP` (SIGSTOP itself), `segv:RANK:STEP`
+(SIGSEGV itself, as a crash inside native code dies) at the start of a step, and
 `bug:NAME`, a real parallelization bug planted in the run so tests can show `--verify` catches it
 (BUGS).
 """
@@ -42,7 +42,8 @@ BUGS = {
 
 FAULT_KINDS = ("kill", "hang", "stop", "segv")
 NATIVE_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)
-"""Deaths inside native code: the rank's log holds faulthandler's Python stack of the call (worker.main)."""
+"""Deaths inside native code: the rank's log holds faulthandler's Python stack of the call
+(worker.main)."""
 LIVENESS_PERIOD_S = 1.0
 """Heartbeat thread period (shorter for timeouts under 5 s: timeout / 5)."""
 
@@ -165,8 +166,8 @@ class Failure:
 
 
 def native_crash_site(log: Path) -> str | None:
-    """'function (file:line)' of the innermost Python frame of the crashing thread in faulthandler's dump
-    in a rank's log ("Current thread ... (most recent call first):"), None without one."""
+    """'function (file:line)' of the innermost Python frame of the crashing thread in faulthandler's
+    dump in a rank's log ("Current thread ... (most recent call first):"), None without one."""
     try:
         lines = log.read_text(errors="replace").splitlines()[-400:]
     except OSError:

@@ -144,8 +144,11 @@ def launch_local(spec: RunSpec, *, workdir: str | Path | None = None, keep_workd
     `keep_workdir`: a temporary work directory outlives the launch (the caller verifies from its
     records, then calls `LaunchResult.cleanup`)."""
     world = spec.config.world_size
-    # a --workdir gets a fresh sub-folder per run: nothing of the user's there is replaced or removed
-    work = fresh_subfolder(workdir, "--workdir") if workdir else Path(tempfile.mkdtemp(prefix="planner-run-"))
+    # a --workdir gets a fresh sub-folder per run: nothing of the user's is replaced or removed
+    if workdir:
+        work = fresh_subfolder(workdir, "--workdir")
+    else:
+        work = Path(tempfile.mkdtemp(prefix="planner-run-"))
     spec_path = work / "runspec.json"
     spec_path.write_text(spec.to_json())
     threads = max(1, (os.cpu_count() or 1) // world)

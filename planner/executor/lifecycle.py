@@ -28,7 +28,8 @@ PR_SET_PDEATHSIG = 1
 
 
 class Interrupted(BaseException):
-    """The launcher was told to stop; every rank has been stopped. Exit 128 + signal (shell convention).
+    """The launcher was told to stop; every rank has been stopped. Exit 128 + signal (shell
+    convention).
     A BaseException, as KeyboardInterrupt: no `except Exception` or `except PlannerError` on the way
     (a fallback, a library's retry) may swallow a stop and let the command finish with exit 0."""
 
