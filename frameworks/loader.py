@@ -6,7 +6,6 @@ file's `sources` object.
 """
 from __future__ import annotations
 
-import json
 import math
 from functools import lru_cache
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any, NoReturn
 from frameworks.profile import (ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, MOE_DISPATCHERS, Capabilities,
                                 FrameworkProfile, StateBytes)
 from planner.errors import ConfigError
+from planner.io import read_json
 from planner.parallel import CP_COMMS, FRAMEWORKS, OFFLOAD, PRECISIONS, RECOMPUTE, SCHEDULES, check_placement
 
 FRAMEWORK_DIR = Path(__file__).resolve().parent
@@ -63,12 +63,8 @@ def load_framework(name_or_path: str) -> FrameworkProfile:
         path = Path(text).expanduser()
     elif not path.is_file():
         raise ConfigError("framework", text, "one of " + ", ".join(available_frameworks()))
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        raise ConfigError("framework", str(path), "a readable framework profile JSON file",
-                          message=f"framework profile {path}: cannot read ({type(err).__name__}: {err})") from None
-    return framework_from_dict(data, origin=str(path))
+    # planner.io: bounded, strict JSON, never a FIFO or a device (the one reader of input files)
+    return framework_from_dict(read_json(path, "framework profile"), origin=str(path))
 
 
 def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfile:

@@ -15,6 +15,7 @@ from typing import NoReturn
 from hardware_profiles.profile import HardwareProfile
 from hardware_profiles.efficiency import check_efficiency
 from planner.errors import ConfigError
+from planner.io import special_kind
 
 PROFILE_DIR = Path(__file__).resolve().parent
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
@@ -84,7 +85,7 @@ def resolve_profile_path(name_or_path: str) -> Path:
     if "/" not in text and "\\" not in text and by_name.is_file():
         return by_name
     path = Path(text).expanduser()
-    if path.is_file():
+    if path.is_file() or special_kind(path):     # a FIFO or a device: read_json names what it is
         return path
     if text.endswith(".json") or "/" in text:
         raise ConfigError("hardware", text, "a name among " + ", ".join(available_profiles())

@@ -28,6 +28,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import signal
 import statistics
 import sys
@@ -37,11 +38,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from planner.errors import ConfigError
+from planner.io import check_writable, read_json_if_exists, write_json
 from planner.executor import ExecutorError
-from planner.executor.launch import free_port
 
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "p2p")
 MAX_BUSBW_GBPS = 1e4
@@ -116,6 +116,8 @@ def fit_alpha_beta(collective: str, world_size: int, sizes_bytes, times_s) -> Co
     start, *_ = np.linalg.lstsq(design, np.ones_like(times), rcond=None)
     lowest = 1.0 / MAX_BUSBW_GBPS
     start = np.maximum(start, [1e-3, 2 * lowest])
+    from scipy.optimize import least_squares  # 1.5 s to import: only when fitting
+
     result = least_squares(residual, start, bounds=([0.0, lowest], [np.inf, np.inf]), loss="soft_l1",
                            f_scale=0.05, x_scale="jac")
     alpha_us, s_per_GB = result.x
@@ -164,6 +166,8 @@ def fit_gemm(dtype: str, flops, times_s) -> GemmFit:
     design = np.stack([1e-6 / times, flops_arr / 1e12 / times], axis=1)
     start, *_ = np.linalg.lstsq(design, np.ones_like(times), rcond=None)
     start = np.maximum(start, [1e-3, 1e-9])
+    from scipy.optimize import least_squares
+
     result = least_squares(residual, start, bounds=([0.0, 1e-12], [np.inf, np.inf]), loss="soft_l1",
                            f_scale=0.05, x_scale="jac")
     overhead_us, s_per_Tflop = result.x
@@ -213,13 +217,14 @@ def _timed(fn, sync, iters: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def _worker(rank: int, world_size: int, port: int, backend: str, plan: Plan, out_dir: str,
+def _worker(rank: int, world_size: int, port: int, backend: str, plan: Plan | dict, out_dir: str,
             launcher: int | None = None) -> None:
     """One rank: GEMMs, copy, then collectives; writes out_dir/rank<r>.json before teardown. It dies
     with `launcher` (the calibrating process): no rank outlives an interrupted calibration."""
     from planner.executor.lifecycle import die_with_parent, parent_alive
 
     parent = die_with_parent(launcher)
+    plan = Plan(**plan) if isinstance(plan, dict) else plan
     import threading
 
     def watch_parent():
@@ -369,6 +374,33 @@ def _stop(procs, grace_s: float = 5.0) -> None:
             p.join()
 
 
+TEMP_PREFIX = "planner-calibrate-"
+"""Prefix of a calibration's temporary folder, followed by the calibrating process's pid."""
+
+
+def sweep_temporary_dirs(root: str | None = None) -> list[Path]:
+    """Remove the temporary folders of calibrations whose process is gone (a SIGKILL runs no
+    clean-up code); returns them. A folder is removed only when its name carries a pid that no
+    longer runs."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*"):
+        pid = folder.name[len(TEMP_PREFIX):].split("-")[0]
+        if folder.is_dir() and pid.isdigit() and not _pid_running(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True                      # exists, owned by someone else
+    return True
+
+
 def run_measurements(world_size: int, *, quick: bool = False, backend: str | None = None) -> dict:
     """Launch `world_size` local ranks, measure, and return the results (each timing: median over
     repeats of the slowest rank's time per call)."""
@@ -382,19 +414,24 @@ def run_measurements(world_size: int, *, quick: bool = False, backend: str | Non
     if backend == "nccl" and world_size > torch.cuda.device_count():
         raise ConfigError("world-size", world_size,
                           f"at most {torch.cuda.device_count()} with NCCL (one GPU per rank on this machine)")
-    from planner.executor.lifecycle import Interrupted, stop_signals
+    from planner.executor.launch import free_port
+    from planner.executor.lifecycle import Interrupted, run_as_rank, starting_ranks, stop_signals
 
     plan = make_plan(world_size, quick)
     ctx = mp.get_context("spawn")
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="planner-calibrate-") as out_dir:
+    sweep_temporary_dirs()
+    with tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}{os.getpid()}-") as out_dir:
         port = free_port()
-        procs = [ctx.Process(target=_worker, args=(r, world_size, port, backend, plan, out_dir, os.getpid()),
-                             daemon=False) for r in range(world_size)]
+        args = (world_size, port, backend, asdict(plan), out_dir, os.getpid())
+        target = f"{__name__}:_worker"
+        procs = [ctx.Process(target=run_as_rank, args=(os.getpid(), target, r, *args), daemon=False)
+                 for r in range(world_size)]
         with stop_signals():
             try:
-                for p in procs:
-                    p.start()
+                with starting_ranks():
+                    for p in procs:
+                        p.start()
                 _wait_all(procs, out_dir, deadline_s=120.0 if quick else 900.0)
             except Interrupted as stop:
                 _stop(procs)
@@ -589,21 +626,34 @@ def _host_memory_bytes() -> int:
 
 
 def calibrate(*, out: Path, world_size: int, quick: bool, name: str, command: str) -> dict:
-    """Measure, fit, write the profile to `out` (keeping its efficiency keys if it exists), return it."""
+    """Measure, fit, write the profile to `out` atomically (keeping its efficiency keys if it
+    exists), return it. `out` is checked before anything is measured (`previous_profile`)."""
     from hardware_profiles.loader import profile_from_dict
 
-    previous = None
-    if out.exists():
-        try:
-            previous = json.loads(out.read_text())
-        except (OSError, json.JSONDecodeError):
-            previous = None
+    previous = previous_profile(out)
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     measured = run_measurements(world_size, quick=quick)
     measured["load_average_1min"] = {"before": load_before,
                                      "after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
     doc = build_profile(measured, name=name, command=command, previous=previous)
     profile_from_dict(doc, origin=str(out))  # what we write must load
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(out, doc, "--out")
     return doc
+
+
+def previous_profile(out: Path) -> dict | None:
+    """The hardware profile already at `out` (its efficiency keys are kept), None when there is
+    none; one ConfigError line, before any measurement, when `out` cannot be written or holds
+    something other than a hardware profile (a FIFO, a device, malformed JSON, another document)."""
+    from hardware_profiles.loader import profile_from_dict
+
+    check_writable(out, "--out")
+    previous = read_json_if_exists(out, "--out")
+    if previous is not None:
+        try:
+            profile_from_dict(previous, origin=str(out))
+        except ConfigError as err:
+            raise ConfigError("--out", str(out), "a new file or a hardware profile", message=(
+                f"--out {out}: exists and is not a hardware profile ({err}); calibrate replaces "
+                f"only a profile: choose another --out or move the file")) from None
+    return previous

@@ -20,6 +20,7 @@ import typer
 from typer.core import TyperGroup
 
 from planner.errors import PlannerError
+from planner.executor.lifecycle import Interrupted, stop_signals
 
 
 try:                                   # typer >= 0.29 vendors click
@@ -90,7 +91,7 @@ class _PlannerGroup(TyperGroup):
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", _NUMPY_FP_WARNINGS, RuntimeWarning)
                 return super().invoke(ctx)
-        except PlannerError as err:
+        except (PlannerError, Interrupted) as err:
             raise _error_exit(ctx, err, str(err), err.exit_code) from None
         except ClickException as err:
             raise _usage_exit(err) from None
@@ -147,7 +148,15 @@ _register()
 
 
 def main() -> None:
-    app(prog_name="planner")
+    """The `planner` command. SIGTERM, SIGINT and SIGHUP stop it with one line and 128 + the
+    signal number wherever they land (a launch's own handler, lifecycle.stop_signals, stops its
+    ranks first)."""
+    with stop_signals():
+        try:
+            app(prog_name="planner")
+        except Interrupted as stop:            # landed outside a command (typer parsing the line)
+            typer.echo(f"error: {stop}", err=True)
+            sys.exit(stop.exit_code)
 
 
 if __name__ == "__main__":

@@ -252,9 +252,7 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
     check_activation_fp8_input(software, model)
     check_moe_options(model, cfg.precision, options)
     cfg.check_world_size(gpus)
-    cfg.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
-    cfg.check_experts(model.moe)
-    cfg.check_sequence(model.seq if cfg.seq is None else cfg.seq, heads=model.heads, kv_heads=model.n_kv_heads)
+    cfg.check_against(model, cfg.seq)
     resolve_precision(hw, cfg.precision)
     check_master_weights(software, cfg.precision)
     if software.bf16_optimizer and cfg.offloads("optimizer"):

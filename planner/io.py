@@ -15,11 +15,13 @@ plain numbers, and a NaN or an infinity is an error naming where it is, never wr
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -46,6 +48,9 @@ def read_json(path: str | Path, what: str) -> dict:
     def fail(problem: str) -> ConfigError:
         return ConfigError(what, str(path), "a JSON object", message=f"{what} {path}: {problem}")
 
+    kind = special_kind(path)
+    if kind:                                  # a FIFO would block open(); a device never ends
+        raise fail(f"is {kind}, not a regular file; expected a JSON file")
     try:
         with open(path, "rb") as handle:              # bounded: /dev/zero or a stray dump cannot exhaust memory
             raw = handle.read(MAX_JSON_BYTES + 1)
@@ -73,6 +78,30 @@ def read_json(path: str | Path, what: str) -> dict:
     if bad is not None:
         raise fail(f"{bad[0]}={bad[1]!r} is invalid: allowed a finite number (strict JSON has no NaN or Infinity)")
     return data
+
+
+def special_kind(path: str | Path) -> str | None:
+    """What `path` is when it exists and is neither a regular file nor a directory ('a FIFO', 'a
+    character device', ...); None otherwise. Every reader refuses such a path before opening it."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return next((name for test, name in _SPECIAL_KINDS if test(mode)), "a special file")
+
+
+_SPECIAL_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                  (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def read_json_if_exists(path: str | Path, what: str) -> dict | None:
+    """`read_json(path, what)`, or None when nothing is at `path` (an output a command may merge
+    into: a malformed or special file there is the same one-line error, before any work starts)."""
+    if not os.path.lexists(path):
+        return None
+    return read_json(path, what)
 
 
 def _json_type(value: Any) -> str:
@@ -190,9 +219,21 @@ def check_writable(path: str | Path, what: str, *, inputs: tuple[tuple[str | Pat
     for source, role in inputs:
         if _same_file(target, source):
             raise _unwritable(Path(path), what, f"is the {role} this command reads; write to another file")
-    if not _is_special(target) and not os.access(target.parent, os.W_OK | os.X_OK):
-        raise _unwritable(target, what, f"cannot write: directory {target.parent} is not writable")
+    if not _is_special(target):
+        _probe_directory(target, what)
     return target
+
+
+def _probe_directory(target: Path, what: str) -> None:
+    """Create and remove a temporary file beside `target`: the one test that also holds for root and
+    for read-only file systems (os.access answers yes to root everywhere)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".probe")
+    except OSError as err:
+        raise _unwritable(target, what, f"cannot write: directory {target.parent} is not writable "
+                                        f"({err.strerror or err})") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _same_file(a: str | Path, b: str | Path) -> bool:
@@ -211,6 +252,21 @@ def _is_special(path: Path) -> bool:
     return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
+def _open_special(path: Path, what: str):
+    """`path` (a device or FIFO) opened for writing in place; a FIFO nobody reads is refused at once
+    (ENXIO) instead of blocking forever."""
+    flags = os.O_WRONLY | (os.O_NONBLOCK if stat.S_ISFIFO(path.stat().st_mode) else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as err:
+        if err.errno == errno.ENXIO:
+            raise _unwritable(path, what, "is a FIFO that no process reads; give a file name") \
+                from None
+        raise
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "wb")
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -223,7 +279,7 @@ def write_bytes(path: str | Path, data: bytes, what: str) -> Path:
     target = _target(path, what)
     if _is_special(target):
         try:
-            with open(target, "wb") as handle:
+            with _open_special(target, what) as handle:
                 handle.write(data)
         except OSError as err:
             raise _unwritable(target, what, f"cannot write ({err.strerror or err})") from None
@@ -264,3 +320,45 @@ def write_text(path: str | Path, text: str, what: str) -> Path:
 def write_json(path: str | Path, document: Any, what: str, *, indent: int | None = 2) -> Path:
     """Strict JSON (`dumps_strict`) written atomically; nothing is written if a number is not finite."""
     return write_text(path, dumps_strict(document, what, indent=indent) + "\n", what)
+
+
+# -------------------------------------------------------------------------------------- directories
+
+def check_directory(path: str | Path, what: str) -> Path:
+    """Fail early, in one line, when `path` cannot be a directory this command writes in: it is a
+    file or a special file, or it (or, when it does not exist yet, its nearest existing ancestor) is
+    not a writable directory. Creates nothing; returns the path. The one check of --workdir,
+    --checkpoint-dir and any other output folder."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise _not_a_folder(path, what, "is a file, not a directory")
+    existing = next(p for p in (path, *path.parents) if p.exists())      # "." or "/" at the latest
+    if not existing.is_dir():
+        raise _not_a_folder(path, what, f"cannot create it: {existing} is a file, not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".planner-", suffix=".probe")
+    except OSError as err:
+        where = ("directory is not writable" if existing == path
+                 else f"cannot create it: {existing} is not writable")
+        raise _not_a_folder(path, what, f"{where} ({err.strerror or err})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return path
+
+
+def _not_a_folder(path: Path, what: str, problem: str) -> ConfigError:
+    return ConfigError(what, str(path), "a writable directory", message=f"{what} {path}: {problem}")
+
+
+def fresh_subfolder(parent: str | Path, what: str, prefix: str = "run-") -> Path:
+    """A new, empty folder inside `parent` (created with its missing parents after
+    `check_directory`), named PREFIX + UTC time + a random suffix: a command writing there never
+    replaces or removes a file it did not create."""
+    parent = check_directory(parent, what)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        return Path(tempfile.mkdtemp(prefix=f"{prefix}{stamp}-", dir=parent))
+    except OSError as err:
+        problem = f"cannot create a folder in it ({err.strerror or err})"
+        raise _not_a_folder(parent, what, problem) from None

@@ -240,6 +240,15 @@ class ParallelConfig:
         if self.stages and sum(self.stages) != blocks:
             raise ConfigError("stages", list(self.stages), f"blocks per stage summing to layers({blocks})")
 
+    def check_against(self, model, seq: int | None = None) -> None:
+        """Every degree rule of a model shape (`model`, a planner.spec.TransformerSpec; `seq`,
+        default the model's): check_model, check_experts and check_sequence. The one call of
+        estimate and of the plan reader (planner.plan.check_against_model)."""
+        self.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
+        self.check_experts(model.moe)
+        self.check_sequence(model.seq if seq is None else seq, heads=model.heads,
+                            kv_heads=model.n_kv_heads)
+
     def largest_chunk(self, blocks: int) -> int:
         """Blocks of the largest pipeline chunk: the explicit stages' largest, else ceil(blocks / (pp v))."""
         return max(self.stages) if self.stages else -(-blocks // (self.pp * self.virtual_stages))

@@ -17,9 +17,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from cost_models.params import total_params
+from planner.catalog import CATALOG, get as catalog_get
 from planner.errors import ConfigError
+from planner.option_rules import check_options
 from planner.parallel import MeshAxis, ParallelConfig
 from planner.run_options import RunOptions
+from planner.spec import TransformerSpec, record_of
 
 SCHEMA_VERSION = "1"
 """The plan-document version this build writes and reads."""
@@ -202,13 +206,86 @@ def _check_positions(model: Mapping[str, Any], seq: int) -> None:
     if isinstance(arch, Mapping):
         position, rows = arch.get("position"), arch.get("max_positions")
     else:
-        from planner.catalog import CATALOG, get as catalog_get
         if model.get("name") not in CATALOG:
             return
         spec = catalog_get(model["name"])
         position, rows = spec.position, spec.max_positions or spec.seq
     if position == "learned" and isinstance(rows, int) and rows > 0 and seq > rows:
         raise ConfigError("plan.seq", seq, f"at most {rows} (rows of {model['name']}'s learned position table)")
+
+
+DESCRIPTION_FIELDS = {"layers": "layers", "hidden": "hidden", "heads": "heads",
+                      "kv_heads": "n_kv_heads", "ffn": "d_ffn", "vocab": "vocab"}
+"""A plan document's model description (what estimate writes beside `model.arch`) and the
+TransformerSpec property each must equal."""
+REMAKE = "the plan was edited or made for another model: re-run `planner recommend --out` or " \
+         "`planner estimate --json`"
+
+
+def check_against_model(model: Mapping[str, Any], config: ParallelConfig) -> None:
+    """The one check of a plan document's model against its plan, for every command that reads
+    plans (explain, export, report, run): the description (layers, hidden, heads, ...) and the
+    parameter count still match the model's shape (`model.arch`, else the catalog entry of its
+    name), and the degrees are ones that model takes (ParallelConfig.check_against: tp divides the
+    heads, ep needs experts, ...)."""
+    spec = _model_shape(model)
+    if spec is None:
+        return
+    for key, attribute in DESCRIPTION_FIELDS.items():
+        shape = getattr(spec, attribute)
+        if key in model and model[key] != shape:
+            raise ConfigError(f"model.{key}", model[key], f"{shape}, the model's shape", message=(
+                f"model.{key}={model[key]!r} does not match the model it describes "
+                f"({_shape_source(model)}: {shape}); {REMAKE}"))
+    if isinstance(model.get("arch"), Mapping):
+        counted = total_params(spec)
+        if model.get("params") != counted:
+            raise ConfigError("model.params", model.get("params"), f"{counted:,}", message=(
+                f"model.params={model.get('params')!r} does not match the parameter count of "
+                f"model.arch ({counted:,}); {REMAKE}"))
+    config.check_against(spec, config.seq)
+
+
+def _model_shape(model: Mapping[str, Any]) -> TransformerSpec | None:
+    """The TransformerSpec a plan's model block describes: `model.arch` (every shape field, written
+    by estimate), else the catalog entry of its name, else None (a factory's plan without arch)."""
+    arch = model.get("arch")
+    if isinstance(arch, Mapping):
+        named = {"name": str(model.get("name", "model")), **arch}
+        return record_of(TransformerSpec, named, "model.arch")
+    if model.get("name") in CATALOG:
+        return catalog_get(model["name"])
+    return None
+
+
+def _shape_source(model: Mapping[str, Any]) -> str:
+    if isinstance(model.get("arch"), Mapping):
+        return "model.arch"
+    return f"catalog {model.get('name')}"
+
+
+def check_physics(prediction: Mapping[str, Any]) -> None:
+    """Predictions no machine can reach are refused (a hand-edited plan): MFU outside 0..100%, a
+    step time that is not positive, a negative time, size or rate. (Throughput against step time
+    is not checked: tests and examples edit the plan block of a document and keep its
+    prediction.)"""
+    mfu = prediction["mfu"]
+    if not 0 <= mfu <= 1:
+        raise ConfigError("prediction.mfu", mfu, "0..1", message=(
+            f"prediction.mfu={mfu!r} is impossible: allowed 0..1 (model FLOPs utilization above "
+            f"100% of the device's peak FLOP/s); the plan was edited by hand"))
+    step = prediction["step_time_s"]
+    if step <= 0:
+        raise ConfigError("prediction.step_time_s", step, "a positive number of seconds")
+    parts = [("time_breakdown_s", name, value)
+             for name, value in prediction["time_breakdown_s"].items()]
+    parts += [("memory", f.name, prediction["memory"][f.name])     # not margin_bytes: < 0 when
+              for f in fields(MemoryPrediction) if f.name != "fits"]  # the plan does not fit
+    parts.append(("tflops_per_gpu", "", prediction["tflops_per_gpu"]))
+    for key, name, value in parts:
+        if value < 0:
+            raise ConfigError(".".join(filter(None, ("prediction", key, name))), value,
+                              "a number >= 0")
 
 
 def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
@@ -248,6 +325,10 @@ def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
         config.check_recompute_layers(model["layers"] + model.get("encoder_layers", 0), "plan.recompute_layers")
 
     _check_positions(model, config.seq)
+    check_against_model(model, config)
+    check_physics(document["prediction"])
+    check_options(precision=config.precision, fp8_scaling=run_options(document).fp8_scaling,
+                  framework=config.framework)
 
     pred = document["prediction"]
     mem = pred["memory"]

@@ -292,6 +292,10 @@ class TransformerSpec:
             raise ConfigError("kv_heads", self.kv_heads, f"a divisor of heads({self.heads})")
         if not self.head_dim and self.hidden % self.heads and self.mla is None:
             raise ConfigError("heads", self.heads, f"a divisor of hidden({self.hidden}) unless head_dim is given")
+        if self.position == "rope" and self.mla is None and self.d_head % 2:
+            # rotary embeddings turn pairs of dimensions (Su et al. 2021, RoFormer, Sec. 3.2.2)
+            allowed = "an even number with rotary position embeddings (they rotate pairs)"
+            raise ConfigError("head_dim", self.d_head, allowed)
         self._check_moe_fields()
 
     def _check_moe_fields(self) -> None:

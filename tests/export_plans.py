@@ -122,11 +122,24 @@ def document(variant: str) -> dict:
     plan["num_microbatches"] = plan["global_batch"] // (plan["dp"] * plan["micro_batch"])
     plan["world_size"] = plan["dp"] * plan["tp"] * plan["pp"] * plan.get("cp", 1)
     doc["model"]["arch"].update(arch_changes)
-    for key in ("layers", "hidden", "heads", "vocab"):
-        doc["model"][key] = doc["model"]["arch"][key]
+    describe_model(doc["model"])
     if "moe" in arch_changes and arch_changes.get("model_type"):
         doc["model"]["name"] = variant
     return doc
+
+
+def describe_model(model: dict) -> None:
+    """The model description and parameter count of an edited `model.arch`, as estimate writes them (the plan
+    reader refuses a description that no longer matches its arch: planner.plan.check_against_model)."""
+    from cost_models.params import total_params
+    from planner.plan import DESCRIPTION_FIELDS
+    from planner.spec import TransformerSpec, record_of
+
+    spec = record_of(TransformerSpec, {"name": model["name"], **model["arch"]}, "model.arch")
+    for key, attribute in DESCRIPTION_FIELDS.items():
+        if key in model or key in ("layers", "hidden", "heads", "vocab"):
+            model[key] = getattr(spec, attribute)
+    model["params"] = total_params(spec)
 
 
 def plan_for(variant: str):

@@ -77,7 +77,8 @@ def test_world_size_one_is_rejected():
 @pytest.mark.timeout(120)
 def test_quick_calibration_with_two_ranks_writes_a_loadable_profile(tmp_path):
     out = tmp_path / "here.json"
-    previous = json.loads(json.dumps({"efficiency": {"overlap_interference": 0.5}}))
+    previous = json.loads((Path(__file__).resolve().parents[1] / "hardware_profiles" / "cpu-local.json").read_text())
+    previous["efficiency"]["overlap_interference"] = 0.5
     out.write_text(json.dumps(previous))
     result = runner.invoke(app, ["hardware", "calibrate", "--out", str(out), "--world-size", "2", "--quick",
                                  "--name", "here"])
@@ -201,3 +202,140 @@ def test_rewriting_a_profiles_fit_keeps_the_sources_it_does_not_own():
         sourced = " ".join(foreign_clauses(profile["sources"]["efficiency"], set()))
         for key in ("triton_attention_relative", "flash_attention_efficiency"):
             assert key in sourced, (name, key)
+
+
+def _calibrate_cli(out, *, timeout=60):
+    """`planner hardware calibrate --out OUT --quick` in its own process (as a user runs it)."""
+    import subprocess
+    import sys
+    import time
+
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "planner", "hardware", "calibrate", "--world-size", "2", "--quick",
+                           "--out", str(out)], capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=lambda: __import__("resource").setrlimit(
+                              __import__("resource").RLIMIT_AS, (6_000_000 * 1024, 6_000_000 * 1024)))
+    return done, time.monotonic() - t0
+
+
+def _unwritable_outs(tmp_path):
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "array.json").write_text("[1, 2]")
+    (tmp_path / "other.json").write_text('{"mine": true}')
+    (tmp_path / "file").write_text("x")
+    return {"/dev/zero": "is a character device, not a regular file",
+            "/dev/full": "is a character device, not a regular file",
+            str(fifo): "is a FIFO, not a regular file",
+            str(tmp_path / "array.json"): "expected a JSON object, found an array",
+            str(tmp_path / "other.json"): "exists and is not a hardware profile",
+            str(tmp_path / "file" / "p.json"): "is not a directory",
+            "/sys/p.json": "is not writable",                # root writes anywhere but here
+            str(tmp_path / "missing" / "p.json"): "does not exist"}
+
+
+@pytest.mark.timeout(300)
+def test_an_out_calibrate_cannot_write_is_one_line_before_any_measurement(tmp_path):
+    """Issue 31: --out /dev/full grew to 16 GB, a FIFO hung, [1, 2] or a missing folder was a traceback after the
+    whole measurement. Now each is one line and exit 2 within 5 s (under a 6 GB address-space limit) and nothing
+    there changes."""
+    import os
+
+    for out, needle in _unwritable_outs(tmp_path).items():
+        before = sorted(os.listdir(tmp_path)), [p.read_bytes() for p in sorted(tmp_path.glob("*.json"))]
+        done, seconds = _calibrate_cli(out)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and needle in lines[0], (out, done.stderr)
+        assert "Traceback" not in done.stderr and "calibrating" not in done.stderr and done.stdout == ""
+        assert seconds < 5 + 10, (out, seconds)                 # 5 s, with room for a loaded test machine
+        assert (sorted(os.listdir(tmp_path)), [p.read_bytes() for p in sorted(tmp_path.glob("*.json"))]) == before
+
+
+def _start_calibration(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    launcher = subprocess.Popen([sys.executable, "-c", "import signal, runpy; signal.signal(signal.SIGINT, "
+                                 "signal.SIG_DFL); runpy.run_module('planner', run_name='__main__')",
+                                 "hardware", "calibrate", "--world-size", "2", "--quick", "--out",
+                                 str(tmp_path / "p.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(_children(launcher.pid)) < 2 and launcher.poll() is None:
+        time.sleep(0.05)
+    return launcher, _children(launcher.pid)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("wait_s", [0.2, 2.0])
+def test_ctrl_c_to_the_process_group_is_one_line_and_leaves_nothing(tmp_path, wait_s):
+    """Issue 31: Ctrl-C (SIGINT to the whole group) printed a rank's KeyboardInterrupt traceback in 2 of 4 tries.
+    Ranks start with SIGINT blocked and then ignore it; the launcher stops them and prints one line, exit 130."""
+    import glob
+    import os
+    import signal
+    import tempfile
+    import time
+
+    before = set(glob.glob(f"{tempfile.gettempdir()}/planner-calibrate-*"))
+    launcher, ranks = _start_calibration(tmp_path)
+    time.sleep(wait_s)                             # the ranks are starting Python, or importing torch
+    os.killpg(launcher.pid, signal.SIGINT)
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 130, err
+    assert [line for line in err.splitlines() if "Traceback" in line or "KeyboardInterrupt" in line] == []
+    assert err.strip().splitlines()[-1] == "error: calibration stopped by SIGINT: stopped all 2 ranks"
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in ranks if _alive(p)]
+    assert set(glob.glob(f"{tempfile.gettempdir()}/planner-calibrate-{launcher.pid}-*")) <= before
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_sigkill_while_ranks_start_leaves_no_rank_and_the_next_start_sweeps_its_folder(tmp_path):
+    """Issue 31: SIGKILL while the workers start left 3 processes alive for seconds and a temporary folder. Ranks
+    arm the parent-death signal before importing anything heavy; the next calibration removes the dead one's
+    folder (a SIGKILL runs no clean-up code)."""
+    import glob
+    import os
+    import signal
+    import tempfile
+    import time
+
+    from planner.calibrate import sweep_temporary_dirs
+
+    launcher, ranks = _start_calibration(tmp_path)
+    time.sleep(0.3)
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.communicate(timeout=30)
+    deadline = time.monotonic() + 2.0
+    while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(ranks) >= 2 and not [p for p in ranks if _alive(p)]
+    left = glob.glob(f"{tempfile.gettempdir()}/planner-calibrate-{launcher.pid}-*")
+    assert len(left) == 1                           # what a SIGKILL leaves ...
+    assert Path(left[0]) in sweep_temporary_dirs()  # ... the next calibration removes
+    assert not os.path.exists(left[0])
+
+
+def test_the_sweep_removes_only_folders_of_calibrations_that_are_gone(tmp_path):
+    import os
+    import subprocess
+
+    dead_pid = subprocess.Popen(["true"])              # a pid that has exited
+    dead_pid.wait()
+    for name in (f"planner-calibrate-{dead_pid.pid}-abc", f"planner-calibrate-{os.getpid()}-abc",
+                 "planner-calibrate-legacy", "other"):
+        (tmp_path / name).mkdir()
+    from planner.calibrate import sweep_temporary_dirs
+
+    assert sweep_temporary_dirs(str(tmp_path)) == [tmp_path / f"planner-calibrate-{dead_pid.pid}-abc"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"planner-calibrate-{os.getpid()}-abc", "planner-calibrate-legacy", "other"])

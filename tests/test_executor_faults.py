@@ -75,7 +75,7 @@ def test_killed_rank_stops_all_and_resume_reproduces_the_uninterrupted_losses(tm
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
     refused = runner.invoke(app, ["run", str(plan), "--checkpoint-dir", str(not_a_dir)])
-    assert refused.exit_code == 2 and "a directory (it is a file)" in refused.stderr
+    assert refused.exit_code == 2 and f"--checkpoint-dir {not_a_dir}: is a file, not a directory" in refused.stderr
     # no intact step at all: one line, exit 2, before any rank starts
     for step in ckpt.glob("step-*"):
         if (step / "trainer.json").exists():
@@ -140,11 +140,13 @@ def _launch_forever(tmp_path, *extra) -> tuple[subprocess.Popen, Path, list[int]
                                 text=True, start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        beats = [json.loads(p.read_text()) for p in sorted(work.glob("heartbeat-*.json")) if p.stat().st_size]
+        # the run's own fresh sub-folder of --workdir
+        beats = [json.loads(p.read_text()) for p in sorted(work.glob("run-*/heartbeat-*.json")) if p.stat().st_size]
         if len(beats) == 2 and all(b["step"] >= 1 for b in beats):
             pids = sorted(_children(launcher.pid))
             assert sorted(b["pid"] for b in beats) == pids
-            return launcher, work, pids
+            (own,) = work.glob("run-*")
+            return launcher, own, pids
         assert launcher.poll() is None, launcher.communicate()
         time.sleep(0.2)
     launcher.kill()
@@ -164,7 +166,7 @@ def _assert_all_gone(pids: list[int], within_s: float = 10.0) -> None:
 def test_a_signal_to_the_launcher_stops_every_rank(tmp_path, sig):
     """What timeout, Slurm and Kubernetes do (SIGTERM), Ctrl-C (SIGINT), a closed terminal (SIGHUP), and a
     launcher killed outright (SIGKILL: the ranks die with it, prctl PR_SET_PDEATHSIG)."""
-    launcher, _, pids = _launch_forever(tmp_path)
+    launcher, own, pids = _launch_forever(tmp_path)
     t0 = time.monotonic()
     os.kill(launcher.pid, sig)
     _, err = launcher.communicate(timeout=30)
@@ -175,7 +177,7 @@ def test_a_signal_to_the_launcher_stops_every_rank(tmp_path, sig):
         return
     assert launcher.returncode == 128 + sig, err
     lines = [line for line in err.splitlines() if line.strip()]
-    assert lines == [f"error: stopped by {sig.name}: stopped all 2 ranks (logs: {tmp_path / 'work'})"]
+    assert lines == [f"error: stopped by {sig.name}: stopped all 2 ranks (logs: {own})"]
 
 
 @pytest.mark.multiprocess
@@ -194,3 +196,18 @@ def test_a_frozen_rank_fails_the_run_after_timeout_s(tmp_path):
     assert "rank 1 is stopped (SIGSTOP" in lines[0] or "rank 1 stopped responding" in lines[0], lines[0]
     assert 4 < elapsed < 20
     _assert_all_gone(pids)
+
+
+@pytest.mark.multiprocess
+def test_a_native_crash_names_the_python_call_it_died_in(tmp_path):
+    """Issue 31: a rank killed by SIGSEGV inside native code (the intermittent crash of the 8-rank gpt2 run) is one
+    line naming the signal, the step and the innermost Python call of the crashing thread, which faulthandler wrote
+    to the rank's log with the whole stack."""
+    result = runner.invoke(app, ["run", str(_plan(tmp_path)), "--steps", "3", "--inject-fault", "segv:1:1",
+                                 "--workdir", str(tmp_path / "w")])
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "rank 1 was killed by SIGSEGV during step 1 in inject_fault (faults.py:" in lines[0]
+    (own,) = (tmp_path / "w").glob("run-*")
+    log = (own / "rank-1.log").read_text()
+    assert "Fatal Python error: Segmentation fault" in log and "in inject_fault" in log

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
-from export_plans import VARIANTS, document, plan_for  # noqa: E402
+from export_plans import VARIANTS, describe_model, document, plan_for  # noqa: E402
 
 from planner.cli import app  # noqa: E402
 from planner.errors import ConfigError  # noqa: E402
@@ -64,6 +64,7 @@ def moe_document(variant, *, plan=None, arch=None, moe=None):
     p["num_microbatches"] = p["global_batch"] // (p["dp"] * p["micro_batch"])
     doc["model"]["arch"].update(arch or {})
     doc["model"]["arch"]["moe"] = {**doc["model"]["arch"]["moe"], **(moe or {})}   # VARIANTS' dict stays as it is
+    describe_model(doc["model"])                     # its description and parameter count follow the edit
     return doc
 
 
@@ -82,8 +83,6 @@ TORCHTITAN_MOE_REFUSED = {
     "expert_tp with ep": ("moe-qwen3-30b", {"expert_tp": 2}, {}, {}, "expert_tp=2: torchtitan allows expert_tp=1 only"),
     "expert_tp beyond tp": ("moe-qwen3-30b", {"ep": 1, "expert_tp": 4}, {}, {},
                             "expert_tp=4: torchtitan allows expert_tp=1 only"),
-    "tp over the kv heads": ("moe-qwen3-30b", {"tp": 8, "dp": 16, "ep": 8}, {}, {}, "tp=8 does not divide the 32 heads "
-                                                                                  "and 4 key/value heads"),
     "mtp with cp": ("moe-deepseek-v3", {"pp": 1, "cp": 2, "dp": 64, "stages": [], "placement": "PDECT"}, {}, {},
                     "multi-token prediction (mtp_modules=1) with pp=1, cp=2"),
     "deepseek without MLA": ("moe-deepseek-v3", {}, {"mla": None, "mtp_modules": 0}, {}, "no multi-head latent attention"),
@@ -97,6 +96,14 @@ def test_torchtitan_refuses_moe_plans_it_cannot_build_in_one_line(name):
     with pytest.raises(ConfigError, match="cannot export to torchtitan: ") as err:
         export_plan(plan_from_document(moe_document(variant, plan=plan, arch=arch, moe=moe)), "torchtitan")
     assert reason in str(err.value) and "\n" not in str(err.value)
+
+
+def test_tp_over_the_kv_heads_is_refused_by_the_plan_reader_before_any_exporter():
+    """Issue 31: every reader of plans checks the degrees against model.arch (planner.plan.check_against_model),
+    so torchtitan's own refusal of this plan is never reached."""
+    with pytest.raises(ConfigError) as err:
+        plan_from_document(moe_document("moe-qwen3-30b", plan={"tp": 8, "dp": 16, "ep": 8}))
+    assert str(err.value) == "tp=8 is invalid: allowed a divisor of heads(32) and kv_heads(4): 1, 2, 4"
 
 
 def test_torchtitan_moe_job_builds_the_family_with_the_plans_expert_degrees():

@@ -157,10 +157,57 @@ def test_special_files_are_written_in_place():
 def test_an_endless_or_huge_input_is_refused_without_reading_it_all(tmp_path):
     from planner.io import MAX_JSON_BYTES
 
-    with pytest.raises(ConfigError, match=r"plan /dev/zero: larger than 64 MiB"):
-        read_json("/dev/zero", "plan")
     big = tmp_path / "big.json"
     with open(big, "wb") as handle:
         handle.write(b'{"a": "' + b"x" * MAX_JSON_BYTES + b'"}')
     with pytest.raises(ConfigError, match="larger than"):
         read_json(big, "plan")
+
+
+@pytest.mark.parametrize("path,kind", [("/dev/zero", "a character device"), ("/dev/full", "a character device"),
+                                       ("fifo", "a FIFO")])
+def test_a_device_or_fifo_is_refused_before_it_is_opened(tmp_path, path, kind):
+    """A FIFO would block open() forever and a device never ends (--out /dev/full grew to 16 GB once)."""
+    if path == "fifo":
+        path = tmp_path / "fifo"
+        os.mkfifo(path)
+    with pytest.raises(ConfigError) as err:
+        read_json(path, "plan")
+    assert str(err.value) == f"plan {path}: is {kind}, not a regular file; expected a JSON file"
+
+
+def test_an_output_that_may_exist_is_read_only_when_there(tmp_path):
+    from planner.io import read_json_if_exists
+
+    assert read_json_if_exists(tmp_path / "none.json", "--out") is None
+    assert read_json_if_exists(_file(tmp_path, '{"a": 1}'), "--out") == {"a": 1}
+    with pytest.raises(ConfigError, match="expected a JSON object, found an array"):
+        read_json_if_exists(_file(tmp_path, "[1, 2]"), "--out")
+
+
+def test_a_fifo_nobody_reads_is_refused_instead_of_blocking(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="is a FIFO that no process reads"):
+        write_bytes(fifo, b"x", "--out")
+
+
+def test_a_fifo_with_a_reader_is_written_in_place(tmp_path):
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)        # a reader holds it open, as `cat fifo` would
+    thread = threading.Thread(target=lambda: got.append(write_bytes(fifo, b"hello", "--out")))
+    thread.start()
+    thread.join(10)
+    assert os.read(reader, 100) == b"hello" and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    os.close(reader)
+
+
+def test_check_writable_probes_the_directory_and_leaves_nothing(tmp_path):
+    target = check_writable(tmp_path / "out.json", "--out")
+    assert target == tmp_path / "out.json" and list(tmp_path.iterdir()) == []
+    with pytest.raises(ConfigError, match="not writable"):       # root too: sysfs refuses new files
+        check_writable("/sys/planner-test.json", "--out")

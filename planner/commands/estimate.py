@@ -22,6 +22,7 @@ from planner.run_options import RunOptions
 from planner.errors import ConfigError
 from frameworks import load_framework
 from frameworks.rules import framework_placement
+from planner.option_rules import check_options
 from planner.io import check_finite
 
 DegreeOpt = lambda flag, what: Annotated[int, typer.Option(flag, min=1, max=MAX_WORLD_SIZE, help=what)]  # noqa: E731
@@ -106,6 +107,8 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
     from planner.parallel import ParallelConfig
     from planner.sources import default_framework, resolve_model
 
+    check_options(precision=precision, fp8_scaling=fp8_scaling, recompute=recompute,
+                  recompute_modules=recompute_modules, framework=framework)
     hw = load_profile(hardware)
     n = world_size(hw, gpus, nodes)
     spec = resolve_model(model, seq=seq)

@@ -87,9 +87,10 @@ def calibrate(
     json_out: JsonOpt = False,
 ) -> None:
     """Measure this machine (GEMM rate, memory copy, collectives over torch.distributed) into a profile."""
-    import torch
-
     from planner import calibrate as cal
+
+    cal.previous_profile(out)    # a --out that cannot be written fails now, not after the work
+    import torch
 
     if world_size is None:
         world_size = torch.cuda.device_count() if torch.cuda.is_available() else (os.cpu_count() or 2)

@@ -14,6 +14,7 @@ from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, Gra
                                      RecomputeModulesOpt, Fp8ScalingOpt, MoeDispatcherOpt, MoeA2aOverlapOpt,
                                      MoeImbalanceOpt, module_list, TpCommOverlapOpt, OverlapGradReduceOpt)
 from planner.errors import ConfigError
+from planner.option_rules import check_options
 from planner.run_options import RunOptions
 
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help=objective_help("--tokens"))]
@@ -117,6 +118,13 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
     from planner.search import recommend as search
     from planner.sources import default_framework
 
+    from hardware_profiles import load_profile
+
+    profile = load_profile(hardware)
+    check_options(precision=precision, fp8_scaling=fp8_scaling, recompute_modules=recompute_modules,
+                  framework=framework, objective=objective, hardware=hardware,
+                  price_per_hour=price_per_hour,
+                  price=profile.spot_price_usd_per_hour if spot else profile.price_usd_per_hour)
     space = search_space(cp=cp, max_cp=max_cp, cp_comm=cp_comm, dp_shard=dp_shard, ep=ep, max_ep=max_ep)
     token_count = parse_tokens(tokens)
     check_price(price_per_hour)

@@ -15,6 +15,7 @@ import typer
 from planner.commands.common import (MAX_TOKENS, MAX_WORLD_SIZE, FrameworkOpt, GlobalBatchOpt, GpusOpt, HwPrecisionOpt,
                                      NodesOpt, OptimizerOpt, SeqOpt, objective_help)
 from planner.errors import ConfigError
+from planner.option_rules import check_options
 
 PlanOrModelArg = Annotated[str, typer.Argument(
     help="A plan JSON file (recommend --out / estimate --json), or a MODEL: catalog name, Hugging Face "
@@ -84,6 +85,11 @@ def report(
                             global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
                             objective=objective, top=top, train_tokens=train_tokens, scaling_nodes=counts,
                             framework=default_framework(plan_or_model, framework))
+    from hardware_profiles import load_profile
+
+    profile = load_profile(scenario.hardware)
+    check_options(framework=framework, objective=objective, hardware=scenario.hardware,
+                  price=profile.price_usd_per_hour)
     content = build_report(scenario, plan_document=document)
     html_path, md_path = write_report(content, out, force=force)
     typer.echo(f"wrote {html_path} and {md_path} ({len(content.figures)} figures, "

@@ -14,8 +14,10 @@ from typing import Annotated, Optional
 
 import typer
 
+from hardware_profiles import load_profile
 from planner.commands.common import JsonOpt, PlanArg, emit_json
 from planner.executor.runspec import EXECUTOR_RUNS
+from planner.io import check_directory
 
 
 def run(
@@ -28,7 +30,9 @@ def run(
     checkpoint_every_steps: Annotated[Optional[int], typer.Option("--checkpoint-every-steps", min=1, help="Save every N steps (overrides the plan's checkpoint_interval_s).")] = None,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the weights and the synthetic data.")] = 0,
     timeout_s: Annotated[float, typer.Option("--timeout-s", min=1.0, help="A hung or frozen rank fails the run after this long (process-group timeout and heartbeat deadline).")] = 60.0,
-    workdir: Annotated[Optional[Path], typer.Option("--workdir", help="Where rank logs and heartbeats go (default: a temporary directory).")] = None,
+    workdir: Annotated[Optional[Path], typer.Option("--workdir", help=(
+        "Folder in which each run makes a fresh sub-folder for its rank logs and heartbeats "
+        "(default: a temporary directory); nothing already there is replaced or removed."))] = None,
     hardware: Annotated[Optional[str], typer.Option("--hardware", help="Profile of the prediction column (default: cpu-local for gloo, the plan's hardware for nccl).")] = None,
     json_out: JsonOpt = False,
     inject_fault: Annotated[Optional[str], typer.Option("--inject-fault", hidden=True, help="Tests only: kill|hang|stop:RANK:STEP or bug:NAME (planner.executor.faults).")] = None,
@@ -40,6 +44,11 @@ def run(
     from planner.executor.runspec import build_run_spec, env_positive_int
 
     parse_fault(inject_fault)
+    for folder, option in ((workdir, "--workdir"), (checkpoint_dir, "--checkpoint-dir")):
+        if folder is not None:
+            check_directory(folder, option)      # before the model is built and any rank starts
+    if hardware is not None:
+        load_profile(hardware)       # an unknown or invalid profile: refused now, not noted after
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or {"RANK", "WORLD_SIZE", "MASTER_ADDR"} <= set(os.environ)
     world_env = None
     if under_torchrun:

@@ -7,7 +7,8 @@ the same timeout (`--timeout-s`). A rank whose launcher died kills itself (lifec
 way the parent stops every rank (SIGTERM, then SIGKILL) and names the culprit in one line.
 
 Test-only switches (RunSpec.fault, the hidden `--inject-fault` option; never read from a plan):
-`kill:RANK:STEP`, `hang:RANK:STEP`, `stop:RANK:STEP` (SIGSTOP itself) at the start of a step, and
+`kill:RANK:STEP`, `hang:RANK:STEP`, `stop:RANK:STEP` (SIGSTOP itself), `segv:RANK:STEP`
+(SIGSEGV itself, as a crash inside native code dies) at the start of a step, and
 `bug:NAME`, a real parallelization bug planted in the run so tests can show `--verify` catches it
 (BUGS).
 """
@@ -39,7 +40,10 @@ BUGS = {
 }
 """Injectable bugs (`bug:NAME`) and what each plants."""
 
-FAULT_KINDS = ("kill", "hang", "stop")
+FAULT_KINDS = ("kill", "hang", "stop", "segv")
+NATIVE_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)
+"""Deaths inside native code: the rank's log holds faulthandler's Python stack of the call
+(worker.main)."""
 LIVENESS_PERIOD_S = 1.0
 """Heartbeat thread period (shorter for timeouts under 5 s: timeout / 5)."""
 
@@ -53,7 +57,7 @@ def parse_fault(fault: str | None) -> tuple[str, int, int] | tuple[str, str] | N
         return ("bug", parts[1])
     if len(parts) == 3 and parts[0] in FAULT_KINDS and all(p.isdigit() for p in parts[1:]):
         return (parts[0], int(parts[1]), int(parts[2]))
-    raise ConfigError("inject-fault", fault, "kill:RANK:STEP, hang:RANK:STEP, stop:RANK:STEP or bug:NAME with "
+    raise ConfigError("inject-fault", fault, "kill|hang|stop|segv:RANK:STEP or bug:NAME with "
                                              "NAME one of " + ", ".join(BUGS))
 
 
@@ -144,6 +148,8 @@ def inject_fault(fault: str | None, rank: int, step: int) -> None:
         return
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
     elif kind == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
     elif kind == "hang":
@@ -159,6 +165,24 @@ class Failure:
     message: str
 
 
+def native_crash_site(log: Path) -> str | None:
+    """'function (file:line)' of the innermost Python frame of the crashing thread in faulthandler's
+    dump in a rank's log ("Current thread ... (most recent call first):"), None without one."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()[-400:]
+    except OSError:
+        return None
+    starts = [i for i, line in enumerate(lines) if line.startswith("Current thread") or
+              line.startswith("Fatal Python error")]
+    for line in lines[starts[-1]:] if starts else ():
+        frame = line.strip()
+        if frame.startswith('File "') and " in " in frame:
+            path, _, rest = frame[6:].partition('", line ')
+            number, _, function = rest.partition(" in ")
+            return f"{function} ({Path(path).name}:{number})"
+    return None
+
+
 def _describe(rank: int, code: int, workdir: Path) -> str:
     beat = read_heartbeat(workdir, rank) or {}
     where = f"during step {beat['step']}" if beat.get("step", -1) >= 0 else f"during {beat.get('phase', 'startup')}"
@@ -167,7 +191,8 @@ def _describe(rank: int, code: int, workdir: Path) -> str:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        return f"rank {rank} was killed by {name} {where}"
+        crash = native_crash_site(workdir / f"rank-{rank}.log") if -code in NATIVE_SIGNALS else None
+        return f"rank {rank} was killed by {name} {where}" + (f" in {crash}" if crash else "")
     try:
         err = json.loads((workdir / f"error-{rank}.json").read_text())["message"]
     except (OSError, ValueError, KeyError):

@@ -27,6 +27,7 @@ from planner.executor import ExecutorError
 from planner.executor.faults import stop_all, watch
 from planner.executor.lifecycle import Interrupted, stop_signals
 from planner.executor.runspec import RunSpec, env_choice
+from planner.io import fresh_subfolder
 
 
 def free_port() -> int:
@@ -139,14 +140,15 @@ def start_method(spec: RunSpec) -> str:
 def launch_local(spec: RunSpec, *, workdir: str | Path | None = None, keep_workdir: bool = False) -> LaunchResult:
     """Run `spec` on world-size local processes; raise ExecutorError naming the failing rank, or
     `Interrupted` (after stopping every rank) when the launcher gets SIGTERM/SIGINT/SIGHUP.
+    `workdir`: a folder in which the run makes its own fresh sub-folder (io.fresh_subfolder).
     `keep_workdir`: a temporary work directory outlives the launch (the caller verifies from its
     records, then calls `LaunchResult.cleanup`)."""
     world = spec.config.world_size
-    work = Path(workdir or tempfile.mkdtemp(prefix="planner-run-"))
-    work.mkdir(parents=True, exist_ok=True)
-    for pattern in ("heartbeat-*", "error-*.json", "result.pt*", "verify-*", "params-r*", "rank-*.log"):
-        for stale in work.glob(pattern):     # a reused --workdir: an old heartbeat would look frozen
-            stale.unlink()
+    # a --workdir gets a fresh sub-folder per run: nothing of the user's is replaced or removed
+    if workdir:
+        work = fresh_subfolder(workdir, "--workdir")
+    else:
+        work = Path(tempfile.mkdtemp(prefix="planner-run-"))
     spec_path = work / "runspec.json"
     spec_path.write_text(spec.to_json())
     threads = max(1, (os.cpu_count() or 1) // world)

@@ -4,6 +4,10 @@
   kernel kill the rank when the process that started it exits, however it exits (SIGKILL included);
   `parent_alive()` is the portable fallback the rank's heartbeat thread polls (a re-parented process
   has a new parent pid).
+- `run_as_rank()` (a spawned rank's multiprocessing target) arms the parent-death signal before any
+  heavy import, ignores SIGINT (a Ctrl-C to the process group is the launcher's to handle: it stops
+  every rank and prints one line), then runs the rank's function; `starting_ranks()` (in the
+  launcher, around `Process.start`) blocks SIGINT so the ranks start with it blocked until then.
 - `stop_signals()` (in the launcher, around the launch): SIGTERM (timeout, Slurm, Kubernetes), SIGINT
   (Ctrl-C) and SIGHUP (a closed terminal) raise `Interrupted` in the launcher's main thread, so it
   leaves its watch loop through the code that stops every rank, then exits 128 + the signal number.
@@ -12,19 +16,22 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import os
 import signal
 import sys
 
-from planner.errors import PlannerError
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 PR_SET_PDEATHSIG = 1
 """prctl option number (linux/prctl.h)."""
 
 
-class Interrupted(PlannerError):
-    """The launcher was told to stop; every rank has been stopped. Exit 128 + signal (shell convention)."""
+class Interrupted(BaseException):
+    """The launcher was told to stop; every rank has been stopped. Exit 128 + signal (shell
+    convention).
+    A BaseException, as KeyboardInterrupt: no `except Exception` or `except PlannerError` on the way
+    (a fallback, a library's retry) may swallow a stop and let the command finish with exit 0."""
 
     def __init__(self, signum: int, message: str | None = None):
         self.signum = signum
@@ -71,6 +78,8 @@ def stop_signals():
 
     previous = {}
     for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            continue                  # ignored by who started us (nohup, a shell's background job)
         try:
             previous[sig] = signal.signal(sig, handler)
         except (ValueError, OSError):
@@ -86,3 +95,27 @@ def default_signals() -> None:
     """In a forked rank: the default action for the stop signals (the launcher's handlers are inherited)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
+
+
+def run_as_rank(launcher: int, target: str, *args) -> None:
+    """Entry of a spawned rank: die with `launcher`, ignore SIGINT, then call `target`
+    ('package.module:function') with `args`. Its module is imported only now, so a launcher killed
+    while its ranks import torch takes them with it. Pass plain arguments: unpickling them runs
+    before this function."""
+    die_with_parent(launcher)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    module, name = target.split(":")
+    getattr(importlib.import_module(module), name)(*args)
+
+
+@contextlib.contextmanager
+def starting_ranks():
+    """Block SIGINT in the launcher while it starts its ranks: the signal mask survives fork and
+    exec, so a rank starts with SIGINT blocked (no KeyboardInterrupt in its start-up imports) until
+    `run_as_rank` ignores it; the launcher receives a SIGINT sent meanwhile when the block ends."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -8,6 +8,7 @@ full parameters; the launcher reads them from WORKDIR/result.pt, written before 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import sys
@@ -331,6 +332,7 @@ def main(argv: list[str], *, parent: int | None = None) -> int:
     spec_path, workdir = argv
     rank = int(os.environ["RANK"])
     parent = die_with_parent(parent)
+    faulthandler.enable(all_threads=True)  # a native crash leaves its Python stack in the log
     heartbeat = Heartbeat(workdir, rank)
     try:
         spec = RunSpec.from_json(Path(spec_path).read_text())
