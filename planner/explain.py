@@ -30,13 +30,15 @@ class Explanation:
     data: Mapping[str, Any] = field(default_factory=dict)
     expert_lines: tuple[str, ...] = ()
     """Where the experts sit and what their exchanges cost (mixture-of-experts plans; expert_lines)."""
+    versus_title: str = "Why this plan won:"
+    """The title of the comparison: a plan that some compared plan beats did not win (versus_title)."""
 
     def text(self) -> str:
         parts = [self.headline, "", "Where the step time goes:", *self.time_lines, "",
                  "Where the memory goes (per GPU, at the peak rank):", *self.memory_lines, ""]
         if self.expert_lines:
             parts += ["Expert parallelism:", *self.expert_lines, ""]
-        parts += ["Why this plan won:", *self.versus_lines]
+        parts += [self.versus_title, *self.versus_lines]
         return "\n".join(parts)
 
 
@@ -299,6 +301,18 @@ def _ep_class_lines(c: Mapping[str, Any], w: Mapping[str, Any], mine_ep: Mapping
     return [first, second + f"; {degrees}"]
 
 
+def versus_title(doc: Mapping[str, Any]) -> str:
+    """"Why this plan won:" only when no compared plan that fits is faster; else how many beat it."""
+    mine = _numbers(doc)["step_time_s"]
+    faster = [a for a in doc.get("alternatives", [])
+              if _numbers(a)["memory"].get("fits", True) and _numbers(a)["step_time_s"] < mine]
+    if not faster:
+        return "Why this plan won:"
+    best = min(_numbers(a)["step_time_s"] for a in faster)
+    return (f"This plan did not win: {len(faster)} of the compared plans {'is' if len(faster) == 1 else 'are'} "
+            f"faster (the best by {1 - best / mine:.0%} of the step):")
+
+
 def explain_document(doc: Mapping[str, Any]) -> Explanation:
     """Explain a plan document (its stored alternatives, if any, are the runners-up)."""
     n = _numbers(doc)
@@ -331,7 +345,8 @@ def explain_document(doc: Mapping[str, Any]) -> Explanation:
                               "slower_by": _numbers(a)["step_time_s"] / n["step_time_s"] - 1}
                              for a in alternatives]}
     return Explanation(headline=headline, time_lines=tuple(time_lines(doc)), memory_lines=tuple(memory_lines(doc)),
-                       versus_lines=tuple(versus), data=data, expert_lines=tuple(expert_lines(doc)))
+                       versus_lines=tuple(versus), data=data, expert_lines=tuple(expert_lines(doc)),
+                       versus_title=versus_title(doc))
 
 
 def _software_options(doc: Mapping[str, Any]) -> dict:

@@ -59,6 +59,19 @@ def test_cli_explain_prints_the_three_parts(tmp_path):
         assert part in result.stdout
 
 
+def test_a_plan_that_a_fitting_runner_up_beats_is_not_said_to_have_won():
+    """The plan file's own step time (30.5 s) against a faster plan that fits: the comparison says how many
+    compared plans beat it, never "Why this plan won"."""
+    doc = with_runner_up()
+    step = doc["prediction"]["step_time_s"]
+    doc["alternatives"][0]["step_time_s"] = step * 0.59
+    text = explain_document(doc).text()
+    assert "Why this plan won" not in text
+    assert "This plan did not win: 1 of the compared plans is faster (the best by 41% of the step):" in text
+    doc["alternatives"][0]["fits"] = doc["alternatives"][0]["memory"]["fits"] = False   # faster, but does not fit
+    assert "Why this plan won:" in explain_document(doc).text()
+
+
 def test_cli_explain_json(tmp_path):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(with_runner_up()))
@@ -91,3 +104,4 @@ def test_cli_explain_search_compares_with_a_fresh_search(tmp_path):
     result = runner.invoke(app, ["explain", str(path), "--search"])
     assert result.exit_code == 0, result.output
     assert "#2" in result.stdout and "faster by" in result.stdout
+    assert "Why this plan won" not in result.stdout and "This plan did not win" in result.stdout
