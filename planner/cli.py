@@ -109,7 +109,7 @@ def _error_exit(ctx, err: BaseException, line: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-app = typer.Typer(cls=_PlannerGroup, no_args_is_help=True, add_completion=False,
+app = typer.Typer(cls=_PlannerGroup, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   pretty_exceptions_enable=False,
                   help="Plan, score, run and explain parallel training of large PyTorch models.")
 

@@ -15,7 +15,7 @@ from hardware_profiles import HardwareProfile, available_profiles, load_profile
 from hardware_profiles.loader import profile_to_dict
 from planner.commands.common import JsonOpt, emit_json
 
-app = typer.Typer(no_args_is_help=True, help="List, show and calibrate hardware profiles.")
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="List, show and calibrate hardware profiles.")
 
 
 def _row(p: HardwareProfile) -> dict:

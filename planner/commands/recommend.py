@@ -17,6 +17,8 @@ from planner.errors import ConfigError
 
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help=objective_help("--tokens"))]
 TopOpt = Annotated[int, typer.Option("--top", min=1, max=100, help="How many plans to list.")]
+WideOpt = Annotated[bool, typer.Option("--wide", help="Every column (cp_comm, SP, stages, tokens/s, offload); the "
+                                       "default shows the ones a plan is chosen on.")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Write the best plan document here (plan.json).")]
 CsvOpt = Annotated[Optional[Path], typer.Option("--csv", help="Write every scored candidate here as CSV: its knobs, "
                                                 "step_time_s, peak_bytes_per_gpu and fits.")]
@@ -108,7 +110,8 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
               ep: EpOpt = None, max_ep: MaxEpOpt = None, recompute_modules: RecomputeModulesOpt = None,
               bf16_optimizer: Bf16OptimizerOpt = False, activation_fp8_input: ActivationFp8InputOpt = False,
               loss: LossOpt = None, fp8_scaling: Fp8ScalingOpt = None, moe_dispatcher: MoeDispatcherOpt = None,
-              moe_a2a_overlap: MoeA2aOverlapOpt = None, moe_imbalance: MoeImbalanceOpt = None) -> None:
+              moe_a2a_overlap: MoeA2aOverlapOpt = None, moe_imbalance: MoeImbalanceOpt = None,
+              wide: WideOpt = False) -> None:
     """Search every parallel strategy, rank by the objective and print the top plans."""
     from planner import io
     from planner.goodput import ReliabilityInputs
@@ -154,7 +157,7 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
     if document is not None:
         typer.echo(document)
     else:
-        _print_table(rec)
+        _print_table(rec, wide=wide)
     for path in (out, csv):
         if path is not None:
             typer.echo(f"wrote {path}", err=True)
@@ -232,77 +235,53 @@ class _LazyProgress:
         return False
 
 
-def _print_table(rec) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _print_table(rec, wide: bool = False) -> None:
+    """The plans as plain text (planner.commands.plan_table), then the search's summary lines."""
+    import shutil
+    import sys
+    import textwrap
 
+    from planner.commands.plan_table import table_lines
     from planner.explain import describe_config
-    from planner.partition import even_split
 
     best = rec.best
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
     hw, model = best["hardware"], best["model"]
-    table = Table(title=f"{model['name']} on {hw['gpus']} x {hw['name']} ({hw['nodes']} nodes), "
-                        f"global batch {best['plan']['global_batch']} x {best['plan']['seq']} tokens, "
-                        f"objective {rec.objective}, framework {best['plan'].get('framework', 'megatron')}")
-    left = ("schedule", "recompute", "offload", "place", "stages", "cp")
-    docs = [best, *rec.alternatives]
-    has_cp = any(d["plan"].get("cp", 1) > 1 for d in docs)
-    has_ep = any(d["plan"].get("ep", 1) > 1 for d in docs)
-    has_shard = any(d["plan"].get("dp_shard", 0) for d in docs)
-    columns = ["#", "dp.tp.pp", *(["cp"] if has_cp else []), *(["ep"] if has_ep else []), "mb x m", "schedule",
-               "ZeRO", *(["shard"] if has_shard else []), "recompute", "offload", "SP", "place", "stages",
-               "step s", "tokens/s", "MFU", "GiB/GPU"]
-    has_cost = "cost" in best["prediction"]
-    if has_cost:
-        columns.append("$/1B tok")
-    has_goodput = "goodput" in best["prediction"]
-    if has_goodput:
-        columns += ["goodput", "days"]
-    for name in columns:
-        table.add_column(name, justify="left" if name in left else "right", no_wrap=True)
-    for i, doc in enumerate([best, *rec.alternatives], start=1):
-        p, pred = doc["plan"], doc["prediction"]
-        sched = p["schedule"] + (f" v{p['virtual_stages']}" if p["virtual_stages"] > 1 else "")
-        uneven = p.get("stages") and tuple(p["stages"]) != even_split(sum(p["stages"]), len(p["stages"]))
-        cp = p.get("cp", 1)
-        row = [str(i), f"{p['dp']}.{p['tp']}.{p['pp']}",
-               *([f"{cp} {p.get('cp_comm', 'p2p')}" if cp > 1 else "1"] if has_cp else []),
-               *([str(p.get("ep", 1))] if has_ep else []), f"{p['micro_batch']} x {p['num_microbatches']}",
-               sched, str(p["zero"]), *([str(p.get("dp_shard", 0) or "all")] if has_shard else []),
-               p["recompute"] + (f":{p['recompute_layers']}" if p.get("recompute_layers") else ""), p["offload"], "y" if p["sequence_parallel"] else "-",
-               p["placement"], "uneven" if uneven else "even", f"{pred['step_time_s']:.3f}",
-               f"{pred['tokens_per_s']:,.0f}", f"{pred['mfu']:.1%}",
-               f"{pred['memory']['peak_bytes_per_gpu'] / 2**30:.1f}"]
-        if has_cost:
-            row.append(f"{pred['cost']['usd_per_1b_tokens']:,.0f}")
-        if has_goodput:
-            row += [f"{pred['goodput']:.1%}", f"{pred['reliability']['time_to_train_s'] / 86400.0:.1f}"]
-        table.add_row(*row)
-    console.print(table)
+    title = (f"{model['name']} on {hw['gpus']} x {hw['name']} ({hw['nodes']} nodes), global batch "
+             f"{best['plan']['global_batch']} x {best['plan']['seq']} tokens, objective {rec.objective}, "
+             f"framework {best['plan'].get('framework', 'megatron')}")
+    lines = [title, *table_lines([best, *rec.alternatives], wide=wide, width=width)]
     s = rec.stats
-    console.print(f"searched {s.candidates_evaluated:,} candidates in {s.seconds:.2f} s ({s.feasible:,} fit; "
-                  f"not scored: {s.pruned_by_memory_bound:,} below a memory bound, {s.pruned_by_time_bound:,} "
-                  f"above a time bound)")
+    lines.append(f"searched {s.candidates_evaluated:,} candidates in {s.seconds:.2f} s ({s.feasible:,} fit; not "
+                 f"scored: {s.pruned_by_memory_bound:,} below a memory bound, {s.pruned_by_time_bound:,} above a "
+                 "time bound)")
     tried = s.values_tried
     if tried:
-        console.print("tried " + "; ".join(f"{name} {', '.join(map(str, tried[name]))}"
-                                           for name in ("cp", "cp_comm", "dp_shard", "ep") if name in tried))
+        lines.append("tried " + "; ".join(f"{name} {', '.join(map(str, tried[name]))}"
+                                          for name in ("cp", "cp_comm", "dp_shard", "ep") if name in tried))
     held = s.held
     for reason in dict.fromkeys(held.values()):
-        console.print(f"held at 1: {', '.join(k for k, v in held.items() if v == reason)}: {reason}")
-    console.print(f"best: {describe_config(best['plan'])}")
+        lines.append(f"held at 1: {', '.join(k for k, v in held.items() if v == reason)}: {reason}")
+    lines.append(f"best: {describe_config(best['plan'])}")
     train = best["prediction"].get("to_train")
     if train:
         cost = f", ${train['usd']:,.0f}" if "usd" in train else ""
-        console.print(f"to train {train['tokens']:.3g} tokens: {train['steps']:,} steps, {train['days']:.1f} days{cost}"
-                      + (" with failures" if "days_without_failures" in train else ""))
+        lines.append(f"to train {_token_count(train['tokens'])} tokens: {train['steps']:,} steps, {train['days']:.1f} days{cost}"
+                     + (" with failures" if "days_without_failures" in train else ""))
     rel = best["prediction"].get("reliability")
     if rel:
-        for line in reliability_lines(rel):
-            console.print(line)
+        lines += reliability_lines(rel)
+    for line in lines:
+        fits = width is None or len(line) <= width or line.lstrip().startswith(("-", "#")) or line[:1].isdigit()
+        typer.echo(line if fits else textwrap.fill(line, width=width, subsequent_indent="  "))
+
+
+def _token_count(tokens: float) -> str:
+    """300000000000.0 -> '300B' (the --tokens spelling), 1.5e12 -> '1.5T'."""
+    for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if tokens >= scale:
+            return f"{tokens / scale:.4g}{suffix}"
+    return f"{tokens:.4g}"
 
 
 def reliability_lines(rel: dict) -> list[str]:
