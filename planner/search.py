@@ -1271,7 +1271,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     def split_document(cfg: ParallelConfig, refine_it: bool) -> dict:
         """estimate()'s plan document of cfg; with refine_it, of its uneven split when that is better."""
         doc = estimate_fn(model, hardware, cfg, gpus=world, **opts).to_document()
-        if refine_it and cfg.pp > 1:
+        if refine_it and cfg.pp > 1 and software.framework.capabilities.uneven_stages:
             twin = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in cfg.to_dict().items()
                          if k != "placement")
             stages = splits[twin] if twin in splits else splits.setdefault(twin, uneven_stages(model, cfg, software))

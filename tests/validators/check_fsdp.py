@@ -39,6 +39,8 @@ from accelerate.parallelism_config import ParallelismConfig  # noqa: E402
 from accelerate.utils import FullyShardedDataParallelPlugin  # noqa: E402
 
 launch_utils.is_port_in_use = lambda *a, **k: False
+# the launcher refuses fp8 unless Transformer Engine, MS-AMP or torchao is installed: a property of the nodes
+launch_utils.is_fp8_available = lambda: True
 transformers.training_args.is_torch_bf16_gpu_available = lambda *a, **k: True
 
 
@@ -110,6 +112,11 @@ def check(item, workdir, i):
                "per_device_train_batch_size": targs.per_device_train_batch_size,
                "gradient_accumulation_steps": targs.gradient_accumulation_steps,
                "bf16": targs.bf16, "fp16": targs.fp16, "gradient_checkpointing": targs.gradient_checkpointing,
+               # what the Trainer hands Accelerator(mixed_precision=...), and the FP8 backend the launcher exported
+               "trainer_mixed_precision": targs.mixed_precision, "fp8_backend": env.get("ACCELERATE_FP8_BACKEND"),
+               "hidden": getattr(model_config, "hidden_size", None) or getattr(model_config, "n_embd", None),
+               "heads": getattr(model_config, "num_attention_heads", None) or getattr(model_config, "n_head", None),
+               "vocab": model_config.vocab_size,
                "save_strategy": str(targs.save_strategy), "save_steps": targs.save_steps,
                "model_type": model_config.model_type, "params": params,
                "layers": len([m for m in model.modules() if type(m).__name__.endswith(("DecoderLayer", "Block"))])}
