@@ -1228,6 +1228,10 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
         held.update({"ZeRO-3": "bf16_optimizer", "optimizer offload": "bf16_optimizer"})
     global_batch = global_batch or default_global_batch(world, seq)
     price = _price_per_hour(hardware, n_nodes, spot, price_per_hour)
+    if objective == "cost" and price is None:
+        raise ConfigError("objective", objective, "a price to rank by cost", message=(
+            f"--objective cost needs a price: {hardware.name}'s profile has none; pass --price-per-hour USD "
+            "(per node-hour), or use --objective throughput"))
     if estimate_fn is None:
         from planner.estimate import estimate as estimate_fn
 

@@ -95,3 +95,22 @@ def test_help_is_readable_at_80_columns(command):
     assert "…" not in result.stdout
     options = re.findall(r"^\s+(--[a-z0-9-]+)", result.stdout, flags=re.M)
     assert options and all(re.fullmatch(r"--[a-z0-9-]+", o) for o in options)
+
+
+def test_cost_objective_without_a_price_is_one_line_and_exit_2_with_the_fix():
+    result = runner.invoke(app, ["recommend", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "32",
+                                 "--objective", "cost"])
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "--objective cost needs a price" in result.stderr and "--price-per-hour" in result.stderr
+    priced = runner.invoke(app, ["recommend", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "32",
+                                 "--objective", "cost", "--price-per-hour", "40"])
+    assert priced.exit_code == 0 and "priced at $40.00 per node-hour (your --price-per-hour)" in priced.stdout
+
+
+def test_the_output_names_the_profiles_price_and_its_source():
+    from hardware_profiles import load_profile
+
+    profile = load_profile("p5.48xlarge")
+    result = runner.invoke(app, ["recommend", "llama3-8b", "--hardware", "p5.48xlarge", "--gpus", "32"])
+    assert f"priced at ${profile.price_usd_per_hour:,.2f} per node-hour (p5.48xlarge on-demand price: " \
+        f"{profile.sources['price_usd_per_hour']})" in result.stdout

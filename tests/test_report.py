@@ -265,7 +265,7 @@ def test_report_ranks_by_every_objective_recommend_has_from_one_definition(tmp_p
     from planner.search import OBJECTIVES
 
     assert tuple(OBJECTIVE_PHRASES) == OBJECTIVES           # the help describes exactly the set the search ranks by
-    for command, tokens in (("report", "--train-tokens"), ("recommend", "--tokens")):
+    for command, tokens in (("report", "--tokens"), ("recommend", "--tokens")):
         text = " ".join(runner.invoke(app, [command, "--help"]).output.replace("│", " ").split())   # rich's box unwrapped
         for name in OBJECTIVES:
             assert f"{name} (" in text, (command, name)

@@ -25,9 +25,9 @@ CsvOpt = Annotated[Optional[Path], typer.Option("--csv", help="Write every score
 SpotOpt = Annotated[bool, typer.Option("--spot", help="Price with the profile's spot price (or --price-per-hour's).")]
 PriceOpt = Annotated[Optional[float], typer.Option("--price-per-hour", help="US dollars per node-hour (your "
                                                    "negotiated, reserved or spot price) instead of the profile's.")]
-TokensOpt = Annotated[Optional[str], typer.Option("--tokens", help="Training tokens (e.g. 300e9 or 300B): "
-                                                  "adds time and cost to train, with the goodput under failures "
-                                                  "and the checkpoint interval (docs/goodput.md).")]
+TOKENS_HELP = ("Training tokens (e.g. 300e9 or 300B): adds time and cost to train, with the goodput under "
+               "failures and the checkpoint interval (docs/goodput.md).")
+TokensOpt = Annotated[Optional[str], typer.Option("--tokens", help=TOKENS_HELP)]
 MtbfGpuOpt = Annotated[Optional[float], typer.Option(
     "--mtbf-gpu-hours", help="Your mean GPU-hours between job interruptions caused by one GPU (default: from "
                              "Llama 3's 16K-GPU run, with a per-node rate; giving this or --mtbf-node-hours replaces "
@@ -157,7 +157,7 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
     if document is not None:
         typer.echo(document)
     else:
-        _print_table(rec, wide=wide)
+        _print_table(rec, wide=wide, price_per_hour=price_per_hour, spot=spot)
     for path in (out, csv):
         if path is not None:
             typer.echo(f"wrote {path}", err=True)
@@ -235,7 +235,24 @@ class _LazyProgress:
         return False
 
 
-def _print_table(rec, wide: bool = False) -> None:
+def price_line(doc: dict, *, price_per_hour: float | None, spot: bool) -> str | None:
+    """Which price the costs use: the user's, or the profile's spot or on-demand price with its source and date."""
+    cost = doc["prediction"].get("cost")
+    if not cost:
+        return None
+    per_node = cost["usd_per_hour"] / doc["hardware"]["nodes"]
+    if price_per_hour is not None:
+        origin = "your --price-per-hour"
+    else:
+        from hardware_profiles import load_profile
+
+        key = "spot_price_usd_per_hour" if spot else "price_usd_per_hour"
+        source = load_profile(doc["hardware"]["name"]).sources.get(key, "no source recorded")
+        origin = f"{doc['hardware']['name']} {'spot' if spot else 'on-demand'} price: {source}"
+    return f"priced at ${per_node:,.2f} per node-hour ({origin})"
+
+
+def _print_table(rec, wide: bool = False, *, price_per_hour: float | None = None, spot: bool = False) -> None:
     """The plans as plain text (planner.commands.plan_table), then the search's summary lines."""
     import shutil
     import sys
@@ -263,6 +280,9 @@ def _print_table(rec, wide: bool = False) -> None:
     for reason in dict.fromkeys(held.values()):
         lines.append(f"held at 1: {', '.join(k for k, v in held.items() if v == reason)}: {reason}")
     lines.append(f"best: {describe_config(best['plan'])}")
+    price = price_line(best, price_per_hour=price_per_hour, spot=spot)
+    if price:
+        lines.append(price)
     train = best["prediction"].get("to_train")
     if train:
         cost = f", ${train['usd']:,.0f}" if "usd" in train else ""

@@ -50,12 +50,31 @@ class Scenario:
     """The software stack (frameworks/*.json): costs and which plans are searched."""
     reliability: Any = None
     """planner.goodput.ReliabilityInputs for the goodput section (None: the sourced defaults)."""
+    price_per_hour: float | None = None
+    """US dollars per node-hour instead of the profile's (recommend --price-per-hour)."""
+    spot: bool = False
+    """Price with the profile's spot price (or price_per_hour) (recommend --spot)."""
+    space: Any = None
+    """planner.candidates.SearchSpace of the pinning flags (--cp, --ep, --dp-shard); None: the full space."""
+
+
+def priced(hw, scenario: Scenario):
+    """The hardware profile with the price the scenario asks for (--price-per-hour, else the spot price with
+    --spot), so that every cost figure of the report uses the price the search ranked with."""
+    if scenario.price_per_hour is not None:
+        return dataclasses.replace(hw, price_usd_per_hour=scenario.price_per_hour)
+    if scenario.spot:
+        if hw.spot_price_usd_per_hour is None:
+            raise ConfigError("spot", True, f"a spot price: {hw.name}'s profile has none (spot prices move daily); "
+                                            "pass today's with --price-per-hour USD (per node)")
+        return dataclasses.replace(hw, price_usd_per_hour=hw.spot_price_usd_per_hour)
+    return hw
 
 
 def build_report(scenario: Scenario, *, plan_document: Mapping[str, Any] | None = None) -> ReportContent:
     """Search (or take `plan_document`'s configuration), evaluate, and lay out the report."""
     model = backend.resolve(scenario.model, scenario.seq)
-    hw = backend.hardware(scenario.hardware)
+    hw = priced(backend.hardware(scenario.hardware), scenario)
     search = backend.search(model, hw, scenario)
     notes: list[str] = []
     if plan_document is None:
@@ -194,7 +213,7 @@ def _plans_section(best, alternatives, first_label: str, from_file: bool, scenar
             f"of {pred['memory']['capacity_bytes'] / GiB:.2f} GiB per GPU.")
     hours = checklist.run_seconds(best, scenario.train_tokens) / 3600.0
     text += (f" Training on {scenario.train_tokens:.3g} tokens takes {hours / 24:.1f} days"
-             + (f" (${hours * best['hardware']['nodes'] * hw.price_usd_per_hour:,.0f} on-demand at "
+             + (f" (${hours * best['hardware']['nodes'] * hw.price_usd_per_hour:,.0f} at "
                 f"${hw.price_usd_per_hour:g} per node-hour)" if hw.price_usd_per_hour else "")
              + " if nothing ever fails")
     rel = pred.get("reliability")
