@@ -105,3 +105,20 @@ def test_cli_explain_search_compares_with_a_fresh_search(tmp_path):
     assert result.exit_code == 0, result.output
     assert "#2" in result.stdout and "faster by" in result.stdout
     assert "Why this plan won" not in result.stdout and "This plan did not win" in result.stdout
+
+
+def test_every_time_term_a_plan_can_have_is_explained_in_explain_and_the_docs():
+    """host_wait and recompute_part_of_compute were explained nowhere (issue 30): every term the estimator writes
+    has a definition, printed by explain, and a row in docs/cost-model.md."""
+    from planner.explain import TIME_TERMS
+    from planner.score import Scores
+
+    terms = set(Scores.BREAKDOWN) | {"recompute_part_of_compute"}
+    assert terms <= set(TIME_TERMS)
+    doc = json.loads(EXAMPLE.read_text())
+    doc["prediction"]["time_breakdown_s"]["host_wait"] = 0.5
+    text = explain_document(doc).text()
+    assert "What the terms measure:" in text and "host_wait: time the device waits for the host" in text
+    assert max(len(line) for line in explain_document(doc).term_lines) <= 100
+    docs = (Path(__file__).parents[1] / "docs" / "cost-model.md").read_text()
+    assert all(f"| {term} |" in docs for term in terms)
