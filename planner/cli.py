@@ -131,8 +131,9 @@ def _global_options(
 
 
 def _register() -> None:
-    from planner.commands import (estimate, explain, export, hardware, profile, recommend, report, run)
+    from planner.commands import (estimate, explain, export, hardware, models, profile, recommend, report, run)
 
+    app.command("models")(models.models)
     app.command("profile")(profile.profile)
     app.add_typer(hardware.app, name="hardware")
     app.command("estimate")(estimate.estimate)
