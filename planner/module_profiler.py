@@ -56,6 +56,7 @@ from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sd
 
 from planner.errors import ConfigError
 from planner.profiler import RECOMPUTE_MODES, LayerProfile, ModelProfile
+from planner.progress import working
 from planner.sources import with_seq
 from planner.spec import TransformerSpec
 
@@ -578,7 +579,8 @@ def profile_module(arg: str, *, seq: int | None = None, micro_batch: int = 1, pr
     from planner.usercode import user_code, user_roots
 
     # one time limit for importing, building and tracing (planner.usercode)
-    with user_code(arg, "its forward/backward on the meta device", user_roots(arg.partition(":")[0])):
+    with working(f"tracing {arg} on the meta device"), \
+            user_code(arg, "its forward/backward on the meta device", user_roots(arg.partition(":")[0])):
         model = build_on_meta(arg, precision)
         spec = getattr(model, "spec", None)
         if isinstance(spec, TransformerSpec) and spec.moe is not None:

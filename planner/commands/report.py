@@ -17,6 +17,7 @@ from planner.commands.common import (MAX_WORLD_SIZE, FrameworkOpt, GlobalBatchOp
 from planner.commands.recommend import (TOKENS_HELP, CpOpt, DpShardOpt, EpOpt, PriceOpt, SpotOpt, TopOpt,
                                         check_price, parse_tokens, search_space)
 from planner.errors import ConfigError
+from planner.progress import working
 
 ReportTokensOpt = Annotated[str, typer.Option("--tokens", help=TOKENS_HELP)]
 
@@ -89,8 +90,10 @@ def report(
         scenario = Scenario(model=plan_or_model, hardware=hardware, gpus=world_size(profile, gpus, nodes),
                             global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
                             scaling_nodes=counts, framework=default_framework(plan_or_model, framework), **options)
-    content = build_report(scenario, plan_document=document)
-    html_path, md_path = write_report(content, out, force=force)
+    with working("report: searching, the scaling study and the checklist's what-ifs") as step:
+        content = build_report(scenario, plan_document=document)
+        step("report: drawing the figures and writing the files")
+        html_path, md_path = write_report(content, out, force=force)
     typer.echo(f"wrote {html_path} and {md_path} ({len(content.figures)} figures, "
                f"{len(content.checklist)} checklist rules)", err=True)
 
