@@ -42,3 +42,15 @@ def test_the_tiny_moe_factories_profile_estimate_and_recommend():
         cfg = ParallelConfig(dp=2, micro_batch=1, global_batch=8, seq=32, framework="fsdp")
         assert estimate(resolve_model(arg), "cpu-local", cfg, gpus=2).step_time_s > 0
         assert recommend(resolve_model(arg), "cpu-local", gpus=2, global_batch=8, framework="megatron").best
+
+
+def test_tiny_models_default_to_a_few_sequences_per_rank_and_catalog_models_keep_2m_tokens():
+    """The tiny models defaulted to a 65,536-sequence global batch (2M tokens of 32); a model under 10M
+    parameters now gets 4 sequences per rank. Catalog models (GPT-2's 124M is the smallest) keep ~2M tokens."""
+    from planner.search import DEFAULT_BATCH_TOKENS, recommend
+    from planner.sources import resolve_model
+
+    rec = recommend(resolve_model("planner.executor.tiny:mixtral_tiny"), "cpu-local", gpus=4, framework="fsdp")
+    assert rec.best["plan"]["global_batch"] == 16
+    gpt2 = recommend("gpt2", "p4d.24xlarge", gpus=8, top=1)
+    assert gpt2.best["plan"]["global_batch"] * gpt2.best["plan"]["seq"] >= DEFAULT_BATCH_TOKENS
