@@ -176,7 +176,8 @@ def test_plan_for_failures_warns_below_llama3s_90_percent_and_names_the_biggest_
 
 
 def test_the_gpu_count_includes_context_parallel_ranks_and_pure_dp_spans_them():
-    """A cp=2 plan on 32 GPUs (dp4 tp2 pp2 cp2): pure data parallelism is asked for over all 32 GPUs with cp=1,
+    """A cp=2 plan on 32 GPUs (dp4 tp2 pp2 cp2): pure data parallelism is asked for over all 32 GPUs
+    with cp=1,
     and a batch it cannot split names 32 GPUs (the checklist said 480 on a 960-GPU cp=2 job)."""
     doc = _doc()
     doc["plan"]["cp"], doc["hardware"]["gpus"] = 2, 32
@@ -185,3 +186,16 @@ def test_the_gpu_count_includes_context_parallel_ranks_and_pure_dp_spans_them():
     result = checklist.data_parallel_first(ctx)
     assert asked and all(a["dp"] == 32 and a["cp"] == 1 for a in asked)
     assert "is not a multiple of 32 GPUs" in result.number
+
+
+def test_a_context_parallel_plan_is_not_called_pure_data_parallel():
+    """cp=2 with tp = pp = 1 splits every sequence: the data-parallel rules compare it with pure DP instead of
+    passing it as 'pure data parallel' (the report said so of a cp=2 plan)."""
+    doc = _doc(tp=1, pp=1)
+    doc["plan"]["cp"] = 2
+    asked = []
+    checklist.data_parallel_first(_ctx(doc, what_if=lambda **changes: asked.append(changes)))
+    checklist.memory_savers_first(_ctx(doc, what_if=lambda **changes: asked.append(changes)))
+    assert asked and all(a["cp"] == 1 for a in asked)
+    plain = _doc(tp=1, pp=1)
+    assert checklist.data_parallel_first(_ctx(plain)).number == "dp=4, tp=pp=cp=1"

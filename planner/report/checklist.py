@@ -153,16 +153,21 @@ def _world(plan: Mapping[str, Any]) -> int:
 
 def _pure_dp(ctx: RuleContext, **changes) -> Mapping[str, Any] | None:
     """The plan as pure data parallelism over all its GPUs (tp = pp = cp = 1)."""
-    return ctx.what_if(dp=_world(ctx.plan), tp=1, pp=1, cp=1, virtual_stages=1, stages=(), sequence_parallel=False,
-                       schedule="1f1b", **changes)
+    return ctx.what_if(dp=_world(ctx.plan), tp=1, pp=1, cp=1, virtual_stages=1, stages=(),
+                       sequence_parallel=False, schedule="1f1b", **changes)
+
+
+def _pure_data_parallel(plan: Mapping[str, Any]) -> bool:
+    """No model parallelism: tp = pp = cp = 1 (context parallelism splits each sequence over ranks)."""
+    return plan["tp"] == 1 and plan["pp"] == 1 and plan.get("cp", 1) == 1
 
 
 def data_parallel_first(ctx: RuleContext) -> RuleResult:
     title = "Start with data parallelism"
     plan = ctx.plan
-    if plan["tp"] == 1 and plan["pp"] == 1:
+    if _pure_data_parallel(plan):
         return RuleResult(rule="data-parallel-first", title=title, status="pass",
-                          number=f"dp={plan['dp']}, tp=pp=1",
+                          number=f"dp={plan['dp']}, tp=pp=cp=1",
                           detail="The plan is pure data parallel (with ZeRO stage "
                                  f"{plan['zero']}); no model parallelism is needed.")
     # pure DP at micro-batch 1 with the plan's ZeRO stage, and fully sharded (ZeRO-3, FSDP) as well:
@@ -184,7 +189,7 @@ def data_parallel_first(ctx: RuleContext) -> RuleResult:
         return RuleResult(rule="data-parallel-first", title=title, status="pass",
                           number=f"pure DP peak {_gb(_peak(dp))} > capacity {_gb(ctx.prediction['memory']['capacity_bytes'])}",
                           detail=f"Pure data parallelism (micro-batch 1, ZeRO {' or '.join(str(z) for z, _ in variants)}) "
-                                 f"does not fit, so tp={plan['tp']}, pp={plan['pp']} is justified.")
+                                 f"does not fit, so tp={plan['tp']}, pp={plan['pp']}, cp={plan.get('cp', 1)} is justified.")
     ratio = _tok(dp) / _tok(ctx.document)
     status: Status = "warn" if ratio >= AS_FAST_FRACTION else "pass"
     return RuleResult(rule="data-parallel-first", title=title, status=status,
@@ -218,7 +223,7 @@ def mixed_precision(ctx: RuleContext) -> RuleResult:
 def memory_savers_first(ctx: RuleContext) -> RuleResult:
     title = "Try smaller micro-batches, recomputation or shorter sequences before model parallelism"
     plan = ctx.plan
-    if plan["tp"] == 1 and plan["pp"] == 1:
+    if _pure_data_parallel(plan):
         return RuleResult(rule="memory-savers-first", title=title, status="pass",
                           number=f"micro-batch {plan['micro_batch']}, recompute {plan['recompute']}",
                           detail="No model parallelism in the plan.")
