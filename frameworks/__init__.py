@@ -125,10 +125,14 @@ class Capabilities:
     """Whether the stack can dispatch tokens to the experts in FP8 (DeepSeek-V3's own kernels; none of the four
     stacks exposes it)."""
     uneven_stages: bool = True
-    """Whether the search may propose an uneven split of the blocks over the pipeline stages (ParallelConfig.stages);
-    false where the exported job places blocks only by an even split (DeepSpeed 0.19.8's PipelineModule partitions
-    by its `partition_method`, whose 'type:<block class>' split is the even one: planner.partition.even_split).
-    estimate still costs any split given (published runs used other partitioners); export refuses what the
+    """Whether the search may propose an uneven split of the blocks over the pipeline stages
+    (ParallelConfig.stages);
+    false where the exported job places blocks only by an even split (DeepSpeed 0.19.8's
+    PipelineModule partitions
+    by its `partition_method`, whose 'type:<block class>' split is the even one:
+    planner.partition.even_split).
+    estimate still costs any split given (published runs used other partitioners); export refuses
+    what the
     target cannot place (planner.exports.limits)."""
     recompute_modules: bool = False
     """Whether selective recomputation can name the modules it re-runs (Megatron-Core's --recompute-modules:

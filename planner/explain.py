@@ -20,11 +20,12 @@ every block)."""
 
 
 TIME_TERMS = {
-    "compute": "the blocks' and head's forward and backward kernels on the device, recomputation included",
-    "recompute_part_of_compute": "the part of compute spent re-running activations for the backward "
-                                 "(already inside compute; not added again)",
-    "tp_comm": "exposed tensor-parallel collectives (all-reduce, or all-gather + reduce-scatter with sequence "
-               "parallelism)",
+    "compute": "the blocks' and head's forward and backward kernels on the device, recomputation "
+               "included",
+    "recompute_part_of_compute": "the part of compute spent re-running activations for the "
+                                 "backward (already inside compute; not added again)",
+    "tp_comm": "exposed tensor-parallel collectives (all-reduce, or all-gather + reduce-scatter "
+               "with sequence parallelism)",
     "cp_comm": "exposed context-parallel key/value exchange (ring, all-gather or all-to-all)",
     "ep_comm": "exposed expert-parallel dispatch and combine (all-to-all of the routed tokens)",
     "dp_comm": "exposed data-parallel gradient reduction and ZeRO parameter gathers",
@@ -32,10 +33,12 @@ TIME_TERMS = {
     "bubble": "pipeline stages idle at the start and end of each step (schedule dependent)",
     "optimizer": "the optimizer step streaming parameters, gradients and states",
     "offload": "exposed host-device copies of offloaded optimizer states or activations",
-    "host_wait": "time the device waits for the host to issue kernels (eager PyTorch's per-op launch cost, and "
-                 "the host synchronizations of dropless MoE routing): the host is the bottleneck",
+    "host_wait": "time the device waits for the host to issue kernels (eager PyTorch's per-op "
+                 "launch cost, and the host synchronizations of dropless MoE routing): the host "
+                 "is the bottleneck",
 }
-"""What each term of prediction.time_breakdown_s measures (docs/cost-model.md, 'Step-time terms')."""
+"""What each term of prediction.time_breakdown_s measures (docs/cost-model.md, 'Step-time
+terms')."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,10 +55,12 @@ class Explanation:
     term_lines: tuple[str, ...] = ()
     """What each time term shown measures (term_lines)."""
     versus_title: str = "Why this plan won:"
-    """The title of the comparison: a plan that some compared plan beats did not win (versus_title)."""
+    """The title of the comparison: a plan that some compared plan beats did not win
+    (versus_title)."""
 
     def text(self) -> str:
-        parts = [self.headline, "", "Where the step time goes:", *self.time_lines, *self.term_lines, "",
+        parts = [self.headline, "", "Where the step time goes:", *self.time_lines,
+                 *self.term_lines, "",
                  "Where the memory goes (per GPU, at the peak rank):", *self.memory_lines, ""]
         if self.expert_lines:
             parts += ["Expert parallelism:", *self.expert_lines, ""]
@@ -118,7 +123,8 @@ def time_lines(doc: Mapping[str, Any]) -> list[str]:
 
 
 def term_lines(doc: Mapping[str, Any], width: int = 100) -> list[str]:
-    """'What the terms measure:' and one wrapped entry per term of the plan's breakdown (TIME_TERMS)."""
+    """'What the terms measure:' and one wrapped entry per term of the plan's breakdown
+    (TIME_TERMS)."""
     import textwrap
 
     names = [n for n in _numbers(doc)["time_breakdown_s"] if n in TIME_TERMS]
@@ -335,14 +341,16 @@ def _ep_class_lines(c: Mapping[str, Any], w: Mapping[str, Any], mine_ep: Mapping
 
 
 def versus_title(doc: Mapping[str, Any]) -> str:
-    """"Why this plan won:" only when no compared plan that fits is faster; else how many beat it."""
+    """"Why this plan won:" only when no compared plan that fits is faster; else how many beat
+    it."""
     mine = _numbers(doc)["step_time_s"]
     faster = [a for a in doc.get("alternatives", [])
               if _numbers(a)["memory"].get("fits", True) and _numbers(a)["step_time_s"] < mine]
     if not faster:
         return "Why this plan won:"
     best = min(_numbers(a)["step_time_s"] for a in faster)
-    return (f"This plan did not win: {len(faster)} of the compared plans {'is' if len(faster) == 1 else 'are'} "
+    verb = "is" if len(faster) == 1 else "are"
+    return (f"This plan did not win: {len(faster)} of the compared plans {verb} "
             f"faster (the best by {1 - best / mine:.0%} of the step):")
 
 

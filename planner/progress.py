@@ -1,6 +1,9 @@
-"""A spinner with the step's name on stderr, for work that may take more than a second or two (a report's
-searches, tracing a factory on the meta device). Only on a terminal: piped or captured stderr gets nothing, so
+"""A spinner with the step's name on stderr, for work that may take more than a second or two (a
+report's
+searches, tracing a factory on the meta device). Only on a terminal: piped or captured stderr gets
+nothing, so
 scripts and `--json` runs see no change. It appears after `delay_s`, so quick runs print nothing."""
+
 from __future__ import annotations
 
 import sys
@@ -14,7 +17,8 @@ DELAY_S = 1.0
 
 @contextmanager
 def working(step: str, *, delay_s: float = DELAY_S) -> Iterator[Callable[[str], None]]:
-    """Show `step` with a spinner on stderr (a terminal only) while the block runs; yields a function that renames
+    """Show `step` with a spinner on stderr (a terminal only) while the block runs; yields a
+    function that renames
     the step."""
     if not sys.stderr.isatty():
         yield lambda _text: None

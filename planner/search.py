@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from cost_models.params import total_params
 from planner.candidates import (FIELDS, SearchSpace, _pattern_groups, _product, config_of_row, leanest,
                                 skeleton_rows, with_micro_batches)
 from planner.errors import ConfigError, NoFitError
@@ -82,13 +83,16 @@ placement (the placement is added to make a shape: it moves the communication te
 
 
 TINY_MODEL_PARAMS = 10_000_000
-"""Below this many parameters (no catalog model: GPT-2's 124M is the smallest) a model is a test or demo model
-(planner.executor.tiny), and the default batch is TINY_SEQUENCES_PER_RANK sequences per rank, not ~2M tokens."""
+"""Below this many parameters (no catalog model: GPT-2's 124M is the smallest) a model is a test or
+demo model
+(planner.executor.tiny), and the default batch is TINY_SEQUENCES_PER_RANK sequences per rank, not
+~2M tokens."""
 TINY_SEQUENCES_PER_RANK = 4
 
 
 def default_global_batch(world_size: int, seq: int, params: int | None = None) -> int:
-    """About DEFAULT_BATCH_TOKENS tokens, as a multiple of the world size (so every dp divides it); for a model of
+    """About DEFAULT_BATCH_TOKENS tokens, as a multiple of the world size (so every dp divides it);
+    for a model of
     fewer than TINY_MODEL_PARAMS parameters, TINY_SEQUENCES_PER_RANK sequences per rank.
 
     >>> default_global_batch(960, 2048)
@@ -107,8 +111,6 @@ def default_global_batch(world_size: int, seq: int, params: int | None = None) -
 def model_params(model) -> int | None:
     """Parameters of a TransformerSpec or a measured ModuleSpec (None for anything else)."""
     if isinstance(model, TransformerSpec):
-        from cost_models.params import total_params
-
         return total_params(model)
     params = getattr(model, "params", None)
     return params if isinstance(params, int) else None
@@ -1252,8 +1254,8 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     price = _price_per_hour(hardware, n_nodes, spot, price_per_hour)
     if objective == "cost" and price is None:
         raise ConfigError("objective", objective, "a price to rank by cost", message=(
-            f"--objective cost needs a price: {hardware.name}'s profile has none; pass --price-per-hour USD "
-            "(per node-hour), or use --objective throughput"))
+            f"--objective cost needs a price: {hardware.name}'s profile has none; pass "
+            "--price-per-hour USD (per node-hour), or use --objective throughput"))
     if estimate_fn is None:
         from planner.estimate import estimate as estimate_fn
 

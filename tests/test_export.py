@@ -249,18 +249,22 @@ def test_cli_export_unknown_format_exit_2(llama_plan_file):
 
 
 def test_deepspeed_export_writes_the_partition_that_gives_the_plans_stages_or_refuses():
-    """DeepSpeed's PipelineModule splits by partition_method: the JSON's pipeline section names the type-balanced
-    method and the blocks per stage (the plan's even split); a split DeepSpeed cannot place is refused in one line
+    """DeepSpeed's PipelineModule splits by partition_method: the JSON's pipeline section names the
+    type-balanced
+    method and the blocks per stage (the plan's even split); a split DeepSpeed cannot place is
+    refused in one line
     (its own partitioner is run on the exports in tests/test_export_matrix.py)."""
     doc = document("llama-1f1b")                              # llama3-70b: 80 blocks over pp 4
     text = export_plan(plan_from_document(doc), "deepspeed").text
     pipeline = json.loads(text)["pipeline"]
-    assert pipeline["partition_method"] == "type:transformer" and pipeline["blocks_per_stage"] == [20] * 4
+    assert pipeline["partition_method"] == "type:transformer"
+    assert pipeline["blocks_per_stage"] == [20] * 4
     doc["plan"]["stages"] = [21, 19, 20, 20]
     with pytest.raises(ConfigError) as err:
         export_plan(plan_from_document(doc), "deepspeed")
     assert "\n" not in str(err.value)
-    assert str(err.value).startswith("cannot export to deepspeed: ") and "[20, 20, 20, 20]" in str(err.value)
+    assert str(err.value).startswith("cannot export to deepspeed: ")
+    assert "[20, 20, 20, 20]" in str(err.value)
 
 
 def test_the_torchtitan_exporter_builds_exactly_the_moe_families_the_framework_profile_names():

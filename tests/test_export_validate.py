@@ -133,7 +133,8 @@ def check_torchtitan(plan, c):
     assert (dims["tp"], dims["pp"], dims["cp"], dims["ep"]) == (cfg.tp, cfg.pp, cfg.cp, cfg.ep)
     assert par["fsdp_reshard_after_forward"] == ("always" if cfg.zero == 3 else
                                                  "default" if (cfg.zero == 0 and dims["dp_shard"] == 1) else "never")
-    b = c["batch"]      # torchtitan's own arithmetic (trainer.py): one forward, accumulation, pipeline micro-batches
+    # torchtitan's own arithmetic (trainer.py): one forward, accumulation, pipeline micro-batches
+    b = c["batch"]
     assert (b["global_batch"], b["batch_degree"]) == (cfg.global_batch, cfg.dp)
     assert b["sequences_per_forward"] == cfg.micro_batch
     assert b["accumulation_steps"] * b["pp_microbatches"] == cfg.num_microbatches

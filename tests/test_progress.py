@@ -1,4 +1,5 @@
 """The spinner: only on a terminal, only after its delay, with the step's name."""
+
 import io
 import sys
 import time

@@ -297,11 +297,13 @@ def test_the_rules_advice_renders_as_advice_with_its_numbers_and_source():
 
 
 def test_a_context_parallel_plan_shows_cp_in_every_plan_table_and_memory_in_gib(tmp_path):
-    """A cp=2 plan file: the plans table has cp, ep and shard-group columns with the plan's values, the scaling
+    """A cp=2 plan file: the plans table has cp, ep and shard-group columns with the plan's values,
+    the scaling
     table names every axis of each plan, memory is in GiB, and no section uses an internal name."""
     from planner.parallel import ParallelConfig
 
-    cfg = ParallelConfig(dp=4, tp=2, cp=2, micro_batch=1, global_batch=64, zero=1, seq=1024, placement="DPCT")
+    cfg = ParallelConfig(dp=4, tp=2, cp=2, micro_batch=1, global_batch=64, zero=1, seq=1024,
+                         placement="DPCT")
     doc = estimate(resolve_model("gpt2"), load_profile("p4d.24xlarge"), cfg, gpus=16).to_document()
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(doc))
@@ -309,12 +311,13 @@ def test_a_context_parallel_plan_shows_cp_in_every_plan_table_and_memory_in_gib(
     md = (out / "report.md").read_text()
     headers = [line for line in md.splitlines() if line.startswith("|") and "| dp |" in line]
     assert headers and all("| cp | ep | shard group |" in h for h in headers)
-    row = next(line for line in md.splitlines() if line.startswith("| given ") or line.startswith("| plan file"))
+    row = next(line for line in md.splitlines() if line.startswith(("| given ", "| plan file")))
     cells = [c.strip() for c in row.strip("|").split("|")]
     columns = [c.strip() for c in headers[0].strip("|").split("|")]
     assert cells[columns.index("cp")] == "2" and cells[columns.index("shard group")] == "all"
     data = json.loads((out / "report.json").read_text())
-    assert all(" cp" in r["plan"] and " ep" in r["plan"] for r in data["scaling"] if "tokens_per_s" in r)
+    planned = [r["plan"] for r in data["scaling"] if "tokens_per_s" in r]
+    assert planned and all(" cp" in label and " ep" in label for label in planned)
     own = next(r for r in data["scaling"] if r["gpus"] == 16)
     assert own["plan"].startswith("dp4 tp2 pp1 cp2 ep1 shard all")
     peak = doc["prediction"]["memory"]["peak_bytes_per_gpu"]

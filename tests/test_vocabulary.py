@@ -1,6 +1,9 @@
-"""One vocabulary: every command's options (walked through typer/click) spell each concept one way, with the
-same parser and the same help wherever the meaning is the same. A second spelling of a concept (`--train-tokens`
+"""One vocabulary: every command's options (walked through typer/click) spell each concept one way,
+with the
+same parser and the same help wherever the meaning is the same. A second spelling of a concept
+(`--train-tokens`
 beside `--tokens`, `--world-size` beside `--gpus`, `--runners-up` beside `--top`) fails here."""
+
 import re
 
 import pytest
@@ -30,9 +33,20 @@ CONCEPTS = {
 }
 """The concepts the commands share, each with its one spelling."""
 
-SAME_HELP = ("--tokens", "--top", "--framework", "--gpus", "--nodes", "--price-per-hour", "--global-batch", "--seq")
-"""Options whose meaning is the same in every command that has them: the same help text (so the same default
-stated) and the same parser. (--cp, --ep, --dp-shard are one degree in `estimate` and a search pin in `recommend`
+SAME_HELP = (
+    "--tokens",
+    "--top",
+    "--framework",
+    "--gpus",
+    "--nodes",
+    "--price-per-hour",
+    "--global-batch",
+    "--seq",
+)
+"""Options whose meaning is the same in every command that has them: the same help text (so the same
+default
+stated) and the same parser. (--cp, --ep, --dp-shard are one degree in `estimate` and a search pin
+in `recommend`
 and `report`: their help differs with that, their name and type do not.)"""
 
 
@@ -47,18 +61,28 @@ def commands(group=None, path=()):
 
 def options():
     """(command, option name, click parameter) for every long option of every command."""
-    return [(cmd, opt, param) for cmd, command in commands() for param in command.params
-            for opt in param.opts + param.secondary_opts if opt.startswith("--")]
+    return [
+        (cmd, opt, param)
+        for cmd, command in commands()
+        for param in command.params
+        for opt in param.opts + param.secondary_opts
+        if opt.startswith("--")
+    ]
 
 
 def test_every_concept_has_one_spelling():
-    seconds = [(cmd, opt, concept) for cmd, opt, _ in options() for concept, (one, pattern) in CONCEPTS.items()
-               if opt != one and re.search(pattern, opt) and not _other_concept(opt)]
+    seconds = [
+        (cmd, opt, concept)
+        for cmd, opt, _ in options()
+        for concept, (one, pattern) in CONCEPTS.items()
+        if opt != one and re.search(pattern, opt) and not _other_concept(opt)
+    ]
     assert seconds == []
 
 
 def _other_concept(opt: str) -> bool:
-    """Options that match a pattern but name another concept (the maximum of a searched degree, the spot reclaim
+    """Options that match a pattern but name another concept (the maximum of a searched degree, the
+    spot reclaim
     rate, the price-free --json): listed so that the test states what it allows."""
     return opt in ("--max-cp", "--max-ep", "--spot-interruptions-per-node-hour", "--expert-tp")
 
@@ -68,19 +92,25 @@ def test_a_shared_option_has_one_parser_and_one_help(name):
     found = [(cmd, param) for cmd, opt, param in options() if opt == name]
     assert len(found) >= 2, f"{name} is in one command only"
     helps = {" ".join((param.help or "").split()) for _, param in found}
-    types = {(param.is_flag, param.type_descriptor.annotation) for _, param in found}   # one parser (ranges may differ)
+    types = {
+        (param.is_flag, param.type_descriptor.annotation) for _, param in found
+    }  # one parser (ranges may differ)
     assert len(helps) == 1, (name, [cmd for cmd, _ in found], helps)
     assert len(types) == 1, (name, types)
 
 
 def test_precision_takes_the_same_values_everywhere():
-    """--precision: the same values in every command (the default differs: `profile` has no device to pick by)."""
+    """--precision: the same values in every command (the default differs: `profile` has no device
+    to pick by)."""
     helps = {" ".join(p.help.split()) for _, opt, p in options() if opt == "--precision"}
-    assert len(helps) >= 1 and all(h.startswith("fp32, amp-bf16, amp-fp16, bf16 or fp8") for h in helps)
+    assert len(helps) >= 1 and all(
+        h.startswith("fp32, amp-bf16, amp-fp16, bf16 or fp8") for h in helps
+    )
 
 
 def test_tokens_parse_the_same_units_everywhere():
-    """`--tokens 1T` and `--tokens 300B` are accepted by every command that takes tokens (report took only
+    """`--tokens 1T` and `--tokens 300B` are accepted by every command that takes tokens (report
+    took only
     plain numbers under another name)."""
     from typer.testing import CliRunner
 
@@ -88,8 +118,20 @@ def test_tokens_parse_the_same_units_everywhere():
     takers = sorted({cmd for cmd, opt, _ in options() if opt == "--tokens"})
     assert takers == ["recommend", "report"]
     for cmd in takers:
-        result = runner.invoke(app, [cmd, "gpt2", "--hardware", "p4d.24xlarge", "--gpus", "8", "--tokens", "1Q",
-                                     *(["--out", "unused"] if cmd == "report" else [])])
+        result = runner.invoke(
+            app,
+            [
+                cmd,
+                "gpt2",
+                "--hardware",
+                "p4d.24xlarge",
+                "--gpus",
+                "8",
+                "--tokens",
+                "1Q",
+                *(["--out", "unused"] if cmd == "report" else []),
+            ],
+        )
         assert result.exit_code == 2 and "tokens='1Q'" in result.stderr and "300B" in result.stderr
 
 
@@ -99,8 +141,14 @@ def test_framework_help_states_the_real_defaults():
     helps = {" ".join(p.help.split()) for _, opt, p in options() if opt == "--framework"}
     assert len(helps) == 1
     (help_text,) = helps
-    assert default_framework("gpt3-175b", None) == "megatron" and "megatron for a catalog name" in help_text
-    assert default_framework("m.mod:factory", None) == "fsdp" and "fsdp for a config.json or module factory" in help_text
+    assert (
+        default_framework("gpt3-175b", None) == "megatron"
+        and "megatron for a catalog name" in help_text
+    )
+    assert (
+        default_framework("m.mod:factory", None) == "fsdp"
+        and "fsdp for a config.json or module factory" in help_text
+    )
     assert "a plan file's own" in help_text
 
 

@@ -71,7 +71,8 @@ def world_size(hw, gpus: int | None, nodes: int | None) -> int:
 
 
 def default_global_batch(gpus: int, seq: int, per_step: int, params: int | None = None) -> int:
-    """About 2M tokens (planner.search's default; a few sequences per rank for a tiny model), a multiple of
+    """About 2M tokens (planner.search's default; a few sequences per rank for a tiny model), a
+    multiple of
     dp * micro_batch."""
     from planner.search import default_global_batch as default
 

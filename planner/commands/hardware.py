@@ -15,7 +15,8 @@ from hardware_profiles import HardwareProfile, available_profiles, load_profile
 from hardware_profiles.loader import profile_to_dict
 from planner.commands.common import JsonOpt, emit_json
 
-app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="List, show and calibrate hardware profiles.")
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                  help="List, show and calibrate hardware profiles.")
 
 
 def _row(p: HardwareProfile) -> dict:
@@ -86,7 +87,8 @@ def calibrate(
     name: Annotated[str, typer.Option("--name", help="Profile name written in the file.")] = "cpu-local",
     json_out: JsonOpt = False,
 ) -> None:
-    """Measure this machine (GEMM rate, memory copy, collectives over torch.distributed) into a profile, with
+    """Measure this machine (GEMM rate, memory copy, collectives over torch.distributed) into a
+    profile, with
     --gpus local ranks (default: the CUDA devices, else the CPU cores, at least 2)."""
     import torch
 

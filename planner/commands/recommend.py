@@ -13,20 +13,23 @@ from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, Gra
                                      NodesOpt, OptimizerOpt, SeqOpt, objective_help, Bf16OptimizerOpt, ActivationFp8InputOpt, LossOpt,
                                      RecomputeModulesOpt, Fp8ScalingOpt, MoeDispatcherOpt, MoeA2aOverlapOpt,
                                      MoeImbalanceOpt)
+from hardware_profiles import load_profile
+from planner.commands.plan_table import table_lines
 from planner.errors import ConfigError
 
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help=objective_help("--tokens"))]
 TopOpt = Annotated[int, typer.Option("--top", min=1, max=100, help="How many plans to list.")]
-WideOpt = Annotated[bool, typer.Option("--wide", help="Every column (cp_comm, SP, stages, tokens/s, offload); the "
-                                       "default shows the ones a plan is chosen on.")]
+WideOpt = Annotated[bool, typer.Option(
+    "--wide", help="Every column (SP, stages, tokens/s, goodput, offload); the default shows "
+                   "the ones a plan is chosen on.")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Write the best plan document here (plan.json).")]
 CsvOpt = Annotated[Optional[Path], typer.Option("--csv", help="Write every scored candidate here as CSV: its knobs, "
                                                 "step_time_s, peak_bytes_per_gpu and fits.")]
 SpotOpt = Annotated[bool, typer.Option("--spot", help="Price with the profile's spot price (or --price-per-hour's).")]
 PriceOpt = Annotated[Optional[float], typer.Option("--price-per-hour", help="US dollars per node-hour (your "
                                                    "negotiated, reserved or spot price) instead of the profile's.")]
-TOKENS_HELP = ("Training tokens (e.g. 300e9 or 300B): adds time and cost to train, with the goodput under "
-               "failures and the checkpoint interval (docs/goodput.md).")
+TOKENS_HELP = ("Training tokens (e.g. 300e9 or 300B): adds time and cost to train, with the "
+               "goodput under failures and the checkpoint interval (docs/goodput.md).")
 TokensOpt = Annotated[Optional[str], typer.Option("--tokens", help=TOKENS_HELP)]
 MtbfGpuOpt = Annotated[Optional[float], typer.Option(
     "--mtbf-gpu-hours", help="Your mean GPU-hours between job interruptions caused by one GPU (default: from "
@@ -236,7 +239,8 @@ class _LazyProgress:
 
 
 def price_line(doc: dict, *, price_per_hour: float | None, spot: bool) -> str | None:
-    """Which price the costs use: the user's, or the profile's spot or on-demand price with its source and date."""
+    """Which price the costs use: the user's, or the profile's spot or on-demand price with its
+    source and date."""
     cost = doc["prediction"].get("cost")
     if not cost:
         return None
@@ -244,41 +248,49 @@ def price_line(doc: dict, *, price_per_hour: float | None, spot: bool) -> str | 
     if price_per_hour is not None:
         origin = "your --price-per-hour"
     else:
-        from hardware_profiles import load_profile
-
         key = "spot_price_usd_per_hour" if spot else "price_usd_per_hour"
         source = load_profile(doc["hardware"]["name"]).sources.get(key, "no source recorded")
         origin = f"{doc['hardware']['name']} {'spot' if spot else 'on-demand'} price: {source}"
     return f"priced at ${per_node:,.2f} per node-hour ({origin})"
 
 
-def _print_table(rec, wide: bool = False, *, price_per_hour: float | None = None, spot: bool = False) -> None:
-    """The plans as plain text (planner.commands.plan_table), then the search's summary lines."""
+def _print_table(rec, wide: bool = False, *, price_per_hour: float | None = None,
+                 spot: bool = False) -> None:
+    """The plans as plain text (planner.commands.plan_table), then the search's summary lines; on a
+    terminal, lines wider than it are wrapped (table rows never: columns are left out instead)."""
     import shutil
     import sys
     import textwrap
 
-    from planner.commands.plan_table import table_lines
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    best = rec.best
+    hw, model, plan = best["hardware"], best["model"], best["plan"]
+    title = (f"{model['name']} on {hw['gpus']} x {hw['name']} ({hw['nodes']} nodes), global batch "
+             f"{plan['global_batch']} x {plan['seq']} tokens, objective {rec.objective}, "
+             f"framework {plan.get('framework', 'megatron')}")
+    table = table_lines([best, *rec.alternatives], wide=wide, width=width)
+    rows = table[:next(i for i, line in enumerate(table) if line.startswith("legend: "))]
+    for line in [title, *table, *summary_lines(rec, price_per_hour=price_per_hour, spot=spot)]:
+        keep = width is None or len(line) <= width or line in rows
+        typer.echo(line if keep else textwrap.fill(line, width=width, subsequent_indent="  "))
+
+
+def summary_lines(rec, *, price_per_hour: float | None, spot: bool) -> list[str]:
+    """What the search did, the best plan in one line, the price used and the time to train."""
     from planner.explain import describe_config
 
-    best = rec.best
-    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
-    hw, model = best["hardware"], best["model"]
-    title = (f"{model['name']} on {hw['gpus']} x {hw['name']} ({hw['nodes']} nodes), global batch "
-             f"{best['plan']['global_batch']} x {best['plan']['seq']} tokens, objective {rec.objective}, "
-             f"framework {best['plan'].get('framework', 'megatron')}")
-    lines = [title, *table_lines([best, *rec.alternatives], wide=wide, width=width)]
-    s = rec.stats
-    lines.append(f"searched {s.candidates_evaluated:,} candidates in {s.seconds:.2f} s ({s.feasible:,} fit; not "
-                 f"scored: {s.pruned_by_memory_bound:,} below a memory bound, {s.pruned_by_time_bound:,} above a "
-                 "time bound)")
+    s, best = rec.stats, rec.best
+    lines = [f"searched {s.candidates_evaluated:,} candidates in {s.seconds:.2f} s "
+             f"({s.feasible:,} fit; not scored: {s.pruned_by_memory_bound:,} below a memory bound, "
+             f"{s.pruned_by_time_bound:,} above a time bound)"]
     tried = s.values_tried
     if tried:
         lines.append("tried " + "; ".join(f"{name} {', '.join(map(str, tried[name]))}"
-                                          for name in ("cp", "cp_comm", "dp_shard", "ep") if name in tried))
-    held = s.held
-    for reason in dict.fromkeys(held.values()):
-        lines.append(f"held at 1: {', '.join(k for k, v in held.items() if v == reason)}: {reason}")
+                                          for name in ("cp", "cp_comm", "dp_shard", "ep")
+                                          if name in tried))
+    for reason in dict.fromkeys(s.held.values()):
+        held = ", ".join(k for k, v in s.held.items() if v == reason)
+        lines.append(f"held at 1: {held}: {reason}")
     lines.append(f"best: {describe_config(best['plan'])}")
     price = price_line(best, price_per_hour=price_per_hour, spot=spot)
     if price:
@@ -286,14 +298,11 @@ def _print_table(rec, wide: bool = False, *, price_per_hour: float | None = None
     train = best["prediction"].get("to_train")
     if train:
         cost = f", ${train['usd']:,.0f}" if "usd" in train else ""
-        lines.append(f"to train {_token_count(train['tokens'])} tokens: {train['steps']:,} steps, {train['days']:.1f} days{cost}"
-                     + (" with failures" if "days_without_failures" in train else ""))
+        failures = " with failures" if "days_without_failures" in train else ""
+        lines.append(f"to train {_token_count(train['tokens'])} tokens: {train['steps']:,} steps, "
+                     f"{train['days']:.1f} days{cost}{failures}")
     rel = best["prediction"].get("reliability")
-    if rel:
-        lines += reliability_lines(rel)
-    for line in lines:
-        fits = width is None or len(line) <= width or line.lstrip().startswith(("-", "#")) or line[:1].isdigit()
-        typer.echo(line if fits else textwrap.fill(line, width=width, subsequent_indent="  "))
+    return lines + (reliability_lines(rel) if rel else [])
 
 
 def _token_count(tokens: float) -> str:

@@ -12,10 +12,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.commands.common import (MAX_WORLD_SIZE, FrameworkOpt, GlobalBatchOpt, GpusOpt, HwPrecisionOpt,
-                                     NodesOpt, OptimizerOpt, SeqOpt, objective_help)
-from planner.commands.recommend import (TOKENS_HELP, CpOpt, DpShardOpt, EpOpt, PriceOpt, SpotOpt, TopOpt,
-                                        check_price, parse_tokens, search_space)
+from planner.commands.common import (MAX_WORLD_SIZE, FrameworkOpt, GlobalBatchOpt, GpusOpt,
+                                     HwPrecisionOpt, NodesOpt, OptimizerOpt, SeqOpt, objective_help)
+from planner.commands.recommend import (TOKENS_HELP, CpOpt, DpShardOpt, EpOpt, PriceOpt, SpotOpt,
+                                        TopOpt, check_price, parse_tokens, search_space)
 from planner.errors import ConfigError
 from planner.progress import working
 
@@ -37,7 +37,8 @@ def report(
     precision: HwPrecisionOpt = None,
     optimizer: OptimizerOpt = "adamw",
     framework: FrameworkOpt = None,
-    objective: Annotated[str, typer.Option("--objective", help=objective_help("--tokens"))] = "throughput",
+    objective: Annotated[str, typer.Option(
+        "--objective", help=objective_help("--tokens"))] = "throughput",
     top: TopOpt = 4,
     tokens: ReportTokensOpt = "300B",
     model: Annotated[Optional[str], typer.Option(
@@ -47,8 +48,8 @@ def report(
     force: Annotated[bool, typer.Option(
         "--force", help="Overwrite report.html/.md/.json and figures in DIR that an earlier report did not write "
                         "(other files are never touched).")] = False,
-    cp: CpOpt = None, ep: EpOpt = None, dp_shard: DpShardOpt = None, price_per_hour: PriceOpt = None,
-    spot: SpotOpt = False,
+    cp: CpOpt = None, ep: EpOpt = None, dp_shard: DpShardOpt = None,
+    price_per_hour: PriceOpt = None, spot: SpotOpt = False,
 ) -> None:
     """Write the best-practice report: plan, breakdowns, timeline, Pareto front, scaling, checklist."""
     from planner.report.build import Scenario, build_report
@@ -61,8 +62,8 @@ def report(
     train_tokens = parse_tokens(tokens)
     check_price(price_per_hour)
     space = search_space(cp=cp, dp_shard=dp_shard, ep=ep)
-    options = dict(objective=objective, top=top - 1, train_tokens=train_tokens, price_per_hour=price_per_hour,
-                   spot=spot, space=space)
+    options = dict(objective=objective, top=top - 1, train_tokens=train_tokens,
+                   price_per_hour=price_per_hour, spot=spot, space=space)
     prepare_report_dir(out, force=force)           # before the search: a refused --out costs nothing
     document = _plan_document(plan_or_model)
     counts = _node_list(scaling_nodes)
@@ -89,7 +90,8 @@ def report(
         precision = resolve_precision(profile, precision)
         scenario = Scenario(model=plan_or_model, hardware=hardware, gpus=world_size(profile, gpus, nodes),
                             global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
-                            scaling_nodes=counts, framework=default_framework(plan_or_model, framework), **options)
+                            scaling_nodes=counts,
+                            framework=default_framework(plan_or_model, framework), **options)
     with working("report: searching, the scaling study and the checklist's what-ifs") as step:
         content = build_report(scenario, plan_document=document)
         step("report: drawing the figures and writing the files")

@@ -15,18 +15,21 @@ from typing import Annotated, Optional
 import typer
 
 from planner.commands.common import JsonOpt, emit_json
+from planner.errors import ConfigError
 from planner.executor.runspec import EXECUTOR_RUNS
 
 RunPlanArg = Annotated[Optional[Path], typer.Argument(
     help="A plan JSON file written by `recommend --out` or `estimate --json` (none with --demo).")]
 DemoOpt = Annotated[bool, typer.Option(
-    "--demo", help="Run a built-in plan instead of PLAN: a 4-block GPT (planner.executor.tiny:gpt_tiny) on 4 CPU "
-                   "ranks, dp=2 x pp=2 with 1F1B and ZeRO-2, written to the work directory; add --verify.")]
+    "--demo", help="Run a built-in plan instead of PLAN: a 4-block GPT (planner.executor.tiny:"
+                   "gpt_tiny) on 4 CPU ranks, dp=2 x pp=2 with 1F1B and ZeRO-2, written to the "
+                   "work directory; add --verify.")]
 
 DEMO_MODEL = "planner.executor.tiny:gpt_tiny"
 DEMO_CONFIG = dict(dp=2, tp=1, pp=2, micro_batch=1, global_batch=8, zero=2, schedule="1f1b", seq=32,
                    precision="fp32", placement="DPT")
-"""The --demo plan: every rank of a 2-core machine busy, data and pipeline parallelism, seconds per step."""
+"""The --demo plan: every rank of a 2-core machine busy, data and pipeline parallelism, seconds per
+step."""
 
 
 def run(
@@ -109,11 +112,11 @@ def run(
 
 
 def _plan_or_demo(plan: Path | None, demo: bool, workdir: Path | None) -> Path:
-    """PLAN, or with --demo the built-in plan written as demo-plan.json (in --workdir, else a temporary folder)."""
-    from planner.errors import ConfigError
-
+    """PLAN, or with --demo the built-in plan written as demo-plan.json (in --workdir, else a
+    temporary folder)."""
     if demo == (plan is not None):
-        raise ConfigError("PLAN", None if plan is None else str(plan), "a plan file, or --demo (not both)")
+        raise ConfigError("PLAN", None if plan is None else str(plan),
+                          "a plan file, or --demo (not both)")
     if not demo:
         return plan
     import json
@@ -123,18 +126,22 @@ def _plan_or_demo(plan: Path | None, demo: bool, workdir: Path | None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "demo-plan.json"
     path.write_text(json.dumps(demo_document()))
-    typer.echo(f"demo: {DEMO_MODEL} dp=2 x pp=2 (1F1B, ZeRO-2) on 4 CPU ranks; plan written to {path}", err=True)
+    typer.echo(f"demo: {DEMO_MODEL} dp=2 x pp=2 (1F1B, ZeRO-2) on 4 CPU ranks; plan written to "
+               f"{path}", err=True)
     return path
 
 
 def demo_document() -> dict:
-    """The --demo plan as `planner estimate --json` writes it (cpu-local), for the tiny GPT of the executor."""
+    """The --demo plan as `planner estimate --json` writes it (cpu-local), for the tiny GPT of the
+    executor
+    (imported here: the estimator and the model's torch are heavy for the rest of `run`)."""
     from planner.estimate import estimate
     from planner.executor.tiny import gpt_tiny_spec
     from planner.parallel import ParallelConfig
 
     cfg = ParallelConfig(framework="torchtitan", **DEMO_CONFIG)
-    document = estimate(gpt_tiny_spec(), "cpu-local", cfg, gpus=cfg.world_size, check_framework=False).to_document()
+    document = estimate(gpt_tiny_spec(), "cpu-local", cfg, gpus=cfg.world_size,
+                        check_framework=False).to_document()
     document["model"]["name"] = DEMO_MODEL
     return document
 

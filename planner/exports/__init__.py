@@ -67,17 +67,21 @@ def export_plan(plan: Plan, fmt: str) -> Export:
 
 
 JSON_FORMATS = ("deepspeed", "sagemaker", "sagemaker-v1")
-"""Targets whose file is JSON (no comments): the notes go in a top-level "planner_notes" list, a key their
+"""Targets whose file is JSON (no comments): the notes go in a top-level "planner_notes" list, a key
+their
 readers ignore (DeepSpeedConfig keeps unknown keys; the SageMaker blocks are read by section)."""
 
 
 def with_notes(fmt: str, text: str, notes: tuple[str, ...]) -> str:
-    """The exported file with every note in it (a header comment line each, or "planner_notes" in JSON), so
-    that what the target runs differently from the plan travels with the file, not only on stderr."""
+    """The exported file with every note in it (a header comment line each, or "planner_notes" in
+    JSON), so
+    that what the target runs differently from the plan travels with the file, not only on
+    stderr."""
     if not notes:
         return text
     if fmt in JSON_FORMATS:
-        return dumps_strict({"planner_notes": list(notes), **json.loads(text)}, f"{fmt} configuration") + "\n"
+        document = {"planner_notes": list(notes), **json.loads(text)}
+        return dumps_strict(document, f"{fmt} configuration") + "\n"
     return "".join(f"# note: {note}\n" for note in notes) + text
 
 

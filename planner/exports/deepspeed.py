@@ -71,14 +71,15 @@ def to_deepspeed(plan: Plan) -> Export:
                          "--recompute-granularity selective gives the plan's attention-core recompute")
     if cfg.pp > 1:
         doc["pipeline"] = _pipeline(plan)
-        notes.append(f"pipeline: build the model as deepspeed.pipe.PipelineModule(layers=..., num_stages={cfg.pp}, "
-                     f"partition_method={PARTITION_METHOD!r}) (pipeline.partition_method: a regex matching the "
-                     "transformer block's class only; PipelineModule's default 'parameters' splits otherwise) and "
-                     f"train with engine.train_batch(); DeepSpeed runs its 1F1B TrainSchedule with "
+        notes.append(f"pipeline: build the model as deepspeed.pipe.PipelineModule(layers=..., "
+                     f"num_stages={cfg.pp}, partition_method={PARTITION_METHOD!r}) "
+                     "(pipeline.partition_method: a regex matching the transformer block's class "
+                     "only; PipelineModule's default 'parameters' splits otherwise) and train with "
+                     "engine.train_batch(); DeepSpeed runs its 1F1B TrainSchedule with "
                      f"gradient_accumulation_steps={cfg.num_microbatches} micro-batches")
         if cfg.schedule in ("gpipe", "zero-bubble"):
-            notes.append(f"schedule {cfg.schedule}: DeepSpeed's PipelineEngine runs 1F1B (more bubble than planned, "
-                         "no more memory)")
+            notes.append(f"schedule {cfg.schedule}: DeepSpeed's PipelineEngine runs 1F1B (more "
+                         "bubble than planned, no more memory)")
     if cfg.cp > 1:
         # DeepSpeed-Ulysses (all-to-all over heads): the ALST integration reads sequence_parallel_size from the
         # config (deepspeed/__init__.py, runtime/sequence_parallel/ulysses_sp.py); Megatron-DeepSpeed takes
@@ -117,15 +118,21 @@ def to_deepspeed(plan: Plan) -> Export:
 
 
 PARTITION_METHOD = "type:transformer"
-"""PipelineModule's partition_method for the plan's split: weight 1 on each layer spec whose class matches (the
-blocks: Megatron-DeepSpeed's ParallelTransformerLayerPipe), 0 elsewhere; DeepSpeed 0.19.8's partition_balanced
-(runtime/utils.py) then gives the even split with the remainder on the first stages, the only split a DeepSpeed
-plan has (frameworks/deepspeed.json capabilities.uneven_stages false; planner.partition.even_split)."""
+"""PipelineModule's partition_method for the plan's split: weight 1 on each layer spec whose class
+matches (the
+blocks: Megatron-DeepSpeed's ParallelTransformerLayerPipe), 0 elsewhere; DeepSpeed 0.19.8's
+partition_balanced
+(runtime/utils.py) then gives the even split with the remainder on the first stages, the only split
+a DeepSpeed
+plan has (frameworks/deepspeed.json capabilities.uneven_stages false;
+planner.partition.even_split)."""
 
 
 def _pipeline(plan: Plan) -> dict[str, object]:
-    """The `pipeline` section: DeepSpeed's own keys, plus the partition method and the blocks per stage it gives
-    (DeepSpeedConfig keeps every key of the section; PipelineModule takes partition_method as an argument)."""
+    """The `pipeline` section: DeepSpeed's own keys, plus the partition method and the blocks per
+    stage it gives
+    (DeepSpeedConfig keeps every key of the section; PipelineModule takes partition_method as an
+    argument)."""
     cfg = plan.config
     return {"stages": cfg.pp, "activation_checkpoint_interval": 1 if cfg.recompute == "full" else 0,
             "partition_method": PARTITION_METHOD, "blocks_per_stage": list(chunk_blocks(plan))}

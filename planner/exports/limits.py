@@ -269,8 +269,9 @@ def deepspeed_limits(plan: Plan) -> list[str]:
     stages = list(chunk_blocks(plan))
     even = list(even_split(sum(stages), len(stages))) if stages else []
     if cfg.pp > 1 and stages != even:
-        out.append(f"blocks per stage {stages}: DeepSpeed 0.19.8's PipelineModule has no explicit split; its "
-                   f"partition_method 'type:<block class>' gives {even} (re-estimate with those stages)")
+        out.append(f"blocks per stage {stages}: DeepSpeed 0.19.8's PipelineModule has no explicit "
+                   f"split; its partition_method 'type:<block class>' gives {even} (re-estimate "
+                   "with those stages)")
     if cfg.offloads("optimizer") and cfg.zero == 0:
         out.append("DeepSpeed offloads the optimizer only with ZeRO >= 1; the plan has offload=optimizer with ZeRO-0")
     if cfg.offloads("activations") and cfg.recompute == "none":

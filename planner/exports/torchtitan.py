@@ -79,9 +79,12 @@ def to_torchtitan(plan: Plan) -> Export:
     cfg, spec, notes = plan.config, require_spec(plan, "torchtitan"), []
     family = torchtitan_family(spec)
     flavor = _flavor(spec) if family == "llama3" else None
-    # torchtitan 0.3.0 (trainer.py): each accumulation step runs local_batch_size sequences per data-parallel
-    # rank, split into pipeline micro-batches of pipeline_parallel_microbatch_size with pp > 1, and accumulates
-    # global / (local x dp) steps; so pp = 1 runs the plan's micro-batch per forward and accumulates the rest
+    # torchtitan 0.3.0 (trainer.py): each accumulation step runs local_batch_size sequences per
+    # data-parallel
+    # rank, split into pipeline micro-batches of pipeline_parallel_microbatch_size with pp > 1, and
+    # accumulates
+    # global / (local x dp) steps; so pp = 1 runs the plan's micro-batch per forward and accumulates
+    # the rest
     local_batch = cfg.global_batch // cfg.dp if cfg.pp > 1 else cfg.micro_batch
 
     parallelism: dict[str, object] = {}

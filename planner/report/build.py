@@ -20,7 +20,8 @@ from planner.report.timeline import build_timeline
 
 GB = 1e9
 GiB = 2 ** 30
-"""Memory is shown in GiB, as the command line shows it; storage and bandwidth stay decimal (GB, GB/s)."""
+"""Memory is shown in GiB, as the command line shows it; storage and bandwidth stay decimal (GB,
+GB/s)."""
 GPT3_TRAIN_TOKENS = 300e9
 """Tokens GPT-3 was trained on (Brown et al. 2020, Sec. 2.2); the default run length."""
 
@@ -55,18 +56,22 @@ class Scenario:
     spot: bool = False
     """Price with the profile's spot price (or price_per_hour) (recommend --spot)."""
     space: Any = None
-    """planner.candidates.SearchSpace of the pinning flags (--cp, --ep, --dp-shard); None: the full space."""
+    """planner.candidates.SearchSpace of the pinning flags (--cp, --ep, --dp-shard); None: the full
+    space."""
 
 
 def priced(hw, scenario: Scenario):
-    """The hardware profile with the price the scenario asks for (--price-per-hour, else the spot price with
+    """The hardware profile with the price the scenario asks for (--price-per-hour, else the spot
+    price with
     --spot), so that every cost figure of the report uses the price the search ranked with."""
     if scenario.price_per_hour is not None:
         return dataclasses.replace(hw, price_usd_per_hour=scenario.price_per_hour)
     if scenario.spot:
         if hw.spot_price_usd_per_hour is None:
-            raise ConfigError("spot", True, f"a spot price: {hw.name}'s profile has none (spot prices move daily); "
-                                            "pass today's with --price-per-hour USD (per node)")
+            raise ConfigError("spot", True, "a profile with a spot price, or --price-per-hour",
+                              message=f"--spot needs a spot price: {hw.name}'s profile has none "
+                                      "(spot prices move daily); pass today's with --price-per-hour "
+                                      "USD (per node)")
         return dataclasses.replace(hw, price_usd_per_hour=hw.spot_price_usd_per_hour)
     return hw
 
@@ -156,7 +161,8 @@ def rule_context(model, hw, best: Mapping[str, Any], scenario: Scenario) -> chec
 # --- sections ------------------------------------------------------------------------------------
 
 def shard_group(p: Mapping[str, Any]) -> str:
-    """The ZeRO shard group of a plan: '-' without sharding, 'all' over every data-parallel rank, else its size."""
+    """The ZeRO shard group of a plan: '-' without sharding, 'all' over every data-parallel rank,
+    else its size."""
     if p.get("zero", 0) == 0:
         return "-"
     return "all" if p.get("dp_shard", 0) in (0, p["dp"]) else str(p["dp_shard"])
@@ -332,7 +338,8 @@ def pareto_mask(tokens_per_s: np.ndarray, peak_bytes: np.ndarray) -> np.ndarray:
     return mask
 
 
-# --- scaling and the log-n all-reduce model -----------------------------------------------------------------
+# --- scaling and the log-n all-reduce model
+# -----------------------------------------------------------------
 
 def _node_counts(scenario: Scenario, hw, best) -> list[int]:
     if scenario.scaling_nodes:

@@ -77,20 +77,30 @@ def _to_float32(x):
 
 
 def blocks_per_stage(method, blocks, stages):
-    """Blocks per stage of DeepSpeed's own PipelineModule._partition_layers(method) over the layer specs of
-    Megatron-DeepSpeed's GPTModelPipe (cast, embedding, transpose, the blocks, transpose, final norm, tied head,
-    cast): the method runs on a stand-in for the module with only what it reads (no process group)."""
+    """Blocks per stage of DeepSpeed's own PipelineModule._partition_layers(method) over the layer
+    specs of
+    Megatron-DeepSpeed's GPTModelPipe (cast, embedding, transpose, the blocks, transpose, final
+    norm, tied head,
+    cast): the method runs on a stand-in for the module with only what it reads (no process
+    group)."""
     specs = [_to_float16, LayerSpec(EmbeddingPipe), _transpose,
              *[LayerSpec(ParallelTransformerLayerPipe) for _ in range(blocks)],
              _transpose, LayerSpec(MixedFusedLayerNorm), LayerSpec(EmbeddingPipe), _to_float32]
+    topology = types.SimpleNamespace(get_coord=lambda rank: types.SimpleNamespace(pipe=0))
     module = types.SimpleNamespace(num_stages=stages, global_rank=1, _layer_specs=specs,
-                                   _topo=types.SimpleNamespace(get_coord=lambda rank: types.SimpleNamespace(pipe=0)),
-                                   _set_bounds=lambda start, stop: None)
+                                   _topo=topology, _set_bounds=lambda start, stop: None)
     module._find_layer_type = types.MethodType(PipelineModule._find_layer_type, module)
     PipelineModule._partition_layers(module, method=method)
     parts = module.parts
     return [sum(isinstance(spec, LayerSpec) and spec.typename is ParallelTransformerLayerPipe
                 for spec in specs[parts[i]:parts[i + 1]]) for i in range(stages)]
+
+
+def _partition(config, item):
+    """Blocks per stage of the exported partition_method (None without a pipeline)."""
+    if item["pp"] == 1 or not item.get("blocks"):
+        return None
+    return blocks_per_stage(config.pipeline["partition_method"], item["blocks"], item["pp"])
 
 
 def check(item):
@@ -116,8 +126,7 @@ def check(item):
             "number_checkpoints": ac.number_checkpoints,
             "checkpointing_configured": "activation_checkpointing" in doc,
             "pipeline": config.pipeline,
-            "partition": (blocks_per_stage(config.pipeline["partition_method"], item["blocks"], item["pp"])
-                          if item["pp"] > 1 and item.get("blocks") else None)}}
+            "partition": _partition(config, item)}}
     except BaseException as err:
         return {"ok": False, "error": f"{type(err).__name__}: {err}"[:2000]}
 

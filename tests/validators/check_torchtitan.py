@@ -176,18 +176,22 @@ def _forward(parts, model_cfg, shape):
 
 
 def _batch(config, dims):
-    """What the trainer runs per step, as torchtitan 0.3.0's Trainer.__init__ computes it (trainer.py: the batch
-    mesh, 'verify batch sizes', gradient_accumulation_steps, num_pipeline_parallel_microbatches and the
-    dataloader's batch size, lines copied with their asserts)."""
+    """What the trainer runs per step, as torchtitan 0.3.0's Trainer.__init__ computes it
+    (trainer.py:
+    the batch mesh, 'verify batch sizes', gradient_accumulation_steps,
+    num_pipeline_parallel_microbatches and the dataloader's batch size, lines copied with their
+    asserts)."""
     tr, par = config.training, config.parallelism
+    local, pp_micro_size = tr.local_batch_size, par.pipeline_parallel_microbatch_size
     batch_degree = dims.get_mesh("batch").size() if dims.dp_enabled else 1
-    global_batch_size = tr.global_batch_size if tr.global_batch_size > 0 else tr.local_batch_size * batch_degree
-    assert global_batch_size % (tr.local_batch_size * batch_degree) == 0, "global batch not a multiple"
-    accumulation = global_batch_size // (tr.local_batch_size * batch_degree)
-    pp_micro = tr.local_batch_size // par.pipeline_parallel_microbatch_size if dims.pp_enabled else 1
-    forward = par.pipeline_parallel_microbatch_size if dims.pp_enabled else tr.local_batch_size
-    return {"batch_degree": batch_degree, "global_batch": global_batch_size, "accumulation_steps": accumulation,
-            "pp_microbatches": pp_micro, "sequences_per_forward": forward}
+    global_batch = tr.global_batch_size if tr.global_batch_size > 0 else local * batch_degree
+    assert global_batch % (local * batch_degree) == 0, "global batch not a multiple"
+    accumulation = global_batch // (local * batch_degree)
+    pp_micro = local // pp_micro_size if dims.pp_enabled else 1
+    forward = pp_micro_size if dims.pp_enabled else local
+    return {"batch_degree": batch_degree, "global_batch": global_batch,
+            "accumulation_steps": accumulation, "pp_microbatches": pp_micro,
+            "sequences_per_forward": forward}
 
 
 def check(item, workdir, i):
