@@ -318,3 +318,23 @@ def test_deepspeed_export_says_a_dense_qk_norm_model_is_the_users_code():
     qk = [n for n in export_plan(plan_for("fsdp-qwen3-8b"), "deepspeed").notes if "QK-norm" in n]
     assert len(qk) == 1 and "Megatron-DeepSpeed" in qk[0]
     assert not [n for n in export_plan(plan_for("fsdp-llama-zero3-ckpt"), "deepspeed").notes if "QK-norm" in n]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_note_is_in_the_exported_file_not_only_on_stderr(fmt):
+    """What the target runs differently from the plan travels with the file: a '# note:' header line, or the
+    planner_notes list of a JSON file (issue 30: the pp=1 batch fix was only a stderr note)."""
+    checked = 0
+    for variant in sorted(VARIANTS):
+        try:
+            exp = export_plan(plan_for(variant), fmt)
+        except ConfigError:
+            continue
+        if fmt in ("deepspeed", "sagemaker", "sagemaker-v1"):
+            in_file = json.loads(exp.text).get("planner_notes", [])
+        else:
+            in_file = [line.removeprefix("# note: ") for line in exp.text.splitlines()
+                       if line.startswith("# note: ")]
+        assert in_file == list(exp.notes), variant
+        checked += bool(exp.notes)
+    assert checked >= 1
