@@ -82,7 +82,9 @@ def with_notes(fmt: str, text: str, notes: tuple[str, ...]) -> str:
     if fmt in JSON_FORMATS:
         document = {"planner_notes": list(notes), **json.loads(text)}
         return dumps_strict(document, f"{fmt} configuration") + "\n"
-    return "".join(f"# note: {note}\n" for note in notes) + text
+    lines = text.split("\n")
+    header = next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))
+    return "\n".join(lines[:header] + [f"# note: {note}" for note in notes] + lines[header:])
 
 
 __all__ = ["FORMATS", "Export", "export_plan", "with_notes", "refusals", "target_limits", "cannot", "megatron_layout", "TORCHTITAN_SCHEDULES",
