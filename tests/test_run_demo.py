@@ -16,9 +16,8 @@ def test_demo_runs_and_verifies_its_own_plan(tmp_path):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["verify"]["passed"] is True
-    plan = json.loads(
-        (tmp_path / "demo-plan.json").read_text()
-    )  # an estimate document of the demo plan
+    (written,) = tmp_path.glob("demo-plan-*.json")  # a new file, never one of the user's
+    plan = json.loads(written.read_text())  # an estimate document of the demo plan
     assert (
         plan["model"]["name"] == "planner.executor.tiny:gpt_tiny"
         and plan["hardware"]["name"] == "cpu-local"

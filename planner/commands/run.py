@@ -112,8 +112,8 @@ def run(
 
 
 def _plan_or_demo(plan: Path | None, demo: bool, workdir: Path | None) -> Path:
-    """PLAN, or with --demo the built-in plan written as demo-plan.json (in --workdir, else a
-    temporary folder)."""
+    """PLAN, or with --demo the built-in plan written as a new demo-plan-*.json (in --workdir, else
+    a temporary folder)."""
     if demo == (plan is not None):
         raise ConfigError("PLAN", None if plan is None else str(plan),
                           "a plan file, or --demo (not both)")
@@ -124,8 +124,11 @@ def _plan_or_demo(plan: Path | None, demo: bool, workdir: Path | None) -> Path:
 
     folder = workdir or Path(tempfile.mkdtemp(prefix="planner-demo-"))
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "demo-plan.json"
-    path.write_text(json.dumps(demo_document()))
+    # a new file every time: the work folder never loses a file the run did not write
+    with tempfile.NamedTemporaryFile("w", dir=folder, prefix="demo-plan-", suffix=".json",
+                                     delete=False) as out:
+        out.write(json.dumps(demo_document()))
+    path = Path(out.name)
     typer.echo(f"demo: {DEMO_MODEL} dp=2 x pp=2 (1F1B, ZeRO-2) on 4 CPU ranks; plan written to "
                f"{path}", err=True)
     return path
