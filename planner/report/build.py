@@ -410,7 +410,7 @@ def _goodput_section(best, hw, scenario: Scenario) -> Section:
     title = "Goodput under failures"
     rel = best["prediction"].get("reliability")
     if not rel:
-        return Section(title=title, paragraphs=("No run length: goodput is computed for a run of --train-tokens.",))
+        return Section(title=title, paragraphs=("No run length: goodput is computed for a run of --tokens.",))
     step = float(best["prediction"]["step_time_s"])
     days, days0 = rel["time_to_train_s"] / 86400.0, rel["time_to_train_without_failures_s"] / 86400.0
     steps = max(1, round(rel["checkpoint_interval_s"] / step))
