@@ -41,7 +41,7 @@ _CAPS = {"precisions": list, "schedules": list, "max_virtual_stages": int, "zero
          "cp_with_sequence_parallel": bool, "master_remainders": bool, "recompute_modules": bool, "recompute_layers": bool, "bf16_optimizer": bool, "activation_fp8_input": bool,
          "mtp_with_pp_or_cp": bool, "moe_model_types": (list, type(None)),
          "optimizer_offload_min_zero": int, "moe_dispatchers": list, "moe_a2a_overlap": bool,
-         "moe_fp8_dispatch": bool, "tp_comm_overlap": bool}
+         "moe_fp8_dispatch": bool, "tp_comm_overlap": bool, "uneven_stages": bool}
 
 
 def available_frameworks() -> list[str]:

@@ -112,6 +112,13 @@ class Capabilities:
     moe_fp8_dispatch: bool = False
     """Whether the stack can dispatch tokens to the experts in FP8 (DeepSeek-V3's own kernels; none of the four
     stacks exposes it)."""
+    uneven_stages: bool = True
+    """Whether the search may propose an uneven split of the blocks over the pipeline stages
+    (ParallelConfig.stages); false where the exported job places blocks only by an even split
+    (DeepSpeed 0.19.8's PipelineModule partitions by its `partition_method`, whose 'type:<block class>'
+    split is the even one: planner.partition.even_split). estimate still costs any split given
+    (published runs used other partitioners); export refuses what the target cannot place
+    (planner.exports.limits)."""
     tp_comm_overlap: bool = False
     """Whether the stack can overlap tensor-parallel collectives with the GEMMs (Megatron-Core's userbuffers,
     torchtitan's async TP; cost_models.comm.tp_exposed_seconds)."""

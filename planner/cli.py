@@ -111,6 +111,7 @@ def _error_exit(ctx, err: BaseException, line: str, code: int) -> typer.Exit:
 
 
 app = typer.Typer(cls=_PlannerGroup, no_args_is_help=True, add_completion=False,
+                  rich_markup_mode=None,
                   pretty_exceptions_enable=False,
                   help="Plan, score, run and explain parallel training of large PyTorch models.")
 
@@ -132,8 +133,10 @@ def _global_options(
 
 
 def _register() -> None:
-    from planner.commands import (estimate, explain, export, hardware, profile, recommend, report, run)
+    from planner.commands import (estimate, explain, export, hardware, models, profile, recommend,
+                                  report, run)
 
+    app.command("models")(models.models)
     app.command("profile")(profile.profile)
     app.add_typer(hardware.app, name="hardware")
     app.command("estimate")(estimate.estimate)

@@ -21,6 +21,28 @@ CONFIG_DEFAULTS = {"ep": 1, "expert_tp": 1, "recompute_layers": None}
 every block)."""
 
 
+TIME_TERMS = {
+    "compute": "the blocks' and head's forward and backward kernels on the device, recomputation "
+               "included",
+    "recompute_part_of_compute": "the part of compute spent re-running activations for the "
+                                 "backward (already inside compute; not added again)",
+    "tp_comm": "exposed tensor-parallel collectives (all-reduce, or all-gather + reduce-scatter "
+               "with sequence parallelism)",
+    "cp_comm": "exposed context-parallel key/value exchange (ring, all-gather or all-to-all)",
+    "ep_comm": "exposed expert-parallel dispatch and combine (all-to-all of the routed tokens)",
+    "dp_comm": "exposed data-parallel gradient reduction and ZeRO parameter gathers",
+    "pp_p2p": "exposed pipeline sends and receives between stages",
+    "bubble": "pipeline stages idle at the start and end of each step (schedule dependent)",
+    "optimizer": "the optimizer step streaming parameters, gradients and states",
+    "offload": "exposed host-device copies of offloaded optimizer states or activations",
+    "host_wait": "time the device waits for the host to issue kernels (eager PyTorch's per-op "
+                 "launch cost, and the host synchronizations of dropless MoE routing): the host "
+                 "is the bottleneck",
+}
+"""What each term of prediction.time_breakdown_s measures (docs/cost-model.md, 'Step-time
+terms')."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Explanation:
     """The three parts of `planner explain`, as lines of text and as data."""
@@ -32,13 +54,19 @@ class Explanation:
     data: Mapping[str, Any] = field(default_factory=dict)
     expert_lines: tuple[str, ...] = ()
     """Where the experts sit and what their exchanges cost (mixture-of-experts plans; expert_lines)."""
+    term_lines: tuple[str, ...] = ()
+    """What each time term shown measures (term_lines)."""
+    versus_title: str = "Why this plan won:"
+    """The title of the comparison: a plan that some compared plan beats did not win
+    (versus_title)."""
 
     def text(self) -> str:
-        parts = [self.headline, "", "Where the step time goes:", *self.time_lines, "",
+        parts = [self.headline, "", "Where the step time goes:", *self.time_lines,
+                 *self.term_lines, "",
                  "Where the memory goes (per GPU, at the peak rank):", *self.memory_lines, ""]
         if self.expert_lines:
             parts += ["Expert parallelism:", *self.expert_lines, ""]
-        parts += ["Why this plan won:", *self.versus_lines]
+        parts += [self.versus_title, *self.versus_lines]
         return "\n".join(parts)
 
 
@@ -93,6 +121,19 @@ def time_lines(doc: Mapping[str, Any]) -> list[str]:
     if abs(total - step) > 1e-6 * max(step, 1e-12):
         lines.append(f"  (terms sum to {total:.3f} s; the step is {step:.3f} s because communication overlaps "
                      "computation where the schedule allows)")
+    return lines
+
+
+def term_lines(doc: Mapping[str, Any], width: int = 100) -> list[str]:
+    """'What the terms measure:' and one wrapped entry per term of the plan's breakdown
+    (TIME_TERMS)."""
+    import textwrap
+
+    names = [n for n in _numbers(doc)["time_breakdown_s"] if n in TIME_TERMS]
+    lines = ["  What the terms measure:"] if names else []
+    for name in names:
+        lines += textwrap.wrap(f"{name}: {TIME_TERMS[name]}", width=width, initial_indent="    ",
+                               subsequent_indent="      ")
     return lines
 
 
@@ -301,6 +342,20 @@ def _ep_class_lines(c: Mapping[str, Any], w: Mapping[str, Any], mine_ep: Mapping
     return [first, second + f"; {degrees}"]
 
 
+def versus_title(doc: Mapping[str, Any]) -> str:
+    """"Why this plan won:" only when no compared plan that fits is faster; else how many beat
+    it."""
+    mine = _numbers(doc)["step_time_s"]
+    faster = [a for a in doc.get("alternatives", [])
+              if _numbers(a)["memory"].get("fits", True) and _numbers(a)["step_time_s"] < mine]
+    if not faster:
+        return "Why this plan won:"
+    best = min(_numbers(a)["step_time_s"] for a in faster)
+    verb = "is" if len(faster) == 1 else "are"
+    return (f"This plan did not win: {len(faster)} of the compared plans {verb} "
+            f"faster (the best by {1 - best / mine:.0%} of the step):")
+
+
 def explain_document(doc: Mapping[str, Any]) -> Explanation:
     """Explain a plan document (its stored alternatives, if any, are the runners-up)."""
     n = _numbers(doc)
@@ -333,7 +388,8 @@ def explain_document(doc: Mapping[str, Any]) -> Explanation:
                               "slower_by": _numbers(a)["step_time_s"] / n["step_time_s"] - 1}
                              for a in alternatives]}
     return Explanation(headline=headline, time_lines=tuple(time_lines(doc)), memory_lines=tuple(memory_lines(doc)),
-                       versus_lines=tuple(versus), data=data, expert_lines=tuple(expert_lines(doc)))
+                       versus_lines=tuple(versus), data=data, expert_lines=tuple(expert_lines(doc)),
+                       versus_title=versus_title(doc), term_lines=tuple(term_lines(doc)))
 
 
 def _software_options(doc: Mapping[str, Any]) -> RunOptions:

@@ -56,7 +56,8 @@ from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sd
 
 from planner.errors import ConfigError
 from planner.profile_records import RECOMPUTE_MODES, LayerProfile, ModelProfile
-from planner.spec import TransformerSpec
+from planner.progress import working
+from planner.spec import TransformerSpec, with_seq
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 _DTYPES = {"fp32": torch.float32, "amp-bf16": torch.bfloat16, "bf16": torch.bfloat16, "amp-fp16": torch.float16}
@@ -568,16 +569,25 @@ def _spec_from_hf_config(config, name: str, seq: int | None) -> TransformerSpec 
 
 
 def profile_module(arg: str, *, seq: int | None = None, micro_batch: int = 1, precision: str = "amp-bf16",
-                   flash: bool = True) -> ModuleSpec:
-    """Measure `package.module:factory` on the meta device (see the module docstring)."""
+                   flash: bool = True) -> ModuleSpec | TransformerSpec:
+    """Measure `package.module:factory` on the meta device (see the module docstring). A factory
+    returning the
+    planner's own mixture-of-experts Transformer is costed from its spec, as a catalog model: its
+    token routing
+    (torch.nonzero, data-dependent) has no meta-device kernel, and the spec is exactly what it
+    builds."""
     if precision not in _DTYPES:
         raise ConfigError("precision", precision, "one of " + ", ".join(_DTYPES))
     from planner.usercode import user_code, user_roots
 
     # one time limit for importing, building and tracing (planner.usercode)
-    with user_code(arg, "its forward/backward on the meta device", user_roots(arg.partition(":")[0])):
+    roots = user_roots(arg.partition(":")[0])
+    with working(f"tracing {arg} on the meta device"), \
+            user_code(arg, "its forward/backward on the meta device", roots):
         model = build_on_meta(arg, precision)
         spec = getattr(model, "spec", None)
+        if isinstance(spec, TransformerSpec) and spec.moe is not None:
+            return with_seq(spec, seq)
         if not isinstance(spec, TransformerSpec):
             spec = _spec_from_hf_config(getattr(model, "config", None), arg, seq)
         s = seq or (spec.seq if spec else 2048)

@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from cost_models.params import total_params
 from planner.candidates import (FIELDS, SearchSpace, _pattern_groups, _product, config_of_row, leanest,
                                 skeleton_rows, with_micro_batches)
 from planner.errors import ConfigError, NoFitError
@@ -54,6 +55,7 @@ from planner.placement import PLACEMENTS, packed_key
 from planner.run_options import RunOptions
 from planner.software import (check_activation_fp8_input, check_master_weights, check_moe_options,
                               software_for)
+from planner.spec import TransformerSpec
 
 OBJECTIVES = ("throughput", "cost", "memory", "time-to-train")
 MEMORY_OBJECTIVE_SLACK = 0.05
@@ -84,16 +86,38 @@ SHAPE_FIELDS = ("dp", "tp", "pp", "cp", "cp_comm", "ep", "schedule", "virtual_st
 placement (the placement is added to make a shape: it moves the communication terms)."""
 
 
-def default_global_batch(world_size: int, seq: int) -> int:
-    """About DEFAULT_BATCH_TOKENS tokens, as a multiple of the world size (so every dp divides it).
+TINY_MODEL_PARAMS = 10_000_000
+"""Below this many parameters (no catalog model: GPT-2's 124M is the smallest) a model is a test or
+demo model
+(planner.executor.tiny), and the default batch is TINY_SEQUENCES_PER_RANK sequences per rank, not
+~2M tokens."""
+TINY_SEQUENCES_PER_RANK = 4
+
+
+def default_global_batch(world_size: int, seq: int, params: int | None = None) -> int:
+    """About DEFAULT_BATCH_TOKENS tokens, as a multiple of the world size (so every dp divides it);
+    for a model of
+    fewer than TINY_MODEL_PARAMS parameters, TINY_SEQUENCES_PER_RANK sequences per rank.
 
     >>> default_global_batch(960, 2048)
     1920
     >>> default_global_batch(8, 4096)
     512
+    >>> default_global_batch(4, 32, params=70_000)
+    16
     """
+    if params is not None and params < TINY_MODEL_PARAMS:
+        return world_size * TINY_SEQUENCES_PER_RANK
     sequences = max(1, DEFAULT_BATCH_TOKENS // seq)
     return world_size * math.ceil(sequences / world_size)
+
+
+def model_params(model) -> int | None:
+    """Parameters of a TransformerSpec or a measured ModuleSpec (None for anything else)."""
+    if isinstance(model, TransformerSpec):
+        return total_params(model)
+    params = getattr(model, "params", None)
+    return params if isinstance(params, int) else None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -1205,8 +1229,12 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
         held["full recompute"] = "moe_a2a_overlap"
     if software.bf16_optimizer:
         held.update({"ZeRO-3": "bf16_optimizer", "optimizer offload": "bf16_optimizer"})
-    global_batch = global_batch or default_global_batch(world, seq)
+    global_batch = global_batch or default_global_batch(world, seq, model_params(model))
     price = _price_per_hour(hardware, n_nodes, spot, price_per_hour)
+    if objective == "cost" and price is None:
+        raise ConfigError("objective", objective, "a price to rank by cost", message=(
+            f"--objective cost needs a price: {hardware.name}'s profile has none; pass "
+            "--price-per-hour USD (per node-hour), or use --objective throughput"))
     if estimate_fn is None:
         from planner.estimate import estimate as estimate_fn
 
@@ -1250,7 +1278,7 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     def split_document(cfg: ParallelConfig, refine_it: bool) -> dict:
         """estimate()'s plan document of cfg; with refine_it, of its uneven split when that is better."""
         doc = estimate_fn(model, hardware, cfg, gpus=world, options=options).to_document()
-        if refine_it and cfg.pp > 1:
+        if refine_it and cfg.pp > 1 and software.framework.capabilities.uneven_stages:
             twin = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in cfg.to_dict().items()
                          if k != "placement")
             stages = splits[twin] if twin in splits else splits.setdefault(twin, uneven_stages(model, cfg, software))

@@ -15,28 +15,12 @@ from pathlib import Path
 
 from planner.catalog import CATALOG, get as catalog_get, names as catalog_names
 from planner.errors import ConfigError
-from planner.spec import TransformerSpec
-
-_ALLOWED = "a catalog name (list: " + ", ".join(catalog_names()) + "), a config.json path or package.module:factory"
-
-
-def with_seq(spec: TransformerSpec, seq: int | None) -> TransformerSpec:
-    """`spec` at sequence length `seq` (None keeps it); learned positions bound it."""
-    if seq is None or seq == spec.seq:
-        return spec
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
-        raise ConfigError("seq", seq, "a positive integer")
-    if spec.position == "learned" and spec.max_positions and seq > spec.max_positions:
-        raise ConfigError("seq", seq, f"at most {spec.max_positions} (rows of {spec.name}'s learned position table)")
-    if spec.position == "learned" and not spec.max_positions:
-        spec = spec.with_(max_positions=spec.seq)
-        if seq > spec.max_positions:
-            raise ConfigError("seq", seq, f"at most {spec.max_positions} (rows of {spec.name}'s learned position table)")
-    return spec.with_(seq=seq)
-
+from planner.spec import TransformerSpec, with_seq
 
 SPEC_PARAMS_TOLERANCE = 0.02
 """How far a module's measured parameters may be from those of the transformer it describes."""
+
+_ALLOWED = "a catalog name (list: " + ", ".join(catalog_names()) + "), a config.json path or package.module:factory"
 
 
 def transformer_spec(model) -> TransformerSpec:

@@ -462,3 +462,18 @@ class BlockKind:
     """0-based indices of the blocks of this kind."""
     spec: TransformerSpec
     """A model of len(layers) blocks of only this kind (the whole model itself when uniform)."""
+
+
+def with_seq(spec: TransformerSpec, seq: int | None) -> TransformerSpec:
+    """`spec` at sequence length `seq` (None keeps it); learned positions bound it."""
+    if seq is None or seq == spec.seq:
+        return spec
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        raise ConfigError("seq", seq, "a positive integer")
+    if spec.position == "learned" and spec.max_positions and seq > spec.max_positions:
+        raise ConfigError("seq", seq, f"at most {spec.max_positions} (rows of {spec.name}'s learned position table)")
+    if spec.position == "learned" and not spec.max_positions:
+        spec = spec.with_(max_positions=spec.seq)
+        if seq > spec.max_positions:
+            raise ConfigError("seq", seq, f"at most {spec.max_positions} (rows of {spec.name}'s learned position table)")
+    return spec.with_(seq=seq)

@@ -25,15 +25,15 @@ EXAMPLES: dict[str, list[str]] = {
     # The SageMaker scenario: GPT-3 175B on 120 p4d.24xlarge (960 A100-40GB), global batch 1536,
     # 300B tokens as GPT-3 (Brown et al. 2020).
     "gpt3-175b-120xp4d": ["gpt3-175b", "--hardware", "p4d.24xlarge", "--gpus", "960", "--global-batch", "1536",
-                          "--train-tokens", "300e9", "--scaling-nodes", "30,60,120,240"],
+                          "--tokens", "300B", "--scaling-nodes", "30,60,120,240"],
     # The Latent Space scenario: 16 nodes of 8 GPUs, a model of a few billion parameters (GPT-3 6.7B,
     # its batch of 2M tokens = 1024 sequences of 2048, Brown et al. 2020 Table 2.1).
     "gpt3-6.7b-16xp4d": ["gpt3-6.7b", "--hardware", "p4d.24xlarge", "--nodes", "16", "--global-batch", "1024",
-                         "--train-tokens", "300e9", "--scaling-nodes", "2,4,8,16,32"],
+                         "--tokens", "300B", "--scaling-nodes", "2,4,8,16,32"],
     # Llama-3-8B on one p5.48xlarge (8 H100-80GB), 4M-token batches of 8192-token sequences, a
     # compute-optimal 160B tokens (20 tokens per parameter, Hoffmann et al. 2022).
     "llama3-8b-1xp5": ["llama3-8b", "--hardware", "p5.48xlarge", "--gpus", "8", "--global-batch", "512",
-                       "--seq", "8192", "--train-tokens", "160e9", "--scaling-nodes", "1,2,4,8"],
+                       "--seq", "8192", "--tokens", "160B", "--scaling-nodes", "1,2,4,8"],
 }
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -69,7 +69,7 @@ def test_fit_needs_two_points():
 
 
 def test_world_size_one_is_rejected():
-    result = runner.invoke(app, ["hardware", "calibrate", "--world-size", "1", "--quick"])
+    result = runner.invoke(app, ["hardware", "calibrate", "--gpus", "1", "--quick"])
     assert result.exit_code == 2
 
 
@@ -80,7 +80,7 @@ def test_quick_calibration_with_two_ranks_writes_a_loadable_profile(tmp_path):
     previous = json.loads((Path(__file__).resolve().parents[1] / "hardware_profiles" / "cpu-local.json").read_text())
     previous["efficiency"]["overlap_interference"] = 0.5
     out.write_text(json.dumps(previous))
-    result = runner.invoke(app, ["hardware", "calibrate", "--out", str(out), "--world-size", "2", "--quick",
+    result = runner.invoke(app, ["hardware", "calibrate", "--out", str(out), "--gpus", "2", "--quick",
                                  "--name", "here"])
     assert result.exit_code == 0, result.output
     profile = load_profile(str(out))
@@ -95,7 +95,7 @@ def test_quick_calibration_with_two_ranks_writes_a_loadable_profile(tmp_path):
     for fit in cal["collectives"].values():
         assert fit["alpha_us"] >= 0 and fit["busbw_GBps"] > 0 and fit["points"] == 3
     assert profile.peak_tflops["fp32"] > 0 and profile.memory_bandwidth_GBps > 0
-    assert "--world-size 2 --quick" in cal["command"]
+    assert "--gpus 2 --quick" in cal["command"]
 
 
 def test_sizes_too_small_to_see_bandwidth_are_flagged_not_absurd():
@@ -161,7 +161,7 @@ def test_a_signal_to_calibrate_leaves_no_measuring_rank_behind(tmp_path, sig_nam
     import time
 
     sig = getattr(signal, sig_name)
-    launcher = subprocess.Popen([sys.executable, "-m", "planner", "hardware", "calibrate", "--world-size", "2",
+    launcher = subprocess.Popen([sys.executable, "-m", "planner", "hardware", "calibrate", "--gpus", "2",
                                  "--out", str(tmp_path / "p.json")], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 120

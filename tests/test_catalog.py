@@ -64,3 +64,21 @@ def test_seq_override_and_learned_position_bound():
     assert P.total_params(resolve_model("gpt3-175b", seq=1024)) == P.total_params(catalog.get("gpt3-175b"))
     with pytest.raises(ConfigError, match="seq=4096"):
         resolve_model("gpt2", seq=4096)
+
+
+def test_models_command_lists_every_catalog_model_with_its_parameter_count():
+    import json
+
+    from typer.testing import CliRunner
+
+    from cost_models.params import total_params
+    from planner.catalog import get, names
+    from planner.cli import app
+
+    result = CliRunner().invoke(app, ["models", "--json"])
+    assert result.exit_code == 0
+    rows = json.loads(result.stdout)["models"]
+    assert [r["name"] for r in rows] == names()
+    assert all(r["params"] == total_params(get(r["name"])) for r in rows)
+    table = CliRunner().invoke(app, ["models"]).stdout
+    assert "deepseek-v3" in table and "671.0B" in table and "256 (top-8)" in table

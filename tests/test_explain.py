@@ -59,6 +59,22 @@ def test_cli_explain_prints_the_three_parts(tmp_path):
         assert part in result.stdout
 
 
+def test_a_plan_that_a_fitting_runner_up_beats_is_not_said_to_have_won():
+    """The plan file's own step time (30.5 s) against a faster plan that fits: the comparison says
+    how many
+    compared plans beat it, never "Why this plan won"."""
+    doc = with_runner_up()
+    step = doc["prediction"]["step_time_s"]
+    doc["alternatives"][0]["step_time_s"] = step * 0.59
+    text = explain_document(doc).text()
+    assert "Why this plan won" not in text
+    assert "This plan did not win: 1 of the compared plans is faster (the best by 41% of the " \
+        "step):" in text
+    alt = doc["alternatives"][0]
+    alt["fits"] = alt["memory"]["fits"] = False          # faster, but does not fit
+    assert "Why this plan won:" in explain_document(doc).text()
+
+
 def test_cli_explain_json(tmp_path):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(with_runner_up()))
@@ -91,3 +107,23 @@ def test_cli_explain_search_compares_with_a_fresh_search(tmp_path):
     result = runner.invoke(app, ["explain", str(path), "--search"])
     assert result.exit_code == 0, result.output
     assert "#2" in result.stdout and "faster by" in result.stdout
+    assert "Why this plan won" not in result.stdout and "This plan did not win" in result.stdout
+
+
+def test_every_time_term_a_plan_can_have_is_explained_in_explain_and_the_docs():
+    """host_wait and recompute_part_of_compute were explained nowhere (issue 30): every term the
+    estimator writes
+    has a definition, printed by explain, and a row in docs/cost-model.md."""
+    from planner.explain import TIME_TERMS
+    from planner.score import Scores
+
+    terms = set(Scores.BREAKDOWN) | {"recompute_part_of_compute"}
+    assert terms <= set(TIME_TERMS)
+    doc = json.loads(EXAMPLE.read_text())
+    doc["prediction"]["time_breakdown_s"]["host_wait"] = 0.5
+    text = explain_document(doc).text()
+    assert "What the terms measure:" in text
+    assert "host_wait: time the device waits for the host" in text
+    assert max(len(line) for line in explain_document(doc).term_lines) <= 100
+    docs = (Path(__file__).parents[1] / "docs" / "cost-model.md").read_text()
+    assert all(f"| {term} |" in docs for term in terms)

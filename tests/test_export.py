@@ -256,19 +256,23 @@ def test_cli_export_unknown_format_exit_2(llama_plan_file):
     assert result.exit_code == 2 and "format" in result.stderr
 
 
-def test_deepspeed_export_names_the_partition_method_that_gives_the_plans_stages():
-    """DeepSpeed's PipelineModule splits by partition_method: the note names the method whose split is the plan's
-    (planner.partition.deepspeed_type_stages), or says that none is and what DeepSpeed's default would give."""
-    from planner.partition import deepspeed_type_stages
-
+def test_deepspeed_export_writes_the_partition_that_gives_the_plans_stages_or_refuses():
+    """DeepSpeed's PipelineModule splits by partition_method: the JSON's pipeline section names the
+    type-balanced
+    method and the blocks per stage (the plan's even split); a split DeepSpeed cannot place is
+    refused in one line
+    (its own partitioner is run on the exports in tests/test_export_matrix.py)."""
     doc = document("llama-1f1b")                              # llama3-70b: 80 blocks over pp 4
-    notes = lambda d: " | ".join(export_plan(plan_from_document(d), "deepspeed").notes)   # noqa: E731
-    assert "partition_method='type:transformer' gives the plan's blocks per stage [20, 20, 20, 20]" in notes(doc)
-    doc["plan"]["stages"] = deepspeed_type_stages(80, 4)
-    assert doc["plan"]["stages"] != [20] * 4
-    assert "partition_method='type:transformer|embedding' gives" in notes(doc)
+    text = export_plan(plan_from_document(doc), "deepspeed").text
+    pipeline = json.loads(text)["pipeline"]
+    assert pipeline["partition_method"] == "type:transformer"
+    assert pipeline["blocks_per_stage"] == [20] * 4
     doc["plan"]["stages"] = [21, 19, 20, 20]
-    assert "no DeepSpeed partition method gives the plan's blocks per stage [21, 19, 20, 20]" in notes(doc)
+    with pytest.raises(ConfigError) as err:
+        export_plan(plan_from_document(doc), "deepspeed")
+    assert "\n" not in str(err.value)
+    assert str(err.value).startswith("cannot export to deepspeed: ")
+    assert "[20, 20, 20, 20]" in str(err.value)
 
 
 def test_the_torchtitan_exporter_builds_exactly_the_moe_families_the_framework_profile_names():
@@ -323,3 +327,23 @@ def test_deepspeed_export_says_a_dense_qk_norm_model_is_the_users_code():
     qk = [n for n in export_plan(plan_for("fsdp-qwen3-8b"), "deepspeed").notes if "QK-norm" in n]
     assert len(qk) == 1 and "Megatron-DeepSpeed" in qk[0]
     assert not [n for n in export_plan(plan_for("fsdp-llama-zero3-ckpt"), "deepspeed").notes if "QK-norm" in n]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_note_is_in_the_exported_file_not_only_on_stderr(fmt):
+    """What the target runs differently from the plan travels with the file: a '# note:' header line, or the
+    planner_notes list of a JSON file (issue 30: the pp=1 batch fix was only a stderr note)."""
+    checked = 0
+    for variant in sorted(VARIANTS):
+        try:
+            exp = export_plan(plan_for(variant), fmt)
+        except ConfigError:
+            continue
+        if fmt in ("deepspeed", "sagemaker", "sagemaker-v1"):
+            in_file = json.loads(exp.text).get("planner_notes", [])
+        else:
+            in_file = [line.removeprefix("# note: ") for line in exp.text.splitlines()
+                       if line.startswith("# note: ")]
+        assert in_file == list(exp.notes), variant
+        checked += bool(exp.notes)
+    assert checked >= 1

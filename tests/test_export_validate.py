@@ -134,7 +134,11 @@ def check_torchtitan(plan, c):
     assert (dims["tp"], dims["pp"], dims["cp"], dims["ep"]) == (cfg.tp, cfg.pp, cfg.cp, cfg.ep)
     assert par["fsdp_reshard_after_forward"] == ("always" if cfg.zero == 3 else
                                                  "default" if (cfg.zero == 0 and dims["dp_shard"] == 1) else "never")
-    assert tr["global_batch_size"] == cfg.global_batch and tr["local_batch_size"] * cfg.dp == cfg.global_batch
+    # torchtitan's own arithmetic (trainer.py): one forward, accumulation, pipeline micro-batches
+    b = c["batch"]
+    assert (b["global_batch"], b["batch_degree"]) == (cfg.global_batch, cfg.dp)
+    assert b["sequences_per_forward"] == cfg.micro_batch
+    assert b["accumulation_steps"] * b["pp_microbatches"] == cfg.num_microbatches
     assert tr["seq_len"] == cfg.seq and tr["disable_cuda_graphs"] == (cfg.pp > 1 or cfg.ep > 1)
     assert tr["dtype"] == ("bfloat16" if cfg.precision == "bf16" else "float32")
     policy = {"none": None, "full": "FullAC", "selective": "SelectiveAC"}[cfg.recompute]
@@ -232,7 +236,8 @@ def check_fsdp(plan, c):
     sharded = cfg.zero >= 1 and cfg.dp > 1
     assert c["num_processes"] == plan.gpus and c["num_machines"] == plan.nodes
     assert c["distributed_type"].endswith("FSDP" if sharded else "MULTI_GPU")
-    assert c["mixed_precision"] == {"fp32": "no", "amp-fp16": "fp16", "amp-bf16": "bf16", "bf16": "bf16"}[cfg.precision]
+    assert c["mixed_precision"] == {"fp32": "no", "amp-fp16": "fp16", "amp-bf16": "bf16", "bf16": "bf16",
+                                    "fp8": "fp8"}[cfg.precision]
     assert c["per_device_train_batch_size"] * cfg.dp * c["gradient_accumulation_steps"] == cfg.global_batch
     assert c["per_device_train_batch_size"] == cfg.micro_batch
     assert (c["bf16"], c["fp16"]) == (cfg.precision in ("amp-bf16", "bf16"), cfg.precision == "amp-fp16")

@@ -1,7 +1,8 @@
 """The import contract (issue 29): layers import downward only, and no new import cycle appears.
 
 Layers, lowest first (a module may import its own layer and the ones below):
-0. core: errors, spec, parallel config, placement, run options, profile records, io, catalog;
+0. core: errors, spec, parallel config, placement, run options, profile records, io, catalog,
+   progress lines;
 1. data: the hardware, framework and storage profile packages;
 2. cost formulas and step terms: cost_models;
 3. scoring and model sources: software, score, candidates, partition, the profilers, model readers;
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("planner", "cost_models", "frameworks", "hardware_profiles", "storage_profiles", "benchmarks")
 
 CORE = ("planner.errors", "planner.spec", "planner.parallel", "planner.placement", "planner.run_options",
-        "planner.profile_records", "planner.io", "planner.catalog")
+        "planner.profile_records", "planner.io", "planner.catalog", "planner.progress")
 DATA = ("hardware_profiles", "frameworks", "storage_profiles")
 SCORING = ("planner.software", "planner.score", "planner.candidates", "planner.partition",
            "planner.hf_config", "planner.sources", "planner.profiler", "planner.module_profiler",

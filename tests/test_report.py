@@ -49,7 +49,7 @@ def test_html_and_markdown_hold_every_figure_and_every_rule(small_report):
     # every rule names the source of its practice in both renderings
     assert md.count(" Source: ") == html.count(" Source: ") == len(rule_ids)
     for heading in ("Scenario", "Recommended plan and runners-up", "Time and memory breakdown", "Pipeline timeline",
-                    "Pareto front", "Scaling across node counts", "argument: log-n all-reduce", "Best-practice checklist"):
+                    "Pareto front", "Scaling across node counts", "Log-n all-reduce model vs pipelining", "Best-practice checklist"):
         assert heading in html and heading in md
 
 
@@ -67,7 +67,7 @@ def test_report_numbers_equal_recommend_and_estimate_for_the_same_plan(small_rep
     pred = direct["prediction"]
     assert f"{pred['tokens_per_s']:,.0f} tokens/s" in md
     assert f"{pred['step_time_s']:.4g} s" in md
-    assert f"peak {pred['memory']['peak_bytes_per_gpu'] / 1e9:.2f} GB" in md
+    assert f"peak {pred['memory']['peak_bytes_per_gpu'] / 2**30:.2f} GiB" in md     # GiB, as the CLI prints
     # the scaling row at the scenario's node count is the same plan
     row = next(r for r in data["scaling"] if r["gpus"] == 16)
     assert row["tokens_per_s"] == pytest.approx(pred["tokens_per_s"], rel=1e-12)
@@ -181,7 +181,7 @@ def test_a_pipelined_plan_draws_one_memory_bar_per_stage(tmp_path):
     for r in ranks:
         total = sum(r[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
                                    "other_bytes"))
-        assert re.search(rf"^\| stage {r['rank']} \|.*\| {round(total / 1e9, 3)} \|$", md, flags=re.M), r
+        assert re.search(rf"^\| stage {r['rank']} \|.*\| {round(total / 2**30, 3)} \|$", md, flags=re.M), r   # GiB
     assert max(r["peak_bytes_per_gpu"] for r in ranks) == doc["prediction"]["memory"]["peak_bytes_per_gpu"]
 
 
@@ -265,7 +265,7 @@ def test_report_ranks_by_every_objective_recommend_has_from_one_definition(tmp_p
     from planner.search import OBJECTIVES
 
     assert tuple(OBJECTIVE_PHRASES) == OBJECTIVES           # the help describes exactly the set the search ranks by
-    for command, tokens in (("report", "--train-tokens"), ("recommend", "--tokens")):
+    for command, tokens in (("report", "--tokens"), ("recommend", "--tokens")):
         text = " ".join(runner.invoke(app, [command, "--help"]).output.replace("│", " ").split())   # rich's box unwrapped
         for name in OBJECTIVES:
             assert f"{name} (" in text, (command, name)
@@ -294,3 +294,32 @@ def test_the_rules_advice_renders_as_advice_with_its_numbers_and_source():
            "2022. |" in to_markdown(content)
     html = to_html(content)
     assert 'data-status="advice"><td class="advice">ADVICE</td>' in html and "Source: Micikevicius" in html
+
+
+def test_a_context_parallel_plan_shows_cp_in_every_plan_table_and_memory_in_gib(tmp_path):
+    """A cp=2 plan file: the plans table has cp, ep and shard-group columns with the plan's values,
+    the scaling
+    table names every axis of each plan, memory is in GiB, and no section uses an internal name."""
+    from planner.parallel import ParallelConfig
+
+    cfg = ParallelConfig(dp=4, tp=2, cp=2, micro_batch=1, global_batch=64, zero=1, seq=1024,
+                         placement="DPCT")
+    doc = estimate(resolve_model("gpt2"), load_profile("p4d.24xlarge"), cfg, gpus=16).to_document()
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    out = _report(tmp_path, str(path), "--scaling-nodes", "2")
+    md = (out / "report.md").read_text()
+    headers = [line for line in md.splitlines() if line.startswith("|") and "| dp |" in line]
+    assert headers and all("| cp | ep | shard group |" in h for h in headers)
+    row = next(line for line in md.splitlines() if line.startswith(("| given ", "| plan file")))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    columns = [c.strip() for c in headers[0].strip("|").split("|")]
+    assert cells[columns.index("cp")] == "2" and cells[columns.index("shard group")] == "all"
+    data = json.loads((out / "report.json").read_text())
+    planned = [r["plan"] for r in data["scaling"] if "tokens_per_s" in r]
+    assert planned and all(" cp" in label and " ep" in label for label in planned)
+    own = next(r for r in data["scaling"] if r["gpus"] == 16)
+    assert own["plan"].startswith("dp4 tp2 pp1 cp2 ep1 shard all")
+    peak = doc["prediction"]["memory"]["peak_bytes_per_gpu"]
+    assert f"peak {peak / 2**30:.2f} GiB" in md and " GB per GPU" not in md
+    assert "the seed" not in md.lower() and "seed's" not in md.lower()

@@ -72,7 +72,7 @@ def test_memory_bound_plan_without_zero_warns_and_shows_the_what_if():
     z1 = copy.deepcopy(doc)
     z1["prediction"]["memory"]["peak_bytes_per_gpu"] = int(33e9)
     r = checklist.shard_optimizer(_ctx(doc, what_if=lambda **ch: z1 if ch == {"zero": 1} else None))
-    assert r.status == "warn" and "ZeRO-1 peak 33.0 GB" in r.number
+    assert r.status == "warn" and f"ZeRO-1 peak {33e9 / 2**30:.1f} GiB" in r.number
     assert checklist.shard_optimizer(_ctx(_doc(zero=1, peak=39e9))).status == "pass"
     assert checklist.shard_optimizer(_ctx(_doc(zero=0, peak=10e9))).status == "pass"
 
@@ -173,3 +173,29 @@ def test_plan_for_failures_warns_below_llama3s_90_percent_and_names_the_biggest_
     restarts = checklist.plan_for_failures(_ctx(_with_goodput(_doc(), 0.85, restart_s=3600.0, lost_h=11.0)))
     assert restarts.status == "warn" and "restarts" in restarts.detail
     assert checklist.plan_for_failures(_ctx(_doc())).status == "pass"          # no run length: nothing to say
+
+
+def test_the_gpu_count_includes_context_parallel_ranks_and_pure_dp_spans_them():
+    """A cp=2 plan on 32 GPUs (dp4 tp2 pp2 cp2): pure data parallelism is asked for over all 32 GPUs
+    with cp=1,
+    and a batch it cannot split names 32 GPUs (the checklist said 480 on a 960-GPU cp=2 job)."""
+    doc = _doc()
+    doc["plan"]["cp"], doc["hardware"]["gpus"] = 2, 32
+    asked = []
+    ctx = _ctx(doc, what_if=lambda **changes: asked.append(changes))
+    result = checklist.data_parallel_first(ctx)
+    assert asked and all(a["dp"] == 32 and a["cp"] == 1 for a in asked)
+    assert "is not a multiple of 32 GPUs" in result.number
+
+
+def test_a_context_parallel_plan_is_not_called_pure_data_parallel():
+    """cp=2 with tp = pp = 1 splits every sequence: the data-parallel rules compare it with pure DP instead of
+    passing it as 'pure data parallel' (the report said so of a cp=2 plan)."""
+    doc = _doc(tp=1, pp=1)
+    doc["plan"]["cp"] = 2
+    asked = []
+    checklist.data_parallel_first(_ctx(doc, what_if=lambda **changes: asked.append(changes)))
+    checklist.memory_savers_first(_ctx(doc, what_if=lambda **changes: asked.append(changes)))
+    assert asked and all(a["cp"] == 1 for a in asked)
+    plain = _doc(tp=1, pp=1)
+    assert checklist.data_parallel_first(_ctx(plain)).number == "dp=4, tp=pp=cp=1"

@@ -13,6 +13,7 @@ from planner.report import backend, checklist
 from planner.report.build import Scenario, rule_context
 
 GB = 1e9
+GiB = 2 ** 30
 
 
 def _context(model: str, hw_name: str, cfg: ParallelConfig):
@@ -32,7 +33,7 @@ def _change(new: float, old: float) -> str:
 
 
 def _gb(x: float) -> str:
-    return f"{x / GB:.1f} GB"
+    return f"{x / GiB:.1f} GiB"
 
 
 # --- context parallelism -----------------------------------------------------------------------------
@@ -58,7 +59,7 @@ def test_cp_fires_at_128k_tokens_where_only_cp_makes_the_plan_fit():
     for cp in (2, 4, 8):       # the what-ifs are estimate() at that cp, dp x cp kept
         other = _est("llama3-8b", "p5.48xlarge", _with_cp(LONG, cp))
         assert (f"cp={cp}: peak {_gb(other.peak_bytes_per_gpu)} "
-                f"({(other.peak_bytes_per_gpu - plan.peak_bytes_per_gpu) / GB:+.1f} GB/GPU") in r.number
+                f"({(other.peak_bytes_per_gpu - plan.peak_bytes_per_gpu) / GiB:+.1f} GiB/GPU") in r.number
         assert f"step {_change(other.step_time_s, plan.step_time_s)}" in r.number
         assert f"exposed KV exchange {other.time_breakdown_s()['cp_comm']:.3g} s" in r.number
     cp8 = _est("llama3-8b", "p5.48xlarge", _with_cp(LONG, 8))
@@ -270,7 +271,7 @@ def test_hsdp_pays_on_64_nodes_with_estimates_numbers():
     assert (f"exposed DP communication {hybrid.time_breakdown_s()['dp_comm']:.3g} s with dp_shard=8 vs "
             f"{full.time_breakdown_s()['dp_comm']:.3g} s fully sharded, step "
             f"{_change(hybrid.step_time_s, full.step_time_s)}") in r.number
-    assert f"({(hybrid.peak_bytes_per_gpu - full.peak_bytes_per_gpu) / GB:+.1f} GB/GPU)" in r.number
+    assert f"({(hybrid.peak_bytes_per_gpu - full.peak_bytes_per_gpu) / GiB:+.1f} GiB/GPU)" in r.number
     assert "dp=512 over 64 NVLink domains of 8 devices" in r.number
     assert "HYBRID_SHARD" in r.source and "Zhao et al. 2023" in r.source
 

@@ -19,7 +19,7 @@ MAX_GLOBAL_BATCH = 2**24
 (GPT-3: 1,536 sequences of 2,048 tokens, Brown et al. 2020, Table 2.1; Llama 3 405B: 16M tokens,
 Dubey et al. 2024, Sec. 3.4)."""
 MAX_TOKENS = 1e16
-"""Largest --tokens / --train-tokens: about 600 x the 15.6T tokens Llama 3 was trained on (Dubey et
+"""Largest --tokens: about 600 x the 15.6T tokens Llama 3 was trained on (Dubey et
 al. 2024, Sec. 3.1); larger counts overflow nothing but mean nothing either."""
 
 ModelArg = Annotated[str, typer.Argument(
@@ -40,8 +40,8 @@ HwPrecisionOpt = Annotated[Optional[str], typer.Option(
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adamw or sgd.")]
 FrameworkOpt = Annotated[Optional[str], typer.Option(
     "--framework", help="Software stack the plan runs on: megatron (Megatron-LM / NeMo), torchtitan, fsdp (plain "
-                        "PyTorch DDP/FSDP with Hugging Face or plain modules) or deepspeed (default: fsdp for a "
-                        "config.json or module factory, megatron for a catalog name).")]
+                        "PyTorch DDP/FSDP with Hugging Face or plain modules) or deepspeed (default: a plan file's own; fsdp for a "
+                        "config.json or module factory; megatron for a catalog name).")]
 AttentionOpt = Annotated[Optional[str], typer.Option(
     "--attention", help="Attention kernel: fused, flash, sdpa, triton or unfused (default: the model's config, else the framework's).")]
 DropoutOpt = Annotated[Optional[bool], typer.Option(
@@ -114,7 +114,7 @@ two equal): the --objective help of every command that ranks plans (recommend, r
 
 
 def objective_help(tokens_option: str) -> str:
-    """--objective's help, naming the command's own run-length option (`--tokens`, `--train-tokens`)."""
+    """--objective's help, naming the command's own run-length option (`--tokens`)."""
     phrases = [phrase.format(tokens=tokens_option) for phrase in OBJECTIVE_PHRASES.values()]
     return ", ".join(phrases[:-1]) + " or " + phrases[-1] + "."
 

@@ -73,11 +73,13 @@ def world_size(hw, gpus: int | None, nodes: int | None) -> int:
     return gpus if gpus is not None else nodes * hw.devices_per_node
 
 
-def default_global_batch(gpus: int, seq: int, per_step: int) -> int:
-    """About 2M tokens (planner.search's default), a multiple of dp * micro_batch."""
+def default_global_batch(gpus: int, seq: int, per_step: int, params: int | None = None) -> int:
+    """About 2M tokens (planner.search's default; a few sequences per rank for a tiny model), a
+    multiple of
+    dp * micro_batch."""
     from planner.search import default_global_batch as default
 
-    g = default(gpus, seq)
+    g = default(gpus, seq, params)
     return per_step * math.ceil(g / per_step)
 
 
@@ -105,6 +107,7 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
     from planner.estimate import estimate as run_estimate
     from cost_models.compute import resolve_precision
     from planner.parallel import ParallelConfig
+    from planner.search import model_params
     from planner.sources import default_framework, resolve_model
 
     check_options(precision=precision, fp8_scaling=fp8_scaling, recompute=recompute,
@@ -114,7 +117,7 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
     spec = resolve_model(model, seq=seq)
     s = seq or spec.seq
     b = micro_batch or 1
-    g = global_batch or default_global_batch(n, s, dp * b)
+    g = global_batch or default_global_batch(n, s, dp * b, model_params(spec))
     precision = resolve_precision(hw, precision)
     cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=b, global_batch=g,
                          schedule=schedule or ("interleaved-1f1b" if virtual_stages > 1 else "1f1b"),

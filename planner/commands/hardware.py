@@ -15,7 +15,8 @@ from hardware_profiles import HardwareProfile, available_profiles, load_profile
 from hardware_profiles.loader import profile_to_dict
 from planner.commands.common import JsonOpt, emit_json
 
-app = typer.Typer(no_args_is_help=True, help="List, show and calibrate hardware profiles.")
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                  help="List, show and calibrate hardware profiles.")
 
 
 def _row(p: HardwareProfile) -> dict:
@@ -80,13 +81,14 @@ def show(name: Annotated[str, typer.Argument(help="Profile name in hardware_prof
 def calibrate(
     out: Annotated[Path, typer.Option("--out", help="Profile file to write.", dir_okay=False)] = Path("cpu-local.json"),
     world_size: Annotated[Optional[int], typer.Option(
-        "--world-size", min=2, max=64,
-        help="Local ranks to measure with (default: CUDA devices, else CPU cores, at least 2).")] = None,
+        "--gpus", min=2, max=64,
+        help="World size (total devices).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Few, small sizes (seconds, for tests).")] = False,
     name: Annotated[str, typer.Option("--name", help="Profile name written in the file.")] = "cpu-local",
     json_out: JsonOpt = False,
 ) -> None:
-    """Measure this machine (GEMM rate, memory copy, collectives over torch.distributed) into a profile."""
+    """Measure this machine (GEMM rate, memory copy, collectives over torch.distributed) into a
+    profile, with --gpus local ranks (default: the CUDA devices, else the CPU cores, at least 2)."""
     from planner import calibrate as cal
 
     cal.previous_profile(out)    # a --out that cannot be written fails now, not after the work
@@ -95,7 +97,7 @@ def calibrate(
     if world_size is None:
         world_size = torch.cuda.device_count() if torch.cuda.is_available() else (os.cpu_count() or 2)
         world_size = max(2, world_size)
-    command = (f"planner hardware calibrate --out {shlex.quote(str(out))} --world-size {world_size}"
+    command = (f"planner hardware calibrate --out {shlex.quote(str(out))} --gpus {world_size}"
                + (" --quick" if quick else "") + (f" --name {shlex.quote(name)}" if name != "cpu-local" else ""))
     typer.echo(f"calibrating with {world_size} local ranks{' (quick)' if quick else ''}...", err=True)
     doc = cal.calibrate(out=out, world_size=world_size, quick=quick, name=name, command=command.strip())

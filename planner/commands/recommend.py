@@ -13,21 +13,26 @@ from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, Gra
                                      NodesOpt, OptimizerOpt, SeqOpt, objective_help, Bf16OptimizerOpt, ActivationFp8InputOpt, LossOpt,
                                      RecomputeModulesOpt, Fp8ScalingOpt, MoeDispatcherOpt, MoeA2aOverlapOpt,
                                      MoeImbalanceOpt, module_list, TpCommOverlapOpt, OverlapGradReduceOpt)
+from hardware_profiles import load_profile
+from planner.commands.plan_table import table_lines
 from planner.errors import ConfigError
 from planner.option_rules import check_options
 from planner.run_options import RunOptions
 
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help=objective_help("--tokens"))]
 TopOpt = Annotated[int, typer.Option("--top", min=1, max=100, help="How many plans to list.")]
+WideOpt = Annotated[bool, typer.Option(
+    "--wide", help="Every column (SP, stages, tokens/s, goodput, offload); the default shows "
+                   "the ones a plan is chosen on.")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Write the best plan document here (plan.json).")]
 CsvOpt = Annotated[Optional[Path], typer.Option("--csv", help="Write every scored candidate here as CSV: its knobs, "
                                                 "step_time_s, peak_bytes_per_gpu and fits.")]
 SpotOpt = Annotated[bool, typer.Option("--spot", help="Price with the profile's spot price (or --price-per-hour's).")]
 PriceOpt = Annotated[Optional[float], typer.Option("--price-per-hour", help="US dollars per node-hour (your "
                                                    "negotiated, reserved or spot price) instead of the profile's.")]
-TokensOpt = Annotated[Optional[str], typer.Option("--tokens", help="Training tokens (e.g. 300e9 or 300B): "
-                                                  "adds time and cost to train, with the goodput under failures "
-                                                  "and the checkpoint interval (docs/goodput.md).")]
+TOKENS_HELP = ("Training tokens (e.g. 300e9 or 300B): adds time and cost to train, with the "
+               "goodput under failures and the checkpoint interval (docs/goodput.md).")
+TokensOpt = Annotated[Optional[str], typer.Option("--tokens", help=TOKENS_HELP)]
 MtbfGpuOpt = Annotated[Optional[float], typer.Option(
     "--mtbf-gpu-hours", help="Your mean GPU-hours between job interruptions caused by one GPU (default: from "
                              "Llama 3's 16K-GPU run, with a per-node rate; giving this or --mtbf-node-hours replaces "
@@ -111,7 +116,8 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
               bf16_optimizer: Bf16OptimizerOpt = False, activation_fp8_input: ActivationFp8InputOpt = False,
               loss: LossOpt = None, fp8_scaling: Fp8ScalingOpt = None, moe_dispatcher: MoeDispatcherOpt = None,
               moe_a2a_overlap: MoeA2aOverlapOpt = None, moe_imbalance: MoeImbalanceOpt = None,
-              tp_comm_overlap: TpCommOverlapOpt = None, overlap_grad_reduce: OverlapGradReduceOpt = None) -> None:
+              tp_comm_overlap: TpCommOverlapOpt = None, overlap_grad_reduce: OverlapGradReduceOpt = None,
+              wide: WideOpt = False) -> None:
     """Search every parallel strategy, rank by the objective and print the top plans."""
     from planner import io
     from planner.goodput import ReliabilityInputs
@@ -165,7 +171,7 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
     if document is not None:
         typer.echo(document)
     else:
-        _print_table(rec)
+        _print_table(rec, wide=wide, price_per_hour=price_per_hour, spot=spot)
     for path in (out, csv):
         if path is not None:
             typer.echo(f"wrote {path}", err=True)
@@ -243,77 +249,79 @@ class _LazyProgress:
         return False
 
 
-def _print_table(rec) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def price_line(doc: dict, *, price_per_hour: float | None, spot: bool) -> str | None:
+    """Which price the costs use: the user's, or the profile's spot or on-demand price with its
+    source and date."""
+    cost = doc["prediction"].get("cost")
+    if not cost:
+        return None
+    per_node = cost["usd_per_hour"] / doc["hardware"]["nodes"]
+    if price_per_hour is not None:
+        origin = "your --price-per-hour"
+    else:
+        key = "spot_price_usd_per_hour" if spot else "price_usd_per_hour"
+        source = load_profile(doc["hardware"]["name"]).sources.get(key, "no source recorded")
+        origin = f"{doc['hardware']['name']} {'spot' if spot else 'on-demand'} price: {source}"
+    return f"priced at ${per_node:,.2f} per node-hour ({origin})"
 
-    from planner.explain import describe_config
-    from planner.partition import even_split
 
+def _print_table(rec, wide: bool = False, *, price_per_hour: float | None = None,
+                 spot: bool = False) -> None:
+    """The plans as plain text (planner.commands.plan_table), then the search's summary lines; on a
+    terminal, lines wider than it are wrapped (table rows never: columns are left out instead)."""
+    import shutil
+    import sys
+    import textwrap
+
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
     best = rec.best
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)
-    hw, model = best["hardware"], best["model"]
-    table = Table(title=f"{model['name']} on {hw['gpus']} x {hw['name']} ({hw['nodes']} nodes), "
-                        f"global batch {best['plan']['global_batch']} x {best['plan']['seq']} tokens, "
-                        f"objective {rec.objective}, framework {best['plan'].get('framework', 'megatron')}")
-    left = ("schedule", "recompute", "offload", "place", "stages", "cp")
-    docs = [best, *rec.alternatives]
-    has_cp = any(d["plan"].get("cp", 1) > 1 for d in docs)
-    has_ep = any(d["plan"].get("ep", 1) > 1 for d in docs)
-    has_shard = any(d["plan"].get("dp_shard", 0) for d in docs)
-    columns = ["#", "dp.tp.pp", *(["cp"] if has_cp else []), *(["ep"] if has_ep else []), "mb x m", "schedule",
-               "ZeRO", *(["shard"] if has_shard else []), "recompute", "offload", "SP", "place", "stages",
-               "step s", "tokens/s", "MFU", "GiB/GPU"]
-    has_cost = "cost" in best["prediction"]
-    if has_cost:
-        columns.append("$/1B tok")
-    has_goodput = "goodput" in best["prediction"]
-    if has_goodput:
-        columns += ["goodput", "days"]
-    for name in columns:
-        table.add_column(name, justify="left" if name in left else "right", no_wrap=True)
-    for i, doc in enumerate([best, *rec.alternatives], start=1):
-        p, pred = doc["plan"], doc["prediction"]
-        sched = p["schedule"] + (f" v{p['virtual_stages']}" if p["virtual_stages"] > 1 else "")
-        uneven = p.get("stages") and tuple(p["stages"]) != even_split(sum(p["stages"]), len(p["stages"]))
-        cp = p.get("cp", 1)
-        row = [str(i), f"{p['dp']}.{p['tp']}.{p['pp']}",
-               *([f"{cp} {p.get('cp_comm', 'p2p')}" if cp > 1 else "1"] if has_cp else []),
-               *([str(p.get("ep", 1))] if has_ep else []), f"{p['micro_batch']} x {p['num_microbatches']}",
-               sched, str(p["zero"]), *([str(p.get("dp_shard", 0) or "all")] if has_shard else []),
-               p["recompute"] + (f":{p['recompute_layers']}" if p.get("recompute_layers") else ""), p["offload"], "y" if p["sequence_parallel"] else "-",
-               p["placement"], "uneven" if uneven else "even", f"{pred['step_time_s']:.3f}",
-               f"{pred['tokens_per_s']:,.0f}", f"{pred['mfu']:.1%}",
-               f"{pred['memory']['peak_bytes_per_gpu'] / 2**30:.1f}"]
-        if has_cost:
-            row.append(f"{pred['cost']['usd_per_1b_tokens']:,.0f}")
-        if has_goodput:
-            row += [f"{pred['goodput']:.1%}", f"{pred['reliability']['time_to_train_s'] / 86400.0:.1f}"]
-        table.add_row(*row)
-    console.print(table)
-    s = rec.stats
-    console.print(f"searched {s.candidates_evaluated:,} candidates in {s.seconds:.2f} s ({s.feasible:,} fit; "
-                  f"not scored: {s.pruned_by_memory_bound:,} below a memory bound, {s.pruned_by_time_bound:,} "
-                  f"above a time bound)")
+    hw, model, plan = best["hardware"], best["model"], best["plan"]
+    title = (f"{model['name']} on {hw['gpus']} x {hw['name']} ({hw['nodes']} nodes), global batch "
+             f"{plan['global_batch']} x {plan['seq']} tokens, objective {rec.objective}, "
+             f"framework {plan.get('framework', 'megatron')}")
+    table = table_lines([best, *rec.alternatives], wide=wide, width=width)
+    rows = table[:next(i for i, line in enumerate(table) if line.startswith("legend: "))]
+    for line in [title, *table, *summary_lines(rec, price_per_hour=price_per_hour, spot=spot)]:
+        keep = width is None or len(line) <= width or line in rows
+        typer.echo(line if keep else textwrap.fill(line, width=width, subsequent_indent="  "))
+
+
+def summary_lines(rec, *, price_per_hour: float | None, spot: bool) -> list[str]:
+    """What the search did, the best plan in one line, the price used and the time to train."""
+    from planner.explain import describe_config
+
+    s, best = rec.stats, rec.best
+    lines = [f"searched {s.candidates_evaluated:,} candidates in {s.seconds:.2f} s "
+             f"({s.feasible:,} fit; not scored: {s.pruned_by_memory_bound:,} below a memory bound, "
+             f"{s.pruned_by_time_bound:,} above a time bound)"]
     tried = s.values_tried
     if tried:
-        console.print("tried " + "; ".join(f"{name} {', '.join(map(str, tried[name]))}"
-                                           for name in ("cp", "cp_comm", "dp_shard", "ep") if name in tried))
-    held = s.held
-    for reason in dict.fromkeys(held.values()):
-        console.print(f"held at 1: {', '.join(k for k, v in held.items() if v == reason)}: {reason}")
-    console.print(f"best: {describe_config(best['plan'])}")
+        lines.append("tried " + "; ".join(f"{name} {', '.join(map(str, tried[name]))}"
+                                          for name in ("cp", "cp_comm", "dp_shard", "ep")
+                                          if name in tried))
+    for reason in dict.fromkeys(s.held.values()):
+        held = ", ".join(k for k, v in s.held.items() if v == reason)
+        lines.append(f"held at 1: {held}: {reason}")
+    lines.append(f"best: {describe_config(best['plan'])}")
+    price = price_line(best, price_per_hour=price_per_hour, spot=spot)
+    if price:
+        lines.append(price)
     train = best["prediction"].get("to_train")
     if train:
         cost = f", ${train['usd']:,.0f}" if "usd" in train else ""
-        console.print(f"to train {train['tokens']:.3g} tokens: {train['steps']:,} steps, {train['days']:.1f} days{cost}"
-                      + (" with failures" if "days_without_failures" in train else ""))
+        failures = " with failures" if "days_without_failures" in train else ""
+        lines.append(f"to train {_token_count(train['tokens'])} tokens: {train['steps']:,} steps, "
+                     f"{train['days']:.1f} days{cost}{failures}")
     rel = best["prediction"].get("reliability")
-    if rel:
-        for line in reliability_lines(rel):
-            console.print(line)
+    return lines + (reliability_lines(rel) if rel else [])
+
+
+def _token_count(tokens: float) -> str:
+    """300000000000.0 -> '300B' (the --tokens spelling), 1.5e12 -> '1.5T'."""
+    for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if tokens >= scale:
+            return f"{tokens / scale:.4g}{suffix}"
+    return f"{tokens:.4g}"
 
 
 def reliability_lines(rel: dict) -> list[str]:

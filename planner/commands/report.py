@@ -12,10 +12,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.commands.common import (MAX_TOKENS, MAX_WORLD_SIZE, FrameworkOpt, GlobalBatchOpt, GpusOpt, HwPrecisionOpt,
-                                     NodesOpt, OptimizerOpt, SeqOpt, objective_help)
+from planner.commands.common import (MAX_WORLD_SIZE, FrameworkOpt, GlobalBatchOpt, GpusOpt,
+                                     HwPrecisionOpt, NodesOpt, OptimizerOpt, SeqOpt, objective_help)
+from planner.commands.recommend import (TOKENS_HELP, CpOpt, DpShardOpt, EpOpt, PriceOpt, SpotOpt,
+                                        TopOpt, check_price, parse_tokens, search_space)
 from planner.errors import ConfigError
 from planner.option_rules import check_options
+from planner.progress import working
+
+ReportTokensOpt = Annotated[str, typer.Option("--tokens", help=TOKENS_HELP)]
 
 PlanOrModelArg = Annotated[str, typer.Argument(
     help="A plan JSON file (recommend --out / estimate --json), or a MODEL: catalog name, Hugging Face "
@@ -32,14 +37,11 @@ def report(
     seq: SeqOpt = None,
     precision: HwPrecisionOpt = None,
     optimizer: OptimizerOpt = "adamw",
-    framework: Annotated[Optional[str], typer.Option(
-        "--framework", help="Software stack: megatron (default), torchtitan, fsdp or deepspeed; with a PLAN.json, "
-                            "the plan's own framework unless given.")] = None,
-    objective: Annotated[str, typer.Option("--objective", help=objective_help("--train-tokens"))] = "throughput",
-    top: Annotated[int, typer.Option("--top", min=0, max=20, help="Runners-up to show.")] = 3,
-    train_tokens: Annotated[float, typer.Option("--train-tokens", min=1.0, max=MAX_TOKENS,
-                                                help="Tokens of the whole run, for time to train and cost "
-                                                     "(default 300e9, as GPT-3).")] = 300e9,
+    framework: FrameworkOpt = None,
+    objective: Annotated[str, typer.Option(
+        "--objective", help=objective_help("--tokens"))] = "throughput",
+    top: TopOpt = 4,
+    tokens: ReportTokensOpt = "300B",
     model: Annotated[Optional[str], typer.Option(
         "--model", help="With a PLAN.json: the MODEL to re-evaluate it with (default: the plan's model name).")] = None,
     scaling_nodes: Annotated[Optional[str], typer.Option(
@@ -47,6 +49,8 @@ def report(
     force: Annotated[bool, typer.Option(
         "--force", help="Overwrite report.html/.md/.json and figures in DIR that an earlier report did not write "
                         "(other files are never touched).")] = False,
+    cp: CpOpt = None, ep: EpOpt = None, dp_shard: DpShardOpt = None,
+    price_per_hour: PriceOpt = None, spot: SpotOpt = False,
 ) -> None:
     """Write the best-practice report: plan, breakdowns, timeline, Pareto front, scaling, checklist."""
     from planner.report.build import Scenario, build_report
@@ -56,6 +60,11 @@ def report(
 
     if objective not in OBJECTIVES:                  # the set recommend ranks by (planner.search, the owner)
         raise ConfigError("objective", objective, "one of " + ", ".join(OBJECTIVES))
+    train_tokens = parse_tokens(tokens)
+    check_price(price_per_hour)
+    space = search_space(cp=cp, dp_shard=dp_shard, ep=ep)
+    options = dict(objective=objective, top=top - 1, train_tokens=train_tokens,
+                   price_per_hour=price_per_hour, spot=spot, space=space)
     prepare_report_dir(out, force=force)           # before the search: a refused --out costs nothing
     document = _plan_document(plan_or_model)
     counts = _node_list(scaling_nodes)
@@ -63,9 +72,8 @@ def report(
         p, h = document["plan"], document["hardware"]
         scenario = Scenario(model=model or document["model"]["name"], hardware=hardware or h["name"], gpus=h["gpus"],
                             global_batch=p["global_batch"], seq=p["seq"], precision=p["precision"],
-                            optimizer=p.get("optimizer", optimizer), objective=objective, top=top,
-                            train_tokens=train_tokens, scaling_nodes=counts,
-                            framework=framework or p.get("framework", "megatron"))
+                            optimizer=p.get("optimizer", optimizer), scaling_nodes=counts,
+                            framework=framework or p.get("framework", "megatron"), **options)
     else:
         if model is not None:
             raise ConfigError("--model", model, "only with a PLAN.json (a MODEL argument is given already)")
@@ -83,15 +91,17 @@ def report(
         precision = resolve_precision(profile, precision)
         scenario = Scenario(model=plan_or_model, hardware=hardware, gpus=world_size(profile, gpus, nodes),
                             global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
-                            objective=objective, top=top, train_tokens=train_tokens, scaling_nodes=counts,
-                            framework=default_framework(plan_or_model, framework))
+                            scaling_nodes=counts,
+                            framework=default_framework(plan_or_model, framework), **options)
     from hardware_profiles import load_profile
 
     profile = load_profile(scenario.hardware)
     check_options(framework=framework, objective=objective, hardware=scenario.hardware,
-                  price=profile.price_usd_per_hour)
-    content = build_report(scenario, plan_document=document)
-    html_path, md_path = write_report(content, out, force=force)
+                  price=price_per_hour or profile.price_usd_per_hour)
+    with working("report: searching, the scaling study and the checklist's what-ifs") as step:
+        content = build_report(scenario, plan_document=document)
+        step("report: drawing the figures and writing the files")
+        html_path, md_path = write_report(content, out, force=force)
     typer.echo(f"wrote {html_path} and {md_path} ({len(content.figures)} figures, "
                f"{len(content.checklist)} checklist rules)", err=True)
 

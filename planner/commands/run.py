@@ -15,13 +15,27 @@ from typing import Annotated, Optional
 import typer
 
 from hardware_profiles import load_profile
-from planner.commands.common import JsonOpt, PlanArg, emit_json
+from planner.commands.common import JsonOpt, emit_json
+from planner.errors import ConfigError
 from planner.executor.runspec import EXECUTOR_RUNS
 from planner.io import check_directory
 
+RunPlanArg = Annotated[Optional[Path], typer.Argument(
+    help="A plan JSON file written by `recommend --out` or `estimate --json` (none with --demo).")]
+DemoOpt = Annotated[bool, typer.Option(
+    "--demo", help="Run a built-in plan instead of PLAN: a 4-block GPT (planner.executor.tiny:"
+                   "gpt_tiny) on 4 CPU ranks, dp=2 x pp=2 with 1F1B and ZeRO-2, written to the "
+                   "work directory; add --verify.")]
+
+DEMO_MODEL = "planner.executor.tiny:gpt_tiny"
+DEMO_CONFIG = dict(dp=2, tp=1, pp=2, micro_batch=1, global_batch=8, zero=2, schedule="1f1b", seq=32,
+                   precision="fp32", placement="DPT")
+"""The --demo plan: every rank of a 2-core machine busy, data and pipeline parallelism, seconds per
+step."""
+
 
 def run(
-    plan: PlanArg,
+    plan: RunPlanArg = None,
     steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps to run.")] = 3,
     backend: Annotated[str, typer.Option("--backend", help="gloo (CPU processes) or nccl (one GPU per rank).")] = "gloo",
     verify: Annotated[bool, typer.Option("--verify", help="Compare loss and every parameter with a single-process reference.")] = False,
@@ -35,6 +49,7 @@ def run(
         "(default: a temporary directory); nothing already there is replaced or removed."))] = None,
     hardware: Annotated[Optional[str], typer.Option("--hardware", help="Profile of the prediction column (default: cpu-local for gloo, the plan's hardware for nccl).")] = None,
     json_out: JsonOpt = False,
+    demo: DemoOpt = False,
     inject_fault: Annotated[Optional[str], typer.Option("--inject-fault", hidden=True, help="Tests only: kill|hang|stop:RANK:STEP or bug:NAME (planner.executor.faults).")] = None,
 ) -> None:
     """Run PLAN.json for real: per-rank step times beside the prediction, optionally verified."""
@@ -49,6 +64,7 @@ def run(
             check_directory(folder, option)      # before the model is built and any rank starts
     if hardware is not None:
         load_profile(hardware)       # an unknown or invalid profile: refused now, not noted after
+    plan = _plan_or_demo(plan, demo, workdir)
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or {"RANK", "WORLD_SIZE", "MASTER_ADDR"} <= set(os.environ)
     world_env = None
     if under_torchrun:
@@ -102,6 +118,44 @@ def run(
         typer.echo(render(document))
     if verification is not None and not verification.passed:
         raise ExecutorError(verification.message())
+
+
+def _plan_or_demo(plan: Path | None, demo: bool, workdir: Path | None) -> Path:
+    """PLAN, or with --demo the built-in plan written as a new demo-plan-*.json (in --workdir, else
+    a temporary folder)."""
+    if demo == (plan is not None):
+        raise ConfigError("PLAN", None if plan is None else str(plan),
+                          "a plan file, or --demo (not both)")
+    if not demo:
+        return plan
+    import json
+    import tempfile
+
+    folder = workdir or Path(tempfile.mkdtemp(prefix="planner-demo-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    # a new file every time: the work folder never loses a file the run did not write
+    with tempfile.NamedTemporaryFile("w", dir=folder, prefix="demo-plan-", suffix=".json",
+                                     delete=False) as out:
+        out.write(json.dumps(demo_document()))
+    path = Path(out.name)
+    typer.echo(f"demo: {DEMO_MODEL} dp=2 x pp=2 (1F1B, ZeRO-2) on 4 CPU ranks; plan written to "
+               f"{path}", err=True)
+    return path
+
+
+def demo_document() -> dict:
+    """The --demo plan as `planner estimate --json` writes it (cpu-local), for the tiny GPT of the
+    executor
+    (imported here: the estimator and the model's torch are heavy for the rest of `run`)."""
+    from planner.estimate import estimate
+    from planner.executor.tiny import gpt_tiny_spec
+    from planner.parallel import ParallelConfig
+
+    cfg = ParallelConfig(framework="torchtitan", **DEMO_CONFIG)
+    document = estimate(gpt_tiny_spec(), "cpu-local", cfg, gpus=cfg.world_size,
+                        check_framework=False).to_document()
+    document["model"]["name"] = DEMO_MODEL
+    return document
 
 
 def _run_torchrun(spec):

@@ -19,9 +19,11 @@ rules in `planner.exports.limits`, one function per target. Targets and the rele
 """
 from __future__ import annotations
 
+import json
 from typing import Callable
 
 from planner.errors import ConfigError
+from planner.io import dumps_strict
 from planner.exports.common import Export, cannot
 from planner.exports.deepspeed import to_deepspeed
 from planner.exports.fsdp import to_fsdp
@@ -60,8 +62,30 @@ def export_plan(plan: Plan, fmt: str) -> Export:
         raise cannot(fmt, reasons[0] + more)
     plan, notes = retarget(plan, fmt)
     result = EXPORTERS[fmt](plan)
-    return Export(format=result.format, text=result.text, notes=tuple(notes) + tuple(result.notes))
+    notes = tuple(notes) + tuple(result.notes)
+    return Export(format=result.format, text=with_notes(fmt, result.text, notes), notes=notes)
 
 
-__all__ = ["FORMATS", "Export", "export_plan", "refusals", "target_limits", "cannot", "megatron_layout", "TORCHTITAN_SCHEDULES",
+JSON_FORMATS = ("deepspeed", "sagemaker", "sagemaker-v1")
+"""Targets whose file is JSON (no comments): the notes go in a top-level "planner_notes" list, a key
+their
+readers ignore (DeepSpeedConfig keeps unknown keys; the SageMaker blocks are read by section)."""
+
+
+def with_notes(fmt: str, text: str, notes: tuple[str, ...]) -> str:
+    """The exported file with every note in it (a header comment line each, or "planner_notes" in
+    JSON), so
+    that what the target runs differently from the plan travels with the file, not only on
+    stderr."""
+    if not notes:
+        return text
+    if fmt in JSON_FORMATS:
+        document = {"planner_notes": list(notes), **json.loads(text)}
+        return dumps_strict(document, f"{fmt} configuration") + "\n"
+    lines = text.split("\n")
+    header = next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))
+    return "\n".join(lines[:header] + [f"# note: {note}" for note in notes] + lines[header:])
+
+
+__all__ = ["FORMATS", "Export", "export_plan", "with_notes", "refusals", "target_limits", "cannot", "megatron_layout", "TORCHTITAN_SCHEDULES",
            "to_torchtitan", "to_megatron", "to_fsdp", "to_deepspeed", "to_sagemaker", "to_sagemaker_v1"]

@@ -13,7 +13,6 @@ from planner.io import dumps_strict
 from planner.exports.common import Export, cannot, chunk_blocks, dp_replicas, model_moe, model_spec
 from planner.exports.limits import deepspeed_limits
 from planner.plan import Plan
-from planner.partition import deepspeed_type_stages
 
 
 def to_deepspeed(plan: Plan) -> Export:
@@ -71,24 +70,16 @@ def to_deepspeed(plan: Plan) -> Export:
             notes.append("recompute=selective: DeepSpeed checkpoints whole blocks; Megatron-DeepSpeed's "
                          "--recompute-granularity selective gives the plan's attention-core recompute")
     if cfg.pp > 1:
-        doc["pipeline"] = {"stages": cfg.pp, "activation_checkpoint_interval": 1 if cfg.recompute == "full" else 0}
-        stages = list(chunk_blocks(plan))
-        method = _partition_method(stages, cfg.pp) if cfg.virtual_stages == 1 else None
-        notes.append(f"pipeline: build the model as deepspeed.pipe.PipelineModule(layers=..., num_stages={cfg.pp}, "
-                     f"partition_method={method or 'type:<block class>'!r}) and train with engine.train_batch(); "
-                     f"DeepSpeed runs its 1F1B TrainSchedule with gradient_accumulation_steps={cfg.num_microbatches} "
-                     "micro-batches")
-        if method is not None:
-            notes.append(f"partition_method={method!r} gives the plan's blocks per stage {stages} (Megatron-DeepSpeed: "
-                         f"--pp-partition-method '{method}'; planner.partition.deepspeed_type_stages)")
-        elif cfg.virtual_stages == 1:
-            own = deepspeed_type_stages(sum(stages), cfg.pp, embeddings=False)
-            notes.append(f"no DeepSpeed partition method gives the plan's blocks per stage {stages}: "
-                         f"'type:<block class>' (Megatron-DeepSpeed's default) fills the first stages, {own}; place "
-                         "the blocks yourself (or take that split: the slowest stage sets the step)")
-        if cfg.virtual_stages > 1 or cfg.schedule in ("gpipe", "zero-bubble"):
-            notes.append(f"schedule {cfg.schedule} (virtual_stages={cfg.virtual_stages}): DeepSpeed's PipelineEngine "
-                         "runs non-interleaved 1F1B (more bubble than planned, no more memory)")
+        doc["pipeline"] = _pipeline(plan)
+        notes.append(f"pipeline: build the model as deepspeed.pipe.PipelineModule(layers=..., "
+                     f"num_stages={cfg.pp}, partition_method={PARTITION_METHOD!r}) "
+                     "(pipeline.partition_method: a regex matching the transformer block's class "
+                     "only; PipelineModule's default 'parameters' splits otherwise) and train with "
+                     "engine.train_batch(); DeepSpeed runs its 1F1B TrainSchedule with "
+                     f"gradient_accumulation_steps={cfg.num_microbatches} micro-batches")
+        if cfg.schedule in ("gpipe", "zero-bubble"):
+            notes.append(f"schedule {cfg.schedule}: DeepSpeed's PipelineEngine runs 1F1B (more "
+                         "bubble than planned, no more memory)")
     if cfg.cp > 1:
         # DeepSpeed-Ulysses (all-to-all over heads): the ALST integration reads sequence_parallel_size from the
         # config (deepspeed/__init__.py, runtime/sequence_parallel/ulysses_sp.py); Megatron-DeepSpeed takes
@@ -126,10 +117,22 @@ def to_deepspeed(plan: Plan) -> Export:
     return Export(format="deepspeed", text=text + "\n", notes=tuple(notes))
 
 
-def _partition_method(stages: list[int], pp: int) -> str | None:
-    """The DeepSpeed PipelineModule partition method whose split is the plan's (blocks only, or the embedding and
-    the tied head counted as blocks: planner.partition.deepspeed_type_stages), else None."""
-    for method, embeddings in (("type:transformer", False), ("type:transformer|embedding", True)):
-        if deepspeed_type_stages(sum(stages), pp, embeddings=embeddings) == stages:
-            return method
-    return None
+PARTITION_METHOD = "type:transformer"
+"""PipelineModule's partition_method for the plan's split: weight 1 on each layer spec whose class
+matches (the
+blocks: Megatron-DeepSpeed's ParallelTransformerLayerPipe), 0 elsewhere; DeepSpeed 0.19.8's
+partition_balanced
+(runtime/utils.py) then gives the even split with the remainder on the first stages, the only split
+a DeepSpeed
+plan has (frameworks/deepspeed.json capabilities.uneven_stages false;
+planner.partition.even_split)."""
+
+
+def _pipeline(plan: Plan) -> dict[str, object]:
+    """The `pipeline` section: DeepSpeed's own keys, plus the partition method and the blocks per
+    stage it gives
+    (DeepSpeedConfig keeps every key of the section; PipelineModule takes partition_method as an
+    argument)."""
+    cfg = plan.config
+    return {"stages": cfg.pp, "activation_checkpoint_interval": 1 if cfg.recompute == "full" else 0,
+            "partition_method": PARTITION_METHOD, "blocks_per_stage": list(chunk_blocks(plan))}

@@ -38,8 +38,16 @@ HF_DECODER_LAYER = {
 }
 """Model families whose Hugging Face config the exporter writes (transformers 5.23.0 class names)."""
 
-PRECISION = {"fp32": "no", "amp-fp16": "fp16", "amp-bf16": "bf16", "bf16": "bf16"}
-"""Planner precision -> Accelerate mixed_precision."""
+PRECISION = {"fp32": "no", "amp-fp16": "fp16", "amp-bf16": "bf16", "bf16": "bf16", "fp8": "fp8"}
+"""Planner precision -> Accelerate mixed_precision (every precision of frameworks/fsdp.json)."""
+
+FP8_CONFIG = {"backend": "TE", "fp8_format": "HYBRID"}
+"""Accelerate's fp8_config for precision fp8: Transformer Engine's linear layers under fp8_autocast
+with the
+HYBRID recipe (E4M3 forward, E5M2 gradients), the FP8 the fsdp profile is costed with
+(frameworks/fsdp.json
+sources.fp8_cast_bytes_per_element); the launcher exports it as ACCELERATE_FP8_BACKEND / _FP8_FORMAT
+(accelerate/utils/launch.py setup_fp8_env)."""
 
 
 def hf_config(spec, seq: int) -> tuple[str, dict]:
@@ -106,6 +114,12 @@ def to_fsdp(plan: Plan) -> Export:
         "main_training_function": "main",
         "use_cpu": False,
     }
+    if cfg.precision == "fp8":
+        doc["fp8_config"] = dict(FP8_CONFIG)
+        notes.append("fp8: Accelerate's Transformer Engine backend (fp8_config) swaps the Linear "
+                     "layers for te.Linear under fp8_autocast, bf16 elsewhere; needs "
+                     "transformer_engine on every node and an SM89+ GPU; TrainingArguments leave "
+                     "bf16/fp16 off so the Trainer takes fp8 from the launcher")
     fsdp: dict[str, object] = {}
     parallelism: dict[str, object] = {}
     if sharded:

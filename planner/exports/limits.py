@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from frameworks import load_framework
 from frameworks.rules import a2a_overlap_conflict, mtp_without_pp_or_cp
-from planner.exports.common import model_moe, model_spec
+from planner.exports.common import chunk_blocks, model_moe, model_spec
+from planner.partition import even_split
 from planner.plan import Plan
 from planner.spec import TransformerSpec
 
@@ -265,6 +266,12 @@ def fsdp_limits(plan: Plan) -> list[str]:
 def deepspeed_limits(plan: Plan) -> list[str]:
     """DeepSpeed 0.19.8 config JSON (deepspeed.runtime.config.DeepSpeedConfig) with its engines."""
     cfg, out = plan.config, []
+    stages = list(chunk_blocks(plan))
+    even = list(even_split(sum(stages), len(stages))) if stages else []
+    if cfg.pp > 1 and stages != even:
+        out.append(f"blocks per stage {stages}: DeepSpeed 0.19.8's PipelineModule has no explicit "
+                   f"split; its partition_method 'type:<block class>' gives {even} (re-estimate "
+                   "with those stages)")
     if cfg.offloads("optimizer") and cfg.zero == 0:
         out.append("DeepSpeed offloads the optimizer only with ZeRO >= 1; the plan has offload=optimizer with ZeRO-0")
     if cfg.offloads("activations") and cfg.recompute == "none":

@@ -79,7 +79,13 @@ def to_torchtitan(plan: Plan) -> Export:
     cfg, spec, notes = plan.config, require_spec(plan, "torchtitan"), []
     family = torchtitan_family(spec)
     flavor = _flavor(spec) if family == "llama3" else None
-    local_batch = cfg.global_batch // cfg.dp
+    # torchtitan 0.3.0 (trainer.py): each accumulation step runs local_batch_size sequences per
+    # data-parallel
+    # rank, split into pipeline micro-batches of pipeline_parallel_microbatch_size with pp > 1, and
+    # accumulates
+    # global / (local x dp) steps; so pp = 1 runs the plan's micro-batch per forward and accumulates
+    # the rest
+    local_batch = cfg.global_batch // cfg.dp if cfg.pp > 1 else cfg.micro_batch
 
     parallelism: dict[str, object] = {}
     dp_shard = torchtitan_dp_shard(cfg)
@@ -129,10 +135,6 @@ def to_torchtitan(plan: Plan) -> Export:
                          "last stages each hold the table, start from the last stage's values and add their gradients "
                          "before each optimizer step (Megatron-LM's scheme); torchtitan's gradient clipping sees the "
                          "two partial gradients")
-    elif cfg.num_microbatches > 1:
-        notes.append(f"pp=1: torchtitan runs local_batch_size={local_batch} in one forward; set "
-                     f"local_batch_size={cfg.micro_batch} and global_batch_size={cfg.global_batch} on the command line to "
-                     f"accumulate {cfg.num_microbatches} micro-batches if memory needs the plan's micro-batch")
     if cfg.cp > 1 and cfg.cp_comm != "all_gather":
         notes.append(f"cp_comm={cfg.cp_comm}: torchtitan's context parallelism (torch's context_parallel) gathers "
                      "keys/values (all_gather) unless the script sets torch's rotate method; same result")

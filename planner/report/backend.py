@@ -118,7 +118,10 @@ def search(model, hw, scenario, *, top: int | None = None, global_batch: int | N
                     seq=scenario.seq, precision=scenario.precision, optimizer=scenario.optimizer,
                     objective=scenario.objective, top=top + 1, tokens=scenario.train_tokens,
                     score_fn=recording_score, framework=scenario.framework,
-                    reliability=getattr(scenario, "reliability", None))
+                    reliability=getattr(scenario, "reliability", None),
+                    price_per_hour=getattr(scenario, "price_per_hour", None) or
+                    (hw.price_usd_per_hour if getattr(scenario, "spot", False) else None),
+                    spot=getattr(scenario, "spot", False), **_space(scenario))
     plan = rec.best["plan"]
     pp, step, peak, fits = (np.concatenate([b[i] for b in batches]) if batches else np.zeros(0) for i in range(4))
     pipelined = None
@@ -130,6 +133,12 @@ def search(model, hw, scenario, *, top: int | None = None, global_batch: int | N
                         candidates_evaluated=rec.stats.candidates_evaluated, feasible=rec.stats.feasible,
                         seconds=rec.stats.seconds, tokens_per_s=plan["global_batch"] * plan["seq"] / step,
                         peak_bytes=peak, fits=fits.astype(bool), pp=pp, step_time_s=step)
+
+
+def _space(scenario) -> dict:
+    """recommend()'s `space` keyword when the scenario pins degrees (--cp, --ep, --dp-shard)."""
+    space = getattr(scenario, "space", None)
+    return {} if space is None else {"space": space}
 
 
 def stage_memory(doc: Mapping[str, Any], alternatives: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:

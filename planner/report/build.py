@@ -19,6 +19,9 @@ from planner.report.render import Figure, ReportContent, Section, Table, table_f
 from planner.report.timeline import build_timeline
 
 GB = 1e9
+GiB = 2 ** 30
+"""Memory is shown in GiB, as the command line shows it; storage and bandwidth stay decimal (GB,
+GB/s)."""
 GPT3_TRAIN_TOKENS = 300e9
 """Tokens GPT-3 was trained on (Brown et al. 2020, Sec. 2.2); the default run length."""
 
@@ -48,12 +51,35 @@ class Scenario:
     """The software stack (frameworks/*.json): costs and which plans are searched."""
     reliability: Any = None
     """planner.goodput.ReliabilityInputs for the goodput section (None: the sourced defaults)."""
+    price_per_hour: float | None = None
+    """US dollars per node-hour instead of the profile's (recommend --price-per-hour)."""
+    spot: bool = False
+    """Price with the profile's spot price (or price_per_hour) (recommend --spot)."""
+    space: Any = None
+    """planner.candidates.SearchSpace of the pinning flags (--cp, --ep, --dp-shard); None: the full
+    space."""
+
+
+def priced(hw, scenario: Scenario):
+    """The hardware profile with the price the scenario asks for (--price-per-hour, else the spot
+    price with
+    --spot), so that every cost figure of the report uses the price the search ranked with."""
+    if scenario.price_per_hour is not None:
+        return dataclasses.replace(hw, price_usd_per_hour=scenario.price_per_hour)
+    if scenario.spot:
+        if hw.spot_price_usd_per_hour is None:
+            raise ConfigError("spot", True, "a profile with a spot price, or --price-per-hour",
+                              message=f"--spot needs a spot price: {hw.name}'s profile has none "
+                                      "(spot prices move daily); pass today's with --price-per-hour "
+                                      "USD (per node)")
+        return dataclasses.replace(hw, price_usd_per_hour=hw.spot_price_usd_per_hour)
+    return hw
 
 
 def build_report(scenario: Scenario, *, plan_document: Mapping[str, Any] | None = None) -> ReportContent:
     """Search (or take `plan_document`'s configuration), evaluate, and lay out the report."""
     model = backend.resolve(scenario.model, scenario.seq)
-    hw = backend.hardware(scenario.hardware)
+    hw = priced(backend.hardware(scenario.hardware), scenario)
     search = backend.search(model, hw, scenario)
     notes: list[str] = []
     if plan_document is None:
@@ -134,9 +160,24 @@ def rule_context(model, hw, best: Mapping[str, Any], scenario: Scenario) -> chec
 
 # --- sections ------------------------------------------------------------------------------------
 
+def shard_group(p: Mapping[str, Any]) -> str:
+    """The ZeRO shard group of a plan: '-' without sharding, 'all' over every data-parallel rank,
+    else its size."""
+    if p.get("zero", 0) == 0:
+        return "-"
+    return "all" if p.get("dp_shard", 0) in (0, p["dp"]) else str(p["dp_shard"])
+
+
+def axes_label(p: Mapping[str, Any]) -> str:
+    """Every parallel axis of a plan, as in the plan tables: 'dp4 tp2 pp1 cp8 ep1 shard all'."""
+    return (f"dp{p['dp']} tp{p['tp']} pp{p['pp']} cp{p.get('cp', 1)} ep{p.get('ep', 1)} "
+            f"shard {shard_group(p)}")
+
+
 def _plan_row(rank: str, doc: Mapping[str, Any]) -> dict[str, Any]:
     p, pred = doc["plan"], doc["prediction"]
-    return {"plan": rank, "dp": p["dp"], "tp": p["tp"], "pp": p["pp"], "micro-batch": p["micro_batch"],
+    return {"plan": rank, "dp": p["dp"], "tp": p["tp"], "pp": p["pp"], "cp": p.get("cp", 1), "ep": p.get("ep", 1),
+            "shard group": shard_group(p), "micro-batch": p["micro_batch"],
             "micro-batches": p["num_microbatches"], "schedule": p["schedule"], "v": p["virtual_stages"],
             "ZeRO": p["zero"], "recompute": p["recompute"] + (f" ({p['recompute_layers']}/chunk)"
                                                               if p.get("recompute_layers") else ""),
@@ -144,18 +185,18 @@ def _plan_row(rank: str, doc: Mapping[str, Any]) -> dict[str, Any]:
             "SP": p["sequence_parallel"], "placement": p["placement"],
             "step s": float(pred["step_time_s"]), "tokens/s": float(pred["tokens_per_s"]),
             "TFLOP/s/GPU": float(pred["tflops_per_gpu"]), "MFU": f"{100 * float(pred['mfu']):.1f}%",
-            "peak GB": round(pred["memory"]["peak_bytes_per_gpu"] / GB, 2), "fits": pred["memory"]["fits"]}
+            "peak GiB": round(pred["memory"]["peak_bytes_per_gpu"] / GiB, 2), "fits": pred["memory"]["fits"]}
 
 
-_PLAN_COLUMNS = ("plan", "dp", "tp", "pp", "micro-batch", "micro-batches", "schedule", "v", "ZeRO", "recompute",
-                 "offload", "SP", "placement", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "peak GB", "fits")
+_PLAN_COLUMNS = ("plan", "dp", "tp", "pp", "cp", "ep", "shard group", "micro-batch", "micro-batches", "schedule", "v", "ZeRO", "recompute",
+                 "offload", "SP", "placement", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "peak GiB", "fits")
 
 
 def _scenario_section(model, hw, scenario: Scenario, best, search) -> Section:
     m, h, p = best["model"], best["hardware"], best["plan"]
     rows = [("model", f"{m['name']} ({m['params'] / 1e9:.2f} B parameters)"),
             ("hardware", f"{h['nodes']} x {hw.name} = {h['gpus']} x {hw.device} "
-                         f"({hw.memory_bytes / GB:.1f} GB, {hw.intra_node_GBps_per_device:g} GB/s/device "
+                         f"({hw.memory_bytes / GiB:.1f} GiB, {hw.intra_node_GBps_per_device:g} GB/s/device "
                          f"NVLink, {hw.inter_node_Gbps_per_node:g} Gbit/s/node network)"),
             ("global batch", f"{p['global_batch']} sequences x {p['seq']} tokens = "
                              f"{p['global_batch'] * p['seq']:,} tokens per step"),
@@ -174,11 +215,11 @@ def _plans_section(best, alternatives, first_label: str, from_file: bool, scenar
     pred = best["prediction"]
     text = (f"The {first_label} plan runs a step in {float(pred['step_time_s']):.4g} s: "
             f"{float(pred['tokens_per_s']):,.0f} tokens/s, {float(pred['tflops_per_gpu']):.4g} TFLOP/s per GPU "
-            f"(MFU {100 * float(pred['mfu']):.1f}%), peak {pred['memory']['peak_bytes_per_gpu'] / GB:.2f} GB "
-            f"of {pred['memory']['capacity_bytes'] / GB:.2f} GB per GPU.")
+            f"(MFU {100 * float(pred['mfu']):.1f}%), peak {pred['memory']['peak_bytes_per_gpu'] / GiB:.2f} GiB "
+            f"of {pred['memory']['capacity_bytes'] / GiB:.2f} GiB per GPU.")
     hours = checklist.run_seconds(best, scenario.train_tokens) / 3600.0
     text += (f" Training on {scenario.train_tokens:.3g} tokens takes {hours / 24:.1f} days"
-             + (f" (${hours * best['hardware']['nodes'] * hw.price_usd_per_hour:,.0f} on-demand at "
+             + (f" (${hours * best['hardware']['nodes'] * hw.price_usd_per_hour:,.0f} at "
                 f"${hw.price_usd_per_hour:g} per node-hour)" if hw.price_usd_per_hour else "")
              + " if nothing ever fails")
     rel = pred.get("reliability")
@@ -202,8 +243,8 @@ def _time_memory_section(best, alternatives) -> Section:
     stages = backend.stage_memory(best, alternatives)
     mem = pred["memory"]
     mem_keys = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
-    stage_rows = tuple((s["label"], *(round(s.get(k, 0) / GB, 3) for k in mem_keys),
-                        round(sum(s.get(k, 0) for k in mem_keys) / GB, 3)) for s in stages)
+    stage_rows = tuple((s["label"], *(round(s.get(k, 0) / GiB, 3) for k in mem_keys),
+                        round(sum(s.get(k, 0) for k in mem_keys) / GiB, 3)) for s in stages)
     figs = (
         Figure(name="time_breakdown", title="Where the step time goes",
                caption=f"Seconds per optimizer step by term (estimate); step time {step:.4g} s.",
@@ -211,16 +252,16 @@ def _time_memory_section(best, alternatives) -> Section:
         Figure(name="stage_memory", title="Memory breakdown against capacity",
                caption=(f"Per-GPU memory at the allocator's peak (estimate), by term, for each pipeline stage "
                         f"(a rank with all its chunks and the micro-batches its schedule keeps in flight); the "
-                        f"highest, {mem['peak_bytes_per_gpu'] / GB:.2f} GB of {mem['capacity_bytes'] / GB:.2f} GB, "
+                        f"highest, {mem['peak_bytes_per_gpu'] / GiB:.2f} GiB of {mem['capacity_bytes'] / GiB:.2f} GiB, "
                         f"is the plan's peak." if stages and stages[0]["label"].startswith("stage") else
                         f"Per-GPU memory at the allocator's peak (estimate), by term, beside the runners-up' "
-                        f"peak ranks: {mem['peak_bytes_per_gpu'] / GB:.2f} GB of {mem['capacity_bytes'] / GB:.2f} GB."),
+                        f"peak ranks: {mem['peak_bytes_per_gpu'] / GiB:.2f} GiB of {mem['capacity_bytes'] / GiB:.2f} GiB."),
                png=figures.stage_memory(stages, mem["capacity_bytes"], "Peak memory per GPU")),
     )
     return Section(title="Time and memory breakdown",
                    tables=(Table(columns=("term", "seconds per step", "share"), rows=time_rows),
-                           Table(columns=("plan", "params GB", "grads GB", "optimizer GB", "activations GB",
-                                          "other GB", "total GB"), rows=stage_rows)),
+                           Table(columns=("plan", "params GiB", "grads GiB", "optimizer GiB", "activations GiB",
+                                          "other GiB", "total GiB"), rows=stage_rows)),
                    figures=figs)
 
 
@@ -234,7 +275,7 @@ def _timeline_section(model, hw, best, search, searched_best: bool) -> Section:
         figs.append(_timeline_figure(model, piped, "pipeline_timeline_alternative",
                                      "Timeline of the best pipelined candidate, for comparison"))
         paragraphs = (f"The {'recommended' if searched_best else 'given'} plan has no pipeline. For comparison, the "
-                      f"fastest fitting pipelined candidate of the search (dp={cfg.dp}, tp={cfg.tp}, pp={cfg.pp}, "
+                      f"fastest fitting pipelined candidate of the search ({axes_label(cfg.to_dict())}, "
                       f"{cfg.schedule}, v={cfg.virtual_stages}, micro-batch {cfg.micro_batch}) takes "
                       f"{float(piped['prediction']['step_time_s']):.4g} s per step ({ratio:.2f}x), with a bubble of "
                       f"{float(piped['prediction']['time_breakdown_s'].get('bubble', 0.0)):.4g} s (estimate).",)
@@ -282,9 +323,9 @@ def _pareto_section(search, best) -> Section:
             "into uneven stages and re-estimated it, which no evenly split candidate matches."))
     idx = np.flatnonzero(front & fits)
     idx = idx[np.argsort(-tok[idx])][:8]
-    rows = tuple((f"{tok[i]:,.0f}", round(mem[i] / GB, 2)) for i in idx)
+    rows = tuple((f"{tok[i]:,.0f}", round(mem[i] / GiB, 2)) for i in idx)
     return Section(title="Throughput vs memory (Pareto front)",
-                   tables=(Table(columns=("tokens/s", "peak GB"), rows=rows),), figures=(fig,))
+                   tables=(Table(columns=("tokens/s", "peak GiB"), rows=rows),), figures=(fig,))
 
 
 def pareto_mask(tokens_per_s: np.ndarray, peak_bytes: np.ndarray) -> np.ndarray:
@@ -297,7 +338,8 @@ def pareto_mask(tokens_per_s: np.ndarray, peak_bytes: np.ndarray) -> np.ndarray:
     return mask
 
 
-# --- scaling and the seed's argument -----------------------------------------------------------------
+# --- scaling and the log-n all-reduce model
+# -----------------------------------------------------------------
 
 def _node_counts(scenario: Scenario, hw, best) -> list[int]:
     if scenario.scaling_nodes:
@@ -324,7 +366,7 @@ def _scaling(model, hw, scenario: Scenario, best, search, *, given: bool = False
         tok = float(doc["prediction"]["tokens_per_s"])
         hours = checklist.run_seconds(doc, scenario.train_tokens) / 3600.0
         p = doc["plan"]
-        label = f"dp{p['dp']} tp{p['tp']} pp{p['pp']} {p['schedule']}"
+        label = f"{axes_label(p)} {p['schedule']}"
         if given and doc is best:
             label += " (the given plan)"
         rel = doc["prediction"].get("reliability") or {}
@@ -368,7 +410,7 @@ def _goodput_section(best, hw, scenario: Scenario) -> Section:
     title = "Goodput under failures"
     rel = best["prediction"].get("reliability")
     if not rel:
-        return Section(title=title, paragraphs=("No run length: goodput is computed for a run of --train-tokens.",))
+        return Section(title=title, paragraphs=("No run length: goodput is computed for a run of --tokens.",))
     step = float(best["prediction"]["step_time_s"])
     days, days0 = rel["time_to_train_s"] / 86400.0, rel["time_to_train_without_failures_s"] / 86400.0
     steps = max(1, round(rel["checkpoint_interval_s"] / step))
@@ -418,7 +460,7 @@ def _seed_argument(hw, scaling_rows) -> list[dict[str, Any]]:
 
 def _seed_section(rows, best) -> Section:
     paragraphs = (
-        "The seed documents argue with a log-n model of all-reduce: half of the reduction stays inside "
+        "A common back-of-the-envelope model of all-reduce says: half of the reduction stays inside "
         "the node on fast links and half crosses the network, where a tree over n nodes takes log2(n) "
         "steps, each carrying 1/log2(n) of the data, a relative cost of 1/2 + 1/2 * 1/log2(n) (0.625 for "
         "16 nodes of 8 GPUs; cost_models.comm.relative_allreduce_cost). Below, that model is evaluated "
@@ -426,17 +468,17 @@ def _seed_section(rows, best) -> Section:
         "all-reduce of this model's gradients relative to a flat one where every rank crosses the "
         "network, and the full step-time estimate of the best pipelined plan relative to the best pure "
         "data-parallel plan (below 1: pipelining wins).",)
-    title = "The seed's argument: log-n all-reduce vs pipelining"
+    title = "Log-n all-reduce model vs pipelining"
     if not rows:
         return Section(title=title, paragraphs=paragraphs + (
             "This scenario's node counts are all single-node: nothing crosses the network.",))
     keys = ("seed_relative", "calibrated_hierarchical", "calibrated_step", "gradient_GB",
             "hierarchical_allreduce_s", "flat_allreduce_s")
-    fig = Figure(name="seed_argument", title="The seed's log-n argument beside the calibrated models",
-                 caption="Relative costs at each node count: the seed's log-n model, the calibrated all-reduce "
+    fig = Figure(name="seed_argument", title="The log-n all-reduce model beside the calibrated models",
+                 caption="Relative costs at each node count: the log-n model, the calibrated all-reduce "
                          "models and the calibrated step time (missing points: no fitting candidate of that kind).",
-                 png=figures.seed_argument(rows, "Seed log-n model vs calibrated models"))
-    table = Table(columns=("nodes", "seed log-n relative", "hierarchical / flat all-reduce",
+                 png=figures.seed_argument(rows, "Log-n all-reduce model vs calibrated models"))
+    table = Table(columns=("nodes", "log-n model relative", "hierarchical / flat all-reduce",
                            "pipelined / pure-DP step", "gradients GB", "hierarchical all-reduce s",
                            "flat all-reduce s"),
                   rows=tuple((r["nodes"], *(r.get(k) for k in keys)) for r in rows))

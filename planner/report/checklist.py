@@ -48,6 +48,7 @@ import numpy as np
 Status = Literal["pass", "advice", "warn"]
 STATUSES: tuple[Status, ...] = ("pass", "advice", "warn")
 GB = 1e9
+GiB = 2 ** 30
 
 MEMORY_BOUND_FRACTION = 0.85
 """Peak/capacity above which a plan counts as memory-bound (allocator fragmentation headroom)."""
@@ -129,7 +130,8 @@ def _pct(x: float) -> str:
 
 
 def _gb(x: float) -> str:
-    return f"{x / GB:.1f} GB"
+    """Memory in GiB, as the command line shows it."""
+    return f"{x / GiB:.1f} GiB"
 
 
 def _tok(doc: Mapping[str, Any]) -> float:
@@ -144,18 +146,28 @@ def _fits(doc: Mapping[str, Any]) -> bool:
     return bool(doc["prediction"]["memory"]["fits"])
 
 
+def _world(plan: Mapping[str, Any]) -> int:
+    """GPUs the plan uses: dp x tp x pp x cp (expert parallelism reuses these ranks)."""
+    return plan["dp"] * plan["tp"] * plan["pp"] * plan.get("cp", 1)
+
+
 def _pure_dp(ctx: RuleContext, **changes) -> Mapping[str, Any] | None:
-    gpus = ctx.plan["dp"] * ctx.plan["tp"] * ctx.plan["pp"]
-    return ctx.what_if(dp=gpus, tp=1, pp=1, virtual_stages=1, stages=(), sequence_parallel=False,
-                       schedule="1f1b", **changes)
+    """The plan as pure data parallelism over all its GPUs (tp = pp = cp = 1)."""
+    return ctx.what_if(dp=_world(ctx.plan), tp=1, pp=1, cp=1, virtual_stages=1, stages=(),
+                       sequence_parallel=False, schedule="1f1b", **changes)
+
+
+def _pure_data_parallel(plan: Mapping[str, Any]) -> bool:
+    """No model parallelism: tp = pp = cp = 1 (context parallelism splits each sequence over ranks)."""
+    return plan["tp"] == 1 and plan["pp"] == 1 and plan.get("cp", 1) == 1
 
 
 def data_parallel_first(ctx: RuleContext) -> RuleResult:
     title = "Start with data parallelism"
     plan = ctx.plan
-    if plan["tp"] == 1 and plan["pp"] == 1:
+    if _pure_data_parallel(plan):
         return RuleResult(rule="data-parallel-first", title=title, status="pass",
-                          number=f"dp={plan['dp']}, tp=pp=1",
+                          number=f"dp={plan['dp']}, tp=pp=cp=1",
                           detail="The plan is pure data parallel (with ZeRO stage "
                                  f"{plan['zero']}); no model parallelism is needed.")
     # pure DP at micro-batch 1 with the plan's ZeRO stage, and fully sharded (ZeRO-3, FSDP) as well:
@@ -168,7 +180,7 @@ def data_parallel_first(ctx: RuleContext) -> RuleResult:
     zero, dp = (max(fitting, key=lambda zd: _tok(zd[1])) if fitting else
                 min(variants, key=lambda zd: _peak(zd[1])) if variants else (plan["zero"], None))
     if dp is None:
-        gpus = plan["dp"] * plan["tp"] * plan["pp"]
+        gpus = _world(plan)
         return RuleResult(rule="data-parallel-first", title=title, status="pass",
                           number=f"global batch {plan['global_batch']} is not a multiple of {gpus} GPUs",
                           detail="Pure data parallelism cannot split this global batch evenly over every GPU; "
@@ -177,7 +189,7 @@ def data_parallel_first(ctx: RuleContext) -> RuleResult:
         return RuleResult(rule="data-parallel-first", title=title, status="pass",
                           number=f"pure DP peak {_gb(_peak(dp))} > capacity {_gb(ctx.prediction['memory']['capacity_bytes'])}",
                           detail=f"Pure data parallelism (micro-batch 1, ZeRO {' or '.join(str(z) for z, _ in variants)}) "
-                                 f"does not fit, so tp={plan['tp']}, pp={plan['pp']} is justified.")
+                                 f"does not fit, so tp={plan['tp']}, pp={plan['pp']}, cp={plan.get('cp', 1)} is justified.")
     ratio = _tok(dp) / _tok(ctx.document)
     status: Status = "warn" if ratio >= AS_FAST_FRACTION else "pass"
     return RuleResult(rule="data-parallel-first", title=title, status=status,
@@ -211,7 +223,7 @@ def mixed_precision(ctx: RuleContext) -> RuleResult:
 def memory_savers_first(ctx: RuleContext) -> RuleResult:
     title = "Try smaller micro-batches, recomputation or shorter sequences before model parallelism"
     plan = ctx.plan
-    if plan["tp"] == 1 and plan["pp"] == 1:
+    if _pure_data_parallel(plan):
         return RuleResult(rule="memory-savers-first", title=title, status="pass",
                           number=f"micro-batch {plan['micro_batch']}, recompute {plan['recompute']}",
                           detail="No model parallelism in the plan.")
@@ -221,7 +233,7 @@ def memory_savers_first(ctx: RuleContext) -> RuleResult:
                     _pure_dp(ctx, micro_batch=1, recompute="full", seq=max(plan["seq"] // 2, 1))}
     tried = {k: v for k, v in variants.items() if v is not None}
     if not tried:
-        gpus = plan["dp"] * plan["tp"] * plan["pp"]
+        gpus = _world(plan)
         return RuleResult(rule="memory-savers-first", title=title, status="pass",
                           number=f"global batch {plan['global_batch']} is not a multiple of {gpus} GPUs",
                           detail="Pure data parallelism cannot split this global batch evenly over every GPU, "
@@ -520,7 +532,7 @@ def cp_changes(plan: Mapping[str, Any], cp: int, comms: tuple[str, ...]) -> dict
 
 def _cp_variant_text(cp: int, doc: Mapping[str, Any], plan_doc: Mapping[str, Any], recompute: str | None = None) -> str:
     label = f"cp={cp}" + (f" with recompute {recompute}" if recompute else "")
-    return (f"{label}: peak {_gb(_peak(doc))} ({(_peak(doc) - _peak(plan_doc)) / GB:+.1f} GB/GPU"
+    return (f"{label}: peak {_gb(_peak(doc))} ({(_peak(doc) - _peak(plan_doc)) / GiB:+.1f} GiB/GPU"
             f"{'' if _fits(doc) else ', does not fit'}), step {_change(_step(doc), _step(plan_doc))}, "
             f"exposed KV exchange {_breakdown(doc, 'cp_comm'):.3g} s")
 
@@ -762,7 +774,7 @@ def hybrid_sharding(ctx: RuleContext) -> RuleResult:
     number = (f"dp={dp} over {dp // local} NVLink domains of {domain} devices: exposed DP communication "
               f"{_breakdown(hybrid, 'dp_comm'):.3g} s with dp_shard={local} vs {_breakdown(full, 'dp_comm'):.3g} s "
               f"fully sharded, step {_change(_step(hybrid), _step(full))}; peak {_gb(_peak(hybrid))} vs "
-              f"{_gb(_peak(full))} ({(_peak(hybrid) - _peak(full)) / GB:+.1f} GB/GPU)")
+              f"{_gb(_peak(full))} ({(_peak(hybrid) - _peak(full)) / GiB:+.1f} GiB/GPU)")
     if shard not in (dp, local):
         number += f"; the plan's dp_shard={shard}: step {_step(ctx.document):.4g} s"
     if shard == local:

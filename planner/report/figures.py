@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 from planner.report.timeline import Timeline  # noqa: E402
 
 GB = 1e9
+GiB = 2 ** 30
 _TERM_COLORS = {"compute": "#4c72b0", "tp_comm": "#dd8452", "dp_comm": "#c44e52", "pp_p2p": "#8172b3",
                 "bubble": "#bbbbbb", "optimizer": "#55a868", "offload": "#937860", "recompute": "#da8bc3",
                 "host_wait": "#ccb974"}
@@ -66,14 +67,14 @@ def stage_memory(stages: Sequence[Mapping[str, Any]], capacity_bytes: int, title
     x = np.arange(len(stages))
     bottom = np.zeros(len(stages))
     for key, color in _MEM_COLORS.items():
-        values = np.array([s.get(key, 0) for s in stages], dtype=float) / GB
+        values = np.array([s.get(key, 0) for s in stages], dtype=float) / GiB
         ax.bar(x, values, bottom=bottom, color=color, label=key.removesuffix("_bytes"), width=0.7)
         bottom += values
-    ax.axhline(capacity_bytes / GB, color="black", linestyle="--", linewidth=1,
-               label=f"capacity {capacity_bytes / GB:.1f} GB")
+    ax.axhline(capacity_bytes / GiB, color="black", linestyle="--", linewidth=1,
+               label=f"capacity {capacity_bytes / GiB:.1f} GiB")
     ax.set_xticks(x, [s.get("label", f"stage {i}") for i, s in enumerate(stages)],
                   rotation=30 if len(stages) > 4 else 0, fontsize=8)
-    ax.set_ylabel("GB per GPU")
+    ax.set_ylabel("GiB per GPU")
     ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _png(fig)
@@ -109,7 +110,7 @@ def pareto_front(tokens_per_s: np.ndarray, peak_bytes: np.ndarray, fits: np.ndar
                  chosen: tuple[float, float], capacity_bytes: int, title: str) -> bytes:
     """Throughput against peak memory of every searched candidate, the Pareto front joined."""
     fig, ax = plt.subplots(figsize=(9, 4.2))
-    mem_gb = peak_bytes / GB
+    mem_gb = peak_bytes / GiB
     if len(mem_gb) > MAX_SCATTER_POINTS:  # draw a fixed random sample of the cloud; the front is exact
         keep = np.zeros(len(mem_gb), dtype=bool)
         keep[np.random.default_rng(0).choice(len(mem_gb), MAX_SCATTER_POINTS, replace=False)] = True
@@ -124,10 +125,10 @@ def pareto_front(tokens_per_s: np.ndarray, peak_bytes: np.ndarray, fits: np.ndar
     order = np.argsort(mem_gb[front])
     ax.plot(mem_gb[front][order], tokens_per_s[front][order], "-o", color="#e41a1c", markersize=4,
             label="Pareto front (max throughput, min memory)")
-    ax.scatter([chosen[1] / GB], [chosen[0]], marker="*", s=220, color="gold", edgecolor="black",
+    ax.scatter([chosen[1] / GiB], [chosen[0]], marker="*", s=220, color="gold", edgecolor="black",
                zorder=5, label="recommended")
-    ax.axvline(capacity_bytes / GB, color="black", linestyle="--", linewidth=1, label="capacity")
-    ax.set_xlabel("peak memory per GPU (GB)")
+    ax.axvline(capacity_bytes / GiB, color="black", linestyle="--", linewidth=1, label="capacity")
+    ax.set_xlabel("peak memory per GPU (GiB)")
     ax.set_ylabel("tokens / s")
     ax.set_title(title)
     ax.legend(fontsize=8)

@@ -12,8 +12,11 @@ import io
 import json
 import logging
 import sys
+import types
 
+import torch
 import deepspeed.runtime.config as ds_config  # noqa: E402
+from deepspeed.runtime.pipe.module import LayerSpec, PipelineModule  # noqa: E402
 from deepspeed.runtime.activation_checkpointing import checkpointing  # noqa: E402
 
 ds_config.dist.get_rank = lambda *a, **k: 0
@@ -49,6 +52,57 @@ class Mpu:
     get_tensor_model_parallel_group = get_data_parallel_group = get_model_parallel_group
 
 
+class EmbeddingPipe(torch.nn.Module):
+    """Megatron-DeepSpeed's embedding (and tied head) layer class, by name only."""
+
+
+class ParallelTransformerLayerPipe(torch.nn.Module):
+    """Megatron-DeepSpeed's transformer block class, by name only."""
+
+
+class MixedFusedLayerNorm(torch.nn.Module):
+    """Megatron-DeepSpeed's final LayerNorm class, by name only."""
+
+
+def _to_float16(x):
+    return x
+
+
+def _transpose(x):
+    return x
+
+
+def _to_float32(x):
+    return x
+
+
+def blocks_per_stage(method, blocks, stages):
+    """Blocks per stage of DeepSpeed's own PipelineModule._partition_layers(method) over the layer
+    specs of
+    Megatron-DeepSpeed's GPTModelPipe (cast, embedding, transpose, the blocks, transpose, final
+    norm, tied head,
+    cast): the method runs on a stand-in for the module with only what it reads (no process
+    group)."""
+    specs = [_to_float16, LayerSpec(EmbeddingPipe), _transpose,
+             *[LayerSpec(ParallelTransformerLayerPipe) for _ in range(blocks)],
+             _transpose, LayerSpec(MixedFusedLayerNorm), LayerSpec(EmbeddingPipe), _to_float32]
+    topology = types.SimpleNamespace(get_coord=lambda rank: types.SimpleNamespace(pipe=0))
+    module = types.SimpleNamespace(num_stages=stages, global_rank=1, _layer_specs=specs,
+                                   _topo=topology, _set_bounds=lambda start, stop: None)
+    module._find_layer_type = types.MethodType(PipelineModule._find_layer_type, module)
+    PipelineModule._partition_layers(module, method=method)
+    parts = module.parts
+    return [sum(isinstance(spec, LayerSpec) and spec.typename is ParallelTransformerLayerPipe
+                for spec in specs[parts[i]:parts[i + 1]]) for i in range(stages)]
+
+
+def _partition(config, item):
+    """Blocks per stage of the exported partition_method (None without a pipeline)."""
+    if item["pp"] == 1 or not item.get("blocks"):
+        return None
+    return blocks_per_stage(config.pipeline["partition_method"], item["blocks"], item["pp"])
+
+
 def check(item):
     try:
         doc = json.loads(item["text"])
@@ -71,7 +125,8 @@ def check(item):
             "contiguous_memory_optimization": ac.contiguous_memory_optimization,
             "number_checkpoints": ac.number_checkpoints,
             "checkpointing_configured": "activation_checkpointing" in doc,
-            "pipeline": config.pipeline}}
+            "pipeline": config.pipeline,
+            "partition": _partition(config, item)}}
     except BaseException as err:
         return {"ok": False, "error": f"{type(err).__name__}: {err}"[:2000]}
 

@@ -39,6 +39,9 @@ from accelerate.parallelism_config import ParallelismConfig  # noqa: E402
 from accelerate.utils import FullyShardedDataParallelPlugin  # noqa: E402
 
 launch_utils.is_port_in_use = lambda *a, **k: False
+# the launcher refuses fp8 unless Transformer Engine, MS-AMP or torchao is installed: a property of
+# the nodes
+launch_utils.is_fp8_available = lambda: True
 transformers.training_args.is_torch_bf16_gpu_available = lambda *a, **k: True
 
 
@@ -59,6 +62,11 @@ def calls(source):
             out[call.func.id] = {k.arg: ast.literal_eval(k.value) for k in call.keywords} if call.keywords else \
                 [ast.unparse(a) for a in call.args]
     return out
+
+
+def _first(config, *names):
+    """The first of these attributes the Hugging Face config has (GPT-2 names its own)."""
+    return next((getattr(config, n) for n in names if getattr(config, n, None) is not None), None)
 
 
 def check(item, workdir, i):
@@ -110,6 +118,13 @@ def check(item, workdir, i):
                "per_device_train_batch_size": targs.per_device_train_batch_size,
                "gradient_accumulation_steps": targs.gradient_accumulation_steps,
                "bf16": targs.bf16, "fp16": targs.fp16, "gradient_checkpointing": targs.gradient_checkpointing,
+               # what the Trainer hands Accelerator(mixed_precision=...), and the FP8 backend the
+               # launcher exported
+               "trainer_mixed_precision": targs.mixed_precision,
+               "fp8_backend": env.get("ACCELERATE_FP8_BACKEND"),
+               "hidden": _first(model_config, "hidden_size", "n_embd"),
+               "heads": _first(model_config, "num_attention_heads", "n_head"),
+               "vocab": model_config.vocab_size,
                "save_strategy": str(targs.save_strategy), "save_steps": targs.save_steps,
                "model_type": model_config.model_type, "params": params,
                "layers": len([m for m in model.modules() if type(m).__name__.endswith(("DecoderLayer", "Block"))])}

@@ -175,6 +175,25 @@ def _forward(parts, model_cfg, shape):
     return {"output": list(out.shape), "params_with_grad": grads, "params": sum(1 for _ in part.parameters())}
 
 
+def _batch(config, dims):
+    """What the trainer runs per step, as torchtitan 0.3.0's Trainer.__init__ computes it
+    (trainer.py:
+    the batch mesh, 'verify batch sizes', gradient_accumulation_steps,
+    num_pipeline_parallel_microbatches and the dataloader's batch size, lines copied with their
+    asserts)."""
+    tr, par = config.training, config.parallelism
+    local, pp_micro_size = tr.local_batch_size, par.pipeline_parallel_microbatch_size
+    batch_degree = dims.get_mesh("batch").size() if dims.dp_enabled else 1
+    global_batch = tr.global_batch_size if tr.global_batch_size > 0 else local * batch_degree
+    assert global_batch % (local * batch_degree) == 0, "global batch not a multiple"
+    accumulation = global_batch // (local * batch_degree)
+    pp_micro = local // pp_micro_size if dims.pp_enabled else 1
+    forward = pp_micro_size if dims.pp_enabled else local
+    return {"batch_degree": batch_degree, "global_batch": global_batch,
+            "accumulation_steps": accumulation, "pp_microbatches": pp_micro,
+            "sequences_per_forward": forward}
+
+
 def check(item, workdir, i):
     name = f"planner_job_{i}"
     (workdir / f"{name}.py").write_text(item["text"])
@@ -252,6 +271,7 @@ def check(item, workdir, i):
                       "ffn_hidden": ffn.w1.out_features if ffn is not None else None,
                       "moe_layers": sum(getattr(layer, "moe", None) is not None for layer in model_cfg.layers),
                       "params": params, "linear_types": linear_types},
+            "batch": _batch(config, dims),
             "blocks_per_part": blocks_per_part, "schedule": schedule_name, "n_microbatches": n_micro,
             "rank0_parts": rank0_parts, "placements": placements, "forward": forward, "moe": moe,
             "loss": type(config.loss).__qualname__.split(".")[0],
