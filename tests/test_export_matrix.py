@@ -28,7 +28,7 @@ from planner.exports import export_plan  # noqa: E402
 from planner.parallel import ParallelConfig  # noqa: E402
 from planner.plan import plan_from_document  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.network]
 
 FRAMEWORKS = ("megatron", "torchtitan", "fsdp", "deepspeed")
 

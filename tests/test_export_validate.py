@@ -25,7 +25,7 @@ from planner.plan import plan_from_document  # noqa: E402
 from planner.search import recommend  # noqa: E402
 from planner.run_options import RunOptions
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.network]
 
 
 def exports(fmt, plans):
