@@ -314,7 +314,7 @@ def test_a_context_parallel_plan_shows_cp_in_every_plan_table_and_memory_in_gib(
     row = next(line for line in md.splitlines() if line.startswith(("| given ", "| plan file")))
     cells = [c.strip() for c in row.strip("|").split("|")]
     columns = [c.strip() for c in headers[0].strip("|").split("|")]
-    assert cells[columns.index("cp")] == "2" and cells[columns.index("shard group")] == "all"
+    assert cells[columns.index("cp")] == "2 p2p" and cells[columns.index("shard group")] == "all"
     data = json.loads((out / "report.json").read_text())
     planned = [r["plan"] for r in data["scaling"] if "tokens_per_s" in r]
     assert planned and all(" cp" in label and " ep" in label for label in planned)

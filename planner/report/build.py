@@ -176,7 +176,9 @@ def axes_label(p: Mapping[str, Any]) -> str:
 
 def _plan_row(rank: str, doc: Mapping[str, Any]) -> dict[str, Any]:
     p, pred = doc["plan"], doc["prediction"]
-    return {"plan": rank, "dp": p["dp"], "tp": p["tp"], "pp": p["pp"], "cp": p.get("cp", 1), "ep": p.get("ep", 1),
+    cp = p.get("cp", 1)
+    return {"plan": rank, "dp": p["dp"], "tp": p["tp"], "pp": p["pp"],
+            "cp": f"{cp} {p.get('cp_comm', 'p2p')}" if cp > 1 else 1, "ep": p.get("ep", 1),
             "shard group": shard_group(p), "micro-batch": p["micro_batch"],
             "micro-batches": p["num_microbatches"], "schedule": p["schedule"], "v": p["virtual_stages"],
             "ZeRO": p["zero"], "recompute": p["recompute"] + (f" ({p['recompute_layers']}/chunk)"
