@@ -52,6 +52,7 @@ from planner.parallel import (CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelC
                               offload_indices, offloads)
 from cost_models.compute import resolve_precision
 from planner.placement import PLACEMENTS, packed_key
+from planner.option_rules import check_options
 from planner.run_options import RunOptions
 from planner.software import (check_activation_fp8_input, check_master_weights, check_moe_options,
                               software_for)
@@ -1231,10 +1232,8 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
         held.update({"ZeRO-3": "bf16_optimizer", "optimizer offload": "bf16_optimizer"})
     global_batch = global_batch or default_global_batch(world, seq, model_params(model))
     price = _price_per_hour(hardware, n_nodes, spot, price_per_hour)
-    if objective == "cost" and price is None:
-        raise ConfigError("objective", objective, "a price to rank by cost", message=(
-            f"--objective cost needs a price: {hardware.name}'s profile has none; pass "
-            "--price-per-hour USD (per node-hour), or use --objective throughput"))
+    # the one rule (planner.option_rules), for the Python API as for the commands
+    check_options(objective=objective, hardware=hardware.name, price=price, price_per_hour=price_per_hour)
     if estimate_fn is None:
         from planner.estimate import estimate as estimate_fn
 
