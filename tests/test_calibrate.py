@@ -211,7 +211,7 @@ def _calibrate_cli(out, *, timeout=60):
     import time
 
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "planner", "hardware", "calibrate", "--world-size", "2", "--quick",
+    done = subprocess.run([sys.executable, "-m", "planner", "hardware", "calibrate", "--gpus", "2", "--quick",
                            "--out", str(out)], capture_output=True, text=True, timeout=timeout,
                           preexec_fn=lambda: __import__("resource").setrlimit(
                               __import__("resource").RLIMIT_AS, (6_000_000 * 1024, 6_000_000 * 1024)))
@@ -260,7 +260,7 @@ def _start_calibration(tmp_path):
 
     launcher = subprocess.Popen([sys.executable, "-c", "import signal, runpy; signal.signal(signal.SIGINT, "
                                  "signal.SIG_DFL); runpy.run_module('planner', run_name='__main__')",
-                                 "hardware", "calibrate", "--world-size", "2", "--quick", "--out",
+                                 "hardware", "calibrate", "--gpus", "2", "--quick", "--out",
                                  str(tmp_path / "p.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
     deadline = time.monotonic() + 120
