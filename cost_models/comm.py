@@ -204,8 +204,9 @@ def tp_exposed_seconds(x, tp: TpSeconds, block) -> np.ndarray:
 
 
 def tp_exposed_parts(x, tp: TpSeconds, block) -> tuple:
-    """tp_exposed_seconds pass by pass: (forward, backward, recomputation) seconds a block's tensor-parallel
-    communication adds (the timeline, cost_models.timeline, puts each pass on its own operation)."""
+    """tp_exposed_seconds pass by pass: (forward, backward, recomputation) seconds a block's
+    tensor-parallel communication adds (cost_models.timeline puts each pass on its own
+    operation)."""
     from cost_models.compute import eff, recompute_passes
 
     if not x.sw.tp_comm_overlap:
@@ -217,7 +218,8 @@ def tp_exposed_parts(x, tp: TpSeconds, block) -> tuple:
         return comm - hidden + interference * hidden
 
     rec_gemm = x.full_share * block.gemm_fwd * recompute_passes(x)
-    return shown(tp.fwd, block.gemm_fwd), shown(tp.bwd, block.gemm_bwd), shown(tp.recompute, rec_gemm)
+    return (shown(tp.fwd, block.gemm_fwd), shown(tp.bwd, block.gemm_bwd),
+            shown(tp.recompute, rec_gemm))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -280,16 +282,18 @@ def pp_p2p_seconds(x):
 
 
 def pp_hop_seconds(x):
-    """One activation (or gradient) send between adjacent pipeline stages (pp_p2p_seconds' hop): the b s h
-    activation, 1/tp of it with sequence parallelism or the stack's scatter/gather plus the receiving node's
-    all-gather; NVLink when the pp group stays in a node, else the device's share of the node's NICs."""
+    """One activation (or gradient) send between adjacent pipeline stages (pp_p2p_seconds' hop):
+    the b s h activation, 1/tp of it with sequence parallelism or the stack's scatter/gather plus
+    the receiving node's all-gather; NVLink when the pp group stays in a node, else the device's
+    share of the node's NICs."""
     msg = x.tokens * x.spec.hidden * x.c
     scatter = x.sw.framework.pp_scatter_gather
     in_node = x.local["P"] >= x.pp
     bw = np.where(in_node, intra_bus_Bps(x.hw, "p2p"), inter_bus_Bps_per_node(x.hw, "p2p") / x.hw.devices_per_node)
     lat = np.where(in_node, x.hw.intra_node_latency_us, x.hw.inter_node_latency_us) * 1e-6
     hop = p2p_seconds(msg / np.where(x.sp | scatter, x.tp, 1.0), bw, lat)
-    return hop + np.where(x.sp | (not scatter), 0.0, group_collective_seconds("allgather", msg, x.tp, x.local["T"], x.hw))
+    gather = group_collective_seconds("allgather", msg, x.tp, x.local["T"], x.hw)
+    return hop + np.where(x.sp | (not scatter), 0.0, gather)
 
 
 def _reduction_seconds(x, params, group, shard, local_group, local_shard, local_replicas):
@@ -313,13 +317,15 @@ def _reduction_seconds(x, params, group, shard, local_group, local_shard, local_
 
 
 def dp_reduction_parts(x, params_rank) -> tuple:
-    """(all-reduce or its sharded equivalent, reduce-scatter, all-gather) seconds of one rank's parameters: the
-    dense ones over dp x cp sharded over the shard group, the routed experts over their expert data-parallel
-    group (_reduction_seconds of each, summed: both reductions run in the same backward)."""
-    dense = _reduction_seconds(x, params_rank.dense, x.grad_group, x.shard_group, x.local["DC"], x.local["S"],
-                               x.local["R"])
-    expert = _reduction_seconds(x, params_rank.expert, x.expert_dp, x.expert_shard_group, x.local["ED"],
-                                x.local["ES"], x.local["ER"])
+    """(all-reduce or its sharded equivalent, reduce-scatter, all-gather) seconds of one rank's
+    parameters: the dense ones over dp x cp sharded over the shard group, the routed experts over
+    their expert data-parallel group (_reduction_seconds of each, summed: both reductions run in
+    the same backward)."""
+    loc = x.local
+    dense = _reduction_seconds(x, params_rank.dense, x.grad_group, x.shard_group, loc["DC"],
+                               loc["S"], loc["R"])
+    expert = _reduction_seconds(x, params_rank.expert, x.expert_dp, x.expert_shard_group,
+                                loc["ED"], loc["ES"], loc["ER"])
     return tuple(d + e for d, e in zip(dense, expert))
 
 

@@ -50,12 +50,13 @@ class Software:
     """Data-parallel reduction overlapped with the backward (the framework's default unless a run
     says otherwise, e.g. Megatron-LM 2021-22's local DDP)."""
     overlap_param_gather: bool = False
-    """The distributed optimizer's parameter all-gather runs under the next step's forward (Megatron-Core
-    --overlap-param-gather, FSDP's forward prefetch): the framework's default unless a run says otherwise
-    (cost_models.timeline)."""
+    """The distributed optimizer's parameter all-gather runs under the next step's forward
+    (Megatron-Core --overlap-param-gather, FSDP's forward prefetch): the framework's default unless
+    a run says otherwise (cost_models.timeline)."""
     overlap_p2p: bool = False
-    """The interleaved schedule's pipeline sends run beside compute (Megatron-Core overlap_p2p_comm): the
-    framework's default unless a run says otherwise (cost_models.timeline)."""
+    """The interleaved schedule's pipeline sends run beside compute (Megatron-Core
+    overlap_p2p_comm): the framework's default unless a run says otherwise
+    (cost_models.timeline)."""
     loss: str = "upcast"
     """Cross-entropy implementation (frameworks.LOSS_KERNELS): the framework's unless a run says otherwise."""
     tp_comm_overlap: bool = False
@@ -123,9 +124,10 @@ class Software:
            activation_fp8_input: bool = False, overlap_param_gather: bool | None = None,
            overlap_p2p: bool | None = None) -> "Software":
         return cls(framework=framework,
-                   overlap_param_gather=framework.overlap_param_gather if overlap_param_gather is None
-                   else bool(overlap_param_gather),
-                   overlap_p2p=framework.overlap_p2p if overlap_p2p is None else bool(overlap_p2p), attention=attention or framework.attention, dropout=bool(dropout),
+                   overlap_param_gather=_default(overlap_param_gather,
+                                                 framework.overlap_param_gather),
+                   overlap_p2p=_default(overlap_p2p, framework.overlap_p2p),
+                   attention=attention or framework.attention, dropout=bool(dropout),
                    loss=loss or framework.loss,
                    tp_comm_overlap=framework.tp_comm_overlap if tp_comm_overlap is None else bool(tp_comm_overlap),
                    compile=bool(compile),
@@ -173,6 +175,11 @@ class Software:
     def kernel(self, precision: str, spec: TransformerSpec) -> str:
         """The attention kernel that actually runs (attention_kernel)."""
         return attention_kernel(self.attention, precision, spec)
+
+
+def _default(value: bool | None, framework_default: bool) -> bool:
+    """A run's boolean option, or the framework's default where the run leaves it None."""
+    return framework_default if value is None else bool(value)
 
 
 def attention_kernel(attention: str, precision: str, spec: TransformerSpec) -> str:
@@ -301,8 +308,8 @@ class Step:
     recomputed_ends: tuple | None = None
     """(first, last, busiest) ranks' recomputed blocks from rank_recomputed, or None."""
     rank_blocks: np.ndarray | None = None
-    """Blocks of every pipeline rank (CandidateArrays.rank_blocks), shape (candidates, R), -1 past pp; None: the
-    even split (rank_block_counts)."""
+    """Blocks of every pipeline rank (CandidateArrays.rank_blocks), shape (candidates, R), -1 past
+    pp; None: the even split (rank_block_counts)."""
 
     @property
     def attention_precision(self) -> str:
@@ -402,11 +409,12 @@ class Step:
         return np.where(self.full, per_chunk, 0.0)
 
     def rank_block_counts(self, row: int = 0) -> list[float]:
-        """Blocks of each pipeline rank of candidate `row`: rank_blocks when given, else the even split of
-        _blocks_per_rank (rank k runs chunks k, k + p, ...: v q + ceil((r - k) / p)^+ blocks)."""
+        """Blocks of each pipeline rank of candidate `row`: rank_blocks when given, else the even
+        split of _blocks_per_rank (rank k runs chunks k, k + p, ...: v q + ceil((r - k) / p)^+)."""
         p = int(np.broadcast_to(self.pp, np.shape(self.dp)).reshape(-1)[row])
         if self.rank_blocks is not None:
-            return [float(b) for b in self.rank_blocks[row if self.rank_blocks.shape[0] > 1 else 0][:p]]
+            given = self.rank_blocks[row if self.rank_blocks.shape[0] > 1 else 0]
+            return [float(b) for b in given[:p]]
         v = float(np.broadcast_to(self.v, np.shape(self.dp)).reshape(-1)[row])
         blocks = self.spec.total_blocks
         q = blocks // int(p * v)

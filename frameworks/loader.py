@@ -155,7 +155,8 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         fp8_weight_cache_bytes=float(data["fp8_weight_cache_bytes"]), capabilities=caps, sources=dict(sources),
         moe_dispatcher=data.get("moe_dispatcher", MOE_DISPATCHERS[0]), moe_a2a_overlap=data.get("moe_a2a_overlap", False),
         moe_host_sync=data.get("moe_host_sync", False),
-        overlap_param_gather=data.get("overlap_param_gather", False), overlap_p2p=data.get("overlap_p2p", False),
+        overlap_param_gather=data.get("overlap_param_gather", False),
+        overlap_p2p=data.get("overlap_p2p", False),
         moe_host_ops_per_layer=float(data.get("moe_host_ops_per_layer", 0.0)),
         zero3_max_live_params=None if live is None else float(live),
         experts_follow_tp_without_ep=data.get("experts_follow_tp_without_ep", False))

@@ -23,8 +23,8 @@ from planner.placement import placement_index
 from planner.score import CandidateArrays, Scores, score, timeline_scores
 
 STEP_MODEL = "closed"
-"""What estimate() reads the step time off: "timeline" (the simulated step, cost_models.timeline; the search's
-closed form stays its bound and ranking) or "closed" (planner.score's closed form)."""
+"""What estimate() reads the step time off: "timeline" (the simulated step, cost_models.timeline;
+the search's closed form stays its bound and ranking) or "closed" (planner.score's closed form)."""
 from planner.spec import TransformerSpec
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -153,9 +153,9 @@ class Scores:
     """Pipeline idle time that neither the closed form nor the simulated step goes below
     (cost_models.pipeline.bubble_lower_bound): the search's bound term in place of `bubble`."""
     pp_p2p_bound: np.ndarray | float = 0.0
-    """Pipeline sends on every rank's stream that neither the closed form nor the simulated step goes below:
-    m blocking sends (every rank sends each micro-batch's activation or gradient), 0 where the interleaved
-    schedule overlaps them (Software.overlap_p2p)."""
+    """Pipeline sends on every rank's stream that neither the closed form nor the simulated step
+    goes below: m blocking sends (every rank sends each micro-batch's activation or gradient), 0
+    where the interleaved schedule overlaps them (Software.overlap_p2p)."""
     """6 N tokens + attention, recomputation not counted (the MFU numerator)."""
     stage_memory: dict | None = None
     """With CandidateArrays.rank_blocks: per pipeline rank, shape (candidates, R), NaN past pp:
@@ -163,7 +163,7 @@ class Scores:
     step: Step | None = None
     """The Step record the terms read (planner.estimate's expert-parallel summary reads it again)."""
     timeline: TL.StepTimeline | None = None
-    """With timeline_scores: the simulated step (cost_models.timeline) the step time was read off."""
+    """With timeline_scores: the simulated step (cost_models.timeline) the step was read off."""
     closed_form_step_s: np.ndarray | None = None
     """With timeline_scores: the closed form's step time (the search's ranking and bound)."""
 
@@ -219,7 +219,8 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
                                 compute_s=x.m * x.blocks_most * block.total)
     pp_p2p = C.pp_p2p_seconds(x)
     overlapped = x.is_schedule("interleaved-1f1b") & (x.v > 1) & x.sw.overlap_p2p
-    pp_p2p_bound = np.where((x.pp > 1) & ~overlapped, np.minimum(pp_p2p, x.m * C.pp_hop_seconds(x)), 0.0)
+    m_hops = np.minimum(pp_p2p, x.m * C.pp_hop_seconds(x))
+    pp_p2p_bound = np.where((x.pp > 1) & ~overlapped, m_hops, 0.0)
     optimizer_s = K.optimizer_step_seconds(x, params_rank)
     acts = M.activation_bytes(x)
     host_room = O.host_room_bytes(x, params_rank.total)
@@ -242,16 +243,18 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
                   dp_comm=dp_comm, pp_p2p=pp_p2p, bubble=bubble, optimizer=optimizer_s,
                   offload=offload, host_wait=host_wait, num_microbatches=x.m,
                   model_flops_per_step=float(model_flops_per_step(model, global_batch * seq, seq=seq, causal_half=True)),
-                  stage_memory=per_rank, step=x, bubble_bound=PL.bubble_lower_bound(x, stage, bubble),
-                  pp_p2p_bound=pp_p2p_bound)
+                  stage_memory=per_rank, step=x, pp_p2p_bound=pp_p2p_bound,
+                  bubble_bound=PL.bubble_lower_bound(x, stage, bubble))
 
 
 def timeline_scores(scores: Scores) -> Scores:
-    """`scores` of one candidate (estimate's length-1 arrays) with the step time and its breakdown read off the simulated step
-    (cost_models.timeline): the critical rank's compute (split into compute, tp, cp and ep by the per-block
-    terms' shares, as the closed form splits it), its blocking pipeline sends, its idle time (bubble), its
-    data-parallel time after its compute (with the interference of the hidden part and the tied embedding's
-    sync), then the optimizer step, offload and host terms the closed form costs. Memory is unchanged."""
+    """`scores` of one candidate (estimate's length-1 arrays) with the step time and its breakdown
+    read off the simulated step (cost_models.timeline): the critical rank's compute (split into
+    compute, tp, cp and ep by the per-block terms' shares, as the closed form splits it), its
+    blocking pipeline sends and the interference of its overlapped ones, its idle time (bubble), its
+    data-parallel time after its compute (with the interference of the hidden part and the tied
+    embedding's sync), then the optimizer step, offload and host terms the closed form costs.
+    Memory is unchanged."""
     x = scores.step
     if np.size(x.dp) != 1:
         raise ValueError(f"timeline_scores takes one candidate, got {np.size(x.dp)}")
@@ -259,20 +262,24 @@ def timeline_scores(scores: Scores) -> Scores:
     terms = TL.block_terms_of(x, block, tp, cp, ep, embedding_s, head_s)
     tl = TL.simulate(TL.step_work(x, terms))
     rank = tl.ranks[tl.critical]
-    optimizer_s, offload_s = np.asarray(scores.optimizer, float), np.asarray(scores.offload, float)
+    optimizer_s = np.asarray(scores.optimizer, float)
+    offload_s = np.asarray(scores.offload, float)
     after_s = TL.after_reduction_seconds(x)
     device_s = tl.makespan_s + after_s + optimizer_s + offload_s
-    host_wait = K.host_wait_seconds(x, device_s) + MO.host_sync_seconds(x, block.fwd + tp.fwd + ep.fwd)
+    host_wait = K.host_wait_seconds(x, device_s) \
+        + MO.host_sync_seconds(x, block.fwd + tp.fwd + ep.fwd)
     i = K.eff(x.hw, "overlap_interference")
     per_block = np.maximum(terms.block_total_s, 1e-30)
-    shares = {"tp": tp_exposed / per_block, "cp": (cp.exposed + i * (cp.total - cp.exposed)) / per_block,
+    shares = {"tp": tp_exposed / per_block,
+              "cp": (cp.exposed + i * (cp.total - cp.exposed)) / per_block,
               "ep": (ep.exposed + i * (ep.total - ep.exposed)) / per_block}
     busy = rank.busy_s
     p2p = rank.hops_s + i * rank.hidden_hops_s
     dp = rank.end_s - rank.compute_end_s + rank.gate_wait_s + after_s - (p2p - rank.hops_s)
-    closed = np.asarray(scores.step_time_s, float)
-    return replace(scores, step_time_s=device_s + host_wait, compute=busy * (1.0 - sum(shares.values())),
-                   tp_comm=busy * shares["tp"], cp_comm=busy * shares["cp"], ep_comm=busy * shares["ep"],
-                   dp_comm=np.asarray([dp]), pp_p2p=np.asarray([p2p]), bubble=np.asarray([rank.bubble_s]),
-                   optimizer=optimizer_s, offload=offload_s, host_wait=host_wait, timeline=tl,
-                   closed_form_step_s=closed)
+    return replace(scores, step_time_s=device_s + host_wait,
+                   compute=busy * (1.0 - sum(shares.values())), tp_comm=busy * shares["tp"],
+                   cp_comm=busy * shares["cp"], ep_comm=busy * shares["ep"],
+                   dp_comm=np.asarray([dp]), pp_p2p=np.asarray([p2p]),
+                   bubble=np.asarray([rank.bubble_s]), optimizer=optimizer_s, offload=offload_s,
+                   host_wait=host_wait, timeline=tl,
+                   closed_form_step_s=np.asarray(scores.step_time_s, float))

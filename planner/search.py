@@ -70,11 +70,11 @@ REFINE_TOP = 8
 """Leading candidates whose pipeline stages are re-split unevenly and re-scored with estimate()."""
 TIME_BOUND_TERMS = ("compute", "tp_comm", "cp_comm", "bubble_bound", "pp_p2p_bound", "optimizer")
 """Step-time terms of planner.score that are least, within a group, for the weakest recompute with
-sequence parallelism on, and whose sum never exceeds the step (checked in tests/test_search.py) nor the
-simulated step that estimate() documents the leaders with (cost_models.timeline; tests/test_timeline.py):
-the pipeline's idle time and sends enter as the lower bounds both steps share (Scores.bubble_bound,
-Scores.pp_p2p_bound), not as the closed form's. Exposed data-parallel and offload time are left out: more
-recompute can hide them."""
+sequence parallelism on, and whose sum never exceeds the step (checked in tests/test_search.py) nor
+the simulated step that estimate() documents the leaders with (cost_models.timeline;
+tests/test_timeline.py): the pipeline's idle time and sends enter as the lower bounds both steps
+share (Scores.bubble_bound, Scores.pp_p2p_bound), not as the closed form's. Exposed data-parallel
+and offload time are left out: more recompute can hide them."""
 SHAPE_BOUND_TERMS = ("compute", "tp_comm", "cp_comm", "bubble_bound")
 """The TIME_BOUND_TERMS that do not depend on the model-state knobs (ZeRO stage, dp_shard, offload): one
 evaluation bounds every candidate of a shape (checked in tests/test_search.py)."""
