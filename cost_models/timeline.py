@@ -149,7 +149,13 @@ class RankSpan:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepTimeline:
     ranks: tuple[RankSpan, ...]
-    ops: tuple[Op, ...]
+    raw_ops: tuple[tuple, ...]
+    """Every operation as a plain (rank, kind, micro-batch, chunk, start_s, end_s) tuple (cheap to
+    make in the loop; `ops` names the fields)."""
+
+    @property
+    def ops(self) -> tuple[Op, ...]:
+        return tuple(Op._make(o) for o in self.raw_ops)
 
     @property
     def makespan_s(self) -> float:
@@ -177,7 +183,7 @@ def simulate(work: StepWork) -> StepTimeline:
     else:
         sim.run_fixed([_order(work.schedule, r, p, m, chunks) for r in range(p)])
     spans = tuple(_rank_span(work, r, chunks, sim.ops[r], sim) for r in range(p))
-    return StepTimeline(ranks=spans, ops=tuple(o for rank_ops in sim.ops for o in rank_ops))
+    return StepTimeline(ranks=spans, raw_ops=tuple(o for rank_ops in sim.ops for o in rank_ops))
 
 
 # --- schedule orders: (kind, micro-batch, chunk) per rank -----------------------------------------
@@ -275,40 +281,78 @@ class _Compute:
         self.hidden_hops[rank] += send - hop
         self.end[(kind, i, stage)] = end
         self.free[rank] = end
-        self.ops[rank].append(Op(rank, kind, i, chunk, start, end))
+        self.ops[rank].append((rank, kind, i, chunk, start, end))
+
+    def plan(self, rank: int, kind: str, i: int, chunk: int) -> tuple:
+        """One operation of a fixed order, resolved once: (key, input key or None, input latency,
+        duration with a blocking send, blocking send, overlapped send, parameter gate)."""
+        stage = chunk * self.p + rank
+        latency = self.work.hop_s if (not self.work.blocking_p2p and self.p > 1) else 0.0
+        if kind == "F":
+            dep = None if stage == 0 else ("F", i, stage - 1)
+        elif stage == self.last_stage:
+            dep, latency = ("F", i, stage), 0.0
+        else:
+            dep = ("B", i, stage + 1)
+        send = self.send_s(kind, stage)
+        hop = send if self.work.blocking_p2p else 0.0
+        gate = self.gates[rank][chunk] if kind == "F" and i == 0 else 0.0
+        return ((kind, i, stage), dep, latency, self.durations[rank][kind] + hop, hop, send - hop,
+                gate)
 
     def run_fixed(self, orders: list[list[tuple[str, int, int]]]) -> None:
-        pos = [0] * self.p
+        """Each rank's order in turn, as far as its inputs are known (ready_s, start_s and commit
+        inlined: the loop runs once per operation)."""
+        end, free, p = self.end, self.free, self.p
+        plans = [[self.plan(r, *op) for op in order] for r, order in enumerate(orders)]
+        pos = [0] * p
         remaining = sum(len(o) for o in orders)
         while remaining:
             moved = 0
-            for r in range(self.p):
-                while pos[r] < len(orders[r]):
-                    kind, i, c = orders[r][pos[r]]
-                    ready = self.ready_s(kind, i, c * self.p + r)
-                    if ready is None:
-                        break
-                    self.commit(r, kind, i, c, self.start_s(r, kind, i, c, ready))
-                    pos[r] += 1
-                    moved += 1
+            for r in range(p):
+                plan, k, t_free, ops = plans[r], pos[r], free[r], self.ops[r]
+                order = orders[r]
+                while k < len(plan):
+                    key, dep, latency, duration, hop, hidden, gate = plan[k]
+                    if dep is None:
+                        start = t_free
+                    else:
+                        arrived = end.get(dep)
+                        if arrived is None:
+                            break
+                        start = arrived + latency
+                        if t_free > start:
+                            start = t_free
+                    if gate > start:
+                        self.gate_wait[r] += gate - start
+                        start = gate
+                    t_free = start + duration
+                    end[key] = t_free
+                    self.hops[r] += hop
+                    self.hidden_hops[r] += hidden
+                    kind, i, c = order[k]
+                    ops.append((r, kind, i, c, start, t_free))
+                    k += 1
+                moved += k - pos[r]
+                pos[r], free[r] = k, t_free
             if not moved:
                 raise RuntimeError("schedule order deadlocked")
             remaining -= moved
 
     def run_greedy(self) -> None:
         """ZB-H1 (Qi et al. 2023): B first, then F while fewer than p - r micro-batches are in
-        flight, W in the slots left; the operation that can start first over all ranks goes next."""
+        flight, W in the slots left; the operation that can start first over all ranks goes next.
+        A rank's choice depends on its own state and its neighbours' operations only, so after a
+        commit on rank r the choices of r - 1, r and r + 1 are the ones recomputed."""
         nf, nb = [0] * self.p, [0] * self.p
         pending: list[list[int]] = [[] for _ in range(self.p)]
+        choices = [self._choice(r, 0, 0, pending[r]) for r in range(self.p)]
         for _ in range(3 * self.m * self.p):
-            best = None
-            for r in range(self.p):
-                choice = self._choice(r, nf[r], nb[r], pending[r])
-                if choice is not None and (best is None or choice[0] < best[0]):
-                    best = (*choice, r)
-            if best is None:
+            live = [(c[0], r) for r, c in enumerate(choices) if c is not None]
+            if not live:
                 raise RuntimeError("zero-bubble schedule deadlocked")
-            start, kind, i, r = best
+            r = min(live)[1]
+            start, kind, i = choices[r]
             self.commit(r, kind, i, 0, self.start_s(r, kind, i, 0, start))
             if kind == "F":
                 nf[r] += 1
@@ -317,6 +361,9 @@ class _Compute:
                 pending[r].append(i)
             else:
                 pending[r].remove(i)
+            for q in (r - 1, r, r + 1):
+                if 0 <= q < self.p:
+                    choices[q] = self._choice(q, nf[q], nb[q], pending[q])
 
     def _choice(self, r: int, nf: int, nb: int, pending: list[int]):
         t = self.free[r]
@@ -366,7 +413,7 @@ def _drain(t0: float, s: float, e: float, n: int, d: float) -> float:
 
 def _rank_span(work: StepWork, rank: int, chunks: int, ops: list[Op], sim: _Compute) -> RankSpan:
     w = work.ranks[rank]
-    compute_end = max(o.end_s for o in ops)
+    compute_end = max(o[5] for o in ops)
     jobs, total = _dp_jobs(work, w, chunks, ops, compute_end)
     t = w.gather_s if _gather_overlapped(work) else 0.0
     for s, e, n, d in sorted(jobs, key=lambda j: (j[1], j[0])):
@@ -374,7 +421,7 @@ def _rank_span(work: StepWork, rank: int, chunks: int, ops: list[Op], sim: _Comp
     after_gather = 0.0 if _gather_overlapped(work) else w.gather_s
     exposed = max(0.0, t - compute_end) + after_gather
     total += w.gather_s
-    busy = sum(o.end_s - o.start_s for o in ops) - sim.hops[rank]
+    busy = sum(o[5] - o[4] for o in ops) - sim.hops[rank]
     span = compute_end
     if work.compute_speedup > 1.0:
         span = max(busy + sim.hops[rank] + sim.gate_wait[rank], compute_end / work.compute_speedup)
@@ -395,18 +442,18 @@ def _dp_jobs(work: StepWork, w: RankWork, chunks: int, ops: list[Op], compute_en
     """Bucket streams (start, end, pieces, seconds per piece) of the rank's reductions, and their
     total seconds (the parameter gather of ZeRO 1-2 apart: _rank_span adds it)."""
     m = int(work.microbatches)
-    grad_kind = "W" if any(o.kind == "W" for o in ops) else "B"
+    grad_kind = "W" if any(o[1] == "W" for o in ops) else "B"
     jobs, total = [], 0.0
     if w.micro_gather_s > 0.0:  # ZeRO-3: each op's gather under the previous op
-        ordered = [o for o in ops if o.kind != "W"]
+        ordered = [o for o in ops if o[1] != "W"]
         for prev, op in zip([None, *ordered], ordered):
-            at = 0.0 if prev is None else prev.start_s
+            at = 0.0 if prev is None else prev[4]
             jobs.append((at, at, 1, w.micro_gather_s / chunks))
         total += 2.0 * m * w.micro_gather_s
-    per_chunk: list[list[Op]] = [[] for _ in range(chunks)]
+    per_chunk: list[list[tuple]] = [[] for _ in range(chunks)]
     for o in ops:  # ops are in time order on their rank
-        if o.kind == grad_kind:
-            per_chunk[o.chunk].append(o)
+        if o[1] == grad_kind:
+            per_chunk[o[3]].append(o)
     for c_ops in per_chunk:
         for k, op in enumerate(c_ops):
             last = k == len(c_ops) - 1
@@ -419,7 +466,7 @@ def _dp_jobs(work: StepWork, w: RankWork, chunks: int, ops: list[Op], compute_en
             d /= chunks
             total += d
             if work.overlap_grad_reduce:
-                jobs.append((op.start_s, op.end_s, w.buckets, d / max(1, w.buckets)))
+                jobs.append((op[4], op[5], w.buckets, d / max(1, w.buckets)))
             else:
                 jobs.append((compute_end, compute_end, 1, d))
     return jobs, total

@@ -22,7 +22,7 @@ from planner.parallel import CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelCo
 from planner.placement import placement_index
 from planner.score import CandidateArrays, Scores, score, timeline_scores
 
-STEP_MODEL = "closed"
+STEP_MODEL = "timeline"
 """What estimate() reads the step time off: "timeline" (the simulated step, cost_models.timeline;
 the search's closed form stays its bound and ranking) or "closed" (planner.score's closed form)."""
 from planner.spec import TransformerSpec

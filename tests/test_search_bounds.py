@@ -109,11 +109,12 @@ def test_pipeline_p2p_ignores_the_model_state_knobs(scored):
     parallelism): the pipeline's point-to-point time does not depend on ZeRO, dp_shard or offload."""
     arrays, s, _ = scored
     g = _groups(arrays, SHAPE_FIELDS + ("placement", "sequence_parallel", "recompute"))
-    p2p = np.asarray(s.pp_p2p, float)
-    low, high = np.full(g.max() + 1, np.inf), np.full(g.max() + 1, -np.inf)
-    np.minimum.at(low, g, p2p)
-    np.maximum.at(high, g, p2p)
-    assert np.allclose(low, high, rtol=1e-12, atol=0.0)
+    for name in ("pp_p2p", "pp_p2p_bound"):    # the search reads the bound term (TIME_BOUND_TERMS)
+        p2p = np.asarray(getattr(s, name), float)
+        low, high = np.full(g.max() + 1, np.inf), np.full(g.max() + 1, -np.inf)
+        np.minimum.at(low, g, p2p)
+        np.maximum.at(high, g, p2p)
+        assert np.allclose(low, high, rtol=1e-12, atol=0.0)
 
 
 def test_sequence_parallelism_never_lowers_the_shape_terms_nor_raises_memory(scored):

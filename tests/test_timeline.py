@@ -322,3 +322,4 @@ def test_estimate_reads_the_step_off_the_timeline(monkeypatch):
     assert est.scores.timeline is not None
     assert est.step_time_s == pytest.approx(float(np.asarray(est.scores.step_time_s)[0]))
     assert est.scores.closed_form_step_s is not None
+
