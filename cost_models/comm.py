@@ -271,14 +271,23 @@ def cp_block_seconds(x, attn_fwd_s, attn_bwd_s) -> CpSeconds:
     return CpSeconds(exposed=np.where(on, exposed, 0.0), total=np.where(on, total, 0.0))
 
 
-def pp_p2p_seconds(x):
+def pp_p2p_seconds(x, hop=None):
     """Blocking sends between pipeline stages on the critical path: 2 (m v + p - 1) hops
     (cost_models.pipeline.p2p_transfers_on_critical_path) of the b s h activation, 1/tp of it with
     sequence parallelism or Megatron's scatter/gather (plus the receiving node's all-gather), over
-    NVLink when the pp group stays in a node, else the device's share of the node's NICs."""
+    NVLink when the pp group stays in a node, else the device's share of the node's NICs.
+    The interleaved schedule with overlapped sends (Software.overlap_p2p, Megatron-Core's
+    overlap_p2p_comm) waits only for the fill's and the drain's 2 (p - 1) hops and pays
+    `overlap_interference` of the 2 m v sends it hides, as the simulated step does
+    (cost_models.timeline)."""
+    from cost_models.compute import eff
     from cost_models.pipeline import p2p_transfers_on_critical_path
 
-    return p2p_transfers_on_critical_path(x.pp, x.m, x.v) * pp_hop_seconds(x)
+    hop = pp_hop_seconds(x) if hop is None else hop
+    overlapped = x.is_schedule("interleaved-1f1b") & (x.v > 1) & x.sw.overlap_p2p & (x.pp > 1)
+    hidden = 2.0 * x.m * x.v * hop
+    shown = 2.0 * (x.pp - 1.0) * hop + eff(x.hw, "overlap_interference") * hidden
+    return np.where(overlapped, shown, p2p_transfers_on_critical_path(x.pp, x.m, x.v) * hop)
 
 
 def pp_hop_seconds(x):

@@ -217,10 +217,10 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     dp_comm = C.dp_comm_seconds(x, params_rank, last_backward_s=x.blocks_most * (block.bwd + block.recompute
                                                                                  + tp.bwd + tp.recompute),
                                 compute_s=x.m * x.blocks_most * block.total)
-    pp_p2p = C.pp_p2p_seconds(x)
-    overlapped = x.is_schedule("interleaved-1f1b") & (x.v > 1) & x.sw.overlap_p2p
-    m_hops = np.minimum(pp_p2p, x.m * C.pp_hop_seconds(x))
-    pp_p2p_bound = np.where((x.pp > 1) & ~overlapped, m_hops, 0.0)
+    hop = C.pp_hop_seconds(x)
+    pp_p2p = C.pp_p2p_seconds(x, hop)
+    bubble_bound = PL.bubble_lower_bound(x, stage, bubble)
+    pp_p2p_bound = _pp_p2p_bound(x, cands, block, stage, bubble_bound, pp_p2p, hop)
     optimizer_s = K.optimizer_step_seconds(x, params_rank)
     acts = M.activation_bytes(x)
     host_room = O.host_room_bytes(x, params_rank.total)
@@ -244,7 +244,22 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
                   offload=offload, host_wait=host_wait, num_microbatches=x.m,
                   model_flops_per_step=float(model_flops_per_step(model, global_batch * seq, seq=seq, causal_half=True)),
                   stage_memory=per_rank, step=x, pp_p2p_bound=pp_p2p_bound,
-                  bubble_bound=PL.bubble_lower_bound(x, stage, bubble))
+                  bubble_bound=bubble_bound)
+
+
+def _pp_p2p_bound(x: Step, cands: CandidateArrays, block, stage, bubble_bound, pp_p2p, hop):
+    """Scores.pp_p2p_bound: blocking sends that neither step goes below, beyond m x the slowest stage
+    and bubble_bound. Every rank's stream holds m blocking sends (one per micro-batch), a middle rank
+    2 m (it sends forward and back, Megatron's send_forward_recv_backward; cost_models.timeline), so
+    the step is at least max(m S_slowest + bubble_bound + m hop, m (S_mid + 2 hop)) with S_mid at
+    least the second rank's blocks' compute (an even split's middle rank, p >= 3); 0 where the
+    interleaved schedule overlaps its sends. Never above the closed form's pp_p2p."""
+    overlapped = x.is_schedule("interleaved-1f1b") & (x.v > 1) & x.sw.overlap_p2p
+    mid = x.m * (x.blocks_second * (block.fwd + block.bwd) + 2.0 * hop) \
+        - x.m * stage.slowest - bubble_bound
+    middle = (x.pp >= 3) & (cands.blocks_first is None)
+    blocking = np.maximum(x.m * hop, np.where(middle, mid, 0.0))
+    return np.where((x.pp > 1) & ~overlapped, np.minimum(pp_p2p, blocking), 0.0)
 
 
 def timeline_scores(scores: Scores) -> Scores:
