@@ -248,12 +248,13 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
 
 
 def _pp_p2p_bound(x: Step, cands: CandidateArrays, block, stage, bubble_bound, pp_p2p, hop):
-    """Scores.pp_p2p_bound: blocking sends that neither step goes below, beyond m x the slowest stage
-    and bubble_bound. Every rank's stream holds m blocking sends (one per micro-batch), a middle rank
-    2 m (it sends forward and back, Megatron's send_forward_recv_backward; cost_models.timeline), so
-    the step is at least max(m S_slowest + bubble_bound + m hop, m (S_mid + 2 hop)) with S_mid at
-    least the second rank's blocks' compute (an even split's middle rank, p >= 3); 0 where the
-    interleaved schedule overlaps its sends. Never above the closed form's pp_p2p."""
+    """Scores.pp_p2p_bound: blocking sends that neither step goes below, beyond m x the slowest
+    stage and bubble_bound. Every rank's stream holds m blocking sends (one per micro-batch), a
+    middle rank 2 m (it sends forward and back, Megatron's send_forward_recv_backward;
+    cost_models.timeline), so the step is at least max(m S_slowest + bubble_bound + m hop,
+    m (S_mid + 2 hop)) with S_mid at least the second rank's blocks' compute (an even split's
+    middle rank, p >= 3); 0 where the interleaved schedule overlaps its sends. Never above the
+    closed form's pp_p2p."""
     overlapped = x.is_schedule("interleaved-1f1b") & (x.v > 1) & x.sw.overlap_p2p
     mid = x.m * (x.blocks_second * (block.fwd + block.bwd) + 2.0 * hop) \
         - x.m * stage.slowest - bubble_bound
