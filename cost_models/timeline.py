@@ -66,6 +66,11 @@ from cost_models.compute import eff
 from planner.parallel import SCHEDULES
 
 
+class OrderDeadlock(RuntimeError):
+    """A fixed schedule order whose next operations all wait on each other (the interleaved order
+    with a partial last round of micro-batches, for some p, m and v)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RankWork:
     """One pipeline rank's work in one step, seconds (from the per-op cost terms)."""
@@ -336,7 +341,8 @@ class _Compute:
                 moved += k - pos[r]
                 pos[r], free[r] = k, t_free
             if not moved:
-                raise RuntimeError("schedule order deadlocked")
+                raise OrderDeadlock(f"{self.work.schedule} order deadlocked: p={p}, "
+                                    f"m={self.m}, v={self.chunks}")
             remaining -= moved
 
     def run_greedy(self) -> None:

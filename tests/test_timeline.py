@@ -323,3 +323,10 @@ def test_estimate_reads_the_step_off_the_timeline(monkeypatch):
     assert est.step_time_s == pytest.approx(float(np.asarray(est.scores.step_time_s)[0]))
     assert est.scores.closed_form_step_s is not None
 
+
+
+def test_an_interleaved_order_that_deadlocks_says_so():
+    # p = 4, m = 5, v = 3: a partial last round the fixed interleaved order cannot run; estimate()
+    # then keeps the closed form (planner.score.timeline_scores) instead of a wrong timeline
+    with pytest.raises(TL.OrderDeadlock):
+        simulate(StepWork(schedule="interleaved-1f1b", microbatches=5, chunks=3, ranks=_uniform(4)))
