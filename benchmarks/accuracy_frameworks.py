@@ -59,6 +59,7 @@ class Result:
     trained: bool
     refused: str | None
     features: tuple[str, ...]
+    gpus: int = 0
     memory_kind: str | None = None
     """What the publication measured of the memory (validation/published/FORMAT.md memory_kind), if anything."""
     memory_error: float | None = None
@@ -80,7 +81,8 @@ def predict(case, *, overrides=None) -> Result:
 
     feats = () if case.config is None else tuple(name for name, test in FEATURES.items() if test(case))
     common = dict(id=case.id, file=case.file, source=case.source, framework=case.framework,
-                  measured_s=case.measured_s, trained=bool(case.row.get("trained", True)), features=feats)
+                  measured_s=case.measured_s, trained=bool(case.row.get("trained", True)), features=feats,
+                  gpus=int(case.row.get("gpus") or 0))
     if case.error is not None:
         return Result(**common, predicted_s=None, fits=None, refused=case.error)
     hw, fw = (case.hardware, None) if overrides is None else overrides(case)
@@ -156,6 +158,37 @@ def table(title: str, g: dict) -> str:
     return "\n".join(lines)
 
 
+SCALE_BANDS = ((1, 512, "<= 512"), (513, 4096, "513-4,096"), (4097, 10**9, "> 4,096"))
+"""GPU-count bands of the scale table (issue 32: the error must not grow with scale)."""
+
+
+def scale_bands(results: list[Result], loo_results: list[Result] | None = None) -> dict:
+    """Per stack and GPU-count band: rows, MAPE and mean in sample and, with `loo_results`, leaving each source out."""
+    held = {r.id: r for r in loo_results or ()}
+    out = {}
+    for fw in sorted({r.framework for r in results}):
+        for low, high, name in SCALE_BANDS:
+            mine = [r for r in results if r.framework == fw and low <= r.gpus <= high and r.error is not None]
+            if not mine:
+                continue
+            row = {"rows": len(mine), "mape": statistics.fmean(abs(r.error) for r in mine),
+                   "mean": statistics.fmean(r.error for r in mine)}
+            out_errs = [held[r.id].error for r in mine if r.id in held and held[r.id].error is not None]
+            if out_errs:
+                row.update(loo_mape=statistics.fmean(abs(e) for e in out_errs), loo_mean=statistics.fmean(out_errs))
+            out[f"{fw} {name}"] = row
+    return out
+
+
+def band_table(bands: dict) -> str:
+    lines = ["By stack and scale (GPUs): step-time MAPE in sample and leaving each source out",
+             f"{'':28} {'rows':>4} {'MAPE':>7} {'mean':>8} {'LOO MAPE':>9} {'LOO mean':>9}"]
+    for key, b in bands.items():
+        loo = (f"{100 * b['loo_mape']:8.1f}% {100 * b['loo_mean']:+8.1f}%" if "loo_mape" in b else "")
+        lines.append(f"{key:28} {b['rows']:4} {100 * b['mape']:6.1f}% {100 * b['mean']:+7.1f}% {loo}")
+    return "\n".join(lines)
+
+
 def _identity(case):
     """What makes two rows the same run (features.json repeats runs of the per-stack files)."""
     r = case.row
@@ -183,7 +216,8 @@ def run(files=DEFAULT_FILES, *, loo: bool = False, rows: bool = False, write: bo
     print(f"{len(loaded)} rows in {', '.join(files)}; {len(loaded) - len(cases)} repeat a run listed earlier "
           f"and are counted once")
     report = {"files": list(files), "in_sample": groups(results),
-              "rows": [{"id": r.id, "source": r.source, "framework": r.framework, "measured_s": r.measured_s,
+              "rows": [{"id": r.id, "source": r.source, "framework": r.framework, "gpus": r.gpus,
+                        "measured_s": r.measured_s,
                         "predicted_s": r.predicted_s, "error": r.error, "fits": r.fits, "refused": r.refused}
                        for r in results]}
     print(table("Published runs: predicted vs measured step time (all rows)", report["in_sample"]))
@@ -202,6 +236,9 @@ def run(files=DEFAULT_FILES, *, loo: bool = False, rows: bool = False, write: bo
         report["leave_one_source_out"] = groups(loo_results)
         print()
         print(table("Leave one source out (parameters fitted without the row's source)", report["leave_one_source_out"]))
+    report["scale_bands"] = scale_bands(results, loo_results if loo else None)
+    print()
+    print(band_table(report["scale_bands"]))
     if rows:
         print()
         for r in sorted(results, key=lambda r: (r.framework, r.source, r.id)):
@@ -219,7 +256,12 @@ def main(argv=None) -> None:
     ap.add_argument("--files", default=",".join(DEFAULT_FILES), help="collections under validation/published/")
     ap.add_argument("--loo", action="store_true", help="also leave one source out (refit without it)")
     ap.add_argument("--rows", action="store_true", help="print every row's error")
+    ap.add_argument("--step-model", choices=("timeline", "closed"), default=None,
+                    help="what estimate() reads the step off (planner.estimate.STEP_MODEL; default: as shipped)")
     args = ap.parse_args(argv)
+    if args.step_model:
+        import planner.estimate
+        planner.estimate.STEP_MODEL = args.step_model
     run(tuple(f for f in args.files.split(",") if f), loo=args.loo, rows=args.rows)
 
 

@@ -198,10 +198,19 @@ def tp_exposed_seconds(x, tp: TpSeconds, block) -> np.ndarray:
     "Overlap communication with dependent computation via decomposition"), per pass only what exceeds
     that pass's GEMM time shows, and the hidden part still costs `overlap_interference` of its time:
         exposed = sum over fwd, bwd, recompute of  max(0, C - G) + i min(C, G)."""
+
+    fwd, bwd, rec = tp_exposed_parts(x, tp, block)
+    return fwd + bwd + rec
+
+
+def tp_exposed_parts(x, tp: TpSeconds, block) -> tuple:
+    """tp_exposed_seconds pass by pass: (forward, backward, recomputation) seconds a block's
+    tensor-parallel communication adds (cost_models.timeline puts each pass on its own
+    operation)."""
     from cost_models.compute import eff, recompute_passes
 
     if not x.sw.tp_comm_overlap:
-        return tp.total
+        return tp.fwd, tp.bwd, tp.recompute
     interference = eff(x.hw, "overlap_interference")
 
     def shown(comm, gemm):
@@ -209,7 +218,8 @@ def tp_exposed_seconds(x, tp: TpSeconds, block) -> np.ndarray:
         return comm - hidden + interference * hidden
 
     rec_gemm = x.full_share * block.gemm_fwd * recompute_passes(x)
-    return shown(tp.fwd, block.gemm_fwd) + shown(tp.bwd, block.gemm_bwd) + shown(tp.recompute, rec_gemm)
+    return (shown(tp.fwd, block.gemm_fwd), shown(tp.bwd, block.gemm_bwd),
+            shown(tp.recompute, rec_gemm))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -261,21 +271,38 @@ def cp_block_seconds(x, attn_fwd_s, attn_bwd_s) -> CpSeconds:
     return CpSeconds(exposed=np.where(on, exposed, 0.0), total=np.where(on, total, 0.0))
 
 
-def pp_p2p_seconds(x):
+def pp_p2p_seconds(x, hop=None):
     """Blocking sends between pipeline stages on the critical path: 2 (m v + p - 1) hops
     (cost_models.pipeline.p2p_transfers_on_critical_path) of the b s h activation, 1/tp of it with
     sequence parallelism or Megatron's scatter/gather (plus the receiving node's all-gather), over
-    NVLink when the pp group stays in a node, else the device's share of the node's NICs."""
+    NVLink when the pp group stays in a node, else the device's share of the node's NICs.
+    The interleaved schedule with overlapped sends (Software.overlap_p2p, Megatron-Core's
+    overlap_p2p_comm) waits only for the fill's and the drain's 2 (p - 1) hops and pays
+    `overlap_interference` of the 2 m v sends it hides, as the simulated step does
+    (cost_models.timeline)."""
+    from cost_models.compute import eff
     from cost_models.pipeline import p2p_transfers_on_critical_path
 
+    hop = pp_hop_seconds(x) if hop is None else hop
+    overlapped = x.is_schedule("interleaved-1f1b") & (x.v > 1) & x.sw.overlap_p2p & (x.pp > 1)
+    hidden = 2.0 * x.m * x.v * hop
+    shown = 2.0 * (x.pp - 1.0) * hop + eff(x.hw, "overlap_interference") * hidden
+    return np.where(overlapped, shown, p2p_transfers_on_critical_path(x.pp, x.m, x.v) * hop)
+
+
+def pp_hop_seconds(x):
+    """One activation (or gradient) send between adjacent pipeline stages (pp_p2p_seconds' hop):
+    the b s h activation, 1/tp of it with sequence parallelism or the stack's scatter/gather plus
+    the receiving node's all-gather; NVLink when the pp group stays in a node, else the device's
+    share of the node's NICs."""
     msg = x.tokens * x.spec.hidden * x.c
     scatter = x.sw.framework.pp_scatter_gather
     in_node = x.local["P"] >= x.pp
     bw = np.where(in_node, intra_bus_Bps(x.hw, "p2p"), inter_bus_Bps_per_node(x.hw, "p2p") / x.hw.devices_per_node)
     lat = np.where(in_node, x.hw.intra_node_latency_us, x.hw.inter_node_latency_us) * 1e-6
     hop = p2p_seconds(msg / np.where(x.sp | scatter, x.tp, 1.0), bw, lat)
-    hop = hop + np.where(x.sp | (not scatter), 0.0, group_collective_seconds("allgather", msg, x.tp, x.local["T"], x.hw))
-    return p2p_transfers_on_critical_path(x.pp, x.m, x.v) * hop
+    gather = group_collective_seconds("allgather", msg, x.tp, x.local["T"], x.hw)
+    return hop + np.where(x.sp | (not scatter), 0.0, gather)
 
 
 def _reduction_seconds(x, params, group, shard, local_group, local_shard, local_replicas):
@@ -298,6 +325,19 @@ def _reduction_seconds(x, params, group, shard, local_group, local_shard, local_
     return tuple(np.where(some, t, 0.0) for t in (allreduce, sharded_reduce, gather))
 
 
+def dp_reduction_parts(x, params_rank) -> tuple:
+    """(all-reduce or its sharded equivalent, reduce-scatter, all-gather) seconds of one rank's
+    parameters: the dense ones over dp x cp sharded over the shard group, the routed experts over
+    their expert data-parallel group (_reduction_seconds of each, summed: both reductions run in
+    the same backward)."""
+    loc = x.local
+    dense = _reduction_seconds(x, params_rank.dense, x.grad_group, x.shard_group, loc["DC"],
+                               loc["S"], loc["R"])
+    expert = _reduction_seconds(x, params_rank.expert, x.expert_dp, x.expert_shard_group,
+                                loc["ED"], loc["ES"], loc["ER"])
+    return tuple(d + e for d, e in zip(dense, expert))
+
+
 def dp_comm_seconds(x, params_rank, last_backward_s, compute_s):
     """Exposed data-parallel / ZeRO communication per step (Rajbhandari et al. 2020, Sec. 7):
     - ZeRO 0-2: the gradients' all-reduce volume once per step (RS + AG for 1-2), bucket by bucket
@@ -317,11 +357,7 @@ def dp_comm_seconds(x, params_rank, last_backward_s, compute_s):
 
     s = x.sw.state_bytes(x.precision)
     grad_bytes = params_rank.total * s.reduce
-    group = x.grad_group
-    dense = _reduction_seconds(x, params_rank.dense, group, x.shard_group, x.local["DC"], x.local["S"], x.local["R"])
-    expert = _reduction_seconds(x, params_rank.expert, x.expert_dp, x.expert_shard_group, x.local["ED"],
-                                x.local["ES"], x.local["ER"])
-    allreduce, rs, gather = (d + e for d, e in zip(dense, expert))
+    allreduce, rs, gather = dp_reduction_parts(x, params_rank)
     tail = np.minimum(1.0, DDP_BUCKET_BYTES / np.maximum(grad_bytes, 1.0))
     overlap = x.sw.overlap_grad_reduce
 

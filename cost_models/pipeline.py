@@ -124,6 +124,8 @@ class StageSeconds:
     """Work of the whole model / pp: what an idle slot of the bubble costs."""
     comm_share: dict
     """Per communication term of the blocks (tp, cp): its share of the busiest rank's block time."""
+    last: np.ndarray | float = 0.0
+    """The last rank (the head and loss, its blocks)."""
 
 
 def stage_seconds(x, per_block_s, per_block_comm_s: dict, embedding_s, head_s, recompute_s=0.0) -> StageSeconds:
@@ -144,7 +146,9 @@ def stage_seconds(x, per_block_s, per_block_comm_s: dict, embedding_s, head_s, r
     most = x.blocks_most * block
     return StageSeconds(slowest=np.maximum(np.maximum(first, last), most),
                         mean=(x.spec.total_blocks * block + embedding_s + head_s) / x.pp,
-                        comm_share={k: x.blocks_most * v / np.maximum(most, 1e-30) for k, v in per_block_comm_s.items()})
+                        comm_share={k: x.blocks_most * v / np.maximum(most, 1e-30)
+                                    for k, v in per_block_comm_s.items()},
+                        last=last)
 
 
 def schedule_seconds(x, stage: StageSeconds):
@@ -161,3 +165,18 @@ def schedule_seconds(x, stage: StageSeconds):
     if speedup > 1.0:
         bubble = np.maximum(0.0, (busy + bubble) / speedup - busy)
     return busy, bubble
+
+
+def bubble_lower_bound(x, stage: StageSeconds, bubble):
+    """Idle time no simulated step (cost_models.timeline) goes below, beyond m x the slowest stage:
+    the last rank runs its m micro-batches between the pipeline's fill (chunk 0's forwards on ranks
+    0 .. p-2) and its drain (their backwards), each 1/v of those ranks' work, so the step is at
+    least
+        m S_last + (p S_mean - S_last) / v    (GPipe, 1F1B, interleaved; Narayanan et al. 2021,
+                                               Sec. 2.2)
+    and the bound is that beyond m S_slowest, never more than the closed form's `bubble` (which the
+    step also includes); 0 for zero-bubble (ZB-H1 may defer the weight gradients into the drain,
+    Qi et al. 2023)."""
+    ordered = x.m * stage.last + (x.pp * stage.mean - stage.last) / x.v
+    lb = np.maximum(0.0, ordered - x.m * stage.slowest)
+    return np.where((x.pp > 1) & ~x.is_schedule("zero-bubble"), np.minimum(bubble, lb), 0.0)

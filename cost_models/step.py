@@ -50,6 +50,14 @@ class Software:
     overlap_grad_reduce: bool
     """Data-parallel reduction overlapped with the backward (the framework's default unless a run
     says otherwise, e.g. Megatron-LM 2021-22's local DDP)."""
+    overlap_param_gather: bool = False
+    """The distributed optimizer's parameter all-gather runs under the next step's forward
+    (Megatron-Core --overlap-param-gather, FSDP's forward prefetch): the framework's default unless
+    a run says otherwise (cost_models.timeline)."""
+    overlap_p2p: bool = False
+    """The interleaved schedule's pipeline sends run beside compute (Megatron-Core
+    overlap_p2p_comm): the framework's default unless a run says otherwise
+    (cost_models.timeline)."""
     loss: str = "upcast"
     """Cross-entropy implementation (frameworks.LOSS_KERNELS): the framework's unless a run says otherwise."""
     tp_comm_overlap: bool = False
@@ -126,7 +134,9 @@ class Software:
             master_weights=o.master_weights or "fp32", fused_norm=bool(o.fused_norm),
             recompute_modules=None if o.recompute_modules is None else tuple(o.recompute_modules),
             bf16_optimizer=bool(o.bf16_optimizer), activation_fp8_input=bool(o.activation_fp8_input),
-            expandable_segments=bool(default(o.expandable_segments, framework.expandable_segments)))
+            expandable_segments=bool(default(o.expandable_segments, framework.expandable_segments)),
+            overlap_param_gather=bool(default(o.overlap_param_gather, framework.overlap_param_gather)),
+            overlap_p2p=bool(default(o.overlap_p2p, framework.overlap_p2p)))
 
     @property
     def imbalance(self) -> float:
@@ -160,6 +170,11 @@ class Software:
     def kernel(self, precision: str, spec: TransformerSpec) -> str:
         """The attention kernel that actually runs (attention_kernel)."""
         return attention_kernel(self.attention, precision, spec)
+
+
+def _default(value: bool | None, framework_default: bool) -> bool:
+    """A run's boolean option, or the framework's default where the run leaves it None."""
+    return framework_default if value is None else bool(value)
 
 
 def attention_kernel(attention: str, precision: str, spec: TransformerSpec) -> str:
@@ -287,6 +302,9 @@ class Step:
     chunks of min(recompute_layers, chunk blocks), shape (candidates, R); None: from the even split."""
     recomputed_ends: tuple | None = None
     """(first, last, busiest) ranks' recomputed blocks from rank_recomputed, or None."""
+    rank_blocks: np.ndarray | None = None
+    """Blocks of every pipeline rank (CandidateArrays.rank_blocks), shape (candidates, R), -1 past
+    pp; None: the even split (rank_block_counts)."""
 
     @property
     def attention_precision(self) -> str:
@@ -328,6 +346,8 @@ class Step:
                    sac=selective_policy(sw, spec, precision),
                    recompute_layers=None if getattr(cands, "recompute_layers", None) is None
                    else f64(cands.recompute_layers),
+                   rank_blocks=None if getattr(cands, "rank_blocks", None) is None
+                   else np.atleast_2d(np.asarray(cands.rank_blocks, dtype=float)),
                    **_explicit_recomputed(cands))
 
     @property
@@ -382,6 +402,19 @@ class Step:
             exact = rr[0, r] if rr.shape[0] == 1 else rr[np.arange(rr.shape[0]), np.broadcast_to(r, rr.shape[:1])]
             per_chunk = np.where(self.recompute_layers > 0, exact, n)
         return np.where(self.full, per_chunk, 0.0)
+
+    def rank_block_counts(self, row: int = 0) -> list[float]:
+        """Blocks of each pipeline rank of candidate `row`: rank_blocks when given, else the even
+        split of _blocks_per_rank (rank k runs chunks k, k + p, ...: v q + ceil((r - k) / p)^+)."""
+        p = int(np.broadcast_to(self.pp, np.shape(self.dp)).reshape(-1)[row])
+        if self.rank_blocks is not None:
+            given = self.rank_blocks[row if self.rank_blocks.shape[0] > 1 else 0]
+            return [float(b) for b in given[:p]]
+        v = float(np.broadcast_to(self.v, np.shape(self.dp)).reshape(-1)[row])
+        blocks = self.spec.total_blocks
+        q = blocks // int(p * v)
+        r = blocks - q * p * v
+        return [v * q + max(0.0, float(np.ceil((r - k) / p))) for k in range(p)]
 
     def recomputed_at_ends(self):
         """(first, last, busiest) ranks' recomputed blocks (recomputed_blocks of blocks_first, blocks_last and

@@ -27,6 +27,7 @@ _TOP = {"schema_version": str, "name": str, "description": str, "kernels": str, 
         "compute_efficiency": (int, float), "tp_comm_overlap": bool, "selective_recompute": str, "fp8_cast_bytes_per_element": (int, float),
         "fp8_weight_cache_bytes": (int, float), "capabilities": dict, "sources": dict}
 _OPTIONAL = {"moe_dispatcher": str, "moe_a2a_overlap": bool, "moe_host_sync": bool,
+             "overlap_param_gather": bool, "overlap_p2p": bool,
              "moe_host_ops_per_layer": (int, float), "zero3_max_live_params": (int, float),
              "experts_follow_tp_without_ep": bool}
 """Keys a profile may leave out (FrameworkProfile's defaults: alltoall, no overlap, no host sync, 0 extra
@@ -151,6 +152,8 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         fp8_weight_cache_bytes=float(data["fp8_weight_cache_bytes"]), capabilities=caps, sources=dict(sources),
         moe_dispatcher=data.get("moe_dispatcher", MOE_DISPATCHERS[0]), moe_a2a_overlap=data.get("moe_a2a_overlap", False),
         moe_host_sync=data.get("moe_host_sync", False),
+        overlap_param_gather=data.get("overlap_param_gather", False),
+        overlap_p2p=data.get("overlap_p2p", False),
         moe_host_ops_per_layer=float(data.get("moe_host_ops_per_layer", 0.0)),
         zero3_max_live_params=None if live is None else float(live),
         experts_follow_tp_without_ep=data.get("experts_follow_tp_without_ep", False))

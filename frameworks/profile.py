@@ -183,6 +183,14 @@ class FrameworkProfile:
     """The stack's default token dispatcher for expert parallelism (MOE_DISPATCHERS)."""
     moe_a2a_overlap: bool = False
     """Expert-parallel exchanges overlap another micro-batch's compute by default (cost_models.moe)."""
+    overlap_param_gather: bool = False
+    """The distributed optimizer's (ZeRO 1-2) parameter all-gather runs bucket by bucket under the
+    next step's forward instead of after the optimizer step (Megatron-Core --overlap-param-gather;
+    FSDP's forward gathers with prefetch); needs overlap_grad_reduce (cost_models.timeline)."""
+    overlap_p2p: bool = False
+    """Pipeline sends and receives of the interleaved schedule run beside the next chunk's compute
+    instead of blocking it (Megatron-Core's overlap_p2p_comm, on unless
+    --no-overlap-p2p-communication; interleaved only): cost_models.timeline."""
     moe_host_sync: bool = False
     """A dropless MoE layer's forward waits on the host for the tokens per expert (cost_models.moe.
     host_sync_seconds): Transformer Engine's GroupedLinear takes its splits as a host list."""

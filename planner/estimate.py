@@ -24,7 +24,11 @@ from planner.placement import placement_index
 from planner.run_options import RunOptions
 from planner.software import (check_activation_fp8_input, check_master_weights, check_moe_options,
                                software_for)
-from planner.score import CandidateArrays, Scores, score
+from planner.score import CandidateArrays, Scores, score, timeline_scores
+
+STEP_MODEL = "timeline"
+"""What estimate() reads the step time off: "timeline" (the simulated step, cost_models.timeline;
+the search's closed form stays its bound and ranking) or "closed" (planner.score's closed form)."""
 from planner.spec import TransformerSpec
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -275,6 +279,8 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
                                                       "account-for-embedding/loss layouts)")
     scores = score(model, hw, candidate_of(cfg, model.total_blocks), global_batch=cfg.global_batch, seq=cfg.seq,
                    precision=cfg.precision, optimizer=cfg.optimizer, software=software)
+    if STEP_MODEL == "timeline":
+        scores = timeline_scores(scores)
     return Estimate(model=model, hardware=hw, config=cfg, gpus=gpus, software=software, scores=scores,
                     from_config=from_config)
 

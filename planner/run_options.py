@@ -31,6 +31,12 @@ class RunOptions:
     """Cross-entropy kernel (frameworks.LOSS_KERNELS); None: the framework's."""
     tp_comm_overlap: bool | None = None
     """Tensor-parallel collectives overlapped with the GEMMs; None: the framework's default."""
+    overlap_param_gather: bool | None = None
+    """ZeRO parameter all-gathers run under the previous step's forward (Megatron-Core's
+    --overlap-param-gather; FSDP's prefetch); None: the framework's default."""
+    overlap_p2p: bool | None = None
+    """Pipeline sends overlapped with compute in the interleaved schedule (Megatron-Core's
+    overlap_p2p_comm); None: the framework's default."""
     compile: bool = False
     """torch.compile on the blocks."""
     kernels: str | None = None

@@ -26,7 +26,7 @@ source in its docstring and a unit test; the candidates, the hardware profile an
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Mapping
 
 import numpy as np
@@ -37,6 +37,7 @@ from cost_models import memory as M
 from cost_models import moe as MO
 from cost_models import offload as O
 from cost_models import pipeline as PL
+from cost_models import timeline as TL
 from cost_models.flops import model_flops_per_step
 from cost_models.step import Software, Step, take_rows
 from hardware_profiles import HardwareProfile
@@ -149,12 +150,23 @@ class Scores:
     """Extra time when the host cannot issue the kernels as fast as the device runs them."""
     num_microbatches: np.ndarray
     model_flops_per_step: float
+    bubble_bound: np.ndarray | float = 0.0
+    """Pipeline idle time that neither the closed form nor the simulated step goes below
+    (cost_models.pipeline.bubble_lower_bound): the search's bound term in place of `bubble`."""
+    pp_p2p_bound: np.ndarray | float = 0.0
+    """Pipeline sends on every rank's stream that neither the closed form nor the simulated step
+    goes below: m blocking sends (every rank sends each micro-batch's activation or gradient), 0
+    where the interleaved schedule overlaps them (Software.overlap_p2p)."""
     """6 N tokens + attention, recomputation not counted (the MFU numerator)."""
     stage_memory: dict | None = None
     """With CandidateArrays.rank_blocks: per pipeline rank, shape (candidates, R), NaN past pp:
     peak_bytes, params_bytes, grads_bytes, optimizer_bytes, activations_bytes, other_bytes."""
     step: Step | None = None
     """The Step record the terms read (planner.estimate's expert-parallel summary reads it again)."""
+    timeline: TL.StepTimeline | None = None
+    """With timeline_scores: the simulated step (cost_models.timeline) the step was read off."""
+    closed_form_step_s: np.ndarray | None = None
+    """With timeline_scores: the closed form's step time (the search's ranking and bound)."""
 
     BREAKDOWN = ("compute", "tp_comm", "cp_comm", "ep_comm", "dp_comm", "pp_p2p", "bubble", "optimizer", "offload",
                  "host_wait")
@@ -205,7 +217,10 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     dp_comm = C.dp_comm_seconds(x, params_rank, last_backward_s=x.blocks_most * (block.bwd + block.recompute
                                                                                  + tp.bwd + tp.recompute),
                                 compute_s=x.m * x.blocks_most * block.total)
-    pp_p2p = C.pp_p2p_seconds(x)
+    hop = C.pp_hop_seconds(x)
+    pp_p2p = C.pp_p2p_seconds(x, hop)
+    bubble_bound = PL.bubble_lower_bound(x, stage, bubble)
+    pp_p2p_bound = _pp_p2p_bound(x, cands, block, stage, bubble_bound, pp_p2p, hop)
     optimizer_s = K.optimizer_step_seconds(x, params_rank)
     acts = M.activation_bytes(x)
     host_room = O.host_room_bytes(x, params_rank.total)
@@ -228,4 +243,64 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
                   dp_comm=dp_comm, pp_p2p=pp_p2p, bubble=bubble, optimizer=optimizer_s,
                   offload=offload, host_wait=host_wait, num_microbatches=x.m,
                   model_flops_per_step=float(model_flops_per_step(model, global_batch * seq, seq=seq, causal_half=True)),
-                  stage_memory=per_rank, step=x)
+                  stage_memory=per_rank, step=x, pp_p2p_bound=pp_p2p_bound,
+                  bubble_bound=bubble_bound)
+
+
+def _pp_p2p_bound(x: Step, cands: CandidateArrays, block, stage, bubble_bound, pp_p2p, hop):
+    """Scores.pp_p2p_bound: blocking sends that neither step goes below, beyond m x the slowest
+    stage and bubble_bound. Every rank's stream holds m blocking sends (one per micro-batch), a
+    middle rank 2 m (it sends forward and back, Megatron's send_forward_recv_backward;
+    cost_models.timeline), so the step is at least max(m S_slowest + bubble_bound + m hop,
+    m (S_mid + 2 hop)) with S_mid at least the second rank's blocks' compute (an even split's
+    middle rank, p >= 3); 0 where the interleaved schedule overlaps its sends. Never above the
+    closed form's pp_p2p."""
+    overlapped = x.is_schedule("interleaved-1f1b") & (x.v > 1) & x.sw.overlap_p2p
+    mid = x.m * (x.blocks_second * (block.fwd + block.bwd) + 2.0 * hop) \
+        - x.m * stage.slowest - bubble_bound
+    middle = (x.pp >= 3) & (cands.blocks_first is None)
+    blocking = np.maximum(x.m * hop, np.where(middle, mid, 0.0))
+    return np.where((x.pp > 1) & ~overlapped, np.minimum(pp_p2p, blocking), 0.0)
+
+
+def timeline_scores(scores: Scores) -> Scores:
+    """`scores` of one candidate (estimate's length-1 arrays) with the step time and its breakdown
+    read off the simulated step (cost_models.timeline): the critical rank's compute (split into
+    compute, tp, cp and ep by the per-block terms' shares, as the closed form splits it), its
+    blocking pipeline sends and the interference of its overlapped ones, its idle time (bubble), its
+    data-parallel time after its compute (with the interference of the hidden part and the tied
+    embedding's sync), then the optimizer step, offload and host terms the closed form costs.
+    Memory is unchanged."""
+    x = scores.step
+    if np.size(x.dp) != 1:
+        raise ValueError(f"timeline_scores takes one candidate, got {np.size(x.dp)}")
+    block, tp, cp, ep, tp_exposed, embedding_s, head_s = block_terms(x, rows=None)
+    terms = TL.block_terms_of(x, block, tp, cp, ep, embedding_s, head_s)
+    try:
+        tl = TL.simulate(TL.step_work(x, terms))
+    except TL.OrderDeadlock:
+        # an interleaved order with a partial last round of micro-batches that the fixed order
+        # cannot run (Megatron-Core's own table for it is not modelled yet): the closed form
+        return replace(scores, closed_form_step_s=np.asarray(scores.step_time_s, float))
+    rank = tl.ranks[tl.critical]
+    optimizer_s = np.asarray(scores.optimizer, float)
+    offload_s = np.asarray(scores.offload, float)
+    after_s = TL.after_reduction_seconds(x)
+    device_s = tl.makespan_s + after_s + optimizer_s + offload_s
+    host_wait = K.host_wait_seconds(x, device_s) \
+        + MO.host_sync_seconds(x, block.fwd + tp.fwd + ep.fwd)
+    i = K.eff(x.hw, "overlap_interference")
+    per_block = np.maximum(terms.block_total_s, 1e-30)
+    shares = {"tp": tp_exposed / per_block,
+              "cp": (cp.exposed + i * (cp.total - cp.exposed)) / per_block,
+              "ep": (ep.exposed + i * (ep.total - ep.exposed)) / per_block}
+    busy = rank.busy_s
+    p2p = rank.hops_s + i * rank.hidden_hops_s
+    dp = rank.end_s - rank.compute_end_s + rank.gate_wait_s + after_s - (p2p - rank.hops_s)
+    return replace(scores, step_time_s=device_s + host_wait,
+                   compute=busy * (1.0 - sum(shares.values())), tp_comm=busy * shares["tp"],
+                   cp_comm=busy * shares["cp"], ep_comm=busy * shares["ep"],
+                   dp_comm=np.asarray([dp]), pp_p2p=np.asarray([p2p]),
+                   bubble=np.asarray([rank.bubble_s]), optimizer=optimizer_s, offload=offload_s,
+                   host_wait=host_wait, timeline=tl,
+                   closed_form_step_s=np.asarray(scores.step_time_s, float))

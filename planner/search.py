@@ -75,11 +75,14 @@ CPSAT_MAX_CHUNKS = 16
 CPSAT_TIME_LIMIT_S = 1.0
 REFINE_TOP = 8
 """Leading candidates whose pipeline stages are re-split unevenly and re-scored with estimate()."""
-TIME_BOUND_TERMS = ("compute", "tp_comm", "cp_comm", "bubble", "pp_p2p", "optimizer")
+TIME_BOUND_TERMS = ("compute", "tp_comm", "cp_comm", "bubble_bound", "pp_p2p_bound", "optimizer")
 """Step-time terms of planner.score that are least, within a group, for the weakest recompute with
-sequence parallelism on, and whose sum never exceeds the step (checked in tests/test_search.py).
-Exposed data-parallel and offload time are left out: more recompute can hide them."""
-SHAPE_BOUND_TERMS = ("compute", "tp_comm", "cp_comm", "bubble")
+sequence parallelism on, and whose sum never exceeds the step (checked in tests/test_search.py) nor
+the simulated step that estimate() documents the leaders with (cost_models.timeline;
+tests/test_timeline.py): the pipeline's idle time and sends enter as the lower bounds both steps
+share (Scores.bubble_bound, Scores.pp_p2p_bound), not as the closed form's. Exposed data-parallel
+and offload time are left out: more recompute can hide them."""
+SHAPE_BOUND_TERMS = ("compute", "tp_comm", "cp_comm", "bubble_bound")
 """The TIME_BOUND_TERMS that do not depend on the model-state knobs (ZeRO stage, dp_shard, offload): one
 evaluation bounds every candidate of a shape (checked in tests/test_search.py)."""
 SHAPE_FIELDS = ("dp", "tp", "pp", "cp", "cp_comm", "ep", "schedule", "virtual_stages", "micro_batch")
@@ -615,7 +618,7 @@ class _BranchAndBound:
         order = np.argsort(known)
         rest = np.setdiff1d(np.arange(len(row)), probe, assume_unique=True)
         at = np.clip(np.searchsorted(known[order], p2p_key[rest]), 0, max(len(known) - 1, 0))
-        p2p = r.terms["pp_p2p"][rep[probe]][order][at] if len(known) else np.zeros(len(rest))
+        p2p = r.terms["pp_p2p_bound"][rep[probe]][order][at] if len(known) else np.zeros(len(rest))
         lb = self.shape_lb[shape[rest]] + p2p + self.optimizer_s[skeleton[rest]]
         rest = rest[lb < self._threshold_of({"cp": self.rows["cp"][row[rest]]})]
         if len(rest):

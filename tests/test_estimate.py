@@ -75,7 +75,10 @@ def test_scalar_equals_vectorized(framework, configs):
     many = score(GPT3, HW, stacked, global_batch=64, seq=2048, precision=configs[0].precision,
                  software=singles[0].software)
     for i, est in enumerate(singles):
-        assert many.step_time_s[i] == pytest.approx(est.step_time_s, rel=1e-12)
+        # the vectorized closed form is the scalar closed form; estimate() then reads the step off the
+        # simulated step (cost_models.timeline, tests/test_timeline.py)
+        closed = float(np.asarray(est.scores.closed_form_step_s)[0])
+        assert many.step_time_s[i] == pytest.approx(closed, rel=1e-12)
         assert many.peak_bytes_per_gpu[i] == pytest.approx(est.peak_bytes_per_gpu, abs=1)
 
 
@@ -157,7 +160,8 @@ def test_default_even_split_matches_estimate():
                                                              "zero", "recompute", "offload", "sequence_parallel",
                                                              "schedule", "placement")})
         s = score(GPT3, HW, bare, global_batch=pp * 4, seq=2048, precision="amp-fp16")
-        assert float(s.step_time_s[0]) == pytest.approx(est.step_time_s, rel=1e-12)
+        closed = float(np.asarray(est.scores.closed_form_step_s)[0])
+        assert float(s.step_time_s[0]) == pytest.approx(closed, rel=1e-12)
         assert float(s.peak_bytes_per_gpu[0]) == pytest.approx(est.peak_bytes_per_gpu, abs=1)
 
 

@@ -109,11 +109,12 @@ def test_pipeline_p2p_ignores_the_model_state_knobs(scored):
     parallelism): the pipeline's point-to-point time does not depend on ZeRO, dp_shard or offload."""
     arrays, s, _ = scored
     g = _groups(arrays, SHAPE_FIELDS + ("placement", "sequence_parallel", "recompute"))
-    p2p = np.asarray(s.pp_p2p, float)
-    low, high = np.full(g.max() + 1, np.inf), np.full(g.max() + 1, -np.inf)
-    np.minimum.at(low, g, p2p)
-    np.maximum.at(high, g, p2p)
-    assert np.allclose(low, high, rtol=1e-12, atol=0.0)
+    for name in ("pp_p2p", "pp_p2p_bound"):    # the search reads the bound term (TIME_BOUND_TERMS)
+        p2p = np.asarray(getattr(s, name), float)
+        low, high = np.full(g.max() + 1, np.inf), np.full(g.max() + 1, -np.inf)
+        np.minimum.at(low, g, p2p)
+        np.maximum.at(high, g, p2p)
+        assert np.allclose(low, high, rtol=1e-12, atol=0.0)
 
 
 def test_sequence_parallelism_never_lowers_the_shape_terms_nor_raises_memory(scored):
@@ -185,7 +186,7 @@ def test_exactness_fails_when_a_premise_is_broken(monkeypatch):
     kw = dict(world_size=gpus, global_batch=batch, seq=seq, precision=precision, optimizer="adamw",
               space=SearchSpace().for_framework(sw.framework), software=sw)
     every = score_space(model, hw, prune=False, time_bound=False, **kw)
-    monkeypatch.setattr(search, "SHAPE_BOUND_TERMS", ("compute", "compute", "tp_comm", "cp_comm", "bubble"))
+    monkeypatch.setattr(search, "SHAPE_BOUND_TERMS", ("compute",) + search.SHAPE_BOUND_TERMS)
     wrong = score_space(model, hw, keep=9, **kw)
     assert wrong.step_time_s[rank(wrong, "throughput")[:9]].tolist() != \
         every.step_time_s[rank(every, "throughput")[:9]].tolist()
