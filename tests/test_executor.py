@@ -309,7 +309,7 @@ def test_checkpoint_every_steps_without_a_directory_is_one_line(tmp_path):
     assert "--checkpoint-every-steps=2" in line and "--checkpoint-dir" in line
 
 
-@pytest.mark.parametrize("fault,needle", [("bug:nonsense", "bug:NAME"), ("stop:1", "stop:RANK:STEP"),
+@pytest.mark.parametrize("fault,needle", [("bug:nonsense", "bug:NAME"), ("stop:1", "stop|segv:RANK:STEP"),
                                           ("bug:zero_shard_offset", "zero 1, 2 or 3"),
                                           ("bug:drop_microbatch", "pp > 1")])
 def test_bad_or_inapplicable_faults_are_one_line(tmp_path, fault, needle):
