@@ -132,6 +132,7 @@ class Estimate:
                          "from_config": list(self.from_config),
                          "dropout": sw.dropout, "overlap_grad_reduce": sw.overlap_grad_reduce, "loss": sw.loss,
                          "tp_comm_overlap": sw.tp_comm_overlap, "compile": sw.compile,
+                         "overlap_param_gather": sw.overlap_param_gather, "overlap_p2p": sw.overlap_p2p,
                          "grad_reduce_bytes": sw.state_bytes(cfg.precision).reduce,
                          "master_weights": sw.master_weights, "expandable_segments": sw.expandable_segments,
                          **({"fused_norm": True} if sw.fused_norm else {}),

@@ -399,7 +399,8 @@ def _software_options(doc: Mapping[str, Any]) -> RunOptions:
     from planner.plan import run_options
 
     sw = doc.get("software") or {}
-    out = {k: sw[k] for k in ("attention", "dropout", "overlap_grad_reduce", "tp_comm_overlap") if k in sw}
+    out = {k: sw[k] for k in ("attention", "dropout", "overlap_grad_reduce", "tp_comm_overlap",
+                                "overlap_param_gather", "overlap_p2p") if k in sw}
     if sw.get("grad_reduce_bytes") in (2, 4):
         out["grad_reduce_dtype"] = {2: "bf16", 4: "fp32"}[sw["grad_reduce_bytes"]]
     if isinstance(sw.get("expandable_segments"), bool):

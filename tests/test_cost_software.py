@@ -64,6 +64,29 @@ def test_the_overlap_options_on_the_command_line_reach_the_cost_terms(flag, key,
     assert direct.step_time_s != pytest.approx(default.step_time_s, rel=1e-6)
 
 
+INTERLEAVED_ARGS = ["estimate", "gpt3-175b", "--hardware", "p4d.24xlarge", "--gpus", "64", "--dp", "2",
+                    "--tp", "8", "--pp", "4", "--virtual-stages", "4", "--global-batch", "64", "--zero", "1",
+                    "--json"]
+
+
+@pytest.mark.parametrize("flag, key, term", [("--no-overlap-p2p", "overlap_p2p", "pp_p2p"),
+                                             ("--no-overlap-param-gather", "overlap_param_gather", "dp_comm")])
+def test_turning_a_megatron_overlap_off_exposes_its_communication(flag, key, term):
+    """Megatron-Core overlaps the interleaved schedule's sends (overlap_p2p_comm) and the distributed
+    optimizer's parameter gathers (--overlap-param-gather) by default (frameworks/megatron.json); the
+    run options turn either off, the plan says so, and the term it hid comes back on the timeline."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    on, off = (json.loads(CliRunner().invoke(app, INTERLEAVED_ARGS + extra).stdout) for extra in ([], [flag]))
+    assert on["software"][key] is True and off["software"][key] is False
+    assert off["prediction"]["time_breakdown_s"][term] > on["prediction"]["time_breakdown_s"][term]
+    assert off["prediction"]["step_time_s"] > on["prediction"]["step_time_s"]
+
+
 @pytest.mark.parametrize("framework", ["deepspeed", "fsdp"])
 def test_tp_comm_overlap_on_a_stack_without_it_is_one_line_and_exit_2(framework):
     from typer.testing import CliRunner

@@ -84,6 +84,14 @@ OverlapGradReduceOpt = Annotated[Optional[bool], typer.Option(
     "--overlap-grad-reduce/--no-overlap-grad-reduce",
     help="Reduce the gradients during the backward, bucket by bucket (off: after it, as Megatron-LM "
          "2021-22's local DDP and DeepSpeed's default). Default: the framework's.")]
+OverlapParamGatherOpt = Annotated[Optional[bool], typer.Option(
+    "--overlap-param-gather/--no-overlap-param-gather",
+    help="Gather ZeRO-sharded parameters under the previous step's forward (Megatron-Core's "
+         "--overlap-param-gather; FSDP's prefetch). Default: the framework's.")]
+OverlapP2pOpt = Annotated[Optional[bool], typer.Option(
+    "--overlap-p2p/--no-overlap-p2p",
+    help="Overlap the interleaved schedule's pipeline sends with compute (Megatron-Core's "
+         "overlap_p2p_comm). Default: the framework's.")]
 MoeDispatcherOpt = Annotated[Optional[str], typer.Option(
     "--moe-dispatcher", help="Mixture-of-experts token dispatcher with --ep > 1: alltoall (NCCL all-to-all) or deepep "
                              "(DeepEP's node-deduplicated kernels: Megatron-Core's flex dispatcher, torchtitan's "

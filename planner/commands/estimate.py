@@ -15,7 +15,7 @@ from planner.commands.common import (MAX_WORLD_SIZE, AttentionOpt, DropoutOpt, F
                                      GradReduceOpt, Fp8ScalingOpt, MasterWeightsOpt, KernelsOpt, RecomputeModulesOpt,
                                      Bf16OptimizerOpt, ActivationFp8InputOpt, LossOpt, MoeDispatcherOpt,
                                      MoeA2aOverlapOpt, MoeImbalanceOpt, TpCommOverlapOpt,
-                                     OverlapGradReduceOpt,
+                                     OverlapGradReduceOpt, OverlapParamGatherOpt, OverlapP2pOpt,
                                      HardwareOpt, JsonOpt, MicroBatchOpt, ModelArg,
                                      NodesOpt, OptimizerOpt, HwPrecisionOpt, SeqOpt, emit_json, module_list)
 from planner.run_options import RunOptions
@@ -101,7 +101,8 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
              bf16_optimizer: Bf16OptimizerOpt = False, activation_fp8_input: ActivationFp8InputOpt = False,
              loss: LossOpt = None, moe_dispatcher: MoeDispatcherOpt = None, moe_a2a_overlap: MoeA2aOverlapOpt = None,
              moe_imbalance: MoeImbalanceOpt = None, tp_comm_overlap: TpCommOverlapOpt = None,
-             overlap_grad_reduce: OverlapGradReduceOpt = None, json: JsonOpt = False) -> None:
+             overlap_grad_reduce: OverlapGradReduceOpt = None,
+             overlap_param_gather: OverlapParamGatherOpt = None, overlap_p2p: OverlapP2pOpt = None, json: JsonOpt = False) -> None:
     """Predict step time and peak memory of one parallel configuration."""
     from hardware_profiles import load_profile
     from planner.estimate import estimate as run_estimate
@@ -135,7 +136,8 @@ def estimate(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, nodes
                          recompute_modules=module_list(recompute_modules), bf16_optimizer=bf16_optimizer,
                          activation_fp8_input=activation_fp8_input, loss=loss, moe_dispatcher=moe_dispatcher,
                          moe_a2a_overlap=moe_a2a_overlap, moe_imbalance=moe_imbalance,
-                         tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce)
+                         tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
+                         overlap_param_gather=overlap_param_gather, overlap_p2p=overlap_p2p)
     est = run_estimate(spec, hw, cfg, gpus=n, options=options)
     document = est.to_document()
     if json:

@@ -12,7 +12,8 @@ from planner.commands.common import (AttentionOpt, DropoutOpt, FrameworkOpt, Gra
                                      HardwareOpt, HwPrecisionOpt, JsonOpt, MAX_TOKENS, MAX_WORLD_SIZE, ModelArg,
                                      NodesOpt, OptimizerOpt, SeqOpt, objective_help, Bf16OptimizerOpt, ActivationFp8InputOpt, LossOpt,
                                      RecomputeModulesOpt, Fp8ScalingOpt, MoeDispatcherOpt, MoeA2aOverlapOpt,
-                                     MoeImbalanceOpt, module_list, TpCommOverlapOpt, OverlapGradReduceOpt)
+                                     MoeImbalanceOpt, module_list, TpCommOverlapOpt, OverlapGradReduceOpt,
+                                     OverlapParamGatherOpt, OverlapP2pOpt)
 from hardware_profiles import load_profile
 from planner.commands.plan_table import table_lines
 from planner.errors import ConfigError
@@ -117,6 +118,7 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
               loss: LossOpt = None, fp8_scaling: Fp8ScalingOpt = None, moe_dispatcher: MoeDispatcherOpt = None,
               moe_a2a_overlap: MoeA2aOverlapOpt = None, moe_imbalance: MoeImbalanceOpt = None,
               tp_comm_overlap: TpCommOverlapOpt = None, overlap_grad_reduce: OverlapGradReduceOpt = None,
+              overlap_param_gather: OverlapParamGatherOpt = None, overlap_p2p: OverlapP2pOpt = None,
               wide: WideOpt = False) -> None:
     """Search every parallel strategy, rank by the objective and print the top plans."""
     from planner import io
@@ -148,7 +150,8 @@ def recommend(model: ModelArg, hardware: HardwareOpt, gpus: GpusOpt = None, node
                          activation_fp8_input=activation_fp8_input, loss=loss, fp8_scaling=fp8_scaling,
                          moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
                          moe_imbalance=moe_imbalance, recompute_modules=module_list(recompute_modules),
-                         tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce)
+                         tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
+                         overlap_param_gather=overlap_param_gather, overlap_p2p=overlap_p2p)
     with _LazyProgress() as progress:
         rec = search(model, hardware, gpus=gpus, nodes=nodes, global_batch=global_batch, seq=seq,
                      precision=precision, optimizer=optimizer, objective=objective, top=top, spot=spot,
