@@ -17,6 +17,7 @@ runs the fit has not seen.
 Run: .venv/bin/python benchmarks/accuracy_frameworks.py [--files megatron,fsdp,...] [--rows] [--loo]
 Writes benchmarks/results/accuracy_frameworks.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,39 +80,73 @@ def predict(case, *, overrides=None) -> Result:
     parameters (benchmarks/calibrate_frameworks.py)."""
     from planner.estimate import estimate
 
-    feats = () if case.config is None else tuple(name for name, test in FEATURES.items() if test(case))
-    common = dict(id=case.id, file=case.file, source=case.source, framework=case.framework,
-                  measured_s=case.measured_s, trained=bool(case.row.get("trained", True)), features=feats,
-                  gpus=int(case.row.get("gpus") or 0))
+    feats = (
+        () if case.config is None else tuple(name for name, test in FEATURES.items() if test(case))
+    )
+    common = dict(
+        id=case.id,
+        file=case.file,
+        source=case.source,
+        framework=case.framework,
+        measured_s=case.measured_s,
+        trained=bool(case.row.get("trained", True)),
+        features=feats,
+        gpus=int(case.row.get("gpus") or 0),
+    )
     if case.error is not None:
         return Result(**common, predicted_s=None, fits=None, refused=case.error)
     hw, fw = (case.hardware, None) if overrides is None else overrides(case)
     try:
-        est = estimate(case.spec, hw, case.config, gpus=case.row["gpus"], framework_profile=fw,
-                       check_framework=case.check_framework, options=case.options)
+        est = estimate(
+            case.spec,
+            hw,
+            case.config,
+            gpus=case.row["gpus"],
+            framework_profile=fw,
+            check_framework=case.check_framework,
+            options=case.options,
+        )
     except PlannerError as err:
         return Result(**common, predicted_s=None, fits=None, refused=str(err))
     kind, measured = case.row.get("memory_kind"), case.row.get("measured_memory_gib")
     memory_error = None
     if kind and measured:
         from cost_models.memory import cuda_context_bytes
-        predicted = {"allocated": est.peak_bytes_per_gpu, "reserved": est.needed_bytes - cuda_context_bytes(hw),
-                     "nvidia-smi": est.needed_bytes}[kind]
+
+        predicted = {
+            "allocated": est.peak_bytes_per_gpu,
+            "reserved": est.needed_bytes - cuda_context_bytes(hw),
+            "nvidia-smi": est.needed_bytes,
+        }[kind]
         memory_error = predicted / (float(measured) * 2**30) - 1.0
-    return Result(**common, predicted_s=float(est.step_time_s), fits=bool(est.fits), refused=None,
-                  memory_kind=kind if memory_error is not None else None, memory_error=memory_error)
+    return Result(
+        **common,
+        predicted_s=float(est.step_time_s),
+        fits=bool(est.fits),
+        refused=None,
+        memory_kind=kind if memory_error is not None else None,
+        memory_error=memory_error,
+    )
 
 
 def summary(results: list[Result]) -> dict:
     """n, MAPE, mean signed error, worst row, refused and trained-but-not-fitting counts."""
     errs = [(r.error, r.id) for r in results if r.error is not None]
-    out = {"rows": len(results), "predicted": len(errs),
-           "refused": sum(r.refused is not None for r in results),
-           "trained_predicted_not_to_fit": sum(r.trained and r.fits is False for r in results)}
+    out = {
+        "rows": len(results),
+        "predicted": len(errs),
+        "refused": sum(r.refused is not None for r in results),
+        "trained_predicted_not_to_fit": sum(r.trained and r.fits is False for r in results),
+    }
     if errs:
         worst = max(errs, key=lambda e: abs(e[0]))
-        out.update(mape=statistics.fmean(abs(e) for e, _ in errs), mean=statistics.fmean(e for e, _ in errs),
-                   median_abs=statistics.median(abs(e) for e, _ in errs), worst=worst[0], worst_id=worst[1])
+        out.update(
+            mape=statistics.fmean(abs(e) for e, _ in errs),
+            mean=statistics.fmean(e for e, _ in errs),
+            median_abs=statistics.median(abs(e) for e, _ in errs),
+            worst=worst[0],
+            worst_id=worst[1],
+        )
     return out
 
 
@@ -124,9 +159,13 @@ def memory_summary(results: list[Result]) -> dict:
     out = {}
     for key, rs in sorted(by.items()):
         worst = max(rs, key=lambda r: abs(r.memory_error))
-        out[key] = {"rows": len(rs), "mape": statistics.fmean(abs(r.memory_error) for r in rs),
-                    "mean": statistics.fmean(r.memory_error for r in rs), "worst": worst.memory_error,
-                    "worst_id": worst.id}
+        out[key] = {
+            "rows": len(rs),
+            "mape": statistics.fmean(abs(r.memory_error) for r in rs),
+            "mean": statistics.fmean(r.memory_error for r in rs),
+            "worst": worst.memory_error,
+            "worst_id": worst.id,
+        }
     return out
 
 
@@ -137,16 +176,20 @@ def groups(results: list[Result]) -> dict:
         by_src.setdefault((r.framework, r.source), []).append(r)
         for f in r.features:
             by_feat.setdefault(f, []).append(r)
-    return {"framework": {k: summary(v) for k, v in sorted(by_fw.items())},
-            "source": {f"{fw}/{src}": summary(v) for (fw, src), v in sorted(by_src.items())},
-            "feature": {k: summary(v) for k, v in sorted(by_feat.items())}}
+    return {
+        "framework": {k: summary(v) for k, v in sorted(by_fw.items())},
+        "source": {f"{fw}/{src}": summary(v) for (fw, src), v in sorted(by_src.items())},
+        "feature": {k: summary(v) for k, v in sorted(by_feat.items())},
+    }
 
 
 def _line(name: str, s: dict, width: int = 52) -> str:
     if "mape" not in s:
         return f"{name:{width}} {s['rows']:4}     (no step time predicted; refused {s['refused']})"
-    return (f"{name:{width}} {s['predicted']:4} {100 * s['mape']:6.1f}% {100 * s['mean']:+7.1f}% "
-            f"{100 * s['worst']:+7.1f}%  {s['refused']:3} {s['trained_predicted_not_to_fit']:3}   {s['worst_id']}")
+    return (
+        f"{name:{width}} {s['predicted']:4} {100 * s['mape']:6.1f}% {100 * s['mean']:+7.1f}% "
+        f"{100 * s['worst']:+7.1f}%  {s['refused']:3} {s['trained_predicted_not_to_fit']:3}   {s['worst_id']}"
+    )
 
 
 def table(title: str, g: dict) -> str:
@@ -168,24 +211,40 @@ def scale_bands(results: list[Result], loo_results: list[Result] | None = None) 
     out = {}
     for fw in sorted({r.framework for r in results}):
         for low, high, name in SCALE_BANDS:
-            mine = [r for r in results if r.framework == fw and low <= r.gpus <= high and r.error is not None]
+            mine = [
+                r
+                for r in results
+                if r.framework == fw and low <= r.gpus <= high and r.error is not None
+            ]
             if not mine:
                 continue
-            row = {"rows": len(mine), "mape": statistics.fmean(abs(r.error) for r in mine),
-                   "mean": statistics.fmean(r.error for r in mine)}
-            out_errs = [held[r.id].error for r in mine if r.id in held and held[r.id].error is not None]
+            row = {
+                "rows": len(mine),
+                "mape": statistics.fmean(abs(r.error) for r in mine),
+                "mean": statistics.fmean(r.error for r in mine),
+            }
+            out_errs = [
+                held[r.id].error for r in mine if r.id in held and held[r.id].error is not None
+            ]
             if out_errs:
-                row.update(loo_mape=statistics.fmean(abs(e) for e in out_errs), loo_mean=statistics.fmean(out_errs))
+                row.update(
+                    loo_mape=statistics.fmean(abs(e) for e in out_errs),
+                    loo_mean=statistics.fmean(out_errs),
+                )
             out[f"{fw} {name}"] = row
     return out
 
 
 def band_table(bands: dict) -> str:
-    lines = ["By stack and scale (GPUs): step-time MAPE in sample and leaving each source out",
-             f"{'':28} {'rows':>4} {'MAPE':>7} {'mean':>8} {'LOO MAPE':>9} {'LOO mean':>9}"]
+    lines = [
+        "By stack and scale (GPUs): step-time MAPE in sample and leaving each source out",
+        f"{'':28} {'rows':>4} {'MAPE':>7} {'mean':>8} {'LOO MAPE':>9} {'LOO mean':>9}",
+    ]
     for key, b in bands.items():
-        loo = (f"{100 * b['loo_mape']:8.1f}% {100 * b['loo_mean']:+8.1f}%" if "loo_mape" in b else "")
-        lines.append(f"{key:28} {b['rows']:4} {100 * b['mape']:6.1f}% {100 * b['mean']:+7.1f}% {loo}")
+        loo = f"{100 * b['loo_mape']:8.1f}% {100 * b['loo_mean']:+8.1f}%" if "loo_mape" in b else ""
+        lines.append(
+            f"{key:28} {b['rows']:4} {100 * b['mape']:6.1f}% {100 * b['mean']:+7.1f}% {loo}"
+        )
     return "\n".join(lines)
 
 
@@ -193,9 +252,20 @@ def _identity(case):
     """What makes two rows the same run (features.json repeats runs of the per-stack files)."""
     r = case.row
     shape = (case.spec.layers, case.spec.hidden) if case.spec is not None else (r.get("model"),)
-    return (r["framework"], r["gpus"], r["dp"], r["tp"], r["pp"], r.get("cp") or 1, r["micro_batch"],
-            r["global_batch"], r["seq"], r["precision"], None if case.measured_s is None else round(case.measured_s, 2),
-            *shape)
+    return (
+        r["framework"],
+        r["gpus"],
+        r["dp"],
+        r["tp"],
+        r["pp"],
+        r.get("cp") or 1,
+        r["micro_batch"],
+        r["global_batch"],
+        r["seq"],
+        r["precision"],
+        None if case.measured_s is None else round(case.measured_s, 2),
+        *shape,
+    )
 
 
 def unique(cases):
@@ -213,37 +283,70 @@ def run(files=DEFAULT_FILES, *, loo: bool = False, rows: bool = False, write: bo
     loaded = R.load(files)
     cases = unique(loaded)
     results = [predict(c) for c in cases]
-    print(f"{len(loaded)} rows in {', '.join(files)}; {len(loaded) - len(cases)} repeat a run listed earlier "
-          f"and are counted once")
-    report = {"files": list(files), "in_sample": groups(results),
-              "rows": [{"id": r.id, "source": r.source, "framework": r.framework, "gpus": r.gpus,
-                        "measured_s": r.measured_s,
-                        "predicted_s": r.predicted_s, "error": r.error, "fits": r.fits, "refused": r.refused}
-                       for r in results]}
+    print(
+        f"{len(loaded)} rows in {', '.join(files)}; {len(loaded) - len(cases)} repeat a run listed earlier "
+        f"and are counted once"
+    )
+    report = {
+        "files": list(files),
+        "in_sample": groups(results),
+        "rows": [
+            {
+                "id": r.id,
+                "source": r.source,
+                "framework": r.framework,
+                "gpus": r.gpus,
+                "measured_s": r.measured_s,
+                "predicted_s": r.predicted_s,
+                "error": r.error,
+                "fits": r.fits,
+                "refused": r.refused,
+            }
+            for r in results
+        ],
+    }
     print(table("Published runs: predicted vs measured step time (all rows)", report["in_sample"]))
     oom = [r for r in results if not r.trained]
     missed = [r.id for r in oom if r.fits]
     report["ran_out_of_memory"] = {"rows": len(oom), "predicted_to_fit": missed}
-    print(f"runs that ran out of memory: {len(oom)}; predicted to fit anyway: {len(missed)}"
-          + (f" ({', '.join(missed)})" if missed else ""))
+    print(
+        f"runs that ran out of memory: {len(oom)}; predicted to fit anyway: {len(missed)}"
+        + (f" ({', '.join(missed)})" if missed else "")
+    )
     report["memory"] = memory_summary(results)
     for key, s in report["memory"].items():
-        print(f"memory, {key}: {s['rows']} runs, MAPE {100 * s['mape']:.1f}%, mean {100 * s['mean']:+.1f}%, "
-              f"worst {100 * s['worst']:+.1f}% ({s['worst_id']})")
+        print(
+            f"memory, {key}: {s['rows']} runs, MAPE {100 * s['mape']:.1f}%, mean {100 * s['mean']:+.1f}%, "
+            f"worst {100 * s['worst']:+.1f}% ({s['worst_id']})"
+        )
     if loo:
         from benchmarks.calibrate_frameworks import leave_one_source_out
+
         loo_results = leave_one_source_out(cases)
         report["leave_one_source_out"] = groups(loo_results)
         print()
-        print(table("Leave one source out (parameters fitted without the row's source)", report["leave_one_source_out"]))
+        print(
+            table(
+                "Leave one source out (parameters fitted without the row's source)",
+                report["leave_one_source_out"],
+            )
+        )
     report["scale_bands"] = scale_bands(results, loo_results if loo else None)
     print()
     print(band_table(report["scale_bands"]))
     if rows:
         print()
         for r in sorted(results, key=lambda r: (r.framework, r.source, r.id)):
-            err = "refused: " + r.refused if r.refused else f"{100 * r.error:+6.1f}%" if r.error is not None else "-"
-            print(f"{r.framework:10} {r.id:60} {err}{'' if r.fits in (None, True) else '  (predicted not to fit)'}")
+            err = (
+                "refused: " + r.refused
+                if r.refused
+                else f"{100 * r.error:+6.1f}%"
+                if r.error is not None
+                else "-"
+            )
+            print(
+                f"{r.framework:10} {r.id:60} {err}{'' if r.fits in (None, True) else '  (predicted not to fit)'}"
+            )
     if write:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
@@ -253,14 +356,23 @@ def run(files=DEFAULT_FILES, *, loo: bool = False, rows: bool = False, write: bo
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--files", default=",".join(DEFAULT_FILES), help="collections under validation/published/")
-    ap.add_argument("--loo", action="store_true", help="also leave one source out (refit without it)")
+    ap.add_argument(
+        "--files", default=",".join(DEFAULT_FILES), help="collections under validation/published/"
+    )
+    ap.add_argument(
+        "--loo", action="store_true", help="also leave one source out (refit without it)"
+    )
     ap.add_argument("--rows", action="store_true", help="print every row's error")
-    ap.add_argument("--step-model", choices=("timeline", "closed"), default=None,
-                    help="what estimate() reads the step off (planner.estimate.STEP_MODEL; default: as shipped)")
+    ap.add_argument(
+        "--step-model",
+        choices=("timeline", "closed"),
+        default=None,
+        help="what estimate() reads the step off (planner.estimate.STEP_MODEL; default: as shipped)",
+    )
     args = ap.parse_args(argv)
     if args.step_model:
         import planner.estimate
+
         planner.estimate.STEP_MODEL = args.step_model
     run(tuple(f for f in args.files.split(",") if f), loo=args.loo, rows=args.rows)
 

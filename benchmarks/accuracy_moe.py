@@ -18,6 +18,7 @@ forced-balance pair implies, a consistency check of cost_models.moe's imbalance 
 
 Run: .venv/bin/python benchmarks/accuracy_moe.py   (writes benchmarks/results/accuracy_moe.json)
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,8 @@ from benchmarks.published_rows import Case, load  # noqa: E402
 from cost_models.flops import model_flops_per_step  # noqa: E402
 from frameworks import load_framework  # noqa: E402
 from planner.estimate import candidate_of, estimate  # noqa: E402
-from planner.software import software_for
 from planner.score import score  # noqa: E402
+from planner.software import software_for  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "accuracy_moe.json"
 FITTED = ("megatron", "moe_host_ops_per_layer")
@@ -49,7 +50,9 @@ def measured_s(case: Case) -> float:
     if case.measured_s is not None:
         return case.measured_s
     row = case.row
-    flops = model_flops_per_step(case.spec, row["global_batch"] * row["seq"], seq=row["seq"], causal_half=True)
+    flops = model_flops_per_step(
+        case.spec, row["global_batch"] * row["seq"], seq=row["seq"], causal_half=True
+    )
     return flops / (row["measured"]["tflops_per_gpu"] * 1e12 * row["gpus"])
 
 
@@ -69,15 +72,29 @@ def conventions(cases: list[Case]) -> dict:
 def predict(case: Case, value: float | None = None):
     """The estimate of a case; with `value`, the megatron profile's fitted parameter set to it (same
     scoring path as estimate, which validates the configuration first)."""
-    est = estimate(case.spec, case.hardware, case.config, gpus=case.row["gpus"], check_framework=case.check_framework,
-                   options=case.options)
+    est = estimate(
+        case.spec,
+        case.hardware,
+        case.config,
+        gpus=case.row["gpus"],
+        check_framework=case.check_framework,
+        options=case.options,
+    )
     if value is None or case.framework != FITTED[0]:
         return est.step_time_s, est
     fw = replace(load_framework(FITTED[0]), **{FITTED[1]: value})
     sw = software_for(fw, case.options)
     cfg = case.config
-    s = score(case.spec, case.hardware, candidate_of(cfg, case.spec.total_blocks), global_batch=cfg.global_batch,
-              seq=cfg.seq, precision=cfg.precision, optimizer=cfg.optimizer, software=sw)
+    s = score(
+        case.spec,
+        case.hardware,
+        candidate_of(cfg, case.spec.total_blocks),
+        global_batch=cfg.global_batch,
+        seq=cfg.seq,
+        precision=cfg.precision,
+        optimizer=cfg.optimizer,
+        software=sw,
+    )
     return float(s.step_time_s[0]), est
 
 
@@ -101,14 +118,29 @@ def imbalance_check(cases: list[Case]) -> list[dict]:
             continue
         target = c.row["measured"]["tflops_per_gpu"] / dropless
         base = predict(c)[0]
-        run = lambda imb: estimate(c.spec, c.hardware, c.config, gpus=c.row["gpus"],  # noqa: E731
-                                   options=c.options.with_(moe_imbalance=imb),
-                                   check_framework=c.check_framework).step_time_s / base
+        run = lambda imb: (
+            estimate(
+                c.spec,
+                c.hardware,
+                c.config,
+                gpus=c.row["gpus"],  # noqa: E731
+                options=c.options.with_(moe_imbalance=imb),
+                check_framework=c.check_framework,
+            ).step_time_s
+            / base
+        )
         lo, hi = 1.0, 8.0
         for _ in range(40):
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if run(mid) < target else (lo, mid)
-        out.append({"id": c.id, "seq": c.row["seq"], "published_ratio": target, "implied_imbalance": (lo + hi) / 2})
+        out.append(
+            {
+                "id": c.id,
+                "seq": c.row["seq"],
+                "published_ratio": target,
+                "implied_imbalance": (lo + hi) / 2,
+            }
+        )
     return out
 
 
@@ -122,56 +154,131 @@ def main() -> dict:
         pred, est = predict(c)
         loo, _ = predict(c, loo_value[c.source])
         m = measured_s(c)
-        rows.append({"id": c.id, "source": c.source, "framework": c.framework, "gpus": c.row["gpus"],
-                     "config": {k: c.row[k] for k in ("dp", "tp", "pp", "cp", "ep", "expert_tp", "micro_batch",
-                                                      "global_batch", "seq", "precision", "recompute")},
-                     "options": c.options.chosen(), "measured_s": m, "measured_from": "step" if c.measured_s else "tflops",
-                     "predicted_s": pred, "error": pred / m - 1, "loo_predicted_s": loo, "loo_error": loo / m - 1,
-                     "breakdown_s": est.time_breakdown_s(), "fits": est.fits,
-                     "needed_over_capacity": est.needed_bytes / float(c.hardware.memory_bytes)})
-    by_source = {s: {"rows": sum(r["source"] == s for r in rows),
-                     "mape": mape([r["error"] for r in rows if r["source"] == s]),
-                     "loo_mape": mape([r["loo_error"] for r in rows if r["source"] == s]),
-                     "fitted_without_it": loo_value[s]} for s in sources}
+        rows.append(
+            {
+                "id": c.id,
+                "source": c.source,
+                "framework": c.framework,
+                "gpus": c.row["gpus"],
+                "config": {
+                    k: c.row[k]
+                    for k in (
+                        "dp",
+                        "tp",
+                        "pp",
+                        "cp",
+                        "ep",
+                        "expert_tp",
+                        "micro_batch",
+                        "global_batch",
+                        "seq",
+                        "precision",
+                        "recompute",
+                    )
+                },
+                "options": c.options.chosen(),
+                "measured_s": m,
+                "measured_from": "step" if c.measured_s else "tflops",
+                "predicted_s": pred,
+                "error": pred / m - 1,
+                "loo_predicted_s": loo,
+                "loo_error": loo / m - 1,
+                "breakdown_s": est.time_breakdown_s(),
+                "fits": est.fits,
+                "needed_over_capacity": est.needed_bytes / float(c.hardware.memory_bytes),
+            }
+        )
+    by_source = {
+        s: {
+            "rows": sum(r["source"] == s for r in rows),
+            "mape": mape([r["error"] for r in rows if r["source"] == s]),
+            "loo_mape": mape([r["loo_error"] for r in rows if r["source"] == s]),
+            "fitted_without_it": loo_value[s],
+        }
+        for s in sources
+    }
     worst = max(rows, key=lambda r: abs(r["error"]))
-    result = {"rows": rows, "by_source": by_source, "mape": mape([r["error"] for r in rows]),
-              "loo_mape": mape([r["loo_error"] for r in rows]), "estimated": len(rows), "refused": 0,
-              "worst": {"id": worst["id"], "error": worst["error"]},
-              "trained_predicted_not_to_fit": [{"id": r["id"], "needed_over_capacity": r["needed_over_capacity"]}
-                                               for r in rows if not r["fits"]],
-              "fitted": {"framework": FITTED[0], "parameter": FITTED[1], "shipped": shipped,
-                         "fitted_on_all": fit(cases), "grid": [GRID[0], GRID[-1], GRID[1] - GRID[0]]},
-              "conventions": conventions(cases), "imbalance_check": imbalance_check(cases)}
+    result = {
+        "rows": rows,
+        "by_source": by_source,
+        "mape": mape([r["error"] for r in rows]),
+        "loo_mape": mape([r["loo_error"] for r in rows]),
+        "estimated": len(rows),
+        "refused": 0,
+        "worst": {"id": worst["id"], "error": worst["error"]},
+        "trained_predicted_not_to_fit": [
+            {"id": r["id"], "needed_over_capacity": r["needed_over_capacity"]}
+            for r in rows
+            if not r["fits"]
+        ],
+        "fitted": {
+            "framework": FITTED[0],
+            "parameter": FITTED[1],
+            "shipped": shipped,
+            "fitted_on_all": fit(cases),
+            "grid": [GRID[0], GRID[-1], GRID[1] - GRID[0]],
+        },
+        "conventions": conventions(cases),
+        "imbalance_check": imbalance_check(cases),
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 
 def show(result: dict) -> None:
-    print(f"{'row':46s} {'source':24s} {'meas s':>8s} {'pred s':>8s} {'err':>7s} {'LOO err':>8s}  main terms")
+    print(
+        f"{'row':46s} {'source':24s} {'meas s':>8s} {'pred s':>8s} {'err':>7s} {'LOO err':>8s}  main terms"
+    )
     for r in result["rows"]:
         b = r["breakdown_s"]
-        terms = " ".join(f"{k} {b[k]:.1f}" for k in ("compute", "ep_comm", "dp_comm", "bubble", "host_wait")
-                         if b[k] > 0.05)
+        terms = " ".join(
+            f"{k} {b[k]:.1f}"
+            for k in ("compute", "ep_comm", "dp_comm", "bubble", "host_wait")
+            if b[k] > 0.05
+        )
         flag = "*" if r["measured_from"] == "tflops" else " "
-        print(f"{r['id'][:46]:46s} {r['source'][:24]:24s} {r['measured_s']:7.2f}{flag} {r['predicted_s']:8.2f} "
-              f"{r['error'] * 100:+6.1f}% {r['loo_error'] * 100:+7.1f}%  {terms}")
+        print(
+            f"{r['id'][:46]:46s} {r['source'][:24]:24s} {r['measured_s']:7.2f}{flag} {r['predicted_s']:8.2f} "
+            f"{r['error'] * 100:+6.1f}% {r['loo_error'] * 100:+7.1f}%  {terms}"
+        )
     print("* step time from the published TFLOP/s (causal-halved Megatron convention)")
-    print(f"\n{'source':28s} {'rows':>4s} {'MAPE':>7s} {'LOO MAPE':>9s}  {FITTED[1]} fitted without it")
+    print(
+        f"\n{'source':28s} {'rows':>4s} {'MAPE':>7s} {'LOO MAPE':>9s}  {FITTED[1]} fitted without it"
+    )
     for s, v in result["by_source"].items():
-        print(f"{s:28s} {v['rows']:4d} {v['mape'] * 100:6.1f}% {v['loo_mape'] * 100:8.1f}%  {v['fitted_without_it']:g}")
+        print(
+            f"{s:28s} {v['rows']:4d} {v['mape'] * 100:6.1f}% {v['loo_mape'] * 100:8.1f}%  {v['fitted_without_it']:g}"
+        )
     f = result["fitted"]
-    print(f"\nall {result['estimated']} rows estimated, {result['refused']} refused: MAPE {result['mape'] * 100:.1f}%, "
-          f"leave-one-source-out {result['loo_mape'] * 100:.1f}%; worst {result['worst']['id']} "
-          f"{result['worst']['error'] * 100:+.1f}%")
+    print(
+        f"\nall {result['estimated']} rows estimated, {result['refused']} refused: MAPE {result['mape'] * 100:.1f}%, "
+        f"leave-one-source-out {result['loo_mape'] * 100:.1f}%; worst {result['worst']['id']} "
+        f"{result['worst']['error'] * 100:+.1f}%"
+    )
     nofit = result["trained_predicted_not_to_fit"]
-    print(f"runs that trained but are predicted not to fit: {len(nofit)}"
-          + "".join(f"\n  {r['id']} (needs {r['needed_over_capacity']:.2f} x the device)" for r in nofit))
-    print(f"{f['framework']}.{f['parameter']}: shipped {f['shipped']:g}, fitted on all rows {f['fitted_on_all']:g}")
-    print("TFLOP/s convention check (published / causal-halved at the published step):",
-          ", ".join(f"{s} {v['min']:.3f}-{v['max']:.3f} ({v['rows']} rows)" for s, v in result["conventions"].items()))
-    print("imbalance implied by dropless vs forced-balance pairs:",
-          ", ".join(f"{r['seq'] // 1024}k {r['implied_imbalance']:.2f}" for r in result["imbalance_check"]))
+    print(
+        f"runs that trained but are predicted not to fit: {len(nofit)}"
+        + "".join(
+            f"\n  {r['id']} (needs {r['needed_over_capacity']:.2f} x the device)" for r in nofit
+        )
+    )
+    print(
+        f"{f['framework']}.{f['parameter']}: shipped {f['shipped']:g}, fitted on all rows {f['fitted_on_all']:g}"
+    )
+    print(
+        "TFLOP/s convention check (published / causal-halved at the published step):",
+        ", ".join(
+            f"{s} {v['min']:.3f}-{v['max']:.3f} ({v['rows']} rows)"
+            for s, v in result["conventions"].items()
+        ),
+    )
+    print(
+        "imbalance implied by dropless vs forced-balance pairs:",
+        ", ".join(
+            f"{r['seq'] // 1024}k {r['implied_imbalance']:.2f}" for r in result["imbalance_check"]
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ fitted parameters (benchmarks/calibrate.py); writes benchmarks/results/accuracy_
 
 Run: .venv/bin/python benchmarks/accuracy_published.py [ROWS.json] [--loo]
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,25 @@ def load_rows(path: Path = VALIDATION / "published_runs.json") -> list[dict]:
     return data.get("runs") or data.get("rows")
 
 
-ARCH_KEYS = ("model_type", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "seq", "position",
-             "gated_mlp", "activation", "norm", "tied_embeddings", "qkv_bias", "out_bias", "mlp_bias")
+ARCH_KEYS = (
+    "model_type",
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "ffn",
+    "vocab",
+    "seq",
+    "position",
+    "gated_mlp",
+    "activation",
+    "norm",
+    "tied_embeddings",
+    "qkv_bias",
+    "out_bias",
+    "mlp_bias",
+)
 
 
 def spec_of(row: dict) -> TransformerSpec:
@@ -49,22 +67,37 @@ def spec_of(row: dict) -> TransformerSpec:
 
 def config_of(row: dict) -> ParallelConfig:
     v = row.get("virtual_stages", 1)
-    return ParallelConfig(dp=row["dp"], tp=row["tp"], pp=row["pp"], micro_batch=row["micro_batch"],
-                          global_batch=row["global_batch"], virtual_stages=v,
-                          schedule=row.get("schedule") or ("interleaved-1f1b" if v > 1 else "1f1b"),
-                          zero=row.get("zero", 0), recompute=row.get("recompute", "none"),
-                          sequence_parallel=row.get("sequence_parallel", False),
-                          precision=row.get("precision", "amp-fp16"), seq=row["arch"]["seq"],
-                          framework=row.get("framework", "megatron"))
+    return ParallelConfig(
+        dp=row["dp"],
+        tp=row["tp"],
+        pp=row["pp"],
+        micro_batch=row["micro_batch"],
+        global_batch=row["global_batch"],
+        virtual_stages=v,
+        schedule=row.get("schedule") or ("interleaved-1f1b" if v > 1 else "1f1b"),
+        zero=row.get("zero", 0),
+        recompute=row.get("recompute", "none"),
+        sequence_parallel=row.get("sequence_parallel", False),
+        precision=row.get("precision", "amp-fp16"),
+        seq=row["arch"]["seq"],
+        framework=row.get("framework", "megatron"),
+    )
 
 
 def predict(row: dict, hw):
     """Megatron-LM of 2021-22 unless the row says otherwise (keys flash_attention, dropout,
     overlap_grad_reduce)."""
-    return estimate(spec_of(row), hw, config_of(row), gpus=row["gpus"],
-                    options=RunOptions(attention="flash" if row.get("flash_attention", False) else "unfused",
-                                       dropout=row.get("dropout", True),
-                                       overlap_grad_reduce=row.get("overlap_grad_reduce", False)))
+    return estimate(
+        spec_of(row),
+        hw,
+        config_of(row),
+        gpus=row["gpus"],
+        options=RunOptions(
+            attention="flash" if row.get("flash_attention", False) else "unfused",
+            dropout=row.get("dropout", True),
+            overlap_grad_reduce=row.get("overlap_grad_reduce", False),
+        ),
+    )
 
 
 def evaluate(rows: list[dict], hw) -> dict:
@@ -72,24 +105,46 @@ def evaluate(rows: list[dict], hw) -> dict:
     out = []
     for r in rows:
         est = predict(r, load_profile(r["hardware"]) if r.get("hardware") else hw)
-        out.append({"id": r["id"], "gpus": r["gpus"], "tp": r["tp"], "pp": r["pp"], "dp": r["dp"],
-                    "virtual_stages": r.get("virtual_stages", 1), "recompute": r["recompute"],
-                    "sequence_parallel": r["sequence_parallel"], "measured_s": r["iteration_time_s"],
-                    "predicted_s": est.step_time_s, "error": est.step_time_s / r["iteration_time_s"] - 1,
-                    "predicted_tflops_per_gpu": est.tflops_per_gpu, "measured_tflops_per_gpu": r.get("tflops_per_gpu"),
-                    "predicted_peak_bytes_per_gpu": est.peak_bytes_per_gpu, "fits": est.fits,
-                    "breakdown_s": est.time_breakdown_s()})
+        out.append(
+            {
+                "id": r["id"],
+                "gpus": r["gpus"],
+                "tp": r["tp"],
+                "pp": r["pp"],
+                "dp": r["dp"],
+                "virtual_stages": r.get("virtual_stages", 1),
+                "recompute": r["recompute"],
+                "sequence_parallel": r["sequence_parallel"],
+                "measured_s": r["iteration_time_s"],
+                "predicted_s": est.step_time_s,
+                "error": est.step_time_s / r["iteration_time_s"] - 1,
+                "predicted_tflops_per_gpu": est.tflops_per_gpu,
+                "measured_tflops_per_gpu": r.get("tflops_per_gpu"),
+                "predicted_peak_bytes_per_gpu": est.peak_bytes_per_gpu,
+                "fits": est.fits,
+                "breakdown_s": est.time_breakdown_s(),
+            }
+        )
     errs = [abs(x["error"]) for x in out]
-    return {"rows": out, "summary": {"rows": len(out), "mape": statistics.fmean(errs), "max_abs_error": max(errs)}}
+    return {
+        "rows": out,
+        "summary": {"rows": len(out), "mape": statistics.fmean(errs), "max_abs_error": max(errs)},
+    }
 
 
 def print_table(result: dict) -> None:
-    print(f"{'run':36} {'GPUs':>5} {'measured s':>10} {'predicted':>10} {'error':>7}  {'TFLOP/s':>7} {'fits':>5}")
+    print(
+        f"{'run':36} {'GPUs':>5} {'measured s':>10} {'predicted':>10} {'error':>7}  {'TFLOP/s':>7} {'fits':>5}"
+    )
     for x in result["rows"]:
-        print(f"{x['id']:36} {x['gpus']:5} {x['measured_s']:10.2f} {x['predicted_s']:10.2f} {x['error']*100:+6.1f}%"
-              f"  {x['predicted_tflops_per_gpu']:7.1f} {str(x['fits']):>5}")
+        print(
+            f"{x['id']:36} {x['gpus']:5} {x['measured_s']:10.2f} {x['predicted_s']:10.2f} {x['error'] * 100:+6.1f}%"
+            f"  {x['predicted_tflops_per_gpu']:7.1f} {str(x['fits']):>5}"
+        )
     s = result["summary"]
-    print(f"\nMAPE {s['mape']*100:.1f}% over {s['rows']} runs; max |error| {s['max_abs_error']*100:.1f}%")
+    print(
+        f"\nMAPE {s['mape'] * 100:.1f}% over {s['rows']} runs; max |error| {s['max_abs_error'] * 100:.1f}%"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,10 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     if "--loo" in argv:
         sys.path.insert(0, str(ROOT))
         from benchmarks.calibrate import leave_one_out_published
+
         result["leave_one_out"] = leave_one_out_published(rows, hw)
         loo = result["leave_one_out"]
-        print(f"leave-one-out (refit without each row, predict it): MAPE {loo['mape']*100:.1f}%, "
-              f"max |error| {loo['max_abs_error']*100:.1f}%")
+        print(
+            f"leave-one-out (refit without each row, predict it): MAPE {loo['mape'] * 100:.1f}%, "
+            f"max |error| {loo['max_abs_error'] * 100:.1f}%"
+        )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -13,6 +13,7 @@ Leave-one-out: refit without row i, predict row i; for H100 also leave one (mode
 group out. Run: .venv/bin/python benchmarks/calibrate.py [--write]  (--write stores the fitted
 values in hardware_profiles/*.json; results in benchmarks/results/calibration.json)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,8 +33,12 @@ from benchmarks import accuracy_h100 as H  # noqa: E402
 from benchmarks import accuracy_published as PUB  # noqa: E402
 from hardware_profiles import load_profile  # noqa: E402
 
-H100_TRAIN_KEYS = {"elementwise_bandwidth_fraction": (0.3, 1.0), "gemm_efficiency_max_fp32": (0.3, 1.0),
-                   "dispatch_us_per_op": (0.0, 60.0), "mem_efficient_attention_efficiency": (0.1, 1.0)}
+H100_TRAIN_KEYS = {
+    "elementwise_bandwidth_fraction": (0.3, 1.0),
+    "gemm_efficiency_max_fp32": (0.3, 1.0),
+    "dispatch_us_per_op": (0.0, 60.0),
+    "mem_efficient_attention_efficiency": (0.1, 1.0),
+}
 A100_KEYS = {"gemm_efficiency_max": (0.4, 1.0)}
 A100_SMS = 108
 """Streaming multiprocessors of an A100 (NVIDIA A100 Tensor Core GPU Architecture whitepaper, 2020): the waves its
@@ -55,16 +60,23 @@ def fit_gemm(rows: list[dict], peak_tflops: float) -> dict:
 
     sol = least_squares(resid, [0.7, 10.0], bounds=([0.3, 0.0], [1.0, 100.0]))
     floor = [r["ms"] * 1e3 for r in rows if r["ms"] <= 0.045]
-    return {"gemm_efficiency_max": float(sol.x[0]), "gemm_fixed_us": float(sol.x[1]),
-            "gemm_rows_used": len(use), "gemm_rms_log_error": float(np.sqrt(np.mean(resid(sol.x) ** 2))),
-            "host_floor_us_measured": floor}
+    return {
+        "gemm_efficiency_max": float(sol.x[0]),
+        "gemm_fixed_us": float(sol.x[1]),
+        "gemm_rows_used": len(use),
+        "gemm_rms_log_error": float(np.sqrt(np.mean(resid(sol.x) ** 2))),
+        "host_floor_us_measured": floor,
+    }
 
 
 def _fit(keys: dict, hw, rows, predict_s, measured_s, x0=None):
     names = list(keys)
     lo = [keys[k][0] for k in names]
     hi = [keys[k][1] for k in names]
-    x0 = x0 or [min(max(float(hw.efficiency.get(k, (a + b) / 2)), a + 1e-6), b - 1e-6) for k, (a, b) in keys.items()]
+    x0 = x0 or [
+        min(max(float(hw.efficiency.get(k, (a + b) / 2)), a + 1e-6), b - 1e-6)
+        for k, (a, b) in keys.items()
+    ]
 
     def resid(x):
         h = with_eff(hw, dict(zip(names, x)))
@@ -91,14 +103,19 @@ def fit_h100(hw, rows=None) -> dict:
 
 
 def fit_a100(hw, rows=None) -> dict:
-    return _fit(A100_KEYS, hw, rows or PUB.load_rows(), lambda r, h: PUB.predict(r, h).step_time_s,
-                lambda r: r["iteration_time_s"])
+    return _fit(
+        A100_KEYS,
+        hw,
+        rows or PUB.load_rows(),
+        lambda r, h: PUB.predict(r, h).step_time_s,
+        lambda r: r["iteration_time_s"],
+    )
 
 
 def leave_one_out_published(rows, hw) -> dict:
     errs = []
     for i, r in enumerate(rows):
-        fitted = fit_a100(hw, rows[:i] + rows[i + 1:])
+        fitted = fit_a100(hw, rows[:i] + rows[i + 1 :])
         pred = PUB.predict(r, with_eff(hw, fitted)).step_time_s
         errs.append({"id": r["id"], "fitted": fitted, "error": pred / r["iteration_time_s"] - 1})
     a = [abs(e["error"]) for e in errs]
@@ -115,11 +132,23 @@ def leave_out_h100(hw, *, by_group: bool) -> dict:
         h = with_eff(hw, fit_h100(hw, train))
         for r in test:
             tokens = r["seq"] * r["micro_batch"]
-            out.append({"model": r["model"], "precision": r["precision"], "seq": r["seq"], "micro_batch": r["micro_batch"],
-                        "checkpointing": r["checkpointing"], "timed": tokens >= H.TIMED_MIN_TOKENS,
-                        "error": _h100_pred(r, h) / _h100_meas(r) - 1})
+            out.append(
+                {
+                    "model": r["model"],
+                    "precision": r["precision"],
+                    "seq": r["seq"],
+                    "micro_batch": r["micro_batch"],
+                    "checkpointing": r["checkpointing"],
+                    "timed": tokens >= H.TIMED_MIN_TOKENS,
+                    "error": _h100_pred(r, h) / _h100_meas(r) - 1,
+                }
+            )
     timed = [abs(x["error"]) for x in out if x["timed"]]
-    return {"rows": out, "median_abs_time_error_timed": statistics.median(timed), "max_abs_time_error_timed": max(timed)}
+    return {
+        "rows": out,
+        "median_abs_time_error_timed": statistics.median(timed),
+        "max_abs_time_error_timed": max(timed),
+    }
 
 
 H100_PROFILES = ("dgx-h100", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge")
@@ -130,29 +159,46 @@ def efficiency_blocks(result: dict) -> dict[str, tuple[dict, str]]:
     """The `efficiency` block and its `sources` line for each calibrated profile."""
     common = {"allreduce_bus_efficiency": 0.8, "framework_workspace_bytes": 2 * 32 * 2**20}
     g, t, a = result["h100_gemm"], result["h100_train"], result["a100"]
-    h100 = {**common, "gemm_efficiency_max": round(g["gemm_efficiency_max"], 4),
-            "gemm_fixed_us": round(g["gemm_fixed_us"], 2),
-            **{k: round(v, 4) for k, v in t.items()}}
-    a100 = {**common, "gemm_efficiency_max": round(a["gemm_efficiency_max"], 4),
-            "gemm_fixed_us": h100["gemm_fixed_us"],
-            "elementwise_bandwidth_fraction": 1.0, "gemm_efficiency_max_fp32": h100["gemm_efficiency_max_fp32"],
-            "dispatch_us_per_op": h100["dispatch_us_per_op"], "gemm_wave_sms": A100_SMS}
-    src_h = ("benchmarks/calibrate.py (docs/cost-model.md): gemm_efficiency_max, gemm_fixed_us fitted to the 5 H100 "
-             "bf16 GEMMs above the host floor; elementwise_bandwidth_fraction, gemm_efficiency_max_fp32, "
-             "dispatch_us_per_op, mem_efficient_attention_efficiency fitted jointly to all 42 H100 training steps of validation/h100_train_steps.jsonl (one value each, "
-             "leave-one-out in benchmarks/results/calibration.json) with the profile's attention rates; allreduce_bus_efficiency: nccl-tests bus bandwidth "
-             "~80% of link rate (not measured here); framework_workspace_bytes: two 32 MiB cuBLAS workspaces "
-             "(forward stream and autograd thread) counted by the caching allocator")
-    src_a = ("benchmarks/calibrate.py (docs/cost-model.md): gemm_efficiency_max fitted to all 8 published Megatron-LM "
-             "runs of validation/published_runs.json (one value; leave-one-out in "
-             "benchmarks/results/calibration.json); gemm_fixed_us, gemm_efficiency_max_fp32 and dispatch_us_per_op "
-             "carried over from the H100 fit; elementwise_bandwidth_fraction 1.0: fused Megatron kernels stream at the copy bandwidth of "
-             "memory_bandwidth_GBps; allreduce_bus_efficiency: nccl-tests bus bandwidth ~80% of link rate; "
-             "gemm_wave_sms: the A100's 108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper), over which "
-             "cuBLAS 11's 256 x 128 tiles run in whole waves (NVIDIA Matrix Multiplication Background User's Guide)")
+    h100 = {
+        **common,
+        "gemm_efficiency_max": round(g["gemm_efficiency_max"], 4),
+        "gemm_fixed_us": round(g["gemm_fixed_us"], 2),
+        **{k: round(v, 4) for k, v in t.items()},
+    }
+    a100 = {
+        **common,
+        "gemm_efficiency_max": round(a["gemm_efficiency_max"], 4),
+        "gemm_fixed_us": h100["gemm_fixed_us"],
+        "elementwise_bandwidth_fraction": 1.0,
+        "gemm_efficiency_max_fp32": h100["gemm_efficiency_max_fp32"],
+        "dispatch_us_per_op": h100["dispatch_us_per_op"],
+        "gemm_wave_sms": A100_SMS,
+    }
+    src_h = (
+        "benchmarks/calibrate.py (docs/cost-model.md): gemm_efficiency_max, gemm_fixed_us fitted to the 5 H100 "
+        "bf16 GEMMs above the host floor; elementwise_bandwidth_fraction, gemm_efficiency_max_fp32, "
+        "dispatch_us_per_op, mem_efficient_attention_efficiency fitted jointly to all 42 H100 training steps of validation/h100_train_steps.jsonl (one value each, "
+        "leave-one-out in benchmarks/results/calibration.json) with the profile's attention rates; allreduce_bus_efficiency: nccl-tests bus bandwidth "
+        "~80% of link rate (not measured here); framework_workspace_bytes: two 32 MiB cuBLAS workspaces "
+        "(forward stream and autograd thread) counted by the caching allocator"
+    )
+    src_a = (
+        "benchmarks/calibrate.py (docs/cost-model.md): gemm_efficiency_max fitted to all 8 published Megatron-LM "
+        "runs of validation/published_runs.json (one value; leave-one-out in "
+        "benchmarks/results/calibration.json); gemm_fixed_us, gemm_efficiency_max_fp32 and dispatch_us_per_op "
+        "carried over from the H100 fit; elementwise_bandwidth_fraction 1.0: fused Megatron kernels stream at the copy bandwidth of "
+        "memory_bandwidth_GBps; allreduce_bus_efficiency: nccl-tests bus bandwidth ~80% of link rate; "
+        "gemm_wave_sms: the A100's 108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper), over which "
+        "cuBLAS 11's 256 x 128 tiles run in whole waves (NVIDIA Matrix Multiplication Background User's Guide)"
+    )
     carried = "carried over unchanged from p5.48xlarge (H100 80GB): no measurements exist on this device. "
-    return {**{n: (h100, src_h if n in ("dgx-h100", "p5.48xlarge") else carried + src_h) for n in H100_PROFILES},
-            **{n: (a100, src_a) for n in A100_PROFILES}}
+    return {
+        **{
+            n: (h100, src_h if n in ("dgx-h100", "p5.48xlarge") else carried + src_h)
+            for n in H100_PROFILES
+        },
+        **{n: (a100, src_a) for n in A100_PROFILES},
+    }
 
 
 def foreign_clauses(text: str, own_keys) -> list[str]:
@@ -165,7 +211,7 @@ def foreign_clauses(text: str, own_keys) -> list[str]:
         return fragment.split(" ", 1)[0].rstrip(",:")
 
     clauses: list[str] = []
-    for fragment in (text.split("; ") if text else []):
+    for fragment in text.split("; ") if text else []:
         if clauses and key(fragment) not in EFFICIENCY_KEYS:
             clauses[-1] += "; " + fragment
         else:
@@ -177,6 +223,7 @@ def write_profiles(result: dict, names=None) -> None:
     """Update this script's keys of each calibrated profile's `efficiency` block, and its part of the sources line;
     the keys and source clauses it does not write (the attention rates', calibrate_frameworks.py's) stay as they are."""
     from hardware_profiles.loader import PROFILE_DIR
+
     for name, (block, source) in efficiency_blocks(result).items():
         if names and name not in names:
             continue
@@ -202,6 +249,7 @@ def copy_to_clusters() -> None:
     clauses."""
     from hardware_profiles.efficiency import EFFICIENCY_KEYS
     from hardware_profiles.loader import PROFILE_DIR
+
     for path in sorted((ROOT / "validation" / "hardware" / "clusters").glob("*.json")):
         data = json.loads(path.read_text())
         text = data["sources"]["efficiency"]
@@ -213,44 +261,70 @@ def copy_to_clusters() -> None:
         extra = {k: v for k, v in data["efficiency"].items() if k in CLUSTER_KEYS}
         data["efficiency"] = {**ref["efficiency"], **extra}
         own = foreign_clauses(text, set(EFFICIENCY_KEYS) - set(CLUSTER_KEYS))
-        data["sources"]["efficiency"] = (text.split("Its provenance: ")[0] + "Its provenance: "
-                                         + "; ".join([ref["sources"]["efficiency"], *own]))
+        data["sources"]["efficiency"] = (
+            text.split("Its provenance: ")[0]
+            + "Its provenance: "
+            + "; ".join([ref["sources"]["efficiency"], *own])
+        )
         path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    gemm_rows = [json.loads(x) for x in (H.VALIDATION / "h100_train_steps.jsonl").read_text().splitlines() if x.strip()]
+    gemm_rows = [
+        json.loads(x)
+        for x in (H.VALIDATION / "h100_train_steps.jsonl").read_text().splitlines()
+        if x.strip()
+    ]
     gemm_rows = [r for r in gemm_rows if r.get("kind") == "gemm_bf16"]
     h100 = load_profile("dgx-h100")
     gemm = fit_gemm(gemm_rows, h100.peak_tflops["bf16"])
-    print("H100 GEMM fit:", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in gemm.items()})
-    h100 = with_eff(h100, {"gemm_efficiency_max": gemm["gemm_efficiency_max"], "gemm_fixed_us": gemm["gemm_fixed_us"]})
+    print(
+        "H100 GEMM fit:", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in gemm.items()}
+    )
+    h100 = with_eff(
+        h100,
+        {
+            "gemm_efficiency_max": gemm["gemm_efficiency_max"],
+            "gemm_fixed_us": gemm["gemm_fixed_us"],
+        },
+    )
     h100_fit = fit_h100(h100)
     print("H100 training-step fit:", {k: round(v, 4) for k, v in h100_fit.items()})
-    a100 = with_eff(load_profile("dgx-a100-80g"), {"gemm_fixed_us": gemm["gemm_fixed_us"], "gemm_wave_sms": A100_SMS})
+    a100 = with_eff(
+        load_profile("dgx-a100-80g"),
+        {"gemm_fixed_us": gemm["gemm_fixed_us"], "gemm_wave_sms": A100_SMS},
+    )
     a100_fit = fit_a100(a100)
     print("A100 published-run fit:", {k: round(v, 4) for k, v in a100_fit.items()})
     result = {"h100_gemm": gemm, "h100_train": h100_fit, "a100": a100_fit}
     if "--loo" in argv:
         a100c = with_eff(a100, a100_fit)
         result["published_leave_one_out"] = leave_one_out_published(PUB.load_rows(), a100c)
-        print(f"published LOO: MAPE {result['published_leave_one_out']['mape']*100:.2f}% "
-              f"max {result['published_leave_one_out']['max_abs_error']*100:.2f}%")
+        print(
+            f"published LOO: MAPE {result['published_leave_one_out']['mape'] * 100:.2f}% "
+            f"max {result['published_leave_one_out']['max_abs_error'] * 100:.2f}%"
+        )
         h = with_eff(h100, h100_fit)
         result["h100_leave_one_group_out"] = leave_out_h100(h, by_group=True)
-        print(f"H100 leave-one-(model, precision)-out: median |time error| (>= 8192 tokens) "
-              f"{result['h100_leave_one_group_out']['median_abs_time_error_timed']*100:.1f}% "
-              f"max {result['h100_leave_one_group_out']['max_abs_time_error_timed']*100:.1f}%")
+        print(
+            f"H100 leave-one-(model, precision)-out: median |time error| (>= 8192 tokens) "
+            f"{result['h100_leave_one_group_out']['median_abs_time_error_timed'] * 100:.1f}% "
+            f"max {result['h100_leave_one_group_out']['max_abs_time_error_timed'] * 100:.1f}%"
+        )
         result["h100_leave_one_row_out"] = leave_out_h100(h, by_group=False)
-        print(f"H100 leave-one-row-out: median |time error| (>= 8192 tokens) "
-              f"{result['h100_leave_one_row_out']['median_abs_time_error_timed']*100:.1f}% "
-              f"max {result['h100_leave_one_row_out']['max_abs_time_error_timed']*100:.1f}%")
+        print(
+            f"H100 leave-one-row-out: median |time error| (>= 8192 tokens) "
+            f"{result['h100_leave_one_row_out']['median_abs_time_error_timed'] * 100:.1f}% "
+            f"max {result['h100_leave_one_row_out']['max_abs_time_error_timed'] * 100:.1f}%"
+        )
     if "--write" in argv:
         only = [a.split("=", 1)[1] for a in argv if a.startswith("--only=")]
         write_profiles(result, set(only[0].split(",")) if only else None)
     (ROOT / "benchmarks" / "results").mkdir(parents=True, exist_ok=True)
-    (ROOT / "benchmarks" / "results" / "calibration.json").write_text(json.dumps(result, indent=1) + "\n")
+    (ROOT / "benchmarks" / "results" / "calibration.json").write_text(
+        json.dumps(result, indent=1) + "\n"
+    )
     return 0
 
 

@@ -35,6 +35,7 @@ Run: .venv/bin/python benchmarks/calibrate_frameworks.py [--write] [--loo | --lo
 (--write stores the full fit in the profiles and framework files; results in
 benchmarks/results/calibration_frameworks.json)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,9 +97,11 @@ class Param:
         if self.framework is not None:
             return float(getattr(load_framework(self.framework), self.key))
         from hardware_profiles.efficiency import efficiency
+
         if self.cluster is not None:
             return float(efficiency(R.hardware(self.cluster), self.key))
         from hardware_profiles import load_profile
+
         if self.kernel is not None:
             return float(efficiency(load_profile(HOPPER_PROFILES[0]), self.key))
         profile = HOPPER_PROFILES[0] if self.gpus == HOPPER else BLACKWELL_PROFILES[0]
@@ -111,28 +114,80 @@ PARAMS = (
     # long-sequence H100 runs alone want the fused rate at 0.35 (2024 containers), but the 2025 Megatron-Core MoE
     # long-context runs are then up to 67% slow (cuDNN's attention grew faster between those releases, which no key
     # separates): the measured rate is kept. Blackwell has no vendored kernel measurement: fitted.
-    Param(name="triton_attention_relative", key="triton_attention_relative", low=0.2, high=1.5, kernel="triton"),
+    Param(
+        name="triton_attention_relative",
+        key="triton_attention_relative",
+        low=0.2,
+        high=1.5,
+        kernel="triton",
+    ),
     # Hopper's BF16 GEMM and attention rates were measured in seconds-long single-H100 runs at boost clock
     # (benchmarks/calibrate.py); a training run sustains a lower clock. Every Hopper run (BF16 and FP8, every stack)
     # decides it; the FP8 GEMM rate is then the kernel's own share of that sustained rate.
-    Param(name="hopper.sustained_clock_fraction", key="sustained_clock_fraction", low=0.6, high=1.0, gpus=HOPPER),
-    Param(name="hopper.gemm_efficiency_max_fp8", key="gemm_efficiency_max_fp8", low=0.3, high=0.95, gpus=HOPPER),
-    Param(name="blackwell.gemm_efficiency_max", key="gemm_efficiency_max", low=0.3, high=0.95, gpus=BLACKWELL),
-    Param(name="blackwell.gemm_efficiency_max_fp8", key="gemm_efficiency_max_fp8", low=0.3, high=0.95, gpus=BLACKWELL),
-    Param(name="blackwell.fused_attention_efficiency", key="fused_attention_efficiency", low=0.2, high=0.75,
-          gpus=BLACKWELL),
+    Param(
+        name="hopper.sustained_clock_fraction",
+        key="sustained_clock_fraction",
+        low=0.6,
+        high=1.0,
+        gpus=HOPPER,
+    ),
+    Param(
+        name="hopper.gemm_efficiency_max_fp8",
+        key="gemm_efficiency_max_fp8",
+        low=0.3,
+        high=0.95,
+        gpus=HOPPER,
+    ),
+    Param(
+        name="blackwell.gemm_efficiency_max",
+        key="gemm_efficiency_max",
+        low=0.3,
+        high=0.95,
+        gpus=BLACKWELL,
+    ),
+    Param(
+        name="blackwell.gemm_efficiency_max_fp8",
+        key="gemm_efficiency_max_fp8",
+        low=0.3,
+        high=0.95,
+        gpus=BLACKWELL,
+    ),
+    Param(
+        name="blackwell.fused_attention_efficiency",
+        key="fused_attention_efficiency",
+        low=0.2,
+        high=0.75,
+        gpus=BLACKWELL,
+    ),
     # Meta's Grand Teton H100 96GB (torchtitan's and torchao's H100 benchmarks) runs at its default 500 W power limit,
     # not the 700 W of the H100 SXM whose GEMM and attention rates the Hopper block holds; no published measurement
     # of its sustained clock: fitted (torchtitan's compute_efficiency is then decided by its A100 and H200 runs too).
-    Param(name="grand-teton-h100-96gb.power_limit_clock_fraction", key="power_limit_clock_fraction", low=0.5,
-          high=1.0, cluster="meta-grand-teton-h100-96gb"),
+    Param(
+        name="grand-teton-h100-96gb.power_limit_clock_fraction",
+        key="power_limit_clock_fraction",
+        low=0.5,
+        high=1.0,
+        cluster="meta-grand-teton-h100-96gb",
+    ),
     # fsdp's compute_efficiency is held at its last fit (0.962): refitted beside the others it goes to 0.925 (0.89
     # before Hopper's sustained clock), which the multi-GPU FSDP runs want (the FSDP wrapper's own per-unit
     # overheads, which no term models yet), but which moves our own single-H100 eager steps
     # (benchmarks/accuracy_h100.py, the same stack without a wrapper) from 2.6% to 6.6% median error;
     # docs/cost-model.md lists the gap.
-    Param(name="torchtitan.compute_efficiency", key="compute_efficiency", low=0.4, high=1.0, framework="torchtitan"),
-    Param(name="deepspeed.compute_efficiency", key="compute_efficiency", low=0.4, high=1.0, framework="deepspeed"),
+    Param(
+        name="torchtitan.compute_efficiency",
+        key="compute_efficiency",
+        low=0.4,
+        high=1.0,
+        framework="torchtitan",
+    ),
+    Param(
+        name="deepspeed.compute_efficiency",
+        key="compute_efficiency",
+        low=0.4,
+        high=1.0,
+        framework="deepspeed",
+    ),
 )
 
 
@@ -142,7 +197,9 @@ def overrides_for(values: dict[str, float]):
 
     def framework(name: str):
         if name not in fw_cache:
-            changes = {p.key: values[p.name] for p in PARAMS if p.framework == name and p.name in values}
+            changes = {
+                p.key: values[p.name] for p in PARAMS if p.framework == name and p.name in values
+            }
             fw = load_framework(name)
             fw_cache[name] = dataclasses.replace(fw, **changes) if changes else None
         return fw_cache[name]
@@ -150,11 +207,20 @@ def overrides_for(values: dict[str, float]):
     hw_cache: dict[tuple, object] = {}
 
     def overrides(case):
-        changes = {p.key: values[p.name] for p in PARAMS if not p.framework and p.name in values and p.applies(case)}
+        changes = {
+            p.key: values[p.name]
+            for p in PARAMS
+            if not p.framework and p.name in values and p.applies(case)
+        }
         key = (case.hardware.name, tuple(sorted(changes.items())))
         if key not in hw_cache:
-            hw_cache[key] = dataclasses.replace(case.hardware, efficiency={**case.hardware.efficiency, **changes}) \
-                if changes else case.hardware
+            hw_cache[key] = (
+                dataclasses.replace(
+                    case.hardware, efficiency={**case.hardware.efficiency, **changes}
+                )
+                if changes
+                else case.hardware
+            )
         return hw_cache[key], framework(case.framework)
 
     return overrides
@@ -163,8 +229,14 @@ def overrides_for(values: dict[str, float]):
 def usable(cases):
     """Rows the fit can use: a published step time, a model and configuration the planner represents,
     no mixture of experts (expert parallelism is costed separately)."""
-    return [c for c in cases if c.error is None and c.measured_s and c.config is not None
-            and getattr(c.spec, "moe", None) is None]
+    return [
+        c
+        for c in cases
+        if c.error is None
+        and c.measured_s
+        and c.config is not None
+        and getattr(c.spec, "moe", None) is None
+    ]
 
 
 def log_errors(cases, values) -> np.ndarray:
@@ -182,13 +254,20 @@ def fit(cases, params=PARAMS, start: dict | None = None, *, max_nfev: int = 60) 
     live = [p for p in params if any(p.applies(c) for c in cases)]
     x0 = np.array([np.clip((start or {}).get(p.name, p.start()), p.low, p.high) for p in live])
     fixed = {k: v for k, v in (start or {}).items() if k not in {p.name for p in live}}
-    cases = [c for c in cases if any(p.applies(c) for p in live)]     # the others do not move
+    cases = [c for c in cases if any(p.applies(c) for p in live)]  # the others do not move
 
     def resid(x):
         return log_errors(cases, {**fixed, **{p.name: float(v) for p, v in zip(live, x)}})
 
-    sol = least_squares(resid, x0, bounds=([p.low for p in live], [p.high for p in live]), loss="soft_l1",
-                        f_scale=0.1, diff_step=1e-3, max_nfev=max_nfev)
+    sol = least_squares(
+        resid,
+        x0,
+        bounds=([p.low for p in live], [p.high for p in live]),
+        loss="soft_l1",
+        f_scale=0.1,
+        diff_step=1e-3,
+        max_nfev=max_nfev,
+    )
     out = {p.name: (start or {}).get(p.name, p.start()) for p in params}
     out.update({p.name: float(v) for p, v in zip(live, sol.x)})
     return out
@@ -281,6 +360,7 @@ def write(values: dict[str, float], note: str) -> None:
             paths = [ROOT / "validation" / "hardware" / "clusters" / f"{p.cluster}.json"]
         elif p.kernel:
             from hardware_profiles.loader import PROFILE_DIR
+
             paths = sorted(PROFILE_DIR.glob("*.json"))
         else:
             names = HOPPER_PROFILES if p.gpus == HOPPER else BLACKWELL_PROFILES
@@ -295,14 +375,25 @@ def write(values: dict[str, float], note: str) -> None:
             src["efficiency"] = "; ".join([*parts, tag]) if parts else tag
             path.write_text(json.dumps(doc, indent=2, ensure_ascii=not p.cluster) + "\n")
     from benchmarks.calibrate import copy_to_clusters
-    copy_to_clusters()       # the validation clusters copy their generation's shipped block
+
+    copy_to_clusters()  # the validation clusters copy their generation's shipped block
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help="store the full fit in the profiles and framework files")
-    ap.add_argument("--loo", action="store_true", help="also leave one source out (linearized refits)")
-    ap.add_argument("--loo-exact", action="store_true", help="leave one source out with a full refit per source (hours)")
+    ap.add_argument(
+        "--write",
+        action="store_true",
+        help="store the full fit in the profiles and framework files",
+    )
+    ap.add_argument(
+        "--loo", action="store_true", help="also leave one source out (linearized refits)"
+    )
+    ap.add_argument(
+        "--loo-exact",
+        action="store_true",
+        help="leave one source out with a full refit per source (hours)",
+    )
     args = ap.parse_args(argv)
     cases = A.unique(R.load(FILES))
     rows = usable(cases)
@@ -312,19 +403,31 @@ def main(argv=None) -> int:
     mape = lambda e: 100 * statistics.fmean(abs(math.exp(v) - 1) for v in e)  # noqa: E731
     print(f"{len(rows)} rows with a published step time (of {len(cases)} runs)")
     for p in PARAMS:
-        print(f"  {p.name:42} {p.start():.3f} -> {values[p.name]:.3f}   "
-              f"({sum(p.applies(c) for c in rows)} rows)")
+        print(
+            f"  {p.name:42} {p.start():.3f} -> {values[p.name]:.3f}   "
+            f"({sum(p.applies(c) for c in rows)} rows)"
+        )
     print(f"MAPE {mape(before):.1f}% -> {mape(after):.1f}%")
-    result = {"rows": len(rows), "fit": values, "mape_before": mape(before), "mape_after": mape(after)}
+    result = {
+        "rows": len(rows),
+        "fit": values,
+        "mape_before": mape(before),
+        "mape_after": mape(after),
+    }
     if args.loo or args.loo_exact:
         loo = leave_one_source_out(cases, values, exact=args.loo_exact)
         result["leave_one_source_out"] = A.groups(loo)
         print(A.table("Leave one source out", result["leave_one_source_out"]))
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
     if args.write:
-        write(values, f"fitted to {len(rows)} published runs (benchmarks/calibrate_frameworks.py, leave one source "
-                      "out in benchmarks/results/calibration_frameworks.json)")
-        print("wrote the fit into hardware_profiles/, validation/hardware/clusters/ and frameworks/")
+        write(
+            values,
+            f"fitted to {len(rows)} published runs (benchmarks/calibrate_frameworks.py, leave one source "
+            "out in benchmarks/results/calibration_frameworks.json)",
+        )
+        print(
+            "wrote the fit into hardware_profiles/, validation/hardware/clusters/ and frameworks/"
+        )
     return 0
 
 

@@ -13,6 +13,7 @@ slowest rank's mean over the steps after the first. Reported:
   - Spearman's rank correlation of predicted and measured step times (scipy.stats.spearmanr).
 Results go to benchmarks/results/executor_regret.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,11 +35,27 @@ def candidate_documents(hardware: str, *, gpus: int, global_batch: int, seq: int
     from planner.search import recommend
 
     spec = gpt_small().spec
-    space = SearchSpace(schedules=("1f1b", "interleaved-1f1b"), max_virtual_stages=2, zero=(0,),
-                        recompute=("none",), offload=("none",), sequence_parallel=(False,), placements=("DPT",),
-                        max_micro_batch=2)
-    found = recommend(spec, hardware, gpus=gpus, global_batch=global_batch, seq=seq, precision="fp32",
-                      optimizer="adamw", top=10_000, space=space)
+    space = SearchSpace(
+        schedules=("1f1b", "interleaved-1f1b"),
+        max_virtual_stages=2,
+        zero=(0,),
+        recompute=("none",),
+        offload=("none",),
+        sequence_parallel=(False,),
+        placements=("DPT",),
+        max_micro_batch=2,
+    )
+    found = recommend(
+        spec,
+        hardware,
+        gpus=gpus,
+        global_batch=global_batch,
+        seq=seq,
+        precision="fp32",
+        optimizer="adamw",
+        top=10_000,
+        space=space,
+    )
     docs = [dict(found.best), *map(dict, found.alternatives)]
     for doc in docs:
         doc["model"] = dict(doc["model"], name=MODEL)
@@ -59,9 +76,15 @@ def measure(doc: dict, *, steps: int, workdir: Path) -> dict:
         result = launch_local(spec, workdir=workdir / "run")
     except ExecutorError as err:
         return {"measured_step_time_s": None, "error": str(err), "wall_s": time.perf_counter() - t0}
-    per_rank = [sum(r["step_times_s"][1:]) / max(1, len(r["step_times_s"]) - 1) for r in result.ranks]
-    return {"measured_step_time_s": max(per_rank), "per_rank_step_time_s": per_rank, "wall_s": result.wall_s,
-            "losses": result.ranks[0]["losses"]}
+    per_rank = [
+        sum(r["step_times_s"][1:]) / max(1, len(r["step_times_s"]) - 1) for r in result.ranks
+    ]
+    return {
+        "measured_step_time_s": max(per_rank),
+        "per_rank_step_time_s": per_rank,
+        "wall_s": result.wall_s,
+        "losses": result.ranks[0]["losses"],
+    }
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -74,22 +97,34 @@ def summarize(rows: list[dict]) -> dict:
     fastest = min(r["measured_step_time_s"] for r in ok)
     pick = rows[0]["measured_step_time_s"]
     measured_rank = 1 + sum(r["measured_step_time_s"] < pick for r in ok)
-    rho = spearmanr([r["predicted_step_time_s"] for r in ok], [r["measured_step_time_s"] for r in ok])
-    return {"plans_measured": len(ok), "plans_failed": len(rows) - len(ok), "top_pick_measured_rank": measured_rank,
-            "top_pick_regret": pick / fastest - 1.0, "regret_target": 0.10,
-            "spearman_rho": float(rho.statistic), "spearman_p": float(rho.pvalue),
-            "fastest_measured": next(r["plan"] for r in ok if r["measured_step_time_s"] == fastest),
-            "top_pick": rows[0]["plan"]}
+    rho = spearmanr(
+        [r["predicted_step_time_s"] for r in ok], [r["measured_step_time_s"] for r in ok]
+    )
+    return {
+        "plans_measured": len(ok),
+        "plans_failed": len(rows) - len(ok),
+        "top_pick_measured_rank": measured_rank,
+        "top_pick_regret": pick / fastest - 1.0,
+        "regret_target": 0.10,
+        "spearman_rho": float(rho.statistic),
+        "spearman_p": float(rho.pvalue),
+        "fastest_measured": next(r["plan"] for r in ok if r["measured_step_time_s"] == fastest),
+        "top_pick": rows[0]["plan"],
+    }
 
 
 def short(plan: dict) -> str:
-    return (f"dp{plan['dp']} tp{plan['tp']} pp{plan['pp']} mb{plan['micro_batch']} {plan['schedule']}"
-            f"{'/v' + str(plan['virtual_stages']) if plan['virtual_stages'] > 1 else ''}")
+    return (
+        f"dp{plan['dp']} tp{plan['tp']} pp{plan['pp']} mb{plan['micro_batch']} {plan['schedule']}"
+        f"{'/v' + str(plan['virtual_stages']) if plan['virtual_stages'] > 1 else ''}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hardware", default="cpu-local", help="profile name or path (calibrated on this machine)")
+    ap.add_argument(
+        "--hardware", default="cpu-local", help="profile name or path (calibrated on this machine)"
+    )
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--global-batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
@@ -99,25 +134,43 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     load_before = os.getloadavg()
-    docs = candidate_documents(args.hardware, gpus=args.gpus, global_batch=args.global_batch, seq=args.seq)
+    docs = candidate_documents(
+        args.hardware, gpus=args.gpus, global_batch=args.global_batch, seq=args.seq
+    )
     if args.max_plans:
-        docs = docs[:args.max_plans]
+        docs = docs[: args.max_plans]
     rows = []
     with tempfile.TemporaryDirectory(prefix="planner-regret-") as tmp:
         for i, doc in enumerate(docs):
             work = Path(tmp) / f"plan-{i}"
             work.mkdir()
-            row = {"plan": doc["plan"], "predicted_step_time_s": doc["prediction"]["step_time_s"],
-                   **measure(doc, steps=args.steps, workdir=work)}
+            row = {
+                "plan": doc["plan"],
+                "predicted_step_time_s": doc["prediction"]["step_time_s"],
+                **measure(doc, steps=args.steps, workdir=work),
+            }
             rows.append(row)
             got = row["measured_step_time_s"]
-            print(f"[{i + 1}/{len(docs)}] {short(doc['plan']):40s} predicted {row['predicted_step_time_s']:.4f} s  "
-                  f"measured {got if got is None else round(got, 4)} s", file=sys.stderr, flush=True)
+            print(
+                f"[{i + 1}/{len(docs)}] {short(doc['plan']):40s} predicted {row['predicted_step_time_s']:.4f} s  "
+                f"measured {got if got is None else round(got, 4)} s",
+                file=sys.stderr,
+                flush=True,
+            )
     summary = summarize(rows)
-    result = {"benchmark": "executor_regret", "model": MODEL, "hardware": args.hardware, "gpus": args.gpus,
-              "global_batch": args.global_batch, "seq": args.seq, "steps": args.steps,
-              "load_average_1m_before_after": [load_before[0], os.getloadavg()[0]], "cpu_count": os.cpu_count(),
-              "summary": summary, "rows": rows}
+    result = {
+        "benchmark": "executor_regret",
+        "model": MODEL,
+        "hardware": args.hardware,
+        "gpus": args.gpus,
+        "global_batch": args.global_batch,
+        "seq": args.seq,
+        "steps": args.steps,
+        "load_average_1m_before_after": [load_before[0], os.getloadavg()[0]],
+        "cpu_count": os.cpu_count(),
+        "summary": summary,
+        "rows": rows,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(json.dumps(summary, indent=2))

@@ -10,6 +10,7 @@ commit and says why.
     .venv/bin/python benchmarks/prediction_snapshot.py           # compare, print what moved
     .venv/bin/python benchmarks/prediction_snapshot.py --write   # rewrite the golden file
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,23 +40,46 @@ RUN_OPTION_NAMES = frozenset(f.name for f in fields(RunOptions))
 
 RECOMMENDS: tuple[dict[str, Any], ...] = (
     dict(model="gpt3-175b", hardware="p4d.24xlarge", gpus=960, global_batch=1536),
-    dict(model="gpt3-175b", hardware="p4d.24xlarge", gpus=960, global_batch=1536,
-         objective="time-to-train", tokens=300e9),
+    dict(
+        model="gpt3-175b",
+        hardware="p4d.24xlarge",
+        gpus=960,
+        global_batch=1536,
+        objective="time-to-train",
+        tokens=300e9,
+    ),
     dict(model="gpt3-13b", hardware="p4d.24xlarge", gpus=64, objective="cost"),
     dict(model="llama3-8b", hardware="p5.48xlarge", gpus=32, framework="torchtitan"),
     dict(model="llama3-8b", hardware="p5.48xlarge", gpus=64, framework="fsdp", precision="bf16"),
     dict(model="llama3-70b", hardware="dgx-h100", gpus=64, framework="deepspeed"),
     dict(model="llama3-70b", hardware="dgx-h100", gpus=128, objective="memory"),
-    dict(model="llama3-405b", hardware="p5.48xlarge", gpus=16384, seq=131072, global_batch=128,
-         precision="fp8"),
-    dict(model="llama2-13b", hardware="dgx-a100-80g", gpus=8, framework="megatron",
-         recompute_modules=("core_attn",), loss="fused"),
+    dict(
+        model="llama3-405b",
+        hardware="p5.48xlarge",
+        gpus=16384,
+        seq=131072,
+        global_batch=128,
+        precision="fp8",
+    ),
+    dict(
+        model="llama2-13b",
+        hardware="dgx-a100-80g",
+        gpus=8,
+        framework="megatron",
+        recompute_modules=("core_attn",),
+        loss="fused",
+    ),
     dict(model="mixtral-8x7b", hardware="p5.48xlarge", gpus=64, framework="megatron"),
     dict(model="qwen3-30b-a3b", hardware="dgx-h100", gpus=32, moe_dispatcher="deepep"),
     dict(model="qwen3-235b-a22b", hardware="p5.48xlarge", gpus=256, framework="torchtitan"),
     dict(model="gpt2", hardware="p3.16xlarge", gpus=8, framework="deepspeed", precision="amp-fp16"),
-    dict(model="megatron-18b", hardware="gb200-nvl72", gpus=144, precision="fp8",
-         fp8_scaling="rowwise"),
+    dict(
+        model="megatron-18b",
+        hardware="gb200-nvl72",
+        gpus=144,
+        precision="fp8",
+        fp8_scaling="rowwise",
+    ),
 )
 """Searches across stacks, precisions, objectives, dense and MoE, 8 to 16,384 GPUs."""
 
@@ -77,8 +101,9 @@ def estimates() -> Iterator[tuple[str, Any]]:
             yield case.id, {"unusable": case.error}
             continue
         try:
-            est = estimate(case.spec, case.hardware, case.config, gpus=case.row["gpus"],
-                           options=case.options)
+            est = estimate(
+                case.spec, case.hardware, case.config, gpus=case.row["gpus"], options=case.options
+            )
         except PlannerError as e:
             yield case.id, {"refused": str(e)}
             continue
@@ -97,11 +122,20 @@ def searches() -> Iterator[tuple[str, Any]]:
         rec = recommend(kw.pop("model"), kw.pop("hardware"), top=3, options=options, **kw)
         plans = [rec.best, *rec.alternatives]
         search = {k: v for k, v in rec.best["search"].items() if k != "seconds"}
-        yield _search_key(kwargs), {
-            "plans": [{"plan": d["plan"], "software": d["software"],
-                       "prediction": _compact(d["prediction"])} for d in plans],
-            "search": search,
-        }
+        yield (
+            _search_key(kwargs),
+            {
+                "plans": [
+                    {
+                        "plan": d["plan"],
+                        "software": d["software"],
+                        "prediction": _compact(d["prediction"]),
+                    }
+                    for d in plans
+                ],
+                "search": search,
+            },
+        )
 
 
 def snapshot() -> dict:
@@ -140,14 +174,18 @@ def _normalized(document: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="rewrite tests/golden/predictions.json")
+    parser.add_argument(
+        "--write", action="store_true", help="rewrite tests/golden/predictions.json"
+    )
     args = parser.parse_args(argv)
     now = _normalized(snapshot())
     if args.write:
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)
         GOLDEN.write_text(json.dumps(now, indent=1, sort_keys=True) + "\n")
-        print(f"wrote {GOLDEN.relative_to(ROOT)}: {len(now['estimate'])} estimates, "
-              f"{len(now['recommend'])} searches")
+        print(
+            f"wrote {GOLDEN.relative_to(ROOT)}: {len(now['estimate'])} estimates, "
+            f"{len(now['recommend'])} searches"
+        )
         return 0
     moved = list(differences(json.loads(GOLDEN.read_text()), now))
     for line in moved[:50]:

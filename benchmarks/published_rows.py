@@ -3,6 +3,7 @@ planner inputs: the model, the hardware profile, the parallel configuration and 
 ran, and its measured step time. One place turns a row into what `estimate` takes, for every benchmark
 and test that predicts published runs (benchmarks/accuracy_frameworks.py, benchmarks/calibrate_frameworks.py).
 """
+
 from __future__ import annotations
 
 import re
@@ -21,13 +22,41 @@ CLUSTERS = ROOT / "validation" / "hardware" / "clusters"
 STACK_FILES = ("megatron", "torchtitan", "fsdp", "deepspeed")
 """The per-stack collections (dense models); features.json holds CP / FP8 / HSDP runs, moe.json MoE runs."""
 
-ATTENTION = {"cudnn": "fused", "flash": None, "sdpa": "sdpa", "triton": "triton", "unfused": "unfused", None: None}
+ATTENTION = {
+    "cudnn": "fused",
+    "flash": None,
+    "sdpa": "sdpa",
+    "triton": "triton",
+    "unfused": "unfused",
+    None: None,
+}
 """A row's `attention` in the framework's vocabulary (None: the framework's default kernel)."""
-LOSS = {"fused_crossentropy": "fused", "torch_crossentropy": "upcast", "torch_crossentropy_16bit": "native",
-        "te_parallel_cross_entropy": "inplace"}
+LOSS = {
+    "fused_crossentropy": "fused",
+    "torch_crossentropy": "upcast",
+    "torch_crossentropy_16bit": "native",
+    "te_parallel_cross_entropy": "inplace",
+}
 """A row's extras.loss_fn in the planner's vocabulary (frameworks.LOSS_KERNELS)."""
-ARCH_KEYS = ("model_type", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "position",
-             "gated_mlp", "activation", "norm", "tied_embeddings", "qkv_bias", "out_bias", "mlp_bias", "mtp_modules")
+ARCH_KEYS = (
+    "model_type",
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "ffn",
+    "vocab",
+    "position",
+    "gated_mlp",
+    "activation",
+    "norm",
+    "tied_embeddings",
+    "qkv_bias",
+    "out_bias",
+    "mlp_bias",
+    "mtp_modules",
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,8 +113,12 @@ def spec_of(row: dict):
     seq = row["seq"]
     if row.get("model"):
         spec = get(row["model"])
-        spec = spec.with_(seq=seq, max_positions=max(spec.max_positions, seq) if spec.position == "learned" else 0)
-        return _token_drop(row, spec.with_(**{k: v for k, v in (row.get("arch") or {}).items() if k in ARCH_KEYS}))
+        spec = spec.with_(
+            seq=seq, max_positions=max(spec.max_positions, seq) if spec.position == "learned" else 0
+        )
+        return _token_drop(
+            row, spec.with_(**{k: v for k, v in (row.get("arch") or {}).items() if k in ARCH_KEYS})
+        )
     arch = {k: v for k, v in row["arch"].items() if k in ARCH_KEYS and v is not None}
     arch.setdefault("kv_heads", 0)
     if arch.get("position", "learned") == "learned":
@@ -101,7 +134,10 @@ def _token_drop(row: dict, spec):
     if spec.moe is None or not extras.get("token_drop"):
         return spec
     from dataclasses import replace
-    return spec.with_(moe=replace(spec.moe, capacity_factor=float(extras.get("capacity_factor") or 1.0)))
+
+    return spec.with_(
+        moe=replace(spec.moe, capacity_factor=float(extras.get("capacity_factor") or 1.0))
+    )
 
 
 def config_of(row: dict):
@@ -119,10 +155,16 @@ def config_of(row: dict):
         schedule = "1f1b"
     dp, cp, ep = row["dp"], row.get("cp") or 1, row.get("ep") or 1
     shard = row.get("dp_shard") or dp
-    placement = used_placement(fw.capabilities.placements[0] if fw.capabilities.placements else "DPT", cp=cp, ep=ep)
-    offload = {"params": "optimizer"}.get(row.get("offload") or "none", row.get("offload") or "none")
+    placement = used_placement(
+        fw.capabilities.placements[0] if fw.capabilities.placements else "DPT", cp=cp, ep=ep
+    )
+    offload = {"params": "optimizer"}.get(
+        row.get("offload") or "none", row.get("offload") or "none"
+    )
     extras = row.get("extras") or {}
-    if extras.get("cpu_offloading_num_layers") and offload == "none":    # Megatron-Core's partial activation offload
+    if (
+        extras.get("cpu_offloading_num_layers") and offload == "none"
+    ):  # Megatron-Core's partial activation offload
         offload = "activations"
     if extras.get("activation_checkpoint_cpu_offload") and offload in ("none", "optimizer"):
         # DeepSpeed's activation_checkpointing.cpu_checkpointing, with or without offload_optimizer
@@ -133,33 +175,68 @@ def config_of(row: dict):
         # Megatron's account-for-embedding/loss layout: the first chunk holds the embedding alone, the last
         # the loss alone, the blocks split evenly over the others
         from planner.estimate import even_stages
+
         stages = (0, *even_stages(spec_of(row).total_blocks, row["pp"] * v - 2), 0)
-    elif isinstance(extras.get("pp_stages"), list):    # blocks per stage as the publication gives them
+    elif isinstance(
+        extras.get("pp_stages"), list
+    ):  # blocks per stage as the publication gives them
         stages = tuple(int(n) for n in extras["pp_stages"])
-    elif (method := re.match(r"type:transformer(\|embed(ding)?)?\b", extras.get("pp_partition_method") or "")) \
-            and row["pp"] > 1:
+    elif (
+        method := re.match(
+            r"type:transformer(\|embed(ding)?)?\b", extras.get("pp_partition_method") or ""
+        )
+    ) and row["pp"] > 1:
         # Megatron-DeepSpeed's --pp-partition-method: blocks only (its default), or the embedding and the tied
         # head counted as blocks too
         from planner.partition import deepspeed_type_stages
-        stages = tuple(deepspeed_type_stages(spec_of(row).total_blocks, row["pp"], embeddings=bool(method.group(1))))
-    return ParallelConfig(dp=dp, tp=row["tp"], pp=row["pp"], cp=cp, ep=ep, expert_tp=row.get("expert_tp") or 1,
-                          dp_shard=0 if shard == dp else shard, zero=row.get("zero") or 0,
-                          micro_batch=row["micro_batch"] or 1, global_batch=row["global_batch"], schedule=schedule,
-                          virtual_stages=v, recompute=row.get("recompute") or "none",
-                          recompute_layers=extras.get("recompute_layers") if row.get("recompute") == "full" else None,
-                          sequence_parallel=bool(row.get("sequence_parallel")) and row["tp"] > 1,
-                          precision=row["precision"], offload=offload, placement=placement, seq=row["seq"],
-                          framework=row["framework"], cp_comm=cp_comm, stages=stages)
+
+        stages = tuple(
+            deepspeed_type_stages(
+                spec_of(row).total_blocks, row["pp"], embeddings=bool(method.group(1))
+            )
+        )
+    return ParallelConfig(
+        dp=dp,
+        tp=row["tp"],
+        pp=row["pp"],
+        cp=cp,
+        ep=ep,
+        expert_tp=row.get("expert_tp") or 1,
+        dp_shard=0 if shard == dp else shard,
+        zero=row.get("zero") or 0,
+        micro_batch=row["micro_batch"] or 1,
+        global_batch=row["global_batch"],
+        schedule=schedule,
+        virtual_stages=v,
+        recompute=row.get("recompute") or "none",
+        recompute_layers=extras.get("recompute_layers") if row.get("recompute") == "full" else None,
+        sequence_parallel=bool(row.get("sequence_parallel")) and row["tp"] > 1,
+        precision=row["precision"],
+        offload=offload,
+        placement=placement,
+        seq=row["seq"],
+        framework=row["framework"],
+        cp_comm=cp_comm,
+        stages=stages,
+    )
 
 
-MOE_DISPATCHER = {"alltoall": "alltoall", "deepep": "deepep", "flex/deepep": "deepep", "flex/hybridep": "deepep"}
+MOE_DISPATCHER = {
+    "alltoall": "alltoall",
+    "deepep": "deepep",
+    "flex/deepep": "deepep",
+    "flex/hybridep": "deepep",
+}
 """A row's `extras.moe_dispatcher` in cost_models.moe's vocabulary (HybridEP is NVIDIA's DeepEP-compatible
 hierarchical dispatcher: same node-deduplicated traffic)."""
 
 
 def options_of(row: dict) -> RunOptions:
     extras = row.get("extras") or {}
-    out = {"attention": ATTENTION.get(row.get("attention")), "dropout": bool(extras.get("dropout", False))}
+    out = {
+        "attention": ATTENTION.get(row.get("attention")),
+        "dropout": bool(extras.get("dropout", False)),
+    }
     dispatcher = str(extras.get("moe_dispatcher") or "").lower()
     if dispatcher in MOE_DISPATCHER:
         out["moe_dispatcher"] = MOE_DISPATCHER[dispatcher]
@@ -171,16 +248,24 @@ def options_of(row: dict) -> RunOptions:
         out["fp8_scaling"] = "rowwise"
     if extras.get("cpu_offloading_num_layers"):
         out["activation_offload_layers"] = int(extras["cpu_offloading_num_layers"])
-    if extras.get("activation_func_fp8_input_store") is True:     # Megatron-Core's SwiGLU input kept in FP8
+    if (
+        extras.get("activation_func_fp8_input_store") is True
+    ):  # Megatron-Core's SwiGLU input kept in FP8
         out["activation_fp8_input"] = True
-    if extras.get("bf16_optimizer") and row["framework"] == "deepspeed":     # DeepSpeed's BF16_Optimizer ran
+    if (
+        extras.get("bf16_optimizer") and row["framework"] == "deepspeed"
+    ):  # DeepSpeed's BF16_Optimizer ran
         out["bf16_optimizer"] = True
-    modules = extras.get("recompute_modules")       # Megatron-Core's --recompute-modules, when the run names them
+    modules = extras.get(
+        "recompute_modules"
+    )  # Megatron-Core's --recompute-modules, when the run names them
     if modules and row.get("recompute") == "selective":
         out["recompute_modules"] = tuple(modules)
-    if extras.get("norm_kernel") == "fused_rmsnorm":          # torchtitan's Triton RMSNorm (norm_type)
+    if extras.get("norm_kernel") == "fused_rmsnorm":  # torchtitan's Triton RMSNorm (norm_type)
         out["fused_norm"] = True
-    if isinstance(extras.get("expandable_segments"), bool):     # the run's PYTORCH_CUDA_ALLOC_CONF, when known
+    if isinstance(
+        extras.get("expandable_segments"), bool
+    ):  # the run's PYTORCH_CUDA_ALLOC_CONF, when known
         out["expandable_segments"] = extras["expandable_segments"]
     if extras.get("moe_fp8_dispatch"):
         out["moe_fp8_dispatch"] = True
@@ -195,8 +280,11 @@ def options_of(row: dict) -> RunOptions:
     # NeMo 1.x's Apex distributed fused Adam keeps the fp32 master weights as 16-bit remainders beside bf16
     # parameters, unless the weights are FP8 (megatron_base_model.py, setup_optimization: fp8_params sets
     # store_params instead)
-    if "distributed_fused_adam" in str(extras.get("distributed_optimizer") or "") \
-            and row.get("precision") in BF16_PARAM_PRECISIONS and not extras.get("fp8_params"):
+    if (
+        "distributed_fused_adam" in str(extras.get("distributed_optimizer") or "")
+        and row.get("precision") in BF16_PARAM_PRECISIONS
+        and not extras.get("fp8_params")
+    ):
         out["master_weights"] = "remainder"
     if "tp_comm_overlap" in extras or "async_tp" in extras:
         out["tp_comm_overlap"] = bool(extras.get("tp_comm_overlap") or extras.get("async_tp"))
@@ -221,7 +309,8 @@ def measured_step_s(row: dict, spec=None, convention: str | None = None) -> floa
         return tokens / float(m["tokens_per_s"])
     if m.get("tflops_per_gpu") and convention and spec is not None:
         return convention_flops(spec, row["global_batch"], row["seq"], convention) / (
-            float(m["tflops_per_gpu"]) * 1e12 * row["gpus"])
+            float(m["tflops_per_gpu"]) * 1e12 * row["gpus"]
+        )
     return None
 
 
@@ -235,8 +324,11 @@ def convention_flops(spec, global_batch: int, seq: int, convention: str) -> floa
     L, h, V = spec.layers, spec.hidden, spec.vocab
     if convention == "nemo":
         kv = spec.n_kv_heads / spec.heads
-        per_token = 12 * L * h * h * (1 + kv + seq / h) + 6 * (3 if spec.gated_mlp else 2) * L * spec.d_ffn * h \
+        per_token = (
+            12 * L * h * h * (1 + kv + seq / h)
+            + 6 * (3 if spec.gated_mlp else 2) * L * spec.d_ffn * h
             + 6 * V * h
+        )
         return float(per_token) * global_batch * seq
     if convention == "megatron-hfu":
         return 96.0 * global_batch * seq * L * h * h * (1 + seq / (6 * h) + V / (16 * L * h))
@@ -252,11 +344,30 @@ def load(files=STACK_FILES) -> list[Case]:
             convention = (data["sources"].get(row["source_id"]) or {}).get("tflops_convention")
             try:
                 spec, config = spec_of(row), config_of(row)
-            except PlannerError as err:     # kept, and counted as refused by the benchmarks
-                cases.append(Case(row=row, file=name, spec=None, hardware=hardware(row["hardware"]), config=None,
-                                  options=options_of(row), measured_s=None, error=str(err)))
+            except PlannerError as err:  # kept, and counted as refused by the benchmarks
+                cases.append(
+                    Case(
+                        row=row,
+                        file=name,
+                        spec=None,
+                        hardware=hardware(row["hardware"]),
+                        config=None,
+                        options=options_of(row),
+                        measured_s=None,
+                        error=str(err),
+                    )
+                )
                 continue
             measured = measured_step_s(row, spec, convention) if row.get("trained", True) else None
-            cases.append(Case(row=row, file=name, spec=spec, hardware=hardware(row["hardware"]), config=config,
-                              options=options_of(row), measured_s=measured))
+            cases.append(
+                Case(
+                    row=row,
+                    file=name,
+                    spec=spec,
+                    hardware=hardware(row["hardware"]),
+                    config=config,
+                    options=options_of(row),
+                    measured_s=measured,
+                )
+            )
     return cases

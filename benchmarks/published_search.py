@@ -10,6 +10,7 @@ the model's accuracy. Writes benchmarks/results/published_search.json.
 
 Run: .venv/bin/python benchmarks/published_search.py
 """
+
 from __future__ import annotations
 
 import json
@@ -35,17 +36,36 @@ def check(row: dict) -> dict:
     hw = load_profile(row["hardware"])
     spec, cfg = spec_of(row), config_of(row)
     published = estimate(spec, hw, cfg, gpus=row["gpus"], options=SOFTWARE).to_document()
-    rec = recommend(spec, hw, gpus=row["gpus"], global_batch=row["global_batch"], seq=row["arch"]["seq"],
-                    precision=row["precision"], top=3, framework="megatron", options=SOFTWARE)
+    rec = recommend(
+        spec,
+        hw,
+        gpus=row["gpus"],
+        global_batch=row["global_batch"],
+        seq=row["arch"]["seq"],
+        precision=row["precision"],
+        top=3,
+        framework="megatron",
+        options=SOFTWARE,
+    )
     best = rec.best
     t_best, t_pub = best["prediction"]["step_time_s"], published["prediction"]["step_time_s"]
     gap = t_pub / t_best - 1
-    out = {"id": row["id"], "gpus": row["gpus"], "global_batch": row["global_batch"],
-           "measured_s": row["iteration_time_s"], "published_predicted_s": t_pub, "best_predicted_s": t_best,
-           "published_slower_by": gap, "published_fits": published["prediction"]["memory"]["fits"],
-           "best_at_least_as_fast": t_best <= t_pub * (1 + 1e-9), "within_10pct": gap <= WITHIN,
-           "best_plan": describe_config(best["plan"]), "published_plan": describe_config(published["plan"]),
-           "candidates_evaluated": rec.stats.candidates_evaluated, "search_s": rec.stats.seconds}
+    out = {
+        "id": row["id"],
+        "gpus": row["gpus"],
+        "global_batch": row["global_batch"],
+        "measured_s": row["iteration_time_s"],
+        "published_predicted_s": t_pub,
+        "best_predicted_s": t_best,
+        "published_slower_by": gap,
+        "published_fits": published["prediction"]["memory"]["fits"],
+        "best_at_least_as_fast": t_best <= t_pub * (1 + 1e-9),
+        "within_10pct": gap <= WITHIN,
+        "best_plan": describe_config(best["plan"]),
+        "published_plan": describe_config(published["plan"]),
+        "candidates_evaluated": rec.stats.candidates_evaluated,
+        "search_s": rec.stats.seconds,
+    }
     if gap > WITHIN:
         out["explain"] = compare(best, published, label="published")
     return out
@@ -53,24 +73,39 @@ def check(row: dict) -> dict:
 
 def main() -> None:
     results = []
-    print(f"{'run':<36} {'measured':>8} {'pub pred':>8} {'best':>8} {'pub slower':>10} {'fits':>5} {'scored':>8} "
-          f"{'search s':>8}  best plan")
+    print(
+        f"{'run':<36} {'measured':>8} {'pub pred':>8} {'best':>8} {'pub slower':>10} {'fits':>5} {'scored':>8} "
+        f"{'search s':>8}  best plan"
+    )
     for row in load_rows():
         r = check(row)
         results.append(r)
-        print(f"{r['id']:<36} {r['measured_s']:>8.2f} {r['published_predicted_s']:>8.2f} {r['best_predicted_s']:>8.2f} "
-              f"{r['published_slower_by']:>10.1%} {str(r['published_fits']):>5} {r['candidates_evaluated']:>8,} "
-              f"{r['search_s']:>8.2f}  {r['best_plan']}")
+        print(
+            f"{r['id']:<36} {r['measured_s']:>8.2f} {r['published_predicted_s']:>8.2f} {r['best_predicted_s']:>8.2f} "
+            f"{r['published_slower_by']:>10.1%} {str(r['published_fits']):>5} {r['candidates_evaluated']:>8,} "
+            f"{r['search_s']:>8.2f}  {r['best_plan']}"
+        )
         for line in r.get("explain", []):
             print("    " + line.strip())
     ok_fast = all(r["best_at_least_as_fast"] for r in results)
     ok_close = all(r["within_10pct"] or r.get("explain") for r in results)
-    print(f"best at least as fast as published in every row: {ok_fast}; "
-          f"published within 10% or explained: {ok_close} "
-          f"({sum(r['within_10pct'] for r in results)}/{len(results)} within 10%)")
+    print(
+        f"best at least as fast as published in every row: {ok_fast}; "
+        f"published within 10% or explained: {ok_close} "
+        f"({sum(r['within_10pct'] for r in results)}/{len(results)} within 10%)"
+    )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"rows": results, "best_at_least_as_fast": ok_fast,
-                                   "within_10pct_or_explained": ok_close}, indent=2) + "\n")
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "rows": results,
+                "best_at_least_as_fast": ok_fast,
+                "within_10pct_or_explained": ok_close,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ recorded beside the numbers because the search is CPU-bound: on a shared machine
 
 Run: .venv/bin/python benchmarks/search_speed.py [--repeat 3] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,7 +37,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "search_speed.json"
 def run(model: str, hardware: str, gpus: int, batch: int, options: dict, repeat: int) -> dict:
     from planner.search import recommend
 
-    recommend(model, hardware, gpus=gpus, global_batch=batch, **options)           # warm-up (imports, caches)
+    recommend(
+        model, hardware, gpus=gpus, global_batch=batch, **options
+    )  # warm-up (imports, caches)
     best = None
     for _ in range(repeat):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -47,14 +50,26 @@ def run(model: str, hardware: str, gpus: int, batch: int, options: dict, repeat:
     wall, cpu, rec = best
     s = rec.stats
     plan = rec.best["plan"]
-    return {"model": model, "hardware": hardware, "gpus": gpus, "global_batch": batch, **options,
-            "candidates_evaluated": s.candidates_evaluated, "feasible": s.feasible, "space": s.space,
-            "pruned_by_memory_bound": s.pruned_by_memory_bound, "pruned_by_time_bound": s.pruned_by_time_bound,
-            "bound_evaluations": s.bound_evaluations, "wall_s": wall, "cpu_s": cpu,
-            "candidates_per_s": s.candidates_evaluated / wall, "space_per_s": s.space / wall,
-            "best_step_time_s": rec.best["prediction"]["step_time_s"],
-            "best_plan": {k: plan[k] for k in ("dp", "tp", "pp", "cp", "cp_comm", "dp_shard", "ep")},
-            "values_tried": s.values_tried}
+    return {
+        "model": model,
+        "hardware": hardware,
+        "gpus": gpus,
+        "global_batch": batch,
+        **options,
+        "candidates_evaluated": s.candidates_evaluated,
+        "feasible": s.feasible,
+        "space": s.space,
+        "pruned_by_memory_bound": s.pruned_by_memory_bound,
+        "pruned_by_time_bound": s.pruned_by_time_bound,
+        "bound_evaluations": s.bound_evaluations,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "candidates_per_s": s.candidates_evaluated / wall,
+        "space_per_s": s.space / wall,
+        "best_step_time_s": rec.best["prediction"]["step_time_s"],
+        "best_plan": {k: plan[k] for k in ("dp", "tp", "pp", "cp", "cp_comm", "dp_shard", "ep")},
+        "values_tried": s.values_tried,
+    }
 
 
 def main() -> None:
@@ -63,16 +78,31 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="only the README scenario")
     args = parser.parse_args()
     rows = []
-    print(f"{'model':<12} {'hardware':<14} {'gpus':>5} {'scored':>9} {'space':>10} {'wall s':>7} {'cpu s':>6} "
-          f"{'scored/s':>10} {'space/s':>10}")
+    print(
+        f"{'model':<12} {'hardware':<14} {'gpus':>5} {'scored':>9} {'space':>10} {'wall s':>7} {'cpu s':>6} "
+        f"{'scored/s':>10} {'space/s':>10}"
+    )
     for scenario in SCENARIOS[:1] if args.quick else SCENARIOS:
         r = run(*scenario, repeat=args.repeat)
         rows.append(r)
-        print(f"{r['model']:<12} {r['hardware']:<14} {r['gpus']:>5} {r['candidates_evaluated']:>9,} {r['space']:>10,} "
-              f"{r['wall_s']:>7.2f} {r['cpu_s']:>6.2f} {r['candidates_per_s']:>10,.0f} {r['space_per_s']:>10,.0f}")
+        print(
+            f"{r['model']:<12} {r['hardware']:<14} {r['gpus']:>5} {r['candidates_evaluated']:>9,} {r['space']:>10,} "
+            f"{r['wall_s']:>7.2f} {r['cpu_s']:>6.2f} {r['candidates_per_s']:>10,.0f} {r['space_per_s']:>10,.0f}"
+        )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"scenarios": rows, "cpu_count": os.cpu_count(), "load_average": os.getloadavg(),
-                                   "python": platform.python_version(), "machine": platform.machine()}, indent=2) + "\n")
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "scenarios": rows,
+                "cpu_count": os.cpu_count(),
+                "load_average": os.getloadavg(),
+                "python": platform.python_version(),
+                "machine": platform.machine(),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; wrote {RESULTS}")
 
 

@@ -8,6 +8,7 @@ the same configuration (tests/test_activation_owner.py). Which table applies is 
 `kernels` (fused: Megatron / Transformer Engine, Korthikanti et al. 2022 Table 2; eager: Hugging Face
 modules; torch: plain PyTorch modules, torchtitan and this project's executor).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,9 +42,20 @@ def _kept(table, sac, b, s, tp, sp, recompute):
     return kept[RECOMPUTE_MODES.index(recompute)] * b * s
 
 
-def block_bytes(spec: TransformerSpec, b, s, *, precision: str = "amp-bf16", kernels: str = "fused",
-                flash: bool = True, dropout: bool = False, tp=1, sp=False, recompute: str = "none",
-                selective: str = "attention"):
+def block_bytes(
+    spec: TransformerSpec,
+    b,
+    s,
+    *,
+    precision: str = "amp-bf16",
+    kernels: str = "fused",
+    flash: bool = True,
+    dropout: bool = False,
+    tp=1,
+    sp=False,
+    recompute: str = "none",
+    selective: str = "attention",
+):
     """One block of a stack's `kernels` with no run options: everything (none), without the attention scores'
     core (selective; with `selective='op'` torchtitan's per-operator set, cost_models.blocks.op_sac), or only
     the block input (full); replicated terms / (tp with SP), sharded / tp. Arrays broadcast. For a run's
@@ -54,8 +66,18 @@ def block_bytes(spec: TransformerSpec, b, s, *, precision: str = "amp-bf16", ker
     return _kept(table, sac, b, s, tp, sp, recompute)
 
 
-def block_bytes_of(sw, spec: TransformerSpec, b, s, *, precision: str = "amp-bf16", zero=0, tp=1, sp=False,
-                   recompute: str = "none"):
+def block_bytes_of(
+    sw,
+    spec: TransformerSpec,
+    b,
+    s,
+    *,
+    precision: str = "amp-bf16",
+    zero=0,
+    tp=1,
+    sp=False,
+    recompute: str = "none",
+):
     """One block as a run with software `sw` (cost_models.step.Software) saves it: the table and the selective
     policy the cost model itself reads (cost_models.step.block_table_of: the run's fused norm, FP8 activation
     input, FSDP's 16-bit modules from ZeRO 2 on; cost_models.step.selective_policy: per-operator or by-module
@@ -63,27 +85,64 @@ def block_bytes_of(sw, spec: TransformerSpec, b, s, *, precision: str = "amp-bf1
     every run option (tests/test_activation_owner.py)."""
     from cost_models.step import block_table_of, selective_policy
 
-    return _kept(block_table_of(sw, spec, precision, zero), selective_policy(sw, spec, precision), b, s, tp, sp,
-                 recompute)
+    return _kept(
+        block_table_of(sw, spec, precision, zero),
+        selective_policy(sw, spec, precision),
+        b,
+        s,
+        tp,
+        sp,
+        recompute,
+    )
 
 
-def embedding_bytes(spec: TransformerSpec, b, s, *, precision: str = "amp-bf16", dropout: bool = False, tp=1, sp=False):
+def embedding_bytes(
+    spec: TransformerSpec,
+    b,
+    s,
+    *,
+    precision: str = "amp-bf16",
+    dropout: bool = False,
+    tp=1,
+    sp=False,
+):
     """First stage (cost_models.blocks.embedding_saved)."""
     return _per_token(B.embedding_saved(spec, precision, dropout=dropout), tp, sp, s) * b * s
 
 
-def head_bytes(spec: TransformerSpec, b, s, *, precision: str = "amp-bf16", kernels: str = "fused", tp=1, sp=False):
+def head_bytes(
+    spec: TransformerSpec,
+    b,
+    s,
+    *,
+    precision: str = "amp-bf16",
+    kernels: str = "fused",
+    tp=1,
+    sp=False,
+):
     """Last stage before the loss: final norm and LM head inputs (cost_models.blocks.head_table)."""
     return _per_token(B.head_table(spec, precision, kernels).saved, tp, sp, s) * b * s
 
 
-def loss_bytes(spec: TransformerSpec, b, s, *, tp=1, loss: str = "upcast", precision: str = "amp-bf16"):
+def loss_bytes(
+    spec: TransformerSpec, b, s, *, tp=1, loss: str = "upcast", precision: str = "amp-bf16"
+):
     """What cross-entropy saves for its backward (cost_models.blocks.loss_saved)."""
     return _per_token(B.loss_saved(spec, loss, precision), tp, False, s) * b * s
 
 
-def logits_peak_bytes(spec: TransformerSpec, b, s, *, precision: str = "amp-bf16", kernels: str = "fused", tp=1,
-                      loss: str | None = None):
+def logits_peak_bytes(
+    spec: TransformerSpec,
+    b,
+    s,
+    *,
+    precision: str = "amp-bf16",
+    kernels: str = "fused",
+    tp=1,
+    loss: str | None = None,
+):
     """The largest transient of logits and loss on the last stage (HeadTable.logits_peak): not saved by a
     layer, alive at the loss; the memory model adds it to the last stage's peak."""
-    return _per_token(B.head_table(spec, precision, kernels, loss).logits_peak, tp, False, s) * b * s
+    return (
+        _per_token(B.head_table(spec, precision, kernels, loss).logits_peak, tp, False, s) * b * s
+    )

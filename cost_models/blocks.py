@@ -28,6 +28,7 @@ Implementations (a framework profile's `kernels`, frameworks/*.json):
   fused activation functions. The same op list as "eager" without autocast and without HF's python
   gelu_new.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -56,7 +57,9 @@ class Terms:
         return self.rep * np.where(sp, 1.0 / tp, 1.0) + (self.shard + self.seq * s) / tp
 
     def __add__(self, other: "Terms") -> "Terms":
-        return Terms(rep=self.rep + other.rep, shard=self.shard + other.shard, seq=self.seq + other.seq)
+        return Terms(
+            rep=self.rep + other.rep, shard=self.shard + other.shard, seq=self.seq + other.seq
+        )
 
     def scaled(self, k: float) -> "Terms":
         return Terms(rep=self.rep * k, shard=self.shard * k, seq=self.seq * k)
@@ -82,13 +85,22 @@ class BlockTable:
 
 def blend(mask, a: BlockTable, b: BlockTable) -> BlockTable:
     """Per candidate, table `a` where `mask` else `b` (array-valued terms)."""
+
     def pick(x: Terms, y: Terms) -> Terms:
-        return Terms(rep=np.where(mask, x.rep, y.rep), shard=np.where(mask, x.shard, y.shard),
-                     seq=np.where(mask, x.seq, y.seq))
-    return BlockTable(saved=pick(a.saved, b.saved), saved_full_recompute=pick(a.saved_full_recompute, b.saved_full_recompute),
-                      scores_saved=pick(a.scores_saved, b.scores_saved), traffic_fwd=pick(a.traffic_fwd, b.traffic_fwd),
-                      scores_traffic_fwd=pick(a.scores_traffic_fwd, b.scores_traffic_fwd),
-                      kernels_fwd=np.where(mask, a.kernels_fwd, b.kernels_fwd))
+        return Terms(
+            rep=np.where(mask, x.rep, y.rep),
+            shard=np.where(mask, x.shard, y.shard),
+            seq=np.where(mask, x.seq, y.seq),
+        )
+
+    return BlockTable(
+        saved=pick(a.saved, b.saved),
+        saved_full_recompute=pick(a.saved_full_recompute, b.saved_full_recompute),
+        scores_saved=pick(a.scores_saved, b.scores_saved),
+        traffic_fwd=pick(a.traffic_fwd, b.traffic_fwd),
+        scores_traffic_fwd=pick(a.scores_traffic_fwd, b.scores_traffic_fwd),
+        kernels_fwd=np.where(mask, a.kernels_fwd, b.kernels_fwd),
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -125,29 +137,58 @@ def _torch_precision(precision: str) -> str:
     return "bf16" if precision in ("amp-bf16", "amp-fp16", "fp8") else precision
 
 
-def block_table(spec: TransformerSpec, precision: str, kernels: str, *, flash: bool = True,
-                dropout: bool = False, fused_norm: bool = False, activation_fp8_input: bool = False) -> BlockTable:
+def block_table(
+    spec: TransformerSpec,
+    precision: str,
+    kernels: str,
+    *,
+    flash: bool = True,
+    dropout: bool = False,
+    fused_norm: bool = False,
+    activation_fp8_input: bool = False,
+) -> BlockTable:
     """The per-token table of one block for `kernels` (IMPLEMENTATIONS); `fused_norm`: the eager block's RMSNorms
     run as one fused kernel (_eager_block); `activation_fp8_input`: the fused SwiGLU keeps its input in FP8
     (_megatron_block; Megatron-Core's activation_func_fp8_input_store, fused kernels only)."""
     if activation_fp8_input and kernels != "fused":
         raise ValueError("activation_fp8_input is Megatron-Core's fused SwiGLU (kernels 'fused')")
-    if spec.moe is not None or spec.mla is not None:     # its dense base table (block_table) has the QK-norm
-        return _moe_mla_block(spec, precision, kernels, flash=flash, dropout=dropout,
-                              activation_fp8_input=activation_fp8_input)
+    if (
+        spec.moe is not None or spec.mla is not None
+    ):  # its dense base table (block_table) has the QK-norm
+        return _moe_mla_block(
+            spec,
+            precision,
+            kernels,
+            flash=flash,
+            dropout=dropout,
+            activation_fp8_input=activation_fp8_input,
+        )
     if kernels == "fused":
-        table = _megatron_block(spec, precision, flash=flash, dropout=dropout, activation_fp8_input=activation_fp8_input)
+        table = _megatron_block(
+            spec, precision, flash=flash, dropout=dropout, activation_fp8_input=activation_fp8_input
+        )
     elif kernels == "eager":
-        table = _eager_block(spec, precision, dropout=dropout, python_gelu=spec.activation == "gelu_new",
-                             fused_norm=fused_norm)
-        if not flash:        # SDPA's flash saves only the log-sum-exp; the math path keeps the scores
+        table = _eager_block(
+            spec,
+            precision,
+            dropout=dropout,
+            python_gelu=spec.activation == "gelu_new",
+            fused_norm=fused_norm,
+        )
+        if not flash:  # SDPA's flash saves only the log-sum-exp; the math path keeps the scores
             c = compute_bytes(precision)
             scores = _math_scores(spec, c, dropout)
-            table = _replace(table, saved=table.saved + Terms(shard=-4.0 * spec.heads) + scores,
-                             scores_saved=scores, traffic_fwd=table.traffic_fwd + _math_scores_traffic(spec, c, dropout),
-                             scores_traffic_fwd=_math_scores_traffic(spec, c, dropout))
+            table = _replace(
+                table,
+                saved=table.saved + Terms(shard=-4.0 * spec.heads) + scores,
+                scores_saved=scores,
+                traffic_fwd=table.traffic_fwd + _math_scores_traffic(spec, c, dropout),
+                scores_traffic_fwd=_math_scores_traffic(spec, c, dropout),
+            )
     elif kernels == "torch":
-        table = _torch_block(spec, _torch_precision(precision), flash=flash, dropout=dropout, fused_norm=fused_norm)
+        table = _torch_block(
+            spec, _torch_precision(precision), flash=flash, dropout=dropout, fused_norm=fused_norm
+        )
     else:
         raise ValueError(f"kernels must be one of {IMPLEMENTATIONS}, not {kernels!r}")
     if not flash and spec.n_kv_heads < spec.heads:
@@ -155,13 +196,23 @@ def block_table(spec: TransformerSpec, precision: str, kernels: str, *, flash: b
         # (SDPA's math kernel with enable_gqa, HF's repeat_kv, Megatron's unfused attention)
         c = compute_bytes(precision if kernels != "torch" else _torch_precision(precision))
         extra = 2 * c * (spec.attn_width - spec.kv_width)
-        table = _replace(table, saved=table.saved + Terms(shard=extra),
-                         traffic_fwd=table.traffic_fwd + Terms(shard=2 * c * spec.kv_width + extra + 2 * c * spec.kv_width))
+        table = _replace(
+            table,
+            saved=table.saved + Terms(shard=extra),
+            traffic_fwd=table.traffic_fwd
+            + Terms(shard=2 * c * spec.kv_width + extra + 2 * c * spec.kv_width),
+        )
     return _with_qk_norm(table, spec, precision, kernels, fused_norm=fused_norm)
 
 
-def _with_qk_norm(table: BlockTable, spec: TransformerSpec, precision: str, kernels: str, *,
-                  fused_norm: bool = False) -> BlockTable:
+def _with_qk_norm(
+    table: BlockTable,
+    spec: TransformerSpec,
+    precision: str,
+    kernels: str,
+    *,
+    fused_norm: bool = False,
+) -> BlockTable:
     """QK-norm (an RMSNorm over each head's head_dim on the queries and keys before the rotary embedding: Qwen3,
     OLMo 2, Gemma 3; Dehghani et al. 2023, "Scaling Vision Transformers to 22B Parameters", Sec. 3.1): per token
     its saved tensors, streamed bytes and launches, over the a d query and k d key elements and their a + k rows
@@ -179,16 +230,27 @@ def _with_qk_norm(table: BlockTable, spec: TransformerSpec, precision: str, kern
         return table
     c = compute_bytes(_torch_precision(precision) if kernels == "torch" else precision)
     fused = kernels == "fused" or fused_norm
-    per, traffic, launches = (c, 2 * c, 1) if fused else \
-        (4 + c if kernels == "eager" else 8, 8 + 4 + 8 + 2 * c + (0 if c == 4 else 2 * (c + 4)), 6 + (0 if c == 4 else 2))
+    per, traffic, launches = (
+        (c, 2 * c, 1)
+        if fused
+        else (
+            4 + c if kernels == "eager" else 8,
+            8 + 4 + 8 + 2 * c + (0 if c == 4 else 2 * (c + 4)),
+            6 + (0 if c == 4 else 2),
+        )
+    )
     width, rows = spec.attn_width + spec.kv_width, spec.heads + spec.n_kv_heads
-    return _replace(table, saved=table.saved + Terms(shard=width * per + 4.0 * rows),
-                    traffic_fwd=table.traffic_fwd + Terms(shard=width * traffic),
-                    kernels_fwd=table.kernels_fwd + 2 * launches)
+    return _replace(
+        table,
+        saved=table.saved + Terms(shard=width * per + 4.0 * rows),
+        traffic_fwd=table.traffic_fwd + Terms(shard=width * traffic),
+        kernels_fwd=table.kernels_fwd + 2 * launches,
+    )
 
 
 def _replace(table: BlockTable, **changes) -> BlockTable:
     from dataclasses import replace
+
     return replace(table, **changes)
 
 
@@ -210,11 +272,16 @@ def residual_bytes(precision: str, kernels: str) -> int:
     parameters FSDP2 casts to 16 bits)."""
     if kernels == "torch":
         precision = _torch_precision(precision)
-    return 4 if precision == "fp32" or (kernels == "eager" and precision.startswith("amp")) else compute_bytes(precision)
+    return (
+        4
+        if precision == "fp32" or (kernels == "eager" and precision.startswith("amp"))
+        else compute_bytes(precision)
+    )
 
 
-def _torch_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout: bool,
-                 fused_norm: bool = False) -> BlockTable:
+def _torch_block(
+    spec: TransformerSpec, precision: str, *, flash: bool, dropout: bool, fused_norm: bool = False
+) -> BlockTable:
     """Plain PyTorch modules (planner/models/transformer.py, torchtitan's): what autograd saves, term
     by term, measured with torch.autograd.graph.saved_tensors_hooks (tests/test_profiler_torch.py):
 
@@ -238,17 +305,33 @@ def _torch_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout:
     h, a = spec.hidden, spec.heads
     n_norm = spec.norms_per_block + (1 if spec.encoder_layers else 0)
     rms = spec.norm == "rmsnorm"
-    upcast = rms and not fused_norm          # the module's RMSNorm keeps an fp32 copy and the fp32 normalized x
-    rep = n_norm * (h * (4 if upcast else r) + h * 4 * upcast + 4 * (1 if rms else 2) + h * c) + 2 * h * dropout
+    upcast = (
+        rms and not fused_norm
+    )  # the module's RMSNorm keeps an fp32 copy and the fp32 normalized x
+    rep = (
+        n_norm * (h * (4 if upcast else r) + h * 4 * upcast + 4 * (1 if rms else 2) + h * c)
+        + 2 * h * dropout
+    )
     attentions = 2 if spec.encoder_layers else 1
-    shard = attentions * ((spec.attn_width + 2 * spec.kv_width) * c + spec.attn_width * c) \
+    shard = (
+        attentions * ((spec.attn_width + 2 * spec.kv_width) * c + spec.attn_width * c)
         + (4 if spec.gated_mlp else 2) * spec.d_ffn * c
-    core = Terms(shard=attentions * a * 4.0) if flash else Terms(seq=attentions * a * (c + dropout * (1 + c)))
+    )
+    core = (
+        Terms(shard=attentions * a * 4.0)
+        if flash
+        else Terms(seq=attentions * a * (c + dropout * (1 + c)))
+    )
     ops = _eager_block(spec, precision, dropout=dropout, python_gelu=False, fused_norm=fused_norm)
     scores_traffic = Terms() if flash else _math_scores_traffic(spec, c, dropout)
-    return BlockTable(saved=Terms(rep=rep, shard=shard) + core, saved_full_recompute=Terms(rep=r * h),
-                      scores_saved=core, traffic_fwd=ops.traffic_fwd + scores_traffic, scores_traffic_fwd=scores_traffic,
-                      kernels_fwd=ops.kernels_fwd)
+    return BlockTable(
+        saved=Terms(rep=rep, shard=shard) + core,
+        saved_full_recompute=Terms(rep=r * h),
+        scores_saved=core,
+        traffic_fwd=ops.traffic_fwd + scores_traffic,
+        scores_traffic_fwd=scores_traffic,
+        kernels_fwd=ops.kernels_fwd,
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -278,18 +361,43 @@ def op_sac(spec: TransformerSpec, precision: str, kernels: str) -> OpSac:
     c = compute_bytes(_torch_precision(precision) if kernels == "torch" else precision)
     r = residual_bytes(precision, kernels)
     h, f = spec.hidden, spec.d_ffn
-    linears = [("q", spec.attn_width, h), ("k", spec.kv_width, h), ("v", spec.kv_width, h),
-               ("o", h, spec.attn_width), ("w1", f, h)] + ([("w3", f, h)] if spec.gated_mlp else []) + [("w2", h, f)]
+    linears = (
+        [
+            ("q", spec.attn_width, h),
+            ("k", spec.kv_width, h),
+            ("v", spec.kv_width, h),
+            ("o", h, spec.attn_width),
+            ("w1", f, h),
+        ]
+        + ([("w3", f, h)] if spec.gated_mlp else [])
+        + [("w2", h, f)]
+    )
     kept = [name for i, (name, _, _) in enumerate(linears) if i % 2 == 0]
     flops = {name: out * k for name, out, k in linears}
     recomputed = sum(v for name, v in flops.items() if name not in kept) / sum(flops.values())
     out_bytes = {name: out * c for name, out, _ in linears}
-    rep = r * h + (out_bytes["w2"] if "w2" in kept else 0.0) + (out_bytes["o"] if "o" in kept else 0.0)
-    shard = sum(out_bytes[n] for n in kept if n not in ("w2", "o")) + spec.attn_width * c + 4.0 * spec.heads
+    rep = (
+        r * h
+        + (out_bytes["w2"] if "w2" in kept else 0.0)
+        + (out_bytes["o"] if "o" in kept else 0.0)
+    )
+    shard = (
+        sum(out_bytes[n] for n in kept if n not in ("w2", "o"))
+        + spec.attn_width * c
+        + 4.0 * spec.heads
+    )
     return OpSac(saved=Terms(rep=rep, shard=shard), gemm_fraction=recomputed)
 
 
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj")
+RECOMPUTE_MODULES = (
+    "core_attn",
+    "layernorm",
+    "mlp",
+    "moe",
+    "moe_act",
+    "shared_experts",
+    "mla_up_proj",
+)
 """Megatron-Core's --recompute-modules (TransformerConfig.recompute_modules, used with recompute_granularity
 selective; default ["core_attn"]): the attention core, the separate norms, a dense block's MLP, the whole MoE
 layer, the routed experts' activation function, the shared experts, MLA's up-projections."""
@@ -313,7 +421,9 @@ class ModuleSac:
     """The whole MoE layer re-runs: its dispatch and combine exchanges and its permutations too."""
 
 
-def module_sac(spec: TransformerSpec, precision: str, modules, *, activation_fp8_input: bool = False) -> ModuleSac:
+def module_sac(
+    spec: TransformerSpec, precision: str, modules, *, activation_fp8_input: bool = False
+) -> ModuleSac:
     """What Megatron-Core's selective recomputation of `modules` (RECOMPUTE_MODULES) drops from a block's saved
     tensors (the Megatron table, _megatron_block / _moe_mla_block, c = compute bytes, lin = a linear layer's saved
     input: 1 byte under FP8) and re-runs (megatron/core/transformer/transformer_layer.py, moe/moe_layer.py,
@@ -360,11 +470,23 @@ def module_sac(spec: TransformerSpec, precision: str, modules, *, activation_fp8
     if moe is not None and "moe" in mods:
         rep, _ = moe_mla_bytes_per_token(spec, c, kernels="fused", precision=precision)
         moe_rep = sum(v for k, v in rep.items() if k.startswith("moe_"))
-        dropped = dropped + Terms(rep=moe_rep, shard=inner(moe.top_k * moe.expert_ffn + shared_width))
-        elem = elem + Terms(rep=moe.top_k * 5 * h * c + 8.0 * moe.experts,     # gather, scatter, weighting
-                            shard=act_traffic(moe.top_k * moe.expert_ffn + shared_width))
-        gemms |= {"router", "experts_w1", "experts_w2", "experts_w3", "shared_w1", "shared_w2", "shared_w3",
-                  "shared_gate"}
+        dropped = dropped + Terms(
+            rep=moe_rep, shard=inner(moe.top_k * moe.expert_ffn + shared_width)
+        )
+        elem = elem + Terms(
+            rep=moe.top_k * 5 * h * c + 8.0 * moe.experts,  # gather, scatter, weighting
+            shard=act_traffic(moe.top_k * moe.expert_ffn + shared_width),
+        )
+        gemms |= {
+            "router",
+            "experts_w1",
+            "experts_w2",
+            "experts_w3",
+            "shared_w1",
+            "shared_w2",
+            "shared_w3",
+            "shared_gate",
+        }
     elif moe is not None:
         if "moe_act" in mods:
             dropped = dropped + Terms(shard=lin * moe.top_k * moe.expert_ffn)
@@ -378,14 +500,24 @@ def module_sac(spec: TransformerSpec, precision: str, modules, *, activation_fp8
         dropped = dropped + Terms(shard=shard["qkv"])
         gemms |= {"wq_b", "wkv_b"}
     kept = table.saved
-    saved = Terms(rep=max(kept.rep - dropped.rep, table.saved_full_recompute.rep),
-                  shard=max(kept.shard - dropped.shard, 0.0), seq=max(kept.seq - dropped.seq, 0.0))
-    return ModuleSac(modules=mods, saved=saved, core_attn="core_attn" in mods, gemms=frozenset(gemms), elem=elem,
-                     moe_layer=moe is not None and "moe" in mods)
+    saved = Terms(
+        rep=max(kept.rep - dropped.rep, table.saved_full_recompute.rep),
+        shard=max(kept.shard - dropped.shard, 0.0),
+        seq=max(kept.seq - dropped.seq, 0.0),
+    )
+    return ModuleSac(
+        modules=mods,
+        saved=saved,
+        core_attn="core_attn" in mods,
+        gemms=frozenset(gemms),
+        elem=elem,
+        moe_layer=moe is not None and "moe" in mods,
+    )
 
 
-def moe_mla_bytes_per_token(spec: TransformerSpec, c, *, kernels: str = "eager",
-                            precision: str = "amp-bf16") -> tuple[dict, dict]:
+def moe_mla_bytes_per_token(
+    spec: TransformerSpec, c, *, kernels: str = "eager", precision: str = "amp-bf16"
+) -> tuple[dict, dict]:
     """Saved-for-backward bytes per token of an MoE MLP and of MLA, as (replicated, sharded) dicts that
     replace the dense `mlp` / `qkv` / `attn_out` terms. c = compute bytes. The MoE layer's dispatch depends
     on the implementation (`kernels`): the eager layer of planner.models.transformer (tests/test_moe_models.py
@@ -416,13 +548,17 @@ def moe_mla_bytes_per_token(spec: TransformerSpec, c, *, kernels: str = "eager",
     if spec.moe is not None:
         moe = spec.moe
         inner = 4 if spec.gated_mlp else 2
-        rep["moe_router"] = moe.experts * 4 + moe.top_k * 8 + (moe.top_k * 4 + 4) * moe.normalize_top_k
+        rep["moe_router"] = (
+            moe.experts * 4 + moe.top_k * 8 + (moe.top_k * 4 + 4) * moe.normalize_top_k
+        )
         if kernels == "fused":
             c_in = 1.0 if precision == "fp8" else c
             rep["moe_dispatch"] = moe.top_k * (h * c_in + 4 + 16)
         else:
             rep["moe_dispatch"] = moe.top_k * (3 * h * c + c + 16)
-        shard["mlp"] = inner * c * (moe.top_k * moe.expert_ffn + moe.shared_experts * moe.d_shared_ffn)
+        shard["mlp"] = (
+            inner * c * (moe.top_k * moe.expert_ffn + moe.shared_experts * moe.d_shared_ffn)
+        )
         if moe.shared_expert_gate:
             rep["moe_shared_gate"] = c + h * c
     if spec.mla is not None:
@@ -442,8 +578,15 @@ MLA_EXTRA_KERNELS = 6.0
 """Launches MLA adds (two more projections, two latent norms, splits and concatenations): an estimate."""
 
 
-def _moe_mla_block(spec: TransformerSpec, precision: str, kernels: str, *, flash: bool, dropout: bool,
-                   activation_fp8_input: bool = False) -> BlockTable:
+def _moe_mla_block(
+    spec: TransformerSpec,
+    precision: str,
+    kernels: str,
+    *,
+    flash: bool,
+    dropout: bool,
+    activation_fp8_input: bool = False,
+) -> BlockTable:
     """An MoE and/or MLA block: the table of the dense block with the MLP width a token goes through
     (k f_e + S f_s) and, for MLA, a query/key/value heads of d_qk, whose saved q, k, v and output,
     4 a d_qk, are corrected to MLA's q, k, kv_b output and output, 2 a d_qk + a (d_nope + d_v) + a d_v
@@ -452,22 +595,39 @@ def _moe_mla_block(spec: TransformerSpec, precision: str, kernels: str, *, flash
     dispatch traffic: each routed copy gathered, scattered back and weighted, ~5 h c per copy, and
     the router's fp32 scores written and read (2 x 4 E)."""
     ffn = spec.moe.active_ffn if spec.moe is not None else spec.ffn
-    dense = spec.with_(moe=None, mla=None, ffn=ffn, head_dim=spec.d_head, kv_heads=0 if spec.mla else spec.kv_heads)
-    base = block_table(dense, precision, kernels, flash=flash, dropout=dropout, activation_fp8_input=activation_fp8_input)
+    dense = spec.with_(
+        moe=None, mla=None, ffn=ffn, head_dim=spec.d_head, kv_heads=0 if spec.mla else spec.kv_heads
+    )
+    base = block_table(
+        dense,
+        precision,
+        kernels,
+        flash=flash,
+        dropout=dropout,
+        activation_fp8_input=activation_fp8_input,
+    )
     c = compute_bytes(_torch_precision(precision) if kernels == "torch" else precision)
     rep, _ = moe_mla_bytes_per_token(spec, c, kernels=kernels, precision=precision)
     mla_shard = 0.0
-    if spec.mla is not None:  # MLA's saved q, k, kv_b output and output minus the 4 a d_qk standing in
+    if (
+        spec.mla is not None
+    ):  # MLA's saved q, k, kv_b output and output minus the 4 a d_qk standing in
         m = spec.mla
         mla_shard = spec.heads * (m.qk_nope_head_dim + 2 * m.v_head_dim - 2 * m.qk_head_dim) * c
     traffic = 0.0
     if spec.moe is not None:
         traffic = spec.moe.top_k * 5 * spec.hidden * c + 8.0 * spec.moe.experts
-    launches = MOE_EXTRA_KERNELS * (spec.moe is not None) + MLA_EXTRA_KERNELS * (spec.mla is not None)
-    return BlockTable(saved=base.saved + Terms(rep=float(sum(rep.values())), shard=mla_shard),
-                      saved_full_recompute=base.saved_full_recompute, scores_saved=base.scores_saved,
-                      traffic_fwd=base.traffic_fwd + Terms(rep=traffic), scores_traffic_fwd=base.scores_traffic_fwd,
-                      kernels_fwd=base.kernels_fwd + launches)
+    launches = MOE_EXTRA_KERNELS * (spec.moe is not None) + MLA_EXTRA_KERNELS * (
+        spec.mla is not None
+    )
+    return BlockTable(
+        saved=base.saved + Terms(rep=float(sum(rep.values())), shard=mla_shard),
+        saved_full_recompute=base.saved_full_recompute,
+        scores_saved=base.scores_saved,
+        traffic_fwd=base.traffic_fwd + Terms(rep=traffic),
+        scores_traffic_fwd=base.scores_traffic_fwd,
+        kernels_fwd=base.kernels_fwd + launches,
+    )
 
 
 def mlp_inner_saved(gated: bool, c, lin, width, act_in=None):
@@ -483,8 +643,14 @@ def mlp_act_traffic(gated: bool, c, width):
     return (3 if gated else 2) * c * width
 
 
-def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropout: bool,
-                    activation_fp8_input: bool = False) -> BlockTable:
+def _megatron_block(
+    spec: TransformerSpec,
+    precision: str,
+    *,
+    flash: bool,
+    dropout: bool,
+    activation_fp8_input: bool = False,
+) -> BlockTable:
     """Korthikanti et al. 2022, Sec. 4.1, term by term (c = 2 under mixed precision):
     attention: LN-out c h + Q,K c (q + kv) + V c kv + softmax c a s + mask a s + dropout-out c a s
     + proj-in c q + mask h; MLP: fc1-in c h + act-in c f + fc2-in c f (+ c f gated) + mask h;
@@ -501,33 +667,55 @@ def _megatron_block(spec: TransformerSpec, precision: str, *, flash: bool, dropo
     c = compute_bytes(precision)
     h, q, kv, f, a = spec.hidden, spec.attn_width, spec.kv_width, spec.d_ffn, spec.heads
     mask = 1.0 if dropout else 0.0
-    lin = 1.0 if precision == "fp8" else c                              # a linear layer's saved input, per element
+    lin = 1.0 if precision == "fp8" else c  # a linear layer's saved input, per element
     fp8_act = activation_fp8_input and spec.swiglu
-    mlp_inner = mlp_inner_saved(spec.gated_mlp, c, lin, f, 1.0 if fp8_act else None)  # SwiGLU / GeLU in + fc2 in
-    proj_in = (c * q + (lin * q if lin != c else 0.0)) if flash else lin * q  # flash keeps its 16-bit output
-    rep = c * h + lin * h + mask * h + c * h + lin * h + mask * h       # LN1 in, QKV in, mask, LN2 in, fc1 in, mask
-    shard = c * (q + kv) + c * kv + proj_in + mlp_inner                 # Q, K, V, proj in, MLP inner
+    mlp_inner = mlp_inner_saved(
+        spec.gated_mlp, c, lin, f, 1.0 if fp8_act else None
+    )  # SwiGLU / GeLU in + fc2 in
+    proj_in = (
+        (c * q + (lin * q if lin != c else 0.0)) if flash else lin * q
+    )  # flash keeps its 16-bit output
+    rep = (
+        c * h + lin * h + mask * h + c * h + lin * h + mask * h
+    )  # LN1 in, QKV in, mask, LN2 in, fc1 in, mask
+    shard = c * (q + kv) + c * kv + proj_in + mlp_inner  # Q, K, V, proj in, MLP inner
     if flash:
-        shard += 4.0 * a                                                  # log-sum-exp, fp32 per head
+        shard += 4.0 * a  # log-sum-exp, fp32 per head
         # selective recomputation (Megatron-Core's checkpointed core attention) keeps Q, K, V and drops what the
         # kernel saved beyond them: the log-sum-exp and, under FP8, the 16-bit output, which the projection no
         # longer holds (it keeps its FP8 copy); in 16 bits the projection's saved input is that output itself
         scores = Terms(shard=4.0 * a + (c * q if lin != c else 0.0))
         scores_traffic = Terms()
     else:
-        scores = Terms(seq=(2 * c + mask) * a if dropout else c * a)   # softmax out (+ mask + dropout out)
+        scores = Terms(
+            seq=(2 * c + mask) * a if dropout else c * a
+        )  # softmax out (+ mask + dropout out)
         # scale-mask-softmax reads + writes c per score; dropout reads c, writes c + 1 byte mask.
         scores_traffic = Terms(seq=(2 * c + (2 * c + 1) * (1 if dropout else 0)) * a)
     saved = Terms(rep=rep, shard=shard) + (Terms() if flash else scores)
-    act = mlp_act_traffic(spec.gated_mlp, c, f) + (2.0 * f if fp8_act else 0.0)  # bias-GeLU r/w, SwiGLU r 2f w f
-    bda = 3 * c + (1 if dropout else 0)                                 # bias-dropout-add: r x, r res, w y (+ mask)
+    act = mlp_act_traffic(spec.gated_mlp, c, f) + (
+        2.0 * f if fp8_act else 0.0
+    )  # bias-GeLU r/w, SwiGLU r 2f w f
+    bda = 3 * c + (1 if dropout else 0)  # bias-dropout-add: r x, r res, w y (+ mask)
     traffic = Terms(rep=2 * c * h + bda * h + 2 * c * h + bda * h, shard=act) + scores_traffic
-    return BlockTable(saved=saved, saved_full_recompute=Terms(rep=c * h), scores_saved=scores,
-                      traffic_fwd=traffic, scores_traffic_fwd=scores_traffic, kernels_fwd=14.0)
+    return BlockTable(
+        saved=saved,
+        saved_full_recompute=Terms(rep=c * h),
+        scores_saved=scores,
+        traffic_fwd=traffic,
+        scores_traffic_fwd=scores_traffic,
+        kernels_fwd=14.0,
+    )
 
 
-def _eager_block(spec: TransformerSpec, precision: str, *, dropout: bool, python_gelu: bool,
-                 fused_norm: bool = False) -> BlockTable:
+def _eager_block(
+    spec: TransformerSpec,
+    precision: str,
+    *,
+    dropout: bool,
+    python_gelu: bool,
+    fused_norm: bool = False,
+) -> BlockTable:
     """HF-style eager block (see module docstring); c = math dtype bytes, r = residual dtype bytes
     (fp32 under autocast, as the embedding output is fp32), o = dtype of ops autocast runs in fp32.
     `fused_norm`: each RMSNorm is one fused kernel (torchtitan's norm_type fused_rmsnorm, a Triton kernel in
@@ -543,12 +731,14 @@ def _eager_block(spec: TransformerSpec, precision: str, *, dropout: bool, python
     # Norms (each of the two): saved and streamed bytes per hidden element.
     if spec.norm == "rmsnorm" and fused_norm:
         norm_saved, norm_traffic, norm_out, norm_kernels = r, 2 * r, r, 1
-    elif spec.norm == "rmsnorm":   # HF LlamaRMSNorm: x.to(fp32); pow(2).mean; x * rsqrt; weight * x.to(dtype)
-        norm_saved = 4 + r                                   # fp32 x (the residual when r == 4) + normalized x
+    elif (
+        spec.norm == "rmsnorm"
+    ):  # HF LlamaRMSNorm: x.to(fp32); pow(2).mean; x * rsqrt; weight * x.to(dtype)
+        norm_saved = 4 + r  # fp32 x (the residual when r == 4) + normalized x
         norm_traffic = 8 + 4 + 8 + 2 * r + (0 if r == 4 else 2 * (r + 4))
         norm_out = r
         norm_kernels = 6 + (0 if r == 4 else 2)
-    else:                        # fused native_layer_norm (fp32 under autocast): saves its input
+    else:  # fused native_layer_norm (fp32 under autocast): saves its input
         norm_out = 4 if amp else c
         norm_saved = r
         norm_traffic = r + norm_out
@@ -556,45 +746,70 @@ def _eager_block(spec: TransformerSpec, precision: str, *, dropout: bool, python
 
     def proj_inputs(calls: int) -> tuple[float, float]:
         """Saved and streamed bytes per hidden element for the projections reading a norm output."""
-        if amp:   # autocast casts the activation per call (only weights are cached)
+        if amp:  # autocast casts the activation per call (only weights are cached)
             return 2.0 * calls, (norm_out + 2.0) * calls
         return float(norm_out), 0.0
 
     pin_attn_saved, pin_attn_traffic = proj_inputs(calls_attn)
     pin_mlp_saved, pin_mlp_traffic = proj_inputs(calls_mlp)
 
-    rep_saved = 2 * norm_saved + pin_attn_saved + pin_mlp_saved + (2.0 if dropout else 0.0)   # per h; 2 masks
-    shard_saved = c * (q + 2 * kv) + c * q + 4.0 * a          # SDPA saves q, k, v, out, logsumexp
-    o = 4 if amp else c                                        # dtype of autocast-fp32 ops' outputs
-    if spec.gated_mlp:           # gate (silu in), silu out, up (mul ins), product (down in)
+    rep_saved = (
+        2 * norm_saved + pin_attn_saved + pin_mlp_saved + (2.0 if dropout else 0.0)
+    )  # per h; 2 masks
+    shard_saved = c * (q + 2 * kv) + c * q + 4.0 * a  # SDPA saves q, k, v, out, logsumexp
+    o = 4 if amp else c  # dtype of autocast-fp32 ops' outputs
+    if spec.gated_mlp:  # gate (silu in), silu out, up (mul ins), product (down in)
         shard_saved += 4 * c * f
         mlp_traffic = 2 * c * f + 3 * c * f
         mlp_kernels = 2
-    elif python_gelu:            # 0.5 x (1 + tanh(k (x + 0.044715 x^3))) op by op; pow autocasts to fp32
+    elif python_gelu:  # 0.5 x (1 + tanh(k (x + 0.044715 x^3))) op by op; pow autocasts to fp32
         shard_saved += (o + o + c + o + 2) * f if amp else 5 * c * f
         mlp_traffic = 76 * f if amp else 18 * c * f
         mlp_kernels = 10 if amp else 8
-    else:                        # fused F.gelu / silu / relu: saves its input; fc2 saves the output
+    else:  # fused F.gelu / silu / relu: saves its input; fc2 saves the output
         shard_saved += 2 * c * f
         mlp_traffic = 2 * c * f
         mlp_kernels = 1
 
     rope_traffic = 0.0
     rope_kernels = 0
-    if spec.position == "rope":  # q*cos + rotate_half(q)*sin in the residual dtype, then SDPA's cast
+    if (
+        spec.position == "rope"
+    ):  # q*cos + rotate_half(q)*sin in the residual dtype, then SDPA's cast
         rope_traffic = (5 * c + 5 * o + (o + 2 if amp else 0)) * (q + kv)
         rope_kernels = 14
     drop_traffic = (2 * c + 1) * 2 if dropout else 0.0
     residual_traffic = 2 * (r + c + r)
-    traffic = Terms(rep=(2 * norm_traffic + pin_attn_traffic + pin_mlp_traffic + drop_traffic + residual_traffic) * h,
-                    shard=mlp_traffic + rope_traffic)
-    kernels = (2 * norm_kernels + (calls_attn + calls_mlp if amp else 0) + calls_attn + 1 + 1
-               + (3 if spec.gated_mlp else 2) + mlp_kernels + rope_kernels + 2 + (2 if dropout else 0)) * 2.0
-    return BlockTable(saved=Terms(rep=rep_saved * h, shard=shard_saved), saved_full_recompute=Terms(rep=r * h),
-                      traffic_fwd=traffic, kernels_fwd=kernels)
+    traffic = Terms(
+        rep=(
+            2 * norm_traffic + pin_attn_traffic + pin_mlp_traffic + drop_traffic + residual_traffic
+        )
+        * h,
+        shard=mlp_traffic + rope_traffic,
+    )
+    kernels = (
+        2 * norm_kernels
+        + (calls_attn + calls_mlp if amp else 0)
+        + calls_attn
+        + 1
+        + 1
+        + (3 if spec.gated_mlp else 2)
+        + mlp_kernels
+        + rope_kernels
+        + 2
+        + (2 if dropout else 0)
+    ) * 2.0
+    return BlockTable(
+        saved=Terms(rep=rep_saved * h, shard=shard_saved),
+        saved_full_recompute=Terms(rep=r * h),
+        traffic_fwd=traffic,
+        kernels_fwd=kernels,
+    )
 
 
-def head_table(spec: TransformerSpec, precision: str, kernels: str, loss: str | None = None) -> HeadTable:
+def head_table(
+    spec: TransformerSpec, precision: str, kernels: str, loss: str | None = None
+) -> HeadTable:
     """Final norm, LM head and cross-entropy on the last stage, per token (V split over tp:
     Megatron's vocab-parallel head and loss). The norm and head follow `kernels`; the logits and the
     loss follow `loss` (frameworks.LOSS_KERNELS; None: vocab_parallel for fused kernels, else upcast):
@@ -636,36 +851,67 @@ def head_table(spec: TransformerSpec, precision: str, kernels: str, loss: str | 
         norm_saved = (4 + r) if spec.norm == "rmsnorm" else r
         norm_out = r if spec.norm == "rmsnorm" else (4 if amp else c)
         saved = Terms(rep=norm_saved * h + (2 if amp else norm_out) * h)
-        if kernels == "torch":     # final norm as in _torch_block (fp32 copy, normalized, stats), LM head input c
+        if (
+            kernels == "torch"
+        ):  # final norm as in _torch_block (fp32 copy, normalized, stats), LM head input c
             rms = spec.norm == "rmsnorm"
             norm_in = 4 if rms else r
-            saved = Terms(rep=(h * norm_in + h * 4 * rms + 4 * (1 if rms else 2)) * spec.final_norm + h * c)
+            saved = Terms(
+                rep=(h * norm_in + h * 4 * rms + 4 * (1 if rms else 2)) * spec.final_norm + h * c
+            )
         norm_fwd = Terms(rep=(r + norm_out + (norm_out + 2 if amp else 0)) * h)
         norm_bwd = Terms(rep=2 * (r + norm_out) * h)
         launches = 8.0
     if loss == "vocab_parallel":
         peak = fwd_end = Terms(shard=(c + 4.0) * V)
-        logits_fwd, logits_bwd, launches = Terms(shard=(c + 4 + 16) * V), Terms(shard=(8 + 4 + c) * V), launches + 8
+        logits_fwd, logits_bwd, launches = (
+            Terms(shard=(c + 4 + 16) * V),
+            Terms(shard=(8 + 4 + c) * V),
+            launches + 8,
+        )
     elif loss == "upcast":
         upcast = (c + 4) if c != 4 else 0
         peak, fwd_end = Terms(shard=12.0 * V), Terms(shard=(8.0 + (c if c != 4 else 0)) * V)
-        logits_fwd, logits_bwd = Terms(shard=(upcast + 12.0) * V), Terms(shard=(4.0 + 12.0 + upcast) * V)
+        logits_fwd, logits_bwd = (
+            Terms(shard=(upcast + 12.0) * V),
+            Terms(shard=(4.0 + 12.0 + upcast) * V),
+        )
         launches += 8
     elif loss == "fused":
         peak, fwd_end = Terms(shard=2.0 * c * V), Terms(shard=c * V)
-        logits_fwd, logits_bwd, launches = Terms(shard=c * V), Terms(shard=2.0 * c * V), launches + 2
+        logits_fwd, logits_bwd, launches = (
+            Terms(shard=c * V),
+            Terms(shard=2.0 * c * V),
+            launches + 2,
+        )
     elif loss == "native":
         # forward: log_softmax reads and writes c V; backward: nll_loss's gradient written (c V), log_softmax's
         # backward reads it and the saved output and writes the input gradient (3 c V)
         peak, fwd_end = Terms(shard=4.0 * c * V), Terms(shard=2.0 * c * V)
-        logits_fwd, logits_bwd, launches = Terms(shard=2.0 * c * V), Terms(shard=4.0 * c * V), launches + 5
+        logits_fwd, logits_bwd, launches = (
+            Terms(shard=2.0 * c * V),
+            Terms(shard=4.0 * c * V),
+            launches + 5,
+        )
     elif loss == "inplace":
         peak = fwd_end = Terms(shard=c * V)
-        logits_fwd, logits_bwd, launches = Terms(shard=3.0 * c * V), Terms(shard=2.0 * c * V), launches + 3
+        logits_fwd, logits_bwd, launches = (
+            Terms(shard=3.0 * c * V),
+            Terms(shard=2.0 * c * V),
+            launches + 3,
+        )
     else:
-        raise ValueError(f"loss must be one of vocab_parallel, upcast, fused, native, inplace, not {loss!r}")
-    return HeadTable(saved=saved, logits_peak=peak, logits_fwd_end=fwd_end, traffic_fwd=norm_fwd + logits_fwd,
-                     traffic_bwd=norm_bwd + logits_bwd, kernels=launches)
+        raise ValueError(
+            f"loss must be one of vocab_parallel, upcast, fused, native, inplace, not {loss!r}"
+        )
+    return HeadTable(
+        saved=saved,
+        logits_peak=peak,
+        logits_fwd_end=fwd_end,
+        traffic_fwd=norm_fwd + logits_fwd,
+        traffic_bwd=norm_bwd + logits_bwd,
+        kernels=launches,
+    )
 
 
 def embedding_saved(spec: TransformerSpec, precision: str, *, dropout: bool) -> Terms:

@@ -21,13 +21,13 @@ the k local ranks drives its own share of the node's NICs), all-gather inside th
 `relative_allreduce_cost` is the seed's "Latent Space" relative model, where an all-reduce over n
 nodes costs log2(n) steps.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from hardware_profiles import HardwareProfile
 from hardware_profiles.efficiency import efficiency
-
 
 
 def relative_allreduce_cost(nodes, devices_per_node):
@@ -44,9 +44,13 @@ def relative_allreduce_cost(nodes, devices_per_node):
     return np.where(nodes > 1, 0.5 + 0.5 / steps, 1.0)
 
 
-COLLECTIVE_EFFICIENCY_KEY = {"allreduce": "allreduce_bus_efficiency", "allgather": "allgather_bus_efficiency",
-                             "reduce_scatter": "reducescatter_bus_efficiency", "alltoall": "alltoall_bus_efficiency",
-                             "p2p": "p2p_bus_efficiency"}
+COLLECTIVE_EFFICIENCY_KEY = {
+    "allreduce": "allreduce_bus_efficiency",
+    "allgather": "allgather_bus_efficiency",
+    "reduce_scatter": "reducescatter_bus_efficiency",
+    "alltoall": "alltoall_bus_efficiency",
+    "p2p": "p2p_bus_efficiency",
+}
 """Which efficiency key (hardware_profiles.efficiency) gives each collective's bus bandwidth over the
 link rate; `planner hardware calibrate` measures each one."""
 
@@ -77,13 +81,19 @@ def tree_allreduce_seconds(size_bytes, n, bw_Bps, latency_s):
     """Double-binary-tree all-reduce (NCCL >= 2.4; Sanders, Speck & Traeff 2009): bandwidth term
     as the ring, latency 2 log2(n) alpha."""
     n = np.asarray(n, dtype=float)
-    return np.where(n > 1, 2 * (n - 1) / n * size_bytes / bw_Bps + 2 * np.log2(np.maximum(n, 1)) * latency_s, 0.0)
+    return np.where(
+        n > 1,
+        2 * (n - 1) / n * size_bytes / bw_Bps + 2 * np.log2(np.maximum(n, 1)) * latency_s,
+        0.0,
+    )
 
 
 def allreduce_seconds(size_bytes, n, bw_Bps, latency_s):
     """Flat all-reduce: the faster of ring and tree (what NCCL's tuner does)."""
-    return np.minimum(ring_allreduce_seconds(size_bytes, n, bw_Bps, latency_s),
-                      tree_allreduce_seconds(size_bytes, n, bw_Bps, latency_s))
+    return np.minimum(
+        ring_allreduce_seconds(size_bytes, n, bw_Bps, latency_s),
+        tree_allreduce_seconds(size_bytes, n, bw_Bps, latency_s),
+    )
 
 
 def reduce_scatter_seconds(size_bytes, n, bw_Bps, latency_s):
@@ -135,8 +145,11 @@ def group_collective_seconds(kind: str, size_bytes, n, local, hw: HardwareProfil
         inside = np.where(n > 1, (local - 1) / n * size / b_in + (local - 1) * a_in, 0.0)
         across = np.where(nodes > 1, (n - local) / n * size / b_out + (nodes - 1) * a_out, 0.0)
         return np.maximum(inside, across)
-    flat = {"allreduce": allreduce_seconds, "reduce_scatter": reduce_scatter_seconds,
-            "allgather": allgather_seconds}[kind]
+    flat = {
+        "allreduce": allreduce_seconds,
+        "reduce_scatter": reduce_scatter_seconds,
+        "allgather": allgather_seconds,
+    }[kind]
     inside = flat(size, local, b_in, a_in)
     across = flat(size / local, nodes, b_out, a_out)
     return np.where(nodes > 1, inside + across, inside)
@@ -148,9 +161,9 @@ def tied_embedding_sync_seconds(vocab, hidden, tp, grad_bytes, pair_in_node, hw:
     vocab x hidden / tp values of `grad_bytes` each over 2 ranks, over NVLink when both stages sit in
     one node (`pair_in_node`), else over the network. Arrays broadcast."""
     local = np.where(pair_in_node, 2.0, 1.0)
-    return group_collective_seconds("allreduce", vocab * hidden / np.asarray(tp, dtype=float) * grad_bytes,
-                                    2.0, local, hw)
-
+    return group_collective_seconds(
+        "allreduce", vocab * hidden / np.asarray(tp, dtype=float) * grad_bytes, 2.0, local, hw
+    )
 
 
 # ------------------------------------------------------------------------ step terms (cost_models.step)
@@ -185,10 +198,16 @@ def tp_block_seconds(x) -> TpSeconds:
     from cost_models.compute import recompute_passes
     from cost_models.moe import mlp_tp_pair
 
-    ar = group_collective_seconds("allreduce", x.tokens * x.spec.hidden * x.c, x.tp, x.local["T"], x.hw)
+    ar = group_collective_seconds(
+        "allreduce", x.tokens * x.spec.hidden * x.c, x.tp, x.local["T"], x.hw
+    )
     pairs = 1.0 + mlp_tp_pair(x)
-    return TpSeconds(allreduce=ar, fwd=pairs * ar, bwd=pairs * ar,
-                     recompute=x.full_share * pairs * ar * recompute_passes(x))
+    return TpSeconds(
+        allreduce=ar,
+        fwd=pairs * ar,
+        bwd=pairs * ar,
+        recompute=x.full_share * pairs * ar * recompute_passes(x),
+    )
 
 
 def tp_exposed_seconds(x, tp: TpSeconds, block) -> np.ndarray:
@@ -218,8 +237,11 @@ def tp_exposed_parts(x, tp: TpSeconds, block) -> tuple:
         return comm - hidden + interference * hidden
 
     rec_gemm = x.full_share * block.gemm_fwd * recompute_passes(x)
-    return (shown(tp.fwd, block.gemm_fwd), shown(tp.bwd, block.gemm_bwd),
-            shown(tp.recompute, rec_gemm))
+    return (
+        shown(tp.fwd, block.gemm_fwd),
+        shown(tp.bwd, block.gemm_bwd),
+        shown(tp.recompute, rec_gemm),
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -250,12 +272,18 @@ def cp_block_seconds(x, attn_fwd_s, attn_bwd_s) -> CpSeconds:
     n = x.cp
     kv_block = x.b * (x.seq / n) * 2.0 * x.spec.kv_width / x.tp * x.c
     in_node = x.local["C"] >= n
-    bw = np.where(in_node, intra_bus_Bps(x.hw, "p2p"), inter_bus_Bps_per_node(x.hw, "p2p") / x.hw.devices_per_node)
+    bw = np.where(
+        in_node,
+        intra_bus_Bps(x.hw, "p2p"),
+        inter_bus_Bps_per_node(x.hw, "p2p") / x.hw.devices_per_node,
+    )
     lat = np.where(in_node, x.hw.intra_node_latency_us, x.hw.inter_node_latency_us) * 1e-6
     steps = np.maximum(n - 1.0, 0.0)
     send = p2p_seconds(kv_block, bw, lat)
     ring_total = steps * 3.0 * send
-    ring_exposed = steps * (np.maximum(0.0, send - attn_fwd_s / n) + np.maximum(0.0, 2.0 * send - attn_bwd_s / n))
+    ring_exposed = steps * (
+        np.maximum(0.0, send - attn_fwd_s / n) + np.maximum(0.0, 2.0 * send - attn_bwd_s / n)
+    )
     kv_full = kv_block * n
     gather = group_collective_seconds("allgather", kv_full, n, x.local["C"], x.hw)
     rs = group_collective_seconds("reduce_scatter", kv_full, n, x.local["C"], x.hw)
@@ -263,10 +291,16 @@ def cp_block_seconds(x, attn_fwd_s, attn_bwd_s) -> CpSeconds:
     qkvo = x.b * (x.seq / n) * (2.0 * x.spec.attn_width + 2.0 * x.spec.kv_width) / x.tp * x.c
     a2a_total = 2.0 * group_collective_seconds("alltoall", qkvo, n, x.local["C"], x.hw)
     kind = x.cp_comm
-    total = np.select([kind == CP_COMMS.index("p2p"), kind == CP_COMMS.index("all_gather")],
-                      [ring_total, gather_total], a2a_total)
-    exposed = np.select([kind == CP_COMMS.index("p2p"), kind == CP_COMMS.index("all_gather")],
-                        [ring_exposed, gather_total], a2a_total)
+    total = np.select(
+        [kind == CP_COMMS.index("p2p"), kind == CP_COMMS.index("all_gather")],
+        [ring_total, gather_total],
+        a2a_total,
+    )
+    exposed = np.select(
+        [kind == CP_COMMS.index("p2p"), kind == CP_COMMS.index("all_gather")],
+        [ring_exposed, gather_total],
+        a2a_total,
+    )
     on = n > 1
     return CpSeconds(exposed=np.where(on, exposed, 0.0), total=np.where(on, total, 0.0))
 
@@ -298,7 +332,11 @@ def pp_hop_seconds(x):
     msg = x.tokens * x.spec.hidden * x.c
     scatter = x.sw.framework.pp_scatter_gather
     in_node = x.local["P"] >= x.pp
-    bw = np.where(in_node, intra_bus_Bps(x.hw, "p2p"), inter_bus_Bps_per_node(x.hw, "p2p") / x.hw.devices_per_node)
+    bw = np.where(
+        in_node,
+        intra_bus_Bps(x.hw, "p2p"),
+        inter_bus_Bps_per_node(x.hw, "p2p") / x.hw.devices_per_node,
+    )
     lat = np.where(in_node, x.hw.intra_node_latency_us, x.hw.inter_node_latency_us) * 1e-6
     hop = p2p_seconds(msg / np.where(x.sp | scatter, x.tp, 1.0), bw, lat)
     gather = group_collective_seconds("allgather", msg, x.tp, x.local["T"], x.hw)
@@ -317,11 +355,15 @@ def _reduction_seconds(x, params, group, shard, local_group, local_shard, local_
     gather = group_collective_seconds("allgather", params * s.gather, shard, local_shard, x.hw)
     # hybrid sharding (HSDP, MiCS, Megatron's distributed-optimizer instances): reduce-scatter and
     # all-gather inside the shard group, then all-reduce each shard over the replicas
-    across = group_collective_seconds("allreduce", grad_bytes / shard, replicas, local_replicas, x.hw)
+    across = group_collective_seconds(
+        "allreduce", grad_bytes / shard, replicas, local_replicas, x.hw
+    )
     hybrid = (replicas > 1) & (x.zero >= 1)
     sharded_reduce = rs + np.where(hybrid, across, 0.0)
     allreduce = np.where(hybrid, sharded_reduce + gather, allreduce)
-    some = np.asarray(params) > 0          # no parameters in the set (a dense model's experts): no collective
+    some = (
+        np.asarray(params) > 0
+    )  # no parameters in the set (a dense model's experts): no collective
     return tuple(np.where(some, t, 0.0) for t in (allreduce, sharded_reduce, gather))
 
 
@@ -331,10 +373,12 @@ def dp_reduction_parts(x, params_rank) -> tuple:
     their expert data-parallel group (_reduction_seconds of each, summed: both reductions run in
     the same backward)."""
     loc = x.local
-    dense = _reduction_seconds(x, params_rank.dense, x.grad_group, x.shard_group, loc["DC"],
-                               loc["S"], loc["R"])
-    expert = _reduction_seconds(x, params_rank.expert, x.expert_dp, x.expert_shard_group,
-                                loc["ED"], loc["ES"], loc["ER"])
+    dense = _reduction_seconds(
+        x, params_rank.dense, x.grad_group, x.shard_group, loc["DC"], loc["S"], loc["R"]
+    )
+    expert = _reduction_seconds(
+        x, params_rank.expert, x.expert_dp, x.expert_shard_group, loc["ED"], loc["ES"], loc["ER"]
+    )
     return tuple(d + e for d, e in zip(dense, expert))
 
 
@@ -369,10 +413,15 @@ def dp_comm_seconds(x, params_rank, last_backward_s, compute_s):
     # their owners after the step (bf16_optimizer.py step: all_gather_dp_groups): one all-gather more than ZeRO-1
     after_step = np.where(x.sw.bf16_optimizer, gather, 0.0)
     low_total = allreduce + extra_rs * rs + after_step
-    low_exposed = exposed(allreduce, last_backward_s) + extra_rs * exposed(rs, last_backward_s) + after_step
+    low_exposed = (
+        exposed(allreduce, last_backward_s) + extra_rs * exposed(rs, last_backward_s) + after_step
+    )
     z3_total = x.m * (2.0 * gather + rs)
-    z3_exposed = (np.maximum(z3_total - compute_s, tail * rs) if overlap
-                  else x.m * rs + np.maximum(0.0, x.m * 2.0 * gather - compute_s))
+    z3_exposed = (
+        np.maximum(z3_total - compute_s, tail * rs)
+        if overlap
+        else x.m * rs + np.maximum(0.0, x.m * 2.0 * gather - compute_s)
+    )
     total = np.where(x.zero >= 3, z3_total, low_total)
     shown = np.where(x.zero >= 3, z3_exposed, low_exposed)
     out = shown + eff(x.hw, "overlap_interference") * (total - shown)
@@ -380,6 +429,8 @@ def dp_comm_seconds(x, params_rank, last_backward_s, compute_s):
         # DeepSpeed's PipelineEngine all-reduces the tied weight's fp32 gradient under BF16_Optimizer
         # (weight._hp_grad; pipe/engine.py _exec_reduce_tied_grads, v0.6.5), the 16-bit .grad otherwise
         tied_bytes = 4.0 if x.sw.bf16_optimizer else s.reduce
-        tied = tied_embedding_sync_seconds(x.spec.vocab, x.spec.hidden, x.tp, tied_bytes, x.local["P"] >= x.pp, x.hw)
+        tied = tied_embedding_sync_seconds(
+            x.spec.vocab, x.spec.hidden, x.tp, tied_bytes, x.local["P"] >= x.pp, x.hw
+        )
         out = out + np.where(x.pp > 1, tied, 0.0)
     return out

@@ -21,6 +21,7 @@ Every function takes numbers or numpy arrays (broadcasting) and the physical par
   "Overlap communication with dependent computation via decomposition", Sec. 2; not calibrated:
   the validation rows have no overlapped communication).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,7 +33,13 @@ from hardware_profiles.efficiency import efficiency
 from planner.errors import ConfigError
 from planner.parallel import PRECISIONS
 
-DTYPE_OF_PRECISION = {"fp32": "fp32", "amp-bf16": "bf16", "amp-fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}
+DTYPE_OF_PRECISION = {
+    "fp32": "fp32",
+    "amp-bf16": "bf16",
+    "amp-fp16": "fp16",
+    "bf16": "bf16",
+    "fp8": "fp8",
+}
 """Math dtype of the GEMMs under each training precision (fp32 means TF32 off, as PyTorch's default
 for matmul)."""
 
@@ -44,7 +51,9 @@ hardware_profiles.efficiency.EFFICIENCY_KEYS)."""
 def precisions_supported(hw: HardwareProfile) -> tuple[str, ...]:
     """Training precisions whose math dtype the device has a peak for (V100: no bf16 tensor cores,
     so no amp-bf16 or bf16; fp32 runs everywhere)."""
-    return tuple(p for p, dtype in DTYPE_OF_PRECISION.items() if dtype == "fp32" or dtype in hw.peak_tflops)
+    return tuple(
+        p for p, dtype in DTYPE_OF_PRECISION.items() if dtype == "fp32" or dtype in hw.peak_tflops
+    )
 
 
 def default_precision(hw: HardwareProfile) -> str:
@@ -52,9 +61,14 @@ def default_precision(hw: HardwareProfile) -> str:
     scaling, else fp32 (a CPU's bf16 is slower than its fp32)."""
     supported = precisions_supported(hw)
     fp32 = hw.peak_tflops.get("fp32", 0.0)
-    return next((p for p in ("amp-bf16", "amp-fp16") if p in supported
-                 and hw.peak_tflops[DTYPE_OF_PRECISION[p]] > fp32), "fp32")
-
+    return next(
+        (
+            p
+            for p in ("amp-bf16", "amp-fp16")
+            if p in supported and hw.peak_tflops[DTYPE_OF_PRECISION[p]] > fp32
+        ),
+        "fp32",
+    )
 
 
 def resolve_precision(hw, precision: str | None) -> str:
@@ -67,9 +81,15 @@ def resolve_precision(hw, precision: str | None) -> str:
     supported = precisions_supported(hw)
     if precision not in supported:
         dtype = DTYPE_OF_PRECISION[precision]
-        raise ConfigError("precision", precision, f"one of {', '.join(supported)} on {hw.name}", message=(
-            f"precision={precision!r} needs {dtype} math, which {hw.name} ({hw.device}) does not have; "
-            f"allowed here: {', '.join(supported)}"))
+        raise ConfigError(
+            "precision",
+            precision,
+            f"one of {', '.join(supported)} on {hw.name}",
+            message=(
+                f"precision={precision!r} needs {dtype} math, which {hw.name} ({hw.device}) does not have; "
+                f"allowed here: {', '.join(supported)}"
+            ),
+        )
     return precision
 
 
@@ -77,7 +97,7 @@ def peak_flops(hw: HardwareProfile, precision: str) -> float:
     """Dense peak FLOP/s of the math dtype `precision` trains in."""
     dtype = DTYPE_OF_PRECISION[precision]
     table = hw.peak_tflops
-    value = table.get(dtype) or table.get("fp32")    # callers check precisions_supported first
+    value = table.get(dtype) or table.get("fp32")  # callers check precisions_supported first
     return float(value) * 1e12
 
 
@@ -88,7 +108,11 @@ def sustained_flops(hw: HardwareProfile, precision: str) -> float:
     benchmarks the generation's rates were measured in), lower still where a board power cap is set below the
     datasheet power (power_limit_clock_fraction); memory-bound kernels are not slowed. The GEMM and attention
     efficiencies are fractions of this rate."""
-    return peak_flops(hw, precision) * eff(hw, "sustained_clock_fraction") * eff(hw, "power_limit_clock_fraction")
+    return (
+        peak_flops(hw, precision)
+        * eff(hw, "sustained_clock_fraction")
+        * eff(hw, "power_limit_clock_fraction")
+    )
 
 
 def short_benchmark(hw: HardwareProfile) -> HardwareProfile:
@@ -106,7 +130,9 @@ def memory_Bps(hw: HardwareProfile) -> float:
 def gemm_efficiency_max(hw: HardwareProfile, precision: str) -> float:
     """Large-GEMM fraction of peak: tensor cores (fp16/bf16; FP8 has its own parameter), or the SIMT fp32
     units when TF32 is off (a different unit, its own parameter)."""
-    key = {"fp32": "gemm_efficiency_max_fp32", "fp8": "gemm_efficiency_max_fp8"}.get(precision, "gemm_efficiency_max")
+    key = {"fp32": "gemm_efficiency_max_fp32", "fp8": "gemm_efficiency_max_fp8"}.get(
+        precision, "gemm_efficiency_max"
+    )
     return eff(hw, key)
 
 
@@ -134,7 +160,9 @@ def wave_quantization(m, n, batch, sms):
     for tm, tn in GEMM_TILES:
         tiles = np.ceil(m / tm) * np.ceil(n / tn) * batch
         waves = np.maximum(np.ceil(tiles / sms), 1.0)
-        best = np.maximum(best, np.where(tiles >= sms, m * n * batch / (waves * sms * tm * tn), 1.0))
+        best = np.maximum(
+            best, np.where(tiles >= sms, m * n * batch / (waves * sms * tm * tn), 1.0)
+        )
     return best
 
 
@@ -143,8 +171,10 @@ def gemm_seconds(m, n, k, batch=1, *, hw: HardwareProfile, precision: str, elem_
     useful share on tensor cores (wave_quantization; the SIMT fp32 path has other tiles and keeps q = 1)."""
     flops = 2.0 * m * n * k * batch
     q = 1.0 if precision == "fp32" else wave_quantization(m, n, batch, eff(hw, "gemm_wave_sms"))
-    compute = flops / (sustained_flops(hw, precision) * gemm_efficiency_max(hw, precision) * q) \
+    compute = (
+        flops / (sustained_flops(hw, precision) * gemm_efficiency_max(hw, precision) * q)
         + eff(hw, "gemm_fixed_us") * 1e-6
+    )
     traffic = (m * k + k * n + m * n) * batch * elem_bytes / memory_Bps(hw)
     return np.maximum(compute, traffic)
 
@@ -162,8 +192,12 @@ ATTENTION_HEAD_DIM_HALF = {"fused": 43.0, "flash": 16.0, "mem_efficient": 16.0}
 """Head dim d0 of the efficiency's head-dim factor d / (d + d0), relative to d = 128: FlashAttention-3 /
 cuDNN lose ~20% at d = 64 (0.48-0.50 vs 0.62 forward on H100), FlashAttention-2 ~10% (0.30 vs 0.34);
 validation/kernels/attention.json (Dao 2023 Fig. 4-7; Shah et al. 2024 Fig. 5-7)."""
-ATTENTION_EFFICIENCY_KEY = {"fused": "fused_attention_efficiency", "flash": "flash_attention_efficiency",
-                            "mem_efficient": "mem_efficient_attention_efficiency", "triton": "flash_attention_efficiency"}
+ATTENTION_EFFICIENCY_KEY = {
+    "fused": "fused_attention_efficiency",
+    "flash": "flash_attention_efficiency",
+    "mem_efficient": "mem_efficient_attention_efficiency",
+    "triton": "flash_attention_efficiency",
+}
 ATTENTION_HEAD_DIM_HALF["triton"] = 0.0
 ATTENTION_RELATIVE_KEY = {"triton": "triton_attention_relative"}
 """Kernels costed relative to FlashAttention-2's efficiency key, by an efficiency key of their own: the 2022-23
@@ -191,16 +225,28 @@ def attention_efficiency(hw: HardwareProfile, kernel: str, seq, d_head, *, causa
     d0 = ATTENTION_HEAD_DIM_HALF[kernel]
     d = np.asarray(d_head, dtype=float)
     s = np.asarray(seq, dtype=float)
-    half = eff(hw, "attention_seq_half_causal_tokens" if causal else "attention_seq_half_tokens") \
-        * ATTENTION_SEQ_HALF_SCALE.get(kernel, 1.0)
+    half = eff(
+        hw, "attention_seq_half_causal_tokens" if causal else "attention_seq_half_tokens"
+    ) * ATTENTION_SEQ_HALF_SCALE.get(kernel, 1.0)
     e_max = eff(hw, ATTENTION_EFFICIENCY_KEY[kernel])
     if kernel in ATTENTION_RELATIVE_KEY:
         e_max = e_max * eff(hw, ATTENTION_RELATIVE_KEY[kernel])
     return e_max * (d / (d + d0)) * ((128.0 + d0) / 128.0) * s / (s + half)
 
 
-def flash_attention_seconds(b, s, heads, d_head, *, causal: bool, hw: HardwareProfile, precision: str,
-                            kernel: str = "flash", cp=1, flops_fwd=None):
+def flash_attention_seconds(
+    b,
+    s,
+    heads,
+    d_head,
+    *,
+    causal: bool,
+    hw: HardwareProfile,
+    precision: str,
+    kernel: str = "flash",
+    cp=1,
+    flops_fwd=None,
+):
     """(forward, backward) of a fused attention kernel on `heads` heads of this rank, over a sequence of
     s split over `cp` context-parallel ranks (load-balanced causal split: each rank does 1/cp of the
     work, in blocks of s/cp queries): F_fwd = 4 b s^2 a d / cp (x 1/2 causal: the kernel skips masked
@@ -212,7 +258,9 @@ def flash_attention_seconds(b, s, heads, d_head, *, causal: bool, hw: HardwarePr
     if flops_fwd is None:
         flops_fwd = 4.0 * b * s * s * heads * d_head * (0.5 if causal else 1.0)
     flops_fwd = flops_fwd / cp
-    rate = sustained_flops(hw, precision) * attention_efficiency(hw, kernel, s / cp, d_head, causal=causal)
+    rate = sustained_flops(hw, precision) * attention_efficiency(
+        hw, kernel, s / cp, d_head, causal=causal
+    )
     fixed = eff(hw, "gemm_fixed_us") * 1e-6
     return flops_fwd / rate + fixed, 2.5 * flops_fwd / rate + fixed
 
@@ -310,22 +358,32 @@ def block_seconds(x) -> BlockSeconds:
     from cost_models.flops import GemmShape, attention_kernel_flops_fwd, block_gemm_shapes
 
     linear_kw = dict(hw=x.hw, precision=x.precision, elem_bytes=x.c)
-    core_kw = dict(hw=x.hw, precision=core_gemm_precision(x.attention_precision, x.spec.d_head, x.c), elem_bytes=x.c)
+    core_kw = dict(
+        hw=x.hw,
+        precision=core_gemm_precision(x.attention_precision, x.spec.d_head, x.c),
+        elem_bytes=x.c,
+    )
     gemm_f = gemm_b = attn_f = attn_b = cast_f = cast_b = expert_f = expert_b = module_f = 0.0
     modules = x.sac if isinstance(x.sac, ModuleSac) else None
     s_local = x.seq / x.cp
     cast = fp8_cast_bytes(x)
     shapes = block_gemm_shapes(x.spec, x.b, s_local, tp=x.tp)
-    if x.spec.moe is not None:    # routed experts as the busiest rank's grouped GEMMs under expert parallelism
+    if (
+        x.spec.moe is not None
+    ):  # routed experts as the busiest rank's grouped GEMMs under expert parallelism
         from cost_models.moe import expert_gemm_shapes
+
         shapes = [g for g in shapes if not g.name.startswith("experts_")] + expert_gemm_shapes(x)
     for g in shapes:
         core = g.name in ("qk", "av")
         if core and x.attn_kernel != "math":
             continue
-        if core:    # this rank's s/cp queries against all s keys (context parallelism)
-            g = GemmShape(g.name, s_local, x.seq, g.k, g.batch) if g.name == "qk" else \
-                GemmShape(g.name, s_local, g.n, x.seq, g.batch)
+        if core:  # this rank's s/cp queries against all s keys (context parallelism)
+            g = (
+                GemmShape(g.name, s_local, x.seq, g.k, g.batch)
+                if g.name == "qk"
+                else GemmShape(g.name, s_local, g.n, x.seq, g.batch)
+            )
             f_, b_ = gemm_fwd_bwd_seconds(g.m, g.n, g.k, g.batch, **core_kw)
             attn_f, attn_b = attn_f + f_, attn_b + b_
         else:
@@ -334,52 +392,91 @@ def block_seconds(x) -> BlockSeconds:
             if g.name.startswith("experts_"):
                 expert_f, expert_b = expert_f + f_, expert_b + b_
             if modules is not None and g.name in modules.gemms:
-                module_f = module_f + f_ + cast * (g.m * g.k + g.k * g.n) * g.batch / memory_Bps(x.hw)
+                module_f = (
+                    module_f + f_ + cast * (g.m * g.k + g.k * g.n) * g.batch / memory_Bps(x.hw)
+                )
             cast_f = cast_f + cast * (g.m * g.k + g.k * g.n) * g.batch
             cast_b = cast_b + cast * g.m * g.n * g.batch
     if x.attn_kernel != "math":
-        attn_f, attn_b = flash_attention_seconds(x.b, x.seq, x.spec.heads / x.tp, x.spec.d_head, causal=x.spec.causal,
-                                                 hw=x.hw, precision=x.attention_precision, kernel=x.attn_kernel,
-                                                 cp=x.cp, flops_fwd=attention_kernel_flops_fwd(x.spec, x.b, x.seq) / x.tp)
+        attn_f, attn_b = flash_attention_seconds(
+            x.b,
+            x.seq,
+            x.spec.heads / x.tp,
+            x.spec.d_head,
+            causal=x.spec.causal,
+            hw=x.hw,
+            precision=x.attention_precision,
+            kernel=x.attn_kernel,
+            cp=x.cp,
+            flops_fwd=attention_kernel_flops_fwd(x.spec, x.b, x.seq) / x.tp,
+        )
     bw = memory_Bps(x.hw)
     gemm_f, gemm_b = gemm_f + cast_f / bw, gemm_b + cast_b / bw
     elem_f = x.per_token(x.table.traffic_fwd) * x.tokens / bw
     permute_f = 0.0
-    if x.spec.moe is not None:    # the received tokens regrouped by local expert (cost_models.moe)
+    if x.spec.moe is not None:  # the received tokens regrouped by local expert (cost_models.moe)
         from cost_models.moe import permute_bytes_fwd
+
         permute_f = permute_bytes_fwd(x) / bw
         elem_f = elem_f + permute_f
     scores_f = x.per_token(x.table.scores_traffic_fwd) * x.tokens / bw
     layer_f = gemm_f + attn_f + elem_f
     # selective: the attention core again (Megatron), or the matmuls and memory-bound ops torchtitan's
     # per-operator policy did not save (Step.sac)
-    if modules is not None:       # Megatron-Core's recompute_modules (cost_models.blocks.module_sac)
-        selective = (attn_f + scores_f) * modules.core_attn + module_f + x.per_token(modules.elem) * x.tokens / bw \
+    if modules is not None:  # Megatron-Core's recompute_modules (cost_models.blocks.module_sac)
+        selective = (
+            (attn_f + scores_f) * modules.core_attn
+            + module_f
+            + x.per_token(modules.elem) * x.tokens / bw
             + permute_f * modules.moe_layer
+        )
     else:
         selective = attn_f + scores_f if x.sac is None else x.sac.gemm_fraction * gemm_f + elem_f
     # full: the share of blocks recomputed (all, or recompute_layers per chunk: Step.full_share)
-    rec = np.select([x.full, x.selective], [x.full_share * layer_f, selective], 0.0) * recompute_passes(x)
-    k = 1.0 / x.sw.framework.compute_efficiency     # the stack's gaps around its kernels (frameworks)
-    return BlockSeconds(gemm_fwd=k * gemm_f, gemm_bwd=k * gemm_b, attn_fwd=k * attn_f, attn_bwd=k * attn_b,
-                        elem_fwd=k * elem_f, elem_bwd=k * BWD_TRAFFIC_FACTOR * elem_f, scores_fwd=k * scores_f,
-                        recompute=k * rec, expert_fwd=k * expert_f, expert_bwd=k * expert_b)
+    rec = np.select(
+        [x.full, x.selective], [x.full_share * layer_f, selective], 0.0
+    ) * recompute_passes(x)
+    k = 1.0 / x.sw.framework.compute_efficiency  # the stack's gaps around its kernels (frameworks)
+    return BlockSeconds(
+        gemm_fwd=k * gemm_f,
+        gemm_bwd=k * gemm_b,
+        attn_fwd=k * attn_f,
+        attn_bwd=k * attn_b,
+        elem_fwd=k * elem_f,
+        elem_bwd=k * BWD_TRAFFIC_FACTOR * elem_f,
+        scores_fwd=k * scores_f,
+        recompute=k * rec,
+        expert_fwd=k * expert_f,
+        expert_bwd=k * expert_b,
+    )
 
 
 def head_seconds(x):
     """Last stage: final norm, LM head GEMM (t x V/tp x h, forward and backward; kept in 16 bits under
     FP8 recipes, as Transformer Engine and torchao leave the output layer) and the vocab-parallel loss's
     memory-bound work (cost_models.blocks.head_table)."""
-    f_, b_ = gemm_fwd_bwd_seconds(x.tokens, x.spec.vocab / x.tp, x.spec.hidden, hw=x.hw,
-                                  precision=x.attention_precision, elem_bytes=x.c)
-    memory_bound = (x.per_token(x.head.traffic_fwd) + x.per_token(x.head.traffic_bwd)) * x.tokens / memory_Bps(x.hw)
+    f_, b_ = gemm_fwd_bwd_seconds(
+        x.tokens,
+        x.spec.vocab / x.tp,
+        x.spec.hidden,
+        hw=x.hw,
+        precision=x.attention_precision,
+        elem_bytes=x.c,
+    )
+    memory_bound = (
+        (x.per_token(x.head.traffic_fwd) + x.per_token(x.head.traffic_bwd))
+        * x.tokens
+        / memory_Bps(x.hw)
+    )
     return (f_ + b_ + memory_bound) / x.sw.framework.compute_efficiency
 
 
 def embedding_seconds(x, tp_allreduce_s):
     """First stage: the vocab-parallel lookup's all-reduce forward and backward (Megatron) and about
     three streams of the t x h embedding output (lookup, gradient, scatter-add)."""
-    return np.where(x.tp > 1, 2.0 * tp_allreduce_s, 0.0) + 3.0 * x.tokens * x.spec.hidden * x.c / memory_Bps(x.hw)
+    return np.where(
+        x.tp > 1, 2.0 * tp_allreduce_s, 0.0
+    ) + 3.0 * x.tokens * x.spec.hidden * x.c / memory_Bps(x.hw)
 
 
 def fp8_cast_bytes(x) -> float:
@@ -395,14 +492,19 @@ def fp8_cast_bytes(x) -> float:
     scale serves both axes through the transposed copy)."""
     if x.precision != "fp8":
         return 0.0
-    return x.sw.framework.fp8_cast_bytes_per_element * (2.0 if x.sw.fp8_scaling == "rowwise" else 1.0)
+    return x.sw.framework.fp8_cast_bytes_per_element * (
+        2.0 if x.sw.fp8_scaling == "rowwise" else 1.0
+    )
 
 
 def host_wait_seconds(x, device_step_s):
     """Extra time when the host cannot issue the step's kernels as fast as the device runs them:
     ops = m (blocks / pp) kernels_fwd (3 + full recompute) + head kernels (a forward op has about two
     backward ops), dispatched at `dispatch_us_per_op` each (eager PyTorch)."""
-    ops = x.m * (x.spec.total_blocks / x.pp) * x.table.kernels_fwd * (3.0 + x.full_share) + x.head.kernels
+    ops = (
+        x.m * (x.spec.total_blocks / x.pp) * x.table.kernels_fwd * (3.0 + x.full_share)
+        + x.head.kernels
+    )
     return np.maximum(0.0, dispatch_seconds(ops, x.hw) - device_step_s)
 
 
@@ -414,7 +516,12 @@ def optimizer_step_bytes_per_param(states, optimizer: str) -> float:
     precision + 2 = 30; pure bf16 14; SGD with momentum keeps one state."""
     n_states = 2.0 if optimizer == "adamw" else 1.0
     fp32_copy = states.master or states.param
-    return 2.0 * fp32_copy + states.grad + 2.0 * n_states * states.state + (states.param if states.master else 0.0)
+    return (
+        2.0 * fp32_copy
+        + states.grad
+        + 2.0 * n_states * states.state
+        + (states.param if states.master else 0.0)
+    )
 
 
 def optimizer_step_seconds(x, params_rank):
@@ -425,11 +532,18 @@ def optimizer_step_seconds(x, params_rank):
     optimizer)."""
     from cost_models.offload import optimizer_offload_seconds
 
-    updated = np.where(x.zero >= 1, params_rank.dense / x.shard_group + params_rank.expert / x.expert_shard_group,
-                       params_rank.total)
+    updated = np.where(
+        x.zero >= 1,
+        params_rank.dense / x.shard_group + params_rank.expert / x.expert_shard_group,
+        params_rank.total,
+    )
     states = x.sw.state_bytes(x.precision)
-    on_device = memory_bound_seconds(updated * optimizer_step_bytes_per_param(states, x.optimizer), x.hw)
-    step = np.where(x.is_offload("optimizer"), optimizer_offload_seconds(updated, states.grad, x.hw), on_device)
+    on_device = memory_bound_seconds(
+        updated * optimizer_step_bytes_per_param(states, x.optimizer), x.hw
+    )
+    step = np.where(
+        x.is_offload("optimizer"), optimizer_offload_seconds(updated, states.grad, x.hw), on_device
+    )
     if x.sw.bf16_optimizer:
         # BF16_Optimizer.update_hp_grads after every micro-batch's backward, `hp_grad.add_(lp.grad.to(fp32))`:
         # the bf16 gradient read and cast into an fp32 temporary (written, then read back), the fp32 accumulator

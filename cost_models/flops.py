@@ -35,6 +35,7 @@ Mixture-of-experts, MLA and windowed models (docs/models.md):
   training runs: 6 N_active tokens + 3 x attention, as Megatron-LM's num_floating_point_operations
   counts MoE models (without its causal halving of the core).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -77,7 +78,9 @@ def _core_gemms(spec: TransformerSpec, b, s, tp, share=1.0) -> list[GemmShape]:
     return [GemmShape("qk", s, kv, spec.d_head, heads), GemmShape("av", s, spec.d_value, kv, heads)]
 
 
-def _mlp_gemms(spec: TransformerSpec, t, tp, width, prefix: str, rows=None, experts=1) -> list[GemmShape]:
+def _mlp_gemms(
+    spec: TransformerSpec, t, tp, width, prefix: str, rows=None, experts=1
+) -> list[GemmShape]:
     """W_1 (and W_3 when gated) by columns, W_2 by rows, of `experts` MLPs of width `width` with
     `rows` rows each (default t)."""
     m = t if rows is None else rows
@@ -113,13 +116,24 @@ def block_gemm_shapes(spec: TransformerSpec, b, s, *, tp=1) -> list[GemmShape]:
     if spec.mla is not None:
         m = spec.mla
         a = spec.heads / tp
-        q = [GemmShape("wq_a", t, m.q_lora_rank, h), GemmShape("wq_b", t, a * m.qk_head_dim, m.q_lora_rank)] \
-            if m.q_lora_rank else [GemmShape("wq", t, a * m.qk_head_dim, h)]
-        shapes = q + [GemmShape("wkv_a", t, m.kv_lora_rank + m.qk_rope_head_dim, h),
-                      GemmShape("wkv_b", t, a * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)]
+        q = (
+            [
+                GemmShape("wq_a", t, m.q_lora_rank, h),
+                GemmShape("wq_b", t, a * m.qk_head_dim, m.q_lora_rank),
+            ]
+            if m.q_lora_rank
+            else [GemmShape("wq", t, a * m.qk_head_dim, h)]
+        )
+        shapes = q + [
+            GemmShape("wkv_a", t, m.kv_lora_rank + m.qk_rope_head_dim, h),
+            GemmShape("wkv_b", t, a * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
+        ]
     else:
-        shapes = [GemmShape("wq", t, spec.attn_width / tp, h), GemmShape("wk", t, spec.kv_width / tp, h),
-                  GemmShape("wv", t, spec.kv_width / tp, h)]
+        shapes = [
+            GemmShape("wq", t, spec.attn_width / tp, h),
+            GemmShape("wk", t, spec.kv_width / tp, h),
+            GemmShape("wv", t, spec.kv_width / tp, h),
+        ]
     for share, kind in spec.block_mix:
         shapes += _core_gemms(kind, b, s, tp, share)
     shapes.append(GemmShape("wo", t, h, spec.heads * spec.d_value / tp))
@@ -128,7 +142,9 @@ def block_gemm_shapes(spec: TransformerSpec, b, s, *, tp=1) -> list[GemmShape]:
     else:
         moe = spec.moe
         shapes.append(GemmShape("router", t, moe.experts, h))
-        shapes += _mlp_gemms(spec, t, tp, moe.expert_ffn, "experts_", rows=expert_rows(spec, t), experts=moe.experts)
+        shapes += _mlp_gemms(
+            spec, t, tp, moe.expert_ffn, "experts_", rows=expert_rows(spec, t), experts=moe.experts
+        )
         if moe.shared_experts:
             shapes += _mlp_gemms(spec, t, tp, moe.shared_experts * moe.d_shared_ffn, "shared_")
         if moe.shared_expert_gate:
@@ -143,7 +159,11 @@ def block_matmul_flops_fwd(spec: TransformerSpec, b, s):
     an MoE block, routed experts x capacity_factor when tokens are padded to capacity)."""
     padding = 0
     if spec.moe is not None and spec.moe.capacity_factor is not None:
-        padding = (spec.moe.capacity_factor - 1.0) * spec.moe.top_k * P.ffn_weight_params(spec, spec.moe.expert_ffn)
+        padding = (
+            (spec.moe.capacity_factor - 1.0)
+            * spec.moe.top_k
+            * P.ffn_weight_params(spec, spec.moe.expert_ffn)
+        )
     return 2 * b * s * (P.block_matmul_weights(spec) + padding)
 
 
@@ -177,7 +197,11 @@ def attention_core_flops_bwd(spec: TransformerSpec, b, s, *, flash: bool = True)
         return ATTENTION_BWD_FACTOR_MATH * attention_core_flops_fwd(spec, b, s)
     if spec.mla is None:
         return ATTENTION_BWD_FACTOR_FLASH * attention_core_flops_fwd(spec, b, s)
-    return (3 * spec.d_head + 2 * spec.d_value) / (spec.d_head + spec.d_value) * attention_core_flops_fwd(spec, b, s)
+    return (
+        (3 * spec.d_head + 2 * spec.d_value)
+        / (spec.d_head + spec.d_value)
+        * attention_core_flops_fwd(spec, b, s)
+    )
 
 
 def attention_kernel_flops_fwd(spec: TransformerSpec, b, s):
@@ -185,10 +209,12 @@ def attention_kernel_flops_fwd(spec: TransformerSpec, b, s):
     follows, cost_models.compute.flash_attention_seconds): it skips fully masked tiles, so a causal
     block does half the square, 2 b a s^2 (d_qk + d_v) / 2; a windowed block the band,
     2 b a (s n - n^2 / 2) (d_qk + d_v) with n = min(w, s); a bidirectional block the square."""
+
     def uniform(kind):
         n = keys_per_query(kind, s)
         pairs = (s * n - n * n / 2.0) if kind.causal else s * n
         return 2.0 * b * pairs * kind.heads * (kind.d_head + kind.d_value)
+
     return sum(share * uniform(kind) for share, kind in spec.block_mix)
 
 
@@ -199,7 +225,9 @@ def block_flops_fwd(spec: TransformerSpec, b, s):
 
 def block_flops_bwd(spec: TransformerSpec, b, s, *, flash: bool = True):
     """Backward FLOPs of one block without recomputation: 2x the GEMMs + the attention core's backward."""
-    return 2 * block_matmul_flops_fwd(spec, b, s) + attention_core_flops_bwd(spec, b, s, flash=flash)
+    return 2 * block_matmul_flops_fwd(spec, b, s) + attention_core_flops_bwd(
+        spec, b, s, flash=flash
+    )
 
 
 def encoder_block_flops_fwd(spec: TransformerSpec, b, s):
@@ -213,8 +241,16 @@ def head_flops_fwd(spec: TransformerSpec, b, s):
     return 2 * b * s * P.head_matmul_weights(spec)
 
 
-def block_recompute_flops(spec: TransformerSpec, b, s, recompute: str, *, flash: bool = True,
-                          early_stop: bool = True, selective: str = "attention"):
+def block_recompute_flops(
+    spec: TransformerSpec,
+    b,
+    s,
+    recompute: str,
+    *,
+    flash: bool = True,
+    early_stop: bool = True,
+    selective: str = "attention",
+):
     """Extra forward FLOPs per block spent in the backward pass by activation recomputation.
 
     - none: 0.
@@ -229,8 +265,13 @@ def block_recompute_flops(spec: TransformerSpec, b, s, recompute: str, *, flash:
     if recompute == "none":
         return 0 * b * s
     if recompute == "selective" and selective == "op" and spec.moe is None and spec.mla is None:
-        from cost_models.blocks import op_sac       # torchtitan: the matmuls its policy did not save
-        linear = sum(2.0 * g.m * g.n * g.k * g.batch for g in block_gemm_shapes(spec, b, s) if g.name not in ("qk", "av"))
+        from cost_models.blocks import op_sac  # torchtitan: the matmuls its policy did not save
+
+        linear = sum(
+            2.0 * g.m * g.n * g.k * g.batch
+            for g in block_gemm_shapes(spec, b, s)
+            if g.name not in ("qk", "av")
+        )
         return op_sac(spec, "amp-bf16", "torch").gemm_fraction * linear
     if recompute == "selective":
         return attention_core_flops_fwd(spec, b, s)
@@ -260,8 +301,14 @@ def model_flops_per_step(spec: TransformerSpec, tokens, *, seq=None, causal_half
     AutoModel's reported TFLOP/s; tests/test_moe_flops.py reproduces them)."""
     s = spec.seq if seq is None else seq
     sequences = tokens / s
-    blocks = sum(len(kind.layers) * _uniform_core_fwd(kind.spec, sequences, s) for kind in spec.block_kinds)
-    mtp = spec.mtp_modules * _uniform_core_fwd(spec.last_kind, sequences, s) if spec.mtp_modules else 0
+    blocks = sum(
+        len(kind.layers) * _uniform_core_fwd(kind.spec, sequences, s) for kind in spec.block_kinds
+    )
+    mtp = (
+        spec.mtp_modules * _uniform_core_fwd(spec.last_kind, sequences, s)
+        if spec.mtp_modules
+        else 0
+    )
     decoder = (blocks + mtp) * (0.5 if causal_half and spec.causal else 1.0)
     attention = 3 * (decoder + spec.encoder_layers * 4 * sequences * s * s * spec.attn_width)
     return 6 * (P.matmul_params(spec) + P.mtp_matmul_params(spec)) * tokens + attention

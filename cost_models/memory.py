@@ -22,10 +22,10 @@ The peak is the largest of three moments of a step (each a sum over what is aliv
 Plus the framework's workspaces (cuBLAS: one per stream that runs GEMMs, forward and autograd
 threads), which the caching allocator counts.
 """
+
 from __future__ import annotations
 
 import numpy as np
-
 
 
 def state_bytes_per_param(software, precision: str, optimizer: str) -> tuple[float, float, float]:
@@ -48,13 +48,33 @@ def grads_persist(policy: str, num_microbatches):
     return np.ones_like(m, dtype=bool) if policy == "always" else m > 1
 
 
-def peak_bytes(*, params, grads, optimizer, grads_present, cache_fwd, cache_bwd, activations,
-               logits_fwd_end, logits_peak, last_grad_transient, recompute_transient, workspace):
+def peak_bytes(
+    *,
+    params,
+    grads,
+    optimizer,
+    grads_present,
+    cache_fwd,
+    cache_bwd,
+    activations,
+    logits_fwd_end,
+    logits_peak,
+    last_grad_transient,
+    recompute_transient,
+    workspace,
+):
     """Largest of the three moments; returns (peak, activations term, other term) of that moment."""
     states = params + optimizer
     g_fwd = np.where(grads_present, grads, 0.0)
     fwd_end = states + g_fwd + cache_fwd + activations + logits_fwd_end + workspace
-    bwd_start = states + g_fwd + cache_bwd + activations + np.maximum(logits_peak, recompute_transient) + workspace
+    bwd_start = (
+        states
+        + g_fwd
+        + cache_bwd
+        + activations
+        + np.maximum(logits_peak, recompute_transient)
+        + workspace
+    )
     bwd_end = states + grads + last_grad_transient + workspace
     peak = np.maximum(np.maximum(fwd_end, bwd_start), bwd_end)
     acts = np.where(peak == bwd_end, 0.0, activations)
@@ -65,6 +85,7 @@ def peak_bytes(*, params, grads, optimizer, grads_present, cache_fwd, cache_bwd,
 def cuda_context_bytes(hw) -> float:
     """CUDA context, kernels and library handles outside the caching allocator (efficiency key)."""
     from hardware_profiles.efficiency import efficiency
+
     return efficiency(hw, "cuda_context_bytes")
 
 
@@ -101,10 +122,15 @@ def activation_bytes(x) -> ActivationBytes:
     full_block, selective, full = kept_per_token(x.table, x.per_token, x.sac)
     kept = np.select([x.full, x.selective], [full, selective], full_block)
     return ActivationBytes(
-        block=kept * x.tokens, block_no_recompute=full_block * x.tokens,
-        embedding=x.per_token(B.embedding_saved(x.spec, x.precision, dropout=x.sw.dropout)) * x.tokens,
+        block=kept * x.tokens,
+        block_no_recompute=full_block * x.tokens,
+        embedding=x.per_token(B.embedding_saved(x.spec, x.precision, dropout=x.sw.dropout))
+        * x.tokens,
         head=x.per_token(x.head.saved) * x.tokens,
-        head_inflight=np.where(x.single_stage, 1.0, inflight_microbatches_last_stage(x.schedule, x.m, SCHEDULES)))
+        head_inflight=np.where(
+            x.single_stage, 1.0, inflight_microbatches_last_stage(x.schedule, x.m, SCHEDULES)
+        ),
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -125,8 +151,12 @@ class RankMemory:
     def higher(self, other: "RankMemory", where=True) -> "RankMemory":
         """Per candidate, the rank whose peak is higher (all its terms)."""
         pick = where & (other.peak > self.peak)
-        return RankMemory(**{f: np.where(pick, getattr(other, f), getattr(self, f))
-                             for f in ("peak", "params", "grads", "optimizer", "activations", "other", "saved")})
+        return RankMemory(
+            **{
+                f: np.where(pick, getattr(other, f), getattr(self, f))
+                for f in ("peak", "params", "grads", "optimizer", "activations", "other", "saved")
+            }
+        )
 
 
 def zero3_live_params(x, n_blocks, dp, edp):
@@ -142,11 +172,15 @@ def zero3_live_params(x, n_blocks, dp, edp):
     from cost_models import params as P
 
     block_dense, block_expert = MO.block_params_on_rank(x)
-    units = np.minimum(2.0, n_blocks) * (block_dense * (1.0 - 1.0 / dp) + block_expert * (1.0 - 1.0 / edp))
+    units = np.minimum(2.0, n_blocks) * (
+        block_dense * (1.0 - 1.0 / dp) + block_expert * (1.0 - 1.0 / edp)
+    )
     live = x.sw.framework.zero3_max_live_params
     if live is None:
         return units
-    return np.minimum(units, np.maximum(P.largest_module_params(x.spec) / x.tp, live) * (1.0 - 1.0 / dp))
+    return np.minimum(
+        units, np.maximum(P.largest_module_params(x.spec) / x.tp, live) * (1.0 - 1.0 / dp)
+    )
 
 
 def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankMemory:
@@ -166,42 +200,63 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     from cost_models import moe as MO
 
     spec, fw, tp, zero = x.spec, x.sw.framework, x.tp, x.zero
-    dp = x.shard_group          # ZeRO shards over dp x cp, or the hybrid shard group
-    edp = x.expert_shard_group  # ... and the routed experts over their expert data-parallel shard group
+    dp = x.shard_group  # ZeRO shards over dp x cp, or the hybrid shard group
+    edp = (
+        x.expert_shard_group
+    )  # ... and the routed experts over their expert data-parallel shard group
     is_first, is_last = np.asarray(rank) == 0, np.asarray(rank) == x.pp - 1
     split = MO.rank_params(x, n_blocks, is_first, is_last)
     n_params = split.total
     pb, gb, ob = state_bytes_per_param(x.sw, x.precision, x.optimizer)
 
     def sharded(bytes_per_param, from_stage):
-        return zero_sharded(split.dense * bytes_per_param, dp, zero, from_stage) \
-            + zero_sharded(split.expert * bytes_per_param, edp, zero, from_stage)
+        return zero_sharded(split.dense * bytes_per_param, dp, zero, from_stage) + zero_sharded(
+            split.expert * bytes_per_param, edp, zero, from_stage
+        )
 
     inflight = inflight_microbatches(x.schedule, x.pp, x.m, x.v, rank, SCHEDULES)
     # full recomputation of only recompute_layers blocks per chunk (Step.recomputed_blocks): the others keep all
     recomputed = x.recomputed_blocks(n_blocks, rank)
-    blocks_b = np.where(x.full, recomputed * acts.block + (n_blocks - recomputed) * acts.block_no_recompute,
-                        n_blocks * acts.block)
-    held = inflight * (blocks_b + np.where(is_first, acts.embedding, 0.0)) \
-        + np.where(is_last, acts.head_inflight * acts.head, 0.0)
+    blocks_b = np.where(
+        x.full,
+        recomputed * acts.block + (n_blocks - recomputed) * acts.block_no_recompute,
+        n_blocks * acts.block,
+    )
+    held = inflight * (blocks_b + np.where(is_first, acts.embedding, 0.0)) + np.where(
+        is_last, acts.head_inflight * acts.head, 0.0
+    )
     # What offloaded activations still occupy on the device at the peak. Everything offloaded (DeepSpeed's
     # cpu_checkpointing): the block in use and the one reloaded ahead of it. The first N of n blocks (Transformer
     # Engine's CPU offload context; TE cpu_offload.py AsyncDoubleBufferGroupOffloadHandler): at the start of the
     # backward the rank holds its n - N blocks and one group, the last offloaded, reloaded ahead (on_group_commit_
     # backward reloads a group every n / N layers while each layer's backward frees one kept block, so the holding
     # only falls from there). Beyond what the host can take, the excess stays.
-    share = offloaded_share(x, n_blocks)            # the offloaded blocks' share (all, or the first N blocks)
+    share = offloaded_share(x, n_blocks)  # the offloaded blocks' share (all, or the first N blocks)
     off = held * share
-    reload = np.where(share < 1.0, acts.block, 2 * acts.block_no_recompute + np.where(is_last, acts.head, 0.0))
-    held = held - off + np.where(x.is_offload("activations"), np.maximum(np.minimum(off, reload), off - host_room),
-                                 0.0)
-    gather_bytes = x.sw.state_bytes(x.precision).gather     # FSDP gathers the 16-bit copy (param_dtype)
+    reload = np.where(
+        share < 1.0, acts.block, 2 * acts.block_no_recompute + np.where(is_last, acts.head, 0.0)
+    )
+    held = (
+        held
+        - off
+        + np.where(
+            x.is_offload("activations"), np.maximum(np.minimum(off, reload), off - host_room), 0.0
+        )
+    )
+    gather_bytes = x.sw.state_bytes(
+        x.precision
+    ).gather  # FSDP gathers the 16-bit copy (param_dtype)
     zero3_live = np.where(zero >= 3, zero3_live_params(x, n_blocks, dp, edp) * gather_bytes, 0.0)
     # FP8 recipes that keep FP8 copies of the linear weights for the step (frameworks: fp8_weight_cache_bytes):
     # every stored GEMM weight of the rank, all its local experts included; sharded with the parameters
     # under ZeRO-3 (FSDP keeps them per shard)
-    fp8_copies = zero_sharded(n_blocks * MO.block_weights_on_rank(x) * fw.fp8_weight_cache_bytes, dp, zero, 3) \
-        if x.precision == "fp8" else 0.0
+    fp8_copies = (
+        zero_sharded(
+            n_blocks * MO.block_weights_on_rank(x) * fw.fp8_weight_cache_bytes, dp, zero, 3
+        )
+        if x.precision == "fp8"
+        else 0.0
+    )
     params_b = sharded(pb, 3) + zero3_live + fp8_copies
     grads_b = sharded(gb, 2)
     buckets = np.where(fw.grad_bucket_copy & (zero == 0) & (x.grad_group > 1), n_params * gb, 0.0)
@@ -210,24 +265,40 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     # torch.autocast caches the 16-bit cast of each fp32 GEMM weight for the forward. Under FSDP's mixed
     # precision (ZeRO >= 2 gathering 16-bit copies: MixedPrecision(param_dtype=bf16), as Composer's DEFAULT,
     # fms-fsdp and Accelerate's bf16 FSDP set it) the forward sees bf16 weights and nothing is cast.
-    cache = (fw.autocast_weight_cache and x.precision.startswith("amp")) & ~((zero >= 2) & (gather_bytes < 4))
+    cache = (fw.autocast_weight_cache and x.precision.startswith("amp")) & ~(
+        (zero >= 2) & (gather_bytes < 4)
+    )
     cache_head = np.where(is_last, head_w, 0.0) * 2.0 * cache
     cache_all = (n_blocks * MO.block_weights_on_rank(x)) * 2.0 * cache + cache_head
     tied_grad = head_w * 4.0 if x.c == 2 and x.precision != "bf16" else head_w * gb * 2.0
     peak, acts_b, other = peak_bytes(
-        params=params_b, grads=grads_b + buckets, optimizer=opt_b,
+        params=params_b,
+        grads=grads_b + buckets,
+        optimizer=opt_b,
         grads_present=grads_persist(fw.grads_persist, x.m) | (buckets > 0),
         # full recomputation re-casts a block's weights when it re-runs; blocks it does not re-run keep their casts
-        cache_fwd=cache_all, cache_bwd=np.where(
-            x.full, cache_head + (n_blocks - recomputed) * MO.block_weights_on_rank(x) * 2.0 * cache, cache_all),
+        cache_fwd=cache_all,
+        cache_bwd=np.where(
+            x.full,
+            cache_head + (n_blocks - recomputed) * MO.block_weights_on_rank(x) * 2.0 * cache,
+            cache_all,
+        ),
         activations=held,
         logits_fwd_end=np.where(is_last, x.per_token(x.head.logits_fwd_end) * x.tokens, 0.0),
         logits_peak=np.where(is_last, x.per_token(x.head.logits_peak) * x.tokens, 0.0),
         last_grad_transient=np.where(is_first & spec.tied_embeddings, tied_grad, 0.0),
         recompute_transient=np.where(x.full, acts.block_no_recompute, 0.0),
-        workspace=efficiency(x.hw, "framework_workspace_bytes"))
-    return RankMemory(peak=peak, params=params_b, grads=grads_b + buckets, optimizer=opt_b, activations=acts_b,
-                      other=other, saved=held)
+        workspace=efficiency(x.hw, "framework_workspace_bytes"),
+    )
+    return RankMemory(
+        peak=peak,
+        params=params_b,
+        grads=grads_b + buckets,
+        optimizer=opt_b,
+        activations=acts_b,
+        other=other,
+        saved=held,
+    )
 
 
 def peak_over_ranks(x, acts: ActivationBytes, *, host_room, rank_blocks=None):
@@ -236,26 +307,45 @@ def peak_over_ranks(x, acts: ActivationBytes, *, host_room, rank_blocks=None):
     the last rank are evaluated: with an even split they hold the peak (rank 0 has the most blocks and
     micro-batches in flight, the last rank the head)."""
     best = rank_memory(x, 0.0, x.blocks_first, acts, host_room=host_room).higher(
-        rank_memory(x, x.pp - 1.0, x.blocks_last, acts, host_room=host_room))
+        rank_memory(x, x.pp - 1.0, x.blocks_last, acts, host_room=host_room)
+    )
     if rank_blocks is None and x.spec.moe is not None:
         # mixture of experts: the first rank holds the dense blocks (moe.rank_params), so the second rank, with
         # only expert blocks, the most of them after the first and the most micro-batches in flight after it,
         # can hold the peak; the ranks after it hold no more (fewer or as many blocks, fewer in flight)
-        best = best.higher(rank_memory(x, np.minimum(1.0, x.pp - 1.0), x.blocks_second, acts, host_room=host_room),
-                           x.pp > 2)
+        best = best.higher(
+            rank_memory(x, np.minimum(1.0, x.pp - 1.0), x.blocks_second, acts, host_room=host_room),
+            x.pp > 2,
+        )
     if rank_blocks is None:
         return best, None
     rb = np.atleast_2d(np.asarray(rank_blocks, dtype=float))
-    names = {"peak_bytes": "peak", "params_bytes": "params", "grads_bytes": "grads",
-             "optimizer_bytes": "optimizer", "activations_bytes": "activations", "other_bytes": "other"}
+    names = {
+        "peak_bytes": "peak",
+        "params_bytes": "params",
+        "grads_bytes": "grads",
+        "optimizer_bytes": "optimizer",
+        "activations_bytes": "activations",
+        "other_bytes": "other",
+    }
     if rb.shape[0] == 1 and np.shape(x.pp) == (1,):
         return _one_candidate_ranks(x, best, rb[0], acts, host_room=host_room, names=names)
-    cols = [rank_memory(x, float(j), np.where(j < x.pp, rb[:, j], 0.0), acts, host_room=host_room)
-            for j in range(rb.shape[1])]
+    cols = [
+        rank_memory(x, float(j), np.where(j < x.pp, rb[:, j], 0.0), acts, host_room=host_room)
+        for j in range(rb.shape[1])
+    ]
     for j, r_j in enumerate(cols):
         best = best.higher(r_j, j < x.pp)
-    per_rank = {name: np.stack([np.where(j < x.pp, np.broadcast_to(getattr(c, f), x.pp.shape), np.nan)
-                                for j, c in enumerate(cols)], axis=1) for name, f in names.items()}
+    per_rank = {
+        name: np.stack(
+            [
+                np.where(j < x.pp, np.broadcast_to(getattr(c, f), x.pp.shape), np.nan)
+                for j, c in enumerate(cols)
+            ],
+            axis=1,
+        )
+        for name, f in names.items()
+    }
     return best, per_rank
 
 
@@ -271,7 +361,7 @@ def _one_candidate_ranks(x, best: RankMemory, blocks, acts: ActivationBytes, *, 
     peaks = np.where(live, whole["peak"], -np.inf)
     top = int(np.argmax(peaks))
     if peaks[top] > best.peak[0]:
-        best = RankMemory(**{f: v[top:top + 1] for f, v in whole.items()})
+        best = RankMemory(**{f: v[top : top + 1] for f, v in whole.items()})
     per_rank = {name: np.where(live, whole[f], np.nan)[None, :] for name, f in names.items()}
     return best, per_rank
 
@@ -291,7 +381,9 @@ def needed_bytes(peak_bytes, hw, software):
     """What the device must hold for a peak of `peak_bytes` allocated: the allocator's overhead
     (allocator_overhead) on top of the peak, and the CUDA context outside it (`cuda_context_bytes`):
     peak x (1 + overhead) + context."""
-    return np.asarray(peak_bytes, dtype=float) * (1.0 + allocator_overhead(software)) + cuda_context_bytes(hw)
+    return np.asarray(peak_bytes, dtype=float) * (
+        1.0 + allocator_overhead(software)
+    ) + cuda_context_bytes(hw)
 
 
 def fits(peak_bytes, hw, software):

@@ -33,6 +33,7 @@ of another in the 1F1B steady state (forward exchanges beside backward expert GE
 as DeepSeek's DualPipe pairs forward and backward chunks; otherwise every exchange sits on the
 critical path.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -71,7 +72,11 @@ def expert_rows(x, *, busiest: bool = True):
     mean = routed_tokens(x) * moe.top_k * x.ep * x.etp / moe.experts
     if not busiest:
         return mean
-    factor = moe.capacity_factor if moe.capacity_factor is not None else np.where(x.ep > 1, x.sw.imbalance, 1.0)
+    factor = (
+        moe.capacity_factor
+        if moe.capacity_factor is not None
+        else np.where(x.ep > 1, x.sw.imbalance, 1.0)
+    )
     return mean * factor
 
 
@@ -147,9 +152,14 @@ def exchange_seconds(x, element_bytes):
     b_out = inter_bus_Bps_per_node(x.hw, "alltoall") / x.hw.devices_per_node
     remote = remote_domains_per_token(x)
     domains = np.maximum(x.ep / np.maximum(local, 1.0), 1.0)
-    network = routed_tokens(x) * imbalance * h * element_bytes * remote / b_out \
+    network = (
+        routed_tokens(x) * imbalance * h * element_bytes * remote / b_out
         + (domains - 1.0) * x.hw.inter_node_latency_us * 1e-6
-    nvlink = volume * (local - 1.0) / np.maximum(local, 1.0) / b_in + (local - 1.0) * x.hw.intra_node_latency_us * 1e-6
+    )
+    nvlink = (
+        volume * (local - 1.0) / np.maximum(local, 1.0) / b_in
+        + (local - 1.0) * x.hw.intra_node_latency_us * 1e-6
+    )
     hierarchical = np.maximum(np.where(domains > 1, network, 0.0), nvlink)
     out = flat if x.sw.moe_dispatcher == "alltoall" else hierarchical
     return np.where(x.ep > 1, out, 0.0)
@@ -161,8 +171,9 @@ def expert_tp_seconds(x):
     expert_tp > 1), a buffer of expert_tp t_r k h c x imbalance; forward AG + RS, backward RS + AG."""
     imbalance = np.where(x.ep > 1, x.sw.imbalance, 1.0)
     buffer = x.etp * routed_tokens(x) * x.spec.moe.top_k * x.spec.hidden * x.c * imbalance
-    one = group_collective_seconds("allgather", buffer, x.etp, x.local["ET"], x.hw) \
-        + group_collective_seconds("reduce_scatter", buffer, x.etp, x.local["ET"], x.hw)
+    one = group_collective_seconds(
+        "allgather", buffer, x.etp, x.local["ET"], x.hw
+    ) + group_collective_seconds("reduce_scatter", buffer, x.etp, x.local["ET"], x.hw)
     return np.where(x.etp > 1, one, 0.0)
 
 
@@ -219,8 +230,10 @@ def ep_block_seconds(x, block) -> EpSeconds:
     from cost_models.compute import recompute_passes
 
     if x.spec.moe is None:
-        zero = np.zeros_like(x.tp)    # (tp: a column every term keys on; planner.score.block_terms)
-        return EpSeconds(dispatch=zero, combine=zero, fwd=zero, bwd=zero, recompute=zero, exposed=zero)
+        zero = np.zeros_like(x.tp)  # (tp: a column every term keys on; planner.score.block_terms)
+        return EpSeconds(
+            dispatch=zero, combine=zero, fwd=zero, bwd=zero, recompute=zero, exposed=zero
+        )
     dispatch = exchange_seconds(x, dispatch_element_bytes(x))
     combine = exchange_seconds(x, x.c)
     etp = expert_tp_seconds(x)
@@ -229,12 +242,18 @@ def ep_block_seconds(x, block) -> EpSeconds:
     # a recomputed MoE layer (full recomputation, or Megatron-Core's recompute_modules "moe") exchanges again
     moe_layer = bool(getattr(x.sac, "moe_layer", False))
     rec = np.where(x.selective & moe_layer, 1.0, x.full_share) * fwd * recompute_passes(x)
-    half = fwd / 2.0                            # dispatch-side and combine-side halves of each pass
+    half = fwd / 2.0  # dispatch-side and combine-side halves of each pass
     rest_f, rest_b = block.fwd - block.expert_fwd, block.bwd - block.expert_bwd
-    beside = (np.maximum(0.0, half - block.expert_bwd) + np.maximum(0.0, half - rest_b)
-              + np.maximum(0.0, half - rest_f) + np.maximum(0.0, half + rec - block.expert_fwd))
+    beside = (
+        np.maximum(0.0, half - block.expert_bwd)
+        + np.maximum(0.0, half - rest_b)
+        + np.maximum(0.0, half - rest_f)
+        + np.maximum(0.0, half + rec - block.expert_fwd)
+    )
     exposed = np.where(x.sw.moe_a2a_overlap, beside, fwd + bwd + rec)
-    return EpSeconds(dispatch=dispatch, combine=combine, fwd=fwd, bwd=bwd, recompute=rec, exposed=exposed)
+    return EpSeconds(
+        dispatch=dispatch, combine=combine, fwd=fwd, bwd=bwd, recompute=rec, exposed=exposed
+    )
 
 
 def host_sync_seconds(x, device_fwd_s):
@@ -262,7 +281,9 @@ def host_sync_seconds(x, device_fwd_s):
         return np.zeros_like(x.dp)
     ops = x.table.kernels_fwd + fw.moe_host_ops_per_layer
     passes = 1.0 + x.full_share * recompute_passes(x)
-    return x.m * x.blocks_most * passes * np.maximum(0.0, dispatch_seconds(ops, x.hw) - device_fwd_s)
+    return (
+        x.m * x.blocks_most * passes * np.maximum(0.0, dispatch_seconds(ops, x.hw) - device_fwd_s)
+    )
 
 
 # ------------------------------------------------------------------------------------ parameters
@@ -276,7 +297,11 @@ def routed_expert_params(spec) -> int:
 
 def routed_expert_weights(spec) -> int:
     """GEMM weights of the routed experts of one MoE block (no biases): what FP8 and autocast copies hold."""
-    return spec.moe.experts * P.ffn_weight_params(spec, spec.moe.expert_ffn) if spec.moe is not None else 0
+    return (
+        spec.moe.experts * P.ffn_weight_params(spec, spec.moe.expert_ffn)
+        if spec.moe is not None
+        else 0
+    )
 
 
 def moe_blocks_on_rank(spec, n_blocks, is_first, is_last):
@@ -304,8 +329,10 @@ class RankParams:
 
     def higher(self, other: "RankParams") -> "RankParams":
         pick = other.total > self.total
-        return RankParams(dense=np.where(pick, other.dense, self.dense),
-                          expert=np.where(pick, other.expert, self.expert))
+        return RankParams(
+            dense=np.where(pick, other.dense, self.dense),
+            expert=np.where(pick, other.expert, self.expert),
+        )
 
 
 def rank_params(x, n_blocks, is_first, is_last) -> RankParams:
@@ -358,22 +385,34 @@ def placement_summary(x, block, i: int = 0) -> dict:
     pick = lambda a: float(np.broadcast_to(np.asarray(a, dtype=float), x.dp.shape)[i])  # noqa: E731
     ep, etp, moe = pick(x.ep), pick(x.etp), x.spec.moe
     local = min(pick(x.local["E"]), ep)
-    per_copy = routed_tokens(x) * moe.top_k * np.where(x.ep > 1, x.sw.imbalance, 1.0) * x.spec.hidden
+    per_copy = (
+        routed_tokens(x) * moe.top_k * np.where(x.ep > 1, x.sw.imbalance, 1.0) * x.spec.hidden
+    )
     seconds = ep_block_seconds(x, block)
     step = x.m * x.blocks_most
     total, exposed = pick(step * seconds.total), pick(step * seconds.exposed)
     return {
-        "ep": int(ep), "expert_tp": int(etp), "expert_dp": int(round(pick(x.expert_dp))),
-        "local_experts": moe.experts / ep, "rows_per_local_expert": pick(expert_rows(x)),
+        "ep": int(ep),
+        "expert_tp": int(etp),
+        "expert_dp": int(round(pick(x.expert_dp))),
+        "local_experts": moe.experts / ep,
+        "rows_per_local_expert": pick(expert_rows(x)),
         "expert_params_per_gpu": pick(rank_params(x, x.blocks_most, False, False).expert),
         "imbalance": x.sw.imbalance if ep > 1 else 1.0,
-        "dispatcher": "allgather (ep = 1, expert_tp = tp)" if bool(np.asarray(legacy_dispatch(x)).reshape(-1)[i])
+        "dispatcher": "allgather (ep = 1, expert_tp = tp)"
+        if bool(np.asarray(legacy_dispatch(x)).reshape(-1)[i])
         else x.sw.moe_dispatcher,
-        "ep_ranks_per_nvlink_domain": int(local), "ep_nvlink_domains": int(round(ep / max(local, 1.0))),
+        "ep_ranks_per_nvlink_domain": int(local),
+        "ep_nvlink_domains": int(round(ep / max(local, 1.0))),
         "links": EP_LINKS[ep_links(ep, local)],
-        "remote_domains_per_token": pick(remote_domains_per_token(x)) if x.sw.moe_dispatcher == "deepep" else None,
+        "remote_domains_per_token": pick(remote_domains_per_token(x))
+        if x.sw.moe_dispatcher == "deepep"
+        else None,
         "dispatch_bytes_per_rank": pick(per_copy * dispatch_element_bytes(x)),
-        "dispatch_s": pick(seconds.dispatch), "combine_s": pick(seconds.combine),
-        "overlap": bool(x.sw.moe_a2a_overlap), "exchange_total_s": total, "exchange_exposed_s": exposed,
+        "dispatch_s": pick(seconds.dispatch),
+        "combine_s": pick(seconds.combine),
+        "overlap": bool(x.sw.moe_a2a_overlap),
+        "exchange_total_s": total,
+        "exchange_exposed_s": exposed,
         "exchange_hidden_s": total - exposed,
     }

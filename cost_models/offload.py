@@ -8,12 +8,14 @@ Billion-Scale Model Training", Sec. 4): numbers or numpy arrays.
 - activation offload: saved activations go down during the forward and come back during the
   backward: A / B_pcie each way, each hidden under its own pass; only the excess is exposed.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from hardware_profiles import HardwareProfile
 from hardware_profiles.efficiency import efficiency
+
 
 def host_memory_bytes_per_node(hw: HardwareProfile) -> float:
     """Host memory of a node (efficiency key `host_memory_bytes_per_node`, default 1 TiB)."""
@@ -24,7 +26,12 @@ def pcie_Bps(hw: HardwareProfile) -> float:
     """Host<->device bandwidth one device gets while all devices of the node copy at once: nominal
     rate x `pcie_efficiency` (pinned copies reach ~80%) / `devices_per_pcie_uplink` (GPUs sharing a
     switch uplink)."""
-    return hw.host_device_GBps * 1e9 * efficiency(hw, "pcie_efficiency") / efficiency(hw, "devices_per_pcie_uplink")
+    return (
+        hw.host_device_GBps
+        * 1e9
+        * efficiency(hw, "pcie_efficiency")
+        / efficiency(hw, "devices_per_pcie_uplink")
+    )
 
 
 def optimizer_offload_seconds(params_on_rank, grad_bytes_per_param, hw: HardwareProfile):
@@ -50,7 +57,11 @@ def offloaded_share(x, n_blocks):
     rank holds every block), N of its blocks (Transformer Engine's CPU offload context pushes the tagged saved
     tensors of the first N layers and reloads each group ahead of its backward; TE cpu_offload.py)."""
     n = x.sw.activation_offload_layers
-    share = 1.0 if n is None else np.minimum(1.0, n / np.maximum(np.asarray(n_blocks, dtype=float), 1.0))
+    share = (
+        1.0
+        if n is None
+        else np.minimum(1.0, n / np.maximum(np.asarray(n_blocks, dtype=float), 1.0))
+    )
     return np.where(x.is_offload("activations"), share, 0.0)
 
 
@@ -58,8 +69,14 @@ def activation_offload_step_seconds(x, activation_volume_bytes, forward_s, backw
     """Exposed time of activation offload in a step (activation_offload_seconds) plus the interference
     of the hidden copies with compute (`overlap_interference` of min(2 A / B_pcie, busy time))."""
     one_step = activation_offload_seconds(activation_volume_bytes, forward_s, backward_s, x.hw)
-    hidden = np.minimum(2.0 * np.asarray(activation_volume_bytes) / pcie_Bps(x.hw), forward_s + backward_s)
-    return np.where(x.is_offload("activations"), one_step + efficiency(x.hw, "overlap_interference") * hidden, 0.0)
+    hidden = np.minimum(
+        2.0 * np.asarray(activation_volume_bytes) / pcie_Bps(x.hw), forward_s + backward_s
+    )
+    return np.where(
+        x.is_offload("activations"),
+        one_step + efficiency(x.hw, "overlap_interference") * hidden,
+        0.0,
+    )
 
 
 def host_room_bytes(x, params_rank):
@@ -69,5 +86,9 @@ def host_room_bytes(x, params_rank):
     from cost_models.memory import state_bytes_per_param, zero_sharded
 
     _, _, ob = state_bytes_per_param(x.sw, x.precision, x.optimizer)
-    host_opt = np.where(x.is_offload("optimizer"), zero_sharded(params_rank * (ob + 4.0), x.shard_group, x.zero, 1), 0.0)
+    host_opt = np.where(
+        x.is_offload("optimizer"),
+        zero_sharded(params_rank * (ob + 4.0), x.shard_group, x.zero, 1),
+        0.0,
+    )
     return np.maximum(0.0, host_memory_bytes_per_node(x.hw) / x.hw.devices_per_node - host_opt)

@@ -27,6 +27,7 @@ Two counts per model, as the publishers define them (validation/models/README.md
   the input embedding table; OpenAI (gpt-oss 5.13B) and DeepSeek (36.6B of README_WEIGHTS) leave the
   input embedding out (input_embedding=False).
 """
+
 from __future__ import annotations
 
 from planner.spec import TransformerSpec
@@ -42,10 +43,16 @@ def mla_projection_weights(spec: TransformerSpec) -> dict[str, int]:
     q_a h r_q and q_b r_q a (d_n + d_r) (or q h a (d_n + d_r) without a query latent), kv_a h (r_kv + d_r),
     kv_b r_kv a (d_n + d_v), o a d_v h."""
     m, h, a = spec.mla, spec.hidden, spec.heads
-    out = {"q_a": h * m.q_lora_rank, "q_b": m.q_lora_rank * a * m.qk_head_dim} if m.q_lora_rank else \
-        {"q": h * a * m.qk_head_dim}
-    out |= {"kv_a": h * (m.kv_lora_rank + m.qk_rope_head_dim),
-            "kv_b": m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim), "o": a * m.v_head_dim * h}
+    out = (
+        {"q_a": h * m.q_lora_rank, "q_b": m.q_lora_rank * a * m.qk_head_dim}
+        if m.q_lora_rank
+        else {"q": h * a * m.qk_head_dim}
+    )
+    out |= {
+        "kv_a": h * (m.kv_lora_rank + m.qk_rope_head_dim),
+        "kv_b": m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim),
+        "o": a * m.v_head_dim * h,
+    }
     return out
 
 
@@ -62,7 +69,11 @@ def attention_params(spec: TransformerSpec) -> int:
     """Attention weights plus biases: Q/K/V biases (a d + 2 k d) if qkv_bias, O bias (h) if out_bias;
     gpt-oss's sinks (a); Qwen3's QK-norm (2 d, RMSNorm weights). MLA: biases on its input projections
     (q_a r_q or q a d, kv_a r_kv + d_r) if qkv_bias, and the norms of the query and key/value latents."""
-    extra = spec.heads * spec.attention_sinks + 2 * spec.d_head * spec.qk_norm + spec.hidden * spec.out_bias
+    extra = (
+        spec.heads * spec.attention_sinks
+        + 2 * spec.d_head * spec.qk_norm
+        + spec.hidden * spec.out_bias
+    )
     if spec.mla is not None:
         m = spec.mla
         q_in = m.q_lora_rank or spec.heads * m.qk_head_dim
@@ -91,7 +102,11 @@ def largest_module_params(spec: TransformerSpec) -> int:
         attn = max(mla_projection_weights(spec).values())
     else:
         attn = max(h * (spec.attn_width + 2 * spec.kv_width), spec.attn_width * h)
-    widths = [spec.d_ffn] if spec.moe is None else [spec.moe.expert_ffn, spec.moe.d_shared_ffn * (spec.moe.shared_experts > 0)]
+    widths = (
+        [spec.d_ffn]
+        if spec.moe is None
+        else [spec.moe.expert_ffn, spec.moe.d_shared_ffn * (spec.moe.shared_experts > 0)]
+    )
     up = 2 if spec.gated_mlp else 1
     return int(max(attn, *(max(up * h * w, w * h) for w in widths)))
 
@@ -107,7 +122,11 @@ def router_params(spec: TransformerSpec) -> int:
     """Router of an MoE block: E h (+ E bias, gpt-oss), plus Qwen2-MoE's shared-expert gate h. DeepSeek-
     V3's balancing bias is a buffer updated by a rule (MoESpec.aux_free_bias), not counted."""
     moe = spec.moe
-    return moe.experts * spec.hidden + moe.experts * moe.router_bias + spec.hidden * moe.shared_expert_gate
+    return (
+        moe.experts * spec.hidden
+        + moe.experts * moe.router_bias
+        + spec.hidden * moe.shared_expert_gate
+    )
 
 
 def mlp_weight_params(spec: TransformerSpec) -> int:
@@ -116,9 +135,12 @@ def mlp_weight_params(spec: TransformerSpec) -> int:
     if spec.moe is None:
         return ffn_weight_params(spec, spec.d_ffn)
     moe = spec.moe
-    return (moe.experts * ffn_weight_params(spec, moe.expert_ffn)
-            + moe.shared_experts * ffn_weight_params(spec, moe.d_shared_ffn)
-            + moe.experts * spec.hidden + spec.hidden * moe.shared_expert_gate)
+    return (
+        moe.experts * ffn_weight_params(spec, moe.expert_ffn)
+        + moe.shared_experts * ffn_weight_params(spec, moe.d_shared_ffn)
+        + moe.experts * spec.hidden
+        + spec.hidden * moe.shared_expert_gate
+    )
 
 
 def mlp_params(spec: TransformerSpec) -> int:
@@ -127,8 +149,11 @@ def mlp_params(spec: TransformerSpec) -> int:
     if spec.moe is None:
         return ffn_params(spec, spec.d_ffn)
     moe = spec.moe
-    return (moe.experts * ffn_params(spec, moe.expert_ffn) + moe.shared_experts * ffn_params(spec, moe.d_shared_ffn)
-            + router_params(spec))
+    return (
+        moe.experts * ffn_params(spec, moe.expert_ffn)
+        + moe.shared_experts * ffn_params(spec, moe.d_shared_ffn)
+        + router_params(spec)
+    )
 
 
 def mlp_active_params(spec: TransformerSpec) -> int:
@@ -137,8 +162,11 @@ def mlp_active_params(spec: TransformerSpec) -> int:
     if spec.moe is None:
         return mlp_params(spec)
     moe = spec.moe
-    return (moe.top_k * ffn_params(spec, moe.expert_ffn) + moe.shared_experts * ffn_params(spec, moe.d_shared_ffn)
-            + router_params(spec))
+    return (
+        moe.top_k * ffn_params(spec, moe.expert_ffn)
+        + moe.shared_experts * ffn_params(spec, moe.d_shared_ffn)
+        + router_params(spec)
+    )
 
 
 def mlp_matmul_weights(spec: TransformerSpec) -> int:
@@ -147,8 +175,12 @@ def mlp_matmul_weights(spec: TransformerSpec) -> int:
     if spec.moe is None:
         return mlp_weight_params(spec)
     moe = spec.moe
-    return (moe.experts * spec.hidden + moe.top_k * ffn_weight_params(spec, moe.expert_ffn)
-            + moe.shared_experts * ffn_weight_params(spec, moe.d_shared_ffn) + spec.hidden * moe.shared_expert_gate)
+    return (
+        moe.experts * spec.hidden
+        + moe.top_k * ffn_weight_params(spec, moe.expert_ffn)
+        + moe.shared_experts * ffn_weight_params(spec, moe.d_shared_ffn)
+        + spec.hidden * moe.shared_expert_gate
+    )
 
 
 def cross_attention_params(spec: TransformerSpec) -> int:
@@ -158,8 +190,12 @@ def cross_attention_params(spec: TransformerSpec) -> int:
 
 def block_params(spec: TransformerSpec) -> int:
     """One (decoder) block: attention + MLP + `norms_per_block` norms (+ cross-attention for T5)."""
-    return (attention_params(spec) + mlp_params(spec) + spec.norms_per_block * norm_params(spec)
-            + cross_attention_params(spec))
+    return (
+        attention_params(spec)
+        + mlp_params(spec)
+        + spec.norms_per_block * norm_params(spec)
+        + cross_attention_params(spec)
+    )
 
 
 def encoder_block_params(spec: TransformerSpec) -> int:
@@ -174,8 +210,13 @@ def embedding_params(spec: TransformerSpec) -> int:
     (BLOOM, BERT), and T5's relative position bias (buckets x a per stack, encoder and decoder)."""
     h = spec.hidden
     relative = spec.relative_buckets * spec.heads * (2 if spec.encoder_layers else 1)
-    return (spec.vocab * h + spec.n_positions * h + spec.type_vocab * h
-            + norm_params(spec) * spec.embed_norm + relative * (spec.position == "relative"))
+    return (
+        spec.vocab * h
+        + spec.n_positions * h
+        + spec.type_vocab * h
+        + norm_params(spec) * spec.embed_norm
+        + relative * (spec.position == "relative")
+    )
 
 
 def final_norm_params(spec: TransformerSpec) -> int:
@@ -203,8 +244,13 @@ def blocks_params(spec: TransformerSpec) -> int:
 def total_params(spec: TransformerSpec) -> int:
     """All parameters of the main model, each shared tensor counted once (MTP modules apart:
     mtp_params)."""
-    return (embedding_params(spec) + blocks_params(spec)
-            + spec.encoder_layers * encoder_block_params(spec) + final_norm_params(spec) + head_params(spec))
+    return (
+        embedding_params(spec)
+        + blocks_params(spec)
+        + spec.encoder_layers * encoder_block_params(spec)
+        + final_norm_params(spec)
+        + head_params(spec)
+    )
 
 
 def mtp_module_params(spec: TransformerSpec) -> int:
@@ -224,7 +270,12 @@ def mtp_params(spec: TransformerSpec) -> int:
 def block_active_params(spec: TransformerSpec) -> int:
     """Parameters one token touches in a block: attention, norms, and mlp_active_params."""
     cross = cross_attention_params(spec)
-    return attention_params(spec) + mlp_active_params(spec) + spec.norms_per_block * norm_params(spec) + cross
+    return (
+        attention_params(spec)
+        + mlp_active_params(spec)
+        + spec.norms_per_block * norm_params(spec)
+        + cross
+    )
 
 
 def active_params(spec: TransformerSpec, *, input_embedding: bool = True) -> int:
@@ -272,13 +323,21 @@ def matmul_params(spec: TransformerSpec) -> int:
     routed and shared experts (block_matmul_weights), summed over the kinds of block; MTP apart
     (mtp_matmul_params)."""
     blocks = sum(len(kind.layers) * block_matmul_weights(kind.spec) for kind in spec.block_kinds)
-    return blocks + spec.encoder_layers * encoder_block_matmul_weights(spec) + head_matmul_weights(spec)
+    return (
+        blocks
+        + spec.encoder_layers * encoder_block_matmul_weights(spec)
+        + head_matmul_weights(spec)
+    )
 
 
 def mtp_matmul_params(spec: TransformerSpec) -> int:
     """GEMM weights one token multiplies in the MTP modules: per module its block (active), the 2h x h
     projection and the shared output head V h (DeepSeek-V3 report Sec. 2.2)."""
-    per_module = block_matmul_weights(spec.last_kind) + 2 * spec.hidden * spec.hidden + head_matmul_weights(spec)
+    per_module = (
+        block_matmul_weights(spec.last_kind)
+        + 2 * spec.hidden * spec.hidden
+        + head_matmul_weights(spec)
+    )
     return spec.mtp_modules * per_module
 
 
@@ -304,7 +363,15 @@ def rank_params(spec: TransformerSpec, tp, n_blocks, is_first, is_last):
 
     tied_copy = spec.vocab * spec.hidden if spec.tied_embeddings else 0
     dense = np.where(is_first, np.minimum(dense_prefix_blocks(spec), n_blocks), 0.0)
-    prefix = dense * (dense_prefix_params(spec) - block_params(spec)) if dense_prefix_blocks(spec) else 0.0
-    return (n_blocks * block_params(spec) + prefix + np.where(is_first, embedding_params(spec), 0.0)
-            + np.where(is_last, head_params(spec) + final_norm_params(spec) + mtp_params(spec), 0.0)
-            + np.where(is_last & ~np.asarray(is_first), tied_copy, 0.0)) / np.asarray(tp, dtype=float)
+    prefix = (
+        dense * (dense_prefix_params(spec) - block_params(spec))
+        if dense_prefix_blocks(spec)
+        else 0.0
+    )
+    return (
+        n_blocks * block_params(spec)
+        + prefix
+        + np.where(is_first, embedding_params(spec), 0.0)
+        + np.where(is_last, head_params(spec) + final_norm_params(spec) + mtp_params(spec), 0.0)
+        + np.where(is_last & ~np.asarray(is_first), tied_copy, 0.0)
+    ) / np.asarray(tp, dtype=float)

@@ -20,15 +20,23 @@ the first stage p (Narayanan et al. 2021, Sec. 2.2.1); interleaved 1F1B's first 
 p (1 + (p - 1) / (p v)) stage-loads (Korthikanti et al. 2022, Sec. 4.2.3), its rank k
 ((p - k - 1) 2 + (v - 1) p + 1)/v (inflight_microbatches).
 """
+
 from __future__ import annotations
 
 import numpy as np
 
-SCHEDULE_BUBBLE_SCALE = {"gpipe": 1.0, "1f1b": 1.0, "interleaved-1f1b": None, "zero-bubble": 1.0 / 3.0}
+SCHEDULE_BUBBLE_SCALE = {
+    "gpipe": 1.0,
+    "1f1b": 1.0,
+    "interleaved-1f1b": None,
+    "zero-bubble": 1.0 / 3.0,
+}
 """Bubble relative to 1F1B's (p - 1) slots; interleaved divides by v."""
 
 
-def bubble_slots(schedule_idx, pp, virtual_stages, schedules: tuple[str, ...], num_microbatches=np.inf):
+def bubble_slots(
+    schedule_idx, pp, virtual_stages, schedules: tuple[str, ...], num_microbatches=np.inf
+):
     """Idle micro-batch slots per step, in units of one stage's (forward + backward) time:
     (p - 1) for GPipe/1F1B, (p - 1)/v interleaved, (p - 1)/3 zero-bubble; the last two grow by
     (p - m)(v - 1)/v and (p - m)/3 when m < p (module docstring)."""
@@ -50,8 +58,9 @@ def bubble_fraction(schedule: str, pp, num_microbatches, virtual_stages=1):
     """Bubble time over ideal time: bubble_slots / m; for m >= p (p - 1)/m, (p - 1)/(v m)
     interleaved, a third of 1F1B's for ZB-H1."""
     names = tuple(SCHEDULE_BUBBLE_SCALE)
-    return bubble_slots(names.index(schedule), pp, virtual_stages, names,
-                        num_microbatches) / np.asarray(num_microbatches, dtype=float)
+    return bubble_slots(
+        names.index(schedule), pp, virtual_stages, names, num_microbatches
+    ) / np.asarray(num_microbatches, dtype=float)
 
 
 def inflight_microbatches(schedule_idx, pp, num_microbatches, virtual_stages, rank, schedules):
@@ -83,7 +92,9 @@ def inflight_microbatches(schedule_idx, pp, num_microbatches, virtual_stages, ra
     return np.where(pp > 1, inflight, np.minimum(1.0, m))
 
 
-def inflight_microbatches_first_stage(schedule_idx, pp, num_microbatches, virtual_stages, schedules):
+def inflight_microbatches_first_stage(
+    schedule_idx, pp, num_microbatches, virtual_stages, schedules
+):
     """inflight_microbatches of rank 0: GPipe m; 1F1B and ZB-H1 min(p, m); interleaved
     min(p (1 + (p - 1)/(p v)), m) (Korthikanti et al. 2022, Sec. 4.2.3)."""
     return inflight_microbatches(schedule_idx, pp, num_microbatches, virtual_stages, 0, schedules)
@@ -106,7 +117,9 @@ def p2p_transfers_on_critical_path(pp, num_microbatches, virtual_stages):
     m v chunk-passes plus the p - 1 warm-up hops, both directions: 2 (m v + p - 1); 0 when p = 1
     (Megatron's blocking send/recv between stages)."""
     pp = np.asarray(pp, dtype=float)
-    return np.where(pp > 1, 2.0 * (np.asarray(num_microbatches) * np.asarray(virtual_stages) + pp - 1.0), 0.0)
+    return np.where(
+        pp > 1, 2.0 * (np.asarray(num_microbatches) * np.asarray(virtual_stages) + pp - 1.0), 0.0
+    )
 
 
 # ------------------------------------------------------------------------ step terms (cost_models.step)
@@ -128,7 +141,9 @@ class StageSeconds:
     """The last rank (the head and loss, its blocks)."""
 
 
-def stage_seconds(x, per_block_s, per_block_comm_s: dict, embedding_s, head_s, recompute_s=0.0) -> StageSeconds:
+def stage_seconds(
+    x, per_block_s, per_block_comm_s: dict, embedding_s, head_s, recompute_s=0.0
+) -> StageSeconds:
     """Blocks x per-block time (compute + each exposed communication term) on each rank, plus the
     embedding on the first and the head and loss on the last (both on the only stage when pp = 1);
     the slowest rank sets the pace (Narayanan et al. 2021, Sec. 2.2). When only some blocks of each chunk
@@ -140,15 +155,27 @@ def stage_seconds(x, per_block_s, per_block_comm_s: dict, embedding_s, head_s, r
     rec_first, rec_last, _ = x.recomputed_at_ends()
     share = x.full_share
     unit = np.where(share > 0, np.asarray(recompute_s, dtype=float) / np.maximum(share, 1e-30), 0.0)
-    first = x.blocks_first * block + (rec_first - x.blocks_first * share) * unit + embedding_s \
+    first = (
+        x.blocks_first * block
+        + (rec_first - x.blocks_first * share) * unit
+        + embedding_s
         + np.where(single, head_s, 0.0)
-    last = x.blocks_last * block + (rec_last - x.blocks_last * share) * unit + head_s + np.where(single, embedding_s, 0.0)
+    )
+    last = (
+        x.blocks_last * block
+        + (rec_last - x.blocks_last * share) * unit
+        + head_s
+        + np.where(single, embedding_s, 0.0)
+    )
     most = x.blocks_most * block
-    return StageSeconds(slowest=np.maximum(np.maximum(first, last), most),
-                        mean=(x.spec.total_blocks * block + embedding_s + head_s) / x.pp,
-                        comm_share={k: x.blocks_most * v / np.maximum(most, 1e-30)
-                                    for k, v in per_block_comm_s.items()},
-                        last=last)
+    return StageSeconds(
+        slowest=np.maximum(np.maximum(first, last), most),
+        mean=(x.spec.total_blocks * block + embedding_s + head_s) / x.pp,
+        comm_share={
+            k: x.blocks_most * v / np.maximum(most, 1e-30) for k, v in per_block_comm_s.items()
+        },
+        last=last,
+    )
 
 
 def schedule_seconds(x, stage: StageSeconds):

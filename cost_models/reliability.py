@@ -19,6 +19,7 @@ FGCS 22(3), 2006 (validation/reliability/reliability.json, 'formulas'). The fail
 overhead and storage bandwidths the planner feeds in are data (storage_profiles/); this module only
 computes. docs/goodput.md explains the whole model.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,14 +31,18 @@ SECONDS_PER_HOUR = 3600.0
 
 # ------------------------------------------------------------------------------------------- failures
 
-def job_failure_rate_per_hour(gpus, nodes, rate_per_gpu_hour, rate_per_node_hour, spot_rate_per_node_hour=0.0):
+
+def job_failure_rate_per_hour(
+    gpus, nodes, rate_per_gpu_hour, rate_per_node_hour, spot_rate_per_node_hour=0.0
+):
     """Interruptions of the whole job per hour: independent Poisson processes add, so
 
         lambda_job = gpus x lambda_gpu + nodes x (lambda_node + lambda_spot)
 
     (a synchronous job stops when any GPU, any node, or any reclaimed spot node stops)."""
-    return (np.asarray(gpus, dtype=float) * rate_per_gpu_hour
-            + np.asarray(nodes, dtype=float) * (rate_per_node_hour + spot_rate_per_node_hour))
+    return np.asarray(gpus, dtype=float) * rate_per_gpu_hour + np.asarray(nodes, dtype=float) * (
+        rate_per_node_hour + spot_rate_per_node_hour
+    )
 
 
 def job_mtbf_s(rate_per_hour):
@@ -47,6 +52,7 @@ def job_mtbf_s(rate_per_hour):
 
 
 # ----------------------------------------------------------------------------------------- intervals
+
 
 def young_interval_s(delta_s, mtbf_s):
     """Young (1974): the first-order optimum computation between checkpoints,
@@ -74,6 +80,7 @@ def daly_interval_s(delta_s, mtbf_s):
 
 # --------------------------------------------------------------------------------------------- a run
 
+
 def expected_wall_s(work_s, interval_s, delta_s, restart_s, mtbf_s):
     """Daly (2006), expected wall time of a run of W useful seconds checkpointed every tau seconds:
 
@@ -82,8 +89,13 @@ def expected_wall_s(work_s, interval_s, delta_s, restart_s, mtbf_s):
     (each segment of tau + delta is retried until it survives; every failure costs the time spent in
     the failed attempt plus R). exp(x) - 1 is evaluated as expm1 for precision when M is large."""
     m = np.asarray(mtbf_s, dtype=float)
-    return m * np.exp(np.asarray(restart_s, dtype=float) / m) * np.expm1((np.asarray(interval_s, dtype=float)
-                                                                          + delta_s) / m) * work_s / interval_s
+    return (
+        m
+        * np.exp(np.asarray(restart_s, dtype=float) / m)
+        * np.expm1((np.asarray(interval_s, dtype=float) + delta_s) / m)
+        * work_s
+        / interval_s
+    )
 
 
 def goodput_fraction(interval_s, delta_s, restart_s, mtbf_s):
@@ -106,10 +118,15 @@ def checkpoint_stall_total_s(work_s, interval_s, delta_s):
 def lost_s(wall_s, work_s, interval_s, delta_s):
     """Wall time neither computing nor in a completed checkpoint: work redone after failures,
     restarts, and checkpoints interrupted by a failure, T_w - W - (W / tau) delta."""
-    return np.asarray(wall_s, dtype=float) - work_s - checkpoint_stall_total_s(work_s, interval_s, delta_s)
+    return (
+        np.asarray(wall_s, dtype=float)
+        - work_s
+        - checkpoint_stall_total_s(work_s, interval_s, delta_s)
+    )
 
 
 # ------------------------------------------------------------------------------------ checkpoint I/O
+
 
 def transfer_s(bytes_per_node, bytes_total, per_node_Bps, aggregate_Bps):
     """Time to move a checkpoint between the nodes and storage: the slower of one node's share over
@@ -130,14 +147,18 @@ def checkpoint_write_s(unique_bytes, nodes, per_node_Bps, aggregate_Bps):
     torch.distributed.checkpoint's save planner and Megatron-Core's fully parallel save do):
     transfer_s(C / nodes, C, ...)."""
     nodes = np.asarray(nodes, dtype=float)
-    return transfer_s(np.asarray(unique_bytes, dtype=float) / nodes, unique_bytes, per_node_Bps, aggregate_Bps)
+    return transfer_s(
+        np.asarray(unique_bytes, dtype=float) / nodes, unique_bytes, per_node_Bps, aggregate_Bps
+    )
 
 
 def checkpoint_read_s(bytes_per_rank, ranks, ranks_per_node, per_node_Bps, aggregate_Bps):
     """Read of one checkpoint at restart: every rank loads the state it holds, replicas included
     (data-parallel replicas each read their copy): transfer_s(S_rank x ranks per node, S_rank x ranks)."""
     s = np.asarray(bytes_per_rank, dtype=float)
-    return transfer_s(s * ranks_per_node, s * np.asarray(ranks, dtype=float), per_node_Bps, aggregate_Bps)
+    return transfer_s(
+        s * ranks_per_node, s * np.asarray(ranks, dtype=float), per_node_Bps, aggregate_Bps
+    )
 
 
 def staging_s(bytes_per_rank, device_to_host_Bps):
@@ -149,6 +170,7 @@ def staging_s(bytes_per_rank, device_to_host_Bps):
 
 
 # ------------------------------------------------------------------------------------------ together
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunReliability:
@@ -177,8 +199,15 @@ class RunReliability:
     """Redone work, restarts and interrupted checkpoints: wall - work - checkpoint stalls."""
 
 
-def run_with_failures(work_s: float, *, stall_s: float, restart_s: float, mtbf_s: float,
-                      latency_s: float = 0.0, interval_s: float | None = None) -> RunReliability:
+def run_with_failures(
+    work_s: float,
+    *,
+    stall_s: float,
+    restart_s: float,
+    mtbf_s: float,
+    latency_s: float = 0.0,
+    interval_s: float | None = None,
+) -> RunReliability:
     """The run's expected wall time, goodput and losses at Daly's optimum interval (or `interval_s`).
 
     An asynchronous save stalls training for `stall_s` only; the checkpoint becomes durable
@@ -190,9 +219,16 @@ def run_with_failures(work_s: float, *, stall_s: float, restart_s: float, mtbf_s
     tau = max(tau, float(latency_s), 1e-9)
     r = float(restart_s) + float(latency_s)
     wall = float(expected_wall_s(work_s, tau, stall_s, r, mtbf_s))
-    return RunReliability(work_s=float(work_s), mtbf_s=float(mtbf_s), interval_s=tau, stall_s=float(stall_s),
-                          restart_s=r, wall_s=wall, goodput=float(work_s) / wall if wall > 0 else 1.0,
-                          interruptions=float(expected_interruptions(wall, mtbf_s)),
-                          checkpoints=float(work_s) / tau,
-                          checkpoint_stall_total_s=float(checkpoint_stall_total_s(work_s, tau, stall_s)),
-                          lost_s=float(lost_s(wall, work_s, tau, stall_s)))
+    return RunReliability(
+        work_s=float(work_s),
+        mtbf_s=float(mtbf_s),
+        interval_s=tau,
+        stall_s=float(stall_s),
+        restart_s=r,
+        wall_s=wall,
+        goodput=float(work_s) / wall if wall > 0 else 1.0,
+        interruptions=float(expected_interruptions(wall, mtbf_s)),
+        checkpoints=float(work_s) / tau,
+        checkpoint_stall_total_s=float(checkpoint_stall_total_s(work_s, tau, stall_s)),
+        lost_s=float(lost_s(wall, work_s, tau, stall_s)),
+    )

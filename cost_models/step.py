@@ -5,6 +5,7 @@
 arrays and the per-token tables of the block implementation; the terms in cost_models (compute,
 comm, pipeline, memory, offload) are pure functions of it. Arrays broadcast over candidates.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass, replace
@@ -34,7 +35,10 @@ BF16_PARAM_PRECISIONS = ("amp-bf16", "bf16", "fp8")
 ones a 16-bit master remainder works with, and the ones Megatron runs with --bf16."""
 
 
-_OFFLOADS = {kind: np.isin(np.arange(len(OFFLOAD)), offload_indices(kind)) for kind in ("optimizer", "activations")}
+_OFFLOADS = {
+    kind: np.isin(np.arange(len(OFFLOAD)), offload_indices(kind))
+    for kind in ("optimizer", "activations")
+}
 """Per offload kind, a table over OFFLOAD indices: whether that value moves `kind` to the host (Step.is_offload)."""
 
 
@@ -120,7 +124,9 @@ class Software:
         o = options
         default = lambda value, fallback: fallback if value is None else value  # noqa: E731
         return cls(
-            framework=framework, attention=o.attention or framework.attention, dropout=bool(o.dropout),
+            framework=framework,
+            attention=o.attention or framework.attention,
+            dropout=bool(o.dropout),
             loss=o.loss or framework.loss,
             tp_comm_overlap=bool(default(o.tp_comm_overlap, framework.tp_comm_overlap)),
             compile=bool(o.compile),
@@ -128,15 +134,21 @@ class Software:
             grad_reduce_dtype=o.grad_reduce_dtype,
             moe_dispatcher=o.moe_dispatcher or framework.moe_dispatcher,
             moe_a2a_overlap=bool(default(o.moe_a2a_overlap, framework.moe_a2a_overlap)),
-            moe_imbalance=o.moe_imbalance, moe_fp8_dispatch=bool(o.moe_fp8_dispatch),
+            moe_imbalance=o.moe_imbalance,
+            moe_fp8_dispatch=bool(o.moe_fp8_dispatch),
             fp8_scaling=o.fp8_scaling or "tensorwise",
             activation_offload_layers=o.activation_offload_layers,
-            master_weights=o.master_weights or "fp32", fused_norm=bool(o.fused_norm),
+            master_weights=o.master_weights or "fp32",
+            fused_norm=bool(o.fused_norm),
             recompute_modules=None if o.recompute_modules is None else tuple(o.recompute_modules),
-            bf16_optimizer=bool(o.bf16_optimizer), activation_fp8_input=bool(o.activation_fp8_input),
+            bf16_optimizer=bool(o.bf16_optimizer),
+            activation_fp8_input=bool(o.activation_fp8_input),
             expandable_segments=bool(default(o.expandable_segments, framework.expandable_segments)),
-            overlap_param_gather=bool(default(o.overlap_param_gather, framework.overlap_param_gather)),
-            overlap_p2p=bool(default(o.overlap_p2p, framework.overlap_p2p)))
+            overlap_param_gather=bool(
+                default(o.overlap_param_gather, framework.overlap_param_gather)
+            ),
+            overlap_p2p=bool(default(o.overlap_p2p, framework.overlap_p2p)),
+        )
 
     @property
     def imbalance(self) -> float:
@@ -155,7 +167,9 @@ class Software:
         s = self.framework.state_bytes[precision]
         if self.master_weights == "remainder" and s.master > 0:
             s = replace(s, master=4.0 - s.param)
-        if self.bf16_optimizer:     # the bf16 gradients plus their fp32 accumulation buffer; reduced in bf16
+        if (
+            self.bf16_optimizer
+        ):  # the bf16 gradients plus their fp32 accumulation buffer; reduced in bf16
             return replace(s, grad=s.param + 4.0, reduce=s.param)
         if self.grad_reduce_dtype is None:
             return s
@@ -187,7 +201,7 @@ def attention_kernel(attention: str, precision: str, spec: TransformerSpec) -> s
     if attention == "unfused":
         return "math"
     if attention == "triton" and precision == "fp32":
-        return "math"           # the Triton kernel takes 16-bit inputs only
+        return "math"  # the Triton kernel takes 16-bit inputs only
     if attention == "sdpa":
         if precision == "fp32":
             return "math" if spec.n_kv_heads < spec.heads else "mem_efficient"
@@ -199,8 +213,12 @@ def activation_precision(sw: Software, precision: str, zero: int) -> str:
     """The precision whose block table describes the activations: 'bf16' for eager modules under
     torch.autocast whose parameters FSDP's mixed precision gathers in 16 bits (ZeRO >= 2 with a 16-bit
     gather), else `precision` (block_table_of; the profile and the stage partitioner call this too)."""
-    if sw.framework.kernels == "eager" and precision.startswith("amp") and zero >= 2 \
-            and sw.state_bytes(precision).gather < 4:
+    if (
+        sw.framework.kernels == "eager"
+        and precision.startswith("amp")
+        and zero >= 2
+        and sw.state_bytes(precision).gather < 4
+    ):
         return "bf16"
     return precision
 
@@ -214,27 +232,46 @@ def block_table_of(sw: Software, spec: TransformerSpec, precision: str, zero=Non
     from dataclasses import replace
 
     flash = sw.kernel(precision, spec) != "math"
-    table = B.block_table(spec, precision, sw.framework.kernels, flash=flash, dropout=sw.dropout,
-                          activation_fp8_input=sw.activation_fp8_input,
-                          fused_norm=sw.fused_norm)
+    table = B.block_table(
+        spec,
+        precision,
+        sw.framework.kernels,
+        flash=flash,
+        dropout=sw.dropout,
+        activation_fp8_input=sw.activation_fp8_input,
+        fused_norm=sw.fused_norm,
+    )
     if zero is not None and activation_precision(sw, precision, 3) != precision:
         sharded = np.asarray(zero) >= 2
         if sharded.any():
-            table = B.blend(sharded, B.block_table(spec, "bf16", "eager", flash=flash, dropout=sw.dropout,
-                                                   fused_norm=sw.fused_norm), table)
+            table = B.blend(
+                sharded,
+                B.block_table(
+                    spec, "bf16", "eager", flash=flash, dropout=sw.dropout, fused_norm=sw.fused_norm
+                ),
+                table,
+            )
     if not sw.compile or sw.framework.kernels == "fused":
         return table
     fused = B.block_table(spec, precision, "fused", flash=flash, dropout=sw.dropout)
-    return replace(table, traffic_fwd=fused.traffic_fwd, scores_traffic_fwd=fused.scores_traffic_fwd,
-                   kernels_fwd=fused.kernels_fwd)
+    return replace(
+        table,
+        traffic_fwd=fused.traffic_fwd,
+        scores_traffic_fwd=fused.scores_traffic_fwd,
+        kernels_fwd=fused.kernels_fwd,
+    )
 
 
-def selective_policy(sw: Software, spec: TransformerSpec, precision: str) -> B.OpSac | B.ModuleSac | None:
+def selective_policy(
+    sw: Software, spec: TransformerSpec, precision: str
+) -> B.OpSac | B.ModuleSac | None:
     """torchtitan's per-operator selective recomputation (cost_models.blocks.op_sac) for its dense blocks;
     Megatron-Core's by module when the run names its recompute_modules (cost_models.blocks.module_sac); None
     where selective means the attention core (Megatron's default) or the block is MoE / MLA under torchtitan."""
     if sw.recompute_modules is not None and tuple(sw.recompute_modules) != ("core_attn",):
-        return B.module_sac(spec, precision, sw.recompute_modules, activation_fp8_input=sw.activation_fp8_input)
+        return B.module_sac(
+            spec, precision, sw.recompute_modules, activation_fp8_input=sw.activation_fp8_input
+        )
     if sw.framework.selective_recompute != "op" or spec.moe is not None or spec.mla is not None:
         return None
     return B.op_sac(spec, precision, sw.framework.kernels)
@@ -318,37 +355,96 @@ class Step:
         return self.sw.kernel(self.precision, self.spec)
 
     @classmethod
-    def of(cls, spec: TransformerSpec, hw: HardwareProfile, sw: Software, cands, *, global_batch: int, seq: int,
-           precision: str, optimizer: str) -> "Step":
+    def of(
+        cls,
+        spec: TransformerSpec,
+        hw: HardwareProfile,
+        sw: Software,
+        cands,
+        *,
+        global_batch: int,
+        seq: int,
+        precision: str,
+        optimizer: str,
+    ) -> "Step":
         f64 = lambda a: np.asarray(a, dtype=float)  # noqa: E731
-        dp, tp, pp, b, v = f64(cands.dp), f64(cands.tp), f64(cands.pp), f64(cands.micro_batch), f64(cands.virtual_stages)
+        dp, tp, pp, b, v = (
+            f64(cands.dp),
+            f64(cands.tp),
+            f64(cands.pp),
+            f64(cands.micro_batch),
+            f64(cands.virtual_stages),
+        )
         cp = f64(cands.cp) if cands.cp is not None else np.ones_like(dp)
-        cp_comm = np.asarray(cands.cp_comm) if cands.cp_comm is not None else np.zeros(dp.shape, dtype=np.int64)
+        cp_comm = (
+            np.asarray(cands.cp_comm)
+            if cands.cp_comm is not None
+            else np.zeros(dp.shape, dtype=np.int64)
+        )
         dp_shard = f64(cands.dp_shard) if cands.dp_shard is not None else np.zeros_like(dp)
         shard = np.where(dp_shard > 0, dp_shard, dp)
         ep = f64(cands.ep) if getattr(cands, "ep", None) is not None else np.ones_like(dp)
-        etp = f64(cands.expert_tp) if getattr(cands, "expert_tp", None) is not None else np.ones_like(dp)
+        etp = (
+            f64(cands.expert_tp)
+            if getattr(cands, "expert_tp", None) is not None
+            else np.ones_like(dp)
+        )
         if spec.moe is not None and sw.framework.experts_follow_tp_without_ep:
-            etp = np.where(ep == 1, tp, etp)     # torchtitan shards the experts over tp when ep = 1 (frameworks)
+            etp = np.where(
+                ep == 1, tp, etp
+            )  # torchtitan shards the experts over tp when ep = 1 (frameworks)
         first, last, most, second = _blocks_per_rank(cands, spec.total_blocks)
-        return cls(spec=spec, hw=hw, sw=sw, precision=precision, optimizer=optimizer, seq=float(seq),
-                   global_batch=global_batch, dp=dp, tp=tp, pp=pp, cp=cp, cp_comm=cp_comm, ep=ep, etp=etp, shard=shard,
-                   b=b, v=v, m=global_batch / (dp * b),
-                   zero=np.asarray(cands.zero), sp=np.asarray(cands.sequence_parallel, dtype=bool) & (tp > 1),
-                   recompute=np.asarray(cands.recompute), offload=np.asarray(cands.offload),
-                   schedule=np.asarray(cands.schedule),
-                   local=group_locality(cands.placement, cands.dp, cands.pp, cands.tp, hw.nvlink_domain_devices,
-                                        cp=cp.astype(np.int64), dp_shard=shard.astype(np.int64),
-                                        ep=ep.astype(np.int64), expert_tp=etp.astype(np.int64)),
-                   blocks_first=first, blocks_last=last, blocks_most=most, blocks_second=second,
-                   table=block_table_of(sw, spec, precision, cands.zero),
-                   head=B.head_table(spec, precision, sw.framework.kernels, sw.loss), c=float(B.compute_bytes(precision)),
-                   sac=selective_policy(sw, spec, precision),
-                   recompute_layers=None if getattr(cands, "recompute_layers", None) is None
-                   else f64(cands.recompute_layers),
-                   rank_blocks=None if getattr(cands, "rank_blocks", None) is None
-                   else np.atleast_2d(np.asarray(cands.rank_blocks, dtype=float)),
-                   **_explicit_recomputed(cands))
+        return cls(
+            spec=spec,
+            hw=hw,
+            sw=sw,
+            precision=precision,
+            optimizer=optimizer,
+            seq=float(seq),
+            global_batch=global_batch,
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            cp_comm=cp_comm,
+            ep=ep,
+            etp=etp,
+            shard=shard,
+            b=b,
+            v=v,
+            m=global_batch / (dp * b),
+            zero=np.asarray(cands.zero),
+            sp=np.asarray(cands.sequence_parallel, dtype=bool) & (tp > 1),
+            recompute=np.asarray(cands.recompute),
+            offload=np.asarray(cands.offload),
+            schedule=np.asarray(cands.schedule),
+            local=group_locality(
+                cands.placement,
+                cands.dp,
+                cands.pp,
+                cands.tp,
+                hw.nvlink_domain_devices,
+                cp=cp.astype(np.int64),
+                dp_shard=shard.astype(np.int64),
+                ep=ep.astype(np.int64),
+                expert_tp=etp.astype(np.int64),
+            ),
+            blocks_first=first,
+            blocks_last=last,
+            blocks_most=most,
+            blocks_second=second,
+            table=block_table_of(sw, spec, precision, cands.zero),
+            head=B.head_table(spec, precision, sw.framework.kernels, sw.loss),
+            c=float(B.compute_bytes(precision)),
+            sac=selective_policy(sw, spec, precision),
+            recompute_layers=None
+            if getattr(cands, "recompute_layers", None) is None
+            else f64(cands.recompute_layers),
+            rank_blocks=None
+            if getattr(cands, "rank_blocks", None) is None
+            else np.atleast_2d(np.asarray(cands.rank_blocks, dtype=float)),
+            **_explicit_recomputed(cands),
+        )
 
     @property
     def tokens(self) -> np.ndarray:
@@ -395,11 +491,17 @@ class Step:
         n = np.asarray(n_blocks, dtype=float)
         if self.recompute_layers is None:
             return np.where(self.full, n, 0.0)
-        per_chunk = np.where(self.recompute_layers > 0, np.minimum(self.recompute_layers * self.v, n), n)
+        per_chunk = np.where(
+            self.recompute_layers > 0, np.minimum(self.recompute_layers * self.v, n), n
+        )
         if rank is not None and self.rank_recomputed is not None:
             rr = np.atleast_2d(np.asarray(self.rank_recomputed, dtype=float))
             r = np.clip(np.asarray(rank).astype(int), 0, rr.shape[1] - 1)
-            exact = rr[0, r] if rr.shape[0] == 1 else rr[np.arange(rr.shape[0]), np.broadcast_to(r, rr.shape[:1])]
+            exact = (
+                rr[0, r]
+                if rr.shape[0] == 1
+                else rr[np.arange(rr.shape[0]), np.broadcast_to(r, rr.shape[:1])]
+            )
             per_chunk = np.where(self.recompute_layers > 0, exact, n)
         return np.where(self.full, per_chunk, 0.0)
 
@@ -421,9 +523,16 @@ class Step:
         blocks_most, exact with explicit chunks)."""
         if self.recomputed_ends is not None and self.recompute_layers is not None:
             on = self.full & (self.recompute_layers > 0)
-            return tuple(np.where(on, e, self.recomputed_blocks(n))
-                         for e, n in zip(self.recomputed_ends, (self.blocks_first, self.blocks_last, self.blocks_most)))
-        return tuple(self.recomputed_blocks(n) for n in (self.blocks_first, self.blocks_last, self.blocks_most))
+            return tuple(
+                np.where(on, e, self.recomputed_blocks(n))
+                for e, n in zip(
+                    self.recomputed_ends, (self.blocks_first, self.blocks_last, self.blocks_most)
+                )
+            )
+        return tuple(
+            self.recomputed_blocks(n)
+            for n in (self.blocks_first, self.blocks_last, self.blocks_most)
+        )
 
     @property
     def full_share(self) -> np.ndarray:
@@ -460,11 +569,25 @@ class Step:
         scored once per row or once per key, every term is equal, and the per-block terms read no other field."""
         n = int(np.size(self.dp))
         if self.recompute_layers is None and self.recomputed_ends is None:
-            share = self.blocks_most >= 1          # full_share: 1 where full recomputation runs (recompute keyed)
+            share = (
+                self.blocks_most >= 1
+            )  # full_share: 1 where full recomputation runs (recompute keyed)
         else:
-            share = np.unique(np.broadcast_to(self.full_share, (n,)), return_inverse=True)[1].ravel()
-        cols = [self.b, self.tp, self.cp, self.cp_comm, self.ep, self.etp, self.sp, self.recompute, self.schedule,
-                share]
+            share = np.unique(np.broadcast_to(self.full_share, (n,)), return_inverse=True)[
+                1
+            ].ravel()
+        cols = [
+            self.b,
+            self.tp,
+            self.cp,
+            self.cp_comm,
+            self.ep,
+            self.etp,
+            self.sp,
+            self.recompute,
+            self.schedule,
+            share,
+        ]
         cols += [self.local[k] for k in self.BLOCK_LOCALITY if k in self.local]
         if _per_row(self.table, n):
             cols.append(self.zero)
@@ -475,8 +598,14 @@ class Step:
         software records as they are)."""
         n = int(np.size(self.dp))
         keep = {"spec", "hw", "sw"}
-        return replace(self, **{f.name: take_rows(getattr(self, f.name), rows, n) for f in fields(self)
-                                if f.name not in keep})
+        return replace(
+            self,
+            **{
+                f.name: take_rows(getattr(self, f.name), rows, n)
+                for f in fields(self)
+                if f.name not in keep
+            },
+        )
 
     def is_schedule(self, name: str) -> np.ndarray:
         return self.schedule == SCHEDULES.index(name)
@@ -514,7 +643,9 @@ def _blocks_per_rank(cands, blocks: int):
     r = blocks - q * pp * v
     even_first = v * q + np.ceil(r / pp)
     even_last = v * q + np.maximum(0.0, np.ceil((r - pp + 1) / pp))
-    first = even_first if cands.blocks_first is None else np.asarray(cands.blocks_first, dtype=float)
+    first = (
+        even_first if cands.blocks_first is None else np.asarray(cands.blocks_first, dtype=float)
+    )
     last = even_last if cands.blocks_last is None else np.asarray(cands.blocks_last, dtype=float)
     most = even_first if cands.blocks_max is None else np.asarray(cands.blocks_max, dtype=float)
     most = np.maximum(most, np.maximum(first, last))
@@ -532,7 +663,10 @@ def take_rows(value, rows: np.ndarray, n: int):
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
         return tuple(take_rows(v, rows, n) for v in value)
     if is_dataclass(value) and not isinstance(value, type):
-        return replace(value, **{f.name: take_rows(getattr(value, f.name), rows, n) for f in fields(value) if f.init})
+        return replace(
+            value,
+            **{f.name: take_rows(getattr(value, f.name), rows, n) for f in fields(value) if f.init},
+        )
     return value
 
 

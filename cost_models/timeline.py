@@ -302,8 +302,15 @@ class _Compute:
         send = self.send_s(kind, stage)
         hop = send if self.work.blocking_p2p else 0.0
         gate = self.gates[rank][chunk] if kind == "F" and i == 0 else 0.0
-        return ((kind, i, stage), dep, latency, self.durations[rank][kind] + hop, hop, send - hop,
-                gate)
+        return (
+            (kind, i, stage),
+            dep,
+            latency,
+            self.durations[rank][kind] + hop,
+            hop,
+            send - hop,
+            gate,
+        )
 
     def run_fixed(self, orders: list[list[tuple[str, int, int]]]) -> None:
         """Each rank's order in turn, as far as its inputs are known (ready_s, start_s and commit
@@ -341,8 +348,9 @@ class _Compute:
                 moved += k - pos[r]
                 pos[r], free[r] = k, t_free
             if not moved:
-                raise OrderDeadlock(f"{self.work.schedule} order deadlocked: p={p}, "
-                                    f"m={self.m}, v={self.chunks}")
+                raise OrderDeadlock(
+                    f"{self.work.schedule} order deadlocked: p={p}, m={self.m}, v={self.chunks}"
+                )
             remaining -= moved
 
     def run_greedy(self) -> None:

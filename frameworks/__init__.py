@@ -13,11 +13,28 @@ every value sourced).
 >>> fw.kernels, fw.states("amp-bf16", "adamw")
 ('fused', (2.0, 4.0, 12.0))
 """
+
 from __future__ import annotations
 
 from frameworks.loader import available_frameworks, load_framework
-from frameworks.profile import (ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, MOE_DISPATCHERS, Capabilities,
-                                FrameworkProfile, StateBytes)
+from frameworks.profile import (
+    ATTENTION_KERNELS,
+    KERNELS,
+    LOSS_KERNELS,
+    MOE_DISPATCHERS,
+    Capabilities,
+    FrameworkProfile,
+    StateBytes,
+)
 
-__all__ = ["FrameworkProfile", "StateBytes", "Capabilities", "load_framework", "available_frameworks",
-           "KERNELS", "ATTENTION_KERNELS", "LOSS_KERNELS", "MOE_DISPATCHERS"]
+__all__ = [
+    "FrameworkProfile",
+    "StateBytes",
+    "Capabilities",
+    "load_framework",
+    "available_frameworks",
+    "KERNELS",
+    "ATTENTION_KERNELS",
+    "LOSS_KERNELS",
+    "MOE_DISPATCHERS",
+]

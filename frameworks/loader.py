@@ -4,6 +4,7 @@ Every key is declared once here; an unknown key, a missing key, a wrong type or 
 is one ConfigError naming the file and the key. Every cost-relevant value must have an entry in the
 file's `sources` object.
 """
+
 from __future__ import annotations
 
 import math
@@ -11,38 +12,118 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, NoReturn
 
-from frameworks.profile import (ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, MOE_DISPATCHERS, Capabilities,
-                                FrameworkProfile, StateBytes)
+from frameworks.profile import (
+    ATTENTION_KERNELS,
+    KERNELS,
+    LOSS_KERNELS,
+    MOE_DISPATCHERS,
+    Capabilities,
+    FrameworkProfile,
+    StateBytes,
+)
 from planner.errors import ConfigError
 from planner.io import read_json
-from planner.parallel import CP_COMMS, FRAMEWORKS, OFFLOAD, PRECISIONS, RECOMPUTE, SCHEDULES, check_placement
+from planner.parallel import (
+    CP_COMMS,
+    FRAMEWORKS,
+    OFFLOAD,
+    PRECISIONS,
+    RECOMPUTE,
+    SCHEDULES,
+    check_placement,
+)
 
 FRAMEWORK_DIR = Path(__file__).resolve().parent
 SCHEMA_VERSION = "1"
 
-_TOP = {"schema_version": str, "name": str, "description": str, "kernels": str, "attention": str,
-        "loss": str, "state_bytes": dict, "grads_persist": str, "grad_bucket_copy": bool, "autocast_weight_cache": bool,
-        "overlap_grad_reduce": bool, "pp_scatter_gather": bool, "zero_bubble_forward_reruns": (int, float),
-        "allocator_overhead_fraction": (int, float), "expandable_segments": bool,
-        "compute_efficiency": (int, float), "tp_comm_overlap": bool, "selective_recompute": str, "fp8_cast_bytes_per_element": (int, float),
-        "fp8_weight_cache_bytes": (int, float), "capabilities": dict, "sources": dict}
-_OPTIONAL = {"moe_dispatcher": str, "moe_a2a_overlap": bool, "moe_host_sync": bool,
-             "overlap_param_gather": bool, "overlap_p2p": bool,
-             "moe_host_ops_per_layer": (int, float), "zero3_max_live_params": (int, float),
-             "experts_follow_tp_without_ep": bool}
+_TOP = {
+    "schema_version": str,
+    "name": str,
+    "description": str,
+    "kernels": str,
+    "attention": str,
+    "loss": str,
+    "state_bytes": dict,
+    "grads_persist": str,
+    "grad_bucket_copy": bool,
+    "autocast_weight_cache": bool,
+    "overlap_grad_reduce": bool,
+    "pp_scatter_gather": bool,
+    "zero_bubble_forward_reruns": (int, float),
+    "allocator_overhead_fraction": (int, float),
+    "expandable_segments": bool,
+    "compute_efficiency": (int, float),
+    "tp_comm_overlap": bool,
+    "selective_recompute": str,
+    "fp8_cast_bytes_per_element": (int, float),
+    "fp8_weight_cache_bytes": (int, float),
+    "capabilities": dict,
+    "sources": dict,
+}
+_OPTIONAL = {
+    "moe_dispatcher": str,
+    "moe_a2a_overlap": bool,
+    "moe_host_sync": bool,
+    "overlap_param_gather": bool,
+    "overlap_p2p": bool,
+    "moe_host_ops_per_layer": (int, float),
+    "zero3_max_live_params": (int, float),
+    "experts_follow_tp_without_ep": bool,
+}
 """Keys a profile may leave out (FrameworkProfile's defaults: alltoall, no overlap, no host sync, 0 extra
 host operators per MoE layer, ZeRO-3 gathering whole blocks); sourced when given."""
-_SOURCED = ("kernels", "attention", "loss", "state_bytes", "grads_persist", "grad_bucket_copy", "autocast_weight_cache",
-            "overlap_grad_reduce", "pp_scatter_gather", "zero_bubble_forward_reruns", "allocator_overhead_fraction", "expandable_segments",
-            "compute_efficiency", "tp_comm_overlap", "selective_recompute", "fp8_cast_bytes_per_element", "fp8_weight_cache_bytes", "capabilities")
+_SOURCED = (
+    "kernels",
+    "attention",
+    "loss",
+    "state_bytes",
+    "grads_persist",
+    "grad_bucket_copy",
+    "autocast_weight_cache",
+    "overlap_grad_reduce",
+    "pp_scatter_gather",
+    "zero_bubble_forward_reruns",
+    "allocator_overhead_fraction",
+    "expandable_segments",
+    "compute_efficiency",
+    "tp_comm_overlap",
+    "selective_recompute",
+    "fp8_cast_bytes_per_element",
+    "fp8_weight_cache_bytes",
+    "capabilities",
+)
 _STATE_KEYS = ("param", "grad", "master", "state", "reduce", "gather")
-_CAPS = {"precisions": list, "schedules": list, "max_virtual_stages": int, "zero": list, "zero_with_pp": list,
-         "tp": bool, "sequence_parallel": str, "cp_comm": list, "ep": bool, "expert_tp": bool, "hsdp": bool,
-         "offload": list, "recompute": list, "placements": list, "activation_offload": str,
-         "cp_with_sequence_parallel": bool, "master_remainders": bool, "recompute_modules": bool, "recompute_layers": bool, "bf16_optimizer": bool, "activation_fp8_input": bool,
-         "mtp_with_pp_or_cp": bool, "moe_model_types": (list, type(None)),
-         "optimizer_offload_min_zero": int, "moe_dispatchers": list, "moe_a2a_overlap": bool,
-         "moe_fp8_dispatch": bool, "tp_comm_overlap": bool, "uneven_stages": bool}
+_CAPS = {
+    "precisions": list,
+    "schedules": list,
+    "max_virtual_stages": int,
+    "zero": list,
+    "zero_with_pp": list,
+    "tp": bool,
+    "sequence_parallel": str,
+    "cp_comm": list,
+    "ep": bool,
+    "expert_tp": bool,
+    "hsdp": bool,
+    "offload": list,
+    "recompute": list,
+    "placements": list,
+    "activation_offload": str,
+    "cp_with_sequence_parallel": bool,
+    "master_remainders": bool,
+    "recompute_modules": bool,
+    "recompute_layers": bool,
+    "bf16_optimizer": bool,
+    "activation_fp8_input": bool,
+    "mtp_with_pp_or_cp": bool,
+    "moe_model_types": (list, type(None)),
+    "optimizer_offload_min_zero": int,
+    "moe_dispatchers": list,
+    "moe_a2a_overlap": bool,
+    "moe_fp8_dispatch": bool,
+    "tp_comm_overlap": bool,
+    "uneven_stages": bool,
+}
 
 
 def available_frameworks() -> list[str]:
@@ -52,7 +133,12 @@ def available_frameworks() -> list[str]:
 def _fail(origin: str, key: str, value: Any, allowed: str) -> NoReturn:
     shown = repr(value)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    raise ConfigError(key, value, allowed, message=f"framework profile {origin}: {key}={shown} is invalid: allowed {allowed}")
+    raise ConfigError(
+        key,
+        value,
+        allowed,
+        message=f"framework profile {origin}: {key}={shown} is invalid: allowed {allowed}",
+    )
 
 
 @lru_cache(maxsize=32)
@@ -75,8 +161,15 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         if key not in _TOP and key not in _OPTIONAL:
             _fail(origin, key, data[key], "known keys: " + ", ".join([*_TOP, *_OPTIONAL]))
     for key, kind in _OPTIONAL.items():
-        if key in data and (not isinstance(data[key], kind) or (kind is not bool and isinstance(data[key], bool))):
-            _fail(origin, key, data[key], "a number" if isinstance(kind, tuple) else f"a {kind.__name__}")
+        if key in data and (
+            not isinstance(data[key], kind) or (kind is not bool and isinstance(data[key], bool))
+        ):
+            _fail(
+                origin,
+                key,
+                data[key],
+                "a number" if isinstance(kind, tuple) else f"a {kind.__name__}",
+            )
     ops = data.get("moe_host_ops_per_layer", 0.0)
     if not (math.isfinite(ops) and 0.0 <= ops <= 1000.0):
         _fail(origin, "moe_host_ops_per_layer", ops, "a number from 0 to 1000")
@@ -84,14 +177,23 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
     if live is not None and not (math.isfinite(live) and 1e6 <= live <= 1e12):
         _fail(origin, "zero3_max_live_params", live, "a parameter count from 1e6 to 1e12")
     if data.get("moe_dispatcher", MOE_DISPATCHERS[0]) not in MOE_DISPATCHERS:
-        _fail(origin, "moe_dispatcher", data["moe_dispatcher"], "one of " + ", ".join(MOE_DISPATCHERS))
+        _fail(
+            origin, "moe_dispatcher", data["moe_dispatcher"], "one of " + ", ".join(MOE_DISPATCHERS)
+        )
     for key, kind in _TOP.items():
         if key not in data:
             if key == "schema_version":
                 continue
-            raise ConfigError(key, None, "present", message=f"framework profile {origin}: missing required key {key!r}")
+            raise ConfigError(
+                key,
+                None,
+                "present",
+                message=f"framework profile {origin}: missing required key {key!r}",
+            )
         value = data[key]
-        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool) and key != "grad_bucket_copy"):
+        if not isinstance(value, kind) or (
+            kind is not bool and isinstance(value, bool) and key != "grad_bucket_copy"
+        ):
             _fail(origin, key, value, f"a {kind.__name__ if isinstance(kind, type) else 'number'}")
     if data["name"] not in FRAMEWORKS:
         _fail(origin, "name", data["name"], "one of " + ", ".join(FRAMEWORKS))
@@ -119,44 +221,81 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
     states = {}
     for precision, block in data["state_bytes"].items():
         if precision not in PRECISIONS:
-            _fail(origin, f"state_bytes.{precision}", block, "precisions among " + ", ".join(PRECISIONS))
+            _fail(
+                origin,
+                f"state_bytes.{precision}",
+                block,
+                "precisions among " + ", ".join(PRECISIONS),
+            )
         if not isinstance(block, dict) or set(block) != set(_STATE_KEYS):
-            _fail(origin, f"state_bytes.{precision}", block, "an object with exactly " + ", ".join(_STATE_KEYS))
+            _fail(
+                origin,
+                f"state_bytes.{precision}",
+                block,
+                "an object with exactly " + ", ".join(_STATE_KEYS),
+            )
         for k, v in block.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v <= 16):
                 _fail(origin, f"state_bytes.{precision}.{k}", v, "bytes per parameter from 0 to 16")
         states[precision] = StateBytes(**{k: float(v) for k, v in block.items()})
     caps = _capabilities(data["capabilities"], origin)
     if data.get("moe_dispatcher", MOE_DISPATCHERS[0]) not in caps.moe_dispatchers:
-        _fail(origin, "moe_dispatcher", data["moe_dispatcher"], "one of capabilities.moe_dispatchers ("
-              + ", ".join(caps.moe_dispatchers) + ")")
+        _fail(
+            origin,
+            "moe_dispatcher",
+            data["moe_dispatcher"],
+            "one of capabilities.moe_dispatchers (" + ", ".join(caps.moe_dispatchers) + ")",
+        )
     if data.get("moe_a2a_overlap", False) and not caps.moe_a2a_overlap:
         _fail(origin, "moe_a2a_overlap", True, "false unless capabilities.moe_a2a_overlap")
     missing = sorted(set(caps.precisions) - set(states))
     if missing:
-        _fail(origin, "state_bytes", sorted(states), f"an entry for every allowed precision ({', '.join(caps.precisions)})")
+        _fail(
+            origin,
+            "state_bytes",
+            sorted(states),
+            f"an entry for every allowed precision ({', '.join(caps.precisions)})",
+        )
     sources = data["sources"]
     for key in _SOURCED + tuple(k for k in _OPTIONAL if k in data):
         if not isinstance(sources.get(key), str) or not sources[key].strip():
-            raise ConfigError(f"sources.{key}", None, "a source for every value",
-                              message=f"framework profile {origin}: missing required key 'sources.{key}'")
+            raise ConfigError(
+                f"sources.{key}",
+                None,
+                "a source for every value",
+                message=f"framework profile {origin}: missing required key 'sources.{key}'",
+            )
     return FrameworkProfile(
-        name=data["name"], description=data["description"], kernels=data["kernels"], attention=data["attention"],
-        loss=data["loss"], state_bytes=states, grads_persist=data["grads_persist"], grad_bucket_copy=data["grad_bucket_copy"],
-        autocast_weight_cache=data["autocast_weight_cache"], overlap_grad_reduce=data["overlap_grad_reduce"],
-        pp_scatter_gather=data["pp_scatter_gather"], zero_bubble_forward_reruns=float(reruns),
-        allocator_overhead_fraction=float(frag), expandable_segments=data["expandable_segments"],
-        compute_efficiency=float(ce), tp_comm_overlap=data["tp_comm_overlap"],
+        name=data["name"],
+        description=data["description"],
+        kernels=data["kernels"],
+        attention=data["attention"],
+        loss=data["loss"],
+        state_bytes=states,
+        grads_persist=data["grads_persist"],
+        grad_bucket_copy=data["grad_bucket_copy"],
+        autocast_weight_cache=data["autocast_weight_cache"],
+        overlap_grad_reduce=data["overlap_grad_reduce"],
+        pp_scatter_gather=data["pp_scatter_gather"],
+        zero_bubble_forward_reruns=float(reruns),
+        allocator_overhead_fraction=float(frag),
+        expandable_segments=data["expandable_segments"],
+        compute_efficiency=float(ce),
+        tp_comm_overlap=data["tp_comm_overlap"],
         selective_recompute=data["selective_recompute"],
         fp8_cast_bytes_per_element=float(data["fp8_cast_bytes_per_element"]),
-        fp8_weight_cache_bytes=float(data["fp8_weight_cache_bytes"]), capabilities=caps, sources=dict(sources),
-        moe_dispatcher=data.get("moe_dispatcher", MOE_DISPATCHERS[0]), moe_a2a_overlap=data.get("moe_a2a_overlap", False),
+        fp8_weight_cache_bytes=float(data["fp8_weight_cache_bytes"]),
+        capabilities=caps,
+        sources=dict(sources),
+        moe_dispatcher=data.get("moe_dispatcher", MOE_DISPATCHERS[0]),
+        moe_a2a_overlap=data.get("moe_a2a_overlap", False),
         moe_host_sync=data.get("moe_host_sync", False),
         overlap_param_gather=data.get("overlap_param_gather", False),
         overlap_p2p=data.get("overlap_p2p", False),
         moe_host_ops_per_layer=float(data.get("moe_host_ops_per_layer", 0.0)),
         zero3_max_live_params=None if live is None else float(live),
-        experts_follow_tp_without_ep=data.get("experts_follow_tp_without_ep", False))
+        experts_follow_tp_without_ep=data.get("experts_follow_tp_without_ep", False),
+    )
 
 
 def _capabilities(block: dict, origin: str) -> Capabilities:
@@ -165,32 +304,85 @@ def _capabilities(block: dict, origin: str) -> Capabilities:
             _fail(origin, f"capabilities.{key}", block[key], "known keys: " + ", ".join(_CAPS))
     for key, kind in _CAPS.items():
         if key not in block:
-            raise ConfigError(key, None, "present", message=f"framework profile {origin}: missing required key "
-                                                            f"'capabilities.{key}'")
+            raise ConfigError(
+                key,
+                None,
+                "present",
+                message=f"framework profile {origin}: missing required key 'capabilities.{key}'",
+            )
         if not isinstance(block[key], kind) or (kind is int and isinstance(block[key], bool)):
-            _fail(origin, f"capabilities.{key}", block[key],
-                  "a list or null" if isinstance(kind, tuple) else f"a {kind.__name__}")
-    vocab = {"precisions": PRECISIONS, "schedules": SCHEDULES, "zero": (0, 1, 2, 3), "zero_with_pp": (0, 1, 2, 3),
-             "cp_comm": CP_COMMS, "offload": OFFLOAD, "recompute": RECOMPUTE, "moe_dispatchers": MOE_DISPATCHERS}
+            _fail(
+                origin,
+                f"capabilities.{key}",
+                block[key],
+                "a list or null" if isinstance(kind, tuple) else f"a {kind.__name__}",
+            )
+    vocab = {
+        "precisions": PRECISIONS,
+        "schedules": SCHEDULES,
+        "zero": (0, 1, 2, 3),
+        "zero_with_pp": (0, 1, 2, 3),
+        "cp_comm": CP_COMMS,
+        "offload": OFFLOAD,
+        "recompute": RECOMPUTE,
+        "moe_dispatchers": MOE_DISPATCHERS,
+    }
     for key, allowed in vocab.items():
         bad = [v for v in block[key] if v not in allowed]
         if bad:
-            _fail(origin, f"capabilities.{key}", bad[0], "values among " + ", ".join(map(str, allowed)))
+            _fail(
+                origin,
+                f"capabilities.{key}",
+                bad[0],
+                "values among " + ", ".join(map(str, allowed)),
+            )
     if block["sequence_parallel"] not in ("optional", "always", "never"):
-        _fail(origin, "capabilities.sequence_parallel", block["sequence_parallel"], "optional, always or never")
+        _fail(
+            origin,
+            "capabilities.sequence_parallel",
+            block["sequence_parallel"],
+            "optional, always or never",
+        )
     for placement in block["placements"]:
         try:
             check_placement(placement)
         except ConfigError:
-            _fail(origin, "capabilities.placements", placement, "placement strings over D, P, T (C, E optional)")
+            _fail(
+                origin,
+                "capabilities.placements",
+                placement,
+                "placement strings over D, P, T (C, E optional)",
+            )
     if block["activation_offload"] not in ("any", "without_pp_or_recompute"):
-        _fail(origin, "capabilities.activation_offload", block["activation_offload"], "any or without_pp_or_recompute")
-    if block["moe_model_types"] is not None and not all(isinstance(t, str) and t for t in block["moe_model_types"]):
-        _fail(origin, "capabilities.moe_model_types", block["moe_model_types"], "a list of model_type names or null")
+        _fail(
+            origin,
+            "capabilities.activation_offload",
+            block["activation_offload"],
+            "any or without_pp_or_recompute",
+        )
+    if block["moe_model_types"] is not None and not all(
+        isinstance(t, str) and t for t in block["moe_model_types"]
+    ):
+        _fail(
+            origin,
+            "capabilities.moe_model_types",
+            block["moe_model_types"],
+            "a list of model_type names or null",
+        )
     if block["optimizer_offload_min_zero"] not in (0, 1, 2, 3):
-        _fail(origin, "capabilities.optimizer_offload_min_zero", block["optimizer_offload_min_zero"], "a ZeRO stage 0-3")
+        _fail(
+            origin,
+            "capabilities.optimizer_offload_min_zero",
+            block["optimizer_offload_min_zero"],
+            "a ZeRO stage 0-3",
+        )
     if "alltoall" not in block["moe_dispatchers"]:
-        _fail(origin, "capabilities.moe_dispatchers", block["moe_dispatchers"], "a list that includes alltoall")
+        _fail(
+            origin,
+            "capabilities.moe_dispatchers",
+            block["moe_dispatchers"],
+            "a list that includes alltoall",
+        )
     if not (1 <= block["max_virtual_stages"] <= 64):
         _fail(origin, "capabilities.max_virtual_stages", block["max_virtual_stages"], "1 to 64")
     return Capabilities(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in block.items()})

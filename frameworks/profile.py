@@ -1,6 +1,7 @@
 """The framework profile record (what a software stack does and can run, as the cost models and the
 search read it) and the vocabularies its files use; frameworks/loader.py fills it from
 frameworks/<name>.json and validates every key."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -208,8 +209,13 @@ class FrameworkProfile:
     stage3_max_live_parameters), so at most this many parameters, or the largest module when that is bigger, are
     gathered at once (cost_models.memory.zero3_live_params)."""
 
-    def states(self, precision: str, optimizer: str, grad_bytes: float | None = None,
-               master_bytes: float | None = None) -> tuple[float, float, float]:
+    def states(
+        self,
+        precision: str,
+        optimizer: str,
+        grad_bytes: float | None = None,
+        master_bytes: float | None = None,
+    ) -> tuple[float, float, float]:
         """(params, grads, optimizer) bytes per parameter: optimizer = master + states, two states for
         AdamW and one for SGD with momentum (cost_models.memory.state_bytes_per_param); `grad_bytes`
         overrides the gradient dtype (a run's grad_reduce_dtype), `master_bytes` the master copy (a run's

@@ -8,6 +8,7 @@ the bad key and the file. The record below is the contract the cost models read;
 >>> p.devices_per_node, p.peak_tflops["bf16"], p.inter_node_Gbps_per_node
 (8, 312.0, 400.0)
 """
+
 from __future__ import annotations
 
 from hardware_profiles.loader import available_profiles, load_profile

@@ -5,6 +5,7 @@ an unknown key, a missing key, a wrong type or an out-of-range value raises one 
 single-line message names the file and the key. Every number in a file must have an entry in its
 `sources` object (the data is only as good as its provenance).
 """
+
 from __future__ import annotations
 
 import math
@@ -46,31 +47,41 @@ KEYS: dict[str, KeySpec] = {
     "description": KeySpec(kind="str", required=False),
     "device": KeySpec(kind="str"),
     "devices_per_node": KeySpec(kind="int", low=1, high=1024, unit="devices"),
-    "nvlink_domain": KeySpec(kind="int", required=False, nullable=True, low=1, high=100_000, unit="devices"),
+    "nvlink_domain": KeySpec(
+        kind="int", required=False, nullable=True, low=1, high=100_000, unit="devices"
+    ),
     "memory_bytes": KeySpec(kind="int", low=2**20, high=2**45, unit="bytes"),
     "memory_bandwidth_GBps": KeySpec(kind="number", low=0, low_open=True, high=1e5, unit="GB/s"),
-    "memory_bandwidth_peak_GBps": KeySpec(kind="number", required=False, nullable=True, low=0, low_open=True,
-                                          high=1e5, unit="GB/s"),
+    "memory_bandwidth_peak_GBps": KeySpec(
+        kind="number", required=False, nullable=True, low=0, low_open=True, high=1e5, unit="GB/s"
+    ),
     "peak_tflops": KeySpec(kind="tflops", low=0, low_open=True, high=1e5, unit="TFLOP/s"),
     "intra_node_interconnect": KeySpec(kind="str", required=False),
-    "intra_node_GBps_per_device": KeySpec(kind="number", low=0, low_open=True, high=1e4, unit="GB/s"),
+    "intra_node_GBps_per_device": KeySpec(
+        kind="number", low=0, low_open=True, high=1e4, unit="GB/s"
+    ),
     "intra_node_latency_us": KeySpec(kind="number", low=0, low_open=True, high=1e5, unit="us"),
     "inter_node_interconnect": KeySpec(kind="str", required=False),
     "nics_per_node": KeySpec(kind="int", low=1, high=256, unit="NICs"),
     "Gbps_per_nic": KeySpec(kind="number", low=0, low_open=True, high=1e5, unit="Gbit/s"),
-    "inter_node_Gbps_per_node": KeySpec(kind="number", low=0, low_open=True, high=1e6, unit="Gbit/s"),
+    "inter_node_Gbps_per_node": KeySpec(
+        kind="number", low=0, low_open=True, high=1e6, unit="Gbit/s"
+    ),
     "inter_node_latency_us": KeySpec(kind="number", low=0, low_open=True, high=1e6, unit="us"),
     "host_device_GBps": KeySpec(kind="number", low=0, low_open=True, high=1e4, unit="GB/s"),
     "price_usd_per_hour": KeySpec(kind="number", nullable=True, low=0, high=1e4, unit="USD/h"),
-    "spot_price_usd_per_hour": KeySpec(kind="number", required=False, nullable=True, low=0, high=1e4,
-                                       unit="USD/h"),
+    "spot_price_usd_per_hour": KeySpec(
+        kind="number", required=False, nullable=True, low=0, high=1e4, unit="USD/h"
+    ),
     "efficiency": KeySpec(kind="numbers"),
     "sources": KeySpec(kind="strings"),
     "calibration": KeySpec(kind="object", required=False),
 }
 
 _RECORD_FIELDS = {f.name for f in fields(HardwareProfile)}
-assert set(KEYS) - {"schema_version"} <= _RECORD_FIELDS, "every file key must be a HardwareProfile field"
+assert set(KEYS) - {"schema_version"} <= _RECORD_FIELDS, (
+    "every file key must be a HardwareProfile field"
+)
 
 
 def available_profiles() -> list[str]:
@@ -85,15 +96,24 @@ def resolve_profile_path(name_or_path: str) -> Path:
     if "/" not in text and "\\" not in text and by_name.is_file():
         return by_name
     path = Path(text).expanduser()
-    if path.is_file() or special_kind(path):     # a FIFO or a device: read_json names what it is
+    if path.is_file() or special_kind(path):  # a FIFO or a device: read_json names what it is
         return path
     if text.endswith(".json") or "/" in text:
-        raise ConfigError("hardware", text, "a name among " + ", ".join(available_profiles())
-                          + " or the path of an existing profile JSON file",
-                          message=f"hardware={text!r}: no such profile file; allowed a name among "
-                                  + ", ".join(available_profiles()) + " or the path of an existing JSON file")
-    raise ConfigError("hardware", text, "one of " + ", ".join(available_profiles())
-                      + ", or a path to a profile JSON file")
+        raise ConfigError(
+            "hardware",
+            text,
+            "a name among "
+            + ", ".join(available_profiles())
+            + " or the path of an existing profile JSON file",
+            message=f"hardware={text!r}: no such profile file; allowed a name among "
+            + ", ".join(available_profiles())
+            + " or the path of an existing JSON file",
+        )
+    raise ConfigError(
+        "hardware",
+        text,
+        "one of " + ", ".join(available_profiles()) + ", or a path to a profile JSON file",
+    )
 
 
 def load_profile(name_or_path: str) -> HardwareProfile:
@@ -111,21 +131,39 @@ def profile_from_dict(data: object, *, origin: str = "<dict>") -> HardwareProfil
         _fail(origin, "<document>", data, "a JSON object with the profile keys")
     unknown = sorted(set(data) - set(KEYS))
     if unknown:
-        _fail(origin, unknown[0], data[unknown[0]], "no such key; allowed keys: " + ", ".join(KEYS),
-              what="unknown key")
+        _fail(
+            origin,
+            unknown[0],
+            data[unknown[0]],
+            "no such key; allowed keys: " + ", ".join(KEYS),
+            what="unknown key",
+        )
     for key, spec in KEYS.items():
         if key not in data:
             if spec.required:
-                raise ConfigError(key, None, _describe(spec),
-                                  message=f"hardware profile {origin}: missing required key {key!r} "
-                                          f"({_describe(spec)})")
+                raise ConfigError(
+                    key,
+                    None,
+                    _describe(spec),
+                    message=f"hardware profile {origin}: missing required key {key!r} "
+                    f"({_describe(spec)})",
+                )
             continue
         _check_value(origin, key, data[key], spec)
     _check_consistency(origin, data)
     kwargs = {k: v for k, v in data.items() if k != "schema_version"}
-    for key in ("memory_bandwidth_GBps", "intra_node_GBps_per_device", "intra_node_latency_us", "Gbps_per_nic",
-                "inter_node_Gbps_per_node", "inter_node_latency_us", "host_device_GBps",
-                "memory_bandwidth_peak_GBps", "price_usd_per_hour", "spot_price_usd_per_hour"):
+    for key in (
+        "memory_bandwidth_GBps",
+        "intra_node_GBps_per_device",
+        "intra_node_latency_us",
+        "Gbps_per_nic",
+        "inter_node_Gbps_per_node",
+        "inter_node_latency_us",
+        "host_device_GBps",
+        "memory_bandwidth_peak_GBps",
+        "price_usd_per_hour",
+        "spot_price_usd_per_hour",
+    ):
         if kwargs.get(key) is not None:
             kwargs[key] = float(kwargs[key])
     kwargs["peak_tflops"] = {k: float(v) for k, v in data["peak_tflops"].items()}
@@ -154,19 +192,39 @@ def _check_value(origin: str, key: str, value: object, spec: KeySpec) -> None:
         return
     if spec.kind == "str":
         if not isinstance(value, str) or (key in ("name", "device") and not value.strip()):
-            _fail(origin, key, value, "a non-empty string" if key in ("name", "device") else "a string")
+            _fail(
+                origin,
+                key,
+                value,
+                "a non-empty string" if key in ("name", "device") else "a string",
+            )
     elif spec.kind in ("int", "number"):
         _check_number(origin, key, value, spec)
     elif spec.kind == "tflops":
         if not isinstance(value, dict) or not value:
-            _fail(origin, key, value, "an object mapping dtypes (" + ", ".join(DTYPES) + ") to TFLOP/s")
+            _fail(
+                origin,
+                key,
+                value,
+                "an object mapping dtypes (" + ", ".join(DTYPES) + ") to TFLOP/s",
+            )
         for dtype, rate in value.items():
             if dtype not in DTYPES:
-                _fail(origin, f"{key}.{dtype}", rate, "dtypes among " + ", ".join(DTYPES), what="unknown key")
+                _fail(
+                    origin,
+                    f"{key}.{dtype}",
+                    rate,
+                    "dtypes among " + ", ".join(DTYPES),
+                    what="unknown key",
+                )
             _check_number(origin, f"{key}.{dtype}", rate, spec)
         if "fp32" not in value:
-            raise ConfigError(f"{key}.fp32", None, "a positive number",
-                              message=f"hardware profile {origin}: missing required key '{key}.fp32'")
+            raise ConfigError(
+                f"{key}.fp32",
+                None,
+                "a positive number",
+                message=f"hardware profile {origin}: missing required key '{key}.fp32'",
+            )
     elif spec.kind == "numbers":
         check_efficiency(value, origin)
     elif spec.kind == "strings":
@@ -195,16 +253,32 @@ def _check_number(origin: str, key: str, value: object, spec: KeySpec) -> None:
 
 def _check_consistency(origin: str, data: dict) -> None:
     """Cross-key facts: the node's network rate is its NICs times their rate; every number is sourced."""
-    nics, per_nic, total = data["nics_per_node"], data["Gbps_per_nic"], data["inter_node_Gbps_per_node"]
+    nics, per_nic, total = (
+        data["nics_per_node"],
+        data["Gbps_per_nic"],
+        data["inter_node_Gbps_per_node"],
+    )
     if abs(nics * per_nic - total) > 0.01 * total:
-        _fail(origin, "inter_node_Gbps_per_node", total,
-              f"nics_per_node({nics}) x Gbps_per_nic({per_nic:g}) = {nics * per_nic:g}")
+        _fail(
+            origin,
+            "inter_node_Gbps_per_node",
+            total,
+            f"nics_per_node({nics}) x Gbps_per_nic({per_nic:g}) = {nics * per_nic:g}",
+        )
     sources = data["sources"]
     for key, spec in KEYS.items():
-        if spec.kind in ("int", "number", "tflops") and data.get(key) is not None and key not in sources:
-            raise ConfigError(f"sources.{key}", None, "a source for every number",
-                              message=f"hardware profile {origin}: missing required key 'sources.{key}' "
-                                      f"(where the value of {key!r} comes from)")
+        if (
+            spec.kind in ("int", "number", "tflops")
+            and data.get(key) is not None
+            and key not in sources
+        ):
+            raise ConfigError(
+                f"sources.{key}",
+                None,
+                "a source for every number",
+                message=f"hardware profile {origin}: missing required key 'sources.{key}' "
+                f"(where the value of {key!r} comes from)",
+            )
 
 
 def _is_number(value: object) -> bool:
@@ -212,9 +286,15 @@ def _is_number(value: object) -> bool:
 
 
 def _describe(spec: KeySpec) -> str:
-    kind = {"int": "an integer", "number": "a number", "tflops": "TFLOP/s values", "str": "a string",
-            "numbers": "an object of named numbers", "strings": "an object of strings",
-            "object": "a JSON object"}[spec.kind]
+    kind = {
+        "int": "an integer",
+        "number": "a number",
+        "tflops": "TFLOP/s values",
+        "str": "a string",
+        "numbers": "an object of named numbers",
+        "strings": "an object of strings",
+        "object": "a JSON object",
+    }[spec.kind]
     if spec.low is not None and spec.high is not None:
         lower = ">" if spec.low_open else ">="
         kind += f" {lower} {spec.low:g} and <= {spec.high:g}"
@@ -231,5 +311,9 @@ def _fail(origin: str, key: str, value: object, allowed: str, *, what: str = "")
         shown = shown[:57] + "..."
     shown = shown.replace("\n", " ")
     label = f"{what} {key!r}" if what else f"{key}={shown}"
-    raise ConfigError(key, value, allowed,
-                      message=f"hardware profile {origin}: {label} is invalid: allowed {allowed}")
+    raise ConfigError(
+        key,
+        value,
+        allowed,
+        message=f"hardware profile {origin}: {label} is invalid: allowed {allowed}",
+    )

@@ -1,5 +1,6 @@
 """The hardware profile record: one machine type, as the cost models read it (hardware_profiles/loader.py
 fills it from a JSON file and validates every key)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -64,7 +65,10 @@ class HardwareProfile:
         return self.nvlink_domain or self.devices_per_node
 
     def __post_init__(self) -> None:
-        from hardware_profiles.efficiency import check_efficiency   # the typed table; unknown keys refused
+        from hardware_profiles.efficiency import (
+            check_efficiency,
+        )  # the typed table; unknown keys refused
+
         check_efficiency(self.efficiency, self.name)
 
     @property

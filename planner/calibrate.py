@@ -21,6 +21,7 @@ messages weigh alike):
       t(F) = t0 + F / R,   efficiency(F) = (F / t) / R = 1 / (1 + F_half / F),  F_half = t0 * R
   where F = 2 m n k FLOPs.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -54,7 +55,9 @@ MAX_BUSBW_GBPS = 1e4
 def ring_steps(collective: str, world_size: int) -> int:
     """Latency terms of the ring algorithm (Thakur et al. 2005): 2(n-1) for all-reduce, n-1 else, 1 for p2p."""
     n = world_size
-    return {"allreduce": 2 * (n - 1), "allgather": n - 1, "reducescatter": n - 1, "p2p": 1}[collective]
+    return {"allreduce": 2 * (n - 1), "allgather": n - 1, "reducescatter": n - 1, "p2p": 1}[
+        collective
+    ]
 
 
 def bus_factor(collective: str, world_size: int) -> float:
@@ -63,14 +66,23 @@ def bus_factor(collective: str, world_size: int) -> float:
     allreduce 2(n-1)/n; allgather and reducescatter (n-1)/n; p2p (sendrecv) 1.
     """
     n = world_size
-    return {"allreduce": 2 * (n - 1) / n, "allgather": (n - 1) / n,
-            "reducescatter": (n - 1) / n, "p2p": 1.0}[collective]
+    return {
+        "allreduce": 2 * (n - 1) / n,
+        "allgather": (n - 1) / n,
+        "reducescatter": (n - 1) / n,
+        "p2p": 1.0,
+    }[collective]
 
 
-def collective_seconds(collective: str, world_size: int, size_bytes, alpha_s: float, busbw_Bps: float):
+def collective_seconds(
+    collective: str, world_size: int, size_bytes, alpha_s: float, busbw_Bps: float
+):
     """Alpha-beta ring time of one collective on `size_bytes` (scalar or array), seconds."""
     size = np.asarray(size_bytes, dtype=float)
-    return ring_steps(collective, world_size) * alpha_s + bus_factor(collective, world_size) * size / busbw_Bps
+    return (
+        ring_steps(collective, world_size) * alpha_s
+        + bus_factor(collective, world_size) * size / busbw_Bps
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -118,14 +130,26 @@ def fit_alpha_beta(collective: str, world_size: int, sizes_bytes, times_s) -> Co
     start = np.maximum(start, [1e-3, 2 * lowest])
     from scipy.optimize import least_squares  # 1.5 s to import: only when fitting
 
-    result = least_squares(residual, start, bounds=([0.0, lowest], [np.inf, np.inf]), loss="soft_l1",
-                           f_scale=0.05, x_scale="jac")
+    result = least_squares(
+        residual,
+        start,
+        bounds=([0.0, lowest], [np.inf, np.inf]),
+        loss="soft_l1",
+        f_scale=0.05,
+        x_scale="jac",
+    )
     alpha_us, s_per_GB = result.x
     rms = float(np.sqrt(np.mean(residual(result.x) ** 2)))
     beta_term = factor * sizes.max() / 1e9 * s_per_GB
-    return CollectiveFit(collective=collective, world_size=world_size, alpha_us=float(alpha_us),
-                         busbw_GBps=float(1.0 / s_per_GB), rms_rel_error=rms, points=int(sizes.size),
-                         bandwidth_share_at_max=float(beta_term / (beta_term + steps * alpha_us * 1e-6)))
+    return CollectiveFit(
+        collective=collective,
+        world_size=world_size,
+        alpha_us=float(alpha_us),
+        busbw_GBps=float(1.0 / s_per_GB),
+        rms_rel_error=rms,
+        points=int(sizes.size),
+        bandwidth_share_at_max=float(beta_term / (beta_term + steps * alpha_us * 1e-6)),
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -168,12 +192,23 @@ def fit_gemm(dtype: str, flops, times_s) -> GemmFit:
     start = np.maximum(start, [1e-3, 1e-9])
     from scipy.optimize import least_squares
 
-    result = least_squares(residual, start, bounds=([0.0, 1e-12], [np.inf, np.inf]), loss="soft_l1",
-                           f_scale=0.05, x_scale="jac")
+    result = least_squares(
+        residual,
+        start,
+        bounds=([0.0, 1e-12], [np.inf, np.inf]),
+        loss="soft_l1",
+        f_scale=0.05,
+        x_scale="jac",
+    )
     overhead_us, s_per_Tflop = result.x
-    return GemmFit(dtype=dtype, rate_tflops=float(1.0 / s_per_Tflop), overhead_us=float(overhead_us),
-                   best_measured_tflops=float(np.max(flops_arr / times) / 1e12),
-                   rms_rel_error=float(np.sqrt(np.mean(residual(result.x) ** 2))), points=int(flops_arr.size))
+    return GemmFit(
+        dtype=dtype,
+        rate_tflops=float(1.0 / s_per_Tflop),
+        overhead_us=float(overhead_us),
+        best_measured_tflops=float(np.max(flops_arr / times) / 1e12),
+        rms_rel_error=float(np.sqrt(np.mean(residual(result.x) ** 2))),
+        points=int(flops_arr.size),
+    )
 
 
 # ------------------------------------------------------------------------------------ measuring
@@ -200,12 +235,24 @@ class Plan:
 
 def make_plan(world_size: int, quick: bool) -> Plan:
     if quick:
-        return Plan(world_size=world_size, gemm_sizes=(32, 64, 128), copy_bytes=16 << 20,
-                    message_bytes=(1 << 10, 1 << 15, 1 << 20), repeats=2, target_s=0.005,
-                    max_gemm_s=0.05)
-    return Plan(world_size=world_size, gemm_sizes=(64, 128, 256, 512, 1024, 2048), copy_bytes=256 << 20,
-                message_bytes=tuple(1 << p for p in range(10, 27, 2)), repeats=5, target_s=0.1,
-                max_gemm_s=0.5)
+        return Plan(
+            world_size=world_size,
+            gemm_sizes=(32, 64, 128),
+            copy_bytes=16 << 20,
+            message_bytes=(1 << 10, 1 << 15, 1 << 20),
+            repeats=2,
+            target_s=0.005,
+            max_gemm_s=0.05,
+        )
+    return Plan(
+        world_size=world_size,
+        gemm_sizes=(64, 128, 256, 512, 1024, 2048),
+        copy_bytes=256 << 20,
+        message_bytes=tuple(1 << p for p in range(10, 27, 2)),
+        repeats=5,
+        target_s=0.1,
+        max_gemm_s=0.5,
+    )
 
 
 def _timed(fn, sync, iters: int) -> float:
@@ -217,8 +264,15 @@ def _timed(fn, sync, iters: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def _worker(rank: int, world_size: int, port: int, backend: str, plan: Plan | dict, out_dir: str,
-            launcher: int | None = None) -> None:
+def _worker(
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str,
+    plan: Plan | dict,
+    out_dir: str,
+    launcher: int | None = None,
+) -> None:
     """One rank: GEMMs, copy, then collectives; writes out_dir/rank<r>.json before teardown. It dies
     with `launcher` (the calibrating process): no rank outlives an interrupted calibration."""
     from planner.executor.lifecycle import die_with_parent, parent_alive
@@ -245,13 +299,18 @@ def _worker(rank: int, world_size: int, port: int, backend: str, plan: Plan | di
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         device = torch.device("cpu")
         sync = lambda: None  # noqa: E731 - CPU ops are synchronous
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
 
     def agreed_iters(seconds_one: float) -> int:
         """Iterations to fill target_s, agreed by all ranks (they must run the same collectives): the
         busiest rank's estimate, the smallest."""
-        want = torch.tensor([max(1, min(10_000, math.ceil(plan.target_s / max(seconds_one, 1e-7))))],
-                            dtype=torch.int64, device=device)
+        want = torch.tensor(
+            [max(1, min(10_000, math.ceil(plan.target_s / max(seconds_one, 1e-7))))],
+            dtype=torch.int64,
+            device=device,
+        )
         dist.all_reduce(want, op=dist.ReduceOp.MIN)  # idle p2p ranks ask for many
         return int(want.item())
 
@@ -270,7 +329,12 @@ def _worker(rank: int, world_size: int, port: int, backend: str, plan: Plan | di
     t_start = time.perf_counter()
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     if use_cuda:
-        dtypes = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+        dtypes = {
+            "fp32": torch.float32,
+            "tf32": torch.float32,
+            "fp16": torch.float16,
+            "bf16": torch.bfloat16,
+        }
     for name, dtype in dtypes.items():
         if use_cuda:
             torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
@@ -279,19 +343,31 @@ def _worker(rank: int, world_size: int, port: int, backend: str, plan: Plan | di
             a = torch.randn(n, n, device=device, dtype=dtype)
             b = torch.randn(n, n, device=device, dtype=dtype)
             rows.append([n, n, n, measure(lambda: torch.mm(a, b))])
-            _progress(rank, f"gemm {name} {n}^3: {2 * n ** 3 / rows[-1][3] / 1e9:.2f} GFLOP/s per rank")
-            if rows[-1][3] > plan.max_gemm_s:  # same value on every rank (MAX-reduced): all stop together
+            _progress(
+                rank, f"gemm {name} {n}^3: {2 * n**3 / rows[-1][3] / 1e9:.2f} GFLOP/s per rank"
+            )
+            if (
+                rows[-1][3] > plan.max_gemm_s
+            ):  # same value on every rank (MAX-reduced): all stop together
                 break
         result["gemm"][name] = rows
 
     src = torch.empty(plan.copy_bytes, dtype=torch.uint8, device=device).fill_(1)
     dst = torch.empty_like(src)
-    result["copy"] = {"bytes_moved": 2 * plan.copy_bytes, "seconds": measure(lambda: dst.copy_(src))}
-    _progress(rank, f"copy: {result['copy']['bytes_moved'] / result['copy']['seconds'] / 1e9:.2f} GB/s per rank")
+    result["copy"] = {
+        "bytes_moved": 2 * plan.copy_bytes,
+        "seconds": measure(lambda d=dst, s=src: d.copy_(s)),  # bound: deleted below
+    }
+    _progress(
+        rank,
+        f"copy: {result['copy']['bytes_moved'] / result['copy']['seconds'] / 1e9:.2f} GB/s per rank",
+    )
     if use_cuda:  # PCIe: pinned host buffer to device, one direction, bytes counted once
         host = torch.empty(plan.copy_bytes, dtype=torch.uint8, pin_memory=True)
-        result["host_to_device"] = {"bytes_moved": plan.copy_bytes,
-                                    "seconds": measure(lambda: dst.copy_(host, non_blocking=True))}
+        result["host_to_device"] = {
+            "bytes_moved": plan.copy_bytes,
+            "seconds": measure(lambda d=dst, h=host: d.copy_(h, non_blocking=True)),
+        }
         del host
     del src, dst
 
@@ -306,10 +382,16 @@ def _worker(rank: int, world_size: int, port: int, backend: str, plan: Plan | di
                 buf = torch.ones(elems, device=device)
                 fn = lambda: dist.all_reduce(buf)  # noqa: E731
             elif coll == "allgather":
-                shard, full = torch.ones(elems // n, device=device), torch.empty(elems, device=device)
+                shard, full = (
+                    torch.ones(elems // n, device=device),
+                    torch.empty(elems, device=device),
+                )
                 fn = lambda: gather(full, shard)  # noqa: E731
             elif coll == "reducescatter":
-                full, shard = torch.ones(elems, device=device), torch.empty(elems // n, device=device)
+                full, shard = (
+                    torch.ones(elems, device=device),
+                    torch.empty(elems // n, device=device),
+                )
                 fn = lambda: scatter(shard, full)  # noqa: E731
             else:
                 buf = torch.ones(elems, device=device)
@@ -335,6 +417,7 @@ def _progress(rank: int, line: str) -> None:
 
 def _pingpong(dist, rank: int, buf):
     """Rank 0 sends to 1 and receives back; the other ranks wait (their time is not the p2p time)."""
+
     def fn():
         if rank == 0:
             dist.send(buf, 1)
@@ -342,6 +425,7 @@ def _pingpong(dist, rank: int, buf):
         elif rank == 1:
             dist.recv(buf, 0)
             dist.send(buf, 0)
+
     return fn
 
 
@@ -353,10 +437,14 @@ def _wait_all(procs, out_dir: str, *, deadline_s: float) -> None:
         for r, p in enumerate(procs):
             if p.exitcode not in (None, 0) and not Path(out_dir, f"rank{r}.json").exists():
                 _stop(procs)
-                raise ExecutorError(f"calibration rank {r} failed (exit code {p.exitcode}) before writing results")
+                raise ExecutorError(
+                    f"calibration rank {r} failed (exit code {p.exitcode}) before writing results"
+                )
         if time.monotonic() - start > deadline_s:
             _stop(procs)
-            raise ExecutorError(f"calibration did not finish within {deadline_s:.0f} s; stopped all {len(procs)} ranks")
+            raise ExecutorError(
+                f"calibration did not finish within {deadline_s:.0f} s; stopped all {len(procs)} ranks"
+            )
         time.sleep(0.1)
 
 
@@ -384,7 +472,7 @@ def sweep_temporary_dirs(root: str | None = None) -> list[Path]:
     longer runs."""
     removed = []
     for folder in Path(root or tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*"):
-        pid = folder.name[len(TEMP_PREFIX):].split("-")[0]
+        pid = folder.name[len(TEMP_PREFIX) :].split("-")[0]
         if folder.is_dir() and pid.isdigit() and not _pid_running(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
@@ -397,7 +485,7 @@ def _pid_running(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except OSError:
-        return True                      # exists, owned by someone else
+        return True  # exists, owned by someone else
     return True
 
 
@@ -412,8 +500,11 @@ def run_measurements(world_size: int, *, quick: bool = False, backend: str | Non
     if world_size < 2:
         raise ConfigError("world-size", world_size, "at least 2 (collectives need two ranks)")
     if backend == "nccl" and world_size > torch.cuda.device_count():
-        raise ConfigError("world-size", world_size,
-                          f"at most {torch.cuda.device_count()} with NCCL (one GPU per rank on this machine)")
+        raise ConfigError(
+            "world-size",
+            world_size,
+            f"at most {torch.cuda.device_count()} with NCCL (one GPU per rank on this machine)",
+        )
     from planner.executor.launch import free_port
     from planner.executor.lifecycle import Interrupted, run_as_rank, starting_ranks, stop_signals
 
@@ -425,8 +516,10 @@ def run_measurements(world_size: int, *, quick: bool = False, backend: str | Non
         port = free_port()
         args = (world_size, port, backend, asdict(plan), out_dir, os.getpid())
         target = f"{__name__}:_worker"
-        procs = [ctx.Process(target=run_as_rank, args=(os.getpid(), target, r, *args), daemon=False)
-                 for r in range(world_size)]
+        procs = [
+            ctx.Process(target=run_as_rank, args=(os.getpid(), target, r, *args), daemon=False)
+            for r in range(world_size)
+        ]
         with stop_signals():
             try:
                 with starting_ranks():
@@ -435,8 +528,11 @@ def run_measurements(world_size: int, *, quick: bool = False, backend: str | Non
                 _wait_all(procs, out_dir, deadline_s=120.0 if quick else 900.0)
             except Interrupted as stop:
                 _stop(procs)
-                raise Interrupted(stop.signum, f"calibration stopped by {signal.Signals(stop.signum).name}: "
-                                               f"stopped all {world_size} ranks") from None
+                raise Interrupted(
+                    stop.signum,
+                    f"calibration stopped by {signal.Signals(stop.signum).name}: "
+                    f"stopped all {world_size} ranks",
+                ) from None
             except BaseException:
                 _stop(procs)
                 raise
@@ -444,10 +540,20 @@ def run_measurements(world_size: int, *, quick: bool = False, backend: str | Non
         for r, p in enumerate(procs):
             path = Path(out_dir, f"rank{r}.json")
             if not path.exists():  # judged by the results written, not teardown (executor-notes)
-                raise ExecutorError(f"calibration rank {r} exited with code {p.exitcode} before writing results")
+                raise ExecutorError(
+                    f"calibration rank {r} exited with code {p.exitcode} before writing results"
+                )
             results.append(json.loads(path.read_text()))
-    merged = results[0]  # every timing is already the slowest rank's (MAX-reduced), the same on all ranks
-    merged.update(wall_s=time.perf_counter() - started, backend=backend, world_size=world_size, quick=quick, plan=asdict(plan))
+    merged = results[
+        0
+    ]  # every timing is already the slowest rank's (MAX-reduced), the same on all ranks
+    merged.update(
+        wall_s=time.perf_counter() - started,
+        backend=backend,
+        world_size=world_size,
+        quick=quick,
+        plan=asdict(plan),
+    )
     return merged
 
 
@@ -461,8 +567,10 @@ def fit_measurements(measured: dict) -> dict:
     for name, rows in measured["gemm"].items():
         flops = [2.0 * m * k * nn for m, nn, k, _ in rows]
         gemm[name] = fit_gemm(name, flops, [row[3] for row in rows])
-    coll = {name: fit_alpha_beta(name, n, [r[0] for r in rows], [r[1] for r in rows])
-            for name, rows in measured["collectives"].items()}
+    coll = {
+        name: fit_alpha_beta(name, n, [r[0] for r in rows], [r[1] for r in rows])
+        for name, rows in measured["collectives"].items()
+    }
     return {"gemm": gemm, "collectives": coll}
 
 
@@ -500,8 +608,10 @@ def build_profile(measured: dict, *, name: str, command: str, previous: dict | N
     if backend == "gloo":
         # n ranks x threads on `cores` cores: a rank alone runs up to this much faster than with all busy
         efficiency["shared_cores_speedup"] = max(1.0, n * threads / cores)
-    single_node_note = ("single machine: no network was measured; the inter-node keys repeat the local "
-                        "point-to-point fit so that plans spanning 'nodes' of this profile stay computable")
+    single_node_note = (
+        "single machine: no network was measured; the inter-node keys repeat the local "
+        "point-to-point fit so that plans spanning 'nodes' of this profile stay computable"
+    )
     doc = {
         "schema_version": "1",
         "name": name,
@@ -511,7 +621,9 @@ def build_profile(measured: dict, *, name: str, command: str, previous: dict | N
         "memory_bytes": memory_bytes,
         "memory_bandwidth_GBps": round(copy_GBps, 3),
         "peak_tflops": gemm_peaks,
-        "intra_node_interconnect": "loopback TCP (gloo)" if backend == "gloo" else "NCCL intra-node",
+        "intra_node_interconnect": "loopback TCP (gloo)"
+        if backend == "gloo"
+        else "NCCL intra-node",
         "intra_node_GBps_per_device": round(link, 4),
         "intra_node_latency_us": round(max(ar.alpha_us, 0.01), 3),
         "inter_node_interconnect": "none (single machine; loopback figures)",
@@ -523,39 +635,58 @@ def build_profile(measured: dict, *, name: str, command: str, previous: dict | N
         "price_usd_per_hour": None,
         "efficiency": efficiency,
         "sources": {
-            "device": where, "devices_per_node": f"the number of local ranks calibrated ({n} processes on "
-                                                 f"{cores} cores)",
+            "device": where,
+            "devices_per_node": f"the number of local ranks calibrated ({n} processes on "
+            f"{cores} cores)",
             "memory_bytes": f"{mem_src}; {where}",
             "memory_bandwidth_GBps": f"copy of {measured['copy']['bytes_moved'] // 2} B per rank, all ranks at "
-                                     f"once, read + write bytes per second; {where}",
+            f"once, read + write bytes per second; {where}",
             "peak_tflops": "best measured torch.mm rate per rank over the GEMM sizes with all ranks busy "
-                           f"(no datasheet for this device); {where}",
+            f"(no datasheet for this device); {where}",
             "intra_node_GBps_per_device": f"1/beta of the alpha-beta fit of p2p ping-pong; {where}",
             "intra_node_latency_us": f"alpha (latency per ring step) of the all-reduce fit; {where}",
-            "nics_per_node": single_node_note, "Gbps_per_nic": single_node_note,
-            "inter_node_Gbps_per_node": single_node_note, "inter_node_latency_us": single_node_note,
+            "nics_per_node": single_node_note,
+            "Gbps_per_nic": single_node_note,
+            "inter_node_Gbps_per_node": single_node_note,
+            "inter_node_latency_us": single_node_note,
             "host_device_GBps": "host and device are the same memory on a CPU: the copy bandwidth"
-                                if backend == "gloo" else f"pinned host to device copy, all ranks at once; {where}",
+            if backend == "gloo"
+            else f"pinned host to device copy, all ranks at once; {where}",
             "price_usd_per_hour": "a local machine: no hourly price",
             "efficiency": "*_bus_efficiency = fitted bus bandwidth of that collective / p2p link bandwidth; "
-                          "gemm_efficiency_max[_fp32] = fitted GEMM rate R / peak_tflops of bf16 [fp32]; "
-                          f"gemm_fixed_us = fitted fp32 GEMM overhead t0; shared_cores_speedup = ranks x "
-                          f"threads per rank / cores ({n} x {threads} / {cores}); {where}; other keys kept from the "
-                          "previous file (docs/calibration.md)",
+            "gemm_efficiency_max[_fp32] = fitted GEMM rate R / peak_tflops of bf16 [fp32]; "
+            f"gemm_fixed_us = fitted fp32 GEMM overhead t0; shared_cores_speedup = ranks x "
+            f"threads per rank / cores ({n} x {threads} / {cores}); {where}; other keys kept from the "
+            "previous file (docs/calibration.md)",
         },
         "calibration": {
-            "command": command, "date": date, "torch": torch.__version__, "backend": backend,
-            "world_size": n, "threads_per_rank": threads if backend == "gloo" else None, "cpu_count": cores,
-            "quick": measured["quick"], "wall_s": measured.get("wall_s"), "measure_s": measured.get("measure_s"),
+            "command": command,
+            "date": date,
+            "torch": torch.__version__,
+            "backend": backend,
+            "world_size": n,
+            "threads_per_rank": threads if backend == "gloo" else None,
+            "cpu_count": cores,
+            "quick": measured["quick"],
+            "wall_s": measured.get("wall_s"),
+            "measure_s": measured.get("measure_s"),
             "load_average_1min": measured.get("load_average_1min"),
-            "gemm": {k: {**_fit_dict(f), "half_efficiency_flops": f.half_efficiency_flops,
-                         "points_m_n_k_s": measured["gemm"][k]} for k, f in fits["gemm"].items()},
+            "gemm": {
+                k: {
+                    **_fit_dict(f),
+                    "half_efficiency_flops": f.half_efficiency_flops,
+                    "points_m_n_k_s": measured["gemm"][k],
+                }
+                for k, f in fits["gemm"].items()
+            },
             "copy": {**measured["copy"], "GBps": copy_GBps},
             "host_to_device": {**h2d, "GBps": h2d_GBps} if h2d else None,
-            "collectives": {k: {**_fit_dict(f), "points_bytes_s": measured["collectives"][k]}
-                            for k, f in fits["collectives"].items()},
+            "collectives": {
+                k: {**_fit_dict(f), "points_bytes_s": measured["collectives"][k]}
+                for k, f in fits["collectives"].items()
+            },
             "model": "collective t(S) = steps(n)*alpha + busfactor(n)*S/busbw (nccl-tests bus bandwidth); "
-                     "gemm t(F) = t0 + F/R, F = 2mnk",
+            "gemm t(F) = t0 + F/R, F = 2mnk",
         },
     }
     return doc
@@ -593,7 +724,9 @@ def efficiency_from_fits(fits: dict, gemm_peaks: dict[str, float]) -> dict[str, 
             out[f"{c}_bus_efficiency"] = float(f"{ratio:.4g}")
     gemm = fits["gemm"]
     if "fp32" in gemm:
-        out["gemm_efficiency_max_fp32"] = round(min(1.0, gemm["fp32"].rate_tflops / gemm_peaks["fp32"]), 4)
+        out["gemm_efficiency_max_fp32"] = round(
+            min(1.0, gemm["fp32"].rate_tflops / gemm_peaks["fp32"]), 4
+        )
         out["gemm_fixed_us"] = round(gemm["fp32"].overhead_us, 3)
     low = "bf16" if "bf16" in gemm else "fp16" if "fp16" in gemm else None
     if low:
@@ -633,8 +766,10 @@ def calibrate(*, out: Path, world_size: int, quick: bool, name: str, command: st
     previous = previous_profile(out)
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     measured = run_measurements(world_size, quick=quick)
-    measured["load_average_1min"] = {"before": load_before,
-                                     "after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    measured["load_average_1min"] = {
+        "before": load_before,
+        "after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
     doc = build_profile(measured, name=name, command=command, previous=previous)
     profile_from_dict(doc, origin=str(out))  # what we write must load
     write_json(out, doc, "--out")
@@ -653,7 +788,13 @@ def previous_profile(out: Path) -> dict | None:
         try:
             profile_from_dict(previous, origin=str(out))
         except ConfigError as err:
-            raise ConfigError("--out", str(out), "a new file or a hardware profile", message=(
-                f"--out {out}: exists and is not a hardware profile ({err}); calibrate replaces "
-                f"only a profile: choose another --out or move the file")) from None
+            raise ConfigError(
+                "--out",
+                str(out),
+                "a new file or a hardware profile",
+                message=(
+                    f"--out {out}: exists and is not a hardware profile ({err}); calibrate replaces "
+                    f"only a profile: choose another --out or move the file"
+                ),
+            ) from None
     return previous

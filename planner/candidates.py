@@ -32,9 +32,9 @@ move a degree-1 axis give the same rank layout (the first permutation of each la
 just left of T, so the T slot has degree tp x cp, and E has no layout of its own: it is written just
 left of C or T as planner.parallel.default_placement does).
 """
+
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -43,12 +43,38 @@ from typing import Mapping
 import numpy as np
 
 from planner.errors import ConfigError
-from planner.parallel import (CP_COMMS, LOOPED_SCHEDULES, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig,
-                              default_placement, expert_parallel_degrees, looped_rounds_ok, offload_indices, offloads)
+from planner.parallel import (
+    CP_COMMS,
+    LOOPED_SCHEDULES,
+    OFFLOAD,
+    RECOMPUTE,
+    SCHEDULES,
+    ParallelConfig,
+    default_placement,
+    expert_parallel_degrees,
+    looped_rounds_ok,
+    offload_indices,
+    offloads,
+)
 from planner.placement import PLACEMENTS, ranks_per_node, with_context
 
-FIELDS = ("dp", "tp", "pp", "micro_batch", "virtual_stages", "zero", "recompute", "offload",
-          "sequence_parallel", "schedule", "placement", "cp", "cp_comm", "dp_shard", "ep")
+FIELDS = (
+    "dp",
+    "tp",
+    "pp",
+    "micro_batch",
+    "virtual_stages",
+    "zero",
+    "recompute",
+    "offload",
+    "sequence_parallel",
+    "schedule",
+    "placement",
+    "cp",
+    "cp_comm",
+    "dp_shard",
+    "ep",
+)
 """Array names of a candidate batch (the CandidateArrays fields of planner.score)."""
 
 
@@ -102,23 +128,36 @@ class SearchSpace:
 
         caps = framework.capabilities
         single_stage = mtp_without_pp_or_cp(framework, model)
-        sp = {"optional": self.sequence_parallel, "always": (True,), "never": (False,)}[caps.sequence_parallel]
+        sp = {"optional": self.sequence_parallel, "always": (True,), "never": (False,)}[
+            caps.sequence_parallel
+        ]
         cp_comm = tuple(c for c in self.cp_comm if c in caps.cp_comm)
         return replace(
-            self, schedules=tuple(s for s in self.schedules if s in caps.schedules),
+            self,
+            schedules=tuple(s for s in self.schedules if s in caps.schedules),
             max_virtual_stages=min(self.max_virtual_stages, caps.max_virtual_stages),
             zero=tuple(z for z in self.zero if z in caps.zero) or (0,),
             zero_with_pp=tuple(z for z in self.zero_with_pp if z in caps.zero_with_pp),
             recompute=tuple(r for r in self.recompute if r in caps.recompute),
             # activation offload that excludes pipelining and recompute (Megatron-Core) is left to estimate:
             # the search crosses offload with every pipeline depth and recompute level
-            offload=tuple(o for o in self.offload if o in caps.offload
-                          and (not offloads(o, "activations") or caps.activation_offload == "any")), sequence_parallel=sp,
+            offload=tuple(
+                o
+                for o in self.offload
+                if o in caps.offload
+                and (not offloads(o, "activations") or caps.activation_offload == "any")
+            ),
+            sequence_parallel=sp,
             placements=tuple(p for p in self.placements if placement_allowed(framework, p)),
-            max_tp=self.max_tp if caps.tp else 1, max_pp=self.max_pp if caps.schedules and not single_stage else 1,
-            cp_comm=cp_comm, max_cp=self.max_cp if cp_comm and not single_stage else 1, max_ep=self.max_ep if caps.ep else 1,
-            dp_shard=self.dp_shard if caps.hsdp else 0, cp_with_sequence_parallel=caps.cp_with_sequence_parallel,
-            optimizer_offload_min_zero=caps.optimizer_offload_min_zero)
+            max_tp=self.max_tp if caps.tp else 1,
+            max_pp=self.max_pp if caps.schedules and not single_stage else 1,
+            cp_comm=cp_comm,
+            max_cp=self.max_cp if cp_comm and not single_stage else 1,
+            max_ep=self.max_ep if caps.ep else 1,
+            dp_shard=self.dp_shard if caps.hsdp else 0,
+            cp_with_sequence_parallel=caps.cp_with_sequence_parallel,
+            optimizer_offload_min_zero=caps.optimizer_offload_min_zero,
+        )
 
     def allows_cp(self, cp: int) -> bool:
         """cp is among the degrees this space tries (cp = 1 always is, unless pinned away)."""
@@ -144,14 +183,33 @@ class Candidates:
         return int(self.arrays["dp"].shape[0])
 
     def take(self, index) -> "Candidates":
-        return Candidates(arrays={k: v[index] for k, v in self.arrays.items()}, global_batch=self.global_batch,
-                          rejected=self.rejected)
+        return Candidates(
+            arrays={k: v[index] for k, v in self.arrays.items()},
+            global_batch=self.global_batch,
+            rejected=self.rejected,
+        )
 
-    def config(self, i: int, *, seq: int, precision: str, optimizer: str = "adamw",
-               stages: tuple[int, ...] = (), framework: str = "megatron") -> ParallelConfig:
+    def config(
+        self,
+        i: int,
+        *,
+        seq: int,
+        precision: str,
+        optimizer: str = "adamw",
+        stages: tuple[int, ...] = (),
+        framework: str = "megatron",
+    ) -> ParallelConfig:
         """Candidate i as a ParallelConfig."""
-        return config_of_row(self.arrays, i, global_batch=self.global_batch, seq=seq, precision=precision,
-                             optimizer=optimizer, stages=stages, framework=framework)
+        return config_of_row(
+            self.arrays,
+            i,
+            global_batch=self.global_batch,
+            seq=seq,
+            precision=precision,
+            optimizer=optimizer,
+            stages=stages,
+            framework=framework,
+        )
 
 
 def placement_text(index: int, *, cp: int = 1, ep: int = 1) -> str:
@@ -167,19 +225,43 @@ def placement_text(index: int, *, cp: int = 1, ep: int = 1) -> str:
     return text
 
 
-def config_of_row(arrays: Mapping[str, np.ndarray], i: int, *, global_batch: int, seq: int, precision: str,
-                  optimizer: str = "adamw", stages: tuple[int, ...] = (),
-                  framework: str = "megatron") -> ParallelConfig:
+def config_of_row(
+    arrays: Mapping[str, np.ndarray],
+    i: int,
+    *,
+    global_batch: int,
+    seq: int,
+    precision: str,
+    optimizer: str = "adamw",
+    stages: tuple[int, ...] = (),
+    framework: str = "megatron",
+) -> ParallelConfig:
     """Row i of candidate arrays as a ParallelConfig (knobs absent from `arrays` take their defaults)."""
     a = {k: np.asarray(arrays[k])[i].item() for k in FIELDS if k in arrays}
     cp, ep = a.get("cp", 1), a.get("ep", 1)
-    return ParallelConfig(dp=a["dp"], tp=a["tp"], pp=a["pp"], micro_batch=a["micro_batch"],
-                          global_batch=global_batch, schedule=SCHEDULES[a["schedule"]],
-                          virtual_stages=a["virtual_stages"], zero=a["zero"], recompute=RECOMPUTE[a["recompute"]],
-                          offload=OFFLOAD[a["offload"]], sequence_parallel=bool(a["sequence_parallel"]),
-                          placement=placement_text(a["placement"], cp=cp, ep=ep), precision=precision,
-                          optimizer=optimizer, seq=seq, stages=stages, framework=framework, cp=cp,
-                          cp_comm=CP_COMMS[a.get("cp_comm", 0)], dp_shard=a.get("dp_shard", 0), ep=ep)
+    return ParallelConfig(
+        dp=a["dp"],
+        tp=a["tp"],
+        pp=a["pp"],
+        micro_batch=a["micro_batch"],
+        global_batch=global_batch,
+        schedule=SCHEDULES[a["schedule"]],
+        virtual_stages=a["virtual_stages"],
+        zero=a["zero"],
+        recompute=RECOMPUTE[a["recompute"]],
+        offload=OFFLOAD[a["offload"]],
+        sequence_parallel=bool(a["sequence_parallel"]),
+        placement=placement_text(a["placement"], cp=cp, ep=ep),
+        precision=precision,
+        optimizer=optimizer,
+        seq=seq,
+        stages=stages,
+        framework=framework,
+        cp=cp,
+        cp_comm=CP_COMMS[a.get("cp_comm", 0)],
+        dp_shard=a.get("dp_shard", 0),
+        ep=ep,
+    )
 
 
 def divisors(n: int) -> list[int]:
@@ -189,7 +271,7 @@ def divisors(n: int) -> list[int]:
 
 @lru_cache(maxsize=4096)
 def _divisors(n: int) -> tuple[int, ...]:
-    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
     return tuple(sorted(set(small + [n // d for d in small])))
 
 
@@ -210,9 +292,19 @@ def cp_comm_allowed(cp_comm: str, *, cp: int, tp: int, seq: int, heads: int, kv_
     return True
 
 
-def degree_tuples(world_size: int, global_batch: int, *, heads: int, kv_heads: int, blocks: int,
-                  seq: int | None = None, space: "SearchSpace | None" = None, max_tp: int | None = None,
-                  max_pp: int | None = None, rejected: Counter | None = None) -> list[tuple[int, int, int, int]]:
+def degree_tuples(
+    world_size: int,
+    global_batch: int,
+    *,
+    heads: int,
+    kv_heads: int,
+    blocks: int,
+    seq: int | None = None,
+    space: "SearchSpace | None" = None,
+    max_tp: int | None = None,
+    max_pp: int | None = None,
+    rejected: Counter | None = None,
+) -> list[tuple[int, int, int, int]]:
     """(dp, tp, pp, cp) with dp*tp*pp*cp = world_size that the model shape, the sequence (cp splits it:
     `cp_comm_allowed` with p2p, i.e. seq % (2 cp) == 0), the global batch and `space` allow. Without
     `seq`, cp = 1 only."""
@@ -222,8 +314,13 @@ def degree_tuples(world_size: int, global_batch: int, *, heads: int, kv_heads: i
     max_pp = space.max_pp if max_pp is None else max_pp
     out = []
     divs = divisors(world_size)
-    splits = [(tp, pp, cp) for tp in divs for pp in divs if world_size % (tp * pp) == 0
-              for cp in (divisors(world_size // (tp * pp)) if seq is not None else [1])]
+    splits = [
+        (tp, pp, cp)
+        for tp in divs
+        for pp in divs
+        if world_size % (tp * pp) == 0
+        for cp in (divisors(world_size // (tp * pp)) if seq is not None else [1])
+    ]
     for tp, pp, cp in splits:
         dp = world_size // (tp * pp * cp)
         if not tp_allowed(tp, heads, kv_heads) or (max_tp is not None and tp > max_tp):
@@ -234,7 +331,9 @@ def degree_tuples(world_size: int, global_batch: int, *, heads: int, kv_heads: i
             rejected["pp above what the framework runs (degrees)"] += 1
         elif not space.allows_cp(cp):
             rejected["cp outside the degrees searched (degrees)"] += 1
-        elif cp > 1 and not cp_comm_allowed("p2p", cp=cp, tp=tp, seq=seq, heads=heads, kv_heads=kv_heads):
+        elif cp > 1 and not cp_comm_allowed(
+            "p2p", cp=cp, tp=tp, seq=seq, heads=heads, kv_heads=kv_heads
+        ):
             rejected["seq not divisible by 2 cp (degrees)"] += 1
         elif global_batch % dp:
             rejected["dp does not divide the global batch (degrees)"] += 1
@@ -243,16 +342,36 @@ def degree_tuples(world_size: int, global_batch: int, *, heads: int, kv_heads: i
     return out
 
 
-def degree_triples(world_size: int, global_batch: int, *, heads: int, kv_heads: int, blocks: int,
-                   max_tp: int | None = None, max_pp: int | None = None,
-                   rejected: Counter | None = None) -> list[tuple[int, int, int]]:
+def degree_triples(
+    world_size: int,
+    global_batch: int,
+    *,
+    heads: int,
+    kv_heads: int,
+    blocks: int,
+    max_tp: int | None = None,
+    max_pp: int | None = None,
+    rejected: Counter | None = None,
+) -> list[tuple[int, int, int]]:
     """(dp, tp, pp) with dp*tp*pp = world_size (degree_tuples at cp = 1)."""
-    return [(dp, tp, pp) for dp, tp, pp, _ in degree_tuples(world_size, global_batch, heads=heads, kv_heads=kv_heads,
-                                                            blocks=blocks, max_tp=max_tp, max_pp=max_pp,
-                                                            rejected=rejected)]
+    return [
+        (dp, tp, pp)
+        for dp, tp, pp, _ in degree_tuples(
+            world_size,
+            global_batch,
+            heads=heads,
+            kv_heads=kv_heads,
+            blocks=blocks,
+            max_tp=max_tp,
+            max_pp=max_pp,
+            rejected=rejected,
+        )
+    ]
 
 
-def shard_groups(dp: int, *, tp: int, cp: int, fast_domain: int | None, pinned: int | None = None) -> list[int]:
+def shard_groups(
+    dp: int, *, tp: int, cp: int, fast_domain: int | None, pinned: int | None = None
+) -> list[int]:
     """dp_shard values tried for a sharded (ZeRO >= 1) candidate: 0 (all dp ranks, plain ZeRO/FSDP), the
     largest divisor d < dp of dp whose shard group -- d data-parallel ranks times the cp ranks that hold the
     same weights, D laid just left of C and T -- stays inside one fast (NVLink) domain of `fast_domain`
@@ -298,28 +417,72 @@ def _is_power_of_two(values: np.ndarray) -> np.ndarray:
     return (values > 0) & ((values & (values - 1)) == 0)
 
 
-SKELETON_FIELDS = ("dp", "tp", "pp", "cp", "cp_comm", "dp_shard", "ep", "schedule", "virtual_stages", "zero",
-                   "offload")
+SKELETON_FIELDS = (
+    "dp",
+    "tp",
+    "pp",
+    "cp",
+    "cp_comm",
+    "dp_shard",
+    "ep",
+    "schedule",
+    "virtual_stages",
+    "zero",
+    "offload",
+)
 """Knobs that set the static memory (weights, gradients, optimizer states: sharded by ZeRO over dp_shard x
 cp, experts over ep), the sequence each rank holds (cp, and the exchange's buffers) and the pipeline's
 in-flight count; the others (micro-batch, recompute, sequence parallelism, placement) only add activations
 or time, which is what makes a skeleton's leanest candidate a memory lower bound for all of its expansions."""
 
 
-def generate(world_size: int, global_batch: int, *, heads: int, kv_heads: int | None = None, blocks: int,
-             seq: int | None = None, experts: int | None = None, fast_domain: int | None = None,
-             space: SearchSpace = SearchSpace()) -> Candidates:
+def generate(
+    world_size: int,
+    global_batch: int,
+    *,
+    heads: int,
+    kv_heads: int | None = None,
+    blocks: int,
+    seq: int | None = None,
+    experts: int | None = None,
+    fast_domain: int | None = None,
+    space: SearchSpace = SearchSpace(),
+) -> Candidates:
     """All valid candidates for a world size and global batch, as arrays (module docstring)."""
     rejected: Counter = Counter()
-    rows = skeleton_rows(world_size, global_batch, heads=heads, kv_heads=kv_heads, blocks=blocks, seq=seq,
-                         experts=experts, fast_domain=fast_domain, space=space, rejected=rejected)
+    rows = skeleton_rows(
+        world_size,
+        global_batch,
+        heads=heads,
+        kv_heads=kv_heads,
+        blocks=blocks,
+        seq=seq,
+        experts=experts,
+        fast_domain=fast_domain,
+        space=space,
+        rejected=rejected,
+    )
     rows = with_micro_batches(rows, global_batch, space=space, rejected=rejected)
-    return Candidates(arrays=with_free_knobs(rows, space=space), global_batch=global_batch, rejected=dict(rejected))
+    return Candidates(
+        arrays=with_free_knobs(rows, space=space),
+        global_batch=global_batch,
+        rejected=dict(rejected),
+    )
 
 
-def skeleton_rows(world_size: int, global_batch: int, *, heads: int, kv_heads: int | None, blocks: int,
-                  space: SearchSpace, rejected: Counter, seq: int | None = None, experts: int | None = None,
-                  fast_domain: int | None = None) -> dict[str, np.ndarray]:
+def skeleton_rows(
+    world_size: int,
+    global_batch: int,
+    *,
+    heads: int,
+    kv_heads: int | None,
+    blocks: int,
+    space: SearchSpace,
+    rejected: Counter,
+    seq: int | None = None,
+    experts: int | None = None,
+    fast_domain: int | None = None,
+) -> dict[str, np.ndarray]:
     """One row per (dp, tp, pp, cp, cp_comm, dp_shard, ep, schedule, virtual stages, zero, offload) the
     rules allow. `seq` None searches cp = 1 only; `experts` (routed experts of a mixture-of-experts model)
     None means dense (ep = 1); `fast_domain` (devices of one NVLink domain) None tries no hybrid sharding.
@@ -327,15 +490,42 @@ def skeleton_rows(world_size: int, global_batch: int, *, heads: int, kv_heads: i
     kv_heads = kv_heads or heads
     comms = [CP_COMMS.index(c) for c in space.cp_comm]
     tuples, options = [], {"cp_comm": [], "ep": [], "sched": [], "zero": [], "shard": []}
-    for dp, tp, pp, cp in degree_tuples(world_size, global_batch, heads=heads, kv_heads=kv_heads, blocks=blocks,
-                                        seq=seq, space=space, rejected=rejected):
+    for dp, tp, pp, cp in degree_tuples(
+        world_size,
+        global_batch,
+        heads=heads,
+        kv_heads=kv_heads,
+        blocks=blocks,
+        seq=seq,
+        space=space,
+        rejected=rejected,
+    ):
         grad_group = dp * cp
-        zero = [z for z in space.zero if (grad_group > 1 or z == 0) and
-                (pp == 1 or grad_group == 1 or z in space.zero_with_pp)]
-        pinned = [z for z in zero if z >= 1 or space.dp_shard in (None, 0)]    # a pinned group needs sharding
-        exchanges = [0] if cp == 1 else [c for c in comms if cp_comm_allowed(
-            CP_COMMS[c], cp=cp, tp=tp, seq=seq, heads=heads, kv_heads=kv_heads)]
-        eps = [e for e in expert_parallel_degrees(dp=dp, cp=cp, tp=tp, experts=experts) if space.allows_ep(e)]
+        zero = [
+            z
+            for z in space.zero
+            if (grad_group > 1 or z == 0)
+            and (pp == 1 or grad_group == 1 or z in space.zero_with_pp)
+        ]
+        pinned = [
+            z for z in zero if z >= 1 or space.dp_shard in (None, 0)
+        ]  # a pinned group needs sharding
+        exchanges = (
+            [0]
+            if cp == 1
+            else [
+                c
+                for c in comms
+                if cp_comm_allowed(
+                    CP_COMMS[c], cp=cp, tp=tp, seq=seq, heads=heads, kv_heads=kv_heads
+                )
+            ]
+        )
+        eps = [
+            e
+            for e in expert_parallel_degrees(dp=dp, cp=cp, tp=tp, experts=experts)
+            if space.allows_ep(e)
+        ]
         shards = shard_groups(dp, tp=tp, cp=cp, fast_domain=fast_domain, pinned=space.dp_shard)
         if not zero:
             rejected["no ZeRO stage the framework runs with pipelining (skeletons)"] += 1
@@ -352,7 +542,9 @@ def skeleton_rows(world_size: int, global_batch: int, *, heads: int, kv_heads: i
             options["ep"].append([(e,) for e in eps])
             options["sched"].append(_schedule_options(pp, blocks, space))
             options["zero"].append([(z,) for z in zero])
-            options["shard"].append(([(0,)] if space.dp_shard in (None, 0) else [], [(d,) for d in shards]))
+            options["shard"].append(
+                ([(0,)] if space.dp_shard in (None, 0) else [], [(d,) for d in shards])
+            )
     table = np.array(tuples, dtype=np.int64).reshape(-1, 4)
     rows = {name: table[:, i] for i, name in enumerate(("dp", "tp", "pp", "cp"))}
     rows["tuple"] = np.arange(len(table))
@@ -360,18 +552,34 @@ def skeleton_rows(world_size: int, global_batch: int, *, heads: int, kv_heads: i
     rows = _ragged_product(rows, rows["tuple"], options["ep"], ("ep",))
     rows = _ragged_product(rows, rows["tuple"], options["sched"], ("schedule", "virtual_stages"))
     rows = _ragged_product(rows, rows["tuple"], options["zero"], ("zero",))
-    shard_options = [group for pair in options["shard"] for group in pair]      # key: 2 x tuple + (zero >= 1)
-    rows = _ragged_product(rows, 2 * rows["tuple"] + (rows["zero"] >= 1), shard_options, ("dp_shard",))
-    rows = _ragged_product(rows, np.zeros(_size(rows), dtype=np.int64), [[(OFFLOAD.index(o),) for o in space.offload]],
-                           ("offload",))
-    if space.optimizer_offload_min_zero:     # the framework offloads the optimizer only with ZeRO (frameworks.rules)
-        keep = (rows["zero"] >= space.optimizer_offload_min_zero) | ~np.isin(rows["offload"], offload_indices("optimizer"))
+    shard_options = [
+        group for pair in options["shard"] for group in pair
+    ]  # key: 2 x tuple + (zero >= 1)
+    rows = _ragged_product(
+        rows, 2 * rows["tuple"] + (rows["zero"] >= 1), shard_options, ("dp_shard",)
+    )
+    rows = _ragged_product(
+        rows,
+        np.zeros(_size(rows), dtype=np.int64),
+        [[(OFFLOAD.index(o),) for o in space.offload]],
+        ("offload",),
+    )
+    if (
+        space.optimizer_offload_min_zero
+    ):  # the framework offloads the optimizer only with ZeRO (frameworks.rules)
+        keep = (rows["zero"] >= space.optimizer_offload_min_zero) | ~np.isin(
+            rows["offload"], offload_indices("optimizer")
+        )
         rows = {name: values[keep] for name, values in rows.items()}
     return {name: rows[name] for name in SKELETON_FIELDS}
 
 
-def _ragged_product(rows: Mapping[str, np.ndarray], key: np.ndarray, options: list[list[tuple]],
-                    names: tuple[str, ...]) -> dict[str, np.ndarray]:
+def _ragged_product(
+    rows: Mapping[str, np.ndarray],
+    key: np.ndarray,
+    options: list[list[tuple]],
+    names: tuple[str, ...],
+) -> dict[str, np.ndarray]:
     """Each row combined with every option tuple of its key (options[key[i]], values for `names`), rows
     outer and options inner; a row whose list is empty is dropped."""
     counts, chosen = _ragged_options(key, options, len(names))
@@ -381,7 +589,9 @@ def _ragged_product(rows: Mapping[str, np.ndarray], key: np.ndarray, options: li
     return out
 
 
-def _ragged_options(key: np.ndarray, options: list[list[tuple]], width: int) -> tuple[np.ndarray, np.ndarray]:
+def _ragged_options(
+    key: np.ndarray, options: list[list[tuple]], width: int
+) -> tuple[np.ndarray, np.ndarray]:
     """For `_ragged_product`: how many options each row gets (counts) and the option tuples, row by row
     (chosen, shape (counts.sum(), width))."""
     most = max((len(o) for o in options), default=0)
@@ -389,8 +599,8 @@ def _ragged_options(key: np.ndarray, options: list[list[tuple]], width: int) -> 
     valid = np.zeros((len(options), max(most, 1)), dtype=bool)
     for k, opts in enumerate(options):
         if opts:
-            values[k, :len(opts)] = opts
-            valid[k, :len(opts)] = True
+            values[k, : len(opts)] = opts
+            valid[k, : len(opts)] = True
     key = np.asarray(key, dtype=np.int64)
     pick = valid[key]
     return pick.sum(axis=1), values[key][pick]
@@ -400,7 +610,9 @@ def _size(rows: Mapping[str, np.ndarray]) -> int:
     return int(next(iter(rows.values())).shape[0])
 
 
-def _product(rows: Mapping[str, np.ndarray], name: str, values: np.ndarray) -> dict[str, np.ndarray]:
+def _product(
+    rows: Mapping[str, np.ndarray], name: str, values: np.ndarray
+) -> dict[str, np.ndarray]:
     """Every row combined with every value of a new knob (rows outer, values inner)."""
     n, k = _size(rows), len(values)
     out = {key: np.repeat(col, k) for key, col in rows.items()}
@@ -414,32 +626,49 @@ def _concat(parts: list[dict[str, np.ndarray]], names: tuple[str, ...]) -> dict[
     return {name: np.concatenate([p[name] for p in parts]) for name in names}
 
 
-def with_micro_batches(rows: Mapping[str, np.ndarray], global_batch: int, *, space: SearchSpace,
-                       rejected: Counter | None = None) -> dict[str, np.ndarray]:
+def with_micro_batches(
+    rows: Mapping[str, np.ndarray],
+    global_batch: int,
+    *,
+    space: SearchSpace,
+    rejected: Counter | None = None,
+) -> dict[str, np.ndarray]:
     """Each row combined with every micro-batch that divides its replica's share of the global batch;
     looped schedules keep only micro-batch counts torch's interleaving accepts."""
     rejected = rejected if rejected is not None else Counter()
     if not _size(rows):
-        return {**{k: np.asarray(v) for k, v in rows.items()}, "micro_batch": np.zeros(0, dtype=np.int64)}
+        return {
+            **{k: np.asarray(v) for k, v in rows.items()},
+            "micro_batch": np.zeros(0, dtype=np.int64),
+        }
     dps, key = np.unique(rows["dp"], return_inverse=True)
-    options = [[(b,) for b in divisors(global_batch // int(dp)) if b <= space.max_micro_batch] for dp in dps]
+    options = [
+        [(b,) for b in divisors(global_batch // int(dp)) if b <= space.max_micro_batch]
+        for dp in dps
+    ]
     # _ragged_product's rows, but the kept ones only are materialized (each column copied once, not twice:
     # ~10^6 rows x 13 columns for a large MoE search)
     counts, chosen = _ragged_options(key.ravel(), options, 1)
     source = np.repeat(np.arange(len(counts)), counts)
     micro_batch = chosen[:, 0]
     m = global_batch // (np.asarray(rows["dp"])[source] * micro_batch)
-    looped = np.isin(np.asarray(rows["schedule"])[source], [SCHEDULES.index(n) for n in LOOPED_SCHEDULES])
+    looped = np.isin(
+        np.asarray(rows["schedule"])[source], [SCHEDULES.index(n) for n in LOOPED_SCHEDULES]
+    )
     ok = ~looped | looped_rounds_ok(m, np.asarray(rows["pp"])[source])
     if (~ok).any():
-        rejected["num_microbatches not a multiple of the schedule's rounds (micro-batch choices)"] += int((~ok).sum())
+        rejected[
+            "num_microbatches not a multiple of the schedule's rounds (micro-batch choices)"
+        ] += int((~ok).sum())
         source, micro_batch = source[ok], micro_batch[ok]
     out = {k: np.asarray(v)[source] for k, v in rows.items()}
     out["micro_batch"] = micro_batch
     return out
 
 
-def distinct_placements(dp: int, tp: int, pp: int, allowed: tuple[str, ...] = PLACEMENTS) -> list[int]:
+def distinct_placements(
+    dp: int, tp: int, pp: int, allowed: tuple[str, ...] = PLACEMENTS
+) -> list[int]:
     """Indices into PLACEMENTS of the placements with distinct rank layouts for these degrees (pass
     tp x cp as `tp`: C sits just left of T, so the two move together)."""
     degree = {"D": dp, "P": pp, "T": tp}
@@ -461,12 +690,23 @@ def _pattern_groups(rows: Mapping[str, np.ndarray], space: SearchSpace):
     ep = rows["ep"] if "ep" in rows else np.ones_like(rows["dp"])
     # expert parallelism does not change the placements, but it separates the groups (the expert layers'
     # groups depend on the whole D/P/T order: search.placement_classes)
-    key = (ep > 1) * 16 + (rows["dp"] > 1) * 8 + (rows["tp"] > 1) * 4 + (rows["pp"] > 1) * 2 + (cp > 1)
+    key = (
+        (ep > 1) * 16
+        + (rows["dp"] > 1) * 8
+        + (rows["tp"] > 1) * 4
+        + (rows["pp"] > 1) * 2
+        + (cp > 1)
+    )
     for pattern in np.unique(key):
         has_dp, has_tp, has_pp, has_cp = (bool(pattern & bit) for bit in (8, 4, 2, 1))
-        sp = [s for s in space.sequence_parallel
-              if not s or (has_tp and (space.cp_with_sequence_parallel or not has_cp))] or [False]
-        place = distinct_placements(1 + has_dp, 1 + (has_tp or has_cp), 1 + has_pp, space.placements) or [0]
+        sp = [
+            s
+            for s in space.sequence_parallel
+            if not s or (has_tp and (space.cp_with_sequence_parallel or not has_cp))
+        ] or [False]
+        place = distinct_placements(
+            1 + has_dp, 1 + (has_tp or has_cp), 1 + has_pp, space.placements
+        ) or [0]
         yield sp, place, key == pattern
 
 
@@ -477,8 +717,17 @@ def with_free_knobs(rows: Mapping[str, np.ndarray], *, space: SearchSpace) -> di
     parts = []
     for sp, place, mask in _pattern_groups(rows, space):
         mine = {k: v[mask] for k, v in rows.items()}
-        parts.append(_product(_product(_product(mine, "recompute", recompute), "sequence_parallel",
-                                       np.array(sp, dtype=np.int64)), "placement", np.array(place)))
+        parts.append(
+            _product(
+                _product(
+                    _product(mine, "recompute", recompute),
+                    "sequence_parallel",
+                    np.array(sp, dtype=np.int64),
+                ),
+                "placement",
+                np.array(place),
+            )
+        )
     out = _concat(parts, tuple(rows) + ("recompute", "sequence_parallel", "placement"))
     out["sequence_parallel"] = out["sequence_parallel"].astype(bool)
     return {name: out[name] for name in FIELDS}
@@ -488,14 +737,18 @@ def with_placements(rows: Mapping[str, np.ndarray], *, space: SearchSpace) -> di
     """Each row once per distinct placement (`distinct_placements`), every column of `rows` kept: the
     (row, placement) groups whose recompute and sequence-parallel choices the search bounds together."""
     rows = _with_defaults(rows)
-    parts = [_product({k: v[mask] for k, v in rows.items()}, "placement", np.array(place))
-             for _, place, mask in _pattern_groups(rows, space)]
+    parts = [
+        _product({k: v[mask] for k, v in rows.items()}, "placement", np.array(place))
+        for _, place, mask in _pattern_groups(rows, space)
+    ]
     return _concat(parts, tuple(rows) + ("placement",))
 
 
 def group_sizes(groups: Mapping[str, np.ndarray], *, space: SearchSpace) -> np.ndarray:
     """Complete candidates per (row, placement) group: recompute levels x sequence-parallel choices."""
-    return len(space.recompute) * np.where(np.asarray(groups["tp"]) > 1, len(set(space.sequence_parallel)) or 1, 1)
+    return len(space.recompute) * np.where(
+        np.asarray(groups["tp"]) > 1, len(set(space.sequence_parallel)) or 1, 1
+    )
 
 
 def _with_defaults(rows: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -530,7 +783,9 @@ def leanest(rows: Mapping[str, np.ndarray], *, space: SearchSpace) -> dict[str, 
     return {name: out[name] for name in FIELDS}
 
 
-def leanest_peak(peaks: np.ndarray, rows: Mapping[str, np.ndarray], *, space: SearchSpace) -> np.ndarray:
+def leanest_peak(
+    peaks: np.ndarray, rows: Mapping[str, np.ndarray], *, space: SearchSpace
+) -> np.ndarray:
     """Per row, the least peak over its `leanest` completions."""
     return np.asarray(peaks, dtype=float).reshape(_size(rows), len(space.recompute)).min(axis=1)
 
@@ -550,8 +805,11 @@ def _schedule_options(pp: int, blocks: int, space: SearchSpace) -> list[tuple[in
     options = []
     for name in space.schedules:
         if name == "interleaved-1f1b":
-            options += [(SCHEDULES.index(name), v) for v in range(2, space.max_virtual_stages + 1)
-                        if pp * v <= blocks]
+            options += [
+                (SCHEDULES.index(name), v)
+                for v in range(2, space.max_virtual_stages + 1)
+                if pp * v <= blocks
+            ]
         else:
             options.append((SCHEDULES.index(name), 1))
     return options

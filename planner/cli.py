@@ -8,6 +8,7 @@ before parsing): `--traceback` (also PLANNER_TRACEBACK=1) prints the full trace 
 error (for a failing `package.module:factory`, the trace of the user's exception);
 `--profile-timeout-s S` limits importing, building and tracing a factory (planner.usercode).
 """
+
 from __future__ import annotations
 
 import os
@@ -23,9 +24,9 @@ from planner.errors import PlannerError
 from planner.executor.lifecycle import Interrupted, stop_signals
 
 
-try:                                   # typer >= 0.29 vendors click
+try:  # typer >= 0.29 vendors click
     from typer._click.exceptions import ClickException
-except ImportError:                    # pragma: no cover - older typer depends on click
+except ImportError:  # pragma: no cover - older typer depends on click
     from click.exceptions import ClickException
 
 
@@ -71,7 +72,10 @@ def hoist_global_options(args: list[str]) -> list[str]:
 
 
 def _wants_traceback(ctx) -> bool:
-    return bool(ctx.params.get("traceback")) or os.environ.get("PLANNER_TRACEBACK", "") not in ("", "0")
+    return bool(ctx.params.get("traceback")) or os.environ.get("PLANNER_TRACEBACK", "") not in (
+        "",
+        "0",
+    )
 
 
 class _PlannerGroup(TyperGroup):
@@ -97,44 +101,76 @@ class _PlannerGroup(TyperGroup):
             raise _usage_exit(err) from None
         except OverflowError as err:
             # only absurd input sizes reach it (e.g. a config.json with hidden_size 1e20): name it as input
-            raise _error_exit(ctx, err, f"a number in the input is too large to compute with ({err}); check the "
-                                        f"model's sizes and the command's numbers", 2) from None
+            raise _error_exit(
+                ctx,
+                err,
+                f"a number in the input is too large to compute with ({err}); check the "
+                f"model's sizes and the command's numbers",
+                2,
+            ) from None
 
 
 def _error_exit(ctx, err: BaseException, line: str, code: int) -> typer.Exit:
     """Print `line` as the one error line (with --traceback, the full trace above it: for a failing
     package.module:factory, the trace of the user's exception) and return the exit."""
     if _wants_traceback(ctx):
-        typer.echo(getattr(err, "trace", None) or "".join(traceback.format_exception(err)), err=True, nl=False)
+        typer.echo(
+            getattr(err, "trace", None) or "".join(traceback.format_exception(err)),
+            err=True,
+            nl=False,
+        )
     typer.echo(f"error: {line}", err=True)
     return typer.Exit(code)
 
 
-app = typer.Typer(cls=_PlannerGroup, no_args_is_help=True, add_completion=False,
-                  rich_markup_mode=None,
-                  pretty_exceptions_enable=False,
-                  help="Plan, score, run and explain parallel training of large PyTorch models.")
+app = typer.Typer(
+    cls=_PlannerGroup,
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    help="Plan, score, run and explain parallel training of large PyTorch models.",
+)
 
 
 @app.callback()
 def _global_options(
-    traceback: Annotated[bool, typer.Option(
-        "--traceback", help="On an error, print the full trace above the one-line message (for a failing "
-                            "package.module:factory, the trace of its exception). Also PLANNER_TRACEBACK=1.")] = False,
-    profile_timeout_s: Annotated[Optional[float], typer.Option(
-        "--profile-timeout-s", help="Seconds allowed for importing, building and tracing a package.module:factory "
-                                    "on the meta device (default 300, or PLANNER_PROFILE_TIMEOUT_S).")] = None,
+    traceback: Annotated[
+        bool,
+        typer.Option(
+            "--traceback",
+            help="On an error, print the full trace above the one-line message (for a failing "
+            "package.module:factory, the trace of its exception). Also PLANNER_TRACEBACK=1.",
+        ),
+    ] = False,
+    profile_timeout_s: Annotated[
+        Optional[float],
+        typer.Option(
+            "--profile-timeout-s",
+            help="Seconds allowed for importing, building and tracing a package.module:factory "
+            "on the meta device (default 300, or PLANNER_PROFILE_TIMEOUT_S).",
+        ),
+    ] = None,
 ) -> None:
     """Plan, score, run and explain parallel training of large PyTorch models."""
     from planner.usercode import set_timeout_s, timeout_s
 
     set_timeout_s(profile_timeout_s)
-    timeout_s()                                  # a bad PLANNER_PROFILE_TIMEOUT_S is refused up front
+    timeout_s()  # a bad PLANNER_PROFILE_TIMEOUT_S is refused up front
 
 
 def _register() -> None:
-    from planner.commands import (estimate, explain, export, hardware, models, profile, recommend,
-                                  report, run)
+    from planner.commands import (
+        estimate,
+        explain,
+        export,
+        hardware,
+        models,
+        profile,
+        recommend,
+        report,
+        run,
+    )
 
     app.command("models")(models.models)
     app.command("profile")(profile.profile)
@@ -157,7 +193,7 @@ def main() -> None:
     with stop_signals():
         try:
             app(prog_name="planner")
-        except Interrupted as stop:            # landed outside a command (typer parsing the line)
+        except Interrupted as stop:  # landed outside a command (typer parsing the line)
             typer.echo(f"error: {stop}", err=True)
             sys.exit(stop.exit_code)
 

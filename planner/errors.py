@@ -3,6 +3,7 @@
 The CLI turns a `PlannerError` into one line on stderr and its `exit_code`; nothing else of the
 exception reaches the user.
 """
+
 from __future__ import annotations
 
 

@@ -2,6 +2,7 @@
 length one, so the scalar and the search can never disagree) and build the plan document
 (docs/cli-contract.md, "JSON documents").
 """
+
 from __future__ import annotations
 
 import math
@@ -22,14 +23,19 @@ from cost_models.compute import resolve_precision
 from planner.parallel import CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig
 from planner.placement import placement_index
 from planner.run_options import RunOptions
-from planner.software import (check_activation_fp8_input, check_master_weights, check_moe_options,
-                               software_for)
+from planner.software import (
+    check_activation_fp8_input,
+    check_master_weights,
+    check_moe_options,
+    software_for,
+)
 from planner.score import CandidateArrays, Scores, score, timeline_scores
+from planner.spec import TransformerSpec
 
 STEP_MODEL = "timeline"
 """What estimate() reads the step time off: "timeline" (the simulated step, cost_models.timeline;
 the search's closed form stays its bound and ranking) or "closed" (planner.score's closed form)."""
-from planner.spec import TransformerSpec
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Estimate:
@@ -92,14 +98,29 @@ class Estimate:
         return self.tflops_per_gpu * 1e12 / peak_flops(self.hardware, self.config.precision)
 
     def time_breakdown_s(self) -> dict[str, float]:
-        return {k: self._x(k) for k in Scores.BREAKDOWN} | {"recompute_part_of_compute": self._x("recompute")}
+        return {k: self._x(k) for k in Scores.BREAKDOWN} | {
+            "recompute_part_of_compute": self._x("recompute")
+        }
 
     def memory(self) -> dict:
-        return {"peak_bytes_per_gpu": self.peak_bytes_per_gpu, "capacity_bytes": int(self.hardware.memory_bytes),
-                "fits": self.fits, "needed_bytes": self.needed_bytes,
-                "margin_bytes": int(self.hardware.memory_bytes) - self.needed_bytes,
-                **{k: int(round(self._x(k))) for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
-                                                       "activations_bytes", "other_bytes", "saved_activations_bytes")}}
+        return {
+            "peak_bytes_per_gpu": self.peak_bytes_per_gpu,
+            "capacity_bytes": int(self.hardware.memory_bytes),
+            "fits": self.fits,
+            "needed_bytes": self.needed_bytes,
+            "margin_bytes": int(self.hardware.memory_bytes) - self.needed_bytes,
+            **{
+                k: int(round(self._x(k)))
+                for k in (
+                    "params_bytes",
+                    "grads_bytes",
+                    "optimizer_bytes",
+                    "activations_bytes",
+                    "other_bytes",
+                    "saved_activations_bytes",
+                )
+            },
+        }
 
     def memory_per_rank(self) -> list[dict]:
         """Memory of every pipeline rank (all its chunks), rank 0 first: the same terms as memory()."""
@@ -117,32 +138,68 @@ class Estimate:
         """The plan document of the contract (schema_version "1")."""
         cfg, spec = self.config, self.model
         plan = cfg.to_dict()
-        plan["stages"] = list(cfg.stages) or even_stages(spec.total_blocks, cfg.pp * cfg.virtual_stages)
+        plan["stages"] = list(cfg.stages) or even_stages(
+            spec.total_blocks, cfg.pp * cfg.virtual_stages
+        )
         sw = self.software
         return {
             "schema_version": "1",
-            "model": {"name": spec.name, "params": self.params, "layers": spec.layers, "hidden": spec.hidden,
-                      "heads": spec.heads, "kv_heads": spec.n_kv_heads, "ffn": spec.d_ffn, "vocab": spec.vocab,
-                      "seq": cfg.seq, "arch": arch_of(spec)},
-            "hardware": {"name": self.hardware.name, "gpus": self.gpus, "nodes": self.nodes,
-                         "device": self.hardware.device, "devices_per_node": self.hardware.devices_per_node,
-                         "memory_bytes": int(self.hardware.memory_bytes)},
+            "model": {
+                "name": spec.name,
+                "params": self.params,
+                "layers": spec.layers,
+                "hidden": spec.hidden,
+                "heads": spec.heads,
+                "kv_heads": spec.n_kv_heads,
+                "ffn": spec.d_ffn,
+                "vocab": spec.vocab,
+                "seq": cfg.seq,
+                "arch": arch_of(spec),
+            },
+            "hardware": {
+                "name": self.hardware.name,
+                "gpus": self.gpus,
+                "nodes": self.nodes,
+                "device": self.hardware.device,
+                "devices_per_node": self.hardware.devices_per_node,
+                "memory_bytes": int(self.hardware.memory_bytes),
+            },
             "plan": plan,
-            "software": {"framework": sw.framework.name, "kernels": sw.framework.kernels, "attention": sw.attention,
-                         "from_config": list(self.from_config),
-                         "dropout": sw.dropout, "overlap_grad_reduce": sw.overlap_grad_reduce, "loss": sw.loss,
-                         "tp_comm_overlap": sw.tp_comm_overlap, "compile": sw.compile,
-                         "overlap_param_gather": sw.overlap_param_gather, "overlap_p2p": sw.overlap_p2p,
-                         "grad_reduce_bytes": sw.state_bytes(cfg.precision).reduce,
-                         "master_weights": sw.master_weights, "expandable_segments": sw.expandable_segments,
-                         **({"fused_norm": True} if sw.fused_norm else {}),
-                         **({"recompute_modules": list(sw.recompute_modules)} if sw.recompute_modules else {}),
-                         **({"bf16_optimizer": True} if sw.bf16_optimizer else {}),
-                         **({"activation_fp8_input": True} if sw.activation_fp8_input else {}),
-                         **({"fp8_scaling": sw.fp8_scaling} if cfg.precision == "fp8" else {}),
-                         **({"moe_dispatcher": sw.moe_dispatcher, "moe_a2a_overlap": sw.moe_a2a_overlap,
-                             "moe_imbalance": sw.imbalance, "moe_fp8_dispatch": sw.moe_fp8_dispatch}
-                            if spec.moe is not None else {})},
+            "software": {
+                "framework": sw.framework.name,
+                "kernels": sw.framework.kernels,
+                "attention": sw.attention,
+                "from_config": list(self.from_config),
+                "dropout": sw.dropout,
+                "overlap_grad_reduce": sw.overlap_grad_reduce,
+                "loss": sw.loss,
+                "tp_comm_overlap": sw.tp_comm_overlap,
+                "compile": sw.compile,
+                "overlap_param_gather": sw.overlap_param_gather,
+                "overlap_p2p": sw.overlap_p2p,
+                "grad_reduce_bytes": sw.state_bytes(cfg.precision).reduce,
+                "master_weights": sw.master_weights,
+                "expandable_segments": sw.expandable_segments,
+                **({"fused_norm": True} if sw.fused_norm else {}),
+                **(
+                    {"recompute_modules": list(sw.recompute_modules)}
+                    if sw.recompute_modules
+                    else {}
+                ),
+                **({"bf16_optimizer": True} if sw.bf16_optimizer else {}),
+                **({"activation_fp8_input": True} if sw.activation_fp8_input else {}),
+                **({"fp8_scaling": sw.fp8_scaling} if cfg.precision == "fp8" else {}),
+                **(
+                    {
+                        "moe_dispatcher": sw.moe_dispatcher,
+                        "moe_a2a_overlap": sw.moe_a2a_overlap,
+                        "moe_imbalance": sw.imbalance,
+                        "moe_fp8_dispatch": sw.moe_fp8_dispatch,
+                    }
+                    if spec.moe is not None
+                    else {}
+                ),
+            },
             "prediction": {
                 "step_time_s": self.step_time_s,
                 "samples_per_s": cfg.global_batch / self.step_time_s,
@@ -164,10 +221,18 @@ class Estimate:
         from cost_models.step import Step
 
         cfg = self.config
-        x = getattr(self.scores, "step", None)      # the record score() costed the plan with
+        x = getattr(self.scores, "step", None)  # the record score() costed the plan with
         if x is None:
-            x = Step.of(self.model, self.hardware, self.software, candidate_of(cfg, self.model.total_blocks),
-                        global_batch=cfg.global_batch, seq=cfg.seq, precision=cfg.precision, optimizer=cfg.optimizer)
+            x = Step.of(
+                self.model,
+                self.hardware,
+                self.software,
+                candidate_of(cfg, self.model.total_blocks),
+                global_batch=cfg.global_batch,
+                seq=cfg.seq,
+                precision=cfg.precision,
+                optimizer=cfg.optimizer,
+            )
         return placement_summary(x, block_seconds(x))
 
 
@@ -175,12 +240,14 @@ def arch_of(spec: TransformerSpec) -> dict:
     """Every shape field of the spec (planner.spec.TransformerSpec), so that a plan file describes the
     model completely (exports write a framework's model arguments from it)."""
     from dataclasses import asdict
+
     return {k: v for k, v in asdict(spec).items() if k not in ("name", "extras")}
 
 
 def even_stages(blocks: int, chunks: int) -> list[int]:
     """Blocks per chunk as even as possible (the first chunks take the remainder; planner.partition.even_split)."""
     from planner.partition import even_split
+
     return list(even_split(blocks, chunks))
 
 
@@ -208,21 +275,43 @@ def candidate_of(cfg: ParallelConfig, blocks: int) -> CandidateArrays:
     per_rank = rank_blocks(chunks, cfg.pp)
     one = lambda x: np.asarray([x])
     return CandidateArrays(
-        dp=one(cfg.dp), tp=one(cfg.tp), pp=one(cfg.pp), micro_batch=one(cfg.micro_batch),
-        virtual_stages=one(cfg.virtual_stages), zero=one(cfg.zero), recompute=one(RECOMPUTE.index(cfg.recompute)),
-        offload=one(OFFLOAD.index(cfg.offload)), sequence_parallel=one(cfg.sequence_parallel),
-        schedule=one(SCHEDULES.index(cfg.schedule)), placement=one(placement_index(cfg.placement)),
-        cp=one(cfg.cp), cp_comm=one(CP_COMMS.index(cfg.cp_comm)), dp_shard=one(cfg.dp_shard),
-        ep=one(cfg.ep), expert_tp=one(cfg.expert_tp), recompute_layers=one(cfg.recompute_layers or 0),
-        blocks_first=one(per_rank[0]), blocks_last=one(per_rank[-1]), blocks_max=one(max(per_rank)),
+        dp=one(cfg.dp),
+        tp=one(cfg.tp),
+        pp=one(cfg.pp),
+        micro_batch=one(cfg.micro_batch),
+        virtual_stages=one(cfg.virtual_stages),
+        zero=one(cfg.zero),
+        recompute=one(RECOMPUTE.index(cfg.recompute)),
+        offload=one(OFFLOAD.index(cfg.offload)),
+        sequence_parallel=one(cfg.sequence_parallel),
+        schedule=one(SCHEDULES.index(cfg.schedule)),
+        placement=one(placement_index(cfg.placement)),
+        cp=one(cfg.cp),
+        cp_comm=one(CP_COMMS.index(cfg.cp_comm)),
+        dp_shard=one(cfg.dp_shard),
+        ep=one(cfg.ep),
+        expert_tp=one(cfg.expert_tp),
+        recompute_layers=one(cfg.recompute_layers or 0),
+        blocks_first=one(per_rank[0]),
+        blocks_last=one(per_rank[-1]),
+        blocks_max=one(max(per_rank)),
         rank_blocks=np.asarray([per_rank]),
-        rank_recomputed=None if cfg.recompute_layers is None
-        else np.asarray([rank_recomputed(chunks, cfg.pp, cfg.recompute_layers)]))
+        rank_recomputed=None
+        if cfg.recompute_layers is None
+        else np.asarray([rank_recomputed(chunks, cfg.pp, cfg.recompute_layers)]),
+    )
 
 
-def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int,
-             options: RunOptions | None = None, check_framework: bool = True,
-             framework_profile: FrameworkProfile | None = None) -> Estimate:
+def estimate(
+    model,
+    hw: HardwareProfile | str,
+    cfg: ParallelConfig,
+    *,
+    gpus: int,
+    options: RunOptions | None = None,
+    check_framework: bool = True,
+    framework_profile: FrameworkProfile | None = None,
+) -> Estimate:
     """Validate `cfg` for `model` on `gpus` devices of `hw` and predict its step time and memory on the
     framework `cfg.framework` names (frameworks/*.json), run with `options` (planner.run_options.RunOptions:
     the attention kernel, dropout, overlaps, loss kernel, FP8 scaling, master weights, MoE dispatch, ...;
@@ -244,16 +333,24 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
         hw = load_profile(hw)
     if isinstance(model, str):
         from planner.sources import resolve_model
+
         model = resolve_model(model, seq=cfg.seq)
     if not isinstance(model, TransformerSpec):
         from planner.sources import transformer_spec
+
         model = transformer_spec(model)
     if framework_profile is not None and framework_profile.name != cfg.framework:
-        raise ConfigError("framework_profile", framework_profile.name, f"the profile of the plan's framework ({cfg.framework})")
-    attention, dropout, from_config = config_defaults(model, attention=options.attention,
-                                                      dropout=options.dropout)
-    software = software_for(framework_profile or cfg.framework,
-                            options.with_(attention=attention, dropout=dropout))
+        raise ConfigError(
+            "framework_profile",
+            framework_profile.name,
+            f"the profile of the plan's framework ({cfg.framework})",
+        )
+    attention, dropout, from_config = config_defaults(
+        model, attention=options.attention, dropout=options.dropout
+    )
+    software = software_for(
+        framework_profile or cfg.framework, options.with_(attention=attention, dropout=dropout)
+    )
     check_activation_fp8_input(software, model)
     check_moe_options(model, cfg.precision, options)
     cfg.check_world_size(gpus)
@@ -261,29 +358,59 @@ def estimate(model, hw: HardwareProfile | str, cfg: ParallelConfig, *, gpus: int
     resolve_precision(hw, cfg.precision)
     check_master_weights(software, cfg.precision)
     if software.bf16_optimizer and cfg.offloads("optimizer"):
-        raise ConfigError("bf16_optimizer", True, "false",
-                          message=f"bf16_optimizer runs on the device: offload={cfg.offload} (DeepSpeed uses its "
-                                  "ZeRO optimizer when the optimizer is offloaded; allowed with bf16_optimizer: "
-                                  "offload none or activations)")
+        raise ConfigError(
+            "bf16_optimizer",
+            True,
+            "false",
+            message=f"bf16_optimizer runs on the device: offload={cfg.offload} (DeepSpeed uses its "
+            "ZeRO optimizer when the optimizer is offloaded; allowed with bf16_optimizer: "
+            "offload none or activations)",
+        )
     if software.bf16_optimizer and cfg.zero != 1:
-        raise ConfigError("zero", cfg.zero, "1",
-                          message=f"bf16_optimizer shards only the optimizer states, as ZeRO-1: zero={cfg.zero} "
-                                  "(allowed with bf16_optimizer: 1)")
+        raise ConfigError(
+            "zero",
+            cfg.zero,
+            "1",
+            message=f"bf16_optimizer shards only the optimizer states, as ZeRO-1: zero={cfg.zero} "
+            "(allowed with bf16_optimizer: 1)",
+        )
     if check_framework:
         check_runnable(software.framework, cfg)
         check_model_runnable(software.framework, model, cfg)
         check_moe_runnable(software.framework, software, model, cfg)
-    if cfg.stages and (min(cfg.stages) < 0 or min(cfg.stages[1:-1] or (1,)) < 1
-                       or (len(cfg.stages) == 1 and cfg.stages[0] < 1)):
-        raise ConfigError("stages", list(cfg.stages), "at least one block per stage (the first and the last may "
-                                                      "hold none: the embedding or the loss alone, Megatron's "
-                                                      "account-for-embedding/loss layouts)")
-    scores = score(model, hw, candidate_of(cfg, model.total_blocks), global_batch=cfg.global_batch, seq=cfg.seq,
-                   precision=cfg.precision, optimizer=cfg.optimizer, software=software)
+    if cfg.stages and (
+        min(cfg.stages) < 0
+        or min(cfg.stages[1:-1] or (1,)) < 1
+        or (len(cfg.stages) == 1 and cfg.stages[0] < 1)
+    ):
+        raise ConfigError(
+            "stages",
+            list(cfg.stages),
+            "at least one block per stage (the first and the last may "
+            "hold none: the embedding or the loss alone, Megatron's "
+            "account-for-embedding/loss layouts)",
+        )
+    scores = score(
+        model,
+        hw,
+        candidate_of(cfg, model.total_blocks),
+        global_batch=cfg.global_batch,
+        seq=cfg.seq,
+        precision=cfg.precision,
+        optimizer=cfg.optimizer,
+        software=software,
+    )
     if STEP_MODEL == "timeline":
         scores = timeline_scores(scores)
-    return Estimate(model=model, hardware=hw, config=cfg, gpus=gpus, software=software, scores=scores,
-                    from_config=from_config)
+    return Estimate(
+        model=model,
+        hardware=hw,
+        config=cfg,
+        gpus=gpus,
+        software=software,
+        scores=scores,
+        from_config=from_config,
+    )
 
 
 def config_defaults(model: TransformerSpec, *, attention: str | None, dropout: bool | None):

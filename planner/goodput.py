@@ -5,6 +5,7 @@ time and cost to train with failures (cost_models.reliability; docs/goodput.md).
 The one owner of "plan document -> prediction.reliability": recommend (planner.search) and the report
 call `reliability_figures`; nothing else computes these numbers.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,7 +16,12 @@ import numpy as np
 
 from cost_models import reliability as R
 from planner.errors import ConfigError
-from storage_profiles import CHECKPOINT_MODES, StorageProfile, load_reliability_defaults, load_storage
+from storage_profiles import (
+    CHECKPOINT_MODES,
+    StorageProfile,
+    load_reliability_defaults,
+    load_storage,
+)
 
 MAX_MTBF_HOURS = 1e9
 """Largest --mtbf-gpu-hours / --mtbf-node-hours: about 100,000 years per part."""
@@ -48,27 +54,44 @@ class ReliabilityInputs:
 
     def validated(self) -> "ReliabilityInputs":
         """Each given value in range (one ConfigError naming the flag); the storage profile loaded."""
-        for flag, value, high in (("mtbf-gpu-hours", self.mtbf_gpu_hours, MAX_MTBF_HOURS),
-                                  ("mtbf-node-hours", self.mtbf_node_hours, MAX_MTBF_HOURS),
-                                  ("restart-s", self.restart_s, MAX_RESTART_S),
-                                  ("spot-interruptions-per-node-hour", self.spot_interruptions_per_node_hour,
-                                   MAX_SPOT_RATE)):
+        for flag, value, high in (
+            ("mtbf-gpu-hours", self.mtbf_gpu_hours, MAX_MTBF_HOURS),
+            ("mtbf-node-hours", self.mtbf_node_hours, MAX_MTBF_HOURS),
+            ("restart-s", self.restart_s, MAX_RESTART_S),
+            (
+                "spot-interruptions-per-node-hour",
+                self.spot_interruptions_per_node_hour,
+                MAX_SPOT_RATE,
+            ),
+        ):
             _check_number(flag, value, high, allow_zero=flag == "restart-s")
         if self.checkpoint is not None and self.checkpoint not in CHECKPOINT_MODES:
-            raise ConfigError("checkpoint", self.checkpoint, "one of " + ", ".join(CHECKPOINT_MODES))
+            raise ConfigError(
+                "checkpoint", self.checkpoint, "one of " + ", ".join(CHECKPOINT_MODES)
+            )
         storage = self.storage
         if storage is not None and not isinstance(storage, StorageProfile):
             storage = load_storage(str(storage))
-        return ReliabilityInputs(mtbf_gpu_hours=self.mtbf_gpu_hours, mtbf_node_hours=self.mtbf_node_hours,
-                                 restart_s=self.restart_s, storage=storage, checkpoint=self.checkpoint,
-                                 spot_interruptions_per_node_hour=self.spot_interruptions_per_node_hour)
+        return ReliabilityInputs(
+            mtbf_gpu_hours=self.mtbf_gpu_hours,
+            mtbf_node_hours=self.mtbf_node_hours,
+            restart_s=self.restart_s,
+            storage=storage,
+            checkpoint=self.checkpoint,
+            spot_interruptions_per_node_hour=self.spot_interruptions_per_node_hour,
+        )
 
     @property
     def given(self) -> list[str]:
         """Flags of the values the user set."""
-        names = {"mtbf_gpu_hours": "--mtbf-gpu-hours", "mtbf_node_hours": "--mtbf-node-hours",
-                 "restart_s": "--restart-s", "storage": "--storage", "checkpoint": "--checkpoint",
-                 "spot_interruptions_per_node_hour": "--spot-interruptions-per-node-hour"}
+        names = {
+            "mtbf_gpu_hours": "--mtbf-gpu-hours",
+            "mtbf_node_hours": "--mtbf-node-hours",
+            "restart_s": "--restart-s",
+            "storage": "--storage",
+            "checkpoint": "--checkpoint",
+            "spot_interruptions_per_node_hour": "--spot-interruptions-per-node-hour",
+        }
         return [flag for key, flag in names.items() if getattr(self, key) is not None]
 
 
@@ -76,8 +99,13 @@ def _check_number(flag: str, value: float | None, high: float, *, allow_zero: bo
     if value is None:
         return
     low_ok = value >= 0 if allow_zero else value > 0
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not low_ok or value > high:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not low_ok
+        or value > high
+    ):
         lower = ">= 0" if allow_zero else "> 0"
         raise ConfigError(flag, value, f"a finite number {lower} and <= {high:g}")
 
@@ -107,14 +135,19 @@ def checkpoint_state(document: Mapping[str, Any]) -> CheckpointState:
 
     plan, params = document["plan"], float(document["model"]["params"])
     framework = load_framework(plan.get("framework", "megatron"))
-    param_b, _grad_b, optim_b = state_bytes_per_param(framework, plan["precision"], plan.get("optimizer", "adamw"))
+    param_b, _grad_b, optim_b = state_bytes_per_param(
+        framework, plan["precision"], plan.get("optimizer", "adamw")
+    )
     group = plan.get("dp_shard") or plan["dp"]
     per_rank = params / (plan["tp"] * plan["pp"])
     params_held = float(zero_sharded(per_rank * param_b, group, plan["zero"], 3))
     optim_held = float(zero_sharded(per_rank * optim_b, group, plan["zero"], 1))
     staged = params_held + (0.0 if plan.get("offload") == "optimizer" else optim_held)
-    return CheckpointState(unique_bytes=params * (param_b + optim_b), bytes_per_gpu=params_held + optim_held,
-                           staged_bytes_per_gpu=staged)
+    return CheckpointState(
+        unique_bytes=params * (param_b + optim_b),
+        bytes_per_gpu=params_held + optim_held,
+        staged_bytes_per_gpu=staged,
+    )
 
 
 def failure_rates(inputs: ReliabilityInputs, spot: bool) -> tuple[float, float, float]:
@@ -143,10 +176,18 @@ class _Setting:
 def _setting(inputs: ReliabilityInputs, spot: bool) -> _Setting:
     inputs = inputs.validated()
     defaults = load_reliability_defaults()
-    storage = inputs.storage if isinstance(inputs.storage, StorageProfile) else load_storage(defaults.storage)
+    storage = (
+        inputs.storage
+        if isinstance(inputs.storage, StorageProfile)
+        else load_storage(defaults.storage)
+    )
     restart_s = defaults.restart_overhead_s if inputs.restart_s is None else float(inputs.restart_s)
-    return _Setting(storage=storage, mode=inputs.checkpoint or defaults.checkpoint, restart_overhead_s=restart_s,
-                    rates=failure_rates(inputs, spot))
+    return _Setting(
+        storage=storage,
+        mode=inputs.checkpoint or defaults.checkpoint,
+        restart_overhead_s=restart_s,
+        rates=failure_rates(inputs, spot),
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -171,10 +212,20 @@ def _io(state: CheckpointState, setting: _Setting, hardware, gpus: int, nodes: i
     write_agg = storage.write_GBps_aggregate * 1e9 if storage.write_GBps_aggregate else None
     read_agg = storage.read_GBps_aggregate * 1e9 if storage.read_GBps_aggregate else None
     write_s = float(R.checkpoint_write_s(state.unique_bytes, nodes, write_node, write_agg))
-    read_s = float(R.checkpoint_read_s(state.bytes_per_gpu, gpus, min(int(hardware.devices_per_node), gpus),
-                                       read_node, read_agg))
+    read_s = float(
+        R.checkpoint_read_s(
+            state.bytes_per_gpu,
+            gpus,
+            min(int(hardware.devices_per_node), gpus),
+            read_node,
+            read_agg,
+        )
+    )
     if setting.mode == "async":
-        stall_s, latency_s = float(R.staging_s(state.staged_bytes_per_gpu, pcie_Bps(hardware))), write_s
+        stall_s, latency_s = (
+            float(R.staging_s(state.staged_bytes_per_gpu, pcie_Bps(hardware))),
+            write_s,
+        )
     else:
         stall_s, latency_s = write_s, 0.0
     mtbf_s = float(R.job_mtbf_s(R.job_failure_rate_per_hour(gpus, nodes, *setting.rates)))
@@ -183,12 +234,24 @@ def _io(state: CheckpointState, setting: _Setting, hardware, gpus: int, nodes: i
 
 def _run(work_s: float, io: _Io, setting: _Setting) -> R.RunReliability:
     with np.errstate(over="ignore"):
-        return R.run_with_failures(work_s, stall_s=io.stall_s, restart_s=setting.restart_overhead_s + io.read_s,
-                                   mtbf_s=io.mtbf_s, latency_s=io.latency_s)
+        return R.run_with_failures(
+            work_s,
+            stall_s=io.stall_s,
+            restart_s=setting.restart_overhead_s + io.read_s,
+            mtbf_s=io.mtbf_s,
+            latency_s=io.latency_s,
+        )
 
 
-def reliability_figures(document: Mapping[str, Any], hardware, *, tokens: float, price_per_hour: float | None,
-                        inputs: ReliabilityInputs = ReliabilityInputs(), spot: bool = False) -> dict[str, Any]:
+def reliability_figures(
+    document: Mapping[str, Any],
+    hardware,
+    *,
+    tokens: float,
+    price_per_hour: float | None,
+    inputs: ReliabilityInputs = ReliabilityInputs(),
+    spot: bool = False,
+) -> dict[str, Any]:
     """prediction.reliability of a plan document for a run of `tokens` tokens (docs/goodput.md).
 
     W = whole steps x step time; M from the failure rates over the plan's GPUs and nodes; the
@@ -203,27 +266,42 @@ def reliability_figures(document: Mapping[str, Any], hardware, *, tokens: float,
     work_s = steps * float(document["prediction"]["step_time_s"])
     run = _run(work_s, io, setting)
     if not (math.isfinite(run.wall_s) and run.goodput >= MIN_GOODPUT):
-        raise ConfigError("mtbf", io.mtbf_s, "a job that runs longer between failures than it takes to restart",
-                          message=f"the job would be interrupted every {io.mtbf_s:,.3g} s on average ({gpus} GPUs, "
-                                  f"{nodes} nodes) but needs {run.restart_s:,.0f} s to restart and "
-                                  f"{io.stall_s:,.1f} s per checkpoint: goodput below {MIN_GOODPUT:.1%}; check "
-                                  f"--mtbf-gpu-hours, --mtbf-node-hours, --spot-interruptions-per-node-hour and "
-                                  f"--restart-s")
+        raise ConfigError(
+            "mtbf",
+            io.mtbf_s,
+            "a job that runs longer between failures than it takes to restart",
+            message=f"the job would be interrupted every {io.mtbf_s:,.3g} s on average ({gpus} GPUs, "
+            f"{nodes} nodes) but needs {run.restart_s:,.0f} s to restart and "
+            f"{io.stall_s:,.1f} s per checkpoint: goodput below {MIN_GOODPUT:.1%}; check "
+            f"--mtbf-gpu-hours, --mtbf-node-hours, --spot-interruptions-per-node-hour and "
+            f"--restart-s",
+        )
     rate_gpu, rate_node, _ = setting.rates
     figures = {
-        "goodput": run.goodput, "checkpoint_interval_s": run.interval_s,
+        "goodput": run.goodput,
+        "checkpoint_interval_s": run.interval_s,
         "interval_rule": "daly-2006" if run.interval_s > io.latency_s else "write latency (async)",
-        "checkpoint": setting.mode, "storage": setting.storage.name,
-        "checkpoint_bytes": state.unique_bytes, "checkpoint_bytes_per_gpu": state.bytes_per_gpu,
-        "checkpoint_write_s": io.write_s, "checkpoint_read_s": io.read_s, "checkpoint_stall_s": io.stall_s,
-        "restart_overhead_s": setting.restart_overhead_s, "restart_s": run.restart_s,
-        "failure_rate_per_gpu_hour": rate_gpu, "failure_rate_per_node_hour": rate_node,
-        "spot_interruptions_per_node_hour": inputs.spot_interruptions_per_node_hour if spot else None,
+        "checkpoint": setting.mode,
+        "storage": setting.storage.name,
+        "checkpoint_bytes": state.unique_bytes,
+        "checkpoint_bytes_per_gpu": state.bytes_per_gpu,
+        "checkpoint_write_s": io.write_s,
+        "checkpoint_read_s": io.read_s,
+        "checkpoint_stall_s": io.stall_s,
+        "restart_overhead_s": setting.restart_overhead_s,
+        "restart_s": run.restart_s,
+        "failure_rate_per_gpu_hour": rate_gpu,
+        "failure_rate_per_node_hour": rate_node,
+        "spot_interruptions_per_node_hour": inputs.spot_interruptions_per_node_hour
+        if spot
+        else None,
         "mtbf_hours": io.mtbf_s / R.SECONDS_PER_HOUR,
-        "expected_interruptions": run.interruptions, "checkpoints": run.checkpoints,
+        "expected_interruptions": run.interruptions,
+        "checkpoints": run.checkpoints,
         "lost_hours": run.lost_s / R.SECONDS_PER_HOUR,
         "checkpoint_hours": run.checkpoint_stall_total_s / R.SECONDS_PER_HOUR,
-        "time_to_train_s": run.wall_s, "time_to_train_without_failures_s": work_s,
+        "time_to_train_s": run.wall_s,
+        "time_to_train_without_failures_s": work_s,
     }
     if price_per_hour is not None:
         figures["usd"] = price_per_hour * run.wall_s / R.SECONDS_PER_HOUR
@@ -243,8 +321,14 @@ def with_reliability(document: dict, figures: Mapping[str, Any]) -> dict:
     return document
 
 
-def goodput_by_gpus(document: Mapping[str, Any], hardware, gpus, *, inputs: ReliabilityInputs = ReliabilityInputs(),
-                    spot: bool = False) -> list[float]:
+def goodput_by_gpus(
+    document: Mapping[str, Any],
+    hardware,
+    gpus,
+    *,
+    inputs: ReliabilityInputs = ReliabilityInputs(),
+    spot: bool = False,
+) -> list[float]:
     """Goodput of the plan's model, checkpoint and storage as the cluster grows with data parallelism:
     the checkpoint's unique bytes and each GPU's share stay the plan's, the failure rate grows with the
     GPUs and nodes, and the write spreads over more nodes. For the report's figure."""

@@ -68,6 +68,7 @@ MoE models are dropless (capacity_factor null): no publisher states a training c
 Every problem (not JSON, not an object, unknown model_type, a missing or non-positive size) is a
 `ConfigError` naming the key.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -75,8 +76,24 @@ from pathlib import Path
 from planner.errors import ConfigError
 from planner.spec import MLASpec, MoESpec, TransformerSpec
 
-MODEL_TYPES = ("llama", "mistral", "qwen2", "gpt2", "opt", "gpt_neox", "bloom", "falcon", "qwen3", "phi3", "gemma",
-               "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss")
+MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "gpt2",
+    "opt",
+    "gpt_neox",
+    "bloom",
+    "falcon",
+    "qwen3",
+    "phi3",
+    "gemma",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "deepseek_v3",
+    "gpt_oss",
+)
 
 
 class _Keys:
@@ -86,8 +103,12 @@ class _Keys:
         self.data, self.path, self.model_type = data, path, model_type
 
     def _missing(self, key: str) -> ConfigError:
-        return ConfigError(key, None, "a positive integer",
-                           message=f"{self.path}: {key} is missing (required for model_type {self.model_type!r})")
+        return ConfigError(
+            key,
+            None,
+            "a positive integer",
+            message=f"{self.path}: {key} is missing (required for model_type {self.model_type!r})",
+        )
 
     def int(self, *keys: str, default: int | None = None) -> int:
         """The first present key among `keys`, a positive integer; `default` if none is present."""
@@ -96,8 +117,12 @@ class _Keys:
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(key, value, "a positive integer",
-                                  message=f"{self.path}: {key}={value!r} is invalid: allowed a positive integer")
+                raise ConfigError(
+                    key,
+                    value,
+                    "a positive integer",
+                    message=f"{self.path}: {key}={value!r} is invalid: allowed a positive integer",
+                )
             return value
         if default is None:
             raise self._missing(keys[0])
@@ -108,7 +133,12 @@ class _Keys:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise ConfigError(key, value, "true or false", message=f"{self.path}: {key}={value!r} is invalid: allowed true or false")
+            raise ConfigError(
+                key,
+                value,
+                "true or false",
+                message=f"{self.path}: {key}={value!r} is invalid: allowed true or false",
+            )
         return value
 
     def str(self, key: str, default: str) -> str:
@@ -116,7 +146,12 @@ class _Keys:
         if value is None:
             return default
         if not isinstance(value, str):
-            raise ConfigError(key, value, "a string", message=f"{self.path}: {key}={value!r} is invalid: allowed a string")
+            raise ConfigError(
+                key,
+                value,
+                "a string",
+                message=f"{self.path}: {key}={value!r} is invalid: allowed a string",
+            )
         return value
 
     def optional_int(self, key: str, default: int | None) -> int | None:
@@ -130,9 +165,15 @@ class _Keys:
         value = self.data.get(key)
         if value is None:
             return []
-        if not isinstance(value, list) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in value):
-            raise ConfigError(key, value, "a list of block indices",
-                              message=f"{self.path}: {key}={value!r} is invalid: allowed a list of block indices")
+        if not isinstance(value, list) or any(
+            isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in value
+        ):
+            raise ConfigError(
+                key,
+                value,
+                "a list of block indices",
+                message=f"{self.path}: {key}={value!r} is invalid: allowed a list of block indices",
+            )
         return value
 
     def window_layers(self, layers: int, default: list[bool]) -> tuple[int, ...]:
@@ -141,22 +182,39 @@ class _Keys:
         if value is None:
             return tuple(i for i, windowed in enumerate(default) if windowed)
         allowed = ("sliding_attention", "full_attention")
-        if not isinstance(value, list) or len(value) != layers or any(v not in allowed for v in value):
-            raise ConfigError("layer_types", value, f"a list of {layers} entries, each one of {', '.join(allowed)}",
-                              message=f"{self.path}: layer_types is invalid: allowed a list of num_hidden_layers "
-                                      f"({layers}) entries, each 'sliding_attention' or 'full_attention'")
+        if (
+            not isinstance(value, list)
+            or len(value) != layers
+            or any(v not in allowed for v in value)
+        ):
+            raise ConfigError(
+                "layer_types",
+                value,
+                f"a list of {layers} entries, each one of {', '.join(allowed)}",
+                message=f"{self.path}: layer_types is invalid: allowed a list of num_hidden_layers "
+                f"({layers}) entries, each 'sliding_attention' or 'full_attention'",
+            )
         return tuple(i for i, v in enumerate(value) if v == "sliding_attention")
 
     def unsupported(self, key: str, value, allowed: str) -> ConfigError:
-        return ConfigError(key, value, allowed,
-                           message=f"{self.path}: {key}={value!r} is not supported: allowed {allowed}")
+        return ConfigError(
+            key,
+            value,
+            allowed,
+            message=f"{self.path}: {key}={value!r} is not supported: allowed {allowed}",
+        )
 
     def float(self, key: str, default: float) -> float:
         value = self.data.get(key, default)
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ConfigError(key, value, "a positive number", message=f"{self.path}: {key}={value!r} is invalid: allowed a positive number")
+            raise ConfigError(
+                key,
+                value,
+                "a positive number",
+                message=f"{self.path}: {key}={value!r} is invalid: allowed a positive number",
+            )
         return float(value)
 
 
@@ -174,12 +232,25 @@ def read_hf_config(path: str | Path, *, seq: int | None = None) -> TransformerSp
     return spec_from_dict(data, name=str(path), seq=seq)
 
 
-DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout", "dropout",
-                "hidden_dropout_prob", "attention_probs_dropout_prob", "activation_dropout")
+DROPOUT_KEYS = (
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "hidden_dropout",
+    "attention_dropout",
+    "dropout",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "activation_dropout",
+)
 """The dropout probabilities Hugging Face configs name (GPT-2: resid/embd/attn_pdrop 0.1; OPT: dropout 0.1;
 Llama and Mistral: attention_dropout 0.0; BERT-style: *_dropout_prob)."""
-ATTENTION_IMPLEMENTATIONS = {"sdpa": "sdpa", "flash_attention_2": "flash", "flash_attention_3": "fused",
-                             "eager": "unfused"}
+ATTENTION_IMPLEMENTATIONS = {
+    "sdpa": "sdpa",
+    "flash_attention_2": "flash",
+    "flash_attention_3": "fused",
+    "eager": "unfused",
+}
 """transformers' attn_implementation names -> the planner's attention kernels (frameworks.ATTENTION_KERNELS)."""
 
 
@@ -189,8 +260,11 @@ def training_defaults(data: dict) -> tuple[tuple[str, object], ...]:
     `attn_implementation` when the config records one). `torch_dtype` is the checkpoint's storage dtype, not
     the training precision, and is not used."""
     out: list[tuple[str, object]] = []
-    probs = {k: float(data[k]) for k in DROPOUT_KEYS if isinstance(data.get(k), (int, float))
-             and not isinstance(data.get(k), bool)}
+    probs = {
+        k: float(data[k])
+        for k in DROPOUT_KEYS
+        if isinstance(data.get(k), (int, float)) and not isinstance(data.get(k), bool)
+    }
     if probs:
         key = max(probs, key=probs.get)
         out += [("dropout", probs[key]), ("dropout_key", key)]
@@ -208,15 +282,26 @@ def spec_from_dict(data: dict, *, name: str, seq: int | None = None) -> Transfor
     """Map a config dict onto a TransformerSpec (see the module docstring for keys and defaults)."""
     model_type = data.get("model_type")
     if model_type not in MODEL_TYPES:
-        raise ConfigError("model_type", model_type, "one of " + ", ".join(MODEL_TYPES),
-                          message=f"{name}: model_type={model_type!r} is not supported: allowed "
-                                  + ", ".join(MODEL_TYPES))
+        raise ConfigError(
+            "model_type",
+            model_type,
+            "one of " + ", ".join(MODEL_TYPES),
+            message=f"{name}: model_type={model_type!r} is not supported: allowed "
+            + ", ".join(MODEL_TYPES),
+        )
     k = _Keys(data, name, model_type)
     fields = _READERS[model_type](k)
     default_seq = fields.pop("seq")
     max_positions = fields.get("max_positions", 0)
-    if seq is not None and fields.get("position") == "learned" and max_positions and seq > max_positions:
-        raise ConfigError("seq", seq, f"at most {max_positions} (rows of the learned position table of {name})")
+    if (
+        seq is not None
+        and fields.get("position") == "learned"
+        and max_positions
+        and seq > max_positions
+    ):
+        raise ConfigError(
+            "seq", seq, f"at most {max_positions} (rows of the learned position table of {name})"
+        )
     extras = (("source", name), ("model_type", model_type)) + training_defaults(data)
     if seq is None and fields.get("position") != "learned" and default_seq > DEFAULT_SEQ_CAP:
         # a RoPE model's max_position_embeddings is the context it was extended to, not the length it
@@ -224,13 +309,19 @@ def spec_from_dict(data: dict, *, name: str, seq: int | None = None) -> Transfor
         # 32768-131072): planning for it by default would put a 16x longer sequence in every estimate
         extras += (("seq_default_capped_from", default_seq),)
         default_seq = DEFAULT_SEQ_CAP
-    return TransformerSpec(name=name, model_type=model_type, seq=seq or default_seq, extras=extras, **fields)
+    return TransformerSpec(
+        name=name, model_type=model_type, seq=seq or default_seq, extras=extras, **fields
+    )
 
 
 def _check_heads(k: _Keys, hidden: int, heads: int, head_dim: int) -> None:
     if not head_dim and hidden % heads:
-        raise ConfigError("num_attention_heads", heads, f"a divisor of hidden_size({hidden})",
-                          message=f"{k.path}: num_attention_heads={heads} does not divide hidden_size={hidden}")
+        raise ConfigError(
+            "num_attention_heads",
+            heads,
+            f"a divisor of hidden_size({hidden})",
+            message=f"{k.path}: num_attention_heads={heads} does not divide hidden_size={hidden}",
+        )
 
 
 def _llama_like(k: _Keys) -> dict:
@@ -240,11 +331,20 @@ def _llama_like(k: _Keys) -> dict:
     attention_bias = k.bool("attention_bias", False)
     window = k.data.get("sliding_window") if k.model_type == "mistral" else None
     return dict(
-        layers=k.int("num_hidden_layers"), **shape, ffn=k.int("intermediate_size"), vocab=k.int("vocab_size"),
-        seq=k.int("max_position_embeddings", default=2048), position="rope", rope_theta=theta,
-        gated_mlp=True, activation=k.str("hidden_act", "silu"), norm="rmsnorm",
-        qkv_bias=True if qwen else attention_bias, out_bias=False if qwen else attention_bias,
-        mlp_bias=k.bool("mlp_bias", False), tied_embeddings=k.bool("tie_word_embeddings", False),
+        layers=k.int("num_hidden_layers"),
+        **shape,
+        ffn=k.int("intermediate_size"),
+        vocab=k.int("vocab_size"),
+        seq=k.int("max_position_embeddings", default=2048),
+        position="rope",
+        rope_theta=theta,
+        gated_mlp=True,
+        activation=k.str("hidden_act", "silu"),
+        norm="rmsnorm",
+        qkv_bias=True if qwen else attention_bias,
+        out_bias=False if qwen else attention_bias,
+        mlp_bias=k.bool("mlp_bias", False),
+        tied_embeddings=k.bool("tie_word_embeddings", False),
         sliding_window=window if isinstance(window, int) and window > 0 else 0,
     )
 
@@ -254,11 +354,18 @@ def _qwen3(k: _Keys) -> dict:
     biases; sliding windows are refused as for qwen3_moe (no released config uses them)."""
     if k.bool("use_sliding_window", False):
         raise k.unsupported("use_sliding_window", True, "false for qwen3")
-    fields = _gqa(k, hidden_default=4096, heads_default=32, kv_default=32, head_dim_default=128) \
-        | _rope_model(k, theta=10000.0, positions=32768, vocab=151936)
+    fields = _gqa(
+        k, hidden_default=4096, heads_default=32, kv_default=32, head_dim_default=128
+    ) | _rope_model(k, theta=10000.0, positions=32768, vocab=151936)
     bias = k.bool("attention_bias", False)
-    return fields | dict(layers=k.int("num_hidden_layers", default=32), ffn=k.int("intermediate_size", default=22016),
-                         qkv_bias=bias, out_bias=bias, mlp_bias=False, qk_norm=True)
+    return fields | dict(
+        layers=k.int("num_hidden_layers", default=32),
+        ffn=k.int("intermediate_size", default=22016),
+        qkv_bias=bias,
+        out_bias=bias,
+        mlp_bias=False,
+        qk_norm=True,
+    )
 
 
 def _phi3(k: _Keys) -> dict:
@@ -266,10 +373,17 @@ def _phi3(k: _Keys) -> dict:
     weights and FLOPs), no biases, untied; sliding_window (Phi-3-mini 4k: 2047) on every block when set. A
     partial_rotary_factor below 1 rotates fewer dimensions, which changes no cost this model counts."""
     window = k.int("sliding_window", default=0) if k.data.get("sliding_window") is not None else 0
-    fields = _gqa(k, hidden_default=3072, heads_default=32) | _rope_model(k, theta=10000.0, positions=4096,
-                                                                             vocab=32064)
-    return fields | dict(layers=k.int("num_hidden_layers", default=32), ffn=k.int("intermediate_size", default=8192),
-                         qkv_bias=False, out_bias=False, mlp_bias=False, sliding_window=window)
+    fields = _gqa(k, hidden_default=3072, heads_default=32) | _rope_model(
+        k, theta=10000.0, positions=4096, vocab=32064
+    )
+    return fields | dict(
+        layers=k.int("num_hidden_layers", default=32),
+        ffn=k.int("intermediate_size", default=8192),
+        qkv_bias=False,
+        out_bias=False,
+        mlp_bias=False,
+        sliding_window=window,
+    )
 
 
 GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu")
@@ -283,12 +397,19 @@ def _gemma(k: _Keys) -> dict:
     activation = k.str("hidden_activation", "") or k.str("hidden_act", "gelu_pytorch_tanh")
     if activation not in GEMMA_ACTIVATIONS:
         raise k.unsupported("hidden_activation", activation, " or ".join(GEMMA_ACTIVATIONS))
-    fields = _gqa(k, hidden_default=3072, heads_default=16, kv_default=16, head_dim_default=256) \
-        | _rope_model(k, theta=10000.0, positions=8192, vocab=256000)
+    fields = _gqa(
+        k, hidden_default=3072, heads_default=16, kv_default=16, head_dim_default=256
+    ) | _rope_model(k, theta=10000.0, positions=8192, vocab=256000)
     bias = k.bool("attention_bias", False)
-    return fields | dict(layers=k.int("num_hidden_layers", default=28), ffn=k.int("intermediate_size", default=24576),
-                         activation=activation, tied_embeddings=k.bool("tie_word_embeddings", True),
-                         qkv_bias=bias, out_bias=bias, mlp_bias=False)
+    return fields | dict(
+        layers=k.int("num_hidden_layers", default=28),
+        ffn=k.int("intermediate_size", default=24576),
+        activation=activation,
+        tied_embeddings=k.bool("tie_word_embeddings", True),
+        qkv_bias=bias,
+        out_bias=bias,
+        mlp_bias=False,
+    )
 
 
 def _gpt2(k: _Keys) -> dict:
@@ -297,10 +418,17 @@ def _gpt2(k: _Keys) -> dict:
     _check_heads(k, hidden, heads, 0)
     positions = k.int("n_positions", "max_position_embeddings")
     return dict(
-        layers=k.int("n_layer", "num_hidden_layers"), hidden=hidden, heads=heads,
-        ffn=k.int("n_inner", default=4 * hidden), vocab=k.int("vocab_size"), seq=positions,
-        max_positions=positions, position="learned", activation=k.str("activation_function", "gelu_new"),
-        norm="layernorm", tied_embeddings=k.bool("tie_word_embeddings", True),
+        layers=k.int("n_layer", "num_hidden_layers"),
+        hidden=hidden,
+        heads=heads,
+        ffn=k.int("n_inner", default=4 * hidden),
+        vocab=k.int("vocab_size"),
+        seq=positions,
+        max_positions=positions,
+        position="learned",
+        activation=k.str("activation_function", "gelu_new"),
+        norm="layernorm",
+        tied_embeddings=k.bool("tie_word_embeddings", True),
     )
 
 
@@ -310,17 +438,31 @@ def _opt(k: _Keys) -> dict:
     _check_heads(k, hidden, heads, 0)
     proj = k.int("word_embed_proj_dim", default=hidden)
     if proj != hidden:
-        raise ConfigError("word_embed_proj_dim", proj, f"equal to hidden_size({hidden}); OPT's project_in/out "
-                          "layers are not modelled",
-                          message=f"{k.path}: word_embed_proj_dim={proj} != hidden_size={hidden} is not supported "
-                                  "(OPT-350m's embedding projections are not modelled)")
+        raise ConfigError(
+            "word_embed_proj_dim",
+            proj,
+            f"equal to hidden_size({hidden}); OPT's project_in/out layers are not modelled",
+            message=f"{k.path}: word_embed_proj_dim={proj} != hidden_size={hidden} is not supported "
+            "(OPT-350m's embedding projections are not modelled)",
+        )
     positions = k.int("max_position_embeddings", default=2048)
     bias = k.bool("enable_bias", True)
     return dict(
-        layers=k.int("num_hidden_layers"), hidden=hidden, heads=heads, ffn=k.int("ffn_dim", default=4 * hidden),
-        vocab=k.int("vocab_size"), seq=positions, max_positions=positions + 2, position="learned",
-        activation=k.str("activation_function", "relu"), norm="layernorm", qkv_bias=bias, out_bias=bias,
-        mlp_bias=bias, final_norm=k.bool("do_layer_norm_before", True) and not k.bool("_remove_final_layer_norm", False),
+        layers=k.int("num_hidden_layers"),
+        hidden=hidden,
+        heads=heads,
+        ffn=k.int("ffn_dim", default=4 * hidden),
+        vocab=k.int("vocab_size"),
+        seq=positions,
+        max_positions=positions + 2,
+        position="learned",
+        activation=k.str("activation_function", "relu"),
+        norm="layernorm",
+        qkv_bias=bias,
+        out_bias=bias,
+        mlp_bias=bias,
+        final_norm=k.bool("do_layer_norm_before", True)
+        and not k.bool("_remove_final_layer_norm", False),
         tied_embeddings=k.bool("tie_word_embeddings", True),
     )
 
@@ -331,10 +473,20 @@ def _gpt_neox(k: _Keys) -> dict:
     _check_heads(k, hidden, heads, 0)
     bias = k.bool("attention_bias", True)
     return dict(
-        layers=k.int("num_hidden_layers"), hidden=hidden, heads=heads, ffn=k.int("intermediate_size", default=4 * hidden),
-        vocab=k.int("vocab_size"), seq=k.int("max_position_embeddings", default=2048), position="rope",
-        rope_theta=k.float("rotary_emb_base", 10000.0), activation=k.str("hidden_act", "gelu"), norm="layernorm",
-        qkv_bias=bias, out_bias=bias, mlp_bias=True, parallel_block=k.bool("use_parallel_residual", True),
+        layers=k.int("num_hidden_layers"),
+        hidden=hidden,
+        heads=heads,
+        ffn=k.int("intermediate_size", default=4 * hidden),
+        vocab=k.int("vocab_size"),
+        seq=k.int("max_position_embeddings", default=2048),
+        position="rope",
+        rope_theta=k.float("rotary_emb_base", 10000.0),
+        activation=k.str("hidden_act", "gelu"),
+        norm="layernorm",
+        qkv_bias=bias,
+        out_bias=bias,
+        mlp_bias=True,
+        parallel_block=k.bool("use_parallel_residual", True),
         tied_embeddings=k.bool("tie_word_embeddings", False),
     )
 
@@ -344,9 +496,17 @@ def _bloom(k: _Keys) -> dict:
     heads = k.int("n_head", "num_attention_heads")
     _check_heads(k, hidden, heads, 0)
     return dict(
-        layers=k.int("n_layer", "num_hidden_layers"), hidden=hidden, heads=heads, ffn=4 * hidden,
-        vocab=k.int("vocab_size"), seq=k.int("seq_length", default=2048), position="alibi", activation="gelu",
-        norm="layernorm", embed_norm=True, tied_embeddings=k.bool("tie_word_embeddings", True),
+        layers=k.int("n_layer", "num_hidden_layers"),
+        hidden=hidden,
+        heads=heads,
+        ffn=4 * hidden,
+        vocab=k.int("vocab_size"),
+        seq=k.int("seq_length", default=2048),
+        position="alibi",
+        activation="gelu",
+        norm="layernorm",
+        embed_norm=True,
+        tied_embeddings=k.bool("tie_word_embeddings", True),
     )
 
 
@@ -366,11 +526,22 @@ def _falcon(k: _Keys) -> dict:
         raise ConfigError("num_kv_heads", kv, f"a divisor of num_attention_heads({heads})")
     bias = k.bool("bias", False)
     return dict(
-        layers=k.int("num_hidden_layers", "n_layer"), hidden=hidden, heads=heads, kv_heads=kv if kv != heads else 0,
-        ffn=k.int("ffn_hidden_size", default=4 * hidden), vocab=k.int("vocab_size"),
-        seq=k.int("max_position_embeddings", default=2048), position="alibi" if k.bool("alibi", False) else "rope",
-        rope_theta=k.float("rope_theta", 10000.0), activation="gelu", norm="layernorm", qkv_bias=bias,
-        out_bias=bias, mlp_bias=bias, parallel_block=new_arch or parallel, norms_per_block=norms,
+        layers=k.int("num_hidden_layers", "n_layer"),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv if kv != heads else 0,
+        ffn=k.int("ffn_hidden_size", default=4 * hidden),
+        vocab=k.int("vocab_size"),
+        seq=k.int("max_position_embeddings", default=2048),
+        position="alibi" if k.bool("alibi", False) else "rope",
+        rope_theta=k.float("rope_theta", 10000.0),
+        activation="gelu",
+        norm="layernorm",
+        qkv_bias=bias,
+        out_bias=bias,
+        mlp_bias=bias,
+        parallel_block=new_arch or parallel,
+        norms_per_block=norms,
         tied_embeddings=k.bool("tie_word_embeddings", True),
     )
 
@@ -379,32 +550,54 @@ def _rope_theta(k: _Keys, default: float) -> float:
     """rope_theta, or rope_parameters/rope_scaling's rope_theta, else the class default."""
     rope = k.data.get("rope_parameters") or k.data.get("rope_scaling") or {}
     nested = rope.get("rope_theta") if isinstance(rope, dict) else None
-    return k.float("rope_theta", float(nested) if isinstance(nested, (int, float)) and nested > 0 else default)
+    return k.float(
+        "rope_theta", float(nested) if isinstance(nested, (int, float)) and nested > 0 else default
+    )
 
 
-def _gqa(k: _Keys, *, hidden_default: int | None = None, heads_default: int | None = None,
-         kv_default: int | None = None, head_dim_default: int | None = None) -> dict:
+def _gqa(
+    k: _Keys,
+    *,
+    hidden_default: int | None = None,
+    heads_default: int | None = None,
+    kv_default: int | None = None,
+    head_dim_default: int | None = None,
+) -> dict:
     """hidden, heads, kv_heads (0 = heads), head_dim (0 = hidden / heads) of a GQA model; a default of None makes
     hidden and heads required and kv_heads default to heads (multi-head attention)."""
     hidden = k.int("hidden_size", default=hidden_default)
     heads = k.int("num_attention_heads", default=heads_default)
     kv = k.int("num_key_value_heads", default=kv_default or heads)
-    head_dim = k.int("head_dim", default=head_dim_default or 0) if (k.data.get("head_dim") is not None
-                                                                    or head_dim_default) else 0
+    head_dim = (
+        k.int("head_dim", default=head_dim_default or 0)
+        if (k.data.get("head_dim") is not None or head_dim_default)
+        else 0
+    )
     if head_dim == hidden // heads and hidden % heads == 0:
         head_dim = 0
     _check_heads(k, hidden, heads, head_dim)
     if heads % kv:
-        raise ConfigError("num_key_value_heads", kv, f"a divisor of num_attention_heads({heads})",
-                          message=f"{k.path}: num_key_value_heads={kv} does not divide num_attention_heads={heads}")
+        raise ConfigError(
+            "num_key_value_heads",
+            kv,
+            f"a divisor of num_attention_heads({heads})",
+            message=f"{k.path}: num_key_value_heads={kv} does not divide num_attention_heads={heads}",
+        )
     return dict(hidden=hidden, heads=heads, kv_heads=kv if kv != heads else 0, head_dim=head_dim)
 
 
 def _rope_model(k: _Keys, *, theta: float, positions: int, vocab: int) -> dict:
     """What every MoE family here shares: RoPE, RMSNorm, SwiGLU experts, untied by default."""
-    return dict(position="rope", rope_theta=_rope_theta(k, theta), norm="rmsnorm", gated_mlp=True,
-                activation=k.str("hidden_act", "silu"), tied_embeddings=k.bool("tie_word_embeddings", False),
-                seq=k.int("max_position_embeddings", default=positions), vocab=k.int("vocab_size", default=vocab))
+    return dict(
+        position="rope",
+        rope_theta=_rope_theta(k, theta),
+        norm="rmsnorm",
+        gated_mlp=True,
+        activation=k.str("hidden_act", "silu"),
+        tied_embeddings=k.bool("tie_word_embeddings", False),
+        seq=k.int("max_position_embeddings", default=positions),
+        vocab=k.int("vocab_size", default=vocab),
+    )
 
 
 def _all_moe(k: _Keys) -> None:
@@ -414,46 +607,71 @@ def _all_moe(k: _Keys) -> None:
         raise k.unsupported("decoder_sparse_step", step, "1 (every block MoE)")
     only = k.int_list("mlp_only_layers")
     if only:
-        raise k.unsupported("mlp_only_layers", only, "[] (dense blocks only before the first MoE block)")
+        raise k.unsupported(
+            "mlp_only_layers", only, "[] (dense blocks only before the first MoE block)"
+        )
 
 
 def _mixtral(k: _Keys) -> dict:
-    fields = _gqa(k, hidden_default=4096, heads_default=32, kv_default=8) \
-        | _rope_model(k, theta=1e6, positions=131072, vocab=32000)
+    fields = _gqa(k, hidden_default=4096, heads_default=32, kv_default=8) | _rope_model(
+        k, theta=1e6, positions=131072, vocab=32000
+    )
     window = k.int("sliding_window", default=0) if k.data.get("sliding_window") is not None else 0
     ffn = k.int("intermediate_size", default=14336)
     return fields | dict(
-        layers=k.int("num_hidden_layers", default=32), ffn=ffn, qkv_bias=False, out_bias=False, mlp_bias=False,
+        layers=k.int("num_hidden_layers", default=32),
+        ffn=ffn,
+        qkv_bias=False,
+        out_bias=False,
+        mlp_bias=False,
         sliding_window=window,
-        moe=MoESpec(experts=k.int("num_local_experts", default=8), top_k=k.int("num_experts_per_tok", default=2),
-                    expert_ffn=ffn))
+        moe=MoESpec(
+            experts=k.int("num_local_experts", default=8),
+            top_k=k.int("num_experts_per_tok", default=2),
+            expert_ffn=ffn,
+        ),
+    )
 
 
 def _qwen_moe(k: _Keys) -> dict:
     qwen2 = k.model_type == "qwen2_moe"
     layers = k.int("num_hidden_layers", default=24)
     _all_moe(k)
-    fields = _gqa(k, hidden_default=2048, heads_default=16 if qwen2 else 32, kv_default=16 if qwen2 else 4) \
-        | _rope_model(k, theta=10000.0, positions=32768, vocab=151936)
+    fields = _gqa(
+        k, hidden_default=2048, heads_default=16 if qwen2 else 32, kv_default=16 if qwen2 else 4
+    ) | _rope_model(k, theta=10000.0, positions=32768, vocab=151936)
     window, window_layers = 0, None
     if k.bool("use_sliding_window", False):
         if not qwen2:
             raise k.unsupported("use_sliding_window", True, "false for qwen3_moe")
         window = k.int("sliding_window", default=4096)
         below = k.int("max_window_layers", default=28)
-        window_layers = k.window_layers(layers, [(i + 1) % 2 == 1 and i < below for i in range(layers)]) or None
+        window_layers = (
+            k.window_layers(layers, [(i + 1) % 2 == 1 and i < below for i in range(layers)]) or None
+        )
         window = window if window_layers else 0
     experts = k.int("num_experts", default=60 if qwen2 else 128)
     shared_ffn = k.int("shared_expert_intermediate_size", default=5632) if qwen2 else 0
     bias = k.bool("qkv_bias", True) if qwen2 else k.bool("attention_bias", False)
     return fields | dict(
-        layers=layers, ffn=k.int("intermediate_size", default=5632 if qwen2 else 6144),
-        qkv_bias=bias, out_bias=False if qwen2 else bias, mlp_bias=False, qk_norm=not qwen2,
-        sliding_window=window, window_layers=window_layers if window else None,
-        moe=MoESpec(experts=experts, top_k=k.int("num_experts_per_tok", default=4 if qwen2 else 8),
-                    expert_ffn=k.int("moe_intermediate_size", default=1408 if qwen2 else 768),
-                    shared_experts=1 if shared_ffn else 0, shared_expert_ffn=shared_ffn,
-                    shared_expert_gate=bool(shared_ffn), normalize_top_k=k.bool("norm_topk_prob", False)))
+        layers=layers,
+        ffn=k.int("intermediate_size", default=5632 if qwen2 else 6144),
+        qkv_bias=bias,
+        out_bias=False if qwen2 else bias,
+        mlp_bias=False,
+        qk_norm=not qwen2,
+        sliding_window=window,
+        window_layers=window_layers if window else None,
+        moe=MoESpec(
+            experts=experts,
+            top_k=k.int("num_experts_per_tok", default=4 if qwen2 else 8),
+            expert_ffn=k.int("moe_intermediate_size", default=1408 if qwen2 else 768),
+            shared_experts=1 if shared_ffn else 0,
+            shared_expert_ffn=shared_ffn,
+            shared_expert_gate=bool(shared_ffn),
+            normalize_top_k=k.bool("norm_topk_prob", False),
+        ),
+    )
 
 
 def _deepseek_v3(k: _Keys) -> dict:
@@ -461,17 +679,28 @@ def _deepseek_v3(k: _Keys) -> dict:
     heads = k.int("num_attention_heads", default=128)
     kv = k.int("num_key_value_heads", default=heads)
     if kv != heads:
-        raise k.unsupported("num_key_value_heads", kv, f"num_attention_heads ({heads}): MLA gives every head its key "
-                                                        "and value")
+        raise k.unsupported(
+            "num_key_value_heads",
+            kv,
+            f"num_attention_heads ({heads}): MLA gives every head its key and value",
+        )
     layers = k.int("num_hidden_layers", default=61)
     freq = k.int("moe_layer_freq", default=1)
     if freq != 1:
-        raise k.unsupported("moe_layer_freq", freq, "1 (every block after the first dense ones is MoE)")
-    first_dense = k.int("first_k_dense_replace", default=3) if k.data.get("first_k_dense_replace") != 0 else 0
+        raise k.unsupported(
+            "moe_layer_freq", freq, "1 (every block after the first dense ones is MoE)"
+        )
+    first_dense = (
+        k.int("first_k_dense_replace", default=3) if k.data.get("first_k_dense_replace") != 0 else 0
+    )
     if first_dense >= layers:
-        raise ConfigError("first_k_dense_replace", first_dense, f"fewer than num_hidden_layers({layers})",
-                          message=f"{k.path}: first_k_dense_replace={first_dense} leaves no MoE block in "
-                                  f"{layers} layers")
+        raise ConfigError(
+            "first_k_dense_replace",
+            first_dense,
+            f"fewer than num_hidden_layers({layers})",
+            message=f"{k.path}: first_k_dense_replace={first_dense} leaves no MoE block in "
+            f"{layers} layers",
+        )
     scoring = k.str("scoring_func", "sigmoid")
     if scoring not in ("sigmoid", "softmax"):
         raise k.unsupported("scoring_func", scoring, "sigmoid or softmax")
@@ -479,46 +708,98 @@ def _deepseek_v3(k: _Keys) -> dict:
     groups = k.int("n_group", default=8)
     experts = k.int("n_routed_experts", default=256)
     if experts % groups:
-        raise ConfigError("n_group", groups, f"a divisor of n_routed_experts({experts})",
-                          message=f"{k.path}: n_group={groups} does not divide n_routed_experts={experts}")
+        raise ConfigError(
+            "n_group",
+            groups,
+            f"a divisor of n_routed_experts({experts})",
+            message=f"{k.path}: n_group={groups} does not divide n_routed_experts={experts}",
+        )
     mtp = k.data.get("num_nextn_predict_layers", 0)
     mtp = 0 if mtp in (None, 0) else k.int("num_nextn_predict_layers")
     bias = k.bool("attention_bias", False)
     fields = _rope_model(k, theta=10000.0, positions=4096, vocab=129280)
     return fields | dict(
-        layers=layers, hidden=hidden, heads=heads, kv_heads=0, head_dim=0,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=0,
+        head_dim=0,
         ffn=k.int("intermediate_size", default=18432),
-        qkv_bias=bias, out_bias=bias, mlp_bias=False, mtp_modules=mtp,
-        mla=MLASpec(q_lora_rank=k.optional_int("q_lora_rank", 1536) or 0,
-                    kv_lora_rank=k.int("kv_lora_rank", default=512),
-                    qk_rope_head_dim=k.int("qk_rope_head_dim", default=64),
-                    qk_nope_head_dim=k.int("qk_nope_head_dim", default=128),
-                    v_head_dim=k.int("v_head_dim", default=128)),
-        moe=MoESpec(experts=experts, top_k=k.int("num_experts_per_tok", default=8),
-                    expert_ffn=k.int("moe_intermediate_size", default=2048),
-                    shared_experts=k.int("n_shared_experts", default=1) if k.data.get("n_shared_experts") != 0 else 0,
-                    first_dense_layers=first_dense, router=scoring, normalize_top_k=k.bool("norm_topk_prob", True),
-                    routed_scaling=k.float("routed_scaling_factor", 2.5), aux_free_bias=method == "noaux_tc",
-                    expert_groups=groups, groups_per_token=k.int("topk_group", default=4)))
+        qkv_bias=bias,
+        out_bias=bias,
+        mlp_bias=False,
+        mtp_modules=mtp,
+        mla=MLASpec(
+            q_lora_rank=k.optional_int("q_lora_rank", 1536) or 0,
+            kv_lora_rank=k.int("kv_lora_rank", default=512),
+            qk_rope_head_dim=k.int("qk_rope_head_dim", default=64),
+            qk_nope_head_dim=k.int("qk_nope_head_dim", default=128),
+            v_head_dim=k.int("v_head_dim", default=128),
+        ),
+        moe=MoESpec(
+            experts=experts,
+            top_k=k.int("num_experts_per_tok", default=8),
+            expert_ffn=k.int("moe_intermediate_size", default=2048),
+            shared_experts=k.int("n_shared_experts", default=1)
+            if k.data.get("n_shared_experts") != 0
+            else 0,
+            first_dense_layers=first_dense,
+            router=scoring,
+            normalize_top_k=k.bool("norm_topk_prob", True),
+            routed_scaling=k.float("routed_scaling_factor", 2.5),
+            aux_free_bias=method == "noaux_tc",
+            expert_groups=groups,
+            groups_per_token=k.int("topk_group", default=4),
+        ),
+    )
 
 
 def _gpt_oss(k: _Keys) -> dict:
     layers = k.int("num_hidden_layers", default=36)
-    fields = _gqa(k, hidden_default=2880, heads_default=64, kv_default=8, head_dim_default=64) \
-        | _rope_model(k, theta=150000.0, positions=131072, vocab=201088)
-    window = k.int("sliding_window", default=128) if k.data.get("sliding_window", 128) is not None else 0
-    window_layers = k.window_layers(layers, [(i + 1) % 2 == 1 for i in range(layers)]) if window else ()
+    fields = _gqa(
+        k, hidden_default=2880, heads_default=64, kv_default=8, head_dim_default=64
+    ) | _rope_model(k, theta=150000.0, positions=131072, vocab=201088)
+    window = (
+        k.int("sliding_window", default=128) if k.data.get("sliding_window", 128) is not None else 0
+    )
+    window_layers = (
+        k.window_layers(layers, [(i + 1) % 2 == 1 for i in range(layers)]) if window else ()
+    )
     ffn = k.int("intermediate_size", default=2880)
     bias = k.bool("attention_bias", True)
     return fields | dict(
-        layers=layers, ffn=ffn, qkv_bias=bias, out_bias=bias, mlp_bias=True, attention_sinks=True,
-        sliding_window=window if window_layers else 0, window_layers=window_layers or None,
-        moe=MoESpec(experts=k.int("num_local_experts", default=128),
-                    top_k=k.int("num_experts_per_tok", "experts_per_token", default=4), expert_ffn=ffn,
-                    router_bias=True))
+        layers=layers,
+        ffn=ffn,
+        qkv_bias=bias,
+        out_bias=bias,
+        mlp_bias=True,
+        attention_sinks=True,
+        sliding_window=window if window_layers else 0,
+        window_layers=window_layers or None,
+        moe=MoESpec(
+            experts=k.int("num_local_experts", default=128),
+            top_k=k.int("num_experts_per_tok", "experts_per_token", default=4),
+            expert_ffn=ffn,
+            router_bias=True,
+        ),
+    )
 
 
-_READERS = {"llama": _llama_like, "mistral": _llama_like, "qwen2": _llama_like, "gpt2": _gpt2, "opt": _opt,
-            "gpt_neox": _gpt_neox, "bloom": _bloom, "falcon": _falcon, "qwen3": _qwen3, "phi3": _phi3, "gemma": _gemma,
-            "mixtral": _mixtral, "qwen2_moe": _qwen_moe,
-            "qwen3_moe": _qwen_moe, "deepseek_v3": _deepseek_v3, "gpt_oss": _gpt_oss}
+_READERS = {
+    "llama": _llama_like,
+    "mistral": _llama_like,
+    "qwen2": _llama_like,
+    "gpt2": _gpt2,
+    "opt": _opt,
+    "gpt_neox": _gpt_neox,
+    "bloom": _bloom,
+    "falcon": _falcon,
+    "qwen3": _qwen3,
+    "phi3": _phi3,
+    "gemma": _gemma,
+    "mixtral": _mixtral,
+    "qwen2_moe": _qwen_moe,
+    "qwen3_moe": _qwen_moe,
+    "deepseek_v3": _deepseek_v3,
+    "gpt_oss": _gpt_oss,
+}

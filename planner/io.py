@@ -13,6 +13,7 @@ is a directory. `dumps_strict` is the one JSON encoder of outputs: numpy scalars
 plain numbers, and a NaN or an infinity is an error naming where it is, never written
 (`allow_nan=False`; Python's default would write the invalid tokens NaN and Infinity).
 """
+
 from __future__ import annotations
 
 import errno
@@ -37,6 +38,7 @@ validation, copies) far from Python's recursion limit."""
 
 # ------------------------------------------------------------------------------------------ reading
 
+
 def read_json(path: str | Path, what: str) -> dict:
     """The JSON object in `path`; `what` ('plan', 'hardware profile', ...) names the file in errors.
 
@@ -45,14 +47,15 @@ def read_json(path: str | Path, what: str) -> dict:
     ...
     planner.errors.ConfigError: plan /nonexistent/plan.json: not a readable file (No such file or directory)
     """
+
     def fail(problem: str) -> ConfigError:
         return ConfigError(what, str(path), "a JSON object", message=f"{what} {path}: {problem}")
 
     kind = special_kind(path)
-    if kind:                                  # a FIFO would block open(); a device never ends
+    if kind:  # a FIFO would block open(); a device never ends
         raise fail(f"is {kind}, not a regular file; expected a JSON file")
     try:
-        with open(path, "rb") as handle:              # bounded: /dev/zero or a stray dump cannot exhaust memory
+        with open(path, "rb") as handle:  # bounded: /dev/zero or a stray dump cannot exhaust memory
             raw = handle.read(MAX_JSON_BYTES + 1)
         if len(raw) > MAX_JSON_BYTES:
             raise fail(f"larger than {MAX_JSON_BYTES // 2**20} MiB; not a {what}")
@@ -66,17 +69,21 @@ def read_json(path: str | Path, what: str) -> dict:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise fail(f"not valid JSON (line {err.lineno} column {err.colno}: {err.msg}); "
-                   f"expected a JSON document") from None
+        raise fail(
+            f"not valid JSON (line {err.lineno} column {err.colno}: {err.msg}); "
+            f"expected a JSON document"
+        ) from None
     except RecursionError:
         raise fail(f"nested deeper than {MAX_JSON_DEPTH} levels; expected a JSON object") from None
     if depth_exceeds(data, MAX_JSON_DEPTH):
         raise fail(f"nested deeper than {MAX_JSON_DEPTH} levels; expected a JSON object")
     if not isinstance(data, dict):
         raise fail(f"expected a JSON object, found {_json_type(data)}")
-    bad = next(non_finite(data), None)                 # NaN, Infinity, or 1e400 (read as infinity)
+    bad = next(non_finite(data), None)  # NaN, Infinity, or 1e400 (read as infinity)
     if bad is not None:
-        raise fail(f"{bad[0]}={bad[1]!r} is invalid: allowed a finite number (strict JSON has no NaN or Infinity)")
+        raise fail(
+            f"{bad[0]}={bad[1]!r} is invalid: allowed a finite number (strict JSON has no NaN or Infinity)"
+        )
     return data
 
 
@@ -92,8 +99,12 @@ def special_kind(path: str | Path) -> str | None:
     return next((name for test, name in _SPECIAL_KINDS if test(mode)), "a special file")
 
 
-_SPECIAL_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                  (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_SPECIAL_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def read_json_if_exists(path: str | Path, what: str) -> dict | None:
@@ -105,8 +116,14 @@ def read_json_if_exists(path: str | Path, what: str) -> dict | None:
 
 
 def _json_type(value: Any) -> str:
-    return {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number",
-            type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def depth_exceeds(value: Any, limit: int) -> bool:
@@ -117,7 +134,9 @@ def depth_exceeds(value: Any, limit: int) -> bool:
         if isinstance(item, (dict, list)):
             if depth > limit:
                 return True
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+            stack.extend(
+                (child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)
+            )
     return False
 
 
@@ -128,23 +147,28 @@ def numbers(value: Any, where: str = "") -> Iterator[tuple[str, float | int]]:
     while stack:
         item, at = stack.pop()
         if isinstance(item, dict):
-            stack.extend((v, f"{at}.{k}" if at else str(k)) for k, v in reversed(list(item.items())))
+            stack.extend(
+                (v, f"{at}.{k}" if at else str(k)) for k, v in reversed(list(item.items()))
+            )
         elif isinstance(item, (list, tuple)):
             stack.extend((v, f"{at}[{i}]") for i, v in reversed(list(enumerate(item))))
         elif isinstance(item, (str, bytes, bool)) or item is None:
             continue
         elif isinstance(item, (int, float)):
             yield at or "value", item
-        elif hasattr(item, "tolist"):                   # numpy scalars and arrays, as json writes them
+        elif hasattr(item, "tolist"):  # numpy scalars and arrays, as json writes them
             stack.append((item.tolist(), at))
 
 
 def non_finite(value: Any, where: str = "") -> Iterator[tuple[str, float]]:
     """(dotted path, value) of every NaN or infinity in `value` (see `numbers`)."""
-    return ((at, x) for at, x in numbers(value, where) if isinstance(x, float) and not math.isfinite(x))
+    return (
+        (at, x) for at, x in numbers(value, where) if isinstance(x, float) and not math.isfinite(x)
+    )
 
 
 # ------------------------------------------------------------------------------------------ writing
+
 
 def _plain(value):
     """numpy scalars and arrays as plain Python numbers and lists (json's `default`)."""
@@ -172,10 +196,14 @@ def dumps_strict(document: Any, what: str, *, indent: int | None = 2) -> str:
         if bad is None:
             raise
         at, value = bad
-        raise ConfigError(what, value, "finite numbers",
-                          message=f"{what}: {at} is {value}, not a finite number; strict JSON has no NaN or "
-                                  f"Infinity, so nothing was written (check the hardware profile's efficiencies "
-                                  f"and bandwidths)") from None
+        raise ConfigError(
+            what,
+            value,
+            "finite numbers",
+            message=f"{what}: {at} is {value}, not a finite number; strict JSON has no NaN or "
+            f"Infinity, so nothing was written (check the hardware profile's efficiencies "
+            f"and bandwidths)",
+        ) from None
 
 
 def check_finite(document: Any, what: str) -> None:
@@ -183,9 +211,13 @@ def check_finite(document: Any, what: str) -> None:
     bad = next(non_finite(document), None)
     if bad is not None:
         at, value = bad
-        raise ConfigError(what, value, "finite numbers",
-                          message=f"{what}: {at} is {value}, not a finite number (check the hardware profile's "
-                                  f"efficiencies and bandwidths)")
+        raise ConfigError(
+            what,
+            value,
+            "finite numbers",
+            message=f"{what}: {at} is {value}, not a finite number (check the hardware profile's "
+            f"efficiencies and bandwidths)",
+        )
 
 
 def _unwritable(path: Path, what: str, problem: str) -> ConfigError:
@@ -198,7 +230,7 @@ def _target(path: str | Path, what: str) -> Path:
     if str(path) in ("", "."):
         raise _unwritable(path, what, "is a directory; give a file name")
     if _is_special(path):
-        return path                       # /dev/stdout, a FIFO: written in place
+        return path  # /dev/stdout, a FIFO: written in place
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     if path.is_dir():
@@ -211,14 +243,18 @@ def _target(path: str | Path, what: str) -> Path:
     return path
 
 
-def check_writable(path: str | Path, what: str, *, inputs: tuple[tuple[str | Path, str], ...] = ()) -> Path:
+def check_writable(
+    path: str | Path, what: str, *, inputs: tuple[tuple[str | Path, str], ...] = ()
+) -> Path:
     """Fail early (before a long computation) when `path` clearly cannot be written, or is one of the
     `inputs` ((path, what it is) pairs: the command would overwrite what it reads); returns the
     target. The write itself still reports what this cannot foresee (e.g. a full disk)."""
     target = _target(path, what)
     for source, role in inputs:
         if _same_file(target, source):
-            raise _unwritable(Path(path), what, f"is the {role} this command reads; write to another file")
+            raise _unwritable(
+                Path(path), what, f"is the {role} this command reads; write to another file"
+            )
     if not _is_special(target):
         _probe_directory(target, what)
     return target
@@ -230,8 +266,11 @@ def _probe_directory(target: Path, what: str) -> None:
     try:
         fd, probe = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".probe")
     except OSError as err:
-        raise _unwritable(target, what, f"cannot write: directory {target.parent} is not writable "
-                                        f"({err.strerror or err})") from None
+        raise _unwritable(
+            target,
+            what,
+            f"cannot write: directory {target.parent} is not writable ({err.strerror or err})",
+        ) from None
     os.close(fd)
     os.unlink(probe)
 
@@ -260,8 +299,9 @@ def _open_special(path: Path, what: str):
         fd = os.open(path, flags)
     except OSError as err:
         if err.errno == errno.ENXIO:
-            raise _unwritable(path, what, "is a FIFO that no process reads; give a file name") \
-                from None
+            raise _unwritable(
+                path, what, "is a FIFO that no process reads; give a file name"
+            ) from None
         raise
     os.set_blocking(fd, True)
     return os.fdopen(fd, "wb")
@@ -285,9 +325,9 @@ def write_bytes(path: str | Path, data: bytes, what: str) -> Path:
             raise _unwritable(target, what, f"cannot write ({err.strerror or err})") from None
         return Path(path)
     try:
-        mode = stat.S_IMODE(target.stat().st_mode)        # keep the permissions of the file replaced
+        mode = stat.S_IMODE(target.stat().st_mode)  # keep the permissions of the file replaced
     except OSError:
-        mode = 0o666 & ~_umask()                          # what open() would have given a new file
+        mode = 0o666 & ~_umask()  # what open() would have given a new file
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -299,8 +339,11 @@ def write_bytes(path: str | Path, data: bytes, what: str) -> Path:
         os.replace(tmp, target)
         tmp = None
     except PermissionError as err:
-        raise _unwritable(target, what, f"cannot write: directory {target.parent} is not writable "
-                                        f"({err.strerror or err})") from None
+        raise _unwritable(
+            target,
+            what,
+            f"cannot write: directory {target.parent} is not writable ({err.strerror or err})",
+        ) from None
     except OSError as err:
         raise _unwritable(target, what, f"cannot write ({err.strerror or err})") from None
     finally:
@@ -324,6 +367,7 @@ def write_json(path: str | Path, document: Any, what: str, *, indent: int | None
 
 # -------------------------------------------------------------------------------------- directories
 
+
 def check_directory(path: str | Path, what: str) -> Path:
     """Fail early, in one line, when `path` cannot be a directory this command writes in: it is a
     file or a special file, or it (or, when it does not exist yet, its nearest existing ancestor) is
@@ -332,14 +376,17 @@ def check_directory(path: str | Path, what: str) -> Path:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise _not_a_folder(path, what, "is a file, not a directory")
-    existing = next(p for p in (path, *path.parents) if p.exists())      # "." or "/" at the latest
+    existing = next(p for p in (path, *path.parents) if p.exists())  # "." or "/" at the latest
     if not existing.is_dir():
         raise _not_a_folder(path, what, f"cannot create it: {existing} is a file, not a directory")
     try:
         fd, probe = tempfile.mkstemp(dir=existing, prefix=".planner-", suffix=".probe")
     except OSError as err:
-        where = ("directory is not writable" if existing == path
-                 else f"cannot create it: {existing} is not writable")
+        where = (
+            "directory is not writable"
+            if existing == path
+            else f"cannot create it: {existing} is not writable"
+        )
         raise _not_a_folder(path, what, f"{where} ({err.strerror or err})") from None
     os.close(fd)
     os.unlink(probe)

@@ -35,6 +35,7 @@ Precision: fp32 runs the module in fp32; bf16 and amp-* run it in bf16 (amp-fp16
 meta device has no autocast, so amp's fp32 residual stream is not reproduced (the analytic
 profiler models it).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,7 +53,12 @@ import torch.nn.functional as TF
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
-from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count, shape_wrapper
+from torch.utils.flop_counter import (
+    flop_registry,
+    sdpa_backward_flop_count,
+    sdpa_flop_count,
+    shape_wrapper,
+)
 
 from planner.errors import ConfigError
 from planner.profile_records import RECOMPUTE_MODES, LayerProfile, ModelProfile
@@ -60,7 +66,12 @@ from planner.progress import working
 from planner.spec import TransformerSpec, with_seq
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
-_DTYPES = {"fp32": torch.float32, "amp-bf16": torch.bfloat16, "bf16": torch.bfloat16, "amp-fp16": torch.float16}
+_DTYPES = {
+    "fp32": torch.float32,
+    "amp-bf16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "amp-fp16": torch.float16,
+}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,11 +116,14 @@ class ModuleSpec:
 
 # --- flash attention on meta -------------------------------------------------------------------
 
+
 def _flash_fwd_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-def _flash_bwd_flops(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+def _flash_bwd_flops(
+    grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs
+) -> int:
     return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 
@@ -125,7 +139,9 @@ class _FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, is_causal, scale):
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, is_causal, scale=scale
+        )
         # Real flash kernels return (b, a, s, d) views of a (b, s, a, d) buffer.
         out = out.transpose(1, 2).contiguous().transpose(1, 2)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -136,24 +152,46 @@ class _FlashAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out, q, k, v, out, lse, 0.0, ctx.is_causal, scale=ctx.scale)
+            grad_out, q, k, v, out, lse, 0.0, ctx.is_causal, scale=ctx.scale
+        )
         return dq, dk, dv, None, None
 
 
 def _sdpa_replacement(original, *, flash: bool, selective: bool):
-    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    def sdpa(
+        query,
+        key,
+        value,
+        attn_mask=None,
+        dropout_p=0.0,
+        is_causal=False,
+        scale=None,
+        enable_gqa=False,
+    ):
         if flash and attn_mask is None and dropout_p == 0.0:
             if key.shape[-3] != query.shape[-3] and not enable_gqa:
                 raise ValueError("key/value heads differ from query heads without enable_gqa")
+
             def core(q, k, v):
                 return _FlashAttention.apply(q, k, v, is_causal, scale)
         else:
+
             def core(q, k, v):
-                return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                                enable_gqa=enable_gqa)
+                return original(
+                    q,
+                    k,
+                    v,
+                    attn_mask=attn_mask,
+                    dropout_p=dropout_p,
+                    is_causal=is_causal,
+                    scale=scale,
+                    enable_gqa=enable_gqa,
+                )
+
         if selective and torch.is_grad_enabled():
             return checkpoint(core, query, key, value, use_reentrant=False)
         return core(query, key, value)
+
     return sdpa
 
 
@@ -172,6 +210,7 @@ def _patched_sdpa(*, flash: bool, selective: bool):
 
 # --- attribution of ops and saved tensors to units ------------------------------------------------
 
+
 class _UnitTracker:
     """Which unit is running: forward by pre/post hooks, backward by full-backward pre-hooks."""
 
@@ -182,8 +221,12 @@ class _UnitTracker:
         self.handles = []
         for name, module in units.items():
             self.handles.append(module.register_forward_pre_hook(partial(self._enter, name)))
-            self.handles.append(module.register_forward_hook(partial(self._leave, name), always_call=True))
-            self.handles.append(module.register_full_backward_pre_hook(partial(self._backward, name)))
+            self.handles.append(
+                module.register_forward_hook(partial(self._leave, name), always_call=True)
+            )
+            self.handles.append(
+                module.register_full_backward_pre_hook(partial(self._backward, name))
+            )
 
     def _enter(self, name, module, args):
         self.stack.append(name)
@@ -214,7 +257,9 @@ class _UnitFlops(TorchDispatchMode):
         self.tracker = tracker
         self.forward: dict[str, float] = defaultdict(float)
         self.backward: dict[str, float] = defaultdict(float)
-        self.registry = dict(flop_registry) | {op: shape_wrapper(f) for op, f in CPU_FLASH_FLOPS.items()}
+        self.registry = dict(flop_registry) | {
+            op: shape_wrapper(f) for op, f in CPU_FLASH_FLOPS.items()
+        }
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -236,7 +281,9 @@ class SavedTensors:
     """saved_tensors_hooks that sum the bytes of distinct non-parameter storages, per unit."""
 
     def __init__(self, model: nn.Module, tracker: _UnitTracker):
-        self.params = {storage_key(p) for p in model.parameters()} | {storage_key(b) for b in model.buffers()}
+        self.params = {storage_key(p) for p in model.parameters()} | {
+            storage_key(b) for b in model.buffers()
+        }
         self.tracker = tracker
         self.seen: set[int] = set()
         self.bytes: dict[str, int] = defaultdict(int)
@@ -253,6 +300,7 @@ class SavedTensors:
 
 
 # --- the nn.Module tree ---------------------------------------------------------------------------
+
 
 def find_units(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     """(qualified name, module, kind) of the pipeline units: root children, containers expanded."""
@@ -319,13 +367,24 @@ def _inputs_and_loss(model: nn.Module, micro_batch: int, seq: int, device):
             inputs = tuple(model.example_inputs(micro_batch, seq))
         # floating inputs in the dtype the module was cast to (the profiler runs it in the precision's dtype)
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
-        inputs = tuple((x.to(device=device, dtype=dtype) if dtype is not None and x.is_floating_point()
-                        else x.to(device)) if isinstance(x, torch.Tensor) else x for x in inputs)
-        return inputs, lambda out: (out if out.dim() == 0 else out.float().sum())
+        inputs = tuple(
+            (
+                x.to(device=device, dtype=dtype)
+                if dtype is not None and x.is_floating_point()
+                else x.to(device)
+            )
+            if isinstance(x, torch.Tensor)
+            else x
+            for x in inputs
+        )
+        return inputs, lambda out: out if out.dim() == 0 else out.float().sum()
     embedding = _first_embedding(model)
     if embedding is None:
-        raise ConfigError("MODEL", type(model).__name__, "an nn.Module with an nn.Embedding input or an "
-                          "example_inputs(micro_batch, seq) method")
+        raise ConfigError(
+            "MODEL",
+            type(model).__name__,
+            "an nn.Module with an nn.Embedding input or an example_inputs(micro_batch, seq) method",
+        )
     tokens = torch.zeros((micro_batch, seq), dtype=torch.long, device=device)
     vocab = embedding.num_embeddings
 
@@ -333,6 +392,7 @@ def _inputs_and_loss(model: nn.Module, micro_batch: int, seq: int, device):
         if out.dim() == 3 and out.shape[-1] == vocab:
             return TF.cross_entropy(out.float().flatten(0, 1), tokens.flatten(0, 1))
         return out.float().sum()
+
     return (tokens,), loss
 
 
@@ -352,8 +412,16 @@ def _checkpointed_blocks(units: list[tuple[str, nn.Module, str]]):
             del module.forward
 
 
-def measure_step(model: nn.Module, inputs: tuple, loss_fn, units: list[tuple[str, nn.Module, str]] | None = None,
-                 *, backward: bool = True, count_flops: bool = True, record_inputs: bool = False) -> dict:
+def measure_step(
+    model: nn.Module,
+    inputs: tuple,
+    loss_fn,
+    units: list[tuple[str, nn.Module, str]] | None = None,
+    *,
+    backward: bool = True,
+    count_flops: bool = True,
+    record_inputs: bool = False,
+) -> dict:
     """One forward (+ backward) of `model` as it is: per-unit saved bytes and forward/backward FLOPs.
     Returns {"saved": {unit: bytes}, "flops_fwd": {...}, "flops_bwd": {...}, "inputs": {unit: (args, kwargs)}};
     `record_inputs` keeps the detached arguments of each unit's first call (for `block_recompute_flops`)."""
@@ -364,10 +432,15 @@ def measure_step(model: nn.Module, inputs: tuple, loss_fn, units: list[tuple[str
     recorded: dict[str, tuple] = {}
     handles = []
     if record_inputs:
+
         def record(name, module, args, kwargs):
             if name not in recorded:
                 recorded[name] = _detach((args, kwargs))
-        handles = [module.register_forward_pre_hook(partial(record, name), with_kwargs=True) for name, module, _ in units]
+
+        handles = [
+            module.register_forward_pre_hook(partial(record, name), with_kwargs=True)
+            for name, module, _ in units
+        ]
     try:
         with counter, warnings.catch_warnings():
             # Units whose inputs need no grad (the embedding) still get their backward pre-hook.
@@ -383,8 +456,12 @@ def measure_step(model: nn.Module, inputs: tuple, loss_fn, units: list[tuple[str
             handle.remove()
     model.zero_grad(set_to_none=True)
     flops = counter if count_flops else None
-    return {"saved": dict(saved.bytes), "flops_fwd": dict(flops.forward) if flops else {},
-            "flops_bwd": dict(flops.backward) if flops else {}, "inputs": recorded}
+    return {
+        "saved": dict(saved.bytes),
+        "flops_fwd": dict(flops.forward) if flops else {},
+        "flops_bwd": dict(flops.backward) if flops else {},
+        "inputs": recorded,
+    }
 
 
 def _detach(tree):
@@ -411,6 +488,7 @@ def _tensors(tree):
 
 def _signature(module: nn.Module, recorded) -> tuple:
     """Units with equal signatures compute the same thing on the same shapes (identical blocks)."""
+
     def shapes(tree):
         if isinstance(tree, torch.Tensor):
             return (tuple(tree.shape), tree.dtype, tree.requires_grad)
@@ -419,6 +497,7 @@ def _signature(module: nn.Module, recorded) -> tuple:
         if isinstance(tree, dict):
             return tuple((k, shapes(v)) for k, v in sorted(tree.items()))
         return repr(tree)
+
     params = tuple((n, tuple(p.shape), p.dtype) for n, p in module.named_parameters())
     return (type(module), params, shapes(recorded))
 
@@ -428,12 +507,25 @@ def _unit_backward_flops(module: nn.Module, recorded, *, flash: bool, mode: str)
     args, kwargs = _detach(recorded)
     tracker = _UnitTracker({"unit": module}, outside="unit")
     counter = _UnitFlops(tracker)
-    full = _checkpointed_blocks([("unit", module, "block")]) if mode == "full" else contextlib.nullcontext()
+    full = (
+        _checkpointed_blocks([("unit", module, "block")])
+        if mode == "full"
+        else contextlib.nullcontext()
+    )
     try:
-        with _patched_sdpa(flash=flash, selective=mode == "selective"), full, counter, warnings.catch_warnings():
+        with (
+            _patched_sdpa(flash=flash, selective=mode == "selective"),
+            full,
+            counter,
+            warnings.catch_warnings(),
+        ):
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
             out = module(*args, **kwargs)
-            out = out if isinstance(out, torch.Tensor) else next(t for t in out if isinstance(t, torch.Tensor))
+            out = (
+                out
+                if isinstance(out, torch.Tensor)
+                else next(t for t in out if isinstance(t, torch.Tensor))
+            )
             if not out.requires_grad:
                 return 0.0
             out.float().sum().backward()
@@ -451,7 +543,11 @@ def _unit_saved_bytes(module: nn.Module, recorded, *, flash: bool, mode: str) ->
     # Constants passed in (RoPE tables, masks) belong to the whole model, not to this unit's change:
     # checkpoint keeps them by reference (not through saved-tensor hooks), so leave them out of both sides.
     saved.params |= {storage_key(t) for t in _tensors((args, kwargs)) if not t.requires_grad}
-    full = _checkpointed_blocks([("unit", module, "block")]) if mode == "full" else contextlib.nullcontext()
+    full = (
+        _checkpointed_blocks([("unit", module, "block")])
+        if mode == "full"
+        else contextlib.nullcontext()
+    )
     with _patched_sdpa(flash=flash, selective=mode == "selective"), full, saved.hooks():
         module(*args, **kwargs)
     return saved.bytes.get("unit", 0)
@@ -472,7 +568,12 @@ def measure(model: nn.Module, inputs: tuple, loss_fn, *, flash: bool = True) -> 
     GEMM rule (cross entropy itself has no GEMM). A unit called twice is charged one backward.
     """
     units = find_units(model)
-    result: dict = {"units": units, "saved": {}, "flops_bwd": {}, "recompute": {m: {} for m in RECOMPUTE_MODES}}
+    result: dict = {
+        "units": units,
+        "saved": {},
+        "flops_bwd": {},
+        "recompute": {m: {} for m in RECOMPUTE_MODES},
+    }
     with _patched_sdpa(flash=flash, selective=False):
         step = measure_step(model, inputs, loss_fn, units, backward=False, record_inputs=True)
     result["saved"]["none"] = step["saved"]
@@ -487,8 +588,12 @@ def measure(model: nn.Module, inputs: tuple, loss_fn, *, flash: bool = True) -> 
         key = (kind, _signature(module, recorded))
         if key not in cache:
             modes = ("none", "selective", "full") if kind == "block" else ("none",)
-            cache[key] = {m: _unit_backward_flops(module, recorded, flash=flash, mode=m) for m in modes}
-            cache[key]["saved"] = {m: _unit_saved_bytes(module, recorded, flash=flash, mode=m) for m in modes}
+            cache[key] = {
+                m: _unit_backward_flops(module, recorded, flash=flash, mode=m) for m in modes
+            }
+            cache[key]["saved"] = {
+                m: _unit_saved_bytes(module, recorded, flash=flash, mode=m) for m in modes
+            }
         result["flops_bwd"][name] = cache[key]["none"]
         for mode in ("selective", "full"):
             if mode in cache[key]:
@@ -512,14 +617,16 @@ def load_factory(arg: str):
         raise ConfigError("MODEL", arg, "package.module:factory")
     top = module_name.split(".")[0]
     if os.getcwd() not in sys.path and _find_spec(top) is None:
-        sys.path.insert(0, os.getcwd())      # as `python -m` does: modules of the current directory
+        sys.path.insert(0, os.getcwd())  # as `python -m` does: modules of the current directory
     with user_code(arg, f"importing {module_name}", user_roots(module_name)):
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as err:
             if err.name and (module_name == err.name or module_name.startswith(err.name + ".")):
-                raise ConfigError("MODEL", arg, f"an importable module; {err.name!r} was not found") from None
-            raise                             # a module the user's module imports is missing
+                raise ConfigError(
+                    "MODEL", arg, f"an importable module; {err.name!r} was not found"
+                ) from None
+            raise  # a module the user's module imports is missing
     factory = module
     for part in attr.split("."):
         factory = getattr(factory, part, None)
@@ -548,7 +655,9 @@ def build_on_meta(arg: str, precision: str = "fp32") -> nn.Module:
         with torch.device("meta"):
             model = factory()
         if not isinstance(model, nn.Module):
-            raise ConfigError("MODEL", arg, f"a factory returning an nn.Module, not {type(model).__name__}")
+            raise ConfigError(
+                "MODEL", arg, f"a factory returning an nn.Module, not {type(model).__name__}"
+            )
         if any(p.device.type != "meta" for p in model.parameters()):
             model = model.to("meta")  # the factory placed parameters explicitly; drop them
         return model.to(_DTYPES[precision])
@@ -562,14 +671,21 @@ def _spec_from_hf_config(config, name: str, seq: int | None) -> TransformerSpec 
     if not isinstance(data, dict) or "model_type" not in data:
         return None
     from planner.hf_config import spec_from_dict
+
     try:
         return spec_from_dict(data, name=name, seq=seq)
     except ConfigError:
         return None
 
 
-def profile_module(arg: str, *, seq: int | None = None, micro_batch: int = 1, precision: str = "amp-bf16",
-                   flash: bool = True) -> ModuleSpec | TransformerSpec:
+def profile_module(
+    arg: str,
+    *,
+    seq: int | None = None,
+    micro_batch: int = 1,
+    precision: str = "amp-bf16",
+    flash: bool = True,
+) -> ModuleSpec | TransformerSpec:
     """Measure `package.module:factory` on the meta device (see the module docstring). A factory
     returning the
     planner's own mixture-of-experts Transformer is costed from its spec, as a catalog model: its
@@ -582,8 +698,10 @@ def profile_module(arg: str, *, seq: int | None = None, micro_batch: int = 1, pr
 
     # one time limit for importing, building and tracing (planner.usercode)
     roots = user_roots(arg.partition(":")[0])
-    with working(f"tracing {arg} on the meta device"), \
-            user_code(arg, "its forward/backward on the meta device", roots):
+    with (
+        working(f"tracing {arg} on the meta device"),
+        user_code(arg, "its forward/backward on the meta device", roots),
+    ):
         model = build_on_meta(arg, precision)
         spec = getattr(model, "spec", None)
         if isinstance(spec, TransformerSpec) and spec.moe is not None:
@@ -597,23 +715,66 @@ def profile_module(arg: str, *, seq: int | None = None, micro_batch: int = 1, pr
     params = _unit_params(model, m["units"])
     names = [name for name, _, _ in m["units"]] + [n for n in ("(root)",) if n in params] + ["loss"]
     kinds = {name: kind for name, _, kind in m["units"]} | {"(root)": "parameters", "loss": "loss"}
-    units = tuple(LayerProfile(
-        name=name, kind=kinds[name], params=params.get(name, 0), flops_fwd=float(m["flops_fwd"].get(name, 0.0)),
-        flops_bwd=float(m["flops_bwd"].get(name, 0.0)),
-        activation_bytes={mode: int(m["saved"][mode].get(name, 0)) for mode in RECOMPUTE_MODES},
-        recompute_flops={mode: float(m["recompute"][mode].get(name, 0.0)) for mode in RECOMPUTE_MODES})
-        for name in names)
-    modules = tuple(LayerProfile(name=name, kind=type(mod).__name__, params=sum(p.numel() for p in mod.parameters()),
-                                 flops_fwd=0.0, flops_bwd=0.0) for name, mod in model.named_modules() if name)
+    units = tuple(
+        LayerProfile(
+            name=name,
+            kind=kinds[name],
+            params=params.get(name, 0),
+            flops_fwd=float(m["flops_fwd"].get(name, 0.0)),
+            flops_bwd=float(m["flops_bwd"].get(name, 0.0)),
+            activation_bytes={mode: int(m["saved"][mode].get(name, 0)) for mode in RECOMPUTE_MODES},
+            recompute_flops={
+                mode: float(m["recompute"][mode].get(name, 0.0)) for mode in RECOMPUTE_MODES
+            },
+        )
+        for name in names
+    )
+    modules = tuple(
+        LayerProfile(
+            name=name,
+            kind=type(mod).__name__,
+            params=sum(p.numel() for p in mod.parameters()),
+            flops_fwd=0.0,
+            flops_bwd=0.0,
+        )
+        for name, mod in model.named_modules()
+        if name
+    )
     total = unique_params(model)
     shared = shared_parameter_groups(model)
     has_bn = any(isinstance(mod, nn.modules.batchnorm._BatchNorm) for mod in model.modules())
-    description = {"name": arg, "factory": arg, "class": type(model).__name__, "params": total,
-                   "blocks": sum(1 for u in units if u.kind == "block"), "seq": s,
-                   "shared_params": [list(g) for g in shared], "has_batchnorm": has_bn}
-    profile = ModelProfile(model=description, seq=s, micro_batch=micro_batch, precision=precision, flash=flash,
-                           params=total, layers=units, method="meta-device measurement",
-                           extra={"shared_params": [list(g) for g in shared]})
-    return ModuleSpec(name=arg, factory=arg, seq=s, micro_batch=micro_batch, precision=precision, params=total,
-                      units=units, modules=modules, shared_params=shared, has_batchnorm=has_bn, spec=spec,
-                      profile=profile)
+    description = {
+        "name": arg,
+        "factory": arg,
+        "class": type(model).__name__,
+        "params": total,
+        "blocks": sum(1 for u in units if u.kind == "block"),
+        "seq": s,
+        "shared_params": [list(g) for g in shared],
+        "has_batchnorm": has_bn,
+    }
+    profile = ModelProfile(
+        model=description,
+        seq=s,
+        micro_batch=micro_batch,
+        precision=precision,
+        flash=flash,
+        params=total,
+        layers=units,
+        method="meta-device measurement",
+        extra={"shared_params": [list(g) for g in shared]},
+    )
+    return ModuleSpec(
+        name=arg,
+        factory=arg,
+        seq=s,
+        micro_batch=micro_batch,
+        precision=precision,
+        params=total,
+        units=units,
+        modules=modules,
+        shared_params=shared,
+        has_batchnorm=has_bn,
+        spec=spec,
+        profile=profile,
+    )

@@ -2,6 +2,7 @@
 
 Every later step (cost, search, plan file, executor) takes a `ParallelConfig`.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -32,6 +33,8 @@ def offloads(offload: str, kind: str) -> bool:
 def offload_indices(kind: str) -> tuple[int, ...]:
     """Indices into OFFLOAD of the values that move `kind` to the host (the candidate arrays' encoding)."""
     return tuple(i for i, o in enumerate(OFFLOAD) if offloads(o, kind))
+
+
 PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "bf16", "fp8")
 """fp8: FP8 GEMMs (Transformer Engine / torchao float8 recipes) with bf16 everywhere else and fp32
 master weights and optimizer states."""
@@ -57,6 +60,8 @@ def looped_rounds(m, pp):
 def looped_rounds_ok(m, pp):
     """m micro-batches run as whole rounds of a looped schedule with pp stages (ints or arrays)."""
     return m % looped_rounds(m, pp) == 0
+
+
 OPTIMIZERS = ("adamw", "sgd")
 
 
@@ -141,49 +146,96 @@ class ParallelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(name, value, "a positive integer")
-        if not isinstance(self.dp_shard, int) or isinstance(self.dp_shard, bool) or self.dp_shard < 0 \
-                or (self.dp_shard and self.dp % self.dp_shard):
-            raise ConfigError("dp_shard", self.dp_shard, f"0 (all dp ranks) or a divisor of dp({self.dp})")
-        if not expert_parallel_ok(dp=self.dp, tp=self.tp, cp=self.cp, ep=self.ep, expert_tp=self.expert_tp):
+        if (
+            not isinstance(self.dp_shard, int)
+            or isinstance(self.dp_shard, bool)
+            or self.dp_shard < 0
+            or (self.dp_shard and self.dp % self.dp_shard)
+        ):
+            raise ConfigError(
+                "dp_shard", self.dp_shard, f"0 (all dp ranks) or a divisor of dp({self.dp})"
+            )
+        if not expert_parallel_ok(
+            dp=self.dp, tp=self.tp, cp=self.cp, ep=self.ep, expert_tp=self.expert_tp
+        ):
             n = self.tp * self.cp * self.dp
-            raise ConfigError("ep", self.ep, f"ep*expert_tp ({self.ep}*{self.expert_tp}) dividing tp*cp*dp = "
-                                             f"{self.tp}*{self.cp}*{self.dp} = {n}", message=(
-                f"ep={self.ep} with expert_tp={self.expert_tp}: ep*expert_tp = {self.ep * self.expert_tp} must divide "
-                f"tp*cp*dp = {n} (the expert layers regroup a pipeline stage's ranks as expert_tp x ep x expert_dp, "
-                f"Megatron-Core MoE parallel folding); allowed ep here: "
-                + ", ".join(map(str, expert_parallel_degrees(dp=self.dp, tp=self.tp, cp=self.cp,
-                                                             expert_tp=self.expert_tp)))))
+            raise ConfigError(
+                "ep",
+                self.ep,
+                f"ep*expert_tp ({self.ep}*{self.expert_tp}) dividing tp*cp*dp = "
+                f"{self.tp}*{self.cp}*{self.dp} = {n}",
+                message=(
+                    f"ep={self.ep} with expert_tp={self.expert_tp}: ep*expert_tp = {self.ep * self.expert_tp} must divide "
+                    f"tp*cp*dp = {n} (the expert layers regroup a pipeline stage's ranks as expert_tp x ep x expert_dp, "
+                    f"Megatron-Core MoE parallel folding); allowed ep here: "
+                    + ", ".join(
+                        map(
+                            str,
+                            expert_parallel_degrees(
+                                dp=self.dp, tp=self.tp, cp=self.cp, expert_tp=self.expert_tp
+                            ),
+                        )
+                    )
+                ),
+            )
         if self.zero not in (0, 1, 2, 3):
             raise ConfigError("zero", self.zero, "one of 0, 1, 2, 3")
         if self.recompute_layers is not None:
             value = self.recompute_layers
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError("recompute_layers", value, "a positive integer (blocks per pipeline chunk) or none")
+                raise ConfigError(
+                    "recompute_layers",
+                    value,
+                    "a positive integer (blocks per pipeline chunk) or none",
+                )
             if self.recompute != "full":
-                raise ConfigError("recompute_layers", value, "none unless recompute is full", message=(
-                    f"recompute_layers={value} with recompute={self.recompute}: it counts the blocks that full "
-                    "recomputation re-runs in each pipeline chunk; set recompute=full or leave it out"))
+                raise ConfigError(
+                    "recompute_layers",
+                    value,
+                    "none unless recompute is full",
+                    message=(
+                        f"recompute_layers={value} with recompute={self.recompute}: it counts the blocks that full "
+                        "recomputation re-runs in each pipeline chunk; set recompute=full or leave it out"
+                    ),
+                )
         check_placement(self.placement, cp=self.cp, ep=self.ep)
         if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
-            raise ConfigError("virtual_stages", self.virtual_stages,
-                              f"1 with schedule {self.schedule!r}; virtual stages need interleaved-1f1b")
+            raise ConfigError(
+                "virtual_stages",
+                self.virtual_stages,
+                f"1 with schedule {self.schedule!r}; virtual stages need interleaved-1f1b",
+            )
         per_step = self.dp * self.micro_batch
         if self.global_batch % per_step:
-            raise ConfigError("global_batch", self.global_batch,
-                              f"a multiple of dp({self.dp})*micro_batch({self.micro_batch})={per_step}")
-        if self.schedule in LOOPED_SCHEDULES and not looped_rounds_ok(self.num_microbatches, self.pp):
+            raise ConfigError(
+                "global_batch",
+                self.global_batch,
+                f"a multiple of dp({self.dp})*micro_batch({self.micro_batch})={per_step}",
+            )
+        if self.schedule in LOOPED_SCHEDULES and not looped_rounds_ok(
+            self.num_microbatches, self.pp
+        ):
             m = self.num_microbatches
             rounds = int(looped_rounds(m, self.pp))
             ok = [k for k in range(1, 4 * m + 1) if looped_rounds_ok(k, self.pp)]
             near = sorted(ok, key=lambda k: (abs(k - m), k))[:2]
-            raise ConfigError("num_microbatches", m, f"a multiple of {rounds}", message=(
-                f"num_microbatches=global_batch/(dp*micro_batch)={m} with schedule {self.schedule} and "
-                f"pp={self.pp}: must be a multiple of max(1, m // pp)={rounds} (torch.distributed.pipelining "
-                f"runs rounds of pp micro-batches); nearest allowed m: {', '.join(map(str, sorted(near)))} "
-                f"(global_batch {', '.join(str(k * per_step) for k in sorted(near))})"))
+            raise ConfigError(
+                "num_microbatches",
+                m,
+                f"a multiple of {rounds}",
+                message=(
+                    f"num_microbatches=global_batch/(dp*micro_batch)={m} with schedule {self.schedule} and "
+                    f"pp={self.pp}: must be a multiple of max(1, m // pp)={rounds} (torch.distributed.pipelining "
+                    f"runs rounds of pp micro-batches); nearest allowed m: {', '.join(map(str, sorted(near)))} "
+                    f"(global_batch {', '.join(str(k * per_step) for k in sorted(near))})"
+                ),
+            )
         if self.stages and len(self.stages) != self.pp * self.virtual_stages:
-            raise ConfigError("stages", list(self.stages),
-                              f"{self.pp * self.virtual_stages} entries (pp*virtual_stages), one per stage")
+            raise ConfigError(
+                "stages",
+                list(self.stages),
+                f"{self.pp * self.virtual_stages} entries (pp*virtual_stages), one per stage",
+            )
 
     def offloads(self, kind: str) -> bool:
         """Whether the plan keeps `kind` ('optimizer' or 'activations') in host memory."""
@@ -197,7 +249,9 @@ class ParallelConfig:
     def expert_dp(self) -> int:
         """Ranks holding the same expert shard (Megatron-Core's expert data-parallel group):
         tp cp dp / (ep expert_tp)."""
-        return expert_data_parallel(dp=self.dp, tp=self.tp, cp=self.cp, ep=self.ep, expert_tp=self.expert_tp)
+        return expert_data_parallel(
+            dp=self.dp, tp=self.tp, cp=self.cp, ep=self.ep, expert_tp=self.expert_tp
+        )
 
     @property
     def shard_group(self) -> int:
@@ -219,8 +273,14 @@ class ParallelConfig:
             if world_size % other == 0:
                 fix = f"; set dp={world_size // other}"
             cp = f"*cp({self.cp})" if self.cp > 1 else ""
-            raise ConfigError("dp*tp*pp*cp", self.world_size, f"world_size({world_size})", message=(
-                f"tp({self.tp})*pp({self.pp})*dp({self.dp}){cp}={self.world_size} != world_size({world_size}){fix}"))
+            raise ConfigError(
+                "dp*tp*pp*cp",
+                self.world_size,
+                f"world_size({world_size})",
+                message=(
+                    f"tp({self.tp})*pp({self.pp})*dp({self.dp}){cp}={self.world_size} != world_size({world_size}){fix}"
+                ),
+            )
 
     def check_model(self, *, heads: int, kv_heads: int, blocks: int) -> None:
         """Degrees the model shape allows: tp divides the heads, pp*v stages no more than blocks (plus an
@@ -228,17 +288,31 @@ class ParallelConfig:
         if heads % self.tp or kv_heads % self.tp:
             # whole heads and whole K/V groups per rank (Megatron-LM asserts both); K/V replication is not costed
             divisors = [d for d in range(1, heads + 1) if heads % d == 0 and kv_heads % d == 0]
-            what = f"heads({heads})" if kv_heads == heads else f"heads({heads}) and kv_heads({kv_heads})"
-            raise ConfigError("tp", self.tp, f"a divisor of {what}: {', '.join(map(str, divisors))}")
+            what = (
+                f"heads({heads})"
+                if kv_heads == heads
+                else f"heads({heads}) and kv_heads({kv_heads})"
+            )
+            raise ConfigError(
+                "tp", self.tp, f"a divisor of {what}: {', '.join(map(str, divisors))}"
+            )
         chunks = self.pp * self.virtual_stages
         # an explicit layout may give the first and the last chunk no block (the embedding or the loss
         # alone: Megatron's --account-for-embedding/loss-in-pipeline-split, pipeline_model_parallel_layout)
-        empty_ends = sum(1 for i in (0, -1) if self.stages and self.stages[i] == 0) if chunks > 1 else 0
+        empty_ends = (
+            sum(1 for i in (0, -1) if self.stages and self.stages[i] == 0) if chunks > 1 else 0
+        )
         if chunks > blocks + empty_ends:
-            raise ConfigError("pp", self.pp, f"pp*virtual_stages <= layers({blocks}); got {self.pp}*{self.virtual_stages}={chunks}")
+            raise ConfigError(
+                "pp",
+                self.pp,
+                f"pp*virtual_stages <= layers({blocks}); got {self.pp}*{self.virtual_stages}={chunks}",
+            )
         self.check_recompute_layers(blocks)
         if self.stages and sum(self.stages) != blocks:
-            raise ConfigError("stages", list(self.stages), f"blocks per stage summing to layers({blocks})")
+            raise ConfigError(
+                "stages", list(self.stages), f"blocks per stage summing to layers({blocks})"
+            )
 
     def check_against(self, model, seq: int | None = None) -> None:
         """Every degree rule of a model shape (`model`, a planner.spec.TransformerSpec; `seq`,
@@ -246,8 +320,9 @@ class ParallelConfig:
         estimate and of the plan reader (planner.plan.check_against_model)."""
         self.check_model(heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks)
         self.check_experts(model.moe)
-        self.check_sequence(model.seq if seq is None else seq, heads=model.heads,
-                            kv_heads=model.n_kv_heads)
+        self.check_sequence(
+            model.seq if seq is None else seq, heads=model.heads, kv_heads=model.n_kv_heads
+        )
 
     def largest_chunk(self, blocks: int) -> int:
         """Blocks of the largest pipeline chunk: the explicit stages' largest, else ceil(blocks / (pp v))."""
@@ -255,10 +330,15 @@ class ParallelConfig:
 
     def check_recompute_layers(self, blocks: int, field: str = "recompute_layers") -> None:
         """recompute_layers counts blocks of one chunk: at most the largest chunk's (largest_chunk)."""
-        if self.recompute_layers is not None and self.recompute_layers > (most := self.largest_chunk(blocks)):
-            raise ConfigError(field, self.recompute_layers,
-                              f"at most {most}, the blocks of the largest pipeline chunk (layers({blocks}) over "
-                              f"pp*virtual_stages={self.pp * self.virtual_stages})")
+        if self.recompute_layers is not None and self.recompute_layers > (
+            most := self.largest_chunk(blocks)
+        ):
+            raise ConfigError(
+                field,
+                self.recompute_layers,
+                f"at most {most}, the blocks of the largest pipeline chunk (layers({blocks}) over "
+                f"pp*virtual_stages={self.pp * self.virtual_stages})",
+            )
 
     def check_experts(self, moe) -> None:
         """Expert degrees the model allows: ep > 1 or expert_tp > 1 needs a mixture-of-experts model
@@ -267,14 +347,23 @@ class ParallelConfig:
         if moe is None:
             for name in ("ep", "expert_tp"):
                 if getattr(self, name) > 1:
-                    raise ConfigError(name, getattr(self, name), "1 for a dense model (expert parallelism needs a "
-                                                                 "mixture-of-experts model)")
+                    raise ConfigError(
+                        name,
+                        getattr(self, name),
+                        "1 for a dense model (expert parallelism needs a mixture-of-experts model)",
+                    )
             return
         if moe.experts % self.ep:
             divisors = [d for d in range(1, moe.experts + 1) if moe.experts % d == 0]
-            raise ConfigError("ep", self.ep, f"a divisor of experts({moe.experts}): {', '.join(map(str, divisors))}")
+            raise ConfigError(
+                "ep",
+                self.ep,
+                f"a divisor of experts({moe.experts}): {', '.join(map(str, divisors))}",
+            )
         if moe.expert_ffn % self.expert_tp:
-            raise ConfigError("expert_tp", self.expert_tp, f"a divisor of expert_ffn({moe.expert_ffn})")
+            raise ConfigError(
+                "expert_tp", self.expert_tp, f"a divisor of expert_ffn({moe.expert_ffn})"
+            )
 
     def check_sequence(self, seq: int, *, heads: int, kv_heads: int) -> None:
         """Context parallelism's rules: the load-balanced causal split cuts each sequence into 2 cp
@@ -283,15 +372,27 @@ class ParallelConfig:
         if self.cp == 1:
             return
         if seq % (2 * self.cp):
-            raise ConfigError("cp", self.cp, f"a degree with seq({seq}) divisible by 2*cp (the load-balanced causal "
-                                             f"split into 2*cp chunks)")
-        if self.cp_comm == "a2a" and (heads % (self.tp * self.cp) or kv_heads % (self.tp * self.cp)):
-            raise ConfigError("cp", self.cp, f"a divisor of heads({heads}) and kv_heads({kv_heads}) / tp({self.tp}) "
-                                             "with cp_comm a2a (Ulysses splits the heads over cp)")
+            raise ConfigError(
+                "cp",
+                self.cp,
+                f"a degree with seq({seq}) divisible by 2*cp (the load-balanced causal "
+                f"split into 2*cp chunks)",
+            )
+        if self.cp_comm == "a2a" and (
+            heads % (self.tp * self.cp) or kv_heads % (self.tp * self.cp)
+        ):
+            raise ConfigError(
+                "cp",
+                self.cp,
+                f"a divisor of heads({heads}) and kv_heads({kv_heads}) / tp({self.tp}) "
+                "with cp_comm a2a (Ulysses splits the heads over cp)",
+            )
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        if self.recompute_layers is None:       # the plan files of every other recomputation stay as they were
+        if (
+            self.recompute_layers is None
+        ):  # the plan files of every other recomputation stay as they were
             del d["recompute_layers"]
         d["stages"] = list(self.stages)
         d["num_microbatches"] = self.num_microbatches
@@ -330,8 +431,9 @@ def ep_allowed(ep, *, dp, cp=1, tp=1, expert_tp=1, experts=None):
     return bool(ok) if np.ndim(ok) == 0 else ok
 
 
-def expert_parallel_degrees(*, dp: int, tp: int = 1, cp: int = 1, expert_tp: int = 1,
-                            experts: int | None = 0) -> list[int]:
+def expert_parallel_degrees(
+    *, dp: int, tp: int = 1, cp: int = 1, expert_tp: int = 1, experts: int | None = 0
+) -> list[int]:
     """Every ep ep_allowed admits for these degrees (ascending): for a model with `experts` routed experts
     the divisors of the experts it allows; [1] for a dense model (experts None); experts 0: every degree
     the parallel-folding rule allows, whatever the model."""
@@ -357,19 +459,25 @@ def check_placement(placement: str, *, cp: int = 1, ep: int = 1) -> None:
     each letter once: the order of the mesh axes from outermost to innermost."""
     letters = list(placement) if isinstance(placement, str) else []
     needed = {"D", "P", "T"} | ({"C"} if cp > 1 else set()) | ({"E"} if ep > 1 else set())
-    ok = (len(letters) == len(set(letters)) and set(letters) <= set(PLACEMENT_LETTERS)
-          and needed <= set(letters))
+    ok = (
+        len(letters) == len(set(letters))
+        and set(letters) <= set(PLACEMENT_LETTERS)
+        and needed <= set(letters)
+    )
     if ok and "C" in letters:
         # context parallelism sits just outside tensor parallelism (Megatron's tp-cp-... rank order,
         # torchtitan's ..., cp, tp mesh): the cost model lays ranks out that way (planner.placement)
         ok = letters.index("C") == letters.index("T") - 1
     if not ok:
         extra = (", plus C" if cp > 1 else "") + (", plus E" if ep > 1 else "")
-        raise ConfigError("placement", placement, f"each of the letters D, P, T once{extra} (optional C, E "
-                          "when cp, ep = 1; C right before T), outermost first, e.g. DPT or DPCT")
+        raise ConfigError(
+            "placement",
+            placement,
+            f"each of the letters D, P, T once{extra} (optional C, E "
+            "when cp, ep = 1; C right before T), outermost first, e.g. DPT or DPCT",
+        )
 
 
 def _choice(field: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(field, value, "one of " + ", ".join(allowed))
-

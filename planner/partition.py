@@ -23,6 +23,7 @@ pp > 1; their gradient is summed once per step between the first and last stage 
 embedding group). That is a per-step constant that does not move the optimum; planner.score
 counts it in the step's dp_comm (cost_models.comm.tied_embedding_sync_seconds).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -62,7 +63,7 @@ def deepspeed_type_stages(blocks: int, pp: int, *, embeddings: bool = True) -> l
 
     e = 1 if embeddings else 0
     weights = [0, e, 0] + [1] * blocks + [0, 0, e, 0]
-    prefix = [sum(weights[:i + 1]) for i in range(len(weights))]
+    prefix = [sum(weights[: i + 1]) for i in range(len(weights))]
     n = len(prefix)
 
     def probe(bottleneck):
@@ -86,8 +87,11 @@ def deepspeed_type_stages(blocks: int, pp: int, *, embeddings: bool = True) -> l
         else:
             lower = mid + 1e-3
     parts = probe(upper)[0]
-    first = 3    # index of the first block in the spec list
-    return [sum(1 for i in range(parts[k], parts[k + 1]) if first <= i < first + blocks) for k in range(pp)]
+    first = 3  # index of the first block in the spec list
+    return [
+        sum(1 for i in range(parts[k], parts[k + 1]) if first <= i < first + blocks)
+        for k in range(pp)
+    ]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -122,9 +126,13 @@ class PartitionProblem:
         if chunks > blocks:
             raise ConfigError("pp", self.pp, f"pp*virtual_stages <= layers({blocks}); got {chunks}")
         if not (len(self.block_static_bytes) == len(self.block_activation_bytes) == blocks):
-            raise ConfigError("block costs", len(self.block_static_bytes), f"{blocks} entries per list")
+            raise ConfigError(
+                "block costs", len(self.block_static_bytes), f"{blocks} entries per list"
+            )
         if self.inflight and len(self.inflight) != chunks:
-            raise ConfigError("inflight", len(self.inflight), f"{chunks} entries (pp*virtual_stages)")
+            raise ConfigError(
+                "inflight", len(self.inflight), f"{chunks} entries (pp*virtual_stages)"
+            )
 
     @property
     def blocks(self) -> int:
@@ -152,9 +160,17 @@ class PartitionProblem:
             a, b, r = edges[c], edges[c + 1], c % self.pp
             w, s, x = work[a:b].sum(), static[a:b].sum(), act[a:b].sum()
             if c == 0:
-                w, s, x = w + self.first_work, s + self.first_static_bytes, x + self.first_activation_bytes
+                w, s, x = (
+                    w + self.first_work,
+                    s + self.first_static_bytes,
+                    x + self.first_activation_bytes,
+                )
             if c == self.chunks - 1:
-                w, s, x = w + self.last_work, s + self.last_static_bytes, x + self.last_activation_bytes
+                w, s, x = (
+                    w + self.last_work,
+                    s + self.last_static_bytes,
+                    x + self.last_activation_bytes,
+                )
             stage_work[c] = w
             rank_bytes[r] += s + inflight[c] * x
         return stage_work, rank_bytes
@@ -179,17 +195,28 @@ class Partition:
 
 def _result(problem: PartitionProblem, stages, method: str, objective: str) -> Partition:
     work, mem = problem.stage_costs(tuple(int(s) for s in stages))
-    return Partition(stages=tuple(int(s) for s in stages), max_work=float(work.max()), max_bytes=float(mem.max()),
-                     stage_work=tuple(work.tolist()), rank_bytes=tuple(mem.tolist()), method=method,
-                     objective=objective)
+    return Partition(
+        stages=tuple(int(s) for s in stages),
+        max_work=float(work.max()),
+        max_bytes=float(mem.max()),
+        stage_work=tuple(work.tolist()),
+        rank_bytes=tuple(mem.tolist()),
+        method=method,
+        objective=objective,
+    )
 
 
 def _no_split(problem: PartitionProblem) -> ConfigError:
-    return ConfigError("capacity_bytes", problem.capacity_bytes,
-                       f"room for a contiguous split of {problem.blocks} blocks over {problem.chunks} stages")
+    return ConfigError(
+        "capacity_bytes",
+        problem.capacity_bytes,
+        f"room for a contiguous split of {problem.blocks} blocks over {problem.chunks} stages",
+    )
 
 
-def split_dp(problem: PartitionProblem, *, objective: str = "speed", slack: float = 0.05) -> Partition:
+def split_dp(
+    problem: PartitionProblem, *, objective: str = "speed", slack: float = 0.05
+) -> Partition:
     """Exact contiguous split for v = 1 by the bottleneck DP (module docstring); O(L^2 P)."""
     if objective not in OBJECTIVES:
         raise ConfigError("objective", objective, "speed or memory")
@@ -214,13 +241,23 @@ def _bottleneck_dp(problem: PartitionProblem, *, value: str, work_bound: float |
     f = np.full((P + 1, L + 1), np.inf)
     arg = np.zeros((P + 1, L + 1), dtype=int)
     f[0, 0] = -np.inf
-    i, j = np.arange(L + 1)[:, None], np.arange(L + 1)[None, :]   # stage k-1 holds blocks i .. j-1
+    i, j = np.arange(L + 1)[:, None], np.arange(L + 1)[None, :]  # stage k-1 holds blocks i .. j-1
     for k in range(1, P + 1):
         first, last = k == 1, k == P
         work = cw[j] - cw[i] + first * problem.first_work + last * problem.last_work
-        act = ca[j] - ca[i] + first * problem.first_activation_bytes + last * problem.last_activation_bytes
-        mem = cs[j] - cs[i] + first * problem.first_static_bytes + last * problem.last_static_bytes \
+        act = (
+            ca[j]
+            - ca[i]
+            + first * problem.first_activation_bytes
+            + last * problem.last_activation_bytes
+        )
+        mem = (
+            cs[j]
+            - cs[i]
+            + first * problem.first_static_bytes
+            + last * problem.last_static_bytes
             + inflight[k - 1] * act
+        )
         cost = work if value == "work" else mem
         # >= 1 block per stage: stage k-1 starts at i >= k-1 and leaves >= 1 block to each later stage
         ok = (i < j) & (i >= k - 1) & (j <= L - (P - k)) & (mem <= cap)
@@ -239,20 +276,37 @@ def _bottleneck_dp(problem: PartitionProblem, *, value: str, work_bound: float |
     return float(f[P, L]), tuple(reversed(stages))
 
 
-def split_cpsat(problem: PartitionProblem, *, objective: str = "speed", slack: float = 0.05,
-                time_limit_s: float = 10.0) -> Partition:
+def split_cpsat(
+    problem: PartitionProblem,
+    *,
+    objective: str = "speed",
+    slack: float = 0.05,
+    time_limit_s: float = 10.0,
+) -> Partition:
     """Exact split with CP-SAT over the cut positions; handles v > 1 (a rank's stages coupled)."""
     if objective not in OBJECTIVES:
         raise ConfigError("objective", objective, "speed or memory")
     work_scale, byte_scale = _scales(problem)
-    status, stages, best = _cpsat_solve(problem, minimize="work", work_bound=None, work_scale=work_scale,
-                                        byte_scale=byte_scale, time_limit_s=time_limit_s)
+    status, stages, best = _cpsat_solve(
+        problem,
+        minimize="work",
+        work_bound=None,
+        work_scale=work_scale,
+        byte_scale=byte_scale,
+        time_limit_s=time_limit_s,
+    )
     if stages is None:
         raise _no_split(problem)
     bound = best * (1 + slack) if objective == "memory" else best
-    bound += 2 * problem.chunks             # prefix sums rounded to integer units: keep exact ties
-    _, stages2, _ = _cpsat_solve(problem, minimize="bytes", work_bound=int(np.floor(bound)), work_scale=work_scale,
-                                 byte_scale=byte_scale, time_limit_s=time_limit_s)
+    bound += 2 * problem.chunks  # prefix sums rounded to integer units: keep exact ties
+    _, stages2, _ = _cpsat_solve(
+        problem,
+        minimize="bytes",
+        work_bound=int(np.floor(bound)),
+        work_scale=work_scale,
+        byte_scale=byte_scale,
+        time_limit_s=time_limit_s,
+    )
     return _result(problem, stages2 or stages, "cp-sat", objective)
 
 
@@ -263,33 +317,64 @@ def _scales(problem: PartitionProblem) -> tuple[float, float]:
     # totals map to about 1e9
     total_work = sum(problem.block_work) + problem.first_work + problem.last_work
     inflight = max(problem.inflight_per_chunk)
-    total_bytes = sum(problem.block_static_bytes) + problem.first_static_bytes + problem.last_static_bytes \
-        + inflight * (sum(problem.block_activation_bytes) + problem.first_activation_bytes
-                      + problem.last_activation_bytes)
+    total_bytes = (
+        sum(problem.block_static_bytes)
+        + problem.first_static_bytes
+        + problem.last_static_bytes
+        + inflight
+        * (
+            sum(problem.block_activation_bytes)
+            + problem.first_activation_bytes
+            + problem.last_activation_bytes
+        )
+    )
     return 1e9 / max(total_work, 1e-30), 1e9 / max(total_bytes, 1e-30)
 
 
-def _cpsat_solve(problem: PartitionProblem, *, minimize: str, work_bound: int | None, work_scale: float,
-                 byte_scale: float, time_limit_s: float):
+def _cpsat_solve(
+    problem: PartitionProblem,
+    *,
+    minimize: str,
+    work_bound: int | None,
+    work_scale: float,
+    byte_scale: float,
+    time_limit_s: float,
+):
     from ortools.sat.python import cp_model
 
     L, C, P = problem.blocks, problem.chunks, problem.pp
-    cw = [int(round(v)) for v in np.concatenate([[0.0], np.cumsum(problem.block_work)]) * work_scale]
-    cs = [int(round(v)) for v in np.concatenate([[0.0], np.cumsum(problem.block_static_bytes)]) * byte_scale]
-    ca = [int(round(v)) for v in np.concatenate([[0.0], np.cumsum(problem.block_activation_bytes)]) * byte_scale]
+    cw = [
+        int(round(v)) for v in np.concatenate([[0.0], np.cumsum(problem.block_work)]) * work_scale
+    ]
+    cs = [
+        int(round(v))
+        for v in np.concatenate([[0.0], np.cumsum(problem.block_static_bytes)]) * byte_scale
+    ]
+    ca = [
+        int(round(v))
+        for v in np.concatenate([[0.0], np.cumsum(problem.block_activation_bytes)]) * byte_scale
+    ]
     inflight = [int(v) for v in problem.inflight_per_chunk]
     big_w, big_b = cw[-1] + 1, (cs[-1] + max(inflight) * ca[-1]) + 1
     m = cp_model.CpModel()
-    cut = [m.NewConstant(0)] + [m.NewIntVar(c, L - (C - c), f"cut{c}") for c in range(1, C)] \
+    cut = (
+        [m.NewConstant(0)]
+        + [m.NewIntVar(c, L - (C - c), f"cut{c}") for c in range(1, C)]
         + [m.NewConstant(L)]
+    )
     for c in range(C):
         m.Add(cut[c + 1] >= cut[c] + 1)
-    uniform = all(len(set(x)) == 1 for x in (problem.block_work, problem.block_static_bytes,
-                                              problem.block_activation_bytes))
+    uniform = all(
+        len(set(x)) == 1
+        for x in (problem.block_work, problem.block_static_bytes, problem.block_activation_bytes)
+    )
     if uniform:
         # identical blocks: prefix sums are linear in the cut, no element constraints needed
-        unit = [problem.block_work[0] * work_scale, problem.block_static_bytes[0] * byte_scale,
-                problem.block_activation_bytes[0] * byte_scale]
+        unit = [
+            problem.block_work[0] * work_scale,
+            problem.block_static_bytes[0] * byte_scale,
+            problem.block_activation_bytes[0] * byte_scale,
+        ]
         at_w = [cut[c] * int(round(unit[0])) for c in range(C + 1)]
         at_s = [cut[c] * int(round(unit[1])) for c in range(C + 1)]
         at_a = [cut[c] * int(round(unit[2])) for c in range(C + 1)]
@@ -311,8 +396,14 @@ def _cpsat_solve(problem: PartitionProblem, *, minimize: str, work_bound: int | 
     for c in range(C):
         r = c % P
         w = at_w[c + 1] - at_w[c] + (fw if c == 0 else 0) + (lw if c == C - 1 else 0)
-        b = at_s[c + 1] - at_s[c] + (fs if c == 0 else 0) + (ls if c == C - 1 else 0) \
-            + inflight[c] * (at_a[c + 1] - at_a[c] + (fa if c == 0 else 0) + (la if c == C - 1 else 0))
+        b = (
+            at_s[c + 1]
+            - at_s[c]
+            + (fs if c == 0 else 0)
+            + (ls if c == C - 1 else 0)
+            + inflight[c]
+            * (at_a[c + 1] - at_a[c] + (fa if c == 0 else 0) + (la if c == C - 1 else 0))
+        )
         stage_work.append(w)
         rank_bytes[r] = rank_bytes[r] + b
     max_w = m.NewIntVar(0, big_w + fw + lw, "max_work")
@@ -320,7 +411,7 @@ def _cpsat_solve(problem: PartitionProblem, *, minimize: str, work_bound: int | 
     m.AddMaxEquality(max_w, stage_work)
     m.AddMaxEquality(max_b, rank_bytes)
     if problem.capacity_bytes is not None:
-        rounding = 2 * C * (1 + max(inflight))       # prefix sums rounded to integer units
+        rounding = 2 * C * (1 + max(inflight))  # prefix sums rounded to integer units
         m.Add(max_b <= int(np.floor(problem.capacity_bytes * byte_scale)) + rounding)
     if work_bound is not None:
         m.Add(max_w <= work_bound)
@@ -335,10 +426,14 @@ def _cpsat_solve(problem: PartitionProblem, *, minimize: str, work_bound: int | 
     return status, tuple(b - a for a, b in zip(cuts, cuts[1:])), solver.Value(max_w)
 
 
-def split(problem: PartitionProblem, *, objective: str = "speed", slack: float = 0.05,
-          time_limit_s: float = 10.0) -> Partition:
+def split(
+    problem: PartitionProblem,
+    *,
+    objective: str = "speed",
+    slack: float = 0.05,
+    time_limit_s: float = 10.0,
+) -> Partition:
     """The exact solver for the problem: the DP for v = 1, CP-SAT when a rank holds several stages."""
     if problem.virtual_stages == 1:
         return split_dp(problem, objective=objective, slack=slack)
     return split_cpsat(problem, objective=objective, slack=slack, time_limit_s=time_limit_s)
-

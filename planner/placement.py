@@ -21,6 +21,7 @@ g*n divides devices_per_node. Otherwise the ranks per node are devices_per_node 
 the node and the runs align with n, 1 when g is a multiple of the node; a group that straddles a
 node boundary (e.g. tp=3 on 8-device nodes: {6,7,8}) is costed at its slowest link, 1 per node.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -85,7 +86,9 @@ def aligned_domain(domain: int, world):
     72 GPUs, the other trays stay spare). Arrays broadcast."""
     world = np.asarray(world)
     pow2 = 1 << (int(domain).bit_length() - 1)
-    return np.where(world <= domain, np.maximum(world, 1), np.where(world % domain == 0, domain, pow2))
+    return np.where(
+        world <= domain, np.maximum(world, 1), np.where(world % domain == 0, domain, pow2)
+    )
 
 
 def packed_key(columns: list[np.ndarray]) -> np.ndarray:
@@ -104,7 +107,7 @@ def packed_key(columns: list[np.ndarray]) -> np.ndarray:
         else:
             uniq, rank = np.unique(col, return_inverse=True)
             rank, values = rank.ravel(), len(uniq)
-        if size * values >= 2 ** 62:
+        if size * values >= 2**62:
             packed = np.unique(packed, return_inverse=True)[1].ravel()
             size = int(packed.max()) + 1
         packed, size = packed * values + rank, size * values
@@ -122,29 +125,55 @@ def distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
         return first, inverse.ravel()
     one_of = np.full(top, -1, dtype=np.int64)
-    one_of[key] = np.arange(n)                   # some row of each key present (repeated keys: any one)
+    one_of[key] = np.arange(n)  # some row of each key present (repeated keys: any one)
     present = one_of >= 0
     return one_of[present], (np.cumsum(present) - 1)[key]
 
 
-def group_locality(placement_idx, dp, pp, tp, devices_per_node: int, cp=1, dp_shard=None, ep=1,
-                   expert_tp=1) -> dict[str, np.ndarray]:
+def group_locality(
+    placement_idx, dp, pp, tp, devices_per_node: int, cp=1, dp_shard=None, ep=1, expert_tp=1
+) -> dict[str, np.ndarray]:
     """Ranks per node of each parallel group (`_group_locality`), computed once per distinct layout: a batch
     of candidates repeats few (placement, dp, pp, tp, cp, dp_shard, ep, expert_tp) tuples, and the layout
     reads nothing else (the search scores ~10^4 rows per call over ~10^2 layouts)."""
-    cols = np.broadcast_arrays(*(np.asarray(v, dtype=np.int64) for v in (
-        placement_idx, dp, pp, tp, cp, dp if dp_shard is None else dp_shard, ep, expert_tp)))
+    cols = np.broadcast_arrays(
+        *(
+            np.asarray(v, dtype=np.int64)
+            for v in (
+                placement_idx,
+                dp,
+                pp,
+                tp,
+                cp,
+                dp if dp_shard is None else dp_shard,
+                ep,
+                expert_tp,
+            )
+        )
+    )
     if cols[0].ndim != 1 or len(cols[0]) < 64:
-        return _group_locality(placement_idx, dp, pp, tp, devices_per_node, cp=cp, dp_shard=dp_shard, ep=ep,
-                               expert_tp=expert_tp)
+        return _group_locality(
+            placement_idx,
+            dp,
+            pp,
+            tp,
+            devices_per_node,
+            cp=cp,
+            dp_shard=dp_shard,
+            ep=ep,
+            expert_tp=expert_tp,
+        )
     first, inverse = distinct_rows(cols)
     place, dp_, pp_, tp_, cp_, shard, ep_, etp = (c[first] for c in cols)
-    out = _group_locality(place, dp_, pp_, tp_, devices_per_node, cp=cp_, dp_shard=shard, ep=ep_, expert_tp=etp)
+    out = _group_locality(
+        place, dp_, pp_, tp_, devices_per_node, cp=cp_, dp_shard=shard, ep=ep_, expert_tp=etp
+    )
     return {k: np.broadcast_to(v, first.shape)[inverse] for k, v in out.items()}
 
 
-def _group_locality(placement_idx, dp, pp, tp, devices_per_node: int, cp=1, dp_shard=None, ep=1,
-                    expert_tp=1) -> dict[str, np.ndarray]:
+def _group_locality(
+    placement_idx, dp, pp, tp, devices_per_node: int, cp=1, dp_shard=None, ep=1, expert_tp=1
+) -> dict[str, np.ndarray]:
     """Ranks per node (or NVLink domain: `devices_per_node` is the domain the fast links join) of each
     parallel group, for each candidate: 'D', 'P', 'T', 'C' (one axis each); 'DC' the data-parallel
     gradient group over dp x cp (context-parallel ranks hold the same weights); with hybrid sharding
@@ -162,10 +191,14 @@ def _group_locality(placement_idx, dp, pp, tp, devices_per_node: int, cp=1, dp_s
     out["DC"] = _pair(out["C"], cp, ranks_per_node(dp, st["D"], devices_per_node))
     inner = ranks_per_node(shard, st["D"], devices_per_node)
     out["S"] = _pair(out["C"], cp, inner)
-    out["R"] = ranks_per_node(np.asarray(dp) // np.maximum(shard, 1), st["D"] * shard, devices_per_node)
+    out["R"] = ranks_per_node(
+        np.asarray(dp) // np.maximum(shard, 1), st["D"] * shard, devices_per_node
+    )
     ep, etp = np.asarray(ep, dtype=np.int64), np.asarray(expert_tp, dtype=np.int64)
     edp = np.maximum(np.asarray(tp) * np.asarray(cp) * np.asarray(dp) // np.maximum(ep * etp, 1), 1)
-    stage = lambda n, g: stage_group_locality(placement_idx, dp, pp, tp, n, g, devices_per_node, cp=cp)  # noqa: E731
+    stage = lambda n, g: stage_group_locality(
+        placement_idx, dp, pp, tp, n, g, devices_per_node, cp=cp
+    )  # noqa: E731
     out["E"], out["ET"], out["ED"] = stage(ep, etp), stage(etp, 1), stage(edp, ep * etp)
     expert_shard = np.maximum(edp * shard // np.maximum(np.asarray(dp), 1), 1)
     out["ES"] = stage(expert_shard, ep * etp)
@@ -196,15 +229,15 @@ def stage_group_locality(placement_idx, dp, pp, tp, n, virtual_stride, devices_p
     out = np.ones(shape, dtype=np.int64)
     present = set(np.unique(placement_idx).tolist())
     for i, text in enumerate(PLACEMENTS):
-        if i not in present:                               # no candidate has this order: nothing to select
+        if i not in present:  # no candidate has this order: nothing to select
             continue
         order = with_context(text)
-        if order[0] == "P":                                # stage ranks contiguous
+        if order[0] == "P":  # stage ranks contiguous
             local = ranks_per_node(n, g, devices_per_node)
-        elif order[-1] == "P":                             # every stage rank pp apart
+        elif order[-1] == "P":  # every stage rank pp apart
             local = ranks_per_node(n, g * pp, devices_per_node)
         else:
-            inner = order[order.index("P") + 1:]
+            inner = order[order.index("P") + 1 :]
             block = np.ones((), dtype=np.int64)
             for letter in inner:
                 block = block * size[letter]
@@ -213,10 +246,20 @@ def stage_group_locality(placement_idx, dp, pp, tp, n, virtual_stride, devices_p
             runs = (span > block) & (block % g == 0) & (span % np.maximum(block, 1) == 0)
             spread = (g % np.maximum(block, 1)) == 0
             run = np.maximum(block // g, 1)
-            pair = _pair(ranks_per_node(run, g, devices_per_node), run,
-                         ranks_per_node(np.maximum(span // np.maximum(block, 1), 1), block * pp, devices_per_node))
-            local = np.where(inside, ranks_per_node(n, g, devices_per_node),
-                             np.where(runs, pair, np.where(spread, ranks_per_node(n, g * pp, devices_per_node), 1)))
+            pair = _pair(
+                ranks_per_node(run, g, devices_per_node),
+                run,
+                ranks_per_node(
+                    np.maximum(span // np.maximum(block, 1), 1), block * pp, devices_per_node
+                ),
+            )
+            local = np.where(
+                inside,
+                ranks_per_node(n, g, devices_per_node),
+                np.where(
+                    runs, pair, np.where(spread, ranks_per_node(n, g * pp, devices_per_node), 1)
+                ),
+            )
         out = np.where(placement_idx == i, local, out)
     return np.minimum(out, np.maximum(n, 1))
 

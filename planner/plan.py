@@ -5,6 +5,7 @@
 (which validates the degrees once more, by field). `Plan.device_mesh()` turns the plan into a torch
 `DeviceMesh` for a training script launched with torchrun.
 """
+
 from __future__ import annotations
 
 import json
@@ -155,7 +156,12 @@ class Plan:
 def mesh_dims(config: ParallelConfig) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """(names, sizes) of the mesh dimensions ordered by `config.placement`, outermost first (a cp
     dimension only where the placement has C; E adds none, see _AXIS_BY_LETTER)."""
-    degree = {MeshAxis.DP: config.dp, MeshAxis.PP: config.pp, MeshAxis.TP: config.tp, MeshAxis.CP: config.cp}
+    degree = {
+        MeshAxis.DP: config.dp,
+        MeshAxis.PP: config.pp,
+        MeshAxis.TP: config.tp,
+        MeshAxis.CP: config.cp,
+    }
     axes = [_AXIS_BY_LETTER[letter] for letter in config.placement if letter in _AXIS_BY_LETTER]
     return tuple(a.value for a in axes), tuple(degree[a] for a in axes)
 
@@ -190,13 +196,21 @@ def _check_numbers(document: Mapping[str, Any], source: str) -> None:
     from planner.io import MAX_JSON_DEPTH, depth_exceeds, numbers
 
     if depth_exceeds(document, MAX_JSON_DEPTH):
-        raise ConfigError("plan", source, "a plan document",
-                          message=f"{source}: nested deeper than {MAX_JSON_DEPTH} levels; not a plan document")
+        raise ConfigError(
+            "plan",
+            source,
+            "a plan document",
+            message=f"{source}: nested deeper than {MAX_JSON_DEPTH} levels; not a plan document",
+        )
     for where, value in numbers(document):
         if not math.isfinite(value) or abs(value) > MAX_NUMBER:
-            raise ConfigError(where, value, f"a finite number of magnitude at most {MAX_NUMBER:g}",
-                              message=f"{where}={value!r} is invalid: allowed a finite number of "
-                                      f"magnitude at most {MAX_NUMBER:g}")
+            raise ConfigError(
+                where,
+                value,
+                f"a finite number of magnitude at most {MAX_NUMBER:g}",
+                message=f"{where}={value!r} is invalid: allowed a finite number of "
+                f"magnitude at most {MAX_NUMBER:g}",
+            )
 
 
 def _check_positions(model: Mapping[str, Any], seq: int) -> None:
@@ -211,15 +225,25 @@ def _check_positions(model: Mapping[str, Any], seq: int) -> None:
         spec = catalog_get(model["name"])
         position, rows = spec.position, spec.max_positions or spec.seq
     if position == "learned" and isinstance(rows, int) and rows > 0 and seq > rows:
-        raise ConfigError("plan.seq", seq, f"at most {rows} (rows of {model['name']}'s learned position table)")
+        raise ConfigError(
+            "plan.seq", seq, f"at most {rows} (rows of {model['name']}'s learned position table)"
+        )
 
 
-DESCRIPTION_FIELDS = {"layers": "layers", "hidden": "hidden", "heads": "heads",
-                      "kv_heads": "n_kv_heads", "ffn": "d_ffn", "vocab": "vocab"}
+DESCRIPTION_FIELDS = {
+    "layers": "layers",
+    "hidden": "hidden",
+    "heads": "heads",
+    "kv_heads": "n_kv_heads",
+    "ffn": "d_ffn",
+    "vocab": "vocab",
+}
 """A plan document's model description (what estimate writes beside `model.arch`) and the
 TransformerSpec property each must equal."""
-REMAKE = "the plan was edited or made for another model: re-run `planner recommend --out` or " \
-         "`planner estimate --json`"
+REMAKE = (
+    "the plan was edited or made for another model: re-run `planner recommend --out` or "
+    "`planner estimate --json`"
+)
 
 
 def check_against_model(model: Mapping[str, Any], config: ParallelConfig) -> None:
@@ -234,15 +258,27 @@ def check_against_model(model: Mapping[str, Any], config: ParallelConfig) -> Non
     for key, attribute in DESCRIPTION_FIELDS.items():
         shape = getattr(spec, attribute)
         if key in model and model[key] != shape:
-            raise ConfigError(f"model.{key}", model[key], f"{shape}, the model's shape", message=(
-                f"model.{key}={model[key]!r} does not match the model it describes "
-                f"({_shape_source(model)}: {shape}); {REMAKE}"))
+            raise ConfigError(
+                f"model.{key}",
+                model[key],
+                f"{shape}, the model's shape",
+                message=(
+                    f"model.{key}={model[key]!r} does not match the model it describes "
+                    f"({_shape_source(model)}: {shape}); {REMAKE}"
+                ),
+            )
     if isinstance(model.get("arch"), Mapping):
         counted = total_params(spec)
         if model.get("params") != counted:
-            raise ConfigError("model.params", model.get("params"), f"{counted:,}", message=(
-                f"model.params={model.get('params')!r} does not match the parameter count of "
-                f"model.arch ({counted:,}); {REMAKE}"))
+            raise ConfigError(
+                "model.params",
+                model.get("params"),
+                f"{counted:,}",
+                message=(
+                    f"model.params={model.get('params')!r} does not match the parameter count of "
+                    f"model.arch ({counted:,}); {REMAKE}"
+                ),
+            )
     config.check_against(spec, config.seq)
 
 
@@ -271,21 +307,32 @@ def check_physics(prediction: Mapping[str, Any]) -> None:
     prediction.)"""
     mfu = prediction["mfu"]
     if not 0 <= mfu <= 1:
-        raise ConfigError("prediction.mfu", mfu, "0..1", message=(
-            f"prediction.mfu={mfu!r} is impossible: allowed 0..1 (model FLOPs utilization above "
-            f"100% of the device's peak FLOP/s); the plan was edited by hand"))
+        raise ConfigError(
+            "prediction.mfu",
+            mfu,
+            "0..1",
+            message=(
+                f"prediction.mfu={mfu!r} is impossible: allowed 0..1 (model FLOPs utilization above "
+                f"100% of the device's peak FLOP/s); the plan was edited by hand"
+            ),
+        )
     step = prediction["step_time_s"]
     if step <= 0:
         raise ConfigError("prediction.step_time_s", step, "a positive number of seconds")
-    parts = [("time_breakdown_s", name, value)
-             for name, value in prediction["time_breakdown_s"].items()]
-    parts += [("memory", f.name, prediction["memory"][f.name])     # not margin_bytes: < 0 when
-              for f in fields(MemoryPrediction) if f.name != "fits"]  # the plan does not fit
+    parts = [
+        ("time_breakdown_s", name, value) for name, value in prediction["time_breakdown_s"].items()
+    ]
+    parts += [
+        ("memory", f.name, prediction["memory"][f.name])  # not margin_bytes: < 0 when
+        for f in fields(MemoryPrediction)
+        if f.name != "fits"
+    ]  # the plan does not fit
     parts.append(("tflops_per_gpu", "", prediction["tflops_per_gpu"]))
     for key, name, value in parts:
         if value < 0:
-            raise ConfigError(".".join(filter(None, ("prediction", key, name))), value,
-                              "a number >= 0")
+            raise ConfigError(
+                ".".join(filter(None, ("prediction", key, name))), value, "a number >= 0"
+            )
 
 
 def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
@@ -293,55 +340,95 @@ def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
     import jsonschema
 
     if not isinstance(document, dict):
-        raise ConfigError("plan", source, "a JSON object with schema_version, model, hardware, plan, prediction")
-    if "plan" not in document and isinstance(document.get("best"), dict) and "plan" in document["best"]:
-        document = document["best"]          # a `recommend --json` document: its winner is the plan
+        raise ConfigError(
+            "plan", source, "a JSON object with schema_version, model, hardware, plan, prediction"
+        )
+    if (
+        "plan" not in document
+        and isinstance(document.get("best"), dict)
+        and "plan" in document["best"]
+    ):
+        document = document["best"]  # a `recommend --json` document: its winner is the plan
     _check_numbers(document, source)
     version = document.get("schema_version")
     if version != SCHEMA_VERSION:
-        raise ConfigError("schema_version", version,
-                          f"{SCHEMA_VERSION!r} (this build reads plan documents of schema version {SCHEMA_VERSION})")
+        raise ConfigError(
+            "schema_version",
+            version,
+            f"{SCHEMA_VERSION!r} (this build reads plan documents of schema version {SCHEMA_VERSION})",
+        )
     validator = jsonschema.Draft202012Validator(plan_schema())
     error = jsonschema.exceptions.best_match(validator.iter_errors(document))
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "document"
-        value = error.instance if not isinstance(error.instance, (dict, list)) else type(error.instance).__name__
-        raise ConfigError(where, value, f"{error.message} (schema planner/schemas/plan.schema.json)")
+        value = (
+            error.instance
+            if not isinstance(error.instance, (dict, list))
+            else type(error.instance).__name__
+        )
+        raise ConfigError(
+            where, value, f"{error.message} (schema planner/schemas/plan.schema.json)"
+        )
 
     plan_part = document["plan"]
-    config = ParallelConfig(**{k: (tuple(v) if k == "stages" else v)
-                               for k, v in plan_part.items() if k in _CONFIG_FIELDS})
+    config = ParallelConfig(
+        **{
+            k: (tuple(v) if k == "stages" else v)
+            for k, v in plan_part.items()
+            if k in _CONFIG_FIELDS
+        }
+    )
     if plan_part["num_microbatches"] != config.num_microbatches:
-        raise ConfigError("plan.num_microbatches", plan_part["num_microbatches"],
-                          f"global_batch/(dp*micro_batch) = {config.num_microbatches}")
+        raise ConfigError(
+            "plan.num_microbatches",
+            plan_part["num_microbatches"],
+            f"global_batch/(dp*micro_batch) = {config.num_microbatches}",
+        )
     hardware = document["hardware"]
     config.check_world_size(hardware["gpus"])
     model = document["model"]
     if "layers" in model and config.stages:
         blocks = model["layers"] + model.get("encoder_layers", 0)
         if sum(config.stages) != blocks:
-            raise ConfigError("plan.stages", list(config.stages), f"blocks per stage summing to layers({blocks})")
+            raise ConfigError(
+                "plan.stages", list(config.stages), f"blocks per stage summing to layers({blocks})"
+            )
     if "layers" in model:
-        config.check_recompute_layers(model["layers"] + model.get("encoder_layers", 0), "plan.recompute_layers")
+        config.check_recompute_layers(
+            model["layers"] + model.get("encoder_layers", 0), "plan.recompute_layers"
+        )
 
     _check_positions(model, config.seq)
     check_against_model(model, config)
     check_physics(document["prediction"])
-    check_options(precision=config.precision, fp8_scaling=run_options(document).fp8_scaling,
-                  framework=config.framework)
+    check_options(
+        precision=config.precision,
+        fp8_scaling=run_options(document).fp8_scaling,
+        framework=config.framework,
+    )
 
     pred = document["prediction"]
     mem = pred["memory"]
     prediction = Prediction(
-        step_time_s=float(pred["step_time_s"]), samples_per_s=float(pred["samples_per_s"]),
-        tokens_per_s=float(pred["tokens_per_s"]), tflops_per_gpu=float(pred["tflops_per_gpu"]),
+        step_time_s=float(pred["step_time_s"]),
+        samples_per_s=float(pred["samples_per_s"]),
+        tokens_per_s=float(pred["tokens_per_s"]),
+        tflops_per_gpu=float(pred["tflops_per_gpu"]),
         mfu=float(pred["mfu"]),
         memory=MemoryPrediction(**{f.name: mem[f.name] for f in fields(MemoryPrediction)}),
         time_breakdown_s={k: float(v) for k, v in pred["time_breakdown_s"].items()},
     )
-    return Plan(schema_version=version, model_name=model["name"], hardware_name=hardware["name"],
-                gpus=hardware["gpus"], nodes=hardware["nodes"], config=config, prediction=prediction,
-                alternatives=tuple(document.get("alternatives", ())), document=document)
+    return Plan(
+        schema_version=version,
+        model_name=model["name"],
+        hardware_name=hardware["name"],
+        gpus=hardware["gpus"],
+        nodes=hardware["nodes"],
+        config=config,
+        prediction=prediction,
+        alternatives=tuple(document.get("alternatives", ())),
+        document=document,
+    )
 
 
 def run_options(document: Mapping[str, Any]) -> RunOptions:
@@ -383,4 +470,3 @@ def run_options(document: Mapping[str, Any]) -> RunOptions:
     if sw.get("moe_fp8_dispatch") is True:
         out["moe_fp8_dispatch"] = True
     return RunOptions(**out)
-

@@ -1,6 +1,7 @@
 """The records a model profile is made of (one layer's parameters, FLOPs and saved bytes; the whole
 model's): what the analytic profiler (planner.profiler) and the meta-device measurement
 (planner.module_profiler) both return, kept apart so that neither imports the other."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -31,10 +32,17 @@ class LayerProfile:
     """Extra forward FLOPs run during backward, by recompute mode."""
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "params": int(self.params),
-                "flops": {"forward": float(self.flops_fwd), "backward": float(self.flops_bwd),
-                          "recompute": {k: float(v) for k, v in self.recompute_flops.items()}},
-                "activations_bytes": {k: int(v) for k, v in self.activation_bytes.items()}}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "params": int(self.params),
+            "flops": {
+                "forward": float(self.flops_fwd),
+                "backward": float(self.flops_bwd),
+                "recompute": {k: float(v) for k, v in self.recompute_flops.items()},
+            },
+            "activations_bytes": {k: int(v) for k, v in self.activation_bytes.items()},
+        }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,8 +81,13 @@ class ModelProfile:
     def activation_bytes(self, recompute: str = "none") -> int:
         """Saved bytes of one micro-batch through the whole model (embedding, blocks, head), what
         estimate reports as activations for dp = tp = pp = 1; the loss row is left out (module docstring)."""
-        return int(sum(layer.activation_bytes.get(recompute, 0) for layer in self.layers
-                       if layer.kind in TOTAL_KINDS or self.method != "analytic"))
+        return int(
+            sum(
+                layer.activation_bytes.get(recompute, 0)
+                for layer in self.layers
+                if layer.kind in TOTAL_KINDS or self.method != "analytic"
+            )
+        )
 
     def recompute_flops(self, recompute: str) -> float:
         return float(sum(layer.recompute_flops.get(recompute, 0) for layer in self.layers))
@@ -90,9 +103,13 @@ class ModelProfile:
             "framework": self.framework,
             "flash_attention": self.flash,
             "method": self.method,
-            "flops": {"forward": self.flops_fwd, "backward": self.flops_bwd,
-                      "recompute": {m: self.recompute_flops(m) for m in RECOMPUTE_MODES}},
-            "activations_bytes": {m: self.activation_bytes(m) for m in RECOMPUTE_MODES} | self.extra.get("activations", {}),
+            "flops": {
+                "forward": self.flops_fwd,
+                "backward": self.flops_bwd,
+                "recompute": {m: self.recompute_flops(m) for m in RECOMPUTE_MODES},
+            },
+            "activations_bytes": {m: self.activation_bytes(m) for m in RECOMPUTE_MODES}
+            | self.extra.get("activations", {}),
             "layers": [layer.to_dict() for layer in self.layers],
             **{k: v for k, v in self.extra.items() if k != "activations"},
         }

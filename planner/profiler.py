@@ -24,6 +24,7 @@ loss) with
 For a ModuleSpec the per-layer numbers are those measured on the meta device
 (planner.module_profiler), re-measured at the requested micro-batch and sequence.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -43,11 +44,25 @@ def describe_spec(spec: TransformerSpec) -> dict:
     only for the models that have them)."""
     from dataclasses import asdict
 
-    out = {"name": spec.name, "model_type": spec.model_type, "params": P.total_params(spec), "layers": spec.layers,
-           "encoder_layers": spec.encoder_layers, "hidden": spec.hidden, "heads": spec.heads,
-           "kv_heads": spec.n_kv_heads, "head_dim": spec.d_head, "ffn": spec.d_ffn, "vocab": spec.vocab,
-           "seq": spec.seq, "position": spec.position, "gated_mlp": spec.gated_mlp, "norm": spec.norm,
-           "tied_embeddings": spec.tied_embeddings, "source": dict(spec.extras).get("source", spec.name)}
+    out = {
+        "name": spec.name,
+        "model_type": spec.model_type,
+        "params": P.total_params(spec),
+        "layers": spec.layers,
+        "encoder_layers": spec.encoder_layers,
+        "hidden": spec.hidden,
+        "heads": spec.heads,
+        "kv_heads": spec.n_kv_heads,
+        "head_dim": spec.d_head,
+        "ffn": spec.d_ffn,
+        "vocab": spec.vocab,
+        "seq": spec.seq,
+        "position": spec.position,
+        "gated_mlp": spec.gated_mlp,
+        "norm": spec.norm,
+        "tied_embeddings": spec.tied_embeddings,
+        "source": dict(spec.extras).get("source", spec.name),
+    }
     if spec.moe is not None:
         out["moe"] = asdict(spec.moe)
     if spec.mla is not None:
@@ -60,22 +75,45 @@ def describe_spec(spec: TransformerSpec) -> dict:
     return out
 
 
-def _block_profile(spec: TransformerSpec, b: int, s: int, *, flash: bool, act: dict) -> LayerProfile:
+def _block_profile(
+    spec: TransformerSpec, b: int, s: int, *, flash: bool, act: dict
+) -> LayerProfile:
     """One (decoder) block of uniform `spec` (a kind of TransformerSpec.block_kinds); its activation bytes are the
     run's software's (cost_models.activations.block_bytes_of, what estimate reads)."""
     sw = act["sw"]
     saved = dict(precision=act["precision"], zero=act["zero"], tp=act["tp"], sp=act["sp"])
     return LayerProfile(
-        name="", kind="block", params=P.block_params(spec), flops_fwd=float(F.block_flops_fwd(spec, b, s)),
+        name="",
+        kind="block",
+        params=P.block_params(spec),
+        flops_fwd=float(F.block_flops_fwd(spec, b, s)),
         flops_bwd=float(F.block_flops_bwd(spec, b, s, flash=flash)),
-        activation_bytes={m: int(A.block_bytes_of(sw, spec, b, s, recompute=m, **saved)) for m in RECOMPUTE_MODES},
-        recompute_flops={m: float(F.block_recompute_flops(spec, b, s, m, flash=flash,
-                                                          selective=sw.framework.selective_recompute))
-                         for m in RECOMPUTE_MODES})
+        activation_bytes={
+            m: int(A.block_bytes_of(sw, spec, b, s, recompute=m, **saved)) for m in RECOMPUTE_MODES
+        },
+        recompute_flops={
+            m: float(
+                F.block_recompute_flops(
+                    spec, b, s, m, flash=flash, selective=sw.framework.selective_recompute
+                )
+            )
+            for m in RECOMPUTE_MODES
+        },
+    )
 
 
-def _mtp_profile(spec: TransformerSpec, i: int, b: int, s: int, *, flash: bool, act: dict, tp: int,
-                 sp: bool, loss: str) -> LayerProfile:
+def _mtp_profile(
+    spec: TransformerSpec,
+    i: int,
+    b: int,
+    s: int,
+    *,
+    flash: bool,
+    act: dict,
+    tp: int,
+    sp: bool,
+    loss: str,
+) -> LayerProfile:
     """Multi-token-prediction module `i` (DeepSeek-V3 report Sec. 2.2): a block of the last kind, its
     2h x h projection and the shared head's logits and loss; activations those of a block, a head and
     a loss (an estimate: the reference model builds no MTP module)."""
@@ -84,18 +122,33 @@ def _mtp_profile(spec: TransformerSpec, i: int, b: int, s: int, *, flash: bool, 
     from cost_models.step import activation_precision
 
     precision = activation_precision(act["sw"], act["precision"], act["zero"])
-    head = A.head_bytes(spec, b, s, precision=precision, kernels=act["sw"].framework.kernels, tp=tp, sp=sp) \
-        + A.loss_bytes(spec, b, s, tp=tp, loss=loss, precision=precision)
-    return LayerProfile(name=f"mtp.{i}", kind="mtp", params=P.mtp_module_params(spec),
-                        flops_fwd=block.flops_fwd + extra, flops_bwd=block.flops_bwd + 2 * extra,
-                        activation_bytes={m: int(v + head) for m, v in block.activation_bytes.items()},
-                        recompute_flops=block.recompute_flops)
+    head = A.head_bytes(
+        spec, b, s, precision=precision, kernels=act["sw"].framework.kernels, tp=tp, sp=sp
+    ) + A.loss_bytes(spec, b, s, tp=tp, loss=loss, precision=precision)
+    return LayerProfile(
+        name=f"mtp.{i}",
+        kind="mtp",
+        params=P.mtp_module_params(spec),
+        flops_fwd=block.flops_fwd + extra,
+        flops_bwd=block.flops_bwd + 2 * extra,
+        activation_bytes={m: int(v + head) for m, v in block.activation_bytes.items()},
+        recompute_flops=block.recompute_flops,
+    )
 
 
-def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: int = 1,
-                 precision: str = "amp-bf16", framework: str = "megatron", tp: int = 1, sp: bool = False,
-                 zero: int = 0, selective: str | None = None,
-                 options: RunOptions | None = None) -> ModelProfile:
+def profile_spec(
+    spec: TransformerSpec,
+    *,
+    seq: int | None = None,
+    micro_batch: int = 1,
+    precision: str = "amp-bf16",
+    framework: str = "megatron",
+    tp: int = 1,
+    sp: bool = False,
+    zero: int = 0,
+    selective: str | None = None,
+    options: RunOptions | None = None,
+) -> ModelProfile:
     """Analytic profile of a TransformerSpec (all formulas in cost_models; activation bytes from the
     framework's block tables, the same the cost model reads). Each block is profiled as its kind
     (TransformerSpec.block_kinds: an MoE model's leading dense blocks, windowed blocks); MTP modules
@@ -111,11 +164,19 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
     if not isinstance(s, int) or s < 1:
         raise ConfigError("seq", s, "a positive integer")
     for name, degree in (("tp", tp), ("zero", zero)):
-        if isinstance(degree, bool) or not isinstance(degree, int) or not (1 if name == "tp" else 0) <= degree \
-                or (name == "zero" and degree > 3):
-            raise ConfigError(name, degree, "a positive integer" if name == "tp" else "0, 1, 2 or 3")
+        if (
+            isinstance(degree, bool)
+            or not isinstance(degree, int)
+            or not (1 if name == "tp" else 0) <= degree
+            or (name == "zero" and degree > 3)
+        ):
+            raise ConfigError(
+                name, degree, "a positive integer" if name == "tp" else "0, 1, 2 or 3"
+            )
     if not isinstance(sp, bool) or (sp and tp == 1):
-        raise ConfigError("sequence_parallel", sp, "false with tp 1 (sequence parallelism shards over tp)")
+        raise ConfigError(
+            "sequence_parallel", sp, "false with tp 1 (sequence parallelism shards over tp)"
+        )
     options = options or RunOptions()
     sw = software_for(framework, options)
     check_activation_fp8_input(sw, spec)
@@ -128,46 +189,104 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
     none_saved = {m: 0.0 for m in RECOMPUTE_MODES}
     layers: list[LayerProfile] = []
     emb_act = A.embedding_bytes(spec, b, s, precision=precision, dropout=sw.dropout, tp=tp, sp=sp)
-    layers.append(LayerProfile(name="embedding", kind="embedding", params=P.embedding_params(spec), flops_fwd=0.0,
-                               flops_bwd=0.0, activation_bytes={m: int(emb_act) for m in RECOMPUTE_MODES},
-                               recompute_flops=dict(none_saved)))
+    layers.append(
+        LayerProfile(
+            name="embedding",
+            kind="embedding",
+            params=P.embedding_params(spec),
+            flops_fwd=0.0,
+            flops_bwd=0.0,
+            activation_bytes={m: int(emb_act) for m in RECOMPUTE_MODES},
+            recompute_flops=dict(none_saved),
+        )
+    )
     for i in range(spec.encoder_layers):
         fwd = F.encoder_block_flops_fwd(spec, b, s)
         core = 4 * b * s * s * spec.attn_width
         enc = spec.with_(encoder_layers=0)
-        layers.append(LayerProfile(
-            name=f"encoder.layers.{i}", kind="encoder_block", params=P.encoder_block_params(spec), flops_fwd=float(fwd),
-            flops_bwd=float(2 * F.encoder_block_matmul_flops_fwd(spec, b, s) + core * (2.5 if flash else 2.0)),
-            activation_bytes={m: int(A.block_bytes_of(sw, enc, b, s, recompute=m, precision=precision, zero=zero,
-                                                      tp=tp, sp=sp)) for m in RECOMPUTE_MODES},
-            recompute_flops={m: float(F.block_recompute_flops(enc, b, s, m, flash=flash,
-                                                              selective=sw.framework.selective_recompute))
-                             for m in RECOMPUTE_MODES}))
+        layers.append(
+            LayerProfile(
+                name=f"encoder.layers.{i}",
+                kind="encoder_block",
+                params=P.encoder_block_params(spec),
+                flops_fwd=float(fwd),
+                flops_bwd=float(
+                    2 * F.encoder_block_matmul_flops_fwd(spec, b, s)
+                    + core * (2.5 if flash else 2.0)
+                ),
+                activation_bytes={
+                    m: int(
+                        A.block_bytes_of(
+                            sw, enc, b, s, recompute=m, precision=precision, zero=zero, tp=tp, sp=sp
+                        )
+                    )
+                    for m in RECOMPUTE_MODES
+                },
+                recompute_flops={
+                    m: float(
+                        F.block_recompute_flops(
+                            enc, b, s, m, flash=flash, selective=sw.framework.selective_recompute
+                        )
+                    )
+                    for m in RECOMPUTE_MODES
+                },
+            )
+        )
     kind_of = {}
     for kind in spec.block_kinds:
         unit = _block_profile(kind.spec, b, s, flash=flash, act=act)
         kind_of.update({i: unit for i in kind.layers})
     for i in range(spec.layers):
         unit = kind_of[i]
-        layers.append(LayerProfile(name=f"layers.{i}", kind="block", params=unit.params, flops_fwd=unit.flops_fwd,
-                                   flops_bwd=unit.flops_bwd, activation_bytes=unit.activation_bytes,
-                                   recompute_flops=unit.recompute_flops))
+        layers.append(
+            LayerProfile(
+                name=f"layers.{i}",
+                kind="block",
+                params=unit.params,
+                flops_fwd=unit.flops_fwd,
+                flops_bwd=unit.flops_bwd,
+                activation_bytes=unit.activation_bytes,
+                recompute_flops=unit.recompute_flops,
+            )
+        )
     head_fwd = F.head_flops_fwd(spec, b, s)
     head_act = A.head_bytes(spec, b, s, precision=precision, kernels=kernels, tp=tp, sp=sp)
-    layers.append(LayerProfile(name="head", kind="head", params=P.final_norm_params(spec) + P.head_params(spec),
-                               flops_fwd=float(head_fwd), flops_bwd=float(2 * head_fwd),
-                               activation_bytes={m: int(head_act) for m in RECOMPUTE_MODES},
-                               recompute_flops=dict(none_saved)))
+    layers.append(
+        LayerProfile(
+            name="head",
+            kind="head",
+            params=P.final_norm_params(spec) + P.head_params(spec),
+            flops_fwd=float(head_fwd),
+            flops_bwd=float(2 * head_fwd),
+            activation_bytes={m: int(head_act) for m in RECOMPUTE_MODES},
+            recompute_flops=dict(none_saved),
+        )
+    )
     loss_act = A.loss_bytes(spec, b, s, tp=tp, loss=sw.loss, precision=precision)
-    layers.append(LayerProfile(name="loss", kind="loss", params=0, flops_fwd=0.0, flops_bwd=0.0,
-                               activation_bytes={m: int(loss_act) for m in RECOMPUTE_MODES},
-                               recompute_flops=dict(none_saved)))
-    layers += [_mtp_profile(spec, i, b, s, flash=flash, act=act, tp=tp, sp=sp, loss=sw.loss)
-               for i in range(spec.mtp_modules)]
+    layers.append(
+        LayerProfile(
+            name="loss",
+            kind="loss",
+            params=0,
+            flops_fwd=0.0,
+            flops_bwd=0.0,
+            activation_bytes={m: int(loss_act) for m in RECOMPUTE_MODES},
+            recompute_flops=dict(none_saved),
+        )
+    )
+    layers += [
+        _mtp_profile(spec, i, b, s, flash=flash, act=act, tp=tp, sp=sp, loss=sw.loss)
+        for i in range(spec.mtp_modules)
+    ]
     tokens = b * s
     extra = {
-        "activations": {"logits_peak": int(A.logits_peak_bytes(spec, b, s, precision=precision, kernels=kernels,
-                                                               tp=tp, loss=sw.loss))},
+        "activations": {
+            "logits_peak": int(
+                A.logits_peak_bytes(
+                    spec, b, s, precision=precision, kernels=kernels, tp=tp, loss=sw.loss
+                )
+            )
+        },
         "model_flops": float(F.model_flops_per_step(spec, tokens, seq=s)),
         "matmul_params": P.matmul_params(spec),
         "params_active": P.active_params(spec),
@@ -175,20 +294,44 @@ def profile_spec(spec: TransformerSpec, *, seq: int | None = None, micro_batch: 
         "params_mtp": P.mtp_params(spec),
         "flops_per_token": float(F.flops_per_token(spec, s)),
         # the run the activation bytes are for: per rank of a tp group, and the software options they follow
-        "tp": tp, "sequence_parallel": sp, "zero": zero,
-        "software": {"kernels": kernels, "loss": sw.loss, "selective": sw.framework.selective_recompute,
-                     **({"recompute_modules": list(sw.recompute_modules)} if sw.recompute_modules else {}),
-                     **({"activation_fp8_input": True} if sw.activation_fp8_input else {}),
-                     **({"fused_norm": True} if sw.fused_norm else {})},
+        "tp": tp,
+        "sequence_parallel": sp,
+        "zero": zero,
+        "software": {
+            "kernels": kernels,
+            "loss": sw.loss,
+            "selective": sw.framework.selective_recompute,
+            **({"recompute_modules": list(sw.recompute_modules)} if sw.recompute_modules else {}),
+            **({"activation_fp8_input": True} if sw.activation_fp8_input else {}),
+            **({"fused_norm": True} if sw.fused_norm else {}),
+        },
     }
-    return ModelProfile(model=describe_spec(spec), seq=s, micro_batch=b, precision=precision, flash=flash,
-                        framework=sw.framework.name, params=P.total_params(spec), layers=tuple(layers),
-                        method="analytic", extra=extra)
+    return ModelProfile(
+        model=describe_spec(spec),
+        seq=s,
+        micro_batch=b,
+        precision=precision,
+        flash=flash,
+        framework=sw.framework.name,
+        params=P.total_params(spec),
+        layers=tuple(layers),
+        method="analytic",
+        extra=extra,
+    )
 
 
-def profile_model(source, *, seq: int | None = None, micro_batch: int = 1, precision: str = "amp-bf16",
-                  framework: str = "megatron", zero: int = 0, tp: int = 1, sp: bool = False,
-                  options: RunOptions | None = None) -> ModelProfile:
+def profile_model(
+    source,
+    *,
+    seq: int | None = None,
+    micro_batch: int = 1,
+    precision: str = "amp-bf16",
+    framework: str = "megatron",
+    zero: int = 0,
+    tp: int = 1,
+    sp: bool = False,
+    options: RunOptions | None = None,
+) -> ModelProfile:
     """Profile a model given as a name/path/factory string, a TransformerSpec or a ModuleSpec. The run
     options (tensor parallelism `tp` with `sp`, and `options`: the cross-entropy kernel, recompute_modules,
     activation_fp8_input, ...) are profile_spec's; a module factory is measured as it runs on one device, so
@@ -201,22 +344,45 @@ def profile_model(source, *, seq: int | None = None, micro_batch: int = 1, preci
     if isinstance(source, str):
         source = resolve_model(source, seq=seq)
     if isinstance(source, TransformerSpec):  # analytic: no torch import
-        return profile_spec(source, seq=seq, micro_batch=micro_batch, precision=precision, framework=framework,
-                            zero=zero, tp=tp, sp=sp, options=options)
+        return profile_spec(
+            source,
+            seq=seq,
+            micro_batch=micro_batch,
+            precision=precision,
+            framework=framework,
+            zero=zero,
+            tp=tp,
+            sp=sp,
+            options=options,
+        )
     given = dict(tp=tp, sp=sp, **options.without("attention").without("dropout").chosen())
     defaults = dict(tp=1, sp=False)
     for name, value in given.items():
         if value != defaults.get(name):
-            raise ConfigError(name, value, f"{defaults.get(name)} for a module factory, which is measured on one "
-                                           "device with its own modules (a catalog name or config.json takes "
-                                           "run options)")
+            raise ConfigError(
+                name,
+                value,
+                f"{defaults.get(name)} for a module factory, which is measured on one "
+                "device with its own modules (a catalog name or config.json takes "
+                "run options)",
+            )
     attention = options.attention
     flash = (attention or "flash") != "unfused"
     from planner.module_profiler import ModuleSpec, profile_module
+
     if isinstance(source, ModuleSpec):
-        if (source.micro_batch, source.seq, source.precision) == (micro_batch, seq or source.seq, precision) \
-                and source.profile is not None and source.profile.flash == flash:
+        if (
+            (source.micro_batch, source.seq, source.precision)
+            == (micro_batch, seq or source.seq, precision)
+            and source.profile is not None
+            and source.profile.flash == flash
+        ):
             return source.profile
-        return profile_module(source.factory, seq=seq or source.seq, micro_batch=micro_batch, precision=precision,
-                              flash=flash).profile
+        return profile_module(
+            source.factory,
+            seq=seq or source.seq,
+            micro_batch=micro_batch,
+            precision=precision,
+            flash=flash,
+        ).profile
     raise TypeError(f"cannot profile a {type(source).__name__}")

@@ -8,6 +8,7 @@ back into a record by `planner.plan.run_options`.
 
 This module is a leaf: it imports nothing from the project.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
@@ -82,8 +83,11 @@ class RunOptions:
     def chosen(self) -> dict[str, Any]:
         """The options the user set (every field that differs from its default), by name."""
         default = _DEFAULT
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if getattr(self, f.name) != getattr(default, f.name)}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(default, f.name)
+        }
 
     def moe_choices(self) -> dict[str, Any]:
         """The expert-parallel choices the user set (they mean nothing for a dense model)."""

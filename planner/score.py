@@ -24,6 +24,7 @@ source in its docstring and a unit test; the candidates, the hardware profile an
                               the first and last rank, or of every rank of an uneven split),
                               memory.fits / memory.needed_bytes (the one "fits")
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
@@ -44,6 +45,7 @@ from hardware_profiles import HardwareProfile
 from planner.errors import ConfigError
 from planner.software import software_for
 from planner.spec import TransformerSpec
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CandidateArrays:
@@ -105,8 +107,14 @@ class CandidateArrays:
                 continue
             if f.name in ("rank_blocks", "rank_recomputed"):
                 width = max(np.atleast_2d(x).shape[1] for x in values)
-                values = [np.pad(np.atleast_2d(x), ((0, 0), (0, width - np.atleast_2d(x).shape[1])),
-                                 constant_values=-1) for x in values]
+                values = [
+                    np.pad(
+                        np.atleast_2d(x),
+                        ((0, 0), (0, width - np.atleast_2d(x).shape[1])),
+                        constant_values=-1,
+                    )
+                    for x in values
+                ]
             out[f.name] = np.concatenate(values)
         return cls(**out)
 
@@ -168,8 +176,18 @@ class Scores:
     closed_form_step_s: np.ndarray | None = None
     """With timeline_scores: the closed form's step time (the search's ranking and bound)."""
 
-    BREAKDOWN = ("compute", "tp_comm", "cp_comm", "ep_comm", "dp_comm", "pp_p2p", "bubble", "optimizer", "offload",
-                 "host_wait")
+    BREAKDOWN = (
+        "compute",
+        "tp_comm",
+        "cp_comm",
+        "ep_comm",
+        "dp_comm",
+        "pp_p2p",
+        "bubble",
+        "optimizer",
+        "offload",
+        "host_wait",
+    )
     """Terms that add up to step_time_s."""
 
 
@@ -184,39 +202,79 @@ def block_terms(x: Step, *, rows="auto") -> tuple:
         rows = x.block_rows()
     u = x.take(rows[0]) if rows is not None else x
     block, tp = K.block_seconds(u), C.tp_block_seconds(u)
-    out = (block, tp, C.cp_block_seconds(u, block.attn_fwd, block.attn_bwd), MO.ep_block_seconds(u, block),
-           C.tp_exposed_seconds(u, tp, block), K.embedding_seconds(u, tp.allreduce), K.head_seconds(u))
+    out = (
+        block,
+        tp,
+        C.cp_block_seconds(u, block.attn_fwd, block.attn_bwd),
+        MO.ep_block_seconds(u, block),
+        C.tp_exposed_seconds(u, tp, block),
+        K.embedding_seconds(u, tp.allreduce),
+        K.head_seconds(u),
+    )
     if rows is None:
         return out
     n = len(rows[0])
-    return tuple(take_rows(np.full(n, float(t)) if isinstance(t, (int, float)) else t, rows[1], n) for t in out)
+    return tuple(
+        take_rows(np.full(n, float(t)) if isinstance(t, (int, float)) else t, rows[1], n)
+        for t in out
+    )
 
 
-def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, global_batch: int, seq: int,
-          precision: str = "amp-bf16", optimizer: str = "adamw", software: Software | None = None) -> Scores:
+def score(
+    model,
+    hw: HardwareProfile,
+    cands: CandidateArrays | Mapping,
+    *,
+    global_batch: int,
+    seq: int,
+    precision: str = "amp-bf16",
+    optimizer: str = "adamw",
+    software: Software | None = None,
+) -> Scores:
     """Step time and peak memory of every candidate: the composition of the named terms of
     cost_models over one `Step` record (see the module docstring and each term's docstring).
     `software` defaults to the megatron framework profile (the CLI's default)."""
     if not isinstance(model, TransformerSpec):
-        raise ConfigError("model", getattr(model, "name", type(model).__name__),
-                          "a transformer (catalog name or HF config); nn.Module factories are profiled, not scored")
+        raise ConfigError(
+            "model",
+            getattr(model, "name", type(model).__name__),
+            "a transformer (catalog name or HF config); nn.Module factories are profiled, not scored",
+        )
     if not isinstance(cands, CandidateArrays):
         cands = CandidateArrays.from_mapping(cands)
     if software is None:
         software = software_for("megatron")
-    x = Step.of(model, hw, software, cands, global_batch=global_batch, seq=seq, precision=precision,
-                optimizer=optimizer)
+    x = Step.of(
+        model,
+        hw,
+        software,
+        cands,
+        global_batch=global_batch,
+        seq=seq,
+        precision=precision,
+        optimizer=optimizer,
+    )
     block, tp, cp, ep, tp_exposed, embedding_s, head_s = block_terms(x)
     cp_s = cp.exposed + K.eff(hw, "overlap_interference") * (cp.total - cp.exposed)
     ep_s = ep.exposed + K.eff(hw, "overlap_interference") * (ep.total - ep.exposed)
-    stage = PL.stage_seconds(x, block.total, {"tp": tp_exposed, "cp": cp_s, "ep": ep_s}, embedding_s, head_s,
-                             recompute_s=block.recompute + tp.recompute + ep.recompute)
+    stage = PL.stage_seconds(
+        x,
+        block.total,
+        {"tp": tp_exposed, "cp": cp_s, "ep": ep_s},
+        embedding_s,
+        head_s,
+        recompute_s=block.recompute + tp.recompute + ep.recompute,
+    )
     busy, bubble = PL.schedule_seconds(x, stage)
     params_rank = MO.rank_params(x, x.blocks_first, True, x.single_stage).higher(
-        MO.rank_params(x, x.blocks_last, x.single_stage, True))
-    dp_comm = C.dp_comm_seconds(x, params_rank, last_backward_s=x.blocks_most * (block.bwd + block.recompute
-                                                                                 + tp.bwd + tp.recompute),
-                                compute_s=x.m * x.blocks_most * block.total)
+        MO.rank_params(x, x.blocks_last, x.single_stage, True)
+    )
+    dp_comm = C.dp_comm_seconds(
+        x,
+        params_rank,
+        last_backward_s=x.blocks_most * (block.bwd + block.recompute + tp.bwd + tp.recompute),
+        compute_s=x.m * x.blocks_most * block.total,
+    )
     hop = C.pp_hop_seconds(x)
     pp_p2p = C.pp_p2p_seconds(x, hop)
     bubble_bound = PL.bubble_lower_bound(x, stage, bubble)
@@ -224,27 +282,57 @@ def score(model, hw: HardwareProfile, cands: CandidateArrays | Mapping, *, globa
     optimizer_s = K.optimizer_step_seconds(x, params_rank)
     acts = M.activation_bytes(x)
     host_room = O.host_room_bytes(x, params_rank.total)
-    volume = x.m * np.maximum(x.blocks_first * acts.block + acts.embedding, x.blocks_last * acts.block + acts.head) \
+    volume = (
+        x.m
+        * np.maximum(
+            x.blocks_first * acts.block + acts.embedding, x.blocks_last * acts.block + acts.head
+        )
         * O.offloaded_share(x, np.maximum(x.blocks_first, x.blocks_last))
+    )
     fwd_share = (block.fwd + tp.fwd) / np.maximum(block.total + tp.total + cp_s + ep_s, 1e-30)
-    offload = O.activation_offload_step_seconds(x, volume, busy * fwd_share, busy * (1.0 - fwd_share))
-    memory, per_rank = M.peak_over_ranks(x, acts, host_room=host_room, rank_blocks=cands.rank_blocks)
+    offload = O.activation_offload_step_seconds(
+        x, volume, busy * fwd_share, busy * (1.0 - fwd_share)
+    )
+    memory, per_rank = M.peak_over_ranks(
+        x, acts, host_room=host_room, rank_blocks=cands.rank_blocks
+    )
     device_s = busy + bubble + pp_p2p + dp_comm + optimizer_s + offload
-    host_wait = K.host_wait_seconds(x, device_s) + MO.host_sync_seconds(x, block.fwd + tp.fwd + ep.fwd)
-    return Scores(step_time_s=device_s + host_wait, peak_bytes_per_gpu=memory.peak, capacity_bytes=float(hw.memory_bytes),
-                  fits=M.fits(memory.peak, hw, software),
-                  needed_bytes=M.needed_bytes(memory.peak, hw, software),
-                  params_bytes=memory.params, grads_bytes=memory.grads, optimizer_bytes=memory.optimizer,
-                  activations_bytes=memory.activations, other_bytes=memory.other,
-                  saved_activations_bytes=memory.saved,
-                  compute=busy * (1.0 - stage.comm_share["tp"] - stage.comm_share["cp"] - stage.comm_share["ep"]),
-                  recompute=x.m * x.blocks_most * block.recompute, tp_comm=busy * stage.comm_share["tp"],
-                  cp_comm=busy * stage.comm_share["cp"], ep_comm=busy * stage.comm_share["ep"],
-                  dp_comm=dp_comm, pp_p2p=pp_p2p, bubble=bubble, optimizer=optimizer_s,
-                  offload=offload, host_wait=host_wait, num_microbatches=x.m,
-                  model_flops_per_step=float(model_flops_per_step(model, global_batch * seq, seq=seq, causal_half=True)),
-                  stage_memory=per_rank, step=x, pp_p2p_bound=pp_p2p_bound,
-                  bubble_bound=bubble_bound)
+    host_wait = K.host_wait_seconds(x, device_s) + MO.host_sync_seconds(
+        x, block.fwd + tp.fwd + ep.fwd
+    )
+    return Scores(
+        step_time_s=device_s + host_wait,
+        peak_bytes_per_gpu=memory.peak,
+        capacity_bytes=float(hw.memory_bytes),
+        fits=M.fits(memory.peak, hw, software),
+        needed_bytes=M.needed_bytes(memory.peak, hw, software),
+        params_bytes=memory.params,
+        grads_bytes=memory.grads,
+        optimizer_bytes=memory.optimizer,
+        activations_bytes=memory.activations,
+        other_bytes=memory.other,
+        saved_activations_bytes=memory.saved,
+        compute=busy
+        * (1.0 - stage.comm_share["tp"] - stage.comm_share["cp"] - stage.comm_share["ep"]),
+        recompute=x.m * x.blocks_most * block.recompute,
+        tp_comm=busy * stage.comm_share["tp"],
+        cp_comm=busy * stage.comm_share["cp"],
+        ep_comm=busy * stage.comm_share["ep"],
+        dp_comm=dp_comm,
+        pp_p2p=pp_p2p,
+        bubble=bubble,
+        optimizer=optimizer_s,
+        offload=offload,
+        host_wait=host_wait,
+        num_microbatches=x.m,
+        model_flops_per_step=float(
+            model_flops_per_step(model, global_batch * seq, seq=seq, causal_half=True)
+        ),
+        stage_memory=per_rank,
+        step=x,
+        pp_p2p_bound=pp_p2p_bound,
+        bubble_bound=bubble_bound,
+    )
 
 
 def _pp_p2p_bound(x: Step, cands: CandidateArrays, block, stage, bubble_bound, pp_p2p, hop):
@@ -256,8 +344,11 @@ def _pp_p2p_bound(x: Step, cands: CandidateArrays, block, stage, bubble_bound, p
     middle rank, p >= 3); 0 where the interleaved schedule overlaps its sends. Never above the
     closed form's pp_p2p."""
     overlapped = x.is_schedule("interleaved-1f1b") & (x.v > 1) & x.sw.overlap_p2p
-    mid = x.m * (x.blocks_second * (block.fwd + block.bwd) + 2.0 * hop) \
-        - x.m * stage.slowest - bubble_bound
+    mid = (
+        x.m * (x.blocks_second * (block.fwd + block.bwd) + 2.0 * hop)
+        - x.m * stage.slowest
+        - bubble_bound
+    )
     middle = (x.pp >= 3) & (cands.blocks_first is None)
     blocking = np.maximum(x.m * hop, np.where(middle, mid, 0.0))
     return np.where((x.pp > 1) & ~overlapped, np.minimum(pp_p2p, blocking), 0.0)
@@ -287,20 +378,32 @@ def timeline_scores(scores: Scores) -> Scores:
     offload_s = np.asarray(scores.offload, float)
     after_s = TL.after_reduction_seconds(x)
     device_s = tl.makespan_s + after_s + optimizer_s + offload_s
-    host_wait = K.host_wait_seconds(x, device_s) \
-        + MO.host_sync_seconds(x, block.fwd + tp.fwd + ep.fwd)
+    host_wait = K.host_wait_seconds(x, device_s) + MO.host_sync_seconds(
+        x, block.fwd + tp.fwd + ep.fwd
+    )
     i = K.eff(x.hw, "overlap_interference")
     per_block = np.maximum(terms.block_total_s, 1e-30)
-    shares = {"tp": tp_exposed / per_block,
-              "cp": (cp.exposed + i * (cp.total - cp.exposed)) / per_block,
-              "ep": (ep.exposed + i * (ep.total - ep.exposed)) / per_block}
+    shares = {
+        "tp": tp_exposed / per_block,
+        "cp": (cp.exposed + i * (cp.total - cp.exposed)) / per_block,
+        "ep": (ep.exposed + i * (ep.total - ep.exposed)) / per_block,
+    }
     busy = rank.busy_s
     p2p = rank.hops_s + i * rank.hidden_hops_s
     dp = rank.end_s - rank.compute_end_s + rank.gate_wait_s + after_s - (p2p - rank.hops_s)
-    return replace(scores, step_time_s=device_s + host_wait,
-                   compute=busy * (1.0 - sum(shares.values())), tp_comm=busy * shares["tp"],
-                   cp_comm=busy * shares["cp"], ep_comm=busy * shares["ep"],
-                   dp_comm=np.asarray([dp]), pp_p2p=np.asarray([p2p]),
-                   bubble=np.asarray([rank.bubble_s]), optimizer=optimizer_s, offload=offload_s,
-                   host_wait=host_wait, timeline=tl,
-                   closed_form_step_s=np.asarray(scores.step_time_s, float))
+    return replace(
+        scores,
+        step_time_s=device_s + host_wait,
+        compute=busy * (1.0 - sum(shares.values())),
+        tp_comm=busy * shares["tp"],
+        cp_comm=busy * shares["cp"],
+        ep_comm=busy * shares["ep"],
+        dp_comm=np.asarray([dp]),
+        pp_p2p=np.asarray([p2p]),
+        bubble=np.asarray([rank.bubble_s]),
+        optimizer=optimizer_s,
+        offload=offload_s,
+        host_wait=host_wait,
+        timeline=tl,
+        closed_form_step_s=np.asarray(scores.step_time_s, float),
+    )

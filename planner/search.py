@@ -34,6 +34,7 @@ Objectives:
   leaders' documents are ranked by their goodput-adjusted time. With `tokens`, cost also ranks the
   leaders by their goodput-adjusted dollars, and every plan document carries its goodput.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,23 +46,43 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from cost_models.params import total_params
-from planner.candidates import (FIELDS, SearchSpace, _pattern_groups, _product, config_of_row, leanest,
-                                skeleton_rows, with_micro_batches)
+from planner.candidates import (
+    FIELDS,
+    SearchSpace,
+    _pattern_groups,
+    _product,
+    config_of_row,
+    leanest,
+    skeleton_rows,
+    with_micro_batches,
+)
 from planner.errors import ConfigError, NoFitError
-from planner.parallel import (CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, default_placement,
-                              offload_indices, offloads)
+from planner.parallel import (
+    CP_COMMS,
+    OFFLOAD,
+    RECOMPUTE,
+    SCHEDULES,
+    ParallelConfig,
+    default_placement,
+    offload_indices,
+    offloads,
+)
 from cost_models.compute import resolve_precision
 from planner.placement import PLACEMENTS, packed_key
 from planner.option_rules import check_options
 from planner.run_options import RunOptions
-from planner.software import (check_activation_fp8_input, check_master_weights, check_moe_options,
-                              software_for)
+from planner.software import (
+    check_activation_fp8_input,
+    check_master_weights,
+    check_moe_options,
+    software_for,
+)
 from planner.spec import TransformerSpec
 
 OBJECTIVES = ("throughput", "cost", "memory", "time-to-train")
 MEMORY_OBJECTIVE_SLACK = 0.05
 """The memory objective accepts candidates up to 5 % slower than the fastest."""
-DEFAULT_BATCH_TOKENS = 2 ** 21
+DEFAULT_BATCH_TOKENS = 2**21
 """Default global batch, in tokens: about 2M, inside GPT-3's 0.5M-3.2M range (Brown et al. 2020,
 Table 2.1) and Llama 2's 4M (Touvron et al. 2023); rounded up to a multiple of the world size."""
 SCORE_CHUNK = 16_384
@@ -85,7 +106,17 @@ and offload time are left out: more recompute can hide them."""
 SHAPE_BOUND_TERMS = ("compute", "tp_comm", "cp_comm", "bubble_bound")
 """The TIME_BOUND_TERMS that do not depend on the model-state knobs (ZeRO stage, dp_shard, offload): one
 evaluation bounds every candidate of a shape (checked in tests/test_search.py)."""
-SHAPE_FIELDS = ("dp", "tp", "pp", "cp", "cp_comm", "ep", "schedule", "virtual_stages", "micro_batch")
+SHAPE_FIELDS = (
+    "dp",
+    "tp",
+    "pp",
+    "cp",
+    "cp_comm",
+    "ep",
+    "schedule",
+    "virtual_stages",
+    "micro_batch",
+)
 """The knobs of a shape: a candidate without its model-state knobs, recompute, sequence parallelism and
 placement (the placement is added to make a shape: it moves the communication terms)."""
 
@@ -152,13 +183,19 @@ class SearchStats:
     """Dimensions the framework holds at 1 for this model, each with why (search.held_dimensions)."""
 
     def to_dict(self) -> dict:
-        return {"candidates_evaluated": self.candidates_evaluated, "feasible": self.feasible,
-                "seconds": round(self.seconds, 4), "space": self.space,
-                "pruned_by_memory_bound": self.pruned_by_memory_bound,
-                "pruned_by_time_bound": self.pruned_by_time_bound,
-                "bound_evaluations": self.bound_evaluations, "refined": self.refined,
-                "rejected": dict(self.rejected), "values_tried": {k: list(v) for k, v in self.values_tried.items()},
-                **({"held": dict(self.held)} if self.held else {})}
+        return {
+            "candidates_evaluated": self.candidates_evaluated,
+            "feasible": self.feasible,
+            "seconds": round(self.seconds, 4),
+            "space": self.space,
+            "pruned_by_memory_bound": self.pruned_by_memory_bound,
+            "pruned_by_time_bound": self.pruned_by_time_bound,
+            "bound_evaluations": self.bound_evaluations,
+            "refined": self.refined,
+            "rejected": dict(self.rejected),
+            "values_tried": {k: list(v) for k, v in self.values_tried.items()},
+            **({"held": dict(self.held)} if self.held else {}),
+        }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -182,10 +219,15 @@ class Recommendation:
 
     def to_document(self) -> dict:
         """The `recommend --json` document (docs/cli-contract.md)."""
-        return {"schema_version": self.best["schema_version"], "model": self.best["model"],
-                "hardware": self.best["hardware"], "objective": self.objective,
-                "search": self.stats.to_dict(), "best": dict(self.best),
-                "alternatives": [dict(a) for a in self.alternatives]}
+        return {
+            "schema_version": self.best["schema_version"],
+            "model": self.best["model"],
+            "hardware": self.best["hardware"],
+            "objective": self.objective,
+            "search": self.stats.to_dict(),
+            "best": dict(self.best),
+            "alternatives": [dict(a) for a in self.alternatives],
+        }
 
     def plan_document(self) -> dict:
         """The winner as a plan file (`recommend --out`): loadable by planner.load_plan."""
@@ -194,24 +236,33 @@ class Recommendation:
 
 # --------------------------------------------------------------------------------------------- inputs
 
+
 def _resolve(model, hardware, gpus, nodes, seq):
     if isinstance(model, str):
         from planner.sources import resolve_model
+
         model = resolve_model(model, seq=seq)
     if getattr(model, "spec", None) is not None and getattr(model, "factory", None):
         from planner.sources import transformer_spec
-        model = transformer_spec(model)          # a factory's module that describes its transformer
+
+        model = transformer_spec(model)  # a factory's module that describes its transformer
     elif seq is not None and getattr(model, "seq", seq) != seq:
         from planner.sources import with_seq
+
         model = with_seq(model, seq)
     if isinstance(hardware, str):
         from hardware_profiles import load_profile
+
         hardware = load_profile(hardware)
     per_node = hardware.devices_per_node
     if gpus is None and nodes is None:
         raise ConfigError("gpus", None, "--gpus N or --nodes K")
     if gpus is not None and nodes is not None and gpus != nodes * per_node:
-        raise ConfigError("gpus", gpus, f"nodes({nodes})*devices_per_node({per_node})={nodes * per_node}, or give one of them")
+        raise ConfigError(
+            "gpus",
+            gpus,
+            f"nodes({nodes})*devices_per_node({per_node})={nodes * per_node}, or give one of them",
+        )
     world = gpus if gpus is not None else nodes * per_node
     return model, hardware, world, math.ceil(world / per_node)
 
@@ -227,21 +278,32 @@ def _model_shape(model) -> tuple[int, int, int]:
     return int(heads), int(getattr(model, "n_kv_heads", heads)), int(blocks)
 
 
-def _price_per_hour(hardware, nodes: int, spot: bool, node_price: float | None = None) -> float | None:
+def _price_per_hour(
+    hardware, nodes: int, spot: bool, node_price: float | None = None
+) -> float | None:
     """Dollars per hour for `nodes` nodes: `node_price` (the user's own price: negotiated, reserved or
     today's spot) when given, else the profile's on-demand or spot price."""
     if node_price is not None:
-        if not (isinstance(node_price, (int, float)) and math.isfinite(node_price) and node_price > 0):
-            raise ConfigError("price-per-hour", node_price, "a positive number of US dollars per node-hour")
+        if not (
+            isinstance(node_price, (int, float)) and math.isfinite(node_price) and node_price > 0
+        ):
+            raise ConfigError(
+                "price-per-hour", node_price, "a positive number of US dollars per node-hour"
+            )
         return float(node_price) * nodes
     price = hardware.spot_price_usd_per_hour if spot else hardware.price_usd_per_hour
     if spot and price is None:
-        raise ConfigError("spot", True, f"a spot price: {hardware.name}'s profile has none (spot prices move "
-                                        "daily); pass today's with --price-per-hour USD (per node)")
+        raise ConfigError(
+            "spot",
+            True,
+            f"a spot price: {hardware.name}'s profile has none (spot prices move "
+            "daily); pass today's with --price-per-hour USD (per node)",
+        )
     return None if price is None else price * nodes
 
 
 # -------------------------------------------------------------------------------------------- scoring
+
 
 @dataclass(frozen=True, slots=True)
 class _Scores:
@@ -267,13 +329,26 @@ class _Scores:
 
     @classmethod
     def empty(cls) -> "_Scores":
-        return cls(np.zeros(0), np.zeros(0), np.zeros(0), {t: np.zeros(0) for t in TIME_BOUND_TERMS})
+        return cls(
+            np.zeros(0), np.zeros(0), np.zeros(0), {t: np.zeros(0) for t in TIME_BOUND_TERMS}
+        )
 
 
 class _Scorer:
     """Calls planner.score.score on dicts of candidate arrays, in chunks, counting what it scored."""
 
-    def __init__(self, model, hardware, *, global_batch, seq, precision, optimizer, score_fn=None, software=None):
+    def __init__(
+        self,
+        model,
+        hardware,
+        *,
+        global_batch,
+        seq,
+        precision,
+        optimizer,
+        score_fn=None,
+        software=None,
+    ):
         if score_fn is None:
             from planner.score import score as score_fn
         self.score_fn = score_fn
@@ -282,18 +357,22 @@ class _Scorer:
             self.kw["software"] = software
         self.model, self.hardware = model, hardware
 
-    def __call__(self, arrays: Mapping[str, np.ndarray], progress: Callable[[int], None] | None = None) -> _Scores:
+    def __call__(
+        self, arrays: Mapping[str, np.ndarray], progress: Callable[[int], None] | None = None
+    ) -> _Scores:
         """The scores of every candidate in `arrays` (see _Scores), in chunks of SCORE_CHUNK."""
         n = len(arrays["dp"])
         step, peak, needed = np.empty(n), np.empty(n), np.empty(n)
         terms = {t: np.zeros(n) for t in TIME_BOUND_TERMS}
         for start in range(0, n, SCORE_CHUNK):
-            chunk = {k: v[start:start + SCORE_CHUNK] for k, v in arrays.items()}
+            chunk = {k: v[start : start + SCORE_CHUNK] for k, v in arrays.items()}
             scores = self.score_fn(self.model, self.hardware, _candidate_arrays(chunk), **self.kw)
             part = slice(start, start + SCORE_CHUNK)
             step[part] = np.asarray(scores.step_time_s, dtype=float)
             peak[part] = np.asarray(scores.peak_bytes_per_gpu, dtype=float)
-            needed[part] = np.asarray(getattr(scores, "needed_bytes", scores.peak_bytes_per_gpu), dtype=float)
+            needed[part] = np.asarray(
+                getattr(scores, "needed_bytes", scores.peak_bytes_per_gpu), dtype=float
+            )
             for term in TIME_BOUND_TERMS:
                 if hasattr(scores, term):
                     terms[term][part] = np.asarray(getattr(scores, term), dtype=float)
@@ -302,7 +381,9 @@ class _Scorer:
         return _Scores(step, peak, needed, terms)
 
 
-def _admission_threshold(step: np.ndarray, needed: np.ndarray, capacity: float, objective: str, keep: int) -> float:
+def _admission_threshold(
+    step: np.ndarray, needed: np.ndarray, capacity: float, objective: str, keep: int
+) -> float:
     """Step time above which a candidate cannot enter the result (see the module docstring)."""
     feasible = step[needed <= capacity]
     if objective == "memory":
@@ -313,6 +394,7 @@ def _admission_threshold(step: np.ndarray, needed: np.ndarray, capacity: float, 
 
 def _candidate_arrays(arrays: Mapping[str, np.ndarray]):
     from planner.score import CandidateArrays
+
     return CandidateArrays(**{k: np.asarray(arrays[k]) for k in FIELDS})
 
 
@@ -320,14 +402,32 @@ def _take(rows: Mapping[str, np.ndarray], mask) -> dict[str, np.ndarray]:
     return {k: v[mask] for k, v in rows.items()}
 
 
-def config_of(arrays: Mapping[str, np.ndarray], i: int, *, global_batch: int, seq: int, precision: str,
-              optimizer: str, stages: tuple[int, ...] = (), framework: str = "megatron") -> ParallelConfig:
+def config_of(
+    arrays: Mapping[str, np.ndarray],
+    i: int,
+    *,
+    global_batch: int,
+    seq: int,
+    precision: str,
+    optimizer: str,
+    stages: tuple[int, ...] = (),
+    framework: str = "megatron",
+) -> ParallelConfig:
     """Row i of candidate arrays as a ParallelConfig (planner.candidates.config_of_row)."""
-    return config_of_row(arrays, i, global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
-                         stages=stages, framework=framework)
+    return config_of_row(
+        arrays,
+        i,
+        global_batch=global_batch,
+        seq=seq,
+        precision=precision,
+        optimizer=optimizer,
+        stages=stages,
+        framework=framework,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- search
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ScoredSpace:
@@ -362,7 +462,12 @@ class ScoredSpace:
 
         from planner.candidates import placement_text
 
-        names = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "offload": OFFLOAD, "cp_comm": CP_COMMS}
+        names = {
+            "schedule": SCHEDULES,
+            "recompute": RECOMPUTE,
+            "offload": OFFLOAD,
+            "cp_comm": CP_COMMS,
+        }
         columns = {}
         for key, values in self.arrays.items():
             values = np.asarray(values)
@@ -371,52 +476,121 @@ class ScoredSpace:
             n = len(self.arrays["placement"])
             with_c = np.asarray(self.arrays.get("cp", np.ones(n, int))) > 1
             with_e = np.asarray(self.arrays.get("ep", np.ones(n, int))) > 1
-            table = np.array([[[placement_text(i, cp=1 + c, ep=1 + e) for e in (0, 1)] for c in (0, 1)]
-                              for i in range(len(PLACEMENTS))], dtype=object)
-            columns["placement"] = table[np.asarray(self.arrays["placement"]), with_c.astype(int), with_e.astype(int)]
+            table = np.array(
+                [
+                    [[placement_text(i, cp=1 + c, ep=1 + e) for e in (0, 1)] for c in (0, 1)]
+                    for i in range(len(PLACEMENTS))
+                ],
+                dtype=object,
+            )
+            columns["placement"] = table[
+                np.asarray(self.arrays["placement"]), with_c.astype(int), with_e.astype(int)
+            ]
         columns["step_time_s"] = np.asarray(self.step_time_s, dtype=float)
         peak = np.asarray(self.peak_bytes_per_gpu, dtype=float)
-        columns["peak_bytes_per_gpu"] = peak.round().astype(np.int64) if np.all(np.isfinite(peak)) else peak
+        columns["peak_bytes_per_gpu"] = (
+            peak.round().astype(np.int64) if np.all(np.isfinite(peak)) else peak
+        )
         columns["fits"] = np.asarray(self.fits, dtype=bool)
         return pd.DataFrame(columns)
 
 
-def score_space(model, hardware, *, world_size: int, global_batch: int, seq: int, precision: str,
-                optimizer: str, space: SearchSpace = SearchSpace(), score_fn=None, prune: bool = True,
-                objective: str = "throughput", keep: int = 10, time_bound: bool = True,
-                software=None, progress: Callable[[int, int], None] | None = None) -> ScoredSpace:
+def score_space(
+    model,
+    hardware,
+    *,
+    world_size: int,
+    global_batch: int,
+    seq: int,
+    precision: str,
+    optimizer: str,
+    space: SearchSpace = SearchSpace(),
+    score_fn=None,
+    prune: bool = True,
+    objective: str = "throughput",
+    keep: int = 10,
+    time_bound: bool = True,
+    software=None,
+    progress: Callable[[int, int], None] | None = None,
+) -> ScoredSpace:
     """Generate, bound and score the whole space (module docstring); no ranking yet."""
     t0 = time.perf_counter()
     heads, kv_heads, blocks = _model_shape(model)
     rejected: Counter = Counter()
-    scorer = _Scorer(model, hardware, global_batch=global_batch, seq=seq, precision=precision,
-                     optimizer=optimizer, score_fn=score_fn, software=software)
+    scorer = _Scorer(
+        model,
+        hardware,
+        global_batch=global_batch,
+        seq=seq,
+        precision=precision,
+        optimizer=optimizer,
+        score_fn=score_fn,
+        software=software,
+    )
     capacity = float(hardware.memory_bytes)
     moe = getattr(model, "moe", None)
-    skeletons = skeleton_rows(world_size, global_batch, heads=heads, kv_heads=kv_heads, blocks=blocks, space=space,
-                              rejected=rejected, seq=seq, experts=moe.experts if moe is not None else None,
-                              fast_domain=getattr(hardware, "nvlink_domain_devices", None))
+    skeletons = skeleton_rows(
+        world_size,
+        global_batch,
+        heads=heads,
+        kv_heads=kv_heads,
+        blocks=blocks,
+        space=space,
+        rejected=rejected,
+        seq=seq,
+        experts=moe.experts if moe is not None else None,
+        fast_domain=getattr(hardware, "nvlink_domain_devices", None),
+    )
     tried = values_tried(skeletons)
     skeletons = _costed(skeletons, rejected)
     if len(skeletons["dp"]) == 0:
-        raise ConfigError("gpus", world_size, _no_space_reason(world_size, global_batch, heads, blocks, rejected))
+        raise ConfigError(
+            "gpus", world_size, _no_space_reason(world_size, global_batch, heads, blocks, rejected)
+        )
     skeletons["skeleton"] = np.arange(len(skeletons["dp"]))
-    search = _BranchAndBound(with_micro_batches(skeletons, global_batch, space=space, rejected=rejected),
-                             space=space, scorer=scorer, capacity=capacity, objective=objective, keep=keep,
-                             prune=prune, time_bound=time_bound, progress=progress)
-    search.run()        # (the unsorted rows are freed before it: the scorer's arrays reuse their memory)
+    search = _BranchAndBound(
+        with_micro_batches(skeletons, global_batch, space=space, rejected=rejected),
+        space=space,
+        scorer=scorer,
+        capacity=capacity,
+        objective=objective,
+        keep=keep,
+        prune=prune,
+        time_bound=time_bound,
+        progress=progress,
+    )
+    search.run()  # (the unsorted rows are freed before it: the scorer's arrays reuse their memory)
     full, step, peak, needed = search.result()
     nothing_fits = not np.any(needed <= capacity)
-    lean1, lean1_needed = _skeleton_bounds(skeletons, scorer, space) if nothing_fits else ({}, np.zeros(0))
-    stats = SearchStats(candidates_evaluated=len(step), feasible=int((needed <= capacity).sum()),
-                        seconds=time.perf_counter() - t0, space=search.total,
-                        pruned_by_memory_bound=search.pruned_memory,
-                        pruned_by_time_bound=search.pruned_time, bound_evaluations=search.bound_evaluations,
-                        rejected=dict(rejected), values_tried=tried)
-    assert stats.space == stats.candidates_evaluated + stats.pruned_by_memory_bound + stats.pruned_by_time_bound
-    return ScoredSpace(arrays=full, step_time_s=step, peak_bytes_per_gpu=peak, needed_bytes=needed,
-                       capacity_bytes=capacity, leanest_arrays=lean1, leanest_needed_bytes=lean1_needed, stats=stats,
-                       unscored_at_least_s=tuple(float(t) for t in search._thresholds()))
+    lean1, lean1_needed = (
+        _skeleton_bounds(skeletons, scorer, space) if nothing_fits else ({}, np.zeros(0))
+    )
+    stats = SearchStats(
+        candidates_evaluated=len(step),
+        feasible=int((needed <= capacity).sum()),
+        seconds=time.perf_counter() - t0,
+        space=search.total,
+        pruned_by_memory_bound=search.pruned_memory,
+        pruned_by_time_bound=search.pruned_time,
+        bound_evaluations=search.bound_evaluations,
+        rejected=dict(rejected),
+        values_tried=tried,
+    )
+    assert (
+        stats.space
+        == stats.candidates_evaluated + stats.pruned_by_memory_bound + stats.pruned_by_time_bound
+    )
+    return ScoredSpace(
+        arrays=full,
+        step_time_s=step,
+        peak_bytes_per_gpu=peak,
+        needed_bytes=needed,
+        capacity_bytes=capacity,
+        leanest_arrays=lean1,
+        leanest_needed_bytes=lean1_needed,
+        stats=stats,
+        unscored_at_least_s=tuple(float(t) for t in search._thresholds()),
+    )
 
 
 def _skeleton_bounds(skeletons, scorer, space):
@@ -462,23 +636,41 @@ class _BranchAndBound:
     the scorer's fixed cost per call small, while the threshold still tightens between them)."""
     BATCH_GROWTH = 4
 
-    def __init__(self, rows, *, space, scorer, capacity, objective, keep, prune, time_bound, progress):
-        self.space, self.scorer, self.capacity, self.objective, self.keep = space, scorer, capacity, objective, keep
+    def __init__(
+        self, rows, *, space, scorer, capacity, objective, keep, prune, time_bound, progress
+    ):
+        self.space, self.scorer, self.capacity, self.objective, self.keep = (
+            space,
+            scorer,
+            capacity,
+            objective,
+            keep,
+        )
         self.prune, self.time_bound, self.progress = prune, time_bound, progress
         self.levels = [RECOMPUTE.index(r) for r in space.recompute]
         self.weakest = min(self.levels)
         n = len(rows["dp"])
-        lean = rows["zero"] * 4 + (rows["dp_shard"] == 0) * 2 + np.isin(rows["offload"], offload_indices("optimizer"))
+        lean = (
+            rows["zero"] * 4
+            + (rows["dp_shard"] == 0) * 2
+            + np.isin(rows["offload"], offload_indices("optimizer"))
+        )
         key = packed_key([rows[k] for k in SHAPE_FIELDS]) if n else np.zeros(0, dtype=np.int64)
         order = np.argsort(key * 16 + (15 - lean), kind="stable")
         self.rows = {k: np.asarray(v)[order] for k, v in rows.items()}
         key = key[order]
-        self.starts = np.r_[0, np.flatnonzero(np.diff(key)) + 1] if n else np.zeros(0, dtype=np.int64)
+        self.starts = (
+            np.r_[0, np.flatnonzero(np.diff(key)) + 1] if n else np.zeros(0, dtype=np.int64)
+        )
         self.ends = np.r_[self.starts[1:], n]
         self._shapes()
         self.total = int(self.shape_groups.sum()) * len(self.levels)
-        self.needed_on = np.full((n, len(RECOMPUTE)), np.nan)   # what members with sequence parallelism on need
-        self.optimizer_s = np.full(int(self.rows["skeleton"].max()) + 1 if n else 0, np.nan)   # per skeleton
+        self.needed_on = np.full(
+            (n, len(RECOMPUTE)), np.nan
+        )  # what members with sequence parallelism on need
+        self.optimizer_s = np.full(
+            int(self.rows["skeleton"].max()) + 1 if n else 0, np.nan
+        )  # per skeleton
         self.pruned_memory = self.bound_evaluations = self.done = 0
         self.parts: list[tuple] = []
         self.feasible_steps: list[np.ndarray] = []
@@ -495,24 +687,35 @@ class _BranchAndBound:
         self.sp_choices: list[tuple[bool, ...]] = []
         for sp, place, mask in _pattern_groups(first, self.space):
             ids = []
-            for members in placement_classes(place, exact=bool(np.any(first.get("ep", np.ones(1))[mask] > 1))):
+            for members in placement_classes(
+                place, exact=bool(np.any(first.get("ep", np.ones(1))[mask] > 1))
+            ):
                 if members not in self.class_places:
                     self.class_places.append(members)
                 ids.append(self.class_places.index(members))
-            sp = tuple(sorted(set(bool(v) for v in sp), reverse=True))        # on first: the representative's
+            sp = tuple(
+                sorted(set(bool(v) for v in sp), reverse=True)
+            )  # on first: the representative's
             if sp not in self.sp_choices:
                 self.sp_choices.append(sp)
             mine = np.flatnonzero(mask)
             runs.append(np.repeat(mine, len(ids)))
             classes.append(np.tile(ids, len(mine)))
             sp_sets.append(np.full(len(mine) * len(ids), self.sp_choices.index(sp)))
-        cat = lambda parts: np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)  # noqa: E731
+        cat = lambda parts: (
+            np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+        )  # noqa: E731
         self.shape_run, self.shape_class, self.shape_sps = cat(runs), cat(classes), cat(sp_sets)
         self.n_shapes = len(self.shape_run)
         per_class = np.array([len(c) for c in self.class_places], dtype=np.int64)
         per_sp = np.array([len(c) for c in self.sp_choices], dtype=np.int64)
-        self.shape_groups = (self.ends - self.starts)[self.shape_run] * per_class[self.shape_class] \
-            * per_sp[self.shape_sps] if self.n_shapes else np.zeros(0, dtype=np.int64)
+        self.shape_groups = (
+            (self.ends - self.starts)[self.shape_run]
+            * per_class[self.shape_class]
+            * per_sp[self.shape_sps]
+            if self.n_shapes
+            else np.zeros(0, dtype=np.int64)
+        )
         first_sp = np.array([c[0] for c in self.sp_choices], dtype=bool)
         self.shape_sp = first_sp[self.shape_sps] if self.n_shapes else np.zeros(0, dtype=bool)
 
@@ -521,9 +724,15 @@ class _BranchAndBound:
         """Everything neither scored nor dropped by the memory bound was proven out by a time bound."""
         return self.total - self.done - self.pruned_memory
 
-    def _members(self, row: np.ndarray, place: np.ndarray, sp: np.ndarray, levels) -> dict[str, np.ndarray]:
+    def _members(
+        self, row: np.ndarray, place: np.ndarray, sp: np.ndarray, levels
+    ) -> dict[str, np.ndarray]:
         """Rows with a placement and sequence-parallel choice each, at one recompute level or at each of `levels`."""
-        out = {k: self.rows[k][row] for k in FIELDS if k not in ("placement", "sequence_parallel", "recompute")}
+        out = {
+            k: self.rows[k][row]
+            for k in FIELDS
+            if k not in ("placement", "sequence_parallel", "recompute")
+        }
         out["placement"], out["sequence_parallel"], out["row"] = place, sp, row
         if np.ndim(levels) == 0:
             out["recompute"] = np.full(len(row), levels, dtype=np.int64)
@@ -544,7 +753,9 @@ class _BranchAndBound:
         pending = ~self.expanded & np.isfinite(self.rep_step)
         steps = np.concatenate(self.feasible_steps + [self.rep_step[pending]])
         cls = np.concatenate(self.feasible_cls + [self.cls[pending]])
-        return _class_thresholds(cls, steps, objective=self.objective, keep=self.keep, both=self.both)
+        return _class_thresholds(
+            cls, steps, objective=self.objective, keep=self.keep, both=self.both
+        )
 
     def _threshold_of(self, members) -> np.ndarray:
         thr = self._thresholds()
@@ -565,13 +776,19 @@ class _BranchAndBound:
 
     def run(self) -> None:
         first_place = np.array([c[0] for c in self.class_places], dtype=np.int64)
-        reps = self._members(self.starts[self.shape_run], first_place[self.shape_class] if self.n_shapes else
-                             np.zeros(0, dtype=np.int64), self.shape_sp, self.weakest)
+        reps = self._members(
+            self.starts[self.shape_run],
+            first_place[self.shape_class] if self.n_shapes else np.zeros(0, dtype=np.int64),
+            self.shape_sp,
+            self.weakest,
+        )
         r = self.scorer({k: reps[k] for k in FIELDS}) if self.n_shapes else _Scores.empty()
         self.bound_evaluations += self.n_shapes
         lb = self.shape_lb = r.shape_bound
         ok = (r.needed <= self.capacity) & np.isfinite(r.step)
-        self.rep_step = np.where(ok, r.step, np.inf)      # the representatives' firsts: known feasible steps
+        self.rep_step = np.where(
+            ok, r.step, np.inf
+        )  # the representatives' firsts: known feasible steps
         self.expanded = np.zeros(self.n_shapes, bool)
         # expand first the shapes whose representative fits and is fast (the threshold falls soonest), then
         # the others by their bound; the order only sets how soon the threshold falls, never what is proven
@@ -589,7 +806,9 @@ class _BranchAndBound:
         """Score the candidates of these shapes (class docstring)."""
         self.expanded[shapes] = True
         rows, places, sps, owner = [], [], [], []
-        for c, k in {(int(c), int(k)) for c, k in zip(self.shape_class[shapes], self.shape_sps[shapes])}:
+        for c, k in {
+            (int(c), int(k)) for c, k in zip(self.shape_class[shapes], self.shape_sps[shapes])
+        }:
             mine = shapes[(self.shape_class[shapes] == c) & (self.shape_sps[shapes] == k)]
             run = self.shape_run[mine]
             lengths = self.ends[run] - self.starts[run]
@@ -608,7 +827,9 @@ class _BranchAndBound:
         rep = row == self.starts[self.shape_run[shape]]
         unknown = np.flatnonzero(np.isnan(self.optimizer_s[skeleton]) & ~rep)
         first_seen = unknown[np.unique(skeleton[unknown], return_index=True)[1]]
-        probe = np.union1d(np.flatnonzero(rep), first_seen[np.isnan(self.optimizer_s[skeleton[first_seen]])])
+        probe = np.union1d(
+            np.flatnonzero(rep), first_seen[np.isnan(self.optimizer_s[skeleton[first_seen]])]
+        )
         members = self._members(row[probe], place[probe], sp[probe], self.weakest)
         r = self._score(members)
         self.optimizer_s[skeleton[probe]] = r.terms["optimizer"]
@@ -632,10 +853,10 @@ class _BranchAndBound:
             # bound known) is below the threshold: the bound grows along RECOMPUTE
             if not len(row):
                 return
-            on = self._members(row[sp], place[sp], sp[sp], level)         # sequence parallelism on first
+            on = self._members(row[sp], place[sp], sp[sp], level)  # sequence parallelism on first
             r_on = self._score(on)
             off_at = np.flatnonzero(~sp)
-            twin_needed = self.needed_on[row[off_at], level]               # NaN: the twin is not scored (yet)
+            twin_needed = self.needed_on[row[off_at], level]  # NaN: the twin is not scored (yet)
             skip = twin_needed > self.capacity if self.prune else np.zeros(len(off_at), bool)
             self.pruned_memory += int(skip.sum())
             off = self._members(row[off_at[~skip]], place[off_at[~skip]], sp[off_at[~skip]], level)
@@ -646,9 +867,16 @@ class _BranchAndBound:
             row, place, sp = row[keep], place[keep], sp[keep]
 
     def result(self):
-        full = {k: np.concatenate([p[0][k] for p in self.parts]) if self.parts else np.zeros(0, dtype=np.int64)
-                for k in FIELDS}
-        cols = [np.concatenate([p[i] for p in self.parts]) if self.parts else np.zeros(0) for i in (1, 2, 3)]
+        full = {
+            k: np.concatenate([p[0][k] for p in self.parts])
+            if self.parts
+            else np.zeros(0, dtype=np.int64)
+            for k in FIELDS
+        }
+        cols = [
+            np.concatenate([p[i] for p in self.parts]) if self.parts else np.zeros(0)
+            for i in (1, 2, 3)
+        ]
         return full, *cols
 
 
@@ -662,7 +890,7 @@ def placement_classes(placements, *, exact: bool = False) -> list[tuple[int, ...
     out: dict[str, list[int]] = {}
     for index in placements:
         text = PLACEMENTS[index]
-        out.setdefault(text if exact else text[text.index("T"):], []).append(int(index))
+        out.setdefault(text if exact else text[text.index("T") :], []).append(int(index))
     return [tuple(v) for v in out.values()]
 
 
@@ -675,8 +903,10 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 def _no_space_reason(world, global_batch, heads, blocks, rejected) -> str:
     reasons = "; ".join(f"{k}: {v}" for k, v in sorted(rejected.items()))
-    return (f"a world size with at least one valid (dp, tp, pp, cp): tp | heads({heads}), pp <= blocks({blocks}), "
-            f"seq % (2 cp) == 0, dp | global_batch({global_batch}); every split of {world} was rejected ({reasons})")
+    return (
+        f"a world size with at least one valid (dp, tp, pp, cp): tp | heads({heads}), pp <= blocks({blocks}), "
+        f"seq % (2 cp) == 0, dp | global_batch({global_batch}); every split of {world} was rejected ({reasons})"
+    )
 
 
 SEARCHED_DIMENSIONS = ("cp", "cp_comm", "dp_shard", "ep")
@@ -691,16 +921,22 @@ def held_dimensions(framework, model) -> dict[str, str]:
 
     if not mtp_without_pp_or_cp(framework, model):
         return {}
-    why = (f"{framework.name} runs the model's {model.mtp_modules} multi-token-prediction module(s) only with pp = cp "
-           f"= 1 (frameworks/{framework.name}.json: mtp_with_pp_or_cp false); without them (a config.json without "
-           "num_nextn_predict_layers) the search pipelines the model")
+    why = (
+        f"{framework.name} runs the model's {model.mtp_modules} multi-token-prediction module(s) only with pp = cp "
+        f"= 1 (frameworks/{framework.name}.json: mtp_with_pp_or_cp false); without them (a config.json without "
+        "num_nextn_predict_layers) the search pipelines the model"
+    )
     return {"pp": why, "cp": why}
 
 
 def values_tried(rows: Mapping[str, np.ndarray]) -> dict[str, list]:
     """The distinct cp, cp_comm (names), dp_shard and ep values among candidate rows (the skeletons the
     rules admit, before any bound): what `explain` reports as tried."""
-    out = {name: sorted(int(v) for v in np.unique(rows[name])) for name in SEARCHED_DIMENSIONS if name in rows}
+    out = {
+        name: sorted(int(v) for v in np.unique(rows[name]))
+        for name in SEARCHED_DIMENSIONS
+        if name in rows
+    }
     if "cp_comm" in out:
         out["cp_comm"] = [CP_COMMS[i] for i in out["cp_comm"]]
     return out
@@ -713,6 +949,7 @@ def ep_costed() -> bool:
     from dataclasses import fields
 
     from cost_models.step import Step
+
     return "ep" in {f.name for f in fields(Step)}
 
 
@@ -723,12 +960,15 @@ def _costed(rows: Mapping[str, np.ndarray], rejected: Counter) -> dict[str, np.n
         return dict(rows)
     mask = rows["ep"] == 1
     if (~mask).any():
-        rejected["ep > 1 not costed by this build (scores as ep = 1; skeletons)"] += int((~mask).sum())
+        rejected["ep > 1 not costed by this build (scores as ep = 1; skeletons)"] += int(
+            (~mask).sum()
+        )
     return _take(rows, mask)
 
 
-def _class_thresholds(cls: np.ndarray, steps: np.ndarray, *, objective: str, keep: int,
-                      both: bool) -> tuple[float, float]:
+def _class_thresholds(
+    cls: np.ndarray, steps: np.ndarray, *, objective: str, keep: int, both: bool
+) -> tuple[float, float]:
     """Admission thresholds (cp = 1, cp > 1) from the feasible steps known so far and their classes (cp > 1):
     the global one (`_admission_threshold`) and, when the space holds both classes, each raised to its
     class's best known step (infinite while none is known), so that the best plan of each class is scored
@@ -749,7 +989,9 @@ def rank(scored: ScoredSpace, objective: str) -> np.ndarray:
     """Indices of the feasible candidates, best first, for the objective (ties: less memory first)."""
     if objective not in OBJECTIVES:
         raise ConfigError("objective", objective, "one of " + ", ".join(OBJECTIVES))
-    idx = np.flatnonzero(scored.fits & np.isfinite(scored.step_time_s))    # an infinite step is never ranked
+    idx = np.flatnonzero(
+        scored.fits & np.isfinite(scored.step_time_s)
+    )  # an infinite step is never ranked
     step, peak = scored.step_time_s[idx], scored.peak_bytes_per_gpu[idx]
     if objective == "memory" and len(idx):
         near = step <= step.min() * (1 + MEMORY_OBJECTIVE_SLACK)
@@ -760,19 +1002,40 @@ def rank(scored: ScoredSpace, objective: str) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------------- no fit
 
-def no_fit_error(scored: ScoredSpace, *, model, hardware, world_size: int, global_batch: int, seq: int,
-                 precision: str, optimizer: str, space: SearchSpace, framework: str = "megatron",
-                 held: dict[str, str] | None = None) -> NoFitError:
+
+def no_fit_error(
+    scored: ScoredSpace,
+    *,
+    model,
+    hardware,
+    world_size: int,
+    global_batch: int,
+    seq: int,
+    precision: str,
+    optimizer: str,
+    space: SearchSpace,
+    framework: str = "megatron",
+    held: dict[str, str] | None = None,
+) -> NoFitError:
     """How far the leanest candidate misses and what would make one fit (exit 3). `held` names the run option
     that kept a knob out of the search (e.g. full recompute: moe_a2a_overlap), where it was not the framework."""
     i = int(np.argmin(scored.leanest_needed_bytes))
     need = float(scored.leanest_needed_bytes[i])
     cap = scored.capacity_bytes
-    cfg = config_of(scored.leanest_arrays, i, global_batch=global_batch, seq=seq, precision=precision,
-                    optimizer=optimizer, framework=framework)
+    cfg = config_of(
+        scored.leanest_arrays,
+        i,
+        global_batch=global_batch,
+        seq=seq,
+        precision=precision,
+        optimizer=optimizer,
+        framework=framework,
+    )
     per_node = hardware.devices_per_node
     more = math.ceil(world_size * need / cap / per_node) * per_node
-    fixes = [f"more GPUs (about {more}, {more // per_node} nodes: static memory shrinks roughly as 1/GPUs)"]
+    fixes = [
+        f"more GPUs (about {more}, {more // per_node} nodes: static memory shrinks roughly as 1/GPUs)"
+    ]
     untried = []
     if 3 not in space.zero:
         untried.append("ZeRO-3")
@@ -784,7 +1047,11 @@ def no_fit_error(scored: ScoredSpace, *, model, hardware, world_size: int, globa
     by_option = [f"{knob} (held by {held[knob]})" for knob in untried if knob in held]
     by_stack = [knob for knob in untried if knob not in held]
     if by_stack:
-        fixes.append("allow " + ", ".join(by_stack) + f" (not available on {framework}: try another --framework)")
+        fixes.append(
+            "allow "
+            + ", ".join(by_stack)
+            + f" (not available on {framework}: try another --framework)"
+        )
     if by_option:
         fixes.append("drop the run option that holds " + ", ".join(by_option))
     bigger = _larger_devices(hardware, need)
@@ -792,26 +1059,34 @@ def no_fit_error(scored: ScoredSpace, *, model, hardware, world_size: int, globa
         fixes.append("a larger device (" + ", ".join(bigger) + ")")
     fixes.append("a shorter --seq")
     cp = f" cp={cfg.cp}" if cfg.cp > 1 else ""
-    tried = (f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}{cp} micro_batch=1 zero={cfg.zero} recompute={cfg.recompute} "
-             f"offload={cfg.offload}, the least memory over every degree, ZeRO stage, recompute and offload searched")
+    tried = (
+        f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}{cp} micro_batch=1 zero={cfg.zero} recompute={cfg.recompute} "
+        f"offload={cfg.offload}, the least memory over every degree, ZeRO stage, recompute and offload searched"
+    )
     return NoFitError(
         f"no plan fits in {cap / 2**30:.1f} GiB per GPU on {world_size} x {hardware.name}: the leanest candidate "
         f"({tried}) needs {need / 2**30:.1f} GiB, {(need - cap) / 2**30:.1f} GiB ({need / cap - 1:.0%}) too much; "
-        f"it would fit with " + "; or ".join(fixes))
+        f"it would fit with " + "; or ".join(fixes)
+    )
 
 
 def non_finite_error(scored: ScoredSpace, hardware) -> ConfigError:
     """Candidates fit but none has a finite step time: the profile makes some term impossible."""
     n = int(np.sum(scored.fits & ~np.isfinite(scored.step_time_s)))
-    return ConfigError("hardware", hardware.name, "a profile with positive efficiencies and bandwidths",
-                       message=f"hardware={hardware.name!r}: every candidate that fits ({n:,}) has an infinite or "
-                               f"undefined step time; a zero efficiency, rate or bandwidth in the profile makes "
-                               f"some term impossible")
+    return ConfigError(
+        "hardware",
+        hardware.name,
+        "a profile with positive efficiencies and bandwidths",
+        message=f"hardware={hardware.name!r}: every candidate that fits ({n:,}) has an infinite or "
+        f"undefined step time; a zero efficiency, rate or bandwidth in the profile makes "
+        f"some term impossible",
+    )
 
 
 def _larger_devices(hardware, need_bytes: float) -> list[str]:
     try:
         from hardware_profiles import available_profiles, load_profile
+
         names = available_profiles()
     except Exception:  # noqa: BLE001 - suggestions only; the error itself must still be raised
         return []
@@ -827,6 +1102,7 @@ def _larger_devices(hardware, need_bytes: float) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------- refinement
+
 
 def stage_problem(model, cfg: ParallelConfig, software=None):
     """Per-block work and memory weights of one micro-batch on one tensor-parallel rank, for
@@ -845,44 +1121,88 @@ def stage_problem(model, cfg: ParallelConfig, software=None):
     sw = software or software_for(cfg.framework)
     b, s, tp = cfg.micro_batch, cfg.seq, cfg.tp
     blocks = model.total_blocks
-    block_work = (F.block_flops_fwd(model, b, s) + F.block_flops_bwd(model, b, s)
-                  + F.block_recompute_flops(model, b, s, cfg.recompute, selective=sw.framework.selective_recompute)) / tp
+    block_work = (
+        F.block_flops_fwd(model, b, s)
+        + F.block_flops_bwd(model, b, s)
+        + F.block_recompute_flops(
+            model, b, s, cfg.recompute, selective=sw.framework.selective_recompute
+        )
+    ) / tp
     head_work = 3 * F.head_flops_fwd(model, b, s) / tp
     pb, gb, ob = state_bytes_per_param(sw, cfg.precision, cfg.optimizer)
     dp = cfg.shard_group
-    shard = (pb / (dp if cfg.zero >= 3 else 1)) + (gb / (dp if cfg.zero >= 2 else 1)) + (ob / (dp if cfg.zero >= 1 else 1))
+    shard = (
+        (pb / (dp if cfg.zero >= 3 else 1))
+        + (gb / (dp if cfg.zero >= 2 else 1))
+        + (ob / (dp if cfg.zero >= 1 else 1))
+    )
     block_static = P.block_params(model) / tp * shard
     from cost_models.step import activation_precision
-    act = dict(precision=activation_precision(sw, cfg.precision, cfg.zero), tp=tp, sp=cfg.sequence_parallel)
+
+    act = dict(
+        precision=activation_precision(sw, cfg.precision, cfg.zero), tp=tp, sp=cfg.sequence_parallel
+    )
     # the block as the run saves it: the table and selective policy estimate reads (its options included)
-    block_act = A.block_bytes_of(sw, model, b, s, precision=cfg.precision, zero=cfg.zero, tp=tp,
-                                 sp=cfg.sequence_parallel, recompute=cfg.recompute)
+    block_act = A.block_bytes_of(
+        sw,
+        model,
+        b,
+        s,
+        precision=cfg.precision,
+        zero=cfg.zero,
+        tp=tp,
+        sp=cfg.sequence_parallel,
+        recompute=cfg.recompute,
+    )
     # with pp > 1 a tied output head is a second copy on the last stage, summed with the embedding's
     # gradient once per step (Megatron's embedding group; Shoeybi et al. 2019)
     tied_copy = model.vocab * model.hidden if model.tied_embeddings else 0
     chunks = cfg.pp * cfg.virtual_stages
-    inflight = tuple(max(1, cfg.pp - (c % cfg.pp)) if cfg.schedule != "gpipe" else cfg.num_microbatches
-                     for c in range(chunks))
+    inflight = tuple(
+        max(1, cfg.pp - (c % cfg.pp)) if cfg.schedule != "gpipe" else cfg.num_microbatches
+        for c in range(chunks)
+    )
     return PartitionProblem(
-        block_work=(float(block_work),) * blocks, block_static_bytes=(float(block_static),) * blocks,
-        block_activation_bytes=(float(block_act),) * blocks, pp=cfg.pp, virtual_stages=cfg.virtual_stages,
-        first_work=0.0, first_static_bytes=P.embedding_params(model) / tp * shard,
+        block_work=(float(block_work),) * blocks,
+        block_static_bytes=(float(block_static),) * blocks,
+        block_activation_bytes=(float(block_act),) * blocks,
+        pp=cfg.pp,
+        virtual_stages=cfg.virtual_stages,
+        first_work=0.0,
+        first_static_bytes=P.embedding_params(model) / tp * shard,
         first_activation_bytes=float(A.embedding_bytes(model, b, s, dropout=sw.dropout, **act)),
         last_work=float(head_work),
-        last_static_bytes=(P.head_params(model) + P.final_norm_params(model) + tied_copy) / tp * shard,
+        last_static_bytes=(P.head_params(model) + P.final_norm_params(model) + tied_copy)
+        / tp
+        * shard,
         last_activation_bytes=float(A.head_bytes(model, b, s, kernels=sw.framework.kernels, **act)),
-        inflight=inflight)
+        inflight=inflight,
+    )
 
 
-def fewest_recomputed_layers(model, hardware, cfg: ParallelConfig, *, software, capacity: float, score_fn=None,
-                             global_batch: int, seq: int, precision: str, optimizer: str) -> int | None:
+def fewest_recomputed_layers(
+    model,
+    hardware,
+    cfg: ParallelConfig,
+    *,
+    software,
+    capacity: float,
+    score_fn=None,
+    global_batch: int,
+    seq: int,
+    precision: str,
+    optimizer: str,
+) -> int | None:
     """For a plan with full recomputation, the number of blocks per pipeline chunk to recompute
     (ParallelConfig.recompute_layers) that gives the shortest step and still fits: every count from 1 to the
     largest chunk's blocks less one scored at once by the vectorized cost model (fewer recomputed blocks:
     less time, more memory). None when the framework recomputes every block only
     (capabilities.recompute_layers), the plan does not recompute fully, or no smaller count fits."""
-    if cfg.recompute != "full" or not software.framework.capabilities.recompute_layers \
-            or not hasattr(model, "total_blocks"):
+    if (
+        cfg.recompute != "full"
+        or not software.framework.capabilities.recompute_layers
+        or not hasattr(model, "total_blocks")
+    ):
         return None
     from planner.estimate import candidate_of
     from planner.score import CandidateArrays
@@ -893,11 +1213,21 @@ def fewest_recomputed_layers(model, hardware, cfg: ParallelConfig, *, software, 
     if len(counts) == 0:
         return None
     one = candidate_of(replace(cfg, recompute_layers=None), model.total_blocks)
-    arrays = {f: (None if getattr(one, f) is None else np.repeat(getattr(one, f), len(counts), axis=0))
-              for f in CandidateArrays.__dataclass_fields__}
+    arrays = {
+        f: (None if getattr(one, f) is None else np.repeat(getattr(one, f), len(counts), axis=0))
+        for f in CandidateArrays.__dataclass_fields__
+    }
     arrays["recompute_layers"] = counts
-    scores = score_fn(model, hardware, CandidateArrays(**arrays), software=software, global_batch=global_batch,
-                      seq=seq, precision=precision, optimizer=optimizer)
+    scores = score_fn(
+        model,
+        hardware,
+        CandidateArrays(**arrays),
+        software=software,
+        global_batch=global_batch,
+        seq=seq,
+        precision=precision,
+        optimizer=optimizer,
+    )
     needed = np.asarray(getattr(scores, "needed_bytes", scores.peak_bytes_per_gpu), dtype=float)
     step = np.asarray(scores.step_time_s, dtype=float)
     ok = (needed <= capacity) & np.isfinite(step)
@@ -917,15 +1247,26 @@ def uneven_stages(model, cfg: ParallelConfig, software=None) -> tuple[int, ...]:
         return ()
     try:
         part = split(stage_problem(model, cfg, software), time_limit_s=CPSAT_TIME_LIMIT_S)
-    except ConfigError:       # no split within the limits: keep the even one
+    except ConfigError:  # no split within the limits: keep the even one
         return ()
-    return () if part.stages == even_split(model.total_blocks, cfg.pp * cfg.virtual_stages) else part.stages
+    return (
+        ()
+        if part.stages == even_split(model.total_blocks, cfg.pp * cfg.virtual_stages)
+        else part.stages
+    )
 
 
 # -------------------------------------------------------------------------------------- documents
 
-def _with_cost(document: dict, price_per_hour: float | None, spot: bool, tokens: float | None,
-               hardware=None, reliability=None) -> dict:
+
+def _with_cost(
+    document: dict,
+    price_per_hour: float | None,
+    spot: bool,
+    tokens: float | None,
+    hardware=None,
+    reliability=None,
+) -> dict:
     """Dollars per step and per 1B tokens; with `tokens`, the time and cost to train including failures,
     checkpoints and restarts (planner.goodput) beside the failure-free figures."""
     pred = document["prediction"]
@@ -933,8 +1274,12 @@ def _with_cost(document: dict, price_per_hour: float | None, spot: bool, tokens:
     tokens_per_step = document["plan"]["global_batch"] * document["plan"]["seq"]
     if price_per_hour is not None:
         usd_step = price_per_hour * step / 3600.0
-        pred["cost"] = {"usd_per_hour": price_per_hour, "usd_per_step": usd_step,
-                        "usd_per_1b_tokens": usd_step / tokens_per_step * 1e9, "spot": spot}
+        pred["cost"] = {
+            "usd_per_hour": price_per_hour,
+            "usd_per_step": usd_step,
+            "usd_per_1b_tokens": usd_step / tokens_per_step * 1e9,
+            "spot": spot,
+        }
     if tokens:
         train = {"tokens": tokens, "steps": math.ceil(tokens / tokens_per_step)}
         train["seconds"] = train["steps"] * step
@@ -943,14 +1288,29 @@ def _with_cost(document: dict, price_per_hour: float | None, spot: bool, tokens:
             train["usd"] = price_per_hour * train["seconds"] / 3600.0
         if hardware is not None:
             from planner.goodput import reliability_figures, with_reliability
-            figures = reliability_figures(document, hardware, tokens=tokens, price_per_hour=price_per_hour,
-                                          inputs=reliability, spot=spot)
+
+            figures = reliability_figures(
+                document,
+                hardware,
+                tokens=tokens,
+                price_per_hour=price_per_hour,
+                inputs=reliability,
+                spot=spot,
+            )
             with_reliability(document, figures)
-            train = {"tokens": tokens, "steps": train["steps"], "seconds": figures["time_to_train_s"],
-                     "days": figures["time_to_train_s"] / 86400.0, "seconds_without_failures": train["seconds"],
-                     "days_without_failures": train["days"]}
+            train = {
+                "tokens": tokens,
+                "steps": train["steps"],
+                "seconds": figures["time_to_train_s"],
+                "days": figures["time_to_train_s"] / 86400.0,
+                "seconds_without_failures": train["seconds"],
+                "days_without_failures": train["days"],
+            }
             if price_per_hour is not None:
-                train |= {"usd": figures["usd"], "usd_without_failures": figures["usd_without_failures"]}
+                train |= {
+                    "usd": figures["usd"],
+                    "usd_without_failures": figures["usd_without_failures"],
+                }
         pred["to_train"] = train
     return document
 
@@ -958,10 +1318,15 @@ def _with_cost(document: dict, price_per_hour: float | None, spot: bool, tokens:
 def key_numbers(document: Mapping[str, Any]) -> dict:
     """What `explain` needs of a runner-up: its plan and the deciding numbers."""
     pred = document["prediction"]
-    return {"plan": dict(document["plan"]), "step_time_s": pred["step_time_s"],
-            "peak_bytes_per_gpu": int(pred["memory"]["peak_bytes_per_gpu"]), "fits": bool(pred["memory"]["fits"]),
-            "mfu": pred.get("mfu"), "time_breakdown_s": dict(pred["time_breakdown_s"]),
-            "memory": dict(pred["memory"])}
+    return {
+        "plan": dict(document["plan"]),
+        "step_time_s": pred["step_time_s"],
+        "peak_bytes_per_gpu": int(pred["memory"]["peak_bytes_per_gpu"]),
+        "fits": bool(pred["memory"]["fits"]),
+        "mfu": pred.get("mfu"),
+        "time_breakdown_s": dict(pred["time_breakdown_s"]),
+        "memory": dict(pred["memory"]),
+    }
 
 
 def _objective_value(document: Mapping[str, Any], objective: str) -> tuple:
@@ -980,50 +1345,89 @@ def _reliability_inputs(inputs, *, objective: str, tokens: float | None, spot: b
 
     inputs = ReliabilityInputs() if inputs is None else inputs
     if objective == "time-to-train" and not tokens:
-        raise ConfigError("tokens", tokens, "a training length with --objective time-to-train",
-                          message="--objective time-to-train needs --tokens N (the length of the run, e.g. 300B)")
+        raise ConfigError(
+            "tokens",
+            tokens,
+            "a training length with --objective time-to-train",
+            message="--objective time-to-train needs --tokens N (the length of the run, e.g. 300B)",
+        )
     if inputs.given and not tokens:
         flag = inputs.given[0]
-        raise ConfigError(flag.lstrip("-"), getattr(inputs, flag.lstrip("-").replace("-", "_")), "--tokens N as well",
-                          message=f"{flag} needs --tokens N: goodput is computed for a run of N tokens")
+        raise ConfigError(
+            flag.lstrip("-"),
+            getattr(inputs, flag.lstrip("-").replace("-", "_")),
+            "--tokens N as well",
+            message=f"{flag} needs --tokens N: goodput is computed for a run of N tokens",
+        )
     if inputs.spot_interruptions_per_node_hour is not None and not spot:
-        raise ConfigError("spot-interruptions-per-node-hour", inputs.spot_interruptions_per_node_hour,
-                          "only with --spot (on-demand nodes are not reclaimed)")
+        raise ConfigError(
+            "spot-interruptions-per-node-hour",
+            inputs.spot_interruptions_per_node_hour,
+            "only with --spot (on-demand nodes are not reclaimed)",
+        )
     if spot and objective == "time-to-train" and inputs.spot_interruptions_per_node_hour is None:
-        raise ConfigError("spot-interruptions-per-node-hour", None, "your spot reclaim rate per node-hour with --spot "
-                          "--objective time-to-train (it varies by instance type, zone and hour; no default)",
-                          message="--spot with --objective time-to-train needs --spot-interruptions-per-node-hour "
-                                  "RATE (reclaims per node-hour; it varies by instance type, zone and hour, so the "
-                                  "planner has no default)")
+        raise ConfigError(
+            "spot-interruptions-per-node-hour",
+            None,
+            "your spot reclaim rate per node-hour with --spot "
+            "--objective time-to-train (it varies by instance type, zone and hour; no default)",
+            message="--spot with --objective time-to-train needs --spot-interruptions-per-node-hour "
+            "RATE (reclaims per node-hour; it varies by instance type, zone and hour, so the "
+            "planner has no default)",
+        )
     return inputs.validated()
 
 
 # ----------------------------------------------------------------------------------------- recommend
 
-def _cp_versus(scored: ScoredSpace, objective: str, winner: Mapping[str, Any], document) -> dict | None:
+
+def _cp_versus(
+    scored: ScoredSpace, objective: str, winner: Mapping[str, Any], document
+) -> dict | None:
     """Why the winner's context-parallel degree: the key numbers (`key_numbers`) of the best plan of the
     other cp class (cp = 1 when the winner has cp > 1, else cp > 1), documented as the leaders are (`document`
     of its index in the scored arrays); None when the space had one class only. The search scores the best
     plan of each class exactly (`_class_thresholds`); under the memory objective the other class's fastest.
     A class with no plan that fits gives its leanest miss:
     {"fits": false, "cp": ...} with the least memory any scored candidate of that class needs."""
-    cp = np.asarray(scored.arrays["cp"]) if "cp" in scored.arrays else np.ones(len(scored.step_time_s), int)
+    cp = (
+        np.asarray(scored.arrays["cp"])
+        if "cp" in scored.arrays
+        else np.ones(len(scored.step_time_s), int)
+    )
     if len(np.unique(cp > 1)) < 2:
         return None
     other = (cp > 1) != (winner["plan"].get("cp", 1) > 1)
-    order = rank(scored, "throughput" if objective == "memory" else objective)   # memory: its fastest plan
+    order = rank(
+        scored, "throughput" if objective == "memory" else objective
+    )  # memory: its fastest plan
     mine = order[other[order]]
     if len(mine):
         out = key_numbers(document(int(mine[0])))
         out["fits"] = bool(out["fits"])
         return out
     i = int(np.flatnonzero(other)[np.argmin(scored.needed_bytes[other])])
-    return {"fits": False, "cp": 1 if winner["plan"].get("cp", 1) > 1 else int(cp[i]),
-            "needed_bytes": int(scored.needed_bytes[i]), "capacity_bytes": int(scored.capacity_bytes)}
+    return {
+        "fits": False,
+        "cp": 1 if winner["plan"].get("cp", 1) > 1 else int(cp[i]),
+        "needed_bytes": int(scored.needed_bytes[i]),
+        "capacity_bytes": int(scored.capacity_bytes),
+    }
 
 
-def _ep_versus(scored: ScoredSpace, objective: str, model, hardware, software, documented, *, global_batch: int,
-               seq: int, precision: str, optimizer: str) -> dict | None:
+def _ep_versus(
+    scored: ScoredSpace,
+    objective: str,
+    model,
+    hardware,
+    software,
+    documented,
+    *,
+    global_batch: int,
+    seq: int,
+    precision: str,
+    optimizer: str,
+) -> dict | None:
     """Why the winner's expert-parallel degree and placement: the best fitting plan of each expert-parallel class
     -- an ep degree and where its all-to-all runs (cost_models.moe.EP_LINKS: inside one NVLink domain, or over
     NVLink and the network) -- best class first, with its key numbers (`key_numbers`) and expert layout
@@ -1049,15 +1453,25 @@ def _ep_versus(scored: ScoredSpace, objective: str, model, hardware, software, d
     by = "throughput" if objective == "memory" else objective
     order = rank(scored, by)
     a = {k: np.asarray(scored.arrays[k])[order] for k in FIELDS}
-    local = group_locality(a["placement"], a["dp"], a["pp"], a["tp"], hardware.nvlink_domain_devices, cp=a["cp"],
-                           dp_shard=np.where(a["dp_shard"] > 0, a["dp_shard"], a["dp"]), ep=a["ep"])["E"]
+    local = group_locality(
+        a["placement"],
+        a["dp"],
+        a["pp"],
+        a["tp"],
+        hardware.nvlink_domain_devices,
+        cp=a["cp"],
+        dp_shard=np.where(a["dp_shard"] > 0, a["dp_shard"], a["dp"]),
+        ep=a["ep"],
+    )["E"]
     cls = a["ep"] * len(EP_LINKS) + ep_links(a["ep"], local)
-    firsts = np.sort(np.unique(cls, return_index=True)[1])          # each class's fastest scored, in rank order
+    firsts = np.sort(
+        np.unique(cls, return_index=True)[1]
+    )  # each class's fastest scored, in rank order
     if len(firsts) < 2:
         return None
     floor = min(scored.unscored_at_least_s)
     best_doc: dict[int, dict] = {}
-    for _, doc in documented:     # fitting documents first (as recommend ranks them), then the fastest
+    for _, doc in documented:  # fitting documents first (as recommend ranks them), then the fastest
         ep = doc["prediction"]["expert_parallel"]
         key = ep["ep"] * len(EP_LINKS) + EP_LINKS.index(ep["links"])
         value = (not doc["prediction"]["memory"]["fits"], *_objective_value(doc, by))
@@ -1074,16 +1488,34 @@ def _ep_versus(scored: ScoredSpace, objective: str, model, hardware, software, d
         block = block_seconds(x)
         for n, j in enumerate(plain):
             cfg = config_of(rows, n, framework=software.framework.name, **kw)
-            cfg = replace(cfg, stages=tuple(even_stages(model.total_blocks, cfg.pp * cfg.virtual_stages)))
-            one = Estimate(model=model, hardware=hardware, config=cfg, gpus=cfg.world_size, software=software,
-                           scores=_score_row(scores, n))
-            entries[int(cls[j])] = {"plan": cfg.to_dict(), "step_time_s": one.step_time_s,
-                                    "peak_bytes_per_gpu": one.peak_bytes_per_gpu, "fits": one.fits, "mfu": one.mfu,
-                                    "time_breakdown_s": one.time_breakdown_s(), "memory": one.memory(),
-                                    "expert_parallel": placement_summary(x, block, n), "as_scored": True}
+            cfg = replace(
+                cfg, stages=tuple(even_stages(model.total_blocks, cfg.pp * cfg.virtual_stages))
+            )
+            one = Estimate(
+                model=model,
+                hardware=hardware,
+                config=cfg,
+                gpus=cfg.world_size,
+                software=software,
+                scores=_score_row(scores, n),
+            )
+            entries[int(cls[j])] = {
+                "plan": cfg.to_dict(),
+                "step_time_s": one.step_time_s,
+                "peak_bytes_per_gpu": one.peak_bytes_per_gpu,
+                "fits": one.fits,
+                "mfu": one.mfu,
+                "time_breakdown_s": one.time_breakdown_s(),
+                "memory": one.memory(),
+                "expert_parallel": placement_summary(x, block, n),
+                "as_scored": True,
+            }
     for key, (_, doc) in best_doc.items():
-        entries[key] = {**key_numbers(doc), "expert_parallel": dict(doc["prediction"]["expert_parallel"]),
-                        "as_scored": False}
+        entries[key] = {
+            **key_numbers(doc),
+            "expert_parallel": dict(doc["prediction"]["expert_parallel"]),
+            "as_scored": False,
+        }
     classes = []
     for j in firsts:
         entry = entries[int(cls[j])]
@@ -1097,13 +1529,16 @@ def _ep_versus(scored: ScoredSpace, objective: str, model, hardware, software, d
 def _score_row(scores, j: int):
     """Candidate j of a batch's Scores as length-1 arrays (what Estimate reads)."""
     from dataclasses import fields as dc_fields
+
     n = len(np.atleast_1d(scores.step_time_s))
     out = {}
     for f in dc_fields(scores):
         v = getattr(scores, f.name)
         if isinstance(v, np.ndarray) or (np.ndim(v) and f.name != "stage_memory"):
-            v = np.broadcast_to(np.asarray(v), (n,) + np.shape(v)[1:])[j:j + 1]
-        out[f.name] = None if f.name in ("stage_memory", "step") else v     # the batch's, not this row's
+            v = np.broadcast_to(np.asarray(v), (n,) + np.shape(v)[1:])[j : j + 1]
+        out[f.name] = (
+            None if f.name in ("stage_memory", "step") else v
+        )  # the batch's, not this row's
     return type(scores)(**out)
 
 
@@ -1125,8 +1560,12 @@ def check_space(space: SearchSpace, model, framework, *, world: int, seq: int) -
     for c in space.cp_comm:
         if c not in CP_COMMS:
             raise ConfigError("cp-comm", c, "one of " + ", ".join(CP_COMMS))
-        if caps.cp_comm and c not in caps.cp_comm and space.cp_comm != CP_COMMS:     # a user's list, not the default
-            raise ConfigError("cp-comm", c, f"a key/value exchange {name} runs: " + ", ".join(caps.cp_comm))
+        if (
+            caps.cp_comm and c not in caps.cp_comm and space.cp_comm != CP_COMMS
+        ):  # a user's list, not the default
+            raise ConfigError(
+                "cp-comm", c, f"a key/value exchange {name} runs: " + ", ".join(caps.cp_comm)
+            )
     for cp in space.cp or ():
         if not isinstance(cp, int) or cp < 1 or world % cp:
             raise ConfigError("cp", cp, f"a divisor of the world size {world}")
@@ -1135,17 +1574,36 @@ def check_space(space: SearchSpace, model, framework, *, world: int, seq: int) -
         if cp > 1 and not caps.cp_comm:
             raise ConfigError("cp", cp, f"1: {name} has no context parallelism")
         if cp > 1 and mtp_without_pp_or_cp(framework, model):
-            raise ConfigError("cp", cp, f"1: {name} runs the model's multi-token-prediction modules without context "
-                                        "parallelism")
+            raise ConfigError(
+                "cp",
+                cp,
+                f"1: {name} runs the model's multi-token-prediction modules without context "
+                "parallelism",
+            )
         comms = [c for c in space.cp_comm if c in caps.cp_comm] or ["p2p"]
-        if cp > 1 and not any(cp_comm_allowed(c, cp=cp, tp=1, seq=seq, heads=heads, kv_heads=kv_heads) for c in comms):
-            ParallelConfig(cp=cp, placement=default_placement(cp), cp_comm=comms[0]).check_sequence(   # its message
-                seq, heads=heads, kv_heads=kv_heads)
+        if cp > 1 and not any(
+            cp_comm_allowed(c, cp=cp, tp=1, seq=seq, heads=heads, kv_heads=kv_heads) for c in comms
+        ):
+            ParallelConfig(
+                cp=cp, placement=default_placement(cp), cp_comm=comms[0]
+            ).check_sequence(  # its message
+                seq, heads=heads, kv_heads=kv_heads
+            )
     if space.dp_shard is not None:
-        if not isinstance(space.dp_shard, int) or space.dp_shard < 0 or (space.dp_shard and world % space.dp_shard):
-            raise ConfigError("dp-shard", space.dp_shard, f"0 (all dp ranks) or a divisor of the world size {world}")
+        if (
+            not isinstance(space.dp_shard, int)
+            or space.dp_shard < 0
+            or (space.dp_shard and world % space.dp_shard)
+        ):
+            raise ConfigError(
+                "dp-shard",
+                space.dp_shard,
+                f"0 (all dp ranks) or a divisor of the world size {world}",
+            )
         if space.dp_shard and not caps.hsdp:
-            raise ConfigError("dp-shard", space.dp_shard, f"0: {name} shards over all dp ranks only")
+            raise ConfigError(
+                "dp-shard", space.dp_shard, f"0: {name} shards over all dp ranks only"
+            )
     moe = getattr(model, "moe", None)
     for ep in space.ep or ():
         if not isinstance(ep, int) or ep < 1:
@@ -1155,25 +1613,53 @@ def check_space(space: SearchSpace, model, framework, *, world: int, seq: int) -
         if ep == 1:
             continue
         if moe is None:
-            raise ConfigError("ep", ep, f"1: {getattr(model, 'name', 'the model')} is dense (expert parallelism "
-                                        "needs a mixture-of-experts model)")
+            raise ConfigError(
+                "ep",
+                ep,
+                f"1: {getattr(model, 'name', 'the model')} is dense (expert parallelism "
+                "needs a mixture-of-experts model)",
+            )
         if moe.experts % ep:
-            raise ConfigError("ep", ep, f"a divisor of the {moe.experts} experts: " + ", ".join(
-                map(str, expert_parallel_degrees(dp=moe.experts, experts=moe.experts))))
+            raise ConfigError(
+                "ep",
+                ep,
+                f"a divisor of the {moe.experts} experts: "
+                + ", ".join(map(str, expert_parallel_degrees(dp=moe.experts, experts=moe.experts))),
+            )
         if not caps.ep:
             raise ConfigError("ep", ep, f"1: {name} has no expert parallelism")
         if not ep_costed():
-            raise ConfigError("ep", ep, "1 until expert parallelism is costed (planner estimate refuses ep > 1 too)")
+            raise ConfigError(
+                "ep",
+                ep,
+                "1 until expert parallelism is costed (planner estimate refuses ep > 1 too)",
+            )
 
 
-def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = None,
-              global_batch: int | None = None, seq: int | None = None, precision: str | None = None,
-              optimizer: str = "adamw", objective: str = "throughput", top: int = 5, spot: bool = False,
-              price_per_hour: float | None = None,
-              tokens: float | None = None, space: SearchSpace = SearchSpace(), refine: int = REFINE_TOP,
-              progress: Callable[[int, int], None] | None = None, score_fn=None, estimate_fn=None,
-              framework: str = "megatron", options: RunOptions | None = None,
-              reliability=None) -> Recommendation:
+def recommend(
+    model,
+    hardware,
+    *,
+    gpus: int | None = None,
+    nodes: int | None = None,
+    global_batch: int | None = None,
+    seq: int | None = None,
+    precision: str | None = None,
+    optimizer: str = "adamw",
+    objective: str = "throughput",
+    top: int = 5,
+    spot: bool = False,
+    price_per_hour: float | None = None,
+    tokens: float | None = None,
+    space: SearchSpace = SearchSpace(),
+    refine: int = REFINE_TOP,
+    progress: Callable[[int, int], None] | None = None,
+    score_fn=None,
+    estimate_fn=None,
+    framework: str = "megatron",
+    options: RunOptions | None = None,
+    reliability=None,
+) -> Recommendation:
     """Search the parallel strategies of `model` on `gpus` devices of `hardware` and rank them.
 
     `model` is a MODEL argument (catalog name, config.json, factory) or a resolved spec; `hardware`
@@ -1201,60 +1687,120 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
     options = options or RunOptions()
     software = software_for(framework, options)
     check_activation_fp8_input(software, model)
-    precision = resolve_precision(hardware, precision)    # None: bf16 mixed precision where the device has bf16
+    precision = resolve_precision(
+        hardware, precision
+    )  # None: bf16 mixed precision where the device has bf16
     check_moe_options(model, precision, options)
     # what the stack cannot run whatever the degrees (the overlap's per-plan conditions restrict the space below)
-    check_moe_runnable(software.framework, software, model,
-                       ParallelConfig(dp=2, ep=2, global_batch=2, placement="PDET", precision=precision,
-                                      framework=software.framework.name))
+    check_moe_runnable(
+        software.framework,
+        software,
+        model,
+        ParallelConfig(
+            dp=2,
+            ep=2,
+            global_batch=2,
+            placement="PDET",
+            precision=precision,
+            framework=software.framework.name,
+        ),
+    )
     check_master_weights(software, precision)
-    ParallelConfig(precision=precision, optimizer=optimizer, framework=software.framework.name)  # validates them
+    ParallelConfig(
+        precision=precision, optimizer=optimizer, framework=software.framework.name
+    )  # validates them
     from frameworks.rules import violations
-    problems = violations(software.framework, ParallelConfig(precision=precision, framework=software.framework.name))
+
+    problems = violations(
+        software.framework, ParallelConfig(precision=precision, framework=software.framework.name)
+    )
     if problems:
-        raise ConfigError("precision", precision, f"a precision {software.framework.name} runs",
-                          message=f"framework {software.framework.name} cannot run this plan: {problems[0]}")
+        raise ConfigError(
+            "precision",
+            precision,
+            f"a precision {software.framework.name} runs",
+            message=f"framework {software.framework.name} cannot run this plan: {problems[0]}",
+        )
     seq = seq or model.seq
     check_space(space, model, software.framework, world=world, seq=seq)
     space = space.for_framework(software.framework, model)
-    if software.bf16_optimizer:     # BF16_Optimizer shards like ZeRO-1 and runs its step on the device
-        space = replace(space, zero=(1,), zero_with_pp=(1,),
-                        offload=tuple(o for o in space.offload if not offloads(o, "optimizer")))
+    if software.bf16_optimizer:  # BF16_Optimizer shards like ZeRO-1 and runs its step on the device
+        space = replace(
+            space,
+            zero=(1,),
+            zero_with_pp=(1,),
+            offload=tuple(o for o in space.offload if not offloads(o, "optimizer")),
+        )
     held = {}
     if software.moe_a2a_overlap and model.moe is not None:
         # only plans frameworks.rules.a2a_overlap_conflict lets the overlap run on: interleaved stages when
         # pipelined, no full recomputation
-        space = replace(space, schedules=tuple(s for s in space.schedules if s == "interleaved-1f1b"),
-                        recompute=tuple(r for r in space.recompute if r != "full"))
+        space = replace(
+            space,
+            schedules=tuple(s for s in space.schedules if s == "interleaved-1f1b"),
+            recompute=tuple(r for r in space.recompute if r != "full"),
+        )
         if not space.recompute:
-            raise ConfigError("moe_a2a_overlap", True, "false",
-                              message="moe_a2a_overlap cannot run with full recomputation, the only recompute the "
-                                      "search may try (allowed with the overlap: recompute none or selective)")
+            raise ConfigError(
+                "moe_a2a_overlap",
+                True,
+                "false",
+                message="moe_a2a_overlap cannot run with full recomputation, the only recompute the "
+                "search may try (allowed with the overlap: recompute none or selective)",
+            )
         held["full recompute"] = "moe_a2a_overlap"
     if software.bf16_optimizer:
         held.update({"ZeRO-3": "bf16_optimizer", "optimizer offload": "bf16_optimizer"})
     global_batch = global_batch or default_global_batch(world, seq, model_params(model))
     price = _price_per_hour(hardware, n_nodes, spot, price_per_hour)
     # the one rule (planner.option_rules), for the Python API as for the commands
-    check_options(objective=objective, hardware=hardware.name, price=price, price_per_hour=price_per_hour)
+    check_options(
+        objective=objective, hardware=hardware.name, price=price, price_per_hour=price_per_hour
+    )
     if estimate_fn is None:
         from planner.estimate import estimate as estimate_fn
 
-    scored = score_space(model, hardware, world_size=world, global_batch=global_batch, seq=seq,
-                         precision=precision, optimizer=optimizer, space=space, score_fn=score_fn,
-                         objective=objective, keep=max(top, refine) + 1, software=software,
-                         progress=progress)
+    scored = score_space(
+        model,
+        hardware,
+        world_size=world,
+        global_batch=global_batch,
+        seq=seq,
+        precision=precision,
+        optimizer=optimizer,
+        space=space,
+        score_fn=score_fn,
+        objective=objective,
+        keep=max(top, refine) + 1,
+        software=software,
+        progress=progress,
+    )
     order = rank(scored, objective)
     if len(order) == 0 and np.any(scored.fits):
         raise non_finite_error(scored, hardware)
     if len(order) == 0:
-        raise no_fit_error(scored, model=model, hardware=hardware, world_size=world, global_batch=global_batch,
-                           seq=seq, precision=precision, optimizer=optimizer, space=space,
-                           framework=software.framework.name, held=held)
+        raise no_fit_error(
+            scored,
+            model=model,
+            hardware=hardware,
+            world_size=world,
+            global_batch=global_batch,
+            seq=seq,
+            precision=precision,
+            optimizer=optimizer,
+            space=space,
+            framework=software.framework.name,
+            held=held,
+        )
 
-    kw = dict(global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
-              framework=software.framework.name)
-    leaders = [config_of(scored.arrays, int(i), **kw) for i in order[:max(top, refine) + 1]]
+    kw = dict(
+        global_batch=global_batch,
+        seq=seq,
+        precision=precision,
+        optimizer=optimizer,
+        framework=software.framework.name,
+    )
+    leaders = [config_of(scored.arrays, int(i), **kw) for i in order[: max(top, refine) + 1]]
     documents, refined, splits = [], [0], {}
 
     def document(cfg: ParallelConfig, refine_it: bool) -> dict:
@@ -1265,15 +1811,26 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
         if refine_it and objective != "memory":
             plan = doc["plan"]
             best = replace(cfg, stages=tuple(plan["stages"]) if plan.get("stages") else cfg.stages)
-            n = fewest_recomputed_layers(model, hardware, best, software=software, capacity=scored.capacity_bytes,
-                                         score_fn=score_fn, global_batch=global_batch, seq=seq, precision=precision,
-                                         optimizer=optimizer)
+            n = fewest_recomputed_layers(
+                model,
+                hardware,
+                best,
+                software=software,
+                capacity=scored.capacity_bytes,
+                score_fn=score_fn,
+                global_batch=global_batch,
+                seq=seq,
+                precision=precision,
+                optimizer=optimizer,
+            )
             if n is not None:
                 refined[0] += 1
-                fewer = estimate_fn(model, hardware, replace(best, recompute_layers=n), gpus=world,
-                                    options=options).to_document()
-                if fewer["prediction"]["memory"]["fits"] and \
-                        _objective_value(fewer, objective) < _objective_value(doc, objective):
+                fewer = estimate_fn(
+                    model, hardware, replace(best, recompute_layers=n), gpus=world, options=options
+                ).to_document()
+                if fewer["prediction"]["memory"]["fits"] and _objective_value(
+                    fewer, objective
+                ) < _objective_value(doc, objective):
                     return fewer
         return doc
 
@@ -1281,38 +1838,75 @@ def recommend(model, hardware, *, gpus: int | None = None, nodes: int | None = N
         """estimate()'s plan document of cfg; with refine_it, of its uneven split when that is better."""
         doc = estimate_fn(model, hardware, cfg, gpus=world, options=options).to_document()
         if refine_it and cfg.pp > 1 and software.framework.capabilities.uneven_stages:
-            twin = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in cfg.to_dict().items()
-                         if k != "placement")
-            stages = splits[twin] if twin in splits else splits.setdefault(twin, uneven_stages(model, cfg, software))
+            twin = tuple(
+                (k, tuple(v) if isinstance(v, list) else v)
+                for k, v in cfg.to_dict().items()
+                if k != "placement"
+            )
+            stages = (
+                splits[twin]
+                if twin in splits
+                else splits.setdefault(twin, uneven_stages(model, cfg, software))
+            )
             if stages:
                 refined[0] += 1
-                uneven = estimate_fn(model, hardware, replace(cfg, stages=stages), gpus=world,
-                                       options=options).to_document()
-                if uneven["prediction"]["memory"]["fits"] and \
-                        _objective_value(uneven, objective) < _objective_value(doc, objective):
+                uneven = estimate_fn(
+                    model, hardware, replace(cfg, stages=stages), gpus=world, options=options
+                ).to_document()
+                if uneven["prediction"]["memory"]["fits"] and _objective_value(
+                    uneven, objective
+                ) < _objective_value(doc, objective):
                     return uneven
         return doc
 
     for position, cfg in enumerate(leaders):
         documents.append(document(cfg, position < refine))
-    documented = list(zip(order[:len(leaders)], documents))
+    documented = list(zip(order[: len(leaders)], documents))
     documents = [d for d in documents if d["prediction"]["memory"]["fits"]] or documents
     documents = [_with_cost(d, price, spot, tokens, hardware, reliability) for d in documents]
     documents.sort(key=lambda d: _objective_value(d, objective))
     documents = documents[:top]
 
-    versus = _cp_versus(scored, objective, documents[0], lambda i: document(config_of(scored.arrays, i, **kw),
-                                                                          refine > 0))
-    ep_versus = _ep_versus(scored, objective, model, hardware, software, documented, global_batch=global_batch,
-                           seq=seq, precision=precision, optimizer=optimizer)
-    stats = replace(scored.stats, seconds=time.perf_counter() - t0, refined=refined[0],
-                    held=held_dimensions(software.framework, model))
+    versus = _cp_versus(
+        scored,
+        objective,
+        documents[0],
+        lambda i: document(config_of(scored.arrays, i, **kw), refine > 0),
+    )
+    ep_versus = _ep_versus(
+        scored,
+        objective,
+        model,
+        hardware,
+        software,
+        documented,
+        global_batch=global_batch,
+        seq=seq,
+        precision=precision,
+        optimizer=optimizer,
+    )
+    stats = replace(
+        scored.stats,
+        seconds=time.perf_counter() - t0,
+        refined=refined[0],
+        held=held_dimensions(software.framework, model),
+    )
     best = dict(documents[0])
     best["alternatives"] = [key_numbers(d) for d in documents[1:]]
-    best["search"] = {"objective": objective, "candidates_evaluated": stats.candidates_evaluated,
-                      "feasible": stats.feasible, "seconds": round(stats.seconds, 4),
-                      "values_tried": {k: list(v) for k, v in stats.values_tried.items()}, "cp_versus": versus,
-                      **({"held": dict(stats.held)} if stats.held else {}),
-                      **({"ep_versus": ep_versus} if ep_versus is not None else {})}
-    return Recommendation(objective=objective, best=best, alternatives=tuple(documents[1:]), stats=stats,
-                          scored=scored)
+    best["search"] = {
+        "objective": objective,
+        "candidates_evaluated": stats.candidates_evaluated,
+        "feasible": stats.feasible,
+        "seconds": round(stats.seconds, 4),
+        "values_tried": {k: list(v) for k, v in stats.values_tried.items()},
+        "cp_versus": versus,
+        **({"held": dict(stats.held)} if stats.held else {}),
+        **({"ep_versus": ep_versus} if ep_versus is not None else {}),
+    }
+    return Recommendation(
+        objective=objective,
+        best=best,
+        alternatives=tuple(documents[1:]),
+        stats=stats,
+        scored=scored,
+    )

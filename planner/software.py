@@ -3,6 +3,7 @@ checked against it, against the model and the precision, and its defaults applie
 (cost_models.step.Software.of). estimate(), the search, the profiler and score() all resolve a run's
 software here.
 """
+
 from __future__ import annotations
 
 import math
@@ -10,7 +11,14 @@ from dataclasses import replace
 
 from cost_models.blocks import RECOMPUTE_MODULES
 from cost_models.step import BF16_PARAM_PRECISIONS, FP8_SCALINGS, MASTER_WEIGHTS, Software
-from frameworks import ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, MOE_DISPATCHERS, FrameworkProfile, load_framework
+from frameworks import (
+    ATTENTION_KERNELS,
+    KERNELS,
+    LOSS_KERNELS,
+    MOE_DISPATCHERS,
+    FrameworkProfile,
+    load_framework,
+)
 from planner.errors import ConfigError
 from planner.run_options import RunOptions
 from planner.spec import TransformerSpec
@@ -27,7 +35,9 @@ def software_for(framework: str | FrameworkProfile, options: RunOptions | None =
     _check_values(options)
     _check_runnable_options(fw, options)
     if options.recompute_modules is not None:
-        options = options.with_(recompute_modules=check_recompute_modules(fw, options.recompute_modules))
+        options = options.with_(
+            recompute_modules=check_recompute_modules(fw, options.recompute_modules)
+        )
     return Software.of(fw, options)
 
 
@@ -40,7 +50,9 @@ def _with_kernels(fw: FrameworkProfile, kernels: str | None) -> FrameworkProfile
     if kernels not in KERNELS:
         raise ConfigError("kernels", kernels, "one of " + ", ".join(KERNELS))
     fused_swap = kernels == "fused" and fw.kernels != "fused"
-    return replace(fw, kernels=kernels, compute_efficiency=1.0 if fused_swap else fw.compute_efficiency)
+    return replace(
+        fw, kernels=kernels, compute_efficiency=1.0 if fused_swap else fw.compute_efficiency
+    )
 
 
 def _check_choice(name: str, value, allowed) -> None:
@@ -59,9 +71,12 @@ def _check_values(o: RunOptions) -> None:
     _check_choice("grad_reduce_dtype", o.grad_reduce_dtype, ("bf16", "fp32"))
     _check_choice("loss", o.loss, LOSS_KERNELS)
     layers = o.activation_offload_layers
-    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
-        raise ConfigError("activation_offload_layers", layers,
-                          "a whole number of blocks >= 1 (None: every block)")
+    if layers is not None and (
+        isinstance(layers, bool) or not isinstance(layers, int) or layers < 1
+    ):
+        raise ConfigError(
+            "activation_offload_layers", layers, "a whole number of blocks >= 1 (None: every block)"
+        )
     _check_choice("fp8_scaling", o.fp8_scaling, FP8_SCALINGS)
     _check_choice("master_weights", o.master_weights, MASTER_WEIGHTS)
     _check_switch("expandable_segments", o.expandable_segments, optional=True)
@@ -73,30 +88,53 @@ def _check_values(o: RunOptions) -> None:
     _check_switch("moe_fp8_dispatch", o.moe_fp8_dispatch)
     imbalance = o.moe_imbalance
     number = isinstance(imbalance, (int, float)) and not isinstance(imbalance, bool)
-    if imbalance is not None and not (number and math.isfinite(imbalance) and 1.0 <= imbalance <= 64.0):
-        raise ConfigError("moe_imbalance", imbalance, "a number from 1 (balanced) to 64: the busiest "
-                                                      "rank's routed tokens over the mean")
+    if imbalance is not None and not (
+        number and math.isfinite(imbalance) and 1.0 <= imbalance <= 64.0
+    ):
+        raise ConfigError(
+            "moe_imbalance",
+            imbalance,
+            "a number from 1 (balanced) to 64: the busiest rank's routed tokens over the mean",
+        )
 
 
 def _check_runnable_options(fw: FrameworkProfile, o: RunOptions) -> None:
     """ConfigError (one line) for an option the framework `fw` cannot run."""
     if o.master_weights == "remainder" and not fw.capabilities.master_remainders:
-        raise ConfigError("master_weights", o.master_weights, "fp32",
-                          message=f"framework {fw.name} cannot run this plan: master_weights=remainder: "
-                                  f"{fw.name} keeps full fp32 master weights (allowed: fp32)")
+        raise ConfigError(
+            "master_weights",
+            o.master_weights,
+            "fp32",
+            message=f"framework {fw.name} cannot run this plan: master_weights=remainder: "
+            f"{fw.name} keeps full fp32 master weights (allowed: fp32)",
+        )
     if o.tp_comm_overlap and not fw.capabilities.tp_comm_overlap:
-        raise ConfigError("tp_comm_overlap", True, "false",
-                          message=f"framework {fw.name} cannot run this plan: tp_comm_overlap: {fw.name} runs "
-                                  "its tensor-parallel collectives after their GEMMs (allowed: false)")
+        raise ConfigError(
+            "tp_comm_overlap",
+            True,
+            "false",
+            message=f"framework {fw.name} cannot run this plan: tp_comm_overlap: {fw.name} runs "
+            "its tensor-parallel collectives after their GEMMs (allowed: false)",
+        )
     if o.bf16_optimizer and not fw.capabilities.bf16_optimizer:
-        raise ConfigError("bf16_optimizer", True, "false",
-                          message=f"framework {fw.name} cannot run this plan: bf16_optimizer: {fw.name} "
-                                  "has no BF16_Optimizer (allowed: false)")
-    if o.activation_fp8_input and (not fw.capabilities.activation_fp8_input or fw.kernels != "fused"):
-        raise ConfigError("activation_fp8_input", True, "false",
-                          message=f"framework {fw.name} cannot run this plan: activation_fp8_input: its "
-                                  f"{fw.kernels} MLP keeps the activation input in the compute dtype "
-                                  "(Megatron-Core's fused SwiGLU stores it in FP8; allowed: false)")
+        raise ConfigError(
+            "bf16_optimizer",
+            True,
+            "false",
+            message=f"framework {fw.name} cannot run this plan: bf16_optimizer: {fw.name} "
+            "has no BF16_Optimizer (allowed: false)",
+        )
+    if o.activation_fp8_input and (
+        not fw.capabilities.activation_fp8_input or fw.kernels != "fused"
+    ):
+        raise ConfigError(
+            "activation_fp8_input",
+            True,
+            "false",
+            message=f"framework {fw.name} cannot run this plan: activation_fp8_input: its "
+            f"{fw.kernels} MLP keeps the activation input in the compute dtype "
+            "(Megatron-Core's fused SwiGLU stores it in FP8; allowed: false)",
+        )
 
 
 def check_activation_fp8_input(software: Software, model: TransformerSpec) -> None:
@@ -104,24 +142,36 @@ def check_activation_fp8_input(software: Software, model: TransformerSpec) -> No
     Megatron-Core's TransformerConfig refuses it ('Storing activation input in FP8 is supported only for
     SwiGLU', transformer_config.py __post_init__ at core_v0.14.0)."""
     if software.activation_fp8_input and not model.swiglu:
-        raise ConfigError("activation_fp8_input", True, "false",
-                          message=f"activation_fp8_input needs a SwiGLU MLP: {model.name} uses "
-                                  f"{'gated ' if model.gated_mlp else ''}{model.activation} (Megatron-Core stores only "
-                                  "the SwiGLU input in FP8; allowed: false)")
+        raise ConfigError(
+            "activation_fp8_input",
+            True,
+            "false",
+            message=f"activation_fp8_input needs a SwiGLU MLP: {model.name} uses "
+            f"{'gated ' if model.gated_mlp else ''}{model.activation} (Megatron-Core stores only "
+            "the SwiGLU input in FP8; allowed: false)",
+        )
 
 
 def check_recompute_modules(fw: FrameworkProfile, modules) -> tuple[str, ...]:
     """The modules as a tuple, or ConfigError (one line): a non-empty list of distinct names from
     cost_models.blocks.RECOMPUTE_MODULES, on a framework whose capabilities have recompute_modules."""
     allowed = "a list of distinct names among " + ", ".join(RECOMPUTE_MODULES)
-    if isinstance(modules, str) or not isinstance(modules, (list, tuple)) or not modules \
-            or any(not isinstance(m, str) or m not in RECOMPUTE_MODULES for m in modules) \
-            or len(set(modules)) != len(modules):
+    if (
+        isinstance(modules, str)
+        or not isinstance(modules, (list, tuple))
+        or not modules
+        or any(not isinstance(m, str) or m not in RECOMPUTE_MODULES for m in modules)
+        or len(set(modules)) != len(modules)
+    ):
         raise ConfigError("recompute_modules", modules, allowed)
     if not fw.capabilities.recompute_modules:
-        raise ConfigError("recompute_modules", list(modules), "none",
-                          message=f"framework {fw.name} cannot run this plan: recompute_modules={','.join(modules)}: "
-                                  f"{fw.name} does not name the modules selective recomputation re-runs (allowed: none)")
+        raise ConfigError(
+            "recompute_modules",
+            list(modules),
+            "none",
+            message=f"framework {fw.name} cannot run this plan: recompute_modules={','.join(modules)}: "
+            f"{fw.name} does not name the modules selective recomputation re-runs (allowed: none)",
+        )
     return tuple(modules)
 
 
@@ -130,17 +180,28 @@ def check_moe_options(model: TransformerSpec, precision: str, options: RunOption
     reach experts, and a model without experts routes none: a choice silently ignored would read as costed), or
     FP8 dispatch without FP8 training (the dispatched activations are the up-projections' FP8 inputs; DeepSeek-V3
     Sec. 3.3.2; cost_models.moe.dispatch_bytes)."""
-    given = {name: value for name, value in options.moe_choices().items()
-             if value is not None and value is not False}
+    given = {
+        name: value
+        for name, value in options.moe_choices().items()
+        if value is not None and value is not False
+    }
     if given and model.moe is None:
         name, value = next(iter(given.items()))
-        raise ConfigError(name, value, "unset for a dense model",
-                          message=f"{name} applies to mixture-of-experts models: {model.name} has no experts "
-                                  "(allowed: leave it unset)")
+        raise ConfigError(
+            name,
+            value,
+            "unset for a dense model",
+            message=f"{name} applies to mixture-of-experts models: {model.name} has no experts "
+            "(allowed: leave it unset)",
+        )
     if options.moe_fp8_dispatch and precision != "fp8":
-        raise ConfigError("moe_fp8_dispatch", True, "false",
-                          message=f"moe_fp8_dispatch needs precision fp8: the tokens are dispatched as the experts' FP8 "
-                                  f"GEMM inputs, and precision {precision} has none (allowed: false)")
+        raise ConfigError(
+            "moe_fp8_dispatch",
+            True,
+            "false",
+            message=f"moe_fp8_dispatch needs precision fp8: the tokens are dispatched as the experts' FP8 "
+            f"GEMM inputs, and precision {precision} has none (allowed: false)",
+        )
 
 
 def check_master_weights(software: Software, precision: str) -> None:
@@ -148,10 +209,18 @@ def check_master_weights(software: Software, precision: str) -> None:
     low half of an fp32 value whose high half is the parameter, so the parameters must be bf16 (bf16's bits
     are the top 16 of fp32's; fp16's are not), as Apex and Transformer Engine require."""
     if software.bf16_optimizer and precision not in ("amp-bf16", "bf16"):
-        raise ConfigError("bf16_optimizer", True, "false",
-                          message=f"bf16_optimizer needs bf16 training: precision {precision} "
-                                  "(allowed with bf16_optimizer: amp-bf16, bf16)")
+        raise ConfigError(
+            "bf16_optimizer",
+            True,
+            "false",
+            message=f"bf16_optimizer needs bf16 training: precision {precision} "
+            "(allowed with bf16_optimizer: amp-bf16, bf16)",
+        )
     if software.master_weights == "remainder" and precision not in BF16_PARAM_PRECISIONS:
-        raise ConfigError("master_weights", "remainder", "fp32",
-                          message=f"master_weights=remainder needs bf16 parameters: precision {precision} "
-                                  "(allowed with remainder: amp-bf16, bf16, fp8; else master_weights fp32)")
+        raise ConfigError(
+            "master_weights",
+            "remainder",
+            "fp32",
+            message=f"master_weights=remainder needs bf16 parameters: precision {precision} "
+            "(allowed with remainder: amp-bf16, bf16, fp8; else master_weights fp32)",
+        )

@@ -9,6 +9,7 @@
 Anything else is a ConfigError naming MODEL and the three accepted forms (exit 2).
 `seq` overrides the model's default sequence length (checked against a learned position table).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,7 +21,11 @@ from planner.spec import TransformerSpec, with_seq
 SPEC_PARAMS_TOLERANCE = 0.02
 """How far a module's measured parameters may be from those of the transformer it describes."""
 
-_ALLOWED = "a catalog name (list: " + ", ".join(catalog_names()) + "), a config.json path or package.module:factory"
+_ALLOWED = (
+    "a catalog name (list: "
+    + ", ".join(catalog_names())
+    + "), a config.json path or package.module:factory"
+)
 
 
 def transformer_spec(model) -> TransformerSpec:
@@ -33,15 +38,24 @@ def transformer_spec(model) -> TransformerSpec:
     name = getattr(model, "name", type(model).__name__)
     spec = getattr(model, "spec", None)
     if not isinstance(spec, TransformerSpec):
-        raise ConfigError("MODEL", name, "a transformer the cost model can score: a catalog name, a config.json, or "
-                          "a factory whose module exposes a TransformerSpec as `.spec` or a Hugging Face-style "
-                          "`.config`; this module can be profiled (planner profile) but not scored")
+        raise ConfigError(
+            "MODEL",
+            name,
+            "a transformer the cost model can score: a catalog name, a config.json, or "
+            "a factory whose module exposes a TransformerSpec as `.spec` or a Hugging Face-style "
+            "`.config`; this module can be profiled (planner profile) but not scored",
+        )
     from cost_models.params import total_params
+
     described, measured = int(total_params(spec)), int(model.params)
     if abs(measured - described) > SPEC_PARAMS_TOLERANCE * described:
-        raise ConfigError("MODEL", name, f"a module whose parameters match the transformer it describes: it holds "
-                          f"{measured:,}, its description {described:,} (more than "
-                          f"{SPEC_PARAMS_TOLERANCE:.0%} apart)")
+        raise ConfigError(
+            "MODEL",
+            name,
+            f"a module whose parameters match the transformer it describes: it holds "
+            f"{measured:,}, its description {described:,} (more than "
+            f"{SPEC_PARAMS_TOLERANCE:.0%} apart)",
+        )
     return spec.with_(seq=model.seq, name=name)
 
 
@@ -54,11 +68,15 @@ def resolve_model(arg: str, *, seq: int | None = None):
     path = Path(arg)
     if arg.endswith(".json") or path.is_file():
         from planner.hf_config import read_hf_config
+
         if not path.is_file():
-            raise ConfigError("MODEL", arg, "an existing config.json file", message=f"MODEL={arg!r}: no such file")
+            raise ConfigError(
+                "MODEL", arg, "an existing config.json file", message=f"MODEL={arg!r}: no such file"
+            )
         return read_hf_config(path, seq=seq)
     if ":" in arg and not path.exists():
         from planner.module_profiler import profile_module
+
         return profile_module(arg, seq=seq, micro_batch=1)
     raise ConfigError("MODEL", arg, _ALLOWED)
 
@@ -71,7 +89,10 @@ def default_framework(arg: str, framework: str | None) -> str:
     fsdp 390 ms (validation/h100_train_steps.jsonl, benchmarks/accuracy_h100.py)."""
     if framework:
         return framework
-    if isinstance(arg, str) and arg not in CATALOG and (arg.endswith(".json") or Path(arg).is_file()
-                                                                or ":" in arg):
+    if (
+        isinstance(arg, str)
+        and arg not in CATALOG
+        and (arg.endswith(".json") or Path(arg).is_file() or ":" in arg)
+    ):
         return "fsdp"
     return "megatron"

@@ -9,6 +9,7 @@ Mixture-of-experts models carry a nested `MoESpec`, DeepSeek's multi-head latent
 leave them unset (docs/models.md). `TransformerSpec.block_kinds` lists the different blocks of a model
 (an MoE model's leading dense blocks, windowed and full-attention blocks), each with a uniform spec.
 """
+
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields, replace
@@ -21,14 +22,32 @@ Position = Literal["learned", "rope", "alibi", "relative", "none"]
 Norm = Literal["layernorm", "rmsnorm"]
 
 
-SIZE_LIMITS = {"layers": 100_000, "hidden": 2**20, "heads": 2**16, "kv_heads": 2**16, "head_dim": 2**16,
-               "ffn": 2**24, "vocab": 2**24, "seq": 2**24, "max_positions": 2**24, "sliding_window": 2**24,
-               "mtp_modules": 64,
-               "moe.experts": 2**16, "moe.top_k": 2**16, "moe.expert_ffn": 2**24, "moe.shared_experts": 2**16,
-               "moe.shared_expert_ffn": 2**24, "moe.first_dense_layers": 100_000, "moe.expert_groups": 2**16,
-               "moe.groups_per_token": 2**16,
-               "mla.q_lora_rank": 2**20, "mla.kv_lora_rank": 2**20, "mla.qk_rope_head_dim": 2**16,
-               "mla.qk_nope_head_dim": 2**16, "mla.v_head_dim": 2**16}
+SIZE_LIMITS = {
+    "layers": 100_000,
+    "hidden": 2**20,
+    "heads": 2**16,
+    "kv_heads": 2**16,
+    "head_dim": 2**16,
+    "ffn": 2**24,
+    "vocab": 2**24,
+    "seq": 2**24,
+    "max_positions": 2**24,
+    "sliding_window": 2**24,
+    "mtp_modules": 64,
+    "moe.experts": 2**16,
+    "moe.top_k": 2**16,
+    "moe.expert_ffn": 2**24,
+    "moe.shared_experts": 2**16,
+    "moe.shared_expert_ffn": 2**24,
+    "moe.first_dense_layers": 100_000,
+    "moe.expert_groups": 2**16,
+    "moe.groups_per_token": 2**16,
+    "mla.q_lora_rank": 2**20,
+    "mla.kv_lora_rank": 2**20,
+    "mla.qk_rope_head_dim": 2**16,
+    "mla.qk_nope_head_dim": 2**16,
+    "mla.v_head_dim": 2**16,
+}
 """Largest sizes a spec may have: far beyond any trained model (hidden 1M, 16.7M-token vocabulary and
 sequence, 65536 experts), and small enough that FLOP and byte counts stay exact in float64. Keys of
 the nested records are written `moe.<field>` / `mla.<field>`, as their errors name them."""
@@ -41,8 +60,12 @@ def _check_int(where: str, value, *, minimum: int) -> None:
         allowed = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ConfigError(where, value, allowed)
     if top is not None and value > top:
-        raise ConfigError(where, value, f"an integer up to {top:,} (larger sizes are not a model this planner can "
-                                        "compute with)")
+        raise ConfigError(
+            where,
+            value,
+            f"an integer up to {top:,} (larger sizes are not a model this planner can "
+            "compute with)",
+        )
 
 
 def record_of(cls, value, where: str):
@@ -55,11 +78,19 @@ def record_of(cls, value, where: str):
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(value) - known)
     if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}", value[unknown[0]], "one of the fields " + ", ".join(sorted(known)))
+        raise ConfigError(
+            f"{where}.{unknown[0]}",
+            value[unknown[0]],
+            "one of the fields " + ", ".join(sorted(known)),
+        )
     missing = [f.name for f in fields(cls) if f.name not in value and f.default is MISSING]
     if missing:
-        raise ConfigError(f"{where}.{missing[0]}", None, "a value (the field is required)",
-                          message=f"{where}.{missing[0]} is missing (required for {cls.__name__})")
+        raise ConfigError(
+            f"{where}.{missing[0]}",
+            None,
+            "a value (the field is required)",
+            message=f"{where}.{missing[0]} is missing (required for {cls.__name__})",
+        )
     return cls(**value)
 
 
@@ -113,27 +144,51 @@ class MoESpec:
     def __post_init__(self) -> None:
         for name in ("experts", "top_k", "expert_ffn", "expert_groups"):
             _check_int(f"moe.{name}", getattr(self, name), minimum=1)
-        for name in ("shared_experts", "shared_expert_ffn", "first_dense_layers", "groups_per_token"):
+        for name in (
+            "shared_experts",
+            "shared_expert_ffn",
+            "first_dense_layers",
+            "groups_per_token",
+        ):
             _check_int(f"moe.{name}", getattr(self, name), minimum=0)
         if self.top_k > self.experts:
             raise ConfigError("moe.top_k", self.top_k, f"at most experts({self.experts})")
         if self.router not in ("softmax", "sigmoid"):
             raise ConfigError("moe.router", self.router, "softmax or sigmoid")
         if self.experts % self.expert_groups:
-            raise ConfigError("moe.expert_groups", self.expert_groups, f"a divisor of experts({self.experts})")
+            raise ConfigError(
+                "moe.expert_groups", self.expert_groups, f"a divisor of experts({self.experts})"
+            )
         if self.groups_per_token > self.expert_groups:
-            raise ConfigError("moe.groups_per_token", self.groups_per_token,
-                              f"at most expert_groups({self.expert_groups}); 0 for all")
-        if self.groups_per_token and self.top_k > self.groups_per_token * (self.experts // self.expert_groups):
-            raise ConfigError("moe.top_k", self.top_k, f"at most the {self.groups_per_token} x "
-                              f"{self.experts // self.expert_groups} experts of the groups a token may use")
+            raise ConfigError(
+                "moe.groups_per_token",
+                self.groups_per_token,
+                f"at most expert_groups({self.expert_groups}); 0 for all",
+            )
+        if self.groups_per_token and self.top_k > self.groups_per_token * (
+            self.experts // self.expert_groups
+        ):
+            raise ConfigError(
+                "moe.top_k",
+                self.top_k,
+                f"at most the {self.groups_per_token} x "
+                f"{self.experts // self.expert_groups} experts of the groups a token may use",
+            )
         for name in ("routed_scaling", "capacity_factor"):
             value = getattr(self, name)
             if value is None and name == "capacity_factor":
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
-                raise ConfigError(f"moe.{name}", value, "a positive number" + (" or null (dropless)"
-                                                                               if name == "capacity_factor" else ""))
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 < value < 1e6
+            ):
+                raise ConfigError(
+                    f"moe.{name}",
+                    value,
+                    "a positive number"
+                    + (" or null (dropless)" if name == "capacity_factor" else ""),
+                )
         for name in ("normalize_top_k", "router_bias", "aux_free_bias", "shared_expert_gate"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"moe.{name}", getattr(self, name), "true or false")
@@ -282,16 +337,22 @@ class TransformerSpec:
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(name, value, "a positive integer")
         for name, top in SIZE_LIMITS.items():
-            if "." in name:   # fields of the nested records, checked by them
+            if "." in name:  # fields of the nested records, checked by them
                 continue
             value = getattr(self, name)
             if isinstance(value, int) and value > top:
-                raise ConfigError(name, value, f"a positive integer up to {top:,} (larger sizes are not a model this "
-                                               "planner can compute with)")
+                raise ConfigError(
+                    name,
+                    value,
+                    f"a positive integer up to {top:,} (larger sizes are not a model this "
+                    "planner can compute with)",
+                )
         if self.kv_heads < 0 or (self.kv_heads and self.heads % self.kv_heads):
             raise ConfigError("kv_heads", self.kv_heads, f"a divisor of heads({self.heads})")
         if not self.head_dim and self.hidden % self.heads and self.mla is None:
-            raise ConfigError("heads", self.heads, f"a divisor of hidden({self.hidden}) unless head_dim is given")
+            raise ConfigError(
+                "heads", self.heads, f"a divisor of hidden({self.hidden}) unless head_dim is given"
+            )
         if self.position == "rope" and self.mla is None and self.d_head % 2:
             # rotary embeddings turn pairs of dimensions (Su et al. 2021, RoFormer, Sec. 3.2.2)
             allowed = "an even number with rotary position embeddings (they rotate pairs)"
@@ -304,23 +365,39 @@ class TransformerSpec:
         _check_int("mtp_modules", self.mtp_modules, minimum=0)
         if self.window_layers is not None:
             if not isinstance(self.window_layers, tuple) or not self.sliding_window:
-                raise ConfigError("window_layers", self.window_layers,
-                                  "a list of block indices, given together with sliding_window > 0")
+                raise ConfigError(
+                    "window_layers",
+                    self.window_layers,
+                    "a list of block indices, given together with sliding_window > 0",
+                )
             for i in self.window_layers:
                 if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.layers:
                     raise ConfigError("window_layers", i, f"block indices 0..{self.layers - 1}")
             if len(set(self.window_layers)) != len(self.window_layers):
                 raise ConfigError("window_layers", self.window_layers, "distinct block indices")
         if self.moe is not None and self.moe.first_dense_layers >= self.layers:
-            raise ConfigError("moe.first_dense_layers", self.moe.first_dense_layers,
-                              f"fewer than layers({self.layers}) (a model with no MoE layer has moe null)")
+            raise ConfigError(
+                "moe.first_dense_layers",
+                self.moe.first_dense_layers,
+                f"fewer than layers({self.layers}) (a model with no MoE layer has moe null)",
+            )
         if self.moe is not None and self.encoder_layers:
-            raise ConfigError("moe", "set", "null for encoder-decoder models (MoE is modelled for decoder-only ones)")
+            raise ConfigError(
+                "moe",
+                "set",
+                "null for encoder-decoder models (MoE is modelled for decoder-only ones)",
+            )
         if self.mla is not None:
             if self.head_dim not in (0, self.mla.qk_head_dim):
-                raise ConfigError("head_dim", self.head_dim, f"0 or mla's qk head width ({self.mla.qk_head_dim})")
+                raise ConfigError(
+                    "head_dim", self.head_dim, f"0 or mla's qk head width ({self.mla.qk_head_dim})"
+                )
             if self.kv_heads not in (0, self.heads):
-                raise ConfigError("kv_heads", self.kv_heads, "0 or heads with MLA (each head has its own key/value)")
+                raise ConfigError(
+                    "kv_heads",
+                    self.kv_heads,
+                    "0 or heads with MLA (each head has its own key/value)",
+                )
             if self.encoder_layers:
                 raise ConfigError("mla", "set", "null for encoder-decoder models")
         for name in ("attention_sinks", "qk_norm"):
@@ -386,8 +463,11 @@ class TransformerSpec:
         """All blocks alike: no leading dense blocks before the experts, and the window (if any) on
         every block or none."""
         mixed_mlp = self.moe is not None and self.moe.first_dense_layers > 0
-        mixed_window = bool(self.sliding_window) and self.window_layers is not None and \
-            len(set(self.window_layers)) not in (0, self.layers)
+        mixed_window = (
+            bool(self.sliding_window)
+            and self.window_layers is not None
+            and len(set(self.window_layers)) not in (0, self.layers)
+        )
         return not (mixed_mlp or mixed_window)
 
     @property
@@ -398,28 +478,43 @@ class TransformerSpec:
         a spec is frozen, so its kinds never change)."""
         try:
             return _block_kinds_cached(self)
-        except TypeError:                                  # an unhashable value in `extras`
+        except TypeError:  # an unhashable value in `extras`
             return self._block_kinds()
 
     def _block_kinds(self) -> "tuple[BlockKind, ...]":
         if self.is_uniform:
-            return (BlockKind(name=_kind_name(self.moe is not None, self.windowed(0)),
-                              layers=tuple(range(self.layers)), spec=self),)
+            return (
+                BlockKind(
+                    name=_kind_name(self.moe is not None, self.windowed(0)),
+                    layers=tuple(range(self.layers)),
+                    spec=self,
+                ),
+            )
         groups: dict[tuple[bool, bool], list[int]] = {}
         for i in range(self.layers):
             groups.setdefault((self.is_moe_layer(i), self.windowed(i)), []).append(i)
         if len(groups) == 1:
-            ((moe, windowed), layers), = groups.items()
+            (((moe, windowed), layers),) = groups.items()
             return (BlockKind(name=_kind_name(moe, windowed), layers=tuple(layers), spec=self),)
-        return tuple(BlockKind(name=_kind_name(moe, windowed), layers=tuple(layers),
-                               spec=self.block_view(moe=moe, windowed=windowed, layers=len(layers)))
-                     for (moe, windowed), layers in groups.items())
+        return tuple(
+            BlockKind(
+                name=_kind_name(moe, windowed),
+                layers=tuple(layers),
+                spec=self.block_view(moe=moe, windowed=windowed, layers=len(layers)),
+            )
+            for (moe, windowed), layers in groups.items()
+        )
 
     def block_view(self, *, moe: bool, windowed: bool, layers: int) -> "TransformerSpec":
         """A model of `layers` identical blocks of one kind of this model (block_kinds)."""
-        return replace(self, layers=layers, mtp_modules=0, window_layers=None,
-                       sliding_window=self.sliding_window if windowed else 0,
-                       moe=replace(self.moe, first_dense_layers=0) if moe else None)
+        return replace(
+            self,
+            layers=layers,
+            mtp_modules=0,
+            window_layers=None,
+            sliding_window=self.sliding_window if windowed else 0,
+            moe=replace(self.moe, first_dense_layers=0) if moe else None,
+        )
 
     @property
     def block_mix(self) -> "tuple[tuple[float, TransformerSpec], ...]":
@@ -471,9 +566,17 @@ def with_seq(spec: TransformerSpec, seq: int | None) -> TransformerSpec:
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
         raise ConfigError("seq", seq, "a positive integer")
     if spec.position == "learned" and spec.max_positions and seq > spec.max_positions:
-        raise ConfigError("seq", seq, f"at most {spec.max_positions} (rows of {spec.name}'s learned position table)")
+        raise ConfigError(
+            "seq",
+            seq,
+            f"at most {spec.max_positions} (rows of {spec.name}'s learned position table)",
+        )
     if spec.position == "learned" and not spec.max_positions:
         spec = spec.with_(max_positions=spec.seq)
         if seq > spec.max_positions:
-            raise ConfigError("seq", seq, f"at most {spec.max_positions} (rows of {spec.name}'s learned position table)")
+            raise ConfigError(
+                "seq",
+                seq,
+                f"at most {spec.max_positions} (rows of {spec.name}'s learned position table)",
+            )
     return spec.with_(seq=seq)

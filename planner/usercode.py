@@ -15,6 +15,7 @@ module's forward/backward on the meta device:
   POSIX process (elsewhere there is no limit), and cannot stop a C extension that never returns to
   Python; meta-device tracing runs no such kernels.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,7 +23,6 @@ import importlib.util
 import math
 import os
 import signal
-import sys
 import sysconfig
 import threading
 import time
@@ -49,8 +49,11 @@ def check_timeout(value: object, field: str) -> float:
     except (TypeError, ValueError):
         seconds = math.nan
     if isinstance(value, bool) or not (0 < seconds <= MAX_TIMEOUT_S):
-        raise ConfigError(field, value,
-                          f"a positive number of seconds up to {MAX_TIMEOUT_S:g}, e.g. {DEFAULT_TIMEOUT_S:g}")
+        raise ConfigError(
+            field,
+            value,
+            f"a positive number of seconds up to {MAX_TIMEOUT_S:g}, e.g. {DEFAULT_TIMEOUT_S:g}",
+        )
     return seconds
 
 
@@ -74,8 +77,13 @@ class UserCodeError(ConfigError):
     """The user's module, factory or forward failed or did not return; `trace` is the full traceback."""
 
     def __init__(self, arg: str, message: str, trace: str):
-        super().__init__("MODEL", arg, "a factory whose module imports, which returns an nn.Module, and whose "
-                         "forward/backward run on the meta device", message=message)
+        super().__init__(
+            "MODEL",
+            arg,
+            "a factory whose module imports, which returns an nn.Module, and whose "
+            "forward/backward run on the meta device",
+            message=message,
+        )
         self.trace = trace
 
 
@@ -140,6 +148,7 @@ def _library_dirs() -> tuple[str, ...]:
     dirs |= {str(Path(paths[k]).resolve()) for k in ("stdlib", "platstdlib") if k in paths}
     try:
         import torch
+
         dirs.add(str(Path(torch.__file__).resolve().parent))
     except ImportError:
         pass
@@ -160,12 +169,17 @@ def where(exc: BaseException, roots: tuple[str, ...]) -> str:
     location first."""
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{exc.filename}:{exc.lineno}"
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen")]
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen")
+    ]
     if not frames:
         return "unknown location"
     library = _library_dirs()
-    chosen = (next((f for f in reversed(frames) if _inside(f.filename, roots)), None) if roots else None) \
-        or next((f for f in reversed(frames) if not _inside(f.filename, library)), None) or frames[-1]
+    chosen = (
+        (next((f for f in reversed(frames) if _inside(f.filename, roots)), None) if roots else None)
+        or next((f for f in reversed(frames) if not _inside(f.filename, library)), None)
+        or frames[-1]
+    )
     return f"{chosen.filename}:{chosen.lineno} in {chosen.name}"
 
 
@@ -187,11 +201,17 @@ def user_code(arg: str, doing: str, roots: tuple[str, ...] = ()) -> Iterator[Non
             raise
         except _Deadline as exc:
             limit = timeout_s()
-            raise UserCodeError(arg, f"MODEL={arg!r}: {doing} did not return within {limit:g} s (stopped at "
-                                     f"{where(exc, roots)}); if it is only slow, raise the limit with "
-                                     f"--profile-timeout-s or {TIMEOUT_ENV}",
-                                "".join(traceback.format_exception(exc))) from None
+            raise UserCodeError(
+                arg,
+                f"MODEL={arg!r}: {doing} did not return within {limit:g} s (stopped at "
+                f"{where(exc, roots)}); if it is only slow, raise the limit with "
+                f"--profile-timeout-s or {TIMEOUT_ENV}",
+                "".join(traceback.format_exception(exc)),
+            ) from None
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code: any failure is bad input
-            raise UserCodeError(arg, f"MODEL={arg!r}: {doing} failed ({_summary(exc)}) at {where(exc, roots)}; "
-                                     f"--traceback shows the full trace",
-                                "".join(traceback.format_exception(exc))) from None
+            raise UserCodeError(
+                arg,
+                f"MODEL={arg!r}: {doing} failed ({_summary(exc)}) at {where(exc, roots)}; "
+                f"--traceback shows the full trace",
+                "".join(traceback.format_exception(exc)),
+            ) from None

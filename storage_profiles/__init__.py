@@ -15,10 +15,17 @@ sourced.
 >>> load_reliability_defaults().failure_rate_per_gpu_hour
 1.2621e-05
 """
+
 from __future__ import annotations
 
 from storage_profiles.loader import available_storage, load_reliability_defaults, load_storage
 from storage_profiles.profile import CHECKPOINT_MODES, ReliabilityDefaults, StorageProfile
 
-__all__ = ["CHECKPOINT_MODES", "StorageProfile", "ReliabilityDefaults", "load_storage", "available_storage",
-           "load_reliability_defaults"]
+__all__ = [
+    "CHECKPOINT_MODES",
+    "StorageProfile",
+    "ReliabilityDefaults",
+    "load_storage",
+    "available_storage",
+    "load_reliability_defaults",
+]

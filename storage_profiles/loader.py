@@ -5,6 +5,7 @@ Every key is declared once below with its kind and range; an unknown key, a miss
 or an out-of-range value is one ConfigError naming the file and the key, and every number (and every
 null that stands for "not a limit") must be explained in the file's `sources` object.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,16 +36,25 @@ class _Key:
     high: float | None = None
 
 
-_STORAGE_KEYS = {"schema_version": _Key(kind="str"), "name": _Key(kind="str"), "description": _Key(kind="str"),
-                 "write_GBps_aggregate": _Key(kind="GBps", high=MAX_GBPS),
-                 "read_GBps_aggregate": _Key(kind="GBps", high=MAX_GBPS),
-                 "write_GBps_per_node": _Key(kind="GBps", high=MAX_GBPS),
-                 "read_GBps_per_node": _Key(kind="GBps", high=MAX_GBPS), "sources": _Key(kind="sources")}
-_DEFAULT_KEYS = {"schema_version": _Key(kind="str"),
-                 "failure_rate_per_gpu_hour": _Key(kind="rate", high=MAX_RATE_PER_HOUR),
-                 "failure_rate_per_node_hour": _Key(kind="rate", high=MAX_RATE_PER_HOUR),
-                 "restart_overhead_s": _Key(kind="seconds", high=MAX_RESTART_S), "storage": _Key(kind="str"),
-                 "checkpoint": _Key(kind="mode"), "sources": _Key(kind="sources")}
+_STORAGE_KEYS = {
+    "schema_version": _Key(kind="str"),
+    "name": _Key(kind="str"),
+    "description": _Key(kind="str"),
+    "write_GBps_aggregate": _Key(kind="GBps", high=MAX_GBPS),
+    "read_GBps_aggregate": _Key(kind="GBps", high=MAX_GBPS),
+    "write_GBps_per_node": _Key(kind="GBps", high=MAX_GBPS),
+    "read_GBps_per_node": _Key(kind="GBps", high=MAX_GBPS),
+    "sources": _Key(kind="sources"),
+}
+_DEFAULT_KEYS = {
+    "schema_version": _Key(kind="str"),
+    "failure_rate_per_gpu_hour": _Key(kind="rate", high=MAX_RATE_PER_HOUR),
+    "failure_rate_per_node_hour": _Key(kind="rate", high=MAX_RATE_PER_HOUR),
+    "restart_overhead_s": _Key(kind="seconds", high=MAX_RESTART_S),
+    "storage": _Key(kind="str"),
+    "checkpoint": _Key(kind="mode"),
+    "sources": _Key(kind="sources"),
+}
 _SOURCED = ("GBps", "rate", "seconds", "mode")
 
 
@@ -61,8 +71,13 @@ def _path_of(name_or_path: str) -> Path:
             return by_name
         if Path(text).is_file():
             return Path(text)
-        raise ConfigError("storage", text, "one of " + ", ".join(available_storage())
-                          + ", or a path to a storage profile JSON file")
+        raise ConfigError(
+            "storage",
+            text,
+            "one of "
+            + ", ".join(available_storage())
+            + ", or a path to a storage profile JSON file",
+        )
     return Path(text).expanduser()
 
 
@@ -79,8 +94,9 @@ def load_storage(name_or_path: str) -> StorageProfile:
 def storage_from_dict(data: object, *, origin: str = "<dict>") -> StorageProfile:
     """Validate a decoded storage profile and build the record; `origin` names it in errors."""
     _check(data, _STORAGE_KEYS, origin, "storage profile")
-    return StorageProfile(**{k: (float(v) if _is_number(v) else v)
-                             for k, v in data.items() if k != "schema_version"})
+    return StorageProfile(
+        **{k: (float(v) if _is_number(v) else v) for k, v in data.items() if k != "schema_version"}
+    )
 
 
 @lru_cache(maxsize=1)
@@ -94,9 +110,16 @@ def load_reliability_defaults() -> ReliabilityDefaults:
 def defaults_from_dict(data: object, *, origin: str = "<dict>") -> ReliabilityDefaults:
     _check(data, _DEFAULT_KEYS, origin, "reliability defaults")
     if data["storage"] not in available_storage():
-        _fail(origin, "reliability defaults", "storage", data["storage"], "one of " + ", ".join(available_storage()))
-    return ReliabilityDefaults(**{k: (float(v) if _is_number(v) else v) for k, v in data.items()
-                                  if k != "schema_version"})
+        _fail(
+            origin,
+            "reliability defaults",
+            "storage",
+            data["storage"],
+            "one of " + ", ".join(available_storage()),
+        )
+    return ReliabilityDefaults(
+        **{k: (float(v) if _is_number(v) else v) for k, v in data.items() if k != "schema_version"}
+    )
 
 
 def _check(data: object, keys: dict[str, _Key], origin: str, what: str) -> None:
@@ -104,19 +127,33 @@ def _check(data: object, keys: dict[str, _Key], origin: str, what: str) -> None:
         _fail(origin, what, "<document>", data, "a JSON object")
     unknown = sorted(set(data) - set(keys))
     if unknown:
-        _fail(origin, what, unknown[0], data[unknown[0]], "no such key; allowed keys: " + ", ".join(keys))
+        _fail(
+            origin,
+            what,
+            unknown[0],
+            data[unknown[0]],
+            "no such key; allowed keys: " + ", ".join(keys),
+        )
     for key, spec in keys.items():
         if key not in data:
-            raise ConfigError(key, None, "present", message=f"{what} {origin}: missing required key {key!r}")
+            raise ConfigError(
+                key, None, "present", message=f"{what} {origin}: missing required key {key!r}"
+            )
         _check_value(origin, what, key, data[key], spec)
     if data["schema_version"] != SCHEMA_VERSION:
         _fail(origin, what, "schema_version", data["schema_version"], repr(SCHEMA_VERSION))
     sources = data["sources"]
     for key, spec in keys.items():
-        if spec.kind in _SOURCED and not (isinstance(sources.get(key), str) and sources[key].strip()):
-            raise ConfigError(f"sources.{key}", None, "a source for every value",
-                              message=f"{what} {origin}: missing required key 'sources.{key}' (where the value "
-                                      f"of {key!r} comes from)")
+        if spec.kind in _SOURCED and not (
+            isinstance(sources.get(key), str) and sources[key].strip()
+        ):
+            raise ConfigError(
+                f"sources.{key}",
+                None,
+                "a source for every value",
+                message=f"{what} {origin}: missing required key 'sources.{key}' (where the value "
+                f"of {key!r} comes from)",
+            )
 
 
 def _check_value(origin: str, what: str, key: str, value: object, spec: _Key) -> None:
@@ -134,8 +171,9 @@ def _check_value(origin: str, what: str, key: str, value: object, spec: _Key) ->
             return
         if not _is_number(value) or not math.isfinite(value) or not 0 < value <= spec.high:
             unit = {"GBps": "GB/s", "rate": "per hour", "seconds": "s"}[spec.kind]
-            allowed = f"a number > 0 and <= {spec.high:g} ({unit})" + (", or null (not a limit)"
-                                                                      if spec.kind == "GBps" else "")
+            allowed = f"a number > 0 and <= {spec.high:g} ({unit})" + (
+                ", or null (not a limit)" if spec.kind == "GBps" else ""
+            )
             _fail(origin, what, key, value, allowed)
 
 
@@ -146,4 +184,6 @@ def _is_number(value: object) -> bool:
 def _fail(origin: str, what: str, key: str, value: object, allowed: str) -> NoReturn:
     shown = repr(value).replace("\n", " ")
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    raise ConfigError(key, value, allowed, message=f"{what} {origin}: {key}={shown} is invalid: allowed {allowed}")
+    raise ConfigError(
+        key, value, allowed, message=f"{what} {origin}: {key}={shown} is invalid: allowed {allowed}"
+    )

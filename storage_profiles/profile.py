@@ -1,5 +1,6 @@
 """The storage profile and reliability-default records (storage_profiles/loader.py fills them from the
 JSON files beside this module and validates every key)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

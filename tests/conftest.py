@@ -1,4 +1,5 @@
 """Markers and fixtures the test files share."""
+
 import time
 
 import pytest
@@ -10,8 +11,11 @@ cce5254, the same run that measured DeepSeek-V3's search at 1.36 s against its 2
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "speed: checks a time budget of the search (acceptance timings measured on "
-                                       "2 idle cores); `-m 'not speed'` skips them on a loaded machine")
+    config.addinivalue_line(
+        "markers",
+        "speed: checks a time budget of the search (acceptance timings measured on "
+        "2 idle cores); `-m 'not speed'` skips them on a loaded machine",
+    )
 
 
 @pytest.fixture
@@ -21,7 +25,7 @@ def machine_slowdown():
     that both run under the same load. A budget times this factor holds a search to the same share of work on a
     slower CI machine; a search that regresses alone (not the yardstick) still fails it, and the yardstick keeps
     its own figure in benchmarks/search_speed.py."""
-    _yardstick_cpu_s()                                                      # imports and caches paid here
+    _yardstick_cpu_s()  # imports and caches paid here
     best = min(_yardstick_cpu_s() for _ in range(3))
     return max(1.0, best / REFERENCE_YARDSTICK_CPU_S)
 
@@ -53,4 +57,3 @@ def interleaved_cpu_s(search, rounds: int = 3) -> tuple[float, float]:
         search()
         cpu = min(cpu, time.process_time() - t0)
     return cpu, max(1.0, yard / REFERENCE_YARDSTICK_CPU_S)
-

@@ -5,12 +5,12 @@
 - Single-H100 Hugging Face training steps (dgx-h100): fit/OOM right on every row, median |peak memory
   error| <= 5%, median |step time error| <= 15% over steps of >= 8192 tokens.
 """
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -18,7 +18,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import accuracy_h100 as H  # noqa: E402
 from benchmarks import accuracy_published as PUB  # noqa: E402
 from hardware_profiles import load_profile  # noqa: E402
-from planner.run_options import RunOptions
+from planner.run_options import RunOptions  # noqa: E402
+
 
 def test_published_runs_iteration_time():
     result = PUB.evaluate(PUB.load_rows(), load_profile("dgx-a100-80g"))
@@ -59,8 +60,14 @@ def test_independent_check_narayanan21_weak_scaling():
     hw = load_profile("dgx-a100-80g")
     errors = []
     for r in data["rows"]:
-        spec = TransformerSpec(name=f"gpt-{r['hidden']}", layers=r["layers"], hidden=r["hidden"], heads=r["heads"],
-                               vocab=51200, seq=2048)
+        spec = TransformerSpec(
+            name=f"gpt-{r['hidden']}",
+            layers=r["layers"],
+            hidden=r["hidden"],
+            heads=r["heads"],
+            vocab=51200,
+            seq=2048,
+        )
         dp = r["gpus"] // (r["tp"] * r["pp"])
         h, l, B = r["hidden"], r["layers"], r["batch"]
         hw_flops = 96 * B * 2048 * l * h * h * (1 + 2048 / (6 * h) + 51200 / (16 * l * h))
@@ -68,9 +75,23 @@ def test_independent_check_narayanan21_weak_scaling():
         for mb in (1, 2, 4, 8):
             if B % (dp * mb):
                 continue
-            cfg = ParallelConfig(dp=dp, tp=r["tp"], pp=r["pp"], micro_batch=mb, global_batch=B, recompute="full",
-                                 precision="amp-fp16", seq=2048)
-            est = estimate(spec, hw, cfg, gpus=r['gpus'], options=RunOptions(attention='unfused', dropout=True, overlap_grad_reduce=False))
+            cfg = ParallelConfig(
+                dp=dp,
+                tp=r["tp"],
+                pp=r["pp"],
+                micro_batch=mb,
+                global_batch=B,
+                recompute="full",
+                precision="amp-fp16",
+                seq=2048,
+            )
+            est = estimate(
+                spec,
+                hw,
+                cfg,
+                gpus=r["gpus"],
+                options=RunOptions(attention="unfused", dropout=True, overlap_grad_reduce=False),
+            )
             if est.fits:
                 best = max(best, hw_flops / est.step_time_s / r["gpus"] / 1e12)
         errors.append(best / r["tflops_per_gpu"] - 1)

@@ -1,4 +1,5 @@
 """Calibration: the fits recover known parameters, and a real (tiny) run yields a loadable profile."""
+
 from __future__ import annotations
 
 import json
@@ -9,13 +10,19 @@ import pytest
 from typer.testing import CliRunner
 
 from hardware_profiles import load_profile
-from planner.calibrate import (bus_factor, collective_seconds, efficiency_from_fits, fit_alpha_beta, fit_gemm,
-                               ring_steps)
+from planner.calibrate import (
+    bus_factor,
+    collective_seconds,
+    efficiency_from_fits,
+    fit_alpha_beta,
+    fit_gemm,
+    ring_steps,
+)
 from planner.cli import app
 from tests.fixtures.processes import alive as _alive, children as _children
 
 runner = CliRunner()
-SIZES = np.array([2.0 ** p for p in range(10, 27, 2)])
+SIZES = np.array([2.0**p for p in range(10, 27, 2)])
 
 
 def test_nccl_tests_bus_factors():
@@ -46,7 +53,9 @@ def test_fit_recovers_alpha_and_beta_exactly_from_model_timings(collective, worl
 def test_fit_recovers_parameters_through_noise_and_an_outlier():
     rng = np.random.default_rng(0)
     alpha_s, busbw = 150e-6, 1.5e9
-    times = collective_seconds("allreduce", 4, SIZES, alpha_s, busbw) * rng.lognormal(0.0, 0.03, SIZES.size)
+    times = collective_seconds("allreduce", 4, SIZES, alpha_s, busbw) * rng.lognormal(
+        0.0, 0.03, SIZES.size
+    )
     times[3] *= 4.0  # one descheduled sample, as on a shared machine
     fit = fit_alpha_beta("allreduce", 4, SIZES, times)
     assert fit.alpha_us == pytest.approx(150.0, rel=0.10)
@@ -54,7 +63,7 @@ def test_fit_recovers_parameters_through_noise_and_an_outlier():
 
 
 def test_gemm_fit_recovers_rate_and_overhead():
-    flops = np.array([2.0 * n ** 3 for n in (64, 128, 256, 512, 1024, 2048)])
+    flops = np.array([2.0 * n**3 for n in (64, 128, 256, 512, 1024, 2048)])
     rate, overhead_s = 40e9, 30e-6
     fit = fit_gemm("fp32", flops, overhead_s + flops / rate)
     assert fit.rate_tflops == pytest.approx(0.040, rel=1e-4)
@@ -77,15 +86,21 @@ def test_world_size_one_is_rejected():
 @pytest.mark.timeout(120)
 def test_quick_calibration_with_two_ranks_writes_a_loadable_profile(tmp_path):
     out = tmp_path / "here.json"
-    previous = json.loads((Path(__file__).resolve().parents[1] / "hardware_profiles" / "cpu-local.json").read_text())
+    previous = json.loads(
+        (Path(__file__).resolve().parents[1] / "hardware_profiles" / "cpu-local.json").read_text()
+    )
     previous["efficiency"]["overlap_interference"] = 0.5
     out.write_text(json.dumps(previous))
-    result = runner.invoke(app, ["hardware", "calibrate", "--out", str(out), "--gpus", "2", "--quick",
-                                 "--name", "here"])
+    result = runner.invoke(
+        app,
+        ["hardware", "calibrate", "--out", str(out), "--gpus", "2", "--quick", "--name", "here"],
+    )
     assert result.exit_code == 0, result.output
     profile = load_profile(str(out))
     assert profile.name == "here" and profile.devices_per_node == 2
-    assert profile.efficiency["overlap_interference"] == 0.5  # other owners' keys survive a recalibration
+    assert (
+        profile.efficiency["overlap_interference"] == 0.5
+    )  # other owners' keys survive a recalibration
     # measured unless the loaded host left even the largest --quick message latency-bound (then the
     # profile keeps its previous value or the table's default: efficiency_from_fits)
     measured = profile.efficiency.get("allreduce_bus_efficiency")
@@ -107,14 +122,29 @@ def test_sizes_too_small_to_see_bandwidth_are_flagged_not_absurd():
 
 def _synthetic_measurement(world_size: int) -> dict:
     """What run_measurements returns, generated from known parameters (no processes)."""
-    sizes = [float(2 ** p) for p in range(10, 27, 2)]
-    truth = {"allreduce": (800e-6, 0.5e9), "allgather": (900e-6, 0.4e9), "reducescatter": (1000e-6, 0.2e9),
-             "p2p": (200e-6, 1.0e9)}
-    colls = {c: [[s, float(collective_seconds(c, world_size, s, a, b))] for s in sizes] for c, (a, b) in truth.items()}
-    gemm = {"fp32": [[n, n, n, 70e-6 + 2.0 * n ** 3 / 4e9] for n in (64, 128, 256, 512, 1024)],
-            "bf16": [[n, n, n, 2.0 * n ** 3 / 0.25e9] for n in (64, 128, 256)]}
-    return {"world_size": world_size, "backend": "gloo", "quick": False, "gemm": gemm,
-            "copy": {"bytes_moved": 2 << 28, "seconds": 0.25}, "collectives": colls}
+    sizes = [float(2**p) for p in range(10, 27, 2)]
+    truth = {
+        "allreduce": (800e-6, 0.5e9),
+        "allgather": (900e-6, 0.4e9),
+        "reducescatter": (1000e-6, 0.2e9),
+        "p2p": (200e-6, 1.0e9),
+    }
+    colls = {
+        c: [[s, float(collective_seconds(c, world_size, s, a, b))] for s in sizes]
+        for c, (a, b) in truth.items()
+    }
+    gemm = {
+        "fp32": [[n, n, n, 70e-6 + 2.0 * n**3 / 4e9] for n in (64, 128, 256, 512, 1024)],
+        "bf16": [[n, n, n, 2.0 * n**3 / 0.25e9] for n in (64, 128, 256)],
+    }
+    return {
+        "world_size": world_size,
+        "backend": "gloo",
+        "quick": False,
+        "gemm": gemm,
+        "copy": {"bytes_moved": 2 << 28, "seconds": 0.25},
+        "collectives": colls,
+    }
 
 
 def test_profile_written_by_calibrate_makes_the_cost_model_reproduce_the_fits():
@@ -125,25 +155,37 @@ def test_profile_written_by_calibrate_makes_the_cost_model_reproduce_the_fits():
     from hardware_profiles.loader import profile_from_dict
     from planner.calibrate import build_profile
 
-    doc = build_profile(_synthetic_measurement(2), name="synthetic", command="test",
-                        previous={"efficiency": {"dispatch_us_per_op": 5.0}})
+    doc = build_profile(
+        _synthetic_measurement(2),
+        name="synthetic",
+        command="test",
+        previous={"efficiency": {"dispatch_us_per_op": 5.0}},
+    )
     hw = profile_from_dict(doc)
     assert hw.efficiency["dispatch_us_per_op"] == 5.0
     for size in (1e3, 1e6, 1e8):
         expected = float(collective_seconds("allreduce", 2, size, 800e-6, 0.5e9))
-        assert float(group_collective_seconds("allreduce", size, 2, 2, hw)) == pytest.approx(expected, rel=1e-3)
+        assert float(group_collective_seconds("allreduce", size, 2, 2, hw)) == pytest.approx(
+            expected, rel=1e-3
+        )
     n = 1024
-    assert float(gemm_seconds(n, n, n, hw=hw, precision="fp32")) == pytest.approx(70e-6 + 2.0 * n ** 3 / 4e9,
-                                                                                    rel=1e-3)
+    assert float(gemm_seconds(n, n, n, hw=hw, precision="fp32")) == pytest.approx(
+        70e-6 + 2.0 * n**3 / 4e9, rel=1e-3
+    )
 
 
 def test_latency_bound_fit_does_not_overwrite_a_bus_efficiency():
     sizes = np.array([64.0, 128.0, 256.0])
     flat = fit_alpha_beta("reducescatter", 2, sizes, np.full(3, 1e-3))
-    p2p = fit_alpha_beta("p2p", 2, np.array([1e3, 1e5, 1e7]), 1e-5 + np.array([1e3, 1e5, 1e7]) / 1e9)
-    seen = fit_alpha_beta("allreduce", 2, np.array([1e3, 1e5, 1e7]), 1e-5 + np.array([1e3, 1e5, 1e7]) / 1e9)
-    eff = efficiency_from_fits({"collectives": {"p2p": p2p, "reducescatter": flat, "allreduce": seen},
-                                "gemm": {}}, {})
+    p2p = fit_alpha_beta(
+        "p2p", 2, np.array([1e3, 1e5, 1e7]), 1e-5 + np.array([1e3, 1e5, 1e7]) / 1e9
+    )
+    seen = fit_alpha_beta(
+        "allreduce", 2, np.array([1e3, 1e5, 1e7]), 1e-5 + np.array([1e3, 1e5, 1e7]) / 1e9
+    )
+    eff = efficiency_from_fits(
+        {"collectives": {"p2p": p2p, "reducescatter": flat, "allreduce": seen}, "gemm": {}}, {}
+    )
     assert "reducescatter_bus_efficiency" not in eff
     assert 0 < eff["allreduce_bus_efficiency"] <= 16
 
@@ -161,24 +203,45 @@ def test_a_signal_to_calibrate_leaves_no_measuring_rank_behind(tmp_path, sig_nam
     import time
 
     sig = getattr(signal, sig_name)
-    launcher = subprocess.Popen([sys.executable, "-m", "planner", "hardware", "calibrate", "--gpus", "2",
-                                 "--out", str(tmp_path / "p.json")], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "planner",
+            "hardware",
+            "calibrate",
+            "--gpus",
+            "2",
+            "--out",
+            str(tmp_path / "p.json"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     ranks: set[int] = set()
     while time.monotonic() < deadline and launcher.poll() is None:
-        ranks = {p for p in _children(launcher.pid)
-                 if "planner" in open(f"/proc/{p}/cmdline").read() or "multiprocessing" in open(f"/proc/{p}/cmdline").read()}
+        ranks = {
+            p
+            for p in _children(launcher.pid)
+            if "planner" in open(f"/proc/{p}/cmdline").read()
+            or "multiprocessing" in open(f"/proc/{p}/cmdline").read()
+        }
         if len(ranks) >= 2:
             break
         time.sleep(0.2)
     assert len(ranks) >= 2, launcher.communicate()
-    time.sleep(2.0)                          # the ranks are importing torch or measuring
+    time.sleep(2.0)  # the ranks are importing torch or measuring
     os.kill(launcher.pid, sig)
     _, err = launcher.communicate(timeout=60)
     if sig == signal.SIGTERM:
         assert launcher.returncode == 143, err
-        assert err.strip().splitlines()[-1] == "error: calibration stopped by SIGTERM: stopped all 2 ranks"
+        assert (
+            err.strip().splitlines()[-1]
+            == "error: calibration stopped by SIGTERM: stopped all 2 ranks"
+        )
     deadline = time.monotonic() + 15
     while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -191,14 +254,25 @@ def test_rewriting_a_profiles_fit_keeps_the_sources_it_does_not_own():
     shipped values without a source)."""
     from benchmarks.calibrate import foreign_clauses
 
-    text = ("benchmarks/calibrate.py (docs): gemm_efficiency_max fitted; gemm_fixed_us, dispatch_us_per_op carried over; "
-            "fused_attention_efficiency 0.55: FA-3 (attention.json; Shah et al. 2024, Dao 2023), not fitted; "
-            "sustained_clock_fraction 0.853: fitted to published runs; gemm_wave_sms: 108 SMs")
-    kept = foreign_clauses(text, {"gemm_efficiency_max", "gemm_fixed_us", "dispatch_us_per_op", "gemm_wave_sms"})
-    assert kept == ["fused_attention_efficiency 0.55: FA-3 (attention.json; Shah et al. 2024, Dao 2023), not fitted",
-                    "sustained_clock_fraction 0.853: fitted to published runs"]
-    for name in ("dgx-h100", "dgx-a100-80g"):      # every shipped key of those profiles keeps a source clause
-        profile = json.loads((Path(__file__).resolve().parents[1] / "hardware_profiles" / f"{name}.json").read_text())
+    text = (
+        "benchmarks/calibrate.py (docs): gemm_efficiency_max fitted; gemm_fixed_us, dispatch_us_per_op carried over; "
+        "fused_attention_efficiency 0.55: FA-3 (attention.json; Shah et al. 2024, Dao 2023), not fitted; "
+        "sustained_clock_fraction 0.853: fitted to published runs; gemm_wave_sms: 108 SMs"
+    )
+    kept = foreign_clauses(
+        text, {"gemm_efficiency_max", "gemm_fixed_us", "dispatch_us_per_op", "gemm_wave_sms"}
+    )
+    assert kept == [
+        "fused_attention_efficiency 0.55: FA-3 (attention.json; Shah et al. 2024, Dao 2023), not fitted",
+        "sustained_clock_fraction 0.853: fitted to published runs",
+    ]
+    for name in (
+        "dgx-h100",
+        "dgx-a100-80g",
+    ):  # every shipped key of those profiles keeps a source clause
+        profile = json.loads(
+            (Path(__file__).resolve().parents[1] / "hardware_profiles" / f"{name}.json").read_text()
+        )
         sourced = " ".join(foreign_clauses(profile["sources"]["efficiency"], set()))
         for key in ("triton_attention_relative", "flash_attention_efficiency"):
             assert key in sourced, (name, key)
@@ -211,10 +285,26 @@ def _calibrate_cli(out, *, timeout=60):
     import time
 
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "planner", "hardware", "calibrate", "--gpus", "2", "--quick",
-                           "--out", str(out)], capture_output=True, text=True, timeout=timeout,
-                          preexec_fn=lambda: __import__("resource").setrlimit(
-                              __import__("resource").RLIMIT_AS, (6_000_000 * 1024, 6_000_000 * 1024)))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner",
+            "hardware",
+            "calibrate",
+            "--gpus",
+            "2",
+            "--quick",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=lambda: __import__("resource").setrlimit(
+            __import__("resource").RLIMIT_AS, (6_000_000 * 1024, 6_000_000 * 1024)
+        ),
+    )
     return done, time.monotonic() - t0
 
 
@@ -226,14 +316,16 @@ def _unwritable_outs(tmp_path):
     (tmp_path / "array.json").write_text("[1, 2]")
     (tmp_path / "other.json").write_text('{"mine": true}')
     (tmp_path / "file").write_text("x")
-    return {"/dev/zero": "is a character device, not a regular file",
-            "/dev/full": "is a character device, not a regular file",
-            str(fifo): "is a FIFO, not a regular file",
-            str(tmp_path / "array.json"): "expected a JSON object, found an array",
-            str(tmp_path / "other.json"): "exists and is not a hardware profile",
-            str(tmp_path / "file" / "p.json"): "is not a directory",
-            "/sys/p.json": "is not writable",                # root writes anywhere but here
-            str(tmp_path / "missing" / "p.json"): "does not exist"}
+    return {
+        "/dev/zero": "is a character device, not a regular file",
+        "/dev/full": "is a character device, not a regular file",
+        str(fifo): "is a FIFO, not a regular file",
+        str(tmp_path / "array.json"): "expected a JSON object, found an array",
+        str(tmp_path / "other.json"): "exists and is not a hardware profile",
+        str(tmp_path / "file" / "p.json"): "is not a directory",
+        "/sys/p.json": "is not writable",  # root writes anywhere but here
+        str(tmp_path / "missing" / "p.json"): "does not exist",
+    }
 
 
 @pytest.mark.timeout(300)
@@ -244,13 +336,23 @@ def test_an_out_calibrate_cannot_write_is_one_line_before_any_measurement(tmp_pa
     import os
 
     for out, needle in _unwritable_outs(tmp_path).items():
-        before = sorted(os.listdir(tmp_path)), [p.read_bytes() for p in sorted(tmp_path.glob("*.json"))]
+        before = (
+            sorted(os.listdir(tmp_path)),
+            [p.read_bytes() for p in sorted(tmp_path.glob("*.json"))],
+        )
         done, seconds = _calibrate_cli(out)
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and needle in lines[0], (out, done.stderr)
-        assert "Traceback" not in done.stderr and "calibrating" not in done.stderr and done.stdout == ""
-        assert seconds < 5 + 10, (out, seconds)                 # 5 s, with room for a loaded test machine
-        assert (sorted(os.listdir(tmp_path)), [p.read_bytes() for p in sorted(tmp_path.glob("*.json"))]) == before
+        assert (
+            "Traceback" not in done.stderr
+            and "calibrating" not in done.stderr
+            and done.stdout == ""
+        )
+        assert seconds < 5 + 10, (out, seconds)  # 5 s, with room for a loaded test machine
+        assert (
+            sorted(os.listdir(tmp_path)),
+            [p.read_bytes() for p in sorted(tmp_path.glob("*.json"))],
+        ) == before
 
 
 def _start_calibration(tmp_path):
@@ -258,13 +360,29 @@ def _start_calibration(tmp_path):
     import sys
     import time
 
-    launcher = subprocess.Popen([sys.executable, "-c", "import signal, runpy; signal.signal(signal.SIGINT, "
-                                 "signal.SIG_DFL); runpy.run_module('planner', run_name='__main__')",
-                                 "hardware", "calibrate", "--gpus", "2", "--quick", "--out",
-                                 str(tmp_path / "p.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, runpy; signal.signal(signal.SIGINT, "
+            "signal.SIG_DFL); runpy.run_module('planner', run_name='__main__')",
+            "hardware",
+            "calibrate",
+            "--gpus",
+            "2",
+            "--quick",
+            "--out",
+            str(tmp_path / "p.json"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(_children(launcher.pid)) < 2 and launcher.poll() is None:
+    while (
+        time.monotonic() < deadline and len(_children(launcher.pid)) < 2 and launcher.poll() is None
+    ):
         time.sleep(0.05)
     return launcher, _children(launcher.pid)
 
@@ -283,12 +401,16 @@ def test_ctrl_c_to_the_process_group_is_one_line_and_leaves_nothing(tmp_path, wa
 
     before = set(glob.glob(f"{tempfile.gettempdir()}/planner-calibrate-*"))
     launcher, ranks = _start_calibration(tmp_path)
-    time.sleep(wait_s)                             # the ranks are starting Python, or importing torch
+    time.sleep(wait_s)  # the ranks are starting Python, or importing torch
     os.killpg(launcher.pid, signal.SIGINT)
     _, err = launcher.communicate(timeout=60)
     assert launcher.returncode == 130, err
-    assert [line for line in err.splitlines() if "Traceback" in line or "KeyboardInterrupt" in line] == []
-    assert err.strip().splitlines()[-1] == "error: calibration stopped by SIGINT: stopped all 2 ranks"
+    assert [
+        line for line in err.splitlines() if "Traceback" in line or "KeyboardInterrupt" in line
+    ] == []
+    assert (
+        err.strip().splitlines()[-1] == "error: calibration stopped by SIGINT: stopped all 2 ranks"
+    )
     deadline = time.monotonic() + 10
     while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -320,7 +442,7 @@ def test_sigkill_while_ranks_start_leaves_no_rank_and_the_next_start_sweeps_its_
         time.sleep(0.02)
     assert len(ranks) >= 2 and not [p for p in ranks if _alive(p)]
     left = glob.glob(f"{tempfile.gettempdir()}/planner-calibrate-{launcher.pid}-*")
-    assert len(left) == 1                           # what a SIGKILL leaves ...
+    assert len(left) == 1  # what a SIGKILL leaves ...
     assert Path(left[0]) in sweep_temporary_dirs()  # ... the next calibration removes
     assert not os.path.exists(left[0])
 
@@ -329,13 +451,20 @@ def test_the_sweep_removes_only_folders_of_calibrations_that_are_gone(tmp_path):
     import os
     import subprocess
 
-    dead_pid = subprocess.Popen(["true"])              # a pid that has exited
+    dead_pid = subprocess.Popen(["true"])  # a pid that has exited
     dead_pid.wait()
-    for name in (f"planner-calibrate-{dead_pid.pid}-abc", f"planner-calibrate-{os.getpid()}-abc",
-                 "planner-calibrate-legacy", "other"):
+    for name in (
+        f"planner-calibrate-{dead_pid.pid}-abc",
+        f"planner-calibrate-{os.getpid()}-abc",
+        "planner-calibrate-legacy",
+        "other",
+    ):
         (tmp_path / name).mkdir()
     from planner.calibrate import sweep_temporary_dirs
 
-    assert sweep_temporary_dirs(str(tmp_path)) == [tmp_path / f"planner-calibrate-{dead_pid.pid}-abc"]
+    assert sweep_temporary_dirs(str(tmp_path)) == [
+        tmp_path / f"planner-calibrate-{dead_pid.pid}-abc"
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [f"planner-calibrate-{os.getpid()}-abc", "planner-calibrate-legacy", "other"])
+        [f"planner-calibrate-{os.getpid()}-abc", "planner-calibrate-legacy", "other"]
+    )

@@ -1,4 +1,5 @@
 """Catalog shapes and parameter counts against published sizes (tests/golden/param_counts.json)."""
+
 import json
 from pathlib import Path
 
@@ -10,15 +11,34 @@ from planner.errors import ConfigError
 from planner.sources import resolve_model
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "param_counts.json").read_text())
-CONTRACT_NAMES = (["gpt3-175b"] + [f"megatron-{s}" for s in ("1.7b", "3.6b", "7.5b", "18b", "39b", "76b", "145b", "310b",
-                                                             "530b", "1t")]
-                  + ["llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b",
-                     "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "bert-large", "t5-3b"])
+CONTRACT_NAMES = (
+    ["gpt3-175b"]
+    + [
+        f"megatron-{s}"
+        for s in ("1.7b", "3.6b", "7.5b", "18b", "39b", "76b", "145b", "310b", "530b", "1t")
+    ]
+    + [
+        "llama2-7b",
+        "llama2-13b",
+        "llama2-70b",
+        "llama3-8b",
+        "llama3-70b",
+        "llama3-405b",
+        "gpt2",
+        "gpt2-medium",
+        "gpt2-large",
+        "gpt2-xl",
+        "bert-large",
+        "t5-3b",
+    ]
+)
 
 
 @pytest.mark.parametrize("row", GOLDEN["rows"], ids=lambda r: r["model"])
 def test_param_count_matches_published_size(row):
-    assert P.total_params(catalog.get(row["model"])) == pytest.approx(row["expected"], rel=row["tolerance"])
+    assert P.total_params(catalog.get(row["model"])) == pytest.approx(
+        row["expected"], rel=row["tolerance"]
+    )
 
 
 @pytest.mark.parametrize("row", GOLDEN["exact"], ids=lambda r: r["model"])
@@ -29,12 +49,26 @@ def test_param_count_equals_released_checkpoint(row):
 def test_every_contract_name_is_in_the_catalog():
     assert set(CONTRACT_NAMES) <= set(catalog.names())
     assert {n for n in catalog.names() if n.startswith("gpt3-")} == {
-        "gpt3-small", "gpt3-medium", "gpt3-large", "gpt3-xl", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b"}
+        "gpt3-small",
+        "gpt3-medium",
+        "gpt3-large",
+        "gpt3-xl",
+        "gpt3-2.7b",
+        "gpt3-6.7b",
+        "gpt3-13b",
+        "gpt3-175b",
+    }
 
 
 def test_gpt3_175b_shape_is_the_contracts():
     spec = catalog.get("gpt3-175b")
-    assert (spec.layers, spec.hidden, spec.heads, spec.seq, spec.vocab) == (96, 12288, 96, 2048, 50257)
+    assert (spec.layers, spec.hidden, spec.heads, spec.seq, spec.vocab) == (
+        96,
+        12288,
+        96,
+        2048,
+        50257,
+    )
 
 
 @pytest.mark.parametrize("name", [n for n in catalog.names() if n.startswith("megatron-")])
@@ -49,19 +83,25 @@ def test_megatron_entries_follow_narayanan_eq2(name):
 
 def test_matmul_params_give_the_6n_rule_of_narayanan_eq3():
     s = catalog.get("gpt3-175b")
-    assert P.matmul_params(s) == 12 * s.layers * s.hidden ** 2 + s.vocab * s.hidden
+    assert P.matmul_params(s) == 12 * s.layers * s.hidden**2 + s.vocab * s.hidden
 
 
 def test_unknown_name_is_a_config_error_naming_model():
     with pytest.raises(ConfigError) as err:
         resolve_model("gpt5-1t")
-    assert err.value.field == "MODEL" and "gpt3-175b" in str(err.value) and "package.module:factory" in str(err.value)
+    assert (
+        err.value.field == "MODEL"
+        and "gpt3-175b" in str(err.value)
+        and "package.module:factory" in str(err.value)
+    )
 
 
 def test_seq_override_and_learned_position_bound():
     assert resolve_model("llama3-8b", seq=4096).seq == 4096
     assert resolve_model("gpt3-175b", seq=1024).seq == 1024
-    assert P.total_params(resolve_model("gpt3-175b", seq=1024)) == P.total_params(catalog.get("gpt3-175b"))
+    assert P.total_params(resolve_model("gpt3-175b", seq=1024)) == P.total_params(
+        catalog.get("gpt3-175b")
+    )
     with pytest.raises(ConfigError, match="seq=4096"):
         resolve_model("gpt2", seq=4096)
 

@@ -1,4 +1,5 @@
 """Collective cost models: the seed's worked example, ring/tree golden numbers, placement effects."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,7 +27,9 @@ def test_ring_allreduce_matches_nccl_tests_busbw_definition():
     assert t == pytest.approx(2 * 7 / 8 * size / bw, rel=1e-12)
     assert float(C.ring_allreduce_seconds(size, 1, bw, 1e-5)) == 0.0
     # tree: same bandwidth term, log2(n) latency: better for tiny messages
-    assert float(C.allreduce_seconds(8, 64, bw, 1e-5)) < float(C.ring_allreduce_seconds(8, 64, bw, 1e-5))
+    assert float(C.allreduce_seconds(8, 64, bw, 1e-5)) < float(
+        C.ring_allreduce_seconds(8, 64, bw, 1e-5)
+    )
 
 
 def test_reduce_scatter_plus_allgather_equals_allreduce_bandwidth():
@@ -45,8 +48,13 @@ def test_group_inside_a_node_is_faster_than_across_nodes():
 
 
 @settings(max_examples=40, deadline=None)
-@given(size=st.floats(1e3, 1e10), n=st.sampled_from([2, 4, 8, 16, 64, 256]), local=st.sampled_from([1, 2, 4, 8]),
-       factor=st.floats(1.0, 10.0), which=st.sampled_from(["intra_node_GBps_per_device", "inter_node_Gbps_per_node"]))
+@given(
+    size=st.floats(1e3, 1e10),
+    n=st.sampled_from([2, 4, 8, 16, 64, 256]),
+    local=st.sampled_from([1, 2, 4, 8]),
+    factor=st.floats(1.0, 10.0),
+    which=st.sampled_from(["intra_node_GBps_per_device", "inter_node_Gbps_per_node"]),
+)
 def test_more_bandwidth_is_never_slower(size, n, local, factor, which):
     faster = dataclasses.replace(HW, **{which: getattr(HW, which) * factor})
     for kind in ("allreduce", "reduce_scatter", "allgather"):

@@ -1,4 +1,5 @@
 """Pipeline bubble (Narayanan et al. 2021 eq. 1-2; Qi et al. 2023) and in-flight micro-batches."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,8 +29,13 @@ def test_fewer_microbatches_than_stages_lose_the_schedule_gains():
 
 
 @settings(max_examples=50, deadline=None)
-@given(p=st.integers(1, 64), m=st.integers(1, 512), extra=st.integers(1, 512), v=st.integers(1, 8),
-       schedule=st.sampled_from(SCHEDULES))
+@given(
+    p=st.integers(1, 64),
+    m=st.integers(1, 512),
+    extra=st.integers(1, 512),
+    v=st.integers(1, 8),
+    schedule=st.sampled_from(SCHEDULES),
+)
 def test_more_microbatches_never_raise_the_bubble_fraction(p, m, extra, v, schedule):
     v = v if schedule == "interleaved-1f1b" else 1
     assert PL.bubble_fraction(schedule, p, m + extra, v) <= PL.bubble_fraction(schedule, p, m, v)
@@ -41,7 +47,9 @@ def test_inflight_microbatches():
     assert float(PL.inflight_microbatches_first_stage(i1f1b, 8, 4, 1, SCHEDULES)) == 4
     assert float(PL.inflight_microbatches_first_stage(igpipe, 8, 64, 1, SCHEDULES)) == 64
     # Korthikanti et al. 2022 Sec. 4.2.3: p (1 + (p-1)/(p v))
-    assert float(PL.inflight_microbatches_first_stage(iinter, 8, 64, 2, SCHEDULES)) == pytest.approx(8 * (1 + 7 / 16))
+    assert float(
+        PL.inflight_microbatches_first_stage(iinter, 8, 64, 2, SCHEDULES)
+    ) == pytest.approx(8 * (1 + 7 / 16))
 
 
 def _deepspeed_train_schedule(p: int, m: int, stage: int) -> list[tuple]:
@@ -93,7 +101,11 @@ def _makespan(p: int, m: int, f: float, b: float) -> float:
                     moved = True
                     continue
                 kind, peer, tag = op
-                if kind == "send" and i[peer] < len(ops[peer]) and ops[peer][i[peer]] == ("recv", s, tag):
+                if (
+                    kind == "send"
+                    and i[peer] < len(ops[peer])
+                    and ops[peer][i[peer]] == ("recv", s, tag)
+                ):
                     t[s] = t[peer] = max(t[s], t[peer])
                     i[s] += 1
                     i[peer] += 1

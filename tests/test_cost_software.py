@@ -1,6 +1,7 @@
 """Software facts a run sets (cost_models.step.Software and frameworks/*.json): tensor-parallel overlap,
 torchtitan's per-operator selective recompute, torch.compile, FP8 GEMM efficiency, and NVLink domains
 that hold a whole job. Each is checked on the cost terms and through estimate."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,28 +23,62 @@ LLAMA8 = get("llama3-8b")
 
 
 def _cfg(**kw):
-    base = dict(dp=8, tp=8, pp=1, micro_batch=1, global_batch=64, seq=8192, sequence_parallel=True,
-                framework="megatron")
+    base = dict(
+        dp=8,
+        tp=8,
+        pp=1,
+        micro_batch=1,
+        global_batch=64,
+        seq=8192,
+        sequence_parallel=True,
+        framework="megatron",
+    )
     return ParallelConfig(**{**base, **kw})
 
 
 def test_tp_overlap_hides_tp_communication_up_to_the_gemms_and_never_adds_time():
     cfg = _cfg()
-    plain = estimate('llama3-70b', 'p5.48xlarge', cfg, gpus=64, options=RunOptions(tp_comm_overlap=False))
-    over = estimate('llama3-70b', 'p5.48xlarge', cfg, gpus=64, options=RunOptions(tp_comm_overlap=True))
-    br_plain, br_over = plain.to_document()["prediction"]["time_breakdown_s"], over.to_document()["prediction"]["time_breakdown_s"]
-    assert br_over["tp_comm"] < 0.5 * br_plain["tp_comm"]           # mostly hidden behind the GEMMs
-    assert br_over["tp_comm"] > 0.0                                    # interference of the hidden part
+    plain = estimate(
+        "llama3-70b", "p5.48xlarge", cfg, gpus=64, options=RunOptions(tp_comm_overlap=False)
+    )
+    over = estimate(
+        "llama3-70b", "p5.48xlarge", cfg, gpus=64, options=RunOptions(tp_comm_overlap=True)
+    )
+    br_plain, br_over = (
+        plain.to_document()["prediction"]["time_breakdown_s"],
+        over.to_document()["prediction"]["time_breakdown_s"],
+    )
+    assert br_over["tp_comm"] < 0.5 * br_plain["tp_comm"]  # mostly hidden behind the GEMMs
+    assert br_over["tp_comm"] > 0.0  # interference of the hidden part
     assert over.step_time_s < plain.step_time_s
     assert over.to_document()["software"]["tp_comm_overlap"] is True
 
 
-OVERLAP_ARGS = ["estimate", "llama3-70b", "--hardware", "p5.48xlarge", "--gpus", "64", "--dp", "8", "--tp", "8",
-                "--sequence-parallel", "--global-batch", "64", "--json"]
+OVERLAP_ARGS = [
+    "estimate",
+    "llama3-70b",
+    "--hardware",
+    "p5.48xlarge",
+    "--gpus",
+    "64",
+    "--dp",
+    "8",
+    "--tp",
+    "8",
+    "--sequence-parallel",
+    "--global-batch",
+    "64",
+    "--json",
+]
 
 
-@pytest.mark.parametrize("flag, key, on", [("--tp-comm-overlap", "tp_comm_overlap", True),
-                                           ("--no-overlap-grad-reduce", "overlap_grad_reduce", False)])
+@pytest.mark.parametrize(
+    "flag, key, on",
+    [
+        ("--tp-comm-overlap", "tp_comm_overlap", True),
+        ("--no-overlap-grad-reduce", "overlap_grad_reduce", False),
+    ],
+)
 def test_the_overlap_options_on_the_command_line_reach_the_cost_terms(flag, key, on):
     """--tp-comm-overlap and --[no-]overlap-grad-reduce (RunOptions) are what estimate() with the same
     options predicts, and the plan document says the choice."""
@@ -64,13 +99,36 @@ def test_the_overlap_options_on_the_command_line_reach_the_cost_terms(flag, key,
     assert direct.step_time_s != pytest.approx(default.step_time_s, rel=1e-6)
 
 
-INTERLEAVED_ARGS = ["estimate", "gpt3-175b", "--hardware", "p4d.24xlarge", "--gpus", "64", "--dp", "2",
-                    "--tp", "8", "--pp", "4", "--virtual-stages", "4", "--global-batch", "64", "--zero", "1",
-                    "--json"]
+INTERLEAVED_ARGS = [
+    "estimate",
+    "gpt3-175b",
+    "--hardware",
+    "p4d.24xlarge",
+    "--gpus",
+    "64",
+    "--dp",
+    "2",
+    "--tp",
+    "8",
+    "--pp",
+    "4",
+    "--virtual-stages",
+    "4",
+    "--global-batch",
+    "64",
+    "--zero",
+    "1",
+    "--json",
+]
 
 
-@pytest.mark.parametrize("flag, key, term", [("--no-overlap-p2p", "overlap_p2p", "pp_p2p"),
-                                             ("--no-overlap-param-gather", "overlap_param_gather", "dp_comm")])
+@pytest.mark.parametrize(
+    "flag, key, term",
+    [
+        ("--no-overlap-p2p", "overlap_p2p", "pp_p2p"),
+        ("--no-overlap-param-gather", "overlap_param_gather", "dp_comm"),
+    ],
+)
 def test_turning_a_megatron_overlap_off_exposes_its_communication(flag, key, term):
     """Megatron-Core overlaps the interleaved schedule's sends (overlap_p2p_comm) and the distributed
     optimizer's parameter gathers (--overlap-param-gather) by default (frameworks/megatron.json); the
@@ -81,7 +139,10 @@ def test_turning_a_megatron_overlap_off_exposes_its_communication(flag, key, ter
 
     from planner.cli import app
 
-    on, off = (json.loads(CliRunner().invoke(app, INTERLEAVED_ARGS + extra).stdout) for extra in ([], [flag]))
+    on, off = (
+        json.loads(CliRunner().invoke(app, INTERLEAVED_ARGS + extra).stdout)
+        for extra in ([], [flag])
+    )
     assert on["software"][key] is True and off["software"][key] is False
     assert off["prediction"]["time_breakdown_s"][term] > on["prediction"]["time_breakdown_s"][term]
     assert off["prediction"]["step_time_s"] > on["prediction"]["step_time_s"]
@@ -93,8 +154,22 @@ def test_tp_comm_overlap_on_a_stack_without_it_is_one_line_and_exit_2(framework)
 
     from planner.cli import app
 
-    res = CliRunner().invoke(app, ["estimate", "llama3-8b", "--hardware", "p5.48xlarge", "--gpus", "8",
-                                   "--dp", "8", "--framework", framework, "--tp-comm-overlap"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "estimate",
+            "llama3-8b",
+            "--hardware",
+            "p5.48xlarge",
+            "--gpus",
+            "8",
+            "--dp",
+            "8",
+            "--framework",
+            framework,
+            "--tp-comm-overlap",
+        ],
+    )
     assert res.exit_code == 2
     assert res.output.strip().count("\n") == 0 and "tp_comm_overlap" in res.output
 
@@ -102,7 +177,7 @@ def test_tp_comm_overlap_on_a_stack_without_it_is_one_line_and_exit_2(framework)
 def test_tp_exposed_formula():
     from frameworks import load_framework
 
-    class X:   # the fields the term reads
+    class X:  # the fields the term reads
         sw = type("S", (), {"tp_comm_overlap": True, "framework": load_framework("megatron")})()
         hw = load_profile("p5.48xlarge")
         full = np.array([False])
@@ -111,9 +186,13 @@ def test_tp_exposed_formula():
         @staticmethod
         def is_schedule(name):
             return np.array([False])
-    tp = C.TpSeconds(allreduce=np.array(1.0), fwd=np.array(2.0), bwd=np.array(2.0), recompute=np.array(0.0))
+
+    tp = C.TpSeconds(
+        allreduce=np.array(1.0), fwd=np.array(2.0), bwd=np.array(2.0), recompute=np.array(0.0)
+    )
     block = type("Bk", (), {"gemm_fwd": np.array(1.5), "gemm_bwd": np.array(3.0)})()
     from cost_models.compute import eff
+
     i = eff(X.hw, "overlap_interference")
     # fwd: 2 s of collectives beside 1.5 s of GEMMs shows 0.5 + i 1.5; bwd: all 2 s hidden, i 2
     assert float(C.tp_exposed_seconds(X, tp, block)[0]) == pytest.approx(0.5 + i * 1.5 + i * 2.0)
@@ -122,19 +201,32 @@ def test_tp_exposed_formula():
 def test_op_sac_saves_less_than_megatron_selective_and_recomputes_the_unsaved_matmuls():
     sac = B.op_sac(LLAMA8, "amp-bf16", "torch")
     table = B.block_table(LLAMA8, "amp-bf16", "torch", flash=True)
-    megatron_selective = (table.saved.rep - table.scores_saved.rep) + (table.saved.shard - table.scores_saved.shard)
+    megatron_selective = (table.saved.rep - table.scores_saved.rep) + (
+        table.saved.shard - table.scores_saved.shard
+    )
     # input 2h, q h, v kv, attention out h + lse 4 a, w1 out f, w2 out h (bf16 c = 2)
     h, kv, f, a = 4096, 1024, 14336, 32
     assert sac.saved.rep + sac.saved.shard == 2 * (2 * h + h + kv + h + f) + 4 * a
     assert sac.saved.rep + sac.saved.shard < 0.5 * megatron_selective
     # k (h x kv), o (h x h), w3 (h x f) of q, k, v, o, w1, w3, w2
-    assert sac.gemm_fraction == pytest.approx((h * kv + h * h + h * f) / (2 * h * h + 2 * h * kv + 3 * h * f))
+    assert sac.gemm_fraction == pytest.approx(
+        (h * kv + h * h + h * f) / (2 * h * h + 2 * h * kv + 3 * h * f)
+    )
 
 
 def test_torchtitan_selective_is_the_op_policy_in_estimate_and_profile():
     from planner.profiler import profile_spec
-    cfg = _cfg(dp=8, tp=1, zero=3, sequence_parallel=False, framework="torchtitan", recompute="selective",
-               global_batch=16, micro_batch=2)
+
+    cfg = _cfg(
+        dp=8,
+        tp=1,
+        zero=3,
+        sequence_parallel=False,
+        framework="torchtitan",
+        recompute="selective",
+        global_batch=16,
+        micro_batch=2,
+    )
     est = estimate(LLAMA8, "p5.48xlarge", cfg, gpus=8)
     prof = profile_spec(LLAMA8, micro_batch=2, seq=8192, framework="torchtitan")
     per_block = prof.layers[1].activation_bytes["selective"]
@@ -144,11 +236,19 @@ def test_torchtitan_selective_is_the_op_policy_in_estimate_and_profile():
 
 
 def test_compile_streams_fewer_bytes_and_is_never_slower():
-    cfg = _cfg(dp=8, tp=1, zero=3, sequence_parallel=False, framework="torchtitan", global_batch=16, micro_batch=2)
+    cfg = _cfg(
+        dp=8,
+        tp=1,
+        zero=3,
+        sequence_parallel=False,
+        framework="torchtitan",
+        global_batch=16,
+        micro_batch=2,
+    )
     eager = estimate(LLAMA8, "p5.48xlarge", cfg, gpus=8)
-    compiled = estimate(LLAMA8, 'p5.48xlarge', cfg, gpus=8, options=RunOptions(compile=True))
+    compiled = estimate(LLAMA8, "p5.48xlarge", cfg, gpus=8, options=RunOptions(compile=True))
     assert compiled.step_time_s < eager.step_time_s
-    assert compiled.peak_bytes_per_gpu == eager.peak_bytes_per_gpu       # saved tensors unchanged
+    assert compiled.peak_bytes_per_gpu == eager.peak_bytes_per_gpu  # saved tensors unchanged
 
 
 def test_rowwise_fp8_casts_every_operand_twice_and_changes_nothing_else():
@@ -157,7 +257,9 @@ def test_rowwise_fp8_casts_every_operand_twice_and_changes_nothing_else():
 
     cfg = _cfg(dp=8, tp=8, zero=3, framework="torchtitan", precision="fp8", global_batch=64)
     tensorwise = estimate(LLAMA8, "p5.48xlarge", cfg, gpus=64)
-    rowwise = estimate(LLAMA8, 'p5.48xlarge', cfg, gpus=64, options=RunOptions(fp8_scaling='rowwise'))
+    rowwise = estimate(
+        LLAMA8, "p5.48xlarge", cfg, gpus=64, options=RunOptions(fp8_scaling="rowwise")
+    )
     assert rowwise.step_time_s > tensorwise.step_time_s
     assert rowwise.peak_bytes_per_gpu == tensorwise.peak_bytes_per_gpu
     x = type("X", (), {})()
@@ -166,18 +268,43 @@ def test_rowwise_fp8_casts_every_operand_twice_and_changes_nothing_else():
     x.precision = "amp-bf16"
     assert fp8_cast_bytes(x) == 0.0
     bf16 = _cfg(dp=8, tp=8, zero=3, framework="torchtitan", global_batch=64)
-    assert estimate(LLAMA8, 'p5.48xlarge', bf16, gpus=64, options=RunOptions(fp8_scaling='rowwise')).step_time_s == \
-        estimate(LLAMA8, "p5.48xlarge", bf16, gpus=64).step_time_s
+    assert (
+        estimate(
+            LLAMA8, "p5.48xlarge", bf16, gpus=64, options=RunOptions(fp8_scaling="rowwise")
+        ).step_time_s
+        == estimate(LLAMA8, "p5.48xlarge", bf16, gpus=64).step_time_s
+    )
     with pytest.raises(ConfigError, match="fp8_scaling"):
-        estimate(LLAMA8, 'p5.48xlarge', cfg, gpus=64, options=RunOptions(fp8_scaling='colwise'))
+        estimate(LLAMA8, "p5.48xlarge", cfg, gpus=64, options=RunOptions(fp8_scaling="colwise"))
     # recommend searches FP8 plans with it, every plan document says so, and explain's fresh search keeps it
     from planner.explain import _software_options
     from planner.search import recommend
-    rec = recommend(LLAMA8, 'p5.48xlarge', gpus=64, global_batch=64, precision='fp8', framework='torchtitan', top=2, options=RunOptions(fp8_scaling='rowwise'))
+
+    rec = recommend(
+        LLAMA8,
+        "p5.48xlarge",
+        gpus=64,
+        global_batch=64,
+        precision="fp8",
+        framework="torchtitan",
+        top=2,
+        options=RunOptions(fp8_scaling="rowwise"),
+    )
     assert all(d["software"]["fp8_scaling"] == "rowwise" for d in (rec.best, *rec.alternatives))
     assert _software_options(rec.best).fp8_scaling == "rowwise"
-    plain = recommend(LLAMA8, "p5.48xlarge", gpus=64, global_batch=64, precision="fp8", framework="torchtitan", top=1)
-    assert plain.best["software"]["fp8_scaling"] == "tensorwise" and "fp8_scaling" not in _software_options(plain.best).chosen()
+    plain = recommend(
+        LLAMA8,
+        "p5.48xlarge",
+        gpus=64,
+        global_batch=64,
+        precision="fp8",
+        framework="torchtitan",
+        top=1,
+    )
+    assert (
+        plain.best["software"]["fp8_scaling"] == "tensorwise"
+        and "fp8_scaling" not in _software_options(plain.best).chosen()
+    )
     assert rec.best["prediction"]["step_time_s"] > plain.best["prediction"]["step_time_s"]
 
 
@@ -185,31 +312,68 @@ def test_a_power_capped_part_slows_compute_bound_kernels_only():
     from cost_models.compute import gemm_seconds, memory_bound_seconds
 
     hw = load_profile("p5.48xlarge")
-    capped = dataclasses.replace(hw, efficiency={**hw.efficiency, "power_limit_clock_fraction": 0.5})
+    capped = dataclasses.replace(
+        hw, efficiency={**hw.efficiency, "power_limit_clock_fraction": 0.5}
+    )
     big = dict(m=8192, n=8192, k=8192, precision="amp-bf16")
     fixed = hw.efficiency["gemm_fixed_us"] * 1e-6
-    assert float(gemm_seconds(hw=capped, **big)) - fixed == pytest.approx(2 * (float(gemm_seconds(hw=hw, **big)) - fixed))
+    assert float(gemm_seconds(hw=capped, **big)) - fixed == pytest.approx(
+        2 * (float(gemm_seconds(hw=hw, **big)) - fixed)
+    )
     assert float(memory_bound_seconds(1e9, capped)) == float(memory_bound_seconds(1e9, hw))
-    cfg = _cfg(dp=8, tp=1, zero=3, sequence_parallel=False, framework="torchtitan", global_batch=16, micro_batch=2)
+    cfg = _cfg(
+        dp=8,
+        tp=1,
+        zero=3,
+        sequence_parallel=False,
+        framework="torchtitan",
+        global_batch=16,
+        micro_batch=2,
+    )
     slow, fast = estimate(LLAMA8, capped, cfg, gpus=8), estimate(LLAMA8, hw, cfg, gpus=8)
-    assert slow.step_time_s > fast.step_time_s and slow.mfu < fast.mfu      # MFU keeps the datasheet peak
+    assert (
+        slow.step_time_s > fast.step_time_s and slow.mfu < fast.mfu
+    )  # MFU keeps the datasheet peak
 
 
 def test_the_sustained_clock_scales_tensor_core_time_and_a_short_benchmark_runs_at_boost():
-    from cost_models.compute import gemm_seconds, memory_bound_seconds, short_benchmark, sustained_flops
+    from cost_models.compute import (
+        gemm_seconds,
+        memory_bound_seconds,
+        short_benchmark,
+        sustained_flops,
+    )
 
     hw = load_profile("p5.48xlarge")
     frac = hw.efficiency["sustained_clock_fraction"]
-    assert 0.6 <= frac < 1.0          # Hopper's rates were measured at boost clock on one idle H100
+    assert 0.6 <= frac < 1.0  # Hopper's rates were measured at boost clock on one idle H100
     boost = short_benchmark(hw)
-    assert boost.efficiency["sustained_clock_fraction"] == 1.0 and hw.efficiency["sustained_clock_fraction"] == frac
-    assert sustained_flops(hw, "amp-bf16") == pytest.approx(frac * sustained_flops(boost, "amp-bf16"))
+    assert (
+        boost.efficiency["sustained_clock_fraction"] == 1.0
+        and hw.efficiency["sustained_clock_fraction"] == frac
+    )
+    assert sustained_flops(hw, "amp-bf16") == pytest.approx(
+        frac * sustained_flops(boost, "amp-bf16")
+    )
     big = dict(m=8192, n=8192, k=8192, precision="amp-bf16")
     fixed = hw.efficiency["gemm_fixed_us"] * 1e-6
-    assert float(gemm_seconds(hw=hw, **big)) - fixed == pytest.approx((float(gemm_seconds(hw=boost, **big)) - fixed) / frac)
+    assert float(gemm_seconds(hw=hw, **big)) - fixed == pytest.approx(
+        (float(gemm_seconds(hw=boost, **big)) - fixed) / frac
+    )
     assert float(memory_bound_seconds(1e9, hw)) == float(memory_bound_seconds(1e9, boost))
-    cfg = _cfg(dp=8, tp=1, zero=3, sequence_parallel=False, framework="torchtitan", global_batch=16, micro_batch=2)
-    assert estimate(LLAMA8, hw, cfg, gpus=8).step_time_s > estimate(LLAMA8, boost, cfg, gpus=8).step_time_s
+    cfg = _cfg(
+        dp=8,
+        tp=1,
+        zero=3,
+        sequence_parallel=False,
+        framework="torchtitan",
+        global_batch=16,
+        micro_batch=2,
+    )
+    assert (
+        estimate(LLAMA8, hw, cfg, gpus=8).step_time_s
+        > estimate(LLAMA8, boost, cfg, gpus=8).step_time_s
+    )
 
 
 def test_only_profiles_whose_rates_came_from_short_benchmarks_hold_a_sustained_clock():
@@ -222,19 +386,38 @@ def test_only_profiles_whose_rates_came_from_short_benchmarks_hold_a_sustained_c
 
 def test_fp8_gemm_efficiency_has_its_own_key_with_a_fallback():
     hw = load_profile("p5.48xlarge")
-    assert gemm_efficiency_max(hw, "fp8") == hw.efficiency.get("gemm_efficiency_max_fp8", hw.efficiency["gemm_efficiency_max"])
+    assert gemm_efficiency_max(hw, "fp8") == hw.efficiency.get(
+        "gemm_efficiency_max_fp8", hw.efficiency["gemm_efficiency_max"]
+    )
     other = dataclasses.replace(hw, efficiency={**hw.efficiency, "gemm_efficiency_max_fp8": 0.5})
-    assert gemm_efficiency_max(other, "fp8") == 0.5 and gemm_efficiency_max(other, "amp-bf16") == hw.efficiency["gemm_efficiency_max"]
+    assert (
+        gemm_efficiency_max(other, "fp8") == 0.5
+        and gemm_efficiency_max(other, "amp-bf16") == hw.efficiency["gemm_efficiency_max"]
+    )
 
 
 def test_a_job_inside_one_nvlink_domain_keeps_every_group_on_nvlink():
-    assert int(aligned_domain(72, 64)) == 64 and int(aligned_domain(72, 128)) == 64 and int(aligned_domain(8, 64)) == 8
+    assert (
+        int(aligned_domain(72, 64)) == 64
+        and int(aligned_domain(72, 128)) == 64
+        and int(aligned_domain(8, 64)) == 8
+    )
     assert int(aligned_domain(72, 144)) == 72
-    local = group_locality(np.array([0]), dp=np.array([64]), pp=np.array([1]), tp=np.array([1]), devices_per_node=72)
+    local = group_locality(
+        np.array([0]), dp=np.array([64]), pp=np.array([1]), tp=np.array([1]), devices_per_node=72
+    )
     assert int(local["D"][0]) == 64
     # two racks: a 64-rank data-parallel group per rack stays on NVLink, the 128-rank one does not
-    local = group_locality(np.array([0]), dp=np.array([128]), pp=np.array([1]), tp=np.array([1]), devices_per_node=72)
+    local = group_locality(
+        np.array([0]), dp=np.array([128]), pp=np.array([1]), tp=np.array([1]), devices_per_node=72
+    )
     assert int(local["D"][0]) == 64
-    gb200 = estimate("llama3-70b", "gb200-nvl72", _cfg(dp=64, tp=1, zero=3, sequence_parallel=False,
-                                                      global_batch=128, precision="fp8"), gpus=64)
-    assert gb200.to_document()["prediction"]["time_breakdown_s"]["dp_comm"] < 0.1 * gb200.step_time_s
+    gb200 = estimate(
+        "llama3-70b",
+        "gb200-nvl72",
+        _cfg(dp=64, tp=1, zero=3, sequence_parallel=False, global_batch=128, precision="fp8"),
+        gpus=64,
+    )
+    assert (
+        gb200.to_document()["prediction"]["time_breakdown_s"]["dp_comm"] < 0.1 * gb200.step_time_s
+    )

@@ -1,4 +1,5 @@
 """`planner estimate` through the CLI: JSON document, human tables, every error path (exit 2)."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,22 @@ def run(*args):
 
 
 def test_json_document_on_stdout():
-    res = run("--gpus", "64", "--tp", "8", "--pp", "8", "--global-batch", "64", "--recompute", "selective",
-              "--sequence-parallel", "--virtual-stages", "3", "--json")
+    res = run(
+        "--gpus",
+        "64",
+        "--tp",
+        "8",
+        "--pp",
+        "8",
+        "--global-batch",
+        "64",
+        "--recompute",
+        "selective",
+        "--sequence-parallel",
+        "--virtual-stages",
+        "3",
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["plan"]["schedule"] == "interleaved-1f1b" and doc["plan"]["virtual_stages"] == 3
@@ -25,8 +40,12 @@ def test_json_document_on_stdout():
 
 
 def test_nodes_is_an_alternative_to_gpus():
-    a = json.loads(run("--nodes", "8", "--tp", "8", "--pp", "8", "--global-batch", "64", "--json").stdout)
-    b = json.loads(run("--gpus", "64", "--tp", "8", "--pp", "8", "--global-batch", "64", "--json").stdout)
+    a = json.loads(
+        run("--nodes", "8", "--tp", "8", "--pp", "8", "--global-batch", "64", "--json").stdout
+    )
+    b = json.loads(
+        run("--gpus", "64", "--tp", "8", "--pp", "8", "--global-batch", "64", "--json").stdout
+    )
     assert a["prediction"]["step_time_s"] == b["prediction"]["step_time_s"]
     assert a["hardware"]["gpus"] == 64
 
@@ -50,25 +69,61 @@ def test_errors_are_one_line_exit_2(tmp_path):
     _one_line_error(run("--gpus", "8", "--dp", "8", "--hardware", "no-such-box"), "hardware")
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
-    _one_line_error(runner.invoke(app, ["estimate", "gpt3-175b", "--hardware", str(broken), "--gpus", "8",
-                                        "--dp", "8"]), "broken.json")
+    _one_line_error(
+        runner.invoke(
+            app, ["estimate", "gpt3-175b", "--hardware", str(broken), "--gpus", "8", "--dp", "8"]
+        ),
+        "broken.json",
+    )
     _one_line_error(run("--dp", "8"), "gpus")
     _one_line_error(run("--gpus", "8", "--dp", "8", "--recompute", "most"), "recompute")
     _one_line_error(run("--gpus", "8", "--dp", "8", "--impl", "jax"), "impl")
     _one_line_error(run("--gpus", "16", "--tp", "8", "--pp", "2", "--stages", "40,40"), "stages")
     _one_line_error(run("--gpus", "16", "--tp", "8", "--pp", "2", "--stages", "a,b"), "stages")
-    _one_line_error(runner.invoke(app, ["estimate", "no-such-model", "--hardware", "dgx-a100-80g", "--gpus", "8"]),
-                    "MODEL")
+    _one_line_error(
+        runner.invoke(
+            app, ["estimate", "no-such-model", "--hardware", "dgx-a100-80g", "--gpus", "8"]
+        ),
+        "MODEL",
+    )
 
 
 def test_uneven_stages_flag():
-    res = run("--gpus", "16", "--tp", "8", "--pp", "2", "--global-batch", "16", "--stages", "50,46", "--json")
+    res = run(
+        "--gpus",
+        "16",
+        "--tp",
+        "8",
+        "--pp",
+        "2",
+        "--global-batch",
+        "16",
+        "--stages",
+        "50,46",
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["plan"]["stages"] == [50, 46]
 
 
-GPT2_CONFIG = str(__import__("pathlib").Path(__file__).parent.parent / "validation" / "hf_configs" / "gpt2-medium.json")
-H100_STEP = ("--hardware", "dgx-h100", "--gpus", "1", "--micro-batch", "8", "--seq", "1024", "--global-batch", "8")
+GPT2_CONFIG = str(
+    __import__("pathlib").Path(__file__).parent.parent
+    / "validation"
+    / "hf_configs"
+    / "gpt2-medium.json"
+)
+H100_STEP = (
+    "--hardware",
+    "dgx-h100",
+    "--gpus",
+    "1",
+    "--micro-batch",
+    "8",
+    "--seq",
+    "1024",
+    "--global-batch",
+    "8",
+)
 
 
 def cli(*args):
@@ -85,8 +140,11 @@ def test_a_hugging_face_config_sets_dropout_and_the_framework_and_says_so():
     doc = json.loads(cli("estimate", GPT2_CONFIG, *H100_STEP, "--json").stdout)
     assert doc["software"]["dropout"] is True and doc["software"]["from_config"] == ["dropout"]
     assert doc["plan"]["framework"] == "fsdp"
-    off = json.loads(cli("estimate", GPT2_CONFIG, *H100_STEP, "--no-dropout", "--framework", "megatron",
-                         "--json").stdout)
+    off = json.loads(
+        cli(
+            "estimate", GPT2_CONFIG, *H100_STEP, "--no-dropout", "--framework", "megatron", "--json"
+        ).stdout
+    )
     assert off["software"]["dropout"] is False and off["software"]["from_config"] == []
     assert off["plan"]["framework"] == "megatron"
     assert off["prediction"]["step_time_s"] < doc["prediction"]["step_time_s"]

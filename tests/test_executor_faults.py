@@ -1,6 +1,7 @@
 """Faults: a rank killed, hung or frozen mid-run ends every rank with one clear error in bounded time;
 a signal to the launcher stops every rank; a run resumed from its torch.distributed.checkpoint (the
 last intact step, when the latest is damaged) reproduces the uninterrupted loss trajectory."""
+
 from __future__ import annotations
 
 import json
@@ -43,20 +44,47 @@ def test_killed_rank_stops_all_and_resume_reproduces_the_uninterrupted_losses(tm
 
     ckpt = tmp_path / "ckpt"
     t0 = time.monotonic()
-    killed = runner.invoke(app, ["run", str(plan), *steps, "--checkpoint-dir", str(ckpt), "--inject-fault", "kill:1:3",
-                                 "--workdir", str(tmp_path / "w1")])
+    killed = runner.invoke(
+        app,
+        [
+            "run",
+            str(plan),
+            *steps,
+            "--checkpoint-dir",
+            str(ckpt),
+            "--inject-fault",
+            "kill:1:3",
+            "--workdir",
+            str(tmp_path / "w1"),
+        ],
+    )
     elapsed = time.monotonic() - t0
     assert killed.exit_code == 1
     lines = [line for line in killed.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and "rank 1 was killed by SIGKILL during step 3" in lines[0] and "stopped all 2 ranks" in lines[0]
+    assert (
+        len(lines) == 1
+        and "rank 1 was killed by SIGKILL during step 3" in lines[0]
+        and "stopped all 2 ranks" in lines[0]
+    )
     assert elapsed < 60
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-0", "step-1", "step-2"]
 
     # the latest step is damaged (a shard cut short): the launcher falls back to step 1 and says so
     shard = max((ckpt / "step-2").glob("*.distcp"), key=lambda p: p.stat().st_size)
     shard.write_bytes(shard.read_bytes()[:100])
-    resumed = runner.invoke(app, ["run", str(plan), *steps, "--checkpoint-dir", str(ckpt), "--verify",
-                                  "--workdir", str(tmp_path / "w2")])
+    resumed = runner.invoke(
+        app,
+        [
+            "run",
+            str(plan),
+            *steps,
+            "--checkpoint-dir",
+            str(ckpt),
+            "--verify",
+            "--workdir",
+            str(tmp_path / "w2"),
+        ],
+    )
     assert resumed.exit_code == 0, resumed.output
     assert "checkpoint step 2" in resumed.stderr and "resuming from step 1" in resumed.stderr
     assert (ckpt / "step-2.damaged").is_dir()
@@ -67,15 +95,20 @@ def test_killed_rank_stops_all_and_resume_reproduces_the_uninterrupted_losses(tm
     assert doc["verify"]["passed"] and doc["verify"]["steps"] == [2, 3], doc["verify"]
 
     # refused before launching, one line each: another run's checkpoint, nothing left to run, a file
-    for argv, needle in [(["--steps", "6", "--seed", "1"], "seed 0 -> 1"),
-                         (["--steps", "4"], "already holds steps 0..3")]:
+    for argv, needle in [
+        (["--steps", "6", "--seed", "1"], "seed 0 -> 1"),
+        (["--steps", "4"], "already holds steps 0..3"),
+    ]:
         refused = runner.invoke(app, ["run", str(plan), *argv, "--checkpoint-dir", str(ckpt)])
         assert refused.exit_code == 2, refused.output
         assert needle in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
     refused = runner.invoke(app, ["run", str(plan), "--checkpoint-dir", str(not_a_dir)])
-    assert refused.exit_code == 2 and f"--checkpoint-dir {not_a_dir}: is a file, not a directory" in refused.stderr
+    assert (
+        refused.exit_code == 2
+        and f"--checkpoint-dir {not_a_dir}: is a file, not a directory" in refused.stderr
+    )
     # no intact step at all: one line, exit 2, before any rank starts
     for step in ckpt.glob("step-*"):
         if (step / "trainer.json").exists():
@@ -89,18 +122,35 @@ def test_killed_rank_stops_all_and_resume_reproduces_the_uninterrupted_losses(tm
 def test_hung_rank_fails_every_rank_within_the_timeout(tmp_path):
     plan = _plan(tmp_path)
     t0 = time.monotonic()
-    result = runner.invoke(app, ["run", str(plan), "--steps", "3", "--timeout-s", "5", "--inject-fault", "hang:1:1",
-                                 "--workdir", str(tmp_path / "w")])
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            str(plan),
+            "--steps",
+            "3",
+            "--timeout-s",
+            "5",
+            "--inject-fault",
+            "hang:1:1",
+            "--workdir",
+            str(tmp_path / "w"),
+        ],
+    )
     elapsed = time.monotonic() - t0
     assert result.exit_code == 1
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: rank 0 failed during step 1") and "stopped all 2 ranks" in lines[0]
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("error: rank 0 failed during step 1")
+        and "stopped all 2 ranks" in lines[0]
+    )
     assert "rank 1 is alive but silent" in lines[0]
     assert elapsed < 60
 
 
 def test_torchrun_with_the_wrong_world_size_names_the_launch_fix(tmp_path):
-    plan = _plan(tmp_path)                                    # dp=2: two ranks
+    plan = _plan(tmp_path)  # dp=2: two ranks
     env = {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
     result = runner.invoke(app, ["run", str(plan)], env=env)
     assert result.exit_code == 2
@@ -112,14 +162,29 @@ def test_torchrun_with_the_wrong_world_size_names_the_launch_fix(tmp_path):
 def test_checkpoint_cadence_follows_the_plan_interval_and_the_step_option(tmp_path):
     cfg = ParallelConfig(dp=2, zero=2, global_batch=4, micro_batch=1, seq=32, precision="fp32")
     saved = {}
-    for interval, extra, steps in ((1e-9, [], 3), (1e9, [], 3), (1e9, ["--checkpoint-every-steps", "2"], 5)):
+    for interval, extra, steps in (
+        (1e-9, [], 3),
+        (1e9, [], 3),
+        (1e9, ["--checkpoint-every-steps", "2"], 5),
+    ):
         doc = plan_document(cfg)
         doc["plan"]["checkpoint_interval_s"] = interval
         plan = tmp_path / f"plan-{len(saved)}.json"
         plan.write_text(json.dumps(doc))
         ckpt = tmp_path / f"ckpt-{len(saved)}"
-        result = runner.invoke(app, ["run", str(plan), "--steps", str(steps), "--checkpoint-dir", str(ckpt), "--json",
-                                     *extra])
+        result = runner.invoke(
+            app,
+            [
+                "run",
+                str(plan),
+                "--steps",
+                str(steps),
+                "--checkpoint-dir",
+                str(ckpt),
+                "--json",
+                *extra,
+            ],
+        )
         assert result.exit_code == 0, result.output
         out = json.loads(result.stdout)
         saved[(interval, bool(extra))] = out["checkpoints"]
@@ -132,16 +197,38 @@ def test_checkpoint_cadence_follows_the_plan_interval_and_the_step_option(tmp_pa
 def _launch_forever(tmp_path, *extra) -> tuple[subprocess.Popen, Path, list[int]]:
     """`planner run` for (practically) ever in its own session; returns once every rank is at step 1+,
     with the launcher, its work directory and the ranks' pids."""
-    plan = write_plan(tmp_path / "plan.json", ParallelConfig(dp=2, global_batch=2, micro_batch=1, seq=16,
-                                                             precision="fp32"))
+    plan = write_plan(
+        tmp_path / "plan.json",
+        ParallelConfig(dp=2, global_batch=2, micro_batch=1, seq=16, precision="fp32"),
+    )
     work = tmp_path / "work"
-    launcher = subprocess.Popen([sys.executable, "-m", "planner", "run", str(plan), "--steps", "1000000",
-                                 "--workdir", str(work), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "planner",
+            "run",
+            str(plan),
+            "--steps",
+            "1000000",
+            "--workdir",
+            str(work),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         # the run's own fresh sub-folder of --workdir
-        beats = [json.loads(p.read_text()) for p in sorted(work.glob("run-*/heartbeat-*.json")) if p.stat().st_size]
+        beats = [
+            json.loads(p.read_text())
+            for p in sorted(work.glob("run-*/heartbeat-*.json"))
+            if p.stat().st_size
+        ]
         if len(beats) == 2 and all(b["step"] >= 1 for b in beats):
             pids = sorted(_children(launcher.pid))
             assert sorted(b["pid"] for b in beats) == pids
@@ -161,8 +248,9 @@ def _assert_all_gone(pids: list[int], within_s: float = 10.0) -> None:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL],
-                         ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name
+)
 def test_a_signal_to_the_launcher_stops_every_rank(tmp_path, sig):
     """What timeout, Slurm and Kubernetes do (SIGTERM), Ctrl-C (SIGINT), a closed terminal (SIGHUP), and a
     launcher killed outright (SIGKILL: the ranks die with it, prctl PR_SET_PDEATHSIG)."""
@@ -193,7 +281,9 @@ def test_a_frozen_rank_fails_the_run_after_timeout_s(tmp_path):
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "stopped all 2 ranks" in lines[0], err
     # whichever sees it first: the peers' collective timeout or the heartbeat deadline, both --timeout-s
-    assert "rank 1 is stopped (SIGSTOP" in lines[0] or "rank 1 stopped responding" in lines[0], lines[0]
+    assert "rank 1 is stopped (SIGSTOP" in lines[0] or "rank 1 stopped responding" in lines[0], (
+        lines[0]
+    )
     assert 4 < elapsed < 20
     _assert_all_gone(pids)
 
@@ -203,11 +293,25 @@ def test_a_native_crash_names_the_python_call_it_died_in(tmp_path):
     """Issue 31: a rank killed by SIGSEGV inside native code (the intermittent crash of the 8-rank gpt2 run) is one
     line naming the signal, the step and the innermost Python call of the crashing thread, which faulthandler wrote
     to the rank's log with the whole stack."""
-    result = runner.invoke(app, ["run", str(_plan(tmp_path)), "--steps", "3", "--inject-fault", "segv:1:1",
-                                 "--workdir", str(tmp_path / "w")])
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            str(_plan(tmp_path)),
+            "--steps",
+            "3",
+            "--inject-fault",
+            "segv:1:1",
+            "--workdir",
+            str(tmp_path / "w"),
+        ],
+    )
     assert result.exit_code == 1
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and "rank 1 was killed by SIGSEGV during step 1 in inject_fault (faults.py:" in lines[0]
+    assert (
+        len(lines) == 1
+        and "rank 1 was killed by SIGSEGV during step 1 in inject_fault (faults.py:" in lines[0]
+    )
     (own,) = (tmp_path / "w").glob("run-*")
     log = (own / "rank-1.log").read_text()
     assert "Fatal Python error: Segmentation fault" in log and "in inject_fault" in log

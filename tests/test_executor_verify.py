@@ -14,6 +14,7 @@ It fails each planted parallelization bug (faults.BUGS, the hidden --inject-faul
 step 0, naming what diverged first; on the small gpt_tiny model (the bound is derived per model, so
 the same arithmetic applies, and a launch takes seconds instead of a minute).
 """
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,19 @@ runner = CliRunner()
 GPT2_LAYOUTS = {
     "dp2-ddp": dict(dp=2, global_batch=2, micro_batch=1),
     "dp2xpp2-1f1b-zero1": dict(dp=2, pp=2, zero=1, schedule="1f1b", global_batch=4, micro_batch=1),
-    "dp2xtp2xpp2-zero3-interleaved-sp-full": dict(dp=2, tp=2, pp=2, zero=3, schedule="interleaved-1f1b",
-                                                  virtual_stages=2, sequence_parallel=True, recompute="full",
-                                                  global_batch=4, micro_batch=1, placement="DPT"),
+    "dp2xtp2xpp2-zero3-interleaved-sp-full": dict(
+        dp=2,
+        tp=2,
+        pp=2,
+        zero=3,
+        schedule="interleaved-1f1b",
+        virtual_stages=2,
+        sequence_parallel=True,
+        recompute="full",
+        global_batch=4,
+        micro_batch=1,
+        placement="DPT",
+    ),
 }
 
 
@@ -41,18 +52,22 @@ GPT2_LAYOUTS = {
 def test_gpt2_passes_verification_over_five_adamw_steps(name, tmp_path):
     cfg = ParallelConfig(seq=32, precision="fp32", **GPT2_LAYOUTS[name])
     plan = write_plan(tmp_path / "plan.json", cfg, "gpt2")
-    result = run_planner(["run", str(plan), "--steps", "5", "--verify", "--json"])   # once more on a native crash
+    result = run_planner(
+        ["run", str(plan), "--steps", "5", "--verify", "--json"]
+    )  # once more on a native crash
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     verify = doc["verify"]
     assert verify["passed"] and verify["steps"] == [0, 1, 2, 3, 4], verify
-    assert verify["problems"] == [] and verify["params_compared"] >= 148   # every gpt2 tensor, none missing
+    assert (
+        verify["problems"] == [] and verify["params_compared"] >= 148
+    )  # every gpt2 tensor, none missing
     ratios = verify["max_ratio"]
     assert set(ratios) == {"initial parameters", "loss", "gradient", "parameters"}
     # margins: a correct run sits orders of magnitude under its rounding bound
     assert ratios["loss"] < 0.05 and ratios["gradient"] < 0.05, ratios
     assert ratios["initial parameters"] == 0 and ratios["parameters"] < 1e-3, ratios
-    assert doc["model"]["ran"]["layers"] == 12 and doc["model"]["ran"]["hidden"] == 768   # no proxy
+    assert doc["model"]["ran"]["layers"] == 12 and doc["model"]["ran"]["hidden"] == 768  # no proxy
     assert len(doc["ranks"]) == cfg.world_size and doc["workdir"] is None
 
 
@@ -60,12 +75,18 @@ TINY = "planner.executor.tiny:gpt_tiny"
 BUG_PLANS = {
     "skip_dp_reduce": (dict(dp=2, global_batch=4, micro_batch=1), ("gradient",)),
     "tp_no_reduce": (dict(tp=2, global_batch=4, micro_batch=2), ("loss", "gradient")),
-    "tp_double_reduce": (dict(tp=2, sequence_parallel=True, global_batch=4, micro_batch=2), ("loss", "gradient")),
+    "tp_double_reduce": (
+        dict(tp=2, sequence_parallel=True, global_batch=4, micro_batch=2),
+        ("loss", "gradient"),
+    ),
     "drop_microbatch": (dict(pp=2, schedule="1f1b", global_batch=4, micro_batch=1), ("gradient",)),
     "double_microbatch": (dict(pp=2, schedule="1f1b", global_batch=4, micro_batch=1), ("loss",)),
     "zero_shard_offset": (dict(dp=2, zero=2, global_batch=4, micro_batch=1), ("parameters",)),
     "cp_drop_kv_block": (dict(cp=2, global_batch=2, placement="DPCT"), ("loss", "gradient")),
-    "ep_wrong_rank": (dict(dp=2, ep=2, global_batch=4, micro_batch=1, placement="DPET"), ("loss", "gradient")),
+    "ep_wrong_rank": (
+        dict(dp=2, ep=2, global_batch=4, micro_batch=1, placement="DPET"),
+        ("loss", "gradient"),
+    ),
     "hsdp_skip_replica_reduce": (dict(dp=2, dp_shard=1, zero=3, global_batch=2), ("gradient",)),
 }
 BUG_MODELS = {"ep_wrong_rank": "planner.executor.tiny:mixtral_tiny"}
@@ -76,19 +97,31 @@ BUG_MODELS = {"ep_wrong_rank": "planner.executor.tiny:mixtral_tiny"}
 @pytest.mark.parametrize("bug", list(BUG_PLANS))
 def test_each_planted_bug_fails_verification_naming_what_diverged(bug, tmp_path):
     knobs, kinds = BUG_PLANS[bug]
-    plan = write_plan(tmp_path / "plan.json", ParallelConfig(seq=32, precision="fp32", **knobs), BUG_MODELS.get(bug, TINY))
-    result = runner.invoke(app, ["run", str(plan), "--steps", "2", "--verify", "--json",
-                                 "--inject-fault", f"bug:{bug}"])
+    plan = write_plan(
+        tmp_path / "plan.json",
+        ParallelConfig(seq=32, precision="fp32", **knobs),
+        BUG_MODELS.get(bug, TINY),
+    )
+    result = runner.invoke(
+        app,
+        ["run", str(plan), "--steps", "2", "--verify", "--json", "--inject-fault", f"bug:{bug}"],
+    )
     assert result.exit_code == 1, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: verification failed: "), result.stderr
     first = json.loads(result.stdout)["verify"]["first_failure"]
     assert first["step"] == 0 and first["kind"] in kinds and first["ratio"] > 1, first
-    what = {"loss": "the loss at step 0", "gradient": f"the gradient of {first['tensor']} at step 0",
-            "parameters": f"parameter {first['tensor']} after step 0"}[first["kind"]]
+    what = {
+        "loss": "the loss at step 0",
+        "gradient": f"the gradient of {first['tensor']} at step 0",
+        "parameters": f"parameter {first['tensor']} after step 0",
+    }[first["kind"]]
     assert what in lines[0] and "x its rounding bound" in lines[0]
     # whatever diverged first, the evidence is far above the bound somewhere
-    assert max(r for r in json.loads(result.stdout)["verify"]["max_ratio"].values() if r is not None) > 100
+    assert (
+        max(r for r in json.loads(result.stdout)["verify"]["max_ratio"].values() if r is not None)
+        > 100
+    )
 
 
 def test_only_a_native_crash_gets_a_second_launch(monkeypatch):
@@ -97,12 +130,16 @@ def test_only_a_native_crash_gets_a_second_launch(monkeypatch):
     crash stands."""
     import executor_plans
 
-    for output in ("error: rank 5 was killed by SIGABRT during step 0; stopped all 8 ranks. Logs: /tmp/w",
-                   "error: rank 0 was killed by SIGSEGV during step 0; stopped all 4 ranks (0.0 s after the failure)."):
+    for output in (
+        "error: rank 5 was killed by SIGABRT during step 0; stopped all 8 ranks. Logs: /tmp/w",
+        "error: rank 0 was killed by SIGSEGV during step 0; stopped all 4 ranks (0.0 s after the failure).",
+    ):
         assert executor_plans.NATIVE_CRASH.search(output)
-    for output in ("error: rank 1 was killed by SIGKILL during step 3; stopped all 2 ranks",
-                   "error: verification failed at step 0: gradient of h.0.attn differs",
-                   "error: rank 1 stalled for 5 s during step 1"):
+    for output in (
+        "error: rank 1 was killed by SIGKILL during step 3; stopped all 2 ranks",
+        "error: verification failed at step 0: gradient of h.0.attn differs",
+        "error: rank 1 stalled for 5 s during step 1",
+    ):
         assert not executor_plans.NATIVE_CRASH.search(output)
 
     class Result:
@@ -120,8 +157,10 @@ def test_only_a_native_crash_gets_a_second_launch(monkeypatch):
     outputs = [Result(2, "error: rank 0 was killed by SIGSEGV during step 0"), Result(0, "ok")]
     assert executor_plans.run_planner(["run", "p"]).exit_code == 0 and len(calls) == 2
     calls.clear()
-    outputs = [Result(2, "error: rank 0 was killed by SIGSEGV during step 0"),
-               Result(2, "error: rank 0 was killed by SIGSEGV during step 0")]
+    outputs = [
+        Result(2, "error: rank 0 was killed by SIGSEGV during step 0"),
+        Result(2, "error: rank 0 was killed by SIGSEGV during step 0"),
+    ]
     assert executor_plans.run_planner(["run", "p"]).exit_code == 2 and len(calls) == 2
     calls.clear()
     outputs = [Result(2, "error: verification failed at step 0: the loss differs")]

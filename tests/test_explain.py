@@ -1,4 +1,5 @@
 """`planner explain`: time and memory shares add up, runners-up are compared term by term."""
+
 import json
 from pathlib import Path
 
@@ -15,19 +16,35 @@ runner = CliRunner()
 def with_runner_up() -> dict:
     doc = json.loads(EXAMPLE.read_text())
     alt_plan = dict(doc["plan"], tp=4, dp=24, sequence_parallel=False)
-    doc["alternatives"] = [{"plan": alt_plan, "step_time_s": 33.55, "peak_bytes_per_gpu": 36_000_000_000,
-                            "fits": True,
-                            "time_breakdown_s": {"compute": 25.0, "tp_comm": 1.0, "dp_comm": 4.5, "pp_p2p": 0.45,
-                                                 "bubble": 2.6},
-                            "memory": {"peak_bytes_per_gpu": 36_000_000_000, "fits": True}}]
-    doc["search"] = {"objective": "throughput", "candidates_evaluated": 1234, "feasible": 99, "seconds": 0.5}
+    doc["alternatives"] = [
+        {
+            "plan": alt_plan,
+            "step_time_s": 33.55,
+            "peak_bytes_per_gpu": 36_000_000_000,
+            "fits": True,
+            "time_breakdown_s": {
+                "compute": 25.0,
+                "tp_comm": 1.0,
+                "dp_comm": 4.5,
+                "pp_p2p": 0.45,
+                "bubble": 2.6,
+            },
+            "memory": {"peak_bytes_per_gpu": 36_000_000_000, "fits": True},
+        }
+    ]
+    doc["search"] = {
+        "objective": "throughput",
+        "candidates_evaluated": 1234,
+        "feasible": 99,
+        "seconds": 0.5,
+    }
     return doc
 
 
 def test_time_and_memory_shares():
     ex = explain_document(json.loads(EXAMPLE.read_text()))
     compute = next(line for line in ex.time_lines if "compute" in line)
-    assert "25.000 s" in compute and "82.0%" in compute        # 25 / 30.5
+    assert "25.000 s" in compute and "82.0%" in compute  # 25 / 30.5
     assert any("fits" in line and "headroom" in line for line in ex.memory_lines)
     assert "no runners-up" in ex.versus_lines[0]
 
@@ -36,7 +53,7 @@ def test_runner_up_gap_is_split_by_term():
     doc = with_runner_up()
     lines = compare(doc, doc["alternatives"][0])
     text = "\n".join(lines)
-    assert "slower by 10.0%" in text                        # 33.55 / 30.5
+    assert "slower by 10.0%" in text  # 33.55 / 30.5
     assert "dp_comm +4.000 s" in text and "tp_comm -2.000 s" in text
     assert "tp 8->4" in text and "dp 12->24" in text
 
@@ -46,7 +63,11 @@ def test_config_differences_and_description():
     assert config_differences(a, a) == []
     assert config_differences(a, dict(a, zero=3)) == ["zero 1->3"]
     text = describe_config(a)
-    assert text.startswith("dp=12 tp=8 pp=10") and "interleaved-1f1b(v=2)" in text and "stages=uneven" in text
+    assert (
+        text.startswith("dp=12 tp=8 pp=10")
+        and "interleaved-1f1b(v=2)" in text
+        and "stages=uneven" in text
+    )
 
 
 def test_cli_explain_prints_the_three_parts(tmp_path):
@@ -54,8 +75,13 @@ def test_cli_explain_prints_the_three_parts(tmp_path):
     path.write_text(json.dumps(with_runner_up()))
     result = runner.invoke(app, ["explain", str(path)])
     assert result.exit_code == 0, result.output
-    for part in ("Where the step time goes", "Where the memory goes", "Why this plan won", "#2",
-                 "searched 1,234 candidates"):
+    for part in (
+        "Where the step time goes",
+        "Where the memory goes",
+        "Why this plan won",
+        "#2",
+        "searched 1,234 candidates",
+    ):
         assert part in result.stdout
 
 
@@ -68,10 +94,12 @@ def test_a_plan_that_a_fitting_runner_up_beats_is_not_said_to_have_won():
     doc["alternatives"][0]["step_time_s"] = step * 0.59
     text = explain_document(doc).text()
     assert "Why this plan won" not in text
-    assert "This plan did not win: 1 of the compared plans is faster (the best by 41% of the " \
+    assert (
+        "This plan did not win: 1 of the compared plans is faster (the best by 41% of the "
         "step):" in text
+    )
     alt = doc["alternatives"][0]
-    alt["fits"] = alt["memory"]["fits"] = False          # faster, but does not fit
+    alt["fits"] = alt["memory"]["fits"] = False  # faster, but does not fit
     assert "Why this plan won:" in explain_document(doc).text()
 
 
@@ -94,13 +122,21 @@ def test_cli_explain_rejects_bad_files_with_exit_2(content, tmp_path):
 
 def test_cli_explain_search_compares_with_a_fresh_search(tmp_path):
     """A plan from `estimate` (no runners-up): --search finds what beats it."""
-    from dataclasses import replace
 
     from planner.estimate import estimate
     from planner.parallel import ParallelConfig
     from planner.sources import resolve_model
-    cfg = ParallelConfig(dp=8, tp=1, pp=1, micro_batch=1, global_batch=16, recompute="full", seq=1024,
-                         precision="amp-fp16")
+
+    cfg = ParallelConfig(
+        dp=8,
+        tp=1,
+        pp=1,
+        micro_batch=1,
+        global_batch=16,
+        recompute="full",
+        seq=1024,
+        precision="amp-fp16",
+    )
     doc = estimate(resolve_model("gpt2-medium", seq=1024), "p3.16xlarge", cfg, gpus=8).to_document()
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(doc))

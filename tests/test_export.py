@@ -1,5 +1,6 @@
 """Exports without the frameworks: refusals, CLI behaviour, module names, checkpoint conversion.
 The frameworks' own parsers check the exports in tests/test_export_validate.py."""
+
 import json
 import sys
 from pathlib import Path
@@ -21,17 +22,39 @@ from planner.run_options import RunOptions
 EXAMPLE = Path(__file__).parent / "data" / "plan_example.json"
 
 REFUSED = {  # variant: {format: part of the one-line reason}
-    "gpt3-interleaved-uneven": {"sagemaker": "pipeline parallelism (pp=10)", "fsdp": "pp=10: fsdp allows pp=1 only"},
+    "gpt3-interleaved-uneven": {
+        "sagemaker": "pipeline parallelism (pp=10)",
+        "fsdp": "pp=10: fsdp allows pp=1 only",
+    },
     "gpt3-gpipe-offload": {"sagemaker-v1": "offload=optimizer"},
-    "gpt3-zero3-1f1b": {"megatron": "zero=3 with pp=10", "deepspeed": "zero=3 with pp=10",
-                        "sagemaker-v1": "ZeRO-3 with pp=10"},
+    "gpt3-zero3-1f1b": {
+        "megatron": "zero=3 with pp=10",
+        "deepspeed": "zero=3 with pp=10",
+        "sagemaker-v1": "ZeRO-3 with pp=10",
+    },
     "llama-pp1-zero2-sel": {"sagemaker-v1": "ZeRO-2"},
-    "llama-bf16-offload-act": {"torchtitan": "offload=activations", "megatron": "offload=activations"},
-    "moe-ep": {"torchtitan": "mixture-of-experts", "sagemaker-v1": "expert parallelism", "fsdp": "pp=4"},
-    "moe-deepseek-v3": {"torchtitan": "multi-token prediction (mtp_modules=1) with pp=4", "deepspeed": "sigmoid scoring"},
-    "gpt3-pp1-zero0-fp16": {"torchtitan": "precision=amp-fp16", "fsdp": "tp=8: fsdp allows tp=1 only"},
-    "llama-hsdp-cp-fp8": {"deepspeed": "precision=fp8", "sagemaker-v1": "context parallelism",
-                          "fsdp": "tp=8: fsdp allows tp=1 only"},
+    "llama-bf16-offload-act": {
+        "torchtitan": "offload=activations",
+        "megatron": "offload=activations",
+    },
+    "moe-ep": {
+        "torchtitan": "mixture-of-experts",
+        "sagemaker-v1": "expert parallelism",
+        "fsdp": "pp=4",
+    },
+    "moe-deepseek-v3": {
+        "torchtitan": "multi-token prediction (mtp_modules=1) with pp=4",
+        "deepspeed": "sigmoid scoring",
+    },
+    "gpt3-pp1-zero0-fp16": {
+        "torchtitan": "precision=amp-fp16",
+        "fsdp": "tp=8: fsdp allows tp=1 only",
+    },
+    "llama-hsdp-cp-fp8": {
+        "deepspeed": "precision=fp8",
+        "sagemaker-v1": "context parallelism",
+        "fsdp": "tp=8: fsdp allows tp=1 only",
+    },
 }
 
 
@@ -63,30 +86,77 @@ def moe_document(variant, *, plan=None, arch=None, moe=None):
     p.update(plan or {})
     p["num_microbatches"] = p["global_batch"] // (p["dp"] * p["micro_batch"])
     doc["model"]["arch"].update(arch or {})
-    doc["model"]["arch"]["moe"] = {**doc["model"]["arch"]["moe"], **(moe or {})}   # VARIANTS' dict stays as it is
-    describe_model(doc["model"])                     # its description and parameter count follow the edit
+    doc["model"]["arch"]["moe"] = {
+        **doc["model"]["arch"]["moe"],
+        **(moe or {}),
+    }  # VARIANTS' dict stays as it is
+    describe_model(doc["model"])  # its description and parameter count follow the edit
     return doc
 
 
 TORCHTITAN_MOE_REFUSED = {
     # name: (variant, plan, arch, moe changes, part of the one-line reason)
-    "mixtral": ("moe-qwen3-30b", {}, {"model_type": "mixtral", "qk_norm": False}, {},
-                "(model_type mixtral): torchtitan 0.3.0 builds the MoE families deepseek_v3, qwen3_moe"),
+    "mixtral": (
+        "moe-qwen3-30b",
+        {},
+        {"model_type": "mixtral", "qk_norm": False},
+        {},
+        "(model_type mixtral): torchtitan 0.3.0 builds the MoE families deepseek_v3, qwen3_moe",
+    ),
     "qwen3 without QK-norm": ("moe-qwen3-30b", {}, {"qk_norm": False}, {}, "no QK-norm"),
-    "qwen3 dense blocks": ("moe-qwen3-30b", {}, {}, {"first_dense_layers": 2}, "2 dense leading blocks"),
+    "qwen3 dense blocks": (
+        "moe-qwen3-30b",
+        {},
+        {},
+        {"first_dense_layers": 2},
+        "2 dense leading blocks",
+    ),
     "qwen3 biases": ("moe-qwen3-30b", {}, {"qkv_bias": True}, {}, "linear biases"),
-    "shared-expert gate": ("moe-qwen3-30b", {}, {}, {"shared_experts": 1, "shared_expert_gate": True},
-                           "a shared-expert gate"),
+    "shared-expert gate": (
+        "moe-qwen3-30b",
+        {},
+        {},
+        {"shared_experts": 1, "shared_expert_gate": True},
+        "a shared-expert gate",
+    ),
     "capacity factor": ("moe-qwen3-30b", {}, {}, {"capacity_factor": 1.25}, "dropless"),
     # torchtitan 0.3.0 has no expert tensor-parallel degree (capabilities.expert_tp false): the framework's rules
     # refuse before the exporter's own limits
-    "expert_tp with ep": ("moe-qwen3-30b", {"expert_tp": 2}, {}, {}, "expert_tp=2: torchtitan allows expert_tp=1 only"),
-    "expert_tp beyond tp": ("moe-qwen3-30b", {"ep": 1, "expert_tp": 4}, {}, {},
-                            "expert_tp=4: torchtitan allows expert_tp=1 only"),
-    "mtp with cp": ("moe-deepseek-v3", {"pp": 1, "cp": 2, "dp": 64, "stages": [], "placement": "PDECT"}, {}, {},
-                    "multi-token prediction (mtp_modules=1) with pp=1, cp=2"),
-    "deepseek without MLA": ("moe-deepseek-v3", {}, {"mla": None, "mtp_modules": 0}, {}, "no multi-head latent attention"),
-    "mtp outside deepseek": ("moe-qwen3-30b", {}, {"mtp_modules": 1}, {}, "multi-token prediction (torchtitan's MTP"),
+    "expert_tp with ep": (
+        "moe-qwen3-30b",
+        {"expert_tp": 2},
+        {},
+        {},
+        "expert_tp=2: torchtitan allows expert_tp=1 only",
+    ),
+    "expert_tp beyond tp": (
+        "moe-qwen3-30b",
+        {"ep": 1, "expert_tp": 4},
+        {},
+        {},
+        "expert_tp=4: torchtitan allows expert_tp=1 only",
+    ),
+    "mtp with cp": (
+        "moe-deepseek-v3",
+        {"pp": 1, "cp": 2, "dp": 64, "stages": [], "placement": "PDECT"},
+        {},
+        {},
+        "multi-token prediction (mtp_modules=1) with pp=1, cp=2",
+    ),
+    "deepseek without MLA": (
+        "moe-deepseek-v3",
+        {},
+        {"mla": None, "mtp_modules": 0},
+        {},
+        "no multi-head latent attention",
+    ),
+    "mtp outside deepseek": (
+        "moe-qwen3-30b",
+        {},
+        {"mtp_modules": 1},
+        {},
+        "multi-token prediction (torchtitan's MTP",
+    ),
 }
 
 
@@ -94,7 +164,9 @@ TORCHTITAN_MOE_REFUSED = {
 def test_torchtitan_refuses_moe_plans_it_cannot_build_in_one_line(name):
     variant, plan, arch, moe, reason = TORCHTITAN_MOE_REFUSED[name]
     with pytest.raises(ConfigError, match="cannot export to torchtitan: ") as err:
-        export_plan(plan_from_document(moe_document(variant, plan=plan, arch=arch, moe=moe)), "torchtitan")
+        export_plan(
+            plan_from_document(moe_document(variant, plan=plan, arch=arch, moe=moe)), "torchtitan"
+        )
     assert reason in str(err.value) and "\n" not in str(err.value)
 
 
@@ -103,23 +175,44 @@ def test_tp_over_the_kv_heads_is_refused_by_the_plan_reader_before_any_exporter(
     so torchtitan's own refusal of this plan is never reached."""
     with pytest.raises(ConfigError) as err:
         plan_from_document(moe_document("moe-qwen3-30b", plan={"tp": 8, "dp": 16, "ep": 8}))
-    assert str(err.value) == "tp=8 is invalid: allowed a divisor of heads(32) and kv_heads(4): 1, 2, 4"
+    assert (
+        str(err.value) == "tp=8 is invalid: allowed a divisor of heads(32) and kv_heads(4): 1, 2, 4"
+    )
 
 
 def test_torchtitan_moe_job_builds_the_family_with_the_plans_expert_degrees():
     """Qwen3-30B-A3B: torchtitan's Qwen3 MoE builder with the plan's shape, expert_parallel_degree = ep, and the
     DeepSeek-V3 catalog model (MTP, pp = 1): DeepSeek-V3's builder, MTP layers and MTPLoss."""
     text = export_plan(plan_for("moe-qwen3-30b"), "torchtitan").text
-    assert "layers = qwen3._build_qwen3_moe_layers(" in text and "qwen3.qwen3_configs[\"planner\"] = _planner_flavor" in text
-    assert "moe_hidden_dim=768, num_experts=128, top_k=8," in text and "expert_parallel_degree=16," in text
-    assert "config.model_spec = qwen3.model_registry('planner', moe_comm_backend='standard')" in text
+    assert (
+        "layers = qwen3._build_qwen3_moe_layers(" in text
+        and 'qwen3.qwen3_configs["planner"] = _planner_flavor' in text
+    )
+    assert (
+        "moe_hidden_dim=768, num_experts=128, top_k=8," in text
+        and "expert_parallel_degree=16," in text
+    )
+    assert (
+        "config.model_spec = qwen3.model_registry('planner', moe_comm_backend='standard')" in text
+    )
     compile(text, "planner_job.py", "exec")
-    doc = moe_document("moe-deepseek-v3", plan={"pp": 1, "dp": 128, "stages": [], "placement": "PDECT"})
+    doc = moe_document(
+        "moe-deepseek-v3", plan={"pp": 1, "dp": 128, "stages": [], "placement": "PDECT"}
+    )
     exported = export_plan(plan_from_document(doc), "torchtitan")
     text = exported.text
-    assert "deepseek_v3._build_dsv3_layers(" in text and "n_layers=61, n_dense_layers=3, dim=dim, n_heads=128," in text
-    assert "router_top_k=8, router_score_func='sigmoid', router_route_norm=True, router_route_scale=2.5," in text
-    assert "router_num_expert_groups=8, router_num_limited_groups=4," in text and "num_mtp_layers=1" in text
+    assert (
+        "deepseek_v3._build_dsv3_layers(" in text
+        and "n_layers=61, n_dense_layers=3, dim=dim, n_heads=128," in text
+    )
+    assert (
+        "router_top_k=8, router_score_func='sigmoid', router_route_norm=True, router_route_scale=2.5,"
+        in text
+    )
+    assert (
+        "router_num_expert_groups=8, router_num_limited_groups=4," in text
+        and "num_mtp_layers=1" in text
+    )
     assert "config.loss = MTPLoss.Config(" in text and "expert_parallel_degree=8," in text
     assert any(note.startswith("mtp_modules=1: torchtitan's MTP layers") for note in exported.notes)
     compile(text, "planner_job.py", "exec")
@@ -132,7 +225,10 @@ def test_torchtitan_shard_group_grows_only_where_expert_parallelism_needs_it():
 
     def shard(**kw):
         placement = "PDECT" if kw.get("ep", 1) > 1 or kw.get("cp", 1) > 1 else "PDT"
-        return torchtitan_dp_shard(ParallelConfig(micro_batch=1, global_batch=64, placement=placement, **kw))
+        return torchtitan_dp_shard(
+            ParallelConfig(micro_batch=1, global_batch=64, placement=placement, **kw)
+        )
+
     assert shard(dp=8, zero=0) == 1 and shard(dp=8, zero=3, dp_shard=2) == 2
     assert shard(dp=8, zero=0, ep=4) == 4 and shard(dp=8, tp=2, zero=0, ep=4) == 2
     assert shard(dp=8, zero=3, dp_shard=2, ep=8) == 8 and shard(dp=8, zero=3, ep=8) == 8
@@ -147,8 +243,12 @@ def test_a_plan_without_model_shape_is_refused_by_targets_that_build_the_model()
     # DeepSpeed needs no model shape, but its PipelineEngine has no interleaved schedule (frameworks/deepspeed.json)
     with pytest.raises(ConfigError, match="schedule=interleaved-1f1b: deepspeed allows 1f1b"):
         export_plan(plan, "deepspeed")
-    assert json.loads(export_plan(plan, "sagemaker-v1").text)["smdistributed"]["modelparallel"]["parameters"][
-        "microbatches"] == 120
+    assert (
+        json.loads(export_plan(plan, "sagemaker-v1").text)["smdistributed"]["modelparallel"][
+            "parameters"
+        ]["microbatches"]
+        == 120
+    )
 
 
 def test_torchtitan_last_part_holds_lm_head():
@@ -172,39 +272,70 @@ def test_checkpoint_interval_becomes_steps():
     steps = max(1, round(1800.0 / on_torchtitan.prediction.step_time_s))
     assert f"config.checkpoint.interval = {steps} " in export_plan(plan, "torchtitan").text
     fsdp = plan_for("fsdp-llama-zero3-ckpt")
-    assert f"save_steps={max(1, round(1200.0 / fsdp.prediction.step_time_s))}," in export_plan(fsdp, "fsdp").text
+    assert (
+        f"save_steps={max(1, round(1200.0 / fsdp.prediction.step_time_s))},"
+        in export_plan(fsdp, "fsdp").text
+    )
 
 
 def test_gpt_models_export_to_torchtitan_with_their_own_model_and_tied_table():
     text = export_plan(plan_for("gpt3-interleaved-uneven"), "torchtitan").text
-    assert "class GPTModel(Decoder)" in text and "tied_model_spec('gpt', 'gpt3-175b', model)" in text
-    assert "'tok_embeddings', 'pos_embeddings', 'layers.0'" in text and "spmd_backend='partial_dtensor'" in text
+    assert (
+        "class GPTModel(Decoder)" in text and "tied_model_spec('gpt', 'gpt3-175b', model)" in text
+    )
+    assert (
+        "'tok_embeddings', 'pos_embeddings', 'layers.0'" in text
+        and "spmd_backend='partial_dtensor'" in text
+    )
     compile(text, "planner_job.py", "exec")
     plan = plan_for("gpt3-interleaved-uneven")
-    cp = plan_from_document({**plan.document, "plan": {**plan.document["plan"], "cp": 2, "dp": 6, "placement": "PDCT", "num_microbatches": 240,
-                                                       "world_size": 960}})
+    cp = plan_from_document(
+        {
+            **plan.document,
+            "plan": {
+                **plan.document["plan"],
+                "cp": 2,
+                "dp": 6,
+                "placement": "PDCT",
+                "num_microbatches": 240,
+                "world_size": 960,
+            },
+        }
+    )
     # torchtitan 0.3.0 shards the dataset's positions with the tokens under CP and the GPT model embeds them
     exported = export_plan(cp, "torchtitan").text
-    assert "context_parallel_degree=2" in exported.replace(" ", "") and "class GPTModel(Decoder)" in exported
+    assert (
+        "context_parallel_degree=2" in exported.replace(" ", "")
+        and "class GPTModel(Decoder)" in exported
+    )
 
 
 def test_fsdp_export_is_one_yaml_document_with_the_trainer_in_comments():
     import yaml
+
     text = export_plan(plan_for("fsdp-llama-hsdp-zero2"), "fsdp").text
     doc = yaml.safe_load(text)
-    assert doc["distributed_type"] == "FSDP" and doc["fsdp_config"]["fsdp_reshard_after_forward"] is False
+    assert (
+        doc["distributed_type"] == "FSDP"
+        and doc["fsdp_config"]["fsdp_reshard_after_forward"] is False
+    )
     assert doc["parallelism_config"]["parallelism_config_dp_replicate_size"] == 8
-    assert "TrainingArguments(" in text and all(line.startswith("#") for line in text.splitlines()
-                                                if "TrainingArguments" in line)
+    assert "TrainingArguments(" in text and all(
+        line.startswith("#") for line in text.splitlines() if "TrainingArguments" in line
+    )
     ddp = yaml.safe_load(export_plan(plan_for("fsdp-llama-ddp"), "fsdp").text)
     assert ddp["distributed_type"] == "MULTI_GPU" and "fsdp_config" not in ddp
 
 
 def test_sagemaker_v1_uses_the_names_sdk_v2_accepts():
     params = json.loads(export_plan(plan_for("gpt3-1f1b-ends"), "sagemaker-v1").text)[
-        "smdistributed"]["modelparallel"]["parameters"]
+        "smdistributed"
+    ]["modelparallel"]["parameters"]
     assert params["placement_strategy"] == "cluster" and params["default_partition"] == 0
-    assert params["auto_partition"] is False and params["partitions"] == params["pipeline_parallel_degree"] == 10
+    assert (
+        params["auto_partition"] is False
+        and params["partitions"] == params["pipeline_parallel_degree"] == 10
+    )
 
 
 runner = CliRunner()
@@ -220,7 +351,9 @@ def llama_plan_file(tmp_path):
 @pytest.mark.parametrize("fmt", ["torchtitan", "megatron", "deepspeed", "sagemaker-v1"])
 def test_cli_export_writes_file(fmt, tmp_path, llama_plan_file):
     out = tmp_path / "cfg"
-    result = runner.invoke(app, ["export", str(llama_plan_file), "--format", fmt, "--out", str(out)])
+    result = runner.invoke(
+        app, ["export", str(llama_plan_file), "--format", fmt, "--out", str(out)]
+    )
     assert result.exit_code == 0, result.output
     assert out.read_text() == export_plan(plan_for("llama-1f1b"), fmt).text
 
@@ -233,14 +366,20 @@ def test_cli_export_stdout_is_the_config(llama_plan_file):
 
 def test_cli_export_refusal_is_one_line_exit_2(tmp_path, llama_plan_file):
     out = tmp_path / "smp.json"
-    result = runner.invoke(app, ["export", str(llama_plan_file), "--format", "sagemaker", "--out", str(out)])
+    result = runner.invoke(
+        app, ["export", str(llama_plan_file), "--format", "sagemaker", "--out", str(out)]
+    )
     assert result.exit_code == 2 and not out.exists()
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: cannot export to sagemaker: pipeline parallelism")
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: cannot export to sagemaker: pipeline parallelism"
+    )
 
 
-@pytest.mark.parametrize("content,needle", [('{"schema_version": "7"}', "schema_version"), ("{oops", "JSON"),
-                                            (None, "readable")])
+@pytest.mark.parametrize(
+    "content,needle",
+    [('{"schema_version": "7"}', "schema_version"), ("{oops", "JSON"), (None, "readable")],
+)
 def test_cli_export_rejects_bad_plans_in_one_line(content, needle, tmp_path):
     path = tmp_path / "plan.json"
     if content is not None:
@@ -262,7 +401,7 @@ def test_deepspeed_export_writes_the_partition_that_gives_the_plans_stages_or_re
     method and the blocks per stage (the plan's even split); a split DeepSpeed cannot place is
     refused in one line
     (its own partitioner is run on the exports in tests/test_export_matrix.py)."""
-    doc = document("llama-1f1b")                              # llama3-70b: 80 blocks over pp 4
+    doc = document("llama-1f1b")  # llama3-70b: 80 blocks over pp 4
     text = export_plan(plan_from_document(doc), "deepspeed").text
     pipeline = json.loads(text)["pipeline"]
     assert pipeline["partition_method"] == "type:transformer"
@@ -281,7 +420,9 @@ def test_the_torchtitan_exporter_builds_exactly_the_moe_families_the_framework_p
     from frameworks import load_framework
     from planner.exports.limits import TORCHTITAN_MOE_FAMILIES
 
-    assert set(TORCHTITAN_MOE_FAMILIES) == set(load_framework("torchtitan").capabilities.moe_model_types)
+    assert set(TORCHTITAN_MOE_FAMILIES) == set(
+        load_framework("torchtitan").capabilities.moe_model_types
+    )
 
 
 def _estimated_plan(framework, cfg_over, **options):
@@ -289,10 +430,25 @@ def _estimated_plan(framework, cfg_over, **options):
     from planner.estimate import estimate
     from planner.parallel import ParallelConfig
 
-    base = dict(dp=2, tp=4, pp=1, micro_batch=1, global_batch=16, seq=4096, recompute="selective",
-                sequence_parallel=True, precision="fp8", framework=framework)
-    est = estimate(get("llama3-8b"), "p5.48xlarge", ParallelConfig(**{**base, **cfg_over}), gpus=8,
-                   options=RunOptions(**options))
+    base = dict(
+        dp=2,
+        tp=4,
+        pp=1,
+        micro_batch=1,
+        global_batch=16,
+        seq=4096,
+        recompute="selective",
+        sequence_parallel=True,
+        precision="fp8",
+        framework=framework,
+    )
+    est = estimate(
+        get("llama3-8b"),
+        "p5.48xlarge",
+        ParallelConfig(**{**base, **cfg_over}),
+        gpus=8,
+        options=RunOptions(**options),
+    )
     return plan_from_document(json.loads(json.dumps(est.to_document())))
 
 
@@ -304,21 +460,34 @@ def test_retarget_keeps_the_run_options_the_target_runs_and_says_which_it_drops(
     from planner.catalog import get
     from planner.estimate import estimate
 
-    plan = _estimated_plan("megatron", {}, loss="inplace", activation_fp8_input=True,
-                           recompute_modules=["core_attn", "mlp"])
+    plan = _estimated_plan(
+        "megatron",
+        {},
+        loss="inplace",
+        activation_fp8_input=True,
+        recompute_modules=["core_attn", "mlp"],
+    )
     moved, notes = retarget(plan, "torchtitan")
     software = moved.document["software"]
     assert software["framework"] == "torchtitan" and software["loss"] == "inplace"
     assert "activation_fp8_input" not in software and "recompute_modules" not in software
     assert "activation_fp8_input dropped" in notes[0] and "recompute_modules dropped" in notes[0]
-    again = estimate(get('llama3-8b'), 'p5.48xlarge', moved.config, gpus=8, options=RunOptions(loss='inplace'))
+    again = estimate(
+        get("llama3-8b"), "p5.48xlarge", moved.config, gpus=8, options=RunOptions(loss="inplace")
+    )
     assert moved.prediction.step_time_s == pytest.approx(again.step_time_s, rel=1e-12)
     assert retarget(plan, "megatron") == (plan, [])
     # a DeepSpeed BF16_Optimizer plan exported to Megatron: Megatron has no BF16_Optimizer
-    ds = _estimated_plan("deepspeed", dict(tp=1, dp=8, zero=1, sequence_parallel=False, recompute="full",
-                                           precision="amp-bf16"), bf16_optimizer=True)
+    ds = _estimated_plan(
+        "deepspeed",
+        dict(tp=1, dp=8, zero=1, sequence_parallel=False, recompute="full", precision="amp-bf16"),
+        bf16_optimizer=True,
+    )
     on_megatron, notes = retarget(ds, "megatron")
-    assert "bf16_optimizer dropped" in notes[0] and "bf16_optimizer" not in on_megatron.document["software"]
+    assert (
+        "bf16_optimizer dropped" in notes[0]
+        and "bf16_optimizer" not in on_megatron.document["software"]
+    )
 
 
 def test_deepspeed_export_says_a_dense_qk_norm_model_is_the_users_code():
@@ -326,7 +495,11 @@ def test_deepspeed_export_says_a_dense_qk_norm_model_is_the_users_code():
     Megatron-DeepSpeed's GPT does not; the note says so as it does for MoE models. A Llama plan gets no such note."""
     qk = [n for n in export_plan(plan_for("fsdp-qwen3-8b"), "deepspeed").notes if "QK-norm" in n]
     assert len(qk) == 1 and "Megatron-DeepSpeed" in qk[0]
-    assert not [n for n in export_plan(plan_for("fsdp-llama-zero3-ckpt"), "deepspeed").notes if "QK-norm" in n]
+    assert not [
+        n
+        for n in export_plan(plan_for("fsdp-llama-zero3-ckpt"), "deepspeed").notes
+        if "QK-norm" in n
+    ]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -342,8 +515,11 @@ def test_every_note_is_in_the_exported_file_not_only_on_stderr(fmt):
         if fmt in ("deepspeed", "sagemaker", "sagemaker-v1"):
             in_file = json.loads(exp.text).get("planner_notes", [])
         else:
-            in_file = [line.removeprefix("# note: ") for line in exp.text.splitlines()
-                       if line.startswith("# note: ")]
+            in_file = [
+                line.removeprefix("# note: ")
+                for line in exp.text.splitlines()
+                if line.startswith("# note: ")
+            ]
         assert in_file == list(exp.notes), variant
         checked += bool(exp.notes)
     assert checked >= 1

@@ -1,6 +1,7 @@
 """The four "fits" are one (cost_models.memory.fits): over the README scenario's scored candidates, the
 search, estimate, the plan file, explain and the report agree on every candidate sampled, the ones
 near the capacity (where a second definition would disagree) included."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,8 +25,14 @@ def _sample(scored, n=60):
     rng = np.random.default_rng(0)
     ratio = scored.needed_bytes / scored.capacity_bytes
     edge = np.flatnonzero(np.abs(ratio - 1.0) < 0.05)
-    return np.unique(np.concatenate([rng.choice(len(ratio), n, replace=False),
-                                     rng.choice(edge, min(n, len(edge)), replace=False)]))
+    return np.unique(
+        np.concatenate(
+            [
+                rng.choice(len(ratio), n, replace=False),
+                rng.choice(edge, min(n, len(edge)), replace=False),
+            ]
+        )
+    )
 
 
 def test_search_estimate_plan_file_and_explain_agree(readme_search):
@@ -34,9 +41,18 @@ def test_search_estimate_plan_file_and_explain_agree(readme_search):
     picks = _sample(scored)
     assert scored.fits[picks].any() and (~scored.fits[picks]).any()
     near = np.abs(scored.needed_bytes[picks] / scored.capacity_bytes - 1.0) < 0.05
-    assert (scored.peak_bytes_per_gpu[picks][near] <= scored.capacity_bytes).any()   # raw peak would say "fits" here
+    assert (
+        scored.peak_bytes_per_gpu[picks][near] <= scored.capacity_bytes
+    ).any()  # raw peak would say "fits" here
     for i in picks:
-        cfg = config_of(scored.arrays, int(i), global_batch=1536, seq=2048, precision="amp-bf16", optimizer="adamw")
+        cfg = config_of(
+            scored.arrays,
+            int(i),
+            global_batch=1536,
+            seq=2048,
+            precision="amp-bf16",
+            optimizer="adamw",
+        )
         est = estimate(model, hw, cfg, gpus=960)
         assert est.fits == bool(scored.fits[i])
         assert est.peak_bytes_per_gpu == pytest.approx(scored.peak_bytes_per_gpu[i], rel=1e-9)
@@ -50,17 +66,27 @@ def test_report_uses_the_same_verdict(readme_search):
     from planner.report import backend
     from planner.report.build import Scenario
 
-    result = backend.search(get("gpt3-175b"), load_profile("p4d.24xlarge"),
-                            Scenario(model="gpt3-175b", hardware="p4d.24xlarge", gpus=960, global_batch=1536), top=1)
+    result = backend.search(
+        get("gpt3-175b"),
+        load_profile("p4d.24xlarge"),
+        Scenario(model="gpt3-175b", hardware="p4d.24xlarge", gpus=960, global_batch=1536),
+        top=1,
+    )
     # the report's cloud counts as fitting exactly what the cost model says fits (its rows are scored candidates)
     scored = readme_search.scored
     assert result.fits.sum() >= scored.fits.sum() > 0
-    assert result.best["prediction"]["memory"]["fits"] and readme_search.best["prediction"]["memory"]["fits"]
+    assert (
+        result.best["prediction"]["memory"]["fits"]
+        and readme_search.best["prediction"]["memory"]["fits"]
+    )
     from cost_models.memory import fits
     from planner.software import software_for
+
     hw = load_profile("p4d.24xlarge")
     assert np.array_equal(result.fits, fits(result.peak_bytes, hw, software_for("megatron")))
-    assert (result.fits != (result.peak_bytes <= hw.memory_bytes)).any()   # a raw-peak "fits" would differ
+    assert (
+        result.fits != (result.peak_bytes <= hw.memory_bytes)
+    ).any()  # a raw-peak "fits" would differ
 
 
 @pytest.mark.parametrize("pp,v,tp,ep", [(7, 7, 2, 8), (4, 1, 1, 8), (8, 2, 2, 4), (3, 1, 4, 8)])
@@ -79,12 +105,32 @@ def test_the_search_scores_a_mixture_of_experts_peak_as_estimate_does(pp, v, tp,
 
     spec, hw = resolve_model("deepseek-v3"), load_profile("p6e-gb200.36xlarge")
     dp = 2016 // (pp * tp)
-    cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, ep=ep, micro_batch=1, virtual_stages=v,
-                         schedule="interleaved-1f1b" if v > 1 else "1f1b", zero=1, sequence_parallel=tp > 1,
-                         placement="PDET", global_batch=dp * 8, seq=4096, precision="amp-bf16", framework="megatron")
+    cfg = ParallelConfig(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        micro_batch=1,
+        virtual_stages=v,
+        schedule="interleaved-1f1b" if v > 1 else "1f1b",
+        zero=1,
+        sequence_parallel=tp > 1,
+        placement="PDET",
+        global_batch=dp * 8,
+        seq=4096,
+        precision="amp-bf16",
+        framework="megatron",
+    )
     every_rank = candidate_of(cfg, spec.total_blocks)
-    searched = replace(every_rank, blocks_first=None, blocks_last=None, blocks_max=None, rank_blocks=None)
-    kw = dict(global_batch=cfg.global_batch, seq=cfg.seq, precision=cfg.precision, optimizer="adamw",
-              software=software_for("megatron"))
+    searched = replace(
+        every_rank, blocks_first=None, blocks_last=None, blocks_max=None, rank_blocks=None
+    )
+    kw = dict(
+        global_batch=cfg.global_batch,
+        seq=cfg.seq,
+        precision=cfg.precision,
+        optimizer="adamw",
+        software=software_for("megatron"),
+    )
     exact = score(spec, hw, every_rank, **kw).peak_bytes_per_gpu
     assert score(spec, hw, searched, **kw).peak_bytes_per_gpu == pytest.approx(exact, rel=1e-9)

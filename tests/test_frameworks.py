@@ -1,6 +1,7 @@
 """Framework profiles (frameworks/*.json): every shipped file loads, every value is sourced, a bad file is
 one line naming the key, and the capabilities decide what estimate accepts (frameworks.rules, the one
 rule set that search, estimate and export share)."""
+
 from __future__ import annotations
 
 import copy
@@ -10,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from frameworks import ATTENTION_KERNELS, KERNELS, LOSS_KERNELS, available_frameworks, load_framework
+from frameworks import (
+    ATTENTION_KERNELS,
+    KERNELS,
+    LOSS_KERNELS,
+    available_frameworks,
+    load_framework,
+)
 from frameworks.loader import framework_from_dict
 from frameworks.rules import violations
 from planner.errors import ConfigError
@@ -32,26 +39,44 @@ def test_the_four_stacks_ship_and_load():
         fw = load_framework(name)
         assert fw.name == name and fw.kernels in KERNELS and fw.attention in ATTENTION_KERNELS
         assert fw.loss in LOSS_KERNELS
-        for precision in fw.capabilities.precisions:     # every precision it runs has its state bytes
+        for precision in fw.capabilities.precisions:  # every precision it runs has its state bytes
             assert precision in fw.state_bytes
 
 
-@pytest.mark.parametrize("mutate,key", [
-    (lambda d: d.update(unknown_knob=1), "unknown_knob"),
-    (lambda d: d.pop("loss"), "loss"),
-    (lambda d: d.update(loss="chunked"), "loss"),
-    (lambda d: d.update(attention="xformers"), "attention"),
-    (lambda d: d["sources"].pop("loss"), "sources.loss"),
-    (lambda d: d.update(allocator_overhead_fraction=1.5), "allocator_overhead_fraction"),
-    (lambda d: d["state_bytes"]["amp-bf16"].update(grad=-1), "state_bytes.amp-bf16.grad"),
-    (lambda d: d["capabilities"].update(activation_offload="sometimes"), "capabilities.activation_offload"),
-    (lambda d: d["capabilities"].update(max_virtual_stages=0), "capabilities.max_virtual_stages"),
-    (lambda d: d["capabilities"].pop("zero"), "capabilities.zero"),
-    (lambda d: d["capabilities"].update(optimizer_offload_min_zero=4), "capabilities.optimizer_offload_min_zero"),
-    (lambda d: d["capabilities"].update(recompute_modules="yes"), "capabilities.recompute_modules"),
-    (lambda d: d["capabilities"].update(moe_model_types="mixtral"), "capabilities.moe_model_types"),
-    (lambda d: d["capabilities"].update(moe_model_types=[""]), "capabilities.moe_model_types"),
-])
+@pytest.mark.parametrize(
+    "mutate,key",
+    [
+        (lambda d: d.update(unknown_knob=1), "unknown_knob"),
+        (lambda d: d.pop("loss"), "loss"),
+        (lambda d: d.update(loss="chunked"), "loss"),
+        (lambda d: d.update(attention="xformers"), "attention"),
+        (lambda d: d["sources"].pop("loss"), "sources.loss"),
+        (lambda d: d.update(allocator_overhead_fraction=1.5), "allocator_overhead_fraction"),
+        (lambda d: d["state_bytes"]["amp-bf16"].update(grad=-1), "state_bytes.amp-bf16.grad"),
+        (
+            lambda d: d["capabilities"].update(activation_offload="sometimes"),
+            "capabilities.activation_offload",
+        ),
+        (
+            lambda d: d["capabilities"].update(max_virtual_stages=0),
+            "capabilities.max_virtual_stages",
+        ),
+        (lambda d: d["capabilities"].pop("zero"), "capabilities.zero"),
+        (
+            lambda d: d["capabilities"].update(optimizer_offload_min_zero=4),
+            "capabilities.optimizer_offload_min_zero",
+        ),
+        (
+            lambda d: d["capabilities"].update(recompute_modules="yes"),
+            "capabilities.recompute_modules",
+        ),
+        (
+            lambda d: d["capabilities"].update(moe_model_types="mixtral"),
+            "capabilities.moe_model_types",
+        ),
+        (lambda d: d["capabilities"].update(moe_model_types=[""]), "capabilities.moe_model_types"),
+    ],
+)
 def test_a_bad_profile_is_one_line_naming_the_key(mutate, key):
     doc = copy.deepcopy(_doc("megatron"))
     mutate(doc)
@@ -64,7 +89,14 @@ def test_a_bad_profile_is_one_line_naming_the_key(mutate, key):
 def test_every_cost_value_has_a_source():
     for name in NAMES:
         doc = _doc(name)
-        for key in ("kernels", "attention", "loss", "state_bytes", "capabilities", "allocator_overhead_fraction"):
+        for key in (
+            "kernels",
+            "attention",
+            "loss",
+            "state_bytes",
+            "capabilities",
+            "allocator_overhead_fraction",
+        ):
             assert doc["sources"].get(key, "").strip(), (name, key)
 
 
@@ -79,7 +111,9 @@ def test_megatron_offloads_activations_only_without_pipelining_or_recompute():
     bad = violations(fw, _cfg(offload="activations", recompute="full"))
     assert len(bad) == 1 and "offload=activations" in bad[0] and "recompute=none" in bad[0]
     deepspeed = _cfg(offload="activations", recompute="full", zero=1, framework="deepspeed")
-    assert violations(load_framework("deepspeed"), deepspeed) == []      # cpu_checkpointing offloads checkpoints
+    assert (
+        violations(load_framework("deepspeed"), deepspeed) == []
+    )  # cpu_checkpointing offloads checkpoints
 
 
 def test_estimate_refuses_what_the_framework_cannot_run_in_one_line():
@@ -89,7 +123,6 @@ def test_estimate_refuses_what_the_framework_cannot_run_in_one_line():
     assert "zero=3 with pp=4" in str(err.value) and "\n" not in str(err.value)
 
 
-
 def test_deepspeed_ulysses_with_megatron_sequence_parallelism_is_refused_and_never_searched():
     """Megatron-DeepSpeed refuses --ds-sequence-parallel-size with --sequence-parallel
     (capabilities.cp_with_sequence_parallel false): estimate says so in one line, the search never tries it."""
@@ -97,8 +130,28 @@ def test_deepspeed_ulysses_with_megatron_sequence_parallelism_is_refused_and_nev
     from typer.testing import CliRunner
     from planner.cli import app
 
-    args = ["estimate", "llama3-8b", "--hardware", "p5.48xlarge", "--gpus", "16", "--dp", "2", "--tp", "4", "--cp", "2",
-            "--cp-comm", "a2a", "--framework", "deepspeed", "--global-batch", "16", "--seq", "8192"]
+    args = [
+        "estimate",
+        "llama3-8b",
+        "--hardware",
+        "p5.48xlarge",
+        "--gpus",
+        "16",
+        "--dp",
+        "2",
+        "--tp",
+        "4",
+        "--cp",
+        "2",
+        "--cp-comm",
+        "a2a",
+        "--framework",
+        "deepspeed",
+        "--global-batch",
+        "16",
+        "--seq",
+        "8192",
+    ]
     bad = CliRunner().invoke(app, [*args, "--sequence-parallel"])
     assert bad.exit_code == 2 and "cp=2 with sequence_parallel=true" in bad.output
     assert len(bad.output.strip().splitlines()) == 1
@@ -107,27 +160,34 @@ def test_deepspeed_ulysses_with_megatron_sequence_parallelism_is_refused_and_nev
     assert not space.cp_with_sequence_parallel
     assert SearchSpace().for_framework(load_framework("megatron")).cp_with_sequence_parallel
 
+
 def test_the_loss_kernel_changes_the_last_stage_memory_not_the_time_much():
     cfg = _cfg(dp=8, micro_batch=4, global_batch=32, framework="fsdp", zero=3, precision="amp-bf16")
     upcast = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8)
-    fused = estimate('llama3-8b', 'p5.48xlarge', cfg, gpus=8, options=RunOptions(loss='fused'))
+    fused = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8, options=RunOptions(loss="fused"))
     assert upcast.software.loss == "upcast" and fused.software.loss == "fused"
     # 4 x 2048 tokens x 128256 vocab: upcast keeps 12 bytes per logit at its peak, the fused kernel 4
-    assert upcast.peak_bytes_per_gpu - fused.peak_bytes_per_gpu == pytest.approx(8 * 4 * 2048 * 128256, rel=0.01)
+    assert upcast.peak_bytes_per_gpu - fused.peak_bytes_per_gpu == pytest.approx(
+        8 * 4 * 2048 * 128256, rel=0.01
+    )
     assert fused.step_time_s <= upcast.step_time_s
     with pytest.raises(ConfigError):
-        estimate('llama3-8b', 'p5.48xlarge', cfg, gpus=8, options=RunOptions(loss='chunked'))
+        estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8, options=RunOptions(loss="chunked"))
 
 
 def test_cross_entropy_on_16bit_logits_keeps_no_fp32_copy():
     """loss "native" (torch's cross_entropy on bf16 logits, AutoModel's MaskedCrossEntropy(fp32_upcast=False)):
     the logits the loop holds, the bf16 log-softmax, its gradient and the input gradient, 4 x 2 bytes per logit
     at the peak where the upcast keeps 12; and it streams fewer bytes, so it is never slower."""
-    cfg = _cfg(dp=8, micro_batch=4, global_batch=32, framework="torchtitan", zero=3, precision="amp-bf16")
+    cfg = _cfg(
+        dp=8, micro_batch=4, global_batch=32, framework="torchtitan", zero=3, precision="amp-bf16"
+    )
     upcast = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8)
-    native = estimate('llama3-8b', 'p5.48xlarge', cfg, gpus=8, options=RunOptions(loss='native'))
+    native = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8, options=RunOptions(loss="native"))
     assert upcast.software.loss == "upcast" and native.software.loss == "native"
-    assert upcast.peak_bytes_per_gpu - native.peak_bytes_per_gpu == pytest.approx(4 * 4 * 2048 * 128256, rel=0.01)
+    assert upcast.peak_bytes_per_gpu - native.peak_bytes_per_gpu == pytest.approx(
+        4 * 4 * 2048 * 128256, rel=0.01
+    )
     assert native.step_time_s < upcast.step_time_s
 
 
@@ -137,21 +197,28 @@ def test_transformer_engine_cross_entropy_keeps_only_the_16bit_logits_it_overwri
     vocab-parallel cross-entropy keeps (c + 4) V; and it streams fewer bytes, so it is never slower."""
     cfg = _cfg(dp=8, micro_batch=2, global_batch=64, seq=8192, precision="amp-bf16")
     vocab = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8)
-    inplace = estimate('llama3-8b', 'p5.48xlarge', cfg, gpus=8, options=RunOptions(loss='inplace'))
+    inplace = estimate("llama3-8b", "p5.48xlarge", cfg, gpus=8, options=RunOptions(loss="inplace"))
     assert vocab.software.loss == "vocab_parallel" and inplace.software.loss == "inplace"
-    assert vocab.peak_bytes_per_gpu - inplace.peak_bytes_per_gpu == pytest.approx(4 * 2 * 8192 * 128256, rel=0.01)
+    assert vocab.peak_bytes_per_gpu - inplace.peak_bytes_per_gpu == pytest.approx(
+        4 * 2 * 8192 * 128256, rel=0.01
+    )
     assert inplace.step_time_s < vocab.step_time_s
     # recommend searches with it, every plan document says so, and explain's fresh search keeps it
     from planner.explain import _software_options
     from planner.search import recommend
-    rec = recommend('llama3-8b', 'p5.48xlarge', gpus=8, top=2, options=RunOptions(loss='inplace'))
+
+    rec = recommend("llama3-8b", "p5.48xlarge", gpus=8, top=2, options=RunOptions(loss="inplace"))
     assert all(d["software"]["loss"] == "inplace" for d in (rec.best, *rec.alternatives))
     assert _software_options(rec.best).loss == "inplace"
     # Megatron-Bridge's published rows name it, and its two GB200 Llama 3 70B runs (40 of 80 layers offloaded) fit
     from benchmarks import published_rows as R
     from benchmarks.accuracy_frameworks import predict
-    gb200 = [c for c in R.load(("megatron", "features")) if c.id in ("mb25.09-llama3-70b-gb200-64gpu-fp8cs",
-                                                                    "mb2511-gb200-llama3-70b-fsdp")]
+
+    gb200 = [
+        c
+        for c in R.load(("megatron", "features"))
+        if c.id in ("mb25.09-llama3-70b-gb200-64gpu-fp8cs", "mb2511-gb200-llama3-70b-fsdp")
+    ]
     assert len(gb200) == 2 and all(c.options.loss == "inplace" and predict(c).fits for c in gb200)
 
 
@@ -163,10 +230,22 @@ def test_selective_recompute_under_fp8_drops_the_attention_output_the_projection
     from planner.catalog import get
 
     spec = get("llama3-70b")
-    for precision, dropped in (("fp8", 4.0 * spec.heads + 2.0 * spec.attn_width), ("amp-bf16", 4.0 * spec.heads)):
+    for precision, dropped in (
+        ("fp8", 4.0 * spec.heads + 2.0 * spec.attn_width),
+        ("amp-bf16", 4.0 * spec.heads),
+    ):
         table = B.block_table(spec, precision, "fused", flash=True)
         assert table.scores_saved.shard == pytest.approx(dropped) and table.scores_saved.rep == 0.0
-    cfg = _cfg(dp=1, tp=8, pp=1, micro_batch=1, global_batch=8, seq=8192, precision="fp8", sequence_parallel=True)
+    cfg = _cfg(
+        dp=1,
+        tp=8,
+        pp=1,
+        micro_batch=1,
+        global_batch=8,
+        seq=8192,
+        precision="fp8",
+        sequence_parallel=True,
+    )
     none = estimate("llama3-70b", "p5.48xlarge", cfg, gpus=8)
     selective = estimate("llama3-70b", "p5.48xlarge", replace(cfg, recompute="selective"), gpus=8)
     assert selective.memory()["activations_bytes"] < none.memory()["activations_bytes"]
@@ -182,18 +261,33 @@ def test_swiglu_input_kept_in_fp8_saves_one_byte_per_element_of_both_fc1_halves(
     spec = get("llama3-8b")
     cfg = _cfg(dp=8, micro_batch=1, global_batch=64, seq=4096, precision="fp8")
     bf16_in = estimate(spec, "p5.48xlarge", cfg, gpus=8)
-    fp8_in = estimate(spec, 'p5.48xlarge', cfg, gpus=8, options=RunOptions(activation_fp8_input=True))
+    fp8_in = estimate(
+        spec, "p5.48xlarge", cfg, gpus=8, options=RunOptions(activation_fp8_input=True)
+    )
     saved = bf16_in.memory()["activations_bytes"] - fp8_in.memory()["activations_bytes"]
     assert saved == pytest.approx(spec.layers * 4096 * 2 * spec.d_ffn * (2 - 1), rel=1e-9)
-    assert fp8_in.step_time_s >= bf16_in.step_time_s       # the FP8 copy is one more write
+    assert fp8_in.step_time_s >= bf16_in.step_time_s  # the FP8 copy is one more write
     assert fp8_in.to_document()["software"]["activation_fp8_input"] is True
     with pytest.raises(ConfigError, match="SwiGLU"):
-        estimate('gpt3-175b', 'p5.48xlarge', replace(cfg, seq=2048), gpus=8, options=RunOptions(activation_fp8_input=True))
+        estimate(
+            "gpt3-175b",
+            "p5.48xlarge",
+            replace(cfg, seq=2048),
+            gpus=8,
+            options=RunOptions(activation_fp8_input=True),
+        )
     with pytest.raises(ConfigError, match="fsdp cannot run this plan: activation_fp8_input"):
-        estimate(spec, 'p5.48xlarge', replace(cfg, framework='fsdp'), gpus=8, options=RunOptions(activation_fp8_input=True))
+        estimate(
+            spec,
+            "p5.48xlarge",
+            replace(cfg, framework="fsdp"),
+            gpus=8,
+            options=RunOptions(activation_fp8_input=True),
+        )
     # DeepSeek-V3's pre-training run caches its MoE SwiGLU inputs in FP8 (report Sec. 3.3.3): with it, it fits
     from benchmarks import published_rows as R
     from benchmarks.accuracy_frameworks import predict
+
     dsv3 = next(c for c in R.load(("moe",)) if c.id == "deepseek-v3-pretrain-h800-2048")
     assert dsv3.row["trained"] and dsv3.options.activation_fp8_input is True and predict(dsv3).fits
 
@@ -208,8 +302,7 @@ def test_automodel_qwen3_moe_run_fits_because_its_loss_is_not_upcast():
     assert case.row["trained"] and case.options.loss == "native"
     assert predict(case).fits is True
     upcast = case.options.with_(loss="upcast")
-    est = estimate(case.spec, case.hardware, case.config, gpus=case.row["gpus"],
-                   options=upcast)
+    est = estimate(case.spec, case.hardware, case.config, gpus=case.row["gpus"], options=upcast)
     assert not est.fits
 
 
@@ -220,9 +313,12 @@ def test_swapping_in_fused_modules_drops_the_stacks_own_compute_efficiency():
 
     titan = software_for("torchtitan")
     assert titan.framework.compute_efficiency < 1.0
-    fused = software_for('torchtitan', options=RunOptions(kernels='fused'))
+    fused = software_for("torchtitan", options=RunOptions(kernels="fused"))
     assert fused.framework.kernels == "fused" and fused.framework.compute_efficiency == 1.0
-    assert software_for('torchtitan', options=RunOptions(kernels='torch')).framework.compute_efficiency == titan.framework.compute_efficiency
+    assert (
+        software_for("torchtitan", options=RunOptions(kernels="torch")).framework.compute_efficiency
+        == titan.framework.compute_efficiency
+    )
 
 
 def test_deepspeed_pipeline_sends_are_partitioned_over_tensor_parallelism_like_megatron():
@@ -231,13 +327,29 @@ def test_deepspeed_pipeline_sends_are_partitioned_over_tensor_parallelism_like_m
     does: the same plan pays the same pipeline p2p on both stacks, and tp times less than whole activations."""
     import dataclasses
 
-    cfg = dict(dp=2, tp=8, pp=4, micro_batch=1, global_batch=64, seq=2048, zero=1, precision="amp-bf16")
-    times = {fw: estimate("gpt3-175b", "dgx-a100-80g", _cfg(**cfg, framework=fw, placement="PDT"), gpus=64,
-                          ).time_breakdown_s()["pp_p2p"] for fw in ("megatron", "deepspeed")}
-    assert times["deepspeed"] == pytest.approx(times["megatron"], rel=1e-9) and times["deepspeed"] > 0
+    cfg = dict(
+        dp=2, tp=8, pp=4, micro_batch=1, global_batch=64, seq=2048, zero=1, precision="amp-bf16"
+    )
+    times = {
+        fw: estimate(
+            "gpt3-175b",
+            "dgx-a100-80g",
+            _cfg(**cfg, framework=fw, placement="PDT"),
+            gpus=64,
+        ).time_breakdown_s()["pp_p2p"]
+        for fw in ("megatron", "deepspeed")
+    }
+    assert (
+        times["deepspeed"] == pytest.approx(times["megatron"], rel=1e-9) and times["deepspeed"] > 0
+    )
     whole = dataclasses.replace(load_framework("deepspeed"), pp_scatter_gather=False)
-    sent_whole = estimate("gpt3-175b", "dgx-a100-80g", _cfg(**cfg, framework="deepspeed", placement="PDT"), gpus=64,
-                          framework_profile=whole).time_breakdown_s()["pp_p2p"]
+    sent_whole = estimate(
+        "gpt3-175b",
+        "dgx-a100-80g",
+        _cfg(**cfg, framework="deepspeed", placement="PDT"),
+        gpus=64,
+        framework_profile=whole,
+    ).time_breakdown_s()["pp_p2p"]
     # the stage neighbours sit on other nodes (placement PDT): whole activations put tp x the bytes on the NICs
     assert sent_whole > 4 * times["deepspeed"]
 
@@ -253,11 +365,23 @@ def test_optimizer_offload_without_zero_is_refused_and_never_recommended(framewo
     from planner.search import recommend
 
     tp, pp = (4, 4) if framework == "deepspeed" else (1, 1)
-    cfg = ParallelConfig(dp=16 // (tp * pp), tp=tp, pp=pp, micro_batch=1, global_batch=512, zero=0, offload="optimizer",
-                         framework=framework, precision="amp-bf16", sequence_parallel=tp > 1,
-                         placement="PDT" if framework == "deepspeed" else "DPT")
+    cfg = ParallelConfig(
+        dp=16 // (tp * pp),
+        tp=tp,
+        pp=pp,
+        micro_batch=1,
+        global_batch=512,
+        zero=0,
+        offload="optimizer",
+        framework=framework,
+        precision="amp-bf16",
+        sequence_parallel=tp > 1,
+        placement="PDT" if framework == "deepspeed" else "DPT",
+    )
     with pytest.raises(ConfigError, match="offload=optimizer with ZeRO-0") as err:
-        estimate("gpt3-175b" if framework == "deepspeed" else "gpt3-6.7b", "p4de.24xlarge", cfg, gpus=16)
+        estimate(
+            "gpt3-175b" if framework == "deepspeed" else "gpt3-6.7b", "p4de.24xlarge", cfg, gpus=16
+        )
     assert "\n" not in str(err.value)
     model = "gpt3-175b" if framework == "deepspeed" else "gpt3-6.7b"
     rec = recommend(model, "p4de.24xlarge", gpus=16, global_batch=512, framework=framework, top=5)
@@ -269,8 +393,20 @@ def test_optimizer_offload_without_zero_is_refused_and_never_recommended(framewo
 
 
 def _bf16_run(**over):
-    base = dict(dp=8, tp=4, pp=12, micro_batch=2, global_batch=2048, zero=1, recompute="full", precision="amp-bf16",
-                framework="deepspeed", sequence_parallel=False, placement="PDT", seq=2048)
+    base = dict(
+        dp=8,
+        tp=4,
+        pp=12,
+        micro_batch=2,
+        global_batch=2048,
+        zero=1,
+        recompute="full",
+        precision="amp-bf16",
+        framework="deepspeed",
+        sequence_parallel=False,
+        placement="PDT",
+        seq=2048,
+    )
     return ParallelConfig(**{**base, **over})
 
 
@@ -282,33 +418,51 @@ def test_bf16_optimizer_costs_its_fp32_accumulation_its_extra_gather_and_its_per
     from cost_models.compute import memory_Bps
     from planner.software import software_for
 
-    sw = software_for('deepspeed', options=RunOptions(bf16_optimizer=True))
+    sw = software_for("deepspeed", options=RunOptions(bf16_optimizer=True))
     s, plain = sw.state_bytes("amp-bf16"), software_for("deepspeed").state_bytes("amp-bf16")
     assert (s.grad, s.reduce) == (6.0, 2.0) and (plain.grad, plain.reduce) == (2.0, 2.0)
     spec = "gpt3-175b"
     zero1 = estimate(spec, "dgx-a100-80g", _bf16_run(), gpus=384)
-    bf16 = estimate(spec, 'dgx-a100-80g', _bf16_run(), gpus=384, options=RunOptions(bf16_optimizer=True))
+    bf16 = estimate(
+        spec, "dgx-a100-80g", _bf16_run(), gpus=384, options=RunOptions(bf16_optimizer=True)
+    )
     assert bf16.to_document()["software"]["bf16_optimizer"] is True
-    params_rank = float(zero1.scores.params_bytes[0]) / 2.0        # bf16 parameters of the peak rank
+    params_rank = float(zero1.scores.params_bytes[0]) / 2.0  # bf16 parameters of the peak rank
     grads_gap = float(bf16.scores.grads_bytes[0]) - float(zero1.scores.grads_bytes[0])
     assert grads_gap == pytest.approx(4.0 * params_rank, rel=1e-9)
     m = 2048 // (8 * 2)
     step_gap = float(bf16.scores.optimizer[0]) - float(zero1.scores.optimizer[0])
     assert step_gap == pytest.approx(m * params_rank * 18.0 / memory_Bps(zero1.hardware), rel=0.02)
     assert float(bf16.scores.dp_comm[0]) > float(zero1.scores.dp_comm[0])
-    assert bf16.step_time_s > zero1.step_time_s and bf16.peak_bytes_per_gpu > zero1.peak_bytes_per_gpu
+    assert (
+        bf16.step_time_s > zero1.step_time_s and bf16.peak_bytes_per_gpu > zero1.peak_bytes_per_gpu
+    )
 
 
-@pytest.mark.parametrize("framework,over,match", [
-    ("fsdp", {}, "fsdp has no BF16_Optimizer"),
-    ("deepspeed", {"precision": "amp-fp16"}, "bf16_optimizer needs bf16 training"),
-    ("deepspeed", {"zero": 2, "pp": 1, "dp": 96, "global_batch": 1536}, "bf16_optimizer shards only the optimizer states, as ZeRO-1"),
-])
+@pytest.mark.parametrize(
+    "framework,over,match",
+    [
+        ("fsdp", {}, "fsdp has no BF16_Optimizer"),
+        ("deepspeed", {"precision": "amp-fp16"}, "bf16_optimizer needs bf16 training"),
+        (
+            "deepspeed",
+            {"zero": 2, "pp": 1, "dp": 96, "global_batch": 1536},
+            "bf16_optimizer shards only the optimizer states, as ZeRO-1",
+        ),
+    ],
+)
 def test_bf16_optimizer_errors_are_one_line(framework, over, match):
-    cfg = _bf16_run(framework=framework, **over) if framework == "deepspeed" else \
-        ParallelConfig(dp=384, micro_batch=1, global_batch=384, zero=3, precision="amp-bf16", framework="fsdp")
+    cfg = (
+        _bf16_run(framework=framework, **over)
+        if framework == "deepspeed"
+        else ParallelConfig(
+            dp=384, micro_batch=1, global_batch=384, zero=3, precision="amp-bf16", framework="fsdp"
+        )
+    )
     with pytest.raises(ConfigError, match=match) as err:
-        estimate('gpt3-175b', 'dgx-a100-80g', cfg, gpus=384, options=RunOptions(bf16_optimizer=True))
+        estimate(
+            "gpt3-175b", "dgx-a100-80g", cfg, gpus=384, options=RunOptions(bf16_optimizer=True)
+        )
     assert "\n" not in str(err.value)
 
 
@@ -318,12 +472,15 @@ def test_bigscience_run_that_ran_out_of_memory_with_bf16_optimizer_is_predicted_
     from benchmarks import published_rows as R
     from benchmarks.accuracy_frameworks import predict
 
-    case = next(c for c in R.load(("deepspeed",)) if c.id == "bloomprq-02-28-h12288-l100-a64-dp16-tp4-pp6-mb2-gbs2048")
+    case = next(
+        c
+        for c in R.load(("deepspeed",))
+        if c.id == "bloomprq-02-28-h12288-l100-a64-dp16-tp4-pp6-mb2-gbs2048"
+    )
     assert not case.row.get("trained", True) and case.options.bf16_optimizer is True
     assert predict(case).fits is False
     without = case.options.with_(bf16_optimizer=False)
-    est = estimate(case.spec, case.hardware, case.config, gpus=case.row["gpus"],
-                   options=without)
+    est = estimate(case.spec, case.hardware, case.config, gpus=case.row["gpus"], options=without)
     assert est.fits
 
 
@@ -333,16 +490,45 @@ def test_estimate_cli_takes_the_bf16_optimizer_and_the_stacks_own_rank_order():
     from typer.testing import CliRunner
     from planner.cli import app
 
-    args = ["estimate", "gpt3-175b", "--hardware", "dgx-a100-80g", "--gpus", "384", "--dp", "8", "--tp", "4", "--pp", "12",
-            "--zero", "1", "--micro-batch", "2", "--global-batch", "2048", "--recompute", "full", "--precision", "amp-bf16"]
+    args = [
+        "estimate",
+        "gpt3-175b",
+        "--hardware",
+        "dgx-a100-80g",
+        "--gpus",
+        "384",
+        "--dp",
+        "8",
+        "--tp",
+        "4",
+        "--pp",
+        "12",
+        "--zero",
+        "1",
+        "--micro-batch",
+        "2",
+        "--global-batch",
+        "2048",
+        "--recompute",
+        "full",
+        "--precision",
+        "amp-bf16",
+    ]
     runner = CliRunner()
     out = runner.invoke(app, [*args, "--framework", "deepspeed", "--bf16-optimizer", "--json"])
     assert out.exit_code == 0, out.output
     doc = json.loads(out.stdout)
     assert doc["plan"]["placement"] == "PDT" and doc["software"]["bf16_optimizer"] is True
-    assert "DeepSpeed BF16_Optimizer" in runner.invoke(app, [*args, "--framework", "deepspeed", "--bf16-optimizer"]).stdout
+    assert (
+        "DeepSpeed BF16_Optimizer"
+        in runner.invoke(app, [*args, "--framework", "deepspeed", "--bf16-optimizer"]).stdout
+    )
     bad = runner.invoke(app, [*args, "--framework", "megatron", "--bf16-optimizer"])
-    assert bad.exit_code == 2 and "megatron has no BF16_Optimizer" in bad.output and bad.output.count("\n") == 1
+    assert (
+        bad.exit_code == 2
+        and "megatron has no BF16_Optimizer" in bad.output
+        and bad.output.count("\n") == 1
+    )
 
 
 def test_recommend_with_the_bf16_optimizer_searches_what_it_runs_and_explain_keeps_it():
@@ -353,12 +539,21 @@ def test_recommend_with_the_bf16_optimizer_searches_what_it_runs_and_explain_kee
     from planner.plan import plan_from_document
     from planner.search import recommend
 
-    rec = recommend('gpt3-175b', 'dgx-a100-80g', gpus=384, global_batch=2048, framework='deepspeed', top=3, options=RunOptions(bf16_optimizer=True))
+    rec = recommend(
+        "gpt3-175b",
+        "dgx-a100-80g",
+        gpus=384,
+        global_batch=2048,
+        framework="deepspeed",
+        top=3,
+        options=RunOptions(bf16_optimizer=True),
+    )
     for doc in [rec.best, *rec.alternatives]:
         assert doc["plan"]["zero"] == 1 and "optimizer" not in doc["plan"]["offload"]
         assert doc["software"]["bf16_optimizer"] is True
-        assert json.loads(export_plan(plan_from_document(dict(doc)), "deepspeed").text)["data_types"] == \
-            {"grad_accum_dtype": "fp32"}
+        assert json.loads(export_plan(plan_from_document(dict(doc)), "deepspeed").text)[
+            "data_types"
+        ] == {"grad_accum_dtype": "fp32"}
     fresh = research(rec.best, top=2)
     assert all(a["plan"]["zero"] == 1 for a in fresh["alternatives"])
 
@@ -369,15 +564,32 @@ def test_torchtitan_builds_only_its_own_moe_families():
     builds it."""
     from planner.search import recommend
 
-    cfg = ParallelConfig(dp=32, ep=8, micro_batch=1, global_batch=64, zero=3, framework="torchtitan", placement="DPET",
-                         seq=4096)
-    for run in (lambda: estimate("mixtral-8x7b", "p5.48xlarge", cfg, gpus=32),
-                lambda: recommend("mixtral-8x7b", "p5.48xlarge", gpus=32, framework="torchtitan")):
-        with pytest.raises(ConfigError, match="mixture-of-experts model_type=mixtral: torchtitan builds") as err:
+    cfg = ParallelConfig(
+        dp=32,
+        ep=8,
+        micro_batch=1,
+        global_batch=64,
+        zero=3,
+        framework="torchtitan",
+        placement="DPET",
+        seq=4096,
+    )
+    for run in (
+        lambda: estimate("mixtral-8x7b", "p5.48xlarge", cfg, gpus=32),
+        lambda: recommend("mixtral-8x7b", "p5.48xlarge", gpus=32, framework="torchtitan"),
+    ):
+        with pytest.raises(
+            ConfigError, match="mixture-of-experts model_type=mixtral: torchtitan builds"
+        ) as err:
             run()
         assert "\n" not in str(err.value)
     assert recommend("mixtral-8x7b", "p5.48xlarge", gpus=32, top=1).best["plan"]["ep"] >= 1
-    assert recommend("qwen3-30b-a3b", "p5.48xlarge", gpus=16, framework="torchtitan", top=1).best["plan"]["ep"] >= 1
+    assert (
+        recommend("qwen3-30b-a3b", "p5.48xlarge", gpus=16, framework="torchtitan", top=1).best[
+            "plan"
+        ]["ep"]
+        >= 1
+    )
 
 
 def test_torchtitan_runs_multi_token_prediction_without_pipeline_or_context_parallelism():
@@ -392,25 +604,50 @@ def test_torchtitan_runs_multi_token_prediction_without_pipeline_or_context_para
 
     assert load_framework("torchtitan").capabilities.mtp_with_pp_or_cp is False
     assert load_framework("megatron").capabilities.mtp_with_pp_or_cp is True
-    cfg = ParallelConfig(dp=32, pp=8, ep=8, micro_batch=1, global_batch=512, zero=2, framework="torchtitan",
-                         placement="PDET")
-    with pytest.raises(ConfigError, match="multi-token-prediction module.* with pp=8, cp=1: torchtitan runs them with "
-                                          "pp=1 and cp=1 only") as err:
+    cfg = ParallelConfig(
+        dp=32,
+        pp=8,
+        ep=8,
+        micro_batch=1,
+        global_batch=512,
+        zero=2,
+        framework="torchtitan",
+        placement="PDET",
+    )
+    with pytest.raises(
+        ConfigError,
+        match="multi-token-prediction module.* with pp=8, cp=1: torchtitan runs them with "
+        "pp=1 and cp=1 only",
+    ) as err:
         estimate("deepseek-v3", "p5.48xlarge", cfg, gpus=256)
     assert "\n" not in str(err.value)
     plans = recommend("deepseek-v3", "p5.48xlarge", gpus=256, framework="torchtitan", top=5)
-    assert all(d["plan"]["pp"] == 1 and d["plan"]["cp"] == 1 for d in (plans.best, *plans.alternatives))
+    assert all(
+        d["plan"]["pp"] == 1 and d["plan"]["cp"] == 1 for d in (plans.best, *plans.alternatives)
+    )
     # ... and says so, with what lifts it, in its search summary and in the plan's search block
     held = plans.stats.held
     assert set(held) == {"pp", "cp"} and "num_nextn_predict_layers" in held["pp"]
     assert plans.best["search"]["held"] == held and plans.to_document()["search"]["held"] == held
-    assert not recommend("deepseek-v3", "p5.48xlarge", gpus=256, framework="megatron", top=1).stats.held
+    assert not recommend(
+        "deepseek-v3", "p5.48xlarge", gpus=256, framework="megatron", top=1
+    ).stats.held
     with pytest.raises(ConfigError, match="multi-token-prediction"):
-        recommend("deepseek-v3", "p5.48xlarge", gpus=256, framework="torchtitan", space=SearchSpace(cp=(2,)))
+        recommend(
+            "deepseek-v3",
+            "p5.48xlarge",
+            gpus=256,
+            framework="torchtitan",
+            space=SearchSpace(cp=(2,)),
+        )
     # without its MTP module the same model pipelines on torchtitan
     no_mtp = replace(get_model("deepseek-v3"), mtp_modules=0)
-    assert any(d["plan"]["pp"] > 1 for d in recommend(no_mtp, "p5.48xlarge", gpus=256, framework="torchtitan",
-                                                       top=20).alternatives)
+    assert any(
+        d["plan"]["pp"] > 1
+        for d in recommend(
+            no_mtp, "p5.48xlarge", gpus=256, framework="torchtitan", top=20
+        ).alternatives
+    )
 
 
 def test_torchtitan_shards_the_experts_over_tp_without_expert_parallelism(monkeypatch):
@@ -423,12 +660,26 @@ def test_torchtitan_shards_the_experts_over_tp_without_expert_parallelism(monkey
     from planner.catalog import get
 
     spec = get("qwen3-30b-a3b")
-    base = dict(dp=4, tp=2, micro_batch=1, global_batch=8, zero=2, seq=4096, recompute="full", placement="DPT",
-                sequence_parallel=True)
+    base = dict(
+        dp=4,
+        tp=2,
+        micro_batch=1,
+        global_batch=8,
+        zero=2,
+        seq=4096,
+        recompute="full",
+        placement="DPT",
+        sequence_parallel=True,
+    )
     tt = estimate(spec, "p5.48xlarge", ParallelConfig(framework="torchtitan", **base), gpus=8)
     real = load_framework("torchtitan")
-    replicated = estimate(spec, "p5.48xlarge", ParallelConfig(framework="torchtitan", **base), gpus=8,
-                          framework_profile=dataclasses.replace(real, experts_follow_tp_without_ep=False))
+    replicated = estimate(
+        spec,
+        "p5.48xlarge",
+        ParallelConfig(framework="torchtitan", **base),
+        gpus=8,
+        framework_profile=dataclasses.replace(real, experts_follow_tp_without_ep=False),
+    )
     ep = lambda e: e.to_document()["prediction"]["expert_parallel"]  # noqa: E731
     assert ep(tt)["expert_tp"] == 2 and ep(replicated)["expert_tp"] == 1
     # ZeRO-2 keeps every parameter a rank holds (4 bytes each, fp32 under FSDP2's mixed precision): the half of the

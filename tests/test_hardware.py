@@ -1,4 +1,5 @@
 """Hardware profiles: every shipped file loads with sane, sourced numbers; every bad file is one line, exit 2."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,16 @@ from planner.cli import app
 from planner.errors import ConfigError
 
 runner = CliRunner()
-CONTRACT = ("p3.16xlarge", "p3dn.24xlarge", "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "dgx-a100-80g",
-            "dgx-h100", "cpu-local")
+CONTRACT = (
+    "p3.16xlarge",
+    "p3dn.24xlarge",
+    "p4d.24xlarge",
+    "p4de.24xlarge",
+    "p5.48xlarge",
+    "dgx-a100-80g",
+    "dgx-h100",
+    "cpu-local",
+)
 VALIDATION = Path(__file__).resolve().parents[1] / "validation" / "h100_train_steps.jsonl"
 
 
@@ -26,7 +35,11 @@ def test_every_contract_profile_is_shipped():
 def test_profile_loads_with_its_own_name_and_a_source_for_every_number(name):
     p = load_profile(name)
     assert isinstance(p, HardwareProfile) and p.name == name
-    numeric = [k for k, s in KEYS.items() if s.kind in ("int", "number", "tflops") and getattr(p, k) is not None]
+    numeric = [
+        k
+        for k, s in KEYS.items()
+        if s.kind in ("int", "number", "tflops") and getattr(p, k) is not None
+    ]
     assert set(numeric) <= set(p.sources)
     assert p.inter_node_Gbps_per_node == pytest.approx(p.nics_per_node * p.Gbps_per_nic)
     assert profile_from_dict(profile_to_dict(p)) == p  # the --json form round-trips
@@ -34,7 +47,11 @@ def test_profile_loads_with_its_own_name_and_a_source_for_every_number(name):
 
 def test_datasheet_facts():
     """A few numbers checked by hand against the vendors' pages (see each file's sources)."""
-    p4d, p5, dgx = load_profile("p4d.24xlarge"), load_profile("p5.48xlarge"), load_profile("dgx-a100-80g")
+    p4d, p5, dgx = (
+        load_profile("p4d.24xlarge"),
+        load_profile("p5.48xlarge"),
+        load_profile("dgx-a100-80g"),
+    )
     assert p4d.inter_node_Gbps_per_node == 4 * 100 and p4d.intra_node_GBps_per_device == 600 / 2
     assert p5.inter_node_Gbps_per_node == 3200 and p5.intra_node_GBps_per_device == 900 / 2
     assert dgx.inter_node_Gbps_per_node == 8 * 200
@@ -84,18 +101,44 @@ def _write(tmp_path: Path, mutate) -> Path:
 BAD = {
     "missing key": (lambda d: d.pop("memory_bytes"), "missing required key 'memory_bytes'"),
     "wrong type": (lambda d: d.update(devices_per_node="8"), "devices_per_node='8' is invalid"),
-    "float for int": (lambda d: d.update(memory_bytes=4.2e10), "memory_bytes=42000000000.0 is invalid"),
+    "float for int": (
+        lambda d: d.update(memory_bytes=4.2e10),
+        "memory_bytes=42000000000.0 is invalid",
+    ),
     "bool for int": (lambda d: d.update(devices_per_node=True), "devices_per_node=True is invalid"),
-    "negative bandwidth": (lambda d: d.update(intra_node_GBps_per_device=-300.0),
-                           "intra_node_GBps_per_device=-300.0 is invalid"),
-    "zero latency": (lambda d: d.update(inter_node_latency_us=0), "inter_node_latency_us=0 is invalid"),
+    "negative bandwidth": (
+        lambda d: d.update(intra_node_GBps_per_device=-300.0),
+        "intra_node_GBps_per_device=-300.0 is invalid",
+    ),
+    "zero latency": (
+        lambda d: d.update(inter_node_latency_us=0),
+        "inter_node_latency_us=0 is invalid",
+    ),
     "unknown key": (lambda d: d.update(nvlink_speed=1), "unknown key 'nvlink_speed'"),
-    "unknown dtype": (lambda d: d["peak_tflops"].update(int4=1.0), "unknown key 'peak_tflops.int4'"),
-    "NaN peak": (lambda d: d["peak_tflops"].update(bf16=float("nan")), "peak_tflops.bf16=nan is invalid"),
-    "no fp32 peak": (lambda d: d["peak_tflops"].pop("fp32"), "missing required key 'peak_tflops.fp32'"),
-    "nics disagree": (lambda d: d.update(nics_per_node=2), "nics_per_node(2) x Gbps_per_nic(100) = 200"),
-    "unsourced number": (lambda d: d["sources"].pop("memory_bytes"), "missing required key 'sources.memory_bytes'"),
-    "efficiency not numbers": (lambda d: d["efficiency"].update(gemm_fixed_us="high"), "efficiency.gemm_fixed_us='high' is invalid"),
+    "unknown dtype": (
+        lambda d: d["peak_tflops"].update(int4=1.0),
+        "unknown key 'peak_tflops.int4'",
+    ),
+    "NaN peak": (
+        lambda d: d["peak_tflops"].update(bf16=float("nan")),
+        "peak_tflops.bf16=nan is invalid",
+    ),
+    "no fp32 peak": (
+        lambda d: d["peak_tflops"].pop("fp32"),
+        "missing required key 'peak_tflops.fp32'",
+    ),
+    "nics disagree": (
+        lambda d: d.update(nics_per_node=2),
+        "nics_per_node(2) x Gbps_per_nic(100) = 200",
+    ),
+    "unsourced number": (
+        lambda d: d["sources"].pop("memory_bytes"),
+        "missing required key 'sources.memory_bytes'",
+    ),
+    "efficiency not numbers": (
+        lambda d: d["efficiency"].update(gemm_fixed_us="high"),
+        "efficiency.gemm_fixed_us='high' is invalid",
+    ),
     "not an object": (lambda d: d.clear() or d.update(name=["x"]), "name=['x'] is invalid"),
 }
 
@@ -116,7 +159,11 @@ def test_malformed_json_is_one_line_exit_2(tmp_path):
     path.write_text('{"name": "x",, }')
     result = runner.invoke(app, ["hardware", "show", str(path)])
     assert result.exit_code == 2
-    assert result.output.count("\n") == 1 and "not valid JSON" in result.output and str(path) in result.output
+    assert (
+        result.output.count("\n") == 1
+        and "not valid JSON" in result.output
+        and str(path) in result.output
+    )
 
 
 def test_top_level_not_an_object(tmp_path):

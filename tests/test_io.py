@@ -1,4 +1,5 @@
 """planner.io: one reader for every JSON input, one atomic writer for every output, strict JSON."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from planner.errors import ConfigError
-from planner.io import (MAX_JSON_DEPTH, check_writable, dumps_strict, non_finite, read_json, write_bytes, write_json,
-                        write_text)
+from planner.io import (
+    MAX_JSON_DEPTH,
+    check_writable,
+    dumps_strict,
+    non_finite,
+    read_json,
+    write_bytes,
+    write_json,
+    write_text,
+)
 
 
 def _file(tmp_path, content, name="in.json"):
@@ -21,22 +30,31 @@ def _file(tmp_path, content, name="in.json"):
     return path
 
 
-@pytest.mark.parametrize("content,needle", [
-    ("", "file is empty"),
-    (" \n\t", "file is empty"),
-    (b"\xff\xfe{}", "not UTF-8 text (byte 0)"),
-    ('{"a": 1,, }', "not valid JSON (line 1 column 9"),
-    ("[1, 2]", "expected a JSON object, found an array"),
-    ('"text"', "expected a JSON object, found a string"),
-    ("null", "expected a JSON object, found null"),
-    ('{"a": {"b": NaN}}', "a.b=nan is invalid: allowed a finite number"),
-    ('{"a": [1, Infinity]}', "a[1]=inf is invalid"),
-    ('{"a": -Infinity}', "a=-inf is invalid"),
-    ('{"a": 1e400}', "a=inf is invalid"),                      # beyond a double: read as infinity
-    ("[" * 100_000 + "]" * 100_000, f"nested deeper than {MAX_JSON_DEPTH} levels"),     # RecursionError in json
-    ('{"a":' * 100_000 + "1" + "}" * 100_000, f"nested deeper than {MAX_JSON_DEPTH} levels"),
-    ('{"a":' * (MAX_JSON_DEPTH + 1) + "1" + "}" * (MAX_JSON_DEPTH + 1), "nested deeper"),  # parses, still refused
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ("", "file is empty"),
+        (" \n\t", "file is empty"),
+        (b"\xff\xfe{}", "not UTF-8 text (byte 0)"),
+        ('{"a": 1,, }', "not valid JSON (line 1 column 9"),
+        ("[1, 2]", "expected a JSON object, found an array"),
+        ('"text"', "expected a JSON object, found a string"),
+        ("null", "expected a JSON object, found null"),
+        ('{"a": {"b": NaN}}', "a.b=nan is invalid: allowed a finite number"),
+        ('{"a": [1, Infinity]}', "a[1]=inf is invalid"),
+        ('{"a": -Infinity}', "a=-inf is invalid"),
+        ('{"a": 1e400}', "a=inf is invalid"),  # beyond a double: read as infinity
+        (
+            "[" * 100_000 + "]" * 100_000,
+            f"nested deeper than {MAX_JSON_DEPTH} levels",
+        ),  # RecursionError in json
+        ('{"a":' * 100_000 + "1" + "}" * 100_000, f"nested deeper than {MAX_JSON_DEPTH} levels"),
+        (
+            '{"a":' * (MAX_JSON_DEPTH + 1) + "1" + "}" * (MAX_JSON_DEPTH + 1),
+            "nested deeper",
+        ),  # parses, still refused
+    ],
+)
 def test_every_bad_json_file_is_one_config_error_naming_the_file(tmp_path, content, needle):
     path = _file(tmp_path, content)
     with pytest.raises(ConfigError) as err:
@@ -64,7 +82,10 @@ def test_unreadable_paths_name_the_reason(tmp_path):
 def test_dumps_strict_refuses_non_finite_numbers_and_names_where():
     for bad in (float("nan"), float("inf"), -float("inf"), np.float32("nan"), np.float64("inf")):
         doc = {"prediction": {"time_breakdown_s": {"compute": 1.0, "bubble": bad}}, "rows": [1, 2]}
-        with pytest.raises(ConfigError, match=r"prediction\.time_breakdown_s\.bubble is (nan|inf|-inf), not a finite"):
+        with pytest.raises(
+            ConfigError,
+            match=r"prediction\.time_breakdown_s\.bubble is (nan|inf|-inf), not a finite",
+        ):
             dumps_strict(doc, "--json output")
     with pytest.raises(ConfigError, match=r"rows\[1\]\[0\] is nan"):
         dumps_strict({"rows": [[1.0], [np.nan]]}, "report.json")
@@ -72,19 +93,31 @@ def test_dumps_strict_refuses_non_finite_numbers_and_names_where():
         dumps_strict({"a": np.array([1.0, np.nan])}, "report.json")
 
 
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-                    | st.text(max_size=5),
-                    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children,
-                                                                                      max_size=4),
-                    max_leaves=30))
+@given(
+    st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text(max_size=5),
+        lambda children: (
+            st.lists(children, max_size=4)
+            | st.dictionaries(st.text(max_size=4), children, max_size=4)
+        ),
+        max_leaves=30,
+    )
+)
 def test_dumps_strict_round_trips_every_finite_document(document):
     assert json.loads(dumps_strict(document, "x")) == document
     assert next(non_finite(document), None) is None
 
 
 def test_numpy_values_become_plain_numbers():
-    text = dumps_strict({"a": np.int64(3), "b": np.float32(0.5), "c": np.arange(3), "d": np.bool_(True)}, "x",
-                        indent=None)
+    text = dumps_strict(
+        {"a": np.int64(3), "b": np.float32(0.5), "c": np.arange(3), "d": np.bool_(True)},
+        "x",
+        indent=None,
+    )
     assert json.loads(text) == {"a": 3, "b": 0.5, "c": [0, 1, 2], "d": True}
 
 
@@ -95,7 +128,7 @@ def test_write_replaces_atomically_and_keeps_the_permissions(tmp_path):
     write_json(target, {"a": 1}, "--out")
     assert json.loads(target.read_text()) == {"a": 1}
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]           # no temporary file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]  # no temporary file left
     fresh = write_text(tmp_path / "new.txt", "x", "--out")
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o666 & ~_umask()
 
@@ -123,23 +156,30 @@ def test_a_symbolic_link_is_followed_not_replaced(tmp_path):
     assert link.is_symlink() and json.loads(real.read_text()) == {"a": 1}
 
 
-@pytest.mark.parametrize("make,needle", [
-    (lambda d: d / "missing" / "x.json", "does not exist"),
-    (lambda d: d, "is a directory; give a file name"),
-    (lambda d: d / "file.txt" / "x.json", "is not a directory"),
-])
+@pytest.mark.parametrize(
+    "make,needle",
+    [
+        (lambda d: d / "missing" / "x.json", "does not exist"),
+        (lambda d: d, "is a directory; give a file name"),
+        (lambda d: d / "file.txt" / "x.json", "is not a directory"),
+    ],
+)
 def test_unwritable_paths_are_one_line(tmp_path, make, needle):
     (tmp_path / "file.txt").write_text("")
     path = make(tmp_path)
     for call in (lambda: check_writable(path, "--out"), lambda: write_bytes(path, b"x", "--out")):
         with pytest.raises(ConfigError) as err:
             call()
-        assert needle in str(err.value) and str(err.value).startswith("--out ") and "\n" not in str(err.value)
+        assert (
+            needle in str(err.value)
+            and str(err.value).startswith("--out ")
+            and "\n" not in str(err.value)
+        )
 
 
 def test_a_read_only_directory_is_refused(tmp_path):
     if os.geteuid() == 0:
-        path = "/sys/planner-test.json"          # root writes anywhere but here (sysfs refuses new files)
+        path = "/sys/planner-test.json"  # root writes anywhere but here (sysfs refuses new files)
     else:
         ro = tmp_path / "ro"
         ro.mkdir()
@@ -164,8 +204,10 @@ def test_an_endless_or_huge_input_is_refused_without_reading_it_all(tmp_path):
         read_json(big, "plan")
 
 
-@pytest.mark.parametrize("path,kind", [("/dev/zero", "a character device"), ("/dev/full", "a character device"),
-                                       ("fifo", "a FIFO")])
+@pytest.mark.parametrize(
+    "path,kind",
+    [("/dev/zero", "a character device"), ("/dev/full", "a character device"), ("fifo", "a FIFO")],
+)
 def test_a_device_or_fifo_is_refused_before_it_is_opened(tmp_path, path, kind):
     """A FIFO would block open() forever and a device never ends (--out /dev/full grew to 16 GB once)."""
     if path == "fifo":
@@ -198,7 +240,9 @@ def test_a_fifo_with_a_reader_is_written_in_place(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     got = []
-    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)        # a reader holds it open, as `cat fifo` would
+    reader = os.open(
+        fifo, os.O_RDONLY | os.O_NONBLOCK
+    )  # a reader holds it open, as `cat fifo` would
     thread = threading.Thread(target=lambda: got.append(write_bytes(fifo, b"hello", "--out")))
     thread.start()
     thread.join(10)
@@ -209,5 +253,5 @@ def test_a_fifo_with_a_reader_is_written_in_place(tmp_path):
 def test_check_writable_probes_the_directory_and_leaves_nothing(tmp_path):
     target = check_writable(tmp_path / "out.json", "--out")
     assert target == tmp_path / "out.json" and list(tmp_path.iterdir()) == []
-    with pytest.raises(ConfigError, match="not writable"):       # root too: sysfs refuses new files
+    with pytest.raises(ConfigError, match="not writable"):  # root too: sysfs refuses new files
         check_writable("/sys/planner-test.json", "--out")

@@ -1,6 +1,7 @@
 """Master weights kept as 16-bit remainders (Apex DistributedFusedAdam / Transformer Engine FusedAdam
 store_param_remainders): 2 bytes per parameter instead of 4, only with bf16 parameters, only where the
 framework's optimizer can."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,13 @@ CFG = dict(dp=8, zero=1, micro_batch=1, global_batch=64, seq=4096, framework="me
 
 
 def _est(precision="amp-bf16", **kw):
-    return estimate("llama3-8b", "p5.48xlarge", ParallelConfig(precision=precision, **CFG), gpus=8,
-                    options=RunOptions(**kw))
+    return estimate(
+        "llama3-8b",
+        "p5.48xlarge",
+        ParallelConfig(precision=precision, **CFG),
+        gpus=8,
+        options=RunOptions(**kw),
+    )
 
 
 def test_remainders_save_two_bytes_per_parameter_of_the_optimizer_shard():
@@ -36,7 +42,7 @@ def test_remainders_save_two_bytes_per_parameter_of_the_optimizer_shard():
 
 
 def test_state_bytes_keep_the_fp32_master_whole_for_fp32_runs():
-    sw = software_for('megatron', options=RunOptions(master_weights='remainder'))
+    sw = software_for("megatron", options=RunOptions(master_weights="remainder"))
     # fp32 parameters are their own master copy: there is nothing to split
     assert sw.state_bytes("fp32").master == 0
     assert sw.state_bytes("amp-bf16").master == 2
@@ -50,18 +56,31 @@ def test_fp16_parameters_cannot_hold_the_high_half_of_an_fp32_value():
 @pytest.mark.parametrize("framework", ["torchtitan", "fsdp", "deepspeed"])
 def test_frameworks_without_remainder_storage_refuse_it(framework):
     with pytest.raises(ConfigError, match=f"{framework} keeps full fp32 master weights"):
-        software_for(framework, options=RunOptions(master_weights='remainder'))
+        software_for(framework, options=RunOptions(master_weights="remainder"))
 
 
 def test_cli_master_weights_round_trip_and_errors(tmp_path):
     runner = CliRunner()
-    base = ["estimate", "llama3-8b", "--hardware", "p5.48xlarge", "--gpus", "8", "--dp", "8", "--zero", "1"]
+    base = [
+        "estimate",
+        "llama3-8b",
+        "--hardware",
+        "p5.48xlarge",
+        "--gpus",
+        "8",
+        "--dp",
+        "8",
+        "--zero",
+        "1",
+    ]
     ok = runner.invoke(app, base + ["--master-weights", "remainder", "--json"])
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.stdout)["software"]["master_weights"] == "remainder"
-    for extra, words in ((["--master-weights", "half"], "master_weights='half' is invalid"),
-                         (["--master-weights", "remainder", "--precision", "amp-fp16"], "needs bf16 parameters"),
-                         (["--master-weights", "remainder", "--framework", "fsdp"], "fsdp keeps full fp32")):
+    for extra, words in (
+        (["--master-weights", "half"], "master_weights='half' is invalid"),
+        (["--master-weights", "remainder", "--precision", "amp-fp16"], "needs bf16 parameters"),
+        (["--master-weights", "remainder", "--framework", "fsdp"], "fsdp keeps full fp32"),
+    ):
         bad = runner.invoke(app, base + extra)
         assert bad.exit_code == 2, (extra, bad.output)
         assert words in bad.output and "Traceback" not in bad.output
@@ -74,18 +93,56 @@ def test_cli_kernels_swaps_the_block_implementation_and_a_search_keeps_it(tmp_pa
     from planner.explain import _software_options
 
     runner = CliRunner()
-    base = ["estimate", "llama3-8b", "--hardware", "p4d.24xlarge", "--gpus", "16", "--dp", "16", "--zero", "3",
-            "--framework", "deepspeed", "--recompute", "full", "--json"]
+    base = [
+        "estimate",
+        "llama3-8b",
+        "--hardware",
+        "p4d.24xlarge",
+        "--gpus",
+        "16",
+        "--dp",
+        "16",
+        "--zero",
+        "3",
+        "--framework",
+        "deepspeed",
+        "--recompute",
+        "full",
+        "--json",
+    ]
     fused = json.loads(runner.invoke(app, base).stdout)
     eager = json.loads(runner.invoke(app, base + ["--kernels", "eager"]).stdout)
     assert fused["software"]["kernels"] == "fused" and eager["software"]["kernels"] == "eager"
     assert eager["prediction"]["step_time_s"] > fused["prediction"]["step_time_s"]
     assert _software_options(eager).kernels == "eager"
-    assert "kernels" not in _software_options(fused).chosen()        # the framework's own modules: nothing to carry
+    assert (
+        "kernels" not in _software_options(fused).chosen()
+    )  # the framework's own modules: nothing to carry
     out = tmp_path / "plan.json"
-    rec = runner.invoke(app, ["recommend", "llama3-8b", "--hardware", "p4d.24xlarge", "--gpus", "16",
-                              "--framework", "deepspeed", "--kernels", "eager", "--top", "1", "--out", str(out)])
+    rec = runner.invoke(
+        app,
+        [
+            "recommend",
+            "llama3-8b",
+            "--hardware",
+            "p4d.24xlarge",
+            "--gpus",
+            "16",
+            "--framework",
+            "deepspeed",
+            "--kernels",
+            "eager",
+            "--top",
+            "1",
+            "--out",
+            str(out),
+        ],
+    )
     assert rec.exit_code == 0, rec.output
     assert json.loads(out.read_text())["software"]["kernels"] == "eager"
     bad = runner.invoke(app, base + ["--kernels", "hf"])
-    assert bad.exit_code == 2 and "kernels='hf' is invalid" in bad.output and "Traceback" not in bad.output
+    assert (
+        bad.exit_code == 2
+        and "kernels='hf' is invalid" in bad.output
+        and "Traceback" not in bad.output
+    )

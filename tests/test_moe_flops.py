@@ -1,6 +1,7 @@
 """FLOPs of mixture-of-experts, MLA and windowed models (cost_models.flops; docs/models.md): the published
 TFLOP/s of Megatron-Bridge and NeMo AutoModel runs reproduced from our counts, the GEMM shapes the cost
 model times, properties, the profile command's MoE keys, and estimate at ep=1."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,12 @@ def _padded_vocab(spec: TransformerSpec, tp: int) -> TransformerSpec:
     return spec.with_(vocab=-(-spec.vocab // unit) * unit)
 
 
-PUBLISHED_FLOP_RUNS = [r for r in RUNS if {"tflops_per_gpu", "tokens_per_s_per_gpu"} <= set(r["measured"])
-                       and r["model"] != "gpt-oss-120b"]
+PUBLISHED_FLOP_RUNS = [
+    r
+    for r in RUNS
+    if {"tflops_per_gpu", "tokens_per_s_per_gpu"} <= set(r["measured"])
+    and r["model"] != "gpt-oss-120b"
+]
 """Runs that print both TFLOP/s and tokens/s per GPU: their ratio is the FLOPs per token of the
 software's own count (Megatron-LM num_floating_point_operations: 6 N_active + causal-halved attention +
 logits + MTP; moe.json notes). gpt-oss-120b is left out: Megatron-Bridge's 27.2 GFLOP/token is below
@@ -58,7 +63,9 @@ def test_flops_per_token_definition():
     for name in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b"):
         spec = catalog.get(name)
         s = spec.seq
-        cores = sum(len(k.layers) * F.attention_core_flops_fwd(k.spec, 1, s) for k in spec.block_kinds)
+        cores = sum(
+            len(k.layers) * F.attention_core_flops_fwd(k.spec, 1, s) for k in spec.block_kinds
+        )
         if spec.mtp_modules:
             cores += spec.mtp_modules * F.attention_core_flops_fwd(spec.last_kind, 1, s)
         n_active = P.matmul_params(spec) + P.mtp_matmul_params(spec)
@@ -78,54 +85,101 @@ def test_gpt_oss_windows_count_their_band():
     """Half the blocks attend to 128 keys per query: at s = 4096 their core is 128 / 4096 of a full one."""
     spec = catalog.get("gpt-oss-120b")
     full, windowed = (k.spec for k in reversed(spec.block_kinds))
-    core_full, core_windowed = F.attention_core_flops_fwd(full, 1, 4096), F.attention_core_flops_fwd(windowed, 1, 4096)
+    core_full, core_windowed = (
+        F.attention_core_flops_fwd(full, 1, 4096),
+        F.attention_core_flops_fwd(windowed, 1, 4096),
+    )
     assert core_windowed == pytest.approx(core_full / 32)
-    assert F.attention_core_flops_fwd(spec, 1, 4096) == pytest.approx((core_full + core_windowed) / 2)
-    assert F.attention_core_flops_fwd(spec, 1, 64) == F.attention_core_flops_fwd(full, 1, 64)   # s <= w: no saving
+    assert F.attention_core_flops_fwd(spec, 1, 4096) == pytest.approx(
+        (core_full + core_windowed) / 2
+    )
+    assert F.attention_core_flops_fwd(spec, 1, 64) == F.attention_core_flops_fwd(
+        full, 1, 64
+    )  # s <= w: no saving
     # the kernel's work: causal half of the square for full blocks, the band for windowed ones
-    assert F.attention_kernel_flops_fwd(full, 1, 4096) == pytest.approx(F.attention_core_flops_fwd(full, 1, 4096) / 2)
+    assert F.attention_kernel_flops_fwd(full, 1, 4096) == pytest.approx(
+        F.attention_core_flops_fwd(full, 1, 4096) / 2
+    )
     n = 128
     assert F.attention_kernel_flops_fwd(windowed, 1, 4096) == pytest.approx(
-        2 * (4096 * n - n * n / 2) * 64 * (64 + 64))
+        2 * (4096 * n - n * n / 2) * 64 * (64 + 64)
+    )
 
 
 def test_mla_core_uses_both_head_widths():
     ds = catalog.get("deepseek-v3")
     b, s = 1, 4096
     assert F.attention_core_flops_fwd(ds, b, s) == 2 * b * s * s * 128 * (192 + 128)
-    assert F.attention_core_flops_bwd(ds, b, s) == pytest.approx(2 * b * s * s * 128 * (3 * 192 + 2 * 128))
-    assert F.attention_core_flops_bwd(ds, b, s, flash=False) == 2 * F.attention_core_flops_fwd(ds, b, s)
+    assert F.attention_core_flops_bwd(ds, b, s) == pytest.approx(
+        2 * b * s * s * 128 * (3 * 192 + 2 * 128)
+    )
+    assert F.attention_core_flops_bwd(ds, b, s, flash=False) == 2 * F.attention_core_flops_fwd(
+        ds, b, s
+    )
 
 
-@pytest.mark.parametrize("name", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b", "llama3-8b"])
+@pytest.mark.parametrize(
+    "name", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b", "llama3-8b"]
+)
 def test_gemm_shapes_add_up_to_the_block_flops(name):
     spec = catalog.get(name)
     shapes = F.block_gemm_shapes(spec, 2, 1024)
-    assert sum(g.flops for g in shapes) == pytest.approx(F.block_flops_fwd(spec, 2, 1024), rel=1e-12)
+    assert sum(g.flops for g in shapes) == pytest.approx(
+        F.block_flops_fwd(spec, 2, 1024), rel=1e-12
+    )
 
 
 def test_expert_gemms_are_grouped_with_their_rows_per_expert_visible():
     spec = catalog.get("qwen3-30b-a3b")
     shapes = {g.name: g for g in F.block_gemm_shapes(spec, 1, 4096, tp=2)}
     w1 = shapes["experts_w1"]
-    assert (w1.m, w1.n, w1.k, w1.batch) == (4096 * 8 / 128, 768 / 2, 2048, 128)   # 256 rows per expert
+    assert (w1.m, w1.n, w1.k, w1.batch) == (
+        4096 * 8 / 128,
+        768 / 2,
+        2048,
+        128,
+    )  # 256 rows per expert
     assert (shapes["router"].m, shapes["router"].n) == (4096, 128)
     assert "w1" not in shapes and "shared_w1" not in shapes
     ds = {g.name: g for g in F.block_gemm_shapes(catalog.get("deepseek-v3"), 1, 4096, tp=8)}
     assert ds["shared_w1"].n == 2048 / 8 and ds["experts_w2"].m == 4096 * 8 / 256
-    assert ds["wq_a"].n == 1536 and ds["wkv_a"].n == 576                          # replicated down projections
-    assert ds["wq_b"].n == 128 / 8 * 192 and ds["wkv_b"].n == 128 / 8 * 256 and ds["wo"].k == 128 / 8 * 128
-    capped = catalog.get("qwen3-30b-a3b").with_(moe=MoESpec(experts=128, top_k=8, expert_ffn=768, capacity_factor=1.25))
-    assert {g.name: g for g in F.block_gemm_shapes(capped, 1, 4096)}["experts_w1"].m == 4096 * 8 / 128 * 1.25
+    assert ds["wq_a"].n == 1536 and ds["wkv_a"].n == 576  # replicated down projections
+    assert (
+        ds["wq_b"].n == 128 / 8 * 192
+        and ds["wkv_b"].n == 128 / 8 * 256
+        and ds["wo"].k == 128 / 8 * 128
+    )
+    capped = catalog.get("qwen3-30b-a3b").with_(
+        moe=MoESpec(experts=128, top_k=8, expert_ffn=768, capacity_factor=1.25)
+    )
+    assert {g.name: g for g in F.block_gemm_shapes(capped, 1, 4096)}[
+        "experts_w1"
+    ].m == 4096 * 8 / 128 * 1.25
 
 
 moe_specs = st.builds(
     lambda experts, k, f, shared, layers, gated, mla: TransformerSpec(
-        name="p", layers=layers, hidden=64, heads=4, kv_heads=0 if mla else 2, ffn=96, vocab=100, gated_mlp=gated,
-        mla=dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12) if mla else None,
-        moe=MoESpec(experts=experts, top_k=min(k, experts), expert_ffn=f, shared_experts=shared)),
-    st.integers(2, 64), st.integers(1, 7), st.integers(1, 512), st.integers(0, 2), st.integers(1, 6), st.booleans(),
-    st.booleans())
+        name="p",
+        layers=layers,
+        hidden=64,
+        heads=4,
+        kv_heads=0 if mla else 2,
+        ffn=96,
+        vocab=100,
+        gated_mlp=gated,
+        mla=dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12)
+        if mla
+        else None,
+        moe=MoESpec(experts=experts, top_k=min(k, experts), expert_ffn=f, shared_experts=shared),
+    ),
+    st.integers(2, 64),
+    st.integers(1, 7),
+    st.integers(1, 512),
+    st.integers(0, 2),
+    st.integers(1, 6),
+    st.booleans(),
+    st.booleans(),
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -138,18 +192,27 @@ def test_flops_grow_with_top_k_and_not_with_experts(spec):
         assert F.block_flops_fwd(more_k, 1, 1024) - F.block_flops_fwd(spec, 1, 1024) == step
         assert F.flops_per_token(more_k, 1024) > F.flops_per_token(spec, 1024)
     more_e = spec.with_(moe=MoESpec(**(moe | {"experts": spec.moe.experts + 1})))
-    assert F.block_flops_fwd(more_e, 1, 1024) - F.block_flops_fwd(spec, 1, 1024) == 2 * 1024 * spec.hidden  # router
+    assert (
+        F.block_flops_fwd(more_e, 1, 1024) - F.block_flops_fwd(spec, 1, 1024)
+        == 2 * 1024 * spec.hidden
+    )  # router
     shapes = F.block_gemm_shapes(spec, 2, 256)
     assert sum(g.flops for g in shapes) == pytest.approx(F.block_flops_fwd(spec, 2, 256), rel=1e-12)
-    assert F.model_flops_per_step(spec, 4096, seq=1024, causal_half=True) < F.model_flops_per_step(spec, 4096, seq=1024)
+    assert F.model_flops_per_step(spec, 4096, seq=1024, causal_half=True) < F.model_flops_per_step(
+        spec, 4096, seq=1024
+    )
 
 
 def test_capacity_factor_scales_the_routed_experts_only():
     base = catalog.get("mixtral-8x7b")
     capped = base.with_(moe=MoESpec(experts=8, top_k=2, expert_ffn=14336, capacity_factor=1.5))
     routed = 2 * 4096 * 2 * P.ffn_weight_params(base, 14336)
-    assert F.block_flops_fwd(capped, 1, 4096) - F.block_flops_fwd(base, 1, 4096) == pytest.approx(0.5 * routed)
-    assert F.model_flops_per_step(capped, 4096) == F.model_flops_per_step(base, 4096)   # useful work only
+    assert F.block_flops_fwd(capped, 1, 4096) - F.block_flops_fwd(base, 1, 4096) == pytest.approx(
+        0.5 * routed
+    )
+    assert F.model_flops_per_step(capped, 4096) == F.model_flops_per_step(
+        base, 4096
+    )  # useful work only
 
 
 def test_full_recompute_of_an_moe_block_skips_only_the_shared_experts_last_gemm():
@@ -163,22 +226,37 @@ def test_full_recompute_of_an_moe_block_skips_only_the_shared_experts_last_gemm(
 
 # ----------------------------------------------------------------------------- profile and estimate
 
-@pytest.mark.parametrize("model", ["deepseek-v3", "qwen3-30b-a3b", "validation/models/hf_configs/gpt-oss-120b.json",
-                                   "llama3-8b"])
+
+@pytest.mark.parametrize(
+    "model",
+    ["deepseek-v3", "qwen3-30b-a3b", "validation/models/hf_configs/gpt-oss-120b.json", "llama3-8b"],
+)
 def test_profile_json_has_active_params_and_flops_per_token(model):
-    result = runner.invoke(app, ["profile", str(ROOT / model) if model.endswith(".json") else model,
-                                 "--seq", "4096", "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "profile",
+            str(ROOT / model) if model.endswith(".json") else model,
+            "--seq",
+            "4096",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     spec = catalog.get(model) if not model.endswith(".json") else catalog.get("gpt-oss-120b")
     assert doc["params"] == P.total_params(spec)
     assert doc["params_active"] == P.active_params(spec)
-    assert doc["params_active_without_input_embedding"] == P.active_params(spec, input_embedding=False)
+    assert doc["params_active_without_input_embedding"] == P.active_params(
+        spec, input_embedding=False
+    )
     assert doc["params_mtp"] == P.mtp_params(spec)
     assert doc["flops_per_token"] == pytest.approx(F.flops_per_token(spec, 4096))
     assert doc["model_flops"] == pytest.approx(doc["flops_per_token"] * 4096)
     assert sum(layer["params"] for layer in doc["layers"]) == doc["params"] + doc["params_mtp"]
-    assert sum(layer["flops"]["forward"] for layer in doc["layers"]) == pytest.approx(doc["flops"]["forward"])
+    assert sum(layer["flops"]["forward"] for layer in doc["layers"]) == pytest.approx(
+        doc["flops"]["forward"]
+    )
     if spec.moe is not None:
         assert doc["model"]["moe"]["experts"] == spec.moe.experts
         assert doc["params_active"] < doc["params"]
@@ -188,17 +266,28 @@ def test_profile_rows_follow_the_block_kinds():
     doc = json.loads(runner.invoke(app, ["profile", "deepseek-v3", "--json"]).stdout)
     blocks = [layer for layer in doc["layers"] if layer["kind"] == "block"]
     assert len(blocks) == 61 and len({layer["params"] for layer in blocks[:3]}) == 1
-    assert blocks[0]["params"] == P.block_params(catalog.get("deepseek-v3").with_(moe=None)) < blocks[3]["params"]
+    assert (
+        blocks[0]["params"]
+        == P.block_params(catalog.get("deepseek-v3").with_(moe=None))
+        < blocks[3]["params"]
+    )
     assert [layer["name"] for layer in doc["layers"] if layer["kind"] == "mtp"] == ["mtp.0"]
 
 
 def test_profile_text_prints_total_active_and_flops_per_token():
     result = runner.invoke(app, ["profile", "mixtral-8x7b"])
     assert result.exit_code == 0, result.output
-    assert "46.7 G total, 12.9 G active per token (12.7 G without the input embedding)" in result.stdout
+    assert (
+        "46.7 G total, 12.9 G active per token (12.7 G without the input embedding)"
+        in result.stdout
+    )
     assert "training FLOPs per token at seq 4096" in result.stdout
     ds = runner.invoke(app, ["profile", "deepseek-v3"]).stdout
-    assert "671 G total" in ds and "36.6 G without the input embedding" in ds and "11.6 G more parameters" in ds
+    assert (
+        "671 G total" in ds
+        and "36.6 G without the input embedding" in ds
+        and "11.6 G more parameters" in ds
+    )
 
 
 def _estimate(model, gpus, dp, tp, pp, global_batch=512):
@@ -206,18 +295,37 @@ def _estimate(model, gpus, dp, tp, pp, global_batch=512):
     from planner.parallel import ParallelConfig
 
     seq = 4096
-    cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, global_batch=global_batch, micro_batch=1, zero=1, recompute="full",
-                         sequence_parallel=tp > 1, seq=seq, expert_tp=tp)   # experts split like the MLP at ep = 1
+    cfg = ParallelConfig(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        global_batch=global_batch,
+        micro_batch=1,
+        zero=1,
+        recompute="full",
+        sequence_parallel=tp > 1,
+        seq=seq,
+        expert_tp=tp,
+    )  # experts split like the MLP at ep = 1
     return estimate(model, "dgx-h100", cfg, gpus=gpus)
 
 
-@pytest.mark.parametrize("name,gpus,dp,tp,pp", [("mixtral-8x7b", 64, 8, 2, 4), ("qwen3-30b-a3b", 16, 8, 1, 2),
-                                                ("deepseek-v3", 1024, 8, 8, 16), ("gpt-oss-120b", 64, 16, 1, 4)])
+@pytest.mark.parametrize(
+    "name,gpus,dp,tp,pp",
+    [
+        ("mixtral-8x7b", 64, 8, 2, 4),
+        ("qwen3-30b-a3b", 16, 8, 1, 2),
+        ("deepseek-v3", 1024, 8, 8, 16),
+        ("gpt-oss-120b", 64, 16, 1, 4),
+    ],
+)
 def test_estimate_runs_for_moe_models_at_ep_1(name, gpus, dp, tp, pp):
     result = _estimate(name, gpus, dp, tp, pp)
     spec = catalog.get(name)
     assert np.isfinite(result.step_time_s) and result.step_time_s > 0
-    assert result.scores.model_flops_per_step == pytest.approx(F.model_flops_per_step(spec, 512 * 4096, causal_half=True))
+    assert result.scores.model_flops_per_step == pytest.approx(
+        F.model_flops_per_step(spec, 512 * 4096, causal_half=True)
+    )
     ranks = result.memory_per_rank()
     assert len(ranks) == pp
     if name == "deepseek-v3":
@@ -225,9 +333,13 @@ def test_estimate_runs_for_moe_models_at_ep_1(name, gpus, dp, tp, pp):
         # than MoE blocks, the last rank holds the head and the 11.6B MTP module
         params = [r["params_bytes"] for r in ranks]
         bytes_per_param = params[1] / float(P.rank_params(spec, tp, 4, False, False))
-        assert params[0] == pytest.approx(bytes_per_param * float(P.rank_params(spec, tp, 4, True, False)), rel=1e-6)
+        assert params[0] == pytest.approx(
+            bytes_per_param * float(P.rank_params(spec, tp, 4, True, False)), rel=1e-6
+        )
         assert params[0] < params[1] / 2
-        assert params[-1] == pytest.approx(bytes_per_param * float(P.rank_params(spec, tp, 3, False, True)), rel=1e-6)
+        assert params[-1] == pytest.approx(
+            bytes_per_param * float(P.rank_params(spec, tp, 3, False, True)), rel=1e-6
+        )
         assert params[-1] > params[1]
 
 
@@ -239,8 +351,12 @@ def test_estimate_of_an_moe_model_costs_its_experts():
     base = catalog.get("qwen3-30b-a3b")
     k2 = _estimate(base.with_(moe=MoESpec(experts=128, top_k=2, expert_ffn=768)), 16, 8, 1, 2, 256)
     k8 = _estimate(base, 16, 8, 1, 2, 256)
-    e256 = _estimate(base.with_(moe=MoESpec(experts=256, top_k=8, expert_ffn=768)), 16, 8, 1, 2, 256)
+    e256 = _estimate(
+        base.with_(moe=MoESpec(experts=256, top_k=8, expert_ffn=768)), 16, 8, 1, 2, 256
+    )
     assert k8.step_time_s > k2.step_time_s and k8.scores.compute[0] > 1.2 * k2.scores.compute[0]
     assert e256.peak_bytes_per_gpu > 1.5 * k8.peak_bytes_per_gpu
-    assert e256.scores.model_flops_per_step == pytest.approx(k8.scores.model_flops_per_step, rel=0.01)
+    assert e256.scores.model_flops_per_step == pytest.approx(
+        k8.scores.model_flops_per_step, rel=0.01
+    )
     assert e256.scores.compute[0] > 1.1 * k8.scores.compute[0]

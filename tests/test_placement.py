@@ -1,4 +1,5 @@
 """Placement strings -> rank strides -> which groups stay inside a node (docstring worked example)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,11 +20,11 @@ def test_right_most_letter_has_stride_one():
 
 def test_worked_example_dp2_pp2_tp4_on_8_device_nodes():
     cluster = group_locality(placement_index("DPT"), 2, 2, 4, 8)
-    assert int(cluster["T"]) == 4          # tp group {0,1,2,3}: one node
-    assert int(cluster["P"]) == 2          # pp group {0,4}: same node
-    assert int(cluster["D"]) == 1          # dp group {0,8}: one rank per node
+    assert int(cluster["T"]) == 4  # tp group {0,1,2,3}: one node
+    assert int(cluster["P"]) == 2  # pp group {0,4}: same node
+    assert int(cluster["D"]) == 1  # dp group {0,8}: one rank per node
     spread = group_locality(placement_index("TPD"), 2, 2, 4, 8)
-    assert int(spread["T"]) == 2           # tp group {0,4,8,12}: 2 ranks on each of 2 nodes
+    assert int(spread["T"]) == 2  # tp group {0,4,8,12}: 2 ranks on each of 2 nodes
     assert int(spread["D"]) == 2
 
 
@@ -52,14 +53,31 @@ def test_a_large_batch_gives_each_row_its_own_layouts_answer():
     place = rng.integers(0, len(PLACEMENTS), n)
     shard = np.where(rng.random(n) < 0.5, dp, np.maximum(dp // 2, 1))
     etp = np.where(tp % 2 == 0, rng.choice([1, 2], n), 1)
-    ep = np.array([rng.choice([e for e in (1, 2, 4, 8, 16) if (t * c * d) % (e * x) == 0])
-                   for t, c, d, x in zip(tp, cp, dp, etp)])
+    ep = np.array(
+        [
+            rng.choice([e for e in (1, 2, 4, 8, 16) if (t * c * d) % (e * x) == 0])
+            for t, c, d, x in zip(tp, cp, dp, etp)
+        ]
+    )
     for domain in (8, 72):
-        batch = group_locality(place, dp, pp, tp, domain, cp=cp, dp_shard=shard, ep=ep, expert_tp=etp)
+        batch = group_locality(
+            place, dp, pp, tp, domain, cp=cp, dp_shard=shard, ep=ep, expert_tp=etp
+        )
         for i in rng.choice(n, 60, replace=False):
-            one = group_locality(int(place[i]), int(dp[i]), int(pp[i]), int(tp[i]), domain, cp=int(cp[i]),
-                                 dp_shard=int(shard[i]), ep=int(ep[i]), expert_tp=int(etp[i]))
-            assert {k: int(v[i]) for k, v in batch.items()} == {k: int(v) for k, v in one.items()}, i
+            one = group_locality(
+                int(place[i]),
+                int(dp[i]),
+                int(pp[i]),
+                int(tp[i]),
+                domain,
+                cp=int(cp[i]),
+                dp_shard=int(shard[i]),
+                ep=int(ep[i]),
+                expert_tp=int(etp[i]),
+            )
+            assert {k: int(v[i]) for k, v in batch.items()} == {
+                k: int(v) for k, v in one.items()
+            }, i
 
 
 def test_distinct_rows_finds_each_distinct_row_once():
@@ -67,8 +85,12 @@ def test_distinct_rows_finds_each_distinct_row_once():
     lookup table or by sorting (a column with a huge value), and whether the packed keys are looked up in a
     table (few combinations) or sorted (more combinations than rows)."""
     rng = np.random.default_rng(3)
-    dense = [rng.integers(0, 5, 3000), rng.choice([1, 2, 4, 8, 2048], 3000), rng.integers(0, 3, 3000)]
-    sparse = [dense[0], np.where(dense[1] == 2048, 2 ** 40, dense[1]), dense[2]]
+    dense = [
+        rng.integers(0, 5, 3000),
+        rng.choice([1, 2, 4, 8, 2048], 3000),
+        rng.integers(0, 3, 3000),
+    ]
+    sparse = [dense[0], np.where(dense[1] == 2048, 2**40, dense[1]), dense[2]]
     many = [rng.integers(0, 20, 3000) for _ in range(4)]
     for cols in (dense, sparse, many):
         first, inverse = distinct_rows(cols)

@@ -1,4 +1,5 @@
 """The plan document: schema, typed loader, rank layout and DeviceMesh."""
+
 import copy
 import json
 from pathlib import Path
@@ -7,8 +8,14 @@ import pytest
 
 from planner.errors import ConfigError
 from planner.parallel import ParallelConfig
-from planner.plan import (SCHEMA_VERSION, load_plan, mesh_dims, plan_from_document, rank_coordinates,
-                          rank_layout)
+from planner.plan import (
+    SCHEMA_VERSION,
+    load_plan,
+    mesh_dims,
+    plan_from_document,
+    rank_coordinates,
+    rank_layout,
+)
 from planner.run_options import RunOptions
 
 EXAMPLE = Path(__file__).parent / "data" / "plan_example.json"
@@ -32,6 +39,7 @@ def test_load_plan_returns_typed_config_and_prediction():
 
 def test_public_api_exposes_load_plan():
     import planner
+
     assert planner.load_plan(EXAMPLE).model_name == "gpt3-175b"
 
 
@@ -55,13 +63,16 @@ def test_broken_json_and_missing_file_are_config_errors(tmp_path):
         load_plan(tmp_path / "missing.json")
 
 
-@pytest.mark.parametrize("path,value,field", [
-    (("plan", "schedule"), "pipedream", "plan.schedule"),
-    (("plan", "tp"), 0, "plan.tp"),
-    (("plan", "placement"), "DXT", "plan.placement"),
-    (("plan", "bogus"), 1, "plan"),
-    (("prediction", "memory", "fits"), "yes", "prediction.memory.fits"),
-])
+@pytest.mark.parametrize(
+    "path,value,field",
+    [
+        (("plan", "schedule"), "pipedream", "plan.schedule"),
+        (("plan", "tp"), 0, "plan.tp"),
+        (("plan", "placement"), "DXT", "plan.placement"),
+        (("plan", "bogus"), 1, "plan"),
+        (("prediction", "memory", "fits"), "yes", "prediction.memory.fits"),
+    ],
+)
 def test_schema_violations_name_the_field(path, value, field):
     doc = example()
     target = doc
@@ -83,7 +94,9 @@ def test_missing_required_key_is_rejected():
 def test_degrees_must_multiply_to_the_gpus():
     doc = example()
     doc["hardware"]["gpus"] = 480
-    with pytest.raises(ConfigError, match=r"tp\(8\)\*pp\(10\)\*dp\(12\)=960 != world_size\(480\); set dp=6"):
+    with pytest.raises(
+        ConfigError, match=r"tp\(8\)\*pp\(10\)\*dp\(12\)=960 != world_size\(480\); set dp=6"
+    ):
         plan_from_document(doc)
 
 
@@ -100,7 +113,9 @@ def test_inconsistent_microbatch_count_and_stage_sum_are_rejected():
 
 def test_extra_top_level_keys_are_kept():
     doc = example()
-    doc["alternatives"] = [{"plan": {"dp": 6}, "step_time_s": 31.0, "peak_bytes_per_gpu": 1, "fits": True}]
+    doc["alternatives"] = [
+        {"plan": {"dp": 6}, "step_time_s": 31.0, "peak_bytes_per_gpu": 1, "fits": True}
+    ]
     plan = plan_from_document(copy.deepcopy(doc))
     assert plan.alternatives[0]["step_time_s"] == 31.0
     assert plan.to_document() == doc
@@ -109,7 +124,10 @@ def test_extra_top_level_keys_are_kept():
 def test_mesh_dims_follow_the_placement_outermost_first():
     cfg = ParallelConfig(dp=4, pp=3, tp=2, global_batch=4)
     assert mesh_dims(cfg) == (("dp", "pp", "tp"), (4, 3, 2))
-    assert mesh_dims(ParallelConfig(dp=4, pp=3, tp=2, global_batch=4, placement="TDP")) == (("tp", "dp", "pp"), (2, 4, 3))
+    assert mesh_dims(ParallelConfig(dp=4, pp=3, tp=2, global_batch=4, placement="TDP")) == (
+        ("tp", "dp", "pp"),
+        (2, 4, 3),
+    )
 
 
 def test_rank_layout_puts_the_last_letter_on_adjacent_ranks():
@@ -117,9 +135,9 @@ def test_rank_layout_puts_the_last_letter_on_adjacent_ranks():
     assert rank_layout(dpt).tolist() == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
     assert rank_coordinates(dpt, 6) == {"dp": 1, "pp": 1, "tp": 0}
     tdp = ParallelConfig(dp=2, pp=2, tp=2, global_batch=2, placement="TDP")
-    layout = rank_layout(tdp)          # axes (tp, dp, pp)
-    assert layout[0, 0, :].tolist() == [0, 1]      # a pp group is two adjacent ranks
-    assert layout[:, 0, 0].tolist() == [0, 4]      # a tp group spans the outer stride
+    layout = rank_layout(tdp)  # axes (tp, dp, pp)
+    assert layout[0, 0, :].tolist() == [0, 1]  # a pp group is two adjacent ranks
+    assert layout[:, 0, 0].tolist() == [0, 4]  # a tp group spans the outer stride
 
 
 def test_device_mesh_groups_match_the_worked_example():
@@ -129,8 +147,16 @@ def test_device_mesh_groups_match_the_worked_example():
 
     doc = example()
     doc["hardware"]["gpus"] = 8
-    doc["plan"].update(dp=2, tp=2, pp=2, global_batch=2, num_microbatches=1, schedule="1f1b",
-                       virtual_stages=1, stages=[])
+    doc["plan"].update(
+        dp=2,
+        tp=2,
+        pp=2,
+        global_batch=2,
+        num_microbatches=1,
+        schedule="1f1b",
+        virtual_stages=1,
+        stages=[],
+    )
     plan = plan_from_document(doc)
     dist.init_process_group("fake", store=FakeStore(), rank=5, world_size=8)
     try:
@@ -147,8 +173,15 @@ def test_device_mesh_groups_match_the_worked_example():
 
 def test_a_recommend_json_document_loads_as_its_winner(tmp_path):
     doc = json.loads(EXAMPLE.read_text())
-    wrapped = {"schema_version": doc["schema_version"], "model": doc["model"], "hardware": doc["hardware"],
-               "objective": "throughput", "search": {}, "best": doc, "alternatives": []}
+    wrapped = {
+        "schema_version": doc["schema_version"],
+        "model": doc["model"],
+        "hardware": doc["hardware"],
+        "objective": "throughput",
+        "search": {},
+        "best": doc,
+        "alternatives": [],
+    }
     path = tmp_path / "recommend.json"
     path.write_text(json.dumps(wrapped))
     assert load_plan(path).config == load_plan(EXAMPLE).config
@@ -180,9 +213,23 @@ def test_plan_with_fp8_activation_input_round_trips_through_the_schema():
     software block, and the document validates."""
     from planner.estimate import estimate
 
-    cfg = ParallelConfig(dp=8, tp=1, pp=1, micro_batch=1, global_batch=64, seq=4096, precision="fp8",
-                         framework="megatron")
-    est = estimate('llama3-8b', 'p5.48xlarge', cfg, gpus=8, options=RunOptions(activation_fp8_input=True, loss='inplace'))
+    cfg = ParallelConfig(
+        dp=8,
+        tp=1,
+        pp=1,
+        micro_batch=1,
+        global_batch=64,
+        seq=4096,
+        precision="fp8",
+        framework="megatron",
+    )
+    est = estimate(
+        "llama3-8b",
+        "p5.48xlarge",
+        cfg,
+        gpus=8,
+        options=RunOptions(activation_fp8_input=True, loss="inplace"),
+    )
     doc = json.loads(json.dumps(est.to_document()))
     assert doc["software"]["activation_fp8_input"] is True and doc["software"]["loss"] == "inplace"
     plan_from_document(doc)

@@ -119,7 +119,9 @@ def test_cost_objective_without_a_price_is_one_line_and_exit_2_with_the_fix():
         ["recommend", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "32", "--objective", "cost"],
     )
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
-    assert "--objective cost" in result.stderr and "dgx-h100's profile has no price" in result.stderr
+    assert (
+        "--objective cost" in result.stderr and "dgx-h100's profile has no price" in result.stderr
+    )
     assert "pass --price-per-hour" in result.stderr
     priced = runner.invoke(
         app,

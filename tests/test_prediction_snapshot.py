@@ -1,6 +1,7 @@
 """The prediction snapshot (benchmarks/prediction_snapshot.py): every published row's estimate and a
 dozen searches' top plans equal tests/golden/predictions.json. A refactor keeps it identical; a change
 that moves a prediction on purpose rewrites the file in the same commit (`--write`) and says why."""
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,15 @@ def test_estimates_and_searches_equal_the_golden_snapshot():
 
 def test_the_comparison_sees_a_moved_number_a_new_key_and_a_changed_plan():
     golden = {"a": {"step_time_s": 1.0, "plan": {"tp": 2}}, "b": [1, 2]}
-    assert not list(S.differences(golden, {"a": {"step_time_s": 1.0 + 1e-12, "plan": {"tp": 2}},
-                                           "b": [1, 2]}))
-    moved = list(S.differences(golden, {"a": {"step_time_s": 1.001, "plan": {"tp": 4}, "x": 0},
-                                        "b": [1]}))
-    assert moved == ["/a/plan/tp: 2 -> 4", "/a/step_time_s: 1.0 -> 1.001", "/a/x: new",
-                     "/b: [1, 2] -> [1]"]
+    assert not list(
+        S.differences(golden, {"a": {"step_time_s": 1.0 + 1e-12, "plan": {"tp": 2}}, "b": [1, 2]})
+    )
+    moved = list(
+        S.differences(golden, {"a": {"step_time_s": 1.001, "plan": {"tp": 4}, "x": 0}, "b": [1]})
+    )
+    assert moved == [
+        "/a/plan/tp: 2 -> 4",
+        "/a/step_time_s: 1.0 -> 1.001",
+        "/a/x: new",
+        "/b: [1, 2] -> [1]",
+    ]

@@ -1,4 +1,5 @@
 """Analytic profiler: formulas against the papers they cite, numpy arrays, and the profile JSON."""
+
 import json
 
 import numpy as np
@@ -21,7 +22,9 @@ def test_gpt3_175b_model_flops_per_sequence_equal_flopcountermode_on_meta():
     """docs/executor-notes.md: FlopCounterMode on meta counts 2.2044e15 FLOPs for one 2048-token
     sequence of GPT-3 175B, forward + backward (6 N tokens + attention)."""
     assert F.model_flops_per_step(GPT3, 2048) == pytest.approx(2.2044e15, rel=1e-4)
-    p = profile_spec(GPT3, micro_batch=1, options=RunOptions(attention='unfused'))  # math attention: backward = 2x forward everywhere
+    p = profile_spec(
+        GPT3, micro_batch=1, options=RunOptions(attention="unfused")
+    )  # math attention: backward = 2x forward everywhere
     assert p.flops_fwd + p.flops_bwd == pytest.approx(F.model_flops_per_step(GPT3, 2048), rel=1e-12)
 
 
@@ -43,9 +46,15 @@ def test_korthikanti_table2_per_layer_activations():
     kw = dict(precision="amp-fp16", kernels="fused", flash=False, dropout=True)
     assert A.block_bytes(GPT3, b, s, **kw) == pytest.approx(sbh * (34 + 5 * a * s / h))
     for t in (2, 4, 8):
-        assert A.block_bytes(GPT3, b, s, tp=t, **kw) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
-        assert A.block_bytes(GPT3, b, s, tp=t, sp=True, **kw) == pytest.approx(sbh / t * (34 + 5 * a * s / h))
-        assert A.block_bytes(GPT3, b, s, tp=t, sp=True, recompute="selective", **kw) == pytest.approx(sbh / t * 34)
+        assert A.block_bytes(GPT3, b, s, tp=t, **kw) == pytest.approx(
+            sbh * (10 + 24 / t + 5 * a * s / (h * t))
+        )
+        assert A.block_bytes(GPT3, b, s, tp=t, sp=True, **kw) == pytest.approx(
+            sbh / t * (34 + 5 * a * s / h)
+        )
+        assert A.block_bytes(
+            GPT3, b, s, tp=t, sp=True, recompute="selective", **kw
+        ) == pytest.approx(sbh / t * 34)
     assert A.block_bytes(GPT3, b, s, recompute="full", **kw) == 2 * sbh
 
 
@@ -67,13 +76,19 @@ def test_cost_functions_accept_numpy_arrays_of_candidates():
     sp = np.array([False, True, True, False])
     s = 2048
     vec = A.block_bytes(GPT3, b, s, tp=tp, sp=sp, recompute="selective")
-    scalar = [A.block_bytes(GPT3, int(bi), s, tp=int(ti), sp=bool(si), recompute="selective")
-              for bi, ti, si in zip(b, tp, sp)]
+    scalar = [
+        A.block_bytes(GPT3, int(bi), s, tp=int(ti), sp=bool(si), recompute="selective")
+        for bi, ti, si in zip(b, tp, sp)
+    ]
     np.testing.assert_allclose(vec, scalar)
-    np.testing.assert_allclose(F.block_flops_fwd(GPT3, b, s), [F.block_flops_fwd(GPT3, int(x), s) for x in b])
-    np.testing.assert_allclose(A.block_bytes(GPT3, b, s, tp=tp, recompute="full"), b * s * GPT3.hidden * 2)
+    np.testing.assert_allclose(
+        F.block_flops_fwd(GPT3, b, s), [F.block_flops_fwd(GPT3, int(x), s) for x in b]
+    )
+    np.testing.assert_allclose(
+        A.block_bytes(GPT3, b, s, tp=tp, recompute="full"), b * s * GPT3.hidden * 2
+    )
     seqs = np.array([512, 1024, 2048])
-    np.testing.assert_allclose(F.attention_core_flops_fwd(GPT3, 1, seqs), 4 * seqs ** 2 * GPT3.hidden)
+    np.testing.assert_allclose(F.attention_core_flops_fwd(GPT3, 1, seqs), 4 * seqs**2 * GPT3.hidden)
     assert np.all(A.loss_bytes(GPT3, b, s, tp=tp) > 0)
 
 
@@ -81,9 +96,13 @@ def test_cost_functions_accept_numpy_arrays_of_candidates():
 def test_gemm_shapes_add_up_to_block_flops_and_tp_divides_them(name):
     spec = catalog.get(name)
     shapes = F.block_gemm_shapes(spec, 2, 1024)
-    assert sum(g.flops for g in shapes) == pytest.approx(F.block_flops_fwd(spec, 2, 1024), rel=1e-12)
+    assert sum(g.flops for g in shapes) == pytest.approx(
+        F.block_flops_fwd(spec, 2, 1024), rel=1e-12
+    )
     sharded = F.block_gemm_shapes(spec, 2, 1024, tp=8)
-    assert sum(g.flops for g in sharded) == pytest.approx(F.block_flops_fwd(spec, 2, 1024) / 8, rel=1e-12)
+    assert sum(g.flops for g in sharded) == pytest.approx(
+        F.block_flops_fwd(spec, 2, 1024) / 8, rel=1e-12
+    )
 
 
 def test_full_recompute_costs_the_block_forward_less_its_last_gemm():
@@ -95,17 +114,27 @@ def test_full_recompute_costs_the_block_forward_less_its_last_gemm():
 
 
 def test_profile_json_follows_the_contract_and_totals_add_up():
-    result = runner.invoke(app, ["profile", "llama3-8b", "--seq", "4096", "--micro-batch", "2", "--json"])
+    result = runner.invoke(
+        app, ["profile", "llama3-8b", "--seq", "4096", "--micro-batch", "2", "--json"]
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert {"model", "params", "flops", "activations_bytes", "layers"} <= set(doc)
     assert {"forward", "backward"} <= set(doc["flops"]) and doc["params"] == 8_030_261_248
     assert doc["micro_batch"] == 2 and doc["seq"] == 4096 and len(doc["layers"]) == 32 + 3
     assert sum(layer["params"] for layer in doc["layers"]) == doc["params"]
-    assert sum(layer["flops"]["forward"] for layer in doc["layers"]) == pytest.approx(doc["flops"]["forward"])
+    assert sum(layer["flops"]["forward"] for layer in doc["layers"]) == pytest.approx(
+        doc["flops"]["forward"]
+    )
     for mode in ("none", "selective", "full"):
-        assert sum(layer["activations_bytes"][mode] for layer in doc["layers"]
-                   if layer["kind"] != "loss") == doc["activations_bytes"][mode]   # the loss row is the logits transient
+        assert (
+            sum(
+                layer["activations_bytes"][mode]
+                for layer in doc["layers"]
+                if layer["kind"] != "loss"
+            )
+            == doc["activations_bytes"][mode]
+        )  # the loss row is the logits transient
     # fused kernels with flash attention keep no s x s scores: selective (the checkpointed core attention) drops only
     # the kernel's fp32 log-sum-exp, 4 bytes per head per token (in 16 bits the projection keeps the output itself)
     lse = 32 * 4 * 32 * 2 * 4096

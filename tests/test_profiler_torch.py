@@ -2,6 +2,7 @@
 FLOPs by torch.utils.flop_counter.FlopCounterMode (within 2%), activation bytes by what autograd
 saves (torch.autograd.graph.saved_tensors_hooks, deduped by storage, parameters excluded; within
 5%), for recompute none / selective (SDPA checkpointed) / full (blocks checkpointed)."""
+
 import functools
 
 import pytest
@@ -21,6 +22,7 @@ def _small(model_type: str, **shape):
     from pathlib import Path
 
     from planner.hf_config import read_hf_config
+
     spec = read_hf_config(Path(__file__).parent / "fixtures" / "hf" / f"{model_type}.json")
     return spec.with_(layers=2, vocab=512, seq=64, **shape)
 
@@ -40,15 +42,27 @@ def measured_step(spec, dtype, mode, micro_batch=2):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("spec", [SMALL_GPT, SMALL_LLAMA, SMALL_QWEN3, SMALL_GEMMA, SMALL_PHI3],
-                         ids=["gpt", "llama", "qwen3", "gemma", "phi3"])
-@pytest.mark.parametrize("dtype,precision", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "spec",
+    [SMALL_GPT, SMALL_LLAMA, SMALL_QWEN3, SMALL_GEMMA, SMALL_PHI3],
+    ids=["gpt", "llama", "qwen3", "gemma", "phi3"],
+)
+@pytest.mark.parametrize(
+    "dtype,precision", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")], ids=["fp32", "bf16"]
+)
 def test_analytic_matches_measured(spec, mode, dtype, precision):
     flops, saved_bytes = measured_step(spec, dtype, mode)
     # torch kernels; on CPU, SDPA's flash kernel accepts fp32 (on CUDA fp32 with GQA falls back to the math kernel)
     # the reference model's selective recompute checkpoints the attention core (Megatron's policy), not
     # torchtitan's per-operator one
-    profile = profile_spec(spec, micro_batch=2, precision=precision, framework='torchtitan', selective='attention', options=RunOptions(attention='flash'))
+    profile = profile_spec(
+        spec,
+        micro_batch=2,
+        precision=precision,
+        framework="torchtitan",
+        selective="attention",
+        options=RunOptions(attention="flash"),
+    )
     analytic_flops = profile.flops_fwd + profile.flops_bwd + profile.recompute_flops(mode)
     assert analytic_flops == pytest.approx(flops, rel=0.02)
     # autograd also keeps the loss's fp32 log-softmax (the profile's loss row; the memory model counts
@@ -68,7 +82,9 @@ def test_recompute_keeps_the_numbers():
     grads = {}
     for mode in MODES:
         model = build_model(SMALL_LLAMA).set_recompute(mode)
-        tokens = torch.randint(0, SMALL_LLAMA.vocab, (2, SMALL_LLAMA.seq), generator=torch.Generator().manual_seed(1))
+        tokens = torch.randint(
+            0, SMALL_LLAMA.vocab, (2, SMALL_LLAMA.seq), generator=torch.Generator().manual_seed(1)
+        )
         lm_loss(model(tokens), tokens).backward()
         grads[mode] = torch.cat([p.grad.flatten() for p in model.parameters()])
     torch.testing.assert_close(grads["selective"], grads["none"])

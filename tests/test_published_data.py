@@ -5,6 +5,7 @@ count (world = dp x tp x pp x cp), the global batch divisible by dp x micro batc
 `sources`, unique ids, catalog names that exist, `arch` shapes that build a TransformerSpec, and measurements that
 are positive. The checker is exercised on injected malformed rows so that a broken check cannot pass silently.
 """
+
 from __future__ import annotations
 
 import copy
@@ -24,16 +25,77 @@ FILES = [PUBLISHED / name for name in DENSE_FILES]
 """The per-stack collections; features.json and moe.json have their own checks (tests/test_published_features.py, tests/test_published_moe.py)."""
 
 SOURCE_KEYS = ("title", "authors_or_owner", "url", "date", "where", "hardware_note", "how_measured")
-ROW_KEYS = ("id", "source_id", "framework", "framework_detail", "model", "arch", "params_published", "hardware",
-            "gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "expert_tp", "dp_shard", "zero", "virtual_stages",
-            "schedule", "micro_batch", "global_batch", "seq", "recompute", "sequence_parallel", "precision",
-            "attention", "compile", "offload", "extras", "measured", "measured_memory_gib", "memory_kind",
-            "trained", "inferred", "notes")
+ROW_KEYS = (
+    "id",
+    "source_id",
+    "framework",
+    "framework_detail",
+    "model",
+    "arch",
+    "params_published",
+    "hardware",
+    "gpu",
+    "gpus",
+    "dp",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "expert_tp",
+    "dp_shard",
+    "zero",
+    "virtual_stages",
+    "schedule",
+    "micro_batch",
+    "global_batch",
+    "seq",
+    "recompute",
+    "sequence_parallel",
+    "precision",
+    "attention",
+    "compile",
+    "offload",
+    "extras",
+    "measured",
+    "measured_memory_gib",
+    "memory_kind",
+    "trained",
+    "inferred",
+    "notes",
+)
 OPTIONAL_ROW_KEYS = ("recompute_detail",)
-ARCH_KEYS = ("model_type", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "position",
-             "gated_mlp", "activation", "norm", "tied_embeddings", "qkv_bias", "out_bias", "mlp_bias")
-INT_KEYS = ("gpus", "dp", "tp", "pp", "cp", "ep", "expert_tp", "dp_shard", "virtual_stages", "micro_batch",
-            "global_batch", "seq")
+ARCH_KEYS = (
+    "model_type",
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "ffn",
+    "vocab",
+    "position",
+    "gated_mlp",
+    "activation",
+    "norm",
+    "tied_embeddings",
+    "qkv_bias",
+    "out_bias",
+    "mlp_bias",
+)
+INT_KEYS = (
+    "gpus",
+    "dp",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "expert_tp",
+    "dp_shard",
+    "virtual_stages",
+    "micro_batch",
+    "global_batch",
+    "seq",
+)
 ENUMS = {
     "framework": {"megatron", "torchtitan", "fsdp", "deepspeed"},
     "zero": {0, 1, 2, 3},
@@ -44,8 +106,15 @@ ENUMS = {
     "offload": {"none", "optimizer", "params", "activations"},
     "memory_kind": {"allocated", "reserved", "nvidia-smi", None},
 }
-MEASURED_KEYS = {"iteration_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu",
-                 "samples_per_s"}
+MEASURED_KEYS = {
+    "iteration_time_s",
+    "tokens_per_s_per_gpu",
+    "tokens_per_s",
+    "tflops_per_gpu",
+    "mfu",
+    "hfu",
+    "samples_per_s",
+}
 SPEC_FIELDS = {f.name for f in fields(TransformerSpec)}
 CATALOG_NAMES = set(catalog.names())
 
@@ -100,9 +169,13 @@ def row_problems(row: dict, sources: dict) -> list[str]:
     if out:
         return out
     if row["dp"] * row["tp"] * row["pp"] * row["cp"] != row["gpus"]:
-        out.append(f"dp*tp*pp*cp = {row['dp'] * row['tp'] * row['pp'] * row['cp']} != gpus {row['gpus']}")
+        out.append(
+            f"dp*tp*pp*cp = {row['dp'] * row['tp'] * row['pp'] * row['cp']} != gpus {row['gpus']}"
+        )
     if row["global_batch"] % (row["dp"] * row["micro_batch"]):
-        out.append(f"global_batch {row['global_batch']} not divisible by dp*micro_batch {row['dp'] * row['micro_batch']}")
+        out.append(
+            f"global_batch {row['global_batch']} not divisible by dp*micro_batch {row['dp'] * row['micro_batch']}"
+        )
     if row["dp"] % row["dp_shard"]:
         out.append(f"dp_shard {row['dp_shard']} does not divide dp {row['dp']}")
     if (row["dp"] * row["cp"]) % row["ep"]:
@@ -118,15 +191,24 @@ def row_problems(row: dict, sources: dict) -> list[str]:
     if row["model"] is not None and row["model"] not in CATALOG_NAMES:
         out.append(f"model {row['model']!r} is not a catalog name")
     if row["arch"] is not None:
-        out += arch_problems(row["arch"], row["seq"]) if isinstance(row["arch"], dict) else ["arch is not an object"]
-    if row["params_published"] is not None and (not _is_number(row["params_published"]) or row["params_published"] <= 0):
+        out += (
+            arch_problems(row["arch"], row["seq"])
+            if isinstance(row["arch"], dict)
+            else ["arch is not an object"]
+        )
+    if row["params_published"] is not None and (
+        not _is_number(row["params_published"]) or row["params_published"] <= 0
+    ):
         out.append("params_published is not a positive number")
     for key in ("extras", "measured", "inferred"):
         if not isinstance(row[key], dict):
             out.append(f"{key} is not an object")
     if out:
         return out
-    if any(not isinstance(k, str) or not isinstance(v, str) or not v for k, v in row["inferred"].items()):
+    if any(
+        not isinstance(k, str) or not isinstance(v, str) or not v
+        for k, v in row["inferred"].items()
+    ):
         out.append("inferred must map keys to non-empty explanations")
     unknown_measures = set(row["measured"]) - MEASURED_KEYS
     if unknown_measures:
@@ -150,7 +232,11 @@ def row_problems(row: dict, sources: dict) -> list[str]:
 
 def doc_problems(doc: dict) -> list[str]:
     """Everything wrong with one published-runs document (empty when it follows FORMAT.md)."""
-    out = [f"missing top-level key {k}" for k in ("about", "sources", "runs", "excluded") if k not in doc]
+    out = [
+        f"missing top-level key {k}"
+        for k in ("about", "sources", "runs", "excluded")
+        if k not in doc
+    ]
     if out:
         return out
     if not isinstance(doc["about"], str) or not doc["about"]:
@@ -210,12 +296,30 @@ def _valid_doc() -> dict:
     arch_row = copy.deepcopy(row)
     arch_row["id"] = "arch-row"
     arch_row["model"] = None
-    arch_row["arch"] = {"model_type": "llama", "layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8,
-                        "head_dim": 128, "ffn": 53248, "vocab": 128256, "position": "rope", "gated_mlp": True,
-                        "activation": "silu", "norm": "rmsnorm", "tied_embeddings": False, "qkv_bias": False,
-                        "out_bias": False, "mlp_bias": False}
-    return {"about": doc["about"], "sources": {row["source_id"]: doc["sources"][row["source_id"]]},
-            "runs": [row, arch_row], "excluded": []}
+    arch_row["arch"] = {
+        "model_type": "llama",
+        "layers": 126,
+        "hidden": 16384,
+        "heads": 128,
+        "kv_heads": 8,
+        "head_dim": 128,
+        "ffn": 53248,
+        "vocab": 128256,
+        "position": "rope",
+        "gated_mlp": True,
+        "activation": "silu",
+        "norm": "rmsnorm",
+        "tied_embeddings": False,
+        "qkv_bias": False,
+        "out_bias": False,
+        "mlp_bias": False,
+    }
+    return {
+        "about": doc["about"],
+        "sources": {row["source_id"]: doc["sources"][row["source_id"]]},
+        "runs": [row, arch_row],
+        "excluded": [],
+    }
 
 
 def test_checker_accepts_a_well_formed_document():
@@ -225,18 +329,21 @@ def test_checker_accepts_a_well_formed_document():
 def _set(key, value):
     def mutate(doc):
         doc["runs"][0][key] = value
+
     return mutate
 
 
 def _drop(key):
     def mutate(doc):
         del doc["runs"][0][key]
+
     return mutate
 
 
 def _arch(key, value):
     def mutate(doc):
         doc["runs"][1]["arch"][key] = value
+
     return mutate
 
 
@@ -268,7 +375,9 @@ MALFORMED = [
 ]
 
 
-@pytest.mark.parametrize("mutate,expected", [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED])
+@pytest.mark.parametrize(
+    "mutate,expected", [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED]
+)
 def test_checker_reports_an_injected_malformed_row(mutate, expected):
     doc = _valid_doc()
     mutate(doc)

@@ -7,6 +7,7 @@ B200 and GB200 (hardware_profiles/*.json, validated by hardware_profiles.load_pr
 Each validator returns a list of problems. The tests assert that the shipped files have none, and that
 a deliberately broken copy is caught, so a validator that accepts everything fails here.
 """
+
 from __future__ import annotations
 
 import copy
@@ -21,13 +22,53 @@ from planner import catalog
 ROOT = Path(__file__).resolve().parents[1]
 FEATURES = ROOT / "validation" / "published" / "features.json"
 KERNELS = ROOT / "validation" / "kernels"
-NEW_PROFILES = ("p5e.48xlarge", "p5en.48xlarge", "p6-b200.48xlarge", "dgx-b200", "gb200-nvl72", "p6e-gb200.36xlarge")
+NEW_PROFILES = (
+    "p5e.48xlarge",
+    "p5en.48xlarge",
+    "p6-b200.48xlarge",
+    "dgx-b200",
+    "gb200-nvl72",
+    "p6e-gb200.36xlarge",
+)
 
-ROW_KEYS = {"id", "source_id", "framework", "framework_detail", "model", "arch", "params_published", "hardware",
-            "gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "expert_tp", "dp_shard", "zero", "virtual_stages",
-            "schedule", "micro_batch", "global_batch", "seq", "recompute", "sequence_parallel", "precision",
-            "attention", "compile", "offload", "extras", "measured", "measured_memory_gib", "memory_kind",
-            "trained", "inferred", "notes"}
+ROW_KEYS = {
+    "id",
+    "source_id",
+    "framework",
+    "framework_detail",
+    "model",
+    "arch",
+    "params_published",
+    "hardware",
+    "gpu",
+    "gpus",
+    "dp",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "expert_tp",
+    "dp_shard",
+    "zero",
+    "virtual_stages",
+    "schedule",
+    "micro_batch",
+    "global_batch",
+    "seq",
+    "recompute",
+    "sequence_parallel",
+    "precision",
+    "attention",
+    "compile",
+    "offload",
+    "extras",
+    "measured",
+    "measured_memory_gib",
+    "memory_kind",
+    "trained",
+    "inferred",
+    "notes",
+}
 OPTIONAL_ROW_KEYS = {"recompute_detail", "hardware_note"}
 SOURCE_KEYS = {"title", "authors_or_owner", "url", "date", "where", "hardware_note", "how_measured"}
 FRAMEWORKS = {"megatron", "torchtitan", "fsdp", "deepspeed"}
@@ -37,11 +78,46 @@ PRECISIONS = {"amp-bf16", "bf16", "amp-fp16", "fp8"}
 ATTENTION = {"flash", "sdpa", "triton", "unfused", "cudnn", None}
 OFFLOAD = {"none", "optimizer", "params", "activations"}
 MEMORY_KINDS = {"allocated", "reserved", "nvidia-smi", None}
-MEASURED = {"iteration_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "tflops_per_gpu", "mfu", "samples_per_s"}
-ARCH_KEYS = {"model_type", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "position",
-             "gated_mlp", "activation", "norm", "tied_embeddings", "qkv_bias", "out_bias", "mlp_bias"}
-INT_KEYS = ("gpus", "dp", "tp", "pp", "cp", "ep", "expert_tp", "dp_shard", "virtual_stages", "micro_batch",
-            "global_batch", "seq")
+MEASURED = {
+    "iteration_time_s",
+    "tokens_per_s_per_gpu",
+    "tokens_per_s",
+    "tflops_per_gpu",
+    "mfu",
+    "samples_per_s",
+}
+ARCH_KEYS = {
+    "model_type",
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "ffn",
+    "vocab",
+    "position",
+    "gated_mlp",
+    "activation",
+    "norm",
+    "tied_embeddings",
+    "qkv_bias",
+    "out_bias",
+    "mlp_bias",
+}
+INT_KEYS = (
+    "gpus",
+    "dp",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "expert_tp",
+    "dp_shard",
+    "virtual_stages",
+    "micro_batch",
+    "global_batch",
+    "seq",
+)
 
 
 def _load(path: Path) -> dict:
@@ -77,20 +153,31 @@ def validate_row(r: dict, sources: dict) -> list[str]:
     rid = r.get("id", "?")
     keys = set(r)
     if not ROW_KEYS <= keys or keys - ROW_KEYS - OPTIONAL_ROW_KEYS:
-        return [f"{rid}: keys differ from FORMAT.md: missing {sorted(ROW_KEYS - keys)}, "
-                f"extra {sorted(keys - ROW_KEYS - OPTIONAL_ROW_KEYS)}"]
+        return [
+            f"{rid}: keys differ from FORMAT.md: missing {sorted(ROW_KEYS - keys)}, "
+            f"extra {sorted(keys - ROW_KEYS - OPTIONAL_ROW_KEYS)}"
+        ]
     errs = []
     if r["source_id"] not in sources:
         errs.append(f"{rid}: source_id {r['source_id']!r} not in sources")
-    for key, allowed in (("framework", FRAMEWORKS), ("schedule", SCHEDULES), ("recompute", RECOMPUTE),
-                         ("precision", PRECISIONS), ("attention", ATTENTION), ("offload", OFFLOAD),
-                         ("memory_kind", MEMORY_KINDS)):
+    for key, allowed in (
+        ("framework", FRAMEWORKS),
+        ("schedule", SCHEDULES),
+        ("recompute", RECOMPUTE),
+        ("precision", PRECISIONS),
+        ("attention", ATTENTION),
+        ("offload", OFFLOAD),
+        ("memory_kind", MEMORY_KINDS),
+    ):
         if r[key] not in allowed:
             errs.append(f"{rid}: {key} {r[key]!r} not among {sorted(map(str, allowed))}")
     for key in ("sequence_parallel", "compile", "trained"):
         if not isinstance(r[key], bool):
             errs.append(f"{rid}: {key} must be true or false")
-    if not all(isinstance(r[k], str) and r[k].strip() for k in ("id", "framework_detail", "hardware", "gpu")):
+    if not all(
+        isinstance(r[k], str) and r[k].strip()
+        for k in ("id", "framework_detail", "hardware", "gpu")
+    ):
         errs.append(f"{rid}: id, framework_detail, hardware and gpu must be non-empty strings")
     if r["model"] is None:
         if not isinstance(r["arch"], dict) or not ARCH_KEYS <= set(r["arch"]):
@@ -101,13 +188,17 @@ def validate_row(r: dict, sources: dict) -> list[str]:
         return errs + [f"{rid}: {', '.join(INT_KEYS)} must be positive integers"]
     world = r["dp"] * r["tp"] * r["pp"] * r["cp"]
     if world != r["gpus"]:
-        errs.append(f"{rid}: dp({r['dp']}) x tp({r['tp']}) x pp({r['pp']}) x cp({r['cp']}) = {world} != gpus {r['gpus']}")
+        errs.append(
+            f"{rid}: dp({r['dp']}) x tp({r['tp']}) x pp({r['pp']}) x cp({r['cp']}) = {world} != gpus {r['gpus']}"
+        )
     if r["dp"] % r["dp_shard"]:
         errs.append(f"{rid}: dp_shard {r['dp_shard']} does not divide dp {r['dp']}")
     if r["zero"] not in (0, 1, 2, 3):
         errs.append(f"{rid}: zero {r['zero']!r}")
     elif r["dp_shard"] < r["dp"] and r["zero"] < 2:
-        errs.append(f"{rid}: HSDP (dp_shard < dp) shards parameters or gradients, so zero must be 2 or 3")
+        errs.append(
+            f"{rid}: HSDP (dp_shard < dp) shards parameters or gradients, so zero must be 2 or 3"
+        )
     if r["global_batch"] % (r["micro_batch"] * r["dp"]):
         errs.append(f"{rid}: global_batch {r['global_batch']} not a multiple of micro_batch x dp")
     if r["seq"] % r["cp"]:
@@ -128,7 +219,9 @@ def _check_measured(rid: str, r: dict) -> list[str]:
     measured = r["measured"]
     if not isinstance(measured, dict) or not MEASURED & set(measured) or set(measured) - MEASURED:
         return [f"{rid}: measured must hold only keys among {sorted(MEASURED)}"]
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in measured.values()):
+    if not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in measured.values()
+    ):
         return [f"{rid}: measured values must be positive numbers"]
     errs = []
     if "mfu" in measured and measured["mfu"] > 1:
@@ -136,8 +229,10 @@ def _check_measured(rid: str, r: dict) -> list[str]:
     if "iteration_time_s" in measured and "tokens_per_s" in measured:
         implied = r["seq"] * r["global_batch"] / measured["iteration_time_s"]
         if abs(implied / measured["tokens_per_s"] - 1) > 0.02:
-            errs.append(f"{rid}: seq x global_batch / iteration_time_s = {implied:.0f} but tokens_per_s = "
-                        f"{measured['tokens_per_s']}")
+            errs.append(
+                f"{rid}: seq x global_batch / iteration_time_s = {implied:.0f} but tokens_per_s = "
+                f"{measured['tokens_per_s']}"
+            )
     return errs
 
 
@@ -159,8 +254,12 @@ def validate_runs(doc: dict) -> list[str]:
             errs.append(f"excluded entry must be {{what, why}}: {ex}")
     for ref in doc.get("reference_only", []):
         if ref.get("source_id") not in sources:
-            errs.append(f"reference {ref.get('id')}: source {ref.get('source_id')!r} not in sources")
-        if ref.get("dp", 0) * ref.get("tp", 0) * ref.get("pp", 0) * ref.get("cp", 0) != ref.get("gpus"):
+            errs.append(
+                f"reference {ref.get('id')}: source {ref.get('source_id')!r} not in sources"
+            )
+        if ref.get("dp", 0) * ref.get("tp", 0) * ref.get("pp", 0) * ref.get("cp", 0) != ref.get(
+            "gpus"
+        ):
             errs.append(f"reference {ref.get('id')}: degrees do not multiply to gpus")
     return errs
 
@@ -180,8 +279,11 @@ def test_features_file_is_well_formed(features):
 def test_each_feature_has_enough_rows_from_several_sources(features):
     """The acceptance test fits per feature with leave-one-source-out, so each needs rows from more than one source."""
     runs = features["runs"]
-    groups = {"cp": [r for r in runs if r["cp"] > 1], "fp8": [r for r in runs if r["precision"] == "fp8"],
-              "hsdp": [r for r in runs if r["dp_shard"] < r["dp"]]}
+    groups = {
+        "cp": [r for r in runs if r["cp"] > 1],
+        "fp8": [r for r in runs if r["precision"] == "fp8"],
+        "hsdp": [r for r in runs if r["dp_shard"] < r["dp"]],
+    }
     for name, rows in groups.items():
         assert len(rows) >= 8, name
         assert len({r["source_id"] for r in rows}) >= 3, name
@@ -192,9 +294,31 @@ def test_fp8_rows_have_bf16_twins_in_the_same_source(features):
     runs = features["runs"]
     twins = 0
     for r in (r for r in runs if r["precision"] == "fp8"):
-        layout = (r["source_id"], r["model"], r["gpus"], r["tp"], r["pp"], r["cp"], r["seq"], r["global_batch"])
-        twins += any(t["precision"] != "fp8" and (t["source_id"], t["model"], t["gpus"], t["tp"], t["pp"], t["cp"],
-                                                    t["seq"], t["global_batch"]) == layout for t in runs)
+        layout = (
+            r["source_id"],
+            r["model"],
+            r["gpus"],
+            r["tp"],
+            r["pp"],
+            r["cp"],
+            r["seq"],
+            r["global_batch"],
+        )
+        twins += any(
+            t["precision"] != "fp8"
+            and (
+                t["source_id"],
+                t["model"],
+                t["gpus"],
+                t["tp"],
+                t["pp"],
+                t["cp"],
+                t["seq"],
+                t["global_batch"],
+            )
+            == layout
+            for t in runs
+        )
     assert twins >= 30
 
 
@@ -219,7 +343,9 @@ MUTATIONS = {
     "HSDP without sharding": lambda r: r.update(dp_shard=1, zero=1),
     "seq not divisible by cp": lambda r: r.update(seq=r["seq"] + 1),
     "fp8 on A100": lambda r: r.update(gpu="A100 80GB"),
-    "token rate inconsistent": lambda r: r["measured"].update(tokens_per_s=r["measured"]["tokens_per_s"] * 1.5),
+    "token rate inconsistent": lambda r: r["measured"].update(
+        tokens_per_s=r["measured"]["tokens_per_s"] * 1.5
+    ),
     "mfu above one": lambda r: r["measured"].update(mfu=1.2),
     "model not in catalog": lambda r: r.update(model="llama9-1t"),
     "null degree": lambda r: r.update(tp=None),
@@ -229,7 +355,9 @@ MUTATIONS = {
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
 def test_a_malformed_row_is_caught(features, name):
     doc = copy.deepcopy(features)
-    row = next(r for r in doc["runs"] if r["id"] == "dgxc-2411-70b-fp8-64")  # cp 2, fp8, timed: every check applies
+    row = next(
+        r for r in doc["runs"] if r["id"] == "dgxc-2411-70b-fp8-64"
+    )  # cp 2, fp8, timed: every check applies
     if name == "HSDP without sharding":
         row = next(r for r in doc["runs"] if r["dp_shard"] < r["dp"])
     MUTATIONS[name](row)
@@ -252,7 +380,9 @@ def test_a_source_without_its_fields_is_caught(features):
 
 
 def _kernel_docs() -> dict[str, dict]:
-    return {name: _load(KERNELS / f"{name}.json") for name in ("attention", "fp8_gemm", "collectives")}
+    return {
+        name: _load(KERNELS / f"{name}.json") for name in ("attention", "fp8_gemm", "collectives")
+    }
 
 
 @pytest.mark.parametrize("name", ["attention", "fp8_gemm", "collectives"])
@@ -272,7 +402,11 @@ def validate_attention(doc: dict) -> list[str]:
     for m in doc["measurements"]:
         if m["source_id"] not in doc["sources"]:
             errs.append(f"unknown source {m['source_id']}")
-        if m["pass"] not in ("fwd", "bwd", "fwd_bwd") or m["head_dim"] * m["heads"] != 2048 or m["batch"] * m["seq"] != 16384:
+        if (
+            m["pass"] not in ("fwd", "bwd", "fwd_bwd")
+            or m["head_dim"] * m["heads"] != 2048
+            or m["batch"] * m["seq"] != 16384
+        ):
             errs.append(f"bad shape {m}")
         if m["tflops"] is None:
             if m["status"] not in ("oom", "label_hidden"):
@@ -291,7 +425,11 @@ def validate_attention(doc: dict) -> list[str]:
             errs.append(f"{key}: throughput falls with sequence length")
         if key[-1]:
             other = dict(series.get(key[:-1] + (False,), []))
-            errs += [f"{key} seq {s}: causal {t} above non-causal {other[s]}" for s, t in pts if s in other and t > other[s]]
+            errs += [
+                f"{key} seq {s}: causal {t} above non-causal {other[s]}"
+                for s, t in pts
+                if s in other and t > other[s]
+            ]
     return errs
 
 
@@ -301,7 +439,11 @@ def test_attention_data_is_consistent():
 
 def test_attention_validator_catches_a_misread_bar():
     doc = copy.deepcopy(_kernel_docs()["attention"])
-    bar = next(m for m in doc["measurements"] if m["kernel"] == "flash_attention_2" and m["seq"] == 8192 and m["tflops"])
+    bar = next(
+        m
+        for m in doc["measurements"]
+        if m["kernel"] == "flash_attention_2" and m["seq"] == 8192 and m["tflops"]
+    )
     bar["tflops"] = bar["tflops"] * 3
     assert validate_attention(doc)
 
@@ -309,8 +451,11 @@ def test_attention_validator_catches_a_misread_bar():
 def test_fa3_is_at_least_twice_as_efficient_as_fa2_forward_was_on_h100_at_long_sequences():
     """The FA3 paper's claim (1.5-2.0x over FA2, 75% peak) against the vendored bars at 16k, head dim 128."""
     m = _kernel_docs()["attention"]["measurements"]
-    bar = {(x["kernel"], x["causal"]): x["tflops"] for x in m
-           if x["source_id"] == "fa3-readme-h100" and x["seq"] == 16384 and x["head_dim"] == 128}
+    bar = {
+        (x["kernel"], x["causal"]): x["tflops"]
+        for x in m
+        if x["source_id"] == "fa3-readme-h100" and x["seq"] == 16384 and x["head_dim"] == 128
+    }
     for causal in (False, True):
         assert 1.5 <= bar[("flash_attention_3", causal)] / bar[("flash_attention_2", causal)] <= 2.0
 
@@ -322,12 +467,16 @@ def validate_fp8(doc: dict) -> list[str]:
     for p in doc["peak_ratios"]:
         if p["fp8_dense_tflops"] != pytest.approx(2 * p["bf16_dense_tflops"], rel=1e-3):
             errs.append(f"{p['gpu']}: fp8 peak is not 2x bf16")
-        if "fp4_dense_tflops" in p and p["fp4_dense_tflops"] != pytest.approx(2 * p["fp8_dense_tflops"], rel=1e-3):
+        if "fp4_dense_tflops" in p and p["fp4_dense_tflops"] != pytest.approx(
+            2 * p["fp8_dense_tflops"], rel=1e-3
+        ):
             errs.append(f"{p['gpu']}: fp4 peak is not 2x fp8")
     for s in doc["end_to_end_speedups"]:
         if s["source_id"] not in doc["sources"]:
             errs.append(f"{s['what']}: unknown source")
-        bf16, fp8, speed = (s[k] if isinstance(s[k], list) else [s[k]] for k in ("bf16", "fp8", "speedup"))
+        bf16, fp8, speed = (
+            s[k] if isinstance(s[k], list) else [s[k]] for k in ("bf16", "fp8", "speedup")
+        )
         for b, f, x in zip(bf16, fp8, speed):
             ratio = b / f if s["unit"] in ("s/step", "ms/step", "days") else f / b
             if abs(ratio - x) > 0.002 or not 0.9 < x < 2.0:
@@ -361,7 +510,9 @@ def test_nccl_bus_bandwidth_follows_the_nccl_tests_definition():
         for p in series["points"]:
             if p["algbw_GBps"] >= 1:
                 assert p["busbw_GBps"] == pytest.approx(p["algbw_GBps"] * 2 * (n - 1) / n, abs=0.02)
-                assert p["algbw_GBps"] == pytest.approx(p["bytes"] / (p["time_us"] * 1e-6) / 1e9, rel=0.01)
+                assert p["algbw_GBps"] == pytest.approx(
+                    p["bytes"] / (p["time_us"] * 1e-6) / 1e9, rel=0.01
+                )
 
 
 # ------------------------------------------------------------------------------ new hardware profiles
@@ -373,15 +524,27 @@ def test_new_profile_loads_and_follows_the_datasheet_ratios(name):
     assert p.name == name
     assert p.peak_tflops["fp8"] == pytest.approx(2 * p.peak_tflops["bf16"], rel=1e-3)
     assert p.peak_tflops["fp16"] == p.peak_tflops["bf16"]
-    assert p.memory_bandwidth_GBps == pytest.approx(p.memory_bandwidth_peak_GBps * 3017.3 / 3350, rel=1e-3)
-    assert "nvlink" in p.description.lower() and "domain" in p.description.lower()  # proposed nvlink_domain_devices
-    assert "carried over" in p.sources["efficiency"] and not p.calibration  # nothing measured, and it says so
+    assert p.memory_bandwidth_GBps == pytest.approx(
+        p.memory_bandwidth_peak_GBps * 3017.3 / 3350, rel=1e-3
+    )
+    assert (
+        "nvlink" in p.description.lower() and "domain" in p.description.lower()
+    )  # proposed nvlink_domain_devices
+    assert (
+        "carried over" in p.sources["efficiency"] and not p.calibration
+    )  # nothing measured, and it says so
 
 
 def test_new_profile_facts():
     """Numbers checked by hand against the sources in validation/hardware/new_profiles.md."""
-    h200, b200, gb200 = load_profile("p5en.48xlarge"), load_profile("p6-b200.48xlarge"), load_profile("gb200-nvl72")
-    assert h200.memory_bytes == load_profile("p5e.48xlarge").memory_bytes < 141 * 2**30  # AWS: 141 GiB
+    h200, b200, gb200 = (
+        load_profile("p5en.48xlarge"),
+        load_profile("p6-b200.48xlarge"),
+        load_profile("gb200-nvl72"),
+    )
+    assert (
+        h200.memory_bytes == load_profile("p5e.48xlarge").memory_bytes < 141 * 2**30
+    )  # AWS: 141 GiB
     assert 139.7 < h200.memory_bytes / 2**30 < 139.9 and 178.3 < b200.memory_bytes / 2**30 < 178.4
     assert 184.2 < gb200.memory_bytes / 2**30 < 184.4
     assert (h200.nics_per_node, h200.Gbps_per_nic) == (16, 200)  # EFAv3

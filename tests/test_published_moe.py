@@ -5,6 +5,7 @@ reliability facts (validation/reliability/reliability.json).
 Each validator returns a list of problems; the tests assert the shipped files have none and that a
 deliberately broken copy is caught, so a validator that accepts everything fails here.
 """
+
 from __future__ import annotations
 
 import copy
@@ -20,21 +21,86 @@ MOE_MODELS = VALID / "models" / "moe_models.json"
 HF_DIR = VALID / "models" / "hf_configs"
 RELIABILITY = VALID / "reliability" / "reliability.json"
 
-ROW_KEYS = {"id", "source_id", "framework", "framework_detail", "model", "arch", "params_published", "hardware",
-            "gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "expert_tp", "dp_shard", "zero", "virtual_stages",
-            "schedule", "micro_batch", "global_batch", "seq", "recompute", "sequence_parallel", "precision",
-            "attention", "compile", "offload", "extras", "measured", "measured_memory_gib", "memory_kind",
-            "trained", "inferred", "notes"}
-NEVER_NULL = {"id", "source_id", "framework", "hardware", "gpu", "gpus", "dp", "tp", "pp", "cp", "ep", "expert_tp",
-              "dp_shard", "zero", "virtual_stages", "global_batch", "seq", "recompute", "sequence_parallel",
-              "precision", "compile", "offload", "extras", "measured", "trained", "inferred"}
+ROW_KEYS = {
+    "id",
+    "source_id",
+    "framework",
+    "framework_detail",
+    "model",
+    "arch",
+    "params_published",
+    "hardware",
+    "gpu",
+    "gpus",
+    "dp",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "expert_tp",
+    "dp_shard",
+    "zero",
+    "virtual_stages",
+    "schedule",
+    "micro_batch",
+    "global_batch",
+    "seq",
+    "recompute",
+    "sequence_parallel",
+    "precision",
+    "attention",
+    "compile",
+    "offload",
+    "extras",
+    "measured",
+    "measured_memory_gib",
+    "memory_kind",
+    "trained",
+    "inferred",
+    "notes",
+}
+NEVER_NULL = {
+    "id",
+    "source_id",
+    "framework",
+    "hardware",
+    "gpu",
+    "gpus",
+    "dp",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "expert_tp",
+    "dp_shard",
+    "zero",
+    "virtual_stages",
+    "global_batch",
+    "seq",
+    "recompute",
+    "sequence_parallel",
+    "precision",
+    "compile",
+    "offload",
+    "extras",
+    "measured",
+    "trained",
+    "inferred",
+}
 SOURCE_KEYS = {"title", "authors_or_owner", "url", "date", "where", "hardware_note", "how_measured"}
 FRAMEWORKS = {"megatron", "torchtitan", "fsdp", "deepspeed"}
 SCHEDULES = {"1f1b", "interleaved-1f1b", "gpipe", "zero-bubble", None}
 RECOMPUTE = {"none", "selective", "full"}
 PRECISIONS = {"amp-bf16", "bf16", "amp-fp16", "fp8"}
 OFFLOAD = {"none", "optimizer", "params", "activations"}
-MEASURED = {"iteration_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "tflops_per_gpu", "mfu", "samples_per_s"}
+MEASURED = {
+    "iteration_time_s",
+    "tokens_per_s_per_gpu",
+    "tokens_per_s",
+    "tflops_per_gpu",
+    "mfu",
+    "samples_per_s",
+}
 HF_MODEL_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss"}
 MOE_ARCH_KEYS = {"experts", "top_k", "expert_ffn"}
 
@@ -71,7 +137,9 @@ def validate_runs(doc: dict, model_names: set[str]) -> list[str]:
     for r in runs:
         rid = r.get("id", "?")
         if set(r) != ROW_KEYS:
-            errs.append(f"{rid}: keys differ from FORMAT.md: missing {sorted(ROW_KEYS - set(r))}, extra {sorted(set(r) - ROW_KEYS)}")
+            errs.append(
+                f"{rid}: keys differ from FORMAT.md: missing {sorted(ROW_KEYS - set(r))}, extra {sorted(set(r) - ROW_KEYS)}"
+            )
             continue
         if rid in seen:
             errs.append(f"{rid}: duplicate id")
@@ -97,14 +165,33 @@ def validate_runs(doc: dict, model_names: set[str]) -> list[str]:
                 errs.append(f"{rid}: model null and arch.moe lacks {sorted(MOE_ARCH_KEYS)}")
         elif r["model"] not in model_names:
             errs.append(f"{rid}: model {r['model']!r} not in validation/models/moe_models.json")
-        degrees = [r[k] for k in ("gpus", "dp", "tp", "pp", "cp", "ep", "expert_tp", "dp_shard", "virtual_stages", "global_batch", "seq")]
+        degrees = [
+            r[k]
+            for k in (
+                "gpus",
+                "dp",
+                "tp",
+                "pp",
+                "cp",
+                "ep",
+                "expert_tp",
+                "dp_shard",
+                "virtual_stages",
+                "global_batch",
+                "seq",
+            )
+        ]
         if not all(_pos_int(x) for x in degrees):
             errs.append(f"{rid}: degrees, batch and seq must be positive integers")
             continue
         if r["dp"] * r["tp"] * r["pp"] * r["cp"] != r["gpus"]:
-            errs.append(f"{rid}: dp x tp x pp x cp = {r['dp'] * r['tp'] * r['pp'] * r['cp']} != gpus {r['gpus']}")
+            errs.append(
+                f"{rid}: dp x tp x pp x cp = {r['dp'] * r['tp'] * r['pp'] * r['cp']} != gpus {r['gpus']}"
+            )
         if (r["tp"] * r["dp"] * r["cp"]) % (r["ep"] * r["expert_tp"]):
-            errs.append(f"{rid}: ep x expert_tp = {r['ep'] * r['expert_tp']} does not divide tp x dp x cp")
+            errs.append(
+                f"{rid}: ep x expert_tp = {r['ep'] * r['expert_tp']} does not divide tp x dp x cp"
+            )
         if r["zero"] not in (0, 1, 2, 3):
             errs.append(f"{rid}: zero {r['zero']!r}")
         elif r["zero"] == 0 and r["dp_shard"] != 1:
@@ -118,11 +205,17 @@ def validate_runs(doc: dict, model_names: set[str]) -> list[str]:
             if "micro_batch" not in r["inferred"]:
                 errs.append(f"{rid}: micro_batch null without a note in inferred")
         elif not _pos_int(mb) or r["global_batch"] % (mb * r["dp"]):
-            errs.append(f"{rid}: global_batch {r['global_batch']} not a multiple of micro_batch x dp")
+            errs.append(
+                f"{rid}: global_batch {r['global_batch']} not a multiple of micro_batch x dp"
+            )
         measured = r["measured"]
         if not isinstance(measured, dict) or not MEASURED & set(measured):
             errs.append(f"{rid}: measured has none of {sorted(MEASURED)}")
-        elif not all(isinstance(measured[k], (int, float)) and measured[k] > 0 for k in MEASURED & set(measured) if measured[k] is not None):
+        elif not all(
+            isinstance(measured[k], (int, float)) and measured[k] > 0
+            for k in MEASURED & set(measured)
+            if measured[k] is not None
+        ):
             errs.append(f"{rid}: measured values must be positive numbers")
         if not isinstance(r["inferred"], dict) or not isinstance(r["extras"], dict):
             errs.append(f"{rid}: inferred and extras must be objects")
@@ -137,7 +230,14 @@ def validate_hf_config(cfg: dict) -> list[str]:
     errs = []
     if cfg.get("model_type") not in HF_MODEL_TYPES:
         errs.append(f"model_type {cfg.get('model_type')!r} not in {sorted(HF_MODEL_TYPES)}")
-    for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size", "num_experts_per_tok"):
+    for k in (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+        "num_experts_per_tok",
+    ):
         if not _pos_int(cfg.get(k)):
             errs.append(f"{k} = {cfg.get(k)!r}")
     experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
@@ -152,9 +252,16 @@ def _hf_view(cfg: dict) -> dict:
     """The model-fact fields read back from an HF config, for the cross-check with moe_models.json."""
     experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
     expert_ffn = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
-    return {"layers": cfg["num_hidden_layers"], "hidden": cfg["hidden_size"], "heads": cfg["num_attention_heads"],
-            "kv_heads": cfg["num_key_value_heads"], "vocab": cfg["vocab_size"],
-            "experts": experts, "top_k": cfg["num_experts_per_tok"], "expert_ffn": expert_ffn}
+    return {
+        "layers": cfg["num_hidden_layers"],
+        "hidden": cfg["hidden_size"],
+        "heads": cfg["num_attention_heads"],
+        "kv_heads": cfg["num_key_value_heads"],
+        "vocab": cfg["vocab_size"],
+        "experts": experts,
+        "top_k": cfg["num_experts_per_tok"],
+        "expert_ffn": expert_ffn,
+    }
 
 
 def validate_models(doc: dict, hf_dir: Path) -> list[str]:
@@ -223,12 +330,26 @@ def test_moe_runs_follow_the_format(runs_doc, models_doc):
     assert len({r["source_id"] for r in rows}) >= 3
 
 
-@pytest.mark.parametrize("field, bad", [("ep", 3), ("dp", 7), ("source_id", "nowhere"), ("framework", "jax"),
-                                        ("precision", "fp4"), ("model", "not-a-model"), ("zero", 5),
-                                        ("global_batch", 1001), ("measured", {}), ("schedule", "dualpipe")])
+@pytest.mark.parametrize(
+    "field, bad",
+    [
+        ("ep", 3),
+        ("dp", 7),
+        ("source_id", "nowhere"),
+        ("framework", "jax"),
+        ("precision", "fp4"),
+        ("model", "not-a-model"),
+        ("zero", 5),
+        ("global_batch", 1001),
+        ("measured", {}),
+        ("schedule", "dualpipe"),
+    ],
+)
 def test_moe_runs_validator_catches_injected_error(runs_doc, models_doc, field, bad):
     broken = copy.deepcopy(runs_doc)
-    row = next(r for r in broken["runs"] if r["micro_batch"] is not None and r["virtual_stages"] == 1)
+    row = next(
+        r for r in broken["runs"] if r["micro_batch"] is not None and r["virtual_stages"] == 1
+    )
     row[field] = bad
     assert validate_runs(broken, set(models_doc["models"])), f"{field}={bad!r} not caught"
 
@@ -251,16 +372,27 @@ def test_expert_parallel_folding_rule(runs_doc, models_doc):
     assert any("does not divide" in e for e in validate_runs(broken, set(models_doc["models"])))
 
 
-@pytest.mark.parametrize("path", sorted(HF_DIR.glob("*.json")) + [None], ids=lambda p: p.name if p else "none")
+@pytest.mark.parametrize(
+    "path", sorted(HF_DIR.glob("*.json")) + [None], ids=lambda p: p.name if p else "none"
+)
 def test_hf_config_fixtures(path):
     if path is None:
         names = {p.stem for p in HF_DIR.glob("*.json")}
-        assert {"mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"} <= names
+        assert {
+            "mixtral-8x7b",
+            "mixtral-8x22b",
+            "qwen3-30b-a3b",
+            "qwen3-235b-a22b",
+            "deepseek-v3",
+            "gpt-oss-120b",
+        } <= names
         return
     assert validate_hf_config(_load(path)) == []
 
 
-@pytest.mark.parametrize("key, bad", [("model_type", "llama"), ("num_hidden_layers", 0), ("num_experts_per_tok", 10_000)])
+@pytest.mark.parametrize(
+    "key, bad", [("model_type", "llama"), ("num_hidden_layers", 0), ("num_experts_per_tok", 10_000)]
+)
 def test_hf_config_validator_catches_injected_error(key, bad):
     cfg = _load(HF_DIR / "deepseek-v3.json")
     cfg[key] = bad
@@ -291,4 +423,7 @@ def test_llama3_interruption_counts_add_up():
     facts = {f["id"]: f for f in _load(RELIABILITY)["facts"]}
     causes = [f["value"] for k, f in facts.items() if k.startswith("llama3-cause-")]
     assert sum(causes) == facts["llama3-interruptions-unexpected"]["value"] == 419
-    assert facts["llama3-interruptions-planned"]["value"] + 419 == facts["llama3-interruptions-total"]["value"]
+    assert (
+        facts["llama3-interruptions-planned"]["value"] + 419
+        == facts["llama3-interruptions-total"]["value"]
+    )

@@ -1,5 +1,6 @@
 """benchmarks/published_rows.py: rows become estimate's inputs, and TFLOP/s-only rows get step times
 through their source's FLOP convention (validation/published/FORMAT.md `tflops_convention`)."""
+
 from __future__ import annotations
 
 import json
@@ -15,18 +16,28 @@ PUBLISHED = Path(__file__).resolve().parents[1] / "validation" / "published"
 
 def _rows_with_time_and_tflops(name: str, source: str):
     rows = json.loads((PUBLISHED / f"{name}.json").read_text())["runs"]
-    return [r for r in rows if r["source_id"] == source and r["measured"].get("tflops_per_gpu")
-            and R.measured_step_s(r) is not None]
+    return [
+        r
+        for r in rows
+        if r["source_id"] == source
+        and r["measured"].get("tflops_per_gpu")
+        and R.measured_step_s(r) is not None
+    ]
 
 
-@pytest.mark.parametrize("name,source,convention", [
-    ("megatron", "nemo-perf-summary-24.07", "nemo"),
-    ("features", "nemo-perf-2407", "nemo"),
-    ("features", "nemo-perf-2504", "nemo"),
-    ("deepspeed", "bigscience-tr11-176b-readme", "megatron-hfu"),
-    ("deepspeed", "mtnlg-530b-2022", "megatron-hfu"),
-])
-def test_a_convention_reproduces_the_tflops_its_source_printed_beside_a_step_time(name, source, convention):
+@pytest.mark.parametrize(
+    "name,source,convention",
+    [
+        ("megatron", "nemo-perf-summary-24.07", "nemo"),
+        ("features", "nemo-perf-2407", "nemo"),
+        ("features", "nemo-perf-2504", "nemo"),
+        ("deepspeed", "bigscience-tr11-176b-readme", "megatron-hfu"),
+        ("deepspeed", "mtnlg-530b-2022", "megatron-hfu"),
+    ],
+)
+def test_a_convention_reproduces_the_tflops_its_source_printed_beside_a_step_time(
+    name, source, convention
+):
     rows = _rows_with_time_and_tflops(name, source)
     assert rows
     for row in rows:
@@ -53,28 +64,54 @@ def test_every_convention_named_by_a_source_is_known():
 
 def test_a_row_the_planner_cannot_represent_is_kept_with_its_reason():
     rows = json.loads((PUBLISHED / "megatron.json").read_text())["runs"]
-    bad = dict(rows[0], tp=3)      # 3 does not divide the heads... the row stays, with its one-line reason
-    case = R.Case(row=bad, file="megatron", spec=None, hardware=None, config=None, options={}, measured_s=None,
-                  error="tp=3 is invalid")
+    bad = dict(
+        rows[0], tp=3
+    )  # 3 does not divide the heads... the row stays, with its one-line reason
+    case = R.Case(
+        row=bad,
+        file="megatron",
+        spec=None,
+        hardware=None,
+        config=None,
+        options={},
+        measured_s=None,
+        error="tp=3 is invalid",
+    )
     assert case.error and case.config is None
 
 
 def test_extras_become_software_options():
-    row = {"attention": "triton", "extras": {"loss_fn": "fused_crossentropy", "grad_reduce_dtype": "bf16",
-                                             "overlap_grad_reduce": False}}
-    assert R.options_of(row) == RunOptions(attention="triton", dropout=False, overlap_grad_reduce=False,
-                                           grad_reduce_dtype="bf16", loss="fused")
+    row = {
+        "attention": "triton",
+        "extras": {
+            "loss_fn": "fused_crossentropy",
+            "grad_reduce_dtype": "bf16",
+            "overlap_grad_reduce": False,
+        },
+    }
+    assert R.options_of(row) == RunOptions(
+        attention="triton",
+        dropout=False,
+        overlap_grad_reduce=False,
+        grad_reduce_dtype="bf16",
+        loss="fused",
+    )
 
 
-@pytest.mark.parametrize("precision,extras,expected", [
-    ("amp-bf16", {"distributed_optimizer": "distributed_fused_adam"}, "remainder"),
-    ("fp8", {"distributed_optimizer": "distributed_fused_adam (ZeRO-1 style)"}, "remainder"),
-    # NeMo 1.x stores full fp32 masters when the weights are FP8 (store_params) and Apex needs bf16 weights
-    ("fp8", {"distributed_optimizer": "distributed_fused_adam", "fp8_params": True}, None),
-    ("amp-fp16", {"distributed_optimizer": "distributed_fused_adam"}, None),
-    ("amp-bf16", {"distributed_optimizer": "Megatron-Core distributed optimizer"}, None),
-])
-def test_nemo_distributed_fused_adam_rows_keep_master_weights_as_remainders(precision, extras, expected):
+@pytest.mark.parametrize(
+    "precision,extras,expected",
+    [
+        ("amp-bf16", {"distributed_optimizer": "distributed_fused_adam"}, "remainder"),
+        ("fp8", {"distributed_optimizer": "distributed_fused_adam (ZeRO-1 style)"}, "remainder"),
+        # NeMo 1.x stores full fp32 masters when the weights are FP8 (store_params) and Apex needs bf16 weights
+        ("fp8", {"distributed_optimizer": "distributed_fused_adam", "fp8_params": True}, None),
+        ("amp-fp16", {"distributed_optimizer": "distributed_fused_adam"}, None),
+        ("amp-bf16", {"distributed_optimizer": "Megatron-Core distributed optimizer"}, None),
+    ],
+)
+def test_nemo_distributed_fused_adam_rows_keep_master_weights_as_remainders(
+    precision, extras, expected
+):
     assert R.options_of({"precision": precision, "extras": extras}).master_weights == expected
 
 
@@ -101,8 +138,11 @@ def test_the_blackwell_bf16_rate_rests_on_more_than_one_publication():
     from benchmarks import accuracy_frameworks as A
     from benchmarks.calibrate_frameworks import BLACKWELL, FILES, usable
 
-    sources = {c.source for c in usable(A.unique(R.load(FILES)))
-               if c.row["gpu"].split()[0] in BLACKWELL and c.row["precision"] in ("amp-bf16", "bf16")}
+    sources = {
+        c.source
+        for c in usable(A.unique(R.load(FILES)))
+        if c.row["gpu"].split()[0] in BLACKWELL and c.row["precision"] in ("amp-bf16", "bf16")
+    }
     assert len(sources) >= 2, sorted(sources)
 
 
@@ -114,17 +154,24 @@ def test_measured_memory_is_compared_with_the_same_quantity():
     from cost_models.memory import cuda_context_bytes
     from planner.estimate import estimate
 
-    cases = [c for c in unique(R.load(("torchtitan", "deepspeed"))) if c.row.get("measured_memory_gib")]
+    cases = [
+        c for c in unique(R.load(("torchtitan", "deepspeed"))) if c.row.get("measured_memory_gib")
+    ]
     kinds = {c.row["memory_kind"] for c in cases}
     assert {"reserved", "nvidia-smi"} <= kinds
     for kind in ("reserved", "nvidia-smi"):
         case = next(c for c in cases if c.row["memory_kind"] == kind)
-        est = estimate(case.spec, case.hardware, case.config, gpus=case.row["gpus"],
-                       options=case.options)
-        predicted = est.needed_bytes - (cuda_context_bytes(case.hardware) if kind == "reserved" else 0.0)
+        est = estimate(
+            case.spec, case.hardware, case.config, gpus=case.row["gpus"], options=case.options
+        )
+        predicted = est.needed_bytes - (
+            cuda_context_bytes(case.hardware) if kind == "reserved" else 0.0
+        )
         r = predict(case)
         assert r.memory_kind == kind
-        assert r.memory_error == pytest.approx(predicted / (case.row["measured_memory_gib"] * 2**30) - 1.0, rel=1e-12)
+        assert r.memory_error == pytest.approx(
+            predicted / (case.row["measured_memory_gib"] * 2**30) - 1.0, rel=1e-12
+        )
     summary = memory_summary([predict(c) for c in cases[:10]])
     assert all(s["rows"] >= 1 and s["mape"] >= abs(s["mean"]) for s in summary.values())
 
@@ -134,7 +181,9 @@ def test_a_deepspeed_partition_method_becomes_the_stage_split():
     bloom = next(r for r in rows if r["id"] == "bloom176b-gbs2048-mbs2")
     assert bloom["extras"]["pp_partition_method"].startswith("type:transformer|embedding")
     assert R.config_of(bloom).stages == (5,) + (6,) * 10 + (5,)
-    plain = dict(bloom, extras={k: v for k, v in bloom["extras"].items() if k != "pp_partition_method"})
+    plain = dict(
+        bloom, extras={k: v for k, v in bloom["extras"].items() if k != "pp_partition_method"}
+    )
     assert R.config_of(plain).stages == ()
 
 

@@ -1,6 +1,7 @@
 """Full recomputation of only some blocks per pipeline chunk (ParallelConfig.recompute_layers: Megatron-Core's
 --recompute-method block --recompute-num-layers): validation, cost, framework capability, exports, the search's
 refinement, the executor and the published run that uses it."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,7 +13,7 @@ from planner.errors import ConfigError
 from planner.estimate import estimate
 from planner.parallel import ParallelConfig
 
-LAYERS = 32        # llama3-8b
+LAYERS = 32  # llama3-8b
 
 
 def _cfg(**kw):
@@ -29,12 +30,26 @@ def test_validation_names_the_field_and_what_is_allowed():
         _cfg(recompute="selective", recompute_layers=4)
     with pytest.raises(ConfigError, match="recompute_layers"):
         _cfg(recompute_layers=0)
-    with pytest.raises(ConfigError, match="at most 32, the blocks of the largest pipeline chunk") as err:
+    with pytest.raises(
+        ConfigError, match="at most 32, the blocks of the largest pipeline chunk"
+    ) as err:
         _est(recompute_layers=33)
     assert "\n" not in str(err.value)
-    with pytest.raises(ConfigError, match="at most 8"):          # 32 blocks over pp 2 x v 2 chunks
-        estimate("llama3-8b", "p5.48xlarge", _cfg(dp=2, tp=2, pp=2, virtual_stages=2, schedule="interleaved-1f1b",
-                                                   global_batch=16, recompute_layers=9), gpus=8)
+    with pytest.raises(ConfigError, match="at most 8"):  # 32 blocks over pp 2 x v 2 chunks
+        estimate(
+            "llama3-8b",
+            "p5.48xlarge",
+            _cfg(
+                dp=2,
+                tp=2,
+                pp=2,
+                virtual_stages=2,
+                schedule="interleaved-1f1b",
+                global_batch=16,
+                recompute_layers=9,
+            ),
+            gpus=8,
+        )
 
 
 def test_every_block_is_the_same_plan_as_none_and_the_saved_bytes_interpolate():
@@ -43,13 +58,20 @@ def test_every_block_is_the_same_plan_as_none_and_the_saved_bytes_interpolate():
     (L-N)/L saved(none), and the recomputation's time scales by N/L."""
     full, none = _est(), _est(recompute="none")
     every = _est(recompute_layers=LAYERS)
-    assert every.step_time_s == full.step_time_s and every.peak_bytes_per_gpu == full.peak_bytes_per_gpu
+    assert (
+        every.step_time_s == full.step_time_s
+        and every.peak_bytes_per_gpu == full.peak_bytes_per_gpu
+    )
     saved = lambda e: float(e.scores.saved_activations_bytes[0])  # noqa: E731
     rec = lambda e: float(e.scores.compute[0])  # noqa: E731
     for n in (1, 5, 16, 31):
         part = _est(recompute_layers=n)
-        assert saved(part) == pytest.approx(n / LAYERS * saved(full) + (LAYERS - n) / LAYERS * saved(none), rel=1e-9)
-        assert rec(part) == pytest.approx(rec(none) + n / LAYERS * (rec(full) - rec(none)), rel=1e-6)
+        assert saved(part) == pytest.approx(
+            n / LAYERS * saved(full) + (LAYERS - n) / LAYERS * saved(none), rel=1e-9
+        )
+        assert rec(part) == pytest.approx(
+            rec(none) + n / LAYERS * (rec(full) - rec(none)), rel=1e-6
+        )
         assert none.step_time_s < part.step_time_s < full.step_time_s
     times = [_est(recompute_layers=n).step_time_s for n in range(1, LAYERS + 1)]
     peaks = [_est(recompute_layers=n).peak_bytes_per_gpu for n in range(1, LAYERS + 1)]
@@ -60,24 +82,48 @@ def test_only_stacks_that_recompute_chosen_blocks_take_it():
     for fw in ("megatron", "fsdp", "torchtitan"):
         assert load_framework(fw).capabilities.recompute_layers
     assert not load_framework("deepspeed").capabilities.recompute_layers
-    with pytest.raises(ConfigError, match="deepspeed allows full recomputation of every block only") as err:
+    with pytest.raises(
+        ConfigError, match="deepspeed allows full recomputation of every block only"
+    ) as err:
         _est(recompute_layers=5, framework="deepspeed", placement="PDT")
     assert "\n" not in str(err.value)
 
 
 def test_cli_flag_and_its_errors():
-    base = ["estimate", "llama3-8b", "--hardware", "p5.48xlarge", "--gpus", "8", "--dp", "8", "--seq", "8192",
-            "--global-batch", "64"]
-    ok = CliRunner().invoke(app, [*base, "--recompute", "full", "--recompute-layers", "5", "--json"])
+    base = [
+        "estimate",
+        "llama3-8b",
+        "--hardware",
+        "p5.48xlarge",
+        "--gpus",
+        "8",
+        "--dp",
+        "8",
+        "--seq",
+        "8192",
+        "--global-batch",
+        "64",
+    ]
+    ok = CliRunner().invoke(
+        app, [*base, "--recompute", "full", "--recompute-layers", "5", "--json"]
+    )
     assert ok.exit_code == 0, ok.output
     import json
+
     assert json.loads(ok.output)["plan"]["recompute_layers"] == 5
     plain = CliRunner().invoke(app, [*base, "--recompute", "full", "--json"])
-    assert "recompute_layers" not in json.loads(plain.output)["plan"]      # absent: every block
-    for args, text in ((["--recompute", "selective", "--recompute-layers", "5"], "recompute_layers=5 with recompute"),
-                       (["--recompute", "full", "--recompute-layers", "40"], "at most 32")):
+    assert "recompute_layers" not in json.loads(plain.output)["plan"]  # absent: every block
+    for args, text in (
+        (
+            ["--recompute", "selective", "--recompute-layers", "5"],
+            "recompute_layers=5 with recompute",
+        ),
+        (["--recompute", "full", "--recompute-layers", "40"], "at most 32"),
+    ):
         bad = CliRunner().invoke(app, [*base, *args])
-        assert bad.exit_code == 2 and text in bad.output and len(bad.output.strip().splitlines()) == 1
+        assert (
+            bad.exit_code == 2 and text in bad.output and len(bad.output.strip().splitlines()) == 1
+        )
 
 
 def test_plan_documents_round_trip(tmp_path):
@@ -86,9 +132,13 @@ def test_plan_documents_round_trip(tmp_path):
     doc = _est(recompute_layers=7).to_document()
     path = tmp_path / "plan.json"
     import json
+
     path.write_text(json.dumps(doc))
     assert load_plan(path).config.recompute_layers == 7
-    for bad, text in ((0, "recompute_layers"), (33, "at most 32, the blocks of the largest pipeline chunk")):
+    for bad, text in (
+        (0, "recompute_layers"),
+        (33, "at most 32, the blocks of the largest pipeline chunk"),
+    ):
         doc["plan"]["recompute_layers"] = bad
         path.write_text(json.dumps(doc))
         with pytest.raises(ConfigError, match=text):
@@ -114,18 +164,31 @@ def test_search_recomputes_only_as_many_blocks_as_memory_needs():
 
     from planner.search import recommend
 
-    rec = recommend("llama3-8b", "p4d.24xlarge", gpus=8, global_batch=64, seq=4096, framework="fsdp", top=3)
+    rec = recommend(
+        "llama3-8b", "p4d.24xlarge", gpus=8, global_batch=64, seq=4096, framework="fsdp", top=3
+    )
     best = rec.best["plan"]
     assert best["recompute"] == "full" and 1 <= best["recompute_layers"] < LAYERS
     assert rec.best["prediction"]["memory"]["fits"]
     from planner.plan import plan_from_document
+
     cfg = plan_from_document(rec.best).config
     every = estimate("llama3-8b", "p4d.24xlarge", replace(cfg, recompute_layers=None), gpus=8)
     assert rec.best["prediction"]["step_time_s"] < every.step_time_s
-    fewer = estimate("llama3-8b", "p4d.24xlarge", replace(cfg, recompute_layers=best["recompute_layers"] - 1),
-                     gpus=8) if best["recompute_layers"] > 1 else None
-    assert fewer is None or not fewer.fits           # the fewest recomputed blocks that fit
-    ds = recommend("llama3-8b", "p4d.24xlarge", gpus=8, global_batch=64, seq=4096, framework="deepspeed", top=3)
+    fewer = (
+        estimate(
+            "llama3-8b",
+            "p4d.24xlarge",
+            replace(cfg, recompute_layers=best["recompute_layers"] - 1),
+            gpus=8,
+        )
+        if best["recompute_layers"] > 1
+        else None
+    )
+    assert fewer is None or not fewer.fits  # the fewest recomputed blocks that fit
+    ds = recommend(
+        "llama3-8b", "p4d.24xlarge", gpus=8, global_batch=64, seq=4096, framework="deepspeed", top=3
+    )
     assert all("recompute_layers" not in d["plan"] for d in (ds.best, *ds.alternatives))
 
 
@@ -174,11 +237,24 @@ def test_megatron_bridge_llama3_8b_fp8_run_recomputes_five_of_its_32_layers():
 def test_uneven_interleaved_chunks_count_each_chunks_own_blocks():
     """Megatron-Core counts recompute_num_layers per model chunk: chunks (12, 4, 4, 12) on pp 2 x v 2 with N = 8
     recompute 8 + 4 = 12 blocks on each rank, not min(8 x 2, 16) = 16 (which would be every block)."""
-    cfg = dict(dp=2, tp=2, pp=2, virtual_stages=2, schedule="interleaved-1f1b", global_batch=16, stages=(12, 4, 4, 12))
+    cfg = dict(
+        dp=2,
+        tp=2,
+        pp=2,
+        virtual_stages=2,
+        schedule="interleaved-1f1b",
+        global_batch=16,
+        stages=(12, 4, 4, 12),
+    )
     every, part = _est(**cfg), _est(recompute_layers=8, **cfg)
-    assert part.step_time_s < every.step_time_s and part.peak_bytes_per_gpu > every.peak_bytes_per_gpu
-    assert _est(recompute_layers=12, **cfg).step_time_s == every.step_time_s     # 12 covers the largest chunk
+    assert (
+        part.step_time_s < every.step_time_s and part.peak_bytes_per_gpu > every.peak_bytes_per_gpu
+    )
+    assert (
+        _est(recompute_layers=12, **cfg).step_time_s == every.step_time_s
+    )  # 12 covers the largest chunk
     from planner.estimate import rank_recomputed
+
     assert rank_recomputed([12, 4, 4, 12], 2, 8) == [12, 12]
 
 
@@ -196,16 +272,29 @@ def test_smaller_ranks_pay_for_their_own_recomputed_blocks():
 
     spec = resolve_model("llama3-8b")
     cfg = _cfg(dp=4, pp=2, global_batch=32, stages=(17, 15), recompute_layers=12)
-    x = Step.of(spec, load_profile("p5.48xlarge"), software_for("megatron"), candidate_of(cfg, spec.total_blocks),
-                global_batch=32, seq=8192, precision="amp-bf16", optimizer="adamw")
+    x = Step.of(
+        spec,
+        load_profile("p5.48xlarge"),
+        software_for("megatron"),
+        candidate_of(cfg, spec.total_blocks),
+        global_batch=32,
+        seq=8192,
+        precision="amp-bf16",
+        optimizer="adamw",
+    )
     first, last, most = (float(v[0]) for v in x.recomputed_at_ends())
-    assert (first, last, most) == (12.0, 12.0, 12.0) and float(x.full_share[0]) == pytest.approx(12 / 17)
-    unit = 0.3                                                  # one block's recomputation
-    block, rec = np.array([1.0]), np.array([unit * 12 / 17])    # per block, with the busiest rank's share
+    assert (first, last, most) == (12.0, 12.0, 12.0) and float(x.full_share[0]) == pytest.approx(
+        12 / 17
+    )
+    unit = 0.3  # one block's recomputation
+    block, rec = (
+        np.array([1.0]),
+        np.array([unit * 12 / 17]),
+    )  # per block, with the busiest rank's share
     s = stage_seconds(x, block, {}, np.array([0.0]), np.array([2.5]), recompute_s=rec)
     # the last rank (15 blocks, the head's 2.5 s) paces: 15 + 2.5 + the 12 - 15 x 12/17 recomputations it adds
     assert float(s.slowest[0]) == pytest.approx(15 + 2.5 + (12 - 15 * 12 / 17) * unit)
-    assert float(s.slowest[0]) > 15 * 1.0 + 2.5 + 1e-3         # without them: 17.5
+    assert float(s.slowest[0]) > 15 * 1.0 + 2.5 + 1e-3  # without them: 17.5
 
 
 def test_explain_tells_plans_apart_by_their_recomputed_blocks():

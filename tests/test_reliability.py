@@ -1,13 +1,13 @@
 """The goodput model (cost_models.reliability, planner.goodput) against its sources: Daly 2006's own
 worked examples, a brute-force minimisation of the expected wall time, and Llama 3 405B's published
 reliability record (validation/reliability/reliability.json)."""
+
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,12 +29,15 @@ def facts() -> dict:
 
 # ------------------------------------------------------------------------------------------ formulas
 
+
 def test_young_is_sqrt_2_delta_m():
-    assert R.young_interval_s(5.0, 1440.0) == pytest.approx(120.0)        # sqrt(2 x 5 x 1440)
+    assert R.young_interval_s(5.0, 1440.0) == pytest.approx(120.0)  # sqrt(2 x 5 x 1440)
     assert R.young_interval_s(60.0, 3600.0 * 24) == pytest.approx(math.sqrt(2 * 60 * 86400))
 
 
-@pytest.mark.parametrize("mtbf_min,expected_min,tol", [(24 * 60, 117, 0.005), (6 * 60, 57, 0.01), (15, 9.1, 0.01)])
+@pytest.mark.parametrize(
+    "mtbf_min,expected_min,tol", [(24 * 60, 117, 0.005), (6 * 60, 57, 0.01), (15, 9.1, 0.01)]
+)
 def test_daly_interval_matches_his_figures_3_to_5(mtbf_min, expected_min, tol):
     """Daly 2006, Figs. 3-5: delta = 5 min (R = 10 min, which does not move the optimum); the printed
     optima are 117, 57 and 9.1 min (rounded as printed)."""
@@ -56,7 +59,9 @@ def test_expected_wall_time_is_dalys_expression():
 
 def test_without_failures_the_wall_time_is_work_plus_checkpoints():
     """M -> infinity: T_w -> W (tau + delta) / tau (no failure, every checkpoint costs delta)."""
-    assert R.expected_wall_s(1e5, 1000.0, 10.0, 600.0, 1e15) == pytest.approx(1e5 * 1010 / 1000, rel=1e-6)
+    assert R.expected_wall_s(1e5, 1000.0, 10.0, 600.0, 1e15) == pytest.approx(
+        1e5 * 1010 / 1000, rel=1e-6
+    )
 
 
 def test_lost_time_and_interruptions_add_up():
@@ -95,10 +100,15 @@ def test_failure_rates_add_over_gpus_and_nodes():
 
 # ------------------------------------------------------------------ intervals vs brute force (hypothesis)
 
+
 def brute_force_interval(delta: float, m: float) -> float:
     """The tau minimising Daly's expected wall time, numerically (R and W scale it, not its argmin)."""
-    res = minimize_scalar(lambda tau: float(R.expected_wall_s(1.0, tau, delta, 0.0, m)), bounds=(1e-9 * m, 20 * m),
-                          method="bounded", options={"xatol": 1e-10 * m})
+    res = minimize_scalar(
+        lambda tau: float(R.expected_wall_s(1.0, tau, delta, 0.0, m)),
+        bounds=(1e-9 * m, 20 * m),
+        method="bounded",
+        options={"xatol": 1e-10 * m},
+    )
     return float(res.x)
 
 
@@ -126,8 +136,12 @@ def test_young_leaves_the_first_order_regime():
 
 
 @settings(max_examples=100, deadline=None)
-@given(delta=st.floats(0.1, 600.0), r=st.floats(0.0, 3600.0), m=st.floats(3600.0, 1e7),
-       factor=st.floats(1.05, 10.0))
+@given(
+    delta=st.floats(0.1, 600.0),
+    r=st.floats(0.0, 3600.0),
+    m=st.floats(3600.0, 1e7),
+    factor=st.floats(1.05, 10.0),
+)
 def test_goodput_falls_with_slower_checkpoints_and_more_failures(delta, r, m, factor):
     at = lambda d, mm: float(R.goodput_fraction(R.daly_interval_s(d, mm), d, r, mm))
     assert at(delta * factor, m) < at(delta, m)
@@ -137,6 +151,7 @@ def test_goodput_falls_with_slower_checkpoints_and_more_failures(delta, r, m, fa
 
 # ------------------------------------------------------------------------------------------ Llama 3
 
+
 def llama3_document(zero: int = 3) -> dict:
     """Llama 3 405B on 16,384 H100 as the paper runs it (Grattafiori et al. 2024, Table 4: tp 8, pp 16,
     dp 128 at 8K context; Sec. 3.3.2: FSDP shards parameters, gradients and optimizer states over data
@@ -145,33 +160,66 @@ def llama3_document(zero: int = 3) -> dict:
     from planner import catalog
 
     spec = catalog.get("llama3-405b")
-    return {"model": {"name": spec.name, "params": total_params(spec)},
-            "hardware": {"name": "dgx-h100", "gpus": 16384, "nodes": 2048},
-            "plan": {"dp": 128, "tp": 8, "pp": 16, "zero": zero, "precision": "amp-bf16", "optimizer": "adamw",
-                     "framework": "megatron", "global_batch": 2048, "seq": 8192},
-            "prediction": {"step_time_s": 10.0}}
+    return {
+        "model": {"name": spec.name, "params": total_params(spec)},
+        "hardware": {"name": "dgx-h100", "gpus": 16384, "nodes": 2048},
+        "plan": {
+            "dp": 128,
+            "tp": 8,
+            "pp": 16,
+            "zero": zero,
+            "precision": "amp-bf16",
+            "optimizer": "adamw",
+            "framework": "megatron",
+            "global_batch": 2048,
+            "seq": 8192,
+        },
+        "prediction": {"step_time_s": 10.0},
+    }
 
 
 def storage(write_GBps: float, read_GBps: float | None = None):
     from storage_profiles.loader import storage_from_dict
 
-    keys = ("write_GBps_aggregate", "read_GBps_aggregate", "write_GBps_per_node", "read_GBps_per_node")
-    return storage_from_dict({"schema_version": "1", "name": f"aggregate-{write_GBps:g}", "description": "test",
-                              "write_GBps_aggregate": write_GBps, "read_GBps_aggregate": read_GBps or write_GBps,
-                              "write_GBps_per_node": None, "read_GBps_per_node": None,
-                              "sources": {k: "tests/test_reliability.py" for k in keys}})
+    keys = (
+        "write_GBps_aggregate",
+        "read_GBps_aggregate",
+        "write_GBps_per_node",
+        "read_GBps_per_node",
+    )
+    return storage_from_dict(
+        {
+            "schema_version": "1",
+            "name": f"aggregate-{write_GBps:g}",
+            "description": "test",
+            "write_GBps_aggregate": write_GBps,
+            "read_GBps_aggregate": read_GBps or write_GBps,
+            "write_GBps_per_node": None,
+            "read_GBps_per_node": None,
+            "sources": {k: "tests/test_reliability.py" for k in keys},
+        }
+    )
 
 
-def llama3_figures(facts, *, interruptions: int | None = None, write_GBps: float | None = None, zero: int = 3):
+def llama3_figures(
+    facts, *, interruptions: int | None = None, write_GBps: float | None = None, zero: int = 3
+):
     from hardware_profiles import load_profile
     from planner.goodput import ReliabilityInputs, reliability_figures
 
     n = interruptions or fact(facts, "llama3-interruptions-unexpected")
     sustained_GBps = fact(facts, "llama3-storage-sustained-throughput") * 1000.0
-    inputs = ReliabilityInputs(mtbf_gpu_hours=fact(facts, "llama3-gpu-hours-in-snapshot") / n,
-                               storage=storage(write_GBps or sustained_GBps))
-    return reliability_figures(llama3_document(zero), load_profile("dgx-h100"), tokens=15.6e12, price_per_hour=None,
-                               inputs=inputs)
+    inputs = ReliabilityInputs(
+        mtbf_gpu_hours=fact(facts, "llama3-gpu-hours-in-snapshot") / n,
+        storage=storage(write_GBps or sustained_GBps),
+    )
+    return reliability_figures(
+        llama3_document(zero),
+        load_profile("dgx-h100"),
+        tokens=15.6e12,
+        price_per_hour=None,
+        inputs=inputs,
+    )
 
 
 def test_the_default_rates_are_llama3s(facts):
@@ -183,9 +231,18 @@ def test_the_default_rates_are_llama3s(facts):
     gpu_causes = sum(f["value"] for f in facts.values() if f.get("category") == "GPU")
     assert d.failure_rate_per_gpu_hour == pytest.approx(gpu_causes / gpu_hours, rel=1e-3)
     assert d.failure_rate_per_node_hour == pytest.approx(
-        (fact(facts, "llama3-interruptions-unexpected") - gpu_causes) / (gpu_hours / 8), rel=1e-3)
-    mtbf_h = float(R.job_mtbf_s(R.job_failure_rate_per_hour(16384, 2048, d.failure_rate_per_gpu_hour,
-                                                             d.failure_rate_per_node_hour))) / 3600
+        (fact(facts, "llama3-interruptions-unexpected") - gpu_causes) / (gpu_hours / 8), rel=1e-3
+    )
+    mtbf_h = (
+        float(
+            R.job_mtbf_s(
+                R.job_failure_rate_per_hour(
+                    16384, 2048, d.failure_rate_per_gpu_hour, d.failure_rate_per_node_hour
+                )
+            )
+        )
+        / 3600
+    )
     assert mtbf_h == pytest.approx(fact(facts, "llama3-job-mtbf"), rel=0.01)
 
 
@@ -209,7 +266,9 @@ def test_llama3_effective_training_time_above_90_percent(facts):
 def test_llama3_goodput_falls_with_slower_checkpoints(facts):
     """The same run on ever slower storage: 2 TB/s -> 200 GB/s -> 20 GB/s; and every GPU writing the
     paper's largest per-GPU state (4 GB) at 2 TB/s, a 33 s blocking save."""
-    goodputs = [llama3_figures(facts, write_GBps=bw)["goodput"] for bw in (7000.0, 2000.0, 200.0, 20.0)]
+    goodputs = [
+        llama3_figures(facts, write_GBps=bw)["goodput"] for bw in (7000.0, 2000.0, 200.0, 20.0)
+    ]
     assert goodputs == sorted(goodputs, reverse=True)
     assert goodputs[2] < 0.9 and goodputs[3] < 0.75
     m = fact(facts, "llama3-job-mtbf") * 3600

@@ -1,4 +1,5 @@
 """Checklist rules on hand-made plan documents: each verdict flips where the advice says it should."""
+
 import copy
 
 import pytest
@@ -7,31 +8,97 @@ from hardware_profiles import HardwareProfile
 from planner.report import checklist
 from planner.report.checklist import RuleContext
 
-HW = HardwareProfile(name="test-node", device="TestGPU", devices_per_node=8, memory_bytes=40 * 10**9,
-                     memory_bandwidth_GBps=1500.0, peak_tflops={"fp32": 19.5, "tf32": 156.0, "bf16": 312.0},
-                     intra_node_GBps_per_device=300.0, intra_node_latency_us=5.0, inter_node_Gbps_per_node=400.0,
-                     inter_node_latency_us=10.0, host_device_GBps=25.0, price_usd_per_hour=32.0,
-                     spot_price_usd_per_hour=None)
+HW = HardwareProfile(
+    name="test-node",
+    device="TestGPU",
+    devices_per_node=8,
+    memory_bytes=40 * 10**9,
+    memory_bandwidth_GBps=1500.0,
+    peak_tflops={"fp32": 19.5, "tf32": 156.0, "bf16": 312.0},
+    intra_node_GBps_per_device=300.0,
+    intra_node_latency_us=5.0,
+    inter_node_Gbps_per_node=400.0,
+    inter_node_latency_us=10.0,
+    host_device_GBps=25.0,
+    price_usd_per_hour=32.0,
+    spot_price_usd_per_hour=None,
+)
 
 
-def _doc(*, dp=4, tp=2, pp=2, m=8, zero=0, precision="amp-bf16", peak=30e9, nodes=2, bubble=0.5,
-         tp_comm=0.3, dp_comm=0.2, p2p=0.1, placement="DPT"):
+def _doc(
+    *,
+    dp=4,
+    tp=2,
+    pp=2,
+    m=8,
+    zero=0,
+    precision="amp-bf16",
+    peak=30e9,
+    nodes=2,
+    bubble=0.5,
+    tp_comm=0.3,
+    dp_comm=0.2,
+    p2p=0.1,
+    placement="DPT",
+):
     step = 10.0
-    return {"model": {"name": "fake", "params": 10**9}, "hardware": {"name": "test-node", "gpus": dp * tp * pp, "nodes": nodes},
-            "plan": {"dp": dp, "tp": tp, "pp": pp, "micro_batch": 1, "global_batch": dp * m, "num_microbatches": m,
-                     "schedule": "1f1b", "virtual_stages": 1, "zero": zero, "recompute": "none", "offload": "none",
-                     "sequence_parallel": False, "placement": placement, "precision": precision, "seq": 2048, "stages": []},
-            "prediction": {"step_time_s": step, "samples_per_s": dp * m / step, "tokens_per_s": dp * m * 2048 / step, "tflops_per_gpu": 100.0,
-                           "mfu": 0.3, "memory": {"peak_bytes_per_gpu": int(peak), "capacity_bytes": 40 * 10**9,
-                                                  "fits": peak <= 40e9, "params_bytes": 1, "grads_bytes": 1,
-                                                  "optimizer_bytes": int(8e9), "activations_bytes": 1, "other_bytes": 1},
-                           "time_breakdown_s": {"compute": step - bubble - tp_comm - dp_comm - p2p, "tp_comm": tp_comm,
-                                                "dp_comm": dp_comm, "pp_p2p": p2p, "bubble": bubble}}}
+    return {
+        "model": {"name": "fake", "params": 10**9},
+        "hardware": {"name": "test-node", "gpus": dp * tp * pp, "nodes": nodes},
+        "plan": {
+            "dp": dp,
+            "tp": tp,
+            "pp": pp,
+            "micro_batch": 1,
+            "global_batch": dp * m,
+            "num_microbatches": m,
+            "schedule": "1f1b",
+            "virtual_stages": 1,
+            "zero": zero,
+            "recompute": "none",
+            "offload": "none",
+            "sequence_parallel": False,
+            "placement": placement,
+            "precision": precision,
+            "seq": 2048,
+            "stages": [],
+        },
+        "prediction": {
+            "step_time_s": step,
+            "samples_per_s": dp * m / step,
+            "tokens_per_s": dp * m * 2048 / step,
+            "tflops_per_gpu": 100.0,
+            "mfu": 0.3,
+            "memory": {
+                "peak_bytes_per_gpu": int(peak),
+                "capacity_bytes": 40 * 10**9,
+                "fits": peak <= 40e9,
+                "params_bytes": 1,
+                "grads_bytes": 1,
+                "optimizer_bytes": int(8e9),
+                "activations_bytes": 1,
+                "other_bytes": 1,
+            },
+            "time_breakdown_s": {
+                "compute": step - bubble - tp_comm - dp_comm - p2p,
+                "tp_comm": tp_comm,
+                "dp_comm": dp_comm,
+                "pp_p2p": p2p,
+                "bubble": bubble,
+            },
+        },
+    }
 
 
 def _ctx(doc, *, bn=0, what_if=None, hw=HW):
-    return RuleContext(document=doc, hardware=hw, batchnorm_modules=bn, what_if=what_if or (lambda **_: None),
-                       train_tokens=300e9, tp_group_nodes=checklist.tp_group_nodes(doc["plan"], hw.devices_per_node))
+    return RuleContext(
+        document=doc,
+        hardware=hw,
+        batchnorm_modules=bn,
+        what_if=what_if or (lambda **_: None),
+        train_tokens=300e9,
+        tp_group_nodes=checklist.tp_group_nodes(doc["plan"], hw.devices_per_node),
+    )
 
 
 def _by_rule(results):
@@ -57,7 +124,9 @@ def test_fewer_microbatches_than_stages_warns_with_the_bubble_share():
     assert checklist.microbatches_vs_stages(_ctx(_doc(pp=4, m=8))).status == "pass"
 
 
-@pytest.mark.parametrize("tp,placement,nodes_spanned", [(8, "DPT", 1), (16, "DPT", 2), (2, "TPD", 2), (2, "DTP", 1)])
+@pytest.mark.parametrize(
+    "tp,placement,nodes_spanned", [(8, "DPT", 1), (16, "DPT", 2), (2, "TPD", 2), (2, "DTP", 1)]
+)
 def test_tp_group_node_span_follows_the_placement(tp, placement, nodes_spanned):
     doc = _doc(dp=4, tp=tp, pp=2, placement=placement)
     assert checklist.tp_group_nodes(doc["plan"], 8) == nodes_spanned
@@ -100,7 +169,9 @@ def test_nodes_close_uses_the_bandwidth_sensitivity():
     doc = _doc(nodes=4, dp_comm=0.1, p2p=0.05)
     slow = copy.deepcopy(doc)
     slow["prediction"]["step_time_s"] = 12.0
-    r = checklist.nodes_close_together(_ctx(doc, what_if=lambda **ch: slow if "hardware_changes" in ch else None))
+    r = checklist.nodes_close_together(
+        _ctx(doc, what_if=lambda **ch: slow if "hardware_changes" in ch else None)
+    )
     assert r.status == "warn" and "+20.0%" in r.number
     assert checklist.nodes_close_together(_ctx(_doc(nodes=1))).status == "pass"
 
@@ -133,46 +204,72 @@ def test_pareto_mask_equals_the_brute_force_definition():
 
 def test_short_pipeline_advice_offers_looped_schedules_only_when_m_allows_them():
     rule = lambda doc: _by_rule(checklist.evaluate(_ctx(doc)))["short-pipeline"]
-    allowed = rule(_doc(pp=4, m=16, bubble=2.0))                  # 16 % (16 // 4) == 0
-    assert allowed.status == "warn" and "interleaved/zero-bubble schedule would recover" in allowed.detail
-    refused = rule(_doc(pp=20, m=128, bubble=2.0, dp=1, tp=1))    # 128 % (128 // 20 = 6) != 0
+    allowed = rule(_doc(pp=4, m=16, bubble=2.0))  # 16 % (16 // 4) == 0
+    assert (
+        allowed.status == "warn"
+        and "interleaved/zero-bubble schedule would recover" in allowed.detail
+    )
+    refused = rule(_doc(pp=20, m=128, bubble=2.0, dp=1, tp=1))  # 128 % (128 // 20 = 6) != 0
     assert refused.status == "warn" and "which m=128 is not" in refused.detail
 
 
 def test_pure_dp_is_also_tried_fully_sharded():
     doc = _doc(zero=0)
     plain, sharded = copy.deepcopy(doc), copy.deepcopy(doc)
-    plain["prediction"]["memory"]["fits"] = False            # ZeRO-0 replicas do not fit...
-    sharded["plan"].update(zero=3)                           # ...ZeRO-3 (FSDP) does, as fast
-    r = checklist.data_parallel_first(_ctx(doc, what_if=lambda **ch: sharded if ch.get("zero") == 3 else plain))
+    plain["prediction"]["memory"]["fits"] = False  # ZeRO-0 replicas do not fit...
+    sharded["plan"].update(zero=3)  # ...ZeRO-3 (FSDP) does, as fast
+    r = checklist.data_parallel_first(
+        _ctx(doc, what_if=lambda **ch: sharded if ch.get("zero") == 3 else plain)
+    )
     assert r.status == "warn" and "ZeRO-3 fits" in r.number
     sharded["prediction"]["memory"]["fits"] = False
-    r = checklist.data_parallel_first(_ctx(doc, what_if=lambda **ch: sharded if ch.get("zero") == 3 else plain))
+    r = checklist.data_parallel_first(
+        _ctx(doc, what_if=lambda **ch: sharded if ch.get("zero") == 3 else plain)
+    )
     assert r.status == "pass" and "ZeRO 0 or 3" in r.detail
 
 
 def test_a_plan_that_does_not_fit_never_passes_the_sharding_rule():
-    r = checklist.shard_optimizer(_ctx(_doc(zero=1, peak=45e9)))     # capacity 40 GB
+    r = checklist.shard_optimizer(_ctx(_doc(zero=1, peak=45e9)))  # capacity 40 GB
     assert r.status == "warn" and "does not fit even with ZeRO stage 1" in r.detail
 
 
 def _with_goodput(doc, goodput, *, stall_h=1.0, restart_s=600.0, interruptions=10.0, lost_h=5.0):
     doc = copy.deepcopy(doc)
     doc["prediction"]["reliability"] = {
-        "goodput": goodput, "expected_interruptions": interruptions, "time_to_train_s": 30 * 86400.0,
-        "mtbf_hours": 72.0, "checkpoint_interval_s": 1800.0, "checkpoint": "blocking", "checkpoint_stall_s": 60.0,
-        "lost_hours": lost_h, "checkpoint_hours": stall_h, "restart_s": restart_s, "checkpoint_read_s": 100.0}
+        "goodput": goodput,
+        "expected_interruptions": interruptions,
+        "time_to_train_s": 30 * 86400.0,
+        "mtbf_hours": 72.0,
+        "checkpoint_interval_s": 1800.0,
+        "checkpoint": "blocking",
+        "checkpoint_stall_s": 60.0,
+        "lost_hours": lost_h,
+        "checkpoint_hours": stall_h,
+        "restart_s": restart_s,
+        "checkpoint_read_s": 100.0,
+    }
     return doc
 
 
 def test_plan_for_failures_warns_below_llama3s_90_percent_and_names_the_biggest_loss():
     ok = checklist.plan_for_failures(_ctx(_with_goodput(_doc(), 0.95)))
-    assert ok.status == "pass" and "goodput 95.0%" in ok.number and "every 180 steps" in ok.detail   # 1800 s / 10 s
+    assert (
+        ok.status == "pass" and "goodput 95.0%" in ok.number and "every 180 steps" in ok.detail
+    )  # 1800 s / 10 s
     stalls = checklist.plan_for_failures(_ctx(_with_goodput(_doc(), 0.85, stall_h=50.0)))
-    assert stalls.status == "warn" and "checkpoints" in stalls.detail and "--checkpoint async" in stalls.detail
-    restarts = checklist.plan_for_failures(_ctx(_with_goodput(_doc(), 0.85, restart_s=3600.0, lost_h=11.0)))
+    assert (
+        stalls.status == "warn"
+        and "checkpoints" in stalls.detail
+        and "--checkpoint async" in stalls.detail
+    )
+    restarts = checklist.plan_for_failures(
+        _ctx(_with_goodput(_doc(), 0.85, restart_s=3600.0, lost_h=11.0))
+    )
     assert restarts.status == "warn" and "restarts" in restarts.detail
-    assert checklist.plan_for_failures(_ctx(_doc())).status == "pass"          # no run length: nothing to say
+    assert (
+        checklist.plan_for_failures(_ctx(_doc())).status == "pass"
+    )  # no run length: nothing to say
 
 
 def test_the_gpu_count_includes_context_parallel_ranks_and_pure_dp_spans_them():

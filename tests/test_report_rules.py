@@ -1,6 +1,7 @@
 """The checklist's context-parallelism, FP8 and hybrid-sharding rules on real plans: each fires where
 the practice says it should and not elsewhere, and the numbers in its finding are planner.estimate's
 for the changed configuration (the one cost model), never typed in."""
+
 import copy
 import dataclasses
 
@@ -13,7 +14,7 @@ from planner.report import backend, checklist
 from planner.report.build import Scenario, rule_context
 
 GB = 1e9
-GiB = 2 ** 30
+GiB = 2**30
 
 
 def _context(model: str, hw_name: str, cfg: ParallelConfig):
@@ -21,7 +22,9 @@ def _context(model: str, hw_name: str, cfg: ParallelConfig):
     hw = load_profile(hw_name)
     spec = backend.resolve(model, cfg.seq)
     doc = backend.estimate_document(spec, hw, cfg, gpus=cfg.world_size)
-    return rule_context(spec, hw, doc, Scenario(model=model, hardware=hw_name, gpus=cfg.world_size, seq=cfg.seq))
+    return rule_context(
+        spec, hw, doc, Scenario(model=model, hardware=hw_name, gpus=cfg.world_size, seq=cfg.seq)
+    )
 
 
 def _est(model: str, hw_name: str, cfg: ParallelConfig):
@@ -39,7 +42,9 @@ def _gb(x: float) -> str:
 # --- context parallelism -----------------------------------------------------------------------------
 
 LONG = ParallelConfig(dp=64, seq=131072, global_batch=64, zero=1, recompute="full")
-LONG_TP = ParallelConfig(dp=8, tp=8, sequence_parallel=True, seq=131072, global_batch=64, zero=1, recompute="full")
+LONG_TP = ParallelConfig(
+    dp=8, tp=8, sequence_parallel=True, seq=131072, global_batch=64, zero=1, recompute="full"
+)
 SHORT = ParallelConfig(dp=64, seq=2048, global_batch=512, zero=1)
 FP8_PLAN = ParallelConfig(dp=8, seq=2048, global_batch=32, zero=1, recompute="full")
 
@@ -55,16 +60,25 @@ def test_cp_fires_at_128k_tokens_where_only_cp_makes_the_plan_fit():
     assert not plan.fits
     mem = plan.memory()
     seq_bytes = mem["activations_bytes"] + mem["other_bytes"]
-    assert f"activations + working buffers {_gb(seq_bytes)} = {100 * seq_bytes / mem['peak_bytes_per_gpu']:.1f}%" in r.number
-    for cp in (2, 4, 8):       # the what-ifs are estimate() at that cp, dp x cp kept
+    assert (
+        f"activations + working buffers {_gb(seq_bytes)} = {100 * seq_bytes / mem['peak_bytes_per_gpu']:.1f}%"
+        in r.number
+    )
+    for cp in (2, 4, 8):  # the what-ifs are estimate() at that cp, dp x cp kept
         other = _est("llama3-8b", "p5.48xlarge", _with_cp(LONG, cp))
-        assert (f"cp={cp}: peak {_gb(other.peak_bytes_per_gpu)} "
-                f"({(other.peak_bytes_per_gpu - plan.peak_bytes_per_gpu) / GiB:+.1f} GiB/GPU") in r.number
+        assert (
+            f"cp={cp}: peak {_gb(other.peak_bytes_per_gpu)} "
+            f"({(other.peak_bytes_per_gpu - plan.peak_bytes_per_gpu) / GiB:+.1f} GiB/GPU"
+        ) in r.number
         assert f"step {_change(other.step_time_s, plan.step_time_s)}" in r.number
         assert f"exposed KV exchange {other.time_breakdown_s()['cp_comm']:.3g} s" in r.number
     cp8 = _est("llama3-8b", "p5.48xlarge", _with_cp(LONG, 8))
     assert cp8.fits and not _est("llama3-8b", "p5.48xlarge", _with_cp(LONG, 4)).fits
-    assert r.status == "warn" and "cp=8 splits" in r.detail and f"{cp8.step_time_s:.4g} s per step" in r.detail
+    assert (
+        r.status == "warn"
+        and "cp=8 splits" in r.detail
+        and f"{cp8.step_time_s:.4g} s per step" in r.detail
+    )
     assert "Ring Attention" in r.source and "context" in r.source.lower()
 
 
@@ -87,11 +101,17 @@ MID = ParallelConfig(dp=16, tp=4, sequence_parallel=True, seq=32768, global_batc
 def test_cp_is_advised_where_activations_dominate_and_cp_costs_little():
     ctx = _context("llama3-8b", "p5.48xlarge", MID)
     r = checklist.context_parallel(ctx)
-    plan, cp2 = _est("llama3-8b", "p5.48xlarge", MID), _est("llama3-8b", "p5.48xlarge", _with_cp(MID, 2))
+    plan, cp2 = (
+        _est("llama3-8b", "p5.48xlarge", MID),
+        _est("llama3-8b", "p5.48xlarge", _with_cp(MID, 2)),
+    )
     mem = plan.memory()
     share = (mem["activations_bytes"] + mem["other_bytes"]) / mem["peak_bytes_per_gpu"]
     assert plan.fits and share >= checklist.ACTIVATION_DOMINANT_FRACTION
-    assert cp2.fits and plan.step_time_s <= cp2.step_time_s <= plan.step_time_s / checklist.AS_FAST_FRACTION
+    assert (
+        cp2.fits
+        and plan.step_time_s <= cp2.step_time_s <= plan.step_time_s / checklist.AS_FAST_FRACTION
+    )
     assert r.status == "advice" and r.detail.startswith("Activations dominate the memory")
     assert f"cp=2 frees {_gb(plan.peak_bytes_per_gpu - cp2.peak_bytes_per_gpu)} per GPU" in r.detail
     assert f"{100 * (cp2.step_time_s / plan.step_time_s - 1):.1f}% slower steps" in r.detail
@@ -103,23 +123,38 @@ def test_cp_advice_names_the_degree_that_frees_the_most_memory_within_the_as_fas
 
     def what_if(hardware_changes=None, **changes):
         doc = ctx.what_if(hardware_changes, **changes)
-        if doc is not None and changes.get("cp", 1) > 1:     # every higher degree as fast as the plan
-            doc = dict(doc, prediction=dict(doc["prediction"], step_time_s=step,
-                                            tokens_per_s=ctx.document["prediction"]["tokens_per_s"]))
+        if doc is not None and changes.get("cp", 1) > 1:  # every higher degree as fast as the plan
+            doc = dict(
+                doc,
+                prediction=dict(
+                    doc["prediction"],
+                    step_time_s=step,
+                    tokens_per_s=ctx.document["prediction"]["tokens_per_s"],
+                ),
+            )
         return doc
 
     r = checklist.context_parallel(dataclasses.replace(ctx, what_if=what_if))
     cp8 = _est("llama3-8b", "p5.48xlarge", _with_cp(MID, 8))
-    assert r.status == "advice" and f"cp=8 frees {_gb(ctx.document['prediction']['memory']['peak_bytes_per_gpu'] - cp8.peak_bytes_per_gpu)}" in r.detail
+    assert (
+        r.status == "advice"
+        and f"cp=8 frees {_gb(ctx.document['prediction']['memory']['peak_bytes_per_gpu'] - cp8.peak_bytes_per_gpu)}"
+        in r.detail
+    )
 
 
 def test_cp_is_not_advised_when_recomputation_keeps_the_activations_small():
     # the same plan with full recomputation: cp=2 still costs little, but activations no longer dominate
     cfg = dataclasses.replace(MID, recompute="full")
     r = checklist.context_parallel(_context("llama3-8b", "p5.48xlarge", cfg))
-    plan, cp2 = _est("llama3-8b", "p5.48xlarge", cfg), _est("llama3-8b", "p5.48xlarge", _with_cp(cfg, 2))
+    plan, cp2 = (
+        _est("llama3-8b", "p5.48xlarge", cfg),
+        _est("llama3-8b", "p5.48xlarge", _with_cp(cfg, 2)),
+    )
     mem = plan.memory()
-    assert (mem["activations_bytes"] + mem["other_bytes"]) / mem["peak_bytes_per_gpu"] < checklist.ACTIVATION_DOMINANT_FRACTION
+    assert (mem["activations_bytes"] + mem["other_bytes"]) / mem[
+        "peak_bytes_per_gpu"
+    ] < checklist.ACTIVATION_DOMINANT_FRACTION
     assert cp2.fits and cp2.step_time_s <= plan.step_time_s / checklist.AS_FAST_FRACTION
     assert r.status == "pass" and r.detail.startswith("Not worth it at 32,768 tokens")
 
@@ -129,9 +164,16 @@ def test_dominant_activations_alone_do_not_make_cp_pay():
     # but the plan fits and cp=2 costs more than 2% per step
     cfg = ParallelConfig(dp=8, seq=8192, global_batch=512, zero=3)
     r = checklist.context_parallel(_context("llama3-8b", "p5.48xlarge", cfg))
-    plan, cp2 = _est("llama3-8b", "p5.48xlarge", cfg), _est("llama3-8b", "p5.48xlarge", _with_cp(cfg, 2))
+    plan, cp2 = (
+        _est("llama3-8b", "p5.48xlarge", cfg),
+        _est("llama3-8b", "p5.48xlarge", _with_cp(cfg, 2)),
+    )
     assert plan.fits and cp2.step_time_s > plan.step_time_s / checklist.AS_FAST_FRACTION
-    assert r.status == "pass" and r.detail.startswith("Activations dominate") and "CP costs more than it saves" in r.detail
+    assert (
+        r.status == "pass"
+        and r.detail.startswith("Activations dominate")
+        and "CP costs more than it saves" in r.detail
+    )
     assert f"cp=2 is {100 * (cp2.step_time_s / plan.step_time_s - 1):.1f}% slower" in r.detail
 
 
@@ -148,9 +190,14 @@ def test_cp_does_not_pay_at_2k_tokens_and_says_where_the_time_goes():
     r = checklist.context_parallel(ctx)
     plan = _est("llama3-8b", "p5.48xlarge", SHORT)
     cp2 = _est("llama3-8b", "p5.48xlarge", _with_cp(SHORT, 2))
-    assert cp2.step_time_s > plan.step_time_s and cp2.time_breakdown_s()["cp_comm"] > 0   # the ring shows
+    assert (
+        cp2.step_time_s > plan.step_time_s and cp2.time_breakdown_s()["cp_comm"] > 0
+    )  # the ring shows
     assert r.status == "pass" and r.detail.startswith("Not worth it at 2,048 tokens")
-    assert f"only {100 * (plan.memory()['activations_bytes'] + plan.memory()['other_bytes']) / plan.peak_bytes_per_gpu:.1f}% of the peak" in r.detail
+    assert (
+        f"only {100 * (plan.memory()['activations_bytes'] + plan.memory()['other_bytes']) / plan.peak_bytes_per_gpu:.1f}% of the peak"
+        in r.detail
+    )
     assert f"cp=2 is {100 * (cp2.step_time_s / plan.step_time_s - 1):.1f}% slower" in r.detail
     assert f"cp_comm +{cp2.time_breakdown_s()['cp_comm']:.3g} s" in r.detail
     assert f"save {_gb(plan.peak_bytes_per_gpu - cp2.peak_bytes_per_gpu)} per GPU" in r.detail
@@ -161,7 +208,9 @@ def test_a_short_sequence_plan_that_uses_cp_is_warned_off_it():
     r = checklist.context_parallel(_context("llama3-8b", "p5.48xlarge", cfg))
     plan, cp1 = _est("llama3-8b", "p5.48xlarge", cfg), _est("llama3-8b", "p5.48xlarge", SHORT)
     assert r.status == "warn" and "does not pay at 2,048 tokens" in r.detail
-    assert f"cp=1 fits and is {100 * (1 - cp1.step_time_s / plan.step_time_s):.1f}% faster" in r.detail
+    assert (
+        f"cp=1 fits and is {100 * (1 - cp1.step_time_s / plan.step_time_s):.1f}% faster" in r.detail
+    )
     assert f"cp=2 exposes {plan.time_breakdown_s()['cp_comm']:.3g} s of KV exchange" in r.number
 
 
@@ -183,12 +232,20 @@ def test_cp_on_a_stack_without_it_says_why_in_one_line():
 def test_cp_changes_keep_the_gpus_and_put_c_just_outside_t():
     plan = {"dp": 16, "cp": 2, "placement": "PDCT", "cp_comm": "all_gather", "dp_shard": 8}
     assert checklist.cp_changes(plan, 8, ("p2p", "all_gather")) == {
-        "cp": 8, "dp": 4, "placement": "PDCT", "cp_comm": "all_gather", "dp_shard": 0}
-    assert checklist.cp_changes({"dp": 6, "placement": "DPT"}, 4, ("a2a",)) is None       # 6 ranks, not 4k
+        "cp": 8,
+        "dp": 4,
+        "placement": "PDCT",
+        "cp_comm": "all_gather",
+        "dp_shard": 0,
+    }
+    assert (
+        checklist.cp_changes({"dp": 6, "placement": "DPT"}, 4, ("a2a",)) is None
+    )  # 6 ranks, not 4k
     assert checklist.cp_changes({"dp": 8, "placement": "DPT"}, 2, ("a2a",))["placement"] == "DPCT"
 
 
 # --- FP8 -----------------------------------------------------------------------------------------------
+
 
 def test_fp8_does_not_apply_on_a100_and_says_so():
     r = checklist.fp8_gemms(_context("llama3-8b", "p4d.24xlarge", FP8_PLAN))
@@ -202,11 +259,17 @@ def test_fp8_pays_on_h100_for_a_gemm_bound_8b_model_with_estimates_numbers():
     fp8 = _est("llama3-8b", "p5.48xlarge", dataclasses.replace(FP8_PLAN, precision="fp8"))
     assert fp8.fits and fp8.step_time_s < (1 - checklist.FP8_MIN_GAIN) * bf16.step_time_s
     assert r.status == "advice"
-    assert (f"step {bf16.step_time_s:.4g} s at amp-bf16 vs {fp8.step_time_s:.4g} s at fp8 "
-            f"({_change(fp8.step_time_s, bf16.step_time_s)}") in r.number
-    assert f"peak memory {_gb(bf16.peak_bytes_per_gpu)} vs {_gb(fp8.peak_bytes_per_gpu)}" in r.number
+    assert (
+        f"step {bf16.step_time_s:.4g} s at amp-bf16 vs {fp8.step_time_s:.4g} s at fp8 "
+        f"({_change(fp8.step_time_s, bf16.step_time_s)}"
+    ) in r.number
+    assert (
+        f"peak memory {_gb(bf16.peak_bytes_per_gpu)} vs {_gb(fp8.peak_bytes_per_gpu)}" in r.number
+    )
     assert "casts 4 bytes per GEMM operand element (megatron)" in r.number
-    assert "linear GEMMs 92.9% of a block's FLOPs at seq 2,048, hidden 4096" in r.number   # 4 x 4096^2 x (..)
+    assert (
+        "linear GEMMs 92.9% of a block's FLOPs at seq 2,048, hidden 4096" in r.number
+    )  # 4 x 4096^2 x (..)
     assert "Micikevicius" in r.source and "Transformer Engine" in r.source
 
 
@@ -239,7 +302,9 @@ def test_an_fp8_plan_slower_than_bf16_is_warned():
     ctx = _context("llama3-8b", "p5.48xlarge", dataclasses.replace(FP8_PLAN, precision="fp8"))
     slower = copy.deepcopy(dict(ctx.document))
     bf16 = ctx.what_if(precision="amp-bf16")
-    slower["prediction"] = dict(slower["prediction"], step_time_s=1.5 * bf16["prediction"]["step_time_s"])
+    slower["prediction"] = dict(
+        slower["prediction"], step_time_s=1.5 * bf16["prediction"]["step_time_s"]
+    )
     r = checklist.fp8_gemms(dataclasses.replace(ctx, document=slower))
     assert r.status == "warn" and "slower than amp-bf16" in r.detail
 
@@ -248,15 +313,20 @@ def test_fp8_on_a_stack_without_an_fp8_recipe_says_why():
     from frameworks import load_framework
 
     assert "fp8" not in load_framework("deepspeed").capabilities.precisions
-    r = checklist.fp8_gemms(_context("llama3-8b", "p5.48xlarge", dataclasses.replace(FP8_PLAN, framework="deepspeed")))
+    r = checklist.fp8_gemms(
+        _context("llama3-8b", "p5.48xlarge", dataclasses.replace(FP8_PLAN, framework="deepspeed"))
+    )
     assert r.status == "pass" and r.number.startswith("deepspeed has no FP8 recipe")
-    assert "stacks with FP8 GEMMs: megatron, torchtitan, fsdp" in r.detail      # from frameworks/*.json
+    assert "stacks with FP8 GEMMs: megatron, torchtitan, fsdp" in r.detail  # from frameworks/*.json
 
 
 # --- hybrid sharding -------------------------------------------------------------------------------------
 
+
 def _zero1(nodes: int, **changes) -> ParallelConfig:
-    return ParallelConfig(dp=8 * nodes, seq=4096, global_batch=16 * nodes, zero=1, recompute="full", **changes)
+    return ParallelConfig(
+        dp=8 * nodes, seq=4096, global_batch=16 * nodes, zero=1, recompute="full", **changes
+    )
 
 
 def test_hsdp_pays_on_64_nodes_with_estimates_numbers():
@@ -268,10 +338,14 @@ def test_hsdp_pays_on_64_nodes_with_estimates_numbers():
     hybrid = _est("llama3-8b", "p5.48xlarge", dataclasses.replace(cfg, dp_shard=8))
     assert hybrid.step_time_s < checklist.AS_FAST_FRACTION * full.step_time_s and hybrid.fits
     assert r.status == "advice" and "Set dp_shard=8" in r.detail
-    assert (f"exposed DP communication {hybrid.time_breakdown_s()['dp_comm']:.3g} s with dp_shard=8 vs "
-            f"{full.time_breakdown_s()['dp_comm']:.3g} s fully sharded, step "
-            f"{_change(hybrid.step_time_s, full.step_time_s)}") in r.number
-    assert f"({(hybrid.peak_bytes_per_gpu - full.peak_bytes_per_gpu) / GiB:+.1f} GiB/GPU)" in r.number
+    assert (
+        f"exposed DP communication {hybrid.time_breakdown_s()['dp_comm']:.3g} s with dp_shard=8 vs "
+        f"{full.time_breakdown_s()['dp_comm']:.3g} s fully sharded, step "
+        f"{_change(hybrid.step_time_s, full.step_time_s)}"
+    ) in r.number
+    assert (
+        f"({(hybrid.peak_bytes_per_gpu - full.peak_bytes_per_gpu) / GiB:+.1f} GiB/GPU)" in r.number
+    )
     assert "dp=512 over 64 NVLink domains of 8 devices" in r.number
     assert "HYBRID_SHARD" in r.source and "Zhao et al. 2023" in r.source
 
@@ -291,11 +365,23 @@ def test_a_plan_already_sharded_inside_the_domain_passes():
     assert r.status == "pass" and "shards inside the NVLink domain (dp_shard=8)" in r.detail
 
 
-@pytest.mark.parametrize("cfg,words", [
-    (ParallelConfig(dp=16, seq=4096, global_batch=32, zero=0, recompute="full"), "no sharded states"),
-    (ParallelConfig(dp=8, seq=4096, global_batch=16, zero=1, recompute="full"), "inside one NVLink domain"),
-    (ParallelConfig(dp=16, tp=8, sequence_parallel=True, seq=4096, global_batch=32, zero=1), "1 data-parallel rank"),
-])
+@pytest.mark.parametrize(
+    "cfg,words",
+    [
+        (
+            ParallelConfig(dp=16, seq=4096, global_batch=32, zero=0, recompute="full"),
+            "no sharded states",
+        ),
+        (
+            ParallelConfig(dp=8, seq=4096, global_batch=16, zero=1, recompute="full"),
+            "inside one NVLink domain",
+        ),
+        (
+            ParallelConfig(dp=16, tp=8, sequence_parallel=True, seq=4096, global_batch=32, zero=1),
+            "1 data-parallel rank",
+        ),
+    ],
+)
 def test_hsdp_says_why_it_does_not_apply(cfg, words):
     r = checklist.hybrid_sharding(_context("llama3-8b", "p5.48xlarge", cfg))
     assert r.status == "pass" and words in r.number
@@ -314,6 +400,7 @@ def test_the_shard_group_is_the_nvlink_domain_not_the_node():
 
 # --- the checklist as a whole -------------------------------------------------------------------------------
 
+
 def test_every_rule_carries_a_source_and_the_new_rules_are_in_the_checklist():
     results = checklist.evaluate(_context("llama3-8b", "p5.48xlarge", SHORT))
     assert {"context-parallel", "fp8", "hybrid-sharding"} <= {r.rule for r in results}
@@ -326,4 +413,6 @@ def test_tp_group_nodes_counts_a_context_parallel_layout():
     plan = {"dp": 2, "pp": 1, "tp": 8, "cp": 2, "placement": "DPCT"}
     assert checklist.tp_group_nodes(plan, 8) == 1
     assert checklist.tp_group_nodes(dict(plan, tp=4, placement="CTDP"), 8) == 1
-    assert checklist.tp_group_nodes(dict(plan, dp=8, tp=2, placement="CTDP"), 8) == 2      # T stride dp x pp = 8
+    assert (
+        checklist.tp_group_nodes(dict(plan, dp=8, tp=2, placement="CTDP"), 8) == 2
+    )  # T stride dp x pp = 8

@@ -1,4 +1,5 @@
 """Pipeline timelines: the bubble each schedule's op order implies, against the papers' closed forms."""
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -46,10 +47,15 @@ def test_p2p_adds_latency_per_hop_on_the_critical_path():
 
 
 @settings(max_examples=40, deadline=None)
-@given(p=st.integers(1, 6), m=st.integers(1, 12),
-       schedule=st.sampled_from(["gpipe", "1f1b", "zero-bubble"]))
+@given(
+    p=st.integers(1, 6),
+    m=st.integers(1, 12),
+    schedule=st.sampled_from(["gpipe", "1f1b", "zero-bubble"]),
+)
 def test_every_op_runs_once_and_respects_dependencies(p, m, schedule):
-    tl = build_timeline(schedule, [StageTimes(forward_s=1.0 + 0.1 * r, backward_s=2.0) for r in range(p)], m)
+    tl = build_timeline(
+        schedule, [StageTimes(forward_s=1.0 + 0.1 * r, backward_s=2.0) for r in range(p)], m
+    )
     kinds = ("F", "B", "W") if schedule == "zero-bubble" else ("F", "B")
     assert len(tl.ops) == len(kinds) * p * m
     end = {(op.kind, op.microbatch, op.rank): op.end_s for op in tl.ops}
@@ -80,8 +86,16 @@ def test_unknown_schedule_is_rejected():
         build_timeline("pipedream", _uniform(2), 2)
 
 
-@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4),
-                                        ("zero-bubble", 1)])
+@pytest.mark.parametrize(
+    "schedule,v",
+    [
+        ("gpipe", 1),
+        ("1f1b", 1),
+        ("interleaved-1f1b", 2),
+        ("interleaved-1f1b", 4),
+        ("zero-bubble", 1),
+    ],
+)
 @pytest.mark.parametrize("p,m", [(4, 8), (8, 16), (2, 8), (4, 1), (4, 2), (8, 4), (8, 2)])
 def test_drawn_bubble_equals_the_estimates_pipeline_model(schedule, v, p, m):
     # The Gantt is drawn from the schedule's op order; the estimate prices the bubble with
@@ -98,8 +112,16 @@ def test_drawn_bubble_equals_the_estimates_pipeline_model(schedule, v, p, m):
     assert tl.makespan_s - m * stage == pytest.approx(slots * stage)
 
 
-@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4),
-                                        ("zero-bubble", 1)])
+@pytest.mark.parametrize(
+    "schedule,v",
+    [
+        ("gpipe", 1),
+        ("1f1b", 1),
+        ("interleaved-1f1b", 2),
+        ("interleaved-1f1b", 4),
+        ("zero-bubble", 1),
+    ],
+)
 @pytest.mark.parametrize("p,m", [(4, 8), (8, 16), (4, 2), (8, 4)])
 def test_inflight_microbatches_equal_the_drawn_schedule(schedule, v, p, m):
     # The memory model's in-flight micro-batches per rank (cost_models.pipeline.inflight_microbatches)
@@ -111,11 +133,15 @@ def test_inflight_microbatches_equal_the_drawn_schedule(schedule, v, p, m):
 
     tl = build_timeline(schedule, _uniform(p), m, virtual_stages=v)
     for rank in range(p):
-        events = sorted([(op.start_s, 1) for op in tl.ops if op.rank == rank and op.kind == "F"]
-                        + [(op.end_s, -1) for op in tl.ops if op.rank == rank and op.kind == "B"])
+        events = sorted(
+            [(op.start_s, 1) for op in tl.ops if op.rank == rank and op.kind == "F"]
+            + [(op.end_s, -1) for op in tl.ops if op.rank == rank and op.kind == "B"]
+        )
         alive = peak = 0
         for _, step in events:
             alive += step
             peak = max(peak, alive)
-        model = float(inflight_microbatches(np.array(SCHEDULES.index(schedule)), p, m, v, rank, SCHEDULES))
+        model = float(
+            inflight_microbatches(np.array(SCHEDULES.index(schedule)), p, m, v, rank, SCHEDULES)
+        )
         assert peak / v == pytest.approx(model), rank

@@ -7,6 +7,7 @@ group, offload, the data-parallel and pipeline links). The searches cover the pa
 Megatron dense (GPT-3), the FSDP eager stack whose 16-bit table differs per candidate under ZeRO >= 2 (Llama 3 8B, with
 the recompute_layers refinement), torchtitan's per-operator selective recomputation with context parallelism, and
 MoE with expert parallelism and MLA (Mixtral, DeepSeek-V3)."""
+
 from dataclasses import fields, is_dataclass
 
 import numpy as np
@@ -19,13 +20,35 @@ from planner.search import recommend
 SEARCHES = [
     dict(model="gpt3-175b", hardware="p4d.24xlarge", gpus=128, global_batch=256),
     dict(model="llama3-8b", hardware="p4d.24xlarge", gpus=8, framework="fsdp"),
-    dict(model="llama3-70b", hardware="p5.48xlarge", gpus=64, framework="torchtitan", seq=32768, global_batch=64),
+    dict(
+        model="llama3-70b",
+        hardware="p5.48xlarge",
+        gpus=64,
+        framework="torchtitan",
+        seq=32768,
+        global_batch=64,
+    ),
     dict(model="mixtral-8x7b", hardware="p5.48xlarge", gpus=64),
     dict(model="deepseek-v3", hardware="p6e-gb200.36xlarge", gpus=288),
 ]
 
-STEP_LEVEL = {"dp", "pp", "m", "zero", "offload", "shard", "v", "blocks_second", "rank_recomputed", "grad_group",
-              "shard_group", "expert_dp", "expert_shard_group", "is_offload", "single_stage"}
+STEP_LEVEL = {
+    "dp",
+    "pp",
+    "m",
+    "zero",
+    "offload",
+    "shard",
+    "v",
+    "blocks_second",
+    "rank_recomputed",
+    "grad_group",
+    "shard_group",
+    "expert_dp",
+    "expert_shard_group",
+    "is_offload",
+    "single_stage",
+}
 """Step fields (and properties over them) that only the step-level terms may read: block_rows does not key them."""
 
 
@@ -44,6 +67,7 @@ def _leaves(value, prefix=""):
 class _Recording(Step):
     """A Step that records the names of the fields and properties read from it (and of the locality links). What
     full_share reads inside (blocks, recompute_layers, v) is not recorded: block_rows keys full_share's value."""
+
     __slots__ = ()
     read: set = set()
     paused = False
@@ -71,7 +95,9 @@ class _Links(dict):
         return dict.get(self, key, default)
 
 
-@pytest.mark.parametrize("search", SEARCHES, ids=[s["model"] + "-" + s.get("framework", "megatron") for s in SEARCHES])
+@pytest.mark.parametrize(
+    "search", SEARCHES, ids=[s["model"] + "-" + s.get("framework", "megatron") for s in SEARCHES]
+)
 def test_block_terms_once_per_distinct_row_equal_once_per_candidate(search, monkeypatch):
     original, label = S.block_terms, search["model"]
     checked = {"deduped": 0, "calls": 0}
@@ -81,8 +107,13 @@ def test_block_terms_once_per_distinct_row_equal_once_per_candidate(search, monk
         mine, plain = original(x, rows=distinct), original(x, rows=None)
         n = np.size(x.dp)
         for (name, a), (_, b) in zip(_leaves(mine), _leaves(plain), strict=True):
-            np.testing.assert_allclose(np.broadcast_to(a, (n,)), np.broadcast_to(b, (n,)), rtol=1e-12, atol=0,
-                                       err_msg=f"{label}: block term {name}")
+            np.testing.assert_allclose(
+                np.broadcast_to(a, (n,)),
+                np.broadcast_to(b, (n,)),
+                rtol=1e-12,
+                atol=0,
+                err_msg=f"{label}: block term {name}",
+            )
         checked["calls"] += 1
         checked["deduped"] += len(distinct[0]) < np.size(x.dp)
         # what the terms read: nothing the key leaves out
@@ -99,7 +130,9 @@ def test_block_terms_once_per_distinct_row_equal_once_per_candidate(search, monk
     kw = {k: v for k, v in search.items() if k not in ("model", "hardware")}
     rec = recommend(search["model"], search["hardware"], **kw)
     assert rec.best is not None
-    assert checked["deduped"] >= 1 and checked["calls"] > checked["deduped"]   # shared rows and one-row estimates
+    assert (
+        checked["deduped"] >= 1 and checked["calls"] > checked["deduped"]
+    )  # shared rows and one-row estimates
 
 
 def test_block_rows_keys_what_differs_per_candidate():
@@ -111,24 +144,50 @@ def test_block_rows_keys_what_differs_per_candidate():
     from planner.score import CandidateArrays
 
     n = 512
-    base = dict(dp=np.full(n, 8), tp=np.full(n, 8), pp=np.full(n, 4), micro_batch=np.ones(n, int),
-                virtual_stages=np.ones(n, int), zero=np.tile([0, 1], n // 2), recompute=np.zeros(n, int),
-                offload=np.zeros(n, int), sequence_parallel=np.ones(n, bool), schedule=np.zeros(n, int),
-                placement=np.zeros(n, int), cp=np.full(n, 2), cp_comm=np.zeros(n, int))
+    base = dict(
+        dp=np.full(n, 8),
+        tp=np.full(n, 8),
+        pp=np.full(n, 4),
+        micro_batch=np.ones(n, int),
+        virtual_stages=np.ones(n, int),
+        zero=np.tile([0, 1], n // 2),
+        recompute=np.zeros(n, int),
+        offload=np.zeros(n, int),
+        sequence_parallel=np.ones(n, bool),
+        schedule=np.zeros(n, int),
+        placement=np.zeros(n, int),
+        cp=np.full(n, 2),
+        cp_comm=np.zeros(n, int),
+    )
     model, hw = get("llama3-70b"), load_profile("p5.48xlarge")
 
     def rows(sw, **change):
         c = CandidateArrays(**{**base, **change})
-        x = Step.of(model, hw, sw, c, global_batch=256, seq=8192, precision="amp-bf16", optimizer="adamw")
+        x = Step.of(
+            model, hw, sw, c, global_batch=256, seq=8192, precision="amp-bf16", optimizer="adamw"
+        )
         r = x.block_rows()
         return None if r is None else len(r[0])
 
     megatron = software_for("megatron")
-    assert rows(megatron, dp=np.tile([8, 16], n // 2)) == 1                  # dp and ZeRO: step-level only
+    assert rows(megatron, dp=np.tile([8, 16], n // 2)) == 1  # dp and ZeRO: step-level only
     assert rows(megatron, cp_comm=np.tile([0, 1], n // 2)) == 2
-    assert rows(megatron, placement=np.tile([0, 3], n // 2)) in (1, 2)       # 2 where the order moves tp's link
+    assert rows(megatron, placement=np.tile([0, 3], n // 2)) in (
+        1,
+        2,
+    )  # 2 where the order moves tp's link
     fsdp = software_for("fsdp")
-    if Step.of(model, hw, fsdp, CandidateArrays(**{**base, "zero": np.tile([1, 3], n // 2)}), global_batch=256,
-               seq=8192, precision="amp-bf16", optimizer="adamw").table.saved.rep.ndim:
-        assert rows(fsdp, zero=np.tile([1, 3], n // 2)) == 2                 # the 16-bit table under ZeRO 3
-    assert rows(megatron, micro_batch=np.arange(n) % 300 + 1) is None        # mostly distinct: not worth a key
+    if Step.of(
+        model,
+        hw,
+        fsdp,
+        CandidateArrays(**{**base, "zero": np.tile([1, 3], n // 2)}),
+        global_batch=256,
+        seq=8192,
+        precision="amp-bf16",
+        optimizer="adamw",
+    ).table.saved.rep.ndim:
+        assert rows(fsdp, zero=np.tile([1, 3], n // 2)) == 2  # the 16-bit table under ZeRO 3
+    assert (
+        rows(megatron, micro_batch=np.arange(n) % 300 + 1) is None
+    )  # mostly distinct: not worth a key

@@ -2,6 +2,7 @@
 scorer over sampled candidates of several scenarios (context parallelism, hybrid sharding, FP8, a GB200 NVL72
 domain, a mixture-of-experts model, three frameworks), and the bounded search's answer checked against
 scoring every candidate."""
+
 import itertools
 from collections import Counter
 
@@ -10,12 +11,26 @@ import pytest
 
 from frameworks import load_framework
 from hardware_profiles import load_profile
-from planner.candidates import (FIELDS, SearchSpace, _pattern_groups, _product, skeleton_rows, with_micro_batches,
-                                with_placements)
+from planner.candidates import (
+    FIELDS,
+    SearchSpace,
+    _pattern_groups,
+    _product,
+    skeleton_rows,
+    with_micro_batches,
+    with_placements,
+)
 from planner.software import software_for
 from planner.parallel import RECOMPUTE
 from planner.score import CandidateArrays, score
-from planner.search import (SHAPE_BOUND_TERMS, SHAPE_FIELDS, TIME_BOUND_TERMS, placement_classes, rank, score_space)
+from planner.search import (
+    SHAPE_BOUND_TERMS,
+    SHAPE_FIELDS,
+    TIME_BOUND_TERMS,
+    placement_classes,
+    rank,
+    score_space,
+)
 from planner.sources import resolve_model
 
 SCENARIOS = [  # model, seq, hardware, gpus, global batch, framework, precision
@@ -33,22 +48,41 @@ def _members(name, seq, hw_name, gpus, batch, framework, precision, shapes=150):
     (arrays, scores, space)."""
     model, hw, sw = resolve_model(name, seq=seq), load_profile(hw_name), software_for(framework)
     space = SearchSpace().for_framework(sw.framework)
-    skel = skeleton_rows(gpus, batch, heads=model.heads, kv_heads=model.n_kv_heads, blocks=model.total_blocks,
-                         space=space, rejected=Counter(), seq=seq, experts=model.moe.experts if model.moe else None,
-                         fast_domain=hw.nvlink_domain_devices)
+    skel = skeleton_rows(
+        gpus,
+        batch,
+        heads=model.heads,
+        kv_heads=model.n_kv_heads,
+        blocks=model.total_blocks,
+        space=space,
+        rejected=Counter(),
+        seq=seq,
+        experts=model.moe.experts if model.moe else None,
+        fast_domain=hw.nvlink_domain_devices,
+    )
     shape = _groups(skel, ("dp", "tp", "pp", "cp", "cp_comm", "ep", "schedule", "virtual_stages"))
     pick = np.isin(shape, np.random.default_rng(0).permutation(shape.max() + 1)[:shapes])
     rows = with_micro_batches({k: v[pick] for k, v in skel.items()}, batch, space=space)
     rows["row"] = np.arange(len(rows["dp"]))
     placed = with_placements(rows, space=space)
     sp_values = np.array(sorted(set(space.sequence_parallel)), dtype=np.int64)
-    arrays = _product(_product(placed, "sequence_parallel", sp_values), "recompute",
-                      np.array([RECOMPUTE.index(r) for r in space.recompute]))
+    arrays = _product(
+        _product(placed, "sequence_parallel", sp_values),
+        "recompute",
+        np.array([RECOMPUTE.index(r) for r in space.recompute]),
+    )
     keep = (arrays["tp"] > 1) | (arrays["sequence_parallel"] == 0)
     arrays = {k: v[keep] for k, v in arrays.items()}
     arrays["sequence_parallel"] = arrays["sequence_parallel"].astype(bool)
-    s = score(model, hw, CandidateArrays.from_mapping({k: arrays[k] for k in FIELDS}), global_batch=batch, seq=seq,
-              precision=precision, software=sw)
+    s = score(
+        model,
+        hw,
+        CandidateArrays.from_mapping({k: arrays[k] for k in FIELDS}),
+        global_batch=batch,
+        seq=seq,
+        precision=precision,
+        software=sw,
+    )
     return arrays, s, space
 
 
@@ -58,8 +92,11 @@ def _terms(s, names):
 
 def _groups(arrays, names):
     """Ids of the distinct value tuples of these columns."""
-    return np.unique(np.stack([np.asarray(arrays[n]).astype(np.int64) for n in names], axis=1), axis=0,
-                     return_inverse=True)[1].ravel()
+    return np.unique(
+        np.stack([np.asarray(arrays[n]).astype(np.int64) for n in names], axis=1),
+        axis=0,
+        return_inverse=True,
+    )[1].ravel()
 
 
 @pytest.fixture(scope="module", params=SCENARIOS, ids=[f"{s[0]}-{s[5]}-{s[2]}" for s in SCENARIOS])
@@ -91,7 +128,9 @@ def test_shape_terms_ignore_the_model_state_knobs_and_the_placement_class(scored
     arrays, s, space = scored
     cls = np.zeros(len(arrays["dp"]), dtype=np.int64)
     for _, place, mask in _pattern_groups(arrays, space):
-        for k, members in enumerate(placement_classes(place, exact=bool(np.any(arrays["ep"][mask] > 1)))):
+        for k, members in enumerate(
+            placement_classes(place, exact=bool(np.any(arrays["ep"][mask] > 1)))
+        ):
             cls[mask & np.isin(arrays["placement"], members)] = k
     arrays = dict(arrays, place_class=cls)
     shape = _groups(arrays, SHAPE_FIELDS + ("place_class", "sequence_parallel", "recompute"))
@@ -100,7 +139,7 @@ def test_shape_terms_ignore_the_model_state_knobs_and_the_placement_class(scored
     np.minimum.at(low, shape, terms)
     np.maximum.at(high, shape, terms)
     counts = np.bincount(shape)
-    assert (counts > 1).sum() > 50                                          # shapes with several members
+    assert (counts > 1).sum() > 50  # shapes with several members
     assert np.allclose(low, high, rtol=1e-12, atol=0.0)
 
 
@@ -109,7 +148,7 @@ def test_pipeline_p2p_ignores_the_model_state_knobs(scored):
     parallelism): the pipeline's point-to-point time does not depend on ZeRO, dp_shard or offload."""
     arrays, s, _ = scored
     g = _groups(arrays, SHAPE_FIELDS + ("placement", "sequence_parallel", "recompute"))
-    for name in ("pp_p2p", "pp_p2p_bound"):    # the search reads the bound term (TIME_BOUND_TERMS)
+    for name in ("pp_p2p", "pp_p2p_bound"):  # the search reads the bound term (TIME_BOUND_TERMS)
         p2p = np.asarray(getattr(s, name), float)
         low, high = np.full(g.max() + 1, np.inf), np.full(g.max() + 1, -np.inf)
         np.minimum.at(low, g, p2p)
@@ -121,9 +160,15 @@ def test_sequence_parallelism_never_lowers_the_shape_terms_nor_raises_memory(sco
     arrays, s, _ = scored
     tp = arrays["tp"] > 1
     key = ("row", "placement", "recompute")
-    on = {tuple(int(arrays[k][i]) for k in key): i for i in np.flatnonzero(tp & arrays["sequence_parallel"])}
-    off = [(on[tuple(int(arrays[k][i]) for k in key)], i) for i in np.flatnonzero(tp & ~arrays["sequence_parallel"])
-           if tuple(int(arrays[k][i]) for k in key) in on]
+    on = {
+        tuple(int(arrays[k][i]) for k in key): i
+        for i in np.flatnonzero(tp & arrays["sequence_parallel"])
+    }
+    off = [
+        (on[tuple(int(arrays[k][i]) for k in key)], i)
+        for i in np.flatnonzero(tp & ~arrays["sequence_parallel"])
+        if tuple(int(arrays[k][i]) for k in key) in on
+    ]
     if not off:
         pytest.skip("no tp > 1 candidate with both choices in this sample")
     a, b = np.array(off).T
@@ -136,10 +181,13 @@ def test_placement_moves_no_memory_and_the_optimizer_step_is_the_skeletons(score
     """What the twin and the per-skeleton optimizer shortcuts read: memory is equal across placements, and the
     optimizer step is equal across micro-batches, placements, sequence parallelism and recompute."""
     from planner.candidates import SKELETON_FIELDS
+
     arrays, s, _ = scored
     needed = np.asarray(s.needed_bytes, float)
-    for key, values in ((("row", "sequence_parallel", "recompute"), needed),
-                        (SKELETON_FIELDS, np.asarray(s.optimizer, float))):
+    for key, values in (
+        (("row", "sequence_parallel", "recompute"), needed),
+        (SKELETON_FIELDS, np.asarray(s.optimizer, float)),
+    ):
         g = _groups(arrays, key)
         low, high = np.full(g.max() + 1, np.inf), np.full(g.max() + 1, -np.inf)
         np.minimum.at(low, g, values)
@@ -156,24 +204,37 @@ EXACT = [  # small enough to score every candidate
 
 @pytest.mark.parametrize("name,seq,hw_name,gpus,batch,framework,precision", EXACT)
 @pytest.mark.parametrize("objective", ["throughput", "memory"])
-def test_bounded_search_equals_scoring_everything(name, seq, hw_name, gpus, batch, framework, precision, objective):
+def test_bounded_search_equals_scoring_everything(
+    name, seq, hw_name, gpus, batch, framework, precision, objective
+):
     """The leaders, and the best plan of each cp class, are the same whether every candidate is scored or the
     bounds prove most of them out."""
     model, hw, sw = resolve_model(name, seq=seq), load_profile(hw_name), software_for(framework)
     space = SearchSpace().for_framework(load_framework(framework))
-    kw = dict(world_size=gpus, global_batch=batch, seq=seq, precision=precision, optimizer="adamw", space=space,
-              software=sw)
+    kw = dict(
+        world_size=gpus,
+        global_batch=batch,
+        seq=seq,
+        precision=precision,
+        optimizer="adamw",
+        space=space,
+        software=sw,
+    )
     fast = score_space(model, hw, objective=objective, keep=9, **kw)
     every = score_space(model, hw, objective=objective, prune=False, time_bound=False, **kw)
-    assert fast.stats.pruned_by_time_bound > 0 and fast.stats.space == every.stats.candidates_evaluated
+    assert (
+        fast.stats.pruned_by_time_bound > 0 and fast.stats.space == every.stats.candidates_evaluated
+    )
     assert fast.stats.candidates_evaluated < every.stats.candidates_evaluated / 3
     a, b = rank(fast, objective)[:9], rank(every, objective)[:9]
     assert fast.step_time_s[a].tolist() == every.step_time_s[b].tolist()
     assert fast.peak_bytes_per_gpu[a].tolist() == every.peak_bytes_per_gpu[b].tolist()
     for c in (False, True):
+
         def best(scored):
             ok = scored.fits & ((scored.arrays["cp"] > 1) == c)
             return scored.step_time_s[ok].min() if ok.any() else None
+
         assert best(fast) == best(every)
 
 
@@ -181,15 +242,25 @@ def test_exactness_fails_when_a_premise_is_broken(monkeypatch):
     """A bound that overstates (the shape terms doubled) proves out the true leaders: the comparison above
     would catch it."""
     import planner.search as search
+
     name, seq, hw_name, gpus, batch, framework, precision = EXACT[0]
     model, hw, sw = resolve_model(name, seq=seq), load_profile(hw_name), software_for(framework)
-    kw = dict(world_size=gpus, global_batch=batch, seq=seq, precision=precision, optimizer="adamw",
-              space=SearchSpace().for_framework(sw.framework), software=sw)
+    kw = dict(
+        world_size=gpus,
+        global_batch=batch,
+        seq=seq,
+        precision=precision,
+        optimizer="adamw",
+        space=SearchSpace().for_framework(sw.framework),
+        software=sw,
+    )
     every = score_space(model, hw, prune=False, time_bound=False, **kw)
     monkeypatch.setattr(search, "SHAPE_BOUND_TERMS", ("compute",) + search.SHAPE_BOUND_TERMS)
     wrong = score_space(model, hw, keep=9, **kw)
-    assert wrong.step_time_s[rank(wrong, "throughput")[:9]].tolist() != \
-        every.step_time_s[rank(every, "throughput")[:9]].tolist()
+    assert (
+        wrong.step_time_s[rank(wrong, "throughput")[:9]].tolist()
+        != every.step_time_s[rank(every, "throughput")[:9]].tolist()
+    )
 
 
 def test_premise_checks_catch_a_term_that_depends_on_the_state():

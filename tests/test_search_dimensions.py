@@ -1,6 +1,7 @@
 """The search over the new dimensions (cp with its exchange, dp_shard, ep, precision): cost-model properties
 it relies on, agreement with estimate(), the 405B long-context acceptance, the recommend flags that pin or
 limit the new knobs, and what the plan and `explain` say about them."""
+
 import json
 import time
 
@@ -23,33 +24,69 @@ from planner.sources import resolve_model
 
 runner = CliRunner()
 H100 = load_profile("p5.48xlarge")
-MODELS = {name: resolve_model(name, seq=seq) for name, seq in
-          (("llama3-8b", 65536), ("llama3-70b", 32768), ("mixtral-8x7b", 32768), ("gpt2-medium", 1024))}
+MODELS = {
+    name: resolve_model(name, seq=seq)
+    for name, seq in (
+        ("llama3-8b", 65536),
+        ("llama3-70b", 32768),
+        ("mixtral-8x7b", 32768),
+        ("gpt2-medium", 1024),
+    )
+}
 
-configs = st.fixed_dictionaries({
-    "model": st.sampled_from(sorted(MODELS)), "framework": st.sampled_from(["megatron", "torchtitan", "deepspeed"]),
-    "dp": st.sampled_from([1, 2, 4]), "tp": st.sampled_from([1, 2, 4, 8]), "pp": st.sampled_from([1, 2, 4]),
-    "cp": st.sampled_from([1, 2, 4]), "cp_comm": st.integers(0, 2), "mb": st.sampled_from([1, 2]),
-    "schedule": st.sampled_from([0, 1, 3]), "zero": st.integers(0, 3), "recompute": st.integers(0, 2),
-    "offload": st.integers(0, 2), "sp": st.booleans(), "placement": st.integers(0, 5),
-    "dp_shard": st.sampled_from([0, 1, 2]),
-})
+configs = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(sorted(MODELS)),
+        "framework": st.sampled_from(["megatron", "torchtitan", "deepspeed"]),
+        "dp": st.sampled_from([1, 2, 4]),
+        "tp": st.sampled_from([1, 2, 4, 8]),
+        "pp": st.sampled_from([1, 2, 4]),
+        "cp": st.sampled_from([1, 2, 4]),
+        "cp_comm": st.integers(0, 2),
+        "mb": st.sampled_from([1, 2]),
+        "schedule": st.sampled_from([0, 1, 3]),
+        "zero": st.integers(0, 3),
+        "recompute": st.integers(0, 2),
+        "offload": st.integers(0, 2),
+        "sp": st.booleans(),
+        "placement": st.integers(0, 5),
+        "dp_shard": st.sampled_from([0, 1, 2]),
+    }
+)
 
 
 def _arrays(c, n=1, **over):
     c = dict(c, **over)
     one = lambda v: np.full(n, v)  # noqa: E731
-    return CandidateArrays(dp=one(c["dp"]), tp=one(c["tp"]), pp=one(c["pp"]), micro_batch=one(c["mb"]),
-                           virtual_stages=one(1), zero=one(c["zero"]), recompute=one(c["recompute"]),
-                           offload=one(c["offload"]), sequence_parallel=one(c["sp"]), schedule=one(c["schedule"]),
-                           placement=one(c["placement"]), cp=one(c["cp"]), cp_comm=one(c["cp_comm"]),
-                           dp_shard=one(c["dp_shard"] if c["dp"] % max(c["dp_shard"], 1) == 0 else 0))
+    return CandidateArrays(
+        dp=one(c["dp"]),
+        tp=one(c["tp"]),
+        pp=one(c["pp"]),
+        micro_batch=one(c["mb"]),
+        virtual_stages=one(1),
+        zero=one(c["zero"]),
+        recompute=one(c["recompute"]),
+        offload=one(c["offload"]),
+        sequence_parallel=one(c["sp"]),
+        schedule=one(c["schedule"]),
+        placement=one(c["placement"]),
+        cp=one(c["cp"]),
+        cp_comm=one(c["cp_comm"]),
+        dp_shard=one(c["dp_shard"] if c["dp"] % max(c["dp_shard"], 1) == 0 else 0),
+    )
 
 
 def _score(c, precision="amp-bf16", **over):
     model = MODELS[c["model"]]
-    return score(model, H100, _arrays(c, **over), global_batch=16, seq=model.seq, precision=precision,
-                 software=software_for(c["framework"]))
+    return score(
+        model,
+        H100,
+        _arrays(c, **over),
+        global_batch=16,
+        seq=model.seq,
+        precision=precision,
+        software=software_for(c["framework"]),
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -91,8 +128,14 @@ LONG = dict(model="llama3-8b", hardware="p5.48xlarge", gpus=64, seq=32768, globa
 
 @pytest.fixture(scope="module")
 def long_context():
-    return recommend(LONG["model"], LONG["hardware"], gpus=LONG["gpus"], seq=LONG["seq"],
-                     global_batch=LONG["global_batch"], top=5)
+    return recommend(
+        LONG["model"],
+        LONG["hardware"],
+        gpus=LONG["gpus"],
+        seq=LONG["seq"],
+        global_batch=LONG["global_batch"],
+        top=5,
+    )
 
 
 def test_top_plans_equal_estimates_numbers(long_context):
@@ -103,27 +146,42 @@ def test_top_plans_equal_estimates_numbers(long_context):
     order = rank(scored, "throughput")[:12]
     assert (scored.arrays["cp"][order] > 1).any()
     for i in order:
-        cfg = config_of(scored.arrays, int(i), global_batch=LONG["global_batch"], seq=LONG["seq"],
-                        precision="amp-bf16", optimizer="adamw")
+        cfg = config_of(
+            scored.arrays,
+            int(i),
+            global_batch=LONG["global_batch"],
+            seq=LONG["seq"],
+            precision="amp-bf16",
+            optimizer="adamw",
+        )
         est = estimate(model, H100, cfg, gpus=LONG["gpus"])
         assert est.step_time_s == pytest.approx(float(scored.step_time_s[i]), rel=1e-9)
         assert est.needed_bytes == pytest.approx(float(scored.needed_bytes[i]), rel=1e-9)
         assert est.fits == bool(scored.fits[i])
-    assert long_context.best["prediction"]["step_time_s"] <= float(scored.step_time_s[order[0]]) * (1 + 1e-9)
+    assert long_context.best["prediction"]["step_time_s"] <= float(scored.step_time_s[order[0]]) * (
+        1 + 1e-9
+    )
 
 
 def test_plan_search_block_says_what_was_tried_and_why_the_cp(long_context):
     best = long_context.best
     search = best["search"]
     assert search["values_tried"]["cp"] == [1, 2, 4, 8, 16, 32, 64]
-    assert search["values_tried"]["cp_comm"] == list(CP_COMMS) and search["values_tried"]["ep"] == [1]
+    assert search["values_tried"]["cp_comm"] == list(CP_COMMS) and search["values_tried"]["ep"] == [
+        1
+    ]
     assert 0 in search["values_tried"]["dp_shard"] and len(search["values_tried"]["dp_shard"]) > 1
     versus = search["cp_versus"]
     assert (versus["plan"]["cp"] > 1) != (best["plan"]["cp"] > 1)
     assert versus["step_time_s"] >= best["prediction"]["step_time_s"]
     # its numbers are estimate()'s for its plan (even or uneven split, as the leaders are documented)
-    cfg = ParallelConfig(**{k: (tuple(v) if k == "stages" else v) for k, v in versus["plan"].items()
-                            if k != "num_microbatches"})
+    cfg = ParallelConfig(
+        **{
+            k: (tuple(v) if k == "stages" else v)
+            for k, v in versus["plan"].items()
+            if k != "num_microbatches"
+        }
+    )
     est = estimate(resolve_model(LONG["model"], seq=LONG["seq"]), H100, cfg, gpus=LONG["gpus"])
     assert est.step_time_s == pytest.approx(versus["step_time_s"], rel=1e-9)
     assert est.peak_bytes_per_gpu == versus["peak_bytes_per_gpu"]
@@ -131,6 +189,7 @@ def test_plan_search_block_says_what_was_tried_and_why_the_cp(long_context):
 
 def test_explain_compares_the_chosen_cp_with_the_other_class(long_context, tmp_path):
     from planner.explain import explain_document
+
     text = "\n".join(explain_document(long_context.best).versus_lines)
     assert "tried cp 1, 2, 4, 8, 16, 32, 64 (7 values)" in text
     cp = long_context.best["plan"]["cp"]
@@ -143,9 +202,21 @@ def test_explain_compares_the_chosen_cp_with_the_other_class(long_context, tmp_p
 
 def test_explain_says_when_the_other_class_does_not_fit():
     from planner.explain import search_lines
-    doc = {"plan": {"cp": 8, "cp_comm": "p2p"},
-           "search": {"cp_versus": {"fits": False, "cp": 1, "needed_bytes": 3 * 2**30, "capacity_bytes": 2**30}}}
-    assert "no plan with cp = 1 fits: the leanest needs 3.00 GiB of 1.00 GiB" in "\n".join(search_lines(doc))
+
+    doc = {
+        "plan": {"cp": 8, "cp_comm": "p2p"},
+        "search": {
+            "cp_versus": {
+                "fits": False,
+                "cp": 1,
+                "needed_bytes": 3 * 2**30,
+                "capacity_bytes": 2**30,
+            }
+        },
+    }
+    assert "no plan with cp = 1 fits: the leanest needs 3.00 GiB of 1.00 GiB" in "\n".join(
+        search_lines(doc)
+    )
 
 
 @pytest.mark.speed
@@ -154,19 +225,28 @@ def test_405b_long_context_acceptance_picks_cp_within_the_budget(machine_slowdow
     the whole dp x tp x pp x cp space is searched and a plan with cp > 1 wins. Budget 2 s on 2 cores of the
     reference machine (times machine_slowdown on a slower one, conftest.py); measured ~0.1 s of CPU there
     (benchmarks/results/search_speed.json). The wall limit is generous for a loaded machine."""
-    recommend("llama3-8b", "p5.48xlarge", gpus=8)                     # imports and caches paid here
+    recommend("llama3-8b", "p5.48xlarge", gpus=8)  # imports and caches paid here
     t0 = time.process_time()
-    rec = recommend("llama3-405b", "p5.48xlarge", gpus=16384, seq=131072, global_batch=128, precision="fp8")
+    rec = recommend(
+        "llama3-405b", "p5.48xlarge", gpus=16384, seq=131072, global_batch=128, precision="fp8"
+    )
     cpu_s = time.process_time() - t0
     s = rec.stats
     assert rec.best["plan"]["cp"] > 1 and rec.best["prediction"]["memory"]["fits"]
     assert rec.best["plan"]["precision"] == "fp8"
-    assert s.space == s.candidates_evaluated + s.pruned_by_memory_bound + s.pruned_by_time_bound > 300_000
-    assert s.values_tried["cp"] == [2 ** k for k in range(15)]               # every cp of 16,384 = 2^14
+    assert (
+        s.space
+        == s.candidates_evaluated + s.pruned_by_memory_bound + s.pruned_by_time_bound
+        > 300_000
+    )
+    assert s.values_tried["cp"] == [2**k for k in range(15)]  # every cp of 16,384 = 2^14
     assert cpu_s < 2.4 * machine_slowdown, (cpu_s, machine_slowdown)
     assert s.seconds < 20.0
     versus = rec.best["search"]["cp_versus"]
-    assert versus["plan"]["cp"] == 1 and versus["step_time_s"] > 2 * rec.best["prediction"]["step_time_s"]
+    assert (
+        versus["plan"]["cp"] == 1
+        and versus["step_time_s"] > 2 * rec.best["prediction"]["step_time_s"]
+    )
 
 
 def test_fp8_is_searched_only_where_the_device_has_it():
@@ -185,30 +265,47 @@ def test_moe_models_enumerate_ep_and_score_it_once_costed():
     rec = recommend("mixtral-8x7b", "p5.48xlarge", gpus=64, seq=8192, global_batch=128, top=3)
     assert rec.stats.values_tried["ep"] == [1, 2, 4, 8]
     if not ep_costed():
-        assert rec.stats.rejected["ep > 1 not costed by this build (scores as ep = 1; skeletons)"] > 0
+        assert (
+            rec.stats.rejected["ep > 1 not costed by this build (scores as ep = 1; skeletons)"] > 0
+        )
         assert set(np.unique(rec.scored.arrays["ep"])) == {1}
     else:
         assert (rec.scored.arrays["ep"] > 1).any()
 
 
-REC = ["recommend", "llama3-8b", "--hardware", "p5.48xlarge", "--gpus", "64", "--seq", "16384",
-       "--global-batch", "64", "--top", "2"]
+REC = [
+    "recommend",
+    "llama3-8b",
+    "--hardware",
+    "p5.48xlarge",
+    "--gpus",
+    "64",
+    "--seq",
+    "16384",
+    "--global-batch",
+    "64",
+    "--top",
+    "2",
+]
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--cp", "3"], "cp=3"),                                        # not a divisor of 64
-    (["--cp", "128"], "cp=128"),
-    (["--cp", "16", "--max-cp", "8"], "--max-cp 8"),
-    (["--cp", "4", "--framework", "fsdp"], "fsdp has no context parallelism"),
-    (["--cp", "4", "--seq", "4100"], "divisible by 2*cp"),
-    (["--cp-comm", "ring"], "p2p, all_gather, a2a"),
-    (["--cp-comm", "p2p,p2p"], "each once"),
-    (["--cp-comm", "a2a", "--framework", "torchtitan"], "torchtitan runs: p2p, all_gather"),
-    (["--dp-shard", "3"], "dp-shard=3"),
-    (["--ep", "2"], "dense"),
-    (["--max-cp", "0"], "--max-cp"),
-    (["--dp-shard", "-1"], "--dp-shard"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--cp", "3"], "cp=3"),  # not a divisor of 64
+        (["--cp", "128"], "cp=128"),
+        (["--cp", "16", "--max-cp", "8"], "--max-cp 8"),
+        (["--cp", "4", "--framework", "fsdp"], "fsdp has no context parallelism"),
+        (["--cp", "4", "--seq", "4100"], "divisible by 2*cp"),
+        (["--cp-comm", "ring"], "p2p, all_gather, a2a"),
+        (["--cp-comm", "p2p,p2p"], "each once"),
+        (["--cp-comm", "a2a", "--framework", "torchtitan"], "torchtitan runs: p2p, all_gather"),
+        (["--dp-shard", "3"], "dp-shard=3"),
+        (["--ep", "2"], "dense"),
+        (["--max-cp", "0"], "--max-cp"),
+        (["--dp-shard", "-1"], "--dp-shard"),
+    ],
+)
 def test_bad_pins_are_one_line_and_exit_2(args, needle):
     result = runner.invoke(app, REC + args)
     assert result.exit_code == 2, result.output
@@ -217,7 +314,16 @@ def test_bad_pins_are_one_line_and_exit_2(args, needle):
 
 
 def test_bad_ep_pins_on_a_moe_model():
-    base = ["recommend", "mixtral-8x7b", "--hardware", "p5.48xlarge", "--gpus", "64", "--seq", "4096"]
+    base = [
+        "recommend",
+        "mixtral-8x7b",
+        "--hardware",
+        "p5.48xlarge",
+        "--gpus",
+        "64",
+        "--seq",
+        "4096",
+    ]
     result = runner.invoke(app, base + ["--ep", "3"])
     assert result.exit_code == 2 and "a divisor of the 8 experts: 1, 2, 4, 8" in result.stderr
     result = runner.invoke(app, base + ["--ep", "2", "--max-ep", "1"])
@@ -228,17 +334,29 @@ def test_bad_ep_pins_on_a_moe_model():
         assert len(result.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("args,rule,seen", [
-    (["--cp", "4"], lambda f: f["cp"] == 4, {4}),
-    (["--max-cp", "2"], lambda f: f["cp"] <= 2, {1, 2}),
-    (["--cp-comm", "all_gather"], lambda f: (f["cp"] == 1) | (f["cp_comm"] == "all_gather"), None),
-    (["--cp-comm", "p2p,a2a"], lambda f: (f["cp"] == 1) | f["cp_comm"].isin(["p2p", "a2a"]), None),
-    (["--dp-shard", "0"], lambda f: f["dp_shard"] == 0, None),
-    (["--dp-shard", "2"], lambda f: (f["dp_shard"] == 2) & (f["zero"] >= 1), None),
-])
+@pytest.mark.parametrize(
+    "args,rule,seen",
+    [
+        (["--cp", "4"], lambda f: f["cp"] == 4, {4}),
+        (["--max-cp", "2"], lambda f: f["cp"] <= 2, {1, 2}),
+        (
+            ["--cp-comm", "all_gather"],
+            lambda f: (f["cp"] == 1) | (f["cp_comm"] == "all_gather"),
+            None,
+        ),
+        (
+            ["--cp-comm", "p2p,a2a"],
+            lambda f: (f["cp"] == 1) | f["cp_comm"].isin(["p2p", "a2a"]),
+            None,
+        ),
+        (["--dp-shard", "0"], lambda f: f["dp_shard"] == 0, None),
+        (["--dp-shard", "2"], lambda f: (f["dp_shard"] == 2) & (f["zero"] >= 1), None),
+    ],
+)
 def test_pins_and_limits_shape_the_scored_candidates(tmp_path, args, rule, seen):
     """Every scored candidate, and the plan written, keeps to the pin or limit."""
     import pandas as pd
+
     out, csv = tmp_path / "plan.json", tmp_path / "all.csv"
     result = runner.invoke(app, REC + args + ["--out", str(out), "--csv", str(csv)])
     assert result.exit_code == 0, result.output
@@ -246,7 +364,7 @@ def test_pins_and_limits_shape_the_scored_candidates(tmp_path, args, rule, seen)
     assert len(frame) > 0 and rule(frame).all()
     assert seen is None or set(frame["cp"]) == seen
     assert rule(pd.DataFrame([json.loads(out.read_text())["plan"]])).all()
-    assert not rule(unpinned_frame()).all()                                     # the pin did narrow the space
+    assert not rule(unpinned_frame()).all()  # the pin did narrow the space
 
 
 _UNPINNED = []
@@ -254,7 +372,11 @@ _UNPINNED = []
 
 def unpinned_frame():
     if not _UNPINNED:
-        _UNPINNED.append(recommend("llama3-8b", "p5.48xlarge", gpus=64, seq=16384, global_batch=64, top=2).to_pandas())
+        _UNPINNED.append(
+            recommend(
+                "llama3-8b", "p5.48xlarge", gpus=64, seq=16384, global_batch=64, top=2
+            ).to_pandas()
+        )
     return _UNPINNED[0]
 
 
@@ -262,7 +384,9 @@ def test_recommend_table_shows_the_new_columns():
     result = runner.invoke(app, REC)
     assert result.exit_code == 0, result.output
     assert "tried cp 1, 2, 4, 8, 16, 32, 64" in result.stdout
-    best = recommend("llama3-8b", "p5.48xlarge", gpus=64, seq=16384, global_batch=64, top=2).best["plan"]
+    best = recommend("llama3-8b", "p5.48xlarge", gpus=64, seq=16384, global_batch=64, top=2).best[
+        "plan"
+    ]
     if best["cp"] > 1:
         assert f"{best['cp']} {best['cp_comm']}" in result.stdout
 
@@ -270,26 +394,44 @@ def test_recommend_table_shows_the_new_columns():
 def test_no_candidate_of_the_other_cp_class_fits():
     """A million-token sequence on 64 H100s: without cp the last stage's logits alone (s x V / tp) overflow, so
     cp_versus reports the cp = 1 class's leanest miss."""
-    rec = recommend("llama3-8b", "p5.48xlarge", gpus=64, seq=2 ** 20, global_batch=8, top=1)
+    rec = recommend("llama3-8b", "p5.48xlarge", gpus=64, seq=2**20, global_batch=8, top=1)
     versus = rec.best["search"]["cp_versus"]
     assert rec.best["plan"]["cp"] > 1
-    assert versus["fits"] is False and versus["cp"] == 1 and versus["needed_bytes"] > versus["capacity_bytes"]
+    assert (
+        versus["fits"] is False
+        and versus["cp"] == 1
+        and versus["needed_bytes"] > versus["capacity_bytes"]
+    )
 
 
 def test_score_space_counts_each_candidate_once_with_the_new_dimensions():
     model = resolve_model("llama3-8b", seq=16384)
-    s = score_space(model, H100, world_size=32, global_batch=32, seq=16384, precision="amp-bf16", optimizer="adamw",
-                    software=software_for("megatron"),
-                    space=__import__("planner.candidates", fromlist=["SearchSpace"]).SearchSpace().for_framework(
-                        load_framework("megatron")))
+    s = score_space(
+        model,
+        H100,
+        world_size=32,
+        global_batch=32,
+        seq=16384,
+        precision="amp-bf16",
+        optimizer="adamw",
+        software=software_for("megatron"),
+        space=__import__("planner.candidates", fromlist=["SearchSpace"])
+        .SearchSpace()
+        .for_framework(load_framework("megatron")),
+    )
     st_ = s.stats
-    assert st_.space == st_.candidates_evaluated + st_.pruned_by_memory_bound + st_.pruned_by_time_bound
+    assert (
+        st_.space
+        == st_.candidates_evaluated + st_.pruned_by_memory_bound + st_.pruned_by_time_bound
+    )
     keys = np.stack([np.asarray(s.arrays[k]).astype(np.int64) for k in s.arrays], axis=1)
     assert len(np.unique(keys, axis=0)) == len(keys) == st_.candidates_evaluated
 
 
 def test_memory_objective_compares_with_the_other_classes_fastest_plan():
-    rec = recommend("llama3-8b", "p5.48xlarge", gpus=64, seq=16384, global_batch=64, objective="memory", top=2)
+    rec = recommend(
+        "llama3-8b", "p5.48xlarge", gpus=64, seq=16384, global_batch=64, objective="memory", top=2
+    )
     versus = rec.best["search"]["cp_versus"]
     assert versus["fits"] and (versus["plan"]["cp"] > 1) != (rec.best["plan"]["cp"] > 1)
     fast = recommend("llama3-8b", "p5.48xlarge", gpus=64, seq=16384, global_batch=64, top=2).scored
@@ -302,8 +444,26 @@ def test_explain_search_compares_a_given_plan_with_the_other_cp_class(tmp_path):
     """`explain --search` on a plan from estimate (cp = 1): the comparison is with the best plan the search
     found with cp > 1, seen from the given plan."""
     path = tmp_path / "plan.json"
-    result = runner.invoke(app, ["estimate", "llama3-8b", "--hardware", "p5.48xlarge", "--gpus", "64", "--dp", "8",
-                                 "--tp", "8", "--seq", "16384", "--global-batch", "64", "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "estimate",
+            "llama3-8b",
+            "--hardware",
+            "p5.48xlarge",
+            "--gpus",
+            "64",
+            "--dp",
+            "8",
+            "--tp",
+            "8",
+            "--seq",
+            "16384",
+            "--global-batch",
+            "64",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     path.write_text(result.stdout)
     result = runner.invoke(app, ["explain", str(path), "--search"])
@@ -314,6 +474,7 @@ def test_explain_search_compares_a_given_plan_with_the_other_cp_class(tmp_path):
 
 
 # ------------------------------------------------------------------------------- why this ep (ep_versus)
+
 
 @pytest.fixture(scope="module")
 def mixtral():
@@ -329,17 +490,29 @@ def test_ep_versus_holds_the_best_plan_of_each_expert_parallel_class(mixtral):
     and no class beats it; a class's entry is the fastest fitting plan of that class the search scored."""
     from cost_models.moe import EP_LINKS, ep_links
     from planner.placement import group_locality
+
     best = mixtral.best
     classes = best["search"]["ep_versus"]["classes"]
     keys = [_ep_class(c["plan"], c["expert_parallel"]) for c in classes]
     assert len(set(keys)) == len(keys) >= 3 and {k[0] for k in keys} == {1, 2, 4, 8}
     assert keys[0] == _ep_class(best["plan"], best["prediction"]["expert_parallel"])
-    assert classes[0]["plan"] == best["plan"] and classes[0]["step_time_s"] == best["prediction"]["step_time_s"]
+    assert (
+        classes[0]["plan"] == best["plan"]
+        and classes[0]["step_time_s"] == best["prediction"]["step_time_s"]
+    )
     assert [c["step_time_s"] for c in classes] == sorted(c["step_time_s"] for c in classes)
     s = mixtral.scored
     a = s.arrays
-    local = group_locality(a["placement"], a["dp"], a["pp"], a["tp"], H100.nvlink_domain_devices, cp=a["cp"],
-                           dp_shard=np.where(a["dp_shard"] > 0, a["dp_shard"], a["dp"]), ep=a["ep"])["E"]
+    local = group_locality(
+        a["placement"],
+        a["dp"],
+        a["pp"],
+        a["tp"],
+        H100.nvlink_domain_devices,
+        cp=a["cp"],
+        dp_shard=np.where(a["dp_shard"] > 0, a["dp_shard"], a["dp"]),
+        ep=a["ep"],
+    )["E"]
     links = np.asarray(EP_LINKS)[ep_links(a["ep"], local)]
     ok = s.fits & np.isfinite(s.step_time_s)
     for c in classes:
@@ -347,7 +520,7 @@ def test_ep_versus_holds_the_best_plan_of_each_expert_parallel_class(mixtral):
         fastest = float(s.step_time_s[mine].min())
         if c["as_scored"]:
             assert c["step_time_s"] == fastest
-        else:                          # a leader's document: estimate() of it, refined where that helped
+        else:  # a leader's document: estimate() of it, refined where that helped
             assert c["step_time_s"] <= fastest * (1 + 1e-9)
         assert c["exact"] == (fastest <= min(s.unscored_at_least_s))
 
@@ -357,29 +530,48 @@ def test_ep_versus_numbers_are_estimates_of_their_plans(mixtral):
     gives the same step, memory and expert layout."""
     model = resolve_model("mixtral-8x7b", seq=8192)
     for c in mixtral.best["search"]["ep_versus"]["classes"]:
-        cfg = ParallelConfig(**{k: (tuple(v) if k == "stages" else v) for k, v in c["plan"].items()
-                                if k != "num_microbatches"})
+        cfg = ParallelConfig(
+            **{
+                k: (tuple(v) if k == "stages" else v)
+                for k, v in c["plan"].items()
+                if k != "num_microbatches"
+            }
+        )
         doc = estimate(model, H100, cfg, gpus=64).to_document()
         assert doc["prediction"]["step_time_s"] == pytest.approx(c["step_time_s"], rel=1e-9)
         assert doc["prediction"]["memory"]["peak_bytes_per_gpu"] == c["peak_bytes_per_gpu"]
-        assert doc["prediction"]["time_breakdown_s"] == pytest.approx(c["time_breakdown_s"], rel=1e-9)
+        assert doc["prediction"]["time_breakdown_s"] == pytest.approx(
+            c["time_breakdown_s"], rel=1e-9
+        )
         ep = doc["prediction"]["expert_parallel"]
         assert ep.keys() == c["expert_parallel"].keys()
         for k, v in ep.items():
-            assert (v == pytest.approx(c["expert_parallel"][k], rel=1e-9) if isinstance(v, float)
-                    else v == c["expert_parallel"][k]), k
+            assert (
+                v == pytest.approx(c["expert_parallel"][k], rel=1e-9)
+                if isinstance(v, float)
+                else v == c["expert_parallel"][k]
+            ), k
 
 
 def test_explain_says_why_the_ep_degree_and_placement_won(mixtral):
     from planner.explain import explain_document
+
     best = mixtral.best
     text = "\n".join(explain_document(best).versus_lines)
     ep = best["prediction"]["expert_parallel"]
-    assert f"why ep={best['plan']['ep']} with all-to-all inside one NVLink domain ({ep['ep']} ranks)" in text
+    assert (
+        f"why ep={best['plan']['ep']} with all-to-all inside one NVLink domain ({ep['ep']} ranks)"
+        in text
+    )
     for c in best["search"]["ep_versus"]["classes"][1:]:
         assert f"ep={c['plan']['ep']}" in text and f"{c['step_time_s']:.3f} s" in text
-    assert "all-to-all over NVLink + EFAv2" in text and "no all-to-all (every GPU holds every expert)" in text
-    ep_section = text[text.index(f"why ep={best['plan']['ep']}"):]     # the classes (other sections may name it too)
+    assert (
+        "all-to-all over NVLink + EFAv2" in text
+        and "no all-to-all (every GPU holds every expert)" in text
+    )
+    ep_section = text[
+        text.index(f"why ep={best['plan']['ep']}") :
+    ]  # the classes (other sections may name it too)
     assert ep_section.count("ep_comm") == len(best["search"]["ep_versus"]["classes"]) - 1
     assert "routed-expert parameters" in text
 
@@ -388,9 +580,15 @@ def test_explain_of_a_plan_from_another_ep_class_says_it_loses(mixtral):
     """explain on a plan whose ep class is not the winner's: the winner's class is listed, and the line says
     the plan loses to it."""
     from planner.explain import ep_lines
+
     other = next(c for c in mixtral.best["search"]["ep_versus"]["classes"][1:] if c["fits"])
-    cfg = ParallelConfig(**{k: (tuple(v) if k == "stages" else v) for k, v in other["plan"].items()
-                            if k != "num_microbatches"})
+    cfg = ParallelConfig(
+        **{
+            k: (tuple(v) if k == "stages" else v)
+            for k, v in other["plan"].items()
+            if k != "num_microbatches"
+        }
+    )
     doc = estimate(resolve_model("mixtral-8x7b", seq=8192), H100, cfg, gpus=64).to_document()
     doc["search"] = mixtral.best["search"]
     text = "\n".join(ep_lines(doc))
@@ -420,17 +618,26 @@ def test_deepseek_v3_acceptance_picks_ep_and_says_why_within_the_budget(hardware
     from tests.conftest import interleaved_cpu_s
 
     found = []
-    cpu_s, machine_slowdown = interleaved_cpu_s(lambda: found.append(recommend("deepseek-v3", hardware, gpus=gpus)))
+    cpu_s, machine_slowdown = interleaved_cpu_s(
+        lambda: found.append(recommend("deepseek-v3", hardware, gpus=gpus))
+    )
     rec = found[-1]
     best, s = rec.best, rec.stats
     assert best["plan"]["ep"] > 1 and best["prediction"]["memory"]["fits"]
-    assert s.space == s.candidates_evaluated + s.pruned_by_memory_bound + s.pruned_by_time_bound > 5_000_000
+    assert (
+        s.space
+        == s.candidates_evaluated + s.pruned_by_memory_bound + s.pruned_by_time_bound
+        > 5_000_000
+    )
     assert s.values_tried["ep"][0] == 1 and s.values_tried["ep"][-1] >= 32
     classes = best["search"]["ep_versus"]["classes"]
     assert {c["plan"]["ep"] for c in classes} >= {1, 2, 4, 8, 16, 32}
     assert all(c["step_time_s"] >= best["prediction"]["step_time_s"] for c in classes if c["fits"])
     text = "\n".join(explain_document(best).versus_lines)
     assert f"why ep={best['plan']['ep']} with all-to-all inside one NVLink domain" in text
-    assert "no all-to-all (every GPU holds every expert)" in text and "all-to-all over NVLink + EFA" in text
+    assert (
+        "no all-to-all (every GPU holds every expert)" in text
+        and "all-to-all over NVLink + EFA" in text
+    )
     assert cpu_s < 2.4 * machine_slowdown, (cpu_s, machine_slowdown)
     assert s.seconds < 20.0

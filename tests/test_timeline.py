@@ -264,8 +264,13 @@ def _random_estimates(seed, count, **fixed):
         kw.update(config)
         try:
             cfg = ParallelConfig(**{**kw, **fixed}, global_batch=kw["dp"] * kw["micro_batch"] * m)
-            est = E.estimate(model, hw, cfg, gpus=cfg.dp * cfg.tp * cfg.pp * cfg.cp,
-                             options=RunOptions(**overlaps))
+            est = E.estimate(
+                model,
+                hw,
+                cfg,
+                gpus=cfg.dp * cfg.tp * cfg.pp * cfg.cp,
+                options=RunOptions(**overlaps),
+            )
         except (ConfigError, ValueError):
             continue
         out.append((cfg, est.scores))
@@ -324,7 +329,6 @@ def test_estimate_reads_the_step_off_the_timeline(monkeypatch):
     assert est.scores.timeline is not None
     assert est.step_time_s == pytest.approx(float(np.asarray(est.scores.step_time_s)[0]))
     assert est.scores.closed_form_step_s is not None
-
 
 
 def test_an_interleaved_order_that_deadlocks_says_so():

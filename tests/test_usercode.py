@@ -1,6 +1,7 @@
 """A user's `package.module:factory` can neither crash nor hang the CLI (planner.usercode): every
 failure is one line naming the user's file and line, --traceback shows the trace, and a time limit
 stops code that never returns."""
+
 from __future__ import annotations
 
 import os
@@ -30,21 +31,48 @@ def _line_of(text: str, path: Path = FACTORIES) -> int:
 def _one_line(result) -> str:
     lines = result.stderr.strip().splitlines()
     assert result.exit_code == 2, result.output
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output, result.stderr
+    assert (
+        len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output
+    ), result.stderr
     return lines[0]
 
 
-@pytest.mark.parametrize("factory,stage,exception,marker,function", [
-    ("raises_in_factory", "the factory failed", "KeyError: 'hidden_size'", 'return config["hidden_size"]',
-     "_lookup_width"),
-    ("raises_in_forward", "its forward/backward on the meta device failed", "KeyError: 'logits'",
-     '["logits"]', "forward"),
-    ("exits_in_factory", "the factory failed", "SystemExit: it called sys.exit(3)", "raise SystemExit(3)",
-     "exits_in_factory"),
-    ("shape_bug", "its forward/backward on the meta device failed", "RuntimeError: a and b must have same",
-     "return self.proj(self.emb(tokens))", "forward"),
-])
-def test_an_exception_in_the_users_code_names_its_file_and_line(factory, stage, exception, marker, function):
+@pytest.mark.parametrize(
+    "factory,stage,exception,marker,function",
+    [
+        (
+            "raises_in_factory",
+            "the factory failed",
+            "KeyError: 'hidden_size'",
+            'return config["hidden_size"]',
+            "_lookup_width",
+        ),
+        (
+            "raises_in_forward",
+            "its forward/backward on the meta device failed",
+            "KeyError: 'logits'",
+            '["logits"]',
+            "forward",
+        ),
+        (
+            "exits_in_factory",
+            "the factory failed",
+            "SystemExit: it called sys.exit(3)",
+            "raise SystemExit(3)",
+            "exits_in_factory",
+        ),
+        (
+            "shape_bug",
+            "its forward/backward on the meta device failed",
+            "RuntimeError: a and b must have same",
+            "return self.proj(self.emb(tokens))",
+            "forward",
+        ),
+    ],
+)
+def test_an_exception_in_the_users_code_names_its_file_and_line(
+    factory, stage, exception, marker, function
+):
     line = _one_line(runner.invoke(app, ["profile", f"tests.fixtures.factories:{factory}"]))
     assert f"{stage} ({exception}" in line
     assert f"at {FACTORIES.resolve()}:{_line_of(marker)} in {function}" in line
@@ -52,8 +80,11 @@ def test_an_exception_in_the_users_code_names_its_file_and_line(factory, stage, 
 
 def test_every_command_that_takes_a_model_reports_it_the_same_way():
     arg = "tests.fixtures.factories:raises_in_factory"
-    for argv in (["profile", arg], ["estimate", arg, "--hardware", "p4d.24xlarge", "--gpus", "8", "--dp", "8"],
-                 ["recommend", arg, "--hardware", "p4d.24xlarge", "--gpus", "8"]):
+    for argv in (
+        ["profile", arg],
+        ["estimate", arg, "--hardware", "p4d.24xlarge", "--gpus", "8", "--dp", "8"],
+        ["recommend", arg, "--hardware", "p4d.24xlarge", "--gpus", "8"],
+    ):
         line = _one_line(runner.invoke(app, argv))
         assert "the factory failed (KeyError: 'hidden_size')" in line and "factories.py" in line
 
@@ -66,13 +97,21 @@ def _module(tmp_path, monkeypatch, source: str) -> str:
     return name
 
 
-@pytest.mark.parametrize("source,exception,line_no", [
-    ("import torch\n\nWIDTH = 1 / 0\n", "ZeroDivisionError: division by zero", 3),
-    ("import torch\nimport no_such_dependency_of_the_model\n",
-     "ModuleNotFoundError: No module named 'no_such_dependency_of_the_model'", 2),
-    ("def build(:\n    pass\n", "SyntaxError: invalid syntax", 1),
-])
-def test_a_module_that_fails_to_import_names_its_file_and_line(tmp_path, monkeypatch, source, exception, line_no):
+@pytest.mark.parametrize(
+    "source,exception,line_no",
+    [
+        ("import torch\n\nWIDTH = 1 / 0\n", "ZeroDivisionError: division by zero", 3),
+        (
+            "import torch\nimport no_such_dependency_of_the_model\n",
+            "ModuleNotFoundError: No module named 'no_such_dependency_of_the_model'",
+            2,
+        ),
+        ("def build(:\n    pass\n", "SyntaxError: invalid syntax", 1),
+    ],
+)
+def test_a_module_that_fails_to_import_names_its_file_and_line(
+    tmp_path, monkeypatch, source, exception, line_no
+):
     name = _module(tmp_path, monkeypatch, source)
     line = _one_line(runner.invoke(app, ["profile", f"{name}:build"]))
     assert f"importing {name} failed ({exception}" in line
@@ -85,22 +124,35 @@ def test_a_module_that_does_not_exist_is_still_named_as_missing():
 
 
 def test_traceback_option_prints_the_users_trace_anywhere_on_the_line():
-    for argv in (["--traceback", "profile", "tests.fixtures.factories:raises_in_factory"],
-                 ["profile", "tests.fixtures.factories:raises_in_factory", "--traceback"]):
+    for argv in (
+        ["--traceback", "profile", "tests.fixtures.factories:raises_in_factory"],
+        ["profile", "tests.fixtures.factories:raises_in_factory", "--traceback"],
+    ):
         result = runner.invoke(app, argv)
         assert result.exit_code == 2
         err = result.stderr
-        assert err.startswith("Traceback (most recent call last):") and "KeyError: 'hidden_size'" in err
-        assert f'line {_line_of("return config[")}, in _lookup_width' in err
+        assert (
+            err.startswith("Traceback (most recent call last):")
+            and "KeyError: 'hidden_size'" in err
+        )
+        assert f"line {_line_of('return config[')}, in _lookup_width" in err
         assert err.strip().splitlines()[-1].startswith("error: MODEL=")
 
 
 def test_traceback_for_an_ordinary_error_and_through_the_environment(monkeypatch):
     monkeypatch.setenv("PLANNER_TRACEBACK", "1")
-    result = runner.invoke(app, ["estimate", "gpt2", "--hardware", "p4d.24xlarge", "--gpus", "8", "--dp", "3"])
-    assert result.exit_code == 2 and "Traceback" in result.stderr and "check_world_size" in result.stderr
+    result = runner.invoke(
+        app, ["estimate", "gpt2", "--hardware", "p4d.24xlarge", "--gpus", "8", "--dp", "3"]
+    )
+    assert (
+        result.exit_code == 2
+        and "Traceback" in result.stderr
+        and "check_world_size" in result.stderr
+    )
     monkeypatch.delenv("PLANNER_TRACEBACK")
-    result = runner.invoke(app, ["estimate", "gpt2", "--hardware", "p4d.24xlarge", "--gpus", "8", "--dp", "3"])
+    result = runner.invoke(
+        app, ["estimate", "gpt2", "--hardware", "p4d.24xlarge", "--gpus", "8", "--dp", "3"]
+    )
     assert result.exit_code == 2 and "Traceback" not in result.stderr
 
 
@@ -115,17 +167,40 @@ def test_bad_time_limits_are_one_line(value, monkeypatch):
 
 def _planner(argv, cwd=REPO, env=None, limit_s=60):
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "planner", *argv], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, **(env or {})}, timeout=limit_s)
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner", *argv],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=limit_s,
+    )
     return proc, time.monotonic() - start
 
 
-@pytest.mark.parametrize("argv,stage,markers", [
-    (["profile", "tests.fixtures.factories:hangs_in_factory", "--profile-timeout-s", "2"],
-     "the factory", ("time.sleep(0.05)", "while True:  ")),
-    (["estimate", "tests.fixtures.factories:hangs_in_forward", "--hardware", "p4d.24xlarge", "--gpus", "8",
-      "--profile-timeout-s=6"], "its forward/backward on the meta device", ("steps += 1", "while steps >= 0")),
-])
+@pytest.mark.parametrize(
+    "argv,stage,markers",
+    [
+        (
+            ["profile", "tests.fixtures.factories:hangs_in_factory", "--profile-timeout-s", "2"],
+            "the factory",
+            ("time.sleep(0.05)", "while True:  "),
+        ),
+        (
+            [
+                "estimate",
+                "tests.fixtures.factories:hangs_in_forward",
+                "--hardware",
+                "p4d.24xlarge",
+                "--gpus",
+                "8",
+                "--profile-timeout-s=6",
+            ],
+            "its forward/backward on the meta device",
+            ("steps += 1", "while steps >= 0"),
+        ),
+    ],
+)
 def test_code_that_never_returns_is_stopped_and_located(argv, stage, markers):
     proc, seconds = _planner(argv)
     lines = proc.stderr.strip().splitlines()
@@ -133,14 +208,20 @@ def test_code_that_never_returns_is_stopped_and_located(argv, stage, markers):
     # (the forward case gets 6 s: building the model on a loaded CI machine must not use up the limit)
     assert f"{stage} did not return within {argv[-1].split('=')[-1]} s" in lines[0]
     # stopped inside the loop: on either of its lines
-    assert any(f"factories.py:{_line_of(m)} in " in lines[0] for m in markers) and "--profile-timeout-s" in lines[0]
+    assert (
+        any(f"factories.py:{_line_of(m)} in " in lines[0] for m in markers)
+        and "--profile-timeout-s" in lines[0]
+    )
     assert seconds < 30
 
 
 def test_a_module_that_hangs_while_importing_is_stopped(tmp_path):
     (tmp_path / "slowmod.py").write_text("import threading\n\nthreading.Event().wait()\n")
-    proc, _ = _planner(["profile", "slowmod:build"], cwd=tmp_path, env={"PLANNER_PROFILE_TIMEOUT_S": "2",
-                                                                        "PYTHONPATH": str(REPO)})
+    proc, _ = _planner(
+        ["profile", "slowmod:build"],
+        cwd=tmp_path,
+        env={"PLANNER_PROFILE_TIMEOUT_S": "2", "PYTHONPATH": str(REPO)},
+    )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert "importing slowmod did not return within 2 s" in lines[0] and "slowmod.py:3" in lines[0]

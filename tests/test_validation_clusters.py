@@ -10,6 +10,7 @@ each row's `hardware` is a shipped profile name or a cluster file; the profile's
 row names (model, and memory size where the row gives one); the facts the cluster README states hold.
 The GPU matcher is exercised on mismatching pairs so that a matcher accepting everything fails here.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,12 @@ CLUSTERS = {p.stem for p in CLUSTER_FILES}
 _MODEL = re.compile(r"(?<![A-Z0-9])(GB200|B200|H200|H800|H100|A100|V100)(?![0-9])")
 _MEMORY = re.compile(r"(?<![0-9])(\d{2,3})\s*GB")
 
-GENERATION_REFERENCE = {"A100": "dgx-a100-80g", "H100": "dgx-h100", "H800": "dgx-h100", "H200": "dgx-h100"}
+GENERATION_REFERENCE = {
+    "A100": "dgx-a100-80g",
+    "H100": "dgx-h100",
+    "H800": "dgx-h100",
+    "H200": "dgx-h100",
+}
 """The shipped profile whose efficiency block a cluster of this GPU copies (README: no fits here)."""
 
 EXTRA_EFFICIENCY = set(CLUSTER_KEYS)
@@ -82,7 +88,9 @@ def test_there_are_rows_and_cluster_files():
 def test_cluster_file_loads_and_is_named_after_its_file(path):
     profile = load_profile(str(path))
     assert profile.name == path.stem
-    assert profile.inter_node_Gbps_per_node == pytest.approx(profile.nics_per_node * profile.Gbps_per_nic)
+    assert profile.inter_node_Gbps_per_node == pytest.approx(
+        profile.nics_per_node * profile.Gbps_per_nic
+    )
     assert profile.memory_bandwidth_GBps < profile.memory_bandwidth_peak_GBps
     assert not profile.calibration  # nothing measured on these clusters
 
@@ -99,8 +107,11 @@ def test_cluster_efficiency_is_the_generation_reference_copied(path):
 
 
 def test_every_row_names_an_existing_profile():
-    wrong = [f"{label}: hardware {row['hardware']!r} is no profile" for label, row in ROWS
-             if row["hardware"] not in SHIPPED | CLUSTERS]
+    wrong = [
+        f"{label}: hardware {row['hardware']!r} is no profile"
+        for label, row in ROWS
+        if row["hardware"] not in SHIPPED | CLUSTERS
+    ]
     assert not wrong, f"{len(wrong)} rows, first: " + "; ".join(wrong[:5])
 
 
@@ -125,30 +136,38 @@ def test_renamed_rows_keep_their_old_description():
     notes = [r for r in doc["runs"] + doc["reference_only"] if "hardware_note" in r]
     assert len(notes) == 75
     assert all(r["hardware"] in CLUSTERS and r["hardware_note"].strip() for r in notes)
-    assert all(r["hardware"] in SHIPPED | CLUSTERS and " " not in r["hardware"] for r in doc["runs"])
+    assert all(
+        r["hardware"] in SHIPPED | CLUSTERS and " " not in r["hardware"] for r in doc["runs"]
+    )
 
 
-@pytest.mark.parametrize("row_gpu,device", [
-    ("A100 40GB", "NVIDIA A100-SXM4-80GB"),
-    ("H100 96GB (HBM2e, 500 W)", "NVIDIA H100 80GB HBM3"),
-    ("H100 80GB SXM", "NVIDIA H100 96GB HBM2e"),
-    ("GB200", "NVIDIA B200"),
-    ("B200", "NVIDIA GB200 (Blackwell GPU)"),
-    ("H800 80GB SXM", "NVIDIA H100 80GB HBM3"),
-    ("H200", "NVIDIA H100 80GB HBM3"),
-    ("some accelerator", "NVIDIA H100 80GB HBM3"),
-])
+@pytest.mark.parametrize(
+    "row_gpu,device",
+    [
+        ("A100 40GB", "NVIDIA A100-SXM4-80GB"),
+        ("H100 96GB (HBM2e, 500 W)", "NVIDIA H100 80GB HBM3"),
+        ("H100 80GB SXM", "NVIDIA H100 96GB HBM2e"),
+        ("GB200", "NVIDIA B200"),
+        ("B200", "NVIDIA GB200 (Blackwell GPU)"),
+        ("H800 80GB SXM", "NVIDIA H100 80GB HBM3"),
+        ("H200", "NVIDIA H100 80GB HBM3"),
+        ("some accelerator", "NVIDIA H100 80GB HBM3"),
+    ],
+)
 def test_gpu_matcher_refuses_a_different_gpu(row_gpu, device):
     assert not gpu_matches(row_gpu, device)
 
 
-@pytest.mark.parametrize("row_gpu,device", [
-    ("A100 80GB", "NVIDIA A100-SXM4-80GB"),
-    ("A100 40GB", "NVIDIA A100-SXM4-40GB"),
-    ("H100 (variant not stated)", "NVIDIA H100 96GB HBM2e"),
-    ("GB200", "NVIDIA GB200 (Blackwell GPU)"),
-    ("H200", "NVIDIA H200 141GB HBM3e"),
-])
+@pytest.mark.parametrize(
+    "row_gpu,device",
+    [
+        ("A100 80GB", "NVIDIA A100-SXM4-80GB"),
+        ("A100 40GB", "NVIDIA A100-SXM4-40GB"),
+        ("H100 (variant not stated)", "NVIDIA H100 96GB HBM2e"),
+        ("GB200", "NVIDIA GB200 (Blackwell GPU)"),
+        ("H200", "NVIDIA H200 141GB HBM3e"),
+    ],
+)
 def test_gpu_matcher_accepts_the_same_gpu(row_gpu, device):
     assert gpu_matches(row_gpu, device)
 
@@ -161,7 +180,10 @@ def test_cluster_facts_from_the_publications():
     assert teton.peak_tflops["bf16"] == 989.4  # assumed SXM5 peak at 500 W (an upper bound, README)
     assert teton.inter_node_Gbps_per_node == 8 * 400
     h800 = p["h800-deepseek"]
-    assert h800.intra_node_GBps_per_device == 200 and (h800.nics_per_node, h800.Gbps_per_nic) == (8, 400)
+    assert h800.intra_node_GBps_per_device == 200 and (h800.nics_per_node, h800.Gbps_per_nic) == (
+        8,
+        400,
+    )
     assert (p["jean-zay-a100-80gb"].nics_per_node, p["jean-zay-a100-80gb"].Gbps_per_nic) == (4, 100)
     assert (p["azure-ndm-a100-v4"].nics_per_node, p["azure-ndm-a100-v4"].Gbps_per_nic) == (8, 200)
     assert p["azure-ndm-a100-v4"].efficiency["host_memory_bytes_per_node"] == 1900 * 2**30

@@ -1,4 +1,5 @@
 """Arguments shared by commands (docs/cli-contract.md, 'Arguments shared by commands'), declared once."""
+
 from __future__ import annotations
 
 import sys
@@ -22,87 +23,205 @@ MAX_TOKENS = 1e16
 """Largest --tokens: about 600 x the 15.6T tokens Llama 3 was trained on (Dubey et
 al. 2024, Sec. 3.1); larger counts overflow nothing but mean nothing either."""
 
-ModelArg = Annotated[str, typer.Argument(
-    help="Catalog name (e.g. gpt3-175b), a Hugging Face config.json path, or package.module:factory.")]
-HardwareOpt = Annotated[str, typer.Option("--hardware", help="Profile name in hardware_profiles/ or a path to a profile file.")]
-GpusOpt = Annotated[Optional[int], typer.Option("--gpus", min=1, max=MAX_WORLD_SIZE, help="World size (total devices).")]
-NodesOpt = Annotated[Optional[int], typer.Option("--nodes", min=1, max=MAX_WORLD_SIZE,
-                                                 help="Nodes; world size = nodes x devices per node.")]
-SeqOpt = Annotated[Optional[int], typer.Option("--seq", min=1, max=MAX_SEQ, help="Sequence length (default: the model's).")]
-GlobalBatchOpt = Annotated[Optional[int], typer.Option("--global-batch", min=1, max=MAX_GLOBAL_BATCH,
-                                                       help="Sequences per optimizer step.")]
-MicroBatchOpt = Annotated[Optional[int], typer.Option("--micro-batch", min=1, max=MAX_GLOBAL_BATCH,
-                                                      help="Sequences per micro-batch.")]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help="fp32, amp-bf16, amp-fp16, bf16 or fp8.")]
-HwPrecisionOpt = Annotated[Optional[str], typer.Option(
-    "--precision", help="fp32, amp-bf16, amp-fp16, bf16 or fp8 (FP8 GEMMs, BF16 elsewhere; devices with FP8 only) "
-                         "(default: amp-bf16, or amp-fp16 on devices without bf16).")]
+ModelArg = Annotated[
+    str,
+    typer.Argument(
+        help="Catalog name (e.g. gpt3-175b), a Hugging Face config.json path, or package.module:factory."
+    ),
+]
+HardwareOpt = Annotated[
+    str,
+    typer.Option(
+        "--hardware", help="Profile name in hardware_profiles/ or a path to a profile file."
+    ),
+]
+GpusOpt = Annotated[
+    Optional[int],
+    typer.Option("--gpus", min=1, max=MAX_WORLD_SIZE, help="World size (total devices)."),
+]
+NodesOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--nodes", min=1, max=MAX_WORLD_SIZE, help="Nodes; world size = nodes x devices per node."
+    ),
+]
+SeqOpt = Annotated[
+    Optional[int],
+    typer.Option("--seq", min=1, max=MAX_SEQ, help="Sequence length (default: the model's)."),
+]
+GlobalBatchOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--global-batch", min=1, max=MAX_GLOBAL_BATCH, help="Sequences per optimizer step."
+    ),
+]
+MicroBatchOpt = Annotated[
+    Optional[int],
+    typer.Option("--micro-batch", min=1, max=MAX_GLOBAL_BATCH, help="Sequences per micro-batch."),
+]
+PrecisionOpt = Annotated[
+    str, typer.Option("--precision", help="fp32, amp-bf16, amp-fp16, bf16 or fp8.")
+]
+HwPrecisionOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--precision",
+        help="fp32, amp-bf16, amp-fp16, bf16 or fp8 (FP8 GEMMs, BF16 elsewhere; devices with FP8 only) "
+        "(default: amp-bf16, or amp-fp16 on devices without bf16).",
+    ),
+]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adamw or sgd.")]
-FrameworkOpt = Annotated[Optional[str], typer.Option(
-    "--framework", help="Software stack the plan runs on: megatron (Megatron-LM / NeMo), torchtitan, fsdp (plain "
-                        "PyTorch DDP/FSDP with Hugging Face or plain modules) or deepspeed (default: a plan file's own; fsdp for a "
-                        "config.json or module factory; megatron for a catalog name).")]
-AttentionOpt = Annotated[Optional[str], typer.Option(
-    "--attention", help="Attention kernel: fused, flash, sdpa, triton or unfused (default: the model's config, else the framework's).")]
-DropoutOpt = Annotated[Optional[bool], typer.Option(
-    "--dropout/--no-dropout", help="Dropout layers active (default: the model's config, else off).")]
-GradReduceOpt = Annotated[Optional[str], typer.Option(
-    "--grad-reduce-dtype", help="Dtype gradients are kept and reduced in: bf16 (NVIDIA's NeMo recipes with distributed "
-                                "fused Adam) or fp32 (default: the framework's).")]
-KernelsOpt = Annotated[Optional[str], typer.Option(
-    "--kernels", help="The block implementation the run uses when it is not the framework's own: fused "
-                      "(Transformer Engine / Megatron kernels), eager (Hugging Face modules, e.g. under "
-                      "DeepSpeed ZeRO-3 or Accelerate) or torch (plain PyTorch modules). Default: the "
-                      "framework's.")]
-Bf16OptimizerOpt = Annotated[bool, typer.Option(
-    "--bf16-optimizer", help="On deepspeed with amp-bf16/bf16 and --zero 1: DeepSpeed's BF16_Optimizer (fp32 gradient "
-                             "accumulation, bf16 all-reduce, parameter all-gather), as BLOOM-176B trained.")]
-ActivationFp8InputOpt = Annotated[bool, typer.Option(
-    "--activation-fp8-input", help="On megatron with a SwiGLU model: the fused SwiGLU keeps its input in FP8 for the "
-                                   "backward (Megatron-Core's activation_func_fp8_input_store, set on the model "
-                                   "config by NeMo / Megatron-Bridge), as DeepSeek-V3 trained.")]
-LossOpt = Annotated[Optional[str], typer.Option(
-    "--loss", help="Cross-entropy kernel: vocab_parallel (Megatron's), upcast (fp32 logits: Hugging Face, "
-                   "torchtitan), fused (flash-attn's xentropy), native (torch on 16-bit logits) or inplace "
-                   "(Transformer Engine's, Megatron-Bridge's recipes). Default: the framework's.")]
-RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
-    "--recompute-modules", help="With --recompute selective on megatron: the modules re-run in the backward, "
-                                "comma-separated among core_attn (default), layernorm, mlp, moe, moe_act, "
-                                "shared_experts, mla_up_proj (Megatron-Core's --recompute-modules).")]
-MasterWeightsOpt = Annotated[Optional[str], typer.Option(
-    "--master-weights", help="How the optimizer keeps the master weights: fp32 (default) or remainder (the 16 "
-                             "low bits beside bf16 parameters: NeMo 1.x's distributed fused Adam, Megatron-Core's "
-                             "precision-aware optimizer; megatron only).")]
-Fp8ScalingOpt = Annotated[Optional[str], typer.Option(
-    "--fp8-scaling", help="FP8 scaling granularity with --precision fp8: tensorwise (Transformer Engine, torchao "
-                          "tensorwise; default) or rowwise (torchao rowwise: every operand cast along both axes).")]
-TpCommOverlapOpt = Annotated[Optional[bool], typer.Option(
-    "--tp-comm-overlap/--no-tp-comm-overlap",
-    help="Overlap the tensor-parallel collectives with their GEMMs: Megatron-Core's userbuffers "
-         "(--tp-comm-overlap), torchtitan's async TP. Default: the framework's (off).")]
-OverlapGradReduceOpt = Annotated[Optional[bool], typer.Option(
-    "--overlap-grad-reduce/--no-overlap-grad-reduce",
-    help="Reduce the gradients during the backward, bucket by bucket (off: after it, as Megatron-LM "
-         "2021-22's local DDP and DeepSpeed's default). Default: the framework's.")]
-OverlapParamGatherOpt = Annotated[Optional[bool], typer.Option(
-    "--overlap-param-gather/--no-overlap-param-gather",
-    help="Gather ZeRO-sharded parameters under the previous step's forward (Megatron-Core's "
-         "--overlap-param-gather; FSDP's prefetch). Default: the framework's.")]
-OverlapP2pOpt = Annotated[Optional[bool], typer.Option(
-    "--overlap-p2p/--no-overlap-p2p",
-    help="Overlap the interleaved schedule's pipeline sends with compute (Megatron-Core's "
-         "overlap_p2p_comm). Default: the framework's.")]
-MoeDispatcherOpt = Annotated[Optional[str], typer.Option(
-    "--moe-dispatcher", help="Mixture-of-experts token dispatcher with --ep > 1: alltoall (NCCL all-to-all) or deepep "
-                             "(DeepEP's node-deduplicated kernels: Megatron-Core's flex dispatcher, torchtitan's "
-                             "DeepEPTokenDispatcher). Default: the framework's.")]
-MoeA2aOverlapOpt = Annotated[Optional[bool], typer.Option(
-    "--moe-a2a-overlap/--no-moe-a2a-overlap", help="Hide the expert-parallel dispatch and combine under another "
-                                                   "micro-batch's computation (Megatron-Core's "
-                                                   "--overlap-moe-expert-parallel-comm; megatron only). Default: off.")]
-MoeImbalanceOpt = Annotated[Optional[float], typer.Option(
-    "--moe-imbalance", help="Routed tokens on the busiest expert-parallel rank over the mean, from 1 (balanced) to "
-                            "64 (default: 1.0, as force-balanced benchmarks run).")]
+FrameworkOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--framework",
+        help="Software stack the plan runs on: megatron (Megatron-LM / NeMo), torchtitan, fsdp (plain "
+        "PyTorch DDP/FSDP with Hugging Face or plain modules) or deepspeed (default: a plan file's own; fsdp for a "
+        "config.json or module factory; megatron for a catalog name).",
+    ),
+]
+AttentionOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--attention",
+        help="Attention kernel: fused, flash, sdpa, triton or unfused (default: the model's config, else the framework's).",
+    ),
+]
+DropoutOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--dropout/--no-dropout",
+        help="Dropout layers active (default: the model's config, else off).",
+    ),
+]
+GradReduceOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--grad-reduce-dtype",
+        help="Dtype gradients are kept and reduced in: bf16 (NVIDIA's NeMo recipes with distributed "
+        "fused Adam) or fp32 (default: the framework's).",
+    ),
+]
+KernelsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--kernels",
+        help="The block implementation the run uses when it is not the framework's own: fused "
+        "(Transformer Engine / Megatron kernels), eager (Hugging Face modules, e.g. under "
+        "DeepSpeed ZeRO-3 or Accelerate) or torch (plain PyTorch modules). Default: the "
+        "framework's.",
+    ),
+]
+Bf16OptimizerOpt = Annotated[
+    bool,
+    typer.Option(
+        "--bf16-optimizer",
+        help="On deepspeed with amp-bf16/bf16 and --zero 1: DeepSpeed's BF16_Optimizer (fp32 gradient "
+        "accumulation, bf16 all-reduce, parameter all-gather), as BLOOM-176B trained.",
+    ),
+]
+ActivationFp8InputOpt = Annotated[
+    bool,
+    typer.Option(
+        "--activation-fp8-input",
+        help="On megatron with a SwiGLU model: the fused SwiGLU keeps its input in FP8 for the "
+        "backward (Megatron-Core's activation_func_fp8_input_store, set on the model "
+        "config by NeMo / Megatron-Bridge), as DeepSeek-V3 trained.",
+    ),
+]
+LossOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--loss",
+        help="Cross-entropy kernel: vocab_parallel (Megatron's), upcast (fp32 logits: Hugging Face, "
+        "torchtitan), fused (flash-attn's xentropy), native (torch on 16-bit logits) or inplace "
+        "(Transformer Engine's, Megatron-Bridge's recipes). Default: the framework's.",
+    ),
+]
+RecomputeModulesOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--recompute-modules",
+        help="With --recompute selective on megatron: the modules re-run in the backward, "
+        "comma-separated among core_attn (default), layernorm, mlp, moe, moe_act, "
+        "shared_experts, mla_up_proj (Megatron-Core's --recompute-modules).",
+    ),
+]
+MasterWeightsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--master-weights",
+        help="How the optimizer keeps the master weights: fp32 (default) or remainder (the 16 "
+        "low bits beside bf16 parameters: NeMo 1.x's distributed fused Adam, Megatron-Core's "
+        "precision-aware optimizer; megatron only).",
+    ),
+]
+Fp8ScalingOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--fp8-scaling",
+        help="FP8 scaling granularity with --precision fp8: tensorwise (Transformer Engine, torchao "
+        "tensorwise; default) or rowwise (torchao rowwise: every operand cast along both axes).",
+    ),
+]
+TpCommOverlapOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--tp-comm-overlap/--no-tp-comm-overlap",
+        help="Overlap the tensor-parallel collectives with their GEMMs: Megatron-Core's userbuffers "
+        "(--tp-comm-overlap), torchtitan's async TP. Default: the framework's (off).",
+    ),
+]
+OverlapGradReduceOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--overlap-grad-reduce/--no-overlap-grad-reduce",
+        help="Reduce the gradients during the backward, bucket by bucket (off: after it, as Megatron-LM "
+        "2021-22's local DDP and DeepSpeed's default). Default: the framework's.",
+    ),
+]
+OverlapParamGatherOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--overlap-param-gather/--no-overlap-param-gather",
+        help="Gather ZeRO-sharded parameters under the previous step's forward (Megatron-Core's "
+        "--overlap-param-gather; FSDP's prefetch). Default: the framework's.",
+    ),
+]
+OverlapP2pOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--overlap-p2p/--no-overlap-p2p",
+        help="Overlap the interleaved schedule's pipeline sends with compute (Megatron-Core's "
+        "overlap_p2p_comm). Default: the framework's.",
+    ),
+]
+MoeDispatcherOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--moe-dispatcher",
+        help="Mixture-of-experts token dispatcher with --ep > 1: alltoall (NCCL all-to-all) or deepep "
+        "(DeepEP's node-deduplicated kernels: Megatron-Core's flex dispatcher, torchtitan's "
+        "DeepEPTokenDispatcher). Default: the framework's.",
+    ),
+]
+MoeA2aOverlapOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--moe-a2a-overlap/--no-moe-a2a-overlap",
+        help="Hide the expert-parallel dispatch and combine under another "
+        "micro-batch's computation (Megatron-Core's "
+        "--overlap-moe-expert-parallel-comm; megatron only). Default: off.",
+    ),
+]
+MoeImbalanceOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--moe-imbalance",
+        help="Routed tokens on the busiest expert-parallel rank over the mean, from 1 (balanced) to "
+        "64 (default: 1.0, as force-balanced benchmarks run).",
+    ),
+]
 
 
 def module_list(text: str | None) -> tuple[str, ...] | None:
@@ -115,7 +234,7 @@ OBJECTIVE_PHRASES = {
     "cost": "cost (least $ per 1B tokens; with {tokens}, least $ for the run including failures)",
     "memory": "memory (least memory within 5% of the best time)",
     "time-to-train": "time-to-train (least expected time for {tokens} including failures, checkpoints and restarts; "
-                     "docs/goodput.md)",
+    "docs/goodput.md)",
 }
 """One phrase per ranking objective, in planner.search.OBJECTIVES' order (the set's owner; a test holds the
 two equal): the --objective help of every command that ranks plans (recommend, report)."""
@@ -127,8 +246,12 @@ def objective_help(tokens_option: str) -> str:
     return ", ".join(phrases[:-1]) + " or " + phrases[-1] + "."
 
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document to stdout and nothing else there.")]
-PlanArg = Annotated[Path, typer.Argument(help="A plan JSON file written by `recommend --out` or `estimate --json`.")]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print one JSON document to stdout and nothing else there.")
+]
+PlanArg = Annotated[
+    Path, typer.Argument(help="A plan JSON file written by `recommend --out` or `estimate --json`.")
+]
 
 
 def emit_json(document: dict, what: str = "--json output") -> None:

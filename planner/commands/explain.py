@@ -1,4 +1,5 @@
 """`planner explain PLAN.json [--search] [--json]`: where the time and memory go, and why the plan won."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -7,8 +8,14 @@ import typer
 
 from planner.commands.common import JsonOpt, PlanArg, emit_json
 
-SearchOpt = Annotated[bool, typer.Option("--search", help="Re-run the search for the plan's model, hardware and "
-                                         "batch, and compare the plan with what it finds.")]
+SearchOpt = Annotated[
+    bool,
+    typer.Option(
+        "--search",
+        help="Re-run the search for the plan's model, hardware and "
+        "batch, and compare the plan with what it finds.",
+    ),
+]
 
 
 def explain(plan: PlanArg, search: SearchOpt = False, json_out: JsonOpt = False) -> None:

@@ -1,5 +1,6 @@
 """`planner export PLAN.json --format torchtitan|megatron|fsdp|deepspeed|sagemaker|sagemaker-v1 [--out FILE]`
 (docs/exports.md)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,10 +10,18 @@ import typer
 
 from planner.commands.common import PlanArg
 
-FormatOpt = Annotated[str, typer.Option("--format", help="torchtitan (0.3 Python job module), megatron "
-                                        "(pretrain_gpt.py arguments), fsdp (Accelerate FSDP/DDP YAML + TrainingArguments), deepspeed (config JSON), sagemaker (SMP v2 for "
-                                        "SDK v3, JSON) or sagemaker-v1 (SMP v1 distribution for SDK v2, JSON).")]
-OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Write the configuration here instead of stdout.")]
+FormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        help="torchtitan (0.3 Python job module), megatron "
+        "(pretrain_gpt.py arguments), fsdp (Accelerate FSDP/DDP YAML + TrainingArguments), deepspeed (config JSON), sagemaker (SMP v2 for "
+        "SDK v3, JSON) or sagemaker-v1 (SMP v1 distribution for SDK v2, JSON).",
+    ),
+]
+OutOpt = Annotated[
+    Optional[Path], typer.Option("--out", help="Write the configuration here instead of stdout.")
+]
 
 
 def export(plan: PlanArg, format: FormatOpt, out: OutOpt = None) -> None:

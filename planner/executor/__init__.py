@@ -15,6 +15,7 @@ One module per step (docs/style.md):
 Nothing in the model knows it runs in parallel (torchtitan's split of model and parallelize); the
 model only takes the token positions a context-parallel rank holds (`Transformer.positions`).
 """
+
 from __future__ import annotations
 
 from planner.errors import PlannerError

@@ -14,6 +14,7 @@ goodput model's interval) whenever that much wall time has passed since the last
 `--checkpoint-every-steps N` every N steps; always after the last step. Rank 0 decides and
 broadcasts, so every rank saves the same steps.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,13 @@ class Cadence:
     """When to checkpoint: every `every_steps` steps, or once `interval_s` of wall time has passed
     since the last save (or the start), or every step when neither is given; always at the last."""
 
-    def __init__(self, *, interval_s: float | None = None, every_steps: int | None = None,
-                 clock=time.monotonic):
+    def __init__(
+        self,
+        *,
+        interval_s: float | None = None,
+        every_steps: int | None = None,
+        clock=time.monotonic,
+    ):
         self.interval_s, self.every_steps, self.clock = interval_s, every_steps, clock
         self.last = clock()
 
@@ -72,7 +78,11 @@ def step_problem(path: Path) -> str | None:
     present and readable, every file it lists present with the recorded size, DCP metadata readable."""
     doc = read_manifest(path)
     if doc is None:
-        return "trainer.json is unreadable" if (path / MANIFEST).exists() else "no trainer.json (the save did not finish)"
+        return (
+            "trainer.json is unreadable"
+            if (path / MANIFEST).exists()
+            else "no trainer.json (the save did not finish)"
+        )
     files = doc.get("files")
     if not isinstance(files, dict) or DCP_METADATA not in files:
         return "its trainer.json lists no files (saved by an older planner, or damaged)"
@@ -108,11 +118,26 @@ def identity(spec) -> dict:
     """What a checkpoint must match to be resumed by `spec`: the model actually built, its parallel
     layout (DCP reshards nothing here: each rank reloads its own shards), seed, precision, optimizer."""
     cfg = spec.config
-    return {"model": spec.model.name, "seed": spec.seed, "dtype": spec.dtype, "optimizer": cfg.optimizer,
-            "dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, "cp": cfg.cp, "ep": cfg.ep, "dp_shard": cfg.dp_shard,
-            "placement": cfg.placement, "virtual_stages": cfg.virtual_stages,
-            "stages": list(cfg.stages), "zero": cfg.zero, "micro_batch": cfg.micro_batch,
-            "global_batch": cfg.global_batch, "seq": cfg.seq, "schedule": cfg.schedule}
+    return {
+        "model": spec.model.name,
+        "seed": spec.seed,
+        "dtype": spec.dtype,
+        "optimizer": cfg.optimizer,
+        "dp": cfg.dp,
+        "tp": cfg.tp,
+        "pp": cfg.pp,
+        "cp": cfg.cp,
+        "ep": cfg.ep,
+        "dp_shard": cfg.dp_shard,
+        "placement": cfg.placement,
+        "virtual_stages": cfg.virtual_stages,
+        "stages": list(cfg.stages),
+        "zero": cfg.zero,
+        "micro_batch": cfg.micro_batch,
+        "global_batch": cfg.global_batch,
+        "seq": cfg.seq,
+        "schedule": cfg.schedule,
+    }
 
 
 def _set_aside(path: Path) -> Path:
@@ -142,15 +167,23 @@ def choose_resume_step(directory: str | Path, *, say=None, set_aside: bool = Tru
                 if not set_aside:
                     continue
                 moved = _set_aside(root / f"step-{bad}")
-                say(f"warning: checkpoint step {bad} in {root} is unusable ({why}); moved it to {moved.name} "
-                    f"and resuming from step {step}")
+                say(
+                    f"warning: checkpoint step {bad} in {root} is unusable ({why}); moved it to {moved.name} "
+                    f"and resuming from step {step}"
+                )
             return step
         problems[step] = problem
     if problems:
         worst = max(problems)
-        raise ConfigError("--checkpoint-dir", str(root), "a directory with an intact step", message=(
-            f"--checkpoint-dir {root}: no intact checkpoint (latest, step {worst}: {problems[worst]}); "
-            f"use a fresh directory or restore the files"))
+        raise ConfigError(
+            "--checkpoint-dir",
+            str(root),
+            "a directory with an intact step",
+            message=(
+                f"--checkpoint-dir {root}: no intact checkpoint (latest, step {worst}: {problems[worst]}); "
+                f"use a fresh directory or restore the files"
+            ),
+        )
     return None
 
 
@@ -170,13 +203,25 @@ def check_resumable(directory: str | Path, spec, *, set_aside: bool = True) -> i
     mine = identity(spec)
     if saved is not None and saved != mine:
         diff = [f"{k} {saved.get(k)!r} -> {mine[k]!r}" for k in mine if saved.get(k) != mine[k]]
-        raise ConfigError("--checkpoint-dir", str(root), "a checkpoint of this run", message=(
-            f"--checkpoint-dir {root}: step {step} was saved by a different run ({'; '.join(diff)}); "
-            f"use a fresh directory"))
+        raise ConfigError(
+            "--checkpoint-dir",
+            str(root),
+            "a checkpoint of this run",
+            message=(
+                f"--checkpoint-dir {root}: step {step} was saved by a different run ({'; '.join(diff)}); "
+                f"use a fresh directory"
+            ),
+        )
     if spec.steps <= step + 1:
-        raise ConfigError("--steps", spec.steps, f"more than {step + 1}", message=(
-            f"--steps {spec.steps}: {root} already holds steps 0..{step}; ask for more than {step + 1} steps "
-            f"to resume, or use a fresh directory"))
+        raise ConfigError(
+            "--steps",
+            spec.steps,
+            f"more than {step + 1}",
+            message=(
+                f"--steps {spec.steps}: {root} already holds steps 0..{step}; ask for more than {step + 1} steps "
+                f"to resume, or use a fresh directory"
+            ),
+        )
     return step
 
 
@@ -191,14 +236,21 @@ def _state(parts: list[tuple[int, object]], optimizers: list) -> dict:
     return state
 
 
-def save(directory: str | Path, step: int, parts, optimizers, losses: list[float], run: dict | None = None) -> None:
+def save(
+    directory: str | Path,
+    step: int,
+    parts,
+    optimizers,
+    losses: list[float],
+    run: dict | None = None,
+) -> None:
     """Collective: save the state after `step` (0-based), then (rank 0) the manifest: loss history up
     to it, the run's identity (checked on resume) and every file's size."""
     import torch.distributed.checkpoint as dcp
 
     path = Path(directory) / f"step-{step}"
     if dist.get_rank() == 0 and (path / MANIFEST).exists():
-        (path / MANIFEST).unlink()        # re-saving a step: it is incomplete until the new manifest
+        (path / MANIFEST).unlink()  # re-saving a step: it is incomplete until the new manifest
     dist.barrier()
     dcp.save(_state(parts, optimizers), checkpoint_id=str(path))
     dist.barrier()
@@ -209,10 +261,15 @@ def save(directory: str | Path, step: int, parts, optimizers, losses: list[float
 
 def write_manifest(path: Path, step: int, losses: list[float], run: dict | None) -> None:
     """The step's trainer.json: loss history, run identity and every file's size, written atomically."""
-    files = {p.name: p.stat().st_size for p in sorted(path.iterdir())
-             if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp")}
+    files = {
+        p.name: p.stat().st_size
+        for p in sorted(path.iterdir())
+        if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp")
+    }
     tmp = path / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps({"step": step, "losses": losses[:step + 1], "run": run, "files": files}))
+    tmp.write_text(
+        json.dumps({"step": step, "losses": losses[: step + 1], "run": run, "files": files})
+    )
     os.replace(tmp, path / MANIFEST)
 
 
@@ -226,7 +283,11 @@ def load(directory: str | Path, step: int, parts, optimizers) -> tuple[int, list
     state = _state(parts, optimizers)
     dcp.load(state, checkpoint_id=str(path))
     for (stage, module), optimizer in zip(parts, optimizers):
-        set_state_dict(module, optimizer, model_state_dict=state[f"model.stage{stage}"],
-                       optim_state_dict=state[f"optim.stage{stage}"])
+        set_state_dict(
+            module,
+            optimizer,
+            model_state_dict=state[f"model.stage{stage}"],
+            optim_state_dict=state[f"optim.stage{stage}"],
+        )
     losses = json.loads((path / MANIFEST).read_text())["losses"]
     return step + 1, list(losses)

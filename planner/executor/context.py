@@ -23,6 +23,7 @@ exchange:
 Per pair (query chunk A, key chunk C) of the causal split: C < A attends fully, C = A is the causal
 diagonal, C > A is skipped (wholly in the future), so no partial result is ever empty.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,7 +61,10 @@ class _RingShift(torch.autograd.Function):
 
 def _exchange(x: torch.Tensor, group, send_to: int, recv_from: int) -> torch.Tensor:
     out = torch.empty_like(x)
-    ops = [dist.P2POp(dist.isend, x.contiguous(), send_to, group), dist.P2POp(dist.irecv, out, recv_from, group)]
+    ops = [
+        dist.P2POp(dist.isend, x.contiguous(), send_to, group),
+        dist.P2POp(dist.irecv, out, recv_from, group),
+    ]
     for request in dist.batch_isend_irecv(ops):
         request.wait()
     return out
@@ -109,9 +113,9 @@ def _ulysses_swap(x: torch.Tensor, group, cp: int, *, heads_to_seq: bool) -> tor
     """Ulysses' all-to-all on (b, h, s, d): heads_to_seq trades the local sequence (s) for heads / cp
     of the heads over the whole gathered sequence (cp s, rank-major); the reverse trades back."""
     if heads_to_seq:
-        send = torch.stack(x.chunk(cp, dim=1))              # (cp, b, h/cp, s, d): piece j to rank j
+        send = torch.stack(x.chunk(cp, dim=1))  # (cp, b, h/cp, s, d): piece j to rank j
     else:
-        send = torch.stack(x.chunk(cp, dim=2))              # (cp, b, h/cp, s/cp, d)
+        send = torch.stack(x.chunk(cp, dim=2))  # (cp, b, h/cp, s/cp, d)
     shape = send.shape
     counts = [1] * cp
     out = AllToAll.apply(send.reshape(cp, -1), counts, counts, group).reshape(shape)
@@ -137,7 +141,9 @@ def _merge(parts: list) -> torch.Tensor:
     return sum(torch.exp(p_lse - lse) * out for out, p_lse in parts)
 
 
-def _chunk_attention(q, blocks, mine: tuple[int, int], *, causal: bool, scale: float) -> torch.Tensor:
+def _chunk_attention(
+    q, blocks, mine: tuple[int, int], *, causal: bool, scale: float
+) -> torch.Tensor:
     """Attention of this rank's two query chunks over key/value `blocks` [(k, v, (chunk, chunk))]."""
     outs = []
     for a, q_a in zip(mine, q.chunk(2, dim=2)):
@@ -145,7 +151,7 @@ def _chunk_attention(q, blocks, mine: tuple[int, int], *, causal: bool, scale: f
         for k, v, theirs in blocks:
             for c, k_c, v_c in zip(theirs, k.chunk(2, dim=2), v.chunk(2, dim=2)):
                 if causal and c > a:
-                    continue                                  # wholly in this query chunk's future
+                    continue  # wholly in this query chunk's future
                 parts.append(_partial(q_a, k_c, v_c, scale, diagonal=causal and c == a))
         outs.append(_merge(parts))
     return torch.cat(outs, dim=2)
@@ -157,8 +163,19 @@ def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.repeat_interleave(rep, dim=1) if rep > 1 else x
 
 
-def context_parallel_core(q, k, v, *, group, cp: int, cp_rank: int, causal: bool, comm: str,
-                          positions: torch.Tensor, bug: str | None = None) -> torch.Tensor:
+def context_parallel_core(
+    q,
+    k,
+    v,
+    *,
+    group,
+    cp: int,
+    cp_rank: int,
+    causal: bool,
+    comm: str,
+    positions: torch.Tensor,
+    bug: str | None = None,
+) -> torch.Tensor:
     """Attention of this rank's queries (b, h, s/cp, d) over the whole sequence's keys and values,
     whose chunks live on the cp ranks of `group` (module docstring). Output as SDPA's, in q's dtype."""
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -166,7 +183,9 @@ def context_parallel_core(q, k, v, *, group, cp: int, cp_rank: int, causal: bool
     if comm == "a2a":
         q, k, v = (_ulysses_swap(t, group, cp, heads_to_seq=True) for t in (q, k, v))
         k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
-        order = torch.cat([cp_positions(positions.numel() * cp, cp, r) for r in range(cp)]).to(q.device)
+        order = torch.cat([cp_positions(positions.numel() * cp, cp, r) for r in range(cp)]).to(
+            q.device
+        )
         scores = (q.float() @ k.float().transpose(-1, -2)) * scale
         if causal:
             scores = scores.masked_fill(order[None, :] > order[:, None], float("-inf"))
@@ -174,26 +193,38 @@ def context_parallel_core(q, k, v, *, group, cp: int, cp_rank: int, causal: bool
         return _ulysses_swap(out, group, cp, heads_to_seq=False).to(q.dtype)
     ranks = [dist.get_global_rank(group, r) for r in range(cp)]
     width = k.shape[-1]
-    kv = torch.cat([k, v], dim=-1)          # one exchange per step (d_k may differ from d_v), K/V heads only
+    kv = torch.cat(
+        [k, v], dim=-1
+    )  # one exchange per step (d_k may differ from d_v), K/V heads only
     if comm == "all_gather":
         gathered = _AllGather.apply(kv, group)
         sources = list(range(cp))
         blocks_kv = [gathered[r] for r in sources]
-    else:                                                     # p2p ring
+    else:  # p2p ring
         sources, blocks_kv, block = [], [], kv
         for step in range(cp):
             if step:
-                block = _RingShift.apply(block, group, ranks[(cp_rank + 1) % cp], ranks[(cp_rank - 1) % cp])
+                block = _RingShift.apply(
+                    block, group, ranks[(cp_rank + 1) % cp], ranks[(cp_rank - 1) % cp]
+                )
             sources.append((cp_rank - step) % cp)
             blocks_kv.append(block)
-        if bug == "cp_drop_kv_block":       # planted: the last block to arrive around the ring is never used
+        if (
+            bug == "cp_drop_kv_block"
+        ):  # planted: the last block to arrive around the ring is never used
             sources, blocks_kv = sources[:-1], blocks_kv[:-1]
-    blocks = [(_repeat_kv(b[..., :width], heads), _repeat_kv(b[..., width:], heads), chunk_ids(cp, src))
-              for src, b in zip(sources, blocks_kv)]
-    return _chunk_attention(q, blocks, chunk_ids(cp, cp_rank), causal=causal, scale=scale).to(q.dtype)
+    blocks = [
+        (_repeat_kv(b[..., :width], heads), _repeat_kv(b[..., width:], heads), chunk_ids(cp, src))
+        for src, b in zip(sources, blocks_kv)
+    ]
+    return _chunk_attention(q, blocks, chunk_ids(cp, cp_rank), causal=causal, scale=scale).to(
+        q.dtype
+    )
 
 
-def apply_cp(module: nn.Module, cp_mesh, *, seq: int, comm: str, bug: str | None = None) -> torch.Tensor:
+def apply_cp(
+    module: nn.Module, cp_mesh, *, seq: int, comm: str, bug: str | None = None
+) -> torch.Tensor:
     """Context parallelism on one (stage) module: its tokens' positions (the Transformer's
     `positions`, used by learned and rotary position encodings) and every attention module's core
     replaced by `context_parallel_core` over the cp group. Returns this rank's positions."""
@@ -205,8 +236,16 @@ def apply_cp(module: nn.Module, cp_mesh, *, seq: int, comm: str, bug: str | None
     group = cp_mesh.get_group()
     for sub in module.modules():
         if isinstance(sub, (Attention, LatentAttention)):
-            sub._core = partial(context_parallel_core, group=group, cp=cp, cp_rank=cp_rank, causal=sub.causal,
-                                comm=comm, positions=positions, bug=bug)
+            sub._core = partial(
+                context_parallel_core,
+                group=group,
+                cp=cp,
+                cp_rank=cp_rank,
+                causal=sub.causal,
+                comm=comm,
+                positions=positions,
+                bug=bug,
+            )
     return positions
 
 

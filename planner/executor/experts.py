@@ -21,6 +21,7 @@ dp x cp ranks of a stage, so a dense gradient is averaged over dp x cp; an exper
 rank already sums the contributions of the ep group's tokens (the combine's backward brings them
 home), so it is summed over the expert data-parallel group and divided by dp x cp.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,8 +36,8 @@ from planner.models.transformer import MoEFeedForward
 def expert_groups(layout: np.ndarray, pp_axis: int, ep: int) -> tuple[np.ndarray, np.ndarray]:
     """(ep groups, expert data-parallel groups) as arrays of global ranks, one row per group, from the
     device mesh's rank layout (placement order) and the position of its pp axis (module docstring)."""
-    stages = np.moveaxis(layout, pp_axis, 0).reshape(layout.shape[pp_axis], -1)   # (pp, stage ranks)
-    folded = stages.reshape(stages.shape[0], -1, ep)                               # (pp, expert_dp, ep)
+    stages = np.moveaxis(layout, pp_axis, 0).reshape(layout.shape[pp_axis], -1)  # (pp, stage ranks)
+    folded = stages.reshape(stages.shape[0], -1, ep)  # (pp, expert_dp, ep)
     return folded.reshape(-1, ep), np.swapaxes(folded, 1, 2).reshape(-1, folded.shape[1])
 
 
@@ -70,9 +71,11 @@ class ExpertParallelMoE(MoEFeedForward):
         experts = self.moe.experts
         per_rank = experts // self.ep
         flat = index.reshape(-1)
-        if self.bug == "ep_wrong_rank":      # planted: each assignment goes to the next rank's same-slot expert
+        if (
+            self.bug == "ep_wrong_rank"
+        ):  # planted: each assignment goes to the next rank's same-slot expert
             flat = (flat + per_rank) % experts
-        order = torch.argsort(flat, stable=True)            # expert order, hence owner-rank order
+        order = torch.argsort(flat, stable=True)  # expert order, hence owner-rank order
         token = order // k
         chosen = flat[order]
         send = torch.bincount(chosen // per_rank, minlength=self.ep)
@@ -97,7 +100,9 @@ class ExpertParallelMoE(MoEFeedForward):
         return self.add_shared(x, out).view(shape)
 
 
-def apply_ep(module: nn.Module, *, group, ep: int, ep_rank: int, bug: str | None = None) -> list[nn.Parameter]:
+def apply_ep(
+    module: nn.Module, *, group, ep: int, ep_rank: int, bug: str | None = None
+) -> list[nn.Parameter]:
     """Expert parallelism on one (stage) module: every MoE block keeps experts ep_rank x E/ep ..
     (ep_rank + 1) x E/ep - 1 and dispatches with all-to-all (`ExpertParallelMoE`). Returns the routed
     experts' parameters (reduced over the expert data-parallel group, not the dense one)."""

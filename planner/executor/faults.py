@@ -12,6 +12,7 @@ Test-only switches (RunSpec.fault, the hidden `--inject-fault` option; never rea
 `bug:NAME`, a real parallelization bug planted in the run so tests can show `--verify` catches it
 (BUGS).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,7 @@ BUGS = {
     "cp_drop_kv_block": "context parallelism's ring attention never uses the last key/value block to arrive",
     "ep_wrong_rank": "expert parallelism dispatches every token to the next ep rank's expert in the same slot",
     "hsdp_skip_replica_reduce": "hybrid sharding: gradients reduce-scattered inside each shard group, never "
-                                "all-reduced across the replicas",
+    "all-reduced across the replicas",
 }
 """Injectable bugs (`bug:NAME`) and what each plants."""
 
@@ -57,8 +58,11 @@ def parse_fault(fault: str | None) -> tuple[str, int, int] | tuple[str, str] | N
         return ("bug", parts[1])
     if len(parts) == 3 and parts[0] in FAULT_KINDS and all(p.isdigit() for p in parts[1:]):
         return (parts[0], int(parts[1]), int(parts[2]))
-    raise ConfigError("inject-fault", fault, "kill|hang|stop|segv:RANK:STEP or bug:NAME with "
-                                             "NAME one of " + ", ".join(BUGS))
+    raise ConfigError(
+        "inject-fault",
+        fault,
+        "kill|hang|stop|segv:RANK:STEP or bug:NAME with NAME one of " + ", ".join(BUGS),
+    )
 
 
 def bug(fault: str | None) -> str | None:
@@ -71,15 +75,23 @@ def check_bug_applies(name: str, config) -> None:
     """A planted bug needs the parallelism it breaks; otherwise the run would be correct (exit 2)."""
     needs = {
         "skip_dp_reduce": (config.dp > 1 and config.zero == 0, "dp > 1 with zero 0"),
-        "tp_no_reduce": (config.tp > 1 and not config.sequence_parallel, "tp > 1 without sequence parallelism"),
+        "tp_no_reduce": (
+            config.tp > 1 and not config.sequence_parallel,
+            "tp > 1 without sequence parallelism",
+        ),
         "tp_double_reduce": (config.tp > 1, "tp > 1"),
         "drop_microbatch": (config.pp > 1, "pp > 1"),
-        "double_microbatch": (config.pp > 1 and config.num_microbatches > 1, "pp > 1 and 2+ micro-batches"),
+        "double_microbatch": (
+            config.pp > 1 and config.num_microbatches > 1,
+            "pp > 1 and 2+ micro-batches",
+        ),
         "zero_shard_offset": (config.dp > 1 and config.zero > 0, "dp > 1 with zero 1, 2 or 3"),
         "cp_drop_kv_block": (config.cp > 1 and config.cp_comm == "p2p", "cp > 1 with cp_comm p2p"),
         "ep_wrong_rank": (config.ep > 1, "ep > 1"),
-        "hsdp_skip_replica_reduce": (config.zero > 0 and 0 < config.dp_shard < config.dp and config.pp == 1,
-                                     "zero 1, 2 or 3 with 0 < dp_shard < dp and pp 1"),
+        "hsdp_skip_replica_reduce": (
+            config.zero > 0 and 0 < config.dp_shard < config.dp and config.pp == 1,
+            "zero 1, 2 or 3 with 0 < dp_shard < dp and pp 1",
+        ),
     }
     ok, what = needs[name]
     if not ok:
@@ -108,8 +120,17 @@ class Heartbeat:
             return
         with self._lock:
             tmp = self.path.with_name(self.path.name + f".{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps({"phase": self.phase, "step": self.step, "since": self.since,
-                                       "time": time.time(), "pid": os.getpid()}))
+            tmp.write_text(
+                json.dumps(
+                    {
+                        "phase": self.phase,
+                        "step": self.step,
+                        "since": self.since,
+                        "time": time.time(),
+                        "pid": os.getpid(),
+                    }
+                )
+            )
             os.replace(tmp, self.path)
 
     def start(self, *, period_s: float, parent: int | None) -> None:
@@ -172,9 +193,12 @@ def native_crash_site(log: Path) -> str | None:
         lines = log.read_text(errors="replace").splitlines()[-400:]
     except OSError:
         return None
-    starts = [i for i, line in enumerate(lines) if line.startswith("Current thread") or
-              line.startswith("Fatal Python error")]
-    for line in lines[starts[-1]:] if starts else ():
+    starts = [
+        i
+        for i, line in enumerate(lines)
+        if line.startswith("Current thread") or line.startswith("Fatal Python error")
+    ]
+    for line in lines[starts[-1] :] if starts else ():
         frame = line.strip()
         if frame.startswith('File "') and " in " in frame:
             path, _, rest = frame[6:].partition('", line ')
@@ -185,7 +209,11 @@ def native_crash_site(log: Path) -> str | None:
 
 def _describe(rank: int, code: int, workdir: Path) -> str:
     beat = read_heartbeat(workdir, rank) or {}
-    where = f"during step {beat['step']}" if beat.get("step", -1) >= 0 else f"during {beat.get('phase', 'startup')}"
+    where = (
+        f"during step {beat['step']}"
+        if beat.get("step", -1) >= 0
+        else f"during {beat.get('phase', 'startup')}"
+    )
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -251,7 +279,9 @@ def stop_all(procs: list, grace_s: float = 3.0) -> None:
             p.wait()
 
 
-def watch(procs: list, workdir: Path, *, deadline_s: float, startup_s: float = 120.0, poll_s: float = 0.2) -> None:
+def watch(
+    procs: list, workdir: Path, *, deadline_s: float, startup_s: float = 120.0, poll_s: float = 0.2
+) -> None:
     """Return when every worker exited 0; otherwise stop them all and raise one clear ExecutorError.
 
     `deadline_s`: a rank whose heartbeat (written every second by a thread while the process runs)
@@ -267,8 +297,10 @@ def watch(procs: list, workdir: Path, *, deadline_s: float, startup_s: float = 1
             t_fail = time.monotonic()
             suspect = _stalest_live_rank(procs, workdir, exclude=rank)
             stop_all(procs)
-            raise ExecutorError(f"{_describe(rank, code, workdir)}{suspect}; stopped all {world} ranks "
-                                f"({time.monotonic() - t_fail:.1f} s after the failure). Logs: {workdir}")
+            raise ExecutorError(
+                f"{_describe(rank, code, workdir)}{suspect}; stopped all {world} ranks "
+                f"({time.monotonic() - t_fail:.1f} s after the failure). Logs: {workdir}"
+            )
         if all(c == 0 for c in codes):
             return
         now = time.time()
@@ -277,15 +309,20 @@ def watch(procs: list, workdir: Path, *, deadline_s: float, startup_s: float = 1
                 continue
             beat = read_heartbeat(workdir, r)
             if beat is not None and beat.get("pid") != procs[r].pid:
-                beat = None                   # not this launch's rank (yet)
+                beat = None  # not this launch's rank (yet)
             age = now - (beat["time"] if beat else started)
             if age > (deadline_s if beat else max(deadline_s, startup_s)):
                 state = process_state(procs[r].pid)
                 how = " (stopped: SIGSTOP or a debugger)" if state in ("T", "t") else ""
-                where = f"step {beat['step']}" if beat and beat.get("step", -1) >= 0 else (
-                    beat["phase"] if beat else "startup")
+                where = (
+                    f"step {beat['step']}"
+                    if beat and beat.get("step", -1) >= 0
+                    else (beat["phase"] if beat else "startup")
+                )
                 stop_all(procs)
-                raise ExecutorError(f"rank {r} stopped responding during {where}{how}: no heartbeat for "
-                                    f"{age:.0f} s (--timeout-s {deadline_s:g}); stopped all {world} ranks. "
-                                    f"Logs: {workdir}")
+                raise ExecutorError(
+                    f"rank {r} stopped responding during {where}{how}: no heartbeat for "
+                    f"{age:.0f} s (--timeout-s {deadline_s:g}); stopped all {world} ranks. "
+                    f"Logs: {workdir}"
+                )
         time.sleep(poll_s)

@@ -9,6 +9,7 @@ No rank outlives the launch: SIGTERM/SIGINT/SIGHUP to the launcher stop every ra
 (lifecycle.stop_signals), and each rank dies with its launcher (lifecycle.die_with_parent). On a
 cluster, run `planner run` itself under torchrun instead (docs/executor.md).
 """
+
 from __future__ import annotations
 
 import os
@@ -134,10 +135,16 @@ def start_method(spec: RunSpec) -> str:
 
     if dist.is_available() and dist.is_initialized():
         return "spawn"  # a forked child would inherit this process's process group
-    return "fork" if spec.backend == "gloo" and hasattr(os, "fork") and sys.platform == "linux" else "spawn"
+    return (
+        "fork"
+        if spec.backend == "gloo" and hasattr(os, "fork") and sys.platform == "linux"
+        else "spawn"
+    )
 
 
-def launch_local(spec: RunSpec, *, workdir: str | Path | None = None, keep_workdir: bool = False) -> LaunchResult:
+def launch_local(
+    spec: RunSpec, *, workdir: str | Path | None = None, keep_workdir: bool = False
+) -> LaunchResult:
     """Run `spec` on world-size local processes; raise ExecutorError naming the failing rank, or
     `Interrupted` (after stopping every rank) when the launcher gets SIGTERM/SIGINT/SIGHUP.
     `workdir`: a folder in which the run makes its own fresh sub-folder (io.fresh_subfolder).
@@ -152,9 +159,16 @@ def launch_local(spec: RunSpec, *, workdir: str | Path | None = None, keep_workd
     spec_path = work / "runspec.json"
     spec_path.write_text(spec.to_json())
     threads = max(1, (os.cpu_count() or 1) // world)
-    base_env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
-                    LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
-                    PLANNER_LAUNCHER_PID=str(os.getpid()))
+    base_env = dict(
+        os.environ,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        OMP_NUM_THREADS=str(threads),
+        PYTHONUNBUFFERED="1",
+        PLANNER_LAUNCHER_PID=str(os.getpid()),
+    )
     procs = []
     method = start_method(spec)
     t0 = time.perf_counter()
@@ -166,22 +180,42 @@ def launch_local(spec: RunSpec, *, workdir: str | Path | None = None, keep_workd
             for rank in range(world):
                 env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank))
                 if method == "fork":
-                    procs.append(_fork_worker([str(spec_path), str(work)], env, work / f"rank-{rank}.log", threads))
+                    procs.append(
+                        _fork_worker(
+                            [str(spec_path), str(work)], env, work / f"rank-{rank}.log", threads
+                        )
+                    )
                     continue
                 log = open(work / f"rank-{rank}.log", "wb")
-                procs.append(subprocess.Popen([sys.executable, "-m", "planner.executor.worker", str(spec_path), str(work)],
-                                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "planner.executor.worker",
+                            str(spec_path),
+                            str(work),
+                        ],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
                 log.close()
             watch(procs, work, deadline_s=spec.timeout_s)
         except Interrupted as stop:
             stop_all(procs)
-            raise Interrupted(stop.signum, f"stopped by {_signal_name(stop.signum)}: stopped all {world} ranks "
-                                           f"(logs: {work})") from None
+            raise Interrupted(
+                stop.signum,
+                f"stopped by {_signal_name(stop.signum)}: stopped all {world} ranks (logs: {work})",
+            ) from None
         except BaseException:
             stop_all(procs)
             raise
         finally:
             import planner.executor.worker as worker
+
             worker.PREBUILT.clear()
     result_file = work / "result.pt"
     if not result_file.exists():
@@ -197,7 +231,9 @@ def launch_local(spec: RunSpec, *, workdir: str | Path | None = None, keep_workd
         # holds full parameters, hundreds of MB for a large proxy); a failed run keeps its logs
         shutil.rmtree(work, ignore_errors=True)
         return LaunchResult(ranks=ranks, wall_s=wall_s, workdir=None, reference_model=model)
-    return LaunchResult(ranks=ranks, wall_s=wall_s, workdir=str(work), temporary=temporary, reference_model=model)
+    return LaunchResult(
+        ranks=ranks, wall_s=wall_s, workdir=str(work), temporary=temporary, reference_model=model
+    )
 
 
 def _signal_name(signum: int) -> str:

@@ -12,6 +12,7 @@
   (Ctrl-C) and SIGHUP (a closed terminal) raise `Interrupted` in the launcher's main thread, so it
   leaves its watch loop through the code that stops every rank, then exits 128 + the signal number.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -79,7 +80,7 @@ def stop_signals():
     previous = {}
     for sig in STOP_SIGNALS:
         if signal.getsignal(sig) == signal.SIG_IGN:
-            continue                  # ignored by who started us (nohup, a shell's background job)
+            continue  # ignored by who started us (nohup, a shell's background job)
         try:
             previous[sig] = signal.signal(sig, handler)
         except (ValueError, OSError):

@@ -5,6 +5,7 @@ Every function uses PyTorch's own API: `torch.distributed.tensor.parallel` (Mega
 split, Shoeybi et al. 2019, and sequence parallelism, Korthikanti et al. 2022), `torch.utils.checkpoint`,
 DDP / FSDP2 `fully_shard` (ZeRO, Rajbhandari et al. 2020), `torch.distributed.pipelining`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,7 +17,6 @@ import torch.distributed as dist
 from torch import nn
 
 from planner.parallel import LOOPED_SCHEDULES, ParallelConfig
-
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -59,8 +59,10 @@ def mesh_names(config: ParallelConfig) -> tuple[tuple[str, ...], tuple[int, ...]
     if not is_hybrid(config):
         return names, shape
     i = names.index("dp")
-    return (names[:i] + ("dp_replicate", "dp_shard") + names[i + 1:],
-            shape[:i] + (config.dp // config.dp_shard, config.dp_shard) + shape[i + 1:])
+    return (
+        names[:i] + ("dp_replicate", "dp_shard") + names[i + 1 :],
+        shape[:i] + (config.dp // config.dp_shard, config.dp_shard) + shape[i + 1 :],
+    )
 
 
 def is_hybrid(config: ParallelConfig) -> bool:
@@ -94,7 +96,9 @@ def build_device_mesh(config: ParallelConfig, device_type: str) -> Meshes:
         else:
             dp = root["dp"]
             grad = root["dp", "cp"]._flatten("dp_cp")
-    return Meshes(root=root, dp=dp, pp=root["pp"], tp=root["tp"], cp=root["cp"], grad=grad, hybrid=hybrid)
+    return Meshes(
+        root=root, dp=dp, pp=root["pp"], tp=root["tp"], cp=root["cp"], grad=grad, hybrid=hybrid
+    )
 
 
 def stage_block_counts(config: ParallelConfig, blocks: int) -> list[int]:
@@ -135,7 +139,9 @@ def build_stage_module(model: nn.Module, counts: list[int], stage: int) -> nn.Mo
     return part
 
 
-def apply_tp(module: nn.Module, tp_mesh, *, sequence_parallel: bool, bug: str | None = None) -> None:
+def apply_tp(
+    module: nn.Module, tp_mesh, *, sequence_parallel: bool, bug: str | None = None
+) -> None:
     """Megatron tensor parallelism on one (stage) module, by module name.
 
     wq/wk/wv and w1/w3 column-parallel, wo and w2 row-parallel; embedding row-parallel (vocab
@@ -145,19 +151,30 @@ def apply_tp(module: nn.Module, tp_mesh, *, sequence_parallel: bool, bug: str | 
     tables and learned positions always see the whole sequence.
     """
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
-                                                   RowwiseParallel, SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     sp = sequence_parallel
     rowwise = _unreduced_rowwise() if bug == "tp_no_reduce" else RowwiseParallel
     top: dict = {}
     if module.tok_embeddings is not None:
-        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        top["tok_embeddings"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Replicate()
+        )
     if module.norm is not None and sp:
         top["norm"] = SequenceParallel()
     if module.output is not None:
-        top["output"] = ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(),
-                                        output_layouts=Replicate(), use_local_output=True)
+        top["output"] = ColwiseParallel(
+            input_layouts=Shard(1) if sp else Replicate(),
+            output_layouts=Replicate(),
+            use_local_output=True,
+        )
     if top:
         parallelize_module(module, tp_mesh, top)
     keys = list(module.layers.keys())
@@ -165,25 +182,45 @@ def apply_tp(module: nn.Module, tp_mesh, *, sequence_parallel: bool, bug: str | 
     for i, key in enumerate(keys):
         block = module.layers[key]
         plan = {
-            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
             "attention.wo": rowwise(output_layouts=between),
-            "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": rowwise(output_layouts=between),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": rowwise(output_layouts=between),
         }
         if block.feed_forward.w3 is not None:
             plan["feed_forward.w3"] = ColwiseParallel()
         if sp:
             plan["attention_norm"] = SequenceParallel()
-            plan["attention"] = PrepareModuleInput(input_layouts=(Shard(1), None),
-                                                   desired_input_layouts=(Replicate(), None), use_local_output=True)
+            plan["attention"] = PrepareModuleInput(
+                input_layouts=(Shard(1), None),
+                desired_input_layouts=(Replicate(), None),
+                use_local_output=True,
+            )
             plan["ffn_norm"] = SequenceParallel()
-            plan["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)
+            plan["feed_forward"] = PrepareModuleInput(
+                input_layouts=(Shard(1),),
+                desired_input_layouts=(Replicate(),),
+                use_local_output=True,
+            )
         parallelize_module(block, tp_mesh, plan)
         if sp and i == 0:
-            parallelize_module(block, tp_mesh, PrepareModuleInput(input_layouts=(Replicate(), None),
-                                                                  desired_input_layouts=(Shard(1), None), use_local_output=True))
+            parallelize_module(
+                block,
+                tp_mesh,
+                PrepareModuleInput(
+                    input_layouts=(Replicate(), None),
+                    desired_input_layouts=(Shard(1), None),
+                    use_local_output=True,
+                ),
+            )
         if sp and i == len(keys) - 1 and module.norm is None:
-            parallelize_module(block, tp_mesh, PrepareModuleOutput(output_layouts=Shard(1),
-                                                                   desired_output_layouts=Replicate()))
+            parallelize_module(
+                block,
+                tp_mesh,
+                PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate()),
+            )
         if bug == "tp_double_reduce":
             for linear in (block.attention.wo, block.feed_forward.w2):
                 linear.register_forward_hook(partial(_reduce_again, group=tp_mesh.get_group()))
@@ -238,8 +275,14 @@ def apply_ac(module: nn.Module, recompute: str, layers: int | None = None) -> No
         module.layers[key] = checkpoint_wrapper(module.layers[key], **kwargs)
 
 
-def apply_fsdp(module: nn.Module, mesh, *, zero: int, offload_optimizer: bool = False,
-               ignored: list[nn.Parameter] = ()) -> nn.Module:
+def apply_fsdp(
+    module: nn.Module,
+    mesh,
+    *,
+    zero: int,
+    offload_optimizer: bool = False,
+    ignored: list[nn.Parameter] = (),
+) -> nn.Module:
     """FSDP2 `fully_shard` per block and on the root over `mesh` (1-D: dp x cp; 2-D: HSDP, sharded
     over the inner dim and replicated over the outer): ZeRO-3 reshards parameters after forward,
     ZeRO-1/2 keep them gathered until backward (reshard_after_forward=False). `ignored`: parameters
@@ -250,8 +293,16 @@ def apply_fsdp(module: nn.Module, mesh, *, zero: int, offload_optimizer: bool = 
     reshard = zero == 3
     skip = set(ignored) or None
     for block in module.layers.values():
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, offload_policy=policy, ignored_params=skip)
-    fully_shard(module, mesh=mesh, reshard_after_forward=reshard, offload_policy=policy, ignored_params=skip)
+        fully_shard(
+            block,
+            mesh=mesh,
+            reshard_after_forward=reshard,
+            offload_policy=policy,
+            ignored_params=skip,
+        )
+    fully_shard(
+        module, mesh=mesh, reshard_after_forward=reshard, offload_policy=policy, ignored_params=skip
+    )
     return module
 
 
@@ -294,9 +345,12 @@ def build_schedule(config: ParallelConfig, stages: list, loss_fn):
     zero-bubble -> ScheduleInterleavedZeroBubble (Qi et al. 2024)."""
     from torch.distributed.pipelining import schedules
 
-    classes = {"gpipe": schedules.ScheduleGPipe, "1f1b": schedules.Schedule1F1B,
-               "interleaved-1f1b": schedules.ScheduleInterleaved1F1B,
-               "zero-bubble": schedules.ScheduleInterleavedZeroBubble}
+    classes = {
+        "gpipe": schedules.ScheduleGPipe,
+        "1f1b": schedules.Schedule1F1B,
+        "interleaved-1f1b": schedules.ScheduleInterleaved1F1B,
+        "zero-bubble": schedules.ScheduleInterleavedZeroBubble,
+    }
     cls = classes[config.schedule]
     if config.schedule in LOOPED_SCHEDULES:
         return cls(stages, n_microbatches=config.num_microbatches, loss_fn=loss_fn)

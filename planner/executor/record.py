@@ -10,6 +10,7 @@ from its own shard, without any collective (`local_sample`): every replica and e
 checked, at the cost of a few thousand values. A resumed run also keeps the full parameters and
 optimizer state it resumed from.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,8 +54,15 @@ def _shard_rows(p) -> list[torch.Tensor]:
         if not (placement.is_shard() or isinstance(placement, _StridedShard)):
             continue
         dim = placement.dim
-        size, index = _get_shard_size_and_offsets(shape[dim], mesh.size(mesh_dim), mesh.get_local_rank(mesh_dim),
-                                                  placement, rows.get(dim), p.shape[dim], False)
+        size, index = _get_shard_size_and_offsets(
+            shape[dim],
+            mesh.size(mesh_dim),
+            mesh.get_local_rank(mesh_dim),
+            placement,
+            rows.get(dim),
+            p.shape[dim],
+            False,
+        )
         shape[dim] = size
         rows[dim] = index[:size] if size else index[:0]
     return [rows.get(d, torch.arange(p.shape[d])) for d in range(p.dim())]
@@ -141,7 +149,9 @@ class Recorder:
         copy = self.workdir is None
         out = {}
         for name, p in self._named(parts):
-            out[name] = full_tensor(p.grad, copy=copy) if p.grad is not None else torch.zeros(p.shape)
+            out[name] = (
+                full_tensor(p.grad, copy=copy) if p.grad is not None else torch.zeros(p.shape)
+            )
         out = {name: g for name, g in out.items() if self.keep(name)}
         if not out:
             return
@@ -177,13 +187,15 @@ def load_gradients(step: int, ranks: list[dict], workdir: str | Path | None) -> 
     if workdir is not None:
         for path in sorted(Path(workdir).glob(f"verify-grads-{step}-r*.pt")):
             out.update(torch.load(path, weights_only=True, mmap=True))
-            path.unlink()                 # hundreds of MB each: free them as the check goes (mapped pages stay)
+            path.unlink()  # hundreds of MB each: free them as the check goes (mapped pages stay)
     return out
 
 
 def samples_by_rank(ranks: list[dict], step: int) -> list[tuple[int, dict]]:
     """(rank, name -> (indices, values)) of every rank's samples after `step`."""
-    return [(r["rank"], ((r.get("verify") or {}).get("samples") or {}).get(step, {})) for r in ranks]
+    return [
+        (r["rank"], ((r.get("verify") or {}).get("samples") or {}).get(step, {})) for r in ranks
+    ]
 
 
 def start_state(ranks: list[dict]) -> dict:

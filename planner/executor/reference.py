@@ -13,6 +13,7 @@ elements into moves of up to lr, and later steps carry those moves into every gr
 Micro-batching, data, tensor and pipeline parallelism only change the order of floating-point sums;
 `RoundingModel` bounds what that order can change (Higham & Mary 2019, see there).
 """
+
 from __future__ import annotations
 
 import math
@@ -37,7 +38,7 @@ def synthetic_tokens(spec: RunSpec, step: int) -> torch.Tensor:
 def dp_shard(tokens: torch.Tensor, dp: int, dp_rank: int) -> torch.Tensor:
     """Rows of the global batch one data-parallel replica trains on (contiguous blocks)."""
     rows = tokens.shape[0] // dp
-    return tokens[dp_rank * rows:(dp_rank + 1) * rows]
+    return tokens[dp_rank * rows : (dp_rank + 1) * rows]
 
 
 def make_optimizer(params, spec: RunSpec) -> torch.optim.Optimizer:
@@ -52,7 +53,7 @@ def make_optimizer(params, spec: RunSpec) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=spec.lr, weight_decay=0.01)
 
 
-UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
+UNIT_ROUNDOFF = {"fp32": 2.0**-24, "bf16": 2.0**-8, "fp16": 2.0**-11}
 """Unit roundoff u of round-to-nearest arithmetic: 2^-p for a p-bit significand (IEEE 754 binary32:
 p = 24; bfloat16: 8; binary16: 11)."""
 
@@ -130,8 +131,13 @@ def chain_lengths(model_spec, seq: int) -> tuple[int, int]:
 
 def rounding_model(spec: RunSpec) -> RoundingModel:
     n_forward, n_chain = chain_lengths(spec.model, spec.config.seq)
-    return RoundingModel(u_run=run_unit_roundoff(spec.dtype), u_ref=UNIT_ROUNDOFF["fp32"], n_forward=n_forward,
-                         n_chain=n_chain, tokens=spec.config.global_batch * spec.config.seq)
+    return RoundingModel(
+        u_run=run_unit_roundoff(spec.dtype),
+        u_ref=UNIT_ROUNDOFF["fp32"],
+        n_forward=n_forward,
+        n_chain=n_chain,
+        tokens=spec.config.global_batch * spec.config.seq,
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -181,7 +187,9 @@ class _AbsoluteTerms:
         self.role: dict[int, tuple] = {}
         self.patched = []
         for module in model.modules():
-            if isinstance(module, (nn.Linear, nn.LayerNorm, nn.RMSNorm)) or module is getattr(model, "tok_embeddings", None):
+            if isinstance(module, (nn.Linear, nn.LayerNorm, nn.RMSNorm)) or module is getattr(
+                model, "tok_embeddings", None
+            ):
                 self.handles.append(module.register_forward_hook(self._forward))
             if isinstance(module, Attention):
                 module._core = self._patched_core(module)
@@ -194,7 +202,9 @@ class _AbsoluteTerms:
             out = Attention._core(attention, q, k, v)
             if out.requires_grad:
                 qd, kd, vd = q.detach(), k.detach(), v.detach()
-                out.register_hook(lambda grad: self._attention_terms(attention, qd, kd, vd, grad.detach()))
+                out.register_hook(
+                    lambda grad: self._attention_terms(attention, qd, kd, vd, grad.detach())
+                )
             return out
 
         return core
@@ -256,7 +266,9 @@ class _AbsoluteTerms:
                 upstream = self.attention_abs.pop(id(module), None)
                 if upstream is not None and upstream.numel() == dy.numel():
                     dy = torch.maximum(dy, upstream.reshape(dy.shape))
-                self._add(module.weight, (vec(dy, dim=1) * vec(x.flatten(0, -2).float(), dim=1)).sum())
+                self._add(
+                    module.weight, (vec(dy, dim=1) * vec(x.flatten(0, -2).float(), dim=1)).sum()
+                )
                 if module.bias is not None:
                     self._add(module.bias, vec(dy.sum(0)))
             elif isinstance(module, nn.Embedding):
@@ -326,8 +338,12 @@ class AnchoredReference:
             grads[name] = p.grad if p.grad is not None else torch.zeros_like(p)
             bounds[name] = factor * terms.norms.get(id(p), 0.0)
             p.grad = None
-        return StepGradient(loss=loss.item(), loss_bound=self.rounding.loss_factor * loss_scale,
-                            grads=grads, grad_bounds=bounds)
+        return StepGradient(
+            loss=loss.item(),
+            loss_bound=self.rounding.loss_factor * loss_scale,
+            grads=grads,
+            grad_bounds=bounds,
+        )
 
     @torch.no_grad()
     def apply(self, grads: dict) -> dict:
@@ -340,7 +356,9 @@ class AnchoredReference:
         before = {}
         for name, p in self.params.items():
             g = grads.get(name)
-            p.grad = g.to(p.dtype).reshape(p.shape).clone() if g is not None else torch.zeros_like(p)
+            p.grad = (
+                g.to(p.dtype).reshape(p.shape).clone() if g is not None else torch.zeros_like(p)
+            )
             before[name] = p.detach().clone()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -358,5 +376,13 @@ class AnchoredReference:
             p.copy_(params[name].reshape(p.shape))
             saved = state.get(name)
             if saved:
-                self.optimizer.state[p] = {k: (v.reshape(p.shape).clone() if torch.is_tensor(v) and v.dim() else
-                                               v.clone() if torch.is_tensor(v) else v) for k, v in saved.items()}
+                self.optimizer.state[p] = {
+                    k: (
+                        v.reshape(p.shape).clone()
+                        if torch.is_tensor(v) and v.dim()
+                        else v.clone()
+                        if torch.is_tensor(v)
+                        else v
+                    )
+                    for k, v in saved.items()
+                }

@@ -4,6 +4,7 @@ The parent (or every torchrun rank, deterministically) reads the plan, resolves 
 the backend's limits (precision, offload, tied embeddings, the --proxy shrink) and records each
 change as a note the output repeats. Workers receive the RunSpec as JSON.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -77,8 +78,12 @@ class RunSpec:
         cfg["stages"] = tuple(cfg["stages"])
         model = dict(d.pop("model"))
         model["extras"] = tuple(tuple(x) for x in model.get("extras", ()))
-        return cls(config=ParallelConfig(**cfg), model=TransformerSpec(**model),
-                   notes=tuple(d.pop("notes")), **d)
+        return cls(
+            config=ParallelConfig(**cfg),
+            model=TransformerSpec(**model),
+            notes=tuple(d.pop("notes")),
+            **d,
+        )
 
 
 def env_positive_int(name: str, *, minimum: int = 1) -> int | None:
@@ -111,14 +116,17 @@ def max_local_ranks(backend: str) -> int:
     """Processes one machine hosts: GPUs for nccl; for gloo max(8, 2 x cores) (PLANNER_MAX_LOCAL_RANKS overrides)."""
     if backend == "nccl":
         import torch
+
         return torch.cuda.device_count()
     env = env_positive_int("PLANNER_MAX_LOCAL_RANKS")
     return env if env is not None else max(8, 2 * (os.cpu_count() or 1))
 
 
-EXECUTOR_RUNS = ("dp (DDP, FSDP2 ZeRO-1/2/3, HSDP with dp_shard), tp (+ sequence parallelism), pp (gpipe, 1f1b, "
-                 "interleaved-1f1b, zero-bubble), cp (p2p ring, all_gather, a2a Ulysses; load-balanced causal "
-                 "split), ep (routed experts over dp x cp ranks, tp 1), recompute; fp32 on CPU")
+EXECUTOR_RUNS = (
+    "dp (DDP, FSDP2 ZeRO-1/2/3, HSDP with dp_shard), tp (+ sequence parallelism), pp (gpipe, 1f1b, "
+    "interleaved-1f1b, zero-bubble), cp (p2p ring, all_gather, a2a Ulysses; load-balanced causal "
+    "split), ep (routed experts over dp x cp ranks, tp 1), recompute; fp32 on CPU"
+)
 """What the executor runs, for `planner run --help` and docs/executor.md."""
 
 
@@ -141,10 +149,16 @@ def check_executable(config: ParallelConfig) -> None:
     and expert parallelism beside tensor parallelism (its expert layers regroup the tp ranks too,
     MoE parallel folding, which the executor does not build)."""
     if config.expert_tp != 1:
-        raise ConfigError("plan.expert_tp", config.expert_tp, "1 (the executor has no expert tensor parallelism)")
+        raise ConfigError(
+            "plan.expert_tp", config.expert_tp, "1 (the executor has no expert tensor parallelism)"
+        )
     if config.ep > 1 and config.tp > 1:
-        raise ConfigError("plan.ep", config.ep, f"1 with tp({config.tp}) > 1 (the executor carves expert-parallel "
-                                                "groups from dp x cp only; run ep with tp=1)")
+        raise ConfigError(
+            "plan.ep",
+            config.ep,
+            f"1 with tp({config.tp}) > 1 (the executor carves expert-parallel "
+            "groups from dp x cp only; run ep with tp=1)",
+        )
 
 
 def check_model_executable(config: ParallelConfig, spec: TransformerSpec) -> None:
@@ -155,12 +169,20 @@ def check_model_executable(config: ParallelConfig, spec: TransformerSpec) -> Non
     if config.cp > 1:
         config.check_sequence(config.seq, heads=spec.heads, kv_heads=spec.n_kv_heads)
         if spec.sliding_window or spec.attention_sinks:
-            raise ConfigError("plan.cp", config.cp, "1 for a model with sliding-window attention or attention sinks "
-                                                    "(the executor's context-parallel attention is full causal softmax)")
-    config.check_experts(spec.moe)          # ep needs experts, and whole experts per rank
+            raise ConfigError(
+                "plan.cp",
+                config.cp,
+                "1 for a model with sliding-window attention or attention sinks "
+                "(the executor's context-parallel attention is full causal softmax)",
+            )
+    config.check_experts(spec.moe)  # ep needs experts, and whole experts per rank
     if spec.moe is not None and config.tp > 1:
-        raise ConfigError("plan.tp", config.tp, "1 for a mixture-of-experts model (the executor's tensor "
-                                                "parallelism splits dense MLPs only)")
+        raise ConfigError(
+            "plan.tp",
+            config.tp,
+            "1 for a mixture-of-experts model (the executor's tensor "
+            "parallelism splits dense MLPs only)",
+        )
 
 
 def resolve_transformer(name: str, seq: int | None) -> TransformerSpec:
@@ -172,33 +194,58 @@ def resolve_transformer(name: str, seq: int | None) -> TransformerSpec:
         import torch
 
         from planner.module_profiler import load_factory
+
         try:
-            factory = load_factory(name)      # modules of the current directory too, as `python -m` finds them
+            factory = load_factory(
+                name
+            )  # modules of the current directory too, as `python -m` finds them
         except ConfigError as err:
-            raise ConfigError("model", name, f"an importable package.module:factory ({err})") from None
+            raise ConfigError(
+                "model", name, f"an importable package.module:factory ({err})"
+            ) from None
         try:
-            with torch.device("meta"):        # only its .spec is needed here; the workers build it for real
+            with torch.device(
+                "meta"
+            ):  # only its .spec is needed here; the workers build it for real
                 built = factory()
         except Exception as err:  # noqa: BLE001 - a user's factory failing is bad input, named in one line
-            raise ConfigError("model", name, f"a factory callable without arguments ({type(err).__name__}: {err})") from None
+            raise ConfigError(
+                "model", name, f"a factory callable without arguments ({type(err).__name__}: {err})"
+            ) from None
         if not isinstance(built, Transformer):
-            raise ConfigError("model", name, "a factory returning planner.models.transformer.Transformer "
-                              "(the executor parallelizes that model by module name; other nn.Modules "
-                              "can be profiled and estimated, not run)")
+            raise ConfigError(
+                "model",
+                name,
+                "a factory returning planner.models.transformer.Transformer "
+                "(the executor parallelizes that model by module name; other nn.Modules "
+                "can be profiled and estimated, not run)",
+            )
         spec = built.spec
     else:
         try:
             from planner.sources import resolve_model
         except ImportError:
-            raise ConfigError("model", name, "package.module:factory in this build (catalog and config "
-                              "sources are not installed)") from None
+            raise ConfigError(
+                "model",
+                name,
+                "package.module:factory in this build (catalog and config "
+                "sources are not installed)",
+            ) from None
         spec = resolve_model(name, seq=seq)
         if not isinstance(spec, TransformerSpec):
-            raise ConfigError("model", name, "a transformer (catalog name or HF config) or a factory "
-                              "returning planner.models.transformer.Transformer")
+            raise ConfigError(
+                "model",
+                name,
+                "a transformer (catalog name or HF config) or a factory "
+                "returning planner.models.transformer.Transformer",
+            )
     if spec.encoder_layers:
-        raise ConfigError("model", name, "a decoder-only or encoder-only transformer (the executor has no "
-                          "encoder-decoder reference model)")
+        raise ConfigError(
+            "model",
+            name,
+            "a decoder-only or encoder-only transformer (the executor has no "
+            "encoder-decoder reference model)",
+        )
     return spec
 
 
@@ -221,7 +268,9 @@ def training_bytes_on_host(spec: TransformerSpec, config: ParallelConfig) -> int
     return config.world_size * (4 * params + logits) + 16 * params
 
 
-def proxy_spec(spec: TransformerSpec, config: ParallelConfig) -> tuple[TransformerSpec, ParallelConfig, str]:
+def proxy_spec(
+    spec: TransformerSpec, config: ParallelConfig
+) -> tuple[TransformerSpec, ParallelConfig, str]:
     """Shrink width and depth, keeping every parallel degree, the schedule and the stage-split shape.
 
     Depth: the split keeps its shape: explicit stages are scaled to about one block per stage of the
@@ -238,7 +287,9 @@ def proxy_spec(spec: TransformerSpec, config: ParallelConfig) -> tuple[Transform
     else:
         stages = ()
         layers = chunks + spec.total_blocks % chunks
-    tp = config.tp * (config.cp if config.cp_comm == "a2a" else 1)   # Ulysses splits the heads over cp too
+    tp = config.tp * (
+        config.cp if config.cp_comm == "a2a" else 1
+    )  # Ulysses splits the heads over cp too
     grouped = spec.n_kv_heads < spec.heads
     # never wider than the original (its heads already divide by tp, check_model passed)
     heads = min(2 * tp if grouped else tp * math.ceil(4 / tp), spec.heads)
@@ -251,29 +302,59 @@ def proxy_spec(spec: TransformerSpec, config: ParallelConfig) -> tuple[Transform
     tp = config.tp
     vocab = min(spec.vocab, 512 if 512 % tp == 0 else tp * math.ceil(512 / tp))
     shrink = {}
-    if spec.moe is not None:      # the same experts and routing, each as much narrower as the model
+    if spec.moe is not None:  # the same experts and routing, each as much narrower as the model
         width = lambda f: max(1, int(round(f * hidden / spec.hidden)))  # noqa: E731
-        shrink["moe"] = dataclasses.replace(spec.moe, expert_ffn=width(spec.moe.expert_ffn),
-                                            shared_expert_ffn=width(spec.moe.shared_expert_ffn) if spec.moe.shared_expert_ffn else 0)
-    small = spec.with_(name=f"{spec.name} (proxy)", layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
-                       head_dim=0, ffn=ffn, vocab=vocab, seq=seq, max_positions=0, **shrink)
+        shrink["moe"] = dataclasses.replace(
+            spec.moe,
+            expert_ffn=width(spec.moe.expert_ffn),
+            shared_expert_ffn=width(spec.moe.shared_expert_ffn)
+            if spec.moe.shared_expert_ffn
+            else 0,
+        )
+    small = spec.with_(
+        name=f"{spec.name} (proxy)",
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=0,
+        ffn=ffn,
+        vocab=vocab,
+        seq=seq,
+        max_positions=0,
+        **shrink,
+    )
     # recompute_layers counts blocks of a chunk: at most the proxy's largest chunk
     new_config = dataclasses.replace(config, seq=seq, stages=stages)
     if config.recompute_layers is not None:
-        new_config = dataclasses.replace(new_config, recompute_layers=min(config.recompute_layers,
-                                                                          new_config.largest_chunk(layers)))
-    note = (f"--proxy: {spec.name} is too large for this machine; ran a proxy with {layers} blocks, "
-            f"hidden {hidden}, {heads} heads, ffn {ffn}, vocab {vocab}, seq {seq} "
-            f"(stages {list(stages) or 'even'}), keeping dp={config.dp} tp={config.tp} pp={config.pp} cp={config.cp} ep={config.ep} "
-            f"v={config.virtual_stages}, schedule {config.schedule}, micro-batch {config.micro_batch}, "
-            f"global batch {config.global_batch}")
+        new_config = dataclasses.replace(
+            new_config,
+            recompute_layers=min(config.recompute_layers, new_config.largest_chunk(layers)),
+        )
+    note = (
+        f"--proxy: {spec.name} is too large for this machine; ran a proxy with {layers} blocks, "
+        f"hidden {hidden}, {heads} heads, ffn {ffn}, vocab {vocab}, seq {seq} "
+        f"(stages {list(stages) or 'even'}), keeping dp={config.dp} tp={config.tp} pp={config.pp} cp={config.cp} ep={config.ep} "
+        f"v={config.virtual_stages}, schedule {config.schedule}, micro-batch {config.micro_batch}, "
+        f"global batch {config.global_batch}"
+    )
     return small, new_config, note
 
 
-def build_run_spec(plan_path: str | Path, *, steps: int = 3, backend: str = "gloo", proxy: bool = False,
-                   seed: int = 0, timeout_s: float = 60.0, checkpoint_dir: str | None = None,
-                   fault: str | None = None, world_size_available: int | None = None, verify: bool = False,
-                   checkpoint_every_steps: int | None = None) -> RunSpec:
+def build_run_spec(
+    plan_path: str | Path,
+    *,
+    steps: int = 3,
+    backend: str = "gloo",
+    proxy: bool = False,
+    seed: int = 0,
+    timeout_s: float = 60.0,
+    checkpoint_dir: str | None = None,
+    fault: str | None = None,
+    world_size_available: int | None = None,
+    verify: bool = False,
+    checkpoint_every_steps: int | None = None,
+) -> RunSpec:
     """Read the plan, resolve the model and settle every backend-dependent choice (with notes)."""
     from planner.executor.faults import bug, check_bug_applies, parse_fault
     from planner.plan import load_plan
@@ -289,42 +370,64 @@ def build_run_spec(plan_path: str | Path, *, steps: int = 3, backend: str = "glo
     interval = plan.document["plan"].get("checkpoint_interval_s")
     if world_size_available is not None and config.world_size != world_size_available:
         # under torchrun the launch fixed the world size
-        raise ConfigError("WORLD_SIZE", world_size_available, f"{config.world_size}", message=(
-            f"the plan needs {config.world_size} ranks (dp*tp*pp*cp) but torchrun started "
-            f"WORLD_SIZE={world_size_available}; relaunch with --nnodes x --nproc-per-node = {config.world_size}"))
+        raise ConfigError(
+            "WORLD_SIZE",
+            world_size_available,
+            f"{config.world_size}",
+            message=(
+                f"the plan needs {config.world_size} ranks (dp*tp*pp*cp) but torchrun started "
+                f"WORLD_SIZE={world_size_available}; relaunch with --nnodes x --nproc-per-node = {config.world_size}"
+            ),
+        )
     cap = world_size_available if world_size_available is not None else max_local_ranks(backend)
     if config.world_size > cap:
-        where = "GPUs on this machine" if backend == "nccl" else "local gloo processes on this machine"
-        raise ConfigError("world_size", config.world_size,
-                          f"at most {cap} {where}; launch `planner run` under torchrun on a cluster "
-                          f"(docs/executor.md)")
+        where = (
+            "GPUs on this machine" if backend == "nccl" else "local gloo processes on this machine"
+        )
+        raise ConfigError(
+            "world_size",
+            config.world_size,
+            f"at most {cap} {where}; launch `planner run` under torchrun on a cluster "
+            f"(docs/executor.md)",
+        )
     spec = resolve_transformer(plan.model_name, config.seq)
     notes: list[str] = []
     if spec.position == "learned" and spec.max_positions and config.seq > spec.max_positions:
-        raise ConfigError("plan.seq", config.seq, f"at most the model's {spec.max_positions} learned positions")
+        raise ConfigError(
+            "plan.seq", config.seq, f"at most the model's {spec.max_positions} learned positions"
+        )
     spec = spec.with_(seq=config.seq)
     check_model_executable(config, spec)
     if spec.parallel_block or spec.embed_norm or spec.type_vocab or spec.norms_per_block != 2:
-        notes.append(f"{spec.name} runs as the reference sequential pre-norm block (its parallel-residual / "
-                     f"extra-norm details are not modelled by planner.models.transformer)")
+        notes.append(
+            f"{spec.name} runs as the reference sequential pre-norm block (its parallel-residual / "
+            f"extra-norm details are not modelled by planner.models.transformer)"
+        )
     config.check_model(heads=spec.heads, kv_heads=spec.n_kv_heads, blocks=spec.total_blocks)
 
     if backend == "gloo":
         needed, have = training_bytes_on_host(spec, config), host_memory_bytes()
         if needed > have // 2:
             if not proxy:
-                raise ConfigError("model", plan.model_name,
-                                  f"a model whose CPU run fits this machine (needs about {needed / 2**30:.1f} GiB "
-                                  f"of {have / 2**30:.1f} GiB); pass --proxy to run a shrunk model with the "
-                                  f"same parallel layout")
+                raise ConfigError(
+                    "model",
+                    plan.model_name,
+                    f"a model whose CPU run fits this machine (needs about {needed / 2**30:.1f} GiB "
+                    f"of {have / 2**30:.1f} GiB); pass --proxy to run a shrunk model with the "
+                    f"same parallel layout",
+                )
             spec, config, note = proxy_spec(spec, config)
             notes.append(note)
         elif proxy:
-            notes.append("--proxy: not needed, the plan's model fits this machine; ran it at full size")
+            notes.append(
+                "--proxy: not needed, the plan's model fits this machine; ran it at full size"
+            )
     if spec.tied_embeddings and (config.tp > 1 or config.pp > 1):
         spec = spec.with_(tied_embeddings=False)
-        notes.append("embeddings untied (tok_embeddings and output are separate weights in the run and "
-                      "in the reference) because tp>1 or pp>1 splits them across ranks")
+        notes.append(
+            "embeddings untied (tok_embeddings and output are separate weights in the run and "
+            "in the reference) because tp>1 or pp>1 splits them across ranks"
+        )
 
     dtype = config.precision
     if dtype == "fp8":
@@ -335,38 +438,71 @@ def build_run_spec(plan_path: str | Path, *, steps: int = 3, backend: str = "glo
         dtype = "fp32"
     offload = config.offload
     if backend == "gloo" and offload != "none":
-        notes.append(f"offload {offload} not applied: on CPU everything already lives in host memory")
+        notes.append(
+            f"offload {offload} not applied: on CPU everything already lives in host memory"
+        )
         offload = "none"
     replicas = config.dp * config.cp
     if config.zero == 1 and replicas > 1:
-        notes.append("ZeRO-1 runs as FSDP2 without resharding after forward (gradients are sharded too: ZeRO-2)")
+        notes.append(
+            "ZeRO-1 runs as FSDP2 without resharding after forward (gradients are sharded too: ZeRO-2)"
+        )
     if config.zero and replicas == 1:
-        notes.append(f"ZeRO-{config.zero} has no effect with dp=1" + (" and cp=1" if config.cp == 1 else ""))
+        notes.append(
+            f"ZeRO-{config.zero} has no effect with dp=1" + (" and cp=1" if config.cp == 1 else "")
+        )
     if 0 < config.dp_shard < config.dp:
         if config.zero == 0:
-            notes.append(f"dp_shard {config.dp_shard} has no effect with zero 0 (nothing is sharded)")
+            notes.append(
+                f"dp_shard {config.dp_shard} has no effect with zero 0 (nothing is sharded)"
+            )
         else:
-            notes.append(f"hybrid sharding (FSDP2 HSDP): ZeRO-{config.zero} states sharded over dp_shard x cp = "
-                         f"{config.dp_shard * config.cp} ranks, replicated over {config.dp // config.dp_shard} groups")
+            notes.append(
+                f"hybrid sharding (FSDP2 HSDP): ZeRO-{config.zero} states sharded over dp_shard x cp = "
+                f"{config.dp_shard * config.cp} ranks, replicated over {config.dp // config.dp_shard} groups"
+            )
     if config.ep > 1 and config.zero and replicas // config.ep > 1:
-        notes.append(f"routed experts are replicated over their {replicas // config.ep} expert data-parallel ranks "
-                     f"(gradients all-reduced there), not ZeRO-sharded; dense parameters are")
+        notes.append(
+            f"routed experts are replicated over their {replicas // config.ep} expert data-parallel ranks "
+            f"(gradients all-reduced there), not ZeRO-sharded; dense parameters are"
+        )
     if checkpoint_every_steps and not checkpoint_dir:
-        raise ConfigError("--checkpoint-every-steps", checkpoint_every_steps, "only with --checkpoint-dir")
+        raise ConfigError(
+            "--checkpoint-every-steps", checkpoint_every_steps, "only with --checkpoint-dir"
+        )
     if checkpoint_dir and checkpoint_every_steps:
-        notes.append(f"checkpoints every {checkpoint_every_steps} step(s) (--checkpoint-every-steps)"
-                     + (f"; the plan's checkpoint_interval_s {interval:g} s not used" if interval else ""))
+        notes.append(
+            f"checkpoints every {checkpoint_every_steps} step(s) (--checkpoint-every-steps)"
+            + (f"; the plan's checkpoint_interval_s {interval:g} s not used" if interval else "")
+        )
         interval = None
     elif checkpoint_dir and interval:
-        notes.append(f"checkpoints every {interval:g} s of wall time (plan.checkpoint_interval_s) and after the last step")
-    run = RunSpec(config=config, model=spec, model_name=plan.model_name, steps=steps, seed=seed,
-                  backend=backend, dtype=dtype, timeout_s=timeout_s, checkpoint_dir=checkpoint_dir,
-                  offload=offload, fault=fault, notes=tuple(notes), verify=verify,
-                  checkpoint_interval_s=float(interval) if checkpoint_dir and interval else None,
-                  checkpoint_every_steps=checkpoint_every_steps if checkpoint_dir else None)
+        notes.append(
+            f"checkpoints every {interval:g} s of wall time (plan.checkpoint_interval_s) and after the last step"
+        )
+    run = RunSpec(
+        config=config,
+        model=spec,
+        model_name=plan.model_name,
+        steps=steps,
+        seed=seed,
+        backend=backend,
+        dtype=dtype,
+        timeout_s=timeout_s,
+        checkpoint_dir=checkpoint_dir,
+        offload=offload,
+        fault=fault,
+        notes=tuple(notes),
+        verify=verify,
+        checkpoint_interval_s=float(interval) if checkpoint_dir and interval else None,
+        checkpoint_every_steps=checkpoint_every_steps if checkpoint_dir else None,
+    )
     if checkpoint_dir:
         from planner.executor.checkpoint import check_resumable
+
         # under torchrun every rank reads the directory; only rank 0 moves damaged steps aside
         set_aside = world_size_available is None or os.environ.get("RANK", "0") == "0"
-        run = dataclasses.replace(run, resume_step=check_resumable(checkpoint_dir, run, set_aside=set_aside))
+        run = dataclasses.replace(
+            run, resume_step=check_resumable(checkpoint_dir, run, set_aside=set_aside)
+        )
     return run

@@ -22,6 +22,7 @@ Anchoring every step at the run's own parameters keeps each comparison a pure ro
 up to 1 passes; the output reports the largest ratio of each kind (the margin) and, on failure, the
 first one above 1: which step, which tensor (and rank, for parameters), loss or gradient or parameters.
 """
+
 from __future__ import annotations
 
 import math
@@ -56,21 +57,38 @@ class Check:
 
     @property
     def failed(self) -> bool:
-        return not self.ratio <= 1.0          # NaN fails too
+        return not self.ratio <= 1.0  # NaN fails too
 
     def describe(self) -> str:
-        what = {"loss": "the loss", "gradient": f"the gradient of {self.tensor}",
-                "parameters": f"parameter {self.tensor}", "initial parameters": f"initial parameter {self.tensor}"}[self.kind]
-        when = "before step 0" if self.step < 0 else (f"after step {self.step}" if self.kind == "parameters"
-                                                      else f"at step {self.step}")
+        what = {
+            "loss": "the loss",
+            "gradient": f"the gradient of {self.tensor}",
+            "parameters": f"parameter {self.tensor}",
+            "initial parameters": f"initial parameter {self.tensor}",
+        }[self.kind]
+        when = (
+            "before step 0"
+            if self.step < 0
+            else (
+                f"after step {self.step}" if self.kind == "parameters" else f"at step {self.step}"
+            )
+        )
         ratio = "inf" if math.isinf(self.ratio) else f"{self.ratio:.3g}"
-        return (f"{what} {when} differs from single-process training by {self.error:.3g} "
-                f"({ratio} x its rounding bound {self.bound:.3g})")
+        return (
+            f"{what} {when} differs from single-process training by {self.error:.3g} "
+            f"({ratio} x its rounding bound {self.bound:.3g})"
+        )
 
     def to_dict(self) -> dict:
         """Strict JSON: a non-finite number (a NaN gradient, a zero bound) becomes null."""
-        return {"step": self.step, "kind": self.kind, "tensor": self.tensor, "error": _finite(self.error),
-                "bound": _finite(self.bound), "ratio": _finite(self.ratio)}
+        return {
+            "step": self.step,
+            "kind": self.kind,
+            "tensor": self.tensor,
+            "error": _finite(self.error),
+            "bound": _finite(self.bound),
+            "ratio": _finite(self.ratio),
+        }
 
 
 def _finite(x: float) -> float | None:
@@ -101,22 +119,39 @@ class Verification:
         return "verification failed: " + self.first_failure.describe()
 
     def to_dict(self) -> dict:
-        return {"passed": self.passed, "steps": list(self.steps), "params_compared": self.params_compared,
-                "first_failure": self.first_failure.to_dict() if self.first_failure else None,
-                "worst": {k: c.to_dict() for k, c in self.worst.items()},
-                "max_ratio": {k: _finite(c.ratio) for k, c in self.worst.items()},
-                "problems": list(self.problems), "gradient_factor": self.gradient_factor,
-                "loss_factor": self.loss_factor, "notes": list(self.notes)}
+        return {
+            "passed": self.passed,
+            "steps": list(self.steps),
+            "params_compared": self.params_compared,
+            "first_failure": self.first_failure.to_dict() if self.first_failure else None,
+            "worst": {k: c.to_dict() for k, c in self.worst.items()},
+            "max_ratio": {k: _finite(c.ratio) for k, c in self.worst.items()},
+            "problems": list(self.problems),
+            "gradient_factor": self.gradient_factor,
+            "loss_factor": self.loss_factor,
+            "notes": list(self.notes),
+        }
 
 
 def _norm(t: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(t))
 
 
-def _tensor_check(step: int, kind: str, name: str, got: torch.Tensor, want: torch.Tensor,
-                  bound: torch.Tensor | float) -> Check:
-    return Check(step=step, kind=kind, tensor=name, error=_norm(got.float() - want.float()),
-                 bound=bound if isinstance(bound, float) else _norm(bound))
+def _tensor_check(
+    step: int,
+    kind: str,
+    name: str,
+    got: torch.Tensor,
+    want: torch.Tensor,
+    bound: torch.Tensor | float,
+) -> Check:
+    return Check(
+        step=step,
+        kind=kind,
+        tensor=name,
+        error=_norm(got.float() - want.float()),
+        bound=bound if isinstance(bound, float) else _norm(bound),
+    )
 
 
 def merged_params(ranks: list[dict]) -> dict[str, torch.Tensor]:
@@ -143,13 +178,21 @@ class _Ledger:
             self.worst[check.kind] = check
 
 
-def compare_step(ledger: _Ledger, ref: AnchoredReference, step: int, loss_run: float | None,
-                 grads_run: dict) -> None:
+def compare_step(
+    ledger: _Ledger, ref: AnchoredReference, step: int, loss_run: float | None, grads_run: dict
+) -> None:
     """Loss and gradients of `step` at the replay's (= the run's) parameters."""
     expected = ref.gradient(step)
     if loss_run is not None:
-        ledger.add(Check(step=step, kind="loss", tensor="", error=abs(loss_run - expected.loss),
-                         bound=expected.loss_bound))
+        ledger.add(
+            Check(
+                step=step,
+                kind="loss",
+                tensor="",
+                error=abs(loss_run - expected.loss),
+                bound=expected.loss_bound,
+            )
+        )
     for name, want in expected.grads.items():
         got = grads_run.get(name)
         if got is None:
@@ -158,10 +201,16 @@ def compare_step(ledger: _Ledger, ref: AnchoredReference, step: int, loss_run: f
         if got.numel() != want.numel():
             ledger.problems.append(f"gradient of {name}: {tuple(got.shape)} vs {tuple(want.shape)}")
             continue
-        ledger.add(_tensor_check(step, "gradient", name, got.reshape(want.shape), want, expected.grad_bounds[name]))
+        ledger.add(
+            _tensor_check(
+                step, "gradient", name, got.reshape(want.shape), want, expected.grad_bounds[name]
+            )
+        )
 
 
-def _sampled_checks(ledger: _Ledger, step: int, kind: str, ranks: list[dict], want: dict, bounds: dict) -> None:
+def _sampled_checks(
+    ledger: _Ledger, step: int, kind: str, ranks: list[dict], want: dict, bounds: dict
+) -> None:
     """Every rank's sampled values after `step` against the replay (`want`, `bounds`: full tensors)."""
     seen = set()
     for rank, samples in samples_by_rank(ranks, step):
@@ -171,9 +220,20 @@ def _sampled_checks(ledger: _Ledger, step: int, kind: str, ranks: list[dict], wa
                 continue
             seen.add(name)
             flat = expected.detach().reshape(-1)
-            check = _tensor_check(step, kind, name, values, flat[idx], bounds[name].reshape(-1)[idx])
-            ledger.add(check if not check.failed else Check(step=step, kind=kind, tensor=f"{name} (rank {rank})",
-                                                            error=check.error, bound=check.bound))
+            check = _tensor_check(
+                step, kind, name, values, flat[idx], bounds[name].reshape(-1)[idx]
+            )
+            ledger.add(
+                check
+                if not check.failed
+                else Check(
+                    step=step,
+                    kind=kind,
+                    tensor=f"{name} (rank {rank})",
+                    error=check.error,
+                    bound=check.bound,
+                )
+            )
     for name in sorted(set(want) - seen):
         ledger.problems.append(f"no rank recorded values of {name} ({kind}, step {step})")
 
@@ -184,9 +244,11 @@ def verify_run(spec, ranks: list[dict], workdir=None, *, reference_model=None) -
     ledger = _Ledger()
     notes = []
     if ref.rounding.gradient_factor >= 0.1:
-        notes.append(f"the rounding bound of {spec.dtype} arithmetic is {ref.rounding.gradient_factor:.2g} x the "
-                     f"summed |gradient terms|: at this depth it is no smaller than the gradients, so gradient "
-                     f"differences cannot be detected (run in fp32 to verify)")
+        notes.append(
+            f"the rounding bound of {spec.dtype} arithmetic is {ref.rounding.gradient_factor:.2g} x the "
+            f"summed |gradient terms|: at this depth it is no smaller than the gradients, so gradient "
+            f"differences cannot be detected (run in fp32 to verify)"
+        )
     start = ranks[0].get("start_step", 0)
     losses = ranks[0]["losses"]
     u = ref.rounding.u_run + ref.rounding.u_ref
@@ -196,11 +258,19 @@ def verify_run(spec, ranks: list[dict], workdir=None, *, reference_model=None) -
             ledger.problems.append(f"the resumed run recorded no starting state (step {start})")
             return _verdict(spec, ref, ledger, start, 0, notes)
         ref.load_state(state["params"], state["state"])
-        notes.append(f"resumed at step {start}: steps {start}..{spec.steps - 1} verified, from the checkpoint's "
-                     f"parameters and optimizer state")
+        notes.append(
+            f"resumed at step {start}: steps {start}..{spec.steps - 1} verified, from the checkpoint's "
+            f"parameters and optimizer state"
+        )
     else:
-        _sampled_checks(ledger, -1, "initial parameters", ranks, ref.params,
-                        {n: u * p.detach().abs() for n, p in ref.params.items()})
+        _sampled_checks(
+            ledger,
+            -1,
+            "initial parameters",
+            ranks,
+            ref.params,
+            {n: u * p.detach().abs() for n, p in ref.params.items()},
+        )
     for step in range(start, spec.steps):
         grads = load_gradients(step, ranks, workdir)
         if not grads:
@@ -225,11 +295,22 @@ def verify_run(spec, ranks: list[dict], workdir=None, *, reference_model=None) -
             if got.shape != p.shape:
                 ledger.problems.append(f"{name}: shape {tuple(got.shape)} vs {tuple(p.shape)}")
                 continue
-            ledger.add(_tensor_check(spec.steps - 1, "parameters", name, got, p.detach(), ref.bounds[name]))
+            ledger.add(
+                _tensor_check(spec.steps - 1, "parameters", name, got, p.detach(), ref.bounds[name])
+            )
     return _verdict(spec, ref, ledger, start, len(set(final) & set(ref.params)), notes)
+
+
 def _verdict(spec, ref, ledger: _Ledger, start: int, compared: int, notes: list) -> Verification:
     passed = ledger.first is None and not ledger.problems
-    return Verification(passed=passed, first_failure=ledger.first, worst=dict(ledger.worst),
-                        steps=tuple(range(start, spec.steps)), params_compared=compared,
-                        problems=tuple(ledger.problems), gradient_factor=ref.rounding.gradient_factor,
-                        loss_factor=ref.rounding.loss_factor, notes=tuple(notes))
+    return Verification(
+        passed=passed,
+        first_failure=ledger.first,
+        worst=dict(ledger.worst),
+        steps=tuple(range(start, spec.steps)),
+        params_compared=compared,
+        problems=tuple(ledger.problems),
+        gradient_factor=ref.rounding.gradient_factor,
+        loss_factor=ref.rounding.loss_factor,
+        notes=tuple(notes),
+    )

@@ -5,6 +5,7 @@ Entry points: `train(spec, rank=..., world_size=..., local_rank=...)` (used unde
 launcher; rank and world size from the environment). Rank 0 gathers every rank's timings and the
 full parameters; the launcher reads them from WORKDIR/result.pt, written before teardown.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,9 +25,18 @@ from planner.executor import checkpoint
 from planner.executor.faults import LIVENESS_PERIOD_S, Heartbeat, bug, inject_fault
 from planner.executor.context import apply_cp, cp_shard
 from planner.executor.experts import apply_ep, expert_groups, is_routed_expert, new_groups
-from planner.executor.parallelize import (GradAllReduce, apply_ac, apply_ddp, apply_fsdp, apply_tp,
-                                          build_device_mesh, build_schedule, build_stage_module,
-                                          stage_block_counts, stage_ids)
+from planner.executor.parallelize import (
+    GradAllReduce,
+    apply_ac,
+    apply_ddp,
+    apply_fsdp,
+    apply_tp,
+    build_device_mesh,
+    build_schedule,
+    build_stage_module,
+    stage_block_counts,
+    stage_ids,
+)
 from planner.executor.record import Recorder
 from planner.executor.reference import dp_shard, make_optimizer, synthetic_tokens
 from planner.parallel import offload_kinds
@@ -50,14 +60,18 @@ def clean_name(name: str) -> str:
 
 def _autocast(spec: RunSpec):
     if spec.dtype in ("amp-bf16", "amp-fp16") and spec.device_type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16 if spec.dtype == "amp-bf16" else torch.float16)
+        return torch.autocast(
+            "cuda", dtype=torch.bfloat16 if spec.dtype == "amp-bf16" else torch.float16
+        )
     return contextlib.nullcontext()
 
 
 class _Run:
     """State of one rank's training run."""
 
-    def __init__(self, spec: RunSpec, rank: int, local_rank: int, workdir: str | None, heartbeat: Heartbeat):
+    def __init__(
+        self, spec: RunSpec, rank: int, local_rank: int, workdir: str | None, heartbeat: Heartbeat
+    ):
         self.spec, self.rank, self.cfg = spec, rank, spec.config
         self.workdir = workdir
         self.heartbeat = heartbeat
@@ -68,8 +82,12 @@ class _Run:
         else:
             self.device = torch.device("cpu")
         self.mesh = build_device_mesh(self.cfg, spec.device_type)
-        self.coords = {"dp": self.mesh.dp.get_local_rank(), "pp": self.mesh.pp.get_local_rank(),
-                       "tp": self.mesh.tp.get_local_rank(), "cp": self.mesh.cp.get_local_rank()}
+        self.coords = {
+            "dp": self.mesh.dp.get_local_rank(),
+            "pp": self.mesh.pp.get_local_rank(),
+            "tp": self.mesh.tp.get_local_rank(),
+            "cp": self.mesh.cp.get_local_rank(),
+        }
         self.heartbeat.beat("build")
         self._build()
         self.recorder = Recorder(workdir, rank, self._keeps, clean_name) if spec.verify else None
@@ -88,7 +106,9 @@ class _Run:
         if self.cfg.ep == 1:
             return
         layout = self.mesh.root.mesh.cpu().numpy()
-        ep_rows, edp_rows = expert_groups(layout, self.mesh.root.mesh_dim_names.index("pp"), self.cfg.ep)
+        ep_rows, edp_rows = expert_groups(
+            layout, self.mesh.root.mesh_dim_names.index("pp"), self.cfg.ep
+        )
         self.ep_group, self.ep_rank, _ = new_groups(ep_rows, self.rank)
         self.expert_dp_group, self.expert_dp_rank, _ = new_groups(edp_rows, self.rank)
         self.coords["ep"] = self.ep_rank
@@ -103,17 +123,26 @@ class _Run:
         module = module.to(self.device)
         routed = []
         if spec.model.moe is not None:
-            routed = apply_ep(module, group=self.ep_group, ep=cfg.ep, ep_rank=self.ep_rank, bug=self.bug)
+            routed = apply_ep(
+                module, group=self.ep_group, ep=cfg.ep, ep_rank=self.ep_rank, bug=self.bug
+            )
         if cfg.cp > 1:
             self.positions = apply_cp(module, mesh.cp, seq=cfg.seq, comm=cfg.cp_comm, bug=self.bug)
         if cfg.tp > 1:
             apply_tp(module, mesh.tp, sequence_parallel=cfg.sequence_parallel, bug=self.bug)
         apply_ac(module, cfg.recompute, cfg.recompute_layers)
-        experts = routed if cfg.ep > 1 else []          # with ep = 1 experts are replicated like dense weights
+        experts = (
+            routed if cfg.ep > 1 else []
+        )  # with ep = 1 experts are replicated like dense weights
         replicas = mesh.grad_size
         if replicas > 1 and cfg.zero > 0:
-            return apply_fsdp(module, mesh.grad, zero=cfg.zero, ignored=experts,
-                              offload_optimizer="optimizer" in offload_kinds(spec.offload)), ([], experts)
+            return apply_fsdp(
+                module,
+                mesh.grad,
+                zero=cfg.zero,
+                ignored=experts,
+                offload_optimizer="optimizer" in offload_kinds(spec.offload),
+            ), ([], experts)
         if replicas > 1 and cfg.tp == 1 and cfg.pp == 1 and cfg.ep == 1:
             return apply_ddp(module, mesh.grad, device=self.device), ([], [])
         # DDP takes no DTensor parameters, and its reducer asserts ("rebuilt parameter indices") when
@@ -147,7 +176,8 @@ class _Run:
         dense, routed = [], []
         for sid in self.stage_ids:
             module, (own_dense, own_routed) = self._parallelize(
-                build_stage_module(full, counts, sid) if cfg.pp > 1 else full)
+                build_stage_module(full, counts, sid) if cfg.pp > 1 else full
+            )
             self.parts.append((sid, module))
             dense += own_dense
             routed += own_routed
@@ -161,7 +191,9 @@ class _Run:
             from torch.distributed.pipelining import PipelineStage
 
             group = self.mesh.pp.get_group()
-            stages = [PipelineStage(m, sid, num_stages, self.device, group=group) for sid, m in self.parts]
+            stages = [
+                PipelineStage(m, sid, num_stages, self.device, group=group) for sid, m in self.parts
+            ]
             self.schedule = build_schedule(cfg, stages, self._loss)
         self._first_target_ptr = None
 
@@ -179,7 +211,7 @@ class _Run:
         if self.bug == "double_microbatch":
             rows = x.shape[0] // self.cfg.num_microbatches
             x, y = x.clone(), y.clone()
-            x[rows:2 * rows], y[rows:2 * rows] = x[:rows], y[:rows]
+            x[rows : 2 * rows], y[rows : 2 * rows] = x[:rows], y[:rows]
         self._first_target_ptr = y.data_ptr()
         args = (x,) if self.has_first else ()
         kwargs = {"target": y, "losses": losses} if self.has_last else {}
@@ -188,7 +220,7 @@ class _Run:
         return torch.stack([l.detach().float() for l in losses]).mean() if self.has_last else None
 
     def _step_accumulate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        (_, module), = self.parts
+        ((_, module),) = self.parts
         n = self.cfg.num_microbatches
         total = torch.zeros((), device=self.device)
         for i, (xm, ym) in enumerate(zip(x.chunk(n), y.chunk(n))):
@@ -198,10 +230,15 @@ class _Run:
                 sync = module.no_sync()
             if hasattr(module, "set_requires_gradient_sync"):
                 module.set_requires_gradient_sync(last)
-                if self.bug == "hsdp_skip_replica_reduce":   # planted: HSDP replicas never average their shards
+                if (
+                    self.bug == "hsdp_skip_replica_reduce"
+                ):  # planted: HSDP replicas never average their shards
                     module.set_requires_all_reduce(False)
-            offload = (torch.autograd.graph.save_on_cpu(pin_memory=True)
-                       if "activations" in offload_kinds(self.spec.offload) else contextlib.nullcontext())
+            offload = (
+                torch.autograd.graph.save_on_cpu(pin_memory=True)
+                if "activations" in offload_kinds(self.spec.offload)
+                else contextlib.nullcontext()
+            )
             with sync, offload:
                 with _autocast(self.spec):
                     loss = lm_loss(module(xm), ym)
@@ -223,25 +260,37 @@ class _Run:
         start, losses = 0, []
         if spec.checkpoint_dir and spec.resume_step is not None:
             self.heartbeat.beat("resume")
-            start, losses = checkpoint.load(spec.checkpoint_dir, spec.resume_step, self.parts, self.optimizers)
+            start, losses = checkpoint.load(
+                spec.checkpoint_dir, spec.resume_step, self.parts, self.optimizers
+            )
         if self.recorder is not None:
             if start:
                 self.recorder.resumed_state(self.parts, self.optimizers)
             else:
                 self.recorder.params(-1, self.parts)
-        cadence = checkpoint.Cadence(interval_s=spec.checkpoint_interval_s, every_steps=spec.checkpoint_every_steps)
+        cadence = checkpoint.Cadence(
+            interval_s=spec.checkpoint_interval_s, every_steps=spec.checkpoint_every_steps
+        )
         times: list[float] = []
         saved: list[int] = []
         for step in range(start, spec.steps):
             self.heartbeat.beat("step", step)
             inject_fault(spec.fault, self.rank, step)
-            tokens = dp_shard(synthetic_tokens(spec, step), cfg.dp, self.coords["dp"]).to(self.device)
+            tokens = dp_shard(synthetic_tokens(spec, step), cfg.dp, self.coords["dp"]).to(
+                self.device
+            )
             x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-            if self.positions is not None:       # context parallelism: this rank's chunks of every sequence
+            if (
+                self.positions is not None
+            ):  # context parallelism: this rank's chunks of every sequence
                 x, y = cp_shard(x, self.positions), cp_shard(y, self.positions)
             dist.barrier()
             t0 = time.perf_counter()
-            local = self._step_pipeline(x, y) if self.schedule is not None else self._step_accumulate(x, y)
+            local = (
+                self._step_pipeline(x, y)
+                if self.schedule is not None
+                else self._step_accumulate(x, y)
+            )
             if self.bug != "skip_dp_reduce":
                 for sync in self.grad_syncs:
                     sync()
@@ -262,14 +311,28 @@ class _Run:
                 self.recorder.params(step, self.parts)
             if spec.checkpoint_dir and self._decide(cadence.due(step, last=step == spec.steps - 1)):
                 self.heartbeat.beat("checkpoint", step)
-                checkpoint.save(spec.checkpoint_dir, step, self.parts, self.optimizers, losses,
-                                run=checkpoint.identity(spec))
+                checkpoint.save(
+                    spec.checkpoint_dir,
+                    step,
+                    self.parts,
+                    self.optimizers,
+                    losses,
+                    run=checkpoint.identity(spec),
+                )
                 cadence.saved()
                 saved.append(step)
         self.heartbeat.beat("gather", spec.steps)
-        return {"rank": self.rank, "coords": self.coords, "stages": self.stage_ids, "start_step": start,
-                "step_times_s": times, "losses": losses, "params": self.full_params(), "checkpoints": saved,
-                "verify": self.recorder.result() if self.recorder is not None else None}
+        return {
+            "rank": self.rank,
+            "coords": self.coords,
+            "stages": self.stage_ids,
+            "start_step": start,
+            "step_times_s": times,
+            "losses": losses,
+            "params": self.full_params(),
+            "checkpoints": saved,
+            "verify": self.recorder.result() if self.recorder is not None else None,
+        }
 
     def _decide(self, due: bool) -> bool:
         """Rank 0's decision, broadcast: every rank saves the same steps even when their clocks differ."""
@@ -284,8 +347,11 @@ class _Run:
         training steps of a small model), else in the result."""
         from planner.executor.record import full_tensor, save_atomic
 
-        out = {clean_name(name): full_tensor(p, copy=self.workdir is None)
-               for _, module in self.parts for name, p in module.named_parameters()}
+        out = {
+            clean_name(name): full_tensor(p, copy=self.workdir is None)
+            for _, module in self.parts
+            for name, p in module.named_parameters()
+        }
         out = {name: value for name, value in out.items() if self._keeps(name)}
         if not out:
             return None
@@ -309,14 +375,25 @@ def _shift_gradient_shards(parts) -> None:
                     local.copy_(local.roll(1, 0))
 
 
-def train(spec: RunSpec, *, rank: int, world_size: int, local_rank: int, workdir: str | None = None,
-          heartbeat: Heartbeat | None = None) -> list | None:
+def train(
+    spec: RunSpec,
+    *,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    workdir: str | None = None,
+    heartbeat: Heartbeat | None = None,
+) -> list | None:
     """Run one rank; returns every rank's results on rank 0 (None elsewhere). Collective."""
     heartbeat = heartbeat or Heartbeat(workdir, rank)
     heartbeat.beat("init")
     if not dist.is_initialized():
-        dist.init_process_group(spec.backend, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=spec.timeout_s))
+        dist.init_process_group(
+            spec.backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=spec.timeout_s),
+        )
     run = _Run(spec, rank, local_rank, workdir, heartbeat)
     result = run.train()
     gathered = [None] * world_size if rank == 0 else None
@@ -337,8 +414,14 @@ def main(argv: list[str], *, parent: int | None = None) -> int:
     try:
         spec = RunSpec.from_json(Path(spec_path).read_text())
         heartbeat.start(period_s=min(LIVENESS_PERIOD_S, spec.timeout_s / 5), parent=parent)
-        results = train(spec, rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
-                        local_rank=int(os.environ.get("LOCAL_RANK", rank)), workdir=workdir, heartbeat=heartbeat)
+        results = train(
+            spec,
+            rank=rank,
+            world_size=int(os.environ["WORLD_SIZE"]),
+            local_rank=int(os.environ.get("LOCAL_RANK", rank)),
+            workdir=workdir,
+            heartbeat=heartbeat,
+        )
         if rank == 0:
             save_atomic(results, Path(workdir) / "result.pt")
         heartbeat.beat("done", spec.steps)
@@ -348,8 +431,11 @@ def main(argv: list[str], *, parent: int | None = None) -> int:
     except BaseException as err:  # noqa: BLE001 - any failure of a rank becomes its one-line report
         line = (str(err).strip().splitlines() or [type(err).__name__])[0][:400]
         error_file = Path(workdir) / f"error-{rank}.json"
-        error_file.with_suffix(".tmp").write_text(json.dumps(
-            {"message": f"{type(err).__name__}: {line}", "traceback": traceback.format_exc()}))
+        error_file.with_suffix(".tmp").write_text(
+            json.dumps(
+                {"message": f"{type(err).__name__}: {line}", "traceback": traceback.format_exc()}
+            )
+        )
         os.replace(error_file.with_suffix(".tmp"), error_file)
         traceback.print_exc()
         sys.stderr.flush()
@@ -357,4 +443,11 @@ def main(argv: list[str], *, parent: int | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:], parent=int(os.environ["PLANNER_LAUNCHER_PID"]) if "PLANNER_LAUNCHER_PID" in os.environ else None))
+    sys.exit(
+        main(
+            sys.argv[1:],
+            parent=int(os.environ["PLANNER_LAUNCHER_PID"])
+            if "PLANNER_LAUNCHER_PID" in os.environ
+            else None,
+        )
+    )

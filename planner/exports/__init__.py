@@ -17,6 +17,7 @@ rules in `planner.exports.limits`, one function per target. Targets and the rele
 - SageMaker: model parallelism v2 through SageMaker Python SDK v3 (`sagemaker`), or v1 through
   SDK v2's PyTorch estimator (`sagemaker-v1`) (planner.exports.sagemaker).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,13 @@ from planner.plan import Plan
 FORMATS = ("torchtitan", "megatron", "fsdp", "deepspeed", "sagemaker", "sagemaker-v1")
 
 EXPORTERS: dict[str, Callable[[Plan], Export]] = {
-    "torchtitan": to_torchtitan, "megatron": to_megatron, "fsdp": to_fsdp, "deepspeed": to_deepspeed,
-    "sagemaker": to_sagemaker, "sagemaker-v1": to_sagemaker_v1}
+    "torchtitan": to_torchtitan,
+    "megatron": to_megatron,
+    "fsdp": to_fsdp,
+    "deepspeed": to_deepspeed,
+    "sagemaker": to_sagemaker,
+    "sagemaker-v1": to_sagemaker_v1,
+}
 
 
 def refusals(fmt: str, plan: Plan) -> list[str]:
@@ -87,5 +93,20 @@ def with_notes(fmt: str, text: str, notes: tuple[str, ...]) -> str:
     return "\n".join(lines[:header] + [f"# note: {note}" for note in notes] + lines[header:])
 
 
-__all__ = ["FORMATS", "Export", "export_plan", "with_notes", "refusals", "target_limits", "cannot", "megatron_layout", "TORCHTITAN_SCHEDULES",
-           "to_torchtitan", "to_megatron", "to_fsdp", "to_deepspeed", "to_sagemaker", "to_sagemaker_v1"]
+__all__ = [
+    "FORMATS",
+    "Export",
+    "export_plan",
+    "with_notes",
+    "refusals",
+    "target_limits",
+    "cannot",
+    "megatron_layout",
+    "TORCHTITAN_SCHEDULES",
+    "to_torchtitan",
+    "to_megatron",
+    "to_fsdp",
+    "to_deepspeed",
+    "to_sagemaker",
+    "to_sagemaker_v1",
+]

@@ -1,5 +1,6 @@
 """What every exporter shares: the `Export` record, the refusal error, the model shape of a plan
 document and the blocks per pipeline chunk."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -35,8 +36,9 @@ first_dense_layers, and the router fields)."""
 def cannot(fmt: str, why: str) -> ConfigError:
     """The target cannot run this plan as it stands: an error, not a note (never a config that fails
     at launch or silently runs something else)."""
-    return ConfigError("format", fmt, "a target that can run this plan",
-                       message=f"cannot export to {fmt}: {why}")
+    return ConfigError(
+        "format", fmt, "a target that can run this plan", message=f"cannot export to {fmt}: {why}"
+    )
 
 
 def model_spec(plan: Plan) -> TransformerSpec | None:
@@ -46,22 +48,31 @@ def model_spec(plan: Plan) -> TransformerSpec | None:
     arch = model.get("arch")
     if not isinstance(arch, Mapping):
         return None
-    return TransformerSpec(name=model.get("name", "model"), **{k: v for k, v in arch.items() if k in _SPEC_FIELDS})
+    return TransformerSpec(
+        name=model.get("name", "model"), **{k: v for k, v in arch.items() if k in _SPEC_FIELDS}
+    )
 
 
 def model_moe(plan: Plan) -> MoE | None:
     """The mixture-of-experts shape (`model.arch["moe"]`), None for a dense model."""
     arch = plan.document.get("model", {}).get("arch") or {}
     moe = arch.get("moe")
-    return record_of(MoESpec, moe, "model.arch.moe") if isinstance(moe, Mapping) and moe.get("experts") else None
+    return (
+        record_of(MoESpec, moe, "model.arch.moe")
+        if isinstance(moe, Mapping) and moe.get("experts")
+        else None
+    )
 
 
 def require_spec(plan: Plan, fmt: str) -> TransformerSpec:
     """The model shape, or a refusal: a target that builds the model needs all of it."""
     spec = model_spec(plan)
     if spec is None:
-        raise cannot(fmt, "the plan document has no model.arch (the model's full shape), which this "
-                          "target needs to build the model; re-run `planner estimate --json` or `planner recommend --out`")
+        raise cannot(
+            fmt,
+            "the plan document has no model.arch (the model's full shape), which this "
+            "target needs to build the model; re-run `planner estimate --json` or `planner recommend --out`",
+        )
     return spec
 
 
@@ -99,14 +110,18 @@ def steps_between_checkpoints(plan: Plan) -> int | None:
 def header(plan: Plan, target: str) -> list[str]:
     """Comment lines naming the plan and its prediction."""
     p = plan.prediction
-    return [f"{target} configuration exported by `planner export` from a plan for {plan.model_name} on "
-            f"{plan.gpus} x {plan.hardware_name} ({plan.nodes} nodes)",
-            f"predicted step {p.step_time_s:.3f} s, peak {p.memory.peak_bytes_per_gpu / 2**30:.1f} GiB per GPU"]
+    return [
+        f"{target} configuration exported by `planner export` from a plan for {plan.model_name} on "
+        f"{plan.gpus} x {plan.hardware_name} ({plan.nodes} nodes)",
+        f"predicted step {p.step_time_s:.3f} s, peak {p.memory.peak_bytes_per_gpu / 2**30:.1f} GiB per GPU",
+    ]
 
 
 def devices_per_node(plan: Plan) -> int:
     """Processes per node for the launcher."""
-    return int(plan.document.get("hardware", {}).get("devices_per_node") or max(1, plan.gpus // plan.nodes))
+    return int(
+        plan.document.get("hardware", {}).get("devices_per_node") or max(1, plan.gpus // plan.nodes)
+    )
 
 
 def plain(value: Any) -> Any:

@@ -18,9 +18,17 @@ ZeRO-0 is DistributedDataParallel (`distributed_type: MULTI_GPU`); ZeRO-2 is FSD
 recompute=full is `fsdp_activation_checkpointing` on the wrapped decoder layers (FSDP) or
 `gradient_checkpointing` (DDP); checkpoint_interval_s becomes `save_steps`.
 """
+
 from __future__ import annotations
 
-from planner.exports.common import Export, cannot, devices_per_node, header, require_spec, steps_between_checkpoints
+from planner.exports.common import (
+    Export,
+    cannot,
+    devices_per_node,
+    header,
+    require_spec,
+    steps_between_checkpoints,
+)
 from planner.exports.limits import fsdp_limits
 from planner.plan import Plan
 
@@ -54,15 +62,31 @@ def hf_config(spec, seq: int) -> tuple[str, dict]:
     """(transformers config class, keyword arguments) that build the plan's model shape."""
     cls = HF_DECODER_LAYER[spec.model_type][0]
     if spec.model_type == "gpt2":
-        return cls, {"vocab_size": spec.vocab, "n_positions": max(seq, spec.n_positions), "n_embd": spec.hidden,
-                     "n_layer": spec.layers, "n_head": spec.heads, "n_inner": spec.d_ffn,
-                     "activation_function": "gelu_new", "tie_word_embeddings": spec.tied_embeddings,
-                     "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
-    kwargs = {"vocab_size": spec.vocab, "hidden_size": spec.hidden, "num_hidden_layers": spec.layers,
-              "num_attention_heads": spec.heads, "num_key_value_heads": spec.n_kv_heads,
-              "intermediate_size": spec.d_ffn, "max_position_embeddings": max(seq, spec.seq),
-              "rope_theta": float(spec.rope_theta), "tie_word_embeddings": spec.tied_embeddings,
-              "attention_bias": spec.qkv_bias}
+        return cls, {
+            "vocab_size": spec.vocab,
+            "n_positions": max(seq, spec.n_positions),
+            "n_embd": spec.hidden,
+            "n_layer": spec.layers,
+            "n_head": spec.heads,
+            "n_inner": spec.d_ffn,
+            "activation_function": "gelu_new",
+            "tie_word_embeddings": spec.tied_embeddings,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+        }
+    kwargs = {
+        "vocab_size": spec.vocab,
+        "hidden_size": spec.hidden,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.n_kv_heads,
+        "intermediate_size": spec.d_ffn,
+        "max_position_embeddings": max(seq, spec.seq),
+        "rope_theta": float(spec.rope_theta),
+        "tie_word_embeddings": spec.tied_embeddings,
+        "attention_bias": spec.qkv_bias,
+    }
     if spec.d_head * spec.heads != spec.hidden:
         kwargs["head_dim"] = spec.d_head
     if spec.model_type == "llama":
@@ -71,24 +95,36 @@ def hf_config(spec, seq: int) -> tuple[str, dict]:
         kwargs.pop("attention_bias")
     if spec.sliding_window and spec.model_type in ("mistral", "phi3"):
         kwargs["sliding_window"] = spec.sliding_window
-    if spec.model_type in ("qwen3", "gemma"):     # their config classes default head_dim to 128 / 256, not hidden/heads
+    if spec.model_type in (
+        "qwen3",
+        "gemma",
+    ):  # their config classes default head_dim to 128 / 256, not hidden/heads
         kwargs["head_dim"] = spec.d_head
     if spec.model_type == "qwen3":
         kwargs["use_sliding_window"] = False
     if spec.model_type == "gemma":
         kwargs["hidden_activation"] = spec.activation
     if spec.model_type == "phi3":
-        kwargs.pop("attention_bias")          # Phi-3 has no biases and no such key
+        kwargs.pop("attention_bias")  # Phi-3 has no biases and no such key
         kwargs["sliding_window"] = spec.sliding_window or None
-        if spec.vocab <= 32000:               # Phi3Config's pad_token_id 32000 must index the embedding
+        if spec.vocab <= 32000:  # Phi3Config's pad_token_id 32000 must index the embedding
             kwargs["pad_token_id"] = None
     if spec.moe is not None:
         moe = spec.moe
         if spec.model_type == "mixtral":
-            kwargs.update(num_local_experts=moe.experts, num_experts_per_tok=moe.top_k, intermediate_size=moe.expert_ffn)
+            kwargs.update(
+                num_local_experts=moe.experts,
+                num_experts_per_tok=moe.top_k,
+                intermediate_size=moe.expert_ffn,
+            )
         else:
-            kwargs.update(num_experts=moe.experts, num_experts_per_tok=moe.top_k, moe_intermediate_size=moe.expert_ffn,
-                          norm_topk_prob=moe.normalize_top_k, head_dim=spec.d_head)
+            kwargs.update(
+                num_experts=moe.experts,
+                num_experts_per_tok=moe.top_k,
+                moe_intermediate_size=moe.expert_ffn,
+                norm_topk_prob=moe.normalize_top_k,
+                head_dim=spec.d_head,
+            )
             kwargs.pop("attention_bias")
     return cls, kwargs
 
@@ -116,38 +152,53 @@ def to_fsdp(plan: Plan) -> Export:
     }
     if cfg.precision == "fp8":
         doc["fp8_config"] = dict(FP8_CONFIG)
-        notes.append("fp8: Accelerate's Transformer Engine backend (fp8_config) swaps the Linear "
-                     "layers for te.Linear under fp8_autocast, bf16 elsewhere; needs "
-                     "transformer_engine on every node and an SM89+ GPU; TrainingArguments leave "
-                     "bf16/fp16 off so the Trainer takes fp8 from the launcher")
+        notes.append(
+            "fp8: Accelerate's Transformer Engine backend (fp8_config) swaps the Linear "
+            "layers for te.Linear under fp8_autocast, bf16 elsewhere; needs "
+            "transformer_engine on every node and an SM89+ GPU; TrainingArguments leave "
+            "bf16/fp16 off so the Trainer takes fp8 from the launcher"
+        )
     fsdp: dict[str, object] = {}
     parallelism: dict[str, object] = {}
     if sharded:
         if cfg.zero == 1:
-            notes.append("ZeRO-1: FSDP has no optimizer-only sharding; exported as SHARD_GRAD_OP (ZeRO-2: less memory)")
+            notes.append(
+                "ZeRO-1: FSDP has no optimizer-only sharding; exported as SHARD_GRAD_OP (ZeRO-2: less memory)"
+            )
         layer_cls = HF_DECODER_LAYER[spec.model_type][2]
-        fsdp = {"fsdp_version": 2,
-                "fsdp_reshard_after_forward": cfg.zero == 3,
-                "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-                "fsdp_transformer_layer_cls_to_wrap": layer_cls,
-                "fsdp_offload_params": cfg.offloads("optimizer"),
-                "fsdp_activation_checkpointing": cfg.recompute == "full",
-                "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-                "fsdp_cpu_ram_efficient_loading": True}
+        fsdp = {
+            "fsdp_version": 2,
+            "fsdp_reshard_after_forward": cfg.zero == 3,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_transformer_layer_cls_to_wrap": layer_cls,
+            "fsdp_offload_params": cfg.offloads("optimizer"),
+            "fsdp_activation_checkpointing": cfg.recompute == "full",
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_cpu_ram_efficient_loading": True,
+        }
         doc["fsdp_config"] = fsdp
         if cfg.shard_group < cfg.dp:
-            parallelism = {"parallelism_config_dp_replicate_size": cfg.dp // cfg.shard_group,
-                           "parallelism_config_dp_shard_size": cfg.shard_group,
-                           "parallelism_config_tp_size": 1, "parallelism_config_cp_size": 1}
+            parallelism = {
+                "parallelism_config_dp_replicate_size": cfg.dp // cfg.shard_group,
+                "parallelism_config_dp_shard_size": cfg.shard_group,
+                "parallelism_config_tp_size": 1,
+                "parallelism_config_cp_size": 1,
+            }
             doc["parallelism_config"] = parallelism
-            notes.append(f"dp_shard={cfg.shard_group}: FSDP2 hybrid sharding (HYBRID_SHARD) over a "
-                         f"{cfg.dp // cfg.shard_group} x {cfg.shard_group} (replicate x shard) mesh from parallelism_config")
+            notes.append(
+                f"dp_shard={cfg.shard_group}: FSDP2 hybrid sharding (HYBRID_SHARD) over a "
+                f"{cfg.dp // cfg.shard_group} x {cfg.shard_group} (replicate x shard) mesh from parallelism_config"
+            )
         if cfg.offloads("optimizer"):
-            notes.append("offload=optimizer: FSDP2 CPUOffloadPolicy keeps parameters, gradients and optimizer states on "
-                         "the host and steps there (less GPU memory than the plan counts)")
+            notes.append(
+                "offload=optimizer: FSDP2 CPUOffloadPolicy keeps parameters, gradients and optimizer states on "
+                "the host and steps there (less GPU memory than the plan counts)"
+            )
         if cfg.precision.startswith("amp"):
-            notes.append("Accelerate's FSDP mixed precision reduces gradients in the 16-bit dtype (the plan costs an fp32 "
-                         "reduction: less traffic, same memory)")
+            notes.append(
+                "Accelerate's FSDP mixed precision reduces gradients in the 16-bit dtype (the plan costs an fp32 "
+                "reduction: less traffic, same memory)"
+            )
     steps = steps_between_checkpoints(plan)
     targs: dict[str, object] = {
         "output_dir": "planner-run",
@@ -160,22 +211,28 @@ def to_fsdp(plan: Plan) -> Export:
     }
     if steps:
         targs.update(save_strategy="steps", save_steps=steps)
-        notes.append(f"save_steps={steps}: the plan's checkpoint interval "
-                     f"{plan.document['plan']['checkpoint_interval_s']:g} s at the predicted "
-                     f"{plan.prediction.step_time_s:.3f} s per step")
+        notes.append(
+            f"save_steps={steps}: the plan's checkpoint interval "
+            f"{plan.document['plan']['checkpoint_interval_s']:g} s at the predicted "
+            f"{plan.prediction.step_time_s:.3f} s per step"
+        )
     if not sharded and cfg.dp > 1:
         targs["ddp_find_unused_parameters"] = False
     if cfg.recompute_layers is not None:
         # the decoder layers: GPT2LMHeadModel.transformer.h, the other causal LMs' .model.layers (transformers 5.23)
         blocks_path = "model.transformer.h" if spec.model_type == "gpt2" else "model.model.layers"
-        notes.append(f"recompute_layers={cfg.recompute_layers}: Accelerate and the Trainer checkpoint every decoder "
-                     "layer (this config: it fits, and runs slower than planned); for the plan's first "
-                     f"{cfg.recompute_layers} layers per chunk, leave it off and call torch.distributed.algorithms."
-                     "_checkpoint.checkpoint_wrapper.apply_activation_checkpointing(model, check_fn=lambda m: m in "
-                     f"{blocks_path}[:{cfg.recompute_layers}]) in the script")
+        notes.append(
+            f"recompute_layers={cfg.recompute_layers}: Accelerate and the Trainer checkpoint every decoder "
+            "layer (this config: it fits, and runs slower than planned); for the plan's first "
+            f"{cfg.recompute_layers} layers per chunk, leave it off and call torch.distributed.algorithms."
+            "_checkpoint.checkpoint_wrapper.apply_activation_checkpointing(model, check_fn=lambda m: m in "
+            f"{blocks_path}[:{cfg.recompute_layers}]) in the script"
+        )
     if cfg.precision == "bf16":
-        notes.append("precision bf16: load the model in bfloat16 (dtype below) so that weights, gradients and AdamW "
-                     "states are 16-bit, as planned")
+        notes.append(
+            "precision bf16: load the model in bfloat16 (dtype below) so that weights, gradients and AdamW "
+            "states are 16-bit, as planned"
+        )
     config_cls, config_kwargs = hf_config(spec, cfg.seq)
     if cfg.precision == "bf16":
         config_kwargs["dtype"] = "bfloat16"
@@ -191,9 +248,11 @@ def _scalar(value) -> str:
 
 def _yaml(plan: Plan, doc: dict) -> str:
     lines = [f"# {h}" for h in header(plan, "Accelerate 1.15 FSDP / transformers 5.23 Trainer")]
-    lines += ["# Run on every node (machine_rank 0 .. num_machines-1, MAIN_NODE_ADDRESS = node 0):",
-              f"#   accelerate launch --config_file THIS_FILE --machine_rank R --main_process_ip HOST train.py",
-              f"# {devices_per_node(plan)} processes per node; train.py builds a Trainer with the TrainingArguments below."]
+    lines += [
+        "# Run on every node (machine_rank 0 .. num_machines-1, MAIN_NODE_ADDRESS = node 0):",
+        "#   accelerate launch --config_file THIS_FILE --machine_rank R --main_process_ip HOST train.py",
+        f"# {devices_per_node(plan)} processes per node; train.py builds a Trainer with the TrainingArguments below.",
+    ]
     for key, value in doc.items():
         if isinstance(value, dict):
             lines.append(f"{key}:")
@@ -206,17 +265,29 @@ def _yaml(plan: Plan, doc: dict) -> str:
 def _python_block(plan: Plan, targs: dict, config_cls: str, config_kwargs: dict, spec) -> str:
     """The Trainer side as a commented Python block (between the BEGIN/END markers)."""
     model_cls = HF_DECODER_LAYER[spec.model_type][1]
-    code = ["from transformers import TrainingArguments, " + config_cls + ", " + model_cls,
-            "",
-            "training_args = TrainingArguments("]
+    code = [
+        "from transformers import TrainingArguments, " + config_cls + ", " + model_cls,
+        "",
+        "training_args = TrainingArguments(",
+    ]
     code += [f"    {k}={v!r}," for k, v in targs.items()]
-    code += [")",
-             f"# sequences of {plan.config.seq} tokens (the data collator's block size); global batch "
-             f"{plan.config.global_batch} = per_device_train_batch_size x {plan.config.dp} processes x "
-             "gradient_accumulation_steps",
-             f"model_config = {config_cls}("]
+    code += [
+        ")",
+        f"# sequences of {plan.config.seq} tokens (the data collator's block size); global batch "
+        f"{plan.config.global_batch} = per_device_train_batch_size x {plan.config.dp} processes x "
+        "gradient_accumulation_steps",
+        f"model_config = {config_cls}(",
+    ]
     code += [f"    {k}={v!r}," for k, v in config_kwargs.items()]
-    code += [")",
-             f"model = {model_cls}(model_config)  # or {model_cls}.from_pretrained(...) of the same shape"]
-    return "\n".join(["# --- BEGIN train.py (Python) ---"] + [("# " + c).rstrip() for c in code]
-                     + ["# --- END train.py ---"]) + "\n"
+    code += [
+        ")",
+        f"model = {model_cls}(model_config)  # or {model_cls}.from_pretrained(...) of the same shape",
+    ]
+    return (
+        "\n".join(
+            ["# --- BEGIN train.py (Python) ---"]
+            + [("# " + c).rstrip() for c in code]
+            + ["# --- END train.py ---"]
+        )
+        + "\n"
+    )

@@ -11,6 +11,7 @@ repeated here: frameworks.rules.violations checks it against frameworks/*.json b
 (planner.exports.retarget). These rules are what the *exported file* of a release can express: the
 model shapes the target builds, settings its configuration has. Versions: docs/exports.md.
 """
+
 from __future__ import annotations
 
 from frameworks import load_framework
@@ -28,6 +29,7 @@ def target_limits(fmt: str, plan: Plan) -> list[str]:
 
 # ------------------------------------------------------------------------------------- torchtitan 0.3.0
 
+
 def torchtitan_limits(plan: Plan) -> list[str]:
     """torchtitan 0.3.0 (the exporter builds its llama3 model, the job's own GPT model, or one of
     torchtitan's MoE families: TORCHTITAN_MOE_FAMILIES)."""
@@ -36,8 +38,10 @@ def torchtitan_limits(plan: Plan) -> list[str]:
     if spec is None:
         return [_NO_ARCH]
     if cfg.tp > 1 and (spec.heads % cfg.tp or spec.n_kv_heads % cfg.tp):
-        out.append(f"tp={cfg.tp} does not divide the {spec.heads} heads and {spec.n_kv_heads} key/value heads: "
-                   "torchtitan's Decoder shards whole heads (models/common/decoder.py Decoder.Config.update_from_config)")
+        out.append(
+            f"tp={cfg.tp} does not divide the {spec.heads} heads and {spec.n_kv_heads} key/value heads: "
+            "torchtitan's Decoder shards whole heads (models/common/decoder.py Decoder.Config.update_from_config)"
+        )
     if moe is not None:
         return out + _torchtitan_moe(spec, cfg)
     if cfg.ep > 1 or cfg.expert_tp > 1:
@@ -47,7 +51,9 @@ def torchtitan_limits(plan: Plan) -> list[str]:
     elif spec.model_type in TORCHTITAN_DENSE_FAMILIES:
         out += _qwen3_dense_only(spec)
     else:
-        out += _llama_only(spec, "torchtitan 0.3.0's llama3 model (the one decoder the exporter builds)")
+        out += _llama_only(
+            spec, "torchtitan 0.3.0's llama3 model (the one decoder the exporter builds)"
+        )
     return out
 
 
@@ -68,13 +74,24 @@ def _qwen3_dense_only(spec: TransformerSpec) -> list[str]:
         wrong.append("linear biases")
     if not spec.qk_norm:
         wrong.append("no QK-norm")
-    if spec.parallel_block or spec.embed_norm or not spec.final_norm or spec.sliding_window or spec.mla is not None \
-            or spec.attention_sinks or spec.mtp_modules:
-        wrong.append("parallel block / embedding norm / no final norm / sliding window / MLA / sinks / MTP")
+    if (
+        spec.parallel_block
+        or spec.embed_norm
+        or not spec.final_norm
+        or spec.sliding_window
+        or spec.mla is not None
+        or spec.attention_sinks
+        or spec.mtp_modules
+    ):
+        wrong.append(
+            "parallel block / embedding norm / no final norm / sliding window / MLA / sinks / MTP"
+        )
     if not wrong:
         return []
-    return [f"{spec.name} ({spec.model_type}: {', '.join(wrong)}) is not a model torchtitan 0.3.0's Qwen3Model "
-            "expresses (torchtitan/models/qwen3, _build_qwen3_layers)"]
+    return [
+        f"{spec.name} ({spec.model_type}: {', '.join(wrong)}) is not a model torchtitan 0.3.0's Qwen3Model "
+        "expresses (torchtitan/models/qwen3, _build_qwen3_layers)"
+    ]
 
 
 TORCHTITAN_MOE_FAMILIES = {
@@ -94,27 +111,43 @@ def _torchtitan_moe(spec: TransformerSpec, cfg) -> list[str]:
     exporter widens dp_shard where ep needs it: planner.exports.torchtitan.torchtitan_dp_shard)."""
     moe, family = spec.moe, spec.model_type
     if family not in TORCHTITAN_MOE_FAMILIES:
-        return [f"mixture-of-experts {spec.name} (model_type {family}): torchtitan 0.3.0 builds the MoE families "
-                "deepseek_v3, qwen3_moe (torchtitan/models/qwen3) and gpt_oss only"]
+        return [
+            f"mixture-of-experts {spec.name} (model_type {family}): torchtitan 0.3.0 builds the MoE families "
+            "deepseek_v3, qwen3_moe (torchtitan/models/qwen3) and gpt_oss only"
+        ]
     package, model, builder, _ = TORCHTITAN_MOE_FAMILIES[family]
     package = f"torchtitan/models/{package}"
     wrong = _moe_family_mismatch(spec)
-    out = [f"{spec.name} ({family}: {', '.join(wrong)}) is not a model torchtitan 0.3.0's {model} expresses "
-           f"({package}, {builder})"] if wrong else []
+    out = (
+        [
+            f"{spec.name} ({family}: {', '.join(wrong)}) is not a model torchtitan 0.3.0's {model} expresses "
+            f"({package}, {builder})"
+        ]
+        if wrong
+        else []
+    )
     if moe.capacity_factor is not None:
-        out.append(f"capacity_factor={moe.capacity_factor}: torchtitan 0.3.0's MoE is dropless (every token reaches "
-                   "its top-k experts; models/common/moe.py MoE)")
+        out.append(
+            f"capacity_factor={moe.capacity_factor}: torchtitan 0.3.0's MoE is dropless (every token reaches "
+            "its top-k experts; models/common/moe.py MoE)"
+        )
     if (cfg.pp > 1 or cfg.cp > 1) and mtp_without_pp_or_cp(load_framework("torchtitan"), spec):
-        out.append(f"multi-token prediction (mtp_modules={spec.mtp_modules}) with pp={cfg.pp}, cp={cfg.cp}: torchtitan "
-                   "0.3.0's MTPDecoder refuses pipeline and context parallelism (models/deepseek_v3/mtp.py)")
+        out.append(
+            f"multi-token prediction (mtp_modules={spec.mtp_modules}) with pp={cfg.pp}, cp={cfg.cp}: torchtitan "
+            "0.3.0's MTPDecoder refuses pipeline and context parallelism (models/deepseek_v3/mtp.py)"
+        )
     if spec.tied_embeddings and cfg.pp > 1:
-        out.append(f"tied embeddings with pp={cfg.pp}: torchtitan's Decoder refuses weight tying with pipeline "
-                   "parallelism (the job's shared-table workaround covers llama3 and GPT models only)")
+        out.append(
+            f"tied embeddings with pp={cfg.pp}: torchtitan's Decoder refuses weight tying with pipeline "
+            "parallelism (the job's shared-table workaround covers llama3 and GPT models only)"
+        )
     # expert_tp > 1 is the framework's rule (frameworks/torchtitan.json expert_tp false: 0.3.0 has no expert
     # tensor-parallel degree), checked before any exporter runs
     if cfg.ep == 1 and cfg.tp > 1 and moe.expert_ffn % cfg.tp:
-        out.append(f"tp={cfg.tp} does not divide expert_ffn={moe.expert_ffn}: without expert parallelism torchtitan "
-                   "0.3.0 shards every expert's width over the tensor-parallel ranks")
+        out.append(
+            f"tp={cfg.tp} does not divide expert_ffn={moe.expert_ffn}: without expert parallelism torchtitan "
+            "0.3.0 shards every expert's width over the tensor-parallel ranks"
+        )
     if moe.experts % cfg.ep:
         out.append(f"ep={cfg.ep} does not divide the {moe.experts} routed experts")
     return out
@@ -152,7 +185,9 @@ def _moe_family_mismatch(spec: TransformerSpec) -> list[str]:
         if spec.mla is not None or not spec.qk_norm:
             wrong.append("MLA or no QK-norm (Qwen3 attention is GQA with QK-norm)")
         if moe.first_dense_layers:
-            wrong.append(f"{moe.first_dense_layers} dense leading blocks (every Qwen3 MoE block has experts)")
+            wrong.append(
+                f"{moe.first_dense_layers} dense leading blocks (every Qwen3 MoE block has experts)"
+            )
     if family != "deepseek_v3" and spec.mtp_modules:
         wrong.append("multi-token prediction (torchtitan's MTP layers are DeepSeek-V3's)")
     return wrong
@@ -183,11 +218,14 @@ def _gpt_only(spec: TransformerSpec) -> list[str]:
     wrong += _block_extras(spec)
     if not wrong:
         return []
-    return [f"{spec.name} ({spec.model_type}: {', '.join(wrong)}) is not a GPT-style model the exported job's GPT "
-            "decoder builds (learned positions, LayerNorm, GELU, biases)"]
+    return [
+        f"{spec.name} ({spec.model_type}: {', '.join(wrong)}) is not a GPT-style model the exported job's GPT "
+        "decoder builds (learned positions, LayerNorm, GELU, biases)"
+    ]
 
 
 # ---------------------------------------------------------------------------------- Megatron-LM (core 0.19)
+
 
 def megatron_limits(plan: Plan) -> list[str]:
     """Megatron-LM `pretrain_gpt.py` (megatron/training/arguments.py of megatron-core 0.19.2)."""
@@ -195,36 +233,54 @@ def megatron_limits(plan: Plan) -> list[str]:
     if spec is None:
         return [_NO_ARCH]
     if spec.encoder_layers or not spec.causal:
-        out.append(f"{spec.model_type} is not a decoder-only causal model; pretrain_gpt.py builds GPT-style decoders")
+        out.append(
+            f"{spec.model_type} is not a decoder-only causal model; pretrain_gpt.py builds GPT-style decoders"
+        )
     if spec.position in ("alibi", "relative"):
-        out.append(f"position={spec.position}: Megatron-LM's GPT model has learned, rotary or no positions")
+        out.append(
+            f"position={spec.position}: Megatron-LM's GPT model has learned, rotary or no positions"
+        )
     if spec.parallel_block or spec.norms_per_block != 2:
         out.append("parallel attention/MLP blocks: Megatron-LM's GPT block is sequential")
     if spec.embed_norm or not spec.final_norm or spec.type_vocab or spec.pooler or spec.mlm_head:
         out.append("embedding norm / no final norm / BERT heads: not in Megatron-LM's GPT model")
     if spec.gated_mlp and spec.activation != "silu":
-        out.append(f"gated MLP with {spec.activation}: Megatron-LM's arguments have SwiGLU (--swiglu) only")
+        out.append(
+            f"gated MLP with {spec.activation}: Megatron-LM's arguments have SwiGLU (--swiglu) only"
+        )
     if not spec.gated_mlp and spec.activation != "gelu":
         out.append(f"MLP activation {spec.activation}: Megatron-LM's arguments have GELU or SwiGLU")
     out += _megatron_unwritten(spec)
     software = plan.document.get("software") or {}
     if spec.moe is not None and software.get("moe_a2a_overlap") and cfg.ep > 1:
-        why = a2a_overlap_conflict(pp=cfg.pp, virtual_stages=cfg.virtual_stages, recompute=cfg.recompute,
-                                   precision=cfg.precision, recompute_modules=software.get("recompute_modules") or (),
-                                   mtp_modules=spec.mtp_modules)
+        why = a2a_overlap_conflict(
+            pp=cfg.pp,
+            virtual_stages=cfg.virtual_stages,
+            recompute=cfg.recompute,
+            precision=cfg.precision,
+            recompute_modules=software.get("recompute_modules") or (),
+            mtp_modules=spec.mtp_modules,
+        )
         if why:
-            out.append(f"moe_a2a_overlap: Megatron-Core's --overlap-moe-expert-parallel-comm {why} "
-                       "(TransformerConfig.overlap_moe_expert_parallel_comm)")
+            out.append(
+                f"moe_a2a_overlap: Megatron-Core's --overlap-moe-expert-parallel-comm {why} "
+                "(TransformerConfig.overlap_moe_expert_parallel_comm)"
+            )
     if spec.moe is not None and software.get("moe_fp8_dispatch"):
-        out.append("moe_fp8_dispatch: Megatron-LM has no argument for dispatching tokens in FP8; its dispatchers send "
-                   "them in the compute dtype, twice the bytes the plan costed")
+        out.append(
+            "moe_fp8_dispatch: Megatron-LM has no argument for dispatching tokens in FP8; its dispatchers send "
+            "them in the compute dtype, twice the bytes the plan costed"
+        )
     if _bias_pattern(spec) is None:
-        out.append("bias pattern (qkv, out, mlp) = "
-                   f"({spec.qkv_bias}, {spec.out_bias}, {spec.mlp_bias}): Megatron-LM has all biases, none, or qkv only")
+        out.append(
+            "bias pattern (qkv, out, mlp) = "
+            f"({spec.qkv_bias}, {spec.out_bias}, {spec.mlp_bias}): Megatron-LM has all biases, none, or qkv only"
+        )
     return out
 
 
 # ----------------------------------------------------------------- fsdp (Accelerate 1.15 / transformers 5.23)
+
 
 def fsdp_limits(plan: Plan) -> list[str]:
     """Hugging Face modules under DDP / FSDP2 through Accelerate (planner.exports.fsdp)."""
@@ -234,34 +290,73 @@ def fsdp_limits(plan: Plan) -> list[str]:
     if spec is None:
         return [_NO_ARCH]
     if spec.model_type not in HF_DECODER_LAYER:
-        return [f"{spec.name} ({spec.model_type}): the exporter writes Hugging Face configs for "
-                + ", ".join(sorted(HF_DECODER_LAYER)) + " models"]
+        return [
+            f"{spec.name} ({spec.model_type}): the exporter writes Hugging Face configs for "
+            + ", ".join(sorted(HF_DECODER_LAYER))
+            + " models"
+        ]
     if spec.model_type == "gpt2":
-        if not (spec.position == "learned" and spec.norm == "layernorm" and not spec.gated_mlp
-                and spec.qkv_bias and spec.out_bias and spec.mlp_bias and spec.d_head * spec.heads == spec.hidden):
-            out.append(f"{spec.name}: not the shape of transformers' GPT2 model (learned positions, LayerNorm, GELU MLP, "
-                       "biases, head_dim = hidden/heads)")
+        if not (
+            spec.position == "learned"
+            and spec.norm == "layernorm"
+            and not spec.gated_mlp
+            and spec.qkv_bias
+            and spec.out_bias
+            and spec.mlp_bias
+            and spec.d_head * spec.heads == spec.hidden
+        ):
+            out.append(
+                f"{spec.name}: not the shape of transformers' GPT2 model (learned positions, LayerNorm, GELU MLP, "
+                "biases, head_dim = hidden/heads)"
+            )
     elif spec.model_type == "gemma":
         from planner.hf_config import GEMMA_ACTIVATIONS
-        if not (spec.position == "rope" and spec.norm == "rmsnorm" and spec.gated_mlp
-                and spec.activation in GEMMA_ACTIVATIONS and not spec.out_bias and not spec.parallel_block):
-            out.append(f"{spec.name}: not the shape of transformers' gemma model (RoPE, RMSNorm, GeGLU)")
-    elif not (spec.position == "rope" and spec.norm == "rmsnorm" and spec.swiglu
-              and not spec.out_bias and not spec.parallel_block):
-        out.append(f"{spec.name}: not the shape of transformers' {spec.model_type} model (RoPE, RMSNorm, SwiGLU)")
+
+        if not (
+            spec.position == "rope"
+            and spec.norm == "rmsnorm"
+            and spec.gated_mlp
+            and spec.activation in GEMMA_ACTIVATIONS
+            and not spec.out_bias
+            and not spec.parallel_block
+        ):
+            out.append(
+                f"{spec.name}: not the shape of transformers' gemma model (RoPE, RMSNorm, GeGLU)"
+            )
+    elif not (
+        spec.position == "rope"
+        and spec.norm == "rmsnorm"
+        and spec.swiglu
+        and not spec.out_bias
+        and not spec.parallel_block
+    ):
+        out.append(
+            f"{spec.name}: not the shape of transformers' {spec.model_type} model (RoPE, RMSNorm, SwiGLU)"
+        )
     want_qk_norm = spec.model_type in ("qwen3_moe", "qwen3")
-    if spec.mla is not None or spec.attention_sinks or spec.mtp_modules or spec.qk_norm != want_qk_norm \
-            or (spec.sliding_window and spec.model_type not in ("mistral", "phi3")) or spec.window_layers is not None \
-            or (spec.model_type == "phi3" and spec.qkv_bias):
-        out.append(f"{spec.name}: MLA / attention sinks / MTP / QK-norm / sliding windows that transformers' "
-                   f"{spec.model_type} model does not have")
+    if (
+        spec.mla is not None
+        or spec.attention_sinks
+        or spec.mtp_modules
+        or spec.qk_norm != want_qk_norm
+        or (spec.sliding_window and spec.model_type not in ("mistral", "phi3"))
+        or spec.window_layers is not None
+        or (spec.model_type == "phi3" and spec.qkv_bias)
+    ):
+        out.append(
+            f"{spec.name}: MLA / attention sinks / MTP / QK-norm / sliding windows that transformers' "
+            f"{spec.model_type} model does not have"
+        )
     if cfg.offloads("optimizer") and (cfg.zero == 0 or cfg.dp == 1):
-        out.append("offload=optimizer without sharding: DistributedDataParallel has no optimizer offload "
-                   "(FSDP's CPU offload needs ZeRO-2/3)")
+        out.append(
+            "offload=optimizer without sharding: DistributedDataParallel has no optimizer offload "
+            "(FSDP's CPU offload needs ZeRO-2/3)"
+        )
     return out
 
 
 # --------------------------------------------------------------------------------------- DeepSpeed 0.19
+
 
 def deepspeed_limits(plan: Plan) -> list[str]:
     """DeepSpeed 0.19.8 config JSON (deepspeed.runtime.config.DeepSpeedConfig) with its engines."""
@@ -269,43 +364,65 @@ def deepspeed_limits(plan: Plan) -> list[str]:
     stages = list(chunk_blocks(plan))
     even = list(even_split(sum(stages), len(stages))) if stages else []
     if cfg.pp > 1 and stages != even:
-        out.append(f"blocks per stage {stages}: DeepSpeed 0.19.8's PipelineModule has no explicit "
-                   f"split; its partition_method 'type:<block class>' gives {even} (re-estimate "
-                   "with those stages)")
+        out.append(
+            f"blocks per stage {stages}: DeepSpeed 0.19.8's PipelineModule has no explicit "
+            f"split; its partition_method 'type:<block class>' gives {even} (re-estimate "
+            "with those stages)"
+        )
     if cfg.offloads("optimizer") and cfg.zero == 0:
-        out.append("DeepSpeed offloads the optimizer only with ZeRO >= 1; the plan has offload=optimizer with ZeRO-0")
+        out.append(
+            "DeepSpeed offloads the optimizer only with ZeRO >= 1; the plan has offload=optimizer with ZeRO-0"
+        )
     if cfg.offloads("activations") and cfg.recompute == "none":
-        out.append("offload=activations: DeepSpeed offloads checkpointed activations only (cpu_checkpointing), "
-                   "and the plan has recompute=none")
+        out.append(
+            "offload=activations: DeepSpeed offloads checkpointed activations only (cpu_checkpointing), "
+            "and the plan has recompute=none"
+        )
     moe = model_moe(plan)
     if moe is not None:
-        gate = [what for what, has in (
-            ("sigmoid scoring", moe.router != "softmax"), ("the expert-bias balancing", moe.aux_free_bias),
-            ("group-limited routing", bool(moe.groups_per_token)), ("a routed scaling factor", moe.routed_scaling != 1.0),
-            ("a learned router bias", moe.router_bias), ("a shared-expert gate", moe.shared_expert_gate),
-            ("more than one shared expert", moe.shared_experts > 1)) if has]
+        gate = [
+            what
+            for what, has in (
+                ("sigmoid scoring", moe.router != "softmax"),
+                ("the expert-bias balancing", moe.aux_free_bias),
+                ("group-limited routing", bool(moe.groups_per_token)),
+                ("a routed scaling factor", moe.routed_scaling != 1.0),
+                ("a learned router bias", moe.router_bias),
+                ("a shared-expert gate", moe.shared_expert_gate),
+                ("more than one shared expert", moe.shared_experts > 1),
+            )
+            if has
+        ]
         if gate:
-            out.append(f"mixture-of-experts with {', '.join(gate)}: DeepSpeed-MoE's layer (deepspeed.moe.layer.MoE) has a "
-                       "softmax top-k gate and at most one residual (shared) expert")
+            out.append(
+                f"mixture-of-experts with {', '.join(gate)}: DeepSpeed-MoE's layer (deepspeed.moe.layer.MoE) has a "
+                "softmax top-k gate and at most one residual (shared) expert"
+            )
     return out
 
 
 # ----------------------------------------------------------------------- SageMaker SMP v2 (SDK v3)
 
+
 def sagemaker_limits(plan: Plan) -> list[str]:
     """SageMaker model parallelism v2 through SageMaker Python SDK v3 (sagemaker.train.distributed)."""
     cfg, out = plan.config, []
     if cfg.pp > 1:
-        out.append(f"pipeline parallelism (pp={cfg.pp}): SageMaker model parallelism v2 has none; "
-                   "--format sagemaker-v1 (SMP v1) can express it")
+        out.append(
+            f"pipeline parallelism (pp={cfg.pp}): SageMaker model parallelism v2 has none; "
+            "--format sagemaker-v1 (SMP v1) can express it"
+        )
     if cfg.expert_tp > 1:
         out.append(f"expert_tp={cfg.expert_tp}: SMP v2 has no expert tensor-parallel degree")
     if cfg.offloads("activations") and cfg.recompute == "none":
-        out.append("offload=activations: SMP v2 offloads checkpointed activations only, and the plan has recompute=none")
+        out.append(
+            "offload=activations: SMP v2 offloads checkpointed activations only, and the plan has recompute=none"
+        )
     return out
 
 
 # ----------------------------------------------------------------------- SageMaker SMP v1 (SDK v2)
+
 
 def sagemaker_v1_limits(plan: Plan) -> list[str]:
     """SageMaker model parallelism v1 through SageMaker Python SDK v2 (PyTorch estimator `distribution`)."""
@@ -315,24 +432,40 @@ def sagemaker_v1_limits(plan: Plan) -> list[str]:
     if cfg.ep > 1 or model_moe(plan):
         out.append("mixture-of-experts: SageMaker model parallelism v1 has no expert parallelism")
     if cfg.zero == 2:
-        out.append("ZeRO-2: SMP v1 shards optimizer states (shard_optimizer_state) or everything "
-                   "(sharded_data_parallel_degree), not gradients alone; ZeRO-1 would need more memory than planned")
+        out.append(
+            "ZeRO-2: SMP v1 shards optimizer states (shard_optimizer_state) or everything "
+            "(sharded_data_parallel_degree), not gradients alone; ZeRO-1 would need more memory than planned"
+        )
     if cfg.zero == 3 and cfg.pp > 1:
-        out.append(f"ZeRO-3 with pp={cfg.pp}: SMP v1's sharded data parallelism does not combine with pipeline parallelism")
+        out.append(
+            f"ZeRO-3 with pp={cfg.pp}: SMP v1's sharded data parallelism does not combine with pipeline parallelism"
+        )
     if cfg.offloads("optimizer"):
-        out.append("offload=optimizer: SMP v1 has no optimizer offload, and the plan's memory counts on it")
+        out.append(
+            "offload=optimizer: SMP v1 has no optimizer offload, and the plan's memory counts on it"
+        )
     if cfg.offloads("activations") and cfg.recompute == "none":
-        out.append("offload=activations: SMP v1 offloads checkpointed activations only, and the plan has recompute=none")
+        out.append(
+            "offload=activations: SMP v1 offloads checkpointed activations only, and the plan has recompute=none"
+        )
     if cfg.precision == "fp8":
         out.append("precision fp8: SMP v1 has no FP8 training")
     return out
 
 
-LIMITS = {"torchtitan": torchtitan_limits, "megatron": megatron_limits, "fsdp": fsdp_limits, "deepspeed": deepspeed_limits,
-          "sagemaker": sagemaker_limits, "sagemaker-v1": sagemaker_v1_limits}
+LIMITS = {
+    "torchtitan": torchtitan_limits,
+    "megatron": megatron_limits,
+    "fsdp": fsdp_limits,
+    "deepspeed": deepspeed_limits,
+    "sagemaker": sagemaker_limits,
+    "sagemaker-v1": sagemaker_v1_limits,
+}
 
-_NO_ARCH = ("the plan document has no model.arch (the model's full shape), which this target needs to build the "
-            "model; re-run `planner estimate --json` or `planner recommend --out`")
+_NO_ARCH = (
+    "the plan document has no model.arch (the model's full shape), which this target needs to build the "
+    "model; re-run `planner estimate --json` or `planner recommend --out`"
+)
 
 
 def _llama_only(spec: TransformerSpec, what: str) -> list[str]:
@@ -353,7 +486,9 @@ def _llama_only(spec: TransformerSpec, what: str) -> list[str]:
     wrong += _block_extras(spec)
     if not wrong:
         return []
-    return [f"{spec.name} ({spec.model_type}: {', '.join(wrong)}) is not a model {what} can express"]
+    return [
+        f"{spec.name} ({spec.model_type}: {', '.join(wrong)}) is not a model {what} can express"
+    ]
 
 
 def _unwritten_model_features(spec: TransformerSpec, target: str) -> list[str]:
@@ -371,13 +506,22 @@ def _unwritten_model_features(spec: TransformerSpec, target: str) -> list[str]:
         features.append("a sliding window on some blocks only")
     if spec.mtp_modules:
         features.append("multi-token prediction")
-    if moe is not None and (moe.router != "softmax" or moe.router_bias or moe.aux_free_bias or moe.groups_per_token
-                            or moe.shared_expert_gate or moe.capacity_factor is not None or moe.routed_scaling != 1.0
-                            or not moe.normalize_top_k):
+    if moe is not None and (
+        moe.router != "softmax"
+        or moe.router_bias
+        or moe.aux_free_bias
+        or moe.groups_per_token
+        or moe.shared_expert_gate
+        or moe.capacity_factor is not None
+        or moe.routed_scaling != 1.0
+        or not moe.normalize_top_k
+    ):
         features.append("its router (scoring, bias, groups, gate, scaling or capacity)")
     if not features:
         return []
-    return [f"{spec.name}: the exporter does not write {target} arguments for {', '.join(features)} yet"]
+    return [
+        f"{spec.name}: the exporter does not write {target} arguments for {', '.join(features)} yet"
+    ]
 
 
 def _megatron_unwritten(spec: TransformerSpec) -> list[str]:
@@ -404,4 +548,8 @@ def _bias_pattern(spec: TransformerSpec) -> str | None:
     """Megatron-LM's bias options: 'all' (default), 'none' (--disable-bias-linear) or 'qkv'
     (--disable-bias-linear --add-qkv-bias); None when the model's pattern is none of them."""
     flags = (spec.qkv_bias, spec.out_bias, spec.mlp_bias)
-    return {(True, True, True): "all", (False, False, False): "none", (True, False, False): "qkv"}.get(flags)
+    return {
+        (True, True, True): "all",
+        (False, False, False): "none",
+        (True, False, False): "qkv",
+    }.get(flags)

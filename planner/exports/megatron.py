@@ -6,11 +6,20 @@ The arguments build the plan's model (layers, widths, GQA, positions, norm, MLP,
 embeddings, vocabulary) and pass `validate_args`; use them as
 `torchrun ... pretrain_gpt.py $(grep -v '^#' FILE) --data-path ... --tokenizer-type ...`.
 """
+
 from __future__ import annotations
 
 from cost_models.step import BF16_PARAM_PRECISIONS
-from planner.exports.common import (Export, cannot, chunk_blocks, dp_replicas, header, model_moe, require_spec,
-                                    steps_between_checkpoints)
+from planner.exports.common import (
+    Export,
+    cannot,
+    chunk_blocks,
+    dp_replicas,
+    header,
+    model_moe,
+    require_spec,
+    steps_between_checkpoints,
+)
 from planner.exports.limits import _bias_pattern, megatron_limits
 from planner.plan import Plan
 
@@ -55,10 +64,16 @@ def to_megatron(plan: Plan) -> Export:
         add("--kv-channels", spec.d_head)
     add("--seq-length", cfg.seq)
     positions = {"learned": "learned_absolute", "rope": "rope", "none": "none"}[spec.position]
-    add("--max-position-embeddings", max(cfg.seq, spec.n_positions) if spec.position == "learned" else cfg.seq)
+    add(
+        "--max-position-embeddings",
+        max(cfg.seq, spec.n_positions) if spec.position == "learned" else cfg.seq,
+    )
     add("--position-embedding-type", positions)
     if spec.position == "rope":
-        add("--rotary-base", int(spec.rope_theta) if float(spec.rope_theta).is_integer() else spec.rope_theta)
+        add(
+            "--rotary-base",
+            int(spec.rope_theta) if float(spec.rope_theta).is_integer() else spec.rope_theta,
+        )
     if 0 < spec.sliding_window < cfg.seq:
         add("--window-size", f'"({spec.sliding_window},0)"')
     add("--normalization", "RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm")
@@ -75,9 +90,11 @@ def to_megatron(plan: Plan) -> Export:
     add("--hidden-dropout", 0)
     add("--tokenizer-type", "NullTokenizer")
     add("--vocab-size", spec.vocab)
-    notes.append(f"NullTokenizer with --vocab-size {spec.vocab} fixes the embedding shape; put your tokenizer in its "
-                 f"place. Megatron pads the table to a multiple of 128 x tp ({_padded_vocab(spec.vocab, cfg.tp)} rows)")
-    if spec.mla is not None:      # DeepSeek-V2/V3 multi-head latent attention (MLATransformerConfig)
+    notes.append(
+        f"NullTokenizer with --vocab-size {spec.vocab} fixes the embedding shape; put your tokenizer in its "
+        f"place. Megatron pads the table to a multiple of 128 x tp ({_padded_vocab(spec.vocab, cfg.tp)} rows)"
+    )
+    if spec.mla is not None:  # DeepSeek-V2/V3 multi-head latent attention (MLATransformerConfig)
         add("--multi-latent-attention")
         if spec.mla.q_lora_rank:
             add("--q-lora-rank", spec.mla.q_lora_rank)
@@ -85,8 +102,10 @@ def to_megatron(plan: Plan) -> Export:
         add("--qk-head-dim", spec.mla.qk_nope_head_dim)
         add("--qk-pos-emb-head-dim", spec.mla.qk_rope_head_dim)
         add("--v-head-dim", spec.mla.v_head_dim)
-        notes.append("MLA: rotary scaling (DeepSeek-V3's YaRN, --rope-type yarn --rotary-scaling-factor 40) is not "
-                     "in the plan's model; add it for long contexts")
+        notes.append(
+            "MLA: rotary scaling (DeepSeek-V3's YaRN, --rope-type yarn --rotary-scaling-factor 40) is not "
+            "in the plan's model; add it for long contexts"
+        )
     if spec.qk_norm:
         add("--qk-layernorm")
     if spec.mtp_modules:
@@ -101,12 +120,19 @@ def to_megatron(plan: Plan) -> Export:
             if moe.shared_expert_gate:
                 add("--moe-shared-expert-gate")
         if moe.first_dense_layers:
-            add("--moe-layer-freq", f'"([0]*{moe.first_dense_layers}+[1]*{spec.layers - moe.first_dense_layers})"')
+            add(
+                "--moe-layer-freq",
+                f'"([0]*{moe.first_dense_layers}+[1]*{spec.layers - moe.first_dense_layers})"',
+            )
         add("--moe-router-score-function", moe.router)
         if moe.router == "softmax" and not moe.normalize_top_k:
-            add("--moe-router-pre-softmax")           # softmax over all experts, top-k probabilities kept as they are
+            add(
+                "--moe-router-pre-softmax"
+            )  # softmax over all experts, top-k probabilities kept as they are
         if moe.aux_free_bias:
-            add("--moe-router-enable-expert-bias")    # DeepSeek-V3's auxiliary-loss-free balancing bias
+            add(
+                "--moe-router-enable-expert-bias"
+            )  # DeepSeek-V3's auxiliary-loss-free balancing bias
         if moe.expert_groups > 1 and moe.groups_per_token:
             add("--moe-router-num-groups", moe.expert_groups)
             add("--moe-router-group-topk", moe.groups_per_token)
@@ -125,13 +151,19 @@ def to_megatron(plan: Plan) -> Export:
         else:
             add("--moe-token-dispatcher-type", "alltoall")
             if software.get("moe_dispatcher") == "deepep":
-                notes.append("moe_dispatcher=deepep left out: with ep x expert_tp = 1 no token leaves its rank, and "
-                             "Megatron-Core's flex dispatcher asserts TPxEP > 1; the export writes alltoall")
-        if software.get("moe_a2a_overlap") and cfg.ep > 1:      # what it cannot run is refused (megatron_limits)
+                notes.append(
+                    "moe_dispatcher=deepep left out: with ep x expert_tp = 1 no token leaves its rank, and "
+                    "Megatron-Core's flex dispatcher asserts TPxEP > 1; the export writes alltoall"
+                )
+        if (
+            software.get("moe_a2a_overlap") and cfg.ep > 1
+        ):  # what it cannot run is refused (megatron_limits)
             add("--overlap-moe-expert-parallel-comm")
         elif software.get("moe_a2a_overlap"):
-            notes.append("moe_a2a_overlap left out: with ep = 1 there is no expert-parallel exchange to hide "
-                         "(Megatron-Core asserts expert_model_parallel_size > 1 for the overlap)")
+            notes.append(
+                "moe_a2a_overlap left out: with ep = 1 there is no expert-parallel exchange to hide "
+                "(Megatron-Core asserts expert_model_parallel_size > 1 for the overlap)"
+            )
 
     # --- parallelism and batch
     add("--tensor-model-parallel-size", cfg.tp)
@@ -150,7 +182,9 @@ def to_megatron(plan: Plan) -> Export:
         add("--sequence-parallel")
     elif cfg.tp > 1 and moe:
         add("--sequence-parallel")
-        notes.append("Megatron-LM requires sequence parallelism with MoE and tp > 1; turned on (less activation memory)")
+        notes.append(
+            "Megatron-LM requires sequence parallelism with MoE and tp > 1; turned on (less activation memory)"
+        )
     if (cfg.tp > 1 or cfg.cp > 1) and cfg.zero < 2:
         # validate_args asks for 1 with TP/CP on pre-Blackwell GPUs, and for "unset or > 1" with Megatron FSDP
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
@@ -158,7 +192,9 @@ def to_megatron(plan: Plan) -> Export:
     # --- memory: recompute, sharding, offload
     if cfg.recompute == "full":
         add("--recompute-granularity", "full")
-        if cfg.recompute_layers is not None:      # the first N blocks of each pipeline chunk, the rest keep theirs
+        if (
+            cfg.recompute_layers is not None
+        ):  # the first N blocks of each pipeline chunk, the rest keep theirs
             add("--recompute-method", "block")
             add("--recompute-num-layers", cfg.recompute_layers)
         else:
@@ -167,7 +203,7 @@ def to_megatron(plan: Plan) -> Export:
     elif cfg.recompute == "selective":
         add("--recompute-granularity", "selective")
         modules = (plan.document.get("software") or {}).get("recompute_modules")
-        if modules:     # the modules the plan was costed with (Megatron-Core's default is core_attn)
+        if modules:  # the modules the plan was costed with (Megatron-Core's default is core_attn)
             add("--recompute-modules", " ".join(modules))
     if cfg.zero == 1:
         add("--use-distributed-optimizer")
@@ -175,13 +211,20 @@ def to_megatron(plan: Plan) -> Export:
             add("--num-distributed-optimizer-instances", dp_replicas(plan))
     elif cfg.zero >= 2:
         add("--use-megatron-fsdp")
-        add("--data-parallel-sharding-strategy", "optim_grads" if cfg.zero == 2 else "optim_grads_params")
+        add(
+            "--data-parallel-sharding-strategy",
+            "optim_grads" if cfg.zero == 2 else "optim_grads_params",
+        )
         add("--ckpt-format", "fsdp_dtensor")
-        if dp_replicas(plan) > 1:   # hybrid FSDP: shard within groups of dp_shard, replicate across them
+        if (
+            dp_replicas(plan) > 1
+        ):  # hybrid FSDP: shard within groups of dp_shard, replicate across them
             add("--num-distributed-optimizer-instances", dp_replicas(plan))
-            notes.append(f"dp_shard={cfg.shard_group}: Megatron FSDP's hybrid mode (HSDP: --num-distributed-optimizer-"
-                         f"instances {dp_replicas(plan)} makes the outer, replicated dimension; megatron/core/distributed/"
-                         "fsdp/mcore_fsdp_adapter.py enable_hsdp)")
+            notes.append(
+                f"dp_shard={cfg.shard_group}: Megatron FSDP's hybrid mode (HSDP: --num-distributed-optimizer-"
+                f"instances {dp_replicas(plan)} makes the outer, replicated dimension; megatron/core/distributed/"
+                "fsdp/mcore_fsdp_adapter.py enable_hsdp)"
+            )
     if cfg.dp > 1:
         add("--overlap-grad-reduce")
         if cfg.zero >= 1:
@@ -189,16 +232,20 @@ def to_megatron(plan: Plan) -> Export:
     if cfg.offloads("optimizer"):
         if cfg.zero == 0:
             add("--use-distributed-optimizer")
-            notes.append("offload=optimizer: Megatron offloads through the distributed optimizer, so ZeRO-1 is on "
-                         "(less memory than ZeRO-0)")
+            notes.append(
+                "offload=optimizer: Megatron offloads through the distributed optimizer, so ZeRO-1 is on "
+                "(less memory than ZeRO-0)"
+            )
         add("--optimizer-cpu-offload")
         add("--use-precision-aware-optimizer")
     if cfg.offloads("activations"):
         # Megatron-Core's layer-level CPU offloading (Transformer Engine's offload context): all but the
         # last layer's activations go to the host (num_layers - 1 is its ceiling)
         add("--cpu-offloading-num-layers", spec.layers - 1)
-        notes.append(f"offload=activations: --cpu-offloading-num-layers {spec.layers - 1} (Megatron offloads at "
-                     "most num_layers - 1 layers; no pipelining or recomputation with it)")
+        notes.append(
+            f"offload=activations: --cpu-offloading-num-layers {spec.layers - 1} (Megatron offloads at "
+            "most num_layers - 1 layers; no pipelining or recomputation with it)"
+        )
 
     # --- precision
     if cfg.precision in BF16_PARAM_PRECISIONS:
@@ -206,39 +253,57 @@ def to_megatron(plan: Plan) -> Export:
     elif cfg.precision == "amp-fp16":
         add("--fp16")
     if cfg.precision == "bf16":
-        notes.append("precision bf16 (no fp32 master weights): Megatron keeps fp32 main parameters in its optimizer "
-                     "(more memory than planned unless you add --use-precision-aware-optimizer --main-params-dtype bf16)")
+        notes.append(
+            "precision bf16 (no fp32 master weights): Megatron keeps fp32 main parameters in its optimizer "
+            "(more memory than planned unless you add --use-precision-aware-optimizer --main-params-dtype bf16)"
+        )
     software = plan.document.get("software") or {}
     if software.get("activation_fp8_input"):
-        notes.append("activation_fp8_input: Megatron-LM has no argument for TransformerConfig."
-                     "activation_func_fp8_input_store; set it on the model config (NeMo / Megatron-Bridge: "
-                     "activation_func_fp8_input_store=True), or the SwiGLU inputs take twice the bytes the plan counted")
+        notes.append(
+            "activation_fp8_input: Megatron-LM has no argument for TransformerConfig."
+            "activation_func_fp8_input_store; set it on the model config (NeMo / Megatron-Bridge: "
+            "activation_func_fp8_input_store=True), or the SwiGLU inputs take twice the bytes the plan counted"
+        )
     if software.get("loss") == "inplace":
-        notes.append("loss inplace: Transformer Engine's cross-entropy is Megatron-Bridge's setting "
-                     "(cross_entropy_fusion_impl='te' on the model config); Megatron-LM's validate_args refuses "
-                     "--cross-entropy-fusion-impl te, and its own loss keeps 4 more bytes per logit on the last stage")
+        notes.append(
+            "loss inplace: Transformer Engine's cross-entropy is Megatron-Bridge's setting "
+            "(cross_entropy_fusion_impl='te' on the model config); Megatron-LM's validate_args refuses "
+            "--cross-entropy-fusion-impl te, and its own loss keeps 4 more bytes per logit on the last stage"
+        )
     if cfg.precision == "fp8":
         add("--fp8-format", "hybrid")
         add("--fp8-recipe", "tensorwise")
-        add("--fp8-param-gather")   # FP8 primary weights, no FP8 copies beside bf16 ones (what the plan's memory assumes)
-        notes.append("fp8 needs Transformer Engine (--transformer-impl transformer_engine, the default)")
+        add(
+            "--fp8-param-gather"
+        )  # FP8 primary weights, no FP8 copies beside bf16 ones (what the plan's memory assumes)
+        notes.append(
+            "fp8 needs Transformer Engine (--transformer-impl transformer_engine, the default)"
+        )
 
     # --- placement, schedule, checkpoints
     if megatron_placement(cfg) == ("DPCT" if cfg.cp > 1 else "DPT"):
         add("--use-tp-pp-dp-mapping")
     elif megatron_placement(cfg) != ("PDCT" if cfg.cp > 1 else "PDT"):
-        notes.append(f"Megatron orders ranks tp-cp-ep-dp-pp (placement PDT) or tp-cp-ep-pp-dp (DPT); placement "
-                     f"{cfg.placement} is not expressible, exported with the default order (same result, other links)")
+        notes.append(
+            f"Megatron orders ranks tp-cp-ep-dp-pp (placement PDT) or tp-cp-ep-pp-dp (DPT); placement "
+            f"{cfg.placement} is not expressible, exported with the default order (same result, other links)"
+        )
     if cfg.pp > 1 and cfg.schedule == "gpipe":
-        notes.append("Megatron has no GPipe schedule; it runs 1F1B (same step time in the plan's model, less memory)")
+        notes.append(
+            "Megatron has no GPipe schedule; it runs 1F1B (same step time in the plan's model, less memory)"
+        )
     if cfg.pp > 1 and cfg.schedule == "zero-bubble":
-        notes.append("zero-bubble schedule: Megatron-LM mainline runs 1F1B (bubble (p-1)/m instead of (p-1)/(3m)); "
-                     "the ZB-H1 schedule needs the zero-bubble fork")
+        notes.append(
+            "zero-bubble schedule: Megatron-LM mainline runs 1F1B (bubble (p-1)/m instead of (p-1)/(3m)); "
+            "the ZB-H1 schedule needs the zero-bubble fork"
+        )
     steps = steps_between_checkpoints(plan)
     if steps:
         add("--save-interval", steps)
-        notes.append(f"--save-interval {steps}: the plan's checkpoint interval {plan.document['plan']['checkpoint_interval_s']:g} s "
-                     f"at the predicted {plan.prediction.step_time_s:.3f} s per step; add --save DIR")
+        notes.append(
+            f"--save-interval {steps}: the plan's checkpoint interval {plan.document['plan']['checkpoint_interval_s']:g} s "
+            f"at the predicted {plan.prediction.step_time_s:.3f} s per step; add --save DIR"
+        )
 
     lines = [f"# {h}" for h in header(plan, "Megatron-LM (megatron-core 0.19.2) pretrain_gpt.py")]
     lines += [f"# env {k}={v}" for k, v in env.items()]
@@ -253,11 +318,18 @@ def _stage_args(plan: Plan, notes: list[str]) -> list[tuple[str, object]]:
         return []
     stages = chunk_blocks(plan)
     if len(set(stages)) == 1:
-        return [("--num-virtual-stages-per-pipeline-rank", cfg.virtual_stages)] if cfg.virtual_stages > 1 else []
+        return (
+            [("--num-virtual-stages-per-pipeline-rank", cfg.virtual_stages)]
+            if cfg.virtual_stages > 1
+            else []
+        )
     middle = stages[1:-1]
     if cfg.virtual_stages == 1 and len(set(middle)) <= 1 and cfg.pp > 2:
         # first/last stage sizes, the middle split evenly by Megatron-LM
-        return [("--decoder-first-pipeline-num-layers", stages[0]), ("--decoder-last-pipeline-num-layers", stages[-1])]
+        return [
+            ("--decoder-first-pipeline-num-layers", stages[0]),
+            ("--decoder-last-pipeline-num-layers", stages[-1]),
+        ]
     # any split: one '|'-separated segment per model chunk in layer order (chunk = virtual rank * pp + rank)
     return [("--pipeline-model-parallel-layout", f'"{megatron_layout(stages)}"')]
 

@@ -8,6 +8,7 @@ rank order the target cannot build becomes its own (speed only), a GPipe schedul
 bubble, less memory). Anything else the target cannot run is refused, naming it. The changed plan is
 re-estimated on the target's framework profile, and the notes give the old and the new prediction.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,11 +19,18 @@ from planner.errors import ConfigError
 from planner.parallel import ParallelConfig
 from planner.plan import run_options
 
-FORMAT_FRAMEWORK = {"torchtitan": "torchtitan", "megatron": "megatron", "fsdp": "fsdp", "deepspeed": "deepspeed"}
+FORMAT_FRAMEWORK = {
+    "torchtitan": "torchtitan",
+    "megatron": "megatron",
+    "fsdp": "fsdp",
+    "deepspeed": "deepspeed",
+}
 """Export formats that are one of the costed frameworks (the SageMaker formats are AWS's own stack)."""
 
 
-def substitutions(cfg: ParallelConfig, target: FrameworkProfile) -> tuple[ParallelConfig, list[str]]:
+def substitutions(
+    cfg: ParallelConfig, target: FrameworkProfile
+) -> tuple[ParallelConfig, list[str]]:
     """The nearest configuration `target` runs, by memory-safe substitutions only, and what changed."""
     caps, changes = target.capabilities, []
     new = dataclasses.replace(cfg, framework=target.name)
@@ -31,19 +39,36 @@ def substitutions(cfg: ParallelConfig, target: FrameworkProfile) -> tuple[Parall
         stronger = [z for z in sorted(zero_ok) if z > cfg.zero]
         if stronger:
             new = dataclasses.replace(new, zero=stronger[0])
-            changes.append(f"ZeRO-{cfg.zero} -> ZeRO-{stronger[0]} ({target.name} has no ZeRO-{cfg.zero}; it shards more)")
+            changes.append(
+                f"ZeRO-{cfg.zero} -> ZeRO-{stronger[0]} ({target.name} has no ZeRO-{cfg.zero}; it shards more)"
+            )
     if cfg.tp > 1 and caps.sequence_parallel == "always" and not cfg.sequence_parallel:
         new = dataclasses.replace(new, sequence_parallel=True)
-        changes.append(f"sequence parallelism on ({target.name} always applies it with tensor parallelism)")
-    if cfg.pp > 1 and cfg.schedule == "gpipe" and "gpipe" not in caps.schedules and "1f1b" in caps.schedules:
+        changes.append(
+            f"sequence parallelism on ({target.name} always applies it with tensor parallelism)"
+        )
+    if (
+        cfg.pp > 1
+        and cfg.schedule == "gpipe"
+        and "gpipe" not in caps.schedules
+        and "1f1b" in caps.schedules
+    ):
         new = dataclasses.replace(new, schedule="1f1b")
-        changes.append(f"schedule gpipe -> 1f1b ({target.name} has no GPipe; same bubble, fewer micro-batches in flight)")
+        changes.append(
+            f"schedule gpipe -> 1f1b ({target.name} has no GPipe; same bubble, fewer micro-batches in flight)"
+        )
     degrees = {"D": cfg.dp, "P": cfg.pp, "T": cfg.tp, "C": cfg.cp, "E": cfg.ep}
-    if caps.placements and not placement_allowed(target, cfg.placement, cp=cfg.cp, ep=cfg.ep, degrees=degrees):
+    if caps.placements and not placement_allowed(
+        target, cfg.placement, cp=cfg.cp, ep=cfg.ep, degrees=degrees
+    ):
         own = caps.placements[0]
-        placement = "".join(a for a in own if a in cfg.placement or degrees.get(a, 1) > 1 or a in "DPT")
+        placement = "".join(
+            a for a in own if a in cfg.placement or degrees.get(a, 1) > 1 or a in "DPT"
+        )
         new = dataclasses.replace(new, placement=placement)
-        changes.append(f"placement {cfg.placement} -> {placement} (the rank order {target.name} builds)")
+        changes.append(
+            f"placement {cfg.placement} -> {placement} (the rank order {target.name} builds)"
+        )
     return new, changes
 
 
@@ -90,34 +115,57 @@ def retarget(plan, fmt: str):
                 est = estimate(spec, plan.hardware_name, new_cfg, gpus=plan.gpus, options=options)
                 break
             except ConfigError as err:
-                if err.field in options.chosen():  # a run option the target's stack has not: without it
+                if (
+                    err.field in options.chosen()
+                ):  # a run option the target's stack has not: without it
                     changes.append(f"{err.field} dropped ({err})")
                     options = options.without(err.field)
                     continue
                 # a dimension this build does not cost yet (expert parallelism)
-                later.append(f"not re-estimated on {name} ({err}); the plan's own prediction is kept")
+                later.append(
+                    f"not re-estimated on {name} ({err}); the plan's own prediction is kept"
+                )
                 break
-    notes = [f"plan made for {plan.config.framework}, exported to {name}: " + ("; ".join(changes) or "no change needed"),
-             *later]
+    notes = [
+        f"plan made for {plan.config.framework}, exported to {name}: "
+        + ("; ".join(changes) or "no change needed"),
+        *later,
+    ]
     if est is not None:
         document = est.to_document()
         for key in ("alternatives", "search"):
             if key in plan.document:
                 document[key] = plan.document[key]
-        if "checkpoint_interval_s" in plan.document["plan"]:       # a wall-clock interval: it carries over
-            document["plan"]["checkpoint_interval_s"] = plan.document["plan"]["checkpoint_interval_s"]
+        if (
+            "checkpoint_interval_s" in plan.document["plan"]
+        ):  # a wall-clock interval: it carries over
+            document["plan"]["checkpoint_interval_s"] = plan.document["plan"][
+                "checkpoint_interval_s"
+            ]
         old = plan.prediction
-        notes.append(f"on {name} the cost model predicts {est.step_time_s:.3f} s/step (plan: {old.step_time_s:.3f} s on "
-                     f"{plan.config.framework}), peak {est.peak_bytes_per_gpu / 2**30:.1f} GiB per GPU"
-                     + ("" if est.fits else ", which does NOT fit"))
+        notes.append(
+            f"on {name} the cost model predicts {est.step_time_s:.3f} s/step (plan: {old.step_time_s:.3f} s on "
+            f"{plan.config.framework}), peak {est.peak_bytes_per_gpu / 2**30:.1f} GiB per GPU"
+            + ("" if est.fits else ", which does NOT fit")
+        )
     else:
-        document["plan"] = dict(document["plan"], **{k: v for k, v in new_cfg.to_dict().items() if k in document["plan"]
-                                                    or k in ("framework",)})
+        document["plan"] = dict(
+            document["plan"],
+            **{
+                k: v
+                for k, v in new_cfg.to_dict().items()
+                if k in document["plan"] or k in ("framework",)
+            },
+        )
     return plan_from_document(document), notes
 
 
 def _cannot(fmt: str, problems: list[str], made_for: str | None = None) -> ConfigError:
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
     origin = f"the plan (made for {made_for}) " if made_for else "the plan "
-    return ConfigError("format", fmt, "a target that can run this plan",
-                       message=f"cannot export to {fmt}: {origin}asks for {problems[0]}{more}")
+    return ConfigError(
+        "format",
+        fmt,
+        "a target that can run this plan",
+        message=f"cannot export to {fmt}: {origin}asks for {problems[0]}{more}",
+    )

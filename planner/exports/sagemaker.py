@@ -15,11 +15,12 @@ SDK v3 removed `sagemaker.pytorch`; SMP v1 jobs need SDK v2. Names and meanings:
 doc/api/training/smd_model_parallel_general.rst and its client-side check
 `sagemaker.fw_utils.validate_mp_config` (placement_strategy "cluster" or "spread" only there).
 """
+
 from __future__ import annotations
 
 
 from planner.io import dumps_strict
-from planner.exports.common import Export, cannot, chunk_blocks, devices_per_node, header
+from planner.exports.common import Export, cannot, chunk_blocks, devices_per_node
 from planner.exports.limits import sagemaker_limits, sagemaker_v1_limits
 from planner.plan import Plan
 
@@ -28,7 +29,10 @@ SMP_V1_PLACEMENT = {"DPT": "cluster", "TPD": "spread"}
 
 
 def _instance(plan: Plan) -> dict:
-    return {"instance_type": "ml." + plan.hardware_name.removeprefix("ml."), "instance_count": plan.nodes}
+    return {
+        "instance_type": "ml." + plan.hardware_name.removeprefix("ml."),
+        "instance_count": plan.nodes,
+    }
 
 
 def to_sagemaker(plan: Plan) -> Export:
@@ -41,40 +45,71 @@ def to_sagemaker(plan: Plan) -> Export:
     if cfg.zero >= 1:
         smp["hybrid_shard_degree"] = cfg.shard_group * cfg.cp
         if cfg.zero < 3:
-            notes.append(f"ZeRO-{cfg.zero}: use FSDP sharding_strategy _HYBRID_SHARD_ZERO2 (or SHARD_GRAD_OP) in the "
-                         "script; ZeRO-1 has no FSDP form and runs as ZeRO-2 (less memory)")
+            notes.append(
+                f"ZeRO-{cfg.zero}: use FSDP sharding_strategy _HYBRID_SHARD_ZERO2 (or SHARD_GRAD_OP) in the "
+                "script; ZeRO-1 has no FSDP form and runs as ZeRO-2 (less memory)"
+            )
     else:
         smp["hybrid_shard_degree"] = cfg.cp
-        notes.append("ZeRO-0: wrap the model with FSDP sharding_strategy NO_SHARD; hybrid_shard_degree covers "
-                     "the context-parallel group only")
+        notes.append(
+            "ZeRO-0: wrap the model with FSDP sharding_strategy NO_SHARD; hybrid_shard_degree covers "
+            "the context-parallel group only"
+        )
     if cfg.cp > 1:
         smp["context_parallel_degree"] = cfg.cp
-        notes.append(f"cp_comm={cfg.cp_comm}: pass cp_comm_type to torch.sagemaker.transform (SMP >= 2.6)")
+        notes.append(
+            f"cp_comm={cfg.cp_comm}: pass cp_comm_type to torch.sagemaker.transform (SMP >= 2.6)"
+        )
     if cfg.ep > 1:
         smp["expert_parallel_degree"] = cfg.ep
     if cfg.offloads("activations"):
         smp["sm_activation_offloading"] = True
     if cfg.offloads("optimizer"):
-        notes.append("offload=optimizer: FSDP CPUOffload(offload_params=True) in the script (parameters, gradients "
-                     "and optimizer states on the host: less GPU memory)")
+        notes.append(
+            "offload=optimizer: FSDP CPUOffload(offload_params=True) in the script (parameters, gradients "
+            "and optimizer states on the host: less GPU memory)"
+        )
     if cfg.recompute != "none":
-        which = "the transformer blocks" if cfg.recompute_layers is None else \
-            f"the first {cfg.recompute_layers} transformer blocks of each pipeline chunk (recompute_layers)"
-        notes.append(f"recompute={cfg.recompute}: apply_activation_checkpointing on {which} in the script"
-                     + (" (SMP v2 checkpoints whole blocks)" if cfg.recompute == "selective" else ""))
+        which = (
+            "the transformer blocks"
+            if cfg.recompute_layers is None
+            else f"the first {cfg.recompute_layers} transformer blocks of each pipeline chunk (recompute_layers)"
+        )
+        notes.append(
+            f"recompute={cfg.recompute}: apply_activation_checkpointing on {which} in the script"
+            + (" (SMP v2 checkpoints whole blocks)" if cfg.recompute == "selective" else "")
+        )
     if cfg.precision == "fp8":
-        notes.append("fp8: SMP v2 runs FP8 through Transformer Engine (torch.sagemaker.transform with "
-                     "transformer_engine fp8 autocast in the script)")
+        notes.append(
+            "fp8: SMP v2 runs FP8 through Transformer Engine (torch.sagemaker.transform with "
+            "transformer_engine fp8 autocast in the script)"
+        )
     elif cfg.precision != "fp32":
         notes.append(f"precision {cfg.precision}: FSDP MixedPrecision in the script")
     if cfg.num_microbatches > 1:
-        notes.append(f"{cfg.num_microbatches} micro-batches of {cfg.micro_batch}: gradient accumulation in the script "
-                     f"(global batch {cfg.global_batch})")
-    doc = {"distributed": {"type": "Torchrun", "process_count_per_node": devices_per_node(plan), "smp": smp},
-           "compute": _instance(plan),
-           "batch": {"global_batch": cfg.global_batch, "micro_batch_per_gpu": cfg.micro_batch,
-                     "gradient_accumulation_steps": cfg.num_microbatches, "seq_len": cfg.seq}}
-    return Export(format="sagemaker", text=dumps_strict(doc, "sagemaker configuration") + "\n", notes=tuple(notes))
+        notes.append(
+            f"{cfg.num_microbatches} micro-batches of {cfg.micro_batch}: gradient accumulation in the script "
+            f"(global batch {cfg.global_batch})"
+        )
+    doc = {
+        "distributed": {
+            "type": "Torchrun",
+            "process_count_per_node": devices_per_node(plan),
+            "smp": smp,
+        },
+        "compute": _instance(plan),
+        "batch": {
+            "global_batch": cfg.global_batch,
+            "micro_batch_per_gpu": cfg.micro_batch,
+            "gradient_accumulation_steps": cfg.num_microbatches,
+            "seq_len": cfg.seq,
+        },
+    }
+    return Export(
+        format="sagemaker",
+        text=dumps_strict(doc, "sagemaker configuration") + "\n",
+        notes=tuple(notes),
+    )
 
 
 def to_sagemaker_v1(plan: Plan) -> Export:
@@ -86,8 +121,10 @@ def to_sagemaker_v1(plan: Plan) -> Export:
     placement = SMP_V1_PLACEMENT.get(cfg.placement)
     if placement is None:
         placement = "spread" if cfg.placement.startswith("T") else "cluster"
-        notes.append(f"placement {cfg.placement}: SDK v2 accepts placement_strategy 'cluster' (DPT) or 'spread' (TPD) "
-                     f"only; exported as {placement!r} (same result, other links)")
+        notes.append(
+            f"placement {cfg.placement}: SDK v2 accepts placement_strategy 'cluster' (DPT) or 'spread' (TPD) "
+            f"only; exported as {placement!r} (same result, other links)"
+        )
     parameters: dict[str, object] = {
         "pipeline_parallel_degree": cfg.pp,
         "partitions": cfg.pp,
@@ -102,8 +139,10 @@ def to_sagemaker_v1(plan: Plan) -> Export:
     stages = chunk_blocks(plan)
     if cfg.pp > 1:
         parameters.update(auto_partition=False, default_partition=0)
-        notes.append(f"stages {list(stages)}: auto_partition is off; put blocks in smp.partition(i) contexts in the "
-                     "script as listed (other modules go to default_partition 0)")
+        notes.append(
+            f"stages {list(stages)}: auto_partition is off; put blocks in smp.partition(i) contexts in the "
+            "script as listed (other modules go to default_partition 0)"
+        )
     if cfg.zero == 1:
         parameters["shard_optimizer_state"] = True
     if cfg.zero == 3:
@@ -115,15 +154,28 @@ def to_sagemaker_v1(plan: Plan) -> Export:
     if cfg.offloads("activations"):
         parameters["offload_activations"] = True
     if cfg.virtual_stages > 1 or cfg.schedule == "zero-bubble":
-        notes.append(f"SMP v1 has no {cfg.schedule} schedule (virtual_stages={cfg.virtual_stages}); exported as "
-                     "'interleaved', its 1F1B-style schedule (more bubble than planned, no more memory)")
+        notes.append(
+            f"SMP v1 has no {cfg.schedule} schedule (virtual_stages={cfg.virtual_stages}); exported as "
+            "'interleaved', its 1F1B-style schedule (more bubble than planned, no more memory)"
+        )
     if cfg.recompute != "none":
-        which = "the transformer blocks" if cfg.recompute_layers is None else \
-            f"the first {cfg.recompute_layers} transformer blocks of each pipeline stage (recompute_layers)"
+        which = (
+            "the transformer blocks"
+            if cfg.recompute_layers is None
+            else f"the first {cfg.recompute_layers} transformer blocks of each pipeline stage (recompute_layers)"
+        )
         notes.append(f"recompute={cfg.recompute}: smp.set_activation_checkpointing on {which}")
-    distribution = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": parameters}},
-                    "mpi": {"enabled": True, "processes_per_host": devices_per_node(plan)}}
-    notes.append(f"SDK v2: sagemaker.pytorch.PyTorch(distribution=<this>, instance_type="
-                 f"'{_instance(plan)['instance_type']}', instance_count={plan.nodes}, ...); SMP v1 needs a DLC with "
-                 "smdistributed-modelparallel")
-    return Export(format="sagemaker-v1", text=dumps_strict(distribution, "sagemaker-v1 configuration") + "\n", notes=tuple(notes))
+    distribution = {
+        "smdistributed": {"modelparallel": {"enabled": True, "parameters": parameters}},
+        "mpi": {"enabled": True, "processes_per_host": devices_per_node(plan)},
+    }
+    notes.append(
+        f"SDK v2: sagemaker.pytorch.PyTorch(distribution=<this>, instance_type="
+        f"'{_instance(plan)['instance_type']}', instance_count={plan.nodes}, ...); SMP v1 needs a DLC with "
+        "smdistributed-modelparallel"
+    )
+    return Export(
+        format="sagemaker-v1",
+        text=dumps_strict(distribution, "sagemaker-v1 configuration") + "\n",
+        notes=tuple(notes),
+    )

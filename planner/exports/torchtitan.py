@@ -18,20 +18,36 @@ config_registry jobs (torchtitan/models/<family>/__init__.py, config_registry.py
 helpers (torchtitan/models/common/config_utils.py) and `Float8GroupedExpertsConverter`; pipeline
 schedules of torch.distributed.pipelining.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
-from planner.exports.common import (Export, cannot, chunk_blocks, devices_per_node, header,
-                                    require_spec, steps_between_checkpoints)
-from planner.exports.limits import TORCHTITAN_DENSE_FAMILIES, TORCHTITAN_MOE_FAMILIES, torchtitan_limits
+from planner.exports.common import (
+    Export,
+    cannot,
+    chunk_blocks,
+    devices_per_node,
+    header,
+    require_spec,
+    steps_between_checkpoints,
+)
+from planner.exports.limits import (
+    TORCHTITAN_DENSE_FAMILIES,
+    TORCHTITAN_MOE_FAMILIES,
+    torchtitan_limits,
+)
 from planner.plan import Plan
 
 SPMD_BACKEND = "partial_dtensor"
 """torchtitan's DTensor backend for the model-parallel axes (ParallelismConfig.spmd_backend)."""
 
-TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
-                        "zero-bubble": "InterleavedZeroBubble"}
+TORCHTITAN_SCHEDULES = {
+    "gpipe": "GPipe",
+    "1f1b": "1F1B",
+    "interleaved-1f1b": "Interleaved1F1B",
+    "zero-bubble": "InterleavedZeroBubble",
+}
 """Planner schedule -> torch.distributed.pipelining schedule name (get_schedule_class)."""
 
 TORCHTITAN_LLAMA3_FLAVORS = {
@@ -92,91 +108,150 @@ def to_torchtitan(plan: Plan) -> Export:
     if dp_shard == 1 and cfg.zero == 0:
         parallelism.update(data_parallel_replicate_degree=cfg.dp, data_parallel_shard_degree=1)
     else:
-        parallelism.update(data_parallel_replicate_degree=cfg.dp // dp_shard, data_parallel_shard_degree=dp_shard,
-                           fsdp_reshard_after_forward="always" if cfg.zero == 3 else "never")
+        parallelism.update(
+            data_parallel_replicate_degree=cfg.dp // dp_shard,
+            data_parallel_shard_degree=dp_shard,
+            fsdp_reshard_after_forward="always" if cfg.zero == 3 else "never",
+        )
         if cfg.zero == 3:
             # torchtitan's "default" keeps parameters gathered after forward under pipeline parallelism and leaves
             # the last layers (final norm, output) gathered without it (distributed/fsdp.py
             # get_fsdp_reshard_after_forward_policy, apply_fsdp_to_decoder): the plan's ZeRO-3 memory assumes
             # every unit resharded
-            notes.append("zero=3 exported as fsdp_reshard_after_forward='always': torchtitan's 'default' would keep "
-                         + ("each stage's parameters gathered between micro-batches under pipeline parallelism "
-                            "(ZeRO-2 memory)" if cfg.pp > 1 else "the final norm and output layer gathered")
-                         + ", which the plan's memory does not include")
+            notes.append(
+                "zero=3 exported as fsdp_reshard_after_forward='always': torchtitan's 'default' would keep "
+                + (
+                    "each stage's parameters gathered between micro-batches under pipeline parallelism "
+                    "(ZeRO-2 memory)"
+                    if cfg.pp > 1
+                    else "the final norm and output layer gathered"
+                )
+                + ", which the plan's memory does not include"
+            )
         if dp_shard != (1 if cfg.zero == 0 else cfg.shard_group):
-            planned = "ZeRO-0 (no sharding)" if cfg.zero == 0 else f"shard groups of dp_shard={cfg.shard_group}"
-            notes.append(f"ep={cfg.ep} with {planned}: torchtitan 0.3.0 carves the expert-parallel ranks from dp_shard x "
-                         f"cp x tp, never from data-parallel replicas (ParallelismConfig.expert_parallel_degree, "
-                         f"distributed/parallel_dims.py build_mesh), so the job shards over dp_shard={dp_shard} "
-                         f"(HSDP with {cfg.dp // dp_shard} replicas"
-                         + (", without resharding after forward: ZeRO-2" if cfg.zero == 0 else "")
-                         + "): less memory than planned, more all-gather and reduce-scatter traffic")
+            planned = (
+                "ZeRO-0 (no sharding)"
+                if cfg.zero == 0
+                else f"shard groups of dp_shard={cfg.shard_group}"
+            )
+            notes.append(
+                f"ep={cfg.ep} with {planned}: torchtitan 0.3.0 carves the expert-parallel ranks from dp_shard x "
+                f"cp x tp, never from data-parallel replicas (ParallelismConfig.expert_parallel_degree, "
+                f"distributed/parallel_dims.py build_mesh), so the job shards over dp_shard={dp_shard} "
+                f"(HSDP with {cfg.dp // dp_shard} replicas"
+                + (", without resharding after forward: ZeRO-2" if cfg.zero == 0 else "")
+                + "): less memory than planned, more all-gather and reduce-scatter traffic"
+            )
         if cfg.zero == 1:
-            notes.append("torchtitan has no optimizer-only sharding (ZeRO-1); exported as FSDP2 without resharding "
-                         "after forward (ZeRO-2): same parameters in memory, less gradient memory")
-    parallelism.update(tensor_parallel_degree=cfg.tp, enable_sequence_parallel=cfg.tp > 1,
-                       pipeline_parallel_degree=cfg.pp, context_parallel_degree=cfg.cp)
+            notes.append(
+                "torchtitan has no optimizer-only sharding (ZeRO-1); exported as FSDP2 without resharding "
+                "after forward (ZeRO-2): same parameters in memory, less gradient memory"
+            )
+    parallelism.update(
+        tensor_parallel_degree=cfg.tp,
+        enable_sequence_parallel=cfg.tp > 1,
+        pipeline_parallel_degree=cfg.pp,
+        context_parallel_degree=cfg.cp,
+    )
     if family in TORCHTITAN_MOE_FAMILIES:
         parallelism.update(expert_parallel_degree=cfg.ep)
         notes += _moe_notes(plan, spec)
     parallelism.update(spmd_backend=SPMD_BACKEND)
-    notes.append(f"parallelism.spmd_backend={SPMD_BACKEND!r}: torchtitan 0.3.0's default 'spmd_types' hands FSDP2 "
-                 "plain tensors with SPMD annotations, which torch 2.13.0's fully_shard refuses with data and tensor "
-                 "parallelism (it needs a newer torch); the DTensor backend shards the same way")
+    notes.append(
+        f"parallelism.spmd_backend={SPMD_BACKEND!r}: torchtitan 0.3.0's default 'spmd_types' hands FSDP2 "
+        "plain tensors with SPMD annotations, which torch 2.13.0's fully_shard refuses with data and tensor "
+        "parallelism (it needs a newer torch); the DTensor backend shards the same way"
+    )
     if cfg.tp > 1 and not cfg.sequence_parallel:
-        notes.append("torchtitan applies sequence parallelism with TP (enable_sequence_parallel); the plan did not "
-                     "(less activation memory)")
+        notes.append(
+            "torchtitan applies sequence parallelism with TP (enable_sequence_parallel); the plan did not "
+            "(less activation memory)"
+        )
     if cfg.pp > 1:
-        parallelism.update(pipeline_parallel_schedule=TORCHTITAN_SCHEDULES[cfg.schedule],
-                           pipeline_parallel_microbatch_size=cfg.micro_batch,
-                           module_fqns_per_model_part=torchtitan_fqns(chunk_blocks(plan), positions=family == "gpt"))
+        parallelism.update(
+            pipeline_parallel_schedule=TORCHTITAN_SCHEDULES[cfg.schedule],
+            pipeline_parallel_microbatch_size=cfg.micro_batch,
+            module_fqns_per_model_part=torchtitan_fqns(
+                chunk_blocks(plan), positions=family == "gpt"
+            ),
+        )
         if spec.tied_embeddings:
-            notes.append("tied embeddings with pipeline parallelism (torchtitan's Decoder refuses them): the first and "
-                         "last stages each hold the table, start from the last stage's values and add their gradients "
-                         "before each optimizer step (Megatron-LM's scheme); torchtitan's gradient clipping sees the "
-                         "two partial gradients")
+            notes.append(
+                "tied embeddings with pipeline parallelism (torchtitan's Decoder refuses them): the first and "
+                "last stages each hold the table, start from the last stage's values and add their gradients "
+                "before each optimizer step (Megatron-LM's scheme); torchtitan's gradient clipping sees the "
+                "two partial gradients"
+            )
     if cfg.cp > 1 and cfg.cp_comm != "all_gather":
-        notes.append(f"cp_comm={cfg.cp_comm}: torchtitan's context parallelism (torch's context_parallel) gathers "
-                     "keys/values (all_gather) unless the script sets torch's rotate method; same result")
+        notes.append(
+            f"cp_comm={cfg.cp_comm}: torchtitan's context parallelism (torch's context_parallel) gathers "
+            "keys/values (all_gather) unless the script sets torch's rotate method; same result"
+        )
     if cfg.cp > 1 and cfg.zero >= 1:
-        notes.append("torchtitan shards FSDP over dp_shard x cp ranks (more sharding than planned: less memory)")
+        notes.append(
+            "torchtitan shards FSDP over dp_shard x cp ranks (more sharding than planned: less memory)"
+        )
     if cfg.offloads("optimizer"):
-        notes.append("offload=optimizer exported as FSDP2 CPU offload (parameters, gradients and optimizer states "
-                     "on the host: less GPU memory, more host traffic)")
+        notes.append(
+            "offload=optimizer exported as FSDP2 CPU offload (parameters, gradients and optimizer states "
+            "on the host: less GPU memory, more host traffic)"
+        )
     if cfg.placement.replace("C", "").replace("E", "") != "PDT":
-        notes.append(f"torchtitan orders its mesh pp, dp_replicate, dp_shard, cp, tp (placement PDT); placement "
-                     f"{cfg.placement} is not expressible (same result, other links)")
+        notes.append(
+            f"torchtitan orders its mesh pp, dp_replicate, dp_shard, cp, tp (placement PDT); placement "
+            f"{cfg.placement} is not expressible (same result, other links)"
+        )
     if cfg.recompute == "selective":
-        notes.append("recompute=selective exported as torchtitan's per-op SelectiveAC (saves matmul outputs, recomputes "
-                     "the rest): close to, not the same as, Megatron's attention-core recompute")
-    training = {"local_batch_size": local_batch, "global_batch_size": cfg.global_batch, "seq_len": cfg.seq,
-                "dtype": "bfloat16" if cfg.precision == "bf16" else "float32",
-                "mixed_precision_param": "float32" if cfg.precision == "fp32" else "bfloat16",
-                "enable_cpu_offload": cfg.offloads("optimizer"),
-                "disable_cuda_graphs": cfg.pp > 1 or cfg.ep > 1}
+        notes.append(
+            "recompute=selective exported as torchtitan's per-op SelectiveAC (saves matmul outputs, recomputes "
+            "the rest): close to, not the same as, Megatron's attention-core recompute"
+        )
+    training = {
+        "local_batch_size": local_batch,
+        "global_batch_size": cfg.global_batch,
+        "seq_len": cfg.seq,
+        "dtype": "bfloat16" if cfg.precision == "bf16" else "float32",
+        "mixed_precision_param": "float32" if cfg.precision == "fp32" else "bfloat16",
+        "enable_cpu_offload": cfg.offloads("optimizer"),
+        "disable_cuda_graphs": cfg.pp > 1 or cfg.ep > 1,
+    }
     if cfg.pp > 1:
-        notes.append("training.disable_cuda_graphs = True: torchtitan 0.3.0 has no CUDA graphs with pipeline parallelism")
+        notes.append(
+            "training.disable_cuda_graphs = True: torchtitan 0.3.0 has no CUDA graphs with pipeline parallelism"
+        )
     elif cfg.ep > 1:
-        notes.append("training.disable_cuda_graphs = True: torchtitan 0.3.0's CUDA graphs refuse expert-parallel token "
-                     "dispatchers that synchronize with the host, as its all-to-all and DeepEP ones do "
-                     "(trainer.py Trainer.Config._validate_cuda_graphs)")
-    ac = {"none": "None", "full": "FullAC.Config()", "selective": "SelectiveAC.Config()"}[cfg.recompute]
+        notes.append(
+            "training.disable_cuda_graphs = True: torchtitan 0.3.0's CUDA graphs refuse expert-parallel token "
+            "dispatchers that synchronize with the host, as its all-to-all and DeepEP ones do "
+            "(trainer.py Trainer.Config._validate_cuda_graphs)"
+        )
+    ac = {"none": "None", "full": "FullAC.Config()", "selective": "SelectiveAC.Config()"}[
+        cfg.recompute
+    ]
     if cfg.recompute == "full" and cfg.recompute_layers is not None:
         ac = f"FirstBlocksAC.Config(blocks={cfg.recompute_layers})"
-        notes.append(f"recompute_layers={cfg.recompute_layers}: FirstBlocksAC (defined in the job) recomputes the first "
-                     f"{cfg.recompute_layers} blocks of each model part; torchtitan 0.3.0's own policies wrap every block")
+        notes.append(
+            f"recompute_layers={cfg.recompute_layers}: FirstBlocksAC (defined in the job) recomputes the first "
+            f"{cfg.recompute_layers} blocks of each model part; torchtitan 0.3.0's own policies wrap every block"
+        )
     steps = steps_between_checkpoints(plan)
     if cfg.precision == "fp8" and family in TORCHTITAN_MOE_FAMILIES:
-        notes.append("fp8: torchtitan's Float8LinearConverter (torchao rowwise recipe) on every Linear but the routers' "
-                     "gates (float32, as deepseek_v3_671b_float8) and Float8GroupedExpertsConverter on the routed "
-                     "experts; needs torchao and an SM89+ GPU; add --compile.enable for speed")
+        notes.append(
+            "fp8: torchtitan's Float8LinearConverter (torchao rowwise recipe) on every Linear but the routers' "
+            "gates (float32, as deepseek_v3_671b_float8) and Float8GroupedExpertsConverter on the routed "
+            "experts; needs torchao and an SM89+ GPU; add --compile.enable for speed"
+        )
     elif cfg.precision == "fp8":
-        notes.append("fp8: torchtitan's Float8LinearConverter (torchao rowwise recipe) on every Linear; "
-                     "needs torchao and an SM89+ GPU; add --compile.enable for speed")
+        notes.append(
+            "fp8: torchtitan's Float8LinearConverter (torchao rowwise recipe) on every Linear; "
+            "needs torchao and an SM89+ GPU; add --compile.enable for speed"
+        )
     if family == "gpt":
-        notes.append("the job defines the GPT model itself (torchtitan 0.3.0 has none): token + learned position "
-                     "embeddings, pre-LayerNorm blocks with biases and a GELU MLP, parallelized by torchtitan's llama3 "
-                     "functions; no Hugging Face checkpoint adapter (state_dict_adapter None)")
+        notes.append(
+            "the job defines the GPT model itself (torchtitan 0.3.0 has none): token + learned position "
+            "embeddings, pre-LayerNorm blocks with biases and a GELU MLP, parallelized by torchtitan's llama3 "
+            "functions; no Hugging Face checkpoint adapter (state_dict_adapter None)"
+        )
     text = _module_text(plan, spec, family, flavor, training, parallelism, ac, steps)
     return Export(format="torchtitan", text=text, notes=tuple(notes))
 
@@ -189,7 +264,11 @@ def torchtitan_dp_shard(cfg) -> int:
     base = 1 if cfg.zero == 0 else cfg.shard_group
     if cfg.ep == 1:
         return base
-    return next(s for s in range(base, cfg.dp + 1, base) if cfg.dp % s == 0 and s * cfg.cp * cfg.tp % cfg.ep == 0)
+    return next(
+        s
+        for s in range(base, cfg.dp + 1, base)
+        if cfg.dp % s == 0 and s * cfg.cp * cfg.tp % cfg.ep == 0
+    )
 
 
 def _moe_notes(plan: Plan, spec) -> list[str]:
@@ -198,53 +277,87 @@ def _moe_notes(plan: Plan, spec) -> list[str]:
     software = plan.document.get("software") or {}
     efsdp = torchtitan_dp_shard(cfg) * cfg.cp * cfg.tp // cfg.ep
     if cfg.ep == 1 and cfg.tp > 1:
-        notes.append(f"ep=1 with tp={cfg.tp}: torchtitan 0.3.0 shards every expert over the tp ranks "
-                     "(models/common/moe_sharding.py expert_param_placement_dense), as the plan is costed "
-                     "(frameworks/torchtitan.json experts_follow_tp_without_ep)")
+        notes.append(
+            f"ep=1 with tp={cfg.tp}: torchtitan 0.3.0 shards every expert over the tp ranks "
+            "(models/common/moe_sharding.py expert_param_placement_dense), as the plan is costed "
+            "(frameworks/torchtitan.json experts_follow_tp_without_ep)"
+        )
     if cfg.ep > 1 and cfg.zero == 0 and efsdp > 1:
-        notes.append(f"ep={cfg.ep} with ZeRO-0: torchtitan FSDP-shards the routed experts over the efsdp = dp_shard x cp x "
-                     f"tp / ep = {efsdp} ranks that hold the same experts (distributed/fsdp.py apply_fsdp_to_decoder): "
-                     "less expert memory, an all-gather per MoE block")
+        notes.append(
+            f"ep={cfg.ep} with ZeRO-0: torchtitan FSDP-shards the routed experts over the efsdp = dp_shard x cp x "
+            f"tp / ep = {efsdp} ranks that hold the same experts (distributed/fsdp.py apply_fsdp_to_decoder): "
+            "less expert memory, an all-gather per MoE block"
+        )
     dispatcher = software.get("moe_dispatcher", "alltoall")
     if cfg.ep > 1 and dispatcher == "deepep" and _comm_backend(plan) == "deepep":
-        notes.append("moe_dispatcher=deepep: torchtitan's DeepEPTokenDispatcher (moe_comm_backend='deepep'); needs "
-                     "DeepEP >= 2.0 (deep_ep.ElasticBuffer) installed")
+        notes.append(
+            "moe_dispatcher=deepep: torchtitan's DeepEPTokenDispatcher (moe_comm_backend='deepep'); needs "
+            "DeepEP >= 2.0 (deep_ep.ElasticBuffer) installed"
+        )
     elif cfg.ep > 1 and dispatcher == "deepep":
-        notes.append("moe_dispatcher=deepep with fp8: torchtitan's Float8GroupedExpertsConverter needs a dispatcher that "
-                     "pads (components/quantization/utils.py swap_token_dispatcher: TorchAOTokenDispatcher or HybridEP), "
-                     "so the job exchanges tokens with the all-to-all one: a slower exchange than planned")
+        notes.append(
+            "moe_dispatcher=deepep with fp8: torchtitan's Float8GroupedExpertsConverter needs a dispatcher that "
+            "pads (components/quantization/utils.py swap_token_dispatcher: TorchAOTokenDispatcher or HybridEP), "
+            "so the job exchanges tokens with the all-to-all one: a slower exchange than planned"
+        )
     if cfg.ep > 1 and software.get("moe_a2a_overlap"):
-        notes.append("moe_a2a_overlap: torchtitan 0.3.0 runs the expert-parallel exchange on the compute stream, between "
-                     "the router and the expert GEMMs (no overlap with another micro-batch): slower than planned")
+        notes.append(
+            "moe_a2a_overlap: torchtitan 0.3.0 runs the expert-parallel exchange on the compute stream, between "
+            "the router and the expert GEMMs (no overlap with another micro-batch): slower than planned"
+        )
     if cfg.ep > 1 and software.get("moe_fp8_dispatch"):
-        notes.append("moe_fp8_dispatch: torchtitan's token dispatchers send the activations in their own dtype (bf16), "
-                     "not FP8: twice the dispatch bytes planned")
+        notes.append(
+            "moe_fp8_dispatch: torchtitan's token dispatchers send the activations in their own dtype (bf16), "
+            "not FP8: twice the dispatch bytes planned"
+        )
     if not moe.aux_free_bias:
-        notes.append(f"expert load balancing: torchtitan 0.3.0 has no auxiliary balancing loss; the job keeps its "
-                     f"MoE flavors' auxiliary-loss-free expert bias (MoE.Config.load_balance_coeff={LOAD_BALANCE_COEFF}, "
-                     "a per-expert routing bias updated outside the gradients), which the plan's model does not name")
+        notes.append(
+            f"expert load balancing: torchtitan 0.3.0 has no auxiliary balancing loss; the job keeps its "
+            f"MoE flavors' auxiliary-loss-free expert bias (MoE.Config.load_balance_coeff={LOAD_BALANCE_COEFF}, "
+            "a per-expert routing bias updated outside the gradients), which the plan's model does not name"
+        )
     if spec.model_type in ("deepseek_v3", "gpt_oss"):
-        notes.append("RoPE without YaRN scaling (the plan's model describes none): torchtitan's own "
-                     f"{'DeepSeek-V3' if spec.model_type == 'deepseek_v3' else 'gpt-oss'} flavors scale RoPE with YaRN "
-                     "for long context; set scaling='yarn' in _planner_flavor's RoPE to continue such a checkpoint")
+        notes.append(
+            "RoPE without YaRN scaling (the plan's model describes none): torchtitan's own "
+            f"{'DeepSeek-V3' if spec.model_type == 'deepseek_v3' else 'gpt-oss'} flavors scale RoPE with YaRN "
+            "for long context; set scaling='yarn' in _planner_flavor's RoPE to continue such a checkpoint"
+        )
     if spec.mtp_modules:
-        notes.append(f"mtp_modules={spec.mtp_modules}: torchtitan's MTP layers (model_registry num_mtp_layers) and "
-                     "MTPLoss (its mtp_scale 0.3; the plan carries no MTP loss weight), which computes whole-sequence "
-                     "logits (no ChunkedLossWrapper)")
+        notes.append(
+            f"mtp_modules={spec.mtp_modules}: torchtitan's MTP layers (model_registry num_mtp_layers) and "
+            "MTPLoss (its mtp_scale 0.3; the plan carries no MTP loss weight), which computes whole-sequence "
+            "logits (no ChunkedLossWrapper)"
+        )
     if spec.model_type == "gpt_oss":
-        notes.append("gpt-oss experts: torchtitan's GptOssGroupedExperts (gpt-oss's clamped SwiGLU, alpha 1.702, limit "
-                     "7, with biases): the weights the plan counts, gpt-oss's own activation")
+        notes.append(
+            "gpt-oss experts: torchtitan's GptOssGroupedExperts (gpt-oss's clamped SwiGLU, alpha 1.702, limit "
+            "7, with biases): the weights the plan counts, gpt-oss's own activation"
+        )
         if cfg.cp > 1:
-            notes.append("cp > 1: the job uses FlexAttention (torchtitan's gpt-oss default varlen attention has no "
-                         "context parallelism: distributed/context_parallel/api.py)")
+            notes.append(
+                "cp > 1: the job uses FlexAttention (torchtitan's gpt-oss default varlen attention has no "
+                "context parallelism: distributed/context_parallel/api.py)"
+            )
     return notes
 
 
 def _flavor(spec) -> str | None:
     """torchtitan's llama3 flavor with exactly this shape, else None (a custom llama3 model)."""
-    shape = (spec.layers, spec.hidden, spec.heads, spec.n_kv_heads, spec.d_ffn, spec.vocab, spec.tied_embeddings)
+    shape = (
+        spec.layers,
+        spec.hidden,
+        spec.heads,
+        spec.n_kv_heads,
+        spec.d_ffn,
+        spec.vocab,
+        spec.tied_embeddings,
+    )
     for name, flavor_shape in TORCHTITAN_LLAMA3_FLAVORS.items():
-        if shape == flavor_shape and spec.d_head == spec.hidden // spec.heads and spec.rope_theta == 500000:
+        if (
+            shape == flavor_shape
+            and spec.d_head == spec.hidden // spec.heads
+            and spec.rope_theta == 500000
+        ):
             return name
     return None
 
@@ -266,7 +379,9 @@ def torchtitan_family(spec) -> str:
 
 def _models_source() -> list[str]:
     """The model code the job carries (planner/exports/torchtitan_models.py, read as text)."""
-    return (Path(__file__).with_name("torchtitan_models.py").read_text().rstrip("\n") + "\n").splitlines()
+    return (
+        Path(__file__).with_name("torchtitan_models.py").read_text().rstrip("\n") + "\n"
+    ).splitlines()
 
 
 def _model_lines(plan: Plan, spec, family, flavor) -> tuple[list[str], list[str]]:
@@ -278,13 +393,16 @@ def _model_lines(plan: Plan, spec, family, flavor) -> tuple[list[str], list[str]
         return _moe_flavor(plan, spec), _moe_registry_lines(plan, spec)
     if family == "qwen3":
         return _qwen3_dense_lines(spec, max(cfg.seq, spec.seq)), [
-            f"    config.model_spec = qwen3.model_registry('planner', converters={converters})"]
+            f"    config.model_spec = qwen3.model_registry('planner', converters={converters})"
+        ]
     if family == "gpt":
         prelude = [""] + _models_source()
-        body = ["    model = gpt_config(",
-                f"        vocab={spec.vocab}, dim={spec.hidden}, n_layers={spec.layers}, n_heads={spec.heads},",
-                f"        head_dim={spec.d_head}, hidden_dim={spec.d_ffn}, n_positions={max(cfg.seq, spec.n_positions)},",
-                f"        tied={spec.tied_embeddings})"]
+        body = [
+            "    model = gpt_config(",
+            f"        vocab={spec.vocab}, dim={spec.hidden}, n_layers={spec.layers}, n_heads={spec.heads},",
+            f"        head_dim={spec.d_head}, hidden_dim={spec.d_ffn}, n_positions={max(cfg.seq, spec.n_positions)},",
+            f"        tied={spec.tied_embeddings})",
+        ]
         if cfg.precision == "fp8":
             body.append("    model = Float8LinearConverter.Config().build().convert(model)")
         body.append(f"    config.model_spec = tied_model_spec('gpt', {spec.name!r}, model)")
@@ -293,87 +411,115 @@ def _model_lines(plan: Plan, spec, family, flavor) -> tuple[list[str], list[str]
     name = flavor or "planner"
     body = [f"    config.model_spec = llama3.model_registry({name!r}, converters={converters})"]
     if tied_pp:
-        prelude = prelude + [""] + _models_source() + [
-            "",
-            "",
-            "class TiedLlama3Model(llama3.Llama3Model):",
-            "    \"\"\"torchtitan's llama3 model whose tied table may sit on two pipeline stages.\"\"\"",
-            "",
-            "    @dataclass(kw_only=True, slots=True)",
-            "    class Config(llama3.Llama3Model.Config):",
-            "        def update_from_config(self, *, config, **kwargs) -> None:",
-            "            tied, self.enable_weight_tying = self.enable_weight_tying, False   # skip the PP refusal",
-            "            try:",
-            "                llama3.Llama3Model.Config.update_from_config(self, config=config, **kwargs)",
-            "            finally:",
-            "                self.enable_weight_tying = tied",
-            "",
-            "    def init_states(self, *, buffer_device=None) -> None:",
-            "        init_tied_states(self, buffer_device=buffer_device)"]
-        body += ["    model = config.model_spec.model",
-                 "    model = TiedLlama3Model.Config(**{f.name: getattr(model, f.name) for f in dataclasses.fields(model)})",
-                 f"    config.model_spec = tied_model_spec('llama3', {name!r}, model)"]
+        prelude = (
+            prelude
+            + [""]
+            + _models_source()
+            + [
+                "",
+                "",
+                "class TiedLlama3Model(llama3.Llama3Model):",
+                '    """torchtitan\'s llama3 model whose tied table may sit on two pipeline stages."""',
+                "",
+                "    @dataclass(kw_only=True, slots=True)",
+                "    class Config(llama3.Llama3Model.Config):",
+                "        def update_from_config(self, *, config, **kwargs) -> None:",
+                "            tied, self.enable_weight_tying = self.enable_weight_tying, False   # skip the PP refusal",
+                "            try:",
+                "                llama3.Llama3Model.Config.update_from_config(self, config=config, **kwargs)",
+                "            finally:",
+                "                self.enable_weight_tying = tied",
+                "",
+                "    def init_states(self, *, buffer_device=None) -> None:",
+                "        init_tied_states(self, buffer_device=buffer_device)",
+            ]
+        )
+        body += [
+            "    model = config.model_spec.model",
+            "    model = TiedLlama3Model.Config(**{f.name: getattr(model, f.name) for f in dataclasses.fields(model)})",
+            f"    config.model_spec = tied_model_spec('llama3', {name!r}, model)",
+        ]
     return prelude, body
 
 
 def _module_text(plan: Plan, spec, family, flavor, training, parallelism, ac, steps) -> str:
     cfg = plan.config
     module = "planner_job"
-    lines = ['"""' + "\n".join(header(plan, "torchtitan 0.3.0 job")),
-             "",
-             f"Save as {module}.py and run (module and config names as here):",
-             f"  PYTHONPATH=. torchrun --nnodes {plan.nodes} --nproc_per_node {devices_per_node(plan)} "
-             f"-m torchtitan.train --module {module} --config planner_job",
-             "Set hf_assets_path (tokenizer), the dataset, optimizer and steps for your run (here: torchtitan's defaults",
-             f"of the job this one starts from); the model, batch and parallelism are the plan's.",
-             '"""',
-             "from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",
-             "from torchtitan.config import ParallelismConfig, TrainingConfig",
-             "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC"]
+    lines = [
+        '"""' + "\n".join(header(plan, "torchtitan 0.3.0 job")),
+        "",
+        f"Save as {module}.py and run (module and config names as here):",
+        f"  PYTHONPATH=. torchrun --nnodes {plan.nodes} --nproc_per_node {devices_per_node(plan)} "
+        f"-m torchtitan.train --module {module} --config planner_job",
+        "Set hf_assets_path (tokenizer), the dataset, optimizer and steps for your run (here: torchtitan's defaults",
+        "of the job this one starts from); the model, batch and parallelism are the plan's.",
+        '"""',
+        "from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",
+        "from torchtitan.config import ParallelismConfig, TrainingConfig",
+        "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC",
+    ]
     if family in TORCHTITAN_MOE_FAMILIES or family in TORCHTITAN_DENSE_FAMILIES:
         package, _, _, job = {**TORCHTITAN_MOE_FAMILIES, **TORCHTITAN_DENSE_FAMILIES}[family]
-        lines += [f"from torchtitan.models import {package}",
-                  "from torchtitan.models.common.config_utils import decoder_vocab_size",
-                  f"from torchtitan.models.{package}.config_registry import {job} as base_job"]
+        lines += [
+            f"from torchtitan.models import {package}",
+            "from torchtitan.models.common.config_utils import decoder_vocab_size",
+            f"from torchtitan.models.{package}.config_registry import {job} as base_job",
+        ]
         if spec.mtp_modules:
             lines.append("from torchtitan.models.deepseek_v3.mtp import MTPLoss")
     else:
-        lines += ["from torchtitan.models import llama3",
-                  "from torchtitan.models.common.config_utils import decoder_vocab_size",
-                  "from torchtitan.models.llama3.config_registry import "
-                  f"{_JOB_OF_FLAVOR.get(flavor, 'llama3_8b')} as base_job"]
+        lines += [
+            "from torchtitan.models import llama3",
+            "from torchtitan.models.common.config_utils import decoder_vocab_size",
+            "from torchtitan.models.llama3.config_registry import "
+            f"{_JOB_OF_FLAVOR.get(flavor, 'llama3_8b')} as base_job",
+        ]
     if cfg.precision == "fp8":
-        lines.append("from torchtitan.components.quantization import Float8LinearConverter"
-                     + (", Float8GroupedExpertsConverter" if family in TORCHTITAN_MOE_FAMILIES else ""))
+        lines.append(
+            "from torchtitan.components.quantization import Float8LinearConverter"
+            + (", Float8GroupedExpertsConverter" if family in TORCHTITAN_MOE_FAMILIES else "")
+        )
     lines.append("")
     prelude, body = _model_lines(plan, spec, family, flavor)
     if ac.startswith("FirstBlocksAC"):
         prelude = _first_blocks_ac_source() + prelude
     lines += prelude
-    lines += ["",
-              "",
-              "def planner_job():",
-              "    config = base_job()",
-              *body,
-              *(["    config.loss = MTPLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec))"]
-                if spec.mtp_modules else
-                ["    config.loss = ChunkedLossWrapper.Config(",
-                 "        loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec)))"]),
-              "    config.training = TrainingConfig(",
-              *[f"        {k}={_py(v)}," for k, v in training.items()],
-              "        steps=config.training.steps,",
-              "    )",
-              "    config.parallelism = ParallelismConfig(",
-              *[f"        {k}={_py(v)}," for k, v in parallelism.items() if k != "module_fqns_per_model_part"],
-              ]
+    lines += [
+        "",
+        "",
+        "def planner_job():",
+        "    config = base_job()",
+        *body,
+        *(
+            [
+                "    config.loss = MTPLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec))"
+            ]
+            if spec.mtp_modules
+            else [
+                "    config.loss = ChunkedLossWrapper.Config(",
+                "        loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec)))",
+            ]
+        ),
+        "    config.training = TrainingConfig(",
+        *[f"        {k}={_py(v)}," for k, v in training.items()],
+        "        steps=config.training.steps,",
+        "    )",
+        "    config.parallelism = ParallelismConfig(",
+        *[
+            f"        {k}={_py(v)},"
+            for k, v in parallelism.items()
+            if k != "module_fqns_per_model_part"
+        ],
+    ]
     if "module_fqns_per_model_part" in parallelism:
         lines.append("        module_fqns_per_model_part=[")
         lines += [f"            {part!r}," for part in parallelism["module_fqns_per_model_part"]]
         lines.append("        ],")
-    lines += ["    )",
-              f"    config.activation_checkpoint = {ac}"]
+    lines += ["    )", f"    config.activation_checkpoint = {ac}"]
     if steps:
-        lines.append(f"    config.checkpoint.interval = {steps}  # plan.checkpoint_interval_s / predicted step time")
+        lines.append(
+            f"    config.checkpoint.interval = {steps}  # plan.checkpoint_interval_s / predicted step time"
+        )
     lines += ["    return config", ""]
     return "\n".join(lines)
 
@@ -406,8 +552,8 @@ def _custom_flavor(spec, seq: int) -> list[str]:
     """A llama3 flavor of the plan's shape, built the way torchtitan builds its own flavors."""
     return [
         "",
-        "def _planner_flavor(attn_backend, tp_gemm_backend=\"default\"):",
-        f"    \"\"\"{spec.name}: the plan's shape as a torchtitan llama3 model (as torchtitan's own flavors are built).\"\"\"",
+        'def _planner_flavor(attn_backend, tp_gemm_backend="default"):',
+        f'    """{spec.name}: the plan\'s shape as a torchtitan llama3 model (as torchtitan\'s own flavors are built)."""',
         "    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm",
         f"    dim, vocab = {spec.hidden}, {spec.vocab}",
         "    return llama3.Llama3Model.Config(",
@@ -426,7 +572,7 @@ def _custom_flavor(spec, seq: int) -> list[str]:
         "    )",
         "",
         "",
-        "llama3.llama3_configs[\"planner\"] = _planner_flavor",
+        'llama3.llama3_configs["planner"] = _planner_flavor',
     ]
 
 
@@ -437,8 +583,8 @@ def _qwen3_dense_lines(spec, max_seq: int) -> list[str]:
     return [
         "",
         "def _planner_flavor(attn_backend):",
-        f"    \"\"\"{spec.name}: the plan's shape as a torchtitan dense Qwen3 model, built as torchtitan's own flavors are",
-        "    (torchtitan/models/qwen3/__init__.py: _8b, _build_qwen3_layers).\"\"\"",
+        f'    """{spec.name}: the plan\'s shape as a torchtitan dense Qwen3 model, built as torchtitan\'s own flavors are',
+        '    (torchtitan/models/qwen3/__init__.py: _8b, _build_qwen3_layers)."""',
         "    from torchtitan.models.common import CosSinRoPE, Embedding, Linear",
         f"    dim, vocab = {spec.hidden}, {spec.vocab}",
         "    return qwen3.Qwen3Model.Config(",
@@ -453,7 +599,7 @@ def _qwen3_dense_lines(spec, max_seq: int) -> list[str]:
         "    )",
         "",
         "",
-        "qwen3.qwen3_configs[\"planner\"] = _planner_flavor",
+        'qwen3.qwen3_configs["planner"] = _planner_flavor',
     ]
 
 
@@ -465,10 +611,12 @@ def _moe_registry_lines(plan: Plan, spec) -> list[str]:
     if family == "deepseek_v3" and spec.mtp_modules:
         args.append(f"num_mtp_layers={spec.mtp_modules}")
     if family == "gpt_oss" and cfg.cp > 1:
-        args.append("attn_backend='flex'")          # varlen attention has no context parallelism
-    if cfg.precision == "fp8":                     # as torchtitan's deepseek_v3_671b_float8 (config_registry.py)
-        args.append("converters=[Float8LinearConverter.Config(filter_fqns=['router.gate']), "
-                    "Float8GroupedExpertsConverter.Config()]")
+        args.append("attn_backend='flex'")  # varlen attention has no context parallelism
+    if cfg.precision == "fp8":  # as torchtitan's deepseek_v3_671b_float8 (config_registry.py)
+        args.append(
+            "converters=[Float8LinearConverter.Config(filter_fqns=['router.gate']), "
+            "Float8GroupedExpertsConverter.Config()]"
+        )
     return [f"    config.model_spec = {package}.model_registry({', '.join(args)})"]
 
 
@@ -487,10 +635,19 @@ def _moe_flavor(plan: Plan, spec) -> list[str]:
     cfg, moe = plan.config, spec.moe
     max_seq = max(cfg.seq, spec.seq)
     limited = bool(moe.groups_per_token) and moe.expert_groups > 1
-    router = {"score_func": moe.router, "route_norm": moe.normalize_top_k, "route_scale": float(moe.routed_scaling),
-              "num_expert_groups": moe.expert_groups if limited else None,
-              "num_limited_groups": moe.groups_per_token if limited else None, "gate.bias": moe.router_bias}
-    build = {"deepseek_v3": _deepseek_v3_lines, "qwen3_moe": _qwen3_moe_lines, "gpt_oss": _gpt_oss_lines}
+    router = {
+        "score_func": moe.router,
+        "route_norm": moe.normalize_top_k,
+        "route_scale": float(moe.routed_scaling),
+        "num_expert_groups": moe.expert_groups if limited else None,
+        "num_limited_groups": moe.groups_per_token if limited else None,
+        "gate.bias": moe.router_bias,
+    }
+    build = {
+        "deepseek_v3": _deepseek_v3_lines,
+        "qwen3_moe": _qwen3_moe_lines,
+        "gpt_oss": _gpt_oss_lines,
+    }
     return build[spec.model_type](spec, max_seq, router)
 
 
@@ -502,19 +659,28 @@ def _deepseek_v3_lines(spec, max_seq: int, router: dict) -> list[str]:
     if moe.shared_experts == 0:
         shared = ["        layer.moe.shared_experts = None"]
     elif moe.d_shared_ffn != moe.expert_ffn:
-        shared = ["        layer.moe.shared_experts = make_ffn_config(",
-                  f"            dim=dim, hidden_dim={moe.shared_experts * moe.d_shared_ffn}, "
-                  "w1_param_init=deepseek_v3._LINEAR_INIT,",
-                  "            w2w3_param_init=deepseek_v3._depth_init(layer_id))"]
-    patches = _moe_patches(["        layer.moe.router.gate.bias = True"] if moe.router_bias else [], shared,
-                           "a gate without bias; shared experts num_shared_experts x moe_hidden_dim wide")
+        shared = [
+            "        layer.moe.shared_experts = make_ffn_config(",
+            f"            dim=dim, hidden_dim={moe.shared_experts * moe.d_shared_ffn}, "
+            "w1_param_init=deepseek_v3._LINEAR_INIT,",
+            "            w2w3_param_init=deepseek_v3._depth_init(layer_id))",
+        ]
+    patches = _moe_patches(
+        ["        layer.moe.router.gate.bias = True"] if moe.router_bias else [],
+        shared,
+        "a gate without bias; shared experts num_shared_experts x moe_hidden_dim wide",
+    )
     return [
         "",
         "def _planner_flavor(attn_backend, moe_comm_backend, non_blocking_capacity_factor=None, num_mtp_layers=0):",
-        f"    \"\"\"{spec.name}: the plan's shape as a torchtitan DeepSeek-V3 model, built as torchtitan's own flavors are",
-        "    (torchtitan/models/deepseek_v3/__init__.py: _671b, build_mla_moe_layers, _build_mtp_layers).\"\"\"",
+        f'    """{spec.name}: the plan\'s shape as a torchtitan DeepSeek-V3 model, built as torchtitan\'s own flavors are',
+        '    (torchtitan/models/deepseek_v3/__init__.py: _671b, build_mla_moe_layers, _build_mtp_layers)."""',
         "    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm",
-        *(["    from torchtitan.models.common.config_utils import make_ffn_config"] if len(shared) > 1 else []),
+        *(
+            ["    from torchtitan.models.common.config_utils import make_ffn_config"]
+            if len(shared) > 1
+            else []
+        ),
         f"    dim, vocab = {spec.hidden}, {spec.vocab}",
         "    layers = deepseek_v3._build_dsv3_layers(",
         f"        n_layers={spec.layers}, n_dense_layers={moe.first_dense_layers}, dim=dim, n_heads={spec.heads},",
@@ -544,7 +710,7 @@ def _deepseek_v3_lines(spec, max_seq: int, router: dict) -> list[str]:
         "    )",
         "",
         "",
-        "deepseek_v3.deepseekv3_configs[\"planner\"] = _planner_flavor",
+        'deepseek_v3.deepseekv3_configs["planner"] = _planner_flavor',
     ]
 
 
@@ -552,22 +718,46 @@ def _qwen3_moe_lines(spec, max_seq: int, router: dict) -> list[str]:
     """torchtitan/models/qwen3/__init__.py: _30b_a3b's recipe (_build_qwen3_moe_layers: fused QKV, QK-norm,
     a softmax router renormalized over the top k, no shared experts; Qwen3Model.Config) with the plan's numbers."""
     moe = spec.moe
-    fixed = {"score_func": "softmax", "route_norm": True, "route_scale": 1.0, "num_expert_groups": None,
-             "num_limited_groups": None, "gate.bias": False}
-    router_lines = [f"        layer.moe.router.{name} = {router[name]!r}" for name in fixed if router[name] != fixed[name]]
-    shared = ["        layer.moe.shared_experts = make_ffn_config(",
-              f"            dim=dim, hidden_dim={moe.shared_experts * moe.d_shared_ffn}, "
-              "w1_param_init=qwen3._LINEAR_INIT, w2w3_param_init=qwen3._LINEAR_INIT)"] if moe.shared_experts else []
-    patches = _moe_patches(router_lines, shared, "a softmax router renormalized over the top k, no scaling, groups or "
-                                                 "gate bias; no shared experts")
+    fixed = {
+        "score_func": "softmax",
+        "route_norm": True,
+        "route_scale": 1.0,
+        "num_expert_groups": None,
+        "num_limited_groups": None,
+        "gate.bias": False,
+    }
+    router_lines = [
+        f"        layer.moe.router.{name} = {router[name]!r}"
+        for name in fixed
+        if router[name] != fixed[name]
+    ]
+    shared = (
+        [
+            "        layer.moe.shared_experts = make_ffn_config(",
+            f"            dim=dim, hidden_dim={moe.shared_experts * moe.d_shared_ffn}, "
+            "w1_param_init=qwen3._LINEAR_INIT, w2w3_param_init=qwen3._LINEAR_INIT)",
+        ]
+        if moe.shared_experts
+        else []
+    )
+    patches = _moe_patches(
+        router_lines,
+        shared,
+        "a softmax router renormalized over the top k, no scaling, groups or "
+        "gate bias; no shared experts",
+    )
     embedding = "qwen3._EMBEDDING_SKIP_INIT" if spec.tied_embeddings else "qwen3._EMBEDDING_INIT"
     return [
         "",
-        "def _planner_flavor(attn_backend, moe_comm_backend=\"standard\"):",
-        f"    \"\"\"{spec.name}: the plan's shape as a torchtitan Qwen3 MoE model, built as torchtitan's own flavors are",
-        "    (torchtitan/models/qwen3/__init__.py: _30b_a3b, _build_qwen3_moe_layers).\"\"\"",
+        'def _planner_flavor(attn_backend, moe_comm_backend="standard"):',
+        f'    """{spec.name}: the plan\'s shape as a torchtitan Qwen3 MoE model, built as torchtitan\'s own flavors are',
+        '    (torchtitan/models/qwen3/__init__.py: _30b_a3b, _build_qwen3_moe_layers)."""',
         "    from torchtitan.models.common import CosSinRoPE, Embedding, Linear",
-        *(["    from torchtitan.models.common.config_utils import make_ffn_config"] if shared else []),
+        *(
+            ["    from torchtitan.models.common.config_utils import make_ffn_config"]
+            if shared
+            else []
+        ),
         f"    dim, vocab = {spec.hidden}, {spec.vocab}",
         "    layers = qwen3._build_qwen3_moe_layers(",
         f"        fuse_qkv=True, n_layers={spec.layers}, dim=dim, n_heads={spec.heads}, n_kv_heads={spec.n_kv_heads}, "
@@ -585,7 +775,7 @@ def _qwen3_moe_lines(spec, max_seq: int, router: dict) -> list[str]:
         "    )",
         "",
         "",
-        "qwen3.qwen3_configs[\"planner\"] = _planner_flavor",
+        'qwen3.qwen3_configs["planner"] = _planner_flavor',
     ]
 
 
@@ -596,13 +786,16 @@ def _gpt_oss_lines(spec, max_seq: int, router: dict) -> list[str]:
     moe = spec.moe
     windowed = [i for i in range(spec.layers) if spec.windowed(i)]
     window = f"{spec.sliding_window} if layer_id in windowed else None" if windowed else "None"
-    groups = "" if router["num_expert_groups"] is None else \
-        f" num_expert_groups={router['num_expert_groups']}, num_limited_groups={router['num_limited_groups']},"
+    groups = (
+        ""
+        if router["num_expert_groups"] is None
+        else f" num_expert_groups={router['num_expert_groups']}, num_limited_groups={router['num_limited_groups']},"
+    )
     return [
         "",
-        "def _planner_flavor(moe_comm_backend, attn_backend=\"varlen\"):",
-        f"    \"\"\"{spec.name}: the plan's shape as a torchtitan gpt-oss model, built as torchtitan's own flavors are",
-        "    (torchtitan/models/gpt_oss/__init__.py: _120b, _build_gptoss_layers with the plan's heads and windows).\"\"\"",
+        'def _planner_flavor(moe_comm_backend, attn_backend="varlen"):',
+        f'    """{spec.name}: the plan\'s shape as a torchtitan gpt-oss model, built as torchtitan\'s own flavors are',
+        '    (torchtitan/models/gpt_oss/__init__.py: _120b, _build_gptoss_layers with the plan\'s heads and windows)."""',
         "    from torchtitan.models.common import CosSinRoPE, Embedding, Linear, RMSNorm",
         "    from torchtitan.models.common.moe import TokenChoiceTopKRouter",
         "    from torchtitan.models.gpt_oss.model import GptOssTransformerBlock",
@@ -642,7 +835,7 @@ def _gpt_oss_lines(spec, max_seq: int, router: dict) -> list[str]:
         "    )",
         "",
         "",
-        "gpt_oss.gptoss_configs[\"planner\"] = _planner_flavor",
+        'gpt_oss.gptoss_configs["planner"] = _planner_flavor',
     ]
 
 
@@ -658,9 +851,12 @@ def _moe_patches(router_lines: list[str], shared_lines: list[str], fixed: str) -
     """Lines that set, on every MoE block the family's builder made, what the plan has and the builder fixes."""
     if not router_lines and not shared_lines:
         return []
-    return ["    # the plan's router and shared experts, where torchtitan's builder fixes them:",
-            f"    # {fixed}",
-            "    for layer_id, layer in enumerate(layers):",
-            "        if layer.moe is None:",
-            "            continue",
-            *router_lines, *shared_lines]
+    return [
+        "    # the plan's router and shared experts, where torchtitan's builder fixes them:",
+        f"    # {fixed}",
+        "    for layer_id, layer in enumerate(layers):",
+        "        if layer.moe is None:",
+        "            continue",
+        *router_lines,
+        *shared_lines,
+    ]

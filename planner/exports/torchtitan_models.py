@@ -19,12 +19,19 @@ from torchtitan.models.common import Embedding, LayerNorm, Linear
 from torchtitan.models.common.attention import FusedQKVLinear
 from torchtitan.models.common.config_utils import get_attention_config
 from torchtitan.models.common.decoder import Decoder, TransformerBlock
-from torchtitan.models.common.decoder_sharding import (colwise_config, dense_activation_placement,
-                                                      dense_param_placement, dense_sequence_parallel_placement,
-                                                      norm_config, pre_lm_head_norm_config, rowwise_config,
-                                                      set_decoder_sharding_config, set_gqa_inner_attention_local_map,
-                                                      set_qkv_linear_sharding)
-from torchtitan.models.common.param_init import depth_scaled_std, skip_param_init
+from torchtitan.models.common.decoder_sharding import (
+    colwise_config,
+    dense_activation_placement,
+    dense_param_placement,
+    dense_sequence_parallel_placement,
+    norm_config,
+    pre_lm_head_norm_config,
+    rowwise_config,
+    set_decoder_sharding_config,
+    set_gqa_inner_attention_local_map,
+    set_qkv_linear_sharding,
+)
+from torchtitan.models.common.param_init import depth_scaled_std
 from torchtitan.models.llama3.parallelize import parallelize_llama
 from torchtitan.models.utils import get_dense_model_nparams_and_flops
 from torchtitan.protocols.model_spec import ModelSpec
@@ -64,16 +71,28 @@ class GPTAttention(Module):
 
     def __init__(self, config: Config):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = (
+            config.n_heads,
+            config.n_kv_heads,
+            config.head_dim,
+        )
         self.qkv_linear = config.qkv_linear.build()
         self.wo = config.wo.build()
         self.inner_attention = config.inner_attention.build()
-        self.scaling = self.head_dim ** -0.5 if config.head_dim * config.n_heads != config.dim else None
+        self.scaling = (
+            self.head_dim**-0.5 if config.head_dim * config.n_heads != config.dim else None
+        )
 
     def forward(self, x_BLD, attention_masks, positions=None):
         xq, xk, xv = self.qkv_linear(x_BLD)
-        out = self.inner_attention(xq, xk, xv, attention_masks=attention_masks, scale=self.scaling,
-                                   enable_gqa=self.n_heads > self.n_kv_heads).contiguous()
+        out = self.inner_attention(
+            xq,
+            xk,
+            xv,
+            attention_masks=attention_masks,
+            scale=self.scaling,
+            enable_gqa=self.n_heads > self.n_kv_heads,
+        ).contiguous()
         return self.wo(out.flatten(2))
 
 
@@ -119,23 +138,31 @@ def set_gpt_sharding_config(config, *, enable_sp: bool) -> None:
     """Tensor/sequence-parallel placements, as torchtitan's llama3 sets them, with biases and positions."""
     set_decoder_sharding_config(config, enable_sp=enable_sp)
     config.norm.sharding_config = _with_bias(pre_lm_head_norm_config(enable_sp=enable_sp))
-    act = dense_sequence_parallel_placement() if enable_sp else dense_activation_placement(tp=spmd.I)
+    act = (
+        dense_sequence_parallel_placement() if enable_sp else dense_activation_placement(tp=spmd.I)
+    )
     replicated = dense_activation_placement(tp=spmd.R)
     config.pos_embeddings.sharding_config = ShardingConfig(
         state_shardings={"weight": dense_param_placement(tp=spmd.R)},
-        in_src_shardings={"input": replicated}, in_dst_shardings={"input": replicated},
-        out_src_shardings=replicated, out_dst_shardings=act)
+        in_src_shardings={"input": replicated},
+        in_dst_shardings={"input": replicated},
+        out_src_shardings=replicated,
+        out_dst_shardings=act,
+    )
     for layer in config.layers:
         norm = _with_bias(norm_config(enable_sp=enable_sp))
         layer.attention_norm.sharding_config = norm
         layer.ffn_norm.sharding_config = norm
-        layer.attention.sharding_config = ShardingConfig(in_src_shardings={"x_BLD": act},
-                                                         in_dst_shardings={"x_BLD": replicated})
+        layer.attention.sharding_config = ShardingConfig(
+            in_src_shardings={"x_BLD": act}, in_dst_shardings={"x_BLD": replicated}
+        )
         set_qkv_linear_sharding(layer.attention.qkv_linear)
         set_gqa_inner_attention_local_map(layer.attention.inner_attention)
         layer.attention.wo.sharding_config = rowwise_config(output_sp=enable_sp)
         ffn = layer.feed_forward
-        ffn.sharding_config = ShardingConfig(in_src_shardings={"x": act}, in_dst_shardings={"x": replicated})
+        ffn.sharding_config = ShardingConfig(
+            in_src_shardings={"x": act}, in_dst_shardings={"x": replicated}
+        )
         ffn.w1.sharding_config = colwise_config()
         ffn.w2.sharding_config = rowwise_config(output_sp=enable_sp)
 
@@ -144,10 +171,16 @@ def _check_runtime(config, *, heads: int, kv_heads: int, max_seq: int) -> None:
     """The checks torchtitan's Decoder.update_from_config makes, for models built here."""
     par = config.parallelism
     if par.spmd_backend == "spmd_types":
-        raise NotImplementedError("the planner's models run on torchtitan's DTensor backends "
-                                  "(parallelism.spmd_backend partial_dtensor or full_dtensor)")
-    if par.tensor_parallel_degree > 1 and (heads % par.tensor_parallel_degree or kv_heads % par.tensor_parallel_degree):
-        raise ValueError(f"tensor_parallel_degree ({par.tensor_parallel_degree}) must divide the heads ({heads}, {kv_heads})")
+        raise NotImplementedError(
+            "the planner's models run on torchtitan's DTensor backends "
+            "(parallelism.spmd_backend partial_dtensor or full_dtensor)"
+        )
+    if par.tensor_parallel_degree > 1 and (
+        heads % par.tensor_parallel_degree or kv_heads % par.tensor_parallel_degree
+    ):
+        raise ValueError(
+            f"tensor_parallel_degree ({par.tensor_parallel_degree}) must divide the heads ({heads}, {kv_heads})"
+        )
     seq_len = getattr(getattr(config, "training", None), "seq_len", None)
     if seq_len is not None and seq_len > max_seq:
         raise ValueError(f"training.seq_len {seq_len} exceeds the {max_seq} learned positions")
@@ -168,14 +201,24 @@ class GPTModel(Decoder):
             # context parallelism: torchtitan 0.3.0's trainer shards the dataset's `positions` with the tokens
             # (distributed/context_parallel prepare_context_parallel_input), and forward embeds those positions
             attention = self.layers[0].attention
-            _check_runtime(config, heads=attention.n_heads, kv_heads=attention.n_kv_heads, max_seq=self.max_seq_len)
+            _check_runtime(
+                config,
+                heads=attention.n_heads,
+                kv_heads=attention.n_kv_heads,
+                max_seq=self.max_seq_len,
+            )
             set_gpt_sharding_config(self, enable_sp=config.parallelism.enable_sequence_parallel)
 
         def get_nparams_and_flops(self, model, seq_len):
             attention = self.layers[0].attention
-            return get_dense_model_nparams_and_flops(model, n_layers=len(self.layers), n_heads=attention.n_heads,
-                                                     head_dims=2 * attention.head_dim, seq_len=seq_len,
-                                                     enable_weight_tying=self.enable_weight_tying)
+            return get_dense_model_nparams_and_flops(
+                model,
+                n_layers=len(self.layers),
+                n_heads=attention.n_heads,
+                head_dims=2 * attention.head_dim,
+                seq_len=seq_len,
+                enable_weight_tying=self.enable_weight_tying,
+            )
 
     def __init__(self, config: Config):
         super().__init__(config)
@@ -186,7 +229,11 @@ class GPTModel(Decoder):
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(tokens)
             if positions is None:
-                positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand(tokens.shape[0], -1)
+                positions = (
+                    torch.arange(tokens.shape[1], device=tokens.device)
+                    .unsqueeze(0)
+                    .expand(tokens.shape[0], -1)
+                )
             h = h + self.pos_embeddings(positions)
         for layer in self.layers.values():
             h = layer(h, attention_masks, positions)
@@ -199,41 +246,89 @@ class GPTModel(Decoder):
         init_tied_states(self, buffer_device=buffer_device)
 
 
-def gpt_config(*, vocab: int, dim: int, n_layers: int, n_heads: int, head_dim: int, hidden_dim: int,
-               n_positions: int, tied: bool, attn_backend: str = "flex") -> GPTModel.Config:
+def gpt_config(
+    *,
+    vocab: int,
+    dim: int,
+    n_layers: int,
+    n_heads: int,
+    head_dim: int,
+    hidden_dim: int,
+    n_positions: int,
+    tied: bool,
+    attn_backend: str = "flex",
+) -> GPTModel.Config:
     """The GPT model config (GPT-2 initialization: normal(0, 0.02), residual projections scaled by depth)."""
     linear = {"weight": partial(nn.init.normal_, std=0.02), "bias": nn.init.zeros_}
     norm = {"weight": nn.init.ones_, "bias": nn.init.zeros_}
 
     def residual(layer_id):
-        return {"weight": partial(nn.init.normal_, std=depth_scaled_std(0.02, layer_id)), "bias": nn.init.zeros_}
+        return {
+            "weight": partial(nn.init.normal_, std=depth_scaled_std(0.02, layer_id)),
+            "bias": nn.init.zeros_,
+        }
 
     layers = []
     for layer_id in range(n_layers):
-        layers.append(GPTBlock.Config(
-            attention_norm=LayerNorm.Config(normalized_shape=dim, param_init=norm),
-            ffn_norm=LayerNorm.Config(normalized_shape=dim, param_init=norm),
-            attention=GPTAttention.Config(
-                n_heads=n_heads, n_kv_heads=n_heads, dim=dim, head_dim=head_dim,
-                qkv_linear=FusedQKVLinear.Config(
-                    head_dim=head_dim, n_heads=n_heads, n_kv_heads=n_heads,
-                    wqkv=Linear.Config(in_features=dim, out_features=3 * n_heads * head_dim, bias=True,
-                                       param_init=linear)),
-                wo=Linear.Config(in_features=n_heads * head_dim, out_features=dim, bias=True,
-                                 param_init=residual(layer_id)),
-                inner_attention=get_attention_config(attn_backend)),
-            feed_forward=GeluFeedForward.Config(
-                w1=Linear.Config(in_features=dim, out_features=hidden_dim, bias=True, param_init=linear),
-                w2=Linear.Config(in_features=hidden_dim, out_features=dim, bias=True, param_init=residual(layer_id)))))
+        layers.append(
+            GPTBlock.Config(
+                attention_norm=LayerNorm.Config(normalized_shape=dim, param_init=norm),
+                ffn_norm=LayerNorm.Config(normalized_shape=dim, param_init=norm),
+                attention=GPTAttention.Config(
+                    n_heads=n_heads,
+                    n_kv_heads=n_heads,
+                    dim=dim,
+                    head_dim=head_dim,
+                    qkv_linear=FusedQKVLinear.Config(
+                        head_dim=head_dim,
+                        n_heads=n_heads,
+                        n_kv_heads=n_heads,
+                        wqkv=Linear.Config(
+                            in_features=dim,
+                            out_features=3 * n_heads * head_dim,
+                            bias=True,
+                            param_init=linear,
+                        ),
+                    ),
+                    wo=Linear.Config(
+                        in_features=n_heads * head_dim,
+                        out_features=dim,
+                        bias=True,
+                        param_init=residual(layer_id),
+                    ),
+                    inner_attention=get_attention_config(attn_backend),
+                ),
+                feed_forward=GeluFeedForward.Config(
+                    w1=Linear.Config(
+                        in_features=dim, out_features=hidden_dim, bias=True, param_init=linear
+                    ),
+                    w2=Linear.Config(
+                        in_features=hidden_dim,
+                        out_features=dim,
+                        bias=True,
+                        param_init=residual(layer_id),
+                    ),
+                ),
+            )
+        )
     return GPTModel.Config(
-        dim=dim, vocab_size=vocab, enable_weight_tying=tied,
-        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim,
-                                        param_init={"weight": partial(nn.init.normal_, std=0.02)}),
-        pos_embeddings=PositionEmbedding.Config(num_embeddings=n_positions, embedding_dim=dim,
-                                                param_init={"weight": partial(nn.init.normal_, std=0.01)}),
+        dim=dim,
+        vocab_size=vocab,
+        enable_weight_tying=tied,
+        tok_embeddings=Embedding.Config(
+            num_embeddings=vocab,
+            embedding_dim=dim,
+            param_init={"weight": partial(nn.init.normal_, std=0.02)},
+        ),
+        pos_embeddings=PositionEmbedding.Config(
+            num_embeddings=n_positions,
+            embedding_dim=dim,
+            param_init={"weight": partial(nn.init.normal_, std=0.01)},
+        ),
         norm=LayerNorm.Config(normalized_shape=dim, param_init=norm),
         lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=linear),
-        layers=layers)
+        layers=layers,
+    )
 
 
 # --- tied input/output embeddings across pipeline stages ------------------------------------------
@@ -243,6 +338,7 @@ def gpt_config(*, vocab: int, dim: int, n_layers: int, n_heads: int, head_dim: i
 # optimizer step. Here: a process group per (first-stage rank, last-stage rank) pair, a broadcast of
 # the last stage's initial table (lm_head's initialization, as torchtitan ties it), and an all-reduce of the two gradients in an optimizer pre-step hook
 # (after torchtitan's gradient clipping, which therefore sees the two partial gradients).
+
 
 def init_tied_states(model, *, buffer_device=None) -> None:
     """Initialize a model part; its tied table is taken from the last stage when the stages differ."""
@@ -274,30 +370,43 @@ def pipeline_tied(model, *, parallel_dims, parallelism, **kwargs):
     stride = pp_ranks[1] - pp_ranks[0]
     width = dist.get_world_size() // parallel_dims.pp
     if pp_ranks != [pp_ranks[0] + k * stride for k in range(parallel_dims.pp)] or stride != width:
-        raise NotImplementedError("tied embeddings across stages need pp as the outermost mesh dimension")
+        raise NotImplementedError(
+            "tied embeddings across stages need pp as the outermost mesh dimension"
+        )
     pairs = [[i, i + (parallel_dims.pp - 1) * width] for i in range(width)]
     group, _ = dist.new_subgroups_by_enumeration(pairs)
     first, last = pp_ranks[0], pp_ranks[-1]
     for part in parts:
-        if (part.tok_embeddings is None) != (part.lm_head is None):     # holds one copy of the table
+        if (part.tok_embeddings is None) != (part.lm_head is None):  # holds one copy of the table
             if dist.get_rank() != (first if part.tok_embeddings is not None else last):
-                raise NotImplementedError("the first and last pipeline stages must sit on the first and last pp ranks "
-                                          "(looped schedules)")
-            part._planner_tied_pair = (group, last, _tied_table)        # the last stage's initial values win
+                raise NotImplementedError(
+                    "the first and last pipeline stages must sit on the first and last pp ranks "
+                    "(looped schedules)"
+                )
+            part._planner_tied_pair = (
+                group,
+                last,
+                _tied_table,
+            )  # the last stage's initial values win
     return result
 
 
 def parallelize_tied(model, **kwargs):
     """torchtitan's llama3 parallelize on a model part; a part with one copy of a tied table is sharded
     like an untied one (torchtitan's FSDP wrapping groups tied modules only when both are present)."""
-    model.enable_weight_tying = model.enable_weight_tying and model.tok_embeddings is not None \
-        and model.lm_head is not None
+    model.enable_weight_tying = (
+        model.enable_weight_tying and model.tok_embeddings is not None and model.lm_head is not None
+    )
     return parallelize_llama(model, **kwargs)
 
 
 def sync_tied_grads_hook(optimizers, model_parts, parallel_dims) -> None:
     """Add the first and last stages' gradients of the tied table before each optimizer step."""
-    pairs = [(part._planner_tied_pair, part) for part in model_parts if hasattr(part, "_planner_tied_pair")]
+    pairs = [
+        (part._planner_tied_pair, part)
+        for part in model_parts
+        if hasattr(part, "_planner_tied_pair")
+    ]
     if not pairs:
         return
 
@@ -312,7 +421,15 @@ def sync_tied_grads_hook(optimizers, model_parts, parallel_dims) -> None:
 
 def tied_model_spec(name: str, flavor: str, config) -> ModelSpec:
     """A model spec whose parallelize/pipeline functions are torchtitan's llama3 ones plus the tied table."""
-    return ModelSpec(name=name, flavor=flavor, model=config, parallelize_fn=parallelize_tied,
-                     pipelining_fn=pipeline_tied, post_optimizer_build_fn=sync_tied_grads_hook,
-                     state_dict_adapter=None)
+    return ModelSpec(
+        name=name,
+        flavor=flavor,
+        model=config,
+        parallelize_fn=parallelize_tied,
+        pipelining_fn=pipeline_tied,
+        post_optimizer_build_fn=sync_tied_grads_hook,
+        state_dict_adapter=None,
+    )
+
+
 # --- end of the planner's models ---------------------------------------------------------------------

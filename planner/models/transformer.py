@@ -35,6 +35,7 @@ or `apply_recompute(model, mode)` with mode
 Checkpointing is torch.utils.checkpoint non-reentrant, so it composes with FSDP2, TP and pipelining
 (docs/executor-notes.md); it is active only while autograd records (grad enabled).
 """
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,13 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.spec import TransformerSpec
 
-_ACTIVATIONS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu,
-                "relu": F.relu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+_ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+    "relu": F.relu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
 
 
 def _norm(spec: TransformerSpec) -> nn.Module:
@@ -56,9 +62,13 @@ def _norm(spec: TransformerSpec) -> nn.Module:
     return nn.LayerNorm(spec.hidden, eps=1e-5)
 
 
-def rope_cos_sin(seq: int, head_dim: int, theta: float = 10000.0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    seq: int, head_dim: int, theta: float = 10000.0, device=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary position tables (Su et al. 2021, RoFormer, eq. 34), shape (seq, head_dim)."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    inv = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    )
     angles = torch.outer(torch.arange(seq, dtype=torch.float32, device=device), inv)
     emb = torch.cat([angles, angles], dim=-1)
     return emb.cos(), emb.sin()
@@ -88,12 +98,19 @@ class Attention(nn.Module):
         self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if spec.qk_norm else None
         self.sinks = nn.Parameter(torch.zeros(spec.heads)) if spec.attention_sinks else None
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> torch.Tensor:
         b, s, _ = x.shape
         q = self.wq(x).view(b, s, -1, self.head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim)
-        if self.q_norm is not None:         # over head_dim, before the transpose (as Hugging Face's Qwen3 and
-            q, k = self.q_norm(q), self.k_norm(k)      # torchtitan's): SDPA's output stays a view for W_O
+        if (
+            self.q_norm is not None
+        ):  # over head_dim, before the transpose (as Hugging Face's Qwen3 and
+            q, k = (
+                self.q_norm(q),
+                self.k_norm(k),
+            )  # torchtitan's): SDPA's output stays a view for W_O
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         if rope is not None:
@@ -104,8 +121,12 @@ class Attention(nn.Module):
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # Look SDPA up at call time so a profiler can route it to another kernel.
         if self.sinks is None and not self.window:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=self.rep > 1)
-        return _masked_core(q, k, v, causal=self.causal, window=self.window, sinks=self.sinks, gqa=self.rep > 1)
+            return F.scaled_dot_product_attention(
+                q, k, v, is_causal=self.causal, enable_gqa=self.rep > 1
+            )
+        return _masked_core(
+            q, k, v, causal=self.causal, window=self.window, sinks=self.sinks, gqa=self.rep > 1
+        )
 
 
 def _attend(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -125,7 +146,9 @@ def _masked_core(q, k, v, *, causal: bool, window: int, sinks, gqa: bool) -> tor
     allowed = (j <= i) if causal else torch.ones(s_q, s_k, dtype=torch.bool, device=q.device)
     if window:
         allowed = allowed & (j > i - window)
-    mask = torch.zeros(s_q, s_k, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
+    mask = torch.zeros(s_q, s_k, dtype=q.dtype, device=q.device).masked_fill(
+        ~allowed, float("-inf")
+    )
     if sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     b, heads = q.shape[0], q.shape[1]
@@ -156,13 +179,17 @@ class LatentAttention(nn.Module):
         self.wkv_b = nn.Linear(m.kv_lora_rank, a * (m.qk_nope_head_dim + m.v_head_dim), bias=False)
         self.wo = nn.Linear(a * m.v_head_dim, h, bias=spec.out_bias)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> torch.Tensor:
         # built as (b, s, heads, d) and transposed last, as Attention does, so that the kernel's output
         # transposes back without a copy
         b, s, _ = x.shape
         m = self.mla
         q = self.wq_b(self.q_norm(self.wq_a(x))) if m.q_lora_rank else self.wq(x)
-        q_nope, q_rope = q.view(b, s, -1, m.qk_head_dim).split([m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1)
+        q_nope, q_rope = q.view(b, s, -1, m.qk_head_dim).split(
+            [m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1
+        )
         latent, k_rope = self.wkv_a(x).split([m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
         kv = self.wkv_b(self.kv_norm(latent)).view(b, s, -1, m.qk_nope_head_dim + m.v_head_dim)
         k_nope, v = kv.split([m.qk_nope_head_dim, m.v_head_dim], dim=-1)
@@ -171,7 +198,9 @@ class LatentAttention(nn.Module):
             cos, sin = rope[0][:s, None, :], rope[1][:s, None, :]
             q_rope, k_rope = _apply_rope(q_rope, cos, sin), _apply_rope(k_rope, cos, sin)
         q = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)
-        k = torch.cat([k_nope, k_rope.expand(b, s, k_nope.shape[2], m.qk_rope_head_dim)], dim=-1).transpose(1, 2)
+        k = torch.cat(
+            [k_nope, k_rope.expand(b, s, k_nope.shape[2], m.qk_rope_head_dim)], dim=-1
+        ).transpose(1, 2)
         return self.wo(_attend(self, q, k, v.transpose(1, 2)).transpose(1, 2).reshape(b, s, -1))
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -202,11 +231,15 @@ class MoEFeedForward(nn.Module):
         super().__init__()
         moe = self.moe = spec.moe
         self.router = nn.Linear(spec.hidden, moe.experts, bias=moe.router_bias)
-        self.experts = nn.ModuleList([FeedForward(spec, moe.expert_ffn) for _ in range(moe.experts)])
+        self.experts = nn.ModuleList(
+            [FeedForward(spec, moe.expert_ffn) for _ in range(moe.experts)]
+        )
         shared = moe.shared_experts * moe.d_shared_ffn
         self.shared_experts = FeedForward(spec, shared) if shared else None
         self.shared_gate = nn.Linear(spec.hidden, 1, bias=False) if moe.shared_expert_gate else None
-        if moe.aux_free_bias:   # DeepSeek-V3's balancing bias: changes the choice only, not a parameter
+        if (
+            moe.aux_free_bias
+        ):  # DeepSeek-V3's balancing bias: changes the choice only, not a parameter
             self.register_buffer("expert_bias", torch.zeros(moe.experts))
         else:
             self.expert_bias = None
@@ -218,8 +251,14 @@ class MoEFeedForward(nn.Module):
         weights renormalized and scaled (report Sec. 2.1.2, eq. 12-16)."""
         moe = self.moe
         logits = self.router(x)
-        scores = logits.softmax(dim=-1, dtype=torch.float32) if moe.router == "softmax" else logits.float().sigmoid()
-        with torch.no_grad():   # the choice is not differentiable; only the chosen scores carry gradients
+        scores = (
+            logits.softmax(dim=-1, dtype=torch.float32)
+            if moe.router == "softmax"
+            else logits.float().sigmoid()
+        )
+        with (
+            torch.no_grad()
+        ):  # the choice is not differentiable; only the chosen scores carry gradients
             choice = scores if self.expert_bias is None else scores + self.expert_bias
             if moe.groups_per_token and moe.expert_groups > 1:
                 # DeepSeek-V3's node-limited routing: rank groups by their two best scores, keep the best
@@ -227,7 +266,9 @@ class MoEFeedForward(nn.Module):
                 group_score = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)
                 keep = torch.zeros_like(group_score, dtype=torch.bool)
                 keep.scatter_(1, group_score.topk(moe.groups_per_token, dim=-1).indices, True)
-                choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
+                choice = choice.masked_fill(
+                    ~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf")
+                )
             index = choice.topk(moe.top_k, dim=-1).indices
         weight = scores.gather(1, index)
         if moe.normalize_top_k:
@@ -262,7 +303,9 @@ class Block(nn.Module):
         if spec.mla is not None:
             self.attention = LatentAttention(spec)
         else:
-            self.attention = Attention(spec, window=spec.sliding_window if spec.windowed(layer) else 0)
+            self.attention = Attention(
+                spec, window=spec.sliding_window if spec.windowed(layer) else 0
+            )
         self.ffn_norm = _norm(spec)
         self.feed_forward = MoEFeedForward(spec) if spec.is_moe_layer(layer) else FeedForward(spec)
         self.recompute_block = False
@@ -288,7 +331,9 @@ class Transformer(nn.Module):
             raise NotImplementedError("encoder-decoder models have no reference implementation")
         self.spec = spec
         self.tok_embeddings = nn.Embedding(spec.vocab, spec.hidden)
-        self.pos_embeddings = nn.Embedding(spec.n_positions, spec.hidden) if spec.position == "learned" else None
+        self.pos_embeddings = (
+            nn.Embedding(spec.n_positions, spec.hidden) if spec.position == "learned" else None
+        )
         self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in range(spec.layers)})
         self.norm = _norm(spec)
         self.output = nn.Linear(spec.hidden, spec.vocab, bias=False)
@@ -316,26 +361,38 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             with torch.no_grad():
                 if p.dim() == 1:
-                    p.copy_(torch.ones_like(p) if name.endswith("norm.weight") else torch.zeros_like(p))
+                    p.copy_(
+                        torch.ones_like(p) if name.endswith("norm.weight") else torch.zeros_like(p)
+                    )
                 else:
-                    std = 0.02 / math.sqrt(2 * max(1, self.spec.layers)) if name.endswith(("wo.weight", "w2.weight")) else 0.02
+                    std = (
+                        0.02 / math.sqrt(2 * max(1, self.spec.layers))
+                        if name.endswith(("wo.weight", "w2.weight"))
+                        else 0.02
+                    )
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         s = h.shape[1]
-        positions = getattr(self, "positions", None)   # a pipeline stage module may predate the attribute
+        positions = getattr(
+            self, "positions", None
+        )  # a pipeline stage module may predate the attribute
         if positions is not None:
             positions = positions.to(h.device)
         if self.pos_embeddings is not None:
-            h = h + self.pos_embeddings(torch.arange(s, device=h.device) if positions is None else positions)
+            h = h + self.pos_embeddings(
+                torch.arange(s, device=h.device) if positions is None else positions
+            )
         rope_dim = self.spec.mla.qk_rope_head_dim if self.spec.mla is not None else self.spec.d_head
         rope = None
         if self.spec.position == "rope":
             if positions is None:
                 rope = rope_cos_sin(s, rope_dim, self.spec.rope_theta, device=h.device)
-            else:   # the table's rows at the given positions: the same values as the full table's
-                cos, sin = rope_cos_sin(int(positions.max()) + 1, rope_dim, self.spec.rope_theta, device=h.device)
+            else:  # the table's rows at the given positions: the same values as the full table's
+                cos, sin = rope_cos_sin(
+                    int(positions.max()) + 1, rope_dim, self.spec.rope_theta, device=h.device
+                )
                 rope = (cos[positions], sin[positions])
         if rope is not None:
             rope = (rope[0].to(h.dtype), rope[1].to(h.dtype))
@@ -354,8 +411,13 @@ def apply_recompute(model: Transformer, mode: str) -> Transformer:
     return model.set_recompute(mode)
 
 
-def build_model(spec: TransformerSpec, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                seed: int | None = 0) -> Transformer:
+def build_model(
+    spec: TransformerSpec,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int | None = 0,
+) -> Transformer:
     """Build the reference model; on device='meta' no memory is allocated and no init runs."""
     with torch.device(device):
         model = Transformer(spec).to(dtype=dtype)

@@ -2,6 +2,7 @@
 estimate, recommend and the communication models. Everything here calls library code; nothing
 here costs anything itself.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -9,7 +10,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from planner.errors import ConfigError
 from planner.parallel import ParallelConfig
 from planner.report.timeline import StageTimes
 
@@ -54,7 +54,9 @@ def hardware(name: str):
 
 def config_from_document(doc: Mapping[str, Any]) -> ParallelConfig:
     plan = doc["plan"]
-    return ParallelConfig(**{k: (tuple(v) if k == "stages" else v) for k, v in plan.items() if k in _CONFIG_FIELDS})
+    return ParallelConfig(
+        **{k: (tuple(v) if k == "stages" else v) for k, v in plan.items() if k in _CONFIG_FIELDS}
+    )
 
 
 def estimate_document(model, hw, cfg: ParallelConfig, *, gpus: int) -> dict[str, Any]:
@@ -79,7 +81,9 @@ def batchnorm_count(model_arg: str) -> int:
     return sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules())
 
 
-def search(model, hw, scenario, *, top: int | None = None, global_batch: int | None = None) -> SearchResult:
+def search(
+    model, hw, scenario, *, top: int | None = None, global_batch: int | None = None
+) -> SearchResult:
     """recommend() for the scenario, recording every candidate its scorer evaluated.
 
     recommend() returns only the ranked documents; the Pareto front needs every scored candidate,
@@ -92,7 +96,9 @@ def search(model, hw, scenario, *, top: int | None = None, global_batch: int | N
     from planner.search import config_of, recommend
 
     batches: list[tuple[np.ndarray, ...]] = []
-    best_piped: list[tuple[float, dict[str, Any], int]] = []   # fastest fitting pp > 1 candidate of each batch, its global batch
+    best_piped: list[
+        tuple[float, dict[str, Any], int]
+    ] = []  # fastest fitting pp > 1 candidate of each batch, its global batch
 
     def recording_score(model_, hw_, cands, **kw):
         scores = score(model_, hw_, cands, **kw)
@@ -104,35 +110,64 @@ def search(model, hw, scenario, *, top: int | None = None, global_batch: int | N
         runnable = ~looped | looped_rounds_ok(m, pp)
         step = np.asarray(scores.step_time_s, dtype=float)
         peak = np.asarray(scores.peak_bytes_per_gpu, dtype=float)
-        fits = np.asarray(scores.fits, dtype=bool)          # the cost model's one "fits"
+        fits = np.asarray(scores.fits, dtype=bool)  # the cost model's one "fits"
         batches.append((pp[runnable], step[runnable], peak[runnable], fits[runnable]))
         piped = np.flatnonzero((pp > 1) & fits & runnable)
         if len(piped):
             i = piped[np.argmin(step[piped])]
-            row = {k: np.asarray(getattr(cands, k))[i:i + 1] for k in FIELDS}
+            row = {k: np.asarray(getattr(cands, k))[i : i + 1] for k in FIELDS}
             best_piped.append((float(step[i]), row, int(kw["global_batch"])))
         return scores
 
     top = scenario.top if top is None else top
-    rec = recommend(model, hw, gpus=scenario.gpus, global_batch=global_batch or scenario.global_batch,
-                    seq=scenario.seq, precision=scenario.precision, optimizer=scenario.optimizer,
-                    objective=scenario.objective, top=top + 1, tokens=scenario.train_tokens,
-                    score_fn=recording_score, framework=scenario.framework,
-                    reliability=getattr(scenario, "reliability", None),
-                    price_per_hour=getattr(scenario, "price_per_hour", None) or
-                    (hw.price_usd_per_hour if getattr(scenario, "spot", False) else None),
-                    spot=getattr(scenario, "spot", False), **_space(scenario))
+    rec = recommend(
+        model,
+        hw,
+        gpus=scenario.gpus,
+        global_batch=global_batch or scenario.global_batch,
+        seq=scenario.seq,
+        precision=scenario.precision,
+        optimizer=scenario.optimizer,
+        objective=scenario.objective,
+        top=top + 1,
+        tokens=scenario.train_tokens,
+        score_fn=recording_score,
+        framework=scenario.framework,
+        reliability=getattr(scenario, "reliability", None),
+        price_per_hour=getattr(scenario, "price_per_hour", None)
+        or (hw.price_usd_per_hour if getattr(scenario, "spot", False) else None),
+        spot=getattr(scenario, "spot", False),
+        **_space(scenario),
+    )
     plan = rec.best["plan"]
-    pp, step, peak, fits = (np.concatenate([b[i] for b in batches]) if batches else np.zeros(0) for i in range(4))
+    pp, step, peak, fits = (
+        np.concatenate([b[i] for b in batches]) if batches else np.zeros(0) for i in range(4)
+    )
     pipelined = None
     if best_piped:
         _, row, row_batch = min(best_piped, key=lambda t: t[0])
-        pipelined = config_of(row, 0, global_batch=row_batch, seq=plan["seq"], precision=scenario.precision,
-                              optimizer=scenario.optimizer, framework=scenario.framework)
-    return SearchResult(best=rec.best, alternatives=tuple(rec.alternatives), best_pipelined=pipelined,
-                        candidates_evaluated=rec.stats.candidates_evaluated, feasible=rec.stats.feasible,
-                        seconds=rec.stats.seconds, tokens_per_s=plan["global_batch"] * plan["seq"] / step,
-                        peak_bytes=peak, fits=fits.astype(bool), pp=pp, step_time_s=step)
+        pipelined = config_of(
+            row,
+            0,
+            global_batch=row_batch,
+            seq=plan["seq"],
+            precision=scenario.precision,
+            optimizer=scenario.optimizer,
+            framework=scenario.framework,
+        )
+    return SearchResult(
+        best=rec.best,
+        alternatives=tuple(rec.alternatives),
+        best_pipelined=pipelined,
+        candidates_evaluated=rec.stats.candidates_evaluated,
+        feasible=rec.stats.feasible,
+        seconds=rec.stats.seconds,
+        tokens_per_s=plan["global_batch"] * plan["seq"] / step,
+        peak_bytes=peak,
+        fits=fits.astype(bool),
+        pp=pp,
+        step_time_s=step,
+    )
 
 
 def _space(scenario) -> dict:
@@ -141,14 +176,19 @@ def _space(scenario) -> dict:
     return {} if space is None else {"space": space}
 
 
-def stage_memory(doc: Mapping[str, Any], alternatives: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+def stage_memory(
+    doc: Mapping[str, Any], alternatives: Sequence[Mapping[str, Any]] = ()
+) -> list[dict[str, Any]]:
     """Memory bars: one per pipeline rank (prediction.memory_per_rank; a rank holds all its chunks)
     when the plan has a pipeline, else the plan's GPU beside each runner-up's peak rank."""
     per_rank = doc["prediction"].get("memory_per_rank") or []
     if len(per_rank) > 1 and all("params_bytes" in s for s in per_rank):
         return [{"label": f"stage {s['rank']}", **s} for s in per_rank]
     bars = [{"label": "recommended (peak rank)", **doc["prediction"]["memory"]}]
-    bars += [{"label": f"runner-up {i}", **d["prediction"]["memory"]} for i, d in enumerate(alternatives, 1)]
+    bars += [
+        {"label": f"runner-up {i}", **d["prediction"]["memory"]}
+        for i, d in enumerate(alternatives, 1)
+    ]
     return bars
 
 
@@ -169,12 +209,19 @@ def stage_times(model, doc: Mapping[str, Any]) -> tuple[list[StageTimes], float]
     b, s = p["micro_batch"], p["seq"]
     fwd = float(FL.block_flops_fwd(model, b, s))
     rec = float(FL.block_recompute_flops(model, b, s, p["recompute"]))
-    if p.get("recompute_layers"):   # only the first N blocks of each chunk recomputed: the busiest rank's share
+    if p.get(
+        "recompute_layers"
+    ):  # only the first N blocks of each chunk recomputed: the busiest rank's share
         from planner.estimate import even_stages, rank_blocks, rank_recomputed
-        chunks = list(p.get("stages") or even_stages(model.total_blocks, p["pp"] * p["virtual_stages"]))
+
+        chunks = list(
+            p.get("stages") or even_stages(model.total_blocks, p["pp"] * p["virtual_stages"])
+        )
         blocks = rank_blocks(chunks, p["pp"])
         busiest = max(range(p["pp"]), key=blocks.__getitem__)
-        rec *= rank_recomputed(chunks, p["pp"], p["recompute_layers"])[busiest] / max(blocks[busiest], 1)
+        rec *= rank_recomputed(chunks, p["pp"], p["recompute_layers"])[busiest] / max(
+            blocks[busiest], 1
+        )
     bwd = float(FL.block_flops_bwd(model, b, s)) + rec
     forward_s = stage_s * fwd / (fwd + bwd)
     hops = float(p2p_transfers_on_critical_path(p["pp"], m, p["virtual_stages"]))
@@ -183,7 +230,9 @@ def stage_times(model, doc: Mapping[str, Any]) -> tuple[list[StageTimes], float]
     return times, p2p_s
 
 
-def seed_comparison(hw, doc: Mapping[str, Any], result: SearchResult | None, nodes: int) -> dict[str, Any]:
+def seed_comparison(
+    hw, doc: Mapping[str, Any], result: SearchResult | None, nodes: int
+) -> dict[str, Any]:
     """The seed's log-n relative all-reduce cost at `nodes` nodes beside the calibrated models.
 
     - seed_relative: cost_models.comm.relative_allreduce_cost (1/2 + 1/2 * 1/log2(n)).
@@ -199,16 +248,25 @@ def seed_comparison(hw, doc: Mapping[str, Any], result: SearchResult | None, nod
     d = hw.devices_per_node
     p = doc["plan"]
     # the gradient bytes the plan's framework reduces (frameworks/*.json state_bytes.reduce)
-    grad_bytes = doc["model"]["params"] * load_framework(p.get("framework", "megatron")).state_bytes[p["precision"]].reduce
+    grad_bytes = (
+        doc["model"]["params"]
+        * load_framework(p.get("framework", "megatron")).state_bytes[p["precision"]].reduce
+    )
     hier = float(comm.group_collective_seconds("allreduce", grad_bytes, nodes * d, d, hw))
     flat = float(comm.group_collective_seconds("allreduce", grad_bytes, nodes * d, 1, hw))
-    row = {"seed_relative": float(comm.relative_allreduce_cost(nodes, d)),
-           "calibrated_hierarchical": hier / flat if flat else None,
-           "hierarchical_allreduce_s": hier, "flat_allreduce_s": flat, "gradient_GB": grad_bytes / 1e9}
+    row = {
+        "seed_relative": float(comm.relative_allreduce_cost(nodes, d)),
+        "calibrated_hierarchical": hier / flat if flat else None,
+        "hierarchical_allreduce_s": hier,
+        "flat_allreduce_s": flat,
+        "gradient_GB": grad_bytes / 1e9,
+    }
     if result is not None and len(result.step_time_s):
         piped, pure_dp = result.fits & (result.pp > 1), result.fits & (result.pp == 1)
         if piped.any() and pure_dp.any():
-            row["calibrated_step"] = float(result.step_time_s[piped].min() / result.step_time_s[pure_dp].min())
+            row["calibrated_step"] = float(
+                result.step_time_s[piped].min() / result.step_time_s[pure_dp].min()
+            )
     return row
 
 
@@ -222,8 +280,9 @@ def with_goodput(doc: Mapping[str, Any], hw, scenario) -> dict[str, Any]:
         return doc
     doc["plan"], doc["prediction"] = dict(doc["plan"]), dict(doc["prediction"])
     price = hw.price_usd_per_hour * doc["hardware"]["nodes"] if hw.price_usd_per_hour else None
-    figures = reliability_figures(doc, hw, tokens=scenario.train_tokens, price_per_hour=price,
-                                  inputs=_inputs(scenario))
+    figures = reliability_figures(
+        doc, hw, tokens=scenario.train_tokens, price_per_hour=price, inputs=_inputs(scenario)
+    )
     return with_reliability(doc, figures)
 
 

@@ -1,5 +1,6 @@
 """Write a report as DIR/report.html (self-contained: figures embedded as base64 PNG) and
 DIR/report.md (figures referenced relatively from DIR/figures/)."""
+
 from __future__ import annotations
 
 import base64
@@ -65,7 +66,9 @@ _OWNABLE = re.compile(r"report\.(html|md|json)|figures/[A-Za-z0-9_.-]+\.png")
 
 
 def _refuse(out_dir: Path, problem: str) -> ConfigError:
-    return ConfigError("--out", str(out_dir), "a directory for the report", message=f"--out {out_dir}: {problem}")
+    return ConfigError(
+        "--out", str(out_dir), "a directory for the report", message=f"--out {out_dir}: {problem}"
+    )
 
 
 def written_before(out_dir: Path) -> set[str]:
@@ -83,7 +86,9 @@ def written_before(out_dir: Path) -> set[str]:
     return {f for f in files if isinstance(f, str) and _OWNABLE.fullmatch(f)}
 
 
-def prepare_report_dir(out_dir: Path, *, force: bool = False, names: tuple[str, ...] = REPORT_FILES) -> set[str]:
+def prepare_report_dir(
+    out_dir: Path, *, force: bool = False, names: tuple[str, ...] = REPORT_FILES
+) -> set[str]:
     """Check that the report can go to `out_dir` without touching a file it did not write: the directory
     exists or its parent does, it is writable, and none of `names` exists there unless an earlier
     report wrote it (or `force`). Returns the files earlier reports wrote. Creates nothing."""
@@ -101,13 +106,18 @@ def prepare_report_dir(out_dir: Path, *, force: bool = False, names: tuple[str, 
     owned = written_before(out_dir)
     foreign = [name for name in names if (out_dir / name).exists() and name not in owned]
     if foreign and not force:
-        raise _refuse(out_dir, f"{out_dir / foreign[0]} exists and was not written by planner report; choose "
-                               f"another --out directory, or pass --force to overwrite "
-                               f"{'it' if len(foreign) == 1 else 'the ' + str(len(foreign)) + ' such files'}")
+        raise _refuse(
+            out_dir,
+            f"{out_dir / foreign[0]} exists and was not written by planner report; choose "
+            f"another --out directory, or pass --force to overwrite "
+            f"{'it' if len(foreign) == 1 else 'the ' + str(len(foreign)) + ' such files'}",
+        )
     return owned
 
 
-def write_report(content: ReportContent, out_dir: Path, *, force: bool = False) -> tuple[Path, Path]:
+def write_report(
+    content: ReportContent, out_dir: Path, *, force: bool = False
+) -> tuple[Path, Path]:
     """Write report.html, report.md, report.json and figures/*.png under out_dir; return the two report paths.
 
     Every file is written atomically (planner.io). A file already there is replaced only if the
@@ -128,10 +138,12 @@ def write_report(content: ReportContent, out_dir: Path, *, force: bool = False) 
         raise _refuse(out_dir, f"cannot create {fig_dir} ({err.strerror or err})") from None
     manifest = out_dir / MANIFEST
     # first the union: an interrupted write still knows every file it may have written
-    write_json(manifest, {"written_by": "planner report", "files": sorted(owned | set(files))}, "--out")
+    write_json(
+        manifest, {"written_by": "planner report", "files": sorted(owned | set(files))}, "--out"
+    )
     for name, data in files.items():
         write_bytes(out_dir / name, data, "--out")
-    for stale in sorted(owned - set(files)):       # e.g. a figure an earlier report had
+    for stale in sorted(owned - set(files)):  # e.g. a figure an earlier report had
         path = out_dir / stale
         if path.is_file() and not path.is_symlink():
             path.unlink()
@@ -150,6 +162,7 @@ def _cell(value: Any) -> str:
 
 
 # --- Markdown ------------------------------------------------------------------------------------
+
 
 def _md_table(table: Table) -> str:
     esc = lambda s: _cell(s).replace("|", "\\|")  # noqa: E731
@@ -183,10 +196,17 @@ def _advice(r: RuleResult) -> str:
 
 
 def _md_checklist(rules) -> list[str]:
-    out = ["## Best-practice checklist", "", "| status | rule | number | what to do |", "|---|---|---|---|"]
+    out = [
+        "## Best-practice checklist",
+        "",
+        "| status | rule | number | what to do |",
+        "|---|---|---|---|",
+    ]
     for r in rules:
-        out.append(f"| {r.status.upper()} | {r.title} | "
-                   f"{r.number.replace('|', '/')} | {_advice(r).replace('|', '/')} |")
+        out.append(
+            f"| {r.status.upper()} | {r.title} | "
+            f"{r.number.replace('|', '/')} | {_advice(r).replace('|', '/')} |"
+        )
     return out + [""]
 
 
@@ -215,26 +235,35 @@ table.kv td{text-align:left}
 
 def _html_table(table: Table) -> str:
     if not any(table.columns):  # a key/value table without headings
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
-                       for row in table.rows)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
+            for row in table.rows
+        )
         return f'<table class="kv"><tbody>{body}</tbody></table>'
     head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
-                   for row in table.rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
+        for row in table.rows
+    )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _html_figure(fig: Figure) -> str:
     data = base64.b64encode(fig.png).decode("ascii")
-    return (f'<figure class="report-figure" id="fig-{fig.name}"><img alt="{html.escape(fig.title)}" '
-            f'src="data:image/png;base64,{data}"><figcaption><b>{html.escape(fig.title)}.</b> '
-            f"{html.escape(fig.caption)}</figcaption></figure>")
+    return (
+        f'<figure class="report-figure" id="fig-{fig.name}"><img alt="{html.escape(fig.title)}" '
+        f'src="data:image/png;base64,{data}"><figcaption><b>{html.escape(fig.title)}.</b> '
+        f"{html.escape(fig.caption)}</figcaption></figure>"
+    )
 
 
 def to_html(content: ReportContent) -> str:
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             f"<title>{html.escape(content.title)}</title><style>{_CSS}</style></head><body>",
-             f"<h1>{html.escape(content.title)}</h1>"]
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(content.title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{html.escape(content.title)}</h1>",
+    ]
     parts += [f'<p class="note">{html.escape(n)}</p>' for n in content.notes]
     for i, section in enumerate(content.sections):
         if i == content.checklist_after:
@@ -250,15 +279,21 @@ def to_html(content: ReportContent) -> str:
 
 
 def _html_checklist(rules) -> list[str]:
-    parts = ["<h2>Best-practice checklist</h2>",
-             '<table class="checklist"><thead><tr><th>status</th><th>rule</th><th>number</th>'
-             "<th>what to do</th></tr></thead><tbody>"]
+    parts = [
+        "<h2>Best-practice checklist</h2>",
+        '<table class="checklist"><thead><tr><th>status</th><th>rule</th><th>number</th>'
+        "<th>what to do</th></tr></thead><tbody>",
+    ]
     for r in rules:
-        parts.append(f'<tr class="rule" data-rule="{html.escape(r.rule)}" data-status="{r.status}">'
-                     f'<td class="{r.status}">{r.status.upper()}</td><td>{html.escape(r.title)}</td>'
-                     f"<td>{html.escape(r.number)}</td><td>{html.escape(_advice(r))}</td></tr>")
+        parts.append(
+            f'<tr class="rule" data-rule="{html.escape(r.rule)}" data-status="{r.status}">'
+            f'<td class="{r.status}">{r.status.upper()}</td><td>{html.escape(r.title)}</td>'
+            f"<td>{html.escape(r.number)}</td><td>{html.escape(_advice(r))}</td></tr>"
+        )
     return parts + ["</tbody></table>"]
 
 
 def table_from_records(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> Table:
-    return Table(columns=tuple(columns), rows=tuple(tuple(r.get(c) for c in columns) for r in records))
+    return Table(
+        columns=tuple(columns), rows=tuple(tuple(r.get(c) for c in columns) for r in records)
+    )

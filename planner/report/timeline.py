@@ -15,6 +15,7 @@ idle gaps in the chart are the pipeline bubble that order implies.
   into the input gradient B (on the critical path) and the weight gradient W (not), at most
   P-r micro-batches in flight on rank r as in 1F1B; W fills otherwise idle slots (greedy).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -69,8 +70,14 @@ class Timeline:
         return 1.0 - sum(self.busy_s(r) for r in range(self.ranks)) / total if total else 0.0
 
 
-def build_timeline(schedule: str, stage_times: Sequence[StageTimes], microbatches: int, *,
-                   virtual_stages: int = 1, p2p_s: float = 0.0) -> Timeline:
+def build_timeline(
+    schedule: str,
+    stage_times: Sequence[StageTimes],
+    microbatches: int,
+    *,
+    virtual_stages: int = 1,
+    p2p_s: float = 0.0,
+) -> Timeline:
     """Simulate `schedule` on len(stage_times) ranks with `microbatches` micro-batches.
 
     `p2p_s` is the send/receive time of one activation (or gradient) between adjacent stages.
@@ -79,20 +86,31 @@ def build_timeline(schedule: str, stage_times: Sequence[StageTimes], microbatche
     if ranks < 1 or microbatches < 1:
         raise ValueError(f"need at least one rank and one micro-batch, got {ranks}, {microbatches}")
     chunks = virtual_stages if schedule == "interleaved-1f1b" else 1
-    sim = _Simulator(ranks, chunks, microbatches, stage_times, p2p_s, split_w=schedule == "zero-bubble")
+    sim = _Simulator(
+        ranks, chunks, microbatches, stage_times, p2p_s, split_w=schedule == "zero-bubble"
+    )
     if schedule == "zero-bubble":
         sim.run_greedy()
     else:
-        orders = {"gpipe": _gpipe_order, "1f1b": _one_f_one_b_order,
-                  "interleaved-1f1b": _interleaved_order}
+        orders = {
+            "gpipe": _gpipe_order,
+            "1f1b": _one_f_one_b_order,
+            "interleaved-1f1b": _interleaved_order,
+        }
         if schedule not in orders:
             raise ValueError(f"unknown schedule {schedule!r}")
         sim.run_fixed([orders[schedule](r, ranks, microbatches, chunks) for r in range(ranks)])
-    return Timeline(schedule=schedule, ranks=ranks, microbatches=microbatches, chunks=chunks,
-                    ops=tuple(sorted(sim.done_ops, key=lambda o: (o.rank, o.start_s))))
+    return Timeline(
+        schedule=schedule,
+        ranks=ranks,
+        microbatches=microbatches,
+        chunks=chunks,
+        ops=tuple(sorted(sim.done_ops, key=lambda o: (o.rank, o.start_s))),
+    )
 
 
 # --- op orders (kind, microbatch, chunk) per rank ------------------------------------------------
+
 
 def _gpipe_order(rank, ranks, m, chunks):
     return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
@@ -111,8 +129,12 @@ def _one_f_one_b_order(rank, ranks, m, chunks):
 
 
 def _interleaved_order(rank, ranks, m, chunks):
-    forwards = [(c, i) for start in range(0, m, ranks) for c in range(chunks)
-                for i in range(start, min(start + ranks, m))]
+    forwards = [
+        (c, i)
+        for start in range(0, m, ranks)
+        for c in range(chunks)
+        for i in range(start, min(start + ranks, m))
+    ]
     backwards = [(chunks - 1 - c, i) for c, i in forwards]
     total = len(forwards)
     warmup = min((ranks - rank - 1) * 2 + (chunks - 1) * ranks, total)
@@ -127,6 +149,7 @@ def _interleaved_order(rank, ranks, m, chunks):
 
 
 # --- list scheduler ------------------------------------------------------------------------------
+
 
 class _Simulator:
     """Places ops at max(rank free, inputs arrived); dependencies follow the stage chain."""
@@ -170,7 +193,9 @@ class _Simulator:
         end = start + self.duration(rank, kind)
         self.end[(kind, i, stage)] = end
         self.free[rank] = end
-        self.done_ops.append(Op(rank=rank, kind=kind, microbatch=i, chunk=chunk, start_s=start, end_s=end))
+        self.done_ops.append(
+            Op(rank=rank, kind=kind, microbatch=i, chunk=chunk, start_s=start, end_s=end)
+        )
 
     def run_fixed(self, orders: list[list[tuple[str, int, int]]]) -> None:
         pos = [0] * self.ranks

@@ -7,6 +7,7 @@ Shim: DeepSpeedConfig asks deepspeed.comm for the rank before it asks the mpu fo
 size; with no process group that fails and it assumes one rank, so the rank query answers 0 and a
 minimal mpu object gives the plan's tp, pp and dp (what Megatron-DeepSpeed's mpu would give).
 """
+
 import contextlib
 import io
 import json
@@ -44,7 +45,9 @@ class Mpu:
     def get_data_parallel_rank(self):
         return 0
 
-    get_model_parallel_rank = get_tensor_model_parallel_rank = get_pipeline_model_parallel_rank = get_data_parallel_rank
+    get_model_parallel_rank = get_tensor_model_parallel_rank = get_pipeline_model_parallel_rank = (
+        get_data_parallel_rank
+    )
 
     def get_model_parallel_group(self):
         return None
@@ -83,17 +86,34 @@ def blocks_per_stage(method, blocks, stages):
     norm, tied head,
     cast): the method runs on a stand-in for the module with only what it reads (no process
     group)."""
-    specs = [_to_float16, LayerSpec(EmbeddingPipe), _transpose,
-             *[LayerSpec(ParallelTransformerLayerPipe) for _ in range(blocks)],
-             _transpose, LayerSpec(MixedFusedLayerNorm), LayerSpec(EmbeddingPipe), _to_float32]
+    specs = [
+        _to_float16,
+        LayerSpec(EmbeddingPipe),
+        _transpose,
+        *[LayerSpec(ParallelTransformerLayerPipe) for _ in range(blocks)],
+        _transpose,
+        LayerSpec(MixedFusedLayerNorm),
+        LayerSpec(EmbeddingPipe),
+        _to_float32,
+    ]
     topology = types.SimpleNamespace(get_coord=lambda rank: types.SimpleNamespace(pipe=0))
-    module = types.SimpleNamespace(num_stages=stages, global_rank=1, _layer_specs=specs,
-                                   _topo=topology, _set_bounds=lambda start, stop: None)
+    module = types.SimpleNamespace(
+        num_stages=stages,
+        global_rank=1,
+        _layer_specs=specs,
+        _topo=topology,
+        _set_bounds=lambda start, stop: None,
+    )
     module._find_layer_type = types.MethodType(PipelineModule._find_layer_type, module)
     PipelineModule._partition_layers(module, method=method)
     parts = module.parts
-    return [sum(isinstance(spec, LayerSpec) and spec.typename is ParallelTransformerLayerPipe
-                for spec in specs[parts[i]:parts[i + 1]]) for i in range(stages)]
+    return [
+        sum(
+            isinstance(spec, LayerSpec) and spec.typename is ParallelTransformerLayerPipe
+            for spec in specs[parts[i] : parts[i + 1]]
+        )
+        for i in range(stages)
+    ]
 
 
 def _partition(config, item):
@@ -113,20 +133,32 @@ def check(item):
             if "activation_checkpointing" in doc:
                 checkpointing.configure(mpu, deepspeed_config=doc)
         zero = config.zero_config
-        return {"ok": True, "config": {
-            "world_size": config.world_size, "train_batch_size": config.train_batch_size,
-            "micro_batch": config.train_micro_batch_size_per_gpu,
-            "gradient_accumulation_steps": config.gradient_accumulation_steps,
-            "zero_stage": int(zero.stage), "hpz_partition_size": zero.zero_hpz_partition_size,
-            "offload_optimizer": None if zero.offload_optimizer is None else str(getattr(zero.offload_optimizer.device, "value", zero.offload_optimizer.device)),
-            "bf16": config.bfloat16_config.enabled, "fp16": config.float16_config.enabled,
-            "grad_accum_dtype": config.grad_accum_dtype,
-            "partition_activations": ac.partition_activations, "cpu_checkpointing": ac.cpu_checkpointing,
-            "contiguous_memory_optimization": ac.contiguous_memory_optimization,
-            "number_checkpoints": ac.number_checkpoints,
-            "checkpointing_configured": "activation_checkpointing" in doc,
-            "pipeline": config.pipeline,
-            "partition": _partition(config, item)}}
+        return {
+            "ok": True,
+            "config": {
+                "world_size": config.world_size,
+                "train_batch_size": config.train_batch_size,
+                "micro_batch": config.train_micro_batch_size_per_gpu,
+                "gradient_accumulation_steps": config.gradient_accumulation_steps,
+                "zero_stage": int(zero.stage),
+                "hpz_partition_size": zero.zero_hpz_partition_size,
+                "offload_optimizer": None
+                if zero.offload_optimizer is None
+                else str(
+                    getattr(zero.offload_optimizer.device, "value", zero.offload_optimizer.device)
+                ),
+                "bf16": config.bfloat16_config.enabled,
+                "fp16": config.float16_config.enabled,
+                "grad_accum_dtype": config.grad_accum_dtype,
+                "partition_activations": ac.partition_activations,
+                "cpu_checkpointing": ac.cpu_checkpointing,
+                "contiguous_memory_optimization": ac.contiguous_memory_optimization,
+                "number_checkpoints": ac.number_checkpoints,
+                "checkpointing_configured": "activation_checkpointing" in doc,
+                "pipeline": config.pipeline,
+                "partition": _partition(config, item),
+            },
+        }
     except BaseException as err:
         return {"ok": False, "error": f"{type(err).__name__}: {err}"[:2000]}
 

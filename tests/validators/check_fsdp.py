@@ -16,6 +16,7 @@ Shims: the launcher's free-port probe answers "free" (no socket is opened for a 
 TrainingArguments' bf16 capability check answers yes (the plan's GPUs, A100/H100 class, have bf16;
 this machine has no GPU).
 """
+
 import ast
 import contextlib
 import io
@@ -50,17 +51,26 @@ def python_block(text):
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("# --- BEGIN train.py"))
     end = next(i for i, line in enumerate(lines) if line.startswith("# --- END train.py"))
-    return "\n".join(line[2:] if line.startswith("# ") else line[1:] for line in lines[start + 1:end])
+    return "\n".join(
+        line[2:] if line.startswith("# ") else line[1:] for line in lines[start + 1 : end]
+    )
 
 
 def calls(source):
     """{callee name: keyword arguments} of the block's top-level assignments (literal values only)."""
     out = {}
     for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Name)
+        ):
             call = node.value
-            out[call.func.id] = {k.arg: ast.literal_eval(k.value) for k in call.keywords} if call.keywords else \
-                [ast.unparse(a) for a in call.args]
+            out[call.func.id] = (
+                {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+                if call.keywords
+                else [ast.unparse(a) for a in call.args]
+            )
     return out
 
 
@@ -89,45 +99,69 @@ def check(item, workdir, i):
             if env.get("ACCELERATE_USE_PARALLELISM_CONFIG") == "true":
                 pc = ParallelismConfig()
                 if pc.total_size != cluster.num_processes:
-                    raise ValueError(f"ParallelismConfig total_size ({pc.total_size}) does not match num_processes "
-                                     f"({cluster.num_processes})")
+                    raise ValueError(
+                        f"ParallelismConfig total_size ({pc.total_size}) does not match num_processes "
+                        f"({cluster.num_processes})"
+                    )
                 mesh = {"dp_replicate": pc.dp_replicate_size, "dp_shard": pc.dp_shard_size}
             block = calls(python_block(item["text"]))
             targs = transformers.TrainingArguments(**block["TrainingArguments"])
-            (config_cls, config_kwargs), = [(k, v) for k, v in block.items() if k.endswith("Config")]
-            (model_cls,) = [k for k, v in block.items() if k not in ("TrainingArguments", config_cls)]
+            ((config_cls, config_kwargs),) = [
+                (k, v) for k, v in block.items() if k.endswith("Config")
+            ]
+            (model_cls,) = [
+                k for k, v in block.items() if k not in ("TrainingArguments", config_cls)
+            ]
             model_config = getattr(transformers, config_cls)(**config_kwargs)
             with torch.device("meta"):
                 model = getattr(transformers, model_cls)(model_config)
             params = sum(p.numel() for p in model.parameters())
             wrapped = None
             if plugin is not None:
-                plugin.set_auto_wrap_policy(model)        # ValueError if the layer class is not in the model
+                plugin.set_auto_wrap_policy(
+                    model
+                )  # ValueError if the layer class is not in the model
                 layer_classes = set(plugin.transformer_cls_names_to_wrap)
                 wrapped = sum(type(m).__name__ in layer_classes for m in model.modules())
-        out = {"distributed_type": str(cluster.distributed_type), "num_processes": cluster.num_processes,
-               "num_machines": cluster.num_machines, "mixed_precision": env["ACCELERATE_MIXED_PRECISION"],
-               "fsdp_version": None if plugin is None else plugin.fsdp_version,
-               "reshard_after_forward": None if plugin is None else plugin.reshard_after_forward,
-               "cpu_offload": None if plugin is None else bool(getattr(plugin.cpu_offload, "offload_params", False)
-                                                               or type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy"),
-               "activation_checkpointing": None if plugin is None else plugin.activation_checkpointing,
-               "param_dtype": None if plugin is None or plugin.mixed_precision_policy is None
-               else str(plugin.mixed_precision_policy.param_dtype),
-               "mesh": mesh, "wrapped_layers": wrapped,
-               "per_device_train_batch_size": targs.per_device_train_batch_size,
-               "gradient_accumulation_steps": targs.gradient_accumulation_steps,
-               "bf16": targs.bf16, "fp16": targs.fp16, "gradient_checkpointing": targs.gradient_checkpointing,
-               # what the Trainer hands Accelerator(mixed_precision=...), and the FP8 backend the
-               # launcher exported
-               "trainer_mixed_precision": targs.mixed_precision,
-               "fp8_backend": env.get("ACCELERATE_FP8_BACKEND"),
-               "hidden": _first(model_config, "hidden_size", "n_embd"),
-               "heads": _first(model_config, "num_attention_heads", "n_head"),
-               "vocab": model_config.vocab_size,
-               "save_strategy": str(targs.save_strategy), "save_steps": targs.save_steps,
-               "model_type": model_config.model_type, "params": params,
-               "layers": len([m for m in model.modules() if type(m).__name__.endswith(("DecoderLayer", "Block"))])}
+        out = {
+            "distributed_type": str(cluster.distributed_type),
+            "num_processes": cluster.num_processes,
+            "num_machines": cluster.num_machines,
+            "mixed_precision": env["ACCELERATE_MIXED_PRECISION"],
+            "fsdp_version": None if plugin is None else plugin.fsdp_version,
+            "reshard_after_forward": None if plugin is None else plugin.reshard_after_forward,
+            "cpu_offload": None
+            if plugin is None
+            else bool(
+                getattr(plugin.cpu_offload, "offload_params", False)
+                or type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy"
+            ),
+            "activation_checkpointing": None if plugin is None else plugin.activation_checkpointing,
+            "param_dtype": None
+            if plugin is None or plugin.mixed_precision_policy is None
+            else str(plugin.mixed_precision_policy.param_dtype),
+            "mesh": mesh,
+            "wrapped_layers": wrapped,
+            "per_device_train_batch_size": targs.per_device_train_batch_size,
+            "gradient_accumulation_steps": targs.gradient_accumulation_steps,
+            "bf16": targs.bf16,
+            "fp16": targs.fp16,
+            "gradient_checkpointing": targs.gradient_checkpointing,
+            # what the Trainer hands Accelerator(mixed_precision=...), and the FP8 backend the
+            # launcher exported
+            "trainer_mixed_precision": targs.mixed_precision,
+            "fp8_backend": env.get("ACCELERATE_FP8_BACKEND"),
+            "hidden": _first(model_config, "hidden_size", "n_embd"),
+            "heads": _first(model_config, "num_attention_heads", "n_head"),
+            "vocab": model_config.vocab_size,
+            "save_strategy": str(targs.save_strategy),
+            "save_steps": targs.save_steps,
+            "model_type": model_config.model_type,
+            "params": params,
+            "layers": len(
+                [m for m in model.modules() if type(m).__name__.endswith(("DecoderLayer", "Block"))]
+            ),
+        }
         return {"ok": True, "config": json.loads(json.dumps(out, default=str))}
     except BaseException as err:
         return {"ok": False, "error": f"{type(err).__name__}: {err}"[:2000]}

@@ -8,7 +8,7 @@ tests/validators/README.md): typing.override from typing_extensions (a 3.12 name
 one triton kernel module that the pipeline schedules import, and the GPU's compute capability that
 validate_args asks torch.cuda for (the plan's device, e.g. 9.0 for H100).
 """
-import argparse
+
 import contextlib
 import io
 import json
@@ -38,28 +38,92 @@ import torch  # noqa: E402
 import megatron.training.arguments as arguments  # noqa: E402
 from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout  # noqa: E402
 
-KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "group_query_attention",
-        "num_query_groups", "kv_channels", "seq_length", "max_position_embeddings", "position_embedding_type",
-        "rotary_base", "normalization", "swiglu", "add_bias_linear", "add_qkv_bias",
-        "untie_embeddings_and_output_weights", "vocab_size", "attention_dropout", "hidden_dropout",
-        "tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
-        "context_parallel_size", "cp_comm_type", "expert_model_parallel_size", "expert_tensor_parallel_size",
-        "data_parallel_size", "micro_batch_size", "global_batch_size", "sequence_parallel",
-        "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules", "use_distributed_optimizer",
-        "num_distributed_optimizer_instances", "use_megatron_fsdp", "data_parallel_sharding_strategy",
-        "optimizer_cpu_offload", "bf16", "fp16", "fp8", "fp8_recipe", "use_tp_pp_dp_mapping", "save_interval",
-        "overlap_grad_reduce", "overlap_param_gather", "num_experts", "moe_router_topk", "moe_ffn_hidden_size",
-        "moe_shared_expert_intermediate_size", "moe_layer_freq", "decoder_first_pipeline_num_layers",
-        "decoder_last_pipeline_num_layers", "window_size", "params_dtype", "multi_latent_attention", "q_lora_rank",
-        "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm", "mtp_num_layers",
-        "moe_router_score_function", "moe_router_enable_expert_bias", "moe_router_num_groups", "moe_router_group_topk",
-        "moe_router_topk_scaling_factor", "moe_router_pre_softmax", "moe_grouped_gemm", "moe_token_dispatcher_type",
-        "moe_shared_expert_gate", "moe_flex_dispatcher_backend", "overlap_moe_expert_parallel_comm")
+KEYS = (
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "group_query_attention",
+    "num_query_groups",
+    "kv_channels",
+    "seq_length",
+    "max_position_embeddings",
+    "position_embedding_type",
+    "rotary_base",
+    "normalization",
+    "swiglu",
+    "add_bias_linear",
+    "add_qkv_bias",
+    "untie_embeddings_and_output_weights",
+    "vocab_size",
+    "attention_dropout",
+    "hidden_dropout",
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "context_parallel_size",
+    "cp_comm_type",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+    "data_parallel_size",
+    "micro_batch_size",
+    "global_batch_size",
+    "sequence_parallel",
+    "recompute_granularity",
+    "recompute_method",
+    "recompute_num_layers",
+    "recompute_modules",
+    "use_distributed_optimizer",
+    "num_distributed_optimizer_instances",
+    "use_megatron_fsdp",
+    "data_parallel_sharding_strategy",
+    "optimizer_cpu_offload",
+    "bf16",
+    "fp16",
+    "fp8",
+    "fp8_recipe",
+    "use_tp_pp_dp_mapping",
+    "save_interval",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "num_experts",
+    "moe_router_topk",
+    "moe_ffn_hidden_size",
+    "moe_shared_expert_intermediate_size",
+    "moe_layer_freq",
+    "decoder_first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers",
+    "window_size",
+    "params_dtype",
+    "multi_latent_attention",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_head_dim",
+    "qk_pos_emb_head_dim",
+    "v_head_dim",
+    "qk_layernorm",
+    "mtp_num_layers",
+    "moe_router_score_function",
+    "moe_router_enable_expert_bias",
+    "moe_router_num_groups",
+    "moe_router_group_topk",
+    "moe_router_topk_scaling_factor",
+    "moe_router_pre_softmax",
+    "moe_grouped_gemm",
+    "moe_token_dispatcher_type",
+    "moe_shared_expert_gate",
+    "moe_flex_dispatcher_backend",
+    "overlap_moe_expert_parallel_comm",
+)
 
 
 def check(item):
     text = item["text"]
-    env = dict(line[len("# env "):].split("=", 1) for line in text.splitlines() if line.startswith("# env "))
+    env = dict(
+        line[len("# env ") :].split("=", 1)
+        for line in text.splitlines()
+        if line.startswith("# env ")
+    )
     saved = dict(os.environ)
     os.environ.update(env, WORLD_SIZE=str(item["world_size"]), RANK="0", LOCAL_RANK="0")
     capability = tuple(item.get("device_capability", (9, 0)))
@@ -75,8 +139,10 @@ def check(item):
             if layout is not None:
                 if isinstance(layout, str):
                     layout = PipelineParallelLayerLayout(layout, args.pipeline_model_parallel_size)
-                chunks = [[sum(1 for t in chunk if str(t).endswith("decoder")) for chunk in rank]
-                          for rank in layout.layout]
+                chunks = [
+                    [sum(1 for t in chunk if str(t).endswith("decoder")) for chunk in rank]
+                    for rank in layout.layout
+                ]
         out = {k: _plain(getattr(args, k, None)) for k in KEYS}
         out["layout_decoder_blocks"] = chunks
         return {"ok": True, "args": out}

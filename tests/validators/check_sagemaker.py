@@ -6,6 +6,7 @@ that refuse unknown or mistyped parameters; `SMP._to_mp_hyperparameters()` is wh
 the job. (`import sagemaker.core` first: importing sagemaker.train.distributed alone hits a circular
 import in sagemaker-core 2.27.0.)
 """
+
 import json
 import sys
 import warnings
@@ -23,10 +24,16 @@ def check(item):
             raise ValueError("distributed.type must be Torchrun")
         smp = SMP(**dist.pop("smp"))
         torchrun = Torchrun(smp=smp, **dist)
-        return {"ok": True, "config": {"process_count_per_node": torchrun.process_count_per_node,
-                                       "mp_parameters": json.loads(smp._to_mp_hyperparameters()["mp_parameters"]),
-                                       "driver_script": torchrun.driver_script, "compute": doc["compute"],
-                                       "batch": doc["batch"]}}
+        return {
+            "ok": True,
+            "config": {
+                "process_count_per_node": torchrun.process_count_per_node,
+                "mp_parameters": json.loads(smp._to_mp_hyperparameters()["mp_parameters"]),
+                "driver_script": torchrun.driver_script,
+                "compute": doc["compute"],
+                "batch": doc["batch"],
+            },
+        }
     except BaseException as err:
         return {"ok": False, "error": f"{type(err).__name__}: {err}"[:2000]}
 

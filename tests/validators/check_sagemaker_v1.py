@@ -8,6 +8,7 @@ in `sagemaker.fw_utils.get_mp_parameters` -> `validate_mp_config`, two functions
 `os`, `json` and builtins. Importing `sagemaker.fw_utils` would import the whole SDK v2, so this script
 compiles just those two functions from the installed wheel's fw_utils.py (read at run time, not copied).
 """
+
 import ast
 import json
 import os
@@ -17,19 +18,26 @@ import sys
 
 def _sdk_v2_functions(*names):
     import importlib.util
+
     spec = importlib.util.find_spec("sagemaker")
     source = pathlib.Path(spec.submodule_search_locations[0], "fw_utils.py").read_text()
     tree = ast.parse(source)
-    wanted = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in names]
+    wanted = [
+        node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in names
+    ]
     if len(wanted) != len(names):
         raise RuntimeError(f"sagemaker v2 fw_utils.py lacks {names}")
     namespace = {"os": os, "json": json}
-    exec(compile(ast.Module(body=wanted, type_ignores=[]), "sagemaker/fw_utils.py", "exec"), namespace)
+    exec(
+        compile(ast.Module(body=wanted, type_ignores=[]), "sagemaker/fw_utils.py", "exec"),
+        namespace,
+    )
     return [namespace[n] for n in names]
 
 
 get_mp_parameters, validate_mp_config, parse_mp_parameters = _sdk_v2_functions(
-    "get_mp_parameters", "validate_mp_config", "parse_mp_parameters")
+    "get_mp_parameters", "validate_mp_config", "parse_mp_parameters"
+)
 
 
 def check(item):

@@ -22,8 +22,8 @@ Mixture-of-experts jobs also report (`moe`) the blocks with experts, the last Mo
 routed and shared experts and token dispatcher, the attention (MLA dims, head_dim, QK-norm, windows,
 RoPE), the MTP layers and the mesh dimensions of rank 0's routed-expert weights after parallelization.
 """
+
 import contextlib
-import importlib
 import io
 import json
 import logging
@@ -44,13 +44,29 @@ def _stand_in(name, **attrs):
     return module
 
 
-_stand_in("torchtitan.distributed.minimal_async_ep.kernels",
-          **{n: _gpu_only for n in ("copy_full_counts_to_peers_kernel", "copy_rows_to_peers_kernel",
-                                    "expand_topk_grad_kernel", "fill_combine_metadata_kernel",
-                                    "fill_dispatch_metadata_kernel", "invert_flat_indices_kernel",
-                                    "reduce_topk_slots_kernel", "topk_scores_grad_kernel")})
-_datasets = _stand_in("datasets", Dataset=type("Dataset", (), {}), IterableDataset=type("IterableDataset", (), {}),
-                      load_dataset=_gpu_only, concatenate_datasets=_gpu_only)
+_stand_in(
+    "torchtitan.distributed.minimal_async_ep.kernels",
+    **{
+        n: _gpu_only
+        for n in (
+            "copy_full_counts_to_peers_kernel",
+            "copy_rows_to_peers_kernel",
+            "expand_topk_grad_kernel",
+            "fill_combine_metadata_kernel",
+            "fill_dispatch_metadata_kernel",
+            "invert_flat_indices_kernel",
+            "reduce_topk_slots_kernel",
+            "topk_scores_grad_kernel",
+        )
+    },
+)
+_datasets = _stand_in(
+    "datasets",
+    Dataset=type("Dataset", (), {}),
+    IterableDataset=type("IterableDataset", (), {}),
+    load_dataset=_gpu_only,
+    concatenate_datasets=_gpu_only,
+)
 _datasets.distributed = _stand_in("datasets.distributed", split_dataset_by_node=_gpu_only)
 
 
@@ -58,7 +74,9 @@ class _ElasticBuffer:
     """deep_ep.ElasticBuffer as torchtitan/distributed/deepep/deepep.py get_buffer creates it; nothing else."""
 
     @staticmethod
-    def get_buffer_size_hint(group, num_max_tokens_per_rank, hidden, *, num_topk, use_fp8_dispatch=False):
+    def get_buffer_size_hint(
+        group, num_max_tokens_per_rank, hidden, *, num_topk, use_fp8_dispatch=False
+    ):
         return num_max_tokens_per_rank * hidden * num_topk
 
     def __init__(self, group, *, num_bytes, **kwargs):
@@ -113,22 +131,55 @@ def _moe(model_cfg, parts):
     router, inner, shared = moe.router, moe.routed_experts.inner_experts, moe.shared_experts
     dense = [layer for layer in layers if getattr(layer, "moe", None) is None]
     attention = layers[-1].attention
-    expert_mesh = sorted({",".join(p.device_mesh.mesh_dim_names or ()) if isinstance(p, DTensor) else "plain"
-                          for part in parts for name, p in part.named_parameters() if ".routed_experts." in name})
+    expert_mesh = sorted(
+        {
+            ",".join(p.device_mesh.mesh_dim_names or ()) if isinstance(p, DTensor) else "plain"
+            for part in parts
+            for name, p in part.named_parameters()
+            if ".routed_experts." in name
+        }
+    )
     return {
-        "moe_layers": moe_ids, "dense_hidden": dense[0].feed_forward.w1.out_features if dense else None,
-        "experts": inner.num_experts, "expert_hidden": inner.hidden_dim, "experts_class": _owner(inner),
-        "top_k": router.top_k, "score_func": router.score_func, "route_norm": router.route_norm,
-        "route_scale": router.route_scale, "num_expert_groups": router.num_expert_groups,
-        "num_limited_groups": router.num_limited_groups, "gate_bias": router.gate.bias,
-        "load_balance_coeff": moe.load_balance_coeff, "dispatcher": _owner(moe.routed_experts.token_dispatcher),
+        "moe_layers": moe_ids,
+        "dense_hidden": dense[0].feed_forward.w1.out_features if dense else None,
+        "experts": inner.num_experts,
+        "expert_hidden": inner.hidden_dim,
+        "experts_class": _owner(inner),
+        "top_k": router.top_k,
+        "score_func": router.score_func,
+        "route_norm": router.route_norm,
+        "route_scale": router.route_scale,
+        "num_expert_groups": router.num_expert_groups,
+        "num_limited_groups": router.num_limited_groups,
+        "gate_bias": router.gate.bias,
+        "load_balance_coeff": moe.load_balance_coeff,
+        "dispatcher": _owner(moe.routed_experts.token_dispatcher),
         "shared_hidden": shared.w1.out_features if shared is not None else 0,
-        "mla": {k: getattr(attention, k) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                                                   "v_head_dim")} if hasattr(attention, "kv_lora_rank") else None,
-        "head_dim": getattr(attention, "head_dim", None), "qk_norm": getattr(attention, "qk_norm", None) is not None,
-        "windows": {i: layer.attention.sliding_window_size for i, layer in enumerate(layers)
-                    if getattr(layer.attention, "sliding_window_size", None)},
-        "rope": [_owner(attention.rope), attention.rope.dim, attention.rope.theta, attention.rope.scaling],
+        "mla": {
+            k: getattr(attention, k)
+            for k in (
+                "q_lora_rank",
+                "kv_lora_rank",
+                "qk_nope_head_dim",
+                "qk_rope_head_dim",
+                "v_head_dim",
+            )
+        }
+        if hasattr(attention, "kv_lora_rank")
+        else None,
+        "head_dim": getattr(attention, "head_dim", None),
+        "qk_norm": getattr(attention, "qk_norm", None) is not None,
+        "windows": {
+            i: layer.attention.sliding_window_size
+            for i, layer in enumerate(layers)
+            if getattr(layer.attention, "sliding_window_size", None)
+        },
+        "rope": [
+            _owner(attention.rope),
+            attention.rope.dim,
+            attention.rope.theta,
+            attention.rope.scaling,
+        ],
         "mtp_layers": len(getattr(model_cfg, "mtp_layers", None) or []),
         "expert_mesh": expert_mesh,
     }
@@ -146,11 +197,22 @@ def _placements(model):
     return out
 
 
-def _sdpa_on_cpu(q, k, v, *, score_mod=None, block_mask=None, scale=None, enable_gqa=False, return_aux=None,
-                 kernel_options=None):
+def _sdpa_on_cpu(
+    q,
+    k,
+    v,
+    *,
+    score_mod=None,
+    block_mask=None,
+    scale=None,
+    enable_gqa=False,
+    return_aux=None,
+    kernel_options=None,
+):
     """Causal attention for the CPU forward/backward check (FlexAttention has no CPU backward)."""
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
-                                                            enable_gqa=enable_gqa), None
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True, scale=scale, enable_gqa=enable_gqa
+    ), None
 
 
 def _forward(parts, model_cfg, shape):
@@ -172,7 +234,11 @@ def _forward(parts, model_cfg, shape):
     local = out.to_local() if isinstance(out, DTensor) else out
     local.float().sum().backward()
     grads = sum(p.grad is not None for p in part.parameters())
-    return {"output": list(out.shape), "params_with_grad": grads, "params": sum(1 for _ in part.parameters())}
+    return {
+        "output": list(out.shape),
+        "params_with_grad": grads,
+        "params": sum(1 for _ in part.parameters()),
+    }
 
 
 def _batch(config, dims):
@@ -189,9 +255,13 @@ def _batch(config, dims):
     accumulation = global_batch // (local * batch_degree)
     pp_micro = local // pp_micro_size if dims.pp_enabled else 1
     forward = pp_micro_size if dims.pp_enabled else local
-    return {"batch_degree": batch_degree, "global_batch": global_batch,
-            "accumulation_steps": accumulation, "pp_microbatches": pp_micro,
-            "sequences_per_forward": forward}
+    return {
+        "batch_degree": batch_degree,
+        "global_batch": global_batch,
+        "accumulation_steps": accumulation,
+        "pp_microbatches": pp_micro,
+        "sequences_per_forward": forward,
+    }
 
 
 def check(item, workdir, i):
@@ -214,66 +284,133 @@ def check(item, workdir, i):
         top = [n for n, _ in model.named_children()]
         layers = [n for n, _ in model.layers.named_children()]
         params = sum(p.numel() for p in model.parameters())
-        linear_types = sorted({type(m).__name__ for m in model.modules() if "Linear" in type(m).__name__})
+        linear_types = sorted(
+            {type(m).__name__ for m in model.modules() if "Linear" in type(m).__name__}
+        )
         parts = par.module_fqns_per_model_part
         blocks_per_part = schedule_name = n_micro = None
         if par.pipeline_parallel_degree > 1:
             for part in parts:
                 for fqn in part:
-                    model.get_submodule(fqn)          # raises AttributeError for a name the model lacks
+                    model.get_submodule(fqn)  # raises AttributeError for a name the model lacks
             named = {f for part in parts for f in part}
-            missing = [n for n in top if n != "layers" and n not in named and getattr(model, n) is not None] + \
-                      [f"layers.{n}" for n in layers if f"layers.{n}" not in named]
+            missing = [
+                n for n in top if n != "layers" and n not in named and getattr(model, n) is not None
+            ] + [f"layers.{n}" for n in layers if f"layers.{n}" not in named]
             if missing:
                 raise ValueError(f"modules in no pipeline part: {missing[:5]}")
             blocks_per_part = [sum(f.startswith("layers.") for f in part) for part in parts]
             loss_fn = config.loss.build(compile_config=config.compile)
             schedule, model_parts, _, _ = spec.pipelining_fn(
-                model, parallel_dims=dims, training=tr, parallelism=par, compile_config=config.compile,
-                ac_config=config.activation_checkpoint, dump_folder=config.dump_folder, device=torch.device("cpu"),
-                model_config=model_cfg, parallelize_fn=spec.parallelize_fn, loss_fn=loss_fn)
+                model,
+                parallel_dims=dims,
+                training=tr,
+                parallelism=par,
+                compile_config=config.compile,
+                ac_config=config.activation_checkpoint,
+                dump_folder=config.dump_folder,
+                device=torch.device("cpu"),
+                model_config=model_cfg,
+                parallelize_fn=spec.parallelize_fn,
+                loss_fn=loss_fn,
+            )
             schedule_name, n_micro = type(schedule).__name__, schedule._n_microbatches
             rank0_parts = [sorted(n for n, _ in m.layers.named_children()) for m in model_parts]
             placements = _placements(model_parts[0])
         else:
-            model = spec.parallelize_fn(model, parallel_dims=dims, training=tr, parallelism=par,
-                                        compile_config=config.compile, ac_config=config.activation_checkpoint,
-                                        dump_folder=config.dump_folder)
+            model = spec.parallelize_fn(
+                model,
+                parallel_dims=dims,
+                training=tr,
+                parallelism=par,
+                compile_config=config.compile,
+                ac_config=config.activation_checkpoint,
+                dump_folder=config.dump_folder,
+            )
             rank0_parts = [sorted(n for n, _ in model.layers.named_children())]
             placements = _placements(model)
         parts_on_rank0 = model_parts if par.pipeline_parallel_degree > 1 else [model]
         moe = _moe(model_cfg, parts_on_rank0)
-        forward = _forward(parts_on_rank0, model_cfg, item["forward"]) if item.get("forward") else None
+        forward = (
+            _forward(parts_on_rank0, model_cfg, item["forward"]) if item.get("forward") else None
+        )
         first = model_cfg.layers[-1]
         attention = first.attention
         ffn = first.feed_forward if first.feed_forward is not None else None
         out = {
-            "parallelism": {k: getattr(par, k) for k in (
-                "data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
-                "tensor_parallel_degree", "enable_sequence_parallel", "pipeline_parallel_degree",
-                "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size", "context_parallel_degree",
-                "expert_parallel_degree", "spmd_backend")},
-            "dims": {"dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "cp": dims.cp, "tp": dims.tp,
-                     "pp": dims.pp, "ep": dims.ep},
-            "training": {k: getattr(tr, k) for k in (
-                "local_batch_size", "global_batch_size", "seq_len", "dtype", "mixed_precision_param",
-                "enable_cpu_offload", "disable_cuda_graphs")},
-            "activation_checkpoint": None if config.activation_checkpoint is None
+            "parallelism": {
+                k: getattr(par, k)
+                for k in (
+                    "data_parallel_replicate_degree",
+                    "data_parallel_shard_degree",
+                    "fsdp_reshard_after_forward",
+                    "tensor_parallel_degree",
+                    "enable_sequence_parallel",
+                    "pipeline_parallel_degree",
+                    "pipeline_parallel_schedule",
+                    "pipeline_parallel_microbatch_size",
+                    "context_parallel_degree",
+                    "expert_parallel_degree",
+                    "spmd_backend",
+                )
+            },
+            "dims": {
+                "dp_replicate": dims.dp_replicate,
+                "dp_shard": dims.dp_shard,
+                "cp": dims.cp,
+                "tp": dims.tp,
+                "pp": dims.pp,
+                "ep": dims.ep,
+            },
+            "training": {
+                k: getattr(tr, k)
+                for k in (
+                    "local_batch_size",
+                    "global_batch_size",
+                    "seq_len",
+                    "dtype",
+                    "mixed_precision_param",
+                    "enable_cpu_offload",
+                    "disable_cuda_graphs",
+                )
+            },
+            "activation_checkpoint": None
+            if config.activation_checkpoint is None
             else type(config.activation_checkpoint).__qualname__.split(".")[0],
             # blocks of each of rank 0's model parts that the policy wrapped for recomputation
-            "ac_wrapped": [sum(isinstance(block, CheckpointWrapper) for _, block in part.layers.named_children())
-                           for part in parts_on_rank0],
+            "ac_wrapped": [
+                sum(
+                    isinstance(block, CheckpointWrapper)
+                    for _, block in part.layers.named_children()
+                )
+                for part in parts_on_rank0
+            ],
             "checkpoint_interval": config.checkpoint.interval,
-            "model": {"name": spec.name, "flavor": spec.flavor, "layers": len(layers), "top": top,
-                      "dim": model_cfg.dim, "vocab": model_cfg.vocab_size,
-                      "tied": bool(getattr(model_cfg, "enable_weight_tying", False)),
-                      "n_heads": attention.n_heads, "n_kv_heads": getattr(attention, "n_kv_heads", None),
-                      "ffn_hidden": ffn.w1.out_features if ffn is not None else None,
-                      "moe_layers": sum(getattr(layer, "moe", None) is not None for layer in model_cfg.layers),
-                      "params": params, "linear_types": linear_types},
+            "model": {
+                "name": spec.name,
+                "flavor": spec.flavor,
+                "layers": len(layers),
+                "top": top,
+                "dim": model_cfg.dim,
+                "vocab": model_cfg.vocab_size,
+                "tied": bool(getattr(model_cfg, "enable_weight_tying", False)),
+                "n_heads": attention.n_heads,
+                "n_kv_heads": getattr(attention, "n_kv_heads", None),
+                "ffn_hidden": ffn.w1.out_features if ffn is not None else None,
+                "moe_layers": sum(
+                    getattr(layer, "moe", None) is not None for layer in model_cfg.layers
+                ),
+                "params": params,
+                "linear_types": linear_types,
+            },
             "batch": _batch(config, dims),
-            "blocks_per_part": blocks_per_part, "schedule": schedule_name, "n_microbatches": n_micro,
-            "rank0_parts": rank0_parts, "placements": placements, "forward": forward, "moe": moe,
+            "blocks_per_part": blocks_per_part,
+            "schedule": schedule_name,
+            "n_microbatches": n_micro,
+            "rank0_parts": rank0_parts,
+            "placements": placements,
+            "forward": forward,
+            "moe": moe,
             "loss": type(config.loss).__qualname__.split(".")[0],
         }
         return {"ok": True, "config": json.loads(json.dumps(out, default=str))}
@@ -285,4 +422,7 @@ if __name__ == "__main__":
     items = json.load(sys.stdin)
     with tempfile.TemporaryDirectory() as tmp:
         sys.path.insert(0, tmp)
-        print("PLANNER-RESULT " + json.dumps([check(item, pathlib.Path(tmp), i) for i, item in enumerate(items)]))
+        print(
+            "PLANNER-RESULT "
+            + json.dumps([check(item, pathlib.Path(tmp), i) for i, item in enumerate(items)])
+        )

@@ -1,2 +1,3 @@
 """The installed validator packages under site/ are not tests."""
+
 collect_ignore = ["site"]

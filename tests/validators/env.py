@@ -11,6 +11,7 @@ The framework releases are pinned here and in pyproject.toml's `validate` extra 
 If pip cannot install a set (no network, a pin gone), the test that needs it fails with pip's message:
 nothing is skipped.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,33 +26,94 @@ import pytest
 HERE = Path(__file__).parent
 SITE_ROOT = Path(os.environ.get("PLANNER_VALIDATORS_SITE", HERE / "site"))
 
-FRAMEWORKS = {"torchtitan": "torchtitan==0.3.0", "megatron": "megatron-core==0.19.2",
-              "fsdp": "accelerate==1.15.0", "fsdp-transformers": "transformers==5.23.0",
-              "deepspeed": "deepspeed==0.19.8", "sagemaker": "sagemaker-train==1.27.0",
-              "sagemaker-v1": "sagemaker==2.257.7"}
+FRAMEWORKS = {
+    "torchtitan": "torchtitan==0.3.0",
+    "megatron": "megatron-core==0.19.2",
+    "fsdp": "accelerate==1.15.0",
+    "fsdp-transformers": "transformers==5.23.0",
+    "deepspeed": "deepspeed==0.19.8",
+    "sagemaker": "sagemaker-train==1.27.0",
+    "sagemaker-v1": "sagemaker==2.257.7",
+}
 """The release each exporter targets (docs/exports.md)."""
 
-_SDK_DEPS = ["boto3==1.44.5", "botocore==1.44.5", "s3transfer==0.19.3", "urllib3==2.8.0", "jmespath==1.1.0",
-             "importlib_metadata==10.2.0", "lazy_importer==0.1.0", "platformdirs==4.14.7", "six==1.17.0"]
+_SDK_DEPS = [
+    "boto3==1.44.5",
+    "botocore==1.44.5",
+    "s3transfer==0.19.3",
+    "urllib3==2.8.0",
+    "jmespath==1.1.0",
+    "importlib_metadata==10.2.0",
+    "lazy_importer==0.1.0",
+    "platformdirs==4.14.7",
+    "six==1.17.0",
+]
 INSTALL = {
     # target: (requirements, extra pip options); dependencies are the ones each import really needs
-    "torchtitan": ([FRAMEWORKS["torchtitan"], "tyro==1.0.17", "docstring_parser==0.18.0", "shtab==1.13.0",
-                    "typeguard==4.6.0", "spmd_types==0.2.3", "tensorboard==2.21.0", "protobuf==7.36.2",
-                    "torchdata==0.11.0", "tokenizers==0.23.3", "torchao==0.18.0"], []),
+    "torchtitan": (
+        [
+            FRAMEWORKS["torchtitan"],
+            "tyro==1.0.17",
+            "docstring_parser==0.18.0",
+            "shtab==1.13.0",
+            "typeguard==4.6.0",
+            "spmd_types==0.2.3",
+            "tensorboard==2.21.0",
+            "protobuf==7.36.2",
+            "torchdata==0.11.0",
+            "tokenizers==0.23.3",
+            "torchao==0.18.0",
+        ],
+        [],
+    ),
     # megatron-core 0.19.2 (the first wheels with megatron/training) requires Python >= 3.12; its
     # training/arguments.py and what it imports compile under 3.11, so the 3.12 wheel is unpacked here
-    "megatron": ([FRAMEWORKS["megatron"]], ["--python-version", "3.12", "--only-binary=:all:",
-                                            "--ignore-requires-python"]),
+    "megatron": (
+        [FRAMEWORKS["megatron"]],
+        ["--python-version", "3.12", "--only-binary=:all:", "--ignore-requires-python"],
+    ),
     # an sdist whose setup.py imports torch: build against the environment's torch, no isolation
-    "deepspeed": ([FRAMEWORKS["deepspeed"], "hjson==3.1.0", "py-cpuinfo==9.0.0", "msgpack==1.2.4",
-                   "psutil==7.2.2", "ninja==1.13.2", "einops==0.8.2"], ["--no-build-isolation"]),
+    "deepspeed": (
+        [
+            FRAMEWORKS["deepspeed"],
+            "hjson==3.1.0",
+            "py-cpuinfo==9.0.0",
+            "msgpack==1.2.4",
+            "psutil==7.2.2",
+            "ninja==1.13.2",
+            "einops==0.8.2",
+        ],
+        ["--no-build-isolation"],
+    ),
     # Accelerate's launcher and FSDP plugin, transformers' TrainingArguments and model classes; the rest is
     # what importing them needs (huggingface-hub 2.x brings its httpx2 client)
-    "fsdp": ([FRAMEWORKS["fsdp"], FRAMEWORKS["fsdp-transformers"], "huggingface-hub==2.4.0", "safetensors==0.8.0",
-              "psutil==7.2.2", "regex==2026.11.15", "httpx2==2.16.2", "httpcore2==2.16.2", "h11==0.16.0",
-              "idna==3.20", "truststore==0.10.5"], []),
-    "sagemaker": ([FRAMEWORKS["sagemaker"], "sagemaker-core==2.27.0", "requests==2.34.2", "idna==3.20",
-                   "certifi==2026.10.18", *_SDK_DEPS], []),
+    "fsdp": (
+        [
+            FRAMEWORKS["fsdp"],
+            FRAMEWORKS["fsdp-transformers"],
+            "huggingface-hub==2.4.0",
+            "safetensors==0.8.0",
+            "psutil==7.2.2",
+            "regex==2026.11.15",
+            "httpx2==2.16.2",
+            "httpcore2==2.16.2",
+            "h11==0.16.0",
+            "idna==3.20",
+            "truststore==0.10.5",
+        ],
+        [],
+    ),
+    "sagemaker": (
+        [
+            FRAMEWORKS["sagemaker"],
+            "sagemaker-core==2.27.0",
+            "requests==2.34.2",
+            "idna==3.20",
+            "certifi==2026.10.18",
+            *_SDK_DEPS,
+        ],
+        [],
+    ),
     "sagemaker-v1": ([FRAMEWORKS["sagemaker-v1"]], []),
 }
 
@@ -65,14 +127,30 @@ def site(target: str) -> Path:
     if stamp.exists() and stamp.read_text().splitlines()[0] == wanted:
         return folder
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target", str(folder),
-           *options, *requirements]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        "--upgrade",
+        "--target",
+        str(folder),
+        *options,
+        *requirements,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.fail(f"cannot install the {target} validator ({' '.join(requirements[:1])}): "
-                    f"{(done.stderr or done.stdout).strip()[-1500:]}", pytrace=False)
+        pytest.fail(
+            f"cannot install the {target} validator ({' '.join(requirements[:1])}): "
+            f"{(done.stderr or done.stdout).strip()[-1500:]}",
+            pytrace=False,
+        )
     size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-    stamp.write_text(f"{wanted}\ninstalled in {time.perf_counter() - t0:.1f} s, {size / 2**20:.0f} MiB\n")
+    stamp.write_text(
+        f"{wanted}\ninstalled in {time.perf_counter() - t0:.1f} s, {size / 2**20:.0f} MiB\n"
+    )
     return folder
 
 
@@ -81,12 +159,21 @@ def validate(target: str, items: list[dict]) -> list[dict]:
     folder = site(target)
     script = HERE / f"check_{target.replace('-', '_')}.py"
     env = {**os.environ, "PYTHONPATH": str(folder), "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run([sys.executable, str(script)], input=json.dumps(items), capture_output=True, text=True,
-                          env=env, timeout=900)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        input=json.dumps(items),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("PLANNER-RESULT ")]
     if done.returncode != 0 or not lines:
-        pytest.fail(f"the {target} validator did not run (exit {done.returncode}): "
-                    f"{(done.stderr or done.stdout).strip()[-2000:]}", pytrace=False)
+        pytest.fail(
+            f"the {target} validator did not run (exit {done.returncode}): "
+            f"{(done.stderr or done.stdout).strip()[-2000:]}",
+            pytrace=False,
+        )
     results = json.loads(lines[-1].removeprefix("PLANNER-RESULT "))
     assert len(results) == len(items)
     return results
