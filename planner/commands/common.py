@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import fields
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Mapping, Optional
 
 import typer
+
+from planner.run_options import RunOptions
 
 MAX_WORLD_SIZE = 2**20
 """Largest --gpus (and --nodes, --dp/--tp/--pp): 64 x the 16,384 H100 GPUs that trained Llama 3 405B
@@ -222,6 +225,16 @@ MoeImbalanceOpt = Annotated[
         "64 (default: 1.0, as force-balanced benchmarks run).",
     ),
 ]
+
+
+def run_options_of(parameters: Mapping[str, Any]) -> RunOptions:
+    """The RunOptions record of a command's parameters (`locals()`): every record field the command
+    takes, by the same name; a field it does not take keeps its default. One place turns the command
+    line into the record: a new run option needs its field, its option, the command's parameter."""
+    given = {f.name: parameters[f.name] for f in fields(RunOptions) if f.name in parameters}
+    if "recompute_modules" in given:
+        given["recompute_modules"] = module_list(given["recompute_modules"])
+    return RunOptions(**given)
 
 
 def module_list(text: str | None) -> tuple[str, ...] | None:

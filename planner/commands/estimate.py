@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from planner.commands.common import (
+    run_options_of,
     MAX_WORLD_SIZE,
     AttentionOpt,
     DropoutOpt,
@@ -43,9 +44,7 @@ from planner.commands.common import (
     HwPrecisionOpt,
     SeqOpt,
     emit_json,
-    module_list,
 )
-from planner.run_options import RunOptions
 from planner.errors import ConfigError
 from frameworks import load_framework
 from frameworks.rules import framework_placement
@@ -215,6 +214,7 @@ def estimate(
     json: JsonOpt = False,
 ) -> None:
     """Predict step time and peak memory of one parallel configuration."""
+    options = run_options_of(locals())  # first: locals() are the parameters alone
     from hardware_profiles import load_profile
     from planner.estimate import estimate as run_estimate
     from cost_models.compute import resolve_precision
@@ -261,25 +261,6 @@ def estimate(
         dp_shard=dp_shard,
         ep=ep,
         expert_tp=expert_tp,
-    )
-    options = RunOptions(
-        attention=attention,
-        dropout=dropout,
-        grad_reduce_dtype=grad_reduce_dtype,
-        fp8_scaling=fp8_scaling,
-        master_weights=master_weights,
-        kernels=kernels,
-        recompute_modules=module_list(recompute_modules),
-        bf16_optimizer=bf16_optimizer,
-        activation_fp8_input=activation_fp8_input,
-        loss=loss,
-        moe_dispatcher=moe_dispatcher,
-        moe_a2a_overlap=moe_a2a_overlap,
-        moe_imbalance=moe_imbalance,
-        tp_comm_overlap=tp_comm_overlap,
-        overlap_grad_reduce=overlap_grad_reduce,
-        overlap_param_gather=overlap_param_gather,
-        overlap_p2p=overlap_p2p,
     )
     est = run_estimate(spec, hw, cfg, gpus=n, options=options)
     document = est.to_document()

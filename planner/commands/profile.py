@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from planner.commands.common import (
+    run_options_of,
     MAX_WORLD_SIZE,
     ActivationFp8InputOpt,
     AttentionOpt,
@@ -27,9 +28,7 @@ from planner.commands.common import (
     RecomputeModulesOpt,
     SeqOpt,
     emit_json,
-    module_list,
 )
-from planner.run_options import RunOptions
 
 DropoutFlag = Annotated[
     bool, typer.Option("--dropout/--no-dropout", help="Dropout layers active (masks saved).")
@@ -79,17 +78,11 @@ def profile(
 ) -> None:
     """Parameters, FLOPs and activation bytes per layer for one micro-batch, on a framework's kernels (with the
     run options estimate takes, the same bytes estimate reports)."""
+    options = run_options_of(locals())  # first: locals() are the parameters alone
     from planner.profiler import profile_model
 
     from planner.sources import default_framework
 
-    options = RunOptions(
-        attention=attention,
-        dropout=dropout,
-        loss=loss,
-        recompute_modules=module_list(recompute_modules),
-        activation_fp8_input=activation_fp8_input,
-    )
     result = profile_model(
         model,
         seq=seq,

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from planner.commands.common import (
+    run_options_of,
     AttentionOpt,
     DropoutOpt,
     FrameworkOpt,
@@ -36,7 +37,6 @@ from planner.commands.common import (
     MoeDispatcherOpt,
     MoeA2aOverlapOpt,
     MoeImbalanceOpt,
-    module_list,
     TpCommOverlapOpt,
     OverlapGradReduceOpt,
     OverlapParamGatherOpt,
@@ -46,7 +46,6 @@ from hardware_profiles import load_profile
 from planner.commands.plan_table import table_lines
 from planner.errors import ConfigError
 from planner.option_rules import check_options
-from planner.run_options import RunOptions
 
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help=objective_help("--tokens"))]
 TopOpt = Annotated[int, typer.Option("--top", min=1, max=100, help="How many plans to list.")]
@@ -276,6 +275,7 @@ def recommend(
     wide: WideOpt = False,
 ) -> None:
     """Search every parallel strategy, rank by the objective and print the top plans."""
+    options = run_options_of(locals())  # first: locals() are the parameters alone
     from planner import io
     from planner.goodput import ReliabilityInputs
     from planner.search import recommend as search
@@ -313,25 +313,6 @@ def recommend(
             io.check_writable(path, what, inputs=inputs)  # before the search, not after it
     if out is not None and csv is not None and Path(out).resolve() == Path(csv).resolve():
         raise ConfigError("--csv", str(csv), "a file other than --out's")
-    options = RunOptions(
-        attention=attention,
-        dropout=dropout,
-        grad_reduce_dtype=grad_reduce_dtype,
-        master_weights=master_weights,
-        kernels=kernels,
-        bf16_optimizer=bf16_optimizer,
-        activation_fp8_input=activation_fp8_input,
-        loss=loss,
-        fp8_scaling=fp8_scaling,
-        moe_dispatcher=moe_dispatcher,
-        moe_a2a_overlap=moe_a2a_overlap,
-        moe_imbalance=moe_imbalance,
-        recompute_modules=module_list(recompute_modules),
-        tp_comm_overlap=tp_comm_overlap,
-        overlap_grad_reduce=overlap_grad_reduce,
-        overlap_param_gather=overlap_param_gather,
-        overlap_p2p=overlap_p2p,
-    )
     with _LazyProgress() as progress:
         rec = search(
             model,
