@@ -1415,6 +1415,15 @@ def _cp_versus(
     }
 
 
+def _documented_scores(row):
+    """One candidate's scores as estimate() documents them: off the step timeline when estimate
+    reads it there (planner.estimate.STEP_MODEL), so a class compared in explain and its plan file
+    give the same numbers."""
+    from planner import estimate as E
+
+    return E.timeline_scores(row) if E.STEP_MODEL == "timeline" else row
+
+
 def _ep_versus(
     scored: ScoredSpace,
     objective: str,
@@ -1497,7 +1506,9 @@ def _ep_versus(
                 config=cfg,
                 gpus=cfg.world_size,
                 software=software,
-                scores=_score_row(scores, n),
+                scores=_documented_scores(
+                    replace(_score_row(scores, n), step=x.take(np.array([n])))
+                ),
             )
             entries[int(cls[j])] = {
                 "plan": cfg.to_dict(),

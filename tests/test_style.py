@@ -58,6 +58,8 @@ def test_long_lines_do_not_grow():
             "tests",
         )
         for p in (ROOT / d).rglob("*.py")
+        if "site"
+        not in p.relative_to(ROOT / d).parts[:2]  # tests/validators/site: installed frameworks
     ]
     long = sum(
         len(line) > 100 for p in files for line in p.read_text(encoding="utf-8").splitlines()
