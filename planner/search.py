@@ -69,6 +69,7 @@ from planner.parallel import (
 )
 from cost_models.compute import resolve_precision
 from planner.placement import PLACEMENTS, packed_key
+import planner.estimate as estimate_module  # its STEP_MODEL is read at call time
 from planner.option_rules import check_options
 from planner.run_options import RunOptions
 from planner.software import (
@@ -1419,9 +1420,9 @@ def _documented_scores(row):
     """One candidate's scores as estimate() documents them: off the step timeline when estimate
     reads it there (planner.estimate.STEP_MODEL), so a class compared in explain and its plan file
     give the same numbers."""
-    from planner import estimate as E
-
-    return E.timeline_scores(row) if E.STEP_MODEL == "timeline" else row
+    if estimate_module.STEP_MODEL == "timeline":
+        return estimate_module.timeline_scores(row)
+    return row
 
 
 def _ep_versus(
