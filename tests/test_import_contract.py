@@ -10,7 +10,7 @@ Layers, lowest first (a module may import its own layer and the ones below):
 5. commands: planner.commands, planner.cli, and the package's public front (planner/__init__).
 
 The graph is read from the source with the AST (no project code runs), imports inside functions
-included, as ../shared/tools/house.py counts them. The cycles left are listed in KNOWN_CYCLES and may
+included (the house measure counts them the same way). The cycles left are listed in KNOWN_CYCLES and may
 only shrink; the count of project imports inside functions may only go down.
 """
 
