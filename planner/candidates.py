@@ -22,7 +22,7 @@ Validity rules (each rejected combination is counted under its reason):
 - looped schedules (interleaved-1f1b, zero-bubble) need num_microbatches to be a multiple of
   max(1, num_microbatches // pp) (torch.distributed.pipelining's flexible interleaving rule,
   ScheduleInterleaved1F1B; Megatron's stricter num_microbatches % pp == 0 is a special case);
-- memory: candidates that do not fit are scored but not ranked (search.py prunes by a lower bound).
+- memory: candidates that do not fit are scored but not ranked (planner.search prunes by a lower bound).
 
 Equivalences removed (not errors, just duplicates): with pp = 1 every schedule is the same
 gradient-accumulation loop (kept as 1f1b); with dp x cp = 1 ZeRO shards nothing (kept as 0; with cp > 1

@@ -241,7 +241,7 @@ def test_bounded_search_equals_scoring_everything(
 def test_exactness_fails_when_a_premise_is_broken(monkeypatch):
     """A bound that overstates (the shape terms doubled) proves out the true leaders: the comparison above
     would catch it."""
-    import planner.search as search
+    import planner.search.bounds as bounds  # _Scores.shape_bound reads it there
 
     name, seq, hw_name, gpus, batch, framework, precision = EXACT[0]
     model, hw, sw = resolve_model(name, seq=seq), load_profile(hw_name), software_for(framework)
@@ -255,7 +255,7 @@ def test_exactness_fails_when_a_premise_is_broken(monkeypatch):
         software=sw,
     )
     every = score_space(model, hw, prune=False, time_bound=False, **kw)
-    monkeypatch.setattr(search, "SHAPE_BOUND_TERMS", ("compute",) + search.SHAPE_BOUND_TERMS)
+    monkeypatch.setattr(bounds, "SHAPE_BOUND_TERMS", ("compute",) + bounds.SHAPE_BOUND_TERMS)
     wrong = score_space(model, hw, keep=9, **kw)
     assert (
         wrong.step_time_s[rank(wrong, "throughput")[:9]].tolist()

@@ -1,0 +1,111 @@
+"""The errors of a search that ranks nothing: how far the leanest candidate misses and what would
+make one fit (NoFitError), or a profile that makes every step infinite."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from planner.candidates import SearchSpace
+from planner.errors import ConfigError, NoFitError
+from planner.search.results import ScoredSpace
+from planner.search.space import config_of
+
+
+def no_fit_error(
+    scored: ScoredSpace,
+    *,
+    model,
+    hardware,
+    world_size: int,
+    global_batch: int,
+    seq: int,
+    precision: str,
+    optimizer: str,
+    space: SearchSpace,
+    framework: str = "megatron",
+    held: dict[str, str] | None = None,
+) -> NoFitError:
+    """How far the leanest candidate misses and what would make one fit (exit 3). `held` names the run option
+    that kept a knob out of the search (e.g. full recompute: moe_a2a_overlap), where it was not the framework."""
+    i = int(np.argmin(scored.leanest_needed_bytes))
+    need = float(scored.leanest_needed_bytes[i])
+    cap = scored.capacity_bytes
+    cfg = config_of(
+        scored.leanest_arrays,
+        i,
+        global_batch=global_batch,
+        seq=seq,
+        precision=precision,
+        optimizer=optimizer,
+        framework=framework,
+    )
+    per_node = hardware.devices_per_node
+    more = math.ceil(world_size * need / cap / per_node) * per_node
+    fixes = [
+        f"more GPUs (about {more}, {more // per_node} nodes: static memory shrinks roughly as 1/GPUs)"
+    ]
+    untried = []
+    if 3 not in space.zero:
+        untried.append("ZeRO-3")
+    if "full" not in space.recompute:
+        untried.append("full recompute")
+    if "optimizer" not in space.offload:
+        untried.append("optimizer offload")
+    held = held or {}
+    by_option = [f"{knob} (held by {held[knob]})" for knob in untried if knob in held]
+    by_stack = [knob for knob in untried if knob not in held]
+    if by_stack:
+        fixes.append(
+            "allow "
+            + ", ".join(by_stack)
+            + f" (not available on {framework}: try another --framework)"
+        )
+    if by_option:
+        fixes.append("drop the run option that holds " + ", ".join(by_option))
+    bigger = _larger_devices(hardware, need)
+    if bigger:
+        fixes.append("a larger device (" + ", ".join(bigger) + ")")
+    fixes.append("a shorter --seq")
+    cp = f" cp={cfg.cp}" if cfg.cp > 1 else ""
+    tried = (
+        f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}{cp} micro_batch=1 zero={cfg.zero} recompute={cfg.recompute} "
+        f"offload={cfg.offload}, the least memory over every degree, ZeRO stage, recompute and offload searched"
+    )
+    return NoFitError(
+        f"no plan fits in {cap / 2**30:.1f} GiB per GPU on {world_size} x {hardware.name}: the leanest candidate "
+        f"({tried}) needs {need / 2**30:.1f} GiB, {(need - cap) / 2**30:.1f} GiB ({need / cap - 1:.0%}) too much; "
+        f"it would fit with " + "; or ".join(fixes)
+    )
+
+
+def non_finite_error(scored: ScoredSpace, hardware) -> ConfigError:
+    """Candidates fit but none has a finite step time: the profile makes some term impossible."""
+    n = int(np.sum(scored.fits & ~np.isfinite(scored.step_time_s)))
+    return ConfigError(
+        "hardware",
+        hardware.name,
+        "a profile with positive efficiencies and bandwidths",
+        message=f"hardware={hardware.name!r}: every candidate that fits ({n:,}) has an infinite or "
+        f"undefined step time; a zero efficiency, rate or bandwidth in the profile makes "
+        f"some term impossible",
+    )
+
+
+def _larger_devices(hardware, need_bytes: float) -> list[str]:
+    try:
+        from hardware_profiles import available_profiles, load_profile
+
+        names = available_profiles()
+    except Exception:  # noqa: BLE001 - suggestions only; the error itself must still be raised
+        return []
+    out = []
+    for name in names:
+        try:
+            profile = load_profile(name)
+        except Exception:  # noqa: BLE001
+            continue
+        if profile.memory_bytes >= need_bytes and profile.name != hardware.name:
+            out.append(f"{profile.name} {profile.memory_bytes / 2**30:.0f} GiB")
+    return out

@@ -1,0 +1,175 @@
+"""Refinement of the leaders: pipeline stages re-split unevenly (planner.partition) and full
+recomputation of fewer blocks per chunk, each re-scored before estimate() documents it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from planner.errors import ConfigError
+from planner.parallel import ParallelConfig
+from planner.software import software_for
+
+
+REFINE_TOP = 8
+"""Leading candidates whose pipeline stages are re-split unevenly and re-scored with estimate()."""
+
+
+CPSAT_MAX_CHUNKS = 16
+"""Interleaved candidates with more chunks than this keep the even split (CP-SAT grows slow there)."""
+
+
+CPSAT_TIME_LIMIT_S = 1.0
+
+
+def stage_problem(model, cfg: ParallelConfig, software=None):
+    """Per-block work and memory weights of one micro-batch on one tensor-parallel rank, for
+    planner.partition: block FLOPs (forward + backward + recompute) from cost_models.flops, weights
+    from cost_models.params, activations from cost_models.activations (the block tables the cost
+    model reads) and model states from the framework's table (cost_models.memory.state_bytes_per_param,
+    sharded as the plan's ZeRO stage shards them). The embedding is on stage 0; final norm, LM head
+    and loss on the last stage. Static bytes only break ties between equally fast splits; whether a
+    split fits is decided by estimate() afterwards."""
+    from cost_models import activations as A
+    from cost_models import flops as F
+    from cost_models import params as P
+    from cost_models.memory import state_bytes_per_param
+    from planner.partition import PartitionProblem
+
+    sw = software or software_for(cfg.framework)
+    b, s, tp = cfg.micro_batch, cfg.seq, cfg.tp
+    blocks = model.total_blocks
+    block_work = (
+        F.block_flops_fwd(model, b, s)
+        + F.block_flops_bwd(model, b, s)
+        + F.block_recompute_flops(
+            model, b, s, cfg.recompute, selective=sw.framework.selective_recompute
+        )
+    ) / tp
+    head_work = 3 * F.head_flops_fwd(model, b, s) / tp
+    pb, gb, ob = state_bytes_per_param(sw, cfg.precision, cfg.optimizer)
+    dp = cfg.shard_group
+    shard = (
+        (pb / (dp if cfg.zero >= 3 else 1))
+        + (gb / (dp if cfg.zero >= 2 else 1))
+        + (ob / (dp if cfg.zero >= 1 else 1))
+    )
+    block_static = P.block_params(model) / tp * shard
+    from cost_models.step import activation_precision
+
+    act = dict(
+        precision=activation_precision(sw, cfg.precision, cfg.zero), tp=tp, sp=cfg.sequence_parallel
+    )
+    # the block as the run saves it: the table and selective policy estimate reads (its options included)
+    block_act = A.block_bytes_of(
+        sw,
+        model,
+        b,
+        s,
+        precision=cfg.precision,
+        zero=cfg.zero,
+        tp=tp,
+        sp=cfg.sequence_parallel,
+        recompute=cfg.recompute,
+    )
+    # with pp > 1 a tied output head is a second copy on the last stage, summed with the embedding's
+    # gradient once per step (Megatron's embedding group; Shoeybi et al. 2019)
+    tied_copy = model.vocab * model.hidden if model.tied_embeddings else 0
+    chunks = cfg.pp * cfg.virtual_stages
+    inflight = tuple(
+        max(1, cfg.pp - (c % cfg.pp)) if cfg.schedule != "gpipe" else cfg.num_microbatches
+        for c in range(chunks)
+    )
+    return PartitionProblem(
+        block_work=(float(block_work),) * blocks,
+        block_static_bytes=(float(block_static),) * blocks,
+        block_activation_bytes=(float(block_act),) * blocks,
+        pp=cfg.pp,
+        virtual_stages=cfg.virtual_stages,
+        first_work=0.0,
+        first_static_bytes=P.embedding_params(model) / tp * shard,
+        first_activation_bytes=float(A.embedding_bytes(model, b, s, dropout=sw.dropout, **act)),
+        last_work=float(head_work),
+        last_static_bytes=(P.head_params(model) + P.final_norm_params(model) + tied_copy)
+        / tp
+        * shard,
+        last_activation_bytes=float(A.head_bytes(model, b, s, kernels=sw.framework.kernels, **act)),
+        inflight=inflight,
+    )
+
+
+def fewest_recomputed_layers(
+    model,
+    hardware,
+    cfg: ParallelConfig,
+    *,
+    software,
+    capacity: float,
+    score_fn=None,
+    global_batch: int,
+    seq: int,
+    precision: str,
+    optimizer: str,
+) -> int | None:
+    """For a plan with full recomputation, the number of blocks per pipeline chunk to recompute
+    (ParallelConfig.recompute_layers) that gives the shortest step and still fits: every count from 1 to the
+    largest chunk's blocks less one scored at once by the vectorized cost model (fewer recomputed blocks:
+    less time, more memory). None when the framework recomputes every block only
+    (capabilities.recompute_layers), the plan does not recompute fully, or no smaller count fits."""
+    if (
+        cfg.recompute != "full"
+        or not software.framework.capabilities.recompute_layers
+        or not hasattr(model, "total_blocks")
+    ):
+        return None
+    from planner.estimate import candidate_of
+    from planner.score import CandidateArrays
+
+    if score_fn is None:
+        from planner.score import score as score_fn
+    counts = np.arange(1, cfg.largest_chunk(model.total_blocks))
+    if len(counts) == 0:
+        return None
+    one = candidate_of(replace(cfg, recompute_layers=None), model.total_blocks)
+    arrays = {
+        f: (None if getattr(one, f) is None else np.repeat(getattr(one, f), len(counts), axis=0))
+        for f in CandidateArrays.__dataclass_fields__
+    }
+    arrays["recompute_layers"] = counts
+    scores = score_fn(
+        model,
+        hardware,
+        CandidateArrays(**arrays),
+        software=software,
+        global_batch=global_batch,
+        seq=seq,
+        precision=precision,
+        optimizer=optimizer,
+    )
+    needed = np.asarray(getattr(scores, "needed_bytes", scores.peak_bytes_per_gpu), dtype=float)
+    step = np.asarray(scores.step_time_s, dtype=float)
+    ok = (needed <= capacity) & np.isfinite(step)
+    if not ok.any():
+        return None
+    return int(counts[ok][np.argmin(step[ok])])
+
+
+def uneven_stages(model, cfg: ParallelConfig, software=None) -> tuple[int, ...]:
+    """The fastest contiguous split of the blocks for cfg (empty when pp = 1 or the model has no blocks), weighed
+    with the run's software (its options change what a block saves; stage_problem)."""
+    from planner.partition import even_split, split
+
+    if cfg.pp == 1 or not hasattr(model, "total_blocks"):
+        return ()
+    if cfg.virtual_stages > 1 and cfg.pp * cfg.virtual_stages > CPSAT_MAX_CHUNKS:
+        return ()
+    try:
+        part = split(stage_problem(model, cfg, software), time_limit_s=CPSAT_TIME_LIMIT_S)
+    except ConfigError:  # no split within the limits: keep the even one
+        return ()
+    return (
+        ()
+        if part.stages == even_split(model.total_blocks, cfg.pp * cfg.virtual_stages)
+        else part.stages
+    )
