@@ -322,7 +322,7 @@ def _values(name: str, values: list) -> str:
 def search_lines(doc: Mapping[str, Any]) -> list[str]:
     """What the search tried beyond dp x tp x pp (its `values_tried`: cp, cp_comm, dp_shard, ep), why the
     chosen context-parallel degree won: the plan compared with the best plan of the other cp class (cp = 1
-    when the winner has cp > 1), which the search stores as `cp_versus` (planner.search._cp_versus), and for a
+    when the winner has cp > 1), which the search stores as `cp_versus` (planner.search.documents._cp_versus), and for a
     mixture-of-experts plan why its expert-parallel degree and placement won (`ep_lines`)."""
     search = doc.get("search") or {}
     tried = search.get("values_tried") or {}
@@ -392,7 +392,7 @@ def _links_text(ep: Mapping[str, Any], network: str) -> str:
 
 def ep_lines(doc: Mapping[str, Any]) -> list[str]:
     """Why the plan's expert-parallel degree and placement: against the best plan of each other expert-parallel
-    class the search found (`ep_versus`, planner.search._ep_versus: an ep degree and whether its all-to-all stays
+    class the search found (`ep_versus`, planner.search.documents._ep_versus: an ep degree and whether its all-to-all stays
     inside one NVLink domain or crosses the network), the step-time gap, the terms that differ most (always the
     exposed all-to-all, ep_comm), the experts and routed-expert parameters per GPU, the peak memory, and the
     routing imbalance where it differs. A class whose best was not refined is as the search scored it (even

@@ -25,6 +25,8 @@ from planner.parallel import RECOMPUTE
 from planner.score import CandidateArrays, score
 from planner.search import (
     SHAPE_BOUND_TERMS,
+    Admission,
+    Workload,
     SHAPE_FIELDS,
     TIME_BOUND_TERMS,
     placement_classes,
@@ -211,17 +213,18 @@ def test_bounded_search_equals_scoring_everything(
     bounds prove most of them out."""
     model, hw, sw = resolve_model(name, seq=seq), load_profile(hw_name), software_for(framework)
     space = SearchSpace().for_framework(load_framework(framework))
-    kw = dict(
-        world_size=gpus,
-        global_batch=batch,
-        seq=seq,
-        precision=precision,
-        optimizer="adamw",
-        space=space,
-        software=sw,
+    work = Workload(
+        world_size=gpus, global_batch=batch, seq=seq, precision=precision, optimizer="adamw"
     )
-    fast = score_space(model, hw, objective=objective, keep=9, **kw)
-    every = score_space(model, hw, objective=objective, prune=False, time_bound=False, **kw)
+    kw = dict(space=space, software=sw)
+    fast = score_space(model, hw, work, admission=Admission(objective=objective, keep=9), **kw)
+    every = score_space(
+        model,
+        hw,
+        work,
+        admission=Admission(objective=objective, prune=False, time_bound=False),
+        **kw,
+    )
     assert (
         fast.stats.pruned_by_time_bound > 0 and fast.stats.space == every.stats.candidates_evaluated
     )
@@ -245,18 +248,13 @@ def test_exactness_fails_when_a_premise_is_broken(monkeypatch):
 
     name, seq, hw_name, gpus, batch, framework, precision = EXACT[0]
     model, hw, sw = resolve_model(name, seq=seq), load_profile(hw_name), software_for(framework)
-    kw = dict(
-        world_size=gpus,
-        global_batch=batch,
-        seq=seq,
-        precision=precision,
-        optimizer="adamw",
-        space=SearchSpace().for_framework(sw.framework),
-        software=sw,
+    work = Workload(
+        world_size=gpus, global_batch=batch, seq=seq, precision=precision, optimizer="adamw"
     )
-    every = score_space(model, hw, prune=False, time_bound=False, **kw)
+    kw = dict(space=SearchSpace().for_framework(sw.framework), software=sw)
+    every = score_space(model, hw, work, admission=Admission(prune=False, time_bound=False), **kw)
     monkeypatch.setattr(bounds, "SHAPE_BOUND_TERMS", ("compute",) + bounds.SHAPE_BOUND_TERMS)
-    wrong = score_space(model, hw, keep=9, **kw)
+    wrong = score_space(model, hw, work, admission=Admission(keep=9), **kw)
     assert (
         wrong.step_time_s[rank(wrong, "throughput")[:9]].tolist()
         != every.step_time_s[rank(every, "throughput")[:9]].tolist()

@@ -19,7 +19,7 @@ from planner.estimate import estimate, even_stages, rank_blocks
 from planner.software import software_for
 from planner.parallel import CP_COMMS, ParallelConfig
 from planner.score import CandidateArrays, score
-from planner.search import config_of, ep_costed, rank, recommend, score_space
+from planner.search import Workload, config_of, ep_costed, rank, recommend, score_space
 from planner.sources import resolve_model
 
 runner = CliRunner()
@@ -408,11 +408,9 @@ def test_score_space_counts_each_candidate_once_with_the_new_dimensions():
     s = score_space(
         model,
         H100,
-        world_size=32,
-        global_batch=32,
-        seq=16384,
-        precision="amp-bf16",
-        optimizer="adamw",
+        Workload(
+            world_size=32, global_batch=32, seq=16384, precision="amp-bf16", optimizer="adamw"
+        ),
         software=software_for("megatron"),
         space=__import__("planner.candidates", fromlist=["SearchSpace"])
         .SearchSpace()

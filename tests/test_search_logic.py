@@ -11,7 +11,14 @@ from hardware_profiles import HardwareProfile
 from planner.candidates import SearchSpace
 from planner.errors import ConfigError, NoFitError
 from planner.plan import plan_from_document
-from planner.search import default_global_batch, rank, recommend, score_space
+from planner.search import (
+    Admission,
+    Workload,
+    default_global_batch,
+    rank,
+    recommend,
+    score_space,
+)
 from planner.spec import TransformerSpec
 
 MODEL = TransformerSpec(name="tiny", layers=8, hidden=256, heads=8, vocab=1000, seq=128)
@@ -162,16 +169,12 @@ def test_default_global_batch_is_about_2m_tokens_and_a_multiple_of_the_world():
 
 
 def test_pruning_by_memory_bound_keeps_the_same_answer():
-    kw = dict(
-        world_size=16,
-        global_batch=32,
-        seq=128,
-        precision="bf16",
-        optimizer="adamw",
-        score_fn=fake_score,
+    work = Workload(world_size=16, global_batch=32, seq=128, precision="bf16", optimizer="adamw")
+    kw = dict(score_fn=fake_score)
+    pruned = score_space(MODEL, hw(3e8), work, admission=Admission(time_bound=False), **kw)
+    full = score_space(
+        MODEL, hw(3e8), work, admission=Admission(prune=False, time_bound=False), **kw
     )
-    pruned = score_space(MODEL, hw(3e8), time_bound=False, **kw)
-    full = score_space(MODEL, hw(3e8), prune=False, time_bound=False, **kw)
     assert pruned.stats.pruned_by_memory_bound > 0
     assert pruned.stats.space == full.stats.candidates_evaluated
     assert pruned.stats.feasible == full.stats.feasible
@@ -277,16 +280,10 @@ def test_bad_objective_and_impossible_space():
 
 @pytest.mark.parametrize("objective", ["throughput", "memory"])
 def test_time_bound_keeps_the_leaders(objective):
-    kw = dict(
-        world_size=16,
-        global_batch=32,
-        seq=128,
-        precision="bf16",
-        optimizer="adamw",
-        score_fn=fake_score_c,
-    )
-    fast = score_space(MODEL, hw(3e8), objective=objective, keep=6, **kw)
-    every = score_space(MODEL, hw(3e8), time_bound=False, **kw)
+    work = Workload(world_size=16, global_batch=32, seq=128, precision="bf16", optimizer="adamw")
+    kw = dict(score_fn=fake_score_c)
+    fast = score_space(MODEL, hw(3e8), work, admission=Admission(objective=objective, keep=6), **kw)
+    every = score_space(MODEL, hw(3e8), work, admission=Admission(time_bound=False), **kw)
     assert fast.stats.pruned_by_time_bound > 0 and every.stats.pruned_by_time_bound == 0
     for s in (fast.stats, every.stats):  # every candidate is scored or proven out, once
         assert s.candidates_evaluated + s.pruned_by_memory_bound + s.pruned_by_time_bound == s.space

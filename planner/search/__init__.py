@@ -35,14 +35,15 @@ Objectives:
   leaders by their goodput-adjusted dollars, and every plan document carries its goodput.
 
 Modules (each imports only those above it):
-- space: the objectives, the degree rules' view of a model, the values tried and held, check_space, config_of;
-- request: the model, hardware and world resolved, the default batch, price and goodput inputs checked;
-- results: SearchStats, ScoredSpace and rank, Recommendation;
-- bounds: the scorer, the bound terms, the admission thresholds, the placement classes;
+- space: the objectives, the degree rules' view of a model, the values tried and held, the space the
+  run options narrow, check_space, Workload (what every candidate shares) and config_of;
+- request: SearchRequest (recommend's keywords as one record), prepare() -> Setup (resolved, checked);
+- results: SearchStats, ScoredSpace and rank, SearchSummary, Recommendation;
+- bounds: Admission, the scorer, the bound terms, the admission thresholds, the placement classes;
 - branch_and_bound: score_space (best first over shapes with the bounds);
 - no_fit: the errors of a search that ranks nothing;
-- refine: uneven stages and fewer recomputed blocks for the leaders;
-- documents: cost and goodput of the leaders' documents, cp_versus and ep_versus;
+- documents: cost and goodput of the leaders' documents, their ranking, cp_versus and ep_versus;
+- refine: uneven stages and fewer recomputed blocks for the leaders (Refiner);
 - pipeline: recommend(), the orchestration.
 """
 
@@ -52,72 +53,89 @@ from planner.search.space import (
     MEMORY_OBJECTIVE_SLACK,
     OBJECTIVES,
     SEARCHED_DIMENSIONS,
+    Workload,
     check_space,
     config_of,
     ep_costed,
     held_dimensions,
+    narrowed,
     values_tried,
 )
 from planner.search.request import (
     DEFAULT_BATCH_TOKENS,
+    REFINE_TOP,
     TINY_MODEL_PARAMS,
     TINY_SEQUENCES_PER_RANK,
+    SearchRequest,
+    Setup,
     default_global_batch,
     model_params,
+    prepare,
 )
-from planner.search.results import Recommendation, ScoredSpace, SearchStats, rank
+from planner.search.results import Recommendation, ScoredSpace, SearchStats, SearchSummary, rank
 from planner.search.bounds import (
     SCORE_CHUNK,
     SHAPE_BOUND_TERMS,
     SHAPE_FIELDS,
     TIME_BOUND_TERMS,
+    Admission,
     placement_classes,
 )
 from planner.search.branch_and_bound import score_space
-from planner.search.no_fit import no_fit_error, non_finite_error
+from planner.search.no_fit import no_fit_error, non_finite_error, unranked_error
+from planner.search.documents import key_numbers, ranked_documents
 from planner.search.refine import (
     CPSAT_MAX_CHUNKS,
     CPSAT_TIME_LIMIT_S,
-    REFINE_TOP,
+    Refiner,
     fewest_recomputed_layers,
     stage_problem,
     uneven_stages,
 )
-from planner.search.documents import key_numbers
 from planner.search.pipeline import recommend
 
 __all__ = [
     "MEMORY_OBJECTIVE_SLACK",
     "OBJECTIVES",
     "SEARCHED_DIMENSIONS",
+    "Workload",
     "check_space",
     "config_of",
     "ep_costed",
     "held_dimensions",
+    "narrowed",
     "values_tried",
     "DEFAULT_BATCH_TOKENS",
+    "REFINE_TOP",
     "TINY_MODEL_PARAMS",
     "TINY_SEQUENCES_PER_RANK",
+    "SearchRequest",
+    "Setup",
     "default_global_batch",
     "model_params",
+    "prepare",
     "Recommendation",
     "ScoredSpace",
     "SearchStats",
+    "SearchSummary",
     "rank",
     "SCORE_CHUNK",
     "SHAPE_BOUND_TERMS",
     "SHAPE_FIELDS",
     "TIME_BOUND_TERMS",
+    "Admission",
     "placement_classes",
     "score_space",
     "no_fit_error",
     "non_finite_error",
+    "unranked_error",
+    "key_numbers",
+    "ranked_documents",
     "CPSAT_MAX_CHUNKS",
     "CPSAT_TIME_LIMIT_S",
-    "REFINE_TOP",
+    "Refiner",
     "fewest_recomputed_layers",
     "stage_problem",
     "uneven_stages",
-    "key_numbers",
     "recommend",
 ]

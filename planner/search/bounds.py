@@ -51,6 +51,20 @@ SHAPE_FIELDS = (
 placement (the placement is added to make a shape: it moves the communication terms)."""
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Admission:
+    """What may enter a search's result: the objective and how many leaders it keeps (the admission
+    threshold is the `keep`-th best feasible step; _admission_threshold), and the two bounds, which a
+    test switches off to score every candidate."""
+
+    objective: str = "throughput"
+    keep: int = 10
+    prune: bool = True
+    """Drop a member with sequence parallelism off whose twin with it on does not fit."""
+    time_bound: bool = True
+    """Prove out the candidates whose time bound reaches the admission threshold."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Scores:
     """What the search reads of planner.score.Scores for a batch of candidates."""

@@ -23,6 +23,7 @@ from planner.parallel import RECOMPUTE, offload_indices
 from planner.placement import PLACEMENTS, packed_key
 from planner.search.bounds import (
     SHAPE_FIELDS,
+    Admission,
     _class_thresholds,
     _Scorer,
     _Scores,
@@ -30,38 +31,36 @@ from planner.search.bounds import (
     placement_classes,
 )
 from planner.search.results import ScoredSpace, SearchStats
-from planner.search.space import _costed, _model_shape, _no_space_reason, _take, values_tried
+from planner.search.space import (
+    Workload,
+    _costed,
+    _model_shape,
+    _no_space_reason,
+    _take,
+    values_tried,
+)
 
 
 def score_space(
     model,
     hardware,
+    workload: Workload,
     *,
-    world_size: int,
-    global_batch: int,
-    seq: int,
-    precision: str,
-    optimizer: str,
     space: SearchSpace = SearchSpace(),
-    score_fn=None,
-    prune: bool = True,
-    objective: str = "throughput",
-    keep: int = 10,
-    time_bound: bool = True,
     software=None,
+    score_fn=None,
     progress: Callable[[int, int], None] | None = None,
+    admission: Admission = Admission(),
 ) -> ScoredSpace:
     """Generate, bound and score the whole space (module docstring); no ranking yet."""
     t0 = time.perf_counter()
+    world_size, global_batch, seq = workload.world_size, workload.global_batch, workload.seq
     heads, kv_heads, blocks = _model_shape(model)
     rejected: Counter = Counter()
     scorer = _Scorer(
         model,
         hardware,
-        global_batch=global_batch,
-        seq=seq,
-        precision=precision,
-        optimizer=optimizer,
+        **workload.score_kw(),
         score_fn=score_fn,
         software=software,
     )
@@ -91,10 +90,10 @@ def score_space(
         space=space,
         scorer=scorer,
         capacity=capacity,
-        objective=objective,
-        keep=keep,
-        prune=prune,
-        time_bound=time_bound,
+        objective=admission.objective,
+        keep=admission.keep,
+        prune=admission.prune,
+        time_bound=admission.time_bound,
         progress=progress,
     )
     search.run()  # (the unsorted rows are freed before it: the scorer's arrays reuse their memory)

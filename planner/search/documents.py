@@ -13,7 +13,8 @@ import planner.estimate as estimate_module  # its STEP_MODEL is read at call tim
 from planner.candidates import FIELDS
 from planner.search.bounds import _candidate_arrays
 from planner.search.results import ScoredSpace, rank
-from planner.search.space import config_of
+from planner.search.request import Setup
+from planner.search.space import Workload, config_of
 
 
 def _with_cost(
@@ -146,11 +147,7 @@ def _ep_versus(
     hardware,
     software,
     documented,
-    *,
-    global_batch: int,
-    seq: int,
-    precision: str,
-    optimizer: str,
+    workload: Workload,
 ) -> dict | None:
     """Why the winner's expert-parallel degree and placement: the best fitting plan of each expert-parallel class
     -- an ep degree and where its all-to-all runs (cost_models.moe.EP_LINKS: inside one NVLink domain, or over
@@ -206,7 +203,7 @@ def _ep_versus(
     if plain:
         rows = {k: v[plain] for k, v in a.items()}
         cands = _candidate_arrays(rows)
-        kw = dict(global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer)
+        kw = workload.score_kw()
         scores = score(model, hardware, cands, software=software, **kw)
         x = Step.of(model, hardware, software, cands, **kw)
         block = block_seconds(x)
@@ -266,3 +263,16 @@ def _score_row(scores, j: int):
             None if f.name in ("stage_memory", "step") else v
         )  # the batch's, not this row's
     return type(scores)(**out)
+
+
+def ranked_documents(documents: list[dict], setup: Setup) -> list[dict]:
+    """The leaders' documents as recommend returns them: those that fit (all when none does), with
+    their cost and goodput (`_with_cost`), in the objective's order, the first `top`."""
+    r = setup.request
+    documents = [d for d in documents if d["prediction"]["memory"]["fits"]] or documents
+    documents = [
+        _with_cost(d, setup.price, r.spot, r.tokens, setup.hardware, setup.reliability)
+        for d in documents
+    ]
+    documents.sort(key=lambda d: _objective_value(d, r.objective))
+    return documents[: r.top]

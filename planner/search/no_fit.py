@@ -8,9 +8,25 @@ import math
 import numpy as np
 
 from planner.candidates import SearchSpace
-from planner.errors import ConfigError, NoFitError
+from planner.errors import ConfigError, NoFitError, PlannerError
+from planner.search.request import Setup
 from planner.search.results import ScoredSpace
-from planner.search.space import config_of
+from planner.search.space import Workload
+
+
+def unranked_error(scored: ScoredSpace, setup: Setup) -> PlannerError:
+    """Why a search ranks no candidate: some fit but none has a finite step (non_finite_error), or
+    none fits (no_fit_error)."""
+    if np.any(scored.fits):
+        return non_finite_error(scored, setup.hardware)
+    return no_fit_error(
+        scored,
+        model=setup.model,
+        hardware=setup.hardware,
+        workload=setup.workload,
+        space=setup.space,
+        held=setup.held,
+    )
 
 
 def no_fit_error(
@@ -18,13 +34,8 @@ def no_fit_error(
     *,
     model,
     hardware,
-    world_size: int,
-    global_batch: int,
-    seq: int,
-    precision: str,
-    optimizer: str,
+    workload: Workload,
     space: SearchSpace,
-    framework: str = "megatron",
     held: dict[str, str] | None = None,
 ) -> NoFitError:
     """How far the leanest candidate misses and what would make one fit (exit 3). `held` names the run option
@@ -32,15 +43,8 @@ def no_fit_error(
     i = int(np.argmin(scored.leanest_needed_bytes))
     need = float(scored.leanest_needed_bytes[i])
     cap = scored.capacity_bytes
-    cfg = config_of(
-        scored.leanest_arrays,
-        i,
-        global_batch=global_batch,
-        seq=seq,
-        precision=precision,
-        optimizer=optimizer,
-        framework=framework,
-    )
+    cfg = workload.config(scored.leanest_arrays, i)
+    world_size, framework = workload.world_size, workload.framework
     per_node = hardware.devices_per_node
     more = math.ceil(world_size * need / cap / per_node) * per_node
     fixes = [

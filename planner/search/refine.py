@@ -7,13 +7,12 @@ from dataclasses import replace
 
 import numpy as np
 
+import planner.estimate as estimate_module  # its estimate is read at call time
 from planner.errors import ConfigError
 from planner.parallel import ParallelConfig
+from planner.search.documents import _objective_value
+from planner.search.request import Setup
 from planner.software import software_for
-
-
-REFINE_TOP = 8
-"""Leading candidates whose pipeline stages are re-split unevenly and re-scored with estimate()."""
 
 
 CPSAT_MAX_CHUNKS = 16
@@ -173,3 +172,71 @@ def uneven_stages(model, cfg: ParallelConfig, software=None) -> tuple[int, ...]:
         if part.stages == even_split(model.total_blocks, cfg.pp * cfg.virtual_stages)
         else part.stages
     )
+
+
+class Refiner:
+    """estimate()'s plan documents of a search's leaders (`document`), refined where that is better,
+    counting the refinements tried (`refined`, SearchStats.refined)."""
+
+    def __init__(self, setup: Setup, capacity: float):
+        self.setup, self.capacity = setup, capacity
+        self.estimate_fn = setup.request.estimate_fn or estimate_module.estimate
+        self.refined = 0
+        self.splits: dict = {}
+
+    def _estimate(self, cfg: ParallelConfig) -> dict:
+        s = self.setup
+        return self.estimate_fn(
+            s.model, s.hardware, cfg, gpus=s.workload.world_size, options=s.options
+        ).to_document()
+
+    def document(self, cfg: ParallelConfig, refine_it: bool) -> dict:
+        """estimate()'s plan document of cfg; with refine_it, of its uneven split when that is better, and of
+        full recomputation of fewer blocks per chunk when that fits and is better (fewest_recomputed_layers). The
+        split does not depend on the placement (stage_problem reads none), so placement twins share one."""
+        s, objective = self.setup, self.setup.request.objective
+        doc = self.split_document(cfg, refine_it)
+        if refine_it and objective != "memory":
+            plan = doc["plan"]
+            best = replace(cfg, stages=tuple(plan["stages"]) if plan.get("stages") else cfg.stages)
+            n = fewest_recomputed_layers(
+                s.model,
+                s.hardware,
+                best,
+                software=s.software,
+                capacity=self.capacity,
+                score_fn=s.request.score_fn,
+                **s.workload.score_kw(),
+            )
+            if n is not None:
+                self.refined += 1
+                fewer = self._estimate(replace(best, recompute_layers=n))
+                if fewer["prediction"]["memory"]["fits"] and _objective_value(
+                    fewer, objective
+                ) < _objective_value(doc, objective):
+                    return fewer
+        return doc
+
+    def split_document(self, cfg: ParallelConfig, refine_it: bool) -> dict:
+        """estimate()'s plan document of cfg; with refine_it, of its uneven split when that is better."""
+        s, objective, splits = self.setup, self.setup.request.objective, self.splits
+        doc = self._estimate(cfg)
+        if refine_it and cfg.pp > 1 and s.software.framework.capabilities.uneven_stages:
+            twin = tuple(
+                (k, tuple(v) if isinstance(v, list) else v)
+                for k, v in cfg.to_dict().items()
+                if k != "placement"
+            )
+            stages = (
+                splits[twin]
+                if twin in splits
+                else splits.setdefault(twin, uneven_stages(s.model, cfg, s.software))
+            )
+            if stages:
+                self.refined += 1
+                uneven = self._estimate(replace(cfg, stages=stages))
+                if uneven["prediction"]["memory"]["fits"] and _objective_value(
+                    uneven, objective
+                ) < _objective_value(doc, objective):
+                    return uneven
+        return doc

@@ -4,10 +4,28 @@ the price per hour and the goodput inputs validated."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any, Callable
 
+from cost_models.compute import resolve_precision
 from cost_models.params import total_params
+from frameworks.rules import check_moe_runnable, violations
+from planner.candidates import SearchSpace
 from planner.errors import ConfigError
+from planner.option_rules import check_options
+from planner.parallel import ParallelConfig
+from planner.run_options import RunOptions
+from planner.search.space import OBJECTIVES, Workload, check_space, narrowed
+from planner.software import (
+    check_activation_fp8_input,
+    check_master_weights,
+    check_moe_options,
+    software_for,
+)
 from planner.spec import TransformerSpec
+
+REFINE_TOP = 8
+"""Leading candidates whose pipeline stages are re-split unevenly and re-scored with estimate()."""
 
 
 DEFAULT_BATCH_TOKENS = 2**21
@@ -142,3 +160,152 @@ def _reliability_inputs(inputs, *, objective: str, tokens: float | None, spot: b
             "planner has no default)",
         )
     return inputs.validated()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchRequest:
+    """What recommend() is asked beside the model and the hardware: its keywords as one record
+    (`recommend(model, hardware, request)` and `recommend(model, hardware, **fields)` are the same)."""
+
+    gpus: int | None = None
+    """The world size (or `nodes`, whole nodes of the profile)."""
+    nodes: int | None = None
+    global_batch: int | None = None
+    """None: default_global_batch."""
+    seq: int | None = None
+    """None: the model's."""
+    precision: str | None = None
+    """None: bf16 mixed precision where the device has bf16 (cost_models.compute.resolve_precision)."""
+    optimizer: str = "adamw"
+    objective: str = "throughput"
+    """One of OBJECTIVES."""
+    top: int = 5
+    """Plan documents returned: the winner and top - 1 runners-up."""
+    spot: bool = False
+    price_per_hour: float | None = None
+    """The user's price per node-hour (None: the profile's on-demand or spot price)."""
+    tokens: float | None = None
+    """The length of the run: with it every plan document carries its goodput (planner.goodput)."""
+    space: SearchSpace = SearchSpace()
+    refine: int = REFINE_TOP
+    """Leaders re-split into uneven stages and re-scored (planner.search.refine)."""
+    framework: str = "megatron"
+    options: RunOptions | None = None
+    """Run options (None or an unset field: the framework's default)."""
+    reliability: Any = None
+    """planner.goodput.ReliabilityInputs (None: the sourced defaults)."""
+    progress: Callable[[int, int], None] | None = None
+    score_fn: Callable | None = None
+    """Instead of planner.score.score (tests, the report's recording scorer)."""
+    estimate_fn: Callable | None = None
+    """Instead of planner.estimate.estimate (tests)."""
+
+    @property
+    def leaders(self) -> int:
+        """Candidates documented: the top ones and those refined, and one more."""
+        return max(self.top, self.refine) + 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Setup:
+    """A request resolved and checked (`prepare`): what the search, the refinement and the
+    documents read."""
+
+    request: SearchRequest
+    model: Any
+    hardware: Any
+    software: Any
+    options: RunOptions
+    workload: Workload
+    space: SearchSpace
+    """The request's space as the framework and the run options narrow it."""
+    held: dict[str, str]
+    """Knobs a run option holds out of the space, each with the option (no_fit_error's `held`)."""
+    price: float | None
+    """Dollars per hour for the whole world (None: no price known)."""
+    reliability: Any
+    """The validated goodput inputs."""
+
+
+def prepare(model, hardware, request: SearchRequest) -> Setup:
+    """Check and resolve a request before any search: one ConfigError naming the flag for bad input."""
+    r = request
+    if r.objective not in OBJECTIVES:
+        raise ConfigError("objective", r.objective, "one of " + ", ".join(OBJECTIVES))
+    if r.top < 1:
+        raise ConfigError("top", r.top, "a positive integer")
+    reliability = _reliability_inputs(
+        r.reliability, objective=r.objective, tokens=r.tokens, spot=r.spot
+    )
+    model, hardware, world, n_nodes = _resolve(model, hardware, r.gpus, r.nodes, r.seq)
+    options = r.options or RunOptions()
+    software = software_for(r.framework, options)
+    precision = _checked_stack(model, hardware, software, options, r)
+    seq = r.seq or model.seq
+    check_space(r.space, model, software.framework, world=world, seq=seq)
+    space, held = narrowed(r.space.for_framework(software.framework, model), software, model)
+    global_batch = r.global_batch or default_global_batch(world, seq, model_params(model))
+    price = _price_per_hour(hardware, n_nodes, r.spot, r.price_per_hour)
+    # the one rule (planner.option_rules), for the Python API as for the commands
+    check_options(
+        objective=r.objective, hardware=hardware.name, price=price, price_per_hour=r.price_per_hour
+    )
+    workload = Workload(
+        world_size=world,
+        global_batch=global_batch,
+        seq=seq,
+        precision=precision,
+        optimizer=r.optimizer,
+        framework=software.framework.name,
+    )
+    return Setup(
+        request=r,
+        model=model,
+        hardware=hardware,
+        software=software,
+        options=options,
+        workload=workload,
+        space=space,
+        held=held,
+        price=price,
+        reliability=reliability,
+    )
+
+
+def _checked_stack(model, hardware, software, options: RunOptions, request: SearchRequest) -> str:
+    """The precision (request.precision resolved), once the stack can run it with the model, the run
+    options and the optimizer whatever the degrees."""
+    check_activation_fp8_input(software, model)
+    precision = resolve_precision(
+        hardware, request.precision
+    )  # None: bf16 mixed precision where the device has bf16
+    check_moe_options(model, precision, options)
+    # what the stack cannot run whatever the degrees (the overlap's per-plan conditions restrict the space below)
+    check_moe_runnable(
+        software.framework,
+        software,
+        model,
+        ParallelConfig(
+            dp=2,
+            ep=2,
+            global_batch=2,
+            placement="PDET",
+            precision=precision,
+            framework=software.framework.name,
+        ),
+    )
+    check_master_weights(software, precision)
+    ParallelConfig(
+        precision=precision, optimizer=request.optimizer, framework=software.framework.name
+    )  # validates them
+    problems = violations(
+        software.framework, ParallelConfig(precision=precision, framework=software.framework.name)
+    )
+    if problems:
+        raise ConfigError(
+            "precision",
+            precision,
+            f"a precision {software.framework.name} runs",
+            message=f"framework {software.framework.name} cannot run this plan: {problems[0]}",
+        )
+    return precision

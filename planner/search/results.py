@@ -59,6 +59,31 @@ class SearchStats:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class SearchSummary:
+    """The `search` section of the winner's plan document: what `explain` reads of the search."""
+
+    objective: str
+    stats: SearchStats
+    cp_versus: Mapping[str, Any] | None = None
+    """The best plan of the other cp class (planner.search.documents._cp_versus)."""
+    ep_versus: Mapping[str, Any] | None = None
+    """The best plan of each expert-parallel class (planner.search.documents._ep_versus)."""
+
+    def to_dict(self) -> dict:
+        stats = self.stats
+        return {
+            "objective": self.objective,
+            "candidates_evaluated": stats.candidates_evaluated,
+            "feasible": stats.feasible,
+            "seconds": round(stats.seconds, 4),
+            "values_tried": {k: list(v) for k, v in stats.values_tried.items()},
+            "cp_versus": self.cp_versus,
+            **({"held": dict(stats.held)} if stats.held else {}),
+            **({"ep_versus": self.ep_versus} if self.ep_versus is not None else {}),
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Recommendation:
     """The ranked result of a search: the best plan document and the runners-up."""
 

@@ -5,13 +5,14 @@ ParallelConfig."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 import numpy as np
 
 from planner.candidates import SearchSpace, config_of_row
 from planner.errors import ConfigError
-from planner.parallel import CP_COMMS, ParallelConfig, default_placement
+from planner.parallel import CP_COMMS, ParallelConfig, default_placement, offloads
 
 
 OBJECTIVES = ("throughput", "cost", "memory", "time-to-train")
@@ -58,6 +59,71 @@ def config_of(
         stages=stages,
         framework=framework,
     )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Workload:
+    """What every candidate of one search shares beside its row: the world size, global batch,
+    sequence, precision, optimizer and framework (what the scorer and config_of take with it)."""
+
+    world_size: int
+    global_batch: int
+    seq: int
+    precision: str
+    optimizer: str = "adamw"
+    framework: str = "megatron"
+
+    def score_kw(self) -> dict:
+        """The keywords planner.score.score takes beside the candidates."""
+        return dict(
+            global_batch=self.global_batch,
+            seq=self.seq,
+            precision=self.precision,
+            optimizer=self.optimizer,
+        )
+
+    def config_kw(self) -> dict:
+        """The keywords config_of takes beside the row."""
+        return self.score_kw() | {"framework": self.framework}
+
+    def config(self, arrays: Mapping[str, np.ndarray], i: int) -> ParallelConfig:
+        """Row i of candidate arrays as a ParallelConfig (config_of)."""
+        return config_of(arrays, i, **self.config_kw())
+
+
+def narrowed(space: SearchSpace, software, model) -> tuple[SearchSpace, dict[str, str]]:
+    """The space the run options let the stack run, and the knobs they hold out, each with the option
+    that holds it (what no_fit_error names). With `bf16_optimizer` only ZeRO-1 without optimizer
+    offload (what DeepSpeed's BF16_Optimizer runs); with the MoE exchange overlap only plans
+    Megatron-Core runs it with: interleaved stages when pipelined, no full recomputation."""
+    if software.bf16_optimizer:  # BF16_Optimizer shards like ZeRO-1 and runs its step on the device
+        space = replace(
+            space,
+            zero=(1,),
+            zero_with_pp=(1,),
+            offload=tuple(o for o in space.offload if not offloads(o, "optimizer")),
+        )
+    held = {}
+    if software.moe_a2a_overlap and model.moe is not None:
+        # only plans frameworks.rules.a2a_overlap_conflict lets the overlap run on: interleaved stages when
+        # pipelined, no full recomputation
+        space = replace(
+            space,
+            schedules=tuple(s for s in space.schedules if s == "interleaved-1f1b"),
+            recompute=tuple(r for r in space.recompute if r != "full"),
+        )
+        if not space.recompute:
+            raise ConfigError(
+                "moe_a2a_overlap",
+                True,
+                "false",
+                message="moe_a2a_overlap cannot run with full recomputation, the only recompute the "
+                "search may try (allowed with the overlap: recompute none or selective)",
+            )
+        held["full recompute"] = "moe_a2a_overlap"
+    if software.bf16_optimizer:
+        held.update({"ZeRO-3": "bf16_optimizer", "optimizer offload": "bf16_optimizer"})
+    return space, held
 
 
 def _no_space_reason(world, global_batch, heads, blocks, rejected) -> str:
