@@ -72,7 +72,7 @@ KNOWN_CYCLES = [
     {"benchmarks.accuracy_frameworks", "benchmarks.calibrate_frameworks"},
 ]
 """Cycles that remain; a cycle may leave this list, never join it."""
-MAX_INNER_IMPORTS = 245
+MAX_INNER_IMPORTS = 231
 """Project imports inside functions (as house.py counts them, benchmarks included): may only fall."""
 
 

@@ -9,6 +9,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+import planner.score as score_module
 from planner.candidates import FIELDS
 from planner.placement import PLACEMENTS
 from planner.search.space import MEMORY_OBJECTIVE_SLACK
@@ -109,9 +110,7 @@ class _Scorer:
         score_fn=None,
         software=None,
     ):
-        if score_fn is None:
-            from planner.score import score as score_fn
-        self.score_fn = score_fn
+        self.score_fn = score_fn or score_module.score  # looked up here: a test patches it
         self.kw = dict(global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer)
         if software is not None:
             self.kw["software"] = software
@@ -172,9 +171,7 @@ def _class_thresholds(
 
 
 def _candidate_arrays(arrays: Mapping[str, np.ndarray]):
-    from planner.score import CandidateArrays
-
-    return CandidateArrays(**{k: np.asarray(arrays[k]) for k in FIELDS})
+    return score_module.CandidateArrays(**{k: np.asarray(arrays[k]) for k in FIELDS})
 
 
 def placement_classes(placements, *, exact: bool = False) -> list[tuple[int, ...]]:

@@ -11,6 +11,7 @@ import numpy as np
 
 import planner.estimate as estimate_module  # its STEP_MODEL is read at call time
 from planner.candidates import FIELDS
+from planner.goodput import reliability_figures, with_reliability
 from planner.search.bounds import _candidate_arrays
 from planner.search.results import ScoredSpace, rank
 from planner.search.request import Setup
@@ -45,8 +46,6 @@ def _with_cost(
         if price_per_hour is not None:
             train["usd"] = price_per_hour * train["seconds"] / 3600.0
         if hardware is not None:
-            from planner.goodput import reliability_figures, with_reliability
-
             figures = reliability_figures(
                 document,
                 hardware,

@@ -10,12 +10,15 @@ from typing import Any, Callable
 from cost_models.compute import resolve_precision
 from cost_models.params import total_params
 from frameworks.rules import check_moe_runnable, violations
+from hardware_profiles import load_profile
 from planner.candidates import SearchSpace
 from planner.errors import ConfigError
+from planner.goodput import ReliabilityInputs
 from planner.option_rules import check_options
 from planner.parallel import ParallelConfig
 from planner.run_options import RunOptions
 from planner.search.space import OBJECTIVES, Workload, check_space, narrowed
+from planner.sources import resolve_model, transformer_spec, with_seq
 from planner.software import (
     check_activation_fp8_input,
     check_master_weights,
@@ -71,20 +74,12 @@ def model_params(model) -> int | None:
 
 def _resolve(model, hardware, gpus, nodes, seq):
     if isinstance(model, str):
-        from planner.sources import resolve_model
-
         model = resolve_model(model, seq=seq)
     if getattr(model, "spec", None) is not None and getattr(model, "factory", None):
-        from planner.sources import transformer_spec
-
         model = transformer_spec(model)  # a factory's module that describes its transformer
     elif seq is not None and getattr(model, "seq", seq) != seq:
-        from planner.sources import with_seq
-
         model = with_seq(model, seq)
     if isinstance(hardware, str):
-        from hardware_profiles import load_profile
-
         hardware = load_profile(hardware)
     per_node = hardware.devices_per_node
     if gpus is None and nodes is None:
@@ -125,8 +120,6 @@ def _price_per_hour(
 
 def _reliability_inputs(inputs, *, objective: str, tokens: float | None, spot: bool):
     """The goodput inputs, validated before the search (one ConfigError naming the flag)."""
-    from planner.goodput import ReliabilityInputs
-
     inputs = ReliabilityInputs() if inputs is None else inputs
     if objective == "time-to-train" and not tokens:
         raise ConfigError(

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from planner.candidates import placement_text
 from planner.parallel import CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES
 from planner.placement import PLACEMENTS
 from planner.errors import ConfigError
@@ -149,8 +150,6 @@ class ScoredSpace:
         peak_bytes_per_gpu and fits. For notebooks:
         `planner.recommend("gpt2", "p4d.24xlarge", gpus=8).to_pandas().query("fits")`."""
         import pandas as pd
-
-        from planner.candidates import placement_text
 
         names = {
             "schedule": SCHEDULES,

@@ -5,14 +5,22 @@ ParallelConfig."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Mapping
 
 import numpy as np
 
-from planner.candidates import SearchSpace, config_of_row
+from cost_models.step import Step
+from frameworks.rules import check_model_runnable, mtp_without_pp_or_cp
+from planner.candidates import SearchSpace, config_of_row, cp_comm_allowed
 from planner.errors import ConfigError
-from planner.parallel import CP_COMMS, ParallelConfig, default_placement, offloads
+from planner.parallel import (
+    CP_COMMS,
+    ParallelConfig,
+    default_placement,
+    expert_parallel_degrees,
+    offloads,
+)
 
 
 OBJECTIVES = ("throughput", "cost", "memory", "time-to-train")
@@ -142,8 +150,6 @@ def held_dimensions(framework, model) -> dict[str, str]:
     """Dimensions `framework` holds at 1 for `model` (SearchSpace.for_framework narrows them), each with the reason
     and what would lift it, for recommend to say: a stack that runs multi-token-prediction modules only without
     pipeline or context parallelism (frameworks.rules.mtp_without_pp_or_cp)."""
-    from frameworks.rules import mtp_without_pp_or_cp
-
     if not mtp_without_pp_or_cp(framework, model):
         return {}
     why = (
@@ -171,10 +177,6 @@ def ep_costed() -> bool:
     """Whether the cost model prices expert parallelism (cost_models.step.Step reads an `ep` array). Until
     it does, an ep > 1 candidate would score exactly as its ep = 1 twin and planner.estimate refuses it, so
     the search enumerates ep but scores only ep = 1 (`_costed`)."""
-    from dataclasses import fields
-
-    from cost_models.step import Step
-
     return "ep" in {f.name for f in fields(Step)}
 
 
@@ -195,11 +197,6 @@ def check_space(space: SearchSpace, model, framework, *, world: int, seq: int) -
     """The pinned and limited values of the new dimensions (recommend --cp/--max-cp/--cp-comm/--dp-shard/--ep/
     --max-ep) checked against the framework's capabilities (frameworks.rules' vocabulary), the model and the
     sequence: one ConfigError naming the flag, the value and what is allowed."""
-    from planner.candidates import cp_comm_allowed
-    from planner.parallel import expert_parallel_degrees
-
-    from frameworks.rules import check_model_runnable, mtp_without_pp_or_cp
-
     caps, name = framework.capabilities, framework.name
     check_model_runnable(framework, model)
     heads, kv_heads, _ = _model_shape(model)
