@@ -103,13 +103,12 @@ def main() -> None:
     )
     for r in rows:
         print(
-            f"{r['id']:40} {layout(r['nvidia']):28} {r['nvidia_error']:+9.1%} {layout(r['pick']):28} "
+            f"{r['id']:40} {layout(r['nvidia']):28} {r['nvidia_error']:+9.1%} "
+            f"{layout(r['pick']):28} "
             f"{r['predicted_gain']:6.1%} {r['model_error']:6.1%}  {r['verdict']}"
         )
     RESULTS.write_text(json.dumps({"jobs": rows}, indent=1) + "\n")
-    print(
-        f"wrote {RESULTS.relative_to(Path.cwd()) if RESULTS.is_relative_to(Path.cwd()) else RESULTS}"
-    )
+    print(f"wrote {RESULTS}")
 
 
 if __name__ == "__main__":

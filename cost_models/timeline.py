@@ -47,14 +47,14 @@ stream is one event.
 Engine: numpy and plain Python, no library. The operations of a rank are a fixed list (the
 schedule's order), and an operation's start depends only on already-finished operations, so a
 round-robin over ranks that places each rank's next operations while their inputs are known is an
-exact event loop, O(operations). The orders, durations, sends and each operation's input are laid out
-as arrays once (_FixedOrders), so the loop itself reads flat lists by index: a 16-stage 1F1B step of
-192 micro-batches (6,144 operations) in 9.5 ms of CPU, against 29 ms for the keyed loop it replaced
-(same machine, loaded). A general
-discrete-event library (SimPy and the like) would add a dependency and a per-event coroutine cost for
-nothing the fixed orders need; ZB-H1's greedy choice is the one place the next event must be picked by
-time (_Compute). Iterating the per-rank max-plus scans to a fixed point was tried and is exact, but
-needs O(m) sweeps where the critical path zig-zags between ranks (1F1B with uneven stages)."""
+exact event loop, O(operations). The orders, durations, sends and each operation's input are laid
+out as arrays once (_FixedOrders), so the loop itself reads flat lists by index: a 16-stage 1F1B
+step of 192 micro-batches (6,144 operations) in 9.5 ms of CPU, against 29 ms for the keyed loop it
+replaced (same machine, loaded). A general discrete-event library (SimPy and the like) would add a
+dependency and a per-event coroutine cost for nothing the fixed orders need; ZB-H1's greedy choice
+is the one place the next event must be picked by time (_Compute). Iterating the per-rank max-plus
+scans to a fixed point was tried and is exact, but needs O(m) sweeps where the critical path zig-
+zags between ranks (1F1B with uneven stages)."""
 
 from __future__ import annotations
 
@@ -486,7 +486,8 @@ class _FixedOrders:
 def _forward_sequence(p: int, m: int, v: int) -> tuple[np.ndarray, np.ndarray]:
     """The forwards every rank runs, in order, as (micro-batches, chunks): micro-batch by
     micro-batch with one chunk; interleaved, rounds of p micro-batches (the last may be partial),
-    chunk by chunk within a round (Megatron-Core's forward_backward_pipelining_with_interleaving)."""
+    chunk by chunk within a round (Megatron-Core's
+    forward_backward_pipelining_with_interleaving)."""
     if v == 1:
         return np.arange(m), np.zeros(m, dtype=int)
     pairs = [
