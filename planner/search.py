@@ -71,6 +71,7 @@ from cost_models.compute import resolve_precision
 from planner.placement import PLACEMENTS, packed_key
 import planner.estimate as estimate_module  # its STEP_MODEL is read at call time
 from planner.option_rules import check_options
+from planner.uncertainty import ties_of, with_bands
 from planner.run_options import RunOptions
 from planner.software import (
     check_activation_fp8_input,
@@ -1877,7 +1878,7 @@ def recommend(
     documents = [d for d in documents if d["prediction"]["memory"]["fits"]] or documents
     documents = [_with_cost(d, price, spot, tokens, hardware, reliability) for d in documents]
     documents.sort(key=lambda d: _objective_value(d, objective))
-    documents = documents[:top]
+    documents = with_bands(documents[:top])
 
     versus = _cp_versus(
         scored,
@@ -1915,6 +1916,9 @@ def recommend(
         **({"held": dict(stats.held)} if stats.held else {}),
         **({"ep_versus": ep_versus} if ep_versus is not None else {}),
     }
+    ties = ties_of(documents, objective)
+    if ties is not None:
+        best["search"]["near_ties"] = ties
     return Recommendation(
         objective=objective,
         best=best,
