@@ -35,6 +35,10 @@ GOLDEN = ROOT / "tests" / "golden" / "predictions.json"
 PUBLISHED_FILES = ("megatron", "torchtitan", "fsdp", "deepspeed", "features", "moe")
 RELATIVE_TOLERANCE = 1e-9
 """Two floats are the same prediction when they agree to 1e-9 relative (summation order only)."""
+ABSOLUTE_TOLERANCE = 1e-12
+"""... or to 1e-12 absolute: a term that is exactly zero in one summation order is a residue of
+1e-14 s in another (the timeline's idle time of a one-stage step); every quantity of a prediction
+(seconds, bytes, fractions) is many orders of magnitude above it."""
 
 RUN_OPTION_NAMES = frozenset(f.name for f in fields(RunOptions))
 
@@ -157,7 +161,7 @@ def differences(golden: Any, now: Any, path: str = "") -> Iterator[str]:
         for i, (g, n) in enumerate(zip(golden, now)):
             yield from differences(g, n, f"{path}[{i}]")
     elif _numbers(golden, now):
-        if not math.isclose(golden, now, rel_tol=RELATIVE_TOLERANCE, abs_tol=0.0):
+        if not math.isclose(golden, now, rel_tol=RELATIVE_TOLERANCE, abs_tol=ABSOLUTE_TOLERANCE):
             yield f"{path}: {golden!r} -> {now!r}"
     elif golden != now:
         yield f"{path}: {golden!r} -> {now!r}"

@@ -44,12 +44,17 @@ order at max(t0 + n d, s + (e - s)/n + n d, e + d) (t0: when the stream is free)
 pieces' own release-plus-queue times, exact for a FIFO queue with linear releases, so a bucket
 stream is one event.
 
-Engine: plain Python, no library. The operations of a rank are a fixed list (the schedule's order),
-and an operation's start depends only on already-finished operations, so a round-robin over ranks
-that commits each rank's next operation when its input is known is an exact event loop,
-O(operations). A general discrete-event library (SimPy and the like) would add a dependency and a
-per-event coroutine cost for nothing the fixed orders need; ZB-H1's greedy choice is the one place
-the next event must be picked by time."""
+Engine: numpy and plain Python, no library. The operations of a rank are a fixed list (the
+schedule's order), and an operation's start depends only on already-finished operations, so a
+round-robin over ranks that places each rank's next operations while their inputs are known is an
+exact event loop, O(operations). The orders, durations, sends and each operation's input are laid
+out as arrays once (_FixedOrders), so the loop itself reads flat lists by index: a 16-stage 1F1B
+step of 192 micro-batches (6,144 operations) in 9.5 ms of CPU, against 29 ms for the keyed loop it
+replaced (same machine, loaded). A general discrete-event library (SimPy and the like) would add a
+dependency and a per-event coroutine cost for nothing the fixed orders need; ZB-H1's greedy choice
+is the one place the next event must be picked by time (_Compute). Iterating the per-rank max-plus
+scans to a fixed point was tried and is exact, but needs O(m) sweeps where the critical path zig-
+zags between ranks (1F1B with uneven stages)."""
 
 from __future__ import annotations
 
@@ -151,16 +156,45 @@ class RankSpan:
         return max(0.0, self.compute_end_s - self.busy_s - self.hops_s - self.gate_wait_s)
 
 
+KINDS = "FBW"
+"""Operation kinds by their code in an OpTable."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpTable:
+    """Every rank's operations in its stream's order, one row per rank (every rank of a schedule
+    runs as many operations), and what each rank's sends and parameter gates cost it."""
+
+    kind: np.ndarray
+    """Codes into KINDS."""
+    microbatch: np.ndarray
+    chunk: np.ndarray
+    start_s: np.ndarray
+    end_s: np.ndarray
+    hops_s: np.ndarray
+    """Per rank: blocking pipeline sends on its compute stream."""
+    hidden_hops_s: np.ndarray
+    """Per rank: overlapped pipeline sends."""
+    gate_wait_s: np.ndarray
+    """Per rank: time its first forwards waited for their parameters."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepTimeline:
     ranks: tuple[RankSpan, ...]
-    raw_ops: tuple[tuple, ...]
-    """Every operation as a plain (rank, kind, micro-batch, chunk, start_s, end_s) tuple (cheap to
-    make in the loop; `ops` names the fields)."""
+    table: OpTable
 
     @property
     def ops(self) -> tuple[Op, ...]:
-        return tuple(Op._make(o) for o in self.raw_ops)
+        """Every operation, rank by rank in its stream's order."""
+        t = self.table
+        rows = zip(
+            *(a.ravel().tolist() for a in (t.kind, t.microbatch, t.chunk, t.start_s, t.end_s))
+        )
+        n = t.kind.shape[1]
+        return tuple(
+            Op(k // n, KINDS[kind], i, c, s, e) for k, (kind, i, c, s, e) in enumerate(rows)
+        )
 
     @property
     def makespan_s(self) -> float:
@@ -182,37 +216,15 @@ def simulate(work: StepWork) -> StepTimeline:
     if p < 1 or m < 1:
         raise ValueError(f"need at least one rank and one micro-batch, got {p}, {m}")
     chunks = work.chunks if work.schedule == "interleaved-1f1b" else 1
-    sim = _Compute(work, chunks)
     if work.schedule == "zero-bubble" and p > 1:
+        sim = _Compute(work, chunks)
         sim.run_greedy()
+        table = sim.table()
     else:
-        sim.run_fixed([_order(work.schedule, r, p, m, chunks) for r in range(p)])
-    spans = tuple(_rank_span(work, r, chunks, sim.ops[r], sim) for r in range(p))
-    return StepTimeline(ranks=spans, raw_ops=tuple(o for rank_ops in sim.ops for o in rank_ops))
-
-
-# --- schedule orders: (kind, micro-batch, chunk) per rank -----------------------------------------
-
-
-def _order(schedule: str, rank: int, p: int, m: int, chunks: int) -> list[tuple[str, int, int]]:
-    if schedule == "gpipe":
-        return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
-    if schedule == "interleaved-1f1b" and chunks > 1:
-        forwards = [
-            (i, c)
-            for start in range(0, m, p)
-            for c in range(chunks)
-            for i in range(start, min(start + p, m))
-        ]
-        backwards = [(i, chunks - 1 - c) for i, c in forwards]
-        warmup = min((p - rank - 1) * 2 + (chunks - 1) * p, len(forwards))
-    else:
-        forwards = backwards = [(i, 0) for i in range(m)]
-        warmup = min(p - rank - 1, m)
-    order = [("F", i, c) for i, c in forwards[:warmup]]
-    for k in range(warmup, len(forwards)):
-        order += [("F", *forwards[k]), ("B", *backwards[k - warmup])]
-    return order + [("B", i, c) for i, c in backwards[len(forwards) - warmup :]]
+        table = _FixedOrders(work, chunks).run()
+    return StepTimeline(
+        ranks=tuple(_rank_span(work, r, chunks, table) for r in range(p)), table=table
+    )
 
 
 # --- compute streams ------------------------------------------------------------------------------
@@ -288,70 +300,23 @@ class _Compute:
         self.free[rank] = end
         self.ops[rank].append((rank, kind, i, chunk, start, end))
 
-    def plan(self, rank: int, kind: str, i: int, chunk: int) -> tuple:
-        """One operation of a fixed order, resolved once: (key, input key or None, input latency,
-        duration with a blocking send, blocking send, overlapped send, parameter gate)."""
-        stage = chunk * self.p + rank
-        latency = self.work.hop_s if (not self.work.blocking_p2p and self.p > 1) else 0.0
-        if kind == "F":
-            dep = None if stage == 0 else ("F", i, stage - 1)
-        elif stage == self.last_stage:
-            dep, latency = ("F", i, stage), 0.0
-        else:
-            dep = ("B", i, stage + 1)
-        send = self.send_s(kind, stage)
-        hop = send if self.work.blocking_p2p else 0.0
-        gate = self.gates[rank][chunk] if kind == "F" and i == 0 else 0.0
-        return (
-            (kind, i, stage),
-            dep,
-            latency,
-            self.durations[rank][kind] + hop,
-            hop,
-            send - hop,
-            gate,
+    def table(self) -> OpTable:
+        ops = np.array(
+            [
+                [(KINDS.index(o[1]), o[2], o[3], o[4], o[5]) for o in rank_ops]
+                for rank_ops in self.ops
+            ]
+        ).reshape(self.p, -1, 5)
+        return OpTable(
+            kind=ops[:, :, 0].astype(int),
+            microbatch=ops[:, :, 1].astype(int),
+            chunk=ops[:, :, 2].astype(int),
+            start_s=ops[:, :, 3],
+            end_s=ops[:, :, 4],
+            hops_s=np.asarray(self.hops),
+            hidden_hops_s=np.asarray(self.hidden_hops),
+            gate_wait_s=np.asarray(self.gate_wait),
         )
-
-    def run_fixed(self, orders: list[list[tuple[str, int, int]]]) -> None:
-        """Each rank's order in turn, as far as its inputs are known (ready_s, start_s and commit
-        inlined: the loop runs once per operation)."""
-        end, free, p = self.end, self.free, self.p
-        plans = [[self.plan(r, *op) for op in order] for r, order in enumerate(orders)]
-        pos = [0] * p
-        remaining = sum(len(o) for o in orders)
-        while remaining:
-            moved = 0
-            for r in range(p):
-                plan, k, t_free, ops = plans[r], pos[r], free[r], self.ops[r]
-                order = orders[r]
-                while k < len(plan):
-                    key, dep, latency, duration, hop, hidden, gate = plan[k]
-                    if dep is None:
-                        start = t_free
-                    else:
-                        arrived = end.get(dep)
-                        if arrived is None:
-                            break
-                        start = arrived + latency
-                        if t_free > start:
-                            start = t_free
-                    if gate > start:
-                        self.gate_wait[r] += gate - start
-                        start = gate
-                    t_free = start + duration
-                    end[key] = t_free
-                    self.hops[r] += hop
-                    self.hidden_hops[r] += hidden
-                    kind, i, c = order[k]
-                    ops.append((r, kind, i, c, start, t_free))
-                    k += 1
-                moved += k - pos[r]
-                pos[r], free[r] = k, t_free
-            if not moved:
-                raise OrderDeadlock(
-                    f"{self.work.schedule} order deadlocked: p={p}, m={self.m}, v={self.chunks}"
-                )
-            remaining -= moved
 
     def run_greedy(self) -> None:
         """ZB-H1 (Qi et al. 2023): B first, then F while fewer than p - r micro-batches are in
@@ -399,6 +364,142 @@ class _Compute:
         return start, kind, i
 
 
+class _FixedOrders:
+    """The fixed orders (GPipe, 1F1B, interleaved 1F1B) laid out as arrays: every rank runs the same
+    forward sequence (_forward_sequence), its warm-up forwards (p - r - 1; interleaved (p - r - 1) 2
+    + (v - 1) p; GPipe all), then one forward and one backward in turn, then the cool-down
+    backwards; each operation's input (the previous stage's F, the next stage's B) is a flat index,
+    so the event loop reads lists, not keys."""
+
+    def __init__(self, work: StepWork, chunks: int):
+        p, m, v = len(work.ranks), int(work.microbatches), chunks
+        self.work, self.p, self.v = work, p, v
+        n = m * v
+        seq_i, seq_c = _forward_sequence(p, m, v)
+        ranks = np.arange(p)[:, None]
+        if work.schedule == "gpipe":
+            warm = np.full((p, 1), n)
+        elif v > 1:
+            warm = np.minimum((p - ranks - 1) * 2 + (v - 1) * p, n)
+        else:
+            warm = np.minimum(p - ranks - 1, m)
+        k = np.arange(n)[None, :]
+        f_pos = np.where(k < warm, k, warm + 2 * (k - warm))  # (p, n): where forward k runs
+        b_pos = np.where(k < n - warm, warm + 2 * k + 1, n + k)
+        seq_of = np.empty((m, v), dtype=int)  # forward sequence index of (micro-batch, chunk)
+        seq_of[seq_i, seq_c] = np.arange(n)
+        self.f_pos, self.b_pos, self.seq_of = f_pos, b_pos, seq_of
+        self._layout(seq_i, seq_c, m)
+
+    def _flat(self, rank, pos):
+        return rank * (2 * self.m_v) + pos
+
+    def _layout(self, seq_i, seq_c, m):
+        p, v, w = self.p, self.v, self.work
+        n = self.m_v = m * v
+        ranks = np.arange(p)[:, None]
+        kind = np.zeros((p, 2 * n), dtype=int)
+        mb, chunk = np.zeros_like(kind), np.zeros_like(kind)
+        rows = np.broadcast_to(ranks, (p, n))
+        kind[rows, self.b_pos] = 1
+        mb[rows, self.f_pos], chunk[rows, self.f_pos] = seq_i, seq_c
+        mb[rows, self.b_pos], chunk[rows, self.b_pos] = seq_i, v - 1 - seq_c
+        stage = chunk * p + ranks
+        last = p * v - 1
+        fwd, bwd = (np.array([[getattr(r, a) / v] for r in w.ranks]) for a in ("fwd_s", "bwd_s"))
+        sends = (p > 1) & np.where(kind == 0, stage < last, stage > 0)
+        send = np.where(sends, w.hop_s, 0.0)
+        hop = send if w.blocking_p2p else np.zeros_like(send)
+        self.duration = np.where(kind == 0, fwd, bwd) + hop
+        self.hop, self.hidden = hop, send - hop
+        latency = w.hop_s if (not w.blocking_p2p and p > 1) else 0.0
+        # the input: F of the stage before, B of the stage after, the last stage's own F
+        prev_stage, next_stage = stage - 1, stage + 1
+        f_dep = self._flat(
+            prev_stage % p,
+            self.f_pos[prev_stage % p, self.seq_of[mb, np.maximum(prev_stage // p, 0)]],
+        )
+        own_f = self._flat(ranks, self.f_pos[ranks, self.seq_of[mb, chunk]])
+        nxt_r, nxt_c = next_stage % p, np.minimum(next_stage // p, v - 1)
+        b_dep = self._flat(nxt_r, self.b_pos[nxt_r, self.seq_of[mb, v - 1 - nxt_c]])
+        is_f = kind == 0
+        self.dep = np.where(is_f, f_dep, np.where(stage == last, own_f, b_dep))
+        self.has_dep = np.where(is_f, stage > 0, True)
+        self.latency = np.where(is_f | (stage < last), latency, 0.0)
+        gates = np.array([_gather_gates(w, r, v) for r in range(p)])
+        self.gate = np.where(is_f & (mb == 0), gates[ranks, chunk], 0.0)
+        self.kind, self.mb, self.chunk = kind, mb, chunk
+
+    def run(self) -> OpTable:
+        """Each rank's operations in its order, as far as their inputs are known, rank after rank
+        until all are placed (an exact event loop: an operation starts at max(its rank free, its
+        input arrived + latency, its parameter gate)); a round that places nothing is a deadlock."""
+        p, n = self.p, 2 * self.m_v
+        duration, latency, gate = (
+            a.ravel().tolist() for a in (self.duration, self.latency, self.gate)
+        )
+        dep = np.where(self.has_dep, self.dep, -1).ravel().tolist()
+        end = [-1.0] * (p * n)
+        wait, free, pos = [0.0] * p, [0.0] * p, [0] * p
+        remaining = p * n
+        while remaining:
+            moved = 0
+            for r in range(p):
+                k, t, base = pos[r], free[r], r * n
+                while k < n:
+                    j = base + k
+                    d = dep[j]
+                    if d >= 0:
+                        arrived = end[d]
+                        if arrived < 0.0:
+                            break
+                        arrived += latency[j]
+                        if arrived > t:
+                            t = arrived
+                    if gate[j] > t:
+                        wait[r] += gate[j] - t
+                        t = gate[j]
+                    t += duration[j]
+                    end[j] = t
+                    k += 1
+                moved += k - pos[r]
+                pos[r], free[r] = k, t
+            if not moved:
+                raise OrderDeadlock(
+                    f"{self.work.schedule} order deadlocked: p={p}, m={self.work.microbatches}, "
+                    f"v={self.v}"
+                )
+            remaining -= moved
+        end_s = np.asarray(end).reshape(p, n)
+        return OpTable(
+            kind=self.kind,
+            microbatch=self.mb,
+            chunk=self.chunk,
+            start_s=end_s - self.duration,
+            end_s=end_s,
+            hops_s=self.hop.sum(axis=1),
+            hidden_hops_s=self.hidden.sum(axis=1),
+            gate_wait_s=np.asarray(wait),
+        )
+
+
+def _forward_sequence(p: int, m: int, v: int) -> tuple[np.ndarray, np.ndarray]:
+    """The forwards every rank runs, in order, as (micro-batches, chunks): micro-batch by
+    micro-batch with one chunk; interleaved, rounds of p micro-batches (the last may be partial),
+    chunk by chunk within a round (Megatron-Core's
+    forward_backward_pipelining_with_interleaving)."""
+    if v == 1:
+        return np.arange(m), np.zeros(m, dtype=int)
+    pairs = [
+        (i, c)
+        for start in range(0, m, p)
+        for c in range(v)
+        for i in range(start, min(start + p, m))
+    ]
+    seq = np.array(pairs, dtype=int)
+    return seq[:, 0], seq[:, 1]
+
+
 def _gather_gates(work: StepWork, rank: int, chunks: int) -> list[float]:
     """When each chunk's first parameter bucket is gathered, with overlap_param_gather: the step
     starts with the rank's all-gathers, chunk by chunk in the forward's order (Megatron-Core
@@ -418,72 +519,85 @@ def _gather_overlapped(work: StepWork) -> bool:
 # --- data-parallel stream -------------------------------------------------------------------------
 
 
-def _drain(t0: float, s: float, e: float, n: int, d: float) -> float:
-    """When a FIFO stream free at t0 finishes n pieces of d seconds released evenly over [s, e]
-    (module docstring): max(t0 + n d, s + (e - s)/n + n d, e + d)."""
-    n = max(1, int(n))
-    return max(t0 + n * d, s + (e - s) / n + n * d, e + d)
+def _drain(t0: float, jobs: np.ndarray) -> float:
+    """When a FIFO stream free at t0 finishes its bucket streams, each (start s, end e, pieces n,
+    seconds d) releasing n pieces of d seconds evenly over [s, e], taken in order of (e, s): one
+    stream drains at max(t + n d, s + (e - s)/n + n d, e + d) from t (module docstring), so the
+    last ends at max(t0 + sum(n d), max_j(b_j + the n d of the streams after j)), b_j the last two
+    terms of stream j."""
+    if not len(jobs):
+        return t0
+    s, e, n, d = jobs[np.lexsort((jobs[:, 0], jobs[:, 1]))].T
+    n = np.maximum(1, n.astype(int))
+    work = n * d
+    released = np.maximum(s + (e - s) / n + work, e + d)
+    after = work.sum() - np.cumsum(work)
+    return float(max(t0 + work.sum(), np.max(released + after)))
 
 
-def _rank_span(work: StepWork, rank: int, chunks: int, ops: list[Op], sim: _Compute) -> RankSpan:
+def _rank_span(work: StepWork, rank: int, chunks: int, table: OpTable) -> RankSpan:
     w = work.ranks[rank]
-    compute_end = max(o[5] for o in ops)
-    jobs, total = _dp_jobs(work, w, chunks, ops, compute_end)
-    t = w.gather_s if _gather_overlapped(work) else 0.0
-    for s, e, n, d in sorted(jobs, key=lambda j: (j[1], j[0])):
-        t = _drain(t, s, e, n, d)
+    start, end = table.start_s[rank], table.end_s[rank]
+    compute_end = float(end.max())
+    jobs, total = _dp_jobs(work, w, chunks, table, rank, compute_end)
+    t = _drain(w.gather_s if _gather_overlapped(work) else 0.0, jobs)
     after_gather = 0.0 if _gather_overlapped(work) else w.gather_s
     exposed = max(0.0, t - compute_end) + after_gather
     total += w.gather_s
-    busy = sum(o[5] - o[4] for o in ops) - sim.hops[rank]
+    hops, hidden_hops = float(table.hops_s[rank]), float(table.hidden_hops_s[rank])
+    gate_wait = float(table.gate_wait_s[rank])
+    busy = float((end - start).sum()) - hops
     span = compute_end
     if work.compute_speedup > 1.0:
-        span = max(busy + sim.hops[rank] + sim.gate_wait[rank], compute_end / work.compute_speedup)
-    hidden = max(0.0, total - exposed) + sim.hidden_hops[rank]
+        span = max(busy + hops + gate_wait, compute_end / work.compute_speedup)
+    hidden = max(0.0, total - exposed) + hidden_hops
     return RankSpan(
         busy_s=busy,
-        hops_s=sim.hops[rank],
-        hidden_hops_s=sim.hidden_hops[rank],
+        hops_s=hops,
+        hidden_hops_s=hidden_hops,
         compute_end_s=span,
-        gate_wait_s=sim.gate_wait[rank],
+        gate_wait_s=gate_wait,
         dp_total_s=total,
         dp_exposed_s=exposed,
         end_s=span + exposed + work.interference * hidden,
     )
 
 
-def _dp_jobs(work: StepWork, w: RankWork, chunks: int, ops: list[Op], compute_end: float):
-    """Bucket streams (start, end, pieces, seconds per piece) of the rank's reductions, and their
-    total seconds (the parameter gather of ZeRO 1-2 apart: _rank_span adds it)."""
+def _dp_jobs(
+    work: StepWork, w: RankWork, chunks: int, table: OpTable, rank: int, compute_end: float
+) -> tuple[np.ndarray, float]:
+    """Bucket streams (start, end, pieces, seconds per piece) of the rank's reductions, one row
+    each, and their total seconds (the parameter gather of ZeRO 1-2 apart: _rank_span adds it)."""
     m = int(work.microbatches)
-    grad_kind = "W" if any(o[1] == "W" for o in ops) else "B"
+    kind, chunk = table.kind[rank], table.chunk[rank]
+    start, end = table.start_s[rank], table.end_s[rank]
+    grad_kind = KINDS.index("W") if (kind == KINDS.index("W")).any() else KINDS.index("B")
     jobs, total = [], 0.0
     if w.micro_gather_s > 0.0:  # ZeRO-3: each op's gather under the previous op
-        ordered = [o for o in ops if o[1] != "W"]
-        for prev, op in zip([None, *ordered], ordered):
-            at = 0.0 if prev is None else prev[4]
-            jobs.append((at, at, 1, w.micro_gather_s / chunks))
+        at = np.concatenate([[0.0], start[kind != KINDS.index("W")][:-1]])
+        jobs.append(_jobs(at, at, 1, w.micro_gather_s / chunks))
         total += 2.0 * m * w.micro_gather_s
-    per_chunk: list[list[tuple]] = [[] for _ in range(chunks)]
-    for o in ops:  # ops are in time order on their rank
-        if o[1] == grad_kind:
-            per_chunk[o[3]].append(o)
-    for c_ops in per_chunk:
-        for k, op in enumerate(c_ops):
-            last = k == len(c_ops) - 1
-            # ZeRO 0-2: the step's reduction after the chunk's last backward, ZeRO-2's reduce-
-            # scatter after the
-            # others; ZeRO-3 (reduce_s 0): a reduce-scatter after every backward
-            d = w.reduce_s if (last and w.reduce_s > 0.0) else w.micro_reduce_s
-            if d <= 0.0:
-                continue
-            d /= chunks
-            total += d
-            if work.overlap_grad_reduce:
-                jobs.append((op[4], op[5], w.buckets, d / max(1, w.buckets)))
-            else:
-                jobs.append((compute_end, compute_end, 1, d))
-    return jobs, total
+    for c in range(chunks):  # ops are in time order on their rank
+        grads = np.flatnonzero((kind == grad_kind) & (chunk == c))
+        # ZeRO 0-2: the step's reduction after the chunk's last backward, ZeRO-2's reduce-scatter
+        # after the others; ZeRO-3 (reduce_s 0): a reduce-scatter after every backward
+        d = np.full(len(grads), w.micro_reduce_s)
+        if len(grads) and w.reduce_s > 0.0:
+            d[-1] = w.reduce_s
+        keep = d > 0.0
+        grads, d = grads[keep], d[keep] / chunks
+        total += float(d.sum())
+        if work.overlap_grad_reduce:
+            buckets = max(1, w.buckets)
+            jobs.append(_jobs(start[grads], end[grads], w.buckets, d / buckets))
+        else:
+            jobs.append(_jobs(compute_end, compute_end, 1, d))
+    return (np.concatenate(jobs) if jobs else np.zeros((0, 4))), total
+
+
+def _jobs(s, e, n, d) -> np.ndarray:
+    """Bucket streams as rows (s, e, n, d), the arguments broadcast."""
+    return np.stack(np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (s, e, n, d))), 1)
 
 
 # --- one candidate's work, from the per-op cost terms ---------------------------------------------
@@ -544,15 +658,20 @@ def _one(x, a, row: int) -> float:
     return float(np.broadcast_to(np.asarray(a, dtype=float), np.shape(x.dp)).reshape(-1)[row])
 
 
-def rank_work(x, t: BlockTerms, rank: int, blocks: float, row: int = 0) -> RankWork:
-    """One pipeline rank's RankWork: its blocks' forward and backward (pipeline.stage_seconds' per-
-    rank sums, the embedding on the first rank and the head on the last), and its gradient reduction
-    and parameter gather (comm.dp_reduction_parts of its own parameters, moe.rank_params) by ZeRO
-    stage.
-    """
+def _rank_key(x, rank: int, blocks: float, row: int) -> tuple[float, bool, bool, float]:
+    """What sets a rank's work: its blocks, whether it is first or last, its recomputed blocks (a
+    pipeline's middle ranks share one key, so step_work costs each key once)."""
     p = int(_one(x, x.pp, row))
-    first, last = rank == 0, rank == p - 1
     recomputed = _one(x, x.recomputed_blocks(blocks, rank=rank), row)
+    return blocks, rank == 0, rank == p - 1, recomputed
+
+
+def rank_work(x, t: BlockTerms, key: tuple[float, bool, bool, float], row: int = 0) -> RankWork:
+    """The RankWork of a pipeline rank known by its _rank_key: its blocks' forward and backward
+    (pipeline.stage_seconds' per-rank sums, the embedding on the first rank and the head on the
+    last), and its gradient reduction and parameter gather (comm.dp_reduction_parts of its own
+    parameters, moe.rank_params) by ZeRO stage."""
+    blocks, first, last, recomputed = key
     total = blocks * t.block_total_s + (recomputed - blocks * t.full_share) * t.recompute_unit_s
     fwd = blocks * t.block_fwd_s
     if first:
@@ -590,7 +709,9 @@ def step_work(x, t: BlockTerms, row: int = 0) -> StepWork:
     pipeline hop (comm.pp_hop_seconds) and the stack's overlaps (Software)."""
     schedule = SCHEDULES[int(_one(x, x.schedule, row))]
     v = int(_one(x, x.v, row))
-    ranks = tuple(rank_work(x, t, k, b, row) for k, b in enumerate(x.rank_block_counts(row)))
+    keys = [_rank_key(x, k, b, row) for k, b in enumerate(x.rank_block_counts(row))]
+    works = {key: rank_work(x, t, key, row) for key in dict.fromkeys(keys)}
+    ranks = tuple(works[key] for key in keys)
     interleaved = schedule == "interleaved-1f1b" and v > 1
     return StepWork(
         schedule=schedule,

@@ -163,3 +163,43 @@ def test_every_time_term_a_plan_can_have_is_explained_in_explain_and_the_docs():
     assert max(len(line) for line in explain_document(doc).term_lines) <= 100
     docs = (Path(__file__).parents[1] / "docs" / "cost-model.md").read_text()
     assert all(f"| {term} |" in docs for term in terms)
+
+
+# --- explain --timeline: the simulated step as a figure -------------------------------------------
+
+EXPOSED_RED = "#c44e52"
+
+
+def test_explain_timeline_draws_the_step_and_leaves_the_plan_alone(tmp_path):
+    from planner.report import backend
+
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(EXAMPLE.read_bytes())
+    figure = tmp_path / "step.svg"
+    result = runner.invoke(app, ["explain", str(plan), "--timeline", str(figure)])
+    assert result.exit_code == 0, result.output
+    assert plan.read_bytes() == EXAMPLE.read_bytes()
+    svg = figure.read_text()
+    assert "<svg" in svg
+    step = backend.step_timeline(json.loads(EXAMPLE.read_text()))
+    assert len(step.ranks) == json.loads(EXAMPLE.read_text())["plan"]["pp"]
+    exposed = any(r.dp_exposed_s > 0 for r in step.ranks)
+    assert (EXPOSED_RED in svg) == exposed
+
+
+@pytest.mark.parametrize("name", ["step.txt", "step"])
+def test_explain_timeline_refuses_a_format_it_cannot_draw(tmp_path, name):
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(EXAMPLE.read_bytes())
+    result = runner.invoke(app, ["explain", str(plan), "--timeline", str(tmp_path / name)])
+    assert result.exit_code == 2
+    assert ".png or .svg" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / name).exists()
+
+
+def test_explain_timeline_never_writes_over_the_plan_it_reads(tmp_path):
+    plan = tmp_path / "plan.svg"  # a plan file with a figure's name
+    plan.write_bytes(EXAMPLE.read_bytes())
+    result = runner.invoke(app, ["explain", str(plan), "--timeline", str(plan)])
+    assert result.exit_code == 2 and "plan file" in result.output
+    assert plan.read_bytes() == EXAMPLE.read_bytes()

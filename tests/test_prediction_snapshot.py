@@ -21,6 +21,8 @@ def test_the_comparison_sees_a_moved_number_a_new_key_and_a_changed_plan():
     assert not list(
         S.differences(golden, {"a": {"step_time_s": 1.0 + 1e-12, "plan": {"tp": 2}}, "b": [1, 2]})
     )
+    assert not list(S.differences({"bubble": 0.0}, {"bubble": 3e-14}))
+    assert list(S.differences({"bubble": 0.0}, {"bubble": 2e-12}))
     moved = list(
         S.differences(golden, {"a": {"step_time_s": 1.001, "plan": {"tp": 4}, "x": 0}, "b": [1]})
     )

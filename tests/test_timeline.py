@@ -209,13 +209,18 @@ def test_interleaved_sends_overlapped_cost_less_than_blocking():
 
 @pytest.mark.parametrize("seed", range(20))
 def test_bucket_drain_is_the_fifo_queue(seed):
+    """Streams of buckets drained piece by piece in a FIFO queue, in order of (end, start), end
+    when the vectorized drain says."""
     rng = np.random.default_rng(seed)
-    t0, s = rng.uniform(0, 3), rng.uniform(0, 3)
-    e, n, d = s + rng.uniform(0, 3), int(rng.integers(1, 40)), rng.uniform(0, 0.3)
+    t0, jobs = rng.uniform(0, 3), []
+    for _ in range(int(rng.integers(1, 5))):
+        s = rng.uniform(0, 3)
+        jobs.append((s, s + rng.uniform(0, 3), int(rng.integers(1, 40)), rng.uniform(0, 0.3)))
     t = t0
-    for k in range(n):  # piece k released when the (k+1)-th n-th of [s, e] is over
-        t = max(t, s + (k + 1) * (e - s) / n) + d
-    assert TL._drain(t0, s, e, n, d) == pytest.approx(t)
+    for s, e, n, d in sorted(jobs, key=lambda j: (j[1], j[0])):
+        for k in range(n):  # piece k released when the (k+1)-th n-th of [s, e] is over
+            t = max(t, s + (k + 1) * (e - s) / n) + d
+    assert TL._drain(t0, np.array(jobs)) == pytest.approx(t)
 
 
 # --- on the cost model's own terms ----------------------------------------------------------------

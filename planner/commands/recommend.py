@@ -46,6 +46,7 @@ from hardware_profiles import load_profile
 from planner.commands.plan_table import table_lines
 from planner.errors import ConfigError
 from planner.option_rules import check_options
+from planner.uncertainty import axes
 
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help=objective_help("--tokens"))]
 TopOpt = Annotated[int, typer.Option("--top", min=1, max=100, help="How many plans to list.")]
@@ -524,6 +525,7 @@ def summary_lines(rec, *, price_per_hour: float | None, spot: bool) -> list[str]
         held = ", ".join(k for k, v in s.held.items() if v == reason)
         lines.append(f"held at 1: {held}: {reason}")
     lines.append(f"best: {describe_config(best['plan'])}")
+    lines += tie_lines(rec)
     price = price_line(best, price_per_hour=price_per_hour, spot=spot)
     if price:
         lines.append(price)
@@ -537,6 +539,24 @@ def summary_lines(rec, *, price_per_hour: float | None, spot: bool) -> list[str]
         )
     rel = best["prediction"].get("reliability")
     return lines + (reliability_lines(rel) if rel else [])
+
+
+def tie_lines(rec) -> list[str]:
+    """The plans the model cannot rank (planner.uncertainty.near_ties), and the one to prefer."""
+    ties = rec.best["search"].get("near_ties")
+    if not ties or len(ties["plans"]) < 2:
+        return []
+    plans = [rec.best, *rec.alternatives]
+    pick = plans[ties["preferred"]]
+    peak = pick["prediction"]["memory"]["peak_bytes_per_gpu"] / 2**30
+    where = f"{pick['plan'].get('framework', 'megatron')} runs at {ties['scale']} GPUs"
+    numbers = ", ".join(f"#{i + 1}" for i in ties["plans"])
+    return [
+        f"near-ties: plans {numbers} are within the model's measured error of the fastest "
+        f"(+-{ties['mape']:.1%}, leaving each source out, {where}); the model cannot rank them. "
+        f"Of those, #{ties['preferred'] + 1} uses the fewest axes ({axes(pick['plan'])}) and "
+        f"then the least memory ({peak:.1f} GiB per GPU)."
+    ]
 
 
 def _token_count(tokens: float) -> str:

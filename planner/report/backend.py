@@ -10,7 +10,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from planner.estimate import estimate
 from planner.parallel import ParallelConfig
+from planner.plan import run_options
 from planner.report.timeline import StageTimes
 
 _CONFIG_FIELDS = frozenset(f.name for f in fields(ParallelConfig))
@@ -60,9 +62,22 @@ def config_from_document(doc: Mapping[str, Any]) -> ParallelConfig:
 
 
 def estimate_document(model, hw, cfg: ParallelConfig, *, gpus: int) -> dict[str, Any]:
-    from planner.estimate import estimate
-
     return estimate(model, hw, cfg, gpus=gpus).to_document()
+
+
+def step_timeline(doc: Mapping[str, Any]):
+    """The simulated step (cost_models.timeline.StepTimeline) of a plan document: its model,
+    hardware, degrees and run options estimated again (planner.estimate reads the step off it)."""
+    plan = doc["plan"]
+    model = resolve(doc["model"]["name"], plan.get("seq"))
+    est = estimate(
+        model,
+        hardware(doc["hardware"]["name"]),
+        config_from_document(doc),
+        gpus=doc["hardware"]["gpus"],
+        options=run_options(doc),
+    )
+    return est.scores.timeline
 
 
 def batchnorm_count(model_arg: str) -> int:

@@ -49,6 +49,13 @@ def _png(fig, *, tight: bool = True) -> bytes:
     return buf.getvalue()
 
 
+def _svg(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def _node_axis(ax, nodes: Sequence[int]) -> None:
     """Log2 x axis labelled with the node counts themselves."""
     ax.set_xscale("log", base=2)
@@ -167,6 +174,57 @@ def pipeline_gantt(timeline: Timeline, title: str) -> bytes:
     )
     ax.set_title(title)
     return _png(fig)
+
+
+_LANE = 1.0
+"""Height of one pipeline rank's pair of lanes (compute above, data-parallel stream below)."""
+
+
+def step_timeline(step, title: str, fmt: str = "png") -> bytes:
+    """The simulated step (cost_models.timeline.StepTimeline): per pipeline rank a compute lane (its
+    forwards, backwards and weight gradients, blocking sends inside them, idle gaps the bubble) and
+    a data-parallel lane: the reductions' exposed part after the compute (red, from the rank's
+    compute end) and the hidden part (light, its amount drawn just before the compute end: the
+    timeline reads amounts off the bucket streams, not their exact times). PNG or SVG bytes."""
+    table, ranks = step.table, step.ranks
+    p = len(ranks)
+    fig, ax = plt.subplots(figsize=(11, 0.9 * p + 1.6))
+    for r, span in enumerate(ranks):
+        y = r * _LANE
+        for code, kind in enumerate("FBW"):
+            mask = table.kind[r] == code
+            if mask.any():
+                starts = table.start_s[r][mask]
+                widths = table.end_s[r][mask] - starts
+                ax.broken_barh(
+                    list(zip(starts, widths)), (y, 0.45), facecolors=_OP_COLORS[kind], lw=0
+                )
+        end = span.compute_end_s
+        hidden = max(0.0, span.dp_total_s - span.dp_exposed_s)
+        if hidden > 0:
+            ax.broken_barh(
+                [(end - min(hidden, end), min(hidden, end))],
+                (y + 0.5, 0.3),
+                facecolors="#f2b8b8",
+                lw=0,
+            )
+        if span.dp_exposed_s > 0:
+            ax.broken_barh([(end, span.dp_exposed_s)], (y + 0.5, 0.3), facecolors="#c44e52", lw=0)
+    ax.set_yticks([r * _LANE + 0.4 for r in range(p)], [f"stage {r}" for r in range(p)], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds into the step")
+    colors = {**{k: _OP_COLORS[k] for k in "FBW"}, "dp hidden": "#f2b8b8", "dp exposed": "#c44e52"}
+    names = {"F": "forward", "B": "backward", "W": "weight grad"}
+    shown = [k for k in colors if k not in "FBW" or (table.kind == "FBW".index(k)).any()]
+    ax.legend(
+        [plt.Rectangle((0, 0), 1, 1, color=colors[k]) for k in shown],
+        [names.get(k, k) for k in shown],
+        fontsize=8,
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+    )
+    ax.set_title(title)
+    return _svg(fig) if fmt == "svg" else _png(fig)
 
 
 def pareto_front(

@@ -16,6 +16,7 @@ from planner.search.bounds import _candidate_arrays
 from planner.search.results import ScoredSpace, rank
 from planner.search.request import Setup
 from planner.search.space import Workload, config_of
+from planner.uncertainty import with_bands
 
 
 def _with_cost(
@@ -266,7 +267,8 @@ def _score_row(scores, j: int):
 
 def ranked_documents(documents: list[dict], setup: Setup) -> list[dict]:
     """The leaders' documents as recommend returns them: those that fit (all when none does), with
-    their cost and goodput (`_with_cost`), in the objective's order, the first `top`."""
+    their cost and goodput (`_with_cost`), in the objective's order, the first `top` with their error
+    bands (planner.uncertainty.with_bands: copies)."""
     r = setup.request
     documents = [d for d in documents if d["prediction"]["memory"]["fits"]] or documents
     documents = [
@@ -274,4 +276,4 @@ def ranked_documents(documents: list[dict], setup: Setup) -> list[dict]:
         for d in documents
     ]
     documents.sort(key=lambda d: _objective_value(d, r.objective))
-    return documents[: r.top]
+    return with_bands(documents[: r.top])

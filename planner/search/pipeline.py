@@ -14,6 +14,7 @@ from planner.search.refine import Refiner
 from planner.search.request import SearchRequest, prepare
 from planner.search.results import Recommendation, SearchSummary, rank
 from planner.search.space import held_dimensions
+from planner.uncertainty import ties_of
 
 
 def recommend(model, hardware, request: SearchRequest | None = None, **fields) -> Recommendation:
@@ -23,8 +24,8 @@ def recommend(model, hardware, request: SearchRequest | None = None, **fields) -
     a profile name, path or HardwareProfile; the rest a SearchRequest or its fields by name (`gpus`,
     `objective`, `framework`, `options`, `tokens`, ...: see SearchRequest). Only plans the framework
     can run with the run options are searched (SearchSpace.for_framework, space.narrowed); with
-    `tokens` every plan document carries its goodput under failures (planner.goodput).
-    Raises ConfigError for bad input, NoFitError when no candidate fits in memory.
+    `tokens` every plan document carries its goodput under failures (planner.goodput). Raises
+    ConfigError for bad input, NoFitError when no candidate fits in memory.
     """
     t0 = time.perf_counter()
     request = replace(request or SearchRequest(), **fields)
@@ -48,12 +49,11 @@ def recommend(model, hardware, request: SearchRequest | None = None, **fields) -
     documents = [refiner.document(cfg, n < request.refine) for n, cfg in enumerate(leaders)]
     documented = list(zip(order[: len(leaders)], documents))
     documents = ranked_documents(documents, setup)
-    refine_other = request.refine > 0
     versus = _cp_versus(
         scored,
         objective,
         documents[0],
-        lambda i: refiner.document(workload.config(scored.arrays, i), refine_other),
+        lambda i: refiner.document(workload.config(scored.arrays, i), request.refine > 0),
     )
     ep_versus = _ep_versus(
         scored, objective, setup.model, setup.hardware, setup.software, documented, workload
@@ -64,7 +64,10 @@ def recommend(model, hardware, request: SearchRequest | None = None, **fields) -
         refined=refiner.refined,
         held=held_dimensions(setup.software.framework, setup.model),
     )
-    summary = SearchSummary(objective=objective, stats=stats, cp_versus=versus, ep_versus=ep_versus)
+    ties = ties_of(documents, objective)
+    summary = SearchSummary(
+        objective=objective, stats=stats, cp_versus=versus, ep_versus=ep_versus, near_ties=ties
+    )
     alternatives = [key_numbers(d) for d in documents[1:]]
     best = {**documents[0], "alternatives": alternatives, "search": summary.to_dict()}
     return Recommendation(

@@ -69,6 +69,8 @@ class SearchSummary:
     """The best plan of the other cp class (planner.search.documents._cp_versus)."""
     ep_versus: Mapping[str, Any] | None = None
     """The best plan of each expert-parallel class (planner.search.documents._ep_versus)."""
+    near_ties: Mapping[str, Any] | None = None
+    """The plans within the model's error of the fastest (planner.uncertainty.ties_of)."""
 
     def to_dict(self) -> dict:
         stats = self.stats
@@ -81,6 +83,7 @@ class SearchSummary:
             "cp_versus": self.cp_versus,
             **({"held": dict(stats.held)} if stats.held else {}),
             **({"ep_versus": self.ep_versus} if self.ep_versus is not None else {}),
+            **({"near_ties": self.near_ties} if self.near_ties is not None else {}),
         }
 
 
