@@ -199,9 +199,9 @@ _LAUNCHED: list[subprocess.Popen] = []
 
 @pytest.fixture(autouse=True)
 def _no_launcher_outlives_its_test():
-    """A test that fails before its launcher ends (a communicate() timeout on a loaded machine) left
-    a `planner run --steps 1000000` training for the rest of the session; kill it (its ranks die with
-    it, PR_SET_PDEATHSIG)."""
+    """A test that fails before its launcher ends (a communicate() timeout on a loaded machine)
+    left a `planner run --steps 1000000` training for the rest of the session; kill it (its ranks
+    die with it, PR_SET_PDEATHSIG)."""
     yield
     while _LAUNCHED:
         launcher = _LAUNCHED.pop()
