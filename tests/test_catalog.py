@@ -34,16 +34,24 @@ CONTRACT_NAMES = (
 )
 
 
-@pytest.mark.parametrize("row", GOLDEN["rows"], ids=lambda r: r["model"])
-def test_param_count_matches_published_size(row):
-    assert P.total_params(catalog.get(row["model"])) == pytest.approx(
-        row["expected"], rel=row["tolerance"]
-    )
+def test_param_counts_match_published_sizes():
+    """Every row of tests/golden/param_counts.json, each failing row named in one message."""
+    wrong = [
+        (row["model"], P.total_params(catalog.get(row["model"])), row["expected"])
+        for row in GOLDEN["rows"]
+        if P.total_params(catalog.get(row["model"]))
+        != pytest.approx(row["expected"], rel=row["tolerance"])
+    ]
+    assert GOLDEN["rows"] and wrong == [], "(model, counted, published): " + repr(wrong)
 
 
-@pytest.mark.parametrize("row", GOLDEN["exact"], ids=lambda r: r["model"])
-def test_param_count_equals_released_checkpoint(row):
-    assert P.total_params(catalog.get(row["model"])) == row["expected"]
+def test_param_counts_equal_released_checkpoints():
+    wrong = [
+        (row["model"], P.total_params(catalog.get(row["model"])), row["expected"])
+        for row in GOLDEN["exact"]
+        if P.total_params(catalog.get(row["model"])) != row["expected"]
+    ]
+    assert GOLDEN["exact"] and wrong == [], "(model, counted, released): " + repr(wrong)
 
 
 def test_every_contract_name_is_in_the_catalog():
@@ -71,14 +79,20 @@ def test_gpt3_175b_shape_is_the_contracts():
     )
 
 
-@pytest.mark.parametrize("name", [n for n in catalog.names() if n.startswith("megatron-")])
-def test_megatron_entries_follow_narayanan_eq2(name):
+def test_megatron_entries_follow_narayanan_eq2():
     """Narayanan et al. 2021 eq. 2: P = 12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h)); we add the final LayerNorm (2h)."""
-    s = catalog.get(name)
-    l, h = s.layers, s.hidden
-    paper = 12 * l * h * h * (1 + 13 / (12 * h) + (s.vocab + s.seq) / (12 * l * h))
-    assert P.total_params(s) == pytest.approx(paper + 2 * h, rel=1e-12)
-    assert (s.vocab, s.seq) == (51200, 2048)
+    names = [n for n in catalog.names() if n.startswith("megatron-")]
+    wrong = []
+    for name in names:
+        s = catalog.get(name)
+        l, h = s.layers, s.hidden
+        paper = 12 * l * h * h * (1 + 13 / (12 * h) + (s.vocab + s.seq) / (12 * l * h))
+        if P.total_params(s) != pytest.approx(paper + 2 * h, rel=1e-12) or (s.vocab, s.seq) != (
+            51200,
+            2048,
+        ):
+            wrong.append((name, P.total_params(s), paper + 2 * h, s.vocab, s.seq))
+    assert len(names) >= 10 and wrong == [], "(name, counted, eq. 2, vocab, seq): " + repr(wrong)
 
 
 def test_matmul_params_give_the_6n_rule_of_narayanan_eq3():

@@ -194,6 +194,22 @@ def test_checkpoint_cadence_follows_the_plan_interval_and_the_step_option(tmp_pa
     assert saved == {(1e-9, False): [0, 1, 2], (1e9, False): [2], (1e9, True): [1, 3, 4]}
 
 
+_LAUNCHED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_launcher_outlives_its_test():
+    """A test that fails before its launcher ends (a communicate() timeout on a loaded machine)
+    left a `planner run --steps 1000000` training for the rest of the session; kill it (its ranks
+    die with it, PR_SET_PDEATHSIG)."""
+    yield
+    while _LAUNCHED:
+        launcher = _LAUNCHED.pop()
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
 def _launch_forever(tmp_path, *extra) -> tuple[subprocess.Popen, Path, list[int]]:
     """`planner run` for (practically) ever in its own session; returns once every rank is at step 1+,
     with the launcher, its work directory and the ranks' pids."""
@@ -221,6 +237,7 @@ def _launch_forever(tmp_path, *extra) -> tuple[subprocess.Popen, Path, list[int]
         start_new_session=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
+    _LAUNCHED.append(launcher)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         # the run's own fresh sub-folder of --workdir

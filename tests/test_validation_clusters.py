@@ -84,26 +84,38 @@ def test_there_are_rows_and_cluster_files():
     assert not CLUSTERS & SHIPPED, "a cluster file must not shadow a shipped profile name"
 
 
-@pytest.mark.parametrize("path", CLUSTER_FILES, ids=lambda p: p.stem)
-def test_cluster_file_loads_and_is_named_after_its_file(path):
+def _cluster_file_problems(path) -> list[str]:
+    """What is wrong with one cluster file: it loads under its own name, its NICs add up, its memory
+    bandwidth is below the peak, nothing is calibrated, and its efficiency block is its generation's
+    reference profile's, copied unchanged and said so."""
     profile = load_profile(str(path))
-    assert profile.name == path.stem
-    assert profile.inter_node_Gbps_per_node == pytest.approx(
+    out = []
+    if profile.name != path.stem:
+        out.append(f"named {profile.name!r}")
+    if profile.inter_node_Gbps_per_node != pytest.approx(
         profile.nics_per_node * profile.Gbps_per_nic
-    )
-    assert profile.memory_bandwidth_GBps < profile.memory_bandwidth_peak_GBps
-    assert not profile.calibration  # nothing measured on these clusters
-
-
-@pytest.mark.parametrize("path", CLUSTER_FILES, ids=lambda p: p.stem)
-def test_cluster_efficiency_is_the_generation_reference_copied(path):
-    profile = load_profile(str(path))
+    ):
+        out.append(f"inter_node_Gbps_per_node {profile.inter_node_Gbps_per_node} != NICs x Gbps")
+    if not profile.memory_bandwidth_GBps < profile.memory_bandwidth_peak_GBps:
+        out.append("memory bandwidth not below its peak")
+    if profile.calibration:
+        out.append("has a calibration (nothing was measured on these clusters)")
     model, _ = gpu_key(profile.device)
     reference = load_profile(GENERATION_REFERENCE[model])
     copied = {k: v for k, v in profile.efficiency.items() if k not in EXTRA_EFFICIENCY}
-    assert copied == reference.efficiency
-    assert GENERATION_REFERENCE[model] in profile.sources["efficiency"]
-    assert "copied unchanged" in profile.sources["efficiency"]
+    if copied != reference.efficiency:
+        out.append(f"efficiency differs from {GENERATION_REFERENCE[model]}'s")
+    if GENERATION_REFERENCE[model] not in profile.sources["efficiency"]:
+        out.append(f"efficiency source does not name {GENERATION_REFERENCE[model]}")
+    if "copied unchanged" not in profile.sources["efficiency"]:
+        out.append("efficiency source does not say 'copied unchanged'")
+    return out
+
+
+def test_every_cluster_file_loads_named_after_its_file_with_its_generations_efficiency():
+    """Every cluster file (one table-driven check; each failing file named with what is wrong)."""
+    wrong = {path.stem: p for path in CLUSTER_FILES if (p := _cluster_file_problems(path))}
+    assert CLUSTER_FILES and wrong == {}, wrong
 
 
 def test_every_row_names_an_existing_profile():

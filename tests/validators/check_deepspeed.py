@@ -1,5 +1,6 @@
 """Read exported DeepSpeed configs with DeepSpeed's own DeepSpeedConfig and checkpointing.configure.
 
+One list a line, one PLANNER-RESULT line each, until stdin closes (_serve.py).
 stdin: JSON list of {"text": config JSON, "dp": data-parallel size, "tp": int, "pp": int}.
 stdout: JSON list of {"ok": true, "config": {...}} or {"ok": false, "error": "..."}.
 
@@ -12,7 +13,6 @@ import contextlib
 import io
 import json
 import logging
-import sys
 import types
 
 import torch
@@ -164,4 +164,6 @@ def check(item):
 
 
 if __name__ == "__main__":
-    print("PLANNER-RESULT " + json.dumps([check(item) for item in json.load(sys.stdin)]))
+    from _serve import serve
+
+    serve(lambda items, first: [check(item) for item in items])

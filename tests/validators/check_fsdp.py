@@ -1,6 +1,7 @@
 """Run exported `fsdp` files through Accelerate's launcher code and FSDP plugin and transformers' own
 classes, as `accelerate launch --config_file FILE train.py` and the script's Trainer would.
 
+One list a line, one PLANNER-RESULT line each, until stdin closes (_serve.py).
 stdin: JSON list of {"text": exported file}. stdout: JSON list of {"ok": true, "config": {...}} or
 {"ok": false, "error": "..."}.
 
@@ -23,7 +24,6 @@ import io
 import json
 import logging
 import os
-import sys
 import tempfile
 import warnings
 
@@ -171,6 +171,7 @@ def check(item, workdir, i):
 
 
 if __name__ == "__main__":
-    items = json.load(sys.stdin)
+    from _serve import serve
+
     with tempfile.TemporaryDirectory() as tmp:
-        print("PLANNER-RESULT " + json.dumps([check(item, tmp, i) for i, item in enumerate(items)]))
+        serve(lambda items, first: [check(item, tmp, first + i) for i, item in enumerate(items)])

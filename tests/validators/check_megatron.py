@@ -1,5 +1,6 @@
 """Run Megatron-LM's own parse_args + validate_args on exported argument files (one process, many files).
 
+One list a line, one PLANNER-RESULT line each, until stdin closes (_serve.py).
 stdin: JSON list of {"text": argument file, "world_size": int, "device_capability": [major, minor]}.
 stdout: JSON list of {"ok": true, "args": {...}} or {"ok": false, "error": "..."}.
 
@@ -11,7 +12,6 @@ validate_args asks torch.cuda for (the plan's device, e.g. 9.0 for H100).
 
 import contextlib
 import io
-import json
 import os
 import shlex
 import sys
@@ -162,4 +162,6 @@ def _plain(v):
 
 
 if __name__ == "__main__":
-    print("PLANNER-RESULT " + json.dumps([check(item) for item in json.load(sys.stdin)]))
+    from _serve import serve
+
+    serve(lambda items, first: [check(item) for item in items])

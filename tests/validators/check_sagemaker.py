@@ -1,5 +1,6 @@
 """Build SageMaker Python SDK v3's own launcher objects from exported `sagemaker` documents.
 
+One list a line, one PLANNER-RESULT line each, until stdin closes (_serve.py).
 stdin: JSON list of {"text": exported JSON}. stdout: JSON list of {"ok": true, "config": {...}} or
 {"ok": false, "error": "..."}. `sagemaker.train.distributed.SMP` and `Torchrun` are pydantic models
 that refuse unknown or mistyped parameters; `SMP._to_mp_hyperparameters()` is what the SDK sends to
@@ -8,7 +9,6 @@ import in sagemaker-core 2.27.0.)
 """
 
 import json
-import sys
 import warnings
 
 warnings.simplefilter("ignore")
@@ -39,4 +39,6 @@ def check(item):
 
 
 if __name__ == "__main__":
-    print("PLANNER-RESULT " + json.dumps([check(item) for item in json.load(sys.stdin)]))
+    from _serve import serve
+
+    serve(lambda items, first: [check(item) for item in items])

@@ -1,5 +1,6 @@
 """Check exported `sagemaker-v1` distributions with SageMaker Python SDK v2's own SMP v1 checks.
 
+One list a line, one PLANNER-RESULT line each, until stdin closes (_serve.py).
 stdin: JSON list of {"text": exported JSON}. stdout: JSON list of {"ok": true, "config": {...}} or
 {"ok": false, "error": "..."}.
 
@@ -13,7 +14,6 @@ import ast
 import json
 import os
 import pathlib
-import sys
 
 
 def _sdk_v2_functions(*names):
@@ -54,4 +54,6 @@ def check(item):
 
 
 if __name__ == "__main__":
-    print("PLANNER-RESULT " + json.dumps([check(item) for item in json.load(sys.stdin)]))
+    from _serve import serve
+
+    serve(lambda items, first: [check(item) for item in items])

@@ -1,5 +1,6 @@
 """Load exported torchtitan 0.3.0 job modules through torchtitan's own ConfigManager and check them.
 
+One list a line, one PLANNER-RESULT line each, until stdin closes (_serve.py).
 stdin: JSON list of {"text": module source, "world_size": int}.
 stdout: JSON list of {"ok": true, "config": {...}} or {"ok": false, "error": "..."}.
 
@@ -419,10 +420,12 @@ def check(item, workdir, i):
 
 
 if __name__ == "__main__":
-    items = json.load(sys.stdin)
+    from _serve import serve
+
     with tempfile.TemporaryDirectory() as tmp:
         sys.path.insert(0, tmp)
-        print(
-            "PLANNER-RESULT "
-            + json.dumps([check(item, pathlib.Path(tmp), i) for i, item in enumerate(items)])
+        serve(
+            lambda items, first: [
+                check(item, pathlib.Path(tmp), first + i) for i, item in enumerate(items)
+            ]
         )

@@ -5,7 +5,8 @@ because SageMaker SDK v2 and v3 both are the `sagemaker` package and megatron-co
 Python 3.12 wheel. `--no-deps --target` never touches the virtual environment, so torch 2.13.0 stays;
 the frameworks import the environment's torch, numpy, pydantic, typing_extensions, rich, yaml.
 Each validator runs in a subprocess (tests/validators/check_<target>.py) with only its folder on
-PYTHONPATH, so no shim leaks into the test process.
+PYTHONPATH, so no shim leaks into the test process; that process serves every call of the session
+for its target (_serve.py), so the framework is imported once.
 
 The framework releases are pinned here and in pyproject.toml's `validate` extra (a test checks they agree).
 If pip cannot install a set (no network, a pin gone), the test that needs it fails with pip's message:
@@ -14,10 +15,14 @@ nothing is skipped.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import queue
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -154,26 +159,87 @@ def site(target: str) -> Path:
     return folder
 
 
+class _Validator:
+    """One target's check script as a long-lived process (_serve.py): a request is one JSON line on
+    its stdin, the answer the next PLANNER-RESULT line on its stdout; its stderr goes to a file."""
+
+    def __init__(self, target: str):
+        folder = site(target)
+        script = HERE / f"check_{target.replace('-', '_')}.py"
+        env = {**os.environ, "PYTHONPATH": str(folder), "PYTHONWARNINGS": "ignore"}
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+            env=env,
+        )
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def ask(self, items: list[dict], timeout: float) -> list[dict] | None:
+        """The results, or None when the process ended or did not answer within `timeout`."""
+        try:
+            self.proc.stdin.write(json.dumps(items) + "\n")
+            self.proc.stdin.flush()
+        except OSError:
+            return None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return None
+            if line is None:
+                return None
+            if line.startswith("PLANNER-RESULT "):
+                return json.loads(line.removeprefix("PLANNER-RESULT "))
+
+    def failure(self) -> str:
+        """Why it gave no answer: its exit code and the end of its stderr (it is stopped first)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        code = self.proc.wait()
+        self.stderr.seek(0)
+        return f"exit {code}): {self.stderr.read().strip()[-2000:]}"
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+_RUNNING: dict[str, _Validator] = {}
+
+
+@atexit.register
+def _close_all() -> None:
+    while _RUNNING:
+        _RUNNING.popitem()[1].close()
+
+
 def validate(target: str, items: list[dict]) -> list[dict]:
-    """Run tests/validators/check_<target>.py on `items`; one result per item ({"ok": ..., ...})."""
-    folder = site(target)
-    script = HERE / f"check_{target.replace('-', '_')}.py"
-    env = {**os.environ, "PYTHONPATH": str(folder), "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        input=json.dumps(items),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("PLANNER-RESULT ")]
-    if done.returncode != 0 or not lines:
+    """Run tests/validators/check_<target>.py on `items`; one result per item ({"ok": ..., ...}).
+    The target's process is started on first use and serves every later call of the session."""
+    validator = _RUNNING.get(target)
+    if validator is None or validator.proc.poll() is not None:
+        validator = _RUNNING[target] = _Validator(target)
+    results = validator.ask(items, timeout=900)
+    if results is None:
+        del _RUNNING[target]
         pytest.fail(
-            f"the {target} validator did not run (exit {done.returncode}): "
-            f"{(done.stderr or done.stdout).strip()[-2000:]}",
+            f"the {target} validator did not run ({validator.failure()}",
             pytrace=False,
         )
-    results = json.loads(lines[-1].removeprefix("PLANNER-RESULT "))
     assert len(results) == len(items)
     return results
