@@ -8,8 +8,8 @@ is compared with NVIDIA's layout predicted by the same model:
 
 - "NVIDIA's layout": the pick has NVIDIA's dp, tp, pp, cp, virtual stages and micro-batch;
 - "within error": the pick is predicted faster than NVIDIA's layout by less than the model's
-  leave-one-source-out error for Megatron runs of that scale (benchmarks/results/
-  accuracy_frameworks.json, scale_bands), so the model cannot tell them apart;
+  leave-one-source-out error for Megatron runs of that scale (planner.uncertainty, the band
+  recommend reports), so the model cannot tell them apart;
 - "beats by X": the model claims a gain larger than its error (a question for the model).
 
 Prints a table and writes benchmarks/results/nvidia_layouts.json.
@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import published_rows  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
 from planner.search import recommend  # noqa: E402
+from planner.uncertainty import error_band  # noqa: E402
 
 JOBS = (
     "dgxc-v25.04-llama31-405b-2048gpu-bf16",
@@ -38,21 +39,12 @@ JOBS = (
 """NVIDIA's tuned Llama 3.1 405B on 2,048 H100s and Nemotron-4 15B on 64 H100s (issue 32)."""
 LAYOUT = ("dp", "tp", "pp", "cp", "virtual_stages", "micro_batch")
 RESULTS = Path(__file__).resolve().parent / "results" / "nvidia_layouts.json"
-ACCURACY = Path(__file__).resolve().parent / "results" / "accuracy_frameworks.json"
-
-
-def scale_band(gpus: int) -> str:
-    """The accuracy benchmark's scale band of a Megatron run on `gpus` GPUs."""
-    if gpus <= 512:
-        return "megatron <= 512"
-    return "megatron 513-4,096" if gpus <= 4096 else "megatron > 4,096"
 
 
 def model_error(gpus: int) -> float:
-    """Leave-one-source-out MAPE of Megatron runs of this scale (recorded by
-    benchmarks/accuracy_frameworks.py --loo)."""
-    bands = json.loads(ACCURACY.read_text())["scale_bands"]
-    return float(bands[scale_band(gpus)]["loo_mape"])
+    """Leave-one-source-out MAPE of Megatron runs of this scale, as recommend reports it
+    (planner.uncertainty, from benchmarks/accuracy_frameworks.py --loo)."""
+    return error_band("megatron", gpus).mape
 
 
 def check(case) -> dict:
