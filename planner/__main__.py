@@ -3,9 +3,10 @@ the first import on (the imports of planner.cli take seconds on a loaded machine
 handles the rest), and an output a command can never write is refused before those imports.
 
 `calibrate --out /dev/zero` (or a FIFO, a directory, a missing folder, a JSON array) was refused only
-after planner.cli and its packages had loaded: 0.9 s of CPU, 7-15 s of wall time with both cores
+after planner.cli and its packages had loaded: 0.9 s of CPU, 7-21 s of wall time with both cores
 busy (issue 31). `early_refusal` makes the command's own check (the same function, the same
-message) with nothing but the standard library and planner.io loaded; the command repeats it."""
+message) with only the standard library, planner.io and hardware_profiles loaded; the command
+repeats it."""
 
 from __future__ import annotations
 
