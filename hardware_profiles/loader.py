@@ -16,7 +16,7 @@ from typing import NoReturn
 from hardware_profiles.profile import HardwareProfile
 from hardware_profiles.efficiency import check_efficiency
 from planner.errors import ConfigError
-from planner.io import special_kind
+from planner.io import check_writable, read_json_if_exists, special_kind
 
 PROFILE_DIR = Path(__file__).resolve().parent
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
@@ -317,3 +317,27 @@ def _fail(origin: str, key: str, value: object, allowed: str, *, what: str = "")
         allowed,
         message=f"hardware profile {origin}: {label} is invalid: allowed {allowed}",
     )
+
+
+def previous_profile(out: str | Path, what: str = "--out") -> dict | None:
+    """The hardware profile already at `out` (calibrate keeps its efficiency keys), None when there
+    is none; one ConfigError line when `out` cannot be written or holds something other than a
+    hardware profile (a FIFO, a device, malformed JSON, another document). Standard library and
+    planner.io only: `planner hardware calibrate` runs it before anything heavy loads
+    (planner.__main__.early_refusal) and again before it measures."""
+    check_writable(out, what)
+    previous = read_json_if_exists(out, what)
+    if previous is not None:
+        try:
+            profile_from_dict(previous, origin=str(out))
+        except ConfigError as err:
+            raise ConfigError(
+                what,
+                str(out),
+                "a new file or a hardware profile",
+                message=(
+                    f"{what} {out}: exists and is not a hardware profile ({err}); calibrate "
+                    f"replaces only a profile: choose another {what} or move the file"
+                ),
+            ) from None
+    return previous

@@ -40,8 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
+from hardware_profiles.loader import previous_profile, profile_from_dict
 from planner.errors import ConfigError
-from planner.io import check_writable, read_json_if_exists, write_json
+from planner.io import write_json
 from planner.executor import ExecutorError
 
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "p2p")
@@ -761,8 +762,6 @@ def _host_memory_bytes() -> int:
 def calibrate(*, out: Path, world_size: int, quick: bool, name: str, command: str) -> dict:
     """Measure, fit, write the profile to `out` atomically (keeping its efficiency keys if it
     exists), return it. `out` is checked before anything is measured (`previous_profile`)."""
-    from hardware_profiles.loader import profile_from_dict
-
     previous = previous_profile(out)
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     measured = run_measurements(world_size, quick=quick)
@@ -774,27 +773,3 @@ def calibrate(*, out: Path, world_size: int, quick: bool, name: str, command: st
     profile_from_dict(doc, origin=str(out))  # what we write must load
     write_json(out, doc, "--out")
     return doc
-
-
-def previous_profile(out: Path) -> dict | None:
-    """The hardware profile already at `out` (its efficiency keys are kept), None when there is
-    none; one ConfigError line, before any measurement, when `out` cannot be written or holds
-    something other than a hardware profile (a FIFO, a device, malformed JSON, another document)."""
-    from hardware_profiles.loader import profile_from_dict
-
-    check_writable(out, "--out")
-    previous = read_json_if_exists(out, "--out")
-    if previous is not None:
-        try:
-            profile_from_dict(previous, origin=str(out))
-        except ConfigError as err:
-            raise ConfigError(
-                "--out",
-                str(out),
-                "a new file or a hardware profile",
-                message=(
-                    f"--out {out}: exists and is not a hardware profile ({err}); calibrate replaces "
-                    f"only a profile: choose another --out or move the file"
-                ),
-            ) from None
-    return previous

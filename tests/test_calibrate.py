@@ -468,3 +468,27 @@ def test_the_sweep_removes_only_folders_of_calibrations_that_are_gone(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [f"planner-calibrate-{os.getpid()}-abc", "planner-calibrate-legacy", "other"]
     )
+
+
+def test_an_out_that_can_never_be_written_is_refused_before_torch_or_the_cli_loads(tmp_path):
+    """Issue 31: the --out check is the first thing `calibrate` does (planner.__main__.early_refusal),
+    so its one line does not wait for planner.cli, numpy or torch to load (0.9 s of CPU, 7-20 s with
+    both cores busy). The module list of `-X importtime` proves what was loaded."""
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for out, needle in (("/dev/zero", "is a character device"), (str(fifo), "is a FIFO")):
+        done = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "planner", "hardware", "calibrate"]
+            + ["--out", out],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        loaded = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+        assert done.returncode == 2 and len(errors) == 1 and needle in errors[0], done.stderr
+        assert not {"torch", "numpy", "typer", "planner.cli", "planner.calibrate"} & loaded

@@ -332,3 +332,35 @@ def test_a_native_crash_names_the_python_call_it_died_in(tmp_path):
     (own,) = (tmp_path / "w").glob("run-*")
     log = (own / "rank-1.log").read_text()
     assert "Fatal Python error: Segmentation fault" in log and "in inject_fault" in log
+
+
+def test_a_crash_in_a_thread_without_python_frames_is_not_blamed_on_another_thread(tmp_path):
+    """faulthandler marks no thread current when the crashing thread runs no Python (gloo's worker
+    and transport threads, OpenMP's): the line says so and names the main thread's frame, instead
+    of the first listed thread's (the heartbeat's) as the crash site (issue 31)."""
+    from planner.executor.faults import native_crash_site
+
+    log = tmp_path / "rank-4.log"
+    log.write_text(
+        "step output\nFatal Python error: Segmentation fault\n\n"
+        "Thread 0x00007f55297146c0 (most recent call first):\n"
+        '  File "/x/planner/executor/faults.py", line 140 in loop\n'
+        '  File "/usr/lib/python3.11/threading.py", line 982 in run\n\n'
+        "Thread 0x00007f554b83db80 (most recent call first):\n"
+        '  File "/x/torch/distributed/_functional_collectives.py", line 140 in wait_tensor\n'
+        '  File "/x/planner/executor/worker.py", line 300 in train\n\n'
+        "Extension modules: torch._C (total: 1)\n"
+    )
+    assert native_crash_site(log) == (
+        "a thread without Python frames (main thread in wait_tensor (_functional_collectives.py:140))"
+    )
+    log.write_text(
+        "Fatal Python error: Segmentation fault\n\n"
+        "Thread 0x00007f55297146c0 (most recent call first):\n"
+        '  File "/x/planner/executor/faults.py", line 140 in loop\n\n'
+        "Current thread 0x00007f554b83db80 (most recent call first):\n"
+        '  File "/x/planner/executor/faults.py", line 173 in inject_fault\n'
+    )
+    assert native_crash_site(log) == "inject_fault (faults.py:173)"
+    log.write_text("no dump here\n")
+    assert native_crash_site(log) is None

@@ -33,6 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from planner.models.transformer import Attention, LatentAttention
+
 
 def chunk_ids(cp: int, cp_rank: int) -> tuple[int, int]:
     """The two chunks (of 2 cp) cp rank i holds: i and 2cp-1-i."""
@@ -228,8 +230,6 @@ def apply_cp(
     """Context parallelism on one (stage) module: its tokens' positions (the Transformer's
     `positions`, used by learned and rotary position encodings) and every attention module's core
     replaced by `context_parallel_core` over the cp group. Returns this rank's positions."""
-    from planner.models.transformer import Attention, LatentAttention
-
     cp, cp_rank = cp_mesh.size(), cp_mesh.get_local_rank()
     positions = cp_positions(seq, cp, cp_rank)
     module.positions = positions

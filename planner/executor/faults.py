@@ -187,8 +187,11 @@ class Failure:
 
 
 def native_crash_site(log: Path) -> str | None:
-    """'function (file:line)' of the innermost Python frame of the crashing thread in faulthandler's
-    dump in a rank's log ("Current thread ... (most recent call first):"), None without one."""
+    """Where a rank's native crash hit, from faulthandler's dump in its log: 'function (file:line)'
+    of the innermost Python frame of the crashing thread ("Current thread ... (most recent call
+    first):"); when the crashing thread has no Python frame (gloo's worker and transport threads,
+    OpenMP's: faulthandler then marks no thread current), 'a thread without Python frames (main
+    thread in function (file:line))'; None without a dump."""
     try:
         lines = log.read_text(errors="replace").splitlines()[-400:]
     except OSError:
@@ -198,7 +201,29 @@ def native_crash_site(log: Path) -> str | None:
         for i, line in enumerate(lines)
         if line.startswith("Current thread") or line.startswith("Fatal Python error")
     ]
-    for line in lines[starts[-1] :] if starts else ():
+    if not starts:
+        return None
+    dump = lines[starts[-1] :] if lines[starts[-1]].startswith("Current thread") else None
+    if dump is None:  # the last "Fatal Python error": split its dump into threads
+        sections: list[list[str]] = []
+        for line in lines[starts[-1] :]:
+            if line.startswith("Current thread") or line.startswith("Thread 0x"):
+                sections.append([line])
+            elif sections:
+                sections[-1].append(line)
+        current = [s for s in sections if s[0].startswith("Current thread")]
+        if current:
+            dump = current[0]
+        elif sections:  # the main thread is the oldest, listed last
+            main = _innermost_frame(sections[-1])
+            return "a thread without Python frames" + (f" (main thread in {main})" if main else "")
+        else:
+            return None
+    return _innermost_frame(dump)
+
+
+def _innermost_frame(lines: list[str]) -> str | None:
+    for line in lines:
         frame = line.strip()
         if frame.startswith('File "') and " in " in frame:
             path, _, rest = frame[6:].partition('", line ')

@@ -339,10 +339,11 @@ class GradAllReduce:
                 local.div_(self.divide_by)
 
 
-def build_schedule(config: ParallelConfig, stages: list, loss_fn):
+def build_schedule(config: ParallelConfig, stages: list, loss_fn, *, lockstep: bool = False):
     """The plan's schedule from torch.distributed.pipelining: gpipe -> ScheduleGPipe (Huang et al.
     2019), 1f1b -> Schedule1F1B (Narayanan et al. 2021), interleaved-1f1b -> ScheduleInterleaved1F1B,
-    zero-bubble -> ScheduleInterleavedZeroBubble (Qi et al. 2024)."""
+    zero-bubble -> ScheduleInterleavedZeroBubble (Qi et al. 2024). `lockstep` (the CPU/gloo path):
+    a looped schedule runs its communication in lockstep (`lockstep_schedule`)."""
     from torch.distributed.pipelining import schedules
 
     classes = {
@@ -353,5 +354,37 @@ def build_schedule(config: ParallelConfig, stages: list, loss_fn):
     }
     cls = classes[config.schedule]
     if config.schedule in LOOPED_SCHEDULES:
+        if lockstep:
+            return lockstep_schedule(cls)(
+                stages, n_microbatches=config.num_microbatches, loss_fn=loss_fn, scale_grads=False
+            )
         return cls(stages, n_microbatches=config.num_microbatches, loss_fn=loss_fn)
     return cls(stages[0], n_microbatches=config.num_microbatches, loss_fn=loss_fn)
+
+
+def lockstep_schedule(cls):
+    """`cls` (a looped schedule of torch.distributed.pipelining) run in lockstep: at each time step
+    of its order, the computation, then every send and receive of that step batched and waited
+    before the next one starts (PipelineScheduleMulti's own step loop); FSDP stages unshard in
+    their forward hooks, synchronously; after the last step every stage reduces its gradients
+    (FSDP's reduce-scatter) and divides them by the micro-batch count (`perform_reduce_grad`, the
+    runtime's REDUCE_GRAD action). Built with scale_grads=False, so the division happens once, there.
+
+    Why (issue 31): torch's runtime for looped schedules keeps the pipeline's isend/irecv and the
+    stages' asynchronous FSDP all-gathers outstanding while the rank computes and runs the tensor-
+    and data-parallel groups' collectives. On gloo each outstanding operation progresses on native
+    threads of its own process group, beside the main thread's; the 8-rank dp2 x tp2 x pp2 ZeRO-3
+    interleaved gpt2 run lost a rank to SIGSEGV under CPU load (and other layouts to SIGSEGV/SIGABRT
+    in wait_tensor). In lockstep no operation of one group is in flight while another group's runs
+    or the rank computes. Throughput is not what a CPU run measures; a GPU (nccl) run keeps the
+    overlapping runtime."""
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti
+
+    class Lockstep(cls):
+        def _step_microbatches(self, *args, **kwargs):
+            PipelineScheduleMulti._step_microbatches(self, *args, **kwargs)
+            for stage in self._stages:
+                stage.perform_reduce_grad(self._n_microbatches)
+
+    Lockstep.__name__ = Lockstep.__qualname__ = f"Lockstep{cls.__name__}"
+    return Lockstep

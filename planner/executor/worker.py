@@ -194,7 +194,9 @@ class _Run:
             stages = [
                 PipelineStage(m, sid, num_stages, self.device, group=group) for sid, m in self.parts
             ]
-            self.schedule = build_schedule(cfg, stages, self._loss)
+            self.schedule = build_schedule(
+                cfg, stages, self._loss, lockstep=spec.device_type == "cpu"
+            )
         self._first_target_ptr = None
 
     def _loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

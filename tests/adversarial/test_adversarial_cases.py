@@ -73,6 +73,32 @@ CASES = [
         "is a character device",
     ),
     ("calibrate-fifo", ["hardware", "calibrate", "--quick", "--out", "{tmp}/fifo"], 2, "is a FIFO"),
+    # refused before planner.cli loads (planner.__main__.early_refusal): --out=X, --out twice, a
+    # folder, --gpus before --out; the message is the command's own
+    (
+        "calibrate-out-equals-dev-zero",
+        ["hardware", "calibrate", "--quick", "--out=/dev/zero"],
+        2,
+        "is a character device",
+    ),
+    (
+        "calibrate-last-out-counts",
+        ["hardware", "calibrate", "--out", "{tmp}/p.json", "--quick", "--out", "{tmp}/fifo"],
+        2,
+        "is a FIFO",
+    ),
+    (
+        "calibrate-out-folder",
+        ["hardware", "calibrate", "--quick", "--out", "{tmp}"],
+        2,
+        "is a directory",
+    ),
+    (
+        "calibrate-gpus-then-missing-folder",
+        ["hardware", "calibrate", "--gpus", "2", "--out", "{tmp}/missing/p.json"],
+        2,
+        "does not exist",
+    ),
     (
         "calibrate-array",
         ["hardware", "calibrate", "--quick", "--out", "{tmp}/array.json"],
