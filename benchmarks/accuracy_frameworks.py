@@ -33,6 +33,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks import published_rows as R  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
+from planner.uncertainty import SCALE_BANDS, scale_band  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "accuracy_frameworks.json"
 DEFAULT_FILES = (*R.STACK_FILES, "features")
@@ -201,20 +202,19 @@ def table(title: str, g: dict) -> str:
     return "\n".join(lines)
 
 
-SCALE_BANDS = ((1, 512, "<= 512"), (513, 4096, "513-4,096"), (4097, 10**9, "> 4,096"))
-"""GPU-count bands of the scale table (issue 32: the error must not grow with scale)."""
-
-
 def scale_bands(results: list[Result], loo_results: list[Result] | None = None) -> dict:
     """Per stack and GPU-count band: rows, MAPE and mean in sample and, with `loo_results`, leaving each source out."""
     held = {r.id: r for r in loo_results or ()}
     out = {}
     for fw in sorted({r.framework for r in results}):
-        for low, high, name in SCALE_BANDS:
+        for name, _ in SCALE_BANDS:  # planner.uncertainty owns the bands recommend reports
             mine = [
                 r
                 for r in results
-                if r.framework == fw and low <= r.gpus <= high and r.error is not None
+                if r.framework == fw
+                and r.gpus > 0
+                and scale_band(r.gpus) == name
+                and r.error is not None
             ]
             if not mine:
                 continue

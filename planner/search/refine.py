@@ -211,9 +211,7 @@ class Refiner:
             if n is not None:
                 self.refined += 1
                 fewer = self._estimate(replace(best, recompute_layers=n))
-                if fewer["prediction"]["memory"]["fits"] and _objective_value(
-                    fewer, objective
-                ) < _objective_value(doc, objective):
+                if _better(fewer, doc, objective):
                     return fewer
         return doc
 
@@ -235,8 +233,13 @@ class Refiner:
             if stages:
                 self.refined += 1
                 uneven = self._estimate(replace(cfg, stages=stages))
-                if uneven["prediction"]["memory"]["fits"] and _objective_value(
-                    uneven, objective
-                ) < _objective_value(doc, objective):
+                if _better(uneven, doc, objective):
                     return uneven
         return doc
+
+
+def _better(candidate: dict, doc: dict, objective: str) -> bool:
+    """A refinement replaces a leader's document when it fits and scores better."""
+    return bool(candidate["prediction"]["memory"]["fits"]) and _objective_value(
+        candidate, objective
+    ) < _objective_value(doc, objective)
