@@ -1,7 +1,7 @@
 """`planner run --verify` has power both ways.
 
-It passes the catalog gpt2 (124M parameters, real size, seq 32) over 5 AdamW steps on every layout
-the executor runs, grouped into three launches (a gpt2 launch costs 1-2 minutes here):
+It passes the catalog gpt2 (124M parameters, real size, seq 32) over 3 AdamW steps (the optimizer's
+moments carried across two updates; a further step runs the same code again) on every layout the executor runs, grouped into three launches (a gpt2 launch costs 1-2 minutes here):
 - dp2: DDP, ZeRO-0;
 - dp2 x pp2: 1F1B with ZeRO-1 (FSDP2 per stage; ZeRO-2 is the same code, parallelize.apply_fsdp);
 - dp2 x tp2 x pp2 (8 processes): ZeRO-3 over tensor-parallel shards (FSDP2's strided shards),
@@ -49,14 +49,14 @@ GPT2_LAYOUTS = {
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("name", list(GPT2_LAYOUTS))
-def test_gpt2_passes_verification_over_five_adamw_steps(name, tmp_path):
+def test_gpt2_passes_verification_over_three_adamw_steps(name, tmp_path):
     cfg = ParallelConfig(seq=32, precision="fp32", **GPT2_LAYOUTS[name])
     plan = write_plan(tmp_path / "plan.json", cfg, "gpt2")
-    result = run_planner(["run", str(plan), "--steps", "5", "--verify", "--json"])
+    result = run_planner(["run", str(plan), "--steps", "3", "--verify", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     verify = doc["verify"]
-    assert verify["passed"] and verify["steps"] == [0, 1, 2, 3, 4], verify
+    assert verify["passed"] and verify["steps"] == [0, 1, 2], verify
     assert (
         verify["problems"] == [] and verify["params_compared"] >= 148
     )  # every gpt2 tensor, none missing
