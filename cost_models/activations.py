@@ -7,9 +7,14 @@ Used by `planner profile` (per layer, by recompute mode) and the stage partition
 the same configuration (tests/test_activation_owner.py). Which table applies is the framework's
 `kernels` (fused: Megatron / Transformer Engine, Korthikanti et al. 2022 Table 2; eager: Hugging Face
 modules; torch: plain PyTorch modules, torchtitan and this project's executor).
+
+A run's table and selective policy (block_table_of, selective_policy, activation_precision; `sw` a
+cost_models.step.Software) are chosen here, below cost_models.step, whose Step reads them too.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -66,6 +71,70 @@ def block_bytes(
     return _kept(table, sac, b, s, tp, sp, recompute)
 
 
+def activation_precision(sw, precision: str, zero: int) -> str:
+    """The precision whose block table describes the activations: 'bf16' for eager modules under
+    torch.autocast whose parameters FSDP's mixed precision gathers in 16 bits (ZeRO >= 2 with a 16-bit
+    gather), else `precision` (block_table_of; the profile and the stage partitioner call this too)."""
+    if (
+        sw.framework.kernels == "eager"
+        and precision.startswith("amp")
+        and zero >= 2
+        and sw.state_bytes(precision).gather < 4
+    ):
+        return "bf16"
+    return precision
+
+
+def block_table_of(sw, spec: TransformerSpec, precision: str, zero=None) -> B.BlockTable:
+    """The framework's block table; under torch.compile its memory-bound traffic and launches are the
+    fused table's (Software.compile). Eager modules under torch.autocast whose parameters FSDP's mixed
+    precision gathers in 16 bits (ZeRO >= 2 with a 16-bit gather: Composer's DEFAULT, Accelerate's and
+    fms-fsdp's bf16 FSDP) run on 16-bit weights, so their residual stream and norms are 16-bit: the
+    16-bit table applies to those candidates (per candidate where `zero` is an array)."""
+    flash = sw.kernel(precision, spec) != "math"
+    table = B.block_table(
+        spec,
+        precision,
+        sw.framework.kernels,
+        flash=flash,
+        dropout=sw.dropout,
+        activation_fp8_input=sw.activation_fp8_input,
+        fused_norm=sw.fused_norm,
+    )
+    if zero is not None and activation_precision(sw, precision, 3) != precision:
+        sharded = np.asarray(zero) >= 2
+        if sharded.any():
+            table = B.blend(
+                sharded,
+                B.block_table(
+                    spec, "bf16", "eager", flash=flash, dropout=sw.dropout, fused_norm=sw.fused_norm
+                ),
+                table,
+            )
+    if not sw.compile or sw.framework.kernels == "fused":
+        return table
+    fused = B.block_table(spec, precision, "fused", flash=flash, dropout=sw.dropout)
+    return replace(
+        table,
+        traffic_fwd=fused.traffic_fwd,
+        scores_traffic_fwd=fused.scores_traffic_fwd,
+        kernels_fwd=fused.kernels_fwd,
+    )
+
+
+def selective_policy(sw, spec: TransformerSpec, precision: str) -> B.OpSac | B.ModuleSac | None:
+    """torchtitan's per-operator selective recomputation (cost_models.blocks.op_sac) for its dense blocks;
+    Megatron-Core's by module when the run names its recompute_modules (cost_models.blocks.module_sac); None
+    where selective means the attention core (Megatron's default) or the block is MoE / MLA under torchtitan."""
+    if sw.recompute_modules is not None and tuple(sw.recompute_modules) != ("core_attn",):
+        return B.module_sac(
+            spec, precision, sw.recompute_modules, activation_fp8_input=sw.activation_fp8_input
+        )
+    if sw.framework.selective_recompute != "op" or spec.moe is not None or spec.mla is not None:
+        return None
+    return B.op_sac(spec, precision, sw.framework.kernels)
+
+
 def block_bytes_of(
     sw,
     spec: TransformerSpec,
@@ -79,12 +148,10 @@ def block_bytes_of(
     recompute: str = "none",
 ):
     """One block as a run with software `sw` (cost_models.step.Software) saves it: the table and the selective
-    policy the cost model itself reads (cost_models.step.block_table_of: the run's fused norm, FP8 activation
-    input, FSDP's 16-bit modules from ZeRO 2 on; cost_models.step.selective_policy: per-operator or by-module
+    policy the cost model itself reads (block_table_of: the run's fused norm, FP8 activation
+    input, FSDP's 16-bit modules from ZeRO 2 on; selective_policy: per-operator or by-module
     selective recomputation), so `planner profile`, the stage partitioner and `planner estimate` agree for
     every run option (tests/test_activation_owner.py)."""
-    from cost_models.step import block_table_of, selective_policy
-
     return _kept(
         block_table_of(sw, spec, precision, zero),
         selective_policy(sw, spec, precision),

@@ -26,8 +26,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from cost_models.compute import eff, recompute_passes
+from cost_models.experts import mlp_tp_pair
+from cost_models.pipeline import p2p_transfers_on_critical_path
 from hardware_profiles import HardwareProfile
 from hardware_profiles.efficiency import efficiency
+from planner.parallel import CP_COMMS
 
 
 def relative_allreduce_cost(nodes, devices_per_node):
@@ -194,10 +198,7 @@ def tp_block_seconds(x) -> TpSeconds:
     block (Shoeybi et al. 2019, Sec. 3); with sequence parallelism a reduce-scatter + all-gather pair of
     the same volume (Korthikanti et al. 2022, Sec. 4.2.2); full recomputation repeats the forward's. An
     MoE block whose routed experts take the all-to-all path keeps only attention's pair (plus its shared
-    experts'): cost_models.moe.mlp_tp_pair; its exchanges are cost_models.moe.ep_block_seconds."""
-    from cost_models.compute import recompute_passes
-    from cost_models.moe import mlp_tp_pair
-
+    experts'): cost_models.experts.mlp_tp_pair; its exchanges are cost_models.moe.ep_block_seconds."""
     ar = group_collective_seconds(
         "allreduce", x.tokens * x.spec.hidden * x.c, x.tp, x.local["T"], x.hw
     )
@@ -226,8 +227,6 @@ def tp_exposed_parts(x, tp: TpSeconds, block) -> tuple:
     """tp_exposed_seconds pass by pass: (forward, backward, recomputation) seconds a block's
     tensor-parallel communication adds (cost_models.timeline puts each pass on its own
     operation)."""
-    from cost_models.compute import eff, recompute_passes
-
     if not x.sw.tp_comm_overlap:
         return tp.fwd, tp.bwd, tp.recompute
     interference = eff(x.hw, "overlap_interference")
@@ -267,8 +266,6 @@ def cp_block_seconds(x, attn_fwd_s, attn_bwd_s) -> CpSeconds:
     - a2a (DeepSpeed-Ulysses; Jacobs et al. 2023): all-to-alls of Q, K, V and the output between sequence
       and head sharding, forward and backward, not overlapped.
     Links: NVLink when the C group stays in the node (NVLink domain), else the device's network share."""
-    from planner.parallel import CP_COMMS
-
     n = x.cp
     kv_block = x.b * (x.seq / n) * 2.0 * x.spec.kv_width / x.tp * x.c
     in_node = x.local["C"] >= n
@@ -314,9 +311,6 @@ def pp_p2p_seconds(x, hop=None):
     overlap_p2p_comm) waits only for the fill's and the drain's 2 (p - 1) hops and pays
     `overlap_interference` of the 2 m v sends it hides, as the simulated step does
     (cost_models.timeline)."""
-    from cost_models.compute import eff
-    from cost_models.pipeline import p2p_transfers_on_critical_path
-
     hop = pp_hop_seconds(x) if hop is None else hop
     overlapped = x.is_schedule("interleaved-1f1b") & (x.v > 1) & x.sw.overlap_p2p & (x.pp > 1)
     hidden = 2.0 * x.m * x.v * hop
@@ -397,8 +391,6 @@ def dp_comm_seconds(x, params_rank, last_backward_s, compute_s):
     Without overlap (framework or run) everything is exposed. Hidden traffic still costs
     `overlap_interference` of its time (NCCL takes SMs and memory bandwidth). Tied embeddings split
     over a pipeline add their first/last-stage gradient all-reduce after the backward."""
-    from cost_models.compute import eff
-
     s = x.sw.state_bytes(x.precision)
     grad_bytes = params_rank.total * s.reduce
     allreduce, rs, gather = dp_reduction_parts(x, params_rank)

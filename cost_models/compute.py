@@ -28,6 +28,10 @@ import dataclasses
 
 import numpy as np
 
+from cost_models.blocks import BWD_TRAFFIC_FACTOR, ModuleSac
+from cost_models.experts import expert_gemm_shapes, permute_bytes_fwd
+from cost_models.flops import GemmShape, attention_kernel_flops_fwd, block_gemm_shapes
+from cost_models.offload import optimizer_offload_seconds
 from hardware_profiles import HardwareProfile
 from hardware_profiles.efficiency import efficiency
 from planner.errors import ConfigError
@@ -350,13 +354,10 @@ def core_gemm_precision(precision: str, d_head, elem_bytes: float) -> str:
 def block_seconds(x) -> BlockSeconds:
     """Per block and micro-batch: the GEMMs of Megatron's column/row split (cost_models.flops.
     block_gemm_shapes; backward = data + weight gradients, Narayanan et al. 2021 Sec. 5.1; an MoE block's
-    routed experts as the busiest rank's grouped GEMMs, cost_models.moe.expert_gemm_shapes), attention
+    routed experts as the busiest rank's grouped GEMMs, cost_models.experts.expert_gemm_shapes), attention
     (a flash kernel, or QK^T and AV as batched GEMMs when unfused), memory-bound kernels as bytes
     streamed / bandwidth (cost_models.blocks tables; backward streams BWD_TRAFFIC_FACTOR x), and
     recomputation (Korthikanti et al. 2022 Sec. 5: selective re-runs the attention core, full the forward)."""
-    from cost_models.blocks import BWD_TRAFFIC_FACTOR, ModuleSac
-    from cost_models.flops import GemmShape, attention_kernel_flops_fwd, block_gemm_shapes
-
     linear_kw = dict(hw=x.hw, precision=x.precision, elem_bytes=x.c)
     core_kw = dict(
         hw=x.hw,
@@ -371,8 +372,6 @@ def block_seconds(x) -> BlockSeconds:
     if (
         x.spec.moe is not None
     ):  # routed experts as the busiest rank's grouped GEMMs under expert parallelism
-        from cost_models.moe import expert_gemm_shapes
-
         shapes = [g for g in shapes if not g.name.startswith("experts_")] + expert_gemm_shapes(x)
     for g in shapes:
         core = g.name in ("qk", "av")
@@ -414,9 +413,7 @@ def block_seconds(x) -> BlockSeconds:
     gemm_f, gemm_b = gemm_f + cast_f / bw, gemm_b + cast_b / bw
     elem_f = x.per_token(x.table.traffic_fwd) * x.tokens / bw
     permute_f = 0.0
-    if x.spec.moe is not None:  # the received tokens regrouped by local expert (cost_models.moe)
-        from cost_models.moe import permute_bytes_fwd
-
+    if x.spec.moe is not None:  # received tokens regrouped by local expert (cost_models.experts)
         permute_f = permute_bytes_fwd(x) / bw
         elem_f = elem_f + permute_f
     scores_f = x.per_token(x.table.scores_traffic_fwd) * x.tokens / bw
@@ -530,8 +527,6 @@ def optimizer_step_seconds(x, params_rank):
     `params_rank` is a cost_models.moe.RankParams: ZeRO shards the dense parameters over the shard group
     and the routed experts over their expert data-parallel shard group (Megatron-Core's distributed
     optimizer)."""
-    from cost_models.offload import optimizer_offload_seconds
-
     updated = np.where(
         x.zero >= 1,
         params_rank.dense / x.shard_group + params_rank.expert / x.expert_shard_group,

@@ -43,6 +43,7 @@ from typing import NamedTuple
 import numpy as np
 
 from cost_models import params as P
+from cost_models.blocks import op_sac
 from planner.spec import TransformerSpec
 
 ATTENTION_BWD_FACTOR_FLASH = 2.5
@@ -265,8 +266,7 @@ def block_recompute_flops(
     if recompute == "none":
         return 0 * b * s
     if recompute == "selective" and selective == "op" and spec.moe is None and spec.mla is None:
-        from cost_models.blocks import op_sac  # torchtitan: the matmuls its policy did not save
-
+        # torchtitan: the matmuls its policy did not save
         linear = sum(
             2.0 * g.m * g.n * g.k * g.batch
             for g in block_gemm_shapes(spec, b, s)

@@ -27,6 +27,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from cost_models import blocks as B
+from cost_models import moe as MO
+from cost_models import params as P
+from cost_models.activations import kept_per_token
+from cost_models.offload import host_memory_bytes_per_node, offloaded_share
+from cost_models.pipeline import inflight_microbatches, inflight_microbatches_last_stage
+from hardware_profiles.efficiency import efficiency
+from planner.parallel import SCHEDULES
+
 
 def state_bytes_per_param(software, precision: str, optimizer: str) -> tuple[float, float, float]:
     """(params, grads, optimizer states) bytes per parameter: the framework profile's table with the
@@ -84,8 +93,6 @@ def peak_bytes(
 
 def cuda_context_bytes(hw) -> float:
     """CUDA context, kernels and library handles outside the caching allocator (efficiency key)."""
-    from hardware_profiles.efficiency import efficiency
-
     return efficiency(hw, "cuda_context_bytes")
 
 
@@ -113,12 +120,6 @@ def activation_bytes(x) -> ActivationBytes:
     terms / (tp with SP) + sharded terms / tp + scores s / tp, times b s tokens; selective recompute
     drops the attention scores (or keeps torchtitan's per-operator set, Step.sac), full keeps the block
     input only."""
-    from cost_models import blocks as B
-    from cost_models.pipeline import inflight_microbatches_last_stage
-    from planner.parallel import SCHEDULES
-
-    from cost_models.activations import kept_per_token
-
     full_block, selective, full = kept_per_token(x.table, x.per_token, x.sac)
     kept = np.select([x.full, x.selective], [full, selective], full_block)
     return ActivationBytes(
@@ -168,9 +169,6 @@ def zero3_live_params(x, n_blocks, dp, edp):
     available; deepspeed/runtime/zero/partitioned_param_coordinator.py and constants.py, v0.6): at most that
     many, or the largest module (params.largest_module_params / tp) when it is bigger, and never more than the
     two blocks. The rank's own 1/dp of them is already counted in its shard."""
-    from cost_models import moe as MO
-    from cost_models import params as P
-
     block_dense, block_expert = MO.block_params_on_rank(x)
     units = np.minimum(2.0, n_blocks) * (
         block_dense * (1.0 - 1.0 / dp) + block_expert * (1.0 - 1.0 / edp)
@@ -183,6 +181,19 @@ def zero3_live_params(x, n_blocks, dp, edp):
     )
 
 
+def host_room_bytes(x, params_rank):
+    """Host memory one device may fill with offloaded activations: its share of the node's host memory
+    after any offloaded optimizer states (fp32 master + states + 4 bytes of gradient per parameter,
+    sharded from ZeRO-1)."""
+    _, _, ob = state_bytes_per_param(x.sw, x.precision, x.optimizer)
+    host_opt = np.where(
+        x.is_offload("optimizer"),
+        zero_sharded(params_rank * (ob + 4.0), x.shard_group, x.zero, 1),
+        0.0,
+    )
+    return np.maximum(0.0, host_memory_bytes_per_node(x.hw) / x.hw.devices_per_node - host_opt)
+
+
 def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankMemory:
     """Peak of pipeline rank `rank` (0-based) holding `n_blocks` blocks (peak_bytes' three moments):
     model states by ZeRO stage (optimizer from 1, gradients from 2, parameters from 3 plus the block in
@@ -192,13 +203,6 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     gradients, and offloaded activations limited to what the host can take (`host_room`). The routed
     experts of an MoE model are sharded over ep x expert_tp and ZeRO-sharded over their expert
     data-parallel group (cost_models.moe.rank_params; Megatron-Core's expert parallelism)."""
-    from cost_models.offload import offloaded_share
-    from cost_models.pipeline import inflight_microbatches
-    from hardware_profiles.efficiency import efficiency
-    from planner.parallel import SCHEDULES
-
-    from cost_models import moe as MO
-
     spec, fw, tp, zero = x.spec, x.sw.framework, x.tp, x.zero
     dp = x.shard_group  # ZeRO shards over dp x cp, or the hybrid shard group
     edp = (

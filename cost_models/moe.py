@@ -1,7 +1,8 @@
 """Expert parallelism: what spreading the routed experts of a mixture-of-experts block over ranks costs.
 
 The terms read one `cost_models.step.Step` (its ep, expert_tp and the expert groups 'E', 'ET', 'ED',
-'ES', 'ER' of planner.placement.group_locality) and are composed by planner.score. Megatron-Core's
+'ES', 'ER' of planner.placement.group_locality) and are composed by planner.score (the tokens, rows,
+GEMM shapes and bytes of the layout below are computed in cost_models.experts). Megatron-Core's
 layout (Liu et al. 2025, "MoE Parallel Folding", arXiv 2504.14960; megatron/core/transformer/moe/):
 attention runs on tp x cp x dp ranks per pipeline stage; the expert layers regroup the same ranks as
 expert_tp x ep x expert_dp. Per rank and micro-batch (t = b s / cp tokens, SP shard t / tp):
@@ -42,7 +43,8 @@ import numpy as np
 
 from cost_models import params as P
 from cost_models.comm import group_collective_seconds, inter_bus_Bps_per_node, intra_bus_Bps
-from cost_models.flops import GemmShape
+from cost_models.compute import dispatch_seconds, recompute_passes
+from cost_models.experts import expert_rows, legacy_dispatch, routed_tokens
 
 DEFAULT_IMBALANCE = 1.0
 """Busiest rank's routed tokens over the mean when a run does not say (Software.moe_imbalance).
@@ -55,58 +57,6 @@ holds E / ep experts, which averages the per-expert spread). A run with real rou
 FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0
 """Bytes per dispatched element in FP8: one E4M3 byte plus an fp32 scale per 128 elements (DeepSeek-V3
 report Sec. 3.3.2, 1 x 128 activation tiles; DeepEP's FP8 dispatch). Combine stays in 16 bits."""
-
-
-def routed_tokens(x):
-    """Tokens one rank routes per micro-batch: its sequence-parallel shard b s / (cp tp)."""
-    return x.tokens / x.tp
-
-
-def expert_rows(x, *, busiest: bool = True):
-    """Rows one local expert multiplies per micro-batch: t_r k ep expert_tp / E on average (the tokens of
-    the ep group's ranks, gathered over expert_tp, spread over E experts; cost_models.flops.expert_rows
-    at ep = 1, expert_tp = tp). The busiest rank: x the padded capacity factor C (every expert computes
-    C times its share; Fedus et al. 2021, Switch, Sec. 2.2), else x the rank imbalance when ep > 1 (at
-    ep = 1 every rank holds every expert and processes every routed copy: no rank imbalance)."""
-    moe = x.spec.moe
-    mean = routed_tokens(x) * moe.top_k * x.ep * x.etp / moe.experts
-    if not busiest:
-        return mean
-    factor = (
-        moe.capacity_factor
-        if moe.capacity_factor is not None
-        else np.where(x.ep > 1, x.sw.imbalance, 1.0)
-    )
-    return mean * factor
-
-
-def expert_gemm_shapes(x) -> list[GemmShape]:
-    """The routed experts of the busiest rank as grouped GEMMs: E / ep experts of expert_rows rows, width
-    f_e / expert_tp (W1, W3 when gated, by columns; W2 by rows). One kernel per projection (Transformer
-    Engine's GroupedLinear, DeepGEMM's m-grouped GEMM): cost_models.compute.gemm_seconds' fixed cost is
-    paid once per group and its roofline makes small-M groups memory bound, which reproduces DeepGEMM's
-    grouped-GEMM throughput against M (validation/kernels/grouped_gemm.json, tests/test_cost_moe.py)."""
-    moe, h = x.spec.moe, x.spec.hidden
-    m, width, batch = expert_rows(x), moe.expert_ffn / x.etp, moe.experts / x.ep
-    shapes = [GemmShape("experts_w1", m, width, h, batch)]
-    if x.spec.gated_mlp:
-        shapes.append(GemmShape("experts_w3", m, width, h, batch))
-    return shapes + [GemmShape("experts_w2", m, h, width, batch)]
-
-
-def permute_bytes_fwd(x):
-    """Memory traffic the all-to-all dispatcher adds to an MoE block: after the exchange the received
-    tokens arrive grouped by source rank and are regrouped by local expert before the expert GEMMs, and
-    back before the combine (Megatron-Core's sort_chunks_by_idxs): read + write of each received copy
-    twice, 4 t_r k h c x imbalance, when ep > 1 and a rank holds several experts. The permutation every
-    MoE block does (each routed copy gathered, scattered back and weighted, the router's scores: ~5 h c
-    per copy) is in cost_models.blocks' MoE table; DeepEP's kernels write the received tokens per expert
-    and fold the weighting into the combine, which that table's count already covers (0 here)."""
-    moe = x.spec.moe
-    several = (moe.experts / x.ep) > 1
-    on = (x.ep > 1) & several & (x.sw.moe_dispatcher == "alltoall")
-    imbalance = np.where(x.ep > 1, x.sw.imbalance, 1.0)
-    return np.where(on, 4.0 * routed_tokens(x) * moe.top_k * x.spec.hidden * x.c * imbalance, 0.0)
 
 
 def dispatch_element_bytes(x) -> float:
@@ -177,23 +127,6 @@ def expert_tp_seconds(x):
     return np.where(x.etp > 1, one, 0.0)
 
 
-def legacy_dispatch(x):
-    """Candidates costed with Megatron-Core's all-gather dispatcher (ep = 1 with expert_tp = tp: the
-    block's MLP all-gathers and reduce-scatters b s h over tp as a dense MLP does, and the experts run on
-    every routed copy locally); every other expert layout uses the all-to-all path of this module."""
-    return (x.ep == 1) & (x.etp == x.tp)
-
-
-def mlp_tp_pair(x):
-    """Whether a block's MLP keeps the tensor-parallel all-gather / reduce-scatter pair of Megatron's
-    column/row split (comm.tp_block_seconds): dense blocks; MoE blocks on the all-gather dispatcher; MoE
-    blocks with shared experts (Megatron-Core's SharedExpertMLP gathers the sequence-parallel input over
-    tp). Routed experts on the all-to-all path take the sequence-parallel shard as it is."""
-    if x.spec.moe is None:
-        return np.ones_like(x.tp, dtype=bool)
-    return legacy_dispatch(x) | (x.spec.moe.shared_experts > 0)
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EpSeconds:
     """Expert-parallel communication of one MoE block and one micro-batch on the busiest rank."""
@@ -227,8 +160,6 @@ def ep_block_seconds(x, block) -> EpSeconds:
         exposed = sum over the four pairs of max(0, exchange - compute beside it).
     Per MoE block; the dense leading blocks of a model are costed as the repeating block, as
     compute.block_seconds does. Zeros for a dense model."""
-    from cost_models.compute import recompute_passes
-
     if x.spec.moe is None:
         zero = np.zeros_like(x.tp)  # (tp: a column every term keys on; planner.score.block_terms)
         return EpSeconds(
@@ -272,8 +203,6 @@ def host_sync_seconds(x, device_fwd_s):
     layers that sync: dropless routing
     (no capacity factor) under a framework with `moe_host_sync` or the deepep dispatcher. The backward
     reuses the forward's splits and runs ahead as a dense block does (compute.host_wait_seconds)."""
-    from cost_models.compute import dispatch_seconds, recompute_passes
-
     if x.spec.moe is None or x.spec.moe.capacity_factor is not None:
         return np.zeros_like(x.dp)
     fw = x.sw.framework

@@ -77,18 +77,3 @@ def activation_offload_step_seconds(x, activation_volume_bytes, forward_s, backw
         one_step + efficiency(x.hw, "overlap_interference") * hidden,
         0.0,
     )
-
-
-def host_room_bytes(x, params_rank):
-    """Host memory one device may fill with offloaded activations: its share of the node's host memory
-    after any offloaded optimizer states (fp32 master + states + 4 bytes of gradient per parameter,
-    sharded from ZeRO-1)."""
-    from cost_models.memory import state_bytes_per_param, zero_sharded
-
-    _, _, ob = state_bytes_per_param(x.sw, x.precision, x.optimizer)
-    host_opt = np.where(
-        x.is_offload("optimizer"),
-        zero_sharded(params_rank * (ob + 4.0), x.shard_group, x.zero, 1),
-        0.0,
-    )
-    return np.maximum(0.0, host_memory_bytes_per_node(x.hw) / x.hw.devices_per_node - host_opt)

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from cost_models.compute import eff
+from planner.parallel import SCHEDULES
+
 SCHEDULE_BUBBLE_SCALE = {
     "gpipe": 1.0,
     "1f1b": 1.0,
@@ -183,9 +186,6 @@ def schedule_seconds(x, stage: StageSeconds):
     mean stage (bubble_slots). Ranks that share cores (a CPU profile, `shared_cores_speedup` > 1) run
     faster while others idle, but a node cannot finish its work sooner than with all ranks busy:
     the busy span becomes max(busy, (busy + bubble) / speedup)."""
-    from cost_models.compute import eff
-    from planner.parallel import SCHEDULES
-
     busy = x.m * stage.slowest
     bubble = bubble_slots(x.schedule, x.pp, x.v, SCHEDULES, x.m) * stage.mean
     speedup = eff(x.hw, "shared_cores_speedup")

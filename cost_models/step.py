@@ -14,6 +14,8 @@ from typing import Mapping
 import numpy as np
 
 from cost_models import blocks as B
+from cost_models.activations import block_table_of, selective_policy
+from cost_models.moe import DEFAULT_IMBALANCE
 from frameworks import FrameworkProfile
 from hardware_profiles import HardwareProfile
 from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, offload_indices
@@ -153,8 +155,6 @@ class Software:
     @property
     def imbalance(self) -> float:
         """The routed-token imbalance this run is costed with (moe_imbalance or the documented default)."""
-        from cost_models.moe import DEFAULT_IMBALANCE
-
         return DEFAULT_IMBALANCE if self.moe_imbalance is None else float(self.moe_imbalance)
 
     def state_bytes(self, precision: str):
@@ -207,74 +207,6 @@ def attention_kernel(attention: str, precision: str, spec: TransformerSpec) -> s
             return "math" if spec.n_kv_heads < spec.heads else "mem_efficient"
         return "flash"
     return attention
-
-
-def activation_precision(sw: Software, precision: str, zero: int) -> str:
-    """The precision whose block table describes the activations: 'bf16' for eager modules under
-    torch.autocast whose parameters FSDP's mixed precision gathers in 16 bits (ZeRO >= 2 with a 16-bit
-    gather), else `precision` (block_table_of; the profile and the stage partitioner call this too)."""
-    if (
-        sw.framework.kernels == "eager"
-        and precision.startswith("amp")
-        and zero >= 2
-        and sw.state_bytes(precision).gather < 4
-    ):
-        return "bf16"
-    return precision
-
-
-def block_table_of(sw: Software, spec: TransformerSpec, precision: str, zero=None) -> B.BlockTable:
-    """The framework's block table; under torch.compile its memory-bound traffic and launches are the
-    fused table's (Software.compile). Eager modules under torch.autocast whose parameters FSDP's mixed
-    precision gathers in 16 bits (ZeRO >= 2 with a 16-bit gather: Composer's DEFAULT, Accelerate's and
-    fms-fsdp's bf16 FSDP) run on 16-bit weights, so their residual stream and norms are 16-bit: the
-    16-bit table applies to those candidates (per candidate where `zero` is an array)."""
-    from dataclasses import replace
-
-    flash = sw.kernel(precision, spec) != "math"
-    table = B.block_table(
-        spec,
-        precision,
-        sw.framework.kernels,
-        flash=flash,
-        dropout=sw.dropout,
-        activation_fp8_input=sw.activation_fp8_input,
-        fused_norm=sw.fused_norm,
-    )
-    if zero is not None and activation_precision(sw, precision, 3) != precision:
-        sharded = np.asarray(zero) >= 2
-        if sharded.any():
-            table = B.blend(
-                sharded,
-                B.block_table(
-                    spec, "bf16", "eager", flash=flash, dropout=sw.dropout, fused_norm=sw.fused_norm
-                ),
-                table,
-            )
-    if not sw.compile or sw.framework.kernels == "fused":
-        return table
-    fused = B.block_table(spec, precision, "fused", flash=flash, dropout=sw.dropout)
-    return replace(
-        table,
-        traffic_fwd=fused.traffic_fwd,
-        scores_traffic_fwd=fused.scores_traffic_fwd,
-        kernels_fwd=fused.kernels_fwd,
-    )
-
-
-def selective_policy(
-    sw: Software, spec: TransformerSpec, precision: str
-) -> B.OpSac | B.ModuleSac | None:
-    """torchtitan's per-operator selective recomputation (cost_models.blocks.op_sac) for its dense blocks;
-    Megatron-Core's by module when the run names its recompute_modules (cost_models.blocks.module_sac); None
-    where selective means the attention core (Megatron's default) or the block is MoE / MLA under torchtitan."""
-    if sw.recompute_modules is not None and tuple(sw.recompute_modules) != ("core_attn",):
-        return B.module_sac(
-            spec, precision, sw.recompute_modules, activation_fp8_input=sw.activation_fp8_input
-        )
-    if sw.framework.selective_recompute != "op" or spec.moe is not None or spec.mla is not None:
-        return None
-    return B.op_sac(spec, precision, sw.framework.kernels)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

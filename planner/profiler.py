@@ -119,7 +119,7 @@ def _mtp_profile(
     a loss (an estimate: the reference model builds no MTP module)."""
     block = _block_profile(spec.last_kind, b, s, flash=flash, act=act)
     extra = 2 * b * s * (2 * spec.hidden * spec.hidden + P.head_matmul_weights(spec))
-    from cost_models.step import activation_precision
+    from cost_models.activations import activation_precision
 
     precision = activation_precision(act["sw"], act["precision"], act["zero"])
     head = A.head_bytes(
@@ -184,7 +184,7 @@ def profile_spec(
         sw = replace(sw, framework=replace(sw.framework, selective_recompute=selective))
     flash, kernels = sw.kernel(precision, spec) != "math", sw.framework.kernels
     # FSDP's mixed precision (ZeRO >= 2) runs eager modules on 16-bit weights: the same table the cost model uses
-    # (block_bytes_of reads it through cost_models.step.block_table_of with `zero`)
+    # (block_bytes_of reads it through cost_models.activations.block_table_of with `zero`)
     act = dict(sw=sw, precision=precision, zero=zero, tp=tp, sp=sp)
     none_saved = {m: 0.0 for m in RECOMPUTE_MODES}
     layers: list[LayerProfile] = []

@@ -281,7 +281,7 @@ def score(
     pp_p2p_bound = _pp_p2p_bound(x, cands, block, stage, bubble_bound, pp_p2p, hop)
     optimizer_s = K.optimizer_step_seconds(x, params_rank)
     acts = M.activation_bytes(x)
-    host_room = O.host_room_bytes(x, params_rank.total)
+    host_room = M.host_room_bytes(x, params_rank.total)
     volume = (
         x.m
         * np.maximum(

@@ -30,7 +30,7 @@ CASES = [
 
 @pytest.mark.parametrize("model", ["llama3-8b", "gpt2-medium"])
 def test_fsdp_mixed_precision_is_the_same_in_profile_and_estimate(model):
-    """ZeRO-3 under FSDP's mixed precision: eager modules on 16-bit weights (cost_models.step.activation_precision)
+    """ZeRO-3 under FSDP's mixed precision: eager modules on 16-bit weights (cost_models.activations.activation_precision)
     save less than with fp32 weights under autocast, in the profile and in estimate alike."""
     seq = 4096 if model.startswith("llama") else 1024
     cfg = ParallelConfig(
@@ -129,7 +129,7 @@ def test_run_options_reach_profile_estimate_and_partitioner_alike(
 ):
     """The options that change what a block saves (Megatron-Core's activation_func_fp8_input_store and
     recompute_modules, tensor and sequence parallelism) give the same bytes in all three readers: they all read
-    cost_models.activations.block_bytes_of / cost_models.step.block_table_of. Each option also changes the bytes
+    cost_models.activations.block_bytes_of / cost_models.activations.block_table_of. Each option also changes the bytes
     (else the case would not test that it is passed on)."""
     from planner.software import software_for
 

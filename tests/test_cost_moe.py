@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cost_models import compute as K
+from cost_models import experts as EX
 from cost_models import moe as MO
 from cost_models import params as P
 from cost_models.step import Step
@@ -229,7 +230,7 @@ def test_expert_gemm_flops_per_rank_do_not_depend_on_the_expert_layout(ep, etp, 
         placement="PDET" if ep > 1 else "PDT",
     )
     x = step(QWEN, cfg)
-    flops = sum(float(np.asarray(g.flops).reshape(-1)[0]) for g in MO.expert_gemm_shapes(x))
+    flops = sum(float(np.asarray(g.flops).reshape(-1)[0]) for g in EX.expert_gemm_shapes(x))
     expected = (
         2 * 3 * 4096 / tp * QWEN.moe.top_k * QWEN.moe.expert_ffn * QWEN.hidden
     )  # gated: W1, W3, W2
@@ -243,11 +244,11 @@ def test_imbalance_slows_the_busiest_rank_only_with_expert_parallelism():
     )  # noqa: E731
     assert t(1.5) > t(1.2) > t(1.0)
     x1, x2 = step(QWEN, cfg), step(QWEN, cfg, moe_imbalance=2.0)
-    assert float(MO.expert_rows(x2)[0]) == pytest.approx(2 * float(MO.expert_rows(x1)[0]))
+    assert float(EX.expert_rows(x2)[0]) == pytest.approx(2 * float(EX.expert_rows(x1)[0]))
     assert float(MO.exchange_seconds(x2, 2.0)[0]) > 1.9 * float(MO.exchange_seconds(x1, 2.0)[0])
     one = ParallelConfig(dp=256, tp=1, pp=1, ep=1, global_batch=256, seq=4096, placement="PDT")
-    assert float(MO.expert_rows(step(QWEN, one, moe_imbalance=2.0))[0]) == float(
-        MO.expert_rows(step(QWEN, one))[0]
+    assert float(EX.expert_rows(step(QWEN, one, moe_imbalance=2.0))[0]) == float(
+        EX.expert_rows(step(QWEN, one))[0]
     )
 
 

@@ -55,7 +55,7 @@ def stage_problem(model, cfg: ParallelConfig, software=None):
         + (ob / (dp if cfg.zero >= 1 else 1))
     )
     block_static = P.block_params(model) / tp * shard
-    from cost_models.step import activation_precision
+    from cost_models.activations import activation_precision
 
     act = dict(
         precision=activation_precision(sw, cfg.precision, cfg.zero), tp=tp, sp=cfg.sequence_parallel
