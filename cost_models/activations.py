@@ -40,35 +40,16 @@ def kept_per_token(table: B.BlockTable, per_token, sac=None):
     return none, selective, per_token(table.saved_full_recompute)
 
 
-def _kept(table, sac, b, s, tp, sp, recompute):
+def block_bytes(table: B.BlockTable, b, s, *, tp=1, sp=False, recompute: str = "none", sac=None):
+    """Saved bytes of one block of `table` (cost_models.blocks.block_table): everything (none),
+    without the attention scores' core (selective; with `sac`, an operator set such as torchtitan's,
+    cost_models.blocks.op_sac), or only the block input (full); replicated terms / (tp with SP),
+    sharded / tp. Arrays broadcast. For a run's software (its options change the table) use
+    `block_bytes_of`."""
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, not {recompute!r}")
     kept = kept_per_token(table, lambda terms: _per_token(terms, tp, sp, s), sac)
     return kept[RECOMPUTE_MODES.index(recompute)] * b * s
-
-
-def block_bytes(
-    spec: TransformerSpec,
-    b,
-    s,
-    *,
-    precision: str = "amp-bf16",
-    kernels: str = "fused",
-    flash: bool = True,
-    dropout: bool = False,
-    tp=1,
-    sp=False,
-    recompute: str = "none",
-    selective: str = "attention",
-):
-    """One block of a stack's `kernels` with no run options: everything (none), without the attention scores'
-    core (selective; with `selective='op'` torchtitan's per-operator set, cost_models.blocks.op_sac), or only
-    the block input (full); replicated terms / (tp with SP), sharded / tp. Arrays broadcast. For a run's
-    software (its options change the table) use `block_bytes_of`."""
-    table = B.block_table(spec, precision, kernels, flash=flash, dropout=dropout)
-    dense = spec.moe is None and spec.mla is None
-    sac = B.op_sac(spec, precision, kernels) if selective == "op" and dense else None
-    return _kept(table, sac, b, s, tp, sp, recompute)
 
 
 def activation_precision(sw, precision: str, zero: int) -> str:
@@ -152,14 +133,14 @@ def block_bytes_of(
     input, FSDP's 16-bit modules from ZeRO 2 on; selective_policy: per-operator or by-module
     selective recomputation), so `planner profile`, the stage partitioner and `planner estimate` agree for
     every run option (tests/test_activation_owner.py)."""
-    return _kept(
+    return block_bytes(
         block_table_of(sw, spec, precision, zero),
-        selective_policy(sw, spec, precision),
         b,
         s,
-        tp,
-        sp,
-        recompute,
+        tp=tp,
+        sp=sp,
+        recompute=recompute,
+        sac=selective_policy(sw, spec, precision),
     )
 
 

@@ -25,6 +25,8 @@ threads), which the caching allocator counts.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from cost_models import blocks as B
@@ -57,38 +59,52 @@ def grads_persist(policy: str, num_microbatches):
     return np.ones_like(m, dtype=bool) if policy == "always" else m > 1
 
 
-def peak_bytes(
-    *,
-    params,
-    grads,
-    optimizer,
-    grads_present,
-    cache_fwd,
-    cache_bwd,
-    activations,
-    logits_fwd_end,
-    logits_peak,
-    last_grad_transient,
-    recompute_transient,
-    workspace,
-):
-    """Largest of the three moments; returns (peak, activations term, other term) of that moment."""
-    states = params + optimizer
-    g_fwd = np.where(grads_present, grads, 0.0)
-    fwd_end = states + g_fwd + cache_fwd + activations + logits_fwd_end + workspace
-    bwd_start = (
-        states
-        + g_fwd
-        + cache_bwd
-        + activations
-        + np.maximum(logits_peak, recompute_transient)
-        + workspace
-    )
-    bwd_end = states + grads + last_grad_transient + workspace
-    peak = np.maximum(np.maximum(fwd_end, bwd_start), bwd_end)
-    acts = np.where(peak == bwd_end, 0.0, activations)
-    other = peak - states - np.where(peak == bwd_end, grads, g_fwd) - acts
-    return peak, acts, other
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResidentBytes:
+    """What one rank holds at the step's three high-water moments (end of the forward, start of the
+    backward, end of the backward), each field an array over candidates."""
+
+    params: np.ndarray
+    grads: np.ndarray
+    optimizer: np.ndarray
+    grads_present: np.ndarray
+    """Whether gradients exist during the forward (grads_persist)."""
+    cache_fwd: np.ndarray
+    """autocast's 16-bit weight casts held through the forward."""
+    cache_bwd: np.ndarray
+    activations: np.ndarray
+    logits_fwd_end: np.ndarray
+    logits_peak: np.ndarray
+    last_grad_transient: np.ndarray
+    recompute_transient: np.ndarray
+    workspace: float
+
+    def peak(self):
+        """Largest of the three moments; returns (peak, activations term, other term) of that
+        moment."""
+        states = self.params + self.optimizer
+        g_fwd = np.where(self.grads_present, self.grads, 0.0)
+        fwd_end = (
+            states
+            + g_fwd
+            + self.cache_fwd
+            + self.activations
+            + self.logits_fwd_end
+            + self.workspace
+        )
+        bwd_start = (
+            states
+            + g_fwd
+            + self.cache_bwd
+            + self.activations
+            + np.maximum(self.logits_peak, self.recompute_transient)
+            + self.workspace
+        )
+        bwd_end = states + self.grads + self.last_grad_transient + self.workspace
+        peak = np.maximum(np.maximum(fwd_end, bwd_start), bwd_end)
+        acts = np.where(peak == bwd_end, 0.0, self.activations)
+        other = peak - states - np.where(peak == bwd_end, self.grads, g_fwd) - acts
+        return peak, acts, other
 
 
 def cuda_context_bytes(hw) -> float:
@@ -97,8 +113,6 @@ def cuda_context_bytes(hw) -> float:
 
 
 # ------------------------------------------------------------------------ step terms (cost_models.step)
-
-from dataclasses import dataclass  # noqa: E402
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -275,7 +289,7 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     cache_head = np.where(is_last, head_w, 0.0) * 2.0 * cache
     cache_all = (n_blocks * MO.block_weights_on_rank(x)) * 2.0 * cache + cache_head
     tied_grad = head_w * 4.0 if x.c == 2 and x.precision != "bf16" else head_w * gb * 2.0
-    peak, acts_b, other = peak_bytes(
+    peak, acts_b, other = ResidentBytes(
         params=params_b,
         grads=grads_b + buckets,
         optimizer=opt_b,
@@ -293,7 +307,7 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
         last_grad_transient=np.where(is_first & spec.tied_embeddings, tied_grad, 0.0),
         recompute_transient=np.where(x.full, acts.block_no_recompute, 0.0),
         workspace=efficiency(x.hw, "framework_workspace_bytes"),
-    )
+    ).peak()
     return RankMemory(
         peak=peak,
         params=params_b,

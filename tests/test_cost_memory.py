@@ -271,8 +271,9 @@ def test_partial_activation_offload_sits_between_none_and_all_and_grows_with_the
     # Transformer Engine's offload handler reloads one group ahead at the start of the backward, while the rank
     # still holds its n - N kept blocks: n - N + 1 blocks (the embedding's and head's share offloads with them)
     from cost_models.activations import block_bytes
+    from cost_models.blocks import block_table
 
-    block = float(block_bytes(spec, 1, 8192, precision="amp-bf16", kernels="fused"))
+    block = float(block_bytes(block_table(spec, "amp-bf16", "fused"), 1, 8192))
     ends = none.memory()["activations_bytes"] - 32 * block
     assert parts[2].memory()["activations_bytes"] == pytest.approx(
         (32 - 28 + 1) * block + ends * 4 / 32, rel=1e-9

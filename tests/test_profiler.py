@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cost_models import activations as A
+from cost_models import blocks as B
 from cost_models import flops as F
 from cost_models import params as P
 from planner import catalog
@@ -43,29 +44,29 @@ def test_korthikanti_table2_per_layer_activations():
     sbh(34)/t with SP, full 2sbh."""
     s, b, h, a = GPT3.seq, 1, GPT3.hidden, GPT3.heads
     sbh = s * b * h
-    kw = dict(precision="amp-fp16", kernels="fused", flash=False, dropout=True)
-    assert A.block_bytes(GPT3, b, s, **kw) == pytest.approx(sbh * (34 + 5 * a * s / h))
+    table = B.block_table(GPT3, "amp-fp16", "fused", flash=False, dropout=True)
+    assert A.block_bytes(table, b, s) == pytest.approx(sbh * (34 + 5 * a * s / h))
     for t in (2, 4, 8):
-        assert A.block_bytes(GPT3, b, s, tp=t, **kw) == pytest.approx(
+        assert A.block_bytes(table, b, s, tp=t) == pytest.approx(
             sbh * (10 + 24 / t + 5 * a * s / (h * t))
         )
-        assert A.block_bytes(GPT3, b, s, tp=t, sp=True, **kw) == pytest.approx(
+        assert A.block_bytes(table, b, s, tp=t, sp=True) == pytest.approx(
             sbh / t * (34 + 5 * a * s / h)
         )
-        assert A.block_bytes(
-            GPT3, b, s, tp=t, sp=True, recompute="selective", **kw
-        ) == pytest.approx(sbh / t * 34)
-    assert A.block_bytes(GPT3, b, s, recompute="full", **kw) == 2 * sbh
+        assert A.block_bytes(table, b, s, tp=t, sp=True, recompute="selective") == pytest.approx(
+            sbh / t * 34
+        )
+    assert A.block_bytes(table, b, s, recompute="full") == 2 * sbh
 
 
 def test_torch_kernels_add_norm_statistics_and_flash_keeps_only_the_logsumexp():
     """Plain PyTorch modules (torch kernels, bf16): Korthikanti's 34 sbh less the two dropout masks, plus the
     LayerNorm statistics (2 x fp32 per token per norm); flash keeps the fp32 log-sum-exp per head, which
     selective recomputation drops."""
-    kw = dict(precision="bf16", kernels="torch")
+    table = B.block_table(GPT3, "bf16", "torch")
     s, h, a = GPT3.seq, GPT3.hidden, GPT3.heads
-    none = A.block_bytes(GPT3, 1, s, **kw)
-    selective = A.block_bytes(GPT3, 1, s, recompute="selective", **kw)
+    none = A.block_bytes(table, 1, s)
+    selective = A.block_bytes(table, 1, s, recompute="selective")
     assert none - selective == s * a * 4
     assert none == 32 * s * h + 16 * s + 4 * s * a
 
@@ -75,9 +76,10 @@ def test_cost_functions_accept_numpy_arrays_of_candidates():
     tp = np.array([1, 2, 4, 8])
     sp = np.array([False, True, True, False])
     s = 2048
-    vec = A.block_bytes(GPT3, b, s, tp=tp, sp=sp, recompute="selective")
+    table = B.block_table(GPT3, "amp-bf16", "fused")
+    vec = A.block_bytes(table, b, s, tp=tp, sp=sp, recompute="selective")
     scalar = [
-        A.block_bytes(GPT3, int(bi), s, tp=int(ti), sp=bool(si), recompute="selective")
+        A.block_bytes(table, int(bi), s, tp=int(ti), sp=bool(si), recompute="selective")
         for bi, ti, si in zip(b, tp, sp)
     ]
     np.testing.assert_allclose(vec, scalar)
@@ -85,7 +87,7 @@ def test_cost_functions_accept_numpy_arrays_of_candidates():
         F.block_flops_fwd(GPT3, b, s), [F.block_flops_fwd(GPT3, int(x), s) for x in b]
     )
     np.testing.assert_allclose(
-        A.block_bytes(GPT3, b, s, tp=tp, recompute="full"), b * s * GPT3.hidden * 2
+        A.block_bytes(table, b, s, tp=tp, recompute="full"), b * s * GPT3.hidden * 2
     )
     seqs = np.array([512, 1024, 2048])
     np.testing.assert_allclose(F.attention_core_flops_fwd(GPT3, 1, seqs), 4 * seqs**2 * GPT3.hidden)

@@ -702,7 +702,7 @@ def _stacks_with(has: Callable[[Any], bool]) -> str:
 def sequence_bytes(doc: Mapping[str, Any]) -> int:
     """Bytes of the peak that grow with the tokens a GPU holds: activations plus working buffers
     (logits, the recomputation working set, workspaces) = peak - parameters - gradients - optimizer
-    states (the plan document's memory terms, cost_models.memory.peak_bytes)."""
+    states (the plan document's memory terms, cost_models.memory.ResidentBytes.peak)."""
     mem = doc["prediction"]["memory"]
     return int(mem["activations_bytes"]) + int(mem["other_bytes"])
 
