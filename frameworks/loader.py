@@ -8,6 +8,7 @@ file's `sources` object.
 from __future__ import annotations
 
 import math
+from dataclasses import MISSING, Field, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, NoReturn
@@ -24,13 +25,8 @@ from frameworks.profile import (
 from planner.errors import ConfigError
 from planner.io import read_json
 from planner.parallel import (
-    CP_COMMS,
     FRAMEWORKS,
-    OFFLOAD,
     PRECISIONS,
-    RECOMPUTE,
-    SCHEDULES,
-    check_placement,
 )
 
 FRAMEWORK_DIR = Path(__file__).resolve().parent
@@ -93,37 +89,6 @@ _SOURCED = (
     "capabilities",
 )
 _STATE_KEYS = ("param", "grad", "master", "state", "reduce", "gather")
-_CAPS = {
-    "precisions": list,
-    "schedules": list,
-    "max_virtual_stages": int,
-    "zero": list,
-    "zero_with_pp": list,
-    "tp": bool,
-    "sequence_parallel": str,
-    "cp_comm": list,
-    "ep": bool,
-    "expert_tp": bool,
-    "hsdp": bool,
-    "offload": list,
-    "recompute": list,
-    "placements": list,
-    "activation_offload": str,
-    "cp_with_sequence_parallel": bool,
-    "master_remainders": bool,
-    "recompute_modules": bool,
-    "recompute_layers": bool,
-    "bf16_optimizer": bool,
-    "activation_fp8_input": bool,
-    "mtp_with_pp_or_cp": bool,
-    "moe_model_types": (list, type(None)),
-    "optimizer_offload_min_zero": int,
-    "moe_dispatchers": list,
-    "moe_a2a_overlap": bool,
-    "moe_fp8_dispatch": bool,
-    "tp_comm_overlap": bool,
-    "uneven_stages": bool,
-}
 
 
 def available_frameworks() -> list[str]:
@@ -298,91 +263,51 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
     )
 
 
+_JSON_KINDS = {"bool": bool, "int": int, "str": str}
+
+
+def _is(value, kind: type) -> bool:
+    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+
+
+def _capability(origin: str, declared: Field, value: Any):
+    """One capabilities key checked against its declaration (frameworks.profile.capability): its JSON
+    type, its vocabulary, its rule; returns the value as Capabilities holds it (lists as tuples)."""
+    key = f"capabilities.{declared.name}"
+    nullable = declared.type.endswith(" | None")
+    kind = declared.type.removesuffix(" | None")
+    if value is None and nullable:
+        return None
+    if kind.startswith("tuple["):
+        item = _JSON_KINDS[kind.removeprefix("tuple[").split(",")[0]]
+        if not isinstance(value, list) or not all(_is(v, item) for v in value):
+            _fail(origin, key, value, "a list" + (" or null" if nullable else ""))
+    elif not _is(value, _JSON_KINDS[kind]):
+        _fail(origin, key, value, f"a {kind}")
+    rule = declared.metadata
+    if rule["vocab"] is not None:
+        bad = [v for v in (value if isinstance(value, list) else [value]) if v not in rule["vocab"]]
+        if bad:
+            _fail(origin, key, bad[0], "values among " + ", ".join(map(str, rule["vocab"])))
+    if rule["check"] is not None and not rule["check"](value):
+        _fail(origin, key, value, rule["allowed"])
+    return tuple(value) if isinstance(value, list) else value
+
+
 def _capabilities(block: dict, origin: str) -> Capabilities:
+    declared = {f.name: f for f in fields(Capabilities)}
     for key in block:
-        if key not in _CAPS:
-            _fail(origin, f"capabilities.{key}", block[key], "known keys: " + ", ".join(_CAPS))
-    for key, kind in _CAPS.items():
-        if key not in block:
+        if key not in declared:
+            _fail(origin, f"capabilities.{key}", block[key], "known keys: " + ", ".join(declared))
+    values = {}
+    for name, spec in declared.items():
+        if name in block:
+            values[name] = _capability(origin, spec, block[name])
+        elif spec.default is MISSING:
             raise ConfigError(
-                key,
+                name,
                 None,
                 "present",
-                message=f"framework profile {origin}: missing required key 'capabilities.{key}'",
+                message=f"framework profile {origin}: missing required key 'capabilities.{name}'",
             )
-        if not isinstance(block[key], kind) or (kind is int and isinstance(block[key], bool)):
-            _fail(
-                origin,
-                f"capabilities.{key}",
-                block[key],
-                "a list or null" if isinstance(kind, tuple) else f"a {kind.__name__}",
-            )
-    vocab = {
-        "precisions": PRECISIONS,
-        "schedules": SCHEDULES,
-        "zero": (0, 1, 2, 3),
-        "zero_with_pp": (0, 1, 2, 3),
-        "cp_comm": CP_COMMS,
-        "offload": OFFLOAD,
-        "recompute": RECOMPUTE,
-        "moe_dispatchers": MOE_DISPATCHERS,
-    }
-    for key, allowed in vocab.items():
-        bad = [v for v in block[key] if v not in allowed]
-        if bad:
-            _fail(
-                origin,
-                f"capabilities.{key}",
-                bad[0],
-                "values among " + ", ".join(map(str, allowed)),
-            )
-    if block["sequence_parallel"] not in ("optional", "always", "never"):
-        _fail(
-            origin,
-            "capabilities.sequence_parallel",
-            block["sequence_parallel"],
-            "optional, always or never",
-        )
-    for placement in block["placements"]:
-        try:
-            check_placement(placement)
-        except ConfigError:
-            _fail(
-                origin,
-                "capabilities.placements",
-                placement,
-                "placement strings over D, P, T (C, E optional)",
-            )
-    if block["activation_offload"] not in ("any", "without_pp_or_recompute"):
-        _fail(
-            origin,
-            "capabilities.activation_offload",
-            block["activation_offload"],
-            "any or without_pp_or_recompute",
-        )
-    if block["moe_model_types"] is not None and not all(
-        isinstance(t, str) and t for t in block["moe_model_types"]
-    ):
-        _fail(
-            origin,
-            "capabilities.moe_model_types",
-            block["moe_model_types"],
-            "a list of model_type names or null",
-        )
-    if block["optimizer_offload_min_zero"] not in (0, 1, 2, 3):
-        _fail(
-            origin,
-            "capabilities.optimizer_offload_min_zero",
-            block["optimizer_offload_min_zero"],
-            "a ZeRO stage 0-3",
-        )
-    if "alltoall" not in block["moe_dispatchers"]:
-        _fail(
-            origin,
-            "capabilities.moe_dispatchers",
-            block["moe_dispatchers"],
-            "a list that includes alltoall",
-        )
-    if not (1 <= block["max_virtual_stages"] <= 64):
-        _fail(origin, "capabilities.max_virtual_stages", block["max_virtual_stages"], "1 to 64")
-    return Capabilities(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in block.items()})
+    return Capabilities(**values)

@@ -4,8 +4,11 @@ frameworks/<name>.json and validates every key."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Mapping
+
+from planner.errors import ConfigError
+from planner.parallel import CP_COMMS, OFFLOAD, PRECISIONS, RECOMPUTE, SCHEDULES, check_placement
 
 KERNELS = ("fused", "eager", "torch")
 """Block implementations of cost_models.blocks: fused (Megatron / Transformer Engine kernels), eager
@@ -52,80 +55,197 @@ class StateBytes:
     """Bytes per element of ZeRO-3/FSDP parameter all-gathers (param_dtype)."""
 
 
+def _placements_ok(placements) -> bool:
+    try:
+        for placement in placements:
+            check_placement(placement)
+    except ConfigError:
+        return False
+    return True
+
+
+def capability(default=MISSING, *, means: str, vocab=None, check=None, allowed: str = ""):
+    """One key of a profile's `capabilities` block, declared once: the field's annotation is its JSON
+    type (a tuple is a JSON list), `default` makes it optional, `vocab` lists the values it (or each of
+    its items) may take, `check` is any further rule (`allowed` says it in words), `means` documents
+    it. frameworks/loader.py validates every key from these declarations and
+    `capability_reference` renders them for docs/framework-profiles.md."""
+    metadata = {"means": means, "vocab": vocab, "check": check, "allowed": allowed}
+    if default is MISSING:
+        return field(metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Capabilities:
-    """What the stack can run (the search only proposes these; estimate refuses the rest by name)."""
+    """What the stack can run (the search only proposes these; estimate refuses the rest by name).
+    Keys without a default are required in every profile; the others take the default shown."""
 
-    precisions: tuple[str, ...]
-    schedules: tuple[str, ...]
-    """Pipeline schedules; empty means no pipeline parallelism (pp must be 1)."""
-    max_virtual_stages: int
-    zero: tuple[int, ...]
-    zero_with_pp: tuple[int, ...]
-    """ZeRO stages allowed together with pp > 1."""
-    tp: bool
-    sequence_parallel: str
-    """'optional', 'always' (with tp > 1) or 'never'."""
-    cp_comm: tuple[str, ...]
-    """Context-parallel KV exchanges it implements; empty means no context parallelism."""
-    ep: bool
-    expert_tp: bool
-    hsdp: bool
-    """Shard groups smaller than dp (dp_shard)."""
-    offload: tuple[str, ...]
-    recompute: tuple[str, ...]
-    placements: tuple[str, ...]
-    """Rank orders the stack builds (D, P, T; C and E inserted where used); empty means any."""
-    activation_offload: str = "any"
-    """'any', or 'without_pp_or_recompute' where activation offload excludes pipelining and recomputation
-    (Megatron-Core's cpu_offloading asserts both)."""
-    cp_with_sequence_parallel: bool = True
-    """Whether context parallelism combines with tensor-parallel sequence parallelism (Megatron-DeepSpeed
-    refuses DeepSpeed-Ulysses together with --sequence-parallel)."""
-    master_remainders: bool = False
-    """Whether the optimizer can keep the fp32 master weights as the 16 low bits beside bf16 parameters
-    (Apex DistributedFusedAdam / Transformer Engine FusedAdam store_param_remainders; MASTER_WEIGHTS)."""
-    moe_model_types: tuple[str, ...] | None = None
-    """Mixture-of-experts architectures (Hugging Face model_type) the stack builds; None: any (Megatron-Core,
-    DeepSpeed-MoE and Hugging Face modules take the shape from arguments or the config)."""
-    mtp_with_pp_or_cp: bool = True
-    """Whether multi-token-prediction modules (DeepSeek-V3's MTP, TransformerSpec.mtp_modules) run with pipeline
-    or context parallelism (torchtitan 0.3.0's MTPDecoder refuses both)."""
-    activation_fp8_input: bool = False
-    """Whether the stack can store the SwiGLU activation's input in FP8 for the backward (Megatron-Core's
-    activation_func_fp8_input_store; cost_models.step.Software.activation_fp8_input)."""
-    bf16_optimizer: bool = False
-    """Whether the stack has DeepSpeed's BF16_Optimizer (bf16 with ZeRO 0-1 and fp32 gradient accumulation;
-    cost_models.step.Software.bf16_optimizer)."""
-    optimizer_offload_min_zero: int = 0
-    """Lowest ZeRO stage with which the stack offloads the optimizer (DeepSpeed's offload_optimizer needs ZeRO >= 1,
-    FSDP's CPU offload a sharded model; Megatron turns its distributed optimizer on itself)."""
-    recompute_layers: bool = False
-    """Whether full recomputation can re-run only some blocks of each pipeline chunk (ParallelConfig.recompute_layers:
-    Megatron-Core's --recompute-method block --recompute-num-layers; torch's checkpoint_wrapper on chosen blocks)."""
-    moe_dispatchers: tuple[str, ...] = ("alltoall",)
-    """Token dispatchers the stack runs with expert parallelism (MOE_DISPATCHERS): every stack has an all-to-all
-    one; DeepEP where the stack integrates it (Megatron-Core's flex dispatcher, torchtitan's DeepEPTokenDispatcher)."""
-    moe_a2a_overlap: bool = False
-    """Whether the stack can hide the expert-parallel dispatch and combine under other micro-batches' computation
-    (Megatron-Core's --overlap-moe-expert-parallel-comm, on the plans frameworks.rules.a2a_overlap_conflict allows;
-    cost_models.moe)."""
-    moe_fp8_dispatch: bool = False
-    """Whether the stack can dispatch tokens to the experts in FP8 (DeepSeek-V3's own kernels; none of the four
-    stacks exposes it)."""
-    uneven_stages: bool = True
-    """Whether the search may propose an uneven split of the blocks over the pipeline stages
-    (ParallelConfig.stages); false where the exported job places blocks only by an even split
-    (DeepSpeed 0.19.8's PipelineModule partitions by its `partition_method`, whose 'type:<block class>'
-    split is the even one: planner.partition.even_split). estimate still costs any split given
-    (published runs used other partitioners); export refuses what the target cannot place
-    (planner.exports.limits)."""
-    tp_comm_overlap: bool = False
-    """Whether the stack can overlap tensor-parallel collectives with the GEMMs (Megatron-Core's userbuffers,
-    torchtitan's async TP; cost_models.comm.tp_exposed_seconds)."""
-    recompute_modules: bool = False
-    """Whether selective recomputation can name the modules it re-runs (Megatron-Core's --recompute-modules:
-    core_attn, layernorm, mlp, moe, moe_act, shared_experts, mla_up_proj; cost_models.blocks.module_sac)."""
+    precisions: tuple[str, ...] = capability(means="Precisions it trains in.", vocab=PRECISIONS)
+    schedules: tuple[str, ...] = capability(
+        means="Pipeline schedules; empty means no pipeline parallelism (pp must be 1).",
+        vocab=SCHEDULES,
+    )
+    max_virtual_stages: int = capability(
+        means="Most virtual pipeline stages per rank (interleaved schedules).",
+        check=lambda v: 1 <= v <= 64,
+        allowed="1 to 64",
+    )
+    zero: tuple[int, ...] = capability(means="ZeRO stages it shards with.", vocab=ZERO_STAGES)
+    zero_with_pp: tuple[int, ...] = capability(
+        means="ZeRO stages allowed together with pp > 1.", vocab=ZERO_STAGES
+    )
+    tp: bool = capability(means="Whether it runs tensor parallelism.")
+    sequence_parallel: str = capability(
+        means="Tensor-parallel sequence parallelism: 'optional', 'always' (with tp > 1) or 'never'.",
+        vocab=("optional", "always", "never"),
+    )
+    cp_comm: tuple[str, ...] = capability(
+        means="Context-parallel KV exchanges it implements; empty means no context parallelism.",
+        vocab=CP_COMMS,
+    )
+    ep: bool = capability(means="Whether it runs expert parallelism.")
+    expert_tp: bool = capability(
+        means="Whether experts take a tensor-parallel degree of their own (expert_tp)."
+    )
+    hsdp: bool = capability(means="Shard groups smaller than dp (dp_shard).")
+    offload: tuple[str, ...] = capability(means="What it offloads to the host.", vocab=OFFLOAD)
+    recompute: tuple[str, ...] = capability(means="Recomputation modes.", vocab=RECOMPUTE)
+    placements: tuple[str, ...] = capability(
+        means="Rank orders the stack builds (D, P, T; C and E inserted where used); empty means any.",
+        check=_placements_ok,
+        allowed="placement strings over D, P, T (C, E optional)",
+    )
+    activation_offload: str = capability(
+        "any",
+        means=(
+            "'any', or 'without_pp_or_recompute' where activation offload excludes pipelining and "
+            "recomputation (Megatron-Core's cpu_offloading asserts both)."
+        ),
+        vocab=("any", "without_pp_or_recompute"),
+    )
+    cp_with_sequence_parallel: bool = capability(
+        True,
+        means=(
+            "Whether context parallelism combines with tensor-parallel sequence parallelism "
+            "(Megatron-DeepSpeed refuses DeepSpeed-Ulysses together with --sequence-parallel)."
+        ),
+    )
+    master_remainders: bool = capability(
+        False,
+        means=(
+            "Whether the optimizer can keep the fp32 master weights as the 16 low bits beside bf16 "
+            "parameters (Apex DistributedFusedAdam / Transformer Engine FusedAdam "
+            "store_param_remainders; MASTER_WEIGHTS)."
+        ),
+    )
+    moe_model_types: tuple[str, ...] | None = capability(
+        None,
+        means=(
+            "Mixture-of-experts architectures (Hugging Face model_type) the stack builds; None: any "
+            "(Megatron-Core, DeepSpeed-MoE and Hugging Face modules take the shape from arguments "
+            "or the config)."
+        ),
+        check=lambda v: v is None or all(isinstance(t, str) and t for t in v),
+        allowed="a list of model_type names or null",
+    )
+    mtp_with_pp_or_cp: bool = capability(
+        True,
+        means=(
+            "Whether multi-token-prediction modules (DeepSeek-V3's MTP, "
+            "TransformerSpec.mtp_modules) run with pipeline or context parallelism (torchtitan "
+            "0.3.0's MTPDecoder refuses both)."
+        ),
+    )
+    activation_fp8_input: bool = capability(
+        False,
+        means=(
+            "Whether the stack can store the SwiGLU activation's input in FP8 for the backward "
+            "(Megatron-Core's activation_func_fp8_input_store; "
+            "cost_models.step.Software.activation_fp8_input)."
+        ),
+    )
+    bf16_optimizer: bool = capability(
+        False,
+        means=(
+            "Whether the stack has DeepSpeed's BF16_Optimizer (bf16 with ZeRO 0-1 and fp32 gradient "
+            "accumulation; cost_models.step.Software.bf16_optimizer)."
+        ),
+    )
+    optimizer_offload_min_zero: int = capability(
+        0,
+        means=(
+            "Lowest ZeRO stage with which the stack offloads the optimizer (DeepSpeed's "
+            "offload_optimizer needs ZeRO >= 1, FSDP's CPU offload a sharded model; Megatron turns "
+            "its distributed optimizer on itself)."
+        ),
+        check=lambda v: v in ZERO_STAGES,
+        allowed="a ZeRO stage 0-3",
+    )
+    recompute_layers: bool = capability(
+        False,
+        means=(
+            "Whether full recomputation can re-run only some blocks of each pipeline chunk "
+            "(ParallelConfig.recompute_layers: Megatron-Core's --recompute-method block "
+            "--recompute-num-layers; torch's checkpoint_wrapper on chosen blocks)."
+        ),
+    )
+    moe_dispatchers: tuple[str, ...] = capability(
+        ("alltoall",),
+        means=(
+            "Token dispatchers the stack runs with expert parallelism (MOE_DISPATCHERS): every "
+            "stack has an all-to-all one; DeepEP where the stack integrates it (Megatron-Core's "
+            "flex dispatcher, torchtitan's DeepEPTokenDispatcher)."
+        ),
+        vocab=MOE_DISPATCHERS,
+        check=lambda v: "alltoall" in v,
+        allowed="a list that includes alltoall",
+    )
+    moe_a2a_overlap: bool = capability(
+        False,
+        means=(
+            "Whether the stack can hide the expert-parallel dispatch and combine under other "
+            "micro-batches' computation (Megatron-Core's --overlap-moe-expert-parallel-comm, on the "
+            "plans frameworks.rules.a2a_overlap_conflict allows; cost_models.moe)."
+        ),
+    )
+    moe_fp8_dispatch: bool = capability(
+        False,
+        means=(
+            "Whether the stack can dispatch tokens to the experts in FP8 (DeepSeek-V3's own "
+            "kernels; none of the four stacks exposes it)."
+        ),
+    )
+    uneven_stages: bool = capability(
+        True,
+        means=(
+            "Whether the search may propose an uneven split of the blocks over the pipeline stages "
+            "(ParallelConfig.stages); false where the exported job places blocks only by an even "
+            "split (DeepSpeed 0.19.8's PipelineModule partitions by its `partition_method`, whose "
+            "'type:<block class>' split is the even one: planner.partition.even_split). estimate "
+            "still costs any split given (published runs used other partitioners); export refuses "
+            "what the target cannot place (planner.exports.limits)."
+        ),
+    )
+    tp_comm_overlap: bool = capability(
+        False,
+        means=(
+            "Whether the stack can overlap tensor-parallel collectives with the GEMMs "
+            "(Megatron-Core's userbuffers, torchtitan's async TP; "
+            "cost_models.comm.tp_exposed_seconds)."
+        ),
+    )
+    recompute_modules: bool = capability(
+        False,
+        means=(
+            "Whether selective recomputation can name the modules it re-runs (Megatron-Core's "
+            "--recompute-modules: core_attn, layernorm, mlp, moe, moe_act, shared_experts, "
+            "mla_up_proj; cost_models.blocks.module_sac)."
+        ),
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -224,3 +344,26 @@ class FrameworkProfile:
         n_states = 2.0 if optimizer == "adamw" else 1.0
         master = s.master if master_bytes is None else master_bytes
         return s.param, s.grad if grad_bytes is None else grad_bytes, master + n_states * s.state
+
+
+def capability_reference() -> str:
+    """The `capabilities` keys as a Markdown table, rendered from their declarations
+    (docs/framework-profiles.md holds it; tests/test_frameworks.py keeps the two equal)."""
+    rows = ["| key | JSON type | default | allowed | meaning |", "|---|---|---|---|---|"]
+    for declared in fields(Capabilities):
+        rule = declared.metadata
+        kind = declared.type.replace("tuple[", "list[").replace(", ...]", "]")
+        default = "required" if declared.default is MISSING else _json_text(declared.default)
+        allowed = ", ".join(map(str, rule["vocab"] or ())) or rule["allowed"] or "any"
+        rows.append(f"| `{declared.name}` | {kind} | {default} | {allowed} | {rule['means']} |")
+    return "\n".join(rows)
+
+
+def _json_text(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return "[" + ", ".join(f'"{v}"' for v in value) + "]"
+    return str(value)

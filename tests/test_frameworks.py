@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from frameworks import (
     load_framework,
 )
 from frameworks.loader import framework_from_dict
+from frameworks.profile import Capabilities, capability_reference
 from frameworks.rules import violations
 from planner.errors import ConfigError
 from planner.estimate import estimate
@@ -75,6 +76,18 @@ def test_the_four_stacks_ship_and_load():
             "capabilities.moe_model_types",
         ),
         (lambda d: d["capabilities"].update(moe_model_types=[""]), "capabilities.moe_model_types"),
+        (lambda d: d["capabilities"].update(schedules=["1f1b", "2f2b"]), "capabilities.schedules"),
+        (lambda d: d["capabilities"].update(zero=[0, 1.5]), "capabilities.zero"),
+        (lambda d: d["capabilities"].update(placements=["DPX"]), "capabilities.placements"),
+        (
+            lambda d: d["capabilities"].update(moe_dispatchers=["deepep"]),
+            "capabilities.moe_dispatchers",
+        ),
+        (lambda d: d["capabilities"].update(tp=1), "capabilities.tp"),
+        (
+            lambda d: d["capabilities"].update(sequence_parallel="sometimes"),
+            "capabilities.sequence_parallel",
+        ),
     ],
 )
 def test_a_bad_profile_is_one_line_naming_the_key(mutate, key):
@@ -84,6 +97,30 @@ def test_a_bad_profile_is_one_line_naming_the_key(mutate, key):
         framework_from_dict(doc, origin="megatron.json")
     message = str(err.value)
     assert key in message and "\n" not in message
+
+
+def test_a_capability_left_out_takes_its_declared_default():
+    """Capabilities with a default are optional (frameworks.profile.capability): a profile without
+    them loads with the declared value; one without a required key is one line naming it."""
+    doc = copy.deepcopy(_doc("megatron"))
+    for key in ("tp_comm_overlap", "moe_dispatchers", "uneven_stages", "moe_model_types"):
+        doc["capabilities"].pop(key)
+    caps = framework_from_dict(doc, origin="megatron.json").capabilities
+    assert caps.tp_comm_overlap is False and caps.moe_dispatchers == ("alltoall",)
+    assert caps.uneven_stages is True and caps.moe_model_types is None
+    assert caps.precisions == tuple(_doc("megatron")["capabilities"]["precisions"])
+    doc["capabilities"].pop("precisions")
+    with pytest.raises(ConfigError, match="missing required key 'capabilities.precisions'"):
+        framework_from_dict(doc, origin="megatron.json")
+
+
+def test_the_capability_reference_in_the_docs_is_the_declarations():
+    """docs/framework-profiles.md's table is rendered from the declarations the loader validates."""
+    text = (DIR.parent / "docs" / "framework-profiles.md").read_text()
+    table = text.split("<!-- capabilities -->\n")[1].split("\n<!-- /capabilities -->")[0]
+    assert table == capability_reference(), "re-render the table: see docs/framework-profiles.md"
+    for declared in fields(Capabilities):
+        assert f"| `{declared.name}` |" in table
 
 
 def test_every_cost_value_has_a_source():
