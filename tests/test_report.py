@@ -482,3 +482,17 @@ def test_a_context_parallel_plan_shows_cp_in_every_plan_table_and_memory_in_gib(
     peak = doc["prediction"]["memory"]["peak_bytes_per_gpu"]
     assert f"peak {peak / 2**30:.2f} GiB" in md and " GB per GPU" not in md
     assert "the seed" not in md.lower() and "seed's" not in md.lower()
+
+
+def test_the_report_draws_the_chosen_plans_simulated_step(small_report):
+    """The chosen plan's step as the timeline simulates it (issue 32 item 4): the figure is there
+    and the data-parallel time its caption reads off the simulation (exposed after the compute plus
+    the slowdown of the compute the hidden part shares the GPU with) is the plan document's dp_comm
+    term."""
+    md = (small_report / "report.md").read_text()
+    assert "figures/simulated_step.png" in md
+    assert (small_report / "figures" / "simulated_step.png").stat().st_size > 1000
+    best = json.loads((small_report / "report.json").read_text())["best"]
+    exposed_ms = float(best["prediction"]["time_breakdown_s"]["dp_comm"]) * 1e3
+    shown = re.search(r"([0-9.e+-]+) ms of the step in all", md)
+    assert shown and float(shown.group(1)) == pytest.approx(exposed_ms, rel=1e-3, abs=1e-6)

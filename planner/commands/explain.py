@@ -65,11 +65,7 @@ def draw_timeline(document: dict, path: Path) -> None:
     from planner.report import backend, figures  # matplotlib: loaded when a figure is asked for
 
     step = backend.step_timeline(document)
-    p = document["plan"]
-    title = (
-        f"{document['model']['name']}: dp{p['dp']} tp{p['tp']} pp{p['pp']} cp{p.get('cp', 1)}, "
-        f"{p['schedule']}, {p['num_microbatches']} micro-batches, simulated {step.makespan_s:.4g} s"
-    )
+    title = backend.step_title(document, step)
     data = figures.step_timeline(step, title, fmt=path.suffix.lower().lstrip("."))
     write_bytes(path, data, "--timeline")
     typer.echo(f"wrote {path}", err=True)

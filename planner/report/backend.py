@@ -80,6 +80,15 @@ def step_timeline(doc: Mapping[str, Any]):
     return est.scores.timeline
 
 
+def step_title(doc: Mapping[str, Any], step) -> str:
+    """The title of a plan's simulated-step figure (explain --timeline and the report)."""
+    p = doc["plan"]
+    return (
+        f"{doc['model']['name']}: dp{p['dp']} tp{p['tp']} pp{p['pp']} cp{p.get('cp', 1)}, "
+        f"{p['schedule']}, {p['num_microbatches']} micro-batches, simulated {step.makespan_s:.4g} s"
+    )
+
+
 def batchnorm_count(model_arg: str) -> int:
     """BatchNorm modules (any torch.nn.modules.batchnorm._BatchNorm, SyncBatchNorm included) in the
     model: 0 for catalog and config.json transformers (LayerNorm/RMSNorm); a `package.module:factory`

@@ -414,7 +414,8 @@ def _timeline_section(model, hw, best, search, searched_best: bool) -> Section:
     figs = [
         _timeline_figure(
             model, best, "pipeline_timeline", "Pipeline timeline of the chosen schedule"
-        )
+        ),
+        _simulated_step_figure(best),
     ]
     paragraphs = ()
     if best["plan"]["pp"] == 1 and search.best_pipelined is not None:
@@ -437,6 +438,30 @@ def _timeline_section(model, hw, best, search, searched_best: bool) -> Section:
             f"{float(piped['prediction']['time_breakdown_s'].get('bubble', 0.0)):.4g} s (estimate).",
         )
     return Section(title="Pipeline timeline", paragraphs=paragraphs, figures=tuple(figs))
+
+
+def _simulated_step_figure(doc) -> Figure:
+    """The chosen plan's step as cost_models.timeline simulates it (explain --timeline draws the
+    same figure), with its exposed data-parallel communication read off the simulation."""
+    step = backend.step_timeline(doc)
+    last = max(step.ranks, key=lambda span: span.end_s)
+    slowed = last.end_s - last.compute_end_s - last.dp_exposed_s
+    caption = (
+        "The whole step as the timeline simulates it (cost_models.timeline): per pipeline rank a "
+        "compute lane (forwards F, backwards B, weight gradients W; gaps are the bubble) and a "
+        "data-parallel lane, its exposed part after the compute in red and its hidden part light. "
+        f"Data-parallel communication on the last rank to finish: {last.dp_total_s * 1e3:.4g} ms, "
+        f"{last.dp_exposed_s * 1e3:.4g} ms of it exposed after the compute, and the hidden part "
+        f"slows the compute it shares the GPU with by {slowed * 1e3:.4g} ms: "
+        f"{(last.dp_exposed_s + slowed) * 1e3:.4g} ms of the step in all; simulated step "
+        f"{step.makespan_s:.4g} s."
+    )
+    return Figure(
+        name="simulated_step",
+        title="The chosen plan's step, simulated",
+        caption=caption,
+        png=figures.step_timeline(step, backend.step_title(doc, step)),
+    )
 
 
 def _timeline_figure(model, doc, name: str, title: str) -> Figure:
