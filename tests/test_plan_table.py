@@ -41,6 +41,19 @@ def test_default_table_fits_100_columns_and_keeps_every_number(docs):
     assert "…" not in text
 
 
+def test_the_comm_column_is_each_plans_exposed_communication(docs):
+    """Issue 32 item 4: each row shows the communication its step waits for, the sum of the plan
+    document's tp, cp, ep, dp and pipeline-send terms (with --wide: the default table keeps to
+    100 columns)."""
+    lines = table_part(table_lines(docs, wide=True))
+    headers = re.split(r"\s{2,}", lines[0].strip())
+    at = headers.index("comm s")
+    for doc, row in zip(docs, lines[2:]):
+        terms = doc["prediction"]["time_breakdown_s"]
+        total = sum(terms[k] for k in ("tp_comm", "cp_comm", "ep_comm", "dp_comm", "pp_p2p"))
+        assert re.split(r"\s{2,}", row.strip())[at] == f"{total:.3f}"
+
+
 def test_legend_explains_every_header_shown(docs):
     lines = table_lines(docs)
     headers = re.split(r"\s{2,}", table_part(lines)[0].strip())
@@ -62,7 +75,7 @@ def test_a_terminal_narrower_than_the_table_drops_optional_columns_and_says_so(d
 
 def test_wide_adds_the_other_columns(docs):
     header = table_part(table_lines(docs, wide=True))[0]
-    for name in ("tokens/s", "SP", "stages", "goodput"):
+    for name in ("tokens/s", "SP", "stages", "goodput", "comm s"):
         assert name in header
     assert "tokens/s" not in table_part(table_lines(docs))[0]
 

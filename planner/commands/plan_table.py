@@ -60,6 +60,17 @@ def _pred(doc: dict) -> dict:
     return doc["prediction"]
 
 
+EXPOSED_COMM_TERMS = ("tp_comm", "cp_comm", "ep_comm", "dp_comm", "pp_p2p")
+"""The step-time terms that are communication the step waits for (the rest of each transfer is
+hidden under compute on the simulated timeline, cost_models.timeline)."""
+
+
+def exposed_comm_s(doc: dict) -> float:
+    """Seconds of the step spent waiting on communication (EXPOSED_COMM_TERMS of its breakdown)."""
+    terms = _pred(doc)["time_breakdown_s"]
+    return sum(float(terms.get(name, 0.0)) for name in EXPOSED_COMM_TERMS)
+
+
 def columns(docs: list[dict]) -> list[Column]:
     """Every column these plans need (cp, ep, shard, offload, cost and goodput only where some plan
     has them)."""
@@ -159,6 +170,12 @@ def columns(docs: list[dict]) -> list[Column]:
             header="step s",
             cell=lambda d, pl: f"{_pred(d)['step_time_s']:.3f}",
             legend="seconds per step",
+        ),
+        Column(
+            header="comm s",
+            cell=lambda d, pl: f"{exposed_comm_s(d):.3f}",
+            wide_only=True,
+            legend="communication exposed in the step (tp, cp, ep, dp, pipeline sends)",
         ),
         Column(
             header="tokens/s",
