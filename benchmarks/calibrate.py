@@ -16,9 +16,7 @@ values in hardware_profiles/*.json; results in benchmarks/results/calibration.js
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -31,7 +29,11 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import accuracy_h100 as H  # noqa: E402
 from benchmarks import accuracy_published as PUB  # noqa: E402
+from benchmarks.accuracy_published import fit_a100, leave_one_out_published  # noqa: E402
+from benchmarks.efficiency_fit import fit_keys, with_eff  # noqa: E402
 from hardware_profiles import load_profile  # noqa: E402
+from hardware_profiles.efficiency import EFFICIENCY_KEYS  # noqa: E402
+from hardware_profiles.loader import PROFILE_DIR  # noqa: E402
 
 H100_TRAIN_KEYS = {
     "elementwise_bandwidth_fraction": (0.3, 1.0),
@@ -39,14 +41,9 @@ H100_TRAIN_KEYS = {
     "dispatch_us_per_op": (0.0, 60.0),
     "mem_efficient_attention_efficiency": (0.1, 1.0),
 }
-A100_KEYS = {"gemm_efficiency_max": (0.4, 1.0)}
 A100_SMS = 108
 """Streaming multiprocessors of an A100 (NVIDIA A100 Tensor Core GPU Architecture whitepaper, 2020): the waves its
 GEMM tiles run in (cost_models.compute.wave_quantization), set before the A100 fit, which reads it."""
-
-
-def with_eff(hw, values: dict):
-    return dataclasses.replace(hw, efficiency={**hw.efficiency, **values})
 
 
 def fit_gemm(rows: list[dict], peak_tflops: float) -> dict:
@@ -69,23 +66,6 @@ def fit_gemm(rows: list[dict], peak_tflops: float) -> dict:
     }
 
 
-def _fit(keys: dict, hw, rows, predict_s, measured_s, x0=None):
-    names = list(keys)
-    lo = [keys[k][0] for k in names]
-    hi = [keys[k][1] for k in names]
-    x0 = x0 or [
-        min(max(float(hw.efficiency.get(k, (a + b) / 2)), a + 1e-6), b - 1e-6)
-        for k, (a, b) in keys.items()
-    ]
-
-    def resid(x):
-        h = with_eff(hw, dict(zip(names, x)))
-        return np.array([math.log(predict_s(r, h) / measured_s(r)) for r in rows])
-
-    sol = least_squares(resid, x0, bounds=(lo, hi), diff_step=1e-3)
-    return dict(zip(names, map(float, sol.x)))
-
-
 def _h100_rows():
     return [r for r in H.load_rows() if r["status"] == "ok"]
 
@@ -99,36 +79,7 @@ def _h100_meas(r):
 
 
 def fit_h100(hw, rows=None) -> dict:
-    return _fit(H100_TRAIN_KEYS, hw, rows or _h100_rows(), _h100_pred, _h100_meas)
-
-
-def _a100_pred(r, hw) -> float:
-    return PUB.predict(r, hw).step_time_s
-
-
-def fit_a100(hw, rows=None, predict_s=_a100_pred) -> dict:
-    return _fit(A100_KEYS, hw, rows or PUB.load_rows(), predict_s, lambda r: r["iteration_time_s"])
-
-
-def leave_one_out_published(rows, hw) -> dict:
-    """Refit without each row, predict it. The folds share one memo of (row, efficiency block) ->
-    predicted step time: every fold starts from the same point and takes the same finite-difference
-    step there, so a fifth of the timeline simulations repeat (the numbers are the same)."""
-    memo: dict = {}
-
-    def predict_s(r, h) -> float:
-        key = (id(r), json.dumps(h.efficiency, sort_keys=True))
-        if key not in memo:
-            memo[key] = _a100_pred(r, h)
-        return memo[key]
-
-    errs = []
-    for i, r in enumerate(rows):
-        fitted = fit_a100(hw, rows[:i] + rows[i + 1 :], predict_s)
-        pred = predict_s(r, with_eff(hw, fitted))
-        errs.append({"id": r["id"], "fitted": fitted, "error": pred / r["iteration_time_s"] - 1})
-    a = [abs(e["error"]) for e in errs]
-    return {"rows": errs, "mape": statistics.fmean(a), "max_abs_error": max(a)}
+    return fit_keys(H100_TRAIN_KEYS, hw, rows or _h100_rows(), _h100_pred, _h100_meas)
 
 
 def leave_out_h100(hw, *, by_group: bool) -> dict:
@@ -214,7 +165,6 @@ def foreign_clauses(text: str, own_keys) -> list[str]:
     """The clauses of a profile's efficiency sources line that another script wrote: each starts with the
     efficiency key it sources (a '; ' inside a clause, as in a list of papers, does not end it), and its key is not
     one of `own_keys`. The clauses of this script's own keys and its preamble are left out (it writes them anew)."""
-    from hardware_profiles.efficiency import EFFICIENCY_KEYS
 
     def key(fragment: str) -> str:
         return fragment.split(" ", 1)[0].rstrip(",:")
@@ -231,8 +181,6 @@ def foreign_clauses(text: str, own_keys) -> list[str]:
 def write_profiles(result: dict, names=None) -> None:
     """Update this script's keys of each calibrated profile's `efficiency` block, and its part of the sources line;
     the keys and source clauses it does not write (the attention rates', calibrate_frameworks.py's) stay as they are."""
-    from hardware_profiles.loader import PROFILE_DIR
-
     for name, (block, source) in efficiency_blocks(result).items():
         if names and name not in names:
             continue
@@ -256,9 +204,6 @@ def copy_to_clusters() -> None:
     which: validation/hardware/clusters, tests/test_validation_clusters.py); re-copy it, keeping the node facts
     a cluster adds, and its provenance: the reference's sources line as it now stands, then the cluster's own keys'
     clauses."""
-    from hardware_profiles.efficiency import EFFICIENCY_KEYS
-    from hardware_profiles.loader import PROFILE_DIR
-
     for path in sorted((ROOT / "validation" / "hardware" / "clusters").glob("*.json")):
         data = json.loads(path.read_text())
         text = data["sources"]["efficiency"]

@@ -5,7 +5,6 @@ for the GEMM and memory rates of H100 and A100, validation/kernels/ for attentio
 few cannot be measured here (no device is lent to this project) and nothing published measures them
 in isolation; they are fitted, one number per device generation or per software stack (never per
 row), to the published runs of validation/published/ (every stack's file and features.json):
-
 - per device generation (hardware profiles' `efficiency` blocks):
   * H100/H200 `sustained_clock_fraction`: the Hopper rates were measured in seconds-long single-GPU runs at
     boost clock; a training run holds a lower clock (every Hopper row decides it);
@@ -23,7 +22,7 @@ row), to the published runs of validation/published/ (every stack's file and fea
   rates) is the reference, 1.
 
 The fit minimises a robust (soft-L1) sum of squared log errors log(predicted / measured) over every
-row with a published step time, each run once (benchmarks/accuracy_frameworks.unique). Leave one
+row with a published step time, each run once (benchmarks/stack_predictions.unique). Leave one
 source out: each source's rows are predicted with the parameters refitted without that source, the
 figure benchmarks/accuracy_frameworks.py --loo prints. The refit is linearized by default: one
 Jacobian of the log errors in the log parameters at the full fit, then per source the same robust
@@ -54,9 +53,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import accuracy_frameworks as A  # noqa: E402
+from benchmarks import stack_predictions as A  # noqa: E402
+from benchmarks.calibrate import copy_to_clusters  # noqa: E402
 from benchmarks import published_rows as R  # noqa: E402
 from frameworks import load_framework  # noqa: E402
+
+from hardware_profiles import load_profile  # noqa: E402
+from hardware_profiles.efficiency import efficiency  # noqa: E402
+from hardware_profiles.loader import PROFILE_DIR  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "calibration_frameworks.json"
 FILES = (*R.STACK_FILES, "features")
@@ -96,11 +100,9 @@ class Param:
     def start(self, case_hw=None) -> float:
         if self.framework is not None:
             return float(getattr(load_framework(self.framework), self.key))
-        from hardware_profiles.efficiency import efficiency
 
         if self.cluster is not None:
             return float(efficiency(R.hardware(self.cluster), self.key))
-        from hardware_profiles import load_profile
 
         if self.kernel is not None:
             return float(efficiency(load_profile(HOPPER_PROFILES[0]), self.key))
@@ -359,8 +361,6 @@ def write(values: dict[str, float], note: str) -> None:
         if p.cluster:
             paths = [ROOT / "validation" / "hardware" / "clusters" / f"{p.cluster}.json"]
         elif p.kernel:
-            from hardware_profiles.loader import PROFILE_DIR
-
             paths = sorted(PROFILE_DIR.glob("*.json"))
         else:
             names = HOPPER_PROFILES if p.gpus == HOPPER else BLACKWELL_PROFILES
@@ -374,8 +374,6 @@ def write(values: dict[str, float], note: str) -> None:
             parts = [s for s in text.split("; ") if not s.startswith(p.key + " ")]
             src["efficiency"] = "; ".join([*parts, tag]) if parts else tag
             path.write_text(json.dumps(doc, indent=2, ensure_ascii=not p.cluster) + "\n")
-    from benchmarks.calibrate import copy_to_clusters
-
     copy_to_clusters()  # the validation clusters copy their generation's shipped block
 
 

@@ -23,6 +23,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from planner.candidates import SearchSpace
+from planner.executor import ExecutorError
+from planner.executor.runspec import build_run_spec
+from planner.search import recommend
 
 MODEL = "planner.executor.tiny:gpt_small"
 RESULTS = Path(__file__).parent / "results" / "executor_regret.json"
@@ -30,9 +34,8 @@ RESULTS = Path(__file__).parent / "results" / "executor_regret.json"
 
 def candidate_documents(hardware: str, *, gpus: int, global_batch: int, seq: int) -> list[dict]:
     """Every feasible plan of the narrowed space, best predicted first (plan documents)."""
-    from planner.candidates import SearchSpace
+    # optional heavy dependency: planner.executor.tiny imports torch at its top
     from planner.executor.tiny import gpt_small
-    from planner.search import recommend
 
     spec = gpt_small().spec
     space = SearchSpace(
@@ -64,9 +67,8 @@ def candidate_documents(hardware: str, *, gpus: int, global_batch: int, seq: int
 
 def measure(doc: dict, *, steps: int, workdir: Path) -> dict:
     """Run one plan document; the slowest rank's mean step time after the first step."""
-    from planner.executor import ExecutorError
+    # optional heavy dependency: planner.executor.launch imports torch at its top
     from planner.executor.launch import launch_local
-    from planner.executor.runspec import build_run_spec
 
     plan_path = workdir / "plan.json"
     plan_path.write_text(json.dumps(doc))

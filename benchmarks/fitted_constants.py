@@ -4,7 +4,8 @@ that set it and its leave-one-source-out error (issue 32: calibrate fewer, physi
 The list is read off the code and the data, not typed here:
 - benchmarks/calibrate.py: the efficiency keys its GEMM fit (`fit_gemm`) stores in
   benchmarks/results/calibration.json, `H100_TRAIN_KEYS` (the single-H100 training steps) and
-  `A100_KEYS` (the published Megatron-LM runs of Korthikanti et al. 2022);
+  benchmarks/accuracy_published.py's `A100_KEYS` (the published Megatron-LM runs of Korthikanti et
+  al. 2022);
 - benchmarks/calibrate_frameworks.py: `PARAMS` (the published runs of every stack);
 - benchmarks/accuracy_moe.py: `FITTED` (the Megatron-Core MoE rows);
 - held fits: a framework key (frameworks/*.json) whose source starts 'fitted' (after its value),
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import accuracy_frameworks as A  # noqa: E402
+from benchmarks import stack_predictions as A  # noqa: E402
 from benchmarks import accuracy_moe as M  # noqa: E402
 from benchmarks import calibrate as CAL  # noqa: E402
 from benchmarks import calibrate_frameworks as CF  # noqa: E402
@@ -97,7 +98,7 @@ def meaning(key: str, *, framework: bool = False) -> str:
 
 
 def calibrate_py() -> list[dict]:
-    """benchmarks/calibrate.py: the GEMM fit's keys, H100_TRAIN_KEYS, A100_KEYS."""
+    """benchmarks/calibrate.py: the GEMM fit's keys, H100_TRAIN_KEYS, accuracy_published.A100_KEYS."""
     result = _load("calibration.json")
     h100, a100 = load_profile("dgx-h100"), load_profile("dgx-a100-80g")
     n_steps = len(CAL._h100_rows())
@@ -134,7 +135,7 @@ def calibrate_py() -> list[dict]:
             )
         )
     p = result.get("published_leave_one_out", {})
-    for key in CAL.A100_KEYS:
+    for key in CAL.PUB.A100_KEYS:
         out.append(
             dict(
                 name=f"ampere.{key}",

@@ -15,6 +15,14 @@ from pathlib import Path
 from cost_models.step import BF16_PARAM_PRECISIONS
 from planner.errors import PlannerError
 from planner.run_options import RunOptions
+from frameworks import load_framework
+from frameworks.rules import used_placement
+from hardware_profiles import available_profiles, load_profile
+from planner.catalog import get
+from planner.estimate import even_stages
+from planner.parallel import ParallelConfig
+from planner.partition import deepspeed_type_stages
+from planner.spec import TransformerSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "validation" / "published"
@@ -98,8 +106,6 @@ class Case:
 @lru_cache(maxsize=None)
 def hardware(name: str):
     """A shipped profile by name, else a validation cluster (validation/hardware/clusters/<name>.json)."""
-    from hardware_profiles import available_profiles, load_profile
-
     if name in available_profiles():
         return load_profile(name)
     return load_profile(str(CLUSTERS / f"{name}.json"))
@@ -107,9 +113,6 @@ def hardware(name: str):
 
 def spec_of(row: dict):
     """The row's model: a catalog name, or its `arch` (TransformerSpec fields), at the row's sequence."""
-    from planner.catalog import get
-    from planner.spec import TransformerSpec
-
     seq = row["seq"]
     if row.get("model"):
         spec = get(row["model"])
@@ -144,10 +147,6 @@ def config_of(row: dict):
     """The row's ParallelConfig: its degrees, batch, schedule, ZeRO (and shard group), recompute,
     sequence parallelism, precision and framework; a placement the framework builds. A micro-batch the
     publication does not give (null; the DeepSeek-V3 report) is taken as 1 sequence."""
-    from frameworks import load_framework
-    from frameworks.rules import used_placement
-    from planner.parallel import ParallelConfig
-
     fw = load_framework(row["framework"])
     v = row.get("virtual_stages") or 1
     schedule = row.get("schedule") or ("interleaved-1f1b" if v > 1 else "1f1b")
@@ -174,7 +173,6 @@ def config_of(row: dict):
     if extras.get("pipeline_embedding_and_loss_as_layers"):
         # Megatron's account-for-embedding/loss layout: the first chunk holds the embedding alone, the last
         # the loss alone, the blocks split evenly over the others
-        from planner.estimate import even_stages
 
         stages = (0, *even_stages(spec_of(row).total_blocks, row["pp"] * v - 2), 0)
     elif isinstance(
@@ -188,7 +186,6 @@ def config_of(row: dict):
     ) and row["pp"] > 1:
         # Megatron-DeepSpeed's --pp-partition-method: blocks only (its default), or the embedding and the tied
         # head counted as blocks too
-        from planner.partition import deepspeed_type_stages
 
         stages = tuple(
             deepspeed_type_stages(

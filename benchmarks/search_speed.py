@@ -17,6 +17,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from planner.search import recommend
 
 SCENARIOS = [
     # (model, hardware, gpus, global batch, options): the README's main command first
@@ -35,8 +36,6 @@ RESULTS = Path(__file__).resolve().parent / "results" / "search_speed.json"
 
 
 def run(model: str, hardware: str, gpus: int, batch: int, options: dict, repeat: int) -> dict:
-    from planner.search import recommend
-
     recommend(
         model, hardware, gpus=gpus, global_batch=batch, **options
     )  # warm-up (imports, caches)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from frameworks import FrameworkProfile
 from planner.errors import ConfigError
+from planner.parallel import default_placement
 
 
 def used_placement(placement: str, *, cp: int = 1, ep: int = 1) -> str:
@@ -41,8 +42,6 @@ def placement_allowed(
 def framework_placement(framework: FrameworkProfile, *, cp: int = 1, ep: int = 1) -> str:
     """The rank order a plan gets on this stack when it names none: planner.parallel.default_placement where the
     stack builds it, else the stack's own first order (DeepSpeed's PDT) over the axes the plan uses."""
-    from planner.parallel import default_placement
-
     placement = default_placement(cp, ep)
     if placement_allowed(framework, placement, cp=cp, ep=ep):
         return placement

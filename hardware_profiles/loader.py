@@ -17,6 +17,7 @@ from hardware_profiles.profile import HardwareProfile
 from hardware_profiles.efficiency import check_efficiency
 from planner.errors import ConfigError
 from planner.io import check_writable, read_json_if_exists, special_kind
+from planner.io import read_json
 
 PROFILE_DIR = Path(__file__).resolve().parent
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
@@ -118,8 +119,6 @@ def resolve_profile_path(name_or_path: str) -> Path:
 
 def load_profile(name_or_path: str) -> HardwareProfile:
     """Read, validate and return one profile (by shipped name or by path)."""
-    from planner.io import read_json
-
     path = resolve_profile_path(name_or_path)
     data = read_json(path, "hardware profile")
     return profile_from_dict(data, origin=str(path))

@@ -4,6 +4,7 @@ fills it from a JSON file and validates every key)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from hardware_profiles.efficiency import check_efficiency
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -65,10 +66,6 @@ class HardwareProfile:
         return self.nvlink_domain or self.devices_per_node
 
     def __post_init__(self) -> None:
-        from hardware_profiles.efficiency import (
-            check_efficiency,
-        )  # the typed table; unknown keys refused
-
         check_efficiency(self.efficiency, self.name)
 
     @property

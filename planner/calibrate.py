@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,14 @@ from hardware_profiles.loader import previous_profile, profile_from_dict
 from planner.errors import ConfigError
 from planner.io import write_json
 from planner.executor import ExecutorError
+from planner.executor.lifecycle import (
+    Interrupted,
+    die_with_parent,
+    parent_alive,
+    run_as_rank,
+    starting_ranks,
+    stop_signals,
+)
 
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "p2p")
 MAX_BUSBW_GBPS = 1e4
@@ -276,8 +285,6 @@ def _worker(
 ) -> None:
     """One rank: GEMMs, copy, then collectives; writes out_dir/rank<r>.json before teardown. It dies
     with `launcher` (the calibrating process): no rank outlives an interrupted calibration."""
-    from planner.executor.lifecycle import die_with_parent, parent_alive
-
     parent = die_with_parent(launcher)
     plan = Plan(**plan) if isinstance(plan, dict) else plan
     import threading
@@ -506,8 +513,8 @@ def run_measurements(world_size: int, *, quick: bool = False, backend: str | Non
             world_size,
             f"at most {torch.cuda.device_count()} with NCCL (one GPU per rank on this machine)",
         )
+    # optional heavy dependency: planner.executor.launch imports torch at its top
     from planner.executor.launch import free_port
-    from planner.executor.lifecycle import Interrupted, run_as_rank, starting_ranks, stop_signals
 
     plan = make_plan(world_size, quick)
     ctx = mp.get_context("spawn")
@@ -521,6 +528,9 @@ def run_measurements(world_size: int, *, quick: bool = False, backend: str | Non
             ctx.Process(target=run_as_rank, args=(os.getpid(), target, r, *args), daemon=False)
             for r in range(world_size)
         ]
+        # spawn starts multiprocessing's resource tracker at the first start, and its start
+        # unblocks SIGINT in this process: started first, it leaves starting_ranks' block whole
+        resource_tracker.ensure_running()
         with stop_signals():
             try:
                 with starting_ranks():

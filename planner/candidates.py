@@ -57,6 +57,7 @@ from planner.parallel import (
     offloads,
 )
 from planner.placement import PLACEMENTS, ranks_per_node, with_context
+from frameworks.rules import mtp_without_pp_or_cp, placement_allowed
 
 FIELDS = (
     "dp",
@@ -123,8 +124,6 @@ class SearchSpace:
         export): with `model`, a stack that runs multi-token-prediction modules without pipeline or context
         parallelism gets pp = cp = 1 for a model that has them."""
         from dataclasses import replace
-
-        from frameworks.rules import mtp_without_pp_or_cp, placement_allowed
 
         caps = framework.capabilities
         single_stage = mtp_without_pp_or_cp(framework, model)

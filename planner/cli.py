@@ -11,6 +11,7 @@ error (for a failing `package.module:factory`, the trace of the user's exception
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
@@ -18,10 +19,11 @@ import warnings
 from typing import Annotated, Optional
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from planner.errors import PlannerError
 from planner.executor.lifecycle import Interrupted, stop_signals
+from planner.usercode import set_timeout_s, timeout_s
 
 
 try:  # typer >= 0.29 vendors click
@@ -78,9 +80,94 @@ def _wants_traceback(ctx) -> bool:
     )
 
 
+COMMANDS = {
+    "models": (
+        "models",
+        "The catalog's models: parameters, blocks, width, heads, experts, default sequence and "
+        "source (MODEL names).",
+    ),
+    "profile": (
+        "profile",
+        "Parameters, FLOPs and activation bytes per layer for one micro-batch, on a framework's "
+        "kernels (with the run options estimate takes, the same bytes estimate reports).",
+    ),
+    "estimate": (
+        "estimate",
+        "Predict step time and peak memory of one parallel configuration.",
+    ),
+    "recommend": (
+        "recommend",
+        "Search every parallel strategy, rank by the objective and print the top plans.",
+    ),
+    "explain": (
+        "explain",
+        "Where the step time and the memory go, and why the runner-up lost.",
+    ),
+    "export": (
+        "export",
+        "Translate a plan into a torchtitan, Megatron-LM, Accelerate FSDP, DeepSpeed or SageMaker "
+        "configuration (notes on stderr).",
+    ),
+    "run": (
+        "run",
+        "Run PLAN.json for real: per-rank step times beside the prediction, optionally verified.",
+    ),
+    "report": (
+        "report",
+        "Write the best-practice report: plan, breakdowns, timeline, Pareto front, scaling, "
+        "checklist.",
+    ),
+    "hardware": ("app", "List, show and calibrate hardware profiles."),
+}
+"""The commands, in --help order: name -> (what planner/commands/<name>.py defines for it: the
+command's function or, for a group, its Typer app; the first paragraph of its help, which the root
+--help lists). Only the command a line names is imported (`load_command`): a command module imports
+what it runs at its top, and `planner --help` or `planner models` loads none of the others
+(tests/test_cli_basics.py checks that each summary is the command's own)."""
+
+
+def load_command(name: str):
+    """The click command `name` of COMMANDS, built by typer from planner/commands/<name>.py as the
+    root group would build it."""
+    attr, _ = COMMANDS[name]
+    # the one lazy import of the command line: the chosen command's module, so that each command
+    # module can import what it runs at its top without every command paying for all of them
+    target = getattr(importlib.import_module(f"planner.commands.{name}"), attr)
+    stage = typer.Typer(add_completion=False, rich_markup_mode=None)
+    if isinstance(target, typer.Typer):
+        stage.add_typer(target, name=name)
+    else:
+        stage.command(name)(target)
+    return typer.main.get_group(stage).commands[name]
+
+
+class _Unloaded(TyperCommand):
+    """A command of COMMANDS not imported yet: its name and summary, for the root --help and the
+    'Did you mean' of a mistyped name."""
+
+
 class _PlannerGroup(TyperGroup):
     """Root group: user errors become one line and an exit code, never a traceback or a boxed
-    usage message."""
+    usage message. Its commands are imported when the line names them (COMMANDS)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name, (_, summary) in COMMANDS.items():
+            self.commands.setdefault(name, _Unloaded(name=name, help=summary))
+        self._listing = False
+
+    def get_command(self, ctx, cmd_name):
+        cmd = super().get_command(ctx, cmd_name)
+        if isinstance(cmd, _Unloaded) and not self._listing:
+            cmd = self.commands[cmd_name] = load_command(cmd_name)
+        return cmd
+
+    def format_commands(self, ctx, formatter):
+        self._listing = True  # the summaries of COMMANDS, without importing every command
+        try:
+            super().format_commands(ctx, formatter)
+        finally:
+            self._listing = False
 
     def make_context(self, info_name, args, parent=None, **extra):
         if parent is None:
@@ -153,37 +240,8 @@ def _global_options(
     ] = None,
 ) -> None:
     """Plan, score, run and explain parallel training of large PyTorch models."""
-    from planner.usercode import set_timeout_s, timeout_s
-
     set_timeout_s(profile_timeout_s)
     timeout_s()  # a bad PLANNER_PROFILE_TIMEOUT_S is refused up front
-
-
-def _register() -> None:
-    from planner.commands import (
-        estimate,
-        explain,
-        export,
-        hardware,
-        models,
-        profile,
-        recommend,
-        report,
-        run,
-    )
-
-    app.command("models")(models.models)
-    app.command("profile")(profile.profile)
-    app.add_typer(hardware.app, name="hardware")
-    app.command("estimate")(estimate.estimate)
-    app.command("recommend")(recommend.recommend)
-    app.command("explain")(explain.explain)
-    app.command("export")(export.export)
-    app.command("run")(run.run)
-    app.command("report")(report.report)
-
-
-_register()
 
 
 def main() -> None:

@@ -31,6 +31,8 @@ from planner.software import (
 )
 from planner.score import CandidateArrays, Scores, score, timeline_scores
 from planner.spec import TransformerSpec
+from planner.partition import even_split
+from planner.sources import resolve_model, transformer_spec
 
 STEP_MODEL = "timeline"
 """What estimate() reads the step time off: "timeline" (the simulated step, cost_models.timeline;
@@ -246,8 +248,6 @@ def arch_of(spec: TransformerSpec) -> dict:
 
 def even_stages(blocks: int, chunks: int) -> list[int]:
     """Blocks per chunk as even as possible (the first chunks take the remainder; planner.partition.even_split)."""
-    from planner.partition import even_split
-
     return list(even_split(blocks, chunks))
 
 
@@ -332,12 +332,8 @@ def estimate(
     if isinstance(hw, str):
         hw = load_profile(hw)
     if isinstance(model, str):
-        from planner.sources import resolve_model
-
         model = resolve_model(model, seq=cfg.seq)
     if not isinstance(model, TransformerSpec):
-        from planner.sources import transformer_spec
-
         model = transformer_spec(model)
     if framework_profile is not None and framework_profile.name != cfg.framework:
         raise ConfigError(

@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from planner.run_options import RunOptions
+from frameworks import load_framework
+from planner.partition import even_split
+from planner.plan import run_options
+from planner.search import key_numbers, recommend
 
 GiB = 2**30
 MEMORY_TERMS = (
@@ -104,8 +108,6 @@ class Explanation:
 
 
 def _even(blocks: int, chunks: int):
-    from planner.partition import even_split
-
     return even_split(blocks, chunks)
 
 
@@ -564,8 +566,6 @@ def _software_options(doc: Mapping[str, Any]) -> RunOptions:
     """The kernel choices the plan was costed with (its `software` block), for a comparable search on the same
     stack: the run's own options (planner.plan.run_options, the MoE ones included) and the framework choices it
     may override (attention, dropout, overlap, reduction dtype, allocator, modules)."""
-    from planner.plan import run_options
-
     sw = doc.get("software") or {}
     out = {
         k: sw[k]
@@ -584,8 +584,6 @@ def _software_options(doc: Mapping[str, Any]) -> RunOptions:
     if isinstance(sw.get("expandable_segments"), bool):
         out["expandable_segments"] = sw["expandable_segments"]
     if sw.get("framework"):
-        from frameworks import load_framework
-
         if sw.get("kernels") and sw["kernels"] != load_framework(sw["framework"]).kernels:
             out["kernels"] = sw[
                 "kernels"
@@ -597,8 +595,6 @@ def research(doc: Mapping[str, Any], *, top: int = 4) -> dict:
     """The plan document with `alternatives` replaced by a fresh search on the same model, hardware,
     world size, batch, sequence and precision. If the search finds a faster plan than the document's,
     it is listed first (with a negative gap), which is how `explain` says what beats a given plan."""
-    from planner.search import key_numbers, recommend
-
     plan = doc["plan"]
     rec = recommend(
         doc["model"]["name"],

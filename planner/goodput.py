@@ -22,6 +22,7 @@ from storage_profiles import (
     load_reliability_defaults,
     load_storage,
 )
+from frameworks import load_framework
 
 MAX_MTBF_HOURS = 1e9
 """Largest --mtbf-gpu-hours / --mtbf-node-hours: about 100,000 years per part."""
@@ -131,7 +132,6 @@ def checkpoint_state(document: Mapping[str, Any]) -> CheckpointState:
     cost_models.memory.zero_sharded over the ZeRO group (dp, or dp_shard under HSDP). Parameters per
     rank are the even share params / (tp x pp)."""
     from cost_models.memory import state_bytes_per_param, zero_sharded
-    from frameworks import load_framework
 
     plan, params = document["plan"], float(document["model"]["params"])
     framework = load_framework(plan.get("framework", "megatron"))

@@ -5,7 +5,6 @@ models whose max_position_embeddings names a long extended context (Llama 3.1, Q
 
 Supported `model_type`s and the keys read (defaults are those of the matching transformers
 configuration class, so a config that omits a key means what transformers would make of it):
-
 - llama, mistral, qwen2: hidden_size, num_hidden_layers, num_attention_heads,
   num_key_value_heads (= heads), head_dim (= hidden/heads), intermediate_size, vocab_size,
   max_position_embeddings, tie_word_embeddings (False), attention_bias (False; qwen2: Q/K/V biases
@@ -75,6 +74,8 @@ from pathlib import Path
 
 from planner.errors import ConfigError
 from planner.spec import MLASpec, MoESpec, TransformerSpec
+
+from planner.io import read_json
 
 MODEL_TYPES = (
     "llama",
@@ -221,8 +222,6 @@ class _Keys:
 def load_json(path: str | Path) -> dict:
     """The JSON object in `path` (planner.io.read_json): ConfigError for a missing, empty, malformed,
     non-strict, too deeply nested or non-object file."""
-    from planner.io import read_json
-
     return read_json(path, "config.json")
 
 

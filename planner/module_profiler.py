@@ -2,7 +2,6 @@
 
 `module_spec(arg, seq=..., micro_batch=...) -> ModuleSpec` imports the factory, builds the module
 under `torch.device("meta")`, and runs forward and backward passes that allocate nothing:
-
 - FLOPs per unit from torch.utils.flop_counter's formulas (the ones FlopCounterMode applies),
   counted by a dispatch mode that attributes each op to the unit running it (module pre/post
   hooks; in backward, full-backward pre-hooks). Forward FLOPs come from the whole-model forward;
@@ -64,6 +63,9 @@ from planner.errors import ConfigError
 from planner.profile_records import RECOMPUTE_MODES, LayerProfile, ModelProfile
 from planner.progress import working
 from planner.spec import TransformerSpec, with_seq
+
+from planner.hf_config import spec_from_dict
+from planner.usercode import user_code, user_roots
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 _DTYPES = {
@@ -610,8 +612,6 @@ def measure(model: nn.Module, inputs: tuple, loss_fn, *, flash: bool = True) -> 
 def load_factory(arg: str):
     """Import 'package.module:factory' and return the callable; ConfigError naming what failed (an
     exception raised while importing names the user's file and line, planner.usercode)."""
-    from planner.usercode import user_code, user_roots
-
     module_name, _, attr = arg.partition(":")
     if not module_name or not attr:
         raise ConfigError("MODEL", arg, "package.module:factory")
@@ -647,8 +647,6 @@ def _find_spec(name: str):
 def build_on_meta(arg: str, precision: str = "fp32") -> nn.Module:
     """Call the factory under torch.device('meta') and cast to the profiling dtype (importing, calling
     and casting run as the user's code: one-line errors and the time limit of planner.usercode)."""
-    from planner.usercode import user_code, user_roots
-
     roots = user_roots(arg.partition(":")[0])
     with user_code(arg, "the factory", roots):
         factory = load_factory(arg)
@@ -670,7 +668,6 @@ def _spec_from_hf_config(config, name: str, seq: int | None) -> TransformerSpec 
     data = config.to_dict() if hasattr(config, "to_dict") else config
     if not isinstance(data, dict) or "model_type" not in data:
         return None
-    from planner.hf_config import spec_from_dict
 
     try:
         return spec_from_dict(data, name=name, seq=seq)
@@ -694,7 +691,6 @@ def profile_module(
     builds."""
     if precision not in _DTYPES:
         raise ConfigError("precision", precision, "one of " + ", ".join(_DTYPES))
-    from planner.usercode import user_code, user_roots
 
     # one time limit for importing, building and tracing (planner.usercode)
     roots = user_roots(arg.partition(":")[0])

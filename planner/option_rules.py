@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 from cost_models.step import FP8_SCALINGS
 from planner.errors import ConfigError
+from frameworks import available_frameworks
 
 Options = Mapping[str, Any]
 
@@ -61,8 +62,6 @@ def _given(values: Options, name: str) -> bool:
 
 
 def _framework_names() -> tuple[str, ...]:
-    from frameworks import available_frameworks
-
     return tuple(available_frameworks())
 
 

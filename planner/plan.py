@@ -25,6 +25,8 @@ from planner.option_rules import check_options
 from planner.parallel import MeshAxis, ParallelConfig
 from planner.run_options import RunOptions
 from planner.spec import TransformerSpec, record_of
+from frameworks import load_framework
+from planner.io import MAX_JSON_DEPTH, depth_exceeds, numbers, read_json
 
 SCHEMA_VERSION = "1"
 """The plan-document version this build writes and reads."""
@@ -124,9 +126,7 @@ class Plan:
 
         Worked example (dp=2, pp=2, tp=2, 8 ranks, as Megatron's `initialize_model_parallel`
         docstring lays out its groups):
-
         placement "DPT" -> mesh_dim_names ("dp", "pp", "tp"), mesh_shape (2, 2, 2)::
-
             ranks = [[[0, 1], [2, 3]],      # dp index 0: pp stage 0 -> tp ranks 0,1; stage 1 -> 2,3
                      [[4, 5], [6, 7]]]      # dp index 1: pp stage 0 -> tp ranks 4,5; stage 1 -> 6,7
             tp groups: [0,1] [2,3] [4,5] [6,7]       (innermost: adjacent ranks, NVLink)
@@ -185,16 +185,12 @@ def rank_coordinates(config: ParallelConfig, rank: int) -> dict[str, int]:
 
 def load_plan(path: str | Path) -> Plan:
     """Read and validate a plan document; any problem is a ConfigError naming the field (exit 2)."""
-    from planner.io import read_json
-
     return plan_from_document(read_json(path, "plan"), source=str(path))
 
 
 def _check_numbers(document: Mapping[str, Any], source: str) -> None:
     """Every number finite and at most MAX_NUMBER in magnitude: a NaN, an infinity or 1e308 (a
     corrupted or hand-edited file) is refused here, the same way for every command that reads plans."""
-    from planner.io import MAX_JSON_DEPTH, depth_exceeds, numbers
-
     if depth_exceeds(document, MAX_JSON_DEPTH):
         raise ConfigError(
             "plan",
@@ -442,7 +438,6 @@ def run_options(document: Mapping[str, Any]) -> RunOptions:
     the same stack adds them (planner.explain._software_options). What the model's config decides
     (estimate.config_defaults) is derived again."""
     from cost_models.moe import DEFAULT_IMBALANCE
-    from frameworks import load_framework
 
     sw = document.get("software") or {}
     out = {}

@@ -37,6 +37,8 @@ from planner.profile_records import RECOMPUTE_MODES, LayerProfile, ModelProfile
 from planner.run_options import RunOptions
 from planner.software import check_activation_fp8_input, software_for
 from planner.spec import TransformerSpec
+from planner.parallel import PRECISIONS, _choice
+from planner.sources import resolve_model
 
 
 def describe_spec(spec: TransformerSpec) -> dict:
@@ -336,9 +338,6 @@ def profile_model(
     options (tensor parallelism `tp` with `sp`, and `options`: the cross-entropy kernel, recompute_modules,
     activation_fp8_input, ...) are profile_spec's; a module factory is measured as it runs on one device, so
     it takes none of them but the attention kernel (flash unless 'unfused')."""
-    from planner.parallel import PRECISIONS, _choice
-    from planner.sources import resolve_model
-
     _choice("precision", precision, PRECISIONS)
     options = options or RunOptions()
     if isinstance(source, str):
@@ -368,6 +367,7 @@ def profile_model(
             )
     attention = options.attention
     flash = (attention or "flash") != "unfused"
+    # optional heavy dependency: planner.module_profiler imports torch at its top
     from planner.module_profiler import ModuleSpec, profile_module
 
     if isinstance(source, ModuleSpec):

@@ -17,6 +17,7 @@ from pathlib import Path
 from planner.catalog import CATALOG, get as catalog_get, names as catalog_names
 from planner.errors import ConfigError
 from planner.spec import TransformerSpec, with_seq
+from planner.hf_config import read_hf_config
 
 SPEC_PARAMS_TOLERANCE = 0.02
 """How far a module's measured parameters may be from those of the transformer it describes."""
@@ -67,14 +68,13 @@ def resolve_model(arg: str, *, seq: int | None = None):
         return with_seq(catalog_get(arg), seq)
     path = Path(arg)
     if arg.endswith(".json") or path.is_file():
-        from planner.hf_config import read_hf_config
-
         if not path.is_file():
             raise ConfigError(
                 "MODEL", arg, "an existing config.json file", message=f"MODEL={arg!r}: no such file"
             )
         return read_hf_config(path, seq=seq)
     if ":" in arg and not path.exists():
+        # optional heavy dependency: planner.module_profiler imports torch at its top
         from planner.module_profiler import profile_module
 
         return profile_module(arg, seq=seq, micro_batch=1)

@@ -16,6 +16,7 @@ from typing import NoReturn
 
 from planner.errors import ConfigError
 from storage_profiles.profile import CHECKPOINT_MODES, ReliabilityDefaults, StorageProfile
+from planner.io import read_json
 
 STORAGE_DIR = Path(__file__).resolve().parent
 DEFAULTS_FILE = "reliability_defaults.json"
@@ -84,8 +85,6 @@ def _path_of(name_or_path: str) -> Path:
 @lru_cache(maxsize=32)
 def load_storage(name_or_path: str) -> StorageProfile:
     """A shipped storage profile by name or a storage profile file by path."""
-    from planner.io import read_json
-
     path = _path_of(name_or_path)
     data = read_json(path, "storage profile")
     return storage_from_dict(data, origin=str(path))
@@ -101,8 +100,6 @@ def storage_from_dict(data: object, *, origin: str = "<dict>") -> StorageProfile
 
 @lru_cache(maxsize=1)
 def load_reliability_defaults() -> ReliabilityDefaults:
-    from planner.io import read_json
-
     path = STORAGE_DIR / DEFAULTS_FILE
     return defaults_from_dict(read_json(path, "reliability defaults"), origin=str(path))
 

@@ -30,9 +30,7 @@ def test_published_runs_iteration_time():
 
 
 def test_published_runs_leave_one_out():
-    from benchmarks.calibrate import leave_one_out_published
-
-    loo = leave_one_out_published(PUB.load_rows(), load_profile("dgx-a100-80g"))
+    loo = PUB.leave_one_out_published(PUB.load_rows(), load_profile("dgx-a100-80g"))
     assert loo["mape"] <= 0.10 and loo["max_abs_error"] <= 0.20, loo
 
 

@@ -46,6 +46,26 @@ def test_help_lists_every_contract_command():
         assert command in result.output
 
 
+def test_root_help_lists_each_command_by_its_own_help_and_imports_none():
+    """The root --help lists COMMANDS' summaries without importing the command modules; each
+    summary is the first paragraph of the command's own help, so the two cannot drift."""
+    import subprocess
+    import sys
+
+    from planner.cli import COMMANDS, load_command
+
+    for name, (_, summary) in COMMANDS.items():
+        own = load_command(name).help.split("\n\n")[0]
+        assert " ".join(own.split()) == summary, name
+    probe = (
+        "import sys; from typer.testing import CliRunner; from planner.cli import app; "
+        "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0, r.output; "
+        "print(sorted(m for m in sys.modules if m.startswith('planner.commands.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_degrees_that_do_not_multiply_name_the_equation_and_the_fix():
     cfg = ParallelConfig(dp=3, tp=2, pp=4, global_batch=6)
     with pytest.raises(

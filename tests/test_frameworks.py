@@ -249,7 +249,7 @@ def test_transformer_engine_cross_entropy_keeps_only_the_16bit_logits_it_overwri
     assert _software_options(rec.best).loss == "inplace"
     # Megatron-Bridge's published rows name it, and its two GB200 Llama 3 70B runs (40 of 80 layers offloaded) fit
     from benchmarks import published_rows as R
-    from benchmarks.accuracy_frameworks import predict
+    from benchmarks.stack_predictions import predict
 
     gb200 = [
         c
@@ -323,7 +323,7 @@ def test_swiglu_input_kept_in_fp8_saves_one_byte_per_element_of_both_fc1_halves(
         )
     # DeepSeek-V3's pre-training run caches its MoE SwiGLU inputs in FP8 (report Sec. 3.3.3): with it, it fits
     from benchmarks import published_rows as R
-    from benchmarks.accuracy_frameworks import predict
+    from benchmarks.stack_predictions import predict
 
     dsv3 = next(c for c in R.load(("moe",)) if c.id == "deepseek-v3-pretrain-h800-2048")
     assert dsv3.row["trained"] and dsv3.options.activation_fp8_input is True and predict(dsv3).fits
@@ -333,7 +333,7 @@ def test_automodel_qwen3_moe_run_fits_because_its_loss_is_not_upcast():
     """NeMo AutoModel's Qwen3-30B-A3B benchmark (8 H100, FSDP2, ep 8, micro-batch 4 x 4096, vocab 151936) trained
     with MaskedCrossEntropy(fp32_upcast=False); costed with torchtitan's upcast loss it needed 1.12 x the device."""
     from benchmarks import published_rows as R
-    from benchmarks.accuracy_frameworks import predict
+    from benchmarks.stack_predictions import predict
 
     case = next(c for c in R.load(("moe",)) if c.id == "automodel-qwen3-30b-h100-8")
     assert case.row["trained"] and case.options.loss == "native"
@@ -507,7 +507,7 @@ def test_bigscience_run_that_ran_out_of_memory_with_bf16_optimizer_is_predicted_
     """BigScience's 2022-02-28 prequel run dp16 tp4 pp6 (micro-batch 2) ran out of memory under BF16_Optimizer;
     costed as ZeRO-1 it was predicted to fit (its fp32 gradient buffer, 4 bytes per parameter, was missing)."""
     from benchmarks import published_rows as R
-    from benchmarks.accuracy_frameworks import predict
+    from benchmarks.stack_predictions import predict
 
     case = next(
         c

@@ -119,14 +119,15 @@ def test_no_run_is_counted_twice_under_two_precision_labels():
     """Megatron has no pure-bf16 mode (frameworks/megatron.json state_bytes): a row labelled bf16 is the
     same run as its amp-bf16 twin, and counting both gives that run two votes with two settings."""
     from benchmarks import accuracy_frameworks as A
+    from benchmarks import stack_predictions as P
 
     def key(case):
-        k = list(A._identity(case))
+        k = list(P._identity(case))
         if case.row["framework"] == "megatron" and k[9] == "bf16":
             k[9] = "amp-bf16"
         return tuple(k)
 
-    keys = [key(c) for c in A.unique(R.load(A.DEFAULT_FILES))]
+    keys = [key(c) for c in P.unique(R.load(A.DEFAULT_FILES))]
     twins = {k for k in keys if keys.count(k) > 1}
     assert not twins, sorted(twins)[:3]
 
@@ -135,12 +136,12 @@ def test_the_blackwell_bf16_rate_rests_on_more_than_one_publication():
     """blackwell.gemm_efficiency_max is fitted from the BF16 runs on B200/GB200 (benchmarks/calibrate_frameworks.py):
     with a single publication behind it, leaving that source out leaves the rate unidentified and the held-out
     rows unchecked (docs/cost-model.md); the runs counted are the ones the fit uses."""
-    from benchmarks import accuracy_frameworks as A
     from benchmarks.calibrate_frameworks import BLACKWELL, FILES, usable
+    from benchmarks.stack_predictions import unique
 
     sources = {
         c.source
-        for c in usable(A.unique(R.load(FILES)))
+        for c in usable(unique(R.load(FILES)))
         if c.row["gpu"].split()[0] in BLACKWELL and c.row["precision"] in ("amp-bf16", "bf16")
     }
     assert len(sources) >= 2, sorted(sources)
@@ -150,7 +151,8 @@ def test_measured_memory_is_compared_with_the_same_quantity():
     """accuracy_frameworks compares a publication's memory with the quantity it measured: reserved memory with
     the peak plus the allocator's overhead (needed bytes less the CUDA context), nvidia-smi with needed bytes."""
     from benchmarks import published_rows as R
-    from benchmarks.accuracy_frameworks import memory_summary, predict, unique
+    from benchmarks.accuracy_frameworks import memory_summary
+    from benchmarks.stack_predictions import predict, unique
     from cost_models.memory import cuda_context_bytes
     from planner.estimate import estimate
 

@@ -213,7 +213,7 @@ def test_torchtitan_2024_layer_ac_runs_recompute_every_second_block():
     every block, the 8B and 13B rows were +10.7% and +13.1% and the 70B run that ran out of memory was predicted to
     fit; with half the blocks recomputed the two are within 5% and the third does not fit."""
     from benchmarks import published_rows as R
-    from benchmarks.accuracy_frameworks import predict
+    from benchmarks.stack_predictions import predict
 
     cases = {c.id: c for c in R.load(("torchtitan",)) if "ac-layer" in c.id}
     for rid, layers in (("tt24a-llama3-8b-ac-layer", 32), ("tt24a-llama2-13b-ac-layer", 40)):
@@ -227,7 +227,7 @@ def test_megatron_bridge_llama3_8b_fp8_run_recomputes_five_of_its_32_layers():
     """Megatron-Bridge's Llama 3 8B H100 FP8-CS preset (recompute_num_layers=5, method block) was costed recomputing
     all 32 layers: +34.5%. Read as published, the row's prediction is within 10%."""
     from benchmarks import published_rows as R
-    from benchmarks.accuracy_frameworks import predict
+    from benchmarks.stack_predictions import predict
 
     case = next(c for c in R.load(("megatron",)) if c.id == "mb25.11-llama3-8b-h100-8gpu-fp8cs")
     assert case.config.recompute == "full" and case.config.recompute_layers == 5

@@ -311,6 +311,7 @@ def test_recorded_candidates_are_plans_the_search_could_return(monkeypatch):
         return scores
 
     monkeypatch.setattr(planner.score, "score", spy)
+    monkeypatch.setattr(backend, "score", spy)  # the name backend imported
     hw = load_profile("p4d.24xlarge")
     scenario = Scenario(model="gpt3-175b", hardware="p4d.24xlarge", gpus=960, global_batch=1536)
     result = backend.search(get("gpt3-175b"), hw, scenario, top=1)

@@ -89,12 +89,14 @@ def test_a_folder_the_run_cannot_write_is_one_line_before_any_rank(
 ):
     (tmp_path / "file").write_text("x")
     plan = _plan(tmp_path)
+    import planner.commands.run as run_command
     import planner.executor.runspec as runspec
 
     def no_build(*args, **kwargs):  # the check comes before the model is built
         raise AssertionError("the run spec was built")
 
     monkeypatch.setattr(runspec, "build_run_spec", no_build)
+    monkeypatch.setattr(run_command, "build_run_spec", no_build)  # the name `planner run` imported
     before = _snapshot(tmp_path)
     path = make(tmp_path)
     result = runner.invoke(app, ["run", str(plan), option, str(path)])

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Mapping, Optional
 import typer
 
 from planner.run_options import RunOptions
+from planner.io import dumps_strict
 
 MAX_WORLD_SIZE = 2**20
 """Largest --gpus (and --nodes, --dp/--tp/--pp): 64 x the 16,384 H100 GPUs that trained Llama 3 405B
@@ -270,6 +271,4 @@ PlanArg = Annotated[
 def emit_json(document: dict, what: str = "--json output") -> None:
     """The one JSON document on stdout (--json): strict JSON, or one error line and nothing on stdout
     when a number is not finite (planner.io.dumps_strict)."""
-    from planner.io import dumps_strict
-
     sys.stdout.write(dumps_strict(document, what) + "\n")

@@ -50,6 +50,12 @@ from frameworks import load_framework
 from frameworks.rules import framework_placement
 from planner.option_rules import check_options
 from planner.io import check_finite
+from hardware_profiles import load_profile
+from planner.estimate import estimate as run_estimate
+from planner.explain import expert_lines
+from planner.parallel import ParallelConfig
+from planner.search import default_global_batch as default, model_params
+from planner.sources import default_framework, resolve_model
 
 DegreeOpt = lambda flag, what: Annotated[
     int, typer.Option(flag, min=1, max=MAX_WORLD_SIZE, help=what)
@@ -160,8 +166,6 @@ def default_global_batch(gpus: int, seq: int, per_step: int, params: int | None 
     """About 2M tokens (planner.search's default; a few sequences per rank for a tiny model), a
     multiple of
     dp * micro_batch."""
-    from planner.search import default_global_batch as default
-
     g = default(gpus, seq, params)
     return per_step * math.ceil(g / per_step)
 
@@ -215,12 +219,7 @@ def estimate(
 ) -> None:
     """Predict step time and peak memory of one parallel configuration."""
     options = run_options_of(locals())  # first: locals() are the parameters alone
-    from hardware_profiles import load_profile
-    from planner.estimate import estimate as run_estimate
     from cost_models.compute import resolve_precision
-    from planner.parallel import ParallelConfig
-    from planner.search import model_params
-    from planner.sources import default_framework, resolve_model
 
     check_options(
         precision=precision,
@@ -358,7 +357,5 @@ def render(doc: dict) -> None:
             highlight=False,
         )
     if pred.get("expert_parallel"):
-        from planner.explain import expert_lines
-
         for line in expert_lines(doc):
             console.print(line, highlight=False)

@@ -11,6 +11,8 @@ import typer
 from planner.commands.common import JsonOpt, PlanArg, emit_json
 from planner.errors import ConfigError
 from planner.io import check_writable, write_bytes
+from planner.explain import explain_document, research
+from planner.plan import load_plan
 
 SearchOpt = Annotated[
     bool,
@@ -41,9 +43,6 @@ def explain(
     timeline: TimelineOpt = None,
 ) -> None:
     """Where the step time and the memory go, and why the runner-up lost."""
-    from planner.explain import explain_document, research
-    from planner.plan import load_plan
-
     if timeline is not None:
         if timeline.suffix.lower() not in TIMELINE_FORMATS:
             raise ConfigError("--timeline", str(timeline), "a file name ending in .png or .svg")
@@ -62,6 +61,7 @@ def explain(
 
 def draw_timeline(document: dict, path: Path) -> None:
     """Write the plan's simulated step as a figure (planner.report.figures.step_timeline)."""
+    # optional heavy dependency: planner.report.figures imports matplotlib at its top
     from planner.report import backend, figures  # matplotlib: loaded when a figure is asked for
 
     step = backend.step_timeline(document)

@@ -9,6 +9,9 @@ from typing import Annotated, Optional
 import typer
 
 from planner.commands.common import PlanArg
+from planner import io
+from planner.exports import export_plan
+from planner.plan import load_plan
 
 FormatOpt = Annotated[
     str,
@@ -26,10 +29,6 @@ OutOpt = Annotated[
 
 def export(plan: PlanArg, format: FormatOpt, out: OutOpt = None) -> None:
     """Translate a plan into a torchtitan, Megatron-LM, Accelerate FSDP, DeepSpeed or SageMaker configuration (notes on stderr)."""
-    from planner import io
-    from planner.exports import export_plan
-    from planner.plan import load_plan
-
     if out is not None:
         io.check_writable(out, "--out", inputs=((plan, "plan"),))
     result = export_plan(load_plan(plan), format)

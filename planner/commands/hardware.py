@@ -15,6 +15,7 @@ import typer
 from hardware_profiles import HardwareProfile, available_profiles, load_profile
 from hardware_profiles.loader import profile_to_dict
 from planner.commands.common import JsonOpt, emit_json
+from planner import calibrate as cal
 
 app = typer.Typer(
     no_args_is_help=True, rich_markup_mode=None, help="List, show and calibrate hardware profiles."
@@ -116,8 +117,6 @@ def calibrate(
 ) -> None:
     """Measure this machine (GEMM rate, memory copy, collectives over torch.distributed) into a
     profile, with --gpus local ranks (default: the CUDA devices, else the CPU cores, at least 2)."""
-    from planner import calibrate as cal
-
     cal.previous_profile(out)  # a --out that cannot be written fails now, not after the work
     import torch
 

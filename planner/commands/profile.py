@@ -29,6 +29,8 @@ from planner.commands.common import (
     SeqOpt,
     emit_json,
 )
+from planner.profiler import profile_model
+from planner.sources import default_framework
 
 DropoutFlag = Annotated[
     bool, typer.Option("--dropout/--no-dropout", help="Dropout layers active (masks saved).")
@@ -79,9 +81,6 @@ def profile(
     """Parameters, FLOPs and activation bytes per layer for one micro-batch, on a framework's kernels (with the
     run options estimate takes, the same bytes estimate reports)."""
     options = run_options_of(locals())  # first: locals() are the parameters alone
-    from planner.profiler import profile_model
-
-    from planner.sources import default_framework
 
     result = profile_model(
         model,

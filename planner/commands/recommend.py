@@ -47,6 +47,14 @@ from planner.commands.plan_table import table_lines
 from planner.errors import ConfigError
 from planner.option_rules import check_options
 from planner.uncertainty import axes
+from hardware_profiles.loader import KEYS
+from planner import io
+from planner.candidates import SearchSpace
+from planner.explain import describe_config
+from planner.goodput import ReliabilityInputs
+from planner.parallel import CP_COMMS
+from planner.search import recommend as search
+from planner.sources import default_framework
 
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help=objective_help("--tokens"))]
 TopOpt = Annotated[int, typer.Option("--top", min=1, max=100, help="How many plans to list.")]
@@ -214,7 +222,6 @@ def check_price(price_per_hour: float | None) -> None:
     """--price-per-hour: positive and finite, at most what a hardware profile may state per node-hour."""
     if price_per_hour is None:
         return
-    from hardware_profiles.loader import KEYS
 
     high = KEYS["price_usd_per_hour"].high
     if not (0 < price_per_hour <= high):  # NaN fails both comparisons
@@ -277,12 +284,6 @@ def recommend(
 ) -> None:
     """Search every parallel strategy, rank by the objective and print the top plans."""
     options = run_options_of(locals())  # first: locals() are the parameters alone
-    from planner import io
-    from planner.goodput import ReliabilityInputs
-    from planner.search import recommend as search
-    from planner.sources import default_framework
-
-    from hardware_profiles import load_profile
 
     profile = load_profile(hardware)
     check_options(
@@ -374,9 +375,6 @@ def search_space(
     """The SearchSpace the pinning and limiting flags ask for (--cp N pins, --max-cp N limits, --cp-comm lists,
     --dp-shard pins, --ep / --max-ep as --cp / --max-cp); the search checks the values against the framework,
     the model and the sequence (planner.search.check_space). --cp-comm: comma-separated, each once."""
-    from planner.candidates import SearchSpace
-    from planner.parallel import CP_COMMS
-
     kw: dict = {"max_cp": max_cp, "dp_shard": dp_shard, "max_ep": max_ep}
     if cp is not None:
         kw["cp"] = (cp,)
@@ -503,8 +501,6 @@ def _print_table(
 
 def summary_lines(rec, *, price_per_hour: float | None, spot: bool) -> list[str]:
     """What the search did, the best plan in one line, the price used and the time to train."""
-    from planner.explain import describe_config
-
     s, best = rec.stats, rec.best
     lines = [
         f"searched {s.candidates_evaluated:,} candidates in {s.seconds:.2f} s "

@@ -39,6 +39,13 @@ from planner.commands.recommend import (
 from planner.errors import ConfigError
 from planner.option_rules import check_options
 from planner.progress import working
+from hardware_profiles import load_profile
+from planner.commands.estimate import world_size
+from planner.io import read_json
+from planner.plan import plan_from_document
+from planner.report.render import prepare_report_dir, write_report
+from planner.search import OBJECTIVES
+from planner.sources import default_framework, resolve_model
 
 ReportTokensOpt = Annotated[str, typer.Option("--tokens", help=TOKENS_HELP)]
 
@@ -101,10 +108,8 @@ def report(
     spot: SpotOpt = False,
 ) -> None:
     """Write the best-practice report: plan, breakdowns, timeline, Pareto front, scaling, checklist."""
+    # optional heavy dependency: planner.report.build imports matplotlib at its top
     from planner.report.build import Scenario, build_report
-    from planner.report.render import prepare_report_dir, write_report
-
-    from planner.search import OBJECTIVES
 
     if objective not in OBJECTIVES:  # the set recommend ranks by (planner.search, the owner)
         raise ConfigError("objective", objective, "one of " + ", ".join(OBJECTIVES))
@@ -143,17 +148,13 @@ def report(
             )
         if plan_or_model.endswith(".json"):
             # a missing or malformed JSON file: say so (as a plan or config.json) before asking for --hardware
-            from planner.sources import resolve_model
 
             resolve_model(plan_or_model)
         if hardware is None:
             raise ConfigError(
                 "--hardware", None, "a hardware profile name or path (required with a MODEL)"
             )
-        from hardware_profiles import load_profile
-        from planner.commands.estimate import world_size
         from cost_models.compute import resolve_precision
-        from planner.sources import default_framework
 
         profile = load_profile(hardware)
         precision = resolve_precision(profile, precision)
@@ -169,7 +170,6 @@ def report(
             framework=default_framework(plan_or_model, framework),
             **options,
         )
-    from hardware_profiles import load_profile
 
     profile = load_profile(scenario.hardware)
     check_options(
@@ -195,12 +195,9 @@ def _plan_document(arg: str) -> dict | None:
     path = Path(arg)
     if not (arg.endswith(".json") and path.exists()):
         return None
-    from planner.io import read_json
 
     document = read_json(path, "report input")
     if ("plan" in document and "prediction" in document) or isinstance(document.get("best"), dict):
-        from planner.plan import plan_from_document
-
         return dict(plan_from_document(document, source=str(path)).document)
     return None
 

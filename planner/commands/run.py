@@ -20,6 +20,14 @@ from planner.commands.common import JsonOpt, emit_json
 from planner.errors import ConfigError
 from planner.executor.runspec import EXECUTOR_RUNS
 from planner.io import check_directory
+from planner.errors import PlannerError
+from planner.estimate import estimate
+from planner.executor import ExecutorError
+from planner.executor.faults import parse_fault
+from planner.executor.lifecycle import stop_signals
+from planner.executor.runspec import build_run_spec, env_positive_int, fp8_line
+from planner.parallel import ParallelConfig
+from planner.plan import load_plan
 
 RunPlanArg = Annotated[
     Optional[Path],
@@ -128,11 +136,6 @@ def run(
     ] = None,
 ) -> None:
     """Run PLAN.json for real: per-rank step times beside the prediction, optionally verified."""
-    from planner.errors import ConfigError
-    from planner.executor import ExecutorError
-    from planner.executor.faults import parse_fault
-    from planner.executor.runspec import build_run_spec, env_positive_int
-
     parse_fault(inject_fault)
     for folder, option in ((workdir, "--workdir"), (checkpoint_dir, "--checkpoint-dir")):
         if folder is not None:
@@ -170,8 +173,6 @@ def run(
         checkpoint_every_steps=checkpoint_every_steps,
     )
     if spec.config.precision == "fp8" and os.environ.get("RANK", "0") == "0":
-        from planner.executor.runspec import fp8_line
-
         typer.echo(f"warning: {fp8_line(spec.backend)}", err=True)
     launched = None
     if under_torchrun:
@@ -179,13 +180,14 @@ def run(
         if ranks is None:
             return
     else:
+        # optional heavy dependency: planner.executor.launch imports torch at its top
         from planner.executor.launch import launch_local
 
         launched = launch_local(spec, workdir=workdir, keep_workdir=verify)
         ranks, wall_s, where = launched.ranks, launched.wall_s, launched.workdir
     verification = None
     if verify:
-        from planner.executor.lifecycle import stop_signals
+        # optional heavy dependency: planner.executor.verify imports torch at its top
         from planner.executor.verify import verify_run
 
         try:
@@ -202,8 +204,6 @@ def run(
         if launched is not None and launched.temporary:
             where = None
     if hardware is None:
-        from planner.plan import load_plan
-
         hardware = "cpu-local" if spec.backend == "gloo" else load_plan(plan).hardware_name
     prediction, prediction_note = predict_step_time_s(spec, hardware)
     document = run_document(
@@ -255,9 +255,8 @@ def demo_document() -> dict:
     """The --demo plan as `planner estimate --json` writes it (cpu-local), for the tiny GPT of the
     executor
     (imported here: the estimator and the model's torch are heavy for the rest of `run`)."""
-    from planner.estimate import estimate
+    # optional heavy dependency: planner.executor.tiny imports torch at its top
     from planner.executor.tiny import gpt_tiny_spec
-    from planner.parallel import ParallelConfig
 
     cfg = ParallelConfig(framework="torchtitan", **DEMO_CONFIG)
     document = estimate(
@@ -273,6 +272,7 @@ def _run_torchrun(spec):
 
     import torch.distributed as dist
 
+    # optional heavy dependency: planner.executor.worker imports torch at its top
     from planner.executor.worker import train
 
     t0 = time.perf_counter()
@@ -303,7 +303,6 @@ def predict_step_time_s(spec, profile: str = "cpu-local") -> tuple[float | None,
         from planner.estimate import estimate
     except ImportError as err:
         return None, f"prediction column left out: {err.name} is not in this build yet"
-    from planner.errors import PlannerError
 
     try:
         hw = load_profile(profile)

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch.distributed as dist
+from planner.errors import ConfigError
 
 MANIFEST = "trainer.json"
 DCP_METADATA = ".metadata"
@@ -154,8 +155,6 @@ def choose_resume_step(directory: str | Path, *, say=None, set_aside: bool = Tru
     """Before launching: the latest intact step of `directory` (None: start fresh). Damaged or
     unfinished steps newer than it are moved aside (step-N.damaged), each named on stderr. A
     directory with steps but none intact is bad input (ConfigError, exit 2)."""
-    from planner.errors import ConfigError
-
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     root = Path(directory)
     steps = _steps(root) if root.is_dir() else []
@@ -191,8 +190,6 @@ def check_resumable(directory: str | Path, spec, *, set_aside: bool = True) -> i
     """Before launching: the checkpoint directory is usable by `spec`. Returns the step to resume
     from (None for a fresh directory); ConfigError when the path is a file, no step is intact, the
     saved run differs (model, layout, seed, ...) or it already holds every step asked for."""
-    from planner.errors import ConfigError
-
     root = Path(directory)
     if root.exists() and not root.is_dir():
         raise ConfigError("--checkpoint-dir", str(root), "a directory (it is a file)")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from planner.errors import ConfigError
 from planner.executor import ExecutorError
+from planner.executor.lifecycle import parent_alive
 
 BUGS = {
     "skip_dp_reduce": "data parallelism without the gradient all-reduce (each replica keeps its own gradient)",
@@ -135,7 +136,6 @@ class Heartbeat:
 
     def start(self, *, period_s: float, parent: int | None) -> None:
         """Beat every `period_s` from a daemon thread; SIGKILL this process once `parent` is gone."""
-        from planner.executor.lifecycle import parent_alive
 
         def loop():
             while True:

@@ -29,6 +29,8 @@ from planner.executor.faults import stop_all, watch
 from planner.executor.lifecycle import Interrupted, stop_signals
 from planner.executor.runspec import RunSpec, env_choice
 from planner.io import fresh_subfolder
+import planner.executor.worker as worker
+from planner.models.transformer import build_model
 
 
 def free_port() -> int:
@@ -88,9 +90,6 @@ def _preload(spec: RunSpec):
     import torch.distributed.pipelining  # noqa: F401
     import torch.distributed.tensor.parallel  # noqa: F401
     import torch.nn.parallel  # noqa: F401
-
-    import planner.executor.worker as worker
-    from planner.models.transformer import build_model
 
     model = build_model(spec.model, device="cpu", seed=spec.seed)
     worker.PREBUILT.clear()

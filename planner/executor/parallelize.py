@@ -17,6 +17,8 @@ import torch.distributed as dist
 from torch import nn
 
 from planner.parallel import LOOPED_SCHEDULES, ParallelConfig
+from planner.placement import with_context
+from planner.plan import mesh_dims
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -49,9 +51,6 @@ def mesh_names(config: ParallelConfig) -> tuple[tuple[str, ...], tuple[int, ...]
     innermost: shard groups are dp_shard consecutive dp indices (torchtitan's dp_replicate x dp_shard;
     planner.placement's 'S' and 'R' groups)."""
     import dataclasses
-
-    from planner.placement import with_context
-    from planner.plan import mesh_dims
 
     if "C" not in config.placement:
         config = dataclasses.replace(config, placement=with_context(config.placement))

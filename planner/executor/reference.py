@@ -25,6 +25,7 @@ from torch import nn
 
 from planner.executor.runspec import RunSpec
 from planner.models.transformer import build_model, lm_loss
+from planner.models.transformer import Attention, rope_cos_sin
 
 
 def synthetic_tokens(spec: RunSpec, step: int) -> torch.Tensor:
@@ -89,7 +90,6 @@ class RoundingModel:
     element by element (both evaluations round: u_run + u_ref), n_chain being the summed lengths of
     the inner products on the forward and backward path (`chain_lengths`). The loss, a mean of
     per-token losses lse_t - z_t (log-sum-exp minus the target's logit), likewise:
-
         |L_run - L_ref| <= lambda (u_run + u_ref) sqrt(n_forward + tokens) x mean_t (|lse_t| + |z_t|).
     """
 
@@ -176,8 +176,6 @@ class _AbsoluteTerms:
     and Stability of Numerical Algorithms, 2nd ed. 2002, sec. 3.1 and 3.5)."""
 
     def __init__(self, model: nn.Module):
-        from planner.models.transformer import Attention
-
         self.norms: dict[int, float] = {}
         self.handles = []
         self.positions = getattr(model, "pos_embeddings", None)
@@ -196,8 +194,6 @@ class _AbsoluteTerms:
                 self.patched.append(module)
 
     def _patched_core(self, attention):
-        from planner.models.transformer import Attention
-
         def core(q, k, v):
             out = Attention._core(attention, q, k, v)
             if out.requires_grad:
@@ -241,8 +237,6 @@ class _AbsoluteTerms:
 
     @staticmethod
     def _unrotate(g: torch.Tensor) -> torch.Tensor:
-        from planner.models.transformer import rope_cos_sin
-
         s, d = g.shape[-2:]
         cos, sin = rope_cos_sin(s, d)
         half = d // 2

@@ -17,6 +17,8 @@ from pathlib import Path
 from planner.errors import ConfigError
 from planner.parallel import ParallelConfig
 from planner.spec import TransformerSpec
+from planner.executor.faults import bug, check_bug_applies, parse_fault
+from planner.plan import load_plan
 
 BACKENDS = ("gloo", "nccl")
 
@@ -188,11 +190,13 @@ def check_model_executable(config: ParallelConfig, spec: TransformerSpec) -> Non
 def resolve_transformer(name: str, seq: int | None) -> TransformerSpec:
     """The executor runs the planner's own Transformer: catalog / HF config via planner.sources,
     or a `package.module:factory` that returns a `planner.models.transformer.Transformer`."""
+    # optional heavy dependency: planner.models.transformer imports torch at its top
     from planner.models.transformer import Transformer
 
     if ":" in name and not Path(name).exists():
         import torch
 
+        # optional heavy dependency: planner.module_profiler imports torch at its top
         from planner.module_profiler import load_factory
 
         try:
@@ -250,6 +254,7 @@ def resolve_transformer(name: str, seq: int | None) -> TransformerSpec:
 
 
 def parameter_count(spec: TransformerSpec) -> int:
+    # optional heavy dependency: planner.models.transformer imports torch at its top
     from planner.models.transformer import build_model
 
     return sum(p.numel() for p in build_model(spec, device="meta", seed=None).parameters())
@@ -356,9 +361,6 @@ def build_run_spec(
     checkpoint_every_steps: int | None = None,
 ) -> RunSpec:
     """Read the plan, resolve the model and settle every backend-dependent choice (with notes)."""
-    from planner.executor.faults import bug, check_bug_applies, parse_fault
-    from planner.plan import load_plan
-
     if backend not in BACKENDS:
         raise ConfigError("backend", backend, "one of " + ", ".join(BACKENDS))
     parse_fault(fault)
@@ -498,6 +500,7 @@ def build_run_spec(
         checkpoint_every_steps=checkpoint_every_steps if checkpoint_dir else None,
     )
     if checkpoint_dir:
+        # optional heavy dependency: planner.executor.checkpoint imports torch at its top
         from planner.executor.checkpoint import check_resumable
 
         # under torchrun every rank reads the directory; only rank 0 moves damaged steps aside

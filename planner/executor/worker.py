@@ -42,6 +42,8 @@ from planner.executor.reference import dp_shard, make_optimizer, synthetic_token
 from planner.parallel import offload_kinds
 from planner.executor.runspec import RunSpec
 from planner.models.transformer import build_model, lm_loss
+from planner.executor.lifecycle import die_with_parent
+from planner.executor.record import full_tensor, save_atomic
 
 PREBUILT: dict = {}
 """(model spec, seed) -> the initialized full model, built once by a forking launcher before the
@@ -347,8 +349,6 @@ class _Run:
         by the first rank holding each parameter (`_keeps`): in WORKDIR/params-rRANK.pt when there
         is a work directory (pickling hundreds of MB through gather_object costs more than the
         training steps of a small model), else in the result."""
-        from planner.executor.record import full_tensor, save_atomic
-
         out = {
             clean_name(name): full_tensor(p, copy=self.workdir is None)
             for _, module in self.parts
@@ -405,9 +405,6 @@ def train(
 
 def main(argv: list[str], *, parent: int | None = None) -> int:
     """A launched rank. `parent`: the launcher's pid (this rank ends when that process is gone)."""
-    from planner.executor.lifecycle import die_with_parent
-    from planner.executor.record import save_atomic
-
     spec_path, workdir = argv
     rank = int(os.environ["RANK"])
     parent = die_with_parent(parent)

@@ -29,22 +29,8 @@ from planner.exports.common import (
     require_spec,
     steps_between_checkpoints,
 )
-from planner.exports.limits import fsdp_limits
+from planner.exports.limits import HF_DECODER_LAYER, fsdp_limits
 from planner.plan import Plan
-
-HF_DECODER_LAYER = {
-    # planner model_type: (transformers config class, causal-LM class, decoder layer class FSDP wraps)
-    "gpt2": ("GPT2Config", "GPT2LMHeadModel", "GPT2Block"),
-    "llama": ("LlamaConfig", "LlamaForCausalLM", "LlamaDecoderLayer"),
-    "mistral": ("MistralConfig", "MistralForCausalLM", "MistralDecoderLayer"),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "Qwen2DecoderLayer"),
-    "mixtral": ("MixtralConfig", "MixtralForCausalLM", "MixtralDecoderLayer"),
-    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", "Qwen3MoeDecoderLayer"),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "Qwen3DecoderLayer"),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", "Phi3DecoderLayer"),
-    "gemma": ("GemmaConfig", "GemmaForCausalLM", "GemmaDecoderLayer"),
-}
-"""Model families whose Hugging Face config the exporter writes (transformers 5.23.0 class names)."""
 
 PRECISION = {"fp32": "no", "amp-fp16": "fp16", "amp-bf16": "bf16", "bf16": "bf16", "fp8": "fp8"}
 """Planner precision -> Accelerate mixed_precision (every precision of frameworks/fsdp.json)."""

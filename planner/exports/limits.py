@@ -17,9 +17,25 @@ from __future__ import annotations
 from frameworks import load_framework
 from frameworks.rules import a2a_overlap_conflict, mtp_without_pp_or_cp
 from planner.exports.common import chunk_blocks, model_moe, model_spec
+from planner.hf_config import GEMMA_ACTIVATIONS
 from planner.partition import even_split
 from planner.plan import Plan
 from planner.spec import TransformerSpec
+
+HF_DECODER_LAYER = {
+    # planner model_type: (transformers config class, causal-LM class, decoder layer class FSDP wraps)
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", "GPT2Block"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "LlamaDecoderLayer"),
+    "mistral": ("MistralConfig", "MistralForCausalLM", "MistralDecoderLayer"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "Qwen2DecoderLayer"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", "MixtralDecoderLayer"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", "Qwen3MoeDecoderLayer"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "Qwen3DecoderLayer"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", "Phi3DecoderLayer"),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", "GemmaDecoderLayer"),
+}
+"""Model families whose Hugging Face config the fsdp exporter writes (planner.exports.fsdp; transformers
+5.23.0 class names): the families fsdp_limits accepts."""
 
 
 def target_limits(fmt: str, plan: Plan) -> list[str]:
@@ -284,8 +300,6 @@ def megatron_limits(plan: Plan) -> list[str]:
 
 def fsdp_limits(plan: Plan) -> list[str]:
     """Hugging Face modules under DDP / FSDP2 through Accelerate (planner.exports.fsdp)."""
-    from planner.exports.fsdp import HF_DECODER_LAYER
-
     cfg, spec, out = plan.config, model_spec(plan), []
     if spec is None:
         return [_NO_ARCH]
@@ -310,8 +324,6 @@ def fsdp_limits(plan: Plan) -> list[str]:
                 "biases, head_dim = hidden/heads)"
             )
     elif spec.model_type == "gemma":
-        from planner.hf_config import GEMMA_ACTIVATIONS
-
         if not (
             spec.position == "rope"
             and spec.norm == "rmsnorm"

@@ -18,6 +18,9 @@ from frameworks.rules import placement_allowed, violations
 from planner.errors import ConfigError
 from planner.parallel import ParallelConfig
 from planner.plan import run_options
+from planner.estimate import estimate
+from planner.exports.common import model_spec
+from planner.plan import plan_from_document
 
 FORMAT_FRAMEWORK = {
     "torchtitan": "torchtitan",
@@ -86,9 +89,6 @@ def framework_refusals(plan, fmt: str) -> list[str]:
 def retarget(plan, fmt: str):
     """(plan for the target, notes) when `fmt` is another framework than the plan's; the plan itself
     and no notes otherwise. ConfigError (one line) when the target cannot run it."""
-    from planner.exports.common import model_spec
-    from planner.plan import plan_from_document
-
     name = FORMAT_FRAMEWORK.get(fmt)
     if name is None:
         return plan, []
@@ -107,8 +107,6 @@ def retarget(plan, fmt: str):
     document = dict(plan.document)
     est = None
     if spec is not None:
-        from planner.estimate import estimate
-
         options = run_options(plan.document)
         while True:
             try:

@@ -14,6 +14,21 @@ from planner.estimate import estimate
 from planner.parallel import ParallelConfig
 from planner.plan import run_options
 from planner.report.timeline import StageTimes
+from frameworks import load_framework
+from hardware_profiles import load_profile
+from planner.candidates import FIELDS
+from planner.catalog import CATALOG
+from planner.estimate import even_stages, rank_blocks, rank_recomputed
+from planner.goodput import (
+    ReliabilityInputs,
+    goodput_by_gpus,
+    reliability_figures,
+    with_reliability,
+)
+from planner.parallel import LOOPED_SCHEDULES, SCHEDULES, looped_rounds_ok
+from planner.score import score
+from planner.search import config_of, recommend
+from planner.sources import resolve_model, transformer_spec
 
 _CONFIG_FIELDS = frozenset(f.name for f in fields(ParallelConfig))
 
@@ -43,14 +58,10 @@ class SearchResult:
 def resolve(model_arg: str, seq: int | None):
     """The TransformerSpec the cost model scores. A `package.module:factory` is profiled on the meta
     device (planner.sources); it can be scored when the module exposes its TransformerSpec."""
-    from planner.sources import resolve_model, transformer_spec
-
     return transformer_spec(resolve_model(model_arg, seq=seq))
 
 
 def hardware(name: str):
-    from hardware_profiles import load_profile
-
     return load_profile(name)
 
 
@@ -93,12 +104,11 @@ def batchnorm_count(model_arg: str) -> int:
     """BatchNorm modules (any torch.nn.modules.batchnorm._BatchNorm, SyncBatchNorm included) in the
     model: 0 for catalog and config.json transformers (LayerNorm/RMSNorm); a `package.module:factory`
     is built on the meta device (planner.module_profiler.build_on_meta) and its modules counted."""
-    from planner.catalog import CATALOG
-
     if model_arg in CATALOG or model_arg.endswith(".json") or ":" not in model_arg:
         return 0
     import torch
 
+    # optional heavy dependency: planner.module_profiler imports torch at its top
     from planner.module_profiler import build_on_meta
 
     module = build_on_meta(model_arg)
@@ -114,11 +124,6 @@ def search(
     so recommend() is handed planner.score.score wrapped to keep a copy of each batch it scores
     (memory-bound probes included where their micro-batch count is one a plan may have). Same search, same cost model.
     """
-    from planner.candidates import FIELDS
-    from planner.parallel import LOOPED_SCHEDULES, SCHEDULES, looped_rounds_ok
-    from planner.score import score
-    from planner.search import config_of, recommend
-
     batches: list[tuple[np.ndarray, ...]] = []
     best_piped: list[
         tuple[float, dict[str, Any], int]
@@ -236,8 +241,6 @@ def stage_times(model, doc: Mapping[str, Any]) -> tuple[list[StageTimes], float]
     if p.get(
         "recompute_layers"
     ):  # only the first N blocks of each chunk recomputed: the busiest rank's share
-        from planner.estimate import even_stages, rank_blocks, rank_recomputed
-
         chunks = list(
             p.get("stages") or even_stages(model.total_blocks, p["pp"] * p["virtual_stages"])
         )
@@ -267,7 +270,6 @@ def seed_comparison(
       the best pure-data-parallel one (pp = 1) at this node count, both fitting (planner.score).
     """
     from cost_models import comm
-    from frameworks import load_framework
 
     d = hw.devices_per_node
     p = doc["plan"]
@@ -297,8 +299,6 @@ def seed_comparison(
 def with_goodput(doc: Mapping[str, Any], hw, scenario) -> dict[str, Any]:
     """The document with its goodput for the scenario's run (planner.goodput), computed here only when
     the document does not carry it (a plan file's re-estimate); recommend's documents already do."""
-    from planner.goodput import reliability_figures, with_reliability
-
     doc = dict(doc)
     if "reliability" in doc.get("prediction", {}):
         return doc
@@ -312,12 +312,8 @@ def with_goodput(doc: Mapping[str, Any], hw, scenario) -> dict[str, Any]:
 
 def goodput_curve(doc: Mapping[str, Any], hw, scenario, gpus: Sequence[int]) -> list[float]:
     """Goodput of the plan's checkpoint on the same storage at other cluster sizes (planner.goodput)."""
-    from planner.goodput import goodput_by_gpus
-
     return goodput_by_gpus(doc, hw, gpus, inputs=_inputs(scenario))
 
 
 def _inputs(scenario):
-    from planner.goodput import ReliabilityInputs
-
     return getattr(scenario, "reliability", None) or ReliabilityInputs()

@@ -18,6 +18,7 @@ from planner.report import checklist, figures
 from planner.report import backend
 from planner.report.render import Figure, ReportContent, Section, Table, table_from_records
 from planner.report.timeline import build_timeline
+from planner.report.checklist import GOODPUT_WARN_FRACTION
 
 GB = 1e9
 GiB = 2**30
@@ -725,7 +726,6 @@ def _goodput_section(best, hw, scenario: Scenario) -> Section:
     top = max(GOODPUT_CURVE_MAX_GPUS, 4 * gpus)
     sizes = sorted({per_node * 2**k for k in range(0, 30) if per_node * 2**k <= top} | {gpus})
     curve = backend.goodput_curve(best, hw, scenario, sizes)
-    from planner.report.checklist import GOODPUT_WARN_FRACTION
 
     fig = Figure(
         name="goodput_by_size",

@@ -45,6 +45,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
 import numpy as np
+from frameworks import load_framework
+from planner.parallel import FRAMEWORKS, LOOPED_SCHEDULES, looped_rounds, looped_rounds_ok
+from planner.placement import group_locality, placement_index, strides, with_context
 
 Status = Literal["pass", "advice", "warn"]
 STATUSES: tuple[Status, ...] = ("pass", "advice", "warn")
@@ -384,7 +387,6 @@ def short_pipelines(ctx: RuleContext) -> RuleResult:
         )
     idle = ctx.share("bubble", "pp_p2p")
     status: Status = "pass" if idle <= BUBBLE_WARN_FRACTION else "warn"
-    from planner.parallel import LOOPED_SCHEDULES, looped_rounds, looped_rounds_ok
 
     m, pp = plan["num_microbatches"], plan["pp"]
     if plan["schedule"] in LOOPED_SCHEDULES:
@@ -684,16 +686,11 @@ def _growth(slower: Mapping[str, Any], faster: Mapping[str, Any], terms: int = 3
 
 
 def _framework(ctx: RuleContext):
-    from frameworks import load_framework
-
     return load_framework(ctx.plan.get("framework", "megatron"))
 
 
 def _stacks_with(has: Callable[[Any], bool]) -> str:
     """The shipped frameworks whose capabilities pass `has` (frameworks/*.json), e.g. 'megatron, torchtitan'."""
-    from frameworks import load_framework
-    from planner.parallel import FRAMEWORKS
-
     return (
         ", ".join(name for name in FRAMEWORKS if has(load_framework(name).capabilities)) or "none"
     )
@@ -712,8 +709,6 @@ def cp_changes(plan: Mapping[str, Any], cp: int, comms: tuple[str, ...]) -> dict
     dp x cp kept (world = dp x tp x pp x cp), C placed just outside T, the plan's cp_comm when the
     framework has it (else its first), the shard group kept when it still divides dp. None when
     dp x cp is not a multiple of `cp`."""
-    from planner.placement import with_context
-
     ranks = plan["dp"] * plan.get("cp", 1)
     if ranks % cp:
         return None
@@ -1030,8 +1025,6 @@ def nvlink_shard_group(plan: Mapping[str, Any], nvlink_domain_devices: int) -> i
     """Data-parallel ranks of one NVLink domain under the plan's placement: the hybrid shard group
     that keeps the shards' all-gathers and reduce-scatters on NVLink (planner.placement.group_locality,
     the cost model's own layout)."""
-    from planner.placement import group_locality, placement_index
-
     local = group_locality(
         placement_index(plan["placement"]),
         plan["dp"],
@@ -1205,8 +1198,6 @@ def evaluate(ctx: RuleContext) -> list[RuleResult]:
 def tp_group_nodes(plan: Mapping[str, Any], devices_per_node: int) -> int:
     """Nodes spanned by the widest tensor-parallel group under the placement: ranks laid out with the
     cost model's strides (planner.placement.strides: row-major over the placement, C just outside T)."""
-    from planner.placement import placement_index, strides
-
     sizes = {"D": plan["dp"], "P": plan["pp"], "C": plan.get("cp", 1), "T": plan["tp"]}
     st = strides(placement_index(plan["placement"]), sizes["D"], sizes["P"], sizes["T"], sizes["C"])
     axes = ("D", "P", "C", "T")  # T last: each row below is one tensor-parallel group

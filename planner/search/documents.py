@@ -17,6 +17,9 @@ from planner.search.results import ScoredSpace, rank
 from planner.search.request import Setup
 from planner.search.space import Workload, config_of
 from planner.uncertainty import with_bands
+from planner.estimate import Estimate, even_stages
+from planner.placement import group_locality
+from planner.score import score
 
 
 def _with_cost(
@@ -165,9 +168,6 @@ def _ep_versus(
     from cost_models.compute import block_seconds
     from cost_models.moe import EP_LINKS, ep_links, placement_summary
     from cost_models.step import Step
-    from planner.estimate import Estimate, even_stages
-    from planner.placement import group_locality
-    from planner.score import score
 
     if getattr(model, "moe", None) is None or "ep" not in scored.arrays:
         return None

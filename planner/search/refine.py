@@ -13,6 +13,9 @@ from planner.parallel import ParallelConfig
 from planner.search.documents import _objective_value
 from planner.search.request import Setup
 from planner.software import software_for
+from planner.estimate import candidate_of
+from planner.partition import PartitionProblem, even_split, split
+from planner.score import CandidateArrays
 
 
 CPSAT_MAX_CHUNKS = 16
@@ -34,7 +37,6 @@ def stage_problem(model, cfg: ParallelConfig, software=None):
     from cost_models import flops as F
     from cost_models import params as P
     from cost_models.memory import state_bytes_per_param
-    from planner.partition import PartitionProblem
 
     sw = software or software_for(cfg.framework)
     b, s, tp = cfg.micro_batch, cfg.seq, cfg.tp
@@ -122,8 +124,6 @@ def fewest_recomputed_layers(
         or not hasattr(model, "total_blocks")
     ):
         return None
-    from planner.estimate import candidate_of
-    from planner.score import CandidateArrays
 
     if score_fn is None:
         from planner.score import score as score_fn
@@ -157,8 +157,6 @@ def fewest_recomputed_layers(
 def uneven_stages(model, cfg: ParallelConfig, software=None) -> tuple[int, ...]:
     """The fastest contiguous split of the blocks for cfg (empty when pp = 1 or the model has no blocks), weighed
     with the run's software (its options change what a block saves; stage_problem)."""
-    from planner.partition import even_split, split
-
     if cfg.pp == 1 or not hasattr(model, "total_blocks"):
         return ()
     if cfg.virtual_stages > 1 and cfg.pp * cfg.virtual_stages > CPSAT_MAX_CHUNKS:
