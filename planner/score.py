@@ -27,6 +27,7 @@ source in its docstring and a unit test; the candidates, the hardware profile an
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, replace
 from typing import Mapping
 
@@ -161,6 +162,9 @@ class Scores:
     bubble_bound: np.ndarray | float = 0.0
     """Pipeline idle time that neither the closed form nor the simulated step goes below
     (cost_models.pipeline.bubble_lower_bound): the search's bound term in place of `bubble`."""
+    dp_bound: np.ndarray | float = 0.0
+    """Data-parallel time after the compute that neither the closed form nor the simulated step
+    goes below, beyond bubble_bound and pp_p2p_bound (never above dp_comm; _pipeline_bounds)."""
     pp_p2p_bound: np.ndarray | float = 0.0
     """Pipeline sends on every rank's stream that neither the closed form nor the simulated step
     goes below: m blocking sends (every rank sends each micro-batch's activation or gradient), 0
@@ -266,9 +270,8 @@ def score(
         recompute_s=block.recompute + tp.recompute + ep.recompute,
     )
     busy, bubble = PL.schedule_seconds(x, stage)
-    params_rank = MO.rank_params(x, x.blocks_first, True, x.single_stage).higher(
-        MO.rank_params(x, x.blocks_last, x.single_stage, True)
-    )
+    params_first = MO.rank_params(x, x.blocks_first, True, x.single_stage)
+    params_rank = params_first.higher(MO.rank_params(x, x.blocks_last, x.single_stage, True))
     dp_comm = C.dp_comm_seconds(
         x,
         params_rank,
@@ -277,8 +280,22 @@ def score(
     )
     hop = C.pp_hop_seconds(x)
     pp_p2p = C.pp_p2p_seconds(x, hop)
-    bubble_bound = PL.bubble_lower_bound(x, stage, bubble)
-    pp_p2p_bound = _pp_p2p_bound(x, cands, block, stage, bubble_bound, pp_p2p, hop)
+    bubble_bound, pp_p2p_bound, dp_bound = _pipeline_bounds(
+        x,
+        cands,
+        stage,
+        bubble,
+        pp_p2p,
+        hop,
+        dp_comm,
+        params_first,
+        forward_s=_block_forward_seconds(x, block, tp, cp_s, ep, ep_s),
+        second_compute_s=x.blocks_second * (block.fwd + block.bwd),
+        per_block_s=block.total + tp_exposed + cp_s + ep_s,
+        recompute_s=block.recompute + tp.recompute + ep.recompute,
+        embedding_s=embedding_s,
+        head_s=head_s,
+    )
     optimizer_s = K.optimizer_step_seconds(x, params_rank)
     acts = M.activation_bytes(x)
     host_room = M.host_room_bytes(x, params_rank.total)
@@ -332,26 +349,187 @@ def score(
         step=x,
         pp_p2p_bound=pp_p2p_bound,
         bubble_bound=bubble_bound,
+        dp_bound=dp_bound,
     )
 
 
-def _pp_p2p_bound(x: Step, cands: CandidateArrays, block, stage, bubble_bound, pp_p2p, hop):
-    """Scores.pp_p2p_bound: blocking sends that neither step goes below, beyond m x the slowest
-    stage and bubble_bound. Every rank's stream holds m blocking sends (one per micro-batch), a
-    middle rank 2 m (it sends forward and back, Megatron's send_forward_recv_backward;
-    cost_models.timeline), so the step is at least max(m S_slowest + bubble_bound + m hop,
-    m (S_mid + 2 hop)) with S_mid at least the second rank's blocks' compute (an even split's
-    middle rank, p >= 3); 0 where the interleaved schedule overlaps its sends. Never above the
-    closed form's pp_p2p."""
+def _block_forward_seconds(x: Step, block, tp, cp_s, ep, ep_s):
+    """A block's forward with its exposed tp, cp and ep time: what the simulated step's forward
+    operations cost per block (cost_models.timeline.block_terms_of's block_fwd_s)."""
+    tp_fwd = C.tp_exposed_parts(x, tp, block)[0]
+    ep_fwd = ep_s * ep.fwd / np.maximum(ep.total, 1e-30)
+    return block.fwd + tp_fwd + TL.CP_FORWARD_SHARE * cp_s + ep_fwd
+
+
+def _pipeline_bounds(
+    x: Step,
+    cands: CandidateArrays,
+    stage,
+    bubble,
+    pp_p2p,
+    hop,
+    dp_comm,
+    params_first,
+    *,
+    forward_s,
+    second_compute_s,
+    per_block_s,
+    recompute_s,
+    embedding_s,
+    head_s,
+):
+    """(Scores.bubble_bound, Scores.pp_p2p_bound, Scores.dp_bound): the pipeline's idle time, its
+    blocking sends and the data-parallel time after the compute that neither the closed form nor the
+    simulated step (cost_models.timeline) goes below, beyond m x the slowest stage. The first two
+    are the largest of some lower bounds on the simulated compute end, each read
+    off one rank r of the fixed orders (GPipe, 1F1B, interleaved; 0 for zero-bubble, whose greedy
+    order may defer the weight gradients into the drain, Qi et al. 2023), with F_q, B_q and S_q =
+    F_q + B_q rank q's forward, backward and whole work per micro-batch, v the chunks (1 unless
+    interleaved), m the micro-batches, F and B the sums over ranks:
+
+    - the last rank (pipeline.bubble_lower_bound): its m micro-batches run between the fill
+      (chunk 0's forwards on ranks 0 .. p-2) and the drain (their backwards):
+      m S_last + (B + F - S_last)/v.
+    - rank r's first backward (micro-batch 0, chunk v-1, stage (v-1) p + r) waits for its forward
+      through all p v stages (F) and its backward from the last stage down to stage (v-1) p + r + 1
+      (sum over q > r of B_q / v); then rank r still runs all its work but the k_r forwards it ran
+      before (k_r = min(warm-up + 1, m v); warm-up: GPipe all, 1F1B p - r - 1, interleaved
+      2 (p - r - 1) + (v - 1) p; cost_models.timeline._FixedOrders); its last operation is the last
+      micro-batch's backward of chunk 0 (stage r), which the backwards of stages r - 1 .. 0 follow
+      (sum over q < r of B_q / v). So the step is at least
+          F + (B - B_r)/v + m S_r - k_r F_r / v,
+      read for rank 0 and, with an even split, for the last middle rank that holds the most blocks
+      (Step.rank_block_counts). B - B_r >= (p S_mean - S_r) - (F - F_r): only the forwards (their
+      share of a block: _block_forward_seconds) need splitting out.
+
+    A rank's blocking sends lie on these chains: the last rank's m backward sends and, for a middle
+    rank, its m v; rank 0's chain holds 2 (p - 1) sends of micro-batch 0 and its forwards' sends
+    after its first backward, at least m in all (1F1B, interleaved; GPipe 2 (p - 1)). And every
+    rank's stream holds m blocking sends, a middle rank 2 m (it sends forward and back, Megatron's
+    send_forward_recv_backward), so the step is also at least m S_slowest + m hop and
+    m (S_mid + 2 hop), S_mid at least the second rank's blocks' compute (an even split's middle
+    rank, p >= 3). The bubble term is the largest chain beyond m S_slowest, never above the closed
+    form's `bubble`; the send term the largest chain with its sends beyond that, never above the
+    closed form's pp_p2p, 0 where the interleaved schedule overlaps its sends
+    (Software.overlap_p2p).
+
+    Rank 0's data-parallel stream (cost_models.timeline.rank_work, _rank_span): chunk c's share R/v
+    of its once-per-step reduction R is released at that chunk's last backward, after which rank 0
+    runs at most c p + 1 backwards (its cool-down ends with the last round's chunks c, .., 0), so
+    the stream ends at least (c + 1) R/v - min(m v, c p + 1) B_0/v after the bound on rank 0's
+    compute end (read for c = 0 and v - 1; all of R after it without overlap_grad_reduce), plus the
+    parameter gather after the step where it is not overlapped; the rank ends at compute end + (1 -
+    i) x that exposed time + i x its whole data-parallel time (i: overlap_interference, what hidden
+    communication still costs), both bounds only grow the end. The term is what that exceeds the
+    other chains by, never above the closed form's dp_comm; 0 for ZeRO-3 (per micro-batch
+    reductions).
+
+    Ranks that share cores (a CPU profile, shared_cores_speedup > 1) keep the last rank's bound and
+    no data-parallel term. tests/test_timeline.py checks the terms under the simulated step."""
+    busy = x.m * stage.slowest
+    p, m = x.pp, x.m
+    fixed = (p > 1) & ~x.is_schedule("zero-bubble")
     overlapped = x.is_schedule("interleaved-1f1b") & (x.v > 1) & x.sw.overlap_p2p
-    mid = (
-        x.m * (x.blocks_second * (block.fwd + block.bwd) + 2.0 * hop)
-        - x.m * stage.slowest
-        - bubble_bound
+    middle = (p >= 3) & (cands.blocks_first is None)
+    chains = [  # (lower bound on the step with its sends, sends on it)
+        (busy, m),
+        (np.where(middle, m * second_compute_s, -np.inf), 2.0 * m),
+    ]
+    reduced = None
+    if K.eff(x.hw, "shared_cores_speedup") > 1.0:
+        bubble_bound = PL.bubble_lower_bound(x, stage, bubble)
+        chains[0] = (busy + bubble_bound, m)
+    else:
+        interleaved = x.is_schedule("interleaved-1f1b") & (x.v > 1)
+        v = np.where(interleaved, x.v, 1.0)
+        gpipe = x.is_schedule("gpipe")
+
+        def first_backward(r, s_r, f_r):
+            warm = np.where(interleaved, 2.0 * (p - r - 1.0) + (v - 1.0) * p, p - r - 1.0)
+            k = np.where(gpipe, m * v, np.minimum(warm + 1.0, m * v))
+            return f_all * (1.0 - 1.0 / v) + (s_all - s_r) / v + m * s_r + f_r * (1.0 - k) / v
+
+        f_all = (
+            x.spec.total_blocks * forward_s
+            + TL.EMBEDDING_FORWARD_SHARE * embedding_s
+            + TL.HEAD_FORWARD_SHARE * head_s
+        )
+        s_all = p * stage.mean
+        rec_first = x.recomputed_at_ends()[0]
+        share = x.full_share
+        unit = np.where(share > 0, np.asarray(recompute_s) / np.maximum(share, 1e-30), 0.0)
+        single = x.single_stage
+        s_first = (
+            x.blocks_first * per_block_s
+            + (rec_first - x.blocks_first * share) * unit
+            + embedding_s
+            + np.where(single, head_s, 0.0)
+        )
+        f_first = (
+            x.blocks_first * forward_s
+            + TL.EMBEDDING_FORWARD_SHARE * embedding_s
+            + np.where(single, TL.HEAD_FORWARD_SHARE * head_s, 0.0)
+        )
+        # the last rank of an even split that holds the most blocks (Step.rank_block_counts), if a
+        # middle one: ranks k <= r - (ceil(r / p) - 1) p - 1 hold v q + ceil(r / p), r = L mod p v
+        q = np.floor(x.spec.total_blocks / (p * x.v))
+        rest = x.spec.total_blocks - q * p * x.v
+        most = np.where(rest > 0, rest - (np.ceil(rest / p) - 1.0) * p - 1.0, p - 1.0)
+        k_mid = np.minimum(most, p - 2.0)
+        even = cands.blocks_first is None and getattr(cands, "rank_blocks", None) is None
+        mid = np.where(
+            fixed & even & (k_mid >= 1),
+            first_backward(k_mid, x.blocks_most * per_block_s, x.blocks_most * forward_s),
+            -np.inf,
+        )
+        last = np.where(fixed, m * stage.last + (s_all - stage.last) / v, -np.inf)
+        rank0_end = first_backward(0.0, s_first, f_first)
+        rank0 = np.where(fixed, rank0_end, -np.inf)
+        lb = np.maximum(np.maximum(last, rank0), mid)
+        bubble_bound = np.where(fixed, np.minimum(bubble, np.maximum(0.0, lb - busy)), 0.0)
+        rank0_sends = np.where(gpipe, np.minimum(m, 2.0 * (p - 1.0)), m)
+        chains += [(last, m), (mid, m), (rank0, rank0_sends)]
+        # rank 0's data-parallel stream (cost_models.timeline.rank_work, _rank_span): its gradient
+        # reduction (ZeRO-3's per micro-batch ones left out) chunk by chunk after each chunk's last
+        # backward, its parameter gather after the step where not overlapped, and the interference
+        # of the hidden part
+        allreduce, reduce_scatter, gather = C.dp_reduction_parts(x, params_first)
+        bf16 = x.sw.bf16_optimizer
+        once = np.where(x.zero >= 3, 0.0, np.where((x.zero == 0) | bf16, allreduce, reduce_scatter))
+        gather = np.where((x.zero >= 3) | ((x.zero == 0) & (not bf16)), 0.0, gather)
+        b_first = s_first - f_first
+        if x.sw.overlap_grad_reduce:
+            # after chunk c's last backward rank 0 runs at most c p + 1 backwards (its cool-down
+            # ends with the last round's chunks c, c - 1, .., 0) and the stream (c + 1) reductions
+            # of once / v: read for c = 0 and c = v - 1
+            exposed = np.maximum(
+                np.maximum(0.0, once - b_first) / v,
+                once - np.minimum(m * v, (v - 1.0) * p + 1.0) * b_first / v,
+            )
+        else:
+            exposed = once
+        if not (x.sw.overlap_param_gather and x.sw.overlap_grad_reduce and not bf16):
+            exposed = exposed + gather
+        i = K.eff(x.hw, "overlap_interference")
+        reduced = (
+            np.where(fixed | single, rank0_end, -np.inf) + (1.0 - i) * exposed + i * (once + gather)
+        )
+    blocking = functools.reduce(np.maximum, [c + n * hop for c, n in chains]) - busy - bubble_bound
+    pp_p2p_bound = np.where(
+        (p > 1) & ~overlapped, np.minimum(pp_p2p, np.maximum(0.0, blocking)), 0.0
     )
-    middle = (x.pp >= 3) & (cands.blocks_first is None)
-    blocking = np.maximum(x.m * hop, np.where(middle, mid, 0.0))
-    return np.where((x.pp > 1) & ~overlapped, np.minimum(pp_p2p, blocking), 0.0)
+    if reduced is None:
+        return bubble_bound, pp_p2p_bound, np.zeros(np.shape(busy))
+    reached = busy + bubble_bound + pp_p2p_bound
+    return bubble_bound, pp_p2p_bound, np.minimum(dp_comm, np.maximum(0.0, reduced - reached))
+
+
+_DEADLOCKED_ORDERS: set[tuple[str, int, int, int]] = set()
+"""(schedule, micro-batches, chunks, pipeline ranks) of the fixed orders that deadlock
+(cost_models.timeline.OrderDeadlock). Whether one does depends on these alone (an operation waits
+for its input to be placed, whatever the durations), and a deadlock is found only after most of
+the step is placed and is not cached by TL.simulate (an exception): a search documents ~10 leaders,
+often several of one order (GPT-3 175B on 960 A100s: 8 deadlocked runs of ~40 ms each)."""
 
 
 def timeline_scores(scores: Scores) -> Scores:
@@ -365,6 +543,15 @@ def timeline_scores(scores: Scores) -> Scores:
     x = scores.step
     if np.size(x.dp) != 1:
         raise ValueError(f"timeline_scores takes one candidate, got {np.size(x.dp)}")
+    from planner.parallel import SCHEDULES
+
+    order = tuple(
+        int(np.asarray(a, dtype=float).reshape(-1)[0])
+        for a in (x.schedule, np.round(x.m), x.v, x.pp)
+    )
+    order = (SCHEDULES[order[0]], *order[1:])
+    if order in _DEADLOCKED_ORDERS:
+        return replace(scores, closed_form_step_s=np.asarray(scores.step_time_s, float))
     block, tp, cp, ep, tp_exposed, embedding_s, head_s = block_terms(x, rows=None)
     terms = TL.block_terms_of(x, block, tp, cp, ep, embedding_s, head_s)
     try:
@@ -372,6 +559,7 @@ def timeline_scores(scores: Scores) -> Scores:
     except TL.OrderDeadlock:
         # an interleaved order with a partial last round of micro-batches that the fixed order
         # cannot run (Megatron-Core's own table for it is not modelled yet): the closed form
+        _DEADLOCKED_ORDERS.add(order)
         return replace(scores, closed_form_step_s=np.asarray(scores.step_time_s, float))
     rank = tl.ranks[tl.critical]
     optimizer_s = np.asarray(scores.optimizer, float)

@@ -235,9 +235,11 @@ MODELS = [
 FRAMEWORKS = ("megatron", "megatron", "torchtitan", "deepspeed", "fsdp")
 
 
-def _random_estimates(seed, count, **fixed):
+def _random_estimates(seed, count, wide=False, **fixed):
     """`count` valid random configurations (model, stack, degrees, schedule, ZeRO, recompute,
-    overlaps) with the closed form's scores (STEP_MODEL 'closed'), each as (config, Scores)."""
+    overlaps) with the closed form's scores (STEP_MODEL 'closed'), each as (config, Scores).
+    `wide` also draws the search's other knobs (expert parallelism, hybrid shard groups), pipelines
+    that split the blocks unevenly and longer steps (more micro-batches)."""
     rng = np.random.default_rng(seed)
     config = fixed.pop("config", {})
     out, tries = [], 0
@@ -262,6 +264,11 @@ def _random_estimates(seed, count, **fixed):
             framework=fw,
         )
         m = int(rng.choice([1, 2, 3, 4, 8, 16]))
+        if wide:
+            m = int(rng.choice([m, 24, 32, 48]))
+            kw["pp"] = int(rng.choice([kw["pp"], 3, 6]))
+            kw["ep"] = int(rng.choice([1, 2, 4, 8])) if model.startswith("mixtral") else 1
+            kw["dp_shard"] = int(rng.choice([0, kw["dp"] // 2])) if kw["dp"] >= 4 else 0
         overlaps = dict(
             overlap_grad_reduce=bool(rng.random() < 0.8),
             tp_comm_overlap=bool(rng.random() < 0.5) if fw == "megatron" else None,
@@ -293,18 +300,20 @@ def _one(scores: Scores, name: str) -> float:
 
 
 def test_search_bound_never_exceeds_the_simulated_step(closed_form):
-    """Over 1,000 random configurations: the search's bound (TIME_BOUND_TERMS of the closed form) is
-    at most the simulated step and at most the closed form's, so pruning by it never drops a plan
-    either would rank first."""
-    checked = 0
-    for seed in range(4):
-        for cfg, scores in _random_estimates(seed, 250):
+    """Over 1,500 random configurations (500 with expert parallelism, hybrid shard groups, uneven
+    pipeline splits and up to 48 micro-batches): the search's bound (TIME_BOUND_TERMS of the closed
+    form) is at most the simulated step and at most the closed form's, so pruning by it never drops
+    a plan either would rank first."""
+    checked = wide = 0
+    for seed, extra in ((0, False), (1, False), (2, False), (3, False), (4, True), (5, True)):
+        for cfg, scores in _random_estimates(seed, 250, wide=extra):
+            wide += cfg.ep > 1 or cfg.dp_shard > 0
             bound = sum(_one(scores, t) for t in TIME_BOUND_TERMS)
             simulated = _one(timeline_scores(scores), "step_time_s")
             assert bound <= simulated * (1 + 1e-9), (cfg, bound, simulated)
             assert bound <= _one(scores, "step_time_s") * (1 + 1e-9), cfg
             checked += 1
-    assert checked >= 1000
+    assert checked >= 1500 and wide >= 80
 
 
 def test_one_stage_without_overlap_is_the_closed_form(closed_form):

@@ -10,10 +10,10 @@ Bounds (`_BranchAndBound`; the premises are checked on the real scorer in tests/
 skeleton (SKELETON_FIELDS) with a micro-batch; a group is a row with a placement and a sequence-parallel
 choice, whose members are the recompute levels; a shape is a group without its model-state knobs (ZeRO
 stage, dp_shard, offload) and with placements that lay T and C on the same ranks merged
-(`placement_classes`). The step is never shorter than compute + tp, cp comm + bubble + pipeline p2p +
-optimizer (TIME_BOUND_TERMS); within a group that sum is least at the weakest recompute and grows along
-RECOMPUTE; all of it but the optimizer step (SHAPE_BOUND_TERMS) is the same for every candidate of a shape
-and never less with sequence parallelism off. So one scorer call -- each shape's representative at the
+(`placement_classes`). The step is never shorter than compute + tp, cp comm + bubble, pipeline p2p and
+data-parallel bounds + optimizer (TIME_BOUND_TERMS); within a group that sum is least at the weakest
+recompute and grows along RECOMPUTE; all of it but the p2p, data-parallel and optimizer terms
+(SHAPE_BOUND_TERMS) is the same for every candidate of a shape and never less with sequence parallelism off. So one scorer call -- each shape's representative at the
 weakest recompute with sequence parallelism on -- bounds every candidate of every shape. Shapes are expanded
 best first while their bound is below the admission threshold (the `keep`-th best feasible step known for
 throughput, cost and time-to-train, the best plus 5 % for memory; it only falls as candidates are

@@ -23,18 +23,32 @@ search on 2,048 GPUs); the per-call overhead of score() is small beside that. Ro
 so the chunk never changes a score."""
 
 
-TIME_BOUND_TERMS = ("compute", "tp_comm", "cp_comm", "bubble_bound", "pp_p2p_bound", "optimizer")
+TIME_BOUND_TERMS = (
+    "compute",
+    "tp_comm",
+    "cp_comm",
+    "bubble_bound",
+    "pp_p2p_bound",
+    "dp_bound",
+    "optimizer",
+)
 """Step-time terms of planner.score that are least, within a group, for the weakest recompute with
 sequence parallelism on, and whose sum never exceeds the step (checked in tests/test_search.py) nor
 the simulated step that estimate() documents the leaders with (cost_models.timeline;
-tests/test_timeline.py): the pipeline's idle time and sends enter as the lower bounds both steps
-share (Scores.bubble_bound, Scores.pp_p2p_bound), not as the closed form's. Exposed data-parallel
-and offload time are left out: more recompute can hide them."""
+tests/test_timeline.py): compute, tp_comm and cp_comm are m x the slowest stage but its exposed
+expert-parallel time (ep_comm: left out, so that each expert-parallel class keeps a scored plan for
+the explanation to compare, planner.search.documents._ep_versus); the pipeline's idle time and
+sends, and the data-parallel time after the compute, enter as the lower bounds both steps share
+(Scores.bubble_bound, Scores.pp_p2p_bound, Scores.dp_bound; planner.score._pipeline_bounds), not
+as the closed form's: the longest of some chains of operations the simulated step runs one after
+the other, each term never above the closed form's. Offload time is left out: more recompute can
+hide it."""
 
 
 SHAPE_BOUND_TERMS = ("compute", "tp_comm", "cp_comm", "bubble_bound")
 """The TIME_BOUND_TERMS that do not depend on the model-state knobs (ZeRO stage, dp_shard, offload): one
-evaluation bounds every candidate of a shape (checked in tests/test_search.py)."""
+evaluation bounds every candidate of a shape (checked in tests/test_search_bounds.py). (dp_bound
+reads the ZeRO stage and shard group: a group term, like pp_p2p_bound and optimizer.)"""
 
 
 SHAPE_FIELDS = (
