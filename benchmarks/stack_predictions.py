@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from planner.errors import PlannerError
 from planner.estimate import estimate
+from cost_models.memory import cuda_context_bytes
 
 FEATURES = {
     "cp": lambda c: c.config.cp > 1,
@@ -83,8 +84,6 @@ def predict(case, *, overrides=None) -> Result:
     kind, measured = case.row.get("memory_kind"), case.row.get("measured_memory_gib")
     memory_error = None
     if kind and measured:
-        from cost_models.memory import cuda_context_bytes
-
         predicted = {
             "allocated": est.peak_bytes_per_gpu,
             "reserved": est.needed_bytes - cuda_context_bytes(hw),

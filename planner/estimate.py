@@ -33,6 +33,9 @@ from planner.score import CandidateArrays, Scores, score, timeline_scores
 from planner.spec import TransformerSpec
 from planner.partition import even_split
 from planner.sources import resolve_model, transformer_spec
+from cost_models.compute import block_seconds
+from cost_models.moe import placement_summary
+from cost_models.step import Step
 
 STEP_MODEL = "timeline"
 """What estimate() reads the step time off: "timeline" (the simulated step, cost_models.timeline;
@@ -218,9 +221,6 @@ class Estimate:
     def expert_parallel(self) -> dict:
         """The expert layout and its exchanges (cost_models.moe.placement_summary): groups, links, the
         dispatcher, bytes and seconds of one dispatch, and the step's exchange time exposed vs hidden."""
-        from cost_models.compute import block_seconds
-        from cost_models.moe import placement_summary
-        from cost_models.step import Step
 
         cfg = self.config
         x = getattr(self.scores, "step", None)  # the record score() costed the plan with

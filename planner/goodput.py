@@ -23,6 +23,8 @@ from storage_profiles import (
     load_storage,
 )
 from frameworks import load_framework
+from cost_models.memory import state_bytes_per_param, zero_sharded
+from cost_models.offload import pcie_Bps
 
 MAX_MTBF_HOURS = 1e9
 """Largest --mtbf-gpu-hours / --mtbf-node-hours: about 100,000 years per part."""
@@ -131,7 +133,6 @@ def checkpoint_state(document: Mapping[str, Any]) -> CheckpointState:
     framework profile (cost_models.memory.state_bytes_per_param, the one owner) and sharded with
     cost_models.memory.zero_sharded over the ZeRO group (dp, or dp_shard under HSDP). Parameters per
     rank are the even share params / (tp x pp)."""
-    from cost_models.memory import state_bytes_per_param, zero_sharded
 
     plan, params = document["plan"], float(document["model"]["params"])
     framework = load_framework(plan.get("framework", "megatron"))
@@ -203,7 +204,6 @@ def _io(state: CheckpointState, setting: _Setting, hardware, gpus: int, nodes: i
     """Checkpoint write and read times on the storage (per node: the profile's bandwidth, else the node's
     network; aggregate: the profile's), the stall per save (blocking: the write; async: the copy to host
     memory, cost_models.offload.pcie_Bps, the write finishing in the background), and the job's MTBF."""
-    from cost_models.offload import pcie_Bps
 
     storage = setting.storage
     node_net_Bps = hardware.inter_node_GBps_per_node * 1e9

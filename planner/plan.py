@@ -27,6 +27,7 @@ from planner.run_options import RunOptions
 from planner.spec import TransformerSpec, record_of
 from frameworks import load_framework
 from planner.io import MAX_JSON_DEPTH, depth_exceeds, numbers, read_json
+from cost_models.moe import DEFAULT_IMBALANCE
 
 SCHEMA_VERSION = "1"
 """The plan-document version this build writes and reads."""
@@ -437,7 +438,6 @@ def run_options(document: Mapping[str, Any]) -> RunOptions:
     the reduction dtype, the MoE dispatcher) are not here: another stack applies its own; explain's fresh search on
     the same stack adds them (planner.explain._software_options). What the model's config decides
     (estimate.config_defaults) is derived again."""
-    from cost_models.moe import DEFAULT_IMBALANCE
 
     sw = document.get("software") or {}
     out = {}

@@ -39,6 +39,7 @@ from planner.software import check_activation_fp8_input, software_for
 from planner.spec import TransformerSpec
 from planner.parallel import PRECISIONS, _choice
 from planner.sources import resolve_model
+from cost_models.activations import activation_precision
 
 
 def describe_spec(spec: TransformerSpec) -> dict:
@@ -121,7 +122,6 @@ def _mtp_profile(
     a loss (an estimate: the reference model builds no MTP module)."""
     block = _block_profile(spec.last_kind, b, s, flash=flash, act=act)
     extra = 2 * b * s * (2 * spec.hidden * spec.hidden + P.head_matmul_weights(spec))
-    from cost_models.activations import activation_precision
 
     precision = activation_precision(act["sw"], act["precision"], act["zero"])
     head = A.head_bytes(

@@ -46,6 +46,7 @@ from hardware_profiles import HardwareProfile
 from planner.errors import ConfigError
 from planner.software import software_for
 from planner.spec import TransformerSpec
+from planner.parallel import SCHEDULES
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -543,7 +544,6 @@ def timeline_scores(scores: Scores) -> Scores:
     x = scores.step
     if np.size(x.dp) != 1:
         raise ValueError(f"timeline_scores takes one candidate, got {np.size(x.dp)}")
-    from planner.parallel import SCHEDULES
 
     order = tuple(
         int(np.asarray(a, dtype=float).reshape(-1)[0])

@@ -18,6 +18,7 @@ from planner.catalog import CATALOG, get as catalog_get, names as catalog_names
 from planner.errors import ConfigError
 from planner.spec import TransformerSpec, with_seq
 from planner.hf_config import read_hf_config
+from cost_models.params import total_params
 
 SPEC_PARAMS_TOLERANCE = 0.02
 """How far a module's measured parameters may be from those of the transformer it describes."""
@@ -46,7 +47,6 @@ def transformer_spec(model) -> TransformerSpec:
             "a factory whose module exposes a TransformerSpec as `.spec` or a Hugging Face-style "
             "`.config`; this module can be profiled (planner profile) but not scored",
         )
-    from cost_models.params import total_params
 
     described, measured = int(total_params(spec)), int(model.params)
     if abs(measured - described) > SPEC_PARAMS_TOLERANCE * described:

@@ -56,6 +56,7 @@ from planner.explain import expert_lines
 from planner.parallel import ParallelConfig
 from planner.search import default_global_batch as default, model_params
 from planner.sources import default_framework, resolve_model
+from cost_models.compute import resolve_precision
 
 DegreeOpt = lambda flag, what: Annotated[
     int, typer.Option(flag, min=1, max=MAX_WORLD_SIZE, help=what)
@@ -219,7 +220,6 @@ def estimate(
 ) -> None:
     """Predict step time and peak memory of one parallel configuration."""
     options = run_options_of(locals())  # first: locals() are the parameters alone
-    from cost_models.compute import resolve_precision
 
     check_options(
         precision=precision,

@@ -46,6 +46,7 @@ from planner.plan import plan_from_document
 from planner.report.render import prepare_report_dir, write_report
 from planner.search import OBJECTIVES
 from planner.sources import default_framework, resolve_model
+from cost_models.compute import resolve_precision
 
 ReportTokensOpt = Annotated[str, typer.Option("--tokens", help=TOKENS_HELP)]
 
@@ -154,7 +155,6 @@ def report(
             raise ConfigError(
                 "--hardware", None, "a hardware profile name or path (required with a MODEL)"
             )
-        from cost_models.compute import resolve_precision
 
         profile = load_profile(hardware)
         precision = resolve_precision(profile, precision)

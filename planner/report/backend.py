@@ -29,6 +29,9 @@ from planner.parallel import LOOPED_SCHEDULES, SCHEDULES, looped_rounds_ok
 from planner.score import score
 from planner.search import config_of, recommend
 from planner.sources import resolve_model, transformer_spec
+from cost_models import flops as FL
+from cost_models.pipeline import p2p_transfers_on_critical_path
+from cost_models import comm
 
 _CONFIG_FIELDS = frozenset(f.name for f in fields(ParallelConfig))
 
@@ -229,8 +232,6 @@ def stage_times(model, doc: Mapping[str, Any]) -> tuple[list[StageTimes], float]
     model's FLOP counts (cost_models.flops: forward, backward, recomputation run in backward), and
     `pp_p2p` over the hops on the critical path (cost_models.pipeline) gives one hop.
     """
-    from cost_models import flops as FL
-    from cost_models.pipeline import p2p_transfers_on_critical_path
 
     p, tb = doc["plan"], doc["prediction"]["time_breakdown_s"]
     m = p["num_microbatches"]
@@ -269,7 +270,6 @@ def seed_comparison(
     - calibrated_step: best step time among the scored pipelined candidates (pp > 1) relative to
       the best pure-data-parallel one (pp = 1) at this node count, both fitting (planner.score).
     """
-    from cost_models import comm
 
     d = hw.devices_per_node
     p = doc["plan"]

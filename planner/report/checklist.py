@@ -48,6 +48,7 @@ import numpy as np
 from frameworks import load_framework
 from planner.parallel import FRAMEWORKS, LOOPED_SCHEDULES, looped_rounds, looped_rounds_ok
 from planner.placement import group_locality, placement_index, strides, with_context
+from cost_models import flops as FL
 
 Status = Literal["pass", "advice", "warn"]
 STATUSES: tuple[Status, ...] = ("pass", "advice", "warn")
@@ -904,7 +905,6 @@ def _cp_not_faster(
 def gemm_flop_share(spec, seq: int) -> float:
     """Share of one block's forward FLOPs in the linear GEMMs (what FP8 recipes run in FP8) against the
     attention core (QK^T and AV, kept in 16 bits): cost_models.flops' counts for one sequence."""
-    from cost_models import flops as FL
 
     gemm = float(FL.block_matmul_flops_fwd(spec, 1, seq))
     core = float(FL.attention_core_flops_fwd(spec, 1, seq))

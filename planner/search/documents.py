@@ -20,6 +20,9 @@ from planner.uncertainty import with_bands
 from planner.estimate import Estimate, even_stages
 from planner.placement import group_locality
 from planner.score import score
+from cost_models.compute import block_seconds
+from cost_models.moe import EP_LINKS, ep_links, placement_summary
+from cost_models.step import Step
 
 
 def _with_cost(
@@ -165,9 +168,6 @@ def _ep_versus(
     the class the search did not score can be faster than its fastest scored one (that one is within
     ScoredSpace.unscored_at_least_s); else `unscored_at_least_s` is the least step time the rest could have. None
     for a dense model or a search with one class. Under the memory objective the classes' fastest plans."""
-    from cost_models.compute import block_seconds
-    from cost_models.moe import EP_LINKS, ep_links, placement_summary
-    from cost_models.step import Step
 
     if getattr(model, "moe", None) is None or "ep" not in scored.arrays:
         return None

@@ -12,6 +12,7 @@ from planner.errors import ConfigError, NoFitError, PlannerError
 from planner.search.request import Setup
 from planner.search.results import ScoredSpace
 from planner.search.space import Workload
+from hardware_profiles import available_profiles, load_profile
 
 
 def unranked_error(scored: ScoredSpace, setup: Setup) -> PlannerError:
@@ -99,8 +100,6 @@ def non_finite_error(scored: ScoredSpace, hardware) -> ConfigError:
 
 def _larger_devices(hardware, need_bytes: float) -> list[str]:
     try:
-        from hardware_profiles import available_profiles, load_profile
-
         names = available_profiles()
     except Exception:  # noqa: BLE001 - suggestions only; the error itself must still be raised
         return []

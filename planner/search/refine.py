@@ -16,6 +16,11 @@ from planner.software import software_for
 from planner.estimate import candidate_of
 from planner.partition import PartitionProblem, even_split, split
 from planner.score import CandidateArrays
+from cost_models import activations as A
+from cost_models import flops as F
+from cost_models import params as P
+from cost_models.memory import state_bytes_per_param
+from cost_models.activations import activation_precision
 
 
 CPSAT_MAX_CHUNKS = 16
@@ -33,10 +38,6 @@ def stage_problem(model, cfg: ParallelConfig, software=None):
     sharded as the plan's ZeRO stage shards them). The embedding is on stage 0; final norm, LM head
     and loss on the last stage. Static bytes only break ties between equally fast splits; whether a
     split fits is decided by estimate() afterwards."""
-    from cost_models import activations as A
-    from cost_models import flops as F
-    from cost_models import params as P
-    from cost_models.memory import state_bytes_per_param
 
     sw = software or software_for(cfg.framework)
     b, s, tp = cfg.micro_batch, cfg.seq, cfg.tp
@@ -57,7 +58,6 @@ def stage_problem(model, cfg: ParallelConfig, software=None):
         + (ob / (dp if cfg.zero >= 1 else 1))
     )
     block_static = P.block_params(model) / tp * shard
-    from cost_models.activations import activation_precision
 
     act = dict(
         precision=activation_precision(sw, cfg.precision, cfg.zero), tp=tp, sp=cfg.sequence_parallel
