@@ -1,0 +1,89 @@
+"""The plan schema's value lists, generated from the code that owns each vocabulary.
+
+planner/schemas/plan.schema.json spells out the values a plan document may hold (schedules,
+precisions, stacks, kernels, ...). Each list here is taken from its one owner in code, and
+`write()` puts them into the schema, so a value added in code reaches the published schema by
+running `python -m planner.schema_enums`; tests/test_plan_schema.py fails while the two differ.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cost_models.blocks import RECOMPUTE_MODULES
+from cost_models.step import MASTER_WEIGHTS
+from frameworks.profile import (
+    ATTENTION_KERNELS,
+    KERNELS,
+    LOSS_KERNELS,
+    MOE_DISPATCHERS,
+    ZERO_STAGES,
+)
+from planner.parallel import (
+    CP_COMMS,
+    FRAMEWORKS,
+    OFFLOAD,
+    OPTIMIZERS,
+    PRECISIONS,
+    RECOMPUTE,
+    SCHEDULES,
+)
+from planner.search.space import OBJECTIVES
+from planner.uncertainty import SCALE_BANDS
+from storage_profiles.profile import CHECKPOINT_MODES
+
+SCHEMA = Path(__file__).resolve().parent / "schemas" / "plan.schema.json"
+
+_PLAN = ("properties", "plan", "properties")
+_SOFTWARE = ("properties", "software", "properties")
+CODE_ENUMS: dict[tuple[str, ...], tuple] = {
+    (*_PLAN, "schedule"): SCHEDULES,
+    (*_PLAN, "zero"): ZERO_STAGES,
+    (*_PLAN, "recompute"): RECOMPUTE,
+    (*_PLAN, "offload"): OFFLOAD,
+    (*_PLAN, "precision"): PRECISIONS,
+    (*_PLAN, "optimizer"): OPTIMIZERS,
+    (*_PLAN, "cp_comm"): CP_COMMS,
+    (*_PLAN, "framework"): FRAMEWORKS,
+    (*_SOFTWARE, "framework"): FRAMEWORKS,
+    (*_SOFTWARE, "kernels"): KERNELS,
+    (*_SOFTWARE, "attention"): ATTENTION_KERNELS,
+    (*_SOFTWARE, "loss"): LOSS_KERNELS,
+    (*_SOFTWARE, "master_weights"): MASTER_WEIGHTS,
+    (*_SOFTWARE, "recompute_modules", "items"): RECOMPUTE_MODULES,
+    (*_SOFTWARE, "moe_dispatcher"): MOE_DISPATCHERS,
+    ("properties", "prediction", "properties", "reliability", "properties", "checkpoint"): (
+        CHECKPOINT_MODES
+    ),
+    ("properties", "prediction", "properties", "uncertainty", "properties", "scale"): tuple(
+        name for name, _ in SCALE_BANDS
+    ),
+    ("properties", "search", "properties", "objective"): OBJECTIVES,
+}
+"""Where each code-owned vocabulary sits in the schema. The schema's other lists are not owned by
+code: plan.implementation (a legacy key read and ignored) and software.grad_reduce_bytes (2 or 4
+bytes, the JSON numbers both ways)."""
+
+
+def node(schema: dict, path: tuple[str, ...]) -> dict:
+    for key in path:
+        schema = schema[key]
+    return schema
+
+
+def generated(schema: dict) -> dict:
+    """`schema` with every CODE_ENUMS list taken from the code."""
+    out = json.loads(json.dumps(schema))
+    for path, values in CODE_ENUMS.items():
+        node(out, path)["enum"] = list(values)
+    return out
+
+
+def write(path: Path = SCHEMA) -> None:
+    schema = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps(generated(schema), indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    write()

@@ -1,0 +1,32 @@
+"""The plan schema's value lists are the code's (planner.schema_enums, issue 29 item 4)."""
+
+import json
+
+from planner import schema_enums as E
+from planner.parallel import SCHEDULES
+
+
+def _shipped() -> dict:
+    return json.loads(E.SCHEMA.read_text(encoding="utf-8"))
+
+
+def test_the_published_schema_lists_the_codes_values():
+    shipped = _shipped()
+    stale = [
+        "/".join(path)
+        for path, values in E.CODE_ENUMS.items()
+        if E.node(shipped, path)["enum"] != list(values)
+    ]
+    assert stale == [], "run `python -m planner.schema_enums`: " + ", ".join(stale)
+    assert E.generated(shipped) == shipped
+
+
+def test_a_value_added_in_code_reaches_the_schema(tmp_path, monkeypatch):
+    path = tmp_path / "plan.schema.json"
+    path.write_text(E.SCHEMA.read_text(encoding="utf-8"), encoding="utf-8")
+    where = (*E._PLAN, "schedule")
+    monkeypatch.setitem(E.CODE_ENUMS, where, (*SCHEDULES, "dualpipe"))
+    E.write(path)
+    written = json.loads(path.read_text(encoding="utf-8"))
+    assert E.node(written, where)["enum"] == [*SCHEDULES, "dualpipe"]
+    assert E.node(_shipped(), where)["enum"] == list(SCHEDULES)  # the shipped file untouched
