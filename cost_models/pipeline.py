@@ -144,6 +144,30 @@ class StageSeconds:
     """The last rank (the head and loss, its blocks)."""
 
 
+def _recompute_unit(share, recompute_s):
+    """Seconds of recomputing one block (the busiest rank's `recompute_s` over its share)."""
+    return np.where(share > 0, np.asarray(recompute_s, dtype=float) / np.maximum(share, 1e-30), 0.0)
+
+
+def _end_rank(x, blocks, recomputed, block_s, share, unit, own_s, other_s):
+    """A first or last rank's micro-batch: its blocks, the difference its own recomputed blocks
+    make, its end of the model (`own_s`) and the other end's too when pp = 1."""
+    return (
+        blocks * block_s
+        + (recomputed - blocks * share) * unit
+        + own_s
+        + np.where(x.single_stage, other_s, 0.0)
+    )
+
+
+def first_rank_seconds(x, block_s, embedding_s, head_s, recompute_s=0.0):
+    """The first rank's micro-batch at `block_s` per block (stage_seconds' first rank)."""
+    share = x.full_share
+    unit = _recompute_unit(share, recompute_s)
+    rec_first = x.recomputed_at_ends()[0]
+    return _end_rank(x, x.blocks_first, rec_first, block_s, share, unit, embedding_s, head_s)
+
+
 def stage_seconds(
     x, per_block_s, per_block_comm_s: dict, embedding_s, head_s, recompute_s=0.0
 ) -> StageSeconds:
@@ -154,22 +178,11 @@ def stage_seconds(
     recomputation (`recompute_s`, Step.full_share); the first and the last rank add the difference their own
     recomputed blocks make (Step.recomputed_at_ends)."""
     block = per_block_s + sum(per_block_comm_s.values())
-    single = x.single_stage
     rec_first, rec_last, _ = x.recomputed_at_ends()
     share = x.full_share
-    unit = np.where(share > 0, np.asarray(recompute_s, dtype=float) / np.maximum(share, 1e-30), 0.0)
-    first = (
-        x.blocks_first * block
-        + (rec_first - x.blocks_first * share) * unit
-        + embedding_s
-        + np.where(single, head_s, 0.0)
-    )
-    last = (
-        x.blocks_last * block
-        + (rec_last - x.blocks_last * share) * unit
-        + head_s
-        + np.where(single, embedding_s, 0.0)
-    )
+    unit = _recompute_unit(share, recompute_s)
+    first = _end_rank(x, x.blocks_first, rec_first, block, share, unit, embedding_s, head_s)
+    last = _end_rank(x, x.blocks_last, rec_last, block, share, unit, head_s, embedding_s)
     most = x.blocks_most * block
     return StageSeconds(
         slowest=np.maximum(np.maximum(first, last), most),

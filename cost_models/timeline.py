@@ -364,6 +364,15 @@ class _Compute:
         return start, kind, i
 
 
+def warmup_forwards(p, rank, microbatches, chunks, *, gpipe):
+    """Forwards a pipeline rank runs before its first backward in the fixed orders: GPipe all
+    m v of them; 1F1B p - r - 1 (Narayanan et al. 2021, Sec. 2.2.1); interleaved 1F1B with v > 1
+    chunks (p - r - 1) 2 + (v - 1) p; never more than m v. Arrays broadcast."""
+    n = microbatches * chunks
+    steady = np.where(chunks > 1, (p - rank - 1) * 2 + (chunks - 1) * p, p - rank - 1)
+    return np.where(gpipe, n, np.minimum(steady, n))
+
+
 class _FixedOrders:
     """The fixed orders (GPipe, 1F1B, interleaved 1F1B) laid out as arrays: every rank runs the same
     forward sequence (_forward_sequence), its warm-up forwards (p - r - 1; interleaved (p - r - 1) 2
@@ -377,12 +386,7 @@ class _FixedOrders:
         n = m * v
         seq_i, seq_c = _forward_sequence(p, m, v)
         ranks = np.arange(p)[:, None]
-        if work.schedule == "gpipe":
-            warm = np.full((p, 1), n)
-        elif v > 1:
-            warm = np.minimum((p - ranks - 1) * 2 + (v - 1) * p, n)
-        else:
-            warm = np.minimum(p - ranks - 1, m)
+        warm = warmup_forwards(p, ranks, m, v, gpipe=work.schedule == "gpipe")
         k = np.arange(n)[None, :]
         f_pos = np.where(k < warm, k, warm + 2 * (k - warm))  # (p, n): where forward k runs
         b_pos = np.where(k < n - warm, warm + 2 * k + 1, n + k)

@@ -446,8 +446,8 @@ def _pipeline_bounds(
         gpipe = x.is_schedule("gpipe")
 
         def first_backward(r, s_r, f_r):
-            warm = np.where(interleaved, 2.0 * (p - r - 1.0) + (v - 1.0) * p, p - r - 1.0)
-            k = np.where(gpipe, m * v, np.minimum(warm + 1.0, m * v))
+            warm = TL.warmup_forwards(p, r, m, v, gpipe=gpipe)
+            k = np.minimum(warm + 1.0, m * v)
             return f_all * (1.0 - 1.0 / v) + (s_all - s_r) / v + m * s_r + f_r * (1.0 - k) / v
 
         f_all = (
@@ -456,16 +456,8 @@ def _pipeline_bounds(
             + TL.HEAD_FORWARD_SHARE * head_s
         )
         s_all = p * stage.mean
-        rec_first = x.recomputed_at_ends()[0]
-        share = x.full_share
-        unit = np.where(share > 0, np.asarray(recompute_s) / np.maximum(share, 1e-30), 0.0)
         single = x.single_stage
-        s_first = (
-            x.blocks_first * per_block_s
-            + (rec_first - x.blocks_first * share) * unit
-            + embedding_s
-            + np.where(single, head_s, 0.0)
-        )
+        s_first = PL.first_rank_seconds(x, per_block_s, embedding_s, head_s, recompute_s)
         f_first = (
             x.blocks_first * forward_s
             + TL.EMBEDDING_FORWARD_SHARE * embedding_s
