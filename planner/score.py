@@ -194,6 +194,9 @@ class Scores:
         "host_wait",
     )
     """Terms that add up to step_time_s."""
+    COMM_TERMS = ("tp_comm", "cp_comm", "ep_comm", "dp_comm", "pp_p2p")
+    """The BREAKDOWN terms that are communication the step waits for (the rest of each transfer
+    is hidden under compute on the simulated timeline, cost_models.timeline)."""
 
 
 def block_terms(x: Step, *, rows="auto") -> tuple:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from planner.partition import even_split
+from planner.score import Scores
 
 GiB = 2**30
 TWIN_TOLERANCE = 1e-3
@@ -60,15 +61,10 @@ def _pred(doc: dict) -> dict:
     return doc["prediction"]
 
 
-EXPOSED_COMM_TERMS = ("tp_comm", "cp_comm", "ep_comm", "dp_comm", "pp_p2p")
-"""The step-time terms that are communication the step waits for (the rest of each transfer is
-hidden under compute on the simulated timeline, cost_models.timeline)."""
-
-
 def exposed_comm_s(doc: dict) -> float:
-    """Seconds of the step spent waiting on communication (EXPOSED_COMM_TERMS of its breakdown)."""
+    """Seconds of the step spent waiting on communication (Scores.COMM_TERMS of its breakdown)."""
     terms = _pred(doc)["time_breakdown_s"]
-    return sum(float(terms.get(name, 0.0)) for name in EXPOSED_COMM_TERMS)
+    return sum(float(terms.get(name, 0.0)) for name in Scores.COMM_TERMS)
 
 
 def columns(docs: list[dict]) -> list[Column]:
