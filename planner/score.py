@@ -170,6 +170,12 @@ class Scores:
     """Pipeline sends on every rank's stream that neither the closed form nor the simulated step
     goes below: m blocking sends (every rank sends each micro-batch's activation or gradient), 0
     where the interleaved schedule overlaps them (Software.overlap_p2p)."""
+    ep_bound: np.ndarray | float = 0.0
+    """Expert-parallel time no step goes below: m x the busiest rank's blocks x a block's exposed
+    dispatch and combine (cost_models.moe.ep_block_seconds), the part of `ep_comm` (m x the slowest
+    stage's share) that every step of the candidate runs on the busiest rank's stream, beside the
+    compute that compute + tp_comm + cp_comm count (Narayanan et al. 2021, Sec. 2.2: the slowest
+    rank sets the pace); never above ep_comm, since the slowest stage is at least the busiest."""
     """6 N tokens + attention, recomputation not counted (the MFU numerator)."""
     stage_memory: dict | None = None
     """With CandidateArrays.rank_blocks: per pipeline rank, shape (candidates, R), NaN past pp:
@@ -354,6 +360,7 @@ def score(
         pp_p2p_bound=pp_p2p_bound,
         bubble_bound=bubble_bound,
         dp_bound=dp_bound,
+        ep_bound=x.m * x.blocks_most * ep_s,
     )
 
 

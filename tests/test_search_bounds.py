@@ -33,6 +33,7 @@ from planner.search import (
     rank,
     score_space,
 )
+from planner.search.bounds import EP_BOUND_TERM, ep_classes
 from planner.sources import resolve_model
 
 SCENARIOS = [  # model, seq, hardware, gpus, global batch, framework, precision
@@ -179,6 +180,58 @@ def test_sequence_parallelism_never_lowers_the_shape_terms_nor_raises_memory(sco
     assert np.all(needed[b] >= needed[a] * (1 - 1e-12))
 
 
+def test_the_expert_parallel_term_bounds_every_candidate_of_a_shape(scored):
+    """EP_BOUND_TERM (the search adds it against each expert-parallel class's best step): no step is
+    shorter than the bound with it; it is equal across the model-state knobs and the placement class;
+    it never falls along recompute, nor does the bound with it; it is never less with sequence
+    parallelism off. So a shape's representative (sp on, weakest level) has the least."""
+    arrays, s, space = scored
+    ep = np.broadcast_to(np.asarray(getattr(s, EP_BOUND_TERM), float), arrays["dp"].shape)
+    bound = _terms(s, TIME_BOUND_TERMS) + ep
+    assert np.all(np.asarray(s.step_time_s) >= bound * (1 - 1e-12))
+    assert np.all(ep <= np.asarray(s.ep_comm, float) * (1 + 1e-12))
+    assert (ep > 0).any() == bool((arrays["ep"] > 1).any())
+    arrays = dict(arrays, place_class=_place_classes(arrays, space))
+    shape = _groups(arrays, SHAPE_FIELDS + ("place_class", "sequence_parallel", "recompute"))
+    low, high = np.full(shape.max() + 1, np.inf), np.full(shape.max() + 1, -np.inf)
+    np.minimum.at(low, shape, ep)
+    np.maximum.at(high, shape, ep)
+    assert np.allclose(low, high, rtol=1e-12, atol=0.0)
+    group = _groups(arrays, ("row", "placement", "sequence_parallel"))
+    order = np.lexsort((arrays["recompute"], group))
+    same = group[order][1:] == group[order][:-1]
+    for values in (ep, bound):
+        assert np.all(values[order][1:][same] >= values[order][:-1][same] * (1 - 1e-12))
+    a, b = _sp_twins(arrays)
+    assert np.all(ep[b] >= ep[a] * (1 - 1e-12))
+
+
+def _place_classes(arrays, space):
+    cls = np.zeros(len(arrays["dp"]), dtype=np.int64)
+    for _, place, mask in _pattern_groups(arrays, space):
+        for k, members in enumerate(
+            placement_classes(place, exact=bool(np.any(arrays["ep"][mask] > 1)))
+        ):
+            cls[mask & np.isin(arrays["placement"], members)] = k
+    return cls
+
+
+def _sp_twins(arrays):
+    """(on, off): indices of the candidates with sequence parallelism on and their twins with it off."""
+    key = ("row", "placement", "recompute")
+    tp = arrays["tp"] > 1
+    on = {
+        tuple(int(arrays[k][i]) for k in key): i
+        for i in np.flatnonzero(tp & arrays["sequence_parallel"])
+    }
+    pairs = [
+        (on[t], i)
+        for i in np.flatnonzero(tp & ~arrays["sequence_parallel"])
+        if (t := tuple(int(arrays[k][i]) for k in key)) in on
+    ]
+    return np.array(pairs, dtype=np.int64).reshape(-1, 2).T
+
+
 def test_placement_moves_no_memory_and_the_optimizer_step_is_the_skeletons(scored):
     """What the twin and the per-skeleton optimizer shortcuts read: memory is equal across placements, and the
     optimizer step is equal across micro-batches, placements, sequence parallelism and recompute."""
@@ -259,6 +312,40 @@ def test_exactness_fails_when_a_premise_is_broken(monkeypatch):
         wrong.step_time_s[rank(wrong, "throughput")[:9]].tolist()
         != every.step_time_s[rank(every, "throughput")[:9]].tolist()
     )
+
+
+def _fastest_of_each_ep_class(scored, hw):
+    order = rank(scored, "throughput")
+    keys = ep_classes({k: np.asarray(v)[order] for k, v in scored.arrays.items()}, hw)
+    firsts = np.unique(keys, return_index=True)[1]
+    return {
+        int(keys[j]): (
+            float(scored.step_time_s[order[j]]),
+            tuple(int(scored.arrays[k][order[j]]) for k in FIELDS),
+        )
+        for j in firsts
+    }
+
+
+def test_the_expert_parallel_bound_keeps_each_classes_fastest(monkeypatch):
+    """With EP_BOUND_TERM the search scores fewer candidates, yet each expert-parallel class's fastest
+    scored plan (what planner.search.documents._ep_versus lists), the leaders and the thresholds are
+    those of the search without it."""
+    import planner.search.bounds as bounds  # _Scorer reads _READ_TERMS there
+
+    model, hw = resolve_model("mixtral-8x7b", seq=8192), load_profile("p5.48xlarge")
+    work = Workload(world_size=64, global_batch=128, seq=8192, precision="amp-bf16")
+    kw = dict(space=SearchSpace(), software=software_for("megatron"))
+    fast = score_space(model, hw, work, **kw)
+    monkeypatch.setattr(bounds, "_READ_TERMS", TIME_BOUND_TERMS)
+    plain = score_space(model, hw, work, **kw)
+    assert fast.stats.candidates_evaluated < plain.stats.candidates_evaluated * 0.9
+    domain = hw.nvlink_domain_devices
+    assert len(_fastest_of_each_ep_class(fast, domain)) >= 5
+    assert _fastest_of_each_ep_class(fast, domain) == _fastest_of_each_ep_class(plain, domain)
+    assert fast.unscored_at_least_s == plain.unscored_at_least_s
+    a, b = rank(fast, "throughput")[:10], rank(plain, "throughput")[:10]
+    assert fast.step_time_s[a].tolist() == plain.step_time_s[b].tolist()
 
 
 def test_premise_checks_catch_a_term_that_depends_on_the_state():

@@ -13,7 +13,10 @@ from planner import estimate as E
 from planner.errors import ConfigError
 from planner.parallel import SCHEDULES, ParallelConfig
 from planner.score import Scores, timeline_scores
+from planner.candidates import placement_text
+from planner.placement import PLACEMENTS
 from planner.search import TIME_BOUND_TERMS
+from planner.search.bounds import EP_BOUND_TERM
 from planner.run_options import RunOptions
 
 F, B = 1.0, 2.0
@@ -232,20 +235,24 @@ MODELS = [
     ("mixtral-8x7b", "p5.48xlarge"),
     ("gpt2-medium", "dgx-h100"),
 ]
+MOE_MODELS = [("mixtral-8x7b", "p5.48xlarge"), ("qwen3-30b-a3b", "dgx-h100")]
 FRAMEWORKS = ("megatron", "megatron", "torchtitan", "deepspeed", "fsdp")
 
 
-def _random_estimates(seed, count, wide=False, **fixed):
+def _random_estimates(seed, count, wide=False, moe=False, **fixed):
     """`count` valid random configurations (model, stack, degrees, schedule, ZeRO, recompute,
     overlaps) with the closed form's scores (STEP_MODEL 'closed'), each as (config, Scores).
     `wide` also draws the search's other knobs (expert parallelism, hybrid shard groups), pipelines
-    that split the blocks unevenly and longer steps (more micro-batches)."""
+    that split the blocks unevenly and longer steps (more micro-batches); `moe` (implies `wide`)
+    only mixture-of-experts models with ep > 1 (inside an NVLink domain and across domains)."""
     rng = np.random.default_rng(seed)
     config = fixed.pop("config", {})
     out, tries = [], 0
     while len(out) < count and tries < 40 * count:
         tries += 1
-        model, hw = MODELS[rng.integers(len(MODELS))]
+        wide = wide or moe
+        pool = MOE_MODELS if moe else MODELS
+        model, hw = pool[rng.integers(len(pool))]
         fw = FRAMEWORKS[rng.integers(len(FRAMEWORKS))]
         sched = str(rng.choice(SCHEDULES))
         v = int(rng.choice([2, 3, 4])) if sched == "interleaved-1f1b" else 1
@@ -268,6 +275,10 @@ def _random_estimates(seed, count, wide=False, **fixed):
             m = int(rng.choice([m, 24, 32, 48]))
             kw["pp"] = int(rng.choice([kw["pp"], 3, 6]))
             kw["ep"] = int(rng.choice([1, 2, 4, 8])) if model.startswith("mixtral") else 1
+            kw["ep"] = int(rng.choice([2, 4, 8, 16])) if moe else kw["ep"]
+            if kw["ep"] > 1:  # the search's placements (an E axis is needed with ep > 1)
+                index = int(rng.integers(len(PLACEMENTS)))
+                kw["placement"] = placement_text(index, cp=kw["cp"], ep=kw["ep"])
             kw["dp_shard"] = int(rng.choice([0, kw["dp"] // 2])) if kw["dp"] >= 4 else 0
         overlaps = dict(
             overlap_grad_reduce=bool(rng.random() < 0.8),
@@ -300,20 +311,28 @@ def _one(scores: Scores, name: str) -> float:
 
 
 def test_search_bound_never_exceeds_the_simulated_step(closed_form):
-    """Over 1,500 random configurations (500 with expert parallelism, hybrid shard groups, uneven
-    pipeline splits and up to 48 micro-batches): the search's bound (TIME_BOUND_TERMS of the closed
-    form) is at most the simulated step and at most the closed form's, so pruning by it never drops
-    a plan either would rank first."""
-    checked = wide = 0
-    for seed, extra in ((0, False), (1, False), (2, False), (3, False), (4, True), (5, True)):
-        for cfg, scores in _random_estimates(seed, 250, wide=extra):
+    """Over 1,750 random configurations (500 with expert parallelism, hybrid shard groups, uneven
+    pipeline splits and up to 48 micro-batches, 250 more of mixture-of-experts models with ep > 1):
+    the search's bound (TIME_BOUND_TERMS of the closed form, and with EP_BOUND_TERM, which the search
+    adds against each expert-parallel class's best step) is at most the simulated step and at most
+    the closed form's, so pruning by it never drops a plan either would rank first."""
+    checked = wide = experts = 0
+    for seed, extra, moe in (
+        *((s, False, False) for s in range(4)),
+        (4, True, False),
+        (5, True, False),
+        (6, True, True),
+    ):
+        for cfg, scores in _random_estimates(seed, 250, wide=extra, moe=moe):
             wide += cfg.ep > 1 or cfg.dp_shard > 0
-            bound = sum(_one(scores, t) for t in TIME_BOUND_TERMS)
+            ep = _one(scores, EP_BOUND_TERM)
+            experts += ep > 0
+            bound = sum(_one(scores, t) for t in TIME_BOUND_TERMS) + ep
             simulated = _one(timeline_scores(scores), "step_time_s")
             assert bound <= simulated * (1 + 1e-9), (cfg, bound, simulated)
             assert bound <= _one(scores, "step_time_s") * (1 + 1e-9), cfg
             checked += 1
-    assert checked >= 1500 and wide >= 80
+    assert checked >= 1750 and wide >= 330 and experts >= 250
 
 
 def test_one_stage_without_overlap_is_the_closed_form(closed_form):

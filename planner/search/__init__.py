@@ -22,7 +22,10 @@ representative row with the same placement and sequence parallelism) and its ske
 (scored once per skeleton) are below it, each stronger recompute level only if the previous level's bound is, and a
 member with sequence parallelism off is dropped when its twin with it on (which never needs more memory)
 does not fit. The best plan with cp = 1 and the best with cp > 1 are each found exactly (the threshold of
-each class never falls below its best known step), so that `explain` can say why the chosen cp wins.
+each class never falls below its best known step), so that `explain` can say why the chosen cp wins;
+the expert-parallel time every step runs (EP_BOUND_TERM) is added to the bound only against the
+threshold raised to the candidate's expert-parallel class's best scored step, so that each class keeps
+the fastest scored plan `explain` compares (planner.search.documents._ep_versus).
 
 Objectives:
 - throughput: least step time among the candidates that fit (default);

@@ -10,8 +10,9 @@ from typing import Callable, Mapping
 import numpy as np
 
 import planner.score as score_module
+from cost_models.moe import EP_LINKS, ep_links
 from planner.candidates import FIELDS
-from planner.placement import PLACEMENTS
+from planner.placement import PLACEMENTS, group_locality
 from planner.search.space import MEMORY_OBJECTIVE_SLACK
 
 
@@ -37,7 +38,8 @@ sequence parallelism on, and whose sum never exceeds the step (checked in tests/
 the simulated step that estimate() documents the leaders with (cost_models.timeline;
 tests/test_timeline.py): compute, tp_comm and cp_comm are m x the slowest stage but its exposed
 expert-parallel time (ep_comm: left out, so that each expert-parallel class keeps a scored plan for
-the explanation to compare, planner.search.documents._ep_versus); the pipeline's idle time and
+the explanation to compare, planner.search.documents._ep_versus; its lower part EP_BOUND_TERM proves
+candidates out against their class's best step); the pipeline's idle time and
 sends, and the data-parallel time after the compute, enter as the lower bounds both steps share
 (Scores.bubble_bound, Scores.pp_p2p_bound, Scores.dp_bound; planner.score._pipeline_bounds), not
 as the closed form's: the longest of some chains of operations the simulated step runs one after
@@ -45,10 +47,24 @@ the other, each term never above the closed form's. Offload time is left out: mo
 hide it."""
 
 
+EP_BOUND_TERM = "ep_bound"
+"""The expert-parallel time every step of a candidate runs (Scores.ep_bound, never above ep_comm),
+left out of TIME_BOUND_TERMS: it proves a candidate out only against its expert-parallel class's
+best known step as well as the admission threshold (`_ep_thresholds`), so that each class that
+planner.search.documents._ep_versus compares keeps the same fastest scored plan. Like the shape
+terms it does not depend on the model-state knobs or the placement within a class (with ep > 1 each
+placement is its own class), it is never less with sequence parallelism off, and it never falls
+from one recompute level to the next, nor does the bound with it (checked in
+tests/test_search_bounds.py): one evaluation per shape bounds the shape's candidates."""
+
+
 SHAPE_BOUND_TERMS = ("compute", "tp_comm", "cp_comm", "bubble_bound")
 """The TIME_BOUND_TERMS that do not depend on the model-state knobs (ZeRO stage, dp_shard, offload): one
 evaluation bounds every candidate of a shape (checked in tests/test_search_bounds.py). (dp_bound
 reads the ZeRO stage and shard group: a group term, like pp_p2p_bound and optimizer.)"""
+
+
+_READ_TERMS = TIME_BOUND_TERMS + (EP_BOUND_TERM,)
 
 
 SHAPE_FIELDS = (
@@ -90,7 +106,7 @@ class _Scores:
     """What decides fitting (Scores.needed_bytes: the peak with the allocator's overhead and the CUDA
     context; the peak itself where a scorer handed in by a test reports no more)."""
     terms: Mapping[str, np.ndarray]
-    """Each of TIME_BOUND_TERMS (zeros where the scorer reports no such term)."""
+    """Each of TIME_BOUND_TERMS and EP_BOUND_TERM (zeros where the scorer reports no such term)."""
 
     @property
     def bound(self) -> np.ndarray:
@@ -102,11 +118,14 @@ class _Scores:
         """Sum of SHAPE_BOUND_TERMS: the same for every candidate of a shape at the weakest recompute."""
         return sum(self.terms[t] for t in SHAPE_BOUND_TERMS)
 
+    @property
+    def ep(self) -> np.ndarray:
+        """EP_BOUND_TERM (zeros where the scorer reports no such term)."""
+        return self.terms.get(EP_BOUND_TERM, np.zeros(len(self.step)))
+
     @classmethod
     def empty(cls) -> "_Scores":
-        return cls(
-            np.zeros(0), np.zeros(0), np.zeros(0), {t: np.zeros(0) for t in TIME_BOUND_TERMS}
-        )
+        return cls(np.zeros(0), np.zeros(0), np.zeros(0), {t: np.zeros(0) for t in _READ_TERMS})
 
 
 class _Scorer:
@@ -136,7 +155,7 @@ class _Scorer:
         """The scores of every candidate in `arrays` (see _Scores), in chunks of SCORE_CHUNK."""
         n = len(arrays["dp"])
         step, peak, needed = np.empty(n), np.empty(n), np.empty(n)
-        terms = {t: np.zeros(n) for t in TIME_BOUND_TERMS}
+        terms = {t: np.zeros(n) for t in _READ_TERMS}
         for start in range(0, n, SCORE_CHUNK):
             chunk = {k: v[start : start + SCORE_CHUNK] for k, v in arrays.items()}
             scores = self.score_fn(self.model, self.hardware, _candidate_arrays(chunk), **self.kw)
@@ -146,7 +165,7 @@ class _Scorer:
             needed[part] = np.asarray(
                 getattr(scores, "needed_bytes", scores.peak_bytes_per_gpu), dtype=float
             )
-            for term in TIME_BOUND_TERMS:
+            for term in _READ_TERMS:
                 if hasattr(scores, term):
                     terms[term][part] = np.asarray(getattr(scores, term), dtype=float)
             if progress is not None:
@@ -182,6 +201,30 @@ def _class_thresholds(
         mine = steps[cls == c]
         out.append(max(glob, mine.min() * (1 + 1e-12) if len(mine) else np.inf))
     return out[0], out[1]
+
+
+def _ep_thresholds(thresholds: np.ndarray, ep_best: np.ndarray) -> np.ndarray:
+    """Admission thresholds for a bound that adds EP_BOUND_TERM: each candidate's (`thresholds`) raised
+    to its expert-parallel class's best feasible step scored so far (`ep_best`; infinite while none is
+    known). A candidate whose bound reaches it is slower than a scored plan of its own class, so it is
+    neither a leader nor its class's fastest scored plan, and the thresholds and each class's best
+    evolve as if it were scored (it would change neither)."""
+    return np.maximum(thresholds, ep_best * (1 + 1e-12))
+
+
+def ep_classes(arrays: Mapping[str, np.ndarray], nvlink_domain: int) -> np.ndarray:
+    """Each candidate's expert-parallel class as planner.search.documents._ep_versus groups them: its
+    ep degree and where its all-to-all runs (cost_models.moe.EP_LINKS), as one integer."""
+    local = group_locality(
+        arrays["placement"],
+        arrays["dp"],
+        arrays["pp"],
+        arrays["tp"],
+        nvlink_domain,
+        cp=arrays["cp"],
+        ep=arrays["ep"],
+    )["E"]
+    return np.asarray(arrays["ep"]) * len(EP_LINKS) + ep_links(arrays["ep"], local)
 
 
 def _candidate_arrays(arrays: Mapping[str, np.ndarray]):

@@ -25,9 +25,11 @@ from planner.search.bounds import (
     SHAPE_FIELDS,
     Admission,
     _class_thresholds,
+    _ep_thresholds,
     _Scorer,
     _Scores,
     _ranges,
+    ep_classes,
     placement_classes,
 )
 from planner.search.results import ScoredSpace, SearchStats
@@ -262,15 +264,18 @@ class _BranchAndBound:
         return self.total - self.done - self.pruned_memory
 
     def _members(
-        self, row: np.ndarray, place: np.ndarray, sp: np.ndarray, levels
+        self, row: np.ndarray, place: np.ndarray, sp: np.ndarray, levels, shape=None
     ) -> dict[str, np.ndarray]:
-        """Rows with a placement and sequence-parallel choice each, at one recompute level or at each of `levels`."""
+        """Rows with a placement and sequence-parallel choice each, at one recompute level or at each of
+        `levels`; with `shape`, the shape each belongs to."""
         out = {
             k: self.rows[k][row]
             for k in FIELDS
             if k not in ("placement", "sequence_parallel", "recompute")
         }
         out["placement"], out["sequence_parallel"], out["row"] = place, sp, row
+        if shape is not None:
+            out["shape"] = shape
         if np.ndim(levels) == 0:
             out["recompute"] = np.full(len(row), levels, dtype=np.int64)
             return out
@@ -298,6 +303,19 @@ class _BranchAndBound:
         thr = self._thresholds()
         return np.where(np.asarray(members["cp"]) > 1, thr[1], thr[0])
 
+    def _below(self, bound: np.ndarray, members, ep: np.ndarray | None = None) -> np.ndarray:
+        """Which candidates (of the shapes `members["shape"]`, bound `bound`) may still enter the result
+        or be their expert-parallel class's fastest: the bound below the admission threshold, and the
+        bound plus their expert-parallel time (`ep`, scored; else their shape's, which is no more)
+        below that threshold raised to the class's best scored step (`_ep_thresholds`)."""
+        thr = self._threshold_of(members)
+        if not self.ep_on:  # a dense model, or no expert-parallel time in the space
+            return bound < thr
+        shape = members["shape"]
+        ep = self.shape_ep[shape] if ep is None else ep
+        ep_thr = _ep_thresholds(thr, self.ep_best[self.shape_ep_class[shape]])
+        return (bound < thr) & (bound + ep < ep_thr)
+
     def _score(self, members) -> _Scores:
         if not len(members["dp"]):
             return _Scores.empty()
@@ -307,6 +325,7 @@ class _BranchAndBound:
         ok = (r.needed <= self.capacity) & np.isfinite(r.step)
         self.feasible_steps.append(r.step[ok])
         self.feasible_cls.append(np.asarray(arrays["cp"])[ok] > 1)
+        np.minimum.at(self.ep_best, self.shape_ep_class[members["shape"][ok]], r.step[ok])
         on = np.asarray(members["sequence_parallel"], bool)
         self.needed_on[members["row"][on], members["recompute"][on]] = r.needed[on]
         return r
@@ -322,6 +341,7 @@ class _BranchAndBound:
         r = self.scorer({k: reps[k] for k in FIELDS}) if self.n_shapes else _Scores.empty()
         self.bound_evaluations += self.n_shapes
         lb = self.shape_lb = r.shape_bound
+        self._ep_terms(reps, r.ep)
         ok = (r.needed <= self.capacity) & np.isfinite(r.step)
         self.rep_step = np.where(
             ok, r.step, np.inf
@@ -332,12 +352,24 @@ class _BranchAndBound:
         order = np.lexsort((lb, self.rep_step))
         batch = self.FIRST_BATCH
         while len(order):
-            thr = self._thresholds()
-            order = order[lb[order] < np.where(self.cls[order], thr[1], thr[0])]
+            order = order[self._below(lb[order], {"cp": 1 + self.cls[order], "shape": order})]
             take, order = order[:batch], order[batch:]
             if len(take):
                 self._expand(take)
             batch *= self.BATCH_GROWTH
+
+    def _ep_terms(self, reps, ep_bound: np.ndarray) -> None:
+        """Each shape's expert-parallel time (EP_BOUND_TERM of its representative, which bounds every
+        candidate of the shape from below) and class (`ep_classes`: with ep > 1 a shape has one
+        placement), and no class's best step known yet."""
+        self.shape_ep = ep_bound
+        self.shape_ep_class = np.zeros(self.n_shapes, dtype=np.int64)
+        domain = getattr(self.scorer.hardware, "nvlink_domain_devices", None)
+        self.ep_on = bool(domain and np.any(ep_bound > 0))
+        if self.ep_on:
+            keys = ep_classes(reps, domain)
+            self.shape_ep_class = np.unique(keys, return_inverse=True)[1].reshape(-1)
+        self.ep_best = np.full(int(self.shape_ep_class.max(initial=0)) + 1, np.inf)
 
     def _expand(self, shapes: np.ndarray) -> None:
         """Score the candidates of these shapes (class docstring)."""
@@ -367,10 +399,10 @@ class _BranchAndBound:
         probe = np.union1d(
             np.flatnonzero(rep), first_seen[np.isnan(self.optimizer_s[skeleton[first_seen]])]
         )
-        members = self._members(row[probe], place[probe], sp[probe], self.weakest)
+        members = self._members(row[probe], place[probe], sp[probe], self.weakest, shape[probe])
         r = self._score(members)
         self.optimizer_s[skeleton[probe]] = r.terms["optimizer"]
-        live_parts = [probe[r.bound < self._threshold_of(members)]]
+        live_parts = [probe[self._below(r.bound, members, r.ep)]]
         p2p_key = (shape * len(PLACEMENTS) + place) * 2 + sp
         known = p2p_key[probe][rep[probe]]
         order = np.argsort(known)
@@ -378,30 +410,34 @@ class _BranchAndBound:
         at = np.clip(np.searchsorted(known[order], p2p_key[rest]), 0, max(len(known) - 1, 0))
         p2p = r.terms["pp_p2p_bound"][rep[probe]][order][at] if len(known) else np.zeros(len(rest))
         lb = self.shape_lb[shape[rest]] + p2p + self.optimizer_s[skeleton[rest]]
-        rest = rest[lb < self._threshold_of({"cp": self.rows["cp"][row[rest]]})]
+        rest = rest[self._below(lb, {"cp": self.rows["cp"][row[rest]], "shape": shape[rest]})]
         if len(rest):
-            members = self._members(row[rest], place[rest], sp[rest], self.weakest)
+            members = self._members(row[rest], place[rest], sp[rest], self.weakest, shape[rest])
             r = self._score(members)
-            live_parts.append(rest[r.bound < self._threshold_of(members)])
+            live_parts.append(rest[self._below(r.bound, members, r.ep)])
         live = np.concatenate(live_parts) if live_parts else np.zeros(0, dtype=np.int64)
-        row, place, sp = row[live], place[live], sp[live]
+        self._levels(row[live], place[live], sp[live], shape[live])
+
+    def _levels(self, row, place, sp, shape) -> None:
+        """Score each stronger recompute level of the live groups (class docstring)."""
         for level in sorted(self.levels)[1:]:
             # a stronger level only where the previous one's bound (for a member skipped for memory, the last
             # bound known) is below the threshold: the bound grows along RECOMPUTE
             if not len(row):
                 return
-            on = self._members(row[sp], place[sp], sp[sp], level)  # sequence parallelism on first
+            on = self._members(row[sp], place[sp], sp[sp], level, shape[sp])  # sp on first
             r_on = self._score(on)
             off_at = np.flatnonzero(~sp)
             twin_needed = self.needed_on[row[off_at], level]  # NaN: the twin is not scored (yet)
             skip = twin_needed > self.capacity if self.prune else np.zeros(len(off_at), bool)
             self.pruned_memory += int(skip.sum())
-            off = self._members(row[off_at[~skip]], place[off_at[~skip]], sp[off_at[~skip]], level)
+            at = off_at[~skip]
+            off = self._members(row[at], place[at], sp[at], level, shape[at])
             r_off = self._score(off)
             keep = np.ones(len(row), bool)
-            keep[np.flatnonzero(sp)] = r_on.bound < self._threshold_of(on)
-            keep[off_at[~skip]] = r_off.bound < self._threshold_of(off)
-            row, place, sp = row[keep], place[keep], sp[keep]
+            keep[np.flatnonzero(sp)] = self._below(r_on.bound, on, r_on.ep)
+            keep[at] = self._below(r_off.bound, off, r_off.ep)
+            row, place, sp, shape = row[keep], place[keep], sp[keep], shape[keep]
 
     def result(self):
         full = {
