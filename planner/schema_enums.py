@@ -1,9 +1,10 @@
-"""The plan schema's value lists, generated from the code that owns each vocabulary.
+"""The published schemas' value lists, generated from the code that owns each vocabulary.
 
 planner/schemas/plan.schema.json spells out the values a plan document may hold (schedules,
-precisions, stacks, kernels, ...). Each list here is taken from its one owner in code, and
-`write()` puts them into the schema, so a value added in code reaches the published schema by
-running `python -m planner.schema_enums`; tests/test_plan_schema.py fails while the two differ.
+precisions, stacks, kernels, ...), recommend.schema.json the objectives. Each list here is taken
+from its one owner in code, and `write()` puts them into the schema, so a value added in code
+reaches the published schemas by running `python -m planner.schema_enums`;
+tests/test_plan_schema.py fails while the two differ.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from planner.uncertainty import SCALE_BANDS
 from storage_profiles.profile import CHECKPOINT_MODES
 
 SCHEMA = Path(__file__).resolve().parent / "schemas" / "plan.schema.json"
+RECOMMEND_SCHEMA = SCHEMA.with_name("recommend.schema.json")
 
 _PLAN = ("properties", "plan", "properties")
 _SOFTWARE = ("properties", "software", "properties")
@@ -64,6 +66,9 @@ CODE_ENUMS: dict[tuple[str, ...], tuple] = {
 """Where each code-owned vocabulary sits in the schema. The schema's other lists are not owned by
 code: plan.implementation (a legacy key read and ignored) and software.grad_reduce_bytes (2 or 4
 bytes, the JSON numbers both ways)."""
+RECOMMEND_ENUMS: dict[tuple[str, ...], tuple] = {("properties", "objective"): OBJECTIVES}
+"""The same for recommend.schema.json (its plans are plan.schema.json's, by reference)."""
+SCHEMA_ENUMS = {SCHEMA: CODE_ENUMS, RECOMMEND_SCHEMA: RECOMMEND_ENUMS}
 
 
 def node(schema: dict, path: tuple[str, ...]) -> dict:
@@ -72,18 +77,19 @@ def node(schema: dict, path: tuple[str, ...]) -> dict:
     return schema
 
 
-def generated(schema: dict) -> dict:
-    """`schema` with every CODE_ENUMS list taken from the code."""
+def generated(schema: dict, enums: dict | None = None) -> dict:
+    """`schema` with every list of `enums` (default CODE_ENUMS) taken from the code."""
     out = json.loads(json.dumps(schema))
-    for path, values in CODE_ENUMS.items():
+    for path, values in (CODE_ENUMS if enums is None else enums).items():
         node(out, path)["enum"] = list(values)
     return out
 
 
-def write(path: Path = SCHEMA) -> None:
+def write(path: Path = SCHEMA, enums: dict | None = None) -> None:
     schema = json.loads(path.read_text(encoding="utf-8"))
-    path.write_text(json.dumps(generated(schema), indent=2) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(generated(schema, enums), indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
-    write()
+    for schema_path, schema_enums in SCHEMA_ENUMS.items():
+        write(schema_path, schema_enums)
