@@ -24,12 +24,9 @@ from frameworks.profile import (
 )
 from planner.errors import ConfigError
 from planner.io import read_json
-from planner.parallel import (
-    FRAMEWORKS,
-    PRECISIONS,
-)
+from planner.parallel import FRAMEWORK_FILES, FRAMEWORKS, PRECISIONS
 
-FRAMEWORK_DIR = Path(__file__).resolve().parent
+FRAMEWORK_DIR = FRAMEWORK_FILES
 SCHEMA_VERSION = "1"
 
 _TOP = {
@@ -92,7 +89,8 @@ _STATE_KEYS = ("param", "grad", "master", "state", "reduce", "gather")
 
 
 def available_frameworks() -> list[str]:
-    return sorted(p.stem for p in FRAMEWORK_DIR.glob("*.json"))
+    """The shipped stacks (planner.parallel.FRAMEWORKS: one file each in this folder)."""
+    return list(FRAMEWORKS)
 
 
 def _fail(origin: str, key: str, value: Any, allowed: str) -> NoReturn:
@@ -108,7 +106,7 @@ def _fail(origin: str, key: str, value: Any, allowed: str) -> NoReturn:
 
 @lru_cache(maxsize=32)
 def load_framework(name_or_path: str) -> FrameworkProfile:
-    """A shipped profile by name (megatron, torchtitan, fsdp, deepspeed) or a profile file by path."""
+    """A shipped profile by name (planner.parallel.FRAMEWORKS) or a profile file by path."""
     text = str(name_or_path)
     path = FRAMEWORK_DIR / f"{text}.json"
     if "/" in text or text.endswith(".json"):
@@ -116,7 +114,10 @@ def load_framework(name_or_path: str) -> FrameworkProfile:
     elif not path.is_file():
         raise ConfigError("framework", text, "one of " + ", ".join(available_frameworks()))
     # planner.io: bounded, strict JSON, never a FIFO or a device (the one reader of input files)
-    return framework_from_dict(read_json(path, "framework profile"), origin=str(path))
+    profile = framework_from_dict(read_json(path, "framework profile"), origin=str(path))
+    if path.parent == FRAMEWORK_DIR and profile.name != path.stem:
+        _fail(str(path), "name", profile.name, f"{path.stem!r}, the file's name")
+    return profile
 
 
 def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfile:

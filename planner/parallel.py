@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from enum import Enum
+from pathlib import Path
 
 import numpy as np
 
@@ -38,8 +39,10 @@ def offload_indices(kind: str) -> tuple[int, ...]:
 PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "bf16", "fp8")
 """fp8: FP8 GEMMs (Transformer Engine / torchao float8 recipes) with bf16 everywhere else and fp32
 master weights and optimizer states."""
-FRAMEWORKS = ("megatron", "torchtitan", "fsdp", "deepspeed")
-"""Software stacks a plan can target (one data file each in frameworks/)."""
+FRAMEWORK_FILES = Path(__file__).resolve().parents[1] / "frameworks"
+FRAMEWORKS = tuple(sorted(path.stem for path in FRAMEWORK_FILES.glob("*.json")))
+"""Software stacks a plan can target: one data file each in frameworks/, named after the stack (a
+new file is a new stack; frameworks.loader checks that its name is its file's)."""
 CP_COMMS = ("p2p", "all_gather", "a2a")
 """How context parallelism exchanges keys and values: p2p (ring attention, KV blocks passed around
 the group), all_gather (every rank gathers the whole sequence's KV), a2a (Ulysses all-to-all over heads)."""

@@ -26,7 +26,15 @@ from planner.candidates import (
     tp_allowed,
 )
 from planner.errors import ConfigError
-from planner.parallel import CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig, ep_allowed
+from planner.parallel import (
+    CP_COMMS,
+    FRAMEWORKS,
+    OFFLOAD,
+    RECOMPUTE,
+    SCHEDULES,
+    ParallelConfig,
+    ep_allowed,
+)
 
 
 def test_divisors():
@@ -159,9 +167,6 @@ def test_every_candidate_is_a_valid_parallel_config():
         cfg.check_world_size(64)
         cfg.check_model(heads=16, kv_heads=4, blocks=24)
         cfg.check_sequence(1024, heads=16, kv_heads=4)
-
-
-FRAMEWORKS = ("megatron", "torchtitan", "fsdp", "deepspeed")
 
 
 @settings(max_examples=40, deadline=None)

@@ -25,12 +25,11 @@ from validators import env  # noqa: E402
 from planner.errors import ConfigError  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
 from planner.exports import export_plan  # noqa: E402
-from planner.parallel import ParallelConfig  # noqa: E402
+from planner.parallel import FRAMEWORKS, ParallelConfig  # noqa: E402
 from planner.plan import plan_from_document  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 
-FRAMEWORKS = ("megatron", "torchtitan", "fsdp", "deepspeed")
 
 DENSE = ("llama3-8b", "p5.48xlarge", 16)
 MOE = ("qwen3-30b-a3b", "p5.48xlarge", 16)

@@ -9,7 +9,7 @@ from cost_models.flops import model_flops_per_step
 from hardware_profiles import load_profile
 from planner.catalog import get
 from planner.estimate import estimate
-from planner.parallel import ParallelConfig, default_placement
+from planner.parallel import FRAMEWORKS, ParallelConfig, default_placement
 
 MODELS = ("llama2-7b", "llama3-8b", "llama2-13b", "llama3-70b")
 """RoPE models (learned positions cap the sequence); the estimate need not fit for its MFU to be bounded."""
@@ -21,7 +21,6 @@ HARDWARE = (
     "p6e-gb200.36xlarge",
     "dgx-a100-80g",
 )
-FRAMEWORKS = ("megatron", "torchtitan", "fsdp", "deepspeed")
 
 
 def run(
