@@ -10,6 +10,26 @@ REFERENCE_YARDSTICK_CPU_S = 0.182
 cce5254, the same run that measured DeepSeek-V3's search at 1.36 s against its 2 s budget."""
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--slow",
+        action="store_true",
+        help="also run the tests marked slow (real-size executor runs, the frameworks' own "
+        "validators, signals and hung ranks): README.md, 'The slow tier'",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """The default run leaves out the tests marked slow (the suite stays under five minutes on two
+    idle cores); `--slow` runs them too, and `-m slow --slow` runs only them."""
+    if config.getoption("--slow"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",

@@ -192,7 +192,7 @@ def test_latency_bound_fit_does_not_overwrite_a_bus_efficiency():
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("sig_name", ["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("sig_name", ["SIGTERM", pytest.param("SIGKILL", marks=pytest.mark.slow)])
 def test_a_signal_to_calibrate_leaves_no_measuring_rank_behind(tmp_path, sig_name):
     """SIGTERM (timeout, Slurm, Kubernetes) stops the ranks and exits 143 with one line; SIGKILL of the
     launcher ends them too (they die with their parent)."""
@@ -389,7 +389,7 @@ def _start_calibration(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("wait_s", [0.2, 2.0])
+@pytest.mark.parametrize("wait_s", [0.2, pytest.param(2.0, marks=pytest.mark.slow)])
 def test_ctrl_c_to_the_process_group_is_one_line_and_leaves_nothing(tmp_path, wait_s):
     """Issue 31: Ctrl-C (SIGINT to the whole group) printed a rank's KeyboardInterrupt traceback in 2 of 4 tries.
     Ranks start with SIGINT blocked and then ignore it; the launcher stops them and prints one line, exit 130."""

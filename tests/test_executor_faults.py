@@ -158,6 +158,7 @@ def test_torchrun_with_the_wrong_world_size_names_the_launch_fix(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_checkpoint_cadence_follows_the_plan_interval_and_the_step_option(tmp_path):
     cfg = ParallelConfig(dp=2, zero=2, global_batch=4, micro_batch=1, seq=32, precision="fp32")
@@ -266,7 +267,15 @@ def _assert_all_gone(pids: list[int], within_s: float = 10.0) -> None:
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
-    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name
+    "sig",
+    [
+        signal.SIGTERM,
+        *(
+            pytest.param(s, marks=pytest.mark.slow)
+            for s in (signal.SIGINT, signal.SIGHUP, signal.SIGKILL)
+        ),
+    ],
+    ids=lambda s: s.name,
 )
 def test_a_signal_to_the_launcher_stops_every_rank(tmp_path, sig):
     """What timeout, Slurm and Kubernetes do (SIGTERM), Ctrl-C (SIGINT), a closed terminal (SIGHUP), and a
@@ -285,6 +294,7 @@ def test_a_signal_to_the_launcher_stops_every_rank(tmp_path, sig):
     assert lines == [f"error: stopped by {sig.name}: stopped all 2 ranks (logs: {own})"]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_a_frozen_rank_fails_the_run_after_timeout_s(tmp_path):
     """SIGSTOP freezes a rank, its heartbeat thread included: the run fails after --timeout-s (5 s here),

@@ -131,6 +131,7 @@ def test_proxy_runs_a_model_too_large_for_this_machine_with_the_same_layout(tmp_
     assert "--proxy: gpt3-175b is too large" in notes and "downgraded to fp32" in notes
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_same_entry_point_under_torchrun(tmp_path):
     """`torchrun -m planner run` (the cluster path, here with gloo): every rank trains, rank 0 prints."""

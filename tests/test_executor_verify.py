@@ -1,7 +1,9 @@
 """`planner run --verify` has power both ways.
 
-It passes the catalog gpt2 (124M parameters, real size, seq 32) over 3 AdamW steps (the optimizer's
-moments carried across two updates; a further step runs the same code again) on every layout the executor runs, grouped into three launches (a gpt2 launch costs 1-2 minutes here):
+It passes a GPT-2 over 3 AdamW steps (the optimizer's moments carried across two updates; a further
+step runs the same code again) on every layout the executor runs, grouped into three launches. The
+default run uses the small gpt_tiny (a launch takes seconds); the slow tier (`pytest --slow`) runs
+the catalog gpt2 (124M parameters, real size, seq 32; a launch costs 1-2 minutes here):
 - dp2: DDP, ZeRO-0;
 - dp2 x pp2: 1F1B with ZeRO-1 (FSDP2 per stage; ZeRO-2 is the same code, parallelize.apply_fsdp);
 - dp2 x tp2 x pp2 (8 processes): ZeRO-3 over tensor-parallel shards (FSDP2's strided shards),
@@ -24,6 +26,7 @@ from typer.testing import CliRunner
 
 from executor_plans import run_planner, write_plan
 from planner.cli import app
+from planner.executor.tiny import gpt_tiny
 from planner.parallel import ParallelConfig
 
 runner = CliRunner()
@@ -47,29 +50,38 @@ GPT2_LAYOUTS = {
 }
 
 
+TINY = "planner.executor.tiny:gpt_tiny"
+GPT2_MODELS = {
+    # model argument: (its parameter tensors, blocks, width) from the model's own definition
+    TINY: (len(list(gpt_tiny().parameters())), 4, 32),
+    "gpt2": (148, 12, 768),  # Hugging Face gpt2: 12 blocks of 12 tensors, 2 embeddings, final norm
+}
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("name", list(GPT2_LAYOUTS))
-def test_gpt2_passes_verification_over_three_adamw_steps(name, tmp_path):
+@pytest.mark.parametrize(
+    "model", [pytest.param(TINY, id="gpt_tiny"), pytest.param("gpt2", marks=pytest.mark.slow)]
+)
+def test_gpt2_passes_verification_over_three_adamw_steps(model, name, tmp_path):
     cfg = ParallelConfig(seq=32, precision="fp32", **GPT2_LAYOUTS[name])
-    plan = write_plan(tmp_path / "plan.json", cfg, "gpt2")
+    plan = write_plan(tmp_path / "plan.json", cfg, model)
+    tensors, layers, hidden = GPT2_MODELS[model]
     result = run_planner(["run", str(plan), "--steps", "3", "--verify", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     verify = doc["verify"]
     assert verify["passed"] and verify["steps"] == [0, 1, 2], verify
-    assert (
-        verify["problems"] == [] and verify["params_compared"] >= 148
-    )  # every gpt2 tensor, none missing
+    assert verify["problems"] == [] and verify["params_compared"] >= tensors  # none missing
     ratios = verify["max_ratio"]
     assert set(ratios) == {"initial parameters", "loss", "gradient", "parameters"}
     # margins: a correct run sits orders of magnitude under its rounding bound
     assert ratios["loss"] < 0.05 and ratios["gradient"] < 0.05, ratios
     assert ratios["initial parameters"] == 0 and ratios["parameters"] < 1e-3, ratios
-    assert doc["model"]["ran"]["layers"] == 12 and doc["model"]["ran"]["hidden"] == 768  # no proxy
+    assert doc["model"]["ran"]["layers"] == layers and doc["model"]["ran"]["hidden"] == hidden
     assert len(doc["ranks"]) == cfg.world_size and doc["workdir"] is None
 
 
-TINY = "planner.executor.tiny:gpt_tiny"
 BUG_PLANS = {
     "skip_dp_reduce": (dict(dp=2, global_batch=4, micro_batch=1), ("gradient",)),
     "tp_no_reduce": (dict(tp=2, global_batch=4, micro_batch=2), ("loss", "gradient")),

@@ -186,7 +186,7 @@ def _planner(argv, cwd=REPO, env=None, limit_s=60):
             "the factory",
             ("time.sleep(0.05)", "while True:  "),
         ),
-        (
+        pytest.param(
             [
                 "estimate",
                 "tests.fixtures.factories:hangs_in_forward",
@@ -198,6 +198,7 @@ def _planner(argv, cwd=REPO, env=None, limit_s=60):
             ],
             "its forward/backward on the meta device",
             ("steps += 1", "while steps >= 0"),
+            marks=pytest.mark.slow,
         ),
     ],
 )

@@ -378,7 +378,7 @@ def test_case_is_one_line_with_its_exit_code_and_touches_nothing(case, tmp_path,
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("after_s", [1.0, 3.0])
+@pytest.mark.parametrize("after_s", [1.0, pytest.param(3.0, marks=pytest.mark.slow)])
 def test_sigterm_before_the_ranks_start_is_one_line(tmp_path, after_s):
     """Issue 31: SIGTERM while `planner run` imports and builds exited 143 with nothing said."""
     sys.path.insert(0, str(ROOT / "tests"))
