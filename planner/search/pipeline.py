@@ -10,6 +10,7 @@ from planner.search.bounds import Admission
 from planner.search.branch_and_bound import score_space
 from planner.search.documents import _cp_versus, _ep_versus, key_numbers, ranked_documents
 from planner.search.no_fit import unranked_error
+from planner.search.overlaps import search_scoring, turned_on
 from planner.search.refine import Refiner
 from planner.search.request import SearchRequest, prepare
 from planner.search.results import Recommendation, SearchSummary, rank
@@ -31,13 +32,14 @@ def recommend(model, hardware, request: SearchRequest | None = None, **fields) -
     request = replace(request or SearchRequest(), **fields)
     setup = prepare(model, hardware, request)
     objective, workload = request.objective, setup.workload
+    software, score_fn = search_scoring(setup, request.score_fn)
     scored = score_space(
         setup.model,
         setup.hardware,
         workload,
         space=setup.space,
-        software=setup.software,
-        score_fn=request.score_fn,
+        software=software,
+        score_fn=score_fn,
         progress=request.progress,
         admission=Admission(objective=objective, keep=request.leaders),
     )
@@ -63,6 +65,8 @@ def recommend(model, hardware, request: SearchRequest | None = None, **fields) -
         seconds=time.perf_counter() - t0,
         refined=refiner.refined,
         held=held_dimensions(setup.software.framework, setup.model),
+        free_overlaps=setup.free_overlaps,
+        turned_on=tuple(turned_on(documents[0], setup.free_overlaps)),
     )
     ties = ties_of(documents, objective)
     summary = SearchSummary(

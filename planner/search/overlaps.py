@@ -1,0 +1,88 @@
+"""The overlap options the search chooses per plan (planner.software.free_overlaps): the ones the
+user left unset that the framework runs but leaves off by default.
+
+The choice, for each plan: on where the plan can run it (planner.software.plan_options) unless
+then the plan does not fit. tp_comm_overlap never makes a plan slower (cost_models.comm.
+tp_exposed_parts: per pass max(0, C - G) + i min(C, G) <= C) and costs only memory (its
+userbuffers, cost_models.memory.userbuffer_bytes), so that rule gives each plan its best value and
+the search stays exact: a plan is scored with the overlap on, and the rows that then miss the
+memory but would fit without the userbuffers are scored again with it off. The lower-bound terms
+(planner.search.bounds.TIME_BOUND_TERMS) are kept from the scores with it on, which are never above
+either choice's step and keep the bound's premises (one software for every candidate)."""
+
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass, replace
+
+import numpy as np
+
+import planner.score as score_module
+from cost_models.memory import needed_bytes, userbuffer_bytes
+
+
+class FreeOverlapScorer:
+    """A score function (planner.score.score's signature) that scores each candidate with the free
+    overlaps on, or off where on does not fit and off does (module docstring)."""
+
+    def __init__(self, base, on, off):
+        self.base = base or score_module.score  # looked up here: a test patches it
+        self.on, self.off = on, off
+
+    def __call__(self, model, hw, cands, *, software=None, **kw):
+        s = self.base(model, hw, cands, software=self.on, **kw)
+        if not is_dataclass(s) or not hasattr(s, "needed_bytes"):
+            return s
+        cands = score_module.CandidateArrays.from_mapping(_as_mapping(cands))
+        buffers = userbuffer_bytes(
+            self.on,
+            model,
+            kw.get("precision", "amp-bf16"),
+            micro_batch=cands.micro_batch,
+            seq=kw["seq"],
+            cp=1 if cands.cp is None else cands.cp,
+            tp=cands.tp,
+            sequence_parallel=cands.sequence_parallel,
+        )
+        capacity = float(hw.memory_bytes)
+        without = needed_bytes(np.asarray(s.peak_bytes_per_gpu) - buffers, hw, self.off)
+        redo = np.flatnonzero(
+            (buffers > 0) & (np.asarray(s.needed_bytes) > capacity) & (without <= capacity)
+        )
+        if not len(redo):
+            return s
+        off = self.base(model, hw, _rows(cands, redo), software=self.off, **kw)
+        merged = {}
+        for name in ("step_time_s", "peak_bytes_per_gpu", "needed_bytes", "fits"):
+            value = np.array(getattr(s, name), copy=True)
+            value[redo] = np.asarray(getattr(off, name))
+            merged[name] = value
+        return replace(s, **merged)
+
+
+def _as_mapping(cands) -> dict:
+    if isinstance(cands, score_module.CandidateArrays):
+        values = {f.name: getattr(cands, f.name) for f in fields(cands)}
+        return {k: v for k, v in values.items() if v is not None}
+    return dict(cands)
+
+
+def _rows(cands, rows: np.ndarray):
+    """Candidates `rows` of `cands` (CandidateArrays)."""
+    return score_module.CandidateArrays.from_mapping(
+        {k: np.asarray(v)[rows] for k, v in _as_mapping(cands).items()}
+    )
+
+
+def search_scoring(setup, score_fn=None):
+    """(software, score_fn) the search scores with: the request's when no overlap is free, else the
+    software with the free overlaps on and a FreeOverlapScorer."""
+    if not setup.free_overlaps:
+        return setup.software, score_fn
+    on = replace(setup.software, **{name: True for name in setup.free_overlaps})
+    return on, FreeOverlapScorer(score_fn, on, setup.software)
+
+
+def turned_on(document, free: tuple[str, ...]) -> list[str]:
+    """Of the free overlaps, those a plan document's software block has on."""
+    software = document.get("software") or {}
+    return [name for name in free if software.get(name)]
