@@ -154,6 +154,7 @@ def _ep_versus(
     software,
     documented,
     workload: Workload,
+    fallback=None,
 ) -> dict | None:
     """Why the winner's expert-parallel degree and placement: the best fitting plan of each expert-parallel class
     -- an ep degree and where its all-to-all runs (cost_models.moe.EP_LINKS: inside one NVLink domain, or over
@@ -167,7 +168,9 @@ def _ep_versus(
     scored (even stages; `as_scored` true), which is slower at even stages than every leader. `exact`: no plan of
     the class the search did not score can be faster than its fastest scored one (that one is within
     ScoredSpace.unscored_at_least_s); else `unscored_at_least_s` is the least step time the rest could have. None
-    for a dense model or a search with one class. Under the memory objective the classes' fastest plans."""
+    for a dense model or a search with one class. Under the memory objective the classes' fastest plans.
+    `software` is the search's (the free overlaps on), `fallback` the run's where they differ
+    (`_as_scored_entry`)."""
 
     if getattr(model, "moe", None) is None or "ep" not in scored.arrays:
         return None
@@ -200,39 +203,9 @@ def _ep_versus(
             best_doc[key] = (value, doc)
     plain = [j for j in firsts if int(cls[j]) not in best_doc]
     entries = {}
-    if plain:
-        rows = {k: v[plain] for k, v in a.items()}
-        cands = _candidate_arrays(rows)
-        kw = workload.score_kw()
-        scores = score(model, hardware, cands, software=software, **kw)
-        x = Step.of(model, hardware, software, cands, **kw)
-        block = block_seconds(x)
-        for n, j in enumerate(plain):
-            cfg = config_of(rows, n, framework=software.framework.name, **kw)
-            cfg = replace(
-                cfg, stages=tuple(even_stages(model.total_blocks, cfg.pp * cfg.virtual_stages))
-            )
-            one = Estimate(
-                model=model,
-                hardware=hardware,
-                config=cfg,
-                gpus=cfg.world_size,
-                software=software,
-                scores=_documented_scores(
-                    replace(_score_row(scores, n), step=x.take(np.array([n])))
-                ),
-            )
-            entries[int(cls[j])] = {
-                "plan": cfg.to_dict(),
-                "step_time_s": one.step_time_s,
-                "peak_bytes_per_gpu": one.peak_bytes_per_gpu,
-                "fits": one.fits,
-                "mfu": one.mfu,
-                "time_breakdown_s": one.time_breakdown_s(),
-                "memory": one.memory(),
-                "expert_parallel": placement_summary(x, block, n),
-                "as_scored": True,
-            }
+    for j in plain:
+        rows = {k: v[[j]] for k, v in a.items()}
+        entries[int(cls[j])] = _as_scored_entry(model, hardware, rows, software, fallback, workload)
     for key, (_, doc) in best_doc.items():
         entries[key] = {
             **key_numbers(doc),
@@ -247,6 +220,41 @@ def _ep_versus(
     classes.sort(key=lambda e: (e["step_time_s"], e["peak_bytes_per_gpu"]) if by != "memory" else 0)
     network = str(getattr(hardware, "inter_node_interconnect", "") or "network").split(" (")[0]
     return {"network": network, "classes": classes}
+
+
+def _as_scored_entry(model, hardware, rows, software, fallback, workload: Workload) -> dict:
+    """A class's key numbers as the search scored its one plan `rows` (even stages): with `software`,
+    or with `fallback` where that does not fit and this does (planner.search.overlaps: the free
+    overlaps, off where their buffers push the plan out of memory)."""
+    cands = _candidate_arrays(rows)
+    kw = workload.score_kw()
+    scores = score(model, hardware, cands, software=software, **kw)
+    if fallback is not None and not scores.fits[0]:
+        without = score(model, hardware, cands, software=fallback, **kw)
+        if without.fits[0]:
+            software, scores = fallback, without
+    x = Step.of(model, hardware, software, cands, **kw)
+    cfg = config_of(rows, 0, framework=software.framework.name, **kw)
+    cfg = replace(cfg, stages=tuple(even_stages(model.total_blocks, cfg.pp * cfg.virtual_stages)))
+    one = Estimate(
+        model=model,
+        hardware=hardware,
+        config=cfg,
+        gpus=cfg.world_size,
+        software=software,
+        scores=_documented_scores(replace(_score_row(scores, 0), step=x)),
+    )
+    return {
+        "plan": cfg.to_dict(),
+        "step_time_s": one.step_time_s,
+        "peak_bytes_per_gpu": one.peak_bytes_per_gpu,
+        "fits": one.fits,
+        "mfu": one.mfu,
+        "time_breakdown_s": one.time_breakdown_s(),
+        "memory": one.memory(),
+        "expert_parallel": placement_summary(x, block_seconds(x), 0),
+        "as_scored": True,
+    }
 
 
 def _score_row(scores, j: int):

@@ -58,7 +58,14 @@ def recommend(model, hardware, request: SearchRequest | None = None, **fields) -
         lambda i: refiner.document(workload.config(scored.arrays, i), request.refine > 0),
     )
     ep_versus = _ep_versus(
-        scored, objective, setup.model, setup.hardware, setup.software, documented, workload
+        scored,
+        objective,
+        setup.model,
+        setup.hardware,
+        software,
+        documented,
+        workload,
+        fallback=None if software is setup.software else setup.software,
     )
     stats = replace(
         scored.stats,
