@@ -231,9 +231,9 @@ def userbuffer_bytes(software, spec, precision, *, micro_batch, seq, cp, tp, seq
         s b / cp x hidden x (2 x 4 + f x 6),  f = 1 under FP8, else 2.
     Zero where the run does not overlap (comm.tp_overlapped) and on stacks without Transformer
     Engine's modules (torchtitan's async TP: symmetric memory, not costed here)."""
-    on = tp_overlapped(software.tp_comm_overlap, tp, sequence_parallel) & (
-        software.framework.kernels == "fused"
-    )
+    if not software.tp_comm_overlap or software.framework.kernels != "fused":
+        return 0.0
+    on = tp_overlapped(True, tp, sequence_parallel)
     per_element = 2.0 * USERBUFFERS_16BIT + (1.0 if precision == "fp8" else 2.0) * USERBUFFERS_FP8
     tokens = np.asarray(micro_batch, dtype=float) * seq / np.asarray(cp, dtype=float)
     return np.where(on, tokens * spec.hidden * per_element, 0.0)

@@ -25,6 +25,7 @@ from planner.search import recommend
 from planner.search.overlaps import FreeOverlapScorer
 from planner.search.refine import Refiner
 from planner.search.request import SearchRequest, prepare
+from planner.search.results import ScoredSpace, SearchStats
 from planner.software import free_overlaps, software_for
 from planner.sources import resolve_model
 
@@ -170,12 +171,28 @@ def test_the_search_scores_each_candidate_with_its_choice():
         "placement": np.array([0, 0]),
     }  # fmt: skip
     kw = dict(global_batch=64, seq=SEQ, precision="amp-bf16")
-    merged = FreeOverlapScorer(None, on_sw, off_sw)(resolve_model(MODEL, seq=SEQ), hw, cands, **kw)
-    on = score(resolve_model(MODEL, seq=SEQ), hw, cands, software=on_sw, **kw)
-    off = score(resolve_model(MODEL, seq=SEQ), hw, cands, software=off_sw, **kw)
+    model = resolve_model(MODEL, seq=SEQ)
+    scorer = FreeOverlapScorer(None, on_sw, off_sw)
+    merged = scorer(model, hw, cands, **kw)
+    on = score(model, hw, cands, software=on_sw, **kw)
+    off = score(model, hw, cands, software=off_sw, **kw)
     # row 0 (no recompute) misses the memory with the buffers, fits without; row 1 (full
     # recompute) fits with them
     assert not on.fits[0] and off.fits[0] and on.fits[1]
-    assert merged.step_time_s[0] == off.step_time_s[0] and merged.fits[0]
+    assert merged.needed_bytes[0] == pytest.approx(off.needed_bytes[0], rel=1e-12)
+    assert np.isinf(merged.step_time_s[0])  # left to `settle`: never a feasible step for the bounds
     assert merged.step_time_s[1] == on.step_time_s[1] < off.step_time_s[1]
     assert merged.compute[0] == on.compute[0]  # the bound terms stay the optimistic ones
+    space = ScoredSpace(
+        arrays=cands,
+        step_time_s=merged.step_time_s,
+        peak_bytes_per_gpu=merged.peak_bytes_per_gpu,
+        needed_bytes=merged.needed_bytes,
+        capacity_bytes=float(hw.memory_bytes),
+        leanest_arrays={},
+        leanest_needed_bytes=np.zeros(0),
+        stats=SearchStats(candidates_evaluated=2, feasible=2, seconds=0.0),
+    )
+    done = scorer.settle(space, model, hw, kw)
+    assert done.step_time_s[0] == off.step_time_s[0] and done.step_time_s[1] == on.step_time_s[1]
+    assert done.peak_bytes_per_gpu[0] == off.peak_bytes_per_gpu[0]

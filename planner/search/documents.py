@@ -170,7 +170,7 @@ def _ep_versus(
     ScoredSpace.unscored_at_least_s); else `unscored_at_least_s` is the least step time the rest could have. None
     for a dense model or a search with one class. Under the memory objective the classes' fastest plans.
     `software` is the search's (the free overlaps on), `fallback` the run's where they differ
-    (`_as_scored_entry`)."""
+    (`_as_scored_entries`)."""
 
     if getattr(model, "moe", None) is None or "ep" not in scored.arrays:
         return None
@@ -203,9 +203,12 @@ def _ep_versus(
             best_doc[key] = (value, doc)
     plain = [j for j in firsts if int(cls[j]) not in best_doc]
     entries = {}
-    for j in plain:
-        rows = {k: v[[j]] for k, v in a.items()}
-        entries[int(cls[j])] = _as_scored_entry(model, hardware, rows, software, fallback, workload)
+    if plain:
+        rows = {k: v[plain] for k, v in a.items()}
+        for n, entry in enumerate(
+            _as_scored_entries(model, hardware, rows, software, fallback, workload)
+        ):
+            entries[int(cls[plain[n]])] = entry
     for key, (_, doc) in best_doc.items():
         entries[key] = {
             **key_numbers(doc),
@@ -222,39 +225,52 @@ def _ep_versus(
     return {"network": network, "classes": classes}
 
 
-def _as_scored_entry(model, hardware, rows, software, fallback, workload: Workload) -> dict:
-    """A class's key numbers as the search scored its one plan `rows` (even stages): with `software`,
-    or with `fallback` where that does not fit and this does (planner.search.overlaps: the free
-    overlaps, off where their buffers push the plan out of memory)."""
+def _as_scored_entries(model, hardware, rows, software, fallback, workload: Workload) -> list:
+    """The classes' key numbers as the search scored their plans `rows` (even stages): with
+    `software`, or with `fallback` where that does not fit and this does (planner.search.overlaps:
+    the free overlaps, off where their buffers push the plan out of memory)."""
     cands = _candidate_arrays(rows)
     kw = workload.score_kw()
-    scores = score(model, hardware, cands, software=software, **kw)
-    if fallback is not None and not scores.fits[0]:
-        without = score(model, hardware, cands, software=fallback, **kw)
-        if without.fits[0]:
-            software, scores = fallback, without
+    scored = [_scored_with(model, hardware, cands, software, kw)]
+    if fallback is not None and not np.all(scored[0][1].fits):
+        scored.append(_scored_with(model, hardware, cands, fallback, kw))
+    out = []
+    for n in range(len(rows["dp"])):
+        sw, scores, x, block = scored[0]
+        if len(scored) > 1 and not scores.fits[n] and scored[1][1].fits[n]:
+            sw, scores, x, block = scored[1]
+        cfg = config_of(rows, n, framework=sw.framework.name, **kw)
+        cfg = replace(
+            cfg, stages=tuple(even_stages(model.total_blocks, cfg.pp * cfg.virtual_stages))
+        )
+        one = Estimate(
+            model=model,
+            hardware=hardware,
+            config=cfg,
+            gpus=cfg.world_size,
+            software=sw,
+            scores=_documented_scores(replace(_score_row(scores, n), step=x.take(np.array([n])))),
+        )
+        out.append(
+            {
+                "plan": cfg.to_dict(),
+                "step_time_s": one.step_time_s,
+                "peak_bytes_per_gpu": one.peak_bytes_per_gpu,
+                "fits": one.fits,
+                "mfu": one.mfu,
+                "time_breakdown_s": one.time_breakdown_s(),
+                "memory": one.memory(),
+                "expert_parallel": placement_summary(x, block, n),
+                "as_scored": True,
+            }
+        )
+    return out
+
+
+def _scored_with(model, hardware, cands, software, kw) -> tuple:
+    """(software, scores, Step, block seconds) of candidates under one software."""
     x = Step.of(model, hardware, software, cands, **kw)
-    cfg = config_of(rows, 0, framework=software.framework.name, **kw)
-    cfg = replace(cfg, stages=tuple(even_stages(model.total_blocks, cfg.pp * cfg.virtual_stages)))
-    one = Estimate(
-        model=model,
-        hardware=hardware,
-        config=cfg,
-        gpus=cfg.world_size,
-        software=software,
-        scores=_documented_scores(replace(_score_row(scores, 0), step=x)),
-    )
-    return {
-        "plan": cfg.to_dict(),
-        "step_time_s": one.step_time_s,
-        "peak_bytes_per_gpu": one.peak_bytes_per_gpu,
-        "fits": one.fits,
-        "mfu": one.mfu,
-        "time_breakdown_s": one.time_breakdown_s(),
-        "memory": one.memory(),
-        "expert_parallel": placement_summary(x, block_seconds(x), 0),
-        "as_scored": True,
-    }
+    return software, score(model, hardware, cands, software=software, **kw), x, block_seconds(x)
 
 
 def _score_row(scores, j: int):

@@ -22,7 +22,9 @@ from cost_models.memory import needed_bytes, userbuffer_bytes
 
 class FreeOverlapScorer:
     """A score function (planner.score.score's signature) that scores each candidate with the free
-    overlaps on, or off where on does not fit and off does (module docstring)."""
+    overlaps on; a candidate that then misses the memory but fits without the overlap's buffers is
+    returned as it needs without them and with an unknown (infinite) step, and `settle` scores
+    those rows with the overlaps off once the search ends, in one call (module docstring)."""
 
     def __init__(self, base, on, off):
         self.base = base or score_module.score  # looked up here: a test patches it
@@ -44,19 +46,38 @@ class FreeOverlapScorer:
             sequence_parallel=cands.sequence_parallel,
         )
         capacity = float(hw.memory_bytes)
-        without = needed_bytes(np.asarray(s.peak_bytes_per_gpu) - buffers, hw, self.off)
-        redo = np.flatnonzero(
-            (buffers > 0) & (np.asarray(s.needed_bytes) > capacity) & (without <= capacity)
-        )
-        if not len(redo):
+        peak = np.asarray(s.peak_bytes_per_gpu) - buffers
+        without = needed_bytes(peak, hw, self.off)
+        off = (buffers > 0) & (np.asarray(s.needed_bytes) > capacity) & (without <= capacity)
+        if not off.any():
             return s
-        off = self.base(model, hw, _rows(cands, redo), software=self.off, **kw)
-        merged = {}
-        for name in ("step_time_s", "peak_bytes_per_gpu", "needed_bytes", "fits"):
-            value = np.array(getattr(s, name), copy=True)
-            value[redo] = np.asarray(getattr(off, name))
-            merged[name] = value
-        return replace(s, **merged)
+        # what the plan needs without the buffers is exact (they are held at every moment on every
+        # rank); its step is scored by `settle`: unknown to the bounds until then (never counted as
+        # a feasible step, so the admission threshold stays above the true one)
+        return replace(
+            s,
+            step_time_s=np.where(off, np.inf, s.step_time_s),
+            peak_bytes_per_gpu=np.where(off, peak, s.peak_bytes_per_gpu),
+            needed_bytes=np.where(off, without, s.needed_bytes),
+            fits=np.where(off, True, s.fits),
+        )
+
+    def settle(self, scored, model, hw, score_kw: dict):
+        """`scored` (planner.search.results.ScoredSpace) with the rows left unknown scored with the
+        overlaps off."""
+        rows = np.flatnonzero(
+            np.isinf(scored.step_time_s) & (scored.needed_bytes <= scored.capacity_bytes)
+        )
+        if not len(rows):
+            return scored
+        cands = _rows(scored.arrays, rows)
+        s = self.base(model, hw, cands, software=self.off, **score_kw)
+        out = {}
+        for name in ("step_time_s", "peak_bytes_per_gpu", "needed_bytes"):
+            value = np.array(getattr(scored, name), dtype=float, copy=True)
+            value[rows] = np.asarray(getattr(s, name), dtype=float)
+            out[name] = value
+        return replace(scored, **out)
 
 
 def _as_mapping(cands) -> dict:
@@ -71,6 +92,13 @@ def _rows(cands, rows: np.ndarray):
     return score_module.CandidateArrays.from_mapping(
         {k: np.asarray(v)[rows] for k, v in _as_mapping(cands).items()}
     )
+
+
+def settled(scored, setup, score_fn):
+    """The search's result with the rows the FreeOverlapScorer left unknown scored (`settle`)."""
+    if not isinstance(score_fn, FreeOverlapScorer):
+        return scored
+    return score_fn.settle(scored, setup.model, setup.hardware, setup.workload.score_kw())
 
 
 def search_scoring(setup, score_fn=None):

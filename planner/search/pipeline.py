@@ -10,7 +10,7 @@ from planner.search.bounds import Admission
 from planner.search.branch_and_bound import score_space
 from planner.search.documents import _cp_versus, _ep_versus, key_numbers, ranked_documents
 from planner.search.no_fit import unranked_error
-from planner.search.overlaps import search_scoring, turned_on
+from planner.search.overlaps import search_scoring, settled, turned_on
 from planner.search.refine import Refiner
 from planner.search.request import SearchRequest, prepare
 from planner.search.results import Recommendation, SearchSummary, rank
@@ -43,6 +43,7 @@ def recommend(model, hardware, request: SearchRequest | None = None, **fields) -
         progress=request.progress,
         admission=Admission(objective=objective, keep=request.leaders),
     )
+    scored = settled(scored, setup, score_fn)
     order = rank(scored, objective)
     if len(order) == 0:
         raise unranked_error(scored, setup)
