@@ -16,6 +16,7 @@ from hardware_profiles import load_profile
 from planner.candidates import SearchSpace
 from planner.cli import app
 from planner.estimate import estimate
+from planner.explain import _software_options
 from planner.exports import export_plan
 from planner.parallel import ParallelConfig
 from planner.plan import plan_from_document, run_options
@@ -73,9 +74,16 @@ def test_the_plan_is_what_estimate_predicts_with_its_software(free):
     assert default.step_time_s > again.step_time_s
 
 
+def test_explains_fresh_search_chooses_again(free):
+    assert _software_options(free.best).tp_comm_overlap is None
+    asked = {k: v for k, v in free.best.items() if k != "search"}  # a plan the user named
+    assert _software_options(asked).tp_comm_overlap is True
+
+
 def test_an_explicit_choice_is_respected():
     off = _recommend(options=RunOptions(tp_comm_overlap=False))
     assert off.best["software"]["tp_comm_overlap"] is False
+    assert _software_options(off.best).tp_comm_overlap is False
     assert "overlaps" not in off.best["search"]
     assert "--tp-comm-overlap" not in export_plan(plan_from_document(off.best), "megatron").text
 
