@@ -5,10 +5,15 @@ The choice, for each plan: on where the plan can run it (planner.software.plan_o
 then the plan does not fit. tp_comm_overlap never makes a plan slower (cost_models.comm.
 tp_exposed_parts: per pass max(0, C - G) + i min(C, G) <= C) and costs only memory (its
 userbuffers, cost_models.memory.userbuffer_bytes), so that rule gives each plan its best value and
-the search stays exact: a plan is scored with the overlap on, and the rows that then miss the
-memory but would fit without the userbuffers are scored again with it off. The lower-bound terms
+the search stays exact: a plan is scored with the overlap on; a row that then misses the memory
+but fits without the userbuffers (what it needs without them is exact: they are held at every
+moment on every rank) enters the search with that memory and an unknown step, never a feasible
+step for the admission thresholds (which only stay higher), and is scored with the overlap off in
+one call when the search ends (FreeOverlapScorer.settle). The lower-bound terms
 (planner.search.bounds.TIME_BOUND_TERMS) are kept from the scores with it on, which are never above
-either choice's step and keep the bound's premises (one software for every candidate)."""
+either choice's step and keep the bound's premises (one software for every candidate); a plan with
+sequence parallelism still never needs more memory than its twin without it (which runs no
+overlap)."""
 
 from __future__ import annotations
 
