@@ -223,17 +223,28 @@ def tp_exposed_seconds(x, tp: TpSeconds, block) -> np.ndarray:
     return fwd + bwd + rec
 
 
+def tp_overlapped(enabled: bool, tp, sequence_parallel) -> np.ndarray:
+    """Where the run overlaps its tensor-parallel collectives with the GEMMs: the option on, tp > 1
+    and sequence parallelism on. Megatron-LM refuses --tp-comm-overlap without --sequence-parallel
+    ('Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is
+    enabled', megatron/training/arguments.py validate_args): Transformer Engine's userbuffers split
+    the sequence-parallel all-gathers and reduce-scatters; torchtitan's async TP always runs with
+    sequence parallelism."""
+    return bool(enabled) & (np.asarray(tp) > 1) & np.asarray(sequence_parallel)
+
+
 def tp_exposed_parts(x, tp: TpSeconds, block) -> tuple:
     """tp_exposed_seconds pass by pass: (forward, backward, recomputation) seconds a block's
     tensor-parallel communication adds (cost_models.timeline puts each pass on its own
-    operation)."""
+    operation); overlapped only where `tp_overlapped`."""
     if not x.sw.tp_comm_overlap:
         return tp.fwd, tp.bwd, tp.recompute
     interference = eff(x.hw, "overlap_interference")
+    on = tp_overlapped(x.sw.tp_comm_overlap, x.tp, x.sp)
 
     def shown(comm, gemm):
         hidden = np.minimum(comm, gemm)
-        return comm - hidden + interference * hidden
+        return np.where(on, comm - hidden + interference * hidden, comm)
 
     rec_gemm = x.full_share * block.gemm_fwd * recompute_passes(x)
     return (

@@ -33,6 +33,7 @@ from cost_models import blocks as B
 from cost_models import moe as MO
 from cost_models import params as P
 from cost_models.activations import kept_per_token
+from cost_models.comm import tp_overlapped
 from cost_models.offload import host_memory_bytes_per_node, offloaded_share
 from cost_models.pipeline import inflight_microbatches, inflight_microbatches_last_stage
 from hardware_profiles.efficiency import efficiency
@@ -77,7 +78,8 @@ class ResidentBytes:
     logits_peak: np.ndarray
     last_grad_transient: np.ndarray
     recompute_transient: np.ndarray
-    workspace: float
+    workspace: np.ndarray | float
+    """Held at every moment: the framework's workspace and the overlap's userbuffers."""
 
     def peak(self):
         """Largest of the three moments; returns (peak, activations term, other term) of that
@@ -208,6 +210,35 @@ def host_room_bytes(x, params_rank):
     return np.maximum(0.0, host_memory_bytes_per_node(x.hw) / x.hw.devices_per_node - host_opt)
 
 
+USERBUFFERS_16BIT = 4
+"""Transformer Engine's userbuffers kept in the compute dtype under any recipe: proj_fprop and
+fc2_fprop (pipelined reduce-scatters) and qkv_wgrad, fc1_wgrad (bulk overlaps)."""
+
+
+USERBUFFERS_FP8 = 6
+"""Userbuffers held in FP8 (1 byte) under an FP8 recipe, else in the compute dtype: qkv_fprop,
+fc1_fprop, proj_dgrad, fc2_dgrad (ring-exchange all-gathers), qkv_dgrad, fc1_dgrad (bulk)."""
+
+
+def userbuffer_bytes(software, spec, precision, *, micro_batch, seq, cp, tp, sequence_parallel):
+    """Device memory of the tensor-parallel overlap's communication buffers, per rank: Transformer
+    Engine's userbuffers, registered once for the run, outside PyTorch's caching allocator and held
+    the whole step. Megatron-LM's _initialize_tp_communicators (megatron/training/initialize.py)
+    calls initialize_ub(shape=[seq x micro_batch / cp, hidden]), which allocates one buffer of that
+    whole (gathered) shape for each of the 10 GEMM overlaps (transformer_engine/pytorch/module/
+    base.py initialize_ub, add_ub; TE 1.x): USERBUFFERS_16BIT at 2 bytes and USERBUFFERS_FP8 at 1
+    byte under FP8, else 2:
+        s b / cp x hidden x (2 x 4 + f x 6),  f = 1 under FP8, else 2.
+    Zero where the run does not overlap (comm.tp_overlapped) and on stacks without Transformer
+    Engine's modules (torchtitan's async TP: symmetric memory, not costed here)."""
+    if not software.tp_comm_overlap or software.framework.kernels != "fused":
+        return 0.0
+    on = tp_overlapped(True, tp, sequence_parallel)
+    per_element = 2.0 * USERBUFFERS_16BIT + (1.0 if precision == "fp8" else 2.0) * USERBUFFERS_FP8
+    tokens = np.asarray(micro_batch, dtype=float) * seq / np.asarray(cp, dtype=float)
+    return np.where(on, tokens * spec.hidden * per_element, 0.0)
+
+
 def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankMemory:
     """Peak of pipeline rank `rank` (0-based) holding `n_blocks` blocks (peak_bytes' three moments):
     model states by ZeRO stage (optimizer from 1, gradients from 2, parameters from 3 plus the block in
@@ -306,7 +337,17 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
         logits_peak=np.where(is_last, x.per_token(x.head.logits_peak) * x.tokens, 0.0),
         last_grad_transient=np.where(is_first & spec.tied_embeddings, tied_grad, 0.0),
         recompute_transient=np.where(x.full, acts.block_no_recompute, 0.0),
-        workspace=efficiency(x.hw, "framework_workspace_bytes"),
+        workspace=efficiency(x.hw, "framework_workspace_bytes")
+        + userbuffer_bytes(
+            x.sw,
+            spec,
+            x.precision,
+            micro_batch=x.b,
+            seq=x.seq,
+            cp=x.cp,
+            tp=tp,
+            sequence_parallel=x.sp,
+        ),
     ).peak()
     return RankMemory(
         peak=peak,

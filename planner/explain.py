@@ -565,7 +565,8 @@ def explain_document(doc: Mapping[str, Any]) -> Explanation:
 def _software_options(doc: Mapping[str, Any]) -> RunOptions:
     """The kernel choices the plan was costed with (its `software` block), for a comparable search on the same
     stack: the run's own options (planner.plan.run_options, the MoE ones included) and the framework choices it
-    may override (attention, dropout, overlap, reduction dtype, allocator, modules)."""
+    may override (attention, dropout, overlap, reduction dtype, allocator, modules); an overlap the search chose
+    per plan (`search.overlaps.free`) left unset."""
     sw = doc.get("software") or {}
     out = {
         k: sw[k]
@@ -588,7 +589,9 @@ def _software_options(doc: Mapping[str, Any]) -> RunOptions:
             out["kernels"] = sw[
                 "kernels"
             ]  # a run that swaps in another stack's modules (--kernels)
-    return run_options(doc).with_(**out)
+    # an overlap the search chose per plan stays the fresh search's choice (planner.search.overlaps)
+    free = ((doc.get("search") or {}).get("overlaps") or {}).get("free") or ()
+    return run_options(doc).with_(**(out | {name: None for name in free}))
 
 
 def research(doc: Mapping[str, Any], *, top: int = 4) -> dict:

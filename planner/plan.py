@@ -433,7 +433,7 @@ def run_options(document: Mapping[str, Any]) -> RunOptions:
     a RunOptions record: the cross-entropy kernel where the plan chose one (not its framework's default),
     dropout, the fused norm, BF16_Optimizer, the FP8 activation input, the modules selective recomputation
     re-runs, 16-bit master remainders, the FP8 scaling, the routed-token imbalance, and a token dispatcher,
-    exchange overlap or FP8 dispatch the plan chose over its framework's default (a target stack that has not
+    tensor-parallel or exchange overlap or FP8 dispatch the plan chose over its framework's default (a target stack that has not
     them drops them by name: planner.exports.retarget). The framework's own defaults (attention kernel, overlaps,
     the reduction dtype, the MoE dispatcher) are not here: another stack applies its own; explain's fresh search on
     the same stack adds them (planner.explain._software_options). What the model's config decides
@@ -460,8 +460,9 @@ def run_options(document: Mapping[str, Any]) -> RunOptions:
     stack = load_framework(framework) if framework else None
     if stack is not None and sw.get("moe_dispatcher") not in (None, stack.moe_dispatcher):
         out["moe_dispatcher"] = sw["moe_dispatcher"]
-    if sw.get("moe_a2a_overlap") is True and not (stack is not None and stack.moe_a2a_overlap):
-        out["moe_a2a_overlap"] = True
+    for overlap in ("tp_comm_overlap", "moe_a2a_overlap"):
+        if sw.get(overlap) is True and not (stack is not None and getattr(stack, overlap)):
+            out[overlap] = True
     if sw.get("moe_fp8_dispatch") is True:
         out["moe_fp8_dispatch"] = True
     return RunOptions(**out)

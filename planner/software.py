@@ -10,6 +10,7 @@ import math
 from dataclasses import replace
 
 from cost_models.blocks import RECOMPUTE_MODULES
+from cost_models.comm import tp_overlapped
 from cost_models.step import BF16_PARAM_PRECISIONS, FP8_SCALINGS, MASTER_WEIGHTS, Software
 from frameworks import (
     ATTENTION_KERNELS,
@@ -39,6 +40,33 @@ def software_for(framework: str | FrameworkProfile, options: RunOptions | None =
             recompute_modules=check_recompute_modules(fw, options.recompute_modules)
         )
     return Software.of(fw, options)
+
+
+FREE_OVERLAPS = ("tp_comm_overlap",)
+"""Overlap options recommend chooses per plan when the user leaves them unset (`free_overlaps`)."""
+
+
+def free_overlaps(software: Software, options: RunOptions) -> tuple[str, ...]:
+    """The overlap options that are the user's free choice, for recommend to choose per plan: left
+    unset (None), off by the framework's default, and runnable by the framework. tp_comm_overlap:
+    the capability, and Transformer Engine's modules (userbuffers) or torch.compile (torchtitan's
+    async TP is an Inductor pass: 'Async TP requires torch.compile', torchtitan parallelize.py)."""
+    fw = software.framework
+    tp_free = (
+        options.tp_comm_overlap is None
+        and not software.tp_comm_overlap
+        and fw.capabilities.tp_comm_overlap
+        and (fw.kernels == "fused" or software.compile)
+    )
+    return ("tp_comm_overlap",) if tp_free else ()
+
+
+def plan_options(options: RunOptions, free: tuple[str, ...], cfg) -> RunOptions:
+    """One plan's run options: `options` with each free overlap (`free_overlaps`) on where the plan
+    can run it (tp_comm_overlap: cost_models.comm.tp_overlapped)."""
+    if "tp_comm_overlap" in free and bool(tp_overlapped(True, cfg.tp, cfg.sequence_parallel)):
+        return options.with_(tp_comm_overlap=True)
+    return options
 
 
 def _with_kernels(fw: FrameworkProfile, kernels: str | None) -> FrameworkProfile:

@@ -182,6 +182,8 @@ def test_tp_exposed_formula():
         hw = load_profile("p5.48xlarge")
         full = np.array([False])
         full_share = np.array([0.0])
+        tp = np.array([8])
+        sp = np.array([True])  # Megatron-LM overlaps only with sequence parallelism
 
         @staticmethod
         def is_schedule(name):
@@ -196,6 +198,8 @@ def test_tp_exposed_formula():
     i = eff(X.hw, "overlap_interference")
     # fwd: 2 s of collectives beside 1.5 s of GEMMs shows 0.5 + i 1.5; bwd: all 2 s hidden, i 2
     assert float(C.tp_exposed_seconds(X, tp, block)[0]) == pytest.approx(0.5 + i * 1.5 + i * 2.0)
+    X.sp = np.array([False])  # without it nothing is hidden
+    assert float(C.tp_exposed_seconds(X, tp, block)[0]) == pytest.approx(4.0)
 
 
 def test_op_sac_saves_less_than_megatron_selective_and_recomputes_the_unsaved_matmuls():

@@ -28,6 +28,7 @@ from planner.estimate import estimate
 from planner.parallel import RECOMPUTE, ParallelConfig
 from planner.partition import even_split
 from planner.plan import load_plan
+from planner.run_options import RunOptions
 from planner.score import CandidateArrays, score
 from planner.search import recommend, stage_problem, uneven_stages
 from planner.sources import resolve_model
@@ -86,9 +87,14 @@ def test_vectorized_search_equals_a_plain_loop_over_estimate():
                 load_framework("megatron"), cfg
             ):  # the search proposes only what it can run
                 continue
-            est = estimate(model, hw, cfg, gpus=gpus)
-            if est.fits and (best is None or est.step_time_s < best[0]):
-                best = (est.step_time_s, cfg)
+            # megatron leaves tp_comm_overlap off by default and runs it with tp > 1 and sequence
+            # parallelism (Megatron-LM validate_args): recommend chooses it per plan, so the loop
+            # tries both wherever the stack can run it
+            for overlap in (False, True) if tp > 1 and sp else (False,):
+                options = RunOptions(tp_comm_overlap=True) if overlap else None
+                est = estimate(model, hw, cfg, gpus=gpus, options=options)
+                if est.fits and (best is None or est.step_time_s < best[0]):
+                    best = (est.step_time_s, cfg)
     rec = recommend(
         model, hw, gpus=gpus, global_batch=batch, precision="amp-fp16", space=SMALL, refine=0
     )

@@ -173,7 +173,9 @@ TpCommOverlapOpt = Annotated[
     typer.Option(
         "--tp-comm-overlap/--no-tp-comm-overlap",
         help="Overlap the tensor-parallel collectives with their GEMMs: Megatron-Core's userbuffers "
-        "(--tp-comm-overlap), torchtitan's async TP. Default: the framework's (off).",
+        "(--tp-comm-overlap), torchtitan's async TP. Default: estimate, the framework's (off); "
+        "recommend chooses it per plan where the framework runs it (on unless its buffers make "
+        "the plan miss the memory).",
     ),
 ]
 OverlapGradReduceOpt = Annotated[

@@ -520,6 +520,8 @@ def summary_lines(rec, *, price_per_hour: float | None, spot: bool) -> list[str]
     for reason in dict.fromkeys(s.held.values()):
         held = ", ".join(k for k, v in s.held.items() if v == reason)
         lines.append(f"held at 1: {held}: {reason}")
+    if s.free_overlaps:
+        lines.append(overlap_line(s, best["plan"].get("framework", "megatron")))
     lines.append(f"best: {describe_config(best['plan'])}")
     lines += tie_lines(rec)
     price = price_line(best, price_per_hour=price_per_hour, spot=spot)
@@ -535,6 +537,18 @@ def summary_lines(rec, *, price_per_hour: float | None, spot: bool) -> list[str]
         )
     rel = best["prediction"].get("reliability")
     return lines + (reliability_lines(rel) if rel else [])
+
+
+def overlap_line(stats, framework: str) -> str:
+    """Which of the overlaps left unset (off by the framework's default) the search turned on for
+    the best plan (planner.search.overlaps), and the flag that keeps each off."""
+    on = [name for name in stats.free_overlaps if name in stats.turned_on]
+    off = [name for name in stats.free_overlaps if name not in stats.turned_on]
+    flags = ", ".join("--no-" + name.replace("_", "-") for name in on)
+    parts = ([f"turned on {', '.join(on)} (set {flags} to keep it off)"] if on else []) + (
+        [f"left {', '.join(off)} off (it does not fit or does not apply)"] if off else []
+    )
+    return f"overlaps unset, off by {framework}'s default: " + "; ".join(parts)
 
 
 def tie_lines(rec) -> list[str]:

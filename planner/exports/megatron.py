@@ -9,6 +9,7 @@ embeddings, vocabulary) and pass `validate_args`; use them as
 
 from __future__ import annotations
 
+from cost_models.comm import tp_overlapped
 from cost_models.step import BF16_PARAM_PRECISIONS
 from planner.exports.common import (
     Export,
@@ -185,6 +186,7 @@ def to_megatron(plan: Plan) -> Export:
         notes.append(
             "Megatron-LM requires sequence parallelism with MoE and tp > 1; turned on (less activation memory)"
         )
+    notes += _tp_overlap_args(plan, add)
     if (cfg.tp > 1 or cfg.cp > 1) and cfg.zero < 2:
         # validate_args asks for 1 with TP/CP on pre-Blackwell GPUs, and for "unset or > 1" with Megatron FSDP
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
@@ -339,3 +341,19 @@ def _padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
     (megatron.training vocab padding with the default --make-vocab-size-divisible-by 128)."""
     multiple = divisible_by * tp
     return -(-vocab // multiple) * multiple
+
+
+def _tp_overlap_args(plan, add) -> list[str]:
+    """--tp-comm-overlap where the plan overlaps its tensor-parallel collectives
+    (cost_models.comm.tp_overlapped: tp > 1 with sequence parallelism, which Megatron-LM requires);
+    the notes for a plan whose software asks for it where it cannot run."""
+    cfg, software = plan.config, plan.document.get("software") or {}
+    if not software.get("tp_comm_overlap"):
+        return []
+    if bool(tp_overlapped(True, cfg.tp, cfg.sequence_parallel)):
+        add("--tp-comm-overlap")
+        return []
+    return [
+        "tp_comm_overlap left out: it overlaps the sequence-parallel collectives of tp > 1 "
+        "(Megatron-LM asserts --sequence-parallel with --tp-comm-overlap); the plan has none"
+    ]

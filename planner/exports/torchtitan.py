@@ -153,6 +153,12 @@ def to_torchtitan(plan: Plan) -> Export:
         pipeline_parallel_degree=cfg.pp,
         context_parallel_degree=cfg.cp,
     )
+    if (plan.document.get("software") or {}).get("tp_comm_overlap") and cfg.tp > 1:
+        parallelism.update(enable_async_tensor_parallel=True)
+        notes.append(
+            "tp_comm_overlap: parallelism.enable_async_tensor_parallel = True (PyTorch's async TP); "
+            "torchtitan refuses it without torch.compile of the model (compile.enable)"
+        )
     if family in TORCHTITAN_MOE_FAMILIES:
         parallelism.update(expert_parallel_degree=cfg.ep)
         notes += _moe_notes(plan, spec)

@@ -42,6 +42,8 @@ Modules (each imports only those above it):
   run options narrow, check_space, Workload (what every candidate shares) and config_of;
 - request: SearchRequest (recommend's keywords as one record), prepare() -> Setup (resolved, checked);
 - results: SearchStats, ScoredSpace and rank, SearchSummary, Recommendation;
+- overlaps: the overlaps left unset that the search chooses per plan (FreeOverlapScorer: on unless
+  their buffers make the plan miss the memory; search_scoring, settled, turned_on);
 - bounds: Admission, the scorer, the bound terms, the admission thresholds, the placement classes;
 - branch_and_bound: score_space (best first over shapes with the bounds);
 - no_fit: the errors of a search that ranks nothing;

@@ -154,6 +154,7 @@ def _ep_versus(
     software,
     documented,
     workload: Workload,
+    fallback=None,
 ) -> dict | None:
     """Why the winner's expert-parallel degree and placement: the best fitting plan of each expert-parallel class
     -- an ep degree and where its all-to-all runs (cost_models.moe.EP_LINKS: inside one NVLink domain, or over
@@ -167,7 +168,9 @@ def _ep_versus(
     scored (even stages; `as_scored` true), which is slower at even stages than every leader. `exact`: no plan of
     the class the search did not score can be faster than its fastest scored one (that one is within
     ScoredSpace.unscored_at_least_s); else `unscored_at_least_s` is the least step time the rest could have. None
-    for a dense model or a search with one class. Under the memory objective the classes' fastest plans."""
+    for a dense model or a search with one class. Under the memory objective the classes' fastest plans.
+    `software` is the search's (the free overlaps on), `fallback` the run's where they differ
+    (`_as_scored_entries`)."""
 
     if getattr(model, "moe", None) is None or "ep" not in scored.arrays:
         return None
@@ -202,37 +205,10 @@ def _ep_versus(
     entries = {}
     if plain:
         rows = {k: v[plain] for k, v in a.items()}
-        cands = _candidate_arrays(rows)
-        kw = workload.score_kw()
-        scores = score(model, hardware, cands, software=software, **kw)
-        x = Step.of(model, hardware, software, cands, **kw)
-        block = block_seconds(x)
-        for n, j in enumerate(plain):
-            cfg = config_of(rows, n, framework=software.framework.name, **kw)
-            cfg = replace(
-                cfg, stages=tuple(even_stages(model.total_blocks, cfg.pp * cfg.virtual_stages))
-            )
-            one = Estimate(
-                model=model,
-                hardware=hardware,
-                config=cfg,
-                gpus=cfg.world_size,
-                software=software,
-                scores=_documented_scores(
-                    replace(_score_row(scores, n), step=x.take(np.array([n])))
-                ),
-            )
-            entries[int(cls[j])] = {
-                "plan": cfg.to_dict(),
-                "step_time_s": one.step_time_s,
-                "peak_bytes_per_gpu": one.peak_bytes_per_gpu,
-                "fits": one.fits,
-                "mfu": one.mfu,
-                "time_breakdown_s": one.time_breakdown_s(),
-                "memory": one.memory(),
-                "expert_parallel": placement_summary(x, block, n),
-                "as_scored": True,
-            }
+        for n, entry in enumerate(
+            _as_scored_entries(model, hardware, rows, software, fallback, workload)
+        ):
+            entries[int(cls[plain[n]])] = entry
     for key, (_, doc) in best_doc.items():
         entries[key] = {
             **key_numbers(doc),
@@ -247,6 +223,54 @@ def _ep_versus(
     classes.sort(key=lambda e: (e["step_time_s"], e["peak_bytes_per_gpu"]) if by != "memory" else 0)
     network = str(getattr(hardware, "inter_node_interconnect", "") or "network").split(" (")[0]
     return {"network": network, "classes": classes}
+
+
+def _as_scored_entries(model, hardware, rows, software, fallback, workload: Workload) -> list:
+    """The classes' key numbers as the search scored their plans `rows` (even stages): with
+    `software`, or with `fallback` where that does not fit and this does (planner.search.overlaps:
+    the free overlaps, off where their buffers push the plan out of memory)."""
+    cands = _candidate_arrays(rows)
+    kw = workload.score_kw()
+    scored = [_scored_with(model, hardware, cands, software, kw)]
+    if fallback is not None and not np.all(scored[0][1].fits):
+        scored.append(_scored_with(model, hardware, cands, fallback, kw))
+    out = []
+    for n in range(len(rows["dp"])):
+        sw, scores, x, block = scored[0]
+        if len(scored) > 1 and not scores.fits[n] and scored[1][1].fits[n]:
+            sw, scores, x, block = scored[1]
+        cfg = config_of(rows, n, framework=sw.framework.name, **kw)
+        cfg = replace(
+            cfg, stages=tuple(even_stages(model.total_blocks, cfg.pp * cfg.virtual_stages))
+        )
+        one = Estimate(
+            model=model,
+            hardware=hardware,
+            config=cfg,
+            gpus=cfg.world_size,
+            software=sw,
+            scores=_documented_scores(replace(_score_row(scores, n), step=x.take(np.array([n])))),
+        )
+        out.append(
+            {
+                "plan": cfg.to_dict(),
+                "step_time_s": one.step_time_s,
+                "peak_bytes_per_gpu": one.peak_bytes_per_gpu,
+                "fits": one.fits,
+                "mfu": one.mfu,
+                "time_breakdown_s": one.time_breakdown_s(),
+                "memory": one.memory(),
+                "expert_parallel": placement_summary(x, block, n),
+                "as_scored": True,
+            }
+        )
+    return out
+
+
+def _scored_with(model, hardware, cands, software, kw) -> tuple:
+    """(software, scores, Step, block seconds) of candidates under one software."""
+    x = Step.of(model, hardware, software, cands, **kw)
+    return software, score(model, hardware, cands, software=software, **kw), x, block_seconds(x)
 
 
 def _score_row(scores, j: int):

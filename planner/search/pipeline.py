@@ -10,6 +10,7 @@ from planner.search.bounds import Admission
 from planner.search.branch_and_bound import score_space
 from planner.search.documents import _cp_versus, _ep_versus, key_numbers, ranked_documents
 from planner.search.no_fit import unranked_error
+from planner.search.overlaps import search_scoring, settled, turned_on
 from planner.search.refine import Refiner
 from planner.search.request import SearchRequest, prepare
 from planner.search.results import Recommendation, SearchSummary, rank
@@ -31,16 +32,18 @@ def recommend(model, hardware, request: SearchRequest | None = None, **fields) -
     request = replace(request or SearchRequest(), **fields)
     setup = prepare(model, hardware, request)
     objective, workload = request.objective, setup.workload
+    software, score_fn = search_scoring(setup, request.score_fn)
     scored = score_space(
         setup.model,
         setup.hardware,
         workload,
         space=setup.space,
-        software=setup.software,
-        score_fn=request.score_fn,
+        software=software,
+        score_fn=score_fn,
         progress=request.progress,
         admission=Admission(objective=objective, keep=request.leaders),
     )
+    scored = settled(scored, setup, score_fn)
     order = rank(scored, objective)
     if len(order) == 0:
         raise unranked_error(scored, setup)
@@ -56,13 +59,22 @@ def recommend(model, hardware, request: SearchRequest | None = None, **fields) -
         lambda i: refiner.document(workload.config(scored.arrays, i), request.refine > 0),
     )
     ep_versus = _ep_versus(
-        scored, objective, setup.model, setup.hardware, setup.software, documented, workload
+        scored,
+        objective,
+        setup.model,
+        setup.hardware,
+        software,
+        documented,
+        workload,
+        fallback=None if software is setup.software else setup.software,
     )
     stats = replace(
         scored.stats,
         seconds=time.perf_counter() - t0,
         refined=refiner.refined,
         held=held_dimensions(setup.software.framework, setup.model),
+        free_overlaps=setup.free_overlaps,
+        turned_on=tuple(turned_on(documents[0], setup.free_overlaps)),
     )
     ties = ties_of(documents, objective)
     summary = SearchSummary(

@@ -12,7 +12,7 @@ from planner.errors import ConfigError
 from planner.parallel import ParallelConfig
 from planner.search.documents import _objective_value
 from planner.search.request import Setup
-from planner.software import software_for
+from planner.software import plan_options, software_for
 from planner.estimate import candidate_of
 from planner.partition import PartitionProblem, even_split, split
 from planner.score import CandidateArrays
@@ -183,9 +183,20 @@ class Refiner:
         self.splits: dict = {}
 
     def _estimate(self, cfg: ParallelConfig) -> dict:
+        """estimate()'s document of cfg with its free overlaps on where it can run them
+        (planner.software.plan_options), or off where on it does not fit
+        (planner.search.overlaps)."""
+        s = self.setup
+        options = plan_options(s.options, s.free_overlaps, cfg)
+        doc = self._document(cfg, options)
+        if options != s.options and not doc["prediction"]["memory"]["fits"]:
+            return self._document(cfg, s.options)
+        return doc
+
+    def _document(self, cfg: ParallelConfig, options) -> dict:
         s = self.setup
         return self.estimate_fn(
-            s.model, s.hardware, cfg, gpus=s.workload.world_size, options=s.options
+            s.model, s.hardware, cfg, gpus=s.workload.world_size, options=options
         ).to_document()
 
     def document(self, cfg: ParallelConfig, refine_it: bool) -> dict:

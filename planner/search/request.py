@@ -23,6 +23,7 @@ from planner.software import (
     check_activation_fp8_input,
     check_master_weights,
     check_moe_options,
+    free_overlaps,
     software_for,
 )
 from planner.spec import TransformerSpec
@@ -218,6 +219,9 @@ class Setup:
     """Dollars per hour for the whole world (None: no price known)."""
     reliability: Any
     """The validated goodput inputs."""
+    free_overlaps: tuple[str, ...] = ()
+    """Overlap options the search chooses per plan (planner.software.free_overlaps; the memory
+    objective keeps the framework's defaults: the overlaps buy time with memory)."""
 
 
 def prepare(model, hardware, request: SearchRequest) -> Setup:
@@ -262,6 +266,7 @@ def prepare(model, hardware, request: SearchRequest) -> Setup:
         held=held,
         price=price,
         reliability=reliability,
+        free_overlaps=() if r.objective == "memory" else free_overlaps(software, options),
     )
 
 

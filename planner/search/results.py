@@ -42,6 +42,16 @@ class SearchStats:
     """Distinct cp, cp_comm, dp_shard and ep values the rules admitted (search.values_tried)."""
     held: Mapping[str, str] = field(default_factory=dict)
     """Dimensions the framework holds at 1 for this model, each with why (search.held_dimensions)."""
+    free_overlaps: tuple[str, ...] = ()
+    """Overlap options the search chose per plan (planner.software.free_overlaps)."""
+    turned_on: tuple[str, ...] = ()
+    """Of those, the ones the best plan runs (its software block has them on)."""
+
+    def overlaps(self) -> dict:
+        """The `overlaps` entry of the search blocks: {} when no overlap was the search's choice."""
+        if not self.free_overlaps:
+            return {}
+        return {"overlaps": {"free": list(self.free_overlaps), "turned_on": list(self.turned_on)}}
 
     def to_dict(self) -> dict:
         return {
@@ -56,6 +66,7 @@ class SearchStats:
             "rejected": dict(self.rejected),
             "values_tried": {k: list(v) for k, v in self.values_tried.items()},
             **({"held": dict(self.held)} if self.held else {}),
+            **self.overlaps(),
         }
 
 
@@ -82,6 +93,7 @@ class SearchSummary:
             "values_tried": {k: list(v) for k, v in stats.values_tried.items()},
             "cp_versus": self.cp_versus,
             **({"held": dict(stats.held)} if stats.held else {}),
+            **stats.overlaps(),
             **({"ep_versus": self.ep_versus} if self.ep_versus is not None else {}),
             **({"near_ties": self.near_ties} if self.near_ties is not None else {}),
         }
