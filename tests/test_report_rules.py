@@ -226,7 +226,7 @@ def test_cp_on_a_stack_without_it_says_why_in_one_line():
     cfg = dataclasses.replace(SHORT, zero=3, framework="fsdp")
     r = checklist.context_parallel(_context("llama3-8b", "p5.48xlarge", cfg))
     assert r.status == "pass" and r.number == "fsdp has no context parallelism (cp_comm: none)"
-    assert "stacks with CP: megatron, torchtitan, deepspeed" in r.detail
+    assert "stacks with CP: deepspeed, megatron, torchtitan" in r.detail
 
 
 def test_cp_changes_keep_the_gpus_and_put_c_just_outside_t():
@@ -317,7 +317,7 @@ def test_fp8_on_a_stack_without_an_fp8_recipe_says_why():
         _context("llama3-8b", "p5.48xlarge", dataclasses.replace(FP8_PLAN, framework="deepspeed"))
     )
     assert r.status == "pass" and r.number.startswith("deepspeed has no FP8 recipe")
-    assert "stacks with FP8 GEMMs: megatron, torchtitan, fsdp" in r.detail  # from frameworks/*.json
+    assert "stacks with FP8 GEMMs: fsdp, megatron, torchtitan" in r.detail  # from frameworks/*.json
 
 
 # --- hybrid sharding -------------------------------------------------------------------------------------
