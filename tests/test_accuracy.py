@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -29,6 +31,7 @@ def test_published_runs_iteration_time():
     assert s["max_abs_error"] <= 0.20, s
 
 
+@pytest.mark.slow  # eight refits of the GEMM efficiency; the in-sample check above stays fast
 def test_published_runs_leave_one_out():
     loo = PUB.leave_one_out_published(PUB.load_rows(), load_profile("dgx-a100-80g"))
     assert loo["mape"] <= 0.10 and loo["max_abs_error"] <= 0.20, loo

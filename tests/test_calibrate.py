@@ -192,7 +192,8 @@ def test_latency_bound_fit_does_not_overwrite_a_bus_efficiency():
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("sig_name", ["SIGTERM", pytest.param("SIGKILL", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("sig_name", ["SIGTERM", "SIGKILL"])
 def test_a_signal_to_calibrate_leaves_no_measuring_rank_behind(tmp_path, sig_name):
     """SIGTERM (timeout, Slurm, Kubernetes) stops the ranks and exits 143 with one line; SIGKILL of the
     launcher ends them too (they die with their parent)."""

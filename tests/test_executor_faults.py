@@ -269,11 +269,8 @@ def _assert_all_gone(pids: list[int], within_s: float = 10.0) -> None:
 @pytest.mark.parametrize(
     "sig",
     [
-        signal.SIGTERM,
-        *(
-            pytest.param(s, marks=pytest.mark.slow)
-            for s in (signal.SIGINT, signal.SIGHUP, signal.SIGKILL)
-        ),
+        pytest.param(s, marks=pytest.mark.slow)
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL)
     ],
     ids=lambda s: s.name,
 )

@@ -58,11 +58,25 @@ GPT2_MODELS = {
 }
 
 
+EIGHT_RANKS = "dp2xtp2xpp2-zero3-interleaved-sp-full"
+"""Slow even on gpt_tiny (8 processes on 2 cores); the default tier runs the same 8-rank layout
+against one process on llama_tiny (test_executor_parallel.py)."""
+VERIFIED = [
+    *(
+        pytest.param(
+            TINY, name, id=f"gpt_tiny-{name}", marks=[pytest.mark.slow] * (name == EIGHT_RANKS)
+        )
+        for name in GPT2_LAYOUTS
+    ),
+    *(
+        pytest.param("gpt2", name, id=f"gpt2-{name}", marks=pytest.mark.slow)
+        for name in GPT2_LAYOUTS
+    ),
+]
+
+
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("name", list(GPT2_LAYOUTS))
-@pytest.mark.parametrize(
-    "model", [pytest.param(TINY, id="gpt_tiny"), pytest.param("gpt2", marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("model,name", VERIFIED)
 def test_gpt2_passes_verification_over_three_adamw_steps(model, name, tmp_path):
     cfg = ParallelConfig(seq=32, precision="fp32", **GPT2_LAYOUTS[name])
     plan = write_plan(tmp_path / "plan.json", cfg, model)

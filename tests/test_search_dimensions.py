@@ -615,10 +615,8 @@ def test_dense_plans_have_no_ep_versus():
 
 
 @pytest.mark.speed
-@pytest.mark.parametrize(
-    "hardware,gpus",
-    [("p5.48xlarge", 2048), pytest.param("p6e-gb200.36xlarge", 2016, marks=pytest.mark.slow)],
-)
+@pytest.mark.slow  # benchmarks/search_speed.py times the same searches
+@pytest.mark.parametrize("hardware,gpus", [("p5.48xlarge", 2048), ("p6e-gb200.36xlarge", 2016)])
 def test_deepseek_v3_acceptance_picks_ep_and_says_why_within_the_budget(hardware, gpus):
     """DeepSeek-V3 on 2,048 H100s (p5: 8-GPU NVLink nodes over EFA) and on 2,016 GB200s (28 NVL72 racks), the
     issue's acceptance: a plan with ep > 1 wins, the whole space is searched, and explain compares it with the

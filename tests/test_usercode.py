@@ -216,6 +216,7 @@ def test_code_that_never_returns_is_stopped_and_located(argv, stage, markers):
     assert seconds < 30
 
 
+@pytest.mark.slow
 def test_a_module_that_hangs_while_importing_is_stopped(tmp_path):
     (tmp_path / "slowmod.py").write_text("import threading\n\nthreading.Event().wait()\n")
     proc, _ = _planner(

@@ -360,8 +360,18 @@ def run_case(argv: list[str], *, timeout: float = 120, stop_after_s: float | Non
     return proc.returncode, out, err, session_processes(proc.pid)
 
 
+def _tiered(cases):
+    """The first case of each command in the default run, the others in the slow tier (each case
+    is a process that imports the CLI: about 1.4 s on two cores)."""
+    seen = set()
+    for case in cases:
+        command = case[1][0]
+        yield pytest.param(case, id=case[0], marks=[pytest.mark.slow] * (command in seen))
+        seen.add(command)
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", list(_tiered(CASES)))
 def test_case_is_one_line_with_its_exit_code_and_touches_nothing(case, tmp_path, genuine_plan):
     _, argv, code, needle = case
     _sandbox(tmp_path)
