@@ -7,7 +7,8 @@ planner/data/model_error.json by benchmarks/model_error.py). A plan's band is it
 +- that error. Two plans whose steps differ by less than it are a tie: the ranking between them is
 the model's noise. Among the plans tied with the fastest, the one with the fewest parallel axes and
 then the most memory headroom is the one to prefer (fewer process groups to debug, room for a
-longer sequence or a kernel that needs memory); recommend says which, and keeps the ranking.
+longer sequence or a kernel that needs memory): recommend ranks it first and says which plan is the
+fastest (`--prefer fastest` keeps the predicted order).
 """
 
 from __future__ import annotations
@@ -126,3 +127,24 @@ def near_ties(documents: Sequence[Mapping[str, Any]], band: ErrorBand) -> dict:
         default=0,
     )
     return {"mape": band.mape, "scale": band.scale, "plans": tied, "preferred": preferred}
+
+
+def ranked_by_preference(
+    documents: Sequence[dict], ties: dict | None, prefer: str
+) -> tuple[list[dict], dict | None]:
+    """The ranked documents (fastest first) and their near_ties with the tie to prefer moved first
+    (`prefer` 'headroom'), the others keeping their order; `fastest` is where the fastest plan went
+    (0 under 'fastest' or when it is the one to prefer). Indices in the ties follow the new order."""
+    documents = list(documents)
+    if ties is None:
+        return documents, None
+    first = ties["preferred"] if prefer == "headroom" else 0
+    order = [first, *(i for i in range(len(documents)) if i != first)]
+    position = {old: new for new, old in enumerate(order)}
+    moved = {
+        **ties,
+        "plans": sorted(position[i] for i in ties["plans"]),
+        "preferred": position[ties["preferred"]],
+        "fastest": position[0],
+    }
+    return [documents[i] for i in order], moved

@@ -64,15 +64,82 @@ def test_ties_are_the_fitting_plans_within_the_error_and_the_simplest_is_preferr
     assert U.ties_of(docs, "memory") is None
 
 
+def _tied_documents():
+    mape = U.error_band("megatron", 64).mape
+    return [
+        _doc(2.0, dp=16, tp=2, pp=2, peak_gib=70),  # fastest, three axes
+        _doc(2.0 * (1 + mape / 2), dp=32, tp=2, peak_gib=60),  # tied, two axes
+        _doc(2.0 * (1 + mape / 3), dp=64, peak_gib=75, fits=False),  # does not fit
+        _doc(2.0 * (1 + mape / 4), dp=32, cp=2, peak_gib=50),  # tied: the one to prefer
+        _doc(2.0 * (1 + 2 * mape), dp=64, peak_gib=30),  # beyond the error
+    ]
+
+
+def test_the_tie_to_prefer_is_ranked_first_and_the_fastest_is_named():
+    docs = _tied_documents()
+    ties = U.ties_of(docs, "throughput")
+    ranked, moved = U.ranked_by_preference(docs, ties, "headroom")
+    assert ranked == [docs[3], docs[0], docs[1], docs[2], docs[4]]  # the rest keep their order
+    assert moved["preferred"] == 0 and moved["fastest"] == 1 and moved["plans"] == [0, 1, 2]
+    same, kept = U.ranked_by_preference(docs, ties, "fastest")
+    assert same == docs and kept["preferred"] == 3 and kept["fastest"] == 0
+    assert kept["plans"] == [0, 1, 3] and ties["plans"] == [0, 1, 3]  # not changed in place
+    assert U.ranked_by_preference(docs, None, "headroom") == (docs, None)
+
+
+def test_recommend_ranks_the_tie_with_fewest_axes_first_unless_asked_for_the_fastest():
+    from planner.search import recommend
+
+    # GPT-3 13B on 64 A100s: five plans within the error, the leanest of them not the fastest
+    headroom = recommend("gpt3-13b", "p4d.24xlarge", gpus=64)
+    fastest = recommend("gpt3-13b", "p4d.24xlarge", gpus=64, prefer="fastest")
+    by_headroom = [headroom.best, *headroom.alternatives]
+    by_step = [fastest.best, *fastest.alternatives]
+    steps = [d["prediction"]["step_time_s"] for d in by_step]
+    assert steps == sorted(steps)  # the predicted order
+    assert sorted(map(key, by_headroom)) == sorted(map(key, by_step))  # the same plans
+    ties = headroom.best["search"]["near_ties"]
+    tied = [by_headroom[i] for i in ties["plans"]]
+    simplest = min(
+        (U.axes(d["plan"]), d["prediction"]["memory"]["peak_bytes_per_gpu"]) for d in tied
+    )
+    best = headroom.best
+    assert (U.axes(best["plan"]), best["prediction"]["memory"]["peak_bytes_per_gpu"]) == simplest
+    assert key(by_headroom[ties["fastest"]]) == key(fastest.best)
+    assert ties["fastest"] != 0 and key(headroom.best) != key(fastest.best)  # it did reorder
+
+
+def key(document) -> str:
+    return json.dumps(document["plan"], sort_keys=True)
+
+
 def test_recommend_reports_its_ties_with_bands():
     from planner.search import recommend
 
     rec = recommend("llama3-8b", "dgx-h100", gpus=64, global_batch=512)
     plans = [rec.best, *rec.alternatives]
     ties = rec.best["search"]["near_ties"]
-    fastest = rec.best["prediction"]["step_time_s"]
+    fastest = plans[ties["fastest"]]["prediction"]["step_time_s"]
     for i, doc in enumerate(plans):
         band = doc["prediction"]["uncertainty"]
         assert band["step_time_s"][0] < doc["prediction"]["step_time_s"] < band["step_time_s"][1]
         tied = doc["prediction"]["step_time_s"] < fastest * (1 + ties["mape"])
         assert (i in ties["plans"]) == (tied and doc["prediction"]["memory"]["fits"])
+
+
+def test_the_cli_says_which_plan_is_fastest_and_refuses_an_unknown_preference():
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    args = ["recommend", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "64"]
+    result = CliRunner().invoke(app, [*args, "--json"])
+    ties = json.loads(result.stdout)["best"]["search"]["near_ties"]
+    text = CliRunner().invoke(app, args).stdout
+    line = next(line for line in text.splitlines() if line.startswith("near-ties:"))
+    if ties["fastest"] != 0:
+        assert f"#{ties['fastest'] + 1} is predicted fastest (--prefer fastest" in line
+    bad = CliRunner().invoke(app, [*args, "--prefer", "cheapest"])
+    lines = [line for line in bad.stderr.splitlines() if line.strip()]
+    assert bad.exit_code == 2 and len(lines) == 1 and "prefer" in lines[0], bad.stderr
+    assert "headroom, fastest" in lines[0]

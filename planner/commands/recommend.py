@@ -54,10 +54,20 @@ from planner.explain import describe_config
 from planner.goodput import ReliabilityInputs
 from planner.parallel import CP_COMMS
 from planner.search import recommend as search
+from planner.search.space import PREFERENCES
 from planner.sources import default_framework
 
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help=objective_help("--tokens"))]
 TopOpt = Annotated[int, typer.Option("--top", min=1, max=100, help="How many plans to list.")]
+PreferOpt = Annotated[
+    str,
+    typer.Option(
+        "--prefer",
+        help="Among plans within the model's measured error of the fastest (near-ties): "
+        "headroom ranks first the one with the fewest parallel axes, then the least memory; "
+        "fastest keeps the predicted order. One of " + ", ".join(PREFERENCES) + ".",
+    ),
+]
 WideOpt = Annotated[
     bool,
     typer.Option(
@@ -244,6 +254,7 @@ def recommend(
     optimizer: OptimizerOpt = "adamw",
     objective: ObjectiveOpt = "throughput",
     top: TopOpt = 5,
+    prefer: PreferOpt = "headroom",
     out: OutOpt = None,
     json_out: JsonOpt = False,
     spot: SpotOpt = False,
@@ -327,6 +338,7 @@ def recommend(
             optimizer=optimizer,
             objective=objective,
             top=top,
+            prefer=prefer,
             spot=spot,
             price_per_hour=price_per_hour,
             tokens=token_count,
@@ -561,11 +573,22 @@ def tie_lines(rec) -> list[str]:
     peak = pick["prediction"]["memory"]["peak_bytes_per_gpu"] / 2**30
     where = f"{pick['plan'].get('framework', 'megatron')} runs at {ties['scale']} GPUs"
     numbers = ", ".join(f"#{i + 1}" for i in ties["plans"])
+    fastest = ties.get("fastest", 0)
+    if ties["preferred"] == 0 and fastest != 0:
+        order = (
+            f"#1 is ranked first: it uses the fewest axes ({axes(pick['plan'])}) and then the "
+            f"least memory ({peak:.1f} GiB per GPU); #{fastest + 1} is predicted fastest "
+            "(--prefer fastest ranks it first)."
+        )
+    else:
+        order = (
+            f"Of those, #{ties['preferred'] + 1} uses the fewest axes ({axes(pick['plan'])}) "
+            f"and then the least memory ({peak:.1f} GiB per GPU)."
+        )
     return [
         f"near-ties: plans {numbers} are within the model's measured error of the fastest "
         f"(+-{ties['mape']:.1%}, leaving each source out, {where}); the model cannot rank them. "
-        f"Of those, #{ties['preferred'] + 1} uses the fewest axes ({axes(pick['plan'])}) and "
-        f"then the least memory ({peak:.1f} GiB per GPU)."
+        + order
     ]
 
 

@@ -15,7 +15,7 @@ from planner.search.refine import Refiner
 from planner.search.request import SearchRequest, prepare
 from planner.search.results import Recommendation, SearchSummary, rank
 from planner.search.space import held_dimensions
-from planner.uncertainty import ties_of
+from planner.uncertainty import ranked_by_preference, ties_of
 
 
 def recommend(model, hardware, request: SearchRequest | None = None, **fields) -> Recommendation:
@@ -23,44 +23,64 @@ def recommend(model, hardware, request: SearchRequest | None = None, **fields) -
 
     `model` is a MODEL argument (catalog name, config.json, factory) or a resolved spec; `hardware`
     a profile name, path or HardwareProfile; the rest a SearchRequest or its fields by name (`gpus`,
-    `objective`, `framework`, `options`, `tokens`, ...: see SearchRequest). Only plans the framework
-    can run with the run options are searched (SearchSpace.for_framework, space.narrowed); with
-    `tokens` every plan document carries its goodput under failures (planner.goodput). Raises
-    ConfigError for bad input, NoFitError when no candidate fits in memory.
+    `objective`, `framework`, `options`, `tokens`, `prefer`, ...: see SearchRequest). Only plans the
+    framework can run with the run options are searched (SearchSpace.for_framework, space.narrowed);
+    with `tokens` every plan document carries its goodput under failures (planner.goodput). Among
+    plans within the model's measured error of the fastest, the one to prefer comes first
+    (planner.uncertainty; `prefer='fastest'` keeps the predicted order). Raises ConfigError for bad
+    input, NoFitError when no candidate fits in memory.
     """
     t0 = time.perf_counter()
     request = replace(request or SearchRequest(), **fields)
     setup = prepare(model, hardware, request)
-    objective, workload = request.objective, setup.workload
     software, score_fn = search_scoring(setup, request.score_fn)
     scored = score_space(
         setup.model,
         setup.hardware,
-        workload,
+        setup.workload,
         space=setup.space,
         software=software,
         score_fn=score_fn,
         progress=request.progress,
-        admission=Admission(objective=objective, keep=request.leaders),
+        admission=Admission(objective=request.objective, keep=request.leaders),
     )
     scored = settled(scored, setup, score_fn)
-    order = rank(scored, objective)
+    order = rank(scored, request.objective)
     if len(order) == 0:
         raise unranked_error(scored, setup)
     refiner = Refiner(setup, scored.capacity_bytes)
-    leaders = [workload.config(scored.arrays, int(i)) for i in order[: request.leaders]]
+    leaders = [setup.workload.config(scored.arrays, int(i)) for i in order[: request.leaders]]
     documents = [refiner.document(cfg, n < request.refine) for n, cfg in enumerate(leaders)]
     documented = list(zip(order[: len(leaders)], documents))
-    documents = ranked_documents(documents, setup)
+    ranked = ranked_documents(documents, setup)
+    ties = ties_of(ranked, request.objective)
+    documents, ties = ranked_by_preference(ranked, ties, request.prefer)
+    summary = _summary(setup, scored, software, refiner, documents, documented, ties)
+    summary = replace(summary, stats=replace(summary.stats, seconds=time.perf_counter() - t0))
+    alternatives = [key_numbers(d) for d in documents[1:]]
+    best = {**documents[0], "alternatives": alternatives, "search": summary.to_dict()}
+    return Recommendation(
+        objective=request.objective,
+        best=best,
+        alternatives=tuple(documents[1:]),
+        stats=summary.stats,
+        scored=scored,
+    )
+
+
+def _summary(setup, scored, software, refiner, documents, documented, ties) -> SearchSummary:
+    """The winner's `search` section: why its cp and ep classes (against the best plan of each
+    other class), the search's statistics, the overlaps it turned on and the near-ties."""
+    request, workload = setup.request, setup.workload
     versus = _cp_versus(
         scored,
-        objective,
+        request.objective,
         documents[0],
         lambda i: refiner.document(workload.config(scored.arrays, i), request.refine > 0),
     )
     ep_versus = _ep_versus(
         scored,
-        objective,
+        request.objective,
         setup.model,
         setup.hardware,
         software,
@@ -70,22 +90,15 @@ def recommend(model, hardware, request: SearchRequest | None = None, **fields) -
     )
     stats = replace(
         scored.stats,
-        seconds=time.perf_counter() - t0,
         refined=refiner.refined,
         held=held_dimensions(setup.software.framework, setup.model),
         free_overlaps=setup.free_overlaps,
         turned_on=tuple(turned_on(documents[0], setup.free_overlaps)),
     )
-    ties = ties_of(documents, objective)
-    summary = SearchSummary(
-        objective=objective, stats=stats, cp_versus=versus, ep_versus=ep_versus, near_ties=ties
-    )
-    alternatives = [key_numbers(d) for d in documents[1:]]
-    best = {**documents[0], "alternatives": alternatives, "search": summary.to_dict()}
-    return Recommendation(
-        objective=objective,
-        best=best,
-        alternatives=tuple(documents[1:]),
+    return SearchSummary(
+        objective=request.objective,
         stats=stats,
-        scored=scored,
+        cp_versus=versus,
+        ep_versus=ep_versus,
+        near_ties=ties,
     )

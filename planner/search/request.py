@@ -17,7 +17,7 @@ from planner.goodput import ReliabilityInputs
 from planner.option_rules import check_options
 from planner.parallel import ParallelConfig
 from planner.run_options import RunOptions
-from planner.search.space import OBJECTIVES, Workload, check_space, narrowed
+from planner.search.space import OBJECTIVES, PREFERENCES, Workload, check_space, narrowed
 from planner.sources import resolve_model, transformer_spec, with_seq
 from planner.software import (
     check_activation_fp8_input,
@@ -173,6 +173,8 @@ class SearchRequest:
     optimizer: str = "adamw"
     objective: str = "throughput"
     """One of OBJECTIVES."""
+    prefer: str = "headroom"
+    """Among near-ties, the plan ranked first (PREFERENCES; planner.uncertainty)."""
     top: int = 5
     """Plan documents returned: the winner and top - 1 runners-up."""
     spot: bool = False
@@ -229,6 +231,8 @@ def prepare(model, hardware, request: SearchRequest) -> Setup:
     r = request
     if r.objective not in OBJECTIVES:
         raise ConfigError("objective", r.objective, "one of " + ", ".join(OBJECTIVES))
+    if r.prefer not in PREFERENCES:
+        raise ConfigError("prefer", r.prefer, "one of " + ", ".join(PREFERENCES))
     if r.top < 1:
         raise ConfigError("top", r.top, "a positive integer")
     reliability = _reliability_inputs(

@@ -24,6 +24,9 @@ from planner.parallel import (
 
 
 OBJECTIVES = ("throughput", "cost", "memory", "time-to-train")
+PREFERENCES = ("headroom", "fastest")
+"""Which of the plans the model cannot rank comes first (planner.uncertainty.ranked_by_preference):
+headroom, the one with the fewest axes and then the least memory; fastest, the predicted order."""
 
 
 MEMORY_OBJECTIVE_SLACK = 0.05
