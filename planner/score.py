@@ -160,6 +160,7 @@ class Scores:
     """Extra time when the host cannot issue the kernels as fast as the device runs them."""
     num_microbatches: np.ndarray
     model_flops_per_step: float
+    """6 N tokens + attention, recomputation not counted (the MFU numerator)."""
     bubble_bound: np.ndarray | float = 0.0
     """Pipeline idle time that neither the closed form nor the simulated step goes below
     (cost_models.pipeline.bubble_lower_bound): the search's bound term in place of `bubble`."""
@@ -176,7 +177,6 @@ class Scores:
     stage's share) that every step of the candidate runs on the busiest rank's stream, beside the
     compute that compute + tp_comm + cp_comm count (Narayanan et al. 2021, Sec. 2.2: the slowest
     rank sets the pace); never above ep_comm, since the slowest stage is at least the busiest."""
-    """6 N tokens + attention, recomputation not counted (the MFU numerator)."""
     stage_memory: dict | None = None
     """With CandidateArrays.rank_blocks: per pipeline rank, shape (candidates, R), NaN past pp:
     peak_bytes, params_bytes, grads_bytes, optimizer_bytes, activations_bytes, other_bytes."""
