@@ -362,11 +362,17 @@ def _cp_lines(doc: Mapping[str, Any]) -> list[str]:
         w["memory"]["peak_bytes_per_gpu"] / GiB,
     )
     head = f"cp={cp}" + (f" ({plan.get('cp_comm', 'p2p')})" if cp > 1 else "")
-    head = (
-        f"why {head}: the {label} takes"
-        if gap >= 0
-        else f"{head} loses to the {label}, which takes"
-    )
+    tie = (doc.get("search") or {}).get("near_ties")
+    if gap >= 0:
+        head = f"why {head}: the {label} takes"
+    elif tie and -gap < tie["mape"]:  # ranked first among near-ties (planner.uncertainty)
+        head = (
+            f"why {head}: the {label} is within the model's measured error of it "
+            f"(+-{tie['mape']:.1%}), a near-tie, and recommend ranks near-ties by fewest axes, "
+            "then least memory; it takes"
+        )
+    else:
+        head = f"{head} loses to the {label}, which takes"
     lines.append(
         f"  {head} {o['step_time_s']:.3f} s per step ({gap:+.1%}) and {peak_o:.2f} GiB per GPU "
         f"(this plan {w['step_time_s']:.3f} s, {peak_w:.2f} GiB)"

@@ -183,7 +183,9 @@ def test_plan_search_block_says_what_was_tried_and_why_the_cp(long_context):
     assert 0 in search["values_tried"]["dp_shard"] and len(search["values_tried"]["dp_shard"]) > 1
     versus = search["cp_versus"]
     assert (versus["plan"]["cp"] > 1) != (best["plan"]["cp"] > 1)
-    assert versus["step_time_s"] >= best["prediction"]["step_time_s"]
+    plans = [best, *long_context.alternatives]
+    fastest = plans[search["near_ties"]["fastest"]]["prediction"]["step_time_s"]
+    assert versus["step_time_s"] >= fastest  # the other class's best is no faster than the fastest
     # its numbers are estimate()'s for its plan (even or uneven split, as the leaders are documented)
     cfg = ParallelConfig(
         **{
@@ -487,7 +489,10 @@ def test_explain_search_compares_a_given_plan_with_the_other_cp_class(tmp_path):
 
 @pytest.fixture(scope="module")
 def mixtral():
-    return recommend("mixtral-8x7b", "p5.48xlarge", gpus=64, seq=8192, global_batch=128, top=3)
+    # the search's own order: the ep classes are compared with the fastest plan (ep_versus)
+    return recommend(
+        "mixtral-8x7b", "p5.48xlarge", gpus=64, seq=8192, global_batch=128, top=3, prefer="fastest"
+    )
 
 
 def _ep_class(plan, ep):
