@@ -10,7 +10,7 @@ from planner.search.bounds import Admission
 from planner.search.branch_and_bound import score_space
 from planner.search.documents import _cp_versus, _ep_versus, key_numbers, ranked_documents
 from planner.search.no_fit import unranked_error
-from planner.search.overlaps import search_scoring, settled, turned_on
+from planner.search.overlaps import FreeOverlapScorer, search_scoring, settled, turned_on
 from planner.search.refine import Refiner
 from planner.search.request import SearchRequest, prepare
 from planner.search.results import Recommendation, SearchSummary, rank
@@ -66,7 +66,7 @@ def recommend(model, hardware, request: SearchRequest | None = None, **fields) -
         software,
         documented,
         workload,
-        fallback=None if software is setup.software else setup.software,
+        fallback=score_fn.off if isinstance(score_fn, FreeOverlapScorer) else None,
     )
     stats = replace(
         scored.stats,
