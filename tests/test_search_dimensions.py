@@ -141,10 +141,15 @@ def long_context():
 
 def _as_recommended(model, cfg, gpus=LONG["gpus"]):
     """estimate() of cfg as recommend chooses megatron's tp_comm_overlap, left unset, per plan: on
-    where the plan runs it (tp > 1 with sequence parallelism) unless it then does not fit."""
-    choices = [estimate(model, H100, cfg, gpus=gpus)]
+    where the plan runs it (tp > 1 with sequence parallelism) unless it then does not fit; and its
+    moe_a2a_overlap: on where Megatron-Core's TransformerConfig asserts let it run (ep > 1, virtual
+    stages when pp > 1, no full recompute, bf16 or fp16)."""
+    a2a = model.moe is not None and cfg.ep > 1 and (cfg.pp == 1 or cfg.virtual_stages > 1)
+    a2a = a2a and cfg.recompute != "full" and cfg.precision != "fp32"
+    off = RunOptions(moe_a2a_overlap=True) if a2a else RunOptions()
+    choices = [estimate(model, H100, cfg, gpus=gpus, options=off)]
     if cfg.tp > 1 and cfg.sequence_parallel:
-        on = RunOptions(tp_comm_overlap=True)
+        on = off.with_(tp_comm_overlap=True)
         choices.insert(0, estimate(model, H100, cfg, gpus=gpus, options=on))
     return next((e for e in choices if e.fits), choices[-1])
 
