@@ -655,7 +655,13 @@ def test_deepseek_v3_acceptance_picks_ep_and_says_why_within_the_budget(hardware
     assert {c["plan"]["ep"] for c in classes} >= {1, 2, 4, 8, 16, 32}
     assert all(c["step_time_s"] >= best["prediction"]["step_time_s"] for c in classes if c["fits"])
     text = "\n".join(explain_document(best).versus_lines)
-    assert f"why ep={best['plan']['ep']} with all-to-all inside one NVLink domain" in text
+    # with moe_a2a_overlap free (on where Megatron-Core runs it) the exchange hides behind the
+    # other micro-batch's compute, so an ep that crosses NVLink domains can win (p5: ep=16 over
+    # 2 nodes, pp=16 interleaved): the header names the pick's own placement
+    ep = best["prediction"]["expert_parallel"]
+    assert ep["overlap"]
+    where = "inside one NVLink domain" if ep["links"] == "NVLink" else "over NVLink + EFA"
+    assert f"why ep={best['plan']['ep']} with all-to-all {where}" in text
     assert (
         "no all-to-all (every GPU holds every expert)" in text
         and "all-to-all over NVLink + EFA" in text
