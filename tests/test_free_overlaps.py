@@ -290,3 +290,33 @@ def test_an_explicit_no_a2a_overlap_is_respected():
     assert "moe_a2a_overlap" not in (off.best["search"].get("overlaps") or {}).get("free", [])
     for doc in [off.best, *off.alternatives]:
         assert doc["software"]["moe_a2a_overlap"] is False
+
+
+def test_the_search_costs_the_a2a_overlap_only_where_it_runs():
+    """The search scores every candidate with moe_a2a_overlap on (planner.search.overlaps); the
+    cost term hides the exchange only on the rows Megatron-Core runs it on (Step.a2a_overlap):
+    elsewhere the score equals the one without the option, and where it runs it is lower."""
+    from planner.estimate import candidate_of
+
+    model, hw = resolve_model(MOE, seq=4096), load_profile(HW)
+    on, off = (software_for("megatron", RunOptions(moe_a2a_overlap=flag)) for flag in (True, False))
+    plans = [
+        (dict(ep=8, pp=1), True),
+        (dict(ep=8, pp=2, schedule="interleaved-1f1b", virtual_stages=2), True),
+        (dict(ep=8, pp=2), False),  # virtual stages needed at pp > 1
+        (dict(ep=8, pp=1, recompute="full"), False),
+        (dict(ep=1, pp=1), False),
+    ]
+    for kw, runs in plans:
+        place = "DPET" if kw["ep"] > 1 else "DPT"
+        cfg = ParallelConfig(
+            dp=GPUS // kw["pp"], global_batch=256, seq=4096, zero=1, placement=place, **kw
+        )
+        step = {
+            sw.moe_a2a_overlap: float(
+                score(model, hw, candidate_of(cfg, model.total_blocks), global_batch=256,
+                      seq=4096, software=sw).step_time_s[0]
+            )
+            for sw in (on, off)
+        }  # fmt: skip
+        assert (step[True] < step[False]) if runs else (step[True] == step[False]), kw
