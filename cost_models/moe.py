@@ -158,6 +158,17 @@ def ep_block_seconds(x, block) -> EpSeconds:
     GEMMs, where the attention part is the block's compute outside the routed experts (cost_models.compute
     .BlockSeconds: expert_fwd / expert_bwd and the rest):
         exposed = sum over the four pairs of max(0, exchange - compute beside it).
+    Per candidate, only where Megatron-Core runs the overlap on the plan (Step.a2a_overlap: ep > 1 and
+    frameworks.rules.a2a_overlap_runs, its TransformerConfig.__post_init__ asserts); elsewhere all of
+    it is exposed. The overlap never makes a block slower: each pair's max(0, half - c) <= half (c >= 0)
+    and its recompute pair's max(0, half + rec - c) <= half + rec, so exposed with it <= fwd + bwd + rec
+    (what planner.search.overlaps relies on to turn it on wherever it runs). Memory: Megatron-Core's
+    combined 1F1B (megatron/core/pipeline_parallel/combined_1f1b.py, combined_1f1b_schedule_for_no_
+    pipelining; schedules.py get_pp_rank_microbatches: one more warm-up forward with the overlap)
+    runs the next micro-batch's forward where plain 1F1B runs it alone before the backward, so the
+    micro-batches in flight at the peak stay as many; layer by layer (models/common/
+    model_chunk_schedule_plan.py: forward layer i beside backward layer L - 1 - i, release_state
+    after each) one more block's activations can be held at that moment, which is not modelled.
     Per MoE block; the dense leading blocks of a model are costed as the repeating block, as
     compute.block_seconds does. Zeros for a dense model."""
     if x.spec.moe is None:
@@ -181,7 +192,7 @@ def ep_block_seconds(x, block) -> EpSeconds:
         + np.maximum(0.0, half - rest_f)
         + np.maximum(0.0, half + rec - block.expert_fwd)
     )
-    exposed = np.where(x.sw.moe_a2a_overlap, beside, fwd + bwd + rec)
+    exposed = np.where(x.a2a_overlap, beside, fwd + bwd + rec)
     return EpSeconds(
         dispatch=dispatch, combine=combine, fwd=fwd, bwd=bwd, recompute=rec, exposed=exposed
     )
@@ -340,7 +351,7 @@ def placement_summary(x, block, i: int = 0) -> dict:
         "dispatch_bytes_per_rank": pick(per_copy * dispatch_element_bytes(x)),
         "dispatch_s": pick(seconds.dispatch),
         "combine_s": pick(seconds.combine),
-        "overlap": bool(x.sw.moe_a2a_overlap),
+        "overlap": bool(pick(x.a2a_overlap)),
         "exchange_total_s": total,
         "exchange_exposed_s": exposed,
         "exchange_hidden_s": total - exposed,

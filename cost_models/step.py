@@ -17,6 +17,7 @@ from cost_models import blocks as B
 from cost_models.activations import block_table_of, selective_policy
 from cost_models.moe import DEFAULT_IMBALANCE
 from frameworks import FrameworkProfile
+from frameworks.rules import a2a_overlap_runs
 from hardware_profiles import HardwareProfile
 from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, offload_indices
 from planner.placement import distinct_rows, group_locality
@@ -475,6 +476,23 @@ class Step:
         return self.recomputed_at_ends()[2] / most
 
     @property
+    def a2a_overlap(self):
+        """Per candidate, whether the expert-parallel exchange runs beside another micro-batch's
+        compute: the run's moe_a2a_overlap where Megatron-Core runs it on the plan
+        (frameworks.rules.a2a_overlap_runs); False without the option or for a dense model."""
+        if not self.sw.moe_a2a_overlap or self.spec.moe is None:
+            return False
+        return a2a_overlap_runs(
+            ep=self.ep,
+            pp=self.pp,
+            virtual_stages=self.v,
+            full_recompute=self.full,
+            precision=self.precision,
+            recompute_modules=self.sw.recompute_modules or (),
+            mtp_modules=getattr(self.spec, "mtp_modules", 0),
+        )
+
+    @property
     def single_stage(self) -> np.ndarray:
         return self.pp == 1
 
@@ -495,7 +513,7 @@ class Step:
         block_terms: a block's compute, its tp / cp / ep collectives, the embedding and the head of one
         micro-batch; rows == rows[first][inverse]). Those terms read only the columns keyed here: b, tp, cp,
         cp_comm, ep, etp, sp, recompute, schedule, the share of blocks full recomputation re-runs (full_share),
-        the links of BLOCK_LOCALITY and, where the block table differs per candidate (block_table_of's 16-bit
+        whether the exchange overlap runs (a2a_overlap), the links of BLOCK_LOCALITY and, where the block table differs per candidate (block_table_of's 16-bit
         table under ZeRO >= 2), zero. A search chunk of 16,384 candidates holds some 300 to 6,000 such rows:
         dp, pp, ZeRO and offload move only the step-level terms. tests/test_score_rows.py checks both halves:
         scored once per row or once per key, every term is equal, and the per-block terms read no other field."""
@@ -521,6 +539,8 @@ class Step:
             share,
         ]
         cols += [self.local[k] for k in self.BLOCK_LOCALITY if k in self.local]
+        if self.sw.moe_a2a_overlap and self.spec.moe is not None:
+            cols.append(self.a2a_overlap)  # reads pp and virtual stages (ep_block_seconds)
         if _per_row(self.table, n):
             cols.append(self.zero)
         return distinct_rows([np.broadcast_to(np.asarray(c), (n,)) for c in cols])

@@ -9,6 +9,8 @@ target with it.
 
 from __future__ import annotations
 
+import numpy as np
+
 from frameworks import FrameworkProfile
 from planner.errors import ConfigError
 from planner.parallel import default_placement
@@ -222,6 +224,34 @@ def a2a_overlap_conflict(
     if (mtp_modules or 0) > 1:
         return f"runs at most one MTP layer ({mtp_modules})"
     return None
+
+
+def a2a_overlap_runs(
+    *,
+    ep,
+    pp,
+    virtual_stages,
+    full_recompute,
+    precision: str,
+    recompute_modules=(),
+    mtp_modules: int = 0,
+) -> np.ndarray:
+    """Per candidate (arrays ep, pp, virtual_stages, full_recompute), whether Megatron-Core runs the
+    expert-parallel exchange overlap: ep > 1 (TransformerConfig.__post_init__: 'only supported with
+    expert model parallelism') and a2a_overlap_conflict finds nothing, over arrays for the search's
+    cost term (cost_models.moe.ep_block_seconds); tests/test_free_overlaps.py checks the two agree on
+    every combination."""
+    static = a2a_overlap_conflict(
+        pp=1,
+        virtual_stages=1,
+        recompute="none",
+        precision=precision,
+        recompute_modules=recompute_modules,
+        mtp_modules=mtp_modules,
+    )
+    pp, v = np.asarray(pp), np.asarray(virtual_stages)
+    staged = (pp <= 1) | (v > 1)
+    return (static is None) & (np.asarray(ep) > 1) & staged & ~np.asarray(full_recompute, bool)
 
 
 def check_moe_runnable(framework: FrameworkProfile, software, spec, cfg) -> None:

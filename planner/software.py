@@ -20,6 +20,7 @@ from frameworks import (
     FrameworkProfile,
     load_framework,
 )
+from frameworks.rules import a2a_overlap_runs
 from planner.errors import ConfigError
 from planner.run_options import RunOptions
 from planner.spec import TransformerSpec
@@ -42,15 +43,22 @@ def software_for(framework: str | FrameworkProfile, options: RunOptions | None =
     return Software.of(fw, options)
 
 
-FREE_OVERLAPS = ("tp_comm_overlap",)
+FREE_OVERLAPS = ("tp_comm_overlap", "moe_a2a_overlap")
 """Overlap options recommend chooses per plan when the user leaves them unset (`free_overlaps`)."""
 
+MEMORY_OVERLAPS = ("tp_comm_overlap",)
+"""The free overlaps that cost memory (tp_comm_overlap's userbuffers, cost_models.memory.
+userbuffer_bytes): off where on the plan does not fit. moe_a2a_overlap costs none the model counts
+(cost_models.moe.ep_block_seconds) and stays on wherever the plan runs it."""
 
-def free_overlaps(software: Software, options: RunOptions) -> tuple[str, ...]:
+
+def free_overlaps(software: Software, options: RunOptions, model=None) -> tuple[str, ...]:
     """The overlap options that are the user's free choice, for recommend to choose per plan: left
     unset (None), off by the framework's default, and runnable by the framework. tp_comm_overlap:
     the capability, and Transformer Engine's modules (userbuffers) or torch.compile (torchtitan's
-    async TP is an Inductor pass: 'Async TP requires torch.compile', torchtitan parallelize.py)."""
+    async TP is an Inductor pass: 'Async TP requires torch.compile', torchtitan parallelize.py).
+    moe_a2a_overlap: the capability (Megatron-Core's --overlap-moe-expert-parallel-comm) and a
+    mixture-of-experts `model`."""
     fw = software.framework
     tp_free = (
         options.tp_comm_overlap is None
@@ -58,15 +66,35 @@ def free_overlaps(software: Software, options: RunOptions) -> tuple[str, ...]:
         and fw.capabilities.tp_comm_overlap
         and (fw.kernels == "fused" or software.compile)
     )
-    return ("tp_comm_overlap",) if tp_free else ()
+    a2a_free = (
+        getattr(model, "moe", None) is not None
+        and options.moe_a2a_overlap is None
+        and not software.moe_a2a_overlap
+        and fw.capabilities.moe_a2a_overlap
+    )
+    return (("tp_comm_overlap",) if tp_free else ()) + (("moe_a2a_overlap",) if a2a_free else ())
 
 
-def plan_options(options: RunOptions, free: tuple[str, ...], cfg) -> RunOptions:
+def plan_options(options: RunOptions, free: tuple[str, ...], cfg, model) -> RunOptions:
     """One plan's run options: `options` with each free overlap (`free_overlaps`) on where the plan
-    can run it (tp_comm_overlap: cost_models.comm.tp_overlapped)."""
+    `cfg` of `model` can run it (tp_comm_overlap: cost_models.comm.tp_overlapped; moe_a2a_overlap:
+    a mixture-of-experts model and frameworks.rules.a2a_overlap_runs)."""
+    on = {}
     if "tp_comm_overlap" in free and bool(tp_overlapped(True, cfg.tp, cfg.sequence_parallel)):
-        return options.with_(tp_comm_overlap=True)
-    return options
+        on["tp_comm_overlap"] = True
+    if "moe_a2a_overlap" in free and getattr(model, "moe", None) is not None:
+        runs = a2a_overlap_runs(
+            ep=cfg.ep,
+            pp=cfg.pp,
+            virtual_stages=cfg.virtual_stages,
+            full_recompute=cfg.recompute == "full",
+            precision=cfg.precision,
+            recompute_modules=options.recompute_modules or (),
+            mtp_modules=getattr(model, "mtp_modules", 0),
+        )
+        if bool(runs):
+            on["moe_a2a_overlap"] = True
+    return options.with_(**on) if on else options
 
 
 def _with_kernels(fw: FrameworkProfile, kernels: str | None) -> FrameworkProfile:

@@ -5,13 +5,16 @@ turned on; an explicit choice is kept; estimate keeps the framework's default.""
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from frameworks.rules import a2a_overlap_conflict, a2a_overlap_runs
 from hardware_profiles import load_profile
 from planner.candidates import SearchSpace
 from planner.cli import app
@@ -27,7 +30,7 @@ from planner.search.overlaps import FreeOverlapScorer
 from planner.search.refine import Refiner
 from planner.search.request import SearchRequest, prepare
 from planner.search.results import ScoredSpace, SearchStats
-from planner.software import free_overlaps, software_for
+from planner.software import free_overlaps, plan_options, software_for
 from planner.sources import resolve_model
 
 runner = CliRunner()
@@ -204,3 +207,116 @@ def test_the_search_scores_each_candidate_with_its_choice():
     done = scorer.settle(space, model, hw, kw)
     assert done.step_time_s[0] == off.step_time_s[0] and done.step_time_s[1] == on.step_time_s[1]
     assert done.peak_bytes_per_gpu[0] == off.peak_bytes_per_gpu[0]
+
+
+# moe_a2a_overlap (Megatron-Core's --overlap-moe-expert-parallel-comm): free on megatron, on per
+# plan where TransformerConfig.__post_init__ lets it run (expert_model_parallel_size > 1; virtual
+# pipeline stages when pipeline_model_parallel_size > 1; no full recompute; bf16 or fp16)
+MOE, MOE_SPACE = "mixtral-8x7b", SearchSpace(cp=(1,), dp_shard=0, max_pp=4)
+
+
+def _moe_recommend(**fields):
+    kw = {"gpus": GPUS, "space": MOE_SPACE, "top": 5, "refine": 0}
+    return recommend(MOE, HW, **(kw | fields))
+
+
+@pytest.fixture(scope="module")
+def moe_free():
+    return _moe_recommend()
+
+
+def test_the_a2a_rule_over_arrays_agrees_with_the_rule():
+    combos = itertools.product(
+        (1, 2, 8),
+        (1, 2, 4),
+        (1, 2),
+        ("none", "selective", "full"),
+        ("fp32", "amp-bf16", "bf16", "fp8"),
+        ((), ("moe",), ("core_attn", "moe_act")),
+        (0, 1, 2),
+    )
+    for ep, pp, v, rec, prec, modules, mtp in combos:
+        kw = {"precision": prec, "recompute_modules": modules, "mtp_modules": mtp}
+        whole = (
+            ep > 1 and a2a_overlap_conflict(pp=pp, virtual_stages=v, recompute=rec, **kw) is None
+        )
+        runs = a2a_overlap_runs(
+            ep=np.array([ep]), pp=np.array([pp]), virtual_stages=np.array([v]),
+            full_recompute=np.array([rec == "full"]), **kw,
+        )  # fmt: skip
+        assert bool(runs[0]) == whole, (ep, pp, v, rec, prec, modules, mtp)
+
+
+def _cfg(**kw):
+    base = {"tp": 1, "sequence_parallel": False, "ep": 8, "pp": 1, "virtual_stages": 1}
+    return SimpleNamespace(**(base | {"recompute": "none", "precision": "amp-bf16"} | kw))
+
+
+def test_the_a2a_choice_follows_megatrons_asserts():
+    model, free = resolve_model(MOE), ("moe_a2a_overlap",)
+    on = lambda **kw: plan_options(RunOptions(), free, _cfg(**kw), model).moe_a2a_overlap  # noqa: E731
+    assert on() is True
+    assert on(pp=2, virtual_stages=2) is True
+    assert on(pp=2) is None  # 'virtual_pipeline_model_parallel_size must be specified'
+    assert on(recompute="full") is None  # 'disable full recomputation'
+    assert on(ep=1) is None  # 'only supported with expert model parallelism'
+    assert on(precision="fp32") is None  # 'only supported with bf16 or fp16 model'
+    assert plan_options(RunOptions(), free, _cfg(), resolve_model(MODEL)) == RunOptions()
+
+
+def test_recommend_turns_the_a2a_overlap_on_per_plan_and_exports_it(moe_free):
+    best = moe_free.best
+    assert "moe_a2a_overlap" in best["search"]["overlaps"]["turned_on"]
+    for doc in [best, *moe_free.alternatives]:
+        p = doc["plan"]
+        runs = p["ep"] > 1 and (p["pp"] == 1 or p["virtual_stages"] > 1)
+        assert doc["software"]["moe_a2a_overlap"] is (runs and p["recompute"] != "full")
+    args = export_plan(plan_from_document(best), "megatron").text
+    assert "--overlap-moe-expert-parallel-comm" in args
+
+
+def test_the_moe_plan_is_what_estimate_predicts_with_its_software(moe_free):
+    for doc in [moe_free.best, *moe_free.alternatives]:
+        cfg = plan_from_document(doc).config
+        est = estimate(MOE, HW, cfg, gpus=GPUS, options=run_options(doc))
+        assert est.to_document()["software"]["moe_a2a_overlap"] is True
+        assert est.step_time_s == pytest.approx(doc["prediction"]["step_time_s"], rel=1e-12)
+        default = estimate(MOE, HW, cfg, gpus=GPUS)  # megatron's default: off, and slower
+        assert default.step_time_s > est.step_time_s
+
+
+def test_an_explicit_no_a2a_overlap_is_respected():
+    off = _moe_recommend(options=RunOptions(moe_a2a_overlap=False))
+    assert "moe_a2a_overlap" not in (off.best["search"].get("overlaps") or {}).get("free", [])
+    for doc in [off.best, *off.alternatives]:
+        assert doc["software"]["moe_a2a_overlap"] is False
+
+
+def test_the_search_costs_the_a2a_overlap_only_where_it_runs():
+    """The search scores every candidate with moe_a2a_overlap on (planner.search.overlaps); the
+    cost term hides the exchange only on the rows Megatron-Core runs it on (Step.a2a_overlap):
+    elsewhere the score equals the one without the option, and where it runs it is lower."""
+    from planner.estimate import candidate_of
+
+    model, hw = resolve_model(MOE, seq=4096), load_profile(HW)
+    on, off = (software_for("megatron", RunOptions(moe_a2a_overlap=flag)) for flag in (True, False))
+    plans = [
+        (dict(ep=8, pp=1), True),
+        (dict(ep=8, pp=2, schedule="interleaved-1f1b", virtual_stages=2), True),
+        (dict(ep=8, pp=2), False),  # virtual stages needed at pp > 1
+        (dict(ep=8, pp=1, recompute="full"), False),
+        (dict(ep=1, pp=1), False),
+    ]
+    for kw, runs in plans:
+        place = "DPET" if kw["ep"] > 1 else "DPT"
+        cfg = ParallelConfig(
+            dp=GPUS // kw["pp"], global_batch=256, seq=4096, zero=1, placement=place, **kw
+        )
+        step = {
+            sw.moe_a2a_overlap: float(
+                score(model, hw, candidate_of(cfg, model.total_blocks), global_batch=256,
+                      seq=4096, software=sw).step_time_s[0]
+            )
+            for sw in (on, off)
+        }  # fmt: skip
+        assert (step[True] < step[False]) if runs else (step[True] == step[False]), kw

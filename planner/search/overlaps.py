@@ -23,6 +23,7 @@ import numpy as np
 
 import planner.score as score_module
 from cost_models.memory import needed_bytes, userbuffer_bytes
+from planner.software import MEMORY_OVERLAPS
 
 
 class FreeOverlapScorer:
@@ -108,11 +109,16 @@ def settled(scored, setup, score_fn):
 
 def search_scoring(setup, score_fn=None):
     """(software, score_fn) the search scores with: the request's when no overlap is free, else the
-    software with the free overlaps on and a FreeOverlapScorer."""
+    software with the free overlaps on (each costed only on the rows that run it) and, when one
+    costs memory (planner.software.MEMORY_OVERLAPS), a FreeOverlapScorer whose `off` keeps the
+    others on."""
     if not setup.free_overlaps:
         return setup.software, score_fn
     on = replace(setup.software, **{name: True for name in setup.free_overlaps})
-    return on, FreeOverlapScorer(score_fn, on, setup.software)
+    if not any(name in MEMORY_OVERLAPS for name in setup.free_overlaps):
+        return on, score_fn
+    kept = {name: True for name in setup.free_overlaps if name not in MEMORY_OVERLAPS}
+    return on, FreeOverlapScorer(score_fn, on, replace(setup.software, **kept))
 
 
 def turned_on(document, free: tuple[str, ...]) -> list[str]:

@@ -10,7 +10,7 @@ from planner.search.bounds import Admission
 from planner.search.branch_and_bound import score_space
 from planner.search.documents import _cp_versus, _ep_versus, key_numbers, ranked_documents
 from planner.search.no_fit import unranked_error
-from planner.search.overlaps import search_scoring, settled, turned_on
+from planner.search.overlaps import FreeOverlapScorer, search_scoring, settled, turned_on
 from planner.search.refine import Refiner
 from planner.search.request import SearchRequest, prepare
 from planner.search.results import Recommendation, SearchSummary, rank
@@ -55,7 +55,8 @@ def recommend(model, hardware, request: SearchRequest | None = None, **fields) -
     ranked = ranked_documents(documents, setup)
     ties = ties_of(ranked, request.objective)
     documents, ties = ranked_by_preference(ranked, ties, request.prefer)
-    summary = _summary(setup, scored, software, refiner, documents, documented, ties)
+    searched = (software, score_fn)
+    summary = _summary(setup, scored, searched, refiner, documents, documented, ties)
     summary = replace(summary, stats=replace(summary.stats, seconds=time.perf_counter() - t0))
     alternatives = [key_numbers(d) for d in documents[1:]]
     best = {**documents[0], "alternatives": alternatives, "search": summary.to_dict()}
@@ -68,10 +69,11 @@ def recommend(model, hardware, request: SearchRequest | None = None, **fields) -
     )
 
 
-def _summary(setup, scored, software, refiner, documents, documented, ties) -> SearchSummary:
+def _summary(setup, scored, searched, refiner, documents, documented, ties) -> SearchSummary:
     """The winner's `search` section: why its cp and ep classes (against the best plan of each
     other class), the search's statistics, the overlaps it turned on and the near-ties."""
     request, workload = setup.request, setup.workload
+    software, score_fn = searched  # what the search scored with (planner.search.overlaps)
     versus = _cp_versus(
         scored,
         request.objective,
@@ -86,7 +88,7 @@ def _summary(setup, scored, software, refiner, documents, documented, ties) -> S
         software,
         documented,
         workload,
-        fallback=None if software is setup.software else setup.software,
+        fallback=score_fn.off if isinstance(score_fn, FreeOverlapScorer) else None,
     )
     stats = replace(
         scored.stats,

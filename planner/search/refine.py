@@ -12,7 +12,7 @@ from planner.errors import ConfigError
 from planner.parallel import ParallelConfig
 from planner.search.documents import _objective_value
 from planner.search.request import Setup
-from planner.software import plan_options, software_for
+from planner.software import MEMORY_OVERLAPS, plan_options, software_for
 from planner.estimate import candidate_of
 from planner.partition import PartitionProblem, even_split, split
 from planner.score import CandidateArrays
@@ -184,14 +184,16 @@ class Refiner:
 
     def _estimate(self, cfg: ParallelConfig) -> dict:
         """estimate()'s document of cfg with its free overlaps on where it can run them
-        (planner.software.plan_options), or off where on it does not fit
-        (planner.search.overlaps)."""
+        (planner.software.plan_options), and those that cost memory (MEMORY_OVERLAPS) off where
+        on it does not fit (planner.search.overlaps)."""
         s = self.setup
-        options = plan_options(s.options, s.free_overlaps, cfg)
+        options = plan_options(s.options, s.free_overlaps, cfg, s.model)
         doc = self._document(cfg, options)
-        if options != s.options and not doc["prediction"]["memory"]["fits"]:
-            return self._document(cfg, s.options)
-        return doc
+        if doc["prediction"]["memory"]["fits"]:
+            return doc
+        free = tuple(name for name in s.free_overlaps if name not in MEMORY_OVERLAPS)
+        without = plan_options(s.options, free, cfg, s.model)
+        return doc if without == options else self._document(cfg, without)
 
     def _document(self, cfg: ParallelConfig, options) -> dict:
         s = self.setup

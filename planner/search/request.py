@@ -270,7 +270,7 @@ def prepare(model, hardware, request: SearchRequest) -> Setup:
         held=held,
         price=price,
         reliability=reliability,
-        free_overlaps=() if r.objective == "memory" else free_overlaps(software, options),
+        free_overlaps=() if r.objective == "memory" else free_overlaps(software, options, model),
     )
 
 
