@@ -22,7 +22,7 @@ from dataclasses import fields, is_dataclass, replace
 import numpy as np
 
 import planner.score as score_module
-from cost_models.memory import needed_bytes, userbuffer_bytes
+from cost_models.memory import fits, needed_bytes, userbuffer_bytes
 from planner.software import MEMORY_OVERLAPS
 
 
@@ -51,10 +51,9 @@ class FreeOverlapScorer:
             tp=cands.tp,
             sequence_parallel=cands.sequence_parallel,
         )
-        capacity = float(hw.memory_bytes)
         peak = np.asarray(s.peak_bytes_per_gpu) - buffers
-        without = needed_bytes(peak, hw, self.off)
-        off = (buffers > 0) & (np.asarray(s.needed_bytes) > capacity) & (without <= capacity)
+        fits_without = fits(peak, hw, self.off)  # the one definition (cost_models.memory.fits)
+        off = (buffers > 0) & ~np.asarray(s.fits, dtype=bool) & fits_without
         if not off.any():
             return s
         # what the plan needs without the buffers is exact (they are held at every moment on every
@@ -64,8 +63,8 @@ class FreeOverlapScorer:
             s,
             step_time_s=np.where(off, np.inf, s.step_time_s),
             peak_bytes_per_gpu=np.where(off, peak, s.peak_bytes_per_gpu),
-            needed_bytes=np.where(off, without, s.needed_bytes),
-            fits=np.where(off, True, s.fits),
+            needed_bytes=np.where(off, needed_bytes(peak, hw, self.off), s.needed_bytes),
+            fits=np.where(off, fits_without, s.fits),
         )
 
     def settle(self, scored, model, hw, score_kw: dict):
