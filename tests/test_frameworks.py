@@ -732,3 +732,15 @@ def test_torchtitan_shards_the_experts_over_tp_without_expert_parallelism(monkey
     with pytest.raises(ConfigError, match="expert_ffn=771 does not divide by 2") as err:
         estimate(odd, "p5.48xlarge", ParallelConfig(framework="torchtitan", **base), gpus=8)
     assert "\n" not in str(err.value)
+
+
+def test_a_shipped_file_named_after_another_stack_is_one_line(tmp_path, monkeypatch):
+    """The stack list is the folder's file names (planner.parallel.FRAMEWORKS): a file whose name
+    is not its stack's would list a stack that loads as another."""
+    import frameworks.loader as loader
+
+    (tmp_path / "nemo.json").write_text((DIR / "megatron.json").read_text())
+    monkeypatch.setattr(loader, "FRAMEWORK_DIR", tmp_path)  # (a name no other test loaded: cached)
+    with pytest.raises(ConfigError) as err:
+        load_framework("nemo")
+    assert "\n" not in str(err.value) and "'nemo', the file's name" in str(err.value)
