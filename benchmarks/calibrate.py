@@ -191,36 +191,12 @@ def write_profiles(result: dict, names=None) -> None:
         data["sources"]["efficiency"] = "; ".join([source, *clauses])
         path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
         print("wrote efficiency of", path.name)
-    copy_to_clusters()
 
 
 CLUSTER_KEYS = ("host_memory_bytes_per_node", "power_limit_clock_fraction")
-"""Efficiency keys a cluster owns beside its generation's copied block (benchmarks/calibrate_frameworks.py fits
-the power-capped clock)."""
-
-
-def copy_to_clusters() -> None:
-    """The validation clusters copy their generation's shipped efficiency block unchanged (their source says
-    which: validation/hardware/clusters, tests/test_validation_clusters.py); re-copy it, keeping the node facts
-    a cluster adds, and its provenance: the reference's sources line as it now stands, then the cluster's own keys'
-    clauses."""
-    for path in sorted((ROOT / "validation" / "hardware" / "clusters").glob("*.json")):
-        data = json.loads(path.read_text())
-        text = data["sources"]["efficiency"]
-        words = text.split()
-        if "copied unchanged from the shipped" not in text:
-            continue
-        reference = words[words.index("shipped") + 1]
-        ref = json.loads((PROFILE_DIR / f"{reference}.json").read_text())
-        extra = {k: v for k, v in data["efficiency"].items() if k in CLUSTER_KEYS}
-        data["efficiency"] = {**ref["efficiency"], **extra}
-        own = foreign_clauses(text, set(EFFICIENCY_KEYS) - set(CLUSTER_KEYS))
-        data["sources"]["efficiency"] = (
-            text.split("Its provenance: ")[0]
-            + "Its provenance: "
-            + "; ".join([ref["sources"]["efficiency"], *own])
-        )
-        path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+"""Efficiency keys a validation cluster sets itself; it takes the others from the shipped profile it
+`refines` (hardware_profiles.loader.refined_document; benchmarks/calibrate_frameworks.py fits the
+power-capped clock)."""
 
 
 def main(argv=None) -> int:

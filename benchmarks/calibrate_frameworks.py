@@ -54,7 +54,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import stack_predictions as A  # noqa: E402
-from benchmarks.calibrate import copy_to_clusters  # noqa: E402
 from benchmarks import published_rows as R  # noqa: E402
 from frameworks import load_framework  # noqa: E402
 
@@ -346,9 +345,10 @@ def leave_one_source_out(cases, full: dict | None = None, *, exact: bool = False
 
 
 def write(values: dict[str, float], note: str) -> None:
-    """Store the fit: hardware efficiency keys in every profile of the generation (then the validation clusters
-    re-copy their generation's block, keeping their own keys: benchmarks.calibrate.copy_to_clusters), a cluster's
-    own key in its validation cluster file, framework keys in frameworks/*.json, each with its source."""
+    """Store the fit: hardware efficiency keys in every profile of the generation (the validation clusters
+    refine their generation's profile and take them from it: hardware_profiles.loader.refined_document), a
+    cluster's own key in its validation cluster file, framework keys in frameworks/*.json, each with its
+    source."""
     for p in PARAMS:
         v = round(values[p.name], 3)
         if p.framework:
@@ -374,7 +374,6 @@ def write(values: dict[str, float], note: str) -> None:
             parts = [s for s in text.split("; ") if not s.startswith(p.key + " ")]
             src["efficiency"] = "; ".join([*parts, tag]) if parts else tag
             path.write_text(json.dumps(doc, indent=2, ensure_ascii=not p.cluster) + "\n")
-    copy_to_clusters()  # the validation clusters copy their generation's shipped block
 
 
 def main(argv=None) -> int:

@@ -125,9 +125,13 @@ def load_profile(name_or_path: str) -> HardwareProfile:
 
 
 def profile_from_dict(data: object, *, origin: str = "<dict>") -> HardwareProfile:
-    """Validate a decoded profile document and build the record; `origin` names it in errors."""
+    """Validate a decoded profile document and build the record; `origin` names it in errors. A
+    document with `refines` takes the efficiency keys it does not set from that shipped profile
+    (`refined_document`)."""
     if not isinstance(data, dict):
         _fail(origin, "<document>", data, "a JSON object with the profile keys")
+    if REFINES in data:
+        data = refined_document(data, origin)
     unknown = sorted(set(data) - set(KEYS))
     if unknown:
         _fail(
@@ -167,6 +171,40 @@ def profile_from_dict(data: object, *, origin: str = "<dict>") -> HardwareProfil
             kwargs[key] = float(kwargs[key])
     kwargs["peak_tflops"] = {k: float(v) for k, v in data["peak_tflops"].items()}
     return HardwareProfile(**kwargs)
+
+
+REFINES = "refines"
+"""The key of a profile that refines a shipped one: a cluster of the same GPU generation whose node
+facts (memory, network, host links) are its own and whose kernel efficiencies are its generation's
+(validation/hardware/clusters; a user's own cluster file)."""
+
+
+def refined_document(data: dict, origin: str) -> dict:
+    """The document of a profile that refines the shipped profile `data["refines"]`: its own keys,
+    with the efficiency keys it does not set taken from that profile, and their provenance quoted
+    from it. Only the efficiency block is inherited: every node fact the file states is its own, so
+    a missing one is still a missing key."""
+    name = data[REFINES]
+    shipped = available_profiles()
+    if not isinstance(name, str) or name not in shipped:
+        _fail(origin, REFINES, name, "the name of a shipped profile: " + ", ".join(shipped))
+    base = read_json(PROFILE_DIR / f"{name}.json", "hardware profile")
+    own = data.get("efficiency", {})
+    if not isinstance(own, dict):
+        _fail(origin, "efficiency", own, _describe(KEYS["efficiency"]))
+    sources = data.get("sources", {})
+    if not isinstance(sources, dict):
+        _fail(origin, "sources", sources, _describe(KEYS["sources"]))
+    inherited = sorted(set(base["efficiency"]) - set(own))
+    quoted = (
+        f"inherited from the shipped {name} profile ({', '.join(inherited)}): "
+        + base["sources"]["efficiency"]
+    )
+    mine = sources.get("efficiency")
+    out = {k: v for k, v in data.items() if k != REFINES}
+    out["efficiency"] = {**base["efficiency"], **own}
+    out["sources"] = {**sources, "efficiency": f"{mine}; {quoted}" if mine else quoted}
+    return out
 
 
 def profile_to_dict(profile: HardwareProfile) -> dict:

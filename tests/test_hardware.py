@@ -87,6 +87,42 @@ def test_load_by_path(tmp_path):
     assert load_profile(str(path)).name == "mine"
 
 
+def _refining(tmp_path: Path, own: dict) -> Path:
+    """A user's cluster file: p5.48xlarge's node facts with a slower network, refining dgx-h100 and
+    setting `own` efficiency keys."""
+    doc = json.loads((PROFILE_DIR / "p5.48xlarge.json").read_text())
+    doc.update(name="my-h100", refines="dgx-h100", efficiency=own, inter_node_latency_us=20.0)
+    doc["sources"].pop("efficiency")
+    doc["sources"]["inter_node_latency_us"] = "measured on my cluster"
+    path = tmp_path / "my-h100.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_refining_profile_inherits_the_efficiency_keys_it_does_not_set(tmp_path):
+    """The inherited block is dgx-h100's as its file states it; a key the file sets is its own; its
+    node facts are its own; and the provenance quotes the profile it came from."""
+    shipped = json.loads((PROFILE_DIR / "dgx-h100.json").read_text())
+    mine = load_profile(str(_refining(tmp_path, {"allreduce_bus_efficiency": 0.7})))
+    assert mine.efficiency == {**shipped["efficiency"], "allreduce_bus_efficiency": 0.7}
+    assert mine.inter_node_latency_us == 20.0 and mine.name == "my-h100"
+    assert "inherited from the shipped dgx-h100 profile" in mine.sources["efficiency"]
+    assert "allreduce_bus_efficiency" not in mine.sources["efficiency"].split(":")[0]
+
+
+def test_estimate_takes_a_refining_profile_file(tmp_path):
+    """End to end: the same plan on the refined file differs from p5.48xlarge only by what the file
+    changed (here a slower all-reduce bus, which a dp=64 step with ZeRO-1 pays)."""
+    args = ["estimate", "llama3-8b", "--gpus", "64", "--dp", "64", "--zero", "1", "--json"]
+    p5 = runner.invoke(app, [*args, "--hardware", "p5.48xlarge"])
+    same = runner.invoke(app, [*args, "--hardware", str(_refining(tmp_path, {}))])
+    assert p5.exit_code == same.exit_code == 0, p5.output + same.output
+    slow = _refining(tmp_path, {"allreduce_bus_efficiency": 0.2})
+    slower = runner.invoke(app, [*args, "--hardware", str(slow)])
+    t = [json.loads(r.output)["prediction"]["step_time_s"] for r in (p5, same, slower)]
+    assert t[0] <= t[1] < t[2], t
+
+
 # ------------------------------------------------------------------------------ error paths
 
 
@@ -140,6 +176,18 @@ BAD = {
         "efficiency.gemm_fixed_us='high' is invalid",
     ),
     "not an object": (lambda d: d.clear() or d.update(name=["x"]), "name=['x'] is invalid"),
+    "refines no shipped profile": (
+        lambda d: d.update(refines="dgx-h900"),
+        "refines='dgx-h900' is invalid: allowed the name of a shipped profile: ",
+    ),
+    "refines a path": (
+        lambda d: d.update(refines="hardware_profiles/dgx-h100.json"),
+        "refines='hardware_profiles/dgx-h100.json' is invalid",
+    ),
+    "refining efficiency not numbers": (
+        lambda d: d.update(refines="dgx-h100", efficiency={"gemm_fixed_us": "high"}),
+        "efficiency.gemm_fixed_us='high' is invalid",
+    ),
 }
 
 

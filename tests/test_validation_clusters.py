@@ -5,7 +5,8 @@ hardware_profiles/*.json, provenance in validation/hardware/clusters/README.md) 
 validation/published/*.json (`runs`, and `reference_only` where a file has it).
 
 Properties checked: each cluster file loads through `hardware_profiles.load_profile` and is named after
-its file; its efficiency block is the shipped profile's of the same GPU generation (copied, not fitted);
+its file; it refines the shipped profile of its GPU generation and sets no efficiency key of that
+profile's (nothing fitted or copied here: the block is inherited, hardware_profiles.loader.refined_document);
 each row's `hardware` is a shipped profile name or a cluster file; the profile's device is the GPU the
 row names (model, and memory size where the row gives one); the facts the cluster README states hold.
 The GPU matcher is exercised on mismatching pairs so that a matcher accepting everything fails here.
@@ -38,11 +39,12 @@ GENERATION_REFERENCE = {
     "H800": "dgx-h100",
     "H200": "dgx-h100",
 }
-"""The shipped profile whose efficiency block a cluster of this GPU copies (README: no fits here)."""
+"""The shipped profile a cluster of this GPU refines, inheriting its efficiency block (README: no fits
+here)."""
 
 EXTRA_EFFICIENCY = set(CLUSTER_KEYS)
-"""Node facts a cluster file may add to the copied block (benchmarks.calibrate.CLUSTER_KEYS, the list the copier
-keeps): published host memory, and the sustained clock of a power-capped part."""
+"""Node facts a cluster file may set in its own efficiency block (benchmarks.calibrate.CLUSTER_KEYS):
+published host memory, and the sustained clock of a power-capped part."""
 
 
 def validation_profile(name: str) -> HardwareProfile:
@@ -86,9 +88,10 @@ def test_there_are_rows_and_cluster_files():
 
 def _cluster_file_problems(path) -> list[str]:
     """What is wrong with one cluster file: it loads under its own name, its NICs add up, its memory
-    bandwidth is below the peak, nothing is calibrated, and its efficiency block is its generation's
-    reference profile's, copied unchanged and said so."""
+    bandwidth is below the peak, nothing is calibrated, and it refines its generation's reference
+    profile, whose efficiency block it inherits (the raw file sets only its own node facts)."""
     profile = load_profile(str(path))
+    raw = json.loads(path.read_text(encoding="utf-8"))
     out = []
     if profile.name != path.stem:
         out.append(f"named {profile.name!r}")
@@ -101,14 +104,17 @@ def _cluster_file_problems(path) -> list[str]:
     if profile.calibration:
         out.append("has a calibration (nothing was measured on these clusters)")
     model, _ = gpu_key(profile.device)
-    reference = load_profile(GENERATION_REFERENCE[model])
-    copied = {k: v for k, v in profile.efficiency.items() if k not in EXTRA_EFFICIENCY}
-    if copied != reference.efficiency:
-        out.append(f"efficiency differs from {GENERATION_REFERENCE[model]}'s")
-    if GENERATION_REFERENCE[model] not in profile.sources["efficiency"]:
-        out.append(f"efficiency source does not name {GENERATION_REFERENCE[model]}")
-    if "copied unchanged" not in profile.sources["efficiency"]:
-        out.append("efficiency source does not say 'copied unchanged'")
+    reference = GENERATION_REFERENCE[model]
+    if raw.get("refines") != reference:
+        out.append(f"refines {raw.get('refines')!r}, not its generation's {reference}")
+    own = set(raw.get("efficiency", {}))
+    if not own <= EXTRA_EFFICIENCY:
+        out.append(f"sets efficiency keys {sorted(own - EXTRA_EFFICIENCY)} of {reference}'s")
+    inherited = {k: v for k, v in profile.efficiency.items() if k not in own}
+    if inherited != load_profile(reference).efficiency:
+        out.append(f"efficiency differs from {reference}'s")
+    if f"inherited from the shipped {reference} profile" not in profile.sources["efficiency"]:
+        out.append(f"efficiency source does not quote {reference}'s")
     return out
 
 
