@@ -421,6 +421,7 @@ def test_ctrl_c_to_the_process_group_is_one_line_and_leaves_nothing(tmp_path, wa
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow  # the default tier keeps the Ctrl-C case of the same cleanup
 @pytest.mark.timeout(300)
 def test_sigkill_while_ranks_start_leaves_no_rank_and_the_next_start_sweeps_its_folder(tmp_path):
     """Issue 31: SIGKILL while the workers start left 3 processes alive for seconds and a temporary folder. Ranks

@@ -71,8 +71,16 @@ LAYOUTS = {
 }
 
 
+SLOW_LAYOUTS = {"llama-dp2xtp2"}
+"""~15-20 s on two cores: the slow tier. The 3D Llama layout (dp x tp x pp, ZeRO-3, full
+recomputation, sequence parallelism) runs its dp x tp part in the default tier."""
+
+
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW_LAYOUTS else []) for n in LAYOUTS],
+)
 def test_layout_equals_single_process_reference(name, tmp_path):
     model, knobs = LAYOUTS[name]
     cfg = ParallelConfig(seq=32, precision="fp32", **knobs)
@@ -93,6 +101,7 @@ def test_layout_equals_single_process_reference(name, tmp_path):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow  # a GPT-3 175B-shaped proxy, ~7 s; the layouts above run the same launcher
 def test_proxy_runs_a_model_too_large_for_this_machine_with_the_same_layout(tmp_path):
     cfg = ParallelConfig(
         tp=2,

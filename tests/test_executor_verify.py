@@ -117,8 +117,15 @@ BUG_MODELS = {"ep_wrong_rank": "planner.executor.tiny:mixtral_tiny"}
 """Models other than gpt_tiny (expert parallelism needs experts)."""
 
 
+SLOW_BUGS = {"tp_double_reduce", "zero_shard_offset"}
+"""2-4 s each: the slow tier; the other seven planted bugs (one of each parallelism) run in the
+default tier."""
+
+
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("bug", list(BUG_PLANS))
+@pytest.mark.parametrize(
+    "bug", [pytest.param(b, marks=[pytest.mark.slow] if b in SLOW_BUGS else []) for b in BUG_PLANS]
+)
 def test_each_planted_bug_fails_verification_naming_what_diverged(bug, tmp_path):
     knobs, kinds = BUG_PLANS[bug]
     plan = write_plan(

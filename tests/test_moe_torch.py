@@ -27,8 +27,17 @@ def measured_step(spec, dtype, mode, micro_batch=2):
     return measure_step(spec, dtype, mode, micro_batch)
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("spec", [SMALL_MIXTRAL, SMALL_DEEPSEEK], ids=["mixtral", "deepseek"])
+@pytest.mark.parametrize(
+    "spec,mode",
+    [pytest.param(SMALL_MIXTRAL, m, id=f"mixtral-{m}") for m in MODES]
+    + [
+        # ~5 s each: the slow tier; DeepSeek's full recomputation (which re-runs every part) stays
+        pytest.param(
+            SMALL_DEEPSEEK, m, id=f"deepseek-{m}", marks=[pytest.mark.slow] * (m != "full")
+        )
+        for m in MODES
+    ],
+)
 def test_analytic_flops_equal_flop_counter(spec, mode):
     """Router, dropless top-k experts (each multiplies exactly its rows), shared expert, the dense first
     block, MLA's projections and core, recomputation (early stop skips the shared experts' W_2)."""

@@ -323,6 +323,7 @@ def load_plan_config(doc):
     return plan_from_document(doc).config
 
 
+@pytest.mark.slow  # ~15 s; the prediction snapshot holds the same search's top plans
 def test_readme_scenario_covers_the_frameworks_whole_space():
     """GPT-3 175B on 960 A100 40GB, global batch 1536 (the README's main command). On megatron (1F1B and
     interleaved, ZeRO 0/1/3, PDT/DPT rank orders, cp 1-64 with its three exchanges, hybrid shard groups) the
