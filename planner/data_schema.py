@@ -14,6 +14,7 @@ planner.errors.ConfigError: row x.json: gpus=0 is invalid: allowed an integer >=
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Mapping, NoReturn
@@ -23,7 +24,7 @@ from planner.errors import ConfigError
 KINDS = ("str", "int", "number", "bool", "list", "object", "strings", "any")
 """str, int (not a bool, not a float), number (finite, not a bool), bool, list (of `items`),
 object (a JSON object; its keys declared in `fields` when given), strings (an object of non-empty
-strings, e.g. `sources`), any (not checked: recorded as published)."""
+strings, e.g. `sources`), any (not checked, null included: recorded as published)."""
 
 _NOUNS = {
     "str": "a string",
@@ -96,7 +97,7 @@ def describe(field: Field) -> str:
         text = text.replace("string", "non-empty string")
     if field.allowed:
         text += (" among " if field.kind == "list" else ": one of ") + ", ".join(
-            map(str, field.allowed)
+            map(json.dumps, field.allowed)
         )
     bounds = _bounds(field)
     text += f" {bounds}" if bounds else ""
@@ -150,7 +151,7 @@ def check_document(
 def check_value(value: object, field: Field, origin: str, what: str, key: str) -> None:
     """Refuse `value` unless `field` allows it (one ConfigError line naming `key`)."""
     if value is None:
-        if not field.nullable:
+        if not field.nullable and field.kind != "any":
             fail(origin, what, key, value, describe(field))
         return
     if not _value_ok(value, field.kind, field):
