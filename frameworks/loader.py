@@ -8,13 +8,14 @@ file's `sources` object.
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, Field, fields
+from dataclasses import fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, NoReturn
 
 from frameworks.profile import (
     ATTENTION_KERNELS,
+    CAPABILITY_FIELDS,
     KERNELS,
     LOSS_KERNELS,
     MOE_DISPATCHERS,
@@ -22,6 +23,7 @@ from frameworks.profile import (
     FrameworkProfile,
     StateBytes,
 )
+from planner.data_schema import check_document
 from planner.errors import ConfigError
 from planner.io import read_json
 from planner.parallel import FRAMEWORK_FILES, FRAMEWORKS, PRECISIONS
@@ -264,51 +266,12 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
     )
 
 
-_JSON_KINDS = {"bool": bool, "int": int, "str": str}
-
-
-def _is(value, kind: type) -> bool:
-    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-
-
-def _capability(origin: str, declared: Field, value: Any):
-    """One capabilities key checked against its declaration (frameworks.profile.capability): its JSON
-    type, its vocabulary, its rule; returns the value as Capabilities holds it (lists as tuples)."""
-    key = f"capabilities.{declared.name}"
-    nullable = declared.type.endswith(" | None")
-    kind = declared.type.removesuffix(" | None")
-    if value is None and nullable:
-        return None
-    if kind.startswith("tuple["):
-        item = _JSON_KINDS[kind.removeprefix("tuple[").split(",")[0]]
-        if not isinstance(value, list) or not all(_is(v, item) for v in value):
-            _fail(origin, key, value, "a list" + (" or null" if nullable else ""))
-    elif not _is(value, _JSON_KINDS[kind]):
-        _fail(origin, key, value, f"a {kind}")
-    rule = declared.metadata
-    if rule["vocab"] is not None:
-        bad = [v for v in (value if isinstance(value, list) else [value]) if v not in rule["vocab"]]
-        if bad:
-            _fail(origin, key, bad[0], "values among " + ", ".join(map(str, rule["vocab"])))
-    if rule["check"] is not None and not rule["check"](value):
-        _fail(origin, key, value, rule["allowed"])
-    return tuple(value) if isinstance(value, list) else value
-
-
 def _capabilities(block: dict, origin: str) -> Capabilities:
-    declared = {f.name: f for f in fields(Capabilities)}
-    for key in block:
-        if key not in declared:
-            _fail(origin, f"capabilities.{key}", block[key], "known keys: " + ", ".join(declared))
-    values = {}
-    for name, spec in declared.items():
-        if name in block:
-            values[name] = _capability(origin, spec, block[name])
-        elif spec.default is MISSING:
-            raise ConfigError(
-                name,
-                None,
-                "present",
-                message=f"framework profile {origin}: missing required key 'capabilities.{name}'",
-            )
-    return Capabilities(**values)
+    """The capabilities block checked against its declarations (frameworks.profile.capability, as
+    planner.data_schema Fields: JSON type, vocabulary, default), then each declared rule."""
+    check_document(block, CAPABILITY_FIELDS, origin, "framework profile", prefix="capabilities.")
+    for declared in fields(Capabilities):
+        value, rule = block.get(declared.name), declared.metadata
+        if value is not None and rule["check"] is not None and not rule["check"](value):
+            _fail(origin, f"capabilities.{declared.name}", value, rule["allowed"])
+    return Capabilities(**{k: tuple(v) if isinstance(v, list) else v for k, v in block.items()})

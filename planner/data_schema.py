@@ -76,6 +76,8 @@ class Field:
     unit: str = ""
     allowed: tuple = ()
     """The values a str, int (or each item of a list) may take; empty: any."""
+    rule: str = ""
+    """A further rule the reader checks itself, in words (shown in errors and docs)."""
     items: str = ""
     """A list's item kind (a KINDS entry); empty: any."""
     fields: Mapping[str, Field] | None = None
@@ -102,6 +104,7 @@ def describe(field: Field) -> str:
     bounds = _bounds(field)
     text += f" {bounds}" if bounds else ""
     text += f" ({field.unit})" if field.unit else ""
+    text += f", {field.rule}" if field.rule else ""
     if field.nullable:
         text += ", or null" + (f" ({field.null_means})" if field.null_means else "")
     return text
