@@ -254,6 +254,7 @@ def _reference_rows(fields: Mapping[str, Field], prefix: str) -> list[str]:
         presence = "required" if field.required else "optional"
         if not field.required and field.default is not None:
             presence += f", default {_json(field.default)}"
+        presence += ", sourced" if field.sourced else ""
         allowed = describe(field).replace("|", "\\|")
         doc = field.doc.replace("|", "\\|")
         rows.append(f"| `{prefix}{name}` | {allowed} | {presence} | {doc} |")
