@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from benchmarks.published_schema import ARCH_CORE, ROW
-from frameworks.profile import CAPABILITY_FIELDS
+from frameworks.loader import FRAMEWORK_KEYS
 from hardware_profiles.efficiency import EFFICIENCY_KEYS, EfficiencyKey
 from hardware_profiles.loader import KEYS as HARDWARE_KEYS
 from planner.data_schema import Field, reference_table
@@ -85,13 +85,15 @@ SECTIONS = (
         "",
     ),
     (
-        "Framework profile: `capabilities`",
-        "`frameworks/<name>.json`'s `capabilities` block, declared in `frameworks/profile.py` "
-        "(`Capabilities`, `capability(...)`; `CAPABILITY_FIELDS`); a key with a default may be "
-        "left out. The profile's other keys are described in docs/framework-profiles.md and "
-        "`frameworks.profile.FrameworkProfile`, and validated by `frameworks/loader.py`.",
-        CAPABILITY_FIELDS,
-        "capabilities.",
+        "Framework profile",
+        "`frameworks/<name>.json` (or a profile file by path: `load_framework`), read by "
+        "`frameworks/loader.py` (`FRAMEWORK_KEYS`; docs/framework-profiles.md, "
+        "`frameworks.profile.FrameworkProfile`). The `capabilities` keys are declared in "
+        "`frameworks/profile.py` (`Capabilities`, `capability(...)`: `CAPABILITY_FIELDS`); one "
+        "with a default may be left out. `state_bytes` needs an entry for every precision of "
+        "`capabilities.precisions`; every sourced key present needs its source.",
+        FRAMEWORK_KEYS,
+        "",
     ),
     (
         "Published run row",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from benchmarks.data_files_doc import DOC, render
 from benchmarks.published_schema import EXTRAS, ROW
+from frameworks.loader import FRAMEWORK_KEYS
 from frameworks.profile import CAPABILITY_FIELDS
 from hardware_profiles.efficiency import EFFICIENCY_KEYS
 from hardware_profiles.loader import KEYS
@@ -24,6 +25,7 @@ def test_every_declared_key_has_a_row():
         *(f"efficiency.{k}" for k in EFFICIENCY_KEYS),
         *STORAGE_KEYS,
         *DEFAULT_KEYS,
+        *FRAMEWORK_KEYS,
         *(f"capabilities.{k}" for k in CAPABILITY_FIELDS),
         *ROW,
         *(f"extras.{k}" for k in EXTRAS),
