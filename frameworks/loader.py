@@ -1,20 +1,21 @@
 """Read and validate framework profile files (the boundary where JSON becomes a FrameworkProfile).
 
-Every key is declared once here; an unknown key, a missing key, a wrong type or an out-of-range value
+Every key is declared once here (FRAMEWORK_KEYS, planner.data_schema Fields; the capabilities in
+frameworks/profile.py); an unknown key, a missing key, a wrong type or an out-of-range value
 is one ConfigError naming the file and the key. Every cost-relevant value must have an entry in the
 file's `sources` object.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import MISSING, Field, fields
+from dataclasses import fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, NoReturn
 
 from frameworks.profile import (
     ATTENTION_KERNELS,
+    CAPABILITY_FIELDS,
     KERNELS,
     LOSS_KERNELS,
     MOE_DISPATCHERS,
@@ -22,6 +23,7 @@ from frameworks.profile import (
     FrameworkProfile,
     StateBytes,
 )
+from planner.data_schema import Field, check_document, check_sources
 from planner.errors import ConfigError
 from planner.io import read_json
 from planner.parallel import FRAMEWORK_FILES, FRAMEWORKS, PRECISIONS
@@ -29,63 +31,112 @@ from planner.parallel import FRAMEWORK_FILES, FRAMEWORKS, PRECISIONS
 FRAMEWORK_DIR = FRAMEWORK_FILES
 SCHEMA_VERSION = "1"
 
-_TOP = {
-    "schema_version": str,
-    "name": str,
-    "description": str,
-    "kernels": str,
-    "attention": str,
-    "loss": str,
-    "state_bytes": dict,
-    "grads_persist": str,
-    "grad_bucket_copy": bool,
-    "autocast_weight_cache": bool,
-    "overlap_grad_reduce": bool,
-    "pp_scatter_gather": bool,
-    "zero_bubble_forward_reruns": (int, float),
-    "allocator_overhead_fraction": (int, float),
-    "expandable_segments": bool,
-    "compute_efficiency": (int, float),
-    "tp_comm_overlap": bool,
-    "selective_recompute": str,
-    "fp8_cast_bytes_per_element": (int, float),
-    "fp8_weight_cache_bytes": (int, float),
-    "capabilities": dict,
-    "sources": dict,
-}
-_OPTIONAL = {
-    "moe_dispatcher": str,
-    "moe_a2a_overlap": bool,
-    "moe_host_sync": bool,
-    "overlap_param_gather": bool,
-    "overlap_p2p": bool,
-    "moe_host_ops_per_layer": (int, float),
-    "zero3_max_live_params": (int, float),
-    "experts_follow_tp_without_ep": bool,
-}
-"""Keys a profile may leave out (FrameworkProfile's defaults: alltoall, no overlap, no host sync, 0 extra
-host operators per MoE layer, ZeRO-3 gathering whole blocks); sourced when given."""
-_SOURCED = (
-    "kernels",
-    "attention",
-    "loss",
-    "state_bytes",
-    "grads_persist",
-    "grad_bucket_copy",
-    "autocast_weight_cache",
-    "overlap_grad_reduce",
-    "pp_scatter_gather",
-    "zero_bubble_forward_reruns",
-    "allocator_overhead_fraction",
-    "expandable_segments",
-    "compute_efficiency",
-    "tp_comm_overlap",
-    "selective_recompute",
-    "fp8_cast_bytes_per_element",
-    "fp8_weight_cache_bytes",
-    "capabilities",
-)
+
+def _sourced(kind: str, doc: str, **more) -> Field:
+    """A cost-relevant key: the file's `sources` must say where its value comes from."""
+    return Field(kind=kind, sourced=True, doc=doc, **more)
+
+
+def _optional(kind: str, default, doc: str, **more) -> Field:
+    """A key a profile may leave out (FrameworkProfile's default); sourced when given."""
+    return Field(kind=kind, required=False, default=default, sourced=True, doc=doc, **more)
+
+
+_BYTES = dict(low=0, high=16, unit="bytes")
 _STATE_KEYS = ("param", "grad", "master", "state", "reduce", "gather")
+STATE_BYTES = {
+    precision: Field(
+        kind="object",
+        required=False,
+        fields={
+            key: Field(kind="number", doc=f"StateBytes.{key}.", **{**_BYTES, "unit": "bytes/param"})
+            for key in _STATE_KEYS
+        },
+        doc=f"Bytes per parameter kept in {precision} (frameworks.profile.StateBytes).",
+    )
+    for precision in PRECISIONS
+}
+"""The `state_bytes` block: one entry per precision (each precision of capabilities.precisions
+required: framework_from_dict)."""
+
+FRAMEWORK_KEYS: dict[str, Field] = {
+    "schema_version": Field(kind="str", required=False, doc="File format version ('1')."),
+    "name": Field(kind="str", allowed=FRAMEWORKS, doc="The stack (the file's name when shipped)."),
+    "description": Field(kind="str", doc="Which training stacks the profile stands for."),
+    "kernels": _sourced("str", "Block implementation.", allowed=KERNELS),
+    "attention": _sourced("str", "Default attention kernel.", allowed=ATTENTION_KERNELS),
+    "loss": _sourced("str", "Default cross-entropy implementation.", allowed=LOSS_KERNELS),
+    "state_bytes": _sourced("object", "Bytes per parameter by precision.", fields=STATE_BYTES),
+    "grads_persist": _sourced(
+        "str",
+        "'always' (a contiguous gradient buffer) or 'accumulating' (freed by zero_grad).",
+        allowed=("always", "accumulating"),
+    ),
+    "grad_bucket_copy": _sourced("bool", "DDP copies gradients into its buckets."),
+    "autocast_weight_cache": _sourced("bool", "torch.autocast keeps 16-bit GEMM weight copies."),
+    "overlap_grad_reduce": _sourced("bool", "The data-parallel reduction overlaps the backward."),
+    "pp_scatter_gather": _sourced("bool", "Pipeline sends carry 1/tp and all-gather it."),
+    "zero_bubble_forward_reruns": _sourced(
+        "number", "Forwards per micro-batch of a recomputed block (zero bubble).", low=1, high=16
+    ),
+    "allocator_overhead_fraction": _sourced(
+        "number",
+        "Caching-allocator blocks beyond their tensors (reserved/allocated - 1).",
+        low=0,
+        high=1,
+    ),
+    "expandable_segments": _sourced("bool", "The launcher sets expandable_segments:True."),
+    "compute_efficiency": _sourced(
+        "number", "Fraction of the kernel rates the stack's blocks reach (fitted).", low=0.2, high=1
+    ),
+    "tp_comm_overlap": _sourced("bool", "Tensor-parallel collectives overlap the GEMMs."),
+    "selective_recompute": _sourced(
+        "str",
+        "What recompute=selective means: the attention core or per-operator.",
+        allowed=("attention", "op"),
+    ),
+    "fp8_cast_bytes_per_element": _sourced(
+        "number", "Memory traffic per GEMM operand element to run it in FP8.", **_BYTES
+    ),
+    "fp8_weight_cache_bytes": _sourced(
+        "number", "FP8 weight copies kept for the step, per weight.", **_BYTES
+    ),
+    "capabilities": _sourced(
+        "object", "What the stack can run (the table below).", fields=CAPABILITY_FIELDS
+    ),
+    "sources": Field(kind="strings", doc="Where each cost-relevant value comes from, by key."),
+    "moe_dispatcher": _optional(
+        "str",
+        MOE_DISPATCHERS[0],
+        "Default expert-parallel token dispatcher (one of capabilities.moe_dispatchers).",
+        allowed=MOE_DISPATCHERS,
+    ),
+    "moe_a2a_overlap": _optional(
+        "bool", False, "Expert-parallel exchanges overlap other micro-batches by default."
+    ),
+    "moe_host_sync": _optional("bool", False, "A dropless MoE forward waits on the host."),
+    "overlap_param_gather": _optional(
+        "bool", False, "The distributed optimizer's all-gather runs under the next forward."
+    ),
+    "overlap_p2p": _optional("bool", False, "Interleaved pipeline sends run beside compute."),
+    "moe_host_ops_per_layer": _optional(
+        "number", 0.0, "Host operators an MoE layer's forward adds.", low=0, high=1000
+    ),
+    "zero3_max_live_params": _optional(
+        "number",
+        None,
+        "ZeRO-3 gathers by submodule up to this many parameters (absent: by block).",
+        low=1e6,
+        high=1e12,
+        unit="parameters",
+    ),
+    "experts_follow_tp_without_ep": _optional(
+        "bool", False, "Without ep the routed experts are sharded over the TP ranks."
+    ),
+}
+"""Every key of a framework profile file (planner.data_schema; frameworks.profile.FrameworkProfile
+says more of each)."""
+WHAT = "framework profile"
 
 
 def available_frameworks() -> list[str]:
@@ -121,89 +172,15 @@ def load_framework(name_or_path: str) -> FrameworkProfile:
 
 
 def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfile:
-    if not isinstance(data, dict):
-        _fail(origin, "<document>", data, "a JSON object")
-    for key in data:
-        if key not in _TOP and key not in _OPTIONAL:
-            _fail(origin, key, data[key], "known keys: " + ", ".join([*_TOP, *_OPTIONAL]))
-    for key, kind in _OPTIONAL.items():
-        if key in data and (
-            not isinstance(data[key], kind) or (kind is not bool and isinstance(data[key], bool))
-        ):
-            _fail(
-                origin,
-                key,
-                data[key],
-                "a number" if isinstance(kind, tuple) else f"a {kind.__name__}",
-            )
-    ops = data.get("moe_host_ops_per_layer", 0.0)
-    if not (math.isfinite(ops) and 0.0 <= ops <= 1000.0):
-        _fail(origin, "moe_host_ops_per_layer", ops, "a number from 0 to 1000")
-    live = data.get("zero3_max_live_params")
-    if live is not None and not (math.isfinite(live) and 1e6 <= live <= 1e12):
-        _fail(origin, "zero3_max_live_params", live, "a parameter count from 1e6 to 1e12")
-    if data.get("moe_dispatcher", MOE_DISPATCHERS[0]) not in MOE_DISPATCHERS:
-        _fail(
-            origin, "moe_dispatcher", data["moe_dispatcher"], "one of " + ", ".join(MOE_DISPATCHERS)
-        )
-    for key, kind in _TOP.items():
-        if key not in data:
-            if key == "schema_version":
-                continue
-            raise ConfigError(
-                key,
-                None,
-                "present",
-                message=f"framework profile {origin}: missing required key {key!r}",
-            )
-        value = data[key]
-        if not isinstance(value, kind) or (
-            kind is not bool and isinstance(value, bool) and key != "grad_bucket_copy"
-        ):
-            _fail(origin, key, value, f"a {kind.__name__ if isinstance(kind, type) else 'number'}")
-    if data["name"] not in FRAMEWORKS:
-        _fail(origin, "name", data["name"], "one of " + ", ".join(FRAMEWORKS))
-    if data["kernels"] not in KERNELS:
-        _fail(origin, "kernels", data["kernels"], "one of " + ", ".join(KERNELS))
-    if data["attention"] not in ATTENTION_KERNELS:
-        _fail(origin, "attention", data["attention"], "one of " + ", ".join(ATTENTION_KERNELS))
-    if data["loss"] not in LOSS_KERNELS:
-        _fail(origin, "loss", data["loss"], "one of " + ", ".join(LOSS_KERNELS))
-    if data["grads_persist"] not in ("always", "accumulating"):
-        _fail(origin, "grads_persist", data["grads_persist"], "always or accumulating")
+    """Validate a decoded framework profile (FRAMEWORK_KEYS, the capabilities' rules, a state-bytes
+    entry per allowed precision, a source per value) and build the record."""
+    check_document(data, FRAMEWORK_KEYS, origin, WHAT)
     reruns, frag = data["zero_bubble_forward_reruns"], data["allocator_overhead_fraction"]
-    if not (math.isfinite(reruns) and 1.0 <= reruns <= 16.0):
-        _fail(origin, "zero_bubble_forward_reruns", reruns, "a number from 1 to 16")
-    if not (math.isfinite(frag) and 0.0 <= frag <= 1.0):
-        _fail(origin, "allocator_overhead_fraction", frag, "a fraction from 0 to 1")
-    if data["selective_recompute"] not in ("attention", "op"):
-        _fail(origin, "selective_recompute", data["selective_recompute"], "attention or op")
-    ce = data["compute_efficiency"]
-    if not (math.isfinite(ce) and 0.2 <= ce <= 1.0):
-        _fail(origin, "compute_efficiency", ce, "a fraction from 0.2 to 1")
-    for key in ("fp8_cast_bytes_per_element", "fp8_weight_cache_bytes"):
-        if not (math.isfinite(data[key]) and 0.0 <= data[key] <= 16.0):
-            _fail(origin, key, data[key], "bytes from 0 to 16")
-    states = {}
-    for precision, block in data["state_bytes"].items():
-        if precision not in PRECISIONS:
-            _fail(
-                origin,
-                f"state_bytes.{precision}",
-                block,
-                "precisions among " + ", ".join(PRECISIONS),
-            )
-        if not isinstance(block, dict) or set(block) != set(_STATE_KEYS):
-            _fail(
-                origin,
-                f"state_bytes.{precision}",
-                block,
-                "an object with exactly " + ", ".join(_STATE_KEYS),
-            )
-        for k, v in block.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v <= 16):
-                _fail(origin, f"state_bytes.{precision}.{k}", v, "bytes per parameter from 0 to 16")
-        states[precision] = StateBytes(**{k: float(v) for k, v in block.items()})
+    ce, live = data["compute_efficiency"], data.get("zero3_max_live_params")
+    states = {
+        precision: StateBytes(**{k: float(v) for k, v in block.items()})
+        for precision, block in data["state_bytes"].items()
+    }
     caps = _capabilities(data["capabilities"], origin)
     if data.get("moe_dispatcher", MOE_DISPATCHERS[0]) not in caps.moe_dispatchers:
         _fail(
@@ -222,15 +199,8 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
             sorted(states),
             f"an entry for every allowed precision ({', '.join(caps.precisions)})",
         )
+    check_sources(data, FRAMEWORK_KEYS, origin, WHAT, nulls=True)
     sources = data["sources"]
-    for key in _SOURCED + tuple(k for k in _OPTIONAL if k in data):
-        if not isinstance(sources.get(key), str) or not sources[key].strip():
-            raise ConfigError(
-                f"sources.{key}",
-                None,
-                "a source for every value",
-                message=f"framework profile {origin}: missing required key 'sources.{key}'",
-            )
     return FrameworkProfile(
         name=data["name"],
         description=data["description"],
@@ -264,51 +234,11 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
     )
 
 
-_JSON_KINDS = {"bool": bool, "int": int, "str": str}
-
-
-def _is(value, kind: type) -> bool:
-    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-
-
-def _capability(origin: str, declared: Field, value: Any):
-    """One capabilities key checked against its declaration (frameworks.profile.capability): its JSON
-    type, its vocabulary, its rule; returns the value as Capabilities holds it (lists as tuples)."""
-    key = f"capabilities.{declared.name}"
-    nullable = declared.type.endswith(" | None")
-    kind = declared.type.removesuffix(" | None")
-    if value is None and nullable:
-        return None
-    if kind.startswith("tuple["):
-        item = _JSON_KINDS[kind.removeprefix("tuple[").split(",")[0]]
-        if not isinstance(value, list) or not all(_is(v, item) for v in value):
-            _fail(origin, key, value, "a list" + (" or null" if nullable else ""))
-    elif not _is(value, _JSON_KINDS[kind]):
-        _fail(origin, key, value, f"a {kind}")
-    rule = declared.metadata
-    if rule["vocab"] is not None:
-        bad = [v for v in (value if isinstance(value, list) else [value]) if v not in rule["vocab"]]
-        if bad:
-            _fail(origin, key, bad[0], "values among " + ", ".join(map(str, rule["vocab"])))
-    if rule["check"] is not None and not rule["check"](value):
-        _fail(origin, key, value, rule["allowed"])
-    return tuple(value) if isinstance(value, list) else value
-
-
 def _capabilities(block: dict, origin: str) -> Capabilities:
-    declared = {f.name: f for f in fields(Capabilities)}
-    for key in block:
-        if key not in declared:
-            _fail(origin, f"capabilities.{key}", block[key], "known keys: " + ", ".join(declared))
-    values = {}
-    for name, spec in declared.items():
-        if name in block:
-            values[name] = _capability(origin, spec, block[name])
-        elif spec.default is MISSING:
-            raise ConfigError(
-                name,
-                None,
-                "present",
-                message=f"framework profile {origin}: missing required key 'capabilities.{name}'",
-            )
-    return Capabilities(**values)
+    """The capabilities block, its declared types already checked (FRAMEWORK_KEYS holds
+    CAPABILITY_FIELDS), against each declared rule (frameworks.profile.capability's `check`)."""
+    for declared in fields(Capabilities):
+        value, rule = block.get(declared.name), declared.metadata
+        if value is not None and rule["check"] is not None and not rule["check"](value):
+            _fail(origin, f"capabilities.{declared.name}", value, rule["allowed"])
+    return Capabilities(**{k: tuple(v) if isinstance(v, list) else v for k, v in block.items()})

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Mapping
 
+from planner.data_schema import Field, reference_table
 from planner.errors import ConfigError
 from planner.parallel import CP_COMMS, OFFLOAD, PRECISIONS, RECOMPUTE, SCHEDULES, check_placement
 
@@ -346,24 +347,35 @@ class FrameworkProfile:
         return s.param, s.grad if grad_bytes is None else grad_bytes, master + n_states * s.state
 
 
+def _capability_field(declared) -> Field:
+    """One `capability(...)` declaration as a planner.data_schema Field (its annotation is its
+    JSON type: a tuple is a list, '| None' nullable; no default: required)."""
+    rule = declared.metadata
+    kind = declared.type.removesuffix(" | None")
+    items = ""
+    if kind.startswith("tuple["):
+        kind, items = "list", kind.removeprefix("tuple[").split(",")[0]
+    required = declared.default is MISSING
+    return Field(
+        kind=kind,
+        items=items,
+        nullable=declared.type.endswith(" | None"),
+        required=required,
+        default=None if required else declared.default,
+        allowed=tuple(rule["vocab"] or ()),
+        rule=rule["allowed"],
+        doc=rule["means"],
+    )
+
+
+CAPABILITY_FIELDS = {
+    declared.name: _capability_field(declared) for declared in fields(Capabilities)
+}
+"""The `capabilities` block as planner.data_schema Fields: frameworks/loader.py validates with them,
+capability_reference and docs/data-files.md render them."""
+
+
 def capability_reference() -> str:
     """The `capabilities` keys as a Markdown table, rendered from their declarations
     (docs/framework-profiles.md holds it; tests/test_frameworks.py keeps the two equal)."""
-    rows = ["| key | JSON type | default | allowed | meaning |", "|---|---|---|---|---|"]
-    for declared in fields(Capabilities):
-        rule = declared.metadata
-        kind = declared.type.replace("tuple[", "list[").replace(", ...]", "]")
-        default = "required" if declared.default is MISSING else _json_text(declared.default)
-        allowed = ", ".join(map(str, rule["vocab"] or ())) or rule["allowed"] or "any"
-        rows.append(f"| `{declared.name}` | {kind} | {default} | {allowed} | {rule['means']} |")
-    return "\n".join(rows)
-
-
-def _json_text(value) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, tuple):
-        return "[" + ", ".join(f'"{v}"' for v in value) + "]"
-    return str(value)
+    return reference_table(CAPABILITY_FIELDS)

@@ -1,20 +1,20 @@
 """Read and validate hardware profile files (the boundary where JSON becomes a HardwareProfile).
 
-Every key is declared once in `KEYS` with its type, whether it is required, and its sane range;
-an unknown key, a missing key, a wrong type or an out-of-range value raises one ConfigError whose
-single-line message names the file and the key. Every number in a file must have an entry in its
+Every key is declared once in `KEYS` (planner.data_schema.Field: its type, whether it is required,
+its sane range, its unit, what it means); an unknown key, a missing key, a wrong type or an
+out-of-range value raises one ConfigError whose single-line message names the file and the key
+(planner.data_schema.check_document), and docs/data-files.md is rendered from the same table. Every number in a file must have an entry in its
 `sources` object (the data is only as good as its provenance).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
-from typing import NoReturn
 
 from hardware_profiles.profile import HardwareProfile
 from hardware_profiles.efficiency import check_efficiency
+from planner.data_schema import Field, check_document, check_sources, describe, fail
 from planner.errors import ConfigError
 from planner.io import check_writable, read_json_if_exists, special_kind
 from planner.io import read_json
@@ -24,60 +24,115 @@ DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 SCHEMA_VERSION = "1"
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class KeySpec:
-    """What one top-level key of a profile file may hold."""
-
-    kind: str
-    """'str', 'int', 'number', 'tflops' (dtype -> number), 'numbers' (free object), 'strings', 'object'."""
-    required: bool = True
-    nullable: bool = False
-    """null allowed (e.g. no on-demand price)."""
-    low: float | None = None
-    """Smallest allowed value (inclusive unless `low_open`)."""
-    low_open: bool = False
-    high: float | None = None
-    """Largest allowed value (inclusive)."""
-    unit: str = ""
-    """Shown in error messages."""
+def _positive(doc: str, high: float, unit: str, **more) -> Field:
+    """A sourced number > 0 and <= `high`."""
+    return Field(
+        kind="number", low=0, low_open=True, high=high, unit=unit, sourced=True, doc=doc, **more
+    )
 
 
-KEYS: dict[str, KeySpec] = {
-    "schema_version": KeySpec(kind="str", required=False),
-    "name": KeySpec(kind="str"),
-    "description": KeySpec(kind="str", required=False),
-    "device": KeySpec(kind="str"),
-    "devices_per_node": KeySpec(kind="int", low=1, high=1024, unit="devices"),
-    "nvlink_domain": KeySpec(
-        kind="int", required=False, nullable=True, low=1, high=100_000, unit="devices"
-    ),
-    "memory_bytes": KeySpec(kind="int", low=2**20, high=2**45, unit="bytes"),
-    "memory_bandwidth_GBps": KeySpec(kind="number", low=0, low_open=True, high=1e5, unit="GB/s"),
-    "memory_bandwidth_peak_GBps": KeySpec(
-        kind="number", required=False, nullable=True, low=0, low_open=True, high=1e5, unit="GB/s"
-    ),
-    "peak_tflops": KeySpec(kind="tflops", low=0, low_open=True, high=1e5, unit="TFLOP/s"),
-    "intra_node_interconnect": KeySpec(kind="str", required=False),
-    "intra_node_GBps_per_device": KeySpec(
-        kind="number", low=0, low_open=True, high=1e4, unit="GB/s"
-    ),
-    "intra_node_latency_us": KeySpec(kind="number", low=0, low_open=True, high=1e5, unit="us"),
-    "inter_node_interconnect": KeySpec(kind="str", required=False),
-    "nics_per_node": KeySpec(kind="int", low=1, high=256, unit="NICs"),
-    "Gbps_per_nic": KeySpec(kind="number", low=0, low_open=True, high=1e5, unit="Gbit/s"),
-    "inter_node_Gbps_per_node": KeySpec(
-        kind="number", low=0, low_open=True, high=1e6, unit="Gbit/s"
-    ),
-    "inter_node_latency_us": KeySpec(kind="number", low=0, low_open=True, high=1e6, unit="us"),
-    "host_device_GBps": KeySpec(kind="number", low=0, low_open=True, high=1e4, unit="GB/s"),
-    "price_usd_per_hour": KeySpec(kind="number", nullable=True, low=0, high=1e4, unit="USD/h"),
-    "spot_price_usd_per_hour": KeySpec(
-        kind="number", required=False, nullable=True, low=0, high=1e4, unit="USD/h"
-    ),
-    "efficiency": KeySpec(kind="numbers"),
-    "sources": KeySpec(kind="strings"),
-    "calibration": KeySpec(kind="object", required=False),
+def _count(doc: str, high: float, unit: str, **more) -> Field:
+    """A sourced integer >= 1 and <= `high`."""
+    return Field(kind="int", low=1, high=high, unit=unit, sourced=True, doc=doc, **more)
+
+
+def _price(doc: str, *, required: bool) -> Field:
+    return Field(
+        kind="number",
+        required=required,
+        nullable=True,
+        null_means="not sold so",
+        low=0,
+        high=1e4,
+        unit="USD/h",
+        sourced=True,
+        doc=doc,
+    )
+
+
+PEAK_TFLOPS = {
+    dtype: _positive(
+        f"Dense peak {dtype} TFLOP/s (datasheet).", 1e5, "TFLOP/s", required=dtype == "fp32"
+    )
+    for dtype in DTYPES
 }
+"""The `peak_tflops` block: fp32 always, the other math dtypes where the device has them."""
+
+KEYS: dict[str, Field] = {
+    "schema_version": Field(kind="str", required=False, doc="File format version ('1')."),
+    "name": Field(kind="str", nonempty=True, doc="Profile name, e.g. 'p4d.24xlarge'."),
+    "description": Field(kind="str", required=False, doc="One line saying what the machine is."),
+    "device": Field(
+        kind="str", nonempty=True, doc="Accelerator model, e.g. 'NVIDIA A100-SXM4-40GB'."
+    ),
+    "devices_per_node": _count("Accelerators per node.", 1024, "devices"),
+    "nvlink_domain": _count(
+        "Devices joined by the fast fabric when it spans nodes (GB200 NVL72: 72).",
+        100_000,
+        "devices",
+        required=False,
+        nullable=True,
+        null_means="the node",
+    ),
+    "memory_bytes": Field(
+        kind="int",
+        low=2**20,
+        high=2**45,
+        unit="bytes",
+        sourced=True,
+        doc="Device memory the framework can allocate (usable, not the marketing number).",
+    ),
+    "memory_bandwidth_GBps": _positive(
+        "Device-memory bandwidth a large copy achieves (read + write bytes / s).", 1e5, "GB/s"
+    ),
+    "memory_bandwidth_peak_GBps": _positive(
+        "Datasheet device-memory bandwidth.", 1e5, "GB/s", required=False, nullable=True
+    ),
+    "peak_tflops": Field(
+        kind="object",
+        fields=PEAK_TFLOPS,
+        sourced=True,
+        doc="Dense peak TFLOP/s by math dtype (" + ", ".join(DTYPES) + ").",
+    ),
+    "intra_node_interconnect": Field(
+        kind="str", required=False, doc="Intra-node fabric, e.g. 'NVLink 3 via NVSwitch'."
+    ),
+    "intra_node_GBps_per_device": _positive(
+        "Unidirectional NVLink/NVSwitch (or PCIe) bandwidth per device inside a node.", 1e4, "GB/s"
+    ),
+    "intra_node_latency_us": _positive(
+        "Per-message latency of an intra-node collective step.", 1e5, "us"
+    ),
+    "inter_node_interconnect": Field(
+        kind="str", required=False, doc="Network, e.g. 'EFA' or 'InfiniBand HDR'."
+    ),
+    "nics_per_node": _count("Network interfaces used for training traffic per node.", 256, "NICs"),
+    "Gbps_per_nic": _positive("Line rate of one NIC.", 1e5, "Gbit/s"),
+    "inter_node_Gbps_per_node": _positive(
+        "Network bandwidth out of one node: nics_per_node x Gbps_per_nic (checked).", 1e6, "Gbit/s"
+    ),
+    "inter_node_latency_us": _positive(
+        "Per-message latency of an inter-node collective step.", 1e6, "us"
+    ),
+    "host_device_GBps": _positive(
+        "Host<->device bandwidth per device for offload (PCIe).", 1e4, "GB/s"
+    ),
+    "price_usd_per_hour": _price("On-demand price of one node.", required=True),
+    "spot_price_usd_per_hour": _price("Spot price of one node, where known.", required=False),
+    "efficiency": Field(
+        kind="object",
+        doc="Physical efficiency parameters, each declared in hardware_profiles/efficiency.py "
+        "(EFFICIENCY_KEYS: unit, range, default; see below).",
+    ),
+    "sources": Field(kind="strings", doc="Where each number comes from, by key (every one)."),
+    "calibration": Field(
+        kind="object",
+        required=False,
+        doc="Raw measurements and fitted models written by `planner hardware calibrate`.",
+    ),
+}
+"""Every top-level key of a profile file (planner.data_schema: kind, range, unit, meaning)."""
+WHAT = "hardware profile"
 
 _RECORD_FIELDS = {f.name for f in fields(HardwareProfile)}
 assert set(KEYS) - {"schema_version"} <= _RECORD_FIELDS, (
@@ -128,46 +183,15 @@ def profile_from_dict(data: object, *, origin: str = "<dict>") -> HardwareProfil
     """Validate a decoded profile document and build the record; `origin` names it in errors. A
     document with `refines` takes the efficiency keys it does not set from that shipped profile
     (`refined_document`)."""
-    if not isinstance(data, dict):
-        _fail(origin, "<document>", data, "a JSON object with the profile keys")
-    if REFINES in data:
+    if isinstance(data, dict) and REFINES in data:
         data = refined_document(data, origin)
-    unknown = sorted(set(data) - set(KEYS))
-    if unknown:
-        _fail(
-            origin,
-            unknown[0],
-            data[unknown[0]],
-            "no such key; allowed keys: " + ", ".join(KEYS),
-            what="unknown key",
-        )
-    for key, spec in KEYS.items():
-        if key not in data:
-            if spec.required:
-                raise ConfigError(
-                    key,
-                    None,
-                    _describe(spec),
-                    message=f"hardware profile {origin}: missing required key {key!r} "
-                    f"({_describe(spec)})",
-                )
-            continue
-        _check_value(origin, key, data[key], spec)
-    _check_consistency(origin, data)
+    check_document(data, KEYS, origin, WHAT)
+    check_efficiency(data["efficiency"], origin)
+    _check_network(origin, data)
+    check_sources(data, KEYS, origin, WHAT)
     kwargs = {k: v for k, v in data.items() if k != "schema_version"}
-    for key in (
-        "memory_bandwidth_GBps",
-        "intra_node_GBps_per_device",
-        "intra_node_latency_us",
-        "Gbps_per_nic",
-        "inter_node_Gbps_per_node",
-        "inter_node_latency_us",
-        "host_device_GBps",
-        "memory_bandwidth_peak_GBps",
-        "price_usd_per_hour",
-        "spot_price_usd_per_hour",
-    ):
-        if kwargs.get(key) is not None:
+    for key, field in KEYS.items():
+        if field.kind == "number" and kwargs.get(key) is not None:
             kwargs[key] = float(kwargs[key])
     kwargs["peak_tflops"] = {k: float(v) for k, v in data["peak_tflops"].items()}
     return HardwareProfile(**kwargs)
@@ -187,14 +211,14 @@ def refined_document(data: dict, origin: str) -> dict:
     name = data[REFINES]
     shipped = available_profiles()
     if not isinstance(name, str) or name not in shipped:
-        _fail(origin, REFINES, name, "the name of a shipped profile: " + ", ".join(shipped))
+        fail(origin, WHAT, REFINES, name, "the name of a shipped profile: " + ", ".join(shipped))
     base = read_json(PROFILE_DIR / f"{name}.json", "hardware profile")
     own = data.get("efficiency", {})
     if not isinstance(own, dict):
-        _fail(origin, "efficiency", own, _describe(KEYS["efficiency"]))
+        fail(origin, WHAT, "efficiency", own, describe(KEYS["efficiency"]))
     sources = data.get("sources", {})
     if not isinstance(sources, dict):
-        _fail(origin, "sources", sources, _describe(KEYS["sources"]))
+        fail(origin, WHAT, "sources", sources, describe(KEYS["sources"]))
     inherited = sorted(set(base["efficiency"]) - set(own))
     quoted = (
         f"inherited from the shipped {name} profile ({', '.join(inherited)}): "
@@ -222,138 +246,21 @@ def profile_to_dict(profile: HardwareProfile) -> dict:
     return out
 
 
-def _check_value(origin: str, key: str, value: object, spec: KeySpec) -> None:
-    if value is None:
-        if not spec.nullable:
-            _fail(origin, key, value, _describe(spec))
-        return
-    if spec.kind == "str":
-        if not isinstance(value, str) or (key in ("name", "device") and not value.strip()):
-            _fail(
-                origin,
-                key,
-                value,
-                "a non-empty string" if key in ("name", "device") else "a string",
-            )
-    elif spec.kind in ("int", "number"):
-        _check_number(origin, key, value, spec)
-    elif spec.kind == "tflops":
-        if not isinstance(value, dict) or not value:
-            _fail(
-                origin,
-                key,
-                value,
-                "an object mapping dtypes (" + ", ".join(DTYPES) + ") to TFLOP/s",
-            )
-        for dtype, rate in value.items():
-            if dtype not in DTYPES:
-                _fail(
-                    origin,
-                    f"{key}.{dtype}",
-                    rate,
-                    "dtypes among " + ", ".join(DTYPES),
-                    what="unknown key",
-                )
-            _check_number(origin, f"{key}.{dtype}", rate, spec)
-        if "fp32" not in value:
-            raise ConfigError(
-                f"{key}.fp32",
-                None,
-                "a positive number",
-                message=f"hardware profile {origin}: missing required key '{key}.fp32'",
-            )
-    elif spec.kind == "numbers":
-        check_efficiency(value, origin)
-    elif spec.kind == "strings":
-        if not isinstance(value, dict):
-            _fail(origin, key, value, "an object mapping keys to source descriptions")
-        for name, text in value.items():
-            if not isinstance(text, str) or not text.strip():
-                _fail(origin, f"{key}.{name}", text, "a non-empty string")
-    elif spec.kind == "object":
-        if not isinstance(value, dict):
-            _fail(origin, key, value, "a JSON object")
-    else:  # pragma: no cover - KEYS is static
-        raise AssertionError(spec.kind)
-
-
-def _check_number(origin: str, key: str, value: object, spec: KeySpec) -> None:
-    if spec.kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
-        _fail(origin, key, value, _describe(spec))
-    if not _is_number(value) or not math.isfinite(value):
-        _fail(origin, key, value, _describe(spec))
-    too_low = spec.low is not None and (value <= spec.low if spec.low_open else value < spec.low)
-    too_high = spec.high is not None and value > spec.high
-    if too_low or too_high:
-        _fail(origin, key, value, _describe(spec))
-
-
-def _check_consistency(origin: str, data: dict) -> None:
-    """Cross-key facts: the node's network rate is its NICs times their rate; every number is sourced."""
+def _check_network(origin: str, data: dict) -> None:
+    """The node's network rate is its NICs times their rate (within 1%)."""
     nics, per_nic, total = (
         data["nics_per_node"],
         data["Gbps_per_nic"],
         data["inter_node_Gbps_per_node"],
     )
     if abs(nics * per_nic - total) > 0.01 * total:
-        _fail(
+        fail(
             origin,
+            WHAT,
             "inter_node_Gbps_per_node",
             total,
             f"nics_per_node({nics}) x Gbps_per_nic({per_nic:g}) = {nics * per_nic:g}",
         )
-    sources = data["sources"]
-    for key, spec in KEYS.items():
-        if (
-            spec.kind in ("int", "number", "tflops")
-            and data.get(key) is not None
-            and key not in sources
-        ):
-            raise ConfigError(
-                f"sources.{key}",
-                None,
-                "a source for every number",
-                message=f"hardware profile {origin}: missing required key 'sources.{key}' "
-                f"(where the value of {key!r} comes from)",
-            )
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _describe(spec: KeySpec) -> str:
-    kind = {
-        "int": "an integer",
-        "number": "a number",
-        "tflops": "TFLOP/s values",
-        "str": "a string",
-        "numbers": "an object of named numbers",
-        "strings": "an object of strings",
-        "object": "a JSON object",
-    }[spec.kind]
-    if spec.low is not None and spec.high is not None:
-        lower = ">" if spec.low_open else ">="
-        kind += f" {lower} {spec.low:g} and <= {spec.high:g}"
-    if spec.unit:
-        kind += f" ({spec.unit})"
-    if spec.nullable:
-        kind += ", or null"
-    return kind
-
-
-def _fail(origin: str, key: str, value: object, allowed: str, *, what: str = "") -> NoReturn:
-    shown = repr(value)
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
-    shown = shown.replace("\n", " ")
-    label = f"{what} {key!r}" if what else f"{key}={shown}"
-    raise ConfigError(
-        key,
-        value,
-        allowed,
-        message=f"hardware profile {origin}: {label} is invalid: allowed {allowed}",
-    )
 
 
 def previous_profile(out: str | Path, what: str = "--out") -> dict | None:

@@ -1,19 +1,18 @@
 """Read and validate storage profiles and the reliability defaults (the boundary where JSON becomes a
 StorageProfile / ReliabilityDefaults).
 
-Every key is declared once below with its kind and range; an unknown key, a missing key, a wrong type
+Every key is declared once below (planner.data_schema.Field: kind, range, unit, meaning; the same
+declarations render docs/data-files.md); an unknown key, a missing key, a wrong type
 or an out-of-range value is one ConfigError naming the file and the key, and every number (and every
 null that stands for "not a limit") must be explained in the file's `sources` object.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import NoReturn
 
+from planner.data_schema import Field, check_document, check_sources, fail
 from planner.errors import ConfigError
 from storage_profiles.profile import CHECKPOINT_MODES, ReliabilityDefaults, StorageProfile
 from planner.io import read_json
@@ -30,33 +29,77 @@ MAX_RESTART_S = 7 * 86400.0
 """Longest restart overhead: a week."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Key:
-    kind: str
-    """'str', 'rate', 'GBps' (number or null), 'seconds', 'mode', 'sources'."""
-    high: float | None = None
+def _bandwidth(doc: str, null_means: str) -> Field:
+    return Field(
+        kind="number",
+        nullable=True,
+        null_means=null_means,
+        low=0,
+        low_open=True,
+        high=MAX_GBPS,
+        unit="GB/s",
+        sourced=True,
+        doc=doc,
+    )
 
 
-_STORAGE_KEYS = {
-    "schema_version": _Key(kind="str"),
-    "name": _Key(kind="str"),
-    "description": _Key(kind="str"),
-    "write_GBps_aggregate": _Key(kind="GBps", high=MAX_GBPS),
-    "read_GBps_aggregate": _Key(kind="GBps", high=MAX_GBPS),
-    "write_GBps_per_node": _Key(kind="GBps", high=MAX_GBPS),
-    "read_GBps_per_node": _Key(kind="GBps", high=MAX_GBPS),
-    "sources": _Key(kind="sources"),
+def _rate(doc: str) -> Field:
+    return Field(
+        kind="number",
+        low=0,
+        low_open=True,
+        high=MAX_RATE_PER_HOUR,
+        unit="per hour",
+        sourced=True,
+        doc=doc,
+    )
+
+
+_VERSION = Field(kind="str", allowed=(SCHEMA_VERSION,), doc="File format version.")
+_SOURCES = Field(kind="strings", doc="Where each value (and each null) comes from, by key.")
+STORAGE_KEYS = {
+    "schema_version": _VERSION,
+    "name": Field(kind="str", nonempty=True, doc="Profile name (the file's name when shipped)."),
+    "description": Field(kind="str", nonempty=True, doc="One line saying what the storage is."),
+    "write_GBps_aggregate": _bandwidth(
+        "Bandwidth of the storage service for all writers together.", "not a limit"
+    ),
+    "read_GBps_aggregate": _bandwidth("Bandwidth for all readers together.", "not a limit"),
+    "write_GBps_per_node": _bandwidth(
+        "One node's write bandwidth to the service.", "the node's network is the limit"
+    ),
+    "read_GBps_per_node": _bandwidth(
+        "One node's read bandwidth.", "the node's network is the limit"
+    ),
+    "sources": _SOURCES,
 }
-_DEFAULT_KEYS = {
-    "schema_version": _Key(kind="str"),
-    "failure_rate_per_gpu_hour": _Key(kind="rate", high=MAX_RATE_PER_HOUR),
-    "failure_rate_per_node_hour": _Key(kind="rate", high=MAX_RATE_PER_HOUR),
-    "restart_overhead_s": _Key(kind="seconds", high=MAX_RESTART_S),
-    "storage": _Key(kind="str"),
-    "checkpoint": _Key(kind="mode"),
-    "sources": _Key(kind="sources"),
+"""Every key of a storage profile file (planner.data_schema)."""
+DEFAULT_KEYS = {
+    "schema_version": _VERSION,
+    "failure_rate_per_gpu_hour": _rate("Job interruptions caused by one GPU, per GPU-hour."),
+    "failure_rate_per_node_hour": _rate(
+        "Job interruptions caused by one node's other parts (host, network, software)."
+    ),
+    "restart_overhead_s": Field(
+        kind="number",
+        low=0,
+        low_open=True,
+        high=MAX_RESTART_S,
+        unit="s",
+        sourced=True,
+        doc="From a failure until training runs again, checkpoint read excluded.",
+    ),
+    "storage": Field(
+        kind="str", nonempty=True, sourced=True, doc="The default storage profile's name."
+    ),
+    "checkpoint": Field(
+        kind="str", allowed=CHECKPOINT_MODES, sourced=True, doc="The default save mode."
+    ),
+    "sources": _SOURCES,
 }
-_SOURCED = ("GBps", "rate", "seconds", "mode")
+"""Every key of storage_profiles/reliability_defaults.json (planner.data_schema)."""
+STORAGE = "storage profile"
+DEFAULTS = "reliability defaults"
 
 
 def available_storage() -> list[str]:
@@ -92,7 +135,8 @@ def load_storage(name_or_path: str) -> StorageProfile:
 
 def storage_from_dict(data: object, *, origin: str = "<dict>") -> StorageProfile:
     """Validate a decoded storage profile and build the record; `origin` names it in errors."""
-    _check(data, _STORAGE_KEYS, origin, "storage profile")
+    check_document(data, STORAGE_KEYS, origin, STORAGE)
+    check_sources(data, STORAGE_KEYS, origin, STORAGE, nulls=True)
     return StorageProfile(
         **{k: (float(v) if _is_number(v) else v) for k, v in data.items() if k != "schema_version"}
     )
@@ -105,11 +149,12 @@ def load_reliability_defaults() -> ReliabilityDefaults:
 
 
 def defaults_from_dict(data: object, *, origin: str = "<dict>") -> ReliabilityDefaults:
-    _check(data, _DEFAULT_KEYS, origin, "reliability defaults")
+    check_document(data, DEFAULT_KEYS, origin, DEFAULTS)
+    check_sources(data, DEFAULT_KEYS, origin, DEFAULTS)
     if data["storage"] not in available_storage():
-        _fail(
+        fail(
             origin,
-            "reliability defaults",
+            DEFAULTS,
             "storage",
             data["storage"],
             "one of " + ", ".join(available_storage()),
@@ -119,68 +164,5 @@ def defaults_from_dict(data: object, *, origin: str = "<dict>") -> ReliabilityDe
     )
 
 
-def _check(data: object, keys: dict[str, _Key], origin: str, what: str) -> None:
-    if not isinstance(data, dict):
-        _fail(origin, what, "<document>", data, "a JSON object")
-    unknown = sorted(set(data) - set(keys))
-    if unknown:
-        _fail(
-            origin,
-            what,
-            unknown[0],
-            data[unknown[0]],
-            "no such key; allowed keys: " + ", ".join(keys),
-        )
-    for key, spec in keys.items():
-        if key not in data:
-            raise ConfigError(
-                key, None, "present", message=f"{what} {origin}: missing required key {key!r}"
-            )
-        _check_value(origin, what, key, data[key], spec)
-    if data["schema_version"] != SCHEMA_VERSION:
-        _fail(origin, what, "schema_version", data["schema_version"], repr(SCHEMA_VERSION))
-    sources = data["sources"]
-    for key, spec in keys.items():
-        if spec.kind in _SOURCED and not (
-            isinstance(sources.get(key), str) and sources[key].strip()
-        ):
-            raise ConfigError(
-                f"sources.{key}",
-                None,
-                "a source for every value",
-                message=f"{what} {origin}: missing required key 'sources.{key}' (where the value "
-                f"of {key!r} comes from)",
-            )
-
-
-def _check_value(origin: str, what: str, key: str, value: object, spec: _Key) -> None:
-    if spec.kind == "str":
-        if not isinstance(value, str) or not value.strip():
-            _fail(origin, what, key, value, "a non-empty string")
-    elif spec.kind == "mode":
-        if value not in CHECKPOINT_MODES:
-            _fail(origin, what, key, value, "one of " + ", ".join(CHECKPOINT_MODES))
-    elif spec.kind == "sources":
-        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-            _fail(origin, what, key, value, "an object mapping keys to source descriptions")
-    else:
-        if value is None and spec.kind == "GBps":
-            return
-        if not _is_number(value) or not math.isfinite(value) or not 0 < value <= spec.high:
-            unit = {"GBps": "GB/s", "rate": "per hour", "seconds": "s"}[spec.kind]
-            allowed = f"a number > 0 and <= {spec.high:g} ({unit})" + (
-                ", or null (not a limit)" if spec.kind == "GBps" else ""
-            )
-            _fail(origin, what, key, value, allowed)
-
-
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _fail(origin: str, what: str, key: str, value: object, allowed: str) -> NoReturn:
-    shown = repr(value).replace("\n", " ")
-    shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    raise ConfigError(
-        key, value, allowed, message=f"{what} {origin}: {key}={shown} is invalid: allowed {allowed}"
-    )

@@ -1,8 +1,8 @@
 """The import contract (issue 29): layers import downward only, and no new import cycle appears.
 
 Layers, lowest first (a module may import its own layer and the ones below):
-0. core: errors, spec, parallel config, placement, run options, profile records, io, catalog,
-   progress lines;
+0. core: errors, the data-file schema, spec, parallel config, placement, run options, profile
+   records, io, catalog, progress lines;
 1. data: the hardware, framework and storage profile packages;
 2. cost formulas and step terms: cost_models;
 3. scoring and model sources: software, score, candidates, partition, the profilers, model readers;
@@ -31,6 +31,7 @@ PACKAGES = (
 
 CORE = (
     "planner.errors",
+    "planner.data_schema",
     "planner.spec",
     "planner.parallel",
     "planner.placement",
