@@ -387,47 +387,148 @@ def dp_reduction_parts(x, params_rank) -> tuple:
     return tuple(d + e for d, e in zip(dense, expert))
 
 
-def dp_comm_seconds(x, params_rank, last_backward_s, compute_s):
-    """Exposed data-parallel / ZeRO communication per step (Rajbhandari et al. 2020, Sec. 7):
-    - ZeRO 0-2: the gradients' all-reduce volume once per step (RS + AG for 1-2), bucket by bucket
-      under the last micro-batch's backward (`last_backward_s`); the last bucket cannot hide. ZeRO-2
-      keeps only a gradient shard, so with accumulation every other micro-batch reduce-scatters too
-      (m - 1 extra, each under its own backward).
-    - ZeRO-3: per micro-batch all-gather of the parameters forward and backward and reduce-scatter of
-      the gradients, hidden under the m micro-batches' compute (`compute_s`) except the last bucket.
-    `params_rank` is a cost_models.moe.RankParams: the dense parameters reduce over dp x cp and shard
-    over the shard group, the routed experts over the expert data-parallel group tp cp dp / (ep
-    expert_tp) (Megatron-Core's expert data-parallel group; its distributed optimizer shards expert
-    states over it), and both reductions run in the same backward.
-    Without overlap (framework or run) everything is exposed. Hidden traffic still costs
-    `overlap_interference` of its time (NCCL takes SMs and memory bandwidth). Tied embeddings split
-    over a pipeline add their first/last-stage gradient all-reduce after the backward."""
+def dp_chunks(x) -> np.ndarray:
+    """Model chunks per pipeline rank whose gradients reduce apart: v in the interleaved schedule
+    (Narayanan et al. 2021, Sec. 2.2.2), 1 otherwise (cost_models.timeline.simulate)."""
+    return np.where(x.is_schedule("interleaved-1f1b") & (x.v > 1), x.v, 1.0)
+
+
+def _first_rank_warmup(x, forwards) -> np.ndarray:
+    """Forwards pipeline rank 0 runs before its first backward: 1F1B p - 1 (Narayanan et al.
+    2021, Sec. 2.2.1), interleaved 2 (p - 1) + (v - 1) p (Sec. 2.2.2), GPipe all; at most all of
+    them, `forwards` (cost_models.timeline.warmup_forwards)."""
+    p, v = x.pp, dp_chunks(x)
+    warm = np.where(v > 1, 2.0 * (p - 1.0) + (v - 1.0) * p, p - 1.0)
+    return np.minimum(np.where(x.is_schedule("gpipe"), forwards, warm), forwards)
+
+
+def _step_reductions_exposed(x, once, buckets, backward_s, forward_s, compute_end_s, start_s):
+    """Exposed part of rank 0's gradient reductions with Megatron-Core's overlap_grad_reduce
+    (DistributedDataParallel: a bucket's collective starts when all its gradients of the last
+    micro-batch are ready; docs "distributed optimizer"), as the timeline drains them
+    (cost_models.timeline._dp_jobs, _drain): jobs of s = once / v seconds, each leaving in n
+    buckets evenly over a backward of one chunk b = backward_s / v, one per chunk after its last
+    backward (ZeRO 0-1), one after every backward (ZeRO-2 with accumulation). The FIFO stream ends
+    after the job k from the end at e_k + max(s - b (1 - 1/n), s / n) + k s (_drain: the k jobs
+    after it queue behind), e_k = T - D_k its backward's end, T the compute end. D_k is piecewise
+    linear in k, so the largest end is at a break:
+    - ZeRO 0-1, interleaved: chunk c's last backward ends c p b before T, and not before the
+      rank's first backward ends (its warm-up forwards, _first_rank_warmup, then micro-batch 0's
+      forward through the p stages and backward back, p F + p B / v): the last round's p
+      backwards of each chunk c - 1, .., 0 follow it, or with m < p the backward's way down the p
+      stages (Narayanan et al. 2021, Sec. 2.2.2). Read at c = 0 and v - 1. The v - 1 chunks' p b
+      are held to the rank's m v - 1 other backwards, so the hidden time grows no faster than the
+      m backwards that make it, and the step and the search's bound never fall as recomputation
+      lengthens the backward (with m < p it hides less than the timeline).
+    - ZeRO-2: m v jobs, the first after the rank's first backward, the last at T, spread over the
+      step between (its bubbles and sends included, as T holds them): read at the last and the
+      first.
+    And never before start_s + the stream's whole work (after the parameter gather that the
+    stream runs first with overlap_param_gather)."""
+    v = dp_chunks(x)
+    share, chunk_b = once / v, backward_s / v
+    last = np.maximum(share - chunk_b * (1.0 - 1.0 / buckets), share / buckets)
+    warm = _first_rank_warmup(x, x.m * v) * forward_s / v
+    first_end = np.maximum(warm, x.pp * forward_s) + x.pp * backward_s / v
+    cool_down = np.minimum(
+        np.minimum((v - 1.0) * x.pp, x.m * v - 1.0) * chunk_b,
+        np.maximum(0.0, compute_end_s - first_end),
+    )
+    chunks = np.maximum(0.0, (v - 1.0) * share - cool_down)
+    every = (x.zero == 2) & (x.m > 1)
+    jobs = np.where(every, x.m * v, v)
+    micro = np.maximum(0.0, first_end + (jobs - 1.0) * share - compute_end_s)
+    spread = np.where(every, micro, chunks)
+    return np.maximum(last + spread, start_s + jobs * share - compute_end_s)
+
+
+def _param_gather_gate_seconds(x, gather, buckets, forward_s):
+    """What the first forwards wait for their parameters with overlap_param_gather (Megatron-Core
+    --overlap-param-gather: the distributed optimizer's all-gather runs at the start of the next
+    step, bucket by bucket in the order the forward uses them): chunk c's first bucket is there at
+    c G/v + G/(v n) (cost_models.timeline._gather_gates) and rank 0 starts that chunk's forwards
+    after the first round's q0 = min(p, m) forwards of each chunk before it, q0 f each (f =
+    forward_s / v), so the rank waits G/(v n), then c (G/v - q0 f) more where the gather runs
+    ahead of the forwards."""
+    v = dp_chunks(x)
+    first_round = np.minimum(x.pp, x.m)
+    behind = (v - 1.0) * np.maximum(0.0, (gather - first_round * forward_s) / v)
+    return gather / (v * buckets) + behind
+
+
+def _step_collectives_seconds(x, parts, buckets, backward_s, forward_s, compute_end_s):
+    """(total, exposed, gather wait) seconds of ZeRO 0-2's collectives of a step, as the timeline's
+    RankWork holds them (cost_models.timeline.rank_work): all-reduce for ZeRO-0 and
+    BF16_Optimizer, reduce-scatter (every micro-batch's under ZeRO-2) and all-gather for ZeRO 1-2,
+    the all-gather after BF16_Optimizer's step too."""
+    allreduce, rs, gather = parts
+    bf16 = x.sw.bf16_optimizer
+    once = np.where((x.zero == 0) | bf16, allreduce, rs)
+    step_gather = np.where((x.zero >= 1) | bf16, gather, 0.0)
+    overlap = x.sw.overlap_grad_reduce
+    early = overlap and x.sw.overlap_param_gather and not bf16
+    reductions = np.where((x.zero == 2) & (x.m > 1), x.m, 1.0) * once
+    shown = reductions
+    if overlap:
+        start_s = step_gather if early else 0.0
+        shown = _step_reductions_exposed(
+            x, once, buckets, backward_s, forward_s, compute_end_s, start_s
+        )
+    if not early:
+        return reductions + step_gather, shown + step_gather, 0.0
+    gate = _param_gather_gate_seconds(x, step_gather, buckets, forward_s)
+    return reductions + step_gather, shown, gate
+
+
+def dp_comm_seconds(
+    x, params_rank, last_backward_s, compute_s, *, forward_s=0.0, compute_end_s=None
+):
+    """Exposed data-parallel / ZeRO communication per step (Rajbhandari et al. 2020, Sec. 7), by
+    the mechanism the simulated step runs (cost_models.timeline: rank_work, _rank_span) on the
+    rank with the most parameters (`params_rank`, a cost_models.moe.RankParams) and the most
+    blocks (`last_backward_s`, `forward_s`: one micro-batch's backward and forward there):
+    - ZeRO-0 (and DeepSpeed's BF16_Optimizer) all-reduce the gradients once per step, ZeRO 1-2
+      reduce-scatter them (Megatron-Core's distributed optimizer; with several instances, HSDP,
+      the shard's all-reduce over the replicas follows in the same bucket on the same stream,
+      param_and_grad_buffer.py start_grad_sync) and all-gather the updated parameters; ZeRO-2
+      keeps only a gradient shard, so with accumulation every micro-batch reduce-scatters. With
+      overlap_grad_reduce they leave bucket by bucket under the backwards
+      (_step_reductions_exposed); without it, all after the backward.
+    - the parameter all-gather: with overlap_param_gather under the next step's forward, its first
+      bucket waited for (_param_gather_gate_seconds); without it after the optimizer step, as
+      BF16_Optimizer's from the owners (bf16_optimizer.py step: all_gather_dp_groups).
+    - ZeRO-3: per micro-batch all-gather of the parameters forward and backward and reduce-scatter
+      of the gradients, hidden under the m micro-batches' compute (`compute_s`) except the last
+      bucket.
+    The dense parameters reduce over dp x cp and shard over the shard group, the routed experts
+    over the expert data-parallel group tp cp dp / (ep expert_tp) (Megatron-Core's expert
+    data-parallel group), both in the same backward. Hidden traffic still costs
+    `overlap_interference` of its time (NCCL takes SMs and memory bandwidth). `compute_end_s`, the
+    rank's compute end (compute_s without it), bounds a reduction longer than the whole step.
+    Tied embeddings split over a pipeline add their first/last-stage gradient all-reduce after the
+    backward."""
     s = x.sw.state_bytes(x.precision)
     grad_bytes = params_rank.total * s.reduce
     allreduce, rs, gather = dp_reduction_parts(x, params_rank)
-    tail = np.minimum(1.0, DDP_BUCKET_BYTES / np.maximum(grad_bytes, 1.0))
-    overlap = x.sw.overlap_grad_reduce
-
-    def exposed(t, under):
-        return np.maximum(t - (1 - tail) * under, tail * t) if overlap else t
-
-    extra_rs = np.where((x.zero == 2) & (x.m > 1), x.m - 1.0, 0.0)
-    # DeepSpeed's BF16_Optimizer all-reduces the whole gradient, then all-gathers the updated parameters from
-    # their owners after the step (bf16_optimizer.py step: all_gather_dp_groups): one all-gather more than ZeRO-1
-    after_step = np.where(x.sw.bf16_optimizer, gather, 0.0)
-    low_total = allreduce + extra_rs * rs + after_step
-    low_exposed = (
-        exposed(allreduce, last_backward_s) + extra_rs * exposed(rs, last_backward_s) + after_step
+    low_total, low_shown, gate = _step_collectives_seconds(
+        x,
+        (allreduce, rs, gather),
+        np.maximum(1.0, np.ceil(grad_bytes / dp_chunks(x) / DDP_BUCKET_BYTES)),
+        last_backward_s,
+        forward_s,
+        compute_s if compute_end_s is None else compute_end_s,
     )
+    tail = np.minimum(1.0, DDP_BUCKET_BYTES / np.maximum(grad_bytes, 1.0))
     z3_total = x.m * (2.0 * gather + rs)
-    z3_exposed = (
+    z3_shown = (
         np.maximum(z3_total - compute_s, tail * rs)
-        if overlap
+        if x.sw.overlap_grad_reduce
         else x.m * rs + np.maximum(0.0, x.m * 2.0 * gather - compute_s)
     )
     total = np.where(x.zero >= 3, z3_total, low_total)
-    shown = np.where(x.zero >= 3, z3_exposed, low_exposed)
+    shown = np.where(x.zero >= 3, z3_shown, low_shown)
     out = shown + eff(x.hw, "overlap_interference") * (total - shown)
+    out = out + np.where(x.zero >= 3, 0.0, gate)  # the gather hides, the forward waits
     if x.spec.tied_embeddings:
         # DeepSpeed's PipelineEngine all-reduces the tied weight's fp32 gradient under BF16_Optimizer
         # (weight._hp_grad; pipe/engine.py _exec_reduce_tied_grads, v0.6.5), the 16-bit .grad otherwise

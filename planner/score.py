@@ -282,14 +282,17 @@ def score(
     busy, bubble = PL.schedule_seconds(x, stage)
     params_first = MO.rank_params(x, x.blocks_first, True, x.single_stage)
     params_rank = params_first.higher(MO.rank_params(x, x.blocks_last, x.single_stage, True))
+    hop = C.pp_hop_seconds(x)
+    pp_p2p = C.pp_p2p_seconds(x, hop)
+    forward_s = _block_forward_seconds(x, block, tp, cp_s, ep, ep_s)
     dp_comm = C.dp_comm_seconds(
         x,
         params_rank,
         last_backward_s=x.blocks_most * (block.bwd + block.recompute + tp.bwd + tp.recompute),
         compute_s=x.m * x.blocks_most * block.total,
+        forward_s=x.blocks_most * forward_s,
+        compute_end_s=busy + bubble + pp_p2p,
     )
-    hop = C.pp_hop_seconds(x)
-    pp_p2p = C.pp_p2p_seconds(x, hop)
     bubble_bound, pp_p2p_bound, dp_bound = _pipeline_bounds(
         x,
         cands,
@@ -299,7 +302,7 @@ def score(
         hop,
         dp_comm,
         params_first,
-        forward_s=_block_forward_seconds(x, block, tp, cp_s, ep, ep_s),
+        forward_s=forward_s,
         second_compute_s=x.blocks_second * (block.fwd + block.bwd),
         per_block_s=block.total + tp_exposed + cp_s + ep_s,
         recompute_s=block.recompute + tp.recompute + ep.recompute,
