@@ -196,6 +196,15 @@ class Capabilities:
             "--recompute-num-layers; torch's checkpoint_wrapper on chosen blocks)."
         ),
     )
+    attention_kernels: tuple[str, ...] = capability(
+        ATTENTION_KERNELS,
+        means=(
+            "Attention kernel families the stack can run (ATTENTION_KERNELS; the run option "
+            "`attention`, the framework's default and a model config's choice are refused "
+            "outside it): every family unless the profile lists fewer."
+        ),
+        vocab=ATTENTION_KERNELS,
+    )
     moe_dispatchers: tuple[str, ...] = capability(
         ("alltoall",),
         means=(

@@ -10,10 +10,13 @@ import statistics
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from cost_models.compute import attention_efficiency, flash_attention_seconds
 from hardware_profiles import load_profile
 from planner.catalog import get
+from planner.cli import app
+from planner.errors import ConfigError
 from planner.estimate import estimate
 from planner.parallel import ParallelConfig
 from planner.run_options import RunOptions
@@ -107,3 +110,35 @@ def test_a_fa1_estimate_spends_the_measured_ratio_more_attention_time():
     extra_s = steps["flash1"].step_time_s - steps["flash"].step_time_s
     expected = fa2_attention_s * (1 / measured_ratio(True, 128, seq) - 1)
     assert extra_s == pytest.approx(expected, rel=0.03)
+
+
+def test_torchtitan_refuses_flash1_in_one_line_and_the_2022_stacks_cost_it():
+    # torchtitan runs PyTorch >= 2.3's SDPA (FlashAttention-2 since 2.2); Megatron-LM and
+    # Megatron-DeepSpeed --use-flash-attn (2023) and PyTorch 2.0-2.1's SDPA ran FlashAttention-1
+    flash1 = RunOptions(attention="flash1")
+    cfg = dict(dp=8, tp=1, pp=1, micro_batch=1, global_batch=8, seq=2048, recompute="none")
+    with pytest.raises(ConfigError, match="framework torchtitan cannot run this plan: attention="):
+        estimate(
+            "llama2-7b",
+            "p4d.24xlarge",
+            ParallelConfig(**cfg, framework="torchtitan"),
+            gpus=8,
+            options=flash1,
+        )
+    for stack in ("megatron", "deepspeed", "fsdp"):
+        plan = ParallelConfig(**cfg, framework=stack)
+        assert estimate("llama2-7b", "p4d.24xlarge", plan, gpus=8, options=flash1).step_time_s > 0
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--attention", "flash9"], "one of fused, flash, flash1, sdpa, triton, unfused"),
+        (["--attention", "flash1", "--framework", "torchtitan"], "torchtitan cannot run"),
+    ],
+)
+def test_estimate_refuses_an_unknown_or_unrunnable_attention_in_one_line(argv, needle):
+    args = ["estimate", "llama2-7b", "--hardware", "p4d.24xlarge", "--gpus", "8", *argv]
+    result = CliRunner().invoke(app, args)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and needle in lines[0], result.output
