@@ -33,6 +33,7 @@ STACK_FILES = ("megatron", "torchtitan", "fsdp", "deepspeed")
 ATTENTION = {
     "cudnn": "fused",
     "flash": None,
+    "flash1": "flash1",
     "sdpa": "sdpa",
     "triton": "triton",
     "unfused": "unfused",

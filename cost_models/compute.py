@@ -214,14 +214,43 @@ fitted to its published runs (benchmarks/calibrate_frameworks.py)."""
 ATTENTION_SEQ_HALF_SCALE = {"triton": 0.5}
 """The Triton kernel reaches half its rate at half FlashAttention-2's length (causal: 0.63 of its 16k rate
 at 512 tokens vs FlashAttention-2's 0.52; same figure)."""
+ATTENTION_EFFICIENCY_KEY["flash1"] = "flash_attention_efficiency"
+ATTENTION_HEAD_DIM_HALF["flash1"] = ATTENTION_HEAD_DIM_HALF["flash"]
+FLASH1_RELATIVE = {(64, False): 0.625, (64, True): 0.567, (128, False): 0.409, (128, True): 0.439}
+"""FlashAttention-1 (Dao et al. 2022) over FlashAttention-2 (Dao 2023), forward + backward at the
+same sequence length, head dim and causality, by (FlashAttention-1's kernel template, causal): v1
+compiles one kernel for head dims <= 64 and one for 65-128 (flash-attn 1.0.x
+csrc/flash_attn/fmha_api.cpp, run_fmha_fwd: d <= 32, <= 64, <= 128), so a head dim runs at its
+template's rate. Measured at 16k tokens, the longest, in FlashAttention-2's README benchmark on
+A100 (Dao 2023 Fig. 4; validation/kernels/attention.json, fa2-readme-a100, kernels
+flash_attention_1 / flash_attention_2, TFLOP/s): d 64: 110/176 non-causal, 97/171 causal; d 128:
+83/203 non-causal, 83/189 causal. The H100 figure (Dao 2023 Fig. 7, fa2-readme-h100) gives the
+same ratios within 10% (0.568, 0.549; 0.411, 0.418)."""
+ATTENTION_SEQ_HALF_SCALE["flash1"] = 0.62
+"""FlashAttention-1 reaches half its rate at 0.62 of FlashAttention-2's length: s_half from the
+512- and 16k-token bars of each curve, x = e_16k / e_512, s_half = 512 (x - 1) / (1 - x / 32)
+(the curve e_max s / (s + s_half) through both points), FA1's over FA2's on the A100
+panels where both 512-token bars are printed (fa2-readme-a100): non-causal d 64 111/178 = 0.62,
+causal d 64 363/514 = 0.71, causal d 128 274/495 = 0.55; the median, 0.62."""
+
+
+def relative_rate(hw: HardwareProfile, kernel: str, d_head, *, causal: bool):
+    """A kernel's long-sequence rate over FlashAttention-2's (1 for a kernel with an efficiency key
+    of its own): the profile's key (ATTENTION_RELATIVE_KEY) or FlashAttention-1's measured ratio
+    for its head-dim template and causality (FLASH1_RELATIVE)."""
+    if kernel == "flash1":
+        small, large = (FLASH1_RELATIVE[(t, bool(causal))] for t in (64, 128))
+        return np.where(np.asarray(d_head, dtype=float) <= 64, small, large)
+    return eff(hw, ATTENTION_RELATIVE_KEY[kernel]) if kernel in ATTENTION_RELATIVE_KEY else 1.0
 
 
 def attention_efficiency(hw: HardwareProfile, kernel: str, seq, d_head, *, causal: bool):
     """Fraction of the dense peak a fused attention kernel reaches (forward + backward FLOPs):
 
-        e = e_max(kernel) x [d / (d + d0)] / [128 / (128 + d0)] x s / (s + s_half)
+        e = e_max(kernel) x r x [d / (d + d0)] / [128 / (128 + d0)] x s / (s + s_half)
 
     e_max the profile's long-sequence efficiency of the kernel at head dim 128 (ATTENTION_EFFICIENCY_KEY),
+    r its rate relative to that key's kernel (relative_rate; 1 for most),
     d0 the kernel's head-dim constant, s the length of the query block a rank processes and s_half
     (`attention_seq_half_tokens`, causal: `attention_seq_half_causal_tokens`) where half of e_max is
     reached: a per-row overhead that long sequences amortize. Fitted to the FlashAttention-2/3 and
@@ -232,9 +261,9 @@ def attention_efficiency(hw: HardwareProfile, kernel: str, seq, d_head, *, causa
     half = eff(
         hw, "attention_seq_half_causal_tokens" if causal else "attention_seq_half_tokens"
     ) * ATTENTION_SEQ_HALF_SCALE.get(kernel, 1.0)
-    e_max = eff(hw, ATTENTION_EFFICIENCY_KEY[kernel])
-    if kernel in ATTENTION_RELATIVE_KEY:
-        e_max = e_max * eff(hw, ATTENTION_RELATIVE_KEY[kernel])
+    e_max = eff(hw, ATTENTION_EFFICIENCY_KEY[kernel]) * relative_rate(
+        hw, kernel, d_head, causal=causal
+    )
     return e_max * (d / (d + d0)) * ((128.0 + d0) / 128.0) * s / (s + half)
 
 

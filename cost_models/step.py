@@ -51,7 +51,8 @@ class Software:
 
     framework: FrameworkProfile
     attention: str
-    """Attention kernel family: fused, flash, sdpa or unfused (frameworks.ATTENTION_KERNELS)."""
+    """Attention kernel family: fused, flash, flash1, sdpa, triton or unfused
+    (frameworks.ATTENTION_KERNELS)."""
     dropout: bool
     """Dropout layers active (masks saved, extra kernels)."""
     overlap_grad_reduce: bool
@@ -201,8 +202,8 @@ def attention_kernel(attention: str, precision: str, spec: TransformerSpec) -> s
     materializes the scores and repeats K and V."""
     if attention == "unfused":
         return "math"
-    if attention == "triton" and precision == "fp32":
-        return "math"  # the Triton kernel takes 16-bit inputs only
+    if attention in ("triton", "flash1") and precision == "fp32":
+        return "math"  # the Triton kernel and FlashAttention-1 take 16-bit inputs only
     if attention == "sdpa":
         if precision == "fp32":
             return "math" if spec.n_kv_heads < spec.heads else "mem_efficient"

@@ -182,6 +182,13 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         for precision, block in data["state_bytes"].items()
     }
     caps = _capabilities(data["capabilities"], origin)
+    if data["attention"] not in caps.attention_kernels:
+        _fail(
+            origin,
+            "attention",
+            data["attention"],
+            "one of capabilities.attention_kernels (" + ", ".join(caps.attention_kernels) + ")",
+        )
     if data.get("moe_dispatcher", MOE_DISPATCHERS[0]) not in caps.moe_dispatchers:
         _fail(
             origin,

@@ -15,13 +15,16 @@ KERNELS = ("fused", "eager", "torch")
 """Block implementations of cost_models.blocks: fused (Megatron / Transformer Engine kernels), eager
 (Hugging Face modules in PyTorch eager), torch (plain PyTorch modules as torchtitan and this project's
 executor write them)."""
-ATTENTION_KERNELS = ("fused", "flash", "sdpa", "triton", "unfused")
-"""fused: cuDNN / FlashAttention-3-class fused attention (Transformer Engine's DotProductAttention on
-Hopper and newer); flash: FlashAttention-2 (flash-attn, Megatron-DeepSpeed --use-flash-attn-v2);
-sdpa: torch.nn.functional.scaled_dot_product_attention, which picks FlashAttention-2 for 16-bit inputs
-and the memory-efficient or the math kernel for fp32 (cost_models.step.attention_kernel); triton: the
-2022-23 Triton FlashAttention (flash_attn_triton, llm-foundry's attn_impl 'triton'); unfused:
-materialized scores (Megatron-LM 2021-22, Hugging Face attn_implementation 'eager')."""
+ATTENTION_KERNELS = ("fused", "flash", "flash1", "sdpa", "triton", "unfused")
+"""By generation: fused: cuDNN / FlashAttention-3-class fused attention (Shah et al. 2024;
+Transformer Engine's DotProductAttention on Hopper and newer); flash: FlashAttention-2 (Dao 2023;
+flash-attn 2.x, Megatron-DeepSpeed --use-flash-attn-v2); flash1: FlashAttention-1 (Dao et al.
+2022; flash-attn 0.x-1.x, Megatron-LM and Megatron-DeepSpeed --use-flash-attn of 2023, PyTorch
+2.0-2.1's SDPA flash kernel); sdpa: torch.nn.functional.scaled_dot_product_attention, which picks
+FlashAttention-2 for 16-bit inputs and the memory-efficient or the math kernel for fp32
+(cost_models.step.attention_kernel); triton: the 2022-23 Triton FlashAttention
+(flash_attn_triton, llm-foundry's attn_impl 'triton'); unfused: materialized scores (Megatron-LM
+2021-22, Hugging Face attn_implementation 'eager')."""
 LOSS_KERNELS = ("vocab_parallel", "upcast", "fused", "native", "inplace")
 """How the cross-entropy is computed (cost_models.blocks.head_table): vocab_parallel: Megatron's
 vocab-parallel cross-entropy on fp32 logits; upcast: torch's cross_entropy on logits cast to fp32
@@ -193,6 +196,15 @@ class Capabilities:
             "(ParallelConfig.recompute_layers: Megatron-Core's --recompute-method block "
             "--recompute-num-layers; torch's checkpoint_wrapper on chosen blocks)."
         ),
+    )
+    attention_kernels: tuple[str, ...] = capability(
+        ATTENTION_KERNELS,
+        means=(
+            "Attention kernel families the stack can run (ATTENTION_KERNELS; the run option "
+            "`attention`, the framework's default and a model config's choice are refused "
+            "outside it): every family unless the profile lists fewer."
+        ),
+        vocab=ATTENTION_KERNELS,
     )
     moe_dispatchers: tuple[str, ...] = capability(
         ("alltoall",),

@@ -156,6 +156,15 @@ def _check_values(o: RunOptions) -> None:
 
 def _check_runnable_options(fw: FrameworkProfile, o: RunOptions) -> None:
     """ConfigError (one line) for an option the framework `fw` cannot run."""
+    kernels = fw.capabilities.attention_kernels
+    if o.attention is not None and o.attention not in kernels:
+        raise ConfigError(
+            "attention",
+            o.attention,
+            "one of " + ", ".join(kernels),
+            message=f"framework {fw.name} cannot run this plan: attention={o.attention}: "
+            f"{fw.name} runs {', '.join(kernels)}",
+        )
     if o.master_weights == "remainder" and not fw.capabilities.master_remainders:
         raise ConfigError(
             "master_weights",

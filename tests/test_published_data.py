@@ -102,7 +102,7 @@ ENUMS = {
     "schedule": {"1f1b", "interleaved-1f1b", "gpipe", "zero-bubble", None},
     "recompute": {"none", "selective", "full"},
     "precision": {"amp-bf16", "bf16", "amp-fp16", "fp8"},
-    "attention": {"flash", "sdpa", "triton", "unfused", "cudnn", None},
+    "attention": {"flash", "flash1", "sdpa", "triton", "unfused", "cudnn", None},
     "offload": {"none", "optimizer", "params", "activations"},
     "memory_kind": {"allocated", "reserved", "nvidia-smi", None},
 }

@@ -88,7 +88,9 @@ AttentionOpt = Annotated[
     Optional[str],
     typer.Option(
         "--attention",
-        help="Attention kernel: fused, flash, sdpa, triton or unfused (default: the model's config, else the framework's).",
+        help="Attention kernel: fused (FlashAttention-3 / cuDNN), flash (FlashAttention-2), flash1 "
+        "(FlashAttention-1), sdpa, triton or unfused (default: the model's config, else the "
+        "framework's).",
     ),
 ]
 DropoutOpt = Annotated[
