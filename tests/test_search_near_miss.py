@@ -12,6 +12,8 @@ from dataclasses import replace
 import pytest
 
 from planner.candidates import SearchSpace
+from planner.commands.plan_table import table_lines
+from planner.commands.recommend import summary_lines
 from planner.errors import NoFitError
 from planner.estimate import estimate
 from planner.parallel import ParallelConfig
@@ -59,6 +61,11 @@ def test_an_uneven_split_fits_where_no_even_split_does_and_is_picked():
     assert stages[0] < even_split(BLOCKS, len(stages))[0]
     assert rec.best["prediction"]["memory"]["fits"]
     assert rec.to_document()["search"]["near_misses_fit"] == rec.stats.near_misses_fit
+    # the CLI shows the split (the wide table's stages column) and what the re-splitting did
+    assert any("uneven" in line for line in table_lines([rec.best], wide=True, width=None))
+    line = f"re-split {rec.stats.near_misses_resplit} plan(s) over memory at even stages: "
+    lines = summary_lines(rec, price_per_hour=None, spot=False)
+    assert line + f"{rec.stats.near_misses_fit} fit with uneven stages" in lines
 
 
 def test_no_split_fits_adds_nothing_and_the_no_fit_error_says_so():
