@@ -7,10 +7,13 @@ What is covered. The main pass scores every candidate whose time bound is below 
 threshold, which only falls (planner.search's docstring), so every plan whose even-split step is
 below the `leaders`-th fitting step was scored, fitting or not, except the sequence-parallel-off
 twins of plans that miss with it on (they never need less memory). Of those scored plans with
-pp > 1 on a framework that runs uneven stages (capabilities.uneven_stages), and that miss by no more
-than `recoverable_peak_bytes`, the NEAR_MISS_TOP fastest by their even-split closed-form step
-(distinct up to the placement, which stage_problem does not read) are re-split. A slower near-miss
-is not tried; a plan whose miss exceeds the bound cannot fit under any contiguous split.
+pp > 1 on a framework that runs uneven stages (capabilities.uneven_stages), fastest by their
+even-split closed-form step first and distinct up to the placement (which stage_problem does not
+read), the ones whose miss the binding rank can shed (`recoverable_peak_bytes`) and whose other
+ranks have room for what is shed (`spare_blocks`, on estimate()'s memory of every rank) are
+re-split, at most NEAR_MISS_TOP of the first NEAR_MISS_EVEN_ESTIMATES that pass the first bound.
+Both bounds take a rank's bytes as linear in its blocks at stage_problem's per-block bytes; a plan
+they exclude cannot fit under any contiguous split in that model. A slower near-miss is not tried.
 """
 
 from __future__ import annotations
