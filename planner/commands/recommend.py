@@ -519,6 +519,11 @@ def summary_lines(rec, *, price_per_hour: float | None, spot: bool) -> list[str]
         f"({s.feasible:,} fit; not scored: {s.pruned_by_memory_bound:,} below a memory bound, "
         f"{s.pruned_by_time_bound:,} above a time bound)"
     ]
+    if s.near_misses_resplit:
+        lines.append(
+            f"re-split {s.near_misses_resplit} plan(s) over memory at even stages: "
+            f"{s.near_misses_fit} fit with uneven stages"
+        )
     tried = s.values_tried
     if tried:
         lines.append(

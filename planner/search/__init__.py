@@ -4,7 +4,8 @@ Pipeline (docs/style.md's one-way flow): candidates (planner.candidates: dp x tp
 dp_shard, ep, schedule, ZeRO, offload, micro-batch, recompute, sequence parallelism, placement) ->
 best-first branch and bound over "shapes" with time and memory lower bounds -> vectorized scores
 (planner.score.score, numpy over arrays) -> ranking by the objective -> uneven stages for the leaders
-(planner.partition) re-scored with the scalar `estimate()` -> plan documents.
+(planner.partition) re-scored with the scalar `estimate()` -> near-miss plans (an even split over the
+memory) re-split under a memory cap, joining the ranking when estimate() says they fit -> plan documents.
 
 Bounds (`_BranchAndBound`; the premises are checked on the real scorer in tests/test_search.py). A row is a
 skeleton (SKELETON_FIELDS) with a micro-batch; a group is a row with a placement and a sequence-parallel
@@ -49,6 +50,8 @@ Modules (each imports only those above it):
 - no_fit: the errors of a search that ranks nothing;
 - documents: cost and goodput of the leaders' documents, their ranking, cp_versus and ep_versus;
 - refine: uneven stages and fewer recomputed blocks for the leaders (Refiner);
+- near_miss: the plans whose even split misses the memory re-split under a memory cap (near_misses;
+  its docstring states the set of plans covered);
 - pipeline: recommend(), the orchestration.
 """
 

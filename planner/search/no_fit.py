@@ -10,14 +10,16 @@ import numpy as np
 from planner.candidates import SearchSpace
 from planner.errors import ConfigError, NoFitError, PlannerError
 from planner.search.request import Setup
-from planner.search.results import ScoredSpace
+from planner.search.results import NearMisses, ScoredSpace
 from planner.search.space import Workload
 from hardware_profiles import available_profiles, load_profile
 
 
-def unranked_error(scored: ScoredSpace, setup: Setup) -> PlannerError:
+def unranked_error(
+    scored: ScoredSpace, setup: Setup, near: NearMisses = NearMisses()
+) -> PlannerError:
     """Why a search ranks no candidate: some fit but none has a finite step (non_finite_error), or
-    none fits (no_fit_error)."""
+    none fits, not even re-split unevenly (no_fit_error with `near`)."""
     if np.any(scored.fits):
         return non_finite_error(scored, setup.hardware)
     return no_fit_error(
@@ -27,6 +29,7 @@ def unranked_error(scored: ScoredSpace, setup: Setup) -> PlannerError:
         workload=setup.workload,
         space=setup.space,
         held=setup.held,
+        near=near,
     )
 
 
@@ -38,9 +41,11 @@ def no_fit_error(
     workload: Workload,
     space: SearchSpace,
     held: dict[str, str] | None = None,
+    near: NearMisses = NearMisses(),
 ) -> NoFitError:
     """How far the leanest candidate misses and what would make one fit (exit 3). `held` names the run option
-    that kept a knob out of the search (e.g. full recompute: moe_a2a_overlap), where it was not the framework."""
+    that kept a knob out of the search (e.g. full recompute: moe_a2a_overlap), where it was not the framework;
+    `near`, the near-miss plans re-split unevenly that still missed (planner.search.near_miss)."""
     i = int(np.argmin(scored.leanest_needed_bytes))
     need = float(scored.leanest_needed_bytes[i])
     cap = scored.capacity_bytes
@@ -81,7 +86,24 @@ def no_fit_error(
     return NoFitError(
         f"no plan fits in {cap / 2**30:.1f} GiB per GPU on {world_size} x {hardware.name}: the leanest candidate "
         f"({tried}) needs {need / 2**30:.1f} GiB, {(need - cap) / 2**30:.1f} GiB ({need / cap - 1:.0%}) too much; "
-        f"it would fit with " + "; or ".join(fixes)
+        + _uneven_tried(near)
+        + "it would fit with "
+        + "; or ".join(fixes)
+    )
+
+
+def _uneven_tried(near: NearMisses) -> str:
+    """The clause on the uneven stage splits tried (empty when none was): how many near-miss plans
+    were re-split and, of the splits that still missed, the one that needs least."""
+    if not near.resplit:
+        return ""
+    plans = f"{near.resplit} near-miss plan{'s' if near.resplit > 1 else ''}"
+    if near.closest is None:
+        return f"no uneven stage split of {plans} fits under the cap; "
+    plan, memory = near.closest["plan"], near.closest["prediction"]["memory"]
+    return (
+        f"an uneven stage split of {plans} still missed (closest: dp={plan['dp']} tp={plan['tp']} "
+        f"pp={plan['pp']} stages={plan['stages']} needs {memory['needed_bytes'] / 2**30:.1f} GiB); "
     )
 
 

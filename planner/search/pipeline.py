@@ -9,6 +9,7 @@ from dataclasses import replace
 from planner.search.bounds import Admission
 from planner.search.branch_and_bound import score_space
 from planner.search.documents import _cp_versus, _ep_versus, key_numbers, ranked_documents
+from planner.search.near_miss import entry_threshold_s, near_misses
 from planner.search.no_fit import unranked_error
 from planner.search.overlaps import FreeOverlapScorer, search_scoring, settled, turned_on
 from planner.search.refine import Refiner
@@ -46,17 +47,20 @@ def recommend(model, hardware, request: SearchRequest | None = None, **fields) -
     )
     scored = settled(scored, setup, score_fn)
     order = rank(scored, request.objective)
-    if len(order) == 0:
-        raise unranked_error(scored, setup)
     refiner = Refiner(setup, scored.capacity_bytes)
+    threshold = entry_threshold_s(scored, order, request.objective, request.leaders)
+    near = near_misses(scored, setup, refiner, threshold)
+    if len(order) == 0 and not near.documents:
+        raise unranked_error(scored, setup, near)
     leaders = [setup.workload.config(scored.arrays, int(i)) for i in order[: request.leaders]]
     documents = [refiner.document(cfg, n < request.refine) for n, cfg in enumerate(leaders)]
-    documented = list(zip(order[: len(leaders)], documents))
+    documented = list(zip(order[: len(leaders)], documents)) + list(zip(near.rows, near.documents))
+    documents += near.documents
     ranked = ranked_documents(documents, setup)
     ties = ties_of(ranked, request.objective)
     documents, ties = ranked_by_preference(ranked, ties, request.prefer)
     searched = (software, score_fn)
-    summary = _summary(setup, scored, searched, refiner, documents, documented, ties)
+    summary = _summary(setup, scored, searched, (refiner, near), documents, documented, ties)
     summary = replace(summary, stats=replace(summary.stats, seconds=time.perf_counter() - t0))
     alternatives = [key_numbers(d) for d in documents[1:]]
     best = {**documents[0], "alternatives": alternatives, "search": summary.to_dict()}
@@ -69,10 +73,12 @@ def recommend(model, hardware, request: SearchRequest | None = None, **fields) -
     )
 
 
-def _summary(setup, scored, searched, refiner, documents, documented, ties) -> SearchSummary:
+def _summary(setup, scored, searched, refined, documents, documented, ties) -> SearchSummary:
     """The winner's `search` section: why its cp and ep classes (against the best plan of each
-    other class), the search's statistics, the overlaps it turned on and the near-ties."""
+    other class), the search's statistics (with the leaders refined and the near-miss plans
+    re-split: planner.search.near_miss), the overlaps it turned on and the near-ties."""
     request, workload = setup.request, setup.workload
+    refiner, near = refined
     software, score_fn = searched  # what the search scored with (planner.search.overlaps)
     versus = _cp_versus(
         scored,
@@ -93,6 +99,8 @@ def _summary(setup, scored, searched, refiner, documents, documented, ties) -> S
     stats = replace(
         scored.stats,
         refined=refiner.refined,
+        near_misses_resplit=near.resplit,
+        near_misses_fit=near.fit,
         held=held_dimensions(setup.software.framework, setup.model),
         free_overlaps=setup.free_overlaps,
         turned_on=tuple(turned_on(documents[0], setup.free_overlaps)),

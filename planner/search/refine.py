@@ -195,6 +195,10 @@ class Refiner:
         without = plan_options(s.options, free, cfg, s.model)
         return doc if without == options else self._document(cfg, without)
 
+    def plan_document(self, cfg: ParallelConfig) -> dict:
+        """estimate()'s plan document of cfg as the leaders' are made (`_estimate`), unrefined."""
+        return self._estimate(cfg)
+
     def _document(self, cfg: ParallelConfig, options) -> dict:
         s = self.setup
         return self.estimate_fn(

@@ -36,6 +36,10 @@ class SearchStats:
     """Leanest completions scored for the bounds."""
     refined: int = 0
     """Leading candidates re-split into uneven stages and re-scored with estimate()."""
+    near_misses_resplit: int = 0
+    """Plans whose even split misses the memory re-split under a memory cap (search.near_miss)."""
+    near_misses_fit: int = 0
+    """Of those, the plans that then fit and joined the ranking with their uneven stages."""
     rejected: Mapping[str, int] = field(default_factory=dict)
     """Combinations outside the rules, by reason."""
     values_tried: Mapping[str, list] = field(default_factory=dict)
@@ -63,6 +67,8 @@ class SearchStats:
             "pruned_by_time_bound": self.pruned_by_time_bound,
             "bound_evaluations": self.bound_evaluations,
             "refined": self.refined,
+            "near_misses_resplit": self.near_misses_resplit,
+            "near_misses_fit": self.near_misses_fit,
             "rejected": dict(self.rejected),
             "values_tried": {k: list(v) for k, v in self.values_tried.items()},
             **({"held": dict(self.held)} if self.held else {}),
@@ -197,6 +203,24 @@ class ScoredSpace:
         )
         columns["fits"] = np.asarray(self.fits, dtype=bool)
         return pd.DataFrame(columns)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NearMisses:
+    """What the re-splitting of the near-miss plans gave."""
+
+    documents: tuple[dict, ...] = ()
+    """estimate()'s plan documents of the re-split plans that fit, with their uneven `stages`."""
+    rows: tuple[int, ...] = ()
+    """Each document's row in the scored arrays (its even-split twin)."""
+    resplit: int = 0
+    """Near-miss plans re-split under a memory cap (SearchStats.near_misses_resplit)."""
+    closest: dict | None = None
+    """Of the splits that still missed, the one that needs least (what the no-fit message cites)."""
+
+    @property
+    def fit(self) -> int:
+        return len(self.documents)
 
 
 def rank(scored: ScoredSpace, objective: str) -> np.ndarray:
