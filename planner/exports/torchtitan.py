@@ -95,59 +95,76 @@ def to_torchtitan(plan: Plan) -> Export:
     cfg, spec, notes = plan.config, require_spec(plan, "torchtitan"), []
     family = torchtitan_family(spec)
     flavor = _flavor(spec) if family == "llama3" else None
-    # torchtitan 0.3.0 (trainer.py): each accumulation step runs local_batch_size sequences per
-    # data-parallel
-    # rank, split into pipeline micro-batches of pipeline_parallel_microbatch_size with pp > 1, and
-    # accumulates
-    # global / (local x dp) steps; so pp = 1 runs the plan's micro-batch per forward and accumulates
-    # the rest
-    local_batch = cfg.global_batch // cfg.dp if cfg.pp > 1 else cfg.micro_batch
+    parallelism = _data_parallelism(cfg, notes)
+    parallelism.update(_model_parallelism(plan, spec, family, notes))
+    notes += _run_difference_notes(cfg)
+    training = _training(cfg, notes)
+    ac = _activation_checkpointing(cfg, notes)
+    steps = steps_between_checkpoints(plan)
+    notes += _model_notes(cfg, family)
+    text = _module_text(plan, spec, family, flavor, training, parallelism, ac, steps)
+    return Export(format="torchtitan", text=text, notes=tuple(notes))
 
-    parallelism: dict[str, object] = {}
+
+def _data_parallelism(cfg, notes: list[str]) -> dict[str, object]:
+    """data_parallel_replicate/shard degrees and resharding of the job (notes on how they differ
+    from the plan's ZeRO stage and shard group)."""
     dp_shard = torchtitan_dp_shard(cfg)
     if dp_shard == 1 and cfg.zero == 0:
-        parallelism.update(data_parallel_replicate_degree=cfg.dp, data_parallel_shard_degree=1)
-    else:
-        parallelism.update(
-            data_parallel_replicate_degree=cfg.dp // dp_shard,
-            data_parallel_shard_degree=dp_shard,
-            fsdp_reshard_after_forward="always" if cfg.zero == 3 else "never",
+        return dict(data_parallel_replicate_degree=cfg.dp, data_parallel_shard_degree=1)
+    notes += _sharding_notes(cfg, dp_shard)
+    return dict(
+        data_parallel_replicate_degree=cfg.dp // dp_shard,
+        data_parallel_shard_degree=dp_shard,
+        fsdp_reshard_after_forward="always" if cfg.zero == 3 else "never",
+    )
+
+
+def _sharding_notes(cfg, dp_shard: int) -> list[str]:
+    """How torchtitan's FSDP2 sharding over dp_shard ranks differs from the plan's ZeRO stage."""
+    notes = []
+    if cfg.zero == 3:
+        # torchtitan's "default" keeps parameters gathered after forward under pipeline parallelism and leaves
+        # the last layers (final norm, output) gathered without it (distributed/fsdp.py
+        # get_fsdp_reshard_after_forward_policy, apply_fsdp_to_decoder): the plan's ZeRO-3 memory assumes
+        # every unit resharded
+        notes.append(
+            "zero=3 exported as fsdp_reshard_after_forward='always': torchtitan's 'default' would keep "
+            + (
+                "each stage's parameters gathered between micro-batches under pipeline parallelism "
+                "(ZeRO-2 memory)"
+                if cfg.pp > 1
+                else "the final norm and output layer gathered"
+            )
+            + ", which the plan's memory does not include"
         )
-        if cfg.zero == 3:
-            # torchtitan's "default" keeps parameters gathered after forward under pipeline parallelism and leaves
-            # the last layers (final norm, output) gathered without it (distributed/fsdp.py
-            # get_fsdp_reshard_after_forward_policy, apply_fsdp_to_decoder): the plan's ZeRO-3 memory assumes
-            # every unit resharded
-            notes.append(
-                "zero=3 exported as fsdp_reshard_after_forward='always': torchtitan's 'default' would keep "
-                + (
-                    "each stage's parameters gathered between micro-batches under pipeline parallelism "
-                    "(ZeRO-2 memory)"
-                    if cfg.pp > 1
-                    else "the final norm and output layer gathered"
-                )
-                + ", which the plan's memory does not include"
-            )
-        if dp_shard != (1 if cfg.zero == 0 else cfg.shard_group):
-            planned = (
-                "ZeRO-0 (no sharding)"
-                if cfg.zero == 0
-                else f"shard groups of dp_shard={cfg.shard_group}"
-            )
-            notes.append(
-                f"ep={cfg.ep} with {planned}: torchtitan 0.3.0 carves the expert-parallel ranks from dp_shard x "
-                f"cp x tp, never from data-parallel replicas (ParallelismConfig.expert_parallel_degree, "
-                f"distributed/parallel_dims.py build_mesh), so the job shards over dp_shard={dp_shard} "
-                f"(HSDP with {cfg.dp // dp_shard} replicas"
-                + (", without resharding after forward: ZeRO-2" if cfg.zero == 0 else "")
-                + "): less memory than planned, more all-gather and reduce-scatter traffic"
-            )
-        if cfg.zero == 1:
-            notes.append(
-                "torchtitan has no optimizer-only sharding (ZeRO-1); exported as FSDP2 without resharding "
-                "after forward (ZeRO-2): same parameters in memory, less gradient memory"
-            )
-    parallelism.update(
+    if dp_shard != (1 if cfg.zero == 0 else cfg.shard_group):
+        planned = (
+            "ZeRO-0 (no sharding)"
+            if cfg.zero == 0
+            else f"shard groups of dp_shard={cfg.shard_group}"
+        )
+        notes.append(
+            f"ep={cfg.ep} with {planned}: torchtitan 0.3.0 carves the expert-parallel ranks from dp_shard x "
+            f"cp x tp, never from data-parallel replicas (ParallelismConfig.expert_parallel_degree, "
+            f"distributed/parallel_dims.py build_mesh), so the job shards over dp_shard={dp_shard} "
+            f"(HSDP with {cfg.dp // dp_shard} replicas"
+            + (", without resharding after forward: ZeRO-2" if cfg.zero == 0 else "")
+            + "): less memory than planned, more all-gather and reduce-scatter traffic"
+        )
+    if cfg.zero == 1:
+        notes.append(
+            "torchtitan has no optimizer-only sharding (ZeRO-1); exported as FSDP2 without resharding "
+            "after forward (ZeRO-2): same parameters in memory, less gradient memory"
+        )
+    return notes
+
+
+def _model_parallelism(plan: Plan, spec, family: str, notes: list[str]) -> dict[str, object]:
+    """Tensor, pipeline, context and expert degrees, async TP, the DTensor backend and the pipeline
+    schedule of the job."""
+    cfg = plan.config
+    parallelism: dict[str, object] = dict(
         tensor_parallel_degree=cfg.tp,
         enable_sequence_parallel=cfg.tp > 1,
         pipeline_parallel_degree=cfg.pp,
@@ -174,20 +191,30 @@ def to_torchtitan(plan: Plan) -> Export:
             "(less activation memory)"
         )
     if cfg.pp > 1:
-        parallelism.update(
-            pipeline_parallel_schedule=TORCHTITAN_SCHEDULES[cfg.schedule],
-            pipeline_parallel_microbatch_size=cfg.micro_batch,
-            module_fqns_per_model_part=torchtitan_fqns(
-                chunk_blocks(plan), positions=family == "gpt"
-            ),
+        parallelism.update(_pipeline_parallelism(plan, spec, family, notes))
+    return parallelism
+
+
+def _pipeline_parallelism(plan: Plan, spec, family: str, notes: list[str]) -> dict[str, object]:
+    """Schedule, micro-batch size and module names per model part (pp > 1)."""
+    cfg = plan.config
+    if spec.tied_embeddings:
+        notes.append(
+            "tied embeddings with pipeline parallelism (torchtitan's Decoder refuses them): the first and "
+            "last stages each hold the table, start from the last stage's values and add their gradients "
+            "before each optimizer step (Megatron-LM's scheme); torchtitan's gradient clipping sees the "
+            "two partial gradients"
         )
-        if spec.tied_embeddings:
-            notes.append(
-                "tied embeddings with pipeline parallelism (torchtitan's Decoder refuses them): the first and "
-                "last stages each hold the table, start from the last stage's values and add their gradients "
-                "before each optimizer step (Megatron-LM's scheme); torchtitan's gradient clipping sees the "
-                "two partial gradients"
-            )
+    return dict(
+        pipeline_parallel_schedule=TORCHTITAN_SCHEDULES[cfg.schedule],
+        pipeline_parallel_microbatch_size=cfg.micro_batch,
+        module_fqns_per_model_part=torchtitan_fqns(chunk_blocks(plan), positions=family == "gpt"),
+    )
+
+
+def _run_difference_notes(cfg) -> list[str]:
+    """Context parallelism, offload, placement and selective recompute as torchtitan runs them."""
+    notes = []
     if cfg.cp > 1 and cfg.cp_comm != "all_gather":
         notes.append(
             f"cp_comm={cfg.cp_comm}: torchtitan's context parallelism (torch's context_parallel) gathers "
@@ -212,6 +239,16 @@ def to_torchtitan(plan: Plan) -> Export:
             "recompute=selective exported as torchtitan's per-op SelectiveAC (saves matmul outputs, recomputes "
             "the rest): close to, not the same as, Megatron's attention-core recompute"
         )
+    return notes
+
+
+def _training(cfg, notes: list[str]) -> dict[str, object]:
+    """The job's TrainingConfig fields: batch, sequence, dtypes, CPU offload, CUDA graphs."""
+    # torchtitan 0.3.0 (trainer.py): each accumulation step runs local_batch_size sequences per
+    # data-parallel rank, split into pipeline micro-batches of pipeline_parallel_microbatch_size
+    # with pp > 1, and accumulates global / (local x dp) steps; so pp = 1 runs the plan's
+    # micro-batch per forward and accumulates the rest
+    local_batch = cfg.global_batch // cfg.dp if cfg.pp > 1 else cfg.micro_batch
     training = {
         "local_batch_size": local_batch,
         "global_batch_size": cfg.global_batch,
@@ -231,6 +268,12 @@ def to_torchtitan(plan: Plan) -> Export:
             "dispatchers that synchronize with the host, as its all-to-all and DeepEP ones do "
             "(trainer.py Trainer.Config._validate_cuda_graphs)"
         )
+    return training
+
+
+def _activation_checkpointing(cfg, notes: list[str]) -> str:
+    """The job's activation checkpointing config expression (None, FullAC, SelectiveAC, or the
+    job's FirstBlocksAC for recompute_layers)."""
     ac = {"none": "None", "full": "FullAC.Config()", "selective": "SelectiveAC.Config()"}[
         cfg.recompute
     ]
@@ -240,7 +283,12 @@ def to_torchtitan(plan: Plan) -> Export:
             f"recompute_layers={cfg.recompute_layers}: FirstBlocksAC (defined in the job) recomputes the first "
             f"{cfg.recompute_layers} blocks of each model part; torchtitan 0.3.0's own policies wrap every block"
         )
-    steps = steps_between_checkpoints(plan)
+    return ac
+
+
+def _model_notes(cfg, family: str) -> list[str]:
+    """FP8 converters and the job's own GPT model."""
+    notes = []
     if cfg.precision == "fp8" and family in TORCHTITAN_MOE_FAMILIES:
         notes.append(
             "fp8: torchtitan's Float8LinearConverter (torchao rowwise recipe) on every Linear but the routers' "
@@ -258,8 +306,7 @@ def to_torchtitan(plan: Plan) -> Export:
             "embeddings, pre-LayerNorm blocks with biases and a GELU MLP, parallelized by torchtitan's llama3 "
             "functions; no Hugging Face checkpoint adapter (state_dict_adapter None)"
         )
-    text = _module_text(plan, spec, family, flavor, training, parallelism, ac, steps)
-    return Export(format="torchtitan", text=text, notes=tuple(notes))
+    return notes
 
 
 def torchtitan_dp_shard(cfg) -> int:
