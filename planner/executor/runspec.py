@@ -370,6 +370,42 @@ def build_run_spec(
     if bug(fault):
         check_bug_applies(bug(fault), config)
     interval = plan.document["plan"].get("checkpoint_interval_s")
+    _check_world_size(config, backend, world_size_available)
+    notes: list[str] = []
+    spec = _plan_model(plan.model_name, config, notes)
+    if backend == "gloo":
+        spec, config = _fit_host_memory(spec, config, plan.model_name, proxy, notes)
+    spec = _untie_split_embeddings(spec, config, notes)
+    dtype = _run_dtype(config.precision, backend, notes)
+    offload = _run_offload(config.offload, backend, notes)
+    notes += _sharding_notes(config)
+    interval = _checkpoint_interval(interval, checkpoint_dir, checkpoint_every_steps, notes)
+    run = RunSpec(
+        config=config,
+        model=spec,
+        model_name=plan.model_name,
+        steps=steps,
+        seed=seed,
+        backend=backend,
+        dtype=dtype,
+        timeout_s=timeout_s,
+        checkpoint_dir=checkpoint_dir,
+        offload=offload,
+        fault=fault,
+        notes=tuple(notes),
+        verify=verify,
+        checkpoint_interval_s=float(interval) if checkpoint_dir and interval else None,
+        checkpoint_every_steps=checkpoint_every_steps if checkpoint_dir else None,
+    )
+    if checkpoint_dir:
+        run = _with_resume_step(run, checkpoint_dir, world_size_available)
+    return run
+
+
+def _check_world_size(
+    config: ParallelConfig, backend: str, world_size_available: int | None
+) -> None:
+    """The plan's ranks against the launch: torchrun's WORLD_SIZE, else what this machine runs."""
     if world_size_available is not None and config.world_size != world_size_available:
         # under torchrun the launch fixed the world size
         raise ConfigError(
@@ -378,7 +414,8 @@ def build_run_spec(
             f"{config.world_size}",
             message=(
                 f"the plan needs {config.world_size} ranks (dp*tp*pp*cp) but torchrun started "
-                f"WORLD_SIZE={world_size_available}; relaunch with --nnodes x --nproc-per-node = {config.world_size}"
+                f"WORLD_SIZE={world_size_available}; relaunch with --nnodes x --nproc-per-node = "
+                f"{config.world_size}"
             ),
         )
     cap = world_size_available if world_size_available is not None else max_local_ranks(backend)
@@ -392,8 +429,11 @@ def build_run_spec(
             f"at most {cap} {where}; launch `planner run` under torchrun on a cluster "
             f"(docs/executor.md)",
         )
-    spec = resolve_transformer(plan.model_name, config.seq)
-    notes: list[str] = []
+
+
+def _plan_model(model_name: str, config: ParallelConfig, notes: list[str]) -> TransformerSpec:
+    """The plan's model at the plan's sequence, checked against what the executor builds."""
+    spec = resolve_transformer(model_name, config.seq)
     if spec.position == "learned" and spec.max_positions and config.seq > spec.max_positions:
         raise ConfigError(
             "plan.seq", config.seq, f"at most the model's {spec.max_positions} learned positions"
@@ -406,45 +446,67 @@ def build_run_spec(
             f"extra-norm details are not modelled by planner.models.transformer)"
         )
     config.check_model(heads=spec.heads, kv_heads=spec.n_kv_heads, blocks=spec.total_blocks)
+    return spec
 
-    if backend == "gloo":
-        needed, have = training_bytes_on_host(spec, config), host_memory_bytes()
-        if needed > have // 2:
-            if not proxy:
-                raise ConfigError(
-                    "model",
-                    plan.model_name,
-                    f"a model whose CPU run fits this machine (needs about {needed / 2**30:.1f} GiB "
-                    f"of {have / 2**30:.1f} GiB); pass --proxy to run a shrunk model with the "
-                    f"same parallel layout",
-                )
-            spec, config, note = proxy_spec(spec, config)
-            notes.append(note)
-        elif proxy:
-            notes.append(
-                "--proxy: not needed, the plan's model fits this machine; ran it at full size"
+
+def _fit_host_memory(
+    spec: TransformerSpec, config: ParallelConfig, model_name: str, proxy: bool, notes: list[str]
+) -> tuple[TransformerSpec, ParallelConfig]:
+    """A CPU run that fits this machine: the plan's model, or its --proxy shrink."""
+    needed, have = training_bytes_on_host(spec, config), host_memory_bytes()
+    if needed > have // 2:
+        if not proxy:
+            raise ConfigError(
+                "model",
+                model_name,
+                f"a model whose CPU run fits this machine (needs about {needed / 2**30:.1f} GiB "
+                f"of {have / 2**30:.1f} GiB); pass --proxy to run a shrunk model with the "
+                f"same parallel layout",
             )
+        spec, config, note = proxy_spec(spec, config)
+        notes.append(note)
+    elif proxy:
+        notes.append("--proxy: not needed, the plan's model fits this machine; ran it at full size")
+    return spec, config
+
+
+def _untie_split_embeddings(
+    spec: TransformerSpec, config: ParallelConfig, notes: list[str]
+) -> TransformerSpec:
+    """Tied embeddings untied where tp or pp splits them across ranks."""
     if spec.tied_embeddings and (config.tp > 1 or config.pp > 1):
-        spec = spec.with_(tied_embeddings=False)
         notes.append(
             "embeddings untied (tok_embeddings and output are separate weights in the run and "
             "in the reference) because tp>1 or pp>1 splits them across ranks"
         )
+        return spec.with_(tied_embeddings=False)
+    return spec
 
-    dtype = config.precision
-    if dtype == "fp8":
-        dtype = fp8_substitute(backend)
+
+def _run_dtype(precision: str, backend: str, notes: list[str]) -> str:
+    """The precision the run uses: fp8's substitute, fp32 on CPU, else the plan's."""
+    if precision == "fp8":
         notes.append(fp8_line(backend))
-    elif backend == "gloo" and dtype != "fp32":
-        notes.append(f"precision {dtype} downgraded to fp32 (CPU/gloo executor)")
-        dtype = "fp32"
-    offload = config.offload
+        return fp8_substitute(backend)
+    if backend == "gloo" and precision != "fp32":
+        notes.append(f"precision {precision} downgraded to fp32 (CPU/gloo executor)")
+        return "fp32"
+    return precision
+
+
+def _run_offload(offload: str, backend: str, notes: list[str]) -> str:
+    """The offload the run applies: none on CPU, where everything lives in host memory."""
     if backend == "gloo" and offload != "none":
         notes.append(
             f"offload {offload} not applied: on CPU everything already lives in host memory"
         )
-        offload = "none"
-    replicas = config.dp * config.cp
+        return "none"
+    return offload
+
+
+def _sharding_notes(config: ParallelConfig) -> list[str]:
+    """How the executor's FSDP2 runs the plan's ZeRO stage, shard group and expert replicas."""
+    notes, replicas = [], config.dp * config.cp
     if config.zero == 1 and replicas > 1:
         notes.append(
             "ZeRO-1 runs as FSDP2 without resharding after forward (gradients are sharded too: ZeRO-2)"
@@ -468,6 +530,17 @@ def build_run_spec(
             f"routed experts are replicated over their {replicas // config.ep} expert data-parallel ranks "
             f"(gradients all-reduced there), not ZeRO-sharded; dense parameters are"
         )
+    return notes
+
+
+def _checkpoint_interval(
+    interval: float | None,
+    checkpoint_dir: str | None,
+    checkpoint_every_steps: int | None,
+    notes: list[str],
+) -> float | None:
+    """The wall-time checkpoint interval the run keeps (None when --checkpoint-every-steps
+    replaces the plan's)."""
     if checkpoint_every_steps and not checkpoint_dir:
         raise ConfigError(
             "--checkpoint-every-steps", checkpoint_every_steps, "only with --checkpoint-dir"
@@ -477,35 +550,24 @@ def build_run_spec(
             f"checkpoints every {checkpoint_every_steps} step(s) (--checkpoint-every-steps)"
             + (f"; the plan's checkpoint_interval_s {interval:g} s not used" if interval else "")
         )
-        interval = None
-    elif checkpoint_dir and interval:
+        return None
+    if checkpoint_dir and interval:
         notes.append(
-            f"checkpoints every {interval:g} s of wall time (plan.checkpoint_interval_s) and after the last step"
+            f"checkpoints every {interval:g} s of wall time (plan.checkpoint_interval_s) and after "
+            "the last step"
         )
-    run = RunSpec(
-        config=config,
-        model=spec,
-        model_name=plan.model_name,
-        steps=steps,
-        seed=seed,
-        backend=backend,
-        dtype=dtype,
-        timeout_s=timeout_s,
-        checkpoint_dir=checkpoint_dir,
-        offload=offload,
-        fault=fault,
-        notes=tuple(notes),
-        verify=verify,
-        checkpoint_interval_s=float(interval) if checkpoint_dir and interval else None,
-        checkpoint_every_steps=checkpoint_every_steps if checkpoint_dir else None,
-    )
-    if checkpoint_dir:
-        # optional heavy dependency: planner.executor.checkpoint imports torch at its top
-        from planner.executor.checkpoint import check_resumable
+    return interval
 
-        # under torchrun every rank reads the directory; only rank 0 moves damaged steps aside
-        set_aside = world_size_available is None or os.environ.get("RANK", "0") == "0"
-        run = dataclasses.replace(
-            run, resume_step=check_resumable(checkpoint_dir, run, set_aside=set_aside)
-        )
-    return run
+
+def _with_resume_step(
+    run: RunSpec, checkpoint_dir: str, world_size_available: int | None
+) -> RunSpec:
+    """The run resuming from the directory's latest complete checkpoint (none: from the start)."""
+    # optional heavy dependency: planner.executor.checkpoint imports torch at its top
+    from planner.executor.checkpoint import check_resumable
+
+    # under torchrun every rank reads the directory; only rank 0 moves damaged steps aside
+    set_aside = world_size_available is None or os.environ.get("RANK", "0") == "0"
+    return dataclasses.replace(
+        run, resume_step=check_resumable(checkpoint_dir, run, set_aside=set_aside)
+    )
