@@ -326,8 +326,7 @@ def torchtitan_dp_shard(cfg) -> int:
 
 def _moe_notes(plan: Plan, spec) -> list[str]:
     """How the MoE job differs from the plan (torchtitan_limits has refused what it cannot run)."""
-    cfg, moe, notes = plan.config, spec.moe, []
-    software = plan.document.get("software") or {}
+    cfg, notes = plan.config, []
     efsdp = torchtitan_dp_shard(cfg) * cfg.cp * cfg.tp // cfg.ep
     if cfg.ep == 1 and cfg.tp > 1:
         notes.append(
@@ -341,6 +340,13 @@ def _moe_notes(plan: Plan, spec) -> list[str]:
             f"tp / ep = {efsdp} ranks that hold the same experts (distributed/fsdp.py apply_fsdp_to_decoder): "
             "less expert memory, an all-gather per MoE block"
         )
+    return notes + _moe_dispatch_notes(plan) + _moe_model_notes(cfg, spec)
+
+
+def _moe_dispatch_notes(plan: Plan) -> list[str]:
+    """The token dispatcher, its overlap and FP8 dispatch as torchtitan runs them."""
+    cfg, notes = plan.config, []
+    software = plan.document.get("software") or {}
     dispatcher = software.get("moe_dispatcher", "alltoall")
     if cfg.ep > 1 and dispatcher == "deepep" and _comm_backend(plan) == "deepep":
         notes.append(
@@ -363,7 +369,13 @@ def _moe_notes(plan: Plan, spec) -> list[str]:
             "moe_fp8_dispatch: torchtitan's token dispatchers send the activations in their own dtype (bf16), "
             "not FP8: twice the dispatch bytes planned"
         )
-    if not moe.aux_free_bias:
+    return notes
+
+
+def _moe_model_notes(cfg, spec) -> list[str]:
+    """Load balancing, RoPE scaling, MTP and gpt-oss experts of torchtitan's MoE families."""
+    notes = []
+    if not spec.moe.aux_free_bias:
         notes.append(
             f"expert load balancing: torchtitan 0.3.0 has no auxiliary balancing loss; the job keeps its "
             f"MoE flavors' auxiliary-loss-free expert bias (MoE.Config.load_balance_coeff={LOAD_BALANCE_COEFF}, "
@@ -496,7 +508,29 @@ def _model_lines(plan: Plan, spec, family, flavor) -> tuple[list[str], list[str]
 
 
 def _module_text(plan: Plan, spec, family, flavor, training, parallelism, ac, steps) -> str:
-    cfg = plan.config
+    """The job module: docstring, imports, model code, and planner_job() setting the model, loss,
+    training, parallelism, activation checkpointing and checkpoint interval."""
+    prelude, body = _model_lines(plan, spec, family, flavor)
+    if ac.startswith("FirstBlocksAC"):
+        prelude = _first_blocks_ac_source() + prelude
+    lines = _module_head(plan, spec, family, flavor) + prelude
+    lines += ["", "", "def planner_job():", "    config = base_job()", *body]
+    lines += _loss_lines(spec)
+    lines += ["    config.training = TrainingConfig("]
+    lines += [f"        {k}={_py(v)}," for k, v in training.items()]
+    lines += ["        steps=config.training.steps,", "    )"]
+    lines += _parallelism_lines(parallelism)
+    lines += [f"    config.activation_checkpoint = {ac}"]
+    if steps:
+        lines.append(
+            f"    config.checkpoint.interval = {steps}  # plan.checkpoint_interval_s / predicted step time"
+        )
+    lines += ["    return config", ""]
+    return "\n".join(lines)
+
+
+def _module_head(plan: Plan, spec, family, flavor) -> list[str]:
+    """The module docstring (how to run it) and its imports."""
     module = "planner_job"
     lines = [
         '"""' + "\n".join(header(plan, "torchtitan 0.3.0 job")),
@@ -511,70 +545,60 @@ def _module_text(plan: Plan, spec, family, flavor, training, parallelism, ac, st
         "from torchtitan.config import ParallelismConfig, TrainingConfig",
         "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC",
     ]
+    lines += _model_imports(spec, family, flavor)
+    if plan.config.precision == "fp8":
+        lines.append(
+            "from torchtitan.components.quantization import Float8LinearConverter"
+            + (", Float8GroupedExpertsConverter" if family in TORCHTITAN_MOE_FAMILIES else "")
+        )
+    return lines + [""]
+
+
+def _model_imports(spec, family, flavor) -> list[str]:
+    """The model package, its vocabulary helper and the job this one starts from."""
     if family in TORCHTITAN_MOE_FAMILIES or family in TORCHTITAN_DENSE_FAMILIES:
         package, _, _, job = {**TORCHTITAN_MOE_FAMILIES, **TORCHTITAN_DENSE_FAMILIES}[family]
-        lines += [
+        lines = [
             f"from torchtitan.models import {package}",
             "from torchtitan.models.common.config_utils import decoder_vocab_size",
             f"from torchtitan.models.{package}.config_registry import {job} as base_job",
         ]
         if spec.mtp_modules:
             lines.append("from torchtitan.models.deepseek_v3.mtp import MTPLoss")
-    else:
-        lines += [
-            "from torchtitan.models import llama3",
-            "from torchtitan.models.common.config_utils import decoder_vocab_size",
-            "from torchtitan.models.llama3.config_registry import "
-            f"{_JOB_OF_FLAVOR.get(flavor, 'llama3_8b')} as base_job",
+        return lines
+    return [
+        "from torchtitan.models import llama3",
+        "from torchtitan.models.common.config_utils import decoder_vocab_size",
+        "from torchtitan.models.llama3.config_registry import "
+        f"{_JOB_OF_FLAVOR.get(flavor, 'llama3_8b')} as base_job",
+    ]
+
+
+def _loss_lines(spec) -> list[str]:
+    """MTPLoss with MTP modules, else the chunked cross-entropy."""
+    if spec.mtp_modules:
+        return [
+            "    config.loss = MTPLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec))"
         ]
-    if cfg.precision == "fp8":
-        lines.append(
-            "from torchtitan.components.quantization import Float8LinearConverter"
-            + (", Float8GroupedExpertsConverter" if family in TORCHTITAN_MOE_FAMILIES else "")
-        )
-    lines.append("")
-    prelude, body = _model_lines(plan, spec, family, flavor)
-    if ac.startswith("FirstBlocksAC"):
-        prelude = _first_blocks_ac_source() + prelude
-    lines += prelude
+    return [
+        "    config.loss = ChunkedLossWrapper.Config(",
+        "        loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec)))",
+    ]
+
+
+def _parallelism_lines(parallelism: dict[str, object]) -> list[str]:
+    """The ParallelismConfig call, module names per model part one part a line."""
+    lines = ["    config.parallelism = ParallelismConfig("]
     lines += [
-        "",
-        "",
-        "def planner_job():",
-        "    config = base_job()",
-        *body,
-        *(
-            [
-                "    config.loss = MTPLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec))"
-            ]
-            if spec.mtp_modules
-            else [
-                "    config.loss = ChunkedLossWrapper.Config(",
-                "        loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec)))",
-            ]
-        ),
-        "    config.training = TrainingConfig(",
-        *[f"        {k}={_py(v)}," for k, v in training.items()],
-        "        steps=config.training.steps,",
-        "    )",
-        "    config.parallelism = ParallelismConfig(",
-        *[
-            f"        {k}={_py(v)},"
-            for k, v in parallelism.items()
-            if k != "module_fqns_per_model_part"
-        ],
+        f"        {k}={_py(v)},"
+        for k, v in parallelism.items()
+        if k != "module_fqns_per_model_part"
     ]
     if "module_fqns_per_model_part" in parallelism:
         lines.append("        module_fqns_per_model_part=[")
         lines += [f"            {part!r}," for part in parallelism["module_fqns_per_model_part"]]
         lines.append("        ],")
-    lines += ["    )", f"    config.activation_checkpoint = {ac}"]
-    if steps:
-        lines.append(
-            f"    config.checkpoint.interval = {steps}  # plan.checkpoint_interval_s / predicted step time"
-        )
-    lines += ["    return config", ""]
-    return "\n".join(lines)
+    return lines + ["    )"]
 
 
 def _first_blocks_ac_source() -> list[str]:
