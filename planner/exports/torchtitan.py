@@ -732,16 +732,7 @@ def _deepseek_v3_lines(spec, max_seq: int, router: dict) -> list[str]:
     """torchtitan/models/deepseek_v3/__init__.py: _671b's recipe (_build_dsv3_layers = build_mla_moe_layers with
     DeepSeek-V3's inits, DeepSeekV3Model.Config, _build_mtp_layers) with the plan's numbers."""
     moe, mla = spec.moe, spec.mla
-    shared = []
-    if moe.shared_experts == 0:
-        shared = ["        layer.moe.shared_experts = None"]
-    elif moe.d_shared_ffn != moe.expert_ffn:
-        shared = [
-            "        layer.moe.shared_experts = make_ffn_config(",
-            f"            dim=dim, hidden_dim={moe.shared_experts * moe.d_shared_ffn}, "
-            "w1_param_init=deepseek_v3._LINEAR_INIT,",
-            "            w2w3_param_init=deepseek_v3._depth_init(layer_id))",
-        ]
+    shared = _dsv3_shared_expert_lines(moe)
     patches = _moe_patches(
         ["        layer.moe.router.gate.bias = True"] if moe.router_bias else [],
         shared,
@@ -791,23 +782,25 @@ def _deepseek_v3_lines(spec, max_seq: int, router: dict) -> list[str]:
     ]
 
 
+def _dsv3_shared_expert_lines(moe) -> list[str]:
+    """Shared-expert patches of a DeepSeek-V3 layer: none, or a width other than
+    num_shared_experts x moe_hidden_dim."""
+    if moe.shared_experts == 0:
+        return ["        layer.moe.shared_experts = None"]
+    if moe.d_shared_ffn != moe.expert_ffn:
+        return [
+            "        layer.moe.shared_experts = make_ffn_config(",
+            f"            dim=dim, hidden_dim={moe.shared_experts * moe.d_shared_ffn}, "
+            "w1_param_init=deepseek_v3._LINEAR_INIT,",
+            "            w2w3_param_init=deepseek_v3._depth_init(layer_id))",
+        ]
+    return []
+
+
 def _qwen3_moe_lines(spec, max_seq: int, router: dict) -> list[str]:
     """torchtitan/models/qwen3/__init__.py: _30b_a3b's recipe (_build_qwen3_moe_layers: fused QKV, QK-norm,
     a softmax router renormalized over the top k, no shared experts; Qwen3Model.Config) with the plan's numbers."""
     moe = spec.moe
-    fixed = {
-        "score_func": "softmax",
-        "route_norm": True,
-        "route_scale": 1.0,
-        "num_expert_groups": None,
-        "num_limited_groups": None,
-        "gate.bias": False,
-    }
-    router_lines = [
-        f"        layer.moe.router.{name} = {router[name]!r}"
-        for name in fixed
-        if router[name] != fixed[name]
-    ]
     shared = (
         [
             "        layer.moe.shared_experts = make_ffn_config(",
@@ -818,7 +811,7 @@ def _qwen3_moe_lines(spec, max_seq: int, router: dict) -> list[str]:
         else []
     )
     patches = _moe_patches(
-        router_lines,
+        _qwen3_router_lines(router),
         shared,
         "a softmax router renormalized over the top k, no scaling, groups or "
         "gate bias; no shared experts",
@@ -853,6 +846,23 @@ def _qwen3_moe_lines(spec, max_seq: int, router: dict) -> list[str]:
         "",
         "",
         'qwen3.qwen3_configs["planner"] = _planner_flavor',
+    ]
+
+
+def _qwen3_router_lines(router: dict) -> list[str]:
+    """Router settings that differ from torchtitan's Qwen3 MoE router."""
+    fixed = {
+        "score_func": "softmax",
+        "route_norm": True,
+        "route_scale": 1.0,
+        "num_expert_groups": None,
+        "num_limited_groups": None,
+        "gate.bias": False,
+    }
+    return [
+        f"        layer.moe.router.{name} = {router[name]!r}"
+        for name in fixed
+        if router[name] != fixed[name]
     ]
 
 
