@@ -190,65 +190,69 @@ def check_model_executable(config: ParallelConfig, spec: TransformerSpec) -> Non
 def resolve_transformer(name: str, seq: int | None) -> TransformerSpec:
     """The executor runs the planner's own Transformer: catalog / HF config via planner.sources,
     or a `package.module:factory` that returns a `planner.models.transformer.Transformer`."""
-    # optional heavy dependency: planner.models.transformer imports torch at its top
-    from planner.models.transformer import Transformer
-
     if ":" in name and not Path(name).exists():
-        import torch
-
-        # optional heavy dependency: planner.module_profiler imports torch at its top
-        from planner.module_profiler import load_factory
-
-        try:
-            factory = load_factory(
-                name
-            )  # modules of the current directory too, as `python -m` finds them
-        except ConfigError as err:
-            raise ConfigError(
-                "model", name, f"an importable package.module:factory ({err})"
-            ) from None
-        try:
-            with torch.device(
-                "meta"
-            ):  # only its .spec is needed here; the workers build it for real
-                built = factory()
-        except Exception as err:  # noqa: BLE001 - a user's factory failing is bad input, named in one line
-            raise ConfigError(
-                "model", name, f"a factory callable without arguments ({type(err).__name__}: {err})"
-            ) from None
-        if not isinstance(built, Transformer):
-            raise ConfigError(
-                "model",
-                name,
-                "a factory returning planner.models.transformer.Transformer "
-                "(the executor parallelizes that model by module name; other nn.Modules "
-                "can be profiled and estimated, not run)",
-            )
-        spec = built.spec
+        spec = _factory_transformer(name)
     else:
-        try:
-            from planner.sources import resolve_model
-        except ImportError:
-            raise ConfigError(
-                "model",
-                name,
-                "package.module:factory in this build (catalog and config "
-                "sources are not installed)",
-            ) from None
-        spec = resolve_model(name, seq=seq)
-        if not isinstance(spec, TransformerSpec):
-            raise ConfigError(
-                "model",
-                name,
-                "a transformer (catalog name or HF config) or a factory "
-                "returning planner.models.transformer.Transformer",
-            )
+        spec = _named_transformer(name, seq)
     if spec.encoder_layers:
         raise ConfigError(
             "model",
             name,
             "a decoder-only or encoder-only transformer (the executor has no "
             "encoder-decoder reference model)",
+        )
+    return spec
+
+
+def _factory_transformer(name: str) -> TransformerSpec:
+    """The spec of the planner Transformer a `package.module:factory` builds (on the meta device)."""
+    import torch
+
+    # optional heavy dependencies: planner.models.transformer and planner.module_profiler import
+    # torch at their top
+    from planner.models.transformer import Transformer
+    from planner.module_profiler import load_factory
+
+    try:
+        # modules of the current directory too, as `python -m` finds them
+        factory = load_factory(name)
+    except ConfigError as err:
+        raise ConfigError("model", name, f"an importable package.module:factory ({err})") from None
+    try:
+        with torch.device("meta"):  # only its .spec is needed here; the workers build it for real
+            built = factory()
+    except Exception as err:  # noqa: BLE001 - a user's factory failing is bad input, named in one line
+        raise ConfigError(
+            "model", name, f"a factory callable without arguments ({type(err).__name__}: {err})"
+        ) from None
+    if not isinstance(built, Transformer):
+        raise ConfigError(
+            "model",
+            name,
+            "a factory returning planner.models.transformer.Transformer "
+            "(the executor parallelizes that model by module name; other nn.Modules "
+            "can be profiled and estimated, not run)",
+        )
+    return built.spec
+
+
+def _named_transformer(name: str, seq: int | None) -> TransformerSpec:
+    """A catalog name or Hugging Face config, resolved by planner.sources."""
+    try:
+        from planner.sources import resolve_model
+    except ImportError:
+        raise ConfigError(
+            "model",
+            name,
+            "package.module:factory in this build (catalog and config sources are not installed)",
+        ) from None
+    spec = resolve_model(name, seq=seq)
+    if not isinstance(spec, TransformerSpec):
+        raise ConfigError(
+            "model",
+            name,
+            "a transformer (catalog name or HF config) or a factory "
+            "returning planner.models.transformer.Transformer",
         )
     return spec
 
@@ -284,14 +288,48 @@ def proxy_spec(
     heads as needed for tp (and the grouped-query ratio where the plan has one), FFN ratio kept,
     a 512-token vocabulary and sequences of at most 64 tokens.
     """
+    stages, layers = _proxy_depth(spec, config)
+    width = _proxy_width(spec, config)
+    seq = min(config.seq, 64)
+    small = spec.with_(
+        name=f"{spec.name} (proxy)",
+        layers=layers,
+        head_dim=0,
+        seq=seq,
+        max_positions=0,
+        **width,
+    )
+    # recompute_layers counts blocks of a chunk: at most the proxy's largest chunk
+    new_config = dataclasses.replace(config, seq=seq, stages=stages)
+    if config.recompute_layers is not None:
+        new_config = dataclasses.replace(
+            new_config,
+            recompute_layers=min(config.recompute_layers, new_config.largest_chunk(layers)),
+        )
+    note = (
+        f"--proxy: {spec.name} is too large for this machine; ran a proxy with {layers} blocks, "
+        f"hidden {width['hidden']}, {width['heads']} heads, ffn {width['ffn']}, "
+        f"vocab {width['vocab']}, seq {seq} (stages {list(stages) or 'even'}), keeping "
+        f"dp={config.dp} tp={config.tp} pp={config.pp} cp={config.cp} ep={config.ep} "
+        f"v={config.virtual_stages}, schedule {config.schedule}, micro-batch {config.micro_batch}, "
+        f"global batch {config.global_batch}"
+    )
+    return small, new_config, note
+
+
+def _proxy_depth(spec: TransformerSpec, config: ParallelConfig) -> tuple[tuple[int, ...], int]:
+    """(stages, blocks) of the proxy: explicit stages scaled to about one block per stage of the
+    smallest, or S + (L mod S) blocks for an even split over S = pp*v stages."""
     chunks = config.pp * config.virtual_stages
     if config.stages:
         smallest = min(s for s in config.stages if s > 0) if any(config.stages) else 1
         stages = tuple(max(1, round(s / smallest)) for s in config.stages)
-        layers = sum(stages)
-    else:
-        stages = ()
-        layers = chunks + spec.total_blocks % chunks
+        return stages, sum(stages)
+    return (), chunks + spec.total_blocks % chunks
+
+
+def _proxy_width(spec: TransformerSpec, config: ParallelConfig) -> dict:
+    """hidden, heads, kv_heads, ffn, vocab (and the narrower experts) of the proxy."""
     tp = config.tp * (
         config.cp if config.cp_comm == "a2a" else 1
     )  # Ulysses splits the heads over cp too
@@ -303,47 +341,19 @@ def proxy_spec(
     hidden = heads * head_dim
     ffn_ratio = spec.d_ffn / spec.hidden
     ffn = max(tp, int(round(ffn_ratio * hidden / tp)) * tp)
-    seq = min(config.seq, 64)
     tp = config.tp
     vocab = min(spec.vocab, 512 if 512 % tp == 0 else tp * math.ceil(512 / tp))
-    shrink = {}
+    width = dict(hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab)
     if spec.moe is not None:  # the same experts and routing, each as much narrower as the model
-        width = lambda f: max(1, int(round(f * hidden / spec.hidden)))  # noqa: E731
-        shrink["moe"] = dataclasses.replace(
+        narrower = lambda f: max(1, int(round(f * hidden / spec.hidden)))  # noqa: E731
+        width["moe"] = dataclasses.replace(
             spec.moe,
-            expert_ffn=width(spec.moe.expert_ffn),
-            shared_expert_ffn=width(spec.moe.shared_expert_ffn)
+            expert_ffn=narrower(spec.moe.expert_ffn),
+            shared_expert_ffn=narrower(spec.moe.shared_expert_ffn)
             if spec.moe.shared_expert_ffn
             else 0,
         )
-    small = spec.with_(
-        name=f"{spec.name} (proxy)",
-        layers=layers,
-        hidden=hidden,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=0,
-        ffn=ffn,
-        vocab=vocab,
-        seq=seq,
-        max_positions=0,
-        **shrink,
-    )
-    # recompute_layers counts blocks of a chunk: at most the proxy's largest chunk
-    new_config = dataclasses.replace(config, seq=seq, stages=stages)
-    if config.recompute_layers is not None:
-        new_config = dataclasses.replace(
-            new_config,
-            recompute_layers=min(config.recompute_layers, new_config.largest_chunk(layers)),
-        )
-    note = (
-        f"--proxy: {spec.name} is too large for this machine; ran a proxy with {layers} blocks, "
-        f"hidden {hidden}, {heads} heads, ffn {ffn}, vocab {vocab}, seq {seq} "
-        f"(stages {list(stages) or 'even'}), keeping dp={config.dp} tp={config.tp} pp={config.pp} cp={config.cp} ep={config.ep} "
-        f"v={config.virtual_stages}, schedule {config.schedule}, micro-batch {config.micro_batch}, "
-        f"global batch {config.global_batch}"
-    )
-    return small, new_config, note
+    return width
 
 
 def build_run_spec(
