@@ -378,6 +378,14 @@ def profile_model(
             sp=sp,
             options=options,
         )
+    _check_module_run(tp, sp, options)
+    flash = (options.attention or "flash") != "unfused"
+    return _profile_module_spec(source, seq, micro_batch, precision, flash)
+
+
+def _check_module_run(tp: int, sp: bool, options: RunOptions) -> None:
+    """A module factory takes no run option but the attention kernel (and dropout): a ConfigError
+    names the first one given."""
     given = dict(tp=tp, sp=sp, **options.without("attention").without("dropout").chosen())
     defaults = dict(tp=1, sp=False)
     for name, value in given.items():
@@ -389,8 +397,12 @@ def profile_model(
                 "device with its own modules (a catalog name or config.json takes "
                 "run options)",
             )
-    attention = options.attention
-    flash = (attention or "flash") != "unfused"
+
+
+def _profile_module_spec(
+    source, seq, micro_batch: int, precision: str, flash: bool
+) -> ModelProfile:
+    """A ModuleSpec's profile: the one it carries when measured as asked, else measured again."""
     # optional heavy dependency: planner.module_profiler imports torch at its top
     from planner.module_profiler import ModuleSpec, profile_module
 
