@@ -591,39 +591,27 @@ def build_profile(measured: dict, *, name: str, command: str, previous: dict | N
     `previous`: an existing file at the output path; its `efficiency` keys are kept (the cost
     models own them), with the keys measured here updated.
     """
-    import torch
-
     fits = fit_measurements(measured)
-    n = measured["world_size"]
-    backend = measured["backend"]
+    n, backend = measured["world_size"], measured["backend"]
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cores = os.cpu_count() or 1
-    threads = max(1, cores // n)
+    run = dict(n=n, backend=backend, date=date, cores=cores, threads=max(1, cores // n))
+    run["where"] = (
+        f"measured by `{command}` on {date} ({n} ranks, {backend}; {platform.node() or 'this host'})"
+    )
     copy_GBps = measured["copy"]["bytes_moved"] / measured["copy"]["seconds"] / 1e9
     h2d = measured.get("host_to_device")
     h2d_GBps = h2d["bytes_moved"] / h2d["seconds"] / 1e9 if h2d else copy_GBps
     ar = fits["collectives"]["allreduce"]
     link = link_GBps(fits)
-    if backend == "nccl":
-        device = torch.cuda.get_device_name(0)
-        memory_bytes = int(torch.cuda.get_device_properties(0).total_memory)
-        mem_src = "torch.cuda.get_device_properties(0).total_memory"
-    else:
-        device = f"{_cpu_model()} ({cores} cores, {threads} thread(s) per rank), torch {torch.__version__} CPU"
-        memory_bytes = _host_memory_bytes() // n
-        mem_src = f"host MemTotal / {n} ranks (ranks share the host memory)"
-    where = f"measured by `{command}` on {date} ({n} ranks, {backend}; {platform.node() or 'this host'})"
+    device, memory_bytes, mem_src = _device_memory(run)
     gemm_peaks = {k: round(f.best_measured_tflops, 6) for k, f in fits["gemm"].items()}
     efficiency = dict((previous or {}).get("efficiency", {}))
     efficiency.update(efficiency_from_fits(fits, gemm_peaks))
     if backend == "gloo":
         # n ranks x threads on `cores` cores: a rank alone runs up to this much faster than with all busy
-        efficiency["shared_cores_speedup"] = max(1.0, n * threads / cores)
-    single_node_note = (
-        "single machine: no network was measured; the inter-node keys repeat the local "
-        "point-to-point fit so that plans spanning 'nodes' of this profile stay computable"
-    )
-    doc = {
+        efficiency["shared_cores_speedup"] = max(1.0, n * run["threads"] / cores)
+    return {
         "schema_version": "1",
         "name": name,
         "description": f"This machine as {n} local {backend} ranks, calibrated {date}",
@@ -645,62 +633,100 @@ def build_profile(measured: dict, *, name: str, command: str, previous: dict | N
         "host_device_GBps": round(h2d_GBps, 3),
         "price_usd_per_hour": None,
         "efficiency": efficiency,
-        "sources": {
-            "device": where,
-            "devices_per_node": f"the number of local ranks calibrated ({n} processes on "
-            f"{cores} cores)",
-            "memory_bytes": f"{mem_src}; {where}",
-            "memory_bandwidth_GBps": f"copy of {measured['copy']['bytes_moved'] // 2} B per rank, all ranks at "
-            f"once, read + write bytes per second; {where}",
-            "peak_tflops": "best measured torch.mm rate per rank over the GEMM sizes with all ranks busy "
-            f"(no datasheet for this device); {where}",
-            "intra_node_GBps_per_device": f"1/beta of the alpha-beta fit of p2p ping-pong; {where}",
-            "intra_node_latency_us": f"alpha (latency per ring step) of the all-reduce fit; {where}",
-            "nics_per_node": single_node_note,
-            "Gbps_per_nic": single_node_note,
-            "inter_node_Gbps_per_node": single_node_note,
-            "inter_node_latency_us": single_node_note,
-            "host_device_GBps": "host and device are the same memory on a CPU: the copy bandwidth"
-            if backend == "gloo"
-            else f"pinned host to device copy, all ranks at once; {where}",
-            "price_usd_per_hour": "a local machine: no hourly price",
-            "efficiency": "*_bus_efficiency = fitted bus bandwidth of that collective / p2p link bandwidth; "
-            "gemm_efficiency_max[_fp32] = fitted GEMM rate R / peak_tflops of bf16 [fp32]; "
-            f"gemm_fixed_us = fitted fp32 GEMM overhead t0; shared_cores_speedup = ranks x "
-            f"threads per rank / cores ({n} x {threads} / {cores}); {where}; other keys kept from the "
-            "previous file (docs/calibration.md)",
-        },
-        "calibration": {
-            "command": command,
-            "date": date,
-            "torch": torch.__version__,
-            "backend": backend,
-            "world_size": n,
-            "threads_per_rank": threads if backend == "gloo" else None,
-            "cpu_count": cores,
-            "quick": measured["quick"],
-            "wall_s": measured.get("wall_s"),
-            "measure_s": measured.get("measure_s"),
-            "load_average_1min": measured.get("load_average_1min"),
-            "gemm": {
-                k: {
-                    **_fit_dict(f),
-                    "half_efficiency_flops": f.half_efficiency_flops,
-                    "points_m_n_k_s": measured["gemm"][k],
-                }
-                for k, f in fits["gemm"].items()
-            },
-            "copy": {**measured["copy"], "GBps": copy_GBps},
-            "host_to_device": {**h2d, "GBps": h2d_GBps} if h2d else None,
-            "collectives": {
-                k: {**_fit_dict(f), "points_bytes_s": measured["collectives"][k]}
-                for k, f in fits["collectives"].items()
-            },
-            "model": "collective t(S) = steps(n)*alpha + busfactor(n)*S/busbw (nccl-tests bus bandwidth); "
-            "gemm t(F) = t0 + F/R, F = 2mnk",
-        },
+        "sources": _profile_sources(measured, run, mem_src),
+        "calibration": _calibration_record(measured, fits, run, command, copy_GBps, h2d_GBps),
     }
-    return doc
+
+
+def _device_memory(run: dict) -> tuple[str, int, str]:
+    """(device name, memory bytes per rank, where the memory figure comes from): the GPU's, or the
+    host's shared by the ranks."""
+    import torch
+
+    if run["backend"] == "nccl":
+        return (
+            torch.cuda.get_device_name(0),
+            int(torch.cuda.get_device_properties(0).total_memory),
+            "torch.cuda.get_device_properties(0).total_memory",
+        )
+    n, cores, threads = run["n"], run["cores"], run["threads"]
+    return (
+        f"{_cpu_model()} ({cores} cores, {threads} thread(s) per rank), torch {torch.__version__} CPU",
+        _host_memory_bytes() // n,
+        f"host MemTotal / {n} ranks (ranks share the host memory)",
+    )
+
+
+def _profile_sources(measured: dict, run: dict, mem_src: str) -> dict[str, str]:
+    """The profile's `sources`: how each value was measured."""
+    n, cores, threads, where = run["n"], run["cores"], run["threads"], run["where"]
+    single_node_note = (
+        "single machine: no network was measured; the inter-node keys repeat the local "
+        "point-to-point fit so that plans spanning 'nodes' of this profile stay computable"
+    )
+    return {
+        "device": where,
+        "devices_per_node": f"the number of local ranks calibrated ({n} processes on "
+        f"{cores} cores)",
+        "memory_bytes": f"{mem_src}; {where}",
+        "memory_bandwidth_GBps": f"copy of {measured['copy']['bytes_moved'] // 2} B per rank, all ranks at "
+        f"once, read + write bytes per second; {where}",
+        "peak_tflops": "best measured torch.mm rate per rank over the GEMM sizes with all ranks busy "
+        f"(no datasheet for this device); {where}",
+        "intra_node_GBps_per_device": f"1/beta of the alpha-beta fit of p2p ping-pong; {where}",
+        "intra_node_latency_us": f"alpha (latency per ring step) of the all-reduce fit; {where}",
+        "nics_per_node": single_node_note,
+        "Gbps_per_nic": single_node_note,
+        "inter_node_Gbps_per_node": single_node_note,
+        "inter_node_latency_us": single_node_note,
+        "host_device_GBps": "host and device are the same memory on a CPU: the copy bandwidth"
+        if run["backend"] == "gloo"
+        else f"pinned host to device copy, all ranks at once; {where}",
+        "price_usd_per_hour": "a local machine: no hourly price",
+        "efficiency": "*_bus_efficiency = fitted bus bandwidth of that collective / p2p link bandwidth; "
+        "gemm_efficiency_max[_fp32] = fitted GEMM rate R / peak_tflops of bf16 [fp32]; "
+        f"gemm_fixed_us = fitted fp32 GEMM overhead t0; shared_cores_speedup = ranks x "
+        f"threads per rank / cores ({n} x {threads} / {cores}); {where}; other keys kept from the "
+        "previous file (docs/calibration.md)",
+    }
+
+
+def _calibration_record(
+    measured: dict, fits: dict, run: dict, command: str, copy_GBps: float, h2d_GBps: float
+) -> dict:
+    """The profile's `calibration` block: the run, every fit and the points it was fitted to."""
+    import torch
+
+    h2d = measured.get("host_to_device")
+    return {
+        "command": command,
+        "date": run["date"],
+        "torch": torch.__version__,
+        "backend": run["backend"],
+        "world_size": run["n"],
+        "threads_per_rank": run["threads"] if run["backend"] == "gloo" else None,
+        "cpu_count": run["cores"],
+        "quick": measured["quick"],
+        "wall_s": measured.get("wall_s"),
+        "measure_s": measured.get("measure_s"),
+        "load_average_1min": measured.get("load_average_1min"),
+        "gemm": {
+            k: {
+                **_fit_dict(f),
+                "half_efficiency_flops": f.half_efficiency_flops,
+                "points_m_n_k_s": measured["gemm"][k],
+            }
+            for k, f in fits["gemm"].items()
+        },
+        "copy": {**measured["copy"], "GBps": copy_GBps},
+        "host_to_device": {**h2d, "GBps": h2d_GBps} if h2d else None,
+        "collectives": {
+            k: {**_fit_dict(f), "points_bytes_s": measured["collectives"][k]}
+            for k, f in fits["collectives"].items()
+        },
+        "model": "collective t(S) = steps(n)*alpha + busfactor(n)*S/busbw (nccl-tests bus bandwidth); "
+        "gemm t(F) = t0 + F/R, F = 2mnk",
+    }
 
 
 def link_GBps(fits: dict) -> float:

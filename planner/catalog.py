@@ -124,194 +124,164 @@ def _llama(
 
 
 def _build() -> dict[str, TransformerSpec]:
-    entries: list[TransformerSpec] = []
-    # GPT-3 (Brown et al. 2020, Table 2.1): name, n_layers, d_model, n_heads, d_head.
-    for name, layers, hidden, heads, d_head in [
-        ("gpt3-small", 12, 768, 12, 64),
-        ("gpt3-medium", 24, 1024, 16, 64),
-        ("gpt3-large", 24, 1536, 16, 96),
-        ("gpt3-xl", 24, 2048, 16, 128),
-        ("gpt3-2.7b", 32, 2560, 32, 80),
-        ("gpt3-6.7b", 32, 4096, 32, 128),
-        ("gpt3-13b", 40, 5140, 40, 128),
-        ("gpt3-175b", 96, 12288, 96, 128),
-    ]:
-        entries.append(
-            _gpt(name, layers, hidden, heads, head_dim=d_head, vocab=50257, seq=2048, source=_BROWN)
-        )
-    # Megatron-LM weak scaling (Narayanan et al. 2021, Table 1): name, heads, hidden, layers.
-    for name, heads, hidden, layers in [
-        ("megatron-1.7b", 24, 2304, 24),
-        ("megatron-3.6b", 32, 3072, 30),
-        ("megatron-7.5b", 32, 4096, 36),
-        ("megatron-18b", 48, 6144, 40),
-        ("megatron-39b", 64, 8192, 48),
-        ("megatron-76b", 80, 10240, 60),
-        ("megatron-145b", 96, 12288, 80),
-        ("megatron-310b", 128, 16384, 96),
-        ("megatron-530b", 128, 20480, 105),
-        ("megatron-1t", 160, 25600, 128),
-    ]:
-        entries.append(_gpt(name, layers, hidden, heads, vocab=51200, seq=2048, source=_NARAYANAN))
-    # Llama 2 (Touvron et al. 2023) and Llama 3 (Grattafiori et al. 2024, Table 3).
-    entries += [
-        _llama(
-            "llama2-7b",
-            32,
-            4096,
-            32,
-            32,
-            11008,
-            vocab=32000,
-            seq=4096,
-            theta=1e4,
-            source="Touvron et al. 2023, Table 1",
-        ),
-        _llama(
-            "llama2-13b",
-            40,
-            5120,
-            40,
-            40,
-            13824,
-            vocab=32000,
-            seq=4096,
-            theta=1e4,
-            source="Touvron et al. 2023, Table 1",
-        ),
-        _llama(
-            "llama2-70b",
-            80,
-            8192,
-            64,
-            8,
-            28672,
-            vocab=32000,
-            seq=4096,
-            theta=1e4,
-            source="Touvron et al. 2023, Table 1",
-        ),
-        _llama(
-            "llama3-8b",
-            32,
-            4096,
-            32,
-            8,
-            14336,
-            vocab=128256,
-            seq=8192,
-            theta=5e5,
-            source="Grattafiori et al. 2024, Table 3",
-        ),
-        _llama(
-            "llama3-70b",
-            80,
-            8192,
-            64,
-            8,
-            28672,
-            vocab=128256,
-            seq=8192,
-            theta=5e5,
-            source="Grattafiori et al. 2024, Table 3",
-        ),
-        _llama(
-            "llama3-405b",
-            126,
-            16384,
-            128,
-            8,
-            53248,
-            vocab=128256,
-            seq=8192,
-            theta=5e5,
-            source="Grattafiori et al. 2024, Table 3",
-        ),
+    entries = [
+        *_gpt3_entries(),
+        *_megatron_entries(),
+        *_llama_entries(),
+        *_gpt2_entries(),
+        _bert_large(),
+        _t5_3b(),
+        *_moe_entries(),
     ]
-    # GPT-2 (Radford et al. 2019, Table 2; HF configs).
-    for name, layers, hidden, heads in [
-        ("gpt2", 12, 768, 12),
-        ("gpt2-medium", 24, 1024, 16),
-        ("gpt2-large", 36, 1280, 20),
-        ("gpt2-xl", 48, 1600, 25),
-    ]:
-        entries.append(
-            _gpt(
-                name,
-                layers,
-                hidden,
-                heads,
-                vocab=50257,
-                seq=1024,
-                activation="gelu_new",
-                source="Radford et al. 2019, Table 2",
-            )
-        )
-    entries.append(
-        TransformerSpec(
-            name="bert-large",
-            model_type="bert",
-            layers=24,
-            hidden=1024,
-            heads=16,
-            ffn=4096,
-            vocab=30522,
-            seq=512,
-            position="learned",
-            max_positions=512,
-            type_vocab=2,
-            embed_norm=True,
-            final_norm=False,
-            pooler=True,
-            mlm_head=True,
-            causal=False,
-            tied_embeddings=True,
-            activation="gelu",
-            extras=(("source", "Devlin et al. 2019, Sec. 3 (BERT-LARGE)"),),
-        )
-    )
-    entries.append(
-        TransformerSpec(
-            name="t5-3b",
-            model_type="t5",
-            layers=24,
-            encoder_layers=24,
-            hidden=1024,
-            heads=32,
-            head_dim=128,
-            ffn=16384,
-            vocab=32128,
-            seq=512,
-            position="relative",
-            norm="rmsnorm",
-            activation="relu",
-            qkv_bias=False,
-            out_bias=False,
-            mlp_bias=False,
-            tied_embeddings=True,
-            extras=(("source", "Raffel et al. 2020, Table 14; released t5-3b config"),),
-        )
-    )
-    entries += _moe_entries()
     return {spec.name: spec for spec in entries}
+
+
+def _gpt3_entries() -> list[TransformerSpec]:
+    """GPT-3 (Brown et al. 2020, Table 2.1): name, n_layers, d_model, n_heads, d_head."""
+    return [
+        _gpt(name, layers, hidden, heads, head_dim=d_head, vocab=50257, seq=2048, source=_BROWN)
+        for name, layers, hidden, heads, d_head in [
+            ("gpt3-small", 12, 768, 12, 64),
+            ("gpt3-medium", 24, 1024, 16, 64),
+            ("gpt3-large", 24, 1536, 16, 96),
+            ("gpt3-xl", 24, 2048, 16, 128),
+            ("gpt3-2.7b", 32, 2560, 32, 80),
+            ("gpt3-6.7b", 32, 4096, 32, 128),
+            ("gpt3-13b", 40, 5140, 40, 128),
+            ("gpt3-175b", 96, 12288, 96, 128),
+        ]
+    ]
+
+
+def _megatron_entries() -> list[TransformerSpec]:
+    """Megatron-LM weak scaling (Narayanan et al. 2021, Table 1): name, heads, hidden, layers."""
+    return [
+        _gpt(name, layers, hidden, heads, vocab=51200, seq=2048, source=_NARAYANAN)
+        for name, heads, hidden, layers in [
+            ("megatron-1.7b", 24, 2304, 24),
+            ("megatron-3.6b", 32, 3072, 30),
+            ("megatron-7.5b", 32, 4096, 36),
+            ("megatron-18b", 48, 6144, 40),
+            ("megatron-39b", 64, 8192, 48),
+            ("megatron-76b", 80, 10240, 60),
+            ("megatron-145b", 96, 12288, 80),
+            ("megatron-310b", 128, 16384, 96),
+            ("megatron-530b", 128, 20480, 105),
+            ("megatron-1t", 160, 25600, 128),
+        ]
+    ]
+
+
+def _llama_entries() -> list[TransformerSpec]:
+    """Llama 2 (Touvron et al. 2023, Table 1) and Llama 3 (Grattafiori et al. 2024, Table 3):
+    name, layers, hidden, heads, kv_heads, ffn."""
+    llama2 = dict(vocab=32000, seq=4096, theta=1e4, source="Touvron et al. 2023, Table 1")
+    llama3 = dict(vocab=128256, seq=8192, theta=5e5, source="Grattafiori et al. 2024, Table 3")
+    return [
+        _llama("llama2-7b", 32, 4096, 32, 32, 11008, **llama2),
+        _llama("llama2-13b", 40, 5120, 40, 40, 13824, **llama2),
+        _llama("llama2-70b", 80, 8192, 64, 8, 28672, **llama2),
+        _llama("llama3-8b", 32, 4096, 32, 8, 14336, **llama3),
+        _llama("llama3-70b", 80, 8192, 64, 8, 28672, **llama3),
+        _llama("llama3-405b", 126, 16384, 128, 8, 53248, **llama3),
+    ]
+
+
+def _gpt2_entries() -> list[TransformerSpec]:
+    """GPT-2 (Radford et al. 2019, Table 2; HF configs): name, layers, hidden, heads."""
+    return [
+        _gpt(
+            name,
+            layers,
+            hidden,
+            heads,
+            vocab=50257,
+            seq=1024,
+            activation="gelu_new",
+            source="Radford et al. 2019, Table 2",
+        )
+        for name, layers, hidden, heads in [
+            ("gpt2", 12, 768, 12),
+            ("gpt2-medium", 24, 1024, 16),
+            ("gpt2-large", 36, 1280, 20),
+            ("gpt2-xl", 48, 1600, 25),
+        ]
+    ]
+
+
+def _bert_large() -> TransformerSpec:
+    """BERT-large (Devlin et al. 2019, Sec. 3)."""
+    return TransformerSpec(
+        name="bert-large",
+        model_type="bert",
+        layers=24,
+        hidden=1024,
+        heads=16,
+        ffn=4096,
+        vocab=30522,
+        seq=512,
+        position="learned",
+        max_positions=512,
+        type_vocab=2,
+        embed_norm=True,
+        final_norm=False,
+        pooler=True,
+        mlm_head=True,
+        causal=False,
+        tied_embeddings=True,
+        activation="gelu",
+        extras=(("source", "Devlin et al. 2019, Sec. 3 (BERT-LARGE)"),),
+    )
+
+
+def _t5_3b() -> TransformerSpec:
+    """T5-3B (Raffel et al. 2020, Table 14; released config)."""
+    return TransformerSpec(
+        name="t5-3b",
+        model_type="t5",
+        layers=24,
+        encoder_layers=24,
+        hidden=1024,
+        heads=32,
+        head_dim=128,
+        ffn=16384,
+        vocab=32128,
+        seq=512,
+        position="relative",
+        norm="rmsnorm",
+        activation="relu",
+        qkv_bias=False,
+        out_bias=False,
+        mlp_bias=False,
+        tied_embeddings=True,
+        extras=(("source", "Raffel et al. 2020, Table 14; released t5-3b config"),),
+    )
+
+
+_MOE_COMMON = dict(
+    position="rope",
+    norm="rmsnorm",
+    gated_mlp=True,
+    activation="silu",
+    tied_embeddings=False,
+    seq=4096,
+    qkv_bias=False,
+    out_bias=False,
+    mlp_bias=False,
+)
+"""What the MoE entries share: RoPE, RMSNorm, SwiGLU, untied, no biases, sequence 4096
+(module docstring)."""
 
 
 def _moe_entries() -> list[TransformerSpec]:
     """The mixture-of-experts entries (module docstring for sources)."""
-    common = dict(
-        position="rope",
-        norm="rmsnorm",
-        gated_mlp=True,
-        activation="silu",
-        tied_embeddings=False,
-        seq=4096,
-        qkv_bias=False,
-        out_bias=False,
-        mlp_bias=False,
-    )
+    return [*_mixtral_entries(), *_qwen3_moe_entries(), _deepseek_v3(), _gpt_oss_120b()]
+
+
+def _mixtral_entries() -> list[TransformerSpec]:
+    """Mixtral 8x7B and 8x22B (Jiang et al. 2024)."""
     mixtral_src = "Jiang et al. 2024, Mixtral of Experts, Sec. 2 / Table 1; released config.json"
-    qwen3_src = "Qwen Team 2025, Qwen3 Technical Report, Table 2; Qwen3 model cards and config.json"
-    out = [
+    return [
         TransformerSpec(
             name="mixtral-8x7b",
             model_type="mixtral",
@@ -324,7 +294,7 @@ def _moe_entries() -> list[TransformerSpec]:
             rope_theta=1e6,
             moe=MoESpec(experts=8, top_k=2, expert_ffn=14336),
             extras=(("source", mixtral_src),),
-            **common,
+            **_MOE_COMMON,
         ),
         TransformerSpec(
             name="mixtral-8x22b",
@@ -338,8 +308,15 @@ def _moe_entries() -> list[TransformerSpec]:
             rope_theta=1e6,
             moe=MoESpec(experts=8, top_k=2, expert_ffn=16384),
             extras=(("source", mixtral_src),),
-            **common,
+            **_MOE_COMMON,
         ),
+    ]
+
+
+def _qwen3_moe_entries() -> list[TransformerSpec]:
+    """Qwen3-30B-A3B and Qwen3-235B-A22B (Qwen Team 2025)."""
+    qwen3_src = "Qwen Team 2025, Qwen3 Technical Report, Table 2; Qwen3 model cards and config.json"
+    return [
         TransformerSpec(
             name="qwen3-30b-a3b",
             model_type="qwen3_moe",
@@ -354,7 +331,7 @@ def _moe_entries() -> list[TransformerSpec]:
             qk_norm=True,
             moe=MoESpec(experts=128, top_k=8, expert_ffn=768),
             extras=(("source", qwen3_src),),
-            **common,
+            **_MOE_COMMON,
         ),
         TransformerSpec(
             name="qwen3-235b-a22b",
@@ -370,74 +347,78 @@ def _moe_entries() -> list[TransformerSpec]:
             qk_norm=True,
             moe=MoESpec(experts=128, top_k=8, expert_ffn=1536),
             extras=(("source", qwen3_src),),
-            **common,
-        ),
-        TransformerSpec(
-            name="deepseek-v3",
-            model_type="deepseek_v3",
-            layers=61,
-            hidden=7168,
-            heads=128,
-            ffn=18432,
-            vocab=129280,
-            rope_theta=1e4,
-            mtp_modules=1,
-            mla=MLASpec(
-                q_lora_rank=1536,
-                kv_lora_rank=512,
-                qk_rope_head_dim=64,
-                qk_nope_head_dim=128,
-                v_head_dim=128,
-            ),
-            moe=MoESpec(
-                experts=256,
-                top_k=8,
-                expert_ffn=2048,
-                shared_experts=1,
-                first_dense_layers=3,
-                router="sigmoid",
-                routed_scaling=2.5,
-                aux_free_bias=True,
-                expert_groups=8,
-                groups_per_token=4,
-            ),
-            extras=(
-                (
-                    "source",
-                    "DeepSeek-AI 2024, DeepSeek-V3 Technical Report, Sec. 2.1-2.2, 4.2; "
-                    "released config.json",
-                ),
-            ),
-            **common,
+            **_MOE_COMMON,
         ),
     ]
-    gpt_oss = common | dict(qkv_bias=True, out_bias=True, mlp_bias=True)
-    out.append(
-        TransformerSpec(
-            name="gpt-oss-120b",
-            model_type="gpt_oss",
-            layers=36,
-            hidden=2880,
-            heads=64,
-            kv_heads=8,
-            head_dim=64,
-            ffn=2880,
-            vocab=201088,
-            rope_theta=150000.0,
-            sliding_window=128,
-            window_layers=tuple(range(0, 36, 2)),
-            attention_sinks=True,
-            moe=MoESpec(experts=128, top_k=4, expert_ffn=2880, router_bias=True),
-            extras=(
-                (
-                    "source",
-                    "OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card, Sec. 2.1-2.3; released config.json",
-                ),
+
+
+def _deepseek_v3() -> TransformerSpec:
+    """DeepSeek-V3 (DeepSeek-AI 2024): MLA, 3 dense blocks, 256 routed experts, one MTP module."""
+    return TransformerSpec(
+        name="deepseek-v3",
+        model_type="deepseek_v3",
+        layers=61,
+        hidden=7168,
+        heads=128,
+        ffn=18432,
+        vocab=129280,
+        rope_theta=1e4,
+        mtp_modules=1,
+        mla=MLASpec(
+            q_lora_rank=1536,
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+            qk_nope_head_dim=128,
+            v_head_dim=128,
+        ),
+        moe=MoESpec(
+            experts=256,
+            top_k=8,
+            expert_ffn=2048,
+            shared_experts=1,
+            first_dense_layers=3,
+            router="sigmoid",
+            routed_scaling=2.5,
+            aux_free_bias=True,
+            expert_groups=8,
+            groups_per_token=4,
+        ),
+        extras=(
+            (
+                "source",
+                "DeepSeek-AI 2024, DeepSeek-V3 Technical Report, Sec. 2.1-2.2, 4.2; "
+                "released config.json",
             ),
-            **gpt_oss,
-        )
+        ),
+        **_MOE_COMMON,
     )
-    return out
+
+
+def _gpt_oss_120b() -> TransformerSpec:
+    """gpt-oss-120b (OpenAI 2025): banded window on the even blocks, attention sinks, biases."""
+    return TransformerSpec(
+        name="gpt-oss-120b",
+        model_type="gpt_oss",
+        layers=36,
+        hidden=2880,
+        heads=64,
+        kv_heads=8,
+        head_dim=64,
+        ffn=2880,
+        vocab=201088,
+        rope_theta=150000.0,
+        sliding_window=128,
+        window_layers=tuple(range(0, 36, 2)),
+        attention_sinks=True,
+        moe=MoESpec(experts=128, top_k=4, expert_ffn=2880, router_bias=True),
+        extras=(
+            (
+                "source",
+                "OpenAI 2025, gpt-oss-120b & gpt-oss-20b Model Card, Sec. 2.1-2.3; released config.json",
+            ),
+        ),
+        **(_MOE_COMMON | dict(qkv_bias=True, out_bias=True, mlp_bias=True)),
+    )
 
 
 CATALOG: dict[str, TransformerSpec] = _build()

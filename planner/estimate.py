@@ -329,18 +329,7 @@ def estimate(
     to the blocks, or a plan the framework cannot run (frameworks.rules.violations).
     """
     options = options or RunOptions()
-    if isinstance(hw, str):
-        hw = load_profile(hw)
-    if isinstance(model, str):
-        model = resolve_model(model, seq=cfg.seq)
-    if not isinstance(model, TransformerSpec):
-        model = transformer_spec(model)
-    if framework_profile is not None and framework_profile.name != cfg.framework:
-        raise ConfigError(
-            "framework_profile",
-            framework_profile.name,
-            f"the profile of the plan's framework ({cfg.framework})",
-        )
+    model, hw = _resolve_inputs(model, hw, cfg, framework_profile)
     attention, dropout, from_config = config_defaults(
         model, attention=options.attention, dropout=options.dropout
     )
@@ -353,39 +342,12 @@ def estimate(
     cfg.check_against(model, cfg.seq)
     resolve_precision(hw, cfg.precision)
     check_master_weights(software, cfg.precision)
-    if software.bf16_optimizer and cfg.offloads("optimizer"):
-        raise ConfigError(
-            "bf16_optimizer",
-            True,
-            "false",
-            message=f"bf16_optimizer runs on the device: offload={cfg.offload} (DeepSpeed uses its "
-            "ZeRO optimizer when the optimizer is offloaded; allowed with bf16_optimizer: "
-            "offload none or activations)",
-        )
-    if software.bf16_optimizer and cfg.zero != 1:
-        raise ConfigError(
-            "zero",
-            cfg.zero,
-            "1",
-            message=f"bf16_optimizer shards only the optimizer states, as ZeRO-1: zero={cfg.zero} "
-            "(allowed with bf16_optimizer: 1)",
-        )
+    _check_bf16_optimizer(software, cfg)
     if check_framework:
         check_runnable(software.framework, cfg)
         check_model_runnable(software.framework, model, cfg)
         check_moe_runnable(software.framework, software, model, cfg)
-    if cfg.stages and (
-        min(cfg.stages) < 0
-        or min(cfg.stages[1:-1] or (1,)) < 1
-        or (len(cfg.stages) == 1 and cfg.stages[0] < 1)
-    ):
-        raise ConfigError(
-            "stages",
-            list(cfg.stages),
-            "at least one block per stage (the first and the last may "
-            "hold none: the embedding or the loss alone, Megatron's "
-            "account-for-embedding/loss layouts)",
-        )
+    _check_stage_sizes(cfg)
     scores = score(
         model,
         hw,
@@ -407,6 +369,63 @@ def estimate(
         scores=scores,
         from_config=from_config,
     )
+
+
+def _resolve_inputs(
+    model, hw: HardwareProfile | str, cfg: ParallelConfig, framework_profile
+) -> tuple[TransformerSpec, HardwareProfile]:
+    """The model as a TransformerSpec and the hardware profile; a framework_profile of another
+    framework than the plan's refused."""
+    if isinstance(hw, str):
+        hw = load_profile(hw)
+    if isinstance(model, str):
+        model = resolve_model(model, seq=cfg.seq)
+    if not isinstance(model, TransformerSpec):
+        model = transformer_spec(model)
+    if framework_profile is not None and framework_profile.name != cfg.framework:
+        raise ConfigError(
+            "framework_profile",
+            framework_profile.name,
+            f"the profile of the plan's framework ({cfg.framework})",
+        )
+    return model, hw
+
+
+def _check_bf16_optimizer(software, cfg: ParallelConfig) -> None:
+    """DeepSpeed's BF16_Optimizer: on the device (no optimizer offload), with ZeRO-1."""
+    if software.bf16_optimizer and cfg.offloads("optimizer"):
+        raise ConfigError(
+            "bf16_optimizer",
+            True,
+            "false",
+            message=f"bf16_optimizer runs on the device: offload={cfg.offload} (DeepSpeed uses its "
+            "ZeRO optimizer when the optimizer is offloaded; allowed with bf16_optimizer: "
+            "offload none or activations)",
+        )
+    if software.bf16_optimizer and cfg.zero != 1:
+        raise ConfigError(
+            "zero",
+            cfg.zero,
+            "1",
+            message=f"bf16_optimizer shards only the optimizer states, as ZeRO-1: zero={cfg.zero} "
+            "(allowed with bf16_optimizer: 1)",
+        )
+
+
+def _check_stage_sizes(cfg: ParallelConfig) -> None:
+    """At least one block per stage; the first and the last may hold none."""
+    if cfg.stages and (
+        min(cfg.stages) < 0
+        or min(cfg.stages[1:-1] or (1,)) < 1
+        or (len(cfg.stages) == 1 and cfg.stages[0] < 1)
+    ):
+        raise ConfigError(
+            "stages",
+            list(cfg.stages),
+            "at least one block per stage (the first and the last may "
+            "hold none: the embedding or the loss alone, Megatron's "
+            "account-for-embedding/loss layouts)",
+        )
 
 
 def config_defaults(model: TransformerSpec, *, attention: str | None, dropout: bool | None):

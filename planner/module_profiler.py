@@ -684,58 +684,17 @@ def profile_module(
     flash: bool = True,
 ) -> ModuleSpec | TransformerSpec:
     """Measure `package.module:factory` on the meta device (see the module docstring). A factory
-    returning the
-    planner's own mixture-of-experts Transformer is costed from its spec, as a catalog model: its
-    token routing
-    (torch.nonzero, data-dependent) has no meta-device kernel, and the spec is exactly what it
-    builds."""
+    returning the planner's own mixture-of-experts Transformer is costed from its spec, as a
+    catalog model: its token routing (torch.nonzero, data-dependent) has no meta-device kernel,
+    and the spec is exactly what it builds."""
     if precision not in _DTYPES:
         raise ConfigError("precision", precision, "one of " + ", ".join(_DTYPES))
-
-    # one time limit for importing, building and tracing (planner.usercode)
-    roots = user_roots(arg.partition(":")[0])
-    with (
-        working(f"tracing {arg} on the meta device"),
-        user_code(arg, "its forward/backward on the meta device", roots),
-    ):
-        model = build_on_meta(arg, precision)
-        spec = getattr(model, "spec", None)
-        if isinstance(spec, TransformerSpec) and spec.moe is not None:
-            return with_seq(spec, seq)
-        if not isinstance(spec, TransformerSpec):
-            spec = _spec_from_hf_config(getattr(model, "config", None), arg, seq)
-        s = seq or (spec.seq if spec else 2048)
-        inputs, loss_fn = _inputs_and_loss(model, micro_batch, s, "meta")
-        model.train()
-        m = measure(model, inputs, loss_fn, flash=flash)
-    params = _unit_params(model, m["units"])
-    names = [name for name, _, _ in m["units"]] + [n for n in ("(root)",) if n in params] + ["loss"]
-    kinds = {name: kind for name, _, kind in m["units"]} | {"(root)": "parameters", "loss": "loss"}
-    units = tuple(
-        LayerProfile(
-            name=name,
-            kind=kinds[name],
-            params=params.get(name, 0),
-            flops_fwd=float(m["flops_fwd"].get(name, 0.0)),
-            flops_bwd=float(m["flops_bwd"].get(name, 0.0)),
-            activation_bytes={mode: int(m["saved"][mode].get(name, 0)) for mode in RECOMPUTE_MODES},
-            recompute_flops={
-                mode: float(m["recompute"][mode].get(name, 0.0)) for mode in RECOMPUTE_MODES
-            },
-        )
-        for name in names
-    )
-    modules = tuple(
-        LayerProfile(
-            name=name,
-            kind=type(mod).__name__,
-            params=sum(p.numel() for p in mod.parameters()),
-            flops_fwd=0.0,
-            flops_bwd=0.0,
-        )
-        for name, mod in model.named_modules()
-        if name
-    )
+    traced = _trace_on_meta(arg, seq, micro_batch, precision, flash)
+    if isinstance(traced, TransformerSpec):
+        return traced
+    model, spec, s, m = traced
+    units = _unit_profiles(model, m)
+    modules = _module_profiles(model)
     total = unique_params(model)
     shared = shared_parameter_groups(model)
     has_bn = any(isinstance(mod, nn.modules.batchnorm._BatchNorm) for mod in model.modules())
@@ -773,4 +732,63 @@ def profile_module(
         has_batchnorm=has_bn,
         spec=spec,
         profile=profile,
+    )
+
+
+def _trace_on_meta(arg: str, seq: int | None, micro_batch: int, precision: str, flash: bool):
+    """Build the factory's model on the meta device and measure one forward/backward:
+    (model, its TransformerSpec or None, sequence, measurements); or, for the planner's own
+    mixture-of-experts Transformer, its spec (costed as a catalog model)."""
+    # one time limit for importing, building and tracing (planner.usercode)
+    roots = user_roots(arg.partition(":")[0])
+    with (
+        working(f"tracing {arg} on the meta device"),
+        user_code(arg, "its forward/backward on the meta device", roots),
+    ):
+        model = build_on_meta(arg, precision)
+        spec = getattr(model, "spec", None)
+        if isinstance(spec, TransformerSpec) and spec.moe is not None:
+            return with_seq(spec, seq)
+        if not isinstance(spec, TransformerSpec):
+            spec = _spec_from_hf_config(getattr(model, "config", None), arg, seq)
+        s = seq or (spec.seq if spec else 2048)
+        inputs, loss_fn = _inputs_and_loss(model, micro_batch, s, "meta")
+        model.train()
+        m = measure(model, inputs, loss_fn, flash=flash)
+    return model, spec, s, m
+
+
+def _unit_profiles(model: nn.Module, m: dict) -> tuple[LayerProfile, ...]:
+    """One LayerProfile per measured unit (then the root's own parameters, then the loss)."""
+    params = _unit_params(model, m["units"])
+    names = [name for name, _, _ in m["units"]] + [n for n in ("(root)",) if n in params] + ["loss"]
+    kinds = {name: kind for name, _, kind in m["units"]} | {"(root)": "parameters", "loss": "loss"}
+    return tuple(
+        LayerProfile(
+            name=name,
+            kind=kinds[name],
+            params=params.get(name, 0),
+            flops_fwd=float(m["flops_fwd"].get(name, 0.0)),
+            flops_bwd=float(m["flops_bwd"].get(name, 0.0)),
+            activation_bytes={mode: int(m["saved"][mode].get(name, 0)) for mode in RECOMPUTE_MODES},
+            recompute_flops={
+                mode: float(m["recompute"][mode].get(name, 0.0)) for mode in RECOMPUTE_MODES
+            },
+        )
+        for name in names
+    )
+
+
+def _module_profiles(model: nn.Module) -> tuple[LayerProfile, ...]:
+    """Every named submodule: its class and parameter count."""
+    return tuple(
+        LayerProfile(
+            name=name,
+            kind=type(mod).__name__,
+            params=sum(p.numel() for p in mod.parameters()),
+            flops_fwd=0.0,
+            flops_bwd=0.0,
+        )
+        for name, mod in model.named_modules()
+        if name
     )

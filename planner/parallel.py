@@ -134,6 +134,18 @@ class ParallelConfig:
     """Software stack the plan runs on (FRAMEWORKS); sets stack-dependent costs and allowed knobs."""
 
     def __post_init__(self) -> None:
+        """Every field checked at construction: one ConfigError naming the first bad one."""
+        self._check_degrees()
+        self._check_expert_parallel()
+        if self.zero not in (0, 1, 2, 3):
+            raise ConfigError("zero", self.zero, "one of 0, 1, 2, 3")
+        self._check_recompute_layers()
+        check_placement(self.placement, cp=self.cp, ep=self.ep)
+        self._check_schedule()
+
+    def _check_degrees(self) -> None:
+        """Degrees, batch and sequence positive integers; the choices among their values; dp_shard
+        0 or a divisor of dp."""
         for name in ("dp", "tp", "pp", "micro_batch", "global_batch", "virtual_stages", "seq"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -158,6 +170,9 @@ class ParallelConfig:
             raise ConfigError(
                 "dp_shard", self.dp_shard, f"0 (all dp ranks) or a divisor of dp({self.dp})"
             )
+
+    def _check_expert_parallel(self) -> None:
+        """ep*expert_tp dividing tp*cp*dp (Megatron-Core MoE parallel folding)."""
         if not expert_parallel_ok(
             dp=self.dp, tp=self.tp, cp=self.cp, ep=self.ep, expert_tp=self.expert_tp
         ):
@@ -181,27 +196,32 @@ class ParallelConfig:
                     )
                 ),
             )
-        if self.zero not in (0, 1, 2, 3):
-            raise ConfigError("zero", self.zero, "one of 0, 1, 2, 3")
-        if self.recompute_layers is not None:
-            value = self.recompute_layers
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(
-                    "recompute_layers",
-                    value,
-                    "a positive integer (blocks per pipeline chunk) or none",
-                )
-            if self.recompute != "full":
-                raise ConfigError(
-                    "recompute_layers",
-                    value,
-                    "none unless recompute is full",
-                    message=(
-                        f"recompute_layers={value} with recompute={self.recompute}: it counts the blocks that full "
-                        "recomputation re-runs in each pipeline chunk; set recompute=full or leave it out"
-                    ),
-                )
-        check_placement(self.placement, cp=self.cp, ep=self.ep)
+
+    def _check_recompute_layers(self) -> None:
+        """recompute_layers: none, or a positive block count with recompute=full."""
+        if self.recompute_layers is None:
+            return
+        value = self.recompute_layers
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(
+                "recompute_layers",
+                value,
+                "a positive integer (blocks per pipeline chunk) or none",
+            )
+        if self.recompute != "full":
+            raise ConfigError(
+                "recompute_layers",
+                value,
+                "none unless recompute is full",
+                message=(
+                    f"recompute_layers={value} with recompute={self.recompute}: it counts the blocks that full "
+                    "recomputation re-runs in each pipeline chunk; set recompute=full or leave it out"
+                ),
+            )
+
+    def _check_schedule(self) -> None:
+        """Virtual stages only for interleaved-1f1b, global batch a multiple of dp*micro_batch,
+        looped schedules' rounds, one stages entry per stage."""
         if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
             raise ConfigError(
                 "virtual_stages",

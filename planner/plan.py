@@ -334,8 +334,6 @@ def check_physics(prediction: Mapping[str, Any]) -> None:
 
 def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
     """Validate an in-memory plan document (schema, version, degrees) and type it."""
-    import jsonschema
-
     if not isinstance(document, dict):
         raise ConfigError(
             "plan", source, "a JSON object with schema_version, model, hardware, plan, prediction"
@@ -347,6 +345,35 @@ def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
     ):
         document = document["best"]  # a `recommend --json` document: its winner is the plan
     _check_numbers(document, source)
+    _check_schema(document)
+    config = _plan_config(document)
+    model, hardware = document["model"], document["hardware"]
+    _check_positions(model, config.seq)
+    check_against_model(model, config)
+    check_physics(document["prediction"])
+    check_options(
+        precision=config.precision,
+        fp8_scaling=run_options(document).fp8_scaling,
+        framework=config.framework,
+    )
+    return Plan(
+        schema_version=document["schema_version"],
+        model_name=model["name"],
+        hardware_name=hardware["name"],
+        gpus=hardware["gpus"],
+        nodes=hardware["nodes"],
+        config=config,
+        prediction=_prediction(document["prediction"]),
+        alternatives=tuple(document.get("alternatives", ())),
+        document=document,
+    )
+
+
+def _check_schema(document: dict) -> None:
+    """The schema version this build reads, and the document valid against
+    planner/schemas/plan.schema.json (the best-matching error named)."""
+    import jsonschema
+
     version = document.get("schema_version")
     if version != SCHEMA_VERSION:
         raise ConfigError(
@@ -367,6 +394,10 @@ def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
             where, value, f"{error.message} (schema planner/schemas/plan.schema.json)"
         )
 
+
+def _plan_config(document: dict) -> ParallelConfig:
+    """The plan's ParallelConfig, checked against its micro-batch count, the hardware's GPUs and
+    the model's blocks (stages, recompute_layers)."""
     plan_part = document["plan"]
     config = ParallelConfig(
         **{
@@ -381,8 +412,7 @@ def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
             plan_part["num_microbatches"],
             f"global_batch/(dp*micro_batch) = {config.num_microbatches}",
         )
-    hardware = document["hardware"]
-    config.check_world_size(hardware["gpus"])
+    config.check_world_size(document["hardware"]["gpus"])
     model = document["model"]
     if "layers" in model and config.stages:
         blocks = model["layers"] + model.get("encoder_layers", 0)
@@ -394,19 +424,13 @@ def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
         config.check_recompute_layers(
             model["layers"] + model.get("encoder_layers", 0), "plan.recompute_layers"
         )
+    return config
 
-    _check_positions(model, config.seq)
-    check_against_model(model, config)
-    check_physics(document["prediction"])
-    check_options(
-        precision=config.precision,
-        fp8_scaling=run_options(document).fp8_scaling,
-        framework=config.framework,
-    )
 
-    pred = document["prediction"]
+def _prediction(pred: dict) -> Prediction:
+    """The document's prediction block, typed."""
     mem = pred["memory"]
-    prediction = Prediction(
+    return Prediction(
         step_time_s=float(pred["step_time_s"]),
         samples_per_s=float(pred["samples_per_s"]),
         tokens_per_s=float(pred["tokens_per_s"]),
@@ -414,17 +438,6 @@ def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
         mfu=float(pred["mfu"]),
         memory=MemoryPrediction(**{f.name: mem[f.name] for f in fields(MemoryPrediction)}),
         time_breakdown_s={k: float(v) for k, v in pred["time_breakdown_s"].items()},
-    )
-    return Plan(
-        schema_version=version,
-        model_name=model["name"],
-        hardware_name=hardware["name"],
-        gpus=hardware["gpus"],
-        nodes=hardware["nodes"],
-        config=config,
-        prediction=prediction,
-        alternatives=tuple(document.get("alternatives", ())),
-        document=document,
     )
 
 

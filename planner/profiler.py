@@ -161,6 +161,38 @@ def profile_spec(
     framework's selective policy ('attention' or 'op')."""
     s = spec.seq if seq is None else seq
     b = micro_batch
+    _check_profile_run(b, s, tp=tp, sp=sp, zero=zero)
+    sw = _run_software(spec, framework, options or RunOptions(), selective)
+    flash = sw.kernel(precision, spec) != "math"
+    # FSDP's mixed precision (ZeRO >= 2) runs eager modules on 16-bit weights: the same table the
+    # cost model uses (block_bytes_of reads it through cost_models.activations.block_table_of
+    # with `zero`)
+    act = dict(sw=sw, precision=precision, zero=zero, tp=tp, sp=sp)
+    layers = [_embedding_profile(spec, b, s, act=act)]
+    layers += _encoder_profiles(spec, b, s, flash=flash, act=act)
+    layers += _decoder_profiles(spec, b, s, flash=flash, act=act)
+    layers += [_head_profile(spec, b, s, act=act), _loss_profile(spec, b, s, act=act)]
+    layers += [
+        _mtp_profile(spec, i, b, s, flash=flash, act=act, tp=tp, sp=sp, loss=sw.loss)
+        for i in range(spec.mtp_modules)
+    ]
+    return ModelProfile(
+        model=describe_spec(spec),
+        seq=s,
+        micro_batch=b,
+        precision=precision,
+        flash=flash,
+        framework=sw.framework.name,
+        params=P.total_params(spec),
+        layers=tuple(layers),
+        method="analytic",
+        extra=_profile_extra(spec, b, s, act=act),
+    )
+
+
+def _check_profile_run(b, s, *, tp, sp, zero) -> None:
+    """Micro-batch, sequence, tp, ZeRO stage and sequence parallelism of a profile, or a
+    ConfigError."""
     if not isinstance(b, int) or b < 1:
         raise ConfigError("micro_batch", b, "a positive integer")
     if not isinstance(s, int) or s < 1:
@@ -179,126 +211,130 @@ def profile_spec(
         raise ConfigError(
             "sequence_parallel", sp, "false with tp 1 (sequence parallelism shards over tp)"
         )
-    options = options or RunOptions()
+
+
+def _run_software(spec: TransformerSpec, framework: str, options: RunOptions, selective):
+    """The framework's software for the run options, checked against the model, with `selective`
+    overriding its selective-recompute policy."""
     sw = software_for(framework, options)
     check_activation_fp8_input(sw, spec)
     if selective is not None and selective != sw.framework.selective_recompute:
         sw = replace(sw, framework=replace(sw.framework, selective_recompute=selective))
-    flash, kernels = sw.kernel(precision, spec) != "math", sw.framework.kernels
-    # FSDP's mixed precision (ZeRO >= 2) runs eager modules on 16-bit weights: the same table the cost model uses
-    # (block_bytes_of reads it through cost_models.activations.block_table_of with `zero`)
-    act = dict(sw=sw, precision=precision, zero=zero, tp=tp, sp=sp)
-    none_saved = {m: 0.0 for m in RECOMPUTE_MODES}
-    layers: list[LayerProfile] = []
-    emb_act = A.embedding_bytes(spec, b, s, precision=precision, dropout=sw.dropout, tp=tp, sp=sp)
-    layers.append(
-        LayerProfile(
-            name="embedding",
-            kind="embedding",
-            params=P.embedding_params(spec),
-            flops_fwd=0.0,
-            flops_bwd=0.0,
-            activation_bytes={m: int(emb_act) for m in RECOMPUTE_MODES},
-            recompute_flops=dict(none_saved),
-        )
+    return sw
+
+
+def _unit_profile(name: str, kind: str, params: int, saved_bytes, flops_fwd: float = 0.0):
+    """A unit with the same activation bytes under every recompute mode and nothing recomputed
+    (embedding, head, loss)."""
+    return LayerProfile(
+        name=name,
+        kind=kind,
+        params=params,
+        flops_fwd=float(flops_fwd),
+        flops_bwd=float(2 * flops_fwd),
+        activation_bytes={m: int(saved_bytes) for m in RECOMPUTE_MODES},
+        recompute_flops={m: 0.0 for m in RECOMPUTE_MODES},
     )
-    for i in range(spec.encoder_layers):
-        fwd = F.encoder_block_flops_fwd(spec, b, s)
-        core = 4 * b * s * s * spec.attn_width
-        enc = spec.with_(encoder_layers=0)
-        layers.append(
-            LayerProfile(
-                name=f"encoder.layers.{i}",
-                kind="encoder_block",
-                params=P.encoder_block_params(spec),
-                flops_fwd=float(fwd),
-                flops_bwd=float(
-                    2 * F.encoder_block_matmul_flops_fwd(spec, b, s)
-                    + core * (2.5 if flash else 2.0)
-                ),
-                activation_bytes={
-                    m: int(
-                        A.block_bytes_of(
-                            sw, enc, b, s, recompute=m, precision=precision, zero=zero, tp=tp, sp=sp
-                        )
-                    )
-                    for m in RECOMPUTE_MODES
-                },
-                recompute_flops={
-                    m: float(
-                        F.block_recompute_flops(
-                            enc, b, s, m, flash=flash, selective=sw.framework.selective_recompute
-                        )
-                    )
-                    for m in RECOMPUTE_MODES
-                },
+
+
+def _embedding_profile(spec: TransformerSpec, b: int, s: int, *, act: dict) -> LayerProfile:
+    """The input embedding: its table and the bytes its (dropout) output saves."""
+    saved = A.embedding_bytes(
+        spec,
+        b,
+        s,
+        precision=act["precision"],
+        dropout=act["sw"].dropout,
+        tp=act["tp"],
+        sp=act["sp"],
+    )
+    return _unit_profile("embedding", "embedding", P.embedding_params(spec), saved)
+
+
+def _encoder_profiles(
+    spec: TransformerSpec, b: int, s: int, *, flash: bool, act: dict
+) -> list[LayerProfile]:
+    """The encoder blocks of an encoder-decoder model (none for a decoder-only one)."""
+    if not spec.encoder_layers:
+        return []
+    sw, enc = act["sw"], spec.with_(encoder_layers=0)
+    saved = dict(precision=act["precision"], zero=act["zero"], tp=act["tp"], sp=act["sp"])
+    core = 4 * b * s * s * spec.attn_width
+    unit = dict(
+        kind="encoder_block",
+        params=P.encoder_block_params(spec),
+        flops_fwd=float(F.encoder_block_flops_fwd(spec, b, s)),
+        flops_bwd=float(
+            2 * F.encoder_block_matmul_flops_fwd(spec, b, s) + core * (2.5 if flash else 2.0)
+        ),
+        activation_bytes={
+            m: int(A.block_bytes_of(sw, enc, b, s, recompute=m, **saved)) for m in RECOMPUTE_MODES
+        },
+        recompute_flops={
+            m: float(
+                F.block_recompute_flops(
+                    enc, b, s, m, flash=flash, selective=sw.framework.selective_recompute
+                )
             )
-        )
+            for m in RECOMPUTE_MODES
+        },
+    )
+    return [LayerProfile(name=f"encoder.layers.{i}", **unit) for i in range(spec.encoder_layers)]
+
+
+def _decoder_profiles(
+    spec: TransformerSpec, b: int, s: int, *, flash: bool, act: dict
+) -> list[LayerProfile]:
+    """Each decoder block, profiled as its kind (TransformerSpec.block_kinds)."""
     kind_of = {}
     for kind in spec.block_kinds:
         unit = _block_profile(kind.spec, b, s, flash=flash, act=act)
         kind_of.update({i: unit for i in kind.layers})
-    for i in range(spec.layers):
-        unit = kind_of[i]
-        layers.append(
-            LayerProfile(
-                name=f"layers.{i}",
-                kind="block",
-                params=unit.params,
-                flops_fwd=unit.flops_fwd,
-                flops_bwd=unit.flops_bwd,
-                activation_bytes=unit.activation_bytes,
-                recompute_flops=unit.recompute_flops,
-            )
-        )
-    head_fwd = F.head_flops_fwd(spec, b, s)
-    head_act = A.head_bytes(spec, b, s, precision=precision, kernels=kernels, tp=tp, sp=sp)
-    layers.append(
-        LayerProfile(
-            name="head",
-            kind="head",
-            params=P.final_norm_params(spec) + P.head_params(spec),
-            flops_fwd=float(head_fwd),
-            flops_bwd=float(2 * head_fwd),
-            activation_bytes={m: int(head_act) for m in RECOMPUTE_MODES},
-            recompute_flops=dict(none_saved),
-        )
+    return [replace(kind_of[i], name=f"layers.{i}") for i in range(spec.layers)]
+
+
+def _head_profile(spec: TransformerSpec, b: int, s: int, *, act: dict) -> LayerProfile:
+    """Final norm and output projection."""
+    saved = A.head_bytes(
+        spec,
+        b,
+        s,
+        precision=act["precision"],
+        kernels=act["sw"].framework.kernels,
+        tp=act["tp"],
+        sp=act["sp"],
     )
-    loss_act = A.loss_bytes(spec, b, s, tp=tp, loss=sw.loss, precision=precision)
-    layers.append(
-        LayerProfile(
-            name="loss",
-            kind="loss",
-            params=0,
-            flops_fwd=0.0,
-            flops_bwd=0.0,
-            activation_bytes={m: int(loss_act) for m in RECOMPUTE_MODES},
-            recompute_flops=dict(none_saved),
-        )
+    params = P.final_norm_params(spec) + P.head_params(spec)
+    return _unit_profile("head", "head", params, saved, F.head_flops_fwd(spec, b, s))
+
+
+def _loss_profile(spec: TransformerSpec, b: int, s: int, *, act: dict) -> LayerProfile:
+    """The cross-entropy loss (its saved bytes; no parameters, no FLOPs counted)."""
+    saved = A.loss_bytes(spec, b, s, tp=act["tp"], loss=act["sw"].loss, precision=act["precision"])
+    return _unit_profile("loss", "loss", 0, saved)
+
+
+def _profile_extra(spec: TransformerSpec, b: int, s: int, *, act: dict) -> dict:
+    """The profile's whole-model numbers (logits peak, model FLOPs, parameter counts) and the run
+    its activation bytes are for."""
+    sw, tp = act["sw"], act["tp"]
+    kernels = sw.framework.kernels
+    logits_peak = A.logits_peak_bytes(
+        spec, b, s, precision=act["precision"], kernels=kernels, tp=tp, loss=sw.loss
     )
-    layers += [
-        _mtp_profile(spec, i, b, s, flash=flash, act=act, tp=tp, sp=sp, loss=sw.loss)
-        for i in range(spec.mtp_modules)
-    ]
-    tokens = b * s
-    extra = {
-        "activations": {
-            "logits_peak": int(
-                A.logits_peak_bytes(
-                    spec, b, s, precision=precision, kernels=kernels, tp=tp, loss=sw.loss
-                )
-            )
-        },
-        "model_flops": float(F.model_flops_per_step(spec, tokens, seq=s)),
+    return {
+        "activations": {"logits_peak": int(logits_peak)},
+        "model_flops": float(F.model_flops_per_step(spec, b * s, seq=s)),
         "matmul_params": P.matmul_params(spec),
         "params_active": P.active_params(spec),
         "params_active_without_input_embedding": P.active_params(spec, input_embedding=False),
         "params_mtp": P.mtp_params(spec),
         "flops_per_token": float(F.flops_per_token(spec, s)),
-        # the run the activation bytes are for: per rank of a tp group, and the software options they follow
+        # the run the activation bytes are for: per rank of a tp group, and the software options
+        # they follow
         "tp": tp,
-        "sequence_parallel": sp,
-        "zero": zero,
+        "sequence_parallel": act["sp"],
+        "zero": act["zero"],
         "software": {
             "kernels": kernels,
             "loss": sw.loss,
@@ -308,18 +344,6 @@ def profile_spec(
             **({"fused_norm": True} if sw.fused_norm else {}),
         },
     }
-    return ModelProfile(
-        model=describe_spec(spec),
-        seq=s,
-        micro_batch=b,
-        precision=precision,
-        flash=flash,
-        framework=sw.framework.name,
-        params=P.total_params(spec),
-        layers=tuple(layers),
-        method="analytic",
-        extra=extra,
-    )
 
 
 def profile_model(
@@ -354,6 +378,14 @@ def profile_model(
             sp=sp,
             options=options,
         )
+    _check_module_run(tp, sp, options)
+    flash = (options.attention or "flash") != "unfused"
+    return _profile_module_spec(source, seq, micro_batch, precision, flash)
+
+
+def _check_module_run(tp: int, sp: bool, options: RunOptions) -> None:
+    """A module factory takes no run option but the attention kernel (and dropout): a ConfigError
+    names the first one given."""
     given = dict(tp=tp, sp=sp, **options.without("attention").without("dropout").chosen())
     defaults = dict(tp=1, sp=False)
     for name, value in given.items():
@@ -365,8 +397,12 @@ def profile_model(
                 "device with its own modules (a catalog name or config.json takes "
                 "run options)",
             )
-    attention = options.attention
-    flash = (attention or "flash") != "unfused"
+
+
+def _profile_module_spec(
+    source, seq, micro_batch: int, precision: str, flash: bool
+) -> ModelProfile:
+    """A ModuleSpec's profile: the one it carries when measured as asked, else measured again."""
     # optional heavy dependency: planner.module_profiler imports torch at its top
     from planner.module_profiler import ModuleSpec, profile_module
 

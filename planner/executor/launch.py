@@ -158,16 +158,7 @@ def launch_local(
     spec_path = work / "runspec.json"
     spec_path.write_text(spec.to_json())
     threads = max(1, (os.cpu_count() or 1) // world)
-    base_env = dict(
-        os.environ,
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
-        WORLD_SIZE=str(world),
-        LOCAL_WORLD_SIZE=str(world),
-        OMP_NUM_THREADS=str(threads),
-        PYTHONUNBUFFERED="1",
-        PLANNER_LAUNCHER_PID=str(os.getpid()),
-    )
+    base_env = _launch_env(world, threads)
     procs = []
     method = start_method(spec)
     t0 = time.perf_counter()
@@ -178,30 +169,7 @@ def launch_local(
                 model = _preload(spec)
             for rank in range(world):
                 env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank))
-                if method == "fork":
-                    procs.append(
-                        _fork_worker(
-                            [str(spec_path), str(work)], env, work / f"rank-{rank}.log", threads
-                        )
-                    )
-                    continue
-                log = open(work / f"rank-{rank}.log", "wb")
-                procs.append(
-                    subprocess.Popen(
-                        [
-                            sys.executable,
-                            "-m",
-                            "planner.executor.worker",
-                            str(spec_path),
-                            str(work),
-                        ],
-                        env=env,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
-                log.close()
+                procs.append(_start_rank(method, spec_path, work, rank, env, threads))
             watch(procs, work, deadline_s=spec.timeout_s)
         except Interrupted as stop:
             stop_all(procs)
@@ -216,13 +184,7 @@ def launch_local(
             import planner.executor.worker as worker
 
             worker.PREBUILT.clear()
-    result_file = work / "result.pt"
-    if not result_file.exists():
-        raise ExecutorError(f"every rank exited 0 but rank 0 wrote no results. Logs: {work}")
-    ranks = torch.load(result_file, weights_only=False)
-    for r in ranks:
-        if isinstance(r.get("params"), dict) and set(r["params"]) == {"file"}:
-            r["params"] = torch.load(r["params"]["file"], weights_only=True, mmap=True)
+    ranks = _rank_results(work)
     wall_s = time.perf_counter() - t0
     temporary = workdir is None
     if temporary and not keep_workdir:
@@ -233,6 +195,56 @@ def launch_local(
     return LaunchResult(
         ranks=ranks, wall_s=wall_s, workdir=str(work), temporary=temporary, reference_model=model
     )
+
+
+def _launch_env(world: int, threads: int) -> dict[str, str]:
+    """The environment every local rank shares (torch.distributed's env:// rendezvous on this
+    host, threads per rank, the launcher's pid)."""
+    return dict(
+        os.environ,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        OMP_NUM_THREADS=str(threads),
+        PYTHONUNBUFFERED="1",
+        PLANNER_LAUNCHER_PID=str(os.getpid()),
+    )
+
+
+def _start_rank(method: str, spec_path: Path, work: Path, rank: int, env: dict, threads: int):
+    """One rank: a forked worker, or `python -m planner.executor.worker` in its own session, its
+    output in rank-N.log."""
+    if method == "fork":
+        return _fork_worker([str(spec_path), str(work)], env, work / f"rank-{rank}.log", threads)
+    log = open(work / f"rank-{rank}.log", "wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "planner.executor.worker",
+            str(spec_path),
+            str(work),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    return proc
+
+
+def _rank_results(work: Path) -> list[dict]:
+    """Rank 0's result.pt, each rank's parameters loaded from their file where saved apart."""
+    result_file = work / "result.pt"
+    if not result_file.exists():
+        raise ExecutorError(f"every rank exited 0 but rank 0 wrote no results. Logs: {work}")
+    ranks = torch.load(result_file, weights_only=False)
+    for r in ranks:
+        if isinstance(r.get("params"), dict) and set(r["params"]) == {"file"}:
+            r["params"] = torch.load(r["params"]["file"], weights_only=True, mmap=True)
+    return ranks
 
 
 def _signal_name(signum: int) -> str:

@@ -190,65 +190,69 @@ def check_model_executable(config: ParallelConfig, spec: TransformerSpec) -> Non
 def resolve_transformer(name: str, seq: int | None) -> TransformerSpec:
     """The executor runs the planner's own Transformer: catalog / HF config via planner.sources,
     or a `package.module:factory` that returns a `planner.models.transformer.Transformer`."""
-    # optional heavy dependency: planner.models.transformer imports torch at its top
-    from planner.models.transformer import Transformer
-
     if ":" in name and not Path(name).exists():
-        import torch
-
-        # optional heavy dependency: planner.module_profiler imports torch at its top
-        from planner.module_profiler import load_factory
-
-        try:
-            factory = load_factory(
-                name
-            )  # modules of the current directory too, as `python -m` finds them
-        except ConfigError as err:
-            raise ConfigError(
-                "model", name, f"an importable package.module:factory ({err})"
-            ) from None
-        try:
-            with torch.device(
-                "meta"
-            ):  # only its .spec is needed here; the workers build it for real
-                built = factory()
-        except Exception as err:  # noqa: BLE001 - a user's factory failing is bad input, named in one line
-            raise ConfigError(
-                "model", name, f"a factory callable without arguments ({type(err).__name__}: {err})"
-            ) from None
-        if not isinstance(built, Transformer):
-            raise ConfigError(
-                "model",
-                name,
-                "a factory returning planner.models.transformer.Transformer "
-                "(the executor parallelizes that model by module name; other nn.Modules "
-                "can be profiled and estimated, not run)",
-            )
-        spec = built.spec
+        spec = _factory_transformer(name)
     else:
-        try:
-            from planner.sources import resolve_model
-        except ImportError:
-            raise ConfigError(
-                "model",
-                name,
-                "package.module:factory in this build (catalog and config "
-                "sources are not installed)",
-            ) from None
-        spec = resolve_model(name, seq=seq)
-        if not isinstance(spec, TransformerSpec):
-            raise ConfigError(
-                "model",
-                name,
-                "a transformer (catalog name or HF config) or a factory "
-                "returning planner.models.transformer.Transformer",
-            )
+        spec = _named_transformer(name, seq)
     if spec.encoder_layers:
         raise ConfigError(
             "model",
             name,
             "a decoder-only or encoder-only transformer (the executor has no "
             "encoder-decoder reference model)",
+        )
+    return spec
+
+
+def _factory_transformer(name: str) -> TransformerSpec:
+    """The spec of the planner Transformer a `package.module:factory` builds (on the meta device)."""
+    import torch
+
+    # optional heavy dependencies: planner.models.transformer and planner.module_profiler import
+    # torch at their top
+    from planner.models.transformer import Transformer
+    from planner.module_profiler import load_factory
+
+    try:
+        # modules of the current directory too, as `python -m` finds them
+        factory = load_factory(name)
+    except ConfigError as err:
+        raise ConfigError("model", name, f"an importable package.module:factory ({err})") from None
+    try:
+        with torch.device("meta"):  # only its .spec is needed here; the workers build it for real
+            built = factory()
+    except Exception as err:  # noqa: BLE001 - a user's factory failing is bad input, named in one line
+        raise ConfigError(
+            "model", name, f"a factory callable without arguments ({type(err).__name__}: {err})"
+        ) from None
+    if not isinstance(built, Transformer):
+        raise ConfigError(
+            "model",
+            name,
+            "a factory returning planner.models.transformer.Transformer "
+            "(the executor parallelizes that model by module name; other nn.Modules "
+            "can be profiled and estimated, not run)",
+        )
+    return built.spec
+
+
+def _named_transformer(name: str, seq: int | None) -> TransformerSpec:
+    """A catalog name or Hugging Face config, resolved by planner.sources."""
+    try:
+        from planner.sources import resolve_model
+    except ImportError:
+        raise ConfigError(
+            "model",
+            name,
+            "package.module:factory in this build (catalog and config sources are not installed)",
+        ) from None
+    spec = resolve_model(name, seq=seq)
+    if not isinstance(spec, TransformerSpec):
+        raise ConfigError(
+            "model",
+            name,
+            "a transformer (catalog name or HF config) or a factory "
+            "returning planner.models.transformer.Transformer",
         )
     return spec
 
@@ -284,14 +288,48 @@ def proxy_spec(
     heads as needed for tp (and the grouped-query ratio where the plan has one), FFN ratio kept,
     a 512-token vocabulary and sequences of at most 64 tokens.
     """
+    stages, layers = _proxy_depth(spec, config)
+    width = _proxy_width(spec, config)
+    seq = min(config.seq, 64)
+    small = spec.with_(
+        name=f"{spec.name} (proxy)",
+        layers=layers,
+        head_dim=0,
+        seq=seq,
+        max_positions=0,
+        **width,
+    )
+    # recompute_layers counts blocks of a chunk: at most the proxy's largest chunk
+    new_config = dataclasses.replace(config, seq=seq, stages=stages)
+    if config.recompute_layers is not None:
+        new_config = dataclasses.replace(
+            new_config,
+            recompute_layers=min(config.recompute_layers, new_config.largest_chunk(layers)),
+        )
+    note = (
+        f"--proxy: {spec.name} is too large for this machine; ran a proxy with {layers} blocks, "
+        f"hidden {width['hidden']}, {width['heads']} heads, ffn {width['ffn']}, "
+        f"vocab {width['vocab']}, seq {seq} (stages {list(stages) or 'even'}), keeping "
+        f"dp={config.dp} tp={config.tp} pp={config.pp} cp={config.cp} ep={config.ep} "
+        f"v={config.virtual_stages}, schedule {config.schedule}, micro-batch {config.micro_batch}, "
+        f"global batch {config.global_batch}"
+    )
+    return small, new_config, note
+
+
+def _proxy_depth(spec: TransformerSpec, config: ParallelConfig) -> tuple[tuple[int, ...], int]:
+    """(stages, blocks) of the proxy: explicit stages scaled to about one block per stage of the
+    smallest, or S + (L mod S) blocks for an even split over S = pp*v stages."""
     chunks = config.pp * config.virtual_stages
     if config.stages:
         smallest = min(s for s in config.stages if s > 0) if any(config.stages) else 1
         stages = tuple(max(1, round(s / smallest)) for s in config.stages)
-        layers = sum(stages)
-    else:
-        stages = ()
-        layers = chunks + spec.total_blocks % chunks
+        return stages, sum(stages)
+    return (), chunks + spec.total_blocks % chunks
+
+
+def _proxy_width(spec: TransformerSpec, config: ParallelConfig) -> dict:
+    """hidden, heads, kv_heads, ffn, vocab (and the narrower experts) of the proxy."""
     tp = config.tp * (
         config.cp if config.cp_comm == "a2a" else 1
     )  # Ulysses splits the heads over cp too
@@ -303,47 +341,19 @@ def proxy_spec(
     hidden = heads * head_dim
     ffn_ratio = spec.d_ffn / spec.hidden
     ffn = max(tp, int(round(ffn_ratio * hidden / tp)) * tp)
-    seq = min(config.seq, 64)
     tp = config.tp
     vocab = min(spec.vocab, 512 if 512 % tp == 0 else tp * math.ceil(512 / tp))
-    shrink = {}
+    width = dict(hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab)
     if spec.moe is not None:  # the same experts and routing, each as much narrower as the model
-        width = lambda f: max(1, int(round(f * hidden / spec.hidden)))  # noqa: E731
-        shrink["moe"] = dataclasses.replace(
+        narrower = lambda f: max(1, int(round(f * hidden / spec.hidden)))  # noqa: E731
+        width["moe"] = dataclasses.replace(
             spec.moe,
-            expert_ffn=width(spec.moe.expert_ffn),
-            shared_expert_ffn=width(spec.moe.shared_expert_ffn)
+            expert_ffn=narrower(spec.moe.expert_ffn),
+            shared_expert_ffn=narrower(spec.moe.shared_expert_ffn)
             if spec.moe.shared_expert_ffn
             else 0,
         )
-    small = spec.with_(
-        name=f"{spec.name} (proxy)",
-        layers=layers,
-        hidden=hidden,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=0,
-        ffn=ffn,
-        vocab=vocab,
-        seq=seq,
-        max_positions=0,
-        **shrink,
-    )
-    # recompute_layers counts blocks of a chunk: at most the proxy's largest chunk
-    new_config = dataclasses.replace(config, seq=seq, stages=stages)
-    if config.recompute_layers is not None:
-        new_config = dataclasses.replace(
-            new_config,
-            recompute_layers=min(config.recompute_layers, new_config.largest_chunk(layers)),
-        )
-    note = (
-        f"--proxy: {spec.name} is too large for this machine; ran a proxy with {layers} blocks, "
-        f"hidden {hidden}, {heads} heads, ffn {ffn}, vocab {vocab}, seq {seq} "
-        f"(stages {list(stages) or 'even'}), keeping dp={config.dp} tp={config.tp} pp={config.pp} cp={config.cp} ep={config.ep} "
-        f"v={config.virtual_stages}, schedule {config.schedule}, micro-batch {config.micro_batch}, "
-        f"global batch {config.global_batch}"
-    )
-    return small, new_config, note
+    return width
 
 
 def build_run_spec(
@@ -370,6 +380,42 @@ def build_run_spec(
     if bug(fault):
         check_bug_applies(bug(fault), config)
     interval = plan.document["plan"].get("checkpoint_interval_s")
+    _check_world_size(config, backend, world_size_available)
+    notes: list[str] = []
+    spec = _plan_model(plan.model_name, config, notes)
+    if backend == "gloo":
+        spec, config = _fit_host_memory(spec, config, plan.model_name, proxy, notes)
+    spec = _untie_split_embeddings(spec, config, notes)
+    dtype = _run_dtype(config.precision, backend, notes)
+    offload = _run_offload(config.offload, backend, notes)
+    notes += _sharding_notes(config)
+    interval = _checkpoint_interval(interval, checkpoint_dir, checkpoint_every_steps, notes)
+    run = RunSpec(
+        config=config,
+        model=spec,
+        model_name=plan.model_name,
+        steps=steps,
+        seed=seed,
+        backend=backend,
+        dtype=dtype,
+        timeout_s=timeout_s,
+        checkpoint_dir=checkpoint_dir,
+        offload=offload,
+        fault=fault,
+        notes=tuple(notes),
+        verify=verify,
+        checkpoint_interval_s=float(interval) if checkpoint_dir and interval else None,
+        checkpoint_every_steps=checkpoint_every_steps if checkpoint_dir else None,
+    )
+    if checkpoint_dir:
+        run = _with_resume_step(run, checkpoint_dir, world_size_available)
+    return run
+
+
+def _check_world_size(
+    config: ParallelConfig, backend: str, world_size_available: int | None
+) -> None:
+    """The plan's ranks against the launch: torchrun's WORLD_SIZE, else what this machine runs."""
     if world_size_available is not None and config.world_size != world_size_available:
         # under torchrun the launch fixed the world size
         raise ConfigError(
@@ -378,7 +424,8 @@ def build_run_spec(
             f"{config.world_size}",
             message=(
                 f"the plan needs {config.world_size} ranks (dp*tp*pp*cp) but torchrun started "
-                f"WORLD_SIZE={world_size_available}; relaunch with --nnodes x --nproc-per-node = {config.world_size}"
+                f"WORLD_SIZE={world_size_available}; relaunch with --nnodes x --nproc-per-node = "
+                f"{config.world_size}"
             ),
         )
     cap = world_size_available if world_size_available is not None else max_local_ranks(backend)
@@ -392,8 +439,11 @@ def build_run_spec(
             f"at most {cap} {where}; launch `planner run` under torchrun on a cluster "
             f"(docs/executor.md)",
         )
-    spec = resolve_transformer(plan.model_name, config.seq)
-    notes: list[str] = []
+
+
+def _plan_model(model_name: str, config: ParallelConfig, notes: list[str]) -> TransformerSpec:
+    """The plan's model at the plan's sequence, checked against what the executor builds."""
+    spec = resolve_transformer(model_name, config.seq)
     if spec.position == "learned" and spec.max_positions and config.seq > spec.max_positions:
         raise ConfigError(
             "plan.seq", config.seq, f"at most the model's {spec.max_positions} learned positions"
@@ -406,45 +456,67 @@ def build_run_spec(
             f"extra-norm details are not modelled by planner.models.transformer)"
         )
     config.check_model(heads=spec.heads, kv_heads=spec.n_kv_heads, blocks=spec.total_blocks)
+    return spec
 
-    if backend == "gloo":
-        needed, have = training_bytes_on_host(spec, config), host_memory_bytes()
-        if needed > have // 2:
-            if not proxy:
-                raise ConfigError(
-                    "model",
-                    plan.model_name,
-                    f"a model whose CPU run fits this machine (needs about {needed / 2**30:.1f} GiB "
-                    f"of {have / 2**30:.1f} GiB); pass --proxy to run a shrunk model with the "
-                    f"same parallel layout",
-                )
-            spec, config, note = proxy_spec(spec, config)
-            notes.append(note)
-        elif proxy:
-            notes.append(
-                "--proxy: not needed, the plan's model fits this machine; ran it at full size"
+
+def _fit_host_memory(
+    spec: TransformerSpec, config: ParallelConfig, model_name: str, proxy: bool, notes: list[str]
+) -> tuple[TransformerSpec, ParallelConfig]:
+    """A CPU run that fits this machine: the plan's model, or its --proxy shrink."""
+    needed, have = training_bytes_on_host(spec, config), host_memory_bytes()
+    if needed > have // 2:
+        if not proxy:
+            raise ConfigError(
+                "model",
+                model_name,
+                f"a model whose CPU run fits this machine (needs about {needed / 2**30:.1f} GiB "
+                f"of {have / 2**30:.1f} GiB); pass --proxy to run a shrunk model with the "
+                f"same parallel layout",
             )
+        spec, config, note = proxy_spec(spec, config)
+        notes.append(note)
+    elif proxy:
+        notes.append("--proxy: not needed, the plan's model fits this machine; ran it at full size")
+    return spec, config
+
+
+def _untie_split_embeddings(
+    spec: TransformerSpec, config: ParallelConfig, notes: list[str]
+) -> TransformerSpec:
+    """Tied embeddings untied where tp or pp splits them across ranks."""
     if spec.tied_embeddings and (config.tp > 1 or config.pp > 1):
-        spec = spec.with_(tied_embeddings=False)
         notes.append(
             "embeddings untied (tok_embeddings and output are separate weights in the run and "
             "in the reference) because tp>1 or pp>1 splits them across ranks"
         )
+        return spec.with_(tied_embeddings=False)
+    return spec
 
-    dtype = config.precision
-    if dtype == "fp8":
-        dtype = fp8_substitute(backend)
+
+def _run_dtype(precision: str, backend: str, notes: list[str]) -> str:
+    """The precision the run uses: fp8's substitute, fp32 on CPU, else the plan's."""
+    if precision == "fp8":
         notes.append(fp8_line(backend))
-    elif backend == "gloo" and dtype != "fp32":
-        notes.append(f"precision {dtype} downgraded to fp32 (CPU/gloo executor)")
-        dtype = "fp32"
-    offload = config.offload
+        return fp8_substitute(backend)
+    if backend == "gloo" and precision != "fp32":
+        notes.append(f"precision {precision} downgraded to fp32 (CPU/gloo executor)")
+        return "fp32"
+    return precision
+
+
+def _run_offload(offload: str, backend: str, notes: list[str]) -> str:
+    """The offload the run applies: none on CPU, where everything lives in host memory."""
     if backend == "gloo" and offload != "none":
         notes.append(
             f"offload {offload} not applied: on CPU everything already lives in host memory"
         )
-        offload = "none"
-    replicas = config.dp * config.cp
+        return "none"
+    return offload
+
+
+def _sharding_notes(config: ParallelConfig) -> list[str]:
+    """How the executor's FSDP2 runs the plan's ZeRO stage, shard group and expert replicas."""
+    notes, replicas = [], config.dp * config.cp
     if config.zero == 1 and replicas > 1:
         notes.append(
             "ZeRO-1 runs as FSDP2 without resharding after forward (gradients are sharded too: ZeRO-2)"
@@ -468,6 +540,17 @@ def build_run_spec(
             f"routed experts are replicated over their {replicas // config.ep} expert data-parallel ranks "
             f"(gradients all-reduced there), not ZeRO-sharded; dense parameters are"
         )
+    return notes
+
+
+def _checkpoint_interval(
+    interval: float | None,
+    checkpoint_dir: str | None,
+    checkpoint_every_steps: int | None,
+    notes: list[str],
+) -> float | None:
+    """The wall-time checkpoint interval the run keeps (None when --checkpoint-every-steps
+    replaces the plan's)."""
     if checkpoint_every_steps and not checkpoint_dir:
         raise ConfigError(
             "--checkpoint-every-steps", checkpoint_every_steps, "only with --checkpoint-dir"
@@ -477,35 +560,24 @@ def build_run_spec(
             f"checkpoints every {checkpoint_every_steps} step(s) (--checkpoint-every-steps)"
             + (f"; the plan's checkpoint_interval_s {interval:g} s not used" if interval else "")
         )
-        interval = None
-    elif checkpoint_dir and interval:
+        return None
+    if checkpoint_dir and interval:
         notes.append(
-            f"checkpoints every {interval:g} s of wall time (plan.checkpoint_interval_s) and after the last step"
+            f"checkpoints every {interval:g} s of wall time (plan.checkpoint_interval_s) and after "
+            "the last step"
         )
-    run = RunSpec(
-        config=config,
-        model=spec,
-        model_name=plan.model_name,
-        steps=steps,
-        seed=seed,
-        backend=backend,
-        dtype=dtype,
-        timeout_s=timeout_s,
-        checkpoint_dir=checkpoint_dir,
-        offload=offload,
-        fault=fault,
-        notes=tuple(notes),
-        verify=verify,
-        checkpoint_interval_s=float(interval) if checkpoint_dir and interval else None,
-        checkpoint_every_steps=checkpoint_every_steps if checkpoint_dir else None,
-    )
-    if checkpoint_dir:
-        # optional heavy dependency: planner.executor.checkpoint imports torch at its top
-        from planner.executor.checkpoint import check_resumable
+    return interval
 
-        # under torchrun every rank reads the directory; only rank 0 moves damaged steps aside
-        set_aside = world_size_available is None or os.environ.get("RANK", "0") == "0"
-        run = dataclasses.replace(
-            run, resume_step=check_resumable(checkpoint_dir, run, set_aside=set_aside)
-        )
-    return run
+
+def _with_resume_step(
+    run: RunSpec, checkpoint_dir: str, world_size_available: int | None
+) -> RunSpec:
+    """The run resuming from the directory's latest complete checkpoint (none: from the start)."""
+    # optional heavy dependency: planner.executor.checkpoint imports torch at its top
+    from planner.executor.checkpoint import check_resumable
+
+    # under torchrun every rank reads the directory; only rank 0 moves damaged steps aside
+    set_aside = world_size_available is None or os.environ.get("RANK", "0") == "0"
+    return dataclasses.replace(
+        run, resume_step=check_resumable(checkpoint_dir, run, set_aside=set_aside)
+    )

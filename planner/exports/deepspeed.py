@@ -22,6 +22,34 @@ def to_deepspeed(plan: Plan) -> Export:
     if refusals:
         raise cannot("deepspeed", "; ".join(refusals))
     cfg, notes = plan.config, []
+    doc: dict[str, object] = {
+        "train_batch_size": cfg.global_batch,
+        "train_micro_batch_size_per_gpu": cfg.micro_batch,
+        "gradient_accumulation_steps": cfg.num_microbatches,
+        "zero_optimization": _zero_section(plan, notes),
+        "bf16": {"enabled": cfg.precision in ("amp-bf16", "bf16")},
+        "fp16": {"enabled": cfg.precision == "amp-fp16", "loss_scale": 0},
+    }
+    _bf16_optimizer(plan, doc, notes)
+    if cfg.recompute != "none" or cfg.offloads("activations"):
+        doc["activation_checkpointing"] = _activation_checkpointing(cfg, notes)
+    if cfg.pp > 1:
+        doc["pipeline"] = _pipeline(plan)
+        notes += _pipeline_notes(cfg)
+    if cfg.cp > 1:
+        # DeepSpeed-Ulysses (all-to-all over heads): the ALST integration reads sequence_parallel_size from the
+        # config (deepspeed/__init__.py, runtime/sequence_parallel/ulysses_sp.py); Megatron-DeepSpeed takes
+        # --ds-sequence-parallel-size and refuses it together with Megatron's --sequence-parallel
+        doc["sequence_parallel_size"] = cfg.cp
+    notes += _model_parallel_notes(cfg)
+    notes += _model_code_notes(plan)
+    text = dumps_strict(doc, "deepspeed configuration")
+    return Export(format="deepspeed", text=text + "\n", notes=tuple(notes))
+
+
+def _zero_section(plan: Plan, notes: list[str]) -> dict[str, object]:
+    """zero_optimization: the stage, overlap, optimizer offload and ZeRO++ hpZ for dp_shard."""
+    cfg = plan.config
     zero: dict[str, object] = {"stage": cfg.zero}
     if cfg.zero >= 1 and cfg.dp > 1:
         zero.update(overlap_comm=True, contiguous_gradients=True)
@@ -41,73 +69,78 @@ def to_deepspeed(plan: Plan) -> Export:
                 f"dp_shard={cfg.shard_group}: DeepSpeed shards ZeRO-{cfg.zero} states over all {cfg.dp} "
                 "data-parallel ranks (hybrid sharding exists for ZeRO-3 only): less memory, more traffic"
             )
-    doc: dict[str, object] = {
-        "train_batch_size": cfg.global_batch,
-        "train_micro_batch_size_per_gpu": cfg.micro_batch,
-        "gradient_accumulation_steps": cfg.num_microbatches,
-        "zero_optimization": zero,
-        "bf16": {"enabled": cfg.precision in ("amp-bf16", "bf16")},
-        "fp16": {"enabled": cfg.precision == "amp-fp16", "loss_scale": 0},
-    }
-    if cfg.precision == "bf16":
+    return zero
+
+
+def _bf16_optimizer(plan: Plan, doc: dict[str, object], notes: list[str]) -> None:
+    """bf16 keeps fp32 master weights; the plan's bf16_optimizer sets ZeRO stage 1 with fp32
+    gradient accumulation."""
+    if plan.config.precision == "bf16":
         notes.append(
             "precision bf16: DeepSpeed keeps fp32 master weights in its optimizer (as amp-bf16)"
         )
     if (plan.document.get("software") or {}).get("bf16_optimizer"):
         # DeepSpeed runs BF16_Optimizer for bf16 with ZeRO stage 1 and fp32 gradient accumulation
         # (runtime/engine.py _do_optimizer_sanity_check), the optimizer the plan was costed with
-        zero["stage"] = 1
+        doc["zero_optimization"]["stage"] = 1
         doc["data_types"] = {"grad_accum_dtype": "fp32"}
         notes.append(
             "bf16_optimizer: ZeRO stage 1 with data_types.grad_accum_dtype fp32 runs DeepSpeed's BF16_Optimizer"
         )
-    if cfg.recompute != "none" or cfg.offloads("activations"):
-        # the plan is costed with each checkpointed block input whole on every tensor-parallel rank (DeepSpeed's
-        # default): partition_activations would keep 1/tp of it and all-gather it before each recomputation
-        ac: dict[str, object] = {
-            "partition_activations": False,
-            "contiguous_memory_optimization": False,
-            "cpu_checkpointing": cfg.offloads("activations"),
-            "synchronize_checkpoint_boundary": False,
-            "profile": False,
-        }
-        doc["activation_checkpointing"] = ac
-        if cfg.tp > 1 and cfg.recompute == "full":
-            notes.append(
-                f"activation_checkpointing.partition_activations is off, as the plan is costed; on, each "
-                f"checkpointed block input keeps 1/{cfg.tp} per tensor-parallel rank (less memory than the "
-                "plan) and is all-gathered before its recomputation (Megatron-DeepSpeed: --partition-activations)"
-            )
+
+
+def _activation_checkpointing(cfg, notes: list[str]) -> dict[str, object]:
+    """The activation_checkpointing section (and how the model must use it)."""
+    # the plan is costed with each checkpointed block input whole on every tensor-parallel rank (DeepSpeed's
+    # default): partition_activations would keep 1/tp of it and all-gather it before each recomputation
+    ac: dict[str, object] = {
+        "partition_activations": False,
+        "contiguous_memory_optimization": False,
+        "cpu_checkpointing": cfg.offloads("activations"),
+        "synchronize_checkpoint_boundary": False,
+        "profile": False,
+    }
+    if cfg.tp > 1 and cfg.recompute == "full":
         notes.append(
-            "activation_checkpointing acts only where the model calls deepspeed.checkpointing.checkpoint "
-            "(Megatron-DeepSpeed: --checkpoint-activations --deepspeed-activation-checkpointing; "
-            "PipelineModule(activation_checkpoint_interval=1))"
+            f"activation_checkpointing.partition_activations is off, as the plan is costed; on, each "
+            f"checkpointed block input keeps 1/{cfg.tp} per tensor-parallel rank (less memory than the "
+            "plan) and is all-gathered before its recomputation (Megatron-DeepSpeed: --partition-activations)"
         )
-        if cfg.recompute == "selective":
-            notes.append(
-                "recompute=selective: DeepSpeed checkpoints whole blocks; Megatron-DeepSpeed's "
-                "--recompute-granularity selective gives the plan's attention-core recompute"
-            )
-    if cfg.pp > 1:
-        doc["pipeline"] = _pipeline(plan)
+    notes.append(
+        "activation_checkpointing acts only where the model calls deepspeed.checkpointing.checkpoint "
+        "(Megatron-DeepSpeed: --checkpoint-activations --deepspeed-activation-checkpointing; "
+        "PipelineModule(activation_checkpoint_interval=1))"
+    )
+    if cfg.recompute == "selective":
         notes.append(
-            f"pipeline: build the model as deepspeed.pipe.PipelineModule(layers=..., "
-            f"num_stages={cfg.pp}, partition_method={PARTITION_METHOD!r}) "
-            "(pipeline.partition_method: a regex matching the transformer block's class "
-            "only; PipelineModule's default 'parameters' splits otherwise) and train with "
-            "engine.train_batch(); DeepSpeed runs its 1F1B TrainSchedule with "
-            f"gradient_accumulation_steps={cfg.num_microbatches} micro-batches"
+            "recompute=selective: DeepSpeed checkpoints whole blocks; Megatron-DeepSpeed's "
+            "--recompute-granularity selective gives the plan's attention-core recompute"
         )
-        if cfg.schedule in ("gpipe", "zero-bubble"):
-            notes.append(
-                f"schedule {cfg.schedule}: DeepSpeed's PipelineEngine runs 1F1B (more "
-                "bubble than planned, no more memory)"
-            )
+    return ac
+
+
+def _pipeline_notes(cfg) -> list[str]:
+    """How to build and train the PipelineModule, and the schedule DeepSpeed runs."""
+    notes = [
+        f"pipeline: build the model as deepspeed.pipe.PipelineModule(layers=..., "
+        f"num_stages={cfg.pp}, partition_method={PARTITION_METHOD!r}) "
+        "(pipeline.partition_method: a regex matching the transformer block's class "
+        "only; PipelineModule's default 'parameters' splits otherwise) and train with "
+        "engine.train_batch(); DeepSpeed runs its 1F1B TrainSchedule with "
+        f"gradient_accumulation_steps={cfg.num_microbatches} micro-batches"
+    ]
+    if cfg.schedule in ("gpipe", "zero-bubble"):
+        notes.append(
+            f"schedule {cfg.schedule}: DeepSpeed's PipelineEngine runs 1F1B (more "
+            "bubble than planned, no more memory)"
+        )
+    return notes
+
+
+def _model_parallel_notes(cfg) -> list[str]:
+    """Context (Ulysses) and tensor parallelism, which come from the model code."""
+    notes = []
     if cfg.cp > 1:
-        # DeepSpeed-Ulysses (all-to-all over heads): the ALST integration reads sequence_parallel_size from the
-        # config (deepspeed/__init__.py, runtime/sequence_parallel/ulysses_sp.py); Megatron-DeepSpeed takes
-        # --ds-sequence-parallel-size and refuses it together with Megatron's --sequence-parallel
-        doc["sequence_parallel_size"] = cfg.cp
         notes.append(
             f"context parallelism cp={cfg.cp} is DeepSpeed-Ulysses: Megatron-DeepSpeed "
             f"--ds-sequence-parallel-size {cfg.cp} (without --sequence-parallel); Hugging Face models: "
@@ -121,9 +154,14 @@ def to_deepspeed(plan: Plan) -> Export:
             f"{' --sequence-parallel' if cfg.sequence_parallel else ''}); DeepSpeed's data-parallel size is then "
             f"world/(tp*pp{'*cp' if cfg.cp > 1 else ''}) = {cfg.dp}"
         )
-    moe = model_moe(plan)
+    return notes
+
+
+def _model_code_notes(plan: Plan) -> list[str]:
+    """Mixture-of-experts blocks and MLA / MTP / QK-norm, which the model code must provide."""
+    cfg, notes = plan.config, []
+    moe, spec = model_moe(plan), model_spec(plan)
     if moe is not None:
-        spec = model_spec(plan)
         notes.append(
             "mixture-of-experts: the JSON has no MoE section; build each MoE block in the model code as "
             f"deepspeed.moe.layer.MoE(hidden_size={spec.hidden}, expert=<MLP of width {moe.expert_ffn}>, "
@@ -142,15 +180,13 @@ def to_deepspeed(plan: Plan) -> Export:
         notes.append(
             f"expert parallelism: deepspeed.moe.layer.MoE(ep_size={cfg.ep}, ...) in the model code"
         )
-    spec = model_spec(plan)
     if spec is not None and (spec.mla is not None or spec.mtp_modules or spec.qk_norm):
         # dense models too: Megatron-DeepSpeed's GPT (the tp/pp model code above) has none of them
         notes.append(
             "MLA / MTP / QK-norm are model code DeepSpeed does not provide (nor Megatron-DeepSpeed's GPT "
             "model); the config is the same"
         )
-    text = dumps_strict(doc, "deepspeed configuration")
-    return Export(format="deepspeed", text=text + "\n", notes=tuple(notes))
+    return notes
 
 
 PARTITION_METHOD = "type:transformer"

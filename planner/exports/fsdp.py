@@ -122,6 +122,28 @@ def to_fsdp(plan: Plan) -> Export:
         raise cannot("fsdp", "; ".join(refusals))
     cfg, spec, notes = plan.config, require_spec(plan, "fsdp"), []
     sharded = cfg.zero >= 1 and cfg.dp > 1
+    doc = _launch_config(plan, sharded, notes)
+    if sharded:
+        doc.update(_fsdp_sections(cfg, spec, notes))
+    targs = _training_arguments(plan, sharded, notes)
+    if cfg.recompute_layers is not None:
+        notes.append(_recompute_layers_note(cfg, spec))
+    if cfg.precision == "bf16":
+        notes.append(
+            "precision bf16: load the model in bfloat16 (dtype below) so that weights, gradients and AdamW "
+            "states are 16-bit, as planned"
+        )
+    config_cls, config_kwargs = hf_config(spec, cfg.seq)
+    if cfg.precision == "bf16":
+        config_kwargs["dtype"] = "bfloat16"
+    text = _yaml(plan, doc) + _python_block(plan, targs, config_cls, config_kwargs, spec)
+    return Export(format="fsdp", text=text, notes=tuple(notes))
+
+
+def _launch_config(plan: Plan, sharded: bool, notes: list[str]) -> dict[str, object]:
+    """Accelerate's launch settings: distributed type, precision (fp8 through Transformer
+    Engine), machines and processes."""
+    cfg = plan.config
     doc: dict[str, object] = {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": "FSDP" if sharded else "MULTI_GPU",
@@ -144,47 +166,56 @@ def to_fsdp(plan: Plan) -> Export:
             "transformer_engine on every node and an SM89+ GPU; TrainingArguments leave "
             "bf16/fp16 off so the Trainer takes fp8 from the launcher"
         )
-    fsdp: dict[str, object] = {}
-    parallelism: dict[str, object] = {}
-    if sharded:
-        if cfg.zero == 1:
-            notes.append(
-                "ZeRO-1: FSDP has no optimizer-only sharding; exported as SHARD_GRAD_OP (ZeRO-2: less memory)"
-            )
-        layer_cls = HF_DECODER_LAYER[spec.model_type][2]
-        fsdp = {
+    return doc
+
+
+def _fsdp_sections(cfg, spec, notes: list[str]) -> dict[str, object]:
+    """fsdp_config (FSDP2, ZeRO-2/3, wrapping, offload, checkpointing) and, for dp_shard, the
+    hybrid-sharding parallelism_config."""
+    if cfg.zero == 1:
+        notes.append(
+            "ZeRO-1: FSDP has no optimizer-only sharding; exported as SHARD_GRAD_OP (ZeRO-2: less memory)"
+        )
+    sections: dict[str, object] = {
+        "fsdp_config": {
             "fsdp_version": 2,
             "fsdp_reshard_after_forward": cfg.zero == 3,
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "fsdp_transformer_layer_cls_to_wrap": layer_cls,
+            "fsdp_transformer_layer_cls_to_wrap": HF_DECODER_LAYER[spec.model_type][2],
             "fsdp_offload_params": cfg.offloads("optimizer"),
             "fsdp_activation_checkpointing": cfg.recompute == "full",
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",
             "fsdp_cpu_ram_efficient_loading": True,
         }
-        doc["fsdp_config"] = fsdp
-        if cfg.shard_group < cfg.dp:
-            parallelism = {
-                "parallelism_config_dp_replicate_size": cfg.dp // cfg.shard_group,
-                "parallelism_config_dp_shard_size": cfg.shard_group,
-                "parallelism_config_tp_size": 1,
-                "parallelism_config_cp_size": 1,
-            }
-            doc["parallelism_config"] = parallelism
-            notes.append(
-                f"dp_shard={cfg.shard_group}: FSDP2 hybrid sharding (HYBRID_SHARD) over a "
-                f"{cfg.dp // cfg.shard_group} x {cfg.shard_group} (replicate x shard) mesh from parallelism_config"
-            )
-        if cfg.offloads("optimizer"):
-            notes.append(
-                "offload=optimizer: FSDP2 CPUOffloadPolicy keeps parameters, gradients and optimizer states on "
-                "the host and steps there (less GPU memory than the plan counts)"
-            )
-        if cfg.precision.startswith("amp"):
-            notes.append(
-                "Accelerate's FSDP mixed precision reduces gradients in the 16-bit dtype (the plan costs an fp32 "
-                "reduction: less traffic, same memory)"
-            )
+    }
+    if cfg.shard_group < cfg.dp:
+        sections["parallelism_config"] = {
+            "parallelism_config_dp_replicate_size": cfg.dp // cfg.shard_group,
+            "parallelism_config_dp_shard_size": cfg.shard_group,
+            "parallelism_config_tp_size": 1,
+            "parallelism_config_cp_size": 1,
+        }
+        notes.append(
+            f"dp_shard={cfg.shard_group}: FSDP2 hybrid sharding (HYBRID_SHARD) over a "
+            f"{cfg.dp // cfg.shard_group} x {cfg.shard_group} (replicate x shard) mesh from parallelism_config"
+        )
+    if cfg.offloads("optimizer"):
+        notes.append(
+            "offload=optimizer: FSDP2 CPUOffloadPolicy keeps parameters, gradients and optimizer states on "
+            "the host and steps there (less GPU memory than the plan counts)"
+        )
+    if cfg.precision.startswith("amp"):
+        notes.append(
+            "Accelerate's FSDP mixed precision reduces gradients in the 16-bit dtype (the plan costs an fp32 "
+            "reduction: less traffic, same memory)"
+        )
+    return sections
+
+
+def _training_arguments(plan: Plan, sharded: bool, notes: list[str]) -> dict[str, object]:
+    """transformers TrainingArguments: batch, accumulation, precision, recompute, optimizer and
+    the checkpoint interval in steps."""
+    cfg = plan.config
     steps = steps_between_checkpoints(plan)
     targs: dict[str, object] = {
         "output_dir": "planner-run",
@@ -204,26 +235,20 @@ def to_fsdp(plan: Plan) -> Export:
         )
     if not sharded and cfg.dp > 1:
         targs["ddp_find_unused_parameters"] = False
-    if cfg.recompute_layers is not None:
-        # the decoder layers: GPT2LMHeadModel.transformer.h, the other causal LMs' .model.layers (transformers 5.23)
-        blocks_path = "model.transformer.h" if spec.model_type == "gpt2" else "model.model.layers"
-        notes.append(
-            f"recompute_layers={cfg.recompute_layers}: Accelerate and the Trainer checkpoint every decoder "
-            "layer (this config: it fits, and runs slower than planned); for the plan's first "
-            f"{cfg.recompute_layers} layers per chunk, leave it off and call torch.distributed.algorithms."
-            "_checkpoint.checkpoint_wrapper.apply_activation_checkpointing(model, check_fn=lambda m: m in "
-            f"{blocks_path}[:{cfg.recompute_layers}]) in the script"
-        )
-    if cfg.precision == "bf16":
-        notes.append(
-            "precision bf16: load the model in bfloat16 (dtype below) so that weights, gradients and AdamW "
-            "states are 16-bit, as planned"
-        )
-    config_cls, config_kwargs = hf_config(spec, cfg.seq)
-    if cfg.precision == "bf16":
-        config_kwargs["dtype"] = "bfloat16"
-    text = _yaml(plan, doc) + _python_block(plan, targs, config_cls, config_kwargs, spec)
-    return Export(format="fsdp", text=text, notes=tuple(notes))
+    return targs
+
+
+def _recompute_layers_note(cfg, spec) -> str:
+    """Accelerate checkpoints every decoder layer: how to recompute only the plan's first N."""
+    # the decoder layers: GPT2LMHeadModel.transformer.h, the other causal LMs' .model.layers (transformers 5.23)
+    blocks_path = "model.transformer.h" if spec.model_type == "gpt2" else "model.model.layers"
+    return (
+        f"recompute_layers={cfg.recompute_layers}: Accelerate and the Trainer checkpoint every decoder "
+        "layer (this config: it fits, and runs slower than planned); for the plan's first "
+        f"{cfg.recompute_layers} layers per chunk, leave it off and call torch.distributed.algorithms."
+        "_checkpoint.checkpoint_wrapper.apply_activation_checkpointing(model, check_fn=lambda m: m in "
+        f"{blocks_path}[:{cfg.recompute_layers}]) in the script"
+    )
 
 
 def _scalar(value) -> str:

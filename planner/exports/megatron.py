@@ -9,6 +9,8 @@ embeddings, vocabulary) and pass `validate_args`; use them as
 
 from __future__ import annotations
 
+from typing import Callable
+
 from cost_models.comm import tp_overlapped
 from cost_models.step import BF16_PARAM_PRECISIONS
 from planner.exports.common import (
@@ -48,12 +50,34 @@ def to_megatron(plan: Plan) -> Export:
     refusals = megatron_limits(plan)
     if refusals:
         raise cannot("megatron", "; ".join(refusals))
-    cfg, spec, notes = plan.config, require_spec(plan, "megatron"), []
+    spec, moe = require_spec(plan, "megatron"), model_moe(plan)
     args: list[tuple[str, object]] = []
     add = lambda flag, value=None: args.append((flag, value))
-    env = {}
+    notes: list[str] = []
+    env: dict[str, str] = {}
+    _model_args(plan, spec, add, notes)
+    if moe:
+        _moe_args(plan, spec, moe, add, notes)
+    _parallel_args(plan, moe, add, notes, env)
+    _recompute_args(plan, add)
+    _sharding_args(plan, add, notes)
+    _offload_args(plan, spec, add, notes)
+    _precision_args(plan, add, notes)
+    _placement_schedule_args(plan, add, notes)
+    _checkpoint_args(plan, add, notes)
+    lines = [f"# {h}" for h in header(plan, "Megatron-LM (megatron-core 0.19.2) pretrain_gpt.py")]
+    lines += [f"# env {k}={v}" for k, v in env.items()]
+    lines += [flag if value is None else f"{flag} {value}" for flag, value in args]
+    return Export(format="megatron", text="\n".join(lines) + "\n", notes=tuple(notes))
 
-    # --- the model
+
+_AddArg = Callable[..., None]
+"""`add(flag, value=None)`: append one argument line (a bare flag when value is None)."""
+
+
+def _model_args(plan: Plan, spec, add: _AddArg, notes: list[str]) -> None:
+    """The model: widths, attention, positions, block details, vocabulary, MLA, QK-norm, MTP."""
+    cfg = plan.config
     add("--num-layers", spec.layers)
     add("--hidden-size", spec.hidden)
     add("--ffn-hidden-size", spec.d_ffn)
@@ -64,6 +88,29 @@ def to_megatron(plan: Plan) -> Export:
     if spec.mla is None and (spec.d_head != spec.hidden // spec.heads or spec.hidden % spec.heads):
         add("--kv-channels", spec.d_head)
     add("--seq-length", cfg.seq)
+    _position_args(cfg, spec, add)
+    if 0 < spec.sliding_window < cfg.seq:
+        add("--window-size", f'"({spec.sliding_window},0)"')
+    _block_args(spec, add)
+    add("--attention-dropout", 0)
+    add("--hidden-dropout", 0)
+    add("--tokenizer-type", "NullTokenizer")
+    add("--vocab-size", spec.vocab)
+    notes.append(
+        f"NullTokenizer with --vocab-size {spec.vocab} fixes the embedding shape; put your "
+        "tokenizer in its place. Megatron pads the table to a multiple of 128 x tp "
+        f"({_padded_vocab(spec.vocab, cfg.tp)} rows)"
+    )
+    if spec.mla is not None:
+        _mla_args(spec.mla, add, notes)
+    if spec.qk_norm:
+        add("--qk-layernorm")
+    if spec.mtp_modules:
+        add("--mtp-num-layers", spec.mtp_modules)
+
+
+def _position_args(cfg, spec, add: _AddArg) -> None:
+    """Position table size and type, and the rotary base."""
     positions = {"learned": "learned_absolute", "rope": "rope", "none": "none"}[spec.position]
     add(
         "--max-position-embeddings",
@@ -75,8 +122,10 @@ def to_megatron(plan: Plan) -> Export:
             "--rotary-base",
             int(spec.rope_theta) if float(spec.rope_theta).is_integer() else spec.rope_theta,
         )
-    if 0 < spec.sliding_window < cfg.seq:
-        add("--window-size", f'"({spec.sliding_window},0)"')
+
+
+def _block_args(spec, add: _AddArg) -> None:
+    """Norm, MLP, biases and embedding tying of the blocks."""
     add("--normalization", "RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm")
     if spec.gated_mlp:
         add("--swiglu")
@@ -87,89 +136,92 @@ def to_megatron(plan: Plan) -> Export:
         add("--add-qkv-bias")
     if not spec.tied_embeddings:
         add("--untie-embeddings-and-output-weights")
-    add("--attention-dropout", 0)
-    add("--hidden-dropout", 0)
-    add("--tokenizer-type", "NullTokenizer")
-    add("--vocab-size", spec.vocab)
-    notes.append(
-        f"NullTokenizer with --vocab-size {spec.vocab} fixes the embedding shape; put your tokenizer in its "
-        f"place. Megatron pads the table to a multiple of 128 x tp ({_padded_vocab(spec.vocab, cfg.tp)} rows)"
-    )
-    if spec.mla is not None:  # DeepSeek-V2/V3 multi-head latent attention (MLATransformerConfig)
-        add("--multi-latent-attention")
-        if spec.mla.q_lora_rank:
-            add("--q-lora-rank", spec.mla.q_lora_rank)
-        add("--kv-lora-rank", spec.mla.kv_lora_rank)
-        add("--qk-head-dim", spec.mla.qk_nope_head_dim)
-        add("--qk-pos-emb-head-dim", spec.mla.qk_rope_head_dim)
-        add("--v-head-dim", spec.mla.v_head_dim)
-        notes.append(
-            "MLA: rotary scaling (DeepSeek-V3's YaRN, --rope-type yarn --rotary-scaling-factor 40) is not "
-            "in the plan's model; add it for long contexts"
-        )
-    if spec.qk_norm:
-        add("--qk-layernorm")
-    if spec.mtp_modules:
-        add("--mtp-num-layers", spec.mtp_modules)
-    moe = model_moe(plan)
-    if moe:
-        add("--num-experts", moe.experts)
-        add("--moe-router-topk", moe.top_k)
-        add("--moe-ffn-hidden-size", moe.expert_ffn)
-        if moe.shared_experts:
-            add("--moe-shared-expert-intermediate-size", moe.shared_experts * moe.d_shared_ffn)
-            if moe.shared_expert_gate:
-                add("--moe-shared-expert-gate")
-        if moe.first_dense_layers:
-            add(
-                "--moe-layer-freq",
-                f'"([0]*{moe.first_dense_layers}+[1]*{spec.layers - moe.first_dense_layers})"',
-            )
-        add("--moe-router-score-function", moe.router)
-        if moe.router == "softmax" and not moe.normalize_top_k:
-            add(
-                "--moe-router-pre-softmax"
-            )  # softmax over all experts, top-k probabilities kept as they are
-        if moe.aux_free_bias:
-            add(
-                "--moe-router-enable-expert-bias"
-            )  # DeepSeek-V3's auxiliary-loss-free balancing bias
-        if moe.expert_groups > 1 and moe.groups_per_token:
-            add("--moe-router-num-groups", moe.expert_groups)
-            add("--moe-router-group-topk", moe.groups_per_token)
-        if moe.routed_scaling != 1.0:
-            add("--moe-router-topk-scaling-factor", moe.routed_scaling)
-        if moe.capacity_factor is not None:
-            add("--moe-expert-capacity-factor", moe.capacity_factor)
-        add("--moe-grouped-gemm")
-        software = plan.document.get("software") or {}
-        exchange = cfg.ep * cfg.expert_tp > 1
-        if software.get("moe_dispatcher") == "deepep" and exchange:
-            # DeepEP through the flex dispatcher (TransformerConfig.moe_flex_dispatcher_backend, megatron-core 0.19;
-            # --moe-enable-deepep before 0.15)
-            add("--moe-token-dispatcher-type", "flex")
-            add("--moe-flex-dispatcher-backend", "deepep")
-        else:
-            add("--moe-token-dispatcher-type", "alltoall")
-            if software.get("moe_dispatcher") == "deepep":
-                notes.append(
-                    "moe_dispatcher=deepep left out: with ep x expert_tp = 1 no token leaves its rank, and "
-                    "Megatron-Core's flex dispatcher asserts TPxEP > 1; the export writes alltoall"
-                )
-        if (
-            software.get("moe_a2a_overlap") and cfg.ep > 1
-        ):  # what it cannot run is refused (megatron_limits)
-            add("--overlap-moe-expert-parallel-comm")
-        elif software.get("moe_a2a_overlap"):
-            notes.append(
-                "moe_a2a_overlap left out: with ep = 1 there is no expert-parallel exchange to hide "
-                "(Megatron-Core asserts expert_model_parallel_size > 1 for the overlap)"
-            )
 
-    # --- parallelism and batch
+
+def _mla_args(mla, add: _AddArg, notes: list[str]) -> None:
+    """DeepSeek-V2/V3 multi-head latent attention (MLATransformerConfig)."""
+    add("--multi-latent-attention")
+    if mla.q_lora_rank:
+        add("--q-lora-rank", mla.q_lora_rank)
+    add("--kv-lora-rank", mla.kv_lora_rank)
+    add("--qk-head-dim", mla.qk_nope_head_dim)
+    add("--qk-pos-emb-head-dim", mla.qk_rope_head_dim)
+    add("--v-head-dim", mla.v_head_dim)
+    notes.append(
+        "MLA: rotary scaling (DeepSeek-V3's YaRN, --rope-type yarn --rotary-scaling-factor 40) "
+        "is not in the plan's model; add it for long contexts"
+    )
+
+
+def _moe_args(plan: Plan, spec, moe, add: _AddArg, notes: list[str]) -> None:
+    """The experts, their router and the token dispatcher."""
+    add("--num-experts", moe.experts)
+    add("--moe-router-topk", moe.top_k)
+    add("--moe-ffn-hidden-size", moe.expert_ffn)
+    if moe.shared_experts:
+        add("--moe-shared-expert-intermediate-size", moe.shared_experts * moe.d_shared_ffn)
+        if moe.shared_expert_gate:
+            add("--moe-shared-expert-gate")
+    if moe.first_dense_layers:
+        add(
+            "--moe-layer-freq",
+            f'"([0]*{moe.first_dense_layers}+[1]*{spec.layers - moe.first_dense_layers})"',
+        )
+    _moe_router_args(moe, add)
+    if moe.capacity_factor is not None:
+        add("--moe-expert-capacity-factor", moe.capacity_factor)
+    add("--moe-grouped-gemm")
+    _moe_dispatcher_args(plan, add, notes)
+
+
+def _moe_router_args(moe, add: _AddArg) -> None:
+    """Router score function, pre-softmax, expert bias, group-limited routing and scaling."""
+    add("--moe-router-score-function", moe.router)
+    if moe.router == "softmax" and not moe.normalize_top_k:
+        # softmax over all experts, top-k probabilities kept as they are
+        add("--moe-router-pre-softmax")
+    if moe.aux_free_bias:
+        add("--moe-router-enable-expert-bias")  # DeepSeek-V3's auxiliary-loss-free balancing bias
+    if moe.expert_groups > 1 and moe.groups_per_token:
+        add("--moe-router-num-groups", moe.expert_groups)
+        add("--moe-router-group-topk", moe.groups_per_token)
+    if moe.routed_scaling != 1.0:
+        add("--moe-router-topk-scaling-factor", moe.routed_scaling)
+
+
+def _moe_dispatcher_args(plan: Plan, add: _AddArg, notes: list[str]) -> None:
+    """Token dispatcher (alltoall, or DeepEP through the flex dispatcher) and the a2a overlap."""
+    cfg, software = plan.config, plan.document.get("software") or {}
+    exchange = cfg.ep * cfg.expert_tp > 1
+    if software.get("moe_dispatcher") == "deepep" and exchange:
+        # DeepEP through the flex dispatcher (TransformerConfig.moe_flex_dispatcher_backend,
+        # megatron-core 0.19; --moe-enable-deepep before 0.15)
+        add("--moe-token-dispatcher-type", "flex")
+        add("--moe-flex-dispatcher-backend", "deepep")
+    else:
+        add("--moe-token-dispatcher-type", "alltoall")
+        if software.get("moe_dispatcher") == "deepep":
+            notes.append(
+                "moe_dispatcher=deepep left out: with ep x expert_tp = 1 no token leaves its "
+                "rank, and Megatron-Core's flex dispatcher asserts TPxEP > 1; the export writes "
+                "alltoall"
+            )
+    if software.get("moe_a2a_overlap") and cfg.ep > 1:  # what it cannot run: megatron_limits
+        add("--overlap-moe-expert-parallel-comm")
+    elif software.get("moe_a2a_overlap"):
+        notes.append(
+            "moe_a2a_overlap left out: with ep = 1 there is no expert-parallel exchange to hide "
+            "(Megatron-Core asserts expert_model_parallel_size > 1 for the overlap)"
+        )
+
+
+def _parallel_args(plan: Plan, moe, add: _AddArg, notes: list[str], env: dict[str, str]) -> None:
+    """Parallel degrees, pipeline split, batch, sequence parallelism and TP overlap."""
+    cfg = plan.config
     add("--tensor-model-parallel-size", cfg.tp)
     add("--pipeline-model-parallel-size", cfg.pp)
-    args += _stage_args(plan, notes)
+    for flag, value in _stage_args(plan, notes):
+        add(flag, value)
     if cfg.cp > 1:
         add("--context-parallel-size", cfg.cp)
         add("--cp-comm-type", MEGATRON_CP_COMM[cfg.cp_comm])
@@ -184,19 +236,23 @@ def to_megatron(plan: Plan) -> Export:
     elif cfg.tp > 1 and moe:
         add("--sequence-parallel")
         notes.append(
-            "Megatron-LM requires sequence parallelism with MoE and tp > 1; turned on (less activation memory)"
+            "Megatron-LM requires sequence parallelism with MoE and tp > 1; turned on "
+            "(less activation memory)"
         )
     notes += _tp_overlap_args(plan, add)
     if (cfg.tp > 1 or cfg.cp > 1) and cfg.zero < 2:
-        # validate_args asks for 1 with TP/CP on pre-Blackwell GPUs, and for "unset or > 1" with Megatron FSDP
+        # validate_args asks for 1 with TP/CP on pre-Blackwell GPUs, and for "unset or > 1" with
+        # Megatron FSDP
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
 
-    # --- memory: recompute, sharding, offload
+
+def _recompute_args(plan: Plan, add: _AddArg) -> None:
+    """Full recomputation (uniform, or the first N blocks of each chunk) or selective modules."""
+    cfg = plan.config
     if cfg.recompute == "full":
         add("--recompute-granularity", "full")
-        if (
-            cfg.recompute_layers is not None
-        ):  # the first N blocks of each pipeline chunk, the rest keep theirs
+        if cfg.recompute_layers is not None:
+            # the first N blocks of each pipeline chunk, the rest keep theirs
             add("--recompute-method", "block")
             add("--recompute-num-layers", cfg.recompute_layers)
         else:
@@ -207,6 +263,12 @@ def to_megatron(plan: Plan) -> Export:
         modules = (plan.document.get("software") or {}).get("recompute_modules")
         if modules:  # the modules the plan was costed with (Megatron-Core's default is core_attn)
             add("--recompute-modules", " ".join(modules))
+
+
+def _sharding_args(plan: Plan, add: _AddArg, notes: list[str]) -> None:
+    """ZeRO-1 as the distributed optimizer, ZeRO-2/3 as Megatron FSDP (hybrid with dp_shard), and
+    the overlap of gradient reduction and parameter gathering."""
+    cfg = plan.config
     if cfg.zero == 1:
         add("--use-distributed-optimizer")
         if dp_replicas(plan) > 1:
@@ -218,9 +280,8 @@ def to_megatron(plan: Plan) -> Export:
             "optim_grads" if cfg.zero == 2 else "optim_grads_params",
         )
         add("--ckpt-format", "fsdp_dtensor")
-        if (
-            dp_replicas(plan) > 1
-        ):  # hybrid FSDP: shard within groups of dp_shard, replicate across them
+        if dp_replicas(plan) > 1:
+            # hybrid FSDP: shard within groups of dp_shard, replicate across them
             add("--num-distributed-optimizer-instances", dp_replicas(plan))
             notes.append(
                 f"dp_shard={cfg.shard_group}: Megatron FSDP's hybrid mode (HSDP: --num-distributed-optimizer-"
@@ -231,6 +292,11 @@ def to_megatron(plan: Plan) -> Export:
         add("--overlap-grad-reduce")
         if cfg.zero >= 1:
             add("--overlap-param-gather")
+
+
+def _offload_args(plan: Plan, spec, add: _AddArg, notes: list[str]) -> None:
+    """Optimizer offload (through the distributed optimizer) and activation offload."""
+    cfg = plan.config
     if cfg.offloads("optimizer"):
         if cfg.zero == 0:
             add("--use-distributed-optimizer")
@@ -249,7 +315,10 @@ def to_megatron(plan: Plan) -> Export:
             "most num_layers - 1 layers; no pipelining or recomputation with it)"
         )
 
-    # --- precision
+
+def _precision_args(plan: Plan, add: _AddArg, notes: list[str]) -> None:
+    """bf16/fp16/fp8 arguments, and notes on precision options Megatron-LM cannot take as arguments."""
+    cfg = plan.config
     if cfg.precision in BF16_PARAM_PRECISIONS:
         add("--bf16")
     elif cfg.precision == "amp-fp16":
@@ -259,7 +328,20 @@ def to_megatron(plan: Plan) -> Export:
             "precision bf16 (no fp32 master weights): Megatron keeps fp32 main parameters in its optimizer "
             "(more memory than planned unless you add --use-precision-aware-optimizer --main-params-dtype bf16)"
         )
-    software = plan.document.get("software") or {}
+    notes += _model_config_notes(plan)
+    if cfg.precision == "fp8":
+        add("--fp8-format", "hybrid")
+        add("--fp8-recipe", "tensorwise")
+        # FP8 primary weights, no FP8 copies beside bf16 ones (what the plan's memory assumes)
+        add("--fp8-param-gather")
+        notes.append(
+            "fp8 needs Transformer Engine (--transformer-impl transformer_engine, the default)"
+        )
+
+
+def _model_config_notes(plan: Plan) -> list[str]:
+    """Software options of the plan that are settings of the model config, not arguments."""
+    software, notes = plan.document.get("software") or {}, []
     if software.get("activation_fp8_input"):
         notes.append(
             "activation_fp8_input: Megatron-LM has no argument for TransformerConfig."
@@ -272,17 +354,12 @@ def to_megatron(plan: Plan) -> Export:
             "(cross_entropy_fusion_impl='te' on the model config); Megatron-LM's validate_args refuses "
             "--cross-entropy-fusion-impl te, and its own loss keeps 4 more bytes per logit on the last stage"
         )
-    if cfg.precision == "fp8":
-        add("--fp8-format", "hybrid")
-        add("--fp8-recipe", "tensorwise")
-        add(
-            "--fp8-param-gather"
-        )  # FP8 primary weights, no FP8 copies beside bf16 ones (what the plan's memory assumes)
-        notes.append(
-            "fp8 needs Transformer Engine (--transformer-impl transformer_engine, the default)"
-        )
+    return notes
 
-    # --- placement, schedule, checkpoints
+
+def _placement_schedule_args(plan: Plan, add: _AddArg, notes: list[str]) -> None:
+    """Rank order (--use-tp-pp-dp-mapping) and the schedules Megatron-LM runs in place of the plan's."""
+    cfg = plan.config
     if megatron_placement(cfg) == ("DPCT" if cfg.cp > 1 else "DPT"):
         add("--use-tp-pp-dp-mapping")
     elif megatron_placement(cfg) != ("PDCT" if cfg.cp > 1 else "PDT"):
@@ -299,18 +376,18 @@ def to_megatron(plan: Plan) -> Export:
             "zero-bubble schedule: Megatron-LM mainline runs 1F1B (bubble (p-1)/m instead of (p-1)/(3m)); "
             "the ZB-H1 schedule needs the zero-bubble fork"
         )
+
+
+def _checkpoint_args(plan: Plan, add: _AddArg, notes: list[str]) -> None:
+    """--save-interval from the plan's checkpoint interval."""
     steps = steps_between_checkpoints(plan)
     if steps:
         add("--save-interval", steps)
         notes.append(
-            f"--save-interval {steps}: the plan's checkpoint interval {plan.document['plan']['checkpoint_interval_s']:g} s "
+            f"--save-interval {steps}: the plan's checkpoint interval "
+            f"{plan.document['plan']['checkpoint_interval_s']:g} s "
             f"at the predicted {plan.prediction.step_time_s:.3f} s per step; add --save DIR"
         )
-
-    lines = [f"# {h}" for h in header(plan, "Megatron-LM (megatron-core 0.19.2) pretrain_gpt.py")]
-    lines += [f"# env {k}={v}" for k, v in env.items()]
-    lines += [flag if value is None else f"{flag} {value}" for flag, value in args]
-    return Export(format="megatron", text="\n".join(lines) + "\n", notes=tuple(notes))
 
 
 def _stage_args(plan: Plan, notes: list[str]) -> list[tuple[str, object]]:

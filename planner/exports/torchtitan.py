@@ -95,59 +95,76 @@ def to_torchtitan(plan: Plan) -> Export:
     cfg, spec, notes = plan.config, require_spec(plan, "torchtitan"), []
     family = torchtitan_family(spec)
     flavor = _flavor(spec) if family == "llama3" else None
-    # torchtitan 0.3.0 (trainer.py): each accumulation step runs local_batch_size sequences per
-    # data-parallel
-    # rank, split into pipeline micro-batches of pipeline_parallel_microbatch_size with pp > 1, and
-    # accumulates
-    # global / (local x dp) steps; so pp = 1 runs the plan's micro-batch per forward and accumulates
-    # the rest
-    local_batch = cfg.global_batch // cfg.dp if cfg.pp > 1 else cfg.micro_batch
+    parallelism = _data_parallelism(cfg, notes)
+    parallelism.update(_model_parallelism(plan, spec, family, notes))
+    notes += _run_difference_notes(cfg)
+    training = _training(cfg, notes)
+    ac = _activation_checkpointing(cfg, notes)
+    steps = steps_between_checkpoints(plan)
+    notes += _model_notes(cfg, family)
+    text = _module_text(plan, spec, family, flavor, training, parallelism, ac, steps)
+    return Export(format="torchtitan", text=text, notes=tuple(notes))
 
-    parallelism: dict[str, object] = {}
+
+def _data_parallelism(cfg, notes: list[str]) -> dict[str, object]:
+    """data_parallel_replicate/shard degrees and resharding of the job (notes on how they differ
+    from the plan's ZeRO stage and shard group)."""
     dp_shard = torchtitan_dp_shard(cfg)
     if dp_shard == 1 and cfg.zero == 0:
-        parallelism.update(data_parallel_replicate_degree=cfg.dp, data_parallel_shard_degree=1)
-    else:
-        parallelism.update(
-            data_parallel_replicate_degree=cfg.dp // dp_shard,
-            data_parallel_shard_degree=dp_shard,
-            fsdp_reshard_after_forward="always" if cfg.zero == 3 else "never",
+        return dict(data_parallel_replicate_degree=cfg.dp, data_parallel_shard_degree=1)
+    notes += _sharding_notes(cfg, dp_shard)
+    return dict(
+        data_parallel_replicate_degree=cfg.dp // dp_shard,
+        data_parallel_shard_degree=dp_shard,
+        fsdp_reshard_after_forward="always" if cfg.zero == 3 else "never",
+    )
+
+
+def _sharding_notes(cfg, dp_shard: int) -> list[str]:
+    """How torchtitan's FSDP2 sharding over dp_shard ranks differs from the plan's ZeRO stage."""
+    notes = []
+    if cfg.zero == 3:
+        # torchtitan's "default" keeps parameters gathered after forward under pipeline parallelism and leaves
+        # the last layers (final norm, output) gathered without it (distributed/fsdp.py
+        # get_fsdp_reshard_after_forward_policy, apply_fsdp_to_decoder): the plan's ZeRO-3 memory assumes
+        # every unit resharded
+        notes.append(
+            "zero=3 exported as fsdp_reshard_after_forward='always': torchtitan's 'default' would keep "
+            + (
+                "each stage's parameters gathered between micro-batches under pipeline parallelism "
+                "(ZeRO-2 memory)"
+                if cfg.pp > 1
+                else "the final norm and output layer gathered"
+            )
+            + ", which the plan's memory does not include"
         )
-        if cfg.zero == 3:
-            # torchtitan's "default" keeps parameters gathered after forward under pipeline parallelism and leaves
-            # the last layers (final norm, output) gathered without it (distributed/fsdp.py
-            # get_fsdp_reshard_after_forward_policy, apply_fsdp_to_decoder): the plan's ZeRO-3 memory assumes
-            # every unit resharded
-            notes.append(
-                "zero=3 exported as fsdp_reshard_after_forward='always': torchtitan's 'default' would keep "
-                + (
-                    "each stage's parameters gathered between micro-batches under pipeline parallelism "
-                    "(ZeRO-2 memory)"
-                    if cfg.pp > 1
-                    else "the final norm and output layer gathered"
-                )
-                + ", which the plan's memory does not include"
-            )
-        if dp_shard != (1 if cfg.zero == 0 else cfg.shard_group):
-            planned = (
-                "ZeRO-0 (no sharding)"
-                if cfg.zero == 0
-                else f"shard groups of dp_shard={cfg.shard_group}"
-            )
-            notes.append(
-                f"ep={cfg.ep} with {planned}: torchtitan 0.3.0 carves the expert-parallel ranks from dp_shard x "
-                f"cp x tp, never from data-parallel replicas (ParallelismConfig.expert_parallel_degree, "
-                f"distributed/parallel_dims.py build_mesh), so the job shards over dp_shard={dp_shard} "
-                f"(HSDP with {cfg.dp // dp_shard} replicas"
-                + (", without resharding after forward: ZeRO-2" if cfg.zero == 0 else "")
-                + "): less memory than planned, more all-gather and reduce-scatter traffic"
-            )
-        if cfg.zero == 1:
-            notes.append(
-                "torchtitan has no optimizer-only sharding (ZeRO-1); exported as FSDP2 without resharding "
-                "after forward (ZeRO-2): same parameters in memory, less gradient memory"
-            )
-    parallelism.update(
+    if dp_shard != (1 if cfg.zero == 0 else cfg.shard_group):
+        planned = (
+            "ZeRO-0 (no sharding)"
+            if cfg.zero == 0
+            else f"shard groups of dp_shard={cfg.shard_group}"
+        )
+        notes.append(
+            f"ep={cfg.ep} with {planned}: torchtitan 0.3.0 carves the expert-parallel ranks from dp_shard x "
+            f"cp x tp, never from data-parallel replicas (ParallelismConfig.expert_parallel_degree, "
+            f"distributed/parallel_dims.py build_mesh), so the job shards over dp_shard={dp_shard} "
+            f"(HSDP with {cfg.dp // dp_shard} replicas"
+            + (", without resharding after forward: ZeRO-2" if cfg.zero == 0 else "")
+            + "): less memory than planned, more all-gather and reduce-scatter traffic"
+        )
+    if cfg.zero == 1:
+        notes.append(
+            "torchtitan has no optimizer-only sharding (ZeRO-1); exported as FSDP2 without resharding "
+            "after forward (ZeRO-2): same parameters in memory, less gradient memory"
+        )
+    return notes
+
+
+def _model_parallelism(plan: Plan, spec, family: str, notes: list[str]) -> dict[str, object]:
+    """Tensor, pipeline, context and expert degrees, async TP, the DTensor backend and the pipeline
+    schedule of the job."""
+    cfg = plan.config
+    parallelism: dict[str, object] = dict(
         tensor_parallel_degree=cfg.tp,
         enable_sequence_parallel=cfg.tp > 1,
         pipeline_parallel_degree=cfg.pp,
@@ -174,20 +191,30 @@ def to_torchtitan(plan: Plan) -> Export:
             "(less activation memory)"
         )
     if cfg.pp > 1:
-        parallelism.update(
-            pipeline_parallel_schedule=TORCHTITAN_SCHEDULES[cfg.schedule],
-            pipeline_parallel_microbatch_size=cfg.micro_batch,
-            module_fqns_per_model_part=torchtitan_fqns(
-                chunk_blocks(plan), positions=family == "gpt"
-            ),
+        parallelism.update(_pipeline_parallelism(plan, spec, family, notes))
+    return parallelism
+
+
+def _pipeline_parallelism(plan: Plan, spec, family: str, notes: list[str]) -> dict[str, object]:
+    """Schedule, micro-batch size and module names per model part (pp > 1)."""
+    cfg = plan.config
+    if spec.tied_embeddings:
+        notes.append(
+            "tied embeddings with pipeline parallelism (torchtitan's Decoder refuses them): the first and "
+            "last stages each hold the table, start from the last stage's values and add their gradients "
+            "before each optimizer step (Megatron-LM's scheme); torchtitan's gradient clipping sees the "
+            "two partial gradients"
         )
-        if spec.tied_embeddings:
-            notes.append(
-                "tied embeddings with pipeline parallelism (torchtitan's Decoder refuses them): the first and "
-                "last stages each hold the table, start from the last stage's values and add their gradients "
-                "before each optimizer step (Megatron-LM's scheme); torchtitan's gradient clipping sees the "
-                "two partial gradients"
-            )
+    return dict(
+        pipeline_parallel_schedule=TORCHTITAN_SCHEDULES[cfg.schedule],
+        pipeline_parallel_microbatch_size=cfg.micro_batch,
+        module_fqns_per_model_part=torchtitan_fqns(chunk_blocks(plan), positions=family == "gpt"),
+    )
+
+
+def _run_difference_notes(cfg) -> list[str]:
+    """Context parallelism, offload, placement and selective recompute as torchtitan runs them."""
+    notes = []
     if cfg.cp > 1 and cfg.cp_comm != "all_gather":
         notes.append(
             f"cp_comm={cfg.cp_comm}: torchtitan's context parallelism (torch's context_parallel) gathers "
@@ -212,6 +239,16 @@ def to_torchtitan(plan: Plan) -> Export:
             "recompute=selective exported as torchtitan's per-op SelectiveAC (saves matmul outputs, recomputes "
             "the rest): close to, not the same as, Megatron's attention-core recompute"
         )
+    return notes
+
+
+def _training(cfg, notes: list[str]) -> dict[str, object]:
+    """The job's TrainingConfig fields: batch, sequence, dtypes, CPU offload, CUDA graphs."""
+    # torchtitan 0.3.0 (trainer.py): each accumulation step runs local_batch_size sequences per
+    # data-parallel rank, split into pipeline micro-batches of pipeline_parallel_microbatch_size
+    # with pp > 1, and accumulates global / (local x dp) steps; so pp = 1 runs the plan's
+    # micro-batch per forward and accumulates the rest
+    local_batch = cfg.global_batch // cfg.dp if cfg.pp > 1 else cfg.micro_batch
     training = {
         "local_batch_size": local_batch,
         "global_batch_size": cfg.global_batch,
@@ -231,6 +268,12 @@ def to_torchtitan(plan: Plan) -> Export:
             "dispatchers that synchronize with the host, as its all-to-all and DeepEP ones do "
             "(trainer.py Trainer.Config._validate_cuda_graphs)"
         )
+    return training
+
+
+def _activation_checkpointing(cfg, notes: list[str]) -> str:
+    """The job's activation checkpointing config expression (None, FullAC, SelectiveAC, or the
+    job's FirstBlocksAC for recompute_layers)."""
     ac = {"none": "None", "full": "FullAC.Config()", "selective": "SelectiveAC.Config()"}[
         cfg.recompute
     ]
@@ -240,7 +283,12 @@ def to_torchtitan(plan: Plan) -> Export:
             f"recompute_layers={cfg.recompute_layers}: FirstBlocksAC (defined in the job) recomputes the first "
             f"{cfg.recompute_layers} blocks of each model part; torchtitan 0.3.0's own policies wrap every block"
         )
-    steps = steps_between_checkpoints(plan)
+    return ac
+
+
+def _model_notes(cfg, family: str) -> list[str]:
+    """FP8 converters and the job's own GPT model."""
+    notes = []
     if cfg.precision == "fp8" and family in TORCHTITAN_MOE_FAMILIES:
         notes.append(
             "fp8: torchtitan's Float8LinearConverter (torchao rowwise recipe) on every Linear but the routers' "
@@ -258,8 +306,7 @@ def to_torchtitan(plan: Plan) -> Export:
             "embeddings, pre-LayerNorm blocks with biases and a GELU MLP, parallelized by torchtitan's llama3 "
             "functions; no Hugging Face checkpoint adapter (state_dict_adapter None)"
         )
-    text = _module_text(plan, spec, family, flavor, training, parallelism, ac, steps)
-    return Export(format="torchtitan", text=text, notes=tuple(notes))
+    return notes
 
 
 def torchtitan_dp_shard(cfg) -> int:
@@ -279,8 +326,7 @@ def torchtitan_dp_shard(cfg) -> int:
 
 def _moe_notes(plan: Plan, spec) -> list[str]:
     """How the MoE job differs from the plan (torchtitan_limits has refused what it cannot run)."""
-    cfg, moe, notes = plan.config, spec.moe, []
-    software = plan.document.get("software") or {}
+    cfg, notes = plan.config, []
     efsdp = torchtitan_dp_shard(cfg) * cfg.cp * cfg.tp // cfg.ep
     if cfg.ep == 1 and cfg.tp > 1:
         notes.append(
@@ -294,6 +340,13 @@ def _moe_notes(plan: Plan, spec) -> list[str]:
             f"tp / ep = {efsdp} ranks that hold the same experts (distributed/fsdp.py apply_fsdp_to_decoder): "
             "less expert memory, an all-gather per MoE block"
         )
+    return notes + _moe_dispatch_notes(plan) + _moe_model_notes(cfg, spec)
+
+
+def _moe_dispatch_notes(plan: Plan) -> list[str]:
+    """The token dispatcher, its overlap and FP8 dispatch as torchtitan runs them."""
+    cfg, notes = plan.config, []
+    software = plan.document.get("software") or {}
     dispatcher = software.get("moe_dispatcher", "alltoall")
     if cfg.ep > 1 and dispatcher == "deepep" and _comm_backend(plan) == "deepep":
         notes.append(
@@ -316,7 +369,13 @@ def _moe_notes(plan: Plan, spec) -> list[str]:
             "moe_fp8_dispatch: torchtitan's token dispatchers send the activations in their own dtype (bf16), "
             "not FP8: twice the dispatch bytes planned"
         )
-    if not moe.aux_free_bias:
+    return notes
+
+
+def _moe_model_notes(cfg, spec) -> list[str]:
+    """Load balancing, RoPE scaling, MTP and gpt-oss experts of torchtitan's MoE families."""
+    notes = []
+    if not spec.moe.aux_free_bias:
         notes.append(
             f"expert load balancing: torchtitan 0.3.0 has no auxiliary balancing loss; the job keeps its "
             f"MoE flavors' auxiliary-loss-free expert bias (MoE.Config.load_balance_coeff={LOAD_BALANCE_COEFF}, "
@@ -449,7 +508,29 @@ def _model_lines(plan: Plan, spec, family, flavor) -> tuple[list[str], list[str]
 
 
 def _module_text(plan: Plan, spec, family, flavor, training, parallelism, ac, steps) -> str:
-    cfg = plan.config
+    """The job module: docstring, imports, model code, and planner_job() setting the model, loss,
+    training, parallelism, activation checkpointing and checkpoint interval."""
+    prelude, body = _model_lines(plan, spec, family, flavor)
+    if ac.startswith("FirstBlocksAC"):
+        prelude = _first_blocks_ac_source() + prelude
+    lines = _module_head(plan, spec, family, flavor) + prelude
+    lines += ["", "", "def planner_job():", "    config = base_job()", *body]
+    lines += _loss_lines(spec)
+    lines += ["    config.training = TrainingConfig("]
+    lines += [f"        {k}={_py(v)}," for k, v in training.items()]
+    lines += ["        steps=config.training.steps,", "    )"]
+    lines += _parallelism_lines(parallelism)
+    lines += [f"    config.activation_checkpoint = {ac}"]
+    if steps:
+        lines.append(
+            f"    config.checkpoint.interval = {steps}  # plan.checkpoint_interval_s / predicted step time"
+        )
+    lines += ["    return config", ""]
+    return "\n".join(lines)
+
+
+def _module_head(plan: Plan, spec, family, flavor) -> list[str]:
+    """The module docstring (how to run it) and its imports."""
     module = "planner_job"
     lines = [
         '"""' + "\n".join(header(plan, "torchtitan 0.3.0 job")),
@@ -464,70 +545,60 @@ def _module_text(plan: Plan, spec, family, flavor, training, parallelism, ac, st
         "from torchtitan.config import ParallelismConfig, TrainingConfig",
         "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC",
     ]
+    lines += _model_imports(spec, family, flavor)
+    if plan.config.precision == "fp8":
+        lines.append(
+            "from torchtitan.components.quantization import Float8LinearConverter"
+            + (", Float8GroupedExpertsConverter" if family in TORCHTITAN_MOE_FAMILIES else "")
+        )
+    return lines + [""]
+
+
+def _model_imports(spec, family, flavor) -> list[str]:
+    """The model package, its vocabulary helper and the job this one starts from."""
     if family in TORCHTITAN_MOE_FAMILIES or family in TORCHTITAN_DENSE_FAMILIES:
         package, _, _, job = {**TORCHTITAN_MOE_FAMILIES, **TORCHTITAN_DENSE_FAMILIES}[family]
-        lines += [
+        lines = [
             f"from torchtitan.models import {package}",
             "from torchtitan.models.common.config_utils import decoder_vocab_size",
             f"from torchtitan.models.{package}.config_registry import {job} as base_job",
         ]
         if spec.mtp_modules:
             lines.append("from torchtitan.models.deepseek_v3.mtp import MTPLoss")
-    else:
-        lines += [
-            "from torchtitan.models import llama3",
-            "from torchtitan.models.common.config_utils import decoder_vocab_size",
-            "from torchtitan.models.llama3.config_registry import "
-            f"{_JOB_OF_FLAVOR.get(flavor, 'llama3_8b')} as base_job",
+        return lines
+    return [
+        "from torchtitan.models import llama3",
+        "from torchtitan.models.common.config_utils import decoder_vocab_size",
+        "from torchtitan.models.llama3.config_registry import "
+        f"{_JOB_OF_FLAVOR.get(flavor, 'llama3_8b')} as base_job",
+    ]
+
+
+def _loss_lines(spec) -> list[str]:
+    """MTPLoss with MTP modules, else the chunked cross-entropy."""
+    if spec.mtp_modules:
+        return [
+            "    config.loss = MTPLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec))"
         ]
-    if cfg.precision == "fp8":
-        lines.append(
-            "from torchtitan.components.quantization import Float8LinearConverter"
-            + (", Float8GroupedExpertsConverter" if family in TORCHTITAN_MOE_FAMILIES else "")
-        )
-    lines.append("")
-    prelude, body = _model_lines(plan, spec, family, flavor)
-    if ac.startswith("FirstBlocksAC"):
-        prelude = _first_blocks_ac_source() + prelude
-    lines += prelude
+    return [
+        "    config.loss = ChunkedLossWrapper.Config(",
+        "        loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec)))",
+    ]
+
+
+def _parallelism_lines(parallelism: dict[str, object]) -> list[str]:
+    """The ParallelismConfig call, module names per model part one part a line."""
+    lines = ["    config.parallelism = ParallelismConfig("]
     lines += [
-        "",
-        "",
-        "def planner_job():",
-        "    config = base_job()",
-        *body,
-        *(
-            [
-                "    config.loss = MTPLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec))"
-            ]
-            if spec.mtp_modules
-            else [
-                "    config.loss = ChunkedLossWrapper.Config(",
-                "        loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec)))",
-            ]
-        ),
-        "    config.training = TrainingConfig(",
-        *[f"        {k}={_py(v)}," for k, v in training.items()],
-        "        steps=config.training.steps,",
-        "    )",
-        "    config.parallelism = ParallelismConfig(",
-        *[
-            f"        {k}={_py(v)},"
-            for k, v in parallelism.items()
-            if k != "module_fqns_per_model_part"
-        ],
+        f"        {k}={_py(v)},"
+        for k, v in parallelism.items()
+        if k != "module_fqns_per_model_part"
     ]
     if "module_fqns_per_model_part" in parallelism:
         lines.append("        module_fqns_per_model_part=[")
         lines += [f"            {part!r}," for part in parallelism["module_fqns_per_model_part"]]
         lines.append("        ],")
-    lines += ["    )", f"    config.activation_checkpoint = {ac}"]
-    if steps:
-        lines.append(
-            f"    config.checkpoint.interval = {steps}  # plan.checkpoint_interval_s / predicted step time"
-        )
-    lines += ["    return config", ""]
-    return "\n".join(lines)
+    return lines + ["    )"]
 
 
 def _first_blocks_ac_source() -> list[str]:
@@ -661,16 +732,7 @@ def _deepseek_v3_lines(spec, max_seq: int, router: dict) -> list[str]:
     """torchtitan/models/deepseek_v3/__init__.py: _671b's recipe (_build_dsv3_layers = build_mla_moe_layers with
     DeepSeek-V3's inits, DeepSeekV3Model.Config, _build_mtp_layers) with the plan's numbers."""
     moe, mla = spec.moe, spec.mla
-    shared = []
-    if moe.shared_experts == 0:
-        shared = ["        layer.moe.shared_experts = None"]
-    elif moe.d_shared_ffn != moe.expert_ffn:
-        shared = [
-            "        layer.moe.shared_experts = make_ffn_config(",
-            f"            dim=dim, hidden_dim={moe.shared_experts * moe.d_shared_ffn}, "
-            "w1_param_init=deepseek_v3._LINEAR_INIT,",
-            "            w2w3_param_init=deepseek_v3._depth_init(layer_id))",
-        ]
+    shared = _dsv3_shared_expert_lines(moe)
     patches = _moe_patches(
         ["        layer.moe.router.gate.bias = True"] if moe.router_bias else [],
         shared,
@@ -720,23 +782,25 @@ def _deepseek_v3_lines(spec, max_seq: int, router: dict) -> list[str]:
     ]
 
 
+def _dsv3_shared_expert_lines(moe) -> list[str]:
+    """Shared-expert patches of a DeepSeek-V3 layer: none, or a width other than
+    num_shared_experts x moe_hidden_dim."""
+    if moe.shared_experts == 0:
+        return ["        layer.moe.shared_experts = None"]
+    if moe.d_shared_ffn != moe.expert_ffn:
+        return [
+            "        layer.moe.shared_experts = make_ffn_config(",
+            f"            dim=dim, hidden_dim={moe.shared_experts * moe.d_shared_ffn}, "
+            "w1_param_init=deepseek_v3._LINEAR_INIT,",
+            "            w2w3_param_init=deepseek_v3._depth_init(layer_id))",
+        ]
+    return []
+
+
 def _qwen3_moe_lines(spec, max_seq: int, router: dict) -> list[str]:
     """torchtitan/models/qwen3/__init__.py: _30b_a3b's recipe (_build_qwen3_moe_layers: fused QKV, QK-norm,
     a softmax router renormalized over the top k, no shared experts; Qwen3Model.Config) with the plan's numbers."""
     moe = spec.moe
-    fixed = {
-        "score_func": "softmax",
-        "route_norm": True,
-        "route_scale": 1.0,
-        "num_expert_groups": None,
-        "num_limited_groups": None,
-        "gate.bias": False,
-    }
-    router_lines = [
-        f"        layer.moe.router.{name} = {router[name]!r}"
-        for name in fixed
-        if router[name] != fixed[name]
-    ]
     shared = (
         [
             "        layer.moe.shared_experts = make_ffn_config(",
@@ -747,7 +811,7 @@ def _qwen3_moe_lines(spec, max_seq: int, router: dict) -> list[str]:
         else []
     )
     patches = _moe_patches(
-        router_lines,
+        _qwen3_router_lines(router),
         shared,
         "a softmax router renormalized over the top k, no scaling, groups or "
         "gate bias; no shared experts",
@@ -782,6 +846,23 @@ def _qwen3_moe_lines(spec, max_seq: int, router: dict) -> list[str]:
         "",
         "",
         'qwen3.qwen3_configs["planner"] = _planner_flavor',
+    ]
+
+
+def _qwen3_router_lines(router: dict) -> list[str]:
+    """Router settings that differ from torchtitan's Qwen3 MoE router."""
+    fixed = {
+        "score_func": "softmax",
+        "route_norm": True,
+        "route_scale": 1.0,
+        "num_expert_groups": None,
+        "num_limited_groups": None,
+        "gate.bias": False,
+    }
+    return [
+        f"        layer.moe.router.{name} = {router[name]!r}"
+        for name in fixed
+        if router[name] != fixed[name]
     ]
 
 
