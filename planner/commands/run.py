@@ -136,29 +136,9 @@ def run(
     ] = None,
 ) -> None:
     """Run PLAN.json for real: per-rank step times beside the prediction, optionally verified."""
-    parse_fault(inject_fault)
-    for folder, option in ((workdir, "--workdir"), (checkpoint_dir, "--checkpoint-dir")):
-        if folder is not None:
-            check_directory(folder, option)  # before the model is built and any rank starts
-    if hardware is not None:
-        load_profile(hardware)  # an unknown or invalid profile: refused now, not noted after
+    _refuse_bad_options(inject_fault, workdir, checkpoint_dir, hardware)
     plan = _plan_or_demo(plan, demo, workdir)
-    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or {
-        "RANK",
-        "WORLD_SIZE",
-        "MASTER_ADDR",
-    } <= set(os.environ)
-    world_env = None
-    if under_torchrun:
-        world_env = env_positive_int("WORLD_SIZE")
-        for name in ("RANK", "LOCAL_RANK"):
-            rank_env = env_positive_int(name, minimum=0)
-            if rank_env is not None and world_env is not None and rank_env >= world_env:
-                raise ConfigError(
-                    name,
-                    os.environ[name],
-                    f"0..{world_env - 1} (below WORLD_SIZE, environment variable)",
-                )
+    under_torchrun = _under_torchrun()
     spec = build_run_spec(
         plan,
         steps=steps,
@@ -168,41 +148,16 @@ def run(
         timeout_s=timeout_s,
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
         fault=inject_fault,
-        world_size_available=world_env,
+        world_size_available=_torchrun_world_size() if under_torchrun else None,
         verify=verify,
         checkpoint_every_steps=checkpoint_every_steps,
     )
     if spec.config.precision == "fp8" and os.environ.get("RANK", "0") == "0":
         typer.echo(f"warning: {fp8_line(spec.backend)}", err=True)
-    launched = None
-    if under_torchrun:
-        ranks, wall_s, where = _run_torchrun(spec)
-        if ranks is None:
-            return
-    else:
-        # optional heavy dependency: planner.executor.launch imports torch at its top
-        from planner.executor.launch import launch_local
-
-        launched = launch_local(spec, workdir=workdir, keep_workdir=verify)
-        ranks, wall_s, where = launched.ranks, launched.wall_s, launched.workdir
-    verification = None
-    if verify:
-        # optional heavy dependency: planner.executor.verify imports torch at its top
-        from planner.executor.verify import verify_run
-
-        try:
-            with stop_signals():
-                verification = verify_run(
-                    spec,
-                    ranks,
-                    launched.workdir if launched else None,
-                    reference_model=launched.reference_model if launched else None,
-                )
-        finally:
-            if launched is not None:
-                launched.cleanup()
-        if launched is not None and launched.temporary:
-            where = None
+    executed = _execute(spec, under_torchrun, workdir, verify)
+    if executed is None:
+        return  # a rank other than 0 under torchrun: rank 0 reports
+    ranks, wall_s, where, verification = executed
     if hardware is None:
         hardware = "cpu-local" if spec.backend == "gloo" else load_plan(plan).hardware_name
     prediction, prediction_note = predict_step_time_s(spec, hardware)
@@ -222,6 +177,74 @@ def run(
         typer.echo(render(document))
     if verification is not None and not verification.passed:
         raise ExecutorError(verification.message())
+
+
+def _refuse_bad_options(inject_fault, workdir, checkpoint_dir, hardware) -> None:
+    """One line, before the model is built and any rank starts: a bad fault, a folder that cannot
+    be used, an unknown or invalid profile for the prediction column."""
+    parse_fault(inject_fault)
+    for folder, option in ((workdir, "--workdir"), (checkpoint_dir, "--checkpoint-dir")):
+        if folder is not None:
+            check_directory(folder, option)
+    if hardware is not None:
+        load_profile(hardware)
+
+
+def _under_torchrun() -> bool:
+    """Every rank runs this command under torchrun (its environment names the rank and world)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or {"RANK", "WORLD_SIZE", "MASTER_ADDR"} <= set(
+        os.environ
+    )
+
+
+def _torchrun_world_size() -> int | None:
+    """WORLD_SIZE under torchrun, with RANK and LOCAL_RANK checked below it."""
+    world_env = env_positive_int("WORLD_SIZE")
+    for name in ("RANK", "LOCAL_RANK"):
+        rank_env = env_positive_int(name, minimum=0)
+        if rank_env is not None and world_env is not None and rank_env >= world_env:
+            raise ConfigError(
+                name,
+                os.environ[name],
+                f"0..{world_env - 1} (below WORLD_SIZE, environment variable)",
+            )
+    return world_env
+
+
+def _execute(spec, under_torchrun: bool, workdir: Path | None, verify: bool):
+    """(ranks, wall seconds, work folder or None, verification or None) of the run: under torchrun
+    this process's part (None on a rank that does not report), else world-size local processes;
+    verified against one process with `verify`."""
+    launched = None
+    if under_torchrun:
+        ranks, wall_s, where = _run_torchrun(spec)
+        if ranks is None:
+            return None
+    else:
+        # optional heavy dependency: planner.executor.launch imports torch at its top
+        from planner.executor.launch import launch_local
+
+        launched = launch_local(spec, workdir=workdir, keep_workdir=verify)
+        ranks, wall_s, where = launched.ranks, launched.wall_s, launched.workdir
+    if not verify:
+        return ranks, wall_s, where, None
+    # optional heavy dependency: planner.executor.verify imports torch at its top
+    from planner.executor.verify import verify_run
+
+    try:
+        with stop_signals():
+            verification = verify_run(
+                spec,
+                ranks,
+                launched.workdir if launched else None,
+                reference_model=launched.reference_model if launched else None,
+            )
+    finally:
+        if launched is not None:
+            launched.cleanup()
+    if launched is not None and launched.temporary:
+        where = None
+    return ranks, wall_s, where, verification
 
 
 def _plan_or_demo(plan: Path | None, demo: bool, workdir: Path | None) -> Path:
