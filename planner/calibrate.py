@@ -285,8 +285,26 @@ def _worker(
 ) -> None:
     """One rank: GEMMs, copy, then collectives; writes out_dir/rank<r>.json before teardown. It dies
     with `launcher` (the calibrating process): no rank outlives an interrupted calibration."""
-    parent = die_with_parent(launcher)
+    _watch_launcher(die_with_parent(launcher))
     plan = Plan(**plan) if isinstance(plan, dict) else plan
+    import torch.distributed as dist
+
+    meter = _Meter(rank, world_size, backend, plan)
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
+    t_start = time.perf_counter()
+    result: dict = {"rank": rank, "gemm": _measure_gemms(meter)}
+    result.update(_measure_copies(meter))
+    result["collectives"] = _measure_collectives(meter)
+    result["measure_s"] = time.perf_counter() - t_start
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _watch_launcher(parent) -> None:
+    """A daemon thread that ends this rank when the calibrating process is gone."""
     import threading
 
     def watch_parent():
@@ -295,126 +313,142 @@ def _worker(
         os._exit(1)
 
     threading.Thread(target=watch_parent, daemon=True).start()
-    import torch
-    import torch.distributed as dist
 
-    use_cuda = backend == "nccl"
-    if use_cuda:
-        torch.cuda.set_device(rank)
-        device = torch.device("cuda", rank)
-        sync = torch.cuda.synchronize
-    else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-        device = torch.device("cpu")
-        sync = lambda: None  # noqa: E731 - CPU ops are synchronous
-    dist.init_process_group(
-        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
-    )
 
-    def agreed_iters(seconds_one: float) -> int:
+class _Meter:
+    """One rank's device, clock and agreed timing: every rank runs the same number of iterations of
+    each measurement, and a measurement's time is its slowest rank's (MAX-reduced median)."""
+
+    def __init__(self, rank: int, world_size: int, backend: str, plan: Plan):
+        import torch
+
+        self.rank, self.world_size, self.plan = rank, world_size, plan
+        self.use_cuda = backend == "nccl"
+        if self.use_cuda:
+            torch.cuda.set_device(rank)
+            self.device = torch.device("cuda", rank)
+            self.sync = torch.cuda.synchronize
+        else:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+            self.device = torch.device("cpu")
+            self.sync = lambda: None  # CPU ops are synchronous
+
+    def agreed_iters(self, seconds_one: float) -> int:
         """Iterations to fill target_s, agreed by all ranks (they must run the same collectives): the
         busiest rank's estimate, the smallest."""
+        import torch
+        import torch.distributed as dist
+
         want = torch.tensor(
-            [max(1, min(10_000, math.ceil(plan.target_s / max(seconds_one, 1e-7))))],
+            [max(1, min(10_000, math.ceil(self.plan.target_s / max(seconds_one, 1e-7))))],
             dtype=torch.int64,
-            device=device,
+            device=self.device,
         )
         dist.all_reduce(want, op=dist.ReduceOp.MIN)  # idle p2p ranks ask for many
         return int(want.item())
 
-    def measure(fn) -> float:
+    def measure(self, fn) -> float:
+        import torch
+        import torch.distributed as dist
+
         fn()  # warm-up (allocations, algorithm choice, connection setup)
-        iters = agreed_iters(_timed(fn, sync, 1))
+        iters = self.agreed_iters(_timed(fn, self.sync, 1))
         samples = []
-        for _ in range(plan.repeats):
+        for _ in range(self.plan.repeats):
             dist.barrier()
-            local = torch.tensor([_timed(fn, sync, iters)], dtype=torch.float64, device=device)
+            local = torch.tensor(
+                [_timed(fn, self.sync, iters)], dtype=torch.float64, device=self.device
+            )
             dist.all_reduce(local, op=dist.ReduceOp.MAX)  # an op ends when its slowest rank ends
             samples.append(float(local.item()))
         return statistics.median(samples)
 
-    result: dict = {"rank": rank, "gemm": {}, "collectives": {}}
-    t_start = time.perf_counter()
+
+def _measure_gemms(meter: _Meter) -> dict:
+    """Square GEMMs per dtype (tf32 and fp16 on CUDA only), growing until one takes max_gemm_s."""
+    import torch
+
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
-    if use_cuda:
+    if meter.use_cuda:
         dtypes = {
             "fp32": torch.float32,
             "tf32": torch.float32,
             "fp16": torch.float16,
             "bf16": torch.bfloat16,
         }
+    out = {}
     for name, dtype in dtypes.items():
-        if use_cuda:
+        if meter.use_cuda:
             torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
         rows = []
-        for n in plan.gemm_sizes:
-            a = torch.randn(n, n, device=device, dtype=dtype)
-            b = torch.randn(n, n, device=device, dtype=dtype)
-            rows.append([n, n, n, measure(lambda: torch.mm(a, b))])
+        for n in meter.plan.gemm_sizes:
+            a = torch.randn(n, n, device=meter.device, dtype=dtype)
+            b = torch.randn(n, n, device=meter.device, dtype=dtype)
+            rows.append([n, n, n, meter.measure(lambda: torch.mm(a, b))])
             _progress(
-                rank, f"gemm {name} {n}^3: {2 * n**3 / rows[-1][3] / 1e9:.2f} GFLOP/s per rank"
+                meter.rank,
+                f"gemm {name} {n}^3: {2 * n**3 / rows[-1][3] / 1e9:.2f} GFLOP/s per rank",
             )
-            if (
-                rows[-1][3] > plan.max_gemm_s
-            ):  # same value on every rank (MAX-reduced): all stop together
+            if rows[-1][3] > meter.plan.max_gemm_s:  # MAX-reduced: every rank stops together
                 break
-        result["gemm"][name] = rows
+        out[name] = rows
+    return out
 
-    src = torch.empty(plan.copy_bytes, dtype=torch.uint8, device=device).fill_(1)
+
+def _measure_copies(meter: _Meter) -> dict:
+    """A device-to-device copy (read + write bytes) and, on CUDA, a pinned host-to-device copy
+    (PCIe, one direction, bytes counted once)."""
+    import torch
+
+    size = meter.plan.copy_bytes
+    src = torch.empty(size, dtype=torch.uint8, device=meter.device).fill_(1)
     dst = torch.empty_like(src)
-    result["copy"] = {
-        "bytes_moved": 2 * plan.copy_bytes,
-        "seconds": measure(lambda d=dst, s=src: d.copy_(s)),  # bound: deleted below
-    }
-    _progress(
-        rank,
-        f"copy: {result['copy']['bytes_moved'] / result['copy']['seconds'] / 1e9:.2f} GB/s per rank",
-    )
-    if use_cuda:  # PCIe: pinned host buffer to device, one direction, bytes counted once
-        host = torch.empty(plan.copy_bytes, dtype=torch.uint8, pin_memory=True)
-        result["host_to_device"] = {
-            "bytes_moved": plan.copy_bytes,
-            "seconds": measure(lambda d=dst, h=host: d.copy_(h, non_blocking=True)),
+    copy = {"bytes_moved": 2 * size, "seconds": meter.measure(lambda: dst.copy_(src))}
+    out = {"copy": copy}
+    _progress(meter.rank, f"copy: {copy['bytes_moved'] / copy['seconds'] / 1e9:.2f} GB/s per rank")
+    if meter.use_cuda:
+        host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        out["host_to_device"] = {
+            "bytes_moved": size,
+            "seconds": meter.measure(lambda: dst.copy_(host, non_blocking=True)),
         }
-        del host
-    del src, dst
+    return out
 
-    n = world_size
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+def _measure_collectives(meter: _Meter) -> dict:
+    """Each of COLLECTIVES over the message sizes: seconds per call (p2p: one way)."""
+    out = {}
     for coll in COLLECTIVES:
         rows = []
-        for size in plan.message_bytes:
-            elems = max(n, size // 4 // n * n)  # fp32 elements, divisible by n
-            if coll == "allreduce":
-                buf = torch.ones(elems, device=device)
-                fn = lambda: dist.all_reduce(buf)  # noqa: E731
-            elif coll == "allgather":
-                shard, full = (
-                    torch.ones(elems // n, device=device),
-                    torch.empty(elems, device=device),
-                )
-                fn = lambda: gather(full, shard)  # noqa: E731
-            elif coll == "reducescatter":
-                full, shard = (
-                    torch.ones(elems, device=device),
-                    torch.empty(elems // n, device=device),
-                )
-                fn = lambda: scatter(shard, full)  # noqa: E731
-            else:
-                buf = torch.ones(elems, device=device)
-                fn = _pingpong(dist, rank, buf)
-            seconds = measure(fn)
+        for size in meter.plan.message_bytes:
+            elems = max(meter.world_size, size // 4 // meter.world_size * meter.world_size)
+            seconds = meter.measure(_collective_call(meter, coll, elems))
             if coll == "p2p":
                 seconds /= 2.0  # a ping-pong is two one-way messages
             rows.append([elems * 4, seconds])
-            _progress(rank, f"{coll} {elems * 4} B: {seconds * 1e6:.1f} us")
-        result["collectives"][coll] = rows
+            _progress(meter.rank, f"{coll} {elems * 4} B: {seconds * 1e6:.1f} us")
+        out[coll] = rows
+    return out
 
-    result["measure_s"] = time.perf_counter() - t_start
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    dist.barrier()
-    dist.destroy_process_group()
+
+def _collective_call(meter: _Meter, coll: str, elems: int):
+    """A call of `coll` on `elems` fp32 elements (divisible by the world size) of fresh buffers."""
+    import torch
+    import torch.distributed as dist
+
+    n, device = meter.world_size, meter.device
+    if coll == "allreduce":
+        buf = torch.ones(elems, device=device)
+        return lambda: dist.all_reduce(buf)
+    if coll == "allgather":
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        shard, full = torch.ones(elems // n, device=device), torch.empty(elems, device=device)
+        return lambda: gather(full, shard)
+    if coll == "reducescatter":
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        full, shard = torch.ones(elems, device=device), torch.empty(elems // n, device=device)
+        return lambda: scatter(shard, full)
+    return _pingpong(dist, meter.rank, torch.ones(elems, device=device))
 
 
 def _progress(rank: int, line: str) -> None:
