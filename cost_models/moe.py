@@ -213,7 +213,7 @@ def host_sync_seconds(x, device_fwd_s):
     GroupedLinear, dispatcher metadata), dispatch_us_per_op the profile's host time per operator. Only
     layers that sync: dropless routing
     (no capacity factor) under a framework with `moe_host_sync` or the deepep dispatcher. The backward
-    reuses the forward's splits and runs ahead as a dense block does (compute.host_wait_seconds)."""
+    reuses the forward's splits and runs ahead as a dense block does (host.host_wait_seconds)."""
     if x.spec.moe is None or x.spec.moe.capacity_factor is not None:
         return np.zeros_like(x.dp)
     fw = x.sw.framework

@@ -18,7 +18,8 @@ source in its docstring and a unit test; the candidates, the hardware profile an
                               comm.pp_p2p_seconds, comm.dp_comm_seconds (exposed data-parallel / ZeRO
                               traffic; routed experts over the expert data-parallel group:
                               moe.rank_params), compute.optimizer_step_seconds, offload.activation_offload_step_seconds,
-                              compute.host_wait_seconds (never faster than the host dispatches),
+                              host.host_wait_seconds (never faster than the host issues: per operation where a
+                              pipeline syncs, else the step), host.optimizer_with_host_seconds,
                               moe.host_sync_seconds (dropless MoE layers the host must issue in step)
   memory                      memory.activation_bytes, memory.peak_over_ranks (memory.rank_memory of
                               the first and last rank, or of every rank of an uneven split),
@@ -35,6 +36,7 @@ import numpy as np
 
 from cost_models import comm as C
 from cost_models import compute as K
+from cost_models import host as H
 from cost_models import memory as M
 from cost_models import moe as MO
 from cost_models import offload as O
@@ -280,16 +282,29 @@ def score(
         recompute_s=block.recompute + tp.recompute + ep.recompute,
     )
     busy, bubble = PL.schedule_seconds(x, stage)
+    forward_s = _block_forward_seconds(x, block, tp, cp_s, ep, ep_s)
+    rank_fwd_s = (
+        x.blocks_most * forward_s
+        + TL.EMBEDDING_FORWARD_SHARE * embedding_s
+        + np.where(x.single_stage, TL.HEAD_FORWARD_SHARE * head_s, 0.0)
+    )
+    # the host's waits lengthen the compute that data-parallel and offload copies run beside
+    host_fwd, host_bwd = H.host_wait_parts(
+        x, fwd_s=rank_fwd_s, bwd_s=stage.slowest - rank_fwd_s, last=x.single_stage
+    )
+    host_fwd = host_fwd + MO.host_sync_seconds(x, block.fwd + tp.fwd + ep.fwd)
+    host_wait = host_fwd + host_bwd
     params_first = MO.rank_params(x, x.blocks_first, True, x.single_stage)
     params_rank = params_first.higher(MO.rank_params(x, x.blocks_last, x.single_stage, True))
     dp_comm = C.dp_comm_seconds(
         x,
         params_rank,
         last_backward_s=x.blocks_most * (block.bwd + block.recompute + tp.bwd + tp.recompute),
-        compute_s=x.m * x.blocks_most * block.total,
+        compute_s=x.m * x.blocks_most * block.total + host_wait,
     )
     hop = C.pp_hop_seconds(x)
     pp_p2p = C.pp_p2p_seconds(x, hop)
+    per_block_s = block.total + tp_exposed + cp_s + ep_s
     bubble_bound, pp_p2p_bound, dp_bound = _pipeline_bounds(
         x,
         cands,
@@ -299,14 +314,19 @@ def score(
         hop,
         dp_comm,
         params_first,
-        forward_s=_block_forward_seconds(x, block, tp, cp_s, ep, ep_s),
+        forward_s=forward_s,
         second_compute_s=x.blocks_second * (block.fwd + block.bwd),
-        per_block_s=block.total + tp_exposed + cp_s + ep_s,
+        per_block_s=per_block_s,
         recompute_s=block.recompute + tp.recompute + ep.recompute,
         embedding_s=embedding_s,
         head_s=head_s,
     )
-    optimizer_s = K.optimizer_step_seconds(x, params_rank)
+    optimizer_s = H.optimizer_with_host_seconds(
+        x,
+        K.optimizer_step_seconds(x, params_rank),
+        K.optimizer_params_updated(x, params_rank),
+        x.blocks_most,
+    )
     acts = M.activation_bytes(x)
     host_room = M.host_room_bytes(x, params_rank.total)
     volume = (
@@ -316,17 +336,16 @@ def score(
         )
         * O.offloaded_share(x, np.maximum(x.blocks_first, x.blocks_last))
     )
-    fwd_share = (block.fwd + tp.fwd) / np.maximum(block.total + tp.total + cp_s + ep_s, 1e-30)
+    # the forwards' share of the busiest rank's work, as host_wait_parts splits it: a window's
+    # compute and its host wait add up to m max(device, host)
+    fwd_share = np.clip(rank_fwd_s / np.maximum(stage.slowest, 1e-30), 0.0, 1.0)
     offload = O.activation_offload_step_seconds(
-        x, volume, busy * fwd_share, busy * (1.0 - fwd_share)
+        x, volume, busy * fwd_share + host_fwd, busy * (1.0 - fwd_share) + host_bwd
     )
     memory, per_rank = M.peak_over_ranks(
         x, acts, host_room=host_room, rank_blocks=cands.rank_blocks
     )
     device_s = busy + bubble + pp_p2p + dp_comm + optimizer_s + offload
-    host_wait = K.host_wait_seconds(x, device_s) + MO.host_sync_seconds(
-        x, block.fwd + tp.fwd + ep.fwd
-    )
     return Scores(
         step_time_s=device_s + host_wait,
         peak_bytes_per_gpu=memory.peak,
@@ -568,9 +587,8 @@ def timeline_scores(scores: Scores) -> Scores:
     offload_s = np.asarray(scores.offload, float)
     after_s = TL.after_reduction_seconds(x)
     device_s = tl.makespan_s + after_s + optimizer_s + offload_s
-    host_wait = K.host_wait_seconds(x, device_s) + MO.host_sync_seconds(
-        x, block.fwd + tp.fwd + ep.fwd
-    )
+    # the host's issue time is on the timeline (cost_models.host); MoE's per-layer syncs are not
+    host_sync = MO.host_sync_seconds(x, block.fwd + tp.fwd + ep.fwd)
     i = K.eff(x.hw, "overlap_interference")
     per_block = np.maximum(terms.block_total_s, 1e-30)
     shares = {
@@ -583,7 +601,7 @@ def timeline_scores(scores: Scores) -> Scores:
     dp = rank.end_s - rank.compute_end_s + rank.gate_wait_s + after_s - (p2p - rank.hops_s)
     return replace(
         scores,
-        step_time_s=device_s + host_wait,
+        step_time_s=device_s + host_sync,
         compute=busy * (1.0 - sum(shares.values())),
         tp_comm=busy * shares["tp"],
         cp_comm=busy * shares["cp"],
@@ -593,7 +611,7 @@ def timeline_scores(scores: Scores) -> Scores:
         bubble=np.asarray([rank.bubble_s]),
         optimizer=optimizer_s,
         offload=offload_s,
-        host_wait=host_wait,
+        host_wait=rank.host_wait_s + host_sync,
         timeline=tl,
         closed_form_step_s=np.asarray(scores.step_time_s, float),
     )
