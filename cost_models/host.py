@@ -6,7 +6,7 @@ before the host has issued it. Where the stack synchronizes the host with the de
 cannot run ahead past that point, so the operation after it takes max(device, host) instead of
 hiding the host time under earlier device work:
 
-- Megatron-LM's pipeline sends: `p2p_communication._communicate` runs the batched isend/irecv and,
+- Megatron-LM's pipeline sends (FrameworkProfile.pipeline_host_sync): `p2p_communication._communicate` runs the batched isend/irecv and,
   with `batch_p2p_comm` and `batch_p2p_sync` (both on by default; off only where the interleaved
   schedule overlaps its sends, `overlap_p2p_comm`), calls `torch.cuda.synchronize()` "to protect
   against race condition when using batch_isend_irecv()" (megatron/core/pipeline_parallel/
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cost_models import moe as MO
 from cost_models.comm import group_collective_seconds
 from cost_models.compute import dispatch_seconds, memory_bound_seconds, recompute_passes
 
@@ -42,7 +43,8 @@ MULTI_TENSOR_CHUNK_ELEMENTS = 2048 * 32
 chunk_size 2048 * 32 as Megatron-Core passes it, megatron/core/optimizer)."""
 MULTI_TENSOR_BLOCKS_PER_LAUNCH = 320
 """Chunks one multi-tensor launch processes (apex csrc/multi_tensor_apply.cuh,
-depth_to_max_blocks = 320 for every depth)."""
+depth_to_max_blocks = 320 for every depth; PyTorch's fused and foreach optimizers use the same
+limits, aten/src/ATen/native/cuda/MultiTensorApply.cuh)."""
 MULTI_TENSOR_TENSORS_PER_LAUNCH = {1: 110, 4: 36, 5: 30}
 """Tensors one multi-tensor launch takes, by the lists it walks (apex csrc/multi_tensor_apply.cuh,
 depth_to_max_tensors = {110, 64, 48, 36, 30}): the L2 norm walks the gradients (depth 1), Adam the
@@ -68,12 +70,18 @@ def block_host_parts(x) -> tuple:
     BACKWARD_LAUNCHES_PER_FORWARD times, at dispatch_us_per_op; a recomputed forward again per
     recompute pass (recompute_passes). With CUDA graphs (Software.cuda_graphs: Megatron-Core's
     per-layer graphs capture each TransformerLayer's forward and backward,
-    megatron/core/transformer/cuda_graphs.py) a pass is one graph launch."""
+    megatron/core/transformer/cuda_graphs.py) a pass is one graph launch. Where dropless MoE layers
+    wait on the host (moe.layers_sync_host) the forwards, recomputed ones too, are issued in step with
+    the device and moe.host_sync_seconds costs them: 0 here."""
     if x.sw.cuda_graphs:
         one = dispatch_seconds(np.ones_like(x.dp), x.hw)
-        return one, one, one * recompute_passes(x)
-    fwd = dispatch_seconds(x.table.kernels_fwd + collective_launches_fwd(x), x.hw)
-    return fwd, BACKWARD_LAUNCHES_PER_FORWARD * fwd, fwd * recompute_passes(x)
+        fwd, bwd = one, one
+    else:
+        fwd = dispatch_seconds(x.table.kernels_fwd + collective_launches_fwd(x), x.hw)
+        bwd = BACKWARD_LAUNCHES_PER_FORWARD * fwd
+    if MO.layers_sync_host(x):  # each forward is issued in step: moe.host_sync_seconds costs it
+        return 0.0 * fwd, bwd, 0.0 * fwd
+    return fwd, bwd, fwd * recompute_passes(x)
 
 
 def block_host_seconds(x) -> tuple:
@@ -91,10 +99,11 @@ def head_host_seconds(x):
 
 def host_synced(x):
     """Per candidate, whether the host waits for the device before every pipeline operation: a
-    blocking pipeline (module docstring), i.e. pp > 1 unless the interleaved schedule overlaps its
-    sends (Software.overlap_p2p)."""
+    blocking pipeline of a stack that synchronizes there (FrameworkProfile.pipeline_host_sync;
+    module docstring), i.e. pp > 1 unless the interleaved schedule overlaps its sends
+    (Software.overlap_p2p). torch.distributed.pipelining waits on the stream only."""
     overlapped = x.is_schedule("interleaved-1f1b") & (x.v > 1) & x.sw.overlap_p2p
-    return (x.pp > 1) & ~overlapped
+    return (x.pp > 1) & ~overlapped & bool(x.sw.framework.pipeline_host_sync)
 
 
 def rank_host_seconds(x, *, last: bool) -> tuple:

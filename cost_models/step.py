@@ -136,7 +136,7 @@ class Software:
             loss=o.loss or framework.loss,
             tp_comm_overlap=bool(default(o.tp_comm_overlap, framework.tp_comm_overlap)),
             compile=bool(o.compile),
-            cuda_graphs=bool(o.cuda_graphs),
+            cuda_graphs=bool(default(o.cuda_graphs, framework.cuda_graphs)),
             overlap_grad_reduce=bool(default(o.overlap_grad_reduce, framework.overlap_grad_reduce)),
             grad_reduce_dtype=o.grad_reduce_dtype,
             moe_dispatcher=o.moe_dispatcher or framework.moe_dispatcher,

@@ -125,3 +125,28 @@ def test_cuda_graphs_issue_a_block_pass_as_one_launch():
     x = graphs.scores.step
     fwd, bwd = H.block_host_seconds(x)
     assert np.allclose([float(fwd[0]), float(bwd[0])], [DISPATCH_S, DISPATCH_S])
+
+
+@pytest.mark.parametrize(
+    "framework,schedule,v,synced",
+    [
+        ("megatron", "1f1b", 1, True),  # batch_p2p_sync: torch.cuda.synchronize() per exchange
+        ("megatron", "interleaved-1f1b", 2, False),  # overlap_p2p_comm: no batched sync
+        ("deepspeed", "1f1b", 1, True),  # PipelineEngine reads received metadata on the host
+        ("torchtitan", "1f1b", 1, False),  # torch.distributed.pipelining waits on the stream
+    ],
+)
+def test_which_pipelines_hold_the_host_to_the_device(framework, schedule, v, synced):
+    cfg = ParallelConfig(
+        dp=1,
+        tp=1,
+        pp=4,
+        micro_batch=1,
+        global_batch=16,
+        seq=1024,
+        schedule=schedule,
+        virtual_stages=v,
+        framework=framework,
+    )
+    est = E.estimate("gpt2-medium", "dgx-a100-80g", cfg, gpus=4)
+    assert bool(H.host_synced(est.scores.step)[0]) is synced

@@ -260,6 +260,8 @@ def to_megatron(plan: Plan) -> Export:
             "(more memory than planned unless you add --use-precision-aware-optimizer --main-params-dtype bf16)"
         )
     software = plan.document.get("software") or {}
+    if software.get("cuda_graphs"):
+        add("--enable-cuda-graph")  # per-layer graphs (megatron/training/arguments.py)
     if software.get("activation_fp8_input"):
         notes.append(
             "activation_fp8_input: Megatron-LM has no argument for TransformerConfig."
