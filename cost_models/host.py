@@ -6,9 +6,10 @@ before the host has issued it. Where the stack synchronizes the host with the de
 cannot run ahead past that point, so the operation after it takes max(device, host) instead of
 hiding the host time under earlier device work:
 
-- Megatron-LM's pipeline sends (FrameworkProfile.pipeline_host_sync): `p2p_communication._communicate` runs the batched isend/irecv and,
-  with `batch_p2p_comm` and `batch_p2p_sync` (both on by default; off only where the interleaved
-  schedule overlaps its sends, `overlap_p2p_comm`), calls `torch.cuda.synchronize()` "to protect
+- Megatron-LM's pipeline sends (FrameworkProfile.pipeline_host_sync):
+  `p2p_communication._communicate` runs the batched isend/irecv and, with `batch_p2p_comm` and
+  `batch_p2p_sync` (both on by default; off only where the interleaved schedule overlaps its
+  sends, `overlap_p2p_comm`), calls `torch.cuda.synchronize()` "to protect
   against race condition when using batch_isend_irecv()" (megatron/core/pipeline_parallel/
   p2p_communication.py); DeepSpeed's PipelineEngine reads each received activation's metadata on
   the host (`PartitionedTensor.from_meta`, runtime/pipe/engine.py _exec_recv_activations), so every
@@ -70,9 +71,9 @@ def block_host_parts(x) -> tuple:
     BACKWARD_LAUNCHES_PER_FORWARD times, at dispatch_us_per_op; a recomputed forward again per
     recompute pass (recompute_passes). With CUDA graphs (Software.cuda_graphs: Megatron-Core's
     per-layer graphs capture each TransformerLayer's forward and backward,
-    megatron/core/transformer/cuda_graphs.py) a pass is one graph launch. Where dropless MoE layers
-    wait on the host (moe.layers_sync_host) the forwards, recomputed ones too, are issued in step with
-    the device and moe.host_sync_seconds costs them: 0 here."""
+    megatron/core/transformer/cuda_graphs.py) a pass is one graph launch. Where dropless MoE
+    layers wait on the host (moe.layers_sync_host) the forwards, recomputed ones too, are issued
+    in step with the device and moe.host_sync_seconds costs them: 0 here."""
     if x.sw.cuda_graphs:
         one = dispatch_seconds(np.ones_like(x.dp), x.hw)
         fwd, bwd = one, one
@@ -127,23 +128,22 @@ def host_wait_seconds(x, *, fwd_s, bwd_s, last):
     first forward or at the last backward:
         max(0, H_f - D_f, m (H_f + H_b - D_f - D_b) + max(0, D_b - H_b)).
     (cost_models.timeline runs the same rule operation by operation.)"""
-    fwd, bwd = host_wait_parts(x, fwd_s=fwd_s, bwd_s=bwd_s, last=last)
-    return fwd + bwd
-
-
-def host_wait_parts(x, *, fwd_s, bwd_s, last) -> tuple:
-    """host_wait_seconds as (the forwards' share, the backwards' share): where the host runs ahead,
-    split as the host's own time."""
     h_f, h_b = rank_host_seconds(x, last=last)
-    synced = host_synced(x)
+    synced = x.m * (np.maximum(0.0, h_f - fwd_s) + np.maximum(0.0, h_b - bwd_s))
     ahead = np.maximum(
         np.maximum(0.0, h_f - fwd_s),
         x.m * (h_f + h_b - fwd_s - bwd_s) + np.maximum(0.0, bwd_s - h_b),
     )
-    share = h_f / np.maximum(h_f + h_b, 1e-30)
-    fwd = np.where(synced, x.m * np.maximum(0.0, h_f - fwd_s), share * ahead)
-    bwd = np.where(synced, x.m * np.maximum(0.0, h_b - bwd_s), (1.0 - share) * ahead)
-    return fwd, bwd
+    return np.where(host_synced(x), synced, ahead)
+
+
+def forward_share(x, *, fwd_s, bwd_s, last):
+    """Share of the busiest rank's compute stream (device and host waits) its forwards take, each
+    operation as max(device, host) (host_wait_seconds' synchronized rule; where the host runs ahead
+    the same shares split the stream's end): the windows activation offload copies hide in."""
+    h_f, h_b = rank_host_seconds(x, last=last)
+    f, b = np.maximum(fwd_s, h_f), np.maximum(bwd_s, h_b)
+    return f / np.maximum(f + b, 1e-30)
 
 
 def multi_tensor_launches(elements, tensors, depth: int):
@@ -171,11 +171,11 @@ def optimizer_with_host_seconds(x, optimizer_s, params_updated, blocks):
     """The optimizer step with the per-step work around it (module docstring), seconds: the
     gradient norm (its multi-tensor L2 kernels, depth 1, reading the rank's gradients, and its
     one-float all-reduce over every rank: Megatron-Core's distributed optimizer reduces gradient
-    statistics over the whole world, DistributedOptimizer.get_grad_stats_parallel_group), then, after
-    the norm's host sync, the optimizer's multi-tensor Adam launches (depth 4, 5 with a master copy)
-    beside its streaming `optimizer_s` (the device runs each launch as the host issues it:
-    max(device, host)), and the loss's all-reduce over the data-parallel group for logging (latency-bound collectives:
-    comm.group_collective_seconds).
+    statistics over the whole world, DistributedOptimizer.get_grad_stats_parallel_group), then,
+    after the norm's host sync, the optimizer's multi-tensor Adam launches (depth 4, 5 with a
+    master copy) beside its streaming `optimizer_s` (the device runs each launch as the host
+    issues it: max(device, host)), and the loss's all-reduce over the data-parallel group for
+    logging (latency-bound collectives: comm.group_collective_seconds).
     `params_updated`: the elements the rank updates, over its `blocks` blocks' tensors (ZeRO >= 1
     shards them over dp)."""
     tensors = np.maximum(1.0, blocks * tensors_per_block(x.spec) / np.where(x.zero >= 1, x.dp, 1))

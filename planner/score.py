@@ -18,8 +18,9 @@ source in its docstring and a unit test; the candidates, the hardware profile an
                               comm.pp_p2p_seconds, comm.dp_comm_seconds (exposed data-parallel / ZeRO
                               traffic; routed experts over the expert data-parallel group:
                               moe.rank_params), compute.optimizer_step_seconds, offload.activation_offload_step_seconds,
-                              host.host_wait_seconds (never faster than the host issues: per operation where a
-                              pipeline syncs, else the step), host.optimizer_with_host_seconds,
+                              host.host_wait_seconds (never faster than the host issues:
+                              per operation where a pipeline syncs, else the step),
+                              host.optimizer_with_host_seconds,
                               moe.host_sync_seconds (dropless MoE layers the host must issue in step)
   memory                      memory.activation_bytes, memory.peak_over_ranks (memory.rank_memory of
                               the first and last rank, or of every rank of an uneven split),
@@ -289,17 +290,20 @@ def score(
         + np.where(x.single_stage, TL.HEAD_FORWARD_SHARE * head_s, 0.0)
     )
     # the host's waits lengthen the compute that data-parallel and offload copies run beside
-    host_fwd, host_bwd = H.host_wait_parts(
-        x, fwd_s=rank_fwd_s, bwd_s=stage.slowest - rank_fwd_s, last=x.single_stage
+    rank_ops = dict(fwd_s=rank_fwd_s, bwd_s=stage.slowest - rank_fwd_s, last=x.single_stage)
+    host_wait = H.host_wait_seconds(x, **rank_ops) + MO.host_sync_seconds(
+        x, block.fwd + tp.fwd + ep.fwd
     )
-    host_fwd = host_fwd + MO.host_sync_seconds(x, block.fwd + tp.fwd + ep.fwd)
-    host_wait = host_fwd + host_bwd
     params_first = MO.rank_params(x, x.blocks_first, True, x.single_stage)
     params_rank = params_first.higher(MO.rank_params(x, x.blocks_last, x.single_stage, True))
     dp_comm = C.dp_comm_seconds(
         x,
         params_rank,
-        last_backward_s=x.blocks_most * (block.bwd + block.recompute + tp.bwd + tp.recompute),
+        # a backward lasts as long as the host takes to issue it, if longer (cost_models.host)
+        last_backward_s=np.maximum(
+            x.blocks_most * (block.bwd + block.recompute + tp.bwd + tp.recompute),
+            H.rank_host_seconds(x, last=x.single_stage)[1],
+        ),
         compute_s=x.m * x.blocks_most * block.total + host_wait,
     )
     hop = C.pp_hop_seconds(x)
@@ -336,11 +340,12 @@ def score(
         )
         * O.offloaded_share(x, np.maximum(x.blocks_first, x.blocks_last))
     )
-    # the forwards' share of the busiest rank's work, as host_wait_parts splits it: a window's
-    # compute and its host wait add up to m max(device, host)
-    fwd_share = np.clip(rank_fwd_s / np.maximum(stage.slowest, 1e-30), 0.0, 1.0)
+    # the offload copies hide under the forwards and the backwards of the compute stream, each
+    # operation as long as the longer of its device and host time (cost_models.host.forward_share)
+    stream = busy + host_wait
+    fwd_share = H.forward_share(x, **rank_ops)
     offload = O.activation_offload_step_seconds(
-        x, volume, busy * fwd_share + host_fwd, busy * (1.0 - fwd_share) + host_bwd
+        x, volume, stream * fwd_share, stream * (1.0 - fwd_share)
     )
     memory, per_rank = M.peak_over_ranks(
         x, acts, host_room=host_room, rank_blocks=cands.rank_blocks

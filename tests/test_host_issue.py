@@ -1,6 +1,7 @@
-"""Host issue on the step (cost_models.host, cost_models.timeline; issue 32): each operation's kernels
-are issued by the host at the profile's dispatch rate, the host waits for the device where the stack
-synchronizes, small collectives are latency-bound, and the step carries its fixed per-step work."""
+"""Host issue on the step (cost_models.host, cost_models.timeline; issue 32): each operation's
+kernels are issued by the host at the profile's dispatch rate, the host waits for the device where
+the stack synchronizes, small collectives are latency-bound, and the step carries its fixed
+per-step work."""
 
 import json
 import math
@@ -91,9 +92,9 @@ def test_small_tensor_parallel_all_reduce_is_latency_bound():
 
 
 def test_multi_tensor_launches_follow_apex_limits():
-    """apex multi_tensor_apply: 65,536-element chunks, at most 320 per launch and 36 tensors at depth
-    4: 1e9 elements in 100 tensors are ceil((ceil(1e9 / 65536) + 100) / 320) = 48 launches; 1,000
-    small tensors ceil(1000 / 36) = 28."""
+    """apex multi_tensor_apply: 65,536-element chunks, at most 320 per launch and 36 tensors at
+    depth 4: 1e9 elements in 100 tensors are ceil((ceil(1e9 / 65536) + 100) / 320) = 48
+    launches; 1,000 small tensors ceil(1000 / 36) = 28."""
     assert float(H.multi_tensor_launches(1e9, 100, 4)) == math.ceil(
         (math.ceil(1e9 / 65536) + 100) / 320
     )
@@ -101,9 +102,10 @@ def test_multi_tensor_launches_follow_apex_limits():
 
 
 def test_step_carries_the_gradient_norm_and_loss_all_reduces():
-    """64 GPUs on 8 nodes, Megatron-Core's distributed optimizer: the gradient norm's all-reduce over
-    every rank (2 log2(8) alpha in the node, 2 log2(8) alpha_net across) and the loss's over dp are
-    in the optimizer's term, after the reductions, with the launches of the norm and the step."""
+    """64 GPUs on 8 nodes, Megatron-Core's distributed optimizer: the gradient norm's all-reduce
+    over every rank (2 log2(8) alpha in the node, 2 log2(8) alpha_net across) and the loss's over
+    dp are in the optimizer's term, after the reductions, with the launches of the norm and the
+    step."""
     cfg = ParallelConfig(dp=8, tp=8, pp=1, micro_batch=1, global_batch=64, seq=2048, zero=1)
     est = E.estimate("llama3-8b", "dgx-a100-80g", cfg, gpus=64)
     x = est.scores.step
