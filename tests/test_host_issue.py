@@ -15,7 +15,12 @@ from cost_models import compute as K
 from cost_models import host as H
 from cost_models import moe as MO
 from cost_models.timeline import RankWork, StepWork, simulate
+from typer.testing import CliRunner
+
 from planner import estimate as E
+from planner.cli import app
+from planner.exports import export_plan
+from planner.plan import plan_from_document
 from planner.parallel import ParallelConfig
 from planner.run_options import RunOptions
 from hardware_profiles import load_profile
@@ -152,3 +157,27 @@ def test_which_pipelines_hold_the_host_to_the_device(framework, schedule, v, syn
     )
     est = E.estimate("gpt2-medium", "dgx-a100-80g", cfg, gpus=4)
     assert bool(H.host_synced(est.scores.step)[0]) is synced
+
+
+CLI = ["estimate", "megatron-1.7b", "--hardware", "dgx-a100-80g", "--gpus", "8", "--tp", "8"]
+CLI += ["--global-batch", "8", "--seq", "512", "--json"]
+
+
+def test_cuda_graphs_reach_the_plan_and_the_megatron_export():
+    """--cuda-graphs on estimate: the plan's software block says so, its host wait is gone, and the
+    Megatron-LM export carries --enable-cuda-graph (megatron/training/arguments.py)."""
+    res = CliRunner().invoke(app, [*CLI, "--cuda-graphs", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["software"]["cuda_graphs"] is True
+    assert (
+        doc["prediction"]["time_breakdown_s"]["host_wait"] < 0.01 * doc["prediction"]["step_time_s"]
+    )
+    assert "--enable-cuda-graph" in export_plan(plan_from_document(doc), "megatron").text
+
+
+def test_cuda_graphs_on_a_stack_without_them_is_one_line_and_exit_2():
+    res = CliRunner().invoke(app, [*CLI, "--framework", "fsdp", "--cuda-graphs"])
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2 and res.stdout == "" and len(lines) == 1, res.output
+    assert "cuda_graphs" in lines[0] and "fsdp" in lines[0]
