@@ -523,17 +523,6 @@ def fp8_cast_bytes(x) -> float:
     )
 
 
-def host_wait_seconds(x, device_step_s):
-    """Extra time when the host cannot issue the step's kernels as fast as the device runs them:
-    ops = m (blocks / pp) kernels_fwd (3 + full recompute) + head kernels (a forward op has about two
-    backward ops), dispatched at `dispatch_us_per_op` each (eager PyTorch)."""
-    ops = (
-        x.m * (x.spec.total_blocks / x.pp) * x.table.kernels_fwd * (3.0 + x.full_share)
-        + x.head.kernels
-    )
-    return np.maximum(0.0, dispatch_seconds(ops, x.hw) - device_step_s)
-
-
 def optimizer_step_bytes_per_param(states, optimizer: str) -> float:
     """Bytes the optimizer step streams per parameter it updates, from the framework's state layout
     (frameworks.StateBytes): read the fp32 copy (master, or the parameters themselves), the gradient
@@ -550,17 +539,24 @@ def optimizer_step_bytes_per_param(states, optimizer: str) -> float:
     )
 
 
+def optimizer_params_updated(x, params_rank):
+    """Parameters the rank's optimizer step updates: its own, or with ZeRO >= 1 its shard of the
+    dense ones over the shard group and of the routed experts over their expert shard group
+    (Megatron-Core's distributed optimizer)."""
+    return np.where(
+        x.zero >= 1,
+        params_rank.dense / x.shard_group + params_rank.expert / x.expert_shard_group,
+        params_rank.total,
+    )
+
+
 def optimizer_step_seconds(x, params_rank):
     """The optimizer step of the parameters this rank owns (/dp from ZeRO-1), memory bound; with
     optimizer offload the host's: gradients down, parameters up over PCIe plus CPU Adam (ZeRO-Offload).
     `params_rank` is a cost_models.moe.RankParams: ZeRO shards the dense parameters over the shard group
     and the routed experts over their expert data-parallel shard group (Megatron-Core's distributed
     optimizer)."""
-    updated = np.where(
-        x.zero >= 1,
-        params_rank.dense / x.shard_group + params_rank.expert / x.expert_shard_group,
-        params_rank.total,
-    )
+    updated = optimizer_params_updated(x, params_rank)
     states = x.sw.state_bytes(x.precision)
     on_device = memory_bound_seconds(
         updated * optimizer_step_bytes_per_param(states, x.optimizer), x.hw

@@ -198,6 +198,14 @@ def ep_block_seconds(x, block) -> EpSeconds:
     )
 
 
+def layers_sync_host(x) -> bool:
+    """Whether each MoE layer's forward waits on the host (host_sync_seconds): dropless routing (no
+    capacity factor) under a framework with `moe_host_sync` or the deepep dispatcher."""
+    if x.spec.moe is None or x.spec.moe.capacity_factor is not None:
+        return False
+    return bool(x.sw.framework.moe_host_sync or x.sw.moe_dispatcher == "deepep")
+
+
 def host_sync_seconds(x, device_fwd_s):
     """Host time a dropless MoE layer exposes per step. The forward of such a layer needs the tokens per
     expert on the host (Transformer Engine's GroupedLinear takes its m_splits as a Python list, Megatron-
@@ -213,12 +221,10 @@ def host_sync_seconds(x, device_fwd_s):
     GroupedLinear, dispatcher metadata), dispatch_us_per_op the profile's host time per operator. Only
     layers that sync: dropless routing
     (no capacity factor) under a framework with `moe_host_sync` or the deepep dispatcher. The backward
-    reuses the forward's splits and runs ahead as a dense block does (compute.host_wait_seconds)."""
-    if x.spec.moe is None or x.spec.moe.capacity_factor is not None:
+    reuses the forward's splits and runs ahead as a dense block does (host.host_wait_seconds)."""
+    if not layers_sync_host(x):
         return np.zeros_like(x.dp)
     fw = x.sw.framework
-    if not (fw.moe_host_sync or x.sw.moe_dispatcher == "deepep"):
-        return np.zeros_like(x.dp)
     ops = x.table.kernels_fwd + fw.moe_host_ops_per_layer
     passes = 1.0 + x.full_share * recompute_passes(x)
     return (

@@ -116,6 +116,9 @@ class Software:
     recompute_modules: tuple[str, ...] | None = None
     """What selective recomputation re-runs on a stack whose selective policy is by module (Megatron-Core's
     recompute_modules, cost_models.blocks.RECOMPUTE_MODULES); None: the attention core (its default)."""
+    cuda_graphs: bool = False
+    """Each block's forward and backward captured as a CUDA graph (Megatron-Core's per-layer graphs,
+    --enable-cuda-graph / cuda_graph_impl): one launch per pass on the host (cost_models.host)."""
     fp8_scaling: str = "tensorwise"
     """How an FP8 recipe scales GEMM operands (FP8_SCALINGS): one scale per tensor, or per row (torchao's
     rowwise recipe), whose backward needs every operand scaled along its other axis too (cost_models.compute.
@@ -134,6 +137,7 @@ class Software:
             loss=o.loss or framework.loss,
             tp_comm_overlap=bool(default(o.tp_comm_overlap, framework.tp_comm_overlap)),
             compile=bool(o.compile),
+            cuda_graphs=bool(default(o.cuda_graphs, framework.cuda_graphs)),
             overlap_grad_reduce=bool(default(o.overlap_grad_reduce, framework.overlap_grad_reduce)),
             grad_reduce_dtype=o.grad_reduce_dtype,
             moe_dispatcher=o.moe_dispatcher or framework.moe_dispatcher,

@@ -66,6 +66,7 @@ from typing import NamedTuple
 import numpy as np
 
 from cost_models import comm as C
+from cost_models import host as H
 from cost_models import moe as MO
 from cost_models.compute import eff
 from planner.parallel import SCHEDULES
@@ -99,6 +100,10 @@ class RankWork:
     backward."""
     buckets: int = 1
     """Gradient buckets per model chunk."""
+    fwd_host_s: float = 0.0
+    """Host time to issue fwd_s's kernels (cost_models.host.block_host_seconds)."""
+    bwd_host_s: float = 0.0
+    """Host time to issue bwd_s's kernels."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -118,6 +123,10 @@ class StepWork:
     """Share of hidden communication time that still slows the compute it runs beside."""
     compute_speedup: float = 1.0
     """Ranks sharing cores (CPU profiles): how much faster a rank runs while others idle."""
+    host_synced: bool = False
+    """The host waits for the device before every operation (a blocking pipeline,
+    cost_models.host.host_synced): each operation takes max(device, host); otherwise the host runs
+    ahead from the step's start and an operation ends no earlier than the host has issued it."""
 
 
 class Op(NamedTuple):
@@ -144,6 +153,8 @@ class RankSpan:
     compute_end_s: float
     gate_wait_s: float
     """Time the first forward waited for its parameters (overlap_param_gather)."""
+    host_wait_s: float = 0.0
+    """Time its operations waited for the host to issue them (StepWork.host_synced)."""
     dp_total_s: float
     dp_exposed_s: float
     """Data-parallel time after the compute ended (and the gather after the optimizer without
@@ -153,7 +164,8 @@ class RankSpan:
 
     @property
     def bubble_s(self) -> float:
-        return max(0.0, self.compute_end_s - self.busy_s - self.hops_s - self.gate_wait_s)
+        idle = self.compute_end_s - self.busy_s - self.hops_s - self.gate_wait_s - self.host_wait_s
+        return max(0.0, idle)
 
 
 KINDS = "FBW"
@@ -177,6 +189,8 @@ class OpTable:
     """Per rank: overlapped pipeline sends."""
     gate_wait_s: np.ndarray
     """Per rank: time its first forwards waited for their parameters."""
+    host_wait_s: np.ndarray
+    """Per rank: time its operations waited for the host to issue them."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -245,6 +259,9 @@ class _Compute:
         self.free = [0.0] * self.p
         self.ops: list[list[Op]] = [[] for _ in range(self.p)]
         self.durations = [{k: self.duration(r, k) for k in "FBW"} for r in range(self.p)]
+        self.host = [{k: self.host_s(r, k) for k in "FBW"} for r in range(self.p)]
+        self.host_end = [0.0] * self.p
+        self.host_wait = [0.0] * self.p
         self.hops = [0.0] * self.p
         self.hidden_hops = [0.0] * self.p
         self.gate_wait = [0.0] * self.p
@@ -265,6 +282,14 @@ class _Compute:
             return w.fwd_s / self.chunks
         weight = w.bwd_s * w.weight_grad_fraction / self.chunks if self.split_w else 0.0
         return weight if kind == "W" else w.bwd_s / self.chunks - weight
+
+    def host_s(self, rank: int, kind: str) -> float:
+        """Host time to issue operation `kind` (split as duration splits the device time)."""
+        w = self.work.ranks[rank]
+        if kind == "F":
+            return w.fwd_host_s / self.chunks
+        weight = w.bwd_host_s * w.weight_grad_fraction / self.chunks if self.split_w else 0.0
+        return weight if kind == "W" else w.bwd_host_s / self.chunks - weight
 
     def ready_s(self, kind: str, i: int, stage: int) -> float | None:
         """When (kind, micro-batch i, stage)'s input is there; None while not yet known."""
@@ -293,7 +318,13 @@ class _Compute:
         stage = chunk * self.p + rank
         send = self.send_s(kind, stage)
         hop = send if self.work.blocking_p2p else 0.0
-        end = start + self.durations[rank][kind] + hop
+        device, host = self.durations[rank][kind], self.host[rank][kind]
+        if self.work.host_synced:  # the host issues the operation from its start
+            issued = start + host
+        else:  # the host ran ahead from the step's start
+            issued = self.host_end[rank] = self.host_end[rank] + host
+        self.host_wait[rank] += max(0.0, issued - start - device)
+        end = max(start + device, issued) + hop
         self.hops[rank] += hop
         self.hidden_hops[rank] += send - hop
         self.end[(kind, i, stage)] = end
@@ -316,6 +347,7 @@ class _Compute:
             hops_s=np.asarray(self.hops),
             hidden_hops_s=np.asarray(self.hidden_hops),
             gate_wait_s=np.asarray(self.gate_wait),
+            host_wait_s=np.asarray(self.host_wait),
         )
 
     def run_greedy(self) -> None:
@@ -410,11 +442,20 @@ class _FixedOrders:
         mb[rows, self.b_pos], chunk[rows, self.b_pos] = seq_i, v - 1 - seq_c
         stage = chunk * p + ranks
         last = p * v - 1
-        fwd, bwd = (np.array([[getattr(r, a) / v] for r in w.ranks]) for a in ("fwd_s", "bwd_s"))
+        fwd, bwd, fwd_host, bwd_host = (
+            np.array([[getattr(r, a) / v] for r in w.ranks])
+            for a in ("fwd_s", "bwd_s", "fwd_host_s", "bwd_host_s")
+        )
         sends = (p > 1) & np.where(kind == 0, stage < last, stage > 0)
         send = np.where(sends, w.hop_s, 0.0)
         hop = send if w.blocking_p2p else np.zeros_like(send)
-        self.duration = np.where(kind == 0, fwd, bwd) + hop
+        device = np.where(kind == 0, fwd, bwd)
+        host = np.where(kind == 0, fwd_host, bwd_host)
+        # synced: each operation takes max(device, host); else the host's running total (the step
+        # starts after the last step's synchronization) is when each operation is issued
+        self.host_extra = np.maximum(0.0, host - device) if w.host_synced else np.zeros_like(host)
+        self.issued = np.zeros_like(host) if w.host_synced else np.cumsum(host, axis=1)
+        self.duration = device + self.host_extra + hop
         self.hop, self.hidden = hop, send - hop
         latency = w.hop_s if (not w.blocking_p2p and p > 1) else 0.0
         # the input: F of the stage before, B of the stage after, the last stage's own F
@@ -439,11 +480,11 @@ class _FixedOrders:
         until all are placed (an exact event loop: an operation starts at max(its rank free, its
         input arrived + latency, its parameter gate)); a round that places nothing is a deadlock."""
         p, n = self.p, 2 * self.m_v
-        duration, latency, gate = (
-            a.ravel().tolist() for a in (self.duration, self.latency, self.gate)
+        duration, latency, gate, issued = (
+            a.ravel().tolist() for a in (self.duration, self.latency, self.gate, self.issued)
         )
         dep = np.where(self.has_dep, self.dep, -1).ravel().tolist()
-        end = [-1.0] * (p * n)
+        end, late = [-1.0] * (p * n), [0.0] * (p * n)
         wait, free, pos = [0.0] * p, [0.0] * p, [0] * p
         remaining = p * n
         while remaining:
@@ -464,6 +505,9 @@ class _FixedOrders:
                         wait[r] += gate[j] - t
                         t = gate[j]
                     t += duration[j]
+                    if issued[j] > t:  # the host has not issued it yet
+                        late[j] = issued[j] - t
+                        t = issued[j]
                     end[j] = t
                     k += 1
                 moved += k - pos[r]
@@ -474,16 +518,17 @@ class _FixedOrders:
                     f"v={self.v}"
                 )
             remaining -= moved
-        end_s = np.asarray(end).reshape(p, n)
+        end_s, late_s = np.asarray(end).reshape(p, n), np.asarray(late).reshape(p, n)
         return OpTable(
             kind=self.kind,
             microbatch=self.mb,
             chunk=self.chunk,
-            start_s=end_s - self.duration,
+            start_s=end_s - self.duration - late_s,
             end_s=end_s,
             hops_s=self.hop.sum(axis=1),
             hidden_hops_s=self.hidden.sum(axis=1),
             gate_wait_s=np.asarray(wait),
+            host_wait_s=(self.host_extra + late_s).sum(axis=1),
         )
 
 
@@ -549,11 +594,11 @@ def _rank_span(work: StepWork, rank: int, chunks: int, table: OpTable) -> RankSp
     exposed = max(0.0, t - compute_end) + after_gather
     total += w.gather_s
     hops, hidden_hops = float(table.hops_s[rank]), float(table.hidden_hops_s[rank])
-    gate_wait = float(table.gate_wait_s[rank])
-    busy = float((end - start).sum()) - hops
+    gate_wait, host_wait = float(table.gate_wait_s[rank]), float(table.host_wait_s[rank])
+    busy = float((end - start).sum()) - hops - host_wait
     span = compute_end
     if work.compute_speedup > 1.0:
-        span = max(busy + hops + gate_wait, compute_end / work.compute_speedup)
+        span = max(busy + hops + gate_wait + host_wait, compute_end / work.compute_speedup)
     hidden = max(0.0, total - exposed) + hidden_hops
     return RankSpan(
         busy_s=busy,
@@ -561,6 +606,7 @@ def _rank_span(work: StepWork, rank: int, chunks: int, table: OpTable) -> RankSp
         hidden_hops_s=hidden_hops,
         compute_end_s=span,
         gate_wait_s=gate_wait,
+        host_wait_s=host_wait,
         dp_total_s=total,
         dp_exposed_s=exposed,
         end_s=span + exposed + work.interference * hidden,
@@ -633,6 +679,14 @@ class BlockTerms:
     equal FLOPs)."""
     embedding_s: float
     head_s: float
+    block_fwd_host_s: float = 0.0
+    """Host time to issue a block's forward (cost_models.host.block_host_parts)."""
+    block_bwd_host_s: float = 0.0
+    """Host time to issue a block's backward, recomputation apart."""
+    recompute_host_unit_s: float = 0.0
+    """Host time to issue one recomputed block's forward again."""
+    head_host_s: float = 0.0
+    """Host time to issue the head's forward and backward."""
 
 
 def block_terms_of(x, block, tp, cp, ep, embedding_s, head_s, row: int = 0) -> BlockTerms:
@@ -647,7 +701,12 @@ def block_terms_of(x, block, tp, cp, ep, embedding_s, head_s, row: int = 0) -> B
     share = x.full_share
     rec = block.recompute + tp.recompute + ep.recompute
     one = lambda a: _one(x, a, row)  # noqa: E731
+    h_f, h_b, h_r = H.block_host_parts(x)
     return BlockTerms(
+        block_fwd_host_s=one(h_f),
+        block_bwd_host_s=one(h_b),
+        recompute_host_unit_s=one(h_r),
+        head_host_s=one(H.head_host_seconds(x)),
         block_fwd_s=one(block.fwd + tp_f + CP_FORWARD_SHARE * cp_s + ep_fwd),
         block_total_s=one(block.total + tp_f + tp_b + tp_r + cp_s + ep_s),
         recompute_unit_s=one(np.where(share > 0, rec / np.maximum(share, 1e-30), 0.0)),
@@ -678,10 +737,14 @@ def rank_work(x, t: BlockTerms, key: tuple[float, bool, bool, float], row: int =
     blocks, first, last, recomputed = key
     total = blocks * t.block_total_s + (recomputed - blocks * t.full_share) * t.recompute_unit_s
     fwd = blocks * t.block_fwd_s
+    fwd_host = blocks * t.block_fwd_host_s
+    bwd_host = blocks * t.block_bwd_host_s + recomputed * t.recompute_host_unit_s
     if first:
         fwd, total = fwd + EMBEDDING_FORWARD_SHARE * t.embedding_s, total + t.embedding_s
     if last:
         fwd, total = fwd + HEAD_FORWARD_SHARE * t.head_s, total + t.head_s
+        fwd_host += HEAD_FORWARD_SHARE * t.head_host_s
+        bwd_host += (1.0 - HEAD_FORWARD_SHARE) * t.head_host_s
     bwd = max(total - fwd, 0.0)
     params = MO.rank_params(x, blocks, first, last)
     allreduce, rs, gather = (_one(x, a, row) for a in C.dp_reduction_parts(x, params))
@@ -696,6 +759,8 @@ def rank_work(x, t: BlockTerms, key: tuple[float, bool, bool, float], row: int =
     kw = dict(
         fwd_s=fwd,
         bwd_s=bwd,
+        fwd_host_s=fwd_host,
+        bwd_host_s=bwd_host,
         buckets=buckets,
         weight_grad_fraction=min(1.0, blocks * t.weight_grad_s / bwd) if bwd > 0 else 0.0,
     )
@@ -728,6 +793,7 @@ def step_work(x, t: BlockTerms, row: int = 0) -> StepWork:
         overlap_param_gather=x.sw.overlap_param_gather and not x.sw.bf16_optimizer,
         interference=eff(x.hw, "overlap_interference"),
         compute_speedup=eff(x.hw, "shared_cores_speedup"),
+        host_synced=bool(_one(x, H.host_synced(x), row)),
     )
 
 

@@ -119,6 +119,10 @@ FRAMEWORK_KEYS: dict[str, Field] = {
         "bool", False, "The distributed optimizer's all-gather runs under the next forward."
     ),
     "overlap_p2p": _optional("bool", False, "Interleaved pipeline sends run beside compute."),
+    "cuda_graphs": _optional("bool", False, "Blocks run as captured CUDA graphs by default."),
+    "pipeline_host_sync": _optional(
+        "bool", False, "The host waits for the device before every pipeline operation."
+    ),
     "moe_host_ops_per_layer": _optional(
         "number", 0.0, "Host operators an MoE layer's forward adds.", low=0, high=1000
     ),
@@ -235,6 +239,8 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         moe_host_sync=data.get("moe_host_sync", False),
         overlap_param_gather=data.get("overlap_param_gather", False),
         overlap_p2p=data.get("overlap_p2p", False),
+        cuda_graphs=data.get("cuda_graphs", False),
+        pipeline_host_sync=data.get("pipeline_host_sync", False),
         moe_host_ops_per_layer=float(data.get("moe_host_ops_per_layer", 0.0)),
         zero3_max_live_params=None if live is None else float(live),
         experts_follow_tp_without_ep=data.get("experts_follow_tp_without_ep", False),

@@ -243,6 +243,14 @@ class Capabilities:
             "what the target cannot place (planner.exports.limits)."
         ),
     )
+    cuda_graphs: bool = capability(
+        False,
+        means=(
+            "Whether the stack can capture each block's forward and backward as CUDA graphs, one "
+            "launch per pass on the host (Megatron-Core's --enable-cuda-graph / cuda_graph_impl "
+            "'local', megatron/core/transformer/cuda_graphs.py; cost_models.host)."
+        ),
+    )
     tp_comm_overlap: bool = capability(
         False,
         means=(
@@ -325,6 +333,14 @@ class FrameworkProfile:
     """Pipeline sends and receives of the interleaved schedule run beside the next chunk's compute
     instead of blocking it (Megatron-Core's overlap_p2p_comm, on unless
     --no-overlap-p2p-communication; interleaved only): cost_models.timeline."""
+    pipeline_host_sync: bool = False
+    """The host waits for the device before every pipeline operation (cost_models.host.host_synced):
+    Megatron-LM's batched p2p calls torch.cuda.synchronize() (batch_p2p_sync), DeepSpeed's
+    PipelineEngine reads each received activation's metadata on the host; torch.distributed.pipelining
+    waits on its p2p work on the stream only (torchtitan)."""
+    cuda_graphs: bool = False
+    """Blocks captured as CUDA graphs by default (cost_models.host.block_host_parts): off in every
+    shipped stack (Megatron-LM's --enable-cuda-graph is off unless asked)."""
     moe_host_sync: bool = False
     """A dropless MoE layer's forward waits on the host for the tokens per expert (cost_models.moe.
     host_sync_seconds): Transformer Engine's GroupedLinear takes its splits as a host list."""

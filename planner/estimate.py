@@ -182,6 +182,7 @@ class Estimate:
                 "compile": sw.compile,
                 "overlap_param_gather": sw.overlap_param_gather,
                 "overlap_p2p": sw.overlap_p2p,
+                "cuda_graphs": sw.cuda_graphs,
                 "grad_reduce_bytes": sw.state_bytes(cfg.precision).reduce,
                 "master_weights": sw.master_weights,
                 "expandable_segments": sw.expandable_segments,

@@ -62,7 +62,8 @@ TIME_TERMS = {
     "dp_comm": "exposed data-parallel gradient reduction and ZeRO parameter gathers",
     "pp_p2p": "exposed pipeline sends and receives between stages",
     "bubble": "pipeline stages idle at the start and end of each step (schedule dependent)",
-    "optimizer": "the optimizer step streaming parameters, gradients and states",
+    "optimizer": "the optimizer step streaming parameters, gradients and states, with its "
+    "launches, the gradient norm and the loss all-reduce",
     "offload": "exposed host-device copies of offloaded optimizer states or activations",
     "host_wait": "time the device waits for the host to issue kernels (eager PyTorch's per-op "
     "launch cost, and the host synchronizations of dropless MoE routing): the host "

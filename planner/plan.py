@@ -476,6 +476,8 @@ def run_options(document: Mapping[str, Any]) -> RunOptions:
     for overlap in ("tp_comm_overlap", "moe_a2a_overlap"):
         if sw.get(overlap) is True and not (stack is not None and getattr(stack, overlap)):
             out[overlap] = True
+    if sw.get("cuda_graphs") is True and not (stack is not None and stack.cuda_graphs):
+        out["cuda_graphs"] = True
     if sw.get("moe_fp8_dispatch") is True:
         out["moe_fp8_dispatch"] = True
     return RunOptions(**out)

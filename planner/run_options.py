@@ -40,6 +40,9 @@ class RunOptions:
     overlap_p2p_comm); None: the framework's default."""
     compile: bool = False
     """torch.compile on the blocks."""
+    cuda_graphs: bool | None = None
+    """Blocks captured as CUDA graphs (Megatron-Core's --enable-cuda-graph / cuda_graph_impl): each
+    pass of a block is one graph launch on the host; None: the framework's default."""
     kernels: str | None = None
     """The block implementation when a run swaps the stack's modules for another's
     (frameworks.KERNELS); None: the framework's own."""

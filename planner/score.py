@@ -18,7 +18,9 @@ source in its docstring and a unit test; the candidates, the hardware profile an
                               comm.pp_p2p_seconds, comm.dp_comm_seconds (exposed data-parallel / ZeRO
                               traffic; routed experts over the expert data-parallel group:
                               moe.rank_params), compute.optimizer_step_seconds, offload.activation_offload_step_seconds,
-                              compute.host_wait_seconds (never faster than the host dispatches),
+                              host.host_wait_seconds (never faster than the host issues:
+                              per operation where a pipeline syncs, else the step),
+                              host.optimizer_with_host_seconds,
                               moe.host_sync_seconds (dropless MoE layers the host must issue in step)
   memory                      memory.activation_bytes, memory.peak_over_ranks (memory.rank_memory of
                               the first and last rank, or of every rank of an uneven split),
@@ -35,6 +37,7 @@ import numpy as np
 
 from cost_models import comm as C
 from cost_models import compute as K
+from cost_models import host as H
 from cost_models import memory as M
 from cost_models import moe as MO
 from cost_models import offload as O
@@ -280,19 +283,35 @@ def score(
         recompute_s=block.recompute + tp.recompute + ep.recompute,
     )
     busy, bubble = PL.schedule_seconds(x, stage)
+    forward_s = _block_forward_seconds(x, block, tp, cp_s, ep, ep_s)
+    rank_fwd_s = (
+        x.blocks_most * forward_s
+        + TL.EMBEDDING_FORWARD_SHARE * embedding_s
+        + np.where(x.single_stage, TL.HEAD_FORWARD_SHARE * head_s, 0.0)
+    )
+    # the host's waits lengthen the compute that data-parallel and offload copies run beside
+    rank_ops = dict(fwd_s=rank_fwd_s, bwd_s=stage.slowest - rank_fwd_s, last=x.single_stage)
+    host_issue = H.host_wait_seconds(x, **rank_ops)
+    host_wait = host_issue + MO.host_sync_seconds(x, block.fwd + tp.fwd + ep.fwd)
     params_first = MO.rank_params(x, x.blocks_first, True, x.single_stage)
     params_rank = params_first.higher(MO.rank_params(x, x.blocks_last, x.single_stage, True))
     hop = C.pp_hop_seconds(x)
     pp_p2p = C.pp_p2p_seconds(x, hop)
-    forward_s = _block_forward_seconds(x, block, tp, cp_s, ep, ep_s)
     dp_comm = C.dp_comm_seconds(
         x,
         params_rank,
-        last_backward_s=x.blocks_most * (block.bwd + block.recompute + tp.bwd + tp.recompute),
-        compute_s=x.m * x.blocks_most * block.total,
+        # a backward lasts as long as the host takes to issue it, if longer (cost_models.host)
+        last_backward_s=np.maximum(
+            x.blocks_most * (block.bwd + block.recompute + tp.bwd + tp.recompute),
+            H.rank_host_seconds(x, last=x.single_stage)[1],
+        ),
+        compute_s=x.m * x.blocks_most * block.total + host_wait,
         forward_s=x.blocks_most * forward_s,
-        compute_end_s=busy + bubble + pp_p2p,
+        # the host's issue waits stretch the compute stream; a dropless MoE layer's host sync
+        # is not on it (cost_models.moe.layers_sync_host)
+        compute_end_s=busy + bubble + pp_p2p + host_issue,
     )
+    per_block_s = block.total + tp_exposed + cp_s + ep_s
     bubble_bound, pp_p2p_bound, dp_bound = _pipeline_bounds(
         x,
         cands,
@@ -304,12 +323,17 @@ def score(
         params_first,
         forward_s=forward_s,
         second_compute_s=x.blocks_second * (block.fwd + block.bwd),
-        per_block_s=block.total + tp_exposed + cp_s + ep_s,
+        per_block_s=per_block_s,
         recompute_s=block.recompute + tp.recompute + ep.recompute,
         embedding_s=embedding_s,
         head_s=head_s,
     )
-    optimizer_s = K.optimizer_step_seconds(x, params_rank)
+    optimizer_s = H.optimizer_with_host_seconds(
+        x,
+        K.optimizer_step_seconds(x, params_rank),
+        K.optimizer_params_updated(x, params_rank),
+        x.blocks_most,
+    )
     acts = M.activation_bytes(x)
     host_room = M.host_room_bytes(x, params_rank.total)
     volume = (
@@ -319,17 +343,17 @@ def score(
         )
         * O.offloaded_share(x, np.maximum(x.blocks_first, x.blocks_last))
     )
-    fwd_share = (block.fwd + tp.fwd) / np.maximum(block.total + tp.total + cp_s + ep_s, 1e-30)
+    # the offload copies hide under the forwards and the backwards of the compute stream, each
+    # operation as long as the longer of its device and host time (cost_models.host.forward_share)
+    stream = busy + host_wait
+    fwd_share = H.forward_share(x, **rank_ops)
     offload = O.activation_offload_step_seconds(
-        x, volume, busy * fwd_share, busy * (1.0 - fwd_share)
+        x, volume, stream * fwd_share, stream * (1.0 - fwd_share)
     )
     memory, per_rank = M.peak_over_ranks(
         x, acts, host_room=host_room, rank_blocks=cands.rank_blocks
     )
     device_s = busy + bubble + pp_p2p + dp_comm + optimizer_s + offload
-    host_wait = K.host_wait_seconds(x, device_s) + MO.host_sync_seconds(
-        x, block.fwd + tp.fwd + ep.fwd
-    )
     return Scores(
         step_time_s=device_s + host_wait,
         peak_bytes_per_gpu=memory.peak,
@@ -571,9 +595,8 @@ def timeline_scores(scores: Scores) -> Scores:
     offload_s = np.asarray(scores.offload, float)
     after_s = TL.after_reduction_seconds(x)
     device_s = tl.makespan_s + after_s + optimizer_s + offload_s
-    host_wait = K.host_wait_seconds(x, device_s) + MO.host_sync_seconds(
-        x, block.fwd + tp.fwd + ep.fwd
-    )
+    # the host's issue time is on the timeline (cost_models.host); MoE's per-layer syncs are not
+    host_sync = MO.host_sync_seconds(x, block.fwd + tp.fwd + ep.fwd)
     i = K.eff(x.hw, "overlap_interference")
     per_block = np.maximum(terms.block_total_s, 1e-30)
     shares = {
@@ -586,7 +609,7 @@ def timeline_scores(scores: Scores) -> Scores:
     dp = rank.end_s - rank.compute_end_s + rank.gate_wait_s + after_s - (p2p - rank.hops_s)
     return replace(
         scores,
-        step_time_s=device_s + host_wait,
+        step_time_s=device_s + host_sync,
         compute=busy * (1.0 - sum(shares.values())),
         tp_comm=busy * shares["tp"],
         cp_comm=busy * shares["cp"],
@@ -596,7 +619,7 @@ def timeline_scores(scores: Scores) -> Scores:
         bubble=np.asarray([rank.bubble_s]),
         optimizer=optimizer_s,
         offload=offload_s,
-        host_wait=host_wait,
+        host_wait=rank.host_wait_s + host_sync,
         timeline=tl,
         closed_form_step_s=np.asarray(scores.step_time_s, float),
     )

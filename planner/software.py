@@ -173,6 +173,14 @@ def _check_runnable_options(fw: FrameworkProfile, o: RunOptions) -> None:
             message=f"framework {fw.name} cannot run this plan: master_weights=remainder: "
             f"{fw.name} keeps full fp32 master weights (allowed: fp32)",
         )
+    if o.cuda_graphs and not fw.capabilities.cuda_graphs:
+        raise ConfigError(
+            "cuda_graphs",
+            True,
+            "false",
+            message=f"framework {fw.name} cannot run this plan: cuda_graphs: {fw.name} has no "
+            "per-layer CUDA graph capture (allowed: false)",
+        )
     if o.tp_comm_overlap and not fw.capabilities.tp_comm_overlap:
         raise ConfigError(
             "tp_comm_overlap",

@@ -204,6 +204,14 @@ OverlapP2pOpt = Annotated[
         "overlap_p2p_comm). Default: the framework's.",
     ),
 ]
+CudaGraphsOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--cuda-graphs/--no-cuda-graphs",
+        help="Capture each block's forward and backward as CUDA graphs, one host launch per pass "
+        "(Megatron-Core's --enable-cuda-graph). Default: the framework's.",
+    ),
+]
 MoeDispatcherOpt = Annotated[
     Optional[str],
     typer.Option(

@@ -35,6 +35,7 @@ from planner.commands.common import (
     OverlapGradReduceOpt,
     OverlapParamGatherOpt,
     OverlapP2pOpt,
+    CudaGraphsOpt,
     HardwareOpt,
     JsonOpt,
     MicroBatchOpt,
@@ -216,6 +217,7 @@ def estimate(
     overlap_grad_reduce: OverlapGradReduceOpt = None,
     overlap_param_gather: OverlapParamGatherOpt = None,
     overlap_p2p: OverlapP2pOpt = None,
+    cuda_graphs: CudaGraphsOpt = None,
     json: JsonOpt = False,
 ) -> None:
     """Predict step time and peak memory of one parallel configuration."""

@@ -41,6 +41,7 @@ from planner.commands.common import (
     OverlapGradReduceOpt,
     OverlapParamGatherOpt,
     OverlapP2pOpt,
+    CudaGraphsOpt,
 )
 from hardware_profiles import load_profile
 from planner.commands.plan_table import table_lines
@@ -291,6 +292,7 @@ def recommend(
     overlap_grad_reduce: OverlapGradReduceOpt = None,
     overlap_param_gather: OverlapParamGatherOpt = None,
     overlap_p2p: OverlapP2pOpt = None,
+    cuda_graphs: CudaGraphsOpt = None,
     wide: WideOpt = False,
 ) -> None:
     """Search every parallel strategy, rank by the objective and print the top plans."""

@@ -328,6 +328,8 @@ def _precision_args(plan: Plan, add: _AddArg, notes: list[str]) -> None:
             "precision bf16 (no fp32 master weights): Megatron keeps fp32 main parameters in its optimizer "
             "(more memory than planned unless you add --use-precision-aware-optimizer --main-params-dtype bf16)"
         )
+    if (plan.document.get("software") or {}).get("cuda_graphs"):
+        add("--enable-cuda-graph")  # per-layer graphs (megatron/training/arguments.py)
     notes += _model_config_notes(plan)
     if cfg.precision == "fp8":
         add("--fp8-format", "hybrid")
