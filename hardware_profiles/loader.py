@@ -225,6 +225,14 @@ def refined_document(data: dict, origin: str) -> dict:
         + base["sources"]["efficiency"]
     )
     mine = sources.get("efficiency")
+    if own and not (isinstance(mine, str) and mine.strip()):
+        raise ConfigError(
+            "sources.efficiency",
+            None,
+            "a source for the efficiency keys the file sets",
+            message=f"hardware profile {origin}: missing required key 'sources.efficiency' "
+            f"(where its own efficiency keys {', '.join(sorted(own))} come from)",
+        )
     out = {k: v for k, v in data.items() if k != REFINES}
     out["efficiency"] = {**base["efficiency"], **own}
     out["sources"] = {**sources, "efficiency": f"{mine}; {quoted}" if mine else quoted}
@@ -268,7 +276,9 @@ def previous_profile(out: str | Path, what: str = "--out") -> dict | None:
     is none; one ConfigError line when `out` cannot be written or holds something other than a
     hardware profile (a FIFO, a device, malformed JSON, another document). Standard library and
     planner.io only: `planner hardware calibrate` runs it before anything heavy loads
-    (planner.__main__.early_refusal) and again before it measures."""
+    (planner.__main__.early_refusal) and again before it measures. A profile that `refines` a
+    shipped one comes back resolved (`refined_document`): the calibration keeps the efficiency keys
+    it inherited too, and writes a profile that stands alone."""
     check_writable(out, what)
     previous = read_json_if_exists(out, what)
     if previous is not None:
@@ -284,4 +294,6 @@ def previous_profile(out: str | Path, what: str = "--out") -> dict | None:
                     f"replaces only a profile: choose another {what} or move the file"
                 ),
             ) from None
+        if REFINES in previous:
+            previous = refined_document(previous, str(out))
     return previous

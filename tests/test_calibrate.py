@@ -174,6 +174,31 @@ def test_profile_written_by_calibrate_makes_the_cost_model_reproduce_the_fits():
     )
 
 
+def test_calibrating_over_a_refining_profile_keeps_the_keys_it_inherited(tmp_path):
+    """A user's file that `refines` dgx-h100 (docs/guide.md) holds only its own efficiency keys;
+    calibrating over it keeps every key it inherited from that profile's file, not only its own,
+    and writes a profile that stands alone."""
+    import json
+
+    from hardware_profiles.loader import PROFILE_DIR, previous_profile, profile_from_dict
+    from planner.calibrate import build_profile
+
+    shipped = json.loads((PROFILE_DIR / "dgx-h100.json").read_text())
+    mine = json.loads((PROFILE_DIR / "p5.48xlarge.json").read_text())
+    mine.update(name="mine", refines="dgx-h100", efficiency={"allreduce_bus_efficiency": 0.7})
+    mine["sources"]["efficiency"] = "allreduce_bus_efficiency 0.7: measured on my cluster"
+    out = tmp_path / "mine.json"
+    out.write_text(json.dumps(mine))
+    previous = previous_profile(out)
+    doc = build_profile(_synthetic_measurement(2), name="mine", command="test", previous=previous)
+    kept = set(shipped["efficiency"]) - set(doc["efficiency"])
+    assert "refines" not in doc and not kept, sorted(kept)
+    assert (
+        profile_from_dict(doc).efficiency["flash_attention_efficiency"]
+        == (shipped["efficiency"]["flash_attention_efficiency"])
+    )
+
+
 def test_latency_bound_fit_does_not_overwrite_a_bus_efficiency():
     sizes = np.array([64.0, 128.0, 256.0])
     flat = fit_alpha_beta("reducescatter", 2, sizes, np.full(3, 1e-3))

@@ -93,6 +93,8 @@ def _refining(tmp_path: Path, own: dict) -> Path:
     doc = json.loads((PROFILE_DIR / "p5.48xlarge.json").read_text())
     doc.update(name="my-h100", refines="dgx-h100", efficiency=own, inter_node_latency_us=20.0)
     doc["sources"].pop("efficiency")
+    if own:
+        doc["sources"]["efficiency"] = "measured with nccl-tests on my cluster"
     doc["sources"]["inter_node_latency_us"] = "measured on my cluster"
     path = tmp_path / "my-h100.json"
     path.write_text(json.dumps(doc))
@@ -183,6 +185,13 @@ BAD = {
     "refines a path": (
         lambda d: d.update(refines="hardware_profiles/dgx-h100.json"),
         "refines='hardware_profiles/dgx-h100.json' is invalid",
+    ),
+    "refining key without a source": (
+        lambda d: (
+            d.update(refines="dgx-h100", efficiency={"gemm_fixed_us": 9.0})
+            or d["sources"].pop("efficiency")
+        ),
+        "missing required key 'sources.efficiency' (where its own efficiency keys gemm_fixed_us",
     ),
     "refining efficiency not numbers": (
         lambda d: d.update(refines="dgx-h100", efficiency={"gemm_fixed_us": "high"}),
