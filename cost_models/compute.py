@@ -218,10 +218,10 @@ ATTENTION_EFFICIENCY_KEY["flash1"] = "flash_attention_efficiency"
 ATTENTION_HEAD_DIM_HALF["flash1"] = ATTENTION_HEAD_DIM_HALF["flash"]
 FLASH1_RELATIVE = {(64, False): 0.625, (64, True): 0.567, (128, False): 0.409, (128, True): 0.439}
 """FlashAttention-1 (Dao et al. 2022) over FlashAttention-2 (Dao 2023), forward + backward at the
-same sequence length, head dim and causality, by (FlashAttention-1's kernel template, causal): v1
-compiles one kernel for head dims <= 64 and one for 65-128 (flash-attn 1.0.x
-csrc/flash_attn/fmha_api.cpp, run_fmha_fwd: d <= 32, <= 64, <= 128), so a head dim runs at its
-template's rate. Measured at 16k tokens, the longest, in FlashAttention-2's README benchmark on
+same sequence length, head dim and causality, by (head-dim template, causal): v1 compiles
+templates for d <= 32, <= 64 and <= 128 (flash-attn 1.0.x csrc/flash_attn/fmha_api.cpp,
+run_fmha_fwd; wider heads are refused, cost_models.step.FLASH1_MAX_HEAD_DIM); the benchmark
+measured d 64 and d 128 only, so d <= 64 takes the d 64 rate and 65-128 the d 128 rate. Measured at 16k tokens, the longest, in FlashAttention-2's README benchmark on
 A100 (Dao 2023 Fig. 4; validation/kernels/attention.json, fa2-readme-a100, kernels
 flash_attention_1 / flash_attention_2, TFLOP/s): d 64: 110/176 non-causal, 97/171 causal; d 128:
 83/203 non-causal, 83/189 causal. The H100 figure (Dao 2023 Fig. 7, fa2-readme-h100) gives the

@@ -19,6 +19,7 @@ from cost_models.moe import DEFAULT_IMBALANCE
 from frameworks import FrameworkProfile
 from frameworks.rules import a2a_overlap_runs
 from hardware_profiles import HardwareProfile
+from planner.errors import ConfigError
 from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, offload_indices
 from planner.placement import distinct_rows, group_locality
 from planner.run_options import RunOptions
@@ -197,6 +198,11 @@ def _default(value: bool | None, framework_default: bool) -> bool:
     return framework_default if value is None else bool(value)
 
 
+FLASH1_MAX_HEAD_DIM = 128
+"""The widest head FlashAttention-1 compiles (flash-attn 1.0.x csrc/flash_attn/fmha_api.cpp,
+run_fmha_fwd: templates for d <= 32, <= 64 and <= 128, and a refusal above)."""
+
+
 def attention_kernel(attention: str, precision: str, spec: TransformerSpec) -> str:
     """'fused', 'flash', 'mem_efficient' or 'math' for a framework's attention family, a precision and a
     model. PyTorch SDPA (torch 2.5-2.10, aten/src/ATen/native/transformers/cuda/sdp_utils.cpp;
@@ -208,6 +214,13 @@ def attention_kernel(attention: str, precision: str, spec: TransformerSpec) -> s
         return "math"
     if attention in ("triton", "flash1") and precision == "fp32":
         return "math"  # the Triton kernel and FlashAttention-1 take 16-bit inputs only
+    if attention == "flash1" and spec.d_head > FLASH1_MAX_HEAD_DIM:
+        raise ConfigError(
+            "attention",
+            attention,
+            f"a kernel that runs head dim {spec.d_head}: FlashAttention-1 compiles head dims up "
+            f"to {FLASH1_MAX_HEAD_DIM} only (flash, fused, sdpa or unfused)",
+        )
     if attention == "sdpa":
         if precision == "fp32":
             return "math" if spec.n_kv_heads < spec.heads else "mem_efficient"

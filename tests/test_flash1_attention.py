@@ -169,3 +169,20 @@ def test_a_profile_whose_default_attention_it_cannot_run_is_refused():
     doc["attention"] = "flash1"
     with pytest.raises(ConfigError, match="capabilities.attention_kernels"):
         framework_from_dict(doc, origin="torchtitan.json")
+
+
+def test_a_head_wider_than_fa1_compiles_is_refused_in_one_line():
+    """FlashAttention-1 has kernel templates up to head dim 128 (flash-attn 1.0.x run_fmha_fwd):
+    a 256-wide head cannot run it, so estimate refuses it instead of costing a run that would not
+    start; 128 still runs."""
+    wide = get("llama3-8b").with_(head_dim=256)
+    with pytest.raises(ConfigError, match="FlashAttention-1 compiles head dims up to 128") as err:
+        estimate(
+            wide,
+            "p4d.24xlarge",
+            ParallelConfig(dp=8, global_batch=8),
+            gpus=8,
+            options=RunOptions(attention="flash1"),
+        )
+    assert "\n" not in str(err.value)
+    assert attention_kernel("flash1", "bf16", get("llama3-8b")) == "flash1"
