@@ -445,6 +445,11 @@ def needed_bytes(peak_bytes, hw, software):
     ) + cuda_context_bytes(hw)
 
 
+def largest_fitting_peak(hw, software) -> float:
+    """The largest peak that `fits`: needed_bytes solved for the peak at the device's memory."""
+    return (float(hw.memory_bytes) - cuda_context_bytes(hw)) / (1.0 + allocator_overhead(software))
+
+
 def fits(peak_bytes, hw, software):
     """The one definition of "fits" (planner.score.Scores.fits, read by search, estimate, explain,
     report and plan files): needed_bytes <= the device's usable memory."""

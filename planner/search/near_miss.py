@@ -22,18 +22,18 @@ from dataclasses import replace
 
 import numpy as np
 
-from cost_models.memory import allocator_overhead, cuda_context_bytes
+from cost_models.memory import allocator_overhead, largest_fitting_peak
 from planner.errors import ConfigError
 from planner.parallel import ParallelConfig
 from planner.partition import PartitionProblem, even_split, split
-from planner.search.refine import CPSAT_MAX_CHUNKS, CPSAT_TIME_LIMIT_S, Refiner, stage_problem
+from planner.search.refine import CPSAT_TIME_LIMIT_S, Refiner, splittable, stage_problem
 from planner.search.request import Setup
 from planner.search.results import NearMisses, ScoredSpace
 from planner.search.space import MEMORY_OBJECTIVE_SLACK
 
 NEAR_MISS_TOP = 4
 """Near-miss plans re-split per search, fastest even-split step first (each costs a few estimate()
-calls: the search's time stays within 1.5x of the main pass; benchmarks/search_speed.py)."""
+calls; with it the searches of benchmarks/search_speed.py took 1.0-1.2x their CPU time)."""
 
 NEAR_MISS_SCAN = 64
 """Scored rows examined for the binding rank's bound, fastest first (one stage_problem each)."""
@@ -78,12 +78,8 @@ def recoverable_peak_bytes(problem: PartitionProblem) -> float:
 
 
 def allowed_peak_bytes(setup: Setup) -> float:
-    """The largest peak that fits: needed = peak x (1 + allocator overhead) + CUDA context
-    (cost_models.memory.needed_bytes) solved for the peak at the device's capacity."""
-    hw = setup.hardware
-    return (float(hw.memory_bytes) - cuda_context_bytes(hw)) / (
-        1.0 + allocator_overhead(setup.software)
-    )
+    """The largest peak that fits (cost_models.memory.largest_fitting_peak)."""
+    return largest_fitting_peak(setup.hardware, setup.software)
 
 
 def near_misses(
@@ -98,7 +94,7 @@ def near_misses(
     for i in near_miss_rows(scored, threshold_s):
         cfg = setup.workload.config(scored.arrays, int(i))
         twin = _placement_free(cfg)
-        if twin in seen or not _splittable(cfg):
+        if twin in seen or not splittable(cfg):
             continue
         seen.add(twin)
         problem = stage_problem(setup.model, cfg, setup.software)
@@ -108,7 +104,10 @@ def near_misses(
         looked += 1
         even_doc = refiner.plan_document(cfg)
         peaks = _rank_peaks(even_doc)
-        if not even_doc["prediction"]["memory"]["fits"] and spare_blocks(problem, peaks, allowed):
+        if even_doc["prediction"]["memory"]["fits"]:  # estimate() decides fit: it joins as it is
+            docs.append(even_doc)
+            rows.append(int(i))
+        elif spare_blocks(problem, peaks, allowed):
             tried += 1
             doc, missed = resplit(refiner, cfg, problem, (peaks, allowed))
             if doc is not None:
@@ -187,13 +186,6 @@ def _rank_blocks(problem: PartitionProblem) -> np.ndarray:
         per_rank, np.arange(problem.chunks) % problem.pp, even_split(problem.blocks, problem.chunks)
     )
     return per_rank
-
-
-def _splittable(cfg: ParallelConfig) -> bool:
-    """pp > 1 and few enough chunks for the exact solver's time limit (refine.CPSAT_MAX_CHUNKS)."""
-    return cfg.pp > 1 and (
-        cfg.virtual_stages == 1 or cfg.pp * cfg.virtual_stages <= CPSAT_MAX_CHUNKS
-    )
 
 
 def _placement_free(cfg: ParallelConfig) -> tuple:

@@ -154,12 +154,17 @@ def fewest_recomputed_layers(
     return int(counts[ok][np.argmin(step[ok])])
 
 
+def splittable(cfg: ParallelConfig) -> bool:
+    """pp > 1 and few enough chunks for the exact solver's time limit (CPSAT_MAX_CHUNKS)."""
+    return cfg.pp > 1 and (
+        cfg.virtual_stages == 1 or cfg.pp * cfg.virtual_stages <= CPSAT_MAX_CHUNKS
+    )
+
+
 def uneven_stages(model, cfg: ParallelConfig, software=None) -> tuple[int, ...]:
     """The fastest contiguous split of the blocks for cfg (empty when pp = 1 or the model has no blocks), weighed
     with the run's software (its options change what a block saves; stage_problem)."""
-    if cfg.pp == 1 or not hasattr(model, "total_blocks"):
-        return ()
-    if cfg.virtual_stages > 1 and cfg.pp * cfg.virtual_stages > CPSAT_MAX_CHUNKS:
+    if not splittable(cfg) or not hasattr(model, "total_blocks"):
         return ()
     try:
         part = split(stage_problem(model, cfg, software), time_limit_s=CPSAT_TIME_LIMIT_S)
