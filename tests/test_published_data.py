@@ -1,9 +1,11 @@
 """Format checks for the vendored published training runs (validation/published/*.json, format in FORMAT.md).
 
-Every file is loaded and checked row by row: required keys and types, parallel degrees multiplying to the GPU
-count (world = dp x tp x pp x cp), the global batch divisible by dp x micro batch, each row's source_id present in
-`sources`, unique ids, catalog names that exist, `arch` shapes that build a TransformerSpec, and measurements that
-are positive. The checker is exercised on injected malformed rows so that a broken check cannot pass silently.
+Every file is loaded and checked: its sources' fields, each row against the row schema
+(benchmarks/published_schema.py `check_row`: keys, types, vocabularies, ranges), then what the schema
+cannot say of one key: parallel degrees multiplying to the GPU count (world = dp x tp x pp x cp), the
+global batch divisible by dp x micro batch, the pipeline schedule matching pp and virtual stages,
+memory and its kind given together, `arch` shapes that build a TransformerSpec. The checker is
+exercised on injected malformed rows so that a broken check cannot pass silently.
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ from __future__ import annotations
 import copy
 import json
 import re
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from planner import catalog
-from planner.spec import TransformerSpec
+from benchmarks.published_rows import spec_of
+from benchmarks.published_schema import ROW, check_row
+from planner.errors import ConfigError
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "validation" / "published"
 DENSE_FILES = ("megatron.json", "torchtitan.json", "fsdp.json", "deepspeed.json")
@@ -25,160 +27,34 @@ FILES = [PUBLISHED / name for name in DENSE_FILES]
 """The per-stack collections; features.json and moe.json have their own checks (tests/test_published_features.py, tests/test_published_moe.py)."""
 
 SOURCE_KEYS = ("title", "authors_or_owner", "url", "date", "where", "hardware_note", "how_measured")
-ROW_KEYS = (
-    "id",
-    "source_id",
-    "framework",
-    "framework_detail",
-    "model",
-    "arch",
-    "params_published",
-    "hardware",
-    "gpu",
-    "gpus",
-    "dp",
-    "tp",
-    "pp",
-    "cp",
-    "ep",
-    "expert_tp",
-    "dp_shard",
-    "zero",
-    "virtual_stages",
-    "schedule",
-    "micro_batch",
-    "global_batch",
-    "seq",
-    "recompute",
-    "sequence_parallel",
-    "precision",
-    "attention",
-    "compile",
-    "offload",
-    "extras",
-    "measured",
-    "measured_memory_gib",
-    "memory_kind",
-    "trained",
-    "inferred",
-    "notes",
-)
-OPTIONAL_ROW_KEYS = ("recompute_detail",)
-ARCH_KEYS = (
-    "model_type",
-    "layers",
-    "hidden",
-    "heads",
-    "kv_heads",
-    "head_dim",
-    "ffn",
-    "vocab",
-    "position",
-    "gated_mlp",
-    "activation",
-    "norm",
-    "tied_embeddings",
-    "qkv_bias",
-    "out_bias",
-    "mlp_bias",
-)
-INT_KEYS = (
-    "gpus",
-    "dp",
-    "tp",
-    "pp",
-    "cp",
-    "ep",
-    "expert_tp",
-    "dp_shard",
-    "virtual_stages",
-    "micro_batch",
-    "global_batch",
-    "seq",
-)
-ENUMS = {
-    "framework": {"megatron", "torchtitan", "fsdp", "deepspeed"},
-    "zero": {0, 1, 2, 3},
-    "schedule": {"1f1b", "interleaved-1f1b", "gpipe", "zero-bubble", None},
-    "recompute": {"none", "selective", "full"},
-    "precision": {"amp-bf16", "bf16", "amp-fp16", "fp8"},
-    "attention": {"flash", "flash1", "sdpa", "triton", "unfused", "cudnn", None},
-    "offload": {"none", "optimizer", "params", "activations"},
-    "memory_kind": {"allocated", "reserved", "nvidia-smi", None},
-}
-MEASURED_KEYS = {
-    "iteration_time_s",
-    "tokens_per_s_per_gpu",
-    "tokens_per_s",
-    "tflops_per_gpu",
-    "mfu",
-    "hfu",
-    "samples_per_s",
-}
-SPEC_FIELDS = {f.name for f in fields(TransformerSpec)}
-CATALOG_NAMES = set(catalog.names())
+SLUG = re.compile(r"[A-Za-z0-9._-]+")
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def row_problems(row: dict) -> list[str]:
+    """Everything wrong with one run row (empty when the row follows FORMAT.md).
 
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def arch_problems(arch: dict, seq: int) -> list[str]:
-    """Problems of one `arch` object: the FORMAT.md keys present, only TransformerSpec fields, and a spec that builds."""
-    out = [f"arch lacks {k}" for k in ARCH_KEYS if k not in arch]
-    unknown = set(arch) - SPEC_FIELDS - {"moe"}
-    if unknown:
-        out.append(f"arch has keys that are not TransformerSpec fields: {sorted(unknown)}")
-    if not out:
-        spec_args = {k: v for k, v in arch.items() if k != "moe"}
-        try:
-            spec = TransformerSpec(name="published", seq=seq, **spec_args)
-        except Exception as err:  # ConfigError or TypeError: either is a malformed shape
-            return [f"arch does not build a TransformerSpec: {err}"]
-        if spec.n_kv_heads and spec.heads % spec.n_kv_heads:
-            out.append("arch kv_heads does not divide heads")
-    return out
-
-
-def row_problems(row: dict, sources: dict) -> list[str]:
-    """Everything wrong with one run row (empty when the row follows FORMAT.md)."""
-    out = [f"missing key {k}" for k in ROW_KEYS if k not in row]
-    out += [f"unknown key {k}" for k in row if k not in ROW_KEYS and k not in OPTIONAL_ROW_KEYS]
-    if out:
-        return out
-    if not isinstance(row["id"], str) or not re.fullmatch(r"[A-Za-z0-9._-]+", row["id"]):
+    Keys, types, vocabularies and ranges belong to the row schema (benchmarks/published_schema.py,
+    whose `check_row` refusal is the one problem of a row it refuses); a source_id missing from
+    `sources` and a repeated id are tests/test_published_schema.py's. What is checked here is what
+    the schema cannot say of one key: the id's form, the degrees' arithmetic, the pipeline's
+    schedule, memory and measurement given together, and an `arch` that builds a model."""
+    try:
+        check_row(row, "row")
+    except ConfigError as err:
+        return [str(err)]
+    out = []
+    if not SLUG.fullmatch(row["id"]):
         out.append(f"id {row['id']!r} is not a short slug")
-    if row["source_id"] not in sources:
-        out.append(f"source_id {row['source_id']!r} not in sources")
-    for key, allowed in ENUMS.items():
-        if row[key] not in allowed:
-            out.append(f"{key}={row[key]!r} not one of {sorted(map(str, allowed))}")
-    for key in INT_KEYS:
-        if not _is_int(row[key]) or row[key] < 1:
-            out.append(f"{key}={row[key]!r} is not a positive integer")
-    for key in ("sequence_parallel", "compile", "trained"):
-        if not isinstance(row[key], bool):
-            out.append(f"{key} is not a boolean")
-    for key in ("framework_detail", "hardware", "gpu", "notes"):
-        if not isinstance(row[key], str):
-            out.append(f"{key} is not a string")
-    if out:
-        return out
-    if row["dp"] * row["tp"] * row["pp"] * row["cp"] != row["gpus"]:
+    dp, micro_batch = row["dp"], row["micro_batch"] or 1  # null: taken as 1 (ROW["micro_batch"])
+    if dp * row["tp"] * row["pp"] * row["cp"] != row["gpus"]:
+        out.append(f"dp*tp*pp*cp = {dp * row['tp'] * row['pp'] * row['cp']} != gpus {row['gpus']}")
+    if row["global_batch"] % (dp * micro_batch):
         out.append(
-            f"dp*tp*pp*cp = {row['dp'] * row['tp'] * row['pp'] * row['cp']} != gpus {row['gpus']}"
+            f"global_batch {row['global_batch']} not divisible by dp*micro_batch {dp * micro_batch}"
         )
-    if row["global_batch"] % (row["dp"] * row["micro_batch"]):
-        out.append(
-            f"global_batch {row['global_batch']} not divisible by dp*micro_batch {row['dp'] * row['micro_batch']}"
-        )
-    if row["dp"] % row["dp_shard"]:
-        out.append(f"dp_shard {row['dp_shard']} does not divide dp {row['dp']}")
-    if (row["dp"] * row["cp"]) % row["ep"]:
+    if dp % row["dp_shard"]:
+        out.append(f"dp_shard {row['dp_shard']} does not divide dp {dp}")
+    if (dp * row["cp"]) % row["ep"]:
         out.append(f"ep {row['ep']} does not divide dp*cp")
     if row["pp"] == 1 and (row["schedule"] is not None or row["virtual_stages"] != 1):
         out.append("pp=1 with a pipeline schedule or virtual stages")
@@ -186,45 +62,15 @@ def row_problems(row: dict, sources: dict) -> list[str]:
         out.append("pp>1 without a schedule")
     if row["virtual_stages"] > 1 and row["schedule"] != "interleaved-1f1b":
         out.append("virtual_stages>1 needs the interleaved-1f1b schedule")
-    if row["model"] is None and row["arch"] is None:
-        out.append("neither model nor arch given")
-    if row["model"] is not None and row["model"] not in CATALOG_NAMES:
-        out.append(f"model {row['model']!r} is not a catalog name")
     if row["arch"] is not None:
-        out += (
-            arch_problems(row["arch"], row["seq"])
-            if isinstance(row["arch"], dict)
-            else ["arch is not an object"]
-        )
-    if row["params_published"] is not None and (
-        not _is_number(row["params_published"]) or row["params_published"] <= 0
-    ):
-        out.append("params_published is not a positive number")
-    for key in ("extras", "measured", "inferred"):
-        if not isinstance(row[key], dict):
-            out.append(f"{key} is not an object")
-    if out:
-        return out
-    if any(
-        not isinstance(k, str) or not isinstance(v, str) or not v
-        for k, v in row["inferred"].items()
-    ):
-        out.append("inferred must map keys to non-empty explanations")
-    unknown_measures = set(row["measured"]) - MEASURED_KEYS
-    if unknown_measures:
-        out.append(f"unknown measured keys {sorted(unknown_measures)}")
-    for key, value in row["measured"].items():
-        if not _is_number(value) or value <= 0:
-            out.append(f"measured {key}={value!r} is not a positive number")
-        elif key in ("mfu", "hfu") and value > 1:
-            out.append(f"measured {key}={value} is above 1 (write fractions, not percent)")
+        try:
+            spec_of(row)
+        except Exception as err:  # ConfigError or TypeError: either is a malformed shape
+            out.append(f"arch does not build a TransformerSpec: {err}")
     if row["trained"] and not row["measured"]:
         out.append("a trained row has no measurement")
-    mem, kind = row["measured_memory_gib"], row["memory_kind"]
-    if (mem is None) != (kind is None):
+    if (row["measured_memory_gib"] is None) != (row["memory_kind"] is None):
         out.append("measured_memory_gib and memory_kind must be given together")
-    if mem is not None and (not _is_number(mem) or mem <= 0):
-        out.append("measured_memory_gib is not a positive number")
     if row["recompute"] == "none" and "recompute_detail" in row:
         out.append("recompute_detail without recomputation")
     return out
@@ -247,10 +93,8 @@ def doc_problems(doc: dict) -> list[str]:
             out.append(f"source {sid} lacks {missing}")
         if isinstance(src.get("date"), str) and not re.fullmatch(r"\d{4}(-\d{2})?", src["date"]):
             out.append(f"source {sid} date {src['date']!r} is not YYYY or YYYY-MM")
-    ids = [r.get("id") for r in doc["runs"]]
-    out += [f"duplicate id {i}" for i in sorted({i for i in ids if ids.count(i) > 1}, key=str)]
     for row in doc["runs"]:
-        out += [f"{row.get('id')}: {p}" for p in row_problems(row, doc["sources"])]
+        out += [f"{row.get('id')}: {p}" for p in row_problems(row)]
     used = {r.get("source_id") for r in doc["runs"]}
     out += [f"source {sid} has no rows" for sid in doc["sources"] if sid not in used]
     for item in doc["excluded"]:
@@ -274,6 +118,7 @@ def test_published_files_follow_the_format():
 
 
 def test_dense_files_have_rows_of_their_own_stack_from_several_sources():
+    assert {name.removesuffix(".json") for name in DENSE_FILES} <= set(ROW["framework"].allowed)
     wrong = {}
     for name in DENSE_FILES:
         doc = _load(name)
@@ -342,13 +187,6 @@ def _set(key, value):
     return mutate
 
 
-def _drop(key):
-    def mutate(doc):
-        del doc["runs"][0][key]
-
-    return mutate
-
-
 def _arch(key, value):
     def mutate(doc):
         doc["runs"][1]["arch"][key] = value
@@ -356,32 +194,17 @@ def _arch(key, value):
     return mutate
 
 
-def _duplicate(doc):
-    doc["runs"][1]["id"] = doc["runs"][0]["id"]
-
-
-def _unknown_source(doc):
-    doc["runs"][0]["source_id"] = "nowhere-2099"
-
-
 MALFORMED = [
-    ("missing key", _drop("global_batch"), "missing key global_batch"),
+    ("id slug", _set("id", "llama 3 405b"), "is not a short slug"),
     ("degrees", _set("dp", 3), "!= gpus"),
     ("batch", _set("global_batch", 257), "not divisible by dp*micro_batch"),
-    ("source", _unknown_source, "not in sources"),
-    ("duplicate id", _duplicate, "duplicate id"),
-    ("catalog", _set("model", "llama9-1t"), "not a catalog name"),
-    ("precision", _set("precision", "fp16"), "precision='fp16'"),
-    ("float gpus", _set("gpus", 512.0), "gpus=512.0 is not a positive integer"),
     ("schedule", _set("schedule", None), "pp>1 without a schedule"),
-    ("percent mfu", _set("measured", {"mfu": 41.3}), "above 1"),
     ("empty measurement", _set("measured", {}), "trained row has no measurement"),
     ("memory kind", _set("memory_kind", None), "given together"),
     ("dp_shard", _set("dp_shard", 3), "does not divide dp"),
-    ("arch key", _arch("vocab", None), "does not build a TransformerSpec"),
-    ("arch field", _arch("n_embd", 4096), "not TransformerSpec fields"),
     ("kv heads", _arch("kv_heads", 7), "does not build a TransformerSpec"),
 ]
+"""One injected row per check kept here (the schema's own refusals: tests/test_published_schema.py)."""
 
 
 @pytest.mark.parametrize(
@@ -392,3 +215,12 @@ def test_checker_reports_an_injected_malformed_row(mutate, expected):
     mutate(doc)
     problems = doc_problems(doc)
     assert any(expected in p for p in problems), problems
+
+
+def test_a_row_the_schema_refuses_is_its_one_problem():
+    """The cross-field checks run on rows the schema accepts; a refused row reports the refusal."""
+    doc = _valid_doc()
+    assert "fp16" not in ROW["precision"].allowed
+    doc["runs"][0]["precision"] = "fp16"
+    problems = doc_problems(doc)
+    assert len(problems) == 1 and "precision='fp16' is invalid" in problems[0], problems
