@@ -315,18 +315,20 @@ def score(
     bubble_bound, pp_p2p_bound, dp_bound = _pipeline_bounds(
         x,
         cands,
-        stage,
-        bubble,
-        pp_p2p,
-        hop,
-        dp_comm,
-        params_first,
-        forward_s=forward_s,
-        second_compute_s=x.blocks_second * (block.fwd + block.bwd),
-        per_block_s=per_block_s,
-        recompute_s=block.recompute + tp.recompute + ep.recompute,
-        embedding_s=embedding_s,
-        head_s=head_s,
+        PipelineTerms(
+            stage=stage,
+            bubble=bubble,
+            pp_p2p=pp_p2p,
+            hop=hop,
+            dp_comm=dp_comm,
+            params_first=params_first,
+            forward_s=forward_s,
+            second_compute_s=x.blocks_second * (block.fwd + block.bwd),
+            per_block_s=per_block_s,
+            recompute_s=block.recompute + tp.recompute + ep.recompute,
+            embedding_s=embedding_s,
+            head_s=head_s,
+        ),
     )
     optimizer_s = H.optimizer_with_host_seconds(
         x,
@@ -399,23 +401,43 @@ def _block_forward_seconds(x: Step, block, tp, cp_s, ep, ep_s):
     return block.fwd + tp_fwd + TL.CP_FORWARD_SHARE * cp_s + ep_fwd
 
 
-def _pipeline_bounds(
-    x: Step,
-    cands: CandidateArrays,
-    stage,
-    bubble,
-    pp_p2p,
-    hop,
-    dp_comm,
-    params_first,
-    *,
-    forward_s,
-    second_compute_s,
-    per_block_s,
-    recompute_s,
-    embedding_s,
-    head_s,
-):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PipelineTerms:
+    """score()'s terms of each candidate that the pipeline's lower bounds read (_pipeline_bounds):
+    the stage record (pipeline.stage_seconds), the closed form's bubble, sends, one hop and
+    data-parallel time, the first rank's parameters, and per-block / per-pass seconds."""
+
+    stage: object
+    bubble: np.ndarray
+    pp_p2p: np.ndarray
+    hop: np.ndarray
+    dp_comm: np.ndarray
+    params_first: object
+    forward_s: np.ndarray
+    """One block's forward with its exposed communication (_block_forward_seconds)."""
+    second_compute_s: np.ndarray
+    """The second rank's blocks' forward and backward compute."""
+    per_block_s: np.ndarray
+    recompute_s: np.ndarray
+    embedding_s: np.ndarray
+    head_s: np.ndarray
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _OrderChains:
+    """The fixed orders' chains (_pipeline_bounds' docstring) and what rank 0's stream reads."""
+
+    chains: list
+    """(lower bound on the step, blocking sends on it) of the last, a middle and the first rank."""
+    longest: np.ndarray
+    rank0_end: np.ndarray
+    rank0_work_s: np.ndarray
+    rank0_forward_s: np.ndarray
+    chunks: np.ndarray
+    fixed: np.ndarray
+
+
+def _pipeline_bounds(x: Step, cands: CandidateArrays, t: PipelineTerms):
     """(Scores.bubble_bound, Scores.pp_p2p_bound, Scores.dp_bound): the pipeline's idle time, its
     blocking sends and the data-parallel time after the compute that neither the closed form nor the
     simulated step (cost_models.timeline) goes below, beyond m x the slowest stage. The first two
@@ -464,94 +486,121 @@ def _pipeline_bounds(
 
     Ranks that share cores (a CPU profile, shared_cores_speedup > 1) keep the last rank's bound and
     no data-parallel term. tests/test_timeline.py checks the terms under the simulated step."""
-    busy = x.m * stage.slowest
+    busy = x.m * t.stage.slowest
+    middle = (x.pp >= 3) & (cands.blocks_first is None)
+    chains = [  # (lower bound on the step with its sends, sends on it)
+        (busy, x.m),
+        (np.where(middle, x.m * t.second_compute_s, -np.inf), 2.0 * x.m),
+    ]
+    if K.eff(x.hw, "shared_cores_speedup") > 1.0:
+        bubble_bound = PL.bubble_lower_bound(x, t.stage, t.bubble)
+        chains[0] = (busy + bubble_bound, x.m)
+        pp_p2p_bound = _send_bound(x, t, chains, busy, bubble_bound)
+        return bubble_bound, pp_p2p_bound, np.zeros(np.shape(busy))
+    orders = _order_chains(x, cands, t)
+    bubble_bound = np.where(
+        orders.fixed, np.minimum(t.bubble, np.maximum(0.0, orders.longest - busy)), 0.0
+    )
+    pp_p2p_bound = _send_bound(x, t, chains + orders.chains, busy, bubble_bound)
+    reached = busy + bubble_bound + pp_p2p_bound
+    reduced = _rank0_reduced_end(x, t, orders)
+    return bubble_bound, pp_p2p_bound, np.minimum(t.dp_comm, np.maximum(0.0, reduced - reached))
+
+
+def _send_bound(x: Step, t: PipelineTerms, chains: list, busy, bubble_bound) -> np.ndarray:
+    """The blocking sends' term: the longest chain with its sends beyond the compute and bubble
+    bounds, never above the closed form's pp_p2p; 0 where the interleaved schedule
+    overlaps its sends (Software.overlap_p2p)."""
+    overlapped = x.is_schedule("interleaved-1f1b") & (x.v > 1) & x.sw.overlap_p2p
+    blocking = (
+        functools.reduce(np.maximum, [c + n * t.hop for c, n in chains]) - busy - bubble_bound
+    )
+    return np.where((x.pp > 1) & ~overlapped, np.minimum(t.pp_p2p, np.maximum(0.0, blocking)), 0.0)
+
+
+def _order_chains(x: Step, cands: CandidateArrays, t: PipelineTerms) -> _OrderChains:
+    """The last rank's, rank 0's and the busiest middle rank's chains of the fixed orders
+    (_pipeline_bounds' docstring), -inf where they do not apply."""
     p, m = x.pp, x.m
     fixed = (p > 1) & ~x.is_schedule("zero-bubble")
-    overlapped = x.is_schedule("interleaved-1f1b") & (x.v > 1) & x.sw.overlap_p2p
-    middle = (p >= 3) & (cands.blocks_first is None)
-    chains = [  # (lower bound on the step with its sends, sends on it)
-        (busy, m),
-        (np.where(middle, m * second_compute_s, -np.inf), 2.0 * m),
-    ]
-    reduced = None
-    if K.eff(x.hw, "shared_cores_speedup") > 1.0:
-        bubble_bound = PL.bubble_lower_bound(x, stage, bubble)
-        chains[0] = (busy + bubble_bound, m)
-    else:
-        interleaved = x.is_schedule("interleaved-1f1b") & (x.v > 1)
-        v = np.where(interleaved, x.v, 1.0)
-        gpipe = x.is_schedule("gpipe")
-
-        def first_backward(r, s_r, f_r):
-            warm = TL.warmup_forwards(p, r, m, v, gpipe=gpipe)
-            k = np.minimum(warm + 1.0, m * v)
-            return f_all * (1.0 - 1.0 / v) + (s_all - s_r) / v + m * s_r + f_r * (1.0 - k) / v
-
-        f_all = (
-            x.spec.total_blocks * forward_s
-            + TL.EMBEDDING_FORWARD_SHARE * embedding_s
-            + TL.HEAD_FORWARD_SHARE * head_s
-        )
-        s_all = p * stage.mean
-        single = x.single_stage
-        s_first = PL.first_rank_seconds(x, per_block_s, embedding_s, head_s, recompute_s)
-        f_first = (
-            x.blocks_first * forward_s
-            + TL.EMBEDDING_FORWARD_SHARE * embedding_s
-            + np.where(single, TL.HEAD_FORWARD_SHARE * head_s, 0.0)
-        )
-        # the last rank of an even split that holds the most blocks (Step.rank_block_counts), if a
-        # middle one: ranks k <= r - (ceil(r / p) - 1) p - 1 hold v q + ceil(r / p), r = L mod p v
-        q = np.floor(x.spec.total_blocks / (p * x.v))
-        rest = x.spec.total_blocks - q * p * x.v
-        most = np.where(rest > 0, rest - (np.ceil(rest / p) - 1.0) * p - 1.0, p - 1.0)
-        k_mid = np.minimum(most, p - 2.0)
-        even = cands.blocks_first is None and getattr(cands, "rank_blocks", None) is None
-        mid = np.where(
-            fixed & even & (k_mid >= 1),
-            first_backward(k_mid, x.blocks_most * per_block_s, x.blocks_most * forward_s),
-            -np.inf,
-        )
-        last = np.where(fixed, m * stage.last + (s_all - stage.last) / v, -np.inf)
-        rank0_end = first_backward(0.0, s_first, f_first)
-        rank0 = np.where(fixed, rank0_end, -np.inf)
-        lb = np.maximum(np.maximum(last, rank0), mid)
-        bubble_bound = np.where(fixed, np.minimum(bubble, np.maximum(0.0, lb - busy)), 0.0)
-        rank0_sends = np.where(gpipe, np.minimum(m, 2.0 * (p - 1.0)), m)
-        chains += [(last, m), (mid, m), (rank0, rank0_sends)]
-        # rank 0's data-parallel stream (cost_models.timeline.rank_work, _rank_span): its gradient
-        # reduction (ZeRO-3's per micro-batch ones left out) chunk by chunk after each chunk's last
-        # backward, its parameter gather after the step where not overlapped, and the interference
-        # of the hidden part
-        allreduce, reduce_scatter, gather = C.dp_reduction_parts(x, params_first)
-        bf16 = x.sw.bf16_optimizer
-        once = np.where(x.zero >= 3, 0.0, np.where((x.zero == 0) | bf16, allreduce, reduce_scatter))
-        gather = np.where((x.zero >= 3) | ((x.zero == 0) & (not bf16)), 0.0, gather)
-        b_first = s_first - f_first
-        if x.sw.overlap_grad_reduce:
-            # after chunk c's last backward rank 0 runs at most c p + 1 backwards (its cool-down
-            # ends with the last round's chunks c, c - 1, .., 0) and the stream (c + 1) reductions
-            # of once / v: read for c = 0 and c = v - 1
-            exposed = np.maximum(
-                np.maximum(0.0, once - b_first) / v,
-                once - np.minimum(m * v, (v - 1.0) * p + 1.0) * b_first / v,
-            )
-        else:
-            exposed = once
-        if not (x.sw.overlap_param_gather and x.sw.overlap_grad_reduce and not bf16):
-            exposed = exposed + gather
-        i = K.eff(x.hw, "overlap_interference")
-        reduced = (
-            np.where(fixed | single, rank0_end, -np.inf) + (1.0 - i) * exposed + i * (once + gather)
-        )
-    blocking = functools.reduce(np.maximum, [c + n * hop for c, n in chains]) - busy - bubble_bound
-    pp_p2p_bound = np.where(
-        (p > 1) & ~overlapped, np.minimum(pp_p2p, np.maximum(0.0, blocking)), 0.0
+    v = np.where(x.is_schedule("interleaved-1f1b") & (x.v > 1), x.v, 1.0)
+    gpipe = x.is_schedule("gpipe")
+    f_all = (
+        x.spec.total_blocks * t.forward_s
+        + TL.EMBEDDING_FORWARD_SHARE * t.embedding_s
+        + TL.HEAD_FORWARD_SHARE * t.head_s
     )
-    if reduced is None:
-        return bubble_bound, pp_p2p_bound, np.zeros(np.shape(busy))
-    reached = busy + bubble_bound + pp_p2p_bound
-    return bubble_bound, pp_p2p_bound, np.minimum(dp_comm, np.maximum(0.0, reduced - reached))
+    s_all = p * t.stage.mean
+
+    def first_backward(r, s_r, f_r):
+        warm = TL.warmup_forwards(p, r, m, v, gpipe=gpipe)
+        k = np.minimum(warm + 1.0, m * v)
+        return f_all * (1.0 - 1.0 / v) + (s_all - s_r) / v + m * s_r + f_r * (1.0 - k) / v
+
+    s_first = PL.first_rank_seconds(x, t.per_block_s, t.embedding_s, t.head_s, t.recompute_s)
+    f_first = (
+        x.blocks_first * t.forward_s
+        + TL.EMBEDDING_FORWARD_SHARE * t.embedding_s
+        + np.where(x.single_stage, TL.HEAD_FORWARD_SHARE * t.head_s, 0.0)
+    )
+    k_mid = _busiest_middle_rank(x)
+    even = cands.blocks_first is None and getattr(cands, "rank_blocks", None) is None
+    mid = np.where(
+        fixed & even & (k_mid >= 1),
+        first_backward(k_mid, x.blocks_most * t.per_block_s, x.blocks_most * t.forward_s),
+        -np.inf,
+    )
+    last = np.where(fixed, m * t.stage.last + (s_all - t.stage.last) / v, -np.inf)
+    rank0_end = first_backward(0.0, s_first, f_first)
+    rank0 = np.where(fixed, rank0_end, -np.inf)
+    rank0_sends = np.where(gpipe, np.minimum(m, 2.0 * (p - 1.0)), m)
+    return _OrderChains(
+        chains=[(last, m), (mid, m), (rank0, rank0_sends)],
+        longest=np.maximum(np.maximum(last, rank0), mid),
+        rank0_end=rank0_end,
+        rank0_work_s=s_first,
+        rank0_forward_s=f_first,
+        chunks=v,
+        fixed=fixed,
+    )
+
+
+def _busiest_middle_rank(x: Step) -> np.ndarray:
+    """The last rank of an even split that holds the most blocks (Step.rank_block_counts), if a
+    middle one: ranks k <= r - (ceil(r / p) - 1) p - 1 hold v q + ceil(r / p), r = L mod p v."""
+    p = x.pp
+    q = np.floor(x.spec.total_blocks / (p * x.v))
+    rest = x.spec.total_blocks - q * p * x.v
+    most = np.where(rest > 0, rest - (np.ceil(rest / p) - 1.0) * p - 1.0, p - 1.0)
+    return np.minimum(most, p - 2.0)
+
+
+def _rank0_reduced_end(x: Step, t: PipelineTerms, orders: _OrderChains) -> np.ndarray:
+    """Rank 0's end with its data-parallel stream (cost_models.timeline.rank_work, _rank_span): its
+    gradient reduction (ZeRO-3's per micro-batch ones left out) chunk by chunk after each chunk's
+    last backward, its parameter gather after the step where not overlapped, and the interference
+    of the hidden part."""
+    p, m, v = x.pp, x.m, orders.chunks
+    allreduce, reduce_scatter, gather = C.dp_reduction_parts(x, t.params_first)
+    bf16 = x.sw.bf16_optimizer
+    once = np.where(x.zero >= 3, 0.0, np.where((x.zero == 0) | bf16, allreduce, reduce_scatter))
+    gather = np.where((x.zero >= 3) | ((x.zero == 0) & (not bf16)), 0.0, gather)
+    b_first = orders.rank0_work_s - orders.rank0_forward_s
+    if x.sw.overlap_grad_reduce:
+        # after chunk c's last backward rank 0 runs at most c p + 1 backwards (its cool-down ends
+        # with the last round's chunks c, c - 1, .., 0) and the stream (c + 1) reductions of
+        # once / v: read for c = 0 and c = v - 1
+        exposed = np.maximum(
+            np.maximum(0.0, once - b_first) / v,
+            once - np.minimum(m * v, (v - 1.0) * p + 1.0) * b_first / v,
+        )
+    else:
+        exposed = once
+    if not (x.sw.overlap_param_gather and x.sw.overlap_grad_reduce and not bf16):
+        exposed = exposed + gather
+    i = K.eff(x.hw, "overlap_interference")
+    start = np.where(orders.fixed | x.single_stage, orders.rank0_end, -np.inf)
+    return start + (1.0 - i) * exposed + i * (once + gather)
 
 
 _DEADLOCKED_ORDERS: set[tuple[str, int, int, int]] = set()
