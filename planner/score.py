@@ -483,7 +483,7 @@ def _pipeline_bounds(
         gpipe = x.is_schedule("gpipe")
 
         def first_backward(r, s_r, f_r):
-            warm = TL.warmup_forwards(p, r, m, v, gpipe=gpipe)
+            warm = PL.warmup_forwards(p, r, m, v, gpipe=gpipe)
             k = np.minimum(warm + 1.0, m * v)
             return f_all * (1.0 - 1.0 / v) + (s_all - s_r) / v + m * s_r + f_r * (1.0 - k) / v
 
