@@ -28,7 +28,7 @@ import numpy as np
 
 from cost_models.compute import eff, recompute_passes
 from cost_models.experts import mlp_tp_pair
-from cost_models.pipeline import p2p_transfers_on_critical_path
+from cost_models.pipeline import p2p_transfers_on_critical_path, warmup_forwards
 from hardware_profiles import HardwareProfile
 from hardware_profiles.efficiency import efficiency
 from planner.parallel import CP_COMMS
@@ -389,17 +389,9 @@ def dp_reduction_parts(x, params_rank) -> tuple:
 
 def dp_chunks(x) -> np.ndarray:
     """Model chunks per pipeline rank whose gradients reduce apart: v in the interleaved schedule
-    (Narayanan et al. 2021, Sec. 2.2.2), 1 otherwise (cost_models.timeline.simulate)."""
+    (Narayanan et al. 2021, Sec. 2.2.2), 1 otherwise (cost_models.timeline.simulate). The one
+    count of them: the buckets here and cost_models.timeline.rank_work's read it."""
     return np.where(x.is_schedule("interleaved-1f1b") & (x.v > 1), x.v, 1.0)
-
-
-def _first_rank_warmup(x, forwards) -> np.ndarray:
-    """Forwards pipeline rank 0 runs before its first backward: 1F1B p - 1 (Narayanan et al.
-    2021, Sec. 2.2.1), interleaved 2 (p - 1) + (v - 1) p (Sec. 2.2.2), GPipe all; at most all of
-    them, `forwards` (cost_models.timeline.warmup_forwards)."""
-    p, v = x.pp, dp_chunks(x)
-    warm = np.where(v > 1, 2.0 * (p - 1.0) + (v - 1.0) * p, p - 1.0)
-    return np.minimum(np.where(x.is_schedule("gpipe"), forwards, warm), forwards)
 
 
 def _step_reductions_exposed(x, once, buckets, backward_s, forward_s, compute_end_s, start_s):
@@ -413,13 +405,13 @@ def _step_reductions_exposed(x, once, buckets, backward_s, forward_s, compute_en
     after it queue behind), e_k = T - D_k its backward's end, T the compute end. D_k is piecewise
     linear in k, so the largest end is at a break:
     - ZeRO 0-1, interleaved: chunk c's last backward ends c p b before T, and not before the
-      rank's first backward ends (its warm-up forwards, _first_rank_warmup, then micro-batch 0's
-      forward through the p stages and backward back, p F + p B / v): the last round's p
-      backwards of each chunk c - 1, .., 0 follow it, or with m < p the backward's way down the p
-      stages (Narayanan et al. 2021, Sec. 2.2.2). Read at c = 0 and v - 1. The v - 1 chunks' p b
-      are held to the rank's m v - 1 other backwards, so the hidden time grows no faster than the
-      m backwards that make it, and the step and the search's bound never fall as recomputation
-      lengthens the backward (with m < p it hides less than the timeline).
+      rank's first backward ends (its warm-up forwards, pipeline.warmup_forwards of rank 0, then
+      micro-batch 0's forward through the p stages and backward back, p F + p B / v): the last
+      round's p backwards of each chunk c - 1, .., 0 follow it, or with m < p the backward's way
+      down the p stages (Narayanan et al. 2021, Sec. 2.2.2). Read at c = 0 and v - 1. The v - 1
+      chunks' p b are held to the rank's m v - 1 other backwards, so the hidden time grows no
+      faster than the m backwards that make it, and the step and the search's bound never fall as
+      recomputation lengthens the backward (with m < p it hides less than the timeline).
     - ZeRO-2: m v jobs, the first after the rank's first backward, the last at T, spread over the
       step between (its bubbles and sends included, as T holds them): read at the last and the
       first.
@@ -428,7 +420,7 @@ def _step_reductions_exposed(x, once, buckets, backward_s, forward_s, compute_en
     v = dp_chunks(x)
     share, chunk_b = once / v, backward_s / v
     last = np.maximum(share - chunk_b * (1.0 - 1.0 / buckets), share / buckets)
-    warm = _first_rank_warmup(x, x.m * v) * forward_s / v
+    warm = warmup_forwards(x.pp, 0, x.m, v, gpipe=x.is_schedule("gpipe")) * forward_s / v
     first_end = np.maximum(warm, x.pp * forward_s) + x.pp * backward_s / v
     cool_down = np.minimum(
         np.minimum((v - 1.0) * x.pp, x.m * v - 1.0) * chunk_b,

@@ -115,6 +115,17 @@ def inflight_microbatches_last_stage(schedule_idx, num_microbatches, schedules):
     return out
 
 
+def warmup_forwards(p, rank, microbatches, chunks, *, gpipe):
+    """Forwards a pipeline rank runs before its first backward in the fixed orders: GPipe all
+    m v of them; 1F1B p - r - 1 (Narayanan et al. 2021, Sec. 2.2.1); interleaved 1F1B with v > 1
+    chunks (p - r - 1) 2 + (v - 1) p; never more than m v. Arrays broadcast. The one owner of
+    the warm-up: cost_models.timeline's fixed orders, comm's overlap of rank 0's gradient
+    reductions and planner.score's step bound all read it."""
+    n = microbatches * chunks
+    steady = np.where(chunks > 1, (p - rank - 1) * 2 + (chunks - 1) * p, p - rank - 1)
+    return np.where(gpipe, n, np.minimum(steady, n))
+
+
 def p2p_transfers_on_critical_path(pp, num_microbatches, virtual_stages):
     """Activation sends (and gradient sends back) serialized with compute in a step: each of the
     m v chunk-passes plus the p - 1 warm-up hops, both directions: 2 (m v + p - 1); 0 when p = 1

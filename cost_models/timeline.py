@@ -69,6 +69,7 @@ from cost_models import comm as C
 from cost_models import host as H
 from cost_models import moe as MO
 from cost_models.compute import eff
+from cost_models.pipeline import warmup_forwards
 from planner.parallel import SCHEDULES
 
 
@@ -394,15 +395,6 @@ class _Compute:
         first = min(o[0] for o in options)
         start, _, kind, i = min((o for o in options if o[0] <= first), key=lambda o: o[1])
         return start, kind, i
-
-
-def warmup_forwards(p, rank, microbatches, chunks, *, gpipe):
-    """Forwards a pipeline rank runs before its first backward in the fixed orders: GPipe all
-    m v of them; 1F1B p - r - 1 (Narayanan et al. 2021, Sec. 2.2.1); interleaved 1F1B with v > 1
-    chunks (p - r - 1) 2 + (v - 1) p; never more than m v. Arrays broadcast."""
-    n = microbatches * chunks
-    steady = np.where(chunks > 1, (p - rank - 1) * 2 + (chunks - 1) * p, p - rank - 1)
-    return np.where(gpipe, n, np.minimum(steady, n))
 
 
 class _FixedOrders:
@@ -750,11 +742,7 @@ def rank_work(x, t: BlockTerms, key: tuple[float, bool, bool, float], row: int =
     allreduce, rs, gather = (_one(x, a, row) for a in C.dp_reduction_parts(x, params))
     zero, m = int(_one(x, x.zero, row)), _one(x, x.m, row)
     grad_bytes = _one(x, params.total, row) * x.sw.state_bytes(x.precision).reduce
-    chunks = (
-        int(_one(x, x.v, row))
-        if _one(x, x.schedule, row) == SCHEDULES.index("interleaved-1f1b")
-        else 1
-    )
+    chunks = _one(x, C.dp_chunks(x), row)
     buckets = max(1, math.ceil(grad_bytes / chunks / C.DDP_BUCKET_BYTES))
     kw = dict(
         fwd_s=fwd,

@@ -533,7 +533,7 @@ def _order_chains(x: Step, cands: CandidateArrays, t: PipelineTerms) -> _OrderCh
     s_all = p * t.stage.mean
 
     def first_backward(r, s_r, f_r):
-        warm = TL.warmup_forwards(p, r, m, v, gpipe=gpipe)
+        warm = PL.warmup_forwards(p, r, m, v, gpipe=gpipe)
         k = np.minimum(warm + 1.0, m * v)
         return f_all * (1.0 - 1.0 / v) + (s_all - s_r) / v + m * s_r + f_r * (1.0 - k) / v
 
