@@ -337,23 +337,9 @@ def score(
         x.blocks_most,
     )
     acts = M.activation_bytes(x)
-    host_room = M.host_room_bytes(x, params_rank.total)
-    volume = (
-        x.m
-        * np.maximum(
-            x.blocks_first * acts.block + acts.embedding, x.blocks_last * acts.block + acts.head
-        )
-        * O.offloaded_share(x, np.maximum(x.blocks_first, x.blocks_last))
-    )
-    # the offload copies hide under the forwards and the backwards of the compute stream, each
-    # operation as long as the longer of its device and host time (cost_models.host.forward_share)
-    stream = busy + host_wait
-    fwd_share = H.forward_share(x, **rank_ops)
-    offload = O.activation_offload_step_seconds(
-        x, volume, stream * fwd_share, stream * (1.0 - fwd_share)
-    )
+    offload = _activation_offload_seconds(x, acts, busy + host_wait, H.forward_share(x, **rank_ops))
     memory, per_rank = M.peak_over_ranks(
-        x, acts, host_room=host_room, rank_blocks=cands.rank_blocks
+        x, acts, host_room=M.host_room_bytes(x, params_rank.total), rank_blocks=cands.rank_blocks
     )
     device_s = busy + bubble + pp_p2p + dp_comm + optimizer_s + offload
     return Scores(
@@ -390,6 +376,23 @@ def score(
         bubble_bound=bubble_bound,
         dp_bound=dp_bound,
         ep_bound=x.m * x.blocks_most * ep_s,
+    )
+
+
+def _activation_offload_seconds(x: Step, acts, stream_s, fwd_share) -> np.ndarray:
+    """Exposed activation offload of the rank holding the most: its offloaded share of the m
+    micro-batches' activations, copied under the forwards and back under the backwards of the
+    compute stream (`stream_s`, each operation as long as the longer of its device and host time;
+    `fwd_share` the forwards' part, cost_models.host.forward_share)."""
+    volume = (
+        x.m
+        * np.maximum(
+            x.blocks_first * acts.block + acts.embedding, x.blocks_last * acts.block + acts.head
+        )
+        * O.offloaded_share(x, np.maximum(x.blocks_first, x.blocks_last))
+    )
+    return O.activation_offload_step_seconds(
+        x, volume, stream_s * fwd_share, stream_s * (1.0 - fwd_share)
     )
 
 
