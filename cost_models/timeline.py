@@ -59,6 +59,8 @@ zags between ranks (1F1B with uneven stages)."""
 from __future__ import annotations
 
 import math
+import heapq
+from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
@@ -246,35 +248,35 @@ def simulate(work: StepWork) -> StepTimeline:
 
 
 class _Compute:
-    """Places each operation at max(rank free, input arrived, parameters gathered)."""
+    """ZB-H1's greedy order (run_greedy), each operation placed at max(rank free, input arrived,
+    parameters gathered). One model chunk per rank (stage = rank); per rank and kind, end times in
+    lists indexed by micro-batch: the loop makes tens of thousands of operations."""
 
     def __init__(self, work: StepWork, chunks: int):
-        self.work, self.p, self.chunks, self.m = (
-            work,
-            len(work.ranks),
-            chunks,
-            int(work.microbatches),
-        )
-        self.split_w = work.schedule == "zero-bubble" and self.p > 1  # one stage: nothing to fill
-        self.end: dict[tuple[str, int, int], float] = {}
-        self.free = [0.0] * self.p
-        self.ops: list[list[Op]] = [[] for _ in range(self.p)]
-        self.durations = [{k: self.duration(r, k) for k in "FBW"} for r in range(self.p)]
-        self.host = [{k: self.host_s(r, k) for k in "FBW"} for r in range(self.p)]
-        self.host_end = [0.0] * self.p
-        self.host_wait = [0.0] * self.p
-        self.hops = [0.0] * self.p
-        self.hidden_hops = [0.0] * self.p
-        self.gate_wait = [0.0] * self.p
-        self.last_stage = self.p * chunks - 1
-        self.gates = [_gather_gates(work, r, chunks) for r in range(self.p)]
+        p, m = len(work.ranks), int(work.microbatches)
+        self.work, self.p, self.chunks, self.m = work, p, chunks, m
+        self.split_w = work.schedule == "zero-bubble" and p > 1  # one stage: nothing to fill
+        self.end_f: list[list[float | None]] = [[None] * m for _ in range(p)]
+        self.end_b: list[list[float | None]] = [[None] * m for _ in range(p)]
+        self.free = [0.0] * p
+        self.ops: list[list[tuple[int, int, int, float, float]]] = [[] for _ in range(p)]
+        self.durations = [{k: self.duration(r, k) for k in KINDS} for r in range(p)]
+        self.host = [{k: self.host_s(r, k) for k in KINDS} for r in range(p)]
+        self.host_end = [0.0] * p
+        self.host_wait = [0.0] * p
+        self.hops = [0.0] * p
+        self.hidden_hops = [0.0] * p
+        self.gate_wait = [0.0] * p
+        self.gates = [_gather_gates(work, r, chunks) for r in range(p)]
+        self.hop = 0.0 if work.blocking_p2p else work.hop_s
+        """Arrival delay of a non-blocking send (a blocking one ends its sender's operation)."""
 
-    def send_s(self, kind: str, stage: int) -> float:
+    def send_s(self, kind: str, rank: int) -> float:
         """The send after F (to the next stage) or B (to the previous), on another rank: one hop, or
         0."""
         if self.p == 1 or kind == "W":
             return 0.0
-        sends = stage < self.last_stage if kind == "F" else stage > 0
+        sends = rank < self.p - 1 if kind == "F" else rank > 0
         return self.work.hop_s if sends else 0.0
 
     def duration(self, rank: int, kind: str) -> float:
@@ -292,32 +294,12 @@ class _Compute:
         weight = w.bwd_host_s * w.weight_grad_fraction / self.chunks if self.split_w else 0.0
         return weight if kind == "W" else w.bwd_host_s / self.chunks - weight
 
-    def ready_s(self, kind: str, i: int, stage: int) -> float | None:
-        """When (kind, micro-batch i, stage)'s input is there; None while not yet known."""
-        hop = 0.0 if self.work.blocking_p2p else self.work.hop_s
-        if kind == "F":
-            if stage == 0:
-                return 0.0
-            prev = self.end.get(("F", i, stage - 1))
-            return None if prev is None else prev + (hop if self.p > 1 else 0.0)
-        if kind == "B":
-            if stage == self.last_stage:
-                return self.end.get(("F", i, stage))
-            nxt = self.end.get(("B", i, stage + 1))
-            return None if nxt is None else nxt + (hop if self.p > 1 else 0.0)
-        return self.end.get(("B", i, stage))
-
-    def start_s(self, rank: int, kind: str, i: int, chunk: int, ready: float) -> float:
-        start = max(ready, self.free[rank])
-        if kind == "F" and i == 0:
-            gated = max(start, self.gates[rank][chunk])
+    def commit(self, rank: int, kind: str, i: int, start: float) -> None:
+        if kind == "F" and i == 0:  # the first forward waits for its parameters
+            gated = max(start, self.gates[rank][0])
             self.gate_wait[rank] += gated - start
             start = gated
-        return start
-
-    def commit(self, rank: int, kind: str, i: int, chunk: int, start: float) -> None:
-        stage = chunk * self.p + rank
-        send = self.send_s(kind, stage)
+        send = self.send_s(kind, rank)
         hop = send if self.work.blocking_p2p else 0.0
         device, host = self.durations[rank][kind], self.host[rank][kind]
         if self.work.host_synced:  # the host issues the operation from its start
@@ -328,17 +310,15 @@ class _Compute:
         end = max(start + device, issued) + hop
         self.hops[rank] += hop
         self.hidden_hops[rank] += send - hop
-        self.end[(kind, i, stage)] = end
+        if kind == "F":
+            self.end_f[rank][i] = end
+        elif kind == "B":
+            self.end_b[rank][i] = end
         self.free[rank] = end
-        self.ops[rank].append((rank, kind, i, chunk, start, end))
+        self.ops[rank].append((KINDS.index(kind), i, 0, start, end))
 
     def table(self) -> OpTable:
-        ops = np.array(
-            [
-                [(KINDS.index(o[1]), o[2], o[3], o[4], o[5]) for o in rank_ops]
-                for rank_ops in self.ops
-            ]
-        ).reshape(self.p, -1, 5)
+        ops = np.array(self.ops, dtype=float).reshape(self.p, -1, 5)
         return OpTable(
             kind=ops[:, :, 0].astype(int),
             microbatch=ops[:, :, 1].astype(int),
@@ -353,48 +333,57 @@ class _Compute:
 
     def run_greedy(self) -> None:
         """ZB-H1 (Qi et al. 2023): B first, then F while fewer than p - r micro-batches are in
-        flight, W in the slots left; the operation that can start first over all ranks goes next.
-        A rank's choice depends on its own state and its neighbours' operations only, so after a
-        commit on rank r the choices of r - 1, r and r + 1 are the ones recomputed."""
-        nf, nb = [0] * self.p, [0] * self.p
-        pending: list[list[int]] = [[] for _ in range(self.p)]
-        choices = [self._choice(r, 0, 0, pending[r]) for r in range(self.p)]
-        for _ in range(3 * self.m * self.p):
-            live = [(c[0], r) for r, c in enumerate(choices) if c is not None]
-            if not live:
+        flight, W in the slots left; the operation that can start first over all ranks goes next
+        (ties: the lower rank). A rank's choice depends on its own state and its neighbours'
+        operations only, so after a commit on rank r the choices of r - 1, r and r + 1 are the ones
+        recomputed."""
+        p = self.p
+        nf, nb = [0] * p, [0] * p
+        pending: list[deque[int]] = [deque() for _ in range(p)]
+        choices = [self._choice(r, 0, 0, pending[r]) for r in range(p)]
+        version = [0] * p
+        heap = [(c[0], r, 0) for r, c in enumerate(choices) if c is not None]
+        heapq.heapify(heap)  # (start, rank, version): the earliest start, then the lower rank
+        for _ in range(3 * self.m * p):
+            while heap and heap[0][2] != version[heap[0][1]]:
+                heapq.heappop(heap)  # a choice recomputed since it was pushed
+            if not heap:
                 raise RuntimeError("zero-bubble schedule deadlocked")
-            r = min(live)[1]
-            start, kind, i = choices[r]
-            self.commit(r, kind, i, 0, self.start_s(r, kind, i, 0, start))
+            r = heap[0][1]
+            start, _, kind, i = choices[r]
+            self.commit(r, kind, i, start)
             if kind == "F":
                 nf[r] += 1
             elif kind == "B":
                 nb[r] += 1
                 pending[r].append(i)
             else:
-                pending[r].remove(i)
+                pending[r].popleft()
             for q in (r - 1, r, r + 1):
-                if 0 <= q < self.p:
-                    choices[q] = self._choice(q, nf[q], nb[q], pending[q])
+                if 0 <= q < p:
+                    choices[q] = c = self._choice(q, nf[q], nb[q], pending[q])
+                    version[q] += 1
+                    if c is not None:
+                        heapq.heappush(heap, (c[0], q, version[q]))
 
-    def _choice(self, r: int, nf: int, nb: int, pending: list[int]):
+    def _choice(self, r: int, nf: int, nb: int, pending: deque[int]):
+        """(start, priority, kind, micro-batch) of rank r's next operation: the earliest start, then
+        B before F before W; None while no input is there."""
         t = self.free[r]
         options = []
         if nb < nf:
-            ready = self.ready_s("B", nb, r)
+            ready = self.end_f[r][nb] if r == self.p - 1 else self.end_b[r + 1][nb]
             if ready is not None:
-                options.append((max(ready, t), 0, "B", nb))
+                ready = ready if r == self.p - 1 else ready + self.hop
+                options.append((ready if ready > t else t, 0, "B", nb))
         if nf < self.m and nf - nb < self.p - r:
-            ready = self.ready_s("F", nf, r)
+            ready = 0.0 if r == 0 else self.end_f[r - 1][nf]
             if ready is not None:
-                options.append((max(ready, t), 1, "F", nf))
+                ready = ready if r == 0 else ready + self.hop
+                options.append((ready if ready > t else t, 1, "F", nf))
         if pending:
             options.append((t, 2, "W", pending[0]))
-        if not options:
-            return None
-        first = min(o[0] for o in options)
-        start, _, kind, i = min((o for o in options if o[0] <= first), key=lambda o: o[1])
-        return start, kind, i
+        return min(options) if options else None
 
 
 class _FixedOrders:
