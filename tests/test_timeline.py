@@ -9,6 +9,7 @@ import pytest
 
 from cost_models import timeline as TL
 from cost_models.timeline import RankWork, StepWork, simulate
+from hardware_profiles import load_profile
 from planner import estimate as E
 from planner.errors import ConfigError
 from planner.parallel import SCHEDULES, ParallelConfig
@@ -247,6 +248,7 @@ def _random_estimates(seed, count, wide=False, moe=False, **fixed):
     only mixture-of-experts models with ep > 1 (inside an NVLink domain and across domains)."""
     rng = np.random.default_rng(seed)
     config = fixed.pop("config", {})
+    profiles = {name: load_profile(name) for _, name in MODELS + MOE_MODELS}  # read once
     out, tries = [], 0
     while len(out) < count and tries < 40 * count:
         tries += 1
@@ -289,7 +291,7 @@ def _random_estimates(seed, count, wide=False, moe=False, **fixed):
             cfg = ParallelConfig(**{**kw, **fixed}, global_batch=kw["dp"] * kw["micro_batch"] * m)
             est = E.estimate(
                 model,
-                hw,
+                profiles[hw],
                 cfg,
                 gpus=cfg.dp * cfg.tp * cfg.pp * cfg.cp,
                 options=RunOptions(**overlaps),
