@@ -320,13 +320,7 @@ run.__doc__ = (
 
 def predict_step_time_s(spec, profile: str = "cpu-local") -> tuple[float | None, str | None]:
     """The cost model's step time for what actually ran (the run's model and precision) on
-    `profile`; None with a note when the estimator or the profile is not in this build."""
-    try:
-        from hardware_profiles import load_profile
-        from planner.estimate import estimate
-    except ImportError as err:
-        return None, f"prediction column left out: {err.name} is not in this build yet"
-
+    `profile`; None with a note when the profile cannot be loaded."""
     try:
         hw = load_profile(profile)
     except PlannerError as err:

@@ -15,7 +15,7 @@ from planner.search.request import Setup
 from planner.software import MEMORY_OVERLAPS, plan_options, software_for
 from planner.estimate import candidate_of
 from planner.partition import PartitionProblem, even_split, split
-from planner.score import CandidateArrays
+from planner.score import CandidateArrays, score
 from cost_models import activations as A
 from cost_models import flops as F
 from cost_models import params as P
@@ -125,8 +125,7 @@ def fewest_recomputed_layers(
     ):
         return None
 
-    if score_fn is None:
-        from planner.score import score as score_fn
+    score_fn = score_fn or score
     counts = np.arange(1, cfg.largest_chunk(model.total_blocks))
     if len(counts) == 0:
         return None
