@@ -1,5 +1,7 @@
 """Markers and fixtures the test files share."""
 
+import os
+import sys
 import time
 
 import pytest
@@ -36,6 +38,17 @@ def pytest_configure(config):
         "speed: checks a time budget of the search (acceptance timings measured on "
         "2 idle cores); `-m 'not speed'` skips them on a loaded machine",
     )
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _one_thread_per_worker()
+
+
+def _one_thread_per_worker() -> None:
+    """`pytest -n auto` runs one worker per core: torch's intra-op pool in each (one thread per core
+    by default) would contend with the other workers' for the same cores, so a worker's in-process
+    torch runs one thread (executor ranks and calibrations set their own counts)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
 
 
 @pytest.fixture
