@@ -9,6 +9,7 @@ model's block count, not from the search."""
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from planner.candidates import SearchSpace
@@ -19,6 +20,8 @@ from planner.estimate import estimate
 from planner.parallel import ParallelConfig
 from planner.partition import even_split
 from planner.search import SearchRequest, prepare, recommend, score_space, unranked_error
+from planner.search.near_miss import resplit
+from planner.search.refine import Refiner, stage_problem
 from planner.search.results import NearMisses
 from planner.sources import resolve_model
 
@@ -90,3 +93,27 @@ def test_the_no_fit_error_names_the_uneven_split_that_still_missed():
     assert "stages=[5, 7, 9, 11]" in message
     assert f"{missed.needed_bytes / 2**30:.1f} GiB" in message
     assert "uneven" not in str(unranked_error(scored, setup))
+
+
+def test_the_no_fit_error_says_when_no_split_fits_under_the_cap():
+    """Re-split plans for which no contiguous split fits under the cap (resplit's ConfigError
+    branch: nothing to cite) get their own clause, with the count of plans tried."""
+    request = SearchRequest(gpus=8, global_batch=8, seq=49152, space=SPACE)
+    setup = prepare("llama3-8b", "dgx-h100", request)
+    scored = score_space(setup.model, setup.hardware, setup.workload, space=setup.space)
+    message = str(unranked_error(scored, setup, NearMisses(resplit=2, closest=None)))
+    assert "\n" not in message and message.startswith("no plan fits")
+    assert "no uneven stage split of 2 near-miss plans fits under the cap; " in message
+    assert "still missed" not in message
+
+
+def test_a_cap_no_split_can_meet_is_no_document_and_nothing_to_cite():
+    """resplit under a cap below what any contiguous split needs: no document, no closest miss."""
+    request = SearchRequest(gpus=8, global_batch=8, seq=49152, space=SPACE)
+    setup = prepare("llama3-8b", "dgx-h100", request)
+    cfg = ParallelConfig(dp=1, tp=2, pp=4, micro_batch=1, global_batch=8, seq=49152, zero=0)
+    problem = stage_problem(setup.model, cfg, setup.software)
+    refiner = Refiner(setup, capacity=float(setup.hardware.memory_bytes))
+    peaks = np.zeros(cfg.pp)
+    # a cap of one byte per rank: even one block per stage is over it
+    assert resplit(refiner, cfg, problem, (peaks, 1.0)) == (None, None)
