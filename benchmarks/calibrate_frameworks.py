@@ -17,9 +17,10 @@ row), to the published runs of validation/published/ (every stack's file and fea
 - per cluster, only where the cluster's parts differ physically from their generation's reference:
   * Meta's Grand Teton H100 96GB `power_limit_clock_fraction`: these parts run at a 500 W power limit
     (torchtitan's benchmark pages), not the 700 W of the H100 SXM the Hopper rates were measured on;
-- per software stack (frameworks/*.json): `compute_efficiency` of fsdp, torchtitan and deepspeed,
-  the share of the kernel rates their blocks reach; Megatron (whose runs calibrated the kernel
-  rates) is the reference, 1.
+- per software stack (frameworks/*.json): `compute_efficiency` of torchtitan and deepspeed, the
+  share of the kernel rates their blocks reach; Megatron (whose runs calibrated the kernel rates) is
+  the reference, 1, and so is fsdp (eager PyTorch, whose wrapper's cost is its per-block
+  collectives' latency, cost_models.comm.shard_unit_latency_seconds).
 
 The fit minimises a robust (soft-L1) sum of squared log errors log(predicted / measured) over every
 row with a published step time, each run once (benchmarks/stack_predictions.unique). Leave one
@@ -170,11 +171,10 @@ PARAMS = (
         high=1.0,
         cluster="meta-grand-teton-h100-96gb",
     ),
-    # fsdp's compute_efficiency is held at its last fit (0.962): refitted beside the others it goes to 0.925 (0.89
-    # before Hopper's sustained clock), which the multi-GPU FSDP runs want (the FSDP wrapper's own per-unit
-    # overheads, which no term models yet), but which moves our own single-H100 eager steps
-    # (benchmarks/accuracy_h100.py, the same stack without a wrapper) from 2.6% to 6.6% median error;
-    # docs/cost-model.md lists the gap.
+    # fsdp's compute_efficiency is 1, not fitted: eager PyTorch reaches the kernel rates on our
+    # own single-H100 steps (benchmarks/accuracy_h100.py, the same stack without a wrapper); what
+    # the multi-GPU FSDP runs lose is the per-block collectives' ring latency (frameworks'
+    # shard_per_block, cost_models.comm.shard_unit_latency_seconds). Held at a fit of 0.962 before.
     Param(
         name="torchtitan.compute_efficiency",
         key="compute_efficiency",

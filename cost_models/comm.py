@@ -159,6 +159,51 @@ def group_collective_seconds(kind: str, size_bytes, n, local, hw: HardwareProfil
     return np.where(nodes > 1, inside + across, inside)
 
 
+def ring_latency_seconds(n, local, hw: HardwareProfile):
+    """Latency of one ring all-gather or reduce-scatter over n ranks of which `local` share each
+    node: n - 1 ring steps, nodes - 1 of them over the network (NCCL's tuning model,
+    src/graph/tuning.cc ncclTopoTuneModel: (nsteps - nInterSteps) intraLat + nInterSteps interLat
+    with nsteps = nRanks - 1, nInterSteps = nNodes - 1). NCCL runs these two as one flat ring over
+    all the ranks, so unlike group_collective_seconds' hierarchical form every rank of every node is
+    a step. Arrays broadcast."""
+    n = np.asarray(n, dtype=float)
+    nodes = n / np.minimum(np.asarray(local, dtype=float), n)
+    inside = (n - nodes) * hw.intra_node_latency_us * 1e-6
+    return np.where(n > 1, inside + (nodes - 1.0) * hw.inter_node_latency_us * 1e-6, 0.0)
+
+
+SHARD_ROOT_COLLECTIVES = 2.0
+"""Collectives of the root unit (embedding, final norm, head) per micro-batch: one all-gather and
+one reduce-scatter. FSDP1 keeps the root's gathered parameters from its forward to its backward
+(torch/distributed/fsdp/_runtime_utils.py, _post_forward_reshard skips the root under FULL_SHARD),
+and FSDP2 stacks leave the last module unresharded after the forward (torchtitan's apply_fsdp,
+reshard_after_forward False for the last block)."""
+
+
+def shard_unit_latency_seconds(x):
+    """Per step: the ring latency of the per-block collectives of FSDP-style sharding
+    (FrameworkProfile.shard_per_block), ZeRO 2-3 only. Each wrapped block has its own collectives
+    every micro-batch: ZeRO-3 (FULL_SHARD, fully_shard) an all-gather before its forward, another
+    before its backward and a reduce-scatter after it; ZeRO-2 (SHARD_GRAD_OP) keeps the gathered
+    parameters to the backward, so one all-gather and one reduce-scatter (FSDP docs, "FSDP Notes";
+    Zhao et al. 2023, PyTorch FSDP, Sec. 3.2), plus the root's SHARD_ROOT_COLLECTIVES. Each pays
+    ring_latency_seconds over the shard group; with hybrid sharding each block's reduced shard is
+    also all-reduced over the replicas (HYBRID_SHARD; the latency of group_collective_seconds'
+    all-reduce of nothing). The bandwidth part of these collectives runs under the compute
+    (dp_comm_seconds); this latency is counted exposed: every collective is a point where all the
+    group's ranks meet, a ring step at a time, and on llm-foundry's weak-scaling rows (same model and
+    micro-batch, 16 to 128 A100s) the step grows by about what this term gives."""
+    if not x.sw.framework.shard_per_block:
+        return np.zeros_like(np.asarray(x.dp, dtype=float))
+    per_block = np.where(x.zero >= 3, 3.0, 2.0)
+    collectives = per_block * x.blocks_most + SHARD_ROOT_COLLECTIVES
+    shard = ring_latency_seconds(x.shard_group, x.local["S"], x.hw)
+    replicas = x.grad_group / x.shard_group
+    across = group_collective_seconds("allreduce", 0.0, replicas, x.local["R"], x.hw)
+    per_step = x.m * (collectives * shard + (x.blocks_most + 1.0) * across)
+    return np.where(x.zero >= 2, per_step, 0.0)
+
+
 def tied_embedding_sync_seconds(vocab, hidden, tp, grad_bytes, pair_in_node, hw: HardwareProfile):
     """All-reduce of a tied embedding's two gradient copies between the first and the last pipeline
     stage, once per step after the backward (Megatron-LM's embedding group, Shoeybi et al. 2019):
@@ -521,6 +566,7 @@ def dp_comm_seconds(
     shown = np.where(x.zero >= 3, z3_shown, low_shown)
     out = shown + eff(x.hw, "overlap_interference") * (total - shown)
     out = out + np.where(x.zero >= 3, 0.0, gate)  # the gather hides, the forward waits
+    out = out + shard_unit_latency_seconds(x)
     if x.spec.tied_embeddings:
         # DeepSpeed's PipelineEngine all-reduces the tied weight's fp32 gradient under BF16_Optimizer
         # (weight._hp_grad; pipe/engine.py _exec_reduce_tied_grads, v0.6.5), the 16-bit .grad otherwise

@@ -775,9 +775,15 @@ def step_work(x, t: BlockTerms, row: int = 0) -> StepWork:
 
 
 def after_reduction_seconds(x, row: int = 0) -> float:
-    """Per-step communication after every rank's reduction that the closed form costs: the tied
-    embedding's first/last-stage gradient all-reduce (comm.tied_embedding_sync_seconds), not
-    overlapped."""
+    """Per-step communication on the critical path that the closed form costs and the simulated
+    streams do not hold: the per-block collectives' ring latency of FSDP-style sharding
+    (comm.shard_unit_latency_seconds) and the tied embedding's first/last-stage gradient all-reduce
+    (comm.tied_embedding_sync_seconds), neither overlapped."""
+    unit_s = _one(x, C.shard_unit_latency_seconds(x), row)
+    return unit_s + _tied_sync_seconds(x, row)
+
+
+def _tied_sync_seconds(x, row: int) -> float:
     if not x.spec.tied_embeddings or _one(x, x.pp, row) <= 1:
         return 0.0
     tied_bytes = 4.0 if x.sw.bf16_optimizer else x.sw.state_bytes(x.precision).reduce

@@ -126,6 +126,9 @@ FRAMEWORK_KEYS: dict[str, Field] = {
     "moe_host_ops_per_layer": _optional(
         "number", 0.0, "Host operators an MoE layer's forward adds.", low=0, high=1000
     ),
+    "shard_per_block": _optional(
+        "bool", False, "ZeRO 2-3 gathers and reduces each block in collectives of its own."
+    ),
     "zero3_max_live_params": _optional(
         "number",
         None,
@@ -242,6 +245,7 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         cuda_graphs=data.get("cuda_graphs", False),
         pipeline_host_sync=data.get("pipeline_host_sync", False),
         moe_host_ops_per_layer=float(data.get("moe_host_ops_per_layer", 0.0)),
+        shard_per_block=data.get("shard_per_block", False),
         zero3_max_live_params=None if live is None else float(live),
         experts_follow_tp_without_ep=data.get("experts_follow_tp_without_ep", False),
     )

@@ -351,6 +351,14 @@ class FrameworkProfile:
     """Without expert parallelism (ep = 1) the routed experts are sharded over the tensor-parallel ranks, as
     expert_tp = tp (torchtitan 0.3.0 places them on the dense TP axis); the plan's expert_tp stays 1, the stack
     having no degree of its own for it (cost_models.step.Step.of)."""
+    shard_per_block: bool = False
+    """Sharded data parallelism (ZeRO 2-3) all-gathers and reduce-scatters each wrapped transformer
+    block's parameters in collectives of their own with the step waiting on their ring latency
+    (PyTorch FSDP1: one FlatParameter per wrapped unit, its rate limiter holding the host to two
+    gathers in flight): cost_models.comm.shard_unit_latency_seconds. False: bucketed collectives
+    (Megatron-Core's distributed optimizer, DeepSpeed's reduce buckets), or per-block ones whose
+    latency the published runs do not show (torchtitan's FSDP2: its multi-node rows are already
+    predicted slow without it)."""
     zero3_max_live_params: float | None = None
     """How ZeRO-3 gathers parameters. None: by wrapped unit, one transformer block at a time with the next one
     prefetched (FSDP's fully_shard per block). A number: by submodule (DeepSpeed's PartitionedParameterCoordinator
