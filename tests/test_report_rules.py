@@ -41,7 +41,9 @@ def _gb(x: float) -> str:
 
 # --- context parallelism -----------------------------------------------------------------------------
 
-LONG = ParallelConfig(dp=64, seq=131072, global_batch=64, zero=1, recompute="full")
+LONG = ParallelConfig(dp=64, seq=196608, global_batch=64, zero=1, recompute="full")
+"""192k tokens: with the profile's bf16 gradients only cp=8 fits Llama 3 8B on 64 H100s (cp=4 needs
+79.4 GiB)."""
 LONG_TP = ParallelConfig(
     dp=8, tp=8, sequence_parallel=True, seq=131072, global_batch=64, zero=1, recompute="full"
 )
@@ -53,7 +55,7 @@ def _with_cp(cfg: ParallelConfig, cp: int, **changes) -> ParallelConfig:
     return dataclasses.replace(cfg, cp=cp, dp=cfg.dp * cfg.cp // cp, placement="DPCT", **changes)
 
 
-def test_cp_fires_at_128k_tokens_where_only_cp_makes_the_plan_fit():
+def test_cp_fires_at_192k_tokens_where_only_cp_makes_the_plan_fit():
     ctx = _context("llama3-8b", "p5.48xlarge", LONG)
     r = checklist.context_parallel(ctx)
     plan = _est("llama3-8b", "p5.48xlarge", LONG)
@@ -345,7 +347,10 @@ def test_hsdp_does_not_pay_on_64_nodes_where_the_gather_hides_under_the_forward(
     hybrid = _est("llama3-8b", "p5.48xlarge", dataclasses.replace(cfg, dp_shard=8))
     assert full.scores.step.sw.overlap_param_gather
     dp_comm = (hybrid.time_breakdown_s()["dp_comm"], full.time_breakdown_s()["dp_comm"])
-    assert dp_comm[0] > dp_comm[1]
+    # the exposed reduction is about the same (bf16 gradients: 0.070 s vs 0.071 s); the bytes HSDP
+    # adds under the backward slow the compute they share the GPU with (overlap_interference)
+    assert dp_comm[0] == pytest.approx(dp_comm[1], rel=0.05)
+    assert hybrid.step_time_s > full.step_time_s
     assert hybrid.step_time_s > checklist.AS_FAST_FRACTION * full.step_time_s
     assert r.status == "pass" and "costs no more time" in r.detail
     assert (

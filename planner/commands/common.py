@@ -104,8 +104,9 @@ GradReduceOpt = Annotated[
     Optional[str],
     typer.Option(
         "--grad-reduce-dtype",
-        help="Dtype gradients are kept and reduced in: bf16 (NVIDIA's NeMo recipes with distributed "
-        "fused Adam) or fp32 (default: the framework's).",
+        help="Dtype gradients are kept and reduced in: bf16 (NVIDIA's NeMo and Megatron-Bridge "
+        "recipes; megatron's default with bf16 and FP8) or fp32 (Megatron-LM's --bf16) (default: "
+        "the framework's).",
     ),
 ]
 KernelsOpt = Annotated[
