@@ -194,7 +194,7 @@ def _planner(argv, cwd=REPO, env=None, limit_s=60):
                 "p4d.24xlarge",
                 "--gpus",
                 "8",
-                "--profile-timeout-s=6",
+                "--profile-timeout-s=15",
             ],
             "its forward/backward on the meta device",
             ("steps += 1", "while steps >= 0"),
@@ -206,7 +206,8 @@ def test_code_that_never_returns_is_stopped_and_located(argv, stage, markers):
     proc, seconds = _planner(argv)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    # (the forward case gets 6 s: building the model on a loaded CI machine must not use up the limit)
+    # (the forward case gets 15 s: importing torch and building the model while other test workers
+    # launch executor ranks on the same two cores took over 6 s once)
     assert f"{stage} did not return within {argv[-1].split('=')[-1]} s" in lines[0]
     # stopped inside the loop: on either of its lines
     assert (
