@@ -11,8 +11,10 @@ from typer.testing import CliRunner
 from hardware_profiles import load_profile
 from planner.cli import app
 from planner.estimate import estimate
+from planner.parallel import ParallelConfig
 from planner.report import checklist
 from planner.report.backend import batchnorm_count, config_from_document
+from planner.run_options import RunOptions
 from planner.search import recommend
 from planner.sources import resolve_model
 
@@ -138,6 +140,21 @@ def test_a_plan_file_reports_its_own_configuration(tmp_path, small_report):
     assert json.loads((again / "report.json").read_text())["best"]["prediction"][
         "step_time_s"
     ] == pytest.approx(direct.step_time_s, rel=1e-12)
+
+
+def test_a_plan_file_is_reported_with_its_own_run_options(tmp_path):
+    """The plan file's software block is part of the plan: a plan that runs Megatron's TP
+    communication overlap (off by default) is reported at the step its file predicts."""
+    cfg = ParallelConfig(dp=2, tp=8, sequence_parallel=True, global_batch=16, zero=1)
+    model, hw = resolve_model("gpt3-2.7b"), load_profile("p4d.24xlarge")
+    overlap = estimate(model, hw, cfg, gpus=16, options=RunOptions(tp_comm_overlap=True))
+    assert overlap.step_time_s < estimate(model, hw, cfg, gpus=16).step_time_s
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(overlap.to_document()))
+    out = _report(tmp_path, str(path), "--scaling-nodes", "2")
+    best = json.loads((out / "report.json").read_text())["best"]
+    assert best["software"]["tp_comm_overlap"] is True
+    assert best["prediction"]["step_time_s"] == pytest.approx(overlap.step_time_s, rel=1e-12)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from planner.estimate import estimate
 from planner.parallel import ParallelConfig
 from planner.report import backend, checklist
 from planner.report.build import Scenario, rule_context
+from planner.run_options import RunOptions
 
 GB = 1e9
 GiB = 2**30
@@ -428,3 +429,25 @@ def test_tp_group_nodes_counts_a_context_parallel_layout():
     assert (
         checklist.tp_group_nodes(dict(plan, dp=8, tp=2, placement="CTDP"), 8) == 2
     )  # T stride dp x pp = 8
+
+
+# --- what-ifs keep the plan's run options ----------------------------------------------------------
+
+
+def test_what_ifs_run_with_the_plans_own_options():
+    """A what-if changes the plan's configuration, not how the run is set up: a plan that runs
+    Megatron's TP communication overlap (off by default) is estimated again with it on."""
+    cfg = ParallelConfig(dp=8, tp=8, sequence_parallel=True, seq=8192, global_batch=64, zero=1)
+    overlap = RunOptions(tp_comm_overlap=True)
+    hw = load_profile("p5.48xlarge")
+    spec = backend.resolve("llama3-8b", cfg.seq)
+    doc = estimate(spec, hw, cfg, gpus=cfg.world_size, options=overlap).to_document()
+    scenario = Scenario(model="llama3-8b", hardware="p5.48xlarge", gpus=64, seq=cfg.seq)
+    ctx = rule_context(spec, hw, doc, scenario)
+    changed = dataclasses.replace(cfg, recompute="selective")
+    with_it = estimate(spec, hw, changed, gpus=64, options=overlap).step_time_s
+    without = estimate(spec, hw, changed, gpus=64).step_time_s
+    assert with_it < without  # the option matters here
+    assert ctx.what_if(recompute="selective")["prediction"]["step_time_s"] == pytest.approx(
+        with_it, rel=1e-12
+    )

@@ -75,8 +75,9 @@ def config_from_document(doc: Mapping[str, Any]) -> ParallelConfig:
     )
 
 
-def estimate_document(model, hw, cfg: ParallelConfig, *, gpus: int) -> dict[str, Any]:
-    return estimate(model, hw, cfg, gpus=gpus).to_document()
+def estimate_document(model, hw, cfg: ParallelConfig, *, gpus: int, options=None) -> dict[str, Any]:
+    """estimate()'s plan document of cfg, run with `options` (a plan's own: run_options)."""
+    return estimate(model, hw, cfg, gpus=gpus, options=options).to_document()
 
 
 def step_timeline(doc: Mapping[str, Any]):

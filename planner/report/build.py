@@ -95,8 +95,11 @@ def build_report(
         alternatives = list(search.alternatives)
     else:
         cfg = backend.config_from_document(plan_document)
+        options = backend.run_options(plan_document)  # the plan's own, as its file says
         best = backend.with_goodput(
-            backend.estimate_document(model, hw, cfg, gpus=scenario.gpus), hw, scenario
+            backend.estimate_document(model, hw, cfg, gpus=scenario.gpus, options=options),
+            hw,
+            scenario,
         )
         first_label = "plan file"
         alternatives = [search.best] + list(search.alternatives)[: max(scenario.top - 1, 0)]
@@ -154,6 +157,7 @@ def rule_context(model, hw, best: Mapping[str, Any], scenario: Scenario) -> chec
     """The checklist's view of the plan `best`: its what-ifs are estimate() of the plan's configuration
     with fields changed (the one cost model), each computed once."""
     base_cfg = backend.config_from_document(best)
+    options = backend.run_options(best)  # a what-if changes the plan, not how the run is set up
     tried: dict[str, tuple[Mapping[str, Any] | None, str | None]] = {}
 
     def attempt(hardware_changes: Mapping[str, Any] | None, changes: Mapping[str, Any]):
@@ -170,7 +174,10 @@ def rule_context(model, hw, best: Mapping[str, Any], scenario: Scenario) -> chec
                 else:
                     m = model
                 h = dataclasses.replace(hw, **hardware_changes) if hardware_changes else hw
-                tried[key] = (backend.estimate_document(m, h, cfg, gpus=base_cfg.world_size), None)
+                doc = backend.estimate_document(
+                    m, h, cfg, gpus=base_cfg.world_size, options=options
+                )
+                tried[key] = (doc, None)
             except PlannerError as error:
                 tried[key] = (None, str(error))
         return tried[key]
