@@ -8,7 +8,7 @@ one legend line for the headers shown."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from planner.partition import even_split
@@ -67,87 +67,103 @@ def exposed_comm_s(doc: dict) -> float:
     return sum(float(terms.get(name, 0.0)) for name in Scores.COMM_TERMS)
 
 
-def columns(docs: list[dict]) -> list[Column]:
-    """Every column these plans need (cp, ep, shard, offload, cost and goodput only where some plan
-    has them)."""
-    plans = [d["plan"] for d in docs]
+def _some_plan(key: str, default) -> Callable[[list[dict]], bool]:
+    """When a column is shown: some plan sets `key` to other than `default`."""
+    return lambda docs: any(d["plan"].get(key, default) not in (default, None) for d in docs)
 
-    def any_of(key: str, default) -> bool:
-        return any(p.get(key, default) not in (default, None) for p in plans)
 
-    cols = [
-        Column(header="#", cell=lambda d, pl: d["_rank"], legend=""),
+def _every_prediction(key: str) -> Callable[[list[dict]], bool]:
+    """When a column is shown: every plan's prediction has `key` (cost, goodput)."""
+    return lambda docs: all(key in _pred(d) for d in docs)
+
+
+def _always(docs: list[dict]) -> bool:
+    return True
+
+
+COLUMNS: tuple[tuple[Column, Callable[[list[dict]], bool]], ...] = (
+    (Column(header="#", cell=lambda d, pl: d["_rank"], legend=""), _always),
+    (
         Column(
             header="dp.tp.pp",
             cell=lambda d, pl: f"{d['plan']['dp']}.{d['plan']['tp']}.{d['plan']['pp']}",
             legend="data.tensor.pipeline degrees",
         ),
-    ]
-    if any_of("cp", 1):
-        cols.append(
-            Column(
-                header="cp",
-                cell=lambda d, pl: _cp(d["plan"]),
-                left=True,
-                legend="context parallel, K/V exchange (ag: all-gather, a2a: Ulysses)",
-            )
-        )
-    if any_of("ep", 1):
-        cols.append(
-            Column(
-                header="ep",
-                cell=lambda d, pl: str(d["plan"].get("ep", 1)),
-                legend="expert parallel",
-            )
-        )
-    cols += [
+        _always,
+    ),
+    (
+        Column(
+            header="cp",
+            cell=lambda d, pl: _cp(d["plan"]),
+            left=True,
+            legend="context parallel, K/V exchange (ag: all-gather, a2a: Ulysses)",
+        ),
+        _some_plan("cp", 1),
+    ),
+    (
+        Column(
+            header="ep", cell=lambda d, pl: str(d["plan"].get("ep", 1)), legend="expert parallel"
+        ),
+        _some_plan("ep", 1),
+    ),
+    (
         Column(
             header="mb x m",
             cell=lambda d, pl: f"{d['plan']['micro_batch']} x {d['plan']['num_microbatches']}",
             legend="micro-batch x count per step",
         ),
+        _always,
+    ),
+    (
         Column(
             header="sched",
             cell=lambda d, pl: _schedule(d["plan"]),
             left=True,
             legend="schedule (vN: interleaved)",
         ),
-        Column(header="ZeRO", cell=lambda d, pl: str(d["plan"]["zero"]), legend="stage"),
-    ]
-    if any_of("dp_shard", 0):
-        cols.append(
-            Column(
-                header="shard",
-                cell=lambda d, pl: str(d["plan"].get("dp_shard", 0) or "all"),
-                legend="shard group",
-                optional=True,
-            )
-        )
-    cols.append(
+        _always,
+    ),
+    (Column(header="ZeRO", cell=lambda d, pl: str(d["plan"]["zero"]), legend="stage"), _always),
+    (
+        Column(
+            header="shard",
+            cell=lambda d, pl: str(d["plan"].get("dp_shard", 0) or "all"),
+            legend="shard group",
+            optional=True,
+        ),
+        _some_plan("dp_shard", 0),
+    ),
+    (
         Column(
             header="recomp",
             cell=lambda d, pl: _recompute(d["plan"]),
             left=True,
             legend="recompute (sel: selective)",
-        )
-    )
-    cols.append(
+        ),
+        _always,
+    ),
+    (
+        # shown without --wide where some plan offloads (columns)
         Column(
             header="offload",
             cell=lambda d, pl: d["plan"]["offload"],
             left=True,
             legend="to CPU",
-            wide_only=not any_of("offload", "none"),
+            wide_only=True,
             optional=True,
-        )
-    )
-    cols += [
+        ),
+        _always,
+    ),
+    (
         Column(
             header="SP",
             cell=lambda d, pl: "y" if d["plan"]["sequence_parallel"] else "-",
             legend="sequence parallel",
             wide_only=True,
         ),
+        _always,
+    ),
+    (
         Column(
             header="place",
             cell=lambda d, pl: "|".join(pl),
@@ -155,6 +171,9 @@ def columns(docs: list[dict]) -> list[Column]:
             optional=True,
             legend="rank order (A|B: either)",
         ),
+        _always,
+    ),
+    (
         Column(
             header="stages",
             cell=lambda d, pl: _uneven(d["plan"]),
@@ -162,58 +181,90 @@ def columns(docs: list[dict]) -> list[Column]:
             wide_only=True,
             legend="blocks per stage",
         ),
+        _always,
+    ),
+    (
         Column(
             header="step s",
             cell=lambda d, pl: f"{_pred(d)['step_time_s']:.3f}",
             legend="seconds per step",
         ),
+        _always,
+    ),
+    (
         Column(
             header="comm s",
             cell=lambda d, pl: f"{exposed_comm_s(d):.3f}",
             wide_only=True,
             legend="communication exposed in the step (tp, cp, ep, dp, pipeline sends)",
         ),
+        _always,
+    ),
+    (
         Column(
             header="tokens/s",
             cell=lambda d, pl: f"{_pred(d)['tokens_per_s']:,.0f}",
             legend="throughput",
             wide_only=True,
         ),
+        _always,
+    ),
+    (
         Column(
             header="MFU",
             cell=lambda d, pl: f"{_pred(d)['mfu']:.1%}",
             optional=True,
             legend="model FLOPs utilization",
         ),
+        _always,
+    ),
+    (
         Column(
             header="GiB",
             cell=lambda d, pl: f"{_pred(d)['memory']['peak_bytes_per_gpu'] / GiB:.1f}",
             legend="peak per GPU",
         ),
+        _always,
+    ),
+    (
+        Column(
+            header="$/1B",
+            cell=lambda d, pl: f"{_pred(d)['cost']['usd_per_1b_tokens']:,.0f}",
+            legend="USD per 1B tokens",
+        ),
+        _every_prediction("cost"),
+    ),
+    (
+        Column(
+            header="goodput",
+            cell=lambda d, pl: f"{_pred(d)['goodput']:.1%}",
+            wide_only=True,
+            legend="time training under failures",
+        ),
+        _every_prediction("goodput"),
+    ),
+    (
+        Column(
+            header="days",
+            cell=lambda d, pl: f"{_pred(d)['reliability']['time_to_train_s'] / 86400:.1f}",
+            legend="to train, with failures",
+        ),
+        _every_prediction("goodput"),
+    ),
+)
+"""Every column of the plan table in order, with when it is shown (cp, ep, shard, cost and goodput
+only where some plan has them)."""
+
+
+def columns(docs: list[dict]) -> list[Column]:
+    """The columns these plans need (COLUMNS); offload is shown without --wide where a plan
+    offloads."""
+    offloads = _some_plan("offload", "none")(docs)
+    return [
+        replace(col, wide_only=False) if col.header == "offload" and offloads else col
+        for col, shown in COLUMNS
+        if shown(docs)
     ]
-    if all("cost" in _pred(d) for d in docs):
-        cols.append(
-            Column(
-                header="$/1B",
-                cell=lambda d, pl: f"{_pred(d)['cost']['usd_per_1b_tokens']:,.0f}",
-                legend="USD per 1B tokens",
-            )
-        )
-    if all("goodput" in _pred(d) for d in docs):
-        cols += [
-            Column(
-                header="goodput",
-                cell=lambda d, pl: f"{_pred(d)['goodput']:.1%}",
-                wide_only=True,
-                legend="time training under failures",
-            ),
-            Column(
-                header="days",
-                cell=lambda d, pl: f"{_pred(d)['reliability']['time_to_train_s'] / 86400:.1f}",
-                legend="to train, with failures",
-            ),
-        ]
-    return cols
 
 
 def _twins(a: dict, b: dict) -> bool:
