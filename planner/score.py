@@ -251,6 +251,73 @@ def score(
     """Step time and peak memory of every candidate: the composition of the named terms of
     cost_models over one `Step` record (see the module docstring and each term's docstring).
     `software` defaults to the megatron framework profile (the CLI's default)."""
+    x, cands = _step_of(
+        model,
+        hw,
+        cands,
+        software,
+        global_batch=global_batch,
+        seq=seq,
+        precision=precision,
+        optimizer=optimizer,
+    )
+    t, pipeline = _time_terms(x)
+    stage, bubble, pp_p2p = pipeline.stage, pipeline.bubble, pipeline.pp_p2p
+    dp_comm = pipeline.dp_comm
+    busy, host_wait = t.busy, t.host_wait
+    bubble_bound, pp_p2p_bound, dp_bound = _pipeline_bounds(x, cands, pipeline)
+    optimizer_s = H.optimizer_with_host_seconds(
+        x,
+        K.optimizer_step_seconds(x, t.params_rank),
+        K.optimizer_params_updated(x, t.params_rank),
+        x.blocks_most,
+    )
+    acts = M.activation_bytes(x)
+    offload = _activation_offload_seconds(x, acts, busy + host_wait, t.forward_share)
+    memory, per_rank = M.peak_over_ranks(
+        x, acts, host_room=M.host_room_bytes(x, t.params_rank.total), rank_blocks=cands.rank_blocks
+    )
+    device_s = busy + bubble + pp_p2p + dp_comm + optimizer_s + offload
+    return Scores(
+        step_time_s=device_s + host_wait,
+        peak_bytes_per_gpu=memory.peak,
+        capacity_bytes=float(hw.memory_bytes),
+        fits=M.fits(memory.peak, hw, x.sw),
+        needed_bytes=M.needed_bytes(memory.peak, hw, x.sw),
+        params_bytes=memory.params,
+        grads_bytes=memory.grads,
+        optimizer_bytes=memory.optimizer,
+        activations_bytes=memory.activations,
+        other_bytes=memory.other,
+        saved_activations_bytes=memory.saved,
+        compute=busy
+        * (1.0 - stage.comm_share["tp"] - stage.comm_share["cp"] - stage.comm_share["ep"]),
+        recompute=x.m * x.blocks_most * t.block_recompute,
+        tp_comm=busy * stage.comm_share["tp"],
+        cp_comm=busy * stage.comm_share["cp"],
+        ep_comm=busy * stage.comm_share["ep"],
+        dp_comm=dp_comm,
+        pp_p2p=pp_p2p,
+        bubble=bubble,
+        optimizer=optimizer_s,
+        offload=offload,
+        host_wait=host_wait,
+        num_microbatches=x.m,
+        model_flops_per_step=float(
+            model_flops_per_step(model, global_batch * seq, seq=seq, causal_half=True)
+        ),
+        stage_memory=per_rank,
+        step=x,
+        pp_p2p_bound=pp_p2p_bound,
+        bubble_bound=bubble_bound,
+        dp_bound=dp_bound,
+        ep_bound=x.m * x.blocks_most * t.ep_s,
+    )
+
+
+def _step_of(model, hw, cands, software, **workload) -> tuple[Step, CandidateArrays]:
+    """The Step record score() composes its terms over, with the candidates as arrays; a model that
+    is not a transformer is refused; `software` None: the megatron profile."""
     if not isinstance(model, TransformerSpec):
         raise ConfigError(
             "model",
@@ -261,26 +328,39 @@ def score(
         cands = CandidateArrays.from_mapping(cands)
     if software is None:
         software = software_for("megatron")
-    x = Step.of(
-        model,
-        hw,
-        software,
-        cands,
-        global_batch=global_batch,
-        seq=seq,
-        precision=precision,
-        optimizer=optimizer,
-    )
+    return Step.of(model, hw, software, cands, **workload), cands
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _StepTerms:
+    """score()'s terms beside the pipeline's (PipelineTerms), per candidate."""
+
+    busy: np.ndarray
+    """The slowest stage's compute over the schedule (pipeline.schedule_seconds)."""
+    host_wait: np.ndarray
+    """The host's issue waits and a dropless MoE layer's host syncs."""
+    params_rank: object
+    """The parameters of the rank holding the most (moe.rank_params)."""
+    block_recompute: np.ndarray
+    ep_s: np.ndarray
+    """A block's expert-parallel exchange as the step pays it (exposed + interference)."""
+    forward_share: np.ndarray
+    """The forwards' share of the compute stream (host.forward_share)."""
+
+
+def _time_terms(x: Step) -> tuple[_StepTerms, PipelineTerms]:
+    """The compute, host and communication terms of every candidate (the module docstring)."""
     block, tp, cp, ep, tp_exposed, embedding_s, head_s = block_terms(x)
-    cp_s = cp.exposed + K.eff(hw, "overlap_interference") * (cp.total - cp.exposed)
-    ep_s = ep.exposed + K.eff(hw, "overlap_interference") * (ep.total - ep.exposed)
+    cp_s = cp.exposed + K.eff(x.hw, "overlap_interference") * (cp.total - cp.exposed)
+    ep_s = ep.exposed + K.eff(x.hw, "overlap_interference") * (ep.total - ep.exposed)
+    recompute_s = block.recompute + tp.recompute + ep.recompute
     stage = PL.stage_seconds(
         x,
         block.total,
         {"tp": tp_exposed, "cp": cp_s, "ep": ep_s},
         embedding_s,
         head_s,
-        recompute_s=block.recompute + tp.recompute + ep.recompute,
+        recompute_s=recompute_s,
     )
     busy, bubble = PL.schedule_seconds(x, stage)
     forward_s = _block_forward_seconds(x, block, tp, cp_s, ep, ep_s)
@@ -311,72 +391,29 @@ def score(
         # is not on it (cost_models.moe.layers_sync_host)
         compute_end_s=busy + bubble + pp_p2p + host_issue,
     )
-    per_block_s = block.total + tp_exposed + cp_s + ep_s
-    bubble_bound, pp_p2p_bound, dp_bound = _pipeline_bounds(
-        x,
-        cands,
-        PipelineTerms(
-            stage=stage,
-            bubble=bubble,
-            pp_p2p=pp_p2p,
-            hop=hop,
-            dp_comm=dp_comm,
-            params_first=params_first,
-            forward_s=forward_s,
-            second_compute_s=x.blocks_second * (block.fwd + block.bwd),
-            per_block_s=per_block_s,
-            recompute_s=block.recompute + tp.recompute + ep.recompute,
-            embedding_s=embedding_s,
-            head_s=head_s,
-        ),
-    )
-    optimizer_s = H.optimizer_with_host_seconds(
-        x,
-        K.optimizer_step_seconds(x, params_rank),
-        K.optimizer_params_updated(x, params_rank),
-        x.blocks_most,
-    )
-    acts = M.activation_bytes(x)
-    offload = _activation_offload_seconds(x, acts, busy + host_wait, H.forward_share(x, **rank_ops))
-    memory, per_rank = M.peak_over_ranks(
-        x, acts, host_room=M.host_room_bytes(x, params_rank.total), rank_blocks=cands.rank_blocks
-    )
-    device_s = busy + bubble + pp_p2p + dp_comm + optimizer_s + offload
-    return Scores(
-        step_time_s=device_s + host_wait,
-        peak_bytes_per_gpu=memory.peak,
-        capacity_bytes=float(hw.memory_bytes),
-        fits=M.fits(memory.peak, hw, software),
-        needed_bytes=M.needed_bytes(memory.peak, hw, software),
-        params_bytes=memory.params,
-        grads_bytes=memory.grads,
-        optimizer_bytes=memory.optimizer,
-        activations_bytes=memory.activations,
-        other_bytes=memory.other,
-        saved_activations_bytes=memory.saved,
-        compute=busy
-        * (1.0 - stage.comm_share["tp"] - stage.comm_share["cp"] - stage.comm_share["ep"]),
-        recompute=x.m * x.blocks_most * block.recompute,
-        tp_comm=busy * stage.comm_share["tp"],
-        cp_comm=busy * stage.comm_share["cp"],
-        ep_comm=busy * stage.comm_share["ep"],
-        dp_comm=dp_comm,
-        pp_p2p=pp_p2p,
+    pipeline = PipelineTerms(
+        stage=stage,
         bubble=bubble,
-        optimizer=optimizer_s,
-        offload=offload,
-        host_wait=host_wait,
-        num_microbatches=x.m,
-        model_flops_per_step=float(
-            model_flops_per_step(model, global_batch * seq, seq=seq, causal_half=True)
-        ),
-        stage_memory=per_rank,
-        step=x,
-        pp_p2p_bound=pp_p2p_bound,
-        bubble_bound=bubble_bound,
-        dp_bound=dp_bound,
-        ep_bound=x.m * x.blocks_most * ep_s,
+        pp_p2p=pp_p2p,
+        hop=hop,
+        dp_comm=dp_comm,
+        params_first=params_first,
+        forward_s=forward_s,
+        second_compute_s=x.blocks_second * (block.fwd + block.bwd),
+        per_block_s=block.total + tp_exposed + cp_s + ep_s,
+        recompute_s=recompute_s,
+        embedding_s=embedding_s,
+        head_s=head_s,
     )
+    terms = _StepTerms(
+        busy=busy,
+        host_wait=host_wait,
+        params_rank=params_rank,
+        block_recompute=block.recompute,
+        ep_s=ep_s,
+        forward_share=H.forward_share(x, **rank_ops),
+    )
+    return terms, pipeline
 
 
 def _activation_offload_seconds(x: Step, acts, stream_s, fwd_share) -> np.ndarray:
