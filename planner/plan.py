@@ -446,7 +446,7 @@ def run_options(document: Mapping[str, Any]) -> RunOptions:
     a RunOptions record: the cross-entropy kernel where the plan chose one (not its framework's default),
     dropout, the fused norm, BF16_Optimizer, the FP8 activation input, the modules selective recomputation
     re-runs, 16-bit master remainders, the FP8 scaling, the routed-token imbalance, and a token dispatcher,
-    tensor-parallel or exchange overlap or FP8 dispatch the plan chose over its framework's default (a target stack that has not
+    tensor-parallel or exchange overlap, FP8 dispatch or gradient dtype the plan chose over its framework's default (a target stack that has not
     them drops them by name: planner.exports.retarget). The framework's own defaults (attention kernel, overlaps,
     the reduction dtype, the MoE dispatcher) are not here: another stack applies its own; explain's fresh search on
     the same stack adds them (planner.explain._software_options). What the model's config decides
@@ -480,4 +480,20 @@ def run_options(document: Mapping[str, Any]) -> RunOptions:
         out["cuda_graphs"] = True
     if sw.get("moe_fp8_dispatch") is True:
         out["moe_fp8_dispatch"] = True
+    dtype = _grad_reduce_dtype(sw, stack, (document.get("plan") or {}).get("precision"))
+    if dtype is not None:
+        out["grad_reduce_dtype"] = dtype
     return RunOptions(**out)
+
+
+def _grad_reduce_dtype(sw: Mapping[str, Any], stack, precision) -> str | None:
+    """The gradient dtype a plan chose over its framework's default for its precision (the
+    document's grad_reduce_bytes: 2 bf16, 4 fp32); None where it is the default or unknown
+    (BF16_Optimizer sets its own)."""
+    reduce = sw.get("grad_reduce_bytes")
+    if stack is None or sw.get("bf16_optimizer") or reduce not in (2, 4):
+        return None
+    default = stack.state_bytes.get(precision)
+    if default is None or reduce == default.reduce:
+        return None
+    return {2: "bf16", 4: "fp32"}[reduce]

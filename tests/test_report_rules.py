@@ -451,3 +451,21 @@ def test_what_ifs_run_with_the_plans_own_options():
     assert ctx.what_if(recompute="selective")["prediction"]["step_time_s"] == pytest.approx(
         with_it, rel=1e-12
     )
+
+
+def test_what_ifs_keep_a_gradient_dtype_the_plan_chose():
+    """Megatron-LM's own --bf16 keeps fp32 gradients where the megatron profile keeps bf16: a plan
+    that says so (software.grad_reduce_bytes 4) is estimated again with them, as its file says."""
+    cfg = ParallelConfig(dp=8, seq=4096, global_batch=8, zero=0)
+    fp32 = RunOptions(grad_reduce_dtype="fp32")
+    hw = load_profile("dgx-h100")
+    spec = backend.resolve("llama2-7b", cfg.seq)
+    doc = estimate(spec, hw, cfg, gpus=8, options=fp32).to_document()
+    assert doc["software"]["grad_reduce_bytes"] == 4
+    ctx = rule_context(spec, hw, doc, Scenario(model="llama2-7b", hardware="dgx-h100", gpus=8))
+    changed = dataclasses.replace(cfg, recompute="full")
+    expected = estimate(spec, hw, changed, gpus=8, options=fp32)
+    assert expected.peak_bytes_per_gpu > estimate(spec, hw, changed, gpus=8).peak_bytes_per_gpu
+    what_if = ctx.what_if(recompute="full")["prediction"]
+    assert what_if["memory"]["peak_bytes_per_gpu"] == expected.peak_bytes_per_gpu
+    assert what_if["step_time_s"] == pytest.approx(expected.step_time_s, rel=1e-12)
