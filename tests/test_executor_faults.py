@@ -31,9 +31,14 @@ def _plan(tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_killed_rank_stops_all_and_resume_reproduces_the_uninterrupted_losses(tmp_path):
+def test_killed_rank_stops_all_and_resume_reproduces_the_uninterrupted_losses(
+    tmp_path, monkeypatch
+):
     plan = _plan(tmp_path)
     steps = ["--steps", "4", "--json"]
+    # a temporary directory of this test's own: other test workers run `planner run` meanwhile
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     before = set(Path(tempfile.gettempdir()).glob("planner-run-*"))
     whole = runner.invoke(app, ["run", str(plan), *steps])
     assert whole.exit_code == 0, whole.output
