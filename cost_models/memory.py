@@ -4,8 +4,9 @@ Model states per parameter (bytes), by precision and implementation:
 
     eager amp (PyTorch autocast): fp32 params 4 + fp32 grads 4 + Adam m, v 8 = 16, plus the
         autocast cache of bf16 copies of every GEMM weight (2 bytes each) during the forward;
-    megatron amp (fp16/bf16 mixed precision, Megatron's theoretical_memory_usage.py): 2-byte
-        params + 4-byte main grads + fp32 master, m, v 12 = 18;
+    megatron amp fp16 (Megatron's theoretical_memory_usage.py): 2-byte params + 4-byte main
+        grads + fp32 master, m, v 12 = 18; bf16 and FP8 keep bf16 gradients, as NVIDIA's recipes
+        do (frameworks/megatron.json; --grad-reduce-dtype fp32: 18);
     fp32: 4 + 4 + 8 = 16;  pure bf16 (states in bf16, as torch.optim.AdamW keeps them): 2 + 2 + 4 = 8.
     SGD with momentum keeps one state instead of two.
 
