@@ -22,7 +22,7 @@ from hardware_profiles import HardwareProfile
 from planner.errors import ConfigError
 from planner.parallel import OFFLOAD, RECOMPUTE, SCHEDULES, offload_indices
 from planner.placement import distinct_rows, group_locality
-from planner.run_options import RunOptions
+from planner.run_options import GRAD_REDUCE_BYTES, RunOptions
 from planner.spec import TransformerSpec
 
 
@@ -180,7 +180,7 @@ class Software:
             return replace(s, grad=s.param + 4.0, reduce=s.param)
         if self.grad_reduce_dtype is None:
             return s
-        b = {"bf16": 2.0, "fp32": 4.0}[self.grad_reduce_dtype]
+        b = GRAD_REDUCE_BYTES[self.grad_reduce_dtype]
         return replace(s, grad=b, reduce=b)
 
     def states(self, precision: str, optimizer: str) -> tuple[float, float, float]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from planner.run_options import RunOptions
+from planner.run_options import RunOptions, grad_reduce_dtype_of
 from frameworks import load_framework
 from planner.partition import even_split
 from planner.plan import run_options
@@ -587,8 +587,8 @@ def _software_options(doc: Mapping[str, Any]) -> RunOptions:
         )
         if k in sw
     }
-    if sw.get("grad_reduce_bytes") in (2, 4):
-        out["grad_reduce_dtype"] = {2: "bf16", 4: "fp32"}[sw["grad_reduce_bytes"]]
+    if grad_reduce_dtype_of(sw.get("grad_reduce_bytes")) is not None:
+        out["grad_reduce_dtype"] = grad_reduce_dtype_of(sw["grad_reduce_bytes"])
     if isinstance(sw.get("expandable_segments"), bool):
         out["expandable_segments"] = sw["expandable_segments"]
     if sw.get("framework"):

@@ -23,7 +23,7 @@ from planner.catalog import CATALOG, get as catalog_get
 from planner.errors import ConfigError
 from planner.option_rules import check_options
 from planner.parallel import MeshAxis, ParallelConfig
-from planner.run_options import RunOptions
+from planner.run_options import RunOptions, grad_reduce_dtype_of
 from planner.spec import TransformerSpec, record_of
 from frameworks import load_framework
 from planner.io import MAX_JSON_DEPTH, depth_exceeds, numbers, read_json
@@ -491,9 +491,9 @@ def _grad_reduce_dtype(sw: Mapping[str, Any], stack, precision) -> str | None:
     document's grad_reduce_bytes: 2 bf16, 4 fp32); None where it is the default or unknown
     (BF16_Optimizer sets its own)."""
     reduce = sw.get("grad_reduce_bytes")
-    if stack is None or sw.get("bf16_optimizer") or reduce not in (2, 4):
+    if stack is None or sw.get("bf16_optimizer") or grad_reduce_dtype_of(reduce) is None:
         return None
     default = stack.state_bytes.get(precision)
     if default is None or reduce == default.reduce:
         return None
-    return {2: "bf16", 4: "fp32"}[reduce]
+    return grad_reduce_dtype_of(reduce)

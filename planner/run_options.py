@@ -14,6 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+GRAD_REDUCE_BYTES = {"bf16": 2.0, "fp32": 4.0}
+"""Bytes per gradient element of each grad_reduce_dtype (a plan document's grad_reduce_bytes)."""
+
+
+def grad_reduce_dtype_of(nbytes) -> str | None:
+    """The grad_reduce_dtype whose gradients take `nbytes` per element; None for any other value."""
+    return next((k for k, v in GRAD_REDUCE_BYTES.items() if v == nbytes), None)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunOptions:
