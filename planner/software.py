@@ -22,7 +22,7 @@ from frameworks import (
 )
 from frameworks.rules import a2a_overlap_runs
 from planner.errors import ConfigError
-from planner.run_options import RunOptions
+from planner.run_options import GRAD_REDUCE_BYTES, RunOptions
 from planner.spec import TransformerSpec
 
 
@@ -124,7 +124,7 @@ def _check_switch(name: str, value, *, optional: bool = False) -> None:
 def _check_values(o: RunOptions) -> None:
     """ConfigError (one line) for a value no framework takes."""
     _check_choice("attention", o.attention, ATTENTION_KERNELS)
-    _check_choice("grad_reduce_dtype", o.grad_reduce_dtype, ("bf16", "fp32"))
+    _check_choice("grad_reduce_dtype", o.grad_reduce_dtype, tuple(GRAD_REDUCE_BYTES))
     _check_choice("loss", o.loss, LOSS_KERNELS)
     layers = o.activation_offload_layers
     if layers is not None and (
@@ -173,30 +173,15 @@ def _check_runnable_options(fw: FrameworkProfile, o: RunOptions) -> None:
             message=f"framework {fw.name} cannot run this plan: master_weights=remainder: "
             f"{fw.name} keeps full fp32 master weights (allowed: fp32)",
         )
-    if o.cuda_graphs and not fw.capabilities.cuda_graphs:
-        raise ConfigError(
-            "cuda_graphs",
-            True,
-            "false",
-            message=f"framework {fw.name} cannot run this plan: cuda_graphs: {fw.name} has no "
-            "per-layer CUDA graph capture (allowed: false)",
-        )
-    if o.tp_comm_overlap and not fw.capabilities.tp_comm_overlap:
-        raise ConfigError(
-            "tp_comm_overlap",
-            True,
-            "false",
-            message=f"framework {fw.name} cannot run this plan: tp_comm_overlap: {fw.name} runs "
-            "its tensor-parallel collectives after their GEMMs (allowed: false)",
-        )
-    if o.bf16_optimizer and not fw.capabilities.bf16_optimizer:
-        raise ConfigError(
-            "bf16_optimizer",
-            True,
-            "false",
-            message=f"framework {fw.name} cannot run this plan: bf16_optimizer: {fw.name} "
-            "has no BF16_Optimizer (allowed: false)",
-        )
+    for option, lacks in _SWITCHES_A_STACK_MAY_LACK:
+        if getattr(o, option) and not getattr(fw.capabilities, option):
+            raise ConfigError(
+                option,
+                True,
+                "false",
+                message=f"framework {fw.name} cannot run this plan: {option}: {fw.name} {lacks} "
+                "(allowed: false)",
+            )
     if o.activation_fp8_input and (
         not fw.capabilities.activation_fp8_input or fw.kernels != "fused"
     ):
@@ -208,6 +193,15 @@ def _check_runnable_options(fw: FrameworkProfile, o: RunOptions) -> None:
             f"{fw.kernels} MLP keeps the activation input in the compute dtype "
             "(Megatron-Core's fused SwiGLU stores it in FP8; allowed: false)",
         )
+
+
+_SWITCHES_A_STACK_MAY_LACK = (
+    ("cuda_graphs", "has no per-layer CUDA graph capture"),
+    ("tp_comm_overlap", "runs its tensor-parallel collectives after their GEMMs"),
+    ("bf16_optimizer", "has no BF16_Optimizer"),
+)
+"""Run options that are switches a stack runs only where its capability of the same name says so,
+with what the stack does instead (the refusal's reason)."""
 
 
 def check_activation_fp8_input(software: Software, model: TransformerSpec) -> None:
