@@ -54,7 +54,7 @@ class Software:
     attention: str
     """Attention kernel family: fused, flash, flash1, sdpa, triton or unfused
     (frameworks.ATTENTION_KERNELS)."""
-    dropout: bool
+    dropout: bool = False
     """Dropout layers active (masks saved, extra kernels)."""
     overlap_grad_reduce: bool
     """Data-parallel reduction overlapped with the backward (the framework's default unless a run
@@ -87,8 +87,8 @@ class Software:
     moe_a2a_overlap: bool = False
     """Expert-parallel exchanges run beside another micro-batch's compute (Megatron-Core
     --overlap-moe-expert-parallel-comm, DeepSeek DualPipe); the framework's default unless a run says."""
-    moe_imbalance: float | None = None
-    """Busiest rank's routed tokens over the mean (>= 1); None: cost_models.moe.DEFAULT_IMBALANCE."""
+    moe_imbalance: float = DEFAULT_IMBALANCE
+    """Busiest rank's routed tokens over the mean (>= 1); unset: cost_models.moe.DEFAULT_IMBALANCE."""
     moe_fp8_dispatch: bool = False
     """Tokens dispatched in FP8 under an FP8 recipe (DeepSeek-V3 Sec. 3.3.2, DeepEP); combine in 16 bits."""
     activation_offload_layers: int | None = None
@@ -128,41 +128,23 @@ class Software:
     @classmethod
     def of(cls, framework: FrameworkProfile, options: RunOptions = RunOptions()) -> "Software":
         """The run's software: `options` (the user's choices) with `framework`'s defaults applied
-        wherever the user left one unset; the one place those defaults are applied."""
-        o = options
-        default = lambda value, fallback: fallback if value is None else value  # noqa: E731
+        wherever the user left one unset; the one place those defaults are applied. An option's
+        default is the framework profile's key of the same name where the profile has one
+        (frameworks.FrameworkProfile: attention, loss, the overlaps, cuda_graphs, ...), else the
+        field's default here."""
         return cls(
             framework=framework,
-            attention=o.attention or framework.attention,
-            dropout=bool(o.dropout),
-            loss=o.loss or framework.loss,
-            tp_comm_overlap=bool(default(o.tp_comm_overlap, framework.tp_comm_overlap)),
-            compile=bool(o.compile),
-            cuda_graphs=bool(default(o.cuda_graphs, framework.cuda_graphs)),
-            overlap_grad_reduce=bool(default(o.overlap_grad_reduce, framework.overlap_grad_reduce)),
-            grad_reduce_dtype=o.grad_reduce_dtype,
-            moe_dispatcher=o.moe_dispatcher or framework.moe_dispatcher,
-            moe_a2a_overlap=bool(default(o.moe_a2a_overlap, framework.moe_a2a_overlap)),
-            moe_imbalance=o.moe_imbalance,
-            moe_fp8_dispatch=bool(o.moe_fp8_dispatch),
-            fp8_scaling=o.fp8_scaling or "tensorwise",
-            activation_offload_layers=o.activation_offload_layers,
-            master_weights=o.master_weights or "fp32",
-            fused_norm=bool(o.fused_norm),
-            recompute_modules=None if o.recompute_modules is None else tuple(o.recompute_modules),
-            bf16_optimizer=bool(o.bf16_optimizer),
-            activation_fp8_input=bool(o.activation_fp8_input),
-            expandable_segments=bool(default(o.expandable_segments, framework.expandable_segments)),
-            overlap_param_gather=bool(
-                default(o.overlap_param_gather, framework.overlap_param_gather)
-            ),
-            overlap_p2p=bool(default(o.overlap_p2p, framework.overlap_p2p)),
+            **{
+                f.name: _resolved(f, getattr(options, f.name), framework)
+                for f in fields(cls)
+                if f.name != "framework"
+            },
         )
 
     @property
     def imbalance(self) -> float:
         """The routed-token imbalance this run is costed with (moe_imbalance or the documented default)."""
-        return DEFAULT_IMBALANCE if self.moe_imbalance is None else float(self.moe_imbalance)
+        return float(self.moe_imbalance)
 
     def state_bytes(self, precision: str):
         """The framework's bytes per parameter for `precision` (frameworks.StateBytes) with the run's
@@ -193,9 +175,11 @@ class Software:
         return attention_kernel(self.attention, precision, spec)
 
 
-def _default(value: bool | None, framework_default: bool) -> bool:
-    """A run's boolean option, or the framework's default where the run leaves it None."""
-    return framework_default if value is None else bool(value)
+def _resolved(option, chosen, framework: FrameworkProfile):
+    """One Software field: the run's choice, or where it left it unset (None) the framework's
+    default of the same name, else the field's own default; switches as bool."""
+    value = getattr(framework, option.name, option.default) if chosen is None else chosen
+    return bool(value) if option.type == "bool" else value
 
 
 FLASH1_MAX_HEAD_DIM = 128

@@ -68,13 +68,18 @@ def _placements_ok(placements) -> bool:
     return True
 
 
-def capability(default=MISSING, *, means: str, vocab=None, check=None, allowed: str = ""):
+def capability(
+    default=MISSING, *, means: str, vocab=None, check=None, allowed: str = "", lacking: str = ""
+):
     """One key of a profile's `capabilities` block, declared once: the field's annotation is its JSON
     type (a tuple is a JSON list), `default` makes it optional, `vocab` lists the values it (or each of
     its items) may take, `check` is any further rule (`allowed` says it in words), `means` documents
-    it. frameworks/loader.py validates every key from these declarations and
+    it. A switch a stack may lack says in `lacking` what a stack without it does instead: the run
+    option of the same name is then refused there with that reason (planner.software.
+    check_switches). frameworks/loader.py validates every key from these declarations and
     `capability_reference` renders them for docs/framework-profiles.md."""
     metadata = {"means": means, "vocab": vocab, "check": check, "allowed": allowed}
+    metadata["lacking"] = lacking
     if default is MISSING:
         return field(metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -178,6 +183,7 @@ class Capabilities:
             "Whether the stack has DeepSpeed's BF16_Optimizer (bf16 with ZeRO 0-1 and fp32 gradient "
             "accumulation; cost_models.step.Software.bf16_optimizer)."
         ),
+        lacking="has no BF16_Optimizer",
     )
     optimizer_offload_min_zero: int = capability(
         0,
@@ -250,6 +256,7 @@ class Capabilities:
             "launch per pass on the host (Megatron-Core's --enable-cuda-graph / cuda_graph_impl "
             "'local', megatron/core/transformer/cuda_graphs.py; cost_models.host)."
         ),
+        lacking="has no per-layer CUDA graph capture",
     )
     tp_comm_overlap: bool = capability(
         False,
@@ -258,6 +265,7 @@ class Capabilities:
             "(Megatron-Core's userbuffers, torchtitan's async TP; "
             "cost_models.comm.tp_exposed_seconds)."
         ),
+        lacking="runs its tensor-parallel collectives after their GEMMs",
     )
     recompute_modules: bool = capability(
         False,

@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -170,42 +171,7 @@ class Estimate:
                 "memory_bytes": int(self.hardware.memory_bytes),
             },
             "plan": plan,
-            "software": {
-                "framework": sw.framework.name,
-                "kernels": sw.framework.kernels,
-                "attention": sw.attention,
-                "from_config": list(self.from_config),
-                "dropout": sw.dropout,
-                "overlap_grad_reduce": sw.overlap_grad_reduce,
-                "loss": sw.loss,
-                "tp_comm_overlap": sw.tp_comm_overlap,
-                "compile": sw.compile,
-                "overlap_param_gather": sw.overlap_param_gather,
-                "overlap_p2p": sw.overlap_p2p,
-                "cuda_graphs": sw.cuda_graphs,
-                "grad_reduce_bytes": sw.state_bytes(cfg.precision).reduce,
-                "master_weights": sw.master_weights,
-                "expandable_segments": sw.expandable_segments,
-                **({"fused_norm": True} if sw.fused_norm else {}),
-                **(
-                    {"recompute_modules": list(sw.recompute_modules)}
-                    if sw.recompute_modules
-                    else {}
-                ),
-                **({"bf16_optimizer": True} if sw.bf16_optimizer else {}),
-                **({"activation_fp8_input": True} if sw.activation_fp8_input else {}),
-                **({"fp8_scaling": sw.fp8_scaling} if cfg.precision == "fp8" else {}),
-                **(
-                    {
-                        "moe_dispatcher": sw.moe_dispatcher,
-                        "moe_a2a_overlap": sw.moe_a2a_overlap,
-                        "moe_imbalance": sw.imbalance,
-                        "moe_fp8_dispatch": sw.moe_fp8_dispatch,
-                    }
-                    if spec.moe is not None
-                    else {}
-                ),
-            },
+            "software": software_block(sw, cfg.precision, spec, self.from_config),
             "prediction": {
                 "step_time_s": self.step_time_s,
                 "samples_per_s": cfg.global_batch / self.step_time_s,
@@ -453,3 +419,39 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+
+
+_NOT_IN_THE_BLOCK = ("framework", "grad_reduce_dtype")
+"""Software fields the block writes otherwise: the framework by name, the gradient dtype as the
+bytes its gradients take (grad_reduce_bytes, the framework's default included)."""
+
+
+def written_options() -> tuple[str, ...]:
+    """The run options a software block records by name (every Software field but
+    _NOT_IN_THE_BLOCK's)."""
+    return tuple(f.name for f in fields(Software) if f.name not in _NOT_IN_THE_BLOCK)
+
+
+def software_block(
+    sw: Software, precision: str, spec: TransformerSpec, from_config=()
+) -> dict[str, Any]:
+    """A plan document's `software` block: the stack, then every option the run was costed with
+    (cost_models.step.Software, the framework's defaults applied) that applies to it: `moe_*`
+    only for a mixture-of-experts model, `fp8_*` only under FP8; unset ones (None) left out.
+    planner.plan.run_options reads it back."""
+    block: dict[str, Any] = {
+        "framework": sw.framework.name,
+        "kernels": sw.framework.kernels,
+        "from_config": list(from_config),
+        "grad_reduce_bytes": sw.state_bytes(precision).reduce,
+    }
+    for option in fields(sw):
+        value = getattr(sw, option.name)
+        if option.name in _NOT_IN_THE_BLOCK or value is None:
+            continue
+        if option.name.startswith("moe_") and spec.moe is None:
+            continue
+        if option.name.startswith("fp8_") and precision != "fp8":
+            continue
+        block[option.name] = list(value) if isinstance(value, tuple) else value
+    return block

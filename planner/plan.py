@@ -27,7 +27,7 @@ from planner.run_options import RunOptions, grad_reduce_dtype_of
 from planner.spec import TransformerSpec, record_of
 from frameworks import load_framework
 from planner.io import MAX_JSON_DEPTH, depth_exceeds, numbers, read_json
-from cost_models.moe import DEFAULT_IMBALANCE
+from cost_models.step import Software
 
 SCHEMA_VERSION = "1"
 """The plan-document version this build writes and reads."""
@@ -441,46 +441,41 @@ def _prediction(pred: dict) -> Prediction:
     )
 
 
-def run_options(document: Mapping[str, Any]) -> RunOptions:
-    """The run's own options in a plan document's `software` block that hold whichever stack runs it, as
-    a RunOptions record: the cross-entropy kernel where the plan chose one (not its framework's default),
-    dropout, the fused norm, BF16_Optimizer, the FP8 activation input, the modules selective recomputation
-    re-runs, 16-bit master remainders, the FP8 scaling, the routed-token imbalance, and a token dispatcher,
-    tensor-parallel or exchange overlap, FP8 dispatch or gradient dtype the plan chose over its framework's default (a target stack that has not
-    them drops them by name: planner.exports.retarget). The framework's own defaults (attention kernel, overlaps,
-    the reduction dtype, the MoE dispatcher) are not here: another stack applies its own; explain's fresh search on
-    the same stack adds them (planner.explain._software_options). What the model's config decides
-    (estimate.config_defaults) is derived again."""
+_THE_STACKS_OWN = (
+    "attention",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "overlap_p2p",
+    "expandable_segments",
+)
+"""Options a plan records as what its stack did rather than as the run's choice: another stack
+applies its own (planner.exports.retarget); explain's fresh search on the same stack adds them
+(planner.explain._software_options)."""
 
+
+def run_options(document: Mapping[str, Any]) -> RunOptions:
+    """The run's own choices in a plan document's `software` block (planner.estimate.
+    software_block), as a RunOptions record: every option whose recorded value differs from the
+    default its framework applies (cost_models.step.Software.of), except the stack's own
+    (_THE_STACKS_OWN) and what the model's config decided (`from_config`: derived again); the
+    gradient dtype from the bytes recorded. A target stack that lacks one drops it by name
+    (planner.exports.retarget)."""
     sw = document.get("software") or {}
-    out = {}
-    framework = sw.get("framework") or (document.get("plan") or {}).get("framework")
-    if sw.get("loss") and framework and sw["loss"] != load_framework(framework).loss:
-        out["loss"] = sw["loss"]
-    if sw.get("dropout") is True and "dropout" not in (sw.get("from_config") or ()):
-        out["dropout"] = True
-    for flag in ("fused_norm", "bf16_optimizer", "activation_fp8_input"):
-        if sw.get(flag) is True:
-            out[flag] = True
-    if sw.get("recompute_modules"):
-        out["recompute_modules"] = list(sw["recompute_modules"])
-    if sw.get("master_weights") == "remainder":
-        out["master_weights"] = "remainder"
-    if sw.get("fp8_scaling") not in (None, "tensorwise"):
-        out["fp8_scaling"] = sw["fp8_scaling"]
-    if sw.get("moe_imbalance") not in (None, DEFAULT_IMBALANCE):
-        out["moe_imbalance"] = sw["moe_imbalance"]
+    plan = document.get("plan") or {}
+    framework = sw.get("framework") or plan.get("framework")
     stack = load_framework(framework) if framework else None
-    if stack is not None and sw.get("moe_dispatcher") not in (None, stack.moe_dispatcher):
-        out["moe_dispatcher"] = sw["moe_dispatcher"]
-    for overlap in ("tp_comm_overlap", "moe_a2a_overlap"):
-        if sw.get(overlap) is True and not (stack is not None and getattr(stack, overlap)):
-            out[overlap] = True
-    if sw.get("cuda_graphs") is True and not (stack is not None and stack.cuda_graphs):
-        out["cuda_graphs"] = True
-    if sw.get("moe_fp8_dispatch") is True:
-        out["moe_fp8_dispatch"] = True
-    dtype = _grad_reduce_dtype(sw, stack, (document.get("plan") or {}).get("precision"))
+    defaults = Software.of(stack) if stack is not None else None
+    skipped = {*_THE_STACKS_OWN, *(sw.get("from_config") or ())}
+    out = {}
+    for option in fields(RunOptions):
+        value = sw.get(option.name)
+        if option.name in skipped or value is None:
+            continue
+        value = tuple(value) if isinstance(value, list) else value
+        default = getattr(stack if option.name == "kernels" else defaults, option.name, None)
+        if value != default:
+            out[option.name] = value
+    dtype = _grad_reduce_dtype(sw, stack, plan.get("precision"))
     if dtype is not None:
         out["grad_reduce_dtype"] = dtype
     return RunOptions(**out)

@@ -13,7 +13,9 @@ import json
 from pathlib import Path
 
 from cost_models.blocks import RECOMPUTE_MODULES
-from cost_models.step import MASTER_WEIGHTS
+from dataclasses import fields
+
+from cost_models.step import FP8_SCALINGS, MASTER_WEIGHTS, Software
 from frameworks.profile import (
     ATTENTION_KERNELS,
     KERNELS,
@@ -30,6 +32,7 @@ from planner.parallel import (
     RECOMPUTE,
     SCHEDULES,
 )
+from planner.estimate import written_options
 from planner.search.space import OBJECTIVES
 from planner.uncertainty import SCALE_BANDS
 from storage_profiles.profile import CHECKPOINT_MODES
@@ -53,6 +56,7 @@ CODE_ENUMS: dict[tuple[str, ...], tuple] = {
     (*_SOFTWARE, "attention"): ATTENTION_KERNELS,
     (*_SOFTWARE, "loss"): LOSS_KERNELS,
     (*_SOFTWARE, "master_weights"): MASTER_WEIGHTS,
+    (*_SOFTWARE, "fp8_scaling"): FP8_SCALINGS,
     (*_SOFTWARE, "recompute_modules", "items"): RECOMPUTE_MODULES,
     (*_SOFTWARE, "moe_dispatcher"): MOE_DISPATCHERS,
     ("properties", "prediction", "properties", "reliability", "properties", "checkpoint"): (
@@ -70,6 +74,23 @@ RECOMMEND_ENUMS: dict[tuple[str, ...], tuple] = {("properties", "objective"): OB
 """The same for recommend.schema.json (its plans are plan.schema.json's, by reference)."""
 SCHEMA_ENUMS = {SCHEMA: CODE_ENUMS, RECOMMEND_SCHEMA: RECOMMEND_ENUMS}
 
+_JSON_TYPES = {"bool": "boolean", "str": "string", "int": "integer", "float": "number"}
+
+
+def _json_type(annotation: str) -> str:
+    kind = annotation.removesuffix(" | None")
+    return "array" if kind.startswith("tuple[") else _JSON_TYPES[kind]
+
+
+SOFTWARE_TYPES: dict[str, str] = {
+    option.name: _json_type(option.type)
+    for option in fields(Software)
+    if option.name in written_options()
+}
+"""The JSON type of every run option a plan's software block records (planner.estimate.
+software_block), from its annotation in cost_models.step.Software: a new option reaches the
+schema by running this module."""
+
 
 def node(schema: dict, path: tuple[str, ...]) -> dict:
     for key in path:
@@ -80,8 +101,14 @@ def node(schema: dict, path: tuple[str, ...]) -> dict:
 def generated(schema: dict, enums: dict | None = None) -> dict:
     """`schema` with every list of `enums` (default CODE_ENUMS) taken from the code."""
     out = json.loads(json.dumps(schema))
-    for path, values in (CODE_ENUMS if enums is None else enums).items():
+    enums = CODE_ENUMS if enums is None else enums
+    for path, values in enums.items():
         node(out, path)["enum"] = list(values)
+    if enums is CODE_ENUMS:
+        software = node(out, _SOFTWARE)
+        for name, kind in SOFTWARE_TYPES.items():
+            documented = {"description": f"cost_models.step.Software.{name}"}
+            software.setdefault(name, documented)["type"] = kind
     return out
 
 

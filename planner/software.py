@@ -7,13 +7,14 @@ software here.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from cost_models.blocks import RECOMPUTE_MODULES
 from cost_models.comm import tp_overlapped
 from cost_models.step import BF16_PARAM_PRECISIONS, FP8_SCALINGS, MASTER_WEIGHTS, Software
 from frameworks import (
     ATTENTION_KERNELS,
+    Capabilities,
     KERNELS,
     LOSS_KERNELS,
     MOE_DISPATCHERS,
@@ -173,14 +174,14 @@ def _check_runnable_options(fw: FrameworkProfile, o: RunOptions) -> None:
             message=f"framework {fw.name} cannot run this plan: master_weights=remainder: "
             f"{fw.name} keeps full fp32 master weights (allowed: fp32)",
         )
-    for option, lacks in _SWITCHES_A_STACK_MAY_LACK:
+    for option, lacking in switches_a_stack_may_lack().items():
         if getattr(o, option) and not getattr(fw.capabilities, option):
             raise ConfigError(
                 option,
                 True,
                 "false",
-                message=f"framework {fw.name} cannot run this plan: {option}: {fw.name} {lacks} "
-                "(allowed: false)",
+                message=f"framework {fw.name} cannot run this plan: {option}: {fw.name} "
+                f"{lacking} (allowed: false)",
             )
     if o.activation_fp8_input and (
         not fw.capabilities.activation_fp8_input or fw.kernels != "fused"
@@ -195,13 +196,14 @@ def _check_runnable_options(fw: FrameworkProfile, o: RunOptions) -> None:
         )
 
 
-_SWITCHES_A_STACK_MAY_LACK = (
-    ("cuda_graphs", "has no per-layer CUDA graph capture"),
-    ("tp_comm_overlap", "runs its tensor-parallel collectives after their GEMMs"),
-    ("bf16_optimizer", "has no BF16_Optimizer"),
-)
-"""Run options that are switches a stack runs only where its capability of the same name says so,
-with what the stack does instead (the refusal's reason)."""
+def switches_a_stack_may_lack() -> dict[str, str]:
+    """Run options that are switches a stack runs only where its capability of the same name says
+    so, with what a stack without it does instead (frameworks.profile.capability's `lacking`)."""
+    return {
+        declared.name: declared.metadata["lacking"]
+        for declared in fields(Capabilities)
+        if declared.metadata["lacking"]
+    }
 
 
 def check_activation_fp8_input(software: Software, model: TransformerSpec) -> None:
