@@ -393,16 +393,18 @@ def pp_hop_seconds(x):
     return hop + np.where(x.sp | (not scatter), 0.0, gather)
 
 
-def _reduction_seconds(x, params, group, shard, local_group, local_shard, local_replicas):
+def _reduction_seconds(x, params, gemm, group, shard, local_group, local_shard, local_replicas):
     """(all-reduce or its sharded equivalent, reduce-scatter, all-gather) seconds of one parameter set
     reduced over `group` ranks and ZeRO-sharded over `shard` of them (hybrid sharding: reduce-scatter and
-    all-gather inside the shard group, all-reduce of each shard over the group / shard replicas)."""
+    all-gather inside the shard group, all-reduce of each shard over the group / shard replicas); its
+    `gemm` weights gathered in FP8 where the run says so (_gathered_bytes)."""
     s = x.sw.state_bytes(x.precision)
     grad_bytes = params * s.reduce
     replicas = group / shard
     allreduce = group_collective_seconds("allreduce", grad_bytes, group, local_group, x.hw)
     rs = group_collective_seconds("reduce_scatter", grad_bytes, shard, local_shard, x.hw)
-    gather = group_collective_seconds("allgather", params * s.gather, shard, local_shard, x.hw)
+    gathered = _gathered_bytes(x, params, gemm, s.gather)
+    gather = group_collective_seconds("allgather", gathered, shard, local_shard, x.hw)
     # hybrid sharding (HSDP, MiCS, Megatron's distributed-optimizer instances): reduce-scatter and
     # all-gather inside the shard group, then all-reduce each shard over the replicas
     across = group_collective_seconds(
@@ -417,17 +419,31 @@ def _reduction_seconds(x, params, group, shard, local_group, local_shard, local_
     return tuple(np.where(some, t, 0.0) for t in (allreduce, sharded_reduce, gather))
 
 
+FP8_BYTES = 1.0
+"""Bytes per element of an FP8 tensor (E4M3 or E5M2; Micikevicius et al. 2022, "FP8 Formats for
+Deep Learning")."""
+
+
+def _gathered_bytes(x, params, gemm, gather_bytes):
+    """Bytes one rank's parameter all-gather moves for `params` of which `gemm` are GEMM weights:
+    the parameter dtype's `gather_bytes` each, the GEMM weights FP8 where the run gathers them so
+    (cost_models.step.Software.fp8_param_gather)."""
+    fp8 = x.sw.gathers_fp8(x.precision, x.zero)
+    return params * gather_bytes - np.where(fp8, gemm * (gather_bytes - FP8_BYTES), 0.0)
+
+
 def dp_reduction_parts(x, params_rank) -> tuple:
     """(all-reduce or its sharded equivalent, reduce-scatter, all-gather) seconds of one rank's
     parameters: the dense ones over dp x cp sharded over the shard group, the routed experts over
     their expert data-parallel group (_reduction_seconds of each, summed: both reductions run in
     the same backward)."""
-    loc = x.local
+    loc, p = x.local, params_rank
+    dense_gemm = np.maximum(p.gemm - p.expert, 0.0)  # routed experts are all GEMM weights
     dense = _reduction_seconds(
-        x, params_rank.dense, x.grad_group, x.shard_group, loc["DC"], loc["S"], loc["R"]
+        x, p.dense, dense_gemm, x.grad_group, x.shard_group, loc["DC"], loc["S"], loc["R"]
     )
     expert = _reduction_seconds(
-        x, params_rank.expert, x.expert_dp, x.expert_shard_group, loc["ED"], loc["ES"], loc["ER"]
+        x, p.expert, p.expert, x.expert_dp, x.expert_shard_group, loc["ED"], loc["ES"], loc["ER"]
     )
     return tuple(d + e for d, e in zip(dense, expert))
 

@@ -34,7 +34,7 @@ from cost_models import blocks as B
 from cost_models import moe as MO
 from cost_models import params as P
 from cost_models.activations import kept_per_token
-from cost_models.comm import tp_overlapped
+from cost_models.comm import FP8_BYTES, tp_overlapped
 from cost_models.offload import host_memory_bytes_per_node, offloaded_share
 from cost_models.pipeline import inflight_microbatches, inflight_microbatches_last_stage
 from hardware_profiles.efficiency import efficiency
@@ -240,6 +240,21 @@ def userbuffer_bytes(software, spec, precision, *, micro_batch, seq, cp, tp, seq
     return np.where(on, tokens * spec.hidden * per_element, 0.0)
 
 
+def _fp8_weight_bytes(x, n_blocks, dp, param_bytes):
+    """What an FP8 recipe adds to (or, holding FP8 parameters, takes from) the rank's parameter
+    memory: the FP8 copies of every stored GEMM weight a stack keeps for the step
+    (frameworks: fp8_weight_cache_bytes; all its local experts included; sharded with the
+    parameters under ZeRO-3, FSDP keeping them per shard); with fp8_param_gather on such a stack,
+    each GEMM weight is an FP8 tensor that is one of those copies, its 16-bit parameter gone
+    (cost_models.step.Software.fp8_param_gather)."""
+    if x.precision != "fp8":
+        return 0.0
+    cache = x.sw.framework.fp8_weight_cache_bytes
+    fp8_params = x.sw.gathers_fp8(x.precision, x.zero) & (cache > 0)
+    held = np.where(fp8_params, cache - FP8_BYTES - (param_bytes - FP8_BYTES), cache)
+    return zero_sharded(n_blocks * MO.block_weights_on_rank(x) * held, dp, x.zero, 3)
+
+
 def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankMemory:
     """Peak of pipeline rank `rank` (0-based) holding `n_blocks` blocks (peak_bytes' three moments):
     model states by ZeRO stage (optimizer from 1, gradients from 2, parameters from 3 plus the block in
@@ -296,18 +311,9 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     gather_bytes = x.sw.state_bytes(
         x.precision
     ).gather  # FSDP gathers the 16-bit copy (param_dtype)
-    zero3_live = np.where(zero >= 3, zero3_live_params(x, n_blocks, dp, edp) * gather_bytes, 0.0)
-    # FP8 recipes that keep FP8 copies of the linear weights for the step (frameworks: fp8_weight_cache_bytes):
-    # every stored GEMM weight of the rank, all its local experts included; sharded with the parameters
-    # under ZeRO-3 (FSDP keeps them per shard)
-    fp8_copies = (
-        zero_sharded(
-            n_blocks * MO.block_weights_on_rank(x) * fw.fp8_weight_cache_bytes, dp, zero, 3
-        )
-        if x.precision == "fp8"
-        else 0.0
-    )
-    params_b = sharded(pb, 3) + zero3_live + fp8_copies
+    live_bytes = np.where(x.sw.gathers_fp8(x.precision, zero), FP8_BYTES, gather_bytes)
+    zero3_live = np.where(zero >= 3, zero3_live_params(x, n_blocks, dp, edp) * live_bytes, 0.0)
+    params_b = sharded(pb, 3) + zero3_live + _fp8_weight_bytes(x, n_blocks, dp, pb)
     grads_b = sharded(gb, 2)
     buckets = np.where(fw.grad_bucket_copy & (zero == 0) & (x.grad_group > 1), n_params * gb, 0.0)
     opt_b = np.where(x.is_offload("optimizer"), 0.0, sharded(ob, 1))

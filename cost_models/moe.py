@@ -268,6 +268,9 @@ class RankParams:
     """Everything but the routed experts, / tp (replicated over dp x cp)."""
     expert: np.ndarray
     """The routed experts of the rank's MoE blocks, / (ep x expert_tp) (replicated over expert_dp)."""
+    gemm: np.ndarray | float = 0.0
+    """Of both, the blocks' GEMM weights (block_weights_on_rank per block): what an FP8 recipe
+    runs in FP8; the rest (embedding, output layer, norms, biases) stays 16-bit."""
 
     @property
     def total(self):
@@ -278,6 +281,7 @@ class RankParams:
         return RankParams(
             dense=np.where(pick, other.dense, self.dense),
             expert=np.where(pick, other.expert, self.expert),
+            gemm=np.where(pick, other.gemm, self.gemm),
         )
 
 
@@ -287,7 +291,11 @@ def rank_params(x, n_blocks, is_first, is_last) -> RankParams:
     spec = x.spec
     everything = P.rank_params(spec, x.tp, n_blocks, is_first, is_last)
     routed = moe_blocks_on_rank(spec, n_blocks, is_first, is_last) * routed_expert_params(spec)
-    return RankParams(dense=everything - routed / x.tp, expert=routed / (x.ep * x.etp))
+    return RankParams(
+        dense=everything - routed / x.tp,
+        expert=routed / (x.ep * x.etp),
+        gemm=np.asarray(n_blocks, dtype=float) * block_weights_on_rank(x),
+    )
 
 
 def block_weights_on_rank(x):

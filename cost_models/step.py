@@ -120,6 +120,16 @@ class Software:
     cuda_graphs: bool = False
     """Each block's forward and backward captured as a CUDA graph (Megatron-Core's per-layer graphs,
     --enable-cuda-graph / cuda_graph_impl): one launch per pass on the host (cost_models.host)."""
+    fp8_param_gather: bool = False
+    """Under an FP8 recipe with ZeRO >= 1, the blocks' GEMM weights are all-gathered in FP8, one
+    byte each (Megatron-Core's --fp8-param-gather, which needs its distributed optimizer; the
+    framework's default unless a run says otherwise; torchtitan's float8
+    enable_fsdp_float8_all_gather before 0.3.0): cost_models.comm.dp_reduction_parts. A stack that keeps FP8
+    copies of the weights for the step (fp8_weight_cache_bytes > 0: Transformer Engine) then holds
+    each GEMM weight as an FP8 tensor instead of a 16-bit one beside its copies, one byte less for
+    the parameter and one for the copies (TE's Float8Tensor parameters under fp8_model_init, the
+    transpose still cached); a stack that casts on the fly keeps 16-bit shards and gathers FP8
+    (cost_models.memory.rank_memory)."""
     fp8_scaling: str = "tensorwise"
     """How an FP8 recipe scales GEMM operands (FP8_SCALINGS): one scale per tensor, or per row (torchao's
     rowwise recipe), whose backward needs every operand scaled along its other axis too (cost_models.compute.
@@ -140,6 +150,12 @@ class Software:
                 if f.name != "framework"
             },
         )
+
+    def gathers_fp8(self, precision: str, zero=1):
+        """Per ZeRO stage `zero` (an array over candidates), whether the GEMM weights are FP8
+        parameters gathered in FP8: fp8_param_gather under an FP8 recipe, with parameters
+        gathered at all (ZeRO >= 1: Megatron-LM asserts its distributed optimizer)."""
+        return self.fp8_param_gather & (precision == "fp8") & (np.asarray(zero) >= 1)
 
     @property
     def imbalance(self) -> float:

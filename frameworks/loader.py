@@ -120,6 +120,9 @@ FRAMEWORK_KEYS: dict[str, Field] = {
     ),
     "overlap_p2p": _optional("bool", False, "Interleaved pipeline sends run beside compute."),
     "cuda_graphs": _optional("bool", False, "Blocks run as captured CUDA graphs by default."),
+    "fp8_param_gather": _optional(
+        "bool", False, "FP8 recipes keep and gather the GEMM weights in FP8 by default (ZeRO >= 1)."
+    ),
     "pipeline_host_sync": _optional(
         "bool", False, "The host waits for the device before every pipeline operation."
     ),
@@ -243,6 +246,7 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         overlap_param_gather=data.get("overlap_param_gather", False),
         overlap_p2p=data.get("overlap_p2p", False),
         cuda_graphs=data.get("cuda_graphs", False),
+        fp8_param_gather=data.get("fp8_param_gather", False),
         pipeline_host_sync=data.get("pipeline_host_sync", False),
         moe_host_ops_per_layer=float(data.get("moe_host_ops_per_layer", 0.0)),
         shard_per_block=data.get("shard_per_block", False),

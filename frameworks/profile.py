@@ -258,6 +258,15 @@ class Capabilities:
         ),
         lacking="has no per-layer CUDA graph capture",
     )
+    fp8_param_gather: bool = capability(
+        False,
+        means=(
+            "Whether the stack can all-gather the GEMM weights in FP8 under an FP8 recipe "
+            "(Megatron-Core's --fp8-param-gather; torchtitan's float8 enable_fsdp_float8_all_gather "
+            "before 0.3.0; cost_models.step.Software.fp8_param_gather)."
+        ),
+        lacking="all-gathers its parameters in their 16-bit dtype",
+    )
     tp_comm_overlap: bool = capability(
         False,
         means=(
@@ -346,6 +355,10 @@ class FrameworkProfile:
     Megatron-LM's batched p2p calls torch.cuda.synchronize() (batch_p2p_sync), DeepSpeed's
     PipelineEngine reads each received activation's metadata on the host; torch.distributed.pipelining
     waits on its p2p work on the stream only (torchtitan)."""
+    fp8_param_gather: bool = False
+    """Under an FP8 recipe with ZeRO >= 1, the GEMM weights are FP8 parameters gathered in FP8 by
+    default (cost_models.step.Software.fp8_param_gather): every NeMo 2.0 and Megatron-Bridge FP8
+    recipe sets it; a run may say otherwise."""
     cuda_graphs: bool = False
     """Blocks captured as CUDA graphs by default (cost_models.host.block_host_parts): off in every
     shipped stack (Megatron-LM's --enable-cuda-graph is off unless asked)."""

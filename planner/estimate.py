@@ -310,6 +310,7 @@ def estimate(
     resolve_precision(hw, cfg.precision)
     check_master_weights(software, cfg.precision)
     _check_bf16_optimizer(software, cfg)
+    _check_fp8_param_gather(options, cfg)
     if check_framework:
         check_runnable(software.framework, cfg)
         check_model_runnable(software.framework, model, cfg)
@@ -356,6 +357,21 @@ def _resolve_inputs(
             f"the profile of the plan's framework ({cfg.framework})",
         )
     return model, hw
+
+
+def _check_fp8_param_gather(options: RunOptions, cfg: ParallelConfig) -> None:
+    """FP8 parameter all-gathers, asked for, need parameters gathered: ZeRO >= 1 (Megatron-LM
+    asserts --use-distributed-optimizer with --fp8-param-gather, arguments.py validate_args; a
+    framework's default applies only where they are, Software.gathers_fp8)."""
+    if options.fp8_param_gather and cfg.zero < 1:
+        raise ConfigError(
+            "zero",
+            cfg.zero,
+            "1 to 3 with fp8_param_gather",
+            message=f"fp8_param_gather gathers parameters in FP8, and zero={cfg.zero} gathers none "
+            "(Megatron-LM needs its distributed optimizer; allowed with fp8_param_gather: zero 1 "
+            "to 3)",
+        )
 
 
 def _check_bf16_optimizer(software, cfg: ParallelConfig) -> None:

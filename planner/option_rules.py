@@ -10,11 +10,12 @@ the resolved `precision`) are passed the same way."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
 from cost_models.step import FP8_SCALINGS
 from planner.errors import ConfigError
+from planner.run_options import RunOptions
 from frameworks import available_frameworks
 
 Options = Mapping[str, Any]
@@ -70,6 +71,21 @@ def _blank_framework(values: Options) -> bool:
     return isinstance(name, str) and name.strip() == ""  # '' ran as megatron, silently
 
 
+def _fp8_switch_rule(name: str) -> OptionRule:
+    """An FP8 recipe's switch (a RunOptions switch named fp8_*) is refused without FP8 training."""
+    flag = "--" + name.replace("_", "-")
+    return OptionRule(
+        (flag, "--precision"),
+        lambda v: "precision" in v and _given(v, name) and v.get("precision") != "fp8",
+        lambda v: f"{flag} only with --precision fp8 (a switch of the FP8 recipe)",
+    )
+
+
+FP8_SWITCHES = tuple(
+    f.name for f in fields(RunOptions) if f.name.startswith("fp8_") and f.type.startswith("bool")
+)
+"""The run options that switch something of an FP8 recipe (each refused without --precision fp8)."""
+
 RULES: tuple[OptionRule, ...] = (
     OptionRule(
         ("--fp8-scaling", "--precision"),
@@ -99,6 +115,7 @@ RULES: tuple[OptionRule, ...] = (
         _blank_framework,
         lambda v: "one of " + ", ".join(_framework_names()) + " (or a framework profile .json)",
     ),
+    *(_fp8_switch_rule(name) for name in FP8_SWITCHES),
     OptionRule(
         ("--objective", "--price-per-hour"),
         lambda v: (

@@ -78,6 +78,9 @@ class RunOptions:
     """Busiest rank's routed tokens over the mean (>= 1); None: cost_models.moe.DEFAULT_IMBALANCE."""
     moe_fp8_dispatch: bool = False
     """Tokens dispatched in FP8 under an FP8 recipe."""
+    fp8_param_gather: bool | None = None
+    """Under an FP8 recipe with ZeRO >= 1, GEMM weights kept and all-gathered in FP8
+    (Megatron-Core's --fp8-param-gather); None: the framework's default."""
 
     def __post_init__(self) -> None:
         if isinstance(self.recompute_modules, list):

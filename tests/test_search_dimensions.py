@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from typer.testing import CliRunner
 
+from cost_models import moe as MO
 from cost_models import params as P
 from frameworks import load_framework
 from hardware_profiles import load_profile
@@ -118,7 +119,10 @@ def test_fp8_never_holds_more_weights_than_bf16_plus_its_documented_copies(c):
     model, fw = MODELS[c["model"]], load_framework(c["framework"])
     fp8, bf16 = _score(c, precision="fp8"), _score(c, precision="amp-bf16")
     blocks = max(rank_blocks(even_stages(model.total_blocks, c["pp"]), c["pp"]))
-    copies = blocks * P.block_stored_matmul_weights(model) / c["tp"] * fw.fp8_weight_cache_bytes
+    # without expert parallelism (ep = expert_tp = 1) a rank stores every routed expert whole
+    routed = MO.routed_expert_weights(model) if model.moe is not None else 0.0
+    stored = (P.block_stored_matmul_weights(model) - routed) / c["tp"] + routed
+    copies = blocks * stored * fw.fp8_weight_cache_bytes
     assert float(fp8.params_bytes[0]) <= float(bf16.params_bytes[0]) + copies + 1.0
     if fw.fp8_weight_cache_bytes == 0:
         assert float(fp8.params_bytes[0]) == float(bf16.params_bytes[0])

@@ -171,6 +171,15 @@ Fp8ScalingOpt = Annotated[
         "tensorwise; default) or rowwise (torchao rowwise: every operand cast along both axes).",
     ),
 ]
+Fp8ParamGatherOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--fp8-param-gather/--no-fp8-param-gather",
+        help="With --precision fp8 and ZeRO >= 1, keep and all-gather the GEMM weights in FP8 "
+        "(Megatron-Core's --fp8-param-gather with its distributed optimizer; megatron only). "
+        "Default: the framework's (megatron: on, as NeMo's and Megatron-Bridge's FP8 recipes).",
+    ),
+]
 TpCommOverlapOpt = Annotated[
     Optional[bool],
     typer.Option(

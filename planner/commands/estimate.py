@@ -21,6 +21,7 @@ from planner.commands.common import (
     GlobalBatchOpt,
     GpusOpt,
     GradReduceOpt,
+    Fp8ParamGatherOpt,
     Fp8ScalingOpt,
     MasterWeightsOpt,
     KernelsOpt,
@@ -203,6 +204,7 @@ def estimate(
     dropout: DropoutOpt = None,
     grad_reduce_dtype: GradReduceOpt = None,
     fp8_scaling: Fp8ScalingOpt = None,
+    fp8_param_gather: Fp8ParamGatherOpt = None,
     master_weights: MasterWeightsOpt = None,
     kernels: KernelsOpt = None,
     stages: StagesOpt = None,
@@ -223,13 +225,7 @@ def estimate(
     """Predict step time and peak memory of one parallel configuration."""
     options = run_options_of(locals())  # first: locals() are the parameters alone
 
-    check_options(
-        precision=precision,
-        fp8_scaling=fp8_scaling,
-        recompute=recompute,
-        recompute_modules=recompute_modules,
-        framework=framework,
-    )
+    check_options(**options.chosen(), precision=precision, recompute=recompute, framework=framework)
     hw = load_profile(hardware)
     n = world_size(hw, gpus, nodes)
     spec = resolve_model(model, seq=seq)

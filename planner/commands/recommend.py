@@ -33,6 +33,7 @@ from planner.commands.common import (
     ActivationFp8InputOpt,
     LossOpt,
     RecomputeModulesOpt,
+    Fp8ParamGatherOpt,
     Fp8ScalingOpt,
     MoeDispatcherOpt,
     MoeA2aOverlapOpt,
@@ -285,6 +286,7 @@ def recommend(
     activation_fp8_input: ActivationFp8InputOpt = False,
     loss: LossOpt = None,
     fp8_scaling: Fp8ScalingOpt = None,
+    fp8_param_gather: Fp8ParamGatherOpt = None,
     moe_dispatcher: MoeDispatcherOpt = None,
     moe_a2a_overlap: MoeA2aOverlapOpt = None,
     moe_imbalance: MoeImbalanceOpt = None,
@@ -300,9 +302,8 @@ def recommend(
 
     profile = load_profile(hardware)
     check_options(
+        **options.chosen(),
         precision=precision,
-        fp8_scaling=fp8_scaling,
-        recompute_modules=recompute_modules,
         framework=framework,
         objective=objective,
         hardware=hardware,

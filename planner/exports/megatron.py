@@ -334,8 +334,8 @@ def _precision_args(plan: Plan, add: _AddArg, notes: list[str]) -> None:
     if cfg.precision == "fp8":
         add("--fp8-format", "hybrid")
         add("--fp8-recipe", "tensorwise")
-        # FP8 primary weights, no FP8 copies beside bf16 ones (what the plan's memory assumes)
-        add("--fp8-param-gather")
+        if (plan.document.get("software") or {}).get("fp8_param_gather") and cfg.zero >= 1:
+            add("--fp8-param-gather")  # FP8 parameters, gathered in FP8 (Software.fp8_param_gather)
         notes.append(
             "fp8 needs Transformer Engine (--transformer-impl transformer_engine, the default)"
         )

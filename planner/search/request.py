@@ -244,7 +244,9 @@ def prepare(model, hardware, request: SearchRequest) -> Setup:
     precision = _checked_stack(model, hardware, software, options, r)
     seq = r.seq or model.seq
     check_space(r.space, model, software.framework, world=world, seq=seq)
-    space, held = narrowed(r.space.for_framework(software.framework, model), software, model)
+    space, held = narrowed(
+        r.space.for_framework(software.framework, model), software, model, options
+    )
     global_batch = r.global_batch or default_global_batch(world, seq, model_params(model))
     price = _price_per_hour(hardware, n_nodes, r.spot, r.price_per_hour)
     # the one rule (planner.option_rules), for the Python API as for the commands

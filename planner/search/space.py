@@ -14,6 +14,7 @@ from cost_models.step import Step
 from frameworks.rules import check_model_runnable, mtp_without_pp_or_cp
 from planner.candidates import SearchSpace, config_of_row, cp_comm_allowed
 from planner.errors import ConfigError
+from planner.run_options import RunOptions
 from planner.parallel import (
     CP_COMMS,
     ParallelConfig,
@@ -102,10 +103,13 @@ class Workload:
         return config_of(arrays, i, **self.config_kw())
 
 
-def narrowed(space: SearchSpace, software, model) -> tuple[SearchSpace, dict[str, str]]:
+def narrowed(
+    space: SearchSpace, software, model, options: RunOptions = RunOptions()
+) -> tuple[SearchSpace, dict[str, str]]:
     """The space the run options let the stack run, and the knobs they hold out, each with the option
     that holds it (what no_fit_error names). With `bf16_optimizer` only ZeRO-1 without optimizer
-    offload (what DeepSpeed's BF16_Optimizer runs); with the MoE exchange overlap only plans
+    offload (what DeepSpeed's BF16_Optimizer runs); with fp8_param_gather asked for only ZeRO >= 1
+    (parameters gathered at all); with the MoE exchange overlap only plans
     Megatron-Core runs it with: interleaved stages when pipelined, no full recomputation."""
     if software.bf16_optimizer:  # BF16_Optimizer shards like ZeRO-1 and runs its step on the device
         space = replace(
@@ -115,6 +119,13 @@ def narrowed(space: SearchSpace, software, model) -> tuple[SearchSpace, dict[str
             offload=tuple(o for o in space.offload if not offloads(o, "optimizer")),
         )
     held = {}
+    if options.fp8_param_gather:  # Megatron-LM asserts its distributed optimizer (ZeRO >= 1)
+        space = replace(
+            space,
+            zero=tuple(z for z in space.zero if z >= 1),
+            zero_with_pp=tuple(z for z in space.zero_with_pp if z >= 1),
+        )
+        held["ZeRO-0"] = "fp8_param_gather"
     if software.moe_a2a_overlap and model.moe is not None:
         # only plans frameworks.rules.a2a_overlap_conflict lets the overlap run on: interleaved stages when
         # pipelined, no full recomputation
