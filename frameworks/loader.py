@@ -185,8 +185,6 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
     """Validate a decoded framework profile (FRAMEWORK_KEYS, the capabilities' rules, a state-bytes
     entry per allowed precision, a source per value) and build the record."""
     check_document(data, FRAMEWORK_KEYS, origin, WHAT)
-    reruns, frag = data["zero_bubble_forward_reruns"], data["allocator_overhead_fraction"]
-    ce, live = data["compute_efficiency"], data.get("zero3_max_live_params")
     states = {
         precision: StateBytes(**{k: float(v) for k, v in block.items()})
         for precision, block in data["state_bytes"].items()
@@ -217,42 +215,24 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
             f"an entry for every allowed precision ({', '.join(caps.precisions)})",
         )
     check_sources(data, FRAMEWORK_KEYS, origin, WHAT, nulls=True)
-    sources = data["sources"]
+    plain = {
+        name: _plain_value(declared, data.get(name, declared.default))
+        for name, declared in FRAMEWORK_KEYS.items()
+        if name not in _BUILT_APART
+    }
     return FrameworkProfile(
-        name=data["name"],
-        description=data["description"],
-        kernels=data["kernels"],
-        attention=data["attention"],
-        loss=data["loss"],
-        state_bytes=states,
-        grads_persist=data["grads_persist"],
-        grad_bucket_copy=data["grad_bucket_copy"],
-        autocast_weight_cache=data["autocast_weight_cache"],
-        overlap_grad_reduce=data["overlap_grad_reduce"],
-        pp_scatter_gather=data["pp_scatter_gather"],
-        zero_bubble_forward_reruns=float(reruns),
-        allocator_overhead_fraction=float(frag),
-        expandable_segments=data["expandable_segments"],
-        compute_efficiency=float(ce),
-        tp_comm_overlap=data["tp_comm_overlap"],
-        selective_recompute=data["selective_recompute"],
-        fp8_cast_bytes_per_element=float(data["fp8_cast_bytes_per_element"]),
-        fp8_weight_cache_bytes=float(data["fp8_weight_cache_bytes"]),
-        capabilities=caps,
-        sources=dict(sources),
-        moe_dispatcher=data.get("moe_dispatcher", MOE_DISPATCHERS[0]),
-        moe_a2a_overlap=data.get("moe_a2a_overlap", False),
-        moe_host_sync=data.get("moe_host_sync", False),
-        overlap_param_gather=data.get("overlap_param_gather", False),
-        overlap_p2p=data.get("overlap_p2p", False),
-        cuda_graphs=data.get("cuda_graphs", False),
-        fp8_param_gather=data.get("fp8_param_gather", False),
-        pipeline_host_sync=data.get("pipeline_host_sync", False),
-        moe_host_ops_per_layer=float(data.get("moe_host_ops_per_layer", 0.0)),
-        shard_per_block=data.get("shard_per_block", False),
-        zero3_max_live_params=None if live is None else float(live),
-        experts_follow_tp_without_ep=data.get("experts_follow_tp_without_ep", False),
+        **plain, state_bytes=states, capabilities=caps, sources=dict(data["sources"])
     )
+
+
+_BUILT_APART = ("schema_version", "state_bytes", "capabilities", "sources")
+"""FRAMEWORK_KEYS that are not a plain FrameworkProfile value (every other key is one, by the same
+name: a new key is declared in FRAMEWORK_KEYS and frameworks.profile.FrameworkProfile only)."""
+
+
+def _plain_value(declared, value):
+    """A key's value as the record holds it: JSON numbers as floats."""
+    return float(value) if declared.kind == "number" and value is not None else value
 
 
 def _capabilities(block: dict, origin: str) -> Capabilities:
