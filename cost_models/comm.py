@@ -438,9 +438,8 @@ def dp_reduction_parts(x, params_rank) -> tuple:
     their expert data-parallel group (_reduction_seconds of each, summed: both reductions run in
     the same backward)."""
     loc, p = x.local, params_rank
-    dense_gemm = np.maximum(p.gemm - p.expert, 0.0)  # routed experts are all GEMM weights
     dense = _reduction_seconds(
-        x, p.dense, dense_gemm, x.grad_group, x.shard_group, loc["DC"], loc["S"], loc["R"]
+        x, p.dense, p.dense_gemm, x.grad_group, x.shard_group, loc["DC"], loc["S"], loc["R"]
     )
     expert = _reduction_seconds(
         x, p.expert, p.expert, x.expert_dp, x.expert_shard_group, loc["ED"], loc["ES"], loc["ER"]

@@ -240,11 +240,13 @@ def userbuffer_bytes(software, spec, precision, *, micro_batch, seq, cp, tp, seq
     return np.where(on, tokens * spec.hidden * per_element, 0.0)
 
 
-def _fp8_weight_bytes(x, n_blocks, dp, param_bytes):
+def _fp8_weight_bytes(x, split, dp, edp, param_bytes):
     """What an FP8 recipe adds to (or, holding FP8 parameters, takes from) the rank's parameter
-    memory: the FP8 copies of every stored GEMM weight a stack keeps for the step
-    (frameworks: fp8_weight_cache_bytes; all its local experts included; sharded with the
-    parameters under ZeRO-3, FSDP keeping them per shard); with fp8_param_gather on such a stack,
+    memory: the FP8 copies of every GEMM weight the rank stores (`split`: cost_models.moe.
+    RankParams, less what stays 16-bit) a stack keeps for the step (frameworks:
+    fp8_weight_cache_bytes; all its local experts included; sharded with the parameters under
+    ZeRO-3, FSDP keeping them per shard, the experts over their own group); with
+    fp8_param_gather on such a stack,
     each GEMM weight is an FP8 tensor that is one of those copies, its 16-bit parameter gone
     (cost_models.step.Software.fp8_param_gather)."""
     if x.precision != "fp8":
@@ -252,7 +254,8 @@ def _fp8_weight_bytes(x, n_blocks, dp, param_bytes):
     cache = x.sw.framework.fp8_weight_cache_bytes
     fp8_params = x.sw.gathers_fp8(x.precision, x.zero) & (cache > 0)
     held = np.where(fp8_params, cache - FP8_BYTES - (param_bytes - FP8_BYTES), cache)
-    return zero_sharded(n_blocks * MO.block_weights_on_rank(x) * held, dp, x.zero, 3)
+    dense = zero_sharded(split.dense_gemm * held, dp, x.zero, 3)
+    return dense + zero_sharded(split.expert * held, edp, x.zero, 3)
 
 
 def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankMemory:
@@ -313,7 +316,7 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     ).gather  # FSDP gathers the 16-bit copy (param_dtype)
     live_bytes = np.where(x.sw.gathers_fp8(x.precision, zero), FP8_BYTES, gather_bytes)
     zero3_live = np.where(zero >= 3, zero3_live_params(x, n_blocks, dp, edp) * live_bytes, 0.0)
-    params_b = sharded(pb, 3) + zero3_live + _fp8_weight_bytes(x, n_blocks, dp, pb)
+    params_b = sharded(pb, 3) + zero3_live + _fp8_weight_bytes(x, split, dp, edp, pb)
     grads_b = sharded(gb, 2)
     buckets = np.where(fw.grad_bucket_copy & (zero == 0) & (x.grad_group > 1), n_params * gb, 0.0)
     opt_b = np.where(x.is_offload("optimizer"), 0.0, sharded(ob, 1))

@@ -268,9 +268,15 @@ class RankParams:
     """Everything but the routed experts, / tp (replicated over dp x cp)."""
     expert: np.ndarray
     """The routed experts of the rank's MoE blocks, / (ep x expert_tp) (replicated over expert_dp)."""
-    gemm: np.ndarray | float = 0.0
-    """Of both, the blocks' GEMM weights (block_weights_on_rank per block): what an FP8 recipe
-    runs in FP8; the rest (embedding, output layer, norms, biases) stays 16-bit."""
+    sixteen_bit: np.ndarray | float = 0.0
+    """Of `dense`, what is not a GEMM weight: the embedding, final norm and head
+    (cost_models.params.edge_params) and the blocks' norms and biases: what an FP8 recipe keeps
+    in 16 bits; the rest, with every routed expert, are its FP8 GEMM weights."""
+
+    @property
+    def dense_gemm(self):
+        """The dense set's GEMM weights (`dense` less `sixteen_bit`)."""
+        return self.dense - self.sixteen_bit
 
     @property
     def total(self):
@@ -281,7 +287,7 @@ class RankParams:
         return RankParams(
             dense=np.where(pick, other.dense, self.dense),
             expert=np.where(pick, other.expert, self.expert),
-            gemm=np.where(pick, other.gemm, self.gemm),
+            sixteen_bit=np.where(pick, other.sixteen_bit, self.sixteen_bit),
         )
 
 
@@ -294,8 +300,14 @@ def rank_params(x, n_blocks, is_first, is_last) -> RankParams:
     return RankParams(
         dense=everything - routed / x.tp,
         expert=routed / (x.ep * x.etp),
-        gemm=np.asarray(n_blocks, dtype=float) * block_weights_on_rank(x),
+        sixteen_bit=P.edge_params(spec, x.tp, is_first, is_last)
+        + np.asarray(n_blocks, dtype=float) * _block_small_params(spec) / x.tp,
     )
+
+
+def _block_small_params(spec) -> float:
+    """A block's parameters that are not GEMM weights: its norms and biases."""
+    return float(P.block_params(spec) - P.block_stored_matmul_weights(spec))
 
 
 def block_weights_on_rank(x):

@@ -361,7 +361,6 @@ def rank_params(spec: TransformerSpec, tp, n_blocks, is_first, is_last):
     broadcast."""
     import numpy as np
 
-    tied_copy = spec.vocab * spec.hidden if spec.tied_embeddings else 0
     dense = np.where(is_first, np.minimum(dense_prefix_blocks(spec), n_blocks), 0.0)
     prefix = (
         dense * (dense_prefix_params(spec) - block_params(spec))
@@ -371,7 +370,26 @@ def rank_params(spec: TransformerSpec, tp, n_blocks, is_first, is_last):
     return (
         n_blocks * block_params(spec)
         + prefix
-        + np.where(is_first, embedding_params(spec), 0.0)
-        + np.where(is_last, head_params(spec) + final_norm_params(spec) + mtp_params(spec), 0.0)
-        + np.where(is_last & ~np.asarray(is_first), tied_copy, 0.0)
+        + np.where(is_last, mtp_params(spec), 0.0)
+        + _edge_params(spec, is_first, is_last)
     ) / np.asarray(tp, dtype=float)
+
+
+def edge_params(spec: TransformerSpec, tp, is_first, is_last):
+    """Of rank_params, what lies outside the blocks and MTP modules: the embedding on the first
+    rank, the final norm and head on the last, a tied embedding's second copy; / tp. FP8 recipes
+    keep these in 16 bits (cost_models.comm._gathered_bytes)."""
+    import numpy as np
+
+    return _edge_params(spec, is_first, is_last) / np.asarray(tp, dtype=float)
+
+
+def _edge_params(spec: TransformerSpec, is_first, is_last):
+    import numpy as np
+
+    tied_copy = spec.vocab * spec.hidden if spec.tied_embeddings else 0
+    return (
+        np.where(is_first, embedding_params(spec), 0.0)
+        + np.where(is_last, head_params(spec) + final_norm_params(spec), 0.0)
+        + np.where(is_last & ~np.asarray(is_first), tied_copy, 0.0)
+    )

@@ -363,6 +363,14 @@ def _check_fp8_param_gather(options: RunOptions, cfg: ParallelConfig) -> None:
     """FP8 parameter all-gathers, asked for, need parameters gathered: ZeRO >= 1 (Megatron-LM
     asserts --use-distributed-optimizer with --fp8-param-gather, arguments.py validate_args; a
     framework's default applies only where they are, Software.gathers_fp8)."""
+    if options.fp8_param_gather and cfg.precision != "fp8":
+        raise ConfigError(
+            "fp8_param_gather",
+            True,
+            "false unless precision fp8",
+            message=f"fp8_param_gather is a switch of the FP8 recipe: precision={cfg.precision} "
+            "(allowed: fp8_param_gather with precision fp8 only)",
+        )
     if options.fp8_param_gather and cfg.zero < 1:
         raise ConfigError(
             "zero",

@@ -523,3 +523,21 @@ def test_every_note_is_in_the_exported_file_not_only_on_stderr(fmt):
         assert in_file == list(exp.notes), variant
         checked += bool(exp.notes)
     assert checked >= 1
+
+
+def test_retarget_drops_a_module_swap_and_torch_compile_for_another_stack():
+    """torch.compile and a swap of the stack's modules belong to the plan's own stack: a
+    torchtitan plan with both is re-estimated on fsdp as fsdp runs (its own modules, eager), each
+    dropped with a note; the run options reader still carries both on torchtitan itself."""
+    from planner.catalog import get
+    from planner.estimate import estimate
+    from planner.plan import run_options
+
+    over = {"zero": 3, "tp": 1, "dp": 8, "sequence_parallel": False, "recompute": "full"}
+    plan = _estimated_plan("torchtitan", over, compile=True, kernels="fused")
+    assert run_options(plan.document).chosen().keys() >= {"compile", "kernels"}
+    moved, notes = retarget(plan, "fsdp")
+    assert "compile dropped" in notes[0] and "kernels dropped" in notes[0]
+    plain = estimate(get("llama3-8b"), "p5.48xlarge", moved.config, gpus=8)
+    assert moved.document["prediction"]["step_time_s"] == plain.step_time_s
+    assert moved.document["software"]["compile"] is False

@@ -10,7 +10,10 @@ from typer.testing import CliRunner
 
 from cost_models import comm as C
 from cost_models import moe as MO
+from frameworks.loader import FRAMEWORK_DIR as FRAMEWORKS
+from frameworks.loader import framework_from_dict
 from planner.cli import app
+from planner.errors import ConfigError
 from planner.estimate import estimate
 from planner.exports import export_plan
 from planner.parallel import ParallelConfig
@@ -23,7 +26,8 @@ SPEC = resolve_model("llama3-8b")
 
 # Llama 3 8B (Meta's config.json: hidden 4096, 32 heads of 128, 8 KV heads, FFN 14336, 32 layers,
 # vocabulary 128256, untied): per block q and o 4096 x 4096, k and v 4096 x 1024, gate, up and
-# down 4096 x 14336; the rest is the two embedding tables and 65 RMSNorm weights of 4096.
+# down 4096 x 14336, and two RMSNorm weights of 4096; outside the blocks the two embedding tables
+# and the final norm. The GEMM weights go FP8, the norms and embeddings stay 16-bit.
 GEMM_WEIGHTS = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
 OTHER_PARAMS = 2 * 128256 * 4096 + 65 * 4096
 
@@ -40,10 +44,10 @@ def test_the_model_has_the_weights_counted_here():
     assert GEMM_WEIGHTS + OTHER_PARAMS == 8_030_261_248  # Meta's published count
 
 
-def test_a_rank_holds_the_blocks_gemm_weights():
+def test_a_rank_holds_the_gemm_weights_and_the_rest():
     step = run(True).scores.step
     params = MO.rank_params(step, step.blocks_most, True, True)
-    assert float(params.gemm[0]) == GEMM_WEIGHTS
+    assert float(params.sixteen_bit[0]) == OTHER_PARAMS
     assert float(params.total[0]) == GEMM_WEIGHTS + OTHER_PARAMS
 
 
@@ -51,7 +55,7 @@ def test_the_gemm_weights_are_gathered_in_one_byte_the_rest_in_two():
     for on, expected in ((True, GEMM_WEIGHTS + 2 * OTHER_PARAMS), (False, 2 * (8_030_261_248))):
         step = run(on).scores.step
         params = MO.rank_params(step, step.blocks_most, True, True)
-        gathered = C._gathered_bytes(step, params.total, params.gemm, 2.0)
+        gathered = C._gathered_bytes(step, params.total, params.dense_gemm + params.expert, 2.0)
         assert float(gathered[0]) == expected
 
 
@@ -152,3 +156,22 @@ def test_without_the_distributed_optimizer_megatron_keeps_bf16_weights_and_fp8_c
         "--fp8-param-gather"
         not in export_plan(plan_from_document(plain.to_document()), "megatron").text
     )
+
+
+def test_a_plan_file_without_the_key_exports_its_stacks_default():
+    document = run(None).to_document()
+    del document["software"]["fp8_param_gather"]  # a plan written before the option
+    assert "--fp8-param-gather" in export_plan(plan_from_document(document), "megatron").text
+
+
+def test_the_python_api_refuses_it_without_fp8():
+    cfg = ParallelConfig(dp=8, tp=1, pp=1, micro_batch=1, global_batch=64, seq=8192, zero=1)
+    with pytest.raises(ConfigError, match="precision=amp-bf16"):
+        estimate(SPEC, "p5.48xlarge", cfg, gpus=8, options=RunOptions(fp8_param_gather=True))
+
+
+def test_a_default_the_stack_cannot_run_is_refused_in_its_profile():
+    document = json.loads((FRAMEWORKS / "torchtitan.json").read_text())
+    document["fp8_param_gather"] = True
+    with pytest.raises(ConfigError, match="fp8_param_gather=True is invalid"):
+        framework_from_dict(document, origin="torchtitan.json")

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Callable
 
 from cost_models.comm import tp_overlapped
-from cost_models.step import BF16_PARAM_PRECISIONS
+from cost_models.step import BF16_PARAM_PRECISIONS, Software
+from frameworks import load_framework
 from planner.exports.common import (
     Export,
     cannot,
@@ -24,7 +25,7 @@ from planner.exports.common import (
     steps_between_checkpoints,
 )
 from planner.exports.limits import _bias_pattern, megatron_limits
-from planner.plan import Plan
+from planner.plan import Plan, run_options
 
 MEGATRON_CP_COMM = {"p2p": "p2p", "all_gather": "allgather", "a2a": "a2a"}
 """Planner cp_comm -> Megatron-LM --cp-comm-type."""
@@ -334,7 +335,7 @@ def _precision_args(plan: Plan, add: _AddArg, notes: list[str]) -> None:
     if cfg.precision == "fp8":
         add("--fp8-format", "hybrid")
         add("--fp8-recipe", "tensorwise")
-        if (plan.document.get("software") or {}).get("fp8_param_gather") and cfg.zero >= 1:
+        if _fp8_parameters(plan):
             add("--fp8-param-gather")  # FP8 parameters, gathered in FP8 (Software.fp8_param_gather)
         notes.append(
             "fp8 needs Transformer Engine (--transformer-impl transformer_engine, the default)"
@@ -436,3 +437,12 @@ def _tp_overlap_args(plan, add) -> list[str]:
         "tp_comm_overlap left out: it overlaps the sequence-parallel collectives of tp > 1 "
         "(Megatron-LM asserts --sequence-parallel with --tp-comm-overlap); the plan has none"
     ]
+
+
+def _fp8_parameters(plan: Plan) -> bool:
+    """The plan's GEMM weights are FP8 parameters gathered in FP8: its run options with the
+    framework's defaults (a plan file from before the option has megatron's), under FP8 with
+    ZeRO >= 1 (cost_models.step.Software.gathers_fp8)."""
+    cfg = plan.config
+    software = Software.of(load_framework(cfg.framework), run_options(plan.document))
+    return bool(software.gathers_fp8(cfg.precision, cfg.zero))

@@ -31,6 +31,14 @@ FORMAT_FRAMEWORK = {
 """Export formats that are one of the costed frameworks (the SageMaker formats are AWS's own stack)."""
 
 
+_THE_SOURCE_STACKS_OWN = {
+    "kernels": "a swap of the stack's modules for another's, made",
+    "compile": "torch.compile on the blocks, which the other stacks' exports do not switch on,",
+}
+"""Run options a plan keeps on its own stack only: another stack runs its own modules as its own
+export launches them."""
+
+
 def substitutions(
     cfg: ParallelConfig, target: FrameworkProfile
 ) -> tuple[ParallelConfig, list[str]]:
@@ -108,6 +116,10 @@ def retarget(plan, fmt: str):
     est = None
     if spec is not None:
         options = run_options(plan.document)
+        for option, why in _THE_SOURCE_STACKS_OWN.items():
+            if option in options.chosen():
+                changes.append(f"{option} dropped ({why} on {plan.config.framework})")
+                options = options.without(option)
         while True:
             try:
                 est = estimate(spec, plan.hardware_name, new_cfg, gpus=plan.gpus, options=options)

@@ -251,7 +251,12 @@ def prepare(model, hardware, request: SearchRequest) -> Setup:
     price = _price_per_hour(hardware, n_nodes, r.spot, r.price_per_hour)
     # the one rule (planner.option_rules), for the Python API as for the commands
     check_options(
-        objective=r.objective, hardware=hardware.name, price=price, price_per_hour=r.price_per_hour
+        **options.chosen(),
+        precision=precision,
+        objective=r.objective,
+        hardware=hardware.name,
+        price=price,
+        price_per_hour=r.price_per_hour,
     )
     workload = Workload(
         world_size=world,
