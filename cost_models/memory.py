@@ -253,7 +253,8 @@ def _fp8_weight_bytes(x, split, dp, edp, param_bytes):
         return 0.0
     cache = x.sw.framework.fp8_weight_cache_bytes
     fp8_params = x.sw.gathers_fp8(x.precision, x.zero) & (cache > 0)
-    held = np.where(fp8_params, cache - FP8_BYTES - (param_bytes - FP8_BYTES), cache)
+    # the 16-bit parameter and the copies become one FP8 tensor and its transpose: cache - param
+    held = np.where(fp8_params, cache - param_bytes, cache)
     dense = zero_sharded(split.dense_gemm * held, dp, x.zero, 3)
     return dense + zero_sharded(split.expert * held, edp, x.zero, 3)
 

@@ -301,13 +301,8 @@ def rank_params(x, n_blocks, is_first, is_last) -> RankParams:
         dense=everything - routed / x.tp,
         expert=routed / (x.ep * x.etp),
         sixteen_bit=P.edge_params(spec, x.tp, is_first, is_last)
-        + np.asarray(n_blocks, dtype=float) * _block_small_params(spec) / x.tp,
+        + np.asarray(n_blocks, dtype=float) * P.block_small_params(spec) / x.tp,
     )
-
-
-def _block_small_params(spec) -> float:
-    """A block's parameters that are not GEMM weights: its norms and biases."""
-    return float(P.block_params(spec) - P.block_stored_matmul_weights(spec))
 
 
 def block_weights_on_rank(x):

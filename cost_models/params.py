@@ -306,6 +306,12 @@ def block_stored_matmul_weights(spec: TransformerSpec) -> int:
     return attention_weight_params(spec) + mlp_weight_params(spec) + cross
 
 
+def block_small_params(spec: TransformerSpec) -> int:
+    """A block's parameters that are not GEMM weights (block_params less
+    block_stored_matmul_weights): its norms and biases."""
+    return block_params(spec) - block_stored_matmul_weights(spec)
+
+
 def encoder_block_matmul_weights(spec: TransformerSpec) -> int:
     """GEMM weights of one encoder block (0 for decoder-only models)."""
     return (attention_weight_params(spec) + mlp_weight_params(spec)) if spec.encoder_layers else 0

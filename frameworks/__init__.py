@@ -22,6 +22,7 @@ from frameworks.profile import (
     KERNELS,
     LOSS_KERNELS,
     MOE_DISPATCHERS,
+    SWITCHES_A_STACK_MAY_LACK,
     Capabilities,
     FrameworkProfile,
     StateBytes,
@@ -37,4 +38,5 @@ __all__ = [
     "ATTENTION_KERNELS",
     "LOSS_KERNELS",
     "MOE_DISPATCHERS",
+    "SWITCHES_A_STACK_MAY_LACK",
 ]

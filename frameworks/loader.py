@@ -19,6 +19,7 @@ from frameworks.profile import (
     KERNELS,
     LOSS_KERNELS,
     MOE_DISPATCHERS,
+    SWITCHES_A_STACK_MAY_LACK,
     Capabilities,
     FrameworkProfile,
     StateBytes,
@@ -206,7 +207,7 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         )
     if data.get("moe_a2a_overlap", False) and not caps.moe_a2a_overlap:
         _fail(origin, "moe_a2a_overlap", True, "false unless capabilities.moe_a2a_overlap")
-    for switch in _SWITCHES_WITH_A_CAPABILITY:
+    for switch in SWITCHES_A_STACK_MAY_LACK:  # a default on only where the stack has it
         if data.get(switch, False) and not getattr(caps, switch):
             _fail(origin, switch, True, f"false unless capabilities.{switch}")
     missing = sorted(set(caps.precisions) - set(states))
@@ -236,15 +237,6 @@ name: a new key is declared in FRAMEWORK_KEYS and frameworks.profile.FrameworkPr
 def _plain_value(declared, value):
     """A key's value as the record holds it: JSON numbers as floats."""
     return float(value) if declared.kind == "number" and value is not None else value
-
-
-_SWITCHES_WITH_A_CAPABILITY = tuple(
-    declared.name
-    for declared in fields(Capabilities)
-    if declared.metadata["lacking"] and declared.name in FRAMEWORK_KEYS
-)
-"""Defaults that switch on what a stack may lack (frameworks.profile.capability's `lacking`): on
-by default only where the capability says the stack has it."""
 
 
 def _capabilities(block: dict, origin: str) -> Capabilities:

@@ -425,6 +425,16 @@ def _capability_field(declared) -> Field:
     )
 
 
+SWITCHES_A_STACK_MAY_LACK: dict[str, str] = {
+    declared.name: declared.metadata["lacking"]
+    for declared in fields(Capabilities)
+    if declared.metadata["lacking"]
+}
+"""Run options that are switches a stack runs only where its capability of the same name says
+so, with what a stack without it does instead (`capability`'s `lacking`): planner.software
+refuses them there, frameworks/loader.py refuses a profile that defaults one on."""
+
+
 CAPABILITY_FIELDS = {
     declared.name: _capability_field(declared) for declared in fields(Capabilities)
 }

@@ -20,6 +20,7 @@ from frameworks.rules import check_model_runnable, check_moe_runnable, check_run
 from cost_models.compute import peak_flops
 from hardware_profiles import HardwareProfile, load_profile
 from planner.errors import ConfigError
+from planner.option_rules import check_options
 from cost_models.compute import resolve_precision
 from planner.parallel import CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig
 from planner.placement import placement_index
@@ -305,6 +306,8 @@ def estimate(
     )
     check_activation_fp8_input(software, model)
     check_moe_options(model, cfg.precision, options)
+    # the one rule (planner.option_rules), for the Python API as for the commands
+    check_options(**options.chosen(), precision=cfg.precision)
     cfg.check_world_size(gpus)
     cfg.check_against(model, cfg.seq)
     resolve_precision(hw, cfg.precision)
@@ -363,14 +366,6 @@ def _check_fp8_param_gather(options: RunOptions, cfg: ParallelConfig) -> None:
     """FP8 parameter all-gathers, asked for, need parameters gathered: ZeRO >= 1 (Megatron-LM
     asserts --use-distributed-optimizer with --fp8-param-gather, arguments.py validate_args; a
     framework's default applies only where they are, Software.gathers_fp8)."""
-    if options.fp8_param_gather and cfg.precision != "fp8":
-        raise ConfigError(
-            "fp8_param_gather",
-            True,
-            "false unless precision fp8",
-            message=f"fp8_param_gather is a switch of the FP8 recipe: precision={cfg.precision} "
-            "(allowed: fp8_param_gather with precision fp8 only)",
-        )
     if options.fp8_param_gather and cfg.zero < 1:
         raise ConfigError(
             "zero",

@@ -7,14 +7,14 @@ software here.
 from __future__ import annotations
 
 import math
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from cost_models.blocks import RECOMPUTE_MODULES
 from cost_models.comm import tp_overlapped
 from cost_models.step import BF16_PARAM_PRECISIONS, FP8_SCALINGS, MASTER_WEIGHTS, Software
 from frameworks import (
     ATTENTION_KERNELS,
-    Capabilities,
+    SWITCHES_A_STACK_MAY_LACK,
     KERNELS,
     LOSS_KERNELS,
     MOE_DISPATCHERS,
@@ -174,7 +174,7 @@ def _check_runnable_options(fw: FrameworkProfile, o: RunOptions) -> None:
             message=f"framework {fw.name} cannot run this plan: master_weights=remainder: "
             f"{fw.name} keeps full fp32 master weights (allowed: fp32)",
         )
-    for option, lacking in switches_a_stack_may_lack().items():
+    for option, lacking in SWITCHES_A_STACK_MAY_LACK.items():
         if getattr(o, option) and not getattr(fw.capabilities, option):
             raise ConfigError(
                 option,
@@ -194,16 +194,6 @@ def _check_runnable_options(fw: FrameworkProfile, o: RunOptions) -> None:
             f"{fw.kernels} MLP keeps the activation input in the compute dtype "
             "(Megatron-Core's fused SwiGLU stores it in FP8; allowed: false)",
         )
-
-
-def switches_a_stack_may_lack() -> dict[str, str]:
-    """Run options that are switches a stack runs only where its capability of the same name says
-    so, with what a stack without it does instead (frameworks.profile.capability's `lacking`)."""
-    return {
-        declared.name: declared.metadata["lacking"]
-        for declared in fields(Capabilities)
-        if declared.metadata["lacking"]
-    }
 
 
 def check_activation_fp8_input(software: Software, model: TransformerSpec) -> None:

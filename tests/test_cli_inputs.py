@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.cli import app
+from tests.fixtures.cli import one_line
 
 runner = CliRunner()
 TESTS = Path(__file__).parent
@@ -25,17 +26,6 @@ def _strict(text: str):
     return json.loads(
         text, parse_constant=lambda name: pytest.fail(f"{name} in strict JSON output")
     )
-
-
-def one_line(result, *needles: str) -> str:
-    """The single stderr line of a bad-input failure (exit 2), checked for `needles`; stdout empty."""
-    lines = result.stderr.strip().splitlines()
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.output and result.stdout == ""
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 # ------------------------------------------------------------------------------- one line, exit 2
