@@ -20,7 +20,7 @@ from frameworks.rules import check_model_runnable, check_moe_runnable, check_run
 from cost_models.compute import peak_flops
 from hardware_profiles import HardwareProfile, load_profile
 from planner.errors import ConfigError
-from planner.option_rules import check_options
+from planner.option_rules import check_options, fp8_switches
 from cost_models.compute import resolve_precision
 from planner.parallel import CP_COMMS, OFFLOAD, RECOMPUTE, SCHEDULES, ParallelConfig
 from planner.placement import placement_index
@@ -307,7 +307,7 @@ def estimate(
     check_activation_fp8_input(software, model)
     check_moe_options(model, cfg.precision, options)
     # the one rule (planner.option_rules), for the Python API as for the commands
-    check_options(**options.chosen(), precision=cfg.precision)
+    check_options(**fp8_switches(options), precision=cfg.precision)
     cfg.check_world_size(gpus)
     cfg.check_against(model, cfg.seq)
     resolve_precision(hw, cfg.precision)

@@ -86,6 +86,13 @@ FP8_SWITCHES = tuple(
 )
 """The run options that switch something of an FP8 recipe (each refused without --precision fp8)."""
 
+
+def fp8_switches(options: RunOptions) -> dict[str, Any]:
+    """A run's FP8 switches by name, for check_options from the Python API (estimate, recommend),
+    which takes the other options' combinations leniently."""
+    return {name: getattr(options, name) for name in FP8_SWITCHES}
+
+
 RULES: tuple[OptionRule, ...] = (
     OptionRule(
         ("--fp8-scaling", "--precision"),

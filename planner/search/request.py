@@ -14,7 +14,7 @@ from hardware_profiles import load_profile
 from planner.candidates import SearchSpace
 from planner.errors import ConfigError
 from planner.goodput import ReliabilityInputs
-from planner.option_rules import check_options
+from planner.option_rules import check_options, fp8_switches
 from planner.parallel import ParallelConfig
 from planner.run_options import RunOptions
 from planner.search.space import OBJECTIVES, PREFERENCES, Workload, check_space, narrowed
@@ -251,7 +251,7 @@ def prepare(model, hardware, request: SearchRequest) -> Setup:
     price = _price_per_hour(hardware, n_nodes, r.spot, r.price_per_hour)
     # the one rule (planner.option_rules), for the Python API as for the commands
     check_options(
-        **options.chosen(),
+        **fp8_switches(options),
         precision=precision,
         objective=r.objective,
         hardware=hardware.name,
