@@ -2,7 +2,8 @@
 
 Files: validation/hardware/clusters/*.json (profiles of the clusters the publications ran on, format of
 hardware_profiles/*.json, provenance in validation/hardware/clusters/README.md) and every row of
-validation/published/*.json (`runs`, and `reference_only` where a file has it).
+validation/published/*.json (`runs`, and `reference_only` where a file has it), and the profiles
+vTrain's rows are predicted on (benchmarks/accuracy_vtrain.py).
 
 Properties checked: each cluster file loads through `hardware_profiles.load_profile` and is named after
 its file; it refines the shipped profile of its GPU generation and sets no efficiency key of that
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.accuracy_vtrain import HARDWARE as VTRAIN_HARDWARE
 from benchmarks.calibrate import CLUSTER_KEYS
 from hardware_profiles import HardwareProfile, available_profiles, load_profile
 
@@ -144,7 +146,7 @@ def test_every_rows_profile_device_is_the_rows_gpu():
 
 
 def test_every_cluster_file_is_used_by_some_row():
-    used = {row["hardware"] for _, row in ROWS}
+    used = {row["hardware"] for _, row in ROWS} | set(VTRAIN_HARDWARE.values())
     assert CLUSTERS <= used, f"unused cluster files: {sorted(CLUSTERS - used)}"
 
 
