@@ -67,11 +67,13 @@ def activation_precision(sw, precision: str, zero: int) -> str:
 
 
 def block_table_of(sw, spec: TransformerSpec, precision: str, zero=None) -> B.BlockTable:
-    """The framework's block table; under torch.compile its memory-bound traffic and launches are the
-    fused table's (Software.compile). Eager modules under torch.autocast whose parameters FSDP's mixed
-    precision gathers in 16 bits (ZeRO >= 2 with a 16-bit gather: Composer's DEFAULT, Accelerate's and
-    fms-fsdp's bf16 FSDP) run on 16-bit weights, so their residual stream and norms are 16-bit: the
-    16-bit table applies to those candidates (per candidate where `zero` is an array)."""
+    """The framework's block table; under torch.compile its memory-bound traffic and launches are
+    the fused table's (Software.compile); a stack running legacy Megatron's dense layer issues
+    that layer's host operators (FrameworkProfile.megatron_legacy_layer). Eager modules under
+    torch.autocast whose parameters FSDP's mixed precision gathers in 16 bits (ZeRO >= 2 with a
+    16-bit gather: Composer's DEFAULT, Accelerate's and fms-fsdp's bf16 FSDP) run on 16-bit
+    weights, so their residual stream and norms are 16-bit: the 16-bit table applies to those
+    candidates (per candidate where `zero` is an array)."""
     flash = sw.kernel(precision, spec) != "math"
     table = B.block_table(
         spec,
@@ -82,6 +84,9 @@ def block_table_of(sw, spec: TransformerSpec, precision: str, zero=None) -> B.Bl
         activation_fp8_input=sw.activation_fp8_input,
         fused_norm=sw.fused_norm,
     )
+    if sw.framework.megatron_legacy_layer and spec.moe is None and spec.mla is None:
+        launches = B.legacy_megatron_launches(spec, flash=flash, dropout=sw.dropout)
+        table = replace(table, kernels_fwd=launches)
     if zero is not None and activation_precision(sw, precision, 3) != precision:
         sharded = np.asarray(zero) >= 2
         if sharded.any():

@@ -708,6 +708,43 @@ def _megatron_block(
     )
 
 
+EAGER_HOST_OPS_PER_KERNEL = 2.0
+"""Host operators module code issues per kernel it launches, as the eager table counts them
+(_eager_block): the kernel's own operator plus the views, transposes, casts and autograd
+bookkeeping around it. The H100 fit of `dispatch_us_per_op` (benchmarks/calibrate.py, the 42
+eager steps) was made with this count, so host time per kernel of eager module code is 2 x
+dispatch_us_per_op."""
+
+LEGACY_MEGATRON_KERNELS = {
+    "norms": 2,
+    "qkv_gemm": 1,
+    "mlp_gemms_and_proj": 3,
+    "bias_gelu": 1,
+    "bias_dropout_add": 2,
+}
+"""Kernels of one forward of legacy Megatron-LM's ParallelTransformerLayer outside its attention
+core, as Megatron-DeepSpeed runs it (megatron/model/transformer.py and
+core/tensor_parallel/layers.py at microsoft/Megatron-DeepSpeed b4fcd6c5, 2023-09): two apex fused
+LayerNorms; the QKV ColumnParallelLinear's matmul (its bias is a separate add, counted by
+legacy_megatron_launches); the output projection, fc1 and fc2 matmuls (their biases are skipped
+and fused into the next kernel); the TorchScript bias-GeLU; the two TorchScript bias-dropout-
+adds. Tensor-parallel all-reduces are counted apart (cost_models.host)."""
+
+
+def legacy_megatron_launches(spec: TransformerSpec, *, flash: bool, dropout: bool) -> float:
+    """Host operators of one forward of legacy Megatron's dense ParallelTransformerLayer
+    (LEGACY_MEGATRON_KERNELS), counted as eager module code is (EAGER_HOST_OPS_PER_KERNEL per
+    kernel): its module code wraps Megatron's fused kernels in views, transposes, RNG-tracker
+    forks and autograd Functions. The attention core (CoreAttention.forward): unfused, baddbmm
+    into the preallocated buffer, the fused scale-mask-softmax, the attention dropout (under the
+    RNG tracker), bmm with V and the permute's contiguous copy; with flash attention, the three
+    q, k, v rearrange copies, the kernel and the output's copy. The QKV bias add is its own
+    kernel (LinearWithGradAccumulationAndAsyncCommunication adds it after the matmul)."""
+    core = 5.0 if flash else 4.0 + (1.0 if dropout else 0.0)
+    kernels = sum(LEGACY_MEGATRON_KERNELS.values()) + core + (1.0 if spec.qkv_bias else 0.0)
+    return kernels * EAGER_HOST_OPS_PER_KERNEL
+
+
 def _eager_block(
     spec: TransformerSpec,
     precision: str,
@@ -798,7 +835,7 @@ def _eager_block(
         + rope_kernels
         + 2
         + (2 if dropout else 0)
-    ) * 2.0
+    ) * EAGER_HOST_OPS_PER_KERNEL
     return BlockTable(
         saved=Terms(rep=rep_saved * h, shard=shard_saved),
         saved_full_recompute=Terms(rep=r * h),

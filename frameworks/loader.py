@@ -124,6 +124,9 @@ FRAMEWORK_KEYS: dict[str, Field] = {
     "fp8_param_gather": _optional(
         "bool", False, "FP8 recipes keep and gather the GEMM weights in FP8 by default (ZeRO >= 1)."
     ),
+    "megatron_legacy_layer": _optional(
+        "bool", False, "The dense block is legacy Megatron's eager ParallelTransformerLayer."
+    ),
     "pipeline_host_sync": _optional(
         "bool", False, "The host waits for the device before every pipeline operation."
     ),

@@ -350,6 +350,11 @@ class FrameworkProfile:
     """Pipeline sends and receives of the interleaved schedule run beside the next chunk's compute
     instead of blocking it (Megatron-Core's overlap_p2p_comm, on unless
     --no-overlap-p2p-communication; interleaved only): cost_models.timeline."""
+    megatron_legacy_layer: bool = False
+    """The stack's dense block is legacy Megatron-LM's ParallelTransformerLayer
+    (megatron/model/transformer.py, which Megatron-DeepSpeed runs): eager module code around
+    Megatron's fused kernels, whose host issues operators as eager module code does
+    (cost_models.blocks.legacy_megatron_launches) rather than the fused table's count."""
     pipeline_host_sync: bool = False
     """The host waits for the device before every pipeline operation (cost_models.host.host_synced):
     Megatron-LM's batched p2p calls torch.cuda.synchronize() (batch_p2p_sync), DeepSpeed's
