@@ -60,3 +60,27 @@ def test_the_step_waits_for_it():
     bucketed = dataclasses.replace(FSDP, shard_per_block=False)
     with_it, without = run(), run(framework=bucketed)
     assert with_it.step_time_s - without.step_time_s == pytest.approx(unit_s(with_it), rel=1e-6)
+
+
+def test_hybrid_sharding_adds_one_all_reduce_over_the_replicas_per_block():
+    """HSDP (HYBRID_SHARD): shard groups of one node, the 4 replicas one per node. Per block and
+    micro-batch, besides the three ring collectives inside the node, the reduced shard is all-reduced
+    over the replicas; for the latency NCCL's tree wins, 2 log2(4) network steps against the ring's
+    2 (4 - 1) (Sanders et al. 2009 double binary tree, as cost_models.comm models NCCL)."""
+    est = run(gpus=32, dp_shard=8)
+    step = est.scores.step
+    blocks, m = float(step.blocks_most[0]), float(step.m[0])
+    inside = 7 * A_IN  # a ring over the node's 8 ranks
+    across = 2 * 2 * A_OUT  # tree all-reduce over 4 nodes
+    expected = m * ((3 * blocks + C.SHARD_ROOT_COLLECTIVES) * inside + (blocks + 1) * across)
+    assert unit_s(est) == pytest.approx(expected)
+
+
+def test_hybrid_shard_groups_spanning_two_nodes_pay_one_network_step_per_ring():
+    est = run(gpus=32, dp_shard=16)
+    step = est.scores.step
+    blocks, m = float(step.blocks_most[0]), float(step.m[0])
+    inside = 14 * A_IN + A_OUT  # 16 ranks on 2 nodes: 15 ring steps, one over the network
+    across = 2 * A_OUT  # 2 replicas: ring and tree both take 2 network steps
+    expected = m * ((3 * blocks + C.SHARD_ROOT_COLLECTIVES) * inside + (blocks + 1) * across)
+    assert unit_s(est) == pytest.approx(expected)
