@@ -278,12 +278,14 @@ def options_of(row: dict) -> RunOptions:
     # NeMo 1.x's Apex distributed fused Adam keeps the fp32 master weights as 16-bit remainders beside bf16
     # parameters, unless the weights are FP8 (megatron_base_model.py, setup_optimization: fp8_params sets
     # store_params instead)
-    if (
-        "distributed_fused_adam" in str(extras.get("distributed_optimizer") or "")
-        and row.get("precision") in BF16_PARAM_PRECISIONS
-        and not extras.get("fp8_params")
-    ):
+    apex_adam = "distributed_fused_adam" in str(extras.get("distributed_optimizer") or "")
+    if apex_adam and row.get("precision") in BF16_PARAM_PRECISIONS and not extras.get("fp8_params"):
         out["master_weights"] = "remainder"
+    # NeMo 1.x holds and gathers FP8 weights only with its fp8_params switch, off by default
+    # (megatron_base_model.py: cfg.get('fp8_params', False) builds the model under TE's
+    # fp8_model_init); its 24.07 launcher configs do not set it
+    if apex_adam and row.get("precision") == "fp8":
+        out["fp8_param_gather"] = bool(extras.get("fp8_params"))
     if "tp_comm_overlap" in extras or "async_tp" in extras:
         out["tp_comm_overlap"] = bool(extras.get("tp_comm_overlap") or extras.get("async_tp"))
     if row.get("compile"):

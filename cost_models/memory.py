@@ -259,6 +259,23 @@ def _fp8_weight_bytes(x, split, dp, edp, param_bytes):
     return dense + zero_sharded(split.expert * held, edp, x.zero, 3)
 
 
+def _fp8_master_bytes(x, split, dp, edp):
+    """What 16-bit master remainders (master_weights 'remainder') cannot save on FP8 parameters: a
+    remainder is the low half of an fp32 master whose high half is the bf16 parameter, and an FP8
+    GEMM weight (Software.gathers_fp8) has no bf16 half, so the optimizer keeps its whole fp32 master
+    (Apex DistributedFusedAdam store_params, which NeMo 1.x sets when fp8_params is on:
+    megatron_base_model.py setup_optimization). Per GEMM weight, 4 bytes less the remainder's, sharded
+    with the optimizer states (ZeRO >= 1; the experts over their own group); embeddings, head and
+    norms keep their remainders."""
+    if x.sw.master_weights != "remainder" or x.precision != "fp8":
+        return 0.0
+    extra = np.where(
+        x.sw.gathers_fp8(x.precision, x.zero), 4.0 - x.sw.state_bytes("fp8").master, 0.0
+    )
+    dense = zero_sharded(split.dense_gemm * extra, dp, x.zero, 1)
+    return dense + zero_sharded(split.expert * extra, edp, x.zero, 1)
+
+
 def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankMemory:
     """Peak of pipeline rank `rank` (0-based) holding `n_blocks` blocks (peak_bytes' three moments):
     model states by ZeRO stage (optimizer from 1, gradients from 2, parameters from 3 plus the block in
@@ -320,7 +337,9 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     params_b = sharded(pb, 3) + zero3_live + _fp8_weight_bytes(x, split, dp, edp, pb)
     grads_b = sharded(gb, 2)
     buckets = np.where(fw.grad_bucket_copy & (zero == 0) & (x.grad_group > 1), n_params * gb, 0.0)
-    opt_b = np.where(x.is_offload("optimizer"), 0.0, sharded(ob, 1))
+    opt_b = np.where(
+        x.is_offload("optimizer"), 0.0, sharded(ob, 1) + _fp8_master_bytes(x, split, dp, edp)
+    )
     head_w = spec.vocab * spec.hidden / tp
     # torch.autocast caches the 16-bit cast of each fp32 GEMM weight for the forward. Under FSDP's mixed
     # precision (ZeRO >= 2 gathering 16-bit copies: MixedPrecision(param_dtype=bf16), as Composer's DEFAULT,

@@ -53,6 +53,26 @@ def test_fp16_parameters_cannot_hold_the_high_half_of_an_fp32_value():
         _est(precision="amp-fp16", master_weights="remainder")
 
 
+LLAMA3_8B_PARAMS = 8_030_261_248
+"""Llama 3 8B's parameters (Meta's model card: 8.03B; the catalog's count)."""
+LLAMA3_8B_NON_GEMM = 2 * 128_256 * 4_096 + (2 * 32 + 1) * 4_096
+"""Its weights outside the GEMMs of the blocks: the untied embedding and head (vocab 128256 x hidden
+4096 each) and the 65 RMSNorm scales (config.json of meta-llama/Meta-Llama-3-8B)."""
+
+
+def test_fp8_parameters_keep_whole_masters_beside_remainders():
+    """An FP8 GEMM weight has no bf16 high half for a remainder to complete: the optimizer keeps its
+    whole fp32 master (Apex store_params); embeddings, head and norms keep remainders."""
+    fp8 = dict(precision="fp8", master_weights="remainder")
+    held, bf16_weights = _est(**fp8), _est(**fp8, fp8_param_gather=False)
+    assert held.params == LLAMA3_8B_PARAMS
+    gemm = LLAMA3_8B_PARAMS - LLAMA3_8B_NON_GEMM
+    # Adam over dp 8: GEMM weights 4 + 4 + 4, the others 2 + 4 + 4
+    expected = (12 * gemm + 10 * LLAMA3_8B_NON_GEMM) / 8
+    assert held.memory()["optimizer_bytes"] == pytest.approx(expected, rel=1e-6)
+    assert bf16_weights.memory()["optimizer_bytes"] == pytest.approx(10 * LLAMA3_8B_PARAMS / 8)
+
+
 @pytest.mark.parametrize("framework", ["torchtitan", "fsdp", "deepspeed"])
 def test_frameworks_without_remainder_storage_refuse_it(framework):
     with pytest.raises(ConfigError, match=f"{framework} keeps full fp32 master weights"):

@@ -115,6 +115,22 @@ def test_nemo_distributed_fused_adam_rows_keep_master_weights_as_remainders(
     assert R.options_of({"precision": precision, "extras": extras}).master_weights == expected
 
 
+@pytest.mark.parametrize(
+    "precision,extras,expected",
+    [
+        # NeMo 1.x gathers FP8 weights only with fp8_params, off by default (its 24.07 launcher configs
+        # do not set it)
+        ("fp8", {"distributed_optimizer": "distributed_fused_adam"}, False),
+        ("fp8", {"distributed_optimizer": "distributed_fused_adam", "fp8_params": True}, True),
+        # not NeMo 1.x: the stack's default decides (None)
+        ("fp8", {"distributed_optimizer": "Megatron-Core distributed optimizer"}, None),
+        ("amp-bf16", {"distributed_optimizer": "distributed_fused_adam"}, None),
+    ],
+)
+def test_nemo_1x_rows_gather_fp8_weights_only_with_fp8_params(precision, extras, expected):
+    assert R.options_of({"precision": precision, "extras": extras}).fp8_param_gather is expected
+
+
 def test_no_run_is_counted_twice_under_two_precision_labels():
     """Megatron has no pure-bf16 mode (frameworks/megatron.json state_bytes): a row labelled bf16 is the
     same run as its amp-bf16 twin, and counting both gives that run two votes with two settings."""
