@@ -1,17 +1,19 @@
 """Predicted vs measured step time of vTrain's 1,549 Megatron-DeepSpeed runs (validation/vtrain/).
 
-Bang et al. (MICRO 2024, "vTrain") measured GPT-style models trained with Megatron-DeepSpeed on A100s: 1,440
-configurations on one 8-GPU node (0.2-1.3B parameters, micro-batch 1-8, tp 1-8, pp 1-4) and 109 on 64 to 512
-GPUs (3.6B to 175B). Nothing in the planner was fitted to them: this is a check of the model on a regime the
-published collections barely hold (small steps of one node, where the host and small collectives decide).
+Bang et al. (MICRO 2024, "vTrain") measured GPT-style models trained with Megatron-DeepSpeed on
+A100s: 1,440 configurations on one 8-GPU node (0.2-1.3B parameters, micro-batch 1-8, tp 1-8, pp 1-4)
+and 109 on 64 to 512 GPUs (3.6B to 175B). Nothing in the planner was fitted to them: this is a check
+of the model on a regime the published collections barely hold (small steps of one node, where the
+host and small collectives decide).
 
-Each CSV row becomes a row of validation/published/FORMAT.md (`row_of`, what the release does not say is
-listed in `INFERRED`) and is predicted through benchmarks/published_rows.py and benchmarks/stack_predictions.py,
-the path of every other published set. The table groups the rows by node count, tensor degree and micro-batch.
-`floor_table` prints what the single-node set measures per block execution (step time over (m + pp - 1) x
-blocks per stage), the figure docs/cost-model.md discusses.
+Each CSV row becomes a row of validation/published/FORMAT.md (`row_of`, what the release does not
+say is listed in `INFERRED`) and is predicted through benchmarks/published_rows.py and
+benchmarks/stack_predictions.py, the path of every other published set. The table groups the rows by
+node count, tensor degree and micro-batch. `floor_table` prints what the single-node set measures
+per block execution (step time over (m + pp - 1) x blocks per stage), the figure docs/cost-model.md
+discusses.
 
-Run: .venv/bin/python benchmarks/accuracy_vtrain.py   (writes benchmarks/results/accuracy_vtrain.json)
+Run: .venv/bin/python benchmarks/accuracy_vtrain.py (writes benchmarks/results/accuracy_vtrain.json)
 """
 
 from __future__ import annotations
@@ -35,17 +37,20 @@ DATA = ROOT / "validation" / "vtrain"
 FILES = {"single": DATA / "ground_truth_single.csv", "multi": DATA / "ground_truth_multi.csv"}
 RESULTS = ROOT / "benchmarks" / "results" / "accuracy_vtrain.json"
 HARDWARE = {"single": "dgx-a100-80g", "multi": "vtrain-a100-800g"}
-"""The single node is an NVSwitch A100 node (its all-reduce tables, validation/vtrain/README.md); the
-multi-node runs had 800 Gb/s per node (validation/hardware/clusters/vtrain-a100-800g.json)."""
+"""The single node is an NVSwitch A100 node (its all-reduce tables, validation/vtrain/README.md);
+the multi-node runs had 800 Gb/s per node (validation/hardware/clusters/vtrain-a100-800g.json)."""
 GPT2_VOCAB = 50257
 MAKE_VOCAB_DIVISIBLE_BY = 128
-"""Megatron pads the vocabulary to a multiple of 128 x tp (--make-vocab-size-divisible-by, default 128)."""
+"""Megatron pads the vocabulary to a multiple of 128 x tp (--make-vocab-size-divisible-by, default
+128)."""
 INFERRED = {
     "framework": "validation/vtrain/README.md: Megatron-DeepSpeed (microsoft/Megatron-DeepSpeed)",
     "precision": "fp16 (Megatron-DeepSpeed's GPT examples; the release does not say)",
     "recompute": "full: use_checkpoint is true in every released configuration",
     "attention": "unfused: Megatron-DeepSpeed's default (use_flash_attn off)",
     "zero": "0 (DeepSpeed's default; the release does not say)",
+    "dropout": "on: Megatron-DeepSpeed's defaults (--hidden-dropout and --attention-dropout 0.1), "
+    "and vTrain's traced model applies 0.1 in both places (src/model/gpt_modeling.py)",
     "arch": "GPT-2 blocks (vTrain's ShardedGptModel): learned positions, LayerNorm, GeLU, biases, "
     "tied embeddings, ffn 4 h, vocabulary 50257 padded by Megatron",
     "schedule": "1f1b (pipeline_scheduling in every configuration)",
@@ -65,7 +70,8 @@ COLUMNS = (
 
 
 def measured_rows(which: str) -> list[dict]:
-    """The CSV's rows as published: the columns above and `step_s` (its iteration time in ms / 1000)."""
+    """The CSV's rows as published: the columns above and `step_s` (its iteration time in ms /
+    1000)."""
     out = []
     with open(FILES[which], encoding="utf-8-sig") as f:
         reader = csv.reader(f)
@@ -129,7 +135,7 @@ def row_of(which: str, index: int, m: dict) -> dict:
         "attention": "unfused",
         "compile": False,
         "offload": "none",
-        "extras": {},
+        "extras": {"dropout": True},
         "measured": {"iteration_time_s": m["step_s"]},
         "trained": True,
         "inferred": INFERRED,
@@ -162,7 +168,7 @@ def block_executions(row: dict) -> int:
 
 
 def floor_table(single: list[Case]) -> dict:
-    """Per (hidden, micro-batch, tp): the median measured ms per block execution of the single node."""
+    """Per (hidden, micro-batch, tp): the median measured ms per block execution, one node."""
     groups: dict = {}
     for c in single:
         key = (c.row["arch"]["hidden"], c.row["micro_batch"], c.row["tp"])

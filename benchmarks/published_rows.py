@@ -283,7 +283,8 @@ def options_of(row: dict) -> RunOptions:
         out["master_weights"] = "remainder"
     # NeMo 1.x holds and gathers FP8 weights only with its fp8_params switch, off by default
     # (megatron_base_model.py: cfg.get('fp8_params', False) builds the model under TE's
-    # fp8_model_init); its 24.07 launcher configs do not set it
+    # fp8_model_init); rows that do not say take that default (the 24.07 rows say true, inferred:
+    # validation/published/megatron.json, their `inferred`)
     if apex_adam and row.get("precision") == "fp8":
         out["fp8_param_gather"] = bool(extras.get("fp8_params"))
     if "tp_comm_overlap" in extras or "async_tp" in extras:

@@ -84,7 +84,8 @@ def block_table_of(sw, spec: TransformerSpec, precision: str, zero=None) -> B.Bl
         activation_fp8_input=sw.activation_fp8_input,
         fused_norm=sw.fused_norm,
     )
-    if sw.framework.megatron_legacy_layer and spec.moe is None and spec.mla is None:
+    legacy = sw.framework.megatron_legacy_layer and sw.framework.kernels == "fused"
+    if legacy and spec.moe is None and spec.mla is None:
         launches = B.legacy_megatron_launches(spec, flash=flash, dropout=sw.dropout)
         table = replace(table, kernels_fwd=launches)
     if zero is not None and activation_precision(sw, precision, 3) != precision:

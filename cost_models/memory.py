@@ -260,13 +260,15 @@ def _fp8_weight_bytes(x, split, dp, edp, param_bytes):
 
 
 def _fp8_master_bytes(x, split, dp, edp):
-    """What 16-bit master remainders (master_weights 'remainder') cannot save on FP8 parameters: a
-    remainder is the low half of an fp32 master whose high half is the bf16 parameter, and an FP8
-    GEMM weight (Software.gathers_fp8) has no bf16 half, so the optimizer keeps its whole fp32 master
-    (Apex DistributedFusedAdam store_params, which NeMo 1.x sets when fp8_params is on:
-    megatron_base_model.py setup_optimization). Per GEMM weight, 4 bytes less the remainder's, sharded
-    with the optimizer states (ZeRO >= 1; the experts over their own group); embeddings, head and
-    norms keep their remainders."""
+    """What 16-bit master remainders (master_weights 'remainder') cannot save on FP8 parameters.
+    A remainder is the low half of an fp32 master whose high half is the bf16 parameter; an FP8
+    GEMM weight (Software.gathers_fp8) has no bf16 half, so the optimizer keeps its whole fp32
+    master: Transformer Engine's FusedAdam, which Megatron-Core's precision-aware optimizer runs,
+    stores remainders only for bf16 parameters (store_param_remainders and param.dtype ==
+    torch.bfloat16). Per GEMM weight, 4 bytes less the remainder's, sharded with the optimizer
+    states (ZeRO >= 1; the experts over their own group); embeddings, head and norms keep their
+    remainders. (NeMo 1.x's Apex optimizer instead turns remainders off for every parameter when
+    fp8_params is on, store_params; benchmarks/published_rows.options_of reads such rows so.)"""
     if x.sw.master_weights != "remainder" or x.precision != "fp8":
         return 0.0
     extra = np.where(

@@ -34,9 +34,11 @@ ALPHA_OUT_S = A100["inter_node_latency_us"] * 1e-6
 
 LEGACY_LAYER_OPS = 15 * 2
 """Host operators of one forward of legacy Megatron's ParallelTransformerLayer, which
-Megatron-DeepSpeed runs (frameworks/deepspeed.json megatron_legacy_layer): 15 kernels with
-unfused attention and dropout (tests/test_vtrain.py lists them), two host operators each as eager
-module code is counted."""
+Megatron-DeepSpeed runs (frameworks/deepspeed.json megatron_legacy_layer), here with the stack's
+flash attention and no dropout: 10 kernels outside the attention core, the QKV bias add, and the
+flash core's five (three q, k, v copies, the kernel, the output copy;
+cost_models.blocks.legacy_megatron_launches), two host operators each as eager module code is
+counted."""
 TP_CALLS_FWD = 2
 """Megatron's g operator: an all-reduce after attention and after the MLP (Shoeybi et al. 2019)."""
 BACKWARD_PER_FORWARD = 2

@@ -62,7 +62,8 @@ LLAMA3_8B_NON_GEMM = 2 * 128_256 * 4_096 + (2 * 32 + 1) * 4_096
 
 def test_fp8_parameters_keep_whole_masters_beside_remainders():
     """An FP8 GEMM weight has no bf16 high half for a remainder to complete: the optimizer keeps its
-    whole fp32 master (Apex store_params); embeddings, head and norms keep remainders."""
+    whole fp32 master (Transformer Engine FusedAdam keeps remainders for bf16 parameters only);
+    embeddings, head and norms keep remainders."""
     fp8 = dict(precision="fp8", master_weights="remainder")
     held, bf16_weights = _est(**fp8), _est(**fp8, fp8_param_gather=False)
     assert held.params == LLAMA3_8B_PARAMS

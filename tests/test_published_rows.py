@@ -118,8 +118,8 @@ def test_nemo_distributed_fused_adam_rows_keep_master_weights_as_remainders(
 @pytest.mark.parametrize(
     "precision,extras,expected",
     [
-        # NeMo 1.x gathers FP8 weights only with fp8_params, off by default (its 24.07 launcher configs
-        # do not set it)
+        # NeMo 1.x gathers FP8 weights only with fp8_params, off by default (its generic 24.07
+        # launcher configs do not set it)
         ("fp8", {"distributed_optimizer": "distributed_fused_adam"}, False),
         ("fp8", {"distributed_optimizer": "distributed_fused_adam", "fp8_params": True}, True),
         # not NeMo 1.x: the stack's default decides (None)

@@ -64,9 +64,10 @@ def test_the_step_waits_for_it():
 
 def test_hybrid_sharding_adds_one_all_reduce_over_the_replicas_per_block():
     """HSDP (HYBRID_SHARD): shard groups of one node, the 4 replicas one per node. Per block and
-    micro-batch, besides the three ring collectives inside the node, the reduced shard is all-reduced
-    over the replicas; for the latency NCCL's tree wins, 2 log2(4) network steps against the ring's
-    2 (4 - 1) (Sanders et al. 2009 double binary tree, as cost_models.comm models NCCL)."""
+    micro-batch, besides the three ring collectives inside the node, the reduced shard is
+    all-reduced over the replicas; for the latency NCCL's tree wins, 2 log2(4) network steps
+    against the ring's 2 (4 - 1) (Sanders et al. 2009 double binary tree, as cost_models.comm
+    models NCCL)."""
     est = run(gpus=32, dp_shard=8)
     step = est.scores.step
     blocks, m = float(step.blocks_most[0]), float(step.m[0])
