@@ -127,3 +127,19 @@ def test_a_sample_of_every_vtrain_row_kind_predicts_and_fits(single_cases):
     assert all(r.refused is None for r in results)
     assert all(r.fits for r in results)
     assert all(r.predicted_s > 0 for r in results)
+
+
+def test_hugging_face_modules_under_deepspeed_keep_the_eager_count():
+    """`--kernels eager` (Hugging Face modules under DeepSpeed) is not legacy Megatron's layer: its
+    host operators are the eager table's, not legacy_megatron_launches."""
+    from cost_models.activations import block_table_of
+    from planner.run_options import RunOptions
+    from planner.software import software_for
+
+    eager = software_for("deepspeed", options=RunOptions(kernels="eager"))
+    fused = software_for("deepspeed")
+    eager_table = B.block_table(GPT2_1024, "amp-bf16", "eager", flash=True, dropout=False)
+    assert block_table_of(eager, GPT2_1024, "amp-bf16").kernels_fwd == eager_table.kernels_fwd
+    assert block_table_of(fused, GPT2_1024, "amp-bf16").kernels_fwd == B.legacy_megatron_launches(
+        GPT2_1024, flash=True, dropout=False
+    )
