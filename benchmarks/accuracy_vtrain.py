@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.published_rows import Case, config_of, hardware, options_of, spec_of  # noqa: E402
 from benchmarks.stack_predictions import Result, predict, summary  # noqa: E402
+from planner.exports.megatron import padded_vocab  # noqa: E402
 
 DATA = ROOT / "validation" / "vtrain"
 FILES = {"single": DATA / "ground_truth_single.csv", "multi": DATA / "ground_truth_multi.csv"}
@@ -40,9 +40,7 @@ HARDWARE = {"single": "dgx-a100-80g", "multi": "vtrain-a100-800g"}
 """The single node is an NVSwitch A100 node (its all-reduce tables, validation/vtrain/README.md);
 the multi-node runs had 800 Gb/s per node (validation/hardware/clusters/vtrain-a100-800g.json)."""
 GPT2_VOCAB = 50257
-MAKE_VOCAB_DIVISIBLE_BY = 128
-"""Megatron pads the vocabulary to a multiple of 128 x tp (--make-vocab-size-divisible-by, default
-128)."""
+"""GPT-2's vocabulary; Megatron pads it (planner.exports.megatron.padded_vocab)."""
 INFERRED = {
     "framework": "validation/vtrain/README.md: Megatron-DeepSpeed (microsoft/Megatron-DeepSpeed)",
     "precision": "fp16 (Megatron-DeepSpeed's GPT examples; the release does not say)",
@@ -89,11 +87,6 @@ def measured_rows(which: str) -> list[dict]:
     return out
 
 
-def padded_vocab(tp: int) -> int:
-    multiple = MAKE_VOCAB_DIVISIBLE_BY * tp
-    return math.ceil(GPT2_VOCAB / multiple) * multiple
-
-
 def row_of(which: str, index: int, m: dict) -> dict:
     """One measured run as a row of validation/published/FORMAT.md."""
     h = m["hidden"]
@@ -110,7 +103,7 @@ def row_of(which: str, index: int, m: dict) -> dict:
             "kv_heads": m["heads"],
             "head_dim": h // m["heads"],
             "ffn": 4 * h,
-            "vocab": padded_vocab(m["tp"]),
+            "vocab": padded_vocab(GPT2_VOCAB, m["tp"]),
             "position": "learned",
             "gated_mlp": False,
             "activation": "gelu",
@@ -176,20 +169,20 @@ def floor_table(single: list[Case]) -> dict:
     return {f"h{h} mb{b} tp{t}": statistics.median(v) for (h, b, t), v in sorted(groups.items())}
 
 
-def bands(results: list[Result], rows: dict) -> dict:
-    """Summaries by node count, tensor degree and micro-batch (rows: id -> FORMAT row)."""
-    keys = {
-        "node": lambda r: "1 node (8 GPUs or fewer)" if r["gpus"] <= 8 else "64-512 GPUs",
-        "tp": lambda r: f"tp {r['tp']}",
-        "micro_batch": lambda r: f"micro-batch {r['micro_batch']}",
-    }
-    out = {}
-    for name, key in keys.items():
-        grouped: dict = {}
-        for res in results:
-            grouped.setdefault(key(rows[res.id]), []).append(res)
-        out[name] = {k: summary(v) for k, v in sorted(grouped.items(), key=lambda kv: kv[0])}
-    return out
+BANDS = {
+    "node": lambda r: "1 node (8 GPUs or fewer)" if r["gpus"] <= 8 else "64-512 GPUs",
+    "tp": lambda r: f"tp {r['tp']}",
+    "micro_batch": lambda r: f"micro-batch {r['micro_batch']}",
+}
+"""How the table groups the rows: by node count (all rows), by tp and micro-batch (one node)."""
+
+
+def band(results: list[Result], rows: dict, name: str) -> dict:
+    """Summaries of `results` grouped by BANDS[name] (rows: id -> FORMAT row)."""
+    grouped: dict = {}
+    for res in results:
+        grouped.setdefault(BANDS[name](rows[res.id]), []).append(res)
+    return {k: summary(v) for k, v in sorted(grouped.items())}
 
 
 def table(report: dict) -> str:
@@ -222,8 +215,9 @@ def run(write: bool = True) -> dict:
         "inferred": INFERRED,
         "all": summary(list(results.values())),
         "bands": {
-            "node": bands(list(results.values()), rows)["node"],
-            **{k: v for k, v in bands(singles, rows).items() if k != "node"},
+            "node": band(list(results.values()), rows, "node"),
+            "tp": band(singles, rows, "tp"),
+            "micro_batch": band(singles, rows, "micro_batch"),
         },
         "floor_ms_per_block_execution": floor_table(single),
         "rows": {

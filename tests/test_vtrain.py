@@ -14,7 +14,7 @@ from benchmarks import accuracy_vtrain as V
 from benchmarks.stack_predictions import predict
 from cost_models import blocks as B
 from frameworks import load_framework
-from planner.spec import TransformerSpec
+from planner.catalog import get
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "validation" / "vtrain"
@@ -41,25 +41,8 @@ attention and dropout (megatron/model/transformer.py at b4fcd6c5), read from its
 EAGER_OPS_PER_KERNEL = 2
 """The eager table's accounting of host operators per kernel (cost_models.blocks._eager_block)."""
 
-GPT2_1024 = TransformerSpec(
-    name="gpt2-h1024",
-    layers=16,
-    hidden=1024,
-    heads=16,
-    kv_heads=16,
-    ffn=4096,
-    vocab=50304,
-    seq=1024,
-    max_positions=1024,
-    position="learned",
-    gated_mlp=False,
-    activation="gelu",
-    norm="layernorm",
-    tied_embeddings=True,
-    qkv_bias=True,
-    out_bias=True,
-    mlp_bias=True,
-)
+GPT2_1024 = get("gpt2-medium")
+"""A GPT-2 block of hidden 1024 (the catalog's GPT-2 medium), QKV bias included."""
 
 
 def _csv_rows(name: str) -> list[list[str]]:
@@ -81,8 +64,12 @@ def test_the_vendored_rows_load_as_published():
 
 
 def test_megatron_pads_the_vocabulary_by_128_tp():
-    assert V.padded_vocab(1) == 50304
-    assert V.padded_vocab(8) == 51200
+    assert (
+        V.row_of("single", 0, {**V.measured_rows("single")[0], "tp": 1})["arch"]["vocab"] == 50304
+    )
+    assert (
+        V.row_of("single", 0, {**V.measured_rows("single")[0], "tp": 8})["arch"]["vocab"] == 51200
+    )
 
 
 def test_legacy_layer_host_operators_are_its_kernels_counted_as_eager_code():

@@ -100,7 +100,7 @@ def _model_args(plan: Plan, spec, add: _AddArg, notes: list[str]) -> None:
     notes.append(
         f"NullTokenizer with --vocab-size {spec.vocab} fixes the embedding shape; put your "
         "tokenizer in its place. Megatron pads the table to a multiple of 128 x tp "
-        f"({_padded_vocab(spec.vocab, cfg.tp)} rows)"
+        f"({padded_vocab(spec.vocab, cfg.tp)} rows)"
     )
     if spec.mla is not None:
         _mla_args(spec.mla, add, notes)
@@ -416,7 +416,7 @@ def _stage_args(plan: Plan, notes: list[str]) -> list[tuple[str, object]]:
     return [("--pipeline-model-parallel-layout", f'"{megatron_layout(stages)}"')]
 
 
-def _padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
+def padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
     """Rows of Megatron-LM's embedding: vocab rounded up to a multiple of divisible_by x tp
     (megatron.training vocab padding with the default --make-vocab-size-divisible-by 128)."""
     multiple = divisible_by * tp
