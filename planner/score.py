@@ -695,7 +695,10 @@ def timeline_scores(scores: Scores) -> Scores:
     }
     busy = rank.busy_s
     p2p = rank.hops_s + i * rank.hidden_hops_s
-    dp = rank.end_s - rank.compute_end_s + rank.gate_wait_s + after_s - (p2p - rank.hops_s)
+    # a difference of times: clamp the rounding residue (-1e-18 s would make the plan unloadable)
+    dp = max(
+        0.0, rank.end_s - rank.compute_end_s + rank.gate_wait_s + after_s - (p2p - rank.hops_s)
+    )
     return replace(
         scores,
         step_time_s=device_s + host_sync,
