@@ -92,6 +92,15 @@ def tree_allreduce_seconds(size_bytes, n, bw_Bps, latency_s):
     )
 
 
+def allreduce_latency_steps(n):
+    """Latency steps of the flat all-reduce allreduce_seconds costs: the ring's 2 (n - 1) or the
+    tree's 2 log2 n, whichever is fewer (their bandwidth terms are equal, so the faster algorithm
+    is the one with fewer steps). `planner hardware calibrate` fits the latency per step with this
+    count, so a calibrated profile gives back its measured small all-reduces."""
+    n = np.asarray(n, dtype=float)
+    return np.where(n > 1, np.minimum(2 * (n - 1), 2 * np.log2(np.maximum(n, 1))), 0.0)
+
+
 def allreduce_seconds(size_bytes, n, bw_Bps, latency_s):
     """Flat all-reduce: the faster of ring and tree (what NCCL's tuner does)."""
     return np.minimum(

@@ -10,11 +10,12 @@ one rank gets while the others work, as in a training step):
 
 What is fitted (scipy.optimize.least_squares on relative residuals, so that small and large
 messages weigh alike):
-- Collectives, the alpha-beta ring model (Hockney; Thakur, Rabenseifner & Gropp, "Optimization of
+- Collectives, the alpha-beta model (Hockney; Thakur, Rabenseifner & Gropp, "Optimization of
   collective communication operations in MPICH", IJHPCA 2005), written with the nccl-tests
   bus-bandwidth definitions (nccl-tests doc/PERFORMANCE.md):
       t(S) = steps(n) * alpha + busfactor(n) * S / B_bus
-  allreduce: steps 2(n-1), busfactor 2(n-1)/n; allgather and reduce-scatter: steps n-1,
+  with the latency steps the cost model charges (latency_steps): allreduce min(2(n-1), 2 log2 n)
+  (ring or tree), busfactor 2(n-1)/n; allgather and reduce-scatter: steps n-1,
   busfactor (n-1)/n; point-to-point: steps 1, busfactor 1. S is the nccl-tests "size": the
   all-reduce buffer, the all-gather output, the reduce-scatter input, the p2p message.
 - GEMM, a fixed per-call overhead plus a constant rate (the roofline's compute roof plus launch cost):
@@ -41,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cost_models.comm import allreduce_latency_steps
 from hardware_profiles.loader import previous_profile, profile_from_dict
 from planner.errors import ConfigError
 from planner.io import write_json
@@ -62,12 +64,15 @@ MAX_BUSBW_GBPS = 1e4
 # ----------------------------------------------------------------------------------------- models
 
 
-def ring_steps(collective: str, world_size: int) -> int:
-    """Latency terms of the ring algorithm (Thakur et al. 2005): 2(n-1) for all-reduce, n-1 else, 1 for p2p."""
+def latency_steps(collective: str, world_size: int) -> float:
+    """Latency terms the cost model charges each collective (cost_models.comm), so that the fitted
+    alpha gives back the measured times through it: all-reduce, the fewer of the ring's 2(n-1) and
+    the tree's 2 log2 n (cost_models.comm.allreduce_latency_steps); all-gather and reduce-scatter,
+    the ring's n-1 (Thakur et al. 2005); 1 for p2p."""
     n = world_size
-    return {"allreduce": 2 * (n - 1), "allgather": n - 1, "reducescatter": n - 1, "p2p": 1}[
-        collective
-    ]
+    if collective == "allreduce":
+        return float(allreduce_latency_steps(n))
+    return float({"allgather": n - 1, "reducescatter": n - 1, "p2p": 1}[collective])
 
 
 def bus_factor(collective: str, world_size: int) -> float:
@@ -87,10 +92,10 @@ def bus_factor(collective: str, world_size: int) -> float:
 def collective_seconds(
     collective: str, world_size: int, size_bytes, alpha_s: float, busbw_Bps: float
 ):
-    """Alpha-beta ring time of one collective on `size_bytes` (scalar or array), seconds."""
+    """Alpha-beta time of one collective on `size_bytes` (scalar or array), seconds."""
     size = np.asarray(size_bytes, dtype=float)
     return (
-        ring_steps(collective, world_size) * alpha_s
+        latency_steps(collective, world_size) * alpha_s
         + bus_factor(collective, world_size) * size / busbw_Bps
     )
 
@@ -102,7 +107,7 @@ class CollectiveFit:
     collective: str
     world_size: int
     alpha_us: float
-    """Latency per ring step, microseconds."""
+    """Latency per step (latency_steps), microseconds."""
     busbw_GBps: float
     """Asymptotic bus bandwidth (nccl-tests definition), GB/s."""
     rms_rel_error: float
@@ -126,7 +131,7 @@ def fit_alpha_beta(collective: str, world_size: int, sizes_bytes, times_s) -> Co
     times = np.asarray(times_s, dtype=float)
     if sizes.size < 2 or np.any(times <= 0):
         raise ValueError("need at least two positive timings to fit alpha and beta")
-    steps, factor = ring_steps(collective, world_size), bus_factor(collective, world_size)
+    steps, factor = latency_steps(collective, world_size), bus_factor(collective, world_size)
 
     def residual(x):
         alpha_us, s_per_GB = x
@@ -708,7 +713,7 @@ def _profile_sources(measured: dict, run: dict, mem_src: str) -> dict[str, str]:
         "peak_tflops": "best measured torch.mm rate per rank over the GEMM sizes with all ranks busy "
         f"(no datasheet for this device); {where}",
         "intra_node_GBps_per_device": f"1/beta of the alpha-beta fit of p2p ping-pong; {where}",
-        "intra_node_latency_us": f"alpha (latency per ring step) of the all-reduce fit; {where}",
+        "intra_node_latency_us": f"alpha (latency per step) of the all-reduce fit; {where}",
         "nics_per_node": single_node_note,
         "Gbps_per_nic": single_node_note,
         "inter_node_Gbps_per_node": single_node_note,

@@ -16,7 +16,7 @@ from planner.calibrate import (
     efficiency_from_fits,
     fit_alpha_beta,
     fit_gemm,
-    ring_steps,
+    latency_steps,
 )
 from planner.cli import app
 from tests.fixtures.processes import alive as _alive, children as _children
@@ -30,13 +30,15 @@ def test_nccl_tests_bus_factors():
     assert bus_factor("allreduce", 8) == pytest.approx(14 / 8)
     assert bus_factor("allgather", 8) == bus_factor("reducescatter", 8) == pytest.approx(7 / 8)
     assert bus_factor("p2p", 8) == 1.0
-    assert ring_steps("allreduce", 4) == 6 and ring_steps("allgather", 4) == 3
+    # all-reduce: ring 2(n-1) = 6 or tree 2 log2 n = 4 at n = 4, 14 or 6 at n = 8; ring n-1 else
+    assert latency_steps("allreduce", 4) == 4 and latency_steps("allreduce", 8) == 6
+    assert latency_steps("allreduce", 2) == 2 and latency_steps("allgather", 4) == 3
 
 
-def test_ring_allreduce_time_by_hand():
-    # n=4, 1 GB, 10 us/step, 100 GB/s bus: 6 * 10us + 1.5 * 1e9 / 1e11 = 60us + 15 ms
+def test_allreduce_time_by_hand():
+    # n=4, 1 GB, 10 us/step, 100 GB/s bus: 4 (tree) * 10us + 1.5 * 1e9 / 1e11 = 40us + 15 ms
     t = collective_seconds("allreduce", 4, 1e9, 10e-6, 100e9)
-    assert float(t) == pytest.approx(60e-6 + 15e-3)
+    assert float(t) == pytest.approx(40e-6 + 15e-3)
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "allgather", "reducescatter", "p2p"])
@@ -172,6 +174,28 @@ def test_profile_written_by_calibrate_makes_the_cost_model_reproduce_the_fits():
     assert float(gemm_seconds(n, n, n, hw=hw, precision="fp32")) == pytest.approx(
         70e-6 + 2.0 * n**3 / 4e9, rel=1e-3
     )
+
+
+@pytest.mark.parametrize("world_size", [4, 8])
+def test_calibrated_profile_gives_back_measured_small_allreduces(world_size):
+    """Whatever algorithm the backend ran, the cost model must give back the all-reduce times the
+    calibration measured. Here they come from a ring (gloo's algorithm: 2(n-1) latency steps of
+    800 us, 0.5 GB/s bus) while the cost model charges the fewer of ring and tree steps; fitting
+    alpha with ring steps left a 4- or 8-rank profile's small all-reduces 1/3 to 4/7 too cheap."""
+    from cost_models.comm import group_collective_seconds
+    from hardware_profiles.loader import profile_from_dict
+    from planner.calibrate import build_profile
+
+    measured = _synthetic_measurement(world_size)
+    ring = [
+        [s, 2 * (world_size - 1) * 800e-6 + bus_factor("allreduce", world_size) * s / 0.5e9]
+        for s in (float(2**p) for p in range(10, 27, 2))
+    ]
+    measured["collectives"]["allreduce"] = ring
+    hw = profile_from_dict(build_profile(measured, name="synthetic", command="test"))
+    for size, seconds in ring[:3]:  # the latency-bound sizes, 1-16 KiB
+        model = float(group_collective_seconds("allreduce", size, world_size, world_size, hw))
+        assert model == pytest.approx(seconds, rel=0.02)
 
 
 def test_calibrating_over_a_refining_profile_keeps_the_keys_it_inherited(tmp_path):
