@@ -10,8 +10,8 @@ Each CSV row becomes a row of validation/published/FORMAT.md (`row_of`, what the
 say is listed in `INFERRED`) and is predicted through benchmarks/published_rows.py and
 benchmarks/stack_predictions.py, the path of every other published set. The table groups the rows by
 node count, tensor degree and micro-batch. `floor_table` prints what the single-node set measures
-per block execution (step time over (m + pp - 1) x blocks per stage), the figure docs/cost-model.md
-discusses.
+and what the model predicts per block execution (step time over (m + pp - 1) x blocks per stage),
+the figure docs/cost-model.md discusses.
 
 Run: .venv/bin/python benchmarks/accuracy_vtrain.py (writes benchmarks/results/accuracy_vtrain.json)
 """
@@ -160,13 +160,25 @@ def block_executions(row: dict) -> int:
     return (m + row["pp"] - 1) * row["arch"]["layers"] // row["pp"]
 
 
-def floor_table(single: list[Case]) -> dict:
-    """Per (hidden, micro-batch, tp): the median measured ms per block execution, one node."""
+def floor_table(single: list[Case], results: dict) -> dict:
+    """Per (hidden, micro-batch, tp): the median ms per block execution on one node, measured and
+    predicted (results: id -> Result)."""
     groups: dict = {}
     for c in single:
         key = (c.row["arch"]["hidden"], c.row["micro_batch"], c.row["tp"])
-        groups.setdefault(key, []).append(1e3 * c.measured_s / block_executions(c.row))
-    return {f"h{h} mb{b} tp{t}": statistics.median(v) for (h, b, t), v in sorted(groups.items())}
+        per_block = 1e3 / block_executions(c.row)
+        predicted = results[c.id].predicted_s
+        groups.setdefault(key, []).append(
+            (c.measured_s * per_block, None if predicted is None else predicted * per_block)
+        )
+    out = {}
+    for (h, b, t), pairs in sorted(groups.items()):
+        predicted = [p for _, p in pairs if p is not None]
+        out[f"h{h} mb{b} tp{t}"] = {
+            "measured": statistics.median(m for m, _ in pairs),
+            "predicted": statistics.median(predicted) if predicted else None,
+        }
+    return out
 
 
 BANDS = {
@@ -200,8 +212,10 @@ def table(report: dict) -> str:
         f"{'all':34} {all_['predicted']:5} {100 * all_['mape']:6.1f}% {100 * all_['mean']:+6.1f}%"
         f" {all_['trained_predicted_not_to_fit']:7}"
     )
-    lines.append("measured ms per block execution, single node (median):")
-    lines.extend(f"  {k:16} {v:6.2f}" for k, v in report["floor_ms_per_block_execution"].items())
+    lines.append("ms per block execution, single node (median): measured, predicted")
+    for k, v in report["floor_ms_per_block_execution"].items():
+        predicted = "-" if v["predicted"] is None else f"{v['predicted']:6.2f}"
+        lines.append(f"  {k:16} {v['measured']:6.2f} {predicted:>6}")
     return "\n".join(lines)
 
 
@@ -219,7 +233,7 @@ def run(write: bool = True) -> dict:
             "tp": band(singles, rows, "tp"),
             "micro_batch": band(singles, rows, "micro_batch"),
         },
-        "floor_ms_per_block_execution": floor_table(single),
+        "floor_ms_per_block_execution": floor_table(single, results),
         "rows": {
             k: {"measured_s": r.measured_s, "predicted_s": r.predicted_s, "fits": r.fits}
             for k, r in results.items()
