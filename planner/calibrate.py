@@ -65,10 +65,13 @@ MAX_BUSBW_GBPS = 1e4
 
 
 def latency_steps(collective: str, world_size: int) -> float:
-    """Latency terms the cost model charges each collective (cost_models.comm), so that the fitted
-    alpha gives back the measured times through it: all-reduce, the fewer of the ring's 2(n-1) and
-    the tree's 2 log2 n (cost_models.comm.allreduce_latency_steps); all-gather and reduce-scatter,
-    the ring's n-1 (Thakur et al. 2005); 1 for p2p."""
+    """Latency terms the cost model charges each collective (cost_models.comm): all-reduce, the
+    fewer of the ring's 2(n-1) and the tree's 2 log2 n (cost_models.comm.allreduce_latency_steps);
+    all-gather and reduce-scatter, the ring's n-1 (Thakur et al. 2005); 1 for p2p. Each fit's
+    alpha gives back that collective's measured times through the cost model; the profile keeps
+    one latency per step, the all-reduce's, which every collective and pipeline hop then uses
+    (so where the backend's all-gather, reduce-scatter or p2p latency differs, as gloo's p2p at
+    a tenth of a collective step does, those are costed at the all-reduce's step)."""
     n = world_size
     if collective == "allreduce":
         return float(allreduce_latency_steps(n))
@@ -700,8 +703,9 @@ def _profile_sources(measured: dict, run: dict, mem_src: str) -> dict[str, str]:
     """The profile's `sources`: how each value was measured."""
     n, cores, threads, where = run["n"], run["cores"], run["threads"], run["where"]
     single_node_note = (
-        "single machine: no network was measured; the inter-node keys repeat the local "
-        "point-to-point fit so that plans spanning 'nodes' of this profile stay computable"
+        "single machine: no network was measured; the inter-node keys repeat the local fits "
+        "(bandwidth: the point-to-point fit; latency: the all-reduce's alpha) so that plans "
+        "spanning 'nodes' of this profile stay computable"
     )
     return {
         "device": where,
