@@ -245,6 +245,35 @@ def check_price(price_per_hour: float | None) -> None:
         )
 
 
+def _check_outputs(model, hardware, *, out, csv) -> None:
+    """Refuse, before searching, an --out or --csv that cannot be written or that would overwrite
+    an input or each other."""
+    inputs = ((model, "MODEL file"), (hardware, "hardware profile"))
+    for path, what in ((out, "--out"), (csv, "--csv")):
+        if path is not None:
+            io.check_writable(path, what, inputs=inputs)
+    if out is not None and csv is not None and Path(out).resolve() == Path(csv).resolve():
+        raise ConfigError("--csv", str(csv), "a file other than --out's")
+
+
+def _print_notes(rec, *, spot: bool) -> None:
+    """The notes on stderr about the winner: its batch against the GPUs, and spot reclaims the
+    goodput leaves out."""
+    hw_doc = rec.best["hardware"]
+    note = batch_note(
+        rec.best["plan"]["global_batch"], hw_doc["gpus"], hw_doc.get("devices_per_node", 8)
+    )
+    if note:
+        typer.echo(note, err=True)
+    reliability_doc = rec.best["prediction"].get("reliability")
+    if spot and reliability_doc and reliability_doc.get("spot_interruptions_per_node_hour") is None:
+        typer.echo(
+            "note: the goodput leaves out spot reclaims; give --spot-interruptions-per-node-hour to count "
+            "them",
+            err=True,
+        )
+
+
 def recommend(
     model: ModelArg,
     hardware: HardwareOpt,
@@ -323,12 +352,7 @@ def recommend(
         checkpoint=checkpoint,
         spot_interruptions_per_node_hour=spot_interruptions_per_node_hour,
     )
-    inputs = ((model, "MODEL file"), (hardware, "hardware profile"))
-    for path, what in ((out, "--out"), (csv, "--csv")):
-        if path is not None:
-            io.check_writable(path, what, inputs=inputs)  # before the search, not after it
-    if out is not None and csv is not None and Path(out).resolve() == Path(csv).resolve():
-        raise ConfigError("--csv", str(csv), "a file other than --out's")
+    _check_outputs(model, hardware, out=out, csv=csv)  # before the search, not after it
     with _LazyProgress() as progress:
         rec = search(
             model,
@@ -351,19 +375,7 @@ def recommend(
             reliability=reliability,
             space=space,
         )
-    hw_doc = rec.best["hardware"]
-    note = batch_note(
-        rec.best["plan"]["global_batch"], hw_doc["gpus"], hw_doc.get("devices_per_node", 8)
-    )
-    if note:
-        typer.echo(note, err=True)
-    reliability_doc = rec.best["prediction"].get("reliability")
-    if spot and reliability_doc and reliability_doc.get("spot_interruptions_per_node_hour") is None:
-        typer.echo(
-            "note: the goodput leaves out spot reclaims; give --spot-interruptions-per-node-hour to count "
-            "them",
-            err=True,
-        )
+    _print_notes(rec, spot=spot)
     document = io.dumps_strict(rec.to_document(), "--json output") if json_out else None
     if out is not None:
         io.write_json(out, rec.plan_document(), "--out")
