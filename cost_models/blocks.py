@@ -719,16 +719,26 @@ LEGACY_MEGATRON_KERNELS = {
     "norms": 2,
     "qkv_gemm": 1,
     "mlp_gemms_and_proj": 3,
-    "bias_gelu": 1,
     "bias_dropout_add": 2,
 }
 """Kernels of one forward of legacy Megatron-LM's ParallelTransformerLayer outside its attention
-core, as Megatron-DeepSpeed runs it (megatron/model/transformer.py and
+core and MLP activation, as Megatron-DeepSpeed runs it (megatron/model/transformer.py and
 core/tensor_parallel/layers.py at microsoft/Megatron-DeepSpeed b4fcd6c5, 2023-09): two apex fused
-LayerNorms; the QKV ColumnParallelLinear's matmul (its bias is a separate add, counted by
-legacy_megatron_launches); the output projection, fc1 and fc2 matmuls (their biases are skipped
-and fused into the next kernel); the TorchScript bias-GeLU; the two TorchScript bias-dropout-
-adds. Tensor-parallel all-reduces are counted apart (cost_models.host)."""
+norms (FusedLayerNorm, or MixedFusedRMSNorm under --normalization rmsnorm: one kernel either
+way); the QKV ColumnParallelLinear's matmul; the output projection, fc1 and fc2 matmuls; the two
+TorchScript bias-dropout-adds (the projection's and fc1's biases are skipped into the next
+kernel). The bias adds that run as kernels of their own, the activation, rotary embeddings and
+grouped-query copies depend on the block (legacy_megatron_launches). Tensor-parallel all-reduces
+are counted apart (cost_models.host)."""
+
+LEGACY_ROPE_KERNELS = 10
+"""Kernels of one apply_rotary_pos_emb at b4fcd6c5 (megatron/model/rotary_pos_embedding.py; once
+for q, once for k): cos, its cast, mul, neg and cat of rotate_half, sin, its cast, mul, add, and
+the final cat with the untouched part (the pipeline path keeps the frequencies in fp32)."""
+
+LEGACY_GQA_KERNELS = 3
+"""Grouped-query attention at b4fcd6c5: a separate key-value matmul beside the query's, and
+repeat_kv's reshape of the expanded k and v (two copies), on the unfused and the flash path."""
 
 
 def legacy_megatron_launches(spec: TransformerSpec, *, flash: bool, dropout: bool) -> float:
@@ -739,9 +749,18 @@ def legacy_megatron_launches(spec: TransformerSpec, *, flash: bool, dropout: boo
     into the preallocated buffer, the fused scale-mask-softmax, the attention dropout (under the
     RNG tracker), bmm with V and the permute's contiguous copy; with flash attention, the three
     q, k, v rearrange copies, the kernel and the output's copy. The QKV bias add is its own
-    kernel (LinearWithGradAccumulationAndAsyncCommunication adds it after the matmul)."""
+    kernel (LinearWithGradAccumulationAndAsyncCommunication adds it after the matmul), and so is
+    fc2's (its RowParallelLinear keeps skip_bias_add False). The activation: the TorchScript
+    bias-GeLU (or F.gelu alone without biases), SwiGLU's silu and mul (a plain closure, not
+    scripted), squared ReLU's relu and pow; rotary embeddings (LEGACY_ROPE_KERNELS) and grouped
+    queries (LEGACY_GQA_KERNELS) where the block has them."""
     core = 5.0 if flash else 4.0 + (1.0 if dropout else 0.0)
-    kernels = sum(LEGACY_MEGATRON_KERNELS.values()) + core + (1.0 if spec.qkv_bias else 0.0)
+    gelu = not spec.gated_mlp and spec.activation.startswith("gelu")
+    activation = 1.0 if gelu else 2.0 + (1.0 if spec.mlp_bias else 0.0)  # bias add apart
+    bias_adds = (1.0 if spec.qkv_bias else 0.0) + (1.0 if spec.mlp_bias else 0.0)
+    rope = 2.0 * LEGACY_ROPE_KERNELS if spec.position == "rope" else 0.0
+    gqa = LEGACY_GQA_KERNELS if spec.n_kv_heads < spec.heads else 0.0
+    kernels = sum(LEGACY_MEGATRON_KERNELS.values()) + core + activation + bias_adds + rope + gqa
     return kernels * EAGER_HOST_OPS_PER_KERNEL
 
 

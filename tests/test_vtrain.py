@@ -34,10 +34,38 @@ LEGACY_FORWARD_KERNELS = (
     "fc1 matmul",
     "bias-GeLU",
     "fc2 matmul",
+    "fc2 bias add (RowParallelLinear, skip_bias_add False)",
     "bias-dropout-add (MLP)",
 )
 """The kernels of one forward of Megatron-DeepSpeed's ParallelTransformerLayer with unfused
 attention and dropout (megatron/model/transformer.py at b4fcd6c5), read from its code."""
+ROPE_KERNELS = ("cos", "cast", "mul", "neg", "cat", "sin", "cast", "mul", "add", "cat")
+"""apply_rotary_pos_emb at b4fcd6c5 (megatron/model/rotary_pos_embedding.py): t * cos +
+rotate_half(t) * sin on frequencies kept in fp32, then the cat with the unrotated part."""
+LLAMA_FORWARD_KERNELS = (
+    "input RMSNorm (apex MixedFusedRMSNorm)",
+    "query matmul",
+    "key-value matmul",
+    *(f"rope q: {k}" for k in ROPE_KERNELS),
+    *(f"rope k: {k}" for k in ROPE_KERNELS),
+    "repeat_kv copy of k",
+    "repeat_kv copy of v",
+    "baddbmm (Q K^T)",
+    "scale-mask-softmax",
+    "bmm (P V)",
+    "permute contiguous copy",
+    "projection matmul",
+    "bias-dropout-add (attention)",
+    "post-attention RMSNorm",
+    "fc1 matmul",
+    "silu",
+    "mul",
+    "fc2 matmul",
+    "bias-dropout-add (MLP)",
+)
+"""The same layer in Megatron-DeepSpeed's Llama-2 recipe (examples_deepspeed/
+pretrain_llama2_distributed.sh: --swiglu, --normalization rmsnorm, --disable-bias-linear,
+--use-rotary-position-embeddings, --num-key-value-heads, dropouts 0, unfused attention)."""
 EAGER_OPS_PER_KERNEL = 2
 """The eager table's accounting of host operators per kernel (cost_models.blocks._eager_block)."""
 
@@ -81,6 +109,15 @@ def test_legacy_layer_host_operators_are_its_kernels_counted_as_eager_code():
         replace(GPT2_1024, qkv_bias=False), flash=False, dropout=True
     )
     assert launches - no_bias == EAGER_OPS_PER_KERNEL
+
+
+def test_llama_blocks_count_rope_swiglu_and_grouped_query_kernels():
+    """A Llama block on Megatron-DeepSpeed was charged the GPT-2 layer's kernels; its rotary
+    embeddings, SwiGLU and grouped-query copies are kernels of their own, and it has no biases."""
+    llama = get("llama3-8b")
+    assert llama.position == "rope" and llama.gated_mlp and llama.n_kv_heads < llama.heads
+    launches = B.legacy_megatron_launches(llama, flash=False, dropout=False)
+    assert launches == len(LLAMA_FORWARD_KERNELS) * EAGER_OPS_PER_KERNEL
 
 
 def test_only_the_deepspeed_stack_runs_the_legacy_layer():
