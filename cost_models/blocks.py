@@ -750,16 +750,21 @@ def legacy_megatron_launches(spec: TransformerSpec, *, flash: bool, dropout: boo
     RNG tracker), bmm with V and the permute's contiguous copy; with flash attention, the three
     q, k, v rearrange copies, the kernel and the output's copy. The QKV bias add is its own
     kernel (LinearWithGradAccumulationAndAsyncCommunication adds it after the matmul), and so is
-    fc2's (its RowParallelLinear keeps skip_bias_add False). The activation: the TorchScript
-    bias-GeLU (or F.gelu alone without biases), SwiGLU's silu and mul (a plain closure, not
-    scripted), squared ReLU's relu and pow; rotary embeddings (LEGACY_ROPE_KERNELS) and grouped
-    queries (LEGACY_GQA_KERNELS) where the block has them."""
+    fc2's (its RowParallelLinear keeps skip_bias_add False); with grouped queries the query and
+    key-value linears add one each. The activation: the TorchScript bias-GeLU (F.gelu alone
+    without biases), SwiGLU's silu and mul (a plain closure, not scripted) after fc1's bias add;
+    the layer offers no other activation but squared ReLU (relu and pow), so another non-gated
+    activation (T5's ReLU) is counted as one kernel after the bias add. Rotary embeddings
+    (LEGACY_ROPE_KERNELS) and grouped queries (LEGACY_GQA_KERNELS) where the block has them."""
     core = 5.0 if flash else 4.0 + (1.0 if dropout else 0.0)
-    gelu = not spec.gated_mlp and spec.activation.startswith("gelu")
-    activation = 1.0 if gelu else 2.0 + (1.0 if spec.mlp_bias else 0.0)  # bias add apart
-    bias_adds = (1.0 if spec.qkv_bias else 0.0) + (1.0 if spec.mlp_bias else 0.0)
+    grouped = spec.n_kv_heads < spec.heads
+    fused_bias_gelu = not spec.gated_mlp and spec.activation.startswith("gelu")
+    activation = 2.0 if spec.gated_mlp else 1.0
+    fc1_bias_add = 1.0 if spec.mlp_bias and not fused_bias_gelu else 0.0
+    qkv_bias_adds = (2.0 if grouped else 1.0) if spec.qkv_bias else 0.0  # query, key-value
+    bias_adds = qkv_bias_adds + fc1_bias_add + (1.0 if spec.mlp_bias else 0.0)  # fc2's
     rope = 2.0 * LEGACY_ROPE_KERNELS if spec.position == "rope" else 0.0
-    gqa = LEGACY_GQA_KERNELS if spec.n_kv_heads < spec.heads else 0.0
+    gqa = LEGACY_GQA_KERNELS if grouped else 0.0
     kernels = sum(LEGACY_MEGATRON_KERNELS.values()) + core + activation + bias_adds + rope + gqa
     return kernels * EAGER_HOST_OPS_PER_KERNEL
 

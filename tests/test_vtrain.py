@@ -120,6 +120,39 @@ def test_llama_blocks_count_rope_swiglu_and_grouped_query_kernels():
     assert launches == len(LLAMA_FORWARD_KERNELS) * EAGER_OPS_PER_KERNEL
 
 
+def test_legacy_bias_adds_follow_where_the_layer_adds_each_bias():
+    """From the b4fcd6c5 source: fc1's bias rides in the TorchScript bias-GeLU but is its own add
+    before any other activation; fc2's is always its own add (skip_bias_add False); with grouped
+    queries the query and key-value linears add theirs apart."""
+    gpt2 = B.legacy_megatron_launches(GPT2_1024, flash=False, dropout=True)
+    llama = get("llama3-8b")
+    base = B.legacy_megatron_launches(llama, flash=False, dropout=False)
+    cases = {
+        "GPT-2 without MLP biases: fc2's add goes, F.gelu stays": (
+            B.legacy_megatron_launches(
+                replace(GPT2_1024, mlp_bias=False), flash=False, dropout=True
+            ),
+            gpt2 - 1 * EAGER_OPS_PER_KERNEL,
+        ),
+        "GPT-2 with ReLU: fc1's bias add apart": (
+            B.legacy_megatron_launches(
+                replace(GPT2_1024, activation="relu"), flash=False, dropout=True
+            ),
+            gpt2 + 1 * EAGER_OPS_PER_KERNEL,
+        ),
+        "Llama with MLP biases: fc1's and fc2's adds": (
+            B.legacy_megatron_launches(replace(llama, mlp_bias=True), flash=False, dropout=False),
+            base + 2 * EAGER_OPS_PER_KERNEL,
+        ),
+        "Llama with QKV biases: the query's and the key-value's": (
+            B.legacy_megatron_launches(replace(llama, qkv_bias=True), flash=False, dropout=False),
+            base + 2 * EAGER_OPS_PER_KERNEL,
+        ),
+    }
+    for name, (got, expected) in cases.items():
+        assert got == expected, name
+
+
 def test_only_the_deepspeed_stack_runs_the_legacy_layer():
     assert load_framework("deepspeed").megatron_legacy_layer
     for name in ("megatron", "torchtitan", "fsdp"):
