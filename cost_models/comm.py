@@ -81,31 +81,24 @@ def ring_allreduce_seconds(size_bytes, n, bw_Bps, latency_s):
     return np.where(n > 1, 2 * (n - 1) / n * size_bytes / bw_Bps + 2 * (n - 1) * latency_s, 0.0)
 
 
-def tree_allreduce_seconds(size_bytes, n, bw_Bps, latency_s):
-    """Double-binary-tree all-reduce (NCCL >= 2.4; Sanders, Speck & Traeff 2009): bandwidth term
-    as the ring, latency 2 log2(n) alpha."""
-    n = np.asarray(n, dtype=float)
-    return np.where(
-        n > 1,
-        2 * (n - 1) / n * size_bytes / bw_Bps + 2 * np.log2(np.maximum(n, 1)) * latency_s,
-        0.0,
-    )
-
-
 def allreduce_latency_steps(n):
-    """Latency steps of the flat all-reduce allreduce_seconds costs: the ring's 2 (n - 1) or the
-    tree's 2 log2 n, whichever is fewer (their bandwidth terms are equal, so the faster algorithm
-    is the one with fewer steps). `planner hardware calibrate` fits the latency per step with this
-    count, so a calibrated profile gives back its measured small all-reduces."""
+    """Latency steps of the flat all-reduce: the ring's 2 (n - 1) (Patarasuk & Yuan 2009) or the
+    double binary tree's 2 log2 n (NCCL >= 2.4; Sanders, Speck & Traeff 2009), whichever is fewer:
+    their bandwidth terms are equal, so the faster algorithm, the one NCCL's tuner picks, is the
+    one with fewer steps. `planner hardware calibrate` fits the latency per step with this count,
+    so a calibrated profile gives back its measured small all-reduces."""
     n = np.asarray(n, dtype=float)
     return np.where(n > 1, np.minimum(2 * (n - 1), 2 * np.log2(np.maximum(n, 1))), 0.0)
 
 
 def allreduce_seconds(size_bytes, n, bw_Bps, latency_s):
-    """Flat all-reduce: the faster of ring and tree (what NCCL's tuner does)."""
-    return np.minimum(
-        ring_allreduce_seconds(size_bytes, n, bw_Bps, latency_s),
-        tree_allreduce_seconds(size_bytes, n, bw_Bps, latency_s),
+    """Flat all-reduce, the faster of ring and tree: 2 (n-1)/n S / B + allreduce_latency_steps
+    alpha; 0 when n == 1."""
+    n = np.asarray(n, dtype=float)
+    return np.where(
+        n > 1,
+        2 * (n - 1) / n * size_bytes / bw_Bps + allreduce_latency_steps(n) * latency_s,
+        0.0,
     )
 
 
