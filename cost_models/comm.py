@@ -28,6 +28,7 @@ import numpy as np
 
 from cost_models.compute import eff, recompute_passes
 from cost_models.experts import mlp_tp_pair
+from cost_models.flops import block_gemm_shapes
 from cost_models.pipeline import p2p_transfers_on_critical_path, warmup_forwards
 from hardware_profiles import HardwareProfile
 from hardware_profiles.efficiency import efficiency
@@ -204,6 +205,36 @@ def shard_unit_latency_seconds(x):
     across = group_collective_seconds("allreduce", 0.0, replicas, x.local["R"], x.hw)
     per_step = x.m * (collectives * shard + (x.blocks_most + 1.0) * across)
     return np.where(x.zero >= 2, per_step, 0.0)
+
+
+AMAX_BYTES_PER_GEMM = 3 * 4.0
+"""Amaxes one linear GEMM adds to a delayed-scaling reduction: its three FP8 tensors of the forward
+(input, weight, output; the backward's two are fewer), fp32 each (Transformer Engine
+module/base.py: fp8_meta["scaling_fwd"] holds num_gemms x 3 amaxes)."""
+
+
+def fp8_amax_reduction_seconds(x):
+    """Per step: Transformer Engine's delayed-scaling amax reductions (fp8_scaling "delayed"). At the
+    exit of the outermost fp8_autocast, and at the end of the backward of the region it wrapped, TE
+    concatenates the region's amaxes and all-reduces them (max) with async_op=False, so the compute
+    stream waits for it, before its fused scale update (transformer_engine/pytorch/fp8.py,
+    FP8GlobalStateManager.reduce_and_update_fp8_tensors, v1.6-v2.x). Megatron-Core wraps each model
+    chunk's blocks in one fp8_autocast whose group is the amax reduction group, the tensor x data
+    (x context) parallel ranks of a pipeline stage (transformer_block.py; parallel_state.py
+    get_amax_reduction_group, core 0.7-0.19), so each micro-batch's forward and backward of each
+    chunk pays one latency-bound all-reduce over dp tp cp ranks: 2 m v per step (v = 1 without the
+    interleaved schedule). Stacks that wrap the whole model (llm-foundry, DeepSpeed with TE) pay 2 m
+    over the world, the same count with one stage. Current and block scaling reduce no history."""
+    delayed = (x.precision == "fp8") and (x.sw.fp8_scaling == "delayed")
+    if not delayed:
+        return np.zeros_like(np.asarray(x.dp, dtype=float))
+    chunks = np.where(x.is_schedule("interleaved-1f1b"), x.v, 1.0)
+    gemms = sum(g.name not in ("qk", "av") for g in block_gemm_shapes(x.spec, 1, 1))
+    amax_bytes = AMAX_BYTES_PER_GEMM * gemms * np.ceil(x.blocks_most / chunks)
+    group = x.dp * x.tp * x.cp
+    stage_in_node = np.minimum(group, x.hw.devices_per_node / x.local["P"])
+    reduce = group_collective_seconds("allreduce", amax_bytes, group, stage_in_node, x.hw)
+    return 2.0 * x.m * chunks * np.where(group > 1, reduce, 0.0)
 
 
 def tied_embedding_sync_seconds(vocab, hidden, tp, grad_bytes, pair_in_node, hw: HardwareProfile):
@@ -560,7 +591,8 @@ def dp_comm_seconds(
     `overlap_interference` of its time (NCCL takes SMs and memory bandwidth). `compute_end_s`, the
     rank's compute end (compute_s without it), bounds a reduction longer than the whole step.
     Tied embeddings split over a pipeline add their first/last-stage gradient all-reduce after the
-    backward."""
+    backward; delayed FP8 scaling its amax all-reduces over the stage's ranks
+    (fp8_amax_reduction_seconds)."""
     s = x.sw.state_bytes(x.precision)
     grad_bytes = params_rank.total * s.reduce
     allreduce, rs, gather = dp_reduction_parts(x, params_rank)
@@ -583,7 +615,7 @@ def dp_comm_seconds(
     shown = np.where(x.zero >= 3, z3_shown, low_shown)
     out = shown + eff(x.hw, "overlap_interference") * (total - shown)
     out = out + np.where(x.zero >= 3, 0.0, gate)  # the gather hides, the forward waits
-    out = out + shard_unit_latency_seconds(x)
+    out = out + shard_unit_latency_seconds(x) + fp8_amax_reduction_seconds(x)
     if x.spec.tied_embeddings:
         # DeepSpeed's PipelineEngine all-reduces the tied weight's fp32 gradient under BF16_Optimizer
         # (weight._hp_grad; pipe/engine.py _exec_reduce_tied_grads, v0.6.5), the 16-bit .grad otherwise

@@ -777,10 +777,12 @@ def step_work(x, t: BlockTerms, row: int = 0) -> StepWork:
 def after_reduction_seconds(x, row: int = 0) -> float:
     """Per-step communication on the critical path that the closed form costs and the simulated
     streams do not hold: the per-block collectives' ring latency of FSDP-style sharding
-    (comm.shard_unit_latency_seconds) and the tied embedding's first/last-stage gradient all-reduce
-    (comm.tied_embedding_sync_seconds), neither overlapped."""
+    (comm.shard_unit_latency_seconds), delayed FP8 scaling's amax all-reduces
+    (comm.fp8_amax_reduction_seconds) and the tied embedding's first/last-stage gradient all-reduce
+    (comm.tied_embedding_sync_seconds), none overlapped."""
     unit_s = _one(x, C.shard_unit_latency_seconds(x), row)
-    return unit_s + _tied_sync_seconds(x, row)
+    amax_s = _one(x, C.fp8_amax_reduction_seconds(x), row)
+    return unit_s + amax_s + _tied_sync_seconds(x, row)
 
 
 def _tied_sync_seconds(x, row: int) -> float:

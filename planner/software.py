@@ -194,6 +194,17 @@ def _check_runnable_options(fw: FrameworkProfile, o: RunOptions) -> None:
             f"{fw.kernels} MLP keeps the activation input in the compute dtype "
             "(Megatron-Core's fused SwiGLU stores it in FP8; allowed: false)",
         )
+    if o.fp8_scaling == "delayed" and not fw.fp8_weight_cache_bytes:
+        # Transformer Engine's stacks keep FP8 weight copies; torchao casts on the fly and, since
+        # 0.10, scales only from the current amax (its delayed scaling was removed)
+        raise ConfigError(
+            "fp8_scaling",
+            "delayed",
+            "tensorwise or rowwise",
+            message=f"framework {fw.name} cannot run this plan: fp8_scaling=delayed: {fw.name}'s "
+            "FP8 scales from the current amax (delayed scaling is Transformer Engine's; allowed: "
+            "tensorwise, rowwise)",
+        )
 
 
 def check_activation_fp8_input(software: Software, model: TransformerSpec) -> None:

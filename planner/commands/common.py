@@ -167,8 +167,10 @@ Fp8ScalingOpt = Annotated[
     Optional[str],
     typer.Option(
         "--fp8-scaling",
-        help="FP8 scaling granularity with --precision fp8: tensorwise (Transformer Engine, torchao "
-        "tensorwise; default) or rowwise (torchao rowwise: every operand cast along both axes).",
+        help="FP8 scaling recipe with --precision fp8: tensorwise (current per-tensor scaling: "
+        "Transformer Engine, torchao tensorwise; default), rowwise (torchao rowwise: every operand "
+        "cast along both axes) or delayed (Transformer Engine's amax-history recipe: an amax "
+        "all-reduce over the stage's ranks after each chunk's forward and backward).",
     ),
 ]
 Fp8ParamGatherOpt = Annotated[

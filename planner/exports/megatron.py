@@ -334,7 +334,9 @@ def _precision_args(plan: Plan, add: _AddArg, notes: list[str]) -> None:
     notes += _model_config_notes(plan)
     if cfg.precision == "fp8":
         add("--fp8-format", "hybrid")
-        add("--fp8-recipe", "tensorwise")
+        # Megatron-LM's --fp8-recipe: delayed (amax history) or tensorwise (current scaling)
+        delayed = (plan.document.get("software") or {}).get("fp8_scaling") == "delayed"
+        add("--fp8-recipe", "delayed" if delayed else "tensorwise")
         if _fp8_parameters(plan):
             add("--fp8-param-gather")  # FP8 parameters, gathered in FP8 (Software.fp8_param_gather)
         notes.append(

@@ -1,0 +1,113 @@
+"""Transformer Engine's delayed FP8 scaling: an amax all-reduce over the pipeline stage's ranks
+after each forward and backward of each model chunk (cost_models.comm.fp8_amax_reduction_seconds).
+
+Expected counts come from the stacks' code: TE 1.6 fp8.py reduces at the outermost fp8_autocast
+exit and at the end of its region's backward (async_op=False), and Megatron-Core's
+TransformerBlock wraps each chunk's blocks in one fp8_autocast whose group is
+get_amax_reduction_group (tensor x data x context parallel ranks of one stage)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from cost_models import comm as C
+from hardware_profiles import load_profile
+from planner.cli import app
+from planner.estimate import estimate
+from planner.parallel import ParallelConfig
+from planner.plan import Plan, plan_from_document
+from planner.exports import export_plan
+from planner.run_options import RunOptions
+from planner.sources import resolve_model
+
+HW = load_profile("dgx-h100")
+SPEC = resolve_model("gpt3-175b")
+A_IN, A_OUT = HW.intra_node_latency_us * 1e-6, HW.inter_node_latency_us * 1e-6
+
+
+def run(scaling="delayed", *, dp=4, v=12, precision="fp8", framework="megatron", place="PDT"):
+    """GPT-3 175B as DGX Cloud's NeMo recipe lays it out: tp 4, pp 8, 12 chunks of one block."""
+    interleaved = v > 1
+    cfg = ParallelConfig(
+        dp=dp,
+        tp=4,
+        pp=8,
+        micro_batch=1,
+        global_batch=64 * dp,
+        seq=2048,
+        schedule="interleaved-1f1b" if interleaved else "1f1b",
+        virtual_stages=v,
+        zero=1,
+        sequence_parallel=True,
+        precision=precision,
+        framework=framework,
+        placement=place,
+    )
+    options = RunOptions(fp8_scaling=scaling if precision == "fp8" else None)
+    return estimate(SPEC, HW, cfg, gpus=dp * 32, options=options)
+
+
+def amax_s(est) -> float:
+    return float(C.fp8_amax_reduction_seconds(est.scores.step)[0])
+
+
+def test_one_all_reduce_per_chunk_forward_and_backward():
+    """64 micro-batches x 12 chunks x (forward + backward) = 1,536 reductions per step, each over
+    the 16 ranks of a stage (tp 4 x dp 4: two nodes of 8), latency-bound: NCCL's tree inside the
+    node (2 log2 8 = 6 NVLink steps) and across the two nodes (2 log2 2 = 2 network steps)."""
+    one = 6 * A_IN + 2 * A_OUT
+    assert amax_s(run()) == pytest.approx(2 * 64 * 12 * one, rel=0.02)
+
+
+def test_the_group_spans_as_many_nodes_as_the_placement_puts_it_on():
+    """Pipeline ranks inside the node (DPT: tensor, then pipeline, then data): a stage's 16 ranks
+    are 4 per node over 4 nodes, 2 log2 4 = 4 steps on each side."""
+    one = 4 * A_IN + 4 * A_OUT
+    assert amax_s(run(place="DPT")) == pytest.approx(2 * 64 * 12 * one, rel=0.02)
+
+
+def test_without_the_interleaved_schedule_one_chunk_per_rank():
+    assert amax_s(run(v=1)) == pytest.approx(amax_s(run()) / 12, rel=0.02)
+
+
+def test_the_group_is_the_stage_and_grows_with_data_parallelism():
+    assert amax_s(run(dp=2)) < amax_s(run(dp=4)) < amax_s(run(dp=32))
+
+
+def test_only_delayed_scaling_pays_it():
+    assert amax_s(run("tensorwise")) == 0.0
+    assert amax_s(run("rowwise")) == 0.0
+    assert amax_s(run(None, precision="amp-bf16")) == 0.0
+
+
+def test_the_step_waits_for_it_on_the_timeline_and_in_the_closed_form():
+    delayed, current = run(), run("tensorwise")
+    added = amax_s(delayed)
+    assert delayed.step_time_s - current.step_time_s == pytest.approx(added, rel=1e-6)
+    closed = float(delayed.scores.closed_form_step_s[0])
+    closed_current = float(current.scores.closed_form_step_s[0])
+    assert closed - closed_current == pytest.approx(added, rel=1e-6)
+    breakdown = delayed.time_breakdown_s()
+    assert breakdown["dp_comm"] - current.time_breakdown_s()["dp_comm"] == pytest.approx(added)
+
+
+def test_a_stack_without_transformer_engine_refuses_delayed_scaling():
+    result = CliRunner().invoke(
+        app,
+        [
+            "estimate", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "8", "--dp", "8",
+            "--framework", "torchtitan", "--precision", "fp8", "--fp8-scaling", "delayed",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "fp8_scaling=delayed" in lines[0] and "allowed" in lines[0]
+
+
+def test_megatron_export_names_the_recipe(tmp_path):
+    for scaling, flag in (("delayed", "delayed"), ("tensorwise", "tensorwise")):
+        document = run(scaling).to_document()
+        plan: Plan = plan_from_document(document)
+        script = export_plan(plan, "megatron").text
+        assert f"--fp8-recipe {flag}" in script
