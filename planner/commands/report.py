@@ -129,47 +129,16 @@ def report(
     document = _plan_document(plan_or_model)
     counts = _node_list(scaling_nodes)
     if document is not None:
-        p, h = document["plan"], document["hardware"]
-        scenario = Scenario(
-            model=model or document["model"]["name"],
-            hardware=hardware or h["name"],
-            gpus=h["gpus"],
-            global_batch=p["global_batch"],
-            seq=p["seq"],
-            precision=p["precision"],
-            optimizer=p.get("optimizer", optimizer),
-            scaling_nodes=counts,
-            framework=framework or p.get("framework", "megatron"),
-            **options,
+        fields = _plan_fields(
+            document, model=model, hardware=hardware, framework=framework, optimizer=optimizer
         )
     else:
-        if model is not None:
-            raise ConfigError(
-                "--model", model, "only with a PLAN.json (a MODEL argument is given already)"
-            )
-        if plan_or_model.endswith(".json"):
-            # a missing or malformed JSON file: say so (as a plan or config.json) before asking for --hardware
-
-            resolve_model(plan_or_model)
-        if hardware is None:
-            raise ConfigError(
-                "--hardware", None, "a hardware profile name or path (required with a MODEL)"
-            )
-
-        profile = load_profile(hardware)
-        precision = resolve_precision(profile, precision)
-        scenario = Scenario(
-            model=plan_or_model,
-            hardware=hardware,
-            gpus=world_size(profile, gpus, nodes),
-            global_batch=global_batch,
-            seq=seq,
-            precision=precision,
-            optimizer=optimizer,
-            scaling_nodes=counts,
-            framework=default_framework(plan_or_model, framework),
-            **options,
-        )
+        fields = _model_fields(
+            plan_or_model, model=model, hardware=hardware, gpus=gpus, nodes=nodes,
+            global_batch=global_batch, seq=seq, precision=precision, optimizer=optimizer,
+            framework=framework,
+        )  # fmt: skip
+    scenario = Scenario(**fields, scaling_nodes=counts, **options)
 
     profile = load_profile(scenario.hardware)
     check_options(
@@ -186,6 +155,49 @@ def report(
         f"wrote {html_path} and {md_path} ({len(content.figures)} figures, "
         f"{len(content.checklist)} checklist rules)",
         err=True,
+    )
+
+
+def _plan_fields(document: dict, *, model, hardware, framework, optimizer) -> dict:
+    """The report's scenario for a plan file: its model, hardware and batch unless flags say
+    otherwise."""
+    p, h = document["plan"], document["hardware"]
+    return dict(
+        model=model or document["model"]["name"],
+        hardware=hardware or h["name"],
+        gpus=h["gpus"],
+        global_batch=p["global_batch"],
+        seq=p["seq"],
+        precision=p["precision"],
+        optimizer=p.get("optimizer", optimizer),
+        framework=framework or p.get("framework", "megatron"),
+    )
+
+
+def _model_fields(
+    plan_or_model: str, *, model, hardware, gpus, nodes, precision, framework, **batch
+) -> dict:
+    """The report's scenario for a MODEL argument, which needs --hardware (and takes no --model);
+    `batch`: global_batch, seq and optimizer as given."""
+    if model is not None:
+        raise ConfigError(
+            "--model", model, "only with a PLAN.json (a MODEL argument is given already)"
+        )
+    if plan_or_model.endswith(".json"):
+        # a missing or malformed JSON file: say so (as a plan or config.json) before asking for --hardware
+        resolve_model(plan_or_model)
+    if hardware is None:
+        raise ConfigError(
+            "--hardware", None, "a hardware profile name or path (required with a MODEL)"
+        )
+    profile = load_profile(hardware)
+    return dict(
+        model=plan_or_model,
+        hardware=hardware,
+        gpus=world_size(profile, gpus, nodes),
+        precision=resolve_precision(profile, precision),
+        framework=default_framework(plan_or_model, framework),
+        **batch,
     )
 
 
