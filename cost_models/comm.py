@@ -223,17 +223,20 @@ def fp8_amax_reduction_seconds(x):
     (x context) parallel ranks of a pipeline stage (transformer_block.py; parallel_state.py
     get_amax_reduction_group, core 0.7-0.19), so each micro-batch's forward and backward of each
     chunk pays one latency-bound all-reduce over dp tp cp ranks: 2 m v per step (v = 1 without the
-    interleaved schedule). Stacks that wrap the whole model (llm-foundry, DeepSpeed with TE) pay 2 m
-    over the world, the same count with one stage. Current and block scaling reduce no history."""
+    interleaved schedule). Its buffer holds the amaxes of every module of the rank that registered
+    under that recipe and group (the buffer is keyed by them), 3 per linear GEMM of its blocks. A stack
+    that wraps the whole model in one region pays 2 m over the world, the same count with one stage.
+    Current and block scaling reduce no history (TE 2.8: a no-op for them). Not counted: the
+    reductions full recomputation adds where TE re-enters fp8_autocast in the recomputed forward
+    (its checkpoint, TE >= 2.2)."""
     delayed = (x.precision == "fp8") and (x.sw.fp8_scaling == "delayed")
     if not delayed:
         return np.zeros_like(np.asarray(x.dp, dtype=float))
     chunks = np.where(x.is_schedule("interleaved-1f1b"), x.v, 1.0)
     gemms = sum(g.name not in ("qk", "av") for g in block_gemm_shapes(x.spec, 1, 1))
-    amax_bytes = AMAX_BYTES_PER_GEMM * gemms * np.ceil(x.blocks_most / chunks)
+    amax_bytes = AMAX_BYTES_PER_GEMM * gemms * x.blocks_most
     group = x.dp * x.tp * x.cp
-    stage_in_node = np.minimum(group, x.hw.devices_per_node / x.local["P"])
-    reduce = group_collective_seconds("allreduce", amax_bytes, group, stage_in_node, x.hw)
+    reduce = group_collective_seconds("allreduce", amax_bytes, group, x.local["TDC"], x.hw)
     return 2.0 * x.m * chunks * np.where(group > 1, reduce, 0.0)
 
 

@@ -194,7 +194,11 @@ def _check_runnable_options(fw: FrameworkProfile, o: RunOptions) -> None:
             f"{fw.kernels} MLP keeps the activation input in the compute dtype "
             "(Megatron-Core's fused SwiGLU stores it in FP8; allowed: false)",
         )
-    if o.fp8_scaling == "delayed" and not fw.fp8_weight_cache_bytes:
+    if (
+        o.fp8_scaling == "delayed"
+        and "fp8" in fw.capabilities.precisions
+        and not fw.fp8_weight_cache_bytes
+    ):
         # Transformer Engine's stacks keep FP8 weight copies; torchao casts on the fly and, since
         # 0.10, scales only from the current amax (its delayed scaling was removed)
         raise ConfigError(

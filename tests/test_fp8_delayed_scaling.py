@@ -26,13 +26,14 @@ SPEC = resolve_model("gpt3-175b")
 A_IN, A_OUT = HW.intra_node_latency_us * 1e-6, HW.inter_node_latency_us * 1e-6
 
 
-def run(scaling="delayed", *, dp=4, v=12, precision="fp8", framework="megatron", place="PDT"):
+def run(scaling="delayed", *, dp=4, v=12, precision="fp8", place="PDT", cp=1, hw=HW):
     """GPT-3 175B as DGX Cloud's NeMo recipe lays it out: tp 4, pp 8, 12 chunks of one block."""
     interleaved = v > 1
     cfg = ParallelConfig(
         dp=dp,
         tp=4,
         pp=8,
+        cp=cp,
         micro_batch=1,
         global_batch=64 * dp,
         seq=2048,
@@ -41,11 +42,11 @@ def run(scaling="delayed", *, dp=4, v=12, precision="fp8", framework="megatron",
         zero=1,
         sequence_parallel=True,
         precision=precision,
-        framework=framework,
+        framework="megatron",
         placement=place,
     )
     options = RunOptions(fp8_scaling=scaling if precision == "fp8" else None)
-    return estimate(SPEC, HW, cfg, gpus=dp * 32, options=options)
+    return estimate(SPEC, hw, cfg, gpus=dp * 32 * cp, options=options)
 
 
 def amax_s(est) -> float:
@@ -65,6 +66,21 @@ def test_the_group_spans_as_many_nodes_as_the_placement_puts_it_on():
     are 4 per node over 4 nodes, 2 log2 4 = 4 steps on each side."""
     one = 4 * A_IN + 4 * A_OUT
     assert amax_s(run(place="DPT")) == pytest.approx(2 * 64 * 12 * one, rel=0.02)
+
+
+def test_context_parallel_ranks_are_in_the_group():
+    """cp 2 (PDCT): a stage's 32 ranks are 8 per node (tensor and context) over 4 nodes."""
+    one = 6 * A_IN + 4 * A_OUT
+    assert amax_s(run(cp=2, place="PDCT")) == pytest.approx(2 * 64 * 12 * one, rel=0.02)
+
+
+def test_a_stage_inside_one_nvlink_domain_never_crosses_the_network():
+    """GB200 NVL72 trays of 4 GPUs: a 128-GPU job fills 64 of each rack's 72, so a stage's 16
+    contiguous ranks share NVLink although they sit on 4 hosts: NCCL's tree over 16, 2 log2 16 = 8
+    NVLink steps and no network step."""
+    gb200 = load_profile("p6e-gb200.36xlarge")
+    one = 8 * gb200.intra_node_latency_us * 1e-6
+    assert amax_s(run(hw=gb200)) == pytest.approx(2 * 64 * 12 * one, rel=0.02)
 
 
 def test_without_the_interleaved_schedule_one_chunk_per_rank():
@@ -103,6 +119,19 @@ def test_a_stack_without_transformer_engine_refuses_delayed_scaling():
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "fp8_scaling=delayed" in lines[0] and "allowed" in lines[0]
+
+
+def test_a_stack_without_fp8_says_so_first():
+    result = CliRunner().invoke(
+        app,
+        [
+            "estimate", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "8", "--dp", "8",
+            "--framework", "deepspeed", "--precision", "fp8", "--fp8-scaling", "delayed",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "fp8_scaling" not in lines[0] and "amp-bf16" in lines[0]
 
 
 def test_megatron_export_names_the_recipe(tmp_path):
