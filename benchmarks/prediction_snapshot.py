@@ -82,7 +82,7 @@ RECOMMENDS: tuple[dict[str, Any], ...] = (
         hardware="gb200-nvl72",
         gpus=144,
         precision="fp8",
-        fp8_scaling="rowwise",
+        fp8_scaling="delayed",
     ),
 )
 """Searches across stacks, precisions, objectives, dense and MoE, 8 to 16,384 GPUs."""

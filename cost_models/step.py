@@ -26,13 +26,6 @@ from planner.run_options import GRAD_REDUCE_BYTES, RunOptions
 from planner.spec import TransformerSpec
 
 
-FP8_SCALINGS = ("tensorwise", "rowwise", "delayed")
-"""FP8 scaling recipes the cost model tells apart: per tensor from the current amax (Transformer Engine's
-current scaling, torchao's tensorwise), per row (torchao's rowwise), and per tensor from an amax history
-(Transformer Engine's DelayedScaling, Megatron-LM's --fp8-recipe delayed), whose amaxes are all-reduced
-after each forward and backward of an fp8_autocast region (comm.fp8_amax_reduction_seconds).
-Block-scaled recipes (MXFP8, DeepSeek's 1x128) are costed as tensorwise."""
-
 MASTER_WEIGHTS = ("fp32", "remainder")
 """How the optimizer keeps the master copy of 16-bit parameters (Software.master_weights)."""
 
@@ -133,7 +126,7 @@ class Software:
     transpose still cached); a stack that casts on the fly keeps 16-bit shards and gathers FP8
     (cost_models.memory.rank_memory)."""
     fp8_scaling: str = "tensorwise"
-    """How an FP8 recipe scales GEMM operands (FP8_SCALINGS): one scale per tensor, per row (torchao's
+    """How an FP8 recipe scales GEMM operands (frameworks.profile.FP8_SCALINGS): one scale per tensor, per row (torchao's
     rowwise recipe), whose backward needs every operand scaled along its other axis too (cost_models.compute.
     fp8_cast_bytes), or per tensor from an amax history (delayed: its amax all-reduces,
     comm.fp8_amax_reduction_seconds)."""

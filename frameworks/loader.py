@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 from frameworks.profile import (
     ATTENTION_KERNELS,
     CAPABILITY_FIELDS,
+    FP8_SCALINGS,
     KERNELS,
     LOSS_KERNELS,
     MOE_DISPATCHERS,
@@ -115,6 +116,12 @@ FRAMEWORK_KEYS: dict[str, Field] = {
     "moe_a2a_overlap": _optional(
         "bool", False, "Expert-parallel exchanges overlap other micro-batches by default."
     ),
+    "fp8_scaling": _optional(
+        "str",
+        FP8_SCALINGS[0],
+        "Default FP8 scaling recipe (one of capabilities.fp8_scalings).",
+        allowed=FP8_SCALINGS,
+    ),
     "moe_host_sync": _optional("bool", False, "A dropless MoE forward waits on the host."),
     "overlap_param_gather": _optional(
         "bool", False, "The distributed optimizer's all-gather runs under the next forward."
@@ -207,6 +214,13 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
             "moe_dispatcher",
             data["moe_dispatcher"],
             "one of capabilities.moe_dispatchers (" + ", ".join(caps.moe_dispatchers) + ")",
+        )
+    if data.get("fp8_scaling", FP8_SCALINGS[0]) not in caps.fp8_scalings:
+        _fail(
+            origin,
+            "fp8_scaling",
+            data["fp8_scaling"],
+            "one of capabilities.fp8_scalings (" + ", ".join(caps.fp8_scalings) + ")",
         )
     if data.get("moe_a2a_overlap", False) and not caps.moe_a2a_overlap:
         _fail(origin, "moe_a2a_overlap", True, "false unless capabilities.moe_a2a_overlap")

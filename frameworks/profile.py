@@ -34,6 +34,13 @@ cross_entropy on the 16-bit logits, not upcast (NeMo AutoModel's MaskedCrossEntr
 setting of its benchmark configs); inplace: Transformer Engine's parallel cross-entropy, which writes the gradient
 into the 16-bit logits during the forward (Megatron-Core's cross_entropy_fusion_impl "te", the setting of
 Megatron-Bridge's performance recipes)."""
+FP8_SCALINGS = ("tensorwise", "rowwise", "delayed")
+"""FP8 scaling recipes the cost model tells apart: per tensor from the current amax (Transformer
+Engine's current scaling, Megatron-LM's --fp8-recipe tensorwise, torchao's tensorwise), per row
+(torchao's rowwise), and per tensor from an amax history (Transformer Engine's DelayedScaling,
+Megatron-LM's --fp8-recipe delayed), whose amaxes are all-reduced after each forward and backward of
+an fp8_autocast region (cost_models.comm.fp8_amax_reduction_seconds). Block-scaled recipes (MXFP8,
+DeepSeek's 1x128) are costed as tensorwise."""
 MOE_DISPATCHERS = ("alltoall", "deepep")
 """How routed tokens reach experts on other ranks (cost_models.moe.exchange_seconds): alltoall (one NCCL
 all-to-all over the expert-parallel group: Megatron-Core's alltoall dispatcher, torchtitan, DeepSpeed-MoE)
@@ -212,6 +219,16 @@ class Capabilities:
         ),
         vocab=ATTENTION_KERNELS,
     )
+    fp8_scalings: tuple[str, ...] = capability(
+        ("tensorwise",),
+        means=(
+            "FP8 scaling recipes the stack runs (FP8_SCALINGS; the run option `fp8_scaling` and "
+            "the framework's default are refused outside it): Megatron-LM's --fp8-recipe, "
+            "torchao's float8 recipes, the delayed scaling Transformer Engine's autocast gets "
+            "from Accelerate and Composer."
+        ),
+        vocab=FP8_SCALINGS,
+    )
     moe_dispatchers: tuple[str, ...] = capability(
         ("alltoall",),
         means=(
@@ -340,6 +357,8 @@ class FrameworkProfile:
     sources: Mapping[str, str] = field(default_factory=dict)
     moe_dispatcher: str = "alltoall"
     """The stack's default token dispatcher for expert parallelism (MOE_DISPATCHERS)."""
+    fp8_scaling: str = "tensorwise"
+    """The stack's default FP8 scaling recipe (FP8_SCALINGS; cost_models.step.Software.fp8_scaling)."""
     moe_a2a_overlap: bool = False
     """Expert-parallel exchanges overlap another micro-batch's compute by default (cost_models.moe)."""
     overlap_param_gather: bool = False

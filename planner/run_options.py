@@ -55,7 +55,7 @@ class RunOptions:
     """The block implementation when a run swaps the stack's modules for another's
     (frameworks.KERNELS); None: the framework's own."""
     fp8_scaling: str | None = None
-    """FP8 scaling granularity (cost_models.step.FP8_SCALINGS); None: tensorwise."""
+    """FP8 scaling recipe (frameworks.profile.FP8_SCALINGS); None: the framework's default."""
     activation_offload_layers: int | None = None
     """With activation offload, how many blocks offload; None: every block."""
     master_weights: str | None = None

@@ -15,7 +15,8 @@ from pathlib import Path
 from cost_models.blocks import RECOMPUTE_MODULES
 from dataclasses import fields
 
-from cost_models.step import FP8_SCALINGS, MASTER_WEIGHTS, Software
+from cost_models.step import MASTER_WEIGHTS, Software
+from frameworks.profile import FP8_SCALINGS
 from frameworks.profile import (
     ATTENTION_KERNELS,
     KERNELS,

@@ -11,7 +11,8 @@ from dataclasses import replace
 
 from cost_models.blocks import RECOMPUTE_MODULES
 from cost_models.comm import tp_overlapped
-from cost_models.step import BF16_PARAM_PRECISIONS, FP8_SCALINGS, MASTER_WEIGHTS, Software
+from cost_models.step import BF16_PARAM_PRECISIONS, MASTER_WEIGHTS, Software
+from frameworks.profile import FP8_SCALINGS
 from frameworks import (
     ATTENTION_KERNELS,
     SWITCHES_A_STACK_MAY_LACK,
@@ -194,20 +195,15 @@ def _check_runnable_options(fw: FrameworkProfile, o: RunOptions) -> None:
             f"{fw.kernels} MLP keeps the activation input in the compute dtype "
             "(Megatron-Core's fused SwiGLU stores it in FP8; allowed: false)",
         )
-    if (
-        o.fp8_scaling == "delayed"
-        and "fp8" in fw.capabilities.precisions
-        and not fw.fp8_weight_cache_bytes
-    ):
-        # Transformer Engine's stacks keep FP8 weight copies; torchao casts on the fly and, since
-        # 0.10, scales only from the current amax (its delayed scaling was removed)
+    scalings, has_fp8 = fw.capabilities.fp8_scalings, "fp8" in fw.capabilities.precisions
+    if o.fp8_scaling is not None and has_fp8 and o.fp8_scaling not in scalings:
+        allowed = ", ".join(scalings)
         raise ConfigError(
             "fp8_scaling",
-            "delayed",
-            "tensorwise or rowwise",
-            message=f"framework {fw.name} cannot run this plan: fp8_scaling=delayed: {fw.name}'s "
-            "FP8 scales from the current amax (delayed scaling is Transformer Engine's; allowed: "
-            "tensorwise, rowwise)",
+            o.fp8_scaling,
+            allowed,
+            message=f"framework {fw.name} cannot run this plan: fp8_scaling={o.fp8_scaling}: "
+            f"{fw.name} scales FP8 by {allowed} only (allowed: {allowed})",
         )
 
 

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from cost_models import comm as C
 from hardware_profiles import load_profile
 from planner.cli import app
+from planner.errors import ConfigError
 from planner.estimate import estimate
 from planner.parallel import ParallelConfig
 from planner.plan import Plan, plan_from_document
@@ -93,8 +94,26 @@ def test_the_group_is_the_stage_and_grows_with_data_parallelism():
 
 def test_only_delayed_scaling_pays_it():
     assert amax_s(run("tensorwise")) == 0.0
-    assert amax_s(run("rowwise")) == 0.0
     assert amax_s(run(None, precision="amp-bf16")) == 0.0
+
+
+def test_each_stack_runs_its_own_recipes():
+    """Megatron-LM's --fp8-recipe has no torchao rowwise; Accelerate's and Composer's Transformer
+    Engine path builds DelayedScaling, so FSDP plans are delayed by default and only so."""
+    with pytest.raises(ConfigError, match="fp8_scaling=rowwise.*allowed: tensorwise, delayed"):
+        run("rowwise")
+    fsdp = ParallelConfig(
+        dp=8, tp=1, pp=1, micro_batch=1, global_batch=16, seq=2048, zero=3,
+        precision="fp8", framework="fsdp",
+    )  # fmt: skip
+    llama = resolve_model("llama3-8b")
+    est = estimate(llama, HW, fsdp, gpus=8)
+    assert est.software.fp8_scaling == "delayed"
+    # the whole model is one autocast region over the 8 ranks: 2 micro-batches x 2 reductions
+    one = 6 * A_IN
+    assert amax_s(est) == pytest.approx(2 * 2 * one, rel=0.05)
+    with pytest.raises(ConfigError, match="fsdp scales FP8 by delayed only"):
+        estimate(llama, HW, fsdp, gpus=8, options=RunOptions(fp8_scaling="tensorwise"))
 
 
 def test_the_step_waits_for_it_on_the_timeline_and_in_the_closed_form():

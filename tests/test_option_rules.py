@@ -34,7 +34,7 @@ ESTIMATE = [
 RUN_OPTIONS = {
     # name: (arguments, where the document records it, the value recorded)
     "precision": (["--precision", "fp8"], ("plan", "precision"), "fp8"),
-    "fp8_scaling": (["--fp8-scaling", "rowwise"], ("software", "fp8_scaling"), "rowwise"),
+    "fp8_scaling": (["--fp8-scaling", "delayed"], ("software", "fp8_scaling"), "delayed"),
     "recompute": (["--recompute", "selective"], ("plan", "recompute"), "selective"),
     "recompute_modules": (
         ["--recompute-modules", "mlp"],

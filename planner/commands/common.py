@@ -168,9 +168,10 @@ Fp8ScalingOpt = Annotated[
     typer.Option(
         "--fp8-scaling",
         help="FP8 scaling recipe with --precision fp8: tensorwise (current per-tensor scaling: "
-        "Transformer Engine, torchao tensorwise; default), rowwise (torchao rowwise: every operand "
-        "cast along both axes) or delayed (Transformer Engine's amax-history recipe: an amax "
-        "all-reduce over the stage's ranks after each chunk's forward and backward).",
+        "Transformer Engine, torchao tensorwise), rowwise (torchao rowwise: every operand cast "
+        "along both axes) or delayed (Transformer Engine's amax-history recipe: an amax all-reduce "
+        "over the stage's ranks after each chunk's forward and backward). Default: the stack's "
+        "(fsdp delayed, the others tensorwise); each runs its capabilities.fp8_scalings.",
     ),
 ]
 Fp8ParamGatherOpt = Annotated[
