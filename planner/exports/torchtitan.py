@@ -101,7 +101,7 @@ def to_torchtitan(plan: Plan) -> Export:
     training = _training(cfg, notes)
     ac = _activation_checkpointing(cfg, notes)
     steps = steps_between_checkpoints(plan)
-    notes += _model_notes(cfg, family)
+    notes += _model_notes(cfg, family, (plan.document.get("software") or {}).get("fp8_scaling"))
     text = _module_text(plan, spec, family, flavor, training, parallelism, ac, steps)
     return Export(format="torchtitan", text=text, notes=tuple(notes))
 
@@ -286,9 +286,16 @@ def _activation_checkpointing(cfg, notes: list[str]) -> str:
     return ac
 
 
-def _model_notes(cfg, family: str) -> list[str]:
-    """FP8 converters and the job's own GPT model."""
+def _model_notes(cfg, family: str, fp8_scaling: str | None) -> list[str]:
+    """FP8 converters (and the recipe they run where the plan costed another) and the job's own GPT
+    model."""
     notes = []
+    if cfg.precision == "fp8" and fp8_scaling not in (None, "rowwise"):
+        notes.append(
+            f"fp8_scaling={fp8_scaling}: torchtitan 0.3.0's Float8LinearConverter has the rowwise "
+            "recipes only, so the job scales by row, which casts every operand along both axes "
+            "(estimate --fp8-scaling rowwise costs that); torchtitan before 0.3.0 ran tensorwise"
+        )
     if cfg.precision == "fp8" and family in TORCHTITAN_MOE_FAMILIES:
         notes.append(
             "fp8: torchtitan's Float8LinearConverter (torchao rowwise recipe) on every Linear but the routers' "

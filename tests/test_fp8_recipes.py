@@ -1,5 +1,6 @@
-"""Transformer Engine's delayed FP8 scaling: an amax all-reduce over the pipeline stage's ranks
-after each forward and backward of each model chunk (cost_models.comm.fp8_amax_reduction_seconds).
+"""FP8 scaling recipes: which each stack runs (capabilities.fp8_scalings), what its export writes, and
+Transformer Engine's delayed scaling, an amax all-reduce over the pipeline stage's ranks after each
+forward and backward of each model chunk (cost_models.comm.fp8_amax_reduction_seconds).
 
 Expected counts come from the stacks' code: TE 1.6 fp8.py reduces at the outermost fp8_autocast
 exit and at the end of its region's backward (async_op=False), and Megatron-Core's
@@ -159,3 +160,15 @@ def test_megatron_export_names_the_recipe(tmp_path):
         plan: Plan = plan_from_document(document)
         script = export_plan(plan, "megatron").text
         assert f"--fp8-recipe {flag}" in script
+
+
+def test_torchtitan_export_says_its_converter_scales_by_row():
+    cfg = ParallelConfig(
+        dp=8, tp=1, pp=1, micro_batch=1, global_batch=16, seq=2048, zero=3,
+        precision="fp8", framework="torchtitan",
+    )  # fmt: skip
+    llama = resolve_model("llama3-8b")
+    for scaling, noted in (("tensorwise", True), ("rowwise", False)):
+        est = estimate(llama, HW, cfg, gpus=8, options=RunOptions(fp8_scaling=scaling))
+        notes = export_plan(plan_from_document(est.to_document()), "torchtitan").notes
+        assert any(n.startswith(f"fp8_scaling={scaling}: ") for n in notes) is noted
