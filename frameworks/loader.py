@@ -215,11 +215,12 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
             data["moe_dispatcher"],
             "one of capabilities.moe_dispatchers (" + ", ".join(caps.moe_dispatchers) + ")",
         )
-    if data.get("fp8_scaling", FP8_SCALINGS[0]) not in caps.fp8_scalings:
+    fp8_default = data.get("fp8_scaling", FP8_SCALINGS[0])
+    if "fp8" in caps.precisions and fp8_default not in caps.fp8_scalings:
         _fail(
             origin,
             "fp8_scaling",
-            data["fp8_scaling"],
+            fp8_default,
             "one of capabilities.fp8_scalings (" + ", ".join(caps.fp8_scalings) + ")",
         )
     if data.get("moe_a2a_overlap", False) and not caps.moe_a2a_overlap:

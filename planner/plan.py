@@ -453,6 +453,18 @@ applies its own (planner.exports.retarget); explain's fresh search on the same s
 (planner.explain._software_options)."""
 
 
+def fp8_scaling_of(document: Mapping[str, Any]) -> str | None:
+    """The FP8 recipe a plan document was costed with: its software block's, else its framework's
+    default (a document without one); None for a plan without FP8."""
+    plan, sw = document.get("plan") or {}, document.get("software") or {}
+    if plan.get("precision") != "fp8":
+        return None
+    if sw.get("fp8_scaling"):
+        return sw["fp8_scaling"]
+    framework = sw.get("framework") or plan.get("framework")
+    return Software.of(load_framework(framework)).fp8_scaling if framework else Software.fp8_scaling
+
+
 def run_options(document: Mapping[str, Any]) -> RunOptions:
     """The run's own choices in a plan document's `software` block (planner.estimate.
     software_block), as a RunOptions record: every option whose recorded value differs from the

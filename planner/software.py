@@ -203,7 +203,7 @@ def _check_runnable_options(fw: FrameworkProfile, o: RunOptions) -> None:
             o.fp8_scaling,
             allowed,
             message=f"framework {fw.name} cannot run this plan: fp8_scaling={o.fp8_scaling}: "
-            f"{fw.name} scales FP8 by {allowed} only (allowed: {allowed})",
+            f"{fw.name} runs the FP8 recipes {allowed} (allowed: {allowed})",
         )
 
 

@@ -9,10 +9,14 @@ get_amax_reduction_group (tensor x data x context parallel ranks of one stage)."
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
 from cost_models import comm as C
+from frameworks.loader import framework_from_dict
 from hardware_profiles import load_profile
 from planner.cli import app
 from planner.errors import ConfigError
@@ -113,7 +117,7 @@ def test_each_stack_runs_its_own_recipes():
     # the whole model is one autocast region over the 8 ranks: 2 micro-batches x 2 reductions
     one = 6 * A_IN
     assert amax_s(est) == pytest.approx(2 * 2 * one, rel=0.05)
-    with pytest.raises(ConfigError, match="fsdp scales FP8 by delayed only"):
+    with pytest.raises(ConfigError, match="fsdp runs the FP8 recipes delayed"):
         estimate(llama, HW, fsdp, gpus=8, options=RunOptions(fp8_scaling="tensorwise"))
 
 
@@ -172,3 +176,50 @@ def test_torchtitan_export_says_its_converter_scales_by_row():
         est = estimate(llama, HW, cfg, gpus=8, options=RunOptions(fp8_scaling=scaling))
         notes = export_plan(plan_from_document(est.to_document()), "torchtitan").notes
         assert any(n.startswith(f"fp8_scaling={scaling}: ") for n in notes) is noted
+
+
+def _fp8_plan(framework: str, scaling=None, **cfg):
+    shape = dict(dp=8, tp=1, pp=1, micro_batch=1, global_batch=16, seq=2048, zero=3)
+    shape.update(cfg)
+    config = ParallelConfig(**shape, precision="fp8", framework=framework)
+    options = RunOptions(fp8_scaling=scaling)
+    est = estimate(resolve_model("llama3-8b"), HW, config, gpus=8, options=options)
+    return est.to_document()
+
+
+def test_export_to_another_stack_keeps_the_recipe_or_says_it_changes():
+    """fsdp's delayed recipe is one Megatron runs: kept, and written; Megatron's tensorwise is not
+    one fsdp runs: the export says it becomes delayed."""
+    to_megatron = export_plan(plan_from_document(_fp8_plan("fsdp")), "megatron")
+    assert "--fp8-recipe delayed" in to_megatron.text
+    assert not any("fp8_scaling" in n for n in to_megatron.notes)
+    to_fsdp = export_plan(plan_from_document(_fp8_plan("megatron", zero=1)), "fsdp")
+    assert any("fp8_scaling tensorwise -> delayed" in n for n in to_fsdp.notes)
+
+
+def test_a_plan_file_with_a_recipe_its_stack_does_not_run_is_refused():
+    """A plan file written before the stacks' recipes were checked (Megatron rowwise)."""
+    document = _fp8_plan("megatron", zero=1)
+    document["software"]["fp8_scaling"] = "rowwise"
+    with pytest.raises(
+        ConfigError, match="fp8_scaling=rowwise: megatron runs the FP8 recipes"
+    ) as err:
+        export_plan(plan_from_document(document), "megatron")
+    assert "\n" not in str(err.value)
+
+
+def test_the_torchtitan_note_reads_the_stack_default_without_a_software_block():
+    document = _fp8_plan("torchtitan")
+    document.pop("software")
+    notes = export_plan(plan_from_document(document), "torchtitan").notes
+    assert any(n.startswith("fp8_scaling=tensorwise: ") for n in notes)
+
+
+def test_a_profile_whose_default_recipe_it_does_not_run_is_refused():
+    path = Path(__file__).resolve().parent.parent / "frameworks" / "fsdp.json"
+    doc = json.loads(path.read_text())
+    doc.pop("fp8_scaling")
+    doc["sources"].pop("fp8_scaling", None)
+    with pytest.raises(ConfigError, match="fp8_scaling") as err:
+        framework_from_dict(doc, origin="fsdp.json")
+    assert "one of capabilities.fp8_scalings (delayed)" in str(err.value)

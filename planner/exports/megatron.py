@@ -25,7 +25,7 @@ from planner.exports.common import (
     steps_between_checkpoints,
 )
 from planner.exports.limits import _bias_pattern, megatron_limits
-from planner.plan import Plan, run_options
+from planner.plan import Plan, fp8_scaling_of, run_options
 
 MEGATRON_CP_COMM = {"p2p": "p2p", "all_gather": "allgather", "a2a": "a2a"}
 """Planner cp_comm -> Megatron-LM --cp-comm-type."""
@@ -335,8 +335,7 @@ def _precision_args(plan: Plan, add: _AddArg, notes: list[str]) -> None:
     if cfg.precision == "fp8":
         add("--fp8-format", "hybrid")
         # Megatron-LM's --fp8-recipe: delayed (amax history) or tensorwise (current scaling)
-        delayed = (plan.document.get("software") or {}).get("fp8_scaling") == "delayed"
-        add("--fp8-recipe", "delayed" if delayed else "tensorwise")
+        add("--fp8-recipe", fp8_scaling_of(plan.document))  # tensorwise or delayed (retarget)
         if _fp8_parameters(plan):
             add("--fp8-param-gather")  # FP8 parameters, gathered in FP8 (Software.fp8_param_gather)
         notes.append(

@@ -17,7 +17,7 @@ from frameworks import FrameworkProfile, load_framework
 from frameworks.rules import placement_allowed, violations
 from planner.errors import ConfigError
 from planner.parallel import ParallelConfig
-from planner.plan import run_options
+from planner.plan import fp8_scaling_of, run_options
 from planner.estimate import estimate
 from planner.exports.common import model_spec
 from planner.plan import plan_from_document
@@ -101,8 +101,13 @@ def retarget(plan, fmt: str):
     if name is None:
         return plan, []
     target = load_framework(name)
+    scaling = fp8_scaling_of(plan.document)
     if name == plan.config.framework:
-        problems = violations(target, plan.config)
+        problems = list(violations(target, plan.config))
+        if scaling is not None and scaling not in target.capabilities.fp8_scalings:
+            # a plan file written before the stack's recipes were checked (estimate refuses it now)
+            runs = ", ".join(target.capabilities.fp8_scalings)
+            problems.append(f"fp8_scaling={scaling}: {name} runs the FP8 recipes {runs}")
         if problems:
             raise _cannot(fmt, problems)
         return plan, []
@@ -115,7 +120,7 @@ def retarget(plan, fmt: str):
     document = dict(plan.document)
     est = None
     if spec is not None:
-        options = run_options(plan.document)
+        options = _with_recipe(run_options(plan.document), scaling, target, changes)
         for option, why in _THE_SOURCE_STACKS_OWN.items():
             if option in options.chosen():
                 changes.append(f"{option} dropped ({why} on {plan.config.framework})")
@@ -168,6 +173,22 @@ def retarget(plan, fmt: str):
             },
         )
     return plan_from_document(document), notes
+
+
+def _with_recipe(options, scaling: str | None, target: FrameworkProfile, changes: list[str]):
+    """`options` with the FP8 recipe the plan was costed with where the target runs it (the stacks'
+    defaults differ, so leaving it out would change it silently); else the target's default, said in
+    `changes`."""
+    if scaling is None:
+        return options
+    if scaling in target.capabilities.fp8_scalings:
+        return dataclasses.replace(options, fp8_scaling=scaling)
+    changes.append(
+        f"fp8_scaling {scaling} -> {target.fp8_scaling} ({target.name} runs "
+        + ", ".join(target.capabilities.fp8_scalings)
+        + ")"
+    )
+    return options.without("fp8_scaling")
 
 
 def _cannot(fmt: str, problems: list[str], made_for: str | None = None) -> ConfigError:

@@ -37,7 +37,7 @@ from planner.exports.limits import (
     TORCHTITAN_MOE_FAMILIES,
     torchtitan_limits,
 )
-from planner.plan import Plan
+from planner.plan import Plan, fp8_scaling_of
 
 SPMD_BACKEND = "partial_dtensor"
 """torchtitan's DTensor backend for the model-parallel axes (ParallelismConfig.spmd_backend)."""
@@ -101,7 +101,7 @@ def to_torchtitan(plan: Plan) -> Export:
     training = _training(cfg, notes)
     ac = _activation_checkpointing(cfg, notes)
     steps = steps_between_checkpoints(plan)
-    notes += _model_notes(cfg, family, (plan.document.get("software") or {}).get("fp8_scaling"))
+    notes += _model_notes(cfg, family, fp8_scaling_of(plan.document))
     text = _module_text(plan, spec, family, flavor, training, parallelism, ac, steps)
     return Export(format="torchtitan", text=text, notes=tuple(notes))
 
