@@ -28,7 +28,7 @@ import numpy as np
 
 from cost_models.compute import eff, recompute_passes
 from cost_models.experts import mlp_tp_pair
-from cost_models.flops import block_gemm_shapes
+from cost_models.flops import ATTENTION_CORE_GEMMS, block_gemm_shapes
 from cost_models.pipeline import p2p_transfers_on_critical_path, warmup_forwards
 from hardware_profiles import HardwareProfile
 from hardware_profiles.efficiency import efficiency
@@ -214,26 +214,26 @@ module/base.py: fp8_meta["scaling_fwd"] holds num_gemms x 3 amaxes)."""
 
 
 def fp8_amax_reduction_seconds(x):
-    """Per step: Transformer Engine's delayed-scaling amax reductions (fp8_scaling "delayed"). At the
-    exit of the outermost fp8_autocast, and at the end of the backward of the region it wrapped, TE
-    concatenates the region's amaxes and all-reduces them (max) with async_op=False, so the compute
-    stream waits for it, before its fused scale update (transformer_engine/pytorch/fp8.py,
+    """Per step: Transformer Engine's delayed-scaling amax reductions (fp8_scaling "delayed"). At
+    the exit of the outermost fp8_autocast, and at the end of the backward of the region it wrapped,
+    TE concatenates the region's amaxes and all-reduces them (max) with async_op=False, so the
+    compute stream waits for it, before its fused scale update (transformer_engine/pytorch/fp8.py,
     FP8GlobalStateManager.reduce_and_update_fp8_tensors, v1.6-v2.x). Megatron-Core wraps each model
-    chunk's blocks in one fp8_autocast whose group is the amax reduction group, the tensor x data
-    (x context) parallel ranks of a pipeline stage (transformer_block.py; parallel_state.py
+    chunk's blocks in one fp8_autocast whose group is the amax reduction group, the tensor x data (x
+    context) parallel ranks of a pipeline stage (transformer_block.py; parallel_state.py
     get_amax_reduction_group, core 0.7-0.19), so each micro-batch's forward and backward of each
     chunk pays one latency-bound all-reduce over dp tp cp ranks: 2 m v per step (v = 1 without the
     interleaved schedule). Its buffer holds the amaxes of every module of the rank that registered
-    under that recipe and group (the buffer is keyed by them), 3 per linear GEMM of its blocks. A stack
-    that wraps the whole model in one region pays 2 m over the world, the same count with one stage.
-    Current and block scaling reduce no history (TE 2.8: a no-op for them). Not counted: the
+    under that recipe and group (the buffer is keyed by them), 3 per linear GEMM of its blocks. A
+    stack that wraps the whole model in one region pays 2 m over the world, the same count with one
+    stage. Current and block scaling reduce no history (TE 2.8: a no-op for them). Not counted: the
     reductions full recomputation adds where TE re-enters fp8_autocast in the recomputed forward
     (its checkpoint, TE >= 2.2)."""
     delayed = (x.precision == "fp8") and (x.sw.fp8_scaling == "delayed")
     if not delayed:
         return np.zeros_like(np.asarray(x.dp, dtype=float))
     chunks = np.where(x.is_schedule("interleaved-1f1b"), x.v, 1.0)
-    gemms = sum(g.name not in ("qk", "av") for g in block_gemm_shapes(x.spec, 1, 1))
+    gemms = sum(g.name not in ATTENTION_CORE_GEMMS for g in block_gemm_shapes(x.spec, 1, 1))
     amax_bytes = AMAX_BYTES_PER_GEMM * gemms * x.blocks_most
     group = x.dp * x.tp * x.cp
     reduce = group_collective_seconds("allreduce", amax_bytes, group, x.local["TDC"], x.hw)

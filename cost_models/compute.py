@@ -30,7 +30,12 @@ import numpy as np
 
 from cost_models.blocks import BWD_TRAFFIC_FACTOR, ModuleSac
 from cost_models.experts import expert_gemm_shapes, permute_bytes_fwd
-from cost_models.flops import GemmShape, attention_kernel_flops_fwd, block_gemm_shapes
+from cost_models.flops import (
+    ATTENTION_CORE_GEMMS,
+    GemmShape,
+    attention_kernel_flops_fwd,
+    block_gemm_shapes,
+)
 from cost_models.offload import optimizer_offload_seconds
 from hardware_profiles import HardwareProfile
 from hardware_profiles.efficiency import efficiency
@@ -403,7 +408,7 @@ def block_seconds(x) -> BlockSeconds:
     ):  # routed experts as the busiest rank's grouped GEMMs under expert parallelism
         shapes = [g for g in shapes if not g.name.startswith("experts_")] + expert_gemm_shapes(x)
     for g in shapes:
-        core = g.name in ("qk", "av")
+        core = g.name in ATTENTION_CORE_GEMMS
         if core and x.attn_kernel != "math":
             continue
         if core:  # this rank's s/cp queries against all s keys (context parallelism)

@@ -99,6 +99,11 @@ def expert_rows(spec: TransformerSpec, tokens):
     return tokens * moe.top_k / moe.experts * (moe.capacity_factor or 1.0)
 
 
+ATTENTION_CORE_GEMMS = ("qk", "av")
+"""block_gemm_shapes' names of the attention core's two batched GEMMs (scores and their
+product with the values); the others are the linear layers' GEMMs."""
+
+
 def block_gemm_shapes(spec: TransformerSpec, b, s, *, tp=1) -> list[GemmShape]:
     """The forward GEMMs of one (decoder) block with Megatron tensor parallelism over `tp` ranks
     (Shoeybi et al. 2019, Sec. 3: Q/K/V and W_1/W_3 split by columns, W_O and W_2 by rows, heads
@@ -270,7 +275,7 @@ def block_recompute_flops(
         linear = sum(
             2.0 * g.m * g.n * g.k * g.batch
             for g in block_gemm_shapes(spec, b, s)
-            if g.name not in ("qk", "av")
+            if g.name not in ATTENTION_CORE_GEMMS
         )
         return op_sac(spec, "amp-bf16", "torch").gemm_fraction * linear
     if recompute == "selective":

@@ -19,6 +19,7 @@ from __future__ import annotations
 from frameworks.loader import available_frameworks, load_framework
 from frameworks.profile import (
     ATTENTION_KERNELS,
+    FP8_SCALINGS,
     KERNELS,
     LOSS_KERNELS,
     MOE_DISPATCHERS,
@@ -37,6 +38,7 @@ __all__ = [
     "KERNELS",
     "ATTENTION_KERNELS",
     "LOSS_KERNELS",
+    "FP8_SCALINGS",
     "MOE_DISPATCHERS",
     "SWITCHES_A_STACK_MAY_LACK",
 ]

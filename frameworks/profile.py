@@ -358,7 +358,8 @@ class FrameworkProfile:
     moe_dispatcher: str = "alltoall"
     """The stack's default token dispatcher for expert parallelism (MOE_DISPATCHERS)."""
     fp8_scaling: str = "tensorwise"
-    """The stack's default FP8 scaling recipe (FP8_SCALINGS; cost_models.step.Software.fp8_scaling)."""
+    """The stack's default FP8 scaling recipe (FP8_SCALINGS; cost_models.step.Software.
+    fp8_scaling)."""
     moe_a2a_overlap: bool = False
     """Expert-parallel exchanges overlap another micro-batch's compute by default (cost_models.moe)."""
     overlap_param_gather: bool = False

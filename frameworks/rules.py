@@ -50,6 +50,16 @@ def framework_placement(framework: FrameworkProfile, *, cp: int = 1, ep: int = 1
     return used_placement(framework.capabilities.placements[0], cp=cp, ep=ep)
 
 
+def fp8_scaling_problem(framework: FrameworkProfile, scaling: str | None) -> str | None:
+    """Why `framework` cannot run the FP8 recipe `scaling` (capabilities.fp8_scalings); None where it
+    can, where no recipe is named, or where the stack has no FP8 at all (its precision says so)."""
+    caps = framework.capabilities
+    if scaling is None or "fp8" not in caps.precisions or scaling in caps.fp8_scalings:
+        return None
+    runs = ", ".join(caps.fp8_scalings)
+    return f"fp8_scaling={scaling}: {framework.name} runs the FP8 recipes {runs}"
+
+
 def violations(framework: FrameworkProfile, cfg) -> list[str]:
     """Every capability of `framework` that `cfg` (a ParallelConfig) exceeds, as one line each."""
     caps, name, out = framework.capabilities, framework.name, []

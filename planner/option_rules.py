@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
-from frameworks.profile import FP8_SCALINGS
+from frameworks import FP8_SCALINGS
 from planner.errors import ConfigError
 from planner.run_options import RunOptions
 from frameworks import available_frameworks

@@ -181,8 +181,8 @@ def _group_locality(
     shard group over dp_shard x cp and 'R' the replica group over dp / dp_shard. The expert layers'
     groups (stage_group_locality): 'E' the expert-parallel group (ep ranks, expert_tp apart), 'ET' expert
     tensor parallelism, 'ED' the expert data-parallel group (tp cp dp / (ep expert_tp) ranks), 'ES' its
-    ZeRO shard group (cut by dp_shard / dp as the dense one) and 'ER' the shard group's replicas; 'TDC'
-    all the tensor, data and context ranks of one pipeline stage (FP8 amax reductions)."""
+    ZeRO shard group (cut by dp_shard / dp as the dense one) and 'ER' the shard group's replicas;
+    'TDC' all the tensor, data and context ranks of one pipeline stage (FP8 amax reductions)."""
     world = np.asarray(dp) * np.asarray(pp) * np.asarray(tp) * np.asarray(cp)
     devices_per_node = aligned_domain(devices_per_node, world)
     st = strides(placement_idx, dp, pp, tp, cp)

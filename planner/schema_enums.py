@@ -16,9 +16,9 @@ from cost_models.blocks import RECOMPUTE_MODULES
 from dataclasses import fields
 
 from cost_models.step import MASTER_WEIGHTS, Software
-from frameworks.profile import FP8_SCALINGS
 from frameworks.profile import (
     ATTENTION_KERNELS,
+    FP8_SCALINGS,
     KERNELS,
     LOSS_KERNELS,
     MOE_DISPATCHERS,

@@ -12,9 +12,9 @@ from dataclasses import replace
 from cost_models.blocks import RECOMPUTE_MODULES
 from cost_models.comm import tp_overlapped
 from cost_models.step import BF16_PARAM_PRECISIONS, MASTER_WEIGHTS, Software
-from frameworks.profile import FP8_SCALINGS
 from frameworks import (
     ATTENTION_KERNELS,
+    FP8_SCALINGS,
     SWITCHES_A_STACK_MAY_LACK,
     KERNELS,
     LOSS_KERNELS,
@@ -22,7 +22,7 @@ from frameworks import (
     FrameworkProfile,
     load_framework,
 )
-from frameworks.rules import a2a_overlap_runs
+from frameworks.rules import a2a_overlap_runs, fp8_scaling_problem
 from planner.errors import ConfigError
 from planner.run_options import GRAD_REDUCE_BYTES, RunOptions
 from planner.spec import TransformerSpec
@@ -195,15 +195,14 @@ def _check_runnable_options(fw: FrameworkProfile, o: RunOptions) -> None:
             f"{fw.kernels} MLP keeps the activation input in the compute dtype "
             "(Megatron-Core's fused SwiGLU stores it in FP8; allowed: false)",
         )
-    scalings, has_fp8 = fw.capabilities.fp8_scalings, "fp8" in fw.capabilities.precisions
-    if o.fp8_scaling is not None and has_fp8 and o.fp8_scaling not in scalings:
-        allowed = ", ".join(scalings)
+    problem = fp8_scaling_problem(fw, o.fp8_scaling)
+    if problem:
+        allowed = ", ".join(fw.capabilities.fp8_scalings)
         raise ConfigError(
             "fp8_scaling",
             o.fp8_scaling,
             allowed,
-            message=f"framework {fw.name} cannot run this plan: fp8_scaling={o.fp8_scaling}: "
-            f"{fw.name} runs the FP8 recipes {allowed} (allowed: {allowed})",
+            message=f"framework {fw.name} cannot run this plan: {problem} (allowed: {allowed})",
         )
 
 

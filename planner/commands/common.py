@@ -171,7 +171,7 @@ Fp8ScalingOpt = Annotated[
         "Transformer Engine, torchao tensorwise), rowwise (torchao rowwise: every operand cast "
         "along both axes) or delayed (Transformer Engine's amax-history recipe: an amax all-reduce "
         "over the stage's ranks after each chunk's forward and backward). Default: the stack's "
-        "(fsdp delayed, the others tensorwise); each runs its capabilities.fp8_scalings.",
+        "(its profile's fp8_scaling); each runs its capabilities.fp8_scalings.",
     ),
 ]
 Fp8ParamGatherOpt = Annotated[

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from frameworks import FrameworkProfile, load_framework
-from frameworks.rules import placement_allowed, violations
+from frameworks.rules import fp8_scaling_problem, placement_allowed, violations
 from planner.errors import ConfigError
 from planner.parallel import ParallelConfig
 from planner.plan import fp8_scaling_of, run_options
@@ -104,10 +104,9 @@ def retarget(plan, fmt: str):
     scaling = fp8_scaling_of(plan.document)
     if name == plan.config.framework:
         problems = list(violations(target, plan.config))
-        if scaling is not None and scaling not in target.capabilities.fp8_scalings:
-            # a plan file written before the stack's recipes were checked (estimate refuses it now)
-            runs = ", ".join(target.capabilities.fp8_scalings)
-            problems.append(f"fp8_scaling={scaling}: {name} runs the FP8 recipes {runs}")
+        recipe_problem = fp8_scaling_problem(target, scaling)
+        if recipe_problem:  # a plan file written before estimate checked the stack's recipes
+            problems.append(recipe_problem)
         if problems:
             raise _cannot(fmt, problems)
         return plan, []
@@ -115,12 +114,15 @@ def retarget(plan, fmt: str):
     problems = violations(target, new_cfg)
     if problems:
         raise _cannot(fmt, problems, made_for=plan.config.framework)
+    recipe = _settled_recipe(scaling, target, changes)
     spec = model_spec(plan)
     later = []
     document = dict(plan.document)
     est = None
     if spec is not None:
-        options = _with_recipe(run_options(plan.document), scaling, target, changes)
+        options = run_options(plan.document)
+        if recipe is not None:  # the stacks' defaults differ: say it, or it changes silently
+            options = dataclasses.replace(options, fp8_scaling=recipe)
         for option, why in _THE_SOURCE_STACKS_OWN.items():
             if option in options.chosen():
                 changes.append(f"{option} dropped ({why} on {plan.config.framework})")
@@ -172,23 +174,22 @@ def retarget(plan, fmt: str):
                 if k in document["plan"] or k in ("framework",)
             },
         )
+        if recipe is not None:
+            document["software"] = {**(document.get("software") or {}), "fp8_scaling": recipe}
     return plan_from_document(document), notes
 
 
-def _with_recipe(options, scaling: str | None, target: FrameworkProfile, changes: list[str]):
-    """`options` with the FP8 recipe the plan was costed with where the target runs it (the stacks'
-    defaults differ, so leaving it out would change it silently); else the target's default, said in
-    `changes`."""
-    if scaling is None:
-        return options
-    if scaling in target.capabilities.fp8_scalings:
-        return dataclasses.replace(options, fp8_scaling=scaling)
+def _settled_recipe(scaling: str | None, target: FrameworkProfile, changes: list[str]):
+    """The FP8 recipe the exported job runs: the plan's where the target runs it, else the target's
+    default, said in `changes`; None for a plan without FP8."""
+    if scaling is None or fp8_scaling_problem(target, scaling) is None:
+        return scaling
     changes.append(
         f"fp8_scaling {scaling} -> {target.fp8_scaling} ({target.name} runs "
         + ", ".join(target.capabilities.fp8_scalings)
         + ")"
     )
-    return options.without("fp8_scaling")
+    return target.fp8_scaling
 
 
 def _cannot(fmt: str, problems: list[str], made_for: str | None = None) -> ConfigError:
