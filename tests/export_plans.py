@@ -197,6 +197,17 @@ VARIANTS = {
         ),
         {},
     ),
+    "llama-interleaved-fp8-delayed": (
+        LLAMA,
+        dict(
+            schedule="interleaved-1f1b",
+            virtual_stages=5,
+            stages=[4] * 20,
+            precision="fp8",
+            _software={"fp8_scaling": "delayed"},
+        ),
+        {},
+    ),
     "llama-hsdp-zero3-megatron-fsdp": (
         LLAMA,
         dict(

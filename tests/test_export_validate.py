@@ -22,7 +22,7 @@ from planner.exports.common import chunk_blocks, model_spec  # noqa: E402
 from planner.exports.torchtitan import torchtitan_dp_shard  # noqa: E402
 from planner.exports.retarget import retarget  # noqa: E402
 from planner.parallel import ParallelConfig  # noqa: E402
-from planner.plan import plan_from_document  # noqa: E402
+from planner.plan import fp8_scaling_of, plan_from_document  # noqa: E402
 from planner.search import recommend  # noqa: E402
 from planner.run_options import RunOptions
 
@@ -112,6 +112,8 @@ def check_megatron(plan, args):
         cfg.precision == "amp-fp16"
     )
     assert (args["fp8"] is not None) == (cfg.precision == "fp8")
+    if cfg.precision == "fp8":  # the recipe the plan was costed with, as Megatron-LM parsed it
+        assert args["fp8_recipe"] == fp8_scaling_of(plan.document)
     assert args["expert_model_parallel_size"] == cfg.ep
     check_megatron_moe(spec, args, plan.document.get("software") or {}, cfg)
     chunks = cfg.pp * cfg.virtual_stages
