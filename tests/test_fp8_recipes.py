@@ -139,30 +139,38 @@ def test_the_step_waits_for_it_on_the_timeline_and_in_the_closed_form():
     assert breakdown["dp_comm"] - current.time_breakdown_s()["dp_comm"] == pytest.approx(added)
 
 
-def test_a_stack_without_transformer_engine_refuses_delayed_scaling():
-    result = CliRunner().invoke(
-        app,
-        [
-            "estimate", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "8", "--dp", "8",
-            "--framework", "torchtitan", "--precision", "fp8", "--fp8-scaling", "delayed",
-        ],
-    )  # fmt: skip
-    assert result.exit_code == 2
+def _refusal(*args: str) -> str:
+    """The one line a refused command prints (exit 2)."""
+    result = CliRunner().invoke(app, list(args))
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and "fp8_scaling=delayed" in lines[0] and "allowed" in lines[0]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    return lines[0]
+
+
+def _estimate_delayed(framework: str) -> str:
+    return _refusal(
+        "estimate", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "8", "--dp", "8",
+        "--framework", framework, "--precision", "fp8", "--fp8-scaling", "delayed",
+    )  # fmt: skip
+
+
+def test_a_stack_without_transformer_engine_refuses_delayed_scaling():
+    line = _estimate_delayed("torchtitan")
+    assert "fp8_scaling=delayed" in line and "allowed" in line
 
 
 def test_a_stack_without_fp8_says_so_first():
-    result = CliRunner().invoke(
-        app,
-        [
-            "estimate", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "8", "--dp", "8",
-            "--framework", "deepspeed", "--precision", "fp8", "--fp8-scaling", "delayed",
-        ],
-    )  # fmt: skip
-    assert result.exit_code == 2
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and "fp8_scaling" not in lines[0] and "amp-bf16" in lines[0]
+    line = _estimate_delayed("deepspeed")
+    assert "fp8_scaling" not in line and "amp-bf16" in line
+
+
+def test_export_command_refuses_a_recipe_the_plans_stack_does_not_run(tmp_path):
+    document = _fp8_plan("megatron", zero=1)
+    document["software"]["fp8_scaling"] = "rowwise"
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(document))
+    line = _refusal("export", str(path), "--format", "megatron")
+    assert "fp8_scaling=rowwise: megatron runs the FP8 recipes" in line
 
 
 def test_megatron_export_names_the_recipe():
