@@ -296,6 +296,8 @@ def options_of(row: dict) -> RunOptions:
         out["compile"] = True
     if extras.get("loss_fn") in LOSS:
         out["loss"] = LOSS[extras["loss_fn"]]
+    if extras.get("train_metrics"):  # Composer's per-micro-batch train metrics over the logits
+        out["train_metrics"] = int(extras["train_metrics"])
     return RunOptions(**out)
 
 

@@ -130,6 +130,12 @@ _READ_EXTRAS: dict[str, Field] = {
     "cp_comm": Field(
         kind="str", required=False, allowed=CP_COMMS, doc="Context-parallel KV exchange."
     ),
+    "train_metrics": Field(
+        kind="int",
+        required=False,
+        low=0,
+        doc="Cross-entropy train metrics the trainer updates on every micro-batch (Composer).",
+    ),
     "dropout": _flag("Dropout on (costs its masks)."),
     "recompute_modules": Field(
         kind="list",

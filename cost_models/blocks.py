@@ -868,6 +868,25 @@ def _eager_block(
     )
 
 
+def upcast_cross_entropy_bytes(c: float) -> float:
+    """Bytes per vocabulary entry that torch's cross_entropy streams forward on logits of `c` bytes
+    under autocast (cross_entropy is on autocast's fp32 list): the fp32 copy (read c, write 4, none
+    for fp32 logits), then log_softmax over rows too long for on-chip memory (read 4 for the max,
+    4 for the sum, write 4) and nll_loss's gather (one entry per row, negligible). The forward of
+    head_table's upcast loss, and what each of a trainer's train metrics costs (metric_traffic)."""
+    return ((c + 4.0) if c != 4 else 0.0) + 12.0
+
+
+def metric_traffic(spec: TransformerSpec, c: float, metrics: int) -> Terms:
+    """Per token, the bytes `metrics` cross-entropy train metrics stream over the logits after each
+    micro-batch's backward, outside autograd (Composer's trainer updates every train metric on
+    every micro-batch, Trainer._train_microbatch -> _eval_train_metrics, under the run's autocast;
+    llm-foundry's MPT logs LanguageCrossEntropy and LanguagePerplexity, each a full
+    torch.nn.CrossEntropyLoss of the logits, composer/metrics/nlp.py), on logits of `c` bytes.
+    Vocab-parallel: V / tp."""
+    return Terms(shard=metrics * upcast_cross_entropy_bytes(c) * spec.vocab)
+
+
 def head_table(
     spec: TransformerSpec, precision: str, kernels: str, loss: str | None = None
 ) -> HeadTable:
@@ -934,7 +953,7 @@ def head_table(
         upcast = (c + 4) if c != 4 else 0
         peak, fwd_end = Terms(shard=12.0 * V), Terms(shard=(8.0 + (c if c != 4 else 0)) * V)
         logits_fwd, logits_bwd = (
-            Terms(shard=(upcast + 12.0) * V),
+            Terms(shard=upcast_cross_entropy_bytes(c) * V),
             Terms(shard=(4.0 + 12.0 + upcast) * V),
         )
         launches += 8

@@ -28,7 +28,7 @@ import dataclasses
 
 import numpy as np
 
-from cost_models.blocks import BWD_TRAFFIC_FACTOR, ModuleSac
+from cost_models.blocks import BWD_TRAFFIC_FACTOR, ModuleSac, metric_traffic
 from cost_models.experts import expert_gemm_shapes, permute_bytes_fwd
 from cost_models.flops import (
     ATTENTION_CORE_GEMMS,
@@ -485,7 +485,8 @@ def block_seconds(x) -> BlockSeconds:
 def head_seconds(x):
     """Last stage: final norm, LM head GEMM (t x V/tp x h, forward and backward; kept in 16 bits under
     FP8 recipes, as Transformer Engine and torchao leave the output layer) and the vocab-parallel loss's
-    memory-bound work (cost_models.blocks.head_table)."""
+    memory-bound work (cost_models.blocks.head_table), and the trainer's cross-entropy train metrics
+    over the logits after the backward (cost_models.blocks.metric_traffic; Software.train_metrics)."""
     f_, b_ = gemm_fwd_bwd_seconds(
         x.tokens,
         x.spec.vocab / x.tp,
@@ -494,8 +495,9 @@ def head_seconds(x):
         precision=x.attention_precision,
         elem_bytes=x.c,
     )
+    metrics = x.per_token(metric_traffic(x.spec, x.c, x.sw.train_metrics))
     memory_bound = (
-        (x.per_token(x.head.traffic_fwd) + x.per_token(x.head.traffic_bwd))
+        (x.per_token(x.head.traffic_fwd) + x.per_token(x.head.traffic_bwd) + metrics)
         * x.tokens
         / memory_Bps(x.hw)
     )

@@ -125,6 +125,11 @@ class Software:
     the parameter and one for the copies (TE's Float8Tensor parameters under fp8_model_init, the
     transpose still cached); a stack that casts on the fly keeps 16-bit shards and gathers FP8
     (cost_models.memory.rank_memory)."""
+    train_metrics: int = 0
+    """Cross-entropy metrics the trainer computes over each micro-batch's logits after its backward
+    (Composer with llm-foundry's MPT and Hugging Face models: LanguageCrossEntropy and
+    LanguagePerplexity, 2, unless use_train_metrics is off): memory-bound passes over the logits on
+    the last stage (cost_models.blocks.metric_traffic)."""
     fp8_scaling: str = "tensorwise"
     """How an FP8 recipe scales GEMM operands (frameworks.profile.FP8_SCALINGS): one scale per tensor, per row (torchao's
     rowwise recipe), whose backward needs every operand scaled along its other axis too (cost_models.compute.

@@ -70,6 +70,9 @@ class RunOptions:
     """DeepSpeed's BF16_Optimizer."""
     activation_fp8_input: bool = False
     """The fused SwiGLU keeps its input in FP8 (Megatron-Core's activation_func_fp8_input_store)."""
+    train_metrics: int | None = None
+    """Cross-entropy train metrics computed over each micro-batch's logits (Composer /
+    llm-foundry: 2); None: the framework's (0)."""
     moe_dispatcher: str | None = None
     """Token dispatcher (frameworks.MOE_DISPATCHERS); None: the framework's."""
     moe_a2a_overlap: bool | None = None

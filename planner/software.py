@@ -141,6 +141,16 @@ def _check_values(o: RunOptions) -> None:
     _check_switch("fused_norm", o.fused_norm)
     _check_switch("bf16_optimizer", o.bf16_optimizer)
     _check_switch("activation_fp8_input", o.activation_fp8_input)
+    metrics = o.train_metrics
+    if metrics is not None and (
+        isinstance(metrics, bool) or not isinstance(metrics, int) or not 0 <= metrics <= 8
+    ):
+        raise ConfigError(
+            "train_metrics",
+            metrics,
+            "a whole number from 0 to 8 (cross-entropy metrics over each micro-batch's logits; "
+            "Composer / llm-foundry: 2)",
+        )
     _check_choice("moe_dispatcher", o.moe_dispatcher, MOE_DISPATCHERS)
     _check_switch("moe_a2a_overlap", o.moe_a2a_overlap, optional=True)
     _check_switch("moe_fp8_dispatch", o.moe_fp8_dispatch)

@@ -145,6 +145,15 @@ LossOpt = Annotated[
         "(Transformer Engine's, Megatron-Bridge's recipes). Default: the framework's.",
     ),
 ]
+TrainMetricsOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--train-metrics",
+        help="Cross-entropy metrics the trainer computes over each micro-batch's logits after its "
+        "backward, from 0 to 8: Composer with llm-foundry's MPT or Hugging Face models logs 2 "
+        "(LanguageCrossEntropy, LanguagePerplexity) unless use_train_metrics is off. Default: 0.",
+    ),
+]
 RecomputeModulesOpt = Annotated[
     Optional[str],
     typer.Option(

@@ -29,6 +29,7 @@ from planner.commands.common import (
     Bf16OptimizerOpt,
     ActivationFp8InputOpt,
     LossOpt,
+    TrainMetricsOpt,
     MoeDispatcherOpt,
     MoeA2aOverlapOpt,
     MoeImbalanceOpt,
@@ -212,6 +213,7 @@ def estimate(
     bf16_optimizer: Bf16OptimizerOpt = False,
     activation_fp8_input: ActivationFp8InputOpt = False,
     loss: LossOpt = None,
+    train_metrics: TrainMetricsOpt = None,
     moe_dispatcher: MoeDispatcherOpt = None,
     moe_a2a_overlap: MoeA2aOverlapOpt = None,
     moe_imbalance: MoeImbalanceOpt = None,
@@ -351,7 +353,8 @@ def render(doc: dict) -> None:
             )
             + (", DeepSpeed BF16_Optimizer" if sw.get("bf16_optimizer") else "")
             + (", SwiGLU input kept in FP8" if sw.get("activation_fp8_input") else "")
-            + (f", loss {sw['loss']}" if sw.get("loss") else ""),
+            + (f", loss {sw['loss']}" if sw.get("loss") else "")
+            + (f", {sw['train_metrics']} train metrics" if sw.get("train_metrics") else ""),
             highlight=False,
         )
     if pred.get("expert_parallel"):
