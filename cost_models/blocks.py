@@ -887,6 +887,13 @@ def metric_traffic(spec: TransformerSpec, c: float, metrics: int) -> Terms:
     return Terms(shard=metrics * upcast_cross_entropy_bytes(c) * spec.vocab)
 
 
+def metric_transient(spec: TransformerSpec, c: float, metrics: int) -> Terms:
+    """Per token, the most a train metric holds at once after the backward (metric_traffic): the
+    logits the trainer still references (its state.outputs, c V), their fp32 copy (4 V, none for
+    fp32 logits) and the log_softmax output being written (4 V); nothing without metrics."""
+    return Terms(shard=(c + (4.0 if c != 4 else 0.0) + 4.0) * spec.vocab * (metrics > 0))
+
+
 def head_table(
     spec: TransformerSpec, precision: str, kernels: str, loss: str | None = None
 ) -> HeadTable:

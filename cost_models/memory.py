@@ -19,7 +19,8 @@ The peak is the largest of three moments of a step (each a sum over what is aliv
                   + autocast weight cache + saved activations + logits of the forward;
   backward start  as above with the loss's backward transient (logits peak);
   backward end    states + all grads + the transient of the last gradient (the tied embedding's
-                  dense gradient, V h) — the peak of small-activation runs.
+                  dense gradient, V h) or, after it, of the trainer's train metrics over the
+                  logits (blocks.metric_transient) — the peak of small-activation runs.
 Plus the framework's workspaces (cuBLAS: one per stream that runs GEMMs, forward and autograd
 threads), which the caching allocator counts.
 """
@@ -78,6 +79,8 @@ class ResidentBytes:
     logits_fwd_end: np.ndarray
     logits_peak: np.ndarray
     last_grad_transient: np.ndarray
+    metric_transient: np.ndarray | float
+    """The train metrics' logits and fp32 copies after each backward (blocks.metric_transient)."""
     recompute_transient: np.ndarray
     workspace: np.ndarray | float
     """Held at every moment: the framework's workspace and the overlap's userbuffers."""
@@ -103,7 +106,8 @@ class ResidentBytes:
             + np.maximum(self.logits_peak, self.recompute_transient)
             + self.workspace
         )
-        bwd_end = states + self.grads + self.last_grad_transient + self.workspace
+        transient = np.maximum(self.last_grad_transient, self.metric_transient)
+        bwd_end = states + self.grads + transient + self.workspace
         peak = np.maximum(np.maximum(fwd_end, bwd_start), bwd_end)
         acts = np.where(peak == bwd_end, 0.0, self.activations)
         other = peak - states - np.where(peak == bwd_end, self.grads, g_fwd) - acts
@@ -352,6 +356,7 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     cache_head = np.where(is_last, head_w, 0.0) * 2.0 * cache
     cache_all = (n_blocks * MO.block_weights_on_rank(x)) * 2.0 * cache + cache_head
     tied_grad = head_w * 4.0 if x.c == 2 and x.precision != "bf16" else head_w * gb * 2.0
+    metric_bytes = B.metric_transient(spec, x.c, x.sw.train_metrics)
     peak, acts_b, other = ResidentBytes(
         params=params_b,
         grads=grads_b + buckets,
@@ -368,6 +373,7 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
         logits_fwd_end=np.where(is_last, x.per_token(x.head.logits_fwd_end) * x.tokens, 0.0),
         logits_peak=np.where(is_last, x.per_token(x.head.logits_peak) * x.tokens, 0.0),
         last_grad_transient=np.where(is_first & spec.tied_embeddings, tied_grad, 0.0),
+        metric_transient=np.where(is_last, x.per_token(metric_bytes) * x.tokens, 0.0),
         recompute_transient=np.where(x.full, acts.block_no_recompute, 0.0),
         workspace=efficiency(x.hw, "framework_workspace_bytes")
         + userbuffer_bytes(

@@ -133,3 +133,30 @@ def test_every_llm_foundry_row_runs_composers_two_metrics():
     assert foundry and all(r["extras"]["train_metrics"] == 2 for r in foundry)
     others = [r for r in runs if not r["source_id"].startswith("llmfoundry")]
     assert not any((r.get("extras") or {}).get("train_metrics") for r in others)
+
+
+def test_after_the_backward_the_metrics_hold_the_logits_and_two_fp32_copies():
+    """With full recomputation (little saved) gpt2's peak is the metrics' moment: the logits the
+    trainer still holds (2 bytes per entry), their fp32 copy (4) and the log_softmax output (4)
+    beside the states, plus the framework's workspace (under 256 MiB)."""
+
+    def peak_beyond_states(metrics):
+        cfg = ParallelConfig(
+            dp=1, tp=1, pp=1, micro_batch=32, global_batch=32, seq=1024,
+            precision="amp-bf16", framework="fsdp", recompute="full",
+        )  # fmt: skip
+        est = estimate(
+            SPEC,
+            "p4d.24xlarge",
+            cfg,
+            gpus=1,
+            options=RunOptions(train_metrics=metrics, loss="fused"),
+        )
+        mem = est.memory()
+        states = mem["params_bytes"] + mem["grads_bytes"] + mem["optimizer_bytes"]
+        return est.peak_bytes_per_gpu - states
+
+    transient = (2 + 4 + 4) * SPEC.vocab * 32 * 1024
+    assert peak_beyond_states(0) < transient
+    assert transient < peak_beyond_states(2) < transient + 256 * 2**20
+    assert peak_beyond_states(1) == peak_beyond_states(2)  # one metric at a time
