@@ -69,7 +69,16 @@ FILES = (*R.STACK_FILES, "features")
 HOPPER = ("H100", "H200")
 BLACKWELL = ("B200", "GB200")
 HOPPER_PROFILES = ("dgx-h100", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge")
-BLACKWELL_PROFILES = ("dgx-b200", "p6-b200.48xlarge", "gb200-nvl72", "p6e-gb200.36xlarge")
+BLACKWELL_PROFILES = (
+    "dgx-b200",
+    "p6-b200.48xlarge",
+    "gb200-nvl72",
+    "p6e-gb200.36xlarge",
+    "dgx-b300",
+    "gb300-nvl72",
+)
+"""Blackwell profiles the Blackwell fits are written into: Blackwell Ultra (B300, GB300) runs BF16 and
+FP8 at B200 and GB200 rates, and no published run of it is in the set."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -30,6 +30,8 @@ NEW_PROFILES = (
     "dgx-b200",
     "gb200-nvl72",
     "p6e-gb200.36xlarge",
+    "dgx-b300",
+    "gb300-nvl72",
 )
 
 SOURCE_KEYS = {"title", "authors_or_owner", "url", "date", "where", "hardware_note", "how_measured"}
@@ -415,3 +417,32 @@ def test_new_profile_facts():
     assert b200.peak_tflops["bf16"] == 2250 and gb200.peak_tflops["bf16"] == 2500
     assert gb200.devices_per_node == 72 and load_profile("p6e-gb200.36xlarge").devices_per_node == 4
     assert load_profile("dgx-b200").price_usd_per_hour is None
+
+
+def test_blackwell_ultra_profile_facts():
+    """validation/hardware/new_profiles.md, Blackwell Ultra: the usable memory torch reports, B200's and
+    GB200's training rates, 800 Gb/s ConnectX-8 per GPU, and the Blackwell efficiency block."""
+    b300, gb300 = load_profile("dgx-b300"), load_profile("gb300-nvl72")
+    b200, gb200 = load_profile("dgx-b200"), load_profile("gb200-nvl72")
+    assert round(b300.memory_bytes / 2**30, 2) == 267.69
+    assert round(gb300.memory_bytes / 2**30, 2) == 276.50
+    assert b300.peak_tflops == b200.peak_tflops and gb300.peak_tflops == gb200.peak_tflops
+    assert (b300.nics_per_node, b300.Gbps_per_nic) == (8, 800)
+    assert (gb300.nics_per_node, gb300.Gbps_per_nic, gb300.devices_per_node) == (72, 800, 72)
+    assert b300.efficiency == b200.efficiency and gb300.efficiency == gb200.efficiency
+
+
+def test_a_plan_that_misses_a_gb200_fits_a_gb300_and_runs_no_slower():
+    """Llama 3 70B at tp 2 needs about 230 GiB a GPU: more than GB200's 184, less than GB300's 276."""
+    from planner.estimate import estimate
+    from planner.parallel import ParallelConfig
+
+    cfg = ParallelConfig(
+        dp=36, tp=2, pp=1, micro_batch=1, global_batch=72, seq=8192, zero=1,
+        sequence_parallel=True, precision="fp8", framework="megatron",
+    )  # fmt: skip
+    on200, on300 = (
+        estimate("llama3-70b", hw, cfg, gpus=72) for hw in ("gb200-nvl72", "gb300-nvl72")
+    )
+    assert not on200.fits and on300.fits
+    assert on300.step_time_s <= on200.step_time_s
