@@ -241,12 +241,15 @@ def options_of(row: dict) -> RunOptions:
     if "moe_a2a_overlap" in extras:
         out["moe_a2a_overlap"] = bool(extras["moe_a2a_overlap"])
     # torchao's rowwise recipe (torchtitan's float8_scaling / the torchao README's float8 recipe name),
-    # or Transformer Engine's delayed scaling (the recipe the row names)
+    # Transformer Engine's delayed scaling or its MXFP8 block scaling (the recipe the row names)
     recipe = " ".join(str(extras.get(k) or "") for k in ("float8_scaling", "float8", "fp8_recipe"))
-    if row.get("precision") == "fp8" and "rowwise" in recipe.lower():
+    recipe = recipe.lower()
+    if row.get("precision") == "fp8" and "rowwise" in recipe:
         out["fp8_scaling"] = "rowwise"
-    elif row.get("precision") == "fp8" and "delayed" in recipe.lower():
+    elif row.get("precision") == "fp8" and "delayed" in recipe:
         out["fp8_scaling"] = "delayed"  # Transformer Engine's DelayedScaling (amax history)
+    elif row.get("precision") == "fp8" and "mxfp8" in recipe:
+        out["fp8_scaling"] = "mxfp8"  # Transformer Engine's MXFP8BlockScaling
     if extras.get("cpu_offloading_num_layers"):
         out["activation_offload_layers"] = int(extras["cpu_offloading_num_layers"])
     if (

@@ -52,6 +52,10 @@ DTYPE_OF_PRECISION = {
 """Math dtype of the GEMMs under each training precision (fp32 means TF32 off, as PyTorch's default
 for matmul)."""
 
+MX_SCALE_BYTES_PER_ELEMENT = 1.0 / 32.0
+"""An MX block's scale: one E8M0 byte per 32 elements (OCP Microscaling Formats (MX) Specification
+v1.0, Sec. 5; Transformer Engine's MXFP8 tensors keep one per block in each orientation)."""
+
 eff = efficiency
 """A physical efficiency parameter of the profile, or its documented default (the typed table
 hardware_profiles.efficiency.EFFICIENCY_KEYS)."""
@@ -522,11 +526,14 @@ def fp8_cast_bytes(x) -> float:
     recipe) casts each operand twice: the forward scales the input per row and the weight per output
     channel, and the backward GEMMs reduce over the other axis, so the input, the weight and the output
     gradient are scaled and cast again along it (torchao float8 README, "rowwise" recipe; a tensorwise
-    scale serves both axes through the transposed copy)."""
+    scale serves both axes through the transposed copy). MXFP8 quantizes each operand along both axes in
+    one pass, as the transposed copy, plus one E8M0 scale byte per 32 elements in each orientation
+    (MX_SCALE_BYTES_PER_ELEMENT)."""
     if x.precision != "fp8":
         return 0.0
-    return x.sw.framework.fp8_cast_bytes_per_element * (
-        2.0 if x.sw.fp8_scaling == "rowwise" else 1.0
+    scaling = x.sw.fp8_scaling
+    return x.sw.framework.fp8_cast_bytes_per_element * (2.0 if scaling == "rowwise" else 1.0) + (
+        2.0 * MX_SCALE_BYTES_PER_ELEMENT if scaling == "mxfp8" else 0.0
     )
 
 

@@ -20,7 +20,9 @@ from planner.io import check_writable, read_json_if_exists, special_kind
 from planner.io import read_json
 
 PROFILE_DIR = Path(__file__).resolve().parent
-DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "mxfp8")
+"""Math dtypes a profile may give a peak for; mxfp8 is FP8 with E8M0 block scales on block-scaled
+tensor cores (Blackwell's kind::mxf8f6f4 MMA), where an FP8 recipe's MXFP8 scaling runs."""
 SCHEMA_VERSION = "1"
 
 

@@ -27,6 +27,7 @@ from planner.placement import placement_index
 from planner.run_options import RunOptions
 from planner.software import (
     check_activation_fp8_input,
+    check_fp8_scaling_hardware,
     check_master_weights,
     check_moe_options,
     software_for,
@@ -312,6 +313,7 @@ def estimate(
     cfg.check_against(model, cfg.seq)
     resolve_precision(hw, cfg.precision)
     check_master_weights(software, cfg.precision)
+    check_fp8_scaling_hardware(software, hw, cfg.precision)
     _check_bf16_optimizer(software, cfg)
     _check_fp8_param_gather(options, cfg)
     if check_framework:

@@ -283,6 +283,22 @@ def check_moe_options(model: TransformerSpec, precision: str, options: RunOption
         )
 
 
+def check_fp8_scaling_hardware(software: Software, hw, precision: str) -> None:
+    """ConfigError when the run's FP8 recipe needs tensor cores `hw` lacks: MXFP8's 32-element blocks
+    with E8M0 scales run on block-scaled MMA (Blackwell), which a profile states with a
+    peak_tflops.mxfp8 rate; Hopper's FP8 tensor cores take one scale per operand."""
+    if precision != "fp8" or software.fp8_scaling != "mxfp8" or "mxfp8" in hw.peak_tflops:
+        return
+    others = [s for s in software.framework.capabilities.fp8_scalings if s != "mxfp8"]
+    raise ConfigError(
+        "fp8_scaling",
+        "mxfp8",
+        ", ".join(others),
+        message=f"fp8_scaling=mxfp8 needs block-scaled FP8 tensor cores (peak_tflops.mxfp8), "
+        f"which {hw.name} ({hw.device}) does not have; allowed here: {', '.join(others)}",
+    )
+
+
 def check_master_weights(software: Software, precision: str) -> None:
     """ConfigError unless the master-weight storage works with `precision`: the 16-bit remainder holds the
     low half of an fp32 value whose high half is the parameter, so the parameters must be bf16 (bf16's bits

@@ -208,6 +208,17 @@ VARIANTS = {
         ),
         {},
     ),
+    "llama-interleaved-fp8-mxfp8": (
+        LLAMA,
+        dict(
+            schedule="interleaved-1f1b",
+            virtual_stages=5,
+            stages=[4] * 20,
+            precision="fp8",
+            _software={"fp8_scaling": "mxfp8"},
+        ),
+        {},
+    ),
     "llama-hsdp-zero3-megatron-fsdp": (
         LLAMA,
         dict(

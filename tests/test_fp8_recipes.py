@@ -250,3 +250,85 @@ def test_a_plan_not_re_estimated_on_the_target_still_runs_the_recipe_its_note_sa
     export = export_plan(plan_from_document(document), "megatron")
     assert any("fp8_scaling rowwise -> tensorwise" in n for n in export.notes)
     assert "--fp8-recipe tensorwise" in export.text
+
+
+# ------------------------------------------------------------------------------ MXFP8 (block scaling)
+
+B200 = load_profile("dgx-b200")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _llama_on(hw, scaling, framework="megatron"):
+    cfg = ParallelConfig(
+        dp=2, tp=4, pp=1, micro_batch=1, global_batch=8, seq=8192, zero=1,
+        sequence_parallel=True, precision="fp8", framework=framework,
+    )  # fmt: skip
+    return estimate(
+        resolve_model("llama3-8b"), hw, cfg, gpus=8, options=RunOptions(fp8_scaling=scaling)
+    )
+
+
+def test_mxfp8_casts_carry_one_e8m0_scale_per_32_elements_in_each_orientation():
+    """OCP MX v1.0: one 8-bit shared scale per 32-element block; TE's MXFP8 keeps a row-wise and a
+    column-wise copy, each with its scales, beside the stack's cast traffic (frameworks/megatron.json)."""
+    from cost_models.compute import fp8_cast_bytes
+
+    per_element = json.loads((ROOT / "frameworks" / "megatron.json").read_text())[
+        "fp8_cast_bytes_per_element"
+    ]
+    mx, tensorwise = (
+        fp8_cast_bytes(_llama_on(B200, s).scores.step) for s in ("mxfp8", "tensorwise")
+    )
+    assert tensorwise == per_element and mx == per_element + 2 * (1 / 32)  # two orientations
+
+
+def test_mxfp8_costs_its_scales_and_no_amax_reduction():
+    mx, tensorwise = (_llama_on(B200, s) for s in ("mxfp8", "tensorwise"))
+    assert 0 < mx.step_time_s - tensorwise.step_time_s < 0.005 * tensorwise.step_time_s
+    assert amax_s(mx) == 0.0
+
+
+def test_mxfp8_needs_block_scaled_tensor_cores():
+    with pytest.raises(ConfigError, match="block-scaled") as err:
+        _llama_on(HW, "mxfp8")
+    assert "allowed here: tensorwise, delayed" in str(err.value)
+    line = _refusal(
+        "recommend", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "8",
+        "--precision", "fp8", "--fp8-scaling", "mxfp8",
+    )  # fmt: skip
+    assert "fp8_scaling=mxfp8 needs block-scaled FP8 tensor cores" in line and "dgx-h100" in line
+
+
+def test_only_blackwell_profiles_say_block_scaled_fp8_at_the_fp8_rate():
+    for path in sorted((ROOT / "hardware_profiles").glob("*.json")):
+        profile = load_profile(path.stem)
+        blackwell = "B200" in profile.device or "B300" in profile.device
+        blackwell = blackwell or "GB200" in profile.device or "GB300" in profile.device
+        assert ("mxfp8" in profile.peak_tflops) is blackwell, path.stem
+        if blackwell:
+            assert profile.peak_tflops["mxfp8"] == profile.peak_tflops["fp8"]
+
+
+def test_mxfp8_exports_as_megatrons_recipe_and_changes_on_a_stack_without_it():
+    plan = plan_from_document(_llama_on(B200, "mxfp8").to_document())
+    assert "--fp8-recipe mxfp8" in export_plan(plan, "megatron").text
+    notes = export_plan(plan, "torchtitan").notes
+    assert any("fp8_scaling mxfp8 -> tensorwise" in n for n in notes), notes
+    line = _refusal(
+        "estimate", "llama3-8b", "--hardware", "dgx-b200", "--gpus", "8", "--dp", "8",
+        "--framework", "torchtitan", "--precision", "fp8", "--fp8-scaling", "mxfp8",
+    )  # fmt: skip
+    assert "fp8_scaling=mxfp8: torchtitan runs the FP8 recipes tensorwise, rowwise" in line
+
+
+def test_published_mxfp8_rows_run_the_block_scaled_recipe():
+    from benchmarks.published_rows import options_of
+
+    rows = []
+    for name in ("megatron", "features"):
+        doc = json.loads((ROOT / "validation" / "published" / f"{name}.json").read_text())
+        rows += [
+            r for r in doc["runs"] if "MXFP8" in str((r.get("extras") or {}).get("fp8_recipe"))
+        ]
+    assert len(rows) == 7
+    assert all(options_of(r).fp8_scaling == "mxfp8" for r in rows)

@@ -178,8 +178,9 @@ Fp8ScalingOpt = Annotated[
         "--fp8-scaling",
         help="FP8 scaling recipe with --precision fp8: tensorwise (current per-tensor scaling: "
         "Transformer Engine, torchao tensorwise), rowwise (torchao rowwise: every operand cast "
-        "along both axes) or delayed (Transformer Engine's amax-history recipe: an amax all-reduce "
-        "over the stage's ranks after each chunk's forward and backward). Default: the stack's "
+        "along both axes), delayed (Transformer Engine's amax-history recipe: an amax all-reduce "
+        "over the stage's ranks after each chunk's forward and backward) or mxfp8 (one E8M0 scale "
+        "per 32 elements; Blackwell's block-scaled tensor cores). Default: the stack's "
         "(its profile's fp8_scaling); each runs its capabilities.fp8_scalings.",
     ),
 ]

@@ -334,8 +334,8 @@ def _precision_args(plan: Plan, add: _AddArg, notes: list[str]) -> None:
     notes += _model_config_notes(plan)
     if cfg.precision == "fp8":
         add("--fp8-format", "hybrid")
-        # Megatron-LM's --fp8-recipe: delayed (amax history) or tensorwise (current scaling)
-        add("--fp8-recipe", fp8_scaling_of(plan.document))  # tensorwise or delayed (retarget)
+        # Megatron-LM's --fp8-recipe: delayed (amax history), tensorwise (current scaling), mxfp8
+        add("--fp8-recipe", fp8_scaling_of(plan.document))  # the recipe costed (retarget)
         if _fp8_parameters(plan):
             add("--fp8-param-gather")  # FP8 parameters, gathered in FP8 (Software.fp8_param_gather)
         notes.append(

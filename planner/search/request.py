@@ -21,6 +21,7 @@ from planner.search.space import OBJECTIVES, PREFERENCES, Workload, check_space,
 from planner.sources import resolve_model, transformer_spec, with_seq
 from planner.software import (
     check_activation_fp8_input,
+    check_fp8_scaling_hardware,
     check_master_weights,
     check_moe_options,
     free_overlaps,
@@ -304,6 +305,7 @@ def _checked_stack(model, hardware, software, options: RunOptions, request: Sear
         ),
     )
     check_master_weights(software, precision)
+    check_fp8_scaling_hardware(software, hardware, precision)
     ParallelConfig(
         precision=precision, optimizer=request.optimizer, framework=software.framework.name
     )  # validates them
