@@ -77,8 +77,8 @@ BLACKWELL_PROFILES = (
     "dgx-b300",
     "gb300-nvl72",
 )
-"""Blackwell profiles the Blackwell fits are written into: Blackwell Ultra (B300, GB300) runs BF16 and
-FP8 at B200 and GB200 rates, and no published run of it is in the set."""
+"""Blackwell profiles the Blackwell fits are written into: Blackwell Ultra (B300, GB300) runs BF16
+and FP8 at B200 and GB200 rates, and no published run of it is in the set."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -134,6 +134,7 @@ _READ_EXTRAS: dict[str, Field] = {
         kind="int",
         required=False,
         low=0,
+        high=8,
         doc="Cross-entropy train metrics the trainer updates on every micro-batch (Composer).",
     ),
     "dropout": _flag("Dropout on (costs its masks)."),

@@ -871,27 +871,51 @@ def _eager_block(
 def upcast_cross_entropy_bytes(c: float) -> float:
     """Bytes per vocabulary entry that torch's cross_entropy streams forward on logits of `c` bytes
     under autocast (cross_entropy is on autocast's fp32 list): the fp32 copy (read c, write 4, none
-    for fp32 logits), then log_softmax over rows too long for on-chip memory (read 4 for the max,
-    4 for the sum, write 4) and nll_loss's gather (one entry per row, negligible). The forward of
-    head_table's upcast loss, and what each of a trainer's train metrics costs (metric_traffic)."""
-    return ((c + 4.0) if c != 4 else 0.0) + 12.0
+    for fp32 logits), then log_softmax (log_softmax_bytes) and nll_loss's gather (one entry per
+    row, negligible). The forward of head_table's upcast loss, and what each of a trainer's train
+    metrics costs under autocast (metric_traffic)."""
+    return ((c + 4.0) if c != 4 else 0.0) + log_softmax_bytes(4.0)
 
 
-def metric_traffic(spec: TransformerSpec, c: float, metrics: int) -> Terms:
+def log_softmax_bytes(c: float) -> float:
+    """Bytes per entry torch's log_softmax streams forward over rows of `c`-byte values longer than
+    its cached kernels take (a vocabulary row: PyTorch's SoftMax.cu keeps a row in shared memory
+    only under 48 KB and in registers only for short rows): cunn_SoftMaxForward reads the row for
+    its max, again for the sum of exponentials, and a third time to write the result (3 c + c).
+    Its backward (cunn_SoftMaxBackward) streams as much: the incoming gradient twice (for the row's
+    sum, then with the output) and the output once, writing the input's gradient."""
+    return 4.0 * c
+
+
+def metric_bytes_per_entry(precision: str) -> float:
+    """One train metric's cross_entropy, per vocabulary entry: under autocast (amp-*, and FP8
+    recipes, which run inside it) the fp32 copy and its log_softmax (upcast_cross_entropy_bytes);
+    without it log_softmax on the logits' own dtype (log_softmax_bytes)."""
+    c = compute_bytes(precision)
+    autocast = precision.startswith("amp") or precision == "fp8"
+    return upcast_cross_entropy_bytes(c) if autocast else log_softmax_bytes(c)
+
+
+def metric_traffic(spec: TransformerSpec, precision: str, metrics: int) -> Terms:
     """Per token, the bytes `metrics` cross-entropy train metrics stream over the logits after each
     micro-batch's backward, outside autograd (Composer's trainer updates every train metric on
     every micro-batch, Trainer._train_microbatch -> _eval_train_metrics, under the run's autocast;
     llm-foundry's MPT logs LanguageCrossEntropy and LanguagePerplexity, each a full
-    torch.nn.CrossEntropyLoss of the logits, composer/metrics/nlp.py), on logits of `c` bytes.
+    torch.nn.CrossEntropyLoss of the logits, composer/metrics/nlp.py), run in `precision`.
     Vocab-parallel: V / tp."""
-    return Terms(shard=metrics * upcast_cross_entropy_bytes(c) * spec.vocab)
+    return Terms(shard=metrics * metric_bytes_per_entry(precision) * spec.vocab)
 
 
-def metric_transient(spec: TransformerSpec, c: float, metrics: int) -> Terms:
+def metric_transient(spec: TransformerSpec, precision: str, metrics: int) -> Terms:
     """Per token, the most a train metric holds at once after the backward (metric_traffic): the
-    logits the trainer still references (its state.outputs, c V), their fp32 copy (4 V, none for
-    fp32 logits) and the log_softmax output being written (4 V); nothing without metrics."""
-    return Terms(shard=(c + (4.0 if c != 4 else 0.0) + 4.0) * spec.vocab * (metrics > 0))
+    logits the trainer still references (its state.outputs, c V), under autocast their fp32 copy
+    (4 V, none for fp32 logits) and the log_softmax output being written (4 V under autocast, else
+    c V); nothing without metrics."""
+    c = compute_bytes(precision)
+    autocast = precision.startswith("amp") or precision == "fp8"
+    upcast = 4.0 if autocast and c != 4 else 0.0
+    out = 4.0 if autocast else c
+    return Terms(shard=(c + upcast + out) * spec.vocab * (metrics > 0))
 
 
 def head_table(
@@ -961,7 +985,7 @@ def head_table(
         peak, fwd_end = Terms(shard=12.0 * V), Terms(shard=(8.0 + (c if c != 4 else 0)) * V)
         logits_fwd, logits_bwd = (
             Terms(shard=upcast_cross_entropy_bytes(c) * V),
-            Terms(shard=(4.0 + 12.0 + upcast) * V),
+            Terms(shard=(4.0 + log_softmax_bytes(4.0) + upcast) * V),
         )
         launches += 8
     elif loss == "fused":
@@ -972,12 +996,12 @@ def head_table(
             launches + 2,
         )
     elif loss == "native":
-        # forward: log_softmax reads and writes c V; backward: nll_loss's gradient written (c V), log_softmax's
-        # backward reads it and the saved output and writes the input gradient (3 c V)
+        # forward: log_softmax on the c-byte logits; backward: nll_loss's gradient written (c V),
+        # then log_softmax's backward (log_softmax_bytes: each streams 4 c V over vocabulary rows)
         peak, fwd_end = Terms(shard=4.0 * c * V), Terms(shard=2.0 * c * V)
         logits_fwd, logits_bwd, launches = (
-            Terms(shard=2.0 * c * V),
-            Terms(shard=4.0 * c * V),
+            Terms(shard=log_softmax_bytes(c) * V),
+            Terms(shard=(c + log_softmax_bytes(c)) * V),
             launches + 5,
         )
     elif loss == "inplace":

@@ -489,8 +489,8 @@ def block_seconds(x) -> BlockSeconds:
 def head_seconds(x):
     """Last stage: final norm, LM head GEMM (t x V/tp x h, forward and backward; kept in 16 bits under
     FP8 recipes, as Transformer Engine and torchao leave the output layer) and the vocab-parallel loss's
-    memory-bound work (cost_models.blocks.head_table), and the trainer's cross-entropy train metrics
-    over the logits after the backward (cost_models.blocks.metric_traffic; Software.train_metrics)."""
+    memory-bound work (cost_models.blocks.head_table), and the trainer's cross-entropy train
+    metrics over the logits after the backward (blocks.metric_traffic; Software.train_metrics)."""
     f_, b_ = gemm_fwd_bwd_seconds(
         x.tokens,
         x.spec.vocab / x.tp,
@@ -499,7 +499,7 @@ def head_seconds(x):
         precision=x.attention_precision,
         elem_bytes=x.c,
     )
-    metrics = x.per_token(metric_traffic(x.spec, x.c, x.sw.train_metrics))
+    metrics = x.per_token(metric_traffic(x.spec, x.precision, x.sw.train_metrics))
     memory_bound = (
         (x.per_token(x.head.traffic_fwd) + x.per_token(x.head.traffic_bwd) + metrics)
         * x.tokens
@@ -526,9 +526,9 @@ def fp8_cast_bytes(x) -> float:
     recipe) casts each operand twice: the forward scales the input per row and the weight per output
     channel, and the backward GEMMs reduce over the other axis, so the input, the weight and the output
     gradient are scaled and cast again along it (torchao float8 README, "rowwise" recipe; a tensorwise
-    scale serves both axes through the transposed copy). MXFP8 quantizes each operand along both axes in
-    one pass, as the transposed copy, plus one E8M0 scale byte per 32 elements in each orientation
-    (MX_SCALE_BYTES_PER_ELEMENT)."""
+    scale serves both axes through the transposed copy). MXFP8 quantizes each operand along both
+    axes in one pass, as the transposed copy, plus one E8M0 scale byte per 32 elements in each
+    orientation (MX_SCALE_BYTES_PER_ELEMENT)."""
     if x.precision != "fp8":
         return 0.0
     scaling = x.sw.fp8_scaling

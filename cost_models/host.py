@@ -92,10 +92,19 @@ def block_host_seconds(x) -> tuple:
     return fwd, bwd + x.full_share * recomputed
 
 
+METRIC_LAUNCHES = 7
+"""Kernels one train metric launches per micro-batch, outside autograd (Composer's
+LanguageCrossEntropy.update under autocast): the fp32 cast of the logits, log_softmax, nll_loss
+(summed in its kernel), the mask of counted targets (`target != ignore_index`) and its sum, and the
+two running sums' adds (`total_items`, `sum_loss`)."""
+
+
 def head_host_seconds(x):
     """Host time of the head's forward and backward for one micro-batch (the head table's kernels,
-    forward and backward; not captured by per-layer graphs)."""
-    return dispatch_seconds(x.head.kernels, x.hw) * (1.0 + BACKWARD_LAUNCHES_PER_FORWARD)
+    forward and backward; not captured by per-layer graphs), and of the trainer's train metrics
+    (METRIC_LAUNCHES each, forward only)."""
+    head = dispatch_seconds(x.head.kernels, x.hw) * (1.0 + BACKWARD_LAUNCHES_PER_FORWARD)
+    return head + dispatch_seconds(METRIC_LAUNCHES * x.sw.train_metrics, x.hw)
 
 
 def host_synced(x):

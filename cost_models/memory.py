@@ -356,7 +356,7 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     cache_head = np.where(is_last, head_w, 0.0) * 2.0 * cache
     cache_all = (n_blocks * MO.block_weights_on_rank(x)) * 2.0 * cache + cache_head
     tied_grad = head_w * 4.0 if x.c == 2 and x.precision != "bf16" else head_w * gb * 2.0
-    metric_bytes = B.metric_transient(spec, x.c, x.sw.train_metrics)
+    metric_bytes = B.metric_transient(spec, x.precision, x.sw.train_metrics)
     peak, acts_b, other = ResidentBytes(
         params=params_b,
         grads=grads_b + buckets,

@@ -40,9 +40,9 @@ Engine's current scaling, Megatron-LM's --fp8-recipe tensorwise, torchao's tenso
 (torchao's rowwise), per tensor from an amax history (Transformer Engine's DelayedScaling,
 Megatron-LM's --fp8-recipe delayed), whose amaxes are all-reduced after each forward and backward of
 an fp8_autocast region (cost_models.comm.fp8_amax_reduction_seconds), and MXFP8 (OCP MX: one
-power-of-two E8M0 scale per 32 elements, in both orientations; Transformer Engine's MXFP8BlockScaling,
-Megatron-LM's --fp8-recipe mxfp8), which needs block-scaled tensor cores (a profile's
-peak_tflops.mxfp8: Blackwell). DeepSeek's 1x128 blocks are costed as tensorwise."""
+power-of-two E8M0 scale per 32 elements, in both orientations; Transformer Engine's
+MXFP8BlockScaling, Megatron-LM's --fp8-recipe mxfp8), which needs block-scaled tensor cores (a
+profile's peak_tflops.mxfp8: Blackwell). DeepSeek's 1x128 blocks are costed as tensorwise."""
 MOE_DISPATCHERS = ("alltoall", "deepep")
 """How routed tokens reach experts on other ranks (cost_models.moe.exchange_seconds): alltoall (one NCCL
 all-to-all over the expert-parallel group: Megatron-Core's alltoall dispatcher, torchtitan, DeepSpeed-MoE)

@@ -465,6 +465,10 @@ def fp8_scaling_of(document: Mapping[str, Any]) -> str | None:
     return Software.of(load_framework(framework)).fp8_scaling if framework else Software.fp8_scaling
 
 
+_COUNTS = ("train_metrics", "activation_offload_layers")
+"""Run options that are whole numbers (RunOptions refuses 2.0 as a count)."""
+
+
 def run_options(document: Mapping[str, Any]) -> RunOptions:
     """The run's own choices in a plan document's `software` block (planner.estimate.
     software_block), as a RunOptions record: every option whose recorded value differs from the
@@ -484,6 +488,8 @@ def run_options(document: Mapping[str, Any]) -> RunOptions:
         if option.name in skipped or value is None:
             continue
         value = tuple(value) if isinstance(value, list) else value
+        if option.name in _COUNTS and isinstance(value, float) and value.is_integer():
+            value = int(value)  # JSON Schema's integer admits 2.0; the record takes 2
         default = getattr(stack if option.name == "kernels" else defaults, option.name, None)
         if value != default:
             out[option.name] = value

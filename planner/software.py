@@ -284,8 +284,8 @@ def check_moe_options(model: TransformerSpec, precision: str, options: RunOption
 
 
 def check_fp8_scaling_hardware(software: Software, hw, precision: str) -> None:
-    """ConfigError when the run's FP8 recipe needs tensor cores `hw` lacks: MXFP8's 32-element blocks
-    with E8M0 scales run on block-scaled MMA (Blackwell), which a profile states with a
+    """ConfigError when the run's FP8 recipe needs tensor cores `hw` lacks: MXFP8's 32-element
+    blocks with E8M0 scales run on block-scaled MMA (Blackwell), which a profile states with a
     peak_tflops.mxfp8 rate; Hopper's FP8 tensor cores take one scale per operand."""
     if precision != "fp8" or software.fp8_scaling != "mxfp8" or "mxfp8" in hw.peak_tflops:
         return

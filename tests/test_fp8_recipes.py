@@ -252,7 +252,7 @@ def test_a_plan_not_re_estimated_on_the_target_still_runs_the_recipe_its_note_sa
     assert "--fp8-recipe tensorwise" in export.text
 
 
-# ------------------------------------------------------------------------------ MXFP8 (block scaling)
+# ---------------------------------------------------------------------------- MXFP8 (block scaling)
 
 B200 = load_profile("dgx-b200")
 ROOT = Path(__file__).resolve().parents[1]
@@ -270,7 +270,8 @@ def _llama_on(hw, scaling, framework="megatron"):
 
 def test_mxfp8_casts_carry_one_e8m0_scale_per_32_elements_in_each_orientation():
     """OCP MX v1.0: one 8-bit shared scale per 32-element block; TE's MXFP8 keeps a row-wise and a
-    column-wise copy, each with its scales, beside the stack's cast traffic (frameworks/megatron.json)."""
+    column-wise copy, each with its scales, beside the stack's cast traffic
+    (frameworks/megatron.json)."""
     from cost_models.compute import fp8_cast_bytes
 
     per_element = json.loads((ROOT / "frameworks" / "megatron.json").read_text())[

@@ -420,8 +420,8 @@ def test_new_profile_facts():
 
 
 def test_blackwell_ultra_profile_facts():
-    """validation/hardware/new_profiles.md, Blackwell Ultra: the usable memory torch reports, B200's and
-    GB200's training rates, 800 Gb/s ConnectX-8 per GPU, and the Blackwell efficiency block."""
+    """validation/hardware/new_profiles.md, Blackwell Ultra: the usable memory torch reports,
+    B200's and GB200's training rates, 800 Gb/s ConnectX-8 per GPU, the Blackwell efficiency."""
     b300, gb300 = load_profile("dgx-b300"), load_profile("gb300-nvl72")
     b200, gb200 = load_profile("dgx-b200"), load_profile("gb200-nvl72")
     assert round(b300.memory_bytes / 2**30, 2) == 267.69
@@ -433,7 +433,7 @@ def test_blackwell_ultra_profile_facts():
 
 
 def test_a_plan_that_misses_a_gb200_fits_a_gb300_and_runs_no_slower():
-    """Llama 3 70B at tp 2 needs about 230 GiB a GPU: more than GB200's 184, less than GB300's 276."""
+    """Llama 3 70B at tp 2 needs about 230 GiB a GPU: more than a GB200's 184, less than 276."""
     from planner.estimate import estimate
     from planner.parallel import ParallelConfig
 

@@ -30,7 +30,7 @@ from planner.exports.common import (
     steps_between_checkpoints,
 )
 from planner.exports.limits import HF_DECODER_LAYER, fsdp_limits
-from planner.plan import Plan
+from planner.plan import Plan, run_options
 
 PRECISION = {"fp32": "no", "amp-fp16": "fp16", "amp-bf16": "bf16", "bf16": "bf16", "fp8": "fp8"}
 """Planner precision -> Accelerate mixed_precision (every precision of frameworks/fsdp.json)."""
@@ -128,6 +128,13 @@ def to_fsdp(plan: Plan) -> Export:
     targs = _training_arguments(plan, sharded, notes)
     if cfg.recompute_layers is not None:
         notes.append(_recompute_layers_note(cfg, spec))
+    metrics = run_options(plan.document).train_metrics
+    if metrics:
+        notes.append(
+            f"train_metrics={metrics}: the plan was costed with a trainer computing {metrics} "
+            "cross-entropy metrics over each micro-batch's logits (Composer / llm-foundry); the "
+            "Hugging Face Trainer run below computes none, so its steps take less than predicted"
+        )
     if cfg.precision == "bf16":
         notes.append(
             "precision bf16: load the model in bfloat16 (dtype below) so that weights, gradients and AdamW "

@@ -34,6 +34,8 @@ FORMAT_FRAMEWORK = {
 _THE_SOURCE_STACKS_OWN = {
     "kernels": "a swap of the stack's modules for another's, made",
     "compile": "torch.compile on the blocks, which the other stacks' exports do not switch on,",
+    "train_metrics": "the trainer's per-micro-batch train metrics (Composer's), which the other "
+    "stacks' training loops do not compute,",
 }
 """Run options a plan keeps on its own stack only: another stack runs its own modules as its own
 export launches them."""
