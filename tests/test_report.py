@@ -152,9 +152,30 @@ def test_a_plan_file_is_reported_with_its_own_run_options(tmp_path):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(overlap.to_document()))
     out = _report(tmp_path, str(path), "--scaling-nodes", "2")
-    best = json.loads((out / "report.json").read_text())["best"]
+    data = json.loads((out / "report.json").read_text())
+    best = data["best"]
     assert best["software"]["tp_comm_overlap"] is True
     assert best["prediction"]["step_time_s"] == pytest.approx(overlap.step_time_s, rel=1e-12)
+    # the alternatives it is ranked against run as the plan does, not at the stack's defaults
+    assert data["alternatives"] and all(
+        a["software"]["tp_comm_overlap"] is True
+        for a in data["alternatives"]
+        if a["plan"]["tp"] > 1 and a["plan"]["sequence_parallel"]
+    )
+
+
+def test_a_plan_files_alternatives_pay_its_train_metrics(tmp_path):
+    """A Composer plan's runners-up are searched with its two train metrics, as it was."""
+    cfg = ParallelConfig(dp=8, global_batch=64, seq=1024, zero=3, framework="fsdp")
+    model, hw = resolve_model("gpt2"), load_profile("p4d.24xlarge")
+    plan = estimate(model, hw, cfg, gpus=8, options=RunOptions(train_metrics=2))
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_document()))
+    data = json.loads(
+        (_report(tmp_path, str(path), "--scaling-nodes", "1") / "report.json").read_text()
+    )
+    assert data["alternatives"]
+    assert all(a["software"]["train_metrics"] == 2 for a in data["alternatives"])
 
 
 @pytest.mark.parametrize(

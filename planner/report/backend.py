@@ -13,6 +13,7 @@ import numpy as np
 from planner.estimate import estimate
 from planner.parallel import ParallelConfig
 from planner.plan import run_options
+from planner.run_options import RunOptions
 from planner.report.timeline import StageTimes
 from frameworks import load_framework
 from hardware_profiles import load_profile
@@ -120,9 +121,16 @@ def batchnorm_count(model_arg: str) -> int:
 
 
 def search(
-    model, hw, scenario, *, top: int | None = None, global_batch: int | None = None
+    model,
+    hw,
+    scenario,
+    *,
+    top: int | None = None,
+    global_batch: int | None = None,
+    options: RunOptions | None = None,
 ) -> SearchResult:
-    """recommend() for the scenario, recording every candidate its scorer evaluated.
+    """recommend() for the scenario, recording every candidate its scorer evaluated; `options`:
+    the run options every candidate runs with (a given plan's own: run_options).
 
     recommend() returns only the ranked documents; the Pareto front needs every scored candidate,
     so recommend() is handed planner.score.score wrapped to keep a copy of each batch it scores
@@ -170,6 +178,7 @@ def search(
         price_per_hour=getattr(scenario, "price_per_hour", None)
         or (hw.price_usd_per_hour if getattr(scenario, "spot", False) else None),
         spot=getattr(scenario, "spot", False),
+        options=options,
         **_space(scenario),
     )
     plan = rec.best["plan"]

@@ -88,14 +88,15 @@ def build_report(
     """Search (or take `plan_document`'s configuration), evaluate, and lay out the report."""
     model = backend.resolve(scenario.model, scenario.seq)
     hw = priced(backend.hardware(scenario.hardware), scenario)
-    search = backend.search(model, hw, scenario)
+    # a given plan's own run options, as its file says: its alternatives run as it does
+    options = None if plan_document is None else backend.run_options(plan_document)
+    search = backend.search(model, hw, scenario, options=options)
     notes: list[str] = []
     if plan_document is None:
         best, first_label = search.best, "recommended"
         alternatives = list(search.alternatives)
     else:
         cfg = backend.config_from_document(plan_document)
-        options = backend.run_options(plan_document)  # the plan's own, as its file says
         best = backend.with_goodput(
             backend.estimate_document(model, hw, cfg, gpus=scenario.gpus, options=options),
             hw,
@@ -113,7 +114,7 @@ def build_report(
             )
     ctx = rule_context(model, hw, best, scenario)
     rules = checklist.evaluate(ctx)
-    scaling_rows = _scaling(model, hw, scenario, best, search, given=plan_document is not None)
+    scaling_rows = _scaling(model, hw, scenario, best, search, options=options)
     seed_rows = _seed_argument(hw, scaling_rows)
     sections = [
         _scenario_section(model, hw, scenario, best, search),
@@ -569,9 +570,10 @@ def _node_counts(scenario: Scenario, hw, best) -> list[int]:
     return sorted(counts)
 
 
-def _scaling(
-    model, hw, scenario: Scenario, best, search, *, given: bool = False
-) -> list[dict[str, Any]]:
+def _scaling(model, hw, scenario: Scenario, best, search, *, options=None) -> list[dict[str, Any]]:
+    """The best plan at other node counts; with a given plan (`options`: its run options, which
+    every search here runs with) its own row is marked."""
+    given = options is not None
     rows = []
     for nodes in _node_counts(scenario, hw, best):
         gpus = nodes * hw.devices_per_node
@@ -585,6 +587,7 @@ def _scaling(
                     dataclasses.replace(scenario, gpus=gpus),
                     top=0,
                     global_batch=best["plan"]["global_batch"],
+                    options=options,
                 )
             except (NoFitError, ConfigError) as err:
                 rows.append({"nodes": nodes, "gpus": gpus, "plan": f"none ({type(err).__name__})"})
