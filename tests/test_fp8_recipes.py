@@ -333,3 +333,19 @@ def test_published_mxfp8_rows_run_the_block_scaled_recipe():
         ]
     assert len(rows) == 7
     assert all(options_of(r).fp8_scaling == "mxfp8" for r in rows)
+
+
+def test_sagemaker_export_names_transformer_engines_recipe_for_the_plans_scaling():
+    """SMP v2 runs FP8 through TE's fp8_autocast; the note names the TE recipe class of the plan's
+    scaling (transformer_engine.common.recipe), or says TE has none (torchao's rowwise)."""
+    cases = (
+        (_llama_on(B200, "mxfp8"), "MXFP8BlockScaling()"),
+        (_llama_on(HW, "delayed"), "DelayedScaling()"),
+        (_llama_on(HW, "tensorwise"), "Float8CurrentScaling()"),
+    )
+    for est, recipe in cases:
+        notes = export_plan(plan_from_document(est.to_document()), "sagemaker").notes
+        assert any(n.startswith("fp8: ") and recipe in n for n in notes), notes
+    rowwise = plan_from_document(_fp8_plan("torchtitan", "rowwise"))
+    notes = export_plan(rowwise, "sagemaker").notes
+    assert any("fp8_scaling=rowwise, which Transformer Engine has no recipe" in n for n in notes)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from planner.io import dumps_strict
 from planner.exports.common import Export, cannot, chunk_blocks, devices_per_node
 from planner.exports.limits import sagemaker_limits, sagemaker_v1_limits
-from planner.plan import Plan
+from planner.plan import Plan, fp8_scaling_of
 
 SMP_V1_PLACEMENT = {"DPT": "cluster", "TPD": "spread"}
 """SMP v1 placement_strategy names the SDK v2 accepts and the D/P/T order they mean (outermost first)."""
@@ -80,10 +80,7 @@ def to_sagemaker(plan: Plan) -> Export:
             + (" (SMP v2 checkpoints whole blocks)" if cfg.recompute == "selective" else "")
         )
     if cfg.precision == "fp8":
-        notes.append(
-            "fp8: SMP v2 runs FP8 through Transformer Engine (torch.sagemaker.transform with "
-            "transformer_engine fp8 autocast in the script)"
-        )
+        notes.append(_fp8_note(fp8_scaling_of(plan.document)))
     elif cfg.precision != "fp32":
         notes.append(f"precision {cfg.precision}: FSDP MixedPrecision in the script")
     if cfg.num_microbatches > 1:
@@ -179,3 +176,28 @@ def to_sagemaker_v1(plan: Plan) -> Export:
         text=dumps_strict(distribution, "sagemaker-v1 configuration") + "\n",
         notes=tuple(notes),
     )
+
+
+TE_RECIPES = {
+    "tensorwise": "Float8CurrentScaling",
+    "delayed": "DelayedScaling",
+    "mxfp8": "MXFP8BlockScaling",
+}
+"""Transformer Engine's recipe class for each FP8 scaling the planner costs (transformer_engine.common.
+recipe, TE 2.x); torchao's rowwise has none in TE."""
+
+
+def _fp8_note(scaling: str) -> str:
+    """How the script runs the plan's FP8 recipe under SMP v2 (Transformer Engine's fp8_autocast)."""
+    head = (
+        "fp8: SMP v2 runs FP8 through Transformer Engine (torch.sagemaker.transform with "
+        "transformer_engine fp8 autocast in the script)"
+    )
+    recipe = TE_RECIPES.get(scaling)
+    if recipe is None:
+        return (
+            f"{head}; the plan was costed with fp8_scaling={scaling}, which Transformer Engine has "
+            "no recipe for: the script's Float8CurrentScaling casts each operand once, less than "
+            "costed"
+        )
+    return f"{head}, with fp8_recipe=transformer_engine.common.recipe.{recipe}() (fp8_scaling={scaling})"
