@@ -882,6 +882,8 @@ def log_softmax_bytes(c: float) -> float:
     its cached kernels take (a vocabulary row: PyTorch's SoftMax.cu keeps a row in shared memory
     only under 48 KB and in registers only for short rows): cunn_SoftMaxForward reads the row for
     its max, again for the sum of exponentials, and a third time to write the result (3 c + c).
+    A vocabulary shard under 48 KB (a small vocabulary split over many tp ranks) would take the
+    one-read kernel; no costed model has one.
     Its backward (cunn_SoftMaxBackward) streams as much: the incoming gradient twice (for the row's
     sum, then with the output) and the output once, writing the input's gradient."""
     return 4.0 * c

@@ -96,7 +96,8 @@ METRIC_LAUNCHES = 7
 """Kernels one train metric launches per micro-batch, outside autograd (Composer's
 LanguageCrossEntropy.update under autocast): the fp32 cast of the logits, log_softmax, nll_loss
 (summed in its kernel), the mask of counted targets (`target != ignore_index`) and its sum, and the
-two running sums' adds (`total_items`, `sum_loss`)."""
+two running sums' adds (`total_items`, `sum_loss`); without autocast there is no cast, one launch
+fewer, left in the count."""
 
 
 def head_host_seconds(x):

@@ -181,6 +181,19 @@ def load_profile(name_or_path: str) -> HardwareProfile:
     return profile_from_dict(data, origin=str(path))
 
 
+def _check_block_scaled_fp8(origin: str, peaks: dict) -> None:
+    """peak_tflops.mxfp8 states block-scaled FP8 tensor cores; the cost model runs MXFP8 GEMMs at
+    the fp8 rate (every Blackwell datasheet gives one rate for both), so the two must agree."""
+    if "mxfp8" in peaks and peaks.get("fp8") != peaks["mxfp8"]:
+        raise ConfigError(
+            "peak_tflops.mxfp8",
+            peaks["mxfp8"],
+            f"the fp8 peak ({peaks.get('fp8')}): MXFP8 GEMMs are costed at the fp8 rate",
+            message=f"{origin}: peak_tflops.mxfp8={peaks['mxfp8']} must equal peak_tflops.fp8 "
+            f"({peaks.get('fp8')}): the cost model runs MXFP8 GEMMs at the fp8 rate",
+        )
+
+
 def profile_from_dict(data: object, *, origin: str = "<dict>") -> HardwareProfile:
     """Validate a decoded profile document and build the record; `origin` names it in errors. A
     document with `refines` takes the efficiency keys it does not set from that shipped profile
@@ -190,6 +203,7 @@ def profile_from_dict(data: object, *, origin: str = "<dict>") -> HardwareProfil
     check_document(data, KEYS, origin, WHAT)
     check_efficiency(data["efficiency"], origin)
     _check_network(origin, data)
+    _check_block_scaled_fp8(origin, data["peak_tflops"])
     check_sources(data, KEYS, origin, WHAT)
     kwargs = {k: v for k, v in data.items() if k != "schema_version"}
     for key, field in KEYS.items():

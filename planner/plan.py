@@ -28,6 +28,8 @@ from planner.spec import TransformerSpec, record_of
 from frameworks import load_framework
 from planner.io import MAX_JSON_DEPTH, depth_exceeds, numbers, read_json
 from cost_models.step import Software
+from hardware_profiles import load_profile
+from planner.software import check_fp8_scaling_hardware
 
 SCHEMA_VERSION = "1"
 """The plan-document version this build writes and reads."""
@@ -356,6 +358,7 @@ def plan_from_document(document: Any, *, source: str = "plan") -> Plan:
         fp8_scaling=run_options(document).fp8_scaling,
         framework=config.framework,
     )
+    _check_recipe_hardware(document, config)
     return Plan(
         schema_version=document["schema_version"],
         model_name=model["name"],
@@ -451,6 +454,20 @@ _THE_STACKS_OWN = (
 """Options a plan records as what its stack did rather than as the run's choice: another stack
 applies its own (planner.exports.retarget); explain's fresh search on the same stack adds them
 (planner.explain._software_options)."""
+
+
+def _check_recipe_hardware(document: Mapping[str, Any], config: ParallelConfig) -> None:
+    """A plan file whose FP8 recipe its hardware cannot run (MXFP8 without block-scaled FP8 tensor
+    cores) is refused as estimate refuses it (planner.software.check_fp8_scaling_hardware);
+    hardware this build cannot load is left to the commands that cost the plan."""
+    if fp8_scaling_of(document) != "mxfp8":
+        return
+    try:
+        hw = load_profile(document["hardware"]["name"])
+    except ConfigError:
+        return
+    software = Software.of(load_framework(config.framework), run_options(document))
+    check_fp8_scaling_hardware(software, hw, config.precision)
 
 
 def fp8_scaling_of(document: Mapping[str, Any]) -> str | None:

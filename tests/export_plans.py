@@ -53,6 +53,9 @@ LLAMA = (
     ),
 )
 
+LLAMA_B200 = (LLAMA[0], "p6-b200.48xlarge", *LLAMA[2:])
+"""The Llama plan on B200s, whose tensor cores run block-scaled FP8 (MXFP8)."""
+
 FSDP_LLAMA = (
     "llama3-8b",
     "p5.48xlarge",
@@ -209,7 +212,7 @@ VARIANTS = {
         {},
     ),
     "llama-interleaved-fp8-mxfp8": (
-        LLAMA,
+        LLAMA_B200,
         dict(
             schedule="interleaved-1f1b",
             virtual_stages=5,

@@ -312,7 +312,8 @@ def test_only_blackwell_profiles_say_block_scaled_fp8_at_the_fp8_rate():
 
 def test_mxfp8_exports_as_megatrons_recipe_and_changes_on_a_stack_without_it():
     plan = plan_from_document(_llama_on(B200, "mxfp8").to_document())
-    assert "--fp8-recipe mxfp8" in export_plan(plan, "megatron").text
+    text = export_plan(plan, "megatron").text
+    assert "--fp8-recipe mxfp8" in text and "--fp8-format e4m3" in text
     notes = export_plan(plan, "torchtitan").notes
     assert any("fp8_scaling mxfp8 -> tensorwise" in n for n in notes), notes
     line = _refusal(
@@ -349,3 +350,36 @@ def test_sagemaker_export_names_transformer_engines_recipe_for_the_plans_scaling
     rowwise = plan_from_document(_fp8_plan("torchtitan", "rowwise"))
     notes = export_plan(rowwise, "sagemaker").notes
     assert any("fp8_scaling=rowwise, which Transformer Engine has no recipe" in n for n in notes)
+
+
+def test_a_plan_file_with_mxfp8_on_hopper_is_refused_by_every_command(tmp_path):
+    """A hand-edited plan: B200's MXFP8 plan moved to an H100 profile."""
+    doc = _llama_on(B200, "mxfp8").to_document()
+    doc["hardware"]["name"] = "dgx-h100"
+    path = tmp_path / "h100.json"
+    path.write_text(json.dumps(doc))
+    for args in (["explain", str(path)], ["export", str(path), "--format", "megatron"]):
+        line = _refusal(*args)
+        assert "fp8_scaling=mxfp8 needs block-scaled FP8 tensor cores" in line, line
+
+
+def test_recommend_refuses_mxfp8_on_hopper_before_scoring_anything():
+    from planner.search import recommend
+
+    def boom(*args, **kwargs):
+        raise AssertionError("scored a plan its hardware cannot run")
+
+    with pytest.raises(ConfigError, match="block-scaled"):
+        recommend(
+            "llama3-8b", "dgx-h100", gpus=8, precision="fp8",
+            options=RunOptions(fp8_scaling="mxfp8"), score_fn=boom,
+        )  # fmt: skip
+
+
+def test_a_profile_whose_block_scaled_rate_differs_from_its_fp8_rate_is_refused():
+    from hardware_profiles.loader import profile_from_dict
+
+    doc = json.loads((ROOT / "hardware_profiles" / "dgx-b200.json").read_text())
+    doc["peak_tflops"]["mxfp8"] = 2 * doc["peak_tflops"]["fp8"]
+    with pytest.raises(ConfigError, match="must equal peak_tflops.fp8"):
+        profile_from_dict(doc, origin="b200-edited.json")

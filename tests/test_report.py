@@ -535,3 +535,38 @@ def test_the_report_draws_the_chosen_plans_simulated_step(small_report):
     exposed_ms = float(best["prediction"]["time_breakdown_s"]["dp_comm"]) * 1e3
     shown = re.search(r"([0-9.e+-]+) ms of the step in all", md)
     assert shown and float(shown.group(1)) == pytest.approx(exposed_ms, rel=1e-3, abs=1e-6)
+
+
+def test_on_another_stack_a_plan_files_alternatives_run_that_stacks_defaults(tmp_path):
+    """report --framework megatron on a Composer plan: Megatron computes no train metrics, as an
+    export to it drops them (planner.exports.retarget)."""
+    cfg = ParallelConfig(dp=8, global_batch=64, seq=1024, zero=3, framework="fsdp")
+    model, hw = resolve_model("gpt2"), load_profile("p4d.24xlarge")
+    plan = estimate(model, hw, cfg, gpus=8, options=RunOptions(train_metrics=2))
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_document()))
+    out = _report(tmp_path, str(path), "--framework", "megatron", "--scaling-nodes", "1")
+    data = json.loads((out / "report.json").read_text())
+    assert data["alternatives"]
+    assert all(a["software"]["train_metrics"] == 0 for a in data["alternatives"])
+
+
+def test_every_search_of_a_plan_files_report_runs_the_plans_options(tmp_path, monkeypatch):
+    """The runners-up and each scaling row's search (other node counts) take the plan's options."""
+    from planner.report import backend
+
+    seen = []
+    search = backend.search
+
+    def recording(*args, options=None, **kwargs):
+        seen.append(options)
+        return search(*args, options=options, **kwargs)
+
+    monkeypatch.setattr(backend, "search", recording)
+    cfg = ParallelConfig(dp=8, global_batch=64, seq=1024, zero=3, framework="fsdp")
+    model, hw = resolve_model("gpt2"), load_profile("p4d.24xlarge")
+    plan = estimate(model, hw, cfg, gpus=8, options=RunOptions(train_metrics=2))
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_document()))
+    _report(tmp_path, str(path), "--scaling-nodes", "1,2")
+    assert len(seen) >= 2 and all(o is not None and o.train_metrics == 2 for o in seen)

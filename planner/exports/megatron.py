@@ -333,9 +333,12 @@ def _precision_args(plan: Plan, add: _AddArg, notes: list[str]) -> None:
         add("--enable-cuda-graph")  # per-layer graphs (megatron/training/arguments.py)
     notes += _model_config_notes(plan)
     if cfg.precision == "fp8":
-        add("--fp8-format", "hybrid")
+        recipe = fp8_scaling_of(plan.document)  # the recipe costed (retarget)
+        # E4M3 throughout for MXFP8 (TE's MXFP8BlockScaling default, Megatron-Bridge's MXFP8
+        # mixed precision); E4M3 forward, E5M2 gradients for the per-tensor recipes
+        add("--fp8-format", "e4m3" if recipe == "mxfp8" else "hybrid")
         # Megatron-LM's --fp8-recipe: delayed (amax history), tensorwise (current scaling), mxfp8
-        add("--fp8-recipe", fp8_scaling_of(plan.document))  # the recipe costed (retarget)
+        add("--fp8-recipe", recipe)
         if _fp8_parameters(plan):
             add("--fp8-param-gather")  # FP8 parameters, gathered in FP8 (Software.fp8_param_gather)
         notes.append(

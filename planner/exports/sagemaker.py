@@ -183,12 +183,12 @@ TE_RECIPES = {
     "delayed": "DelayedScaling",
     "mxfp8": "MXFP8BlockScaling",
 }
-"""Transformer Engine's recipe class for each FP8 scaling the planner costs (transformer_engine.common.
-recipe, TE 2.x); torchao's rowwise has none in TE."""
+"""Transformer Engine's recipe class for each FP8 scaling the planner costs
+(transformer_engine.common.recipe, TE 2.x); torchao's rowwise has none in TE."""
 
 
 def _fp8_note(scaling: str) -> str:
-    """How the script runs the plan's FP8 recipe under SMP v2 (Transformer Engine's fp8_autocast)."""
+    """How the script runs the plan's FP8 recipe under SMP v2 (TE's fp8_autocast)."""
     head = (
         "fp8: SMP v2 runs FP8 through Transformer Engine (torch.sagemaker.transform with "
         "transformer_engine fp8 autocast in the script)"
@@ -200,4 +200,5 @@ def _fp8_note(scaling: str) -> str:
             "no recipe for: the script's Float8CurrentScaling casts each operand once, less than "
             "costed"
         )
-    return f"{head}, with fp8_recipe=transformer_engine.common.recipe.{recipe}() (fp8_scaling={scaling})"
+    where = f"transformer_engine.common.recipe.{recipe}()"
+    return f"{head}, with fp8_recipe={where} (fp8_scaling={scaling})"

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from planner.errors import ConfigError, NoFitError, PlannerError
+from planner.run_options import RunOptions
 from planner.report import checklist, figures
 from planner.report import backend
 from planner.report.render import Figure, ReportContent, Section, Table, table_from_records
@@ -88,8 +89,7 @@ def build_report(
     """Search (or take `plan_document`'s configuration), evaluate, and lay out the report."""
     model = backend.resolve(scenario.model, scenario.seq)
     hw = priced(backend.hardware(scenario.hardware), scenario)
-    # a given plan's own run options, as its file says: its alternatives run as it does
-    options = None if plan_document is None else backend.run_options(plan_document)
+    options = _search_options(plan_document, scenario)
     search = backend.search(model, hw, scenario, options=options)
     notes: list[str] = []
     if plan_document is None:
@@ -570,10 +570,20 @@ def _node_counts(scenario: Scenario, hw, best) -> list[int]:
     return sorted(counts)
 
 
+def _search_options(plan_document, scenario: Scenario):
+    """The run options a given plan's alternatives and scaling rows are searched with: the plan's
+    own, as its file says, on its own stack; on another (report --framework) that stack's defaults,
+    as an export to it starts from (planner.exports.retarget); None without a plan."""
+    if plan_document is None:
+        return None
+    own = plan_document["plan"].get("framework")
+    return backend.run_options(plan_document) if own == scenario.framework else RunOptions()
+
+
 def _scaling(model, hw, scenario: Scenario, best, search, *, options=None) -> list[dict[str, Any]]:
     """The best plan at other node counts; with a given plan (`options`: its run options, which
     every search here runs with) its own row is marked."""
-    given = options is not None
+    given = options is not None  # a given plan's search
     rows = []
     for nodes in _node_counts(scenario, hw, best):
         gpus = nodes * hw.devices_per_node
