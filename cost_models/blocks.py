@@ -874,7 +874,18 @@ def upcast_cross_entropy_bytes(c: float) -> float:
     for fp32 logits), then log_softmax (log_softmax_bytes) and nll_loss's gather (one entry per
     row, negligible). The forward of head_table's upcast loss, and what each of a trainer's train
     metrics costs under autocast (metric_traffic)."""
-    return ((c + 4.0) if c != 4 else 0.0) + log_softmax_bytes(4.0)
+    return fp32_copy_bytes(c) + log_softmax_bytes(4.0)
+
+
+def fp32_copy_bytes(c: float) -> float:
+    """Bytes per element of casting `c`-byte values to fp32 (read c, write 4); none for fp32."""
+    return (c + 4.0) if c != 4 else 0.0
+
+
+def under_autocast(precision: str) -> bool:
+    """Whether the run's ops outside the modules run under torch.autocast: the amp-* precisions,
+    and FP8 recipes, whose fp8_autocast sits inside it."""
+    return precision.startswith("amp") or precision == "fp8"
 
 
 def log_softmax_bytes(c: float) -> float:
@@ -894,8 +905,7 @@ def metric_bytes_per_entry(precision: str) -> float:
     recipes, which run inside it) the fp32 copy and its log_softmax (upcast_cross_entropy_bytes);
     without it log_softmax on the logits' own dtype (log_softmax_bytes)."""
     c = compute_bytes(precision)
-    autocast = precision.startswith("amp") or precision == "fp8"
-    return upcast_cross_entropy_bytes(c) if autocast else log_softmax_bytes(c)
+    return upcast_cross_entropy_bytes(c) if under_autocast(precision) else log_softmax_bytes(c)
 
 
 def metric_traffic(spec: TransformerSpec, precision: str, metrics: int) -> Terms:
@@ -914,7 +924,7 @@ def metric_transient(spec: TransformerSpec, precision: str, metrics: int) -> Ter
     (4 V, none for fp32 logits) and the log_softmax output being written (4 V under autocast, else
     c V); nothing without metrics."""
     c = compute_bytes(precision)
-    autocast = precision.startswith("amp") or precision == "fp8"
+    autocast = under_autocast(precision)
     upcast = 4.0 if autocast and c != 4 else 0.0
     out = 4.0 if autocast else c
     return Terms(shard=(c + upcast + out) * spec.vocab * (metrics > 0))
@@ -983,7 +993,7 @@ def head_table(
             launches + 8,
         )
     elif loss == "upcast":
-        upcast = (c + 4) if c != 4 else 0
+        upcast = fp32_copy_bytes(c)
         peak, fwd_end = Terms(shard=12.0 * V), Terms(shard=(8.0 + (c if c != 4 else 0)) * V)
         logits_fwd, logits_bwd = (
             Terms(shard=upcast_cross_entropy_bytes(c) * V),

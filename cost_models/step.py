@@ -131,10 +131,10 @@ class Software:
     LanguagePerplexity, 2, unless use_train_metrics is off): memory-bound passes over the logits on
     the last stage (cost_models.blocks.metric_traffic)."""
     fp8_scaling: str = "tensorwise"
-    """How an FP8 recipe scales GEMM operands (frameworks.profile.FP8_SCALINGS): one scale per tensor, per row (torchao's
-    rowwise recipe), whose backward needs every operand scaled along its other axis too (cost_models.compute.
-    fp8_cast_bytes), or per tensor from an amax history (delayed: its amax all-reduces,
-    comm.fp8_amax_reduction_seconds)."""
+    """How an FP8 recipe scales GEMM operands (frameworks.profile.FP8_SCALINGS): one scale per
+    tensor, per row (torchao's rowwise recipe), whose backward needs every operand scaled along its
+    other axis too (cost_models.compute.fp8_cast_bytes), per tensor from an amax history (delayed:
+    its amax all-reduces, comm.fp8_amax_reduction_seconds), or per 32-element block (mxfp8)."""
 
     @classmethod
     def of(cls, framework: FrameworkProfile, options: RunOptions = RunOptions()) -> "Software":

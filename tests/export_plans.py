@@ -56,6 +56,19 @@ LLAMA = (
 LLAMA_B200 = (LLAMA[0], "p6-b200.48xlarge", *LLAMA[2:])
 """The Llama plan on B200s, whose tensor cores run block-scaled FP8 (MXFP8)."""
 
+
+def _interleaved_fp8(base: tuple, scaling: str) -> tuple:
+    """`base` under FP8 with `scaling`, interleaved over 5 chunks of 4 blocks per rank."""
+    changes = dict(
+        schedule="interleaved-1f1b",
+        virtual_stages=5,
+        stages=[4] * 20,
+        precision="fp8",
+        _software={"fp8_scaling": scaling},
+    )
+    return base, changes, {}
+
+
 FSDP_LLAMA = (
     "llama3-8b",
     "p5.48xlarge",
@@ -200,28 +213,8 @@ VARIANTS = {
         ),
         {},
     ),
-    "llama-interleaved-fp8-delayed": (
-        LLAMA,
-        dict(
-            schedule="interleaved-1f1b",
-            virtual_stages=5,
-            stages=[4] * 20,
-            precision="fp8",
-            _software={"fp8_scaling": "delayed"},
-        ),
-        {},
-    ),
-    "llama-interleaved-fp8-mxfp8": (
-        LLAMA_B200,
-        dict(
-            schedule="interleaved-1f1b",
-            virtual_stages=5,
-            stages=[4] * 20,
-            precision="fp8",
-            _software={"fp8_scaling": "mxfp8"},
-        ),
-        {},
-    ),
+    "llama-interleaved-fp8-delayed": _interleaved_fp8(LLAMA, "delayed"),
+    "llama-interleaved-fp8-mxfp8": _interleaved_fp8(LLAMA_B200, "mxfp8"),
     "llama-hsdp-zero3-megatron-fsdp": (
         LLAMA,
         dict(
