@@ -383,3 +383,12 @@ def test_a_profile_whose_block_scaled_rate_differs_from_its_fp8_rate_is_refused(
     doc["peak_tflops"]["mxfp8"] = 2 * doc["peak_tflops"]["fp8"]
     with pytest.raises(ConfigError, match="must equal peak_tflops.fp8"):
         profile_from_dict(doc, origin="b200-edited.json")
+
+
+def test_the_command_line_refuses_that_profile_in_one_line(tmp_path):
+    doc = json.loads((ROOT / "hardware_profiles" / "dgx-b200.json").read_text())
+    doc["peak_tflops"]["mxfp8"] = 2 * doc["peak_tflops"]["fp8"]
+    path = tmp_path / "b200-edited.json"
+    path.write_text(json.dumps(doc))
+    line = _refusal("estimate", "llama3-8b", "--hardware", str(path), "--gpus", "8", "--dp", "8")
+    assert "peak_tflops.mxfp8=9000.0 must equal peak_tflops.fp8 (4500.0)" in line, line
