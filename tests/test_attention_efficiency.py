@@ -18,13 +18,16 @@ DATA = json.loads(
     (Path(__file__).resolve().parents[1] / "validation" / "kernels" / "attention.json").read_text()
 )
 PEAK = {"H100": 989.4, "A100": 312.0}
+FIGURES = ("fa2-readme-a100", "fa2-readme-h100", "fa3-readme-h100")
+"""The FlashAttention authors' benchmark figures (the curves the efficiency was read from)."""
 
 
-def _points(kernel, gpu, passes):
+def _points(kernel, gpu, passes, sources=FIGURES):
     out = []
     for r in DATA["measurements"]:
         if (
-            r["kernel"] == kernel
+            r["source_id"] in sources
+            and r["kernel"] == kernel
             and r["gpu"].startswith(gpu)
             and r["pass"] in passes
             and r["tflops"] is not None
@@ -72,6 +75,50 @@ def test_fused_kernel_matches_fa3_and_cudnn_within_their_backward():
     ):
         if d == 128 and s >= 2048:
             assert 0.7 * e <= attention_efficiency(hw, "fused", s, d, causal=c) <= e
+
+
+def _te_example(source, kernel, seq) -> dict:
+    (row,) = (
+        r
+        for r in DATA["measurements"]
+        if (r["source_id"], r["kernel"], r["seq"]) == (source, kernel, seq)
+    )
+    return row
+
+
+def test_forward_and_backward_at_8k_is_transformer_engines_measurement():
+    # TE's own example (TE 1.10, cuDNN 9.3, flash-attn 2.4.2 on an H100 SXM; a short benchmark, so
+    # at the boost clock): the fused key was read off forward-only figures and a backward ratio,
+    # this is a forward + backward measurement it was not set from. At 2k with 32 (batch x heads)
+    # the kernels run 25-35% below the curve (fewer tiles than the figures' 16k tokens per call).
+    hw = load_profile("dgx-h100")
+    for kernel, model_kernel in (("cudnn", "fused"), ("flash_attention_2", "flash")):
+        measured = _te_example("te-attention-example-h100", kernel, 8192)["fraction_of_dense_peak"]
+        modelled = attention_efficiency(hw, model_kernel, 8192, 128, causal=True)
+        assert abs(modelled / measured - 1) <= 0.03, (kernel, modelled, measured)
+
+
+@pytest.mark.parametrize(
+    "source,seq",
+    [
+        ("te-attention-example-h100", 2048),
+        ("te-attention-example-h100", 8192),
+        ("te-attention-example-h100-pcie", 8192),
+    ],
+)
+def test_cudnn_over_flash_attention_2_is_the_measured_ratio(source, seq):
+    # cuDNN 9.3 (SXM) runs 1.59-1.60x flash-attn 2.4.2 at 2k and 8k, cuDNN 9.0 (PCIe) 1.59x at 8k,
+    # which the fused over flash keys reproduce: long-sequence runs of the cuDNN 9.0 era take the
+    # same fused rate. At 2k cuDNN 9.0 ran 1.38x (13% below), a short-sequence gap not modelled.
+    hw = load_profile("dgx-h100")
+    measured = (
+        _te_example(source, "cudnn", seq)["tflops"]
+        / _te_example(source, "flash_attention_2", seq)["tflops"]
+    )
+    modelled = attention_efficiency(hw, "fused", seq, 128, causal=True) / attention_efficiency(
+        hw, "flash", seq, 128, causal=True
+    )
+    assert abs(modelled / measured - 1) <= 0.03, (modelled, measured)
 
 
 def test_the_fitted_triton_fork_is_faster_than_the_tutorial_kernel_and_slower_than_fa2():
