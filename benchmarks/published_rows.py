@@ -250,6 +250,8 @@ def options_of(row: dict) -> RunOptions:
         out["fp8_scaling"] = "delayed"  # Transformer Engine's DelayedScaling (amax history)
     elif row.get("precision") == "fp8" and "mxfp8" in recipe:
         out["fp8_scaling"] = "mxfp8"  # Transformer Engine's MXFP8BlockScaling
+    elif row.get("precision") == "fp8" and "nvfp4" in recipe:
+        out["fp8_scaling"] = "nvfp4"  # Transformer Engine's NVFP4BlockScaling
     if extras.get("cpu_offloading_num_layers"):
         out["activation_offload_layers"] = int(extras["cpu_offloading_num_layers"])
     if (

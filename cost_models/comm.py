@@ -458,14 +458,25 @@ def _reduction_seconds(x, params, gemm, group, shard, local_group, local_shard, 
 FP8_BYTES = 1.0
 """Bytes per element of an FP8 tensor (E4M3 or E5M2; Micikevicius et al. 2022, "FP8 Formats for
 Deep Learning")."""
+NVFP4_BYTES = 0.5 + 1.0 / 16.0
+"""Bytes per element of an NVFP4 tensor: two E2M1 values per byte and one E4M3 scale byte per 16
+elements (Transformer Engine's NVFP4Tensor: packed data of shape[-1] / 2 bytes and a uint8 scale
+per 16-element block; its fp32 per-tensor scale is negligible)."""
+
+
+def quantized_weight_bytes(sw) -> float:
+    """Bytes per element of a GEMM weight held or gathered in the run's low-precision recipe:
+    NVFP4_BYTES under nvfp4, else FP8_BYTES (cost_models.step.Software.fp8_scaling)."""
+    return NVFP4_BYTES if sw.fp8_scaling == "nvfp4" else FP8_BYTES
 
 
 def _gathered_bytes(x, params, gemm, gather_bytes):
     """Bytes one rank's parameter all-gather moves for `params` of which `gemm` are GEMM weights:
-    the parameter dtype's `gather_bytes` each, the GEMM weights FP8 where the run gathers them so
-    (cost_models.step.Software.fp8_param_gather)."""
+    the parameter dtype's `gather_bytes` each, the GEMM weights in the recipe's low precision
+    (quantized_weight_bytes) where the run gathers them so (Software.fp8_param_gather)."""
     fp8 = x.sw.gathers_fp8(x.precision, x.zero)
-    return params * gather_bytes - np.where(fp8, gemm * (gather_bytes - FP8_BYTES), 0.0)
+    low = quantized_weight_bytes(x.sw)
+    return params * gather_bytes - np.where(fp8, gemm * (gather_bytes - low), 0.0)
 
 
 def dp_reduction_parts(x, params_rank) -> tuple:

@@ -51,6 +51,20 @@ DTYPE_OF_PRECISION = {
 }
 """Math dtype of the GEMMs under each training precision (fp32 means TF32 off, as PyTorch's default
 for matmul)."""
+DTYPE_OF_PRECISION["nvfp4"] = "nvfp4"
+"""The linear GEMMs of an FP8-precision run under the nvfp4 recipe (Step.linear_precision)."""
+
+NVFP4_GEMM_EFFICIENCY_RELATIVE = (7.161 / 3.764) / (13125.0 / 4500.0)
+"""An NVFP4 GEMM's fraction of the FP4 peak over an FP8 GEMM's fraction of the FP8 peak, 0.652:
+Transformer Engine's GEMM profiling example on a B300 (docs/examples/gemm_profiling, the 12 GEMMs
+of a hidden 4096 / ffn 16384 layer at 15,872 tokens, operands quantized beforehand) runs them in
+3.764 ms in NVFP4 and 7.161 ms in MXFP8, 1.90x, where HGX B300's dense FP4 peak is 2.92x its FP8
+(13,125 and 4,500 TFLOP/s, NVIDIA's HGX B300 table)."""
+NVFP4_CAST_OVER_MXFP8 = (6.453 - 3.764) / (8.984 - 7.161)
+"""NVFP4's quantization traffic over MXFP8's, 1.48: the same example's autocast minus pre-quantized
+times (2.689 ms against 1.823 per layer). NVFP4 needs each tensor's amax before it quantizes (its
+fp32 per-tensor scale: one more read of the 16-bit tensor), and applies a 16-point Hadamard transform
+to the wgrad operands and stochastic rounding to the gradients (TE's NVFP4BlockScaling)."""
 
 MX_SCALE_BYTES_PER_ELEMENT = 1.0 / 32.0
 """An MX block's scale: one E8M0 byte per 32 elements (OCP Microscaling Formats (MX) Specification
@@ -143,6 +157,8 @@ def memory_Bps(hw: HardwareProfile) -> float:
 def gemm_efficiency_max(hw: HardwareProfile, precision: str) -> float:
     """Large-GEMM fraction of peak: tensor cores (fp16/bf16; FP8 has its own parameter), or the SIMT fp32
     units when TF32 is off (a different unit, its own parameter)."""
+    if precision == "nvfp4":  # FP4 tensor cores, at their measured share relative to FP8's
+        return eff(hw, "gemm_efficiency_max_fp8") * NVFP4_GEMM_EFFICIENCY_RELATIVE
     key = {"fp32": "gemm_efficiency_max_fp32", "fp8": "gemm_efficiency_max_fp8"}.get(
         precision, "gemm_efficiency_max"
     )
@@ -396,7 +412,7 @@ def block_seconds(x) -> BlockSeconds:
     (a flash kernel, or QK^T and AV as batched GEMMs when unfused), memory-bound kernels as bytes
     streamed / bandwidth (cost_models.blocks tables; backward streams BWD_TRAFFIC_FACTOR x), and
     recomputation (Korthikanti et al. 2022 Sec. 5: selective re-runs the attention core, full the forward)."""
-    linear_kw = dict(hw=x.hw, precision=x.precision, elem_bytes=x.c)
+    linear_kw = dict(hw=x.hw, precision=x.linear_precision, elem_bytes=x.c)
     core_kw = dict(
         hw=x.hw,
         precision=core_gemm_precision(x.attention_precision, x.spec.d_head, x.c),
@@ -528,13 +544,16 @@ def fp8_cast_bytes(x) -> float:
     gradient are scaled and cast again along it (torchao float8 README, "rowwise" recipe; a tensorwise
     scale serves both axes through the transposed copy). MXFP8 quantizes each operand along both
     axes in one pass, as the transposed copy, plus one E8M0 scale byte per 32 elements in each
-    orientation (MX_SCALE_BYTES_PER_ELEMENT)."""
+    orientation (MX_SCALE_BYTES_PER_ELEMENT). NVFP4 costs NVFP4_CAST_OVER_MXFP8 times MXFP8's."""
     if x.precision != "fp8":
         return 0.0
     scaling = x.sw.fp8_scaling
-    return x.sw.framework.fp8_cast_bytes_per_element * (2.0 if scaling == "rowwise" else 1.0) + (
-        2.0 * MX_SCALE_BYTES_PER_ELEMENT if scaling == "mxfp8" else 0.0
-    )
+    mxfp8 = x.sw.framework.fp8_cast_bytes_per_element + 2.0 * MX_SCALE_BYTES_PER_ELEMENT
+    if scaling == "nvfp4":
+        return NVFP4_CAST_OVER_MXFP8 * mxfp8
+    if scaling == "mxfp8":
+        return mxfp8
+    return x.sw.framework.fp8_cast_bytes_per_element * (2.0 if scaling == "rowwise" else 1.0)
 
 
 def optimizer_step_bytes_per_param(states, optimizer: str) -> float:

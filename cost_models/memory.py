@@ -35,7 +35,7 @@ from cost_models import blocks as B
 from cost_models import moe as MO
 from cost_models import params as P
 from cost_models.activations import kept_per_token
-from cost_models.comm import FP8_BYTES, tp_overlapped
+from cost_models.comm import FP8_BYTES, quantized_weight_bytes, tp_overlapped
 from cost_models.offload import host_memory_bytes_per_node, offloaded_share
 from cost_models.pipeline import inflight_microbatches, inflight_microbatches_last_stage
 from hardware_profiles.efficiency import efficiency
@@ -255,7 +255,8 @@ def _fp8_weight_bytes(x, split, dp, edp, param_bytes):
     (cost_models.step.Software.fp8_param_gather)."""
     if x.precision != "fp8":
         return 0.0
-    cache = x.sw.framework.fp8_weight_cache_bytes
+    # the stack's FP8 copies, in the recipe's element size (NVFP4: two 4-bit copies and their scales)
+    cache = x.sw.framework.fp8_weight_cache_bytes * quantized_weight_bytes(x.sw) / FP8_BYTES
     fp8_params = x.sw.gathers_fp8(x.precision, x.zero) & (cache > 0)
     # the 16-bit parameter and the copies become one FP8 tensor and its transpose: cache - param
     held = np.where(fp8_params, cache - param_bytes, cache)
@@ -338,7 +339,9 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
     gather_bytes = x.sw.state_bytes(
         x.precision
     ).gather  # FSDP gathers the 16-bit copy (param_dtype)
-    live_bytes = np.where(x.sw.gathers_fp8(x.precision, zero), FP8_BYTES, gather_bytes)
+    live_bytes = np.where(
+        x.sw.gathers_fp8(x.precision, zero), quantized_weight_bytes(x.sw), gather_bytes
+    )
     zero3_live = np.where(zero >= 3, zero3_live_params(x, n_blocks, dp, edp) * live_bytes, 0.0)
     params_b = sharded(pb, 3) + zero3_live + _fp8_weight_bytes(x, split, dp, edp, pb)
     grads_b = sharded(gb, 2)

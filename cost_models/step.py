@@ -302,6 +302,13 @@ class Step:
         return "amp-bf16" if self.precision == "fp8" else self.precision
 
     @property
+    def linear_precision(self) -> str:
+        """The math the blocks' linear GEMMs run in: FP4 under the nvfp4 recipe (its fprop, dgrad and
+        wgrad; Transformer Engine's NVFP4BlockScaling), else the training precision."""
+        nvfp4 = self.precision == "fp8" and self.sw.fp8_scaling == "nvfp4"
+        return "nvfp4" if nvfp4 else self.precision
+
+    @property
     def attn_kernel(self) -> str:
         """The attention kernel that runs (attention_kernel): fused, flash, mem_efficient or math."""
         return self.sw.kernel(self.precision, self.spec)

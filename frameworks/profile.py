@@ -34,7 +34,7 @@ cross_entropy on the 16-bit logits, not upcast (NeMo AutoModel's MaskedCrossEntr
 setting of its benchmark configs); inplace: Transformer Engine's parallel cross-entropy, which writes the gradient
 into the 16-bit logits during the forward (Megatron-Core's cross_entropy_fusion_impl "te", the setting of
 Megatron-Bridge's performance recipes)."""
-FP8_SCALINGS = ("tensorwise", "rowwise", "delayed", "mxfp8")
+FP8_SCALINGS = ("tensorwise", "rowwise", "delayed", "mxfp8", "nvfp4")
 """FP8 scaling recipes the cost model tells apart: per tensor from the current amax (Transformer
 Engine's current scaling, Megatron-LM's --fp8-recipe tensorwise, torchao's tensorwise), per row
 (torchao's rowwise), per tensor from an amax history (Transformer Engine's DelayedScaling,
@@ -42,7 +42,11 @@ Megatron-LM's --fp8-recipe delayed), whose amaxes are all-reduced after each for
 an fp8_autocast region (cost_models.comm.fp8_amax_reduction_seconds), and MXFP8 (OCP MX: one
 power-of-two E8M0 scale per 32 elements, in both orientations; Transformer Engine's
 MXFP8BlockScaling, Megatron-LM's --fp8-recipe mxfp8), which needs block-scaled tensor cores (a
-profile's peak_tflops.mxfp8: Blackwell). DeepSeek's 1x128 blocks are costed as tensorwise."""
+profile's peak_tflops.mxfp8: Blackwell), and NVFP4 (Transformer Engine's NVFP4BlockScaling under the
+same autocast, TE >= 2.8; Megatron-LM's --fp4-format e2m1 --fp4-recipe nvfp4): the linear GEMMs' fprop,
+dgrad and wgrad in FP4 E2M1 with an E4M3 scale per 16 elements and an fp32 scale per tensor, on
+FP4 tensor cores (peak_tflops.nvfp4: Blackwell); attention, the output layer and everything between
+the GEMMs stay in 16 bits. DeepSeek's 1x128 blocks are costed as tensorwise."""
 MOE_DISPATCHERS = ("alltoall", "deepep")
 """How routed tokens reach experts on other ranks (cost_models.moe.exchange_seconds): alltoall (one NCCL
 all-to-all over the expert-parallel group: Megatron-Core's alltoall dispatcher, torchtitan, DeepSpeed-MoE)

@@ -20,9 +20,11 @@ from planner.io import check_writable, read_json_if_exists, special_kind
 from planner.io import read_json
 
 PROFILE_DIR = Path(__file__).resolve().parent
-DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "mxfp8")
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4")
 """Math dtypes a profile may give a peak for; mxfp8 is FP8 with E8M0 block scales on block-scaled
-tensor cores (Blackwell's kind::mxf8f6f4 MMA), where an FP8 recipe's MXFP8 scaling runs."""
+tensor cores (Blackwell's kind::mxf8f6f4 MMA), where an FP8 recipe's MXFP8 scaling runs; nvfp4 is
+FP4 E2M1 with E4M3 scales per 16 elements (Blackwell's kind::mxf4nvf4 MMA), where the NVFP4 recipe's
+GEMMs run."""
 SCHEMA_VERSION = "1"
 
 
@@ -194,6 +196,22 @@ def _check_block_scaled_fp8(origin: str, peaks: dict) -> None:
         )
 
 
+def _check_block_scaled_fp4(origin: str, peaks: dict) -> None:
+    """peak_tflops.nvfp4 states FP4 tensor cores with 16-element E4M3 block scales: the block-scaled
+    MMA of the same generation as MXFP8's (Blackwell), at no less than the fp8 rate (the datasheets
+    give 2x on Blackwell, 3x on Blackwell Ultra)."""
+    if "nvfp4" not in peaks:
+        return
+    if "mxfp8" not in peaks or peaks["nvfp4"] < peaks.get("fp8", 0.0):
+        raise ConfigError(
+            "peak_tflops.nvfp4",
+            peaks["nvfp4"],
+            "a rate beside peak_tflops.mxfp8, at least the fp8 peak",
+            message=f"{origin}: peak_tflops.nvfp4={peaks['nvfp4']} needs block-scaled tensor "
+            f"cores (peak_tflops.mxfp8) and at least the fp8 peak ({peaks.get('fp8')})",
+        )
+
+
 def profile_from_dict(data: object, *, origin: str = "<dict>") -> HardwareProfile:
     """Validate a decoded profile document and build the record; `origin` names it in errors. A
     document with `refines` takes the efficiency keys it does not set from that shipped profile
@@ -204,6 +222,7 @@ def profile_from_dict(data: object, *, origin: str = "<dict>") -> HardwareProfil
     check_efficiency(data["efficiency"], origin)
     _check_network(origin, data)
     _check_block_scaled_fp8(origin, data["peak_tflops"])
+    _check_block_scaled_fp4(origin, data["peak_tflops"])
     check_sources(data, KEYS, origin, WHAT)
     kwargs = {k: v for k, v in data.items() if k != "schema_version"}
     for key, field in KEYS.items():

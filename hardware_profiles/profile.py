@@ -23,7 +23,8 @@ class HardwareProfile:
     """Device memory (HBM) bandwidth achievable by a large copy, GB/s (read + write bytes / s)."""
     peak_tflops: dict[str, float]
     """Dense peak TFLOP/s by math dtype: keys among fp32, tf32, fp16, bf16, fp8, mxfp8 (FP8 with
-    E8M0 block scales: present where the tensor cores run it, at the fp8 rate)."""
+    E8M0 block scales: present where the tensor cores run it, at the fp8 rate), nvfp4 (FP4 E2M1
+    with E4M3 block scales: Blackwell's FP4 rate)."""
     intra_node_GBps_per_device: float
     """Unidirectional NVLink/NVSwitch (or PCIe) bandwidth per device inside a node, GB/s."""
     intra_node_latency_us: float

@@ -29,7 +29,7 @@ from frameworks import load_framework
 from planner.io import MAX_JSON_DEPTH, depth_exceeds, numbers, read_json
 from cost_models.step import Software
 from hardware_profiles import load_profile
-from planner.software import check_fp8_scaling_hardware
+from planner.software import BLOCK_SCALED_RECIPES, check_fp8_scaling_hardware
 
 SCHEMA_VERSION = "1"
 """The plan-document version this build writes and reads."""
@@ -457,10 +457,10 @@ applies its own (planner.exports.retarget); explain's fresh search on the same s
 
 
 def _check_recipe_hardware(document: Mapping[str, Any], config: ParallelConfig) -> None:
-    """A plan file whose FP8 recipe its hardware cannot run (MXFP8 without block-scaled FP8 tensor
-    cores) is refused as estimate refuses it (planner.software.check_fp8_scaling_hardware);
+    """A plan file whose FP8 recipe its hardware cannot run (MXFP8 or NVFP4 without block-scaled
+    tensor cores) is refused as estimate refuses it (planner.software.check_fp8_scaling_hardware);
     hardware this build cannot load is left to the commands that cost the plan."""
-    if fp8_scaling_of(document) != "mxfp8":
+    if fp8_scaling_of(document) not in BLOCK_SCALED_RECIPES:
         return
     try:
         hw = load_profile(document["hardware"]["name"])

@@ -283,19 +283,32 @@ def check_moe_options(model: TransformerSpec, precision: str, options: RunOption
         )
 
 
+BLOCK_SCALED_RECIPES = {
+    "mxfp8": "block-scaled FP8 tensor cores",
+    "nvfp4": "FP4 tensor cores with E4M3 block scales",
+}
+"""The recipes that need tensor cores of their own, stated by a profile as peak_tflops[recipe]: MXFP8's
+32-element E8M0 blocks and NVFP4's 16-element E4M3 blocks run on Blackwell's block-scaled MMA;
+Hopper's FP8 tensor cores take one scale per operand and have no FP4."""
+
+
 def check_fp8_scaling_hardware(software: Software, hw, precision: str) -> None:
-    """ConfigError when the run's FP8 recipe needs tensor cores `hw` lacks: MXFP8's 32-element
-    blocks with E8M0 scales run on block-scaled MMA (Blackwell), which a profile states with a
-    peak_tflops.mxfp8 rate; Hopper's FP8 tensor cores take one scale per operand."""
-    if precision != "fp8" or software.fp8_scaling != "mxfp8" or "mxfp8" in hw.peak_tflops:
+    """ConfigError when the run's FP8 recipe needs tensor cores `hw` lacks (BLOCK_SCALED_RECIPES)."""
+    recipe = software.fp8_scaling
+    if precision != "fp8" or recipe not in BLOCK_SCALED_RECIPES or recipe in hw.peak_tflops:
         return
-    others = [s for s in software.framework.capabilities.fp8_scalings if s != "mxfp8"]
+    others = [
+        s
+        for s in software.framework.capabilities.fp8_scalings
+        if s not in BLOCK_SCALED_RECIPES or s in hw.peak_tflops
+    ]
     raise ConfigError(
         "fp8_scaling",
-        "mxfp8",
+        recipe,
         ", ".join(others),
-        message=f"fp8_scaling=mxfp8 needs block-scaled FP8 tensor cores (peak_tflops.mxfp8), "
-        f"which {hw.name} ({hw.device}) does not have; allowed here: {', '.join(others)}",
+        message=f"fp8_scaling={recipe} needs {BLOCK_SCALED_RECIPES[recipe]} "
+        f"(peak_tflops.{recipe}), which {hw.name} ({hw.device}) does not have; "
+        f"allowed here: {', '.join(others)}",
     )
 
 

@@ -179,8 +179,10 @@ Fp8ScalingOpt = Annotated[
         help="FP8 scaling recipe with --precision fp8: tensorwise (current per-tensor scaling: "
         "Transformer Engine, torchao tensorwise), rowwise (torchao rowwise: every operand cast "
         "along both axes), delayed (Transformer Engine's amax-history recipe: an amax all-reduce "
-        "over the stage's ranks after each chunk's forward and backward) or mxfp8 (one E8M0 scale "
-        "per 32 elements; Blackwell's block-scaled tensor cores). Default: the stack's "
+        "over the stage's ranks after each chunk's forward and backward), mxfp8 (one E8M0 scale "
+        "per 32 elements; Blackwell's block-scaled tensor cores) or nvfp4 (Transformer Engine's "
+        "NVFP4 recipe under the same autocast: the linear GEMMs in FP4 with an E4M3 scale per 16 "
+        "elements; Blackwell's FP4 tensor cores). Default: the stack's "
         "(its profile's fp8_scaling); each runs its capabilities.fp8_scalings.",
     ),
 ]

@@ -334,6 +334,9 @@ def _precision_args(plan: Plan, add: _AddArg, notes: list[str]) -> None:
     notes += _model_config_notes(plan)
     if cfg.precision == "fp8":
         recipe = fp8_scaling_of(plan.document)  # the recipe costed (retarget)
+        if recipe == "nvfp4":
+            _fp4_args(plan, add, notes)
+            return
         # E4M3 throughout for MXFP8 (TE's MXFP8BlockScaling default, Megatron-Bridge's MXFP8
         # mixed precision); E4M3 forward, E5M2 gradients for the per-tensor recipes
         add("--fp8-format", "e4m3" if recipe == "mxfp8" else "hybrid")
@@ -344,6 +347,19 @@ def _precision_args(plan: Plan, add: _AddArg, notes: list[str]) -> None:
         notes.append(
             "fp8 needs Transformer Engine (--transformer-impl transformer_engine, the default)"
         )
+
+
+def _fp4_args(plan: Plan, add: _AddArg, notes: list[str]) -> None:
+    """The nvfp4 recipe: Megatron-LM's FP4 arguments in place of the FP8 ones, which it refuses
+    beside them (megatron/training/arguments.py: '--fp4-format and --fp8-format cannot be used
+    simultaneously'); E2M1 is the only format, nvfp4 Transformer Engine's NVFP4BlockScaling."""
+    add("--fp4-format", "e2m1")
+    add("--fp4-recipe", "nvfp4")
+    if _fp8_parameters(plan):
+        add("--fp4-param-gather")  # NVFP4 parameters, gathered in NVFP4 (fp8_param_gather)
+    notes.append(
+        "nvfp4 needs Transformer Engine >= 2.8 (NVFP4BlockScaling) and FP4 tensor cores (Blackwell)"
+    )
 
 
 def _model_config_notes(plan: Plan) -> list[str]:

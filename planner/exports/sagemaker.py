@@ -182,6 +182,7 @@ TE_RECIPES = {
     "tensorwise": "Float8CurrentScaling",
     "delayed": "DelayedScaling",
     "mxfp8": "MXFP8BlockScaling",
+    "nvfp4": "NVFP4BlockScaling",
 }
 """Transformer Engine's recipe class for each FP8 scaling the planner costs
 (transformer_engine.common.recipe, TE 2.x); torchao's rowwise has none in TE."""
