@@ -19,7 +19,6 @@ from frameworks import load_framework
 from frameworks.rules import used_placement
 from hardware_profiles import available_profiles, load_profile
 from planner.catalog import get
-from planner.estimate import even_stages
 from planner.parallel import ParallelConfig
 from planner.partition import deepspeed_type_stages
 from planner.spec import TransformerSpec
@@ -172,10 +171,7 @@ def config_of(row: dict):
     cp_comm = extras.get("cp_comm") or ((fw.capabilities.cp_comm or ("p2p",))[0])
     stages = ()
     if extras.get("pipeline_embedding_and_loss_as_layers"):
-        # Megatron's account-for-embedding/loss layout: the first chunk holds the embedding alone, the last
-        # the loss alone, the blocks split evenly over the others
-
-        stages = (0, *even_stages(spec_of(row).total_blocks, row["pp"] * v - 2), 0)
+        stages = embedding_and_loss_as_layers(spec_of(row).total_blocks, row["pp"] * v)
     elif isinstance(
         extras.get("pp_stages"), list
     ):  # blocks per stage as the publication gives them
@@ -217,6 +213,20 @@ def config_of(row: dict):
         cp_comm=cp_comm,
         stages=stages,
     )
+
+
+def embedding_and_loss_as_layers(blocks: int, chunks: int) -> tuple[int, ...]:
+    """Megatron-Core's account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split:
+    the embedding and the loss count as one layer each, every chunk takes (blocks + 2) / chunks of
+    them, so the first and the last chunk build one block fewer (megatron/core/transformer/
+    transformer_block.py get_num_layers_to_build, which asserts the division)."""
+    if (blocks + 2) % chunks:
+        raise PlannerError(
+            f"{blocks} blocks with the embedding and the loss as layers do not split over {chunks} "
+            "pipeline chunks (Megatron-Core asserts (layers + 2) divisible by pp x virtual stages)"
+        )
+    k = (blocks + 2) // chunks
+    return (k - 1, *([k] * (chunks - 2)), k - 1)
 
 
 MOE_DISPATCHER = {
@@ -295,6 +305,8 @@ def options_of(row: dict) -> RunOptions:
     # validation/published/megatron.json, their `inferred`)
     if apex_adam and row.get("precision") == "fp8":
         out["fp8_param_gather"] = bool(extras.get("fp8_params"))
+    if isinstance(extras.get("fp8_param_gather"), bool):  # the recipe's own setting, when known
+        out["fp8_param_gather"] = extras["fp8_param_gather"]
     if "tp_comm_overlap" in extras or "async_tp" in extras:
         out["tp_comm_overlap"] = bool(extras.get("tp_comm_overlap") or extras.get("async_tp"))
     if row.get("compile"):

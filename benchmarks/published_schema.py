@@ -191,6 +191,10 @@ _READ_EXTRAS: dict[str, Field] = {
     "float8": Field(kind="str", required=False, doc="torchao float8 recipe, as published."),
     "fp8_recipe": Field(kind="str", required=False, doc="FP8 scaling recipe, as published."),
     "fp8_params": _flag("Parameters kept in FP8 (NeMo fp8_params)."),
+    "fp8_param_gather": _flag(
+        "The recipe's own fp8_param_gather (Megatron-Bridge mixed-precision configs): the GEMM "
+        "weights held and gathered in the recipe's low precision (RunOptions.fp8_param_gather)."
+    ),
     "bf16_optimizer": Field(
         kind="str", required=False, nonempty=True, doc="DeepSpeed's BF16_Optimizer ran (how)."
     ),

@@ -54,12 +54,14 @@ for matmul)."""
 DTYPE_OF_PRECISION["nvfp4"] = "nvfp4"
 """The linear GEMMs of an FP8-precision run under the nvfp4 recipe (Step.linear_precision)."""
 
-NVFP4_GEMM_EFFICIENCY_RELATIVE = (7.161 / 3.764) / (13125.0 / 4500.0)
-"""An NVFP4 GEMM's fraction of the FP4 peak over an FP8 GEMM's fraction of the FP8 peak, 0.652:
-Transformer Engine's GEMM profiling example on a B300 (docs/examples/gemm_profiling, the 12 GEMMs
-of a hidden 4096 / ffn 16384 layer at 15,872 tokens, operands quantized beforehand) runs them in
-3.764 ms in NVFP4 and 7.161 ms in MXFP8, 1.90x, where HGX B300's dense FP4 peak is 2.92x its FP8
-(13,125 and 4,500 TFLOP/s, NVIDIA's HGX B300 table)."""
+NVFP4_OVER_FP8_GEMM_RATE = 7.161 / 3.764
+"""How much faster NVFP4 GEMMs run than MXFP8 ones, at most: 1.90x. Transformer Engine's GEMM
+profiling example on a B300 (docs/examples/gemm_profiling: the 12 GEMMs of a hidden 4096 / ffn 16384
+layer at 15,872 tokens, operands quantized beforehand) takes 3.764 ms a layer in NVFP4 and 7.161 in
+MXFP8, where HGX B300's dense FP4 peak is 2.92x its FP8 (13,125 and 4,500 TFLOP/s): the FP4 tensor
+cores' rate is not what binds the kernels. An FP4 GEMM is costed at the FP8 GEMM efficiency of the
+FP4 peak, capped at 1.90x the FP8 GEMM rate (B200 and GB200, whose FP4 peak is 2x their FP8, come
+out at 0.95 of their FP4 peak's share)."""
 NVFP4_CAST_OVER_MXFP8 = (6.453 - 3.764) / (8.984 - 7.161)
 """NVFP4's quantization traffic over MXFP8's, 1.48: the same example's autocast minus pre-quantized
 times (2.689 ms against 1.823 per layer). NVFP4 needs each tensor's amax before it quantizes (its
@@ -157,8 +159,10 @@ def memory_Bps(hw: HardwareProfile) -> float:
 def gemm_efficiency_max(hw: HardwareProfile, precision: str) -> float:
     """Large-GEMM fraction of peak: tensor cores (fp16/bf16; FP8 has its own parameter), or the SIMT fp32
     units when TF32 is off (a different unit, its own parameter)."""
-    if precision == "nvfp4":  # FP4 tensor cores, at their measured share relative to FP8's
-        return eff(hw, "gemm_efficiency_max_fp8") * NVFP4_GEMM_EFFICIENCY_RELATIVE
+    if precision == "nvfp4":  # FP4 tensor cores, at most NVFP4_OVER_FP8_GEMM_RATE x FP8's rate
+        peaks = hw.peak_tflops
+        ceiling = NVFP4_OVER_FP8_GEMM_RATE * peaks["fp8"] / peaks["nvfp4"]
+        return eff(hw, "gemm_efficiency_max_fp8") * min(1.0, ceiling)
     key = {"fp32": "gemm_efficiency_max_fp32", "fp8": "gemm_efficiency_max_fp8"}.get(
         precision, "gemm_efficiency_max"
     )

@@ -18,7 +18,12 @@ import pytest
 from typer.testing import CliRunner
 
 from cost_models import comm as C
-from cost_models.compute import fp8_cast_bytes, gemm_seconds, short_benchmark
+from cost_models.compute import (
+    fp8_cast_bytes,
+    gemm_efficiency_max,
+    gemm_seconds,
+    short_benchmark,
+)
 from hardware_profiles import load_profile
 from hardware_profiles.loader import profile_from_dict
 from planner.cli import app
@@ -56,6 +61,16 @@ def test_fp4_gemms_run_the_measured_ratio_to_mxfp8_on_b300():
     assert fp8 / fp4 == pytest.approx(measured, rel=0.03)
 
 
+def test_the_fp4_ceiling_is_the_measured_rate_over_fp8_whatever_the_fp4_peak():
+    """B200's FP4 peak is 2x its FP8, B300's 2.92x; both run FP4 GEMMs at most 1.90x FP8's rate,
+    so B200 keeps 0.95 of its FP4 share and B300 0.65."""
+    measured = TE_LAYER["mxfp8"][1] / TE_LAYER["nvfp4"][1]
+    for hw in (B200, B300):
+        fp8, fp4 = (gemm_efficiency_max(hw, p) for p in ("fp8", "nvfp4"))
+        rate = fp4 * hw.peak_tflops["nvfp4"] / (fp8 * hw.peak_tflops["fp8"])
+        assert rate == pytest.approx(min(measured, hw.peak_tflops["nvfp4"] / hw.peak_tflops["fp8"]))
+
+
 def test_quantization_costs_the_measured_ratio_to_mxfp8():
     """Autocast minus pre-quantized: 2.689 ms of NVFP4 quantization a layer against 1.823 of
     MXFP8's, whatever the stack's own cast bytes."""
@@ -73,15 +88,12 @@ def _llama_on(hw, scaling, *, param_gather=False, zero=1):
     return estimate(resolve_model("llama3-8b"), hw, cfg, gpus=8, options=options)
 
 
-def test_nvfp4_is_faster_than_mxfp8_and_gains_more_on_blackwell_ultra():
-    """The FP4 peak is 2x FP8's on B200 and 2.92x on B300 (HGX tables); attention, the head and the
-    memory-bound kernels stay in 16 bits, so the step gains less than the GEMMs."""
-    gains = {}
+def test_nvfp4_is_faster_than_mxfp8_and_gains_less_than_its_gemms():
+    """Attention, the head and the memory-bound kernels stay in 16 bits and NVFP4 quantizes more,
+    so the step gains less than the GEMMs' 1.90x."""
     for hw in (B200, B300):
         mx, fp4 = (_llama_on(hw, s).step_time_s for s in ("mxfp8", "nvfp4"))
-        assert fp4 < mx
-        gains[hw.name] = mx / fp4
-    assert 1.0 < gains["dgx-b200"] < gains["dgx-b300"] < 1.90
+        assert 1.0 < mx / fp4 < TE_LAYER["mxfp8"][1] / TE_LAYER["nvfp4"][1]
 
 
 def test_the_weights_fp4_copies_take_0_5625_of_the_fp8_copies():
@@ -186,3 +198,27 @@ def test_a_plan_file_with_nvfp4_on_hopper_is_refused(tmp_path):
     path.write_text(json.dumps(doc))
     line = _refusal("export", str(path), "--format", "megatron")
     assert "fp8_scaling=nvfp4 needs FP4 tensor cores" in line, line
+
+
+def test_the_published_nvfp4_rows_run_the_recipe_with_bf16_parameters():
+    """Megatron-Bridge's bf16_with_nvfp4_mixed: fp4 e2m1, nvfp4, fp8_param_gather False."""
+    from benchmarks.published_rows import options_of
+
+    doc = json.loads((ROOT / "validation" / "published" / "megatron.json").read_text())
+    rows = [r for r in doc["runs"] if "NVFP4" in str((r.get("extras") or {}).get("fp8_recipe"))]
+    assert len(rows) == 3  # GB200: 70B in 26.02 and 26.02.01, 405B in 26.02
+    for row in rows:
+        options = options_of(row)
+        assert (options.fp8_scaling, options.fp8_param_gather) == ("nvfp4", False)
+
+
+def test_megatrons_embedding_and_loss_count_as_layers_of_the_pipeline_split():
+    """Megatron-Core's get_num_layers_to_build: (layers + 2) / (pp x vp) a chunk, one fewer in
+    the first and the last; Llama 3.1 405B's 126 blocks over 8 x 4 and 16 x 8 chunks."""
+    from benchmarks.published_rows import embedding_and_loss_as_layers
+    from planner.errors import PlannerError
+
+    assert embedding_and_loss_as_layers(126, 32) == (3, *[4] * 30, 3)
+    assert embedding_and_loss_as_layers(126, 128) == (0, *[1] * 126, 0)
+    with pytest.raises(PlannerError, match="do not split over 40"):
+        embedding_and_loss_as_layers(126, 40)
