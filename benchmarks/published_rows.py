@@ -216,14 +216,15 @@ def config_of(row: dict):
 
 
 def embedding_and_loss_as_layers(blocks: int, chunks: int) -> tuple[int, ...]:
-    """Megatron-Core's account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split:
-    the embedding and the loss count as one layer each, every chunk takes (blocks + 2) / chunks of
+    """Megatron-Core's account_for_embedding_in_pipeline_split and its loss twin: the embedding
+    and the loss count as one layer each, every chunk takes (blocks + 2) / chunks of
     them, so the first and the last chunk build one block fewer (megatron/core/transformer/
     transformer_block.py get_num_layers_to_build, which asserts the division)."""
-    if (blocks + 2) % chunks:
+    if chunks < 2 or (blocks + 2) % chunks:
         raise PlannerError(
             f"{blocks} blocks with the embedding and the loss as layers do not split over {chunks} "
-            "pipeline chunks (Megatron-Core asserts (layers + 2) divisible by pp x virtual stages)"
+            "pipeline chunks (Megatron-Core asserts (layers + 2) divisible by pp x virtual stages, "
+            "and the ends need a chunk each)"
         )
     k = (blocks + 2) // chunks
     return (k - 1, *([k] * (chunks - 2)), k - 1)

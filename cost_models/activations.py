@@ -83,6 +83,7 @@ def block_table_of(sw, spec: TransformerSpec, precision: str, zero=None) -> B.Bl
         dropout=sw.dropout,
         activation_fp8_input=sw.activation_fp8_input,
         fused_norm=sw.fused_norm,
+        fp8_scaling=sw.fp8_scaling,
     )
     legacy = sw.framework.megatron_legacy_layer and sw.framework.kernels == "fused"
     if legacy and spec.moe is None and spec.mla is None:
@@ -100,7 +101,9 @@ def block_table_of(sw, spec: TransformerSpec, precision: str, zero=None) -> B.Bl
             )
     if not sw.compile or sw.framework.kernels == "fused":
         return table
-    fused = B.block_table(spec, precision, "fused", flash=flash, dropout=sw.dropout)
+    fused = B.block_table(
+        spec, precision, "fused", flash=flash, dropout=sw.dropout, fp8_scaling=sw.fp8_scaling
+    )
     return replace(
         table,
         traffic_fwd=fused.traffic_fwd,
@@ -115,7 +118,11 @@ def selective_policy(sw, spec: TransformerSpec, precision: str) -> B.OpSac | B.M
     where selective means the attention core (Megatron's default) or the block is MoE / MLA under torchtitan."""
     if sw.recompute_modules is not None and tuple(sw.recompute_modules) != ("core_attn",):
         return B.module_sac(
-            spec, precision, sw.recompute_modules, activation_fp8_input=sw.activation_fp8_input
+            spec,
+            precision,
+            sw.recompute_modules,
+            activation_fp8_input=sw.activation_fp8_input,
+            fp8_scaling=sw.fp8_scaling,
         )
     if sw.framework.selective_recompute != "op" or spec.moe is not None or spec.mla is not None:
         return None

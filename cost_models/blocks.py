@@ -37,6 +37,21 @@ import numpy as np
 
 from planner.spec import TransformerSpec
 
+FP8_BYTES = 1.0
+"""Bytes per element of an FP8 tensor (E4M3 or E5M2; Micikevicius et al. 2022, "FP8 Formats for
+Deep Learning")."""
+NVFP4_BYTES = 0.5 + 1.0 / 16.0
+"""Bytes per element of an NVFP4 tensor: two E2M1 values per byte and one E4M3 scale byte per 16
+elements (Transformer Engine's NVFP4Tensor: packed data of shape[-1] / 2 bytes and a uint8 scale
+per 16-element block; its fp32 per-tensor scale is negligible)."""
+
+
+def quantized_bytes(fp8_scaling: str) -> float:
+    """Bytes per element of one copy of a tensor quantized by the run's FP8 recipe (a GEMM weight, a
+    linear layer's saved input): NVFP4_BYTES under nvfp4, else FP8_BYTES."""
+    return NVFP4_BYTES if fp8_scaling == "nvfp4" else FP8_BYTES
+
+
 IMPLEMENTATIONS = ("fused", "eager", "torch")
 
 
@@ -146,10 +161,13 @@ def block_table(
     dropout: bool = False,
     fused_norm: bool = False,
     activation_fp8_input: bool = False,
+    fp8_scaling: str = "tensorwise",
 ) -> BlockTable:
     """The per-token table of one block for `kernels` (IMPLEMENTATIONS); `fused_norm`: the eager block's RMSNorms
     run as one fused kernel (_eager_block); `activation_fp8_input`: the fused SwiGLU keeps its input in FP8
-    (_megatron_block; Megatron-Core's activation_func_fp8_input_store, fused kernels only)."""
+    (_megatron_block; Megatron-Core's activation_func_fp8_input_store, fused kernels only);
+    `fp8_scaling`: the FP8 recipe, whose element size the linear layers' saved inputs take
+    (quantized_bytes)."""
     if activation_fp8_input and kernels != "fused":
         raise ValueError("activation_fp8_input is Megatron-Core's fused SwiGLU (kernels 'fused')")
     if (
@@ -162,10 +180,16 @@ def block_table(
             flash=flash,
             dropout=dropout,
             activation_fp8_input=activation_fp8_input,
+            fp8_scaling=fp8_scaling,
         )
     if kernels == "fused":
         table = _megatron_block(
-            spec, precision, flash=flash, dropout=dropout, activation_fp8_input=activation_fp8_input
+            spec,
+            precision,
+            flash=flash,
+            dropout=dropout,
+            activation_fp8_input=activation_fp8_input,
+            fp8_scaling=fp8_scaling,
         )
     elif kernels == "eager":
         table = _eager_block(
@@ -422,7 +446,12 @@ class ModuleSac:
 
 
 def module_sac(
-    spec: TransformerSpec, precision: str, modules, *, activation_fp8_input: bool = False
+    spec: TransformerSpec,
+    precision: str,
+    modules,
+    *,
+    activation_fp8_input: bool = False,
+    fp8_scaling: str = "tensorwise",
 ) -> ModuleSac:
     """What Megatron-Core's selective recomputation of `modules` (RECOMPUTE_MODULES) drops from a block's saved
     tensors (the Megatron table, _megatron_block / _moe_mla_block, c = compute bytes, lin = a linear layer's saved
@@ -444,8 +473,14 @@ def module_sac(
     SwiGLU inputs a module frees are the FP8 copies (block_table)."""
     mods = tuple(modules)
     c = compute_bytes(precision)
-    lin = 1.0 if precision == "fp8" else c
-    table = block_table(spec, precision, "fused", activation_fp8_input=activation_fp8_input)
+    lin = quantized_bytes(fp8_scaling) if precision == "fp8" else c
+    table = block_table(
+        spec,
+        precision,
+        "fused",
+        activation_fp8_input=activation_fp8_input,
+        fp8_scaling=fp8_scaling,
+    )
     h, moe, mla = spec.hidden, spec.moe, spec.mla
     act_in = 1.0 if activation_fp8_input and spec.swiglu else None
 
@@ -468,7 +503,9 @@ def module_sac(
         gemms |= {"w1", "w2", "w3"}
     shared_width = moe.shared_experts * moe.d_shared_ffn if moe is not None else 0
     if moe is not None and "moe" in mods:
-        rep, _ = moe_mla_bytes_per_token(spec, c, kernels="fused", precision=precision)
+        rep, _ = moe_mla_bytes_per_token(
+            spec, c, kernels="fused", precision=precision, fp8_scaling=fp8_scaling
+        )
         moe_rep = sum(v for k, v in rep.items() if k.startswith("moe_"))
         dropped = dropped + Terms(
             rep=moe_rep, shard=inner(moe.top_k * moe.expert_ffn + shared_width)
@@ -496,7 +533,9 @@ def module_sac(
             elem = elem + Terms(shard=act_traffic(shared_width))
             gemms |= {"shared_w1", "shared_w2", "shared_w3", "shared_gate"}
     if mla is not None and "mla_up_proj" in mods:
-        _, shard = moe_mla_bytes_per_token(spec, c, kernels="fused", precision=precision)
+        _, shard = moe_mla_bytes_per_token(
+            spec, c, kernels="fused", precision=precision, fp8_scaling=fp8_scaling
+        )
         dropped = dropped + Terms(shard=shard["qkv"])
         gemms |= {"wq_b", "wkv_b"}
     kept = table.saved
@@ -516,7 +555,12 @@ def module_sac(
 
 
 def moe_mla_bytes_per_token(
-    spec: TransformerSpec, c, *, kernels: str = "eager", precision: str = "amp-bf16"
+    spec: TransformerSpec,
+    c,
+    *,
+    kernels: str = "eager",
+    precision: str = "amp-bf16",
+    fp8_scaling: str = "tensorwise",
 ) -> tuple[dict, dict]:
     """Saved-for-backward bytes per token of an MoE MLP and of MLA, as (replicated, sharded) dicts that
     replace the dense `mlp` / `qkv` / `attn_out` terms. c = compute bytes. The MoE layer's dispatch depends
@@ -552,7 +596,7 @@ def moe_mla_bytes_per_token(
             moe.experts * 4 + moe.top_k * 8 + (moe.top_k * 4 + 4) * moe.normalize_top_k
         )
         if kernels == "fused":
-            c_in = 1.0 if precision == "fp8" else c
+            c_in = quantized_bytes(fp8_scaling) if precision == "fp8" else c
             rep["moe_dispatch"] = moe.top_k * (h * c_in + 4 + 16)
         else:
             rep["moe_dispatch"] = moe.top_k * (3 * h * c + c + 16)
@@ -586,6 +630,7 @@ def _moe_mla_block(
     flash: bool,
     dropout: bool,
     activation_fp8_input: bool = False,
+    fp8_scaling: str = "tensorwise",
 ) -> BlockTable:
     """An MoE and/or MLA block: the table of the dense block with the MLP width a token goes through
     (k f_e + S f_s) and, for MLA, a query/key/value heads of d_qk, whose saved q, k, v and output,
@@ -605,9 +650,12 @@ def _moe_mla_block(
         flash=flash,
         dropout=dropout,
         activation_fp8_input=activation_fp8_input,
+        fp8_scaling=fp8_scaling,
     )
     c = compute_bytes(_torch_precision(precision) if kernels == "torch" else precision)
-    rep, _ = moe_mla_bytes_per_token(spec, c, kernels=kernels, precision=precision)
+    rep, _ = moe_mla_bytes_per_token(
+        spec, c, kernels=kernels, precision=precision, fp8_scaling=fp8_scaling
+    )
     mla_shard = 0.0
     if (
         spec.mla is not None
@@ -650,6 +698,7 @@ def _megatron_block(
     flash: bool,
     dropout: bool,
     activation_fp8_input: bool = False,
+    fp8_scaling: str = "tensorwise",
 ) -> BlockTable:
     """Korthikanti et al. 2022, Sec. 4.1, term by term (c = 2 under mixed precision):
     attention: LN-out c h + Q,K c (q + kv) + V c kv + softmax c a s + mask a s + dropout-out c a s
@@ -659,7 +708,8 @@ def _megatron_block(
     Under FP8 (Transformer Engine) each linear layer keeps, for its weight gradient, the FP8 cast of its
     input instead of the 16-bit tensor (TransformerEngine release_v1.12 and release_v2.4 module/linear.py and
     layernorm_linear.py save the quantized input, from 2.2 only its column-wise copy; Megatron-Core's SwiGLU keeps
-    its 16-bit input): QKV in, fc1 in and fc2 in take 1 byte per element; the attention output stays in 16
+    its 16-bit input): QKV in, fc1 in and fc2 in take 1 byte per element (NVFP4: 0.5625,
+    quantized_bytes); the attention output stays in 16
     bits (TE's fused attention saves it for its own backward) and the projection adds its FP8 copy.
 
     `activation_fp8_input` (Megatron-Core's activation_func_fp8_input_store, SwiGLU only): the fused SwiGLU keeps
@@ -667,7 +717,10 @@ def _megatron_block(
     c = compute_bytes(precision)
     h, q, kv, f, a = spec.hidden, spec.attn_width, spec.kv_width, spec.d_ffn, spec.heads
     mask = 1.0 if dropout else 0.0
-    lin = 1.0 if precision == "fp8" else c  # a linear layer's saved input, per element
+    # a linear layer's saved input, per element: its quantized column-wise copy under FP8 (NVFP4's
+    # 4-bit one under that recipe: TE's NVFP4 quantizer keeps the Hadamard-transformed copy for
+    # wgrad)
+    lin = quantized_bytes(fp8_scaling) if precision == "fp8" else c
     fp8_act = activation_fp8_input and spec.swiglu
     mlp_inner = mlp_inner_saved(
         spec.gated_mlp, c, lin, f, 1.0 if fp8_act else None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cost_models.blocks import quantized_bytes
 from cost_models.compute import eff, recompute_passes
 from cost_models.experts import mlp_tp_pair
 from cost_models.flops import ATTENTION_CORE_GEMMS, block_gemm_shapes
@@ -455,19 +456,10 @@ def _reduction_seconds(x, params, gemm, group, shard, local_group, local_shard, 
     return tuple(np.where(some, t, 0.0) for t in (allreduce, sharded_reduce, gather))
 
 
-FP8_BYTES = 1.0
-"""Bytes per element of an FP8 tensor (E4M3 or E5M2; Micikevicius et al. 2022, "FP8 Formats for
-Deep Learning")."""
-NVFP4_BYTES = 0.5 + 1.0 / 16.0
-"""Bytes per element of an NVFP4 tensor: two E2M1 values per byte and one E4M3 scale byte per 16
-elements (Transformer Engine's NVFP4Tensor: packed data of shape[-1] / 2 bytes and a uint8 scale
-per 16-element block; its fp32 per-tensor scale is negligible)."""
-
-
 def quantized_weight_bytes(sw) -> float:
-    """Bytes per element of a GEMM weight held or gathered in the run's low-precision recipe:
-    NVFP4_BYTES under nvfp4, else FP8_BYTES (cost_models.step.Software.fp8_scaling)."""
-    return NVFP4_BYTES if sw.fp8_scaling == "nvfp4" else FP8_BYTES
+    """Bytes per element of a GEMM weight held or gathered in the run's low-precision recipe
+    (cost_models.blocks.quantized_bytes of Software.fp8_scaling)."""
+    return quantized_bytes(sw.fp8_scaling)
 
 
 def _gathered_bytes(x, params, gemm, gather_bytes):

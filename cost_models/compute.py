@@ -51,8 +51,9 @@ DTYPE_OF_PRECISION = {
 }
 """Math dtype of the GEMMs under each training precision (fp32 means TF32 off, as PyTorch's default
 for matmul)."""
-DTYPE_OF_PRECISION["nvfp4"] = "nvfp4"
-"""The linear GEMMs of an FP8-precision run under the nvfp4 recipe (Step.linear_precision)."""
+GEMM_DTYPES = {**DTYPE_OF_PRECISION, "nvfp4": "nvfp4"}
+"""The math dtype of a GEMM by the precision it is costed at: a training precision's, or nvfp4, the
+linear GEMMs of an FP8-precision run under the nvfp4 recipe (Step.linear_precision)."""
 
 NVFP4_OVER_FP8_GEMM_RATE = 7.161 / 3.764
 """How much faster NVFP4 GEMMs run than MXFP8 ones, at most: 1.90x. Transformer Engine's GEMM
@@ -65,8 +66,9 @@ out at 0.95 of their FP4 peak's share)."""
 NVFP4_CAST_OVER_MXFP8 = (6.453 - 3.764) / (8.984 - 7.161)
 """NVFP4's quantization traffic over MXFP8's, 1.48: the same example's autocast minus pre-quantized
 times (2.689 ms against 1.823 per layer). NVFP4 needs each tensor's amax before it quantizes (its
-fp32 per-tensor scale: one more read of the 16-bit tensor), and applies a 16-point Hadamard transform
-to the wgrad operands and stochastic rounding to the gradients (TE's NVFP4BlockScaling)."""
+fp32 per-tensor scale: one more read of the 16-bit tensor), and applies a 16-point Hadamard
+transform to the wgrad operands and stochastic rounding to the gradients (TE's
+NVFP4BlockScaling)."""
 
 MX_SCALE_BYTES_PER_ELEMENT = 1.0 / 32.0
 """An MX block's scale: one E8M0 byte per 32 elements (OCP Microscaling Formats (MX) Specification
@@ -124,7 +126,7 @@ def resolve_precision(hw, precision: str | None) -> str:
 
 def peak_flops(hw: HardwareProfile, precision: str) -> float:
     """Dense peak FLOP/s of the math dtype `precision` trains in."""
-    dtype = DTYPE_OF_PRECISION[precision]
+    dtype = GEMM_DTYPES[precision]
     table = hw.peak_tflops
     value = table.get(dtype) or table.get("fp32")  # callers check precisions_supported first
     return float(value) * 1e12
@@ -551,13 +553,18 @@ def fp8_cast_bytes(x) -> float:
     orientation (MX_SCALE_BYTES_PER_ELEMENT). NVFP4 costs NVFP4_CAST_OVER_MXFP8 times MXFP8's."""
     if x.precision != "fp8":
         return 0.0
-    scaling = x.sw.fp8_scaling
-    mxfp8 = x.sw.framework.fp8_cast_bytes_per_element + 2.0 * MX_SCALE_BYTES_PER_ELEMENT
+    return cast_bytes_per_element(x.sw.framework, x.sw.fp8_scaling)
+
+
+def cast_bytes_per_element(framework, scaling: str) -> float:
+    """fp8_cast_bytes of a run of `framework` under the FP8 recipe `scaling`."""
+    per_element = framework.fp8_cast_bytes_per_element
+    mxfp8 = per_element + 2.0 * MX_SCALE_BYTES_PER_ELEMENT
     if scaling == "nvfp4":
         return NVFP4_CAST_OVER_MXFP8 * mxfp8
     if scaling == "mxfp8":
         return mxfp8
-    return x.sw.framework.fp8_cast_bytes_per_element * (2.0 if scaling == "rowwise" else 1.0)
+    return per_element * (2.0 if scaling == "rowwise" else 1.0)
 
 
 def optimizer_step_bytes_per_param(states, optimizer: str) -> float:

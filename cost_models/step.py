@@ -142,8 +142,11 @@ class Software:
         wherever the user left one unset; the one place those defaults are applied. An option's
         default is the framework profile's key of the same name where the profile has one
         (frameworks.FrameworkProfile: attention, loss, the overlaps, cuda_graphs, ...), else the
-        field's default here."""
-        return cls(
+        field's default here. The framework's fp8_param_gather default is its FP8 recipes'; under
+        nvfp4 the parameters stay bf16 unless the user asks (Megatron-Bridge's
+        bf16_with_nvfp4_mixed sets fp8_param_gather False and no fp4_param,
+        src/megatron/bridge/training/mixed_precision.py at v0.3.0)."""
+        software = cls(
             framework=framework,
             **{
                 f.name: _resolved(f, getattr(options, f.name), framework)
@@ -151,6 +154,9 @@ class Software:
                 if f.name != "framework"
             },
         )
+        if software.fp8_scaling == "nvfp4" and options.fp8_param_gather is None:
+            software = replace(software, fp8_param_gather=False)
+        return software
 
     def gathers_fp8(self, precision: str, zero=1):
         """Per ZeRO stage `zero` (an array over candidates), whether the GEMM weights are FP8
@@ -303,8 +309,8 @@ class Step:
 
     @property
     def linear_precision(self) -> str:
-        """The math the blocks' linear GEMMs run in: FP4 under the nvfp4 recipe (its fprop, dgrad and
-        wgrad; Transformer Engine's NVFP4BlockScaling), else the training precision."""
+        """The math the blocks' linear GEMMs run in: FP4 under the nvfp4 recipe (its fprop, dgrad
+        and wgrad; Transformer Engine's NVFP4BlockScaling), else the training precision."""
         nvfp4 = self.precision == "fp8" and self.sw.fp8_scaling == "nvfp4"
         return "nvfp4" if nvfp4 else self.precision
 

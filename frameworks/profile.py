@@ -43,10 +43,10 @@ an fp8_autocast region (cost_models.comm.fp8_amax_reduction_seconds), and MXFP8 
 power-of-two E8M0 scale per 32 elements, in both orientations; Transformer Engine's
 MXFP8BlockScaling, Megatron-LM's --fp8-recipe mxfp8), which needs block-scaled tensor cores (a
 profile's peak_tflops.mxfp8: Blackwell), and NVFP4 (Transformer Engine's NVFP4BlockScaling under the
-same autocast, TE >= 2.8; Megatron-LM's --fp4-format e2m1 --fp4-recipe nvfp4): the linear GEMMs' fprop,
-dgrad and wgrad in FP4 E2M1 with an E4M3 scale per 16 elements and an fp32 scale per tensor, on
-FP4 tensor cores (peak_tflops.nvfp4: Blackwell); attention, the output layer and everything between
-the GEMMs stay in 16 bits. DeepSeek's 1x128 blocks are costed as tensorwise."""
+same autocast, TE >= 2.8; Megatron-LM's --fp4-format e2m1 --fp4-recipe nvfp4): the linear GEMMs'
+fprop, dgrad and wgrad in FP4 E2M1 with an E4M3 scale per 16 elements and an fp32 scale per
+tensor, on FP4 tensor cores (peak_tflops.nvfp4: Blackwell); attention, the output layer and
+everything between the GEMMs stay in 16 bits. DeepSeek's 1x128 blocks are costed as tensorwise."""
 MOE_DISPATCHERS = ("alltoall", "deepep")
 """How routed tokens reach experts on other ranks (cost_models.moe.exchange_seconds): alltoall (one NCCL
 all-to-all over the expert-parallel group: Megatron-Core's alltoall dispatcher, torchtitan, DeepSpeed-MoE)

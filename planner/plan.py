@@ -497,7 +497,7 @@ def run_options(document: Mapping[str, Any]) -> RunOptions:
     plan = document.get("plan") or {}
     framework = sw.get("framework") or plan.get("framework")
     stack = load_framework(framework) if framework else None
-    defaults = Software.of(stack) if stack is not None else None
+    defaults = _defaults(stack, sw.get("fp8_scaling"))
     skipped = {*_THE_STACKS_OWN, *(sw.get("from_config") or ())}
     out = {}
     for option in fields(RunOptions):
@@ -508,12 +508,22 @@ def run_options(document: Mapping[str, Any]) -> RunOptions:
         if option.name in _COUNTS and isinstance(value, float) and value.is_integer():
             value = int(value)  # JSON Schema's integer admits 2.0; the record takes 2
         default = getattr(stack if option.name == "kernels" else defaults, option.name, None)
+        if option.name == "fp8_scaling" and stack is not None:
+            default = stack.fp8_scaling  # the stack's recipe, not the recorded one
         if value != default:
             out[option.name] = value
     dtype = _grad_reduce_dtype(sw, stack, plan.get("precision"))
     if dtype is not None:
         out["grad_reduce_dtype"] = dtype
     return RunOptions(**out)
+
+
+def _defaults(stack, recipe: str | None) -> Software | None:
+    """The options `stack` applies where a run leaves them unset, under the document's FP8 recipe
+    (some depend on it: fp8_param_gather is off under nvfp4, cost_models.step.Software.of)."""
+    if stack is None:
+        return None
+    return Software.of(stack, RunOptions(fp8_scaling=recipe))
 
 
 def _grad_reduce_dtype(sw: Mapping[str, Any], stack, precision) -> str | None:

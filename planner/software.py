@@ -60,13 +60,17 @@ def free_overlaps(software: Software, options: RunOptions, model=None) -> tuple[
     the capability, and Transformer Engine's modules (userbuffers) or torch.compile (torchtitan's
     async TP is an Inductor pass: 'Async TP requires torch.compile', torchtitan parallelize.py).
     moe_a2a_overlap: the capability (Megatron-Core's --overlap-moe-expert-parallel-comm) and a
-    mixture-of-experts `model`."""
+    mixture-of-experts `model`. Not tp_comm_overlap under nvfp4: the stack's NVFP4 presets run
+    without userbuffers (Megatron-Bridge's Llama scripts force tp_comm_overlap off for nvfp4,
+    scripts/performance/configs/llama/llama3_llm_pretrain.py at v0.3.0) and no NVFP4 run with them
+    is published; the user may still turn it on."""
     fw = software.framework
     tp_free = (
         options.tp_comm_overlap is None
         and not software.tp_comm_overlap
         and fw.capabilities.tp_comm_overlap
         and (fw.kernels == "fused" or software.compile)
+        and software.fp8_scaling != "nvfp4"
     )
     a2a_free = (
         getattr(model, "moe", None) is not None
@@ -287,13 +291,15 @@ BLOCK_SCALED_RECIPES = {
     "mxfp8": "block-scaled FP8 tensor cores",
     "nvfp4": "FP4 tensor cores with E4M3 block scales",
 }
-"""The recipes that need tensor cores of their own, stated by a profile as peak_tflops[recipe]: MXFP8's
-32-element E8M0 blocks and NVFP4's 16-element E4M3 blocks run on Blackwell's block-scaled MMA;
+"""The recipes that need tensor cores of their own, stated by a profile as peak_tflops[recipe]:
+MXFP8's 32-element E8M0 blocks and NVFP4's 16-element E4M3 blocks run on Blackwell's block-scaled
+MMA;
 Hopper's FP8 tensor cores take one scale per operand and have no FP4."""
 
 
 def check_fp8_scaling_hardware(software: Software, hw, precision: str) -> None:
-    """ConfigError when the run's FP8 recipe needs tensor cores `hw` lacks (BLOCK_SCALED_RECIPES)."""
+    """ConfigError when the run's FP8 recipe needs tensor cores `hw` lacks
+    (BLOCK_SCALED_RECIPES)."""
     recipe = software.fp8_scaling
     if precision != "fp8" or recipe not in BLOCK_SCALED_RECIPES or recipe in hw.peak_tflops:
         return

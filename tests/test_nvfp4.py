@@ -54,7 +54,9 @@ def _te_layer_gemms(hw, precision):
 
 def test_fp4_gemms_run_the_measured_ratio_to_mxfp8_on_b300():
     """Operands quantized beforehand, the example's NVFP4 GEMMs take 3.764 ms a layer against
-    MXFP8's 7.161 (1.90x); a short benchmark runs at the boost clock."""
+    MXFP8's 7.161 (1.90x); a short benchmark runs at the boost clock. The constant was read off the
+    same example: this checks the wiring (FP4 peak, the cap, the fixed cost of each of the 12
+    GEMMs), which fails if NVFP4 GEMMs ran at the FP8 peak or uncapped."""
     hw = short_benchmark(B300)
     fp8, fp4 = (_te_layer_gemms(hw, p) for p in ("fp8", "nvfp4"))
     measured = TE_LAYER["mxfp8"][1] / TE_LAYER["nvfp4"][1]
@@ -73,7 +75,7 @@ def test_the_fp4_ceiling_is_the_measured_rate_over_fp8_whatever_the_fp4_peak():
 
 def test_quantization_costs_the_measured_ratio_to_mxfp8():
     """Autocast minus pre-quantized: 2.689 ms of NVFP4 quantization a layer against 1.823 of
-    MXFP8's, whatever the stack's own cast bytes."""
+    MXFP8's, whatever the stack's own cast bytes (the wiring of the constant read off it)."""
     nvfp4, mxfp8 = (fp8_cast_bytes(_llama_on(B200, s).scores.step) for s in ("nvfp4", "mxfp8"))
     (auto_mx, pre_mx), (auto_fp4, pre_fp4) = TE_LAYER["mxfp8"], TE_LAYER["nvfp4"]
     assert nvfp4 / mxfp8 == pytest.approx((auto_fp4 - pre_fp4) / (auto_mx - pre_mx), rel=1e-6)
@@ -114,7 +116,7 @@ def test_the_weights_fp4_copies_take_0_5625_of_the_fp8_copies():
 
 def test_gathered_fp4_parameters_move_0_5625_bytes_per_weight():
     assert C.quantized_weight_bytes(_llama_on(B200, "nvfp4").software) == 0.5625
-    assert C.quantized_weight_bytes(_llama_on(B200, "mxfp8").software) == C.FP8_BYTES
+    assert C.quantized_weight_bytes(_llama_on(B200, "mxfp8").software) == 1.0
     gathered = {}
     for scaling in ("mxfp8", "nvfp4"):
         est = _llama_on(B200, scaling, param_gather=True)
@@ -222,3 +224,41 @@ def test_megatrons_embedding_and_loss_count_as_layers_of_the_pipeline_split():
     assert embedding_and_loss_as_layers(126, 128) == (0, *[1] * 126, 0)
     with pytest.raises(PlannerError, match="do not split over 40"):
         embedding_and_loss_as_layers(126, 40)
+    with pytest.raises(PlannerError, match="do not split over 1 "):
+        embedding_and_loss_as_layers(126, 1)
+
+
+def test_the_report_names_the_fp4_peak_and_nvfp4_casts_for_an_nvfp4_plan():
+    """The checklist's FP8 rule on an NVFP4 plan quotes the FP4 peak (dgx-b200: 9,000 against 2,250
+    bf16) and NVFP4's cast bytes (1.475 x MXFP8's 4 + 2/32 = 5.99), not FP8's."""
+    from planner.report import checklist
+    from planner.report.build import Scenario, rule_context
+
+    est = _llama_on(B200, "nvfp4")
+    cfg = est.config
+    scenario = Scenario(model="llama3-8b", hardware="dgx-b200", gpus=8, seq=cfg.seq)
+    context = rule_context(est.model, B200, est.to_document(), scenario)
+    r = checklist.fp8_gemms(context)
+    assert " at nvfp4 " in r.number and "peak 9000 vs 2250 TFLOP/s" in r.number, r.number
+    assert "casts 5.99 bytes per GEMM operand element (megatron, nvfp4)" in r.number, r.number
+
+
+def test_nvfp4_keeps_bf16_parameters_by_default_and_recommend_leaves_userbuffers_off():
+    """Megatron-Bridge's bf16_with_nvfp4_mixed: fp8_param_gather False; its NVFP4 presets force
+    tp_comm_overlap off, so recommend does not choose it (the user still may)."""
+    from planner.software import free_overlaps
+    from frameworks import load_framework
+
+    megatron = load_framework("megatron")
+    assert megatron.fp8_param_gather  # the stack's FP8 recipes gather FP8 parameters
+    assert _llama_on(B200, "nvfp4", param_gather=None).software.fp8_param_gather is False
+    assert _llama_on(B200, "mxfp8", param_gather=None).software.fp8_param_gather is True
+    for scaling, free in (("mxfp8", ("tp_comm_overlap",)), ("nvfp4", ())):
+        options = RunOptions(fp8_scaling=scaling)
+        software = _llama_on(B200, scaling, param_gather=None).software
+        assert free_overlaps(software, options) == free
+    # a plan file keeps the user's FP4 parameters through the document's defaults
+    doc = _llama_on(B200, "nvfp4", param_gather=True).to_document()
+    assert "--fp4-param-gather" in export_plan(plan_from_document(doc), "megatron").text
+    doc = _llama_on(B200, "nvfp4", param_gather=None).to_document()
+    assert "--fp4-param-gather" not in export_plan(plan_from_document(doc), "megatron").text

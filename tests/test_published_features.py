@@ -277,6 +277,8 @@ def validate_attention(doc: dict) -> list[str]:
             figure and (m["head_dim"] * m["heads"] != 2048 or m["batch"] * m["seq"] != 16384)
         ):
             errs.append(f"bad shape {m}")
+        if not figure and not _te_time_matches(m):
+            errs.append(f"tflops is not the FA-convention FLOPs over the printed time: {m}")
         if m["tflops"] is None:
             if m["status"] not in ("oom", "label_hidden"):
                 errs.append(f"null tflops with status {m['status']}")
@@ -300,6 +302,15 @@ def validate_attention(doc: dict) -> list[str]:
                 if s in other and t > other[s]
             ]
     return errs
+
+
+def _te_time_matches(m) -> bool:
+    """A timed entry (Transformer Engine's example): tflops = 3.5 x 4 b s^2 h d (x 1/2 causal) over
+    the forward + backward time its status prints."""
+    ms = float(m["status"].removeprefix("computed from the printed time, ").removesuffix(" ms"))
+    flops = 3.5 * 4 * m["batch"] * m["seq"] ** 2 * m["heads"] * m["head_dim"]
+    flops *= 0.5 if m["causal"] else 1.0
+    return abs(flops / (ms * 1e-3) / 1e12 - m["tflops"]) <= 0.05
 
 
 def test_attention_data_is_consistent():

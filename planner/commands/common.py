@@ -191,8 +191,9 @@ Fp8ParamGatherOpt = Annotated[
     typer.Option(
         "--fp8-param-gather/--no-fp8-param-gather",
         help="With --precision fp8 and ZeRO >= 1, keep and all-gather the GEMM weights in FP8 "
-        "(Megatron-Core's --fp8-param-gather with its distributed optimizer; megatron only). "
-        "Default: the framework's (megatron: on, as NeMo's and Megatron-Bridge's FP8 recipes).",
+        "(Megatron-Core's --fp8-param-gather with its distributed optimizer; megatron only), or in "
+        "NVFP4 under --fp8-scaling nvfp4 (--fp4-param-gather). Default: the framework's (megatron: "
+        "on, as NeMo's and Megatron-Bridge's FP8 recipes; off under nvfp4, as their NVFP4 recipe).",
     ),
 ]
 TpCommOverlapOpt = Annotated[

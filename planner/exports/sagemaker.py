@@ -202,4 +202,9 @@ def _fp8_note(scaling: str) -> str:
             "costed"
         )
     where = f"transformer_engine.common.recipe.{recipe}()"
-    return f"{head}, with fp8_recipe={where} (fp8_scaling={scaling})"
+    needs = (
+        "; it needs Transformer Engine >= 2.8 and FP4 tensor cores (Blackwell)"
+        if scaling == "nvfp4"
+        else ""
+    )
+    return f"{head}, with fp8_recipe={where} (fp8_scaling={scaling}){needs}"

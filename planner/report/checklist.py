@@ -49,6 +49,8 @@ from frameworks import load_framework
 from planner.parallel import FRAMEWORKS, LOOPED_SCHEDULES, looped_rounds, looped_rounds_ok
 from planner.placement import group_locality, placement_index, strides, with_context
 from cost_models import flops as FL
+from cost_models.compute import cast_bytes_per_element
+from planner.plan import fp8_scaling_of
 
 Status = Literal["pass", "advice", "warn"]
 STATUSES: tuple[Status, ...] = ("pass", "advice", "warn")
@@ -957,19 +959,20 @@ def fp8_gemms(ctx: RuleContext) -> RuleResult:
         )
     t16, t8 = _step(base_doc), _step(fp8_doc)
     gain = 1.0 - t8 / t16
+    recipe = fp8_scaling_of(fp8_doc) or fw.fp8_scaling
+    low = "nvfp4" if recipe == "nvfp4" else "fp8"  # NVFP4's GEMMs run on the FP4 tensor cores
     number = (
-        f"step {t16:.4g} s at {base_precision} vs {t8:.4g} s at fp8 ({_change(t8, t16)}; peak "
-        f"{peaks['fp8']:g} vs {peaks.get('bf16', 0.0):g} TFLOP/s); peak memory {_gb(_peak(base_doc))} vs "
-        f"{_gb(_peak(fp8_doc))}"
+        f"step {t16:.4g} s at {base_precision} vs {t8:.4g} s at {low} ({_change(t8, t16)}; peak "
+        f"{peaks[low]:g} vs {peaks.get('bf16', 0.0):g} TFLOP/s); "
+        f"peak memory {_gb(_peak(base_doc))} vs {_gb(_peak(fp8_doc))}"
     )
     if ctx.spec is not None:
         number += (
             f"; linear GEMMs {_pct(gemm_flop_share(ctx.spec, plan['seq']))} of a block's FLOPs at seq "
             f"{plan['seq']:,}, hidden {ctx.spec.hidden}"
         )
-    number += (
-        f"; casts {fw.fp8_cast_bytes_per_element:g} bytes per GEMM operand element ({fw.name})"
-    )
+    cast = cast_bytes_per_element(fw, recipe)
+    number += f"; casts {cast:.3g} bytes per GEMM operand element ({fw.name}, {recipe})"
     host = _breakdown(base_doc, "host_wait") / t16
     why = (
         f"the step waits on the host's kernel launches ({_pct(host)} of it), which FP8 does not shorten"
