@@ -215,6 +215,7 @@ VARIANTS = {
     ),
     "llama-interleaved-fp8-delayed": _interleaved_fp8(LLAMA, "delayed"),
     "llama-interleaved-fp8-mxfp8": _interleaved_fp8(LLAMA_B200, "mxfp8"),
+    "llama-interleaved-nvfp4": _interleaved_fp8(LLAMA_B200, "nvfp4"),
     "llama-hsdp-zero3-megatron-fsdp": (
         LLAMA,
         dict(

@@ -34,7 +34,8 @@ def exported(exporter, variant):
         text = exporter(plan_from_document(doc)).text
     except ConfigError:
         return None
-    return {"cp": 1, "ep": 1, **doc["plan"]}, doc["model"]["arch"], text
+    recipe = (doc.get("software") or {}).get("fp8_scaling")
+    return {"cp": 1, "ep": 1, **doc["plan"], "fp8_scaling": recipe}, doc["model"]["arch"], text
 
 
 def megatron_args(text: str) -> dict[str, str | None]:
@@ -73,7 +74,11 @@ def test_megatron_arguments_carry_the_plan_fields(variant):
         strategy = "optim_grads" if plan["zero"] == 2 else "optim_grads_params"
         assert args["--data-parallel-sharding-strategy"] == strategy
     assert ("--fp16" in args) == (plan["precision"] == "amp-fp16")
-    assert ("--fp8-format" in args) == (plan["precision"] == "fp8")
+    fp4 = plan["precision"] == "fp8" and plan["fp8_scaling"] == "nvfp4"  # FP4 arguments instead
+    assert ("--fp8-format" in args) == (plan["precision"] == "fp8" and not fp4)
+    assert (args.get("--fp4-format"), args.get("--fp4-recipe")) == (
+        ("e2m1", "nvfp4") if fp4 else (None, None)
+    )
 
 
 def torchtitan_fields(text: str) -> dict[str, str]:

@@ -111,9 +111,13 @@ def check_megatron(plan, args):
     assert args["bf16"] == (cfg.precision in ("amp-bf16", "bf16", "fp8")) and args["fp16"] == (
         cfg.precision == "amp-fp16"
     )
-    assert (args["fp8"] is not None) == (cfg.precision == "fp8")
-    if cfg.precision == "fp8":  # the recipe the plan was costed with, as Megatron-LM parsed it
-        assert args["fp8_recipe"] == fp8_scaling_of(plan.document)
+    recipe = fp8_scaling_of(plan.document)  # the recipe the plan was costed with
+    if recipe == "nvfp4":  # Megatron-LM's FP4 arguments instead of the FP8 ones
+        assert args["fp8"] is None and (args["fp4"], args["fp4_recipe"]) == ("e2m1", "nvfp4")
+    else:
+        assert (args["fp8"] is not None) == (cfg.precision == "fp8")
+    if cfg.precision == "fp8" and recipe != "nvfp4":  # as Megatron-LM parsed it
+        assert args["fp8_recipe"] == recipe
     assert args["expert_model_parallel_size"] == cfg.ep
     check_megatron_moe(spec, args, plan.document.get("software") or {}, cfg)
     chunks = cfg.pp * cfg.virtual_stages
