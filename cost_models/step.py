@@ -117,7 +117,7 @@ class Software:
     --enable-cuda-graph / cuda_graph_impl): one launch per pass on the host (cost_models.host)."""
     fp8_param_gather: bool = False
     """Under an FP8 recipe with ZeRO >= 1, the blocks' GEMM weights are all-gathered in FP8, one
-    byte each (Megatron-Core's --fp8-param-gather, which needs its distributed optimizer; the
+    byte each (NVFP4's 0.5625 under nvfp4; Megatron-Core's --fp8-param-gather, which needs its distributed optimizer; the
     framework's default unless a run says otherwise; torchtitan's float8
     enable_fsdp_float8_all_gather before 0.3.0): cost_models.comm.dp_reduction_parts. A stack that keeps FP8
     copies of the weights for the step (fp8_weight_cache_bytes > 0: Transformer Engine) then holds

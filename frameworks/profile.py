@@ -389,7 +389,8 @@ class FrameworkProfile:
     fp8_param_gather: bool = False
     """Under an FP8 recipe with ZeRO >= 1, the GEMM weights are FP8 parameters gathered in FP8 by
     default (cost_models.step.Software.fp8_param_gather): every NeMo 2.0 and Megatron-Bridge FP8
-    recipe sets it; a run may say otherwise."""
+    recipe sets it; a run may say otherwise. Not under nvfp4, whose Megatron-Bridge recipe keeps
+    bf16 parameters (cost_models.step.Software.of)."""
     cuda_graphs: bool = False
     """Blocks captured as CUDA graphs by default (cost_models.host.block_host_parts): off in every
     shipped stack (Megatron-LM's --enable-cuda-graph is off unless asked)."""

@@ -57,14 +57,15 @@ LLAMA_B200 = (LLAMA[0], "p6-b200.48xlarge", *LLAMA[2:])
 """The Llama plan on B200s, whose tensor cores run block-scaled FP8 (MXFP8)."""
 
 
-def _interleaved_fp8(base: tuple, scaling: str) -> tuple:
-    """`base` under FP8 with `scaling`, interleaved over 5 chunks of 4 blocks per rank."""
+def _interleaved_fp8(base: tuple, scaling: str, **software) -> tuple:
+    """`base` under FP8 with `scaling` (and `software` options), interleaved over 5 chunks of 4
+    blocks per rank."""
     changes = dict(
         schedule="interleaved-1f1b",
         virtual_stages=5,
         stages=[4] * 20,
         precision="fp8",
-        _software={"fp8_scaling": scaling},
+        _software={"fp8_scaling": scaling, **software},
     )
     return base, changes, {}
 
@@ -216,6 +217,7 @@ VARIANTS = {
     "llama-interleaved-fp8-delayed": _interleaved_fp8(LLAMA, "delayed"),
     "llama-interleaved-fp8-mxfp8": _interleaved_fp8(LLAMA_B200, "mxfp8"),
     "llama-interleaved-nvfp4": _interleaved_fp8(LLAMA_B200, "nvfp4"),
+    "llama-interleaved-nvfp4-params": _interleaved_fp8(LLAMA_B200, "nvfp4", fp8_param_gather=True),
     "llama-hsdp-zero3-megatron-fsdp": (
         LLAMA,
         dict(

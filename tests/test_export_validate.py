@@ -23,6 +23,7 @@ from planner.exports.torchtitan import torchtitan_dp_shard  # noqa: E402
 from planner.exports.retarget import retarget  # noqa: E402
 from planner.parallel import ParallelConfig  # noqa: E402
 from planner.plan import fp8_scaling_of, plan_from_document  # noqa: E402
+from frameworks import load_framework  # noqa: E402
 from planner.search import recommend  # noqa: E402
 from planner.run_options import RunOptions
 
@@ -118,6 +119,14 @@ def check_megatron(plan, args):
         assert (args["fp8"] is not None) == (cfg.precision == "fp8")
     if cfg.precision == "fp8" and recipe != "nvfp4":  # as Megatron-LM parsed it
         assert args["fp8_recipe"] == recipe
+    # weights held and gathered in the recipe's low precision: the plan file's choice, else
+    # megatron.json's default, which the NVFP4 recipe turns off (bf16_with_nvfp4_mixed)
+    default = load_framework("megatron").fp8_param_gather and recipe != "nvfp4"
+    sw = plan.document.get("software") or {}
+    gathered = bool(sw.get("fp8_param_gather", default))
+    gathered = gathered and cfg.precision == "fp8" and cfg.zero >= 1
+    assert args["fp4_param_gather"] == (gathered and recipe == "nvfp4")
+    assert args["fp8_param_gather"] == (gathered and recipe != "nvfp4")
     assert args["expert_model_parallel_size"] == cfg.ep
     check_megatron_moe(spec, args, plan.document.get("software") or {}, cfg)
     chunks = cfg.pp * cfg.virtual_stages

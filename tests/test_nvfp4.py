@@ -262,3 +262,24 @@ def test_nvfp4_keeps_bf16_parameters_by_default_and_recommend_leaves_userbuffers
     assert "--fp4-param-gather" in export_plan(plan_from_document(doc), "megatron").text
     doc = _llama_on(B200, "nvfp4", param_gather=None).to_document()
     assert "--fp4-param-gather" not in export_plan(plan_from_document(doc), "megatron").text
+
+
+def test_linear_inputs_are_saved_in_the_recipes_element_size():
+    """TE keeps each linear layer's quantized column-wise input for the weight gradient: under
+    NVFP4 0.5625 byte where FP8 keeps 1, for the QKV and fc1 inputs (replicated, h each), the
+    projection's and fc2's (sharded, q and f), and an MoE layer's dispatched copies (k h)."""
+    from cost_models import blocks as B
+
+    delta = (0.5 + 1 / 16) - 1.0
+    llama = resolve_model("llama3-8b")
+    fp4, fp8 = (B.block_table(llama, "fp8", "fused", fp8_scaling=s) for s in ("nvfp4", "mxfp8"))
+    assert fp4.saved.rep - fp8.saved.rep == pytest.approx(delta * 2 * llama.hidden)
+    width = llama.attn_width + llama.d_ffn
+    assert fp4.saved.shard - fp8.saved.shard == pytest.approx(delta * width)
+    qwen = resolve_model("qwen3-30b-a3b")
+    rep = {
+        s: B.moe_mla_bytes_per_token(qwen, 2.0, kernels="fused", precision="fp8", fp8_scaling=s)[0]
+        for s in ("nvfp4", "mxfp8")
+    }
+    dispatch = rep["nvfp4"]["moe_dispatch"] - rep["mxfp8"]["moe_dispatch"]
+    assert dispatch == pytest.approx(delta * qwen.moe.top_k * qwen.hidden)

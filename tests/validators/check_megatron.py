@@ -85,6 +85,8 @@ KEYS = (
     "fp8_recipe",
     "fp4",
     "fp4_recipe",
+    "fp8_param_gather",
+    "fp4_param_gather",
     "use_tp_pp_dp_mapping",
     "save_interval",
     "overlap_grad_reduce",
