@@ -20,7 +20,7 @@ from frameworks.rules import used_placement
 from hardware_profiles import available_profiles, load_profile
 from planner.catalog import get
 from planner.parallel import ParallelConfig
-from planner.partition import deepspeed_type_stages
+from planner.partition import deepspeed_type_stages, embedding_and_loss_as_layers
 from planner.spec import TransformerSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -213,21 +213,6 @@ def config_of(row: dict):
         cp_comm=cp_comm,
         stages=stages,
     )
-
-
-def embedding_and_loss_as_layers(blocks: int, chunks: int) -> tuple[int, ...]:
-    """Megatron-Core's account_for_embedding_in_pipeline_split and its loss twin: the embedding
-    and the loss count as one layer each, every chunk takes (blocks + 2) / chunks of
-    them, so the first and the last chunk build one block fewer (megatron/core/transformer/
-    transformer_block.py get_num_layers_to_build, which asserts the division)."""
-    if chunks < 2 or (blocks + 2) % chunks:
-        raise PlannerError(
-            f"{blocks} blocks with the embedding and the loss as layers do not split over {chunks} "
-            "pipeline chunks (Megatron-Core asserts (layers + 2) divisible by pp x virtual stages, "
-            "and the ends need a chunk each)"
-        )
-    k = (blocks + 2) // chunks
-    return (k - 1, *([k] * (chunks - 2)), k - 1)
 
 
 MOE_DISPATCHER = {

@@ -456,18 +456,12 @@ def _reduction_seconds(x, params, gemm, group, shard, local_group, local_shard, 
     return tuple(np.where(some, t, 0.0) for t in (allreduce, sharded_reduce, gather))
 
 
-def quantized_weight_bytes(sw) -> float:
-    """Bytes per element of a GEMM weight held or gathered in the run's low-precision recipe
-    (cost_models.blocks.quantized_bytes of Software.fp8_scaling)."""
-    return quantized_bytes(sw.fp8_scaling)
-
-
 def _gathered_bytes(x, params, gemm, gather_bytes):
     """Bytes one rank's parameter all-gather moves for `params` of which `gemm` are GEMM weights:
     the parameter dtype's `gather_bytes` each, the GEMM weights in the recipe's low precision
-    (quantized_weight_bytes) where the run gathers them so (Software.fp8_param_gather)."""
+    (blocks.quantized_bytes) where the run gathers them so (Software.fp8_param_gather)."""
     fp8 = x.sw.gathers_fp8(x.precision, x.zero)
-    low = quantized_weight_bytes(x.sw)
+    low = quantized_bytes(x.sw.fp8_scaling)
     return params * gather_bytes - np.where(fp8, gemm * (gather_bytes - low), 0.0)
 
 

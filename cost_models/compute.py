@@ -53,7 +53,14 @@ DTYPE_OF_PRECISION = {
 for matmul)."""
 GEMM_DTYPES = {**DTYPE_OF_PRECISION, "nvfp4": "nvfp4"}
 """The math dtype of a GEMM by the precision it is costed at: a training precision's, or nvfp4, the
-linear GEMMs of an FP8-precision run under the nvfp4 recipe (Step.linear_precision)."""
+linear GEMMs of an FP8-precision run under the nvfp4 recipe (linear_gemm_precision)."""
+
+
+def linear_gemm_precision(precision: str, fp8_scaling: str) -> str:
+    """The precision the blocks' linear GEMMs are costed at: FP4 under the nvfp4 recipe (its fprop,
+    dgrad and wgrad; Transformer Engine's NVFP4BlockScaling), else the training precision."""
+    return "nvfp4" if precision == "fp8" and fp8_scaling == "nvfp4" else precision
+
 
 NVFP4_OVER_FP8_GEMM_RATE = 7.161 / 3.764
 """How much faster NVFP4 GEMMs run than MXFP8 ones, at most: 1.90x. Transformer Engine's GEMM

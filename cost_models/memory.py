@@ -35,8 +35,8 @@ from cost_models import blocks as B
 from cost_models import moe as MO
 from cost_models import params as P
 from cost_models.activations import kept_per_token
-from cost_models.blocks import FP8_BYTES
-from cost_models.comm import quantized_weight_bytes, tp_overlapped
+from cost_models.blocks import FP8_BYTES, quantized_bytes
+from cost_models.comm import tp_overlapped
 from cost_models.offload import host_memory_bytes_per_node, offloaded_share
 from cost_models.pipeline import inflight_microbatches, inflight_microbatches_last_stage
 from hardware_profiles.efficiency import efficiency
@@ -257,7 +257,7 @@ def _fp8_weight_bytes(x, split, dp, edp, param_bytes):
     if x.precision != "fp8":
         return 0.0
     # the stack's FP8 copies, in the recipe's element size (NVFP4: two 4-bit copies, their scales)
-    cache = x.sw.framework.fp8_weight_cache_bytes * quantized_weight_bytes(x.sw) / FP8_BYTES
+    cache = x.sw.framework.fp8_weight_cache_bytes * quantized_bytes(x.sw.fp8_scaling) / FP8_BYTES
     fp8_params = x.sw.gathers_fp8(x.precision, x.zero) & (cache > 0)
     # the 16-bit parameter and the copies become one FP8 tensor and its transpose: cache - param
     held = np.where(fp8_params, cache - param_bytes, cache)
@@ -268,7 +268,8 @@ def _fp8_weight_bytes(x, split, dp, edp, param_bytes):
 def _gathered_param_bytes(x, zero, gather_bytes):
     """Bytes per element of a parameter as ZeRO-3 gathers it: the recipe's low precision where the
     run gathers its GEMM weights so (Software.gathers_fp8), else the gather dtype's."""
-    return np.where(x.sw.gathers_fp8(x.precision, zero), quantized_weight_bytes(x.sw), gather_bytes)
+    low = quantized_bytes(x.sw.fp8_scaling)
+    return np.where(x.sw.gathers_fp8(x.precision, zero), low, gather_bytes)
 
 
 def _fp8_master_bytes(x, split, dp, edp):

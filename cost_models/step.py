@@ -15,6 +15,7 @@ import numpy as np
 
 from cost_models import blocks as B
 from cost_models.activations import block_table_of, selective_policy
+from cost_models.compute import linear_gemm_precision
 from cost_models.moe import DEFAULT_IMBALANCE
 from frameworks import FrameworkProfile
 from frameworks.rules import a2a_overlap_runs
@@ -117,8 +118,8 @@ class Software:
     --enable-cuda-graph / cuda_graph_impl): one launch per pass on the host (cost_models.host)."""
     fp8_param_gather: bool = False
     """Under an FP8 recipe with ZeRO >= 1, the blocks' GEMM weights are all-gathered in FP8, one
-    byte each (NVFP4's 0.5625 under nvfp4; Megatron-Core's --fp8-param-gather, which needs its distributed optimizer; the
-    framework's default unless a run says otherwise; torchtitan's float8
+    byte each (NVFP4's 0.5625 under nvfp4; Megatron-Core's --fp8-param-gather, which needs its
+    distributed optimizer; the framework's default unless a run says otherwise; torchtitan's float8
     enable_fsdp_float8_all_gather before 0.3.0): cost_models.comm.dp_reduction_parts. A stack that keeps FP8
     copies of the weights for the step (fp8_weight_cache_bytes > 0: Transformer Engine) then holds
     each GEMM weight as an FP8 tensor instead of a 16-bit one beside its copies, one byte less for
@@ -134,7 +135,8 @@ class Software:
     """How an FP8 recipe scales GEMM operands (frameworks.profile.FP8_SCALINGS): one scale per
     tensor, per row (torchao's rowwise recipe), whose backward needs every operand scaled along its
     other axis too (cost_models.compute.fp8_cast_bytes), per tensor from an amax history (delayed:
-    its amax all-reduces, comm.fp8_amax_reduction_seconds), or per 32-element block (mxfp8)."""
+    its amax all-reduces, comm.fp8_amax_reduction_seconds), per 32-element block (mxfp8), or FP4
+    GEMMs with 16-element blocks (nvfp4)."""
 
     @classmethod
     def of(cls, framework: FrameworkProfile, options: RunOptions = RunOptions()) -> "Software":
@@ -309,10 +311,8 @@ class Step:
 
     @property
     def linear_precision(self) -> str:
-        """The math the blocks' linear GEMMs run in: FP4 under the nvfp4 recipe (its fprop, dgrad
-        and wgrad; Transformer Engine's NVFP4BlockScaling), else the training precision."""
-        nvfp4 = self.precision == "fp8" and self.sw.fp8_scaling == "nvfp4"
-        return "nvfp4" if nvfp4 else self.precision
+        """The math the blocks' linear GEMMs run in (compute.linear_gemm_precision)."""
+        return linear_gemm_precision(self.precision, self.sw.fp8_scaling)
 
     @property
     def attn_kernel(self) -> str:

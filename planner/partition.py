@@ -45,6 +45,25 @@ def even_split(blocks: int, stages: int) -> tuple[int, ...]:
     return tuple(base + (i < extra) for i in range(stages))
 
 
+def embedding_and_loss_as_layers(blocks: int, chunks: int) -> tuple[int, ...]:
+    """Blocks per pipeline chunk under Megatron-Core's account_for_embedding_in_pipeline_split and
+    its loss twin: the embedding and the loss count as one layer each, every chunk takes
+    (blocks + 2) / chunks of them, so the first and the last chunk build one block fewer
+    (megatron/core/transformer/transformer_block.py get_num_layers_to_build, which asserts the
+    division)."""
+    if chunks < 2 or (blocks + 2) % chunks:
+        raise ConfigError(
+            "chunks",
+            chunks,
+            "at least 2, dividing blocks + 2",
+            message=f"{blocks} blocks with the embedding and the loss as layers do not split over "
+            f"{chunks} pipeline chunks (Megatron-Core asserts (layers + 2) divisible by pp x "
+            "virtual stages, and the ends need a chunk each)",
+        )
+    k = (blocks + 2) // chunks
+    return (k - 1, *([k] * (chunks - 2)), k - 1)
+
+
 def deepspeed_type_stages(blocks: int, pp: int, *, embeddings: bool = True) -> list[int]:
     """Transformer blocks per stage of DeepSpeed's PipelineModule with `partition_method='type:transformer|
     embedding'` (`embeddings`) or Megatron-DeepSpeed's default 'type:transformer' on its GPTModelPipe,

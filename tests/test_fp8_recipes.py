@@ -310,17 +310,22 @@ def test_only_blackwell_profiles_say_block_scaled_fp8_at_the_fp8_rate():
             assert profile.peak_tflops["mxfp8"] == profile.peak_tflops["fp8"]
 
 
-def test_mxfp8_exports_as_megatrons_recipe_and_changes_on_a_stack_without_it():
+def test_mxfp8_exports_as_megatrons_recipe():
     plan = plan_from_document(_llama_on(B200, "mxfp8").to_document())
     text = export_plan(plan, "megatron").text
     assert "--fp8-recipe mxfp8" in text and "--fp8-format e4m3" in text
+
+
+@pytest.mark.parametrize("scaling", ["mxfp8", "nvfp4"])
+def test_a_block_scaled_recipe_changes_on_a_stack_without_it(scaling):
+    plan = plan_from_document(_llama_on(B200, scaling).to_document())
     notes = export_plan(plan, "torchtitan").notes
-    assert any("fp8_scaling mxfp8 -> tensorwise" in n for n in notes), notes
+    assert any(f"fp8_scaling {scaling} -> tensorwise" in n for n in notes), notes
     line = _refusal(
         "estimate", "llama3-8b", "--hardware", "dgx-b200", "--gpus", "8", "--dp", "8",
-        "--framework", "torchtitan", "--precision", "fp8", "--fp8-scaling", "mxfp8",
+        "--framework", "torchtitan", "--precision", "fp8", "--fp8-scaling", scaling,
     )  # fmt: skip
-    assert "fp8_scaling=mxfp8: torchtitan runs the FP8 recipes tensorwise, rowwise" in line
+    assert f"fp8_scaling={scaling}: torchtitan runs the FP8 recipes tensorwise, rowwise" in line
 
 
 def test_published_mxfp8_rows_run_the_block_scaled_recipe():

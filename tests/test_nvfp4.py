@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cost_models import comm as C
+from cost_models import blocks as B
 from cost_models.compute import (
     fp8_cast_bytes,
     gemm_efficiency_max,
@@ -115,8 +115,8 @@ def test_the_weights_fp4_copies_take_0_5625_of_the_fp8_copies():
 
 
 def test_gathered_fp4_parameters_move_0_5625_bytes_per_weight():
-    assert C.quantized_weight_bytes(_llama_on(B200, "nvfp4").software) == 0.5625
-    assert C.quantized_weight_bytes(_llama_on(B200, "mxfp8").software) == 1.0
+    assert B.quantized_bytes(_llama_on(B200, "nvfp4").software.fp8_scaling) == 0.5625
+    assert B.quantized_bytes(_llama_on(B200, "mxfp8").software.fp8_scaling) == 1.0
     gathered = {}
     for scaling in ("mxfp8", "nvfp4"):
         est = _llama_on(B200, scaling, param_gather=True)
@@ -176,17 +176,6 @@ def test_megatron_export_writes_the_fp4_arguments_not_the_fp8_ones():
     assert "--fp8-param-gather" not in text
 
 
-def test_a_stack_without_nvfp4_refuses_it_and_an_export_to_it_says_so():
-    plan = plan_from_document(_llama_on(B200, "nvfp4").to_document())
-    notes = export_plan(plan, "torchtitan").notes
-    assert any("fp8_scaling nvfp4 -> tensorwise" in n for n in notes), notes
-    line = _refusal(
-        "estimate", "llama3-8b", "--hardware", "dgx-b200", "--gpus", "8", "--dp", "8",
-        "--framework", "torchtitan", "--precision", "fp8", "--fp8-scaling", "nvfp4",
-    )  # fmt: skip
-    assert "fp8_scaling=nvfp4: torchtitan runs the FP8 recipes" in line
-
-
 def test_sagemaker_export_names_te_nvfp4_recipe():
     plan = plan_from_document(_llama_on(B200, "nvfp4").to_document())
     notes = export_plan(plan, "sagemaker").notes
@@ -217,8 +206,8 @@ def test_the_published_nvfp4_rows_run_the_recipe_with_bf16_parameters():
 def test_megatrons_embedding_and_loss_count_as_layers_of_the_pipeline_split():
     """Megatron-Core's get_num_layers_to_build: (layers + 2) / (pp x vp) a chunk, one fewer in
     the first and the last; Llama 3.1 405B's 126 blocks over 8 x 4 and 16 x 8 chunks."""
-    from benchmarks.published_rows import embedding_and_loss_as_layers
     from planner.errors import PlannerError
+    from planner.partition import embedding_and_loss_as_layers
 
     assert embedding_and_loss_as_layers(126, 32) == (3, *[4] * 30, 3)
     assert embedding_and_loss_as_layers(126, 128) == (0, *[1] * 126, 0)
@@ -268,8 +257,6 @@ def test_linear_inputs_are_saved_in_the_recipes_element_size():
     """TE keeps each linear layer's quantized column-wise input for the weight gradient: under
     NVFP4 0.5625 byte where FP8 keeps 1, for the QKV and fc1 inputs (replicated, h each), the
     projection's and fc2's (sharded, q and f), and an MoE layer's dispatched copies (k h)."""
-    from cost_models import blocks as B
-
     delta = (0.5 + 1 / 16) - 1.0
     llama = resolve_model("llama3-8b")
     fp4, fp8 = (B.block_table(llama, "fp8", "fused", fp8_scaling=s) for s in ("nvfp4", "mxfp8"))

@@ -49,7 +49,7 @@ from frameworks import load_framework
 from planner.parallel import FRAMEWORKS, LOOPED_SCHEDULES, looped_rounds, looped_rounds_ok
 from planner.placement import group_locality, placement_index, strides, with_context
 from cost_models import flops as FL
-from cost_models.compute import cast_bytes_per_element
+from cost_models.compute import cast_bytes_per_element, linear_gemm_precision
 from planner.plan import fp8_scaling_of
 
 Status = Literal["pass", "advice", "warn"]
@@ -960,7 +960,7 @@ def fp8_gemms(ctx: RuleContext) -> RuleResult:
     t16, t8 = _step(base_doc), _step(fp8_doc)
     gain = 1.0 - t8 / t16
     recipe = fp8_scaling_of(fp8_doc) or fw.fp8_scaling
-    low = "nvfp4" if recipe == "nvfp4" else "fp8"  # NVFP4's GEMMs run on the FP4 tensor cores
+    low = linear_gemm_precision("fp8", recipe)  # NVFP4's GEMMs run on the FP4 tensor cores
     number = (
         f"step {t16:.4g} s at {base_precision} vs {t8:.4g} s at {low} ({_change(t8, t16)}; peak "
         f"{peaks[low]:g} vs {peaks.get('bf16', 0.0):g} TFLOP/s); "
