@@ -270,3 +270,19 @@ def test_linear_inputs_are_saved_in_the_recipes_element_size():
     }
     dispatch = rep["nvfp4"]["moe_dispatch"] - rep["mxfp8"]["moe_dispatch"]
     assert dispatch == pytest.approx(delta * qwen.moe.top_k * qwen.hidden)
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda p: p.pop("mxfp8"), "needs block-scaled tensor cores (peak_tflops.mxfp8)"),
+        (lambda p: p.update(nvfp4=1000.0), "and at least the fp8 peak (4500.0)"),
+    ],
+)
+def test_the_command_line_refuses_an_impossible_fp4_rate_in_one_line(tmp_path, edit, message):
+    doc = json.loads((ROOT / "hardware_profiles" / "dgx-b200.json").read_text())
+    edit(doc["peak_tflops"])
+    path = tmp_path / "b200-edited.json"
+    path.write_text(json.dumps(doc))
+    line = _refusal("estimate", "llama3-8b", "--hardware", str(path), "--gpus", "8", "--dp", "8")
+    assert "peak_tflops.nvfp4=" in line and message in line, line
