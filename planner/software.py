@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from cost_models.blocks import RECOMPUTE_MODULES
 from cost_models.comm import tp_overlapped
+from cost_models.compute import linear_gemm_precision
 from cost_models.step import BF16_PARAM_PRECISIONS, MASTER_WEIGHTS, Software
 from frameworks import (
     ATTENTION_KERNELS,
@@ -54,7 +55,9 @@ userbuffer_bytes): off where on the plan does not fit. moe_a2a_overlap costs non
 (cost_models.moe.ep_block_seconds) and stays on wherever the plan runs it."""
 
 
-def free_overlaps(software: Software, options: RunOptions, model=None) -> tuple[str, ...]:
+def free_overlaps(
+    software: Software, options: RunOptions, model=None, *, precision: str
+) -> tuple[str, ...]:
     """The overlap options that are the user's free choice, for recommend to choose per plan: left
     unset (None), off by the framework's default, and runnable by the framework. tp_comm_overlap:
     the capability, and Transformer Engine's modules (userbuffers) or torch.compile (torchtitan's
@@ -63,14 +66,15 @@ def free_overlaps(software: Software, options: RunOptions, model=None) -> tuple[
     mixture-of-experts `model`. Not tp_comm_overlap under nvfp4: the stack's NVFP4 presets run
     without userbuffers (Megatron-Bridge's Llama scripts force tp_comm_overlap off for nvfp4,
     scripts/performance/configs/llama/llama3_llm_pretrain.py at v0.3.0) and no NVFP4 run with them
-    is published; the user may still turn it on."""
+    is published; the user may still turn it on. The recipe counts only where `precision` runs it
+    (compute.linear_gemm_precision): beside bf16 training an nvfp4 recipe quantizes nothing."""
     fw = software.framework
     tp_free = (
         options.tp_comm_overlap is None
         and not software.tp_comm_overlap
         and fw.capabilities.tp_comm_overlap
         and (fw.kernels == "fused" or software.compile)
-        and software.fp8_scaling != "nvfp4"
+        and linear_gemm_precision(precision, software.fp8_scaling) != "nvfp4"
     )
     a2a_free = (
         getattr(model, "moe", None) is not None

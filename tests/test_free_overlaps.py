@@ -117,14 +117,20 @@ def test_the_cli_says_which_it_turned_on_and_keeps_an_explicit_no():
 
 
 def test_only_unset_overlaps_the_stack_runs_are_free():
-    assert free_overlaps(software_for("megatron"), RunOptions()) == ("tp_comm_overlap",)
+    assert free_overlaps(software_for("megatron"), RunOptions(), precision="amp-bf16") == (
+        "tp_comm_overlap",
+    )
     for options in (RunOptions(tp_comm_overlap=True), RunOptions(tp_comm_overlap=False)):
-        assert free_overlaps(software_for("megatron", options), options) == ()
-    assert free_overlaps(software_for("deepspeed"), RunOptions()) == ()  # no overlap option
+        assert free_overlaps(software_for("megatron", options), options, precision="amp-bf16") == ()
+    assert (
+        free_overlaps(software_for("deepspeed"), RunOptions(), precision="amp-bf16") == ()
+    )  # no overlap option
     # torchtitan's async TP needs torch.compile ('Async TP requires torch.compile')
-    assert free_overlaps(software_for("torchtitan"), RunOptions()) == ()
+    assert free_overlaps(software_for("torchtitan"), RunOptions(), precision="amp-bf16") == ()
     compiled = RunOptions(compile=True)
-    assert free_overlaps(software_for("torchtitan", compiled), compiled) == ("tp_comm_overlap",)
+    assert free_overlaps(software_for("torchtitan", compiled), compiled, precision="amp-bf16") == (
+        "tp_comm_overlap",
+    )
 
 
 CFG = ParallelConfig(

@@ -33,6 +33,7 @@ from planner.exports import export_plan
 from planner.parallel import ParallelConfig
 from planner.plan import plan_from_document
 from planner.run_options import RunOptions
+from planner.software import software_for
 from planner.sources import resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -245,7 +246,12 @@ def test_nvfp4_keeps_bf16_parameters_by_default_and_recommend_leaves_userbuffers
     for scaling, free in (("mxfp8", ("tp_comm_overlap",)), ("nvfp4", ())):
         options = RunOptions(fp8_scaling=scaling)
         software = _llama_on(B200, scaling, param_gather=None).software
-        assert free_overlaps(software, options) == free
+        assert free_overlaps(software, options, precision="fp8") == free
+    # the Python API lets an nvfp4 recipe stand beside bf16 training, where it quantizes nothing:
+    # userbuffers stay recommend's choice there
+    software = software_for("megatron", RunOptions(fp8_scaling="nvfp4"))
+    bf16 = free_overlaps(software, RunOptions(fp8_scaling="nvfp4"), precision="amp-bf16")
+    assert bf16 == ("tp_comm_overlap",)
     # a plan file keeps the user's FP4 parameters through the document's defaults
     doc = _llama_on(B200, "nvfp4", param_gather=True).to_document()
     assert "--fp4-param-gather" in export_plan(plan_from_document(doc), "megatron").text

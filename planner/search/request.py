@@ -278,7 +278,9 @@ def prepare(model, hardware, request: SearchRequest) -> Setup:
         held=held,
         price=price,
         reliability=reliability,
-        free_overlaps=() if r.objective == "memory" else free_overlaps(software, options, model),
+        free_overlaps=()
+        if r.objective == "memory"
+        else free_overlaps(software, options, model, precision=precision),
     )
 
 
