@@ -278,19 +278,39 @@ class TpSeconds:
 def tp_block_seconds(x) -> TpSeconds:
     """Megatron's f and g operators: 2 all-reduces of the b s h activation forward and 2 backward per
     block (Shoeybi et al. 2019, Sec. 3); with sequence parallelism a reduce-scatter + all-gather pair of
-    the same volume (Korthikanti et al. 2022, Sec. 4.2.2); full recomputation repeats the forward's. An
-    MoE block whose routed experts take the all-to-all path keeps only attention's pair (plus its shared
-    experts'): cost_models.experts.mlp_tp_pair; its exchanges are cost_models.moe.ep_block_seconds."""
+    the same volume (Korthikanti et al. 2022, Sec. 4.2.2), its all-gather quantized under FP8 where the
+    stack gathers so (tp_pair_seconds); full recomputation repeats the forward's. An MoE block whose
+    routed experts take the all-to-all path keeps only attention's pair (plus its shared experts'):
+    cost_models.experts.mlp_tp_pair; its exchanges are cost_models.moe.ep_block_seconds."""
     ar = group_collective_seconds(
         "allreduce", x.tokens * x.spec.hidden * x.c, x.tp, x.local["T"], x.hw
     )
+    pair = tp_pair_seconds(x, ar)
     pairs = 1.0 + mlp_tp_pair(x)
     return TpSeconds(
         allreduce=ar,
-        fwd=pairs * ar,
-        bwd=pairs * ar,
-        recompute=x.full_share * pairs * ar * recompute_passes(x),
+        fwd=pairs * pair,
+        bwd=pairs * pair,
+        recompute=x.full_share * pairs * pair * recompute_passes(x),
     )
+
+
+def tp_pair_seconds(x, allreduce_s) -> np.ndarray:
+    """One tensor-parallel collective of a block's b s h activation: `allreduce_s`, the 16-bit
+    all-reduce, or under sequence parallelism its all-gather + reduce-scatter pair of the same
+    volume. A stack that quantizes before it gathers (FrameworkProfile.fp8_tp_gather: Transformer
+    Engine casts the norm output before the column-parallel all-gather and the output gradient
+    before the row-parallel one) gathers the FP8 recipe's bytes per element (blocks.quantized_bytes)
+    while the reduce-scatter stays 16-bit: the pair saves the bytes its all-gather no longer moves."""
+    if x.precision != "fp8" or not x.sw.framework.fp8_tp_gather:
+        return allreduce_s
+    elements = x.tokens * x.spec.hidden
+    gathered = quantized_bytes(x.sw.fp8_scaling)
+    full, quantized = (
+        group_collective_seconds("allgather", elements * nbytes, x.tp, x.local["T"], x.hw)
+        for nbytes in (x.c, gathered)
+    )
+    return np.where(x.sp, allreduce_s - (full - quantized), allreduce_s)
 
 
 def tp_exposed_seconds(x, tp: TpSeconds, block) -> np.ndarray:

@@ -131,6 +131,9 @@ FRAMEWORK_KEYS: dict[str, Field] = {
     "fp8_param_gather": _optional(
         "bool", False, "FP8 recipes keep and gather the GEMM weights in FP8 by default (ZeRO >= 1)."
     ),
+    "fp8_tp_gather": _optional(
+        "bool", False, "Under FP8, sequence-parallel all-gathers carry the quantized tensors."
+    ),
     "megatron_legacy_layer": _optional(
         "bool", False, "The dense block is legacy Megatron's eager ParallelTransformerLayer."
     ),

@@ -425,3 +425,60 @@ def test_a_job_inside_one_nvlink_domain_keeps_every_group_on_nvlink():
     assert (
         gb200.to_document()["prediction"]["time_breakdown_s"]["dp_comm"] < 0.1 * gb200.step_time_s
     )
+
+
+def _tp_stub(precision, framework="megatron", scaling="tensorwise", sp=True):
+    from frameworks import load_framework
+
+    class X:  # the fields tp_pair_seconds reads
+        sw = type("S", (), {"framework": load_framework(framework), "fp8_scaling": scaling})()
+        hw = load_profile("p5.48xlarge")
+        tokens = np.array([8192.0])
+        spec = LLAMA8
+        c = 2.0
+        tp = np.array([8])
+        local = {"T": np.array([8])}
+
+    X.precision = precision
+    X.sp = np.array([sp])
+    return X
+
+
+@pytest.mark.parametrize("scaling, gathered", [("tensorwise", 1.0), ("nvfp4", 0.5 + 1 / 16)])
+def test_transformer_engine_gathers_sequence_parallel_tensors_in_the_recipes_bytes(
+    scaling, gathered
+):
+    """TE quantizes the norm output before the column-parallel all-gather and the output gradient
+    before the row-parallel one (frameworks/megatron.json sources.fp8_tp_gather); the
+    reduce-scatter stays 16-bit, so the pair saves what a ring all-gather of 2 - gathered bytes an
+    element moves over NVLink: (n - 1) / n of it at the all-gather's bus bandwidth."""
+    x = _tp_stub("fp8", scaling=scaling)
+    elements = float(x.tokens[0]) * LLAMA8.hidden
+    allreduce = C.group_collective_seconds("allreduce", elements * 2.0, x.tp, x.local["T"], x.hw)
+    pair = C.tp_pair_seconds(x, allreduce)
+    saved = (2.0 - gathered) * elements * 7 / 8 / C.intra_bus_Bps(x.hw, "allgather")
+    assert float(allreduce[0] - pair[0]) == pytest.approx(saved, rel=1e-9)
+    for unchanged in (
+        _tp_stub("amp-bf16"),  # nothing quantized
+        _tp_stub("fp8", sp=False),  # all-reduces of the full activation, 16-bit
+        _tp_stub("fp8", framework="torchtitan"),  # torchao's float8 linears gather 16-bit here
+    ):
+        assert float(C.tp_pair_seconds(unchanged, allreduce)[0]) == float(allreduce[0])
+
+
+def test_an_fp8_sequence_parallel_plan_pays_for_16_bit_reduce_scatters_only():
+    """Estimate end to end: the FP8 plan's tensor-parallel time is the bf16 plan's less about a
+    quarter (its all-gathers move one byte an element where the reduce-scatters move two; the
+    collectives' latency and the embedding's 16-bit all-reduce stay)."""
+    cfg = _cfg(global_batch=8)
+    times = {}
+    for precision in ("amp-bf16", "fp8"):
+        est = estimate(
+            "llama3-70b",
+            "p5.48xlarge",
+            dataclasses.replace(cfg, precision=precision),
+            gpus=64,
+            options=RunOptions(tp_comm_overlap=False),
+        )
+        times[precision] = est.to_document()["prediction"]["time_breakdown_s"]["tp_comm"]
+    assert 0.75 < times["fp8"] / times["amp-bf16"] < 0.8
