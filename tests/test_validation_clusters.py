@@ -32,7 +32,7 @@ CLUSTER_FILES = sorted(CLUSTER_DIR.glob("*.json"))
 SHIPPED = set(available_profiles())
 CLUSTERS = {p.stem for p in CLUSTER_FILES}
 
-_MODEL = re.compile(r"(?<![A-Z0-9])(GB200|B200|H200|H800|H100|A100|V100)(?![0-9])")
+_MODEL = re.compile(r"(?<![A-Z0-9])(GB300|GB200|B300|B200|H200|H800|H100|A100|V100)(?![0-9])")
 _MEMORY = re.compile(r"(?<![0-9])(\d{2,3})\s*GB")
 
 GENERATION_REFERENCE = {
