@@ -425,7 +425,7 @@ def test_the_torchtitan_exporter_builds_exactly_the_moe_families_the_framework_p
     )
 
 
-def _estimated_plan(framework, cfg_over, **options):
+def _estimated_plan(framework, cfg_over, hardware="p5.48xlarge", **options):
     from planner.catalog import get
     from planner.estimate import estimate
     from planner.parallel import ParallelConfig
@@ -444,7 +444,7 @@ def _estimated_plan(framework, cfg_over, **options):
     )
     est = estimate(
         get("llama3-8b"),
-        "p5.48xlarge",
+        hardware,
         ParallelConfig(**{**base, **cfg_over}),
         gpus=8,
         options=RunOptions(**options),
@@ -541,3 +541,40 @@ def test_retarget_drops_a_module_swap_and_torch_compile_for_another_stack():
     plain = estimate(get("llama3-8b"), "p5.48xlarge", moved.config, gpus=8)
     assert moved.document["prediction"]["step_time_s"] == plain.step_time_s
     assert moved.document["software"]["compile"] is False
+
+
+def test_retarget_says_when_the_target_stack_gathers_fp8_weights_otherwise():
+    """Megatron's FP8 recipes hold and gather the GEMM weights in FP8 by default, torchtitan's do
+    not (frameworks/*.json fp8_param_gather): the export keeps the target's default and says it;
+    a plan that chose it keeps its choice and says nothing."""
+    plan = _estimated_plan("megatron", {"zero": 1})
+    assert plan.document["software"]["fp8_param_gather"] is True
+    moved, notes = retarget(plan, "torchtitan")
+    assert moved.document["software"]["fp8_param_gather"] is False
+    assert "fp8_param_gather on -> off (torchtitan's default under tensorwise)" in notes[0]
+    bf16 = _estimated_plan("megatron", {"zero": 1, "precision": "amp-bf16"})
+    assert "fp8_param_gather" not in retarget(bf16, "torchtitan")[1][0]  # nothing gathered in FP8
+
+
+def test_retarget_says_when_a_recipe_change_turns_fp8_weights_on(monkeypatch, tmp_path, request):
+    """An NVFP4 plan keeps bf16 weights (Megatron-Bridge's bf16_with_nvfp4_mixed); a target stack that
+    runs no NVFP4 but gathers FP8 weights by default (here torchtitan's profile so edited) turns
+    them on with its own recipe: the note says so."""
+    import frameworks.loader as L
+
+    plan = _estimated_plan(
+        "megatron", {"zero": 1}, hardware="p6-b200.48xlarge", fp8_scaling="nvfp4"
+    )
+    assert plan.document["software"]["fp8_param_gather"] is False
+    for path in L.FRAMEWORK_DIR.glob("*.json"):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        if doc["name"] == "torchtitan":
+            doc["fp8_param_gather"] = doc["capabilities"]["fp8_param_gather"] = True
+            doc["sources"]["fp8_param_gather"] = "a test's stack that gathers FP8 weights"
+        (tmp_path / path.name).write_text(json.dumps(doc), encoding="utf-8")
+    monkeypatch.setattr(L, "FRAMEWORK_DIR", tmp_path)
+    L.load_framework.cache_clear()  # profiles are cached by name
+    request.addfinalizer(L.load_framework.cache_clear)
+    notes = retarget(plan, "torchtitan")[1]
+    assert "fp8_scaling nvfp4 -> " in notes[0]
+    assert "fp8_param_gather off -> on (torchtitan's default under " in notes[0]

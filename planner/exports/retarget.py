@@ -145,6 +145,7 @@ def retarget(plan, fmt: str):
                     f"not re-estimated on {name} ({err}); the plan's own prediction is kept"
                 )
                 break
+    changes += _default_changes(plan, est, options)
     notes = [
         f"plan made for {plan.config.framework}, exported to {name}: "
         + ("; ".join(changes) or "no change needed"),
@@ -179,6 +180,24 @@ def retarget(plan, fmt: str):
         if recipe is not None:
             document["software"] = {**(document.get("software") or {}), "fp8_scaling": recipe}
     return plan_from_document(document), notes
+
+
+def _default_changes(plan, est, options) -> list[str]:
+    """The stack defaults an FP8 plan changes with its stack, said (run_options carries only what the
+    plan chose): whether its GEMM weights are held and gathered in FP8 (fp8_param_gather), a default
+    of each stack and of its recipe (cost_models.step.Software.of: off under nvfp4)."""
+    if est is None or plan.config.precision != "fp8" or options.fp8_param_gather is not None:
+        return []
+    before = (plan.document.get("software") or {}).get("fp8_param_gather")
+    after = est.to_document()["software"].get("fp8_param_gather")
+    if before is None or after is None or bool(before) == bool(after):
+        return []
+    word = {True: "on", False: "off"}
+    recipe = est.to_document()["software"].get("fp8_scaling")
+    return [
+        f"fp8_param_gather {word[bool(before)]} -> {word[bool(after)]} "
+        f"({est.config.framework}'s default under {recipe})"
+    ]
 
 
 def _settled_recipe(scaling: str | None, target: FrameworkProfile, changes: list[str]):
