@@ -46,6 +46,12 @@ elements (Transformer Engine's NVFP4Tensor: packed data of shape[-1] / 2 bytes a
 per 16-element block; its fp32 per-tensor scale is negligible)."""
 
 
+BLOCK_SCALED_SCALINGS = ("mxfp8", "nvfp4")
+"""FP8 recipes whose scales run in blocks along one axis, so the transposed operand is a copy
+quantized of its own (Transformer Engine's MXFP8Tensor / NVFP4Tensor hold row-wise and
+column-wise data; a tensorwise scale serves both orientations of one FP8 copy)."""
+
+
 def quantized_bytes(fp8_scaling: str) -> float:
     """Bytes per element of one copy of a tensor quantized by the run's FP8 recipe (a GEMM weight, a
     linear layer's saved input): NVFP4_BYTES under nvfp4, else FP8_BYTES."""

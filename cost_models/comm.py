@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_models.blocks import quantized_bytes
+from cost_models.blocks import BLOCK_SCALED_SCALINGS, quantized_bytes
 from cost_models.compute import eff, recompute_passes
-from cost_models.experts import mlp_tp_pair
+from cost_models.experts import legacy_dispatch, mlp_tp_pair
 from cost_models.flops import ATTENTION_CORE_GEMMS, block_gemm_shapes
 from cost_models.pipeline import p2p_transfers_on_critical_path, warmup_forwards
 from hardware_profiles import HardwareProfile
@@ -276,36 +276,44 @@ class TpSeconds:
 
 
 def tp_block_seconds(x) -> TpSeconds:
-    """Megatron's f and g operators: 2 all-reduces of the b s h activation forward and 2 backward per
-    block (Shoeybi et al. 2019, Sec. 3); with sequence parallelism a reduce-scatter + all-gather pair of
-    the same volume (Korthikanti et al. 2022, Sec. 4.2.2), its all-gather quantized under FP8 where the
-    stack gathers so (tp_pair_seconds); full recomputation repeats the forward's. An MoE block whose
-    routed experts take the all-to-all path keeps only attention's pair (plus its shared experts'):
-    cost_models.experts.mlp_tp_pair; its exchanges are cost_models.moe.ep_block_seconds."""
+    """Megatron's f and g operators: 2 all-reduces of the b s h activation forward and 2 backward
+    per block (Shoeybi et al. 2019, Sec. 3); with sequence parallelism a reduce-scatter + all-gather
+    pair of the same volume (Korthikanti et al. 2022, Sec. 4.2.2), its all-gather quantized under
+    FP8 where the stack's linear layers gather so (tp_pair_seconds); full recomputation repeats the
+    forward's. An MoE block whose routed experts take the all-to-all path keeps only attention's
+    pair (plus its shared experts'): cost_models.experts.mlp_tp_pair; the all-gather dispatcher's
+    pair is its own 16-bit gather (Megatron-Core's MoEAllGatherTokenDispatcher calls
+    gather_from_sequence_parallel_region); its exchanges are cost_models.moe.ep_block_seconds."""
     ar = group_collective_seconds(
         "allreduce", x.tokens * x.spec.hidden * x.c, x.tp, x.local["T"], x.hw
     )
-    pair = tp_pair_seconds(x, ar)
-    pairs = 1.0 + mlp_tp_pair(x)
+    fwd, bwd = tp_pair_seconds(x, ar, "forward"), tp_pair_seconds(x, ar, "backward")
+    mlp = np.asarray(mlp_tp_pair(x), dtype=bool)
+    gathered_by_dispatcher = legacy_dispatch(x) if x.spec.moe is not None else False
+    linear_mlp = mlp & ~gathered_by_dispatcher  # the MLP's pair through the stack's linear layers
+    fwd = (1.0 + linear_mlp) * fwd + (mlp & ~linear_mlp) * ar
+    bwd = (1.0 + linear_mlp) * bwd + (mlp & ~linear_mlp) * ar
     return TpSeconds(
-        allreduce=ar,
-        fwd=pairs * pair,
-        bwd=pairs * pair,
-        recompute=x.full_share * pairs * pair * recompute_passes(x),
+        allreduce=ar, fwd=fwd, bwd=bwd, recompute=x.full_share * fwd * recompute_passes(x)
     )
 
 
-def tp_pair_seconds(x, allreduce_s) -> np.ndarray:
+def tp_pair_seconds(x, allreduce_s, direction: str) -> np.ndarray:
     """One tensor-parallel collective of a block's b s h activation: `allreduce_s`, the 16-bit
     all-reduce, or under sequence parallelism its all-gather + reduce-scatter pair of the same
-    volume. A stack that quantizes before it gathers (FrameworkProfile.fp8_tp_gather: Transformer
-    Engine casts the norm output before the column-parallel all-gather and the output gradient
-    before the row-parallel one) gathers the FP8 recipe's bytes per element (blocks.quantized_bytes)
-    while the reduce-scatter stays 16-bit: the pair saves the bytes its all-gather no longer moves."""
+    volume. A stack whose linear layers quantize before they gather (FrameworkProfile.
+    fp8_tp_gather: Transformer Engine casts the norm output before the column-parallel all-gather
+    of the forward and the output gradient before the row-parallel one of the backward) gathers
+    the FP8 recipe's bytes (blocks.quantized_bytes); the backward gathers both orientations of a
+    block-scaled gradient (blocks.BLOCK_SCALED_SCALINGS: TE sets the grad-output quantizer's
+    row- and column-wise usage, and _all_gather_mxfp8 / _all_gather_nvfp4 gather both; a
+    tensorwise FP8 copy is gathered row-wise and transposed after). The reduce-scatter stays
+    16-bit: the pair saves what its all-gather no longer moves."""
     if x.precision != "fp8" or not x.sw.framework.fp8_tp_gather:
         return allreduce_s
     elements = x.tokens * x.spec.hidden
-    gathered = quantized_bytes(x.sw.fp8_scaling)
+    copies = 2.0 if direction == "backward" and x.sw.fp8_scaling in BLOCK_SCALED_SCALINGS else 1.0
+    gathered = copies * quantized_bytes(x.sw.fp8_scaling)
     full, quantized = (
         group_collective_seconds("allgather", elements * nbytes, x.tp, x.local["T"], x.hw)
         for nbytes in (x.c, gathered)

@@ -444,26 +444,36 @@ def _tp_stub(precision, framework="megatron", scaling="tensorwise", sp=True):
     return X
 
 
-@pytest.mark.parametrize("scaling, gathered", [("tensorwise", 1.0), ("nvfp4", 0.5 + 1 / 16)])
+@pytest.mark.parametrize(
+    "scaling, forward, backward",
+    [
+        ("tensorwise", 1.0, 1.0),  # one FP8 copy, transposed after the gather
+        ("delayed", 1.0, 1.0),
+        ("mxfp8", 1.0, 2.0),  # row- and column-wise copies of the output gradient
+        ("nvfp4", 0.5 + 1 / 16, 2 * (0.5 + 1 / 16)),
+    ],
+)
 def test_transformer_engine_gathers_sequence_parallel_tensors_in_the_recipes_bytes(
-    scaling, gathered
+    scaling, forward, backward
 ):
-    """TE quantizes the norm output before the column-parallel all-gather and the output gradient
-    before the row-parallel one (frameworks/megatron.json sources.fp8_tp_gather); the
-    reduce-scatter stays 16-bit, so the pair saves what a ring all-gather of 2 - gathered bytes an
-    element moves over NVLink: (n - 1) / n of it at the all-gather's bus bandwidth."""
+    """TE quantizes the norm output before the column-parallel all-gather (row-wise data) and the
+    output gradient before the row-parallel one (row- and column-wise for block-scaled recipes:
+    linear.py sets both usages, distributed.py gathers both; frameworks/megatron.json
+    sources.fp8_tp_gather); the reduce-scatter stays 16-bit, so the pair saves what a ring
+    all-gather of 2 - gathered bytes an element moves over NVLink: (n - 1) / n of it."""
     x = _tp_stub("fp8", scaling=scaling)
     elements = float(x.tokens[0]) * LLAMA8.hidden
     allreduce = C.group_collective_seconds("allreduce", elements * 2.0, x.tp, x.local["T"], x.hw)
-    pair = C.tp_pair_seconds(x, allreduce)
-    saved = (2.0 - gathered) * elements * 7 / 8 / C.intra_bus_Bps(x.hw, "allgather")
-    assert float(allreduce[0] - pair[0]) == pytest.approx(saved, rel=1e-9)
+    for direction, gathered in (("forward", forward), ("backward", backward)):
+        pair = C.tp_pair_seconds(x, allreduce, direction)
+        saved = (2.0 - gathered) * elements * 7 / 8 / C.intra_bus_Bps(x.hw, "allgather")
+        assert float(allreduce[0] - pair[0]) == pytest.approx(saved, rel=1e-9, abs=1e-15)
     for unchanged in (
         _tp_stub("amp-bf16"),  # nothing quantized
         _tp_stub("fp8", sp=False),  # all-reduces of the full activation, 16-bit
-        _tp_stub("fp8", framework="torchtitan"),  # torchao's float8 linears gather 16-bit here
+        _tp_stub("fp8", framework="deepspeed"),  # Megatron-DeepSpeed's own linears, 16-bit
     ):
-        assert float(C.tp_pair_seconds(unchanged, allreduce)[0]) == float(allreduce[0])
+        assert float(C.tp_pair_seconds(unchanged, allreduce, "forward")[0]) == float(allreduce[0])
 
 
 def test_an_fp8_sequence_parallel_plan_pays_for_16_bit_reduce_scatters_only():
@@ -482,3 +492,22 @@ def test_an_fp8_sequence_parallel_plan_pays_for_16_bit_reduce_scatters_only():
         )
         times[precision] = est.to_document()["prediction"]["time_breakdown_s"]["tp_comm"]
     assert 0.75 < times["fp8"] / times["amp-bf16"] < 0.8
+
+
+def test_the_all_gather_dispatchers_pair_stays_16_bit_under_fp8():
+    """An MoE block on Megatron-Core's all-gather dispatcher (ep 1, expert_tp = tp) gathers its
+    tokens with gather_from_sequence_parallel_region, not Transformer Engine's quantizing linears:
+    only attention's pair saves bytes under FP8, so the block's tensor-parallel time falls about
+    an eighth where a dense block's falls about a quarter."""
+    cfg = _cfg(dp=1, tp=8, expert_tp=8, global_batch=8, zero=1)
+    times = {}
+    for precision in ("amp-bf16", "fp8"):
+        est = estimate(
+            "mixtral-8x7b",
+            "p5.48xlarge",
+            dataclasses.replace(cfg, precision=precision),
+            gpus=8,
+            options=RunOptions(tp_comm_overlap=False),
+        )
+        times[precision] = est.to_document()["prediction"]["time_breakdown_s"]["tp_comm"]
+    assert 0.86 < times["fp8"] / times["amp-bf16"] < 0.9

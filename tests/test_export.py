@@ -554,12 +554,17 @@ def test_retarget_says_when_the_target_stack_gathers_fp8_weights_otherwise():
     assert "fp8_param_gather on -> off (torchtitan's default under tensorwise)" in notes[0]
     bf16 = _estimated_plan("megatron", {"zero": 1, "precision": "amp-bf16"})
     assert "fp8_param_gather" not in retarget(bf16, "torchtitan")[1][0]  # nothing gathered in FP8
+    # a plan file without model.arch is moved without a re-estimate, and without the note
+    document = json.loads(json.dumps(plan.document))
+    del document["model"]["arch"]
+    notes = retarget(plan_from_document(document), "torchtitan")[1]
+    assert "fp8_param_gather" not in notes[0] and "not re-estimated" not in " ".join(notes)
 
 
 def test_retarget_says_when_a_recipe_change_turns_fp8_weights_on(monkeypatch, tmp_path, request):
-    """An NVFP4 plan keeps bf16 weights (Megatron-Bridge's bf16_with_nvfp4_mixed); a target stack that
-    runs no NVFP4 but gathers FP8 weights by default (here torchtitan's profile so edited) turns
-    them on with its own recipe: the note says so."""
+    """An NVFP4 plan keeps bf16 weights (Megatron-Bridge's bf16_with_nvfp4_mixed); a target stack
+    that runs no NVFP4 but gathers FP8 weights by default (here torchtitan's profile so edited)
+    turns them on with its own recipe: the note says so."""
     import frameworks.loader as L
 
     plan = _estimated_plan(

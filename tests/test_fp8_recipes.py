@@ -258,10 +258,10 @@ B200 = load_profile("dgx-b200")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _llama_on(hw, scaling, framework="megatron"):
+def _llama_on(hw, scaling, framework="megatron", sequence_parallel=True):
     cfg = ParallelConfig(
         dp=2, tp=4, pp=1, micro_batch=1, global_batch=8, seq=8192, zero=1,
-        sequence_parallel=True, precision="fp8", framework=framework,
+        sequence_parallel=sequence_parallel, precision="fp8", framework=framework,
     )  # fmt: skip
     return estimate(
         resolve_model("llama3-8b"), hw, cfg, gpus=8, options=RunOptions(fp8_scaling=scaling)
@@ -284,9 +284,19 @@ def test_mxfp8_casts_carry_one_e8m0_scale_per_32_elements_in_each_orientation():
 
 
 def test_mxfp8_costs_its_scales_and_no_amax_reduction():
-    mx, tensorwise = (_llama_on(B200, s) for s in ("mxfp8", "tensorwise"))
+    """Against tensorwise scaling MXFP8 pays its scales' cast traffic and, under sequence
+    parallelism, the backward's second gathered orientation of the output gradient (Transformer
+    Engine gathers MXFP8's row- and column-wise data, a tensorwise copy row-wise only:
+    cost_models.comm.tp_pair_seconds); no amax reduction."""
+    mx, tensorwise = (_llama_on(B200, s, sequence_parallel=False) for s in ("mxfp8", "tensorwise"))
     assert 0 < mx.step_time_s - tensorwise.step_time_s < 0.005 * tensorwise.step_time_s
     assert amax_s(mx) == 0.0
+    mx_sp, tensorwise_sp = (_llama_on(B200, s) for s in ("mxfp8", "tensorwise"))
+    gathered = (
+        mx_sp.to_document()["prediction"]["time_breakdown_s"]["tp_comm"]
+        - tensorwise_sp.to_document()["prediction"]["time_breakdown_s"]["tp_comm"]
+    )
+    assert gathered > 0 and mx_sp.step_time_s - tensorwise_sp.step_time_s > gathered / 2
 
 
 def test_mxfp8_needs_block_scaled_tensor_cores():

@@ -240,12 +240,13 @@ MOE_MODELS = [("mixtral-8x7b", "p5.48xlarge"), ("qwen3-30b-a3b", "dgx-h100")]
 FRAMEWORKS = ("megatron", "megatron", "torchtitan", "deepspeed", "fsdp")
 
 
-def _random_estimates(seed, count, wide=False, moe=False, **fixed):
+def _random_estimates(seed, count, wide=False, moe=False, fp8=False, **fixed):
     """`count` valid random configurations (model, stack, degrees, schedule, ZeRO, recompute,
     overlaps) with the closed form's scores (STEP_MODEL 'closed'), each as (config, Scores).
     `wide` also draws the search's other knobs (expert parallelism, hybrid shard groups), pipelines
     that split the blocks unevenly and longer steps (more micro-batches); `moe` (implies `wide`)
-    only mixture-of-experts models with ep > 1 (inside an NVLink domain and across domains)."""
+    only mixture-of-experts models with ep > 1 (inside an NVLink domain and across domains); `fp8`
+    draws FP8 for a third of them (kept where the GPU has FP8 tensor cores)."""
     rng = np.random.default_rng(seed)
     config = fixed.pop("config", {})
     profiles = {name: load_profile(name) for _, name in MODELS + MOE_MODELS}  # read once
@@ -286,6 +287,8 @@ def _random_estimates(seed, count, wide=False, moe=False, **fixed):
             overlap_grad_reduce=bool(rng.random() < 0.8),
             tp_comm_overlap=bool(rng.random() < 0.5) if fw == "megatron" else None,
         )
+        if fp8 and rng.random() < 1 / 3:
+            kw["precision"] = "fp8"
         kw.update(config)
         try:
             cfg = ParallelConfig(**{**kw, **fixed}, global_batch=kw["dp"] * kw["micro_batch"] * m)
@@ -314,19 +317,21 @@ def _one(scores: Scores, name: str) -> float:
 
 def test_search_bound_never_exceeds_the_simulated_step(closed_form):
     """Over 1,000 random configurations (250 with expert parallelism, hybrid shard groups, uneven
-    pipeline splits and up to 48 micro-batches, 250 more of mixture-of-experts models with ep > 1):
-    the search's bound (TIME_BOUND_TERMS of the closed form, and with EP_BOUND_TERM, which the search
-    adds against each expert-parallel class's best step) is at most the simulated step and at most
-    the closed form's, so pruning by it never drops a plan either would rank first."""
-    checked = wide = experts = 0
+    pipeline splits and up to 48 micro-batches, 250 more of mixture-of-experts models with ep > 1;
+    about a third FP8 where the GPU has it): the search's bound (TIME_BOUND_TERMS of the closed
+    form, and with EP_BOUND_TERM, which the search adds against each expert-parallel class's best
+    step) is at most the simulated step and at most the closed form's, so pruning by it never drops
+    a plan either would rank first."""
+    checked = wide = experts = fp8 = 0
     for seed, extra, moe in (
         (0, False, False),
         (1, False, False),
         (4, True, False),
         (6, True, True),
     ):
-        for cfg, scores in _random_estimates(seed, 250, wide=extra, moe=moe):
+        for cfg, scores in _random_estimates(seed, 250, wide=extra, moe=moe, fp8=True):
             wide += cfg.ep > 1 or cfg.dp_shard > 0
+            fp8 += cfg.precision == "fp8"
             ep = _one(scores, EP_BOUND_TERM)
             experts += ep > 0
             bound = sum(_one(scores, t) for t in TIME_BOUND_TERMS) + ep
@@ -334,7 +339,7 @@ def test_search_bound_never_exceeds_the_simulated_step(closed_form):
             assert bound <= simulated * (1 + 1e-9), (cfg, bound, simulated)
             assert bound <= _one(scores, "step_time_s") * (1 + 1e-9), cfg
             checked += 1
-    assert checked >= 1000 and wide >= 250 and experts >= 250
+    assert checked >= 1000 and wide >= 250 and experts >= 250 and fp8 >= 150
 
 
 def test_closed_form_dp_term_tracks_the_simulated_steps(closed_form):
