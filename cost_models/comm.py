@@ -301,15 +301,16 @@ def tp_block_seconds(x) -> TpSeconds:
 def tp_pair_seconds(x, allreduce_s, direction: str) -> np.ndarray:
     """One tensor-parallel collective of a block's b s h activation: `allreduce_s`, the 16-bit
     all-reduce, or under sequence parallelism its all-gather + reduce-scatter pair of the same
-    volume. A stack whose linear layers quantize before they gather (FrameworkProfile.
-    fp8_tp_gather: Transformer Engine casts the norm output before the column-parallel all-gather
-    of the forward and the output gradient before the row-parallel one of the backward) gathers
-    the FP8 recipe's bytes (blocks.quantized_bytes); the backward gathers both orientations of a
-    block-scaled gradient (blocks.BLOCK_SCALED_SCALINGS: TE sets the grad-output quantizer's
-    row- and column-wise usage, and _all_gather_mxfp8 / _all_gather_nvfp4 gather both; a
-    tensorwise FP8 copy is gathered row-wise and transposed after). The reduce-scatter stays
-    16-bit: the pair saves what its all-gather no longer moves."""
-    if x.precision != "fp8" or not x.sw.framework.fp8_tp_gather:
+    volume. A stack whose linear layers quantize before they gather under the run's recipe
+    (FrameworkProfile.fp8_tp_gather: Transformer Engine casts the norm output before the
+    column-parallel all-gather of the forward and the output gradient before the row-parallel one
+    of the backward; torchao's tensorwise float8 styles likewise) gathers the recipe's bytes
+    (blocks.quantized_bytes); the backward gathers both orientations of a block-scaled gradient
+    (blocks.BLOCK_SCALED_SCALINGS: TE sets the grad-output quantizer's row- and column-wise usage,
+    and _all_gather_mxfp8 / _all_gather_nvfp4 gather both; a tensorwise FP8 copy is gathered
+    row-wise and transposed after). The reduce-scatter stays 16-bit: the pair saves what its
+    all-gather no longer moves."""
+    if x.precision != "fp8" or x.sw.fp8_scaling not in x.sw.framework.fp8_tp_gather:
         return allreduce_s
     elements = x.tokens * x.spec.hidden
     copies = 2.0 if direction == "backward" and x.sw.fp8_scaling in BLOCK_SCALED_SCALINGS else 1.0

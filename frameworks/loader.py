@@ -132,7 +132,11 @@ FRAMEWORK_KEYS: dict[str, Field] = {
         "bool", False, "FP8 recipes keep and gather the GEMM weights in FP8 by default (ZeRO >= 1)."
     ),
     "fp8_tp_gather": _optional(
-        "bool", False, "Under FP8, sequence-parallel all-gathers carry the quantized tensors."
+        "list",
+        [],
+        "FP8 recipes whose sequence-parallel all-gathers carry the quantized tensors.",
+        items="str",
+        allowed=FP8_SCALINGS,
     ),
     "megatron_legacy_layer": _optional(
         "bool", False, "The dense block is legacy Megatron's eager ParallelTransformerLayer."
@@ -226,6 +230,9 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
             fp8_default,
             "one of capabilities.fp8_scalings (" + ", ".join(caps.fp8_scalings) + ")",
         )
+    quantized_gathers = data.get("fp8_tp_gather", [])
+    if not set(quantized_gathers) <= set(caps.fp8_scalings):
+        _fail(origin, "fp8_tp_gather", quantized_gathers, "recipes of capabilities.fp8_scalings")
     if data.get("moe_a2a_overlap", False) and not caps.moe_a2a_overlap:
         _fail(origin, "moe_a2a_overlap", True, "false unless capabilities.moe_a2a_overlap")
     for switch in SWITCHES_A_STACK_MAY_LACK:  # a default on only where the stack has it
@@ -256,7 +263,9 @@ name: a new key is declared in FRAMEWORK_KEYS and frameworks.profile.FrameworkPr
 
 
 def _plain_value(declared, value):
-    """A key's value as the record holds it: JSON numbers as floats."""
+    """A key's value as the record holds it: JSON numbers as floats, lists as tuples."""
+    if declared.kind == "list" and value is not None:
+        return tuple(value)
     return float(value) if declared.kind == "number" and value is not None else value
 
 

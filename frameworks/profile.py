@@ -391,11 +391,12 @@ class FrameworkProfile:
     default (cost_models.step.Software.fp8_param_gather): every NeMo 2.0 and Megatron-Bridge FP8
     recipe sets it; a run may say otherwise. Not under nvfp4, whose Megatron-Bridge recipe keeps
     bf16 parameters (cost_models.step.Software.of)."""
-    fp8_tp_gather: bool = False
-    """Under an FP8 recipe, the sequence-parallel all-gathers of the linear layers carry the
+    fp8_tp_gather: tuple[str, ...] = ()
+    """The FP8 recipes under which the sequence-parallel all-gathers of the linear layers carry the
     recipe's quantized tensors, not 16-bit ones (cost_models.comm.tp_pair_seconds): Transformer
     Engine quantizes the norm output before the column-parallel all-gather and the output gradient
-    before the row-parallel one; the reduce-scatters stay 16-bit."""
+    before the row-parallel one under every recipe; torchao's float8 tensor-parallel styles do so
+    for tensorwise scaling. The reduce-scatters stay 16-bit."""
     cuda_graphs: bool = False
     """Blocks captured as CUDA graphs by default (cost_models.host.block_host_parts): off in every
     shipped stack (Megatron-LM's --enable-cuda-graph is off unless asked)."""

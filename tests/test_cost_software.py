@@ -5,6 +5,8 @@ that hold a whole job. Each is checked on the cost terms and through estimate.""
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,12 +16,14 @@ from cost_models import comm as C
 from cost_models.compute import gemm_efficiency_max
 from hardware_profiles import load_profile
 from planner.catalog import get
+from planner.errors import ConfigError
 from planner.estimate import estimate
 from planner.parallel import ParallelConfig
 from planner.placement import aligned_domain, group_locality
 from planner.run_options import RunOptions
 
 LLAMA8 = get("llama3-8b")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cfg(**kw):
@@ -472,8 +476,27 @@ def test_transformer_engine_gathers_sequence_parallel_tensors_in_the_recipes_byt
         _tp_stub("amp-bf16"),  # nothing quantized
         _tp_stub("fp8", sp=False),  # all-reduces of the full activation, 16-bit
         _tp_stub("fp8", framework="deepspeed"),  # Megatron-DeepSpeed's own linears, 16-bit
+        _tp_stub("fp8", framework="torchtitan", scaling="rowwise"),  # plain tensor-parallel styles
     ):
         assert float(C.tp_pair_seconds(unchanged, allreduce, "forward")[0]) == float(allreduce[0])
+
+
+def test_torchaos_tensorwise_tensor_parallel_styles_gather_float8():
+    """torchtitan's tensorwise float8 swaps in torchao's Float8ColwiseParallel / RowwiseParallel,
+    which cast before the all-gathers (frameworks/torchtitan.json sources.fp8_tp_gather); a
+    profile may name only recipes it runs."""
+    from frameworks.loader import framework_from_dict
+
+    x = _tp_stub("fp8", framework="torchtitan", scaling="tensorwise")
+    elements = float(x.tokens[0]) * LLAMA8.hidden
+    allreduce = C.group_collective_seconds("allreduce", elements * 2.0, x.tp, x.local["T"], x.hw)
+    saved = 1.0 * elements * 7 / 8 / C.intra_bus_Bps(x.hw, "allgather")
+    for direction in ("forward", "backward"):
+        pair = C.tp_pair_seconds(x, allreduce, direction)
+        assert float(allreduce[0] - pair[0]) == pytest.approx(saved, rel=1e-9)
+    data = json.loads((ROOT / "frameworks" / "torchtitan.json").read_text(encoding="utf-8"))
+    with pytest.raises(ConfigError, match="fp8_tp_gather.*recipes of capabilities.fp8_scalings"):
+        framework_from_dict(data | {"fp8_tp_gather": ["mxfp8"]})
 
 
 def test_an_fp8_sequence_parallel_plan_pays_for_16_bit_reduce_scatters_only():
