@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from cost_models.blocks import RECOMPUTE_MODULES
+from cost_models.blocks import BLOCK_SCALED_SCALINGS, RECOMPUTE_MODULES
 from cost_models.comm import tp_overlapped
 from cost_models.compute import linear_gemm_precision
 from cost_models.step import BF16_PARAM_PRECISIONS, MASTER_WEIGHTS, Software
@@ -291,11 +291,12 @@ def check_moe_options(model: TransformerSpec, precision: str, options: RunOption
         )
 
 
-BLOCK_SCALED_RECIPES = {
+_TENSOR_CORES_NEEDED = {
     "mxfp8": "block-scaled FP8 tensor cores",
     "nvfp4": "FP4 tensor cores with E4M3 block scales",
 }
-"""The recipes that need tensor cores of their own, stated by a profile as peak_tflops[recipe]:
+BLOCK_SCALED_RECIPES = {recipe: _TENSOR_CORES_NEEDED[recipe] for recipe in BLOCK_SCALED_SCALINGS}
+"""The recipes that need tensor cores of their own (cost_models.blocks.BLOCK_SCALED_SCALINGS), stated by a profile as peak_tflops[recipe]:
 MXFP8's 32-element E8M0 blocks and NVFP4's 16-element E4M3 blocks run on Blackwell's block-scaled
 MMA;
 Hopper's FP8 tensor cores take one scale per operand and have no FP4."""
