@@ -287,39 +287,40 @@ def tp_block_seconds(x) -> TpSeconds:
     ar = group_collective_seconds(
         "allreduce", x.tokens * x.spec.hidden * x.c, x.tp, x.local["T"], x.hw
     )
-    fwd, bwd = tp_pair_seconds(x, ar, "forward"), tp_pair_seconds(x, ar, "backward")
+    fwd, bwd = tp_pair_seconds(x, ar)
     mlp = np.asarray(mlp_tp_pair(x), dtype=bool)
-    gathered_by_dispatcher = legacy_dispatch(x) if x.spec.moe is not None else False
-    linear_mlp = mlp & ~gathered_by_dispatcher  # the MLP's pair through the stack's linear layers
-    fwd = (1.0 + linear_mlp) * fwd + (mlp & ~linear_mlp) * ar
-    bwd = (1.0 + linear_mlp) * bwd + (mlp & ~linear_mlp) * ar
+    by_dispatcher = mlp & legacy_dispatch(x) if x.spec.moe is not None else False
+    linear_mlp = mlp & ~by_dispatcher  # the MLP's pair through the stack's linear layers
+    fwd = (1.0 + linear_mlp) * fwd + by_dispatcher * ar
+    bwd = (1.0 + linear_mlp) * bwd + by_dispatcher * ar
     return TpSeconds(
         allreduce=ar, fwd=fwd, bwd=bwd, recompute=x.full_share * fwd * recompute_passes(x)
     )
 
 
-def tp_pair_seconds(x, allreduce_s, direction: str) -> np.ndarray:
-    """One tensor-parallel collective of a block's b s h activation: `allreduce_s`, the 16-bit
-    all-reduce, or under sequence parallelism its all-gather + reduce-scatter pair of the same
-    volume. A stack whose linear layers quantize before they gather under the run's recipe
-    (FrameworkProfile.fp8_tp_gather: Transformer Engine casts the norm output before the
-    column-parallel all-gather of the forward and the output gradient before the row-parallel one
-    of the backward; torchao's tensorwise float8 styles likewise) gathers the recipe's bytes
-    (blocks.quantized_bytes); the backward gathers both orientations of a block-scaled gradient
-    (blocks.BLOCK_SCALED_SCALINGS: TE sets the grad-output quantizer's row- and column-wise usage,
-    and _all_gather_mxfp8 / _all_gather_nvfp4 gather both; a tensorwise FP8 copy is gathered
-    row-wise and transposed after). The reduce-scatter stays 16-bit: the pair saves what its
-    all-gather no longer moves."""
+def tp_pair_seconds(x, allreduce_s) -> tuple:
+    """(forward, backward) seconds of one tensor-parallel collective of a block's b s h
+    activation: `allreduce_s`, the 16-bit all-reduce, or under sequence parallelism its all-gather
+    + reduce-scatter pair of the same volume. A stack whose linear layers quantize before they
+    gather under the run's recipe (FrameworkProfile.fp8_tp_gather: Transformer Engine casts the norm
+    output before the column-parallel all-gather of the forward and the output gradient before the
+    row-parallel one of the backward; torchao's tensorwise float8 styles likewise) gathers the
+    recipe's bytes (blocks.quantized_bytes); the backward gathers both orientations of a
+    block-scaled gradient (blocks.BLOCK_SCALED_SCALINGS: TE sets the grad-output quantizer's row-
+    and column-wise usage, and _all_gather_mxfp8 / _all_gather_nvfp4 gather both; a tensorwise FP8
+    copy is gathered row-wise and transposed after). The reduce-scatter stays 16-bit: the pair
+    saves what its all-gather no longer moves."""
     if x.precision != "fp8" or x.sw.fp8_scaling not in x.sw.framework.fp8_tp_gather:
-        return allreduce_s
+        return allreduce_s, allreduce_s
     elements = x.tokens * x.spec.hidden
-    copies = 2.0 if direction == "backward" and x.sw.fp8_scaling in BLOCK_SCALED_SCALINGS else 1.0
-    gathered = copies * quantized_bytes(x.sw.fp8_scaling)
-    full, quantized = (
-        group_collective_seconds("allgather", elements * nbytes, x.tp, x.local["T"], x.hw)
-        for nbytes in (x.c, gathered)
-    )
-    return np.where(x.sp, allreduce_s - (full - quantized), allreduce_s)
+
+    def gather(nbytes):
+        return group_collective_seconds("allgather", elements * nbytes, x.tp, x.local["T"], x.hw)
+
+    full, once = gather(x.c), gather(quantized_bytes(x.sw.fp8_scaling))
+    both_orientations = x.sw.fp8_scaling in BLOCK_SCALED_SCALINGS
+    backward = gather(2.0 * quantized_bytes(x.sw.fp8_scaling)) if both_orientations else once
+    return tuple(np.where(x.sp, allreduce_s - (full - g), allreduce_s) for g in (once, backward))
 
 
 def tp_exposed_seconds(x, tp: TpSeconds, block) -> np.ndarray:

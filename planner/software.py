@@ -296,10 +296,10 @@ _TENSOR_CORES_NEEDED = {
     "nvfp4": "FP4 tensor cores with E4M3 block scales",
 }
 BLOCK_SCALED_RECIPES = {recipe: _TENSOR_CORES_NEEDED[recipe] for recipe in BLOCK_SCALED_SCALINGS}
-"""The recipes that need tensor cores of their own (cost_models.blocks.BLOCK_SCALED_SCALINGS), stated by a profile as peak_tflops[recipe]:
-MXFP8's 32-element E8M0 blocks and NVFP4's 16-element E4M3 blocks run on Blackwell's block-scaled
-MMA;
-Hopper's FP8 tensor cores take one scale per operand and have no FP4."""
+"""The recipes that need tensor cores of their own (cost_models.blocks.BLOCK_SCALED_SCALINGS),
+stated by a profile as peak_tflops[recipe]: MXFP8's 32-element E8M0 blocks and NVFP4's 16-element
+E4M3 blocks run on Blackwell's block-scaled MMA; Hopper's FP8 tensor cores take one scale per
+operand and have no FP4."""
 
 
 def check_fp8_scaling_hardware(software: Software, hw, precision: str) -> None:

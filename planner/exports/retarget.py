@@ -145,15 +145,15 @@ def retarget(plan, fmt: str):
                     f"not re-estimated on {name} ({err}); the plan's own prediction is kept"
                 )
                 break
-    if spec is not None:
-        changes += _default_changes(plan, est, options)
+        if est is not None:
+            document = est.to_document()
+            changes += _default_changes(plan, document, options)
     notes = [
         f"plan made for {plan.config.framework}, exported to {name}: "
         + ("; ".join(changes) or "no change needed"),
         *later,
     ]
     if est is not None:
-        document = est.to_document()
         for key in ("alternatives", "search"):
             if key in plan.document:
                 document[key] = plan.document[key]
@@ -183,24 +183,23 @@ def retarget(plan, fmt: str):
     return plan_from_document(document), notes
 
 
-def _default_changes(plan, est, options) -> list[str]:
+def _default_changes(plan, moved: dict, options) -> list[str]:
     """The stack defaults an FP8 plan changes with its stack, said (run_options carries only what
     the plan chose): whether its GEMM weights are held and gathered in FP8 (fp8_param_gather), a
-    default of each stack and of its recipe (cost_models.step.Software.of: off under nvfp4)."""
-    if est is None or plan.config.precision != "fp8" or options.fp8_param_gather is not None:
+    default of each stack and of its recipe (cost_models.step.Software.of: off under nvfp4).
+    `moved`: the re-estimated plan's document."""
+    if plan.config.precision != "fp8" or options.fp8_param_gather is not None:
         return []
-    if min(plan.config.zero, est.config.zero) < 1:  # no distributed optimizer, nothing gathered
+    if min(plan.config.zero, moved["plan"]["zero"]) < 1:  # no distributed optimizer, no gather
         return []
-    software = est.to_document()["software"]
     before = (plan.document.get("software") or {}).get("fp8_param_gather")
-    after = software.get("fp8_param_gather")
+    after = moved["software"].get("fp8_param_gather")
     if before is None or after is None or bool(before) == bool(after):
         return []
     word = {True: "on", False: "off"}
-    recipe = software.get("fp8_scaling")
     return [
         f"fp8_param_gather {word[bool(before)]} -> {word[bool(after)]} "
-        f"({est.config.framework}'s default under {recipe})"
+        f"({moved['software']['framework']}'s default under {moved['software'].get('fp8_scaling')})"
     ]
 
 
