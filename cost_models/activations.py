@@ -66,6 +66,12 @@ def activation_precision(sw, precision: str, zero: int) -> str:
     return precision
 
 
+def fp32_probs(sw) -> bool:
+    """The MoE dispatcher hands the experts fp32 routing probabilities: DeepEP, and HybridEP, which
+    the planner costs as DeepEP (cost_models.blocks.EXPERT_BIAS_FP32_PROBS_BYTES)."""
+    return sw.moe_dispatcher == "deepep"
+
+
 def block_table_of(sw, spec: TransformerSpec, precision: str, zero=None) -> B.BlockTable:
     """The framework's block table; under torch.compile its memory-bound traffic and launches are
     the fused table's (Software.compile); a stack running legacy Megatron's dense layer issues
@@ -84,6 +90,7 @@ def block_table_of(sw, spec: TransformerSpec, precision: str, zero=None) -> B.Bl
         activation_fp8_input=sw.activation_fp8_input,
         fused_norm=sw.fused_norm,
         fp8_scaling=sw.fp8_scaling,
+        fp32_probs=fp32_probs(sw),
     )
     legacy = sw.framework.megatron_legacy_layer and sw.framework.kernels == "fused"
     if legacy and spec.moe is None and spec.mla is None:
@@ -104,11 +111,15 @@ def block_table_of(sw, spec: TransformerSpec, precision: str, zero=None) -> B.Bl
     fused = B.block_table(
         spec, precision, "fused", flash=flash, dropout=sw.dropout, fp8_scaling=sw.fp8_scaling
     )
+    # compiled, the ops Megatron-Core leaves unfused fuse too
+    unfused, launches = B.megatron_unfused_ops(
+        spec, B.compute_bytes(precision), fp32_probs=fp32_probs(sw)
+    )
     return replace(
         table,
-        traffic_fwd=fused.traffic_fwd,
+        traffic_fwd=fused.traffic_fwd + unfused.scaled(-1.0),
         scores_traffic_fwd=fused.scores_traffic_fwd,
-        kernels_fwd=fused.kernels_fwd,
+        kernels_fwd=fused.kernels_fwd - launches,
     )
 
 
@@ -123,6 +134,7 @@ def selective_policy(sw, spec: TransformerSpec, precision: str) -> B.OpSac | B.M
             sw.recompute_modules,
             activation_fp8_input=sw.activation_fp8_input,
             fp8_scaling=sw.fp8_scaling,
+            fp32_probs=fp32_probs(sw),
         )
     if sw.framework.selective_recompute != "op" or spec.moe is not None or spec.mla is not None:
         return None

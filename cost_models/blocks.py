@@ -100,6 +100,10 @@ class BlockTable:
     """Bytes read + written by memory-bound kernels in the forward (GEMMs and attention excluded)."""
     scores_traffic_fwd: Terms = field(default_factory=Terms)
     """Part of `traffic_fwd` on the s x s scores (softmax, dropout): re-run by selective recompute."""
+    copy_traffic_fwd: Terms = field(default_factory=Terms)
+    """Part of `traffic_fwd` in copy-like ops, whose backward streams COPY_BWD_TRAFFIC_FACTOR x
+    their forward bytes instead of BWD_TRAFFIC_FACTOR x (unfused_rope_traffic,
+    moe_expert_traffic)."""
     kernels_fwd: float
     """Operator launches of one block forward (host dispatch floor)."""
 
@@ -120,6 +124,7 @@ def blend(mask, a: BlockTable, b: BlockTable) -> BlockTable:
         scores_saved=pick(a.scores_saved, b.scores_saved),
         traffic_fwd=pick(a.traffic_fwd, b.traffic_fwd),
         scores_traffic_fwd=pick(a.scores_traffic_fwd, b.scores_traffic_fwd),
+        copy_traffic_fwd=pick(a.copy_traffic_fwd, b.copy_traffic_fwd),
         kernels_fwd=np.where(mask, a.kernels_fwd, b.kernels_fwd),
     )
 
@@ -141,6 +146,85 @@ class HeadTable:
 BWD_TRAFFIC_FACTOR = 2.0
 """Backward of a memory-bound op streams about twice its forward bytes (reads the output grad and
 the saved inputs, writes the input grad; e.g. y = f(x): fwd r x + w y, bwd r dy + r x + w dx)."""
+COPY_BWD_TRAFFIC_FACTOR = 1.0
+"""Backward of a copy-like op streams about its forward bytes: a concatenation, a slice, a broadcast
+add or a product with a small table reads the output gradient and writes the input gradient, and
+reads nothing saved of the token's size (fwd r x + w y, bwd r dy + w dx). For the ops counted so
+(BlockTable.copy_traffic_fwd), autograd's backward streams, per element and in units of c: RoPE 10
+against 12 forward, the clamp and concatenation 10 against 8 (each clamp reads its input for the
+mask, the chunk's backward concatenates the two gradients), the expert bias 6 against 6."""
+
+UNFUSED_ROPE_BYTES_PER_ELEMENT = 12
+"""Bytes per query or key element, in units of c, of Megatron-Core's unfused RoPE
+(_apply_rotary_pos_emb_bshd, megatron/core/models/common/embeddings/rope_utils.py at core_r0.16.0):
+t * cos (r c, w c), the negated half of rotate_half (r c/2, w c/2), its concatenation (r c, w c),
+x sin (r c, w c), the sum (r 2c, w c), the concatenation with the unrotated part (r c, w c). The
+cos and sin tables are per position, not per head: left out. Transformer Engine's fused kernel,
+which the table leaves out as it leaves out other small fused kernels, streams 2 c."""
+UNFUSED_ROPE_LAUNCHES = 22
+"""Launches the unfused RoPE adds per block forward over the fused kernel's two: on each of q and
+k, cos or sin, the mscale product and the cast for each table (6), then the six ops above."""
+
+
+def unfused_rope_traffic(spec: TransformerSpec, c) -> Terms:
+    """Forward bytes per token of RoPE run unfused: Megatron-Core's apply_rotary_pos_emb takes
+    Transformer Engine's fused kernel only when the attention factor (mscale) is 1 and falls back
+    to _apply_rotary_pos_emb_bshd otherwise (rope_utils.py at core_r0.16.0, the "mscale ... is not
+    supported by TE's fused RoPE" branch): YaRN models whose factor is not 1 (gpt-oss,
+    spec.rope_attention_factor). UNFUSED_ROPE_BYTES_PER_ELEMENT c over the q and k widths, sharded
+    with the heads. MLA rotates its own rope slice (multi_latent_attention.py): not this path."""
+    if spec.position != "rope" or spec.rope_attention_factor == 1.0 or spec.mla is not None:
+        return Terms()
+    return Terms(shard=UNFUSED_ROPE_BYTES_PER_ELEMENT * c * (spec.attn_width + spec.kv_width))
+
+
+EXPERT_BIAS_BYTES_PER_ELEMENT = 6
+"""Bytes per element of h per routed copy, in units of c, of TEGroupedMLP._apply_bias
+(megatron/core/transformer/moe/experts.py at core_r0.16.0): fc2 returns its bias apart
+(skip_bias_add) and the bias is added per expert, weighted by the routing probability: b p (w c),
+t + b p (r 2c, w c), the concatenation of the experts' slices (r c, w c), with the probabilities in
+the router's dtype, as the all-to-all dispatcher hands them over."""
+EXPERT_BIAS_FP32_PROBS_BYTES = 24
+"""The same with fp32 probabilities, as the flex dispatcher hands them to DeepEP and HybridEP
+(token_dispatcher.py at core_r0.16.0 casts token_probs to float32), 24 + 2 c bytes: b p in fp32
+(w 4), t + b p (r c + 4, w 4), the concatenation (r 4, w 4), the cast back (r 4, w c)."""
+CLAMP_BYTES_PER_ELEMENT = 8
+"""Bytes per element of f_e per routed copy, in units of c, of weighted_bias_quick_geglu_impl's
+clamp (megatron/core/fusions/fused_bias_geglu.py at core_r0.16.0): the gate half clamped above and
+the linear half to +-limit (r 2 f c, w 2 f c together), then concatenated again (r 2 f c, w 2 f c)
+before the fused activation."""
+
+
+def megatron_unfused_ops(
+    spec: TransformerSpec, c, *, fp32_probs: bool = False
+) -> tuple[Terms, float]:
+    """Forward bytes per token and launches of the ops Megatron-Core runs unfused for this model
+    (unfused_rope_traffic, moe_expert_traffic): what the fused table holds beyond its fused kernels,
+    and what torch.compile would fuse (cost_models.activations)."""
+    rope_spec = spec.with_(rope_attention_factor=1.0) if spec.mla is not None else spec
+    rope = unfused_rope_traffic(rope_spec, c)
+    experts, launches = moe_expert_traffic(spec, c, fp32_probs=fp32_probs)
+    return rope + experts, launches + UNFUSED_ROPE_LAUNCHES * (rope.shard > 0)
+
+
+def moe_expert_traffic(
+    spec: TransformerSpec, c, *, fp32_probs: bool = False
+) -> tuple[Terms, float]:
+    """Forward bytes per token and launches of the routed experts' ops that Megatron-Core runs
+    outside its fused kernels: fc2's bias (spec.mlp_bias; EXPERT_BIAS_BYTES_PER_ELEMENT per element
+    of h, EXPERT_BIAS_FP32_PROBS_BYTES + 2 c with `fp32_probs`) and the activation clamp
+    (spec.activation_clamp; CLAMP_BYTES_PER_ELEMENT per element of f_e), per routed copy (top_k
+    per token). gpt-oss has both. The bias's per-expert products are launched
+    once per local expert, which the table cannot count (it does not know ep); the clamp is 3."""
+    moe = spec.moe
+    if moe is None:
+        return Terms(), 0.0
+    per_element = (
+        EXPERT_BIAS_FP32_PROBS_BYTES + 2 * c if fp32_probs else EXPERT_BIAS_BYTES_PER_ELEMENT * c
+    )
+    bias = per_element * spec.hidden if spec.mlp_bias else 0.0
+    clamp = CLAMP_BYTES_PER_ELEMENT * c * moe.expert_ffn if spec.activation_clamp else 0.0
+    return Terms(rep=moe.top_k * bias, shard=moe.top_k * clamp), 3.0 * bool(clamp)
 
 
 def compute_bytes(precision: str) -> int:
@@ -168,12 +252,14 @@ def block_table(
     fused_norm: bool = False,
     activation_fp8_input: bool = False,
     fp8_scaling: str = "tensorwise",
+    fp32_probs: bool = False,
 ) -> BlockTable:
     """The per-token table of one block for `kernels` (IMPLEMENTATIONS); `fused_norm`: the eager block's RMSNorms
     run as one fused kernel (_eager_block); `activation_fp8_input`: the fused SwiGLU keeps its input in FP8
     (_megatron_block; Megatron-Core's activation_func_fp8_input_store, fused kernels only);
     `fp8_scaling`: the FP8 recipe, whose element size the linear layers' saved inputs take
-    (quantized_bytes)."""
+    (quantized_bytes); `fp32_probs`: the MoE dispatcher hands the routing probabilities to the
+    experts in fp32 (moe_expert_traffic)."""
     if activation_fp8_input and kernels != "fused":
         raise ValueError("activation_fp8_input is Megatron-Core's fused SwiGLU (kernels 'fused')")
     if (
@@ -187,6 +273,7 @@ def block_table(
             dropout=dropout,
             activation_fp8_input=activation_fp8_input,
             fp8_scaling=fp8_scaling,
+            fp32_probs=fp32_probs,
         )
     if kernels == "fused":
         table = _megatron_block(
@@ -458,6 +545,7 @@ def module_sac(
     *,
     activation_fp8_input: bool = False,
     fp8_scaling: str = "tensorwise",
+    fp32_probs: bool = False,
 ) -> ModuleSac:
     """What Megatron-Core's selective recomputation of `modules` (RECOMPUTE_MODULES) drops from a block's saved
     tensors (the Megatron table, _megatron_block / _moe_mla_block, c = compute bytes, lin = a linear layer's saved
@@ -516,9 +604,13 @@ def module_sac(
         dropped = dropped + Terms(
             rep=moe_rep, shard=inner(moe.top_k * moe.expert_ffn + shared_width)
         )
-        elem = elem + Terms(
-            rep=moe.top_k * 5 * h * c + 8.0 * moe.experts,  # gather, scatter, weighting
-            shard=act_traffic(moe.top_k * moe.expert_ffn + shared_width),
+        elem = (
+            elem
+            + Terms(
+                rep=moe.top_k * 5 * h * c + 8.0 * moe.experts,  # gather, scatter, weighting
+                shard=act_traffic(moe.top_k * moe.expert_ffn + shared_width),
+            )
+            + moe_expert_traffic(spec, c, fp32_probs=fp32_probs)[0]
         )
         gemms |= {
             "router",
@@ -531,9 +623,10 @@ def module_sac(
             "shared_gate",
         }
     elif moe is not None:
-        if "moe_act" in mods:
+        if "moe_act" in mods:  # the activation function with its clamp (moe_expert_traffic)
             dropped = dropped + Terms(shard=lin * moe.top_k * moe.expert_ffn)
-            elem = elem + Terms(shard=act_traffic(moe.top_k * moe.expert_ffn))
+            clamp = moe_expert_traffic(spec.with_(mlp_bias=False), c)[0]
+            elem = elem + Terms(shard=act_traffic(moe.top_k * moe.expert_ffn)) + clamp
         if "shared_experts" in mods and shared_width:
             dropped = dropped + Terms(shard=inner(shared_width))
             elem = elem + Terms(shard=act_traffic(shared_width))
@@ -637,6 +730,7 @@ def _moe_mla_block(
     dropout: bool,
     activation_fp8_input: bool = False,
     fp8_scaling: str = "tensorwise",
+    fp32_probs: bool = False,
 ) -> BlockTable:
     """An MoE and/or MLA block: the table of the dense block with the MLP width a token goes through
     (k f_e + S f_s) and, for MLA, a query/key/value heads of d_qk, whose saved q, k, v and output,
@@ -649,6 +743,8 @@ def _moe_mla_block(
     dense = spec.with_(
         moe=None, mla=None, ffn=ffn, head_dim=spec.d_head, kv_heads=0 if spec.mla else spec.kv_heads
     )
+    if spec.mla is not None:  # MLA's rope slice has its own path (unfused_rope_traffic)
+        dense = dense.with_(rope_attention_factor=1.0)
     base = block_table(
         dense,
         precision,
@@ -671,6 +767,9 @@ def _moe_mla_block(
     traffic = 0.0
     if spec.moe is not None:
         traffic = spec.moe.top_k * 5 * spec.hidden * c + 8.0 * spec.moe.experts
+    experts, expert_launches = (
+        moe_expert_traffic(spec, c, fp32_probs=fp32_probs) if kernels == "fused" else (Terms(), 0.0)
+    )
     launches = MOE_EXTRA_KERNELS * (spec.moe is not None) + MLA_EXTRA_KERNELS * (
         spec.mla is not None
     )
@@ -678,9 +777,10 @@ def _moe_mla_block(
         saved=base.saved + Terms(rep=float(sum(rep.values())), shard=mla_shard),
         saved_full_recompute=base.saved_full_recompute,
         scores_saved=base.scores_saved,
-        traffic_fwd=base.traffic_fwd + Terms(rep=traffic),
+        traffic_fwd=base.traffic_fwd + Terms(rep=traffic) + experts,
         scores_traffic_fwd=base.scores_traffic_fwd,
-        kernels_fwd=base.kernels_fwd + launches,
+        copy_traffic_fwd=base.copy_traffic_fwd + experts,
+        kernels_fwd=base.kernels_fwd + launches + expert_launches,
     )
 
 
@@ -756,14 +856,16 @@ def _megatron_block(
         2.0 * f if fp8_act else 0.0
     )  # bias-GeLU r/w, SwiGLU r 2f w f
     bda = 3 * c + (1 if dropout else 0)  # bias-dropout-add: r x, r res, w y (+ mask)
+    rope = unfused_rope_traffic(spec, c)
     traffic = Terms(rep=2 * c * h + bda * h + 2 * c * h + bda * h, shard=act) + scores_traffic
     return BlockTable(
         saved=saved,
         saved_full_recompute=Terms(rep=c * h),
         scores_saved=scores,
-        traffic_fwd=traffic,
+        traffic_fwd=traffic + rope,
         scores_traffic_fwd=scores_traffic,
-        kernels_fwd=14.0,
+        copy_traffic_fwd=rope,
+        kernels_fwd=14.0 + UNFUSED_ROPE_LAUNCHES * (rope.shard > 0),
     )
 
 

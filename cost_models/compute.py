@@ -29,6 +29,7 @@ import dataclasses
 import numpy as np
 
 from cost_models.blocks import BWD_TRAFFIC_FACTOR, ModuleSac, metric_traffic
+from cost_models.blocks import COPY_BWD_TRAFFIC_FACTOR as COPY_BWD
 from cost_models.experts import expert_gemm_shapes, permute_bytes_fwd
 from cost_models.flops import (
     ATTENTION_CORE_GEMMS,
@@ -423,7 +424,8 @@ def block_seconds(x) -> BlockSeconds:
     block_gemm_shapes; backward = data + weight gradients, Narayanan et al. 2021 Sec. 5.1; an MoE block's
     routed experts as the busiest rank's grouped GEMMs, cost_models.experts.expert_gemm_shapes), attention
     (a flash kernel, or QK^T and AV as batched GEMMs when unfused), memory-bound kernels as bytes
-    streamed / bandwidth (cost_models.blocks tables; backward streams BWD_TRAFFIC_FACTOR x), and
+    streamed / bandwidth (cost_models.blocks tables; backward streams BWD_TRAFFIC_FACTOR x,
+    copy-like ops COPY_BWD_TRAFFIC_FACTOR x), and
     recomputation (Korthikanti et al. 2022 Sec. 5: selective re-runs the attention core, full the forward)."""
     linear_kw = dict(hw=x.hw, precision=x.linear_precision, elem_bytes=x.c)
     core_kw = dict(
@@ -479,6 +481,7 @@ def block_seconds(x) -> BlockSeconds:
     bw = memory_Bps(x.hw)
     gemm_f, gemm_b = gemm_f + cast_f / bw, gemm_b + cast_b / bw
     elem_f = x.per_token(x.table.traffic_fwd) * x.tokens / bw
+    copy_f = x.per_token(x.table.copy_traffic_fwd) * x.tokens / bw  # part of elem_f
     permute_f = 0.0
     if x.spec.moe is not None:  # received tokens regrouped by local expert (cost_models.experts)
         permute_f = permute_bytes_fwd(x) / bw
@@ -507,7 +510,7 @@ def block_seconds(x) -> BlockSeconds:
         attn_fwd=k * attn_f,
         attn_bwd=k * attn_b,
         elem_fwd=k * elem_f,
-        elem_bwd=k * BWD_TRAFFIC_FACTOR * elem_f,
+        elem_bwd=k * (BWD_TRAFFIC_FACTOR * elem_f - (BWD_TRAFFIC_FACTOR - COPY_BWD) * copy_f),
         scores_fwd=k * scores_f,
         recompute=k * rec,
         expert_fwd=k * expert_f,

@@ -40,7 +40,9 @@ Sources (the shape of every entry comes from its paper or released config):
   4 per token, scaling 2.5) + 1 shared expert, one MTP module, vocab 129280);
   gpt-oss-120b (OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", Sec. 2.1-2.3: 36 x 2880, 64
   heads of 64, 8 KV heads, banded window of 128 on the even blocks, attention sinks, biases, 128
-  experts of 2880 top-4 with router and expert biases, vocab 201088, rope theta 150000).
+  experts of 2880 top-4 with router and expert biases, vocab 201088, rope theta 150000; released
+  config.json: YaRN factor 32 without mscale, so an attention factor of 0.1 ln 32 + 1, and
+  swiglu_limit 7.0).
   Default sequence 4096: the pre-training length of DeepSeek-V3 (Sec. 4.2), Qwen3 (Sec. 3.1,
   general stage) and gpt-oss (initial_context_length), and of every published MoE run in
   validation/published/moe.json; Mixtral's paper states a 32k context (use --seq).
@@ -49,7 +51,7 @@ Sources (the shape of every entry comes from its paper or released config):
 from __future__ import annotations
 
 from planner.errors import ConfigError
-from planner.spec import MLASpec, MoESpec, TransformerSpec
+from planner.spec import MLASpec, MoESpec, TransformerSpec, yarn_attention_factor
 
 _BROWN = "Brown et al. 2020, Table 2.1"
 _NARAYANAN = "Narayanan et al. 2021, Table 1"
@@ -410,6 +412,8 @@ def _gpt_oss_120b() -> TransformerSpec:
         sliding_window=128,
         window_layers=tuple(range(0, 36, 2)),
         attention_sinks=True,
+        rope_attention_factor=yarn_attention_factor(32.0),
+        activation_clamp=7.0,
         moe=MoESpec(experts=128, top_k=4, expert_ffn=2880, router_bias=True),
         extras=(
             (

@@ -61,7 +61,9 @@ configuration class, so a config that omits a key means what transformers would 
   num_experts_per_tok (4; OpenAI's experts_per_token is read when it is absent), sliding_window
   (128) on the blocks layer_types names 'sliding_attention' (default: the even blocks),
   attention_bias (True), attention sinks, router and expert biases, rope_theta 150000,
-  max_position_embeddings (131072), vocab_size (201088).
+  max_position_embeddings (131072), vocab_size (201088), swiglu_limit (7.0).
+Every RoPE reader of the MoE families takes rope_parameters / rope_scaling of rope_type "yarn" as
+its attention factor (attention_factor, else from factor, mscale and mscale_all_dim; 1 otherwise).
 MoE models are dropless (capacity_factor null): no publisher states a training capacity factor.
 
 Every problem (not JSON, not an object, unknown model_type, a missing or non-positive size) is a
@@ -73,7 +75,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.errors import ConfigError
-from planner.spec import MLASpec, MoESpec, TransformerSpec
+from planner.spec import MLASpec, MoESpec, TransformerSpec, yarn_attention_factor
 
 from planner.io import read_json
 
@@ -585,11 +587,29 @@ def _gqa(
     return dict(hidden=hidden, heads=heads, kv_heads=kv if kv != heads else 0, head_dim=head_dim)
 
 
+def _rope_attention_factor(k: _Keys) -> float:
+    """YaRN's attention factor from rope_parameters / rope_scaling (rope_type or type "yarn"): its
+    attention_factor, else spec.yarn_attention_factor of factor, mscale and mscale_all_dim; 1 for
+    any other scaling (Llama 3's "llama3" rescales frequencies only)."""
+    rope = k.data.get("rope_parameters") or k.data.get("rope_scaling") or {}
+    if not isinstance(rope, dict) or (rope.get("rope_type") or rope.get("type")) != "yarn":
+        return 1.0
+    sub = _Keys(rope, f"{k.path} rope_scaling", k.model_type)
+    if rope.get("attention_factor") is not None:
+        return sub.float("attention_factor", 1.0)
+    mscale, all_dim = (sub.float(key, 1.0) if rope.get(key) else None for key in MSCALE_KEYS)
+    return yarn_attention_factor(sub.float("factor", 1.0), mscale, all_dim)
+
+
+MSCALE_KEYS = ("mscale", "mscale_all_dim")
+
+
 def _rope_model(k: _Keys, *, theta: float, positions: int, vocab: int) -> dict:
     """What every MoE family here shares: RoPE, RMSNorm, SwiGLU experts, untied by default."""
     return dict(
         position="rope",
         rope_theta=_rope_theta(k, theta),
+        rope_attention_factor=_rope_attention_factor(k),
         norm="rmsnorm",
         gated_mlp=True,
         activation=k.str("hidden_act", "silu"),
@@ -773,6 +793,7 @@ def _gpt_oss(k: _Keys) -> dict:
         out_bias=bias,
         mlp_bias=True,
         attention_sinks=True,
+        activation_clamp=k.float("swiglu_limit", 7.0),
         sliding_window=window if window_layers else 0,
         window_layers=window_layers or None,
         moe=MoESpec(

@@ -12,6 +12,8 @@ leave them unset (docs/models.md). `TransformerSpec.block_kinds` lists the diffe
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import MISSING, dataclass, field, fields, replace
 from functools import lru_cache
 from typing import Literal, Mapping
@@ -20,6 +22,26 @@ from planner.errors import ConfigError
 
 Position = Literal["learned", "rope", "alibi", "relative", "none"]
 Norm = Literal["layernorm", "rmsnorm"]
+
+
+def yarn_attention_factor(
+    factor: float, mscale: float | None = None, mscale_all_dim: float | None = None
+) -> float:
+    """YaRN's attention factor for a context-extension `factor` (Peng et al. 2023, "YaRN", Sec. 3.4:
+    sqrt(1/t) = 0.1 ln(s) + 1): with DeepSeek's mscale and mscale_all_dim both set, the ratio of the
+    two scaled forms, else 0.1 ln(factor) + 1; 1 for factor <= 1. Hugging Face's
+    _compute_yarn_parameters and Megatron-Core's _yarn_get_concentration_factor compute the same."""
+
+    def scaled(m: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    if mscale and mscale_all_dim:
+        return scaled(mscale) / scaled(mscale_all_dim)
+    return scaled(1.0)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 SIZE_LIMITS = {
@@ -311,6 +333,15 @@ class TransformerSpec:
     blocks 0, 2, ... (HF layer_types 'sliding_attention'), the others attend to the full context."""
     attention_sinks: bool = False
     """gpt-oss: one learned logit per head and block added to the softmax denominator (heads params)."""
+    rope_attention_factor: float = 1.0
+    """YaRN's attention factor, which scales the rotary cos and sin tables (Peng et al. 2023,
+    "YaRN", Sec. 3.4: 0.1 ln(factor) + 1, or the mscale / mscale_all_dim ratio;
+    yarn_attention_factor); 1 for plain RoPE. gpt-oss: 0.1 ln 32 + 1 = 1.3466. Megatron-Core
+    runs RoPE unfused when it is not 1 (cost_models.blocks.unfused_rope_traffic)."""
+    activation_clamp: float = 0.0
+    """gpt-oss's clamped gated activation (HF swiglu_limit, 7.0): the gate half is clamped above
+    and the linear half to +-limit before the product; 0 for none
+    (cost_models.blocks.moe_expert_traffic)."""
     qk_norm: bool = False
     """Qwen3: an RMSNorm of width d_head on every query and key head (2 d_head params per block)."""
     moe: MoESpec | None = None
@@ -403,6 +434,10 @@ class TransformerSpec:
         for name in ("attention_sinks", "qk_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "true or false")
+        if not _number(self.rope_attention_factor) or self.rope_attention_factor <= 0:
+            raise ConfigError("rope_attention_factor", self.rope_attention_factor, "a number > 0")
+        if not _number(self.activation_clamp) or self.activation_clamp < 0:
+            raise ConfigError("activation_clamp", self.activation_clamp, "a number >= 0 (0: none)")
 
     @property
     def n_kv_heads(self) -> int:

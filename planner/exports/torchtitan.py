@@ -389,8 +389,13 @@ def _moe_model_notes(cfg, spec) -> list[str]:
             "a per-expert routing bias updated outside the gradients), which the plan's model does not name"
         )
     if spec.model_type in ("deepseek_v3", "gpt_oss"):
+        described = (
+            f"only YaRN's attention factor, {spec.rope_attention_factor:.4g}, which costs the step"
+            if spec.rope_attention_factor != 1.0
+            else "none"
+        )
         notes.append(
-            "RoPE without YaRN scaling (the plan's model describes none): torchtitan's own "
+            f"RoPE without YaRN scaling (the plan's model describes {described}): torchtitan's own "
             f"{'DeepSeek-V3' if spec.model_type == 'deepseek_v3' else 'gpt-oss'} flavors scale RoPE with YaRN "
             "for long context; set scaling='yarn' in _planner_flavor's RoPE to continue such a checkpoint"
         )
