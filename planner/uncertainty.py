@@ -3,8 +3,10 @@
 
 The error is measured, not assumed: the leave-one-source-out MAPE of the step time on published
 runs of the plan's stack at the plan's scale (benchmarks/accuracy_frameworks.py --loo, shipped as
-planner/data/model_error.json by benchmarks/model_error.py). A plan's band is its predicted step
-+- that error. Two plans whose steps differ by less than it are a tie: the ranking between them is
+planner/data/model_error.json by benchmarks/model_error.py), and for a mixture-of-experts model the
+larger of that and the error on the published MoE runs at that scale (benchmarks/accuracy_moe.py,
+all of them Megatron-Core or NeMo AutoModel steps). A plan's band is its predicted step +- that
+error. Two plans whose steps differ by less than it are a tie: the ranking between them is
 the model's noise. Among the plans tied with the fastest, the one with the fewest parallel axes and
 then the most memory headroom is the one to prefer (fewer process groups to debug, room for a
 longer sequence or a kernel that needs memory): recommend ranks it first and says which plan is the
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -38,30 +40,62 @@ class ErrorBand:
     rows: int
     """Published runs behind the figure."""
     measured_at_scale: bool
-    """False: the stack has no published run in this band; `mape` is its error over all scales."""
+    """False: the stack has fewer than MIN_BAND_ROWS published runs in this band; `mape` is its
+    error over all scales."""
+    source: str = (
+        "leave-one-source-out error on published runs (benchmarks/accuracy_frameworks.py --loo)"
+    )
 
 
 @lru_cache(maxsize=1)
+def _shipped() -> dict:
+    return json.loads(ERRORS.read_text())
+
+
 def _errors() -> dict:
-    return json.loads(ERRORS.read_text())["frameworks"]
+    return _shipped()["frameworks"]
 
 
 def scale_band(gpus: int) -> str:
     return next(name for name, top in SCALE_BANDS if gpus <= top)
 
 
-def error_band(framework: str, gpus: int) -> ErrorBand | None:
-    """The stack's measured error at `gpus` GPUs; None for a stack with no published runs."""
+def error_band(framework: str, gpus: int, *, moe: bool = False) -> ErrorBand | None:
+    """The stack's measured error at `gpus` GPUs; with `moe`, the MoE runs' error at that scale
+    where it is larger (moe_band); None for a stack with no published runs."""
     stack = _errors().get(framework)
     if stack is None:
         return None
-    scale = scale_band(gpus)
-    band = stack["bands"].get(scale)
+    dense = _band(framework, scale_band(gpus), stack)
+    wider = moe_band(framework, gpus) if moe else None
+    return wider if wider is not None and wider.mape > dense.mape else dense
+
+
+def moe_band(framework: str, gpus: int) -> ErrorBand | None:
+    """The error on the published mixture-of-experts runs at `gpus` GPUs (over all of them where
+    none ran at that scale); None when the shipped file has none."""
+    runs = _shipped().get("moe")
+    if runs is None:
+        return None
+    band = _band(framework, scale_band(gpus), runs)
+    source = "leave-one-source-out error on published MoE runs (benchmarks/accuracy_moe.py)"
+    return replace(band, source=source)
+
+
+MIN_BAND_ROWS = 10
+"""Published runs a scale band needs to stand for that scale; a thinner band (DeepSpeed's 6 runs at
+513-4,096 GPUs, the MoE runs' 3) takes the error over all scales, and says it was not measured
+there."""
+
+
+def _band(framework: str, scale: str, errors: Mapping[str, Any]) -> ErrorBand:
+    band = errors["bands"].get(scale)
+    band = band if band and band["rows"] >= MIN_BAND_ROWS else None
     return ErrorBand(
         framework=framework,
         scale=scale,
-        mape=float(band["mape"] if band else stack["all"]),
-        rows=int(band["rows"] if band else stack["rows"]),
+        mape=float(band["mape"] if band else errors["all"]),
+        rows=int(band["rows"] if band else errors["rows"]),
         measured_at_scale=band is not None,
     )
 
@@ -89,7 +123,8 @@ def ties_of(documents: Sequence[Mapping[str, Any]], objective: str) -> dict | No
 
 def _band_of(document: Mapping[str, Any]) -> ErrorBand | None:
     framework = document["plan"].get("framework", "megatron")
-    return error_band(framework, int(document["hardware"]["gpus"]))
+    moe = bool(((document.get("model") or {}).get("arch") or {}).get("moe"))
+    return error_band(framework, int(document["hardware"]["gpus"]), moe=moe)
 
 
 def _with_band(document: dict, band: ErrorBand) -> dict:
@@ -101,8 +136,7 @@ def _with_band(document: dict, band: ErrorBand) -> dict:
         "rows": band.rows,
         "measured_at_scale": band.measured_at_scale,
         "step_time_s": [step * (1.0 - band.mape), step * (1.0 + band.mape)],
-        "source": "leave-one-source-out error on published runs "
-        "(benchmarks/accuracy_frameworks.py --loo)",
+        "source": band.source,
     }
     return {**document, "prediction": prediction}
 

@@ -148,3 +148,21 @@ def test_a_hugging_face_config_sets_dropout_and_the_framework_and_says_so():
     assert off["software"]["dropout"] is False and off["software"]["from_config"] == []
     assert off["plan"]["framework"] == "megatron"
     assert off["prediction"]["step_time_s"] < doc["prediction"]["step_time_s"]
+
+
+def test_the_step_carries_its_measured_error_dense_or_mixture_of_experts():
+    from benchmarks import model_error
+
+    moe_runs = json.loads(model_error.MOE_ACCURACY.read_text())
+    small = [abs(r["loo_error"]) for r in moe_runs["rows"] if r["gpus"] <= 512]
+    dense = json.loads(run("--gpus", "64", "--tp", "8", "--pp", "8", "--json").stdout)
+    args = ["estimate", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--gpus", "16", "--ep", "8"]
+    sparse = json.loads(runner.invoke(app, [*args, "--dp", "16", "--json"]).stdout)
+    step, band = sparse["prediction"]["step_time_s"], sparse["prediction"]["uncertainty"]
+    assert abs(band["mape"] - sum(small) / len(small)) < 1e-3  # the recorded MoE runs' error
+    assert band["step_time_s"] == [step * (1 - band["mape"]), step * (1 + band["mape"])]
+    assert "accuracy_moe" in band["source"]
+    assert "accuracy_frameworks" in dense["prediction"]["uncertainty"]["source"]
+    assert dense["prediction"]["uncertainty"]["mape"] < band["mape"]
+    human = runner.invoke(app, [*args, "--dp", "16"])
+    assert f"+-{band['mape'] * 100:.1f}%" in human.stdout

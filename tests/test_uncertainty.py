@@ -11,7 +11,25 @@ from planner import uncertainty as U
 
 def test_the_shipped_errors_are_the_recorded_accuracy_results():
     recorded = json.loads(model_error.ACCURACY.read_text())
-    assert json.loads(U.ERRORS.read_text()) == json.loads(json.dumps(model_error.derive(recorded)))
+    moe = json.loads(model_error.MOE_ACCURACY.read_text())
+    derived = model_error.derive(recorded, moe)
+    assert json.loads(U.ERRORS.read_text()) == json.loads(json.dumps(derived))
+
+
+def test_a_mixture_of_experts_plan_takes_the_moe_runs_error_where_it_is_larger():
+    moe = json.loads(model_error.MOE_ACCURACY.read_text())
+    small = [abs(r["loo_error"]) for r in moe["rows"] if r["gpus"] <= 512]
+    band = U.error_band("megatron", 64, moe=True)
+    assert band.mape == pytest.approx(sum(small) / len(small), 1e-3)
+    assert band.rows == len(small) and "accuracy_moe" in band.source
+    assert band.mape > U.error_band("megatron", 64).mape  # MoE steps are the less certain
+    huge = U.error_band("megatron", 10_240, moe=True)  # no MoE run above 4,096 GPUs: over all
+    assert huge.mape == pytest.approx(moe["loo_mape"], 1e-3) and not huge.measured_at_scale
+    dense = _doc(2.0)
+    sparse = {**dense, "model": {"arch": {"moe": {"experts": 8, "top_k": 2}}}}
+    bands = [d["prediction"]["uncertainty"] for d in U.with_bands([dense, sparse])]
+    assert bands[0]["mape"] == U.error_band("megatron", 64).mape
+    assert bands[1]["mape"] == band.mape and "accuracy_moe" in bands[1]["source"]
 
 
 def test_a_band_is_the_stack_error_at_its_scale_or_over_all_scales():
@@ -24,6 +42,15 @@ def test_a_band_is_the_stack_error_at_its_scale_or_over_all_scales():
     overall = recorded["leave_one_source_out"]["framework"]["megatron"]["mape"]
     assert huge.mape == pytest.approx(overall, 1e-3)
     assert U.error_band("no-such-stack", 8) is None
+
+
+def test_a_band_of_few_runs_does_not_stand_for_its_scale():
+    recorded = json.loads(model_error.ACCURACY.read_text())
+    thin = recorded["scale_bands"]["deepspeed 513-4,096"]
+    assert thin["rows"] < U.MIN_BAND_ROWS  # the recorded results' own count
+    band = U.error_band("deepspeed", 1024)
+    overall = recorded["leave_one_source_out"]["framework"]["deepspeed"]["mape"]
+    assert band.mape == pytest.approx(overall, 1e-3) and not band.measured_at_scale
 
 
 def _doc(step, *, peak_gib=40.0, fits=True, gpus=64, **degrees):

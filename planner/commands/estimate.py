@@ -58,6 +58,7 @@ from planner.estimate import estimate as run_estimate
 from planner.explain import expert_lines
 from planner.parallel import ParallelConfig
 from planner.search import default_global_batch as default, model_params
+from planner.uncertainty import with_bands
 from planner.sources import default_framework, resolve_model
 from cost_models.compute import resolve_precision
 
@@ -262,7 +263,7 @@ def estimate(
         expert_tp=expert_tp,
     )
     est = run_estimate(spec, hw, cfg, gpus=n, options=options)
-    document = est.to_document()
+    document = with_bands([est.to_document()])[0]  # the step's measured error (uncertainty)
     if json:
         emit_json(document)
         return
@@ -312,6 +313,10 @@ def render(doc: dict) -> None:
             "" if k.endswith("of_compute") else f"{val / pred['step_time_s'] * 100:.1f}%",
         )
     t.add_row("[bold]step", f"[bold]{pred['step_time_s']:.4f}", "")
+    band = pred.get("uncertainty")
+    if band is not None:  # planner.uncertainty: the measured error of such steps
+        low, high = band["step_time_s"]
+        t.add_row("measured error", f"{low:.4f}-{high:.4f}", f"+-{band['mape'] * 100:.1f}%")
     console.print(t)
     mt = Table(title="memory per GPU (peak rank)")
     mt.add_column("term")
