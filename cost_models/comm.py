@@ -269,6 +269,12 @@ class TpSeconds:
     fwd: np.ndarray
     bwd: np.ndarray
     recompute: np.ndarray
+    pair_fwd: np.ndarray | None = None
+    """The forward's all-gather + reduce-scatter pair (or all-reduce) of one side of the block, the
+    attention's or the MLP's: the part of `fwd` the linear layers' collectives make."""
+    pair_bwd: np.ndarray | None = None
+    mlp_linear: np.ndarray | bool = True
+    """The MLP's linear layers make a pair too (the rest of `fwd` is an MoE dispatcher's gather)."""
 
     @property
     def total(self):
@@ -287,14 +293,20 @@ def tp_block_seconds(x) -> TpSeconds:
     ar = group_collective_seconds(
         "allreduce", x.tokens * x.spec.hidden * x.c, x.tp, x.local["T"], x.hw
     )
-    fwd, bwd = tp_pair_seconds(x, ar)
+    pair_f, pair_b = tp_pair_seconds(x, ar)
     mlp = np.asarray(mlp_tp_pair(x), dtype=bool)
     by_dispatcher = mlp & legacy_dispatch(x) if x.spec.moe is not None else False
     linear_mlp = mlp & ~by_dispatcher  # the MLP's pair through the stack's linear layers
-    fwd = (1.0 + linear_mlp) * fwd + by_dispatcher * ar
-    bwd = (1.0 + linear_mlp) * bwd + by_dispatcher * ar
     return TpSeconds(
-        allreduce=ar, fwd=fwd, bwd=bwd, recompute=x.full_share * fwd * recompute_passes(x)
+        allreduce=ar,
+        fwd=(1.0 + linear_mlp) * pair_f + by_dispatcher * ar,
+        bwd=(1.0 + linear_mlp) * pair_b + by_dispatcher * ar,
+        recompute=x.full_share
+        * ((1.0 + linear_mlp) * pair_f + by_dispatcher * ar)
+        * recompute_passes(x),
+        pair_fwd=pair_f,
+        pair_bwd=pair_b,
+        mlp_linear=linear_mlp,
     )
 
 
@@ -327,9 +339,13 @@ def tp_exposed_seconds(x, tp: TpSeconds, block) -> np.ndarray:
     """Tensor-parallel communication a block adds to its time. Without overlap all of it. With the
     collectives split into chunks that run beside the GEMMs they feed and drain (Megatron-Core's
     tp_comm_overlap through Transformer Engine's userbuffers; torch's async TP; Wang et al. 2023,
-    "Overlap communication with dependent computation via decomposition"), per pass only what exceeds
-    that pass's GEMM time shows, and the hidden part still costs `overlap_interference` of its time:
-        exposed = sum over fwd, bwd, recompute of  max(0, C - G) + i min(C, G)."""
+    "Overlap communication with dependent computation via decomposition"), each collective hides
+    only under the GEMM it is decomposed with (compute.TP_PAIRED_GEMMS: the all-gather under the
+    QKV or fc1 GEMM, the reduce-scatter under the projection or fc2 one, in the backward under
+    their dgrad or wgrad of the same size), and the hidden part still costs `overlap_interference`
+    of its time:
+        exposed = sum over passes and collectives of  max(0, c - G_paired) + i min(c, G_paired),
+    c half of a side's pair. A gather the MoE dispatcher makes hides under the GEMMs left over."""
 
     fwd, bwd, rec = tp_exposed_parts(x, tp, block)
     return fwd + bwd + rec
@@ -358,12 +374,29 @@ def tp_exposed_parts(x, tp: TpSeconds, block) -> tuple:
         hidden = np.minimum(comm, gemm)
         return np.where(on, comm - hidden + interference * hidden, comm)
 
-    rec_gemm = x.full_share * block.gemm_fwd * recompute_passes(x)
-    return (
-        shown(tp.fwd, block.gemm_fwd),
-        shown(tp.bwd, block.gemm_bwd),
-        shown(tp.recompute, rec_gemm),
-    )
+    paired = getattr(block, "tp_paired_fwd", None)
+    if paired is None or tp.pair_fwd is None:  # no GEMM by pair: each pass against all its GEMMs
+        rec_gemm = x.full_share * block.gemm_fwd * recompute_passes(x)
+        return (
+            shown(tp.fwd, block.gemm_fwd),
+            shown(tp.bwd, block.gemm_bwd),
+            shown(tp.recompute, rec_gemm),
+        )
+    fwd = _paired_shown(tp.fwd, tp.pair_fwd, tp.mlp_linear, paired, block.gemm_fwd, shown)
+    bwd = _paired_shown(tp.bwd, tp.pair_bwd, tp.mlp_linear, paired, block.gemm_bwd, shown)
+    return fwd, bwd, x.full_share * fwd * recompute_passes(x)
+
+
+def _paired_shown(total, pair, mlp_linear, paired, gemm_s, shown):
+    """One pass of tp_exposed_parts: each linear layer's collective (half its side's pair) against
+    its paired GEMM (attention's two always, the MLP's two where it has them), the rest of `total`
+    (an MoE dispatcher's gather) against the pass's GEMM time those left."""
+    half = 0.5 * np.asarray(pair)
+    sides = (1.0, 1.0, mlp_linear, mlp_linear)
+    linear = sum(side * shown(half, g) for side, g in zip(sides, paired))
+    used = sum(side * g for side, g in zip(sides, paired))
+    rest = np.asarray(total) - (2.0 + 2.0 * np.asarray(mlp_linear, dtype=float)) * half
+    return linear + shown(rest, np.maximum(0.0, gemm_s - used))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -374,6 +374,10 @@ class BlockSeconds:
     Megatron-Core's expert-parallel overlap runs the exchanges beside; cost_models.moe)."""
     expert_bwd: np.ndarray | float = 0.0
     """Part of gemm_bwd spent in the routed-expert GEMMs."""
+    tp_paired_fwd: tuple | None = None
+    """Forward seconds of the GEMMs each tensor-parallel collective of the sequence-parallel
+    pairs is fused with, by TP_PAIRED_GEMMS group (attention in, attention out, MLP in, MLP out):
+    what an overlapped collective can hide under (cost_models.comm.tp_exposed_parts)."""
 
     @property
     def fwd(self):
@@ -395,6 +399,19 @@ def recompute_passes(x) -> np.ndarray:
     reruns = x.sw.framework.zero_bubble_forward_reruns - 1.0
     return np.where(x.is_schedule("zero-bubble") & x.full, reruns, 1.0)
 
+
+TP_PAIRED_GEMMS = {
+    **dict.fromkeys(("wq", "wk", "wv", "wq_a", "wkv_a"), 0),
+    "wo": 1,
+    **dict.fromkeys(("w1", "w3", "shared_w1", "shared_w3"), 2),
+    **dict.fromkeys(("w2", "shared_w2"), 3),
+}
+"""The group of each GEMM a sequence-parallel collective is decomposed with when the stack overlaps
+them (Transformer Engine's userbuffers: ring-exchange all-gathers into the QKV and fc1 GEMMs,
+reduce-scatters out of the projection and fc2 ones, the same pairs in the backward through dgrad
+and wgrad; torch's async TP: fused_all_gather_matmul and fused_matmul_reduce_scatter on the same
+GEMMs): 0 the attention's input projections (MLA's down projections), 1 its output projection,
+2 the MLP's (shared experts') input GEMMs, 3 its output GEMM."""
 
 TENSOR_CORE_ALIGN_BYTES = 16
 """cuBLAS runs 16-bit GEMMs on tensor cores at full rate only when every dimension spans a multiple of 16 bytes
@@ -434,6 +451,7 @@ def block_seconds(x) -> BlockSeconds:
         elem_bytes=x.c,
     )
     gemm_f = gemm_b = attn_f = attn_b = cast_f = cast_b = expert_f = expert_b = module_f = 0.0
+    paired = [0.0] * 4  # forward GEMM seconds by TP_PAIRED_GEMMS group
     modules = x.sac if isinstance(x.sac, ModuleSac) else None
     s_local = x.seq / x.cp
     cast = fp8_cast_bytes(x)
@@ -457,6 +475,8 @@ def block_seconds(x) -> BlockSeconds:
         else:
             f_, b_ = gemm_fwd_bwd_seconds(g.m, g.n, g.k, g.batch, **linear_kw)
             gemm_f, gemm_b = gemm_f + f_, gemm_b + b_
+            if g.name in TP_PAIRED_GEMMS:
+                paired[TP_PAIRED_GEMMS[g.name]] = paired[TP_PAIRED_GEMMS[g.name]] + f_
             if g.name.startswith("experts_"):
                 expert_f, expert_b = expert_f + f_, expert_b + b_
             if modules is not None and g.name in modules.gemms:
@@ -515,6 +535,7 @@ def block_seconds(x) -> BlockSeconds:
         recompute=k * rec,
         expert_fwd=k * expert_f,
         expert_bwd=k * expert_b,
+        tp_paired_fwd=tuple(k * g for g in paired),
     )
 
 

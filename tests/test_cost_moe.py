@@ -343,7 +343,10 @@ def test_overlap_hides_at_most_what_runs_beside_it():
     assert 0 < float(over.exposed[0]) < float(over.total[0])
     from dataclasses import fields
 
-    huge = replace(block, **{f.name: getattr(block, f.name) * 1e3 for f in fields(block)})
+    def scaled(v):
+        return tuple(g * 1e3 for g in v) if isinstance(v, tuple) else v * 1e3
+
+    huge = replace(block, **{f.name: scaled(getattr(block, f.name)) for f in fields(block)})
     assert float(MO.ep_block_seconds(xo, huge).exposed[0]) == 0.0
     # the cost term alone (check_framework=False: no refusal of the run option)
     t = lambda **kw: (

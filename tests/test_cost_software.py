@@ -206,6 +206,45 @@ def test_tp_exposed_formula():
     assert float(C.tp_exposed_seconds(X, tp, block)[0]) == pytest.approx(4.0)
 
 
+def test_each_overlapped_collective_hides_only_under_the_gemm_it_is_fused_with():
+    from frameworks import load_framework
+
+    class X:
+        sw = type("S", (), {"tp_comm_overlap": True, "framework": load_framework("megatron")})()
+        hw = load_profile("p5.48xlarge")
+        full = np.array([False])
+        full_share = np.array([0.0])
+        tp = np.array([8])
+        sp = np.array([True])
+
+        @staticmethod
+        def is_schedule(name):
+            return np.array([False])
+
+    # a dense block: each side's pair 1 s (all-gather 0.5 + reduce-scatter 0.5) per pass;
+    # attention's QKV 0.2 s and projection 0.1 s, the MLP's fc1 2.0 s and fc2 1.0 s
+    pair = np.array(1.0)
+    tp = C.TpSeconds(
+        allreduce=pair,
+        fwd=2 * pair,
+        bwd=2 * pair,
+        recompute=np.array(0.0),
+        pair_fwd=pair,
+        pair_bwd=pair,
+        mlp_linear=np.array(True),
+    )
+    paired = (np.array(0.2), np.array(0.1), np.array(2.0), np.array(1.0))
+    block = type("Bk", (), {"gemm_fwd": np.array(3.3), "gemm_bwd": np.array(6.6)})()
+    block.tp_paired_fwd = paired
+    i = __import__("cost_models.compute", fromlist=["eff"]).eff(X.hw, "overlap_interference")
+    # per pass: 0.3 + 0.4 of attention's collectives show, the MLP's hide; 4 hidden parts
+    per_pass = (0.5 - 0.2) + (0.5 - 0.1) + i * (0.2 + 0.1 + 0.5 + 0.5)
+    assert float(C.tp_exposed_seconds(X, tp, block)[0]) == pytest.approx(2 * per_pass)
+    # against the pass's GEMMs as a whole it would all hide
+    block.tp_paired_fwd = None
+    assert float(C.tp_exposed_seconds(X, tp, block)[0]) == pytest.approx(2 * i * 2.0)
+
+
 def test_op_sac_saves_less_than_megatron_selective_and_recomputes_the_unsaved_matmuls():
     sac = B.op_sac(LLAMA8, "amp-bf16", "torch")
     table = B.block_table(LLAMA8, "amp-bf16", "torch", flash=True)
