@@ -109,7 +109,13 @@ def block_table_of(sw, spec: TransformerSpec, precision: str, zero=None) -> B.Bl
     if not sw.compile or sw.framework.kernels == "fused":
         return table
     fused = B.block_table(
-        spec, precision, "fused", flash=flash, dropout=sw.dropout, fp8_scaling=sw.fp8_scaling
+        spec,
+        precision,
+        "fused",
+        flash=flash,
+        dropout=sw.dropout,
+        fp8_scaling=sw.fp8_scaling,
+        fp32_probs=fp32_probs(sw),
     )
     # compiled, the ops Megatron-Core leaves unfused fuse too
     unfused, launches = B.megatron_unfused_ops(

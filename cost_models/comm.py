@@ -273,6 +273,9 @@ class TpSeconds:
     """The forward's all-gather + reduce-scatter pair (or all-reduce) of one side of the block, the
     attention's or the MLP's: the part of `fwd` the linear layers' collectives make."""
     pair_bwd: np.ndarray | None = None
+    gather_fwd: np.ndarray | None = None
+    """The all-gather's part of `pair_fwd` (None: half of it); the reduce-scatter is the rest."""
+    gather_bwd: np.ndarray | None = None
     mlp_linear: np.ndarray | bool = True
     """The MLP's linear layers make a pair too (the rest of `fwd` is an MoE dispatcher's gather)."""
 
@@ -294,6 +297,7 @@ def tp_block_seconds(x) -> TpSeconds:
         "allreduce", x.tokens * x.spec.hidden * x.c, x.tp, x.local["T"], x.hw
     )
     pair_f, pair_b = tp_pair_seconds(x, ar)
+    gather_f, gather_b = tp_gather_seconds(x, ar, pair_f, pair_b)
     mlp = np.asarray(mlp_tp_pair(x), dtype=bool)
     by_dispatcher = mlp & legacy_dispatch(x) if x.spec.moe is not None else False
     linear_mlp = mlp & ~by_dispatcher  # the MLP's pair through the stack's linear layers
@@ -306,6 +310,8 @@ def tp_block_seconds(x) -> TpSeconds:
         * recompute_passes(x),
         pair_fwd=pair_f,
         pair_bwd=pair_b,
+        gather_fwd=gather_f,
+        gather_bwd=gather_b,
         mlp_linear=linear_mlp,
     )
 
@@ -335,6 +341,20 @@ def tp_pair_seconds(x, allreduce_s) -> tuple:
     return tuple(np.where(x.sp, allreduce_s - (full - g), allreduce_s) for g in (once, backward))
 
 
+def tp_gather_seconds(x, allreduce_s, pair_f, pair_b) -> tuple:
+    """(forward, backward) all-gather part of a side's pair: the gather in the recipe's bytes where
+    the stack gathers quantized (tp_pair_seconds: the pair less the 16-bit gather it saved), else
+    half the pair (the all-gather and the reduce-scatter of the same volume)."""
+    if x.precision != "fp8" or x.sw.fp8_scaling not in x.sw.framework.fp8_tp_gather:
+        return 0.5 * np.asarray(pair_f), 0.5 * np.asarray(pair_b)
+    elements = x.tokens * x.spec.hidden
+    full = group_collective_seconds("allgather", elements * x.c, x.tp, x.local["T"], x.hw)
+    scatter = np.asarray(allreduce_s) - full  # the 16-bit reduce-scatter both pairs keep
+    return tuple(
+        np.where(x.sp, np.asarray(p) - scatter, 0.5 * np.asarray(p)) for p in (pair_f, pair_b)
+    )
+
+
 def tp_exposed_seconds(x, tp: TpSeconds, block) -> np.ndarray:
     """Tensor-parallel communication a block adds to its time. Without overlap all of it. With the
     collectives split into chunks that run beside the GEMMs they feed and drain (Megatron-Core's
@@ -345,7 +365,8 @@ def tp_exposed_seconds(x, tp: TpSeconds, block) -> np.ndarray:
     their dgrad or wgrad of the same size), and the hidden part still costs `overlap_interference`
     of its time:
         exposed = sum over passes and collectives of  max(0, c - G_paired) + i min(c, G_paired),
-    c half of a side's pair. A gather the MoE dispatcher makes hides under the GEMMs left over."""
+    c a side's all-gather or reduce-scatter (tp_gather_seconds: the all-gather smaller where the stack
+    gathers in FP8). A gather the MoE dispatcher makes hides under the GEMMs left over."""
 
     fwd, bwd, rec = tp_exposed_parts(x, tp, block)
     return fwd + bwd + rec
@@ -382,20 +403,29 @@ def tp_exposed_parts(x, tp: TpSeconds, block) -> tuple:
             shown(tp.bwd, block.gemm_bwd),
             shown(tp.recompute, rec_gemm),
         )
-    fwd = _paired_shown(tp.fwd, tp.pair_fwd, tp.mlp_linear, paired, block.gemm_fwd, shown)
-    bwd = _paired_shown(tp.bwd, tp.pair_bwd, tp.mlp_linear, paired, block.gemm_bwd, shown)
+    gather_f = 0.5 * np.asarray(tp.pair_fwd) if tp.gather_fwd is None else tp.gather_fwd
+    gather_b = 0.5 * np.asarray(tp.pair_bwd) if tp.gather_bwd is None else tp.gather_bwd
+    # forward: the gathers feed QKV and fc1, the scatters drain the projection and fc2; backward:
+    # the gathers of the output gradient feed the projection's and fc2's dgrad, the scatters drain
+    # QKV's and fc1's
+    fwd_parts = (gather_f, np.asarray(tp.pair_fwd) - gather_f)
+    bwd_parts = (np.asarray(tp.pair_bwd) - gather_b, gather_b)
+    fwd = _paired_shown(tp.fwd, fwd_parts, tp.mlp_linear, paired, block.gemm_fwd, shown)
+    bwd = _paired_shown(tp.bwd, bwd_parts, tp.mlp_linear, paired, block.gemm_bwd, shown)
     return fwd, bwd, x.full_share * fwd * recompute_passes(x)
 
 
-def _paired_shown(total, pair, mlp_linear, paired, gemm_s, shown):
-    """One pass of tp_exposed_parts: each linear layer's collective (half its side's pair) against
-    its paired GEMM (attention's two always, the MLP's two where it has them), the rest of `total`
-    (an MoE dispatcher's gather) against the pass's GEMM time those left."""
-    half = 0.5 * np.asarray(pair)
+def _paired_shown(total, parts, mlp_linear, paired, gemm_s, shown):
+    """One pass of tp_exposed_parts: each linear layer's collective against its paired GEMM,
+    `parts` the (input-side, output-side) collective of a side (attention's two always, the MLP's
+    two where it has them), the rest of `total` (an MoE dispatcher's gather) against the pass's
+    GEMM time those left."""
     sides = (1.0, 1.0, mlp_linear, mlp_linear)
-    linear = sum(side * shown(half, g) for side, g in zip(sides, paired))
+    comms = (parts[0], parts[1], parts[0], parts[1])
+    linear = sum(side * shown(c, g) for side, c, g in zip(sides, comms, paired))
     used = sum(side * g for side, g in zip(sides, paired))
-    rest = np.asarray(total) - (2.0 + 2.0 * np.asarray(mlp_linear, dtype=float)) * half
+    pair = np.asarray(parts[0]) + np.asarray(parts[1])
+    rest = np.asarray(total) - (1.0 + np.asarray(mlp_linear, dtype=float)) * pair
     return linear + shown(rest, np.maximum(0.0, gemm_s - used))
 
 

@@ -72,6 +72,7 @@ Every problem (not JSON, not an object, unknown model_type, a missing or non-pos
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from planner.errors import ConfigError
@@ -211,7 +212,12 @@ class _Keys:
         value = self.data.get(key, default)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value <= 0
+        ):
             raise ConfigError(
                 key,
                 value,
@@ -604,6 +610,12 @@ def _rope_attention_factor(k: _Keys) -> float:
 MSCALE_KEYS = ("mscale", "mscale_all_dim")
 
 
+def _rope_given(k: _Keys) -> bool:
+    """The config states its RoPE scaling (else the family's transformers default applies: gpt-oss's
+    GptOssConfig defaults to YaRN with factor 32)."""
+    return any(k.data.get(key) is not None for key in ("rope_scaling", "rope_parameters"))
+
+
 def _rope_model(k: _Keys, *, theta: float, positions: int, vocab: int) -> dict:
     """What every MoE family here shares: RoPE, RMSNorm, SwiGLU experts, untied by default."""
     return dict(
@@ -794,6 +806,7 @@ def _gpt_oss(k: _Keys) -> dict:
         mlp_bias=True,
         attention_sinks=True,
         activation_clamp=k.float("swiglu_limit", 7.0),
+        **({} if _rope_given(k) else {"rope_attention_factor": yarn_attention_factor(32.0)}),
         sliding_window=window if window_layers else 0,
         window_layers=window_layers or None,
         moe=MoESpec(

@@ -8,6 +8,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -243,6 +245,14 @@ def test_each_overlapped_collective_hides_only_under_the_gemm_it_is_fused_with()
     # against the pass's GEMMs as a whole it would all hide
     block.tp_paired_fwd = None
     assert float(C.tp_exposed_seconds(X, tp, block)[0]) == pytest.approx(2 * i * 2.0)
+    # an FP8 all-gather (0.3 s) beside its 16-bit reduce-scatter (0.7 s): forward, the gathers
+    # under QKV and fc1, the scatters under the projection and fc2; backward, the scatters of the
+    # input gradient under QKV's and fc1's dgrad, the output gradient's gathers under the others'
+    block.tp_paired_fwd = (np.array(0.2), np.array(0.1), np.array(2.0), np.array(1.0))
+    fp8 = replace(tp, gather_fwd=np.array(0.3), gather_bwd=np.array(0.3))
+    fwd = (0.3 - 0.2) + (0.7 - 0.1) + i * (0.2 + 0.1 + 0.3 + 0.7)
+    bwd = (0.7 - 0.2) + (0.3 - 0.1) + i * (0.2 + 0.1 + 0.7 + 0.3)
+    assert float(C.tp_exposed_seconds(X, fp8, block)[0]) == pytest.approx(fwd + bwd)
 
 
 def test_op_sac_saves_less_than_megatron_selective_and_recomputes_the_unsaved_matmuls():

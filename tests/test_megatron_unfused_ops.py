@@ -1,6 +1,6 @@
 """The ops Megatron-Core runs outside its fused kernels for gpt-oss: RoPE under YaRN's attention
-factor, the routed experts' fc2 bias and the activation clamp (cost_models.blocks.unfused_rope_traffic,
-moe_expert_traffic). Expected bytes are counted here from the Megatron-Core source the docstrings
+factor, the routed experts' fc2 bias and the activation clamp (cost_models.blocks
+unfused_rope_traffic, moe_expert_traffic). Expected bytes are counted here from the Megatron-Core source the docstrings
 cite (rope_utils.py, experts.py, fused_bias_geglu.py at core_r0.16.0), not read from the code."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 
 from cost_models import blocks as B
 from cost_models import compute as K
+from cost_models.activations import block_table_of
 from cost_models.step import Step
 from hardware_profiles import load_profile
 from planner.catalog import get
@@ -131,9 +132,35 @@ def test_deepep_and_hybridep_hand_the_bias_fp32_probabilities():
     assert B.block_table(plain, "amp-bf16", "fused", fp32_probs=True) == B.block_table(
         plain, "amp-bf16", "fused"
     )
-    cfg = ParallelConfig(dp=8, ep=8, micro_batch=1, global_batch=64, seq=4096, placement="PDET")
-    alltoall, deepep = (
-        float(K.block_seconds(step(GPT_OSS, cfg, moe_dispatcher=d)).elem_fwd[0])
+    # through the software: the DeepEP dispatcher's table carries the fp32 products
+    tables = {
+        d: block_table_of(
+            software_for("megatron", RunOptions(moe_dispatcher=d)), GPT_OSS, "amp-bf16"
+        )
         for d in ("alltoall", "deepep")
+    }
+    moved = tables["deepep"].traffic_fwd.at(1, False, 4096) - tables["alltoall"].traffic_fwd.at(
+        1, False, 4096
     )
-    assert deepep > alltoall
+    assert moved == pytest.approx(4 * (28 - 6 * c) * 2880)
+
+
+def test_compiled_modules_fuse_what_megatron_core_leaves_unfused():
+    for dispatcher in ("alltoall", "deepep"):
+        sw = software_for("torchtitan", RunOptions(compile=True, moe_dispatcher=dispatcher))
+        full, plain = (block_table_of(sw, s, "amp-bf16") for s in (GPT_OSS, PLAIN))
+        assert full.traffic_fwd.at(1, False, 4096) == pytest.approx(
+            plain.traffic_fwd.at(1, False, 4096)
+        )
+        assert full.kernels_fwd == plain.kernels_fwd and full.traffic_fwd.rep > 0
+
+
+def test_a_gpt_oss_config_without_rope_scaling_takes_its_classes_yarn_default():
+    # transformers' GptOssConfig defaults rope_scaling to YaRN with factor 32
+    assert spec_from_dict({"model_type": "gpt_oss"}, name="oss").rope_attention_factor == (
+        pytest.approx(0.1 * math.log(32.0) + 1.0)
+    )
+    with pytest.raises(ConfigError, match="factor"):
+        spec_from_dict(
+            {"model_type": "gpt_oss", "rope_scaling": YARN_32 | {"factor": float("nan")}}, name="x"
+        )
