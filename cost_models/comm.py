@@ -365,8 +365,8 @@ def tp_exposed_seconds(x, tp: TpSeconds, block) -> np.ndarray:
     their dgrad or wgrad of the same size), and the hidden part still costs `overlap_interference`
     of its time:
         exposed = sum over passes and collectives of  max(0, c - G_paired) + i min(c, G_paired),
-    c a side's all-gather or reduce-scatter (tp_gather_seconds: the all-gather smaller where the stack
-    gathers in FP8). A gather the MoE dispatcher makes hides under the GEMMs left over."""
+    c a side's all-gather or reduce-scatter (tp_gather_seconds: the all-gather smaller where the
+    stack gathers in FP8). A gather the MoE dispatcher makes hides under the GEMMs left over."""
 
     fwd, bwd, rec = tp_exposed_parts(x, tp, block)
     return fwd + bwd + rec

@@ -1,7 +1,8 @@
 """The ops Megatron-Core runs outside its fused kernels for gpt-oss: RoPE under YaRN's attention
 factor, the routed experts' fc2 bias and the activation clamp (cost_models.blocks
-unfused_rope_traffic, moe_expert_traffic). Expected bytes are counted here from the Megatron-Core source the docstrings
-cite (rope_utils.py, experts.py, fused_bias_geglu.py at core_r0.16.0), not read from the code."""
+unfused_rope_traffic, moe_expert_traffic). Expected bytes are counted here from the Megatron-Core
+source the docstrings cite (rope_utils.py, experts.py, fused_bias_geglu.py at core_r0.16.0), not
+read from the code."""
 
 from __future__ import annotations
 
