@@ -62,78 +62,91 @@ DEMO_CONFIG = dict(
 step."""
 
 
+StepsOpt = Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps to run.")]
+BackendOpt = Annotated[
+    str, typer.Option("--backend", help="gloo (CPU processes) or nccl (one GPU per rank).")
+]
+VerifyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--verify", help="Compare loss and every parameter with a single-process reference."
+    ),
+]
+ProxyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--proxy",
+        help="If the model is too large here, run a shrunk model with the same parallel layout.",
+    ),
+]
+CheckpointDirOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--checkpoint-dir",
+        help="Save with torch.distributed.checkpoint (every step, or every plan.checkpoint_interval_s seconds); resume from the latest intact step.",
+    ),
+]
+CheckpointEveryOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--checkpoint-every-steps",
+        min=1,
+        help="Save every N steps (overrides the plan's checkpoint_interval_s).",
+    ),
+]
+SeedOpt = Annotated[
+    int, typer.Option("--seed", min=0, help="Seed of the weights and the synthetic data.")
+]
+TimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--timeout-s",
+        min=1.0,
+        help="A hung or frozen rank fails the run after this long (process-group timeout and heartbeat deadline).",
+    ),
+]
+WorkdirOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--workdir",
+        help=(
+            "Folder in which each run makes a fresh sub-folder for its rank logs and heartbeats "
+            "(default: a temporary directory); nothing already there is replaced or removed."
+        ),
+    ),
+]
+HardwareOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--hardware",
+        help="Profile of the prediction column (default: cpu-local for gloo, the plan's hardware for nccl).",
+    ),
+]
+FaultOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--inject-fault",
+        hidden=True,
+        help="Tests only: kill|hang|stop:RANK:STEP or bug:NAME (planner.executor.faults).",
+    ),
+]
+
+
 def run(
     plan: RunPlanArg = None,
-    steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps to run.")] = 3,
-    backend: Annotated[
-        str, typer.Option("--backend", help="gloo (CPU processes) or nccl (one GPU per rank).")
-    ] = "gloo",
-    verify: Annotated[
-        bool,
-        typer.Option(
-            "--verify", help="Compare loss and every parameter with a single-process reference."
-        ),
-    ] = False,
-    proxy: Annotated[
-        bool,
-        typer.Option(
-            "--proxy",
-            help="If the model is too large here, run a shrunk model with the same parallel layout.",
-        ),
-    ] = False,
-    checkpoint_dir: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--checkpoint-dir",
-            help="Save with torch.distributed.checkpoint (every step, or every plan.checkpoint_interval_s seconds); resume from the latest intact step.",
-        ),
-    ] = None,
-    checkpoint_every_steps: Annotated[
-        Optional[int],
-        typer.Option(
-            "--checkpoint-every-steps",
-            min=1,
-            help="Save every N steps (overrides the plan's checkpoint_interval_s).",
-        ),
-    ] = None,
-    seed: Annotated[
-        int, typer.Option("--seed", min=0, help="Seed of the weights and the synthetic data.")
-    ] = 0,
-    timeout_s: Annotated[
-        float,
-        typer.Option(
-            "--timeout-s",
-            min=1.0,
-            help="A hung or frozen rank fails the run after this long (process-group timeout and heartbeat deadline).",
-        ),
-    ] = 60.0,
-    workdir: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--workdir",
-            help=(
-                "Folder in which each run makes a fresh sub-folder for its rank logs and heartbeats "
-                "(default: a temporary directory); nothing already there is replaced or removed."
-            ),
-        ),
-    ] = None,
-    hardware: Annotated[
-        Optional[str],
-        typer.Option(
-            "--hardware",
-            help="Profile of the prediction column (default: cpu-local for gloo, the plan's hardware for nccl).",
-        ),
-    ] = None,
+    steps: StepsOpt = 3,
+    backend: BackendOpt = "gloo",
+    verify: VerifyOpt = False,
+    proxy: ProxyOpt = False,
+    checkpoint_dir: CheckpointDirOpt = None,
+    checkpoint_every_steps: CheckpointEveryOpt = None,
+    seed: SeedOpt = 0,
+    timeout_s: TimeoutOpt = 60.0,
+    workdir: WorkdirOpt = None,
+    hardware: HardwareOpt = None,
     json_out: JsonOpt = False,
     demo: DemoOpt = False,
-    inject_fault: Annotated[
-        Optional[str],
-        typer.Option(
-            "--inject-fault",
-            hidden=True,
-            help="Tests only: kill|hang|stop:RANK:STEP or bug:NAME (planner.executor.faults).",
-        ),
-    ] = None,
+    inject_fault: FaultOpt = None,
 ) -> None:
     """Run PLAN.json for real: per-rank step times beside the prediction, optionally verified."""
     _refuse_bad_options(inject_fault, workdir, checkpoint_dir, hardware)
