@@ -201,8 +201,7 @@ def megatron_unfused_ops(
     """Forward bytes per token and launches of the ops Megatron-Core runs unfused for this model
     (unfused_rope_traffic, moe_expert_traffic): what the fused table holds beyond its fused kernels,
     and what torch.compile would fuse (cost_models.activations)."""
-    rope_spec = spec.with_(rope_attention_factor=1.0) if spec.mla is not None else spec
-    rope = unfused_rope_traffic(rope_spec, c)
+    rope = unfused_rope_traffic(spec, c)  # none under MLA
     experts, launches = moe_expert_traffic(spec, c, fp32_probs=fp32_probs)
     return rope + experts, launches + UNFUSED_ROPE_LAUNCHES * (rope.shard > 0)
 

@@ -274,7 +274,8 @@ class TpSeconds:
     attention's or the MLP's: the part of `fwd` the linear layers' collectives make."""
     pair_bwd: np.ndarray | None = None
     gather_fwd: np.ndarray | None = None
-    """The all-gather's part of `pair_fwd` (None: half of it); the reduce-scatter is the rest."""
+    """The all-gather's part of `pair_fwd` (tp_pairs_and_gathers; None: half of it); the
+    reduce-scatter is the rest."""
     gather_bwd: np.ndarray | None = None
     mlp_linear: np.ndarray | bool = True
     """The MLP's linear layers make a pair too (the rest of `fwd` is an MoE dispatcher's gather)."""
@@ -296,8 +297,7 @@ def tp_block_seconds(x) -> TpSeconds:
     ar = group_collective_seconds(
         "allreduce", x.tokens * x.spec.hidden * x.c, x.tp, x.local["T"], x.hw
     )
-    pair_f, pair_b = tp_pair_seconds(x, ar)
-    gather_f, gather_b = tp_gather_seconds(x, ar, pair_f, pair_b)
+    pair_f, pair_b, gather_f, gather_b = tp_pairs_and_gathers(x, ar)
     mlp = np.asarray(mlp_tp_pair(x), dtype=bool)
     by_dispatcher = mlp & legacy_dispatch(x) if x.spec.moe is not None else False
     linear_mlp = mlp & ~by_dispatcher  # the MLP's pair through the stack's linear layers
@@ -317,19 +317,27 @@ def tp_block_seconds(x) -> TpSeconds:
 
 
 def tp_pair_seconds(x, allreduce_s) -> tuple:
-    """(forward, backward) seconds of one tensor-parallel collective of a block's b s h
-    activation: `allreduce_s`, the 16-bit all-reduce, or under sequence parallelism its all-gather
-    + reduce-scatter pair of the same volume. A stack whose linear layers quantize before they
-    gather under the run's recipe (FrameworkProfile.fp8_tp_gather: Transformer Engine casts the norm
-    output before the column-parallel all-gather of the forward and the output gradient before the
-    row-parallel one of the backward; torchao's tensorwise float8 styles likewise) gathers the
-    recipe's bytes (blocks.quantized_bytes); the backward gathers both orientations of a
-    block-scaled gradient (blocks.BLOCK_SCALED_SCALINGS: TE sets the grad-output quantizer's row-
-    and column-wise usage, and _all_gather_mxfp8 / _all_gather_nvfp4 gather both; a tensorwise FP8
-    copy is gathered row-wise and transposed after). The reduce-scatter stays 16-bit: the pair
-    saves what its all-gather no longer moves."""
+    """(forward, backward) seconds of one tensor-parallel collective of a block's b s h activation
+    (tp_pairs_and_gathers)."""
+    return tp_pairs_and_gathers(x, allreduce_s)[:2]
+
+
+def tp_pairs_and_gathers(x, allreduce_s) -> tuple:
+    """(forward, backward) seconds of one tensor-parallel collective of a block's b s h activation,
+    then the (forward, backward) all-gather part of each (half of it where the pair's two halves
+    move the same volume): `allreduce_s`, the 16-bit all-reduce, or under sequence parallelism
+    its all-gather + reduce-scatter pair of the same volume. A stack whose linear layers
+    quantize before they gather under the run's recipe (FrameworkProfile.fp8_tp_gather:
+    Transformer Engine casts the norm output before the column-parallel all-gather of the
+    forward and the output gradient before the row-parallel one of the backward; torchao's
+    tensorwise float8 styles likewise) gathers the recipe's bytes (blocks.quantized_bytes); the
+    backward gathers both orientations of a block-scaled gradient (blocks.BLOCK_SCALED_SCALINGS:
+    TE sets the grad-output quantizer's row- and column-wise usage, and _all_gather_mxfp8 /
+    _all_gather_nvfp4 gather both; a tensorwise FP8 copy is gathered row-wise and transposed
+    after). The reduce-scatter stays 16-bit: the pair saves what its all-gather no longer moves."""
+    half = 0.5 * np.asarray(allreduce_s)
     if x.precision != "fp8" or x.sw.fp8_scaling not in x.sw.framework.fp8_tp_gather:
-        return allreduce_s, allreduce_s
+        return allreduce_s, allreduce_s, half, half
     elements = x.tokens * x.spec.hidden
 
     def gather(nbytes):
@@ -338,21 +346,8 @@ def tp_pair_seconds(x, allreduce_s) -> tuple:
     full, once = gather(x.c), gather(quantized_bytes(x.sw.fp8_scaling))
     both_orientations = x.sw.fp8_scaling in BLOCK_SCALED_SCALINGS
     backward = gather(2.0 * quantized_bytes(x.sw.fp8_scaling)) if both_orientations else once
-    return tuple(np.where(x.sp, allreduce_s - (full - g), allreduce_s) for g in (once, backward))
-
-
-def tp_gather_seconds(x, allreduce_s, pair_f, pair_b) -> tuple:
-    """(forward, backward) all-gather part of a side's pair: the gather in the recipe's bytes where
-    the stack gathers quantized (tp_pair_seconds: the pair less the 16-bit gather it saved), else
-    half the pair (the all-gather and the reduce-scatter of the same volume)."""
-    if x.precision != "fp8" or x.sw.fp8_scaling not in x.sw.framework.fp8_tp_gather:
-        return 0.5 * np.asarray(pair_f), 0.5 * np.asarray(pair_b)
-    elements = x.tokens * x.spec.hidden
-    full = group_collective_seconds("allgather", elements * x.c, x.tp, x.local["T"], x.hw)
-    scatter = np.asarray(allreduce_s) - full  # the 16-bit reduce-scatter both pairs keep
-    return tuple(
-        np.where(x.sp, np.asarray(p) - scatter, 0.5 * np.asarray(p)) for p in (pair_f, pair_b)
-    )
+    pairs = tuple(np.where(x.sp, allreduce_s - (full - g), allreduce_s) for g in (once, backward))
+    return (*pairs, *(np.where(x.sp, g, half) for g in (once, backward)))
 
 
 def tp_exposed_seconds(x, tp: TpSeconds, block) -> np.ndarray:
@@ -365,7 +360,7 @@ def tp_exposed_seconds(x, tp: TpSeconds, block) -> np.ndarray:
     their dgrad or wgrad of the same size), and the hidden part still costs `overlap_interference`
     of its time:
         exposed = sum over passes and collectives of  max(0, c - G_paired) + i min(c, G_paired),
-    c a side's all-gather or reduce-scatter (tp_gather_seconds: the all-gather smaller where the
+    c a side's all-gather or reduce-scatter (tp_pairs_and_gathers: the all-gather smaller where the
     stack gathers in FP8). A gather the MoE dispatcher makes hides under the GEMMs left over."""
 
     fwd, bwd, rec = tp_exposed_parts(x, tp, block)

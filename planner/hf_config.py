@@ -555,7 +555,7 @@ def _falcon(k: _Keys) -> dict:
 
 def _rope_theta(k: _Keys, default: float) -> float:
     """rope_theta, or rope_parameters/rope_scaling's rope_theta, else the class default."""
-    rope = k.data.get("rope_parameters") or k.data.get("rope_scaling") or {}
+    rope = _rope_scaling(k)
     nested = rope.get("rope_theta") if isinstance(rope, dict) else None
     return k.float(
         "rope_theta", float(nested) if isinstance(nested, (int, float)) and nested > 0 else default
@@ -597,7 +597,7 @@ def _rope_attention_factor(k: _Keys) -> float:
     """YaRN's attention factor from rope_parameters / rope_scaling (rope_type or type "yarn"): its
     attention_factor, else spec.yarn_attention_factor of factor, mscale and mscale_all_dim; 1 for
     any other scaling (Llama 3's "llama3" rescales frequencies only)."""
-    rope = k.data.get("rope_parameters") or k.data.get("rope_scaling") or {}
+    rope = _rope_scaling(k)
     if not isinstance(rope, dict) or (rope.get("rope_type") or rope.get("type")) != "yarn":
         return 1.0
     sub = _Keys(rope, f"{k.path} rope_scaling", k.model_type)
@@ -610,10 +610,20 @@ def _rope_attention_factor(k: _Keys) -> float:
 MSCALE_KEYS = ("mscale", "mscale_all_dim")
 
 
+def _rope_scaling(k: _Keys):
+    """The config's RoPE block: rope_parameters (transformers >= 4.56), else rope_scaling; {} when
+    it states none."""
+    return k.data.get(ROPE_KEYS[0]) or k.data.get(ROPE_KEYS[1]) or {}
+
+
+ROPE_KEYS = ("rope_parameters", "rope_scaling")
+"""Where a config states its RoPE block, newest name first."""
+
+
 def _rope_given(k: _Keys) -> bool:
-    """The config states its RoPE scaling (else the family's transformers default applies: gpt-oss's
-    GptOssConfig defaults to YaRN with factor 32)."""
-    return any(k.data.get(key) is not None for key in ("rope_scaling", "rope_parameters"))
+    """The config states its RoPE scaling, if only as {} (else the family's transformers default
+    applies: gpt-oss's GptOssConfig defaults to YaRN with factor 32)."""
+    return any(k.data.get(key) is not None for key in ROPE_KEYS)
 
 
 def _rope_model(k: _Keys, *, theta: float, positions: int, vocab: int) -> dict:

@@ -22,12 +22,11 @@ from cost_models import compute as K
 from cost_models import experts as EX
 from cost_models import moe as MO
 from cost_models import params as P
-from cost_models.step import Step
 from hardware_profiles import load_profile
 from planner.catalog import get
 from planner.cli import app
 from planner.errors import ConfigError
-from planner.estimate import candidate_of, estimate
+from planner.estimate import estimate
 from planner.software import software_for
 from planner.parallel import (
     ParallelConfig,
@@ -43,26 +42,13 @@ from planner.placement import (
     strides,
 )
 from planner.run_options import RunOptions
+from tests.fixtures.steps import step
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = load_profile("dgx-h100")
 QWEN = get("qwen3-235b-a22b").with_(seq=4096)
 QWEN30 = get("qwen3-30b-a3b").with_(seq=4096)
 DSV3 = get("deepseek-v3").with_(seq=4096)
-
-
-def step(spec, cfg: ParallelConfig, hw=H100, **software):
-    sw = software_for(cfg.framework, RunOptions(**software))
-    return Step.of(
-        spec,
-        hw,
-        sw,
-        candidate_of(cfg, spec.total_blocks),
-        global_batch=cfg.global_batch,
-        seq=cfg.seq,
-        precision=cfg.precision,
-        optimizer=cfg.optimizer,
-    )
 
 
 def qwen_cfg(**kw):

@@ -6,23 +6,25 @@ read from the code."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
+from typer.testing import CliRunner
 
 from cost_models import blocks as B
 from cost_models import compute as K
 from cost_models.activations import block_table_of
-from cost_models.step import Step
-from hardware_profiles import load_profile
 from planner.catalog import get
+from planner.cli import app
 from planner.errors import ConfigError
-from planner.estimate import candidate_of
 from planner.hf_config import spec_from_dict
 from planner.parallel import ParallelConfig
 from planner.run_options import RunOptions
 from planner.software import software_for
 from planner.spec import yarn_attention_factor
+from tests.fixtures.cli import one_line
+from tests.fixtures.steps import step
 
 GPT_OSS = get("gpt-oss-120b")
 PLAIN = GPT_OSS.with_(rope_attention_factor=1.0, activation_clamp=0.0, mlp_bias=False)
@@ -90,20 +92,6 @@ def test_mla_and_plain_rope_models_run_the_fused_kernel():
     assert B.unfused_rope_traffic(get("qwen3-235b-a22b"), 2) == B.Terms()
 
 
-def step(spec, cfg, **software):
-    sw = software_for(cfg.framework, RunOptions(**software))
-    return Step.of(
-        spec,
-        load_profile("dgx-h100"),
-        sw,
-        candidate_of(cfg, spec.total_blocks),
-        global_batch=cfg.global_batch,
-        seq=cfg.seq,
-        precision=cfg.precision,
-        optimizer=cfg.optimizer,
-    )
-
-
 def test_copy_like_ops_stream_their_forward_bytes_once_in_the_backward():
     cfg = ParallelConfig(dp=8, ep=8, micro_batch=1, global_batch=64, seq=4096, placement="PDET")
     full, plain = (K.block_seconds(step(s, cfg)) for s in (GPT_OSS, PLAIN))
@@ -165,3 +153,13 @@ def test_a_gpt_oss_config_without_rope_scaling_takes_its_classes_yarn_default():
         spec_from_dict(
             {"model_type": "gpt_oss", "rope_scaling": YARN_32 | {"factor": float("nan")}}, name="x"
         )
+
+
+def test_a_bad_yarn_factor_on_the_command_line_is_one_line_exit_2(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps({"model_type": "gpt_oss", "rope_scaling": YARN_32 | {"factor": "32x"}})
+    )
+    args = ["estimate", str(config), "--hardware", "dgx-h100", "--gpus", "8", "--ep", "8"]
+    result = CliRunner().invoke(app, [*args, "--dp", "8"])
+    one_line(result, "factor", "positive number")
