@@ -306,6 +306,21 @@ def attention_efficiency(hw: HardwareProfile, kernel: str, seq, d_head, *, causa
     return e_max * (d / (d + d0)) * ((128.0 + d0) / 128.0) * s / (s + half)
 
 
+DROPOUT_ATTENTION_RATE = (0.80, 0.65)
+"""(forward, backward) rate of a fused attention kernel with dropout on its probabilities, over its
+rate without: the kernel draws a Philox random number per score on the CUDA cores beside the tensor
+cores' matmuls, again in the backward, which rebuilds the mask. Measured on GB200 in BF16 at
+p = 0.125, for cuDNN 9.24's fused attention and FlashAttention-4 alike: forward 75-85% and backward
+60-70% of the no-dropout TFLOP/s, about constant over sequence length (Dao-AILab/flash-attention
+pull request 2597, 'FA4 SM100 Dropout Support', 2026-05); the middles here. Not measured on Hopper,
+whose tensor-to-CUDA-core throughput ratio is Blackwell's order (half its tensor rate); the math
+path's dropout is memory traffic instead (cost_models.blocks). Only kernels whose matmuls run on the
+tensor cores pay it (DROPOUT_SLOWED_KERNELS): fp32's memory-efficient kernel does its matmuls on the
+same CUDA cores, 4 d FLOPs per score against a few integer operations per random number, and its
+efficiency was fitted on steps that ran dropout (validation/h100_train_steps.jsonl, GPT-2's 0.1)."""
+DROPOUT_SLOWED_KERNELS = frozenset({"fused", "flash", "flash1", "triton"})
+
+
 def flash_attention_seconds(
     b,
     s,
@@ -318,6 +333,7 @@ def flash_attention_seconds(
     kernel: str = "flash",
     cp=1,
     flops_fwd=None,
+    dropout: bool = False,
 ):
     """(forward, backward) of a fused attention kernel on `heads` heads of this rank, over a sequence of
     s split over `cp` context-parallel ranks (load-balanced causal split: each rank does 1/cp of the
@@ -325,7 +341,8 @@ def flash_attention_seconds(
     tiles), F_bwd = 2.5 F_fwd (QK^T recomputed in the backward kernel; Dao 2023, Sec. 3.1), at
     attention_efficiency of the dense peak. `flops_fwd` overrides the whole-sequence F_fwd of this
     rank's heads (MLA's unequal query and value heads, windowed blocks:
-    cost_models.flops.attention_kernel_flops_fwd)."""
+    cost_models.flops.attention_kernel_flops_fwd); with `dropout` on the attention probabilities
+    each pass at its DROPOUT_ATTENTION_RATE."""
     cp = np.asarray(cp, dtype=float)
     if flops_fwd is None:
         flops_fwd = 4.0 * b * s * s * heads * d_head * (0.5 if causal else 1.0)
@@ -334,7 +351,9 @@ def flash_attention_seconds(
         hw, kernel, s / cp, d_head, causal=causal
     )
     fixed = eff(hw, "gemm_fixed_us") * 1e-6
-    return flops_fwd / rate + fixed, 2.5 * flops_fwd / rate + fixed
+    slowed = dropout and kernel in DROPOUT_SLOWED_KERNELS
+    fwd_rate, bwd_rate = DROPOUT_ATTENTION_RATE if slowed else (1.0, 1.0)
+    return flops_fwd / (rate * fwd_rate) + fixed, 2.5 * flops_fwd / (rate * bwd_rate) + fixed
 
 
 def memory_bound_seconds(bytes_moved, hw: HardwareProfile):
@@ -497,6 +516,7 @@ def block_seconds(x) -> BlockSeconds:
             kernel=x.attn_kernel,
             cp=x.cp,
             flops_fwd=attention_kernel_flops_fwd(x.spec, x.b, x.seq) / x.tp,
+            dropout=x.sw.dropout,
         )
     bw = memory_Bps(x.hw)
     gemm_f, gemm_b = gemm_f + cast_f / bw, gemm_b + cast_b / bw
