@@ -380,17 +380,22 @@ def tp_overlapped(enabled: bool, tp, sequence_parallel) -> np.ndarray:
 def tp_exposed_parts(x, tp: TpSeconds, block) -> tuple:
     """tp_exposed_seconds pass by pass: (forward, backward, recomputation) seconds a block's
     tensor-parallel communication adds (cost_models.timeline puts each pass on its own
-    operation); overlapped only where `tp_overlapped`."""
-    if not x.sw.tp_comm_overlap:
-        return tp.fwd, tp.bwd, tp.recompute
+    operation); overlapped only where `tp_overlapped`, elsewhere the backward as the stack issues
+    it without the overlap (_async_backward, where its column-parallel layers launch their
+    collectives asynchronously)."""
     interference = eff(x.hw, "overlap_interference")
+    paired = getattr(block, "tp_paired_fwd", None)
+    plain_bwd = tp.bwd
+    if x.sw.framework.tp_backward_async and paired is not None and tp.pair_bwd is not None:
+        plain_bwd = _async_backward(x, tp, paired, interference)
+    if not x.sw.tp_comm_overlap:
+        return tp.fwd, plain_bwd, tp.recompute
     on = tp_overlapped(x.sw.tp_comm_overlap, x.tp, x.sp)
 
     def shown(comm, gemm):
         hidden = np.minimum(comm, gemm)
         return np.where(on, comm - hidden + interference * hidden, comm)
 
-    paired = getattr(block, "tp_paired_fwd", None)
     if paired is None or tp.pair_fwd is None:  # no GEMM by pair: each pass against all its GEMMs
         rec_gemm = x.full_share * block.gemm_fwd * recompute_passes(x)
         return (
@@ -407,7 +412,36 @@ def tp_exposed_parts(x, tp: TpSeconds, block) -> tuple:
     bwd_parts = (np.asarray(tp.pair_bwd) - gather_b, gather_b)
     fwd = _paired_shown(tp.fwd, fwd_parts, tp.mlp_linear, paired, block.gemm_fwd, shown)
     bwd = _paired_shown(tp.bwd, bwd_parts, tp.mlp_linear, paired, block.gemm_bwd, shown)
-    return fwd, bwd, x.full_share * fwd * recompute_passes(x)
+    return fwd, np.where(on, bwd, plain_bwd), x.full_share * fwd * recompute_passes(x)
+
+
+def _async_backward(x, tp: TpSeconds, paired, interference) -> np.ndarray:
+    """The backward's exposed tensor-parallel time of a stack whose column-parallel layers launch
+    their collectives beside their own GEMMs (FrameworkProfile.tp_backward_async; Megatron-Core's
+    LinearWithGradAccumulationAndAsyncCommunication.backward), per side of the block (attention's
+    QKV, the MLP's fc1), G the side's column-parallel GEMM (its data- and weight-gradient GEMMs take
+    the forward one's time each), i the interference of hidden communication:
+      sequence parallelism: the all-gather of the row-parallel layer's output gradient shows
+        (gather_bwd); the layer saved only its input's shard, so it re-gathers the input (the
+        forward's gather_fwd) beside the data gradient and reduce-scatters the input gradient beside
+        the weight gradient: g + (r - h_r + i h_r) + (s - h_s + i h_s), h = min(collective, G);
+      otherwise: the input gradient's all-reduce (the pair) beside the weight gradient.
+    What an MoE dispatcher gathers shows whole."""
+
+    def shown(comm, gemm):
+        hidden = np.minimum(comm, gemm)
+        return comm - hidden + interference * hidden
+
+    pair = np.asarray(tp.pair_bwd)
+    gather = 0.5 * pair if tp.gather_bwd is None else np.asarray(tp.gather_bwd)
+    regather = 0.5 * np.asarray(tp.pair_fwd) if tp.gather_fwd is None else tp.gather_fwd
+    sp = np.asarray(x.sp, dtype=bool)
+    qkv, fc1 = (
+        np.where(sp, gather + shown(regather, g) + shown(pair - gather, g), shown(pair, g))
+        for g in (paired[0], paired[2])
+    )
+    mlp = np.asarray(tp.mlp_linear, dtype=float)
+    return qkv + mlp * fc1 + np.asarray(tp.bwd) - (1.0 + mlp) * pair
 
 
 def _paired_shown(total, parts, mlp_linear, paired, gemm_s, shown):

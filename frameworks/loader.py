@@ -123,6 +123,11 @@ FRAMEWORK_KEYS: dict[str, Field] = {
         allowed=FP8_SCALINGS,
     ),
     "moe_host_sync": _optional("bool", False, "A dropless MoE forward waits on the host."),
+    "tp_backward_async": _optional(
+        "bool",
+        False,
+        "The column-parallel backward runs its tensor-parallel collectives beside its GEMMs.",
+    ),
     "overlap_param_gather": _optional(
         "bool", False, "The distributed optimizer's all-gather runs under the next forward."
     ),

@@ -343,22 +343,26 @@ def test_search_bound_never_exceeds_the_simulated_step(closed_form):
 
 
 def test_closed_form_dp_term_tracks_the_simulated_steps(closed_form):
-    """The search ranks by the closed form (planner.score.score) and only its leaders are
-    simulated, so its data-parallel term must follow the timeline's mechanism (issue 32): over 360
-    random configurations (a third with expert parallelism and hybrid shard groups, a third of
+    """The search ranks by the closed form (planner.score.score) and only its leaders are simulated,
+    so its data-parallel term must follow the timeline's mechanism (issue 32): over 360 random
+    configurations (a third with expert parallelism and hybrid shard groups, a third of
     mixture-of-experts models), ZeRO 0-2, the closed form's dp_comm is the simulated step's
-    (timeline_scores: exposed reduction, gather wait and the interference of the hidden part)
-    within 1% of the step for nine in ten, and within 10% wherever the interleaved schedule has at
-    least p micro-batches. Not exact: the closed form reads one rank (the most parameters, the
-    most blocks), takes the chunks' last backwards p backwards apart (no sends) and spreads
-    ZeRO-2's every-micro-batch reductions evenly over the step, where the timeline places each
-    operation. With fewer micro-batches than stages the closed form hides less on purpose (at
-    most m v - 1 backwards of cool-down, so that its step never falls with more recomputation,
-    comm._step_reductions_exposed): within 30%. The old term (the whole reduction under the last
-    micro-batch's backward, the gather exposed) missed these by up to 62% of the step, by over
-    15% for one in ten, and was within 1% for two in three (this one: 25%, one in a hundred,
-    95%). ZeRO-3 is the closed form's own per micro-batch overlap (unchanged)."""
-    errors, short = [], []
+    (timeline_scores: exposed reduction, gather wait and the interference of the hidden part) within
+    1% of the step for nine in ten, and within 5% where the device sets the pace and the interleaved
+    schedule has at least p micro-batches. Not exact: the closed form reads one rank (the most
+    parameters, the most blocks), takes the chunks' last backwards p backwards apart (no sends) and
+    spreads ZeRO-2's every-micro-batch reductions evenly over the step, where the timeline places
+    each operation. Where the host sets the pace (its wait above the compute: small
+    mixture-of-experts steps whose layers sync the host) the closed form adds the host's wait after
+    the device's work (cost_models.host.host_wait_seconds) while the timeline interleaves it with
+    the reductions, so which hides the other differs: within 15%. With fewer micro-batches than
+    stages the closed form hides less on purpose (at most m v - 1 backwards of cool-down, so that
+    its step never falls with more recomputation, comm._step_reductions_exposed): within 30%. The
+    old term (the whole reduction under the last micro-batch's backward, the gather exposed) missed
+    these by up to 62% of the step, by over 15% for one in ten, and was within 1% for two in three
+    (this one: 25%, one in a hundred, 95%). ZeRO-3 is the closed form's own per micro-batch overlap
+    (unchanged)."""
+    errors, short, host_bound = [], [], []
     for seed, wide, moe in ((21, False, False), (22, True, False), (23, True, True)):
         for cfg, scores in _random_estimates(seed, 120, wide=wide, moe=moe):
             simulated = timeline_scores(scores)
@@ -368,10 +372,13 @@ def test_closed_form_dp_term_tracks_the_simulated_steps(closed_form):
             errors.append(abs(error) / _one(simulated, "step_time_s"))
             m = _one(scores, "num_microbatches")
             short.append(cfg.schedule == "interleaved-1f1b" and m < cfg.pp)
-    errors, short = np.asarray(errors), np.asarray(short)
-    assert len(errors) >= 250 and short.any()
+            host_bound.append(_one(scores, "host_wait") > _one(scores, "compute"))
+    errors, short, host_bound = np.asarray(errors), np.asarray(short), np.asarray(host_bound)
+    device = ~short & ~host_bound
+    assert len(errors) >= 250 and short.any() and (host_bound & ~short).sum() >= 20
     assert np.mean(errors <= 0.01) >= 0.9, np.mean(errors <= 0.01)
-    assert errors[~short].max() <= 0.1, errors[~short].max()
+    assert errors[device].max() <= 0.05, errors[device].max()
+    assert errors[~short].max() <= 0.15, errors[~short].max()
     assert errors.max() <= 0.3, errors.max()
 
 

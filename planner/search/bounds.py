@@ -33,18 +33,18 @@ TIME_BOUND_TERMS = (
     "dp_bound",
     "optimizer",
 )
-"""Step-time terms of planner.score that are least, within a group, for the weakest recompute with
-sequence parallelism on, and whose sum never exceeds the step (checked in tests/test_search.py) nor
-the simulated step that estimate() documents the leaders with (cost_models.timeline;
-tests/test_timeline.py): compute, tp_comm and cp_comm are m x the slowest stage but its exposed
-expert-parallel time (ep_comm: left out, so that each expert-parallel class keeps a scored plan for
-the explanation to compare, planner.search.documents._ep_versus; its lower part EP_BOUND_TERM proves
-candidates out against their class's best step); the pipeline's idle time and
-sends, and the data-parallel time after the compute, enter as the lower bounds both steps share
-(Scores.bubble_bound, Scores.pp_p2p_bound, Scores.dp_bound; planner.score._pipeline_bounds), not
-as the closed form's: the longest of some chains of operations the simulated step runs one after
-the other, each term never above the closed form's. Offload time is left out: more recompute can
-hide it."""
+"""Step-time terms of planner.score that are least, within a group (a row with a placement and a
+sequence-parallel choice), for the weakest recompute, and whose sum never exceeds the step (checked
+in tests/test_search.py) nor the simulated step that estimate() documents the leaders with
+(cost_models.timeline; tests/test_timeline.py): compute, tp_comm and cp_comm are m x the slowest
+stage but its exposed expert-parallel time (ep_comm: left out, so that each expert-parallel class
+keeps a scored plan for the explanation to compare, planner.search.documents._ep_versus; its lower
+part EP_BOUND_TERM proves candidates out against their class's best step); the pipeline's idle time
+and sends, and the data-parallel time after the compute, enter as the lower bounds both steps share
+(Scores.bubble_bound, Scores.pp_p2p_bound, Scores.dp_bound; planner.score._pipeline_bounds), not as
+the closed form's: the longest of some chains of operations the simulated step runs one after the
+other, each term never above the closed form's. Offload time is left out: more recompute can hide
+it."""
 
 
 EP_BOUND_TERM = "ep_bound"

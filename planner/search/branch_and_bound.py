@@ -152,11 +152,12 @@ class _BranchAndBound:
     Premises, checked on the real scorer in tests/test_search_bounds.py: the bound terms (TIME_BOUND_TERMS)
     never exceed the step and never fall from one recompute level to the next within a group (least at its
     "first", the weakest level); the shape terms (SHAPE_BOUND_TERMS) and the pipeline p2p do not depend on the
-    model-state knobs, the shape terms not on the placement within a class, and they are never less with
-    sequence parallelism off; the optimizer step depends on the skeleton only; sequence parallelism on never
-    needs more memory than off; the placement moves no memory.
+    model-state knobs, the shape terms not on the placement within a class; the optimizer step
+    depends on the skeleton only; sequence parallelism on never needs more memory than off; the
+    placement moves no memory.
 
-    So one evaluation per shape (its representative's first, sequence parallelism on where tp > 1) bounds from
+    So one evaluation per shape and sequence-parallel choice (its representative's first, with it
+    on where tp > 1, and off where the shape holds both; the lesser, `_least_over_sp`) bounds from
     below every candidate of the shape. Shapes are expanded in growing batches -- those whose representative
     fits and is fast first, so that the admission threshold falls soon -- while their bound is below the
     threshold (which only falls as feasible candidates are found); the others are proven out. Expanding
@@ -340,13 +341,13 @@ class _BranchAndBound:
         )
         r = self.scorer({k: reps[k] for k in FIELDS}) if self.n_shapes else _Scores.empty()
         self.bound_evaluations += self.n_shapes
-        lb = self.shape_lb = r.shape_bound
         self._ep_terms(reps, r.ep)
         ok = (r.needed <= self.capacity) & np.isfinite(r.step)
         self.rep_step = np.where(
             ok, r.step, np.inf
         )  # the representatives' firsts: known feasible steps
         self.expanded = np.zeros(self.n_shapes, bool)
+        lb = self.shape_lb = self._least_over_sp(reps, r.shape_bound, r.terms["compute"])
         # expand first the shapes whose representative fits and is fast (the threshold falls soonest), then
         # the others by their bound; the order only sets how soon the threshold falls, never what is proven
         order = np.lexsort((lb, self.rep_step))
@@ -357,6 +358,27 @@ class _BranchAndBound:
             if len(take):
                 self._expand(take)
             batch *= self.BATCH_GROWTH
+
+    def _least_over_sp(self, reps, bound_on: np.ndarray, compute_on: np.ndarray) -> np.ndarray:
+        """Each shape's bound: its representative's shape terms, and where the shape holds both
+        sequence-parallel choices the lesser of the two (a stack whose backward overlaps its
+        tensor-parallel collectives with its GEMMs can expose less without sequence parallelism,
+        cost_models.comm._async_backward; the representative with it on is scored as the first).
+        The twin is scored only where it could be admitted: its compute is never less than with
+        sequence parallelism on (the norms and dropouts unsharded) nor its expert-parallel time, and
+        the admission threshold only falls, so a shape whose compute alone is not below the
+        threshold now keeps the representative's bound (checked in tests/test_search_bounds.py)."""
+        both = np.array([len(c) > 1 for c in self.sp_choices], dtype=bool)
+        twin = np.flatnonzero(both[self.shape_sps]) if self.n_shapes else np.zeros(0, np.int64)
+        twin = twin[self._below(compute_on[twin], {"cp": 1 + self.cls[twin], "shape": twin})]
+        if not len(twin):
+            return bound_on
+        off = {k: np.asarray(reps[k])[twin] for k in FIELDS}
+        off["sequence_parallel"] = np.zeros(len(twin), dtype=bool)
+        self.bound_evaluations += len(twin)
+        bound = np.array(bound_on, dtype=float)
+        bound[twin] = np.minimum(bound[twin], self.scorer(off).shape_bound)
+        return bound
 
     def _ep_terms(self, reps, ep_bound: np.ndarray) -> None:
         """Each shape's expert-parallel time (EP_BOUND_TERM of its representative, which bounds every
