@@ -382,7 +382,11 @@ def tp_exposed_parts(x, tp: TpSeconds, block) -> tuple:
     tensor-parallel communication adds (cost_models.timeline puts each pass on its own
     operation); overlapped only where `tp_overlapped`, elsewhere the backward as the stack issues
     it without the overlap (_async_backward, where its column-parallel layers launch their
-    collectives asynchronously)."""
+    collectives asynchronously). Such a stack's column-parallel layers keep only their input's
+    sequence-parallel shard and re-gather it in the backward; with the overlap, userbuffers run
+    that all-gather in a bulk overlap beside the data-gradient GEMM (Transformer Engine's
+    LayerNormLinear backward; NeMo's userbuffer configurations name it qkv_dgrad / fc1_dgrad,
+    method bulk), paired with QKV's or fc1's GEMM like the other collectives."""
     interference = eff(x.hw, "overlap_interference")
     paired = getattr(block, "tp_paired_fwd", None)
     plain_bwd = tp.bwd
@@ -412,6 +416,9 @@ def tp_exposed_parts(x, tp: TpSeconds, block) -> tuple:
     bwd_parts = (np.asarray(tp.pair_bwd) - gather_b, gather_b)
     fwd = _paired_shown(tp.fwd, fwd_parts, tp.mlp_linear, paired, block.gemm_fwd, shown)
     bwd = _paired_shown(tp.bwd, bwd_parts, tp.mlp_linear, paired, block.gemm_bwd, shown)
+    if x.sw.framework.tp_backward_async:  # the input's re-gather, in userbuffers' bulk overlap
+        mlp = np.asarray(tp.mlp_linear, dtype=float)
+        bwd = bwd + shown(gather_f, paired[0]) + mlp * shown(gather_f, paired[2])
     return fwd, np.where(on, bwd, plain_bwd), x.full_share * fwd * recompute_passes(x)
 
 

@@ -309,16 +309,25 @@ def attention_efficiency(hw: HardwareProfile, kernel: str, seq, d_head, *, causa
 DROPOUT_ATTENTION_RATE = (0.80, 0.65)
 """(forward, backward) rate of a fused attention kernel with dropout on its probabilities, over its
 rate without: the kernel draws a Philox random number per score on the CUDA cores beside the tensor
-cores' matmuls, again in the backward, which rebuilds the mask. Measured on GB200 in BF16 at
-p = 0.125, for cuDNN 9.24's fused attention and FlashAttention-4 alike: forward 75-85% and backward
+cores' matmuls, again in the backward, which rebuilds the mask. Measured on GB200 in BF16 at p =
+0.125, for cuDNN 9.24's fused attention and FlashAttention-4 alike: forward 75-85% and backward
 60-70% of the no-dropout TFLOP/s, about constant over sequence length (Dao-AILab/flash-attention
-pull request 2597, 'FA4 SM100 Dropout Support', 2026-05); the middles here. Not measured on Hopper,
-whose tensor-to-CUDA-core throughput ratio is Blackwell's order (half its tensor rate); the math
-path's dropout is memory traffic instead (cost_models.blocks). Only kernels whose matmuls run on the
-tensor cores pay it (DROPOUT_SLOWED_KERNELS): fp32's memory-efficient kernel does its matmuls on the
-same CUDA cores, 4 d FLOPs per score against a few integer operations per random number, and its
-efficiency was fitted on steps that ran dropout (validation/h100_train_steps.jsonl, GPT-2's 0.1)."""
-DROPOUT_SLOWED_KERNELS = frozenset({"fused", "flash", "flash1", "triton"})
+pull request 2597, 'FA4 SM100 Dropout Support', 2026-05); the middles here. Not measured on Hopper
+or Ampere and applied there as measured on Blackwell (the random numbers' share of a kernel's time
+grows with the tensor cores' rate, so older parts may pay less); the math path's dropout is memory
+traffic instead (cost_models.blocks). Only kernels whose matmuls run on the tensor cores pay it
+(DROPOUT_SLOWED_KERNELS): fp32's memory-efficient kernel does its matmuls on the same CUDA cores, 4
+d FLOPs per score against a few integer operations per random number, and its efficiency was fitted
+on steps that ran dropout (validation/h100_train_steps.jsonl, GPT-2's 0.1)."""
+DROPOUT_SLOWED_KERNELS = frozenset({"fused", "flash", "flash1"})
+"""Tensor-core kernels that take dropout (llm-foundry's Triton kernel refuses it)."""
+
+
+def attention_dropout(dropout: bool, spec) -> bool:
+    """Whether the attention probabilities are dropped: the run's dropout, unless the model's config
+    names its attention dropout and that is 0 (planner.hf_config.training_defaults: OPT drops its
+    residuals only); Megatron's and GPT-2's defaults drop both."""
+    return bool(dropout) and float(dict(spec.extras).get("attention_dropout", 1.0)) > 0.0
 
 
 def flash_attention_seconds(
@@ -516,7 +525,7 @@ def block_seconds(x) -> BlockSeconds:
             kernel=x.attn_kernel,
             cp=x.cp,
             flops_fwd=attention_kernel_flops_fwd(x.spec, x.b, x.seq) / x.tp,
-            dropout=x.sw.dropout,
+            dropout=attention_dropout(x.sw.dropout, x.spec),
         )
     bw = memory_Bps(x.hw)
     gemm_f, gemm_b = gemm_f + cast_f / bw, gemm_b + cast_b / bw

@@ -401,11 +401,12 @@ class FrameworkProfile:
     """Blocks captured as CUDA graphs by default (cost_models.host.block_host_parts): off in every
     shipped stack (Megatron-LM's --enable-cuda-graph is off unless asked)."""
     tp_backward_async: bool = False
-    """A column-parallel linear layer's backward launches its tensor-parallel collectives
-    asynchronously beside its own GEMMs, without tp_comm_overlap: the all-reduce of the input
-    gradient beside the weight-gradient GEMM, or under sequence parallelism the re-gather of the
-    input beside the data-gradient GEMM and the reduce-scatter of the input gradient beside the
-    weight-gradient one (cost_models.comm.tp_exposed_parts)."""
+    """A column-parallel linear layer keeps only its input's sequence-parallel shard and re-gathers
+    it in the backward, and runs its backward's tensor-parallel collectives beside its own GEMMs:
+    without tp_comm_overlap asynchronously (the all-reduce of the input gradient beside the
+    weight-gradient GEMM, or under sequence parallelism the re-gather beside the data-gradient GEMM
+    and the reduce-scatter of the input gradient beside the weight-gradient one), with it in
+    userbuffers' bulk overlaps (cost_models.comm.tp_exposed_parts)."""
     moe_host_sync: bool = False
     """A dropless MoE layer's forward waits on the host for the tokens per expert (cost_models.moe.
     host_sync_seconds): Transformer Engine's GroupedLinear takes its splits as a host list."""

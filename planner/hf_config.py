@@ -252,6 +252,9 @@ DROPOUT_KEYS = (
 )
 """The dropout probabilities Hugging Face configs name (GPT-2: resid/embd/attn_pdrop 0.1; OPT: dropout 0.1;
 Llama and Mistral: attention_dropout 0.0; BERT-style: *_dropout_prob)."""
+ATTENTION_DROPOUT_KEYS = ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob")
+"""The DROPOUT_KEYS that drop attention probabilities (inside a fused attention kernel); OPT's 0.1
+`dropout` is its residual one, beside an attention_dropout of 0.0."""
 ATTENTION_IMPLEMENTATIONS = {
     "sdpa": "sdpa",
     "flash_attention_2": "flash",
@@ -262,10 +265,11 @@ ATTENTION_IMPLEMENTATIONS = {
 
 
 def training_defaults(data: dict) -> tuple[tuple[str, object], ...]:
-    """What a config says about how its modules train, as TransformerSpec extras: `dropout` (the largest
-    probability among DROPOUT_KEYS, with the key that set it) and `attention` (from `_attn_implementation` /
-    `attn_implementation` when the config records one). `torch_dtype` is the checkpoint's storage dtype, not
-    the training precision, and is not used."""
+    """What a config says about how its modules train, as TransformerSpec extras: `dropout` (the
+    largest probability among DROPOUT_KEYS, with the key that set it), `attention_dropout` (the
+    largest among ATTENTION_DROPOUT_KEYS, where the config names one) and `attention` (from
+    `_attn_implementation` / `attn_implementation` when the config records one). `torch_dtype` is
+    the checkpoint's storage dtype, not the training precision, and is not used."""
     out: list[tuple[str, object]] = []
     probs = {
         k: float(data[k])
@@ -275,6 +279,9 @@ def training_defaults(data: dict) -> tuple[tuple[str, object], ...]:
     if probs:
         key = max(probs, key=probs.get)
         out += [("dropout", probs[key]), ("dropout_key", key)]
+    attention = [probs[k] for k in ATTENTION_DROPOUT_KEYS if k in probs]
+    if attention:
+        out.append(("attention_dropout", max(attention)))
     impl = data.get("_attn_implementation") or data.get("attn_implementation")
     if impl in ATTENTION_IMPLEMENTATIONS:
         out.append(("attention", ATTENTION_IMPLEMENTATIONS[impl]))

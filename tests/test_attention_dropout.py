@@ -79,3 +79,27 @@ def test_fp32s_memory_efficient_kernel_keeps_its_rate():
     assert flash_attention_seconds(1, 2048, 16, 64, dropout=True, **kw) == (
         flash_attention_seconds(1, 2048, 16, 64, **kw)
     )
+
+
+def test_only_the_attention_probabilities_dropout_slows_the_kernel():
+    """OPT's config drops its residuals (dropout 0.1) but not its attention probabilities
+    (attention_dropout 0.0): the kernel keeps its rate; GPT-2's attn_pdrop 0.1 slows it, and a
+    config that does not say (Megatron's defaults drop both) follows the run's dropout."""
+    from cost_models.compute import attention_dropout
+    from planner.hf_config import training_defaults
+
+    opt = get("llama3-8b").with_(extras=training_defaults({"dropout": 0.1, "attention_dropout": 0}))
+    gpt2 = get("llama3-8b").with_(extras=training_defaults({"resid_pdrop": 0.1, "attn_pdrop": 0.1}))
+    assert dict(opt.extras)["dropout"] == 0.1
+    assert not attention_dropout(True, opt)
+    assert attention_dropout(True, gpt2) and not attention_dropout(False, gpt2)
+    assert attention_dropout(True, get("llama3-8b"))
+
+
+def test_the_triton_kernel_takes_no_dropout():
+    # llm-foundry's Triton FlashAttention raises on dropout: a run with it drops nothing there
+    hw = load_profile("p4d.24xlarge")
+    kw = dict(causal=True, hw=hw, precision="amp-bf16", kernel="triton")
+    assert flash_attention_seconds(1, 2048, 16, 128, dropout=True, **kw) == (
+        flash_attention_seconds(1, 2048, 16, 128, **kw)
+    )

@@ -239,9 +239,11 @@ def test_each_overlapped_collective_hides_only_under_the_gemm_it_is_fused_with()
     block = type("Bk", (), {"gemm_fwd": np.array(3.3), "gemm_bwd": np.array(6.6)})()
     block.tp_paired_fwd = paired
     i = eff(X.hw, "overlap_interference")
-    # per pass: 0.3 + 0.4 of attention's collectives show, the MLP's hide; 4 hidden parts
+    # per pass: 0.3 + 0.4 of attention's collectives show, the MLP's hide; 4 hidden parts; the
+    # backward also re-gathers each side's input (0.5) beside its dgrad: QKV's shows 0.3
     per_pass = (0.5 - 0.2) + (0.5 - 0.1) + i * (0.2 + 0.1 + 0.5 + 0.5)
-    assert float(C.tp_exposed_seconds(X, tp, block)[0]) == pytest.approx(2 * per_pass)
+    regather = (0.5 - 0.2) + i * 0.2 + i * 0.5
+    assert float(C.tp_exposed_seconds(X, tp, block)[0]) == pytest.approx(2 * per_pass + regather)
     # against the pass's GEMMs as a whole it would all hide
     block.tp_paired_fwd = None
     assert float(C.tp_exposed_seconds(X, tp, block)[0]) == pytest.approx(2 * i * 2.0)
@@ -252,7 +254,8 @@ def test_each_overlapped_collective_hides_only_under_the_gemm_it_is_fused_with()
     fp8 = replace(tp, gather_fwd=np.array(0.3), gather_bwd=np.array(0.3))
     fwd = (0.3 - 0.2) + (0.7 - 0.1) + i * (0.2 + 0.1 + 0.3 + 0.7)
     bwd = (0.7 - 0.2) + (0.3 - 0.1) + i * (0.2 + 0.1 + 0.7 + 0.3)
-    assert float(C.tp_exposed_seconds(X, fp8, block)[0]) == pytest.approx(fwd + bwd)
+    regather = (0.3 - 0.2) + i * 0.2 + i * 0.3  # the forward's FP8 all-gather again
+    assert float(C.tp_exposed_seconds(X, fp8, block)[0]) == pytest.approx(fwd + bwd + regather)
 
 
 def test_op_sac_saves_less_than_megatron_selective_and_recomputes_the_unsaved_matmuls():
@@ -630,6 +633,14 @@ def test_megatrons_column_parallel_backward_runs_its_collectives_beside_its_gemm
 
     fwd, bwd, rec = C.tp_exposed_parts(X, tp, block)
     assert one(fwd) == 2.0 and one(bwd) == pytest.approx(attention + mlp)
+    # FP8 gathers (0.3 s forward, 0.4 s backward: both orientations), 16-bit reduce-scatters; an
+    # MoE block whose MLP pair is the dispatcher's (mlp_linear False) shows that pair whole
+    fp8 = replace(
+        tp, gather_fwd=np.array(0.3), gather_bwd=np.array(0.4), mlp_linear=np.array(False)
+    )
+    fp8 = replace(fp8, bwd=np.array(2.0))
+    attention = 0.4 + ((0.3 - 0.2) + i * 0.2) + ((0.6 - 0.2) + i * 0.2)
+    assert one(C.tp_exposed_parts(X, fp8, block)[1]) == pytest.approx(attention + 1.0)
     X.sp = np.array([False])  # the input gradient's all-reduce (1 s) beside the wgrad GEMM
     _, bwd, _ = C.tp_exposed_parts(X, tp, block)
     assert one(bwd) == pytest.approx((1.0 - 0.2 + i * 0.2) + i * 1.0)

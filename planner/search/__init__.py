@@ -15,20 +15,21 @@ ranks merged (`placement_classes`). The step is never shorter than compute + tp,
 pipeline p2p and data-parallel bounds + optimizer (TIME_BOUND_TERMS); within a group that sum is
 least at the weakest recompute and grows along RECOMPUTE; all of it but the p2p, data-parallel and
 optimizer terms (SHAPE_BOUND_TERMS) is the same for every candidate of a shape with the same
-sequence-parallel choice. So one scorer call per choice -- each shape's representative at the
-weakest recompute with sequence parallelism on, and off where the shape holds both (the lesser
-bounds it) -- bounds every candidate of every shape. Shapes are expanded best first while their
-bound is below the admission threshold (the `keep`-th best feasible step known for throughput, cost
-and time-to-train, the best plus 5 % for memory; it only falls as candidates are scored); a group's
-first is scored only if its shape's terms plus its pipeline p2p (read off the shape's representative
-row with the same placement and sequence parallelism) and its skeleton's optimizer step (scored once
-per skeleton) are below it, each stronger recompute level only if the previous level's bound is, and
-a member with sequence parallelism off is dropped when its twin with it on (which never needs more
-memory) does not fit. The best plan with cp = 1 and the best with cp > 1 are each found exactly (the
-threshold of each class never falls below its best known step), so that `explain` can say why the
-chosen cp wins; the expert-parallel time every step runs (EP_BOUND_TERM) is added to the bound only
-against the threshold raised to the candidate's expert-parallel class's best scored step, so that
-each class keeps the fastest scored plan `explain` compares (planner.search.documents._ep_versus).
+sequence-parallel choice. So one scorer call -- each shape's representative at the weakest recompute
+with sequence parallelism on, and off too for a shape holding both choices that the first would
+prove out (the lesser bounds it) -- bounds every candidate of every shape. Shapes are expanded best
+first while their bound is below the admission threshold (the `keep`-th best feasible step known for
+throughput, cost and time-to-train, the best plus 5 % for memory; it only falls as candidates are
+scored); a group's first is scored only if its shape's terms plus its pipeline p2p (read off the
+shape's representative row with the same placement and sequence parallelism) and its skeleton's
+optimizer step (scored once per skeleton) are below it, each stronger recompute level only if the
+previous level's bound is, and a member with sequence parallelism off is dropped when its twin with
+it on (which never needs more memory) does not fit. The best plan with cp = 1 and the best with cp >
+1 are each found exactly (the threshold of each class never falls below its best known step), so
+that `explain` can say why the chosen cp wins; the expert-parallel time every step runs
+(EP_BOUND_TERM) is added to the bound only against the threshold raised to the candidate's
+expert-parallel class's best scored step, so that each class keeps the fastest scored plan `explain`
+compares (planner.search.documents._ep_versus).
 
 Objectives:
 - throughput: least step time among the candidates that fit (default);

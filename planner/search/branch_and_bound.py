@@ -156,16 +156,18 @@ class _BranchAndBound:
     depends on the skeleton only; sequence parallelism on never needs more memory than off; the
     placement moves no memory.
 
-    So one evaluation per shape and sequence-parallel choice (its representative's first, with it
-    on where tp > 1, and off where the shape holds both; the lesser, `_least_over_sp`) bounds from
-    below every candidate of the shape. Shapes are expanded in growing batches -- those whose representative
-    fits and is fast first, so that the admission threshold falls soon -- while their bound is below the
-    threshold (which only falls as feasible candidates are found); the others are proven out. Expanding
-    shapes scores the representative row's groups and one group of every skeleton not seen yet (giving each
-    group's p2p and optimizer terms), then the firsts of the other groups whose shape terms + p2p + optimizer
-    are below the threshold, then each stronger recompute level of the groups whose previous level's bound is
-    below it, except members with sequence parallelism off whose twin with it on (same row and level, any
-    placement) was scored and does not fit.
+    So one evaluation per shape (its representative's first, with sequence parallelism on where tp >
+    1), and for a shape holding both choices about to be proven out a second with it off (the lesser
+    bounds the shape, `_admissible`), bounds from below every candidate of the shape. Shapes are
+    expanded in growing batches -- those whose representative fits and is fast first, so that the
+    admission threshold falls soon -- while their bound is below the threshold (which only falls as
+    feasible candidates are found); the others are proven out. Expanding shapes scores the
+    representative row's groups (each placement and sequence-parallel choice) and one group of every
+    skeleton not seen yet (giving each group's shape terms, p2p and optimizer terms), then the
+    firsts of the other groups whose shape terms + p2p + optimizer are below the threshold, then
+    each stronger recompute level of the groups whose previous level's bound is below it, except
+    members with sequence parallelism off whose twin with it on (same row and level, any placement)
+    was scored and does not fit.
 
     Rows are sorted by shape with the leanest model states first (highest ZeRO stage, all-rank shard group,
     optimizer offload), so a shape's rows are a run and its representative, the run's first row, is the
@@ -220,7 +222,7 @@ class _BranchAndBound:
 
     def _shapes(self) -> None:
         """The shapes: each run of rows with each placement class (`placement_classes`) of its pattern; a
-        shape holds both sequence-parallel choices, bounded by its representative with it on (where tp > 1)."""
+        shape holds both sequence-parallel choices (`_admissible` bounds it)."""
         first = {k: v[self.starts] for k, v in self.rows.items()}
         runs, classes, sp_sets = [], [], []
         self.class_places: list[tuple[int, ...]] = []
@@ -347,38 +349,55 @@ class _BranchAndBound:
             ok, r.step, np.inf
         )  # the representatives' firsts: known feasible steps
         self.expanded = np.zeros(self.n_shapes, bool)
-        lb = self.shape_lb = self._least_over_sp(reps, r.shape_bound, r.terms["compute"])
+        lb = self.shape_lb = np.array(r.shape_bound, dtype=float)
+        self.shape_compute = np.asarray(r.terms["compute"], dtype=float)
+        both = np.array([len(c) > 1 for c in self.sp_choices], dtype=bool)
+        self.twin_pending = both[self.shape_sps] if self.n_shapes else np.zeros(0, dtype=bool)
         # expand first the shapes whose representative fits and is fast (the threshold falls soonest), then
         # the others by their bound; the order only sets how soon the threshold falls, never what is proven
         order = np.lexsort((lb, self.rep_step))
         batch = self.FIRST_BATCH
         while len(order):
-            order = order[self._below(lb[order], {"cp": 1 + self.cls[order], "shape": order})]
+            order = self._admissible(order)
             take, order = order[:batch], order[batch:]
             if len(take):
                 self._expand(take)
             batch *= self.BATCH_GROWTH
 
-    def _least_over_sp(self, reps, bound_on: np.ndarray, compute_on: np.ndarray) -> np.ndarray:
-        """Each shape's bound: its representative's shape terms, and where the shape holds both
-        sequence-parallel choices the lesser of the two (a stack whose backward overlaps its
-        tensor-parallel collectives with its GEMMs can expose less without sequence parallelism,
-        cost_models.comm._async_backward; the representative with it on is scored as the first).
-        The twin is scored only where it could be admitted: its compute is never less than with
-        sequence parallelism on (the norms and dropouts unsharded) nor its expert-parallel time, and
-        the admission threshold only falls, so a shape whose compute alone is not below the
-        threshold now keeps the representative's bound (checked in tests/test_search_bounds.py)."""
-        both = np.array([len(c) > 1 for c in self.sp_choices], dtype=bool)
-        twin = np.flatnonzero(both[self.shape_sps]) if self.n_shapes else np.zeros(0, np.int64)
-        twin = twin[self._below(compute_on[twin], {"cp": 1 + self.cls[twin], "shape": twin})]
-        if not len(twin):
-            return bound_on
-        off = {k: np.asarray(reps[k])[twin] for k in FIELDS}
-        off["sequence_parallel"] = np.zeros(len(twin), dtype=bool)
-        self.bound_evaluations += len(twin)
-        bound = np.array(bound_on, dtype=float)
-        bound[twin] = np.minimum(bound[twin], self.scorer(off).shape_bound)
-        return bound
+    def _admissible(self, shapes: np.ndarray) -> np.ndarray:
+        """The shapes whose bound is below the admission threshold; the others are proven out. A
+        shape about to be proven out that holds both sequence-parallel choices first takes the
+        lesser of its two representatives' bounds (a stack whose backward runs its tensor-parallel
+        collectives beside its GEMMs can expose less with sequence parallelism off,
+        cost_models.comm._async_backward; the one with it on is scored first). That twin is scored
+        only where it could still be admitted: its compute is never less than with sequence
+        parallelism on (norms and dropouts unsharded; tests/test_search_bounds.py), nor its
+        expert-parallel time, and the threshold only falls."""
+
+        def below(bound, at):
+            return self._below(bound, {"cp": 1 + self.cls[at], "shape": at})
+
+        ok = below(self.shape_lb[shapes], shapes)
+        twins = shapes[~ok & self.twin_pending[shapes]]
+        if len(twins):
+            self.twin_pending[twins] = False
+            twins = twins[below(self.shape_compute[twins], twins)]
+        if len(twins):
+            self.shape_lb[twins] = np.minimum(self.shape_lb[twins], self._twin_bounds(twins))
+            ok = below(self.shape_lb[shapes], shapes)
+        return shapes[ok]
+
+    def _twin_bounds(self, shapes: np.ndarray) -> np.ndarray:
+        """The shape terms of these shapes' representatives with sequence parallelism off."""
+        first_place = np.array([c[0] for c in self.class_places], dtype=np.int64)
+        off = self._members(
+            self.starts[self.shape_run[shapes]],
+            first_place[self.shape_class[shapes]],
+            np.zeros(len(shapes), dtype=bool),
+            self.weakest,
+        )
+        self.bound_evaluations += len(shapes)
+        return self.scorer({k: off[k] for k in FIELDS}).shape_bound
 
     def _ep_terms(self, reps, ep_bound: np.ndarray) -> None:
         """Each shape's expert-parallel time (EP_BOUND_TERM of its representative, which bounds every
@@ -430,8 +449,15 @@ class _BranchAndBound:
         order = np.argsort(known)
         rest = np.setdiff1d(np.arange(len(row)), probe, assume_unique=True)
         at = np.clip(np.searchsorted(known[order], p2p_key[rest]), 0, max(len(known) - 1, 0))
-        p2p = r.terms["pp_p2p_bound"][rep[probe]][order][at] if len(known) else np.zeros(len(rest))
-        lb = self.shape_lb[shape[rest]] + p2p + self.optimizer_s[skeleton[rest]]
+        # the shape terms and p2p of each rest's shape, placement and sequence-parallel choice, read
+        # off the representative row's group with the same ones (the shape terms are the same for
+        # every row of a shape and placement of its class, the p2p for every row)
+        p2p, terms = (
+            (r.terms["pp_p2p_bound"][rep[probe]][order][at], r.shape_bound[rep[probe]][order][at])
+            if len(known)
+            else (np.zeros(len(rest)), np.zeros(len(rest)))
+        )
+        lb = terms + p2p + self.optimizer_s[skeleton[rest]]
         rest = rest[self._below(lb, {"cp": self.rows["cp"][row[rest]], "shape": shape[rest]})]
         if len(rest):
             members = self._members(row[rest], place[rest], sp[rest], self.weakest, shape[rest])
