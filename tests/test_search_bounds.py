@@ -161,8 +161,9 @@ def test_pipeline_p2p_ignores_the_model_state_knobs(scored):
 
 def test_sequence_parallelism_never_raises_memory_nor_lowers_compute(scored):
     """Sequence parallelism on never needs more memory (what the twin shortcut reads) nor takes more
-    compute (what lets the search skip scoring a shape's twin with it off whose compute alone is not
-    below the threshold, _BranchAndBound._admissible). Its shape terms can be more or less than with
+    compute, and with it off the tensor-parallel time is never below the floor the twin with it on
+    reports (what lets the search skip scoring a shape's twin whose compute and floor are not below
+    the threshold, _BranchAndBound._admissible). Its shape terms can be more or less than with
     it off (it shards the norms; Megatron's asynchronous backward shows the output gradient's
     all-gather where, without it, the input gradient's all-reduce hides under the weight gradient:
     cost_models.comm._async_backward): on A100s, GPT-3 175B's are less with it off for many rows, so
@@ -185,6 +186,9 @@ def test_sequence_parallelism_never_raises_memory_nor_lowers_compute(scored):
     needed, compute = np.asarray(s.needed_bytes, float), np.asarray(s.compute, float)
     assert np.all(needed[b] >= needed[a] * (1 - 1e-12))
     assert np.all(compute[b] >= compute[a] * (1 - 1e-12))
+    # and its tensor-parallel time never below Scores.tp_sp_off_floor of the twin with it on
+    tp_comm, floor = np.asarray(s.tp_comm, float), np.asarray(s.tp_sp_off_floor, float)
+    assert np.all(tp_comm[b] >= floor[a] * (1 - 1e-12)) and (floor[a] > 0).any()
     terms = _terms(s, SHAPE_BOUND_TERMS)
     if s.step.sw.framework.name == "megatron" and s.step.hw.name == "p4d.24xlarge":
         assert (terms[b] < terms[a] * (1 - 1e-9)).mean() > 0.2
@@ -192,15 +196,15 @@ def test_sequence_parallelism_never_raises_memory_nor_lowers_compute(scored):
 
 def test_a_shape_about_to_be_proven_out_takes_the_lesser_of_its_choices():
     """_admissible: a shape whose bound with sequence parallelism on is not below the threshold but
-    that holds both choices is bounded by its twin with it off, scored only where its compute is
-    below the threshold; the others keep their bound."""
+    that holds both choices is bounded by its twin with it off, scored only where the twin's floor
+    (compute + Scores.tp_sp_off_floor) is below the threshold; the others keep their bound."""
     from planner.search.branch_and_bound import _BranchAndBound
 
     bb = _BranchAndBound.__new__(_BranchAndBound)
     # shapes: 0 kept as it is; 1 and 2 hold both choices, 1's twin is less, 2's more; 3 holds one
-    # choice; 4 holds both, but its compute is at the threshold already
+    # choice; 4 holds both, but its twin's floor is at the threshold already
     bb.shape_lb = np.array([5.0, 25.0, 25.0, 25.0, 30.0])
-    bb.shape_compute = np.array([1.0, 10.0, 10.0, 10.0, 20.0])
+    bb.shape_floor_off = np.array([1.0, 10.0, 10.0, 10.0, 20.0])
     bb.twin_pending = np.array([False, True, True, False, True])
     twin = {1: 15.0, 2: 26.0}
     scored = []

@@ -23,6 +23,7 @@ from planner.parallel import RECOMPUTE, offload_indices
 from planner.placement import PLACEMENTS, packed_key
 from planner.search.bounds import (
     SHAPE_FIELDS,
+    SP_OFF_FLOOR_TERM,
     Admission,
     _class_thresholds,
     _ep_thresholds,
@@ -350,7 +351,9 @@ class _BranchAndBound:
         )  # the representatives' firsts: known feasible steps
         self.expanded = np.zeros(self.n_shapes, bool)
         lb = self.shape_lb = np.array(r.shape_bound, dtype=float)
-        self.shape_compute = np.asarray(r.terms["compute"], dtype=float)
+        # what each shape's twin with sequence parallelism off never goes below (_admissible)
+        floor = r.terms.get(SP_OFF_FLOOR_TERM, np.zeros(self.n_shapes))  # 0: compute alone
+        self.shape_floor_off = r.terms["compute"] + floor
         both = np.array([len(c) > 1 for c in self.sp_choices], dtype=bool)
         self.twin_pending = both[self.shape_sps] if self.n_shapes else np.zeros(0, dtype=bool)
         # expand first the shapes whose representative fits and is fast (the threshold falls soonest), then
@@ -371,8 +374,9 @@ class _BranchAndBound:
         collectives beside its GEMMs can expose less with sequence parallelism off,
         cost_models.comm._async_backward; the one with it on is scored first). That twin is scored
         only where it could still be admitted: its compute is never less than with sequence
-        parallelism on (norms and dropouts unsharded; tests/test_search_bounds.py), nor its
-        expert-parallel time, and the threshold only falls."""
+        parallelism on (norms and dropouts unsharded), its tensor-parallel time never less than
+        Scores.tp_sp_off_floor, its expert-parallel time never less either
+        (tests/test_search_bounds.py), and the threshold only falls."""
 
         def below(bound, at):
             return self._below(bound, {"cp": 1 + self.cls[at], "shape": at})
@@ -381,7 +385,7 @@ class _BranchAndBound:
         twins = shapes[~ok & self.twin_pending[shapes]]
         if len(twins):
             self.twin_pending[twins] = False
-            twins = twins[below(self.shape_compute[twins], twins)]
+            twins = twins[below(self.shape_floor_off[twins], twins)]
         if len(twins):
             self.shape_lb[twins] = np.minimum(self.shape_lb[twins], self._twin_bounds(twins))
             ok = below(self.shape_lb[shapes], shapes)
