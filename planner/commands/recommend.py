@@ -378,6 +378,12 @@ def recommend(
             space=space,
         )
     _print_notes(rec, spot=spot)
+    _deliver(rec, out=out, csv=csv, json_out=json_out, wide=wide, price=price_per_hour, spot=spot)
+
+
+def _deliver(rec, *, out, csv, json_out: bool, wide: bool, price, spot: bool) -> None:
+    """The result where the user asked for it: the plan file (--out), the candidates (--csv), and the
+    JSON document (--json) or the ranking table on stdout; each file written is named on stderr."""
     document = io.dumps_strict(rec.to_document(), "--json output") if json_out else None
     if out is not None:
         io.write_json(out, rec.plan_document(), "--out")
@@ -386,7 +392,7 @@ def recommend(
     if document is not None:
         typer.echo(document)
     else:
-        _print_table(rec, wide=wide, price_per_hour=price_per_hour, spot=spot)
+        _print_table(rec, wide=wide, price_per_hour=price, spot=spot)
     for path in (out, csv):
         if path is not None:
             typer.echo(f"wrote {path}", err=True)
