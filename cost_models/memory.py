@@ -315,35 +315,8 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
             split.expert * bytes_per_param, edp, zero, from_stage
         )
 
-    inflight = inflight_microbatches(x.schedule, x.pp, x.m, x.v, rank, SCHEDULES)
-    # full recomputation of only recompute_layers blocks per chunk (Step.recomputed_blocks): the others keep all
     recomputed = x.recomputed_blocks(n_blocks, rank)
-    blocks_b = np.where(
-        x.full,
-        recomputed * acts.block + (n_blocks - recomputed) * acts.block_no_recompute,
-        n_blocks * acts.block,
-    )
-    held = inflight * (blocks_b + np.where(is_first, acts.embedding, 0.0)) + np.where(
-        is_last, acts.head_inflight * acts.head, 0.0
-    )
-    # What offloaded activations still occupy on the device at the peak. Everything offloaded (DeepSpeed's
-    # cpu_checkpointing): the block in use and the one reloaded ahead of it. The first N of n blocks (Transformer
-    # Engine's CPU offload context; TE cpu_offload.py AsyncDoubleBufferGroupOffloadHandler): at the start of the
-    # backward the rank holds its n - N blocks and one group, the last offloaded, reloaded ahead (on_group_commit_
-    # backward reloads a group every n / N layers while each layer's backward frees one kept block, so the holding
-    # only falls from there). Beyond what the host can take, the excess stays.
-    share = offloaded_share(x, n_blocks)  # the offloaded blocks' share (all, or the first N blocks)
-    off = held * share
-    reload = np.where(
-        share < 1.0, acts.block, 2 * acts.block_no_recompute + np.where(is_last, acts.head, 0.0)
-    )
-    held = (
-        held
-        - off
-        + np.where(
-            x.is_offload("activations"), np.maximum(np.minimum(off, reload), off - host_room), 0.0
-        )
-    )
+    held = _held_activations(x, rank, n_blocks, acts, recomputed, host_room=host_room)
     gather_bytes = x.sw.state_bytes(
         x.precision
     ).gather  # FSDP gathers the 16-bit copy (param_dtype)
@@ -356,14 +329,7 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
         x.is_offload("optimizer"), 0.0, sharded(ob, 1) + _fp8_master_bytes(x, split, dp, edp)
     )
     head_w = spec.vocab * spec.hidden / tp
-    # torch.autocast caches the 16-bit cast of each fp32 GEMM weight for the forward. Under FSDP's mixed
-    # precision (ZeRO >= 2 gathering 16-bit copies: MixedPrecision(param_dtype=bf16), as Composer's DEFAULT,
-    # fms-fsdp and Accelerate's bf16 FSDP set it) the forward sees bf16 weights and nothing is cast.
-    cache = (fw.autocast_weight_cache and x.precision.startswith("amp")) & ~(
-        (zero >= 2) & (gather_bytes < 4)
-    )
-    cache_head = np.where(is_last, head_w, 0.0) * 2.0 * cache
-    cache_all = (n_blocks * MO.block_weights_on_rank(x)) * 2.0 * cache + cache_head
+    cache_fwd, cache_bwd = _weight_cache(x, n_blocks, recomputed, is_last, gather_bytes)
     tied_grad = head_w * 4.0 if x.c == 2 and x.precision != "bf16" else head_w * gb * 2.0
     metric_bytes = B.metric_transient(spec, x.precision, x.sw.train_metrics)
     peak, acts_b, other = ResidentBytes(
@@ -371,13 +337,8 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
         grads=grads_b + buckets,
         optimizer=opt_b,
         grads_present=grads_persist(fw.grads_persist, x.m) | (buckets > 0),
-        # full recomputation re-casts a block's weights when it re-runs; blocks it does not re-run keep their casts
-        cache_fwd=cache_all,
-        cache_bwd=np.where(
-            x.full,
-            cache_head + (n_blocks - recomputed) * MO.block_weights_on_rank(x) * 2.0 * cache,
-            cache_all,
-        ),
+        cache_fwd=cache_fwd,
+        cache_bwd=cache_bwd,
         activations=held,
         logits_fwd_end=np.where(is_last, x.per_token(x.head.logits_fwd_end) * x.tokens, 0.0),
         logits_peak=np.where(is_last, x.per_token(x.head.logits_peak) * x.tokens, 0.0),
@@ -405,6 +366,58 @@ def rank_memory(x, rank, n_blocks, acts: ActivationBytes, *, host_room) -> RankM
         other=other,
         saved=held,
     )
+
+
+def _held_activations(x, rank, n_blocks, acts: ActivationBytes, recomputed, *, host_room):
+    """Activations rank `rank` holds at its peak: those of the micro-batches the schedule keeps in
+    flight (cost_models.pipeline.inflight_microbatches) over its blocks (full recomputation of only
+    `recomputed` blocks per chunk, Step.recomputed_blocks: the others keep all), the embedding's on
+    the first rank and the head's on the last, less what is offloaded and the host can take."""
+    is_first, is_last = np.asarray(rank) == 0, np.asarray(rank) == x.pp - 1
+    inflight = inflight_microbatches(x.schedule, x.pp, x.m, x.v, rank, SCHEDULES)
+    blocks_b = np.where(
+        x.full,
+        recomputed * acts.block + (n_blocks - recomputed) * acts.block_no_recompute,
+        n_blocks * acts.block,
+    )
+    held = inflight * (blocks_b + np.where(is_first, acts.embedding, 0.0)) + np.where(
+        is_last, acts.head_inflight * acts.head, 0.0
+    )
+    # What offloaded activations still occupy on the device at the peak. Everything offloaded
+    # (DeepSpeed's cpu_checkpointing): the block in use and the one reloaded ahead of it. The first
+    # N of n blocks (Transformer Engine's CPU offload context; TE cpu_offload.py
+    # AsyncDoubleBufferGroupOffloadHandler): at the start of the backward the rank holds its n - N
+    # blocks and one group, the last offloaded, reloaded ahead (on_group_commit_backward reloads a
+    # group every n / N layers while each layer's backward frees one kept block, so the holding only
+    # falls from there). Beyond what the host can take, the excess stays.
+    share = offloaded_share(x, n_blocks)  # the offloaded blocks' share (all, or the first N blocks)
+    off = held * share
+    reload = np.where(
+        share < 1.0, acts.block, 2 * acts.block_no_recompute + np.where(is_last, acts.head, 0.0)
+    )
+    return (
+        held
+        - off
+        + np.where(
+            x.is_offload("activations"), np.maximum(np.minimum(off, reload), off - host_room), 0.0
+        )
+    )
+
+
+def _weight_cache(x, n_blocks, recomputed, is_last, gather_bytes) -> tuple:
+    """(forward, backward) bytes of torch.autocast's cache of the 16-bit casts of a rank's fp32 GEMM
+    weights. Under FSDP's mixed precision (ZeRO >= 2 gathering 16-bit copies:
+    MixedPrecision(param_dtype=bf16), as Composer's DEFAULT, fms-fsdp and Accelerate's bf16 FSDP set
+    it) the forward sees bf16 weights and nothing is cast. Full recomputation re-casts a block's
+    weights when it re-runs; blocks it does not re-run keep their casts into the backward."""
+    cache = (x.sw.framework.autocast_weight_cache and x.precision.startswith("amp")) & ~(
+        (x.zero >= 2) & (gather_bytes < 4)
+    )
+    head_w = x.spec.vocab * x.spec.hidden / x.tp
+    cache_head = np.where(is_last, head_w, 0.0) * 2.0 * cache
+    per_block = MO.block_weights_on_rank(x) * 2.0 * cache
+    cache_all = n_blocks * per_block + cache_head
+    return cache_all, np.where(x.full, cache_head + (n_blocks - recomputed) * per_block, cache_all)
 
 
 def peak_over_ranks(x, acts: ActivationBytes, *, host_room, rank_blocks=None):
