@@ -180,12 +180,15 @@ class Scores:
     stage's share) that every step of the candidate runs on the busiest rank's stream, beside the
     compute that compute + tp_comm + cp_comm count (Narayanan et al. 2021, Sec. 2.2: the slowest
     rank sets the pace); never above ep_comm, since the slowest stage is at least the busiest."""
-    tp_sp_off_floor: np.ndarray | float = 0.0
-    """Tensor-parallel time the candidate's twin with sequence parallelism off (same row, placement
-    and recompute) never goes below: m x the busiest rank's blocks x a block's forward collectives
-    before any overlap (comm.TpSeconds.fwd). Without sequence parallelism nothing overlaps them
-    (comm.tp_overlapped) and they move no fewer bytes (the pair's volume is the all-reduce's, less
-    under FP8 gathers); the search bounds such a twin by compute + this
+    sp_off_floor: np.ndarray | float = 0.0
+    """What compute + tp_comm of the candidate's twin with sequence parallelism off (same row,
+    placement and recompute) never go below: m x the busiest rank's blocks x (a block's compute +
+    its forward tensor-parallel collectives before any overlap, comm.TpSeconds.fwd). compute +
+    tp_comm is m x the slowest stage less its cp and ep shares, at least m x the busiest rank's
+    blocks x (block + exposed tp); without sequence parallelism a block computes no less (its
+    norms and dropouts unsharded), nothing overlaps its forward collectives (comm.tp_overlapped)
+    and they move no fewer bytes (the pair's volume is the all-reduce's, less under FP8 gathers).
+    The search skips scoring a twin whose floor is not below the threshold
     (planner.search.branch_and_bound._admissible)."""
     stage_memory: dict | None = None
     """With CandidateArrays.rank_blocks: per pipeline rank, shape (candidates, R), NaN past pp:
@@ -319,7 +322,7 @@ def score(
         bubble_bound=bubble_bound,
         dp_bound=dp_bound,
         ep_bound=x.m * x.blocks_most * t.ep_s,
-        tp_sp_off_floor=x.m * x.blocks_most * t.tp_forward_s,
+        sp_off_floor=x.m * x.blocks_most * t.sp_off_floor_s,
     )
 
 
@@ -354,9 +357,9 @@ class _StepTerms:
     """A block's expert-parallel exchange as the step pays it (exposed + interference)."""
     forward_share: np.ndarray
     """The forwards' share of the compute stream (host.forward_share)."""
-    tp_forward_s: np.ndarray
-    """A block's forward tensor-parallel collectives before any overlap hides them
-    (comm.TpSeconds.fwd)."""
+    sp_off_floor_s: np.ndarray
+    """A block's compute and its forward tensor-parallel collectives before any overlap hides them
+    (Scores.sp_off_floor)."""
 
 
 def _time_terms(x: Step) -> tuple[_StepTerms, PipelineTerms]:
@@ -423,7 +426,7 @@ def _time_terms(x: Step) -> tuple[_StepTerms, PipelineTerms]:
         block_recompute=block.recompute,
         ep_s=ep_s,
         forward_share=H.forward_share(x, **rank_ops),
-        tp_forward_s=tp.fwd,
+        sp_off_floor_s=block.total + tp.fwd,
     )
     return terms, pipeline
 

@@ -64,9 +64,9 @@ evaluation bounds every candidate of a shape (checked in tests/test_search_bound
 reads the ZeRO stage and shard group: a group term, like pp_p2p_bound and optimizer.)"""
 
 
-SP_OFF_FLOOR_TERM = "tp_sp_off_floor"
-"""Scores.tp_sp_off_floor: with `compute`, what the twin of a candidate with sequence parallelism
-off never goes below (the search scores that twin only where it could be admitted)."""
+SP_OFF_FLOOR_TERM = "sp_off_floor"
+"""Scores.sp_off_floor: what compute + tp_comm of the twin of a candidate with sequence
+parallelism off never go below (the search scores that twin only where it could be admitted)."""
 
 
 _READ_TERMS = TIME_BOUND_TERMS + (EP_BOUND_TERM, SP_OFF_FLOOR_TERM)

@@ -352,8 +352,8 @@ class _BranchAndBound:
         self.expanded = np.zeros(self.n_shapes, bool)
         lb = self.shape_lb = np.array(r.shape_bound, dtype=float)
         # what each shape's twin with sequence parallelism off never goes below (_admissible)
-        floor = r.terms.get(SP_OFF_FLOOR_TERM, np.zeros(self.n_shapes))  # 0: compute alone
-        self.shape_floor_off = r.terms["compute"] + floor
+        # 0 where the scorer reports no floor: every twin is scored
+        self.shape_floor_off = r.terms.get(SP_OFF_FLOOR_TERM, np.zeros(self.n_shapes))
         both = np.array([len(c) > 1 for c in self.sp_choices], dtype=bool)
         self.twin_pending = both[self.shape_sps] if self.n_shapes else np.zeros(0, dtype=bool)
         # expand first the shapes whose representative fits and is fast (the threshold falls soonest), then
@@ -373,9 +373,9 @@ class _BranchAndBound:
         lesser of its two representatives' bounds (a stack whose backward runs its tensor-parallel
         collectives beside its GEMMs can expose less with sequence parallelism off,
         cost_models.comm._async_backward; the one with it on is scored first). That twin is scored
-        only where it could still be admitted: its compute is never less than with sequence
-        parallelism on (norms and dropouts unsharded), its tensor-parallel time never less than
-        Scores.tp_sp_off_floor, its expert-parallel time never less either
+        only where it could still be admitted: its compute + tensor-parallel time is never less than
+        the representative's Scores.sp_off_floor, its other bound terms are not negative, its
+        expert-parallel time is never less than with sequence parallelism on
         (tests/test_search_bounds.py), and the threshold only falls."""
 
         def below(bound, at):
