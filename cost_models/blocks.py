@@ -594,42 +594,9 @@ def module_sac(
         dropped = dropped + Terms(shard=inner(spec.d_ffn))
         elem = elem + Terms(shard=act_traffic(spec.d_ffn))
         gemms |= {"w1", "w2", "w3"}
-    shared_width = moe.shared_experts * moe.d_shared_ffn if moe is not None else 0
-    if moe is not None and "moe" in mods:
-        rep, _ = moe_mla_bytes_per_token(
-            spec, c, kernels="fused", precision=precision, fp8_scaling=fp8_scaling
-        )
-        moe_rep = sum(v for k, v in rep.items() if k.startswith("moe_"))
-        dropped = dropped + Terms(
-            rep=moe_rep, shard=inner(moe.top_k * moe.expert_ffn + shared_width)
-        )
-        elem = (
-            elem
-            + Terms(
-                rep=moe.top_k * 5 * h * c + 8.0 * moe.experts,  # gather, scatter, weighting
-                shard=act_traffic(moe.top_k * moe.expert_ffn + shared_width),
-            )
-            + moe_expert_traffic(spec, c, fp32_probs=fp32_probs)[0]
-        )
-        gemms |= {
-            "router",
-            "experts_w1",
-            "experts_w2",
-            "experts_w3",
-            "shared_w1",
-            "shared_w2",
-            "shared_w3",
-            "shared_gate",
-        }
-    elif moe is not None:
-        if "moe_act" in mods:  # the activation function with its clamp (moe_expert_traffic)
-            dropped = dropped + Terms(shard=lin * moe.top_k * moe.expert_ffn)
-            clamp = moe_expert_traffic(spec.with_(mlp_bias=False), c)[0]
-            elem = elem + Terms(shard=act_traffic(moe.top_k * moe.expert_ffn)) + clamp
-        if "shared_experts" in mods and shared_width:
-            dropped = dropped + Terms(shard=inner(shared_width))
-            elem = elem + Terms(shard=act_traffic(shared_width))
-            gemms |= {"shared_w1", "shared_w2", "shared_w3", "shared_gate"}
+    if moe is not None:
+        d, e, g = _moe_modules_sac(spec, precision, mods, c, lin, fp8_scaling, fp32_probs, inner)
+        dropped, elem, gemms = dropped + d, elem + e, gemms | g
     if mla is not None and "mla_up_proj" in mods:
         _, shard = moe_mla_bytes_per_token(
             spec, c, kernels="fused", precision=precision, fp8_scaling=fp8_scaling
@@ -650,6 +617,43 @@ def module_sac(
         elem=elem,
         moe_layer=moe is not None and "moe" in mods,
     )
+
+
+def _moe_modules_sac(spec, precision, mods, c, lin, fp8_scaling, fp32_probs, inner) -> tuple:
+    """(dropped, streamed, GEMMs) of module_sac's MoE modules: `moe` (the whole layer but its
+    input), else `moe_act` and `shared_experts` (module_sac's docstring); `inner(width)` is the MLP
+    inner tensors' saved bytes per token at that width."""
+    moe, h = spec.moe, spec.hidden
+    shared_width = moe.shared_experts * moe.d_shared_ffn
+    dropped, elem, gemms = Terms(), Terms(), set()
+
+    def act_traffic(width):
+        return mlp_act_traffic(spec.gated_mlp, c, width)
+
+    if "moe" in mods:
+        rep, _ = moe_mla_bytes_per_token(
+            spec, c, kernels="fused", precision=precision, fp8_scaling=fp8_scaling
+        )
+        moe_rep = sum(v for k, v in rep.items() if k.startswith("moe_"))
+        dropped = Terms(rep=moe_rep, shard=inner(moe.top_k * moe.expert_ffn + shared_width))
+        elem = (
+            Terms(
+                rep=moe.top_k * 5 * h * c + 8.0 * moe.experts,  # gather, scatter, weighting
+                shard=act_traffic(moe.top_k * moe.expert_ffn + shared_width),
+            )
+            + moe_expert_traffic(spec, c, fp32_probs=fp32_probs)[0]
+        )
+        gemms = {"router", "experts_w1", "experts_w2", "experts_w3"}
+        return dropped, elem, gemms | {"shared_w1", "shared_w2", "shared_w3", "shared_gate"}
+    if "moe_act" in mods:  # the activation function with its clamp (moe_expert_traffic)
+        dropped = dropped + Terms(shard=lin * moe.top_k * moe.expert_ffn)
+        clamp = moe_expert_traffic(spec.with_(mlp_bias=False), c)[0]
+        elem = elem + Terms(shard=act_traffic(moe.top_k * moe.expert_ffn)) + clamp
+    if "shared_experts" in mods and shared_width:
+        dropped = dropped + Terms(shard=inner(shared_width))
+        elem = elem + Terms(shard=act_traffic(shared_width))
+        gemms |= {"shared_w1", "shared_w2", "shared_w3", "shared_gate"}
+    return dropped, elem, gemms
 
 
 def moe_mla_bytes_per_token(
