@@ -397,8 +397,7 @@ def tp_exposed_parts(x, tp: TpSeconds, block) -> tuple:
     on = tp_overlapped(x.sw.tp_comm_overlap, x.tp, x.sp)
 
     def shown(comm, gemm):
-        hidden = np.minimum(comm, gemm)
-        return np.where(on, comm - hidden + interference * hidden, comm)
+        return np.where(on, _beside(comm, gemm, interference), comm)
 
     if paired is None or tp.pair_fwd is None:  # no GEMM by pair: each pass against all its GEMMs
         rec_gemm = x.full_share * block.gemm_fwd * recompute_passes(x)
@@ -422,6 +421,13 @@ def tp_exposed_parts(x, tp: TpSeconds, block) -> tuple:
     return fwd, np.where(on, bwd, plain_bwd), x.full_share * fwd * recompute_passes(x)
 
 
+def _beside(comm, gemm, interference):
+    """What a collective of `comm` seconds run beside a GEMM of `gemm` seconds adds: the part the
+    GEMM cannot hide, and `interference` of the part it hides, max(0, c - G) + i min(c, G)."""
+    hidden = np.minimum(comm, gemm)
+    return comm - hidden + interference * hidden
+
+
 def _async_backward(x, tp: TpSeconds, paired, interference) -> np.ndarray:
     """The backward's exposed tensor-parallel time of a stack whose column-parallel layers launch
     their collectives beside their own GEMMs (FrameworkProfile.tp_backward_async; Megatron-Core's
@@ -436,8 +442,7 @@ def _async_backward(x, tp: TpSeconds, paired, interference) -> np.ndarray:
     What an MoE dispatcher gathers shows whole."""
 
     def shown(comm, gemm):
-        hidden = np.minimum(comm, gemm)
-        return comm - hidden + interference * hidden
+        return _beside(comm, gemm, interference)
 
     pair = np.asarray(tp.pair_bwd)
     gather = 0.5 * pair if tp.gather_bwd is None else np.asarray(tp.gather_bwd)

@@ -43,27 +43,9 @@ def test_a_step_with_dropout_pays_it_on_the_attention_kernels_only():
     attention = RunOptions(attention="fused")
     plain = estimate(spec, hw, cfg, gpus=8, options=attention)
     dropped = estimate(spec, hw, cfg, gpus=8, options=attention.with_(dropout=True))
-    fwd, bwd = flash_attention_seconds(
-        1,
-        8192,
-        spec.heads,
-        spec.d_head,
-        causal=True,
-        hw=hw,
-        precision=cfg.precision,
-        kernel="fused",
-    )
-    fwd_d, bwd_d = flash_attention_seconds(
-        1,
-        8192,
-        spec.heads,
-        spec.d_head,
-        causal=True,
-        hw=hw,
-        precision=cfg.precision,
-        kernel="fused",
-        dropout=True,
-    )
+    kw = dict(causal=True, hw=hw, precision=cfg.precision, kernel="fused")
+    fwd, bwd = flash_attention_seconds(1, 8192, spec.heads, spec.d_head, **kw)
+    fwd_d, bwd_d = flash_attention_seconds(1, 8192, spec.heads, spec.d_head, dropout=True, **kw)
     kernels_s = spec.layers * ((fwd_d - fwd) + (bwd_d - bwd))
     extra_s = dropped.time_breakdown_s()["compute"] - plain.time_breakdown_s()["compute"]
     assert kernels_s > 0

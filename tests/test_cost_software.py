@@ -208,23 +208,23 @@ def test_tp_exposed_formula():
     assert float(C.tp_exposed_seconds(X, tp, block)[0]) == pytest.approx(4.0)
 
 
-def test_each_overlapped_collective_hides_only_under_the_gemm_it_is_fused_with():
+def _paired_tp_case(framework: str, *, overlap: bool):
+    """The fields tp_exposed_parts reads for a dense block on 8 p5 ranks with sequence parallelism,
+    each side's pair 1 s per pass (all-gather 0.5 + reduce-scatter 0.5), and a block whose QKV,
+    projection, fc1 and fc2 GEMMs take 0.2, 0.1, 2.0 and 1.0 s (forward): (x, tp, block)."""
+    from types import SimpleNamespace
+
     from frameworks import load_framework
 
-    class X:
-        sw = type("S", (), {"tp_comm_overlap": True, "framework": load_framework("megatron")})()
-        hw = load_profile("p5.48xlarge")
-        full = np.array([False])
-        full_share = np.array([0.0])
-        tp = np.array([8])
-        sp = np.array([True])
-
-        @staticmethod
-        def is_schedule(name):
-            return np.array([False])
-
-    # a dense block: each side's pair 1 s (all-gather 0.5 + reduce-scatter 0.5) per pass;
-    # attention's QKV 0.2 s and projection 0.1 s, the MLP's fc1 2.0 s and fc2 1.0 s
+    x = SimpleNamespace(
+        sw=SimpleNamespace(tp_comm_overlap=overlap, framework=load_framework(framework)),
+        hw=load_profile("p5.48xlarge"),
+        full=np.array([False]),
+        full_share=np.array([0.0]),
+        tp=np.array([8]),
+        sp=np.array([True]),
+        is_schedule=lambda name: np.array([False]),
+    )
     pair = np.array(1.0)
     tp = C.TpSeconds(
         allreduce=pair,
@@ -235,9 +235,13 @@ def test_each_overlapped_collective_hides_only_under_the_gemm_it_is_fused_with()
         pair_bwd=pair,
         mlp_linear=np.array(True),
     )
-    paired = (np.array(0.2), np.array(0.1), np.array(2.0), np.array(1.0))
-    block = type("Bk", (), {"gemm_fwd": np.array(3.3), "gemm_bwd": np.array(6.6)})()
-    block.tp_paired_fwd = paired
+    block = SimpleNamespace(gemm_fwd=np.array(3.3), gemm_bwd=np.array(6.6))
+    block.tp_paired_fwd = (np.array(0.2), np.array(0.1), np.array(2.0), np.array(1.0))
+    return x, tp, block
+
+
+def test_each_overlapped_collective_hides_only_under_the_gemm_it_is_fused_with():
+    X, tp, block = _paired_tp_case("megatron", overlap=True)
     i = eff(X.hw, "overlap_interference")
     # per pass: 0.3 + 0.4 of attention's collectives show, the MLP's hide; 4 hidden parts; the
     # backward also re-gathers each side's input (0.5) beside its dgrad: QKV's shows 0.3
@@ -594,34 +598,7 @@ def test_megatrons_column_parallel_backward_runs_its_collectives_beside_its_gemm
     all-reduce beside the weight gradient. torchtitan's DTensor backward shows them all."""
     from frameworks import load_framework
 
-    def software(name):
-        return type("S", (), {"tp_comm_overlap": False, "framework": load_framework(name)})()
-
-    class X:
-        sw = software("megatron")
-        hw = load_profile("p5.48xlarge")
-        full = np.array([False])
-        full_share = np.array([0.0])
-        tp = np.array([8])
-        sp = np.array([True])
-
-        @staticmethod
-        def is_schedule(name):
-            return np.array([False])
-
-    # each side's pair 1 s per pass; QKV 0.2 s, projection 0.1, fc1 2.0, fc2 1.0 (forward)
-    pair = np.array(1.0)
-    tp = C.TpSeconds(
-        allreduce=pair,
-        fwd=2 * pair,
-        bwd=2 * pair,
-        recompute=np.array(0.0),
-        pair_fwd=pair,
-        pair_bwd=pair,
-        mlp_linear=np.array(True),
-    )
-    block = type("Bk", (), {"gemm_fwd": np.array(3.3), "gemm_bwd": np.array(6.6)})()
-    block.tp_paired_fwd = (np.array(0.2), np.array(0.1), np.array(2.0), np.array(1.0))
+    X, tp, block = _paired_tp_case("megatron", overlap=False)
     i = eff(X.hw, "overlap_interference")
     # sequence parallel: the output gradient's all-gather (0.5) shows; the input's re-gather and
     # the input gradient's reduce-scatter (0.5 each) run beside QKV's 0.2 s GEMMs, fc1's 2.0 s
@@ -638,11 +615,10 @@ def test_megatrons_column_parallel_backward_runs_its_collectives_beside_its_gemm
     fp8 = replace(
         tp, gather_fwd=np.array(0.3), gather_bwd=np.array(0.4), mlp_linear=np.array(False)
     )
-    fp8 = replace(fp8, bwd=np.array(2.0))
     attention = 0.4 + ((0.3 - 0.2) + i * 0.2) + ((0.6 - 0.2) + i * 0.2)
     assert one(C.tp_exposed_parts(X, fp8, block)[1]) == pytest.approx(attention + 1.0)
     X.sp = np.array([False])  # the input gradient's all-reduce (1 s) beside the wgrad GEMM
     _, bwd, _ = C.tp_exposed_parts(X, tp, block)
     assert one(bwd) == pytest.approx((1.0 - 0.2 + i * 0.2) + i * 1.0)
-    X.sw = software("torchtitan")  # DTensor's backward collectives: all of them show
+    X.sw.framework = load_framework("torchtitan")  # DTensor's backward: all of them show
     assert one(C.tp_exposed_parts(X, tp, block)[1]) == 2.0

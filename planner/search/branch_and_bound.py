@@ -249,6 +249,8 @@ class _BranchAndBound:
             np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         )  # noqa: E731
         self.shape_run, self.shape_class, self.shape_sps = cat(runs), cat(classes), cat(sp_sets)
+        # the placement each class's representative takes: its first
+        self.first_place = np.array([c[0] for c in self.class_places], dtype=np.int64)
         self.n_shapes = len(self.shape_run)
         per_class = np.array([len(c) for c in self.class_places], dtype=np.int64)
         per_sp = np.array([len(c) for c in self.sp_choices], dtype=np.int64)
@@ -335,10 +337,9 @@ class _BranchAndBound:
         return r
 
     def run(self) -> None:
-        first_place = np.array([c[0] for c in self.class_places], dtype=np.int64)
         reps = self._members(
             self.starts[self.shape_run],
-            first_place[self.shape_class] if self.n_shapes else np.zeros(0, dtype=np.int64),
+            self.first_place[self.shape_class] if self.n_shapes else np.zeros(0, dtype=np.int64),
             self.shape_sp,
             self.weakest,
         )
@@ -393,10 +394,9 @@ class _BranchAndBound:
 
     def _twin_bounds(self, shapes: np.ndarray) -> np.ndarray:
         """The shape terms of these shapes' representatives with sequence parallelism off."""
-        first_place = np.array([c[0] for c in self.class_places], dtype=np.int64)
         off = self._members(
             self.starts[self.shape_run[shapes]],
-            first_place[self.shape_class[shapes]],
+            self.first_place[self.shape_class[shapes]],
             np.zeros(len(shapes), dtype=bool),
             self.weakest,
         )
