@@ -35,8 +35,12 @@ JOBS = (
     "dgxc-v25.04-llama31-405b-2048gpu-fp8",
     "dgxc-v25.02-nemotron4-15b-64gpu-bf16",
     "dgxc-v25.02-nemotron4-15b-64gpu-fp8",
+    "dgxc-v25.04-nemotron4-15b-64gpu-bf16",
+    "dgxc-v25.04-nemotron4-15b-64gpu-fp8",
 )
-"""NVIDIA's tuned Llama 3.1 405B on 2,048 H100s and Nemotron-4 15B on 64 H100s (issue 32)."""
+"""NVIDIA's tuned Llama 3.1 405B on 2,048 H100s and Nemotron-4 15B on 64 H100s (issue 32). The
+Nemotron-4 job twice: as NeMo 24.12 ran it (v25.02: tp4, micro-batch 4) and as NVIDIA retuned it
+for the next release (v25.04, NeMo 25.02.01: tp2, micro-batch 2, measured 3.3% faster in FP8)."""
 LAYOUT = ("dp", "tp", "pp", "cp", "virtual_stages", "micro_batch")
 RESULTS = Path(__file__).resolve().parent / "results" / "nvidia_layouts.json"
 

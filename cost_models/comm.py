@@ -621,6 +621,20 @@ def dp_chunks(x) -> np.ndarray:
     return np.where(x.is_schedule("interleaved-1f1b") & (x.v > 1), x.v, 1.0)
 
 
+def gradient_buckets(x, params, grad_bytes) -> np.ndarray:
+    """Gradient buckets per model chunk of a rank with `params` parameters whose gradients are
+    `grad_bytes` (both per rank): buckets of max(floor, per_rank x dp) parameters where the stack
+    says so (FrameworkProfile.grad_bucket_params; Megatron-Core's DistributedDataParallel default
+    max(40M, 1M x dp), so at dp 1,024 a bucket is 1.0B parameters), PyTorch DDP's 25 MiB
+    otherwise. The one count: dp_comm_seconds and cost_models.timeline.rank_work read it."""
+    chunks = dp_chunks(x)
+    sized = x.sw.framework.grad_bucket_params
+    if sized is None:
+        return np.maximum(1.0, np.ceil(grad_bytes / chunks / DDP_BUCKET_BYTES))
+    floor, per_rank = sized
+    return np.maximum(1.0, np.ceil(params / chunks / np.maximum(floor, per_rank * x.dp)))
+
+
 def _step_reductions_exposed(x, once, buckets, backward_s, forward_s, compute_end_s, start_s):
     """Exposed part of rank 0's gradient reductions with Megatron-Core's overlap_grad_reduce
     (DistributedDataParallel: a bucket's collective starts when all its gradients of the last
@@ -733,7 +747,7 @@ def dp_comm_seconds(
     low_total, low_shown, gate = _step_collectives_seconds(
         x,
         (allreduce, rs, gather),
-        np.maximum(1.0, np.ceil(grad_bytes / dp_chunks(x) / DDP_BUCKET_BYTES)),
+        gradient_buckets(x, params_rank.total, grad_bytes),
         last_backward_s,
         forward_s,
         compute_s if compute_end_s is None else compute_end_s,

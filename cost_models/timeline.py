@@ -58,7 +58,6 @@ zags between ranks (1F1B with uneven stages)."""
 
 from __future__ import annotations
 
-import math
 import heapq
 from collections import deque
 from dataclasses import dataclass
@@ -730,9 +729,8 @@ def rank_work(x, t: BlockTerms, key: tuple[float, bool, bool, float], row: int =
     params = MO.rank_params(x, blocks, first, last)
     allreduce, rs, gather = (_one(x, a, row) for a in C.dp_reduction_parts(x, params))
     zero, m = int(_one(x, x.zero, row)), _one(x, x.m, row)
-    grad_bytes = _one(x, params.total, row) * x.sw.state_bytes(x.precision).reduce
-    chunks = _one(x, C.dp_chunks(x), row)
-    buckets = max(1, math.ceil(grad_bytes / chunks / C.DDP_BUCKET_BYTES))
+    grad_bytes = params.total * x.sw.state_bytes(x.precision).reduce
+    buckets = int(_one(x, C.gradient_buckets(x, params.total, grad_bytes), row))
     kw = dict(
         fwd_s=fwd,
         bwd_s=bwd,

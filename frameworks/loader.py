@@ -155,6 +155,12 @@ FRAMEWORK_KEYS: dict[str, Field] = {
     "shard_per_block": _optional(
         "bool", False, "ZeRO 2-3 gathers and reduces each block in collectives of its own."
     ),
+    "grad_bucket_params": _optional(
+        "list",
+        None,
+        "Gradient bucket in parameters: [floor, per data-parallel rank] (absent: DDP's 25 MiB).",
+        items="number",
+    ),
     "zero3_max_live_params": _optional(
         "number",
         None,
@@ -240,6 +246,11 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
         _fail(origin, "fp8_tp_gather", quantized_gathers, "recipes of capabilities.fp8_scalings")
     if data.get("moe_a2a_overlap", False) and not caps.moe_a2a_overlap:
         _fail(origin, "moe_a2a_overlap", True, "false unless capabilities.moe_a2a_overlap")
+    bucket = data.get("grad_bucket_params")
+    if bucket is not None and (len(bucket) != 2 or not all(b > 0 for b in bucket)):
+        _fail(
+            origin, "grad_bucket_params", bucket, "two positive parameter counts [floor, per rank]"
+        )
     for switch in SWITCHES_A_STACK_MAY_LACK:  # a default on only where the stack has it
         if data.get(switch, False) and not getattr(caps, switch):
             _fail(origin, switch, True, f"false unless capabilities.{switch}")

@@ -425,6 +425,11 @@ class FrameworkProfile:
     (Megatron-Core's distributed optimizer, DeepSpeed's reduce buckets), or per-block ones whose
     latency the published runs do not show (torchtitan's FSDP2: its multi-node rows are already
     predicted slow without it)."""
+    grad_bucket_params: tuple[float, float] | None = None
+    """Gradient bucket size in parameters as (floor, per data-parallel rank): a bucket holds
+    max(floor, per_rank x dp) parameters (Megatron-Core's DistributedDataParallel default,
+    max(40M, 1M x dp): larger buckets at large dp keep each rank's ring chunk bandwidth-bound).
+    None: PyTorch DDP's 25 MiB buckets (cost_models.comm.gradient_buckets)."""
     zero3_max_live_params: float | None = None
     """How ZeRO-3 gathers parameters. None: by wrapped unit, one transformer block at a time with the next one
     prefetched (FSDP's fully_shard per block). A number: by submodule (DeepSpeed's PartitionedParameterCoordinator

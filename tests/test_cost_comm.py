@@ -61,3 +61,57 @@ def test_more_bandwidth_is_never_slower(size, n, local, factor, which):
         slow = C.group_collective_seconds(kind, size, n, min(local, n), HW)
         fast = C.group_collective_seconds(kind, size, n, min(local, n), faster)
         assert np.all(fast <= slow * (1 + 1e-12))
+
+
+def _bucket_step(framework: str, dp: int, v: int = 1):
+    """The few fields of a cost_models.step.Step that gradient_buckets reads."""
+    from types import SimpleNamespace
+
+    from frameworks import load_framework
+
+    interleaved = v > 1
+    return SimpleNamespace(
+        sw=SimpleNamespace(framework=load_framework(framework)),
+        dp=np.asarray(float(dp)),
+        v=np.asarray(float(v)),
+        is_schedule=lambda name: np.asarray(name == "interleaved-1f1b" and interleaved),
+    )
+
+
+def test_megatron_buckets_hold_40m_or_1m_parameters_per_data_parallel_rank():
+    # Megatron-Core distributed_data_parallel.py: bucket_size = max(40_000_000, 1_000_000 * dp)
+    # parameters, one set of buckets per model chunk; PyTorch DDP: bucket_cap_mb = 25
+    params = 7.8e9  # Nemotron-4 15B over tp 2
+    grad_bytes = 2.0 * params
+    buckets = lambda x: float(C.gradient_buckets(x, params, grad_bytes))  # noqa: E731
+    assert buckets(_bucket_step("megatron", 8)) == 195  # 40M each
+    assert buckets(_bucket_step("megatron", 40)) == 195  # 40M still the floor
+    assert buckets(_bucket_step("megatron", 1024)) == 8  # 1.024B each
+    assert buckets(_bucket_step("megatron", 1024, v=4)) == 2  # 1.95B per chunk
+    assert buckets(_bucket_step("fsdp", 1024)) == np.ceil(grad_bytes / (25 * 2**20))
+
+
+def test_larger_megatron_buckets_expose_more_of_the_reduction_at_large_dp():
+    import dataclasses as dc
+
+    from frameworks import load_framework
+    from planner.catalog import get
+    from planner.estimate import estimate
+    from planner.parallel import ParallelConfig
+
+    model, hw = get("llama3-8b"), load_profile("dgx-h100")
+    megatron = load_framework("megatron")
+    ddp_buckets = dc.replace(megatron, grad_bucket_params=None)
+
+    def dp_comm(dp, fw):
+        config = ParallelConfig(
+            dp=dp, tp=1, pp=1, micro_batch=1, global_batch=4 * dp, seq=8192, framework="megatron"
+        )
+        kw = dict(gpus=dp, framework_profile=fw)
+        return estimate(model, hw, config, **kw).time_breakdown_s()["dp_comm"]
+
+    # at dp 8 both bucket sizes are small against the step; at dp 1,024 a Megatron bucket is
+    # 1.024B parameters, an eighth of the 8B model: the last bucket's reduction runs after the
+    # backward and the forward waits for the first bucket's gather
+    assert dp_comm(8, megatron) == pytest.approx(dp_comm(8, ddp_buckets), rel=0.3)
+    assert dp_comm(1024, megatron) > 1.4 * dp_comm(1024, ddp_buckets)

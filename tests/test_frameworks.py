@@ -84,6 +84,9 @@ def test_the_four_stacks_ship_and_load():
             "capabilities.moe_dispatchers",
         ),
         (lambda d: d["capabilities"].update(tp=1), "capabilities.tp"),
+        (lambda d: d.update(grad_bucket_params=[40e6]), "grad_bucket_params"),
+        (lambda d: d.update(grad_bucket_params=[40e6, -1]), "grad_bucket_params"),
+        (lambda d: d.update(grad_bucket_params=["40M", 1e6]), "grad_bucket_params"),
         (
             lambda d: d["capabilities"].update(sequence_parallel="sometimes"),
             "capabilities.sequence_parallel",
