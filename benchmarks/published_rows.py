@@ -31,7 +31,7 @@ STACK_FILES = ("megatron", "torchtitan", "fsdp", "deepspeed")
 
 ATTENTION = {
     "cudnn": "fused",
-    "flash": None,
+    "flash": "flash",
     "flash1": "flash1",
     "sdpa": "sdpa",
     "triton": "triton",
