@@ -562,8 +562,7 @@ def _falcon(k: _Keys) -> dict:
 
 def _rope_theta(k: _Keys, default: float) -> float:
     """rope_theta, or rope_parameters/rope_scaling's rope_theta, else the class default."""
-    rope = _rope_scaling(k)
-    nested = rope.get("rope_theta") if isinstance(rope, dict) else None
+    nested = _rope_scaling(k).get("rope_theta")
     return k.float(
         "rope_theta", float(nested) if isinstance(nested, (int, float)) and nested > 0 else default
     )
@@ -605,7 +604,7 @@ def _rope_attention_factor(k: _Keys) -> float:
     attention_factor, else spec.yarn_attention_factor of factor, mscale and mscale_all_dim; 1 for
     any other scaling (Llama 3's "llama3" rescales frequencies only)."""
     rope = _rope_scaling(k)
-    if not isinstance(rope, dict) or (rope.get("rope_type") or rope.get("type")) != "yarn":
+    if (rope.get("rope_type") or rope.get("type")) != "yarn":
         return 1.0
     sub = _Keys(rope, f"{k.path} rope_scaling", k.model_type)
     if rope.get("attention_factor") is not None:
@@ -617,9 +616,20 @@ def _rope_attention_factor(k: _Keys) -> float:
 MSCALE_KEYS = ("mscale", "mscale_all_dim")
 
 
-def _rope_scaling(k: _Keys):
+def _rope_scaling(k: _Keys) -> dict:
     """The config's RoPE block: rope_parameters (transformers >= 4.56), else rope_scaling; {} when
-    it states none."""
+    it states none. A block that is not a JSON object (a list, a string) is refused in one line,
+    not read as no scaling."""
+    for key in ROPE_KEYS:
+        block = k.data.get(key)
+        if block is not None and not isinstance(block, dict):
+            raise ConfigError(
+                key,
+                block,
+                "a JSON object (rope_type, factor, ...) or null",
+                message=f"{k.path}: {key}={str(block)[:60]!s} is invalid: allowed a JSON object "
+                "(rope_type, factor, ...) or null",
+            )
     return k.data.get(ROPE_KEYS[0]) or k.data.get(ROPE_KEYS[1]) or {}
 
 

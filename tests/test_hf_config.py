@@ -147,6 +147,8 @@ def _config(family="llama", **changes):
         ("qwen3-window", _config("qwen3", use_sliding_window=True), "use_sliding_window"),
         ("gemma-activation", _config("gemma", hidden_activation="relu"), "hidden_activation"),
         ("phi3-window", _config("phi3", sliding_window=-5), "sliding_window"),
+        ("rope-list", _config(rope_scaling=["yarn", 4.0]), "rope_scaling"),
+        ("rope-string", _config(rope_parameters="yarn"), "rope_parameters"),
     ],
 )
 def test_bad_config_is_one_line_naming_the_field_and_exit_2(tmp_path, case, text, field):
