@@ -34,9 +34,7 @@ if str(ROOT) not in sys.path:
 from benchmarks.published_rows import Case, load  # noqa: E402
 from cost_models.flops import model_flops_per_step  # noqa: E402
 from frameworks import load_framework  # noqa: E402
-from planner.estimate import candidate_of, estimate  # noqa: E402
-from planner.score import score  # noqa: E402
-from planner.software import software_for  # noqa: E402
+from planner.estimate import estimate  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "accuracy_moe.json"
 FITTED = ("megatron", "moe_host_ops_per_layer")
@@ -70,8 +68,11 @@ def conventions(cases: list[Case]) -> dict:
 
 
 def predict(case: Case, value: float | None = None):
-    """The estimate of a case; with `value`, the megatron profile's fitted parameter set to it (same
-    scoring path as estimate, which validates the configuration first)."""
+    """The estimate of a case; with `value`, the megatron profile's fitted parameter set to it (the
+    same estimate, the simulated step, on that trial profile: planner.estimate's framework_profile)."""
+    trial = None
+    if value is not None and case.framework == FITTED[0]:
+        trial = replace(load_framework(FITTED[0]), **{FITTED[1]: value})
     est = estimate(
         case.spec,
         case.hardware,
@@ -79,23 +80,9 @@ def predict(case: Case, value: float | None = None):
         gpus=case.row["gpus"],
         check_framework=case.check_framework,
         options=case.options,
+        framework_profile=trial,
     )
-    if value is None or case.framework != FITTED[0]:
-        return est.step_time_s, est
-    fw = replace(load_framework(FITTED[0]), **{FITTED[1]: value})
-    sw = software_for(fw, case.options)
-    cfg = case.config
-    s = score(
-        case.spec,
-        case.hardware,
-        candidate_of(cfg, case.spec.total_blocks),
-        global_batch=cfg.global_batch,
-        seq=cfg.seq,
-        precision=cfg.precision,
-        optimizer=cfg.optimizer,
-        software=sw,
-    )
-    return float(s.step_time_s[0]), est
+    return est.step_time_s, est
 
 
 def mape(errors) -> float:
