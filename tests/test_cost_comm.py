@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from cost_models import comm as C
+from frameworks import load_framework
 from hardware_profiles import load_profile
+from planner.catalog import get
+from planner.estimate import estimate
+from planner.parallel import ParallelConfig
 
 HW = load_profile("dgx-a100-80g")
 
@@ -65,10 +70,6 @@ def test_more_bandwidth_is_never_slower(size, n, local, factor, which):
 
 def _bucket_step(framework: str, dp: int, v: int = 1):
     """The few fields of a cost_models.step.Step that gradient_buckets reads."""
-    from types import SimpleNamespace
-
-    from frameworks import load_framework
-
     interleaved = v > 1
     return SimpleNamespace(
         sw=SimpleNamespace(framework=load_framework(framework)),
@@ -92,16 +93,9 @@ def test_megatron_buckets_hold_40m_or_1m_parameters_per_data_parallel_rank():
 
 
 def test_larger_megatron_buckets_expose_more_of_the_reduction_at_large_dp():
-    import dataclasses as dc
-
-    from frameworks import load_framework
-    from planner.catalog import get
-    from planner.estimate import estimate
-    from planner.parallel import ParallelConfig
-
     model, hw = get("llama3-8b"), load_profile("dgx-h100")
     megatron = load_framework("megatron")
-    ddp_buckets = dc.replace(megatron, grad_bucket_params=None)
+    ddp_buckets = dataclasses.replace(megatron, grad_bucket_params=None)
 
     def dp_comm(dp, fw):
         config = ParallelConfig(
