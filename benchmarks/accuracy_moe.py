@@ -68,8 +68,8 @@ def conventions(cases: list[Case]) -> dict:
 
 
 def predict(case: Case, value: float | None = None):
-    """The estimate of a case; with `value`, the megatron profile's fitted parameter set to it (the
-    same estimate, the simulated step, on that trial profile: planner.estimate's framework_profile)."""
+    """The estimate of a case; with `value`, the megatron profile's fitted parameter set to it
+    (the same estimate, the simulated step, on that trial profile: estimate's framework_profile)."""
     trial = None
     if value is not None and case.framework == FITTED[0]:
         trial = replace(load_framework(FITTED[0]), **{FITTED[1]: value})

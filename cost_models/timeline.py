@@ -24,7 +24,8 @@ communication, each "exposed" part assumed. Here the step is simulated instead, 
   reduced bucket by bucket as the chunk's last backward (its W under zero-bubble) produces them
   (Megatron-Core's DistributedDataParallel: a bucket's reduce-scatter is launched when all its
   gradients of the last micro-batch are ready, `overlap_grad_reduce`; docs "distributed optimizer";
-  PyTorch DDP's 25 MiB buckets, Li et al. 2020), so in the interleaved schedule the later chunks'
+  buckets of comm.gradient_buckets: the stack's size, PyTorch DDP's 25 MiB by default, Li et al.
+  2020), so in the interleaved schedule the later chunks'
   reductions run under the earlier chunks' cool-down; ZeRO-2 reduce-scatters every micro-batch's
   gradients the same way. With overlap_param_gather (Megatron-Core --overlap-param-gather) the
   distributed optimizer's parameter all-gather runs at the start of the step, chunk by chunk in the

@@ -247,9 +247,12 @@ def framework_from_dict(data: Any, *, origin: str = "<dict>") -> FrameworkProfil
     if data.get("moe_a2a_overlap", False) and not caps.moe_a2a_overlap:
         _fail(origin, "moe_a2a_overlap", True, "false unless capabilities.moe_a2a_overlap")
     bucket = data.get("grad_bucket_params")
-    if bucket is not None and (len(bucket) != 2 or not all(b > 0 for b in bucket)):
+    if bucket is not None and (len(bucket) != 2 or bucket[0] < 1e6 or bucket[1] < 0):
         _fail(
-            origin, "grad_bucket_params", bucket, "two positive parameter counts [floor, per rank]"
+            origin,
+            "grad_bucket_params",
+            bucket,
+            "[floor >= 1e6 parameters, parameters per data-parallel rank >= 0]",
         )
     for switch in SWITCHES_A_STACK_MAY_LACK:  # a default on only where the stack has it
         if data.get(switch, False) and not getattr(caps, switch):

@@ -427,9 +427,9 @@ class FrameworkProfile:
     predicted slow without it)."""
     grad_bucket_params: tuple[float, float] | None = None
     """Gradient bucket size in parameters as (floor, per data-parallel rank): a bucket holds
-    max(floor, per_rank x dp) parameters (Megatron-Core's DistributedDataParallel default,
-    max(40M, 1M x dp): larger buckets at large dp keep each rank's ring chunk bandwidth-bound).
-    None: PyTorch DDP's 25 MiB buckets (cost_models.comm.gradient_buckets)."""
+    max(floor, per_rank x dp) parameters (Megatron-Core's DistributedDataParallel default is
+    max(40M, 1M x dp), NVIDIA's NeMo 2.0 / Megatron-Bridge recipes fix 128 Mi parameters, per_rank
+    0). None: PyTorch DDP's 25 MiB buckets (cost_models.comm.gradient_buckets)."""
     zero3_max_live_params: float | None = None
     """How ZeRO-3 gathers parameters. None: by wrapped unit, one transformer block at a time with the next one
     prefetched (FSDP's fully_shard per block). A number: by submodule (DeepSpeed's PartitionedParameterCoordinator

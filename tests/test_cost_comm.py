@@ -68,34 +68,46 @@ def test_more_bandwidth_is_never_slower(size, n, local, factor, which):
         assert np.all(fast <= slow * (1 + 1e-12))
 
 
-def _bucket_step(framework: str, dp: int, v: int = 1):
-    """The few fields of a cost_models.step.Step that gradient_buckets reads."""
+MCORE_DEFAULT = (40e6, 1e6)
+"""Megatron-Core's own bucket: max(40_000_000, 1_000_000 x dp) parameters
+(megatron/core/distributed/distributed_data_parallel.py, core_r0.9.0 to core_r0.16.0)."""
+
+
+def _bucket_step(framework: str, dp: int, v: int = 1, bucket=None):
+    """The few fields of a cost_models.step.Step that gradient_buckets reads; `bucket` replaces
+    the profile's grad_bucket_params."""
+    fw = load_framework(framework)
+    if bucket is not None:
+        fw = dataclasses.replace(fw, grad_bucket_params=bucket)
     interleaved = v > 1
     return SimpleNamespace(
-        sw=SimpleNamespace(framework=load_framework(framework)),
+        sw=SimpleNamespace(framework=fw),
         dp=np.asarray(float(dp)),
         v=np.asarray(float(v)),
         is_schedule=lambda name: np.asarray(name == "interleaved-1f1b" and interleaved),
     )
 
 
-def test_megatron_buckets_hold_40m_or_1m_parameters_per_data_parallel_rank():
-    # Megatron-Core distributed_data_parallel.py: bucket_size = max(40_000_000, 1_000_000 * dp)
-    # parameters, one set of buckets per model chunk; PyTorch DDP: bucket_cap_mb = 25
+def test_gradient_buckets_follow_the_stacks_bucket_size():
     params = 7.8e9  # Nemotron-4 15B over tp 2
     grad_bytes = 2.0 * params
-    buckets = lambda x: float(C.gradient_buckets(x, params, grad_bytes))  # noqa: E731
-    assert buckets(_bucket_step("megatron", 8)) == 195  # 40M each
-    assert buckets(_bucket_step("megatron", 40)) == 195  # 40M still the floor
-    assert buckets(_bucket_step("megatron", 1024)) == 8  # 1.024B each
-    assert buckets(_bucket_step("megatron", 1024, v=4)) == 2  # 1.95B per chunk
+    buckets = lambda x: float(C.gradient_buckets(x, params, grad_bytes))
+    # NVIDIA's NeMo 2.0 / Megatron-Bridge recipes: bucket_size = 128 * 1024 * 1024 whenever dp > 1
+    for dp in (8, 1024):
+        assert buckets(_bucket_step("megatron", dp)) == np.ceil(params / 134_217_728)  # 59
+    # Megatron-Core's default, one set of buckets per model chunk
+    assert buckets(_bucket_step("megatron", 8, bucket=MCORE_DEFAULT)) == 195  # 40M each
+    assert buckets(_bucket_step("megatron", 40, bucket=MCORE_DEFAULT)) == 195  # still the floor
+    assert buckets(_bucket_step("megatron", 1024, bucket=MCORE_DEFAULT)) == 8  # 1.024B each
+    assert buckets(_bucket_step("megatron", 1024, v=4, bucket=MCORE_DEFAULT)) == 2  # per chunk
+    # PyTorch DDP: bucket_cap_mb = 25
     assert buckets(_bucket_step("fsdp", 1024)) == np.ceil(grad_bytes / (25 * 2**20))
 
 
-def test_larger_megatron_buckets_expose_more_of_the_reduction_at_large_dp():
+def test_larger_buckets_expose_more_of_the_reduction_at_large_dp():
     model, hw = get("llama3-8b"), load_profile("dgx-h100")
-    megatron = load_framework("megatron")
-    ddp_buckets = dataclasses.replace(megatron, grad_bucket_params=None)
+    recipes = load_framework("megatron")
+    mcore = dataclasses.replace(recipes, grad_bucket_params=MCORE_DEFAULT)
 
     def dp_comm(dp, fw):
         config = ParallelConfig(
@@ -104,8 +116,8 @@ def test_larger_megatron_buckets_expose_more_of_the_reduction_at_large_dp():
         kw = dict(gpus=dp, framework_profile=fw)
         return estimate(model, hw, config, **kw).time_breakdown_s()["dp_comm"]
 
-    # at dp 8 both bucket sizes are small against the step; at dp 1,024 a Megatron bucket is
+    # at dp 8 both bucket sizes are small against the step; at dp 1,024 Megatron-Core's bucket is
     # 1.024B parameters, an eighth of the 8B model: the last bucket's reduction runs after the
     # backward and the forward waits for the first bucket's gather
-    assert dp_comm(8, megatron) == pytest.approx(dp_comm(8, ddp_buckets), rel=0.3)
-    assert dp_comm(1024, megatron) > 1.4 * dp_comm(1024, ddp_buckets)
+    assert dp_comm(8, mcore) == pytest.approx(dp_comm(8, recipes), rel=0.3)
+    assert dp_comm(1024, mcore) > 1.4 * dp_comm(1024, recipes)

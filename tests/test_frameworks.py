@@ -86,6 +86,7 @@ def test_the_four_stacks_ship_and_load():
         (lambda d: d["capabilities"].update(tp=1), "capabilities.tp"),
         (lambda d: d.update(grad_bucket_params=[40e6]), "grad_bucket_params"),
         (lambda d: d.update(grad_bucket_params=[40e6, -1]), "grad_bucket_params"),
+        (lambda d: d.update(grad_bucket_params=[1e-12, 1e-12]), "grad_bucket_params"),
         (lambda d: d.update(grad_bucket_params=["40M", 1e6]), "grad_bucket_params"),
         (
             lambda d: d["capabilities"].update(sequence_parallel="sometimes"),

@@ -1,5 +1,5 @@
-"""The README's accuracy figures are the ones the benchmark last wrote: the published-runs row of its
-"How accurate, how fast" table is read and compared with benchmarks/results/accuracy_frameworks.json
+"""The README's accuracy figures are the ones the benchmark last wrote: the published-runs row of
+its "How accurate, how fast" table is read and compared with benchmarks/results/accuracy_frameworks.json
 (written by `benchmarks/accuracy_frameworks.py --loo`), so a rerun that moves a figure fails here
 until the README says it."""
 
