@@ -918,38 +918,17 @@ def fp8_gemms(ctx: RuleContext) -> RuleResult:
     norms and the output layer in 16 bits and pays a cast per GEMM operand (Transformer Engine docs;
     Micikevicius et al. 2022). The number: the plan estimated at fp8 and at amp-bf16."""
     title = "Use FP8 GEMMs where GEMMs dominate, on FP8 hardware"
-    hw, plan = ctx.hardware, ctx.plan
 
     def result(status: Status, number: str, detail: str) -> RuleResult:
         return RuleResult(
             rule="fp8", title=title, status=status, number=number, detail=detail, source=FP8_SOURCE
         )
 
-    peaks = hw.peak_tflops
-    if not peaks.get("fp8"):
-        return result(
-            "pass",
-            f"{hw.device}: no FP8 peak (peak_tflops: {', '.join(peaks)})",
-            "Not applicable: this device has no FP8 tensor cores (Hopper, Ada and Blackwell do); "
-            "train in bf16.",
-        )
-    fw = _framework(ctx)
-    if "fp8" not in fw.capabilities.precisions:
-        return result(
-            "pass",
-            f"{fw.name} has no FP8 recipe (precisions: {', '.join(fw.capabilities.precisions)})",
-            f"Not available on this stack (stacks with FP8 GEMMs: "
-            f"{_stacks_with(lambda caps: 'fp8' in caps.precisions)}).",
-        )
-    precision = plan["precision"]
-    if precision == "fp8":
-        base_precision, fp8_doc = "amp-bf16", ctx.document
-        base_doc = ctx.what_if(precision=base_precision)
-        missing = None if base_doc is not None else ctx.why_not(precision=base_precision)
-    else:
-        base_precision, base_doc = precision, ctx.document
-        fp8_doc = ctx.what_if(precision="fp8")
-        missing = None if fp8_doc is not None else ctx.why_not(precision="fp8")
+    unavailable = _fp8_unavailable(ctx)
+    if unavailable is not None:
+        return result("pass", *unavailable)
+    precision = ctx.plan["precision"]
+    base_precision, base_doc, fp8_doc, missing = _fp8_pair(ctx)
     if base_doc is None or fp8_doc is None:
         return result(
             "pass",
@@ -957,8 +936,48 @@ def fp8_gemms(ctx: RuleContext) -> RuleResult:
             f"plan: {missing or 'refused'}",
             "Nothing to compare.",
         )
+    status, detail = _fp8_verdict(precision, base_precision, base_doc, fp8_doc)
+    return result(status, _fp8_number(ctx, base_precision, base_doc, fp8_doc), detail)
+
+
+def _fp8_unavailable(ctx: RuleContext) -> tuple[str, str] | None:
+    """(number, detail) where FP8 does not apply: no FP8 peak on the device, or no FP8 recipe in
+    the stack; None where it does."""
+    hw, peaks = ctx.hardware, ctx.hardware.peak_tflops
+    if not peaks.get("fp8"):
+        return (
+            f"{hw.device}: no FP8 peak (peak_tflops: {', '.join(peaks)})",
+            "Not applicable: this device has no FP8 tensor cores (Hopper, Ada and Blackwell do); "
+            "train in bf16.",
+        )
+    fw = _framework(ctx)
+    if "fp8" not in fw.capabilities.precisions:
+        return (
+            f"{fw.name} has no FP8 recipe (precisions: {', '.join(fw.capabilities.precisions)})",
+            f"Not available on this stack (stacks with FP8 GEMMs: "
+            f"{_stacks_with(lambda caps: 'fp8' in caps.precisions)}).",
+        )
+    return None
+
+
+def _fp8_pair(ctx: RuleContext):
+    """(16-bit precision, its document, the FP8 document, why one is missing): the plan as it is
+    and its twin at the other precision (amp-bf16 for an FP8 plan)."""
+    precision = ctx.plan["precision"]
+    if precision == "fp8":
+        base_precision, fp8_doc = "amp-bf16", ctx.document
+        base_doc = ctx.what_if(precision=base_precision)
+        missing = None if base_doc is not None else ctx.why_not(precision=base_precision)
+        return base_precision, base_doc, fp8_doc, missing
+    fp8_doc = ctx.what_if(precision="fp8")
+    missing = None if fp8_doc is not None else ctx.why_not(precision="fp8")
+    return precision, ctx.document, fp8_doc, missing
+
+
+def _fp8_number(ctx: RuleContext, base_precision: str, base_doc, fp8_doc) -> str:
+    """The two steps, the peaks, the peak memories, the GEMMs' share of a block and the casts."""
+    fw, peaks, plan = _framework(ctx), ctx.hardware.peak_tflops, ctx.plan
     t16, t8 = _step(base_doc), _step(fp8_doc)
-    gain = 1.0 - t8 / t16
     recipe = fp8_scaling_of(fp8_doc) or fw.fp8_scaling
     low = linear_gemm_precision("fp8", recipe)  # NVFP4's GEMMs run on the FP4 tensor cores
     number = (
@@ -972,7 +991,13 @@ def fp8_gemms(ctx: RuleContext) -> RuleResult:
             f"{plan['seq']:,}, hidden {ctx.spec.hidden}"
         )
     cast = cast_bytes_per_element(fw, recipe)
-    number += f"; casts {cast:.3g} bytes per GEMM operand element ({fw.name}, {recipe})"
+    return number + f"; casts {cast:.3g} bytes per GEMM operand element ({fw.name}, {recipe})"
+
+
+def _fp8_verdict(precision: str, base_precision: str, base_doc, fp8_doc) -> tuple[Status, str]:
+    """(status, detail) from FP8's gain over the 16-bit step, and whether each fits."""
+    t16, t8 = _step(base_doc), _step(fp8_doc)
+    gain = 1.0 - t8 / t16
     host = _breakdown(base_doc, "host_wait") / t16
     why = (
         f"the step waits on the host's kernel launches ({_pct(host)} of it), which FP8 does not shorten"
@@ -982,43 +1007,36 @@ def fp8_gemms(ctx: RuleContext) -> RuleResult:
     )
     if precision == "fp8":
         if gain < 0:
-            return result(
-                "warn", number, f"FP8 is slower than {base_precision} here ({why}): train in bf16."
-            )
+            return "warn", f"FP8 is slower than {base_precision} here ({why}): train in bf16."
         if gain < FP8_MIN_GAIN:
-            return result(
+            return (
                 "advice",
-                number,
                 f"FP8 gains only {_pct(gain)} ({why}): {base_precision} is about as "
                 f"fast without FP8's scaling recipe and loss checks.",
             )
-        return result("pass", number, f"FP8 pays here: {_pct(gain)} less time per step.")
+        return "pass", f"FP8 pays here: {_pct(gain)} less time per step."
     if not _fits(base_doc):
-        return result(
+        return (
             "pass",
-            number,
             f"The plan does not fit at {precision}; FP8 keeps bf16 activations and adds "
             f"FP8 weight copies, so fix the memory first.",
         )
     if gain >= FP8_MIN_GAIN and _fits(fp8_doc):
-        return result(
+        return (
             "advice",
-            number,
             f"Train the GEMMs in FP8 (precision fp8: Transformer Engine / torchao "
             f"float8 with delayed or current scaling): {_pct(gain)} less time per "
             f"step; check the loss curve against bf16 early.",
         )
     if gain >= FP8_MIN_GAIN:
-        return result(
+        return (
             "pass",
-            number,
             f"FP8 would save {_pct(gain)} per step but its FP8 weight copies need "
             f"{_gb(_peak(fp8_doc) - _peak(base_doc))} more per GPU and the plan no longer "
             f"fits; free memory first (ZeRO, recomputation).",
         )
-    return result(
+    return (
         "pass",
-        number,
         f"FP8 does not pay here ({_pct(gain)} less time per step, below "
         f"{_pct(FP8_MIN_GAIN)}): {why}.",
     )
