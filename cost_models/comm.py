@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from cost_models.blocks import BLOCK_SCALED_SCALINGS, quantized_bytes
-from cost_models.compute import eff, recompute_passes, tp_overlapped
+from cost_models.compute import eff, recompute_passes
 from cost_models.experts import legacy_dispatch, mlp_tp_pair
 from cost_models.flops import ATTENTION_CORE_GEMMS, block_gemm_shapes
 from cost_models.pipeline import p2p_transfers_on_critical_path, warmup_forwards
@@ -365,6 +365,16 @@ def tp_exposed_seconds(x, tp: TpSeconds, block) -> np.ndarray:
 
     fwd, bwd, rec = tp_exposed_parts(x, tp, block)
     return fwd + bwd + rec
+
+
+def tp_overlapped(enabled: bool, tp, sequence_parallel) -> np.ndarray:
+    """Where the run overlaps its tensor-parallel collectives with the GEMMs: the option on, tp > 1
+    and sequence parallelism on. Megatron-LM refuses --tp-comm-overlap without --sequence-parallel
+    ('Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is
+    enabled', megatron/training/arguments.py validate_args): Transformer Engine's userbuffers split
+    the sequence-parallel all-gathers and reduce-scatters; torchtitan's async TP always runs with
+    sequence parallelism."""
+    return bool(enabled) & (np.asarray(tp) > 1) & np.asarray(sequence_parallel)
 
 
 def tp_exposed_parts(x, tp: TpSeconds, block) -> tuple:

@@ -464,52 +464,6 @@ def core_gemm_precision(precision: str, d_head, elem_bytes: float) -> str:
     return precision if aligned or elem_bytes >= 4 or precision == "fp32" else "fp32"
 
 
-def tp_overlapped(enabled: bool, tp, sequence_parallel) -> np.ndarray:
-    """Where the run overlaps its tensor-parallel collectives with the GEMMs: the option on, tp > 1
-    and sequence parallelism on. Megatron-LM refuses --tp-comm-overlap without --sequence-parallel
-    ('Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is
-    enabled', megatron/training/arguments.py validate_args): Transformer Engine's userbuffers split
-    the sequence-parallel all-gathers and reduce-scatters; torchtitan's async TP always runs with
-    sequence parallelism."""
-    return bool(enabled) & (np.asarray(tp) > 1) & np.asarray(sequence_parallel)
-
-
-def _overlap_piece_seconds(x, shapes, kw) -> tuple:
-    """(forward, backward) seconds the GEMMs paired with sequence-parallel collectives add where the
-    stack overlaps them (tp_overlapped): Transformer Engine's userbuffers ring exchange and torch's
-    async TP (fused_all_gather_matmul, fused_matmul_reduce_scatter) run each group's GEMM (TE's fused
-    QKV or fc1, the projection, fc2) as tp GEMMs of m / tp rows, one per chunk of the collective, so
-    each piece pays its own fixed cost and wave quantization (gemm_seconds): tp pieces of the
-    group's fused shape less the whole. In the backward only the row-parallel layers' data gradient
-    (the gathered output gradient) runs in pieces; the column-parallel layers' backward
-    collectives run in bulk beside whole GEMMs (TE's qkv/fc1 dgrad and wgrad: method bulk)."""
-    groups: dict[int, GemmShape] = {}
-    for g in shapes:
-        if g.name in TP_PAIRED_GEMMS:  # a group's GEMMs share m and k; TE fuses their n
-            seen = groups.get(TP_PAIRED_GEMMS[g.name])
-            n = g.n + (seen.n if seen is not None else 0)
-            groups[TP_PAIRED_GEMMS[g.name]] = GemmShape(g.name, g.m, n, g.k, g.batch)
-    on = tp_overlapped(x.sw.tp_comm_overlap, x.tp, x.sp)
-    tp = np.asarray(x.tp, dtype=float)
-
-    def pieces(m, n, k, batch):
-        return np.where(
-            on,
-            tp * gemm_seconds(m / tp, n, k, batch, **kw) - gemm_seconds(m, n, k, batch, **kw),
-            0.0,
-        )
-
-    fwd = sum((pieces(g.m, g.n, g.k, g.batch) for g in groups.values()), 0.0)
-    bwd = sum(
-        (pieces(g.m, g.k, g.n, g.batch) for i, g in groups.items() if i in ROW_PARALLEL_GROUPS), 0.0
-    )
-    return fwd, bwd
-
-
-ROW_PARALLEL_GROUPS = (1, 3)
-"""TP_PAIRED_GEMMS groups of the row-parallel layers (the attention's output projection, fc2)."""
-
-
 def block_seconds(x) -> BlockSeconds:
     """Per block and micro-batch: the GEMMs of Megatron's column/row split (cost_models.flops.
     block_gemm_shapes; backward = data + weight gradients, Narayanan et al. 2021 Sec. 5.1; an MoE block's
@@ -559,8 +513,6 @@ def block_seconds(x) -> BlockSeconds:
                 )
             cast_f = cast_f + cast * (g.m * g.k + g.k * g.n) * g.batch
             cast_b = cast_b + cast * g.m * g.n * g.batch
-    piece_f, piece_b = _overlap_piece_seconds(x, shapes, linear_kw)
-    gemm_f, gemm_b = gemm_f + piece_f, gemm_b + piece_b
     if x.attn_kernel != "math":
         attn_f, attn_b = flash_attention_seconds(
             x.b,

@@ -622,23 +622,3 @@ def test_megatrons_column_parallel_backward_runs_its_collectives_beside_its_gemm
     assert one(bwd) == pytest.approx((1.0 - 0.2 + i * 0.2) + i * 1.0)
     X.sw.framework = load_framework("torchtitan")  # DTensor's backward: all of them show
     assert one(C.tp_exposed_parts(X, tp, block)[1]) == 2.0
-
-
-def test_overlapped_gemms_run_in_tp_pieces_each_with_its_fixed_cost():
-    """Userbuffers' ring exchange (and torch's async TP) run each GEMM paired with a sequence-parallel
-    collective as tp GEMMs of m / tp rows: the forward's fused QKV, projection, fc1 and fc2 and the
-    backward's projection and fc2 data gradients, 6 x (tp - 1) kernels more per block and
-    micro-batch, each paying the profile's fixed GEMM cost (H100: no wave quantization, and these
-    pieces stay compute-bound, so little more than that)."""
-    model, hw = get("llama3-70b"), load_profile("dgx-h100")
-    cfg = ParallelConfig(
-        dp=1, tp=8, pp=1, micro_batch=1, global_batch=2, seq=8192, sequence_parallel=True
-    )
-
-    def compute(overlap: bool) -> float:
-        options = RunOptions(tp_comm_overlap=overlap)
-        return estimate(model, hw, cfg, gpus=8, options=options).time_breakdown_s()["compute"]
-
-    kernels = model.total_blocks * 2 * 6 * (8 - 1)  # 80 blocks x 2 micro-batches
-    fixed = kernels * eff(hw, "gemm_fixed_us") * 1e-6
-    assert fixed <= compute(True) - compute(False) <= 1.1 * fixed

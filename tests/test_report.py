@@ -148,8 +148,7 @@ def test_a_plan_file_is_reported_with_its_own_run_options(tmp_path):
     cfg = ParallelConfig(dp=2, tp=8, sequence_parallel=True, global_batch=16, zero=1)
     model, hw = resolve_model("gpt3-2.7b"), load_profile("p4d.24xlarge")
     overlap = estimate(model, hw, cfg, gpus=16, options=RunOptions(tp_comm_overlap=True))
-    # the overlap's tp = 8 GEMM pieces cost this small model more than the overlap hides
-    assert overlap.step_time_s != pytest.approx(estimate(model, hw, cfg, gpus=16).step_time_s)
+    assert overlap.step_time_s < estimate(model, hw, cfg, gpus=16).step_time_s
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(overlap.to_document()))
     out = _report(tmp_path, str(path), "--scaling-nodes", "2")
