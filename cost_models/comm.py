@@ -284,6 +284,13 @@ class TpSeconds:
     def total(self):
         return self.fwd + self.bwd + self.recompute
 
+    def gathers(self) -> tuple:
+        """(forward, backward) all-gather part of a side's pair: gather_fwd / gather_bwd, half of
+        pair_fwd / pair_bwd where not given (both halves move the same volume)."""
+        fwd = 0.5 * np.asarray(self.pair_fwd) if self.gather_fwd is None else self.gather_fwd
+        bwd = 0.5 * np.asarray(self.pair_bwd) if self.gather_bwd is None else self.gather_bwd
+        return fwd, bwd
+
 
 def tp_block_seconds(x) -> TpSeconds:
     """Megatron's f and g operators: 2 all-reduces of the b s h activation forward and 2 backward
@@ -406,8 +413,7 @@ def tp_exposed_parts(x, tp: TpSeconds, block) -> tuple:
             shown(tp.bwd, block.gemm_bwd),
             shown(tp.recompute, rec_gemm),
         )
-    gather_f = 0.5 * np.asarray(tp.pair_fwd) if tp.gather_fwd is None else tp.gather_fwd
-    gather_b = 0.5 * np.asarray(tp.pair_bwd) if tp.gather_bwd is None else tp.gather_bwd
+    gather_f, gather_b = tp.gathers()
     # forward: the gathers feed QKV and fc1, the scatters drain the projection and fc2; backward:
     # the gathers of the output gradient feed the projection's and fc2's dgrad, the scatters drain
     # QKV's and fc1's
@@ -445,8 +451,7 @@ def _async_backward(x, tp: TpSeconds, paired, interference) -> np.ndarray:
         return _beside(comm, gemm, interference)
 
     pair = np.asarray(tp.pair_bwd)
-    gather = 0.5 * pair if tp.gather_bwd is None else np.asarray(tp.gather_bwd)
-    regather = 0.5 * np.asarray(tp.pair_fwd) if tp.gather_fwd is None else tp.gather_fwd
+    regather, gather = tp.gathers()
     sp = np.asarray(x.sp, dtype=bool)
     qkv, fc1 = (
         np.where(sp, gather + shown(regather, g) + shown(pair - gather, g), shown(pair, g))
@@ -621,15 +626,17 @@ def dp_chunks(x) -> np.ndarray:
     return np.where(x.is_schedule("interleaved-1f1b") & (x.v > 1), x.v, 1.0)
 
 
-def gradient_buckets(x, params, grad_bytes) -> np.ndarray:
-    """Gradient buckets per model chunk of a rank with `params` parameters whose gradients are
-    `grad_bytes` (both per rank): buckets of max(floor, per_rank x dp) parameters where the stack
-    says so (FrameworkProfile.grad_bucket_params; Megatron-Core's DistributedDataParallel default
-    max(40M, 1M x dp), so at dp 1,024 a bucket is 1.0B parameters), PyTorch DDP's 25 MiB
-    otherwise. The one count: dp_comm_seconds and cost_models.timeline.rank_work read it."""
+def gradient_buckets(x, params) -> np.ndarray:
+    """Gradient buckets per model chunk of a rank with `params` parameters: buckets of
+    max(floor, per_rank x dp) parameters where the stack says so (FrameworkProfile.
+    grad_bucket_params: NVIDIA's Megatron recipes fix 128 Mi parameters; Megatron-Core's own
+    default is max(40M, 1M x dp)), else PyTorch DDP's 25 MiB of the gradients in their reduce
+    dtype (Software.state_bytes). The one count: dp_comm_seconds and
+    cost_models.timeline.rank_work read it."""
     chunks = dp_chunks(x)
     sized = x.sw.framework.grad_bucket_params
     if sized is None:
+        grad_bytes = params * x.sw.state_bytes(x.precision).reduce
         return np.maximum(1.0, np.ceil(grad_bytes / chunks / DDP_BUCKET_BYTES))
     floor, per_rank = sized
     return np.maximum(1.0, np.ceil(params / chunks / np.maximum(floor, per_rank * x.dp)))
@@ -747,7 +754,7 @@ def dp_comm_seconds(
     low_total, low_shown, gate = _step_collectives_seconds(
         x,
         (allreduce, rs, gather),
-        gradient_buckets(x, params_rank.total, grad_bytes),
+        gradient_buckets(x, params_rank.total),
         last_backward_s,
         forward_s,
         compute_s if compute_end_s is None else compute_end_s,

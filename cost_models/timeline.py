@@ -25,8 +25,8 @@ communication, each "exposed" part assumed. Here the step is simulated instead, 
   (Megatron-Core's DistributedDataParallel: a bucket's reduce-scatter is launched when all its
   gradients of the last micro-batch are ready, `overlap_grad_reduce`; docs "distributed optimizer";
   buckets of comm.gradient_buckets: the stack's size, PyTorch DDP's 25 MiB by default, Li et al.
-  2020), so in the interleaved schedule the later chunks'
-  reductions run under the earlier chunks' cool-down; ZeRO-2 reduce-scatters every micro-batch's
+  2020), so in the interleaved schedule the later chunks' reductions run under the earlier
+  chunks' cool-down; ZeRO-2 reduce-scatters every micro-batch's
   gradients the same way. With overlap_param_gather (Megatron-Core --overlap-param-gather) the
   distributed optimizer's parameter all-gather runs at the start of the step, chunk by chunk in the
   order the forward uses them, and a chunk's first forward waits only for its first bucket; without
@@ -730,8 +730,7 @@ def rank_work(x, t: BlockTerms, key: tuple[float, bool, bool, float], row: int =
     params = MO.rank_params(x, blocks, first, last)
     allreduce, rs, gather = (_one(x, a, row) for a in C.dp_reduction_parts(x, params))
     zero, m = int(_one(x, x.zero, row)), _one(x, x.m, row)
-    grad_bytes = params.total * x.sw.state_bytes(x.precision).reduce
-    buckets = int(_one(x, C.gradient_buckets(x, params.total, grad_bytes), row))
+    buckets = int(_one(x, C.gradient_buckets(x, params.total), row))
     kw = dict(
         fwd_s=fwd,
         bwd_s=bwd,

@@ -74,14 +74,15 @@ MCORE_DEFAULT = (40e6, 1e6)
 
 
 def _bucket_step(framework: str, dp: int, v: int = 1, bucket=None):
-    """The few fields of a cost_models.step.Step that gradient_buckets reads; `bucket` replaces
-    the profile's grad_bucket_params."""
+    """The few fields of a cost_models.step.Step that gradient_buckets reads, gradients reduced in
+    2 bytes; `bucket` replaces the profile's grad_bucket_params."""
     fw = load_framework(framework)
     if bucket is not None:
         fw = dataclasses.replace(fw, grad_bucket_params=bucket)
     interleaved = v > 1
     return SimpleNamespace(
-        sw=SimpleNamespace(framework=fw),
+        sw=SimpleNamespace(framework=fw, state_bytes=lambda precision: SimpleNamespace(reduce=2.0)),
+        precision="amp-bf16",
         dp=np.asarray(float(dp)),
         v=np.asarray(float(v)),
         is_schedule=lambda name: np.asarray(name == "interleaved-1f1b" and interleaved),
@@ -91,7 +92,7 @@ def _bucket_step(framework: str, dp: int, v: int = 1, bucket=None):
 def test_gradient_buckets_follow_the_stacks_bucket_size():
     params = 7.8e9  # Nemotron-4 15B over tp 2
     grad_bytes = 2.0 * params
-    buckets = lambda x: float(C.gradient_buckets(x, params, grad_bytes))
+    buckets = lambda x: float(C.gradient_buckets(x, params))
     # NVIDIA's NeMo 2.0 / Megatron-Bridge recipes: bucket_size = 128 * 1024 * 1024 whenever dp > 1
     for dp in (8, 1024):
         assert buckets(_bucket_step("megatron", dp)) == np.ceil(params / 134_217_728)  # 59
