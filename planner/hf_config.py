@@ -627,7 +627,7 @@ def _rope_scaling(k: _Keys) -> dict:
                 key,
                 block,
                 "a JSON object (rope_type, factor, ...) or null",
-                message=f"{k.path}: {key}={str(block)[:60]!s} is invalid: allowed a JSON object "
+                message=f"{k.path}: {key}={str(block)[:60]} is invalid: allowed a JSON object "
                 "(rope_type, factor, ...) or null",
             )
     return k.data.get(ROPE_KEYS[0]) or k.data.get(ROPE_KEYS[1]) or {}
